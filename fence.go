@@ -1,0 +1,64 @@
+package fence
+
+import (
+	"context"
+	"time"
+)
+
+// Token is a fencing token. A valid token is greater than zero; zero means
+// "no token". For one lock name, every successful acquisition receives a token
+// strictly greater than every token issued before it for that name. Renewing
+// or extending a lease never changes its token.
+type Token int64
+
+// Locker grants leases on named locks. Implementations are safe for
+// concurrent use.
+type Locker interface {
+	// Acquire takes the lock called name. With a zero Wait budget it tries
+	// once; otherwise it waits for the lock to be released or to expire, up
+	// to the budget. It returns an error matching ErrNotAcquired when the
+	// lock was not taken, wrapping ErrHeld, ctx.Err() or the backend's
+	// error; an error matching ErrInvalidName or ErrInvalidOption when the
+	// input is bad, before anything is sent to the backend.
+	Acquire(ctx context.Context, name string, opts ...Option) (Lease, error)
+}
+
+// Lease is a granted lock. Its methods are safe for concurrent use.
+//
+// A Lease ends when it is released, when the backend reports that the lock
+// was removed or taken by another owner, or when it could not be renewed
+// before its deadline. Then Done is closed, Context is cancelled with Err as
+// its cause, and Err says why. A paused process keeps its Lease object after
+// the lease has ended: pass Token to the protected resource and let it reject
+// stale tokens.
+type Lease interface {
+	// Name returns the lock name.
+	Name() string
+	// Token returns the fencing token issued for this lease.
+	Token() Token
+	// Deadline returns the local time before which the lease is known to be
+	// held. It is measured from before the acquire or renew request was
+	// sent, minus an allowance for clock drift, so it errs early.
+	Deadline() time.Time
+	// Done returns a channel that is closed when the lease has ended.
+	Done() <-chan struct{}
+	// Err returns nil while the lease is held, and afterwards why it ended:
+	// ErrReleased after Release, or an error matching ErrLeaseLost.
+	Err() error
+	// Context returns a context that is cancelled when the lease ends, with
+	// Err as its cause (see context.Cause). It carries the values of the
+	// context given to Acquire but not its cancellation.
+	Context() context.Context
+	// Extend sets the lease to expire ttl from now and moves Deadline. It
+	// returns an error matching ErrLeaseLost if the lock is no longer held
+	// by this lease; on a backend error or a cancelled ctx the deadline does
+	// not move.
+	Extend(ctx context.Context, ttl time.Duration) error
+	// Release ends the lease and deletes the lock if this lease still owns
+	// it; it never deletes another owner's lock. It returns nil if the lock
+	// was released, an error matching ErrLeaseLost if the lease had already
+	// been lost, or the backend's error, in which case calling Release again
+	// retries. Calls after the first conclusive one return the same result
+	// without contacting the backend.
+	Release(ctx context.Context) error
+}

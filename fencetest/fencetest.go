@@ -1,0 +1,384 @@
+// Package fencetest is the conformance suite that every fence.Locker passes,
+// so that all backends behave the same to their users.
+//
+// A backend's test calls Run with a Config that builds its Locker against a
+// real server:
+//
+//	func TestConformance(t *testing.T) {
+//		fencetest.Run(t, fencetest.Config{New: ..., Remove: ..., WatchdogTTL: 300 * time.Millisecond})
+//	}
+package fencetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// Config describes the Locker under test.
+type Config struct {
+	// New returns a Locker whose leases without fence.TTL are renewed by a
+	// watchdog with lease time WatchdogTTL. Each call may return a new
+	// Locker on the same server; clean-up goes in t.Cleanup.
+	New func(t testing.TB) fence.Locker
+
+	// Remove deletes the lock record of name behind its holder's back, as
+	// an operator or a failover would.
+	Remove func(t testing.TB, name string)
+
+	// WatchdogTTL is the lease time of watchdog leases from New. Keep it
+	// short (a few hundred milliseconds) so the suite runs quickly.
+	WatchdogTTL time.Duration
+
+	// Slack is how much later than its wait budget Acquire may return.
+	// Default 1 s, for noisy machines.
+	Slack time.Duration
+
+	_ struct{}
+}
+
+// Run runs the suite as subtests of t.
+func Run(t *testing.T, cfg Config) {
+	if cfg.Slack == 0 {
+		cfg.Slack = time.Second
+	}
+	s := suite{cfg}
+	t.Run("MutualExclusion", s.mutualExclusion)
+	t.Run("TokensIncreaseAfterRelease", s.tokensAfterRelease)
+	t.Run("ExpiryFreesTheLock", s.expiry)
+	t.Run("WaitBudget", s.waitBudget)
+	t.Run("ContextCancelWhileWaiting", s.cancelWhileWaiting)
+	t.Run("CancelledContext", s.cancelledContext)
+	t.Run("WatchdogKeepsLease", s.watchdog)
+	t.Run("LeaseLostWhenRemoved", s.lostWhenRemoved)
+	t.Run("LeaseLostWhenTaken", s.lostWhenTaken)
+	t.Run("ReleaseIdempotent", s.releaseIdempotent)
+	t.Run("ExtendKeepsToken", s.extend)
+	t.Run("InvalidInput", s.invalidInput)
+	t.Run("Run", s.run)
+}
+
+type suite struct{ cfg Config }
+
+// name returns a lock name unique to the running test.
+func name(t testing.TB) string {
+	return "fencetest:" + strings.ReplaceAll(t.Name(), "/", ":")
+}
+
+func ctxFor(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustAcquire(t testing.TB, l fence.Locker, name string, opts ...fence.Option) fence.Lease {
+	t.Helper()
+	lease, err := l.Acquire(ctxFor(t), name, opts...)
+	if err != nil {
+		t.Fatalf("Acquire(%q): %v", name, err)
+	}
+	if lease.Token() <= 0 {
+		t.Fatalf("Acquire(%q): token %d, want > 0", name, lease.Token())
+	}
+	return lease
+}
+
+func mustRelease(t testing.TB, lease fence.Lease) {
+	t.Helper()
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release(%q): %v", lease.Name(), err)
+	}
+}
+
+// waitDone waits for the lease to end, failing the test after limit.
+func waitDone(t testing.TB, lease fence.Lease, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-lease.Done():
+	case <-time.After(limit):
+		t.Fatalf("lease %q still held %v later, want ended", lease.Name(), limit)
+	}
+}
+
+// mutualExclusion: goroutines on two Lockers take turns; never two inside.
+func (s suite) mutualExclusion(t *testing.T) {
+	lockers := []fence.Locker{s.cfg.New(t), s.cfg.New(t)}
+	n := name(t)
+	const workers, rounds = 8, 10
+	var inside atomic.Int32
+	var mu sync.Mutex
+	var tokens []fence.Token
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for range rounds {
+				lease, err := lockers[w%2].Acquire(ctxFor(t), n, fence.Wait(20*time.Second), fence.TTL(10*time.Second))
+				if err != nil {
+					t.Errorf("Acquire: %v", err)
+					return
+				}
+				if c := inside.Add(1); c != 1 {
+					t.Errorf("%d holders inside at once", c)
+				}
+				mu.Lock()
+				tokens = append(tokens, lease.Token())
+				mu.Unlock()
+				inside.Add(-1)
+				if err := lease.Release(ctxFor(t)); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(tokens) != workers*rounds {
+		t.Fatalf("%d acquisitions, want %d", len(tokens), workers*rounds)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("token %d at acquisition %d is not greater than %d before it", tokens[i], i, tokens[i-1])
+		}
+	}
+}
+
+func (s suite) tokensAfterRelease(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	var last fence.Token
+	for i := range 5 {
+		lease := mustAcquire(t, l, n, fence.TTL(10*time.Second))
+		if lease.Token() <= last {
+			t.Fatalf("acquisition %d: token %d, want > %d", i, lease.Token(), last)
+		}
+		last = lease.Token()
+		mustRelease(t, lease)
+	}
+}
+
+func (s suite) expiry(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	a := mustAcquire(t, l, n, fence.TTL(200*time.Millisecond))
+	b := mustAcquire(t, l, n, fence.Wait(10*time.Second), fence.TTL(10*time.Second))
+	defer mustRelease(t, b)
+	if b.Token() <= a.Token() {
+		t.Fatalf("token after expiry %d, want > %d", b.Token(), a.Token())
+	}
+	waitDone(t, a, 5*time.Second)
+	if !errors.Is(a.Err(), fence.ErrLeaseLost) {
+		t.Fatalf("expired lease Err() = %v, want ErrLeaseLost", a.Err())
+	}
+	if time.Now().Before(a.Deadline()) {
+		t.Fatalf("expired lease ended before its deadline %v", a.Deadline())
+	}
+	if err := a.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release of expired lease = %v, want ErrLeaseLost", err)
+	}
+	// The expired lease's Release must not have deleted b's lock.
+	if _, err := l.Acquire(ctxFor(t), n); !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire after stale Release = %v, want ErrHeld", err)
+	}
+}
+
+func (s suite) waitBudget(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	holder := mustAcquire(t, l, n, fence.TTL(30*time.Second))
+	defer mustRelease(t, holder)
+	for _, budget := range []time.Duration{0, 300 * time.Millisecond} {
+		start := time.Now()
+		_, err := l.Acquire(ctxFor(t), n, fence.Wait(budget))
+		took := time.Since(start)
+		if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, fence.ErrHeld) {
+			t.Fatalf("Acquire(wait %v) = %v, want ErrNotAcquired and ErrHeld", budget, err)
+		}
+		if took < budget || took > budget+s.cfg.Slack {
+			t.Fatalf("Acquire(wait %v) returned after %v", budget, took)
+		}
+	}
+}
+
+func (s suite) cancelWhileWaiting(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	holder := mustAcquire(t, l, n, fence.TTL(30*time.Second))
+	defer mustRelease(t, holder)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Acquire(ctx, n, fence.Wait(time.Minute))
+	if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire with expiring ctx = %v, want ErrNotAcquired and context.DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > 300*time.Millisecond+s.cfg.Slack {
+		t.Fatalf("Acquire returned %v after its ctx expired", took)
+	}
+}
+
+func (s suite) cancelledContext(t *testing.T) {
+	l := s.cfg.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := l.Acquire(ctx, name(t))
+	if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire with cancelled ctx = %v, want ErrNotAcquired and context.Canceled", err)
+	}
+}
+
+func (s suite) watchdog(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	lease := mustAcquire(t, l, n)
+	first := lease.Deadline()
+	// Another caller waits three lease times for it, in vain.
+	_, err := s.cfg.New(t).Acquire(ctxFor(t), n, fence.Wait(3*s.cfg.WatchdogTTL))
+	if !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire while watchdog lease held = %v, want ErrHeld", err)
+	}
+	if lease.Err() != nil {
+		t.Fatalf("watchdog lease ended: %v", lease.Err())
+	}
+	if !lease.Deadline().After(first) {
+		t.Fatalf("deadline did not move: %v", first)
+	}
+	mustRelease(t, lease)
+}
+
+func (s suite) lostWhenRemoved(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	lease := mustAcquire(t, l, n)
+	token := lease.Token()
+	s.cfg.Remove(t, n)
+	waitDone(t, lease, 5*s.cfg.WatchdogTTL)
+	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
+		t.Fatalf("Err() = %v, want ErrLeaseLost", lease.Err())
+	}
+	if cause := context.Cause(lease.Context()); !errors.Is(cause, fence.ErrLeaseLost) {
+		t.Fatalf("context cause = %v, want ErrLeaseLost", cause)
+	}
+	if err := lease.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release = %v, want ErrLeaseLost", err)
+	}
+	if lease.Token() != token {
+		t.Fatalf("token changed from %d to %d", token, lease.Token())
+	}
+}
+
+func (s suite) lostWhenTaken(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	a := mustAcquire(t, l, n)
+	s.cfg.Remove(t, n)
+	b := mustAcquire(t, s.cfg.New(t), n, fence.TTL(30*time.Second))
+	defer mustRelease(t, b)
+	waitDone(t, a, 5*s.cfg.WatchdogTTL)
+	if err := a.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release of taken lease = %v, want ErrLeaseLost", err)
+	}
+	if b.Token() <= a.Token() {
+		t.Fatalf("new holder's token %d, want > %d", b.Token(), a.Token())
+	}
+	if _, err := l.Acquire(ctxFor(t), n); !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("the lost lease's Release freed the new holder's lock: Acquire = %v", err)
+	}
+}
+
+func (s suite) releaseIdempotent(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	lease := mustAcquire(t, l, n)
+	mustRelease(t, lease)
+	mustRelease(t, lease)
+	select {
+	case <-lease.Done():
+	default:
+		t.Fatal("Done not closed after Release")
+	}
+	if !errors.Is(lease.Err(), fence.ErrReleased) {
+		t.Fatalf("Err() after Release = %v, want ErrReleased", lease.Err())
+	}
+	// The lock is free again at once.
+	mustRelease(t, mustAcquire(t, l, n))
+}
+
+func (s suite) extend(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	lease := mustAcquire(t, l, n, fence.TTL(time.Second))
+	before := lease.Deadline()
+	if err := lease.Extend(ctxFor(t), time.Minute); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if !lease.Deadline().After(before.Add(30 * time.Second)) {
+		t.Fatalf("deadline %v after Extend(1m), was %v", lease.Deadline(), before)
+	}
+	if err := lease.Extend(ctxFor(t), 0); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("Extend(0) = %v, want ErrInvalidOption", err)
+	}
+	mustRelease(t, lease)
+	if err := lease.Extend(ctxFor(t), time.Minute); err == nil {
+		t.Fatal("Extend after Release succeeded")
+	}
+}
+
+func (s suite) invalidInput(t *testing.T) {
+	l := s.cfg.New(t)
+	for _, bad := range []string{"", "a{b", "a}b", "tab\there", "nul\x00", "\xff", strings.Repeat("x", fence.MaxNameLen+1)} {
+		if _, err := l.Acquire(ctxFor(t), bad); !errors.Is(err, fence.ErrInvalidName) {
+			t.Errorf("Acquire(%q) = %v, want ErrInvalidName", bad, err)
+		}
+	}
+	for _, tc := range []struct {
+		what string
+		opt  fence.Option
+	}{
+		{"TTL(0)", fence.TTL(0)},
+		{"TTL(-1s)", fence.TTL(-time.Second)},
+		{"TTL(1µs)", fence.TTL(time.Microsecond)},
+		{"Wait(-1s)", fence.Wait(-time.Second)},
+	} {
+		if _, err := l.Acquire(ctxFor(t), name(t), tc.opt); !errors.Is(err, fence.ErrInvalidOption) {
+			t.Errorf("Acquire with %s = %v, want ErrInvalidOption", tc.what, err)
+		}
+	}
+}
+
+func (s suite) run(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	var token fence.Token
+	err := fence.Run(ctxFor(t), l, n, func(ctx context.Context, lease fence.Lease) error {
+		token = lease.Token()
+		return nil
+	}, fence.TTL(10*time.Second))
+	if err != nil || token <= 0 {
+		t.Fatalf("Run = %v with token %d", err, token)
+	}
+	// fn's error comes back; the lock is released either way.
+	boom := errors.New("boom")
+	err = fence.Run(ctxFor(t), l, n, func(context.Context, fence.Lease) error { return boom })
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run = %v, want fn's error", err)
+	}
+	// A lease lost while fn runs cancels fn's ctx and surfaces as ErrLeaseLost.
+	err = fence.Run(ctxFor(t), l, n, func(ctx context.Context, lease fence.Lease) error {
+		s.cfg.Remove(t, n)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped: %w", context.Cause(ctx))
+		case <-time.After(5 * s.cfg.WatchdogTTL):
+			return errors.New("fn's ctx not cancelled after the lock was removed")
+		}
+	})
+	if !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Run with lost lease = %v, want ErrLeaseLost", err)
+	}
+}

@@ -1,0 +1,181 @@
+// Package redistest starts real redis-server processes for tests: each on a
+// free loopback port, in its own temp dir, stopped in t.Cleanup and killed
+// with the test binary if that dies first.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// installHint names the install step in every failure about a missing binary.
+const installHint = "install it with `apt-get install -y redis-server` (`make test` does this)"
+
+// Server is one redis-server process.
+type Server struct {
+	Addr string // host:port on loopback
+	Dir  string // the server's working directory
+	bin  string
+	args []string
+
+	mu     sync.Mutex
+	proc   *os.Process   // nil while stopped
+	exited chan struct{} // closed when proc has exited
+	log    *os.File
+}
+
+// Start runs a redis-server without persistence (save "", no AOF) on a free
+// loopback port, waits until it answers PING, and stops it in t.Cleanup.
+// Extra arguments are appended to the command line, e.g. "--maxmemory",
+// "1mb". A missing binary fails the test with the install step.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	s, err := Launch(t.TempDir(), extra...)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// Launch is Start for code without a testing.TB, such as TestMain: it runs
+// the server in dir, and the caller must Kill it.
+func Launch(dir string, extra ...string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found on PATH: %s", installHint)
+	}
+	s := &Server{Dir: dir, bin: bin}
+	for attempt := 0; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		s.args = append([]string{
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", s.Dir,
+			"--daemonize", "no", "--repl-diskless-sync-delay", "0",
+		}, extra...)
+		err = s.start()
+		if err == nil || attempt == 3 {
+			return s, err
+		}
+	}
+}
+
+// Client returns a go-redis client for the server, closed in t.Cleanup.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Kill stops the server with SIGKILL, as a crash would, and waits for it to
+// exit. Killing a stopped server does nothing.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return
+	}
+	_ = s.proc.Kill()
+	<-s.exited
+	_ = s.log.Close()
+	s.proc = nil
+}
+
+// Restart kills the server and starts it again on the same port with the
+// same arguments. Without persistence, it comes back empty.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Kill()
+	if err := s.start(); err != nil {
+		t.Fatalf("redistest: restart: %v", err)
+	}
+}
+
+// Signal sends sig to the server process (SIGSTOP, SIGCONT, ...).
+func (s *Server) Signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		_ = s.proc.Signal(sig)
+	}
+}
+
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	logPath := filepath.Join(s.Dir, "redis.log")
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Dir = s.Dir
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = log.Close()
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { _, _ = cmd.Process.Wait(); close(exited) }()
+	err = waitReady(s.Addr, exited)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = log.Close()
+		out, _ := os.ReadFile(logPath)
+		return fmt.Errorf("redis-server on %s did not start: %w\n%s", s.Addr, err, out)
+	}
+	s.proc, s.exited, s.log = cmd.Process, exited, log
+	return nil
+}
+
+// waitReady waits up to 10 s for the server to answer PING, or for it to exit.
+func waitReady(addr string, exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-exited:
+			return errors.New("process exited")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-retry.C:
+		}
+		if c.Ping(ctx).Err() == nil {
+			return nil
+		}
+		retry.Reset(10 * time.Millisecond)
+	}
+}
+
+// freePort asks the kernel for a free loopback port. Another process may
+// take it before the server binds it; Start then retries with a new one.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

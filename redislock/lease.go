@@ -1,0 +1,184 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// lease is a lock held on Redis. Its expiry timer ends it at the local
+// deadline unless a renewal moved the deadline first; a watchdog lease has a
+// goroutine that renews it every third of its TTL.
+type lease struct {
+	l     *Locker
+	a     attempt
+	token fence.Token
+
+	ctx    context.Context // cancelled with the lease's Err as cause when it ends
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	deadline time.Time
+	expiry   *time.Timer
+	err      error // why the lease ended; nil while held
+	released bool  // Release reached a conclusion, kept in releaseErr
+	relErr   error
+
+	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
+	watchdogDone chan struct{}
+}
+
+var _ fence.Lease = (*lease)(nil)
+
+func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent time.Time) *lease {
+	ls := &lease{l: l, a: *a, token: token}
+	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	ls.deadline = deadline(sent, a.ttl)
+	ls.mu.Lock() // the timer may fire before ls.expiry is set
+	defer ls.mu.Unlock()
+	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
+		ls.end(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
+	})
+	if a.watchdog {
+		var wdCtx context.Context
+		wdCtx, ls.stopWatchdog = context.WithCancel(ls.ctx)
+		ls.watchdogDone = make(chan struct{})
+		go ls.watch(wdCtx)
+	}
+	return ls
+}
+
+// deadline is when a lease of ttl requested at sent is known to be held:
+// Redis may count from later than sent, never earlier, and the two clocks
+// may run at slightly different rates (1% plus 2 ms, Redlock's allowance).
+func deadline(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - ttl/100 - 2*time.Millisecond)
+}
+
+func (ls *lease) Name() string             { return ls.a.name }
+func (ls *lease) Token() fence.Token       { return ls.token }
+func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
+func (ls *lease) Context() context.Context { return ls.ctx }
+func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
+func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
+func (ls *lease) String() string           { return fmt.Sprintf("lease %q token %d", ls.a.name, ls.token) }
+
+// end records why the lease ended and cancels its context; the first call wins.
+func (ls *lease) end(why error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return
+	}
+	ls.err = why
+	ls.expiry.Stop()
+	ls.cancel(why)
+}
+
+// watch is the watchdog: it renews the lease every third of its TTL until
+// the lease ends or Release stops it. A failed renewal is retried sooner;
+// the expiry timer ends the lease if none succeeds before the deadline.
+func (ls *lease) watch(ctx context.Context) {
+	defer close(ls.watchdogDone)
+	every := ls.a.ttl / 3
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		rctx, cancel := context.WithDeadline(ctx, ls.Deadline())
+		err := ls.renew(rctx, ls.a.ttl)
+		cancel()
+		switch {
+		case errors.Is(err, fence.ErrLeaseLost):
+			return
+		case err != nil:
+			timer.Reset(every / 4)
+		default:
+			timer.Reset(every)
+		}
+	}
+}
+
+// renew runs the extend script. On success it moves the deadline; when the
+// lock is gone or owned by someone else it ends the lease.
+func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
+	sent := time.Now()
+	n, err := extendScript.Run(ctx, ls.l.client, []string{ls.a.keys.lock}, ls.a.owner, ttl.Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("redislock: extend %q: %w", ls.a.name, err)
+	}
+	if n == 0 {
+		lost := fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.a.name)
+		ls.end(lost)
+		return lost
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return ls.err
+	}
+	ls.deadline = deadline(sent, ttl)
+	ls.expiry.Reset(time.Until(ls.deadline))
+	return nil
+}
+
+// Extend sets the lease to expire ttl from now; see fence.Lease. A watchdog
+// lease goes on being renewed with its watchdog TTL afterwards.
+func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if err := fence.ValidateTTL(ttl); err != nil {
+		return err
+	}
+	if err := ls.Err(); err != nil {
+		return err
+	}
+	return ls.renew(ctx, ttl)
+}
+
+// Release deletes the lock if this lease still owns it; see fence.Lease.
+// The lease ends locally at once, whatever the server answers.
+func (ls *lease) Release(ctx context.Context) error {
+	ls.mu.Lock()
+	if ls.released {
+		defer ls.mu.Unlock()
+		return ls.relErr
+	}
+	ls.mu.Unlock()
+	if ls.stopWatchdog != nil {
+		ls.stopWatchdog()
+		<-ls.watchdogDone
+	}
+	publish := "PUBLISH"
+	if ls.l.sharded {
+		publish = "SPUBLISH"
+	}
+	n, err := releaseScript.Run(ctx, ls.l.client, []string{ls.a.keys.lock, ls.a.keys.channel}, ls.a.owner, publish).Int()
+	lostBefore := ls.Err()
+	switch {
+	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
+		err = lostBefore // conclusive: the lease was lost before Release
+	case err != nil:
+		ls.end(fence.ErrReleased)
+		return fmt.Errorf("redislock: release %q: %w", ls.a.name, err)
+	case n == 0:
+		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.a.name)
+	}
+	if err == nil {
+		ls.end(fence.ErrReleased)
+	} else {
+		ls.end(err)
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if !ls.released {
+		ls.released, ls.relErr = true, err
+	}
+	return ls.relErr
+}

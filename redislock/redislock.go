@@ -1,0 +1,217 @@
+package redislock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for Options.
+const (
+	DefaultPrefix         = "fence"
+	DefaultWatchdogTTL    = 30 * time.Second
+	DefaultTokenRetention = 24 * time.Hour
+)
+
+// Options configure a Locker. The zero value (or nil) gives the defaults.
+type Options struct {
+	// Prefix starts every key and channel fence writes, followed by the
+	// lock name in braces: "fence:{lock:payment:1001}". Default "fence".
+	Prefix string
+
+	// WatchdogTTL is the lease time of leases acquired without fence.TTL;
+	// the watchdog renews them every third of it. Default 30 s.
+	WatchdogTTL time.Duration
+
+	// TokenRetention is how long the last-token record of a lock name lives
+	// after its last acquisition (at least the lease time). Tokens stay
+	// increasing after it expires because their floor is the server's
+	// clock. Default 24 h.
+	TokenRetention time.Duration
+
+	_ struct{} // forbids positional literals
+}
+
+// Locker grants fenced leases on Redis. It is safe for concurrent use and
+// needs no closing: the goroutines it starts belong to a waiting Acquire or
+// to a watchdog lease, and end with them.
+type Locker struct {
+	client    redis.UniversalClient
+	prefix    string
+	watchdog  time.Duration
+	retention time.Duration
+	sharded   bool // sharded pub/sub (Redis Cluster)
+
+	mu      sync.Mutex
+	watches map[string]*watch // release channel → subscription
+}
+
+var _ fence.Locker = (*Locker)(nil)
+
+// New returns a Locker on client: a *redis.Client, a Sentinel failover client
+// or a *redis.ClusterClient. It needs Redis 7.0 or newer. opts may be nil.
+// New sends nothing to Redis. It returns an error matching
+// fence.ErrInvalidOption when client is nil or an option is out of range.
+func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: redislock: nil client", fence.ErrInvalidOption)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	l := &Locker{
+		client:    client,
+		prefix:    or(o.Prefix, DefaultPrefix),
+		watchdog:  or(o.WatchdogTTL, DefaultWatchdogTTL),
+		retention: or(o.TokenRetention, DefaultTokenRetention),
+		watches:   make(map[string]*watch),
+	}
+	_, l.sharded = client.(*redis.ClusterClient)
+	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
+		return nil, fmt.Errorf("%w: redislock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
+	}
+	if err := fence.ValidateTTL(l.watchdog); err != nil {
+		return nil, fmt.Errorf("redislock: watchdog TTL: %w", err)
+	}
+	if l.retention < 0 {
+		return nil, fmt.Errorf("%w: redislock: negative token retention %v", fence.ErrInvalidOption, l.retention)
+	}
+	return l, nil
+}
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// keys are the Redis keys of one lock name. They share the hash tag {name},
+// so on a cluster they live in one slot and one script can touch them all.
+type keys struct {
+	lock    string // holds the owner id, with the lease's expiry
+	token   string // the last token issued
+	channel string // where the release script tells waiters
+}
+
+func (l *Locker) keys(name string) keys {
+	base := l.prefix + ":{" + name + "}"
+	return keys{lock: base, token: base + ":token", channel: base + ":released"}
+}
+
+// Acquire takes the lock called name; see fence.Locker.
+//
+// It tries once right away. If the lock is held and opts give a wait budget,
+// it subscribes to the lock's release channel and tries again when a release
+// is published or when the holder's TTL runs out, whichever is first; it
+// sends nothing else while it waits. An acquisition interrupted by ctx after
+// the request was sent may leave the lock held until its lease time runs out.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := fence.ValidateName(name); err != nil {
+		return nil, err
+	}
+	o, err := fence.Apply(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fence.NotAcquired(name, err)
+	}
+	start := time.Now()
+	a := attempt{name: name, keys: l.keys(name), owner: newOwner(), ttl: o.TTL}
+	if a.ttl == 0 {
+		a.ttl, a.watchdog = l.watchdog, true
+	}
+	lease, holderTTL, err := l.try(ctx, &a)
+	if lease != nil || err != nil {
+		return lease, err
+	}
+	if o.Wait == 0 {
+		return nil, fence.NotAcquired(name, fence.ErrHeld)
+	}
+
+	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
+	defer cancel()
+	wake, leave, err := l.join(waitCtx, a.keys.channel)
+	if err != nil {
+		return nil, fence.NotAcquired(name, waitError(ctx, err))
+	}
+	defer leave()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		// Try with ctx, not waitCtx: an attempt cut off by the wait budget
+		// could take the lock on the server and lose the reply.
+		lease, holderTTL, err = l.try(ctx, &a)
+		if lease != nil || err != nil {
+			return lease, err
+		}
+		if holderTTL < 0 { // held without expiry: only a release frees it
+			holderTTL = o.Wait
+		}
+		timer.Reset(holderTTL)
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-waitCtx.Done():
+			return nil, fence.NotAcquired(name, waitError(ctx, waitCtx.Err()))
+		}
+	}
+}
+
+// waitError says why waiting stopped: the caller's ctx, or else the wait
+// budget running out while another owner held the lock.
+func waitError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fence.ErrHeld
+	}
+	return err
+}
+
+// attempt is one Acquire call's fixed parameters.
+type attempt struct {
+	name     string
+	keys     keys
+	owner    string
+	ttl      time.Duration
+	watchdog bool
+}
+
+// try runs the acquire script once. It returns the lease when the lock was
+// taken, or the holder's remaining TTL (negative: no expiry) when it is held.
+func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
+	sent := time.Now()
+	retention := max(l.retention, a.ttl)
+	res, err := acquireScript.Run(ctx, l.client, []string{a.keys.lock, a.keys.token},
+		a.owner, a.ttl.Milliseconds(), retention.Milliseconds()).Int64Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply %v", res)
+	}
+	if err != nil {
+		return nil, 0, fence.NotAcquired(a.name, fmt.Errorf("redislock: %w", err))
+	}
+	if res[0] == 0 {
+		return nil, time.Duration(res[1]) * time.Millisecond, nil
+	}
+	return l.newLease(ctx, a, fence.Token(res[1]), sent), 0, nil
+}
+
+// newOwner returns 128 random bits, hex-encoded: the owner id of one lease.
+func newOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,177 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// watch is one subscription to a lock's release channel, shared by every
+// Acquire of this Locker that waits on that lock. A release message wakes
+// one local waiter, not all of them: only one can win. The subscription
+// lives while someone waits; the last waiter to leave closes it and waits
+// for its reader goroutine to exit.
+type watch struct {
+	ps      *redis.PubSub
+	waiters []chan struct{} // each waiter's wake-up, capacity 1; guarded by Locker.mu
+	next    int             // round-robin position for the next wake-up
+
+	readyOnce sync.Once
+	ready     chan struct{} // closed when the subscription is confirmed or failed
+	readyErr  error
+
+	closing chan struct{} // closed by the last waiter, before ps.Close
+	done    chan struct{} // closed when the reader goroutine has exited
+}
+
+// join registers a waiter on channel, subscribing if nobody local is
+// subscribed yet, and returns once the server has confirmed the
+// subscription, so that no release published after join returns is missed.
+// The caller must call leave.
+func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}, leave func(), err error) {
+	me := make(chan struct{}, 1)
+	l.mu.Lock()
+	w := l.watches[channel]
+	first := w == nil
+	if first {
+		w = &watch{ready: make(chan struct{}), closing: make(chan struct{}), done: make(chan struct{})}
+		l.watches[channel] = w
+	}
+	w.waiters = append(w.waiters, me)
+	l.mu.Unlock()
+	leave = func() { l.leave(channel, w, me) }
+
+	if first {
+		// Subscribe before the reader starts: on a cluster the first
+		// subscription picks the node that owns the channel's slot.
+		if l.sharded {
+			w.ps = l.client.SSubscribe(ctx)
+			err = w.ps.SSubscribe(ctx, channel)
+		} else {
+			w.ps = l.client.Subscribe(ctx)
+			err = w.ps.Subscribe(ctx, channel)
+		}
+		if err != nil {
+			w.setReady(err)
+			close(w.done)
+		} else {
+			go l.read(w)
+		}
+	}
+	select {
+	case <-w.ready:
+		err = w.readyErr
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		leave()
+		return nil, nil, err
+	}
+	return me, leave, nil
+}
+
+func (w *watch) setReady(err error) {
+	w.readyOnce.Do(func() { w.readyErr = err; close(w.ready) })
+}
+
+// leave unregisters a waiter. A wake-up it received but did not use passes
+// to another waiter. The last waiter closes the subscription.
+func (l *Locker) leave(channel string, w *watch, me chan struct{}) {
+	l.mu.Lock()
+	for i, c := range w.waiters {
+		if c == me {
+			w.waiters = append(w.waiters[:i], w.waiters[i+1:]...)
+			break
+		}
+	}
+	select {
+	case <-me:
+		l.wakeOne(w)
+	default:
+	}
+	last := len(w.waiters) == 0
+	if last {
+		delete(l.watches, channel)
+	}
+	l.mu.Unlock()
+	if last {
+		close(w.closing)
+		if w.ps != nil {
+			_ = w.ps.Close()
+		}
+		<-w.done
+	}
+}
+
+// wakeOne wakes the next waiter that has no wake-up pending. l.mu is held.
+func (l *Locker) wakeOne(w *watch) {
+	for range w.waiters {
+		w.next = (w.next + 1) % len(w.waiters)
+		select {
+		case w.waiters[w.next] <- struct{}{}:
+			return
+		default:
+		}
+	}
+}
+
+// wakeAll wakes every waiter: messages may have been lost.
+func (l *Locker) wakeAll(w *watch) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range w.waiters {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// read delivers the subscription's messages until the last waiter closes it.
+// When the connection breaks, go-redis reconnects and resubscribes on the
+// next receive; releases published meanwhile are lost, so every waiter is
+// woken to look for itself.
+func (l *Locker) read(w *watch) {
+	defer close(w.done)
+	backoff := time.NewTimer(0)
+	defer backoff.Stop()
+	failures := 0
+	for {
+		msg, err := w.ps.Receive(context.Background())
+		if err != nil {
+			select {
+			case <-w.closing:
+				return
+			default:
+			}
+			if errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			w.setReady(err)
+			l.wakeAll(w)
+			failures++
+			backoff.Reset(min(time.Duration(failures)*10*time.Millisecond, time.Second))
+			select {
+			case <-w.closing:
+				return
+			case <-backoff.C:
+			}
+			continue
+		}
+		failures = 0
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+				w.setReady(nil)
+			}
+		case *redis.Message:
+			l.mu.Lock()
+			l.wakeOne(w)
+			l.mu.Unlock()
+		}
+	}
+}

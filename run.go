@@ -1,0 +1,39 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// releaseTimeout bounds the Release that Run makes after fn returns, which
+// runs even when ctx is already cancelled.
+const releaseTimeout = 5 * time.Second
+
+// Run acquires the lock called name, calls fn with the lease, and releases
+// the lease when fn returns, however it returns.
+//
+// fn's context is cancelled when ctx is done or the lease ends, whichever is
+// first; fn must stop writing when it is, and pass lease.Token() with every
+// write so that the resource can reject it if it comes late anyway. Run
+// returns the error from Acquire if the lock was not taken (fn is not
+// called); otherwise fn's error joined with Release's error, so a lease that
+// was lost while fn ran shows up as an error matching ErrLeaseLost even when
+// fn returned nil.
+func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) error {
+	lease, err := locker.Acquire(ctx, name, opts...)
+	if err != nil {
+		return err
+	}
+	workCtx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(lease.Context(), func() { cancel(lease.Err()) })
+	fnErr := fn(workCtx, lease)
+	stop()
+	cancel(nil)
+	// Release with a context that outlives a cancelled ctx: a lock left held
+	// blocks others until it expires.
+	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer relCancel()
+	relErr := lease.Release(relCtx)
+	return errors.Join(fnErr, relErr)
+}
