@@ -132,8 +132,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	if a.ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
-	lease, holderTTL, err := l.try(ctx, &a)
-	if lease != nil || err != nil {
+	if lease, _, err := l.try(ctx, &a); lease != nil || err != nil {
 		return lease, err
 	}
 	if o.Wait == 0 {
@@ -152,7 +151,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	for {
 		// Try with ctx, not waitCtx: an attempt cut off by the wait budget
 		// could take the lock on the server and lose the reply.
-		lease, holderTTL, err = l.try(ctx, &a)
+		lease, holderTTL, err := l.try(ctx, &a)
 		if lease != nil || err != nil {
 			return lease, err
 		}

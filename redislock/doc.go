@@ -1,0 +1,44 @@
+// Package redislock implements fence.Locker on Redis 7.0 or newer, through the
+// caller's go-redis v9 client: standalone, Sentinel failover or Cluster.
+//
+// # Keys
+//
+// A lock name N under the prefix P (default "fence") uses three keys that
+// share the hash tag {N}, so on a cluster they live in one slot:
+//
+//	P:{N}           the lock: the owner's 128-bit random id, with the lease's expiry
+//	P:{N}:token     the last token issued for N, kept for Options.TokenRetention
+//	P:{N}:released  the channel that Release publishes on
+//
+// # Tokens
+//
+// The acquire script checks the lock, issues the token and sets the expiry in
+// one round trip. The token is max(last + 1, the server's clock in
+// microseconds). The clock floor keeps tokens increasing when the last-token
+// record is lost: Redis restarted without persistence, the key evicted, or a
+// failover to a replica that missed the last write, provided the clocks of
+// the Redis hosts differ by less than the time such a loss takes to happen
+// (a restart or a failover takes seconds; NTP keeps hosts within
+// milliseconds). The record expires after its retention period, so no key
+// outlives its use.
+//
+// # Waiting
+//
+// A caller that finds the lock held and has a wait budget subscribes to the
+// lock's release channel (sharded pub/sub on a cluster), and tries again
+// when a release is published or when the holder's TTL has run out. It sends
+// nothing else while it waits. One subscription per lock name is shared by
+// the Locker's waiters, and a release wakes one of them.
+//
+// # Leases
+//
+// Without fence.TTL a lease lasts Options.WatchdogTTL (default 30 s) and a
+// watchdog goroutine renews it every third of that. A renewal that finds the
+// lock gone or owned by another ends the lease at once; renewals that fail
+// for other reasons are retried until the local deadline, when the lease
+// ends. With fence.TTL the lease simply expires, and its loss is noticed at
+// the deadline, by Extend or by Release.
+//
+// A lease proves nothing once its holder has paused: pass its Token to the
+// protected resource and have the resource reject stale tokens.
+package redislock
