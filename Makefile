@@ -1,4 +1,5 @@
-# make test: installs what the tests need if it is missing, checks the code,
+# make test: installs what the tests need if it is missing (redis-server,
+# postgresql), checks the code,
 # and runs every test with the race detector against real servers.
 SHELL := /bin/bash
 GO ?= go
@@ -13,6 +14,7 @@ test: deps check unit
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -1,0 +1,40 @@
+// Package guard is the protected resource's side of fencing: it accepts a
+// write carrying token t for a resource only if t is greater than the last
+// token it accepted for that resource, and rejects it otherwise. A fencing
+// token protects nothing until the resource makes this comparison.
+//
+// The rule is strict: each token may make one fenced write (or one fenced
+// transaction) per resource. A worker that must retry a failed write
+// acquires a new lease and so a new token; otherwise two writes with one
+// token could not be told apart from a stale writer's. Tokens of zero or
+// less, malformed tokens and tokens that overflow int64 are rejected with
+// ErrInvalidToken, never coerced.
+//
+// The guard works without any fence lock: anything that hands out
+// increasing numbers per resource can use it.
+//
+// # SQL
+//
+// Through database/sql, tested on PostgreSQL (pgx's stdlib driver) and
+// SQLite (modernc.org/sqlite):
+//
+//   - Table.Update: the conditional update, for tables that carry a token
+//     column: UPDATE … WHERE key = $1 AND token_column < $2, telling a stale
+//     token (ErrStale) from a missing row (ErrNoRow).
+//   - Tx and Fence: a fenced transaction that needs no new column in
+//     business tables. The fence_tokens row of the resource is upserted with
+//     the token first in the transaction; if a greater or equal token is
+//     already there, nothing is written and the transaction rolls back.
+//     The upsert also locks the row, so fenced transactions on one resource
+//     run one at a time.
+//   - Once: idempotency keys on a unique constraint.
+//   - Table.UpdateVersion: an optimistic version check.
+//
+// # HTTP
+//
+// Middleware reads the Fence-Token and Fence-Resource headers, asks a Store
+// (MemoryStore, SQLStore, RedisStore) to accept the token, and answers 409
+// with an application/problem+json body when it is stale, 400 when it is
+// malformed or missing. Transport attaches a lease's token to outgoing
+// requests.
+package guard

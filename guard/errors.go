@@ -1,0 +1,104 @@
+package guard
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/fencekit/fence"
+)
+
+// Errors returned by the guard; match them with errors.Is.
+var (
+	// ErrStale means a token was not greater than the last token accepted
+	// for the resource; nothing was written. See StaleError.
+	ErrStale = errors.New("guard: stale token")
+
+	// ErrNoRow means the row to update does not exist.
+	ErrNoRow = errors.New("guard: no such row")
+
+	// ErrInvalidToken means a token was zero, negative, malformed or out of
+	// range; nothing was sent to the store.
+	ErrInvalidToken = errors.New("guard: invalid token")
+
+	// ErrInvalidResource means a resource name was empty, too long, or held
+	// control characters or braces (see fence.ValidateName).
+	ErrInvalidResource = errors.New("guard: invalid resource")
+
+	// ErrDuplicate means an idempotency key was already recorded.
+	ErrDuplicate = errors.New("guard: duplicate idempotency key")
+
+	// ErrConflict means an optimistic version check failed: the row's
+	// version was not the one expected. See ConflictError.
+	ErrConflict = errors.New("guard: version conflict")
+
+	// ErrInvalidTable means a Table's identifiers are not plain SQL names.
+	ErrInvalidTable = errors.New("guard: invalid table description")
+)
+
+// StaleError reports a rejected token and the last one accepted. It matches
+// ErrStale.
+type StaleError struct {
+	Resource string
+	Token    fence.Token // the rejected token
+	Last     fence.Token // the last token accepted for Resource when it was rejected
+}
+
+func (e *StaleError) Error() string {
+	return fmt.Sprintf("guard: stale token %d for %s: token %d already accepted", e.Token, e.Resource, e.Last)
+}
+
+// Is reports whether target is ErrStale.
+func (e *StaleError) Is(target error) bool { return target == ErrStale }
+
+// ConflictError reports a failed version check. It matches ErrConflict.
+type ConflictError struct {
+	Key      any
+	Expected int64 // the version the caller read
+	Current  int64 // the version the row had
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("guard: version conflict on %v: expected %d, row has %d", e.Key, e.Expected, e.Current)
+}
+
+// Is reports whether target is ErrConflict.
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// ParseToken parses a token as sent in a header: decimal digits only, no
+// sign, no leading zeros, greater than zero, at most the int64 maximum. The
+// error matches ErrInvalidToken.
+func ParseToken(s string) (fence.Token, error) {
+	if s == "" {
+		return 0, fmt.Errorf("%w: empty", ErrInvalidToken)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, fmt.Errorf("%w: %q is not a decimal number", ErrInvalidToken, s)
+		}
+	}
+	if s[0] == '0' {
+		return 0, fmt.Errorf("%w: %q must be greater than zero, without leading zeros", ErrInvalidToken, s)
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %q is out of range", ErrInvalidToken, s)
+	}
+	return fence.Token(n), nil
+}
+
+// checkToken rejects tokens of zero or less.
+func checkToken(t fence.Token) error {
+	if t <= 0 {
+		return fmt.Errorf("%w: %d must be greater than zero", ErrInvalidToken, t)
+	}
+	return nil
+}
+
+// checkResource validates a resource name with fence's lock-name rules.
+func checkResource(resource string) error {
+	if err := fence.ValidateName(resource); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidResource, err)
+	}
+	return nil
+}

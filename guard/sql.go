@@ -1,0 +1,214 @@
+package guard
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/fencekit/fence"
+)
+
+// Querier runs statements: *sql.DB, *sql.Tx and *sql.Conn satisfy it.
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// The guard's own tables. The statements use $n placeholders and upserts
+// that PostgreSQL and SQLite both understand.
+const (
+	createTokens = `CREATE TABLE IF NOT EXISTS fence_tokens (
+	resource TEXT PRIMARY KEY,
+	token    BIGINT NOT NULL CHECK (token > 0)
+)`
+	createIdempotency = `CREATE TABLE IF NOT EXISTS fence_idempotency (
+	key TEXT PRIMARY KEY
+)`
+	upsertToken = `INSERT INTO fence_tokens (resource, token) VALUES ($1, $2)
+ON CONFLICT (resource) DO UPDATE SET token = excluded.token
+WHERE fence_tokens.token < excluded.token`
+	selectToken     = `SELECT token FROM fence_tokens WHERE resource = $1`
+	insertIdemKey   = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	maxIdemKeyBytes = 512
+)
+
+// CreateTables creates the guard's tables, fence_tokens (the last accepted
+// token per resource) and fence_idempotency (used idempotency keys), if they
+// do not exist yet.
+func CreateTables(ctx context.Context, q Querier) error {
+	for _, stmt := range []string{createTokens, createIdempotency} {
+		if _, err := q.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("guard: create tables: %w", err)
+		}
+	}
+	return nil
+}
+
+// Fence records token as the last accepted token of resource, if it is
+// greater than the last one. Inside a transaction it also locks the
+// resource's row until the transaction ends, so fenced transactions on one
+// resource run one at a time. It returns a *StaleError (matching ErrStale)
+// when the token is not greater; the caller must then roll back. With q a
+// *sql.DB it commits on its own, which suits a gate in front of other work
+// (see SQLStore).
+func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
+	if err := checkResource(resource); err != nil {
+		return err
+	}
+	if err := checkToken(token); err != nil {
+		return err
+	}
+	res, err := q.ExecContext(ctx, upsertToken, resource, int64(token))
+	if err != nil {
+		return fmt.Errorf("guard: fence %q: %w", resource, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	var last int64
+	if err := q.QueryRowContext(ctx, selectToken, resource).Scan(&last); err != nil {
+		return fmt.Errorf("guard: fence %q: read last token: %w", resource, err)
+	}
+	return &StaleError{Resource: resource, Token: token, Last: fence.Token(last)}
+}
+
+// Tx runs fn inside a transaction fenced on resource with token: Fence runs
+// first, then fn, then the commit. If the token is stale, fn is not called
+// and Tx returns a *StaleError; if fn returns an error, Tx rolls back and
+// returns it. A cancelled ctx rolls the transaction back (database/sql).
+func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
+	if err := checkResource(resource); err != nil {
+		return err
+	}
+	if err := checkToken(token); err != nil {
+		return err
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("guard: begin: %w", err)
+	}
+	if err := Fence(ctx, tx, resource, token); err != nil {
+		return errors.Join(err, rollback(tx))
+	}
+	if err := fn(tx); err != nil {
+		return errors.Join(err, rollback(tx))
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("guard: commit: %w", err)
+	}
+	return nil
+}
+
+func rollback(tx *sql.Tx) error {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("guard: rollback: %w", err)
+	}
+	return nil
+}
+
+// Once records an idempotency key, normally inside the transaction that does
+// the work. It returns ErrDuplicate if the key was recorded before: the work
+// was already done, and the caller should roll back and report success.
+func Once(ctx context.Context, q Querier, key string) error {
+	if key == "" || len(key) > maxIdemKeyBytes {
+		return fmt.Errorf("guard: idempotency key must be 1 to %d bytes, got %d", maxIdemKeyBytes, len(key))
+	}
+	res, err := q.ExecContext(ctx, insertIdemKey, key)
+	if err != nil {
+		return fmt.Errorf("guard: record idempotency key: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %q", ErrDuplicate, key)
+	}
+	return nil
+}
+
+// Table describes a business table for conditional updates: the table, its
+// key column and the column compared (the last accepted token for Update,
+// the row version for UpdateVersion). The names are plain SQL identifiers
+// (letters, digits, underscores, optionally schema-qualified).
+type Table struct {
+	Name   string // e.g. "payment"
+	Key    string // e.g. "id"
+	Column string // e.g. "last_fencing_token" or "version"
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
+
+func (t Table) check() error {
+	for _, id := range []string{t.Name, t.Key, t.Column} {
+		if !identifier.MatchString(id) {
+			return fmt.Errorf("%w: %q is not a plain SQL identifier", ErrInvalidTable, id)
+		}
+	}
+	return nil
+}
+
+// Update runs the article's conditional update on the row whose key is key:
+//
+//	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND <Column> < $2
+//
+// set assigns the business columns with placeholders from $3 on, filled by
+// args. When no row changes, Update reads the row to tell why: a
+// *StaleError (matching ErrStale) with the row's token, or ErrNoRow.
+func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token, set string, args ...any) error {
+	if err := t.check(); err != nil {
+		return err
+	}
+	if err := checkToken(token); err != nil {
+		return err
+	}
+	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND %s < $2", t.Name, set, t.Column, t.Key, t.Column)
+	changed, current, err := t.exec(ctx, q, stmt, key, int64(token), args)
+	if err != nil || changed {
+		return err
+	}
+	return &StaleError{Resource: fmt.Sprintf("%s %v", t.Name, key), Token: token, Last: fence.Token(current)}
+}
+
+// UpdateVersion runs an optimistic update on the row whose key is key, if
+// its version column still holds version, and increments it:
+//
+//	UPDATE <Name> SET <set>, <Column> = <Column> + 1 WHERE <Key> = $1 AND <Column> = $2
+//
+// When no row changes it returns a *ConflictError (matching ErrConflict)
+// with the row's version, or ErrNoRow.
+func (t Table) UpdateVersion(ctx context.Context, q Querier, key any, version int64, set string, args ...any) error {
+	if err := t.check(); err != nil {
+		return err
+	}
+	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = %s + 1 WHERE %s = $1 AND %s = $2", t.Name, set, t.Column, t.Column, t.Key, t.Column)
+	changed, current, err := t.exec(ctx, q, stmt, key, version, args)
+	if err != nil || changed {
+		return err
+	}
+	return &ConflictError{Key: key, Expected: version, Current: current}
+}
+
+// exec runs a conditional update; when it changed no row, it returns the
+// row's current Column value, or ErrNoRow.
+func (t Table) exec(ctx context.Context, q Querier, stmt string, key any, cond int64, args []any) (changed bool, current int64, err error) {
+	res, err := q.ExecContext(ctx, stmt, append([]any{key, cond}, args...)...)
+	if err != nil {
+		return false, 0, fmt.Errorf("guard: update %s: %w", t.Name, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n > 0 {
+		return n > 0, 0, err
+	}
+	sel := fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", t.Column, t.Name, t.Key)
+	err = q.QueryRowContext(ctx, sel, key).Scan(&current)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, 0, fmt.Errorf("%w: %s %v", ErrNoRow, t.Name, key)
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("guard: read %s %v: %w", t.Name, key, err)
+	}
+	return false, current, nil
+}
