@@ -23,7 +23,7 @@ func stores(t *testing.T) map[string]guard.Store {
 	t.Cleanup(func() { _ = client.Close() })
 	all := map[string]guard.Store{
 		"memory": &guard.MemoryStore{},
-		"redis":  guard.RedisStore{Client: client, Prefix: "guardtest:" + t.Name()},
+		"redis":  guard.RedisStore{Client: client, Prefix: "guardtest:" + strconv.FormatInt(time.Now().UnixNano(), 36)},
 	}
 	for name, db := range databases(t) {
 		if err := guard.CreateTables(ctx(t), db); err != nil {

@@ -111,9 +111,16 @@ func (ls *lease) watch(ctx context.Context) {
 // lock is gone or owned by someone else it ends the lease.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	sent := time.Now()
-	n, err := extendScript.Run(ctx, ls.l.client, []string{ls.a.keys.lock}, ls.a.owner, ttl.Milliseconds()).Int()
+	reply, acked, required, err := ls.l.evalSynced(ctx, extendScript, []string{ls.a.keys.lock}, ls.a.owner, ttl.Milliseconds())
+	var n int64
+	if err == nil {
+		n, err = reply.Int64()
+	}
 	if err != nil {
 		return fmt.Errorf("redislock: extend %q: %w", ls.a.name, err)
+	}
+	if n == 1 && acked < required {
+		return fmt.Errorf("redislock: extend %q: %w", ls.a.name, &fence.NotReplicatedError{Acked: acked, Required: required})
 	}
 	if n == 0 {
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.a.name)
@@ -155,11 +162,7 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.stopWatchdog()
 		<-ls.watchdogDone
 	}
-	publish := "PUBLISH"
-	if ls.l.sharded {
-		publish = "SPUBLISH"
-	}
-	n, err := releaseScript.Run(ctx, ls.l.client, []string{ls.a.keys.lock, ls.a.keys.channel}, ls.a.owner, publish).Int()
+	deleted, err := ls.l.releaseOwned(ctx, &ls.a)
 	lostBefore := ls.Err()
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
@@ -167,7 +170,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	case err != nil:
 		ls.end(fence.ErrReleased)
 		return fmt.Errorf("redislock: release %q: %w", ls.a.name, err)
-	case n == 0:
+	case !deleted:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.a.name)
 	}
 	if err == nil {

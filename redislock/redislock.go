@@ -37,6 +37,10 @@ type Options struct {
 	// clock. Default 24 h.
 	TokenRetention time.Duration
 
+	// ReplicaSync confirms acquisitions and renewals with WAIT; see
+	// ReplicaSync. On by default.
+	ReplicaSync ReplicaSync
+
 	_ struct{} // forbids positional literals
 }
 
@@ -49,6 +53,8 @@ type Locker struct {
 	watchdog  time.Duration
 	retention time.Duration
 	sharded   bool // sharded pub/sub (Redis Cluster)
+	sync      ReplicaSync
+	replicas  replicaCounts
 
 	mu      sync.Mutex
 	watches map[string]*watch // release channel → subscription
@@ -74,6 +80,12 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		watchdog:  or(o.WatchdogTTL, DefaultWatchdogTTL),
 		retention: or(o.TokenRetention, DefaultTokenRetention),
 		watches:   make(map[string]*watch),
+		sync:      o.ReplicaSync,
+		replicas:  replicaCounts{nodes: make(map[string]*nodeReplicas)},
+	}
+	l.sync.Timeout = or(l.sync.Timeout, time.Second)
+	if s := l.sync; s.Acks < AcksAll || s.Replicas < 0 || s.Timeout < time.Millisecond {
+		return nil, fmt.Errorf("%w: redislock: replica sync %+v", fence.ErrInvalidOption, s)
 	}
 	_, l.sharded = client.(*redis.ClusterClient)
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
@@ -194,8 +206,12 @@ type attempt struct {
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
 	sent := time.Now()
 	retention := max(l.retention, a.ttl)
-	res, err := acquireScript.Run(ctx, l.client, []string{a.keys.lock, a.keys.token},
-		a.owner, a.ttl.Milliseconds(), retention.Milliseconds()).Int64Slice()
+	reply, acked, required, err := l.evalSynced(ctx, acquireScript, []string{a.keys.lock, a.keys.token},
+		a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	var res []int64
+	if err == nil {
+		res, err = reply.Int64Slice()
+	}
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
@@ -205,7 +221,29 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 	if res[0] == 0 {
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	}
+	if acked < required {
+		// Too few replicas have the lock: a failover now could lose it.
+		// Give it back, even if ctx has ended, and refuse.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.sync.Timeout)
+		defer cancel()
+		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
+		if _, err := l.releaseOwned(rctx, a); err != nil {
+			return nil, 0, fence.NotAcquired(a.name, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err)))
+		}
+		return nil, 0, fence.NotAcquired(a.name, notRepl)
+	}
 	return l.newLease(ctx, a, fence.Token(res[1]), sent), 0, nil
+}
+
+// releaseOwned runs the owner-checked release script and reports whether it
+// deleted the lock (and told waiters).
+func (l *Locker) releaseOwned(ctx context.Context, a *attempt) (bool, error) {
+	publish := "PUBLISH"
+	if l.sharded {
+		publish = "SPUBLISH"
+	}
+	n, err := releaseScript.Run(ctx, l.client, []string{a.keys.lock, a.keys.channel}, a.owner, publish).Int()
+	return n == 1, err
 }
 
 // newOwner returns 128 random bits, hex-encoded: the owner id of one lease.

@@ -241,8 +241,8 @@ func TestWaiterSendsNothingWhileHeld(t *testing.T) {
 	if n := waiterCmds.n.Load(); n != before {
 		t.Fatalf("waiter sent %d commands while the lock was held, want 0", n-before)
 	}
-	if before != 2 {
-		t.Fatalf("waiter sent %d commands before waiting, want 2 (try, subscribe confirmed, try)", before)
+	if before < 2 {
+		t.Fatalf("waiter sent %d commands before waiting, want a try before and after subscribing", before)
 	}
 	start := time.Now()
 	if err := holder.Release(ctx(t)); err != nil {

@@ -1,0 +1,218 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Host and Port split Addr.
+func (s *Server) Host() string { h, _, _ := net.SplitHostPort(s.Addr); return h }
+
+// Port returns the server's port.
+func (s *Server) Port() string { _, p, _ := net.SplitHostPort(s.Addr); return p }
+
+// StartReplica starts a server replicating primary. Call WaitReplicated
+// before relying on it.
+func StartReplica(t testing.TB, primary *Server, extra ...string) *Server {
+	t.Helper()
+	return Start(t, append([]string{"--replicaof", primary.Host(), primary.Port()}, extra...)...)
+}
+
+// WaitReplicated waits until n replicas of primary really receive writes.
+// Redis 7.0 reports a replica online up to a second before writes reach it,
+// so this writes a marker and waits until WAIT confirms n acknowledgements.
+func WaitReplicated(t testing.TB, primary *Server, n int) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn := c.Conn() // WAIT counts the writes of its own connection
+	defer conn.Close()
+	for {
+		if err := conn.Set(ctx, "redistest:marker", time.Now().UnixNano(), 0).Err(); err != nil {
+			t.Fatalf("redistest: marker: %v", err)
+		}
+		acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
+		if err == nil && acked >= n {
+			conn.Del(ctx, "redistest:marker")
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("redistest: %d replicas of %s not in sync after 30s (acked %d, %v)", n, primary.Addr, acked, err)
+		}
+	}
+}
+
+// Sentinels are redis-sentinel processes monitoring one primary as Master.
+type Sentinels struct {
+	Master  string // the monitored master's name
+	Servers []*Server
+}
+
+// Addrs returns the sentinels' addresses.
+func (s *Sentinels) Addrs() []string {
+	var out []string
+	for _, srv := range s.Servers {
+		out = append(out, srv.Addr)
+	}
+	return out
+}
+
+// StartSentinels starts n sentinels (redis-server --sentinel) monitoring
+// primary as "mymaster" with quorum n/2+1, declaring it down after 1 s.
+func StartSentinels(t testing.TB, primary *Server, n int) *Sentinels {
+	t.Helper()
+	s := &Sentinels{Master: "mymaster"}
+	for range n {
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("sentinel monitor %s %s %s %d\n"+
+			"sentinel down-after-milliseconds %[1]s 1000\n"+
+			"sentinel failover-timeout %[1]s 3000\n"+
+			"sentinel parallel-syncs %[1]s 2\n", s.Master, primary.Host(), primary.Port(), n/2+1)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		srv, err := launchSentinel(dir, conf)
+		if err != nil {
+			t.Fatalf("redistest: sentinel: %v", err)
+		}
+		t.Cleanup(srv.Kill)
+		s.Servers = append(s.Servers, srv)
+	}
+	return s
+}
+
+func launchSentinel(dir, conf string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found on PATH: %s", installHint)
+	}
+	s := &Server{Dir: dir, bin: bin}
+	for attempt := 0; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		s.args = []string{conf, "--sentinel", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--daemonize", "no"}
+		if err = s.start(); err == nil || attempt == 3 {
+			return s, err
+		}
+	}
+}
+
+// Cluster is a Redis Cluster of primaries without replicas.
+type Cluster struct {
+	Servers []*Server
+}
+
+// Addrs returns the nodes' addresses.
+func (c *Cluster) Addrs() []string {
+	var out []string
+	for _, s := range c.Servers {
+		out = append(out, s.Addr)
+	}
+	return out
+}
+
+// StartCluster starts n cluster-enabled servers, joins them with
+// redis-cli --cluster create, and waits for cluster_state:ok on every node.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	for range n {
+		c.Servers = append(c.Servers, Start(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
+	}
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli not found on PATH: %s", installHint)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, s := range c.Servers {
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+		for {
+			info, err := rc.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if ctx.Err() != nil {
+				rc.Close()
+				t.Fatalf("redistest: cluster not ok after 30s: %v %s", err, info)
+			}
+			wait := time.NewTimer(50 * time.Millisecond)
+			<-wait.C
+		}
+		rc.Close()
+	}
+	return c
+}
+
+// WaitSentinelsReady waits until every sentinel knows the replicas and the
+// other sentinels, so that a failover can be voted on.
+func WaitSentinelsReady(t testing.TB, s *Sentinels, replicas int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, srv := range s.Servers {
+		c := redis.NewSentinelClient(&redis.Options{Addr: srv.Addr})
+		for {
+			r, err1 := c.Replicas(ctx, s.Master).Result()
+			o, err2 := c.Sentinels(ctx, s.Master).Result()
+			if err1 == nil && err2 == nil && len(r) >= replicas && len(o) >= len(s.Servers)-1 {
+				break
+			}
+			if ctx.Err() != nil {
+				c.Close()
+				t.Fatalf("redistest: sentinel %s sees %d replicas and %d sentinels after 60s", srv.Addr, len(r), len(o))
+			}
+			tick := time.NewTimer(100 * time.Millisecond)
+			<-tick.C
+		}
+		c.Close()
+	}
+}
+
+// WaitFailover waits until the sentinels name a new master other than old
+// and returns it from candidates.
+func WaitFailover(t testing.TB, s *Sentinels, old *Server, candidates ...*Server) *Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Servers[0].Addr})
+	defer c.Close()
+	for {
+		addr, err := c.GetMasterAddrByName(ctx, s.Master).Result()
+		if err == nil && len(addr) == 2 && net.JoinHostPort(addr[0], addr[1]) != old.Addr {
+			for _, cand := range candidates {
+				if cand.Addr == net.JoinHostPort(addr[0], addr[1]) {
+					return cand
+				}
+			}
+			t.Fatalf("redistest: sentinels promoted unknown %v", addr)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("redistest: no failover after 60s: %v %v", addr, err)
+		}
+		tick := time.NewTimer(100 * time.Millisecond)
+		<-tick.C
+	}
+}

@@ -1,0 +1,247 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fencetest"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+func lockerWith(t testing.TB, c redis.UniversalClient, o redislock.Options) *redislock.Locker {
+	t.Helper()
+	l, err := redislock.New(c, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// cutReplicaOff stops the replica and kills its link, so the primary's next
+// writes sit nowhere (LAB.md: stopping it alone keeps them in its socket).
+func cutReplicaOff(t *testing.T, primary, replica *redistest.Server) {
+	t.Helper()
+	replica.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+	admin := primary.Client(t)
+	if err := admin.ClientKillByFilter(ctx(t), "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// promote kills the primary and makes the replica a primary, as a failover
+// would.
+func promote(t *testing.T, primary, replica *redistest.Server) *redis.Client {
+	t.Helper()
+	primary.Kill()
+	replica.Signal(syscall.SIGCONT)
+	c := replica.Client(t)
+	if err := c.Do(ctx(t), "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestArticleFailover reproduces section 2 of the article: the lock is
+// written to the primary, the primary dies before the replica has it, the
+// replica is promoted, and a second client takes the same lock. Without the
+// replica sync check the hazard shows (two holders); with it the first
+// acquisition is refused and nothing is left locked.
+func TestArticleFailover(t *testing.T) {
+	const name = "lock:payment:1001"
+	for _, synced := range []bool{false, true} {
+		t.Run(map[bool]string{false: "without-sync", true: "with-sync"}[synced], func(t *testing.T) {
+			primary := redistest.Start(t)
+			replica := redistest.StartReplica(t, primary)
+			redistest.WaitReplicated(t, primary, 1)
+			a := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !synced}})
+			// The service has been running: it has seen its replica.
+			if err := fence.Run(ctx(t), a, "warm-up", func(context.Context, fence.Lease) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+
+			cutReplicaOff(t, primary, replica)
+			start := time.Now()
+			leaseA, errA := a.Acquire(ctx(t), name, fence.TTL(30*time.Second))
+			if synced {
+				var nr *fence.NotReplicatedError
+				if !errors.As(errA, &nr) || !errors.Is(errA, fence.ErrNotAcquired) || nr.Acked != 0 || nr.Required != 1 {
+					t.Fatalf("Acquire with the replica cut off = %v, want ErrNotReplicated 0 of 1", errA)
+				}
+				if took := time.Since(start); took > 3*time.Second {
+					t.Fatalf("refusal took %v, want about the 1 s sync timeout", took)
+				}
+				if n := primary.Client(t).Exists(ctx(t), lockKey(name)).Val(); n != 0 {
+					t.Fatal("refused acquisition left the lock on the primary")
+				}
+			} else if errA != nil {
+				t.Fatalf("Acquire without sync: %v", errA)
+			}
+
+			promoted := promote(t, primary, replica)
+			b := lockerWith(t, promoted, redislock.Options{})
+			leaseB, errB := b.Acquire(ctx(t), name, fence.TTL(30*time.Second))
+			if errB != nil {
+				t.Fatalf("Acquire on the promoted replica: %v", errB)
+			}
+			defer leaseB.Release(ctx(t))
+			if !synced {
+				// The hazard: A still believes it holds the lock, and B holds it too.
+				if leaseA.Err() != nil {
+					t.Fatalf("A's lease ended (%v); the test did not reproduce two holders", leaseA.Err())
+				}
+				if leaseB.Token() <= leaseA.Token() {
+					t.Fatalf("B's token %d is not greater than A's %d after the failover", leaseB.Token(), leaseA.Token())
+				}
+				t.Logf("two holders: A token %d, B token %d (the fencing token still orders them)", leaseA.Token(), leaseB.Token())
+			}
+		})
+	}
+}
+
+func TestAckRules(t *testing.T) {
+	primary := redistest.Start(t)
+	r1, r2 := redistest.StartReplica(t, primary), redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 2)
+	r2.Signal(syscall.SIGSTOP)
+	defer r2.Signal(syscall.SIGCONT)
+	_ = r1
+	c := primary.Client(t)
+	for _, tc := range []struct {
+		acks     int
+		required int // 0: the acquisition succeeds
+	}{
+		{0, 0}, {1, 0}, {redislock.AcksMajority, 2}, {redislock.AcksAll, 2}, {3, 3},
+	} {
+		l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Acks: tc.acks, Timeout: 300 * time.Millisecond}})
+		lease, err := l.Acquire(ctx(t), "ack-rules", fence.TTL(time.Minute))
+		var nr *fence.NotReplicatedError
+		switch {
+		case tc.required == 0 && err != nil:
+			t.Fatalf("acks %d with one of two replicas up: %v", tc.acks, err)
+		case tc.required == 0:
+			if err := lease.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+		case !errors.As(err, &nr) || nr.Acked != 1 || nr.Required != tc.required:
+			t.Fatalf("acks %d: %v, want NotReplicatedError 1 of %d", tc.acks, err, tc.required)
+		}
+	}
+	if _, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Acks: -3}}); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("Acks -3: %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestUnconfirmedRenewalKeepsDeadline: once the replica is cut off, Extend
+// reports ErrNotReplicated and the lease's deadline does not move.
+func TestUnconfirmedRenewalKeepsDeadline(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	l := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	lease := acquire(t, l, "renewal", fence.TTL(5*time.Second))
+	before := lease.Deadline()
+	cutReplicaOff(t, primary, replica)
+	err := lease.Extend(ctx(t), time.Minute)
+	if !errors.Is(err, fence.ErrNotReplicated) {
+		t.Fatalf("Extend with the replica cut off = %v, want ErrNotReplicated", err)
+	}
+	if !lease.Deadline().Equal(before) {
+		t.Fatalf("deadline moved from %v to %v on an unconfirmed renewal", before, lease.Deadline())
+	}
+	if lease.Err() != nil {
+		t.Fatalf("lease ended: %v", lease.Err())
+	}
+}
+
+// TestSentinelFailover: a lock taken with sync (all replicas) survives the
+// primary's death: Sentinel promotes a replica, the lock is still held there,
+// the holder's watchdog renews it there, and the next token is larger.
+func TestSentinelFailover(t *testing.T) {
+	primary := redistest.Start(t)
+	r1, r2 := redistest.StartReplica(t, primary), redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 2)
+	sentinels := redistest.StartSentinels(t, primary, 3)
+	redistest.WaitSentinelsReady(t, sentinels, 2)
+
+	newClient := func() *redis.Client {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinels.Master, SentinelAddrs: sentinels.Addrs()})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	sync := redislock.ReplicaSync{Acks: redislock.AcksAll}
+	holder := lockerWith(t, newClient(), redislock.Options{WatchdogTTL: 10 * time.Second, ReplicaSync: sync})
+	other := lockerWith(t, newClient(), redislock.Options{ReplicaSync: sync})
+	lease := acquire(t, holder, "lock:payment:1001") // watchdog lease
+
+	primary.Kill()
+	promoted := redistest.WaitFailover(t, sentinels, primary, r1, r2)
+	t.Logf("sentinel promoted %s", promoted.Addr)
+	if n := promoted.Client(t).Exists(ctx(t), lockKey("lock:payment:1001")).Val(); n != 1 {
+		t.Fatal("the promoted replica does not have the lock")
+	}
+	// The other client, once it has found the new primary, is refused.
+	waitFor(t, func() bool {
+		_, err := other.Acquire(ctx(t), "lock:payment:1001")
+		return errors.Is(err, fence.ErrHeld)
+	})
+	// The holder's watchdog renews on the new primary.
+	failedOver := time.Now()
+	waitFor(t, func() bool { return lease.Deadline().After(failedOver.Add(5 * time.Second)) })
+	if lease.Err() != nil {
+		t.Fatalf("lease lost in the failover: %v", lease.Err())
+	}
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	next := acquire(t, other, "lock:payment:1001", fence.TTL(time.Minute))
+	if next.Token() <= lease.Token() {
+		t.Fatalf("token after failover %d, want > %d", next.Token(), lease.Token())
+	}
+}
+
+func TestClusterConformance(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	newClient := func(t testing.TB) *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	admin := newClient(t)
+	fencetest.Run(t, fencetest.Config{
+		New:         func(t testing.TB) fence.Locker { return newLocker(t, newClient(t)) },
+		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		WatchdogTTL: watchdogTTL,
+	})
+
+	t.Run("NamesOverSlots", func(t *testing.T) {
+		l := newLocker(t, admin)
+		nodes := map[string]bool{}
+		var leases []fence.Lease
+		for i := range 64 {
+			name := "lock:payment:" + strings.Repeat("x", i%3) + string(rune('a'+i%26)) + string(rune('0'+i/26))
+			lease := acquire(t, l, name, fence.TTL(time.Minute))
+			leases = append(leases, lease)
+			node, err := admin.MasterForKey(ctx(t), lockKey(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			nodes[node.Options().Addr] = true
+		}
+		if len(nodes) != 3 {
+			t.Fatalf("64 names landed on %d nodes, want all 3", len(nodes))
+		}
+		for _, lease := range leases {
+			if err := lease.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
