@@ -269,3 +269,27 @@ func waitFor(t testing.TB, cond func() bool) {
 		<-tick.C
 	}
 }
+
+func TestStatus(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newLocker(t, srv.Client(t))
+	s, err := l.Status(ctx(t), "lock:payment:1001")
+	if err != nil || s.Held || s.LastToken != 0 {
+		t.Fatalf("fresh Status = %+v, %v; want free, no token", s, err)
+	}
+	lease := acquire(t, l, "lock:payment:1001", fence.TTL(10*time.Second))
+	s, err = l.Status(ctx(t), "lock:payment:1001")
+	if err != nil || !s.Held || s.TTL <= 0 || s.TTL > 10*time.Second || s.LastToken != lease.Token() {
+		t.Fatalf("held Status = %+v, %v; want held, TTL in (0, 10s], token %d", s, err, lease.Token())
+	}
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	s, err = l.Status(ctx(t), "lock:payment:1001")
+	if err != nil || s.Held || s.LastToken != lease.Token() {
+		t.Fatalf("released Status = %+v, %v; want free with last token %d", s, err, lease.Token())
+	}
+	if _, err := l.Status(ctx(t), "bad{name}"); !errors.Is(err, fence.ErrInvalidName) {
+		t.Fatalf("Status(bad name) = %v", err)
+	}
+}

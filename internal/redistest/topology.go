@@ -33,23 +33,29 @@ func StartReplica(t testing.TB, primary *Server, extra ...string) *Server {
 // so this writes a marker and waits until WAIT confirms n acknowledgements.
 func WaitReplicated(t testing.TB, primary *Server, n int) {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	if err := Replicated(primary.Addr, n, 30*time.Second); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+}
+
+// Replicated is WaitReplicated for code without a testing.TB.
+func Replicated(primary string, n int, limit time.Duration) error {
+	c := redis.NewClient(&redis.Options{Addr: primary})
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	conn := c.Conn() // WAIT counts the writes of its own connection
 	defer conn.Close()
 	for {
 		if err := conn.Set(ctx, "redistest:marker", time.Now().UnixNano(), 0).Err(); err != nil {
-			t.Fatalf("redistest: marker: %v", err)
+			return fmt.Errorf("marker: %w", err)
 		}
 		acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
 		if err == nil && acked >= n {
-			conn.Del(ctx, "redistest:marker")
-			return
+			return conn.Del(ctx, "redistest:marker").Err()
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("redistest: %d replicas of %s not in sync after 30s (acked %d, %v)", n, primary.Addr, acked, err)
+			return fmt.Errorf("%d replicas of %s not in sync after %v (acked %d, %v)", n, primary, limit, acked, err)
 		}
 	}
 }

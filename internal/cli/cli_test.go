@@ -1,0 +1,290 @@
+package cli_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/internal/cli"
+	"github.com/fencekit/fence/internal/redistest"
+	"go.uber.org/goleak"
+)
+
+// fenceBin is the fence binary built once for the package's tests.
+var fenceBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fence-cli")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	fenceBin = filepath.Join(dir, "fence")
+	if out, err := exec.Command("go", "build", "-race", "-o", fenceBin, "github.com/fencekit/fence/cmd/fence").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build fence: %v\n%s", err, out)
+		os.Exit(2)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// fence runs the binary and returns its stdout, stderr and exit code.
+func fence(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, fenceBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("fence %v: %v", args, err)
+	}
+	return stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
+}
+
+func redisURL(srv *redistest.Server) string { return "redis://" + srv.Addr }
+
+func TestExecPassesTokenAndExitCode(t *testing.T) {
+	srv := redistest.Start(t)
+	out, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "lock:payment:1001", "--",
+		"sh", "-c", `echo "$FENCE_LOCK $FENCE_TOKEN"`)
+	fields := strings.Fields(out)
+	if code != 0 || len(fields) != 2 || fields[0] != "lock:payment:1001" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if tok, err := strconv.ParseInt(fields[1], 10, 64); err != nil || tok <= 0 {
+		t.Fatalf("FENCE_TOKEN = %q, want a positive integer", fields[1])
+	}
+	// The URL can come from the environment instead of the command line.
+	_, errOut, code = fence(t, []string{"FENCE_REDIS_URL=" + redisURL(srv)}, "exec", "lock:payment:1001", "--", "sh", "-c", "exit 7")
+	if code != 7 {
+		t.Fatalf("child exit 7 came back as %d (%s)", code, errOut)
+	}
+	_, _, code = fence(t, nil, "exec", "--redis", redisURL(srv), "n", "--", "sh", "-c", "kill -TERM $$")
+	if code != 128+15 {
+		t.Fatalf("child killed by SIGTERM came back as %d, want 143", code)
+	}
+	_, _, code = fence(t, nil, "exec", "--redis", redisURL(srv), "n", "--", "/nonexistent/command")
+	if code != 127 {
+		t.Fatalf("missing command: exit %d, want 127", code)
+	}
+	// The lock was released each time.
+	out, _, _ = fence(t, nil, "status", "--redis", redisURL(srv), "lock:payment:1001")
+	if !strings.Contains(out, "free") {
+		t.Fatalf("status after exec: %q", out)
+	}
+}
+
+func TestExecUsageAndNotAcquired(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, args := range [][]string{
+		{"exec", "--redis", redisURL(srv), "name-without-command"},
+		{"exec", "--redis", redisURL(srv), "name", "cmd-without-dash"},
+		{"exec", "--redis", redisURL(srv), "bad{name}", "--", "true"},
+		{"exec", "--redis", redisURL(srv), "--ttl", "0s", "n", "--", "true"},
+		{"exec", "--redis", redisURL(srv), "--wait", "-1s", "n", "--", "true"},
+		{"exec", "--redis", "notaurl", "n", "--", "true"},
+		{"status"},
+	} {
+		if _, errOut, code := fence(t, nil, args...); code != cli.ExitUsage || errOut == "" {
+			t.Errorf("fence %v: exit %d (%q), want %d with a message", args, code, errOut, cli.ExitUsage)
+		}
+	}
+	srv2 := redistest.Start(t)
+	dead := redisURL(srv2)
+	srv2.Kill()
+	if _, _, code := fence(t, nil, "exec", "--redis", dead, "n", "--", "true"); code != cli.ExitUsage {
+		t.Errorf("dead server: exit %d, want %d", code, cli.ExitUsage)
+	}
+
+	// Held by a running exec: a second one with a short wait gives up with 75.
+	dir := t.TempDir()
+	holder := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "held", "--", "sh", "-c", "touch "+dir+"/started; cat >/dev/null")
+	stdin, _ := holder.StdinPipe()
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, dir+"/started")
+	start := time.Now()
+	_, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "--wait", "300ms", "held", "--", "true")
+	if code != cli.ExitNotAcquired || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("second exec: exit %d after %v (%s), want %d after the wait", code, time.Since(start), errOut, cli.ExitNotAcquired)
+	}
+	out, _, _ := fence(t, nil, "status", "--redis", redisURL(srv), "--json", "held")
+	if !strings.Contains(out, `"held":true`) {
+		t.Fatalf("status --json while held: %s", out)
+	}
+	stdin.Close()
+	if err := holder.Wait(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+}
+
+// TestExecNeverOverlaps: concurrent fence exec on one name; the children
+// record their intervals, and no two intersect.
+func TestExecNeverOverlaps(t *testing.T) {
+	srv := redistest.Start(t)
+	log := filepath.Join(t.TempDir(), "intervals")
+	const procs, rounds = 4, 3
+	var wg sync.WaitGroup
+	for p := range procs {
+		wg.Go(func() {
+			for r := range rounds {
+				script := fmt.Sprintf(`echo "start $(date +%%s%%N) %d.%d" >> %s; sleep 0.05; echo "end $(date +%%s%%N) %d.%d" >> %s`, p, r, log, p, r, log)
+				if _, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "--wait", "60s", "shared", "--", "sh", "-c", script); code != 0 {
+					t.Errorf("exec %d.%d: exit %d: %s", p, r, code, errOut)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	f, err := os.Open(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	type interval struct{ start, end int64 }
+	runs := map[string]*interval{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kind, id string
+		var at int64
+		if _, err := fmt.Sscan(sc.Text(), &kind, &at, &id); err != nil {
+			t.Fatalf("log line %q: %v", sc.Text(), err)
+		}
+		if runs[id] == nil {
+			runs[id] = &interval{}
+		}
+		if kind == "start" {
+			runs[id].start = at
+		} else {
+			runs[id].end = at
+		}
+	}
+	var all []*interval
+	for _, iv := range runs {
+		all = append(all, iv)
+	}
+	if len(all) != procs*rounds {
+		t.Fatalf("%d runs recorded, want %d", len(all), procs*rounds)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].start < all[j].start })
+	for i := 1; i < len(all); i++ {
+		if all[i].start < all[i-1].end {
+			t.Fatalf("runs overlap: [%d, %d] and [%d, %d]", all[i-1].start, all[i-1].end, all[i].start, all[i].end)
+		}
+	}
+}
+
+// TestExecKillsChildOnLostLease: the key is deleted behind the holder's
+// back; the child, which ignores SIGTERM, is killed within the renewal
+// interval plus the grace period, and exec exits 76.
+func TestExecKillsChildOnLostLease(t *testing.T) {
+	srv := redistest.Start(t)
+	const renewEvery, grace = 200 * time.Millisecond, 500 * time.Millisecond
+	dir := t.TempDir()
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "--watchdog-ttl", (3 * renewEvery).String(),
+		"--grace", grace.String(), "doomed", "--", "sh", "-c", `trap "" TERM; touch `+dir+`/started; sleep 60`)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	waitFile(t, dir+"/started")
+	deleted := time.Now()
+	if n := srv.Client(t).Del(context.Background(), "fence:{doomed}").Val(); n != 1 {
+		t.Fatalf("deleted %d keys, want the lock", n)
+	}
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatal("fence exec still running a minute after its lock was deleted")
+	}
+	took := time.Since(deleted)
+	if code := cmd.ProcessState.ExitCode(); code != cli.ExitLeaseLost {
+		t.Fatalf("exit %d, want %d; stderr: %s", code, cli.ExitLeaseLost, stderr.String())
+	}
+	t.Logf("child stopped %v after the lock was deleted (renewal every %v, grace %v)", took, renewEvery, grace)
+	// Renewal interval + grace, plus slack for a loaded machine.
+	if limit := renewEvery + grace + 1500*time.Millisecond; took > limit {
+		t.Fatalf("child stopped %v after the lock was deleted, want under %v", took, limit)
+	}
+	if took < grace {
+		t.Fatalf("child stopped after %v, before the %v grace period: SIGKILL came early", took, grace)
+	}
+	if !strings.Contains(stderr.String(), "SIGKILL") {
+		t.Fatalf("stderr does not report the SIGKILL: %s", stderr.String())
+	}
+}
+
+func TestDemoWithoutRedisServer(t *testing.T) {
+	empty := t.TempDir() // a PATH with no redis-server on it
+	out, errOut, code := fence(t, []string{"PATH=" + empty}, "demo")
+	if code != 0 {
+		t.Fatalf("demo: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"A's write is ACCEPTED", "charged twice", "A's write is REJECTED", "charged once", "need redis-server"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\x1b[") {
+		t.Fatal("demo printed colour codes into a pipe")
+	}
+}
+
+func TestDemoFailoverStories(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatal("redis-server not found on PATH: install it with `apt-get install -y redis-server` (`make test` does this)")
+	}
+	out, errOut, code := fence(t, nil, "demo")
+	if code != 0 {
+		t.Fatalf("demo: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"two workers hold lock:payment:1001", "is REFUSED: 0 of 1 replicas"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// waitFile waits for a file to appear, failing after 30 s.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear within 30s", path)
+		}
+		<-tick.C
+	}
+}

@@ -1,0 +1,128 @@
+// Package cli is the fence command: exec, status and demo.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes that scripts can rely on. fence exec otherwise exits with its
+// child's code (128 + the signal number if a signal ended the child).
+const (
+	ExitUsage       = 2  // bad flags or arguments, or no connection to the backend
+	ExitNotAcquired = 75 // the lock was not acquired within --wait
+	ExitLeaseLost   = 76 // the lease was lost while the child ran; the child was stopped
+)
+
+// exitError carries an exit code out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func exitWith(code int, err error) error { return &exitError{code: code, err: err} }
+
+// Main runs the fence command with args (without the program name) and
+// returns the process's exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := rootCmd()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(stderr, "fence:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "fence:", err)
+	return ExitUsage
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "fence",
+		Short: "Distributed locks with fencing tokens",
+		Long: `Fence takes distributed locks whose every acquisition carries a fencing token: a number larger
+than every token issued before it for the same lock name. Pass the token with each write and
+have the protected resource reject tokens lower than one it has already accepted; then a
+worker that paused past its lease, or a lock lost in a failover, cannot overwrite newer work.
+
+Start with "fence demo".`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(execCmd(), statusCmd(), demoCmd())
+	return root
+}
+
+// redisFlags are the flags of commands that talk to Redis.
+type redisFlags struct {
+	url         string
+	watchdogTTL time.Duration
+	noSync      bool
+}
+
+func (f *redisFlags) register(cmd *cobra.Command) {
+	def := os.Getenv("FENCE_REDIS_URL")
+	if def == "" {
+		def = "redis://127.0.0.1:6379"
+	}
+	cmd.Flags().StringVar(&f.url, "redis", def, "Redis URL (redis://, rediss:// for TLS, user:password@ for ACL users). "+
+		"The default comes from FENCE_REDIS_URL, so that passwords need not appear in the process list, else redis://127.0.0.1:6379.")
+	cmd.Flags().DurationVar(&f.watchdogTTL, "watchdog-ttl", redislock.DefaultWatchdogTTL,
+		"lease time of a lease held without --ttl; the watchdog renews it every third of this")
+	cmd.Flags().BoolVar(&f.noSync, "no-replica-sync", false,
+		"do not confirm acquisitions with WAIT on the primary's replicas (by default one replica must acknowledge within 1 s)")
+}
+
+// locker connects to Redis; the returned func closes the client.
+func (f *redisFlags) locker() (*redislock.Locker, func(), error) {
+	opt, err := redis.ParseURL(f.url)
+	if err != nil {
+		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--redis: %w", err))
+	}
+	client := redis.NewClient(opt)
+	l, err := redislock.New(client, &redislock.Options{
+		WatchdogTTL: f.watchdogTTL,
+		ReplicaSync: redislock.ReplicaSync{Disabled: f.noSync},
+	})
+	if err != nil {
+		client.Close()
+		return nil, nil, exitWith(ExitUsage, err)
+	}
+	return l, func() { _ = client.Close() }, nil
+}
+
+// acquireError maps an Acquire error to an exit code.
+func acquireError(err error) error {
+	switch {
+	case errors.Is(err, fence.ErrInvalidName), errors.Is(err, fence.ErrInvalidOption):
+		return exitWith(ExitUsage, err)
+	case errors.Is(err, fence.ErrHeld), errors.Is(err, context.DeadlineExceeded), errors.Is(err, fence.ErrNotReplicated):
+		return exitWith(ExitNotAcquired, err)
+	default:
+		return exitWith(ExitUsage, err)
+	}
+}

@@ -1,0 +1,50 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/redis/go-redis/v9"
+)
+
+// Status is what Redis holds for one lock name.
+type Status struct {
+	Held      bool          // the lock is held
+	TTL       time.Duration // the holder's remaining lease; negative if held without expiry
+	LastToken fence.Token   // the last token issued; 0 if the record has expired or never existed
+}
+
+// Status reads the state of the lock called name in one round trip. It
+// changes nothing.
+func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
+	if err := fence.ValidateName(name); err != nil {
+		return Status{}, err
+	}
+	k := l.keys(name)
+	pipe := l.client.Pipeline()
+	pttl := pipe.PTTL(ctx, k.lock)
+	last := pipe.Get(ctx, k.token)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Status{}, fmt.Errorf("redislock: status %q: %w", name, err)
+	}
+	var s Status
+	switch ttl := pttl.Val(); {
+	case ttl == -2: // no such key (go-redis passes -2 and -1 through unscaled)
+	case ttl == -1:
+		s.Held, s.TTL = true, -1
+	default:
+		s.Held, s.TTL = true, ttl
+	}
+	if v, err := last.Result(); err == nil {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return s, fmt.Errorf("redislock: status %q: bad token record %q", name, v)
+		}
+		s.LastToken = fence.Token(n)
+	}
+	return s, nil
+}
