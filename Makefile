@@ -6,9 +6,9 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps check unit demo
+.PHONY: test deps check unit lab-quick lab demo
 
-test: deps check unit
+test: deps check unit lab-quick
 
 # Debian packages of the servers the tests start: installed only if missing.
 deps:
@@ -27,6 +27,14 @@ check:
 
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
+
+# The fault lab's short version: every scenario, control and protected.
+lab-quick:
+	$(GO) run ./cmd/fence lab --quick
+
+# The full fault lab; its report is kept in docs/lab/.
+lab:
+	$(GO) run ./cmd/fence lab --out docs/lab
 
 demo:
 	$(GO) run ./cmd/fence demo

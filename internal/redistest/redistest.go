@@ -101,10 +101,15 @@ func (s *Server) Kill() {
 // same arguments. Without persistence, it comes back empty.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	s.Kill()
-	if err := s.start(); err != nil {
+	if err := s.Relaunch(); err != nil {
 		t.Fatalf("redistest: restart: %v", err)
 	}
+}
+
+// Relaunch is Restart for code without a testing.TB.
+func (s *Server) Relaunch() error {
+	s.Kill()
+	return s.start()
 }
 
 // Signal sends sig to the server process (SIGSTOP, SIGCONT, ...).

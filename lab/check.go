@@ -1,0 +1,142 @@
+package lab
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Verdict is what the checker found in one run.
+type Verdict struct {
+	Ops int `json:"ops"` // writes attempted
+	// P1 no stale accept: accepted reads and writes whose token was below
+	// the largest the resource had accepted for that register.
+	P1 int `json:"p1_stale_accepts"`
+	// P2 token order: acquisitions that completed after another had
+	// completed (strictly before they began) with a token not greater than
+	// its, or that shared a token with another lease.
+	P2 int `json:"p2_token_order"`
+	// P3 nothing lost, nothing doubled: acknowledged writes missing from
+	// (or doubled in) the final state, and failed writes present in it.
+	P3 int `json:"p3_lost_or_doubled"`
+	// P4 lease overlap: pairs of leases that believed they held the lock at
+	// the same time. A figure, not a pass criterion.
+	P4 int `json:"p4_overlaps"`
+	// P5 linearizability of the fenced register: Ok, Illegal or Unknown.
+	P5 string `json:"p5_linearizable"`
+
+	Examples []string `json:"examples,omitempty"` // the first few violations, for a person
+}
+
+func (v *Verdict) example(format string, args ...any) {
+	if len(v.Examples) < 6 {
+		v.Examples = append(v.Examples, fmt.Sprintf(format, args...))
+	}
+}
+
+// lease is one acquisition as the history shows it.
+type lease struct {
+	op, worker, key  string
+	token            int64
+	invoke, acquired int64 // monotonic ns
+	end              int64 // release invoked, or the worker's last event
+}
+
+// Check judges a history against the resource's log and final state.
+func Check(events []Event, log []Entry, state map[string][]string) Verdict {
+	var v Verdict
+	leases := map[string]*lease{}
+	lastOf := map[string]int64{}
+	writes := map[string]string{} // op → final phase of its write
+	for _, e := range events {
+		lastOf[e.Worker] = max(lastOf[e.Worker], e.Mono)
+		switch {
+		case e.Kind == "acquire" && e.Phase == "invoke":
+			leases[e.Op] = &lease{op: e.Op, worker: e.Worker, key: e.Key, invoke: e.Mono}
+		case e.Kind == "acquire" && e.Phase == "ok":
+			if l := leases[e.Op]; l != nil {
+				l.token, l.acquired = e.Token, e.Mono
+			}
+		case e.Kind == "release" && e.Phase == "invoke":
+			if l := leases[e.Op]; l != nil {
+				l.end = e.Mono
+			}
+		case e.Kind == "write" && e.Phase == "invoke":
+			v.Ops++
+			writes[e.Op] = "unknown"
+		case e.Kind == "write":
+			writes[e.Op] = e.Phase
+		}
+	}
+	var held []*lease
+	for _, l := range leases {
+		if l.acquired == 0 {
+			continue
+		}
+		if l.end == 0 {
+			l.end = lastOf[l.worker]
+		}
+		held = append(held, l)
+	}
+	sort.Slice(held, func(i, j int) bool { return held[i].acquired < held[j].acquired })
+
+	// P1, from the resource's own log.
+	top := map[string]int64{}
+	for _, e := range log {
+		if !e.Accepted {
+			continue
+		}
+		if e.Token < top[e.Key] {
+			v.P1++
+			v.example("P1: %s %s by %s with token %d accepted after token %d", e.Kind, e.Op, e.Worker, e.Token, top[e.Key])
+		}
+		top[e.Key] = max(top[e.Key], e.Token)
+	}
+
+	// P2 and P4, over pairs of leases on the same register.
+	for i, b := range held {
+		bad := false
+		for _, a := range held[:i] {
+			if a.key != b.key {
+				continue
+			}
+			if a.token == b.token || (a.acquired < b.invoke && a.token >= b.token) {
+				bad = true
+			}
+			if a.end > b.acquired {
+				v.P4++
+			}
+		}
+		if bad {
+			v.P2++
+			v.example("P2: %s got token %d, not above an earlier lease's", b.op, b.token)
+		}
+	}
+
+	// P3, against the final state.
+	count := map[string]int{}
+	for _, ops := range state {
+		for _, op := range ops {
+			count[op]++
+		}
+	}
+	ops := make([]string, 0, len(writes))
+	for op := range writes {
+		ops = append(ops, op)
+	}
+	sort.Strings(ops)
+	for _, op := range ops {
+		n := count[op]
+		switch phase := writes[op]; {
+		case phase == "ok" && n != 1:
+			v.P3++
+			v.example("P3: acknowledged write %s is in the final state %d times", op, n)
+		case phase == "fail" && n != 0:
+			v.P3++
+			v.example("P3: failed write %s is in the final state", op)
+		case phase == "unknown" && n > 1:
+			v.P3++
+			v.example("P3: write %s of unknown outcome is in the final state %d times", op, n)
+		}
+	}
+	return v
+}

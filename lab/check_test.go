@@ -1,0 +1,88 @@
+package lab
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// history builds events for leases given as (worker, op, token, t0..t3):
+// acquire invoked at t0, acquired at t1, write at t2, release at t3.
+func history(leases ...[7]any) []Event {
+	var evs []Event
+	for _, l := range leases {
+		w, op, tok := l[0].(string), l[1].(string), int64(l[2].(int))
+		t0, t1, t2, t3 := int64(l[3].(int)), int64(l[4].(int)), int64(l[5].(int)), int64(l[6].(int))
+		evs = append(evs,
+			Event{Worker: w, Op: op, Key: "k", Kind: "acquire", Phase: "invoke", Mono: t0},
+			Event{Worker: w, Op: op, Key: "k", Kind: "acquire", Phase: "ok", Token: tok, Mono: t1},
+			Event{Worker: w, Op: op, Key: "k", Kind: "write", Phase: "invoke", Token: tok, Mono: t2},
+			Event{Worker: w, Op: op, Key: "k", Kind: "write", Phase: "ok", Token: tok, Mono: t2 + 1},
+			Event{Worker: w, Op: op, Key: "k", Kind: "release", Phase: "invoke", Token: tok, Mono: t3},
+		)
+	}
+	return evs
+}
+
+func TestCheckSeesEachViolation(t *testing.T) {
+	// a: token 1, held 0..50; b: token 2, acquired at 20 while a still held.
+	events := history([7]any{"a", "a-1", 1, 0, 1, 40, 50}, [7]any{"b", "b-1", 2, 10, 20, 30, 35})
+	log := []Entry{
+		{Seq: 1, Op: "b-1", Worker: "b", Kind: "write", Key: "k", Token: 2, Accepted: true},
+		{Seq: 2, Op: "a-1", Worker: "a", Kind: "write", Key: "k", Token: 1, Accepted: true}, // stale, accepted
+	}
+	state := map[string][]string{"k": {"a-1"}} // b's acknowledged write is lost
+	v := Check(events, log, state)
+	if v.P1 != 1 || v.P3 != 1 || v.P4 != 1 || v.P2 != 0 || v.Ops != 2 {
+		t.Fatalf("verdict %+v, want P1 1, P3 1, P4 1, P2 0, 2 writes", v)
+	}
+
+	// Token order: c completes with token 5 before d begins; d gets 5 again.
+	events = history([7]any{"c", "c-1", 5, 0, 1, 2, 3}, [7]any{"d", "d-1", 5, 10, 11, 12, 13})
+	log = []Entry{
+		{Seq: 1, Op: "c-1", Worker: "c", Kind: "write", Key: "k", Token: 5, Accepted: true},
+		{Seq: 2, Op: "d-1", Worker: "d", Kind: "write", Key: "k", Token: 5, Accepted: true},
+	}
+	v = Check(events, log, map[string][]string{"k": {"c-1", "d-1"}})
+	if v.P2 != 1 || v.P1 != 0 || v.P3 != 0 || v.P4 != 0 {
+		t.Fatalf("verdict %+v, want only P2 1", v)
+	}
+	if got := checkLinearizable(events); got != "Illegal (tokens)" {
+		t.Fatalf("P5 for a repeated token = %q, want Illegal (tokens)", got)
+	}
+}
+
+func TestCheckCleanHistory(t *testing.T) {
+	events := history([7]any{"a", "a-1", 1, 0, 1, 2, 3}, [7]any{"b", "b-1", 2, 1, 4, 5, 6})
+	// Reads that saw what was written, for P5's register.
+	events = append(events,
+		Event{Worker: "a", Op: "a-1", Key: "k", Kind: "read", Phase: "invoke", Mono: 1},
+		Event{Worker: "a", Op: "a-1", Key: "k", Kind: "read", Phase: "ok", Mono: 2},
+	)
+	events[2].Value, events[8].Value = []string{"a-1"}, []string{"a-1", "b-1"}
+	log := []Entry{
+		{Seq: 1, Op: "a-1", Worker: "a", Kind: "write", Key: "k", Token: 1, Accepted: true},
+		{Seq: 2, Op: "b-1", Worker: "b", Kind: "write", Key: "k", Token: 2, Accepted: true},
+		{Seq: 3, Op: "x", Worker: "a", Kind: "write", Key: "k", Token: 1, Accepted: false},
+	}
+	v := Check(events, log, map[string][]string{"k": {"a-1", "b-1"}})
+	if v.P1+v.P2+v.P3+v.P4 != 0 {
+		t.Fatalf("clean history judged %+v", v)
+	}
+	if got := checkLinearizable(events); got != "Ok" {
+		t.Fatalf("P5 = %q, want Ok", got)
+	}
+}

@@ -1,0 +1,108 @@
+package lab
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Report is the outcome of a lab run.
+type Report struct {
+	Date     string   `json:"date"`
+	Machine  string   `json:"machine"`
+	Versions []string `json:"versions"`
+	Quick    bool     `json:"quick"`
+	Results  []Result `json:"results"`
+}
+
+func newReport(quick bool) *Report {
+	r := &Report{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Quick: quick,
+		Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
+	r.Versions = append(r.Versions, runtime.Version())
+	if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
+		r.Versions = append(r.Versions, strings.TrimSpace(string(out)))
+	}
+	if out, err := exec.Command("uname", "-sr").Output(); err == nil {
+		r.Machine += ", " + strings.TrimSpace(string(out))
+	}
+	return r
+}
+
+// Passed reports whether every control showed its violation and every
+// protected run showed none.
+func (r *Report) Passed() bool {
+	for _, res := range r.Results {
+		if !res.Pass {
+			return false
+		}
+	}
+	return len(r.Results) > 0
+}
+
+func (res Result) line() string {
+	v := res.Verdict
+	mark := "ok  "
+	if !res.Pass {
+		mark = "FAIL"
+	}
+	return fmt.Sprintf("%s scenario %d %-18s %-9s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s %5.1fs  (expect %s)",
+		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, res.Seconds, res.Expect)
+}
+
+// Markdown writes the report as a Markdown table with the first violations
+// of each run.
+func (r *Report) Markdown(w io.Writer) {
+	mode := "full run"
+	if r.Quick {
+		mode = "quick run"
+	}
+	fmt.Fprintf(w, "Fault lab, %s, %s. Machine: %s. Versions: %s.\n\n", mode, r.Date, r.Machine, strings.Join(r.Versions, "; "))
+	fmt.Fprintln(w, "| # | scenario | config | writes | P1 stale accepts | P2 token order | P3 lost or doubled | P4 lease overlaps | P5 linearizable | seconds | expected | pass |")
+	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|---|")
+	for _, res := range r.Results {
+		v := res.Verdict
+		pass := "yes"
+		if !res.Pass {
+			pass = "**NO**"
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %d | %d | %d | %s | %.1f | %s | %s |\n",
+			res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, res.Seconds, res.Expect, pass)
+	}
+	fmt.Fprintln(w)
+	for _, res := range r.Results {
+		if len(res.Verdict.Examples) == 0 && res.FaultNote == "" {
+			continue
+		}
+		fmt.Fprintf(w, "- scenario %d, %s:", res.Scenario, res.Config)
+		if res.FaultNote != "" {
+			fmt.Fprintf(w, " note: %s;", res.FaultNote)
+		}
+		for _, ex := range res.Verdict.Examples {
+			fmt.Fprintf(w, " %s;", ex)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// JSON writes the report as JSON.
+func (r *Report) JSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// Timeline writes an SVG picture of one run: the first control run, where
+// the failure shows. It returns false if there is none.
+func (r *Report) Timeline(w io.Writer) bool {
+	for _, res := range r.Results {
+		if res.Config == "control" && res.timeline != nil {
+			res.timeline.svg(w, fmt.Sprintf("Scenario %d, %s, %s", res.Scenario, res.Name, res.Config))
+			return true
+		}
+	}
+	return false
+}

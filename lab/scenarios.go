@@ -1,0 +1,210 @@
+package lab
+
+import (
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// scale returns the quick or the full figure.
+func (x *experiment) scale(quick, full int) int {
+	if x.cfg.Quick {
+		return quick
+	}
+	return full
+}
+
+// pausedHolder is scenarios 1 and 3: three workers take turns on one lock;
+// one of them stops itself (SIGSTOP) every third lease, at point, and is
+// continued once another worker has written. At "acquired" it comes back
+// and writes late (scenario 1); at "read" it writes back what it read
+// before the pause, losing the others' updates (scenario 3). The other two
+// keep working until the paused one has finished.
+func pausedHolder(point string) func(*experiment) error {
+	return func(x *experiment) error {
+		srv, err := x.redis()
+		if err != nil {
+			return err
+		}
+		ops := x.scale(9, 150)
+		var pauses []int
+		for i := 3; i <= ops; i += 3 {
+			pauses = append(pauses, i)
+		}
+		x.resumeAfterOthersWrite()
+		base := Spec{Redis: srv.Addr, Lock: "lab:payment:1001", Resource: x.res.Addr(), Key: "payment:1001",
+			TTL: 200 * time.Millisecond, Wait: 20 * time.Second}
+		victim := base
+		victim.ID, victim.Ops, victim.PauseAt, victim.PausePoint, victim.Think = "w1", ops, pauses, point, 5*time.Millisecond
+		wv, err := x.spawn(victim)
+		if err != nil {
+			return err
+		}
+		var others []*workerProc
+		for w := 2; w <= 3; w++ {
+			s := base
+			s.ID, s.Think = fmt.Sprintf("w%d", w), 10*time.Millisecond
+			wo, err := x.spawn(s)
+			if err != nil {
+				return err
+			}
+			others = append(others, wo)
+		}
+		err = wv.wait(5 * time.Minute)
+		for _, wo := range others {
+			wo.finish()
+		}
+		return err
+	}
+}
+
+// asyncFailover is scenario 4, the article's section 2, round after round:
+// the replica's link is cut, worker A locks on the primary and pauses, the
+// primary dies, the replica is promoted, worker B locks there and writes,
+// and A comes back and writes.
+func asyncFailover(x *experiment) error {
+	rounds := x.scale(2, 20)
+	for r := range rounds {
+		key := fmt.Sprintf("payment:%d", 1001+r)
+		primary, err := x.redis()
+		if err != nil {
+			return err
+		}
+		replica, err := x.redis("--replicaof", primary.Host(), primary.Port())
+		if err != nil {
+			return err
+		}
+		if err := redistest.Replicated(primary.Addr, 1, 30*time.Second); err != nil {
+			return err
+		}
+		replica.Signal(syscall.SIGSTOP)
+		pc := redis.NewClient(&redis.Options{Addr: primary.Addr})
+		err = pc.ClientKillByFilter(x.ctx, "TYPE", "replica").Err()
+		pc.Close()
+		if err != nil {
+			return err
+		}
+		base := Spec{Lock: "lab:" + key, Resource: x.res.Addr(), Key: key, TTL: 5 * time.Second, Sync: true, Replicas: 1}
+		a := base
+		a.ID, a.Redis, a.Ops, a.PauseAt, a.PausePoint = fmt.Sprintf("A%d", r), primary.Addr, 1, []int{1}, "acquired"
+		wa, err := x.spawn(a)
+		if err != nil {
+			return err
+		}
+		_, ok := x.waitEvent(func(e Event) bool {
+			return e.Worker == a.ID && (e.Kind == "pause" || (e.Kind == "acquire" && e.Phase == "fail"))
+		}, 15*time.Second)
+		if !ok {
+			return fmt.Errorf("round %d: worker A neither paused nor failed", r)
+		}
+		primary.Kill()
+		replica.Signal(syscall.SIGCONT)
+		rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
+		err = rc.Do(x.ctx, "REPLICAOF", "NO", "ONE").Err()
+		rc.Close()
+		if err != nil {
+			return err
+		}
+		b := base
+		// The promoted node has no replicas of its own: B discovers that.
+		b.ID, b.Redis, b.Ops, b.Wait, b.Replicas = fmt.Sprintf("B%d", r), replica.Addr, 10, 10*time.Second, 0
+		wb, err := x.spawn(b)
+		if err != nil {
+			return err
+		}
+		if err := wb.wait(time.Minute); err != nil {
+			return err
+		}
+		wa.signal(syscall.SIGCONT)
+		if err := wa.wait(time.Minute); err != nil {
+			return err
+		}
+		replica.Kill()
+	}
+	return nil
+}
+
+// tokenSourceLoss is scenario 6: a Redis without persistence is killed and
+// restarted, and a Redis under maxmemory with allkeys-lru is filled until
+// the token record is evicted, while two workers take turns.
+func tokenSourceLoss(x *experiment) error {
+	srv, err := x.redis("--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru")
+	if err != nil {
+		return err
+	}
+	ops := x.scale(10, 110)
+	every := x.scale(4, 15)
+	tokenKey := "fence:{lab:payment:1001}:token"
+	if !x.protected {
+		tokenKey = "naive:lab:payment:1001:token"
+	}
+	for w := 1; w <= 2; w++ {
+		s := Spec{ID: fmt.Sprintf("w%d", w), Redis: srv.Addr, Lock: "lab:payment:1001", Resource: x.res.Addr(),
+			Key: "payment:1001", TTL: 200 * time.Millisecond, Wait: 20 * time.Second, Ops: ops}
+		if _, err := x.spawn(s); err != nil {
+			return err
+		}
+	}
+	x.bg.Add(1)
+	go func() {
+		defer x.bg.Done()
+		faults := 0
+		for {
+			target := (faults + 1) * every
+			if !x.waitAccepted(target) {
+				return
+			}
+			if faults%2 == 0 {
+				if err := srv.Relaunch(); err != nil {
+					x.noteOnce("restart failed: " + err.Error())
+					return
+				}
+			} else if !evict(x, srv.Addr, tokenKey) {
+				x.noteOnce("memory pressure did not evict the token record")
+			}
+			faults++
+		}
+	}()
+	return nil
+}
+
+// waitAccepted waits until the resource has accepted n writes, or the
+// workers have exited.
+func (x *experiment) waitAccepted(n int) bool {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		accepted := 0
+		for _, e := range x.res.Log() {
+			if e.Accepted && e.Kind == "write" {
+				accepted++
+			}
+		}
+		if accepted >= n {
+			return true
+		}
+		select {
+		case <-x.stop:
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// evict fills the server with junk until key is evicted; it reports whether
+// that happened within 2000 writes of 16 KiB.
+func evict(x *experiment, addr, key string) bool {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	junk := make([]byte, 16<<10)
+	for i := range 2000 {
+		if c.Exists(x.ctx, key).Val() == 0 {
+			return true
+		}
+		c.Set(x.ctx, fmt.Sprintf("junk:%d", i), junk, 0)
+	}
+	return false
+}
