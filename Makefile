@@ -6,7 +6,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps check unit lab-quick lab demo
+.PHONY: test deps check unit lab-quick lab bench demo
 
 test: deps check unit lab-quick
 
@@ -35,6 +35,10 @@ lab-quick:
 # The full fault lab; its report is kept in docs/lab/.
 lab:
 	$(GO) run ./cmd/fence lab --out docs/lab
+
+# Benchmarks against peer libraries (its own module, bench/); writes BENCHMARKS.md.
+bench: deps
+	cd bench && $(GO) run . -out ../BENCHMARKS.md
 
 demo:
 	$(GO) run ./cmd/fence demo

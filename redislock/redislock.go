@@ -144,7 +144,8 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	if a.ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
-	if lease, _, err := l.try(ctx, &a); lease != nil || err != nil {
+	lease, holderTTL, err := l.try(ctx, &a)
+	if lease != nil || err != nil {
 		return lease, err
 	}
 	if o.Wait == 0 {
@@ -153,20 +154,28 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 
 	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
 	defer cancel()
-	wake, leave, err := l.join(waitCtx, a.keys.channel)
+	wake, subscribed, leave, err := l.join(waitCtx, a.keys.channel)
 	if err != nil {
 		return nil, fence.NotAcquired(name, waitError(ctx, err))
 	}
 	defer leave()
+	// A release after the subscription was confirmed reaches this Locker.
+	// If that was before the first try began, the try saw everything
+	// before it and the subscription will see everything after: wait.
+	// Otherwise a release may have fallen in between: try again first.
+	retry := !subscribed.Before(start)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		// Try with ctx, not waitCtx: an attempt cut off by the wait budget
-		// could take the lock on the server and lose the reply.
-		lease, holderTTL, err := l.try(ctx, &a)
-		if lease != nil || err != nil {
-			return lease, err
+		if retry {
+			// Try with ctx, not waitCtx: an attempt cut off by the wait
+			// budget could take the lock on the server and lose the reply.
+			lease, holderTTL, err = l.try(ctx, &a)
+			if lease != nil || err != nil {
+				return lease, err
+			}
 		}
+		retry = true
 		if holderTTL < 0 { // held without expiry: only a release frees it
 			holderTTL = o.Wait
 		}

@@ -22,6 +22,7 @@ type watch struct {
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
 	readyErr  error
+	readyAt   time.Time // when it was confirmed
 
 	closing chan struct{} // closed by the last waiter, before ps.Close
 	done    chan struct{} // closed when the reader goroutine has exited
@@ -30,8 +31,9 @@ type watch struct {
 // join registers a waiter on channel, subscribing if nobody local is
 // subscribed yet, and returns once the server has confirmed the
 // subscription, so that no release published after join returns is missed.
-// The caller must call leave.
-func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}, leave func(), err error) {
+// readyAt is when the subscription was confirmed: a release published after
+// it reaches this Locker. The caller must call leave.
+func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}, readyAt time.Time, leave func(), err error) {
 	me := make(chan struct{}, 1)
 	l.mu.Lock()
 	w := l.watches[channel]
@@ -69,13 +71,13 @@ func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}
 	}
 	if err != nil {
 		leave()
-		return nil, nil, err
+		return nil, time.Time{}, nil, err
 	}
-	return me, leave, nil
+	return me, w.readyAt, leave, nil
 }
 
 func (w *watch) setReady(err error) {
-	w.readyOnce.Do(func() { w.readyErr = err; close(w.ready) })
+	w.readyOnce.Do(func() { w.readyErr, w.readyAt = err, time.Now(); close(w.ready) })
 }
 
 // leave unregisters a waiter. A wake-up it received but did not use passes

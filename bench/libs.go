@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/fencekit/fence"
+	fenceredis "github.com/fencekit/fence/redislock"
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidislock"
+)
+
+// lib is one lock library under test. acquire waits for the lock the way
+// the library does and returns the function that releases it.
+type lib struct {
+	name    string
+	acquire func(ctx context.Context, key string) (release func(), err error)
+	close   func()
+}
+
+const leaseTTL = 10 * time.Second
+
+// libs builds every library against addr, each with its own client.
+func libs(addr string) ([]*lib, error) {
+	var out []*lib
+	for _, sync := range []bool{false, true} {
+		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+		l, err := fenceredis.New(c, &fenceredis.Options{ReplicaSync: fenceredis.ReplicaSync{Disabled: !sync}})
+		if err != nil {
+			return nil, err
+		}
+		name := "fence (sync off)"
+		if sync {
+			name = "fence (sync on, 1 replica)"
+		}
+		out = append(out, &lib{name: name, close: func() { _ = c.Close() },
+			acquire: func(ctx context.Context, key string) (func(), error) {
+				lease, err := l.Acquire(ctx, key, fence.Wait(time.Minute), fence.TTL(leaseTTL))
+				if err != nil {
+					return nil, err
+				}
+				return func() { _ = lease.Release(ctx) }, nil
+			}})
+	}
+
+	bc := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+	bsm := redislock.New(bc)
+	// bsm/redislock does not wait unless told how; 1 ms linear retry is
+	// its documented way to wait.
+	bsmOpts := &redislock.Options{RetryStrategy: redislock.LinearBackoff(time.Millisecond)}
+	out = append(out, &lib{name: "bsm/redislock", close: func() { _ = bc.Close() },
+		acquire: func(ctx context.Context, key string) (func(), error) {
+			lock, err := bsm.Obtain(ctx, key, leaseTTL, bsmOpts)
+			if err != nil {
+				return nil, err
+			}
+			return func() { _ = lock.Release(ctx) }, nil
+		}})
+
+	rc := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+	rs := redsync.New(goredis.NewPool(rc))
+	out = append(out, &lib{name: "redsync", close: func() { _ = rc.Close() },
+		acquire: func(ctx context.Context, key string) (func(), error) {
+			m := rs.NewMutex(key, redsync.WithExpiry(leaseTTL)) // otherwise its defaults
+			for {
+				err := m.LockContext(ctx)
+				if err == nil {
+					return func() { _, _ = m.UnlockContext(ctx) }, nil
+				}
+				var taken *redsync.ErrTaken
+				if ctx.Err() != nil || !(errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken)) {
+					return nil, err
+				}
+			}
+		}})
+
+	rl, err := rueidislock.NewLocker(rueidislock.LockerOption{ClientOption: rueidis.ClientOption{InitAddress: []string{addr}}})
+	if err != nil {
+		return nil, fmt.Errorf("rueidislock: %w", err)
+	}
+	out = append(out, &lib{name: "rueidislock", close: rl.Close,
+		acquire: func(ctx context.Context, key string) (func(), error) {
+			_, cancel, err := rl.WithContext(ctx, key)
+			if err != nil {
+				return nil, err
+			}
+			return cancel, nil
+		}})
+	return out, nil
+}
+
+// limitScripts are the least a Redis lock can do: one EVALSHA to take a key
+// if free, one to delete it if ours. No token, no waiting.
+var (
+	limitLock   = redis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0`)
+	limitUnlock = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+)
+
+// limit is the raw floor: two EVALSHA round trips through go-redis per
+// acquire+release, and no waiting (it fails instead), so it only serves the
+// uncontended and distinct-key workloads.
+func limit(addr string) *lib {
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+	return &lib{name: "limit: 2 × EVALSHA (go-redis)", close: func() { _ = c.Close() },
+		acquire: func(ctx context.Context, key string) (func(), error) {
+			ok, err := limitLock.Run(ctx, c, []string{key}, "me", leaseTTL.Milliseconds()).Int()
+			if err != nil {
+				return nil, err
+			}
+			if ok == 0 {
+				return nil, errors.New("limit: held")
+			}
+			return func() { _ = limitUnlock.Run(ctx, c, []string{key}, "me").Err() }, nil
+		}}
+}

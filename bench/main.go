@@ -1,0 +1,213 @@
+// Command bench measures fence against peer Redis lock libraries on one
+// redis-server in one run, and writes the ratios to BENCHMARKS.md.
+//
+//	make bench        (from the repository root)
+//	cd bench && go run . -out ../BENCHMARKS.md
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	out := flag.String("out", "BENCHMARKS.md", "where to write the report")
+	dur := flag.Duration("duration", 3*time.Second, "length of each throughput workload")
+	n := flag.Int("n", 3000, "acquire+release pairs for the latency and allocation figures")
+	flag.Parse()
+	if err := run(*out, *dur, *n); err != nil {
+		log.Fatal(err)
+	}
+}
+
+type row struct {
+	name                 string
+	p50, p99             time.Duration
+	changes, handoffsP99 float64 // holder changes per second; p99 handoff in ms
+	acqPerSec            float64
+	distinct             float64
+	cmdsPerAcq           float64
+	allocs               float64
+	contendedErr         string
+}
+
+func run(out string, dur time.Duration, n int) error {
+	dir, err := os.MkdirTemp("", "fence-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	for _, sub := range []string{"primary", "replica"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+			return err
+		}
+	}
+	primary, err := redistest.Launch(filepath.Join(dir, "primary"))
+	if err != nil {
+		return err
+	}
+	defer primary.Kill()
+	replica, err := redistest.Launch(filepath.Join(dir, "replica"), "--replicaof", primary.Host(), primary.Port())
+	if err != nil {
+		return err
+	}
+	defer replica.Kill()
+	if err := redistest.Replicated(primary.Addr, 1, 30*time.Second); err != nil {
+		return err
+	}
+	log.Printf("redis-server primary %s with replica %s", primary.Addr, replica.Addr)
+
+	all, err := libs(primary.Addr)
+	if err != nil {
+		return err
+	}
+	lim := limit(primary.Addr)
+	defer func() {
+		for _, l := range append(all, lim) {
+			l.close()
+		}
+	}()
+
+	// Each workload runs in rounds, every library once per round in a
+	// rotating order, and the median round counts: a noisy moment then
+	// hurts one round of one library, not the comparison.
+	everyone := append(all, lim)
+	rows := make([]*row, len(everyone))
+	samples := make([][]row, len(everyone))
+	for i, l := range everyone {
+		rows[i] = &row{name: l.name}
+	}
+	for round := range rounds {
+		for k := range everyone {
+			i := (k + round) % len(everyone)
+			l, r := everyone[i], row{name: everyone[i].name}
+			if r.p50, r.p99, err = uncontended(l, n); err != nil {
+				return fmt.Errorf("%s uncontended: %w", l.name, err)
+			}
+			if r.distinct, err = distinct(l, 64, dur); err != nil {
+				return fmt.Errorf("%s distinct: %w", l.name, err)
+			}
+			if r.allocs, err = allocs(l, n); err != nil {
+				return fmt.Errorf("%s allocs: %w", l.name, err)
+			}
+			if l != lim {
+				c, err := contended(l, 32, dur)
+				if err != nil {
+					r.contendedErr = err.Error()
+				}
+				r.changes = float64(c.holderChanges) / c.seconds
+				r.acqPerSec = float64(c.acquisitions) / c.seconds
+				r.handoffsP99 = float64(c.p99Handoff.Microseconds()) / 1000
+			}
+			log.Printf("round %d %-30s p50 %v p99 %v distinct %.0f/s allocs %.1f contended %.0f changes/s p99 %.1fms",
+				round+1, l.name, r.p50, r.p99, r.distinct, r.allocs, r.changes, r.handoffsP99)
+			samples[i] = append(samples[i], r)
+		}
+	}
+	for i := range everyone {
+		median(rows[i], samples[i])
+	}
+	if err := countCommands(primary.Addr, rows, dur); err != nil {
+		return err
+	}
+	rb := redisBenchmark(primary)
+	return os.WriteFile(out, []byte(report(rows, rb, dur, n)), 0o644)
+}
+
+// countCommands runs the contended workload again, each library through a
+// proxy that counts the commands it sends, and divides by acquisitions.
+func countCommands(addr string, rows []*row, dur time.Duration) error {
+	p, err := newCountingProxy(addr)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	ls, err := libs(p.addr())
+	if err != nil {
+		return err
+	}
+	for i, l := range ls {
+		before := p.commands.Load()
+		c, err := contended(l, 32, dur)
+		l.close()
+		if err != nil && c.acquisitions == 0 {
+			return fmt.Errorf("%s counted: %w", l.name, err)
+		}
+		rows[i].cmdsPerAcq = float64(p.commands.Load()-before) / float64(max(c.acquisitions, 1))
+	}
+	return nil
+}
+
+// redisBenchmark runs redis-benchmark with fence's acquire script over 64
+// connections and random keys, for the server's own figure.
+func redisBenchmark(primary *redistest.Server) string {
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	defer c.Close()
+	src, err := os.ReadFile("../redislock/acquire.lua")
+	if err != nil {
+		return "not run: " + err.Error()
+	}
+	sha, err := c.ScriptLoad(context.Background(), string(src)).Result()
+	if err != nil {
+		return "not run: " + err.Error()
+	}
+	cmd := exec.Command("redis-benchmark", "-h", primary.Host(), "-p", primary.Port(), "-c", "64", "-n", "200000", "-r", "100000", "-q",
+		"EVALSHA", sha, "2", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "owner", "10000", "86400000")
+	outb, err := cmd.CombinedOutput()
+	if err != nil {
+		return "not run: " + err.Error()
+	}
+	m := regexp.MustCompile(`([0-9.]+) requests per second`).FindStringSubmatch(string(outb))
+	if m == nil {
+		return "not run: " + strings.TrimSpace(string(outb))
+	}
+	return m[1]
+}
+
+// rounds is how many times each workload runs per library.
+const rounds = 3
+
+// median sets each figure of r to the median of the samples.
+func median(r *row, samples []row) {
+	pick := func(get func(row) float64) float64 {
+		vs := make([]float64, len(samples))
+		for i, s := range samples {
+			vs[i] = get(s)
+		}
+		slices.Sort(vs)
+		return vs[len(vs)/2]
+	}
+	r.p50 = time.Duration(pick(func(s row) float64 { return float64(s.p50) }))
+	r.p99 = time.Duration(pick(func(s row) float64 { return float64(s.p99) }))
+	r.distinct = pick(func(s row) float64 { return s.distinct })
+	r.allocs = pick(func(s row) float64 { return s.allocs })
+	r.changes = pick(func(s row) float64 { return s.changes })
+	r.acqPerSec = pick(func(s row) float64 { return s.acqPerSec })
+	r.handoffsP99 = pick(func(s row) float64 { return s.handoffsP99 })
+	for _, s := range samples {
+		if s.contendedErr != "" {
+			r.contendedErr = s.contendedErr
+		}
+	}
+}
+
+func version(cmd ...string) string {
+	out, err := exec.Command(cmd[0], cmd[1:]...).Output()
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(out))
+}
+
