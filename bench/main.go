@@ -210,4 +210,3 @@ func version(cmd ...string) string {
 	}
 	return strings.TrimSpace(string(out))
 }
-

@@ -25,6 +25,9 @@ type experiment struct {
 	res       *Resource
 	hist      *History
 	note      string // what the fault injection could not do, if anything
+	// fenceControl makes the control use fence's lock too (with the
+	// scenario's weaker settings) instead of the naive lock.
+	fenceControl bool
 
 	stop chan struct{} // closed when the workers have exited
 
@@ -64,7 +67,7 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 	if len(x.cfg.Worker) == 0 {
 		return nil, fmt.Errorf("lab: no worker command configured")
 	}
-	s.Naive = !x.protected
+	s.Naive = !x.protected && !x.fenceControl
 	body, _ := json.Marshal(s)
 	cmd := exec.Command(x.cfg.Worker[0], x.cfg.Worker[1:]...)
 	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(body))

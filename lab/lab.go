@@ -55,8 +55,10 @@ type scenario struct {
 
 var scenarios = []scenario{
 	{1, "paused holder", "P1", pausedHolder("acquired")},
+	{2, "delayed write", "P1", delayedWrite},
 	{3, "lost update", "P3", pausedHolder("read")},
 	{4, "async failover", "P1", asyncFailover},
+	{5, "wrong replica promoted", "P1", wrongReplica},
 	{6, "token source loss", "P2", tokenSourceLoss},
 }
 

@@ -49,7 +49,7 @@ func (res Result) line() string {
 	if !res.Pass {
 		mark = "FAIL"
 	}
-	return fmt.Sprintf("%s scenario %d %-18s %-9s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s %5.1fs  (expect %s)",
+	return fmt.Sprintf("%s scenario %d %-22s %-9s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s %5.1fs  (expect %s)",
 		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, res.Seconds, res.Expect)
 }
 

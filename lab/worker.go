@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"syscall"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sys/unix"
 )
 
 // WorkerEnv names the environment variable that carries a worker's Spec.
@@ -32,6 +34,7 @@ type Spec struct {
 	Naive    bool          `json:"naive"`    // the naive lock: SET NX PX and an INCR counter
 	Sync     bool          `json:"sync"`     // replica sync check (fence lock only)
 	Replicas int           `json:"replicas"` // expected replicas for the sync check; 0 discovers
+	Acks     int           `json:"acks"`     // the sync check's rule: 0 (one), a number, or redislock.AcksAll
 	TTL      time.Duration `json:"ttl"`
 	Wait     time.Duration `json:"wait"`
 	Ops      int           `json:"ops"`   // leases to take; 0: until standard input closes
@@ -56,7 +59,7 @@ func WorkerMain() int {
 	if s.Naive {
 		w.locker = &naiveLocker{c: client}
 	} else {
-		l, err := redislock.New(client, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !s.Sync, Replicas: s.Replicas}})
+		l, err := redislock.New(client, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !s.Sync, Replicas: s.Replicas, Acks: s.Acks}})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "lab worker:", err)
 			return 2
@@ -137,10 +140,14 @@ func (w *worker) op(i int) {
 }
 
 // pause stops the process until the controller continues it: a GC pause or
-// a stalled VM, as far as everyone else can tell.
+// a stalled VM, as far as everyone else can tell. The signal goes to this
+// very thread: sent to the process, another thread may take it and this one
+// run on for a moment, sending the write the pause was meant to delay.
 func (w *worker) pause(id string, token int64) {
 	w.emit(Event{Op: id, Kind: "pause", Phase: "invoke", Token: token})
-	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	runtime.LockOSThread()
+	_ = unix.Tgkill(os.Getpid(), unix.Gettid(), unix.SIGSTOP)
+	runtime.UnlockOSThread()
 	w.emit(Event{Op: id, Kind: "pause", Phase: "ok", Token: token})
 }
 

@@ -27,10 +27,13 @@ rejected, and a checker that judges each run:
   P4  lease overlap: how often two leases believed they held the lock (a figure, not a verdict)
   P5  linearizability of the register and of the tokens (porcupine): Ok, Illegal or Unknown
 
-Scenarios: 1 paused holder, 3 lost update, 4 async failover, 6 token source loss. Each runs
-as a control (a naive lock: SET NX PX with an INCR token, no replica sync, a resource that
-ignores tokens), which must show the violation, and protected (fence's lock and a resource
-that rejects lower tokens), which must show none. Lab exits 1 if either expectation fails.
+Scenarios: 1 paused holder, 2 delayed write (through an in-process toxiproxy), 3 lost
+update, 4 async failover, 5 wrong replica promoted, 6 token source loss. Each runs as a
+control, which must show the violation, and protected (fence's lock and a resource that
+rejects lower tokens), which must show none. The control is a naive lock (SET NX PX with an
+INCR token, no replica sync) and a resource that ignores tokens; in scenario 5 it is fence's
+lock with the default rule of one replica acknowledging, against the rule "all" when
+protected. Lab exits 1 if either expectation fails.
 
 --quick runs a short version (about a minute); the full run makes at least 200 fenced writes
 per scenario. With --out DIR it writes report.md, report.json and timeline.svg there.`,

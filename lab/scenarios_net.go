@@ -1,0 +1,162 @@
+package lab
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/Shopify/toxiproxy/v2"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+)
+
+// delayedWrite is scenario 2: one worker reaches the resource through an
+// in-process toxiproxy that delays every request by twice the lease time,
+// so its reads and writes arrive after its lease has expired and another
+// worker has written. The other two reach the resource directly.
+func delayedWrite(x *experiment) error {
+	srv, err := x.redis()
+	if err != nil {
+		return err
+	}
+	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(api, "victim", "127.0.0.1:0", x.res.Addr())
+	if err := proxy.Start(); err != nil {
+		return fmt.Errorf("toxiproxy: %w", err)
+	}
+	defer proxy.Stop()
+	const ttl = 200 * time.Millisecond
+	toxic := fmt.Sprintf(`{"name":"late","type":"latency","stream":"upstream","toxicity":1,"attributes":{"latency":%d}}`, 2*ttl.Milliseconds())
+	if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
+		return fmt.Errorf("toxiproxy latency: %w", err)
+	}
+	base := Spec{Redis: srv.Addr, Lock: "lab:payment:1001", Key: "payment:1001", TTL: ttl, Wait: 20 * time.Second}
+	victim := base
+	victim.ID, victim.Ops, victim.Resource, victim.Think = "w1", x.scale(3, 20), proxy.Listen, 5*time.Millisecond
+	wv, err := x.spawn(victim)
+	if err != nil {
+		return err
+	}
+	var others []*workerProc
+	for w := 2; w <= 3; w++ {
+		s := base
+		s.ID, s.Resource, s.Think = fmt.Sprintf("w%d", w), x.res.Addr(), 10*time.Millisecond
+		wo, err := x.spawn(s)
+		if err != nil {
+			return err
+		}
+		others = append(others, wo)
+	}
+	err = wv.wait(5 * time.Minute)
+	for _, wo := range others {
+		wo.finish()
+	}
+	return err
+}
+
+// wrongReplica is scenario 5: a primary with two replicas; the second
+// replica's link is cut, so WAIT is met by the first alone; then the
+// primary and the first replica die and the second is promoted. Under the
+// default rule (one replica) worker A got the lock, and B takes it again on
+// the promoted replica. The control here is fence with that rule and a
+// resource that ignores tokens; protected is the rule "all" and a fenced
+// resource.
+func wrongReplica(x *experiment) error {
+	x.fenceControl = true
+	rounds := x.scale(2, 20)
+	acks := 1
+	if x.protected {
+		acks = redislock.AcksAll
+	}
+	for r := range rounds {
+		key := fmt.Sprintf("payment:%d", 1001+r)
+		primary, err := x.redis()
+		if err != nil {
+			return err
+		}
+		r1, err := x.redis("--replicaof", primary.Host(), primary.Port())
+		if err != nil {
+			return err
+		}
+		r2, err := x.redis("--replicaof", primary.Host(), primary.Port())
+		if err != nil {
+			return err
+		}
+		if err := redistest.Replicated(primary.Addr, 2, 30*time.Second); err != nil {
+			return err
+		}
+		if err := cutLink(x, primary, r2); err != nil {
+			return err
+		}
+		base := Spec{Lock: "lab:" + key, Resource: x.res.Addr(), Key: key, TTL: 5 * time.Second, Sync: true}
+		a := base
+		a.ID, a.Redis, a.Ops, a.PauseAt, a.PausePoint, a.Acks, a.Replicas = fmt.Sprintf("A%d", r), primary.Addr, 1, []int{1}, "acquired", acks, 2
+		wa, err := x.spawn(a)
+		if err != nil {
+			return err
+		}
+		if _, ok := x.waitEvent(func(e Event) bool {
+			return e.Worker == a.ID && (e.Kind == "pause" || (e.Kind == "acquire" && e.Phase == "fail"))
+		}, 15*time.Second); !ok {
+			return fmt.Errorf("round %d: worker A neither paused nor failed", r)
+		}
+		primary.Kill()
+		r1.Kill()
+		r2.Signal(syscall.SIGCONT)
+		rc := redis.NewClient(&redis.Options{Addr: r2.Addr})
+		err = rc.Do(x.ctx, "REPLICAOF", "NO", "ONE").Err()
+		rc.Close()
+		if err != nil {
+			return err
+		}
+		b := base
+		b.ID, b.Redis, b.Ops, b.Wait = fmt.Sprintf("B%d", r), r2.Addr, 10, 10*time.Second
+		wb, err := x.spawn(b)
+		if err != nil {
+			return err
+		}
+		if err := wb.wait(time.Minute); err != nil {
+			return err
+		}
+		wa.signal(syscall.SIGCONT)
+		if err := wa.wait(time.Minute); err != nil {
+			return err
+		}
+		r2.Kill()
+	}
+	return nil
+}
+
+// cutLink stops replica and kills its link to primary only, leaving the
+// primary's other replicas connected: the primary knows the link by the
+// replica's local address, which the replica reports as laddr.
+func cutLink(x *experiment, primary, replica *redistest.Server) error {
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
+	list, err := rc.ClientList(x.ctx).Result()
+	rc.Close()
+	if err != nil {
+		return err
+	}
+	var laddr string
+	for _, line := range strings.Split(list, "\n") {
+		if !strings.Contains(line, "flags=M") {
+			continue // not the link to its master
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "laddr="); ok {
+				laddr = v
+			}
+		}
+	}
+	if laddr == "" {
+		return fmt.Errorf("replica %s has no master link in CLIENT LIST", replica.Addr)
+	}
+	replica.Signal(syscall.SIGSTOP)
+	pc := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	defer pc.Close()
+	return pc.ClientKillByFilter(x.ctx, "ADDR", laddr).Err()
+}
