@@ -2,14 +2,11 @@ package guard_test
 
 import (
 	"database/sql"
-	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/fencekit/fence/internal/pgtest"
-	"github.com/fencekit/fence/internal/redistest"
-	"go.uber.org/goleak"
+	"github.com/fencekit/fence/internal/testmain"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
@@ -21,37 +18,18 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := run(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
+	testmain.Run(m, func() (func(), error) {
+		var err error
+		if pg, err = pgtest.Launch(); err != nil {
+			return nil, err
 		}
-	}
-	os.Exit(code)
-}
-
-func run(m *testing.M) int {
-	var err error
-	if pg, err = pgtest.Launch(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer pg.Kill()
-	dir, err := os.MkdirTemp("", "guard-redis")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer os.RemoveAll(dir)
-	srv, err := redistest.Launch(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer srv.Kill()
-	redisAddr = srv.Addr
-	return m.Run()
+		stopRedis, err := testmain.Redis(&redisAddr)()
+		if err != nil {
+			pg.Kill()
+			return nil, err
+		}
+		return func() { stopRedis(); pg.Kill() }, nil
+	})
 }
 
 // databases returns a fresh PostgreSQL database and a fresh SQLite file.

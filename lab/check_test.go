@@ -1,23 +1,12 @@
 package lab
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/fencekit/fence/internal/testmain"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testmain.Run(m, nil) }
 
 // history builds events for leases given as (worker, op, token, t0..t3):
 // acquire invoked at t0, acquired at t1, write at t2, release at t3.

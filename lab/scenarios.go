@@ -80,51 +80,62 @@ func asyncFailover(x *experiment) error {
 		if err := redistest.Replicated(primary.Addr, 1, 30*time.Second); err != nil {
 			return err
 		}
-		replica.Signal(syscall.SIGSTOP)
-		pc := redis.NewClient(&redis.Options{Addr: primary.Addr})
-		err = pc.ClientKillByFilter(x.ctx, "TYPE", "replica").Err()
-		pc.Close()
-		if err != nil {
+		if err := cutLink(x, primary, replica); err != nil {
 			return err
 		}
-		base := Spec{Lock: "lab:" + key, Resource: x.res.Addr(), Key: key, TTL: 5 * time.Second, Sync: true, Replicas: 1}
-		a := base
-		a.ID, a.Redis, a.Ops, a.PauseAt, a.PausePoint = fmt.Sprintf("A%d", r), primary.Addr, 1, []int{1}, "acquired"
-		wa, err := x.spawn(a)
-		if err != nil {
-			return err
-		}
-		_, ok := x.waitEvent(func(e Event) bool {
-			return e.Worker == a.ID && (e.Kind == "pause" || (e.Kind == "acquire" && e.Phase == "fail"))
-		}, 15*time.Second)
-		if !ok {
-			return fmt.Errorf("round %d: worker A neither paused nor failed", r)
-		}
-		primary.Kill()
-		replica.Signal(syscall.SIGCONT)
-		rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
-		err = rc.Do(x.ctx, "REPLICAOF", "NO", "ONE").Err()
-		rc.Close()
-		if err != nil {
-			return err
-		}
-		b := base
+		base := Spec{Lock: "lab:" + key, Resource: x.res.Addr(), Key: key, TTL: 5 * time.Second, Sync: true}
+		a, b := base, base
+		a.ID, a.Redis, a.Replicas = fmt.Sprintf("A%d", r), primary.Addr, 1
 		// The promoted node has no replicas of its own: B discovers that.
-		b.ID, b.Redis, b.Ops, b.Wait, b.Replicas = fmt.Sprintf("B%d", r), replica.Addr, 10, 10*time.Second, 0
-		wb, err := x.spawn(b)
+		b.ID, b.Redis = fmt.Sprintf("B%d", r), replica.Addr
+		err = x.failoverRound(a, b, func() error {
+			primary.Kill()
+			return promote(x, replica)
+		})
 		if err != nil {
-			return err
-		}
-		if err := wb.wait(time.Minute); err != nil {
-			return err
-		}
-		wa.signal(syscall.SIGCONT)
-		if err := wa.wait(time.Minute); err != nil {
-			return err
+			return fmt.Errorf("round %d: %w", r, err)
 		}
 		replica.Kill()
 	}
 	return nil
+}
+
+// failoverRound runs worker a (one lease, stopping itself once it holds
+// it) until it pauses or fails to acquire; then fail kills and promotes;
+// then worker b takes ten leases on the promoted node; then a continues and
+// writes with its old lease.
+func (x *experiment) failoverRound(a, b Spec, fail func() error) error {
+	a.Ops, a.PauseAt, a.PausePoint = 1, []int{1}, "acquired"
+	b.Ops, b.Wait = 10, 10*time.Second
+	wa, err := x.spawn(a)
+	if err != nil {
+		return err
+	}
+	if _, ok := x.waitEvent(func(e Event) bool {
+		return e.Worker == a.ID && (e.Kind == "pause" || (e.Kind == "acquire" && e.Phase == "fail"))
+	}, 15*time.Second); !ok {
+		return fmt.Errorf("worker %s neither paused nor failed", a.ID)
+	}
+	if err := fail(); err != nil {
+		return err
+	}
+	wb, err := x.spawn(b)
+	if err != nil {
+		return err
+	}
+	if err := wb.wait(time.Minute); err != nil {
+		return err
+	}
+	wa.signal(syscall.SIGCONT)
+	return wa.wait(time.Minute)
+}
+
+// promote continues a stopped replica and makes it a primary.
+func promote(x *experiment, replica *redistest.Server) error {
+	replica.Signal(syscall.SIGCONT)
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
+	defer rc.Close()
+	return rc.Do(x.ctx, "REPLICAOF", "NO", "ONE").Err()
 }
 
 // tokenSourceLoss is scenario 6: a Redis without persistence is killed and

@@ -93,38 +93,16 @@ func wrongReplica(x *experiment) error {
 			return err
 		}
 		base := Spec{Lock: "lab:" + key, Resource: x.res.Addr(), Key: key, TTL: 5 * time.Second, Sync: true}
-		a := base
-		a.ID, a.Redis, a.Ops, a.PauseAt, a.PausePoint, a.Acks, a.Replicas = fmt.Sprintf("A%d", r), primary.Addr, 1, []int{1}, "acquired", acks, 2
-		wa, err := x.spawn(a)
+		a, b := base, base
+		a.ID, a.Redis, a.Acks, a.Replicas = fmt.Sprintf("A%d", r), primary.Addr, acks, 2
+		b.ID, b.Redis = fmt.Sprintf("B%d", r), r2.Addr
+		err = x.failoverRound(a, b, func() error {
+			primary.Kill()
+			r1.Kill()
+			return promote(x, r2)
+		})
 		if err != nil {
-			return err
-		}
-		if _, ok := x.waitEvent(func(e Event) bool {
-			return e.Worker == a.ID && (e.Kind == "pause" || (e.Kind == "acquire" && e.Phase == "fail"))
-		}, 15*time.Second); !ok {
-			return fmt.Errorf("round %d: worker A neither paused nor failed", r)
-		}
-		primary.Kill()
-		r1.Kill()
-		r2.Signal(syscall.SIGCONT)
-		rc := redis.NewClient(&redis.Options{Addr: r2.Addr})
-		err = rc.Do(x.ctx, "REPLICAOF", "NO", "ONE").Err()
-		rc.Close()
-		if err != nil {
-			return err
-		}
-		b := base
-		b.ID, b.Redis, b.Ops, b.Wait = fmt.Sprintf("B%d", r), r2.Addr, 10, 10*time.Second
-		wb, err := x.spawn(b)
-		if err != nil {
-			return err
-		}
-		if err := wb.wait(time.Minute); err != nil {
-			return err
-		}
-		wa.signal(syscall.SIGCONT)
-		if err := wa.wait(time.Minute); err != nil {
-			return err
+			return fmt.Errorf("round %d: %w", r, err)
 		}
 		r2.Kill()
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -18,29 +17,23 @@ import (
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/internal/pgtest"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/testmain"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
 )
 
 var pg *pgtest.Server
 
 func TestMain(m *testing.M) {
-	var err error
-	if pg, err = pgtest.Launch(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	pg.Kill()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
+	testmain.Run(m, func() (func(), error) {
+		var err error
+		pg, err = pgtest.Launch()
+		if err != nil {
+			return nil, err
 		}
-	}
-	os.Exit(code)
+		return pg.Kill, nil
+	})
 }
 
 func ctx(t testing.TB) context.Context {

@@ -18,32 +18,24 @@ import (
 
 	"github.com/fencekit/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
-	"go.uber.org/goleak"
+	"github.com/fencekit/fence/internal/testmain"
 )
 
 // fenceBin is the fence binary built once for the package's tests.
 var fenceBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fence-cli")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	fenceBin = filepath.Join(dir, "fence")
-	if out, err := exec.Command("go", "build", "-race", "-o", fenceBin, "github.com/fencekit/fence/cmd/fence").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build fence: %v\n%s", err, out)
-		os.Exit(2)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
+	testmain.Run(m, func() (func(), error) {
+		dir, err := os.MkdirTemp("", "fence-cli")
+		if err != nil {
+			return nil, err
 		}
-	}
-	os.Exit(code)
+		fenceBin = filepath.Join(dir, "fence")
+		if out, err := exec.Command("go", "build", "-race", "-o", fenceBin, "github.com/fencekit/fence/cmd/fence").CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("build fence: %w\n%s", err, out)
+		}
+		return func() { _ = os.RemoveAll(dir) }, nil
+	})
 }
 
 // fence runs the binary and returns its stdout, stderr and exit code.

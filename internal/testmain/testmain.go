@@ -1,0 +1,54 @@
+// Package testmain is the TestMain that fence's packages share: it sets up
+// what the tests need (a server the examples use, say), runs the tests,
+// tears down, and fails the run if goroutines are left behind.
+package testmain
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/fencekit/fence/internal/redistest"
+	"go.uber.org/goleak"
+)
+
+// Run runs the tests between setup and its teardown, then checks for leaked
+// goroutines, and exits. setup may be nil.
+func Run(m *testing.M, setup func() (teardown func(), err error)) {
+	teardown := func() {}
+	if setup != nil {
+		var err error
+		if teardown, err = setup(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
+	code := m.Run()
+	teardown()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Redis is a setup for Run that starts a redis-server in a temp dir and
+// stores its address in addr, for tests and examples that get no
+// *testing.T.
+func Redis(addr *string) func() (func(), error) {
+	return func() (func(), error) {
+		dir, err := os.MkdirTemp("", "fence-test-redis")
+		if err != nil {
+			return nil, err
+		}
+		srv, err := redistest.Launch(dir)
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		*addr = srv.Addr
+		return func() { srv.Kill(); _ = os.RemoveAll(dir) }, nil
+	}
+}
