@@ -3,7 +3,6 @@ package demo
 import (
 	"fmt"
 	"io"
-	"strings"
 	"time"
 )
 
@@ -62,8 +61,5 @@ func (tl *timeline) result(ok bool, text string) {
 	fmt.Fprintf(tl.w, "  %s %s\n", tl.paint(style+bold, mark+" result:"), tl.paint(style, text))
 }
 
-func (tl *timeline) note(text string) {
-	for _, line := range strings.Split(text, "\n") {
-		fmt.Fprintf(tl.w, "%s\n", tl.paint(dim, line))
-	}
-}
+// note prints plain text between the stories.
+func (tl *timeline) note(text string) { fmt.Fprintln(tl.w, text) }
