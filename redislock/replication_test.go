@@ -245,3 +245,19 @@ func TestClusterConformance(t *testing.T) {
 		}
 	})
 }
+
+// TestConformanceSynced runs the conformance suite with replica sync doing
+// real work: every acquisition and renewal waits for the replica.
+func TestConformanceSynced(t *testing.T) {
+	primary := redistest.Start(t)
+	redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	fencetest.Run(t, fencetest.Config{
+		New: func(t testing.TB) fence.Locker {
+			return lockerWith(t, primary.Client(t), redislock.Options{WatchdogTTL: watchdogTTL, ReplicaSync: redislock.ReplicaSync{Replicas: 1}})
+		},
+		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		WatchdogTTL: watchdogTTL,
+	})
+}

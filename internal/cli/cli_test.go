@@ -280,3 +280,18 @@ func waitFile(t *testing.T, path string) {
 		<-tick.C
 	}
 }
+
+// TestExecFixedTTLEndsChild: with --ttl the lease is not renewed, so the
+// child is stopped when it runs out.
+func TestExecFixedTTLEndsChild(t *testing.T) {
+	srv := redistest.Start(t)
+	start := time.Now()
+	_, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "--ttl", "300ms", "--grace", "200ms", "short", "--", "sleep", "30")
+	took := time.Since(start)
+	if code != cli.ExitLeaseLost {
+		t.Fatalf("exit %d, want %d: %s", code, cli.ExitLeaseLost, errOut)
+	}
+	if took > 10*time.Second {
+		t.Fatalf("child ran %v past a 300ms lease", took)
+	}
+}
