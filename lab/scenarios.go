@@ -39,26 +39,34 @@ func pausedHolder(point string) func(*experiment) error {
 			TTL: 200 * time.Millisecond, Wait: 20 * time.Second}
 		victim := base
 		victim.ID, victim.Ops, victim.PauseAt, victim.PausePoint, victim.Think = "w1", ops, pauses, point, 5*time.Millisecond
-		wv, err := x.spawn(victim)
+		other := base
+		other.Think = 10 * time.Millisecond
+		return x.runWithOthers(victim, other)
+	}
+}
+
+// runWithOthers runs the victim beside two workers made from other, which
+// keep taking the lock until the victim has finished.
+func (x *experiment) runWithOthers(victim, other Spec) error {
+	wv, err := x.spawn(victim)
+	if err != nil {
+		return err
+	}
+	var others []*workerProc
+	for w := 2; w <= 3; w++ {
+		s := other
+		s.ID = fmt.Sprintf("w%d", w)
+		wo, err := x.spawn(s)
 		if err != nil {
 			return err
 		}
-		var others []*workerProc
-		for w := 2; w <= 3; w++ {
-			s := base
-			s.ID, s.Think = fmt.Sprintf("w%d", w), 10*time.Millisecond
-			wo, err := x.spawn(s)
-			if err != nil {
-				return err
-			}
-			others = append(others, wo)
-		}
-		err = wv.wait(5 * time.Minute)
-		for _, wo := range others {
-			wo.finish()
-		}
-		return err
+		others = append(others, wo)
 	}
+	err = wv.wait(5 * time.Minute)
+	for _, wo := range others {
+		wo.finish()
+	}
+	return err
 }
 
 // asyncFailover is scenario 4, the article's section 2, round after round:

@@ -35,27 +35,10 @@ func delayedWrite(x *experiment) error {
 		return fmt.Errorf("toxiproxy latency: %w", err)
 	}
 	base := Spec{Redis: srv.Addr, Lock: "lab:payment:1001", Key: "payment:1001", TTL: ttl, Wait: 20 * time.Second}
-	victim := base
+	victim, other := base, base
 	victim.ID, victim.Ops, victim.Resource, victim.Think = "w1", x.scale(3, 20), proxy.Listen, 5*time.Millisecond
-	wv, err := x.spawn(victim)
-	if err != nil {
-		return err
-	}
-	var others []*workerProc
-	for w := 2; w <= 3; w++ {
-		s := base
-		s.ID, s.Resource, s.Think = fmt.Sprintf("w%d", w), x.res.Addr(), 10*time.Millisecond
-		wo, err := x.spawn(s)
-		if err != nil {
-			return err
-		}
-		others = append(others, wo)
-	}
-	err = wv.wait(5 * time.Minute)
-	for _, wo := range others {
-		wo.finish()
-	}
-	return err
+	other.Resource, other.Think = x.res.Addr(), 10*time.Millisecond
+	return x.runWithOthers(victim, other)
 }
 
 // wrongReplica is scenario 5: a primary with two replicas; the second

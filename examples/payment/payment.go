@@ -132,22 +132,22 @@ func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
 // matching guard.ErrStale when this worker's lease had been overtaken by
 // the time it wrote.
 func (s *Service) Approve(ctx context.Context, id int64, by string) (fence.Token, error) {
-	var token fence.Token
-	err := fence.Run(ctx, s.Locker, LockName(id), func(ctx context.Context, lease fence.Lease) error {
-		token = lease.Token()
-		return s.approve(ctx, id, by, token, true)
-	}, fence.Wait(LockWait), fence.TTL(LockLease))
-	return token, err
+	return s.locked(ctx, id, by, true)
 }
 
 // ApproveWithoutFencing is Approve with a plain UPDATE that ignores the
 // token: the hazard the article describes, kept for the demo and the tests
 // to compare against. Do not use it.
 func (s *Service) ApproveWithoutFencing(ctx context.Context, id int64, by string) (fence.Token, error) {
+	return s.locked(ctx, id, by, false)
+}
+
+// locked approves under the payment's lock and returns the lease's token.
+func (s *Service) locked(ctx context.Context, id int64, by string, fenced bool) (fence.Token, error) {
 	var token fence.Token
 	err := fence.Run(ctx, s.Locker, LockName(id), func(ctx context.Context, lease fence.Lease) error {
 		token = lease.Token()
-		return s.approve(ctx, id, by, token, false)
+		return s.approve(ctx, id, by, token, fenced)
 	}, fence.Wait(LockWait), fence.TTL(LockLease))
 	return token, err
 }

@@ -53,6 +53,18 @@ func Start(t testing.TB, extra ...string) *Server {
 // Launch is Start for code without a testing.TB, such as TestMain: it runs
 // the server in dir, and the caller must Kill it.
 func Launch(dir string, extra ...string) (*Server, error) {
+	return launch(dir, func(port string) []string {
+		return append([]string{
+			"--port", port, "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir,
+			"--daemonize", "no", "--repl-diskless-sync-delay", "0",
+		}, extra...)
+	})
+}
+
+// launch starts redis-server with args(port) on a free port, trying again
+// with another port if one was taken meanwhile.
+func launch(dir string, args func(port string) []string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found on PATH: %s", installHint)
@@ -64,11 +76,7 @@ func Launch(dir string, extra ...string) (*Server, error) {
 			return nil, err
 		}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		s.args = append([]string{
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", s.Dir,
-			"--daemonize", "no", "--repl-diskless-sync-delay", "0",
-		}, extra...)
+		s.args = args(strconv.Itoa(port))
 		err = s.start()
 		if err == nil || attempt == 3 {
 			return s, err

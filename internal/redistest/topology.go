@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -101,22 +100,9 @@ func StartSentinels(t testing.TB, primary *Server, n int) *Sentinels {
 }
 
 func launchSentinel(dir, conf string) (*Server, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, fmt.Errorf("redis-server not found on PATH: %s", installHint)
-	}
-	s := &Server{Dir: dir, bin: bin}
-	for attempt := 0; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		s.args = []string{conf, "--sentinel", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--daemonize", "no"}
-		if err = s.start(); err == nil || attempt == 3 {
-			return s, err
-		}
-	}
+	return launch(dir, func(port string) []string {
+		return []string{conf, "--sentinel", "--port", port, "--bind", "127.0.0.1", "--daemonize", "no"}
+	})
 }
 
 // Cluster is a Redis Cluster of primaries without replicas.
