@@ -126,8 +126,11 @@ func (l *Locker) keys(name string) keys {
 // It tries once right away. If the lock is held and opts give a wait budget,
 // it subscribes to the lock's release channel and tries again when a release
 // is published or when the holder's TTL runs out, whichever is first; it
-// sends nothing else while it waits. An acquisition interrupted by ctx after
-// the request was sent may leave the lock held until its lease time runs out.
+// sends nothing else while it waits. A Redis error ends the wait at once,
+// returned inside an error matching fence.ErrNotAcquired, as does a refusal
+// for too few replica acknowledgements (fence.ErrNotReplicated). An
+// acquisition interrupted by ctx after the request was sent may leave the
+// lock held until its lease time runs out.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err

@@ -295,3 +295,34 @@ func TestExecFixedTTLEndsChild(t *testing.T) {
 		t.Fatalf("child ran %v past a 300ms lease", took)
 	}
 }
+
+// TestExecOnClusterAndSentinel: the same exec through a Redis Cluster and
+// through Sentinels.
+func TestExecOnClusterAndSentinel(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	addrs := cluster.Addrs()
+	clusterURL := "redis://" + addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2]
+
+	primary := redistest.Start(t)
+	redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	sentinels := redistest.StartSentinels(t, primary, 3)
+	redistest.WaitSentinelsReady(t, sentinels, 1)
+	sa := sentinels.Addrs()
+	sentinelURL := "redis://" + sa[0] + "?master_name=" + sentinels.Master + "&addr=" + sa[1] + "&addr=" + sa[2]
+
+	for _, flags := range [][]string{{"--redis-cluster", clusterURL}, {"--redis-sentinel", sentinelURL}} {
+		args := append(append([]string{"exec"}, flags...), "lock:payment:1001", "--", "sh", "-c", `echo "$FENCE_TOKEN"`)
+		out, errOut, code := fence(t, nil, args...)
+		if tok, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64); code != 0 || err != nil || tok <= 0 {
+			t.Fatalf("fence %v: exit %d, stdout %q, stderr %q", flags, code, out, errOut)
+		}
+		out, errOut, code = fence(t, nil, append(append([]string{"status"}, flags...), "lock:payment:1001")...)
+		if code != 0 || !strings.Contains(out, "free; last token") {
+			t.Fatalf("status %v: exit %d, %q %q", flags, code, out, errOut)
+		}
+	}
+	if _, errOut, code := fence(t, nil, "status", "--redis-sentinel", "redis://"+sa[0], "x"); code != cli.ExitUsage || !strings.Contains(errOut, "master_name") {
+		t.Fatalf("sentinel URL without master_name: exit %d, %q", code, errOut)
+	}
+}

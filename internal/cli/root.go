@@ -83,37 +83,73 @@ Start with "fence demo".`,
 
 // redisFlags are the flags of commands that talk to Redis.
 type redisFlags struct {
-	url         string
-	watchdogTTL time.Duration
-	noSync      bool
+	url, sentinelURL, clusterURL string
+	watchdogTTL                  time.Duration
+	noSync                       bool
 }
 
 func (f *redisFlags) register(cmd *cobra.Command) {
-	def := os.Getenv("FENCE_REDIS_URL")
-	if def == "" {
-		def = "redis://127.0.0.1:6379"
+	env := func(key, def string) string {
+		if v := os.Getenv(key); v != "" {
+			return v
+		}
+		return def
 	}
-	cmd.Flags().StringVar(&f.url, "redis", def, "Redis URL (redis://, rediss:// for TLS, user:password@ for ACL users). "+
-		"The default comes from FENCE_REDIS_URL, so that passwords need not appear in the process list, else redis://127.0.0.1:6379.")
+	cmd.Flags().StringVar(&f.url, "redis", env("FENCE_REDIS_URL", "redis://127.0.0.1:6379"),
+		"URL of a standalone Redis (redis://, rediss:// for TLS, user:password@ for ACL users). "+
+			"The default comes from FENCE_REDIS_URL, so that passwords need not appear in the process list, else redis://127.0.0.1:6379.")
+	cmd.Flags().StringVar(&f.sentinelURL, "redis-sentinel", env("FENCE_REDIS_SENTINEL_URL", ""),
+		"URL of Redis Sentinels instead, with the master's name: redis://sentinel1:26379?master_name=mymaster&addr=sentinel2:26379 "+
+			"(default from FENCE_REDIS_SENTINEL_URL)")
+	cmd.Flags().StringVar(&f.clusterURL, "redis-cluster", env("FENCE_REDIS_CLUSTER_URL", ""),
+		"URL of a Redis Cluster instead, naming one or more nodes: redis://node1:6379?addr=node2:6379 (default from FENCE_REDIS_CLUSTER_URL)")
 	cmd.Flags().DurationVar(&f.watchdogTTL, "watchdog-ttl", redislock.DefaultWatchdogTTL,
 		"lease time of a lease held without --ttl; the watchdog renews it every third of this")
 	cmd.Flags().BoolVar(&f.noSync, "no-replica-sync", false,
 		"do not confirm acquisitions with WAIT on the primary's replicas (by default one replica must acknowledge within 1 s)")
 }
 
+// client builds the go-redis client the flags describe.
+func (f *redisFlags) client() (redis.UniversalClient, error) {
+	switch {
+	case f.sentinelURL != "" && f.clusterURL != "":
+		return nil, errors.New("give --redis-sentinel or --redis-cluster, not both")
+	case f.sentinelURL != "":
+		o, err := redis.ParseFailoverURL(f.sentinelURL)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-sentinel: %w", err)
+		}
+		if o.MasterName == "" {
+			return nil, errors.New("--redis-sentinel: the URL needs master_name=NAME")
+		}
+		return redis.NewFailoverClient(o), nil
+	case f.clusterURL != "":
+		o, err := redis.ParseClusterURL(f.clusterURL)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-cluster: %w", err)
+		}
+		return redis.NewClusterClient(o), nil
+	default:
+		o, err := redis.ParseURL(f.url)
+		if err != nil {
+			return nil, fmt.Errorf("--redis: %w", err)
+		}
+		return redis.NewClient(o), nil
+	}
+}
+
 // locker connects to Redis; the returned func closes the client.
 func (f *redisFlags) locker() (*redislock.Locker, func(), error) {
-	opt, err := redis.ParseURL(f.url)
+	client, err := f.client()
 	if err != nil {
-		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--redis: %w", err))
+		return nil, nil, exitWith(ExitUsage, err)
 	}
-	client := redis.NewClient(opt)
 	l, err := redislock.New(client, &redislock.Options{
 		WatchdogTTL: f.watchdogTTL,
 		ReplicaSync: redislock.ReplicaSync{Disabled: f.noSync},
 	})
 	if err != nil {
-		client.Close()
+		_ = client.Close()
 		return nil, nil, exitWith(ExitUsage, err)
 	}
 	return l, func() { _ = client.Close() }, nil
