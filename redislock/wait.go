@@ -16,8 +16,7 @@ import (
 // for its reader goroutine to exit.
 type watch struct {
 	ps      *redis.PubSub
-	waiters []chan struct{} // each waiter's wake-up, capacity 1; guarded by Locker.mu
-	next    int             // round-robin position for the next wake-up
+	waiters []chan struct{} // each waiter's wake-up, capacity 1, in arrival order; guarded by Locker.mu
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
@@ -109,12 +108,12 @@ func (l *Locker) leave(channel string, w *watch, me chan struct{}) {
 	}
 }
 
-// wakeOne wakes the next waiter that has no wake-up pending. l.mu is held.
+// wakeOne wakes the longest-waiting waiter that has no wake-up pending, so
+// that local waiters get the lock in the order they came. l.mu is held.
 func (l *Locker) wakeOne(w *watch) {
-	for range w.waiters {
-		w.next = (w.next + 1) % len(w.waiters)
+	for _, c := range w.waiters {
 		select {
-		case w.waiters[w.next] <- struct{}{}:
+		case c <- struct{}{}:
 			return
 		default:
 		}
