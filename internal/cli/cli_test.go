@@ -127,6 +127,26 @@ func TestExecUsageAndNotAcquired(t *testing.T) {
 	if !strings.Contains(out, `"held":true`) {
 		t.Fatalf("status --json while held: %s", out)
 	}
+
+	// Interrupted while waiting: 130, promptly.
+	waiter := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "--wait", "60s", "held", "--", "true")
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for admin.PubSubNumSub(context.Background(), "fence:{held}:released").Val()["fence:{held}:released"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting exec never subscribed")
+		}
+		tick := time.NewTimer(5 * time.Millisecond)
+		<-tick.C
+	}
+	_ = waiter.Process.Signal(os.Interrupt)
+	_ = waiter.Wait()
+	if code := waiter.ProcessState.ExitCode(); code != cli.ExitInterrupted {
+		t.Fatalf("interrupted exec: exit %d, want %d", code, cli.ExitInterrupted)
+	}
 	stdin.Close()
 	if err := holder.Wait(); err != nil {
 		t.Fatalf("holder: %v", err)

@@ -21,9 +21,10 @@ import (
 // Exit codes that scripts can rely on. fence exec otherwise exits with its
 // child's code (128 + the signal number if a signal ended the child).
 const (
-	ExitUsage       = 2  // bad flags or arguments, or no connection to the backend
-	ExitNotAcquired = 75 // the lock was not acquired within --wait
-	ExitLeaseLost   = 76 // the lease was lost while the child ran; the child was stopped
+	ExitUsage       = 2   // bad flags or arguments, or no connection to the backend
+	ExitNotAcquired = 75  // the lock was not acquired within --wait
+	ExitLeaseLost   = 76  // the lease was lost while the child ran; the child was stopped
+	ExitInterrupted = 130 // SIGINT or SIGTERM arrived while waiting for the lock
 )
 
 // exitError carries an exit code out of a command.
@@ -162,6 +163,8 @@ func acquireError(err error) error {
 		return exitWith(ExitUsage, err)
 	case errors.Is(err, fence.ErrHeld), errors.Is(err, context.DeadlineExceeded), errors.Is(err, fence.ErrNotReplicated):
 		return exitWith(ExitNotAcquired, err)
+	case errors.Is(err, context.Canceled):
+		return exitWith(ExitInterrupted, err)
 	default:
 		return exitWith(ExitUsage, err)
 	}
