@@ -77,17 +77,11 @@ func asyncFailover(x *experiment) error {
 	rounds := x.scale(2, 20)
 	for r := range rounds {
 		key := fmt.Sprintf("payment:%d", 1001+r)
-		primary, err := x.redis()
+		primary, replicas, err := x.replicated(1)
 		if err != nil {
 			return err
 		}
-		replica, err := x.redis("--replicaof", primary.Host(), primary.Port())
-		if err != nil {
-			return err
-		}
-		if err := redistest.Replicated(primary.Addr, 1, 30*time.Second); err != nil {
-			return err
-		}
+		replica := replicas[0]
 		if err := cutLink(x, primary, replica); err != nil {
 			return err
 		}
@@ -106,6 +100,23 @@ func asyncFailover(x *experiment) error {
 		replica.Kill()
 	}
 	return nil
+}
+
+// replicated starts a primary with n replicas that really receive its writes.
+func (x *experiment) replicated(n int) (*redistest.Server, []*redistest.Server, error) {
+	primary, err := x.redis()
+	if err != nil {
+		return nil, nil, err
+	}
+	var replicas []*redistest.Server
+	for range n {
+		r, err := x.redis("--replicaof", primary.Host(), primary.Port())
+		if err != nil {
+			return nil, nil, err
+		}
+		replicas = append(replicas, r)
+	}
+	return primary, replicas, redistest.Replicated(primary.Addr, n, 30*time.Second)
 }
 
 // failoverRound runs worker a (one lease, stopping itself once it holds

@@ -57,21 +57,11 @@ func wrongReplica(x *experiment) error {
 	}
 	for r := range rounds {
 		key := fmt.Sprintf("payment:%d", 1001+r)
-		primary, err := x.redis()
+		primary, replicas, err := x.replicated(2)
 		if err != nil {
 			return err
 		}
-		r1, err := x.redis("--replicaof", primary.Host(), primary.Port())
-		if err != nil {
-			return err
-		}
-		r2, err := x.redis("--replicaof", primary.Host(), primary.Port())
-		if err != nil {
-			return err
-		}
-		if err := redistest.Replicated(primary.Addr, 2, 30*time.Second); err != nil {
-			return err
-		}
+		r1, r2 := replicas[0], replicas[1]
 		if err := cutLink(x, primary, r2); err != nil {
 			return err
 		}
