@@ -13,6 +13,25 @@
 // The guard works without any fence lock: anything that hands out
 // increasing numbers per resource can use it.
 //
+// # The fenced read-modify-write
+//
+// The token orders writers; it does not validate what a writer read. A
+// worker that read before a newer holder wrote can still act on that stale
+// read if it writes first, so the read must come after the fence, inside the
+// fenced transaction, where a newer holder's fence waits for it or makes it
+// fail:
+//
+//	err := guard.Tx(ctx, db, "payment:1001", lease.Token(), func(tx *sql.Tx) error {
+//		// read through tx, decide, write through tx
+//	})
+//
+// The article's conditional update alone (UPDATE … WHERE token_column <
+// $token, with the row read before) does not do this: A reads PENDING and
+// pauses, B reads PENDING, A writes first and its token is accepted, then B
+// writes and its greater token is accepted too. If a single statement is
+// the whole read-modify-write, the conditional update may instead carry the
+// precondition it read (… AND status = 'PENDING').
+//
 // # SQL
 //
 // Through database/sql, tested on PostgreSQL (pgx's stdlib driver) and
@@ -27,6 +46,9 @@
 //     already there, nothing is written and the transaction rolls back.
 //     The upsert also locks the row, so fenced transactions on one resource
 //     run one at a time.
+//     ErrRetry reports a serialization failure, deadlock or SQLITE_BUSY:
+//     nothing was written; retry with a new lease. For SQLite, open the
+//     database with SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE).
 //   - Once: idempotency keys on a unique constraint.
 //   - Table.UpdateVersion: an optimistic version check.
 //

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/internal/pgtest"
 	"github.com/fencekit/fence/internal/testmain"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -34,8 +35,7 @@ func TestMain(m *testing.M) {
 
 // databases returns a fresh PostgreSQL database and a fresh SQLite file.
 func databases(t *testing.T) map[string]*sql.DB {
-	lite, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "guard.db")+
-		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	lite, err := sql.Open("sqlite", guard.SQLiteDSN(filepath.Join(t.TempDir(), "guard.db")))
 	if err != nil {
 		t.Fatal(err)
 	}

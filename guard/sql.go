@@ -50,7 +50,8 @@ func CreateTables(ctx context.Context, q Querier) error {
 // greater than the last one. Inside a transaction it also locks the
 // resource's row until the transaction ends, so fenced transactions on one
 // resource run one at a time. It returns a *StaleError (matching ErrStale)
-// when the token is not greater; the caller must then roll back. With q a
+// when the token is not greater; the caller must then roll back. A conflict
+// with a concurrent transaction returns an error matching ErrRetry. With q a
 // *sql.DB it commits on its own, which suits a gate in front of other work
 // (see SQLStore).
 func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
@@ -62,22 +63,32 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 	}
 	res, err := q.ExecContext(ctx, upsertToken, resource, int64(token))
 	if err != nil {
-		return fmt.Errorf("guard: fence %q: %w", resource, err)
+		return retryable(fmt.Errorf("guard: fence %q: %w", resource, err))
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 1 {
 		return err
 	}
 	var last int64
 	if err := q.QueryRowContext(ctx, selectToken, resource).Scan(&last); err != nil {
-		return fmt.Errorf("guard: fence %q: read last token: %w", resource, err)
+		return retryable(fmt.Errorf("guard: fence %q: read last token: %w", resource, err))
 	}
 	return &StaleError{Resource: resource, Token: token, Last: fence.Token(last)}
 }
 
 // Tx runs fn inside a transaction fenced on resource with token: Fence runs
-// first, then fn, then the commit. If the token is stale, fn is not called
-// and Tx returns a *StaleError; if fn returns an error, Tx rolls back and
-// returns it. A cancelled ctx rolls the transaction back (database/sql).
+// first, then fn, then the commit. It is the way to do a fenced
+// read-modify-write: fn reads what it decides on through tx, after the
+// fence, and writes through tx (see the package documentation).
+//
+// If the token is stale, fn is not called and Tx returns a *StaleError
+// (matching ErrStale). If fn returns an error, Tx rolls back and returns it.
+// If fn panics, Tx rolls back, releasing the resource's row lock, and the
+// panic goes on. A conflict with a concurrent transaction (a serialization
+// failure or deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an
+// error matching ErrRetry. A cancelled ctx rolls the transaction back
+// (database/sql). fn must use tx, not db: work done through db is not part
+// of the fenced transaction, and with a pool of one connection it waits for
+// ever.
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
 	if err := checkResource(resource); err != nil {
 		return err
@@ -87,16 +98,21 @@ func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn 
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("guard: begin: %w", err)
+		return retryable(fmt.Errorf("guard: begin: %w", err))
 	}
-	if err := Fence(ctx, tx, resource, token); err != nil {
-		return errors.Join(err, rollback(tx))
+	// If fn panics (or calls runtime.Goexit), end the transaction so that
+	// the row lock taken by Fence does not outlive it. After a commit or
+	// rollback this does nothing.
+	defer func() { _ = tx.Rollback() }()
+	err = Fence(ctx, tx, resource, token)
+	if err == nil {
+		err = fn(tx)
 	}
-	if err := fn(tx); err != nil {
-		return errors.Join(err, rollback(tx))
+	if err != nil {
+		return retryable(errors.Join(err, rollback(tx)))
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("guard: commit: %w", err)
+		return retryable(fmt.Errorf("guard: commit: %w", err))
 	}
 	return nil
 }
@@ -157,6 +173,11 @@ func (t Table) check() error {
 // set assigns the business columns with placeholders from $3 on, filled by
 // args. When no row changes, Update reads the row to tell why: a
 // *StaleError (matching ErrStale) with the row's token, or ErrNoRow.
+//
+// Update orders writers, but it does not check what the caller read before:
+// a stale worker that writes first is accepted. For a read-modify-write,
+// read and write inside Tx, or put the precondition read into set's WHERE
+// through a statement of your own (see the package documentation).
 func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token, set string, args ...any) error {
 	if err := t.check(); err != nil {
 		return err

@@ -1,0 +1,84 @@
+package guard
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// ErrRetry means the database gave up on a fenced transaction because of a
+// concurrent one: a PostgreSQL serialization failure (SQLSTATE 40001, at
+// REPEATABLE READ or SERIALIZABLE) or deadlock (40P01), or SQLite's
+// SQLITE_BUSY or SQLITE_LOCKED after its busy timeout. Nothing was written
+// and the token was not recorded. The caller should retry the whole
+// approval — take a new lease, then read and write again — and must not
+// simply replay its writes with the same token and the data it read before.
+var ErrRetry = errors.New("guard: transaction conflict, retry with a new lease")
+
+// SQLiteParams are the modernc.org/sqlite connection settings that fenced
+// transactions from many goroutines need: the WAL journal, so that readers
+// and the writer do not block each other; a 10 s busy timeout, so that a
+// writer waits for the lock instead of failing at once with SQLITE_BUSY;
+// and _txlock=immediate, so that every transaction takes the write lock
+// when it begins. Without it a transaction that reads first and writes
+// later must upgrade its lock, and that fails with SQLITE_BUSY at once
+// whatever the busy timeout.
+const SQLiteParams = "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+
+// SQLiteDSN returns the modernc.org/sqlite data source name of the database
+// file at path with SQLiteParams:
+//
+//	db, err := sql.Open("sqlite", guard.SQLiteDSN("payments.db"))
+//
+// Characters that a file: URI treats specially (%, ? and #) are escaped.
+// An in-memory shared-cache database does not suit fenced transactions: its
+// table locks fail with SQLITE_LOCKED without waiting.
+func SQLiteDSN(path string) string {
+	return "file:" + uriEscaper.Replace(path) + "?" + SQLiteParams
+}
+
+var uriEscaper = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
+
+// retryable wraps err with ErrRetry when the database reported a conflict
+// with a concurrent transaction; otherwise it returns err unchanged. It
+// knows the drivers by the methods of their errors, so that guard imports
+// neither: pgx's *pgconn.PgError has SQLState, modernc.org/sqlite's *Error
+// has Code.
+func retryable(err error) error {
+	if err == nil || errors.Is(err, ErrRetry) {
+		return err
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		if s := pg.SQLState(); s == "40001" || s == "40P01" {
+			return fmt.Errorf("%w: %w", ErrRetry, err)
+		}
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) && isSQLiteError(lite) {
+		// The primary result code is the low byte of an extended one.
+		if c := lite.Code() & 0xff; c == sqliteBusy || c == sqliteLocked {
+			return fmt.Errorf("%w: %w", ErrRetry, err)
+		}
+	}
+	return err
+}
+
+// SQLite's primary result codes for a database locked by another
+// connection (SQLITE_BUSY) and a table locked in a shared cache
+// (SQLITE_LOCKED).
+const (
+	sqliteBusy   = 5
+	sqliteLocked = 6
+)
+
+// isSQLiteError reports whether e is modernc.org/sqlite's error type, so that
+// another driver's Code method is not taken for SQLite's result code.
+func isSQLiteError(e any) bool {
+	t := reflect.TypeOf(e)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath() == "modernc.org/sqlite" && t.Name() == "Error"
+}
