@@ -1,12 +1,19 @@
 // Package payment is the article's payment approval as a small service:
-// lock lock:payment:<id> (wait 2 s, lease 10 s), read the payment, and
-// approve it with the lease's fencing token through the conditional update
+// lock lock:payment:<id> (wait 2 s, lease 10 s), then, in one transaction
+// fenced with the lease's token (guard.Tx), read the payment, approve it and
+// record the charge. The fence comes first: a worker whose lease was
+// overtaken is rejected before it reads, and a newer worker waits for an
+// older one's transaction and then reads its write. Either way the payment
+// is charged once.
+//
+// ApproveTokenOnly is the article's version, the conditional update
 //
 //	UPDATE payment SET status = 'APPROVED', approved_by = $3, last_fencing_token = $2
 //	 WHERE id = $1 AND last_fencing_token < $2
 //
-// in the same transaction that records the charge. A worker that paused
-// past its lease and comes back with an older token changes nothing.
+// with the payment read before it. It charges twice when the stale worker
+// writes first. ApproveWithoutFencing ignores the token altogether. Both
+// are kept to show the hazards; do not use them.
 //
 // cmd/paymentd serves it over HTTP; fence demo tells its story.
 package payment
@@ -16,6 +23,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -61,9 +69,39 @@ type Service struct {
 	Locker fence.Locker
 	DB     *sql.DB
 
-	// AfterRead, if set, runs after a worker has read a pending payment and
-	// before it writes: a place to inject a pause in tests and the demo.
-	AfterRead func(ctx context.Context, id int64, token fence.Token)
+	// LockOptions are appended to fence.Wait(LockWait) and
+	// fence.TTL(LockLease) when the lock is taken; a later option wins.
+	LockOptions []fence.Option
+
+	// Pause, if set, is called at each Step of an approval with the lease's
+	// token: a place for tests and the demo to inject a pause.
+	Pause func(ctx context.Context, step Step, id int64, token fence.Token)
+
+	// Log receives the details of the errors that Handler answers with a
+	// generic message; nil means slog.Default().
+	Log *slog.Logger
+}
+
+// Step is a point in an approval where Service.Pause is called.
+type Step int
+
+// The steps of an approval, in order.
+const (
+	Locked  Step = iota // the lease is held; nothing is read yet
+	Read                // the payment was read and is pending; nothing is written yet
+	Written             // the approval and the charge are written, not yet committed
+)
+
+func (s Step) String() string {
+	switch s {
+	case Locked:
+		return "locked"
+	case Read:
+		return "read"
+	case Written:
+		return "written"
+	}
+	return fmt.Sprintf("Step(%d)", int(s))
 }
 
 // Payment is one row of the payment table.
@@ -82,10 +120,12 @@ type Charge struct {
 	Token  fence.Token
 }
 
-// CreateSchema creates the tables.
+// CreateSchema creates the tables, the guard's included.
 func CreateSchema(ctx context.Context, db *sql.DB) error {
-	_, err := db.ExecContext(ctx, Schema)
-	return err
+	if _, err := db.ExecContext(ctx, Schema); err != nil {
+		return err
+	}
+	return guard.CreateTables(ctx, db)
 }
 
 // Insert adds a pending payment.
@@ -96,6 +136,10 @@ func Insert(ctx context.Context, db *sql.DB, id, amount int64) error {
 
 // Get reads a payment; ErrNotFound if there is none.
 func Get(ctx context.Context, db *sql.DB, id int64) (Payment, error) {
+	return get(ctx, db, id)
+}
+
+func get(ctx context.Context, db guard.Querier, id int64) (Payment, error) {
 	p := Payment{ID: id}
 	var by sql.NullString
 	err := db.QueryRowContext(ctx, `SELECT amount, status, approved_by, last_fencing_token FROM payment WHERE id = $1`, id).
@@ -125,63 +169,127 @@ func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
 	return out, rows.Err()
 }
 
-// Approve approves payment id on behalf of by, under the payment's lock. It
-// returns the token the approval was written with; ErrAlreadyApproved or
-// ErrNotFound for a payment that is not pending; an error matching
-// fence.ErrNotAcquired when another worker kept the lock for 2 s; and one
-// matching guard.ErrStale when this worker's lease had been overtaken by
-// the time it wrote.
+// Approve approves payment id on behalf of by, under the payment's lock,
+// with the fenced read-modify-write: guard.Tx fences the transaction with
+// the lease's token, then the payment is read, approved and charged in it.
+// It returns the lease's token; ErrAlreadyApproved or ErrNotFound for a
+// payment that is not pending; an error matching fence.ErrHeld when another
+// worker kept the lock for the whole wait; one matching guard.ErrStale when
+// a newer lease had fenced the payment first; and one matching
+// guard.ErrRetry when the database gave up on a conflict (retry).
 func (s *Service) Approve(ctx context.Context, id int64, by string) (fence.Token, error) {
-	return s.locked(ctx, id, by, true)
+	return s.locked(ctx, id, by, fenced)
 }
 
-// ApproveWithoutFencing is Approve with a plain UPDATE that ignores the
+// ApproveTokenOnly is the article's approval: read the payment, then the
+// conditional update on its last_fencing_token column. It rejects a stale
+// worker that writes after a newer one, but charges twice when the stale
+// worker writes first. Kept for the demo and the tests; do not use it.
+func (s *Service) ApproveTokenOnly(ctx context.Context, id int64, by string) (fence.Token, error) {
+	return s.locked(ctx, id, by, tokenOnly)
+}
+
+// ApproveWithoutFencing is the approval with a plain UPDATE that ignores the
 // token: the hazard the article describes, kept for the demo and the tests
 // to compare against. Do not use it.
 func (s *Service) ApproveWithoutFencing(ctx context.Context, id int64, by string) (fence.Token, error) {
-	return s.locked(ctx, id, by, false)
+	return s.locked(ctx, id, by, unfenced)
 }
 
+type mode int
+
+const (
+	fenced    mode = iota // guard.Tx: fence, read, write
+	tokenOnly             // read, then the conditional update
+	unfenced              // read, then a plain update
+)
+
 // locked approves under the payment's lock and returns the lease's token.
-func (s *Service) locked(ctx context.Context, id int64, by string, fenced bool) (fence.Token, error) {
+func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fence.Token, error) {
 	var token fence.Token
-	err := fence.Run(ctx, s.Locker, LockName(id), func(ctx context.Context, lease fence.Lease) error {
-		token = lease.Token()
-		return s.approve(ctx, id, by, token, fenced)
-	}, fence.Wait(LockWait), fence.TTL(LockLease))
+	err := fence.Run(ctx, s.Locker, LockName(id), func(ctx context.Context, l fence.Lease) error {
+		token = l.Token()
+		s.pause(ctx, Locked, id, token)
+		// The database work runs even if the lease ends meanwhile: a paused
+		// worker does not know that it paused, and the fence, not the
+		// context, must stop it. LockLease bounds it, so that a stuck
+		// transaction does not hold the payment's row lock for ever.
+		dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), LockLease)
+		defer cancel()
+		if m == fenced {
+			return guard.Tx(dbCtx, s.DB, Resource(id), token, func(tx *sql.Tx) error {
+				return s.approve(dbCtx, tx, id, by, token, m)
+			})
+		}
+		return s.readThenWrite(dbCtx, id, by, token, m)
+	}, append([]fence.Option{fence.Wait(LockWait), fence.TTL(LockLease)}, s.LockOptions...)...)
 	return token, err
 }
 
-func (s *Service) approve(ctx context.Context, id int64, by string, token fence.Token, fenced bool) error {
-	p, err := Get(ctx, s.DB, id)
+// Resource is the guard resource that approvals of payment id fence.
+func Resource(id int64) string { return "payment:" + strconv.FormatInt(id, 10) }
+
+// readThenWrite is the unsafe order: the payment is read outside the
+// transaction that writes.
+func (s *Service) readThenWrite(ctx context.Context, id int64, by string, token fence.Token, m mode) error {
+	p, err := s.read(ctx, s.DB, id, token)
 	if err != nil {
 		return err
 	}
-	if p.Status != "PENDING" {
-		return fmt.Errorf("%w: %d by %s", ErrAlreadyApproved, id, p.ApprovedBy)
-	}
-	if s.AfterRead != nil {
-		s.AfterRead(ctx, id, token)
-	}
-	// The write runs even if the lease has ended meanwhile: a paused worker
-	// does not know that it paused. Only the token comparison saves us.
-	ctx = context.WithoutCancel(ctx)
 	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback()
-	if fenced {
-		err = payments.Update(ctx, tx, id, token, "status = 'APPROVED', approved_by = $3", by)
+	defer func() { _ = tx.Rollback() }()
+	if err := s.write(ctx, tx, p, by, token, m); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// approve reads and writes in tx, after guard.Tx's fence.
+func (s *Service) approve(ctx context.Context, tx *sql.Tx, id int64, by string, token fence.Token, m mode) error {
+	p, err := s.read(ctx, tx, id, token)
+	if err != nil {
+		return err
+	}
+	return s.write(ctx, tx, p, by, token, m)
+}
+
+// read reads payment id and checks that it is pending.
+func (s *Service) read(ctx context.Context, q guard.Querier, id int64, token fence.Token) (Payment, error) {
+	p, err := get(ctx, q, id)
+	if err != nil {
+		return p, err
+	}
+	if p.Status != "PENDING" {
+		return p, fmt.Errorf("%w: %d by %s", ErrAlreadyApproved, id, p.ApprovedBy)
+	}
+	s.pause(ctx, Read, id, token)
+	return p, nil
+}
+
+// write approves p and records the charge in tx.
+func (s *Service) write(ctx context.Context, tx *sql.Tx, p Payment, by string, token fence.Token, m mode) error {
+	var err error
+	if m == tokenOnly {
+		err = payments.Update(ctx, tx, p.ID, token, "status = 'APPROVED', approved_by = $3", by)
 	} else {
-		_, err = tx.ExecContext(ctx, `UPDATE payment SET status = 'APPROVED', approved_by = $2, last_fencing_token = $3 WHERE id = $1`, id, by, int64(token))
+		_, err = tx.ExecContext(ctx, `UPDATE payment SET status = 'APPROVED', approved_by = $2, last_fencing_token = $3 WHERE id = $1`, p.ID, by, int64(token))
 	}
 	if err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO charge (payment_id, amount, charged_by, token) VALUES ($1, $2, $3, $4)`,
-		id, p.Amount, by, int64(token)); err != nil {
+		p.ID, p.Amount, by, int64(token)); err != nil {
 		return err
 	}
-	return tx.Commit()
+	s.pause(ctx, Written, p.ID, token)
+	return nil
+}
+
+func (s *Service) pause(ctx context.Context, step Step, id int64, token fence.Token) {
+	if s.Pause != nil {
+		s.Pause(ctx, step, id, token)
+	}
 }

@@ -55,7 +55,7 @@ func setup(t *testing.T) env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lite, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "p.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+	lite, err := sql.Open("sqlite", guard.SQLiteDSN(filepath.Join(t.TempDir(), "p.db")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,35 +110,128 @@ func TestConcurrentApprovalsChargeOnce(t *testing.T) {
 	}
 }
 
-// TestArticleStory: worker A reads the pending payment and pauses past its
-// lease; B takes the lock, approves and charges; A wakes up and writes.
-// Without fencing the payment is charged twice; with fencing A's write is
-// rejected and B's stands.
-func TestArticleStory(t *testing.T) {
+// approvals are the three ways to approve, by name.
+var approvals = []struct {
+	name    string
+	approve func(*payment.Service) func(context.Context, int64, string) (fence.Token, error)
+}{
+	{"unfenced", func(s *payment.Service) func(context.Context, int64, string) (fence.Token, error) {
+		return s.ApproveWithoutFencing
+	}},
+	{"token-only", func(s *payment.Service) func(context.Context, int64, string) (fence.Token, error) {
+		return s.ApproveTokenOnly
+	}},
+	{"fenced", func(s *payment.Service) func(context.Context, int64, string) (fence.Token, error) { return s.Approve }},
+}
+
+func reset(t *testing.T, e env, db *sql.DB) {
+	t.Helper()
+	for _, stmt := range []string{`DELETE FROM charge`, `DELETE FROM fence_tokens`,
+		`UPDATE payment SET status = 'PENDING', approved_by = NULL, last_fencing_token = 0`} {
+		if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.redis.Del(ctx(t), lockKey).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lockKey is redislock's key for the lock of payment 1001; deleting it ends
+// the holder's lease at once, as if it had run out.
+var lockKey = "fence:{" + payment.LockName(1001) + "}"
+
+// TestStaleWorkerWritesFirst is issue 10's hole 1: A reads PENDING and
+// pauses; its lease runs out; B acquires and starts; A wakes up and writes
+// FIRST, then B goes on. The article's token-only conditional update
+// accepts both writes (A's token is above the row's, B's above A's): two
+// charges. With the fenced read-modify-write B's read waits for A's
+// transaction, sees APPROVED, and charges nothing.
+func TestStaleWorkerWritesFirst(t *testing.T) {
 	e := setup(t)
 	for name, db := range e.dbs {
-		for _, fenced := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/fenced=%v", name, fenced), func(t *testing.T) {
-				if _, err := db.ExecContext(ctx(t), `DELETE FROM charge; UPDATE payment SET status = 'PENDING', approved_by = NULL, last_fencing_token = 0`); err != nil {
+		for _, ap := range approvals {
+			t.Run(name+"/"+ap.name, func(t *testing.T) {
+				reset(t, e, db)
+				bStarted, bRead, bGo := make(chan struct{}), make(chan struct{}), make(chan struct{})
+				b := &payment.Service{Locker: e.locker, DB: db, Pause: func(_ context.Context, step payment.Step, _ int64, _ fence.Token) {
+					switch step {
+					case payment.Locked:
+						close(bStarted)
+					case payment.Read:
+						close(bRead)
+						<-bGo // B has read PENDING and waits until A has written
+					}
+				}}
+				var errB error
+				bDone := make(chan struct{})
+				a := &payment.Service{Locker: e.locker, DB: db, Pause: func(ctx context.Context, step payment.Step, _ int64, _ fence.Token) {
+					if step != payment.Read {
+						return
+					}
+					// A has read PENDING and pauses: its lease runs out, B acquires.
+					if err := e.redis.Del(ctx, lockKey).Err(); err != nil {
+						t.Error(err)
+					}
+					go func() { defer close(bDone); _, errB = ap.approve(b)(ctx, 1001, "B") }()
+					<-bStarted
+					if ap.name != "fenced" {
+						<-bRead // B reads PENDING too (with the fence, B's read waits for A's transaction)
+					}
+				}}
+				_, errA := ap.approve(a)(ctx(t), 1001, "A")
+				close(bGo)
+				<-bDone
+				if errA != nil && !errors.Is(errA, fence.ErrLeaseLost) {
+					t.Fatalf("A: %v", errA)
+				}
+				charges, err := payment.Charges(ctx(t), db, 1001)
+				if err != nil {
 					t.Fatal(err)
+				}
+				if ap.name == "fenced" {
+					if len(charges) != 1 || charges[0].By != "A" || !errors.Is(errB, payment.ErrAlreadyApproved) {
+						t.Fatalf("fenced: charges %+v, B: %v; want A's charge only and B finding it approved", charges, errB)
+					}
+					return
+				}
+				if len(charges) != 2 || errB != nil {
+					t.Fatalf("%s: charges %+v, B: %v; want the double charge", ap.name, charges, errB)
+				}
+			})
+		}
+	}
+}
+
+// TestStaleWorkerWritesLast is the article's section 3: A pauses past its
+// lease (after reading, or, fenced, before its transaction); B approves and
+// charges; A wakes up and writes. Without fencing the payment is charged
+// twice; with the token-only update or the fenced transaction A is rejected.
+func TestStaleWorkerWritesLast(t *testing.T) {
+	e := setup(t)
+	for name, db := range e.dbs {
+		for _, ap := range approvals {
+			t.Run(name+"/"+ap.name, func(t *testing.T) {
+				reset(t, e, db)
+				pauseAt := payment.Read
+				if ap.name == "fenced" {
+					pauseAt = payment.Locked // a pause inside the fenced transaction would make B wait for A
 				}
 				b := &payment.Service{Locker: e.locker, DB: db}
 				var tokenB fence.Token
-				a := &payment.Service{Locker: e.locker, DB: db, AfterRead: func(ctx context.Context, id int64, token fence.Token) {
-					// A pauses: its lease runs out (the lock expires on Redis) and B goes ahead.
-					if err := e.redis.PExpire(ctx, "fence:{"+payment.LockName(id)+"}", time.Millisecond).Err(); err != nil {
+				a := &payment.Service{Locker: e.locker, DB: db, Pause: func(ctx context.Context, step payment.Step, id int64, _ fence.Token) {
+					if step != pauseAt {
+						return
+					}
+					if err := e.redis.Del(ctx, lockKey).Err(); err != nil {
 						t.Error(err)
 					}
 					var err error
-					if tokenB, err = b.Approve(ctx, id, "B"); err != nil {
+					if tokenB, err = ap.approve(b)(ctx, id, "B"); err != nil {
 						t.Errorf("B's approval: %v", err)
 					}
 				}}
-				approve := a.Approve
-				if !fenced {
-					approve = a.ApproveWithoutFencing
-				}
-				tokenA, errA := approve(ctx(t), 1001, "A")
+				tokenA, errA := ap.approve(a)(ctx(t), 1001, "A")
 				charges, err := payment.Charges(ctx(t), db, 1001)
 				if err != nil {
 					t.Fatal(err)
@@ -147,7 +240,7 @@ func TestArticleStory(t *testing.T) {
 				if tokenB <= tokenA {
 					t.Fatalf("B's token %d not greater than A's %d", tokenB, tokenA)
 				}
-				if !fenced {
+				if ap.name == "unfenced" {
 					if len(charges) != 2 || p.ApprovedBy != "A" {
 						t.Fatalf("without fencing: %d charges, approved by %s; the test did not show the hazard", len(charges), p.ApprovedBy)
 					}
@@ -157,7 +250,7 @@ func TestArticleStory(t *testing.T) {
 					t.Fatalf("A's late write: %v, want ErrStale", errA)
 				}
 				if len(charges) != 1 || charges[0].By != "B" || p.ApprovedBy != "B" || p.Token != tokenB {
-					t.Fatalf("with fencing: charges %+v, payment %+v; want only B's", charges, p)
+					t.Fatalf("charges %+v, payment %+v; want only B's", charges, p)
 				}
 			})
 		}
