@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -42,106 +43,249 @@ func Run(ctx context.Context, w io.Writer, o Options) error {
 		"Payment 1001 (5000) waits for approval. Every approval takes lock:payment:1001 (wait 2 s,\n" +
 		"lease 10 s), reads the payment, and charges it. Each acquisition gets a fencing token: the\n" +
 		"Redis server's clock in microseconds, or the last token + 1 if that is larger.")
-	for i, fenced := range []bool{false, true} {
-		if err := pausedWorker(ctx, tl, i+1, fenced); err != nil {
+	stories := []func(context.Context, *timeline, int) error{
+		writesLast(unfenced), writesLast(tokenOnly), writesFirst(tokenOnly), writesFirst(fenced),
+	}
+	for i, story := range stories {
+		if err := story(ctx, tl, i+1); err != nil {
 			return err
 		}
 	}
+	n := len(stories)
 	switch _, err := exec.LookPath("redis-server"); {
 	case o.SkipFailover:
 	case err != nil:
 		tl.note("\nThe failover stories need redis-server on the PATH (apt-get install -y redis-server); skipped.")
 	default:
 		for i, synced := range []bool{false, true} {
-			if err := failover(ctx, tl, i+3, synced); err != nil {
+			if err := failover(ctx, tl, n+i+1, synced); err != nil {
 				return err
 			}
 		}
 	}
 	tl.note("\nHolding a lock never proves you still hold it. Pass the token with every write and let the\n" +
-		"resource reject older ones (package guard); confirm acquisitions on replicas (redislock's\n" +
-		"ReplicaSync, on by default).")
+		"resource reject older ones (package guard), fencing first and reading after the fence, in one\n" +
+		"transaction (guard.Tx); confirm acquisitions on replicas (redislock's ReplicaSync, on by default).")
 	return nil
 }
 
-// pausedWorker is section 3 of the article: A pauses past its lease, B
-// approves, A wakes up and writes.
-func pausedWorker(ctx context.Context, tl *timeline, n int, fenced bool) error {
-	how := "without fencing: the approval is a plain UPDATE"
-	if fenced {
-		how = "with fencing: UPDATE … WHERE id = 1001 AND last_fencing_token < token"
-	}
-	tl.title(n, "a worker pauses past its lease, "+how,
-		"embedded Redis (miniredis) and SQLite in memory")
+// The three ways to approve, from worst to right.
+type approval int
 
+const (
+	unfenced  approval = iota // a plain UPDATE
+	tokenOnly                 // the article's conditional update, the payment read before it
+	fenced                    // guard.Tx: fence, then read, then write
+)
+
+func (ap approval) approve(s *payment.Service) func(context.Context, int64, string) (fence.Token, error) {
+	switch ap {
+	case unfenced:
+		return s.ApproveWithoutFencing
+	case tokenOnly:
+		return s.ApproveTokenOnly
+	}
+	return s.Approve
+}
+
+func (ap approval) String() string {
+	switch ap {
+	case unfenced:
+		return "without fencing: the approval is a plain UPDATE"
+	case tokenOnly:
+		return "with the article's fencing: read, then UPDATE … WHERE last_fencing_token < token"
+	}
+	return "with the fenced read-modify-write: fence, read and write in one transaction (guard.Tx)"
+}
+
+// world is a story's embedded Redis and SQLite, with payment 1001 pending.
+type world struct {
+	mr     *miniredis.Miniredis
+	locker fence.Locker
+	db     *sql.DB
+	close  func()
+}
+
+func newWorld(ctx context.Context) (*world, error) {
 	mr, err := miniredis.Run()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer mr.Close()
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer client.Close()
-	locker, err := redislock.New(client, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	dir, err := os.MkdirTemp("", "fence-demo")
 	if err != nil {
-		return err
+		mr.Close()
+		return nil, err
 	}
-	db, err := sql.Open("sqlite", fmt.Sprintf("file:demo%d?mode=memory&cache=shared", n))
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if err := payment.CreateSchema(ctx, db); err != nil {
-		return err
-	}
-	if err := payment.Insert(ctx, db, 1001, 5000); err != nil {
-		return err
-	}
-
-	b := &payment.Service{Locker: locker, DB: db}
-	var tokenB fence.Token
-	var errB error
-	a := &payment.Service{Locker: locker, DB: db, AfterRead: func(ctx context.Context, id int64, token fence.Token) {
-		tl.say("worker A", fmt.Sprintf("holds lock:payment:1001 with token %d", token))
-		tl.say("worker A", "reads payment 1001: PENDING, 5000 … and pauses (a long GC pause)")
-		mr.FastForward(payment.LockLease + 500*time.Millisecond)
-		tl.say("redis", "A's 10 s lease runs out (the embedded Redis's clock moves forward 10.5 s)")
-		b.AfterRead = func(_ context.Context, _ int64, token fence.Token) {
-			tl.say("worker B", fmt.Sprintf("acquires lock:payment:1001 with token %d; reads PENDING", token))
+	db, err := sql.Open("sqlite", guard.SQLiteDSN(filepath.Join(dir, "payments.db")))
+	w := &world{mr: mr, db: db, close: func() {
+		if db != nil {
+			_ = db.Close()
 		}
-		tokenB, errB = b.Approve(ctx, id, "B")
-		if errB == nil {
-			tl.say("worker B", "approves payment 1001 and charges 5000")
-		}
-		tl.say("worker A", "wakes up, still sure it holds the lock, and approves with its token")
+		_ = client.Close()
+		mr.Close()
+		_ = os.RemoveAll(dir)
 	}}
-	approve := a.ApproveWithoutFencing
-	if fenced {
-		approve = a.Approve
+	if err == nil {
+		w.locker, err = redislock.New(client, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
 	}
-	_, errA := approve(ctx, 1001, "A")
-	if errB != nil {
-		return fmt.Errorf("worker B: %w", errB)
+	if err == nil {
+		err = payment.CreateSchema(ctx, db)
 	}
+	if err == nil {
+		err = payment.Insert(ctx, db, 1001, 5000)
+	}
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// expire ends A's lease: the embedded Redis's clock moves past it.
+func (w *world) expire(tl *timeline) {
+	w.mr.FastForward(payment.LockLease + 500*time.Millisecond)
+	tl.say("redis", "A's 10 s lease runs out (the embedded Redis's clock moves forward 10.5 s)")
+}
+
+// writesLast is section 3 of the article: A reads, pauses past its lease;
+// B approves; A wakes up and writes last.
+func writesLast(ap approval) func(context.Context, *timeline, int) error {
+	return func(ctx context.Context, tl *timeline, n int) error {
+		tl.title(n, "a worker pauses past its lease and writes last, "+ap.String(),
+			"embedded Redis (miniredis) and SQLite, nothing to install")
+		w, err := newWorld(ctx)
+		if err != nil {
+			return err
+		}
+		defer w.close()
+		b := &payment.Service{Locker: w.locker, DB: w.db, Pause: func(_ context.Context, step payment.Step, _ int64, token fence.Token) {
+			if step == payment.Read {
+				tl.say("worker B", fmt.Sprintf("acquires lock:payment:1001 with token %d; reads PENDING", token))
+			}
+		}}
+		var tokenB fence.Token
+		var errB error
+		a := &payment.Service{Locker: w.locker, DB: w.db, Pause: func(ctx context.Context, step payment.Step, _ int64, token fence.Token) {
+			if step != payment.Read {
+				return
+			}
+			tl.say("worker A", fmt.Sprintf("holds lock:payment:1001 with token %d", token))
+			tl.say("worker A", "reads payment 1001: PENDING, 5000 … and pauses (a long GC pause)")
+			w.expire(tl)
+			if tokenB, errB = ap.approve(b)(ctx, 1001, "B"); errB == nil {
+				tl.say("worker B", "approves payment 1001 and charges 5000")
+			}
+			tl.say("worker A", "wakes up, still sure it holds the lock, and approves with its token")
+		}}
+		_, errA := ap.approve(a)(ctx, 1001, "A")
+		if errB != nil {
+			return fmt.Errorf("worker B: %w", errB)
+		}
+		charges, p, err := outcome(ctx, w.db)
+		if err != nil {
+			return err
+		}
+		var stale *guard.StaleError
+		switch {
+		case ap == unfenced && len(charges) == 2:
+			tl.bad("database", "A's write is ACCEPTED")
+			tl.result(false, fmt.Sprintf("payment 1001 charged twice (10000), approved by %s; B's approval overwritten", p.ApprovedBy))
+		case ap != unfenced && errors.As(errA, &stale) && len(charges) == 1:
+			tl.good("database", fmt.Sprintf("A's write is REJECTED: token %d < %d already accepted", stale.Token, stale.Last))
+			tl.result(true, fmt.Sprintf("payment 1001 charged once (5000), approved by %s with token %d", p.ApprovedBy, tokenB))
+		default:
+			return fmt.Errorf("story %d did not go as the article says: A: %v; %d charges", n, errA, len(charges))
+		}
+		return nil
+	}
+}
+
+// writesFirst is issue 10's story, the hole in the article's fix: A reads,
+// pauses past its lease; B acquires and starts; A wakes up and writes
+// FIRST, then B goes on.
+func writesFirst(ap approval) func(context.Context, *timeline, int) error {
+	return func(ctx context.Context, tl *timeline, n int) error {
+		tl.title(n, "a worker pauses past its lease and writes FIRST, "+ap.String(),
+			"embedded Redis (miniredis) and SQLite, nothing to install")
+		w, err := newWorld(ctx)
+		if err != nil {
+			return err
+		}
+		defer w.close()
+		bStarted, bRead, bGo := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		b := &payment.Service{Locker: w.locker, DB: w.db, Pause: func(_ context.Context, step payment.Step, _ int64, token fence.Token) {
+			switch step {
+			case payment.Locked:
+				if ap == fenced {
+					tl.say("worker B", fmt.Sprintf("acquires lock:payment:1001 with token %d; its fence waits for A's transaction", token))
+				} else {
+					tl.say("worker B", fmt.Sprintf("acquires lock:payment:1001 with token %d", token))
+				}
+				close(bStarted)
+			case payment.Read:
+				tl.say("worker B", "reads payment 1001: PENDING … and is slow to write")
+				close(bRead)
+				<-bGo
+			}
+		}}
+		var errB error
+		bDone := make(chan struct{})
+		a := &payment.Service{Locker: w.locker, DB: w.db, Pause: func(ctx context.Context, step payment.Step, _ int64, token fence.Token) {
+			switch step {
+			case payment.Read:
+				tl.say("worker A", fmt.Sprintf("holds lock:payment:1001 with token %d", token))
+				if ap == fenced {
+					tl.say("worker A", fmt.Sprintf("fences payment:1001 with token %d, reads PENDING, 5000 … and pauses", token))
+				} else {
+					tl.say("worker A", "reads payment 1001: PENDING, 5000 … and pauses (a long GC pause)")
+				}
+				w.expire(tl)
+				go func() { defer close(bDone); _, errB = ap.approve(b)(ctx, 1001, "B") }()
+				<-bStarted
+				if ap != fenced {
+					<-bRead
+				}
+				tl.say("worker A", "wakes up, still sure it holds the lock, and approves with its token")
+			case payment.Written:
+				if ap == fenced {
+					tl.say("database", "A's write is accepted: the payment was pending when A read it, after its fence")
+				} else {
+					tl.bad("database", fmt.Sprintf("A's stale write is ACCEPTED: its token %d is the newest the payment has seen", token))
+				}
+			}
+		}}
+		_, errA := ap.approve(a)(ctx, 1001, "A")
+		close(bGo)
+		<-bDone
+		if errA != nil && !errors.Is(errA, fence.ErrLeaseLost) {
+			return fmt.Errorf("worker A: %w", errA)
+		}
+		charges, p, err := outcome(ctx, w.db)
+		if err != nil {
+			return err
+		}
+		switch {
+		case ap != fenced && errB == nil && len(charges) == 2:
+			tl.bad("worker B", fmt.Sprintf("writes with token %d > %d: ACCEPTED too, and charges 5000", charges[1].Token, charges[0].Token))
+			tl.result(false, "payment 1001 charged twice (10000): the token ordered the writes, but B acted on a read taken before A's write")
+		case ap == fenced && errors.Is(errB, payment.ErrAlreadyApproved) && len(charges) == 1:
+			tl.good("worker B", "once A's transaction commits, B's fence passes and B reads APPROVED: it charges nothing")
+			tl.result(true, fmt.Sprintf("payment 1001 charged once (5000), approved by %s: the read came after the fence", p.ApprovedBy))
+		default:
+			return fmt.Errorf("story %d did not go as told: A: %v; B: %v; %d charges", n, errA, errB, len(charges))
+		}
+		return nil
+	}
+}
+
+func outcome(ctx context.Context, db *sql.DB) ([]payment.Charge, payment.Payment, error) {
 	charges, err := payment.Charges(ctx, db, 1001)
 	if err != nil {
-		return err
+		return nil, payment.Payment{}, err
 	}
 	p, err := payment.Get(ctx, db, 1001)
-	if err != nil {
-		return err
-	}
-	var stale *guard.StaleError
-	switch {
-	case !fenced && len(charges) == 2:
-		tl.bad("database", "A's write is ACCEPTED")
-		tl.result(false, fmt.Sprintf("payment 1001 charged twice (10000), approved by %s; B's approval overwritten", p.ApprovedBy))
-	case fenced && errors.As(errA, &stale) && len(charges) == 1:
-		tl.good("database", fmt.Sprintf("A's write is REJECTED: token %d < %d already accepted", stale.Token, stale.Last))
-		tl.result(true, fmt.Sprintf("payment 1001 charged once (5000), approved by %s with token %d", p.ApprovedBy, tokenB))
-	default:
-		return fmt.Errorf("story %d did not go as the article says: A: %v; %d charges", n, errA, len(charges))
-	}
-	return nil
+	return charges, p, err
 }
 
 // failover is section 2 of the article on real processes: the primary dies
