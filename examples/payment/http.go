@@ -3,6 +3,7 @@ package payment
 import (
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 
@@ -11,7 +12,10 @@ import (
 )
 
 // Handler serves POST /payments/{id}/approve (the approver in the
-// X-Approver header) and GET /payments/{id}.
+// X-Approver header) and GET /payments/{id}. Error bodies are generic:
+// 404 and 409 for the payment's state, 503 with Retry-After when another
+// approval holds the payment's lock or the database asks for a retry, and
+// 500 for a failure of Redis or the database, whose detail goes to Log.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments/{id}/approve", func(w http.ResponseWriter, r *http.Request) {
@@ -23,17 +27,19 @@ func (s *Service) Handler() http.Handler {
 		}
 		token, err := s.Approve(r.Context(), id, by)
 		switch {
-		case errors.Is(err, ErrNotFound):
-			http.Error(w, err.Error(), http.StatusNotFound)
-		case errors.Is(err, ErrAlreadyApproved), errors.Is(err, guard.ErrStale):
-			http.Error(w, err.Error(), http.StatusConflict)
-		case errors.Is(err, fence.ErrNotAcquired):
-			w.Header().Set("Retry-After", "1")
-			http.Error(w, "busy, try again later: "+err.Error(), http.StatusServiceUnavailable)
-		case err != nil:
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-		default:
+		case err == nil:
 			writeJSON(w, map[string]any{"id": id, "status": "APPROVED", "approved_by": by, "token": token})
+		case errors.Is(err, ErrNotFound):
+			http.Error(w, "no such payment", http.StatusNotFound)
+		case errors.Is(err, ErrAlreadyApproved):
+			http.Error(w, "payment already approved", http.StatusConflict)
+		case errors.Is(err, guard.ErrStale):
+			http.Error(w, "approval overtaken by a newer one; GET the payment for its status", http.StatusConflict)
+		case errors.Is(err, fence.ErrHeld), errors.Is(err, guard.ErrRetry):
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "payment is being approved by another request; try again", http.StatusServiceUnavailable)
+		default:
+			s.internalError(w, r, "approve payment", id, err)
 		}
 	})
 	mux.HandleFunc("GET /payments/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -45,14 +51,26 @@ func (s *Service) Handler() http.Handler {
 		p, err := Get(r.Context(), s.DB, id)
 		switch {
 		case errors.Is(err, ErrNotFound):
-			http.Error(w, err.Error(), http.StatusNotFound)
+			http.Error(w, "no such payment", http.StatusNotFound)
 		case err != nil:
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			s.internalError(w, r, "read payment", id, err)
 		default:
 			writeJSON(w, p)
 		}
 	})
 	return mux
+}
+
+// internalError logs err, which may name servers and addresses, and
+// answers with a generic 500: a Redis or database failure is not the
+// client's to see, and not a reason to retry at once.
+func (s *Service) internalError(w http.ResponseWriter, r *http.Request, what string, id int64, err error) {
+	log := s.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	log.ErrorContext(r.Context(), what, "id", id, "err", err)
+	http.Error(w, "internal error", http.StatusInternalServerError)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

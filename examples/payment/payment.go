@@ -207,6 +207,7 @@ const (
 // locked approves under the payment's lock and returns the lease's token.
 func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fence.Token, error) {
 	var token fence.Token
+	committed := false
 	err := fence.Run(ctx, s.Locker, LockName(id), func(ctx context.Context, l fence.Lease) error {
 		token = l.Token()
 		s.pause(ctx, Locked, id, token)
@@ -217,12 +218,19 @@ func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fenc
 		dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), LockLease)
 		defer cancel()
 		if m == fenced {
-			return guard.Tx(dbCtx, s.DB, Resource(id), token, func(tx *sql.Tx) error {
+			err := guard.Tx(dbCtx, s.DB, Resource(id), token, func(tx *sql.Tx) error {
 				return s.approve(dbCtx, tx, id, by, token, m)
 			})
+			committed = err == nil
+			return err
 		}
 		return s.readThenWrite(dbCtx, id, by, token, m)
 	}, append([]fence.Option{fence.Wait(LockWait), fence.TTL(LockLease)}, s.LockOptions...)...)
+	if committed {
+		// The fence accepted the token, so the approval stands even if the
+		// lease ran out meanwhile and Run reports it lost.
+		return token, nil
+	}
 	return token, err
 }
 

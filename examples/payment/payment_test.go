@@ -5,9 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -295,5 +299,73 @@ func TestHandler(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET: %d", resp.StatusCode)
+	}
+}
+
+// TestHandlerErrors (issue 10, hole 8): error bodies are generic. A held
+// lock is 503 with Retry-After; a Redis outage is a logged 500, not "busy",
+// and its address reaches the log only.
+func TestHandlerErrors(t *testing.T) {
+	e := setup(t)
+	db := e.dbs["postgres"]
+	var logged strings.Builder
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	call := func(svc *payment.Service, method, path string) (int, string, http.Header) {
+		srv := httptest.NewServer(svc.Handler())
+		defer srv.Close()
+		req, _ := http.NewRequestWithContext(ctx(t), method, srv.URL+path, nil)
+		req.Header.Set("X-Approver", "alice")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), resp.Header
+	}
+
+	held, err := e.locker.Acquire(ctx(t), payment.LockName(1001), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := &payment.Service{Locker: e.locker, DB: db, Log: log, LockOptions: []fence.Option{fence.Wait(0)}}
+	code, body, h := call(busy, http.MethodPost, "/payments/1001/approve")
+	if code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || strings.Contains(body, "lock:") {
+		t.Fatalf("lock held: %d %q Retry-After %q; want 503 with Retry-After and a generic body", code, body, h.Get("Retry-After"))
+	}
+	if err := held.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := ln.Addr().String()
+	ln.Close() // nothing listens there any more: Redis is down
+	dead := redis.NewClient(&redis.Options{Addr: deadAddr, MaxRetries: -1})
+	defer dead.Close()
+	deadLocker, err := redislock.New(dead, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := &payment.Service{Locker: deadLocker, DB: db, Log: log}
+	code, body, h = call(down, http.MethodPost, "/payments/1001/approve")
+	if code != http.StatusInternalServerError || body != "internal error\n" || h.Get("Retry-After") != "" {
+		t.Fatalf("Redis down: %d %q; want 500 \"internal error\"", code, body)
+	}
+	if !strings.Contains(logged.String(), deadAddr) {
+		t.Fatalf("the log lacks the failure's detail: %s", logged.String())
+	}
+
+	closed := pg.NewDB(t)
+	closed.Close()
+	code, body, _ = call(&payment.Service{Locker: e.locker, DB: closed, Log: log}, http.MethodGet, "/payments/1001")
+	if code != http.StatusInternalServerError || body != "internal error\n" {
+		t.Fatalf("database closed: %d %q; want 500 \"internal error\"", code, body)
+	}
+	code, body, _ = call(busy, http.MethodGet, "/payments/4242")
+	if code != http.StatusNotFound || strings.Contains(body, "4242") {
+		t.Fatalf("missing payment: %d %q; want 404 with a generic body", code, body)
 	}
 }

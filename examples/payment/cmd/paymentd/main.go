@@ -3,6 +3,10 @@
 //
 //	go run ./examples/payment/cmd/paymentd -redis redis://127.0.0.1:6379 -db 'postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'
 //	curl -X POST -H 'X-Approver: alice' localhost:8080/payments/1001/approve
+//
+// -db takes a postgres:// URL, or the path of a SQLite file, opened with
+// guard.SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE). -h shows the
+// defaults taken from the environment with their passwords hidden.
 package main
 
 import (
@@ -11,36 +15,61 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/fencekit/fence/examples/payment"
+	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/redislock"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite"
 )
 
+type config struct {
+	redis, db secret
+	listen    string
+	seed      int64
+}
+
 func main() {
-	redisURL := flag.String("redis", envOr("FENCE_REDIS_URL", "redis://127.0.0.1:6379"), "Redis URL for the lock (env FENCE_REDIS_URL)")
-	dsn := flag.String("db", envOr("PAYMENT_DB", "file:payments.db"), "postgres:// URL or SQLite file: DSN for the payments (env PAYMENT_DB)")
-	listen := flag.String("listen", "127.0.0.1:8080", "address to serve on")
-	seed := flag.Int64("seed", 1001, "insert this pending payment (amount 5000) if it is missing; 0 inserts none")
-	flag.Parse()
-	if err := run(*redisURL, *dsn, *listen, *seed); err != nil {
-		log.Fatal(err)
+	cfg, err := parseFlags(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err == nil {
+		err = run(cfg)
+	}
+	if err != nil {
+		slog.Error("paymentd", "err", err)
+		os.Exit(1)
 	}
 }
 
-func run(redisURL, dsn, listen string, seed int64) error {
-	opt, err := redis.ParseURL(redisURL)
+func parseFlags(args []string, getenv func(string) string, out io.Writer) (config, error) {
+	fs := flag.NewFlagSet("paymentd", flag.ContinueOnError)
+	fs.SetOutput(out)
+	cfg := config{redis: secret(envOr(getenv, "FENCE_REDIS_URL", "redis://127.0.0.1:6379")), db: secret(envOr(getenv, "PAYMENT_DB", "payments.db"))}
+	fs.Var(&cfg.redis, "redis", "Redis URL for the lock (env FENCE_REDIS_URL)")
+	fs.Var(&cfg.db, "db", "postgres:// URL, or SQLite file path, for the payments (env PAYMENT_DB)")
+	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "address to serve on")
+	fs.Int64Var(&cfg.seed, "seed", 1001, "insert this pending payment (amount 5000) if it is missing; 0 inserts none")
+	return cfg, fs.Parse(args)
+}
+
+func run(cfg config) error {
+	opt, err := redis.ParseURL(string(cfg.redis))
 	if err != nil {
-		return err
+		// The parse error quotes the URL, password and all.
+		return fmt.Errorf("-redis: cannot parse %s", cfg.redis)
 	}
 	client := redis.NewClient(opt)
 	defer client.Close()
@@ -48,13 +77,13 @@ func run(redisURL, dsn, listen string, seed int64) error {
 	if err != nil {
 		return err
 	}
-	driver := "sqlite"
-	if strings.HasPrefix(dsn, "postgres") {
-		driver = "pgx"
+	driver, dsn := "sqlite", guard.SQLiteDSN(string(cfg.db))
+	if strings.HasPrefix(string(cfg.db), "postgres") {
+		driver, dsn = "pgx", string(cfg.db)
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
-		return err
+		return fmt.Errorf("-db %s: %w", cfg.db, err)
 	}
 	defer db.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -62,31 +91,54 @@ func run(redisURL, dsn, listen string, seed int64) error {
 	if err := payment.CreateSchema(ctx, db); err != nil {
 		return fmt.Errorf("schema: %w", err)
 	}
-	if seed != 0 {
-		if _, err := payment.Get(ctx, db, seed); errors.Is(err, payment.ErrNotFound) {
-			if err := payment.Insert(ctx, db, seed, 5000); err != nil {
+	if cfg.seed != 0 {
+		if _, err := payment.Get(ctx, db, cfg.seed); errors.Is(err, payment.ErrNotFound) {
+			if err := payment.Insert(ctx, db, cfg.seed, 5000); err != nil {
 				return err
 			}
 		}
 	}
 	svc := &payment.Service{Locker: locker, DB: db}
-	srv := &http.Server{Addr: listen, Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: cfg.listen, Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shut)
 	}()
-	log.Printf("paymentd: serving on http://%s (POST /payments/{id}/approve, GET /payments/{id})", listen)
+	slog.Info("paymentd: serving (POST /payments/{id}/approve, GET /payments/{id})", "addr", "http://"+cfg.listen)
 	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
+func envOr(getenv func(string) string, key, def string) string {
+	if v := getenv(key); v != "" {
 		return v
 	}
 	return def
+}
+
+// secret is a flag value that may hold a password. Its String, which -h
+// prints as the default and errors quote, hides the password.
+type secret string
+
+func (s *secret) Set(v string) error { *s = secret(v); return nil }
+
+func (s secret) String() string { return redact(string(s)) }
+
+var passwordParam = regexp.MustCompile(`(?i)(password=)[^&\s]*`)
+
+// redact hides the password of a URL (user:password@ or ?password=) or of
+// a key=value connection string (password=…).
+func redact(s string) string {
+	if !strings.Contains(s, "://") {
+		return passwordParam.ReplaceAllString(s, "${1}xxxxx")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(a URL that does not parse, not shown)"
+	}
+	return passwordParam.ReplaceAllString(u.Redacted(), "${1}xxxxx")
 }
