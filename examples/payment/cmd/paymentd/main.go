@@ -5,7 +5,8 @@
 //	curl -X POST -H 'X-Approver: alice' localhost:8080/payments/1001/approve
 //
 // -db takes a postgres:// URL, or the path of a SQLite file, opened with
-// guard.SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE). -h shows the
+// guard.SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE); a file: DSN is used
+// as it is. -h shows the
 // defaults taken from the environment with their passwords hidden.
 package main
 
@@ -78,8 +79,11 @@ func run(cfg config) error {
 		return err
 	}
 	driver, dsn := "sqlite", guard.SQLiteDSN(string(cfg.db))
-	if strings.HasPrefix(string(cfg.db), "postgres") {
+	switch {
+	case strings.HasPrefix(string(cfg.db), "postgres"):
 		driver, dsn = "pgx", string(cfg.db)
+	case strings.HasPrefix(string(cfg.db), "file:"):
+		dsn = string(cfg.db) // the caller's own SQLite DSN, settings and all
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
