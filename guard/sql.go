@@ -87,8 +87,8 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 // failure or deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an
 // error matching ErrRetry. A cancelled ctx rolls the transaction back
 // (database/sql). fn must use tx, not db: work done through db is not part
-// of the fenced transaction, and with a pool of one connection it waits for
-// ever.
+// of the fenced transaction, and with a pool of one connection it waits
+// until ctx ends. fn must not commit or roll back tx itself.
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
 	if err := checkResource(resource); err != nil {
 		return err

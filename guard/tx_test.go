@@ -211,3 +211,32 @@ func TestTxIsolationLevels(t *testing.T) {
 		})
 	}
 }
+
+// TestTxMisuse: fn that works around tx. Committing tx inside fn makes Tx
+// fail with sql.ErrTxDone (the work is committed: do not); reading through
+// db inside fn with a pool of one connection waits for the pool until ctx
+// ends, and then Tx fails instead of hanging for ever.
+func TestTxMisuse(t *testing.T) {
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			setup(t, db)
+			err := guard.Tx(ctx(t), db, "payment:1001", 3, func(tx *sql.Tx) error { return tx.Commit() })
+			if !errors.Is(err, sql.ErrTxDone) {
+				t.Fatalf("fn committed tx itself: %v, want sql.ErrTxDone", err)
+			}
+			db.SetMaxOpenConns(1)
+			short, cancel := context.WithTimeout(ctx(t), 500*time.Millisecond)
+			defer cancel()
+			err = guard.Tx(short, db, "payment:1001", 4, func(tx *sql.Tx) error {
+				var status string
+				return db.QueryRowContext(short, `SELECT status FROM payment WHERE id = 1001`).Scan(&status)
+			})
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("fn read through db on a pool of one: %v, want the deadline", err)
+			}
+			if err := approveTx(ctx(t), db, 5, "w5"); err != nil {
+				t.Fatalf("the next Tx: %v", err)
+			}
+		})
+	}
+}
