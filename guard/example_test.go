@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
@@ -28,27 +30,39 @@ func ExampleTable_Update() {
 	// true guard: stale token 1 for payment 1001: token 2 already accepted
 }
 
-// A fenced transaction needs no token column in the business table.
+// The fenced read-modify-write: the fence first, then the read, then the
+// write, in one transaction. A worker whose token is older than one already
+// accepted is rejected before it reads; a newer one waits for an older
+// one's transaction and then reads its write. The business table needs no
+// token column.
 func ExampleTx() {
 	ctx := context.Background()
-	db, _ := sql.Open("sqlite", "file:exampletx?mode=memory")
+	dir, _ := os.MkdirTemp("", "guard-example")
+	defer os.RemoveAll(dir)
+	db, _ := sql.Open("sqlite", guard.SQLiteDSN(filepath.Join(dir, "payments.db")))
 	defer db.Close()
 	_ = guard.CreateTables(ctx, db)
-	_, _ = db.ExecContext(ctx, `CREATE TABLE ledger (entry TEXT)`)
+	_, _ = db.ExecContext(ctx, `CREATE TABLE payment (id INTEGER PRIMARY KEY, status TEXT, approved_by TEXT)`)
+	_, _ = db.ExecContext(ctx, `INSERT INTO payment (id, status) VALUES (1001, 'PENDING')`)
 
-	write := func(token int64, entry string) error {
-		return guard.Tx(ctx, db, "ledger:acct-7", fence.Token(token), func(tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, `INSERT INTO ledger (entry) VALUES ($1)`, entry)
+	approve := func(token fence.Token, by string) error {
+		return guard.Tx(ctx, db, "payment:1001", token, func(tx *sql.Tx) error {
+			var status string
+			if err := tx.QueryRowContext(ctx, `SELECT status FROM payment WHERE id = 1001`).Scan(&status); err != nil {
+				return err
+			}
+			if status != "PENDING" {
+				return fmt.Errorf("already %s", status)
+			}
+			_, err := tx.ExecContext(ctx, `UPDATE payment SET status = 'APPROVED', approved_by = $1 WHERE id = 1001`, by)
 			return err
 		})
 	}
-	fmt.Println(write(2, "B's entry"))
-	fmt.Println(errors.Is(write(1, "A's late entry"), guard.ErrStale))
-	var n int
-	_ = db.QueryRowContext(ctx, `SELECT count(*) FROM ledger`).Scan(&n)
-	fmt.Println("entries:", n)
+	fmt.Println(approve(1, "A"))
+	fmt.Println(approve(2, "B"))
+	fmt.Println(errors.Is(approve(1, "A again"), guard.ErrStale))
 	// Output:
 	// <nil>
+	// already APPROVED
 	// true
-	// entries: 1
 }
