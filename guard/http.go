@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -241,7 +242,8 @@ func (g *httpGuard) token(r *http.Request) (fence.Token, error) {
 	}
 	if g.maxAhead > 0 {
 		now := g.now()
-		if limit := now.UnixMicro() + g.maxAhead.Microseconds(); int64(token) > limit {
+		nowµs, ahead := now.UnixMicro(), g.maxAhead.Microseconds()
+		if nowµs < math.MaxInt64-ahead && int64(token) > nowµs+ahead {
 			return 0, fmt.Errorf("%w: %d is more than %v ahead of the clock (%d µs at %v)",
 				ErrInvalidToken, token, g.maxAhead, now.UnixMicro(), now.UTC().Format(time.RFC3339Nano))
 		}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -305,8 +306,13 @@ func TestMaxAhead(t *testing.T) {
 		{time.Minute, "1800000060000000", http.StatusOK},
 		{time.Minute, "1800000060000001", http.StatusBadRequest},
 		{-1, "9223372036854775807", http.StatusOK}, // off
+		{0, "9223372036854775807", http.StatusOK},  // a clock near the end of int64 must not overflow
 	} {
-		mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource, MaxAhead: tc.maxAhead, Now: fixedClock})
+		now := fixedClock
+		if tc.token == "9223372036854775807" {
+			now = func() time.Time { return time.UnixMicro(math.MaxInt64 - 10) }
+		}
+		mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource, MaxAhead: tc.maxAhead, Now: now})
 		w := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodPost, "/", nil)
 		req.Header.Set(guard.TokenHeader, tc.token)
