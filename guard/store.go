@@ -99,7 +99,8 @@ func (s SQLStore) Do(ctx context.Context, resource string, token fence.Token, fn
 type txKey struct{}
 
 // TxFrom returns the fenced transaction that SQLStore runs a handler in, and
-// false if ctx carries none.
+// false if ctx carries none. The handler makes its writes through it and
+// leaves the commit or rollback to the store.
 func TxFrom(ctx context.Context) (*sql.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
 	return tx, ok
