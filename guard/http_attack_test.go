@@ -1,6 +1,7 @@
 package guard_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -256,5 +257,32 @@ func TestHandlerCannotFlushEarly(t *testing.T) {
 	}, "5")
 	if w.Flushed || w.Body.String() != "partial" {
 		t.Fatalf("flushed %v, body %q", w.Flushed, w.Body)
+	}
+}
+
+// A request whose client gave up while it waited for the resource does not
+// run its handler later: MemoryStore stops waiting when the context ends.
+func TestCancelledWhileWaiting(t *testing.T) {
+	store := &guard.MemoryStore{}
+	mw := guard.Middleware(store, guard.HTTPOptions{Resource: oneResource})
+	in, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		serveOnce(mw, func(http.ResponseWriter, *http.Request) { close(in); <-release }, "5")
+	}()
+	<-in
+	cctx, cancel := context.WithCancel(ctx(t))
+	cancel()
+	w := httptest.NewRecorder()
+	req := httptest.NewRequestWithContext(cctx, http.MethodPost, "/", nil)
+	req.Header.Set(guard.TokenHeader, "7")
+	mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("handler ran") })).ServeHTTP(w, req)
+	close(release)
+	<-done
+	if w.Code != http.StatusServiceUnavailable || strings.Contains(w.Body.String(), "canceled") {
+		t.Fatalf("got %d %s, want a generic 503", w.Code, w.Body)
+	}
+	if w, _ := serveOnce(mw, func(http.ResponseWriter, *http.Request) {}, "7"); w.Code != http.StatusOK {
+		t.Fatalf("token 7 after its cancelled attempt: %d, want 200 (not spent)", w.Code)
 	}
 }
