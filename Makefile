@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: test deps check unit lab-quick lab bench demo
 
-test: deps check unit lab-quick
+test: deps check unit lab-quick fuzz
 
 # Debian packages of the servers the tests start: installed only if missing.
 deps:
@@ -28,6 +28,14 @@ check:
 
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
+
+# Each fuzz target briefly (-fuzz takes one target per package per run).
+# One line per target; append yours.
+FUZZTIME ?= 5s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME) -parallel 1 ./guard
+	$(GO) test -run '^$$' -fuzz '^FuzzMiddlewareHeaders$$' -fuzztime $(FUZZTIME) -parallel 1 ./guard
+	$(GO) test -run '^$$' -fuzz '^FuzzValidateName$$' -fuzztime $(FUZZTIME) -parallel 1 .
 
 # The fault lab's short version: every scenario, control and protected.
 lab-quick:

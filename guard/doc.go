@@ -54,9 +54,25 @@
 //
 // # HTTP
 //
-// Middleware reads the Fence-Token and Fence-Resource headers, asks a Store
-// (MemoryStore, SQLStore, RedisStore) to accept the token, and answers 409
-// with an application/problem+json body when it is stale, 400 when it is
-// malformed or missing. Transport attaches a lease's token to outgoing
-// requests.
+// Middleware runs a handler only if the request's Fence-Token is greater
+// than the last token accepted for the resource the server chooses from
+// the request (HTTPOptions.Resource; the client's Fence-Resource header is
+// used only with ResourceFromHeader), and it orders that check with the
+// handler's writes: with SQLStore the handler runs inside the fenced
+// transaction (TxFrom) and its answer is held until the commit, so a
+// request with an older token cannot write after a newer one; with
+// MemoryStore one resource's requests run one at a time. It does not fence
+// writes the handler makes elsewhere (another database, a remote API), and
+// MemoryStore cannot undo a failed handler's writes.
+//
+// Gate is a gate only: it checks the token when the request arrives
+// (RedisStore can do no more), and two admitted handlers can still write
+// in the wrong order.
+//
+// Both refuse tokens more than an hour ahead of the clock in microseconds
+// (HTTPOptions.MaxAhead), so a forged token cannot block a resource for
+// good, and keep their tokens under the "http:" namespace, apart from Tx's.
+// They answer 400 (invalid), 409 (stale) or 503 (store failed) with a
+// generic application/problem+json body and log the cause with log/slog.
+// Transport attaches a lease's token to outgoing requests.
 package guard

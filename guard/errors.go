@@ -72,6 +72,9 @@ func ParseToken(s string) (fence.Token, error) {
 	if s == "" {
 		return 0, fmt.Errorf("%w: empty", ErrInvalidToken)
 	}
+	if len(s) > len("9223372036854775807") {
+		return 0, fmt.Errorf("%w: %d bytes, longer than any int64", ErrInvalidToken, len(s))
+	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
 			return 0, fmt.Errorf("%w: %q is not a decimal number", ErrInvalidToken, s)

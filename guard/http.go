@@ -1,22 +1,77 @@
 package guard
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/fencekit/fence"
 )
 
-// The headers that carry a fenced request's token and resource.
+// The headers that carry a fenced request's token and resource. The server
+// reads ResourceHeader only if it opts in with ResourceFromHeader.
 const (
 	TokenHeader    = "Fence-Token"
 	ResourceHeader = "Fence-Resource"
 )
 
+// Defaults of HTTPOptions.
+const (
+	DefaultNamespace = "http:"
+	DefaultMaxAhead  = time.Hour
+)
+
+// HTTPOptions configures Middleware and Gate.
+type HTTPOptions struct {
+	// Resource chooses the resource a request may touch, from the request
+	// as the server sees it: its path or route, the authenticated caller.
+	// It is required. An error answers 400 and is logged.
+	// ResourceFromHeader lets the client choose instead.
+	Resource func(*http.Request) (string, error)
+
+	// Namespace goes before every resource name in the store, so that the
+	// last tokens of HTTP requests and of Tx on the same database do not
+	// collide. Empty means DefaultNamespace ("http:"). To share a resource
+	// with Tx on purpose, give Tx the prefixed name ("http:payment:1001").
+	Namespace string
+
+	// MaxAhead refuses tokens greater than the clock's time in microseconds
+	// plus MaxAhead, so that one forged token (the int64 maximum, say)
+	// cannot block a resource for good. fence's tokens are a counter or
+	// the lock server's clock in microseconds, whichever is greater, so a
+	// real token is never far ahead of the wall clock. Zero means
+	// DefaultMaxAhead (one hour); a negative value turns the check off.
+	MaxAhead time.Duration
+
+	// Now is the clock MaxAhead is measured from; nil means time.Now.
+	Now func() time.Time
+
+	// Logger receives the details that error bodies leave out: store
+	// failures at level Error, rejected requests at level Debug. Nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// ResourceFromHeader takes the resource from the request's Fence-Resource
+// header: the client chooses which resource it fences. Use it only where
+// any client may fence any resource of the namespace.
+func ResourceFromHeader(r *http.Request) (string, error) {
+	v := r.Header.Values(ResourceHeader)
+	if len(v) != 1 {
+		return "", fmt.Errorf("%w: want one %s header, got %d", ErrInvalidResource, ResourceHeader, len(v))
+	}
+	return v[0], nil
+}
+
 // Problem is the application/problem+json body (RFC 9457) of a rejected
-// request.
+// request. Its Detail is a fixed sentence; the cause is logged instead.
 type Problem struct {
 	Type     string      `json:"type"`
 	Title    string      `json:"title"`
@@ -29,61 +84,297 @@ type Problem struct {
 
 // Problem types.
 const (
-	ProblemStale   = "urn:fence:problem:stale-token"
-	ProblemInvalid = "urn:fence:problem:invalid-token"
-	ProblemStore   = "urn:fence:problem:store-unavailable"
+	ProblemStale    = "urn:fence:problem:stale-token"
+	ProblemInvalid  = "urn:fence:problem:invalid-token"
+	ProblemResource = "urn:fence:problem:invalid-resource"
+	ProblemStore    = "urn:fence:problem:store-unavailable"
 )
 
-// Middleware admits a request only if its Fence-Token is greater than the
-// last token store accepted for its Fence-Resource; the token is recorded
-// before next runs. It answers 400 when either header is missing or
-// malformed (a token of zero or less, not decimal, or past int64), 409 when
-// the token is stale, and 503 when the store fails; these answers have an
-// application/problem+json body and next is not called.
+// Middleware runs a request's handler only if the request's Fence-Token is
+// greater than the last token store accepted for the request's resource,
+// and orders the check with the handler's writes: store.Do holds the
+// resource from the check until the handler has returned (SQLStore: the
+// handler runs inside the fenced transaction, reached with TxFrom;
+// MemoryStore: the resource's requests run one at a time). A request with
+// an older token therefore cannot write after a newer one was accepted.
 //
-// The token is spent once admitted, even if next fails: retry with a new
-// lease. Where the resource's state lives in a database, a fenced
-// transaction (Tx) records the token together with the write instead.
-func Middleware(store Store) func(http.Handler) http.Handler {
+// The handler's response is held in memory until store.Do returns, so
+// that a client is never told of writes that were then rolled back:
+// streaming, Flush and Hijack are not available to the handler. A 2xx
+// answer commits; any other status, or a panic, makes store.Do fail (with
+// SQLStore: rolls back, the token is not spent). The handler's own non-2xx
+// answer is then sent as written, and a panic is re-raised once the store
+// has rolled back. When the store fails, the client gets 503 and a generic
+// body, and the cause goes to the log.
+//
+// Before the store is asked, a request is refused with 400 when its
+// resource cannot be chosen or its token is missing, malformed (see
+// ParseToken), sent twice, or too far ahead of the clock (see
+// HTTPOptions.MaxAhead), and with 409 when the token is stale. These
+// answers carry an application/problem+json body.
+//
+// Middleware panics if opts.Resource is nil.
+func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
+	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			resource := r.Header.Get(ResourceHeader)
-			if err := checkResource(resource); err != nil {
-				writeProblem(w, Problem{Type: ProblemInvalid, Title: "Invalid fencing resource", Status: http.StatusBadRequest,
-					Detail: fmt.Sprintf("header %s: %v", ResourceHeader, err)})
+			resource, token, ok := g.admit(w, r)
+			if !ok {
 				return
 			}
-			token, err := ParseToken(r.Header.Get(TokenHeader))
-			if err != nil {
-				writeProblem(w, Problem{Type: ProblemInvalid, Title: "Invalid fencing token", Status: http.StatusBadRequest,
-					Detail: fmt.Sprintf("header %s: %v", TokenHeader, err), Resource: resource})
-				return
-			}
-			var stale *StaleError
-			switch err := store.Accept(r.Context(), resource, token); {
-			case errors.As(err, &stale):
-				writeProblem(w, Problem{Type: ProblemStale, Title: "Stale fencing token", Status: http.StatusConflict,
-					Detail: stale.Error(), Resource: resource, Token: token, Last: stale.Last})
-			case err != nil:
-				writeProblem(w, Problem{Type: ProblemStore, Title: "Fencing token store unavailable", Status: http.StatusServiceUnavailable,
-					Detail: err.Error(), Resource: resource, Token: token})
+			buf := &responseBuffer{header: make(http.Header)}
+			var p recovered
+			err := store.Do(r.Context(), g.namespace+resource, token, func(ctx context.Context) error {
+				return serve(next, buf, r.WithContext(ctx), &p)
+			})
+			switch {
+			case p.did:
+				if !only(err, errPanicked) {
+					g.storeFailed(r, resource, token, err)
+				}
+				panic(p.value)
+			case err == nil:
+				buf.sendTo(w)
+			case errors.Is(err, errHandlerStatus):
+				if !only(err, errHandlerStatus) {
+					g.storeFailed(r, resource, token, err)
+				}
+				buf.sendTo(w)
 			default:
-				next.ServeHTTP(w, r)
+				g.reject(w, r, resource, token, err)
 			}
 		})
 	}
 }
 
+// Gate is a gate only: it records the request's token with a, when the
+// request arrives, and then runs the handler, which writes whenever it
+// does. It does not order the check with the handler's writes: a request
+// with token 5 admitted before one with token 7 may still write after it,
+// and the final state is then 5's. Use it where a store can do no more (a
+// RedisStore in front of writes to another system) and the handler's
+// writes are fenced again where they land, or their order does not
+// matter. Otherwise use Middleware with a Store.
+//
+// It checks and answers as Middleware does, except that the handler writes
+// its response directly and the token is spent once admitted, even if the
+// handler fails.
+//
+// Gate panics if opts.Resource is nil.
+func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
+	g := newHTTPGuard(opts)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			resource, token, ok := g.admit(w, r)
+			if !ok {
+				return
+			}
+			if err := a.Accept(r.Context(), g.namespace+resource, token); err != nil {
+				g.reject(w, r, resource, token, err)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+type httpGuard struct {
+	resource  func(*http.Request) (string, error)
+	namespace string
+	maxAhead  time.Duration
+	now       func() time.Time
+	log       *slog.Logger
+}
+
+func newHTTPGuard(o HTTPOptions) *httpGuard {
+	if o.Resource == nil {
+		panic("guard: HTTPOptions.Resource is nil")
+	}
+	g := &httpGuard{resource: o.Resource, namespace: o.Namespace, maxAhead: o.MaxAhead, now: o.Now, log: o.Logger}
+	if g.namespace == "" {
+		g.namespace = DefaultNamespace
+	}
+	if g.maxAhead == 0 {
+		g.maxAhead = DefaultMaxAhead
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	return g
+}
+
+// admit chooses the request's resource and reads its token; when either is
+// unusable it answers 400 and returns false.
+func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence.Token, bool) {
+	resource, err := g.resource(r)
+	if err == nil {
+		err = checkResource(g.namespace + resource)
+	}
+	if err != nil {
+		g.debug(r, "guard: no fenced resource for the request", err)
+		writeProblem(w, Problem{Type: ProblemResource, Title: "No fenced resource", Status: http.StatusBadRequest,
+			Detail: "The server could not tell which fenced resource this request is for."})
+		return "", 0, false
+	}
+	token, err := g.token(r)
+	if err != nil {
+		g.debug(r, "guard: invalid fencing token", err, slog.String("resource", resource))
+		writeProblem(w, Problem{Type: ProblemInvalid, Title: "Invalid fencing token", Status: http.StatusBadRequest,
+			Detail: "Send one " + TokenHeader + " header: the lease's token, a decimal number from 1 to " +
+				strconv.FormatInt(1<<63-1, 10) + ", not far ahead of the server's clock.",
+			Resource: resource})
+		return "", 0, false
+	}
+	return resource, token, true
+}
+
+func (g *httpGuard) token(r *http.Request) (fence.Token, error) {
+	v := r.Header.Values(TokenHeader)
+	if len(v) != 1 {
+		return 0, fmt.Errorf("%w: want one %s header, got %d", ErrInvalidToken, TokenHeader, len(v))
+	}
+	token, err := ParseToken(v[0])
+	if err != nil {
+		return 0, err
+	}
+	if g.maxAhead > 0 {
+		now := g.now()
+		nowµs, ahead := now.UnixMicro(), g.maxAhead.Microseconds()
+		if nowµs < math.MaxInt64-ahead && int64(token) > nowµs+ahead {
+			return 0, fmt.Errorf("%w: %d is more than %v ahead of the clock (%d µs at %v)",
+				ErrInvalidToken, token, g.maxAhead, now.UnixMicro(), now.UTC().Format(time.RFC3339Nano))
+		}
+	}
+	return token, nil
+}
+
+// reject answers a request the store did not let through: 409 when its
+// token is stale, 503 when the store failed.
+func (g *httpGuard) reject(w http.ResponseWriter, r *http.Request, resource string, token fence.Token, err error) {
+	var stale *StaleError
+	if errors.As(err, &stale) {
+		g.debug(r, "guard: stale fencing token", err, slog.String("resource", resource), slog.Int64("token", int64(token)))
+		writeProblem(w, Problem{Type: ProblemStale, Title: "Stale fencing token", Status: http.StatusConflict,
+			Detail:   "A newer fencing token was already accepted for this resource.",
+			Resource: resource, Token: token, Last: stale.Last})
+		return
+	}
+	g.storeFailed(r, resource, token, err)
+	writeProblem(w, Problem{Type: ProblemStore, Title: "Fencing token store unavailable", Status: http.StatusServiceUnavailable,
+		Detail: "The server could not check the fencing token. Try again later.", Resource: resource, Token: token})
+}
+
+func (g *httpGuard) storeFailed(r *http.Request, resource string, token fence.Token, err error) {
+	g.log.LogAttrs(r.Context(), slog.LevelError, "guard: fencing token store failed",
+		slog.String("resource", resource), slog.Int64("token", int64(token)), slog.Any("error", err),
+		slog.String("method", r.Method), slog.String("path", r.URL.Path))
+}
+
+func (g *httpGuard) debug(r *http.Request, msg string, err error, attrs ...slog.Attr) {
+	attrs = append(attrs, slog.Any("error", err), slog.String("method", r.Method), slog.String("path", r.URL.Path))
+	g.log.LogAttrs(r.Context(), slog.LevelDebug, msg, attrs...)
+}
+
 func writeProblem(w http.ResponseWriter, p Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
+}
+
+// Why a handler run by Middleware failed the store's fn.
+var (
+	errHandlerStatus = errors.New("guard: the handler answered with a status other than 2xx")
+	errPanicked      = errors.New("guard: the handler panicked")
+)
+
+// only reports whether err is target, alone or joined with nothing else:
+// whether the store added an error of its own (a failed rollback, say).
+func only(err, target error) bool {
+	if err == target {
+		return true
+	}
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return false
+	}
+	for _, e := range joined.Unwrap() {
+		if !only(e, target) {
+			return false
+		}
+	}
+	return true
+}
+
+type recovered struct {
+	did   bool
+	value any
+}
+
+// serve runs next, failing when it answers other than 2xx and recovering a
+// panic into p, so that the store rolls back before the panic goes on.
+func serve(next http.Handler, w *responseBuffer, r *http.Request, p *recovered) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			p.did, p.value = true, v
+			err = errPanicked
+		}
+	}()
+	next.ServeHTTP(w, r)
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.status < 200 || w.status > 299 {
+		return errHandlerStatus
+	}
+	return nil
+}
+
+// responseBuffer holds a handler's response until the store has decided.
+// It offers no Flush, Hijack or Unwrap, so nothing reaches the client
+// early.
+type responseBuffer struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (b *responseBuffer) Header() http.Header { return b.header }
+
+func (b *responseBuffer) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http does
+	}
+	if b.status != 0 || code < 200 {
+		return // informational answers are dropped; they would reach the client before the commit
+	}
+	b.status = code
+}
+
+func (b *responseBuffer) Write(p []byte) (int, error) {
+	if b.status == 0 {
+		b.WriteHeader(http.StatusOK)
+	}
+	return b.body.Write(p)
+}
+
+func (b *responseBuffer) sendTo(w http.ResponseWriter) {
+	h := w.Header()
+	for k, v := range b.header {
+		h[k] = v
+	}
+	w.WriteHeader(b.status)
+	_, _ = w.Write(b.body.Bytes())
 }
 
 // Transport is an http.RoundTripper that attaches a lease's token and
 // resource to every request. It refuses to send once the lease has ended,
 // returning the lease's Err; a holder that paused before noticing is
-// stopped by the server's check instead.
+// stopped by the server's check instead. The server uses the resource
+// header only if it opts in with ResourceFromHeader.
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
 	Lease    fence.Lease

@@ -12,23 +12,47 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Store keeps the last accepted token per resource. Accept records token if
-// it is greater than the last one and returns nil; otherwise it returns a
-// *StaleError (matching ErrStale) and records nothing. Other errors mean the
-// store could not decide.
+// Store orders a fenced request's token check with the handler's writes. Do
+// runs fn only if token is greater than the last token accepted for
+// resource, and no other Do on that resource checks its token until fn has
+// returned and its writes are settled: a newer token cannot be checked
+// between an older token's check and its writes. If the token is not
+// greater, Do returns a *StaleError (matching ErrStale) and does not call
+// fn. It returns fn's error as is (possibly joined with a cleanup error);
+// other errors mean the store could not decide.
+//
+// MemoryStore and SQLStore are Stores. A store that can only compare and
+// record a token, such as RedisStore, is an Acceptor: see Gate.
 type Store interface {
+	Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error
+}
+
+// Acceptor records a token if it is greater than the last one accepted for
+// resource and returns nil; otherwise it returns a *StaleError (matching
+// ErrStale) and records nothing. Other errors mean it could not decide. An
+// Acceptor checks a token, and nothing more: it cannot order the check with
+// writes made elsewhere afterwards.
+type Acceptor interface {
 	Accept(ctx context.Context, resource string, token fence.Token) error
 }
 
-// MemoryStore keeps tokens in process memory: for one process, and for
-// tests. The zero value is ready to use.
+// MemoryStore keeps tokens in process memory and runs the calls of one
+// resource one at a time: for a resource that lives in this process, and
+// for tests. A token is spent when it is checked, even if fn then fails,
+// since the store cannot undo fn's writes. The zero value is ready to use.
 type MemoryStore struct {
-	mu   sync.Mutex
-	last map[string]fence.Token
+	mu        sync.Mutex
+	resources map[string]*memoryResource
 }
 
-// Accept implements Store.
-func (s *MemoryStore) Accept(_ context.Context, resource string, token fence.Token) error {
+type memoryResource struct {
+	turn chan struct{} // holds a value while a call runs; last is read and written only then
+	last fence.Token
+}
+
+// Do implements Store. It waits for the resource's earlier calls to return,
+// or for ctx to be done.
+func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
 	if err := checkResource(resource); err != nil {
 		return err
 	}
@@ -36,24 +60,50 @@ func (s *MemoryStore) Accept(_ context.Context, resource string, token fence.Tok
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if last := s.last[resource]; token <= last {
-		return &StaleError{Resource: resource, Token: token, Last: last}
+	r := s.resources[resource]
+	if r == nil {
+		if s.resources == nil {
+			s.resources = make(map[string]*memoryResource)
+		}
+		r = &memoryResource{turn: make(chan struct{}, 1)}
+		s.resources[resource] = r
 	}
-	if s.last == nil {
-		s.last = make(map[string]fence.Token)
+	s.mu.Unlock()
+	select {
+	case r.turn <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("guard: waiting for %q: %w", resource, context.Cause(ctx))
 	}
-	s.last[resource] = token
-	return nil
+	defer func() { <-r.turn }()
+	if token <= r.last {
+		return &StaleError{Resource: resource, Token: token, Last: r.last}
+	}
+	r.last = token
+	return fn(ctx)
 }
 
-// SQLStore keeps tokens in the fence_tokens table (see CreateTables). Each
-// Accept commits on its own.
+// SQLStore keeps tokens in the fence_tokens table (see CreateTables) and
+// runs fn inside the fenced transaction (see Tx): the token is recorded,
+// and the resource's row locked, before fn runs; fn reaches the transaction
+// with TxFrom and must make its writes through it. If fn returns an error
+// the transaction rolls back and the token is not spent.
 type SQLStore struct{ DB *sql.DB }
 
-// Accept implements Store.
-func (s SQLStore) Accept(ctx context.Context, resource string, token fence.Token) error {
-	return Fence(ctx, s.DB, resource, token)
+// Do implements Store.
+func (s SQLStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
+	return Tx(ctx, s.DB, resource, token, func(tx *sql.Tx) error {
+		return fn(context.WithValue(ctx, txKey{}, tx))
+	})
+}
+
+type txKey struct{}
+
+// TxFrom returns the fenced transaction that SQLStore runs a handler in, and
+// false if ctx carries none. The handler makes its writes through it and
+// leaves the commit or rollback to the store.
+func TxFrom(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
+	return tx, ok
 }
 
 //go:embed accept.lua
@@ -61,13 +111,15 @@ var acceptSrc string
 var acceptScript = redis.NewScript(acceptSrc)
 
 // RedisStore keeps tokens in Redis, one key per resource under Prefix
-// (default "fence:guard"), compared and set by one script.
+// (default "fence:guard"), compared and set by one script. It is an
+// Acceptor, not a Store: Redis cannot hold the check until the handler's
+// writes elsewhere are done, so it serves as a gate only (see Gate).
 type RedisStore struct {
 	Client redis.Scripter
 	Prefix string
 }
 
-// Accept implements Store.
+// Accept implements Acceptor.
 func (s RedisStore) Accept(ctx context.Context, resource string, token fence.Token) error {
 	if err := checkResource(resource); err != nil {
 		return err
