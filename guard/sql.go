@@ -52,8 +52,8 @@ func CreateTables(ctx context.Context, q Querier) error {
 // resource run one at a time. It returns a *StaleError (matching ErrStale)
 // when the token is not greater; the caller must then roll back. A conflict
 // with a concurrent transaction returns an error matching ErrRetry. With q a
-// *sql.DB it commits on its own, which suits a gate in front of other work
-// (see SQLStore).
+// *sql.DB it commits on its own and orders nothing after it: the caller's
+// later writes may still land after a newer holder's (see Gate).
 func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
 	if err := checkResource(resource); err != nil {
 		return err
