@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/redisserver"
 )
 
 // experiment is one run: its servers, workers, resource and history.
@@ -32,7 +32,7 @@ type experiment struct {
 	stop chan struct{} // closed when the workers have exited
 
 	mu      sync.Mutex
-	servers []*redistest.Server
+	servers []*redisserver.Server
 	workers []*workerProc
 	bg      sync.WaitGroup // fault injectors
 }
@@ -47,12 +47,12 @@ type workerProc struct {
 }
 
 // redis starts a redis-server for this run.
-func (x *experiment) redis(extra ...string) (*redistest.Server, error) {
+func (x *experiment) redis(extra ...string) (*redisserver.Server, error) {
 	dir, err := os.MkdirTemp(x.dir, "redis")
 	if err != nil {
 		return nil, err
 	}
-	s, err := redistest.Launch(dir, extra...)
+	s, err := redisserver.Start(dir, extra...)
 	if err != nil {
 		return nil, err
 	}
