@@ -21,7 +21,8 @@ import (
 // Config of a lab run.
 type Config struct {
 	// Worker is the command that starts a worker process; the lab sets
-	// WorkerEnv in its environment. fence uses its own binary.
+	// WorkerEnv in its environment. Empty means the labworker command,
+	// which Run builds with BuildWorker into a temp dir.
 	Worker []string
 	// Quick runs a short version of every scenario (CI); otherwise each
 	// protected run makes at least 200 fenced writes.
@@ -67,6 +68,22 @@ var scenarios = []scenario{
 // protected run that shows one, is reported as a failed Result.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := newReport(cfg.Quick)
+	if len(cfg.Worker) == 0 {
+		dir, err := os.MkdirTemp("", "fence-lab-worker-")
+		if err != nil {
+			return rep, err
+		}
+		defer os.RemoveAll(dir)
+		start := time.Now()
+		bin, err := BuildWorker(ctx, dir)
+		if err != nil {
+			return rep, err
+		}
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "built the worker in %.1fs\n", time.Since(start).Seconds())
+		}
+		cfg.Worker = []string{bin}
+	}
 	for _, sc := range scenarios {
 		if len(cfg.Scenarios) > 0 && !contains(cfg.Scenarios, sc.n) {
 			continue

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"syscall"
@@ -20,8 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// WorkerEnv names the environment variable that carries a worker's Spec.
-// A process started with it set runs WorkerMain instead of its usual main.
+// WorkerEnv names the environment variable that carries a worker's Spec to
+// the labworker command.
 const WorkerEnv = "FENCE_LAB_WORKER"
 
 // Spec tells a worker process what to do.
@@ -171,4 +173,21 @@ func (w *worker) call(kind, id string, token int64, value []string) ([]string, s
 		return nil, "fail", errors.New("rejected: stale token")
 	}
 	return out.Value, "ok", nil
+}
+
+// WorkerPackage is the import path of the labworker command, whose main
+// calls WorkerMain.
+const WorkerPackage = "github.com/fencekit/fence/lab/cmd/labworker"
+
+// BuildWorker builds the labworker command into dir with the go command and
+// returns the binary's path. It needs the go command on the PATH and fence's
+// source as the current module, as when the lab runs from a checkout with
+// `go run ./cmd/fence lab`.
+func BuildWorker(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "labworker")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, WorkerPackage).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("lab: building the worker (go build %s) needs the go command, run from a checkout of fence: %w\n%s", WorkerPackage, err, out)
+	}
+	return bin, nil
 }
