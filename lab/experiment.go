@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/internal/redisserver"
+	"github.com/fencekit/fence/lab/worker"
 )
 
 // experiment is one run: its servers, workers, resource and history.
@@ -70,7 +71,7 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 	s.Naive = !x.protected && !x.fenceControl
 	body, _ := json.Marshal(s)
 	cmd := exec.Command(x.cfg.Worker[0], x.cfg.Worker[1:]...)
-	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(body))
+	cmd.Env = append(os.Environ(), worker.Env+"="+string(body))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
