@@ -5,6 +5,8 @@
 package redistest
 
 import (
+	"context"
+	"syscall"
 	"testing"
 	"time"
 
@@ -168,4 +170,27 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		c.Servers = append(c.Servers, &Server{s})
 	}
 	return c
+}
+
+// CutLink stops replica and kills its link to primary, so that the
+// primary's next writes do not reach it; see redisserver.CutLink. The
+// replica is continued in t.Cleanup if nothing continued it before.
+func CutLink(t testing.TB, primary, replica *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := redisserver.CutLink(ctx, primary.Server, replica.Server); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+}
+
+// Failover kills primary and promotes replica; see redisserver.Failover.
+func Failover(t testing.TB, primary, replica *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := redisserver.Failover(ctx, primary.Server, replica.Server); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
 }
