@@ -488,3 +488,33 @@ func TestInvalidInput(t *testing.T) {
 	}
 	mustRelease(t, lease)
 }
+
+// Every method of one lease, called at once from many goroutines while the
+// lock is removed and retaken: the race detector watches, and every Release
+// agrees on one result.
+func TestLeaseConcurrentUse(t *testing.T) {
+	l := newLocker(t, 30*time.Millisecond)
+	for range 20 {
+		lease := mustAcquire(t, l, "n")
+		var wg sync.WaitGroup
+		results := make([]error, 8)
+		for i := range 8 {
+			wg.Go(func() {
+				_ = lease.Extend(context.Background(), time.Second)
+				_, _ = lease.Deadline(), lease.Err()
+				results[i] = lease.Release(context.Background())
+			})
+		}
+		wg.Go(func() { l.Remove("n") })
+		wg.Wait()
+		for _, err := range results[1:] {
+			if (err == nil) != (results[0] == nil) {
+				t.Fatalf("Release results differ: %v and %v", results[0], err)
+			}
+		}
+		if results[0] != nil && !errors.Is(results[0], fence.ErrLeaseLost) {
+			t.Fatalf("Release = %v", results[0])
+		}
+		mustRelease(t, mustAcquire(t, l, "n"))
+	}
+}
