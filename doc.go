@@ -17,8 +17,9 @@
 //
 // The package holds the contract that every backend implements: Locker,
 // Lease, Token, the per-call options (Wait, TTL) and the error values.
-// Backends live in their own packages (redislock for Redis); the conformance
-// suite every backend passes lives in fencetest.
+// Backends live in their own packages: redislock for Redis, and memlock, an
+// in-memory reference implementation that the examples use. The
+// conformance suite every backend passes lives in fencetest.
 //
 // # Leases
 //

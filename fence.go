@@ -37,8 +37,9 @@ type Lease interface {
 	// Token returns the fencing token issued for this lease.
 	Token() Token
 	// Deadline returns the local time before which the lease is known to be
-	// held. It is measured from before the acquire or renew request was
-	// sent, minus an allowance for clock drift, so it errs early.
+	// held. It errs early: a backend behind a network measures it from
+	// before the acquire or renew request was sent, minus an allowance for
+	// clock drift.
 	Deadline() time.Time
 	// Done returns a channel that is closed when the lease has ended.
 	Done() <-chan struct{}

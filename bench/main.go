@@ -12,13 +12,12 @@ import (
 	"log"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -44,27 +43,17 @@ type row struct {
 }
 
 func run(out string, dur time.Duration, n int) error {
-	dir, err := os.MkdirTemp("", "fence-bench")
+	primary, err := redisserver.Start("")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	for _, sub := range []string{"primary", "replica"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
-			return err
-		}
-	}
-	primary, err := redistest.Launch(filepath.Join(dir, "primary"))
+	defer primary.Close()
+	replica, err := redisserver.StartReplica("", primary)
 	if err != nil {
 		return err
 	}
-	defer primary.Kill()
-	replica, err := redistest.Launch(filepath.Join(dir, "replica"), "--replicaof", primary.Host(), primary.Port())
-	if err != nil {
-		return err
-	}
-	defer replica.Kill()
-	if err := redistest.Replicated(primary.Addr, 1, 30*time.Second); err != nil {
+	defer replica.Close()
+	if err := redisserver.WaitReplicated(primary, 1, 30*time.Second); err != nil {
 		return err
 	}
 	log.Printf("redis-server primary %s with replica %s", primary.Addr, replica.Addr)
@@ -152,7 +141,7 @@ func countCommands(addr string, rows []*row, dur time.Duration) error {
 
 // redisBenchmark runs redis-benchmark with fence's acquire script over 64
 // connections and random keys, for the server's own figure.
-func redisBenchmark(primary *redistest.Server) string {
+func redisBenchmark(primary *redisserver.Server) string {
 	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
 	defer c.Close()
 	src, err := os.ReadFile("../redislock/acquire.lua")

@@ -1,8 +1,9 @@
 // Package fencetest is the conformance suite that every fence.Locker passes,
 // so that all backends behave the same to their users.
 //
-// A backend's test calls Run with a Config that builds its Locker against a
-// real server:
+// A backend's test calls Run with a Config that builds its Locker against
+// its real backend (a real server; memlock's is memory). Nothing in the
+// suite assumes a particular backend:
 //
 //	func TestConformance(t *testing.T) {
 //		fencetest.Run(t, fencetest.Config{New: ..., Remove: ..., WatchdogTTL: 300 * time.Millisecond})
@@ -26,7 +27,8 @@ import (
 type Config struct {
 	// New returns a Locker whose leases without fence.TTL are renewed by a
 	// watchdog with lease time WatchdogTTL. Each call may return a new
-	// Locker on the same server; clean-up goes in t.Cleanup.
+	// Locker sharing the same locks (on the same server, say); clean-up
+	// goes in t.Cleanup.
 	New func(t testing.TB) fence.Locker
 
 	// Remove deletes the lock record of name behind its holder's back, as

@@ -13,7 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/redisserver"
+	"github.com/fencekit/fence/lab/worker"
 )
 
 // experiment is one run: its servers, workers, resource and history.
@@ -32,7 +33,7 @@ type experiment struct {
 	stop chan struct{} // closed when the workers have exited
 
 	mu      sync.Mutex
-	servers []*redistest.Server
+	servers []*redisserver.Server
 	workers []*workerProc
 	bg      sync.WaitGroup // fault injectors
 }
@@ -47,12 +48,12 @@ type workerProc struct {
 }
 
 // redis starts a redis-server for this run.
-func (x *experiment) redis(extra ...string) (*redistest.Server, error) {
+func (x *experiment) redis(extra ...string) (*redisserver.Server, error) {
 	dir, err := os.MkdirTemp(x.dir, "redis")
 	if err != nil {
 		return nil, err
 	}
-	s, err := redistest.Launch(dir, extra...)
+	s, err := redisserver.Start(dir, extra...)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +71,7 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 	s.Naive = !x.protected && !x.fenceControl
 	body, _ := json.Marshal(s)
 	cmd := exec.Command(x.cfg.Worker[0], x.cfg.Worker[1:]...)
-	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(body))
+	cmd.Env = append(os.Environ(), worker.Env+"="+string(body))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

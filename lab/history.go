@@ -1,32 +1,16 @@
 package lab
 
 import (
-	"encoding/json"
 	"sync"
 
-	"golang.org/x/sys/unix"
+	"github.com/fencekit/fence/lab/worker"
 )
 
-// Mono reads CLOCK_MONOTONIC in nanoseconds. All processes on the machine
-// share it, so the events of the workers and of the controller order.
-func Mono() int64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
-}
-
 // Event is one line of a worker's history.
-type Event struct {
-	Worker string   `json:"worker"`
-	Op     string   `json:"op,omitempty"`    // unique id of the operation
-	Kind   string   `json:"kind"`            // acquire, read, write, release, pause
-	Phase  string   `json:"phase"`           // invoke, ok, fail, unknown
-	Token  int64    `json:"token,omitempty"` // the lease's token
-	Key    string   `json:"key,omitempty"`   // the resource register
-	Value  []string `json:"value,omitempty"`
-	Err    string   `json:"err,omitempty"`
-	Mono   int64    `json:"mono"`
-}
+type Event = worker.Event
+
+// Mono reads CLOCK_MONOTONIC in nanoseconds; see worker.Mono.
+func Mono() int64 { return worker.Mono() }
 
 // History collects the events of one run.
 type History struct {
@@ -56,9 +40,4 @@ func (h *History) snapshot() ([]Event, <-chan struct{}) {
 func (h *History) Events() []Event {
 	evs, _ := h.snapshot()
 	return evs
-}
-
-func (e Event) line() []byte {
-	b, _ := json.Marshal(e)
-	return append(b, '\n')
 }

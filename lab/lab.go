@@ -15,13 +15,18 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"time"
+
+	"github.com/fencekit/fence/lab/worker"
 )
 
 // Config of a lab run.
 type Config struct {
 	// Worker is the command that starts a worker process; the lab sets
-	// WorkerEnv in its environment. fence uses its own binary.
+	// worker.Env in its environment. Empty means the labworker command,
+	// which Run builds with BuildWorker into a temp dir.
 	Worker []string
 	// Quick runs a short version of every scenario (CI); otherwise each
 	// protected run makes at least 200 fenced writes.
@@ -67,6 +72,22 @@ var scenarios = []scenario{
 // protected run that shows one, is reported as a failed Result.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := newReport(cfg.Quick)
+	if len(cfg.Worker) == 0 {
+		dir, err := os.MkdirTemp("", "fence-lab-worker-")
+		if err != nil {
+			return rep, err
+		}
+		defer os.RemoveAll(dir)
+		start := time.Now()
+		bin, err := BuildWorker(ctx, dir)
+		if err != nil {
+			return rep, err
+		}
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "built the worker in %.1fs\n", time.Since(start).Seconds())
+		}
+		cfg.Worker = []string{bin}
+	}
 	for _, sc := range scenarios {
 		if len(cfg.Scenarios) > 0 && !contains(cfg.Scenarios, sc.n) {
 			continue
@@ -138,4 +159,24 @@ func (v Verdict) get(p string) int {
 		return v.P3
 	}
 	return 0
+}
+
+// Spec tells a worker process what to do.
+type Spec = worker.Spec
+
+// WorkerPackage is the import path of the labworker command, which runs
+// worker.Main.
+const WorkerPackage = "github.com/fencekit/fence/lab/cmd/labworker"
+
+// BuildWorker builds the labworker command into dir with the go command and
+// returns the binary's path. It needs the go command on the PATH and fence's
+// source as the current module, as when the lab runs from a checkout with
+// `go run ./cmd/fence lab`.
+func BuildWorker(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "labworker")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, WorkerPackage).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("lab: building the worker (go build %s) needs the go command, run from a checkout of fence: %w\n%s", WorkerPackage, err, out)
+	}
+	return bin, nil
 }

@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/http"
 	"sync"
+
+	"github.com/fencekit/fence/lab/worker"
 )
 
 // Entry is one line of the resource's own log: the ground truth of what it
@@ -37,21 +39,6 @@ type Resource struct {
 	max   map[string]int64
 }
 
-// request is the body of /read and /write.
-type request struct {
-	Op     string   `json:"op"`
-	Worker string   `json:"worker"`
-	Key    string   `json:"key"`
-	Token  int64    `json:"token"`
-	Value  []string `json:"value,omitempty"`
-}
-
-// response answers a request.
-type response struct {
-	Accepted bool     `json:"accepted"`
-	Value    []string `json:"value,omitempty"`
-}
-
 func startResource(fenced bool) (*Resource, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -72,7 +59,7 @@ func (r *Resource) Addr() string { return r.ln.Addr().String() }
 func (r *Resource) close() { _ = r.srv.Close() }
 
 func (r *Resource) serve(w http.ResponseWriter, req *http.Request, kind string) {
-	var in request
+	var in worker.Request
 	if err := json.NewDecoder(req.Body).Decode(&in); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -90,7 +77,7 @@ func (r *Resource) serve(w http.ResponseWriter, req *http.Request, kind string) 
 	r.log = append(r.log, e)
 	r.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(response{Accepted: e.Accepted, Value: e.Value})
+	_ = json.NewEncoder(w).Encode(worker.Response{Accepted: e.Accepted, Value: e.Value})
 }
 
 // Log returns a copy of the resource's log.

@@ -5,7 +5,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -82,7 +82,7 @@ func asyncFailover(x *experiment) error {
 			return err
 		}
 		replica := replicas[0]
-		if err := cutLink(x, primary, replica); err != nil {
+		if err := redisserver.CutLink(x.ctx, primary, replica); err != nil {
 			return err
 		}
 		base := Spec{Lock: "lab:" + key, Resource: x.res.Addr(), Key: key, TTL: 5 * time.Second, Sync: true}
@@ -91,8 +91,7 @@ func asyncFailover(x *experiment) error {
 		// The promoted node has no replicas of its own: B discovers that.
 		b.ID, b.Redis = fmt.Sprintf("B%d", r), replica.Addr
 		err = x.failoverRound(a, b, func() error {
-			primary.Kill()
-			return promote(x, replica)
+			return redisserver.Failover(x.ctx, primary, replica)
 		})
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)
@@ -103,12 +102,12 @@ func asyncFailover(x *experiment) error {
 }
 
 // replicated starts a primary with n replicas that really receive its writes.
-func (x *experiment) replicated(n int) (*redistest.Server, []*redistest.Server, error) {
+func (x *experiment) replicated(n int) (*redisserver.Server, []*redisserver.Server, error) {
 	primary, err := x.redis()
 	if err != nil {
 		return nil, nil, err
 	}
-	var replicas []*redistest.Server
+	var replicas []*redisserver.Server
 	for range n {
 		r, err := x.redis("--replicaof", primary.Host(), primary.Port())
 		if err != nil {
@@ -116,7 +115,7 @@ func (x *experiment) replicated(n int) (*redistest.Server, []*redistest.Server, 
 		}
 		replicas = append(replicas, r)
 	}
-	return primary, replicas, redistest.Replicated(primary.Addr, n, 30*time.Second)
+	return primary, replicas, redisserver.WaitReplicated(primary, n, 30*time.Second)
 }
 
 // failoverRound runs worker a (one lease, stopping itself once it holds
@@ -147,14 +146,6 @@ func (x *experiment) failoverRound(a, b Spec, fail func() error) error {
 	}
 	wa.signal(syscall.SIGCONT)
 	return wa.wait(time.Minute)
-}
-
-// promote continues a stopped replica and makes it a primary.
-func promote(x *experiment, replica *redistest.Server) error {
-	replica.Signal(syscall.SIGCONT)
-	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
-	defer rc.Close()
-	return rc.Do(x.ctx, "REPLICAOF", "NO", "ONE").Err()
 }
 
 // tokenSourceLoss is scenario 6: a Redis without persistence is killed and
@@ -188,7 +179,7 @@ func tokenSourceLoss(x *experiment) error {
 				return
 			}
 			if faults%2 == 0 {
-				if err := srv.Relaunch(); err != nil {
+				if err := srv.Restart(); err != nil {
 					x.noteOnce("restart failed: " + err.Error())
 					return
 				}

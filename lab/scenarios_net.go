@@ -3,14 +3,12 @@ package lab
 import (
 	"fmt"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/Shopify/toxiproxy/v2"
-	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/fencekit/fence/redislock"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 )
 
@@ -62,7 +60,7 @@ func wrongReplica(x *experiment) error {
 			return err
 		}
 		r1, r2 := replicas[0], replicas[1]
-		if err := cutLink(x, primary, r2); err != nil {
+		if err := redisserver.CutLink(x.ctx, primary, r2); err != nil {
 			return err
 		}
 		base := Spec{Lock: "lab:" + key, Resource: x.res.Addr(), Key: key, TTL: 5 * time.Second, Sync: true}
@@ -72,7 +70,7 @@ func wrongReplica(x *experiment) error {
 		err = x.failoverRound(a, b, func() error {
 			primary.Kill()
 			r1.Kill()
-			return promote(x, r2)
+			return redisserver.Promote(x.ctx, r2)
 		})
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)
@@ -80,34 +78,4 @@ func wrongReplica(x *experiment) error {
 		r2.Kill()
 	}
 	return nil
-}
-
-// cutLink stops replica and kills its link to primary only, leaving the
-// primary's other replicas connected: the primary knows the link by the
-// replica's local address, which the replica reports as laddr.
-func cutLink(x *experiment, primary, replica *redistest.Server) error {
-	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
-	list, err := rc.ClientList(x.ctx).Result()
-	rc.Close()
-	if err != nil {
-		return err
-	}
-	var laddr string
-	for _, line := range strings.Split(list, "\n") {
-		if !strings.Contains(line, "flags=M") {
-			continue // not the link to its master
-		}
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, "laddr="); ok {
-				laddr = v
-			}
-		}
-	}
-	if laddr == "" {
-		return fmt.Errorf("replica %s has no master link in CLIENT LIST", replica.Addr)
-	}
-	replica.Signal(syscall.SIGSTOP)
-	pc := redis.NewClient(&redis.Options{Addr: primary.Addr})
-	defer pc.Close()
-	return pc.ClientKillByFilter(x.ctx, "ADDR", laddr).Err()
 }

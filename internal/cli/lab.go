@@ -39,11 +39,7 @@ protected. Lab exits 1 if either expectation fails.
 per scenario. With --out DIR it writes report.md, report.json and timeline.svg there.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			self, err := os.Executable()
-			if err != nil {
-				return exitWith(ExitUsage, err)
-			}
-			rep, err := lab.Run(cmd.Context(), lab.Config{Worker: []string{self}, Quick: quick, Scenarios: only, Progress: cmd.ErrOrStderr()})
+			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: cmd.ErrOrStderr()})
 			if err != nil {
 				return exitWith(1, err)
 			}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
-	"github.com/fencekit/fence/lab"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -41,9 +40,6 @@ func exitWith(code int, err error) error { return &exitError{code: code, err: er
 // Main runs the fence command with args (without the program name) and
 // returns the process's exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
-	if os.Getenv(lab.WorkerEnv) != "" { // fence lab starts its workers as fence itself
-		return lab.WorkerMain()
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := rootCmd()

@@ -10,17 +10,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
+	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/payment"
 	"github.com/fencekit/fence/guard"
-	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // the embedded database
@@ -299,27 +298,17 @@ func failover(ctx context.Context, tl *timeline, n int, synced bool) error {
 	}
 	tl.title(n, "the primary fails before its replica has the lock, "+how,
 		"real redis-server processes: a primary and its replica")
-	dir, err := os.MkdirTemp("", "fence-demo")
+	primary, err := redisserver.Start("")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	for _, sub := range []string{"primary", "replica"} {
-		if err := os.Mkdir(dir+"/"+sub, 0o700); err != nil {
-			return err
-		}
-	}
-	primary, err := redistest.Launch(dir + "/primary")
+	defer primary.Close()
+	replica, err := redisserver.StartReplica("", primary)
 	if err != nil {
 		return err
 	}
-	defer primary.Kill()
-	replica, err := redistest.Launch(dir+"/replica", "--replicaof", primary.Host(), primary.Port())
-	if err != nil {
-		return err
-	}
-	defer replica.Kill()
-	if err := redistest.Replicated(primary.Addr, 1, 30*time.Second); err != nil {
+	defer replica.Close()
+	if err := redisserver.WaitReplicated(primary, 1, 30*time.Second); err != nil {
 		return err
 	}
 	pc := redis.NewClient(&redis.Options{Addr: primary.Addr, MaxRetries: -1})
@@ -335,9 +324,7 @@ func failover(ctx context.Context, tl *timeline, n int, synced bool) error {
 	tl.restart()
 	tl.say("primary", fmt.Sprintf("%s replicates to %s", primary.Addr, replica.Addr))
 
-	replica.Signal(syscall.SIGSTOP)
-	defer replica.Signal(syscall.SIGCONT)
-	if err := pc.ClientKillByFilter(ctx, "TYPE", "replica").Err(); err != nil {
+	if err := redisserver.CutLink(ctx, primary, replica); err != nil {
 		return err
 	}
 	tl.say("network", "the replica's link breaks (replica paused, its connection killed)")
@@ -353,15 +340,13 @@ func failover(ctx context.Context, tl *timeline, n int, synced bool) error {
 		return fmt.Errorf("worker A: %w", errA)
 	}
 
-	primary.Kill()
-	tl.say("primary", "crashes (SIGKILL)")
-	replica.Signal(syscall.SIGCONT)
-	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
-	defer rc.Close()
-	if err := rc.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+	if err := redisserver.Failover(ctx, primary, replica); err != nil {
 		return err
 	}
+	tl.say("primary", "crashes (SIGKILL)")
 	tl.say("replica", "is promoted to primary (REPLICAOF NO ONE)")
+	rc := replica.Client()
+	defer rc.Close()
 	b, err := redislock.New(rc, nil)
 	if err != nil {
 		return err

@@ -1,219 +1,46 @@
 // Package pgtest starts a real PostgreSQL server for tests: initdb in a temp
 // dir, postgres on a free loopback port as a child of the test process (so it
-// dies with the test), and a fresh database per test.
+// dies with the test), and a fresh database per test. It wraps
+// internal/pgserver, which code outside tests uses instead, so as not to
+// link testing.
 package pgtest
 
 import (
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/fencekit/fence/internal/pgserver"
 )
 
-const installHint = "install it with `apt-get install -y postgresql` (`make test` does this)"
-
-// Server is one postgres process.
+// Server is one postgres process. The embedded pgserver.Server gives it
+// Port and DSN.
 type Server struct {
-	Port int
-	dir  string
-	proc *os.Process
-	done chan struct{}
-	dbs  atomic.Int64
-}
-
-// binDir finds PostgreSQL's server binaries: on PATH, else Debian's
-// /usr/lib/postgresql/N/bin (newest N).
-func binDir() (string, error) {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		return filepath.Dir(p), nil
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool {
-		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
-		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
-		return vi > vj
-	})
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			return d, nil
-		}
-	}
-	return "", fmt.Errorf("PostgreSQL's initdb not found: %s", installHint)
+	*pgserver.Server
 }
 
 // Launch runs initdb and postgres in a new temp dir and waits until the
-// server accepts connections. PostgreSQL refuses to run as root, so as root
-// both run as the postgres user. The caller must Kill the server.
+// server accepts connections. It is meant for TestMain, which gets no
+// testing.TB; the caller must Kill the server.
 func Launch() (*Server, error) {
-	bin, err := binDir()
+	s, err := pgserver.Start()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pgtest")
-	if err != nil {
-		return nil, err
-	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("running as root needs the postgres user: %s", installHint)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, err
-		}
-	}
-	data := filepath.Join(dir, "data")
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
-	if out, err := initdb.CombinedOutput(); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
-	}
-	for attempt := 0; ; attempt++ {
-		s, err := start(bin, dir, data, cred)
-		if err == nil || attempt == 3 {
-			if err != nil {
-				_ = os.RemoveAll(dir)
-			}
-			return s, err
-		}
-	}
-}
-
-func start(bin, dir, data string, cred *syscall.Credential) (*Server, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	logf, err := os.Create(filepath.Join(dir, "postgres.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
-		"-c", "full_page_writes=off", "-c", "max_connections=200")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start postgres: %w", err)
-	}
-	s := &Server{Port: port, dir: dir, proc: cmd.Process, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(s.done) }()
-	if err := s.waitReady(); err != nil {
-		s.stop()
-		out, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
-		return nil, fmt.Errorf("postgres on port %d did not start: %w\n%s", port, err, out)
-	}
-	return s, nil
-}
-
-// DSN returns a connection string for database db.
-func (s *Server) DSN(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, db)
-}
-
-func (s *Server) waitReady() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	db, err := sql.Open("pgx", s.DSN("postgres"))
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	for {
-		select {
-		case <-s.done:
-			return errors.New("process exited")
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-retry.C:
-		}
-		if db.PingContext(ctx) == nil {
-			return nil
-		}
-		retry.Reset(20 * time.Millisecond)
-	}
-}
-
-// stop ends the server: SIGQUIT (immediate shutdown), then SIGKILL.
-func (s *Server) stop() {
-	_ = s.proc.Signal(syscall.SIGQUIT)
-	select {
-	case <-s.done:
-	case <-time.After(5 * time.Second):
-		_ = s.proc.Kill()
-		<-s.done
-	}
+	return &Server{s}, nil
 }
 
 // Kill stops the server and removes its files.
-func (s *Server) Kill() {
-	s.stop()
-	_ = os.RemoveAll(s.dir)
-}
+func (s *Server) Kill() { s.Close() }
 
 // NewDB creates a fresh database for the test and returns a handle to it;
 // both are closed and dropped in t.Cleanup.
 func (s *Server) NewDB(t testing.TB) *sql.DB {
 	t.Helper()
-	name := fmt.Sprintf("t%d_%s", s.dbs.Add(1), sanitize(t.Name()))
-	admin, err := sql.Open("pgx", s.DSN("postgres"))
+	db, drop, err := s.CreateDB(context.Background(), t.Name())
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("pgtest: %v", err)
 	}
-	defer admin.Close()
-	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
-		t.Fatalf("pgtest: create database: %v", err)
-	}
-	db, err := sql.Open("pgx", s.DSN(name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = db.Close()
-		if admin, err := sql.Open("pgx", s.DSN("postgres")); err == nil {
-			_, _ = admin.Exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)")
-			_ = admin.Close()
-		}
-	})
+	t.Cleanup(drop)
 	return db
-}
-
-func sanitize(name string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(name) {
-		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
-			b.WriteRune(r)
-		} else {
-			b.WriteByte('_')
-		}
-	}
-	s := b.String()
-	if len(s) > 40 {
-		s = s[:40]
-	}
-	return s
 }

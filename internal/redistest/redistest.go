@@ -1,39 +1,23 @@
 // Package redistest starts real redis-server processes for tests: each on a
 // free loopback port, in its own temp dir, stopped in t.Cleanup and killed
-// with the test binary if that dies first.
+// with the test binary if that dies first. It wraps internal/redisserver,
+// which code outside tests uses instead, so as not to link testing.
 package redistest
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/redis/go-redis/v9"
 )
 
-// installHint names the install step in every failure about a missing binary.
-const installHint = "install it with `apt-get install -y redis-server` (`make test` does this)"
-
-// Server is one redis-server process.
+// Server is one redis-server process. The embedded redisserver.Server gives
+// it Addr, Dir, Host, Port, Kill and Signal.
 type Server struct {
-	Addr string // host:port on loopback
-	Dir  string // the server's working directory
-	bin  string
-	args []string
-
-	mu     sync.Mutex
-	proc   *os.Process   // nil while stopped
-	exited chan struct{} // closed when proc has exited
-	log    *os.File
+	*redisserver.Server
 }
 
 // Start runs a redis-server without persistence (save "", no AOF) on a free
@@ -42,153 +26,171 @@ type Server struct {
 // "1mb". A missing binary fails the test with the install step.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	s, err := Launch(t.TempDir(), extra...)
+	s, err := redisserver.Start(t.TempDir(), extra...)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	t.Cleanup(s.Kill)
-	return s
+	t.Cleanup(s.Close)
+	return &Server{s}
 }
 
 // Launch is Start for code without a testing.TB, such as TestMain: it runs
 // the server in dir, and the caller must Kill it.
 func Launch(dir string, extra ...string) (*Server, error) {
-	return launch(dir, func(port string) []string {
-		return append([]string{
-			"--port", port, "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", dir,
-			"--daemonize", "no", "--repl-diskless-sync-delay", "0",
-		}, extra...)
-	})
-}
-
-// launch starts redis-server with args(port) on a free port, trying again
-// with another port if one was taken meanwhile.
-func launch(dir string, args func(port string) []string) (*Server, error) {
-	bin, err := exec.LookPath("redis-server")
+	s, err := redisserver.Start(dir, extra...)
 	if err != nil {
-		return nil, fmt.Errorf("redis-server not found on PATH: %s", installHint)
+		return nil, err
 	}
-	s := &Server{Dir: dir, bin: bin}
-	for attempt := 0; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		s.args = args(strconv.Itoa(port))
-		err = s.start()
-		if err == nil || attempt == 3 {
-			return s, err
-		}
-	}
+	return &Server{s}, nil
 }
 
 // Client returns a go-redis client for the server, closed in t.Cleanup.
 func (s *Server) Client(t testing.TB) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := s.Server.Client()
 	t.Cleanup(func() { _ = c.Close() })
 	return c
-}
-
-// Kill stops the server with SIGKILL, as a crash would, and waits for it to
-// exit. Killing a stopped server does nothing.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc == nil {
-		return
-	}
-	_ = s.proc.Kill()
-	<-s.exited
-	_ = s.log.Close()
-	s.proc = nil
 }
 
 // Restart kills the server and starts it again on the same port with the
 // same arguments. Without persistence, it comes back empty.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	if err := s.Relaunch(); err != nil {
+	if err := s.Server.Restart(); err != nil {
 		t.Fatalf("redistest: restart: %v", err)
 	}
 }
 
 // Relaunch is Restart for code without a testing.TB.
-func (s *Server) Relaunch() error {
-	s.Kill()
-	return s.start()
+func (s *Server) Relaunch() error { return s.Server.Restart() }
+
+// StartReplica starts a server replicating primary. Call WaitReplicated
+// before relying on it.
+func StartReplica(t testing.TB, primary *Server, extra ...string) *Server {
+	t.Helper()
+	return Start(t, append([]string{"--replicaof", primary.Host(), primary.Port()}, extra...)...)
 }
 
-// Signal sends sig to the server process (SIGSTOP, SIGCONT, ...).
-func (s *Server) Signal(sig syscall.Signal) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc != nil {
-		_ = s.proc.Signal(sig)
+// WaitReplicated waits until n replicas of primary really receive writes;
+// see redisserver.WaitReplicated.
+func WaitReplicated(t testing.TB, primary *Server, n int) {
+	t.Helper()
+	if err := redisserver.WaitReplicated(primary.Server, n, 30*time.Second); err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
 }
 
-func (s *Server) start() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	logPath := filepath.Join(s.Dir, "redis.log")
-	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+// Replicated is WaitReplicated for code without a testing.TB, given the
+// primary's address.
+func Replicated(primary string, n int, limit time.Duration) error {
+	return redisserver.WaitReplicated(&redisserver.Server{Addr: primary}, n, limit)
+}
+
+// Sentinels are redis-sentinel processes monitoring one primary as Master.
+type Sentinels struct {
+	Master  string // the monitored master's name
+	Servers []*Server
+	s       *redisserver.Sentinels
+}
+
+// Addrs returns the sentinels' addresses.
+func (s *Sentinels) Addrs() []string { return s.s.Addrs() }
+
+// StartSentinels starts n sentinels (redis-server --sentinel) monitoring
+// primary as "mymaster" with quorum n/2+1, declaring it down after 1 s.
+// They are stopped in t.Cleanup.
+func StartSentinels(t testing.TB, primary *Server, n int) *Sentinels {
+	t.Helper()
+	rs, err := redisserver.StartSentinels(primary.Server, n)
 	if err != nil {
-		return err
+		t.Fatalf("redistest: %v", err)
 	}
-	cmd := exec.Command(s.bin, s.args...)
-	cmd.Dir = s.Dir
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		_ = log.Close()
-		return fmt.Errorf("start redis-server: %w", err)
+	t.Cleanup(rs.Close)
+	s := &Sentinels{Master: rs.Master, s: rs}
+	for _, srv := range rs.Servers {
+		s.Servers = append(s.Servers, &Server{srv})
 	}
-	exited := make(chan struct{})
-	go func() { _, _ = cmd.Process.Wait(); close(exited) }()
-	err = waitReady(s.Addr, exited)
-	if err != nil {
-		_ = cmd.Process.Kill()
-		<-exited
-		_ = log.Close()
-		out, _ := os.ReadFile(logPath)
-		return fmt.Errorf("redis-server on %s did not start: %w\n%s", s.Addr, err, out)
-	}
-	s.proc, s.exited, s.log = cmd.Process, exited, log
-	return nil
+	return s
 }
 
-// waitReady waits up to 10 s for the server to answer PING, or for it to exit.
-func waitReady(addr string, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// WaitSentinelsReady waits until every sentinel knows the replicas and the
+// other sentinels, so that a failover can be voted on.
+func WaitSentinelsReady(t testing.TB, s *Sentinels, replicas int) {
+	t.Helper()
+	if err := s.s.WaitReady(replicas); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+}
+
+// WaitFailover waits until the sentinels name a new master other than old
+// and returns it from candidates.
+func WaitFailover(t testing.TB, s *Sentinels, old *Server, candidates ...*Server) *Server {
+	t.Helper()
+	var inner []*redisserver.Server
+	for _, c := range candidates {
+		inner = append(inner, c.Server)
+	}
+	found, err := s.s.WaitFailover(old.Server, inner...)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	for _, c := range candidates {
+		if c.Server == found {
+			return c
+		}
+	}
+	panic("redistest: WaitFailover returned no candidate") // unreachable
+}
+
+// Cluster is a Redis Cluster of primaries without replicas.
+type Cluster struct {
+	Servers []*Server
+}
+
+// Addrs returns the nodes' addresses.
+func (c *Cluster) Addrs() []string {
+	var out []string
+	for _, s := range c.Servers {
+		out = append(out, s.Addr)
+	}
+	return out
+}
+
+// StartCluster starts n cluster-enabled servers, joins them with
+// redis-cli --cluster create, and waits for cluster_state:ok on every node.
+// The nodes are stopped in t.Cleanup.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	rc, err := redisserver.StartCluster(n)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(rc.Close)
+	c := &Cluster{}
+	for _, s := range rc.Servers {
+		c.Servers = append(c.Servers, &Server{s})
+	}
+	return c
+}
+
+// CutLink stops replica and kills its link to primary, so that the
+// primary's next writes do not reach it; see redisserver.CutLink. The
+// replica is continued in t.Cleanup if nothing continued it before.
+func CutLink(t testing.TB, primary, replica *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
-	defer c.Close()
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	for {
-		select {
-		case <-exited:
-			return errors.New("process exited")
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-retry.C:
-		}
-		if c.Ping(ctx).Err() == nil {
-			return nil
-		}
-		retry.Reset(10 * time.Millisecond)
+	if err := redisserver.CutLink(ctx, primary.Server, replica.Server); err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
+	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
 }
 
-// freePort asks the kernel for a free loopback port. Another process may
-// take it before the server binds it; Start then retries with a new one.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
+// Failover kills primary and promotes replica; see redisserver.Failover.
+func Failover(t testing.TB, primary, replica *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := redisserver.Failover(ctx, primary.Server, replica.Server); err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

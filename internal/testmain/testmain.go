@@ -8,7 +8,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/redisserver"
 	"go.uber.org/goleak"
 )
 
@@ -39,16 +39,11 @@ func Run(m *testing.M, setup func() (teardown func(), err error)) {
 // *testing.T.
 func Redis(addr *string) func() (func(), error) {
 	return func() (func(), error) {
-		dir, err := os.MkdirTemp("", "fence-test-redis")
+		srv, err := redisserver.Start("")
 		if err != nil {
-			return nil, err
-		}
-		srv, err := redistest.Launch(dir)
-		if err != nil {
-			os.RemoveAll(dir)
 			return nil, err
 		}
 		*addr = srv.Addr
-		return func() { srv.Kill(); _ = os.RemoveAll(dir) }, nil
+		return srv.Close, nil
 	}
 }

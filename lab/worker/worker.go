@@ -1,4 +1,10 @@
-package lab
+// Package worker is a worker process of fence's fault lab: it takes leases
+// and reads and writes the lab's resource as its Spec says, and writes its
+// history to standard output as JSON lines. The lab/cmd/labworker command
+// runs Main; the lab builds that command and starts one process per
+// worker, so that a signal pauses exactly one client. The package is kept
+// small (fence, redislock, go-redis) so that the command builds quickly.
+package worker
 
 import (
 	"bytes"
@@ -20,9 +26,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// WorkerEnv names the environment variable that carries a worker's Spec.
-// A process started with it set runs WorkerMain instead of its usual main.
-const WorkerEnv = "FENCE_LAB_WORKER"
+// Env names the environment variable that carries a worker's Spec.
+const Env = "FENCE_LAB_WORKER"
 
 // Spec tells a worker process what to do.
 type Spec struct {
@@ -45,11 +50,12 @@ type Spec struct {
 	PausePoint string `json:"pause_point,omitempty"` // "acquired" or "read"
 }
 
-// WorkerMain runs a worker from the Spec in WorkerEnv, writing its history
-// as JSON lines to stdout. It returns the process's exit code.
-func WorkerMain() int {
+// Main runs a worker from the Spec in Env, writing its history as JSON
+// lines to stdout, until it has taken Spec.Ops leases or, if that is zero,
+// until its standard input closes. It returns the process's exit code.
+func Main() int {
 	var s Spec
-	if err := json.Unmarshal([]byte(os.Getenv(WorkerEnv)), &s); err != nil {
+	if err := json.Unmarshal([]byte(os.Getenv(Env)), &s); err != nil {
 		fmt.Fprintln(os.Stderr, "lab worker:", err)
 		return 2
 	}
@@ -154,7 +160,7 @@ func (w *worker) pause(id string, token int64) {
 // call sends a read or write to the resource. Its phase is ok (accepted),
 // fail (rejected, or certainly not delivered) or unknown (no answer).
 func (w *worker) call(kind, id string, token int64, value []string) ([]string, string, error) {
-	body, _ := json.Marshal(request{Op: id, Worker: w.s.ID, Key: w.s.Key, Token: token, Value: value})
+	body, _ := json.Marshal(Request{Op: id, Worker: w.s.ID, Key: w.s.Key, Token: token, Value: value})
 	resp, err := w.http.Post("http://"+w.s.Resource+"/"+kind, "application/json", bytes.NewReader(body))
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
@@ -163,7 +169,7 @@ func (w *worker) call(kind, id string, token int64, value []string) ([]string, s
 		return nil, "unknown", err
 	}
 	defer resp.Body.Close()
-	var out response
+	var out Response
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		return nil, "unknown", err
 	}
@@ -171,4 +177,45 @@ func (w *worker) call(kind, id string, token int64, value []string) ([]string, s
 		return nil, "fail", errors.New("rejected: stale token")
 	}
 	return out.Value, "ok", nil
+}
+
+// Request is the body of the resource's /read and /write.
+type Request struct {
+	Op     string   `json:"op"`
+	Worker string   `json:"worker"`
+	Key    string   `json:"key"`
+	Token  int64    `json:"token"`
+	Value  []string `json:"value,omitempty"`
+}
+
+// Response is the resource's answer to a Request.
+type Response struct {
+	Accepted bool     `json:"accepted"`
+	Value    []string `json:"value,omitempty"`
+}
+
+// Mono reads CLOCK_MONOTONIC in nanoseconds. All processes on the machine
+// share it, so the events of the workers and of the controller order.
+func Mono() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
+// Event is one line of a worker's history.
+type Event struct {
+	Worker string   `json:"worker"`
+	Op     string   `json:"op,omitempty"`    // unique id of the operation
+	Kind   string   `json:"kind"`            // acquire, read, write, release, pause
+	Phase  string   `json:"phase"`           // invoke, ok, fail, unknown
+	Token  int64    `json:"token,omitempty"` // the lease's token
+	Key    string   `json:"key,omitempty"`   // the resource register
+	Value  []string `json:"value,omitempty"`
+	Err    string   `json:"err,omitempty"`
+	Mono   int64    `json:"mono"`
+}
+
+func (e Event) line() []byte {
+	b, _ := json.Marshal(e)
+	return append(b, '\n')
 }

@@ -1,0 +1,219 @@
+// Package redisserver starts real redis-server processes, for tests, the
+// demo, the lab and the benchmarks, in the manner of net/http/httptest: each
+// Start function returns a handle whose Close the caller must call (or
+// register with t.Cleanup). Each server listens on a free loopback port,
+// runs in its own directory, and is killed with the process that started it
+// if that dies first. The package does not import testing, so binaries that
+// use it do not link it; internal/redistest wraps it for tests.
+//
+// Beside the servers themselves, the package holds the steps of a failover
+// that tests, the demo and the lab share: CutLink, Promote and Failover.
+package redisserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// installHint names the install step in every failure about a missing binary.
+const installHint = "install it with `apt-get install -y redis-server` (`make test` does this)"
+
+// Server is one redis-server process.
+type Server struct {
+	Addr string // host:port on loopback
+	Dir  string // the server's working directory
+
+	bin     string
+	args    []string
+	ownsDir bool // Dir was made by Start; Close removes it
+
+	mu     sync.Mutex
+	proc   *os.Process   // nil while stopped
+	exited chan struct{} // closed when proc has exited
+	log    *os.File
+}
+
+// Start runs a redis-server without persistence (save "", no AOF) on a free
+// loopback port in dir, and waits until it answers PING. If dir is empty it
+// makes a temp dir, which Close removes. Extra arguments are appended to the
+// command line, e.g. "--maxmemory", "1mb". A missing binary is reported with
+// the step that installs it. The caller must Close the server.
+func Start(dir string, extra ...string) (*Server, error) {
+	dir, owned, err := useDir(dir, "redis")
+	if err != nil {
+		return nil, err
+	}
+	s, err := launch(dir, func(port string) []string {
+		return append([]string{
+			"--port", port, "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir,
+			"--daemonize", "no", "--repl-diskless-sync-delay", "0",
+		}, extra...)
+	})
+	if err != nil {
+		if owned {
+			_ = os.RemoveAll(dir)
+		}
+		return nil, err
+	}
+	s.ownsDir = owned
+	return s, nil
+}
+
+// useDir returns dir, or a new temp dir (owned) if dir is empty.
+func useDir(dir, pattern string) (string, bool, error) {
+	if dir != "" {
+		return dir, false, nil
+	}
+	dir, err := os.MkdirTemp("", "fence-"+pattern+"-")
+	return dir, true, err
+}
+
+// launch starts redis-server with args(port) on a free port, trying again
+// with another port if one was taken meanwhile.
+func launch(dir string, args func(port string) []string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found on PATH: %s", installHint)
+	}
+	s := &Server{Dir: dir, bin: bin}
+	for attempt := 0; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		s.args = args(strconv.Itoa(port))
+		err = s.start()
+		if err == nil {
+			return s, nil
+		}
+		if attempt == 3 {
+			return nil, err
+		}
+	}
+}
+
+// Host returns the host part of Addr.
+func (s *Server) Host() string { h, _, _ := net.SplitHostPort(s.Addr); return h }
+
+// Port returns the port part of Addr.
+func (s *Server) Port() string { _, p, _ := net.SplitHostPort(s.Addr); return p }
+
+// Client returns a go-redis client for the server; the caller closes it.
+func (s *Server) Client() *redis.Client { return redis.NewClient(&redis.Options{Addr: s.Addr}) }
+
+// Close kills the server and removes its directory if Start made it.
+// Closing twice does nothing more.
+func (s *Server) Close() {
+	s.Kill()
+	if s.ownsDir {
+		_ = os.RemoveAll(s.Dir)
+	}
+}
+
+// Kill stops the server with SIGKILL, as a crash would, and waits for it to
+// exit. Killing a stopped server does nothing.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return
+	}
+	_ = s.proc.Kill()
+	<-s.exited
+	_ = s.log.Close()
+	s.proc = nil
+}
+
+// Restart kills the server and starts it again on the same port with the
+// same arguments. Without persistence, it comes back empty.
+func (s *Server) Restart() error {
+	s.Kill()
+	return s.start()
+}
+
+// Signal sends sig to the server process (SIGSTOP, SIGCONT, ...). It does
+// nothing if the server is stopped.
+func (s *Server) Signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		_ = s.proc.Signal(sig)
+	}
+}
+
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	logPath := filepath.Join(s.Dir, "redis.log")
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Dir = s.Dir
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = log.Close()
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { _, _ = cmd.Process.Wait(); close(exited) }()
+	err = waitReady(s.Addr, exited)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = log.Close()
+		out, _ := os.ReadFile(logPath)
+		return fmt.Errorf("redis-server on %s did not start: %w\n%s", s.Addr, err, out)
+	}
+	s.proc, s.exited, s.log = cmd.Process, exited, log
+	return nil
+}
+
+// waitReady waits up to 10 s for the server to answer PING, or for it to exit.
+func waitReady(addr string, exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-exited:
+			return errors.New("process exited")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-retry.C:
+		}
+		if c.Ping(ctx).Err() == nil {
+			return nil
+		}
+		retry.Reset(10 * time.Millisecond)
+	}
+}
+
+// freePort asks the kernel for a free loopback port. Another process may
+// take it before the server binds it; launch then retries with a new one.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,304 @@
+package redisserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// StartReplica starts a server in dir (empty: a temp dir) replicating
+// primary. Call WaitReplicated before relying on it. The caller must Close
+// it.
+func StartReplica(dir string, primary *Server, extra ...string) (*Server, error) {
+	return Start(dir, append([]string{"--replicaof", primary.Host(), primary.Port()}, extra...)...)
+}
+
+// WaitReplicated waits until n replicas of primary really receive writes,
+// for up to limit. Redis 7.0 reports a replica online up to a second before
+// writes reach it, so this writes a marker and waits until WAIT confirms n
+// acknowledgements.
+func WaitReplicated(primary *Server, n int, limit time.Duration) error {
+	c := primary.Client()
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	conn := c.Conn() // WAIT counts the writes of its own connection
+	defer conn.Close()
+	for {
+		if err := conn.Set(ctx, "redisserver:marker", time.Now().UnixNano(), 0).Err(); err != nil {
+			return fmt.Errorf("marker: %w", err)
+		}
+		acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
+		if err == nil && acked >= n {
+			return conn.Del(ctx, "redisserver:marker").Err()
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%d replicas of %s not in sync after %v (acked %d, %v)", n, primary.Addr, limit, acked, err)
+		}
+	}
+}
+
+// CutLink stops replica (SIGSTOP) and kills its link on primary, so that
+// the primary's next writes reach neither it nor its socket buffers
+// (stopping it alone would leave them in its socket). Only that replica's
+// link is cut: the primary knows the link by the replica's local address,
+// which the replica reports as laddr. The replica stays stopped until
+// Promote or a SIGCONT continues it.
+func CutLink(ctx context.Context, primary, replica *Server) error {
+	rc := replica.Client()
+	list, err := rc.ClientList(ctx).Result()
+	_ = rc.Close()
+	if err != nil {
+		return fmt.Errorf("cut link: %w", err)
+	}
+	var laddr string
+	for _, line := range strings.Split(list, "\n") {
+		if !strings.Contains(line, "flags=M") {
+			continue // not the link to its master
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "laddr="); ok {
+				laddr = v
+			}
+		}
+	}
+	if laddr == "" {
+		return fmt.Errorf("cut link: replica %s has no master link in CLIENT LIST", replica.Addr)
+	}
+	replica.Signal(syscall.SIGSTOP)
+	pc := primary.Client()
+	defer pc.Close()
+	if err := pc.ClientKillByFilter(ctx, "ADDR", laddr).Err(); err != nil {
+		return fmt.Errorf("cut link: %w", err)
+	}
+	return nil
+}
+
+// Promote continues replica if it was stopped and makes it a primary
+// (REPLICAOF NO ONE), as a failover would.
+func Promote(ctx context.Context, replica *Server) error {
+	replica.Signal(syscall.SIGCONT)
+	rc := replica.Client()
+	defer rc.Close()
+	if err := rc.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		return fmt.Errorf("promote %s: %w", replica.Addr, err)
+	}
+	return nil
+}
+
+// Failover kills primary (SIGKILL, a crash) and promotes replica, the steps
+// of a failover that loses what the replica had not received.
+func Failover(ctx context.Context, primary, replica *Server) error {
+	primary.Kill()
+	return Promote(ctx, replica)
+}
+
+// Sentinels are redis-sentinel processes monitoring one primary as Master.
+type Sentinels struct {
+	Master  string // the monitored master's name
+	Servers []*Server
+}
+
+// StartSentinels starts n sentinels (redis-server --sentinel), each in a
+// temp dir, monitoring primary as "mymaster" with quorum n/2+1, declaring
+// it down after 1 s. The caller must Close them.
+func StartSentinels(primary *Server, n int) (*Sentinels, error) {
+	s := &Sentinels{Master: "mymaster"}
+	for range n {
+		srv, err := startSentinel(s.Master, primary, n/2+1)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("sentinel: %w", err)
+		}
+		s.Servers = append(s.Servers, srv)
+	}
+	return s, nil
+}
+
+func startSentinel(master string, primary *Server, quorum int) (*Server, error) {
+	dir, _, err := useDir("", "sentinel")
+	if err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(dir, "sentinel.conf")
+	body := fmt.Sprintf("sentinel monitor %s %s %s %d\n"+
+		"sentinel down-after-milliseconds %[1]s 1000\n"+
+		"sentinel failover-timeout %[1]s 3000\n"+
+		"sentinel parallel-syncs %[1]s 2\n", master, primary.Host(), primary.Port(), quorum)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	srv, err := launch(dir, func(port string) []string {
+		return []string{conf, "--sentinel", "--port", port, "--bind", "127.0.0.1", "--daemonize", "no"}
+	})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	srv.ownsDir = true
+	return srv, nil
+}
+
+// Addrs returns the sentinels' addresses.
+func (s *Sentinels) Addrs() []string { return addrs(s.Servers) }
+
+// Close kills the sentinels and removes their directories.
+func (s *Sentinels) Close() {
+	for _, srv := range s.Servers {
+		srv.Close()
+	}
+}
+
+// WaitReady waits up to 60 s until every sentinel knows the replicas and
+// the other sentinels, so that a failover can be voted on.
+func (s *Sentinels) WaitReady(replicas int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, srv := range s.Servers {
+		c := redis.NewSentinelClient(&redis.Options{Addr: srv.Addr})
+		err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
+			r, err1 := c.Replicas(ctx, s.Master).Result()
+			o, err2 := c.Sentinels(ctx, s.Master).Result()
+			return err1 == nil && err2 == nil && len(r) >= replicas && len(o) >= len(s.Servers)-1,
+				fmt.Errorf("sentinel %s sees %d replicas and %d sentinels after 60s", srv.Addr, len(r), len(o))
+		})
+		_ = c.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitFailover waits up to 60 s until the sentinels name a new master other
+// than old, and returns it from candidates.
+func (s *Sentinels) WaitFailover(old *Server, candidates ...*Server) (*Server, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Servers[0].Addr})
+	defer c.Close()
+	var found *Server
+	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		addr, err := c.GetMasterAddrByName(ctx, s.Master).Result()
+		if err != nil || len(addr) != 2 || net.JoinHostPort(addr[0], addr[1]) == old.Addr {
+			return false, fmt.Errorf("no failover after 60s: %v %v", addr, err)
+		}
+		for _, cand := range candidates {
+			if cand.Addr == net.JoinHostPort(addr[0], addr[1]) {
+				found = cand
+				return true, nil
+			}
+		}
+		return false, final{fmt.Errorf("sentinels promoted unknown %v", addr)}
+	})
+	return found, err
+}
+
+// Cluster is a Redis Cluster of primaries without replicas.
+type Cluster struct {
+	Servers []*Server
+}
+
+// StartCluster starts n cluster-enabled servers in temp dirs, joins them
+// with redis-cli --cluster create, and waits up to 30 s for cluster_state:ok
+// on every node. The caller must Close it.
+func StartCluster(n int) (*Cluster, error) {
+	c := &Cluster{}
+	for range n {
+		s, err := Start("", "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.Servers = append(c.Servers, s)
+	}
+	if err := c.create(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) create() error {
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		return fmt.Errorf("redis-cli not found on PATH: %s", installHint)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, s := range c.Servers {
+		rc := s.Client()
+		err := poll(ctx, 50*time.Millisecond, func() (bool, error) {
+			info, err := rc.ClusterInfo(ctx).Result()
+			return err == nil && strings.Contains(info, "cluster_state:ok"),
+				fmt.Errorf("cluster not ok after 30s: %v %s", err, info)
+		})
+		_ = rc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Addrs returns the nodes' addresses.
+func (c *Cluster) Addrs() []string { return addrs(c.Servers) }
+
+// Close kills the nodes and removes their directories.
+func (c *Cluster) Close() {
+	for _, s := range c.Servers {
+		s.Close()
+	}
+}
+
+func addrs(servers []*Server) []string {
+	var out []string
+	for _, s := range servers {
+		out = append(out, s.Addr)
+	}
+	return out
+}
+
+// poll calls check every interval until it reports done, and returns
+// check's last error if ctx ends first, or at once if the error is final.
+func poll(ctx context.Context, interval time.Duration, check func() (bool, error)) error {
+	tick := time.NewTimer(0)
+	defer tick.Stop()
+	last := errors.New("no check before the deadline")
+	for {
+		select {
+		case <-ctx.Done():
+			return last
+		case <-tick.C:
+		}
+		done, err := check()
+		var f final
+		switch {
+		case done:
+			return nil
+		case errors.As(err, &f):
+			return f.error
+		}
+		last = err
+		tick.Reset(interval)
+	}
+}
+
+// final marks an error of a poll check that waiting will not cure.
+type final struct{ error }

@@ -1,0 +1,216 @@
+package memlock
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// DefaultWatchdogTTL is the lease time of leases acquired without fence.TTL
+// when Options.WatchdogTTL is zero. It is the same as redislock's default.
+const DefaultWatchdogTTL = 30 * time.Second
+
+// Options configure a Locker. A nil *Options means the defaults.
+type Options struct {
+	// WatchdogTTL is the lease time of leases acquired without fence.TTL;
+	// their watchdog renews them every third of it. Zero means
+	// DefaultWatchdogTTL.
+	WatchdogTTL time.Duration
+
+	_ struct{}
+}
+
+// Locker is an in-memory fence.Locker. It is safe for concurrent use. The
+// zero value is ready to use, with DefaultWatchdogTTL; a Locker must not be
+// copied after first use.
+type Locker struct {
+	watchdogTTL time.Duration // zero: DefaultWatchdogTTL
+
+	mu    sync.Mutex
+	last  fence.Token      // the last token issued, for any name
+	locks map[string]*lock // held locks only; a lock is deleted when freed
+}
+
+var _ fence.Locker = (*Locker)(nil)
+
+// lock is a held lock and the callers waiting for it, first come first.
+// While a lock has waiters it has a holder: freeing it hands it to the first
+// waiter at once.
+type lock struct {
+	holder  *lease
+	waiters []*waiter
+}
+
+// waiter is an Acquire waiting for a held lock. A hand-off sends the new
+// lease on granted, which has room for it, so the hand-off never blocks.
+type waiter struct {
+	ctx     context.Context
+	opts    fence.Options
+	granted chan *lease
+}
+
+// New returns a Locker with the options o, which may be nil. It returns an
+// error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
+// shorter than a millisecond.
+func New(o *Options) (*Locker, error) {
+	l := &Locker{}
+	if o != nil && o.WatchdogTTL != 0 {
+		if err := fence.ValidateTTL(o.WatchdogTTL); err != nil {
+			return nil, fmt.Errorf("memlock: watchdog TTL: %w", err)
+		}
+		l.watchdogTTL = o.WatchdogTTL
+	}
+	return l, nil
+}
+
+// Acquire takes the lock called name; see fence.Locker. With a Wait budget
+// it waits in line: a release, an expiry or Remove hands the lock to the
+// caller that has waited longest. When the budget runs out the error wraps
+// fence.ErrHeld; when ctx ends first, ctx.Err(). A nil ctx panics.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if ctx == nil {
+		panic("memlock: Acquire with a nil context")
+	}
+	if err := fence.ValidateName(name); err != nil {
+		return nil, err
+	}
+	o, err := fence.Apply(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fence.NotAcquired(name, err)
+	}
+
+	l.mu.Lock()
+	lk := l.locks[name]
+	if lk != nil {
+		l.expireLocked(lk.holder, time.Now())
+		lk = l.locks[name]
+	}
+	if lk == nil {
+		if l.locks == nil {
+			l.locks = make(map[string]*lock)
+		}
+		lk = &lock{}
+		l.locks[name] = lk
+		ls := l.grantLocked(ctx, name, lk, o)
+		l.mu.Unlock()
+		return ls, nil
+	}
+	if o.Wait == 0 {
+		l.mu.Unlock()
+		return nil, fence.NotAcquired(name, fence.ErrHeld)
+	}
+	w := &waiter{ctx: ctx, opts: o, granted: make(chan *lease, 1)}
+	lk.waiters = append(lk.waiters, w)
+	l.mu.Unlock()
+
+	budget := time.NewTimer(o.Wait)
+	defer budget.Stop()
+	var why error
+	select {
+	case ls := <-w.granted:
+		return ls, nil
+	case <-budget.C:
+		why = fence.ErrHeld
+	case <-ctx.Done():
+		why = ctx.Err()
+	}
+
+	l.mu.Lock()
+	if i := slices.Index(lk.waiters, w); i >= 0 {
+		lk.waiters = slices.Delete(lk.waiters, i, i+1)
+		l.mu.Unlock()
+		return nil, fence.NotAcquired(name, why)
+	}
+	// The lock was handed over just as the wait ended.
+	ls := <-w.granted
+	if err := ctx.Err(); err != nil {
+		// The caller has gone: pass the lock on rather than keep it held
+		// until it expires.
+		l.endLocked(ls, fence.ErrReleased)
+		ls.released = true
+		l.mu.Unlock()
+		return nil, fence.NotAcquired(name, err)
+	}
+	l.mu.Unlock()
+	return ls, nil // granted within the budget
+}
+
+// Remove deletes the lock called name behind its holder's back, as an
+// operator or a failover would: the holder's lease ends with an error
+// matching fence.ErrLeaseLost, and the lock goes to the longest waiter, if
+// any. Remove reports whether the lock was held.
+func (l *Locker) Remove(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lk := l.locks[name]
+	if lk == nil {
+		return false
+	}
+	l.endLocked(lk.holder, fmt.Errorf("%w: %q was removed", fence.ErrLeaseLost, name))
+	return true
+}
+
+// grantLocked makes a new lease the holder of lk. The caller holds l.mu.
+func (l *Locker) grantLocked(ctx context.Context, name string, lk *lock, o fence.Options) *lease {
+	l.last++
+	ls := &lease{l: l, name: name, token: l.last, ttl: o.TTL}
+	if ls.ttl == 0 {
+		ls.watchdog = true
+		ls.ttl = cmpOr(l.watchdogTTL, DefaultWatchdogTTL)
+	}
+	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	ls.deadline = time.Now().Add(ls.ttl)
+	next := ls.ttl
+	if ls.watchdog {
+		next = ls.ttl / 3
+	}
+	ls.timer = time.AfterFunc(next, ls.tick)
+	lk.holder = ls
+	return ls
+}
+
+// expireLocked ends ls if its deadline has passed at now, in case its timer
+// has not fired yet. The caller holds l.mu.
+func (l *Locker) expireLocked(ls *lease, now time.Time) {
+	if ls.err == nil && !now.Before(ls.deadline) {
+		l.endLocked(ls, fmt.Errorf("%w: %q expired at %v", fence.ErrLeaseLost, ls.name, ls.deadline.Format(time.RFC3339Nano)))
+	}
+}
+
+// endLocked ends ls with why, if it has not ended yet, and frees its lock:
+// the first waiter gets it, or the lock is deleted. The caller holds l.mu.
+func (l *Locker) endLocked(ls *lease, why error) {
+	if ls.err != nil {
+		return
+	}
+	ls.err = why
+	ls.timer.Stop()
+	ls.cancel(why)
+	lk := l.locks[ls.name]
+	if lk == nil || lk.holder != ls {
+		return
+	}
+	lk.holder = nil
+	if len(lk.waiters) == 0 {
+		delete(l.locks, ls.name)
+		return
+	}
+	w := lk.waiters[0]
+	lk.waiters = slices.Delete(lk.waiters, 0, 1)
+	w.granted <- l.grantLocked(w.ctx, ls.name, lk, w.opts)
+}
+
+// cmpOr returns a unless it is zero, else b.
+func cmpOr(a, b time.Duration) time.Duration {
+	if a != 0 {
+		return a
+	}
+	return b
+}
