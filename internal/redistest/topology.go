@@ -208,3 +208,56 @@ func WaitFailover(t testing.TB, s *Sentinels, old *Server, candidates ...*Server
 		<-tick.C
 	}
 }
+
+// MigrateSlot moves slot from one master of the cluster to another, key by
+// key, as redis-cli --cluster reshard does: the target is set IMPORTING,
+// the source MIGRATING, the slot's keys are moved with MIGRATE in batches,
+// and then every master is told the slot's new owner. While it runs,
+// clients of the slot meet ASK, TRYAGAIN and, once it is done, MOVED.
+func (c *Cluster) MigrateSlot(ctx context.Context, slot int, from, to *Server) error {
+	src := redis.NewClient(&redis.Options{Addr: from.Addr})
+	defer src.Close()
+	dst := redis.NewClient(&redis.Options{Addr: to.Addr})
+	defer dst.Close()
+	srcID, err := src.ClusterMyID(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("migrate slot %d: %w", slot, err)
+	}
+	dstID, err := dst.ClusterMyID(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("migrate slot %d: %w", slot, err)
+	}
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
+		return fmt.Errorf("migrate slot %d: importing: %w", slot, err)
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
+		return fmt.Errorf("migrate slot %d: migrating: %w", slot, err)
+	}
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 10).Result()
+		if err != nil {
+			return fmt.Errorf("migrate slot %d: %w", slot, err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", to.Host(), to.Port(), "", 0, 5000, "REPLACE", "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			return fmt.Errorf("migrate slot %d: MIGRATE: %w", slot, err)
+		}
+	}
+	// The target first, then the source, then the others: the order
+	// redis-cli uses, so that no node points back at the source.
+	for _, s := range append([]*Server{to, from}, c.Servers...) {
+		n := redis.NewClient(&redis.Options{Addr: s.Addr})
+		err := n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err()
+		n.Close()
+		if err != nil {
+			return fmt.Errorf("migrate slot %d: node %s: %w", slot, s.Addr, err)
+		}
+	}
+	return nil
+}
