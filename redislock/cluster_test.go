@@ -44,13 +44,23 @@ func redirections(t *testing.T, cluster *redistest.Cluster) map[string]int {
 // moved from node to node, four times, with CLUSTER SETSLOT
 // IMPORTING/MIGRATING, MIGRATE and SETSLOT NODE: every attempt ends in a
 // lease (or ErrHeld), none in a redirection error, and the tokens the
-// holders saw strictly increase.
+// holders saw strictly increase. With a replica per master, every script is
+// followed by WAIT 1 on the same connection of the node that ran it.
 func TestClusterSlotMigrationUnderLoad(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
+	for _, replicas := range []int{0, 1} {
+		t.Run(fmt.Sprintf("replicas-%d", replicas), func(t *testing.T) { testSlotMigration(t, replicas) })
+	}
+}
+
+func testSlotMigration(t *testing.T, replicas int) {
+	cluster := redistest.StartClusterWithReplicas(t, 3, replicas)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { _ = c.Close() })
 	l := lockerWith(t, c, redislock.Options{})
 	const name = "lock:migrating"
+	if r, err := l.Replicas(ctx(t), name); err != nil || r.Expected != replicas || r.Connected != replicas {
+		t.Fatalf("Replicas = %+v, %v; want %d expected and connected", r, err, replicas)
+	}
 	slot := int(c.ClusterKeySlot(ctx(t), lockKey(name)).Val())
 	// Where the slot is: asked once of a client of the test's own, then
 	// tracked as the test moves it.
@@ -155,5 +165,49 @@ func TestClusterSlotMigrationUnderLoad(t *testing.T) {
 		done.Load(), held.Load(), time.Since(start).Round(time.Millisecond), moves, after["MOVED"], after["ASK"], after["TRYAGAIN"])
 	if after["MOVED"] == 0 {
 		t.Fatal("no MOVED was answered: the test did not exercise redirections")
+	}
+}
+
+// TestClusterReplicaCut: on a cluster the expected replicas of a master are
+// those the cluster's node table lists, so a fresh Locker is refused when
+// the replica of the lock's master is cut off.
+func TestClusterReplicaCut(t *testing.T) {
+	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
+	newClient := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	sync := redislock.ReplicaSync{Timeout: 200 * time.Millisecond}
+	const name = "lock:payment:1001"
+	c := newClient()
+	node, err := c.MasterForKey(ctx(t), lockKey(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var master, replica *redistest.Server
+	for _, s := range cluster.Servers {
+		if s.Addr == node.Options().Addr {
+			master = s
+		}
+	}
+	for _, r := range cluster.Replicas {
+		info := r.Client(t).Info(ctx(t), "replication").Val()
+		if strings.Contains(info, "master_port:"+master.Port()+"\r") {
+			replica = r
+		}
+	}
+	if replica == nil {
+		t.Fatalf("no replica of %s", master.Addr)
+	}
+	cutReplicaOff(t, master, replica)
+	l := lockerWith(t, newClient(), redislock.Options{ReplicaSync: sync})
+	wantNotReplicated(t, "fresh Locker with the master's replica cut off", tryOnce(t, l, name), 0, 1)
+	s, err := l.Status(ctx(t), name)
+	if err != nil || s.Replicas.Expected != 1 || s.Replicas.Connected != 0 {
+		t.Fatalf("Status = %+v, %v; want 1 expected, 0 connected", s, err)
+	}
+	if err := l.SetExpectedReplicas(ctx(t), name, 0); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("SetExpectedReplicas on a cluster = %v, want ErrInvalidOption", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -105,12 +106,13 @@ func launchSentinel(dir, conf string) (*Server, error) {
 	})
 }
 
-// Cluster is a Redis Cluster of primaries without replicas.
+// Cluster is a Redis Cluster.
 type Cluster struct {
-	Servers []*Server
+	Servers  []*Server // the masters
+	Replicas []*Server // their replicas, if any
 }
 
-// Addrs returns the nodes' addresses.
+// Addrs returns the masters' addresses.
 func (c *Cluster) Addrs() []string {
 	var out []string
 	for _, s := range c.Servers {
@@ -123,23 +125,35 @@ func (c *Cluster) Addrs() []string {
 // redis-cli --cluster create, and waits for cluster_state:ok on every node.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	c := &Cluster{}
-	for range n {
-		c.Servers = append(c.Servers, Start(t, "--cluster-enabled", "yes",
+	return StartClusterWithReplicas(t, n, 0)
+}
+
+// StartClusterWithReplicas starts a cluster of n masters with replicas
+// replicas each, and waits until cluster_state is ok on every node and
+// every replica really receives its master's writes.
+func StartClusterWithReplicas(t testing.TB, n, replicas int) *Cluster {
+	t.Helper()
+	var all []*Server
+	for range n * (1 + replicas) {
+		all = append(all, Start(t, "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
 	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		t.Fatalf("redis-cli not found on PATH: %s", installHint)
 	}
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args := []string{"--cluster", "create"}
+	for _, s := range all {
+		args = append(args, s.Addr)
+	}
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, s := range c.Servers {
+	c := &Cluster{}
+	for _, s := range all {
 		rc := redis.NewClient(&redis.Options{Addr: s.Addr})
 		for {
 			info, err := rc.ClusterInfo(ctx).Result()
@@ -153,9 +167,63 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			wait := time.NewTimer(50 * time.Millisecond)
 			<-wait.C
 		}
+		info, err := rc.Info(ctx, "replication").Result()
 		rc.Close()
+		if err != nil {
+			t.Fatalf("redistest: %v", err)
+		}
+		if strings.Contains(info, "role:master") {
+			c.Servers = append(c.Servers, s)
+		} else {
+			c.Replicas = append(c.Replicas, s)
+		}
+	}
+	if replicas > 0 {
+		if err := c.replicated(ctx, replicas); err != nil {
+			t.Fatalf("redistest: %v", err)
+		}
 	}
 	return c
+}
+
+// replicated waits until every master's n replicas acknowledge a write.
+func (c *Cluster) replicated(ctx context.Context, n int) error {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer cc.Close()
+	for _, m := range c.Servers {
+		// A key that this master owns, written and waited for on one
+		// connection (WAIT counts its own connection's writes).
+		var node *redis.Client
+		var key string
+		for i := 0; node == nil || node.Options().Addr != m.Addr; i++ {
+			key = fmt.Sprintf("redistest:marker:%d", i)
+			var err error
+			if node, err = cc.MasterForKey(ctx, key); err != nil {
+				return err
+			}
+		}
+		conn := node.Conn()
+		for {
+			if err := conn.Set(ctx, key, 1, 0).Err(); err != nil {
+				conn.Close()
+				return fmt.Errorf("marker on %s: %w", m.Addr, err)
+			}
+			acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
+			if err == nil && acked >= n {
+				err = conn.Del(ctx, key).Err()
+				conn.Close()
+				if err != nil {
+					return err
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				conn.Close()
+				return fmt.Errorf("replicas of %s not in sync: acked %d, %v", m.Addr, acked, err)
+			}
+		}
+	}
+	return nil
 }
 
 // WaitSentinelsReady waits until every sentinel knows the replicas and the
