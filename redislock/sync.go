@@ -26,6 +26,17 @@ const (
 // error matching fence.ErrNotReplicated. Renewals are confirmed the same way;
 // an unconfirmed renewal does not move the lease's deadline.
 //
+// It fails closed: a replica that was seen and is gone (link cut, process
+// stopped) is still waited for, by every Locker of that primary, so its
+// acquisitions are refused rather than confirmed by nobody. A Locker reads
+// the counts (one script: INFO replication and the record) on its first
+// acquisition and then at most every 10 s, or at once when a WAIT sees more
+// replicas than expected or fewer than required. The record has no expiry:
+// volatile-* eviction policies never remove it, but under an allkeys-*
+// policy an eviction restarts the count from the replicas connected then.
+// A record fence did not write refuses acquisitions with a
+// ReplicaRecordError naming the key until it is deleted or set.
+//
 // It is on by default and costs nothing on a primary without replicas. Turn
 // it off (Disabled) only where a lost lock is harmless because the resource
 // checks tokens anyway, or where the primary has no replicas that could be
