@@ -29,7 +29,8 @@ local expected = math.max(connected, recorded or 0)
 if ARGV[1] == 'set' then
   expected = tonumber(ARGV[2])
 end
-if ARGV[1] ~= 'read' and expected ~= recorded and (rec or expected > 0) then
+-- A server that does not state its replication id gets no record.
+if ARGV[1] ~= 'read' and replid ~= '' and expected ~= recorded and (rec or expected > 0) then
   redis.call('SET', KEYS[1], replid .. ' ' .. expected)
 end
 return {expected, connected, replid}

@@ -116,7 +116,7 @@ type ReplicaRecordError struct {
 }
 
 func (e *ReplicaRecordError) Error() string {
-	return fmt.Sprintf("redislock: bad replica record %s: %s", e.Key, e.Detail)
+	return fmt.Sprintf("bad replica record %s: %s", e.Key, e.Detail)
 }
 
 const replicaRecordErrPrefix = "FENCEREPLICAS "
@@ -346,10 +346,10 @@ func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []st
 	}
 	if acked < required && l.sync.Replicas == 0 {
 		// The topology may have changed (a failover gives a new
-		// replication id, and with it a new record): read it again now.
-		if expected, err := l.expected(ctx, node, last, true); err == nil {
-			required = min(required, l.sync.required(expected))
-		}
+		// replication id, and with it a new record): read it again now,
+		// for the next attempt. This one stays refused: its write may
+		// have gone to a primary that is no longer the one read now.
+		_, _ = l.expected(ctx, node, last, true)
 	}
 	return reply, acked, required, nil
 }
