@@ -323,21 +323,17 @@ func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []st
 		return l.evalRouted(ctx, script, keys, args...)
 	}
 	var expected int
-	var node string
-	var last redis.Cmdable
-	err = l.onSlotMaster(ctx, keys[0], func(addr string, c redis.Cmdable, asking bool) error {
-		node, last, expected, acked, required = addr, c, l.sync.Replicas, 0, 0
-		if expected == 0 {
+	node, last := "", redis.Cmdable(l.client)
+	if !l.sharded {
+		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, script, keys, args)
+	} else {
+		err = l.onSlotMaster(ctx, keys[0], func(addr string, c redis.Cmdable, asking bool) error {
+			node, last = addr, c
 			var err error
-			if expected, err = l.expected(ctx, node, c, false); err != nil {
-				return err
-			}
-		}
-		required = l.sync.required(expected)
-		var err error
-		reply, acked, err = evalPipelined(ctx, c, asking, required, l.sync.Timeout, script, keys, args)
-		return err
-	})
+			reply, acked, required, expected, err = l.evalOnce(ctx, node, c, asking, script, keys, args)
+			return err
+		})
+	}
 	if err != nil {
 		return reply, 0, required, err
 	}
@@ -352,6 +348,20 @@ func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []st
 		_, _ = l.expected(ctx, node, last, true)
 	}
 	return reply, acked, required, nil
+}
+
+// evalOnce runs script on c, the primary called node, with WAIT for as
+// many acknowledgements as its expected replicas require.
+func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, asking bool, script *redis.Script, keys []string, args []any) (reply *redis.Cmd, acked, required, expected int, err error) {
+	expected = l.sync.Replicas
+	if expected == 0 {
+		if expected, err = l.expected(ctx, node, c, false); err != nil {
+			return nil, 0, 0, 0, err
+		}
+	}
+	required = l.sync.required(expected)
+	reply, acked, err = evalPipelined(ctx, c, asking, required, l.sync.Timeout, script, keys, args)
+	return reply, acked, required, expected, err
 }
 
 // evalRouted runs script on the primary that owns keys[0], without WAIT,
@@ -373,6 +383,10 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys []st
 // preceded by ASKING when asking and followed by WAIT required timeout when
 // required > 0, all in one pipeline: one connection, one round trip.
 func evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, timeout time.Duration, script *redis.Script, keys []string, args []any) (reply *redis.Cmd, acked int, err error) {
+	if !asking && required == 0 {
+		reply = script.Run(ctx, c, keys, args...)
+		return reply, 0, reply.Err()
+	}
 	for _, load := range []bool{false, true} {
 		pipe := c.Pipeline()
 		if asking {
