@@ -180,12 +180,72 @@ func TestClusterReplicaCut(t *testing.T) {
 	}
 	sync := redislock.ReplicaSync{Timeout: 200 * time.Millisecond}
 	const name = "lock:payment:1001"
-	c := newClient()
+	master, replica := masterAndReplica(t, cluster, newClient(), name)
+	cutReplicaOff(t, master, replica)
+	l := lockerWith(t, newClient(), redislock.Options{ReplicaSync: sync})
+	wantNotReplicated(t, "fresh Locker with the master's replica cut off", tryOnce(t, l, name), 0, 1)
+	s, err := l.Status(ctx(t), name)
+	if err != nil || s.Replicas.Expected != 1 || s.Replicas.Connected != 0 {
+		t.Fatalf("Status = %+v, %v; want 1 expected, 0 connected", s, err)
+	}
+	if err := l.SetExpectedReplicas(ctx(t), name, 0); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("SetExpectedReplicas on a cluster = %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestClusterFailoverResetsCount: when a cluster master dies and its
+// replica is promoted, the old master is listed as a failed master, not as
+// a replica of the new one, so the new master expects only the replicas it
+// has (none here) and acquisitions go on without waiting.
+func TestClusterFailoverResetsCount(t *testing.T) {
+	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: append(cluster.Addrs(), replicaAddrs(cluster)...)})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	const name = "lock:payment:1001"
+	before := acquire(t, l, name, fence.TTL(time.Minute))
+	if err := before.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	master, replica := masterAndReplica(t, cluster, c, name)
+	master.Kill()
+	rc := replica.Client(t)
+	waitFor(t, func() bool {
+		return strings.Contains(rc.Info(ctx(t), "replication").Val(), "role:master")
+	})
+	promoted := time.Now()
+	var lease fence.Lease
+	waitFor(t, func() bool { // until the client's slot map names the new master
+		var err error
+		lease, err = l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+		return err == nil
+	})
+	defer lease.Release(ctx(t))
+	t.Logf("acquired %v after the promotion", time.Since(promoted).Round(time.Millisecond))
+	if lease.Token() <= before.Token() {
+		t.Fatalf("token %d after the failover, want > %d", lease.Token(), before.Token())
+	}
+	r, err := l.Replicas(ctx(t), name)
+	if err != nil || r.Expected != 0 {
+		t.Fatalf("Replicas after the failover = %+v, %v; want 0 expected", r, err)
+	}
+}
+
+func replicaAddrs(c *redistest.Cluster) []string {
+	var out []string
+	for _, s := range c.Replicas {
+		out = append(out, s.Addr)
+	}
+	return out
+}
+
+// masterAndReplica returns the master that serves name and its replica.
+func masterAndReplica(t *testing.T, cluster *redistest.Cluster, c *redis.ClusterClient, name string) (master, replica *redistest.Server) {
+	t.Helper()
 	node, err := c.MasterForKey(ctx(t), lockKey(name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var master, replica *redistest.Server
 	for _, s := range cluster.Servers {
 		if s.Addr == node.Options().Addr {
 			master = s
@@ -197,17 +257,8 @@ func TestClusterReplicaCut(t *testing.T) {
 			replica = r
 		}
 	}
-	if replica == nil {
-		t.Fatalf("no replica of %s", master.Addr)
+	if master == nil || replica == nil {
+		t.Fatalf("no master and replica for %q", name)
 	}
-	cutReplicaOff(t, master, replica)
-	l := lockerWith(t, newClient(), redislock.Options{ReplicaSync: sync})
-	wantNotReplicated(t, "fresh Locker with the master's replica cut off", tryOnce(t, l, name), 0, 1)
-	s, err := l.Status(ctx(t), name)
-	if err != nil || s.Replicas.Expected != 1 || s.Replicas.Connected != 0 {
-		t.Fatalf("Status = %+v, %v; want 1 expected, 0 connected", s, err)
-	}
-	if err := l.SetExpectedReplicas(ctx(t), name, 0); !errors.Is(err, fence.ErrInvalidOption) {
-		t.Fatalf("SetExpectedReplicas on a cluster = %v, want ErrInvalidOption", err)
-	}
+	return master, replica
 }

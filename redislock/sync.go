@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -466,7 +467,16 @@ func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node str
 			}
 			asking, redirects = false, 0
 			continue
-		case (!isMoved && !isAsk) || redirects == maxRedirects:
+		case !isMoved && !isAsk:
+			// A node that cannot be reached, or is no longer a master,
+			// may have failed over: the next call should ask the
+			// cluster's new slot map, not this one.
+			var reply redis.Error
+			if !errors.As(err, &reply) || redis.HasErrorPrefix(err, "READONLY") || redis.HasErrorPrefix(err, "CLUSTERDOWN") {
+				cc.ReloadState(ctx)
+			}
+			return err
+		case redirects == maxRedirects:
 			return err
 		case isMoved:
 			cc.ReloadState(ctx)
