@@ -58,7 +58,7 @@ func testSlotMigration(t *testing.T, replicas int) {
 	t.Cleanup(func() { _ = c.Close() })
 	l := lockerWith(t, c, redislock.Options{})
 	const name = "lock:migrating"
-	if r, err := l.Replicas(ctx(t), name); err != nil || r.Expected != replicas || r.Connected != replicas {
+	if r, err := l.ReplicaCounts(ctx(t), name); err != nil || r.Expected != replicas || r.Connected != replicas {
 		t.Fatalf("Replicas = %+v, %v; want %d expected and connected", r, err, replicas)
 	}
 	slot := int(c.ClusterKeySlot(ctx(t), lockKey(name)).Val())
@@ -225,7 +225,7 @@ func TestClusterFailoverResetsCount(t *testing.T) {
 	if lease.Token() <= before.Token() {
 		t.Fatalf("token %d after the failover, want > %d", lease.Token(), before.Token())
 	}
-	r, err := l.Replicas(ctx(t), name)
+	r, err := l.ReplicaCounts(ctx(t), name)
 	if err != nil || r.Expected != 0 {
 		t.Fatalf("Replicas after the failover = %+v, %v; want 0 expected", r, err)
 	}

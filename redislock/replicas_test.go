@@ -123,7 +123,7 @@ func TestReplicaAddedThenRemoved(t *testing.T) {
 	}
 	replica.Kill()
 	waitFor(t, func() bool {
-		r, err := l.Replicas(ctx(t), "job")
+		r, err := l.ReplicaCounts(ctx(t), "job")
 		return err == nil && r.Connected == 0
 	})
 	wantNotReplicated(t, "old Locker after the replica died", tryOnce(t, l, "job"), 0, 1)
@@ -146,7 +146,7 @@ func TestReplicaRecordResetsOnFailover(t *testing.T) {
 	if err := tryOnce(t, a, "job"); err != nil {
 		t.Fatal(err)
 	}
-	before, err := a.Replicas(ctx(t), "job")
+	before, err := a.ReplicaCounts(ctx(t), "job")
 	if err != nil || before.Expected != 1 {
 		t.Fatalf("before the failover: %+v, %v", before, err)
 	}
@@ -164,7 +164,7 @@ func TestReplicaRecordResetsOnFailover(t *testing.T) {
 	if took := time.Since(start); took > time.Second {
 		t.Fatalf("acquisition took %v: it waited for the old primary's replica", took)
 	}
-	after, err := b.Replicas(ctx(t), "job")
+	after, err := b.ReplicaCounts(ctx(t), "job")
 	if err != nil || after.Expected != 0 || after.ReplicationID == before.ReplicationID {
 		t.Fatalf("after the failover: %+v, %v; want 0 expected under a new replication id", after, err)
 	}

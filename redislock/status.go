@@ -21,7 +21,7 @@ type Status struct {
 	// lock: how many replica sync expects (see ReplicaSync.Replicas) and
 	// how many are connected. Fewer connected than expected means that
 	// acquisitions wait for replicas that may not answer.
-	Replicas Replicas
+	Replicas ReplicaCounts
 }
 
 // Status reads the state of the lock called name, and the replica counts of
@@ -52,7 +52,7 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 		}
 		s.LastToken = fence.Token(n)
 	}
-	r, err := l.Replicas(ctx, name)
+	r, err := l.ReplicaCounts(ctx, name)
 	if err != nil {
 		return s, fmt.Errorf("redislock: status %q: %w", name, err)
 	}

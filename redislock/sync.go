@@ -91,13 +91,13 @@ type replicaCounts struct {
 }
 
 type nodeReplicas struct {
-	Replicas
+	ReplicaCounts
 	readAt time.Time
 	stale  bool // a WAIT saw more replicas than expected
 }
 
-// Replicas are the replica counts of one primary.
-type Replicas struct {
+// ReplicaCounts are the replica counts of one primary.
+type ReplicaCounts struct {
 	// Expected is how many replicas the primary should have: the count
 	// recorded on the primary (see ReplicaSync.Replicas), or
 	// ReplicaSync.Replicas if set.
@@ -145,11 +145,11 @@ func (l *Locker) expected(ctx context.Context, node string, c redis.Cmdable, for
 	return r.Expected, nil
 }
 
-func (l *Locker) cacheReplicas(node string, r Replicas, at time.Time) {
+func (l *Locker) cacheReplicas(node string, r ReplicaCounts, at time.Time) {
 	rc := &l.replicas
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	rc.nodes[node] = &nodeReplicas{Replicas: r, readAt: at}
+	rc.nodes[node] = &nodeReplicas{ReplicaCounts: r, readAt: at}
 }
 
 func (l *Locker) markStale(node string) {
@@ -164,7 +164,7 @@ func (l *Locker) markStale(node string) {
 // readReplicas reads the replica counts of the primary behind c in one
 // round trip. mode is the record script's: "raise", "read" or "set" (then
 // with the count in set).
-func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string, set ...any) (Replicas, error) {
+func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string, set ...any) (ReplicaCounts, error) {
 	if l.sharded {
 		return clusterReplicas(ctx, c)
 	}
@@ -172,17 +172,17 @@ func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string,
 	res, err := replicasScript.Run(ctx, c, []string{key}, append([]any{mode}, set...)...).Slice()
 	if err != nil {
 		if msg, ok := strings.CutPrefix(err.Error(), replicaRecordErrPrefix); ok {
-			return Replicas{}, &ReplicaRecordError{Key: key, Detail: msg}
+			return ReplicaCounts{}, &ReplicaRecordError{Key: key, Detail: msg}
 		}
-		return Replicas{}, fmt.Errorf("redislock: read replica record %s: %w", key, err)
+		return ReplicaCounts{}, fmt.Errorf("redislock: read replica record %s: %w", key, err)
 	}
-	var r Replicas
+	var r ReplicaCounts
 	if len(res) == 3 {
 		e, ok1 := res[0].(int64)
 		n, ok2 := res[1].(int64)
 		id, ok3 := res[2].(string)
 		if ok1 && ok2 && ok3 {
-			return Replicas{Expected: int(e), Connected: int(n), ReplicationID: id}, nil
+			return ReplicaCounts{Expected: int(e), Connected: int(n), ReplicationID: id}, nil
 		}
 	}
 	return r, fmt.Errorf("redislock: read replica record %s: unexpected reply %v", key, res)
@@ -192,14 +192,14 @@ func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string,
 // ones from INFO replication, the expected ones from the cluster's node
 // table, which lists a master's replicas (failed ones included) until
 // CLUSTER FORGET removes them.
-func clusterReplicas(ctx context.Context, c redis.Cmdable) (Replicas, error) {
+func clusterReplicas(ctx context.Context, c redis.Cmdable) (ReplicaCounts, error) {
 	pipe := c.Pipeline()
 	info := pipe.Info(ctx, "replication")
 	nodes := pipe.ClusterNodes(ctx)
 	if _, err := pipe.Exec(ctx); err != nil {
-		return Replicas{}, fmt.Errorf("redislock: read replica counts: %w", err)
+		return ReplicaCounts{}, fmt.Errorf("redislock: read replica counts: %w", err)
 	}
-	var r Replicas
+	var r ReplicaCounts
 	r.Connected, r.ReplicationID = parseReplication(info.Val())
 	r.Expected = max(r.Connected, knownReplicas(nodes.Val()))
 	return r, nil
@@ -247,17 +247,17 @@ func parseReplication(info string) (replicas int, replid string) {
 	return replicas, replid
 }
 
-// Replicas reads the replica counts of the primary that serves the lock
+// ReplicaCounts reads the replica counts of the primary that serves the lock
 // called name (on a cluster, the master of its slot; otherwise the one
 // primary). It changes nothing on the server. Expected is
 // ReplicaSync.Replicas when that is set.
-func (l *Locker) Replicas(ctx context.Context, name string) (Replicas, error) {
+func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts, error) {
 	if err := fence.ValidateName(name); err != nil {
-		return Replicas{}, err
+		return ReplicaCounts{}, err
 	}
 	_, c, err := l.primaryFor(ctx, l.keys(name).lock)
 	if err != nil {
-		return Replicas{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
+		return ReplicaCounts{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
 	}
 	r, err := l.readReplicas(ctx, c, "read")
 	if err == nil && l.sync.Replicas > 0 {
