@@ -423,6 +423,7 @@ func evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required i
 const (
 	maxRedirects    = 16                    // MOVED and ASK in a row
 	tryAgainBackoff = 64 * time.Millisecond // the longest pause after TRYAGAIN
+	tryAgainFor     = 5 * time.Second       // how long to retry TRYAGAIN: a migration left half done needs an operator
 )
 
 // onSlotMaster calls run with the client of the primary that owns key (on
@@ -432,8 +433,9 @@ const (
 // after MOVED it calls run again on the named node; after ASK it calls run
 // on the importing node with asking set, so that run sends ASKING first on
 // the same connection; after TRYAGAIN (a multi-key script while a slot's
-// keys are split between two nodes) it waits a little and starts over,
-// until ctx ends. The slot map of the cluster client is reloaded after
+// keys are split between two nodes, or while the slot is open and some of
+// the script's keys do not exist) it waits a little and starts over, until
+// ctx ends or for at most 5 s, and then returns the TRYAGAIN error. The slot map of the cluster client is reloaded after
 // MOVED, so later calls go to the new owner directly.
 func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node string, c redis.Cmdable, asking bool) error) error {
 	node, c, err := l.primaryFor(ctx, key)
@@ -445,6 +447,7 @@ func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node str
 		return run(node, c, false)
 	}
 	asking, redirects, backoff := false, 0, time.Millisecond
+	var tryAgainUntil time.Time
 	for {
 		err := run(node, c, asking)
 		if err == nil {
@@ -454,6 +457,11 @@ func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node str
 		ask, isAsk := redis.IsAskError(err)
 		switch {
 		case redis.IsTryAgainError(err):
+			if tryAgainUntil.IsZero() {
+				tryAgainUntil = time.Now().Add(tryAgainFor)
+			} else if time.Now().After(tryAgainUntil) {
+				return err
+			}
 			pause := time.NewTimer(backoff)
 			select {
 			case <-ctx.Done():
@@ -491,12 +499,13 @@ func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node str
 	}
 }
 
-// masterByAddr returns the cluster client's node client for the master at
-// addr.
+// masterByAddr returns the cluster client's node client for addr, which a
+// redirection named as the slot's master; the client's slot map may still
+// list it as a replica (just after a failover), so every node is searched.
 func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
 	var mu sync.Mutex
 	var found *redis.Client
-	err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+	err := cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
 		if c.Options().Addr == addr {
 			mu.Lock()
 			found = c
@@ -505,7 +514,7 @@ func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*r
 		return nil
 	})
 	if err == nil && found == nil {
-		err = fmt.Errorf("redirected to %s, which the cluster client does not list as a master", addr)
+		err = fmt.Errorf("redirected to %s, which the cluster client does not list", addr)
 	}
 	return found, err
 }

@@ -129,8 +129,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 }
 
 // StartClusterWithReplicas starts a cluster of n masters with replicas
-// replicas each, and waits until cluster_state is ok on every node and
-// every replica really receives its master's writes.
+// replicas each, and waits until cluster_state is ok on every node, every
+// master's node table lists its replicas, and every replica really receives
+// its master's writes.
 func StartClusterWithReplicas(t testing.TB, n, replicas int) *Cluster {
 	t.Helper()
 	var all []*Server
@@ -201,6 +202,23 @@ func (c *Cluster) replicated(ctx context.Context, n int) error {
 			if node, err = cc.MasterForKey(ctx, key); err != nil {
 				return err
 			}
+		}
+		// The master's node table lists its replicas some gossip rounds
+		// after they replicate: wait for that too.
+		id, err := node.ClusterMyID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		for {
+			listed, err := node.Do(ctx, "CLUSTER", "REPLICAS", id).StringSlice()
+			if err == nil && len(listed) >= n {
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s lists %d replicas, want %d: %v", m.Addr, len(listed), n, err)
+			}
+			tick := time.NewTimer(20 * time.Millisecond)
+			<-tick.C
 		}
 		conn := node.Conn()
 		for {
