@@ -17,8 +17,7 @@ local recorded = nil
 if rec then
   local id, n = string.match(rec, '^(%w+) (%d+)$')
   if not id or #n > 6 then
-    return redis.error_reply('FENCEREPLICAS replica record ' .. KEYS[1] ..
-      ' holds ' .. string.format('%q', string.sub(rec, 1, 64)) ..
+    return redis.error_reply('FENCEREPLICAS ' .. KEYS[1] .. ' holds ' .. string.format('%q', string.sub(rec, 1, 64)) ..
       ', not "<master_replid> <count>"; set it with SetExpectedReplicas or delete it')
   end
   if id == replid then

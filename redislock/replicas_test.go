@@ -188,6 +188,9 @@ func TestReplicaRecordAbuse(t *testing.T) {
 		if !errors.Is(err, fence.ErrNotAcquired) || !errors.As(err, &re) || re.Key != replicaRecord {
 			t.Fatalf("record %.20q: %v, want a ReplicaRecordError naming %s", bad, err, replicaRecord)
 		}
+		if bad == "abc" {
+			t.Log(err)
+		}
 		if _, err := l.Status(ctx(t), "job"); !errors.As(err, &re) {
 			t.Fatalf("Status with record %.20q: %v", bad, err)
 		}

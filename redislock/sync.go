@@ -99,8 +99,8 @@ type nodeReplicas struct {
 // ReplicaCounts are the replica counts of one primary.
 type ReplicaCounts struct {
 	// Expected is how many replicas the primary should have: the count
-	// recorded on the primary (see ReplicaSync.Replicas), or
-	// ReplicaSync.Replicas if set.
+	// recorded on the primary, on a cluster the count its node table
+	// lists (see ReplicaSync.Replicas), or ReplicaSync.Replicas if set.
 	Expected int
 	// Connected is connected_slaves from INFO replication.
 	Connected int
@@ -171,7 +171,7 @@ func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string,
 	key := l.prefix + ":replicas"
 	res, err := replicasScript.Run(ctx, c, []string{key}, append([]any{mode}, set...)...).Slice()
 	if err != nil {
-		if msg, ok := strings.CutPrefix(err.Error(), replicaRecordErrPrefix); ok {
+		if msg, ok := strings.CutPrefix(err.Error(), replicaRecordErrPrefix+key+" "); ok {
 			return ReplicaCounts{}, &ReplicaRecordError{Key: key, Detail: msg}
 		}
 		return ReplicaCounts{}, fmt.Errorf("redislock: read replica record %s: %w", key, err)
