@@ -136,7 +136,9 @@ func testSlotMigration(t *testing.T, replicas int) {
 			return done.Load() >= target || len(failures) > 0
 		})
 	}
+	began := time.Now()
 	progress(20)
+	t.Logf("20 acquisitions before the first move took %v", time.Since(began).Round(time.Millisecond))
 	start := time.Now()
 	var moves []time.Duration
 	for _, to := range []int{1, 2, 0, 1} {
@@ -144,16 +146,20 @@ func testSlotMigration(t *testing.T, replicas int) {
 		if dest == from {
 			dest = cluster.Servers[(to+1)%3]
 		}
-		began := time.Now()
+		began = time.Now()
 		if err := cluster.MigrateSlot(ctx(t), slot, from, dest); err != nil {
 			t.Fatal(err)
 		}
 		moves = append(moves, time.Since(began))
 		from = dest
+		began = time.Now()
 		progress(20)
+		t.Logf("20 acquisitions after move %d took %v", len(moves), time.Since(began).Round(time.Millisecond))
 	}
 	close(stop)
+	stopped := time.Now()
 	wg.Wait()
+	t.Logf("the workers' last acquisitions took %v to finish", time.Since(stopped).Round(time.Millisecond))
 	if len(failures) > 0 {
 		t.Fatalf("%d failures, first: %v", len(failures), failures[0])
 	}
