@@ -36,7 +36,9 @@
 // (Locker.SetExpectedReplicas) or a failover gives the primary a new
 // replication id. On a cluster the count is read from the cluster's node
 // table instead, and scripts follow MOVED and ASK redirections and retry
-// TRYAGAIN, so a slot migration does not fail acquisitions.
+// TRYAGAIN, so a slot migration does not fail acquisitions; waiters
+// subscribe again on the slot's new node when Redis drops their
+// subscription.
 //
 // # Waiting
 //
