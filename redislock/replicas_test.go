@@ -195,6 +195,13 @@ func TestReplicaRecordAbuse(t *testing.T) {
 			t.Fatalf("Status with record %.20q: %v", bad, err)
 		}
 	}
+	// A record of another type fails closed, naming the key.
+	admin.Del(ctx(t), replicaRecord)
+	admin.HSet(ctx(t), replicaRecord, "replicas", 0)
+	if err := tryOnce(t, lockerWith(t, admin, redislock.Options{ReplicaSync: sync}), "job"); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") || !strings.Contains(err.Error(), replicaRecord) {
+		t.Fatalf("record of the wrong type: %v", err)
+	}
+	admin.Del(ctx(t), replicaRecord)
 	// A plausible but wrong count under this primary's id fails closed too.
 	id, err := admin.Do(ctx(t), "EVAL", "return string.match(redis.call('INFO','replication'), 'master_replid:(%w+)')", 0).Text()
 	if err != nil {
