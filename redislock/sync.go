@@ -66,7 +66,10 @@ type ReplicaSync struct {
 	// failover gives the primary a new replication id. On a cluster the
 	// expected count of a master is the number of replicas the cluster's
 	// node table lists for it (failed ones included) or the connected count
-	// if larger; CLUSTER FORGET lowers it. Set Replicas to override both.
+	// if larger; CLUSTER FORGET lowers it. A replica that no client ever
+	// saw connected (cut off before any Locker read the counts, or before
+	// the cluster's gossip listed it) is not expected: set Replicas where
+	// that matters. Set Replicas to override both.
 	Replicas int
 
 	// Timeout bounds each WAIT. Default 1 s (Redisson's slavesSyncTimeout).
