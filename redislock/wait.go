@@ -24,7 +24,9 @@ type watch struct {
 	readyErr  error
 	readyAt   time.Time // when it was confirmed
 
-	closing chan struct{} // closed by the last waiter, before ps.Close
+	closing chan struct{}   // closed by the last waiter, before ps.Close
+	ctx     context.Context // ended by the last waiter: bounds a resubscription
+	stop    context.CancelFunc
 	done    chan struct{} // closed when the reader goroutine has exited
 }
 
@@ -40,6 +42,7 @@ func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}
 	first := w == nil
 	if first {
 		w = &watch{channel: channel, ready: make(chan struct{}), closing: make(chan struct{}), done: make(chan struct{})}
+		w.ctx, w.stop = context.WithCancel(context.Background())
 		l.watches[channel] = w
 	}
 	w.waiters = append(w.waiters, me)
@@ -102,6 +105,7 @@ func (l *Locker) leave(channel string, w *watch, me chan struct{}) {
 	l.mu.Unlock()
 	if last {
 		close(w.closing)
+		w.stop()
 		l.mu.Lock()
 		ps := w.ps
 		l.mu.Unlock()
@@ -210,9 +214,9 @@ func (l *Locker) read(w *watch) {
 // has left meanwhile.
 func (l *Locker) resubscribe(w *watch) bool {
 	if cc, ok := l.client.(*redis.ClusterClient); ok {
-		cc.ReloadState(context.Background())
+		cc.ReloadState(w.ctx)
 	}
-	ps := l.client.SSubscribe(context.Background(), w.channel)
+	ps := l.client.SSubscribe(w.ctx, w.channel)
 	l.mu.Lock()
 	select {
 	case <-w.closing:
