@@ -30,9 +30,11 @@ const (
 // It fails closed: a replica that was seen and is gone (link cut, process
 // stopped) is still waited for, by every Locker of that primary, so its
 // acquisitions are refused rather than confirmed by nobody. A Locker reads
-// the counts (one script: INFO replication and the record) on its first
-// acquisition and then at most every 10 s, or at once when a WAIT sees more
-// replicas than expected or fewer than required. The record has no expiry:
+// the counts (one round trip: a script that reads INFO replication and the
+// record; on a cluster INFO replication and CLUSTER NODES) on its first
+// acquisition on a primary and then every 10 s, and sooner (at most once a
+// second) when a WAIT sees more replicas than expected or fewer than
+// required. The record has no expiry:
 // volatile-* eviction policies never remove it, but under an allkeys-*
 // policy an eviction restarts the count from the replicas connected then.
 // A record fence did not write refuses acquisitions with a
