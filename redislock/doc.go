@@ -4,7 +4,9 @@
 // # Keys
 //
 // A lock name N under the prefix P (default "fence") uses three keys that
-// share the hash tag {N}, so on a cluster they live in one slot:
+// share the hash tag {N}, so on a cluster they live in one slot (and a
+// non-cluster primary with replicas holds one more, P:replicas; see Replica
+// sync):
 //
 //	P:{N}           the lock: the owner's 128-bit random id, with the lease's expiry
 //	P:{N}:token     the last token issued for N, kept for Options.TokenRetention
@@ -21,6 +23,22 @@
 // (a restart or a failover takes seconds; NTP keeps hosts within
 // milliseconds). The record expires after its retention period, so no key
 // outlives its use.
+//
+// # Replica sync
+//
+// With ReplicaSync on (the default), each acquisition and renewal is
+// followed by WAIT on the same connection, in the same round trip, for as
+// many replica acknowledgements as the rule asks of the replicas the
+// primary is expected to have. That expected count is recorded on the
+// primary, in the key P:replicas ("<master_replid> <count>", no expiry), so
+// that it survives the process: a replica seen once keeps counting, for
+// every client of that primary, until an operator lowers the record
+// (Locker.SetExpectedReplicas) or a failover gives the primary a new
+// replication id. On a cluster the count is read from the cluster's node
+// table instead, and scripts follow MOVED and ASK redirections and retry
+// TRYAGAIN, so a slot migration does not fail acquisitions; waiters
+// subscribe again on the slot's new node when Redis drops their
+// subscription.
 //
 // # Waiting
 //

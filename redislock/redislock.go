@@ -81,7 +81,7 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		retention: or(o.TokenRetention, DefaultTokenRetention),
 		watches:   make(map[string]*watch),
 		sync:      o.ReplicaSync,
-		replicas:  replicaCounts{nodes: make(map[string]*nodeReplicas)},
+		replicas:  replicaCounts{now: time.Now, nodes: make(map[string]*nodeReplicas)},
 	}
 	l.sync.Timeout = or(l.sync.Timeout, time.Second)
 	if s := l.sync; s.Acks < AcksAll || s.Replicas < 0 || s.Timeout < time.Millisecond {
@@ -254,7 +254,11 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt) (bool, error) {
 	if l.sharded {
 		publish = "SPUBLISH"
 	}
-	n, err := releaseScript.Run(ctx, l.client, []string{a.keys.lock, a.keys.channel}, a.owner, publish).Int()
+	reply, _, _, err := l.evalRouted(ctx, releaseScript, []string{a.keys.lock, a.keys.channel}, a.owner, publish)
+	if err != nil {
+		return false, err
+	}
+	n, err := reply.Int()
 	return n == 1, err
 }
 

@@ -20,4 +20,8 @@ var (
 	//go:embed release.lua
 	releaseSrc    string
 	releaseScript = redis.NewScript(releaseSrc)
+
+	//go:embed replicas.lua
+	replicasSrc    string
+	replicasScript = redis.NewScript(replicasSrc)
 )

@@ -16,10 +16,16 @@ type Status struct {
 	Held      bool          // the lock is held
 	TTL       time.Duration // the holder's remaining lease; negative if held without expiry
 	LastToken fence.Token   // the last token issued; 0 if the record has expired or never existed
+
+	// Replicas are the replica counts of the primary that serves the
+	// lock: how many replica sync expects (see ReplicaSync.Replicas) and
+	// how many are connected. Fewer connected than expected means that
+	// acquisitions wait for replicas that may not answer.
+	Replicas ReplicaCounts
 }
 
-// Status reads the state of the lock called name in one round trip. It
-// changes nothing.
+// Status reads the state of the lock called name, and the replica counts of
+// its primary, in two round trips. It changes nothing.
 func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return Status{}, err
@@ -46,5 +52,10 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 		}
 		s.LastToken = fence.Token(n)
 	}
+	r, err := l.ReplicaCounts(ctx, name)
+	if err != nil {
+		return s, fmt.Errorf("redislock: status %q: %w", name, err)
+	}
+	s.Replicas = r
 	return s, nil
 }

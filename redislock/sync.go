@@ -2,11 +2,15 @@ package redislock
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -22,6 +26,19 @@ const (
 // If they do not within Timeout, the lock is released and Acquire returns an
 // error matching fence.ErrNotReplicated. Renewals are confirmed the same way;
 // an unconfirmed renewal does not move the lease's deadline.
+//
+// It fails closed: a replica that was seen and is gone (link cut, process
+// stopped) is still waited for, by every Locker of that primary, so its
+// acquisitions are refused rather than confirmed by nobody. A Locker reads
+// the counts (one round trip: a script that reads INFO replication and the
+// record; on a cluster INFO replication and CLUSTER NODES) on its first
+// acquisition on a primary and then every 10 s, and sooner (at most once a
+// second) when a WAIT sees more replicas than expected or fewer than
+// required. The record has no expiry:
+// volatile-* eviction policies never remove it, but under an allkeys-*
+// policy an eviction restarts the count from the replicas connected then.
+// A record fence did not write refuses acquisitions with a
+// ReplicaRecordError naming the key until it is deleted or set.
 //
 // It is on by default and costs nothing on a primary without replicas. Turn
 // it off (Disabled) only where a lost lock is harmless because the resource
@@ -41,11 +58,20 @@ type ReplicaSync struct {
 	Acks int
 
 	// Replicas is how many replicas the primary is expected to have. Zero
-	// means discover: the largest connected_slaves that INFO replication
-	// reported over the last 30 s (read at most every 10 s). A replica that
-	// disconnects still counts until then, so the check fails closed instead
-	// of being skipped. A process that starts while every replica is cut
-	// off sees none; set Replicas where that matters.
+	// means discover, from a record kept on the primary itself so that every
+	// client of it, in every process, expects the replicas any of them has
+	// seen connected: the key Prefix+":replicas" holds the primary's
+	// replication id (master_replid) and the largest connected_slaves seen
+	// under it. A replica that disconnects keeps counting, for fresh and old
+	// Lockers alike, until an operator lowers the record with
+	// Locker.SetExpectedReplicas (when the replica is decommissioned) or a
+	// failover gives the primary a new replication id. On a cluster the
+	// expected count of a master is the number of replicas the cluster's
+	// node table lists for it (failed ones included) or the connected count
+	// if larger; CLUSTER FORGET lowers it. A replica that no client ever
+	// saw connected (cut off before any Locker read the counts, or before
+	// the cluster's gossip listed it) is not expected: set Replicas where
+	// that matters. Set Replicas to override both.
 	Replicas int
 
 	// Timeout bounds each WAIT. Default 1 s (Redisson's slavesSyncTimeout).
@@ -54,83 +80,158 @@ type ReplicaSync struct {
 	_ struct{}
 }
 
-const (
-	replicaReadEvery = 10 * time.Second
-	replicaMemory    = 30 * time.Second
-)
+// replicaReadEvery is how long a Locker trusts its cached replica counts
+// before reading them from the primary again. A WAIT that sees more replicas
+// than expected, or fewer than required, reads them again at once.
+const replicaReadEvery = 10 * time.Second
 
-// replicaCounts tracks the expected replica count of each primary.
+// replicaCounts caches the replica counts of each primary. The truth is on
+// the server (the record, or the cluster's node table); the cache only saves
+// a round trip per acquisition.
 type replicaCounts struct {
+	now func() time.Time // time.Now; tests move it
+
 	mu    sync.Mutex
 	nodes map[string]*nodeReplicas // by node address; "" for a non-cluster client
 }
 
 type nodeReplicas struct {
-	replid   string // master_replid: a new one means a new primary
-	readings []replicaReading
-	lastRead time.Time
-	stale    bool // a WAIT saw more replicas than expected
+	ReplicaCounts
+	readAt time.Time
+	stale  bool // a WAIT saw more replicas than expected
 }
 
-type replicaReading struct {
-	at time.Time
-	n  int
+// ReplicaCounts are the replica counts of one primary.
+type ReplicaCounts struct {
+	// Expected is how many replicas the primary should have: the count
+	// recorded on the primary, on a cluster the count its node table
+	// lists (see ReplicaSync.Replicas), or ReplicaSync.Replicas if set.
+	Expected int
+	// Connected is connected_slaves from INFO replication.
+	Connected int
+	// ReplicationID is the primary's master_replid; a failover changes it.
+	ReplicationID string
 }
 
-// expected returns how many replicas node should have, reading INFO
-// replication through c when the cached figure is old or marked stale.
-func (rc *replicaCounts) expected(ctx context.Context, node string, c redis.Cmdable, force bool) (int, error) {
+// ReplicaRecordError reports a replica record on the server that fence
+// did not write: acquisitions on that primary fail (closed) until an
+// operator deletes it or sets it with Locker.SetExpectedReplicas.
+type ReplicaRecordError struct {
+	Key    string // the record's key
+	Detail string // the server's description
+}
+
+func (e *ReplicaRecordError) Error() string {
+	return fmt.Sprintf("bad replica record %s: %s", e.Key, e.Detail)
+}
+
+const replicaRecordErrPrefix = "FENCEREPLICAS "
+
+// expected returns how many replicas node should have, reading them through
+// c when the cached figure is old or marked stale. force reads them unless
+// they were read within the last second.
+func (l *Locker) expected(ctx context.Context, node string, c redis.Cmdable, force bool) (int, error) {
+	rc := &l.replicas
+	now := rc.now()
 	rc.mu.Lock()
 	nr := rc.nodes[node]
-	if nr == nil {
-		nr = &nodeReplicas{}
-		rc.nodes[node] = nr
-	}
-	now := time.Now()
-	fresh := !nr.stale && now.Sub(nr.lastRead) < replicaReadEvery && (!force || now.Sub(nr.lastRead) < time.Second)
-	if fresh {
-		n := nr.max(now)
+	if nr != nil && !nr.stale && now.Sub(nr.readAt) < replicaReadEvery && (!force || now.Sub(nr.readAt) < time.Second) {
+		n := nr.Expected
 		rc.mu.Unlock()
 		return n, nil
 	}
 	rc.mu.Unlock()
 
-	info, err := c.Info(ctx, "replication").Result()
+	r, err := l.readReplicas(ctx, c, "raise")
 	if err != nil {
 		return 0, err
 	}
-	n, replid := parseReplication(info)
+	l.cacheReplicas(node, r, now)
+	return r.Expected, nil
+}
 
+func (l *Locker) cacheReplicas(node string, r ReplicaCounts, at time.Time) {
+	rc := &l.replicas
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if replid != nr.replid {
-		nr.replid, nr.readings = replid, nil
-	}
-	nr.readings = append(nr.readings, replicaReading{at: now, n: n})
-	nr.lastRead, nr.stale = now, false
-	return nr.max(now), nil
+	rc.nodes[node] = &nodeReplicas{ReplicaCounts: r, readAt: at}
 }
 
-// max is the largest reading within replicaMemory; older ones are dropped.
-func (nr *nodeReplicas) max(now time.Time) int {
-	keep := nr.readings[:0]
-	m := 0
-	for _, r := range nr.readings {
-		if now.Sub(r.at) <= replicaMemory {
-			keep = append(keep, r)
-			m = max(m, r.n)
-		}
-	}
-	nr.readings = keep
-	return m
-}
-
-func (rc *replicaCounts) markStale(node string) {
+func (l *Locker) markStale(node string) {
+	rc := &l.replicas
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if nr := rc.nodes[node]; nr != nil {
 		nr.stale = true
 	}
+}
+
+// readReplicas reads the replica counts of the primary behind c in one
+// round trip. mode is the record script's: "raise", "read" or "set" (then
+// with the count in set).
+func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string, set ...any) (ReplicaCounts, error) {
+	if l.sharded {
+		return clusterReplicas(ctx, c)
+	}
+	key := l.prefix + ":replicas"
+	res, err := replicasScript.Run(ctx, c, []string{key}, append([]any{mode}, set...)...).Slice()
+	if err != nil {
+		if msg, ok := strings.CutPrefix(err.Error(), replicaRecordErrPrefix+key+" "); ok {
+			return ReplicaCounts{}, &ReplicaRecordError{Key: key, Detail: msg}
+		}
+		return ReplicaCounts{}, fmt.Errorf("redislock: read replica record %s: %w", key, err)
+	}
+	var r ReplicaCounts
+	if len(res) == 3 {
+		e, ok1 := res[0].(int64)
+		n, ok2 := res[1].(int64)
+		id, ok3 := res[2].(string)
+		if ok1 && ok2 && ok3 {
+			return ReplicaCounts{Expected: int(e), Connected: int(n), ReplicationID: id}, nil
+		}
+	}
+	return r, fmt.Errorf("redislock: read replica record %s: unexpected reply %v", key, res)
+}
+
+// clusterReplicas reads a cluster master's replica counts: the connected
+// ones from INFO replication, the expected ones from the cluster's node
+// table, which lists a master's replicas (failed ones included) until
+// CLUSTER FORGET removes them.
+func clusterReplicas(ctx context.Context, c redis.Cmdable) (ReplicaCounts, error) {
+	pipe := c.Pipeline()
+	info := pipe.Info(ctx, "replication")
+	nodes := pipe.ClusterNodes(ctx)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return ReplicaCounts{}, fmt.Errorf("redislock: read replica counts: %w", err)
+	}
+	var r ReplicaCounts
+	r.Connected, r.ReplicationID = parseReplication(info.Val())
+	r.Expected = max(r.Connected, knownReplicas(nodes.Val()))
+	return r, nil
+}
+
+// knownReplicas counts the replicas of the node marked myself in the
+// output of CLUSTER NODES.
+func knownReplicas(nodes string) int {
+	var me string
+	var lines [][]string
+	for _, line := range strings.Split(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		lines = append(lines, f)
+		if slices.Contains(strings.Split(f[2], ","), "myself") {
+			me = f[0]
+		}
+	}
+	n := 0
+	for _, f := range lines {
+		if me != "" && f[3] == me {
+			n++
+		}
+	}
+	return n
 }
 
 // parseReplication reads connected_slaves and master_replid from INFO
@@ -149,6 +250,56 @@ func parseReplication(info string) (replicas int, replid string) {
 		}
 	}
 	return replicas, replid
+}
+
+// ReplicaCounts reads the replica counts of the primary that serves the lock
+// called name (on a cluster, the master of its slot; otherwise the one
+// primary). It changes nothing on the server. Expected is
+// ReplicaSync.Replicas when that is set.
+func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts, error) {
+	if err := fence.ValidateName(name); err != nil {
+		return ReplicaCounts{}, err
+	}
+	_, c, err := l.primaryFor(ctx, l.keys(name).lock)
+	if err != nil {
+		return ReplicaCounts{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
+	}
+	r, err := l.readReplicas(ctx, c, "read")
+	if err == nil && l.sync.Replicas > 0 {
+		r.Expected = l.sync.Replicas
+	}
+	return r, err
+}
+
+// SetExpectedReplicas replaces the expected replica count recorded on the
+// primary that serves the lock called name; on a standalone or Sentinel
+// deployment that is the count every Locker of that primary uses. Call it
+// when a replica is decommissioned: the record is otherwise never lowered
+// while the primary keeps its replication id. The record is raised again as
+// soon as more replicas than n are connected. Other processes notice within
+// 10 s, this Locker at once. On a cluster it returns an error matching
+// fence.ErrInvalidOption: there the cluster's node table is the record, and
+// CLUSTER FORGET removes a replica from it.
+func (l *Locker) SetExpectedReplicas(ctx context.Context, name string, n int) error {
+	if err := fence.ValidateName(name); err != nil {
+		return err
+	}
+	if l.sharded {
+		return fmt.Errorf("%w: redislock: on a cluster the node table holds the expected replicas; use CLUSTER FORGET", fence.ErrInvalidOption)
+	}
+	if n < 0 || n > 999999 {
+		return fmt.Errorf("%w: redislock: expected replicas %d out of range", fence.ErrInvalidOption, n)
+	}
+	node, c, err := l.primaryFor(ctx, l.keys(name).lock)
+	if err != nil {
+		return fmt.Errorf("redislock: set expected replicas: %w", err)
+	}
+	r, err := l.readReplicas(ctx, c, "set", n)
+	if err != nil {
+		return err
+	}
+	l.cacheReplicas(node, r, l.replicas.now())
+	return nil
 }
 
 // required applies the acknowledgement rule to the expected replica count.
@@ -171,62 +322,211 @@ func (s *ReplicaSync) required(expected int) int {
 // evalSynced runs script on the primary that owns key and, when replica
 // sync applies there, WAIT on the same connection in the same round trip.
 // It returns the script's reply, and how many replicas acknowledged and
-// were required (both zero when no sync applied).
+// were required (both zero when no sync applied). On a cluster it follows
+// MOVED and ASK redirections and retries TRYAGAIN (see onSlotMaster).
 func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []string, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if l.sync.Disabled {
-		reply = script.Run(ctx, l.client, keys, args...)
-		return reply, 0, 0, reply.Err()
+		return l.evalRouted(ctx, script, keys, args...)
 	}
-	node, c, err := l.primaryFor(ctx, keys[0])
+	var expected int
+	node, last := "", redis.Cmdable(l.client)
+	if !l.sharded {
+		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, script, keys, args)
+	} else {
+		err = l.onSlotMaster(ctx, keys[0], func(addr string, c redis.Cmdable, asking bool) error {
+			node, last = addr, c
+			var err error
+			reply, acked, required, expected, err = l.evalOnce(ctx, node, c, asking, script, keys, args)
+			return err
+		})
+	}
 	if err != nil {
-		return nil, 0, 0, err
+		return reply, 0, required, err
 	}
-	expected := l.sync.Replicas
+	if acked > expected {
+		l.markStale(node)
+	}
+	if acked < required && l.sync.Replicas == 0 {
+		// The topology may have changed (a failover gives a new
+		// replication id, and with it a new record): read it again now,
+		// for the next attempt. This one stays refused: its write may
+		// have gone to a primary that is no longer the one read now.
+		_, _ = l.expected(ctx, node, last, true)
+	}
+	return reply, acked, required, nil
+}
+
+// evalOnce runs script on c, the primary called node, with WAIT for as
+// many acknowledgements as its expected replicas require.
+func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, asking bool, script *redis.Script, keys []string, args []any) (reply *redis.Cmd, acked, required, expected int, err error) {
+	expected = l.sync.Replicas
 	if expected == 0 {
-		if expected, err = l.replicas.expected(ctx, node, c, false); err != nil {
-			return nil, 0, 0, err
+		if expected, err = l.expected(ctx, node, c, false); err != nil {
+			return nil, 0, 0, 0, err
 		}
 	}
 	required = l.sync.required(expected)
-	if required == 0 {
-		reply = script.Run(ctx, c, keys, args...)
+	reply, acked, err = evalPipelined(ctx, c, asking, required, l.sync.Timeout, script, keys, args)
+	return reply, acked, required, expected, err
+}
+
+// evalRouted runs script on the primary that owns keys[0], without WAIT,
+// following cluster redirections as evalSynced does.
+func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys []string, args ...any) (reply *redis.Cmd, acked, required int, err error) {
+	if !l.sharded {
+		reply = script.Run(ctx, l.client, keys, args...)
 		return reply, 0, 0, reply.Err()
+	}
+	err = l.onSlotMaster(ctx, keys[0], func(_ string, c redis.Cmdable, asking bool) error {
+		var err error
+		reply, _, err = evalPipelined(ctx, c, asking, 0, 0, script, keys, args)
+		return err
+	})
+	return reply, 0, 0, err
+}
+
+// evalPipelined sends script (by SHA, again in full on NOSCRIPT) on c,
+// preceded by ASKING when asking and followed by WAIT required timeout when
+// required > 0, all in one pipeline: one connection, one round trip.
+func evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, timeout time.Duration, script *redis.Script, keys []string, args []any) (reply *redis.Cmd, acked int, err error) {
+	if !asking && required == 0 {
+		reply = script.Run(ctx, c, keys, args...)
+		return reply, 0, reply.Err()
 	}
 	for _, load := range []bool{false, true} {
 		pipe := c.Pipeline()
+		if asking {
+			pipe.Do(ctx, "ASKING")
+		}
 		if load {
 			reply = script.Eval(ctx, pipe, keys, args...)
 		} else {
 			reply = script.EvalSha(ctx, pipe, keys, args...)
 		}
-		wait := pipe.Do(ctx, "WAIT", required, l.sync.Timeout.Milliseconds())
+		var wait *redis.Cmd
+		if required > 0 {
+			wait = pipe.Do(ctx, "WAIT", required, timeout.Milliseconds())
+		}
 		_, _ = pipe.Exec(ctx)
 		if !load && redis.HasErrorPrefix(reply.Err(), "NOSCRIPT") {
 			continue
 		}
 		if err := reply.Err(); err != nil {
-			return reply, 0, required, err
+			return reply, 0, err
 		}
-		if acked, err = wait.Int(); err != nil {
-			return reply, 0, required, err
+		if wait != nil {
+			if acked, err = wait.Int(); err != nil {
+				return reply, 0, err
+			}
 		}
 		break
 	}
-	if acked > expected {
-		l.replicas.markStale(node)
+	return reply, acked, nil
+}
+
+// Bounds on following cluster redirections for one command.
+const (
+	maxRedirects    = 16                    // MOVED and ASK in a row
+	tryAgainBackoff = 64 * time.Millisecond // the longest pause after TRYAGAIN
+	tryAgainFor     = 5 * time.Second       // how long to retry TRYAGAIN: a migration left half done needs an operator
+)
+
+// onSlotMaster calls run with the client of the primary that owns key (on
+// a cluster the slot master's node client, since a pipeline on the cluster
+// client would send the key-less WAIT to any node; otherwise the client
+// itself). On a cluster, when run fails with a redirection it follows it:
+// after MOVED it calls run again on the named node; after ASK it calls run
+// on the importing node with asking set, so that run sends ASKING first on
+// the same connection; after TRYAGAIN (a multi-key script while a slot's
+// keys are split between two nodes, or while the slot is open and some of
+// the script's keys do not exist) it waits a little and starts over, until
+// ctx ends or for at most 5 s, and then returns the TRYAGAIN error. The slot map of the cluster client is reloaded after
+// MOVED, so later calls go to the new owner directly.
+func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node string, c redis.Cmdable, asking bool) error) error {
+	node, c, err := l.primaryFor(ctx, key)
+	if err != nil {
+		return err
 	}
-	if acked < required && l.sync.Replicas == 0 {
-		// The topology may have changed (a failover): read it again now.
-		if expected, err := l.replicas.expected(ctx, node, c, true); err == nil {
-			required = min(required, l.sync.required(expected))
+	cc, ok := l.client.(*redis.ClusterClient)
+	if !ok {
+		return run(node, c, false)
+	}
+	asking, redirects, backoff := false, 0, time.Millisecond
+	var tryAgainUntil time.Time
+	for {
+		err := run(node, c, asking)
+		if err == nil {
+			return nil
+		}
+		moved, isMoved := redis.IsMovedError(err)
+		ask, isAsk := redis.IsAskError(err)
+		switch {
+		case redis.IsTryAgainError(err):
+			if tryAgainUntil.IsZero() {
+				tryAgainUntil = time.Now().Add(tryAgainFor)
+			} else if time.Now().After(tryAgainUntil) {
+				return err
+			}
+			pause := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				pause.Stop()
+				return err
+			case <-pause.C:
+			}
+			backoff = min(2*backoff, tryAgainBackoff)
+			if node, c, err = l.primaryFor(ctx, key); err != nil {
+				return err
+			}
+			asking, redirects = false, 0
+			continue
+		case !isMoved && !isAsk:
+			// A node that cannot be reached, or is no longer a master,
+			// may have failed over: the next call should ask the
+			// cluster's new slot map, not this one.
+			var reply redis.Error
+			if !errors.As(err, &reply) || redis.HasErrorPrefix(err, "READONLY") || redis.HasErrorPrefix(err, "CLUSTERDOWN") {
+				cc.ReloadState(ctx)
+			}
+			return err
+		case redirects == maxRedirects:
+			return err
+		case isMoved:
+			cc.ReloadState(ctx)
+			node, asking = moved, false
+		default:
+			node, asking = ask, true
+		}
+		redirects++
+		if c, err = masterByAddr(ctx, cc, node); err != nil {
+			return err
 		}
 	}
-	return reply, acked, required, nil
+}
+
+// masterByAddr returns the cluster client's node client for addr, which a
+// redirection named as the slot's master; the client's slot map may still
+// list it as a replica (just after a failover), so every node is searched.
+func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
+	var mu sync.Mutex
+	var found *redis.Client
+	err := cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.Options().Addr == addr {
+			mu.Lock()
+			found = c
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err == nil && found == nil {
+		err = fmt.Errorf("redirected to %s, which the cluster client does not list", addr)
+	}
+	return found, err
 }
 
 // primaryFor returns the client of the primary that owns key and a name for
-// it: on a cluster the slot owner's node client (a pipeline on the cluster
-// client would send the key-less WAIT to any node), else the client itself.
+// it: on a cluster the slot owner's node client and its address, else the
+// client itself and "".
 func (l *Locker) primaryFor(ctx context.Context, key string) (string, redis.Cmdable, error) {
 	cc, ok := l.client.(*redis.ClusterClient)
 	if !ok {

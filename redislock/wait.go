@@ -15,7 +15,8 @@ import (
 // lives while someone waits; the last waiter to leave closes it and waits
 // for its reader goroutine to exit.
 type watch struct {
-	ps      *redis.PubSub
+	channel string
+	ps      *redis.PubSub   // replaced by read when the server drops it; guarded by Locker.mu then
 	waiters []chan struct{} // each waiter's wake-up, capacity 1, in arrival order; guarded by Locker.mu
 
 	readyOnce sync.Once
@@ -23,7 +24,9 @@ type watch struct {
 	readyErr  error
 	readyAt   time.Time // when it was confirmed
 
-	closing chan struct{} // closed by the last waiter, before ps.Close
+	closing chan struct{}   // closed by the last waiter, before ps.Close
+	ctx     context.Context // ended by the last waiter: bounds a resubscription
+	stop    context.CancelFunc
 	done    chan struct{} // closed when the reader goroutine has exited
 }
 
@@ -38,7 +41,8 @@ func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}
 	w := l.watches[channel]
 	first := w == nil
 	if first {
-		w = &watch{ready: make(chan struct{}), closing: make(chan struct{}), done: make(chan struct{})}
+		w = &watch{channel: channel, ready: make(chan struct{}), closing: make(chan struct{}), done: make(chan struct{})}
+		w.ctx, w.stop = context.WithCancel(context.Background())
 		l.watches[channel] = w
 	}
 	w.waiters = append(w.waiters, me)
@@ -101,8 +105,12 @@ func (l *Locker) leave(channel string, w *watch, me chan struct{}) {
 	l.mu.Unlock()
 	if last {
 		close(w.closing)
-		if w.ps != nil {
-			_ = w.ps.Close()
+		w.stop()
+		l.mu.Lock()
+		ps := w.ps
+		l.mu.Unlock()
+		if ps != nil {
+			_ = ps.Close()
 		}
 		<-w.done
 	}
@@ -141,6 +149,7 @@ func (l *Locker) read(w *watch) {
 	backoff := time.NewTimer(0)
 	defer backoff.Stop()
 	failures := 0
+	moved := false // the subscription is being moved to the slot's new node
 	for {
 		msg, err := w.ps.Receive(context.Background())
 		if err != nil {
@@ -161,13 +170,36 @@ func (l *Locker) read(w *watch) {
 				return
 			case <-backoff.C:
 			}
+			if _, isMoved := redis.IsMovedError(err); isMoved {
+				// Subscribed where the slot was: try where it is now.
+				moved = true
+				if !l.resubscribe(w) {
+					return
+				}
+			}
 			continue
 		}
 		failures = 0
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+			switch m.Kind {
+			case "subscribe", "ssubscribe":
 				w.setReady(nil)
+				if moved {
+					// Subscribed again after a move: wake every
+					// waiter, since releases published meanwhile
+					// reached nobody.
+					moved = false
+					l.wakeAll(w)
+				}
+			case "sunsubscribe":
+				// Redis 7 drops a shard channel's subscribers when the
+				// node loses the channel's slot (a migration or a
+				// failover): subscribe where the slot is now.
+				moved = true
+				if !l.resubscribe(w) {
+					return
+				}
 			}
 		case *redis.Message:
 			l.mu.Lock()
@@ -175,4 +207,27 @@ func (l *Locker) read(w *watch) {
 			l.mu.Unlock()
 		}
 	}
+}
+
+// resubscribe replaces w's sharded subscription with a new one on the node
+// that owns the channel's slot now. It returns false when the last waiter
+// has left meanwhile.
+func (l *Locker) resubscribe(w *watch) bool {
+	if cc, ok := l.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(w.ctx)
+	}
+	ps := l.client.SSubscribe(w.ctx, w.channel)
+	l.mu.Lock()
+	select {
+	case <-w.closing:
+		l.mu.Unlock()
+		_ = ps.Close()
+		return false
+	default:
+	}
+	old := w.ps
+	w.ps = ps
+	l.mu.Unlock()
+	_ = old.Close()
+	return true
 }

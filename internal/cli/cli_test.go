@@ -331,6 +331,7 @@ func TestExecOnClusterAndSentinel(t *testing.T) {
 	sa := sentinels.Addrs()
 	sentinelURL := "redis://" + sa[0] + "?master_name=" + sentinels.Master + "&addr=" + sa[1] + "&addr=" + sa[2]
 
+	replicas := map[string]string{"--redis-cluster": "replicas 0 expected, 0 connected", "--redis-sentinel": "replicas 1 expected, 1 connected"}
 	for _, flags := range [][]string{{"--redis-cluster", clusterURL}, {"--redis-sentinel", sentinelURL}} {
 		args := append(append([]string{"exec"}, flags...), "lock:payment:1001", "--", "sh", "-c", `echo "$FENCE_TOKEN"`)
 		out, errOut, code := fence(t, nil, args...)
@@ -338,7 +339,7 @@ func TestExecOnClusterAndSentinel(t *testing.T) {
 			t.Fatalf("fence %v: exit %d, stdout %q, stderr %q", flags, code, out, errOut)
 		}
 		out, errOut, code = fence(t, nil, append(append([]string{"status"}, flags...), "lock:payment:1001")...)
-		if code != 0 || !strings.Contains(out, "free; last token") {
+		if code != 0 || !strings.Contains(out, "free; last token") || !strings.Contains(out, replicas[flags[0]]) {
 			t.Fatalf("status %v: exit %d, %q %q", flags, code, out, errOut)
 		}
 	}

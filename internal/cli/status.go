@@ -16,7 +16,9 @@ func statusCmd() *cobra.Command {
 		Short: "Show whether a lock is held, its remaining lease and its last token",
 		Long: `Status reads the lock called NAME without changing it and prints whether it is held, how
 long the holder's lease has left, and the last fencing token issued for the name (0 when the
-token record has expired or never existed). It exits 0 whether the lock is held or free, and
+token record has expired or never existed), and how many replicas the primary is expected to
+have and has connected (fewer connected than expected: acquisitions wait for replicas that
+may not answer, and are refused). It exits 0 whether the lock is held or free, and
 2 on a usage or connection error.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -33,6 +35,7 @@ token record has expired or never existed). It exits 0 whether the lock is held 
 			if asJSON {
 				return json.NewEncoder(out).Encode(map[string]any{
 					"name": args[0], "held": s.Held, "ttl_ms": s.TTL.Milliseconds(), "last_token": s.LastToken,
+					"replicas_expected": s.Replicas.Expected, "replicas_connected": s.Replicas.Connected,
 				})
 			}
 			state := "free"
@@ -42,11 +45,12 @@ token record has expired or never existed). It exits 0 whether the lock is held 
 			case s.Held:
 				state = fmt.Sprintf("held, %v left", s.TTL.Round(time.Millisecond))
 			}
-			fmt.Fprintf(out, "%s: %s; last token %d\n", args[0], state, s.LastToken)
+			fmt.Fprintf(out, "%s: %s; last token %d; replicas %d expected, %d connected\n",
+				args[0], state, s.LastToken, s.Replicas.Expected, s.Replicas.Connected)
 			return nil
 		},
 	}
 	rf.register(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, held, ttl_ms, last_token")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, held, ttl_ms, last_token, replicas_expected, replicas_connected")
 	return cmd
 }

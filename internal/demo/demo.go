@@ -10,8 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"time"
 

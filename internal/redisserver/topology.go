@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -204,54 +205,178 @@ func (s *Sentinels) WaitFailover(old *Server, candidates ...*Server) (*Server, e
 	return found, err
 }
 
-// Cluster is a Redis Cluster of primaries without replicas.
+// Cluster is a Redis Cluster.
 type Cluster struct {
-	Servers []*Server
+	Servers  []*Server // the masters
+	Replicas []*Server // their replicas, if any
 }
 
 // StartCluster starts n cluster-enabled servers in temp dirs, joins them
 // with redis-cli --cluster create, and waits up to 30 s for cluster_state:ok
 // on every node. The caller must Close it.
-func StartCluster(n int) (*Cluster, error) {
+func StartCluster(n int) (*Cluster, error) { return StartClusterWithReplicas(n, 0) }
+
+// StartClusterWithReplicas starts a cluster of n masters with replicas
+// replicas each, and waits up to 30 s until cluster_state is ok on every
+// node, every master's node table lists its replicas, and every replica
+// really receives its master's writes. The caller must Close it.
+func StartClusterWithReplicas(n, replicas int) (*Cluster, error) {
 	c := &Cluster{}
-	for range n {
+	var all []*Server
+	for range n * (1 + replicas) {
 		s, err := Start("", "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
 		if err != nil {
+			c.Servers = all
 			c.Close()
 			return nil, err
 		}
-		c.Servers = append(c.Servers, s)
+		all = append(all, s)
 	}
-	if err := c.create(); err != nil {
+	if err := c.create(all, replicas); err != nil {
+		c.Servers = all
 		c.Close()
 		return nil, err
 	}
 	return c, nil
 }
 
-func (c *Cluster) create() error {
+func (c *Cluster) create(all []*Server, replicas int) error {
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		return fmt.Errorf("redis-cli not found on PATH: %s", installHint)
 	}
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args := append([]string{"--cluster", "create"}, addrs(all)...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, s := range c.Servers {
+	for _, s := range all {
 		rc := s.Client()
 		err := poll(ctx, 50*time.Millisecond, func() (bool, error) {
 			info, err := rc.ClusterInfo(ctx).Result()
 			return err == nil && strings.Contains(info, "cluster_state:ok"),
 				fmt.Errorf("cluster not ok after 30s: %v %s", err, info)
 		})
+		var info string
+		if err == nil {
+			info, err = rc.Info(ctx, "replication").Result()
+		}
 		_ = rc.Close()
 		if err != nil {
 			return err
+		}
+		if strings.Contains(info, "role:master") {
+			c.Servers = append(c.Servers, s)
+		} else {
+			c.Replicas = append(c.Replicas, s)
+		}
+	}
+	if replicas > 0 {
+		return c.replicated(ctx, replicas)
+	}
+	return nil
+}
+
+// replicated waits until every master's n replicas are listed in its node
+// table and acknowledge a write.
+func (c *Cluster) replicated(ctx context.Context, n int) error {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer cc.Close()
+	for _, m := range c.Servers {
+		// A key that this master owns, written and waited for on one
+		// connection (WAIT counts its own connection's writes).
+		var node *redis.Client
+		var key string
+		for i := 0; node == nil || node.Options().Addr != m.Addr; i++ {
+			key = fmt.Sprintf("redisserver:marker:%d", i)
+			var err error
+			if node, err = cc.MasterForKey(ctx, key); err != nil {
+				return err
+			}
+		}
+		// The master's node table lists its replicas some gossip rounds
+		// after they replicate: wait for that too.
+		id, err := node.ClusterMyID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		err = poll(ctx, 20*time.Millisecond, func() (bool, error) {
+			listed, err := node.Do(ctx, "CLUSTER", "REPLICAS", id).StringSlice()
+			return err == nil && len(listed) >= n,
+				fmt.Errorf("%s lists %d replicas, want %d: %v", m.Addr, len(listed), n, err)
+		})
+		if err != nil {
+			return err
+		}
+		conn := node.Conn()
+		err = poll(ctx, 0, func() (bool, error) {
+			if err := conn.Set(ctx, key, 1, 0).Err(); err != nil {
+				return false, final{fmt.Errorf("marker on %s: %w", m.Addr, err)}
+			}
+			acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
+			return err == nil && acked >= n, fmt.Errorf("replicas of %s not in sync: acked %d, %v", m.Addr, acked, err)
+		})
+		if err == nil {
+			err = conn.Del(ctx, key).Err()
+		}
+		_ = conn.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MigrateSlot moves slot from one master of the cluster to another, key by
+// key, as redis-cli --cluster reshard does: the target is set IMPORTING,
+// the source MIGRATING, the slot's keys are moved with MIGRATE in batches,
+// and then every master is told the slot's new owner. While it runs,
+// clients of the slot meet ASK, TRYAGAIN and, once it is done, MOVED.
+func (c *Cluster) MigrateSlot(ctx context.Context, slot int, from, to *Server) error {
+	src, dst := from.Client(), to.Client()
+	defer src.Close()
+	defer dst.Close()
+	srcID, err := src.ClusterMyID(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("migrate slot %d: %w", slot, err)
+	}
+	dstID, err := dst.ClusterMyID(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("migrate slot %d: %w", slot, err)
+	}
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
+		return fmt.Errorf("migrate slot %d: importing: %w", slot, err)
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
+		return fmt.Errorf("migrate slot %d: migrating: %w", slot, err)
+	}
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 10).Result()
+		if err != nil {
+			return fmt.Errorf("migrate slot %d: %w", slot, err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", to.Host(), to.Port(), "", 0, 5000, "REPLACE", "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			return fmt.Errorf("migrate slot %d: MIGRATE: %w", slot, err)
+		}
+	}
+	// The target first, then the source, then the others: the order
+	// redis-cli uses, so that no node points back at the source.
+	for _, s := range append([]*Server{to, from}, c.Servers...) {
+		n := s.Client()
+		err := n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err()
+		_ = n.Close()
+		if err != nil {
+			return fmt.Errorf("migrate slot %d: node %s: %w", slot, s.Addr, err)
 		}
 	}
 	return nil
@@ -262,7 +387,7 @@ func (c *Cluster) Addrs() []string { return addrs(c.Servers) }
 
 // Close kills the nodes and removes their directories.
 func (c *Cluster) Close() {
-	for _, s := range c.Servers {
+	for _, s := range append(c.Servers, c.Replicas...) {
 		s.Close()
 	}
 }

@@ -141,35 +141,48 @@ func WaitFailover(t testing.TB, s *Sentinels, old *Server, candidates ...*Server
 	panic("redistest: WaitFailover returned no candidate") // unreachable
 }
 
-// Cluster is a Redis Cluster of primaries without replicas.
+// Cluster is a Redis Cluster.
 type Cluster struct {
-	Servers []*Server
+	Servers  []*Server // the masters
+	Replicas []*Server // their replicas, if any
+	c        *redisserver.Cluster
 }
 
-// Addrs returns the nodes' addresses.
-func (c *Cluster) Addrs() []string {
-	var out []string
-	for _, s := range c.Servers {
-		out = append(out, s.Addr)
-	}
-	return out
-}
+// Addrs returns the masters' addresses.
+func (c *Cluster) Addrs() []string { return c.c.Addrs() }
 
 // StartCluster starts n cluster-enabled servers, joins them with
 // redis-cli --cluster create, and waits for cluster_state:ok on every node.
 // The nodes are stopped in t.Cleanup.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	rc, err := redisserver.StartCluster(n)
+	return StartClusterWithReplicas(t, n, 0)
+}
+
+// StartClusterWithReplicas starts a cluster of n masters with replicas
+// replicas each; see redisserver.StartClusterWithReplicas. The nodes are
+// stopped in t.Cleanup.
+func StartClusterWithReplicas(t testing.TB, n, replicas int) *Cluster {
+	t.Helper()
+	rc, err := redisserver.StartClusterWithReplicas(n, replicas)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
 	t.Cleanup(rc.Close)
-	c := &Cluster{}
+	c := &Cluster{c: rc}
 	for _, s := range rc.Servers {
 		c.Servers = append(c.Servers, &Server{s})
 	}
+	for _, s := range rc.Replicas {
+		c.Replicas = append(c.Replicas, &Server{s})
+	}
 	return c
+}
+
+// MigrateSlot moves slot from one master to another; see
+// redisserver.Cluster.MigrateSlot.
+func (c *Cluster) MigrateSlot(ctx context.Context, slot int, from, to *Server) error {
+	return c.c.MigrateSlot(ctx, slot, from.Server, to.Server)
 }
 
 // CutLink stops replica and kills its link to primary, so that the
