@@ -22,6 +22,12 @@
 // milliseconds). The record expires after its retention period, so no key
 // outlives its use.
 //
+// Lua counts in doubles, exact up to 2^53; a clock-floored token stays far
+// below that (2^53 µs is the year 2255). A record that is not a canonical
+// decimal integer below 2^53 - 1 was not written by fence, and the script
+// refuses it (ErrBadTokenRecord, naming the key) rather than repeat a token
+// or hand out a negative one.
+//
 // # Waiting
 //
 // A caller that finds the lock held and has a wait budget subscribes to the

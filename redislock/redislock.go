@@ -224,11 +224,14 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 	if err == nil {
 		res, err = reply.Int64Slice()
 	}
-	if err == nil && len(res) != 2 {
+	if err == nil && (len(res) != 2 && len(res) != 3 || res[0] == 1 && (len(res) != 3 || res[1] <= 0)) {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
-		return nil, 0, fence.NotAcquired(a.name, fmt.Errorf("redislock: %w", err))
+		if err = scriptError(err); !errors.Is(err, ErrBadTokenRecord) {
+			err = fmt.Errorf("redislock: %w", err)
+		}
+		return nil, 0, fence.NotAcquired(a.name, err)
 	}
 	if res[0] == 0 {
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
