@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -69,6 +70,11 @@ var _ fence.Locker = (*Locker)(nil)
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: redislock: nil client", fence.ErrInvalidOption)
+	}
+	if v := reflect.ValueOf(client); v.Kind() == reflect.Pointer && v.IsNil() {
+		// var c *redis.Client; New(c, nil): an interface holding a nil
+		// pointer, which would panic at the first command.
+		return nil, fmt.Errorf("%w: redislock: nil client (%T)", fence.ErrInvalidOption, client)
 	}
 	var o Options
 	if opts != nil {
