@@ -45,6 +45,15 @@
 // ends. With fence.TTL the lease simply expires, and its loss is noticed at
 // the deadline, by Extend or by Release.
 //
+// # Deadlines
+//
+// Every call fence makes returns by its context's deadline whatever the
+// client's options: go-redis only puts the deadline on the socket with
+// ContextTimeoutEnabled, so each command runs in a goroutine that the
+// caller leaves when the context ends. The goroutine ends when the client's
+// own timeout or the server's late answer ends the command; a late answer
+// to an acquisition that took the lock gives the lock back.
+//
 // A lease proves nothing once its holder has paused: pass its Token to the
 // protected resource and have the resource reject stale tokens.
 package redislock

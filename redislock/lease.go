@@ -111,10 +111,20 @@ func (ls *lease) watch(ctx context.Context) {
 // lock is gone or owned by someone else it ends the lease.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	sent := time.Now()
-	reply, acked, required, err := ls.l.evalSynced(ctx, extendScript, []string{ls.a.keys.lock}, ls.a.owner, ttl.Milliseconds())
+	r, err := ls.l.evalBounded(ctx, func(r synced, err error) {
+		// Given up on, but it moved the expiry after all: if the lease
+		// has ended meanwhile, nobody will use the lock; give it back.
+		if err != nil || r.reply == nil {
+			return
+		}
+		if n, _ := r.reply.Int64(); n == 1 && ls.Err() != nil {
+			ls.l.releaseAbandoned(ls.a)
+		}
+	}, extendScript, []string{ls.a.keys.lock}, ls.a.owner, ttl.Milliseconds())
+	acked, required := r.acked, r.required
 	var n int64
 	if err == nil {
-		n, err = reply.Int64()
+		n, err = r.reply.Int64()
 	}
 	if err != nil {
 		return fmt.Errorf("redislock: extend %q: %w", ls.a.name, err)

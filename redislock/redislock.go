@@ -134,9 +134,14 @@ func (l *Locker) keys(name string) keys {
 // is published or when the holder's TTL runs out, whichever is first; it
 // sends nothing else while it waits. A Redis error ends the wait at once,
 // returned inside an error matching fence.ErrNotAcquired, as does a refusal
-// for too few replica acknowledgements (fence.ErrNotReplicated). An
-// acquisition interrupted by ctx after the request was sent may leave the
-// lock held until its lease time runs out.
+// for too few replica acknowledgements (fence.ErrNotReplicated).
+//
+// Acquire, like every call fence makes, returns by ctx's deadline even if
+// the client does not honour it (go-redis without ContextTimeoutEnabled). An
+// acquisition given up on may still run on the server when it answers late;
+// when it did take the lock, the late reply releases it (owner-checked), so
+// it blocks others for a round trip rather than for its lease time. If the
+// reply never comes, the lock expires with its lease time.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
@@ -224,11 +229,21 @@ type attempt struct {
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
 	sent := time.Now()
 	retention := max(l.retention, a.ttl)
-	reply, acked, required, err := l.evalSynced(ctx, acquireScript, []string{a.keys.lock, a.keys.token},
-		a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	given := *a
+	r, err := l.evalBounded(ctx, func(r synced, err error) {
+		// Given up on, but it ran after all: the lock is ours and nobody
+		// will use it. Give it back rather than block others for its TTL.
+		if err != nil || r.reply == nil {
+			return
+		}
+		if res, _ := r.reply.Int64Slice(); len(res) > 0 && res[0] == 1 {
+			l.releaseAbandoned(given)
+		}
+	}, acquireScript, []string{a.keys.lock, a.keys.token}, a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	acked, required := r.acked, r.required
 	var res []int64
 	if err == nil {
-		res, err = reply.Int64Slice()
+		res, err = r.reply.Int64Slice()
 	}
 	if err == nil && (len(res) != 2 && len(res) != 3 || res[0] == 1 && (len(res) != 3 || res[1] <= 0)) {
 		err = fmt.Errorf("unexpected reply %v", res)
@@ -263,7 +278,9 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt) (bool, error) {
 	if l.sharded {
 		publish = "SPUBLISH"
 	}
-	n, err := releaseScript.Run(ctx, l.client, []string{a.keys.lock, a.keys.channel}, a.owner, publish).Int()
+	n, err := bounded(ctx, func(ctx context.Context) (int, error) {
+		return releaseScript.Run(ctx, l.client, []string{a.keys.lock, a.keys.channel}, a.owner, publish).Int()
+	}, nil)
 	return n == 1, err
 }
 
