@@ -45,6 +45,14 @@
 // ends. With fence.TTL the lease simply expires, and its loss is noticed at
 // the deadline, by Extend or by Release.
 //
+// A renewal carries the lease's deadline on the server's clock (mapped
+// from the server time that the last acquire or renew script returned,
+// erring early by 1%), and the script refuses to move the expiry once that
+// has passed. A renewal that sat in a paused server's socket until after
+// the holder gave up therefore cannot keep the lock for a lease nobody uses;
+// the lock expires when it would have. This relies only on the two clocks'
+// rates agreeing within 1% over one lease, not on their settings.
+//
 // # Deadlines
 //
 // Every call fence makes returns by its context's deadline whatever the

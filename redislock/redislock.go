@@ -240,6 +240,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 			l.releaseAbandoned(given)
 		}
 	}, acquireScript, []string{a.keys.lock, a.keys.token}, a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
 	if err == nil {
@@ -268,7 +269,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		}
 		return nil, 0, fence.NotAcquired(a.name, notRepl)
 	}
-	return l.newLease(ctx, a, fence.Token(res[1]), sent), 0, nil
+	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, nil
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
