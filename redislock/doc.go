@@ -34,7 +34,13 @@
 // lock's release channel (sharded pub/sub on a cluster), and tries again
 // when a release is published or when the holder's TTL has run out. It sends
 // nothing else while it waits. One subscription per lock name is shared by
-// the Locker's waiters, and a release wakes one of them.
+// the Locker's waiters, and a release wakes one of them; it belongs to none
+// of them, so a waiter that gives up does not end it for the others.
+//
+// A wait rides out a failover or a restart: transient errors (connection
+// refused or timed out, LOADING, READONLY, MASTERDOWN, too few replica
+// acknowledgements, ...) are retried with back-off within the wait budget;
+// permanent ones (WRONGTYPE, auth, ACL, a bad token record) end it at once.
 //
 // # Leases
 //

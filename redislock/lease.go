@@ -30,10 +30,10 @@ type lease struct {
 	// the deadline to the server's clock without the local wall clock.
 	serverAt  int64
 	repliedAt time.Time
-	expiry   *time.Timer
-	err      error // why the lease ended; nil while held
-	released bool  // Release reached a conclusion, kept in releaseErr
-	relErr   error
+	expiry    *time.Timer
+	err       error // why the lease ended; nil while held
+	released  bool  // Release reached a conclusion, kept in releaseErr
+	relErr    error
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}

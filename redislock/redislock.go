@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"reflect"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -132,9 +134,16 @@ func (l *Locker) keys(name string) keys {
 // It tries once right away. If the lock is held and opts give a wait budget,
 // it subscribes to the lock's release channel and tries again when a release
 // is published or when the holder's TTL runs out, whichever is first; it
-// sends nothing else while it waits. A Redis error ends the wait at once,
-// returned inside an error matching fence.ErrNotAcquired, as does a refusal
-// for too few replica acknowledgements (fence.ErrNotReplicated).
+// sends nothing else while it waits.
+//
+// Within the wait budget, errors that pass by themselves are retried with
+// jittered back-off (10 ms doubling to 1 s): the server unreachable or timing
+// out, LOADING, READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, a Sentinel
+// without a master yet, and too few replica acknowledgements
+// (fence.ErrNotReplicated). Any other error (WRONGTYPE, auth or ACL,
+// ErrBadTokenRecord) ends the wait at once. Either way the error is returned
+// inside an error matching fence.ErrNotAcquired; when the budget ends on a
+// transient error, that error rather than fence.ErrHeld.
 //
 // Acquire, like every call fence makes, returns by ctx's deadline even if
 // the client does not honour it (go-redis without ContextTimeoutEnabled). An
@@ -159,60 +168,142 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		a.ttl, a.watchdog = l.watchdog, true
 	}
 	lease, holderTTL, err := l.try(ctx, &a)
-	if lease != nil || err != nil {
-		return lease, err
-	}
-	if o.Wait == 0 {
+	switch {
+	case lease != nil:
+		return lease, nil
+	case err != nil && (o.Wait == 0 || !transient(err)):
+		l.giveUpMaybeHeld(&a, err)
+		return nil, fence.NotAcquired(name, err)
+	case o.Wait == 0:
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
 
 	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
 	defer cancel()
-	wake, subscribed, leave, err := l.join(waitCtx, a.keys.channel)
-	if err != nil {
-		return nil, fence.NotAcquired(name, waitError(ctx, err))
+	var (
+		wake     <-chan struct{} // nil until subscribed
+		leave    func()
+		tried    = start // when the last try began
+		failures int     // transient errors in a row
+		lastErr  error   // the last transient error, if the last try failed
+		maybe    error   // an error after which the script may have run
+	)
+	defer func() {
+		if leave != nil {
+			leave()
+		}
+	}()
+	fail := func(err error) (fence.Lease, error) {
+		if maybe != nil {
+			l.giveUpMaybeHeld(&a, maybe)
+		}
+		return nil, fence.NotAcquired(name, err)
 	}
-	defer leave()
-	// A release after the subscription was confirmed reaches this Locker.
-	// If that was before the first try began, the try saw everything
-	// before it and the subscription will see everything after: wait.
-	// Otherwise a release may have fallen in between: try again first.
-	retry := !subscribed.Before(start)
-	timer := time.NewTimer(0)
+	// budgetOver says why waiting stopped: the caller's ctx; else the
+	// budget ran out, while another owner held the lock or on the last
+	// transient error.
+	budgetOver := func() (fence.Lease, error) {
+		switch {
+		case ctx.Err() != nil:
+			return fail(ctx.Err())
+		case lastErr != nil:
+			return fail(lastErr)
+		default:
+			return fail(fence.ErrHeld)
+		}
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	defer timer.Stop()
 	for {
-		if retry {
-			// Try with ctx, not waitCtx: an attempt cut off by the wait
-			// budget could take the lock on the server and lose the reply.
-			lease, holderTTL, err = l.try(ctx, &a)
-			if lease != nil || err != nil {
-				return lease, err
+		var pause time.Duration // before the next try; zero: try now
+		switch {
+		case err != nil:
+			// A failover, a restart, a dropped connection: back off and
+			// try again within the budget.
+			failures++
+			lastErr, pause = err, retryBackoff(failures)
+		case wake == nil:
+			// Held: subscribe to the release channel first.
+			w, readyAt, lv, jerr := l.join(waitCtx, a.keys.channel)
+			switch {
+			case jerr == nil:
+				wake, leave = w, lv
+				failures, lastErr = 0, nil
+				// A release after the subscription was confirmed
+				// reaches this Locker. If that was before the last try
+				// began, the try saw everything before it and the
+				// subscription will see everything after: wait.
+				// Otherwise a release may have fallen in between.
+				if readyAt.Before(tried) {
+					pause = holderWait(holderTTL, o.Wait)
+				}
+			case waitCtx.Err() != nil:
+				return budgetOver()
+			case !transient(jerr):
+				return fail(fmt.Errorf("redislock: subscribe: %w", jerr))
+			default:
+				failures++
+				lastErr, pause = fmt.Errorf("redislock: subscribe: %w", jerr), retryBackoff(failures)
 			}
+		default:
+			// Held: wait for a release or for the holder's TTL to run out.
+			failures, lastErr = 0, nil
+			pause = holderWait(holderTTL, o.Wait)
 		}
-		retry = true
-		if holderTTL < 0 { // held without expiry: only a release frees it
-			holderTTL = o.Wait
+		if pause > 0 {
+			timer.Reset(pause)
+			select {
+			case <-wake:
+			case <-timer.C:
+			case <-waitCtx.Done():
+				return budgetOver()
+			}
+			timer.Stop()
 		}
-		timer.Reset(holderTTL)
-		select {
-		case <-wake:
-		case <-timer.C:
-		case <-waitCtx.Done():
-			return nil, fence.NotAcquired(name, waitError(ctx, waitCtx.Err()))
+		// Tries are bounded by the wait budget; one given up on that took
+		// the lock gives it back when its late reply comes.
+		tried = time.Now()
+		lease, holderTTL, err = l.try(waitCtx, &a)
+		switch {
+		case lease != nil:
+			return lease, nil
+		case err != nil && waitCtx.Err() != nil:
+			return budgetOver()
+		case err != nil && !transient(err):
+			return fail(err)
+		case err != nil && !errors.Is(err, syscall.ECONNREFUSED):
+			maybe = err
 		}
 	}
 }
 
-// waitError says why waiting stopped: the caller's ctx, or else the wait
-// budget running out while another owner held the lock.
-func waitError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
+// holderWait is how long to wait for a holder whose lock has ttl left
+// (negative: no expiry, so only a release frees it).
+func holderWait(ttl, budget time.Duration) time.Duration {
+	if ttl < 0 {
+		return budget
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fence.ErrHeld
+	return max(ttl, time.Millisecond)
+}
+
+// retryBackoff is the pause before the next try after n transient errors in
+// a row: 10 ms doubling to 1 s, jittered by up to a half so that the waiters
+// of many processes do not return to a recovering server in step.
+func retryBackoff(n int) time.Duration {
+	d := 10 * time.Millisecond << min(n-1, 7)
+	d = min(d, time.Second)
+	return d/2 + mrand.N(d/2+1)
+}
+
+// giveUpMaybeHeld releases, in the background, a lock that a try whose
+// reply was lost (err) may have taken after all. A try with the same owner
+// would have found it; the caller will not make one.
+func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
+	if !transient(err) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fence.ErrNotReplicated) {
+		return
 	}
-	return err
+	go l.releaseAbandoned(*a)
 }
 
 // attempt is one Acquire call's fixed parameters.
@@ -253,7 +344,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		if err = scriptError(err); !errors.Is(err, ErrBadTokenRecord) {
 			err = fmt.Errorf("redislock: %w", err)
 		}
-		return nil, 0, fence.NotAcquired(a.name, err)
+		return nil, 0, err
 	}
 	if res[0] == 0 {
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
@@ -265,9 +356,9 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		defer cancel()
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
 		if _, err := l.releaseOwned(rctx, a); err != nil {
-			return nil, 0, fence.NotAcquired(a.name, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err)))
+			return nil, 0, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err))
 		}
-		return nil, 0, fence.NotAcquired(a.name, notRepl)
+		return nil, 0, notRepl
 	}
 	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, nil
 }

@@ -201,7 +201,17 @@ func (l *Locker) read(ctx context.Context, w *watch) {
 		failures = 0
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+			if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
+				break
+			}
+			select {
+			case <-w.ready:
+				// Subscribed again after the connection broke (go-redis
+				// resubscribes): a release published in between was
+				// lost, maybe after the waiters' tries. Wake them all
+				// to look again, now that releases reach us again.
+				l.wakeAll(w)
+			default:
 				w.setReady(nil)
 			}
 		case *redis.Message:
