@@ -1,5 +1,6 @@
 -- Takes the lock if it is free and issues a fencing token, in one step.
--- KEYS[1] the lock, KEYS[2] the last-token record
+-- KEYS[1] the lock, KEYS[2] the last-token record, KEYS[3] the owner's
+-- revocation mark (release.lua)
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] token record retention ms
 -- Returns {1, token, server ms} when taken, {0, holder's PTTL} when held,
 -- and an error starting FENCETOKEN, before touching anything, when the
@@ -28,6 +29,10 @@ if rec then
     return refuse('holds ' .. string.sub(rec, 1, 40) .. ', at or past 2^53 - 1, beyond exact arithmetic')
   end
   last = tonumber(rec)
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  -- This acquisition was given up on before it ran: do not take the lock.
+  return {0, -2}
 end
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -83,11 +84,19 @@ func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error),
 	}, abandoned)
 }
 
+// revokeFor is how long the mark that revokes an acquisition given up on
+// lives (release.lua). The acquisition and the revocation were both sent
+// before the give-up returned, so on a server that was paused or slow they
+// run within moments of each other; an acquire command delayed in transit
+// for longer than this can still take the lock, for its lease time.
+const revokeFor = time.Minute
+
 // releaseAbandoned gives back a lock that an acquisition given up on took
-// after all, owner-checked, within the lease time (after it the lock has
-// expired anyway).
+// or may still take, owner-checked: it deletes the lock if the acquisition
+// ran, and otherwise revokes it so that it refuses if it runs later. It
+// tries within the lease time (after it the lock has expired anyway).
 func (l *Locker) releaseAbandoned(a attempt) {
-	ctx, cancel := context.WithTimeout(context.Background(), a.ttl)
+	ctx, cancel := context.WithTimeout(context.Background(), max(a.ttl, time.Second))
 	defer cancel()
-	_, _ = l.releaseOwned(ctx, &a)
+	_, _ = l.releaseOwned(ctx, &a, max(a.ttl, revokeFor))
 }

@@ -117,17 +117,21 @@ func TestHungRedisReturnsByDeadline(t *testing.T) {
 		within(t, "Release", func(ctx context.Context) error { return held.Release(ctx) })
 		within(t, "Status", func(ctx context.Context) error { _, err := l.Status(ctx, "held"); return err })
 
-		// The acquisitions given up on sit in the server's socket and run
-		// when it resumes; each then gives its lock back, so nothing is
-		// left held beyond a moment.
+		// The acquisitions given up on may sit in the server's socket and
+		// run when it resumes; each is then given back or revoked, so
+		// nothing is left held beyond a moment.
 		resume()
 		admin := srv.Client(t)
 		waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey("lock:payment:1001")).Val() == 0 })
-		waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey("held")).Val() == 0 })
-		// Release again: the one given up on may or may not have run first
-		// (it went on another connection), so "lost" is a fair answer.
+		// The Release given up on may or may not have reached the server
+		// (a connection opened during the pause can time out in its
+		// handshake first). Releasing again retries; "lost" is a fair
+		// answer if the first one did run.
 		if err := held.Release(ctx(t)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
 			t.Fatalf("Release after the server resumed: %v", err)
+		}
+		if admin.Exists(ctx(t), lockKey("held")).Val() != 0 {
+			t.Fatal("the lock is still held after Release")
 		}
 	})
 }

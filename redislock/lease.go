@@ -200,7 +200,7 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.stopWatchdog()
 		<-ls.watchdogDone
 	}
-	deleted, err := ls.l.releaseOwned(ctx, &ls.a)
+	deleted, err := ls.l.releaseOwned(ctx, &ls.a, 0)
 	lostBefore := ls.Err()
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):

@@ -306,6 +306,10 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 	go l.releaseAbandoned(*a)
 }
 
+// revokeKey is the key of the mark that revokes this attempt's owner, in
+// the lock's slot.
+func (a *attempt) revokeKey() string { return a.keys.lock + ":revoked:" + a.owner }
+
 // attempt is one Acquire call's fixed parameters.
 type attempt struct {
 	name     string
@@ -322,15 +326,18 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 	retention := max(l.retention, a.ttl)
 	given := *a
 	r, err := l.evalBounded(ctx, func(r synced, err error) {
-		// Given up on, but it ran after all: the lock is ours and nobody
-		// will use it. Give it back rather than block others for its TTL.
+		// Given up on. If it ran after all, the lock is ours and nobody
+		// will use it: give it back rather than block others for its
+		// TTL. If its reply was lost too (the client's own timeout), it
+		// may still run: revoke it.
 		if err != nil || r.reply == nil {
+			l.releaseAbandoned(given)
 			return
 		}
 		if res, _ := r.reply.Int64Slice(); len(res) > 0 && res[0] == 1 {
 			l.releaseAbandoned(given)
 		}
-	}, acquireScript, []string{a.keys.lock, a.keys.token}, a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	}, acquireScript, []string{a.keys.lock, a.keys.token, a.revokeKey()}, a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -355,7 +362,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.sync.Timeout)
 		defer cancel()
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
-		if _, err := l.releaseOwned(rctx, a); err != nil {
+		if _, err := l.releaseOwned(rctx, a, 0); err != nil {
 			return nil, 0, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err))
 		}
 		return nil, 0, notRepl
@@ -364,14 +371,20 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
-// deleted the lock (and told waiters).
-func (l *Locker) releaseOwned(ctx context.Context, a *attempt) (bool, error) {
+// deleted the lock (and told waiters). With revoke > 0, when the lock is not
+// this owner's, it also leaves a mark for that long that makes a late run of
+// this owner's acquire script refuse (see release.lua).
+func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
 	publish := "PUBLISH"
 	if l.sharded {
 		publish = "SPUBLISH"
 	}
+	keys, args := []string{a.keys.lock, a.keys.channel}, []any{a.owner, publish}
+	if revoke > 0 {
+		keys, args = append(keys, a.revokeKey()), append(args, revoke.Milliseconds())
+	}
 	n, err := bounded(ctx, func(ctx context.Context) (int, error) {
-		return releaseScript.Run(ctx, l.client, []string{a.keys.lock, a.keys.channel}, a.owner, publish).Int()
+		return releaseScript.Run(ctx, l.client, keys, args...).Int()
 	}, nil)
 	return n == 1, err
 }

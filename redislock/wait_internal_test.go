@@ -154,3 +154,40 @@ func TestShortWaiterDoesNotFailOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRevokedAcquisitionRefuses: an acquisition given up on whose reply was
+// lost is revoked; if its script runs after the revocation (both sat in a
+// paused server's socket, in whichever order), it does not take the lock.
+// If it ran first, the revocation deletes the lock.
+func TestRevokedAcquisitionRefuses(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "lock:payment:1001"
+	admin := srv.Client(t)
+	for _, revokeFirst := range []bool{true, false} {
+		a := attempt{name: name, keys: l.keys(name), owner: newOwner(), ttl: time.Minute}
+		if revokeFirst {
+			l.releaseAbandoned(a)
+		}
+		lease, _, err := l.try(ctx, &a)
+		if revokeFirst {
+			if lease != nil || err != nil {
+				t.Fatalf("revoked acquisition ran later: lease %v, err %v; want refused", lease, err)
+			}
+		} else {
+			if err != nil || lease == nil {
+				t.Fatalf("try: %v", err)
+			}
+			lease.end(fence.ErrReleased) // stops its expiry timer; the lock stays
+			l.releaseAbandoned(a)
+		}
+		if n := admin.Exists(ctx, a.keys.lock).Val(); n != 0 {
+			t.Fatalf("revoke first %v: the lock is held", revokeFirst)
+		}
+	}
+}
