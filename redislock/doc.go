@@ -66,7 +66,12 @@
 // ContextTimeoutEnabled, so each command runs in a goroutine that the
 // caller leaves when the context ends. The goroutine ends when the client's
 // own timeout or the server's late answer ends the command; a late answer
-// to an acquisition that took the lock gives the lock back.
+// to an acquisition that took the lock gives the lock back. An acquisition
+// whose answer is lost altogether (the client's own timeout closed the
+// connection, yet the command may still run) is revoked: the release script
+// leaves a mark, P:{N}:revoked:<owner>, for a minute, and the acquire script
+// refuses a marked owner, so the lock is freed whichever of the two runs
+// first.
 //
 // A lease proves nothing once its holder has paused: pass its Token to the
 // protected resource and have the resource reject stale tokens.

@@ -150,7 +150,8 @@ func (l *Locker) keys(name string) keys {
 // acquisition given up on may still run on the server when it answers late;
 // when it did take the lock, the late reply releases it (owner-checked), so
 // it blocks others for a round trip rather than for its lease time. If the
-// reply never comes, the lock expires with its lease time.
+// reply never comes, the acquisition is revoked so that it refuses if it
+// runs later (see the package doc, Deadlines).
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
@@ -186,7 +187,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		tried    = start // when the last try began
 		failures int     // transient errors in a row
 		lastErr  error   // the last transient error, if the last try failed
-		maybe    error   // an error after which the script may have run
+		maybe    = err   // an error after which the script may have run
 	)
 	defer func() {
 		if leave != nil {
@@ -272,7 +273,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 			return budgetOver()
 		case err != nil && !transient(err):
 			return fail(err)
-		case err != nil && !errors.Is(err, syscall.ECONNREFUSED):
+		case err != nil:
 			maybe = err
 		}
 	}
