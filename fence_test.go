@@ -31,9 +31,20 @@ func TestApply(t *testing.T) {
 	if err != nil || o.Wait != 2*time.Second || o.TTL != 10*time.Second {
 		t.Fatalf("Apply = %+v, %v", o, err)
 	}
-	for _, bad := range [][]fence.Option{{fence.TTL(0)}, {fence.TTL(-1)}, {fence.Wait(-1)}, {fence.TTL(999 * time.Microsecond)}} {
+	for _, bad := range [][]fence.Option{{fence.TTL(0)}, {fence.TTL(-1)}, {fence.Wait(-1)}, {fence.TTL(999 * time.Microsecond)}, {fence.TTL(fence.MinTTL - 1)}} {
 		if _, err := fence.Apply(bad); !errors.Is(err, fence.ErrInvalidOption) {
 			t.Errorf("Apply = %v, want ErrInvalidOption", err)
+		}
+	}
+}
+
+func TestMinTTL(t *testing.T) {
+	if err := fence.ValidateTTL(fence.MinTTL); err != nil {
+		t.Fatalf("ValidateTTL(MinTTL) = %v", err)
+	}
+	for _, bad := range []time.Duration{time.Millisecond, 2 * time.Millisecond, fence.MinTTL - 1} {
+		if err := fence.ValidateTTL(bad); !errors.Is(err, fence.ErrInvalidOption) || !strings.Contains(err.Error(), "10ms") {
+			t.Errorf("ValidateTTL(%v) = %v, want ErrInvalidOption naming the 10ms minimum", bad, err)
 		}
 	}
 }

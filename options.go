@@ -27,7 +27,7 @@ func Wait(d time.Duration) Option { return func(o *Options) { o.Wait = d } }
 // TTL sets a fixed lease time: the lease expires ttl after it was granted
 // unless extended, and no watchdog renews it. Without TTL the backend's
 // watchdog renews the lease every third of its watchdog TTL. ttl must be at
-// least a millisecond.
+// least MinTTL.
 func TTL(ttl time.Duration) Option {
 	return func(o *Options) { o.TTL, o.ttlSet = ttl, true }
 }
@@ -52,11 +52,21 @@ func Apply(opts []Option) (Options, error) {
 	return o, nil
 }
 
-// ValidateTTL checks a lease time: at least a millisecond. The error matches
+// MinTTL is the shortest lease time accepted. A lease is known to be held
+// only until a deadline measured from before the request was sent, minus an
+// allowance for the two clocks running at different rates (redislock takes
+// 1% plus 2 ms, Redlock's rule), and it is usable only after the reply came
+// back. At 10 ms that allowance is already a fifth of the lease, and one
+// round trip on a busy network can eat the rest; a 2 ms lease would end
+// before it began, its deadline lying before the request was sent. Redis
+// also counts expiries in whole milliseconds.
+const MinTTL = 10 * time.Millisecond
+
+// ValidateTTL checks a lease time: at least MinTTL. The error matches
 // ErrInvalidOption.
 func ValidateTTL(ttl time.Duration) error {
-	if ttl < time.Millisecond {
-		return fmt.Errorf("%w: lease time %v is shorter than 1ms", ErrInvalidOption, ttl)
+	if ttl < MinTTL {
+		return fmt.Errorf("%w: lease time %v is shorter than the minimum %v", ErrInvalidOption, ttl, MinTTL)
 	}
 	return nil
 }

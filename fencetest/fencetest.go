@@ -345,11 +345,26 @@ func (s suite) invalidInput(t *testing.T) {
 		{"TTL(0)", fence.TTL(0)},
 		{"TTL(-1s)", fence.TTL(-time.Second)},
 		{"TTL(1µs)", fence.TTL(time.Microsecond)},
+		{"TTL(1ms)", fence.TTL(time.Millisecond)},
+		{"TTL(MinTTL-1ns)", fence.TTL(fence.MinTTL - 1)},
 		{"Wait(-1s)", fence.Wait(-time.Second)},
 	} {
 		if _, err := l.Acquire(ctxFor(t), name(t), tc.opt); !errors.Is(err, fence.ErrInvalidOption) {
 			t.Errorf("Acquire with %s = %v, want ErrInvalidOption", tc.what, err)
 		}
+	}
+	// The shortest lease accepted is one its holder can use: its deadline
+	// lies after the request was sent.
+	start := time.Now()
+	lease := mustAcquire(t, l, name(t), fence.TTL(fence.MinTTL))
+	if !lease.Deadline().After(start) {
+		t.Errorf("lease of MinTTL %v: deadline %v is before Acquire began", fence.MinTTL, lease.Deadline().Sub(start))
+	}
+	if err := lease.Extend(ctxFor(t), fence.MinTTL-1); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Errorf("Extend(MinTTL-1ns) = %v, want ErrInvalidOption", err)
+	}
+	if err := lease.Release(ctxFor(t)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release of a MinTTL lease = %v", err)
 	}
 }
 

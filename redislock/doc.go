@@ -24,6 +24,12 @@
 // milliseconds). The record expires after its retention period, so no key
 // outlives its use.
 //
+// Lua counts in doubles, exact up to 2^53; a clock-floored token stays far
+// below that (2^53 µs is the year 2255). A record that is not a canonical
+// decimal integer below 2^53 - 1 was not written by fence, and the script
+// refuses it (ErrBadTokenRecord, naming the key) rather than repeat a token
+// or hand out a negative one.
+//
 // # Replica sync
 //
 // With ReplicaSync on (the default), each acquisition and renewal is
@@ -46,7 +52,13 @@
 // lock's release channel (sharded pub/sub on a cluster), and tries again
 // when a release is published or when the holder's TTL has run out. It sends
 // nothing else while it waits. One subscription per lock name is shared by
-// the Locker's waiters, and a release wakes one of them.
+// the Locker's waiters, and a release wakes one of them; it belongs to none
+// of them, so a waiter that gives up does not end it for the others.
+//
+// A wait rides out a failover or a restart: transient errors (connection
+// refused or timed out, LOADING, READONLY, MASTERDOWN, too few replica
+// acknowledgements, ...) are retried with back-off within the wait budget;
+// permanent ones (WRONGTYPE, auth, ACL, a bad token record) end it at once.
 //
 // # Leases
 //
@@ -56,6 +68,28 @@
 // for other reasons are retried until the local deadline, when the lease
 // ends. With fence.TTL the lease simply expires, and its loss is noticed at
 // the deadline, by Extend or by Release.
+//
+// A renewal carries the lease's deadline on the server's clock (mapped
+// from the server time that the last acquire or renew script returned,
+// erring early by 1%), and the script refuses to move the expiry once that
+// has passed. A renewal that sat in a paused server's socket until after
+// the holder gave up therefore cannot keep the lock for a lease nobody uses;
+// the lock expires when it would have. This relies only on the two clocks'
+// rates agreeing within 1% over one lease, not on their settings.
+//
+// # Deadlines
+//
+// Every call fence makes returns by its context's deadline whatever the
+// client's options: go-redis only puts the deadline on the socket with
+// ContextTimeoutEnabled, so each command runs in a goroutine that the
+// caller leaves when the context ends. The goroutine ends when the client's
+// own timeout or the server's late answer ends the command; a late answer
+// to an acquisition that took the lock gives the lock back. An acquisition
+// whose answer is lost altogether (the client's own timeout closed the
+// connection, yet the command may still run) is revoked: the release script
+// leaves a mark, P:{N}:revoked:<owner>, for a minute, and the acquire script
+// refuses a marked owner, so the lock is freed whichever of the two runs
+// first.
 //
 // A lease proves nothing once its holder has paused: pass its Token to the
 // protected resource and have the resource reject stale tokens.

@@ -1,7 +1,23 @@
--- Moves the lock's expiry if ARGV[1] still owns it.
--- KEYS[1] the lock; ARGV[1] owner, ARGV[2] lease ms
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+-- Moves the lock's expiry if ARGV[1] still owns it and the lease has not
+-- ended yet by its holder's clock.
+-- KEYS[1] the lock
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] the lease's deadline, in this
+-- server's ms (the holder's deadline plus the largest offset between the
+-- clocks that it measured)
+-- Returns {1, server ms} when moved, {0, server ms} when the lock is gone or
+-- another owner's, {-1, server ms} when the renewal came after the deadline.
+--
+-- A renewal can sit in a paused server's socket past the lease's deadline;
+-- run then, a plain PEXPIRE would hold the lock for a full lease that nobody
+-- uses (the holder gave up at its deadline). Such a renewal is refused, and
+-- the lock expires when it would have.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return {0, now}
 end
-return 0
+if now > tonumber(ARGV[3]) then
+  return {-1, now}
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, now}

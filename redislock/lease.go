@@ -23,10 +23,17 @@ type lease struct {
 
 	mu       sync.Mutex
 	deadline time.Time
-	expiry   *time.Timer
-	err      error // why the lease ended; nil while held
-	released bool  // Release reached a conclusion, kept in releaseErr
-	relErr   error
+	// The server's clock read by the last successful acquire or renew
+	// script (ms), and the local time its reply arrived: the script ran
+	// before that, so at local time t the server's clock reads at least
+	// serverAt + (t - repliedAt), give or take the clocks' rates. This maps
+	// the deadline to the server's clock without the local wall clock.
+	serverAt  int64
+	repliedAt time.Time
+	expiry    *time.Timer
+	err       error // why the lease ended; nil while held
+	released  bool  // Release reached a conclusion, kept in releaseErr
+	relErr    error
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
@@ -34,8 +41,8 @@ type lease struct {
 
 var _ fence.Lease = (*lease)(nil)
 
-func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent time.Time) *lease {
-	ls := &lease{l: l, a: *a, token: token}
+func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent, replied time.Time, serverMs int64) *lease {
+	ls := &lease{l: l, a: *a, token: token, serverAt: serverMs, repliedAt: replied}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.deadline = deadline(sent, a.ttl)
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
@@ -110,14 +117,44 @@ func (ls *lease) watch(ctx context.Context) {
 // renew runs the extend script. On success it moves the deadline; when the
 // lock is gone or owned by someone else it ends the lease.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
+	ls.mu.Lock()
+	// The deadline on the server's clock, erring early by the 1% that
+	// deadline allows for the clocks' rates and by a millisecond of
+	// rounding: a renewal run later than that is refused (extend.lua), so a
+	// renewal delayed past the deadline cannot hold the lock for a lease
+	// nobody uses. One run just before it is refused too, and ends the
+	// lease; its reply would have come too late to be of use anyway.
+	left := ls.deadline.Sub(ls.repliedAt)
+	serverDeadline := ls.serverAt + (left - left/100).Milliseconds() - 1
+	ls.mu.Unlock()
 	sent := time.Now()
-	reply, acked, required, err := ls.l.evalSynced(ctx, extendScript, []string{ls.a.keys.lock}, ls.a.owner, ttl.Milliseconds())
-	var n int64
+	r, err := ls.l.evalBounded(ctx, func(r synced, err error) {
+		// Given up on, but it moved the expiry after all: if the lease
+		// has ended meanwhile, nobody will use the lock; give it back.
+		if err != nil || r.reply == nil {
+			return
+		}
+		if res, _ := r.reply.Int64Slice(); len(res) == 2 && res[0] == 1 && ls.Err() != nil {
+			ls.l.releaseAbandoned(ls.a)
+		}
+	}, extendScript, []string{ls.a.keys.lock}, ls.a.owner, ttl.Milliseconds(), serverDeadline)
+	replied := time.Now()
+	acked, required := r.acked, r.required
+	var res []int64
 	if err == nil {
-		n, err = reply.Int64()
+		res, err = r.reply.Int64Slice()
+	}
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
 		return fmt.Errorf("redislock: extend %q: %w", ls.a.name, err)
+	}
+	n := res[0]
+	if n == -1 {
+		late := fmt.Errorf("%w: %q: the renewal reached Redis after the lease's deadline", fence.ErrLeaseLost, ls.a.name)
+		ls.end(late)
+		return late
 	}
 	if n == 1 && acked < required {
 		return fmt.Errorf("redislock: extend %q: %w", ls.a.name, &fence.NotReplicatedError{Acked: acked, Required: required})
@@ -133,6 +170,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		return ls.err
 	}
 	ls.deadline = deadline(sent, ttl)
+	ls.serverAt, ls.repliedAt = res[1], replied
 	ls.expiry.Reset(time.Until(ls.deadline))
 	return nil
 }
@@ -162,7 +200,7 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.stopWatchdog()
 		<-ls.watchdogDone
 	}
-	deleted, err := ls.l.releaseOwned(ctx, &ls.a)
+	deleted, err := ls.l.releaseOwned(ctx, &ls.a, 0)
 	lostBefore := ls.Err()
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):

@@ -6,8 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
+	"reflect"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -70,6 +73,11 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: redislock: nil client", fence.ErrInvalidOption)
 	}
+	if v := reflect.ValueOf(client); v.Kind() == reflect.Pointer && v.IsNil() {
+		// var c *redis.Client; New(c, nil): an interface holding a nil
+		// pointer, which would panic at the first command.
+		return nil, fmt.Errorf("%w: redislock: nil client (%T)", fence.ErrInvalidOption, client)
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -126,11 +134,24 @@ func (l *Locker) keys(name string) keys {
 // It tries once right away. If the lock is held and opts give a wait budget,
 // it subscribes to the lock's release channel and tries again when a release
 // is published or when the holder's TTL runs out, whichever is first; it
-// sends nothing else while it waits. A Redis error ends the wait at once,
-// returned inside an error matching fence.ErrNotAcquired, as does a refusal
-// for too few replica acknowledgements (fence.ErrNotReplicated). An
-// acquisition interrupted by ctx after the request was sent may leave the
-// lock held until its lease time runs out.
+// sends nothing else while it waits.
+//
+// Within the wait budget, errors that pass by themselves are retried with
+// jittered back-off (10 ms doubling to 1 s): the server unreachable or timing
+// out, LOADING, READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, a Sentinel
+// without a master yet, and too few replica acknowledgements
+// (fence.ErrNotReplicated). Any other error (WRONGTYPE, auth or ACL,
+// ErrBadTokenRecord) ends the wait at once. Either way the error is returned
+// inside an error matching fence.ErrNotAcquired; when the budget ends on a
+// transient error, that error rather than fence.ErrHeld.
+//
+// Acquire, like every call fence makes, returns by ctx's deadline even if
+// the client does not honour it (go-redis without ContextTimeoutEnabled). An
+// acquisition given up on may still run on the server when it answers late;
+// when it did take the lock, the late reply releases it (owner-checked), so
+// it blocks others for a round trip rather than for its lease time. If the
+// reply never comes, the acquisition is revoked so that it refuses if it
+// runs later (see the package doc, Deadlines).
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
@@ -148,61 +169,147 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		a.ttl, a.watchdog = l.watchdog, true
 	}
 	lease, holderTTL, err := l.try(ctx, &a)
-	if lease != nil || err != nil {
-		return lease, err
-	}
-	if o.Wait == 0 {
+	switch {
+	case lease != nil:
+		return lease, nil
+	case err != nil && (o.Wait == 0 || !transient(err)):
+		l.giveUpMaybeHeld(&a, err)
+		return nil, fence.NotAcquired(name, err)
+	case o.Wait == 0:
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
 
 	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
 	defer cancel()
-	wake, subscribed, leave, err := l.join(waitCtx, a.keys.channel)
-	if err != nil {
-		return nil, fence.NotAcquired(name, waitError(ctx, err))
+	var (
+		wake     <-chan struct{} // nil until subscribed
+		leave    func()
+		tried    = start // when the last try began
+		failures int     // transient errors in a row
+		lastErr  error   // the last transient error, if the last try failed
+		maybe    = err   // an error after which the script may have run
+	)
+	defer func() {
+		if leave != nil {
+			leave()
+		}
+	}()
+	fail := func(err error) (fence.Lease, error) {
+		if maybe != nil {
+			l.giveUpMaybeHeld(&a, maybe)
+		}
+		return nil, fence.NotAcquired(name, err)
 	}
-	defer leave()
-	// A release after the subscription was confirmed reaches this Locker.
-	// If that was before the first try began, the try saw everything
-	// before it and the subscription will see everything after: wait.
-	// Otherwise a release may have fallen in between: try again first.
-	retry := !subscribed.Before(start)
-	timer := time.NewTimer(0)
+	// budgetOver says why waiting stopped: the caller's ctx; else the
+	// budget ran out, while another owner held the lock or on the last
+	// transient error.
+	budgetOver := func() (fence.Lease, error) {
+		switch {
+		case ctx.Err() != nil:
+			return fail(ctx.Err())
+		case lastErr != nil:
+			return fail(lastErr)
+		default:
+			return fail(fence.ErrHeld)
+		}
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	defer timer.Stop()
 	for {
-		if retry {
-			// Try with ctx, not waitCtx: an attempt cut off by the wait
-			// budget could take the lock on the server and lose the reply.
-			lease, holderTTL, err = l.try(ctx, &a)
-			if lease != nil || err != nil {
-				return lease, err
+		var pause time.Duration // before the next try; zero: try now
+		switch {
+		case err != nil:
+			// A failover, a restart, a dropped connection: back off and
+			// try again within the budget.
+			failures++
+			lastErr, pause = err, retryBackoff(failures)
+		case wake == nil:
+			// Held: subscribe to the release channel first.
+			w, readyAt, lv, jerr := l.join(waitCtx, a.keys.channel)
+			switch {
+			case jerr == nil:
+				wake, leave = w, lv
+				failures, lastErr = 0, nil
+				// A release after the subscription was confirmed
+				// reaches this Locker. If that was before the last try
+				// began, the try saw everything before it and the
+				// subscription will see everything after: wait.
+				// Otherwise a release may have fallen in between.
+				if readyAt.Before(tried) {
+					pause = holderWait(holderTTL, o.Wait)
+				}
+			case waitCtx.Err() != nil:
+				return budgetOver()
+			case !transient(jerr):
+				return fail(fmt.Errorf("redislock: subscribe: %w", jerr))
+			default:
+				failures++
+				lastErr, pause = fmt.Errorf("redislock: subscribe: %w", jerr), retryBackoff(failures)
 			}
+		default:
+			// Held: wait for a release or for the holder's TTL to run out.
+			failures, lastErr = 0, nil
+			pause = holderWait(holderTTL, o.Wait)
 		}
-		retry = true
-		if holderTTL < 0 { // held without expiry: only a release frees it
-			holderTTL = o.Wait
+		if pause > 0 {
+			timer.Reset(pause)
+			select {
+			case <-wake:
+			case <-timer.C:
+			case <-waitCtx.Done():
+				return budgetOver()
+			}
+			timer.Stop()
 		}
-		timer.Reset(holderTTL)
-		select {
-		case <-wake:
-		case <-timer.C:
-		case <-waitCtx.Done():
-			return nil, fence.NotAcquired(name, waitError(ctx, waitCtx.Err()))
+		// Tries are bounded by the wait budget; one given up on that took
+		// the lock gives it back when its late reply comes.
+		tried = time.Now()
+		lease, holderTTL, err = l.try(waitCtx, &a)
+		switch {
+		case lease != nil:
+			return lease, nil
+		case err != nil && waitCtx.Err() != nil:
+			return budgetOver()
+		case err != nil && !transient(err):
+			return fail(err)
+		case err != nil:
+			maybe = err
 		}
 	}
 }
 
-// waitError says why waiting stopped: the caller's ctx, or else the wait
-// budget running out while another owner held the lock.
-func waitError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
+// holderWait is how long to wait for a holder whose lock has ttl left
+// (negative: no expiry, so only a release frees it).
+func holderWait(ttl, budget time.Duration) time.Duration {
+	if ttl < 0 {
+		return budget
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fence.ErrHeld
-	}
-	return err
+	return max(ttl, time.Millisecond)
 }
+
+// retryBackoff is the pause before the next try after n transient errors in
+// a row: 10 ms doubling to 1 s, jittered by up to a half so that the waiters
+// of many processes do not return to a recovering server in step.
+func retryBackoff(n int) time.Duration {
+	d := 10 * time.Millisecond << min(n-1, 7)
+	d = min(d, time.Second)
+	return d/2 + mrand.N(d/2+1)
+}
+
+// giveUpMaybeHeld releases, in the background, a lock that a try whose
+// reply was lost (err) may have taken after all. A try with the same owner
+// would have found it; the caller will not make one.
+func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
+	if !transient(err) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fence.ErrNotReplicated) {
+		return
+	}
+	go l.releaseAbandoned(*a)
+}
+
+// revokeKey is the key of the mark that revokes this attempt's owner, in
+// the lock's slot.
+func (a *attempt) revokeKey() string { return a.keys.lock + ":revoked:" + a.owner }
 
 // attempt is one Acquire call's fixed parameters.
 type attempt struct {
@@ -218,17 +325,34 @@ type attempt struct {
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
 	sent := time.Now()
 	retention := max(l.retention, a.ttl)
-	reply, acked, required, err := l.evalSynced(ctx, acquireScript, []string{a.keys.lock, a.keys.token},
-		a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	given := *a
+	r, err := l.evalBounded(ctx, func(r synced, err error) {
+		// Given up on. If it ran after all, the lock is ours and nobody
+		// will use it: give it back rather than block others for its
+		// TTL. If its reply was lost too (the client's own timeout), it
+		// may still run: revoke it.
+		if err != nil || r.reply == nil {
+			l.releaseAbandoned(given)
+			return
+		}
+		if res, _ := r.reply.Int64Slice(); len(res) > 0 && res[0] == 1 {
+			l.releaseAbandoned(given)
+		}
+	}, acquireScript, []string{a.keys.lock, a.keys.token, a.revokeKey()}, a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	replied := time.Now()
+	acked, required := r.acked, r.required
 	var res []int64
 	if err == nil {
-		res, err = reply.Int64Slice()
+		res, err = r.reply.Int64Slice()
 	}
-	if err == nil && len(res) != 2 {
+	if err == nil && (len(res) != 2 && len(res) != 3 || res[0] == 1 && (len(res) != 3 || res[1] <= 0)) {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
-		return nil, 0, fence.NotAcquired(a.name, fmt.Errorf("redislock: %w", err))
+		if err = scriptError(err); !errors.Is(err, ErrBadTokenRecord) {
+			err = fmt.Errorf("redislock: %w", err)
+		}
+		return nil, 0, err
 	}
 	if res[0] == 0 {
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
@@ -239,26 +363,34 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.sync.Timeout)
 		defer cancel()
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
-		if _, err := l.releaseOwned(rctx, a); err != nil {
-			return nil, 0, fence.NotAcquired(a.name, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err)))
+		if _, err := l.releaseOwned(rctx, a, 0); err != nil {
+			return nil, 0, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err))
 		}
-		return nil, 0, fence.NotAcquired(a.name, notRepl)
+		return nil, 0, notRepl
 	}
-	return l.newLease(ctx, a, fence.Token(res[1]), sent), 0, nil
+	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, nil
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
-// deleted the lock (and told waiters).
-func (l *Locker) releaseOwned(ctx context.Context, a *attempt) (bool, error) {
+// deleted the lock (and told waiters). With revoke > 0, when the lock is not
+// this owner's, it also leaves a mark for that long that makes a late run of
+// this owner's acquire script refuse (see release.lua).
+func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
 	publish := "PUBLISH"
 	if l.sharded {
 		publish = "SPUBLISH"
 	}
-	reply, _, _, err := l.evalRouted(ctx, releaseScript, []string{a.keys.lock, a.keys.channel}, a.owner, publish)
-	if err != nil {
-		return false, err
+	keys, args := []string{a.keys.lock, a.keys.channel}, []any{a.owner, publish}
+	if revoke > 0 {
+		keys, args = append(keys, a.revokeKey()), append(args, revoke.Milliseconds())
 	}
-	n, err := reply.Int()
+	n, err := bounded(ctx, func(ctx context.Context) (int, error) {
+		reply, _, _, err := l.evalRouted(ctx, releaseScript, keys, args...)
+		if err != nil {
+			return 0, err
+		}
+		return reply.Int()
+	}, nil)
 	return n == 1, err
 }
 

@@ -161,6 +161,7 @@ func TestBadInputSendsNothing(t *testing.T) {
 		"negative TTL":    {"ok", []fence.Option{fence.TTL(-time.Second)}, fence.ErrInvalidOption},
 		"negative wait":   {"ok", []fence.Option{fence.Wait(-time.Millisecond)}, fence.ErrInvalidOption},
 		"sub-ms TTL":      {"ok", []fence.Option{fence.TTL(time.Microsecond)}, fence.ErrInvalidOption},
+		"1ms TTL":         {"ok", []fence.Option{fence.TTL(time.Millisecond)}, fence.ErrInvalidOption},
 		"both bad values": {"", []fence.Option{fence.Wait(-1)}, fence.ErrInvalidName},
 	}
 	for what, tc := range cases {
@@ -182,6 +183,13 @@ func TestBadInputSendsNothing(t *testing.T) {
 	}
 	if _, err := redislock.New(nil, nil); !errors.Is(err, fence.ErrInvalidOption) {
 		t.Errorf("New(nil) = %v, want ErrInvalidOption", err)
+	}
+	var nilClient *redis.Client
+	var nilCluster *redis.ClusterClient
+	for _, typedNil := range []redis.UniversalClient{nilClient, nilCluster} {
+		if _, err := redislock.New(typedNil, nil); !errors.Is(err, fence.ErrInvalidOption) || !strings.Contains(err.Error(), "nil client") {
+			t.Errorf("New(%T(nil)) = %v, want ErrInvalidOption saying the client is nil", typedNil, err)
+		}
 	}
 	if _, err := redislock.New(c, &redislock.Options{WatchdogTTL: -time.Second}); !errors.Is(err, fence.ErrInvalidOption) {
 		t.Errorf("New with negative watchdog TTL = %v, want ErrInvalidOption", err)

@@ -1,9 +1,18 @@
 -- Deletes the lock if ARGV[1] still owns it and tells waiters.
--- KEYS[1] the lock, KEYS[2] the release channel
--- ARGV[1] owner, ARGV[2] PUBLISH or SPUBLISH
+-- KEYS[1] the lock, KEYS[2] the release channel, KEYS[3] (when revoking) the
+-- owner's revocation mark
+-- ARGV[1] owner, ARGV[2] PUBLISH or SPUBLISH, ARGV[3] (when revoking) how
+-- long the mark lives, ms
+-- Revoking gives up an acquisition whose reply was lost: it may not have run
+-- yet (sitting in a paused server's socket). The mark makes the acquire
+-- script refuse that owner if it runs later, so the lock is freed whichever
+-- of the two runs first.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call(ARGV[2], KEYS[2], 'released')
   return 1
+end
+if ARGV[3] then
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
 end
 return 0

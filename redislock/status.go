@@ -34,7 +34,8 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 	pipe := l.client.Pipeline()
 	pttl := pipe.PTTL(ctx, k.lock)
 	last := pipe.Get(ctx, k.token)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	_, err := bounded(ctx, func(ctx context.Context) ([]redis.Cmder, error) { return pipe.Exec(ctx) }, nil)
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return Status{}, fmt.Errorf("redislock: status %q: %w", name, err)
 	}
 	var s Status

@@ -24,7 +24,8 @@ const (
 // script, WAIT (pipelined on the same connection, since WAIT only counts
 // its own connection's writes) confirms that enough replicas have the lock.
 // If they do not within Timeout, the lock is released and Acquire returns an
-// error matching fence.ErrNotReplicated. Renewals are confirmed the same way;
+// error matching fence.ErrNotReplicated (with a wait budget, it first tries
+// again, with back-off, until the budget ends). Renewals are confirmed the same way;
 // an unconfirmed renewal does not move the lease's deadline.
 //
 // It fails closed: a replica that was seen and is gone (link cut, process

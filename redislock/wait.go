@@ -11,61 +11,49 @@ import (
 
 // watch is one subscription to a lock's release channel, shared by every
 // Acquire of this Locker that waits on that lock. A release message wakes
-// one local waiter, not all of them: only one can win. The subscription
-// lives while someone waits; the last waiter to leave closes it and waits
-// for its reader goroutine to exit.
+// one local waiter, not all of them: only one can win.
+//
+// The subscription belongs to the watch, not to the waiter that happened to
+// come first: its reader goroutine subscribes with the watch's own context,
+// so a waiter whose budget ends during the subscribe leaves without failing
+// the others. The watch lives while someone waits; when the last waiter
+// leaves, it is taken out of Locker.watches and its reader ends. A watch
+// whose subscription failed is taken out at once, so the next waiter
+// subscribes afresh.
 type watch struct {
 	channel string
-	ps      *redis.PubSub   // replaced by read when the server drops it; guarded by Locker.mu then
 	waiters []chan struct{} // each waiter's wake-up, capacity 1, in arrival order; guarded by Locker.mu
+	ps      *redis.PubSub   // set by the reader once subscribed; guarded by Locker.mu
+	closed  bool            // the last waiter has left; guarded by Locker.mu
+	stop    context.CancelFunc
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
 	readyErr  error
 	readyAt   time.Time // when it was confirmed
-
-	closing chan struct{}   // closed by the last waiter, before ps.Close
-	ctx     context.Context // ended by the last waiter: bounds a resubscription
-	stop    context.CancelFunc
-	done    chan struct{} // closed when the reader goroutine has exited
 }
 
 // join registers a waiter on channel, subscribing if nobody local is
 // subscribed yet, and returns once the server has confirmed the
 // subscription, so that no release published after join returns is missed.
 // readyAt is when the subscription was confirmed: a release published after
-// it reaches this Locker. The caller must call leave.
+// it reaches this Locker. The caller must call leave. join returns early
+// with ctx's error when ctx ends first.
 func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}, readyAt time.Time, leave func(), err error) {
 	me := make(chan struct{}, 1)
 	l.mu.Lock()
 	w := l.watches[channel]
-	first := w == nil
-	if first {
-		w = &watch{channel: channel, ready: make(chan struct{}), closing: make(chan struct{}), done: make(chan struct{})}
-		w.ctx, w.stop = context.WithCancel(context.Background())
+	if w == nil {
+		var wctx context.Context
+		wctx, stop := context.WithCancel(context.Background())
+		w = &watch{channel: channel, ready: make(chan struct{}), stop: stop}
 		l.watches[channel] = w
+		go l.read(wctx, w)
 	}
 	w.waiters = append(w.waiters, me)
 	l.mu.Unlock()
-	leave = func() { l.leave(channel, w, me) }
+	leave = func() { l.leave(w, me) }
 
-	if first {
-		// Subscribe before the reader starts: on a cluster the first
-		// subscription picks the node that owns the channel's slot.
-		if l.sharded {
-			w.ps = l.client.SSubscribe(ctx)
-			err = w.ps.SSubscribe(ctx, channel)
-		} else {
-			w.ps = l.client.Subscribe(ctx)
-			err = w.ps.Subscribe(ctx, channel)
-		}
-		if err != nil {
-			w.setReady(err)
-			close(w.done)
-		} else {
-			go l.read(w)
-		}
-	}
 	select {
 	case <-w.ready:
 		err = w.readyErr
@@ -84,8 +72,11 @@ func (w *watch) setReady(err error) {
 }
 
 // leave unregisters a waiter. A wake-up it received but did not use passes
-// to another waiter. The last waiter closes the subscription.
-func (l *Locker) leave(channel string, w *watch, me chan struct{}) {
+// to another waiter. The last waiter ends the watch. leave does not wait
+// for the reader: on a server that hangs, closing the subscription can take
+// as long as the client's read timeout, and the caller's deadline comes
+// first.
+func (l *Locker) leave(w *watch, me chan struct{}) {
 	l.mu.Lock()
 	for i, c := range w.waiters {
 		if c == me {
@@ -98,22 +89,32 @@ func (l *Locker) leave(channel string, w *watch, me chan struct{}) {
 		l.wakeOne(w)
 	default:
 	}
-	last := len(w.waiters) == 0
-	if last {
-		delete(l.watches, channel)
+	var ps *redis.PubSub
+	if len(w.waiters) == 0 && !w.closed {
+		w.closed, ps = true, w.ps
+		if l.watches[w.channel] == w {
+			delete(l.watches, w.channel)
+		}
 	}
+	last := w.closed
 	l.mu.Unlock()
 	if last {
-		close(w.closing)
 		w.stop()
-		l.mu.Lock()
-		ps := w.ps
-		l.mu.Unlock()
 		if ps != nil {
-			_ = ps.Close()
+			go func() { _ = ps.Close() }() // ends the reader's Receive
 		}
-		<-w.done
 	}
+}
+
+// drop takes a failed watch out of Locker.watches so that the next waiter
+// subscribes afresh. Its present waiters get err.
+func (l *Locker) drop(w *watch, err error) {
+	l.mu.Lock()
+	if l.watches[w.channel] == w {
+		delete(l.watches, w.channel)
+	}
+	l.mu.Unlock()
+	w.setReady(err)
 }
 
 // wakeOne wakes the longest-waiting waiter that has no wake-up pending, so
@@ -140,40 +141,48 @@ func (l *Locker) wakeAll(w *watch) {
 	}
 }
 
-// read delivers the subscription's messages until the last waiter closes it.
-// When the connection breaks, go-redis reconnects and resubscribes on the
-// next receive; releases published meanwhile are lost, so every waiter is
-// woken to look for itself.
-func (l *Locker) read(w *watch) {
-	defer close(w.done)
+// read subscribes and delivers the subscription's messages until the last
+// waiter leaves. When the connection breaks after the subscription was
+// confirmed, go-redis reconnects and resubscribes on the next receive;
+// releases published meanwhile are lost, so every waiter is woken to look
+// for itself. An error before the confirmation fails the watch.
+func (l *Locker) read(ctx context.Context, w *watch) {
+	ps, err := l.subscribe(ctx, w)
+	if err != nil {
+		l.drop(w, err)
+		return
+	}
+
 	backoff := time.NewTimer(0)
 	defer backoff.Stop()
 	failures := 0
-	moved := false // the subscription is being moved to the slot's new node
 	for {
-		msg, err := w.ps.Receive(context.Background())
+		msg, err := ps.Receive(ctx)
 		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, redis.ErrClosed) {
+				l.drop(w, errors.Join(err, ctx.Err()))
+				return
+			}
 			select {
-			case <-w.closing:
+			case <-w.ready:
+			default: // not confirmed yet: fail the watch; waiters retry
+				_ = ps.Close()
+				l.drop(w, err)
 				return
-			default:
 			}
-			if errors.Is(err, redis.ErrClosed) {
-				return
-			}
-			w.setReady(err)
 			l.wakeAll(w)
 			failures++
 			backoff.Reset(min(time.Duration(failures)*10*time.Millisecond, time.Second))
 			select {
-			case <-w.closing:
+			case <-ctx.Done():
+				l.drop(w, ctx.Err())
 				return
 			case <-backoff.C:
 			}
-			if _, isMoved := redis.IsMovedError(err); isMoved {
+			if _, moved := redis.IsMovedError(err); moved {
 				// Subscribed where the slot was: try where it is now.
-				moved = true
-				if !l.resubscribe(w) {
+				if ps, err = l.resubscribe(ctx, w, ps); err != nil {
+					l.drop(w, err)
 					return
 				}
 			}
@@ -184,20 +193,23 @@ func (l *Locker) read(w *watch) {
 		case *redis.Subscription:
 			switch m.Kind {
 			case "subscribe", "ssubscribe":
-				w.setReady(nil)
-				if moved {
-					// Subscribed again after a move: wake every
-					// waiter, since releases published meanwhile
-					// reached nobody.
-					moved = false
+				select {
+				case <-w.ready:
+					// Subscribed again after the connection broke (go-redis
+					// resubscribes) or after a slot move: a release
+					// published in between was lost, maybe after the
+					// waiters' tries. Wake them all to look again, now
+					// that releases reach us again.
 					l.wakeAll(w)
+				default:
+					w.setReady(nil)
 				}
 			case "sunsubscribe":
 				// Redis 7 drops a shard channel's subscribers when the
 				// node loses the channel's slot (a migration or a
 				// failover): subscribe where the slot is now.
-				moved = true
-				if !l.resubscribe(w) {
+				if ps, err = l.resubscribe(ctx, w, ps); err != nil {
+					l.drop(w, err)
 					return
 				}
 			}
@@ -209,25 +221,45 @@ func (l *Locker) read(w *watch) {
 	}
 }
 
-// resubscribe replaces w's sharded subscription with a new one on the node
-// that owns the channel's slot now. It returns false when the last waiter
-// has left meanwhile.
-func (l *Locker) resubscribe(w *watch) bool {
-	if cc, ok := l.client.(*redis.ClusterClient); ok {
-		cc.ReloadState(w.ctx)
+// errWatchClosed ends a subscription whose last waiter left while it was
+// being made.
+var errWatchClosed = errors.New("redislock: no waiter left on the subscription")
+
+// subscribe subscribes to w's channel and makes the subscription w's, unless
+// the last waiter has left meanwhile. On a cluster the subscription goes to
+// the node that owns the channel's slot.
+func (l *Locker) subscribe(ctx context.Context, w *watch) (*redis.PubSub, error) {
+	var ps *redis.PubSub
+	var err error
+	if l.sharded {
+		ps = l.client.SSubscribe(ctx)
+		err = ps.SSubscribe(ctx, w.channel)
+	} else {
+		ps = l.client.Subscribe(ctx)
+		err = ps.Subscribe(ctx, w.channel)
 	}
-	ps := l.client.SSubscribe(w.ctx, w.channel)
 	l.mu.Lock()
-	select {
-	case <-w.closing:
-		l.mu.Unlock()
-		_ = ps.Close()
-		return false
-	default:
+	closed := w.closed
+	if err == nil && !closed {
+		w.ps = ps
 	}
-	old := w.ps
-	w.ps = ps
 	l.mu.Unlock()
+	if closed && err == nil {
+		err = errWatchClosed
+	}
+	if err != nil {
+		_ = ps.Close()
+		return nil, errors.Join(err, ctx.Err())
+	}
+	return ps, nil
+}
+
+// resubscribe replaces w's sharded subscription old with one on the node
+// that owns the channel's slot now.
+func (l *Locker) resubscribe(ctx context.Context, w *watch, old *redis.PubSub) (*redis.PubSub, error) {
 	_ = old.Close()
-	return true
+	if cc, ok := l.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
+	return l.subscribe(ctx, w)
 }

@@ -1,0 +1,74 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+
+	"github.com/fencekit/fence"
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrBadTokenRecord means the last-token record of a lock name holds
+// something the acquire script cannot increase exactly: not a canonical
+// decimal integer, or 2^53 - 1 or more (Lua, which runs the script, counts
+// in doubles). fence never writes such a record; a foreign or tampered one
+// is refused rather than risk a repeated or negative token. The error names
+// the key; delete it, or set it to a valid token, to go on. Acquire wraps it
+// in an error matching fence.ErrNotAcquired.
+var ErrBadTokenRecord = errors.New("redislock: bad token record")
+
+// scriptError turns the acquire script's refusal into ErrBadTokenRecord and
+// leaves other errors as they are.
+func scriptError(err error) error {
+	if redis.HasErrorPrefix(err, "FENCETOKEN") {
+		return fmt.Errorf("%w: %s", ErrBadTokenRecord, err.Error()[len("FENCETOKEN "):])
+	}
+	return err
+}
+
+// transientPrefixes are Redis error codes that a failover, a restart or a
+// resharding produces and that go away by themselves.
+var transientPrefixes = []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "BUSY", "UNBLOCKED"}
+
+// transient reports whether err is worth retrying within a wait budget: the
+// server is unreachable or timed out, is loading, is a replica (a failover
+// in progress), or refused for lack of replicas. Everything else is
+// permanent and ends a wait at once: a wrong key type, auth or ACL errors,
+// ErrBadTokenRecord, a script error, a closed client, the caller's context.
+func transient(err error) bool {
+	switch {
+	case err == nil,
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded) && !isNetTimeout(err),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, ErrBadTokenRecord):
+		return false
+	case errors.Is(err, fence.ErrNotReplicated),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, redis.ErrPoolTimeout), isNetTimeout(err):
+		return true
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return true // dial, read or write on a broken connection
+	}
+	for _, p := range transientPrefixes {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	msg := err.Error()
+	// A write inside a script on a just-demoted primary; a Sentinel
+	// client that cannot reach a master during a failover.
+	return strings.Contains(msg, "READONLY You can't write") ||
+		strings.Contains(msg, "all sentinels specified in configuration are unreachable")
+}
+
+func isNetTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,137 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// hangDeadline and hangSlack are issue 11's numbers: a caller's 750 ms
+// deadline must bring every call back within 300 ms more, although
+// go-redis's default ReadTimeout is 3 s.
+const hangDeadline, hangSlack = 750 * time.Millisecond, 300 * time.Millisecond
+
+// silentListener accepts connections and never answers. Closing it (in
+// t.Cleanup) closes them, so the clients' reads end.
+func silentListener(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// within runs call with a hangDeadline context and fails the test if it
+// takes longer than hangDeadline + hangSlack or returns no error.
+func within(t *testing.T, what string, call func(ctx context.Context) error) {
+	t.Helper()
+	dctx, cancel := context.WithTimeout(context.Background(), hangDeadline)
+	defer cancel()
+	start := time.Now()
+	err := call(dctx)
+	took := time.Since(start)
+	t.Logf("%s: %v after %v", what, err, took.Round(time.Millisecond))
+	if took > hangDeadline+hangSlack {
+		t.Errorf("%s took %v with a %v deadline", what, took, hangDeadline)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("%s = %v, want an error matching context.DeadlineExceeded", what, err)
+	}
+}
+
+// TestHungRedisReturnsByDeadline: with go-redis's default options (no
+// ContextTimeoutEnabled), a paused redis-server or a listener that never
+// answers must not hold Acquire, Extend, Release or Status past the
+// caller's deadline.
+func TestHungRedisReturnsByDeadline(t *testing.T) {
+	t.Run("silent-listener", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: silentListener(t)})
+		t.Cleanup(func() { _ = c.Close() })
+		l := newLocker(t, c)
+		for _, wait := range []time.Duration{0, 10 * time.Second} {
+			within(t, "Acquire", func(ctx context.Context) error {
+				_, err := l.Acquire(ctx, "lock:payment:1001", fence.Wait(wait))
+				if err != nil && !errors.Is(err, fence.ErrNotAcquired) {
+					t.Errorf("Acquire = %v, want ErrNotAcquired", err)
+				}
+				return err
+			})
+		}
+		within(t, "Status", func(ctx context.Context) error { _, err := l.Status(ctx, "lock:payment:1001"); return err })
+	})
+	t.Run("paused-server", func(t *testing.T) {
+		srv := redistest.Start(t)
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { _ = c.Close() })
+		l := newLocker(t, c)
+		held := acquire(t, l, "held", fence.TTL(time.Minute))
+		srv.Signal(syscall.SIGSTOP)
+		resumed := false
+		resume := func() {
+			if !resumed {
+				resumed = true
+				srv.Signal(syscall.SIGCONT)
+			}
+		}
+		t.Cleanup(resume)
+		for _, wait := range []time.Duration{0, 10 * time.Second} {
+			within(t, "Acquire", func(ctx context.Context) error {
+				_, err := l.Acquire(ctx, "lock:payment:1001", fence.Wait(wait), fence.TTL(time.Minute))
+				return err
+			})
+		}
+		within(t, "Extend", func(ctx context.Context) error { return held.Extend(ctx, time.Minute) })
+		within(t, "Release", func(ctx context.Context) error { return held.Release(ctx) })
+		within(t, "Status", func(ctx context.Context) error { _, err := l.Status(ctx, "held"); return err })
+
+		// The acquisitions given up on may sit in the server's socket and
+		// run when it resumes; each is then given back or revoked, so
+		// nothing is left held beyond a moment.
+		resume()
+		admin := srv.Client(t)
+		waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey("lock:payment:1001")).Val() == 0 })
+		// The Release given up on may or may not have reached the server
+		// (a connection opened during the pause can time out in its
+		// handshake first). Releasing again retries; "lost" is a fair
+		// answer if the first one did run.
+		if err := held.Release(ctx(t)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Release after the server resumed: %v", err)
+		}
+		if admin.Exists(ctx(t), lockKey("held")).Val() != 0 {
+			t.Fatal("the lock is still held after Release")
+		}
+	})
+}
