@@ -89,7 +89,9 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 		return lease.Release(ctx)
 	}
 	child := exec.Command(argv[0], argv[1:]...)
-	child.Env = append(os.Environ(),
+	// fence's credentials stay with fence: FENCE_REDIS_URL and its kind
+	// are not passed on (a fence inside the command needs its own).
+	child.Env = append(childEnv(os.Environ()),
 		"FENCE_TOKEN="+strconv.FormatInt(int64(lease.Token()), 10),
 		"FENCE_LOCK="+lease.Name())
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, cmd.OutOrStdout(), stderr

@@ -1,0 +1,155 @@
+package cli
+
+import (
+	"net/url"
+	"os"
+	"strings"
+)
+
+// mask replaces a password in what fence prints.
+const mask = "xxxxx"
+
+// redactURL returns a Redis URL with its credentials masked, without
+// parsing it (a URL that does not parse must be redacted too): everything
+// between "://" and the last "@" except a leading user name, and the value
+// of every query parameter whose name mentions a password (go-redis reads
+// password= and sentinel_password= on Sentinel URLs). It errs on the side of
+// masking too much: a password with an unescaped "/", "?" or "@" in it is
+// still masked whole.
+func redactURL(s string) string {
+	if i := strings.Index(s, "://"); i >= 0 {
+		if at := strings.LastIndex(s, "@"); at > i+3 {
+			userinfo := s[i+3 : at]
+			user, _, hasPass := strings.Cut(userinfo, ":")
+			if !hasPass {
+				user = "" // "redis://secret@host": the one part may be a password
+			}
+			s = s[:i+3] + user + ":" + mask + s[at:]
+		}
+	}
+	q := strings.IndexByte(s, '?')
+	if q < 0 {
+		return s
+	}
+	query, frag, hasFrag := strings.Cut(s[q+1:], "#")
+	params := strings.Split(query, "&")
+	for n, p := range params {
+		k, _, ok := strings.Cut(p, "=")
+		if ok && secretParam(k) {
+			params[n] = k + "=" + mask
+		}
+	}
+	s = s[:q+1] + strings.Join(params, "&")
+	if hasFrag {
+		s += "#" + frag
+	}
+	return s
+}
+
+// secretParam reports whether a query parameter's name says it holds a
+// secret.
+func secretParam(k string) bool {
+	if u, err := url.QueryUnescape(k); err == nil {
+		k = u
+	}
+	k = strings.ToLower(k)
+	return strings.Contains(k, "pass") || strings.Contains(k, "secret") || strings.Contains(k, "token")
+}
+
+// urlSecrets returns the strings of s that redactURL masks, raw and
+// percent-decoded, for scrubbing messages that fence did not compose itself.
+func urlSecrets(s string) []string {
+	var out []string
+	add := func(v string) {
+		if v == "" {
+			return
+		}
+		out = append(out, v)
+		if d, err := url.PathUnescape(v); err == nil && d != v {
+			out = append(out, d)
+		}
+		if d, err := url.QueryUnescape(v); err == nil && d != v {
+			out = append(out, d)
+		}
+	}
+	if i := strings.Index(s, "://"); i >= 0 {
+		if at := strings.LastIndex(s, "@"); at > i+3 {
+			userinfo := s[i+3 : at]
+			if _, pass, ok := strings.Cut(userinfo, ":"); ok {
+				add(pass)
+			} else {
+				add(userinfo)
+			}
+		}
+	}
+	if q := strings.IndexByte(s, '?'); q >= 0 {
+		query, _, _ := strings.Cut(s[q+1:], "#")
+		for _, p := range strings.Split(query, "&") {
+			if k, v, ok := strings.Cut(p, "="); ok && secretParam(k) {
+				add(v)
+			}
+		}
+	}
+	return out
+}
+
+// minScrub is the shortest secret scrubbed from free text: shorter ones
+// would mangle messages, and the messages fence composes are redacted
+// structurally anyway.
+const minScrub = 4
+
+// scrub removes every secret of the URLs fence may have been given (its
+// arguments and its FENCE_REDIS_* variables) from msg: the last line of
+// defence for error text that came from a library.
+func scrub(msg string, args []string) string {
+	var sources []string
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && credentialVar(k) {
+			sources = append(sources, v)
+		}
+	}
+	for _, a := range args {
+		sources = append(sources, a)
+		if _, v, ok := strings.Cut(a, "="); ok {
+			sources = append(sources, v)
+		}
+	}
+	for _, src := range sources {
+		for _, secret := range urlSecrets(src) {
+			if len(secret) >= minScrub {
+				msg = strings.ReplaceAll(msg, secret, mask)
+			}
+		}
+	}
+	return msg
+}
+
+// credentialVar reports whether an environment variable may carry fence's
+// credentials: FENCE_REDIS_* and any FENCE_ variable named like a URL, DSN,
+// password or secret. These are not passed to the command fence exec runs.
+func credentialVar(k string) bool {
+	if !strings.HasPrefix(k, "FENCE_") {
+		return false
+	}
+	if strings.HasPrefix(k, "FENCE_REDIS_") {
+		return true
+	}
+	for _, w := range []string{"URL", "DSN", "PASS", "SECRET", "CREDENTIAL"} {
+		if strings.Contains(k, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// childEnv is env without fence's credential variables.
+func childEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if !credentialVar(k) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
