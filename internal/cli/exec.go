@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -80,7 +82,10 @@ while waiting for the lock; 2 on a usage or connection error.`,
 	return cmd
 }
 
-// runHolding runs argv while lease is held and releases it afterwards.
+// runHolding runs argv while lease is held and releases it afterwards. When
+// the command exits, what is left of its process group (background jobs,
+// and orphans that left the group, see adoptOrphans) is ended before the
+// lock is released: SIGTERM, then SIGKILL after grace.
 func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time.Duration) error {
 	stderr := cmd.ErrOrStderr()
 	release := func() error {
@@ -95,25 +100,53 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 		"FENCE_TOKEN="+strconv.FormatInt(int64(lease.Token()), 10),
 		"FENCE_LOCK="+lease.Name())
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, cmd.OutOrStdout(), stderr
-	// Its own process group, so that a lost lease stops everything it started.
-	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	tty := foregroundTTY()
+	child.SysProcAttr = procAttr(tty)
+	adoptOrphans()
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	if err := child.Start(); err != nil {
+	if tty >= 0 {
+		// While the command has the terminal, fence is a background
+		// process: writing to it (with stty tostop) or taking it back
+		// would stop fence with SIGTTOU. Ignored only after the fork, so
+		// that the command does not inherit the ignoring.
+		defer signal.Reset(syscall.SIGTTOU)
+	}
+	started := make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		// Locked until the child has been waited for: Pdeathsig fires when
+		// the forking thread ends (see procAttr).
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := child.Start(); err != nil {
+			started <- err
+			return
+		}
+		if tty >= 0 {
+			signal.Ignore(syscall.SIGTTOU)
+		}
+		started <- nil
+		_ = child.Wait()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
 		return exitWith(127, errors.Join(err, release()))
 	}
-	exited := make(chan struct{})
-	go func() { _ = child.Wait(); close(exited) }()
 
-	group := -child.Process.Pid
+	pgid := child.Process.Pid
 	leaseDone := lease.Done()
 	var kill <-chan time.Time
 	var lost error
 	for {
 		select {
 		case <-exited:
+			endGroup(pgid, grace, stderr)
+			if tty >= 0 {
+				takeForeground(tty)
+			}
 			relErr := release()
 			if lost == nil && errors.Is(relErr, fence.ErrLeaseLost) {
 				lost = relErr
@@ -132,13 +165,90 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 			leaseDone = nil
 			lost = lease.Err()
 			fmt.Fprintf(stderr, "fence: lease on %q lost (%v); sending SIGTERM to the command\n", lease.Name(), lost)
-			_ = syscall.Kill(group, syscall.SIGTERM)
+			signalAll(pgid, syscall.SIGTERM)
 			kill = time.After(grace)
 		case <-kill:
 			fmt.Fprintf(stderr, "fence: the command is still running %v after SIGTERM; sending SIGKILL\n", grace)
-			_ = syscall.Kill(group, syscall.SIGKILL)
+			signalAll(pgid, syscall.SIGKILL)
 		case s := <-sigs:
-			_ = syscall.Kill(group, s.(syscall.Signal))
+			_ = syscall.Kill(-pgid, s.(syscall.Signal))
+		}
+	}
+}
+
+// signalAll sends sig to the command's group and to fence's adopted
+// orphans, with SIGCONT after it so that stopped processes act on it, and
+// returns the processes it found.
+func signalAll(pgid int, sig syscall.Signal) []int {
+	_ = syscall.Kill(-pgid, sig)
+	members := groupMembers(pgid)
+	for _, pid := range members {
+		_ = syscall.Kill(pid, sig)
+	}
+	if sig != syscall.SIGKILL {
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+		for _, pid := range members {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	return members
+}
+
+// groupPoll is how often endGroup looks whether the command's processes
+// are gone, and killWait how long it waits for them after SIGKILL.
+const (
+	groupPoll = 10 * time.Millisecond
+	killWait  = 5 * time.Second
+)
+
+// endGroup ends what is left of the command's processes after the command
+// itself has exited: SIGTERM, then SIGKILL after grace. It returns when
+// none is left, or killWait after SIGKILL with a warning (a process in
+// uninterruptible sleep outlives even SIGKILL for a while).
+func endGroup(pgid int, grace time.Duration, stderr io.Writer) {
+	reapOrphans()
+	if len(groupMembers(pgid)) == 0 {
+		return
+	}
+	if waitGroup(pgid, syscall.SIGTERM, grace) {
+		return
+	}
+	fmt.Fprintf(stderr, "fence: processes the command left are still running %v after SIGTERM; sending SIGKILL\n", grace)
+	if waitGroup(pgid, syscall.SIGKILL, killWait) {
+		return
+	}
+	fmt.Fprintf(stderr, "fence: processes the command left are still there %v after SIGKILL; releasing the lock anyway\n", killWait)
+}
+
+// waitGroup sends sig to the command's processes, and to any that join
+// them meanwhile (orphans reparented to fence), and reports whether all are
+// gone within limit.
+func waitGroup(pgid int, sig syscall.Signal, limit time.Duration) bool {
+	signaled := map[int]bool{}
+	for _, pid := range signalAll(pgid, sig) {
+		signaled[pid] = true
+	}
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	tick := time.NewTicker(groupPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+		reapOrphans()
+		left := groupMembers(pgid)
+		if len(left) == 0 {
+			return true
+		}
+		for _, pid := range left {
+			if !signaled[pid] {
+				signaled[pid] = true
+				_ = syscall.Kill(pid, sig)
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
 		}
 	}
 }
