@@ -56,14 +56,14 @@ while waiting for the lock; 2 on a usage or connection error.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if grace < 0 {
-				return exitWith(ExitUsage, fmt.Errorf("--grace must not be negative, got %v", grace))
+			if err := validateDurations(wait, ttl, cmd.Flags().Changed("ttl"), grace, rf.watchdogTTL); err != nil {
+				return exitWith(ExitUsage, err)
 			}
 			opts := []fence.Option{fence.Wait(wait)}
 			if cmd.Flags().Changed("ttl") {
 				opts = append(opts, fence.TTL(ttl))
 			}
-			l, closeClient, err := rf.locker()
+			l, closeClient, err := rf.locker(cmd)
 			if err != nil {
 				return err
 			}
@@ -80,6 +80,29 @@ while waiting for the lock; 2 on a usage or connection error.`,
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "fixed lease time, not renewed; without it the watchdog renews the lease")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM on a lost lease, how long to wait before SIGKILL")
 	return cmd
+}
+
+// validateDurations checks exec's durations before fence connects
+// anywhere: nothing negative, and lease times (--ttl, --watchdog-ttl) that
+// the library accepts (fence.ValidateTTL; the errors match
+// fence.ErrInvalidOption). pflag has already refused what time.ParseDuration
+// refuses, overflow included.
+func validateDurations(wait, ttl time.Duration, ttlSet bool, grace, watchdog time.Duration) error {
+	if wait < 0 {
+		return fmt.Errorf("--wait must not be negative, got %v", wait)
+	}
+	if grace < 0 {
+		return fmt.Errorf("--grace must not be negative, got %v", grace)
+	}
+	if ttlSet {
+		if err := fence.ValidateTTL(ttl); err != nil {
+			return fmt.Errorf("--ttl %v: %w", ttl, err)
+		}
+	}
+	if err := fence.ValidateTTL(watchdog); err != nil {
+		return fmt.Errorf("--watchdog-ttl %v: %w", watchdog, err)
+	}
+	return nil
 }
 
 // runHolding runs argv while lease is held and releases it afterwards. When

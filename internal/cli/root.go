@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +46,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv(lab.WorkerEnv) != "" { // fence lab starts its workers as fence itself
 		return lab.WorkerMain()
 	}
+	redis.SetLogger(scrubLogger{args: args, w: stderr})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := rootCmd()
@@ -64,6 +66,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, "fence:", scrub(err.Error(), args))
 	return ExitUsage
+}
+
+// scrubLogger is go-redis's logger for fence: its lines go to stderr
+// without the secrets of fence's URLs.
+type scrubLogger struct {
+	args []string
+	w    io.Writer
+}
+
+func (l scrubLogger) Printf(_ context.Context, format string, v ...any) {
+	fmt.Fprintln(l.w, scrub(fmt.Sprintf(format, v...), l.args))
 }
 
 func rootCmd() *cobra.Command {
@@ -88,6 +101,8 @@ type redisFlags struct {
 	url, sentinelURL, clusterURL string
 	watchdogTTL                  time.Duration
 	noSync                       bool
+	acks                         string
+	replicas                     int
 }
 
 func (f *redisFlags) register(cmd *cobra.Command) {
@@ -115,6 +130,46 @@ func (f *redisFlags) register(cmd *cobra.Command) {
 		"lease time of a lease held without --ttl; the watchdog renews it every third of this")
 	cmd.Flags().BoolVar(&f.noSync, "no-replica-sync", false,
 		"do not confirm acquisitions with WAIT on the primary's replicas (by default one replica must acknowledge within 1 s)")
+	cmd.Flags().StringVar(&f.acks, "acks", "1",
+		"how many replicas must acknowledge an acquisition or renewal within 1 s: a number, majority (more than half of --replicas) or all")
+	cmd.Flags().IntVar(&f.replicas, "replicas", 0,
+		"how many replicas the primary is expected to have; 0 reads it from the primary (INFO replication)")
+}
+
+// parseAcks reads --acks: a positive number, "majority" or "all".
+func parseAcks(s string) (int, error) {
+	switch strings.ToLower(s) {
+	case "majority":
+		return redislock.AcksMajority, nil
+	case "all":
+		return redislock.AcksAll, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--acks %q: want a number of replicas (1 or more), majority or all; --no-replica-sync turns the check off", s)
+	}
+	return n, nil
+}
+
+// replicaSync is the redislock.ReplicaSync the flags describe.
+func (f *redisFlags) replicaSync(changed func(string) bool) (redislock.ReplicaSync, error) {
+	if f.noSync {
+		if changed("acks") || changed("replicas") {
+			return redislock.ReplicaSync{}, errors.New("--acks and --replicas configure replica sync, which --no-replica-sync turns off")
+		}
+		return redislock.ReplicaSync{Disabled: true}, nil
+	}
+	acks, err := parseAcks(f.acks)
+	if err != nil {
+		return redislock.ReplicaSync{}, err
+	}
+	if f.replicas < 0 {
+		return redislock.ReplicaSync{}, fmt.Errorf("--replicas %d: want 0 (read from the primary) or more", f.replicas)
+	}
+	if f.replicas > 0 && acks > f.replicas {
+		return redislock.ReplicaSync{}, fmt.Errorf("--acks %d is more than --replicas %d: no acquisition could succeed", acks, f.replicas)
+	}
+	return redislock.ReplicaSync{Acks: acks, Replicas: f.replicas}, nil
 }
 
 // parseError reports a URL that go-redis refused without the URL's
@@ -167,14 +222,18 @@ func (f *redisFlags) client() (redis.UniversalClient, error) {
 }
 
 // locker connects to Redis; the returned func closes the client.
-func (f *redisFlags) locker() (*redislock.Locker, func(), error) {
+func (f *redisFlags) locker(cmd *cobra.Command) (*redislock.Locker, func(), error) {
+	rs, err := f.replicaSync(cmd.Flags().Changed)
+	if err != nil {
+		return nil, nil, exitWith(ExitUsage, err)
+	}
 	client, err := f.client()
 	if err != nil {
 		return nil, nil, exitWith(ExitUsage, err)
 	}
 	l, err := redislock.New(client, &redislock.Options{
 		WatchdogTTL: f.watchdogTTL,
-		ReplicaSync: redislock.ReplicaSync{Disabled: f.noSync},
+		ReplicaSync: rs,
 	})
 	if err != nil {
 		_ = client.Close()

@@ -20,7 +20,7 @@ token record has expired or never existed). It exits 0 whether the lock is held 
 2 on a usage or connection error.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			l, closeClient, err := rf.locker()
+			l, closeClient, err := rf.locker(cmd)
 			if err != nil {
 				return err
 			}
