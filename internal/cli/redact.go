@@ -26,24 +26,46 @@ func redactURL(s string) string {
 			}
 			s = s[:i+3] + user + ":" + mask + s[at:]
 		}
+	} else if at := strings.LastIndex(s, "@"); at >= 0 {
+		// No "//": "redis:u:pw@host" is an opaque URL to url.Parse, but
+		// the part before "@" may still be a password.
+		c := strings.IndexByte(s, ':')
+		if c < 0 || c > at {
+			c = -1
+		}
+		s = s[:c+1] + mask + s[at:]
 	}
-	q := strings.IndexByte(s, '?')
+	return maskParams(s, func(string) string { return mask })
+}
+
+// maskParams replaces the value of every parameter after the first "?" or
+// "#" whose name says it holds a secret with f(value). Any of "?", "#", "&"
+// and ";" ends a parameter: a "?" in a fragment must not hide a password=
+// behind it from the masking.
+func maskParams(s string, f func(string) string) string {
+	q := strings.IndexAny(s, "?#")
 	if q < 0 {
 		return s
 	}
-	query, frag, hasFrag := strings.Cut(s[q+1:], "#")
-	params := strings.Split(query, "&")
-	for n, p := range params {
-		k, _, ok := strings.Cut(p, "=")
-		if ok && secretParam(k) {
-			params[n] = k + "=" + mask
+	var b strings.Builder
+	b.WriteString(s[:q+1])
+	rest := s[q+1:]
+	for {
+		end := strings.IndexAny(rest, "?#&;")
+		p := rest
+		if end >= 0 {
+			p = rest[:end]
 		}
+		if k, v, ok := strings.Cut(p, "="); ok && secretParam(k) {
+			p = k + "=" + f(v)
+		}
+		b.WriteString(p)
+		if end < 0 {
+			return b.String()
+		}
+		b.WriteByte(rest[end])
+		rest = rest[end+1:]
 	}
-	s = s[:q+1] + strings.Join(params, "&")
-	if hasFrag {
-		s += "#" + frag
-	}
-	return s
 }
 
 // secretParam reports whether a query parameter's name says it holds a
@@ -81,15 +103,14 @@ func urlSecrets(s string) []string {
 				add(userinfo)
 			}
 		}
-	}
-	if q := strings.IndexByte(s, '?'); q >= 0 {
-		query, _, _ := strings.Cut(s[q+1:], "#")
-		for _, p := range strings.Split(query, "&") {
-			if k, v, ok := strings.Cut(p, "="); ok && secretParam(k) {
-				add(v)
-			}
+	} else if at := strings.LastIndex(s, "@"); at >= 0 {
+		c := strings.IndexByte(s, ':')
+		if c < 0 || c > at {
+			c = -1
 		}
+		add(s[c+1 : at])
 	}
+	maskParams(s, func(v string) string { add(v); return v })
 	return out
 }
 
