@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: test deps check unit lab-quick lab bench demo
 
-test: deps check unit lab-quick
+test: deps check unit fuzz-cli lab-quick
 
 # Debian packages of the servers the tests start: installed only if missing.
 deps:
@@ -28,6 +28,14 @@ check:
 
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
+
+# The CLI's fuzz targets (URLs, durations, --acks), 5 s each: go test
+# fuzzes one target per invocation.
+.PHONY: fuzz-cli
+fuzz-cli:
+	$(GO) test -run '^$$' -fuzz '^FuzzRedisURL$$' -fuzztime 5s ./internal/cli/
+	$(GO) test -run '^$$' -fuzz '^FuzzDurations$$' -fuzztime 5s ./internal/cli/
+	$(GO) test -run '^$$' -fuzz '^FuzzAcks$$' -fuzztime 5s ./internal/cli/
 
 # The fault lab's short version: every scenario, control and protected.
 lab-quick:
