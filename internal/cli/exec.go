@@ -40,13 +40,34 @@ command runs.
 
 The command runs in its own process group. If the lease is lost (the lock expired, was
 removed, or could not be renewed in time), exec sends SIGTERM to the group, waits --grace
-(default 10s), then sends SIGKILL. SIGINT, SIGTERM and SIGHUP sent to exec are passed on to
+(default 10s), then sends SIGKILL. When the command exits, whatever it left running (its
+background jobs, and processes that left the group by double-forking, which come back to
+exec while it runs) gets the same SIGTERM, then SIGKILL after --grace, and the lock is
+released only when none is left. SIGINT, SIGTERM and SIGHUP sent to exec are passed on to
 the group.
+
+On a terminal (stdin is exec's terminal and exec runs in its foreground) the command's
+group is made the terminal's foreground group, so the command can read the terminal and
+gets ^C and ^Z itself; in the background it would be stopped by SIGTTIN while the lock stayed
+held. (Not creating a group on a terminal would also work, but then exec could not end the
+command's background processes without ending itself.)
+
+On Linux the command is killed when exec dies, even by SIGKILL; what it left in the
+background then runs on.
+
+The command does not inherit FENCE_REDIS_URL, FENCE_REDIS_SENTINEL_URL,
+FENCE_REDIS_CLUSTER_URL or other FENCE_ variables named like URLs, DSNs or passwords; a
+fence inside it needs its own. Passwords are shown masked, in help and in errors.
+
+--acks and --replicas choose how many replicas must confirm an acquisition or renewal with
+WAIT within 1s: --acks a number, majority (of the expected replicas) or all; --replicas the number the
+primary is expected to have (0: read from it). A bad value exits 2.
 
 Exit status: the command's own (128 + the signal number if a signal ended it); 75 if the lock
 was not acquired within --wait (or too few replicas confirmed it); 76 if the lease was lost
 while the command ran; 127 if the command could not be started; 130 if exec was interrupted
-while waiting for the lock; 2 on a usage or connection error.`,
+while waiting for the lock; 2 on a usage or connection error, or a bad flag value (a --ttl
+below the library's minimum lease time included).`,
 		Example: `  fence exec --wait 2s --ttl 10s lock:payment:1001 -- ./approve-payment 1001
   FENCE_REDIS_URL=redis://:secret@redis:6379 fence exec nightly-report -- sh -c 'make-report --token "$FENCE_TOKEN"'`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -78,7 +99,7 @@ while waiting for the lock; 2 on a usage or connection error.`,
 	rf.register(cmd)
 	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait for the lock; 0 tries once")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "fixed lease time, not renewed; without it the watchdog renews the lease")
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM on a lost lease, how long to wait before SIGKILL")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM (on a lost lease, or to what the command left running when it exited), how long to wait before SIGKILL")
 	return cmd
 }
 

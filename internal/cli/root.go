@@ -131,7 +131,7 @@ func (f *redisFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&f.noSync, "no-replica-sync", false,
 		"do not confirm acquisitions with WAIT on the primary's replicas (by default one replica must acknowledge within 1 s)")
 	cmd.Flags().StringVar(&f.acks, "acks", "1",
-		"how many replicas must acknowledge an acquisition or renewal within 1 s: a number, majority (more than half of --replicas) or all")
+		"how many replicas must acknowledge an acquisition or renewal within 1 s: a number, majority (more than half of the expected replicas) or all")
 	cmd.Flags().IntVar(&f.replicas, "replicas", 0,
 		"how many replicas the primary is expected to have; 0 reads it from the primary (INFO replication)")
 }
