@@ -151,7 +151,8 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	if tty >= 0 {
+	onTTY := controllingTTY() >= 0
+	if onTTY {
 		// While the command has the terminal, fence is a background
 		// process: writing to it (with stty tostop) or taking it back
 		// would stop fence with SIGTTOU. Ignored only after the fork, so
@@ -169,9 +170,10 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 			started <- err
 			return
 		}
-		if tty >= 0 {
+		if onTTY {
 			signal.Ignore(syscall.SIGTTOU)
 		}
+		go followStops(child.Process.Pid, child.Process.Pid)
 		started <- nil
 		_ = child.Wait()
 		close(exited)
@@ -188,9 +190,7 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 		select {
 		case <-exited:
 			endGroup(pgid, grace, stderr)
-			if tty >= 0 {
-				takeForeground(tty)
-			}
+			reclaimTerminal(pgid)
 			relErr := release()
 			if lost == nil && errors.Is(relErr, fence.ErrLeaseLost) {
 				lost = relErr

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -34,23 +36,103 @@ func procAttr(tty int) *syscall.SysProcAttr {
 	return a
 }
 
-// foregroundTTY returns stdin's descriptor if stdin is fence's controlling
-// terminal and fence's process group is in its foreground; else -1. A fence
-// started in the background (with &) leaves the terminal alone.
-func foregroundTTY() int {
+// controllingTTY returns stdin's descriptor if stdin is fence's controlling
+// terminal, else -1.
+func controllingTTY() int {
 	fd := int(os.Stdin.Fd())
-	pg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP) // ENOTTY unless our controlling terminal
-	if err != nil || pg != unix.Getpgrp() {
+	if _, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err != nil { // ENOTTY unless our controlling terminal
 		return -1
 	}
 	return fd
 }
 
-// takeForeground makes fence's group the terminal's foreground group again.
-// fence is in the background when it does this, so SIGTTOU is ignored
-// (runHolding ignores it while the command has the terminal).
-func takeForeground(tty int) {
-	_ = unix.IoctlSetPointerInt(tty, unix.TIOCSPGRP, unix.Getpgrp())
+// foregroundTTY returns stdin's descriptor if stdin is fence's controlling
+// terminal and fence's process group is in its foreground; else -1. A fence
+// started in the background (with &) leaves the terminal alone.
+func foregroundTTY() int {
+	fd := controllingTTY()
+	if fd < 0 {
+		return -1
+	}
+	if pg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err != nil || pg != unix.Getpgrp() {
+		return -1
+	}
+	return fd
+}
+
+// reclaimTerminal makes fence's group the terminal's foreground group again
+// if the command's group pgid has it. fence is in the background when it
+// does this, so SIGTTOU must be ignored (runHolding does).
+func reclaimTerminal(pgid int) {
+	fd := controllingTTY()
+	if fd < 0 {
+		return
+	}
+	if pg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && pg == pgid {
+		_ = unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, unix.Getpgrp())
+	}
+}
+
+// followStops passes job control through fence. The shell sees fence, not
+// the command's group: when the command is stopped by ^Z (SIGTSTP) or by
+// touching the terminal from the background (SIGTTIN, SIGTTOU), fence takes
+// the terminal back and stops itself, so that the shell regains the
+// terminal and lists the job as stopped (without this, ^Z would leave the
+// terminal to a stopped group, with nobody to resume it). When fence is
+// continued (fg or bg), it gives the terminal to the command's group if
+// fence is now in the foreground, and continues the group. A stopped fence
+// renews nothing: its lease runs out after --watchdog-ttl, and on resuming
+// the command is ended as for any lost lease. SIGSTOP sent to the command
+// by someone else is left alone. followStops returns once pid has been
+// reaped.
+func followStops(pid, pgid int) {
+	// SIGSTOP goes to this very thread (tgkill): sent to the process, it
+	// may be taken by another thread while this one runs on and hands the
+	// terminal back before fence has stopped.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for {
+		sig, err := waitStop(pid)
+		if err != nil {
+			return
+		}
+		if sig != syscall.SIGTSTP && sig != syscall.SIGTTIN && sig != syscall.SIGTTOU {
+			continue
+		}
+		reclaimTerminal(pgid)
+		_ = unix.Tgkill(os.Getpid(), unix.Gettid(), unix.SIGSTOP) // returns once fence is continued
+		if fd := foregroundTTY(); fd >= 0 {
+			_ = unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, pgid)
+		}
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+	}
+}
+
+// waitStop waits until child pid is stopped and returns the signal that
+// stopped it: waitid(P_PID, pid, WSTOPPED), which consumes only stop
+// reports and leaves the exit to exec.Cmd.Wait (it fails with ECHILD once
+// that has reaped the child).
+func waitStop(pid int) (syscall.Signal, error) {
+	// siginfo_t for SIGCHLD: signo, errno, code, then (after padding to
+	// pointer alignment) pid, uid, status.
+	var info struct {
+		signo, errno, code int32
+		_                  [unsafe.Sizeof(uintptr(0)) - 4]byte
+		pid, uid, status   int32
+		_                  [128]byte
+	}
+	for {
+		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, unix.P_PID, uintptr(pid),
+			uintptr(unsafe.Pointer(&info)), unix.WSTOPPED, 0, 0)
+		switch errno {
+		case 0:
+			return syscall.Signal(info.status), nil
+		case syscall.EINTR:
+			continue
+		default:
+			return 0, errno
+		}
+	}
 }
 
 var subreaperOnce sync.Once

@@ -224,3 +224,91 @@ func TestExecOnTerminal(t *testing.T) {
 		t.Fatalf("lock not released: %s", out)
 	}
 }
+
+// TestExecSuspendOnTerminal: ^Z stops the command (its group has the
+// terminal); fence then takes the terminal back and stops itself, as a
+// shell's job would, instead of leaving the terminal to a stopped group.
+// Continued (as fg does), fence gives the terminal back to the command,
+// which reads the next line.
+func TestExecSuspendOnTerminal(t *testing.T) {
+	srv := redistest.Start(t)
+	master, slave := openPTY(t)
+	defer master.Close()
+	dir := t.TempDir()
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "tty", "--", "sh", "-c",
+		`echo $$ > `+dir+`/started.tmp; mv `+dir+`/started.tmp `+dir+`/started; read line; echo "got:$line"`)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	fencePID := cmd.Process.Pid
+	var out bytes.Buffer
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = out.ReadFrom(master) })
+	defer func() {
+		// Reads of the master end only when every slave is closed: on
+		// failure, kill fence and the command first.
+		_ = syscall.Kill(fencePID, syscall.SIGKILL)
+		if pid, err := os.ReadFile(dir + "/started"); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(pid))); err == nil {
+				_ = syscall.Kill(-n, syscall.SIGKILL)
+			}
+		}
+		_ = master.Close()
+		wg.Wait()
+	}()
+	waitFile(t, dir+"/started")
+	foreground := func() int {
+		pg, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPGRP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pg
+	}
+	if pg := foreground(); pg == fencePID {
+		t.Fatal("fence kept the terminal's foreground")
+	}
+
+	// ^Z: fence must stop (the test is its parent, so it sees the stop).
+	stopped := make(chan error, 1)
+	go func() {
+		var info unix.Siginfo
+		stopped <- unix.Waitid(unix.P_PID, fencePID, &info, unix.WSTOPPED, nil)
+	}()
+	if _, err := master.WriteString("\x1a"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("fence did not stop within 30s of ^Z; terminal %q", out.String())
+	}
+	if pg := foreground(); pg != fencePID {
+		t.Fatalf("fence stopped but the terminal's foreground group is %d, not fence's %d; terminal %q", pg, fencePID, out.String())
+	}
+
+	// fg: continue fence; it hands the terminal back and continues the command.
+	if err := syscall.Kill(fencePID, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := master.WriteString("hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		_ = master.Close()
+		wg.Wait()
+		if err != nil || !strings.Contains(out.String(), "got:hello") {
+			t.Fatalf("after fg: %v; terminal %q", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("fence still running 30s after fg and a typed line; terminal %q", out.String())
+	}
+}
