@@ -95,6 +95,12 @@ func TestACLUserThroughURL(t *testing.T) {
 			t.Fatalf("the command's environment lacks %s:\n%s", want, out)
 		}
 	}
+	// TLS against a plain server: the handshake fails, without the password.
+	tls := "rediss://alice:p%40ss%2Fw0rd%20" + secret + "@" + srv.Addr + "?dial_timeout=1s&max_retries=0"
+	_, errOut, code = fence(t, []string{"FENCE_REDIS_URL=" + tls}, "status", "acl")
+	if code != cli.ExitUsage || strings.Contains(errOut, "s3cret") || errOut == "" {
+		t.Fatalf("rediss:// to a plain server: exit %d, stderr %q", code, errOut)
+	}
 	// A wrong password: an error, without either password in it.
 	bad := "redis://alice:wrong-" + secret + "@" + srv.Addr
 	_, errOut, code = fence(t, []string{"FENCE_REDIS_URL=" + bad}, "status", "acl")

@@ -312,3 +312,38 @@ func TestExecSuspendOnTerminal(t *testing.T) {
 		t.Fatalf("fence still running 30s after fg and a typed line; terminal %q", out.String())
 	}
 }
+
+// TestExecSIGTERMWhileRunning: SIGTERM to fence while the command runs is
+// passed to the command's group; fence exits with the command's status
+// (143), and the lock is free, with the command gone, when fence exits.
+func TestExecSIGTERMWhileRunning(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "term", "--",
+		"sh", "-c", "sleep 60 & echo $! > "+dir+"/pid.tmp; mv "+dir+"/pid.tmp "+dir+"/pid; wait")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	bg := watch(t, readPID(t, dir+"/pid"))
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatal("fence exec still running 30s after SIGTERM")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGTERM) {
+		t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+	if !bg.exited(0) {
+		t.Error("the command's background sleep outlived fence")
+	}
+	if n := srv.Client(t).Exists(context.Background(), "fence:{term}").Val(); n != 0 {
+		t.Error("the lock is still held after fence exited")
+	}
+}
