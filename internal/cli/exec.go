@@ -50,7 +50,9 @@ On a terminal (stdin is exec's terminal and exec runs in its foreground) the com
 group is made the terminal's foreground group, so the command can read the terminal and
 gets ^C and ^Z itself; in the background it would be stopped by SIGTTIN while the lock stayed
 held. (Not creating a group on a terminal would also work, but then exec could not end the
-command's background processes without ending itself.)
+command's background processes without ending itself.) ^Z stops the command and then exec
+itself, so that the shell gets the terminal back; fg resumes both. A stopped exec renews
+nothing: after --watchdog-ttl the lease is lost, and on resuming the command is stopped.
 
 On Linux the command is killed when exec dies, even by SIGKILL; what it left in the
 background then runs on.
