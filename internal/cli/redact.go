@@ -119,8 +119,8 @@ func urlSecrets(s string) []string {
 // structurally anyway.
 const minScrub = 4
 
-// scrub removes every secret of the URLs fence may have been given (its
-// arguments and its FENCE_REDIS_* variables) from msg: the last line of
+// scrub removes every secret of the URLs fence may have been given (its URL
+// flags and its FENCE_ credential variables) from msg: the last line of
 // defence for error text that came from a library.
 func scrub(msg string, args []string) string {
 	var sources []string
@@ -129,12 +129,7 @@ func scrub(msg string, args []string) string {
 			sources = append(sources, v)
 		}
 	}
-	for _, a := range args {
-		sources = append(sources, a)
-		if _, v, ok := strings.Cut(a, "="); ok {
-			sources = append(sources, v)
-		}
-	}
+	sources = append(sources, urlArgs(args)...)
 	for _, src := range sources {
 		for _, secret := range urlSecrets(src) {
 			if len(secret) >= minScrub {
@@ -143,6 +138,26 @@ func scrub(msg string, args []string) string {
 		}
 	}
 	return msg
+}
+
+// urlArgs returns the values given to fence's URL flags in args, up to the
+// "--" before a command (whose own arguments are not fence's secrets).
+func urlArgs(args []string) []string {
+	var out []string
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		for _, f := range []string{"--redis", "--redis-sentinel", "--redis-cluster"} {
+			switch {
+			case a == f && i+1 < len(args):
+				out = append(out, args[i+1])
+			case strings.HasPrefix(a, f+"="):
+				out = append(out, a[len(f)+1:])
+			}
+		}
+	}
+	return out
 }
 
 // credentialVar reports whether an environment variable may carry fence's
