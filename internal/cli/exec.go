@@ -181,6 +181,11 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 		close(exited)
 	}()
 	if err := <-started; err != nil {
+		if tty >= 0 {
+			// The child may have taken the terminal before its exec failed.
+			signal.Ignore(syscall.SIGTTOU)
+			takeTerminal(tty)
+		}
 		return exitWith(127, errors.Join(err, release()))
 	}
 

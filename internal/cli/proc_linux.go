@@ -73,6 +73,10 @@ func reclaimTerminal(pgid int) {
 	}
 }
 
+// takeTerminal makes fence's group the foreground group of tty (SIGTTOU
+// ignored by the caller).
+func takeTerminal(tty int) { _ = unix.IoctlSetPointerInt(tty, unix.TIOCSPGRP, unix.Getpgrp()) }
+
 // followStops passes job control through fence. The shell sees fence, not
 // the command's group: when the command is stopped by ^Z (SIGTSTP) or by
 // touching the terminal from the background (SIGTTIN, SIGTTOU), fence takes
