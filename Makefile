@@ -6,7 +6,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps check unit lab-quick lab bench demo
+.PHONY: test deps check unit lab-quick lab bench demo fuzz
 
 test: deps check unit lab-quick fuzz
 
@@ -29,13 +29,16 @@ check:
 unit:
 	$(GO) test -race -count=1 -timeout 10m ./...
 
-# Each fuzz target briefly (-fuzz takes one target per package per run).
-# One line per target; append yours.
+# Each fuzz target briefly: go test fuzzes one target per invocation.
+# One line per target.
 FUZZTIME ?= 5s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME) -parallel 1 ./guard
 	$(GO) test -run '^$$' -fuzz '^FuzzMiddlewareHeaders$$' -fuzztime $(FUZZTIME) -parallel 1 ./guard
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateName$$' -fuzztime $(FUZZTIME) -parallel 1 .
+	$(GO) test -run '^$$' -fuzz '^FuzzRedisURL$$' -fuzztime $(FUZZTIME) ./internal/cli/
+	$(GO) test -run '^$$' -fuzz '^FuzzDurations$$' -fuzztime $(FUZZTIME) ./internal/cli/
+	$(GO) test -run '^$$' -fuzz '^FuzzAcks$$' -fuzztime $(FUZZTIME) ./internal/cli/
 
 # The fault lab's short version: every scenario, control and protected.
 lab-quick:

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -38,13 +40,36 @@ command runs.
 
 The command runs in its own process group. If the lease is lost (the lock expired, was
 removed, or could not be renewed in time), exec sends SIGTERM to the group, waits --grace
-(default 10s), then sends SIGKILL. SIGINT, SIGTERM and SIGHUP sent to exec are passed on to
+(default 10s), then sends SIGKILL. When the command exits, whatever it left running (its
+background jobs, and processes that left the group by double-forking, which come back to
+exec while it runs) gets the same SIGTERM, then SIGKILL after --grace, and the lock is
+released only when none is left. SIGINT, SIGTERM and SIGHUP sent to exec are passed on to
 the group.
+
+On a terminal (stdin is exec's terminal and exec runs in its foreground) the command's
+group is made the terminal's foreground group, so the command can read the terminal and
+gets ^C and ^Z itself; in the background it would be stopped by SIGTTIN while the lock stayed
+held. (Not creating a group on a terminal would also work, but then exec could not end the
+command's background processes without ending itself.) ^Z stops the command and then exec
+itself, so that the shell gets the terminal back; fg resumes both. A stopped exec renews
+nothing: after --watchdog-ttl the lease is lost, and on resuming the command is stopped.
+
+On Linux the command is killed when exec dies, even by SIGKILL; what it left in the
+background then runs on.
+
+The command does not inherit FENCE_REDIS_URL, FENCE_REDIS_SENTINEL_URL,
+FENCE_REDIS_CLUSTER_URL or other FENCE_ variables named like URLs, DSNs or passwords; a
+fence inside it needs its own. Passwords are shown masked, in help and in errors.
+
+--acks and --replicas choose how many replicas must confirm an acquisition or renewal with
+WAIT within 1s: --acks a number, majority (of the expected replicas) or all; --replicas the number the
+primary is expected to have (0: read from it). A bad value exits 2.
 
 Exit status: the command's own (128 + the signal number if a signal ended it); 75 if the lock
 was not acquired within --wait (or too few replicas confirmed it); 76 if the lease was lost
 while the command ran; 127 if the command could not be started; 130 if exec was interrupted
-while waiting for the lock; 2 on a usage or connection error.`,
+while waiting for the lock; 2 on a usage or connection error, or a bad flag value (a --ttl
+below the library's minimum lease time included).`,
 		Example: `  fence exec --wait 2s --ttl 10s lock:payment:1001 -- ./approve-payment 1001
   FENCE_REDIS_URL=redis://:secret@redis:6379 fence exec nightly-report -- sh -c 'make-report --token "$FENCE_TOKEN"'`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -54,14 +79,14 @@ while waiting for the lock; 2 on a usage or connection error.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if grace < 0 {
-				return exitWith(ExitUsage, fmt.Errorf("--grace must not be negative, got %v", grace))
+			if err := validateDurations(wait, ttl, cmd.Flags().Changed("ttl"), grace, rf.watchdogTTL); err != nil {
+				return exitWith(ExitUsage, err)
 			}
 			opts := []fence.Option{fence.Wait(wait)}
 			if cmd.Flags().Changed("ttl") {
 				opts = append(opts, fence.TTL(ttl))
 			}
-			l, closeClient, err := rf.locker()
+			l, closeClient, err := rf.locker(cmd)
 			if err != nil {
 				return err
 			}
@@ -76,11 +101,37 @@ while waiting for the lock; 2 on a usage or connection error.`,
 	rf.register(cmd)
 	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait for the lock; 0 tries once")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "fixed lease time, not renewed; without it the watchdog renews the lease")
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM on a lost lease, how long to wait before SIGKILL")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM (on a lost lease, or to what the command left running when it exited), how long to wait before SIGKILL")
 	return cmd
 }
 
-// runHolding runs argv while lease is held and releases it afterwards.
+// validateDurations checks exec's durations before fence connects
+// anywhere: nothing negative, and lease times (--ttl, --watchdog-ttl) that
+// the library accepts (fence.ValidateTTL; the errors match
+// fence.ErrInvalidOption). pflag has already refused what time.ParseDuration
+// refuses, overflow included.
+func validateDurations(wait, ttl time.Duration, ttlSet bool, grace, watchdog time.Duration) error {
+	if wait < 0 {
+		return fmt.Errorf("--wait must not be negative, got %v", wait)
+	}
+	if grace < 0 {
+		return fmt.Errorf("--grace must not be negative, got %v", grace)
+	}
+	if ttlSet {
+		if err := fence.ValidateTTL(ttl); err != nil {
+			return fmt.Errorf("--ttl %v: %w", ttl, err)
+		}
+	}
+	if err := fence.ValidateTTL(watchdog); err != nil {
+		return fmt.Errorf("--watchdog-ttl %v: %w", watchdog, err)
+	}
+	return nil
+}
+
+// runHolding runs argv while lease is held and releases it afterwards. When
+// the command exits, what is left of its process group (background jobs,
+// and orphans that left the group, see adoptOrphans) is ended before the
+// lock is released: SIGTERM, then SIGKILL after grace.
 func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time.Duration) error {
 	stderr := cmd.ErrOrStderr()
 	release := func() error {
@@ -89,29 +140,64 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 		return lease.Release(ctx)
 	}
 	child := exec.Command(argv[0], argv[1:]...)
-	child.Env = append(os.Environ(),
+	// fence's credentials stay with fence: FENCE_REDIS_URL and its kind
+	// are not passed on (a fence inside the command needs its own).
+	child.Env = append(childEnv(os.Environ()),
 		"FENCE_TOKEN="+strconv.FormatInt(int64(lease.Token()), 10),
 		"FENCE_LOCK="+lease.Name())
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, cmd.OutOrStdout(), stderr
-	// Its own process group, so that a lost lease stops everything it started.
-	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	tty := foregroundTTY()
+	child.SysProcAttr = procAttr(tty)
+	adoptOrphans()
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	if err := child.Start(); err != nil {
+	onTTY := controllingTTY() >= 0
+	if onTTY {
+		// While the command has the terminal, fence is a background
+		// process: writing to it (with stty tostop) or taking it back
+		// would stop fence with SIGTTOU. Ignored only after the fork, so
+		// that the command does not inherit the ignoring.
+		defer signal.Reset(syscall.SIGTTOU)
+	}
+	started := make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		// Locked until the child has been waited for: Pdeathsig fires when
+		// the forking thread ends (see procAttr).
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := child.Start(); err != nil {
+			started <- err
+			return
+		}
+		if onTTY {
+			signal.Ignore(syscall.SIGTTOU)
+		}
+		go followStops(child.Process.Pid, child.Process.Pid)
+		started <- nil
+		_ = child.Wait()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		if tty >= 0 {
+			// The child may have taken the terminal before its exec failed.
+			signal.Ignore(syscall.SIGTTOU)
+			takeTerminal(tty)
+		}
 		return exitWith(127, errors.Join(err, release()))
 	}
-	exited := make(chan struct{})
-	go func() { _ = child.Wait(); close(exited) }()
 
-	group := -child.Process.Pid
+	pgid := child.Process.Pid
 	leaseDone := lease.Done()
 	var kill <-chan time.Time
 	var lost error
 	for {
 		select {
 		case <-exited:
+			endGroup(pgid, grace, stderr)
+			reclaimTerminal(pgid)
 			relErr := release()
 			if lost == nil && errors.Is(relErr, fence.ErrLeaseLost) {
 				lost = relErr
@@ -130,13 +216,90 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 			leaseDone = nil
 			lost = lease.Err()
 			fmt.Fprintf(stderr, "fence: lease on %q lost (%v); sending SIGTERM to the command\n", lease.Name(), lost)
-			_ = syscall.Kill(group, syscall.SIGTERM)
+			signalAll(pgid, syscall.SIGTERM)
 			kill = time.After(grace)
 		case <-kill:
 			fmt.Fprintf(stderr, "fence: the command is still running %v after SIGTERM; sending SIGKILL\n", grace)
-			_ = syscall.Kill(group, syscall.SIGKILL)
+			signalAll(pgid, syscall.SIGKILL)
 		case s := <-sigs:
-			_ = syscall.Kill(group, s.(syscall.Signal))
+			_ = syscall.Kill(-pgid, s.(syscall.Signal))
+		}
+	}
+}
+
+// signalAll sends sig to the command's group and to fence's adopted
+// orphans, with SIGCONT after it so that stopped processes act on it, and
+// returns the processes it found.
+func signalAll(pgid int, sig syscall.Signal) []int {
+	_ = syscall.Kill(-pgid, sig)
+	members := groupMembers(pgid)
+	for _, pid := range members {
+		_ = syscall.Kill(pid, sig)
+	}
+	if sig != syscall.SIGKILL {
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+		for _, pid := range members {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	return members
+}
+
+// groupPoll is how often endGroup looks whether the command's processes
+// are gone, and killWait how long it waits for them after SIGKILL.
+const (
+	groupPoll = 10 * time.Millisecond
+	killWait  = 5 * time.Second
+)
+
+// endGroup ends what is left of the command's processes after the command
+// itself has exited: SIGTERM, then SIGKILL after grace. It returns when
+// none is left, or killWait after SIGKILL with a warning (a process in
+// uninterruptible sleep outlives even SIGKILL for a while).
+func endGroup(pgid int, grace time.Duration, stderr io.Writer) {
+	reapOrphans()
+	if len(groupMembers(pgid)) == 0 {
+		return
+	}
+	if waitGroup(pgid, syscall.SIGTERM, grace) {
+		return
+	}
+	fmt.Fprintf(stderr, "fence: processes the command left are still running %v after SIGTERM; sending SIGKILL\n", grace)
+	if waitGroup(pgid, syscall.SIGKILL, killWait) {
+		return
+	}
+	fmt.Fprintf(stderr, "fence: processes the command left are still there %v after SIGKILL; releasing the lock anyway\n", killWait)
+}
+
+// waitGroup sends sig to the command's processes, and to any that join
+// them meanwhile (orphans reparented to fence), and reports whether all are
+// gone within limit.
+func waitGroup(pgid int, sig syscall.Signal, limit time.Duration) bool {
+	signaled := map[int]bool{}
+	for _, pid := range signalAll(pgid, sig) {
+		signaled[pid] = true
+	}
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	tick := time.NewTicker(groupPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+		reapOrphans()
+		left := groupMembers(pgid)
+		if len(left) == 0 {
+			return true
+		}
+		for _, pid := range left {
+			if !signaled[pid] {
+				signaled[pid] = true
+				_ = syscall.Kill(pid, sig)
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
 		}
 	}
 }

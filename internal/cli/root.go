@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,6 +42,7 @@ func exitWith(code int, err error) error { return &exitError{code: code, err: er
 // Main runs the fence command with args (without the program name) and
 // returns the process's exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
+	redis.SetLogger(scrubLogger{args: args, w: stderr})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := rootCmd()
@@ -53,12 +56,23 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintln(stderr, "fence:", ee.err)
+			fmt.Fprintln(stderr, "fence:", scrub(ee.err.Error(), args))
 		}
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "fence:", err)
+	fmt.Fprintln(stderr, "fence:", scrub(err.Error(), args))
 	return ExitUsage
+}
+
+// scrubLogger is go-redis's logger for fence: its lines go to stderr
+// without the secrets of fence's URLs.
+type scrubLogger struct {
+	args []string
+	w    io.Writer
+}
+
+func (l scrubLogger) Printf(_ context.Context, format string, v ...any) {
+	fmt.Fprintln(l.w, scrub(fmt.Sprintf(format, v...), l.args))
 }
 
 func rootCmd() *cobra.Command {
@@ -83,27 +97,95 @@ type redisFlags struct {
 	url, sentinelURL, clusterURL string
 	watchdogTTL                  time.Duration
 	noSync                       bool
+	acks                         string
+	replicas                     int
 }
 
 func (f *redisFlags) register(cmd *cobra.Command) {
-	env := func(key, def string) string {
-		if v := os.Getenv(key); v != "" {
-			return v
+	// The defaults come from the environment so that passwords need not
+	// appear in the process list. Help shows them redacted: pflag prints a
+	// flag's DefValue, which is set apart from the value used.
+	urlFlag := func(p *string, name, envVar, def, usage string) {
+		v := def
+		if e := os.Getenv(envVar); e != "" {
+			v = e
 		}
-		return def
+		cmd.Flags().StringVar(p, name, v, usage)
+		cmd.Flags().Lookup(name).DefValue = redactURL(v)
 	}
-	cmd.Flags().StringVar(&f.url, "redis", env("FENCE_REDIS_URL", "redis://127.0.0.1:6379"),
+	urlFlag(&f.url, "redis", "FENCE_REDIS_URL", "redis://127.0.0.1:6379",
 		"URL of a standalone Redis (redis://, rediss:// for TLS, user:password@ for ACL users). "+
-			"The default comes from FENCE_REDIS_URL, so that passwords need not appear in the process list, else redis://127.0.0.1:6379.")
-	cmd.Flags().StringVar(&f.sentinelURL, "redis-sentinel", env("FENCE_REDIS_SENTINEL_URL", ""),
+			"The default comes from FENCE_REDIS_URL, so that passwords need not appear in the process list, else redis://127.0.0.1:6379. "+
+			"Passwords are shown masked")
+	urlFlag(&f.sentinelURL, "redis-sentinel", "FENCE_REDIS_SENTINEL_URL", "",
 		"URL of Redis Sentinels instead, with the master's name: redis://sentinel1:26379?master_name=mymaster&addr=sentinel2:26379 "+
 			"(default from FENCE_REDIS_SENTINEL_URL)")
-	cmd.Flags().StringVar(&f.clusterURL, "redis-cluster", env("FENCE_REDIS_CLUSTER_URL", ""),
+	urlFlag(&f.clusterURL, "redis-cluster", "FENCE_REDIS_CLUSTER_URL", "",
 		"URL of a Redis Cluster instead, naming one or more nodes: redis://node1:6379?addr=node2:6379 (default from FENCE_REDIS_CLUSTER_URL)")
 	cmd.Flags().DurationVar(&f.watchdogTTL, "watchdog-ttl", redislock.DefaultWatchdogTTL,
 		"lease time of a lease held without --ttl; the watchdog renews it every third of this")
 	cmd.Flags().BoolVar(&f.noSync, "no-replica-sync", false,
 		"do not confirm acquisitions with WAIT on the primary's replicas (by default one replica must acknowledge within 1 s)")
+	cmd.Flags().StringVar(&f.acks, "acks", "1",
+		"how many replicas must acknowledge an acquisition or renewal within 1 s: a number, majority (more than half of the expected replicas) or all")
+	cmd.Flags().IntVar(&f.replicas, "replicas", 0,
+		"how many replicas the primary is expected to have; 0 reads it from the primary (INFO replication)")
+}
+
+// parseAcks reads --acks: a positive number, "majority" or "all".
+func parseAcks(s string) (int, error) {
+	switch strings.ToLower(s) {
+	case "majority":
+		return redislock.AcksMajority, nil
+	case "all":
+		return redislock.AcksAll, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--acks %q: want a number of replicas (1 or more), majority or all; --no-replica-sync turns the check off", s)
+	}
+	return n, nil
+}
+
+// replicaSync is the redislock.ReplicaSync the flags describe.
+func (f *redisFlags) replicaSync(changed func(string) bool) (redislock.ReplicaSync, error) {
+	if f.noSync {
+		if changed("acks") || changed("replicas") {
+			return redislock.ReplicaSync{}, errors.New("--acks and --replicas configure replica sync, which --no-replica-sync turns off")
+		}
+		return redislock.ReplicaSync{Disabled: true}, nil
+	}
+	acks, err := parseAcks(f.acks)
+	if err != nil {
+		return redislock.ReplicaSync{}, err
+	}
+	if f.replicas < 0 {
+		return redislock.ReplicaSync{}, fmt.Errorf("--replicas %d: want 0 (read from the primary) or more", f.replicas)
+	}
+	if f.replicas > 0 && acks > f.replicas {
+		return redislock.ReplicaSync{}, fmt.Errorf("--acks %d is more than --replicas %d: no acquisition could succeed", acks, f.replicas)
+	}
+	return redislock.ReplicaSync{Acks: acks, Replicas: f.replicas}, nil
+}
+
+// parseError reports a URL that go-redis refused without the URL's
+// credentials: go-redis's errors may quote the URL or parts of it (url.Parse
+// quotes it whole). The error comes from parsing the redacted URL instead;
+// if that one parses, the trouble lies in the masked part.
+func parseError(flag, raw string, parse func(string) error) error {
+	red := redactURL(raw)
+	if err := parse(red); err != nil {
+		return fmt.Errorf("%s %s: %s", flag, red, scrubOne(err.Error(), raw))
+	}
+	return fmt.Errorf("%s %s: the user:password part is not valid in a URL (percent-encode characters such as / ? # @ %% and :)", flag, red)
+}
+
+// scrubOne removes raw's secrets from msg.
+func scrubOne(msg, raw string) string {
+	for _, s := range urlSecrets(raw) {
+		msg = strings.ReplaceAll(msg, s, mask)
+	}
+	return msg
 }
 
 // client builds the go-redis client the flags describe.
@@ -114,7 +196,7 @@ func (f *redisFlags) client() (redis.UniversalClient, error) {
 	case f.sentinelURL != "":
 		o, err := redis.ParseFailoverURL(f.sentinelURL)
 		if err != nil {
-			return nil, fmt.Errorf("--redis-sentinel: %w", err)
+			return nil, parseError("--redis-sentinel", f.sentinelURL, func(s string) error { _, err := redis.ParseFailoverURL(s); return err })
 		}
 		if o.MasterName == "" {
 			return nil, errors.New("--redis-sentinel: the URL needs master_name=NAME")
@@ -123,27 +205,31 @@ func (f *redisFlags) client() (redis.UniversalClient, error) {
 	case f.clusterURL != "":
 		o, err := redis.ParseClusterURL(f.clusterURL)
 		if err != nil {
-			return nil, fmt.Errorf("--redis-cluster: %w", err)
+			return nil, parseError("--redis-cluster", f.clusterURL, func(s string) error { _, err := redis.ParseClusterURL(s); return err })
 		}
 		return redis.NewClusterClient(o), nil
 	default:
 		o, err := redis.ParseURL(f.url)
 		if err != nil {
-			return nil, fmt.Errorf("--redis: %w", err)
+			return nil, parseError("--redis", f.url, func(s string) error { _, err := redis.ParseURL(s); return err })
 		}
 		return redis.NewClient(o), nil
 	}
 }
 
 // locker connects to Redis; the returned func closes the client.
-func (f *redisFlags) locker() (*redislock.Locker, func(), error) {
+func (f *redisFlags) locker(cmd *cobra.Command) (*redislock.Locker, func(), error) {
+	rs, err := f.replicaSync(cmd.Flags().Changed)
+	if err != nil {
+		return nil, nil, exitWith(ExitUsage, err)
+	}
 	client, err := f.client()
 	if err != nil {
 		return nil, nil, exitWith(ExitUsage, err)
 	}
 	l, err := redislock.New(client, &redislock.Options{
 		WatchdogTTL: f.watchdogTTL,
-		ReplicaSync: redislock.ReplicaSync{Disabled: f.noSync},
+		ReplicaSync: rs,
 	})
 	if err != nil {
 		_ = client.Close()

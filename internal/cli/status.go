@@ -22,7 +22,7 @@ may not answer, and are refused). It exits 0 whether the lock is held or free, a
 2 on a usage or connection error.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			l, closeClient, err := rf.locker()
+			l, closeClient, err := rf.locker(cmd)
 			if err != nil {
 				return err
 			}

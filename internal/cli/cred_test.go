@@ -1,0 +1,110 @@
+package cli_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/fencekit/fence/internal/cli"
+	"github.com/fencekit/fence/internal/redistest"
+)
+
+// secret is the password the credential tests hide; each URL below carries
+// it somewhere fence might echo.
+const secret = "hunter2-s3cret"
+
+// TestHelpMasksPasswords: the flag defaults taken from the environment are
+// shown with the password masked.
+func TestHelpMasksPasswords(t *testing.T) {
+	env := []string{
+		"FENCE_REDIS_URL=redis://alice:" + secret + "@db.example:6379/0",
+		"FENCE_REDIS_SENTINEL_URL=redis://:" + secret + "@s1:26379?master_name=m&password=" + secret,
+		"FENCE_REDIS_CLUSTER_URL=rediss://bob:" + secret + "@n1:6379?addr=n2:6379",
+	}
+	for _, cmd := range []string{"exec", "status"} {
+		out, errOut, code := fence(t, env, cmd, "--help")
+		if code != 0 {
+			t.Fatalf("%s --help: exit %d: %s", cmd, code, errOut)
+		}
+		if strings.Contains(out+errOut, "s3cret") {
+			t.Fatalf("%s --help prints the password:\n%s%s", cmd, out, errOut)
+		}
+		if !strings.Contains(out, "redis://alice:xxxxx@db.example:6379/0") {
+			t.Fatalf("%s --help does not show the masked default:\n%s", cmd, out)
+		}
+	}
+}
+
+// TestParseErrorsMaskPasswords: URLs that go-redis refuses, each with the
+// password where the error might quote it, from the flag and from the
+// environment; exit 2, a message, and no password.
+func TestParseErrorsMaskPasswords(t *testing.T) {
+	enc := "hunter2%2Fs3cret" // an escaped "/" in the password
+	for _, c := range []struct{ flag, env, url string }{
+		{"--redis", "FENCE_REDIS_URL", "redis://u:" + secret + "@host:notaport"},
+		{"--redis", "FENCE_REDIS_URL", "redis://u:" + secret + "@host/notadb"},
+		{"--redis", "FENCE_REDIS_URL", "redis://u:" + secret + "@host\x7f"},
+		{"--redis", "FENCE_REDIS_URL", "redis://:" + enc + "@host?db=x"},
+		{"--redis", "FENCE_REDIS_URL", "redis://u:hunter2/s3cret@host"},             // unescaped "/"
+		{"--redis", "FENCE_REDIS_URL", "redis://:hunter2/s3cret@host:1"},            // url.Parse sees port "hunter2"
+		{"--redis", "FENCE_REDIS_URL", "redis://u:hunter2%zzs3cret@host"},           // bad escape
+		{"--redis", "FENCE_REDIS_URL", "rediss://u:" + secret + "@host?password=x"}, // unexpected option
+		{"--redis", "FENCE_REDIS_URL", "http://u:" + secret + "@host"},
+		{"--redis-sentinel", "FENCE_REDIS_SENTINEL_URL", "redis://s:1?master_name=m&addr=u:" + secret + "@x:y:z"},
+		{"--redis-sentinel", "FENCE_REDIS_SENTINEL_URL", "redis://s:1?master_name=m&password=" + secret + "&db=zz"},
+		{"--redis-sentinel", "FENCE_REDIS_SENTINEL_URL", "redis://:" + secret + "@s:1?master_name=m&dial_timeout=" + secret},
+		{"--redis-cluster", "FENCE_REDIS_CLUSTER_URL", "redis://u:" + secret + "@n:1?addr=" + secret + "@:::"},
+		{"--redis-cluster", "FENCE_REDIS_CLUSTER_URL", "unix://u:" + secret + "@/tmp/x"},
+	} {
+		for _, viaEnv := range []bool{false, true} {
+			args, env := []string{"status", c.flag, c.url, "x"}, []string(nil)
+			if viaEnv {
+				args, env = []string{"status", "x"}, []string{c.env + "=" + c.url}
+			}
+			out, errOut, code := fence(t, env, args...)
+			if code != cli.ExitUsage || errOut == "" {
+				t.Errorf("%q (env %v): exit %d, stderr %q; want %d with a message", c.url, viaEnv, code, errOut, cli.ExitUsage)
+			}
+			if strings.Contains(out+errOut, "s3cret") || strings.Contains(out+errOut, "s3cr") {
+				t.Errorf("%q (env %v): the password is printed: %s", c.url, viaEnv, errOut)
+			}
+		}
+	}
+}
+
+// TestACLUserThroughURL: a password with escaped characters works through
+// FENCE_REDIS_URL, and the command does not see it: neither FENCE_REDIS_URL
+// nor any other FENCE_ credential variable is in its environment.
+func TestACLUserThroughURL(t *testing.T) {
+	srv := redistest.Start(t)
+	pw := "p@ss/w0rd " + secret
+	if err := srv.Client(t).Do(context.Background(), "ACL", "SETUSER", "alice", "on", ">"+pw, "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	u := "redis://alice:p%40ss%2Fw0rd%20" + secret + "@" + srv.Addr
+	env := []string{"FENCE_REDIS_URL=" + u, "FENCE_REDIS_PASSWORD=" + secret, "FENCE_POSTGRES_DSN=postgres://u:" + secret + "@h/db", "FENCE_OTHER=kept"}
+	out, errOut, code := fence(t, env, "exec", "acl", "--", "env")
+	if code != 0 {
+		t.Fatalf("exec as an ACL user: exit %d: %s", code, errOut)
+	}
+	if strings.Contains(out, "s3cret") || strings.Contains(out, "FENCE_REDIS") || strings.Contains(out, "FENCE_POSTGRES_DSN") {
+		t.Fatalf("the command's environment carries fence's credentials:\n%s", out)
+	}
+	for _, want := range []string{"FENCE_TOKEN=", "FENCE_LOCK=acl", "FENCE_OTHER=kept"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("the command's environment lacks %s:\n%s", want, out)
+		}
+	}
+	// TLS against a plain server: the handshake fails, without the password.
+	tls := "rediss://alice:p%40ss%2Fw0rd%20" + secret + "@" + srv.Addr + "?dial_timeout=1s&max_retries=0"
+	_, errOut, code = fence(t, []string{"FENCE_REDIS_URL=" + tls}, "status", "acl")
+	if code != cli.ExitUsage || strings.Contains(errOut, "s3cret") || errOut == "" {
+		t.Fatalf("rediss:// to a plain server: exit %d, stderr %q", code, errOut)
+	}
+	// A wrong password: an error, without either password in it.
+	bad := "redis://alice:wrong-" + secret + "@" + srv.Addr
+	_, errOut, code = fence(t, []string{"FENCE_REDIS_URL=" + bad}, "status", "acl")
+	if code != cli.ExitUsage || strings.Contains(errOut, "s3cret") || errOut == "" {
+		t.Fatalf("wrong password: exit %d, stderr %q", code, errOut)
+	}
+}

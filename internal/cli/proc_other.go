@@ -1,0 +1,24 @@
+//go:build !linux
+
+package cli
+
+import "syscall"
+
+// procAttr: a process group of its own. Without Linux there is no
+// Pdeathsig, and the command does not get the terminal's foreground: a
+// command that reads the terminal is stopped by SIGTTIN (see proc_linux.go).
+func procAttr(int) *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+
+func foregroundTTY() int { return -1 }
+func takeForeground(int) {}
+func adoptOrphans()      {}
+func reapOrphans()       {}
+
+// groupMembers: the group's leader stands for the group while any member
+// is left.
+func groupMembers(pgid int) []int {
+	if syscall.Kill(-pgid, 0) == nil {
+		return []int{-pgid}
+	}
+	return nil
+}

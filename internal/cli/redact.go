@@ -1,0 +1,191 @@
+package cli
+
+import (
+	"net/url"
+	"os"
+	"strings"
+)
+
+// mask replaces a password in what fence prints.
+const mask = "xxxxx"
+
+// redactURL returns a Redis URL with its credentials masked, without
+// parsing it (a URL that does not parse must be redacted too): everything
+// between "://" and the last "@" except a leading user name, and the value
+// of every query parameter whose name mentions a password (go-redis reads
+// password= and sentinel_password= on Sentinel URLs). It errs on the side of
+// masking too much: a password with an unescaped "/", "?" or "@" in it is
+// still masked whole.
+func redactURL(s string) string {
+	if i := strings.Index(s, "://"); i >= 0 {
+		if at := strings.LastIndex(s, "@"); at > i+3 {
+			userinfo := s[i+3 : at]
+			user, _, hasPass := strings.Cut(userinfo, ":")
+			if !hasPass {
+				user = "" // "redis://secret@host": the one part may be a password
+			}
+			s = s[:i+3] + user + ":" + mask + s[at:]
+		}
+	} else if at := strings.LastIndex(s, "@"); at >= 0 {
+		// No "//": "redis:u:pw@host" is an opaque URL to url.Parse, but
+		// the part before "@" may still be a password.
+		c := strings.IndexByte(s, ':')
+		if c < 0 || c > at {
+			c = -1
+		}
+		s = s[:c+1] + mask + s[at:]
+	}
+	return maskParams(s, func(string) string { return mask })
+}
+
+// maskParams replaces the value of every parameter after the first "?" or
+// "#" whose name says it holds a secret with f(value). Any of "?", "#", "&"
+// and ";" ends a parameter: a "?" in a fragment must not hide a password=
+// behind it from the masking.
+func maskParams(s string, f func(string) string) string {
+	q := strings.IndexAny(s, "?#")
+	if q < 0 {
+		return s
+	}
+	var b strings.Builder
+	b.WriteString(s[:q+1])
+	rest := s[q+1:]
+	for {
+		end := strings.IndexAny(rest, "?#&;")
+		p := rest
+		if end >= 0 {
+			p = rest[:end]
+		}
+		if k, v, ok := strings.Cut(p, "="); ok && secretParam(k) {
+			p = k + "=" + f(v)
+		}
+		b.WriteString(p)
+		if end < 0 {
+			return b.String()
+		}
+		b.WriteByte(rest[end])
+		rest = rest[end+1:]
+	}
+}
+
+// secretParam reports whether a query parameter's name says it holds a
+// secret.
+func secretParam(k string) bool {
+	if u, err := url.QueryUnescape(k); err == nil {
+		k = u
+	}
+	k = strings.ToLower(k)
+	return strings.Contains(k, "pass") || strings.Contains(k, "secret") || strings.Contains(k, "token")
+}
+
+// urlSecrets returns the strings of s that redactURL masks, raw and
+// percent-decoded, for scrubbing messages that fence did not compose itself.
+func urlSecrets(s string) []string {
+	var out []string
+	add := func(v string) {
+		if v == "" {
+			return
+		}
+		out = append(out, v)
+		if d, err := url.PathUnescape(v); err == nil && d != v {
+			out = append(out, d)
+		}
+		if d, err := url.QueryUnescape(v); err == nil && d != v {
+			out = append(out, d)
+		}
+	}
+	if i := strings.Index(s, "://"); i >= 0 {
+		if at := strings.LastIndex(s, "@"); at > i+3 {
+			userinfo := s[i+3 : at]
+			if _, pass, ok := strings.Cut(userinfo, ":"); ok {
+				add(pass)
+			} else {
+				add(userinfo)
+			}
+		}
+	} else if at := strings.LastIndex(s, "@"); at >= 0 {
+		c := strings.IndexByte(s, ':')
+		if c < 0 || c > at {
+			c = -1
+		}
+		add(s[c+1 : at])
+	}
+	maskParams(s, func(v string) string { add(v); return v })
+	return out
+}
+
+// minScrub is the shortest secret scrubbed from free text: shorter ones
+// would mangle messages, and the messages fence composes are redacted
+// structurally anyway.
+const minScrub = 4
+
+// scrub removes every secret of the URLs fence may have been given (its URL
+// flags and its FENCE_ credential variables) from msg: the last line of
+// defence for error text that came from a library.
+func scrub(msg string, args []string) string {
+	var sources []string
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && credentialVar(k) {
+			sources = append(sources, v)
+		}
+	}
+	sources = append(sources, urlArgs(args)...)
+	for _, src := range sources {
+		for _, secret := range urlSecrets(src) {
+			if len(secret) >= minScrub {
+				msg = strings.ReplaceAll(msg, secret, mask)
+			}
+		}
+	}
+	return msg
+}
+
+// urlArgs returns the values given to fence's URL flags in args, up to the
+// "--" before a command (whose own arguments are not fence's secrets).
+func urlArgs(args []string) []string {
+	var out []string
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		for _, f := range []string{"--redis", "--redis-sentinel", "--redis-cluster"} {
+			switch {
+			case a == f && i+1 < len(args):
+				out = append(out, args[i+1])
+			case strings.HasPrefix(a, f+"="):
+				out = append(out, a[len(f)+1:])
+			}
+		}
+	}
+	return out
+}
+
+// credentialVar reports whether an environment variable may carry fence's
+// credentials: FENCE_REDIS_* and any FENCE_ variable named like a URL, DSN,
+// password or secret. These are not passed to the command fence exec runs.
+func credentialVar(k string) bool {
+	if !strings.HasPrefix(k, "FENCE_") {
+		return false
+	}
+	if strings.HasPrefix(k, "FENCE_REDIS_") {
+		return true
+	}
+	for _, w := range []string{"URL", "DSN", "PASS", "SECRET", "CREDENTIAL"} {
+		if strings.Contains(k, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// childEnv is env without fence's credential variables.
+func childEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if !credentialVar(k) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
