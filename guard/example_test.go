@@ -2,67 +2,48 @@ package guard_test
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"net/http"
+	"net/http/httptest"
 
-	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/memlock"
 )
 
-// The article's conditional update: a write with an older token than the
-// row's last one changes nothing and is reported as stale.
-func ExampleTable_Update() {
+// The server chooses the resource from the path; a request whose token is
+// not greater than the last accepted one for that resource never reaches
+// the handler. MemoryStore runs one resource's handlers one at a time, so
+// the check and the handler's writes are ordered. (guard.SQLStore does the
+// same with the handler inside the fenced transaction: see TxFrom.)
+func ExampleMiddleware() {
+	approved := map[string]string{}
+	approve := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		approved[r.PathValue("id")] = r.Header.Get(guard.TokenHeader)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments/{id}/approve", guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{
+		Resource: func(r *http.Request) (string, error) { return "payment:" + r.PathValue("id"), nil },
+	})(approve))
+
+	// Two leases on the payment's lock, one after the other: the first
+	// holder comes back late, after the second has written.
+	locker := &memlock.Locker{}
 	ctx := context.Background()
-	db, _ := sql.Open("sqlite", "file:example?mode=memory")
-	defer db.Close()
-	_, _ = db.ExecContext(ctx, `CREATE TABLE payment (id INTEGER PRIMARY KEY, status TEXT, last_fencing_token BIGINT NOT NULL DEFAULT 0)`)
-	_, _ = db.ExecContext(ctx, `INSERT INTO payment (id, status) VALUES (1001, 'PENDING')`)
+	first, _ := locker.Acquire(ctx, "lock:payment:1001")
+	_ = first.Release(ctx)
+	second, _ := locker.Acquire(ctx, "lock:payment:1001")
+	defer second.Release(ctx)
 
-	payments := guard.Table{Name: "payment", Key: "id", Column: "last_fencing_token"}
-	fmt.Println(payments.Update(ctx, db, 1001, 2, "status = $3", "APPROVED by B"))
-	err := payments.Update(ctx, db, 1001, 1, "status = $3", "APPROVED by A")
-	fmt.Println(errors.Is(err, guard.ErrStale), err)
-	// Output:
-	// <nil>
-	// true guard: stale token 1 for payment 1001: token 2 already accepted
-}
-
-// The fenced read-modify-write: the fence first, then the read, then the
-// write, in one transaction. A worker whose token is older than one already
-// accepted is rejected before it reads; a newer one waits for an older
-// one's transaction and then reads its write. The business table needs no
-// token column.
-func ExampleTx() {
-	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "guard-example")
-	defer os.RemoveAll(dir)
-	db, _ := sql.Open("sqlite", guard.SQLiteDSN(filepath.Join(dir, "payments.db")))
-	defer db.Close()
-	_ = guard.CreateTables(ctx, db)
-	_, _ = db.ExecContext(ctx, `CREATE TABLE payment (id INTEGER PRIMARY KEY, status TEXT, approved_by TEXT)`)
-	_, _ = db.ExecContext(ctx, `INSERT INTO payment (id, status) VALUES (1001, 'PENDING')`)
-
-	approve := func(token fence.Token, by string) error {
-		return guard.Tx(ctx, db, "payment:1001", token, func(tx *sql.Tx) error {
-			var status string
-			if err := tx.QueryRowContext(ctx, `SELECT status FROM payment WHERE id = 1001`).Scan(&status); err != nil {
-				return err
-			}
-			if status != "PENDING" {
-				return fmt.Errorf("already %s", status)
-			}
-			_, err := tx.ExecContext(ctx, `UPDATE payment SET status = 'APPROVED', approved_by = $1 WHERE id = 1001`, by)
-			return err
-		})
+	for _, token := range []string{fmt.Sprint(int64(second.Token())), fmt.Sprint(int64(first.Token()))} {
+		req := httptest.NewRequest(http.MethodPost, "/payments/1001/approve", nil)
+		req.Header.Set(guard.TokenHeader, token)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		fmt.Println(w.Code)
 	}
-	fmt.Println(approve(1, "A"))
-	fmt.Println(approve(2, "B"))
-	fmt.Println(errors.Is(approve(1, "A again"), guard.ErrStale))
+	fmt.Println(len(approved))
 	// Output:
-	// <nil>
-	// already APPROVED
-	// true
+	// 200
+	// 409
+	// 1
 }

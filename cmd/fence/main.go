@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"github.com/fencekit/fence/internal/cli"
+	"github.com/fencekit/fence/cmd/fence/internal/cli"
 )
 
 func main() {

@@ -10,7 +10,7 @@ import (
 	"database/sql"
 	"testing"
 
-	"github.com/fencekit/fence/internal/pgserver"
+	"github.com/fencekit/fence/internal/pgtest/pgserver"
 )
 
 // Server is one postgres process. The embedded pgserver.Server gives it

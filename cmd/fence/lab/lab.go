@@ -19,7 +19,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/fencekit/fence/lab/worker"
+	"github.com/fencekit/fence/cmd/fence/lab/worker"
 )
 
 // Config of a lab run.
@@ -166,7 +166,7 @@ type Spec = worker.Spec
 
 // WorkerPackage is the import path of the labworker command, which runs
 // worker.Main.
-const WorkerPackage = "github.com/fencekit/fence/lab/cmd/labworker"
+const WorkerPackage = "github.com/fencekit/fence/cmd/fence/lab/cmd/labworker"
 
 // BuildWorker builds the labworker command into dir with the go command and
 // returns the binary's path. It needs the go command on the PATH and fence's

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	fencelib "github.com/fencekit/fence"
-	"github.com/fencekit/fence/internal/cli"
+	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
 )
 

@@ -3,7 +3,7 @@ package cli
 import (
 	"os"
 
-	"github.com/fencekit/fence/internal/demo"
+	"github.com/fencekit/fence/cmd/fence/internal/demo"
 	"github.com/spf13/cobra"
 )
 

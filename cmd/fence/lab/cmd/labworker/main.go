@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"github.com/fencekit/fence/lab/worker"
+	"github.com/fencekit/fence/cmd/fence/lab/worker"
 )
 
 func main() { os.Exit(worker.Main()) }

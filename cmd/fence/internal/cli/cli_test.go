@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fence/internal/cli"
+	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/internal/testmain"
 )

@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fencekit/fence/cmd/fence/lab/worker"
 	"github.com/fencekit/fence/internal/redisserver"
-	"github.com/fencekit/fence/lab/worker"
 )
 
 // experiment is one run: its servers, workers, resource and history.

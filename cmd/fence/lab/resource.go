@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/fencekit/fence/lab/worker"
+	"github.com/fencekit/fence/cmd/fence/lab/worker"
 )
 
 // Entry is one line of the resource's own log: the ground truth of what it

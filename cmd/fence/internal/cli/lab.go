@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/fencekit/fence/lab"
+	"github.com/fencekit/fence/cmd/fence/lab"
 	"github.com/spf13/cobra"
 )
 

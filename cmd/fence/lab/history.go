@@ -3,7 +3,7 @@ package lab
 import (
 	"sync"
 
-	"github.com/fencekit/fence/lab/worker"
+	"github.com/fencekit/fence/cmd/fence/lab/worker"
 )
 
 // Event is one line of a worker's history.
