@@ -43,6 +43,7 @@ type NotReplicatedError struct {
 	Required int // replicas the acknowledgement rule required
 }
 
+// Error describes the failure with its figures.
 func (e *NotReplicatedError) Error() string {
 	return fmt.Sprintf("fence: not replicated: %d of %d required replicas acknowledged", e.Acked, e.Required)
 }

@@ -44,6 +44,7 @@ type StaleError struct {
 	Last     fence.Token // the last token accepted for Resource when it was rejected
 }
 
+// Error describes the failure with its figures.
 func (e *StaleError) Error() string {
 	return fmt.Sprintf("guard: stale token %d for %s: token %d already accepted", e.Token, e.Resource, e.Last)
 }
@@ -58,6 +59,7 @@ type ConflictError struct {
 	Current  int64 // the version the row had
 }
 
+// Error describes the failure with its figures.
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("guard: version conflict on %v: expected %d, row has %d", e.Key, e.Expected, e.Current)
 }

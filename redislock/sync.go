@@ -122,6 +122,7 @@ type ReplicaRecordError struct {
 	Detail string // the server's description
 }
 
+// Error describes the failure with its figures.
 func (e *ReplicaRecordError) Error() string {
 	return fmt.Sprintf("bad replica record %s: %s", e.Key, e.Detail)
 }
