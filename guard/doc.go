@@ -66,7 +66,7 @@
 // MemoryStore cannot undo a failed handler's writes.
 //
 // Gate is a gate only: it checks the token when the request arrives
-// (RedisStore can do no more), and two admitted handlers can still write
+// (redisstore.Store can do no more), and two admitted handlers can still write
 // in the wrong order.
 //
 // Both refuse tokens more than an hour ahead of the clock in microseconds

@@ -152,7 +152,7 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 // does. It does not order the check with the handler's writes: a request
 // with token 5 admitted before one with token 7 may still write after it,
 // and the final state is then 5's. Use it where a store can do no more (a
-// RedisStore in front of writes to another system) and the handler's
+// redisstore.Store in front of writes to another system) and the handler's
 // writes are fenced again where they land, or their order does not
 // matter. Otherwise use Middleware with a Store.
 //

@@ -3,13 +3,10 @@ package guard
 import (
 	"context"
 	"database/sql"
-	_ "embed"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"github.com/fencekit/fence"
-	"github.com/redis/go-redis/v9"
 )
 
 // Store orders a fenced request's token check with the handler's writes. Do
@@ -22,7 +19,7 @@ import (
 // other errors mean the store could not decide.
 //
 // MemoryStore and SQLStore are Stores. A store that can only compare and
-// record a token, such as RedisStore, is an Acceptor: see Gate.
+// record a token, such as redisstore.Store, is an Acceptor: see Gate.
 type Store interface {
 	Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error
 }
@@ -104,44 +101,4 @@ type txKey struct{}
 func TxFrom(ctx context.Context) (*sql.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
 	return tx, ok
-}
-
-//go:embed accept.lua
-var acceptSrc string
-var acceptScript = redis.NewScript(acceptSrc)
-
-// RedisStore keeps tokens in Redis, one key per resource under Prefix
-// (default "fence:guard"), compared and set by one script. It is an
-// Acceptor, not a Store: Redis cannot hold the check until the handler's
-// writes elsewhere are done, so it serves as a gate only (see Gate).
-type RedisStore struct {
-	Client redis.Scripter
-	Prefix string
-}
-
-// Accept implements Acceptor.
-func (s RedisStore) Accept(ctx context.Context, resource string, token fence.Token) error {
-	if err := checkResource(resource); err != nil {
-		return err
-	}
-	if err := checkToken(token); err != nil {
-		return err
-	}
-	prefix := s.Prefix
-	if prefix == "" {
-		prefix = "fence:guard"
-	}
-	key := prefix + ":{" + resource + "}"
-	last, err := acceptScript.Run(ctx, s.Client, []string{key}, strconv.FormatInt(int64(token), 10)).Text()
-	if err != nil {
-		return fmt.Errorf("guard: accept %q: %w", resource, err)
-	}
-	if last == "" {
-		return nil
-	}
-	n, err := strconv.ParseInt(last, 10, 64)
-	if err != nil {
-		return fmt.Errorf("guard: accept %q: bad stored token %q", resource, last)
-	}
-	return &StaleError{Resource: resource, Token: token, Last: fence.Token(n)}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/guard/redisstore"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
@@ -46,10 +47,10 @@ func guards(t *testing.T, opts guard.HTTPOptions) map[string]func(http.Handler) 
 	return all
 }
 
-func redisStore(t *testing.T) guard.RedisStore {
+func redisStore(t *testing.T) redisstore.Store {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr})
 	t.Cleanup(func() { _ = client.Close() })
-	return guard.RedisStore{Client: client, Prefix: "guardtest:" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	return redisstore.Store{Client: client, Prefix: "guardtest:" + strconv.FormatInt(time.Now().UnixNano(), 36)}
 }
 
 // send posts to url with the given headers (name, value pairs; a name may
@@ -436,7 +437,7 @@ func TestStoreFailureBodyIsGeneric(t *testing.T) {
 			return guard.Middleware(guard.SQLStore{DB: closed}, o)
 		}, []string{"closed"}},
 		"redis-down": {func(o guard.HTTPOptions) func(http.Handler) http.Handler {
-			return guard.Gate(guard.RedisStore{Client: down}, o)
+			return guard.Gate(redisstore.Store{Client: down}, o)
 		}, []string{"127.0.0.1:1", "refused"}},
 	} {
 		t.Run(name, func(t *testing.T) {

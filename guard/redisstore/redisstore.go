@@ -1,0 +1,66 @@
+// Package redisstore keeps guard's accepted tokens in Redis. It is a package
+// of its own so that users of guard's SQL and HTTP parts do not import
+// go-redis.
+//
+// Store is a guard.Acceptor, not a guard.Store: Redis cannot hold the token
+// check until the handler's writes elsewhere are done, so it serves as a
+// gate only (see guard.Gate). Where the protected state lives in Redis
+// itself, compare the token in the same script that writes the state.
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/guard"
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed accept.lua
+var acceptSrc string
+var acceptScript = redis.NewScript(acceptSrc)
+
+// Store keeps the last accepted token of each resource in Redis, one key
+// per resource under Prefix (default "fence:guard"), compared and set by one
+// script.
+type Store struct {
+	Client redis.Scripter
+	Prefix string
+}
+
+var _ guard.Acceptor = Store{}
+
+// Accept records token for resource if it is greater than the last one
+// accepted and returns nil; otherwise it returns a *guard.StaleError
+// (matching guard.ErrStale) and records nothing. A resource that is not a
+// valid lock name (fence.ValidateName) gives an error matching
+// guard.ErrInvalidResource, a token of zero or less one matching
+// guard.ErrInvalidToken; neither reaches Redis.
+func (s Store) Accept(ctx context.Context, resource string, token fence.Token) error {
+	if err := fence.ValidateName(resource); err != nil {
+		return fmt.Errorf("%w: %w", guard.ErrInvalidResource, err)
+	}
+	if token <= 0 {
+		return fmt.Errorf("%w: %d must be greater than zero", guard.ErrInvalidToken, token)
+	}
+	prefix := s.Prefix
+	if prefix == "" {
+		prefix = "fence:guard"
+	}
+	key := prefix + ":{" + resource + "}"
+	last, err := acceptScript.Run(ctx, s.Client, []string{key}, strconv.FormatInt(int64(token), 10)).Text()
+	if err != nil {
+		return fmt.Errorf("redisstore: accept %q: %w", resource, err)
+	}
+	if last == "" {
+		return nil
+	}
+	n, err := strconv.ParseInt(last, 10, 64)
+	if err != nil {
+		return fmt.Errorf("redisstore: accept %q: bad stored token %q", resource, last)
+	}
+	return &guard.StaleError{Resource: resource, Token: token, Last: fence.Token(n)}
+}
