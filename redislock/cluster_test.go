@@ -196,7 +196,7 @@ func TestClusterReplicaCut(t *testing.T) {
 	sync := redislock.ReplicaSync{Timeout: 200 * time.Millisecond}
 	const name = "lock:payment:1001"
 	master, replica := masterAndReplica(t, cluster, newClient(), name)
-	cutReplicaOff(t, master, replica)
+	redistest.CutLink(t, master, replica)
 	l := lockerWith(t, newClient(), redislock.Options{ReplicaSync: sync})
 	wantNotReplicated(t, "fresh Locker with the master's replica cut off", tryOnce(t, l, name), 0, 1)
 	s, err := l.Status(ctx(t), name)

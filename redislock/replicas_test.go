@@ -71,7 +71,7 @@ func TestReplicaCutFreshAndOldLockers(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cutReplicaOff(t, primary, replica)
+	redistest.CutLink(t, primary, replica)
 	fresh := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: sync})
 	wantNotReplicated(t, "fresh Locker after the cut", tryOnce(t, fresh, "job"), 0, 1)
 	if n := primary.Client(t).Exists(ctx(t), lockKey("job")).Val(); n != 0 {
@@ -150,8 +150,9 @@ func TestReplicaRecordResetsOnFailover(t *testing.T) {
 	if err != nil || before.Expected != 1 {
 		t.Fatalf("before the failover: %+v, %v", before, err)
 	}
-	cutReplicaOff(t, primary, replica)
-	promoted := promote(t, primary, replica)
+	redistest.CutLink(t, primary, replica)
+	redistest.Failover(t, primary, replica)
+	promoted := replica.Client(t)
 	rec, err := promoted.Get(ctx(t), replicaRecord).Result()
 	if err != nil || !strings.HasPrefix(rec, before.ReplicationID+" 1") {
 		t.Fatalf("the promoted replica's copy of the record = %q, %v; want the old primary's", rec, err)

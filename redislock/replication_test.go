@@ -24,31 +24,6 @@ func lockerWith(t testing.TB, c redis.UniversalClient, o redislock.Options) *red
 	return l
 }
 
-// cutReplicaOff stops the replica and kills its link, so the primary's next
-// writes sit nowhere (LAB.md: stopping it alone keeps them in its socket).
-func cutReplicaOff(t *testing.T, primary, replica *redistest.Server) {
-	t.Helper()
-	replica.Signal(syscall.SIGSTOP)
-	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
-	admin := primary.Client(t)
-	if err := admin.ClientKillByFilter(ctx(t), "TYPE", "replica").Err(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// promote kills the primary and makes the replica a primary, as a failover
-// would.
-func promote(t *testing.T, primary, replica *redistest.Server) *redis.Client {
-	t.Helper()
-	primary.Kill()
-	replica.Signal(syscall.SIGCONT)
-	c := replica.Client(t)
-	if err := c.Do(ctx(t), "REPLICAOF", "NO", "ONE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // TestArticleFailover reproduces section 2 of the article: the lock is
 // written to the primary, the primary dies before the replica has it, the
 // replica is promoted, and a second client takes the same lock. Without the
@@ -67,7 +42,7 @@ func TestArticleFailover(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			cutReplicaOff(t, primary, replica)
+			redistest.CutLink(t, primary, replica)
 			start := time.Now()
 			leaseA, errA := a.Acquire(ctx(t), name, fence.TTL(30*time.Second))
 			if synced {
@@ -85,7 +60,8 @@ func TestArticleFailover(t *testing.T) {
 				t.Fatalf("Acquire without sync: %v", errA)
 			}
 
-			promoted := promote(t, primary, replica)
+			redistest.Failover(t, primary, replica)
+			promoted := replica.Client(t)
 			b := lockerWith(t, promoted, redislock.Options{})
 			leaseB, errB := b.Acquire(ctx(t), name, fence.TTL(30*time.Second))
 			if errB != nil {
@@ -148,7 +124,7 @@ func TestUnconfirmedRenewalKeepsDeadline(t *testing.T) {
 	l := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
 	lease := acquire(t, l, "renewal", fence.TTL(5*time.Second))
 	before := lease.Deadline()
-	cutReplicaOff(t, primary, replica)
+	redistest.CutLink(t, primary, replica)
 	err := lease.Extend(ctx(t), time.Minute)
 	if !errors.Is(err, fence.ErrNotReplicated) {
 		t.Fatalf("Extend with the replica cut off = %v, want ErrNotReplicated", err)
