@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,19 +36,29 @@ type Config struct {
 	Scenarios []int
 	// Progress, if set, receives a line per run as it finishes.
 	Progress io.Writer
+	// Seed seeds the adversarial timing (where paused workers resume); 0
+	// picks one at random. The report prints it: run again with it to
+	// replay the same choices.
+	Seed uint64
+	// write is how protected workers do their read-modify-write:
+	// worker.WriteGuard unless a test mutates it.
+	write string
 }
 
 // Result is one scenario under one configuration.
 type Result struct {
 	Scenario  int     `json:"scenario"`
 	Name      string  `json:"name"`
-	Config    string  `json:"config"` // control or protected
+	Config    string  `json:"config"` // control, protected (fence's defaults), or a stricter variant
 	Verdict   Verdict `json:"verdict"`
 	Seconds   float64 `json:"seconds"`
 	Expect    string  `json:"expect"` // what the run had to show
 	Pass      bool    `json:"pass"`
-	FaultNote string  `json:"fault_note,omitempty"`
-	timeline  *timeline
+	FaultNote string  `json:"fault_note,omitempty"` // a fault that did not take effect: the run fails
+	// Interleavings counts where paused workers were resumed, relative to
+	// the new holder's lease.
+	Interleavings map[string]int `json:"interleavings,omitempty"`
+	timeline      *timeline
 }
 
 // scenario is one of LAB.md's fault scenarios.
@@ -56,22 +67,31 @@ type scenario struct {
 	name    string
 	control string                  // the property the control must violate
 	run     func(*experiment) error // injects the fault while workers run
+	// variants are protected rows beside fence's defaults.
+	variants []string
 }
 
 var scenarios = []scenario{
-	{1, "paused holder", "P1", pausedHolder("acquired")},
-	{2, "delayed write", "P1", delayedWrite},
-	{3, "lost update", "P3", pausedHolder("read")},
-	{4, "async failover", "P1", asyncFailover},
-	{5, "wrong replica promoted", "P1", wrongReplica},
-	{6, "token source loss", "P2", tokenSourceLoss},
+	{1, "paused holder", "P1", pausedHolder("acquired"), nil},
+	{2, "delayed write", "P1", delayedWrite, nil},
+	{3, "lost update", "P3", pausedHolder("read"), nil},
+	{4, "async failover", "P1", asyncFailover, []string{"replica unseen"}},
+	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
+	{6, "token source loss", "P2", tokenSourceLoss, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a
 // scenario could not be set up; a control that shows no violation, or a
 // protected run that shows one, is reported as a failed Result.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Seed == 0 {
+		cfg.Seed = rand.Uint64()
+	}
+	if cfg.write == "" {
+		cfg.write = worker.WriteGuard
+	}
 	rep := newReport(cfg.Quick)
+	rep.Seed = cfg.Seed
 	if len(cfg.Worker) == 0 {
 		dir, err := os.MkdirTemp("", "fence-lab-worker-")
 		if err != nil {
@@ -92,8 +112,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if len(cfg.Scenarios) > 0 && !contains(cfg.Scenarios, sc.n) {
 			continue
 		}
-		for _, protected := range []bool{false, true} {
-			res, err := runOne(ctx, cfg, sc, protected)
+		rows := []string{"control", "protected"}
+		for _, v := range sc.variants {
+			rows = append(rows, "protected, "+v)
+		}
+		for i, row := range rows {
+			res, err := runOne(ctx, cfg, sc, i, row)
 			if err != nil {
 				return rep, fmt.Errorf("scenario %d (%s): %w", sc.n, sc.name, err)
 			}
@@ -115,37 +139,56 @@ func contains(xs []int, x int) bool {
 	return false
 }
 
-func runOne(ctx context.Context, cfg Config, sc scenario, protected bool) (Result, error) {
+// runOne runs row i of sc: 0 is the control, 1 protected with fence's
+// defaults, then the scenario's variants.
+func runOne(ctx context.Context, cfg Config, sc scenario, i int, row string) (Result, error) {
+	protected := i > 0
 	dir, err := os.MkdirTemp("", fmt.Sprintf("fence-lab-%d-", sc.n))
 	if err != nil {
 		return Result{}, err
 	}
 	defer os.RemoveAll(dir)
-	res, err := startResource(protected)
+	res, err := startResource(ctx, dir, protected)
 	if err != nil {
 		return Result{}, err
 	}
 	defer res.close()
-	x := &experiment{ctx: ctx, cfg: cfg, dir: dir, protected: protected, res: res, hist: newHistory(), stop: make(chan struct{})}
+	x := &experiment{ctx: ctx, cfg: cfg, dir: dir, protected: protected, write: cfg.write, res: res, hist: newHistory(), stop: make(chan struct{}),
+		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(sc.n*16+i)))}
+	if i > 1 {
+		x.variant = sc.variants[i-2]
+	}
 	defer x.cleanup()
 	start := time.Now()
 	if err := sc.run(x); err != nil {
 		return Result{}, err
 	}
 	x.waitWorkers()
-	r := Result{Scenario: sc.n, Name: sc.name, Config: "control", Seconds: time.Since(start).Seconds(), FaultNote: x.note}
+	if x.verify != nil {
+		x.verify()
+	}
+	r := Result{Scenario: sc.n, Name: sc.name, Config: row, Seconds: time.Since(start).Seconds(), FaultNote: x.note, Interleavings: x.interleavings}
 	events := x.hist.Events()
-	r.Verdict = Check(events, res.Log(), res.State())
+	log, err := res.Log()
+	if err != nil {
+		return r, fmt.Errorf("reading the resource's log: %w", err)
+	}
+	state, err := res.State()
+	if err != nil {
+		return r, fmt.Errorf("reading the resource's state: %w", err)
+	}
+	r.Verdict = Check(events, log, state)
 	r.Verdict.P5 = checkLinearizable(events)
-	r.timeline = &timeline{events: events, log: res.Log()}
+	r.timeline = &timeline{events: events, log: log}
 	if protected {
-		r.Config = "protected"
 		r.Expect = "P1 = P2 = P3 = 0, P5 Ok"
 		r.Pass = r.Verdict.P1 == 0 && r.Verdict.P2 == 0 && r.Verdict.P3 == 0 && r.Verdict.P5 == "Ok" && r.Verdict.Ops > 0
 	} else {
 		r.Expect = sc.control + " > 0"
 		r.Pass = r.Verdict.get(sc.control) > 0
 	}
+	// A fault that did not take effect proves nothing either way.
+	r.Pass = r.Pass && r.FaultNote == ""
 	return r, nil
 }
 
