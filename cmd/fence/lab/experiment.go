@@ -208,6 +208,11 @@ func (x *experiment) resumeAdversarially() {
 func (x *experiment) draw() (int, time.Duration) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	for i, p := range resumePoints {
+		if p.name == x.cfg.resumeAt {
+			return i, 0
+		}
+	}
 	return x.rng.IntN(len(resumePoints)), time.Duration(x.rng.Int64N(int64(2 * time.Millisecond)))
 }
 

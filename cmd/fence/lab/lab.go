@@ -43,6 +43,9 @@ type Config struct {
 	// write is how protected workers do their read-modify-write:
 	// worker.WriteGuard unless a test mutates it.
 	write string
+	// resumeAt, if set, names the resume point of every pause (see
+	// resumePoints) instead of a random one: for tests.
+	resumeAt string
 }
 
 // Result is one scenario under one configuration.

@@ -24,7 +24,8 @@ func (x *experiment) scale(quick, full int) int {
 // continued at a seeded random point of the new holder's lease (see
 // resumeAdversarially). At "acquired" it comes back, reads and writes late
 // (scenario 1); at "read" it writes back what it read before the pause
-// (scenario 3). Every worker spends 3 ms between its read and its write, so
+// (scenario 3). Every worker spends 10 ms between its read and its write (work a real
+// service does), so
 // that a stale holder continued after the new holder's read can write
 // first. The other two keep working until the paused one has finished.
 func pausedHolder(point string) func(*experiment) error {
@@ -40,9 +41,17 @@ func pausedHolder(point string) func(*experiment) error {
 		}
 		x.resumeAdversarially()
 		base := Spec{Redis: srv.Addr, Lock: "lab:payment:1001", Key: "payment:1001",
-			TTL: 200 * time.Millisecond, Wait: 20 * time.Second, Work: 3 * time.Millisecond}
+			TTL: 200 * time.Millisecond, Wait: 20 * time.Second, Work: 10 * time.Millisecond}
 		victim := base
 		victim.ID, victim.Ops, victim.PauseAt, victim.PausePoint, victim.Think = "w1", ops, pauses, point, 5*time.Millisecond
+		if point == "read" {
+			// Paused inside guard.Tx, the victim holds SQLite's write lock;
+			// the others wait for it in SQLite's busy handler, which polls.
+			// Cycling every 5 ms the victim then kept the lock from them
+			// for the whole busy timeout (seen: two workers failed with
+			// SQLITE_BUSY after 10 s, and the next pause did not bite).
+			victim.Think = 30 * time.Millisecond
+		}
 		other := base
 		other.Think = 10 * time.Millisecond
 		return x.runWithOthers(victim, other)

@@ -193,11 +193,12 @@ func (w *worker) rmw(id string, token int64, pauseAtRead bool) {
 	_, _, err := Apply(ctx, w.db, w.s.Write, Op{ID: id, Worker: w.s.ID, Key: w.s.Key, Token: token}, func(value []string) {
 		read = true
 		w.emit(Event{Op: id, Kind: "read", Phase: "ok", Token: token, Value: value})
-		if pauseAtRead {
-			w.pause(id, token)
-		}
 		if w.s.Work > 0 {
 			time.Sleep(w.s.Work)
+		}
+		if pauseAtRead {
+			// After the work: the pause hits just before the write.
+			w.pause(id, token)
 		}
 		next = append(append([]string(nil), value...), id)
 		w.emit(Event{Op: id, Kind: "write", Phase: "invoke", Token: token, Value: next})
