@@ -1,13 +1,16 @@
 // Package lab is fence's fault lab: it runs the article's failures against
 // real redis-server processes, with workers in separate processes (so that a
-// signal pauses exactly one client), a resource that keeps its own log of
-// accepted and rejected operations, and a checker that judges each run.
+// signal pauses exactly one client), a resource as users ship it (guard over
+// a SQLite database, and guard's HTTP middleware where the scenario has a
+// network hop) whose log table, written in the same transaction as each
+// write, is the ground truth, and a checker that judges each run.
 //
-// Every scenario runs twice: as a control (the naive lock: SET NX PX with an
-// INCR counter for tokens, no replica sync, a resource that ignores tokens),
-// which must show the violation, proving the checker can see it; and
-// protected (fence's redislock with its tokens and replica sync, a resource
-// that rejects lower tokens), which must show none.
+// Every scenario runs as a control (the naive lock: SET NX PX with an INCR
+// counter for tokens, no replica sync; the row read and then written with a
+// plain UPDATE), which must show the violation, proving the checker can see
+// it; and protected (fence's redislock with its defaults, and guard's fenced
+// read-modify-write), which must show none. Some scenarios add a protected
+// row with a different setting. A run whose fault did not take effect fails.
 package lab
 
 import (
