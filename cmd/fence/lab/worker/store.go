@@ -69,6 +69,14 @@ func CreateSchema(ctx context.Context, db *sql.DB) error {
 	return guard.CreateTables(ctx, db)
 }
 
+// EnsureRow creates the payment row key if it does not exist yet; Apply
+// needs it. A worker calls it once, before its leases, so that its
+// read-modify-writes take SQLite's write lock once each.
+func EnsureRow(ctx context.Context, q guard.Querier, key string) error {
+	_, err := q.ExecContext(ctx, `INSERT INTO payment (id) VALUES ($1) ON CONFLICT (id) DO NOTHING`, key)
+	return err
+}
+
 // Op is one read-modify-write of a register: append Op to its ledger.
 type Op struct {
 	ID     string
@@ -77,14 +85,11 @@ type Op struct {
 	Token  int64
 }
 
-// Apply does op's read-modify-write in mode. between, if set, is called
+// Apply does op's read-modify-write in mode, on a row EnsureRow created. between, if set, is called
 // after the read with what was read, before the write (the worker reports
 // the read and may pause there). It returns what was read and written; an
 // error matching guard.ErrStale when the resource rejected the token.
 func Apply(ctx context.Context, db *sql.DB, mode string, op Op, between func(read []string)) (read, written []string, err error) {
-	if _, err := db.ExecContext(ctx, `INSERT INTO payment (id) VALUES ($1) ON CONFLICT (id) DO NOTHING`, op.Key); err != nil {
-		return nil, nil, err
-	}
 	// rmw reads through q and writes through tx: the same transaction for
 	// the fenced modes, the read outside it for the naive ones.
 	rmw := func(tx *sql.Tx, q guard.Querier, conditional bool) error {
@@ -162,7 +167,7 @@ func writeOps(ctx context.Context, tx *sql.Tx, op Op, ops []string, conditional 
 // in tx, which guard's SQLStore opened and fenced (or a plain transaction,
 // for the control).
 func WriteIn(ctx context.Context, tx *sql.Tx, op Op) (read, written []string, err error) {
-	if _, err := tx.ExecContext(ctx, `INSERT INTO payment (id) VALUES ($1) ON CONFLICT (id) DO NOTHING`, op.Key); err != nil {
+	if err := EnsureRow(ctx, tx, op.Key); err != nil {
 		return nil, nil, err
 	}
 	if read, err = readOps(ctx, tx, op.Key); err != nil {

@@ -95,6 +95,13 @@ func Main() int {
 			return 2
 		}
 		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = EnsureRow(ctx, db, s.Key)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab worker:", err)
+			return 2
+		}
 		w.db = db
 	}
 	stop := make(chan struct{})
@@ -185,7 +192,14 @@ func (w *worker) pause(id string, token int64) {
 // events are emitted as they happen; the write's outcome is ok (committed),
 // fail (rejected, or rolled back for a conflict) or unknown.
 func (w *worker) rmw(id string, token int64, pauseAtRead bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// The database work is bounded, as the payment example bounds it by
+	// its lease: a worker that waits for the row lock behind a paused
+	// holder gives up after a while and takes a new lease, instead of
+	// waiting out SQLite's busy timeout (its busy handler polls, and a
+	// holder that takes the lock every few ms can keep it from a waiter
+	// for the whole 10 s). The bound is well above a pause's length, so
+	// that a paused holder's transaction is still open when it continues.
+	ctx, cancel := context.WithTimeout(context.Background(), max(2*time.Second, 5*w.s.TTL))
 	defer cancel()
 	w.emit(Event{Op: id, Kind: "read", Phase: "invoke", Token: token})
 	var next []string
