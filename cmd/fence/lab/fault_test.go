@@ -1,6 +1,8 @@
 package lab
 
 import (
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,5 +77,49 @@ func TestCheckFailoverNotesALockThatSurvived(t *testing.T) {
 		if got := x.note != ""; got != c.noted {
 			t.Errorf("%s: note %q, want noted %v", c.name, x.note, c.noted)
 		}
+	}
+}
+
+// A run whose fault did not take effect fails, control or protected, even
+// when its verdict is what was expected.
+func TestAFaultThatDidNotBiteFailsTheRun(t *testing.T) {
+	clean := Verdict{Ops: 10, P5: "Ok"}
+	violated := Verdict{Ops: 10, P1: 3, P5: "Ok"}
+	for _, c := range []struct {
+		protected bool
+		v         Verdict
+		note      string
+		pass      bool
+	}{
+		{true, clean, "", true},
+		{true, clean, "fault did not bite", false},
+		{true, violated, "", false},
+		{false, violated, "", true},
+		{false, violated, "fault did not bite", false},
+		{false, clean, "", false},
+	} {
+		if _, pass := judge(c.protected, "P1", c.v, c.note); pass != c.pass {
+			t.Errorf("protected %v, %+v, note %q: pass %v, want %v", c.protected, c.v, c.note, pass, c.pass)
+		}
+	}
+}
+
+// The same seed draws the same resume points, in the order of the pauses:
+// what --seed replays.
+func TestSeedReplaysResumePoints(t *testing.T) {
+	draws := func(seed uint64) []int {
+		x := &experiment{rng: rand.New(rand.NewPCG(seed, 17))}
+		var out []int
+		for range 20 {
+			p, d := x.draw()
+			out = append(out, p, int(d))
+		}
+		return out
+	}
+	if a, b := draws(7), draws(7); !slices.Equal(a, b) {
+		t.Fatalf("seed 7 drew %v, then %v", a, b)
+	}
+	if a, b := draws(7), draws(8); slices.Equal(a, b) {
+		t.Fatalf("seeds 7 and 8 drew the same %v", a)
 	}
 }

@@ -186,16 +186,22 @@ func runOne(ctx context.Context, cfg Config, sc scenario, i int, row string) (Re
 	r.Verdict = Check(events, log, state)
 	r.Verdict.P5 = checkLinearizable(events)
 	r.timeline = &timeline{events: events, log: log}
-	if protected {
-		r.Expect = "P1 = P2 = P3 = 0, P5 Ok"
-		r.Pass = r.Verdict.P1 == 0 && r.Verdict.P2 == 0 && r.Verdict.P3 == 0 && r.Verdict.P5 == "Ok" && r.Verdict.Ops > 0
-	} else {
-		r.Expect = sc.control + " > 0"
-		r.Pass = r.Verdict.get(sc.control) > 0
-	}
-	// A fault that did not take effect proves nothing either way.
-	r.Pass = r.Pass && r.FaultNote == ""
+	r.Expect, r.Pass = judge(protected, sc.control, r.Verdict, r.FaultNote)
 	return r, nil
+}
+
+// judge says what a run had to show and whether it did: a control must
+// violate its property, a protected run none; a run whose fault did not
+// take effect (note) proves nothing either way and fails.
+func judge(protected bool, control string, v Verdict, note string) (expect string, pass bool) {
+	if protected {
+		expect = "P1 = P2 = P3 = 0, P5 Ok"
+		pass = v.P1 == 0 && v.P2 == 0 && v.P3 == 0 && v.P5 == "Ok" && v.Ops > 0
+	} else {
+		expect = control + " > 0"
+		pass = v.get(control) > 0
+	}
+	return expect, pass && note == ""
 }
 
 func (v Verdict) get(p string) int {

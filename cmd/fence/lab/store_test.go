@@ -31,9 +31,9 @@ func testResource(t *testing.T) *Resource {
 	return &Resource{db: db}
 }
 
-// judge runs Check on the resource's log and state, with a history in which
+// judgeLog runs Check on the resource's log and state, with a history in which
 // ops were acknowledged as ok says.
-func judge(t *testing.T, r *Resource, ok map[string]int64) Verdict {
+func judgeLog(t *testing.T, r *Resource, ok map[string]int64) Verdict {
 	t.Helper()
 	log, err := r.Log()
 	if err != nil {
@@ -85,7 +85,7 @@ func TestTokenOnlyLosesTheStaleHoldersWrite(t *testing.T) {
 	if errA != nil || errB != nil {
 		t.Fatalf("token-only: errors %v, %v; want both accepted", errA, errB)
 	}
-	v := judge(t, r, map[string]int64{"a": 1, "b": 2})
+	v := judgeLog(t, r, map[string]int64{"a": 1, "b": 2})
 	if v.P3 != 1 || v.P1 != 0 {
 		t.Fatalf("token-only: %+v, want P3 1 (a lost), P1 0", v)
 	}
@@ -99,7 +99,7 @@ func TestGuardTxKeepsBothWrites(t *testing.T) {
 	if errA != nil || errB != nil {
 		t.Fatalf("guard: errors %v, %v; want both accepted", errA, errB)
 	}
-	if v := judge(t, r, map[string]int64{"a": 1, "b": 2}); v.P1+v.P3 != 0 {
+	if v := judgeLog(t, r, map[string]int64{"a": 1, "b": 2}); v.P1+v.P3 != 0 {
 		t.Fatalf("guard: %+v, want no violation", v)
 	}
 }
@@ -119,7 +119,7 @@ func TestStaleWriteAfterTheNewHolder(t *testing.T) {
 		if err == nil {
 			ok["a"] = 1
 		}
-		v := judge(t, r, ok)
+		v := judgeLog(t, r, ok)
 		switch mode {
 		case worker.WriteGuard:
 			if !errors.Is(err, guard.ErrStale) || v.P1 != 0 || v.Rejected != 1 {
