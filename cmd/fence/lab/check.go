@@ -3,6 +3,9 @@ package lab
 import (
 	"fmt"
 	"sort"
+	"strings"
+
+	"github.com/fencekit/fence"
 )
 
 // Verdict is what the checker found in one run.
@@ -23,6 +26,12 @@ type Verdict struct {
 	P4 int `json:"p4_overlaps"`
 	// P5 linearizability of the fenced register: Ok, Illegal or Unknown.
 	P5 string `json:"p5_linearizable"`
+
+	// Who stopped the stale holder: acquisitions the lock refused for lack
+	// of replica acknowledgements (fence.ErrNotReplicated), and writes the
+	// resource rejected for a stale token.
+	Refused  int `json:"lock_refused"`
+	Rejected int `json:"token_rejected"`
 
 	Examples []string `json:"examples,omitempty"` // the first few violations, for a person
 }
@@ -52,6 +61,8 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 		switch {
 		case e.Kind == "acquire" && e.Phase == "invoke":
 			leases[e.Op] = &lease{op: e.Op, worker: e.Worker, key: e.Key, invoke: e.Mono}
+		case e.Kind == "acquire" && e.Phase == "fail" && strings.Contains(e.Err, fence.ErrNotReplicated.Error()):
+			v.Refused++
 		case e.Kind == "acquire" && e.Phase == "ok":
 			if l := leases[e.Op]; l != nil {
 				l.token, l.acquired = e.Token, e.Mono
@@ -83,6 +94,7 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 	top := map[string]int64{}
 	for _, e := range log {
 		if !e.Accepted {
+			v.Rejected++
 			continue
 		}
 		if e.Token < top[e.Key] {

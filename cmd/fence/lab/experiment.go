@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"sync"
@@ -23,9 +24,17 @@ type experiment struct {
 	cfg       Config
 	dir       string
 	protected bool
+	variant   string // the protected row's variant: "" (fence's defaults) or the scenario's stricter one
 	res       *Resource
 	hist      *History
 	note      string // what the fault injection could not do, if anything
+	write     string // how protected workers write (worker.WriteGuard unless a test mutates it)
+	rng       *rand.Rand
+	// interleavings counts where paused workers were resumed.
+	interleavings map[string]int
+	// verify, if set, checks after the run that the fault took effect,
+	// noting it if not.
+	verify func()
 	// fenceControl makes the control use fence's lock too (with the
 	// scenario's weaker settings) instead of the naive lock.
 	fenceControl bool
@@ -69,6 +78,13 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 		return nil, fmt.Errorf("lab: no worker command configured")
 	}
 	s.Naive = !x.protected && !x.fenceControl
+	s.Write = worker.WriteNaive
+	if x.protected {
+		s.Write = x.write
+	}
+	if s.Resource == "" {
+		s.DB = x.res.path
+	}
 	body, _ := json.Marshal(s)
 	cmd := exec.Command(x.cfg.Worker[0], x.cfg.Worker[1:]...)
 	cmd.Env = append(os.Environ(), worker.Env+"="+string(body))
@@ -146,10 +162,24 @@ func (x *experiment) waitEvent(f func(Event) bool, limit time.Duration) (Event, 
 	}
 }
 
-// resumeAfterOthersWrite continues every worker that pauses itself once
-// another worker's write to the same register has been accepted after the
-// pause (or after 5 s, noted as a missed fault), until the workers exit.
-func (x *experiment) resumeAfterOthersWrite() {
+// resumePoints are where a paused worker may be continued, relative to
+// the new holder: the first lease another worker took on the same register
+// during the pause. The stale holder then reads (if it had not) and writes
+// before, between or after the new holder's read and write.
+var resumePoints = []struct{ name, kind, phase string }{
+	{"new holder acquired", "acquire", "ok"},
+	{"new holder reading", "read", "invoke"},
+	{"new holder read", "read", "ok"},
+	{"new holder writing", "write", "invoke"},
+	{"new holder wrote", "write", ""}, // any outcome
+}
+
+// resumeAdversarially continues every worker that pauses itself at a point
+// drawn from resumePoints with the run's seeded random source, plus up to
+// 2 ms, until the workers exit. A pause during which no other worker took
+// the lock within 5 s is a fault that did not bite: it is noted, which
+// fails the run.
+func (x *experiment) resumeAdversarially() {
 	x.bg.Add(1)
 	go func() {
 		defer x.bg.Done()
@@ -158,8 +188,11 @@ func (x *experiment) resumeAfterOthersWrite() {
 			evs, next := x.hist.snapshot()
 			for _, e := range evs[seen:] {
 				if e.Kind == "pause" && e.Phase == "invoke" {
+					// Draw here, in the order of the pauses, so that a seed
+					// replays the same choices.
+					p, delay := x.draw()
 					x.bg.Add(1)
-					go func() { defer x.bg.Done(); x.resumeLater(e) }()
+					go func() { defer x.bg.Done(); x.resumeAt(e, p, delay) }()
 				}
 			}
 			seen = len(evs)
@@ -172,19 +205,51 @@ func (x *experiment) resumeAfterOthersWrite() {
 	}()
 }
 
-func (x *experiment) resumeLater(pause Event) {
-	w := x.worker(pause.Worker)
-	deadline := time.Now().Add(5 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !x.res.acceptedAfter(pause.Key, pause.Worker, pause.Mono) && time.Now().Before(deadline) {
-		<-tick.C
+func (x *experiment) draw() (int, time.Duration) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for i, p := range resumePoints {
+		if p.name == x.cfg.resumeAt {
+			return i, 0
+		}
 	}
-	if time.Now().After(deadline) {
-		x.noteOnce("a paused worker was resumed before anyone else wrote")
+	return x.rng.IntN(len(resumePoints)), time.Duration(x.rng.Int64N(int64(2 * time.Millisecond)))
+}
+
+func (x *experiment) resumeAt(pause Event, point int, delay time.Duration) {
+	defer func() {
+		if w := x.worker(pause.Worker); w != nil {
+			w.signal(syscall.SIGCONT)
+		}
+	}()
+	next, ok := x.waitEvent(func(e Event) bool {
+		return e.Worker != pause.Worker && e.Key == pause.Key && e.Kind == "acquire" && e.Phase == "ok" && e.Mono > pause.Mono
+	}, 5*time.Second)
+	if !ok {
+		x.noteOnce(fmt.Sprintf("fault did not bite: nobody took the lock while %s was paused (op %s)", pause.Worker, pause.Op))
+		return
 	}
-	if w != nil {
-		w.signal(syscall.SIGCONT)
+	p := resumePoints[point]
+	_, reached := x.waitEvent(func(e Event) bool {
+		return e.Op == next.Op && e.Kind == p.kind && ((p.phase == "" && e.Phase != "invoke") || e.Phase == p.phase)
+	}, 500*time.Millisecond)
+	name := p.name
+	if !reached {
+		// The new holder is blocked: the paused worker holds the resource
+		// (guard's fenced transaction locks the row until it ends).
+		name += " (blocked by the paused holder)"
+	}
+	x.mu.Lock()
+	if x.interleavings == nil {
+		x.interleavings = map[string]int{}
+	}
+	x.interleavings[name]++
+	x.mu.Unlock()
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-x.ctx.Done():
 	}
 }
 

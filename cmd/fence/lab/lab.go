@@ -1,19 +1,23 @@
 // Package lab is fence's fault lab: it runs the article's failures against
 // real redis-server processes, with workers in separate processes (so that a
-// signal pauses exactly one client), a resource that keeps its own log of
-// accepted and rejected operations, and a checker that judges each run.
+// signal pauses exactly one client), a resource as users ship it (guard over
+// a SQLite database, and guard's HTTP middleware where the scenario has a
+// network hop) whose log table, written in the same transaction as each
+// write, is the ground truth, and a checker that judges each run.
 //
-// Every scenario runs twice: as a control (the naive lock: SET NX PX with an
-// INCR counter for tokens, no replica sync, a resource that ignores tokens),
-// which must show the violation, proving the checker can see it; and
-// protected (fence's redislock with its tokens and replica sync, a resource
-// that rejects lower tokens), which must show none.
+// Every scenario runs as a control (the naive lock: SET NX PX with an INCR
+// counter for tokens, no replica sync; the row read and then written with a
+// plain UPDATE), which must show the violation, proving the checker can see
+// it; and protected (fence's redislock with its defaults, and guard's fenced
+// read-modify-write), which must show none. Some scenarios add a protected
+// row with a different setting. A run whose fault did not take effect fails.
 package lab
 
 import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,19 +39,32 @@ type Config struct {
 	Scenarios []int
 	// Progress, if set, receives a line per run as it finishes.
 	Progress io.Writer
+	// Seed seeds the adversarial timing (where paused workers resume); 0
+	// picks one at random. The report prints it: run again with it to
+	// replay the same choices.
+	Seed uint64
+	// write is how protected workers do their read-modify-write:
+	// worker.WriteGuard unless a test mutates it.
+	write string
+	// resumeAt, if set, names the resume point of every pause (see
+	// resumePoints) instead of a random one: for tests.
+	resumeAt string
 }
 
 // Result is one scenario under one configuration.
 type Result struct {
 	Scenario  int     `json:"scenario"`
 	Name      string  `json:"name"`
-	Config    string  `json:"config"` // control or protected
+	Config    string  `json:"config"` // control, protected (fence's defaults), or a stricter variant
 	Verdict   Verdict `json:"verdict"`
 	Seconds   float64 `json:"seconds"`
 	Expect    string  `json:"expect"` // what the run had to show
 	Pass      bool    `json:"pass"`
-	FaultNote string  `json:"fault_note,omitempty"`
-	timeline  *timeline
+	FaultNote string  `json:"fault_note,omitempty"` // a fault that did not take effect: the run fails
+	// Interleavings counts where paused workers were resumed, relative to
+	// the new holder's lease.
+	Interleavings map[string]int `json:"interleavings,omitempty"`
+	timeline      *timeline
 }
 
 // scenario is one of LAB.md's fault scenarios.
@@ -56,22 +73,31 @@ type scenario struct {
 	name    string
 	control string                  // the property the control must violate
 	run     func(*experiment) error // injects the fault while workers run
+	// variants are protected rows beside fence's defaults.
+	variants []string
 }
 
 var scenarios = []scenario{
-	{1, "paused holder", "P1", pausedHolder("acquired")},
-	{2, "delayed write", "P1", delayedWrite},
-	{3, "lost update", "P3", pausedHolder("read")},
-	{4, "async failover", "P1", asyncFailover},
-	{5, "wrong replica promoted", "P1", wrongReplica},
-	{6, "token source loss", "P2", tokenSourceLoss},
+	{1, "paused holder", "P1", pausedHolder("acquired"), nil},
+	{2, "delayed write", "P1", delayedWrite, nil},
+	{3, "lost update", "P3", pausedHolder("read"), nil},
+	{4, "async failover", "P1", asyncFailover, []string{"replica unseen"}},
+	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
+	{6, "token source loss", "P2", tokenSourceLoss, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a
 // scenario could not be set up; a control that shows no violation, or a
 // protected run that shows one, is reported as a failed Result.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Seed == 0 {
+		cfg.Seed = rand.Uint64()
+	}
+	if cfg.write == "" {
+		cfg.write = worker.WriteGuard
+	}
 	rep := newReport(cfg.Quick)
+	rep.Seed = cfg.Seed
 	if len(cfg.Worker) == 0 {
 		dir, err := os.MkdirTemp("", "fence-lab-worker-")
 		if err != nil {
@@ -92,8 +118,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if len(cfg.Scenarios) > 0 && !contains(cfg.Scenarios, sc.n) {
 			continue
 		}
-		for _, protected := range []bool{false, true} {
-			res, err := runOne(ctx, cfg, sc, protected)
+		rows := []string{"control", "protected"}
+		for _, v := range sc.variants {
+			rows = append(rows, "protected, "+v)
+		}
+		for i, row := range rows {
+			res, err := runOne(ctx, cfg, sc, i, row)
 			if err != nil {
 				return rep, fmt.Errorf("scenario %d (%s): %w", sc.n, sc.name, err)
 			}
@@ -115,38 +145,63 @@ func contains(xs []int, x int) bool {
 	return false
 }
 
-func runOne(ctx context.Context, cfg Config, sc scenario, protected bool) (Result, error) {
+// runOne runs row i of sc: 0 is the control, 1 protected with fence's
+// defaults, then the scenario's variants.
+func runOne(ctx context.Context, cfg Config, sc scenario, i int, row string) (Result, error) {
+	protected := i > 0
 	dir, err := os.MkdirTemp("", fmt.Sprintf("fence-lab-%d-", sc.n))
 	if err != nil {
 		return Result{}, err
 	}
 	defer os.RemoveAll(dir)
-	res, err := startResource(protected)
+	res, err := startResource(ctx, dir, protected)
 	if err != nil {
 		return Result{}, err
 	}
 	defer res.close()
-	x := &experiment{ctx: ctx, cfg: cfg, dir: dir, protected: protected, res: res, hist: newHistory(), stop: make(chan struct{})}
+	x := &experiment{ctx: ctx, cfg: cfg, dir: dir, protected: protected, write: cfg.write, res: res, hist: newHistory(), stop: make(chan struct{}),
+		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(sc.n*16+i)))}
+	if i > 1 {
+		x.variant = sc.variants[i-2]
+	}
 	defer x.cleanup()
 	start := time.Now()
 	if err := sc.run(x); err != nil {
 		return Result{}, err
 	}
 	x.waitWorkers()
-	r := Result{Scenario: sc.n, Name: sc.name, Config: "control", Seconds: time.Since(start).Seconds(), FaultNote: x.note}
-	events := x.hist.Events()
-	r.Verdict = Check(events, res.Log(), res.State())
-	r.Verdict.P5 = checkLinearizable(events)
-	r.timeline = &timeline{events: events, log: res.Log()}
-	if protected {
-		r.Config = "protected"
-		r.Expect = "P1 = P2 = P3 = 0, P5 Ok"
-		r.Pass = r.Verdict.P1 == 0 && r.Verdict.P2 == 0 && r.Verdict.P3 == 0 && r.Verdict.P5 == "Ok" && r.Verdict.Ops > 0
-	} else {
-		r.Expect = sc.control + " > 0"
-		r.Pass = r.Verdict.get(sc.control) > 0
+	if x.verify != nil {
+		x.verify()
 	}
+	r := Result{Scenario: sc.n, Name: sc.name, Config: row, Seconds: time.Since(start).Seconds(), FaultNote: x.note, Interleavings: x.interleavings}
+	events := x.hist.Events()
+	log, err := res.Log()
+	if err != nil {
+		return r, fmt.Errorf("reading the resource's log: %w", err)
+	}
+	state, err := res.State()
+	if err != nil {
+		return r, fmt.Errorf("reading the resource's state: %w", err)
+	}
+	r.Verdict = Check(events, log, state)
+	r.Verdict.P5 = checkLinearizable(events)
+	r.timeline = &timeline{events: events, log: log}
+	r.Expect, r.Pass = judge(protected, sc.control, r.Verdict, r.FaultNote)
 	return r, nil
+}
+
+// judge says what a run had to show and whether it did: a control must
+// violate its property, a protected run none; a run whose fault did not
+// take effect (note) proves nothing either way and fails.
+func judge(protected bool, control string, v Verdict, note string) (expect string, pass bool) {
+	if protected {
+		expect = "P1 = P2 = P3 = 0, P5 Ok"
+		pass = v.P1 == 0 && v.P2 == 0 && v.P3 == 0 && v.P5 == "Ok" && v.Ops > 0
+	} else {
+		expect = control + " > 0"
+		pass = v.get(control) > 0
+	}
+	return expect, pass && note == ""
 }
 
 func (v Verdict) get(p string) int {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os/exec"
 	"runtime"
+	"sort"
 	"strings"
 	"time"
 )
@@ -16,6 +17,7 @@ type Report struct {
 	Machine  string   `json:"machine"`
 	Versions []string `json:"versions"`
 	Quick    bool     `json:"quick"`
+	Seed     uint64   `json:"seed"` // replay with fence lab --seed
 	Results  []Result `json:"results"`
 }
 
@@ -49,8 +51,12 @@ func (res Result) line() string {
 	if !res.Pass {
 		mark = "FAIL"
 	}
-	return fmt.Sprintf("%s scenario %d %-22s %-9s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s %5.1fs  (expect %s)",
-		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, res.Seconds, res.Expect)
+	line := fmt.Sprintf("%s scenario %d %-22s %-26s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s refused %2d rejected %3d %5.1fs  (expect %s)",
+		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, res.Seconds, res.Expect)
+	if res.FaultNote != "" {
+		line += "\n     FAULT DID NOT TAKE EFFECT: " + res.FaultNote
+	}
+	return line
 }
 
 // Markdown writes the report as a Markdown table with the first violations
@@ -60,26 +66,39 @@ func (r *Report) Markdown(w io.Writer) {
 	if r.Quick {
 		mode = "quick run"
 	}
-	fmt.Fprintf(w, "Fault lab, %s, %s. Machine: %s. Versions: %s.\n\n", mode, r.Date, r.Machine, strings.Join(r.Versions, "; "))
-	fmt.Fprintln(w, "| # | scenario | config | writes | P1 stale accepts | P2 token order | P3 lost or doubled | P4 lease overlaps | P5 linearizable | seconds | expected | pass |")
-	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|---|")
+	fmt.Fprintf(w, "Fault lab, %s, %s, seed %d (replay: fence lab --seed %d). Machine: %s. Versions: %s.\n\n",
+		mode, r.Date, r.Seed, r.Seed, r.Machine, strings.Join(r.Versions, "; "))
+	fmt.Fprintln(w, "| # | scenario | config | writes | P1 stale accepts | P2 token order | P3 lost or doubled | P4 lease overlaps | P5 linearizable | lock refused | token rejected | seconds | expected | pass |")
+	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
 	for _, res := range r.Results {
 		v := res.Verdict
 		pass := "yes"
 		if !res.Pass {
 			pass = "**NO**"
 		}
-		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %d | %d | %d | %s | %.1f | %s | %s |\n",
-			res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, res.Seconds, res.Expect, pass)
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %d | %d | %d | %s | %d | %d | %.1f | %s | %s |\n",
+			res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, res.Seconds, res.Expect, pass)
 	}
 	fmt.Fprintln(w)
 	for _, res := range r.Results {
-		if len(res.Verdict.Examples) == 0 && res.FaultNote == "" {
+		if len(res.Verdict.Examples) == 0 && res.FaultNote == "" && len(res.Interleavings) == 0 {
 			continue
 		}
 		fmt.Fprintf(w, "- scenario %d, %s:", res.Scenario, res.Config)
 		if res.FaultNote != "" {
-			fmt.Fprintf(w, " note: %s;", res.FaultNote)
+			fmt.Fprintf(w, " **fault did not take effect**: %s;", res.FaultNote)
+		}
+		if len(res.Interleavings) > 0 {
+			names := make([]string, 0, len(res.Interleavings))
+			for n := range res.Interleavings {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			fmt.Fprint(w, " stale holder resumed at:")
+			for _, n := range names {
+				fmt.Fprintf(w, " %s ×%d,", n, res.Interleavings[n])
+			}
+			fmt.Fprint(w, ";")
 		}
 		for _, ex := range res.Verdict.Examples {
 			fmt.Fprintf(w, " %s;", ex)

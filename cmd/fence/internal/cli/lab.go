@@ -12,6 +12,7 @@ import (
 
 func labCmd() *cobra.Command {
 	var quick bool
+	var seed uint64
 	var only []int
 	var out string
 	cmd := &cobra.Command{
@@ -39,7 +40,7 @@ protected. Lab exits 1 if either expectation fails.
 per scenario. With --out DIR it writes report.md, report.json and timeline.svg there.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: cmd.ErrOrStderr()})
+			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: cmd.ErrOrStderr(), Seed: seed})
 			if err != nil {
 				return exitWith(1, err)
 			}
@@ -56,6 +57,7 @@ per scenario. With --out DIR it writes report.md, report.json and timeline.svg t
 		},
 	}
 	cmd.Flags().BoolVar(&quick, "quick", false, "run the short version of every scenario")
+	cmd.Flags().Uint64Var(&seed, "seed", 0, "seed of the adversarial timing (0: random; the report prints it)")
 	cmd.Flags().IntSliceVar(&only, "scenario", nil, "run only these scenarios (by number; default all)")
 	cmd.Flags().StringVar(&out, "out", "", "directory to write report.md, report.json and timeline.svg to")
 	return cmd

@@ -9,6 +9,7 @@ package worker
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,10 +18,12 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sys/unix"
@@ -31,19 +34,28 @@ const Env = "FENCE_LAB_WORKER"
 
 // Spec tells a worker process what to do.
 type Spec struct {
-	ID       string        `json:"id"`
-	Redis    string        `json:"redis"`    // host:port
-	Lock     string        `json:"lock"`     // lock name
-	Resource string        `json:"resource"` // host:port of the resource (or a proxy to it)
-	Key      string        `json:"key"`      // the resource register
-	Naive    bool          `json:"naive"`    // the naive lock: SET NX PX and an INCR counter
-	Sync     bool          `json:"sync"`     // replica sync check (fence lock only)
-	Replicas int           `json:"replicas"` // expected replicas for the sync check; 0 discovers
-	Acks     int           `json:"acks"`     // the sync check's rule: 0 (one), a number, or redislock.AcksAll
+	ID    string `json:"id"`
+	Redis string `json:"redis"` // host:port
+	Lock  string `json:"lock"`  // lock name
+	// DB is the path of the lab's SQLite database: the worker does its
+	// read-modify-write there itself, as Write says. Without DB it asks
+	// the HTTP resource at Resource to do it (guard's Middleware, or the
+	// control's plain handler).
+	DB       string `json:"db,omitempty"`
+	Write    string `json:"write,omitempty"`    // WriteGuard, WriteNaive, WriteTokenOnly or WriteWeak
+	Resource string `json:"resource,omitempty"` // host:port of the HTTP resource (or a proxy to it)
+	Key      string `json:"key"`                // the resource register
+	Naive    bool   `json:"naive"`              // the naive lock: SET NX PX and an INCR counter
+	// The fence lock's replica sync: all zero is fence's defaults
+	// (redislock.New(client, nil)).
+	NoSync   bool          `json:"no_sync,omitempty"`  // turn the check off
+	Replicas int           `json:"replicas,omitempty"` // expected replicas; 0 discovers
+	Acks     int           `json:"acks,omitempty"`     // 0 (one), a number, or redislock.AcksAll
 	TTL      time.Duration `json:"ttl"`
 	Wait     time.Duration `json:"wait"`
 	Ops      int           `json:"ops"`   // leases to take; 0: until standard input closes
 	Think    time.Duration `json:"think"` // time between leases
+	Work     time.Duration `json:"work"`  // time between the read and the write
 	// PauseAt lists the ops (1-based) at which the worker stops itself with
 	// SIGSTOP, at PausePoint, until the controller sends SIGCONT.
 	PauseAt    []int  `json:"pause_at,omitempty"`
@@ -65,12 +77,32 @@ func Main() int {
 	if s.Naive {
 		w.locker = &naiveLocker{c: client}
 	} else {
-		l, err := redislock.New(client, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !s.Sync, Replicas: s.Replicas, Acks: s.Acks}})
+		var opts *redislock.Options // fence's defaults
+		if s.NoSync || s.Replicas != 0 || s.Acks != 0 {
+			opts = &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: s.NoSync, Replicas: s.Replicas, Acks: s.Acks}}
+		}
+		l, err := redislock.New(client, opts)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "lab worker:", err)
 			return 2
 		}
 		w.locker = l
+	}
+	if s.DB != "" {
+		db, err := OpenDB(s.DB)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab worker:", err)
+			return 2
+		}
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = EnsureRow(ctx, db, s.Key)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab worker:", err)
+			return 2
+		}
+		w.db = db
 	}
 	stop := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
@@ -92,10 +124,15 @@ type worker struct {
 	out    io.Writer
 	http   *http.Client
 	locker fence.Locker
+	db     *sql.DB
 }
 
+// emit writes e, stamped now unless it carries a time already.
 func (w *worker) emit(e Event) {
-	e.Worker, e.Key, e.Mono = w.s.ID, w.s.Key, Mono()
+	e.Worker, e.Key = w.s.ID, w.s.Key
+	if e.Mono == 0 {
+		e.Mono = Mono()
+	}
 	_, _ = w.out.Write(e.line())
 }
 
@@ -124,21 +161,14 @@ func (w *worker) op(i int) {
 	if pause && w.s.PausePoint != "read" {
 		w.pause(id, token)
 	}
-	w.emit(Event{Op: id, Kind: "read", Phase: "invoke", Token: token})
-	value, phase, err := w.call("read", id, token, nil)
-	w.emit(Event{Op: id, Kind: "read", Phase: phase, Token: token, Value: value, Err: errString(err)})
-	if phase == "ok" {
-		if pause && w.s.PausePoint == "read" {
-			w.pause(id, token)
-		}
-		next := append(value, id)
-		w.emit(Event{Op: id, Kind: "write", Phase: "invoke", Token: token, Value: next})
-		_, phase, err = w.call("write", id, token, next)
-		w.emit(Event{Op: id, Kind: "write", Phase: phase, Token: token, Value: next, Err: errString(err)})
+	if w.db != nil {
+		w.rmw(id, token, pause && w.s.PausePoint == "read")
+	} else {
+		w.rmwHTTP(id, token)
 	}
 	w.emit(Event{Op: id, Kind: "release", Phase: "invoke", Token: token})
 	err = lease.Release(ctx)
-	phase = "ok"
+	phase := "ok"
 	if err != nil {
 		phase = "fail"
 	}
@@ -157,41 +187,99 @@ func (w *worker) pause(id string, token int64) {
 	w.emit(Event{Op: id, Kind: "pause", Phase: "ok", Token: token})
 }
 
-// call sends a read or write to the resource. Its phase is ok (accepted),
-// fail (rejected, or certainly not delivered) or unknown (no answer).
-func (w *worker) call(kind, id string, token int64, value []string) ([]string, string, error) {
-	body, _ := json.Marshal(Request{Op: id, Worker: w.s.ID, Key: w.s.Key, Token: token, Value: value})
-	resp, err := w.http.Post("http://"+w.s.Resource+"/"+kind, "application/json", bytes.NewReader(body))
-	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, "fail", err
+// rmw is the read-modify-write on the database, in the Spec's Write mode:
+// read the ledger, append the op's id, write it back. The read and write
+// events are emitted as they happen; the write's outcome is ok (committed),
+// fail (rejected, or rolled back for a conflict) or unknown.
+func (w *worker) rmw(id string, token int64, pauseAtRead bool) {
+	// The database work is bounded, as the payment example bounds it by
+	// its lease: a worker that waits for the row lock behind a paused
+	// holder gives up after a while and takes a new lease, instead of
+	// waiting out SQLite's busy timeout (its busy handler polls, and a
+	// holder that takes the lock every few ms can keep it from a waiter
+	// for the whole 10 s). The bound is well above a pause's length, so
+	// that a paused holder's transaction is still open when it continues.
+	ctx, cancel := context.WithTimeout(context.Background(), max(2*time.Second, 5*w.s.TTL))
+	defer cancel()
+	w.emit(Event{Op: id, Kind: "read", Phase: "invoke", Token: token})
+	var next []string
+	read := false
+	_, _, err := Apply(ctx, w.db, w.s.Write, Op{ID: id, Worker: w.s.ID, Key: w.s.Key, Token: token}, func(value []string) {
+		read = true
+		w.emit(Event{Op: id, Kind: "read", Phase: "ok", Token: token, Value: value})
+		if w.s.Work > 0 {
+			time.Sleep(w.s.Work)
 		}
-		return nil, "unknown", err
+		if pauseAtRead {
+			// After the work: the pause hits just before the write.
+			w.pause(id, token)
+		}
+		next = append(append([]string(nil), value...), id)
+		w.emit(Event{Op: id, Kind: "write", Phase: "invoke", Token: token, Value: next})
+	})
+	phase := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, guard.ErrStale), errors.Is(err, guard.ErrRetry):
+		phase = "fail"
+	default:
+		phase = "unknown"
 	}
-	defer resp.Body.Close()
+	if !read {
+		// Rejected by the fence before it read: nothing was read or written.
+		w.emit(Event{Op: id, Kind: "read", Phase: "fail", Token: token, Err: errString(err)})
+		w.emit(Event{Op: id, Kind: "write", Phase: "invoke", Token: token})
+	}
+	w.emit(Event{Op: id, Kind: "write", Phase: phase, Token: token, Value: next, Err: errString(err)})
+}
+
+// rmwHTTP asks the HTTP resource to do the read-modify-write: one request,
+// POST /payments/<key> with the token in guard's Fence-Token header. The
+// read and the write both happen between sending it and the answer.
+func (w *worker) rmwHTTP(id string, token int64) {
+	t0 := Mono()
+	body, _ := json.Marshal(Request{Op: id, Worker: w.s.ID})
+	req, _ := http.NewRequest(http.MethodPost, "http://"+w.s.Resource+"/payments/"+w.s.Key, bytes.NewReader(body))
+	req.Header.Set(guard.TokenHeader, strconv.FormatInt(token, 10))
+	resp, err := w.http.Do(req)
 	var out Response
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, "unknown", err
+	phase := "unknown"
+	switch {
+	case err != nil && errors.Is(err, syscall.ECONNREFUSED):
+		phase = "fail"
+	case err != nil:
+	default:
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode == http.StatusOK && err == nil:
+			phase = "ok"
+		case resp.StatusCode == http.StatusConflict:
+			phase, err = "fail", errors.New("rejected: stale token")
+		case err == nil:
+			err = fmt.Errorf("resource answered %s", resp.Status)
+		}
 	}
-	if !out.Accepted {
-		return nil, "fail", errors.New("rejected: stale token")
+	w.emit(Event{Op: id, Kind: "read", Phase: "invoke", Token: token, Mono: t0})
+	if phase == "ok" {
+		w.emit(Event{Op: id, Kind: "read", Phase: "ok", Token: token, Value: out.Read})
+	} else {
+		w.emit(Event{Op: id, Kind: "read", Phase: "fail", Token: token})
 	}
-	return out.Value, "ok", nil
+	w.emit(Event{Op: id, Kind: "write", Phase: "invoke", Token: token, Value: out.Written, Mono: t0})
+	w.emit(Event{Op: id, Kind: "write", Phase: phase, Token: token, Value: out.Written, Err: errString(err)})
 }
 
-// Request is the body of the resource's /read and /write.
+// Request is the body of the HTTP resource's POST /payments/<key>.
 type Request struct {
-	Op     string   `json:"op"`
-	Worker string   `json:"worker"`
-	Key    string   `json:"key"`
-	Token  int64    `json:"token"`
-	Value  []string `json:"value,omitempty"`
+	Op     string `json:"op"`
+	Worker string `json:"worker"`
 }
 
-// Response is the resource's answer to a Request.
+// Response is the HTTP resource's answer to an accepted Request.
 type Response struct {
-	Accepted bool     `json:"accepted"`
-	Value    []string `json:"value,omitempty"`
+	Read    []string `json:"read"`
+	Written []string `json:"written"`
 }
 
 // Mono reads CLOCK_MONOTONIC in nanoseconds. All processes on the machine
