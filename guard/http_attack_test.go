@@ -2,6 +2,7 @@ package guard_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -217,15 +218,16 @@ func TestHostileHeaders(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		headers []string
+		problem string // the problem type of the answer
 	}{
-		{"huge token", []string{guard.TokenHeader, huge}},
-		{"huge resource", []string{guard.TokenHeader, "5", guard.ResourceHeader, huge}},
-		{"two tokens", []string{guard.TokenHeader, "5", guard.TokenHeader, "9"}},
-		{"two resources", []string{guard.TokenHeader, "5", guard.ResourceHeader, "a", guard.ResourceHeader, "b"}},
-		{"no resource", []string{guard.TokenHeader, "5"}},
-		{"token with a space", []string{guard.TokenHeader, "5 "}},
-		{"control byte in resource", []string{guard.TokenHeader, "5", guard.ResourceHeader, "pay\x00ment"}},
-		{"forged maximum", []string{guard.TokenHeader, "9223372036854775807", guard.ResourceHeader, "payment:1"}},
+		{"huge token", []string{guard.TokenHeader, huge, guard.ResourceHeader, "payment:1"}, guard.ProblemInvalid},
+		{"huge resource", []string{guard.TokenHeader, "5", guard.ResourceHeader, huge}, guard.ProblemResource},
+		{"two tokens", []string{guard.TokenHeader, "5", guard.TokenHeader, "9", guard.ResourceHeader, "payment:1"}, guard.ProblemInvalid},
+		{"two resources", []string{guard.TokenHeader, "5", guard.ResourceHeader, "a", guard.ResourceHeader, "b"}, guard.ProblemResource},
+		{"no resource", []string{guard.TokenHeader, "5"}, guard.ProblemResource},
+		{"token with a space", []string{guard.TokenHeader, "5 ", guard.ResourceHeader, "payment:1"}, guard.ProblemInvalid},
+		{"control byte in resource", []string{guard.TokenHeader, "5", guard.ResourceHeader, "pay\x00ment"}, guard.ProblemResource},
+		{"forged maximum", []string{guard.TokenHeader, "9223372036854775807", guard.ResourceHeader, "payment:1"}, guard.ProblemInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := hookStore{&guard.MemoryStore{}, func(fence.Token) { t.Error("the store was asked") }}
@@ -238,6 +240,12 @@ func TestHostileHeaders(t *testing.T) {
 			mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("handler ran") })).ServeHTTP(w, req)
 			if w.Code != http.StatusBadRequest || w.Body.Len() > 512 || strings.Contains(w.Body.String(), "9999999999999999999999") {
 				t.Fatalf("got %d, %d bytes: %.200s", w.Code, w.Body.Len(), w.Body)
+			}
+			// Refused for the reason the case is about, not for another
+			// header the case forgot.
+			var p guard.Problem
+			if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Type != tc.problem {
+				t.Fatalf("problem %q (%v), want %q: %s", p.Type, err, tc.problem, w.Body)
 			}
 		})
 	}

@@ -401,3 +401,39 @@ func TestHandlerErrors(t *testing.T) {
 		t.Fatalf("missing payment: %d %q; want 404 with a generic body", code, body)
 	}
 }
+
+// TestCommittedAfterLeaseLostSucceeds: A's lease runs out while its fenced
+// transaction is open (after writing, before the commit), and no newer
+// holder fences the payment meanwhile. The commit stands, since the fence
+// accepted A's token, so Approve must report success with A's token: an
+// error would tell the client (through Handler, a 500) that a payment it
+// was charged for was not approved.
+func TestCommittedAfterLeaseLostSucceeds(t *testing.T) {
+	e := setup(t)
+	for name, db := range e.dbs {
+		t.Run(name, func(t *testing.T) {
+			reset(t, e, db)
+			var paused fence.Token
+			a := &payment.Service{Locker: e.locker, DB: db, Pause: func(ctx context.Context, step payment.Step, _ int64, token fence.Token) {
+				if step != payment.Written {
+					return
+				}
+				paused = token
+				if err := e.redis.Del(ctx, lockKey).Err(); err != nil { // the lease runs out
+					t.Error(err)
+				}
+			}}
+			token, err := a.Approve(ctx(t), 1001, "A")
+			if err != nil || token != paused {
+				t.Fatalf("Approve: token %d, %v; want token %d and no error (the approval committed)", token, err, paused)
+			}
+			charges, err := payment.Charges(ctx(t), db, 1001)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(charges) != 1 || charges[0].By != "A" {
+				t.Fatalf("charges %+v, want A's", charges)
+			}
+		})
+	}
+}
