@@ -44,10 +44,18 @@ type HTTPOptions struct {
 
 	// MaxAhead refuses tokens greater than the clock's time in microseconds
 	// plus MaxAhead, so that one forged token (the int64 maximum, say)
-	// cannot block a resource for good. fence's tokens are a counter or
-	// the lock server's clock in microseconds, whichever is greater, so a
-	// real token is never far ahead of the wall clock. Zero means
-	// DefaultMaxAhead (one hour); a negative value turns the check off.
+	// cannot block a resource for good. redislock's tokens are a counter or
+	// the Redis server's clock in microseconds, whichever is greater, so a
+	// real one is never far ahead of the wall clock (unless the Redis
+	// server's clock is ahead of this one by more than MaxAhead: then real
+	// tokens are refused too). It bounds the harm, it does not prevent it:
+	// a forged token just under the limit still blocks the resource until
+	// the clock passes it (up to MaxAhead), and against tokens that are not
+	// clock-floored (memlock's count from 1, as may other counters) any
+	// forged token near the clock blocks the resource for good. Only
+	// clients trusted with the resource should be able to send tokens.
+	// Zero means DefaultMaxAhead (one hour); a negative value turns the
+	// check off.
 	MaxAhead time.Duration
 
 	// Now is the clock MaxAhead is measured from; nil means time.Now.
