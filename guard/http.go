@@ -32,7 +32,8 @@ const (
 type HTTPOptions struct {
 	// Resource chooses the resource a request may touch, from the request
 	// as the server sees it: its path or route, the authenticated caller.
-	// It is required. An error answers 400 and is logged.
+	// It is required. An error, or an empty name, answers 400 and is
+	// logged.
 	// ResourceFromHeader lets the client choose instead.
 	Resource func(*http.Request) (string, error)
 
@@ -218,6 +219,12 @@ func newHTTPGuard(o HTTPOptions) *httpGuard {
 // unusable it answers 400 and returns false.
 func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence.Token, bool) {
 	resource, err := g.resource(r)
+	if err == nil && resource == "" {
+		// Not a resource but a chooser's mistake (r.PathValue before the
+		// ServeMux has set it, say): every such request would share the
+		// namespace's one resource.
+		err = fmt.Errorf("%w: the chooser returned an empty name", ErrInvalidResource)
+	}
 	if err == nil {
 		err = checkResource(g.namespace + resource)
 	}
