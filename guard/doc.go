@@ -70,8 +70,11 @@
 // in the wrong order.
 //
 // Both refuse tokens more than an hour ahead of the clock in microseconds
-// (HTTPOptions.MaxAhead), so a forged token cannot block a resource for
-// good, and keep their tokens under the "http:" namespace, apart from Tx's.
+// (HTTPOptions.MaxAhead), so a forged token cannot block a resource whose
+// tokens are clock-floored (redislock's) for more than that hour; against
+// counter tokens (memlock's) a forged token near the clock still blocks it
+// for good, so only trusted clients should send tokens. They keep their
+// tokens under the "http:" namespace, apart from Tx's.
 // They answer 400 (invalid), 409 (stale) or 503 (store failed) with a
 // generic application/problem+json body and log the cause with log/slog.
 // Transport attaches a lease's token to outgoing requests.

@@ -32,7 +32,8 @@ const (
 type HTTPOptions struct {
 	// Resource chooses the resource a request may touch, from the request
 	// as the server sees it: its path or route, the authenticated caller.
-	// It is required. An error answers 400 and is logged.
+	// It is required. An error, or an empty name, answers 400 and is
+	// logged.
 	// ResourceFromHeader lets the client choose instead.
 	Resource func(*http.Request) (string, error)
 
@@ -44,10 +45,18 @@ type HTTPOptions struct {
 
 	// MaxAhead refuses tokens greater than the clock's time in microseconds
 	// plus MaxAhead, so that one forged token (the int64 maximum, say)
-	// cannot block a resource for good. fence's tokens are a counter or
-	// the lock server's clock in microseconds, whichever is greater, so a
-	// real token is never far ahead of the wall clock. Zero means
-	// DefaultMaxAhead (one hour); a negative value turns the check off.
+	// cannot block a resource for good. redislock's tokens are a counter or
+	// the Redis server's clock in microseconds, whichever is greater, so a
+	// real one is never far ahead of the wall clock (unless the Redis
+	// server's clock is ahead of this one by more than MaxAhead: then real
+	// tokens are refused too). It bounds the harm, it does not prevent it:
+	// a forged token just under the limit still blocks the resource until
+	// the clock passes it (up to MaxAhead), and against tokens that are not
+	// clock-floored (memlock's count from 1, as may other counters) any
+	// forged token near the clock blocks the resource for good. Only
+	// clients trusted with the resource should be able to send tokens.
+	// Zero means DefaultMaxAhead (one hour); a negative value turns the
+	// check off.
 	MaxAhead time.Duration
 
 	// Now is the clock MaxAhead is measured from; nil means time.Now.
@@ -210,6 +219,12 @@ func newHTTPGuard(o HTTPOptions) *httpGuard {
 // unusable it answers 400 and returns false.
 func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence.Token, bool) {
 	resource, err := g.resource(r)
+	if err == nil && resource == "" {
+		// Not a resource but a chooser's mistake (r.PathValue before the
+		// ServeMux has set it, say): every such request would share the
+		// namespace's one resource.
+		err = fmt.Errorf("%w: the chooser returned an empty name", ErrInvalidResource)
+	}
 	if err == nil {
 		err = checkResource(g.namespace + resource)
 	}

@@ -32,8 +32,10 @@ const SQLiteParams = "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txl
 //	db, err := sql.Open("sqlite", guard.SQLiteDSN("payments.db"))
 //
 // Characters that a file: URI treats specially (%, ? and #) are escaped.
-// An in-memory shared-cache database does not suit fenced transactions: its
-// table locks fail with SQLITE_LOCKED without waiting.
+// A shared-cache database (cache=shared, in memory or not) does not suit
+// fenced transactions: with modernc.org/sqlite a transaction that meets
+// another one's table lock waits for it with no bound but ctx (the busy
+// timeout does not apply), and gets no SQLITE_LOCKED, so no ErrRetry.
 func SQLiteDSN(path string) string {
 	return "file:" + uriEscaper.Replace(path) + "?" + SQLiteParams
 }

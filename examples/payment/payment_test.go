@@ -401,3 +401,88 @@ func TestHandlerErrors(t *testing.T) {
 		t.Fatalf("missing payment: %d %q; want 404 with a generic body", code, body)
 	}
 }
+
+// TestCommittedAfterLeaseLostSucceeds: A's lease runs out while its fenced
+// transaction is open (after writing, before the commit), and no newer
+// holder fences the payment meanwhile. The commit stands, since the fence
+// accepted A's token, so Approve must report success with A's token: an
+// error would tell the client (through Handler, a 500) that a payment it
+// was charged for was not approved.
+func TestCommittedAfterLeaseLostSucceeds(t *testing.T) {
+	e := setup(t)
+	for name, db := range e.dbs {
+		t.Run(name, func(t *testing.T) {
+			reset(t, e, db)
+			var paused fence.Token
+			a := &payment.Service{Locker: e.locker, DB: db, Pause: func(ctx context.Context, step payment.Step, _ int64, token fence.Token) {
+				if step != payment.Written {
+					return
+				}
+				paused = token
+				if err := e.redis.Del(ctx, lockKey).Err(); err != nil { // the lease runs out
+					t.Error(err)
+				}
+			}}
+			token, err := a.Approve(ctx(t), 1001, "A")
+			if err != nil || token != paused {
+				t.Fatalf("Approve: token %d, %v; want token %d and no error (the approval committed)", token, err, paused)
+			}
+			charges, err := payment.Charges(ctx(t), db, 1001)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(charges) != 1 || charges[0].By != "A" {
+				t.Fatalf("charges %+v, want A's", charges)
+			}
+		})
+	}
+}
+
+// TestHandlerRetryIs503: when the database gives up on the approval for a
+// concurrent transaction (guard.ErrRetry: here SQLITE_BUSY on a database
+// opened without a busy timeout, its write lock held by another
+// transaction), Handler answers 503 with Retry-After and a generic body,
+// not a 500: nothing was written, and the client may try again.
+func TestHandlerRetryIs503(t *testing.T) {
+	e := setup(t)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "nobusy.db")+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := payment.CreateSchema(ctx(t), db); err != nil {
+		t.Fatal(err)
+	}
+	if err := payment.Insert(ctx(t), db, 1001, 5000); err != nil {
+		t.Fatal(err)
+	}
+	hold, err := db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	if err := guard.Fence(ctx(t), hold, "other", 1); err != nil { // takes the write lock
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	svc := &payment.Service{Locker: e.locker, DB: db, Log: slog.New(slog.NewTextHandler(&logged, nil))}
+	srv := httptest.NewServer(svc.Handler())
+	defer srv.Close()
+	req, _ := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL+"/payments/1001/approve", nil)
+	req.Header.Set("X-Approver", "alice")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || strings.Contains(string(body), "SQLITE") {
+		t.Fatalf("database conflict: %d %q Retry-After %q; want 503 with Retry-After and a generic body", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+	if err := hold.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if charges, err := payment.Charges(ctx(t), db, 1001); err != nil || len(charges) != 0 {
+		t.Fatalf("charges %v (%v), want none", charges, err)
+	}
+}

@@ -2,8 +2,10 @@ package guard_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -217,15 +219,16 @@ func TestHostileHeaders(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		headers []string
+		problem string // the problem type of the answer
 	}{
-		{"huge token", []string{guard.TokenHeader, huge}},
-		{"huge resource", []string{guard.TokenHeader, "5", guard.ResourceHeader, huge}},
-		{"two tokens", []string{guard.TokenHeader, "5", guard.TokenHeader, "9"}},
-		{"two resources", []string{guard.TokenHeader, "5", guard.ResourceHeader, "a", guard.ResourceHeader, "b"}},
-		{"no resource", []string{guard.TokenHeader, "5"}},
-		{"token with a space", []string{guard.TokenHeader, "5 "}},
-		{"control byte in resource", []string{guard.TokenHeader, "5", guard.ResourceHeader, "pay\x00ment"}},
-		{"forged maximum", []string{guard.TokenHeader, "9223372036854775807", guard.ResourceHeader, "payment:1"}},
+		{"huge token", []string{guard.TokenHeader, huge, guard.ResourceHeader, "payment:1"}, guard.ProblemInvalid},
+		{"huge resource", []string{guard.TokenHeader, "5", guard.ResourceHeader, huge}, guard.ProblemResource},
+		{"two tokens", []string{guard.TokenHeader, "5", guard.TokenHeader, "9", guard.ResourceHeader, "payment:1"}, guard.ProblemInvalid},
+		{"two resources", []string{guard.TokenHeader, "5", guard.ResourceHeader, "a", guard.ResourceHeader, "b"}, guard.ProblemResource},
+		{"no resource", []string{guard.TokenHeader, "5"}, guard.ProblemResource},
+		{"token with a space", []string{guard.TokenHeader, "5 ", guard.ResourceHeader, "payment:1"}, guard.ProblemInvalid},
+		{"control byte in resource", []string{guard.TokenHeader, "5", guard.ResourceHeader, "pay\x00ment"}, guard.ProblemResource},
+		{"forged maximum", []string{guard.TokenHeader, "9223372036854775807", guard.ResourceHeader, "payment:1"}, guard.ProblemInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := hookStore{&guard.MemoryStore{}, func(fence.Token) { t.Error("the store was asked") }}
@@ -238,6 +241,12 @@ func TestHostileHeaders(t *testing.T) {
 			mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("handler ran") })).ServeHTTP(w, req)
 			if w.Code != http.StatusBadRequest || w.Body.Len() > 512 || strings.Contains(w.Body.String(), "9999999999999999999999") {
 				t.Fatalf("got %d, %d bytes: %.200s", w.Code, w.Body.Len(), w.Body)
+			}
+			// Refused for the reason the case is about, not for another
+			// header the case forgot.
+			var p guard.Problem
+			if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Type != tc.problem {
+				t.Fatalf("problem %q (%v), want %q: %s", p.Type, err, tc.problem, w.Body)
 			}
 		})
 	}
@@ -284,5 +293,68 @@ func TestCancelledWhileWaiting(t *testing.T) {
 	}
 	if w, _ := serveOnce(mw, func(http.ResponseWriter, *http.Request) {}, "7"); w.Code != http.StatusOK {
 		t.Fatalf("token 7 after its cancelled attempt: %d, want 200 (not spent)", w.Code)
+	}
+}
+
+// A handler that sends an informational answer first (103 Early Hints)
+// and then 200: the 103 is dropped (it would reach the client before the
+// commit), and the 200 commits the handler's write.
+func TestInformationalAnswerThen200Commits(t *testing.T) {
+	for name, s := range stateStores(t) {
+		t.Run(name, func(t *testing.T) {
+			mw := guard.Middleware(s.store, guard.HTTPOptions{Resource: oneResource})
+			w, _ := serveOnce(mw, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Link", "</style.css>; rel=preload")
+				w.WriteHeader(http.StatusEarlyHints)
+				if err := s.write(r, 5); err != nil {
+					t.Error(err)
+				}
+				w.WriteHeader(http.StatusOK)
+				_, _ = io.WriteString(w, "approved")
+			}, "5")
+			if w.Code != http.StatusOK || w.Body.String() != "approved" {
+				t.Fatalf("got %d %q, want 200 approved", w.Code, w.Body)
+			}
+			if v := s.read(t); v != 5 {
+				t.Fatalf("state %d, want 5 (committed)", v)
+			}
+		})
+	}
+}
+
+// joinStore runs fn through a MemoryStore and adds an error of its own to
+// what fn returned, as SQLStore does when the rollback after a failed
+// handler fails too.
+type joinStore struct{ guard.MemoryStore }
+
+var errCleanup = errors.New("cleanup failed")
+
+func (s *joinStore) Do(ctx context.Context, resource string, token fence.Token, fn func(context.Context) error) error {
+	return errors.Join(s.MemoryStore.Do(ctx, resource, token, fn), errCleanup)
+}
+
+// When the handler fails (a non-2xx answer, or a panic) and the store adds
+// a failure of its own, the handler's answer or panic goes on, and the
+// store's failure is logged at level Error.
+func TestStoreFailureAfterHandlerFailureIsLogged(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler http.HandlerFunc
+	}{
+		{"non-2xx", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "no", http.StatusTeapot) }},
+		{"panic", func(http.ResponseWriter, *http.Request) { panic("boom") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logged strings.Builder
+			log := slog.New(slog.NewTextHandler(&logged, nil))
+			mw := guard.Middleware(&joinStore{}, guard.HTTPOptions{Resource: oneResource, Logger: log})
+			w, panicked := serveOnce(mw, tc.handler, "5")
+			if tc.name == "panic" && panicked != "boom" || tc.name != "panic" && w.Code != http.StatusTeapot {
+				t.Fatalf("got %d, panic %v; want the handler's answer or panic", w.Code, panicked)
+			}
+			if !strings.Contains(logged.String(), "level=ERROR") || !strings.Contains(logged.String(), errCleanup.Error()) {
+				t.Fatalf("the store's own failure was not logged: %q", logged.String())
+			}
+		})
 	}
 }

@@ -515,3 +515,31 @@ func TestParseToken(t *testing.T) {
 		}
 	}
 }
+
+// A chooser that returns "" is a mistake, the commonest being Middleware
+// wrapped around a ServeMux, where r.PathValue is still empty: every
+// request would share the one resource named by the namespace alone
+// ("http:"), and tokens of different locks would be compared with each
+// other (here a payment's request is refused as stale because of
+// another payment's token). It is refused as a chooser's failure instead.
+func TestEmptyResourceRefused(t *testing.T) {
+	opts := guard.HTTPOptions{Resource: func(r *http.Request) (string, error) { return r.PathValue("id"), nil }}
+	for name, mw := range guards(t, opts) {
+		t.Run(name, func(t *testing.T) {
+			var served atomic.Int32
+			mux := http.NewServeMux()
+			mux.Handle("POST /payments/{id}", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served.Add(1) }))
+			srv := httptest.NewServer(mw(mux)) // the middleware outside the mux: no path values yet
+			defer srv.Close()
+			for _, tc := range []struct{ path, token string }{{"/payments/1", "10"}, {"/payments/2", "5"}} {
+				code, p, body := send(t, srv.Client(), srv.URL+tc.path, guard.TokenHeader, tc.token)
+				if code != http.StatusBadRequest || p.Type != guard.ProblemResource {
+					t.Fatalf("%s token %s with an empty resource: %d %s, want 400 %s", tc.path, tc.token, code, body, guard.ProblemResource)
+				}
+			}
+			if n := served.Load(); n != 0 {
+				t.Fatalf("handler ran %d times, want 0", n)
+			}
+		})
+	}
+}

@@ -347,3 +347,33 @@ func TestExecSIGTERMWhileRunning(t *testing.T) {
 		t.Error("the lock is still held after fence exited")
 	}
 }
+
+// TestExecEndsStoppedLeftover: the command leaves a background process that
+// is stopped (here it stops itself; ^Z or SIGTTIN do the same). A stopped
+// process does not act on SIGTERM until it is continued, so fence sends
+// SIGCONT after the SIGTERM: the leftover ends at once, not after --grace
+// (an hour here) with SIGKILL.
+func TestExecEndsStoppedLeftover(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	script := `
+		sh -c 'kill -STOP $$; exec sleep 63' & echo $! > D/bg.tmp; mv D/bg.tmp D/bg
+		until grep -q '^State:[[:space:]]*T' /proc/$(cat D/bg)/status; do :; done`
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, fenceBin, "exec", "--redis", redisURL(srv), "--grace", "1h", "stopped", "--",
+		"sh", "-c", strings.ReplaceAll(script, "D/", dir+"/"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	bg := readPID(t, filepath.Join(dir, "bg"))
+	t.Cleanup(func() { _ = syscall.Kill(bg, syscall.SIGKILL) })
+	if err != nil || strings.Contains(stderr.String(), "SIGKILL") {
+		t.Fatalf("fence exec: %v (a stopped leftover must end on SIGTERM without waiting for --grace); stderr: %s", err, stderr.String())
+	}
+	if syscall.Kill(bg, 0) == nil {
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(bg) + "/stat"); !strings.Contains(string(b), ") Z ") {
+			t.Fatalf("the stopped leftover (pid %d) still runs after fence exec returned: %s", bg, b)
+		}
+	}
+}
