@@ -93,8 +93,9 @@ const revokeFor = time.Minute
 
 // releaseAbandoned gives back a lock that an acquisition given up on took
 // or may still take, owner-checked: it deletes the lock if the acquisition
-// ran, and otherwise revokes it so that it refuses if it runs later. It
-// tries within the lease time (after it the lock has expired anyway).
+// ran, and revokes the owner either way, so that any of its acquisitions
+// that runs later refuses. It tries within the lease time (after it the
+// lock has expired anyway).
 func (l *Locker) releaseAbandoned(a attempt) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(a.ttl, time.Second))
 	defer cancel()

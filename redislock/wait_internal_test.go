@@ -191,3 +191,37 @@ func TestRevokedAcquisitionRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestRevocationOutlivesATakenLock: a waiting Acquire whose try times out
+// on the client (server paused) tries again with the same owner, so two of
+// its acquire scripts can sit in the server's socket, on two connections.
+// When it gives up, the revocation may run between them: the first takes
+// the lock, the revocation deletes it, and the second must not take it
+// again for a full lease that nobody holds.
+func TestRevocationOutlivesATakenLock(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "lock:payment:1001"
+	a := attempt{name: name, keys: l.keys(name), owner: newOwner(), ttl: time.Minute}
+	lease, _, err := l.try(ctx, &a) // the first try, run late
+	if err != nil || lease == nil {
+		t.Fatalf("try: %v", err)
+	}
+	lease.end(fence.ErrReleased)   // stops its expiry timer; the lock stays
+	l.releaseAbandoned(a)          // the give-up's revocation
+	lease, _, err = l.try(ctx, &a) // the retry, run after it
+	if lease != nil {
+		lease.end(fence.ErrReleased)
+	}
+	if lease != nil || err != nil {
+		t.Errorf("the retry of a revoked acquisition took the lock again: lease %v, err %v", lease, err)
+	}
+	if n := srv.Client(t).Exists(ctx, a.keys.lock).Val(); n != 0 {
+		t.Fatal("the lock is held by an acquisition that was given up on")
+	}
+}
