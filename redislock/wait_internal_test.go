@@ -225,3 +225,37 @@ func TestRevocationOutlivesATakenLock(t *testing.T) {
 		t.Fatal("the lock is held by an acquisition that was given up on")
 	}
 }
+
+// TestWakeUpPassesOnWhenWaiterLeaves: a release wakes one local waiter. If
+// that waiter leaves before it uses the wake-up (its budget ends, its
+// context is cancelled), the wake-up must pass to the next waiter, or the
+// release reaches nobody.
+func TestWakeUpPassesOnWhenWaiterLeaves(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	channel := l.keys("lock:payment:1001").channel
+	wakeA, _, leaveA, err := l.join(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wakeB, _, leaveB, err := l.join(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leaveB()
+	if err := srv.Client(t).Publish(ctx, channel, "released").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return len(wakeA) == 1 }) // A, the first, got it
+	leaveA()                                              // without using it
+	select {
+	case <-wakeB:
+	case <-ctx.Done():
+		t.Fatal("the wake-up of a waiter that left reached nobody")
+	}
+}
