@@ -109,3 +109,82 @@ func TestRevocationOutlastsAPause(t *testing.T) {
 	eventually(t, func() bool { return admin.Exists(ctx, l.keys(name).lock).Val() == 0 })
 	t.Logf("%d failed revocation tries", hook.n.Load())
 }
+
+// sentHook tells sent when a script call on key starts.
+type sentHook struct {
+	key  string
+	sent chan struct{}
+}
+
+func (h *sentHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *sentHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.HasPrefix(cmd.Name(), "eval") {
+			for _, a := range cmd.Args() {
+				if s, ok := a.(string); ok && s == h.key {
+					select {
+					case h.sent <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *sentHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestCancelledAcquisitionRevoked: an Acquire cancelled (not timed out)
+// while its script sits in a paused server's socket returns at once; the
+// late reply (here the client's own read timeout) must revoke the
+// acquisition, so that it does not take the lock when the server resumes.
+// A cancellation is not a transient error, so only the give-up's callback
+// covers this case.
+func TestCancelledAcquisitionRevoked(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const name = "lock:payment:1001"
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute)) // loads the scripts, caches the counts
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hook := &sentHook{key: l.keys(name).lock, sent: make(chan struct{}, 1)}
+	c.AddHook(hook)
+
+	srv.Signal(syscall.SIGSTOP)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			srv.Signal(syscall.SIGCONT)
+		}
+	})
+	actx, acancel := context.WithCancel(ctx)
+	go func() {
+		<-hook.sent
+		acancel()
+	}()
+	if _, err := l.Acquire(actx, name, fence.TTL(time.Minute)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire = %v, want context.Canceled", err)
+	}
+	// The revocation, sent after the client's read timeout, runs after the
+	// acquisition on the resumed server, or before it.
+	srv.Signal(syscall.SIGCONT)
+	resumed = true
+	admin := srv.Client(t)
+	eventually(t, func() bool {
+		return admin.Exists(ctx, l.keys(name).lock).Val() == 0 &&
+			len(admin.Keys(ctx, l.keys(name).lock+":revoked:*").Val()) == 1
+	})
+}
