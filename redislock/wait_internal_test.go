@@ -259,3 +259,58 @@ func TestWakeUpPassesOnWhenWaiterLeaves(t *testing.T) {
 		t.Fatal("the wake-up of a waiter that left reached nobody")
 	}
 }
+
+// TestReleaseWhileSubscribing: the lock is released after a waiter's try
+// found it held but before its subscription was confirmed; the release
+// message reaches nobody. The waiter must try again as soon as it is
+// subscribed, not sleep for the holder's TTL (a minute here).
+func TestReleaseWhileSubscribing(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const name = "lock:payment:1001"
+	holders, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := holders.Acquire(ctx, name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t)
+	gate := &dialGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	c.AddHook(gate)
+	if err := c.Ping(ctx).Err(); err != nil { // one pooled connection for the tries
+		t.Fatal(err)
+	}
+	gate.armed.Store(true) // from now on only the subscription dials
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		got <- result{lease, err}
+	}()
+	<-gate.entered // tried, found it held, now subscribing
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	close(gate.release)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("waiter = %v after %v; want the lock released while it subscribed", r.err, time.Since(released).Round(time.Millisecond))
+	}
+	if took := time.Since(released); took > 5*time.Second {
+		t.Errorf("the waiter took the lock %v after the release", took)
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
