@@ -2,7 +2,9 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -93,10 +95,27 @@ const revokeFor = time.Minute
 
 // releaseAbandoned gives back a lock that an acquisition given up on took
 // or may still take, owner-checked: it deletes the lock if the acquisition
-// ran, and otherwise revokes it so that it refuses if it runs later. It
-// tries within the lease time (after it the lock has expired anyway).
+// ran, and revokes the owner either way, so that any of its acquisitions
+// that runs later refuses. A try that fails on the way (the server still
+// paused, the pool exhausted) is retried with back-off within the lease
+// time: the acquisition may still be sitting in the server's socket, and
+// unrevoked it would take the lock for a lease that nobody holds. A refused
+// connection ends it: the server that could have run the acquisition is
+// gone, and the acquisition with it.
 func (l *Locker) releaseAbandoned(a attempt) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(a.ttl, time.Second))
 	defer cancel()
-	_, _ = l.releaseOwned(ctx, &a, max(a.ttl, revokeFor))
+	for failures := 1; ; failures++ {
+		_, err := l.releaseOwned(ctx, &a, max(a.ttl, revokeFor))
+		if err == nil || !transient(err) || errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
+			return
+		}
+		pause := time.NewTimer(retryBackoff(failures))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return
+		case <-pause.C:
+		}
+	}
 }

@@ -89,7 +89,9 @@
 // connection, yet the command may still run) is revoked: the release script
 // leaves a mark, P:{N}:revoked:<owner>, for a minute, and the acquire script
 // refuses a marked owner, so the lock is freed whichever of the two runs
-// first.
+// first. The mark is left even when the release deletes the lock: a waiting
+// Acquire retries with the same owner, so more than one of its acquisitions
+// may be on its way.
 //
 // A lease proves nothing once its holder has paused: pass its Token to the
 // protected resource and have the resource reject stale tokens.

@@ -91,6 +91,8 @@ func TestHungRedisReturnsByDeadline(t *testing.T) {
 			})
 		}
 		within(t, "Status", func(ctx context.Context) error { _, err := l.Status(ctx, "lock:payment:1001"); return err })
+		within(t, "ReplicaCounts", func(ctx context.Context) error { _, err := l.ReplicaCounts(ctx, "lock:payment:1001"); return err })
+		within(t, "SetExpectedReplicas", func(ctx context.Context) error { return l.SetExpectedReplicas(ctx, "lock:payment:1001", 0) })
 	})
 	t.Run("paused-server", func(t *testing.T) {
 		srv := redistest.Start(t)
@@ -116,6 +118,8 @@ func TestHungRedisReturnsByDeadline(t *testing.T) {
 		within(t, "Extend", func(ctx context.Context) error { return held.Extend(ctx, time.Minute) })
 		within(t, "Release", func(ctx context.Context) error { return held.Release(ctx) })
 		within(t, "Status", func(ctx context.Context) error { _, err := l.Status(ctx, "held"); return err })
+		within(t, "ReplicaCounts", func(ctx context.Context) error { _, err := l.ReplicaCounts(ctx, "held"); return err })
+		within(t, "SetExpectedReplicas", func(ctx context.Context) error { return l.SetExpectedReplicas(ctx, "held", 0) })
 
 		// The acquisitions given up on may sit in the server's socket and
 		// run when it resumes; each is then given back or revoked, so

@@ -372,9 +372,9 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
-// deleted the lock (and told waiters). With revoke > 0, when the lock is not
-// this owner's, it also leaves a mark for that long that makes a late run of
-// this owner's acquire script refuse (see release.lua).
+// deleted the lock (and told waiters). With revoke > 0 it also leaves a
+// mark for that long, whether or not it deleted the lock, that makes any
+// later run of this owner's acquire script refuse (see release.lua).
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
 	publish := "PUBLISH"
 	if l.sharded {

@@ -6,13 +6,15 @@
 -- Revoking gives up an acquisition whose reply was lost: it may not have run
 -- yet (sitting in a paused server's socket). The mark makes the acquire
 -- script refuse that owner if it runs later, so the lock is freed whichever
--- of the two runs first.
+-- of the two runs first. It is left even when this run deletes the lock: a
+-- waiting Acquire retries with the same owner, so another of its acquire
+-- scripts may still be on its way, on another connection.
+if ARGV[3] then
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
+end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call(ARGV[2], KEYS[2], 'released')
   return 1
-end
-if ARGV[3] then
-  redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
 end
 return 0

@@ -262,11 +262,13 @@ func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts,
 	if err := fence.ValidateName(name); err != nil {
 		return ReplicaCounts{}, err
 	}
-	_, c, err := l.primaryFor(ctx, l.keys(name).lock)
-	if err != nil {
-		return ReplicaCounts{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
-	}
-	r, err := l.readReplicas(ctx, c, "read")
+	r, err := bounded(ctx, func(ctx context.Context) (ReplicaCounts, error) {
+		_, c, err := l.primaryFor(ctx, l.keys(name).lock)
+		if err != nil {
+			return ReplicaCounts{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
+		}
+		return l.readReplicas(ctx, c, "read")
+	}, nil)
 	if err == nil && l.sync.Replicas > 0 {
 		r.Expected = l.sync.Replicas
 	}
@@ -292,16 +294,20 @@ func (l *Locker) SetExpectedReplicas(ctx context.Context, name string, n int) er
 	if n < 0 || n > 999999 {
 		return fmt.Errorf("%w: redislock: expected replicas %d out of range", fence.ErrInvalidOption, n)
 	}
-	node, c, err := l.primaryFor(ctx, l.keys(name).lock)
-	if err != nil {
-		return fmt.Errorf("redislock: set expected replicas: %w", err)
-	}
-	r, err := l.readReplicas(ctx, c, "set", n)
-	if err != nil {
-		return err
-	}
-	l.cacheReplicas(node, r, l.replicas.now())
-	return nil
+	// A call given up on may still run: the record is then set, as asked,
+	// a moment later; this Locker reads it again within 10 s.
+	_, err := bounded(ctx, func(ctx context.Context) (struct{}, error) {
+		node, c, err := l.primaryFor(ctx, l.keys(name).lock)
+		if err != nil {
+			return struct{}{}, fmt.Errorf("redislock: set expected replicas: %w", err)
+		}
+		r, err := l.readReplicas(ctx, c, "set", n)
+		if err == nil {
+			l.cacheReplicas(node, r, l.replicas.now())
+		}
+		return struct{}{}, err
+	}, nil)
+	return err
 }
 
 // required applies the acknowledgement rule to the expected replica count.

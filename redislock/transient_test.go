@@ -199,3 +199,22 @@ func TestWaitRidesOutSentinelFailover(t *testing.T) {
 		t.Fatalf("the promoted primary's token record is %d (%v); the waiters' tokens %v were not issued there", last, err, tokens)
 	}
 }
+
+// TestACLErrorEndsWait: an ACL refusal (NOPERM: the user may not touch
+// fence's keys) cannot pass by itself either; it ends a 10 s wait at once.
+func TestACLErrorEndsWait(t *testing.T) {
+	srv := redistest.Start(t)
+	if err := srv.Client(t).Do(ctx(t), "ACL", "SETUSER", "app", "on", ">pw", "~other:*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
+	t.Cleanup(func() { _ = c.Close() })
+	start := time.Now()
+	_, err := newLocker(t, c).Acquire(ctx(t), "lock:payment:1001", fence.Wait(10*time.Second))
+	if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Acquire = %v, want ErrNotAcquired with NOPERM", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("an ACL error took %v to end the wait", took)
+	}
+}

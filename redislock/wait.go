@@ -255,11 +255,26 @@ func (l *Locker) subscribe(ctx context.Context, w *watch) (*redis.PubSub, error)
 }
 
 // resubscribe replaces w's sharded subscription old with one on the node
-// that owns the channel's slot now.
+// that owns the channel's slot now. It tries again, with back-off, until it
+// succeeds or the last waiter leaves (ctx ends): the waiters joined the
+// watch and wait on it, so a watch given up here would never wake them
+// again. The confirmation of the new subscription wakes them all (read).
 func (l *Locker) resubscribe(ctx context.Context, w *watch, old *redis.PubSub) (*redis.PubSub, error) {
 	_ = old.Close()
-	if cc, ok := l.client.(*redis.ClusterClient); ok {
-		cc.ReloadState(ctx)
+	for failures := 1; ; failures++ {
+		if cc, ok := l.client.(*redis.ClusterClient); ok {
+			cc.ReloadState(ctx)
+		}
+		ps, err := l.subscribe(ctx, w)
+		if err == nil || ctx.Err() != nil || errors.Is(err, errWatchClosed) {
+			return ps, err
+		}
+		pause := time.NewTimer(min(time.Duration(failures)*10*time.Millisecond, time.Second))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return nil, errors.Join(err, ctx.Err())
+		case <-pause.C:
+		}
 	}
-	return l.subscribe(ctx, w)
 }

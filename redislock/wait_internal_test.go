@@ -191,3 +191,126 @@ func TestRevokedAcquisitionRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestRevocationOutlivesATakenLock: a waiting Acquire whose try times out
+// on the client (server paused) tries again with the same owner, so two of
+// its acquire scripts can sit in the server's socket, on two connections.
+// When it gives up, the revocation may run between them: the first takes
+// the lock, the revocation deletes it, and the second must not take it
+// again for a full lease that nobody holds.
+func TestRevocationOutlivesATakenLock(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "lock:payment:1001"
+	a := attempt{name: name, keys: l.keys(name), owner: newOwner(), ttl: time.Minute}
+	lease, _, err := l.try(ctx, &a) // the first try, run late
+	if err != nil || lease == nil {
+		t.Fatalf("try: %v", err)
+	}
+	lease.end(fence.ErrReleased)   // stops its expiry timer; the lock stays
+	l.releaseAbandoned(a)          // the give-up's revocation
+	lease, _, err = l.try(ctx, &a) // the retry, run after it
+	if lease != nil {
+		lease.end(fence.ErrReleased)
+	}
+	if lease != nil || err != nil {
+		t.Errorf("the retry of a revoked acquisition took the lock again: lease %v, err %v", lease, err)
+	}
+	if n := srv.Client(t).Exists(ctx, a.keys.lock).Val(); n != 0 {
+		t.Fatal("the lock is held by an acquisition that was given up on")
+	}
+}
+
+// TestWakeUpPassesOnWhenWaiterLeaves: a release wakes one local waiter. If
+// that waiter leaves before it uses the wake-up (its budget ends, its
+// context is cancelled), the wake-up must pass to the next waiter, or the
+// release reaches nobody.
+func TestWakeUpPassesOnWhenWaiterLeaves(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	channel := l.keys("lock:payment:1001").channel
+	wakeA, _, leaveA, err := l.join(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wakeB, _, leaveB, err := l.join(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leaveB()
+	if err := srv.Client(t).Publish(ctx, channel, "released").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return len(wakeA) == 1 }) // A, the first, got it
+	leaveA()                                              // without using it
+	select {
+	case <-wakeB:
+	case <-ctx.Done():
+		t.Fatal("the wake-up of a waiter that left reached nobody")
+	}
+}
+
+// TestReleaseWhileSubscribing: the lock is released after a waiter's try
+// found it held but before its subscription was confirmed; the release
+// message reaches nobody. The waiter must try again as soon as it is
+// subscribed, not sleep for the holder's TTL (a minute here).
+func TestReleaseWhileSubscribing(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const name = "lock:payment:1001"
+	holders, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := holders.Acquire(ctx, name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t)
+	gate := &dialGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	c.AddHook(gate)
+	if err := c.Ping(ctx).Err(); err != nil { // one pooled connection for the tries
+		t.Fatal(err)
+	}
+	gate.armed.Store(true) // from now on only the subscription dials
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		got <- result{lease, err}
+	}()
+	<-gate.entered // tried, found it held, now subscribing
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	close(gate.release)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("waiter = %v after %v; want the lock released while it subscribed", r.err, time.Since(released).Round(time.Millisecond))
+	}
+	if took := time.Since(released); took > 5*time.Second {
+		t.Errorf("the waiter took the lock %v after the release", took)
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
