@@ -74,8 +74,10 @@
 // erring early by 1%), and the script refuses to move the expiry once that
 // has passed. A renewal that sat in a paused server's socket until after
 // the holder gave up therefore cannot keep the lock for a lease nobody uses;
-// the lock expires when it would have. This relies only on the two clocks'
-// rates agreeing within 1% over one lease, not on their settings.
+// the lock expires when it would have. This relies on the two clocks'
+// rates agreeing within 1% over one lease, not on their settings agreeing;
+// a server clock that steps backwards during a lease loosens it (as it
+// loosens Redis's own key expiry).
 //
 // # Deadlines
 //

@@ -68,7 +68,10 @@ func transient(err error) bool {
 		strings.Contains(msg, "all sentinels specified in configuration are unreachable")
 }
 
+// isNetTimeout reports a socket timeout. context.DeadlineExceeded is a
+// net.Error too, with Timeout true; it is the caller's deadline, not the
+// network's, and does not count.
 func isNetTimeout(err error) bool {
 	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	return errors.As(err, &ne) && ne.Timeout() && !errors.Is(ne, context.DeadlineExceeded)
 }
