@@ -71,7 +71,7 @@ func TestWaiterSurvivesFailedResubscribe(t *testing.T) {
 	eventually(t, func() bool { // the waiter is on a confirmed subscription
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		w := l.watches[channel]
+		w := l.subscriptions[channel]
 		if w == nil || len(w.waiters) == 0 {
 			return false
 		}

@@ -14,9 +14,9 @@ import (
 // deadline unless a renewal moved the deadline first; a watchdog lease has a
 // goroutine that renews it every third of its TTL.
 type lease struct {
-	l     *Locker
-	a     attempt
-	token fence.Token
+	locker  *Locker
+	attempt attempt // the acquisition's name, keys, owner and TTL
+	token   fence.Token
 
 	ctx    context.Context // cancelled with the lease's Err as cause when it ends
 	cancel context.CancelCauseFunc
@@ -42,7 +42,7 @@ type lease struct {
 var _ fence.Lease = (*lease)(nil)
 
 func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent, replied time.Time, serverMs int64) *lease {
-	ls := &lease{l: l, a: *a, token: token, serverAt: serverMs, repliedAt: replied}
+	ls := &lease{locker: l, attempt: *a, token: token, serverAt: serverMs, repliedAt: replied}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.deadline = deadline(sent, a.ttl)
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
@@ -54,7 +54,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 		var wdCtx context.Context
 		wdCtx, ls.stopWatchdog = context.WithCancel(ls.ctx)
 		ls.watchdogDone = make(chan struct{})
-		go ls.watch(wdCtx)
+		go ls.keepRenewed(wdCtx)
 	}
 	return ls
 }
@@ -66,13 +66,13 @@ func deadline(sent time.Time, ttl time.Duration) time.Time {
 	return sent.Add(ttl - ttl/100 - 2*time.Millisecond)
 }
 
-func (ls *lease) Name() string             { return ls.a.name }
+func (ls *lease) Name() string             { return ls.attempt.name }
 func (ls *lease) Token() fence.Token       { return ls.token }
 func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
 func (ls *lease) Context() context.Context { return ls.ctx }
 func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
 func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
-func (ls *lease) String() string           { return fmt.Sprintf("lease %q token %d", ls.a.name, ls.token) }
+func (ls *lease) String() string           { return fmt.Sprintf("lease %q token %d", ls.attempt.name, ls.token) }
 
 // end records why the lease ended and cancels its context; the first call wins.
 func (ls *lease) end(why error) {
@@ -86,12 +86,12 @@ func (ls *lease) end(why error) {
 	ls.cancel(why)
 }
 
-// watch is the watchdog: it renews the lease every third of its TTL until
+// keepRenewed is the watchdog: it renews the lease every third of its TTL until
 // the lease ends or Release stops it. A failed renewal is retried sooner;
 // the expiry timer ends the lease if none succeeds before the deadline.
-func (ls *lease) watch(ctx context.Context) {
+func (ls *lease) keepRenewed(ctx context.Context) {
 	defer close(ls.watchdogDone)
-	every := ls.a.ttl / 3
+	every := ls.attempt.ttl / 3
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	for {
@@ -101,7 +101,7 @@ func (ls *lease) watch(ctx context.Context) {
 		case <-timer.C:
 		}
 		rctx, cancel := context.WithDeadline(ctx, ls.Deadline())
-		err := ls.renew(rctx, ls.a.ttl)
+		err := ls.renew(rctx, ls.attempt.ttl)
 		cancel()
 		switch {
 		case errors.Is(err, fence.ErrLeaseLost):
@@ -128,16 +128,16 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	serverDeadline := ls.serverAt + (left - left/100).Milliseconds() - 1
 	ls.mu.Unlock()
 	sent := time.Now()
-	r, err := ls.l.evalBounded(ctx, func(r synced, err error) {
+	r, err := ls.locker.evalBounded(ctx, func(r synced, err error) {
 		// Given up on, but it moved the expiry after all: if the lease
 		// has ended meanwhile, nobody will use the lock; give it back.
 		if err != nil || r.reply == nil {
 			return
 		}
 		if res, _ := r.reply.Int64Slice(); len(res) == 2 && res[0] == 1 && ls.Err() != nil {
-			ls.l.releaseAbandoned(ls.a)
+			ls.locker.releaseAbandoned(ls.attempt)
 		}
-	}, extendScript, []string{ls.a.keys.lock}, ls.a.owner, ttl.Milliseconds(), serverDeadline)
+	}, extendScript, []string{ls.attempt.keys.lock}, ls.attempt.owner, ttl.Milliseconds(), serverDeadline)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -148,19 +148,19 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
-		return fmt.Errorf("redislock: extend %q: %w", ls.a.name, err)
+		return fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, err)
 	}
 	n := res[0]
 	if n == -1 {
-		late := fmt.Errorf("%w: %q: the renewal reached Redis after the lease's deadline", fence.ErrLeaseLost, ls.a.name)
+		late := fmt.Errorf("%w: %q: the renewal reached Redis after the lease's deadline", fence.ErrLeaseLost, ls.attempt.name)
 		ls.end(late)
 		return late
 	}
 	if n == 1 && acked < required {
-		return fmt.Errorf("redislock: extend %q: %w", ls.a.name, &fence.NotReplicatedError{Acked: acked, Required: required})
+		return fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, &fence.NotReplicatedError{Acked: acked, Required: required})
 	}
 	if n == 0 {
-		lost := fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.a.name)
+		lost := fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 		ls.end(lost)
 		return lost
 	}
@@ -200,16 +200,16 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.stopWatchdog()
 		<-ls.watchdogDone
 	}
-	deleted, err := ls.l.releaseOwned(ctx, &ls.a, 0)
+	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, 0)
 	lostBefore := ls.Err()
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
 	case err != nil:
 		ls.end(fence.ErrReleased)
-		return fmt.Errorf("redislock: release %q: %w", ls.a.name, err)
+		return fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
 	case !deleted:
-		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.a.name)
+		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 	}
 	if err == nil {
 		ls.end(fence.ErrReleased)

@@ -33,7 +33,7 @@ func TestRenewalAfterDeadlineRefusedByScript(t *testing.T) {
 			t.Fatal(err)
 		}
 		ls := fl.(*lease)
-		if err := admin.PExpire(ctx, ls.a.keys.lock, 5*time.Second).Err(); err != nil {
+		if err := admin.PExpire(ctx, ls.attempt.keys.lock, 5*time.Second).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if late {
@@ -42,7 +42,7 @@ func TestRenewalAfterDeadlineRefusedByScript(t *testing.T) {
 			ls.mu.Unlock()
 		}
 		err = ls.Extend(ctx, time.Minute)
-		pttl := admin.PTTL(ctx, ls.a.keys.lock).Val()
+		pttl := admin.PTTL(ctx, ls.attempt.keys.lock).Val()
 		switch {
 		case !late && (err != nil || pttl <= 5*time.Second):
 			t.Fatalf("renewal in time: Extend = %v, lock TTL %v; want nil and about a minute", err, pttl)

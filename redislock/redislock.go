@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -59,8 +60,8 @@ type Locker struct {
 	sync      ReplicaSync
 	replicas  replicaCounts
 
-	mu      sync.Mutex
-	watches map[string]*watch // release channel → subscription
+	mu            sync.Mutex
+	subscriptions map[string]*subscription // release channel → subscription
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -83,15 +84,15 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		o = *opts
 	}
 	l := &Locker{
-		client:    client,
-		prefix:    or(o.Prefix, DefaultPrefix),
-		watchdog:  or(o.WatchdogTTL, DefaultWatchdogTTL),
-		retention: or(o.TokenRetention, DefaultTokenRetention),
-		watches:   make(map[string]*watch),
-		sync:      o.ReplicaSync,
-		replicas:  replicaCounts{now: time.Now, nodes: make(map[string]*nodeReplicas)},
+		client:        client,
+		prefix:        cmp.Or(o.Prefix, DefaultPrefix),
+		watchdog:      cmp.Or(o.WatchdogTTL, DefaultWatchdogTTL),
+		retention:     cmp.Or(o.TokenRetention, DefaultTokenRetention),
+		subscriptions: make(map[string]*subscription),
+		sync:          o.ReplicaSync,
+		replicas:      replicaCounts{now: time.Now, nodes: make(map[string]*nodeReplicas)},
 	}
-	l.sync.Timeout = or(l.sync.Timeout, time.Second)
+	l.sync.Timeout = cmp.Or(l.sync.Timeout, time.Second)
 	if s := l.sync; s.Acks < AcksAll || s.Replicas < 0 || s.Timeout < time.Millisecond {
 		return nil, fmt.Errorf("%w: redislock: replica sync %+v", fence.ErrInvalidOption, s)
 	}
@@ -106,14 +107,6 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		return nil, fmt.Errorf("%w: redislock: negative token retention %v", fence.ErrInvalidOption, l.retention)
 	}
 	return l, nil
-}
-
-func or[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // keys are the Redis keys of one lock name. They share the hash tag {name},

@@ -9,18 +9,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// watch is one subscription to a lock's release channel, shared by every
-// Acquire of this Locker that waits on that lock. A release message wakes
-// one local waiter, not all of them: only one can win.
+// subscription is one subscription to a lock's release channel, shared by
+// every Acquire of this Locker that waits on that lock, with its waiters. A
+// release message wakes one local waiter, not all of them: only one can win.
 //
-// The subscription belongs to the watch, not to the waiter that happened to
-// come first: its reader goroutine subscribes with the watch's own context,
-// so a waiter whose budget ends during the subscribe leaves without failing
-// the others. The watch lives while someone waits; when the last waiter
-// leaves, it is taken out of Locker.watches and its reader ends. A watch
-// whose subscription failed is taken out at once, so the next waiter
-// subscribes afresh.
-type watch struct {
+// The subscription belongs to none of its waiters: its reader goroutine
+// subscribes with the subscription's own context, so a waiter whose budget
+// ends during the subscribe leaves without failing the others. It lives
+// while someone waits; when the last waiter leaves, it is taken out of
+// Locker.subscriptions and its reader ends. One that failed is taken out at
+// once, so the next waiter subscribes afresh.
+type subscription struct {
 	channel string
 	waiters []chan struct{} // each waiter's wake-up, capacity 1, in arrival order; guarded by Locker.mu
 	ps      *redis.PubSub   // set by the reader once subscribed; guarded by Locker.mu
@@ -42,12 +41,12 @@ type watch struct {
 func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}, readyAt time.Time, leave func(), err error) {
 	me := make(chan struct{}, 1)
 	l.mu.Lock()
-	w := l.watches[channel]
+	w := l.subscriptions[channel]
 	if w == nil {
 		var wctx context.Context
 		wctx, stop := context.WithCancel(context.Background())
-		w = &watch{channel: channel, ready: make(chan struct{}), stop: stop}
-		l.watches[channel] = w
+		w = &subscription{channel: channel, ready: make(chan struct{}), stop: stop}
+		l.subscriptions[channel] = w
 		go l.read(wctx, w)
 	}
 	w.waiters = append(w.waiters, me)
@@ -67,16 +66,16 @@ func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}
 	return me, w.readyAt, leave, nil
 }
 
-func (w *watch) setReady(err error) {
+func (w *subscription) setReady(err error) {
 	w.readyOnce.Do(func() { w.readyErr, w.readyAt = err, time.Now(); close(w.ready) })
 }
 
 // leave unregisters a waiter. A wake-up it received but did not use passes
-// to another waiter. The last waiter ends the watch. leave does not wait
+// to another waiter. The last waiter ends the subscription. leave does not wait
 // for the reader: on a server that hangs, closing the subscription can take
 // as long as the client's read timeout, and the caller's deadline comes
 // first.
-func (l *Locker) leave(w *watch, me chan struct{}) {
+func (l *Locker) leave(w *subscription, me chan struct{}) {
 	l.mu.Lock()
 	for i, c := range w.waiters {
 		if c == me {
@@ -92,8 +91,8 @@ func (l *Locker) leave(w *watch, me chan struct{}) {
 	var ps *redis.PubSub
 	if len(w.waiters) == 0 && !w.closed {
 		w.closed, ps = true, w.ps
-		if l.watches[w.channel] == w {
-			delete(l.watches, w.channel)
+		if l.subscriptions[w.channel] == w {
+			delete(l.subscriptions, w.channel)
 		}
 	}
 	last := w.closed
@@ -106,12 +105,12 @@ func (l *Locker) leave(w *watch, me chan struct{}) {
 	}
 }
 
-// drop takes a failed watch out of Locker.watches so that the next waiter
+// drop takes a failed subscription out of Locker.subscriptions so that the next waiter
 // subscribes afresh. Its present waiters get err.
-func (l *Locker) drop(w *watch, err error) {
+func (l *Locker) drop(w *subscription, err error) {
 	l.mu.Lock()
-	if l.watches[w.channel] == w {
-		delete(l.watches, w.channel)
+	if l.subscriptions[w.channel] == w {
+		delete(l.subscriptions, w.channel)
 	}
 	l.mu.Unlock()
 	w.setReady(err)
@@ -119,7 +118,7 @@ func (l *Locker) drop(w *watch, err error) {
 
 // wakeOne wakes the longest-waiting waiter that has no wake-up pending, so
 // that local waiters get the lock in the order they came. l.mu is held.
-func (l *Locker) wakeOne(w *watch) {
+func (l *Locker) wakeOne(w *subscription) {
 	for _, c := range w.waiters {
 		select {
 		case c <- struct{}{}:
@@ -130,7 +129,7 @@ func (l *Locker) wakeOne(w *watch) {
 }
 
 // wakeAll wakes every waiter: messages may have been lost.
-func (l *Locker) wakeAll(w *watch) {
+func (l *Locker) wakeAll(w *subscription) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, c := range w.waiters {
@@ -145,8 +144,8 @@ func (l *Locker) wakeAll(w *watch) {
 // waiter leaves. When the connection breaks after the subscription was
 // confirmed, go-redis reconnects and resubscribes on the next receive;
 // releases published meanwhile are lost, so every waiter is woken to look
-// for itself. An error before the confirmation fails the watch.
-func (l *Locker) read(ctx context.Context, w *watch) {
+// for itself. An error before the confirmation fails the subscription.
+func (l *Locker) read(ctx context.Context, w *subscription) {
 	ps, err := l.subscribe(ctx, w)
 	if err != nil {
 		l.drop(w, err)
@@ -165,7 +164,7 @@ func (l *Locker) read(ctx context.Context, w *watch) {
 			}
 			select {
 			case <-w.ready:
-			default: // not confirmed yet: fail the watch; waiters retry
+			default: // not confirmed yet: fail it; waiters retry
 				_ = ps.Close()
 				l.drop(w, err)
 				return
@@ -228,7 +227,7 @@ var errWatchClosed = errors.New("redislock: no waiter left on the subscription")
 // subscribe subscribes to w's channel and makes the subscription w's, unless
 // the last waiter has left meanwhile. On a cluster the subscription goes to
 // the node that owns the channel's slot.
-func (l *Locker) subscribe(ctx context.Context, w *watch) (*redis.PubSub, error) {
+func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub, error) {
 	var ps *redis.PubSub
 	var err error
 	if l.sharded {
@@ -256,10 +255,10 @@ func (l *Locker) subscribe(ctx context.Context, w *watch) (*redis.PubSub, error)
 
 // resubscribe replaces w's sharded subscription old with one on the node
 // that owns the channel's slot now. It tries again, with back-off, until it
-// succeeds or the last waiter leaves (ctx ends): the waiters joined the
-// watch and wait on it, so a watch given up here would never wake them
+// succeeds or the last waiter leaves (ctx ends): the waiters joined this
+// subscription and wait on it, so one given up here would never wake them
 // again. The confirmation of the new subscription wakes them all (read).
-func (l *Locker) resubscribe(ctx context.Context, w *watch, old *redis.PubSub) (*redis.PubSub, error) {
+func (l *Locker) resubscribe(ctx context.Context, w *subscription, old *redis.PubSub) (*redis.PubSub, error) {
 	_ = old.Close()
 	for failures := 1; ; failures++ {
 		if cc, ok := l.client.(*redis.ClusterClient); ok {

@@ -91,7 +91,7 @@ func TestShortWaiterDoesNotFailOthers(t *testing.T) {
 	waiters := func() int {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		if w := l.watches[channel]; w != nil {
+		if w := l.subscriptions[channel]; w != nil {
 			return len(w.waiters)
 		}
 		return 0
