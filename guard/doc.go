@@ -25,10 +25,11 @@
 //		// read through tx, decide, write through tx
 //	})
 //
-// The article's conditional update alone (UPDATE … WHERE token_column <
-// $token, with the row read before) does not do this: A reads PENDING and
-// pauses, B reads PENDING, A writes first and its token is accepted, then B
-// writes and its greater token is accepted too. If a single statement is
+// The conditional update alone (UPDATE … WHERE token_column < $token, with
+// the row read before), the remedy of the article fence grew out of ("Having
+// the lock does not always make you safe"; see the README), does not do
+// this: A reads PENDING and pauses, B reads PENDING, A writes first and its
+// token is accepted, then B writes and its greater token is accepted too. If a single statement is
 // the whole read-modify-write, the conditional update may instead carry the
 // precondition it read (… AND status = 'PENDING').
 //

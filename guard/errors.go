@@ -39,7 +39,7 @@ var (
 // StaleError reports a rejected token and the last one accepted. It matches
 // ErrStale.
 type StaleError struct {
-	Resource string
+	Resource string      // the resource the token was presented for
 	Token    fence.Token // the rejected token
 	Last     fence.Token // the last token accepted for Resource when it was rejected
 }
@@ -54,7 +54,7 @@ func (e *StaleError) Is(target error) bool { return target == ErrStale }
 
 // ConflictError reports a failed version check. It matches ErrConflict.
 type ConflictError struct {
-	Key      any
+	Key      any   // the row's key, as passed to UpdateVersion
 	Expected int64 // the version the caller read
 	Current  int64 // the version the row had
 }

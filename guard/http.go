@@ -392,8 +392,8 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // header only if it opts in with ResourceFromHeader.
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
-	Lease    fence.Lease
-	Resource string // default: the lease's name
+	Lease    fence.Lease       // the lease whose token is sent
+	Resource string            // default: the lease's name
 }
 
 // RoundTrip implements http.RoundTripper.

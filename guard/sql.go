@@ -166,7 +166,8 @@ func (t Table) check() error {
 	return nil
 }
 
-// Update runs the article's conditional update on the row whose key is key:
+// Update runs the conditional update (see the package doc) on the row whose
+// key is key:
 //
 //	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND <Column> < $2
 //

@@ -27,8 +27,8 @@ var acceptScript = redis.NewScript(acceptSrc)
 // per resource under Prefix (default "fence:guard"), compared and set by one
 // script.
 type Store struct {
-	Client redis.Scripter
-	Prefix string
+	Client redis.Scripter // a *redis.Client, *redis.ClusterClient or another go-redis client
+	Prefix string         // key prefix; empty means "fence:guard"
 }
 
 var _ guard.Acceptor = Store{}

@@ -4,8 +4,6 @@ go 1.26.0
 
 require github.com/stretchr/testify v1.12.1 // indirect
 
-replace github.com/fencekit/fence => ../..
-
 require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

@@ -1,8 +1,8 @@
 // Package pgtest starts a real PostgreSQL server for tests: initdb in a temp
 // dir, postgres on a free loopback port as a child of the test process (so it
 // dies with the test), and a fresh database per test. It wraps
-// internal/pgserver, which code outside tests uses instead, so as not to
-// link testing.
+// internal/pgtest/pgserver, the same launcher without package testing, for
+// code outside tests.
 package pgtest
 
 import (

@@ -32,7 +32,7 @@ func fixedClock() time.Time { return clock }
 
 // guards returns a middleware per kind of store: Middleware over a
 // MemoryStore and over SQLStore on PostgreSQL and SQLite, and Gate over a
-// RedisStore.
+// redisstore.Store.
 func guards(t *testing.T, opts guard.HTTPOptions) map[string]func(http.Handler) http.Handler {
 	all := map[string]func(http.Handler) http.Handler{
 		"memory":     guard.Middleware(&guard.MemoryStore{}, opts),
