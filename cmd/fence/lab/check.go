@@ -24,8 +24,11 @@ type Verdict struct {
 	// P4 lease overlap: pairs of leases that believed they held the lock at
 	// the same time. A figure, not a pass criterion.
 	P4 int `json:"p4_overlaps"`
-	// P5 linearizability of the fenced register: Ok, Illegal or Unknown.
-	P5 string `json:"p5_linearizable"`
+	// P5 linearizability of the client-side histories (see
+	// checkLinearizable): Ok, Illegal or Unknown, naming the model that
+	// failed; P5Histories are the histories checked.
+	P5          string      `json:"p5_linearizable"`
+	P5Histories []P5History `json:"p5_histories,omitempty"`
 
 	// Who stopped the stale holder: acquisitions the lock refused for lack
 	// of replica acknowledgements (fence.ErrNotReplicated), and writes the

@@ -51,8 +51,8 @@ func (res Result) line() string {
 	if !res.Pass {
 		mark = "FAIL"
 	}
-	line := fmt.Sprintf("%s scenario %d %-22s %-26s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s refused %2d rejected %3d %5.1fs  (expect %s)",
-		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, res.Seconds, res.Expect)
+	line := fmt.Sprintf("%s scenario %d %-22s %-26s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s refused %2d rejected %3d %5.1fs  (expect %s; P5 histories %s)",
+		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, res.Seconds, res.Expect, p5Sizes(v.P5Histories))
 	if res.FaultNote != "" {
 		line += "\n     FAULT DID NOT TAKE EFFECT: " + res.FaultNote
 	}
@@ -68,16 +68,16 @@ func (r *Report) Markdown(w io.Writer) {
 	}
 	fmt.Fprintf(w, "Fault lab, %s, %s, seed %d (replay: fence lab --seed %d). Machine: %s. Versions: %s.\n\n",
 		mode, r.Date, r.Seed, r.Seed, r.Machine, strings.Join(r.Versions, "; "))
-	fmt.Fprintln(w, "| # | scenario | config | writes | P1 stale accepts | P2 token order | P3 lost or doubled | P4 lease overlaps | P5 linearizable | lock refused | token rejected | seconds | expected | pass |")
-	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
+	fmt.Fprintln(w, "| # | scenario | config | writes | P1 stale accepts | P2 token order | P3 lost or doubled | P4 lease overlaps | P5 linearizable | P5 histories checked | lock refused | token rejected | seconds | expected | pass |")
+	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|")
 	for _, res := range r.Results {
 		v := res.Verdict
 		pass := "yes"
 		if !res.Pass {
 			pass = "**NO**"
 		}
-		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %d | %d | %d | %s | %d | %d | %.1f | %s | %s |\n",
-			res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, res.Seconds, res.Expect, pass)
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %d | %d | %d | %d | %s | %s | %d | %d | %.1f | %s | %s |\n",
+			res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, p5Sizes(v.P5Histories), v.Refused, v.Rejected, res.Seconds, res.Expect, pass)
 	}
 	fmt.Fprintln(w)
 	for _, res := range r.Results {
