@@ -38,6 +38,9 @@ func TestCheckSeesEachViolation(t *testing.T) {
 	if v.P1 != 1 || v.P3 != 1 || v.P4 != 1 || v.P2 != 0 || v.Ops != 2 {
 		t.Fatalf("verdict %+v, want P1 1, P3 1, P4 1, P2 0, 2 writes", v)
 	}
+	if v.Registers != 1 || v.TwoHolders != 1 {
+		t.Fatalf("verdict %+v, want two holders on 1 of 1 registers", v)
+	}
 
 	// Token order: c completes with token 5 before d begins; d gets 5 again.
 	events = history([7]any{"c", "c-1", 5, 0, 1, 2, 3}, [7]any{"d", "d-1", 5, 10, 11, 12, 13})
@@ -68,7 +71,7 @@ func TestCheckCleanHistory(t *testing.T) {
 		{Seq: 3, Op: "x", Worker: "a", Kind: "write", Key: "k", Token: 1, Accepted: false},
 	}
 	v := Check(events, log, map[string][]string{"k": {"a-1", "b-1"}})
-	if v.P1+v.P2+v.P3+v.P4 != 0 {
+	if v.P1+v.P2+v.P3+v.P4 != 0 || v.TwoHolders != 0 || v.Registers != 1 {
 		t.Fatalf("clean history judged %+v", v)
 	}
 	if got, _ := checkLinearizable(events); got != "Ok" {

@@ -19,6 +19,9 @@ type Report struct {
 	Quick    bool     `json:"quick"`
 	Seed     uint64   `json:"seed"` // replay with fence lab --seed
 	Results  []Result `json:"results"`
+	// ClaimFigures are the article's claims with their figures (Claims),
+	// filled in when the report is written.
+	ClaimFigures []Claim `json:"claims"`
 }
 
 func newReport(quick bool) *Report {
@@ -80,6 +83,12 @@ func (r *Report) Markdown(w io.Writer) {
 			res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, p5Sizes(v.P5Histories), v.Refused, v.Rejected, res.Seconds, res.Expect, pass)
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintln(w, "The article's claims, with this run's figures:")
+	fmt.Fprintln(w)
+	r.claimsMarkdown(w)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "C7 is guard's fenced read-modify-write; the article's conditional UPDATE alone, with the row read outside the transaction, loses updates (the lab's mutation test TestMutationTokenOnlyFailsP3). A \"two holders\" round is a register on which two leases overlapped.")
+	fmt.Fprintln(w)
 	for _, res := range r.Results {
 		if len(res.Verdict.Examples) == 0 && res.FaultNote == "" && len(res.Interleavings) == 0 {
 			continue
@@ -109,6 +118,7 @@ func (r *Report) Markdown(w io.Writer) {
 
 // JSON writes the report as JSON.
 func (r *Report) JSON(w io.Writer) error {
+	r.ClaimFigures = r.Claims()
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(r)
