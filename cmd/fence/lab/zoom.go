@@ -226,7 +226,7 @@ func (r *Report) Zoomed(w io.Writer, n int) bool {
 					what = "lock refused (not replicated)"
 				}
 				fmt.Fprintf(w, `<rect x="%.1f" y="%d" width="%.1f" height="12" fill="none" stroke="#d62728" stroke-dasharray="3,2"><title>%s: %s</title></rect>`+"\n", x0, yy+4, max(x1-x0, 1), html.EscapeString(e.Op), html.EscapeString(e.Err))
-				fmt.Fprintf(w, `<text x="%.1f" y="%d" font-size="10" fill="#d62728">%s</text>`+"\n", x1+4, yy+14, what)
+				fmt.Fprintf(w, `<text x="%.1f" y="%d" font-size="10" fill="#d62728">%s, after %.0f ms</text>`+"\n", x0+4, yy+14, what, float64(e.Mono-s)/1e6)
 			case e.Kind == "pause" && e.Phase == "invoke":
 				paused[e.Op] = e.Mono
 			case e.Kind == "pause" && e.Phase == "ok":
