@@ -24,8 +24,15 @@ type Verdict struct {
 	// P4 lease overlap: pairs of leases that believed they held the lock at
 	// the same time. A figure, not a pass criterion.
 	P4 int `json:"p4_overlaps"`
-	// P5 linearizability of the fenced register: Ok, Illegal or Unknown.
-	P5 string `json:"p5_linearizable"`
+	// Registers is how many registers (rounds, in the failover scenarios)
+	// the run used; TwoHolders on how many of them two leases overlapped.
+	Registers  int `json:"registers"`
+	TwoHolders int `json:"registers_with_two_holders"`
+	// P5 linearizability of the client-side histories (see
+	// checkLinearizable): Ok, Illegal or Unknown, naming the model that
+	// failed; P5Histories are the histories checked.
+	P5          string      `json:"p5_linearizable"`
+	P5Histories []P5History `json:"p5_histories,omitempty"`
 
 	// Who stopped the stale holder: acquisitions the lock refused for lack
 	// of replica acknowledgements (fence.ErrNotReplicated), and writes the
@@ -78,6 +85,11 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 			writes[e.Op] = e.Phase
 		}
 	}
+	registers := map[string]bool{}
+	for _, l := range leases {
+		registers[l.key] = true
+	}
+	v.Registers = len(registers)
 	var held []*lease
 	for _, l := range leases {
 		if l.acquired == 0 {
@@ -105,6 +117,7 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 	}
 
 	// P2 and P4, over pairs of leases on the same register.
+	twice := map[string]bool{}
 	for i, b := range held {
 		bad := false
 		for _, a := range held[:i] {
@@ -116,6 +129,7 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 			}
 			if a.end > b.acquired {
 				v.P4++
+				twice[b.key] = true
 			}
 		}
 		if bad {
@@ -123,6 +137,8 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 			v.example("P2: %s got token %d, not above an earlier lease's", b.op, b.token)
 		}
 	}
+
+	v.TwoHolders = len(twice)
 
 	// P3, against the final state.
 	count := map[string]int{}

@@ -38,6 +38,9 @@ func TestCheckSeesEachViolation(t *testing.T) {
 	if v.P1 != 1 || v.P3 != 1 || v.P4 != 1 || v.P2 != 0 || v.Ops != 2 {
 		t.Fatalf("verdict %+v, want P1 1, P3 1, P4 1, P2 0, 2 writes", v)
 	}
+	if v.Registers != 1 || v.TwoHolders != 1 {
+		t.Fatalf("verdict %+v, want two holders on 1 of 1 registers", v)
+	}
 
 	// Token order: c completes with token 5 before d begins; d gets 5 again.
 	events = history([7]any{"c", "c-1", 5, 0, 1, 2, 3}, [7]any{"d", "d-1", 5, 10, 11, 12, 13})
@@ -49,7 +52,7 @@ func TestCheckSeesEachViolation(t *testing.T) {
 	if v.P2 != 1 || v.P1 != 0 || v.P3 != 0 || v.P4 != 0 {
 		t.Fatalf("verdict %+v, want only P2 1", v)
 	}
-	if got := checkLinearizable(events); got != "Illegal (tokens)" {
+	if got, _ := checkLinearizable(events); got != "Illegal (tokens)" {
 		t.Fatalf("P5 for a repeated token = %q, want Illegal (tokens)", got)
 	}
 }
@@ -68,10 +71,82 @@ func TestCheckCleanHistory(t *testing.T) {
 		{Seq: 3, Op: "x", Worker: "a", Kind: "write", Key: "k", Token: 1, Accepted: false},
 	}
 	v := Check(events, log, map[string][]string{"k": {"a-1", "b-1"}})
-	if v.P1+v.P2+v.P3+v.P4 != 0 {
+	if v.P1+v.P2+v.P3+v.P4 != 0 || v.TwoHolders != 0 || v.Registers != 1 {
 		t.Fatalf("clean history judged %+v", v)
 	}
-	if got := checkLinearizable(events); got != "Ok" {
+	if got, _ := checkLinearizable(events); got != "Ok" {
 		t.Fatalf("P5 = %q, want Ok", got)
+	}
+}
+
+// rw is one read or write of register k by worker w, invoked at call and
+// returned at ret, with the value it wrote or read.
+func rw(w, op, kind string, call, ret int64, value ...string) []Event {
+	return []Event{
+		{Worker: w, Op: op, Key: "k", Kind: kind, Phase: "invoke", Value: map[bool][]string{true: value}[kind == "write"], Mono: call},
+		{Worker: w, Op: op, Key: "k", Kind: kind, Phase: "ok", Value: value, Mono: ret},
+	}
+}
+
+// P5's register model can fail: a read that returns a value which was
+// overwritten before the read was invoked (a stale replica or cache would
+// do this) is Illegal; the same read invoked before the overwrite is Ok.
+func TestP5RegisterSeesAStaleRead(t *testing.T) {
+	for _, c := range []struct {
+		readAt int64
+		want   string
+	}{{5, "Ok"}, {30, "Illegal (register)"}} {
+		var evs []Event
+		evs = append(evs, rw("a", "a-1", "write", 0, 2, "x")...)
+		evs = append(evs, rw("b", "b-1", "write", 10, 20, "y")...)
+		evs = append(evs, rw("c", "c-1", "read", c.readAt, c.readAt+25, "x")...)
+		got, hs := checkLinearizable(evs)
+		if got != c.want {
+			t.Errorf("read of an overwritten value invoked at %d: P5 %q, want %q", c.readAt, got, c.want)
+		}
+		if len(hs) != 1 || hs[0].Model != "register" || hs[0].Ops != 3 || hs[0].Result != map[bool]string{true: "Ok", false: "Illegal"}[c.want == "Ok"] {
+			t.Errorf("histories checked: %+v, want one register history of 3 ops", hs)
+		}
+	}
+}
+
+// rmwLease is one lease's read-modify-write as a worker records it: read
+// invoked at call, returned what, the write of what+op acknowledged at ret.
+func rmwLease(w, op string, call, readAt, ret int64, read ...string) []Event {
+	written := append(append([]string(nil), read...), op)
+	return []Event{
+		{Worker: w, Op: op, Key: "k", Kind: "read", Phase: "invoke", Mono: call},
+		{Worker: w, Op: op, Key: "k", Kind: "read", Phase: "ok", Value: read, Mono: readAt},
+		{Worker: w, Op: op, Key: "k", Kind: "write", Phase: "invoke", Value: written, Mono: readAt + 1},
+		{Worker: w, Op: op, Key: "k", Kind: "write", Phase: "ok", Value: written, Mono: ret},
+	}
+}
+
+// P5's rmw model can fail: two leases that both read [] and both had their
+// write acknowledged (a lost update) are Illegal, although the same
+// history is a legal register (a store that accepts a late blind write is
+// linearizable). The second lease reading the first's write is Ok; a
+// rejected write and a write of unknown outcome that did not land are Ok.
+func TestP5RMWSeesALostUpdate(t *testing.T) {
+	lost := append(rmwLease("a", "a-1", 0, 1, 30), rmwLease("b", "b-1", 2, 3, 10)...)
+	if got, _ := checkLinearizable(lost); got != "Illegal (rmw)" {
+		t.Errorf("lost update: P5 %q, want Illegal (rmw)", got)
+	}
+	serial := append(rmwLease("a", "a-1", 0, 1, 2), rmwLease("b", "b-1", 3, 4, 5, "a-1")...)
+	if got, _ := checkLinearizable(serial); got != "Ok" {
+		t.Errorf("serial leases: P5 %q, want Ok", got)
+	}
+	rejected := rmwLease("a", "a-1", 0, 1, 30)
+	rejected[3].Phase = "fail"
+	rejected = append(rejected, rmwLease("b", "b-1", 2, 3, 10)...)
+	if got, _ := checkLinearizable(rejected); got != "Ok" {
+		t.Errorf("stale write rejected: P5 %q, want Ok", got)
+	}
+	unknown := rmwLease("a", "a-1", 0, 1, 30)
+	unknown[3].Phase = "unknown"
+	unknown = append(unknown, rmwLease("b", "b-1", 2, 3, 10)...)
+	unknown = append(unknown, rmwLease("c", "c-1", 40, 41, 42, "b-1")...)
+	if got, _ := checkLinearizable(unknown); got != "Ok" {
+		t.Errorf("write of unknown outcome that did not land: P5 %q, want Ok", got)
 	}
 }

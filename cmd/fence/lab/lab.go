@@ -184,7 +184,7 @@ func runOne(ctx context.Context, cfg Config, sc scenario, i int, row string) (Re
 		return r, fmt.Errorf("reading the resource's state: %w", err)
 	}
 	r.Verdict = Check(events, log, state)
-	r.Verdict.P5 = checkLinearizable(events)
+	r.Verdict.P5, r.Verdict.P5Histories = checkLinearizable(events)
 	r.timeline = &timeline{events: events, log: log}
 	r.Expect, r.Pass = judge(protected, sc.control, r.Verdict, r.FaultNote)
 	return r, nil

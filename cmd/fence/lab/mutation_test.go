@@ -68,16 +68,33 @@ func TestMutationTokenOnlyFailsP3(t *testing.T) {
 	if r.Pass || r.Verdict.P3 == 0 {
 		t.Fatalf("token-only update: protected row passed or showed no P3: %s", r.line())
 	}
+	// The lost update is a lost update to P5 too, from the workers' own
+	// records: two leases' read-modify-writes cannot be put in any order.
+	if r.Verdict.P5 != "Illegal (rmw)" {
+		t.Errorf("token-only update: P5 %q, want Illegal (rmw)", r.Verdict.P5)
+	}
 }
 
 // The same interleaving against guard.Tx (fence, read, write in one
 // transaction) loses nothing, and the control still fails: the rows above
-// fail because of the mutation, not the timing.
+// fail because of the mutation, not the timing. P5, on the histories the
+// workers recorded, sees the control's lost updates (Illegal, rmw) and
+// none in the protected row.
 func TestGuardSurvivesTheDoubleWriteInterleaving(t *testing.T) {
 	rs := runLab(t, Config{resumeAt: "new holder read"}, 3)
 	for _, r := range rs {
 		if !r.Pass {
 			t.Errorf("%s row failed: %s", r.Config, r.line())
+		}
+		want := "Ok"
+		if r.Config == "control" {
+			want = "Illegal (rmw)"
+		}
+		if r.Verdict.P5 != want {
+			t.Errorf("%s row: P5 %q, want %q", r.Config, r.Verdict.P5, want)
+		}
+		if len(r.Verdict.P5Histories) != 3 {
+			t.Errorf("%s row: P5 checked %+v, want three histories (tokens, register, rmw of one register)", r.Config, r.Verdict.P5Histories)
 		}
 	}
 }

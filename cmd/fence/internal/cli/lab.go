@@ -26,7 +26,8 @@ rejected, and a checker that judges each run:
   P2  token order: a lease acquired after another completed has a greater token
   P3  nothing lost, nothing doubled: acknowledged writes are in the final state exactly once
   P4  lease overlap: how often two leases believed they held the lock (a figure, not a verdict)
-  P5  linearizability of the register and of the tokens (porcupine): Ok, Illegal or Unknown
+  P5  linearizability of the workers' client-side histories (porcupine): the register, each
+      lease's read-modify-write as one atomic update, the tokens: Ok, Illegal or Unknown
 
 Scenarios: 1 paused holder, 2 delayed write (through an in-process toxiproxy), 3 lost
 update, 4 async failover, 5 wrong replica promoted, 6 token source loss. Each runs as a
@@ -37,7 +38,8 @@ lock with the default rule of one replica acknowledging, against the rule "all" 
 protected. Lab exits 1 if either expectation fails.
 
 --quick runs a short version (about a minute); the full run makes at least 200 fenced writes
-per scenario. With --out DIR it writes report.md, report.json and timeline.svg there.`,
+per scenario. With --out DIR it writes report.md, report.json and timeline.svg there, and
+timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: cmd.ErrOrStderr(), Seed: seed})
@@ -76,6 +78,14 @@ func writeReport(rep *lab.Report, dir string) error {
 			}
 			return nil
 		},
+	}
+	for _, res := range rep.Results {
+		files[fmt.Sprintf("timeline-%d.svg", res.Scenario)] = func(f *os.File) error {
+			if !rep.Zoomed(f, res.Scenario) {
+				return fmt.Errorf("no round of scenario %d to draw", res.Scenario)
+			}
+			return nil
+		}
 	}
 	for name, write := range files {
 		f, err := os.Create(filepath.Join(dir, name))

@@ -1,0 +1,76 @@
+package lab
+
+import (
+	"strings"
+	"testing"
+)
+
+// result builds a Result of scenario n in config with verdict v.
+func result(n int, config string, v Verdict) Result {
+	return Result{Scenario: n, Config: config, Verdict: v}
+}
+
+// The claims table is computed from the results: the figures carry the
+// results' numbers, a claim whose scenario showed nothing says "no", a
+// claim no scenario measures says "not measured", and one whose scenarios
+// did not run says "not run".
+func TestClaimsComeFromTheResults(t *testing.T) {
+	shows := &Report{Results: []Result{
+		result(1, "control", Verdict{Ops: 41, P1: 4, P3: 3}),
+		result(1, "protected", Verdict{Ops: 262, Rejected: 7, P5: "Ok"}),
+		result(3, "control", Verdict{Ops: 45, P3: 5, P5: "Illegal (rmw)"}),
+		result(4, "control", Verdict{Registers: 2, TwoHolders: 2, P4: 20, P2: 2}),
+		result(4, "protected", Verdict{Registers: 2, Refused: 2, P5: "Ok"}),
+		result(4, "protected, replica unseen", Verdict{Registers: 2, TwoHolders: 2, Rejected: 2, P5: "Ok"}),
+		result(5, "protected", Verdict{Registers: 2, TwoHolders: 2, Rejected: 2, P5: "Ok"}),
+		result(5, "protected, acks=all", Verdict{Registers: 2, Refused: 2, P5: "Ok"}),
+	}}
+	want := map[string]struct{ shown, figure string }{
+		"C1": {"yes", "two holders in 2 of 2 failover rounds (P4 20"},
+		"C2": {"not measured", "not measured"},
+		"C3": {"yes", "WAIT met by a replica that then died: two holders in 2 of 2 rounds"},
+		"C4": {"yes", "scenario 1: 0 pauses, 4 stale writes accepted, 3 acknowledged"},
+		"C5": {"yes", "11 stale writes rejected, 0 accepted, over 5 protected rows (rejected per scenario: 1: 7, 4 (replica unseen): 2, 5: 2)"},
+		"C7": {"yes", "0 of 262 writes lost or doubled, P5 Ok in 5 of 5"},
+	}
+	check := func(rep *Report, want map[string]struct{ shown, figure string }) {
+		t.Helper()
+		cs := rep.Claims()
+		if len(cs) != len(want) {
+			t.Fatalf("%d claims, want %d: %+v", len(cs), len(want), cs)
+		}
+		for _, c := range cs {
+			w := want[c.ID]
+			if c.Shown != w.shown || !strings.Contains(c.Figure, w.figure) {
+				t.Errorf("%s: shown %q, figure %q; want %q, a figure with %q", c.ID, c.Shown, c.Figure, w.shown, w.figure)
+			}
+		}
+	}
+	check(shows, want)
+
+	// The same rows where nothing happened: the claims are not shown.
+	quiet := &Report{Results: []Result{
+		result(1, "control", Verdict{Ops: 41}),
+		result(1, "protected", Verdict{Ops: 262, P1: 1, P3: 1, P5: "Illegal (rmw)"}),
+		result(3, "control", Verdict{Ops: 45, P5: "Ok"}),
+		result(4, "control", Verdict{Registers: 2}),
+		result(4, "protected", Verdict{Registers: 2, TwoHolders: 2, P5: "Ok"}),
+		result(5, "protected", Verdict{Registers: 2, Refused: 2, P5: "Ok"}),
+	}}
+	check(quiet, map[string]struct{ shown, figure string }{
+		"C1": {"no", "two holders in 0 of 2"},
+		"C2": {"not measured", "not measured"},
+		"C3": {"no", "lock refused in 0 of 2 rounds, two holders in 2"},
+		"C4": {"no", "0 stale writes accepted, 0 acknowledged"},
+		"C5": {"no", "0 stale writes rejected, 1 accepted"},
+		"C7": {"no", "1 of 262 writes lost or doubled, P5 Ok in 2 of 3"},
+	})
+
+	// Only scenario 6: the claims of the others were not run.
+	only6 := &Report{Results: []Result{result(6, "control", Verdict{P2: 3})}}
+	for _, c := range only6.Claims() {
+		if c.ID != "C2" && c.Shown != "not run" {
+			t.Errorf("%s with only scenario 6's control: shown %q, want not run", c.ID, c.Shown)
+		}
+	}
+}
