@@ -24,6 +24,13 @@ var ErrRetry = errors.New("guard: transaction conflict, retry with a new lease")
 // when it begins. Without it a transaction that reads first and writes
 // later must upgrade its lock, and that fails with SQLITE_BUSY at once
 // whatever the busy timeout.
+//
+// SQLite has one writer per database: a fenced transaction holds the whole
+// file, not one resource, and its busy handler is not fair to waiters (a
+// writer that keeps coming back can win every time). A holder paused inside
+// a transaction blocks every other writer until it resumes or its context
+// ends, so bound fenced work with a context deadline (the lease's, or a few
+// lease times).
 const SQLiteParams = "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
 
 // SQLiteDSN returns the modernc.org/sqlite data source name of the database
