@@ -39,6 +39,11 @@ type Verdict struct {
 	// resource rejected for a stale token.
 	Refused  int `json:"lock_refused"`
 	Rejected int `json:"token_rejected"`
+	// Retried counts the writes the database gave up for a conflict with a
+	// concurrent transaction (guard.ErrRetry: a PostgreSQL serialization
+	// failure or deadlock, SQLITE_BUSY): the worker took a new lease, as
+	// after a rejection. Neither accepted nor stale.
+	Retried int `json:"retried"`
 
 	Examples []string `json:"examples,omitempty"` // the first few violations, for a person
 }

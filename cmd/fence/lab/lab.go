@@ -1,8 +1,8 @@
 // Package lab is fence's fault lab: it runs the article's failures against
 // real redis-server processes, with workers in separate processes (so that a
 // signal pauses exactly one client), a resource as users ship it (guard over
-// a SQLite database, and guard's HTTP middleware where the scenario has a
-// network hop) whose log table, written in the same transaction as each
+// a SQLite database, in scenario 3 also in PostgreSQL, and guard's HTTP
+// middleware where the scenario has a network hop) whose log table, written in the same transaction as each
 // write, is the ground truth, and a checker that judges each run.
 //
 // Every scenario runs as a control (the naive lock: SET NX PX with an INCR
@@ -80,7 +80,7 @@ type scenario struct {
 var scenarios = []scenario{
 	{1, "paused holder", "P1", pausedHolder("acquired"), nil},
 	{2, "delayed write", "P1", delayedWrite, nil},
-	{3, "lost update", "P3", pausedHolder("read"), nil},
+	{3, "lost update", "P3", pausedHolder("read"), []string{rowPostgres}},
 	{4, "async failover", "P1", asyncFailover, []string{"replica unseen"}},
 	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
 	{6, "token source loss", "P2", tokenSourceLoss, nil},
@@ -114,6 +114,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		cfg.Worker = []string{bin}
 	}
+	pg := &postgresServer{}
+	defer pg.close()
 	for _, sc := range scenarios {
 		if len(cfg.Scenarios) > 0 && !contains(cfg.Scenarios, sc.n) {
 			continue
@@ -123,7 +125,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			rows = append(rows, "protected, "+v)
 		}
 		for i, row := range rows {
-			res, err := runOne(ctx, cfg, sc, i, row)
+			res, err := runOne(ctx, cfg, pg, sc, i, row)
 			if err != nil {
 				return rep, fmt.Errorf("scenario %d (%s): %w", sc.n, sc.name, err)
 			}
@@ -147,14 +149,25 @@ func contains(xs []int, x int) bool {
 
 // runOne runs row i of sc: 0 is the control, 1 protected with fence's
 // defaults, then the scenario's variants.
-func runOne(ctx context.Context, cfg Config, sc scenario, i int, row string) (Result, error) {
+func runOne(ctx context.Context, cfg Config, pg *postgresServer, sc scenario, i int, row string) (Result, error) {
 	protected := i > 0
 	dir, err := os.MkdirTemp("", fmt.Sprintf("fence-lab-%d-", sc.n))
 	if err != nil {
 		return Result{}, err
 	}
 	defer os.RemoveAll(dir)
-	res, err := startResource(ctx, dir, protected)
+	var dsn string
+	var pgStart time.Duration
+	if i > 1 && sc.variants[i-2] == rowPostgres {
+		// The server starts once per lab run, in the first PostgreSQL
+		// row, whose seconds include its start.
+		t0 := time.Now()
+		if dsn, err = pg.database(ctx); err != nil {
+			return Result{}, err
+		}
+		pgStart = time.Since(t0)
+	}
+	res, err := startResource(ctx, dir, dsn, protected)
 	if err != nil {
 		return Result{}, err
 	}
@@ -173,7 +186,7 @@ func runOne(ctx context.Context, cfg Config, sc scenario, i int, row string) (Re
 	if x.verify != nil {
 		x.verify()
 	}
-	r := Result{Scenario: sc.n, Name: sc.name, Config: row, Seconds: time.Since(start).Seconds(), FaultNote: x.note, Interleavings: x.interleavings}
+	r := Result{Scenario: sc.n, Name: sc.name, Config: row, Seconds: (time.Since(start) + pgStart).Seconds(), FaultNote: x.note, Interleavings: x.interleavings}
 	events := x.hist.Events()
 	log, err := res.Log()
 	if err != nil {
@@ -184,6 +197,7 @@ func runOne(ctx context.Context, cfg Config, sc scenario, i int, row string) (Re
 		return r, fmt.Errorf("reading the resource's state: %w", err)
 	}
 	r.Verdict = Check(events, log, state)
+	r.Verdict.Retried = retried(events)
 	r.Verdict.P5, r.Verdict.P5Histories = checkLinearizable(events)
 	r.timeline = &timeline{events: events, log: log}
 	r.Expect, r.Pass = judge(protected, sc.control, r.Verdict, r.FaultNote)

@@ -63,25 +63,43 @@ func TestMutationWeakComparisonFailsP1(t *testing.T) {
 // ApproveTokenOnly), a stale holder resumed after the new holder read
 // writes first and is accepted; the new holder's write then drops it: the
 // protected row must fail on P3 although P1 sees nothing wrong.
+// The PostgreSQL row (the same workers, guard.Table.Update over pgx) fails
+// the same way.
 func TestMutationTokenOnlyFailsP3(t *testing.T) {
-	r := protectedRow(t, runLab(t, Config{write: worker.WriteTokenOnly, resumeAt: "new holder read"}, 3))
-	if r.Pass || r.Verdict.P3 == 0 {
-		t.Fatalf("token-only update: protected row passed or showed no P3: %s", r.line())
-	}
-	// The lost update is a lost update to P5 too, from the workers' own
-	// records: two leases' read-modify-writes cannot be put in any order.
-	if r.Verdict.P5 != "Illegal (rmw)" {
-		t.Errorf("token-only update: P5 %q, want Illegal (rmw)", r.Verdict.P5)
+	rs := runLab(t, Config{write: worker.WriteTokenOnly, resumeAt: "new holder read"}, 3)
+	for _, r := range []Result{protectedRow(t, rs), row(t, rs, "protected, "+rowPostgres)} {
+		if r.Pass || r.Verdict.P3 == 0 {
+			t.Errorf("token-only update: %s row passed or showed no P3: %s", r.Config, r.line())
+		}
+		// The lost update is a lost update to P5 too, from the workers' own
+		// records: two leases' read-modify-writes cannot be put in any order.
+		if r.Verdict.P5 != "Illegal (rmw)" {
+			t.Errorf("token-only update: %s row: P5 %q, want Illegal (rmw)", r.Config, r.Verdict.P5)
+		}
 	}
 }
 
+// row returns the run whose Config is config.
+func row(t *testing.T, rs []Result, config string) Result {
+	t.Helper()
+	for _, r := range rs {
+		if r.Config == config {
+			return r
+		}
+	}
+	t.Fatalf("no %q row", config)
+	return Result{}
+}
+
 // The same interleaving against guard.Tx (fence, read, write in one
-// transaction) loses nothing, and the control still fails: the rows above
+// transaction), over SQLite and over PostgreSQL, loses nothing, and the
+// control still fails: the rows above
 // fail because of the mutation, not the timing. P5, on the histories the
 // workers recorded, sees the control's lost updates (Illegal, rmw) and
 // none in the protected row.
 func TestGuardSurvivesTheDoubleWriteInterleaving(t *testing.T) {
 	rs := runLab(t, Config{resumeAt: "new holder read"}, 3)
+	row(t, rs, "protected, "+rowPostgres)
 	for _, r := range rs {
 		if !r.Pass {
 			t.Errorf("%s row failed: %s", r.Config, r.line())

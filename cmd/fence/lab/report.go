@@ -54,8 +54,8 @@ func (res Result) line() string {
 	if !res.Pass {
 		mark = "FAIL"
 	}
-	line := fmt.Sprintf("%s scenario %d %-22s %-26s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s refused %2d rejected %3d %5.1fs  (expect %s; P5 histories %s)",
-		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, res.Seconds, res.Expect, p5Sizes(v.P5Histories))
+	line := fmt.Sprintf("%s scenario %d %-22s %-26s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s refused %2d rejected %3d retried %2d %5.1fs  (expect %s; P5 histories %s)",
+		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, v.Retried, res.Seconds, res.Expect, p5Sizes(v.P5Histories))
 	if res.FaultNote != "" {
 		line += "\n     FAULT DID NOT TAKE EFFECT: " + res.FaultNote
 	}
@@ -90,7 +90,7 @@ func (r *Report) Markdown(w io.Writer) {
 	fmt.Fprintln(w, "C7 is guard's fenced read-modify-write; the article's conditional UPDATE alone, with the row read outside the transaction, loses updates (the lab's mutation test TestMutationTokenOnlyFailsP3). A \"two holders\" round is a register on which two leases overlapped.")
 	fmt.Fprintln(w)
 	for _, res := range r.Results {
-		if len(res.Verdict.Examples) == 0 && res.FaultNote == "" && len(res.Interleavings) == 0 {
+		if len(res.Verdict.Examples) == 0 && res.FaultNote == "" && len(res.Interleavings) == 0 && res.Verdict.Retried == 0 {
 			continue
 		}
 		fmt.Fprintf(w, "- scenario %d, %s:", res.Scenario, res.Config)
@@ -108,6 +108,9 @@ func (r *Report) Markdown(w io.Writer) {
 				fmt.Fprintf(w, " %s ×%d,", n, res.Interleavings[n])
 			}
 			fmt.Fprint(w, ";")
+		}
+		if res.Verdict.Retried > 0 {
+			fmt.Fprintf(w, " writes given up for a conflict (guard.ErrRetry), retried with a new lease ×%d;", res.Verdict.Retried)
 		}
 		for _, ex := range res.Verdict.Examples {
 			fmt.Fprintf(w, " %s;", ex)

@@ -32,7 +32,8 @@ type Entry struct {
 }
 
 // Resource is the protected resource as users ship it: payment-shaped rows
-// in a SQLite database (guard.SQLiteDSN). Workers open the database file
+// in a SQLite database (guard.SQLiteDSN), or in PostgreSQL for the
+// PostgreSQL rows. Workers open the database file
 // themselves and write through guard.Tx (protected) or with a plain UPDATE
 // (control). For scenarios with a network hop it is also served over HTTP:
 // protected through guard.Middleware with a guard.SQLStore, the handler
@@ -45,8 +46,13 @@ type Resource struct {
 	ln   net.Listener
 }
 
-func startResource(ctx context.Context, dir string, fenced bool) (*Resource, error) {
+// startResource opens the resource: a SQLite file in dir, or, with dsn,
+// that PostgreSQL database.
+func startResource(ctx context.Context, dir, dsn string, fenced bool) (*Resource, error) {
 	path := filepath.Join(dir, "resource.db")
+	if dsn != "" {
+		path = dsn
+	}
 	db, err := worker.OpenDB(path)
 	if err != nil {
 		return nil, err

@@ -16,8 +16,15 @@ import (
 
 func testResource(t *testing.T) *Resource {
 	t.Helper()
+	return testResourceAt(t, filepath.Join(t.TempDir(), "r.db"))
+}
+
+// testResourceAt opens the resource at path: a SQLite file, or a
+// PostgreSQL connection string.
+func testResourceAt(t *testing.T, path string) *Resource {
+	t.Helper()
 	ctx := context.Background()
-	db, err := worker.OpenDB(filepath.Join(t.TempDir(), "r.db"))
+	db, err := worker.OpenDB(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,13 +34,14 @@ update, 4 async failover, 5 wrong replica promoted, 6 token source loss. Each ru
 control, which must show the violation, and protected, which must show none: fence's lock
 with its defaults (redislock.New(client, nil)) and the resource behind guard (a SQLite row
 written with guard.Tx, fenced first, then read, then written; guard.Middleware in scenario
-2). Rows with a stricter or weaker setting (acks=all, a replica never seen) show which
-safety came from the lock and which from the token. The control is a naive lock (SET NX PX
+2); scenario 3 adds the same row in PostgreSQL (guard.Tx over pgx, a server the lab starts
+with initdb). Rows with a stricter or weaker setting (acks=all, a replica never seen) show
+which safety came from the lock and which from the token. The control is a naive lock (SET NX PX
 with an INCR token, no replica sync) and a plain read-then-UPDATE. A fault that did not take
 effect fails its run. Paused workers resume at seeded random points (--seed replays them).
 Lab exits 1 if an expectation fails.
 
---quick runs a short version (about 30 s); the full run makes at least 200 fenced writes
+--quick runs a short version (about 30 s, PostgreSQL's row about 4 s of it); the full run makes at least 200 fenced writes
 per scenario. With --out DIR it writes report.md, report.json and timeline.svg there, and
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,

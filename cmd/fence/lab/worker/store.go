@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
-	_ "modernc.org/sqlite" // the lab's database
+	"github.com/jackc/pgx/v5/stdlib" // the PostgreSQL rows' driver
+	_ "modernc.org/sqlite"           // the lab's database
 )
 
 // Schema is the lab's database: a payment-shaped row per register (its
@@ -35,6 +37,25 @@ CREATE TABLE IF NOT EXISTS lab_log (
 	mono     BIGINT  NOT NULL
 )`
 
+// SchemaPostgres is Schema in PostgreSQL's dialect (the PostgreSQL rows).
+const SchemaPostgres = `
+CREATE TABLE IF NOT EXISTS payment (
+	id                 TEXT PRIMARY KEY,
+	ops                TEXT   NOT NULL DEFAULT '[]',
+	last_fencing_token BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS lab_log (
+	seq      BIGSERIAL PRIMARY KEY,
+	op       TEXT    NOT NULL,
+	worker   TEXT    NOT NULL,
+	kind     TEXT    NOT NULL,
+	key      TEXT    NOT NULL,
+	token    BIGINT  NOT NULL,
+	accepted BOOLEAN NOT NULL,
+	value    TEXT    NOT NULL,
+	mono     BIGINT  NOT NULL
+)`
+
 // How a worker does its read-modify-write (Spec.Write).
 const (
 	// WriteGuard is the fenced read-modify-write as guard documents it:
@@ -56,14 +77,33 @@ const (
 
 var payments = guard.Table{Name: "payment", Key: "id", Column: "last_fencing_token"}
 
-// OpenDB opens the lab's SQLite database at path with guard.SQLiteDSN.
+// OpenDB opens the lab's database: a PostgreSQL connection string
+// (postgres://…) with pgx's database/sql driver, or else the path of a
+// SQLite file, with guard.SQLiteDSN.
 func OpenDB(path string) (*sql.DB, error) {
+	if IsPostgres(path) {
+		return sql.Open("pgx", path)
+	}
 	return sql.Open("sqlite", guard.SQLiteDSN(path))
+}
+
+// IsPostgres reports whether path, as OpenDB takes it, names a PostgreSQL
+// database.
+func IsPostgres(path string) bool { return strings.HasPrefix(path, "postgres://") }
+
+// postgres reports whether db was opened with pgx's driver.
+func postgres(db *sql.DB) bool {
+	_, ok := db.Driver().(*stdlib.Driver)
+	return ok
 }
 
 // CreateSchema creates the lab's tables and guard's.
 func CreateSchema(ctx context.Context, db *sql.DB) error {
-	if _, err := db.ExecContext(ctx, Schema); err != nil {
+	schema := Schema
+	if postgres(db) {
+		schema = SchemaPostgres
+	}
+	if _, err := db.ExecContext(ctx, schema); err != nil {
 		return err
 	}
 	return guard.CreateTables(ctx, db)
@@ -109,9 +149,13 @@ func Apply(ctx context.Context, db *sql.DB, mode string, op Op, between func(rea
 	case WriteGuard:
 		err = guard.Tx(ctx, db, op.Key, fence.Token(op.Token), func(tx *sql.Tx) error { return rmw(tx, tx, false) })
 	case WriteWeak:
+		greatest := "max" // SQLite's two-argument max
+		if postgres(db) {
+			greatest = "GREATEST"
+		}
 		err = inTx(ctx, db, func(tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO fence_tokens (resource, token) VALUES ($1, $2)
-ON CONFLICT (resource) DO UPDATE SET token = max(fence_tokens.token, excluded.token)`, op.Key, op.Token); err != nil {
+ON CONFLICT (resource) DO UPDATE SET token = `+greatest+`(fence_tokens.token, excluded.token)`, op.Key, op.Token); err != nil {
 				return err
 			}
 			return rmw(tx, tx, false)

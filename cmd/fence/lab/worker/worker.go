@@ -37,7 +37,8 @@ type Spec struct {
 	ID    string `json:"id"`
 	Redis string `json:"redis"` // host:port
 	Lock  string `json:"lock"`  // lock name
-	// DB is the path of the lab's SQLite database: the worker does its
+	// DB is the path of the lab's SQLite database, or the connection
+	// string of its PostgreSQL database (postgres://…): the worker does its
 	// read-modify-write there itself, as Write says. Without DB it asks
 	// the HTTP resource at Resource to do it (guard's Middleware, or the
 	// control's plain handler).
