@@ -14,7 +14,7 @@ import (
 func runLab(t *testing.T, cfg Config, n int) []Result {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server not on the PATH (make deps installs it)")
+		t.Fatal("redis-server not on the PATH: install it with `apt-get install -y redis-server` (`make test` does this)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -105,7 +105,7 @@ func TestExecTTLBelowMinimum(t *testing.T) {
 		t.Fatal("ValidateTTL refuses every candidate up to 1s")
 	}
 	if minOK <= time.Millisecond {
-		t.Skipf("the library's minimum TTL is still %v (issue 11 item 6 not landed): a lease that short ends before it starts", minOK)
+		t.Fatalf("the library accepts a TTL of %v: a lease that short ends before it starts (fence.MinTTL)", minOK)
 	}
 	// A lease of the smallest TTL is alive when it is granted: the command
 	// starts with its token. Starting a process can take longer than the
