@@ -294,7 +294,10 @@ func retryBackoff(n int) time.Duration {
 // reply was lost (err) may have taken after all. A try with the same owner
 // would have found it; the caller will not make one.
 func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
-	if !transient(err) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fence.ErrNotReplicated) {
+	// A deadline that ended the call may have ended it after the script
+	// was sent; it is not worth retrying (transient), but it may have run.
+	maybeSent := transient(err) || errors.Is(err, context.DeadlineExceeded)
+	if !maybeSent || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fence.ErrNotReplicated) {
 		return
 	}
 	go l.releaseAbandoned(*a)
