@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"syscall"
 	"time"
@@ -68,8 +69,13 @@ func bounded[T any](ctx context.Context, call func(context.Context) (T, error), 
 	default:
 	}
 	gaveUp = true
-	return zero, ctx.Err()
+	return zero, fmt.Errorf("%w: %w", errGaveUp, ctx.Err())
 }
+
+// errGaveUp wraps ctx's error when bounded stopped waiting for a call that
+// is still running: its abandoned callback deals with a late result, so the
+// caller need not.
+var errGaveUp = errors.New("redislock: stopped waiting for the reply")
 
 // synced is evalSynced's result: the script's reply and the replica
 // acknowledgements.

@@ -157,7 +157,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		return nil, fence.NotAcquired(name, err)
 	}
 	start := time.Now()
-	a := attempt{name: name, keys: l.keys(name), owner: newOwner(), ttl: o.TTL}
+	a := l.newAttempt(name, o.TTL)
 	if a.ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
@@ -294,6 +294,9 @@ func retryBackoff(n int) time.Duration {
 // reply was lost (err) may have taken after all. A try with the same owner
 // would have found it; the caller will not make one.
 func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
+	if errors.Is(err, errGaveUp) {
+		return // the try's abandoned callback releases or revokes it
+	}
 	// A deadline that ended the call may have ended it after the script
 	// was sent; it is not worth retrying (transient), but it may have run.
 	maybeSent := transient(err) || errors.Is(err, context.DeadlineExceeded)
@@ -303,17 +306,20 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 	go l.releaseAbandoned(*a)
 }
 
-// revokeKey is the key of the mark that revokes this attempt's owner, in
-// the lock's slot.
-func (a *attempt) revokeKey() string { return a.keys.lock + ":revoked:" + a.owner }
-
 // attempt is one Acquire call's fixed parameters.
 type attempt struct {
-	name     string
-	keys     keys
-	owner    string
-	ttl      time.Duration
-	watchdog bool
+	name      string
+	keys      keys
+	owner     string
+	revokeKey string // the mark that revokes this owner, in the lock's slot
+	ttl       time.Duration
+	watchdog  bool
+}
+
+// newAttempt returns an attempt on name with a new owner.
+func (l *Locker) newAttempt(name string, ttl time.Duration) attempt {
+	k, owner := l.keys(name), newOwner()
+	return attempt{name: name, keys: k, owner: owner, revokeKey: k.lock + ":revoked:" + owner, ttl: ttl}
 }
 
 // try runs the acquire script once. It returns the lease when the lock was
@@ -334,7 +340,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		if res, _ := r.reply.Int64Slice(); len(res) > 0 && res[0] == 1 {
 			l.releaseAbandoned(given)
 		}
-	}, acquireScript, []string{a.keys.lock, a.keys.token, a.revokeKey()}, a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	}, acquireScript, []string{a.keys.lock, a.keys.token, a.revokeKey}, a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -378,7 +384,7 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 	}
 	keys, args := []string{a.keys.lock, a.keys.channel}, []any{a.owner, publish}
 	if revoke > 0 {
-		keys, args = append(keys, a.revokeKey()), append(args, revoke.Milliseconds())
+		keys, args = append(keys, a.revokeKey), append(args, revoke.Milliseconds())
 	}
 	n, err := bounded(ctx, func(ctx context.Context) (int, error) {
 		reply, _, _, err := l.evalRouted(ctx, releaseScript, keys, args...)

@@ -170,7 +170,7 @@ func TestRevokedAcquisitionRefuses(t *testing.T) {
 	const name = "lock:payment:1001"
 	admin := srv.Client(t)
 	for _, revokeFirst := range []bool{true, false} {
-		a := attempt{name: name, keys: l.keys(name), owner: newOwner(), ttl: time.Minute}
+		a := l.newAttempt(name, time.Minute)
 		if revokeFirst {
 			l.releaseAbandoned(a)
 		}
@@ -207,7 +207,7 @@ func TestRevocationOutlivesATakenLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	const name = "lock:payment:1001"
-	a := attempt{name: name, keys: l.keys(name), owner: newOwner(), ttl: time.Minute}
+	a := l.newAttempt(name, time.Minute)
 	lease, _, err := l.try(ctx, &a) // the first try, run late
 	if err != nil || lease == nil {
 		t.Fatalf("try: %v", err)
