@@ -1,6 +1,7 @@
 package memlock
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -163,7 +164,7 @@ func (l *Locker) grantLocked(ctx context.Context, name string, lk *lock, o fence
 	ls := &lease{l: l, name: name, token: l.last, ttl: o.TTL}
 	if ls.ttl == 0 {
 		ls.watchdog = true
-		ls.ttl = cmpOr(l.watchdogTTL, DefaultWatchdogTTL)
+		ls.ttl = cmp.Or(l.watchdogTTL, DefaultWatchdogTTL)
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.deadline = time.Now().Add(ls.ttl)
@@ -205,12 +206,4 @@ func (l *Locker) endLocked(ls *lease, why error) {
 	w := lk.waiters[0]
 	lk.waiters = slices.Delete(lk.waiters, 0, 1)
 	w.granted <- l.grantLocked(w.ctx, ls.name, lk, w.opts)
-}
-
-// cmpOr returns a unless it is zero, else b.
-func cmpOr(a, b time.Duration) time.Duration {
-	if a != 0 {
-		return a
-	}
-	return b
 }
