@@ -43,19 +43,13 @@ type row struct {
 }
 
 func run(out string, dur time.Duration, n int) error {
-	primary, err := redisserver.Start("")
+	primary, replicas, err := redisserver.StartReplicated(1)
 	if err != nil {
 		return err
 	}
 	defer primary.Close()
-	replica, err := redisserver.StartReplica("", primary)
-	if err != nil {
-		return err
-	}
+	replica := replicas[0]
 	defer replica.Close()
-	if err := redisserver.WaitReplicated(primary, 1, 30*time.Second); err != nil {
-		return err
-	}
 	log.Printf("redis-server primary %s with replica %s", primary.Addr, replica.Addr)
 
 	all, err := libs(primary.Addr)

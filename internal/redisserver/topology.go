@@ -23,6 +23,35 @@ func StartReplica(dir string, primary *Server, extra ...string) (*Server, error)
 	return Start(dir, append([]string{"--replicaof", primary.Host(), primary.Port()}, extra...)...)
 }
 
+// StartReplicated starts a primary and n replicas of it, each in a temp
+// dir, and waits up to 30 s until the replicas really receive its writes
+// (WaitReplicated). On failure it closes what it started. The caller must
+// Close the servers.
+func StartReplicated(n int) (primary *Server, replicas []*Server, err error) {
+	if primary, err = Start(""); err != nil {
+		return nil, nil, err
+	}
+	closeAll := func() {
+		for _, r := range replicas {
+			r.Close()
+		}
+		primary.Close()
+	}
+	for range n {
+		r, err := StartReplica("", primary)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		replicas = append(replicas, r)
+	}
+	if err := WaitReplicated(primary, n, 30*time.Second); err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return primary, replicas, nil
+}
+
 // WaitReplicated waits until n replicas of primary really receive writes,
 // for up to limit. Redis 7.0 reports a replica online up to a second before
 // writes reach it, so this writes a marker and waits until WAIT confirms n

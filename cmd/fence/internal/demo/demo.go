@@ -298,19 +298,13 @@ func failover(ctx context.Context, tl *timeline, n int, synced bool) error {
 	}
 	tl.title(n, "the primary fails before its replica has the lock, "+how,
 		"real redis-server processes: a primary and its replica")
-	primary, err := redisserver.Start("")
+	primary, replicas, err := redisserver.StartReplicated(1)
 	if err != nil {
 		return err
 	}
 	defer primary.Close()
-	replica, err := redisserver.StartReplica("", primary)
-	if err != nil {
-		return err
-	}
+	replica := replicas[0]
 	defer replica.Close()
-	if err := redisserver.WaitReplicated(primary, 1, 30*time.Second); err != nil {
-		return err
-	}
 	pc := redis.NewClient(&redis.Options{Addr: primary.Addr, MaxRetries: -1})
 	defer pc.Close()
 	a, err := redislock.New(pc, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !synced}})
