@@ -62,6 +62,21 @@ type lease struct {
 	end              int64 // release invoked, or the worker's last event
 }
 
+// acceptedBefore returns, for each entry of log, the greatest token the
+// resource had accepted for its key before it: an accepted entry with a
+// smaller token is a stale accept (P1).
+func acceptedBefore(log []Entry) []int64 {
+	top := map[string]int64{}
+	out := make([]int64, len(log))
+	for i, e := range log {
+		out[i] = top[e.Key]
+		if e.Accepted {
+			top[e.Key] = max(top[e.Key], e.Token)
+		}
+	}
+	return out
+}
+
 // Check judges a history against the resource's log and final state.
 func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 	var v Verdict
@@ -108,17 +123,15 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 	sort.Slice(held, func(i, j int) bool { return held[i].acquired < held[j].acquired })
 
 	// P1, from the resource's own log.
-	top := map[string]int64{}
-	for _, e := range log {
-		if !e.Accepted {
+	before := acceptedBefore(log)
+	for i, e := range log {
+		switch {
+		case !e.Accepted:
 			v.Rejected++
-			continue
-		}
-		if e.Token < top[e.Key] {
+		case e.Token < before[i]:
 			v.P1++
-			v.example("P1: %s %s by %s with token %d accepted after token %d", e.Kind, e.Op, e.Worker, e.Token, top[e.Key])
+			v.example("P1: %s %s by %s with token %d accepted after token %d", e.Kind, e.Op, e.Worker, e.Token, before[i])
 		}
-		top[e.Key] = max(top[e.Key], e.Token)
 	}
 
 	// P2 and P4, over pairs of leases on the same register.

@@ -71,12 +71,9 @@ func (tl *timeline) svg(w io.Writer, title string) {
 		}
 	}
 	// The resource's decisions on writes.
-	top1 := map[string]int64{}
-	for _, e := range tl.log {
-		stale := e.Accepted && e.Token < top1[e.Key]
-		if e.Accepted {
-			top1[e.Key] = max(top1[e.Key], e.Token)
-		}
+	before := acceptedBefore(tl.log)
+	for i, e := range tl.log {
+		stale := e.Accepted && e.Token < before[i]
 		if e.Kind != "write" {
 			continue
 		}

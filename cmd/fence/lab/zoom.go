@@ -31,17 +31,14 @@ func (tl *timeline) round() (panel, bool) {
 		return panel{}, false
 	}
 	var focus string
-	top := map[string]int64{}
 	var rejected string
-	for _, e := range tl.log {
-		if e.Accepted && e.Token < top[e.Key] && focus == "" {
+	before := acceptedBefore(tl.log)
+	for i, e := range tl.log {
+		if e.Accepted && e.Token < before[i] && focus == "" {
 			focus = e.Op
 		}
 		if !e.Accepted && rejected == "" {
 			rejected = e.Op
-		}
-		if e.Accepted {
-			top[e.Key] = max(top[e.Key], e.Token)
 		}
 	}
 	if focus == "" {
@@ -241,13 +238,10 @@ func (r *Report) Zoomed(w io.Writer, n int) bool {
 			}
 		}
 		// The resource's decisions.
-		top := map[string]int64{}
 		lastLabel := map[string]float64{}
-		for _, l := range p.log {
-			stale := l.Accepted && l.Token < top[l.Key]
-			if l.Accepted {
-				top[l.Key] = max(top[l.Key], l.Token)
-			}
+		before := acceptedBefore(p.log)
+		for i, l := range p.log {
+			stale := l.Accepted && l.Token < before[i]
 			yy, in := rowY[l.Worker]
 			if !in || l.Mono < p.from || l.Mono > p.to {
 				continue
