@@ -2,11 +2,9 @@ package lab
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence/guard"
@@ -26,7 +24,6 @@ type postgresServer struct {
 	srv     *pgserver.Server
 	err     error
 	started time.Duration
-	dbs     atomic.Int64
 }
 
 func (p *postgresServer) start() (*pgserver.Server, error) {
@@ -47,14 +44,9 @@ func (p *postgresServer) database(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	name := fmt.Sprintf("lab_%d", p.dbs.Add(1))
-	admin, err := sql.Open("pgx", srv.DSN("postgres"))
+	name, err := srv.CreateDatabase(ctx, "lab")
 	if err != nil {
 		return "", err
-	}
-	defer admin.Close()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		return "", fmt.Errorf("create database: %w", err)
 	}
 	return srv.DSN(name), nil
 }

@@ -178,18 +178,29 @@ func (s *Server) Close() {
 	_ = os.RemoveAll(s.dir)
 }
 
+// CreateDatabase creates a fresh database whose name starts with a counter
+// and then hint, made safe for SQL, and returns its name, for processes
+// that connect themselves (s.DSN(name)). Nothing drops it but Close.
+func (s *Server) CreateDatabase(ctx context.Context, hint string) (string, error) {
+	name := fmt.Sprintf("t%d_%s", s.dbs.Add(1), sanitize(hint))
+	admin, err := sql.Open("pgx", s.DSN("postgres"))
+	if err != nil {
+		return "", err
+	}
+	defer admin.Close()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", fmt.Errorf("create database: %w", err)
+	}
+	return name, nil
+}
+
 // CreateDB creates a fresh database whose name starts with a counter and
 // then hint, made safe for SQL, and returns a handle to it. drop closes the
 // handle and drops the database; the caller must call it.
 func (s *Server) CreateDB(ctx context.Context, hint string) (db *sql.DB, drop func(), err error) {
-	name := fmt.Sprintf("t%d_%s", s.dbs.Add(1), sanitize(hint))
-	admin, err := sql.Open("pgx", s.DSN("postgres"))
+	name, err := s.CreateDatabase(ctx, hint)
 	if err != nil {
 		return nil, nil, err
-	}
-	defer admin.Close()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		return nil, nil, fmt.Errorf("create database: %w", err)
 	}
 	db, err = sql.Open("pgx", s.DSN(name))
 	if err != nil {
