@@ -21,7 +21,7 @@ import (
 const releaseTimeout = 5 * time.Second
 
 func execCmd() *cobra.Command {
-	var rf redisFlags
+	var lf lockerFlags
 	var wait, ttl, grace time.Duration
 	cmd := &cobra.Command{
 		Use:   "exec NAME -- COMMAND [ARG...]",
@@ -79,14 +79,14 @@ below the library's minimum lease time included).`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := validateDurations(wait, ttl, cmd.Flags().Changed("ttl"), grace, rf.watchdogTTL); err != nil {
+			if err := validateDurations(wait, ttl, cmd.Flags().Changed("ttl"), grace, lf.redis.watchdogTTL); err != nil {
 				return exitWith(ExitUsage, err)
 			}
 			opts := []fence.Option{fence.Wait(wait)}
 			if cmd.Flags().Changed("ttl") {
 				opts = append(opts, fence.TTL(ttl))
 			}
-			l, closeClient, err := rf.locker(cmd)
+			l, closeClient, err := lf.locker(cmd)
 			if err != nil {
 				return err
 			}
@@ -98,7 +98,7 @@ below the library's minimum lease time included).`,
 			return runHolding(cmd, lease, args[1:], grace)
 		},
 	}
-	rf.register(cmd)
+	lf.register(cmd)
 	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait for the lock; 0 tries once")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "fixed lease time, not renewed; without it the watchdog renews the lease")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM (on a lost lease, or to what the command left running when it exited), how long to wait before SIGKILL")
