@@ -116,12 +116,8 @@ func (l *Locker) releaseAbandoned(a attempt) {
 		if err == nil || !transient(err) || errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
 			return
 		}
-		pause := time.NewTimer(retryBackoff(failures))
-		select {
-		case <-ctx.Done():
-			pause.Stop()
+		if !pause(ctx, retryBackoff(failures)) {
 			return
-		case <-pause.C:
 		}
 	}
 }

@@ -475,12 +475,8 @@ func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node str
 			} else if time.Now().After(tryAgainUntil) {
 				return err
 			}
-			pause := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				pause.Stop()
+			if !pause(ctx, backoff) {
 				return err
-			case <-pause.C:
 			}
 			backoff = min(2*backoff, tryAgainBackoff)
 			if node, c, err = l.primaryFor(ctx, key); err != nil {

@@ -152,8 +152,6 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 		return
 	}
 
-	backoff := time.NewTimer(0)
-	defer backoff.Stop()
 	failures := 0
 	for {
 		msg, err := ps.Receive(ctx)
@@ -171,12 +169,9 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 			}
 			l.wakeAll(w)
 			failures++
-			backoff.Reset(min(time.Duration(failures)*10*time.Millisecond, time.Second))
-			select {
-			case <-ctx.Done():
+			if !pause(ctx, retryBackoff(failures)) {
 				l.drop(w, ctx.Err())
 				return
-			case <-backoff.C:
 			}
 			if _, moved := redis.IsMovedError(err); moved {
 				// Subscribed where the slot was: try where it is now.
@@ -268,12 +263,8 @@ func (l *Locker) resubscribe(ctx context.Context, w *subscription, old *redis.Pu
 		if err == nil || ctx.Err() != nil || errors.Is(err, errWatchClosed) {
 			return ps, err
 		}
-		pause := time.NewTimer(min(time.Duration(failures)*10*time.Millisecond, time.Second))
-		select {
-		case <-ctx.Done():
-			pause.Stop()
+		if !pause(ctx, retryBackoff(failures)) {
 			return nil, errors.Join(err, ctx.Err())
-		case <-pause.C:
 		}
 	}
 }
