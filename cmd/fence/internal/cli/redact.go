@@ -17,25 +17,42 @@ const mask = "xxxxx"
 // masking too much: a password with an unescaped "/", "?" or "@" in it is
 // still masked whole.
 func redactURL(s string) string {
-	if i := strings.Index(s, "://"); i >= 0 {
-		if at := strings.LastIndex(s, "@"); at > i+3 {
-			userinfo := s[i+3 : at]
-			user, _, hasPass := strings.Cut(userinfo, ":")
-			if !hasPass {
-				user = "" // "redis://secret@host": the one part may be a password
-			}
-			s = s[:i+3] + user + ":" + mask + s[at:]
+	if from, to, ok := userinfoSecret(s); ok {
+		sep := ""
+		if strings.HasSuffix(s[:from], "://") {
+			sep = ":" // "redis://secret@host" shows as "redis://:xxxxx@host"
 		}
-	} else if at := strings.LastIndex(s, "@"); at >= 0 {
-		// No "//": "redis:u:pw@host" is an opaque URL to url.Parse, but
-		// the part before "@" may still be a password.
-		c := strings.IndexByte(s, ':')
-		if c < 0 || c > at {
-			c = -1
-		}
-		s = s[:c+1] + mask + s[at:]
+		s = s[:from] + sep + mask + s[to:]
 	}
 	return maskParams(s, func(string) string { return mask })
+}
+
+// userinfoSecret returns where the part of URL s that may be a password
+// begins and ends: after "user:" in "scheme://user:pw@host"; the whole
+// user information of "scheme://secret@host", whose one part may be a
+// password; and, in "scheme:u:pw@host" (no "//": an opaque URL to
+// url.Parse), everything between the scheme and the last "@". ok is false
+// when there is nothing before an "@".
+func userinfoSecret(s string) (from, to int, ok bool) {
+	at := strings.LastIndex(s, "@")
+	if i := strings.Index(s, "://"); i >= 0 {
+		if at <= i+3 {
+			return 0, 0, false
+		}
+		from = i + 3
+		if c := strings.IndexByte(s[from:at], ':'); c >= 0 {
+			from += c + 1
+		}
+		return from, at, true
+	}
+	if at < 0 {
+		return 0, 0, false
+	}
+	c := strings.IndexByte(s, ':')
+	if c > at {
+		c = -1
+	}
+	return c + 1, at, true
 }
 
 // maskParams replaces the value of every parameter after the first "?" or
@@ -94,21 +111,8 @@ func urlSecrets(s string) []string {
 			out = append(out, d)
 		}
 	}
-	if i := strings.Index(s, "://"); i >= 0 {
-		if at := strings.LastIndex(s, "@"); at > i+3 {
-			userinfo := s[i+3 : at]
-			if _, pass, ok := strings.Cut(userinfo, ":"); ok {
-				add(pass)
-			} else {
-				add(userinfo)
-			}
-		}
-	} else if at := strings.LastIndex(s, "@"); at >= 0 {
-		c := strings.IndexByte(s, ':')
-		if c < 0 || c > at {
-			c = -1
-		}
-		add(s[c+1 : at])
+	if from, to, ok := userinfoSecret(s); ok {
+		add(s[from:to])
 	}
 	maskParams(s, func(v string) string { add(v); return v })
 	return out
