@@ -46,6 +46,9 @@ type Config struct {
 	// write is how protected workers do their read-modify-write:
 	// worker.WriteGuard unless a test mutates it.
 	write string
+	// syncOff turns replica sync off in scenario 7's protected rows: for
+	// the mutation test.
+	syncOff bool
 	// resumeAt, if set, names the resume point of every pause (see
 	// resumePoints) instead of a random one: for tests.
 	resumeAt string
@@ -84,6 +87,7 @@ var scenarios = []scenario{
 	{4, "async failover", "P1", asyncFailover, []string{"replica unseen"}},
 	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
 	{6, "token source loss", "P2", tokenSourceLoss, nil},
+	{7, "Sentinel failover", "P1", sentinelFailover, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a
