@@ -42,7 +42,7 @@ type Spec struct {
 	// and Redis is ignored.
 	Sentinels []string `json:"sentinels,omitempty"`
 	Master    string   `json:"master,omitempty"`
-	Lock  string `json:"lock"`  // lock name
+	Lock      string   `json:"lock"` // lock name
 	// DB is the path of the lab's SQLite database, or the connection
 	// string of its PostgreSQL database (postgres://…): the worker does its
 	// read-modify-write there itself, as Write says. Without DB it asks
