@@ -6,8 +6,9 @@
 // write, is the ground truth, and a checker that judges each run.
 //
 // Every scenario runs as a control (the naive lock: SET NX PX with an INCR
-// counter for tokens, no replica sync; the row read and then written with a
-// plain UPDATE), which must show the violation, proving the checker can see
+// counter for tokens, no replica sync; in scenario 5 fence's lock with its
+// defaults, in 7 with replica sync off; the row read and then written with a plain
+// UPDATE), which must show the violation, proving the checker can see
 // it; and protected (fence's redislock with its defaults, and guard's fenced
 // read-modify-write), which must show none. Some scenarios add a protected
 // row with a different setting. A run whose fault did not take effect fails.

@@ -39,7 +39,8 @@ written with guard.Tx, fenced first, then read, then written; guard.Middleware i
 2); scenario 3 adds the same row in PostgreSQL (guard.Tx over pgx, a server the lab starts
 with initdb). Rows with a stricter or weaker setting (acks=all, a replica never seen) show
 which safety came from the lock and which from the token. The control is a naive lock (SET NX PX
-with an INCR token, no replica sync; in 5 and 7 fence's lock with a weaker replica setting)
+with an INCR token, no replica sync; in 5 fence's lock with its defaults, in 7 with replica
+sync off)
 and a plain read-then-UPDATE. A fault that did not take
 effect fails its run. Paused workers resume at seeded random points (--seed replays them).
 Lab exits 1 if an expectation fails.
