@@ -45,7 +45,8 @@ and a plain read-then-UPDATE. A fault that did not take
 effect fails its run. Paused workers resume at seeded random points (--seed replays them).
 Lab exits 1 if an expectation fails.
 
---quick runs a short version (about 30 s, PostgreSQL's row about 4 s of it); the full run makes at least 200 fenced writes
+--quick runs a short version (about 40 s, PostgreSQL's row about 4 s of it, scenario 7's
+Sentinel failovers about 11 s); the full run (about 7 min) makes at least 200 fenced writes
 per scenario. With --out DIR it writes report.md, report.json and timeline.svg there, and
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,
