@@ -63,9 +63,21 @@ func (r *Report) Claims() []Claim {
 	}
 	out = append(out, c)
 
-	out = append(out, Claim{ID: "C2", Claim: "Sentinel or Cluster does not remove it", Where: "—",
-		Figure: "not measured: the lab promotes the replica itself (REPLICAOF NO ONE, the step Sentinel takes); no scenario runs Sentinel or Cluster",
-		Shown:  "not measured"})
+	c = Claim{ID: "C2", Claim: "Sentinel or Cluster does not remove it", Where: "7 control; 7 protected"}
+	if ctl, ok := r.find(7, "control"); ok {
+		v := ctl.Verdict
+		c.Figure = fmt.Sprintf("Sentinel's own failover (3 sentinels, quorum 2), fence's lock with replica sync off: two holders in %d of %d rounds, %d stale writes accepted by the plain UPDATE, %d leases with a token not above an earlier one's (the token record died with the primary; the promoted node's tokens come from its clock)",
+			v.TwoHolders, v.Registers, v.P1, v.P2)
+		if p, ok := r.find(7, "protected"); ok {
+			c.Figure += fmt.Sprintf("; fence's defaults: lock refused in %d of %d, two holders in %d",
+				p.Verdict.Refused, p.Verdict.Registers, p.Verdict.TwoHolders)
+		}
+		c.Figure += "; Cluster: not measured"
+		c.Shown = yes(v.TwoHolders > 0)
+	} else {
+		c = notRun(c)
+	}
+	out = append(out, c)
 
 	c = Claim{ID: "C3", Claim: "checking that replicas have the lock narrows the window but does not close it", Where: "4 protected; 5 protected; 5 protected, acks=all"}
 	s4, ok4 := r.find(4, "protected")

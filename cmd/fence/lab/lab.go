@@ -6,8 +6,9 @@
 // write, is the ground truth, and a checker that judges each run.
 //
 // Every scenario runs as a control (the naive lock: SET NX PX with an INCR
-// counter for tokens, no replica sync; the row read and then written with a
-// plain UPDATE), which must show the violation, proving the checker can see
+// counter for tokens, no replica sync; in scenario 5 fence's lock with its
+// defaults, in 7 with replica sync off; the row read and then written with a plain
+// UPDATE), which must show the violation, proving the checker can see
 // it; and protected (fence's redislock with its defaults, and guard's fenced
 // read-modify-write), which must show none. Some scenarios add a protected
 // row with a different setting. A run whose fault did not take effect fails.
@@ -46,6 +47,9 @@ type Config struct {
 	// write is how protected workers do their read-modify-write:
 	// worker.WriteGuard unless a test mutates it.
 	write string
+	// syncOff turns replica sync off in scenario 7's protected rows: for
+	// the mutation test.
+	syncOff bool
 	// resumeAt, if set, names the resume point of every pause (see
 	// resumePoints) instead of a random one: for tests.
 	resumeAt string
@@ -84,6 +88,7 @@ var scenarios = []scenario{
 	{4, "async failover", "P1", asyncFailover, []string{"replica unseen"}},
 	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
 	{6, "token source loss", "P2", tokenSourceLoss, nil},
+	{7, "Sentinel failover", "P1", sentinelFailover, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a

@@ -159,11 +159,14 @@ func (x *experiment) replicated(n int) (*redisserver.Server, []*redisserver.Serv
 
 // failoverRound runs worker a (one lease, stopping itself once it holds
 // it) until it pauses or fails to acquire; then fail kills and promotes;
-// then worker b takes ten leases on the promoted node; then a continues and
+// then worker b takes b.Ops leases (ten if zero) on the promoted node; then a continues and
 // writes with its old lease.
 func (x *experiment) failoverRound(a, b Spec, fail func() error) error {
 	a.Ops, a.PauseAt, a.PausePoint = 1, []int{1}, "acquired"
-	b.Ops, b.Wait = 10, 10*time.Second
+	b.Wait = 10 * time.Second
+	if b.Ops == 0 {
+		b.Ops = 10
+	}
 	wa, err := x.spawn(a)
 	if err != nil {
 		return err

@@ -36,7 +36,13 @@ const Env = "FENCE_LAB_WORKER"
 type Spec struct {
 	ID    string `json:"id"`
 	Redis string `json:"redis"` // host:port
-	Lock  string `json:"lock"`  // lock name
+	// Sentinels, if set, are the addresses of Redis Sentinels: the worker
+	// reaches the primary they name for Master through them
+	// (redis.NewFailoverClient), as a client of a Sentinel deployment does,
+	// and Redis is ignored.
+	Sentinels []string `json:"sentinels,omitempty"`
+	Master    string   `json:"master,omitempty"`
+	Lock      string   `json:"lock"` // lock name
 	// DB is the path of the lab's SQLite database, or the connection
 	// string of its PostgreSQL database (postgres://…): the worker does its
 	// read-modify-write there itself, as Write says. Without DB it asks
@@ -73,7 +79,13 @@ func Main() int {
 		return 2
 	}
 	w := &worker{s: s, out: os.Stdout, http: &http.Client{Timeout: 5 * time.Second}}
-	client := redis.NewClient(&redis.Options{Addr: s.Redis, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 3 * time.Second})
+	var client *redis.Client
+	if len(s.Sentinels) > 0 {
+		client = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.Master, SentinelAddrs: s.Sentinels,
+			MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 3 * time.Second})
+	} else {
+		client = redis.NewClient(&redis.Options{Addr: s.Redis, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 3 * time.Second})
+	}
 	defer client.Close()
 	if s.Naive {
 		w.locker = &naiveLocker{c: client}
