@@ -207,3 +207,43 @@ func TestInvalidTable(t *testing.T) {
 		}
 	}
 }
+
+// Without a Listener, a waiter wakes at the holder's expiry as the
+// database computes it: a release goes unnoticed until then, and the
+// waiter sends nothing in between.
+func TestWaiterWithoutListenerWakesAtExpiry(t *testing.T) {
+	d := newDatabase(t, pg)
+	holder := d.locker(t, d.db)
+	var count atomic.Int64
+	waiter, err := pglock.New(open(t, d.dsn, &count), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 2 * time.Second
+	lease, err := holder.Acquire(ctxFor(t, 10*time.Second), "nolisten", fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := time.Now()
+	go func() {
+		// Release once the waiter is waiting (it has tried and read
+		// the time left).
+		for deadline := time.Now().Add(5 * time.Second); count.Load() < 2 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond) // polling with a deadline
+		}
+		_ = lease.Release(context.Background())
+	}()
+	l, err := waiter.Acquire(ctxFor(t, 10*time.Second), "nolisten", fence.Wait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	took := time.Since(granted)
+	t.Logf("acquired %v after the grant of a %v lease released early; %d statements", took, ttl, count.Load())
+	if took < ttl-100*time.Millisecond || took > ttl+time.Second {
+		t.Fatalf("acquired after %v, want at the holder's expiry %v", took, ttl)
+	}
+	if n := count.Load(); n != 3 {
+		t.Fatalf("%d statements, want 3 (try, time left, try at expiry)", n)
+	}
+}
