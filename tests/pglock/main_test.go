@@ -66,7 +66,7 @@ func (p pgxListener) Listen(ctx context.Context, channel string) (<-chan string,
 // database is a fresh database with the lease table, its DSN, and a handle.
 type database struct {
 	name, dsn string
-	db  *sql.DB
+	db        *sql.DB
 }
 
 func newDatabase(t testing.TB, srv *pgtest.Server) database {

@@ -181,7 +181,10 @@ func TestServerDown(t *testing.T) {
 		call func(ctx context.Context) error
 	}{
 		{"Acquire", func(ctx context.Context) error { _, err := l.Acquire(ctx, "other"); return err }},
-		{"Acquire with Wait", func(ctx context.Context) error { _, err := l.Acquire(ctx, "other", fence.Wait(time.Minute)); return err }},
+		{"Acquire with Wait", func(ctx context.Context) error {
+			_, err := l.Acquire(ctx, "other", fence.Wait(time.Minute))
+			return err
+		}},
 		{"Extend", func(ctx context.Context) error { return lease.Extend(ctx, time.Minute) }},
 		{"Release", func(ctx context.Context) error { return lease.Release(ctx) }},
 	} {
