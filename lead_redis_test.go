@@ -103,3 +103,63 @@ func TestLeadRedis(t *testing.T) {
 		}
 	}
 }
+
+// On a real Redis, a leader that stops extending its fixed lease (a paused
+// process) is replaced within the lease time plus slack; its lease ends, by
+// its own deadline, before the next leader starts; and when it wakes, its
+// fn finds its context cancelled with ErrLeaseLost.
+func TestLeadRedisPausedLeader(t *testing.T) {
+	const ttl = 500 * time.Millisecond
+	const slack = 500 * time.Millisecond
+	srv := redistest.Start(t)
+	var r terms
+	resume := make(chan struct{})
+	var paused time.Time
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(t.Context())
+	defer func() { cancel(); wg.Wait() }()
+	l, err := redislock.New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elected := make(chan struct{})
+	wg.Go(func() {
+		first := true
+		_ = fence.Lead(ctx, l, "leader", r.fn("a", func() error {
+			if first {
+				first = false
+				paused = time.Now()
+				close(elected)
+				<-resume // paused: no Extend, and fn does not look at its ctx
+			}
+			return nil
+		}), fence.LeaseOptions(fence.TTL(ttl)))
+	})
+	<-elected
+	l2, err := redislock.New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { _ = fence.Lead(ctx, l2, "leader", r.fn("b", nil), fence.LeaseOptions(fence.TTL(10*time.Second))) })
+	deadline := time.Now().Add(ttl + slack)
+	for {
+		r.mu.Lock()
+		n := len(r.all)
+		r.mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new leader %v after the leader paused", ttl+slack)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	close(resume)
+	all := r.check(t) // a's lease ended before b started
+	t.Logf("b leads %v after a paused (lease %v)", all[1].start.Sub(paused), ttl)
+	cancel()
+	wg.Wait()
+	if all := r.check(t); !errors.Is(all[0].cause, fence.ErrLeaseLost) {
+		t.Fatalf("the paused fn woke to cause %v, want ErrLeaseLost", all[0].cause)
+	}
+}
