@@ -140,7 +140,9 @@ func TestLeadRedisPausedLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wg.Go(func() { _ = fence.Lead(ctx, l2, "leader", r.fn("b", nil), fence.LeaseOptions(fence.TTL(10*time.Second))) })
+	wg.Go(func() {
+		_ = fence.Lead(ctx, l2, "leader", r.fn("b", nil), fence.LeaseOptions(fence.TTL(10*time.Second)))
+	})
 	deadline := time.Now().Add(ttl + slack)
 	for {
 		r.mu.Lock()
