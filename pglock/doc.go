@@ -47,7 +47,8 @@
 // NOTIFY arrives, whichever is first. Release notifies on the channel named
 // after the table, with the lock's name as payload. database/sql cannot
 // LISTEN, so notifications come through Options.Listener, which the caller
-// implements on its driver; with pgx, one connection per waiting Acquire:
+// implements on its driver. A Locker listens on one connection while any of
+// its Acquires waits, and shares it among them; with pgx:
 //
 //	type pgxListener struct{ dsn string }
 //

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -43,7 +44,9 @@ type Options struct {
 
 // Listener subscribes to PostgreSQL notifications. database/sql has no
 // LISTEN, so the caller provides one on a driver that has (pgx's
-// WaitForNotification, lib/pq's Listener); see the package doc.
+// WaitForNotification, lib/pq's Listener); see the package doc. A Locker
+// calls Listen once while any of its Acquires waits, whatever the lock's
+// name, and shares the notifications among them.
 type Listener interface {
 	// Listen runs LISTEN channel on a connection of its own and returns
 	// once the server has confirmed it, so that no notification sent after
@@ -61,6 +64,9 @@ type Locker struct {
 	watchdog time.Duration
 	listener Listener
 	q        queries
+
+	mu  sync.Mutex
+	sub *subscription // the waiters' shared LISTEN; nil when nobody waits
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -137,30 +143,26 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
 	defer cancel()
 	var (
-		notes    <-chan string // nil until listening
-		stop     = func() {}
+		sub      *subscription // nil until listening
+		w        *waiter
 		failures int
 		lastErr  = err
 	)
-	defer func() { stop() }()
+	defer func() {
+		if sub != nil {
+			l.leave(sub, w)
+		}
+	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		if notes == nil && l.listener != nil && lastErr == nil {
+		if sub == nil && l.listener != nil && lastErr == nil {
 			// Listen before the next try, so that a release between the
 			// try and the wait is not missed.
-			lctx, lcancel := context.WithCancel(waitCtx)
-			ch, err := l.listener.Listen(lctx, l.table)
-			if err != nil {
-				lcancel()
-				lastErr = fmt.Errorf("pglock: listen: %w", err)
+			if s, jw, err := l.join(waitCtx, name); err != nil {
+				lastErr = err
 			} else {
-				notes = ch
-				stop = func() {
-					lcancel()
-					for range ch {
-					}
-				}
+				sub, w = s, jw
 				left = 0 // try again now that we listen
 			}
 		}
@@ -173,30 +175,27 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 			pause = left
 		}
 		if pause > 0 {
+			var wake <-chan struct{}
+			var broken <-chan struct{}
+			if sub != nil {
+				wake, broken = w.wake, sub.broken
+			}
 			timer.Reset(pause)
-			woken := false
-			for !woken {
-				select {
-				case p, ok := <-notes:
-					if !ok { // the listener stopped: listen again
-						stop()
-						notes, stop = nil, func() {}
-						woken = true
-					} else if p == name {
-						woken = true
-					}
-				case <-timer.C:
-					woken = true
-				case <-waitCtx.Done():
-					l.giveUp(&a)
-					switch {
-					case ctx.Err() != nil:
-						return nil, fence.NotAcquired(name, ctx.Err())
-					case lastErr != nil:
-						return nil, fence.NotAcquired(name, lastErr)
-					default:
-						return nil, fence.NotAcquired(name, fence.ErrHeld)
-					}
+			select {
+			case <-wake:
+			case <-broken: // the listener stopped: listen again
+				l.leave(sub, w)
+				sub, w = nil, nil
+			case <-timer.C:
+			case <-waitCtx.Done():
+				l.giveUp(&a)
+				switch {
+				case ctx.Err() != nil:
+					return nil, fence.NotAcquired(name, ctx.Err())
+				case lastErr != nil:
+					return nil, fence.NotAcquired(name, lastErr)
+				default:
+					return nil, fence.NotAcquired(name, fence.ErrHeld)
 				}
 			}
 			timer.Stop()

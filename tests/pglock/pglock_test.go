@@ -3,6 +3,7 @@ package pglock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -248,5 +249,92 @@ func TestWaiterWithoutListenerWakesAtExpiry(t *testing.T) {
 	}
 	if n := count.Load(); n != 3 {
 		t.Fatalf("%d statements, want 3 (try, time left, try at expiry)", n)
+	}
+}
+
+// countingListener counts Listen calls and remembers the backend pids of
+// its connections, so a test can kill them.
+type countingListener struct {
+	pgxListener
+	calls atomic.Int64
+}
+
+func (c *countingListener) Listen(ctx context.Context, channel string) (<-chan string, error) {
+	c.calls.Add(1)
+	return c.pgxListener.Listen(ctx, channel)
+}
+
+// The waiters of one Locker share one LISTEN connection, whatever their
+// lock names; when that connection is killed mid-wait, they listen again
+// and still wake on the release, long before the holder's expiry.
+func TestWaitersShareOneListenAndSurviveItsLoss(t *testing.T) {
+	d := newDatabase(t, pg)
+	holder := d.locker(t, d.db)
+	ln := &countingListener{pgxListener: pgxListener{d.dsn + "&application_name=pglock_listener"}}
+	waiter, err := pglock.New(open(t, d.dsn, nil), &pglock.Options{Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 4
+	var leases []fence.Lease
+	for i := range waiters {
+		lease, err := holder.Acquire(ctxFor(t, 10*time.Second), fmt.Sprint("share", i), fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, lease)
+	}
+	errc := make(chan error, waiters)
+	for i := range waiters {
+		go func() {
+			l, err := waiter.Acquire(ctxFor(t, 30*time.Second), fmt.Sprint("share", i), fence.Wait(20*time.Second))
+			if err == nil {
+				err = l.Release(context.Background())
+			}
+			errc <- err
+		}()
+	}
+	listening := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) { // polling with a deadline
+			var got int
+			err := d.db.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglock_listener' AND query LIKE 'LISTEN%'`).Scan(&got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d listening connections, want %d", got, n)
+			}
+		}
+	}
+	listening(1)
+	if c := ln.calls.Load(); c != 1 {
+		t.Fatalf("%d Listen calls for %d waiters, want 1", c, waiters)
+	}
+	// Kill the listening connection: the waiters listen again.
+	if _, err := d.db.ExecContext(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pglock_listener'`); err != nil {
+		t.Fatal(err)
+	}
+	listening(1)
+	released := time.Now()
+	for _, lease := range leases {
+		if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range waiters {
+		if err := <-errc; err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+	}
+	t.Logf("%d waiters acquired %v after the releases; %d Listen calls", waiters, time.Since(released), ln.calls.Load())
+	if c := ln.calls.Load(); c != 2 {
+		t.Fatalf("%d Listen calls, want 2 (one, and one after the kill)", c)
+	}
+	if took := time.Since(released); took > 5*time.Second {
+		t.Fatalf("waiters acquired %v after the release", took)
 	}
 }
