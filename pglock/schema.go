@@ -27,7 +27,8 @@ func (e *InvalidTableError) Unwrap() error { return fence.ErrInvalidOption }
 
 // ValidateTable checks a table name: 1 to MaxTableLen bytes of lower-case
 // ASCII letters, digits and underscores, not starting with a digit, so that
-// it needs no quoting in SQL and names the same table quoted or not. To put
+// it names the same table quoted (as pglock writes it, so that reserved
+// words such as "order" work) or not (as you may write it by hand). To put
 // the table in another schema, set the connection's search_path. The error
 // is an *InvalidTableError.
 func ValidateTable(table string) error {
@@ -52,8 +53,8 @@ func ValidateTable(table string) error {
 // themselves. table must be valid (ValidateTable). The sequence is a bigint
 // that never cycles: nextval fails rather than issue a token again.
 func Schema(table string) string {
-	return fmt.Sprintf(`CREATE SEQUENCE IF NOT EXISTS %[1]s_token AS bigint MINVALUE 1 NO CYCLE;
-CREATE TABLE IF NOT EXISTS %[1]s (
+	return fmt.Sprintf(`CREATE SEQUENCE IF NOT EXISTS "%[1]s_token" AS bigint MINVALUE 1 NO CYCLE;
+CREATE TABLE IF NOT EXISTS "%[1]s" (
 	name       text PRIMARY KEY,
 	owner      text NOT NULL,
 	token      bigint NOT NULL,
@@ -79,21 +80,24 @@ func newQueries(t string) queries {
 		// token in VALUES would not: its nextval runs before it waits for
 		// the conflicting row, and a token drawn early could be granted
 		// after a later one. That is why rows are never deleted.
-		acquire: fmt.Sprintf(`UPDATE %[1]s
-SET owner = $2, token = nextval('%[1]s_token'), expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
-WHERE name = $1 AND expires_at <= clock_timestamp()
+		//
+		// A row this attempt already owns is granted again (with a new
+		// token): an earlier try whose reply was lost may have taken it.
+		acquire: fmt.Sprintf(`UPDATE "%[1]s"
+SET owner = $2, token = nextval('"%[1]s_token"'), expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+WHERE name = $1 AND (expires_at <= clock_timestamp() OR owner = $2)
 RETURNING token`, t),
 		// The first acquisition of a name creates its row, free.
-		create: fmt.Sprintf(`INSERT INTO %s (name, owner, token, expires_at)
+		create: fmt.Sprintf(`INSERT INTO "%s" (name, owner, token, expires_at)
 VALUES ($1, '', 0, '-infinity') ON CONFLICT (name) DO NOTHING`, t),
 		left: fmt.Sprintf(`SELECT CASE WHEN expires_at <= clock_timestamp() THEN 0
 ELSE (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint END
-FROM %s WHERE name = $1`, t),
-		renew: fmt.Sprintf(`UPDATE %s SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+FROM "%s" WHERE name = $1`, t),
+		renew: fmt.Sprintf(`UPDATE "%s" SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()`, t),
 		// Free our own row if it has not expired and notify the waiters
 		// (at commit). No row: the lease was lost.
-		release: fmt.Sprintf(`UPDATE %s SET owner = '', expires_at = clock_timestamp()
+		release: fmt.Sprintf(`UPDATE "%s" SET owner = '', expires_at = clock_timestamp()
 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
 RETURNING pg_notify($3, $1)::text`, t),
 	}
