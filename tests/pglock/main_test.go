@@ -138,11 +138,11 @@ type countingConn struct {
 }
 
 func (c countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	c.n.Add(1)
+	defer c.n.Add(1) // counted once answered, so a count says what the caller has seen
 	return c.Conn.QueryContext(ctx, q, args)
 }
 
 func (c countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	c.n.Add(1)
+	defer c.n.Add(1)
 	return c.Conn.ExecContext(ctx, q, args)
 }
