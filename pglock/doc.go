@@ -95,7 +95,9 @@
 // with the caller's context, so a database that is down or unreachable
 // fails the call by the caller's deadline. An Acquire whose statement's
 // outcome is unknown (the connection broke, ctx ended) frees its row, if
-// it was granted after all, with a statement bounded to two seconds.
+// it was granted after all, in the background, with a statement bounded to
+// two seconds; a later try of the same Acquire is granted a row it already
+// owns.
 //
 // Locker methods and leases are safe for concurrent use.
 package pglock

@@ -217,16 +217,20 @@ func retryBackoff(n int) time.Duration {
 // giveUpTimeout bounds the clean-up of an acquisition given up on.
 const giveUpTimeout = 2 * time.Second
 
-// giveUp deletes, owner-checked, a row that a try whose reply was lost may
-// have inserted after all, so that the lock is not held by nobody until it
-// expires. It runs after the caller's ctx ended, bounded by giveUpTimeout.
+// giveUp frees, owner-checked and in the background, a row that a try whose
+// reply was lost may have taken after all, so that the lock is not held by
+// nobody until it expires. It runs after the caller's ctx may have ended,
+// bounded by giveUpTimeout, and does not hold up the caller's return.
 func (l *Locker) giveUp(a *attempt) {
 	if !a.sent {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
-	defer cancel()
-	_, _ = l.db.ExecContext(ctx, l.q.release, a.name, a.owner, l.table)
+	name, owner := a.name, a.owner
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
+		defer cancel()
+		_, _ = l.db.ExecContext(ctx, l.q.release, name, owner, l.table)
+	}()
 }
 
 // attempt is one Acquire's identity: the owner is unique to it.
