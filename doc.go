@@ -17,8 +17,9 @@
 //
 // The package holds the contract that every backend implements: Locker,
 // Lease, Token, the per-call options (Wait, TTL) and the error values.
-// Backends live in their own packages: redislock for Redis, and memlock, an
-// in-memory reference implementation that the examples use. The
+// Backends live in their own packages: redislock for Redis, pglock for
+// PostgreSQL, and memlock, an in-memory reference implementation that the
+// examples use. The
 // conformance suite every backend passes lives in fencetest.
 //
 // # Leases
@@ -31,6 +32,9 @@
 // a watchdog until it is released or cannot be renewed in time. Either way
 // its Done channel closes and its Context is cancelled once the lease has
 // ended, and Err says why.
+//
+// Run acquires, calls a function and releases; Lead campaigns for a lock
+// again and again and runs a function while it leads (leader election).
 //
 // Locks are not re-entrant: acquiring a name that the same process already
 // holds waits like any other caller, as with sync.Mutex.

@@ -64,3 +64,24 @@ func ExampleLocker() {
 	// true true
 	// fence: lock not acquired: "lock:payment:1001": fence: held by another owner
 }
+
+// Lead campaigns, runs fn while it leads, and returns when ctx ends. Here
+// the leader stops the whole campaign after its first term.
+func ExampleLead() {
+	locker, _ := memlock.New(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+
+	err := fence.Lead(ctx, locker, "leader:billing",
+		func(ctx context.Context, lease fence.Lease) error {
+			fmt.Println("leading with token", lease.Token())
+			cancel() // shut down: fn's context ends, and so does Lead
+			<-ctx.Done()
+			return nil
+		},
+		fence.OnDeposed(func(lease fence.Lease, err error) { fmt.Println("term of token", lease.Token(), "ended:", err) }))
+	fmt.Println("Lead:", err)
+	// Output:
+	// leading with token 1
+	// term of token 1 ended: <nil>
+	// Lead: context canceled
+}

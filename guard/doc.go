@@ -53,6 +53,42 @@
 //   - Once: idempotency keys on a unique constraint.
 //   - Table.UpdateVersion: an optimistic version check.
 //
+// # Conditional update, unique constraint or pessimistic lock
+//
+// When everything the work touches lives in one database, that database can
+// hold the state itself, with or without a fence lock in front:
+//
+//   - A conditional update (UPDATE … WHERE status = 'PENDING', or
+//     Table.Update's token column) when one statement is the whole
+//     read-modify-write: stock counts, state transitions.
+//   - A unique constraint (Once) when the danger is doing a thing twice:
+//     creating a duplicate, applying a message again.
+//   - An optimistic version check (Table.UpdateVersion) when conflicts are
+//     rare and the transaction may be long: the loser retries.
+//   - A pessimistic lock, SELECT … FOR UPDATE, when conflicts are frequent
+//     and the transaction short: the second writer waits instead of
+//     failing.
+//
+// Inside Tx the pessimistic lock is the plain statement, through tx:
+//
+//	err := guard.Tx(ctx, db, "payment:1001", lease.Token(), func(tx *sql.Tx) error {
+//		var status string
+//		if err := tx.QueryRowContext(ctx, `SELECT status FROM payment WHERE id = $1 FOR UPDATE`, 1001).Scan(&status); err != nil {
+//			return err
+//		}
+//		// decide on status, write through tx
+//	})
+//
+// Tx's fence already locks the resource's fence_tokens row, so fenced
+// transactions on one resource run one at a time; FOR UPDATE adds the lock
+// on the business rows, against writers that do not go through the fence
+// (other services, other resources' transactions touching the same rows).
+// SQLite has no FOR UPDATE: with SQLiteDSN every transaction begins
+// IMMEDIATE and holds the database's write lock, which serializes it anyway.
+// guard has no helper for it: one would add nothing to tx.QueryRowContext.
+// A fence lock and its token are for work that leaves the database (a
+// remote API, a file, another store), or that must not even start twice.
+//
 // # HTTP
 //
 // Middleware runs a handler only if the request's Fence-Token is greater

@@ -32,10 +32,11 @@ const installHint = "install it with `apt-get install -y postgresql` (`make test
 type Server struct {
 	Port int // on 127.0.0.1
 
-	dir  string
-	proc *os.Process
-	done chan struct{}
-	dbs  atomic.Int64
+	bin, dir, data string
+	cred           *syscall.Credential
+	proc           *os.Process
+	done           chan struct{}
+	dbs            atomic.Int64
 }
 
 // binDir finds PostgreSQL's server binaries: on PATH, else Debian's
@@ -91,7 +92,7 @@ func Start() (*Server, error) {
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 	for attempt := 0; ; attempt++ {
-		s, err := start(bin, dir, data, cred)
+		s, err := start(bin, dir, data, cred, 0)
 		if err == nil || attempt == 3 {
 			if err != nil {
 				_ = os.RemoveAll(dir)
@@ -101,14 +102,17 @@ func Start() (*Server, error) {
 	}
 }
 
-func start(bin, dir, data string, cred *syscall.Credential) (*Server, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+// start runs postgres on data; port 0 picks a free one.
+func start(bin, dir, data string, cred *syscall.Credential, port int) (*Server, error) {
+	if port == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	logf, err := os.Create(filepath.Join(dir, "postgres.log"))
+	logf, err := os.OpenFile(filepath.Join(dir, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +125,7 @@ func start(bin, dir, data string, cred *syscall.Credential) (*Server, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
-	s := &Server{Port: port, dir: dir, proc: cmd.Process, done: make(chan struct{})}
+	s := &Server{Port: port, bin: bin, dir: dir, data: data, cred: cred, proc: cmd.Process, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(s.done) }()
 	if err := s.waitReady(); err != nil {
 		s.stop()
@@ -170,6 +174,19 @@ func (s *Server) stop() {
 		_ = s.proc.Kill()
 		<-s.done
 	}
+}
+
+// Restart stops the server as a crash would (immediate shutdown: no
+// checkpoint, recovery from the WAL at start) and starts it again on the
+// same port and data directory, keeping its databases.
+func (s *Server) Restart() error {
+	s.stop()
+	n, err := start(s.bin, s.dir, s.data, s.cred, s.Port)
+	if err != nil {
+		return err
+	}
+	s.proc, s.done = n.proc, n.done
+	return nil
 }
 
 // Close stops the server and removes its files.

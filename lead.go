@@ -1,0 +1,165 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Defaults of Lead.
+const (
+	// DefaultCampaignWait is the Wait budget of each Acquire a candidate
+	// makes when LeaseOptions gives none: a candidate whose Acquire ran out
+	// of budget with the lock held campaigns again at once.
+	DefaultCampaignWait = 30 * time.Second
+	// DefaultMinBackoff and DefaultMaxBackoff bound the pause before a new
+	// campaign after a term ended or Acquire failed; see Backoff.
+	DefaultMinBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff = 10 * time.Second
+)
+
+// LeadOption configures Lead.
+type LeadOption func(*leadConfig)
+
+type leadConfig struct {
+	acquire    []Option
+	minBackoff time.Duration
+	maxBackoff time.Duration
+	onElected  func(Lease)
+	onDeposed  func(Lease, error)
+}
+
+// LeaseOptions are passed to every Acquire of the campaign: TTL for a fixed
+// lease time (fn's lease is then not renewed, and the term ends when it
+// expires unless fn extends it), Wait for the budget of each Acquire
+// (default DefaultCampaignWait).
+func LeaseOptions(opts ...Option) LeadOption {
+	return func(c *leadConfig) { c.acquire = append(c.acquire, opts...) }
+}
+
+// Backoff sets the bounds of the pause before campaigning again: after the
+// n-th term or failed Acquire in a row that did not end by losing the lease,
+// the pause is drawn at random between half and all of min·2ⁿ, capped at
+// max. A term that ended because the lease was lost is followed by a pause
+// of about min, so that another candidate (the one the lock went to) is not
+// raced by the deposed leader. min must be positive and at most max.
+func Backoff(min, max time.Duration) LeadOption {
+	return func(c *leadConfig) { c.minBackoff, c.maxBackoff = min, max }
+}
+
+// OnElected calls f with the lease each time this candidate becomes the
+// leader, before fn starts, on Lead's goroutine: who leads is the lease's
+// token, since when is the time f is called.
+func OnElected(f func(lease Lease)) LeadOption {
+	return func(c *leadConfig) { c.onElected = f }
+}
+
+// OnDeposed calls f each time a term ends, after fn has returned and the
+// lease was released, on Lead's goroutine. err is why: fn's error joined with
+// Release's, which matches ErrLeaseLost when the lease was lost during the
+// term, and is nil when fn returned nil and the release succeeded.
+func OnDeposed(f func(lease Lease, err error)) LeadOption {
+	return func(c *leadConfig) { c.onDeposed = f }
+}
+
+// Lead campaigns for the lock called name and runs fn while it holds it, as
+// Kubernetes' leader election does, on any Locker. It returns only when ctx
+// ends, with context.Cause(ctx), or at once with an error matching
+// ErrInvalidName or ErrInvalidOption for bad input.
+//
+// A campaign is an Acquire with a Wait budget. When it succeeds, a term
+// begins: fn runs with the lease and a context that is cancelled when the
+// lease ends (its cause is the lease's Err, matching ErrLeaseLost) or when
+// ctx ends (ctx's cause). When fn returns, the lease is released, the term
+// ends, and after a back-off Lead campaigns again. fn must return soon after
+// its context is cancelled, and pass lease.Token() with each write: between
+// the moment a lease is lost and the moment fn sees it, another candidate may
+// already lead, and only the token lets the resource tell the two apart.
+//
+// Like client-go's OnStartedLeading, fn is meant to run for the whole term.
+// If it returns early — nil or an error — the lease is released and the
+// candidate campaigns again after a back-off that grows with each early
+// return in a row, as a supervisor restarts a crashed worker; Lead does not
+// return. Errors are reported through OnDeposed.
+//
+// When the lock is released normally (ctx of the leader ends), the old
+// leader's fn has returned before the lock is released, so the next leader's
+// fn starts after it.
+func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...LeadOption) error {
+	c := leadConfig{minBackoff: DefaultMinBackoff, maxBackoff: DefaultMaxBackoff}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&c)
+		}
+	}
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	o, err := Apply(c.acquire)
+	if err != nil {
+		return err
+	}
+	if c.minBackoff <= 0 || c.maxBackoff < c.minBackoff {
+		return fmt.Errorf("%w: Lead back-off from %v to %v: want 0 < min <= max", ErrInvalidOption, c.minBackoff, c.maxBackoff)
+	}
+	acquire := c.acquire
+	if o.Wait == 0 {
+		acquire = append(acquire[:len(acquire):len(acquire)], Wait(DefaultCampaignWait))
+	}
+
+	failures := 0 // early returns and failed Acquires in a row
+	for {
+		var lease Lease
+		err := Run(ctx, locker, name, func(ctx context.Context, l Lease) error {
+			lease = l
+			if c.onElected != nil {
+				c.onElected(l)
+			}
+			return fn(ctx, l)
+		}, acquire...)
+		if lease != nil && c.onDeposed != nil {
+			c.onDeposed(lease, err)
+		}
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		switch {
+		case lease == nil && errors.Is(err, ErrHeld):
+			continue // Acquire waited its budget: campaign again at once
+		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption)):
+			return err
+		case lease != nil && errors.Is(lease.Err(), ErrLeaseLost):
+			failures = 0
+		default:
+			failures++
+		}
+		if !sleep(ctx, backoff(c.minBackoff, c.maxBackoff, failures)) {
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// backoff returns the jittered pause after n failures in a row: between
+// half and all of min·2ⁿ, capped at max.
+func backoff(lo, hi time.Duration, n int) time.Duration {
+	d := lo
+	for i := 0; i < n && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits for d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,103 @@
+// Package pglock implements fence.Locker on PostgreSQL, for teams that have
+// a database and no Redis. It talks to the database through the caller's
+// *sql.DB (any driver: pgx's stdlib, lib/pq), so that the fence module
+// requires no PostgreSQL driver.
+//
+// # Schema
+//
+// One lease table (default "fence_leases", Options.Table) and one sequence,
+// created by Locker.EnsureSchema or by a migration running Schema's SQL:
+//
+//	CREATE SEQUENCE IF NOT EXISTS fence_leases_token AS bigint MINVALUE 1 NO CYCLE;
+//	CREATE TABLE IF NOT EXISTS fence_leases (
+//		name       text PRIMARY KEY,
+//		owner      text NOT NULL,
+//		token      bigint NOT NULL,
+//		expires_at timestamptz NOT NULL
+//	);
+//
+// A lock is one row, kept for good once created: a release frees the row
+// (empty owner, expired) rather than delete it, so one row per lock name
+// ever used stays in the table.
+//
+// # Tokens
+//
+// Tokens come from the sequence, which never cycles (at its end, acquisitions
+// fail rather than repeat a token) and is shared by every name. A token is
+// drawn as the row is updated under its row lock, so the tokens of one name
+// increase in the order the lock was granted. The sequence is written to the
+// WAL ahead of its use, so tokens keep increasing across a crash and a
+// restart, as long as commits are durable: with synchronous_commit off, a
+// crash may lose the last grants and issue their tokens again.
+//
+// # Time
+//
+// Whether a lease has expired is judged by the database's clock
+// (clock_timestamp()), never by a client's: a lease is granted, renewed and
+// taken over by comparing expires_at with the database's time in the same
+// statement. A holder considers its lease valid until a local deadline
+// measured from before its request was sent, less 1% and 2 ms for the two
+// clocks' rates, as redislock does.
+//
+// # Waiting
+//
+// A caller that finds the lock held and has a wait budget sends no query
+// while the holder's lease lives: the database tells it how long the lease
+// has left, and it tries again when that time is up or when a release's
+// NOTIFY arrives, whichever is first. Release notifies on the channel named
+// after the table, with the lock's name as payload. database/sql cannot
+// LISTEN, so notifications come through Options.Listener, which the caller
+// implements on its driver. A Locker listens on one connection while any of
+// its Acquires waits, and shares it among them; with pgx:
+//
+//	type pgxListener struct{ dsn string }
+//
+//	func (p pgxListener) Listen(ctx context.Context, channel string) (<-chan string, error) {
+//		conn, err := pgx.Connect(ctx, p.dsn)
+//		if err != nil {
+//			return nil, err
+//		}
+//		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+//			conn.Close(context.Background())
+//			return nil, err
+//		}
+//		ch := make(chan string)
+//		go func() {
+//			defer close(ch)
+//			defer conn.Close(context.Background())
+//			for {
+//				n, err := conn.WaitForNotification(ctx)
+//				if err != nil {
+//					return
+//				}
+//				select {
+//				case ch <- n.Payload:
+//				case <-ctx.Done():
+//					return
+//				}
+//			}
+//		}()
+//		return ch, nil
+//	}
+//
+// Without a Listener a waiter still sends nothing while the holder lives,
+// but it learns of a release only when the released lease would have
+// expired. A lock deleted by hand (DELETE FROM fence_leases …) notifies
+// nobody either; its waiters take it at the old holder's expiry.
+//
+// # Leases
+//
+// A lease without fence.TTL is renewed by a watchdog every third of
+// Options.WatchdogTTL; one that could not be renewed before its deadline,
+// or whose row was taken over, removed or had expired, ends with an error
+// matching fence.ErrLeaseLost. Release frees the row only if this lease
+// still owns it and it has not expired. Every call sends its statements
+// with the caller's context, so a database that is down or unreachable
+// fails the call by the caller's deadline. An Acquire whose statement's
+// outcome is unknown (the connection broke, ctx ended) frees its row, if
+// it was granted after all, in the background, with a statement bounded to
+// two seconds; a later try of the same Acquire is granted a row it already
+// owns.
+//
+// Locker methods and leases are safe for concurrent use.
+package pglock

@@ -1,0 +1,204 @@
+package pglock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// lease is a lock row held in PostgreSQL. Its expiry timer ends it at the
+// local deadline unless a renewal moved the deadline first; a watchdog lease
+// has a goroutine that renews it every third of its TTL.
+type lease struct {
+	l     *Locker
+	a     attempt
+	token fence.Token
+
+	ctx    context.Context // cancelled with the lease's Err as cause when it ends
+	cancel context.CancelCauseFunc
+
+	op sync.Mutex // serializes renewals and the release
+
+	mu       sync.Mutex
+	deadline time.Time
+	expiry   *time.Timer
+	err      error // why the lease ended; nil while held
+	released bool  // Release reached a conclusion, kept in relErr
+	relErr   error
+
+	watchdogDone chan struct{} // nil for fixed-TTL leases
+}
+
+var _ fence.Lease = (*lease)(nil)
+
+// deadline is when a lease of ttl requested at sent is known to be held:
+// the database counts from later than sent, never earlier, and the two
+// clocks may run at slightly different rates (1% plus 2 ms, as redislock).
+func deadline(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - ttl/100 - 2*time.Millisecond)
+}
+
+func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent time.Time) *lease {
+	ls := &lease{l: l, a: *a, token: token}
+	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	ls.mu.Lock() // the timer may fire before ls.expiry is set
+	defer ls.mu.Unlock()
+	ls.deadline = deadline(sent, a.ttl)
+	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
+		ls.end(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
+	})
+	if a.watchdog {
+		ls.watchdogDone = make(chan struct{})
+		go ls.keepRenewed()
+	}
+	return ls
+}
+
+func (ls *lease) Name() string             { return ls.a.name }
+func (ls *lease) Token() fence.Token       { return ls.token }
+func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
+func (ls *lease) Context() context.Context { return ls.ctx }
+func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
+func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
+func (ls *lease) String() string           { return fmt.Sprintf("pglock lease %q token %d", ls.a.name, ls.token) }
+
+// end records why the lease ended and cancels its context; the first call
+// wins.
+func (ls *lease) end(why error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return
+	}
+	ls.err = why
+	ls.expiry.Stop()
+	ls.cancel(why)
+}
+
+// keepRenewed is the watchdog: it renews the lease every third of its TTL
+// until the lease ends. A failed renewal is retried sooner; the expiry
+// timer ends the lease if none succeeds before the deadline.
+func (ls *lease) keepRenewed() {
+	defer close(ls.watchdogDone)
+	every := ls.a.ttl / 3
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ls.ctx.Done():
+			return
+		case <-timer.C:
+		}
+		rctx, cancel := context.WithDeadline(ls.ctx, ls.Deadline())
+		err := ls.renew(rctx, ls.a.ttl)
+		cancel()
+		switch {
+		case errors.Is(err, fence.ErrLeaseLost):
+			return
+		case err != nil:
+			timer.Reset(every / 4)
+		default:
+			timer.Reset(every)
+		}
+	}
+}
+
+// renew moves the row's expiry to ttl from now by the database's clock, if
+// the row is still this lease's and has not expired; otherwise it ends the
+// lease.
+func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
+	ls.op.Lock()
+	defer ls.op.Unlock()
+	if err := ls.Err(); err != nil {
+		return err
+	}
+	sent := time.Now()
+	res, err := ls.l.db.ExecContext(ctx, ls.l.q.renew, ls.a.name, ls.a.owner, ttl.Microseconds())
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil {
+		return fmt.Errorf("pglock: extend %q: %w", ls.a.name, err)
+	}
+	if n == 0 {
+		lost := fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
+		ls.end(lost)
+		return lost
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return ls.err
+	}
+	ls.deadline = deadline(sent, ttl)
+	ls.expiry.Reset(time.Until(ls.deadline))
+	return nil
+}
+
+// Extend sets the lease to expire ttl from now by the database's clock;
+// see fence.Lease. A watchdog lease goes on being renewed with its watchdog
+// TTL afterwards. After Release, Extend returns an error matching both
+// fence.ErrLeaseLost and fence.ErrReleased.
+func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if err := fence.ValidateTTL(ttl); err != nil {
+		return err
+	}
+	if err := ls.Err(); err == fence.ErrReleased {
+		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
+	} else if err != nil {
+		return err
+	}
+	return ls.renew(ctx, ttl)
+}
+
+// Release deletes the lock row if this lease still owns it and notifies the
+// waiters; see fence.Lease. On a backend error the lease stays held (its
+// watchdog goes on) and calling Release again retries.
+func (ls *lease) Release(ctx context.Context) error {
+	err := ls.release(ctx)
+	if ls.watchdogDone != nil && ls.Err() != nil {
+		<-ls.watchdogDone // it ends with the lease
+	}
+	return err
+}
+
+func (ls *lease) release(ctx context.Context) error {
+	ls.op.Lock()
+	defer ls.op.Unlock()
+	ls.mu.Lock()
+	if ls.released {
+		defer ls.mu.Unlock()
+		return ls.relErr
+	}
+	lostBefore := ls.err
+	ls.mu.Unlock()
+
+	var err error
+	if lostBefore != nil {
+		err = lostBefore // conclusive: the lease was lost before Release
+	} else {
+		var notified sql.NullString
+		qerr := ls.l.db.QueryRowContext(ctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
+		switch {
+		case errors.Is(qerr, sql.ErrNoRows):
+			err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
+		case qerr != nil:
+			return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
+		}
+	}
+	if err == nil {
+		ls.end(fence.ErrReleased)
+	} else {
+		ls.end(err)
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.released, ls.relErr = true, err
+	return err
+}

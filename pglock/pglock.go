@@ -1,0 +1,288 @@
+package pglock
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// DefaultWatchdogTTL is the lease time of leases acquired without fence.TTL
+// when Options.WatchdogTTL is zero, as in redislock.
+const DefaultWatchdogTTL = 30 * time.Second
+
+// DefaultTable is the lease table's name when Options.Table is empty.
+const DefaultTable = "fence_leases"
+
+// Options configure a Locker. A nil *Options means the defaults.
+type Options struct {
+	// Table is the lease table; the token sequence is Table + "_token" and
+	// the NOTIFY channel is Table. Default DefaultTable. See ValidateTable.
+	Table string
+
+	// WatchdogTTL is the lease time of leases acquired without fence.TTL;
+	// their watchdog renews them every third of it. Zero means
+	// DefaultWatchdogTTL.
+	WatchdogTTL time.Duration
+
+	// Listener delivers the notifications a release sends, so that a
+	// waiter wakes when the lock is released. Without one, a waiter wakes
+	// only when the holder's lease expires by the database's clock, so a
+	// released lock is taken up to a lease time late.
+	Listener Listener
+
+	_ struct{}
+}
+
+// Listener subscribes to PostgreSQL notifications. database/sql has no
+// LISTEN, so the caller provides one on a driver that has (pgx's
+// WaitForNotification, lib/pq's Listener); see the package doc. A Locker
+// calls Listen once while any of its Acquires waits, whatever the lock's
+// name, and shares the notifications among them.
+type Listener interface {
+	// Listen runs LISTEN channel on a connection of its own and returns
+	// once the server has confirmed it, so that no notification sent after
+	// Listen returns is missed. It sends the payload of each notification
+	// on the returned channel, which it closes when it stops listening:
+	// when ctx ends, or when the connection fails. The Locker cancels ctx
+	// and then reads the channel until it is closed.
+	Listen(ctx context.Context, channel string) (<-chan string, error)
+}
+
+// Locker is a fence.Locker on PostgreSQL. It is safe for concurrent use.
+type Locker struct {
+	db       *sql.DB
+	table    string
+	watchdog time.Duration
+	listener Listener
+	q        queries
+
+	mu  sync.Mutex
+	sub *subscription // the waiters' shared LISTEN; nil when nobody waits
+}
+
+var _ fence.Locker = (*Locker)(nil)
+
+// New returns a Locker that keeps its leases in db, with the options o,
+// which may be nil. The table and sequence must exist: see EnsureSchema and
+// Schema. It returns an error matching fence.ErrInvalidOption if the table
+// name is invalid (an *InvalidTableError) or WatchdogTTL is out of range;
+// New sends nothing to the database.
+func New(db *sql.DB, o *Options) (*Locker, error) {
+	if db == nil {
+		return nil, fmt.Errorf("pglock: %w: nil *sql.DB", fence.ErrInvalidOption)
+	}
+	if o == nil {
+		o = &Options{}
+	}
+	l := &Locker{db: db, table: cmp.Or(o.Table, DefaultTable), watchdog: DefaultWatchdogTTL, listener: o.Listener}
+	if err := ValidateTable(l.table); err != nil {
+		return nil, err
+	}
+	if o.WatchdogTTL != 0 {
+		if err := fence.ValidateTTL(o.WatchdogTTL); err != nil {
+			return nil, fmt.Errorf("pglock: watchdog TTL: %w", err)
+		}
+		l.watchdog = o.WatchdogTTL
+	}
+	l.q = newQueries(l.table)
+	return l, nil
+}
+
+// EnsureSchema creates the lease table and the token sequence if they do
+// not exist (the statements of Schema).
+func (l *Locker) EnsureSchema(ctx context.Context) error {
+	if _, err := l.db.ExecContext(ctx, Schema(l.table)); err != nil {
+		return fmt.Errorf("pglock: create schema: %w", err)
+	}
+	return nil
+}
+
+// Acquire takes the lock called name; see fence.Locker. Whether the lock
+// is free is judged by the database's clock. With a Wait budget, a waiter
+// sends no query while the holder's lease lives: it waits for the release's
+// notification (with a Listener) or for the holder's expiry, computed by
+// the database, and then tries again. Backend errors while waiting are
+// retried with a back-off until the budget ends; the error then wraps the
+// last one.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := fence.ValidateName(name); err != nil {
+		return nil, err
+	}
+	o, err := fence.Apply(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fence.NotAcquired(name, err)
+	}
+	start := time.Now()
+	a := attempt{name: name, owner: newOwner(), ttl: o.TTL}
+	if a.ttl == 0 {
+		a.ttl, a.watchdog = l.watchdog, true
+	}
+	lease, left, err := l.try(ctx, &a)
+	switch {
+	case lease != nil:
+		return lease, nil
+	case err != nil && o.Wait == 0:
+		l.giveUp(&a)
+		return nil, fence.NotAcquired(name, err)
+	case err == nil && o.Wait == 0:
+		return nil, fence.NotAcquired(name, fence.ErrHeld)
+	}
+
+	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
+	defer cancel()
+	var (
+		sub      *subscription // nil until listening
+		w        *waiter
+		failures int
+		lastErr  = err
+	)
+	defer func() {
+		if sub != nil {
+			l.leave(sub, w)
+		}
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if sub == nil && l.listener != nil && lastErr == nil {
+			// Listen before the next try, so that a release between the
+			// try and the wait is not missed.
+			if s, jw, err := l.join(waitCtx, name); err != nil {
+				lastErr = err
+			} else {
+				sub, w = s, jw
+				left = 0 // try again now that we listen
+			}
+		}
+		var pause time.Duration
+		if lastErr != nil {
+			failures++
+			pause = retryBackoff(failures)
+		} else {
+			failures = 0
+			pause = left
+		}
+		if pause > 0 {
+			var wake <-chan struct{}
+			var broken <-chan struct{}
+			if sub != nil {
+				wake, broken = w.wake, sub.broken
+			}
+			timer.Reset(pause)
+			select {
+			case <-wake:
+			case <-broken: // the listener stopped: listen again
+				l.leave(sub, w)
+				sub, w = nil, nil
+			case <-timer.C:
+			case <-waitCtx.Done():
+				l.giveUp(&a)
+				switch {
+				case ctx.Err() != nil:
+					return nil, fence.NotAcquired(name, ctx.Err())
+				case lastErr != nil:
+					return nil, fence.NotAcquired(name, lastErr)
+				default:
+					return nil, fence.NotAcquired(name, fence.ErrHeld)
+				}
+			}
+			timer.Stop()
+		}
+		lease, left, lastErr = l.try(waitCtx, &a)
+		if lease != nil {
+			return lease, nil
+		}
+	}
+}
+
+// retryBackoff is the pause before the next try after n backend errors in
+// a row: 10 ms doubling to 1 s, jittered by up to a half.
+func retryBackoff(n int) time.Duration {
+	d := min(10*time.Millisecond<<min(n-1, 7), time.Second)
+	return d/2 + mrand.N(d/2+1)
+}
+
+// giveUpTimeout bounds the clean-up of an acquisition given up on.
+const giveUpTimeout = 2 * time.Second
+
+// giveUp frees, owner-checked and in the background, a row that a try whose
+// reply was lost may have taken after all, so that the lock is not held by
+// nobody until it expires. It runs after the caller's ctx may have ended,
+// bounded by giveUpTimeout, and does not hold up the caller's return.
+func (l *Locker) giveUp(a *attempt) {
+	if !a.sent {
+		return
+	}
+	name, owner := a.name, a.owner
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
+		defer cancel()
+		_, _ = l.db.ExecContext(ctx, l.q.release, name, owner, l.table)
+	}()
+}
+
+// attempt is one Acquire's identity: the owner is unique to it.
+type attempt struct {
+	name     string
+	owner    string
+	ttl      time.Duration
+	watchdog bool
+	sent     bool // a try was sent whose outcome is unknown
+}
+
+// try inserts the lock row, or takes over an expired one. It returns the
+// lease, or how long the holder's lease has left by the database's clock
+// (zero: try again now).
+func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
+	for {
+		sent := time.Now()
+		var token int64
+		err := l.db.QueryRowContext(ctx, l.q.acquire, a.name, a.owner, a.ttl.Microseconds()).Scan(&token)
+		switch {
+		case err == nil:
+			a.sent = false
+			return l.newLease(ctx, a, fence.Token(token), sent), 0, nil
+		case !errors.Is(err, sql.ErrNoRows):
+			a.sent = true
+			return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
+		}
+		a.sent = false
+		var leftUs int64
+		err = l.db.QueryRowContext(ctx, l.q.left, a.name).Scan(&leftUs)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			// The name's first acquisition (or its row was deleted):
+			// create the row, free, and try again.
+			if _, err := l.db.ExecContext(ctx, l.q.create, a.name); err != nil {
+				return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
+			}
+			continue
+		case err != nil:
+			return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
+		}
+		// A millisecond past the expiry, so that the next try finds it
+		// expired; zero (freed in between): try again now.
+		if leftUs <= 0 {
+			return nil, 0, nil
+		}
+		return nil, time.Duration(leftUs)*time.Microsecond + time.Millisecond, nil
+	}
+}
+
+func newOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
