@@ -139,7 +139,7 @@ func checkReplicaCounts(d *deployment) []Finding {
 		if p.info["role"] != "master" {
 			continue
 		}
-		if p.countsErr != nil {
+		if p.countsErr != nil && !strings.Contains(p.countsErr.Error(), "NOPERM") { // NOPERM: see checkCommands
 			out = append(out, Finding{ID: "replica-record", Severity: Critical, Node: p.addr,
 				Why: fmt.Sprintf("the replica record cannot be read (%v): every acquisition with replica sync on fails", p.countsErr),
 				Fix: "delete the key " + d.cfg.Prefix + ":replicas or set it with redislock's Locker.SetExpectedReplicas"})
@@ -158,6 +158,8 @@ func checkReplicaCounts(d *deployment) []Finding {
 		}
 		need := required(rs, expected)
 		switch {
+		case expected == 0 && d.kind == "cluster":
+			// checkCluster reports a master without replicas.
 		case expected == 0:
 			out = append(out, Finding{ID: "no-replicas", Severity: Info, Node: p.addr,
 				Why: "the primary has no replicas: replica sync has nothing to wait for (redislock requires 0 acknowledgements when it expects 0 replicas, so acquisitions succeed), and a crash of this node stops all locking until it is back, with what persistence kept",
@@ -243,12 +245,15 @@ func checkSentinel(d *deployment) []Finding {
 	var out []Finding
 	reach := len(sv.addrs) - len(sv.unreachable)
 	if len(sv.unreachable) > 0 {
-		sev := Warning
-		if reach < sv.quorum {
-			sev = Critical
+		// A failover needs the quorum to agree the primary is down and a
+		// majority of all sentinels to authorise it.
+		need := max(sv.quorum, max(sv.known, len(sv.addrs))/2+1)
+		sev, effect := Warning, "fence cannot find the primary through them after a failover, and each one lost brings the sentinels closer to being unable to fail over"
+		if reach < need {
+			sev, effect = Critical, fmt.Sprintf("fewer than the %d needed to agree and authorise a failover, so a crash of the primary stops all locking", need)
 		}
 		out = append(out, Finding{ID: "sentinel-unreachable", Severity: sev, Node: sv.master,
-			Why: fmt.Sprintf("%d of %d sentinels answered (quorum %d; unreachable: %s): fence cannot find the primary through them after a failover, and too few cannot vote one", reach, len(sv.addrs), sv.quorum, strings.Join(sv.unreachable, ", ")),
+			Why: fmt.Sprintf("%d of %d sentinels answered (unreachable: %s): %s", reach, len(sv.addrs), strings.Join(sv.unreachable, ", "), effect),
 			Fix: "restart the sentinels or fix the addresses in --redis-sentinel"})
 	}
 	if sv.ckquorum != nil {
@@ -347,27 +352,31 @@ var commandNeeds = map[string]string{
 func checkCommands(d *deployment) []Finding {
 	var out []Finding
 	for _, p := range d.primaries {
+		denied := maps.Clone(p.denied)
+		if denied == nil {
+			denied = map[string]string{}
+		}
 		for _, cmd := range []string{"EVAL", "EVALSHA", "WAIT", "INFO"} {
 			err := p.probes[cmd]
-			if err == nil {
-				continue
+			switch {
+			case err == nil:
+			case strings.HasPrefix(err.Error(), "NOPERM"):
+				denied[cmd] = err.Error()
+			default:
+				out = append(out, Finding{ID: "command-missing", Severity: Critical, Node: p.addr,
+					Why: fmt.Sprintf("%s fails (%v): %s", cmd, err, commandNeeds[cmd]),
+					Fix: "use a Redis (or a plan of the managed service) where " + cmd + " is enabled and not renamed"})
 			}
-			id, fix := "command-missing", "use a Redis (or a plan of the managed service) where "+cmd+" is enabled and not renamed"
-			if strings.HasPrefix(err.Error(), "NOPERM") {
-				id, fix = "command-denied", "grant the user +"+strings.ToLower(cmd)+" (ACL SETUSER)"
-			}
-			out = append(out, Finding{ID: id, Severity: Critical, Node: p.addr,
-				Why: fmt.Sprintf("%s fails (%v): %s", cmd, err, commandNeeds[cmd]),
-				Fix: fix})
 		}
-		for _, cmd := range slices.Sorted(maps.Keys(p.denied)) {
-			why := p.denied[cmd]
-			if p.probes[cmd] != nil {
-				continue // reported above
+		if len(denied) > 0 {
+			cmds := slices.Sorted(maps.Keys(denied))
+			var grant []string
+			for _, c := range cmds {
+				grant = append(grant, "+"+strings.ToLower(c))
 			}
 			out = append(out, Finding{ID: "command-denied", Severity: Critical, Node: p.addr,
-				Why: fmt.Sprintf("the ACL user may not run %s on fence's keys or channels (%s): fence's scripts or waits that use it fail", cmd, why),
-				Fix: fmt.Sprintf("ACL SETUSER <user> +%s ~%s:* &%s:*", strings.ToLower(cmd), d.cfg.Prefix, d.cfg.Prefix)})
+				Why: fmt.Sprintf("the ACL user may not run %s on fence's keys and channels (%s: %s): the acquisitions, renewals, releases or waits that send them fail", strings.Join(cmds, ", "), cmds[0], denied[cmds[0]]),
+				Fix: fmt.Sprintf("ACL SETUSER <user> %s ~%s:* &%s:*", strings.Join(grant, " "), d.cfg.Prefix, d.cfg.Prefix)})
 		}
 		if p.aclErr != nil && !strings.Contains(p.aclErr.Error(), "unknown") {
 			out = append(out, Finding{ID: "acl-unchecked", Severity: Info, Node: p.addr,

@@ -142,8 +142,11 @@ func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 		err = d.readCluster(ctx)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			err = errors.Join(err, ctx.Err())
+		// A node that hung is reported at the deadline by an i/o
+		// timeout, which may come just before ctx says it is done.
+		dl, _ := ctx.Deadline()
+		if ctx.Err() != nil || !time.Now().Before(dl) {
+			err = errors.Join(err, cmp.Or(ctx.Err(), context.DeadlineExceeded))
 		}
 		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
@@ -265,6 +268,13 @@ func (n *node) probe(ctx context.Context, prefix string) {
 	if redis.HasErrorPrefix(n.probes["EVALSHA"], "NOSCRIPT") {
 		n.probes["EVALSHA"] = nil // the command exists; EVAL failed to load it
 	}
+	for _, cmd := range []string{"EVAL", "EVALSHA"} {
+		if isRedirect(n.probes[cmd]) {
+			// A cluster node that does not serve the probe's slot: the
+			// command exists. ACL DRYRUN checks the key's permissions.
+			n.probes[cmd] = nil
+		}
+	}
 	n.probes["WAIT"] = n.client.Do(ctx, "WAIT", 0, 0).Err()
 	n.probes["INFO"] = redis.NewScript("return redis.call('INFO', 'replication')").Eval(ctx, n.client, nil).Err()
 
@@ -300,6 +310,17 @@ func aclCommands(prefix string) [][]any {
 		{"TIME"}, {"INFO", "replication"},
 		{"PUBLISH", ch, "x"}, {"SUBSCRIBE", ch},
 	}
+}
+
+// isRedirect reports whether err is a cluster's answer about slots rather
+// than about the command.
+func isRedirect(err error) bool {
+	for _, p := range []string{"MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func parseInfo(s string) map[string]string {
