@@ -67,8 +67,8 @@ func checkConfigReadable(d *deployment) []Finding {
 	return out
 }
 
-// clockFloor states what a token record lost to a restart or eviction
-// leaves fence relying on.
+// clockFloor states what a token record lost to a restart leaves fence
+// relying on.
 const clockFloor = "tokens then restart from the server's clock in microseconds, which stays above the lost ones only if this node's clock never goes backwards across the restart"
 
 func checkPersistence(d *deployment) []Finding {
@@ -82,7 +82,7 @@ func checkPersistence(d *deployment) []Finding {
 		case !aof && n.config["save"] == "":
 			out = append(out, Finding{ID: "persistence-off", Severity: Critical, Node: n.addr,
 				Why: "persistence is off (save \"\", appendonly no): a restart comes back empty, so every held lock is free to a second holder while the first still runs, and every token record is lost; " + clockFloor,
-				Fix: "CONFIG SET appendonly yes and appendfsync always (and CONFIG REWRITE), or accept it only where a lost lock is harmless because the resource checks tokens"})
+				Fix: "CONFIG SET appendonly yes, CONFIG SET appendfsync always, CONFIG REWRITE; or accept it only where a lost lock is harmless because the resource checks tokens"})
 		case !aof:
 			out = append(out, Finding{ID: "persistence-snapshot", Severity: Warning, Node: n.addr,
 				Why: "only RDB snapshots (save " + strconv.Quote(n.config["save"]) + "): a restart loses every lock and token taken since the last snapshot, so a second holder can take a lock the first still holds; " + clockFloor,
@@ -108,7 +108,7 @@ func checkEviction(d *deployment) []Finding {
 			what = "any key, lock keys, token records and the replica record included,"
 		}
 		out = append(out, Finding{ID: "eviction", Severity: Critical, Node: n.addr,
-			Why: "maxmemory " + n.config["maxmemory"] + " with maxmemory-policy " + policy + " evicts " + what + " under memory pressure: an evicted lock is granted to a second holder while the first still runs, and an evicted token record leaves the clock floor (" + clockFloor + ")",
+			Why: "maxmemory " + n.config["maxmemory"] + " with maxmemory-policy " + policy + " evicts " + what + " under memory pressure: an evicted lock is granted to a second holder while the first still runs, and an evicted token record makes the next token the server's clock in microseconds, above the evicted one only if this node's clock has not gone backwards since it was issued",
 			Fix: "CONFIG SET maxmemory-policy noeviction (acquisitions then fail with OOM instead of breaking), or give fence a Redis of its own"})
 	}
 	return out
