@@ -200,11 +200,11 @@ func checkReplicasBehind(d *deployment) []Finding {
 			}
 		}
 	}
-	for _, r := range d.replicas {
-		if s := r.info["master_link_status"]; s != "" && s != "up" {
-			out = append(out, Finding{ID: "replica-link-down", Severity: Warning, Node: r.addr,
-				Why: "the replica's link to its primary is " + s + ": it receives no acquisitions, so a failover to it grants locks that are held",
-				Fix: "restore the link (network, auth of masteruser, replica-read-only)"})
+	if sv := d.sentinel; sv != nil {
+		for _, r := range sv.downReplicas {
+			out = append(out, Finding{ID: "replica-down", Severity: Warning, Node: r.addr,
+				Why: fmt.Sprintf("the sentinels list this replica of %s as down (flags %s, link %s): it receives no acquisitions, and while it is expected acquisitions that need its acknowledgement are refused", sv.master, r.flags, r.link),
+				Fix: "bring it back, or, if it was decommissioned, SENTINEL RESET the master's name and lower fence's record with Locker.SetExpectedReplicas"})
 		}
 	}
 	return out
@@ -218,10 +218,14 @@ func checkMinReplicas(d *deployment) []Finding {
 		}
 		toWrite, _ := strconv.Atoi(p.config["min-replicas-to-write"])
 		connected := p.connected()
+		good := connected
+		if g, err := strconv.Atoi(p.info["min_slaves_good_slaves"]); err == nil {
+			good = g // connected with a lag within min-replicas-max-lag
+		}
 		switch {
-		case toWrite > connected:
+		case toWrite > good:
 			out = append(out, Finding{ID: "min-replicas", Severity: Critical, Node: p.addr,
-				Why: fmt.Sprintf("min-replicas-to-write %d but %d replicas are connected (lag within min-replicas-max-lag %s s): the primary refuses every write (NOREPLICAS), so every acquisition fails", toWrite, connected, p.config["min-replicas-max-lag"]),
+				Why: fmt.Sprintf("min-replicas-to-write %d but %d replicas are connected with a lag within min-replicas-max-lag (%s s): the primary refuses every write (NOREPLICAS), so every acquisition fails", toWrite, good, p.config["min-replicas-max-lag"]),
 				Fix: "bring replicas back, or lower min-replicas-to-write"})
 		case toWrite == 0 && connected > 0:
 			sev := Info

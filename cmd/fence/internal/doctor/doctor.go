@@ -218,6 +218,14 @@ func (d *deployment) open(o redis.Options, addr string) *redis.Client {
 	return c
 }
 
+// partOf bounds a read that must not take the whole of ctx's time (a
+// replica or a sentinel that hangs must leave time for the rest) to a
+// third of what is left.
+func partOf(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, _ := ctx.Deadline() // Run gives ctx a deadline
+	return context.WithTimeout(ctx, time.Until(dl)/3)
+}
+
 // readNode reads one node; an error means it did not answer at all.
 func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool) (*node, error) {
 	n := &node{addr: c.Options().Addr, client: c}
@@ -382,6 +390,8 @@ func (d *deployment) readPrimary(ctx context.Context, o redis.Options, c *redis.
 	var mu sync.Mutex
 	for _, rl := range p.replicaLines() {
 		wg.Go(func() {
+			ctx, cancel := partOf(ctx)
+			defer cancel()
 			c := redis.NewClient(nodeOptions(o, rl.addr))
 			r, err := d.readNode(ctx, c, false)
 			mu.Lock()
@@ -414,7 +424,12 @@ type sentinelView struct {
 	downAfter   time.Duration
 	ckquorum    error // SENTINEL CKQUORUM's refusal, if any
 	from        string
+	// downReplicas are the replicas the sentinels list as down or
+	// disconnected; the primary no longer lists them.
+	downReplicas []sentinelReplica
 }
+
+type sentinelReplica struct{ addr, flags, link string }
 
 func (d *deployment) readSentinel(ctx context.Context) error {
 	d.kind = "sentinel"
@@ -427,7 +442,9 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 			Username: fo.SentinelUsername, Password: fo.SentinelPassword, TLSConfig: fo.TLSConfig,
 		}, addr))
 		d.clients = append(d.clients, sc)
-		m, err := sc.Master(ctx, fo.MasterName).Result()
+		sctx, cancel := partOf(ctx)
+		m, err := sc.Master(sctx, fo.MasterName).Result()
+		cancel()
 		if err != nil {
 			sv.unreachable = append(sv.unreachable, addr)
 			continue
@@ -446,6 +463,17 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		ms, _ := strconv.Atoi(m["down-after-milliseconds"])
 		sv.downAfter = time.Duration(ms) * time.Millisecond
 		sv.ckquorum = sc.CkQuorum(ctx, fo.MasterName).Err()
+		replicas, err := sc.Replicas(ctx, fo.MasterName).Result()
+		if err != nil {
+			return fmt.Errorf("sentinel %s: replicas of %q: %w", addr, fo.MasterName, err)
+		}
+		for _, r := range replicas {
+			flags := strings.Split(r["flags"], ",")
+			if slices.Contains(flags, "s_down") || slices.Contains(flags, "disconnected") || r["master-link-status"] != "ok" {
+				sv.downReplicas = append(sv.downReplicas, sentinelReplica{
+					addr: net.JoinHostPort(r["ip"], r["port"]), flags: r["flags"], link: r["master-link-status"]})
+			}
+		}
 	}
 	if master == nil {
 		return fmt.Errorf("no sentinel of %v answered for master %q", fo.SentinelAddrs, fo.MasterName)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -335,6 +336,28 @@ func TestSentinel(t *testing.T) {
 	has(t, run(t, cfg), "sentinel-unreachable", doctor.Critical, sentinels.Master)
 }
 
+func TestSentinelReplicaDown(t *testing.T) {
+	primary, replica := cleanPair(t)
+	sentinels := redistest.StartSentinels(t, primary, 1)
+	redistest.WaitSentinelsReady(t, sentinels, 1)
+	cfg := doctor.Config{Sentinel: &redis.FailoverOptions{MasterName: sentinels.Master, SentinelAddrs: sentinels.Addrs()}}
+	lacks(t, run(t, cfg), "replica-down")
+	replica.Kill()
+	// The sentinel marks it down after down-after-milliseconds (1 s): poll.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		fs := run(t, cfg)
+		if slices.ContainsFunc(fs, func(f doctor.Finding) bool { return f.ID == "replica-down" && f.Node == replica.Addr }) {
+			has(t, fs, "replicas-missing", doctor.Critical, primary.Addr)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no replica-down finding after 15 s:\n%s", dump(fs))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func TestCluster(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
 	addrs := cluster.Addrs()
@@ -417,6 +440,23 @@ func TestHungServer(t *testing.T) {
 	if !errors.Is(err, doctor.ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Run on a hung server: %v", err)
 	}
+}
+
+func TestHungReplica(t *testing.T) {
+	primary, replica := cleanPair(t)
+	replica.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	fs, err := doctor.Run(ctx, standalone(primary))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("a hung replica took %v of the primary's 3 s", took)
+	}
+	has(t, fs, "node-unreachable", doctor.Warning, replica.Addr)
 }
 
 func TestInvalidConfig(t *testing.T) {
