@@ -119,6 +119,7 @@ func TestPersistenceOff(t *testing.T) {
 		t.Fatalf("Why does not state the clock floor's assumption: %s", f.Why)
 	}
 	has(t, fs, "no-replicas", doctor.Info, s.Addr)
+	acquire(t, s.Client(t)) // as no-replicas says: redislock's default needs no acknowledgement here
 	if fs[0].Severity != doctor.Critical || doctor.Worst(fs) != doctor.Critical {
 		t.Fatalf("findings not sorted most severe first:\n%s", dump(fs))
 	}
@@ -170,6 +171,16 @@ func TestAcksUnmeetable(t *testing.T) {
 	has(t, run(t, cfg), "acks-unmeetable", doctor.Critical, primary.Addr)
 	cfg.ReplicaSync = redislock.ReplicaSync{Acks: redislock.AcksAll}
 	lacks(t, run(t, cfg), "acks-unmeetable")
+}
+
+func TestExpectedReplicasOption(t *testing.T) {
+	s := redistest.Start(t, durable...)
+	cfg := standalone(s)
+	cfg.ReplicaSync = redislock.ReplicaSync{Replicas: 1} // --replicas 1, and none there
+	f := has(t, run(t, cfg), "replicas-missing", doctor.Critical, s.Addr)
+	if !strings.Contains(f.Why, "0 of 1 expected") {
+		t.Fatalf("Why: %s", f.Why)
+	}
 }
 
 func TestReplicaSyncOff(t *testing.T) {
