@@ -229,7 +229,7 @@ func checkMinReplicas(d *deployment) []Finding {
 				Fix: "bring replicas back, or lower min-replicas-to-write"})
 		case toWrite == 0 && connected > 0:
 			sev := Info
-			why := "min-replicas-to-write is 0: a primary cut off from its replicas keeps accepting writes that a failover will lose; fence's replica sync refuses such acquisitions, but renewals and releases still land there"
+			why := "min-replicas-to-write is 0: a primary cut off from its replicas keeps accepting writes that a failover will lose; fence's replica sync refuses the acquisitions and renewals it cannot confirm there, so only locks taken with replica sync off are exposed"
 			if d.cfg.ReplicaSync.Disabled {
 				sev = Warning
 				why = "min-replicas-to-write is 0 and replica sync is off: a primary cut off from its replicas keeps granting locks that a failover will lose, and the promoted replica grants them again"
