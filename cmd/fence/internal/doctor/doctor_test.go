@@ -49,6 +49,30 @@ func has(t *testing.T, fs []doctor.Finding, id string, sev doctor.Severity, node
 	return doctor.Finding{}
 }
 
+// eventually runs the doctor until fs holds finding id of severity sev on
+// node, for up to 20 s: gossip and failure detection take their time.
+func eventually(t *testing.T, cfg doctor.Config, id string, sev doctor.Severity, node string) []doctor.Finding {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		fs, err := doctor.Run(ctx, cfg)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(fs, func(f doctor.Finding) bool {
+			return f.ID == id && f.Severity == sev && (node == "" || f.Node == node)
+		}) {
+			return fs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s finding %q on %q after 20 s:\n%s", sev, id, node, dump(fs))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // lacks fails the test if fs holds a finding id.
 func lacks(t *testing.T, fs []doctor.Finding, id string) {
 	t.Helper()
@@ -354,19 +378,21 @@ func TestSentinelReplicaDown(t *testing.T) {
 	cfg := doctor.Config{Sentinel: &redis.FailoverOptions{MasterName: sentinels.Master, SentinelAddrs: sentinels.Addrs()}}
 	lacks(t, run(t, cfg), "replica-down")
 	replica.Kill()
-	// The sentinel marks it down after down-after-milliseconds (1 s): poll.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		fs := run(t, cfg)
-		if slices.ContainsFunc(fs, func(f doctor.Finding) bool { return f.ID == "replica-down" && f.Node == replica.Addr }) {
-			has(t, fs, "replicas-missing", doctor.Critical, primary.Addr)
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no replica-down finding after 15 s:\n%s", dump(fs))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	// The sentinel marks it down after down-after-milliseconds (1 s).
+	fs := eventually(t, cfg, "replica-down", doctor.Warning, replica.Addr)
+	has(t, fs, "replicas-missing", doctor.Critical, primary.Addr)
+}
+
+func TestSentinelNoQuorum(t *testing.T) {
+	primary, _ := cleanPair(t)
+	sentinels := redistest.StartSentinels(t, primary, 3)
+	redistest.WaitSentinelsReady(t, sentinels, 1)
+	cfg := doctor.Config{Sentinel: &redis.FailoverOptions{MasterName: sentinels.Master, SentinelAddrs: sentinels.Addrs()[:1]}}
+	lacks(t, run(t, cfg), "sentinel-quorum")
+	sentinels.Servers[1].Close()
+	sentinels.Servers[2].Close()
+	// Once the first sentinel sees the others down, CKQUORUM refuses.
+	eventually(t, cfg, "sentinel-quorum", doctor.Critical, sentinels.Master)
 }
 
 func TestCluster(t *testing.T) {
@@ -385,22 +411,8 @@ func TestCluster(t *testing.T) {
 	if err := c.Do(ctx, "CLUSTER", "DELSLOTSRANGE", 0, 99).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// The other nodes learn of the uncovered slots by gossip: poll.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		fs = run(t, cfg)
-		var found bool
-		for _, f := range fs {
-			found = found || (f.ID == "cluster-slots" && f.Severity == doctor.Critical)
-		}
-		if found {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no cluster-slots finding after 15 s:\n%s", dump(fs))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	// The other nodes learn of the uncovered slots by gossip.
+	eventually(t, cfg, "cluster-slots", doctor.Critical, "")
 }
 
 func TestClusterClean(t *testing.T) {
@@ -420,6 +432,9 @@ func TestClusterClean(t *testing.T) {
 	if fs := run(t, cfg); len(fs) != 0 {
 		t.Fatalf("findings on a clean cluster:\n%s", dump(fs))
 	}
+	cluster.Replicas[0].Kill()
+	// The masters flag it fail after cluster-node-timeout (2 s).
+	eventually(t, cfg, "cluster-replicas", doctor.Warning, "")
 }
 
 func TestUnreachable(t *testing.T) {
