@@ -46,7 +46,7 @@ func checkReachable(d *deployment) []Finding {
 func checkRole(d *deployment) []Finding {
 	var out []Finding
 	for _, p := range d.primaries {
-		if p.info["role"] != "master" {
+		if role := p.info["role"]; role != "master" && role != "" { // "": INFO refused, see checkCommands
 			out = append(out, Finding{ID: "not-primary", Severity: Critical, Node: p.addr,
 				Why: "the node is a replica (role " + p.info["role"] + "): every acquisition fails with READONLY, since the lock scripts write",
 				Fix: "point fence at the primary, or at the sentinels with --redis-sentinel so that it follows failovers"})
@@ -364,7 +364,7 @@ func checkCommands(d *deployment) []Finding {
 			err := p.probes[cmd]
 			switch {
 			case err == nil:
-			case strings.HasPrefix(err.Error(), "NOPERM"):
+			case strings.HasPrefix(err.Error(), "NOPERM") || strings.Contains(err.Error(), "user executing the script can't run"):
 				denied[cmd] = err.Error()
 			default:
 				out = append(out, Finding{ID: "command-missing", Severity: Critical, Node: p.addr,

@@ -230,10 +230,10 @@ func partOf(ctx context.Context) (context.Context, context.CancelFunc) {
 func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool) (*node, error) {
 	n := &node{addr: c.Options().Addr, client: c}
 	info, err := c.Info(ctx, "replication", "server").Result()
-	if err != nil {
+	if err != nil && !isReply(err) {
 		return nil, fmt.Errorf("%s: INFO: %w", n.addr, err)
 	}
-	n.info = parseInfo(info)
+	n.info = parseInfo(info) // empty when INFO is refused: the probes report it
 	n.config = map[string]string{}
 	for _, name := range configNames {
 		kv, err := c.ConfigGet(ctx, name).Result()
@@ -247,7 +247,30 @@ func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool
 	if primary {
 		n.probe(ctx, d.cfg.Prefix)
 	}
+	// A refusal is a finding; no answer (a node that stopped answering
+	// half way) is not, and must not read as one.
+	for what, err := range n.errs() {
+		if err != nil && !isReply(err) {
+			return nil, fmt.Errorf("%s: %s: %w", n.addr, what, err)
+		}
+	}
 	return n, nil
+}
+
+// errs returns what reading the node met, by what was read.
+func (n *node) errs() map[string]error {
+	m := map[string]error{"CONFIG GET": n.configErr, "TIME": n.timeErr, "ACL": n.aclErr}
+	for cmd, err := range n.probes {
+		m[cmd] = err
+	}
+	return m
+}
+
+// isReply reports whether err is the server's reply, rather than a
+// failure to get one.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 // readTime measures the node's clock against the local one.

@@ -305,6 +305,7 @@ func TestACL(t *testing.T) {
 		{"ACL", "SETUSER", "nopublish", "on", ">pw", "~*", "&*", "+@all", "-publish"},
 		{"ACL", "SETUSER", "otherkeys", "on", ">pw", "~app:*", "&*", "+@all"},
 		{"ACL", "SETUSER", "noadmin", "on", ">pw", "~*", "&*", "+@all", "-config", "-acl"},
+		{"ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info"},
 	} {
 		if err := admin.Do(ctx, rule...).Err(); err != nil {
 			t.Fatal(err)
@@ -325,7 +326,13 @@ func TestACL(t *testing.T) {
 	if !strings.Contains(f.Why, "DEL, EVAL, EVALSHA, EXISTS, GET, PEXPIRE, PTTL, SET ") {
 		t.Fatalf("Why: %s", f.Why)
 	}
-	fs := run(t, as("noadmin"))
+	fs := run(t, as("noinfo"))
+	lacks(t, fs, "command-missing")
+	f = has(t, fs, "command-denied", doctor.Critical, s.Addr) // the replica record script reads INFO
+	if !strings.Contains(f.Why, "may not run INFO") {
+		t.Fatalf("Why: %s", f.Why)
+	}
+	fs = run(t, as("noadmin"))
 	has(t, fs, "config-unreadable", doctor.Warning, s.Addr)
 	has(t, fs, "acl-unchecked", doctor.Info, s.Addr)
 	lacks(t, fs, "persistence-off")
