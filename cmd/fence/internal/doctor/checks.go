@@ -151,7 +151,7 @@ func checkReplicaCounts(d *deployment) []Finding {
 			expected = p.counts.Expected
 		}
 		if d.kind == "cluster" {
-			expected = max(connected, p.knownReplicas)
+			expected = max(connected, p.clusterReplicas)
 			if rs.Replicas > 0 {
 				expected = rs.Replicas
 			}
@@ -288,15 +288,15 @@ func checkCluster(d *deployment) []Finding {
 			Why: fmt.Sprintf("%d of 16384 slots are served (cluster_state %s): locks whose names hash to the others fail with CLUSTERDOWN, and with cluster-require-full-coverage every lock does", cv.slotsOK, cv.state),
 			Fix: "assign the missing slots (redis-cli --cluster fix) or bring their masters back"})
 	}
-	for _, m := range cv.masters {
+	for _, p := range d.primaries {
 		switch {
-		case m.replicas == 0:
-			out = append(out, Finding{ID: "cluster-replicas", Severity: Warning, Node: m.addr,
+		case p.clusterReplicas == 0:
+			out = append(out, Finding{ID: "cluster-replicas", Severity: Warning, Node: p.addr,
 				Why: "the master has no replica: if it fails, its slots stay down and the locks in them cannot be taken until it returns, with what its persistence kept",
 				Fix: "add a replica per master (redis-cli --cluster add-node --cluster-slave)"})
-		case m.failed > 0:
-			out = append(out, Finding{ID: "cluster-replicas", Severity: Warning, Node: m.addr,
-				Why: fmt.Sprintf("%d of the master's %d replicas are flagged fail: they still count as expected, so acquisitions that need them are refused, and they cannot take over", m.failed, m.replicas),
+		case p.clusterFailed > 0:
+			out = append(out, Finding{ID: "cluster-replicas", Severity: Warning, Node: p.addr,
+				Why: fmt.Sprintf("%d of the master's %d replicas are flagged fail: they still count as expected, so acquisitions that need them are refused, and they cannot take over", p.clusterFailed, p.clusterReplicas),
 				Fix: "bring them back, or CLUSTER FORGET the decommissioned ones"})
 		}
 	}

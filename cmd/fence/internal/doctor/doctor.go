@@ -193,7 +193,9 @@ type node struct {
 	aclErr              error // ACL DRYRUN not allowed: permissions unchecked
 	counts              *redislock.ReplicaCounts
 	countsErr           error
-	knownReplicas       int // on a cluster: replicas the node table lists
+	// On a cluster: the replicas the node's own table lists, and those
+	// of them flagged fail.
+	clusterReplicas, clusterFailed int
 }
 
 // configNames are the settings the checks read.
@@ -505,16 +507,10 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 	return d.readPrimary(ctx, o, d.open(o, net.JoinHostPort(master[0], master[1])))
 }
 
-// clusterView is what the cluster's node table said.
+// clusterView is what the cluster said about itself.
 type clusterView struct {
-	slotsOK int
-	state   string
-	masters []clusterMaster
-}
-
-type clusterMaster struct {
-	addr             string
-	replicas, failed int // replicas listed, and those flagged fail
+	slotsOK int    // cluster_slots_ok of the node that answered first
+	state   string // its cluster_state
 }
 
 func (d *deployment) readCluster(ctx context.Context) error {
@@ -538,20 +534,30 @@ func (d *deployment) readCluster(ctx context.Context) error {
 	if info == "" {
 		return errors.Join(errs...)
 	}
-	cv := &clusterView{}
-	d.cluster = cv
 	ci := parseInfo(info)
-	cv.slotsOK, _ = strconv.Atoi(ci["cluster_slots_ok"])
-	cv.state = ci["cluster_state"]
-	cv.masters = parseClusterNodes(nodes)
-	for _, m := range cv.masters {
-		if err := d.readPrimary(ctx, o, d.open(o, m.addr)); err != nil {
+	d.cluster = &clusterView{state: ci["cluster_state"]}
+	d.cluster.slotsOK, _ = strconv.Atoi(ci["cluster_slots_ok"])
+	// One node's table may lag behind the others' (a replica that just
+	// joined still listed as a master): each master is asked itself
+	// about its role and its replicas, as redislock does.
+	for _, addr := range clusterMasters(nodes) {
+		c := d.open(o, addr)
+		if err := d.readPrimary(ctx, o, c); err != nil {
 			// A master that does not answer is a finding, not the end:
 			// the others can still be audited.
-			d.unreachable = append(d.unreachable, m.addr)
+			d.unreachable = append(d.unreachable, addr)
 			continue
 		}
-		d.primaries[len(d.primaries)-1].knownReplicas = m.replicas
+		p := d.primaries[len(d.primaries)-1]
+		if p.info["role"] == "slave" {
+			d.primaries = d.primaries[:len(d.primaries)-1] // its master lists it
+			continue
+		}
+		own, err := c.ClusterNodes(ctx).Result()
+		if err != nil && !isReply(err) {
+			return fmt.Errorf("%s: CLUSTER NODES: %w", addr, err)
+		}
+		p.clusterReplicas, p.clusterFailed = ownReplicas(own)
 	}
 	if len(d.primaries) == 0 {
 		return fmt.Errorf("no master of the cluster answered: %v", d.unreachable)
@@ -559,34 +565,53 @@ func (d *deployment) readCluster(ctx context.Context) error {
 	return nil
 }
 
-// parseClusterNodes lists the masters of CLUSTER NODES with their
-// replicas.
-func parseClusterNodes(s string) []clusterMaster {
-	type line struct{ id, addr, flags, master string }
-	var lines []line
+// clusterLine is one line of CLUSTER NODES.
+type clusterLine struct {
+	id, addr, master string
+	flags            []string
+}
+
+func parseClusterNodes(s string) []clusterLine {
+	var out []clusterLine
 	for _, l := range strings.Split(s, "\n") {
 		f := strings.Fields(l)
 		if len(f) < 4 {
 			continue
 		}
 		addr, _, _ := strings.Cut(f[1], "@")
-		lines = append(lines, line{f[0], addr, f[2], f[3]})
-	}
-	var out []clusterMaster
-	for _, m := range lines {
-		if !slices.Contains(strings.Split(m.flags, ","), "master") {
-			continue
-		}
-		cm := clusterMaster{addr: m.addr}
-		for _, r := range lines {
-			if r.master == m.id {
-				cm.replicas++
-				if slices.Contains(strings.Split(r.flags, ","), "fail") {
-					cm.failed++
-				}
-			}
-		}
-		out = append(out, cm)
+		out = append(out, clusterLine{id: f[0], addr: addr, flags: strings.Split(f[2], ","), master: f[3]})
 	}
 	return out
+}
+
+// clusterMasters returns the addresses of the masters CLUSTER NODES lists.
+func clusterMasters(nodes string) []string {
+	var out []string
+	for _, l := range parseClusterNodes(nodes) {
+		if slices.Contains(l.flags, "master") {
+			out = append(out, l.addr)
+		}
+	}
+	return out
+}
+
+// ownReplicas counts the replicas of the node marked myself in its CLUSTER
+// NODES, and those of them flagged fail.
+func ownReplicas(nodes string) (replicas, failed int) {
+	lines := parseClusterNodes(nodes)
+	var me string
+	for _, l := range lines {
+		if slices.Contains(l.flags, "myself") {
+			me = l.id
+		}
+	}
+	for _, l := range lines {
+		if me != "" && l.master == me {
+			replicas++
+			if slices.Contains(l.flags, "fail") {
+				failed++
+			}
+		}
+	}
+	return replicas, failed
 }
