@@ -88,7 +88,7 @@ Start with "fence demo".`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(execCmd(), statusCmd(), demoCmd(), labCmd())
+	root.AddCommand(execCmd(), statusCmd(), demoCmd(), labCmd(), doctorCmd())
 	return root
 }
 

@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/fencekit/fence/cmd/fence/internal/doctor"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes of fence doctor, by the worst finding. 2 (ExitUsage) means a
+// usage error or a deployment that could not be read.
+const (
+	ExitDoctorWarning  = 1 // the worst finding is a warning
+	ExitDoctorCritical = 3 // at least one finding is critical
+)
+
+func doctorCmd() *cobra.Command {
+	var rf redisFlags
+	var asJSON bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Audit a Redis deployment for the hazards that break locks or fencing tokens",
+		Long: `Doctor reads the Redis deployment that --redis, --redis-sentinel or --redis-cluster names
+(it writes nothing) and reports each hazard that can break fence's locks or tokens: persistence
+that loses locks on a restart, eviction that can remove lock keys or token records, replicas
+missing, lagging or too few for --acks, min-replicas settings, Sentinel quorum and
+down-after-milliseconds against the lease time (--watchdog-ttl), Cluster slot coverage and
+replicas per master, clock skew between the nodes, and EVAL, EVALSHA, WAIT or key permissions
+that are renamed, disabled or denied by ACL. Each finding has a severity, why it matters and
+the fix. Give --acks, --replicas and --no-replica-sync as the lockers use them.
+
+Exit status: 0 when nothing worse than info was found, 1 when the worst finding is a
+warning, 3 when one is critical, 2 on a usage error or when the deployment could not be
+read within --timeout.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := rf.doctorConfig(cmd.Flags().Changed)
+			if err != nil {
+				return exitWith(ExitUsage, err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			findings, err := doctor.Run(ctx, cfg)
+			if err != nil {
+				return exitWith(ExitUsage, err)
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if findings == nil {
+					findings = []doctor.Finding{}
+				}
+				worst := "none"
+				if w := doctor.Worst(findings); w != 0 {
+					worst = w.String()
+				}
+				if err := json.NewEncoder(out).Encode(map[string]any{"worst": worst, "findings": findings}); err != nil {
+					return exitWith(ExitUsage, err)
+				}
+			} else {
+				printFindings(out, findings)
+			}
+			switch doctor.Worst(findings) {
+			case doctor.Critical:
+				return exitWith(ExitDoctorCritical, nil)
+			case doctor.Warning:
+				return exitWith(ExitDoctorWarning, nil)
+			}
+			return nil
+		},
+	}
+	rf.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print one JSON object: {"worst": "none"|"info"|"warning"|"critical", "findings": [{"id", "severity", "node", "why", "fix"}]}`)
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "give up, with exit status 2, when the deployment has not answered within this time")
+	return cmd
+}
+
+// doctorConfig is the doctor.Config the flags describe. The doctor opens a
+// client per node, so it takes the parsed options rather than one client.
+func (f *redisFlags) doctorConfig(changed func(string) bool) (doctor.Config, error) {
+	rs, err := f.replicaSync(changed)
+	if err != nil {
+		return doctor.Config{}, err
+	}
+	cfg := doctor.Config{LeaseTime: f.watchdogTTL, ReplicaSync: rs}
+	switch {
+	case f.sentinelURL != "" && f.clusterURL != "":
+		return cfg, errors.New("give --redis-sentinel or --redis-cluster, not both")
+	case f.sentinelURL != "":
+		o, err := redis.ParseFailoverURL(f.sentinelURL)
+		if err != nil {
+			return cfg, parseError("--redis-sentinel", f.sentinelURL, func(s string) error { _, err := redis.ParseFailoverURL(s); return err })
+		}
+		if o.MasterName == "" {
+			return cfg, errors.New("--redis-sentinel: the URL needs master_name=NAME")
+		}
+		cfg.Sentinel = o
+	case f.clusterURL != "":
+		o, err := redis.ParseClusterURL(f.clusterURL)
+		if err != nil {
+			return cfg, parseError("--redis-cluster", f.clusterURL, func(s string) error { _, err := redis.ParseClusterURL(s); return err })
+		}
+		cfg.Cluster = o
+	default:
+		o, err := redis.ParseURL(f.url)
+		if err != nil {
+			return cfg, parseError("--redis", f.url, func(s string) error { _, err := redis.ParseURL(s); return err })
+		}
+		cfg.Standalone = o
+	}
+	return cfg, nil
+}
+
+// printFindings prints one block per finding: a line with its severity,
+// id and node in aligned columns, then why and fix wrapped beneath it.
+func printFindings(w io.Writer, findings []doctor.Finding) {
+	if len(findings) == 0 {
+		fmt.Fprintln(w, "fence doctor: no findings")
+		return
+	}
+	idWidth := 0
+	for _, f := range findings {
+		idWidth = max(idWidth, len(f.ID))
+	}
+	counts := map[doctor.Severity]int{}
+	for _, f := range findings {
+		counts[f.Severity]++
+		fmt.Fprintf(w, "%-8s  %-*s  %s\n", strings.ToUpper(f.Severity.String()), idWidth, f.ID, f.Node)
+		wrap(w, "    why: ", f.Why)
+		wrap(w, "    fix: ", f.Fix)
+	}
+	fmt.Fprintf(w, "%d findings: %d critical, %d warning, %d info\n",
+		len(findings), counts[doctor.Critical], counts[doctor.Warning], counts[doctor.Info])
+}
+
+// wrap prints text after prefix, wrapped at 100 columns, with continuation
+// lines indented as far as the prefix.
+func wrap(w io.Writer, prefix, text string) {
+	const width = 100
+	line, indent := prefix, strings.Repeat(" ", len(prefix))
+	for i, word := range strings.Fields(text) {
+		if i > 0 && len(line)+1+len(word) > width {
+			fmt.Fprintln(w, line)
+			line = indent + word
+			continue
+		}
+		if i > 0 {
+			line += " "
+		}
+		line += word
+	}
+	fmt.Fprintln(w, line)
+}

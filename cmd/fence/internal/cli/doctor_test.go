@@ -1,0 +1,70 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/cmd/fence/internal/cli"
+	"github.com/fencekit/fence/internal/redistest"
+)
+
+func TestDoctorExitStatus(t *testing.T) {
+	durable := []string{"--appendonly", "yes", "--appendfsync", "always"}
+	clean := redistest.Start(t, durable...)
+	weak := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "everysec")
+	off := redistest.Start(t)
+	for _, c := range []struct {
+		srv  *redistest.Server
+		code int
+		out  string
+	}{
+		{clean, 0, "INFO      no-replicas"},
+		{weak, cli.ExitDoctorWarning, "WARNING   appendfsync"},
+		{off, cli.ExitDoctorCritical, "CRITICAL  persistence-off"},
+	} {
+		out, errOut, code := fence(t, nil, "doctor", "--redis", redisURL(c.srv))
+		if code != c.code || !strings.Contains(out, c.out) || errOut != "" {
+			t.Errorf("doctor on %s: exit %d (want %d), stdout %q, stderr %q", c.srv.Addr, code, c.code, out, errOut)
+		}
+	}
+
+	out, _, code := fence(t, nil, "doctor", "--json", "--redis", redisURL(off))
+	var report struct {
+		Worst    string
+		Findings []struct{ ID, Severity, Node, Why, Fix string }
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil || code != cli.ExitDoctorCritical {
+		t.Fatalf("doctor --json: exit %d, %v, %q", code, err, out)
+	}
+	f := report.Findings[0]
+	if report.Worst != "critical" || f.ID != "persistence-off" || f.Severity != "critical" || f.Node != off.Addr || f.Why == "" || f.Fix == "" {
+		t.Fatalf("doctor --json: %+v", report)
+	}
+	out, _, _ = fence(t, nil, "doctor", "--json", "--redis", redisURL(clean), "--acks", "all")
+	if !strings.Contains(out, `"worst":"info"`) {
+		t.Fatalf("doctor --json on a clean server: %q", out)
+	}
+}
+
+func TestDoctorUnreachableMasksPassword(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	start := time.Now()
+	_, errOut, code := fence(t, nil, "doctor", "--timeout", "2s", "--redis", "redis://app:s3cretpw@"+addr)
+	if code != cli.ExitUsage || strings.Contains(errOut, "s3cretpw") || !strings.Contains(errOut, "unreachable") {
+		t.Fatalf("doctor on a closed port: exit %d, stderr %q", code, errOut)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("doctor on a closed port took %v", took)
+	}
+	if _, errOut, code := fence(t, nil, "doctor", "--redis-sentinel", "redis://"+addr); code != cli.ExitUsage || !strings.Contains(errOut, "master_name") {
+		t.Fatalf("sentinel URL without master_name: exit %d, %q", code, errOut)
+	}
+}

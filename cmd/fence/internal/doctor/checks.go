@@ -1,0 +1,392 @@
+package doctor
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencekit/fence/redislock"
+)
+
+// check looks at one aspect of the deployment and returns what it found.
+type check func(d *deployment) []Finding
+
+// checks are run in this order; Run sorts their findings by severity.
+var checks = []check{
+	checkReachable,
+	checkRole,
+	checkConfigReadable,
+	checkPersistence,
+	checkEviction,
+	checkReplicaCounts,
+	checkReplicasBehind,
+	checkMinReplicas,
+	checkSentinel,
+	checkCluster,
+	checkClockSkew,
+	checkCommands,
+}
+
+// all returns the primaries and the replicas.
+func (d *deployment) all() []*node { return append(append([]*node{}, d.primaries...), d.replicas...) }
+
+func checkReachable(d *deployment) []Finding {
+	var out []Finding
+	for _, addr := range d.unreachable {
+		out = append(out, Finding{ID: "node-unreachable", Severity: Warning, Node: addr,
+			Why: "a node the deployment lists did not answer, so the doctor could not audit it, and it cannot take over (a replica) or serve its slots (a cluster master) as things stand",
+			Fix: "check that the node runs and that this host can reach it with the same credentials"})
+	}
+	return out
+}
+
+func checkRole(d *deployment) []Finding {
+	var out []Finding
+	for _, p := range d.primaries {
+		if role := p.info["role"]; role != "master" && role != "" { // "": INFO refused, see checkCommands
+			out = append(out, Finding{ID: "not-primary", Severity: Critical, Node: p.addr,
+				Why: "the node is a replica (role " + p.info["role"] + "): every acquisition fails with READONLY, since the lock scripts write",
+				Fix: "point fence at the primary, or at the sentinels with --redis-sentinel so that it follows failovers"})
+		}
+	}
+	return out
+}
+
+func checkConfigReadable(d *deployment) []Finding {
+	var out []Finding
+	for _, n := range d.all() {
+		if n.configErr != nil {
+			out = append(out, Finding{ID: "config-unreadable", Severity: Warning, Node: n.addr,
+				Why: fmt.Sprintf("CONFIG GET was refused (%v), so persistence, eviction and min-replicas settings, each of which can lose locks, went unchecked", n.configErr),
+				Fix: "run the doctor as a user allowed CONFIG GET, or check save, appendonly, appendfsync, maxmemory-policy and min-replicas-to-write in the provider's console"})
+		}
+	}
+	return out
+}
+
+// clockFloor states what a token record lost to a restart leaves fence
+// relying on.
+const clockFloor = "tokens then restart from the server's clock in microseconds, which stays above the lost ones only if this node's clock never goes backwards across the restart"
+
+func checkPersistence(d *deployment) []Finding {
+	var out []Finding
+	for _, n := range d.all() {
+		if n.config == nil {
+			continue
+		}
+		aof := n.config["appendonly"] == "yes"
+		switch {
+		case !aof && n.config["save"] == "":
+			out = append(out, Finding{ID: "persistence-off", Severity: Critical, Node: n.addr,
+				Why: "persistence is off (save \"\", appendonly no): a restart comes back empty, so every held lock is free to a second holder while the first still runs, and every token record is lost; " + clockFloor,
+				Fix: "CONFIG SET appendonly yes, CONFIG SET appendfsync always, CONFIG REWRITE; or accept it only where a lost lock is harmless because the resource checks tokens"})
+		case !aof:
+			out = append(out, Finding{ID: "persistence-snapshot", Severity: Warning, Node: n.addr,
+				Why: "only RDB snapshots (save " + strconv.Quote(n.config["save"]) + "): a restart loses every lock and token taken since the last snapshot, so a second holder can take a lock the first still holds; " + clockFloor,
+				Fix: "CONFIG SET appendonly yes and appendfsync always"})
+		case n.config["appendfsync"] != "always":
+			out = append(out, Finding{ID: "appendfsync", Severity: Warning, Node: n.addr,
+				Why: "appendfsync " + n.config["appendfsync"] + ": a crash of the host (power, kernel) loses the acquisitions of the last second or so, so a lock still held can be granted again; " + clockFloor,
+				Fix: "CONFIG SET appendfsync always (each write is fsynced before the reply)"})
+		}
+	}
+	return out
+}
+
+func checkEviction(d *deployment) []Finding {
+	var out []Finding
+	for _, n := range d.all() {
+		if n.config == nil || n.config["maxmemory"] == "0" || n.config["maxmemory-policy"] == "noeviction" {
+			continue
+		}
+		policy := n.config["maxmemory-policy"]
+		what := "lock keys, which carry a TTL,"
+		if strings.HasPrefix(policy, "allkeys-") {
+			what = "any key, lock keys, token records and the replica record included,"
+		}
+		out = append(out, Finding{ID: "eviction", Severity: Critical, Node: n.addr,
+			Why: "maxmemory " + n.config["maxmemory"] + " with maxmemory-policy " + policy + " evicts " + what + " under memory pressure: an evicted lock is granted to a second holder while the first still runs, and an evicted token record makes the next token the server's clock in microseconds, above the evicted one only if this node's clock has not gone backwards since it was issued",
+			Fix: "CONFIG SET maxmemory-policy noeviction (acquisitions then fail with OOM instead of breaking), or give fence a Redis of its own"})
+	}
+	return out
+}
+
+// required is redislock's acknowledgement rule (ReplicaSync.required, which
+// is unexported): how many replicas must acknowledge, given the expected
+// count.
+func required(s redislock.ReplicaSync, expected int) int {
+	if s.Disabled || expected == 0 {
+		return 0
+	}
+	switch s.Acks {
+	case 0:
+		return 1
+	case redislock.AcksMajority:
+		return expected/2 + 1
+	case redislock.AcksAll:
+		return expected
+	}
+	return s.Acks
+}
+
+func checkReplicaCounts(d *deployment) []Finding {
+	var out []Finding
+	rs := d.cfg.ReplicaSync
+	for _, p := range d.primaries {
+		if p.info["role"] != "master" {
+			continue
+		}
+		if p.countsErr != nil && !strings.Contains(p.countsErr.Error(), "NOPERM") { // NOPERM: see checkCommands
+			out = append(out, Finding{ID: "replica-record", Severity: Critical, Node: p.addr,
+				Why: fmt.Sprintf("the replica record cannot be read (%v): every acquisition with replica sync on fails", p.countsErr),
+				Fix: "delete the key " + d.cfg.Prefix + ":replicas or set it with redislock's Locker.SetExpectedReplicas"})
+			continue
+		}
+		connected := p.connected()
+		expected := connected
+		if p.counts != nil {
+			expected = p.counts.Expected
+		}
+		if d.kind == "cluster" {
+			expected = max(connected, p.clusterReplicas)
+			if rs.Replicas > 0 {
+				expected = rs.Replicas
+			}
+		}
+		need := required(rs, expected)
+		switch {
+		case expected == 0 && d.kind == "cluster":
+			// checkCluster reports a master without replicas.
+		case expected == 0:
+			out = append(out, Finding{ID: "no-replicas", Severity: Info, Node: p.addr,
+				Why: "the primary has no replicas: replica sync has nothing to wait for (redislock requires 0 acknowledgements when it expects 0 replicas, so acquisitions succeed), and a crash of this node stops all locking until it is back, with what persistence kept",
+				Fix: "add a replica (with Sentinel or Cluster for failover) if locking must survive the loss of this node"})
+		case rs.Disabled:
+			out = append(out, Finding{ID: "replica-sync-off", Severity: Warning, Node: p.addr,
+				Why: fmt.Sprintf("the primary has %d replica(s) but replica sync is off: a failover to a replica that had not received an acquisition grants that lock again while its holder still runs", expected),
+				Fix: "turn replica sync on (drop --no-replica-sync), and have the resource check tokens"})
+		case need > expected:
+			out = append(out, Finding{ID: "acks-unmeetable", Severity: Critical, Node: p.addr,
+				Why: fmt.Sprintf("the acknowledgement rule requires %d replicas but the primary is expected to have %d: every acquisition is refused (fence.ErrNotReplicated)", need, expected),
+				Fix: "lower --acks (or use majority), or add replicas"})
+		case connected < need:
+			out = append(out, Finding{ID: "replicas-missing", Severity: Critical, Node: p.addr,
+				Why: fmt.Sprintf("%d of %d expected replicas are connected and %d must acknowledge: every acquisition waits its WAIT timeout and is refused (fence.ErrNotReplicated)", connected, expected, need),
+				Fix: "bring the missing replicas back, or, if they were decommissioned, lower the record with redislock's Locker.SetExpectedReplicas (on a cluster: CLUSTER FORGET)"})
+		case connected < expected:
+			out = append(out, Finding{ID: "replicas-missing", Severity: Warning, Node: p.addr,
+				Why: fmt.Sprintf("%d of %d expected replicas are connected: acquisitions still get their %d acknowledgement(s), but one more loss refuses them all", connected, expected, need),
+				Fix: "bring the missing replicas back, or lower the record with redislock's Locker.SetExpectedReplicas if they were decommissioned"})
+		}
+	}
+	return out
+}
+
+// maxLag is the replica lag (seconds since its last acknowledgement, which
+// replicas send every second) beyond which a replica is behind.
+const maxLag = 1
+
+func checkReplicasBehind(d *deployment) []Finding {
+	var out []Finding
+	for _, p := range d.primaries {
+		for _, r := range p.replicaLines() {
+			if r.state != "online" || r.lag > maxLag {
+				out = append(out, Finding{ID: "replica-behind", Severity: Warning, Node: r.addr,
+					Why: fmt.Sprintf("the replica is %s with lag %d s (primary %s): it does not acknowledge within WAIT's timeout, so acquisitions that need it are refused, and a failover to it loses the locks it missed", r.state, r.lag, p.addr),
+					Fix: "check the replica's host and network; a replica that is paused or syncing is not a safe failover target"})
+			}
+		}
+	}
+	if sv := d.sentinel; sv != nil {
+		for _, r := range sv.downReplicas {
+			out = append(out, Finding{ID: "replica-down", Severity: Warning, Node: r.addr,
+				Why: fmt.Sprintf("the sentinels list this replica of %s as down (flags %s, link %s): it receives no acquisitions, and while it is expected acquisitions that need its acknowledgement are refused", sv.master, r.flags, r.link),
+				Fix: "bring it back, or, if it was decommissioned, SENTINEL RESET the master's name and lower fence's record with Locker.SetExpectedReplicas"})
+		}
+	}
+	return out
+}
+
+func checkMinReplicas(d *deployment) []Finding {
+	var out []Finding
+	for _, p := range d.primaries {
+		if p.config == nil || p.info["role"] != "master" {
+			continue
+		}
+		toWrite, _ := strconv.Atoi(p.config["min-replicas-to-write"])
+		connected := p.connected()
+		good := connected
+		if g, err := strconv.Atoi(p.info["min_slaves_good_slaves"]); err == nil {
+			good = g // connected with a lag within min-replicas-max-lag
+		}
+		switch {
+		case toWrite > good:
+			out = append(out, Finding{ID: "min-replicas", Severity: Critical, Node: p.addr,
+				Why: fmt.Sprintf("min-replicas-to-write %d but %d replicas are connected with a lag within min-replicas-max-lag (%s s): the primary refuses every write (NOREPLICAS), so every acquisition fails", toWrite, good, p.config["min-replicas-max-lag"]),
+				Fix: "bring replicas back, or lower min-replicas-to-write"})
+		case toWrite == 0 && connected > 0:
+			sev := Info
+			why := "min-replicas-to-write is 0: a primary cut off from its replicas keeps accepting writes that a failover will lose; fence's replica sync refuses the acquisitions and renewals it cannot confirm there, so only locks taken with replica sync off are exposed"
+			if d.cfg.ReplicaSync.Disabled {
+				sev = Warning
+				why = "min-replicas-to-write is 0 and replica sync is off: a primary cut off from its replicas keeps granting locks that a failover will lose, and the promoted replica grants them again"
+			}
+			out = append(out, Finding{ID: "min-replicas", Severity: sev, Node: p.addr, Why: why,
+				Fix: "CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 10 (writes stop on a primary that lost its replicas)"})
+		}
+	}
+	return out
+}
+
+func checkSentinel(d *deployment) []Finding {
+	sv := d.sentinel
+	if sv == nil {
+		return nil
+	}
+	var out []Finding
+	reach := len(sv.addrs) - len(sv.unreachable)
+	if len(sv.unreachable) > 0 {
+		// A failover needs the quorum to agree the primary is down and a
+		// majority of all sentinels to authorise it.
+		need := max(sv.quorum, max(sv.known, len(sv.addrs))/2+1)
+		sev, effect := Warning, "fence cannot find the primary through them after a failover, and each one lost brings the sentinels closer to being unable to fail over"
+		if reach < need {
+			sev, effect = Critical, fmt.Sprintf("fewer than the %d needed to agree and authorise a failover, so a crash of the primary stops all locking", need)
+		}
+		out = append(out, Finding{ID: "sentinel-unreachable", Severity: sev, Node: sv.master,
+			Why: fmt.Sprintf("%d of %d sentinels answered (unreachable: %s): %s", reach, len(sv.addrs), strings.Join(sv.unreachable, ", "), effect),
+			Fix: "restart the sentinels or fix the addresses in --redis-sentinel"})
+	}
+	if sv.ckquorum != nil {
+		out = append(out, Finding{ID: "sentinel-quorum", Severity: Critical, Node: sv.master,
+			Why: fmt.Sprintf("SENTINEL CKQUORUM on %s: %v: no failover can be authorised, so a crash of the primary stops all locking", sv.from, sv.ckquorum),
+			Fix: "run at least three sentinels, on separate hosts, with a quorum they can reach"})
+	} else if sv.quorum <= sv.known/2 {
+		out = append(out, Finding{ID: "sentinel-quorum", Severity: Warning, Node: sv.master,
+			Why: fmt.Sprintf("quorum %d of %d sentinels is not a majority: a minority that lost sight of the primary marks it down, and failovers (each one a chance to lose locks the promoted replica missed) start on a partial view", sv.quorum, sv.known),
+			Fix: fmt.Sprintf("SENTINEL SET %s quorum %d on every sentinel", sv.master, sv.known/2+1)})
+	}
+	if sv.downAfter < d.cfg.LeaseTime {
+		out = append(out, Finding{ID: "sentinel-down-after", Severity: Warning, Node: sv.master,
+			Why: fmt.Sprintf("down-after-milliseconds %d is shorter than the lease time %v: a failover completes while leases granted by the old primary still run, so a lock the promoted replica missed is granted to a second holder while the first still works, and only tokens checked by the resource stop its stale writes", sv.downAfter.Milliseconds(), d.cfg.LeaseTime),
+			Fix: fmt.Sprintf("SENTINEL SET %s down-after-milliseconds %d, or shorter leases (--watchdog-ttl), and check tokens at the resource", sv.master, d.cfg.LeaseTime.Milliseconds())})
+	}
+	return out
+}
+
+func checkCluster(d *deployment) []Finding {
+	cv := d.cluster
+	if cv == nil {
+		return nil
+	}
+	var out []Finding
+	if cv.slotsOK < 16384 || cv.state != "ok" {
+		out = append(out, Finding{ID: "cluster-slots", Severity: Critical, Node: strings.Join(d.cfg.Cluster.Addrs, ","),
+			Why: fmt.Sprintf("%d of 16384 slots are served (cluster_state %s): locks whose names hash to the others fail with CLUSTERDOWN, and with cluster-require-full-coverage every lock does", cv.slotsOK, cv.state),
+			Fix: "assign the missing slots (redis-cli --cluster fix) or bring their masters back"})
+	}
+	for _, p := range d.primaries {
+		switch {
+		case p.clusterReplicas == 0:
+			out = append(out, Finding{ID: "cluster-replicas", Severity: Warning, Node: p.addr,
+				Why: "the master has no replica: if it fails, its slots stay down and the locks in them cannot be taken until it returns, with what its persistence kept",
+				Fix: "add a replica per master (redis-cli --cluster add-node --cluster-slave)"})
+		case p.clusterFailed > 0:
+			out = append(out, Finding{ID: "cluster-replicas", Severity: Warning, Node: p.addr,
+				Why: fmt.Sprintf("%d of the master's %d replicas are flagged fail: they still count as expected, so acquisitions that need them are refused, and they cannot take over", p.clusterFailed, p.clusterReplicas),
+				Fix: "bring them back, or CLUSTER FORGET the decommissioned ones"})
+		}
+	}
+	return out
+}
+
+// defaultMaxSkew is the clock difference tolerated when the deployment
+// states no failover time.
+const defaultMaxSkew = time.Second
+
+func checkClockSkew(d *deployment) []Finding {
+	limit := d.cfg.MaxSkew
+	if limit == 0 {
+		limit = defaultMaxSkew
+		if d.sentinel != nil && d.sentinel.downAfter > 0 {
+			limit = d.sentinel.downAfter
+		}
+		if d.kind == "cluster" && len(d.primaries) > 0 && d.primaries[0].config != nil {
+			if ms, err := strconv.Atoi(d.primaries[0].config["cluster-node-timeout"]); err == nil && ms > 0 {
+				limit = time.Duration(ms) * time.Millisecond
+			}
+		}
+	}
+	var lo, hi *node
+	for _, n := range d.all() {
+		if n.timeErr != nil {
+			continue
+		}
+		if lo == nil || n.offset < lo.offset {
+			lo = n
+		}
+		if hi == nil || n.offset > hi.offset {
+			hi = n
+		}
+	}
+	if lo == nil || lo == hi {
+		return nil
+	}
+	// The smallest skew the readings allow, given each round trip.
+	skew := hi.offset - lo.offset - hi.uncertainty - lo.uncertainty
+	if skew <= limit {
+		return nil
+	}
+	return []Finding{{ID: "clock-skew", Severity: Warning, Node: hi.addr,
+		Why: fmt.Sprintf("its clock is at least %v ahead of %s's, more than the %v a failover takes at least: the token floor is each server's clock, so after a failover that loses a token record the new primary can issue tokens below ones already issued, and the resource then orders a stale holder's writes after the new holder's", skew.Round(time.Millisecond), lo.addr, limit),
+		Fix: "run NTP (chrony) on every Redis host so their clocks agree within a few milliseconds"}}
+}
+
+// commands fence cannot work without, and what their loss breaks.
+var commandNeeds = map[string]string{
+	"EVAL":    "every acquisition, renewal and release is a Lua script",
+	"EVALSHA": "every acquisition, renewal and release is a Lua script sent by its SHA first",
+	"WAIT":    "replica sync confirms acquisitions with WAIT, so with replicas every acquisition fails",
+	"INFO":    "the replica count script reads INFO replication, so replica sync fails",
+}
+
+func checkCommands(d *deployment) []Finding {
+	var out []Finding
+	for _, p := range d.primaries {
+		denied := maps.Clone(p.denied)
+		if denied == nil {
+			denied = map[string]string{}
+		}
+		for _, cmd := range []string{"EVAL", "EVALSHA", "WAIT", "INFO"} {
+			err := p.probes[cmd]
+			switch {
+			case err == nil:
+			case strings.HasPrefix(err.Error(), "NOPERM") || strings.Contains(err.Error(), "user executing the script can't run"):
+				denied[cmd] = err.Error()
+			default:
+				out = append(out, Finding{ID: "command-missing", Severity: Critical, Node: p.addr,
+					Why: fmt.Sprintf("%s fails (%v): %s", cmd, err, commandNeeds[cmd]),
+					Fix: "use a Redis (or a plan of the managed service) where " + cmd + " is enabled and not renamed"})
+			}
+		}
+		if len(denied) > 0 {
+			cmds := slices.Sorted(maps.Keys(denied))
+			var grant []string
+			for _, c := range cmds {
+				grant = append(grant, "+"+strings.ToLower(c))
+			}
+			out = append(out, Finding{ID: "command-denied", Severity: Critical, Node: p.addr,
+				Why: fmt.Sprintf("the ACL user may not run %s on fence's keys and channels (%s: %s): the acquisitions, renewals, releases or waits that send them fail", strings.Join(cmds, ", "), cmds[0], denied[cmds[0]]),
+				Fix: fmt.Sprintf("ACL SETUSER <user> %s ~%s:* &%s:*", strings.Join(grant, " "), d.cfg.Prefix, d.cfg.Prefix)})
+		}
+		if p.aclErr != nil && !strings.Contains(p.aclErr.Error(), "unknown") {
+			out = append(out, Finding{ID: "acl-unchecked", Severity: Info, Node: p.addr,
+				Why: fmt.Sprintf("ACL DRYRUN was refused (%v), so the user's permissions on fence's keys (SET, DEL, PEXPIRE, PUBLISH, SUBSCRIBE) went unchecked; a denied one fails acquisitions or waits", p.aclErr),
+				Fix: "run the doctor once as a user allowed ACL DRYRUN, or check the user's rules with ACL GETUSER"})
+		}
+	}
+	return out
+}

@@ -1,0 +1,617 @@
+package doctor
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// Severity ranks a Finding.
+type Severity int
+
+// Severities, from least to most severe.
+const (
+	Info     Severity = iota + 1 // worth knowing; nothing breaks because of it
+	Warning                      // a failure (a restart, a failover, a lag) can break locks or tokens
+	Critical                     // locks or tokens are broken now, or every acquisition fails
+)
+
+// String returns "info", "warning" or "critical".
+func (s Severity) String() string {
+	switch s {
+	case Info:
+		return "info"
+	case Warning:
+		return "warning"
+	case Critical:
+		return "critical"
+	}
+	return "severity(" + strconv.Itoa(int(s)) + ")"
+}
+
+// MarshalText encodes the severity as its name, for JSON.
+func (s Severity) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Finding is one hazard found in the deployment.
+type Finding struct {
+	ID       string   `json:"id"`       // what was found, e.g. "persistence-off"; stable, for scripts
+	Severity Severity `json:"severity"` // how bad it is
+	Node     string   `json:"node"`     // the node (host:port) or, for Sentinel findings, the master's name
+	Why      string   `json:"why"`      // the failure it causes, in one sentence
+	Fix      string   `json:"fix"`      // what to change
+}
+
+// Worst returns the highest severity among findings, 0 if there are none.
+func Worst(findings []Finding) Severity {
+	var w Severity
+	for _, f := range findings {
+		w = max(w, f.Severity)
+	}
+	return w
+}
+
+// Config names the deployment to audit and how fence uses it. Give exactly
+// one of Standalone, Sentinel and Cluster: the doctor opens its own clients
+// from them, one per node, with the same credentials.
+type Config struct {
+	Standalone *redis.Options         // one primary (its replicas are found through it)
+	Sentinel   *redis.FailoverOptions // the sentinels and the master's name
+	Cluster    *redis.ClusterOptions  // one or more nodes of a cluster
+
+	// Prefix is fence's key prefix (redislock.Options.Prefix). Default
+	// redislock.DefaultPrefix.
+	Prefix string
+	// LeaseTime is the lease time fence's locks use. Default
+	// redislock.DefaultWatchdogTTL.
+	LeaseTime time.Duration
+	// ReplicaSync is the acknowledgement rule fence's lockers use
+	// (redislock.Options.ReplicaSync); the zero value is redislock's default.
+	ReplicaSync redislock.ReplicaSync
+	// MaxSkew is the largest clock difference between nodes that the token
+	// rule tolerates. Default: the time a failover takes at least
+	// (Sentinel's down-after-milliseconds, the cluster's
+	// cluster-node-timeout), else 1 s.
+	MaxSkew time.Duration
+	// Now is the local clock that brackets each node's TIME. Default
+	// time.Now.
+	Now func() time.Time
+
+	_ struct{}
+}
+
+// ErrUnreachable marks an error of Run when the deployment could not be
+// read: a primary, every sentinel or every cluster node did not answer.
+var ErrUnreachable = errors.New("doctor: deployment unreachable")
+
+// defaultDeadline bounds Run when its context has no deadline.
+const defaultDeadline = 10 * time.Second
+
+// Run audits the deployment cfg names and returns its findings, most
+// severe first. It sends only reading commands, and probes (EVAL of a
+// script that reads, WAIT 0 0). It returns an error matching
+// fence.ErrInvalidOption for a bad Config, before anything is sent, and one
+// matching ErrUnreachable when the deployment cannot be read; either way by
+// ctx's deadline, or within 10 s if ctx has none.
+func Run(ctx context.Context, cfg Config) ([]Finding, error) {
+	n := 0
+	for _, set := range []bool{cfg.Standalone != nil, cfg.Sentinel != nil, cfg.Cluster != nil} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return nil, fmt.Errorf("%w: doctor: give one of Standalone, Sentinel and Cluster", fence.ErrInvalidOption)
+	}
+	if cfg.LeaseTime < 0 || cfg.MaxSkew < 0 {
+		return nil, fmt.Errorf("%w: doctor: negative lease time or skew", fence.ErrInvalidOption)
+	}
+	if cfg.Sentinel != nil && cfg.Sentinel.MasterName == "" {
+		return nil, fmt.Errorf("%w: doctor: Sentinel needs MasterName", fence.ErrInvalidOption)
+	}
+	cfg.Prefix = cmp.Or(cfg.Prefix, redislock.DefaultPrefix)
+	cfg.LeaseTime = cmp.Or(cfg.LeaseTime, redislock.DefaultWatchdogTTL)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, defaultDeadline)
+		defer cancel()
+	}
+	d := &deployment{cfg: cfg}
+	defer d.close()
+	var err error
+	switch {
+	case cfg.Standalone != nil:
+		err = d.readStandalone(ctx, *cfg.Standalone)
+	case cfg.Sentinel != nil:
+		err = d.readSentinel(ctx)
+	default:
+		err = d.readCluster(ctx)
+	}
+	if err != nil {
+		// A node that hung is reported at the deadline by an i/o
+		// timeout, which may come just before ctx says it is done.
+		dl, _ := ctx.Deadline()
+		if ctx.Err() != nil || !time.Now().Before(dl) {
+			err = errors.Join(err, cmp.Or(ctx.Err(), context.DeadlineExceeded))
+		}
+		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	var findings []Finding
+	for _, c := range checks {
+		findings = append(findings, c(d)...)
+	}
+	slices.SortStableFunc(findings, func(a, b Finding) int { return cmp.Compare(b.Severity, a.Severity) })
+	return findings, nil
+}
+
+// deployment is one snapshot of everything the checks look at.
+type deployment struct {
+	cfg       Config
+	kind      string  // "standalone", "sentinel" or "cluster"
+	primaries []*node // the nodes fence writes to
+	replicas  []*node // their replicas that could be reached
+	// unreachable lists replicas a primary names that did not answer.
+	unreachable []string
+	sentinel    *sentinelView
+	cluster     *clusterView
+	clients     []interface{ Close() error }
+}
+
+func (d *deployment) close() {
+	for _, c := range d.clients {
+		_ = c.Close()
+	}
+}
+
+// node is what the doctor read from one redis-server.
+type node struct {
+	addr      string
+	client    *redis.Client
+	info      map[string]string // INFO replication and server fields
+	config    map[string]string // CONFIG GET of the settings checked; nil if refused
+	configErr error
+	// offset is the server's clock minus the local clock at the middle of
+	// the TIME round trip, give or take uncertainty (half the round trip).
+	offset, uncertainty time.Duration
+	timeErr             error
+	probes              map[string]error // command → the error probing it gave
+	denied              map[string]string
+	aclErr              error // ACL DRYRUN not allowed: permissions unchecked
+	counts              *redislock.ReplicaCounts
+	countsErr           error
+	// On a cluster: the replicas the node's own table lists, and those
+	// of them flagged fail.
+	clusterReplicas, clusterFailed int
+}
+
+// configNames are the settings the checks read.
+var configNames = []string{
+	"save", "appendonly", "appendfsync", "maxmemory", "maxmemory-policy",
+	"min-replicas-to-write", "min-replicas-max-lag", "cluster-node-timeout",
+}
+
+// nodeOptions returns a copy of o for addr, bounded by ctx and without retries,
+// so that a dead node costs one attempt.
+func nodeOptions(o redis.Options, addr string) *redis.Options {
+	o.Addr = addr
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1
+	o.PoolSize = 2
+	return &o
+}
+
+func (d *deployment) open(o redis.Options, addr string) *redis.Client {
+	c := redis.NewClient(nodeOptions(o, addr))
+	d.clients = append(d.clients, c)
+	return c
+}
+
+// partOf bounds a read that must not take the whole of ctx's time (a
+// replica or a sentinel that hangs must leave time for the rest) to a
+// third of what is left.
+func partOf(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, _ := ctx.Deadline() // Run gives ctx a deadline
+	return context.WithTimeout(ctx, time.Until(dl)/3)
+}
+
+// readNode reads one node; an error means it did not answer at all.
+func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool) (*node, error) {
+	n := &node{addr: c.Options().Addr, client: c}
+	info, err := c.Info(ctx, "replication", "server").Result()
+	if err != nil && !isReply(err) {
+		return nil, fmt.Errorf("%s: INFO: %w", n.addr, err)
+	}
+	n.info = parseInfo(info) // empty when INFO is refused: the probes report it
+	n.config = map[string]string{}
+	for _, name := range configNames {
+		kv, err := c.ConfigGet(ctx, name).Result()
+		if err != nil {
+			n.config, n.configErr = nil, err
+			break
+		}
+		maps.Copy(n.config, kv)
+	}
+	n.readTime(ctx, d.cfg.Now)
+	if primary {
+		n.probe(ctx, d.cfg.Prefix)
+	}
+	// A refusal is a finding; no answer (a node that stopped answering
+	// half way) is not, and must not read as one.
+	for what, err := range n.errs() {
+		if err != nil && !isReply(err) {
+			return nil, fmt.Errorf("%s: %s: %w", n.addr, what, err)
+		}
+	}
+	return n, nil
+}
+
+// errs returns what reading the node met, by what was read.
+func (n *node) errs() map[string]error {
+	m := map[string]error{"CONFIG GET": n.configErr, "TIME": n.timeErr, "ACL": n.aclErr}
+	for cmd, err := range n.probes {
+		m[cmd] = err
+	}
+	return m
+}
+
+// isReply reports whether err is the server's reply, rather than a
+// failure to get one.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// readTime measures the node's clock against the local one.
+func (n *node) readTime(ctx context.Context, now func() time.Time) {
+	t0 := now()
+	t, err := n.client.Time(ctx).Result()
+	t1 := now()
+	if err != nil {
+		n.timeErr = err
+		return
+	}
+	mid := t0.Add(t1.Sub(t0) / 2)
+	n.offset = t.Sub(mid)
+	n.uncertainty = max(t1.Sub(t0)/2, 0)
+}
+
+// probe tries the commands fence sends, in forms that change nothing, and
+// asks ACL DRYRUN about the ones that write.
+func (n *node) probe(ctx context.Context, prefix string) {
+	key := prefix + ":{doctor}"
+	n.probes = map[string]error{}
+	const script = "return {redis.call('EXISTS', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('TIME')[1]}"
+	s := redis.NewScript(script)
+	n.probes["EVAL"] = s.Eval(ctx, n.client, []string{key}).Err()
+	n.probes["EVALSHA"] = s.EvalSha(ctx, n.client, []string{key}).Err()
+	if redis.HasErrorPrefix(n.probes["EVALSHA"], "NOSCRIPT") {
+		n.probes["EVALSHA"] = nil // the command exists; EVAL failed to load it
+	}
+	for _, cmd := range []string{"EVAL", "EVALSHA"} {
+		if isRedirect(n.probes[cmd]) {
+			// A cluster node that does not serve the probe's slot: the
+			// command exists. ACL DRYRUN checks the key's permissions.
+			n.probes[cmd] = nil
+		}
+	}
+	n.probes["WAIT"] = n.client.Do(ctx, "WAIT", 0, 0).Err()
+	n.probes["INFO"] = redis.NewScript("return redis.call('INFO', 'replication')").Eval(ctx, n.client, nil).Err()
+
+	user, err := n.client.Do(ctx, "ACL", "WHOAMI").Text()
+	if err != nil {
+		n.aclErr = err
+		return
+	}
+	n.denied = map[string]string{}
+	for _, args := range aclCommands(prefix) {
+		reply, err := n.client.Do(ctx, append([]any{"ACL", "DRYRUN", user}, args...)...).Text()
+		if err != nil {
+			n.aclErr = err
+			return
+		}
+		if reply != "OK" {
+			n.denied[strings.ToUpper(args[0].(string))] = reply
+		}
+	}
+}
+
+// aclCommands are the commands fence sends, directly or from its scripts,
+// with sample arguments on its keys and channels.
+func aclCommands(prefix string) [][]any {
+	key := prefix + ":{doctor}"
+	ch := key + ":released"
+	return [][]any{
+		{"EVAL", "return 1", "1", key},
+		{"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", key},
+		{"WAIT", "0", "0"},
+		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"DEL", key},
+		{"EXISTS", key}, {"PEXPIRE", key, "1"}, {"PTTL", key},
+		{"TIME"}, {"INFO", "replication"},
+		{"PUBLISH", ch, "x"}, {"SUBSCRIBE", ch},
+	}
+}
+
+// isRedirect reports whether err is a cluster's answer about slots rather
+// than about the command.
+func isRedirect(err error) bool {
+	for _, p := range []string{"MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func parseInfo(s string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(s, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// replicaLine is one slaveN line of a primary's INFO replication.
+type replicaLine struct {
+	addr  string
+	state string
+	lag   int
+}
+
+func (n *node) replicaLines() []replicaLine {
+	var out []replicaLine
+	for i := 0; ; i++ {
+		v, ok := n.info["slave"+strconv.Itoa(i)]
+		if !ok {
+			return out
+		}
+		f := map[string]string{}
+		for _, kv := range strings.Split(v, ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				f[k] = v
+			}
+		}
+		lag, _ := strconv.Atoi(f["lag"])
+		out = append(out, replicaLine{addr: f["ip"] + ":" + f["port"], state: f["state"], lag: lag})
+	}
+}
+
+func (n *node) connected() int { c, _ := strconv.Atoi(n.info["connected_slaves"]); return c }
+
+// readPrimary reads a primary, its replica counts and its replicas.
+func (d *deployment) readPrimary(ctx context.Context, o redis.Options, c *redis.Client) error {
+	p, err := d.readNode(ctx, c, true)
+	if err != nil {
+		return err
+	}
+	d.primaries = append(d.primaries, p)
+	if d.kind != "cluster" && p.info["role"] == "master" {
+		l, err := redislock.New(c, &redislock.Options{Prefix: d.cfg.Prefix, ReplicaSync: d.cfg.ReplicaSync})
+		if err != nil {
+			return err
+		}
+		r, err := l.ReplicaCounts(ctx, "doctor")
+		p.counts, p.countsErr = &r, err
+		if err != nil {
+			p.counts = nil
+		}
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, rl := range p.replicaLines() {
+		wg.Go(func() {
+			ctx, cancel := partOf(ctx)
+			defer cancel()
+			c := redis.NewClient(nodeOptions(o, rl.addr))
+			r, err := d.readNode(ctx, c, false)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				_ = c.Close()
+				d.unreachable = append(d.unreachable, rl.addr)
+				return
+			}
+			d.clients = append(d.clients, r.client)
+			d.replicas = append(d.replicas, r)
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+func (d *deployment) readStandalone(ctx context.Context, o redis.Options) error {
+	d.kind = "standalone"
+	return d.readPrimary(ctx, o, d.open(o, o.Addr))
+}
+
+// sentinelView is what the sentinels said about the monitored master.
+type sentinelView struct {
+	master      string
+	addrs       []string // the sentinels configured
+	unreachable []string // those that did not answer
+	known       int      // sentinels the first one that answered knows, itself included
+	quorum      int
+	downAfter   time.Duration
+	ckquorum    error // SENTINEL CKQUORUM's refusal, if any
+	from        string
+	// downReplicas are the replicas the sentinels list as down or
+	// disconnected; the primary no longer lists them.
+	downReplicas []sentinelReplica
+}
+
+type sentinelReplica struct{ addr, flags, link string }
+
+func (d *deployment) readSentinel(ctx context.Context) error {
+	d.kind = "sentinel"
+	fo := d.cfg.Sentinel
+	sv := &sentinelView{master: fo.MasterName, addrs: fo.SentinelAddrs}
+	d.sentinel = sv
+	var master []string
+	for _, addr := range fo.SentinelAddrs {
+		sc := redis.NewSentinelClient(nodeOptions(redis.Options{
+			Username: fo.SentinelUsername, Password: fo.SentinelPassword, TLSConfig: fo.TLSConfig,
+		}, addr))
+		d.clients = append(d.clients, sc)
+		sctx, cancel := partOf(ctx)
+		m, err := sc.Master(sctx, fo.MasterName).Result()
+		cancel()
+		if err != nil {
+			sv.unreachable = append(sv.unreachable, addr)
+			continue
+		}
+		if master != nil {
+			continue
+		}
+		a, err := sc.GetMasterAddrByName(ctx, fo.MasterName).Result()
+		if err != nil || len(a) != 2 {
+			return fmt.Errorf("sentinel %s: master %q: %v %w", addr, fo.MasterName, a, err)
+		}
+		master, sv.from = a, addr
+		others, _ := strconv.Atoi(m["num-other-sentinels"])
+		sv.known = others + 1
+		sv.quorum, _ = strconv.Atoi(m["quorum"])
+		ms, _ := strconv.Atoi(m["down-after-milliseconds"])
+		sv.downAfter = time.Duration(ms) * time.Millisecond
+		sv.ckquorum = sc.CkQuorum(ctx, fo.MasterName).Err()
+		replicas, err := sc.Replicas(ctx, fo.MasterName).Result()
+		if err != nil {
+			return fmt.Errorf("sentinel %s: replicas of %q: %w", addr, fo.MasterName, err)
+		}
+		for _, r := range replicas {
+			flags := strings.Split(r["flags"], ",")
+			if slices.Contains(flags, "s_down") || slices.Contains(flags, "disconnected") || r["master-link-status"] != "ok" {
+				sv.downReplicas = append(sv.downReplicas, sentinelReplica{
+					addr: net.JoinHostPort(r["ip"], r["port"]), flags: r["flags"], link: r["master-link-status"]})
+			}
+		}
+	}
+	if master == nil {
+		return fmt.Errorf("no sentinel of %v answered for master %q", fo.SentinelAddrs, fo.MasterName)
+	}
+	o := redis.Options{Username: fo.Username, Password: fo.Password, DB: fo.DB, TLSConfig: fo.TLSConfig}
+	return d.readPrimary(ctx, o, d.open(o, net.JoinHostPort(master[0], master[1])))
+}
+
+// clusterView is what the cluster said about itself.
+type clusterView struct {
+	slotsOK int    // cluster_slots_ok of the node that answered first
+	state   string // its cluster_state
+}
+
+func (d *deployment) readCluster(ctx context.Context) error {
+	d.kind = "cluster"
+	co := d.cfg.Cluster
+	o := redis.Options{Username: co.Username, Password: co.Password, TLSConfig: co.TLSConfig}
+	var info, nodes string
+	var errs []error
+	for _, addr := range co.Addrs {
+		c := d.open(o, addr)
+		var err error
+		if info, err = c.ClusterInfo(ctx).Result(); err == nil {
+			nodes, err = c.ClusterNodes(ctx).Result()
+		}
+		if err == nil {
+			break
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		info = ""
+	}
+	if info == "" {
+		return errors.Join(errs...)
+	}
+	ci := parseInfo(info)
+	d.cluster = &clusterView{state: ci["cluster_state"]}
+	d.cluster.slotsOK, _ = strconv.Atoi(ci["cluster_slots_ok"])
+	// One node's table may lag behind the others' (a replica that just
+	// joined still listed as a master): each master is asked itself
+	// about its role and its replicas, as redislock does.
+	for _, addr := range clusterMasters(nodes) {
+		c := d.open(o, addr)
+		if err := d.readPrimary(ctx, o, c); err != nil {
+			// A master that does not answer is a finding, not the end:
+			// the others can still be audited.
+			d.unreachable = append(d.unreachable, addr)
+			continue
+		}
+		p := d.primaries[len(d.primaries)-1]
+		if p.info["role"] == "slave" {
+			d.primaries = d.primaries[:len(d.primaries)-1] // its master lists it
+			continue
+		}
+		own, err := c.ClusterNodes(ctx).Result()
+		if err != nil && !isReply(err) {
+			return fmt.Errorf("%s: CLUSTER NODES: %w", addr, err)
+		}
+		p.clusterReplicas, p.clusterFailed = ownReplicas(own)
+	}
+	if len(d.primaries) == 0 {
+		return fmt.Errorf("no master of the cluster answered: %v", d.unreachable)
+	}
+	return nil
+}
+
+// clusterLine is one line of CLUSTER NODES.
+type clusterLine struct {
+	id, addr, master string
+	flags            []string
+}
+
+func parseClusterNodes(s string) []clusterLine {
+	var out []clusterLine
+	for _, l := range strings.Split(s, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 4 {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		out = append(out, clusterLine{id: f[0], addr: addr, flags: strings.Split(f[2], ","), master: f[3]})
+	}
+	return out
+}
+
+// clusterMasters returns the addresses of the masters CLUSTER NODES lists.
+func clusterMasters(nodes string) []string {
+	var out []string
+	for _, l := range parseClusterNodes(nodes) {
+		if slices.Contains(l.flags, "master") {
+			out = append(out, l.addr)
+		}
+	}
+	return out
+}
+
+// ownReplicas counts the replicas of the node marked myself in its CLUSTER
+// NODES, and those of them flagged fail.
+func ownReplicas(nodes string) (replicas, failed int) {
+	lines := parseClusterNodes(nodes)
+	var me string
+	for _, l := range lines {
+		if slices.Contains(l.flags, "myself") {
+			me = l.id
+		}
+	}
+	for _, l := range lines {
+		if me != "" && l.master == me {
+			replicas++
+			if slices.Contains(l.flags, "fail") {
+				failed++
+			}
+		}
+	}
+	return replicas, failed
+}
