@@ -363,7 +363,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
-		if err = scriptError(err); !errors.Is(err, ErrBadTokenRecord) {
+		if err = scriptError(err); !errors.Is(err, ErrBadTokenRecord) && !strings.HasPrefix(err.Error(), "redislock: ") {
 			err = fmt.Errorf("redislock: %w", err)
 		}
 		return nil, 0, err

@@ -190,8 +190,7 @@ func TestReplicaRecordAbuse(t *testing.T) {
 			t.Fatalf("record %.20q: %v, want a ReplicaRecordError naming %s", bad, err, replicaRecord)
 		}
 		if bad == "abc" {
-			t.Log(err)
-		}
+				}
 		if _, err := l.Status(ctx(t), "job"); !errors.As(err, &re) {
 			t.Fatalf("Status with record %.20q: %v", bad, err)
 		}
@@ -258,5 +257,30 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
 	other := strings.Replace(strings.Replace(nodes, "myself,master", "master", 1), "30002@31002 master", "30002@31002 myself,master", 1)
 	if n := redislock.KnownReplicas(other); n != 2 {
 		t.Fatalf("the other master has %d replicas (one failed), want 2", n)
+	}
+}
+
+// A primary that refuses writes (min-replicas-to-write without its
+// replicas) refuses the replica record too: the error names it once, with
+// one "redislock:" prefix (seen before: "redislock: redislock: read replica
+// record …").
+func TestRefusedWriteErrorPrefixedOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	redistest.StartReplica(t, srv)
+	redistest.WaitReplicated(t, srv, 1)
+	client := srv.Client(t)
+	if err := client.ConfigSet(t.Context(), "min-replicas-to-write", "2").Err(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := redislock.New(client, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Acquire(t.Context(), "prefix-once")
+	if err == nil || !strings.Contains(err.Error(), "NOREPLICAS") {
+		t.Fatalf("Acquire on a primary refusing writes: %v; want NOREPLICAS", err)
+	}
+	if n := strings.Count(err.Error(), "redislock:"); n != 1 {
+		t.Fatalf("%q has %d redislock: prefixes, want 1", err, n)
 	}
 }

@@ -310,8 +310,10 @@ func (l *Locker) SetExpectedReplicas(ctx context.Context, name string, n int) er
 	return err
 }
 
-// required applies the acknowledgement rule to the expected replica count.
-func (s *ReplicaSync) required(expected int) int {
+// Required applies the acknowledgement rule to an expected replica count:
+// how many replicas must acknowledge an acquisition or renewal. Zero means
+// no WAIT is sent (sync disabled, or no replica expected).
+func (s ReplicaSync) Required(expected int) int {
 	if s.Disabled || expected == 0 {
 		return 0
 	}
@@ -373,7 +375,7 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 			return nil, 0, 0, 0, err
 		}
 	}
-	required = l.sync.required(expected)
+	required = l.sync.Required(expected)
 	reply, acked, err = evalPipelined(ctx, c, asking, required, l.sync.Timeout, script, keys, args)
 	return reply, acked, required, expected, err
 }

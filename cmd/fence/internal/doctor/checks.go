@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/fencekit/fence/redislock"
 )
 
 // check looks at one aspect of the deployment and returns what it found.
@@ -114,24 +112,6 @@ func checkEviction(d *deployment) []Finding {
 	return out
 }
 
-// required is redislock's acknowledgement rule (ReplicaSync.required, which
-// is unexported): how many replicas must acknowledge, given the expected
-// count.
-func required(s redislock.ReplicaSync, expected int) int {
-	if s.Disabled || expected == 0 {
-		return 0
-	}
-	switch s.Acks {
-	case 0:
-		return 1
-	case redislock.AcksMajority:
-		return expected/2 + 1
-	case redislock.AcksAll:
-		return expected
-	}
-	return s.Acks
-}
-
 func checkReplicaCounts(d *deployment) []Finding {
 	var out []Finding
 	rs := d.cfg.ReplicaSync
@@ -156,7 +136,7 @@ func checkReplicaCounts(d *deployment) []Finding {
 				expected = rs.Replicas
 			}
 		}
-		need := required(rs, expected)
+		need := rs.Required(expected)
 		switch {
 		case expected == 0 && d.kind == "cluster":
 			// checkCluster reports a master without replicas.
