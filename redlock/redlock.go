@@ -195,7 +195,10 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		waitCtx, cancel = context.WithTimeout(ctx, o.Wait)
 		defer cancel()
 	}
-	var timer *time.Timer
+	var (
+		timer *time.Timer
+		last  error // why the last try that the budget did not cut short failed
+	)
 	for {
 		ls, why := l.try(waitCtx, name, ttl, watchdog)
 		switch {
@@ -205,7 +208,14 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 			return nil, fence.NotAcquired(name, ctx.Err())
 		case o.Wait == 0 || errors.Is(why, ErrBadTokenRecord):
 			return nil, fence.NotAcquired(name, why)
+		case waitCtx.Err() != nil && last != nil:
+			// The budget ended during this try: the one before says
+			// why better than the timeouts that cut this one short.
+			return nil, fence.NotAcquired(name, last)
+		case waitCtx.Err() != nil:
+			return nil, fence.NotAcquired(name, why)
 		}
+		last = why
 		pause := l.retryDelay/2 + mrand.N(l.retryDelay)
 		if timer == nil {
 			timer = time.NewTimer(pause)
@@ -219,7 +229,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 			if ctx.Err() != nil {
 				return nil, fence.NotAcquired(name, ctx.Err())
 			}
-			return nil, fence.NotAcquired(name, why)
+			return nil, fence.NotAcquired(name, last)
 		}
 	}
 }
