@@ -285,10 +285,16 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 		break
 	}
 	for k, i := range nodes {
-		if !got[k] {
-			out[k].err = fmt.Errorf("node %d: %w within %v: %w", i, errNoReply, timeout, context.Cause(cctx))
-		} else if out[k].err != nil {
-			out[k].err = fmt.Errorf("node %d: %w", i, nodeError(out[k].err))
+		switch err := out[k].err; {
+		case ctx.Err() != nil && (!got[k] || err != nil):
+			// The caller's context ended the call.
+			out[k].err = fmt.Errorf("node %d: %w", i, ctx.Err())
+		case !got[k] || errors.Is(err, context.DeadlineExceeded):
+			// The per-node timeout, not the caller's deadline: keep
+			// context.DeadlineExceeded out of the chain.
+			out[k].err = fmt.Errorf("node %d: %w within %v", i, errNoReply, timeout)
+		case err != nil:
+			out[k].err = fmt.Errorf("node %d: %w", i, nodeError(err))
 		}
 	}
 	return out
