@@ -326,8 +326,9 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	revokeKey := k.lock + ":revoked:" + owner
 	timeout := l.timeoutFor(ttl)
 	start := l.now()
+	floor := time.Now().Add(floorLead).UnixMicro()
 	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds()).Int64Slice()
+		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds(), floor).Int64Slice()
 	})
 	var (
 		granted []int
@@ -359,20 +360,31 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		}
 		return fail(errors.Join(append([]error{why}, errs...)...))
 	}
-	// Every later majority shares a node with this one: tell the granting
-	// nodes the lease's token, so that that node issues a greater one.
-	ws := l.fanout(ctx, granted, timeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		n, err := maxScript.Run(ctx, c, []string{k.token, k.lock}, token, owner).Int64()
-		return []int64{n}, err
-	})
+	// Every later majority shares a node with this one: the granting
+	// nodes that answered a smaller token are told the lease's token, so
+	// that every node of the majority issues a greater one next time.
 	kept := 0
+	var behind []int
+	for _, i := range granted {
+		if rs[i].res[1] == token {
+			kept++ // its record holds the token already
+		} else {
+			behind = append(behind, i)
+		}
+	}
 	errs = errs[:0]
-	for _, w := range ws {
-		switch {
-		case w.err != nil:
-			errs = append(errs, w.err)
-		case w.res[0] == 1:
-			kept++
+	if len(behind) > 0 {
+		ws := l.fanout(ctx, behind, timeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+			n, err := maxScript.Run(ctx, c, []string{k.token, k.lock}, token, owner).Int64()
+			return []int64{n}, err
+		})
+		for _, w := range ws {
+			switch {
+			case w.err != nil:
+				errs = append(errs, w.err)
+			case w.res[0] == 1:
+				kept++
+			}
 		}
 	}
 	if kept < l.quorum {
@@ -390,6 +402,12 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	return ls, nil
 }
+
+// floorLead is how far ahead of the client's clock the token floor it
+// proposes lies: far enough that the nodes' own clock floors, read later
+// and on other hosts, usually fall below it, so that the nodes answer the
+// same token and need no write-back.
+const floorLead = time.Second
 
 // revokeFor is how long the mark that revokes a try given up on lives on a
 // node that did not answer it in time (release.lua).
