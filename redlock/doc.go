@@ -39,13 +39,19 @@
 // # Tokens
 //
 // Each node's acquire script, in the same step that takes the lock, issues
-// max(last + 1, the node's clock in microseconds) for the name. The lease's
-// token is the largest of the tokens issued by the nodes that granted it,
-// and before Acquire returns it is written back (raised to, never lowered)
-// to those nodes: a majority must acknowledge it, or the acquisition fails.
-// Every later majority shares at least one node with that majority, and
-// that node issues a greater token, so tokens keep increasing across
-// quorums even though no node sees every acquisition.
+// max(last + 1, the node's clock in microseconds, the client's floor) for
+// the name, the client's floor being its own clock a second ahead. The
+// lease's token is the largest of the tokens issued by the nodes that
+// granted it, and before Acquire returns it is written back (raised to,
+// never lowered) to those of them that answered a smaller one: a majority
+// must hold it, or the acquisition fails. Every later majority shares at
+// least one node with that majority, and that node issues a greater token,
+// so tokens keep increasing across quorums even though no node sees every
+// acquisition. The client's floor is there for speed: nodes that have seen
+// the same acquisitions then answer the same token, and the write-back, a
+// second round trip, is needed only for the nodes behind. It only ever
+// raises a token, so a client whose clock is wrong makes tokens jump, never
+// repeat.
 //
 // This rests on two assumptions, stated plainly:
 //
@@ -56,11 +62,12 @@
 //     counting it, already granted to someone else: two holders. The
 //     tokens still tell them apart, and the older holder's writes are
 //     rejected by a resource that checks them.
-//   - The nodes' clocks agree to within the time such a restart takes. The
-//     clock floor is what keeps a restarted, empty node from issuing a token
-//     smaller than the ones it issued before; a node whose clock was set
-//     back by more than its downtime could do so, and only the write-back
-//     on the other nodes of a majority would save the order.
+//   - The clocks (of the nodes, or of the clients) agree to within the time
+//     such a restart takes. The clock floor is what keeps a restarted, empty
+//     node from issuing a token smaller than the ones it issued before; with
+//     every clock set back by more than the downtime it could do so, and
+//     only the write-back on the other nodes of a majority would save the
+//     order.
 //
 // Redlock rests on timing: on bounded pauses of the client, the network and
 // the nodes, and on clocks that advance at about the same rate. It does
