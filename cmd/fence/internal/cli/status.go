@@ -21,7 +21,7 @@ long the holder's lease has left, and the last fencing token issued for the name
 token record has expired or never existed), and how many replicas the primary is expected to
 have and has connected (fewer connected than expected: acquisitions wait for replicas that
 may not answer, and are refused). With --redlock it shows the lock on each node, and whether
-a quorum holds it. It exits 0 whether the lock is held or free, and
+a quorum holds it (exit 2 when fewer nodes than a quorum answer). It exits 0 whether the lock is held or free, and
 2 on a usage or connection error.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
