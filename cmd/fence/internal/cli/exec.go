@@ -57,8 +57,12 @@ nothing: after --watchdog-ttl the lease is lost, and on resuming the command is 
 On Linux the command is killed when exec dies, even by SIGKILL; what it left in the
 background then runs on.
 
+With --redlock URL,URL,URL (or FENCE_REDLOCK_URLS) the lock is taken with Redlock on a
+majority of independent Redis masters instead of on one Redis; see the README for when that
+is worth it. Each lease still carries its fencing token.
+
 The command does not inherit FENCE_REDIS_URL, FENCE_REDIS_SENTINEL_URL,
-FENCE_REDIS_CLUSTER_URL or other FENCE_ variables named like URLs, DSNs or passwords; a
+FENCE_REDIS_CLUSTER_URL, FENCE_REDLOCK_URLS or other FENCE_ variables named like URLs, DSNs or passwords; a
 fence inside it needs its own. Passwords are shown masked, in help and in errors.
 
 --acks and --replicas choose how many replicas must confirm an acquisition or renewal with

@@ -135,9 +135,13 @@ func scrub(msg string, args []string) string {
 	}
 	sources = append(sources, urlArgs(args)...)
 	for _, src := range sources {
-		for _, secret := range urlSecrets(src) {
-			if len(secret) >= minScrub {
-				msg = strings.ReplaceAll(msg, secret, mask)
+		// A list (--redlock) has secrets in each URL; the whole is
+		// scrubbed too, erring on the side of masking too much.
+		for _, part := range append([]string{src}, strings.Split(src, ",")...) {
+			for _, secret := range urlSecrets(part) {
+				if len(secret) >= minScrub {
+					msg = strings.ReplaceAll(msg, secret, mask)
+				}
 			}
 		}
 	}
@@ -152,7 +156,7 @@ func urlArgs(args []string) []string {
 		if a == "--" {
 			break
 		}
-		for _, f := range []string{"--redis", "--redis-sentinel", "--redis-cluster"} {
+		for _, f := range []string{"--redis", "--redis-sentinel", "--redis-cluster", "--redlock"} {
 			switch {
 			case a == f && i+1 < len(args):
 				out = append(out, args[i+1])

@@ -32,9 +32,22 @@ func TestScrubOnlyFenceURLs(t *testing.T) {
 	}
 }
 
+// TestScrubRedlockList: every URL of a --redlock list has its secret
+// scrubbed, not only the first or the last.
+func TestScrubRedlockList(t *testing.T) {
+	args := []string{"exec", "--redlock", "redis://:firstpw@a:1,redis://u:middlepw@b:1,redis://:lastpw1@c:1", "n", "--", "true"}
+	got := scrub("auth firstpw middlepw lastpw1 failed", args)
+	if strings.Contains(got, "pw") {
+		t.Fatalf("scrub: %q", got)
+	}
+	if got := redactURLs("redis://:firstpw@a:1,redis://u:middlepw@b:1,redis://c:1"); got != "redis://:xxxxx@a:1,redis://u:xxxxx@b:1,redis://c:1" {
+		t.Fatalf("redactURLs: %q", got)
+	}
+}
+
 func TestChildEnv(t *testing.T) {
 	got := strings.Join(childEnv([]string{"PATH=/bin", "FENCE_REDIS_URL=x", "FENCE_REDIS_SENTINEL_URL=x", "FENCE_REDIS_CLUSTER_URL=x",
-		"FENCE_PG_DSN=x", "FENCE_API_PASSWORD=x", "FENCE_TOKEN=1", "FENCE_LOCK=n", "MY_FENCE_REDIS_URL=kept"}), " ")
+		"FENCE_REDLOCK_URLS=x", "FENCE_PG_DSN=x", "FENCE_API_PASSWORD=x", "FENCE_TOKEN=1", "FENCE_LOCK=n", "MY_FENCE_REDIS_URL=kept"}), " ")
 	if got != "PATH=/bin FENCE_TOKEN=1 FENCE_LOCK=n MY_FENCE_REDIS_URL=kept" {
 		t.Fatalf("childEnv: %s", got)
 	}

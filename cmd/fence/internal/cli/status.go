@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -10,6 +11,7 @@ import (
 
 func statusCmd() *cobra.Command {
 	var rf redisFlags
+	var rl redlockBackend
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "status NAME",
@@ -18,10 +20,14 @@ func statusCmd() *cobra.Command {
 long the holder's lease has left, and the last fencing token issued for the name (0 when the
 token record has expired or never existed), and how many replicas the primary is expected to
 have and has connected (fewer connected than expected: acquisitions wait for replicas that
-may not answer, and are refused). It exits 0 whether the lock is held or free, and
+may not answer, and are refused). With --redlock it shows the lock on each node, and whether
+a quorum holds it (exit 2 when fewer nodes than a quorum answer). It exits 0 whether the lock is held or free, and
 2 on a usage or connection error.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if rl.chosen() {
+				return redlockStatus(cmd, &rl, args[0], asJSON)
+			}
 			l, closeClient, err := rf.locker(cmd)
 			if err != nil {
 				return err
@@ -33,7 +39,7 @@ may not answer, and are refused). It exits 0 whether the lock is held or free, a
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				return json.NewEncoder(out).Encode(map[string]any{
+				return encodeJSON(out, map[string]any{
 					"name": args[0], "held": s.Held, "ttl_ms": s.TTL.Milliseconds(), "last_token": s.LastToken,
 					"replicas_expected": s.Replicas.Expected, "replicas_connected": s.Replicas.Connected,
 				})
@@ -51,6 +57,10 @@ may not answer, and are refused). It exits 0 whether the lock is held or free, a
 		},
 	}
 	rf.register(cmd)
+	rl.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, held, ttl_ms, last_token, replicas_expected, replicas_connected")
 	return cmd
 }
+
+// encodeJSON writes v as one line of JSON.
+func encodeJSON(w io.Writer, v any) error { return json.NewEncoder(w).Encode(v) }

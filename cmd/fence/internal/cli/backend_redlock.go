@@ -1,0 +1,139 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+)
+
+// redlockVar is the environment variable that gives --redlock's default.
+const redlockVar = "FENCE_REDLOCK_URLS"
+
+// redlockBackend takes the lock with Redlock, on a majority of independent
+// Redis masters given as a comma-separated list of URLs.
+type redlockBackend struct {
+	urls string
+}
+
+func (b *redlockBackend) register(cmd *cobra.Command) {
+	v := os.Getenv(redlockVar)
+	cmd.Flags().StringVar(&b.urls, "redlock", v,
+		"comma-separated URLs of independent Redis masters (3 or 5, not replicas of one another) to take the lock on with Redlock instead: "+
+			"redis://a:6379,redis://b:6379,redis://c:6379; a majority must grant it within its validity time "+
+			"(default from "+redlockVar+"; passwords are shown masked)")
+	cmd.Flags().Lookup("redlock").DefValue = redactURLs(v)
+}
+
+func (b *redlockBackend) flag() string { return "redlock" }
+
+func (b *redlockBackend) chosen() bool { return b.urls != "" }
+
+func (b *redlockBackend) locker(cmd *cobra.Command) (fence.Locker, func(), error) {
+	return b.open(cmd)
+}
+
+// open builds one client per URL and the Locker over them; the returned
+// func closes the clients.
+func (b *redlockBackend) open(cmd *cobra.Command) (*redlock.Locker, func(), error) {
+	var clients []redis.UniversalClient
+	closeAll := func() {
+		for _, c := range clients {
+			_ = c.Close()
+		}
+	}
+	for _, raw := range strings.Split(b.urls, ",") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			closeAll()
+			return nil, nil, exitWith(ExitUsage, fmt.Errorf("--redlock %s: an empty URL in the list", redactURLs(b.urls)))
+		}
+		o, err := redis.ParseURL(raw)
+		if err != nil {
+			closeAll()
+			return nil, nil, exitWith(ExitUsage, parseError("--redlock", raw, func(s string) error { _, err := redis.ParseURL(s); return err }))
+		}
+		clients = append(clients, redis.NewClient(o))
+	}
+	watchdog := redlock.DefaultWatchdogTTL
+	if f := cmd.Flags().Lookup("watchdog-ttl"); f != nil {
+		watchdog, _ = cmd.Flags().GetDuration("watchdog-ttl")
+	}
+	l, err := redlock.New(clients, &redlock.Options{WatchdogTTL: watchdog})
+	if err != nil {
+		closeAll()
+		return nil, nil, exitWith(ExitUsage, err)
+	}
+	return l, closeAll, nil
+}
+
+// redactURLs is redactURL over a comma-separated list.
+func redactURLs(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		parts[i] = redactURL(p)
+	}
+	return strings.Join(parts, ",")
+}
+
+// redlockStatus prints the lock's state on each node.
+func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bool) error {
+	l, closeClients, err := b.open(cmd)
+	if err != nil {
+		return err
+	}
+	defer closeClients()
+	nodes, err := l.Status(cmd.Context(), name)
+	if err != nil {
+		return exitWith(ExitUsage, err)
+	}
+	out := cmd.OutOrStdout()
+	held, reached := 0, 0
+	type jsonNode struct {
+		Addr      string `json:"addr"`
+		Held      bool   `json:"held"`
+		TTLms     int64  `json:"ttl_ms"`
+		LastToken int64  `json:"last_token"`
+		Error     string `json:"error,omitempty"`
+	}
+	var js []jsonNode
+	var lines []string
+	for i, n := range nodes {
+		j := jsonNode{Addr: n.Addr, Held: n.Held, TTLms: n.TTL.Milliseconds(), LastToken: int64(n.LastToken)}
+		state := "free"
+		switch {
+		case n.Err != nil:
+			j.Error = scrub(n.Err.Error(), []string{"--redlock", b.urls})
+			state = "unreachable: " + j.Error
+		case n.Held && n.TTL < 0:
+			state = "held, without expiry"
+		case n.Held:
+			state = fmt.Sprintf("held, %v left", n.TTL.Round(1e6))
+		}
+		if n.Err == nil {
+			reached++
+		}
+		if n.Held {
+			held++
+		}
+		js = append(js, j)
+		lines = append(lines, fmt.Sprintf("  node %d %s: %s; last token %d", i, n.Addr, state, n.LastToken))
+	}
+	if asJSON {
+		return encodeJSON(out, map[string]any{"name": name, "quorum": l.Quorum(), "held_on": held, "reached": reached, "nodes": js})
+	}
+	summary := "free"
+	if held >= l.Quorum() {
+		summary = "held"
+	}
+	fmt.Fprintf(out, "%s: %s on %d of %d nodes (quorum %d), %d reached\n%s\n", name, summary, held, len(nodes), l.Quorum(), reached, strings.Join(lines, "\n"))
+	if reached < l.Quorum() {
+		return exitWith(ExitUsage, errors.New("fewer nodes reached than a quorum"))
+	}
+	return nil
+}

@@ -1,0 +1,54 @@
+-- Takes the lock on this node if it is free and issues this node's token for
+-- the name, in one step.
+-- KEYS[1] the lock, KEYS[2] the last-token record (no expiry), KEYS[3] the
+-- try's revocation mark (release.lua)
+-- ARGV[1] owner (one per try), ARGV[2] lease ms, ARGV[3] the client's
+-- proposed floor, µs (its clock plus a second)
+-- Returns {1, token} when taken, {0, holder's PTTL} when held (-2: revoked),
+-- and an error starting FENCETOKEN, before touching anything, when the
+-- record is not a token this script can increase exactly.
+--
+-- The token is max(last + 1, this node's clock in µs, the client's floor):
+-- the clock floors keep it increasing when the record was lost (a restart
+-- without persistence). The client's floor, a second ahead of its clock, is
+-- usually the largest: then every node that has seen the same acquisitions
+-- answers the same token, and none needs the token written back.
+-- Lua numbers are doubles, exact below 2^53; a record at or past 2^53 - 1,
+-- or not a canonical decimal integer, was not written by fence: refuse it.
+local function refuse(why)
+  return redis.error_reply('FENCETOKEN token record ' .. KEYS[2] .. ' ' .. why)
+end
+local maxLast = '9007199254740990'
+local last
+local rec = redis.call('GET', KEYS[2])
+if rec then
+  if not (rec == '0' or string.match(rec, '^[1-9]%d*$')) then
+    return refuse(string.format('holds %q, not a decimal integer', string.sub(rec, 1, 40)))
+  end
+  if #rec > #maxLast or (#rec == #maxLast and rec > maxLast) then
+    return refuse('holds ' .. string.sub(rec, 1, 40) .. ', at or past 2^53 - 1, beyond exact arithmetic')
+  end
+  last = tonumber(rec)
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  -- This try was given up on before it ran: do not take the lock.
+  return {0, -2}
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local now = redis.call('TIME')
+local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local floor = tonumber(ARGV[3])
+if floor and floor > token and floor <= 9007199254740991 then
+  token = floor
+end
+if last and last >= token then
+  token = last + 1
+end
+if token > 9007199254740991 then
+  return refuse('cannot be followed: the server clock reads ' .. now[1] .. ' s')
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], string.format('%d', token))
+return {1, token}

@@ -1,0 +1,77 @@
+// Package redlock implements fence.Locker with the Redlock algorithm: a lock
+// held on a majority of N independent Redis masters (Redis 7.0 or newer),
+// each reached through the caller's own go-redis v9 client. The nodes are
+// not replicas of one another and know nothing of each other.
+//
+// # Acquiring
+//
+// Acquire sends the acquire script to every node at once, each request
+// bounded by Options.NodeTimeout (much shorter than the lease time, so that
+// a node that is down or hung costs little). The lock is taken when a
+// majority, N/2+1, granted it and the validity time left is positive:
+//
+//	validity = TTL − elapsed − drift,  drift = TTL·1% + 2 ms
+//
+// where elapsed runs from before the first request was sent until the token
+// was written back (below). Lease.Deadline is the start plus TTL − drift.
+// An acquisition that fails, for want of a majority or of validity, is
+// released on every node it was sent to, even when the caller's context has
+// ended; on a node that did not answer in time the release also leaves a
+// revocation mark, so that the acquisition, if it is still sitting in a
+// paused node's socket, refuses when it runs. A waiting Acquire (fence.Wait)
+// tries again after a random pause around Options.RetryDelay until its
+// budget or its context ends.
+//
+// Extend and the watchdog move the expiry on every node that still holds
+// the lease and move the deadline only when a majority did so in time; the
+// lease is lost when too few nodes still hold it for a majority, or when no
+// renewal reached a majority before the deadline. Release deletes the lock
+// on every node where this lease owns it and succeeds when a majority did.
+//
+// # Keys
+//
+// A lock name N under the prefix P (default "redlock") uses, on each node:
+//
+//	P:{N}                 the lock: the try's 128-bit random owner id, with the lease's expiry
+//	P:{N}:token           the last token this node issued or was told of; no expiry
+//	P:{N}:revoked:OWNER   a revocation mark, for a minute
+//
+// # Tokens
+//
+// Each node's acquire script, in the same step that takes the lock, issues
+// max(last + 1, the node's clock in microseconds, the client's floor) for
+// the name, the client's floor being its own clock a second ahead. The
+// lease's token is the largest of the tokens issued by the nodes that
+// granted it, and before Acquire returns it is written back (raised to,
+// never lowered) to those of them that answered a smaller one: a majority
+// must hold it, or the acquisition fails. Every later majority shares at
+// least one node with that majority, and that node issues a greater token,
+// so tokens keep increasing across quorums even though no node sees every
+// acquisition. The client's floor is there for speed: nodes that have seen
+// the same acquisitions then answer the same token, and the write-back, a
+// second round trip, is needed only for the nodes behind. It only ever
+// raises a token, so a client whose clock is wrong makes tokens jump, never
+// repeat.
+//
+// This rests on two assumptions, stated plainly:
+//
+//   - A node that loses its data (restarted without persistence, or with
+//     AOF not fsynced on every write) must stay down for at least the
+//     longest lease time before it rejoins, or keep AOF with
+//     appendfsync always. Otherwise it can grant a lock that a majority,
+//     counting it, already granted to someone else: two holders. The
+//     tokens still tell them apart, and the older holder's writes are
+//     rejected by a resource that checks them.
+//   - The clocks (of the nodes, or of the clients) agree to within the time
+//     such a restart takes. The clock floor is what keeps a restarted, empty
+//     node from issuing a token smaller than the ones it issued before; with
+//     every clock set back by more than the downtime it could do so, and
+//     only the write-back on the other nodes of a majority would save the
+//     order.
+//
+// Redlock rests on timing: on bounded pauses of the client, the network and
+// the nodes, and on clocks that advance at about the same rate. It does
+// nothing for a client that pauses after Acquire returned, beyond telling
+// it its deadline: the fencing token, checked by the resource, is what
+// rejects a stale holder's writes.
+package redlock

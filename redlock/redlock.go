@@ -1,0 +1,449 @@
+package redlock
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for Options.
+const (
+	DefaultPrefix      = "redlock"
+	DefaultWatchdogTTL = 30 * time.Second
+	DefaultNodeTimeout = 50 * time.Millisecond
+	DefaultRetryDelay  = 100 * time.Millisecond
+)
+
+// Options configure a Locker. The zero value (or nil) gives the defaults.
+type Options struct {
+	// Prefix starts every key fence writes on the nodes, followed by the
+	// lock name in braces: "redlock:{payment:1001}". Default "redlock".
+	Prefix string
+
+	// WatchdogTTL is the lease time of leases acquired without fence.TTL;
+	// the watchdog renews them every third of it. Default 30 s.
+	WatchdogTTL time.Duration
+
+	// NodeTimeout bounds each request to each node. It must be much
+	// shorter than the lease time, so that a node that is down or hung
+	// costs an acquisition little of its validity time; a request is
+	// never given longer than the lease time less the drift allowance.
+	// Default 50 ms.
+	NodeTimeout time.Duration
+
+	// RetryDelay is the mean pause between two tries of a waiting
+	// Acquire; each pause is drawn at random between a half and one and a
+	// half of it, so that contenders do not retry in step and split the
+	// nodes between them again. Default 100 ms.
+	RetryDelay time.Duration
+
+	_ struct{} // forbids positional literals
+}
+
+// Locker grants fenced leases held on a majority of independent Redis
+// masters (Redlock). It is safe for concurrent use and needs no closing.
+type Locker struct {
+	nodes       []redis.UniversalClient
+	quorum      int
+	prefix      string
+	watchdog    time.Duration
+	nodeTimeout time.Duration
+	retryDelay  time.Duration
+
+	// beforeReplies, if set (tests only), runs after an acquisition's
+	// requests were sent and before their replies are read: a client
+	// paused at the worst moment.
+	beforeReplies func()
+	// now is the clock that times an acquisition against its validity;
+	// tests move it.
+	now func() time.Time
+}
+
+var _ fence.Locker = (*Locker)(nil)
+
+// New returns a Locker over the independent Redis masters that clients
+// reach, one client per master (a *redis.Client each, usually; never
+// replicas of one another). It needs Redis 7.0 or newer on every node and
+// sends nothing to them. opts may be nil.
+//
+// It returns an error matching fence.ErrInvalidOption when clients is
+// empty, holds a nil client or the same client twice, or an option is out of
+// range.
+func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
+	if len(clients) == 0 {
+		return nil, fmt.Errorf("%w: redlock: no clients", fence.ErrInvalidOption)
+	}
+	for i, c := range clients {
+		if c == nil {
+			return nil, fmt.Errorf("%w: redlock: client %d is nil", fence.ErrInvalidOption, i)
+		}
+		if v := reflect.ValueOf(c); v.Kind() == reflect.Pointer && v.IsNil() {
+			return nil, fmt.Errorf("%w: redlock: client %d is nil (%T)", fence.ErrInvalidOption, i, c)
+		}
+		for j := range i {
+			if clients[j] == c {
+				return nil, fmt.Errorf("%w: redlock: clients %d and %d are the same client", fence.ErrInvalidOption, j, i)
+			}
+		}
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	l := &Locker{
+		nodes:       append([]redis.UniversalClient(nil), clients...),
+		quorum:      len(clients)/2 + 1,
+		prefix:      cmp.Or(o.Prefix, DefaultPrefix),
+		watchdog:    cmp.Or(o.WatchdogTTL, DefaultWatchdogTTL),
+		nodeTimeout: cmp.Or(o.NodeTimeout, DefaultNodeTimeout),
+		retryDelay:  cmp.Or(o.RetryDelay, DefaultRetryDelay),
+		now:         time.Now,
+	}
+	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
+		return nil, fmt.Errorf("%w: redlock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
+	}
+	if err := fence.ValidateTTL(l.watchdog); err != nil {
+		return nil, fmt.Errorf("redlock: watchdog TTL: %w", err)
+	}
+	if l.nodeTimeout < time.Millisecond {
+		return nil, fmt.Errorf("%w: redlock: node timeout %v is shorter than 1ms", fence.ErrInvalidOption, l.nodeTimeout)
+	}
+	if l.retryDelay < time.Millisecond {
+		return nil, fmt.Errorf("%w: redlock: retry delay %v is shorter than 1ms", fence.ErrInvalidOption, l.retryDelay)
+	}
+	return l, nil
+}
+
+// Quorum is how many nodes must grant a lock: a majority, len(clients)/2+1.
+func (l *Locker) Quorum() int { return l.quorum }
+
+// keys are the keys of one lock name on every node.
+type keys struct {
+	lock  string // holds the owner id, with the lease's expiry
+	token string // the last token this node issued or was told of; no expiry
+}
+
+func (l *Locker) keys(name string) keys {
+	base := l.prefix + ":{" + name + "}"
+	return keys{lock: base, token: base + ":token"}
+}
+
+// drift is the allowance for the clocks of the client and of the nodes
+// running at different rates, as the Redlock algorithm specifies: 1% of the
+// lease time plus 2 ms.
+func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+// timeoutFor is the per-node timeout of a request for a lease of ttl: a
+// reply later than the lease time less the drift would be of no use.
+func (l *Locker) timeoutFor(ttl time.Duration) time.Duration {
+	return max(min(l.nodeTimeout, ttl-drift(ttl)), time.Millisecond)
+}
+
+// ErrBadTokenRecord means a node's last-token record of a lock name holds
+// something the acquire script cannot increase exactly: not a canonical
+// decimal integer, or 2^53 - 1 or more. fence never writes such a record;
+// the error names the key. Acquire wraps it in an error matching
+// fence.ErrNotAcquired and does not retry.
+var ErrBadTokenRecord = errors.New("redlock: bad token record")
+
+// ErrValidity means that the nodes granted the lock, but so late that no
+// lease time was left once the drift allowance was taken off: the
+// acquisition is released on every node. A waiting Acquire tries again.
+var ErrValidity = errors.New("redlock: no validity time left")
+
+// ErrNoQuorum means fewer than a majority of the nodes answered a request
+// in time with a usable reply; the error joins each node's error.
+var ErrNoQuorum = errors.New("redlock: no quorum")
+
+// errNoReply is the error of a node that did not answer within the per-node
+// timeout.
+var errNoReply = errors.New("no reply in time")
+
+// Acquire takes the lock called name on a majority of the nodes; see
+// fence.Locker and the package doc. The returned error wraps fence.ErrHeld
+// when a node reported the lock held by another owner in the last try, the
+// caller's context error when it ended the call, and otherwise ErrNoQuorum,
+// ErrValidity or ErrBadTokenRecord with the nodes' errors.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := fence.ValidateName(name); err != nil {
+		return nil, err
+	}
+	o, err := fence.Apply(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fence.NotAcquired(name, err)
+	}
+	ttl, watchdog := o.TTL, false
+	if ttl == 0 {
+		ttl, watchdog = l.watchdog, true
+	}
+	waitCtx := ctx
+	if o.Wait > 0 {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithTimeout(ctx, o.Wait)
+		defer cancel()
+	}
+	var (
+		timer *time.Timer
+		last  error // why the last try that the budget did not cut short failed
+	)
+	for {
+		ls, why := l.try(waitCtx, name, ttl, watchdog)
+		switch {
+		case ls != nil:
+			return ls, nil
+		case ctx.Err() != nil:
+			return nil, fence.NotAcquired(name, ctx.Err())
+		case o.Wait == 0 || errors.Is(why, ErrBadTokenRecord):
+			return nil, fence.NotAcquired(name, why)
+		case waitCtx.Err() != nil && last != nil:
+			// The budget ended during this try: the one before says
+			// why better than the timeouts that cut this one short.
+			return nil, fence.NotAcquired(name, last)
+		case waitCtx.Err() != nil:
+			return nil, fence.NotAcquired(name, why)
+		}
+		last = why
+		pause := l.retryDelay/2 + mrand.N(l.retryDelay)
+		if timer == nil {
+			timer = time.NewTimer(pause)
+			defer timer.Stop()
+		} else {
+			timer.Reset(pause)
+		}
+		select {
+		case <-timer.C:
+		case <-waitCtx.Done():
+			if ctx.Err() != nil {
+				return nil, fence.NotAcquired(name, ctx.Err())
+			}
+			return nil, fence.NotAcquired(name, last)
+		}
+	}
+}
+
+// result is one node's reply to a script.
+type result struct {
+	res []int64
+	err error
+}
+
+// fanout runs call on the nodes listed (by index) all at once, each bounded
+// by timeout, and returns their results in the order listed. A node that
+// has not answered by the timeout gets an error wrapping errNoReply; its call
+// goes on in its goroutine (the client's own timeouts end it) and its late
+// reply is dropped. pause, if not nil, runs once the requests are on their
+// way, before the replies are read.
+func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, pause func(), call func(context.Context, redis.UniversalClient) ([]int64, error)) []result {
+	type reply struct {
+		k int
+		r result
+	}
+	ch := make(chan reply, len(nodes))
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for k, i := range nodes {
+		go func() {
+			res, err := call(cctx, l.nodes[i])
+			ch <- reply{k, result{res, err}}
+		}()
+	}
+	if pause != nil {
+		pause()
+	}
+	out := make([]result, len(nodes))
+	got := make([]bool, len(nodes))
+	collect := func(r reply) { out[r.k], got[r.k] = r.r, true }
+	for n := 0; n < len(nodes); n++ {
+		select {
+		case r := <-ch:
+			collect(r)
+			continue
+		case <-cctx.Done():
+		}
+		// Replies that came as the time ran out still count.
+		for drained := false; !drained; {
+			select {
+			case r := <-ch:
+				collect(r)
+			default:
+				drained = true
+			}
+		}
+		break
+	}
+	for k, i := range nodes {
+		switch err := out[k].err; {
+		case ctx.Err() != nil && (!got[k] || err != nil):
+			// The caller's context ended the call.
+			out[k].err = fmt.Errorf("node %d: %w", i, ctx.Err())
+		case !got[k] || errors.Is(err, context.DeadlineExceeded):
+			// The per-node timeout, not the caller's deadline: keep
+			// context.DeadlineExceeded out of the chain.
+			out[k].err = fmt.Errorf("node %d: %w within %v", i, errNoReply, timeout)
+		case err != nil:
+			out[k].err = fmt.Errorf("node %d: %w", i, nodeError(err))
+		}
+	}
+	return out
+}
+
+// nodeError turns the acquire script's refusal into ErrBadTokenRecord and
+// leaves other errors as they are.
+func nodeError(err error) error {
+	if redis.HasErrorPrefix(err, "FENCETOKEN") {
+		return fmt.Errorf("%w: %s", ErrBadTokenRecord, err.Error()[len("FENCETOKEN "):])
+	}
+	return err
+}
+
+// all lists every node's index.
+func (l *Locker) all() []int {
+	nodes := make([]int, len(l.nodes))
+	for i := range nodes {
+		nodes[i] = i
+	}
+	return nodes
+}
+
+// try asks every node for the lock once, with a new owner id. It returns
+// the lease when a majority granted it within its validity time and took
+// its token; otherwise it releases the try on every node and says why.
+func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchdog bool) (*lease, error) {
+	k, owner := l.keys(name), newOwner()
+	revokeKey := k.lock + ":revoked:" + owner
+	timeout := l.timeoutFor(ttl)
+	start := l.now()
+	floor := time.Now().Add(floorLead).UnixMicro()
+	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds(), floor).Int64Slice()
+	})
+	var (
+		granted []int
+		token   int64
+		held    int
+		errs    []error
+	)
+	for i, r := range rs {
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case len(r.res) == 2 && r.res[0] == 1 && r.res[1] > 0:
+			granted = append(granted, i)
+			token = max(token, r.res[1])
+		case len(r.res) == 2 && r.res[0] == 0:
+			held++
+		default:
+			errs = append(errs, fmt.Errorf("node %d: unexpected reply %v", i, r.res))
+		}
+	}
+	fail := func(why error) (*lease, error) {
+		l.releaseTry(ctx, k, owner, revokeKey, rs, ttl)
+		return nil, why
+	}
+	if len(granted) < l.quorum {
+		why := fmt.Errorf("%w: %d of %d nodes granted the lock, %d needed", ErrNoQuorum, len(granted), len(l.nodes), l.quorum)
+		if held > 0 {
+			why = fmt.Errorf("%w: on %d of %d nodes", fence.ErrHeld, held, len(l.nodes))
+		}
+		return fail(errors.Join(append([]error{why}, errs...)...))
+	}
+	// Every later majority shares a node with this one: the granting
+	// nodes that answered a smaller token are told the lease's token, so
+	// that every node of the majority issues a greater one next time.
+	kept := 0
+	var behind []int
+	for _, i := range granted {
+		if rs[i].res[1] == token {
+			kept++ // its record holds the token already
+		} else {
+			behind = append(behind, i)
+		}
+	}
+	errs = errs[:0]
+	if len(behind) > 0 {
+		ws := l.fanout(ctx, behind, timeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+			n, err := maxScript.Run(ctx, c, []string{k.token, k.lock}, token, owner).Int64()
+			return []int64{n}, err
+		})
+		for _, w := range ws {
+			switch {
+			case w.err != nil:
+				errs = append(errs, w.err)
+			case w.res[0] == 1:
+				kept++
+			}
+		}
+	}
+	if kept < l.quorum {
+		why := fmt.Errorf("%w: the token reached %d of the %d nodes that granted the lock, %d needed", ErrNoQuorum, kept, len(granted), l.quorum)
+		return fail(errors.Join(append([]error{why}, errs...)...))
+	}
+	elapsed := l.now().Sub(start)
+	if validity := ttl - elapsed - drift(ttl); validity <= 0 {
+		return fail(fmt.Errorf("%w: the nodes took %v of a lease time of %v (drift allowance %v)", ErrValidity, elapsed, ttl, drift(ttl)))
+	}
+	ls := l.newLease(ctx, name, k, owner, fence.Token(token), ttl, watchdog, start)
+	ls.revokeKey, ls.ungranted = revokeKey, make([]bool, len(l.nodes))
+	for i, r := range rs {
+		ls.ungranted[i] = r.err != nil
+	}
+	return ls, nil
+}
+
+// floorLead is how far ahead of the client's clock the token floor it
+// proposes lies: far enough that the nodes' own clock floors, read later
+// and on other hosts, usually fall below it, so that the nodes answer the
+// same token and need no write-back.
+const floorLead = time.Second
+
+// revokeFor is how long the mark that revokes a try given up on lives on a
+// node that did not answer it in time (release.lua).
+const revokeFor = time.Minute
+
+// releaseTry gives back a failed try on every node it was sent to, even
+// when ctx has ended, each within the per-node timeout. A node that did not
+// answer the try also gets a revocation mark: the try may still be sitting
+// in its socket, and must refuse when it runs.
+func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
+	rctx := context.WithoutCancel(ctx)
+	l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+		i := l.index(c)
+		if tried[i].err != nil || len(tried[i].res) != 2 {
+			return nil, releaseScript.Run(ctx, c, []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
+		}
+		if tried[i].res[0] == 0 {
+			return nil, nil // held by another owner: nothing of ours there
+		}
+		return nil, releaseScript.Run(ctx, c, []string{k.lock}, owner).Err()
+	})
+}
+
+// index is the position of client c among the nodes.
+func (l *Locker) index(c redis.UniversalClient) int {
+	for i, n := range l.nodes {
+		if n == c {
+			return i
+		}
+	}
+	panic("redlock: unknown client") // unreachable: fanout passes l.nodes[i]
+}
+
+// newOwner returns 128 random bits, hex-encoded: the owner id of one try.
+func newOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,27 @@
+package redlock
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The scripts run by SHA (EVALSHA) and fall back to EVAL on NOSCRIPT, as
+// redis.Script does, so a node that lost its script cache still works.
+var (
+	//go:embed acquire.lua
+	acquireSrc    string
+	acquireScript = redis.NewScript(acquireSrc)
+
+	//go:embed max.lua
+	maxSrc    string
+	maxScript = redis.NewScript(maxSrc)
+
+	//go:embed extend.lua
+	extendSrc    string
+	extendScript = redis.NewScript(extendSrc)
+
+	//go:embed release.lua
+	releaseSrc    string
+	releaseScript = redis.NewScript(releaseSrc)
+)
