@@ -84,22 +84,38 @@ func TestGivingUpDeletesNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := lockNodes(t, admin, name)
+	// Deleted by the time Acquire returns, while its ctx lasts.
+	onlyHolder := func() {
+		t.Helper()
+		if got := lockNodes(t, admin, name); len(got) != 1 || got[0] != held[0] {
+			t.Fatalf("nodes %v, want only the holder's %v", got, held)
+		}
+	}
 	if _, err := l.Acquire(ctx, name, fence.Wait(200*time.Millisecond)); !errors.Is(err, fence.ErrHeld) {
 		t.Fatalf("Acquire = %v, want ErrHeld", err)
 	}
+	onlyHolder()
+	if _, err := l.Acquire(ctx, name); !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire = %v, want ErrHeld", err)
+	}
+	onlyHolder()
+	// Deleted in the background once its ctx has ended.
 	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancelShort()
 	if _, err := l.Acquire(short, name, fence.Wait(time.Minute)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire = %v, want context.DeadlineExceeded", err)
 	}
-	if _, err := l.Acquire(ctx, name); !errors.Is(err, fence.ErrHeld) {
-		t.Fatalf("Acquire = %v, want ErrHeld", err)
-	}
 	waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 1 })
-	if got := lockNodes(t, admin, name); got[0] != held[0] {
-		t.Fatalf("nodes %v, want the holder's %v", got, held)
-	}
+	onlyHolder()
 	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Tried once right after a give-up, the free lock is taken.
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatalf("Acquire of the free lock = %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -110,15 +110,28 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	start := time.Now()
 	node, err := l.create(waitCtx, a)
 	if err != nil {
-		l.cleanup(a, node)
+		l.giveUp(ctx, a, node)
 		return nil, fence.NotAcquired(name, l.why(ctx, err))
 	}
 	ls, err := l.await(ctx, waitCtx, a, node, o, start)
 	if err != nil {
-		l.cleanup(a, node)
+		l.giveUp(ctx, a, node)
 		return nil, fence.NotAcquired(name, l.why(ctx, err))
 	}
 	return ls, nil
+}
+
+// giveUp deletes the node of an attempt that did not take the lock: at once
+// while ctx lasts, so that a caller trying right after does not queue
+// behind it, else in the background.
+func (l *Locker) giveUp(ctx context.Context, a *attempt, node string) {
+	if node != "" && ctx.Err() == nil {
+		_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(node, -1) }, nil)
+		if err == nil || errors.Is(err, zk.ErrNoNode) {
+			return
+		}
+	}
+	l.cleanup(a, node)
 }
 
 // why returns ctx's error if ctx is done (the caller's deadline rather than
