@@ -63,3 +63,12 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 		t.Fatalf("restarted server's Mode() = %q, %v, want follower", mode, err)
 	}
 }
+
+// Without java on PATH, Start fails naming the install step.
+func TestMissingJavaNamesInstallStep(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, err := zkserver.Start("")
+	if err == nil || !strings.Contains(err.Error(), "make deps") || !strings.Contains(err.Error(), "apt-get install") {
+		t.Fatalf("Start without java = %v, want the install step", err)
+	}
+}
