@@ -30,7 +30,9 @@ rejected, and a checker that judges each run:
       lease's read-modify-write as one atomic update, the tokens: Ok, Illegal or Unknown
 
 Scenarios: 1 paused holder, 2 delayed write (through an in-process toxiproxy), 3 lost
-update, 4 async failover, 5 wrong replica promoted, 6 token source loss. Each runs as a
+update, 4 async failover, 5 wrong replica promoted, 6 token source loss, 11 ZooKeeper
+session expiry (zklock on a ZooKeeper the lab starts; its control is the same lock with
+writes that ignore tokens). Each runs as a
 control, which must show the violation, and protected, which must show none: fence's lock
 with its defaults (redislock.New(client, nil)) and the resource behind guard (a SQLite row
 written with guard.Tx, fenced first, then read, then written; guard.Middleware in scenario
