@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/zkserver"
+	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
 )
 
 // fence exec --zookeeper takes the lock from ZooKeeper: the token is the
@@ -68,3 +71,54 @@ func TestExecZooKeeper(t *testing.T) {
 		t.Errorf("--zookeeper ,: exit %d (%s), want %d", code, errOut, cli.ExitUsage)
 	}
 }
+
+// A lock node deleted behind fence exec's back (as an operator might)
+// ends the lease: the watch on the node fires, the child is stopped and
+// exec exits 76, at once rather than after a session timeout.
+func TestExecZooKeeperLostLease(t *testing.T) {
+	srv, err := zkserver.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	cmd := exec.Command(fenceBin, "exec", "--zookeeper", srv.Addr, "--grace", "200ms", "doomed", "--", "sh", "-c", "touch "+dir+"/started; sleep 60")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	waitFile(t, dir+"/started")
+	conn, _, err := zk.Connect([]string{srv.Addr}, 5*time.Second, zk.WithLogger(quietLogger{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	lockDir := zklock.DefaultRoot + "/doomed"
+	nodes, _, err := conn.Children(lockDir)
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("children of %s: %v, %v", lockDir, nodes, err)
+	}
+	deleted := time.Now()
+	if err := conn.Delete(lockDir+"/"+nodes[0], -1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatal("fence exec still running a minute after its lock node was deleted")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != cli.ExitLeaseLost {
+		t.Fatalf("exit %d, want %d; stderr: %s", code, cli.ExitLeaseLost, stderr.String())
+	}
+	if took := time.Since(deleted); took > 3*time.Second {
+		t.Fatalf("child stopped %v after the node was deleted", took)
+	}
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(string, ...any) {}
