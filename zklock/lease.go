@@ -161,6 +161,14 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 			}
 			// Its data changed: the next probe sets the watch again.
 		case <-timer.C:
+			if ls.l.conn.State() != zk.StateHasSession {
+				// A request queued while disconnected is sent the moment
+				// go-zookeeper reconnects, beside its own re-setting of
+				// watches, which reads lastZxid while the reply writes it
+				// (a data race in go-zookeeper v1.0.4). Check again soon.
+				timer.Reset(every / 4)
+				continue
+			}
 			results = make(chan probe, 1)
 			go func(rearm bool, out chan<- probe) {
 				p := probe{sent: time.Now()}
