@@ -75,8 +75,9 @@
 // the time the connection is closed.
 //
 // go-zookeeper v1.0.4 reads and writes its last seen zxid from two
-// goroutines when it reconnects with watches set while replies arrive (its
-// inherited from samuel/go-zookeeper, where it is issue 260): the race detector may
-// report it in a program that reconnects under load. The Locker sends no
-// check of its own while disconnected, so as not to provoke it.
+// goroutines when it reconnects with watches set while replies arrive (a
+// race inherited from samuel/go-zookeeper, where it is issue 260): the
+// race detector may report it in a program that reconnects under load. The
+// Locker sends no check of its own while disconnected, so as not to
+// provoke it.
 package zklock
