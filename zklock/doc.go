@@ -18,7 +18,8 @@
 // increases across leader elections. Nodes in one directory are numbered in
 // the order of their zxids, and a node holds the lock only after every node
 // before it is gone: each holder's token is greater than every earlier
-// holder's.
+// holder's. The zxids are as durable as the ensemble's transaction log: an
+// ensemble that loses its data (rebuilt empty) starts them again.
 //
 // # The lease is the session
 //
