@@ -1,5 +1,5 @@
 # make test: installs what the tests need if it is missing (redis-server,
-# postgresql), checks the code,
+# postgresql, ZooKeeper), checks the code,
 # and runs every test with the race detector against real servers.
 SHELL := /bin/bash
 GO ?= go
@@ -11,22 +11,28 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test: deps check unit lab-quick fuzz
 
 # Debian packages of the servers the tests start: installed only if missing.
+# ZooKeeper is libzookeeper-java, the jars of Debian's zookeeper package
+# without its service, whose dependency on default-jre would pull a desktop
+# JRE; internal/zkserver runs it on a headless one (≈ 16 s with Java present).
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
+	[ -e /usr/share/java/zookeeper.jar ] || missing="$$missing libzookeeper-java"; \
+	command -v java >/dev/null || missing="$$missing default-jre-headless"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
-		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+		$(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 # Every module of the workspace (go.work): the library, the command, the
-# examples, the SQL tests, the PostgreSQL helper; the benchmarks are vetted.
-MODULES := ./... ./cmd/fence/... ./examples/... ./internal/pgtest/... ./tests/...
+# examples, the SQL tests, the PostgreSQL helper, the ZooKeeper lock; the
+# benchmarks are vetted.
+MODULES := ./... ./cmd/fence/... ./examples/... ./internal/pgtest/... ./tests/... ./zklock/...
 # Their directories: each go.mod and go.sum must be what GOWORK=off go mod tidy
 # makes of it (not go work sync, which copies the workspace's versions, such as
 # the command's golang.org/x/sys, into the library's go.mod).
-MODULE_DIRS := . bench cmd/fence examples internal/pgtest tests
+MODULE_DIRS := . bench cmd/fence examples internal/pgtest tests zklock
 
 check:
 	@for m in $(MODULE_DIRS); do (cd $$m && GOWORK=off $(GO) mod tidy -diff) || { echo "$$m: go.mod/go.sum not tidy (cd $$m && GOWORK=off go mod tidy)"; exit 1; }; done

@@ -43,6 +43,15 @@ type Config struct {
 	// Default 1 s, for noisy machines.
 	Slack time.Duration
 
+	// SessionBound, if set, is how far past the backend's last reply a
+	// lease's Deadline may lie whatever its lease time: a lease that lives
+	// no longer than a session (ZooKeeper's) keeps its Deadline within the
+	// session timeout of the last contact. ExtendKeepsToken then requires
+	// Extend to move the Deadline, within that bound, and the lease to
+	// outlive its first lease time, rather than a Deadline a whole
+	// extension away.
+	SessionBound time.Duration
+
 	_ struct{}
 }
 
@@ -319,7 +328,17 @@ func (s suite) extend(t *testing.T) {
 	if err := lease.Extend(ctxFor(t), time.Minute); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	if !lease.Deadline().After(before.Add(30 * time.Second)) {
+	if bound := s.cfg.SessionBound; bound > 0 {
+		if d := lease.Deadline(); !d.After(before) || d.After(time.Now().Add(bound)) {
+			t.Fatalf("deadline %v after Extend(1m), was %v, want later and within %v", d, before, bound)
+		}
+		// The extended lease outlives its first lease time.
+		select {
+		case <-lease.Done():
+			t.Fatalf("lease ended at its first lease time despite Extend(1m): %v", lease.Err())
+		case <-time.After(time.Until(before) + time.Second/2):
+		}
+	} else if !lease.Deadline().After(before.Add(30 * time.Second)) {
 		t.Fatalf("deadline %v after Extend(1m), was %v", lease.Deadline(), before)
 	}
 	if err := lease.Extend(ctxFor(t), 0); !errors.Is(err, fence.ErrInvalidOption) {

@@ -6,6 +6,8 @@ require (
 	github.com/fencekit/fence v0.0.0
 	github.com/fencekit/fence/examples v0.0.0
 	github.com/fencekit/fence/internal/pgtest v0.0.0
+	github.com/fencekit/fence/zklock v0.0.0
+	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -21,6 +23,7 @@ replace (
 	github.com/fencekit/fence => ../..
 	github.com/fencekit/fence/examples => ../../examples
 	github.com/fencekit/fence/internal/pgtest => ../../internal/pgtest
+	github.com/fencekit/fence/zklock => ../../zklock
 )
 
 require (

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
 	"github.com/fencekit/fence/internal/redisserver"
+	"github.com/fencekit/fence/internal/zkserver"
 )
 
 // experiment is one run: its servers, workers, resource and history.
@@ -43,6 +44,7 @@ type experiment struct {
 
 	mu      sync.Mutex
 	servers []*redisserver.Server
+	zk      []*zkserver.Server
 	workers []*workerProc
 	bg      sync.WaitGroup // fault injectors
 }
@@ -68,6 +70,22 @@ func (x *experiment) redis(extra ...string) (*redisserver.Server, error) {
 	}
 	x.mu.Lock()
 	x.servers = append(x.servers, s)
+	x.mu.Unlock()
+	return s, nil
+}
+
+// zookeeper starts a standalone ZooKeeper server for this run.
+func (x *experiment) zookeeper() (*zkserver.Server, error) {
+	dir, err := os.MkdirTemp(x.dir, "zk")
+	if err != nil {
+		return nil, err
+	}
+	s, err := zkserver.Start(dir)
+	if err != nil {
+		return nil, err
+	}
+	x.mu.Lock()
+	x.zk = append(x.zk, s)
 	x.mu.Unlock()
 	return s, nil
 }
@@ -294,6 +312,9 @@ func (x *experiment) cleanup() {
 		<-w.done
 	}
 	for _, s := range x.servers {
+		s.Kill()
+	}
+	for _, s := range x.zk {
 		s.Kill()
 	}
 }

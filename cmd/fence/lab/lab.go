@@ -89,6 +89,7 @@ var scenarios = []scenario{
 	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
 	{6, "token source loss", "P2", tokenSourceLoss, nil},
 	{7, "Sentinel failover", "P1", sentinelFailover, nil},
+	{11, "ZooKeeper session expiry", "P1", zkSessionExpiry, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a

@@ -58,6 +58,16 @@ func TestMutationWeakComparisonFailsP1(t *testing.T) {
 	}
 }
 
+// The same on ZooKeeper (scenario 11): what rejects the holder that
+// resumed after its session expired is guard's comparison of zxids, not
+// the lock.
+func TestMutationWeakComparisonFailsP1OnZooKeeper(t *testing.T) {
+	r := protectedRow(t, runLab(t, Config{write: worker.WriteWeak, resumeAt: "new holder wrote"}, 11))
+	if r.Pass || r.Verdict.P1 == 0 {
+		t.Fatalf("weakened comparison: protected row passed or showed no P1: %s", r.line())
+	}
+}
+
 // With the payment's precondition removed (read outside the transaction,
 // then the token-only conditional update, as the payment example's
 // ApproveTokenOnly), a stale holder resumed after the new holder read

@@ -58,6 +58,36 @@ func pausedHolder(point string) func(*experiment) error {
 	}
 }
 
+// zkSessionExpiry is scenario 11: pausedHolder on ZooKeeper. Three
+// workers take turns on one zklock lock (session timeout 1 s, the
+// shortest the lab's servers grant); one stops itself (SIGSTOP) every
+// third lease once it has the lock, past its session timeout, so that
+// ZooKeeper expires its session and deletes its node, another worker takes
+// the lock, and the paused one is continued at a seeded random point of
+// the new holder's lease and writes late. The control is the same lock
+// with writes that ignore tokens; protected is guard, which rejects the
+// late write by its zxid.
+func zkSessionExpiry(x *experiment) error {
+	x.fenceControl = true
+	srv, err := x.zookeeper()
+	if err != nil {
+		return err
+	}
+	ops := x.scale(9, 60)
+	var pauses []int
+	for i := 3; i <= ops; i += 3 {
+		pauses = append(pauses, i)
+	}
+	x.resumeAdversarially()
+	base := Spec{ZooKeeper: srv.Addr, SessionTimeout: time.Second, Lock: "lab:payment:1001", Key: "payment:1001",
+		TTL: 500 * time.Millisecond, Wait: 20 * time.Second, Work: 10 * time.Millisecond}
+	victim := base
+	victim.ID, victim.Ops, victim.PauseAt, victim.PausePoint, victim.Think = "w1", ops, pauses, "acquired", 5*time.Millisecond
+	other := base
+	other.Think = 10 * time.Millisecond
+	return x.runWithOthers(victim, other)
+}
+
 // runWithOthers runs the victim beside two workers made from other, which
 // keep taking the lock until the victim has finished.
 func (x *experiment) runWithOthers(victim, other Spec) error {

@@ -24,7 +24,7 @@ type backend interface {
 }
 
 // otherBackends returns a fresh set of the backends besides Redis.
-func otherBackends() []backend { return []backend{&redlockBackend{}} }
+func otherBackends() []backend { return []backend{&redlockBackend{}, &zookeeperBackend{}} }
 
 // lockerFlags are the flags of commands that take a lock: Redis's, and
 // those of every other backend.

@@ -33,6 +33,11 @@ It waits up to --wait for the lock (default 0: try once). Without --ttl the leas
 --watchdog-ttl (default 30s) and a watchdog renews it every third of that until the command
 exits; with --ttl the lease is not renewed and ends after that time.
 
+With --zookeeper HOST:PORT[,HOST:PORT...] (or FENCE_ZOOKEEPER_SERVERS) the lock comes from
+ZooKeeper instead of Redis: the token is the lock node's creation zxid, and a lease without
+--ttl lasts as long as the session (--zookeeper-session-timeout, default 10s, after the last
+contact); --ttl ends it sooner by deleting the node.
+
 The command gets FENCE_TOKEN (the fencing token of this acquisition) and FENCE_LOCK (the lock
 name) in its environment. Pass FENCE_TOKEN with every write the command makes, and have the
 resource reject tokens lower than one it has already accepted: a lease can be lost while the

@@ -32,7 +32,8 @@ rejected, and a checker that judges each run:
 Scenarios: 1 paused holder, 2 delayed write (through an in-process toxiproxy), 3 lost
 update, 4 async failover, 5 wrong replica promoted, 6 token source loss, 7 Sentinel
 failover (scenario 4's fault, the replica promoted by three redis-sentinel processes, the
-workers connected through them). Each runs as a
+workers connected through them), 11 ZooKeeper session expiry (zklock on a ZooKeeper the lab
+starts; its control is the same lock with writes that ignore tokens). Each runs as a
 control, which must show the violation, and protected, which must show none: fence's lock
 with its defaults (redislock.New(client, nil)) and the resource behind guard (a SQLite row
 written with guard.Tx, fenced first, then read, then written; guard.Middleware in scenario

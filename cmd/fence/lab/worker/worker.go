@@ -67,6 +67,11 @@ type Spec struct {
 	// SIGSTOP, at PausePoint, until the controller sends SIGCONT.
 	PauseAt    []int  `json:"pause_at,omitempty"`
 	PausePoint string `json:"pause_point,omitempty"` // "acquired" or "read"
+	// ZooKeeper, if set, lists ZooKeeper servers (comma-separated): the
+	// fence lock is then zklock's, with session timeout SessionTimeout,
+	// instead of Redis's.
+	ZooKeeper      string        `json:"zookeeper,omitempty"`
+	SessionTimeout time.Duration `json:"session_timeout,omitempty"`
 }
 
 // Main runs a worker from the Spec in Env, writing its history as JSON
@@ -87,9 +92,18 @@ func Main() int {
 		client = redis.NewClient(&redis.Options{Addr: s.Redis, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 3 * time.Second})
 	}
 	defer client.Close()
-	if s.Naive {
+	switch {
+	case s.Naive:
 		w.locker = &naiveLocker{c: client}
-	} else {
+	case s.ZooKeeper != "":
+		l, closeZK, err := zookeeperLocker(s)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab worker:", err)
+			return 2
+		}
+		defer closeZK()
+		w.locker = l
+	default:
 		var opts *redislock.Options // fence's defaults
 		if s.NoSync || s.Replicas != 0 || s.Acks != 0 {
 			opts = &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: s.NoSync, Replicas: s.Replicas, Acks: s.Acks}}

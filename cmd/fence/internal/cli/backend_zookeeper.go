@@ -1,0 +1,76 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
+	"github.com/spf13/cobra"
+)
+
+// zookeeperBackend takes the lock from ZooKeeper (zklock): --zookeeper
+// names the servers, comma-separated, as FENCE_ZOOKEEPER_SERVERS may.
+type zookeeperBackend struct {
+	servers        string
+	sessionTimeout time.Duration
+	root           string
+}
+
+func (b *zookeeperBackend) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&b.servers, "zookeeper", os.Getenv("FENCE_ZOOKEEPER_SERVERS"),
+		"take the lock from ZooKeeper instead of Redis: its servers, comma-separated host:port "+
+			"(default from FENCE_ZOOKEEPER_SERVERS); the token is the lock node's creation zxid")
+	cmd.Flags().DurationVar(&b.sessionTimeout, "zookeeper-session-timeout", 10*time.Second,
+		"ZooKeeper session timeout: the lease of a holder that no server hears from ends after this long")
+	cmd.Flags().StringVar(&b.root, "zookeeper-root", zklock.DefaultRoot, "znode under which the locks live")
+}
+
+func (b *zookeeperBackend) flag() string { return "zookeeper" }
+
+func (b *zookeeperBackend) chosen() bool { return b.servers != "" }
+
+// quietLogger drops go-zookeeper's connection chatter; failures come back
+// as errors.
+type quietLogger struct{}
+
+func (quietLogger) Printf(string, ...any) {}
+
+func (b *zookeeperBackend) locker(*cobra.Command) (fence.Locker, func(), error) {
+	var servers []string
+	for s := range strings.SplitSeq(b.servers, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			servers = append(servers, s)
+		}
+	}
+	if len(servers) == 0 {
+		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper %q: no server", b.servers))
+	}
+	if err := fence.ValidateTTL(b.sessionTimeout); err != nil {
+		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper-session-timeout %v: %w", b.sessionTimeout, err))
+	}
+	conn, _, err := zk.Connect(servers, b.sessionTimeout, zk.WithLogger(quietLogger{}))
+	if err != nil {
+		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper %s: %w", b.servers, err))
+	}
+	// Connect returns before it connects: wait for a session, up to the
+	// session timeout.
+	end := time.Now().Add(b.sessionTimeout)
+	for conn.State() != zk.StateHasSession {
+		if time.Now().After(end) {
+			conn.Close()
+			return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper %s: no session within %v", b.servers, b.sessionTimeout))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	l, err := zklock.New(conn, b.sessionTimeout, zklock.WithRoot(b.root))
+	if err != nil {
+		conn.Close()
+		return nil, nil, exitWith(ExitUsage, errors.Join(errors.New("--zookeeper-root or --zookeeper-session-timeout"), err))
+	}
+	return l, conn.Close, nil
+}

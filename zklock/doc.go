@@ -1,0 +1,84 @@
+// Package zklock is a fence.Locker on Apache ZooKeeper, through a
+// github.com/go-zookeeper/zk connection that its user owns.
+//
+// # The recipe
+//
+// The lock called name is a directory under the Locker's root (a container
+// node, which the servers delete once it is empty). Acquire creates an
+// ephemeral sequential node in it, named after a fresh guid so that a create
+// whose reply was lost with the connection can be found again, and holds the
+// lock when its node is the lowest. A waiter watches only the node just
+// before its own (an exists-watch), so a release wakes one waiter, not all.
+// A waiter that gives up (wait budget, ctx) deletes its node.
+//
+// # The token
+//
+// The token is the creation zxid of the holder's node (Stat.Czxid): 64 bits,
+// the leader's epoch in the high 32 and a counter in the low 32, so it
+// increases across leader elections. Nodes in one directory are numbered in
+// the order of their zxids, and a node holds the lock only after every node
+// before it is gone: each holder's token is greater than every earlier
+// holder's. The zxids are as durable as the ensemble's transaction log: an
+// ensemble that loses its data (rebuilt empty) starts them again.
+//
+// # The lease is the session
+//
+// A lease is held while its node exists, and the node lives as long as the
+// session that made it: ZooKeeper deletes it when the session expires, a
+// session timeout after a server last heard from the client. The lease ends
+// (Done is closed, Err matches fence.ErrLeaseLost) when
+//   - the node is deleted, or the session expires or the connection is
+//     closed: the node's watch says so (go-zookeeper reports an expiry only
+//     once it reaches a server again);
+//   - its Deadline passes: the Locker checks the node every third of the
+//     session timeout, and Deadline is a session timeout after the last
+//     such request that ZooKeeper answered (less 1% and 2 ms for the
+//     clocks' rates). That is how long ZooKeeper keeps the session at
+//     least, whatever happened since;
+//   - for a lease taken with fence.TTL, its lease time ran out: fence.TTL is
+//     enforced here, by the holder deleting its own node at the deadline
+//     unless Extend moved it. A holder paused past that keeps the node
+//     until its session expires, and its Deadline (never later than the
+//     lease time nor than the session's) tells it so when it resumes.
+//
+// Without fence.TTL there is nothing to renew: the client library's pings
+// keep the session, and the Locker's checks move Deadline. The "watchdog
+// TTL" of such a lease is the session timeout.
+//
+// # Connection loss
+//
+// A connection loss is not an expiry: go-zookeeper reconnects (to another
+// server of the ensemble, say) and the session, its node and the lease go
+// on if it does so within the session timeout. Meanwhile the lease still
+// looks held (Err is nil), but its Deadline stops moving: a holder must
+// check Deadline (or pass its token to a resource that checks it) before
+// acting. If no server answers before the Deadline, the lease ends with
+// ErrLeaseLost although the session may still be alive; the Locker then
+// deletes the node once it can reach a server again, so that a session
+// that survived does not keep the lock nobody uses.
+//
+// # The connection and its events
+//
+// The Locker does not read the connection's event channel (zk.Connect's
+// second result): that channel is the user's, and a second reader would
+// steal events from them. It learns of expiry and closing from the watches
+// it sets on its own nodes, which go-zookeeper ends with an event carrying
+// zk.ErrSessionExpired or zk.ErrClosing. New takes the session timeout
+// given to zk.Connect because go-zookeeper does not expose the negotiated
+// one: keep it within the servers' bounds (2 to 20 ticks), or the servers
+// change it.
+//
+// # Calls and contexts
+//
+// go-zookeeper's calls take no context. The Locker runs each in a goroutine
+// and stops waiting for it when ctx is done; a create given up on that
+// succeeds later is deleted when its reply comes. Every such call ends by
+// the time the connection is closed.
+//
+// go-zookeeper v1.0.4 reads and writes its last seen zxid from two
+// goroutines when it reconnects with watches set while replies arrive (a
+// race inherited from samuel/go-zookeeper, where it is issue 260): the
+// race detector may report it in a program that reconnects under load. The
+// Locker sends no check of its own while disconnected, so as not to
+// provoke it.
+package zklock

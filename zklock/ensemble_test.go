@@ -1,0 +1,91 @@
+package zklock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// Tokens strictly increase across holders and across the ensemble's leader
+// being killed while a lock is held and waiters wait; the token taken after
+// the election carries the new epoch.
+func TestTokensAcrossLeaderKill(t *testing.T) {
+	e := startEnsemble(t, 3)
+	addrs := e.Addrs()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const name = "leader-kill"
+	holder, _ := newLocker(t, addrs)
+	first, err := holder.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := connect(t, addrs, nil)
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	results := make(chan result, 2)
+	for i := range 2 {
+		l, _ := newLocker(t, addrs)
+		go func() {
+			lease, err := l.Acquire(ctx, name, fence.Wait(45*time.Second))
+			results <- result{lease, err}
+		}()
+		// The waiters queue in order: wait for this one's node.
+		waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == i+2 })
+	}
+	leader, err := e.Leader(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.Kill()
+	if _, err := e.Leader(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatalf("Release after the election: %v (the session and its node survive it)", err)
+	}
+	tokens := []fence.Token{first.Token()}
+	for range 2 {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		tokens = append(tokens, r.lease.Token())
+		if err := r.lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, err := holder.Acquire(ctx, name, fence.Wait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens = append(tokens, after.Token())
+	if err := after.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("tokens %#x: token %d is not greater than the one before", tokens, i)
+		}
+	}
+	if epoch := func(tok fence.Token) int64 { return int64(tok) >> 32 }; epoch(after.Token()) <= epoch(first.Token()) {
+		t.Fatalf("token after the election %#x has the epoch of %#x", after.Token(), first.Token())
+	}
+	t.Logf("tokens %#x", tokens)
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatal("condition not met after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+}

@@ -1,0 +1,372 @@
+package zklock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/go-zookeeper/zk"
+)
+
+// DefaultRoot is the znode under which a Locker keeps its locks unless
+// WithRoot says otherwise: the lock called name is the directory
+// DefaultRoot/<name, escaped>, holding one node per holder and waiter.
+const DefaultRoot = "/fence/locks"
+
+// Locker takes locks on ZooKeeper through a connection that its user owns.
+// It is safe for concurrent use; Lockers on the same root share their locks.
+type Locker struct {
+	conn           *zk.Conn
+	sessionTimeout time.Duration
+	root           string
+	acl            []zk.ACL
+
+	listings atomic.Int64 // getChildren calls, for the tests of the herd effect
+}
+
+var _ fence.Locker = (*Locker)(nil)
+
+// Option configures a Locker.
+type Option func(*Locker)
+
+// WithRoot sets the znode under which the locks live (default DefaultRoot).
+// It must be an absolute path without a trailing slash.
+func WithRoot(path string) Option { return func(l *Locker) { l.root = path } }
+
+// WithACL sets the ACL of the nodes the Locker creates (default
+// zk.WorldACL(zk.PermAll)).
+func WithACL(acl []zk.ACL) Option { return func(l *Locker) { l.acl = acl } }
+
+// New returns a Locker that takes its locks through conn. sessionTimeout is
+// the one given to zk.Connect: a lease is known to be held only until that
+// long after the Locker last heard from ZooKeeper (see the package doc). It
+// must not exceed the servers' maxSessionTimeout (20 ticks by default),
+// which would shorten the session behind the Locker's back. The caller
+// keeps owning conn, its event channel and its Close; a lease ends when conn
+// is closed.
+func New(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Locker, error) {
+	l := &Locker{conn: conn, sessionTimeout: sessionTimeout, root: DefaultRoot, acl: zk.WorldACL(zk.PermAll)}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(l)
+		}
+	}
+	switch {
+	case conn == nil:
+		return nil, fmt.Errorf("%w: zklock: nil connection", fence.ErrInvalidOption)
+	case sessionTimeout < fence.MinTTL:
+		return nil, fmt.Errorf("%w: zklock: session timeout %v", fence.ErrInvalidOption, sessionTimeout)
+	case !strings.HasPrefix(l.root, "/") || strings.HasSuffix(l.root, "/") || strings.Contains(l.root, "//"):
+		return nil, fmt.Errorf("%w: zklock: root %q is not an absolute znode path", fence.ErrInvalidOption, l.root)
+	}
+	return l, nil
+}
+
+// attempt is one acquisition: the lock's directory and the guid that names
+// this attempt's node, so that a create retried after a connection loss can
+// find the node it may have made.
+type attempt struct {
+	name string
+	dir  string // root + "/" + escaped name
+	guid string
+}
+
+// nodePrefix is the path of the attempt's node before ZooKeeper appends the
+// sequence number.
+func (a *attempt) nodePrefix() string { return a.dir + "/" + a.guid + lockInfix }
+
+// lockInfix separates an attempt's guid from the sequence number.
+const lockInfix = "-lock-"
+
+// Acquire takes the lock called name; see fence.Locker. It creates an
+// ephemeral sequential node in the lock's directory and holds the lock when
+// that node is the lowest; with a wait budget it watches only the node just
+// before its own, so that each release wakes one waiter. The node is deleted
+// if Acquire gives up. The token is the node's creation zxid.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := fence.ValidateName(name); err != nil {
+		return nil, err
+	}
+	o, err := fence.Apply(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fence.NotAcquired(name, err)
+	}
+	a := &attempt{name: name, dir: l.root + "/" + escape(name), guid: newGUID()}
+	waitCtx, cancel := ctx, context.CancelFunc(func() {})
+	if o.Wait > 0 {
+		waitCtx, cancel = context.WithTimeout(ctx, o.Wait)
+	}
+	defer cancel()
+	start := time.Now()
+	node, err := l.create(waitCtx, a)
+	if err != nil {
+		l.giveUp(ctx, a, node)
+		return nil, fence.NotAcquired(name, l.why(ctx, err))
+	}
+	ls, err := l.await(ctx, waitCtx, a, node, o, start)
+	if err != nil {
+		l.giveUp(ctx, a, node)
+		return nil, fence.NotAcquired(name, l.why(ctx, err))
+	}
+	return ls, nil
+}
+
+// giveUp deletes the node of an attempt that did not take the lock: at once
+// while ctx lasts, so that a caller trying right after does not queue
+// behind it, else in the background.
+func (l *Locker) giveUp(ctx context.Context, a *attempt, node string) {
+	if node != "" && ctx.Err() == nil {
+		_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(node, -1) }, nil)
+		if err == nil || errors.Is(err, zk.ErrNoNode) {
+			return
+		}
+	}
+	l.cleanup(a, node)
+}
+
+// why returns ctx's error if ctx is done (the caller's deadline rather than
+// the wait budget), else err.
+func (l *Locker) why(ctx context.Context, err error) error {
+	if ctx.Err() != nil && !errors.Is(err, fence.ErrHeld) {
+		return ctx.Err()
+	}
+	return err
+}
+
+// create makes the attempt's node and returns its path. It creates the
+// lock's directory when missing, and after a connection loss looks for the
+// node by its guid before trying again.
+func (l *Locker) create(ctx context.Context, a *attempt) (string, error) {
+	for {
+		node, err := bounded(ctx, func() (string, error) {
+			return l.conn.Create(a.nodePrefix(), nil, zk.FlagEphemeralSequential, l.acl)
+		}, func(node string, err error) {
+			if err == nil {
+				l.cleanup(a, node) // created after Acquire gave up
+			}
+		})
+		switch {
+		case err == nil:
+			return node, nil
+		case errors.Is(err, zk.ErrNoNode):
+			if err := l.makeDir(ctx, a.dir); err != nil {
+				return "", err
+			}
+		case errors.Is(err, zk.ErrConnectionClosed):
+			// The create may have been applied: look for it.
+			if node, err := l.find(ctx, a); err != nil || node != "" {
+				return node, err
+			}
+		default:
+			return "", fmt.Errorf("zklock: create %s: %w", a.nodePrefix(), err)
+		}
+	}
+}
+
+// find returns the attempt's node if it exists, "" if not.
+func (l *Locker) find(ctx context.Context, a *attempt) (string, error) {
+	children, err := l.children(ctx, a.dir)
+	if errors.Is(err, zk.ErrNoNode) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	for _, c := range children {
+		if strings.HasPrefix(c, a.guid+lockInfix) {
+			return a.dir + "/" + c, nil
+		}
+	}
+	return "", nil
+}
+
+// makeDir creates the root's nodes (persistent) and the lock's directory
+// (a container, which the servers delete once it is empty again).
+func (l *Locker) makeDir(ctx context.Context, dir string) error {
+	parts := strings.Split(strings.TrimPrefix(dir, "/"), "/")
+	path := ""
+	for i, p := range parts {
+		path += "/" + p
+		last := i == len(parts)-1
+		_, err := bounded(ctx, func() (string, error) {
+			if last {
+				return l.conn.CreateContainer(path, nil, zk.FlagContainer, l.acl)
+			}
+			return l.conn.Create(path, nil, zk.FlagPersistent, l.acl)
+		}, nil)
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("zklock: create %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// children lists dir, counting the calls.
+func (l *Locker) children(ctx context.Context, dir string) ([]string, error) {
+	l.listings.Add(1)
+	return bounded(ctx, func() ([]string, error) {
+		c, _, err := l.conn.Children(dir)
+		return c, err
+	}, nil)
+}
+
+// sequence returns the sequence number of a lock node's name, or "" if the
+// name is not one of a Locker's nodes.
+func sequence(child string) string {
+	i := strings.LastIndex(child, lockInfix)
+	if i < 0 {
+		return ""
+	}
+	return child[i+len(lockInfix):]
+}
+
+// queue returns the lock nodes among children in their order of creation.
+func queue(children []string) []string {
+	var q []string
+	for _, c := range children {
+		if sequence(c) != "" {
+			q = append(q, c)
+		}
+	}
+	slices.SortFunc(q, func(a, b string) int { return strings.Compare(sequence(a), sequence(b)) })
+	return q
+}
+
+// await waits until node is the lowest in its directory, watching only its
+// predecessor, and returns the lease.
+func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o fence.Options, start time.Time) (*lease, error) {
+	own := node[strings.LastIndex(node, "/")+1:]
+	for {
+		children, err := l.children(waitCtx, a.dir)
+		if err != nil {
+			return nil, fmt.Errorf("zklock: list %s: %w", a.dir, err)
+		}
+		q := queue(children)
+		i := slices.Index(q, own)
+		switch {
+		case i < 0:
+			return nil, fmt.Errorf("zklock: %s vanished while waiting (session expired or node deleted)", node)
+		case i == 0:
+			return l.grant(ctx, a, node, o, start)
+		case o.Wait == 0:
+			return nil, fence.ErrHeld
+		}
+		pred := a.dir + "/" + q[i-1]
+		type watched struct {
+			exists bool
+			ch     <-chan zk.Event
+		}
+		w, err := bounded(waitCtx, func() (watched, error) {
+			ok, _, ch, err := l.conn.ExistsW(pred)
+			return watched{ok, ch}, err
+		}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("zklock: watch %s: %w", pred, err)
+		}
+		if !w.exists {
+			continue
+		}
+		select {
+		case <-w.ch:
+		case <-waitCtx.Done():
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fence.ErrHeld
+		}
+	}
+}
+
+// grant watches the node it now holds, reads its creation zxid as the
+// token, and starts the lease.
+func (l *Locker) grant(ctx context.Context, a *attempt, node string, o fence.Options, start time.Time) (*lease, error) {
+	sent := time.Now()
+	type watched struct {
+		stat *zk.Stat
+		ch   <-chan zk.Event
+	}
+	w, err := bounded(ctx, func() (watched, error) {
+		ok, st, ch, err := l.conn.ExistsW(node)
+		if err == nil && !ok {
+			err = zk.ErrNoNode
+		}
+		return watched{st, ch}, err
+	}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("zklock: stat %s: %w", node, err)
+	}
+	return l.newLease(ctx, a, node, w.stat, w.ch, o.TTL, start, sent), nil
+}
+
+// cleanup deletes an attempt's node in the background: node if known, else
+// any node carrying the attempt's guid (a create whose reply was lost). It
+// gives up when the connection is closed, or after two session timeouts
+// without reaching ZooKeeper: by then the session has expired and taken its
+// ephemeral nodes with it.
+func (l *Locker) cleanup(a *attempt, node string) {
+	go func() {
+		end := time.Now().Add(2 * l.sessionTimeout)
+		for {
+			var err error
+			target := node
+			if target == "" {
+				target, err = l.find(context.Background(), a)
+			}
+			if err == nil && target != "" {
+				err = l.conn.Delete(target, -1)
+			}
+			if err == nil || errors.Is(err, zk.ErrNoNode) || time.Now().After(end) || l.closed() {
+				return
+			}
+			time.Sleep(l.sessionTimeout / 8)
+		}
+	}()
+}
+
+// closed reports whether the user closed the connection: go-zookeeper then
+// stays disconnected, where a reconnection moves on to connecting at once.
+func (l *Locker) closed() bool {
+	for range 3 {
+		if l.conn.State() != zk.StateDisconnected {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
+// newGUID names an attempt's node.
+func newGUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// escape turns a lock name into one znode name: bytes other than ASCII
+// letters, digits and "._:-" become %XX, and so do the dots of "." and "..".
+func escape(name string) string {
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '_', c == ':', c == '-':
+			b.WriteByte(c)
+		case c == '.' && name != "." && name != "..":
+			b.WriteByte(c)
+		default:
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
