@@ -1,0 +1,2 @@
+// Package etcdlock is a fence.Locker on etcd.
+package etcdlock
