@@ -118,18 +118,13 @@ func (ls *Lease) stop() {
 // wait for it to expire.
 func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
-	c := ls.l.client
-	var stopWatch context.CancelFunc
-	watchFrom := func(rev int64) clientv3.WatchChan {
-		if stopWatch != nil {
-			stopWatch()
-		}
-		var wctx context.Context
-		wctx, stopWatch = context.WithCancel(ctx)
-		return c.Watch(wctx, ls.key, clientv3.WithRev(rev), clientv3.WithFilterPut())
-	}
-	watch := watchFrom(int64(ls.token) + 1)
-	defer func() { stopWatch() }()
+	// The watch runs in a goroutine of its own: clientv3's Watch blocks
+	// until it reaches a server, and the deadline must not wait for that.
+	wctx, stopWatch := context.WithCancel(ctx)
+	deleted := make(chan error, 1)
+	watched := make(chan struct{})
+	go func() { defer close(watched); ls.watchKey(wctx, deleted) }()
+	defer func() { stopWatch(); <-watched }()
 
 	expiry := time.NewTimer(time.Until(ls.Deadline()))
 	defer expiry.Stop()
@@ -163,27 +158,9 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 				lose(ls.lostf("expired"))
 			}
 			return
-		case wr, ok := <-watch:
-			if ctx.Err() != nil {
-				return
-			}
-			if !ok || wr.Err() != nil {
-				// Compacted past, or cancelled by the server: check the
-				// key and watch again from now.
-				rev, err := ls.check(ctx)
-				if err != nil {
-					lose(err)
-					return
-				}
-				watch = watchFrom(rev + 1)
-				continue
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					lose(ls.lostf("its key %s was deleted at revision %d", ls.key, ev.Kv.ModRevision))
-					return
-				}
-			}
+		case why := <-deleted:
+			lose(why)
+			return
 		case <-renew.C:
 			if err := ls.renew(ctx); err != nil {
 				if errors.Is(err, fence.ErrLeaseLost) {
@@ -199,6 +176,51 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 	}
 }
 
+// watchKey watches the lease's key from its creation until ctx ends, and
+// sends why on deleted when the key is deleted. If the watch fails
+// (compacted past, cancelled by the server), it reads the key and watches
+// again from there.
+func (ls *Lease) watchKey(ctx context.Context, deleted chan<- error) {
+	c := ls.l.client
+	rev := int64(ls.token) + 1
+	for {
+		wctx, cancel := context.WithCancel(ctx)
+		for wr := range c.Watch(wctx, ls.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+			if wr.Err() != nil {
+				break
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					cancel()
+					deleted <- ls.lostf("its key %s was deleted at revision %d", ls.key, ev.Kv.ModRevision)
+					return
+				}
+			}
+		}
+		cancel()
+		for {
+			if ctx.Err() != nil {
+				return
+			}
+			resp, err := c.Get(ctx, ls.key)
+			if err == nil {
+				if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token) {
+					deleted <- ls.lostf("its key %s is gone", ls.key)
+					return
+				}
+				rev = resp.Header.Revision + 1
+				break
+			}
+			retry := time.NewTimer(retryInterval)
+			select {
+			case <-ctx.Done():
+			case <-retry.C:
+			}
+			retry.Stop()
+		}
+	}
+}
+
 // etcdLease returns the etcd lease the key is attached to.
 func (ls *Lease) etcdLease() clientv3.LeaseID {
 	ls.mu.Lock()
@@ -210,34 +232,6 @@ func (ls *Lease) renewInterval() time.Duration {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	return ls.ttl / 3
-}
-
-// check reads the key: an error matching fence.ErrLeaseLost if it is gone,
-// otherwise the revision it was read at.
-func (ls *Lease) check(ctx context.Context) (int64, error) {
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-retry.C:
-		}
-		retry.Reset(retryInterval)
-		rctx, cancel := context.WithDeadline(ctx, ls.Deadline())
-		resp, err := ls.l.client.Get(rctx, ls.key)
-		cancel()
-		switch {
-		case err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token)):
-			return 0, ls.lostf("its key %s is gone", ls.key)
-		case err == nil:
-			return resp.Header.Revision, nil
-		case ctx.Err() != nil:
-			return 0, ctx.Err()
-		case !time.Now().Before(ls.Deadline()):
-			return 0, ls.lostf("not renewed before its deadline: %w", err)
-		}
-	}
 }
 
 // renew keeps the etcd lease alive once and moves the deadline. An error
