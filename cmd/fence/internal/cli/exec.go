@@ -57,9 +57,12 @@ nothing: after --watchdog-ttl the lease is lost, and on resuming the command is 
 On Linux the command is killed when exec dies, even by SIGKILL; what it left in the
 background then runs on.
 
+With --etcd (or FENCE_ETCD_ENDPOINTS) exec takes the lock from an etcd cluster instead of
+Redis; FENCE_TOKEN is then the lock key's create revision.
+
 The command does not inherit FENCE_REDIS_URL, FENCE_REDIS_SENTINEL_URL,
-FENCE_REDIS_CLUSTER_URL or other FENCE_ variables named like URLs, DSNs or passwords; a
-fence inside it needs its own. Passwords are shown masked, in help and in errors.
+FENCE_REDIS_CLUSTER_URL, FENCE_ETCD_ENDPOINTS or other FENCE_ variables named like URLs,
+DSNs or passwords; a fence inside it needs its own. Passwords are shown masked, in help and in errors.
 
 --acks and --replicas choose how many replicas must confirm an acquisition or renewal with
 WAIT within 1s: --acks a number, majority (of the expected replicas) or all; --replicas the number the
@@ -71,7 +74,8 @@ while the command ran; 127 if the command could not be started; 130 if exec was 
 while waiting for the lock; 2 on a usage or connection error, or a bad flag value (a --ttl
 below the library's minimum lease time included).`,
 		Example: `  fence exec --wait 2s --ttl 10s lock:payment:1001 -- ./approve-payment 1001
-  FENCE_REDIS_URL=redis://:secret@redis:6379 fence exec nightly-report -- sh -c 'make-report --token "$FENCE_TOKEN"'`,
+  FENCE_REDIS_URL=redis://:secret@redis:6379 fence exec nightly-report -- sh -c 'make-report --token "$FENCE_TOKEN"'
+  fence exec --etcd http://127.0.0.1:2379 --wait 5s leader:billing -- ./billing-leader`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
 				return exitWith(ExitUsage, errors.New("usage: fence exec [flags] NAME -- COMMAND [ARG...]"))
