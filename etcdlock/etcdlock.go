@@ -126,22 +126,46 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		budget = time.Now().Add(o.Wait)
 	}
 
+	per := attemptTimeout(ttl)
 	sent := time.Now()
-	g, err := l.client.Grant(ctx, seconds(ttl))
+	var g *clientv3.LeaseGrantResponse
+	err = try(ctx, per, func(ctx context.Context) (err error) {
+		g, err = l.client.Grant(ctx, seconds(ttl))
+		return err
+	})
 	if err != nil {
 		return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: grant: %w", err))
 	}
 	pfx := l.Prefix(name)
 	key := pfx + strconv.FormatInt(int64(g.ID), 16)
-	resp, err := l.client.Txn(ctx).Then(
-		clientv3.OpPut(key, "", clientv3.WithLease(g.ID)),
-		clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
-	).Commit()
+	// Create the key unless an attempt that timed out did, and read the
+	// oldest key: a retry finds the key made by the first attempt.
+	var resp *clientv3.TxnResponse
+	err = try(ctx, per, func(ctx context.Context) (err error) {
+		resp, err = l.client.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+		).Then(
+			clientv3.OpPut(key, "", clientv3.WithLease(g.ID)),
+			clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
+		).Else(
+			clientv3.OpGet(key),
+			clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
+		).Commit()
+		return err
+	})
 	if err != nil {
 		l.revoke(ctx, g.ID)
 		return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: create %s: %w", key, err))
 	}
 	rev := resp.Header.Revision
+	if !resp.Succeeded {
+		mine := resp.Responses[0].GetResponseRange().Kvs
+		if len(mine) == 0 {
+			l.revoke(ctx, g.ID)
+			return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: create %s: %w", key, errors.New("the key vanished")))
+		}
+		rev = mine[0].CreateRevision
+	}
 	owner := resp.Responses[1].GetResponseRange().Kvs
 	if len(owner) == 0 || owner[0].CreateRevision != rev {
 		if o.Wait == 0 {
@@ -155,6 +179,26 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		}
 	}
 	return l.newLease(ctx, name, key, rev, g.ID, ttl, watchdog, sent), nil
+}
+
+// attemptTimeout bounds one attempt of a call that try retries: a sixth of
+// the lease time, at least half a second.
+func attemptTimeout(ttl time.Duration) time.Duration { return max(ttl/6, 500*time.Millisecond) }
+
+// try runs call with a timeout of per on each attempt, and again while ctx
+// lasts if an attempt timed out. A member that hangs (paused, or cut off)
+// keeps its connection open, and a call sent to it waits for ever;
+// clientv3's round-robin balancer sends the next attempt to another member.
+func try(ctx context.Context, per time.Duration, call func(context.Context) error) error {
+	for {
+		actx, cancel := context.WithTimeout(ctx, per)
+		err := call(actx)
+		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
+		cancel()
+		if err == nil || ctx.Err() != nil || !timedOut {
+			return err
+		}
+	}
 }
 
 // revoke gives up the etcd lease id and with it the keys attached to it,
@@ -204,17 +248,22 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		return err
 	}
 	c := w.l.client
-	own := c.Watch(wctx, w.key, clientv3.WithRev(w.rev+1), clientv3.WithFilterPut())
+	own, stopOwn := watchAsync(wctx, c, w.key, clientv3.WithRev(w.rev+1), clientv3.WithFilterPut())
+	defer stopOwn()
 	renew := time.NewTimer(w.ttl / 3)
 	defer renew.Stop()
 	for {
 		// Check that our key is still there and find the one before it,
 		// in one round trip.
-		resp, err := c.Txn(wctx).If(
-			clientv3.Compare(clientv3.CreateRevision(w.key), "=", w.rev),
-		).Then(
-			clientv3.OpGet(w.pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))...),
-		).Commit()
+		var resp *clientv3.TxnResponse
+		err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) (err error) {
+			resp, err = c.Txn(ctx).If(
+				clientv3.Compare(clientv3.CreateRevision(w.key), "=", w.rev),
+			).Then(
+				clientv3.OpGet(w.pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))...),
+			).Commit()
+			return err
+		})
 		if err != nil {
 			return time.Time{}, why(fmt.Errorf("etcdlock: wait: %w", err))
 		}
@@ -224,7 +273,11 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
 			sent := time.Now()
-			if _, err := c.KeepAliveOnce(ctx, w.id); err != nil {
+			err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) error {
+				_, err := c.KeepAliveOnce(ctx, w.id)
+				return err
+			})
+			if err != nil {
 				if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 					return time.Time{}, w.lost("has no etcd lease any more")
 				}
@@ -232,24 +285,51 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 			}
 			return sent, nil
 		}
-		pctx, pcancel := context.WithCancel(wctx)
-		prev := c.Watch(pctx, string(kvs[0].Key), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
+		prev, stopPrev := watchAsync(wctx, c, string(kvs[0].Key), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
 		err = w.waitDelete(wctx, prev, own, renew)
-		pcancel()
+		stopPrev()
 		if err != nil {
 			return time.Time{}, why(err)
 		}
 	}
 }
 
+// watchAsync calls c.Watch in a goroutine and passes its responses on:
+// Watch itself blocks until a member confirms the watch, and a member that
+// hangs never does, which must not stop the waiter from renewing its etcd
+// lease and checking again. stop ends the watch and waits for the
+// goroutine.
+func watchAsync(ctx context.Context, c *clientv3.Client, key string, opts ...clientv3.OpOption) (_ <-chan clientv3.WatchResponse, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan clientv3.WatchResponse)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(out)
+		for wr := range c.Watch(ctx, key, opts...) {
+			select {
+			case out <- wr:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, func() { cancel(); <-done }
+}
+
 // waitDelete waits for a delete on prev, keeping the waiter's etcd lease
-// alive, and fails if the waiter's own key is deleted.
-func (w *waiter) waitDelete(wctx context.Context, prev, own clientv3.WatchChan, renew *time.Timer) error {
+// alive, and fails if the waiter's own key is deleted. It also returns,
+// for a check, after each renewal of the waiter's etcd lease (every third
+// of its TTL).
+func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.WatchResponse, renew *time.Timer) error {
 	for {
 		select {
 		case <-wctx.Done():
 			return wctx.Err()
 		case wr, ok := <-prev:
+			if wctx.Err() != nil {
+				return wctx.Err()
+			}
 			if !ok || wr.Err() != nil {
 				return fmt.Errorf("etcdlock: wait: watch of the previous key ended: %v", wr.Err())
 			}
@@ -259,6 +339,9 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own clientv3.WatchChan, 
 				}
 			}
 		case wr, ok := <-own:
+			if wctx.Err() != nil {
+				return wctx.Err()
+			}
 			if !ok || wr.Err() != nil {
 				return fmt.Errorf("etcdlock: wait: watch of the waiter's key ended: %v", wr.Err())
 			}
@@ -268,7 +351,7 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own clientv3.WatchChan, 
 				}
 			}
 		case <-renew.C:
-			rctx, cancel := context.WithTimeout(wctx, w.ttl/3)
+			rctx, cancel := context.WithTimeout(wctx, attemptTimeout(w.ttl))
 			_, err := w.l.client.KeepAliveOnce(rctx, w.id)
 			cancel()
 			switch {
@@ -277,7 +360,10 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own clientv3.WatchChan, 
 			case err != nil:
 				renew.Reset(retryInterval)
 			default:
+				// Check again, in case a watch sits on a member that
+				// hangs and would never deliver the delete.
 				renew.Reset(w.ttl / 3)
+				return nil
 			}
 		}
 	}

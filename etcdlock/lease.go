@@ -228,6 +228,13 @@ func (ls *Lease) etcdLease() clientv3.LeaseID {
 	return ls.id
 }
 
+// ttlNow returns the lease time of the etcd lease the key is on.
+func (ls *Lease) ttlNow() time.Duration {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.ttl
+}
+
 func (ls *Lease) renewInterval() time.Duration {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -242,8 +249,13 @@ func (ls *Lease) renew(ctx context.Context) error {
 	ls.mu.Lock()
 	id, ttl, dl := ls.id, ls.ttl, ls.deadline
 	ls.mu.Unlock()
+	// Each attempt gets a sixth of the TTL at most: a member that hangs
+	// (paused, or cut off) keeps its connection open, and clientv3's
+	// round-robin balancer sends the next attempt to another member.
 	rctx, cancel := context.WithDeadline(ctx, dl)
 	defer cancel()
+	rctx, cancel2 := context.WithTimeout(rctx, max(ttl/6, retryInterval))
+	defer cancel2()
 	sent := time.Now()
 	_, err := ls.l.client.KeepAliveOnce(rctx, id)
 	ls.mu.Lock()
@@ -272,6 +284,9 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.op.Lock()
 	defer ls.op.Unlock()
+	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
 	if err := ls.Err(); err != nil {
 		if err == fence.ErrReleased {
 			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
@@ -336,16 +351,27 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.startRun()
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
-	resp, err := ls.l.client.Txn(ctx).If(
-		clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
-	).Then(clientv3.OpDelete(ls.key)).Commit()
+	var resp *clientv3.TxnResponse
+	attempts := 0
+	err := try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
+		attempts++
+		resp, err = ls.l.client.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
+		).Then(clientv3.OpDelete(ls.key)).Commit()
+		return err
+	})
 	if err != nil {
 		ls.startRun() // still held: watch and renew it again
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
 	why := error(fence.ErrReleased)
-	if !resp.Succeeded {
+	switch {
+	case !resp.Succeeded && attempts == 1:
 		why = ls.lostf("its key %s was already gone", ls.key)
+	case !resp.Succeeded:
+		// An attempt that timed out may have deleted it: which, nobody
+		// can tell, and a release that cannot vouch for the lease says so.
+		why = ls.lostf("its key %s was gone (deleted by an attempt of this Release that timed out, or before it)", ls.key)
 	}
 	ls.end(why)
 	ls.l.revoke(ctx, ls.etcdLease())
