@@ -75,10 +75,18 @@
 // the etcd lease. A lease whose key is already gone gets an error matching
 // fence.ErrLeaseLost and deletes nothing.
 //
-// # Deadlines
+// # Deadlines and hanging members
 //
 // Every call takes the caller's ctx; with the cluster unreachable, Acquire
-// returns when ctx ends. Revokes made to clean up (after a failed Acquire,
+// returns when ctx ends. A member that hangs (paused, or cut off behind an
+// open connection) answers nothing, and clientv3 waits on it for ever, so
+// each call of Acquire, of the watchdog and of Release gets a sixth of the
+// lease time per attempt (at least half a second) and is tried again,
+// within ctx, on the next member (clientv3 balances round robin). A waiter
+// also checks its place again after each renewal of its etcd lease, in case
+// its watch sits on such a member. A Release whose first attempt timed out
+// and whose retry finds the key gone cannot tell its own delete from
+// another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease, an Extend) are bounded by half a second even when ctx has
 // ended; one that does not get through leaves the etcd lease to expire on
 // the server.
