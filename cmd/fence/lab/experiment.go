@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
+	"github.com/fencekit/fence/internal/etcdserver"
 	"github.com/fencekit/fence/internal/redisserver"
 )
 
@@ -43,6 +44,7 @@ type experiment struct {
 
 	mu      sync.Mutex
 	servers []*redisserver.Server
+	etcds   []*etcdserver.Cluster
 	workers []*workerProc
 	bg      sync.WaitGroup // fault injectors
 }
@@ -70,6 +72,22 @@ func (x *experiment) redis(extra ...string) (*redisserver.Server, error) {
 	x.servers = append(x.servers, s)
 	x.mu.Unlock()
 	return s, nil
+}
+
+// etcd starts a standalone etcd server for this run.
+func (x *experiment) etcd() (*etcdserver.Cluster, error) {
+	dir, err := os.MkdirTemp(x.dir, "etcd")
+	if err != nil {
+		return nil, err
+	}
+	c, err := etcdserver.Start(dir)
+	if err != nil {
+		return nil, err
+	}
+	x.mu.Lock()
+	x.etcds = append(x.etcds, c)
+	x.mu.Unlock()
+	return c, nil
 }
 
 // spawn starts a worker process with spec; its history lines go to x.hist.
@@ -295,5 +313,8 @@ func (x *experiment) cleanup() {
 	}
 	for _, s := range x.servers {
 		s.Kill()
+	}
+	for _, c := range x.etcds {
+		c.Close()
 	}
 }

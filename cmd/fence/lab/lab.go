@@ -84,6 +84,7 @@ var scenarios = []scenario{
 	{4, "async failover", "P1", asyncFailover, []string{"replica unseen"}},
 	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
 	{6, "token source loss", "P2", tokenSourceLoss, nil},
+	{10, "etcd lease expiry", "P1", etcdLeaseExpiry, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a

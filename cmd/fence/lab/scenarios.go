@@ -2,6 +2,7 @@ package lab
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 
@@ -56,6 +57,35 @@ func pausedHolder(point string) func(*experiment) error {
 		other.Think = 10 * time.Millisecond
 		return x.runWithOthers(victim, other)
 	}
+}
+
+// etcdLeaseExpiry is scenario 10, Jepsen's etcd 3.4.3 finding: a holder of
+// an etcd lock is paused (SIGSTOP) past its lease, etcd expires the lease,
+// another worker takes the lock and writes, and the first comes back and
+// writes too. Both rows take the lock from etcd (etcdlock, a consensus
+// lock): the control writes without a token, as a lock alone would; the
+// protected row passes the lock key's revision to guard, which rejects
+// the stale write. etcd rounds lease times up to whole seconds and its
+// minimum (2 s here), so the victim's pause lasts about that long.
+func etcdLeaseExpiry(x *experiment) error {
+	c, err := x.etcd()
+	if err != nil {
+		return err
+	}
+	x.fenceControl = true
+	ops := x.scale(9, 60)
+	var pauses []int
+	for i := 3; i <= ops; i += 3 {
+		pauses = append(pauses, i)
+	}
+	x.resumeAdversarially()
+	base := Spec{Etcd: strings.Join(c.Endpoints(), ","), Lock: "lab:payment:1001", Key: "payment:1001",
+		TTL: time.Second, Wait: 20 * time.Second, Work: 10 * time.Millisecond}
+	victim := base
+	victim.ID, victim.Ops, victim.PauseAt, victim.PausePoint, victim.Think = "w1", ops, pauses, "acquired", 5*time.Millisecond
+	other := base
+	other.Think = 10 * time.Millisecond
+	return x.runWithOthers(victim, other)
 }
 
 // runWithOthers runs the victim beside two workers made from other, which

@@ -3,7 +3,8 @@
 // history to standard output as JSON lines. The lab/cmd/labworker command
 // runs Main; the lab builds that command and starts one process per
 // worker, so that a signal pauses exactly one client. The package is kept
-// small (fence, redislock, go-redis) so that the command builds quickly.
+// small (fence, redislock, go-redis, and etcdlock with etcd's client for
+// scenario 10) so that the command builds quickly.
 package worker
 
 import (
@@ -19,13 +20,17 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,7 +41,10 @@ const Env = "FENCE_LAB_WORKER"
 type Spec struct {
 	ID    string `json:"id"`
 	Redis string `json:"redis"` // host:port
-	Lock  string `json:"lock"`  // lock name
+	// Etcd, if set, is a comma-separated list of etcd client URLs: the
+	// worker takes its leases from etcd (etcdlock) instead of Redis.
+	Etcd string `json:"etcd,omitempty"`
+	Lock string `json:"lock"` // lock name
 	// DB is the path of the lab's SQLite database, or the connection
 	// string of its PostgreSQL database (postgres://…): the worker does its
 	// read-modify-write there itself, as Write says. Without DB it asks
@@ -75,9 +83,23 @@ func Main() int {
 	w := &worker{s: s, out: os.Stdout, http: &http.Client{Timeout: 5 * time.Second}}
 	client := redis.NewClient(&redis.Options{Addr: s.Redis, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 3 * time.Second})
 	defer client.Close()
-	if s.Naive {
+	switch {
+	case s.Etcd != "":
+		ec, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(s.Etcd, ","), DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab worker:", err)
+			return 2
+		}
+		defer ec.Close()
+		l, err := etcdlock.New(ec, nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab worker:", err)
+			return 2
+		}
+		w.locker = l
+	case s.Naive:
 		w.locker = &naiveLocker{c: client}
-	} else {
+	default:
 		var opts *redislock.Options // fence's defaults
 		if s.NoSync || s.Replicas != 0 || s.Acks != 0 {
 			opts = &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: s.NoSync, Replicas: s.Replicas, Acks: s.Acks}}
