@@ -68,3 +68,35 @@ func TestIsOwnerForeignLease(t *testing.T) {
 		t.Fatalf("IsOwner(memlock lease) = %v, want ErrInvalidOption", err)
 	}
 }
+
+// A watchdog lease goes on being renewed after Extend, on its new etcd
+// lease: two lease times later it still holds.
+func TestExtendWatchdogLease(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l := newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: time.Second})
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	if err := lease.Extend(ctxFor(t, 10*time.Second), 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lease.Done():
+		t.Fatalf("watchdog lease ended after Extend: %v", lease.Err())
+	case <-time.After(5 * time.Second):
+	}
+	resp, err := admin.Get(ctxFor(t, 10*time.Second), lease.(*etcdlock.Lease).Key())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("key: %v, %v", resp, err)
+	}
+	if id := clientv3.LeaseID(resp.Kvs[0].Lease); id == old {
+		t.Fatal("the key is still on its old etcd lease")
+	}
+	if !time.Now().Before(lease.Deadline()) {
+		t.Fatalf("deadline %v has passed", lease.Deadline())
+	}
+}
