@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
+	"github.com/fencekit/fence/internal/etcdserver"
 	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/fencekit/fence/internal/zkserver"
 )
@@ -45,6 +46,7 @@ type experiment struct {
 	mu      sync.Mutex
 	servers []*redisserver.Server
 	zk      []*zkserver.Server
+	etcds   []*etcdserver.Cluster
 	workers []*workerProc
 	bg      sync.WaitGroup // fault injectors
 }
@@ -88,6 +90,22 @@ func (x *experiment) zookeeper() (*zkserver.Server, error) {
 	x.zk = append(x.zk, s)
 	x.mu.Unlock()
 	return s, nil
+}
+
+// etcd starts a standalone etcd server for this run.
+func (x *experiment) etcd() (*etcdserver.Cluster, error) {
+	dir, err := os.MkdirTemp(x.dir, "etcd")
+	if err != nil {
+		return nil, err
+	}
+	c, err := etcdserver.Start(dir)
+	if err != nil {
+		return nil, err
+	}
+	x.mu.Lock()
+	x.etcds = append(x.etcds, c)
+	x.mu.Unlock()
+	return c, nil
 }
 
 // spawn starts a worker process with spec; its history lines go to x.hist.
@@ -316,5 +334,8 @@ func (x *experiment) cleanup() {
 	}
 	for _, s := range x.zk {
 		s.Kill()
+	}
+	for _, c := range x.etcds {
+		c.Close()
 	}
 }

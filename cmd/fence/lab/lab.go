@@ -89,6 +89,7 @@ var scenarios = []scenario{
 	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
 	{6, "token source loss", "P2", tokenSourceLoss, nil},
 	{7, "Sentinel failover", "P1", sentinelFailover, nil},
+	{10, "etcd lease expiry", "P1", etcdLeaseExpiry, nil},
 	{11, "ZooKeeper session expiry", "P1", zkSessionExpiry, nil},
 }
 

@@ -126,3 +126,25 @@ func TestGuardSurvivesTheDoubleWriteInterleaving(t *testing.T) {
 		}
 	}
 }
+
+// Scenario 10, Jepsen's etcd finding: with the lock from etcd alone the
+// paused holder's late write is accepted (P1); with the lock key's
+// revision passed to guard it is rejected.
+func TestEtcdLeaseExpiry(t *testing.T) {
+	rs := runLab(t, Config{}, 10)
+	for _, r := range rs {
+		if !r.Pass {
+			t.Errorf("row failed: %s", r.line())
+		}
+		switch r.Config {
+		case "control":
+			if r.Verdict.P1 == 0 {
+				t.Errorf("control showed no stale accept: %s", r.line())
+			}
+		case "protected":
+			if r.Verdict.Rejected == 0 {
+				t.Errorf("protected rejected no stale write: %s", r.line())
+			}
+		}
+	}
+}

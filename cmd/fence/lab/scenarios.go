@@ -2,6 +2,7 @@ package lab
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 
@@ -58,6 +59,20 @@ func pausedHolder(point string) func(*experiment) error {
 	}
 }
 
+// etcdLeaseExpiry is scenario 10, Jepsen's etcd 3.4.3 finding: a holder of
+// an etcd lock is paused (SIGSTOP) past its lease, etcd expires the lease,
+// another worker takes the lock and writes, and the first comes back and
+// writes too (see pausedPastLease). etcd rounds lease times up to whole
+// seconds and its minimum (2 s here), so the victim's pause lasts about
+// that long.
+func etcdLeaseExpiry(x *experiment) error {
+	c, err := x.etcd()
+	if err != nil {
+		return err
+	}
+	return x.pausedPastLease(Spec{Etcd: strings.Join(c.Endpoints(), ","), TTL: time.Second})
+}
+
 // zkSessionExpiry is scenario 11: pausedHolder on ZooKeeper. Three
 // workers take turns on one zklock lock (session timeout 1 s, the
 // shortest the lab's servers grant); one stops itself (SIGSTOP) every
@@ -68,19 +83,30 @@ func pausedHolder(point string) func(*experiment) error {
 // with writes that ignore tokens; protected is guard, which rejects the
 // late write by its zxid.
 func zkSessionExpiry(x *experiment) error {
-	x.fenceControl = true
 	srv, err := x.zookeeper()
 	if err != nil {
 		return err
 	}
+	return x.pausedPastLease(Spec{ZooKeeper: srv.Addr, SessionTimeout: time.Second, TTL: 500 * time.Millisecond})
+}
+
+// pausedPastLease is scenarios 10 and 11, scenario 1 on a consensus
+// lock (base says which): three workers take turns on one lock; one stops
+// itself every third lease once it holds the lock, past its lease, and is
+// continued at a seeded random point of the new holder's lease. Both rows
+// take the lock from the consensus service: the control writes without a
+// token, as a lock alone would; the protected row passes the service's
+// token (the key's revision, the node's zxid) to guard, which rejects the
+// stale write.
+func (x *experiment) pausedPastLease(base Spec) error {
+	x.fenceControl = true
 	ops := x.scale(9, 60)
 	var pauses []int
 	for i := 3; i <= ops; i += 3 {
 		pauses = append(pauses, i)
 	}
 	x.resumeAdversarially()
-	base := Spec{ZooKeeper: srv.Addr, SessionTimeout: time.Second, Lock: "lab:payment:1001", Key: "payment:1001",
-		TTL: 500 * time.Millisecond, Wait: 20 * time.Second, Work: 10 * time.Millisecond}
+	base.Lock, base.Key, base.Wait, base.Work = "lab:payment:1001", "payment:1001", 20*time.Second, 10*time.Millisecond
 	victim := base
 	victim.ID, victim.Ops, victim.PauseAt, victim.PausePoint, victim.Think = "w1", ops, pauses, "acquired", 5*time.Millisecond
 	other := base

@@ -24,7 +24,9 @@ type backend interface {
 }
 
 // otherBackends returns a fresh set of the backends besides Redis.
-func otherBackends() []backend { return []backend{&redlockBackend{}, &zookeeperBackend{}} }
+func otherBackends() []backend {
+	return []backend{&redlockBackend{}, &zookeeperBackend{}, &etcdBackend{}}
+}
 
 // lockerFlags are the flags of commands that take a lock: Redis's, and
 // those of every other backend.
@@ -42,24 +44,30 @@ func (f *lockerFlags) register(cmd *cobra.Command) {
 }
 
 // locker connects to the chosen backend, Redis unless another backend's
-// flag was given; giving two is a usage error.
+// flag was given; giving two, or another backend's flag together with a
+// Redis URL flag on the command line, is a usage error.
 func (f *lockerFlags) locker(cmd *cobra.Command) (fence.Locker, func(), error) {
+	var names []string
 	var chosen []backend
 	for _, b := range f.others {
 		if b.chosen() {
 			chosen = append(chosen, b)
-		}
-	}
-	switch len(chosen) {
-	case 0:
-		return f.redis.locker(cmd)
-	case 1:
-		return chosen[0].locker(cmd)
-	default:
-		var names []string
-		for _, b := range chosen {
 			names = append(names, "--"+b.flag())
 		}
+	}
+	if len(chosen) > 0 {
+		for _, r := range []string{"redis", "redis-sentinel", "redis-cluster"} {
+			if cmd.Flags().Changed(r) {
+				names = append(names, "--"+r)
+			}
+		}
+	}
+	switch {
+	case len(chosen) == 0:
+		return f.redis.locker(cmd)
+	case len(names) == 1:
+		return chosen[0].locker(cmd)
+	default:
 		return nil, nil, exitWith(ExitUsage, errors.New("give one lock service, not "+strings.Join(names, " and ")))
 	}
 }

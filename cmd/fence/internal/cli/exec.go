@@ -33,11 +33,6 @@ It waits up to --wait for the lock (default 0: try once). Without --ttl the leas
 --watchdog-ttl (default 30s) and a watchdog renews it every third of that until the command
 exits; with --ttl the lease is not renewed and ends after that time.
 
-With --zookeeper HOST:PORT[,HOST:PORT...] (or FENCE_ZOOKEEPER_SERVERS) the lock comes from
-ZooKeeper instead of Redis: the token is the lock node's creation zxid, and a lease without
---ttl lasts as long as the session (--zookeeper-session-timeout, default 10s, after the last
-contact); --ttl ends it sooner by deleting the node.
-
 The command gets FENCE_TOKEN (the fencing token of this acquisition) and FENCE_LOCK (the lock
 name) in its environment. Pass FENCE_TOKEN with every write the command makes, and have the
 resource reject tokens lower than one it has already accepted: a lease can be lost while the
@@ -62,13 +57,20 @@ nothing: after --watchdog-ttl the lease is lost, and on resuming the command is 
 On Linux the command is killed when exec dies, even by SIGKILL; what it left in the
 background then runs on.
 
-With --redlock URL,URL,URL (or FENCE_REDLOCK_URLS) the lock is taken with Redlock on a
-majority of independent Redis masters instead of on one Redis; see the README for when that
-is worth it. Each lease still carries its fencing token.
+Instead of one Redis, the lock can come from:
+  --redlock URL,URL,URL (or FENCE_REDLOCK_URLS): Redlock on a majority of independent Redis
+      masters; see the README for when that is worth it.
+  --etcd URL[,URL...] (or FENCE_ETCD_ENDPOINTS): an etcd cluster; the token is the lock
+      key's create revision.
+  --zookeeper HOST:PORT[,HOST:PORT...] (or FENCE_ZOOKEEPER_SERVERS): ZooKeeper; the token is
+      the lock node's creation zxid, and a lease without --ttl lasts as long as the session
+      (--zookeeper-session-timeout, default 10s, after the last contact); --ttl ends it
+      sooner by deleting the node.
 
 The command does not inherit FENCE_REDIS_URL, FENCE_REDIS_SENTINEL_URL,
-FENCE_REDIS_CLUSTER_URL, FENCE_REDLOCK_URLS or other FENCE_ variables named like URLs, DSNs or passwords; a
-fence inside it needs its own. Passwords are shown masked, in help and in errors.
+FENCE_REDIS_CLUSTER_URL, FENCE_REDLOCK_URLS, FENCE_ETCD_ENDPOINTS or other FENCE_ variables
+named like URLs, DSNs or passwords; a fence inside it needs its own. Passwords are shown
+masked, in help and in errors.
 
 --acks and --replicas choose how many replicas must confirm an acquisition or renewal with
 WAIT within 1s: --acks a number, majority (of the expected replicas) or all; --replicas the number the
@@ -80,7 +82,8 @@ while the command ran; 127 if the command could not be started; 130 if exec was 
 while waiting for the lock; 2 on a usage or connection error, or a bad flag value (a --ttl
 below the library's minimum lease time included).`,
 		Example: `  fence exec --wait 2s --ttl 10s lock:payment:1001 -- ./approve-payment 1001
-  FENCE_REDIS_URL=redis://:secret@redis:6379 fence exec nightly-report -- sh -c 'make-report --token "$FENCE_TOKEN"'`,
+  FENCE_REDIS_URL=redis://:secret@redis:6379 fence exec nightly-report -- sh -c 'make-report --token "$FENCE_TOKEN"'
+  fence exec --etcd http://127.0.0.1:2379 --wait 5s leader:billing -- ./billing-leader`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
 				return exitWith(ExitUsage, errors.New("usage: fence exec [flags] NAME -- COMMAND [ARG...]"))

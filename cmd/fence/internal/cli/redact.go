@@ -135,13 +135,14 @@ func scrub(msg string, args []string) string {
 	}
 	sources = append(sources, urlArgs(args)...)
 	for _, src := range sources {
-		// A list (--redlock) has secrets in each URL; the whole is
-		// scrubbed too, erring on the side of masking too much.
+		// --redlock and --etcd take comma-separated lists of URLs: each one's secrets too.
+		var secrets []string
 		for _, part := range append([]string{src}, strings.Split(src, ",")...) {
-			for _, secret := range urlSecrets(part) {
-				if len(secret) >= minScrub {
-					msg = strings.ReplaceAll(msg, secret, mask)
-				}
+			secrets = append(secrets, urlSecrets(part)...)
+		}
+		for _, secret := range secrets {
+			if len(secret) >= minScrub {
+				msg = strings.ReplaceAll(msg, secret, mask)
 			}
 		}
 	}
@@ -156,7 +157,7 @@ func urlArgs(args []string) []string {
 		if a == "--" {
 			break
 		}
-		for _, f := range []string{"--redis", "--redis-sentinel", "--redis-cluster", "--redlock"} {
+		for _, f := range []string{"--redis", "--redis-sentinel", "--redis-cluster", "--redlock", "--etcd"} {
 			switch {
 			case a == f && i+1 < len(args):
 				out = append(out, args[i+1])
@@ -169,13 +170,14 @@ func urlArgs(args []string) []string {
 }
 
 // credentialVar reports whether an environment variable may carry fence's
-// credentials: FENCE_REDIS_* and any FENCE_ variable named like a URL, DSN,
-// password or secret. These are not passed to the command fence exec runs.
+// credentials: FENCE_REDIS_*, FENCE_ETCD_* (endpoints may carry
+// user:password@) and any FENCE_ variable named like a URL, DSN, password
+// or secret. These are not passed to the command fence exec runs.
 func credentialVar(k string) bool {
 	if !strings.HasPrefix(k, "FENCE_") {
 		return false
 	}
-	if strings.HasPrefix(k, "FENCE_REDIS_") {
+	if strings.HasPrefix(k, "FENCE_REDIS_") || strings.HasPrefix(k, "FENCE_ETCD_") {
 		return true
 	}
 	for _, w := range []string{"URL", "DSN", "PASS", "SECRET", "CREDENTIAL"} {

@@ -72,6 +72,9 @@ type Spec struct {
 	// instead of Redis's.
 	ZooKeeper      string        `json:"zookeeper,omitempty"`
 	SessionTimeout time.Duration `json:"session_timeout,omitempty"`
+	// Etcd, if set, is a comma-separated list of etcd client URLs: the
+	// worker takes its leases from etcd (etcdlock) instead of Redis.
+	Etcd string `json:"etcd,omitempty"`
 }
 
 // Main runs a worker from the Spec in Env, writing its history as JSON
@@ -102,6 +105,14 @@ func Main() int {
 			return 2
 		}
 		defer closeZK()
+		w.locker = l
+	case s.Etcd != "":
+		l, closeEtcd, err := etcdLocker(s)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab worker:", err)
+			return 2
+		}
+		defer closeEtcd()
 		w.locker = l
 	default:
 		var opts *redislock.Options // fence's defaults

@@ -1,0 +1,48 @@
+package etcdlock_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/fencetest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+const watchdogTTL = 500 * time.Millisecond
+
+func TestConformance(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	fencetest.Run(t, fencetest.Config{
+		New: func(t testing.TB) fence.Locker {
+			return newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: watchdogTTL})
+		},
+		Remove: func(t testing.TB, name string) {
+			removeHolder(t, admin, name)
+		},
+		WatchdogTTL: watchdogTTL,
+	})
+}
+
+// removeHolder deletes the holder's key of the lock called name (the
+// oldest under its prefix), as an operator would with etcdctl del.
+func removeHolder(t testing.TB, c *clientv3.Client, name string) {
+	t.Helper()
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t, 10*time.Second)
+	resp, err := c.Get(ctx, l.Prefix(name), clientv3.WithFirstCreate()...)
+	if err != nil {
+		t.Fatalf("remove %q: %v", name, err)
+	}
+	if len(resp.Kvs) == 0 {
+		t.Fatalf("remove %q: no holder", name)
+	}
+	if _, err := c.Delete(ctx, string(resp.Kvs[0].Key)); err != nil {
+		t.Fatalf("remove %q: %v", name, err)
+	}
+}

@@ -1,0 +1,385 @@
+package etcdlock
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencekit/fence"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Defaults of Options.
+const (
+	DefaultPrefix      = "fence/"
+	DefaultWatchdogTTL = 30 * time.Second
+)
+
+// cleanupTimeout bounds the revoke that gives up an etcd lease when Acquire
+// fails, when a lease is lost, or when Extend moves the lock to a new etcd
+// lease. A revoke that does not get through in time is abandoned: the etcd
+// lease then expires on the server after its TTL.
+const cleanupTimeout = 500 * time.Millisecond
+
+// retryInterval paces renewals that failed for a reason other than the
+// etcd lease being gone, until the local deadline.
+const retryInterval = 100 * time.Millisecond
+
+// Options configure a Locker. A nil *Options means the defaults.
+type Options struct {
+	// Prefix is prepended to every key; default DefaultPrefix.
+	Prefix string
+	// WatchdogTTL is the lease time of leases acquired without fence.TTL;
+	// the watchdog renews them every third of it. Zero means
+	// DefaultWatchdogTTL. etcd counts lease times in whole seconds and
+	// raises short ones to its minimum (1.5 × the election timeout, 1.5 s
+	// by default), so the lock may outlive a crashed holder by up to that;
+	// the lease's Deadline is measured from WatchdogTTL itself.
+	WatchdogTTL time.Duration
+
+	_ struct{}
+}
+
+// Locker is a fence.Locker on etcd, through the caller's client. It is safe
+// for concurrent use.
+type Locker struct {
+	client      *clientv3.Client
+	prefix      string
+	watchdogTTL time.Duration
+}
+
+var _ fence.Locker = (*Locker)(nil)
+
+// New returns a Locker that uses client, which the caller keeps and closes
+// after the Locker's last lease has ended. o may be nil. It returns an
+// error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
+// shorter than fence.MinTTL.
+func New(client *clientv3.Client, o *Options) (*Locker, error) {
+	if client == nil {
+		return nil, fmt.Errorf("etcdlock: %w: nil client", fence.ErrInvalidOption)
+	}
+	l := &Locker{client: client, prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
+	if o != nil {
+		l.prefix = cmp.Or(o.Prefix, DefaultPrefix)
+		if o.WatchdogTTL != 0 {
+			if err := fence.ValidateTTL(o.WatchdogTTL); err != nil {
+				return nil, fmt.Errorf("etcdlock: watchdog TTL: %w", err)
+			}
+			l.watchdogTTL = o.WatchdogTTL
+		}
+	}
+	return l, nil
+}
+
+// escaper makes a lock name one path element: lock "a" and lock "a/b" must
+// not share a key prefix.
+var escaper = strings.NewReplacer("%", "%25", "/", "%2F")
+
+// Prefix returns the key prefix under which the keys of the lock called
+// name live, one per holder or waiter: Prefix(name) + the etcd lease ID in
+// hexadecimal.
+func (l *Locker) Prefix(name string) string {
+	return l.prefix + escaper.Replace(name) + "/"
+}
+
+// seconds is ttl in etcd's whole seconds, rounded up.
+func seconds(ttl time.Duration) int64 {
+	return int64((ttl + time.Second - 1) / time.Second)
+}
+
+// deadline is when a lease of ttl requested at sent is known to be held:
+// etcd counts from later than sent, never earlier, for at least ttl, and
+// the two clocks may run at slightly different rates (1% plus 2 ms, as
+// redislock allows).
+func deadline(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - ttl/100 - 2*time.Millisecond)
+}
+
+// Acquire takes the lock called name; see fence.Locker and the package
+// documentation. A nil ctx panics.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if ctx == nil {
+		panic("etcdlock: Acquire with a nil context")
+	}
+	if err := fence.ValidateName(name); err != nil {
+		return nil, err
+	}
+	o, err := fence.Apply(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fence.NotAcquired(name, err)
+	}
+	ttl, watchdog := o.TTL, false
+	if ttl == 0 {
+		ttl, watchdog = l.watchdogTTL, true
+	}
+	var budget time.Time
+	if o.Wait > 0 {
+		budget = time.Now().Add(o.Wait)
+	}
+
+	per := attemptTimeout(ttl)
+	sent := time.Now()
+	var g *clientv3.LeaseGrantResponse
+	err = try(ctx, per, func(ctx context.Context) (err error) {
+		g, err = l.client.Grant(ctx, seconds(ttl))
+		return err
+	})
+	if err != nil {
+		return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: grant: %w", err))
+	}
+	pfx := l.Prefix(name)
+	key := pfx + strconv.FormatInt(int64(g.ID), 16)
+	// Create the key unless an attempt that timed out did, and read the
+	// oldest key: a retry finds the key made by the first attempt.
+	var resp *clientv3.TxnResponse
+	err = try(ctx, per, func(ctx context.Context) (err error) {
+		resp, err = l.client.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+		).Then(
+			clientv3.OpPut(key, "", clientv3.WithLease(g.ID)),
+			clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
+		).Else(
+			clientv3.OpGet(key),
+			clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
+		).Commit()
+		return err
+	})
+	if err != nil {
+		l.revoke(ctx, g.ID)
+		return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: create %s: %w", key, err))
+	}
+	rev := resp.Header.Revision
+	if !resp.Succeeded {
+		mine := resp.Responses[0].GetResponseRange().Kvs
+		if len(mine) == 0 {
+			l.revoke(ctx, g.ID)
+			return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: create %s: %w", key, errors.New("the key vanished")))
+		}
+		rev = mine[0].CreateRevision
+	}
+	owner := resp.Responses[1].GetResponseRange().Kvs
+	if len(owner) == 0 || owner[0].CreateRevision != rev {
+		if o.Wait == 0 {
+			l.revoke(ctx, g.ID)
+			return nil, fence.NotAcquired(name, fence.ErrHeld)
+		}
+		w := waiter{l: l, name: name, pfx: pfx, key: key, rev: rev, id: g.ID, ttl: ttl}
+		if sent, err = w.wait(ctx, budget); err != nil {
+			l.revoke(ctx, g.ID)
+			return nil, fence.NotAcquired(name, err)
+		}
+	}
+	return l.newLease(ctx, name, key, rev, g.ID, ttl, watchdog, sent), nil
+}
+
+// attemptTimeout bounds one attempt of a call that try retries: a sixth of
+// the lease time, at least half a second.
+func attemptTimeout(ttl time.Duration) time.Duration { return max(ttl/6, 500*time.Millisecond) }
+
+// try runs call with a timeout of per on each attempt, and again while ctx
+// lasts if an attempt timed out. A member that hangs (paused, or cut off)
+// keeps its connection open, and a call sent to it waits for ever;
+// clientv3's round-robin balancer sends the next attempt to another member.
+func try(ctx context.Context, per time.Duration, call func(context.Context) error) error {
+	for {
+		actx, cancel := context.WithTimeout(ctx, per)
+		err := call(actx)
+		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
+		cancel()
+		if err == nil || ctx.Err() != nil || !timedOut {
+			return err
+		}
+	}
+}
+
+// revoke gives up the etcd lease id and with it the keys attached to it,
+// within cleanupTimeout even if ctx is done.
+func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, _ = l.client.Revoke(ctx, id)
+}
+
+// waiter is an Acquire waiting in line: its key exists, and keys created
+// before it do too.
+type waiter struct {
+	l    *Locker
+	name string
+	pfx  string
+	key  string // the waiter's own key, created at rev
+	rev  int64
+	id   clientv3.LeaseID
+	ttl  time.Duration
+}
+
+// errLostWhileWaiting is why a waiter whose own key vanished gives up.
+func (w *waiter) lost(why string) error {
+	return fmt.Errorf("%w: %q: the waiter's key %s %s", fence.ErrLeaseLost, w.name, w.key, why)
+}
+
+// wait waits until the waiter's key is the oldest under its prefix, the
+// budget (zero: none) runs out, ctx ends, or the waiter's own key goes. It
+// watches only the key created just before its own, so a release wakes
+// only the next in line. It keeps the waiter's etcd lease alive meanwhile,
+// and on success renews it once more and returns when that renewal was
+// sent, from which the lease's deadline is measured.
+func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	if !budget.IsZero() {
+		wctx, cancel = context.WithDeadline(ctx, budget)
+	}
+	defer cancel()
+	why := func(err error) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if wctx.Err() != nil {
+			return fence.ErrHeld
+		}
+		return err
+	}
+	c := w.l.client
+	own, stopOwn := watchAsync(wctx, c, w.key, clientv3.WithRev(w.rev+1), clientv3.WithFilterPut())
+	defer stopOwn()
+	renew := time.NewTimer(w.ttl / 3)
+	defer renew.Stop()
+	for {
+		// Check that our key is still there and find the one before it,
+		// in one round trip.
+		var resp *clientv3.TxnResponse
+		err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) (err error) {
+			resp, err = c.Txn(ctx).If(
+				clientv3.Compare(clientv3.CreateRevision(w.key), "=", w.rev),
+			).Then(
+				clientv3.OpGet(w.pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))...),
+			).Commit()
+			return err
+		})
+		if err != nil {
+			return time.Time{}, why(fmt.Errorf("etcdlock: wait: %w", err))
+		}
+		if !resp.Succeeded {
+			return time.Time{}, w.lost("is gone (its etcd lease expired or was revoked)")
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			sent := time.Now()
+			err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) error {
+				_, err := c.KeepAliveOnce(ctx, w.id)
+				return err
+			})
+			if err != nil {
+				if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+					return time.Time{}, w.lost("has no etcd lease any more")
+				}
+				return time.Time{}, why(fmt.Errorf("etcdlock: renew: %w", err))
+			}
+			return sent, nil
+		}
+		prev, stopPrev := watchAsync(wctx, c, string(kvs[0].Key), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
+		err = w.waitDelete(wctx, prev, own, renew)
+		stopPrev()
+		if err != nil {
+			return time.Time{}, why(err)
+		}
+	}
+}
+
+// watchAsync calls c.Watch in a goroutine and passes its responses on:
+// Watch itself blocks until a member confirms the watch, and a member that
+// hangs never does, which must not stop the waiter from renewing its etcd
+// lease and checking again. stop ends the watch and waits for the
+// goroutine.
+func watchAsync(ctx context.Context, c *clientv3.Client, key string, opts ...clientv3.OpOption) (_ <-chan clientv3.WatchResponse, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan clientv3.WatchResponse)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(out)
+		for wr := range c.Watch(ctx, key, opts...) {
+			select {
+			case out <- wr:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, func() { cancel(); <-done }
+}
+
+// waitDelete waits for a delete on prev, keeping the waiter's etcd lease
+// alive, and fails if the waiter's own key is deleted. It also returns,
+// for a check, after each renewal of the waiter's etcd lease (every third
+// of its TTL).
+func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.WatchResponse, renew *time.Timer) error {
+	for {
+		select {
+		case <-wctx.Done():
+			return wctx.Err()
+		case wr, ok := <-prev:
+			if wctx.Err() != nil {
+				return wctx.Err()
+			}
+			if !ok || wr.Err() != nil {
+				return fmt.Errorf("etcdlock: wait: watch of the previous key ended: %v", wr.Err())
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return nil
+				}
+			}
+		case wr, ok := <-own:
+			if wctx.Err() != nil {
+				return wctx.Err()
+			}
+			if !ok || wr.Err() != nil {
+				return fmt.Errorf("etcdlock: wait: watch of the waiter's key ended: %v", wr.Err())
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return w.lost("was deleted")
+				}
+			}
+		case <-renew.C:
+			rctx, cancel := context.WithTimeout(wctx, attemptTimeout(w.ttl))
+			_, err := w.l.client.KeepAliveOnce(rctx, w.id)
+			cancel()
+			switch {
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				return w.lost("has no etcd lease any more")
+			case err != nil:
+				renew.Reset(retryInterval)
+			default:
+				// Check again, in case a watch sits on a member that
+				// hangs and would never deliver the delete.
+				renew.Reset(w.ttl / 3)
+				return nil
+			}
+		}
+	}
+}
+
+// IsOwner returns a comparison for a Txn on lease's etcd cluster that
+// holds only while lease's key still exists as created at lease.Token(),
+// that is while the lease still owns its lock: etcd's Mutex.IsOwner idea. A
+// Txn guarded by it cannot write for a holder whose lock has expired,
+// been released or been deleted, however late the Txn arrives. It returns
+// an error matching fence.ErrInvalidOption if lease is not from an
+// etcdlock Locker.
+func IsOwner(lease fence.Lease) (clientv3.Cmp, error) {
+	ls, ok := lease.(*Lease)
+	if !ok {
+		return clientv3.Cmp{}, fmt.Errorf("etcdlock: %w: %T is not an etcdlock lease", fence.ErrInvalidOption, lease)
+	}
+	return clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)), nil
+}

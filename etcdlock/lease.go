@@ -1,0 +1,383 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fence"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Lease is a lock held through etcd: a fence.Lease whose token is its key's
+// create revision. Its methods are safe for concurrent use.
+type Lease struct {
+	l        *Locker
+	name     string
+	key      string
+	token    fence.Token
+	watchdog bool
+
+	ctx    context.Context // cancelled with err as cause when the lease ends
+	cancel context.CancelCauseFunc
+
+	// op serialises the calls that use or replace the etcd lease:
+	// renewals, Extend and Release.
+	op       sync.Mutex
+	stopRun  context.CancelFunc // stops run; set while run runs
+	runDone  chan struct{}      // closed when run returns
+	released bool               // Release reached a conclusion
+	relErr   error              // its result
+
+	mu       sync.Mutex
+	id       clientv3.LeaseID // the etcd lease the key is attached to
+	ttl      time.Duration
+	deadline time.Time
+	err      error         // why the lease ended; nil while held
+	moved    chan struct{} // tells run that Extend moved the deadline
+}
+
+var _ fence.Lease = (*Lease)(nil)
+
+func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, id clientv3.LeaseID, ttl time.Duration, watchdog bool, sent time.Time) *Lease {
+	ls := &Lease{
+		l: l, name: name, key: key, token: fence.Token(rev), watchdog: watchdog,
+		id: id, ttl: ttl, deadline: deadline(sent, ttl), moved: make(chan struct{}, 1),
+	}
+	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	ls.startRun()
+	return ls
+}
+
+// Name returns the lock name.
+func (ls *Lease) Name() string { return ls.name }
+
+// Token returns the create revision of the lease's key.
+func (ls *Lease) Token() fence.Token { return ls.token }
+
+// Key returns the lease's key in etcd.
+func (ls *Lease) Key() string { return ls.key }
+
+// Done is closed when the lease has ended.
+func (ls *Lease) Done() <-chan struct{} { return ls.ctx.Done() }
+
+// Context is cancelled with Err as its cause when the lease ends.
+func (ls *Lease) Context() context.Context { return ls.ctx }
+
+// Deadline returns the local time before which the lease is known to be held.
+func (ls *Lease) Deadline() time.Time { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
+
+// Err returns nil while the lease is held, and afterwards why it ended.
+func (ls *Lease) Err() error { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
+
+// String describes the lease for logs.
+func (ls *Lease) String() string { return fmt.Sprintf("etcdlock lease %q token %d", ls.name, ls.token) }
+
+// end records why the lease ended and cancels its context; the first call
+// wins. It reports whether this call ended it.
+func (ls *Lease) end(why error) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return false
+	}
+	ls.err = why
+	ls.cancel(why)
+	return true
+}
+
+func (ls *Lease) lostf(format string, args ...any) error {
+	return fmt.Errorf("%w: %q: "+format, append([]any{fence.ErrLeaseLost, ls.name}, args...)...)
+}
+
+// startRun starts the goroutine that watches the key, keeps a watchdog
+// lease renewed and ends the lease at its deadline.
+func (ls *Lease) startRun() {
+	ctx, cancel := context.WithCancel(ls.ctx)
+	ls.stopRun, ls.runDone = cancel, make(chan struct{})
+	go ls.run(ctx, ls.runDone)
+}
+
+// stop stops run and waits for it. The caller holds ls.op.
+func (ls *Lease) stop() {
+	if ls.stopRun != nil {
+		ls.stopRun()
+		<-ls.runDone
+		ls.stopRun = nil
+	}
+}
+
+// run ends the lease when its key is deleted (released by nobody else: the
+// etcd lease expired or was revoked, or an operator deleted it) or when its
+// deadline passes, and renews a watchdog lease every third of its TTL. A
+// lost lease's etcd lease is revoked, so that the next in line need not
+// wait for it to expire.
+func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
+	// The watch runs in a goroutine of its own: clientv3's Watch blocks
+	// until it reaches a server, and the deadline must not wait for that.
+	wctx, stopWatch := context.WithCancel(ctx)
+	deleted := make(chan error, 1)
+	watched := make(chan struct{})
+	go func() { defer close(watched); ls.watchKey(wctx, deleted) }()
+	defer func() { stopWatch(); <-watched }()
+
+	expiry := time.NewTimer(time.Until(ls.Deadline()))
+	defer expiry.Stop()
+	renew := time.NewTimer(ls.renewInterval())
+	defer renew.Stop()
+	if !ls.watchdog {
+		renew.Stop()
+	}
+	lose := func(why error) {
+		if ls.end(why) {
+			ls.l.revoke(ls.ctx, ls.etcdLease())
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ls.moved:
+			expiry.Reset(time.Until(ls.Deadline()))
+			if ls.watchdog {
+				renew.Reset(ls.renewInterval())
+			}
+		case <-expiry.C:
+			if d := ls.Deadline(); time.Now().Before(d) {
+				expiry.Reset(time.Until(d))
+				continue
+			}
+			if ls.watchdog {
+				lose(ls.lostf("not renewed before its deadline"))
+			} else {
+				lose(ls.lostf("expired"))
+			}
+			return
+		case why := <-deleted:
+			lose(why)
+			return
+		case <-renew.C:
+			if err := ls.renew(ctx); err != nil {
+				if errors.Is(err, fence.ErrLeaseLost) {
+					lose(err)
+					return
+				}
+				renew.Reset(retryInterval)
+				continue
+			}
+			expiry.Reset(time.Until(ls.Deadline()))
+			renew.Reset(ls.renewInterval())
+		}
+	}
+}
+
+// watchKey watches the lease's key from its creation until ctx ends, and
+// sends why on deleted when the key is deleted. If the watch fails
+// (compacted past, cancelled by the server), it reads the key and watches
+// again from there.
+func (ls *Lease) watchKey(ctx context.Context, deleted chan<- error) {
+	c := ls.l.client
+	rev := int64(ls.token) + 1
+	for {
+		wctx, cancel := context.WithCancel(ctx)
+		for wr := range c.Watch(wctx, ls.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+			if wr.Err() != nil {
+				break
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					cancel()
+					deleted <- ls.lostf("its key %s was deleted at revision %d", ls.key, ev.Kv.ModRevision)
+					return
+				}
+			}
+		}
+		cancel()
+		for {
+			if ctx.Err() != nil {
+				return
+			}
+			resp, err := c.Get(ctx, ls.key)
+			if err == nil {
+				if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token) {
+					deleted <- ls.lostf("its key %s is gone", ls.key)
+					return
+				}
+				rev = resp.Header.Revision + 1
+				break
+			}
+			retry := time.NewTimer(retryInterval)
+			select {
+			case <-ctx.Done():
+			case <-retry.C:
+			}
+			retry.Stop()
+		}
+	}
+}
+
+// etcdLease returns the etcd lease the key is attached to.
+func (ls *Lease) etcdLease() clientv3.LeaseID {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.id
+}
+
+// ttlNow returns the lease time of the etcd lease the key is on.
+func (ls *Lease) ttlNow() time.Duration {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.ttl
+}
+
+func (ls *Lease) renewInterval() time.Duration {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.ttl / 3
+}
+
+// renew keeps the etcd lease alive once and moves the deadline. An error
+// matching fence.ErrLeaseLost means the etcd lease is gone. It does not
+// take ls.op, which Release holds while it stops run: an Extend that moved
+// the key to a new etcd lease meanwhile is told apart by the lease ID.
+func (ls *Lease) renew(ctx context.Context) error {
+	ls.mu.Lock()
+	id, ttl, dl := ls.id, ls.ttl, ls.deadline
+	ls.mu.Unlock()
+	// Each attempt gets a sixth of the TTL at most: a member that hangs
+	// (paused, or cut off) keeps its connection open, and clientv3's
+	// round-robin balancer sends the next attempt to another member.
+	rctx, cancel := context.WithDeadline(ctx, dl)
+	defer cancel()
+	rctx, cancel2 := context.WithTimeout(rctx, max(ttl/6, retryInterval))
+	defer cancel2()
+	sent := time.Now()
+	_, err := ls.l.client.KeepAliveOnce(rctx, id)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	switch {
+	case ls.id != id:
+		return nil // Extend replaced the etcd lease and set the deadline
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return ls.lostf("its etcd lease %x is gone", int64(id))
+	case err != nil:
+		return err
+	}
+	ls.deadline = deadline(sent, ttl)
+	return nil
+}
+
+// Extend makes the lease last ttl from now; see fence.Lease. etcd cannot
+// change a lease's TTL, so Extend grants a new etcd lease of ttl, moves the
+// key to it in a Txn that holds only while the key is this lease's (its
+// create revision, the token, does not change), and revokes the old one. A
+// watchdog lease is then renewed every third of ttl. After Release, Extend
+// returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
+func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if err := fence.ValidateTTL(ttl); err != nil {
+		return err
+	}
+	ls.op.Lock()
+	defer ls.op.Unlock()
+	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
+	if err := ls.Err(); err != nil {
+		if err == fence.ErrReleased {
+			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
+		}
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
+	}
+	c := ls.l.client
+	sent := time.Now()
+	g, err := c.Grant(ctx, seconds(ttl))
+	if err != nil {
+		return fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err)
+	}
+	resp, err := c.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
+	).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(g.ID))).Commit()
+	if err != nil {
+		ls.l.revoke(ctx, g.ID)
+		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
+	}
+	if !resp.Succeeded {
+		ls.l.revoke(ctx, g.ID)
+		if ls.end(ls.lostf("its key %s is gone", ls.key)) {
+			ls.l.revoke(ctx, ls.etcdLease())
+		}
+		return ls.Err()
+	}
+	ls.mu.Lock()
+	old := ls.id
+	ls.id, ls.ttl, ls.deadline = g.ID, ttl, deadline(sent, ttl)
+	ls.mu.Unlock()
+	select {
+	case ls.moved <- struct{}{}:
+	default:
+	}
+	ls.l.revoke(ctx, old) // it holds no key now
+	return nil
+}
+
+// Release deletes the lease's key if it is still the one created at the
+// token, revokes its etcd lease and ends the lease; see fence.Lease. It
+// never deletes another key: a lease whose key is gone gets an error
+// matching fence.ErrLeaseLost and deletes nothing.
+func (ls *Lease) Release(ctx context.Context) error {
+	ls.op.Lock()
+	defer ls.op.Unlock()
+	if ls.released {
+		return ls.relErr
+	}
+	// Stop run first, or it would take the delete below for a loss.
+	ls.stop()
+	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
+	if err := ls.Err(); err != nil {
+		ls.released, ls.relErr = true, err
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		ls.startRun()
+		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
+	}
+	var resp *clientv3.TxnResponse
+	attempts := 0
+	err := try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
+		attempts++
+		resp, err = ls.l.client.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
+		).Then(clientv3.OpDelete(ls.key)).Commit()
+		return err
+	})
+	if err != nil {
+		ls.startRun() // still held: watch and renew it again
+		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
+	}
+	why := error(fence.ErrReleased)
+	switch {
+	case !resp.Succeeded && attempts == 1:
+		why = ls.lostf("its key %s was already gone", ls.key)
+	case !resp.Succeeded:
+		// An attempt that timed out may have deleted it: which, nobody
+		// can tell, and a release that cannot vouch for the lease says so.
+		why = ls.lostf("its key %s was gone (deleted by an attempt of this Release that timed out, or before it)", ls.key)
+	}
+	ls.end(why)
+	ls.l.revoke(ctx, ls.etcdLease())
+	ls.released = true
+	if err := ls.Err(); err != fence.ErrReleased {
+		ls.relErr = err
+	}
+	return ls.relErr
+}
