@@ -1,0 +1,47 @@
+// Package queue is the article's last answer, the single consumer of a
+// queue: a work queue on a Redis stream whose one active consumer is chosen
+// by fence.Lead, with an idempotent consumer in PostgreSQL behind it.
+//
+// Each message (fields account and amount) adds amount to the account's
+// balance. Its effect is applied in one transaction, guard.Tx, fenced on the
+// guard resource queue:<stream>:<message id> with the leader's token: the
+// fence first, then the message id is inserted into queue_applied (primary
+// key stream and id: the unique constraint that makes a redelivered message
+// a no-op), then the balance is updated, then the commit. XACK comes only
+// after the commit, or after the constraint found the message applied
+// already; a message whose transaction failed stays pending.
+//
+// # Hand-over
+//
+// The consumers of a group all run Consumer.Run; fence.Lead lets one of
+// them read at a time. A new leader takes over the entries still pending
+// for others (the deposed leader's unacknowledged messages) with XAUTOCLAIM,
+// once they have been idle for MinIdle. Any value is safe: an entry claimed
+// while its first consumer still works on it is fenced and applied once.
+// MinIdle trades the latency of recovery against work done twice. The
+// default, the lease time, is the time after which the consumer it was
+// delivered to has acknowledged it, or lost its lease (its renewals stopped
+// for a lease time) unless it is the leader itself, retrying its own
+// failures at that pace.
+//
+// A leader that pauses (a GC, SIGSTOP, a slow disk) does not know it paused:
+// when it wakes, its lease may have gone to another consumer, which may have
+// claimed the message it was about to apply and applied it with a greater
+// token. Its late transaction is then rejected by the fence (guard.ErrStale)
+// and it acknowledges nothing. Before each message the consumer also checks
+// that its lease is still valid (its context and Deadline), so that it
+// stops reading once it knows it was deposed; the fence covers the moment
+// between that check and the commit. A deposed consumer that has not yet
+// noticed may still apply a message nobody else has taken: the unique
+// constraint keeps that once. Order across a hand-over is not kept: the new
+// leader reads new messages before the deposed one's pending entries are
+// idle enough to claim.
+//
+// A leader paused inside its transaction, after the fence, holds the
+// message's fence row: a new leader that claimed the message waits for that
+// transaction, which commits when the old leader wakes (its write is then
+// not late, only slow), and then finds the message applied. Bound that wait
+// on the server with idle_in_transaction_session_timeout.
+//
+// cmd/queued runs a consumer, or produces messages.
+package queue

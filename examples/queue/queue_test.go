@@ -1,0 +1,129 @@
+package queue_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// counter is a slog.Handler that counts records by message.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *counter) WithAttrs([]slog.Attr) slog.Handler        { return c }
+func (c *counter) WithGroup(string) slog.Handler             { return c }
+func (c *counter) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[r.Message]++
+	return nil
+}
+
+func (c *counter) get(msg string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[msg]
+}
+
+// until polls cond (with a deadline) until it holds.
+func until(t *testing.T, within time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %v", what, within)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+}
+
+func count(ctx context.Context, db *sql.DB, query string, args ...any) (int64, error) {
+	var n sql.NullInt64
+	err := db.QueryRowContext(ctx, query, args...).Scan(&n)
+	return n.Int64, err
+}
+
+func pending(ctx context.Context, rdb *redis.Client, stream, group string) (int64, error) {
+	p, err := rdb.XPending(ctx, stream, group).Result()
+	if err != nil {
+		return 0, err
+	}
+	return p.Count, nil
+}
+
+// Redelivered messages (the group's cursor moved back, as after a consumer
+// that committed and died before XACK) are no-ops: the unique constraint
+// finds them applied, the balance does not move, and they are acknowledged.
+func TestRedeliveredMessagesAreNoOps(t *testing.T) {
+	const n = 20
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	rdb := redistest.Start(t).Client(t)
+	db := pg.NewDB(t)
+	if err := queue.CreateSchema(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	var want int64
+	for i := 1; i <= n; i++ {
+		if _, err := queue.Produce(ctx, rdb, "s", fmt.Sprintf("acct-%d", i%3), int64(i)); err != nil {
+			t.Fatal(err)
+		}
+		want += int64(i)
+	}
+	locker, err := redislock.New(rdb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &counter{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx, locker) }()
+	defer func() { stop(); <-done }()
+
+	settled := func(dups int) func() (bool, error) {
+		return func() (bool, error) {
+			rows, err := count(ctx, db, `SELECT count(*) FROM queue_applied`)
+			if err != nil || rows != n || logs.get(queue.LogDuplicate) != dups {
+				return false, err
+			}
+			p, err := pending(ctx, rdb, "s", "g")
+			return p == 0, err
+		}
+	}
+	until(t, 10*time.Second, "first delivery applied and acknowledged", settled(0))
+	if err := rdb.XGroupSetID(ctx, "s", "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 10*time.Second, "redelivery found applied and acknowledged", settled(n))
+	sum, err := count(ctx, db, `SELECT sum(balance) FROM queue_balance`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum != want || logs.get(queue.LogApplied) != n {
+		t.Fatalf("balance %d, %d applied; want %d and %d", sum, logs.get(queue.LogApplied), want, n)
+	}
+}
