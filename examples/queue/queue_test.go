@@ -22,8 +22,8 @@ type counter struct {
 }
 
 func (c *counter) Enabled(context.Context, slog.Level) bool { return true }
-func (c *counter) WithAttrs([]slog.Attr) slog.Handler        { return c }
-func (c *counter) WithGroup(string) slog.Handler             { return c }
+func (c *counter) WithAttrs([]slog.Attr) slog.Handler       { return c }
+func (c *counter) WithGroup(string) slog.Handler            { return c }
 func (c *counter) Handle(_ context.Context, r slog.Record) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -40,8 +40,9 @@ func (c *counter) get(msg string) int {
 	return c.n[msg]
 }
 
-// until polls cond (with a deadline) until it holds.
-func until(t *testing.T, within time.Duration, what string, cond func() (bool, error)) {
+// until polls cond (with a deadline) until it holds. If it does not, the
+// failure quotes *state, if given.
+func until(t *testing.T, within time.Duration, what string, cond func() (bool, error), state ...*string) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -53,6 +54,9 @@ func until(t *testing.T, within time.Duration, what string, cond func() (bool, e
 			return
 		}
 		if time.Now().After(deadline) {
+			for _, s := range state {
+				what += " (" + *s + ")"
+			}
 			t.Fatalf("no %s within %v", what, within)
 		}
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
