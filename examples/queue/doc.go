@@ -38,10 +38,13 @@
 // idle enough to claim.
 //
 // A leader paused inside its transaction, after the fence, holds the
-// message's fence row: a new leader that claimed the message waits for that
-// transaction, which commits when the old leader wakes (its write is then
-// not late, only slow), and then finds the message applied. Bound that wait
-// on the server with idle_in_transaction_session_timeout.
+// message's fence row, and a new leader that claimed the message waits for
+// that transaction. PostgreSQL ends it after
+// idle_in_transaction_session_timeout (cmd/queued sets it to the lease
+// time): the new leader then applies the message, and the paused leader's
+// commit fails when it wakes. Without that timeout the new leader waits
+// until the old one wakes and commits, then finds the message applied: once
+// still, but the queue stands still for the pause.
 //
 // cmd/queued runs a consumer, or produces messages.
 package queue

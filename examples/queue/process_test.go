@@ -18,6 +18,7 @@ import (
 	"github.com/fencekit/fence/examples/queue"
 	"github.com/fencekit/fence/internal/redistest"
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/redis/go-redis/v9"
 )
 
 // event is one JSON log line of a queued process.
@@ -153,44 +154,9 @@ func TestSingleConsumerPausedThenKilled(t *testing.T) {
 		n     = 2000
 		lease = 2 * time.Second
 	)
-	began := time.Now()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	bin := filepath.Join(t.TempDir(), "queued")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/fencekit/fence/examples/queue/cmd/queued").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	built := time.Now()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	name, err := pg.CreateDatabase(ctx, t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("pgx", pg.DSN(name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if err := queue.CreateSchema(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	const stream, group = "jobs", "appliers"
-	ids := map[string]bool{}
-	var want int64
-	for i := 1; i <= n; i++ {
-		id, err := queue.Produce(ctx, rdb, stream, fmt.Sprintf("acct-%d", i%10), int64(i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[id] = true
-		want += int64(i)
-	}
-	args := []string{"-redis", "redis://" + srv.Addr, "-db", pg.DSN(name), "-stream", stream, "-group", group, "-lease", lease.String()}
-	ev := &events{changed: make(chan struct{})}
-	is := func(msg, who string) func(event) bool {
-		return func(e event) bool { return e.Msg == msg && e.who == who }
-	}
+	x := setup(t, n, lease)
+	ctx, db, bin, args, ev, is := x.ctx, x.db, x.bin, x.args, x.ev, x.is
+	const stream = "jobs"
 
 	// a leads first: b starts once a is elected.
 	a := start(t, bin, ev, "a", []string{"QUEUED_TEST_STOP=before-fence:300"}, args...)
@@ -236,61 +202,9 @@ func TestSingleConsumerPausedThenKilled(t *testing.T) {
 	})
 	t.Logf("a elected %v after b was killed", elA.at.Sub(killed).Round(time.Millisecond))
 
-	// Everything is applied and acknowledged.
-	var state string
-	until(t, 30*time.Second, "all messages applied and acknowledged", func() (bool, error) {
-		rows, err := count(ctx, db, `SELECT count(*) FROM queue_applied`)
-		if err != nil {
-			return false, err
-		}
-		p, err := pending(ctx, rdb, stream, group)
-		state = fmt.Sprintf("%d of %d applied, %d pending", rows, n, p)
-		return rows >= n && p == 0, err
-	}, &state)
-	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-a.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a did not exit on SIGTERM")
-	}
-	if !a.cmd.ProcessState.Success() {
-		t.Fatalf("a: %v\n%s", a.cmd.ProcessState, a.stderr.String())
-	}
-
-	// Exactly once: every produced id applied, nothing else, the balances
-	// add up (a second application would add twice), one "applied" line
-	// per message.
-	rows, err := db.QueryContext(ctx, `SELECT msg_id FROM queue_applied WHERE stream = $1`, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := 0
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		if !ids[id] {
-			t.Errorf("applied %s, which was not produced", id)
-		}
-		got++
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	rows.Close()
-	sum, err := count(ctx, db, `SELECT sum(balance) FROM queue_balance`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applied := ev.count(func(e event) bool { return e.Msg == queue.LogApplied })
+	x.finish(t, n, a)
 	rejected := ev.count(func(e event) bool { return e.Msg == queue.LogRejected })
 	claimed := ev.count(func(e event) bool { return e.Msg == queue.LogClaimed })
-	if got != n || sum != want || applied != n {
-		t.Fatalf("%d rows, balance %d, %d applied lines; want %d, %d, %d", got, sum, applied, n, want, n)
-	}
 	if rejected == 0 || claimed == 0 {
 		t.Fatalf("%d late writes rejected, %d claims: the faults did not bite", rejected, claimed)
 	}
@@ -300,5 +214,149 @@ func TestSingleConsumerPausedThenKilled(t *testing.T) {
 	}
 	t.Logf("%d messages applied once each; %d late writes rejected, %d claims, %d duplicates; %v (build %v)",
 		n, rejected, claimed, ev.count(func(e event) bool { return e.Msg == queue.LogDuplicate }),
-		time.Since(built).Round(time.Millisecond), built.Sub(began).Round(time.Millisecond))
+		time.Since(x.built).Round(time.Millisecond), x.built.Sub(x.began).Round(time.Millisecond))
+}
+
+// run is what the process tests share: the queued binary, redis-server,
+// a database with the schema, n messages produced on stream "jobs".
+type run struct {
+	ctx          context.Context
+	began, built time.Time
+	bin          string
+	args         []string // -redis, -db, -stream, -group, -lease
+	db           *sql.DB
+	rdb          *redis.Client
+	ids          map[string]bool // the produced message ids
+	want         int64           // the sum of their amounts
+	ev           *events
+	is           func(msg, who string) func(event) bool
+}
+
+func setup(t *testing.T, n int, lease time.Duration) *run {
+	x := &run{began: time.Now(), ids: map[string]bool{}, ev: &events{changed: make(chan struct{})}}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	t.Cleanup(cancel)
+	x.ctx = ctx
+	x.bin = filepath.Join(t.TempDir(), "queued")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", x.bin, "github.com/fencekit/fence/examples/queue/cmd/queued").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	x.built = time.Now()
+	srv := redistest.Start(t)
+	x.rdb = srv.Client(t)
+	name, err := pg.CreateDatabase(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.db, err = sql.Open("pgx", pg.DSN(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.db.Close() })
+	if err := queue.CreateSchema(ctx, x.db); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= n; i++ {
+		id, err := queue.Produce(ctx, x.rdb, "jobs", fmt.Sprintf("acct-%d", i%10), int64(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.ids[id] = true
+		x.want += int64(i)
+	}
+	x.args = []string{"-redis", "redis://" + srv.Addr, "-db", pg.DSN(name), "-stream", "jobs", "-group", "appliers", "-lease", lease.String()}
+	x.is = func(msg, who string) func(event) bool {
+		return func(e event) bool { return e.Msg == msg && e.who == who }
+	}
+	return x
+}
+
+// finish waits until all n messages are applied and none is pending, stops
+// the live consumers with SIGTERM, and checks that each message was applied
+// exactly once: every produced id and nothing else, the balances add up (a
+// second application would add twice), one "applied" line per message.
+func (x *run) finish(t *testing.T, n int, live ...*proc) {
+	t.Helper()
+	var state string
+	until(t, 30*time.Second, "all messages applied and acknowledged", func() (bool, error) {
+		rows, err := count(x.ctx, x.db, `SELECT count(*) FROM queue_applied`)
+		if err != nil {
+			return false, err
+		}
+		p, err := pending(x.ctx, x.rdb, "jobs", "appliers")
+		state = fmt.Sprintf("%d of %d applied, %d pending", rows, n, p)
+		return rows >= int64(n) && p == 0, err
+	}, &state)
+	for _, p := range live {
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a consumer did not exit on SIGTERM")
+		}
+		if !p.cmd.ProcessState.Success() {
+			t.Fatalf("consumer: %v\n%s", p.cmd.ProcessState, p.stderr.String())
+		}
+	}
+	rows, err := x.db.QueryContext(x.ctx, `SELECT msg_id FROM queue_applied WHERE stream = 'jobs'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := 0
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if !x.ids[id] {
+			t.Errorf("applied %s, which was not produced", id)
+		}
+		got++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := count(x.ctx, x.db, `SELECT sum(balance) FROM queue_balance`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := x.ev.count(func(e event) bool { return e.Msg == queue.LogApplied })
+	if got != n || sum != x.want || applied != n {
+		t.Fatalf("%d rows, balance %d, %d applied lines; want %d, %d, %d", got, sum, applied, n, x.want, n)
+	}
+}
+
+// A consumer paused inside its transaction, after the fence, holds the
+// message's fence row: the new leader that claims the message waits for it.
+// queued's sessions have idle_in_transaction_session_timeout (the lease
+// time), so PostgreSQL ends the paused transaction, the new leader applies
+// the message, and the paused consumer's commit fails when it is continued.
+func TestConsumerPausedInsideTransaction(t *testing.T) {
+	const (
+		n     = 100
+		lease = 2 * time.Second
+	)
+	x := setup(t, n, lease)
+	a := start(t, x.bin, x.ev, "a", []string{"QUEUED_TEST_STOP=before-commit:10"}, x.args...)
+	x.ev.wait(t, 10*time.Second, "election of a", x.is(queue.LogElected, "a"))
+	b := start(t, x.bin, x.ev, "b", nil, x.args...)
+	stopA := x.ev.wait(t, 20*time.Second, "stop of a", x.is("stop", "a"))
+	waitStopped(t, a)
+	x.ev.wait(t, lease+5*time.Second, "election of b", x.is(queue.LogElected, "b"))
+	until(t, 3*lease+10*time.Second, "b applying "+stopA.ID, func() (bool, error) {
+		by, err := count(x.ctx, x.db, `SELECT max(token) FROM queue_applied WHERE stream = 'jobs' AND msg_id = $1`, stopA.ID)
+		return by > stopA.Token, err
+	})
+	t.Logf("b applied %s %v after a stopped inside its transaction", stopA.ID, time.Since(stopA.at).Round(time.Millisecond))
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	failed := x.ev.wait(t, 10*time.Second, "failure of a's commit", x.is(queue.LogFailed, "a"))
+	if failed.ID != stopA.ID {
+		t.Fatalf("a failed on %s, want %s", failed.ID, stopA.ID)
+	}
+	x.finish(t, n, a, b)
 }

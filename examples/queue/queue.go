@@ -45,9 +45,10 @@ func CreateSchema(ctx context.Context, db *sql.DB) error {
 
 // Defaults of Consumer.
 const (
-	DefaultMinIdle = 30 * time.Second // redislock's default lease time
-	DefaultBatch   = 10
-	DefaultBlock   = time.Second
+	DefaultMinIdle   = 30 * time.Second // redislock's default lease time
+	DefaultBatch     = 10
+	DefaultBlock     = time.Second
+	DefaultTxTimeout = 10 * time.Second
 )
 
 // Message is one unit of work: add Amount to Account's balance.
@@ -90,8 +91,13 @@ func (p Point) String() string {
 // Consumer applies the messages of a stream through a consumer group while
 // it leads.
 type Consumer struct {
-	Redis  redis.Cmdable
-	DB     *sql.DB
+	// Redis holds the stream. The lock may live elsewhere (the Locker
+	// given to Run).
+	Redis redis.Cmdable
+	// DB is the PostgreSQL database of the effects, with Schema created.
+	DB *sql.DB
+	// Stream is the stream's key; Group the consumer group, created at
+	// the stream's start if missing.
 	Stream string
 	Group  string
 	// Name is the consumer's name in the group; each process needs its own.
@@ -101,12 +107,15 @@ type Consumer struct {
 	// Default DefaultMinIdle; set it to the lease time.
 	MinIdle time.Duration
 	// Batch is how many entries each XREADGROUP or XAUTOCLAIM asks for.
+	// Default DefaultBatch.
 	Batch int
-	// Block is how long XREADGROUP waits for new entries.
+	// Block is how long XREADGROUP waits for new entries. Default
+	// DefaultBlock.
 	Block time.Duration
 	// TxTimeout bounds each message's transaction, also after the lease
 	// was lost: the fence, not the lease's context, must stop a write
-	// that is under way. Default 10 s.
+	// that is under way. It bounds each XACK too. Default
+	// DefaultTxTimeout.
 	TxTimeout time.Duration
 	// Pause, if set, is called at each Point of each message: a place for
 	// tests to stop the process.
@@ -127,6 +136,7 @@ const (
 	LogApplied   = "applied"   // committed, then acknowledged
 	LogDuplicate = "duplicate" // applied before (the unique constraint): acknowledged
 	LogRejected  = "rejected"  // the fence found a greater token: a newer leader had it
+	LogFailed    = "failed"    // the transaction failed otherwise: the entry stays pending
 	LogElected   = "elected"
 	LogClaimed   = "claimed" // XAUTOCLAIM took pending entries
 )
@@ -224,8 +234,8 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		if err != nil {
 			// A malformed entry can never be applied: acknowledge it.
 			c.log().Error("malformed", "consumer", c.Name, "id", e.ID, "err", err)
-			if err := c.Redis.XAck(ctx, c.Stream, c.Group, e.ID).Err(); err != nil {
-				return fmt.Errorf("queue: XACK: %w", err)
+			if err := c.ack(ctx, e.ID); err != nil {
+				return err
 			}
 			continue
 		}
@@ -240,14 +250,27 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
+			c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
 			return fmt.Errorf("queue: apply %s: %w", m.ID, err)
 		}
 		// The commit (or the earlier one the constraint found) is done:
-		// only now is the entry acknowledged. If XACK fails, the entry is
-		// claimed again later and found applied.
-		if err := c.Redis.XAck(ctx, c.Stream, c.Group, m.ID).Err(); err != nil {
-			return fmt.Errorf("queue: XACK %s: %w", m.ID, err)
+		// only now is the entry acknowledged, even if the lease ended
+		// meanwhile. If XACK fails, the entry is claimed again later and
+		// found applied.
+		if err := c.ack(ctx, m.ID); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// ack acknowledges entry id, with a context that the lease's end does not
+// cancel.
+func (c *Consumer) ack(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	defer cancel()
+	if err := c.Redis.XAck(ctx, c.Stream, c.Group, id).Err(); err != nil {
+		return fmt.Errorf("queue: XACK %s: %w", id, err)
 	}
 	return nil
 }
@@ -256,7 +279,7 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) error {
 	// The transaction runs even if the lease ends meanwhile: a paused
 	// consumer does not know that it paused, and the fence must stop it.
-	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, 10*time.Second))
+	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	return guard.Tx(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, account, amount, token, consumer)

@@ -9,7 +9,10 @@
 // The consumer campaigns with fence.Lead for the lock queue:<stream>:<group>
 // (redislock, defaults but the lease time -lease) and, while it leads,
 // applies each message in a transaction fenced with its token; see package
-// queue. It logs one line per message and term; SIGINT or SIGTERM stops it.
+// queue. Its PostgreSQL sessions get idle_in_transaction_session_timeout
+// (-idle-tx, default the lease time) unless -db sets it, so that a consumer
+// paused inside its transaction holds the new leader up for that long at
+// most. It logs one line per message and term; SIGINT or SIGTERM stops it.
 // -h shows the defaults taken from the environment with their passwords
 // hidden.
 //
@@ -20,6 +23,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -52,6 +56,7 @@ type config struct {
 	name          string
 	lease         time.Duration
 	minIdle       time.Duration
+	idleTx        time.Duration
 	batch         int
 	produce       int
 	json          bool
@@ -86,14 +91,15 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.StringVar(&cfg.name, "name", fmt.Sprintf("%s-%d", host, os.Getpid()), "consumer name, one per process")
 	fs.DurationVar(&cfg.lease, "lease", 10*time.Second, "lease time of the leader's lock (the watchdog renews it every third)")
 	fs.DurationVar(&cfg.minIdle, "min-idle", 0, "XAUTOCLAIM's min-idle-time; 0 means the lease time")
+	fs.DurationVar(&cfg.idleTx, "idle-tx", 0, "idle_in_transaction_session_timeout for the consumer's sessions, unless -db sets it; 0 means the lease time")
 	fs.IntVar(&cfg.batch, "batch", queue.DefaultBatch, "entries per XREADGROUP or XAUTOCLAIM")
 	fs.IntVar(&cfg.produce, "produce", 0, "append this many messages to the stream and exit, instead of consuming")
 	fs.BoolVar(&cfg.json, "json", false, "log JSON lines instead of text")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
-	if cfg.lease <= 0 || cfg.minIdle < 0 || cfg.batch <= 0 || cfg.produce < 0 {
-		return cfg, fmt.Errorf("-lease and -batch must be positive, -min-idle and -produce not negative")
+	if cfg.lease <= 0 || cfg.minIdle < 0 || cfg.idleTx < 0 || cfg.batch <= 0 || cfg.produce < 0 {
+		return cfg, fmt.Errorf("-lease and -batch must be positive, -min-idle, -idle-tx and -produce not negative")
 	}
 	return cfg, nil
 }
@@ -123,10 +129,11 @@ func run(cfg config, stop string) error {
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(string(cfg.db), "postgres") {
-		return fmt.Errorf("-db %s: want a postgres:// URL", cfg.db)
+	dsn, err := withIdleTimeout(string(cfg.db), cmp.Or(cfg.idleTx, cfg.lease))
+	if err != nil {
+		return fmt.Errorf("-db %s: %w", cfg.db, err)
 	}
-	db, err := sql.Open("pgx", string(cfg.db))
+	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return fmt.Errorf("-db %s: %w", cfg.db, err)
 	}
@@ -153,6 +160,25 @@ func run(cfg config, stop string) error {
 		return nil
 	}
 	return err
+}
+
+// withIdleTimeout returns the postgres:// URL dsn with the runtime parameter
+// idle_in_transaction_session_timeout set to d, unless dsn sets it: the
+// server then ends the session of a consumer paused inside its transaction
+// (after the fence, holding the message's fence row) once it has been idle
+// for d, so that the new leader waits for it at most that long, and the
+// paused consumer's commit fails when it wakes.
+func withIdleTimeout(dsn string, d time.Duration) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", errors.New("want a postgres:// URL")
+	}
+	q := u.Query()
+	if !q.Has("idle_in_transaction_session_timeout") {
+		q.Set("idle_in_transaction_session_timeout", strconv.FormatInt(d.Milliseconds(), 10))
+		u.RawQuery = q.Encode()
+	}
+	return u.String(), nil
 }
 
 // produce appends n messages: account acct-(i mod 10), amount i.
