@@ -7,7 +7,9 @@
 //	go run ./examples/queue/cmd/queued &               # one leads, the others wait
 //
 // The consumer campaigns with fence.Lead for the lock queue:<stream>:<group>
-// (redislock, defaults but the lease time -lease) and, while it leads,
+// (redislock with its defaults but the lease time -lease: replica sync is
+// on, and on a primary that never had a replica, such as a lone
+// redis-server, it waits for none) and, while it leads,
 // applies each message in a transaction fenced with its token; see package
 // queue. Its PostgreSQL sessions get idle_in_transaction_session_timeout
 // (-idle-tx, default the lease time) unless -db sets it, so that a consumer
