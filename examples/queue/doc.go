@@ -46,5 +46,9 @@
 // until the old one wakes and commits, then finds the message applied: once
 // still, but the queue stands still for the pause.
 //
+// A message whose transaction keeps failing ends each term it is tried in
+// and is claimed again after MinIdle; a dead-letter stream (XPENDING's
+// delivery counts) is left out of the example.
+//
 // cmd/queued runs a consumer, or produces messages.
 package queue

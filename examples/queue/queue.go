@@ -145,15 +145,12 @@ var errDuplicate = errors.New("queue: message applied before")
 
 // Run campaigns for the stream's lock on locker with fence.Lead and, while
 // it leads, claims idle pending entries and reads new ones, applying each.
-// It creates the group (and the stream) if missing. It returns when ctx
-// ends. opts are passed to Lead.
+// Each term creates the group (and the stream) if missing. It returns when
+// ctx ends, or at once for a Consumer without Stream, Group or Name. opts
+// are passed to Lead.
 func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
 	if c.Stream == "" || c.Group == "" || c.Name == "" {
 		return fmt.Errorf("%w: queue: Stream, Group and Name must be set", fence.ErrInvalidOption)
-	}
-	err := c.Redis.XGroupCreateMkStream(ctx, c.Stream, c.Group, "0").Err()
-	if err != nil && !isBusyGroup(err) {
-		return fmt.Errorf("queue: create group: %w", err)
 	}
 	opts = append([]fence.LeadOption{fence.OnElected(func(l fence.Lease) {
 		c.log().Info(LogElected, "consumer", c.Name, "token", int64(l.Token()))
@@ -167,6 +164,12 @@ func isBusyGroup(err error) bool {
 
 // term is one term of leadership: claim, read, apply, until the lease ends.
 func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
+	// Each term creates the group if it is missing (the stream may have
+	// gone with a Redis that restarted empty).
+	err := c.Redis.XGroupCreateMkStream(ctx, c.Stream, c.Group, "0").Err()
+	if err != nil && !isBusyGroup(err) {
+		return fmt.Errorf("queue: create group: %w", err)
+	}
 	cursor := "0-0"
 	for {
 		if err := valid(ctx, lease); err != nil {

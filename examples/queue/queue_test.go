@@ -3,12 +3,14 @@ package queue_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
@@ -129,5 +131,23 @@ func TestRedeliveredMessagesAreNoOps(t *testing.T) {
 	}
 	if sum != want || logs.get(queue.LogApplied) != n {
 		t.Fatalf("balance %d, %d applied; want %d and %d", sum, logs.get(queue.LogApplied), want, n)
+	}
+}
+
+// A Consumer without Stream, Group or Name, or whose lock name is not
+// valid, fails at once, before anything is sent (Redis is nil here).
+func TestRunBadInput(t *testing.T) {
+	for _, c := range []*queue.Consumer{
+		{Group: "g", Name: "n"},
+		{Stream: "s", Name: "n"},
+		{Stream: "s", Group: "g"},
+	} {
+		if err := c.Run(t.Context(), nil); !errors.Is(err, fence.ErrInvalidOption) {
+			t.Errorf("%+v: %v, want ErrInvalidOption", c, err)
+		}
+	}
+	c := &queue.Consumer{Stream: "s\x00", Group: "g", Name: "n"}
+	if err := c.Run(t.Context(), nil); !errors.Is(err, fence.ErrInvalidName) {
+		t.Errorf("lock name with NUL: %v, want ErrInvalidName", err)
 	}
 }
