@@ -14,15 +14,17 @@
 // # Hand-over
 //
 // The consumers of a group all run Consumer.Run; fence.Lead lets one of
-// them read at a time. A new leader takes over the entries still pending
-// for others (the deposed leader's unacknowledged messages) with XAUTOCLAIM,
-// once they have been idle for MinIdle. Any value is safe: an entry claimed
-// while its first consumer still works on it is fenced and applied once.
-// MinIdle trades the latency of recovery against work done twice. The
-// default, the lease time, is the time after which the consumer it was
-// delivered to has acknowledged it, or lost its lease (its renewals stopped
-// for a lease time) unless it is the leader itself, retrying its own
-// failures at that pace.
+// them read at a time. A new leader first takes over every entry still
+// pending (the deposed leader's unacknowledged messages) with XAUTOCLAIM
+// and min-idle 0, in the stream's order, before it reads new ones: whoever
+// read them no longer holds the lease, so there is nothing to wait for, and
+// waiting would apply them after newer messages.
+//
+// During its term the leader claims, every round, the entries idle for
+// MinIdle (default the lease time): its own failures, retried at that pace,
+// and any entry that a deposed leader read after the term began (it checked
+// its lease, then paused before reading). Those, and those alone, are
+// applied out of the stream's order.
 //
 // A leader that pauses (a GC, SIGSTOP, a slow disk) does not know it paused:
 // when it wakes, its lease may have gone to another consumer, which may have
@@ -30,12 +32,11 @@
 // token. Its late transaction is then rejected by the fence (guard.ErrStale)
 // and it acknowledges nothing. Before each message the consumer also checks
 // that its lease is still valid (its context and Deadline), so that it
-// stops reading once it knows it was deposed; the fence covers the moment
-// between that check and the commit. A deposed consumer that has not yet
-// noticed may still apply a message nobody else has taken: the unique
-// constraint keeps that once. Order across a hand-over is not kept: the new
-// leader reads new messages before the deposed one's pending entries are
-// idle enough to claim.
+// stops once it knows it was deposed; the fence covers the moment between
+// that check and the commit. Whatever the interleaving, each message is
+// applied once: the fence decides between a deposed leader's late
+// transaction and the new leader's, and the unique constraint makes the
+// other a no-op.
 //
 // A leader paused inside its transaction, after the fence, holds the
 // message's fence row, and a new leader that claimed the message waits for

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -274,7 +275,8 @@ func setup(t *testing.T, n int, lease time.Duration) *run {
 // finish waits until all n messages are applied and none is pending, stops
 // the live consumers with SIGTERM, and checks that each message was applied
 // exactly once: every produced id and nothing else, the balances add up (a
-// second application would add twice), one "applied" line per message.
+// second application would add twice), one "applied" line per message; and
+// in the stream's order.
 func (x *run) finish(t *testing.T, n int, live ...*proc) {
 	t.Helper()
 	var state string
@@ -300,12 +302,13 @@ func (x *run) finish(t *testing.T, n int, live ...*proc) {
 			t.Fatalf("consumer: %v\n%s", p.cmd.ProcessState, p.stderr.String())
 		}
 	}
-	rows, err := x.db.QueryContext(x.ctx, `SELECT msg_id FROM queue_applied WHERE stream = 'jobs'`)
+	rows, err := x.db.QueryContext(x.ctx, `SELECT msg_id FROM queue_applied WHERE stream = 'jobs' ORDER BY seq`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	got := 0
+	got, disorder := 0, 0
+	var last string
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
@@ -314,7 +317,13 @@ func (x *run) finish(t *testing.T, n int, live ...*proc) {
 		if !x.ids[id] {
 			t.Errorf("applied %s, which was not produced", id)
 		}
+		if got > 0 && !before(last, id) {
+			if disorder++; disorder <= 5 {
+				t.Errorf("%s applied after %s", id, last)
+			}
+		}
 		got++
+		last = id
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
@@ -324,6 +333,9 @@ func (x *run) finish(t *testing.T, n int, live ...*proc) {
 		t.Fatal(err)
 	}
 	applied := x.ev.count(func(e event) bool { return e.Msg == queue.LogApplied })
+	if disorder > 0 {
+		t.Errorf("%d messages applied out of the stream's order", disorder)
+	}
 	if got != n || sum != x.want || applied != n {
 		t.Fatalf("%d rows, balance %d, %d applied lines; want %d, %d, %d", got, sum, applied, n, x.want, n)
 	}
@@ -359,4 +371,17 @@ func TestConsumerPausedInsideTransaction(t *testing.T) {
 		t.Fatalf("a failed on %s, want %s", failed.ID, stopA.ID)
 	}
 	x.finish(t, n, a, b)
+}
+
+// before reports whether stream id a comes before b.
+func before(a, b string) bool {
+	parse := func(id string) (ms, seq uint64) {
+		x, y, _ := strings.Cut(id, "-")
+		ms, _ = strconv.ParseUint(x, 10, 64)
+		seq, _ = strconv.ParseUint(y, 10, 64)
+		return ms, seq
+	}
+	am, as := parse(a)
+	bm, bs := parse(b)
+	return am < bm || (am == bm && as < bs)
 }

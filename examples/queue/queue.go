@@ -17,10 +17,11 @@ import (
 )
 
 // Schema creates the effect tables (PostgreSQL): queue_applied, one row per
-// applied message with the token and consumer that applied it, and
-// queue_balance, what the messages add up to.
+// applied message in the order they were applied (seq), with the token and
+// consumer that applied it, and queue_balance, what the messages add up to.
 const Schema = `
 CREATE TABLE IF NOT EXISTS queue_applied (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY,
 	stream     TEXT   NOT NULL,
 	msg_id     TEXT   NOT NULL,
 	account    TEXT   NOT NULL,
@@ -103,8 +104,9 @@ type Consumer struct {
 	// Name is the consumer's name in the group; each process needs its own.
 	Name string
 	// MinIdle is how long a pending entry must have been idle before the
-	// leader claims it with XAUTOCLAIM; see the package documentation.
-	// Default DefaultMinIdle; set it to the lease time.
+	// leader claims it with XAUTOCLAIM during its term; at the start of a
+	// term it claims every pending entry at once. See the package
+	// documentation. Default DefaultMinIdle; set it to the lease time.
 	MinIdle time.Duration
 	// Batch is how many entries each XREADGROUP or XAUTOCLAIM asks for.
 	// Default DefaultBatch.
@@ -170,25 +172,26 @@ func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
 	if err != nil && !isBusyGroup(err) {
 		return fmt.Errorf("queue: create group: %w", err)
 	}
-	cursor := "0-0"
-	for {
-		if err := valid(ctx, lease); err != nil {
+	// First everything pending, whatever its idle time, in the stream's
+	// order: whoever read it no longer leads. Then new entries, and each
+	// round the pending ones idle for MinIdle.
+	for cursor := "0-0"; ; {
+		claimed, next, err := c.claim(ctx, lease, 0, cursor)
+		if err != nil {
 			return err
 		}
-		claimed, next, err := c.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream: c.Stream, Group: c.Group, Consumer: c.Name,
-			MinIdle: cmp.Or(c.MinIdle, DefaultMinIdle), Start: cursor, Count: int64(c.batch()),
-		}).Result()
-		if err != nil {
-			return fmt.Errorf("queue: XAUTOCLAIM: %w", err)
+		if next == "0-0" || (len(claimed) == 0 && next == cursor) {
+			break // the whole pending list was scanned
 		}
 		cursor = next
-		if len(claimed) > 0 {
-			c.log().Info(LogClaimed, "consumer", c.Name, "token", int64(lease.Token()), "n", len(claimed))
-		}
-		if err := c.apply(ctx, lease, claimed); err != nil {
+	}
+	cursor := "0-0"
+	for {
+		claimed, next, err := c.claim(ctx, lease, cmp.Or(c.MinIdle, DefaultMinIdle), cursor)
+		if err != nil {
 			return err
 		}
+		cursor = next
 		if err := valid(ctx, lease); err != nil {
 			return err
 		}
@@ -209,6 +212,25 @@ func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
 			}
 		}
 	}
+}
+
+// claim takes, with XAUTOCLAIM from cursor, the pending entries idle for
+// minIdle, applies them, and returns them and the next cursor.
+func (c *Consumer) claim(ctx context.Context, lease fence.Lease, minIdle time.Duration, cursor string) ([]redis.XMessage, string, error) {
+	if err := valid(ctx, lease); err != nil {
+		return nil, "", err
+	}
+	claimed, next, err := c.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+		Stream: c.Stream, Group: c.Group, Consumer: c.Name,
+		MinIdle: minIdle, Start: cursor, Count: int64(c.batch()),
+	}).Result()
+	if err != nil {
+		return nil, "", fmt.Errorf("queue: XAUTOCLAIM: %w", err)
+	}
+	if len(claimed) > 0 {
+		c.log().Info(LogClaimed, "consumer", c.Name, "token", int64(lease.Token()), "n", len(claimed), "min_idle", minIdle)
+	}
+	return claimed, next, c.apply(ctx, lease, claimed)
 }
 
 // valid returns an error if the lease is known to have ended: its context
