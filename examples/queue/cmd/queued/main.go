@@ -92,7 +92,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.StringVar(&cfg.group, "group", "appliers", "consumer group")
 	fs.StringVar(&cfg.name, "name", fmt.Sprintf("%s-%d", host, os.Getpid()), "consumer name, one per process")
 	fs.DurationVar(&cfg.lease, "lease", 10*time.Second, "lease time of the leader's lock (the watchdog renews it every third)")
-	fs.DurationVar(&cfg.minIdle, "min-idle", 0, "XAUTOCLAIM's min-idle-time; 0 means the lease time")
+	fs.DurationVar(&cfg.minIdle, "min-idle", 0, "XAUTOCLAIM's min-idle-time during a term (a new leader claims every pending entry at once); 0 means the lease time")
 	fs.DurationVar(&cfg.idleTx, "idle-tx", 0, "idle_in_transaction_session_timeout for the consumer's sessions, unless -db sets it; 0 means the lease time")
 	fs.IntVar(&cfg.batch, "batch", queue.DefaultBatch, "entries per XREADGROUP or XAUTOCLAIM")
 	fs.IntVar(&cfg.produce, "produce", 0, "append this many messages to the stream and exit, instead of consuming")
