@@ -21,10 +21,12 @@
 // waiting would apply them after newer messages.
 //
 // During its term the leader claims, every round, the entries idle for
-// MinIdle (default the lease time): its own failures, retried at that pace,
-// and any entry that a deposed leader read after the term began (it checked
-// its lease, then paused before reading). Those, and those alone, are
-// applied out of the stream's order.
+// MinIdle (default the lease time): entries that a deposed leader read
+// after the term began (it checked its lease, then paused before reading),
+// or that another process read from the group without leading. Those, and
+// those alone, are applied out of the stream's order. MinIdle gives such a
+// reader the time to finish what it started; any value is safe, since the
+// fence and the unique constraint apply each message once.
 //
 // A leader that pauses (a GC, SIGSTOP, a slow disk) does not know it paused:
 // when it wakes, its lease may have gone to another consumer, which may have
@@ -47,9 +49,11 @@
 // until the old one wakes and commits, then finds the message applied: once
 // still, but the queue stands still for the pause.
 //
-// A message whose transaction keeps failing ends each term it is tried in
-// and is claimed again after MinIdle; a dead-letter stream (XPENDING's
-// delivery counts) is left out of the example.
+// A message whose transaction fails ends the term: the lease is released,
+// and the next term, after fence.Lead's back-off (growing with each failure
+// in a row), claims it again. A message that always fails is tried again
+// for ever; a dead-letter stream (XPENDING's delivery counts) is left out of
+// the example.
 //
 // cmd/queued runs a consumer, or produces messages.
 package queue

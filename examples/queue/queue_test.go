@@ -151,3 +151,64 @@ func TestRunBadInput(t *testing.T) {
 		t.Errorf("lock name with NUL: %v, want ErrInvalidName", err)
 	}
 }
+
+// An entry that another consumer of the group read while c1 led (a deposed
+// leader that paused between checking its lease and reading) is claimed by
+// the leader once idle for MinIdle, and applied.
+func TestEntriesReadByOthersAreClaimed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	rdb := redistest.Start(t).Client(t)
+	db := pg.NewDB(t)
+	if err := queue.CreateSchema(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	locker, err := redislock.New(rdb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &counter{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: 300 * time.Millisecond, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx, locker) }()
+	defer func() { stop(); <-done }()
+	if _, err := queue.Produce(ctx, rdb, "s", "acct-1", 1); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 10*time.Second, "the first message applied", func() (bool, error) {
+		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied`)
+		return n == 1, err
+	})
+	// Add an entry and read it as "ghost" in one transaction, so that the
+	// leader, blocked in XREADGROUP, cannot take it first.
+	var read *redis.XStreamSliceCmd
+	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: []any{"account", "acct-2", "amount", 2}})
+		read = p.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "ghost", Streams: []string{"s", ">"}, Count: 1, Block: -1})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ghost := read.Val()
+	if len(ghost) != 1 || len(ghost[0].Messages) != 1 {
+		t.Fatalf("ghost read %v", ghost)
+	}
+	id := ghost[0].Messages[0].ID
+	until(t, 10*time.Second, "the ghost's entry applied by the leader", func() (bool, error) {
+		var by string
+		err := db.QueryRowContext(ctx, `SELECT consumer FROM queue_applied WHERE msg_id = $1`, id).Scan(&by)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+		return by == "c1", err
+	})
+	until(t, 5*time.Second, "nothing pending", func() (bool, error) {
+		p, err := pending(ctx, rdb, "s", "g")
+		return p == 0, err
+	})
+	if logs.get(queue.LogClaimed) == 0 {
+		t.Fatal("no claim logged")
+	}
+}
