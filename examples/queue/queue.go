@@ -139,8 +139,8 @@ const (
 	LogDuplicate = "duplicate" // applied before (the unique constraint): acknowledged
 	LogRejected  = "rejected"  // the fence found a greater token: a newer leader had it
 	LogFailed    = "failed"    // the transaction failed otherwise: the entry stays pending
-	LogElected   = "elected"
-	LogClaimed   = "claimed" // XAUTOCLAIM took pending entries
+	LogElected   = "elected"   // a term began
+	LogClaimed   = "claimed"   // XAUTOCLAIM took pending entries
 )
 
 var errDuplicate = errors.New("queue: message applied before")
