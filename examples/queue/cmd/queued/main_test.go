@@ -1,0 +1,63 @@
+package main
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// -h and the errors of a bad URL show the defaults taken from the
+// environment without their passwords.
+func TestPasswordsHidden(t *testing.T) {
+	env := map[string]string{
+		"FENCE_REDIS_URL": "redis://u:hunter2@127.0.0.1:6379/0",
+		"QUEUE_DB":        "postgres://app:hunter3@db.example/q?sslmode=disable&password=hunter4",
+	}
+	var help strings.Builder
+	if _, err := parseFlags([]string{"-h"}, func(k string) string { return env[k] }, &help); err == nil {
+		t.Fatal("-h did not stop")
+	}
+	if strings.Contains(help.String(), "hunter") || !strings.Contains(help.String(), "redis://u:xxxxx@127.0.0.1:6379/0") {
+		t.Fatalf("-h shows a password, or no default:\n%s", help.String())
+	}
+	for _, bad := range []string{"redis://u:hunter2@[::1", "redis://u:hunter2@host:port"} {
+		cfg, err := parseFlags([]string{"-redis", bad}, func(string) string { return "" }, &help)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run(cfg, ""); err == nil || strings.Contains(err.Error(), "hunter") {
+			t.Fatalf("malformed URL %q: %v", bad, err)
+		}
+	}
+}
+
+// The idle-in-transaction timeout is added to the DSN unless it sets one;
+// a DSN that is not a postgres:// URL is refused; QUEUED_TEST_STOP is
+// checked.
+func TestDSNAndStopSpec(t *testing.T) {
+	got, err := withIdleTimeout("postgres://u@h/db?sslmode=disable", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := url.Parse(got); u.Query().Get("idle_in_transaction_session_timeout") != "2000" || u.Query().Get("sslmode") != "disable" {
+		t.Fatalf("withIdleTimeout: %s", got)
+	}
+	own := "postgres://u@h/db?idle_in_transaction_session_timeout=0"
+	if got, err := withIdleTimeout(own, time.Second); err != nil || got != own {
+		t.Fatalf("a DSN's own setting: %s, %v", got, err)
+	}
+	for _, bad := range []string{"host=h user=u", "mysql://h/db", "queue.db"} {
+		if _, err := withIdleTimeout(bad, time.Second); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	for _, bad := range []string{"before-fence", "before-fence:0", "after-commit:3", "before-commit:x"} {
+		if _, err := stopHook(bad, nil); err == nil {
+			t.Errorf("%s=%q accepted", StopEnv, bad)
+		}
+	}
+	if h, err := stopHook("before-commit:3", nil); err != nil || h == nil {
+		t.Fatalf("before-commit:3: %v", err)
+	}
+}

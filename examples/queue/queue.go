@@ -1,0 +1,355 @@
+package queue
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/guard"
+	"github.com/redis/go-redis/v9"
+)
+
+// Schema creates the effect tables (PostgreSQL): queue_applied, one row per
+// applied message in the order they were applied (seq), with the token and
+// consumer that applied it, and queue_balance, what the messages add up to.
+const Schema = `
+CREATE TABLE IF NOT EXISTS queue_applied (
+	seq        BIGINT GENERATED ALWAYS AS IDENTITY,
+	stream     TEXT   NOT NULL,
+	msg_id     TEXT   NOT NULL,
+	account    TEXT   NOT NULL,
+	amount     BIGINT NOT NULL,
+	token      BIGINT NOT NULL,
+	consumer   TEXT   NOT NULL,
+	applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+	PRIMARY KEY (stream, msg_id)
+);
+CREATE TABLE IF NOT EXISTS queue_balance (
+	account TEXT   PRIMARY KEY,
+	balance BIGINT NOT NULL
+)`
+
+// CreateSchema creates the tables, the guard's included.
+func CreateSchema(ctx context.Context, db *sql.DB) error {
+	if _, err := db.ExecContext(ctx, Schema); err != nil {
+		return err
+	}
+	return guard.CreateTables(ctx, db)
+}
+
+// Defaults of Consumer.
+const (
+	DefaultMinIdle   = 30 * time.Second // redislock's default lease time
+	DefaultBatch     = 10
+	DefaultBlock     = time.Second
+	DefaultTxTimeout = 10 * time.Second
+)
+
+// Message is one unit of work: add Amount to Account's balance.
+type Message struct {
+	ID      string // the stream entry's id
+	Account string
+	Amount  int64
+}
+
+// Produce appends a message to stream and returns its id.
+func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amount int64) (string, error) {
+	return rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"account", account, "amount", amount}}).Result()
+}
+
+// Point is a place in the handling of a message where Consumer.Pause is
+// called.
+type Point int
+
+// The points, in order.
+const (
+	// BeforeFence: the lease was found valid, the transaction has not
+	// begun. A consumer paused here and deposed meanwhile is rejected by
+	// the fence when it wakes, if the new leader applied the message.
+	BeforeFence Point = iota
+	// BeforeCommit: inside the transaction, after the fence and the
+	// effect, before the commit.
+	BeforeCommit
+)
+
+func (p Point) String() string {
+	switch p {
+	case BeforeFence:
+		return "before-fence"
+	case BeforeCommit:
+		return "before-commit"
+	}
+	return fmt.Sprintf("Point(%d)", int(p))
+}
+
+// Consumer applies the messages of a stream through a consumer group while
+// it leads.
+type Consumer struct {
+	// Redis holds the stream. The lock may live elsewhere (the Locker
+	// given to Run).
+	Redis redis.Cmdable
+	// DB is the PostgreSQL database of the effects, with Schema created.
+	DB *sql.DB
+	// Stream is the stream's key; Group the consumer group, created at
+	// the stream's start if missing.
+	Stream string
+	Group  string
+	// Name is the consumer's name in the group; each process needs its own.
+	Name string
+	// MinIdle is how long a pending entry must have been idle before the
+	// leader claims it with XAUTOCLAIM during its term; at the start of a
+	// term it claims every pending entry at once. See the package
+	// documentation. Default DefaultMinIdle; set it to the lease time.
+	MinIdle time.Duration
+	// Batch is how many entries each XREADGROUP or XAUTOCLAIM asks for.
+	// Default DefaultBatch.
+	Batch int
+	// Block is how long XREADGROUP waits for new entries. Default
+	// DefaultBlock.
+	Block time.Duration
+	// TxTimeout bounds each message's transaction, also after the lease
+	// was lost: the fence, not the lease's context, must stop a write
+	// that is under way. It bounds each XACK too. Default
+	// DefaultTxTimeout.
+	TxTimeout time.Duration
+	// Pause, if set, is called at each Point of each message: a place for
+	// tests to stop the process.
+	Pause func(p Point, m Message, token fence.Token)
+	// Log receives what happens to each message and term; nil means
+	// slog.Default().
+	Log *slog.Logger
+}
+
+// LockName is the lock the consumers of stream's group campaign for.
+func LockName(stream, group string) string { return "queue:" + stream + ":" + group }
+
+// Resource is the guard resource that applying message id of stream fences.
+func Resource(stream, id string) string { return "queue:" + stream + ":" + id }
+
+// Outcomes of a message, as logged ("msg" of the log record).
+const (
+	LogApplied   = "applied"   // committed, then acknowledged
+	LogDuplicate = "duplicate" // applied before (the unique constraint): acknowledged
+	LogRejected  = "rejected"  // the fence found a greater token: a newer leader had it
+	LogFailed    = "failed"    // the transaction failed otherwise: the entry stays pending
+	LogElected   = "elected"   // a term began
+	LogClaimed   = "claimed"   // XAUTOCLAIM took pending entries
+)
+
+var errDuplicate = errors.New("queue: message applied before")
+
+// Run campaigns for the stream's lock on locker with fence.Lead and, while
+// it leads, claims idle pending entries and reads new ones, applying each.
+// Each term creates the group (and the stream) if missing. It returns when
+// ctx ends, or at once for a Consumer without Stream, Group or Name. opts
+// are passed to Lead.
+func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
+	if c.Stream == "" || c.Group == "" || c.Name == "" {
+		return fmt.Errorf("%w: queue: Stream, Group and Name must be set", fence.ErrInvalidOption)
+	}
+	opts = append([]fence.LeadOption{fence.OnElected(func(l fence.Lease) {
+		c.log().Info(LogElected, "consumer", c.Name, "token", int64(l.Token()))
+	})}, opts...)
+	return fence.Lead(ctx, locker, LockName(c.Stream, c.Group), c.term, opts...)
+}
+
+func isBusyGroup(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "BUSYGROUP")
+}
+
+// term is one term of leadership: claim, read, apply, until the lease ends.
+func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
+	// Each term creates the group if it is missing (the stream may have
+	// gone with a Redis that restarted empty).
+	err := c.Redis.XGroupCreateMkStream(ctx, c.Stream, c.Group, "0").Err()
+	if err != nil && !isBusyGroup(err) {
+		return fmt.Errorf("queue: create group: %w", err)
+	}
+	// First everything pending, whatever its idle time, in the stream's
+	// order: whoever read it no longer leads. Then new entries, and each
+	// round the pending ones idle for MinIdle.
+	for cursor := "0-0"; ; {
+		claimed, next, err := c.claim(ctx, lease, 0, cursor)
+		if err != nil {
+			return err
+		}
+		if next == "0-0" || (len(claimed) == 0 && next == cursor) {
+			break // the whole pending list was scanned
+		}
+		cursor = next
+	}
+	cursor := "0-0"
+	for {
+		claimed, next, err := c.claim(ctx, lease, cmp.Or(c.MinIdle, DefaultMinIdle), cursor)
+		if err != nil {
+			return err
+		}
+		cursor = next
+		if err := valid(ctx, lease); err != nil {
+			return err
+		}
+		block := cmp.Or(c.Block, DefaultBlock)
+		if len(claimed) > 0 {
+			block = -1 // more may be pending: do not wait for new entries
+		}
+		streams, err := c.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: c.Group, Consumer: c.Name, Streams: []string{c.Stream, ">"},
+			Count: int64(c.batch()), Block: block,
+		}).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("queue: XREADGROUP: %w", err)
+		}
+		for _, s := range streams {
+			if err := c.apply(ctx, lease, s.Messages); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// claim takes, with XAUTOCLAIM from cursor, the pending entries idle for
+// minIdle, applies them, and returns them and the next cursor.
+func (c *Consumer) claim(ctx context.Context, lease fence.Lease, minIdle time.Duration, cursor string) ([]redis.XMessage, string, error) {
+	if err := valid(ctx, lease); err != nil {
+		return nil, "", err
+	}
+	claimed, next, err := c.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+		Stream: c.Stream, Group: c.Group, Consumer: c.Name,
+		MinIdle: minIdle, Start: cursor, Count: int64(c.batch()),
+	}).Result()
+	if err != nil {
+		return nil, "", fmt.Errorf("queue: XAUTOCLAIM: %w", err)
+	}
+	if len(claimed) > 0 {
+		c.log().Info(LogClaimed, "consumer", c.Name, "token", int64(lease.Token()), "n", len(claimed), "min_idle", minIdle)
+	}
+	return claimed, next, c.apply(ctx, lease, claimed)
+}
+
+// valid returns an error if the lease is known to have ended: its context
+// is done, or its deadline has passed (a consumer that was paused sees the
+// latter at once, before the watchdog tells it).
+func valid(ctx context.Context, lease fence.Lease) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if !time.Now().Before(lease.Deadline()) {
+		return fmt.Errorf("%w: queue: past the lease's deadline", fence.ErrLeaseLost)
+	}
+	return nil
+}
+
+// apply applies the entries in order. It returns an error, ending the term,
+// when the lease ended, the fence rejected the token, or the database or
+// Redis failed; the entries not acknowledged stay pending.
+func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis.XMessage) error {
+	token := lease.Token()
+	for _, e := range entries {
+		if err := valid(ctx, lease); err != nil {
+			return err
+		}
+		m, err := parse(e)
+		if err != nil {
+			// A malformed entry can never be applied: acknowledge it.
+			c.log().Error("malformed", "consumer", c.Name, "id", e.ID, "err", err)
+			if err := c.ack(ctx, e.ID); err != nil {
+				return err
+			}
+			continue
+		}
+		c.pause(BeforeFence, m, token)
+		err = c.applyOne(ctx, m, token)
+		switch {
+		case err == nil:
+			c.log().Info(LogApplied, "consumer", c.Name, "id", m.ID, "token", int64(token))
+		case errors.Is(err, errDuplicate):
+			c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "token", int64(token))
+		case errors.Is(err, guard.ErrStale):
+			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
+		default:
+			c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+			return fmt.Errorf("queue: apply %s: %w", m.ID, err)
+		}
+		// The commit (or the earlier one the constraint found) is done:
+		// only now is the entry acknowledged, even if the lease ended
+		// meanwhile. If XACK fails, the entry is claimed again later and
+		// found applied.
+		if err := c.ack(ctx, m.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ack acknowledges entry id, with a context that the lease's end does not
+// cancel.
+func (c *Consumer) ack(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	defer cancel()
+	if err := c.Redis.XAck(ctx, c.Stream, c.Group, id).Err(); err != nil {
+		return fmt.Errorf("queue: XACK %s: %w", id, err)
+	}
+	return nil
+}
+
+// applyOne applies m in one transaction fenced with token.
+func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) error {
+	// The transaction runs even if the lease ends meanwhile: a paused
+	// consumer does not know that it paused, and the fence must stop it.
+	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	defer cancel()
+	return guard.Tx(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, account, amount, token, consumer)
+VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stream, msg_id) DO NOTHING`, c.Stream, m.ID, m.Account, m.Amount, int64(token), c.Name)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return cmp.Or(err, errDuplicate) // rolls back; the message is done
+		}
+		if _, err := tx.ExecContext(dbCtx, `INSERT INTO queue_balance (account, balance) VALUES ($1, $2)
+ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.balance`, m.Account, m.Amount); err != nil {
+			return err
+		}
+		c.pause(BeforeCommit, m, token)
+		return nil
+	})
+}
+
+func parse(e redis.XMessage) (Message, error) {
+	account, _ := e.Values["account"].(string)
+	s, _ := e.Values["amount"].(string)
+	amount, err := strconv.ParseInt(s, 10, 64)
+	if account == "" || err != nil {
+		return Message{}, fmt.Errorf("want fields account and amount (an integer), got %v", e.Values)
+	}
+	return Message{ID: e.ID, Account: account, Amount: amount}, nil
+}
+
+func (c *Consumer) pause(p Point, m Message, token fence.Token) {
+	if c.Pause != nil {
+		c.Pause(p, m, token)
+	}
+}
+
+func (c *Consumer) batch() int {
+	if c.Batch > 0 {
+		return c.Batch
+	}
+	return DefaultBatch
+}
+
+func (c *Consumer) log() *slog.Logger {
+	if c.Log != nil {
+		return c.Log
+	}
+	return slog.Default()
+}
