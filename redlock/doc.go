@@ -39,8 +39,11 @@
 // # Tokens
 //
 // Each node's acquire script, in the same step that takes the lock, issues
-// max(last + 1, the node's clock in microseconds, the client's floor) for
-// the name, the client's floor being its own clock a second ahead. The
+//
+//	max(last + 1, T, min(F, T + 2 s))
+//
+// for the name, T being the node's clock in microseconds and F the client's
+// floor, its own clock a second ahead. The
 // lease's token is the largest of the tokens issued by the nodes that
 // granted it, and before Acquire returns it is written back (raised to,
 // never lowered) to those of them that answered a smaller one: a majority
@@ -51,7 +54,16 @@
 // the same acquisitions then answer the same token, and the write-back, a
 // second round trip, is needed only for the nodes behind. It only ever
 // raises a token, so a client whose clock is wrong makes tokens jump, never
-// repeat.
+// repeat; and it counts only up to 2 s past the node's own clock, so the
+// jump is bounded. A client within a second of the nodes' clocks (ahead or
+// behind) has F ≤ T + 2 s on every node: its floor counts in full
+// everywhere and the nodes agree without the write-back. A client hours
+// ahead makes tokens at most 2 s ahead of the nodes' clocks (plus one per
+// acquisition), never hours: otherwise one such client would push every
+// later token of the name, on every node, hours ahead, a resource refusing
+// tokens too far ahead (guard's MaxAhead) would refuse every holder's until
+// the clocks caught up, and the records would creep towards 2^53
+// (ErrBadTokenRecord).
 //
 // This rests on two assumptions, stated plainly:
 //

@@ -7,5 +7,5 @@ import "time"
 func SetBeforeReplies(l *Locker, f func()) { l.beforeReplies = f }
 
 // SetClock replaces the clock that times acquisitions against their
-// validity.
+// validity and from which they propose their token floor.
 func SetClock(l *Locker, now func() time.Time) { l.now = now }

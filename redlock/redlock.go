@@ -64,8 +64,8 @@ type Locker struct {
 	// requests were sent and before their replies are read: a client
 	// paused at the worst moment.
 	beforeReplies func()
-	// now is the clock that times an acquisition against its validity;
-	// tests move it.
+	// now is the clock that times an acquisition against its validity
+	// and from which it proposes its token floor; tests move it.
 	now func() time.Time
 }
 
@@ -326,9 +326,9 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	revokeKey := k.lock + ":revoked:" + owner
 	timeout := l.timeoutFor(ttl)
 	start := l.now()
-	floor := time.Now().Add(floorLead).UnixMicro()
+	floor := start.Add(floorLead).UnixMicro()
 	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds(), floor).Int64Slice()
+		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds(), floor, floorCap.Microseconds()).Int64Slice()
 	})
 	var (
 		granted []int
@@ -408,6 +408,16 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 // and on other hosts, usually fall below it, so that the nodes answer the
 // same token and need no write-back.
 const floorLead = time.Second
+
+// floorCap is how far past a node's own clock the client's floor may count
+// there (acquire.lua): a client whose clock is within floorCap − floorLead
+// (a second) ahead of a node's clock, or behind it, still has its floor
+// counted in full, so all nodes answer the same token; a client whose clock
+// is hours ahead makes tokens at most floorCap ahead of the nodes' clocks,
+// not hours ahead (a resource that refuses tokens too far ahead, such as
+// guard with MaxAhead, would refuse every holder's until the clocks caught
+// up, and the records would creep towards 2^53).
+const floorCap = 2 * time.Second
 
 // revokeFor is how long the mark that revokes a try given up on lives on a
 // node that did not answer it in time (release.lua).
