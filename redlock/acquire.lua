@@ -5,7 +5,8 @@
 -- ARGV[1] owner (one per try), ARGV[2] lease ms, ARGV[3] the client's
 -- proposed floor, µs (its clock plus a second), ARGV[4] how far past this
 -- node's clock the client's floor may count, µs
--- Returns {1, token} when taken, {0, holder's PTTL} when held (-2: revoked),
+-- Returns {1, token, node ms} when taken, {0, holder's PTTL} when held (-2:
+-- revoked),
 -- and an error starting FENCETOKEN, before touching anything, when the
 -- record is not a token this script can increase exactly.
 --
@@ -60,4 +61,4 @@ if token > 9007199254740991 then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], string.format('%d', token))
-return {1, token}
+return {1, token, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}

@@ -25,7 +25,13 @@
 // Extend and the watchdog move the expiry on every node that still holds
 // the lease and move the deadline only when a majority did so in time; the
 // lease is lost when too few nodes still hold it for a majority, or when no
-// renewal reached a majority before the deadline. Release deletes the lock
+// renewal reached a majority before the deadline. Each renewal carries the
+// lease's deadline mapped to each node's clock (through that node's last
+// reply, erring early, so the offsets between the clocks do not matter): a
+// renewal that sits in a paused node's socket and runs after the deadline
+// is refused there, rather than holding the lock for a lease nobody uses;
+// a renewal whose lease ended while it was on its way is given back.
+// Release deletes the lock
 // on every node where this lease owns it and succeeds when a majority did.
 //
 // # Keys

@@ -1,12 +1,14 @@
 package redlock_test
 
 import (
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
 )
 
 // nodeMicros reads a node's clock, in microseconds.
@@ -58,6 +60,84 @@ func TestSkewedClientCannotInflateTokens(t *testing.T) {
 		rec, err := s.Client(t).Get(ctxFor(t), lockKey(name)+":token").Int64()
 		if err != nil || fence.Token(rec) != b.Token() {
 			t.Fatalf("node %d's record %d, %v; want %d", i, rec, err, b.Token())
+		}
+	}
+}
+
+// hangable returns clients to srvs that do not put the context's deadline
+// on the socket: a request to a stopped node stays in its socket, and the
+// node runs it when it wakes.
+func hangable(t testing.TB, srvs []*redistest.Server) []redis.UniversalClient {
+	t.Helper()
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		cs[i] = s.Client(t)
+	}
+	return cs
+}
+
+// waitScripts waits until s has run at least n scripts, or fails.
+func waitScripts(t testing.TB, s *redistest.Server, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for scriptCalls(t, s) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node ran %d scripts, want %d", scriptCalls(t, s), n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// A renewal that sits in a paused node's socket past the lease's deadline
+// must be refused when it runs: moved then, it would hold the lock there
+// for a full lease that nobody uses (here on a majority: every other
+// client would be locked out for it). The lock's expiry on the two paused
+// nodes is removed beforehand (a node whose clock stands still, as far as
+// the key is concerned), so the late renewal finds the lock still there and
+// the test sees whether it touched it.
+func TestLateRenewalRefused(t *testing.T) {
+	srvs := nodes(t, 3)
+	l, err := redlock.New(hangable(t, srvs), &redlock.Options{NodeTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "late-renewal"
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	// Load the extend script on the nodes: a late EVALSHA of a script the
+	// node does not know would be refused anyway.
+	if err := lease.Extend(ctxFor(t), 300*time.Millisecond); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	stopped := srvs[1:]
+	before := make([]int, len(stopped))
+	for i, s := range stopped {
+		if err := s.Client(t).Persist(ctxFor(t), lockKey(name)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before[i] = scriptCalls(t, s)
+		s.Signal(syscall.SIGSTOP)
+		t.Cleanup(func() { s.Signal(syscall.SIGCONT) })
+	}
+	if err := lease.Extend(ctxFor(t), 10*time.Second); err == nil {
+		t.Fatal("Extend with two of three nodes stopped succeeded")
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	for i, s := range stopped {
+		s.Signal(syscall.SIGCONT)
+		waitScripts(t, s, before[i]+1)
+		pttl, err := s.Client(t).PTTL(ctxFor(t), lockKey(name)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl != -1 {
+			t.Errorf("node %d: a renewal run after the lease's deadline set the lock's expiry to %v", i+1, pttl)
 		}
 	}
 }

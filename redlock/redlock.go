@@ -238,6 +238,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 type result struct {
 	res []int64
 	err error
+	at  time.Time // when the reply came (the script ran before)
 }
 
 // fanout runs call on the nodes listed (by index) all at once, each bounded
@@ -257,7 +258,7 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 	for k, i := range nodes {
 		go func() {
 			res, err := call(cctx, l.nodes[i])
-			ch <- reply{k, result{res, err}}
+			ch <- reply{k, result{res, err, time.Now()}}
 		}()
 	}
 	if pause != nil {
@@ -340,7 +341,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
-		case len(r.res) == 2 && r.res[0] == 1 && r.res[1] > 0:
+		case len(r.res) == 3 && r.res[0] == 1 && r.res[1] > 0:
 			granted = append(granted, i)
 			token = max(token, r.res[1])
 		case len(r.res) == 2 && r.res[0] == 0:
@@ -395,11 +396,15 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	if validity := ttl - elapsed - drift(ttl); validity <= 0 {
 		return fail(fmt.Errorf("%w: the nodes took %v of a lease time of %v (drift allowance %v)", ErrValidity, elapsed, ttl, drift(ttl)))
 	}
-	ls := l.newLease(ctx, name, k, owner, fence.Token(token), ttl, watchdog, start)
-	ls.revokeKey, ls.ungranted = revokeKey, make([]bool, len(l.nodes))
+	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
+		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes))}
 	for i, r := range rs {
 		ls.ungranted[i] = r.err != nil
 	}
+	for _, i := range granted {
+		ls.refs[i] = clockRef{nodeMs: rs[i].res[2], at: rs[i].at}
+	}
+	ls.start(ctx, watchdog, start)
 	return ls, nil
 }
 
@@ -431,7 +436,7 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 	rctx := context.WithoutCancel(ctx)
 	l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
 		i := l.index(c)
-		if tried[i].err != nil || len(tried[i].res) != 2 {
+		if tried[i].err != nil || len(tried[i].res) < 2 {
 			return nil, releaseScript.Run(ctx, c, []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
 		}
 		if tried[i].res[0] == 0 {
