@@ -1,6 +1,7 @@
 package redlock_test
 
 import (
+	"errors"
 	"syscall"
 	"testing"
 	"time"
@@ -139,5 +140,64 @@ func TestLateRenewalRefused(t *testing.T) {
 		if pttl != -1 {
 			t.Errorf("node %d: a renewal run after the lease's deadline set the lock's expiry to %v", i+1, pttl)
 		}
+	}
+}
+
+// A failed try is given back on the nodes that did not answer it; when
+// the single release cannot even be sent (here the node's only connection
+// is still busy with the try, the node being paused), the try runs when the
+// node wakes and keeps the lock there for its lease time, for nobody,
+// unless the release is retried. Two of three nodes are paused, so that a
+// leftover lock on them would lock out every client.
+func TestFailedTryReleasedAfterNodesWake(t *testing.T) {
+	srvs := nodes(t, 3)
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name, ttl = "wake", 5 * time.Second
+	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	stopped := srvs[1:]
+	for _, s := range stopped {
+		s.Signal(syscall.SIGSTOP)
+		t.Cleanup(func() { s.Signal(syscall.SIGCONT) })
+	}
+	if _, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl)); !errors.Is(err, redlock.ErrNoQuorum) {
+		t.Fatalf("Acquire with two of three nodes stopped = %v, want ErrNoQuorum", err)
+	}
+	woke := time.Now()
+	for _, s := range stopped {
+		s.Signal(syscall.SIGCONT)
+	}
+	deadline := woke.Add(ttl / 2)
+	for {
+		on := lockedOn(t, srvs, name)
+		if len(on) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after the nodes woke, the failed try still holds the lock on nodes %v", time.Since(woke), on)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	// And every node answers again.
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl), fence.Wait(2*time.Second))
+	if err != nil {
+		t.Fatalf("Acquire after the nodes woke: %v", err)
+	}
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 }

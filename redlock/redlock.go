@@ -10,6 +10,7 @@ import (
 	mrand "math/rand/v2"
 	"reflect"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -432,9 +433,16 @@ const revokeFor = time.Minute
 // when ctx has ended, each within the per-node timeout. A node that did not
 // answer the try also gets a revocation mark: the try may still be sitting
 // in its socket, and must refuse when it runs.
+//
+// A node whose release fails (paused, its connections busy, the network
+// cut) may still run the try later, or hold the lock it took: its release,
+// with the revocation mark, is retried in the background, with back-off,
+// within the lease time (after which the lock, if taken, has run out by
+// itself). A refused connection ends the retries: the node is down, and
+// the try with it.
 func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
 	rctx := context.WithoutCancel(ctx)
-	l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+	rs := l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
 		i := l.index(c)
 		if tried[i].err != nil || len(tried[i].res) < 2 {
 			return nil, releaseScript.Run(ctx, c, []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
@@ -444,6 +452,35 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 		}
 		return nil, releaseScript.Run(ctx, c, []string{k.lock}, owner).Err()
 	})
+	for i, r := range rs {
+		if r.err != nil && !errors.Is(r.err, syscall.ECONNREFUSED) {
+			go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
+		}
+	}
+}
+
+// releaseAbandoned retries the release, with the revocation mark, of a try
+// given up on, on node i, until the node answers, refuses the connection,
+// or the lease time has passed (at least a second). Each attempt may take
+// what is left of that time: go-redis tells a refused connection only once
+// its own dial retries are over, a second or two.
+func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(ttl, time.Second))
+	defer cancel()
+	for failures := 1; ; failures++ {
+		d := min(10*time.Millisecond<<min(failures-1, 7), time.Second)
+		t := time.NewTimer(d/2 + mrand.N(d/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
+		if err == nil || errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // index is the position of client c among the nodes.
