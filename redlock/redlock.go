@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"net"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"syscall"
@@ -78,8 +80,8 @@ var _ fence.Locker = (*Locker)(nil)
 // sends nothing to them. opts may be nil.
 //
 // It returns an error matching fence.ErrInvalidOption when clients is
-// empty, holds a nil client or the same client twice, or an option is out of
-// range.
+// empty, holds a nil client or the same client twice, two clients to the
+// same address (a *DuplicateNodeError), or an option is out of range.
 func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	if len(clients) == 0 {
 		return nil, fmt.Errorf("%w: redlock: no clients", fence.ErrInvalidOption)
@@ -96,6 +98,9 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 				return nil, fmt.Errorf("%w: redlock: clients %d and %d are the same client", fence.ErrInvalidOption, j, i)
 			}
 		}
+	}
+	if err := distinctAddrs(clients); err != nil {
+		return nil, err
 	}
 	var o Options
 	if opts != nil {
@@ -123,6 +128,66 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		return nil, fmt.Errorf("%w: redlock: retry delay %v is shorter than 1ms", fence.ErrInvalidOption, l.retryDelay)
 	}
 	return l, nil
+}
+
+// DuplicateNodeError means that two of the clients given to New reach the
+// same address: one server would count twice towards a majority (with a
+// third client, two of three "nodes" would be one real node). It matches
+// fence.ErrInvalidOption.
+type DuplicateNodeError struct {
+	Addr          string // the address, as the second client spells it
+	First, Second int    // the clients' positions
+}
+
+func (e *DuplicateNodeError) Error() string {
+	return fmt.Sprintf("%v: redlock: clients %d and %d reach the same server, %s", fence.ErrInvalidOption, e.First, e.Second, e.Addr)
+}
+
+// Unwrap returns fence.ErrInvalidOption.
+func (e *DuplicateNodeError) Unwrap() error { return fence.ErrInvalidOption }
+
+// distinctAddrs refuses clients that reach the same address, whatever their
+// database. It compares addresses as written, up to case, an empty or
+// "localhost" host against the loopback addresses, and IP spellings; it
+// resolves no names, so two names of one host get past it. Clients that do
+// not tell their address (Options) are not compared.
+func distinctAddrs(clients []redis.UniversalClient) error {
+	seen := make(map[string]int, len(clients))
+	for i, c := range clients {
+		o, ok := c.(interface{ Options() *redis.Options })
+		if !ok || o.Options() == nil {
+			continue
+		}
+		key := canonicalAddr(o.Options().Network, o.Options().Addr)
+		if j, ok := seen[key]; ok {
+			return &DuplicateNodeError{Addr: o.Options().Addr, First: j, Second: i}
+		}
+		seen[key] = i
+	}
+	return nil
+}
+
+// canonicalAddr spells a go-redis address one way: an empty host,
+// 127.0.0.1 and ::1 as "localhost", IPs in their canonical form, names in lower case.
+func canonicalAddr(network, addr string) string {
+	if network == "unix" {
+		return "unix:" + filepath.Clean(addr)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "tcp:" + strings.ToLower(addr)
+	}
+	host = strings.ToLower(host)
+	if ip := net.ParseIP(host); ip != nil {
+		host = ip.String()
+		if ip.Equal(net.IPv4(127, 0, 0, 1)) || ip.Equal(net.IPv6loopback) {
+			host = "localhost"
+		}
+	}
+	if host == "" {
+		host = "localhost"
+	}
+	return "tcp:" + net.JoinHostPort(host, port)
 }
 
 // Quorum is how many nodes must grant a lock: a majority, len(clients)/2+1.
