@@ -7,5 +7,9 @@ import "time"
 func SetBeforeReplies(l *Locker, f func()) { l.beforeReplies = f }
 
 // SetClock replaces the clock that times acquisitions against their
-// validity and from which they propose their token floor.
+// validity.
 func SetClock(l *Locker, now func() time.Time) { l.now = now }
+
+// SetWallClock replaces the wall clock from which acquisitions propose
+// their token floor.
+func SetWallClock(l *Locker, now func() time.Time) { l.wall = now }

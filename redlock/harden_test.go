@@ -29,7 +29,7 @@ func nodeMicros(t testing.TB, s *redistest.Server) int64 {
 func TestSkewedClientCannotInflateTokens(t *testing.T) {
 	srvs := nodes(t, 3)
 	skewed := newLocker(t, srvs, nil)
-	redlock.SetClock(skewed, func() time.Time { return time.Now().Add(time.Hour) })
+	redlock.SetWallClock(skewed, func() time.Time { return time.Now().Add(time.Hour) })
 	const name = "skewed"
 	a, err := skewed.Acquire(ctxFor(t), name, fence.TTL(10*time.Second))
 	if err != nil {

@@ -67,9 +67,13 @@ type Locker struct {
 	// requests were sent and before their replies are read: a client
 	// paused at the worst moment.
 	beforeReplies func()
-	// now is the clock that times an acquisition against its validity
-	// and from which it proposes its token floor; tests move it.
+	// now is the clock that times an acquisition against its validity;
+	// tests move it.
 	now func() time.Time
+	// wall is the clock from which an acquisition proposes its token
+	// floor; tests set it wrong, as a client's wall clock can be (which
+	// leaves the monotonic clock that times leases alone).
+	wall func() time.Time
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -114,6 +118,7 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		nodeTimeout: cmp.Or(o.NodeTimeout, DefaultNodeTimeout),
 		retryDelay:  cmp.Or(o.RetryDelay, DefaultRetryDelay),
 		now:         time.Now,
+		wall:        time.Now,
 	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redlock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
@@ -393,7 +398,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	revokeKey := k.lock + ":revoked:" + owner
 	timeout := l.timeoutFor(ttl)
 	start := l.now()
-	floor := start.Add(floorLead).UnixMicro()
+	floor := l.wall().Add(floorLead).UnixMicro()
 	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
 		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds(), floor, floorCap.Microseconds()).Int64Slice()
 	})
