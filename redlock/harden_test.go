@@ -1,6 +1,7 @@
 package redlock_test
 
 import (
+	"context"
 	"errors"
 	"syscall"
 	"testing"
@@ -199,5 +200,160 @@ func TestFailedTryReleasedAfterNodesWake(t *testing.T) {
 	}
 	if err := lease.Release(ctxFor(t)); err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+}
+
+// waitUnlocked waits until name is locked on none of srvs, or fails.
+func waitUnlocked(t testing.TB, srvs []*redistest.Server, name string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		on := lockedOn(t, srvs, name)
+		if len(on) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v the lock is still held on nodes %v", within, on)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// The caller's context cancelled while the requests are out: Acquire
+// returns the context's error, and what the nodes granted is given back.
+func TestCancelMidFanout(t *testing.T) {
+	for _, n := range []int{3, 5} {
+		srvs := nodes(t, n)
+		l := newLocker(t, srvs, nil)
+		const name = "cancelled"
+		ctx, cancel := context.WithCancel(ctxFor(t))
+		redlock.SetBeforeReplies(l, func() {
+			// Let the nodes run the scripts, then cancel.
+			deadline := time.Now().Add(5 * time.Second)
+			for len(lockedOn(t, srvs, name)) < n && time.Now().Before(deadline) {
+			}
+			cancel()
+		})
+		_, err := l.Acquire(ctx, name, fence.TTL(10*time.Second))
+		if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("%d nodes: Acquire cancelled mid-fan-out = %v, want ErrNotAcquired and context.Canceled", n, err)
+		}
+		if on := lockedOn(t, srvs, name); len(on) != 0 {
+			t.Fatalf("%d nodes: the cancelled acquisition left the lock on nodes %v", n, on)
+		}
+		redlock.SetBeforeReplies(l, nil)
+		lease, err := l.Acquire(ctxFor(t), name, fence.TTL(10*time.Second))
+		if err != nil {
+			t.Fatalf("%d nodes: Acquire after the cancelled one: %v", n, err)
+		}
+		if err := lease.Release(ctxFor(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Release while a watchdog renewal is waiting on a paused node: Release
+// stops the renewal and succeeds (a majority deleted the lock), even when
+// the lease's deadline passes while it waits for the paused node; nothing
+// stays locked once the paused node has run what it was sent.
+func TestReleaseDuringRenewal(t *testing.T) {
+	srvs := nodes(t, 3)
+	l, err := redlock.New(hangable(t, srvs), &redlock.Options{NodeTimeout: 2 * time.Second, WatchdogTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "release-renewing"
+	lease, err := l.Acquire(ctxFor(t), name)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	paused := srvs[2]
+	before0, before2 := scriptCalls(t, srvs[0]), scriptCalls(t, paused)
+	paused.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { paused.Signal(syscall.SIGCONT) })
+	// The watchdog renews after a third of 3 s; the renewal has run on
+	// node 0 and waits for node 2, for up to 2 s.
+	waitScripts(t, srvs[0], before0+1)
+	start := time.Now()
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release during a renewal: %v", err)
+	}
+	// It waits for the paused node up to the node timeout (2 s), not for
+	// the renewal as well; it ends past the lease's deadline (the renewal
+	// was cut short and moved it on a majority or not at all), which must
+	// not turn a release into ErrLeaseLost.
+	if took := time.Since(start); took > 2*time.Second+500*time.Millisecond {
+		t.Errorf("Release during a renewal took %v", took)
+	}
+	if !errors.Is(lease.Err(), fence.ErrReleased) {
+		t.Errorf("Err after Release = %v, want ErrReleased", lease.Err())
+	}
+	paused.Signal(syscall.SIGCONT)
+	waitScripts(t, paused, before2+2) // the renewal and the release
+	waitUnlocked(t, srvs, name, time.Second)
+}
+
+// A quorum lost while a watchdog lease is held (two of three nodes
+// paused): the lease ends, Done closed, by its deadline.
+func TestQuorumLostEndsLease(t *testing.T) {
+	for _, how := range []string{"paused", "killed"} {
+		srvs := nodes(t, 3)
+		l := newLocker(t, srvs, &redlock.Options{WatchdogTTL: 300 * time.Millisecond, NodeTimeout: 20 * time.Millisecond})
+		lease, err := l.Acquire(ctxFor(t), "quorum-lost")
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		for _, s := range srvs[1:] {
+			if how == "killed" {
+				s.Kill()
+			} else {
+				s.Signal(syscall.SIGSTOP)
+				t.Cleanup(func() { s.Signal(syscall.SIGCONT) })
+			}
+		}
+		deadline := lease.Deadline()
+		const slack = 100 * time.Millisecond
+		select {
+		case <-lease.Done():
+		case <-time.After(time.Until(deadline) + slack):
+			t.Fatalf("%s: the lease was not over %v after its deadline", how, slack)
+		}
+		// The watchdog may have moved the deadline before the nodes went;
+		// the lease must end by the deadline it had when it ended.
+		if late := time.Since(lease.Deadline()); late > slack {
+			t.Errorf("%s: Done closed %v after the deadline", how, late)
+		}
+		if !errors.Is(lease.Err(), fence.ErrLeaseLost) || !errors.Is(context.Cause(lease.Context()), fence.ErrLeaseLost) {
+			t.Errorf("%s: Err = %v, want ErrLeaseLost", how, lease.Err())
+		}
+		_ = lease.Release(ctxFor(t))
+	}
+}
+
+// A Release that waits for a paused node past the lease's deadline still
+// succeeds when a majority deleted the lock: the lease was not lost before
+// Release was called. The clock that dates the acquisition is set back, so
+// that the deadline falls while Release waits for the paused node.
+func TestReleaseOutlivingDeadline(t *testing.T) {
+	srvs := nodes(t, 3)
+	l, err := redlock.New(hangable(t, srvs), &redlock.Options{NodeTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	redlock.SetClock(l, func() time.Time { return time.Now().Add(-900 * time.Millisecond) })
+	lease, err := l.Acquire(ctxFor(t), "release-late", fence.TTL(time.Second))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if lease.Err() != nil {
+		t.Fatalf("the lease ended before Release: %v", lease.Err())
+	}
+	srvs[2].Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { srvs[2].Signal(syscall.SIGCONT) })
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release that outlived the deadline waiting for a paused node = %v, want nil", err)
+	}
+	if on := lockedOn(t, srvs[:2], "release-late"); len(on) != 0 {
+		t.Fatalf("locked on %v after Release", on)
 	}
 }

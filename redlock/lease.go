@@ -267,6 +267,9 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.stopWatchdog()
 		<-ls.watchdogDone
 	}
+	// Lost before Release, not while it waits for a slow node: the holder
+	// stopped using the lease when it called Release.
+	lostBefore := ls.Err()
 	l := ls.locker
 	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
 		keys, args := []string{ls.keys.lock}, []any{ls.owner}
@@ -278,7 +281,6 @@ func (ls *lease) Release(ctx context.Context) error {
 	})
 	deleted, gone, errs := tally(rs)
 	var err error
-	lostBefore := ls.Err()
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release

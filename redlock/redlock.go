@@ -467,6 +467,11 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	if validity := ttl - elapsed - drift(ttl); validity <= 0 {
 		return fail(fmt.Errorf("%w: the nodes took %v of a lease time of %v (drift allowance %v)", ErrValidity, elapsed, ttl, drift(ttl)))
 	}
+	if err := ctx.Err(); err != nil {
+		// The caller gave up while the try was out; it will not use
+		// the lease.
+		return fail(err)
+	}
 	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
 		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes))}
 	for i, r := range rs {
