@@ -357,3 +357,48 @@ func TestReleaseOutlivingDeadline(t *testing.T) {
 		t.Fatalf("locked on %v after Release", on)
 	}
 }
+
+// Three of five nodes paused during a try: it fails for want of a
+// majority; the paused nodes run it when they wake, long after the try was
+// given up on, and must not keep the lock: the revocation sent with the
+// release (or its retries) makes the late try refuse, or deletes what it
+// took. Ordinary clients (the deadline on the socket), and clients that
+// leave it to their read timeout.
+func TestLateNodesKeepNothing(t *testing.T) {
+	for _, hang := range []bool{false, true} {
+		srvs := nodes(t, 5)
+		var cs []redis.UniversalClient
+		if hang {
+			cs = hangable(t, srvs)
+		} else {
+			cs = clients(t, srvs)
+		}
+		l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 30 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const name, ttl = "late-nodes", 10 * time.Second
+		warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if err := warm.Release(ctxFor(t)); err != nil {
+			t.Fatal(err)
+		}
+		paused := []*redistest.Server{srvs[0], srvs[2], srvs[4]}
+		before := make([]int, len(paused))
+		for i, s := range paused {
+			before[i] = scriptCalls(t, s)
+			s.Signal(syscall.SIGSTOP)
+			t.Cleanup(func() { s.Signal(syscall.SIGCONT) })
+		}
+		if _, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl)); !errors.Is(err, redlock.ErrNoQuorum) {
+			t.Fatalf("Acquire with 3 of 5 nodes paused = %v, want ErrNoQuorum", err)
+		}
+		for i, s := range paused {
+			s.Signal(syscall.SIGCONT)
+			waitScripts(t, s, before[i]+2) // the try and its release
+		}
+		waitUnlocked(t, srvs, name, 2*time.Second)
+	}
+}
