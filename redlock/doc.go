@@ -18,7 +18,11 @@
 // released on every node it was sent to, even when the caller's context has
 // ended; on a node that did not answer in time the release also leaves a
 // revocation mark, so that the acquisition, if it is still sitting in a
-// paused node's socket, refuses when it runs. A waiting Acquire (fence.Wait)
+// paused node's socket, refuses when it runs. A release that fails on such
+// a node (still paused, its connections busy) is retried in the background,
+// with back-off, within the lease time. Clients to the same address are
+// refused by New (DuplicateNodeError): one server would count twice
+// towards a majority. A waiting Acquire (fence.Wait)
 // tries again after a random pause around Options.RetryDelay until its
 // budget or its context ends.
 //
