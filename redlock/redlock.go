@@ -536,7 +536,8 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 
 // releaseAbandoned retries the release, with the revocation mark, of a try
 // given up on, on node i, until the node answers, refuses the connection,
-// or the lease time has passed (at least a second). Each attempt may take
+// or the lease time has passed (at least a second), or the client is
+// closed (nothing can be sent through it any more). Each attempt may take
 // what is left of that time: go-redis tells a refused connection only once
 // its own dial retries are over, a second or two.
 func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration) {
@@ -552,7 +553,7 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 		case <-t.C:
 		}
 		err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
-		if err == nil || errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
+		if err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
 			return
 		}
 	}
