@@ -19,11 +19,12 @@ type held struct {
 	from, to time.Time
 	token    fence.Token
 	locker   int
+	outlived bool // the holder held it past its deadline
 }
 
 // Many goroutines on several Lockers (each with its own clients) contend
-// for one name with short leases; some hold past their deadline, some
-// extend. No two leases may overlap in time, and tokens must increase in
+// for one name with short leases, half of them renewed by the watchdog;
+// some hold past their deadline, some extend. No two leases may overlap in time, and tokens must increase in
 // the order the leases were granted: two holders at once, a repeated
 // token or a token smaller than an earlier holder's is a bug.
 func contend(t *testing.T, n int) {
@@ -40,7 +41,7 @@ func contend(t *testing.T, n int) {
 	// an hour ahead (its floor is capped at each node's clock plus 2 s).
 	ls := make([]*redlock.Locker, lockers)
 	for i := range ls {
-		ls[i] = newLocker(t, srvs, &redlock.Options{NodeTimeout: 20 * time.Millisecond, RetryDelay: 5 * time.Millisecond})
+		ls[i] = newLocker(t, srvs, &redlock.Options{NodeTimeout: 20 * time.Millisecond, RetryDelay: 5 * time.Millisecond, WatchdogTTL: ttl})
 		skew := []time.Duration{0, -time.Hour, time.Hour}[i]
 		redlock.SetWallClock(ls[i], func() time.Time { return time.Now().Add(skew) })
 	}
@@ -56,7 +57,11 @@ func contend(t *testing.T, n int) {
 		l := ls[i%lockers]
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				lease, err := l.Acquire(ctx, name, fence.TTL(ttl), fence.Wait(time.Second))
+				opts := []fence.Option{fence.Wait(time.Second)}
+				if i%2 == 0 {
+					opts = append(opts, fence.TTL(ttl)) // the others' leases are renewed by the watchdog
+				}
+				lease, err := l.Acquire(ctx, name, opts...)
 				if err != nil {
 					mu.Lock()
 					switch {
@@ -88,7 +93,7 @@ func contend(t *testing.T, n int) {
 				}
 				h.to = time.Now()
 				if d := lease.Deadline(); d.Before(h.to) {
-					h.to = d
+					h.to, h.outlived = d, true
 				}
 				_ = lease.Release(context.Background())
 				mu.Lock()
@@ -112,7 +117,13 @@ func contend(t *testing.T, n int) {
 	if len(leases) < 20 {
 		t.Fatalf("only %d leases granted in %v; failures %v", len(leases), runFor, fails)
 	}
-	t.Logf("%d masters, %d goroutines on %d Lockers, TTL %v: %d leases in %v, failed tries %v", n, lockers*perLocker, lockers, ttl, len(leases), runFor, fails)
+	outlived := 0
+	for _, h := range leases {
+		if h.outlived {
+			outlived++
+		}
+	}
+	t.Logf("%d masters, %d goroutines on %d Lockers, TTL %v: %d leases in %v (%d held past their deadline), failed tries %v", n, lockers*perLocker, lockers, ttl, len(leases), runFor, outlived, fails)
 }
 
 func TestContention3(t *testing.T) { contend(t, 3) }
