@@ -402,3 +402,42 @@ func TestLateNodesKeepNothing(t *testing.T) {
 		waitUnlocked(t, srvs, name, 2*time.Second)
 	}
 }
+
+// A Release that cannot reach one node (paused, its only connection busy
+// with a renewal) still succeeds on the majority; the node, when it wakes,
+// must not keep the lock for the rest of its lease time: the release there
+// is retried in the background.
+func TestReleaseRetriedOnUnreachableNode(t *testing.T) {
+	srvs := nodes(t, 3)
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name, ttl = "release-unreachable", 10 * time.Second
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := lease.Extend(ctxFor(t), ttl); err != nil { // loads the extend script
+		t.Fatalf("Extend: %v", err)
+	}
+	srvs[2].Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { srvs[2].Signal(syscall.SIGCONT) })
+	// The renewal holds node 2's only connection for its read timeout.
+	if err := lease.Extend(ctxFor(t), ttl); err != nil {
+		t.Fatalf("Extend with one node paused: %v", err)
+	}
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release with one node paused: %v", err)
+	}
+	woke := time.Now()
+	srvs[2].Signal(syscall.SIGCONT)
+	waitUnlocked(t, srvs, name, 2*time.Second)
+	t.Logf("node 2 free %v after it woke", time.Since(woke))
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -255,7 +256,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // see fence.Lease. It returns nil when a majority deleted it, an error
 // matching fence.ErrLeaseLost when too few nodes still held it for a
 // majority, and otherwise the nodes' errors (call again to retry). The
-// lease ends locally at once, whatever the nodes answer.
+// lease ends locally at once, whatever the nodes answer. On a node that did
+// not answer, the release is retried in the background within the lease
+// time.
 func (ls *lease) Release(ctx context.Context) error {
 	ls.mu.Lock()
 	if ls.released {
@@ -280,6 +283,14 @@ func (ls *lease) Release(ctx context.Context) error {
 		return []int64{n}, err
 	})
 	deleted, gone, errs := tally(rs)
+	// A node that did not answer may still hold the lock (or run the
+	// acquisition late, if it never answered that either) for the rest of
+	// the lease time: retry there in the background, as for a failed try.
+	for i, r := range rs {
+		if r.err != nil && !errors.Is(r.err, syscall.ECONNREFUSED) {
+			go l.releaseAbandoned(i, ls.keys, ls.owner, ls.revokeKey, ls.ttl)
+		}
+	}
 	var err error
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
