@@ -441,3 +441,53 @@ func TestReleaseRetriedOnUnreachableNode(t *testing.T) {
 	waitUnlocked(t, srvs, name, 2*time.Second)
 	t.Logf("node 2 free %v after it woke", time.Since(woke))
 }
+
+// A node that ran the acquisition only after Acquire had given up waiting
+// for it holds the lock for this lease; the watchdog's renewals, which
+// know no deadline on that node's clock at first, must take it into the
+// lease rather than ignore it or move it blindly: once it is renewed there,
+// the lease survives losing one of the nodes that granted it in time.
+func TestLateGrantJoinsLease(t *testing.T) {
+	srvs := nodes(t, 3)
+	l, err := redlock.New(hangable(t, srvs), &redlock.Options{NodeTimeout: 50 * time.Millisecond, WatchdogTTL: 600 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "late-grant"
+	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(time.Second))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := warm.Extend(ctxFor(t), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	late := srvs[2]
+	before := scriptCalls(t, late)
+	late.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { late.Signal(syscall.SIGCONT) })
+	lease, err := l.Acquire(ctxFor(t), name)
+	if err != nil {
+		t.Fatalf("Acquire with node 2 paused: %v", err)
+	}
+	defer lease.Release(ctxFor(t))
+	late.Signal(syscall.SIGCONT)
+	// The late acquisition, then two renewals: the first reads node 2's
+	// clock, the second moves the lock there.
+	waitScripts(t, late, before+3)
+	if on := lockedOn(t, srvs, name); len(on) != 3 {
+		t.Fatalf("locked on %v, want all three nodes", on)
+	}
+	srvs[0].Kill()
+	more := scriptCalls(t, late)
+	waitScripts(t, late, more+3) // three renewals on nodes 1 and 2 alone
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended with nodes 1 and 2 holding it: %v", err)
+	}
+	pttl, err := late.Client(t).PTTL(ctxFor(t), lockKey(name)).Result()
+	if err != nil || pttl <= 0 {
+		t.Fatalf("node 2's lock PTTL %v, %v", pttl, err)
+	}
+}
