@@ -143,7 +143,11 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 
 // renew moves the expiry on every node that still holds the lease. When a
 // majority did so in time, it moves the deadline; when too few nodes still
-// hold the lease for a majority to be possible, the lease is lost.
+// hold the lease for a majority to be possible, the lease is lost. Each
+// node is told the lease's deadline on its own clock and refuses the
+// renewal after it (a refusal counts as the lock gone there); a node whose
+// clock the lease has not read yet (it did not answer the acquisition in
+// time) moves nothing this time and tells its clock for the next.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	l := ls.locker
 	ls.mu.Lock()
