@@ -3,16 +3,20 @@
 -- KEYS[1] the lock, KEYS[2] the last-token record (no expiry), KEYS[3] the
 -- try's revocation mark (release.lua)
 -- ARGV[1] owner (one per try), ARGV[2] lease ms, ARGV[3] the client's
--- proposed floor, µs (its clock plus a second)
--- Returns {1, token} when taken, {0, holder's PTTL} when held (-2: revoked),
+-- proposed floor, µs (its clock plus a second), ARGV[4] how far past this
+-- node's clock the client's floor may count, µs
+-- Returns {1, token, node ms} when taken, {0, holder's PTTL} when held (-2:
+-- revoked),
 -- and an error starting FENCETOKEN, before touching anything, when the
 -- record is not a token this script can increase exactly.
 --
--- The token is max(last + 1, this node's clock in µs, the client's floor):
--- the clock floors keep it increasing when the record was lost (a restart
--- without persistence). The client's floor, a second ahead of its clock, is
--- usually the largest: then every node that has seen the same acquisitions
--- answers the same token, and none needs the token written back.
+-- The token is max(last + 1, T, min(the client's floor, T + ARGV[4])), T
+-- being this node's clock in µs: the clock floors keep it increasing when
+-- the record was lost (a restart without persistence). The client's floor,
+-- a second ahead of its clock, is usually the largest: then every node that
+-- has seen the same acquisitions answers the same token, and none needs the
+-- token written back. Capped at T + 2 s, a client's clock far ahead cannot
+-- push tokens further ahead of the nodes' clocks than that.
 -- Lua numbers are doubles, exact below 2^53; a record at or past 2^53 - 1,
 -- or not a canonical decimal integer, was not written by fence: refuse it.
 local function refuse(why)
@@ -39,9 +43,15 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local now = redis.call('TIME')
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+-- The client's floor counts only up to this node's clock plus ARGV[4] µs
+-- (2 s): a client whose clock is hours ahead would otherwise push every
+-- later token of the name hours ahead, on every node it reaches.
 local floor = tonumber(ARGV[3])
-if floor and floor > token and floor <= 9007199254740991 then
-  token = floor
+if floor then
+  floor = math.min(floor, token + tonumber(ARGV[4]))
+  if floor > token then
+    token = floor
+  end
 end
 if last and last >= token then
   token = last + 1
@@ -51,4 +61,4 @@ if token > 9007199254740991 then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], string.format('%d', token))
-return {1, token}
+return {1, token, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}

@@ -18,14 +18,24 @@
 // released on every node it was sent to, even when the caller's context has
 // ended; on a node that did not answer in time the release also leaves a
 // revocation mark, so that the acquisition, if it is still sitting in a
-// paused node's socket, refuses when it runs. A waiting Acquire (fence.Wait)
+// paused node's socket, refuses when it runs. A release that fails on such
+// a node (still paused, its connections busy) is retried in the background,
+// with back-off, within the lease time. Clients to the same address are
+// refused by New (DuplicateNodeError): one server would count twice
+// towards a majority. A waiting Acquire (fence.Wait)
 // tries again after a random pause around Options.RetryDelay until its
 // budget or its context ends.
 //
 // Extend and the watchdog move the expiry on every node that still holds
 // the lease and move the deadline only when a majority did so in time; the
 // lease is lost when too few nodes still hold it for a majority, or when no
-// renewal reached a majority before the deadline. Release deletes the lock
+// renewal reached a majority before the deadline. Each renewal carries the
+// lease's deadline mapped to each node's clock (through that node's last
+// reply, erring early, so the offsets between the clocks do not matter): a
+// renewal that sits in a paused node's socket and runs after the deadline
+// is refused there, rather than holding the lock for a lease nobody uses;
+// a renewal whose lease ended while it was on its way is given back.
+// Release deletes the lock
 // on every node where this lease owns it and succeeds when a majority did.
 //
 // # Keys
@@ -39,8 +49,11 @@
 // # Tokens
 //
 // Each node's acquire script, in the same step that takes the lock, issues
-// max(last + 1, the node's clock in microseconds, the client's floor) for
-// the name, the client's floor being its own clock a second ahead. The
+//
+//	max(last + 1, T, min(F, T + 2 s))
+//
+// for the name, T being the node's clock in microseconds and F the client's
+// floor, its own clock a second ahead. The
 // lease's token is the largest of the tokens issued by the nodes that
 // granted it, and before Acquire returns it is written back (raised to,
 // never lowered) to those of them that answered a smaller one: a majority
@@ -51,7 +64,16 @@
 // the same acquisitions then answer the same token, and the write-back, a
 // second round trip, is needed only for the nodes behind. It only ever
 // raises a token, so a client whose clock is wrong makes tokens jump, never
-// repeat.
+// repeat; and it counts only up to 2 s past the node's own clock, so the
+// jump is bounded. A client within a second of the nodes' clocks (ahead or
+// behind) has F ≤ T + 2 s on every node: its floor counts in full
+// everywhere and the nodes agree without the write-back. A client hours
+// ahead makes tokens at most 2 s ahead of the nodes' clocks (plus one per
+// acquisition), never hours: otherwise one such client would push every
+// later token of the name, on every node, hours ahead, a resource refusing
+// tokens too far ahead (guard's MaxAhead) would refuse every holder's until
+// the clocks caught up, and the records would creep towards 2^53
+// (ErrBadTokenRecord).
 //
 // This rests on two assumptions, stated plainly:
 //

@@ -9,3 +9,7 @@ func SetBeforeReplies(l *Locker, f func()) { l.beforeReplies = f }
 // SetClock replaces the clock that times acquisitions against their
 // validity.
 func SetClock(l *Locker, now func() time.Time) { l.now = now }
+
+// SetWallClock replaces the wall clock from which acquisitions propose
+// their token floor.
+func SetWallClock(l *Locker, now func() time.Time) { l.wall = now }

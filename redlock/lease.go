@@ -1,10 +1,12 @@
 package redlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -32,6 +34,13 @@ type lease struct {
 
 	mu       sync.Mutex
 	deadline time.Time
+	// Each node's clock read by its last reply to an acquire or extend
+	// script, with the local time of that reply (zero: none yet). The
+	// script ran before the reply came, so at local time t the node's
+	// clock reads at least nodeMs + (t − at), give or take the clocks'
+	// rates: this maps the deadline to each node's clock, whatever the
+	// offsets between the clocks, for extend.lua to refuse late renewals.
+	refs     []clockRef
 	expiry   *time.Timer
 	err      error // why the lease ended; nil while held
 	released bool  // Release reached a conclusion, kept in relErr
@@ -43,8 +52,31 @@ type lease struct {
 
 var _ fence.Lease = (*lease)(nil)
 
-func (l *Locker) newLease(ctx context.Context, name string, k keys, owner string, token fence.Token, ttl time.Duration, watchdog bool, sent time.Time) *lease {
-	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: token, ttl: ttl}
+// clockRef is a node's clock, in ms, as a reply read it, and the local time
+// the reply came.
+type clockRef struct {
+	nodeMs int64
+	at     time.Time
+}
+
+// nodeDeadline is the lease's deadline on the clock of the node that ref
+// read, erring early by the 1% the drift allowance grants the clocks'
+// rates and a millisecond of rounding, or 0 when there is no reference:
+// extend.lua then moves nothing. A renewal run on the node after it is
+// refused; one run just before it too, and its reply would come too late
+// to be of use anyway.
+func nodeDeadline(deadline time.Time, ref clockRef) int64 {
+	if ref.at.IsZero() {
+		return 0
+	}
+	left := deadline.Sub(ref.at)
+	return ref.nodeMs + (left - left/100).Milliseconds() - 1
+}
+
+// start sets the lease's deadline from sent, when the acquisition was sent,
+// and starts its expiry timer and, for a watchdog lease, its watchdog.
+func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
+	name, ttl := ls.name, ls.ttl
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.deadline = sent.Add(ttl - drift(ttl))
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
@@ -58,7 +90,6 @@ func (l *Locker) newLease(ctx context.Context, name string, k keys, owner string
 		ls.watchdogDone = make(chan struct{})
 		go ls.keepRenewed(wdCtx)
 	}
-	return ls
 }
 
 func (ls *lease) Name() string             { return ls.name }
@@ -112,18 +143,56 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 
 // renew moves the expiry on every node that still holds the lease. When a
 // majority did so in time, it moves the deadline; when too few nodes still
-// hold the lease for a majority to be possible, the lease is lost.
+// hold the lease for a majority to be possible, the lease is lost. Each
+// node is told the lease's deadline on its own clock and refuses the
+// renewal after it (a refusal counts as the lock gone there); a node whose
+// clock the lease has not read yet (it did not answer the acquisition in
+// time) moves nothing this time and tells its clock for the next.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	l := ls.locker
+	ls.mu.Lock()
+	deadlines := make([]int64, len(l.nodes))
+	for i, ref := range ls.refs {
+		deadlines[i] = nodeDeadline(ls.deadline, ref)
+	}
+	ls.mu.Unlock()
 	sent := time.Now()
 	rs := l.fanout(ctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		n, err := extendScript.Run(ctx, c, []string{ls.keys.lock}, ls.owner, ttl.Milliseconds()).Int64()
-		return []int64{n}, err
+		return extendScript.Run(ctx, c, []string{ls.keys.lock}, ls.owner, ttl.Milliseconds(), deadlines[l.index(c)]).Int64Slice()
 	})
-	moved, gone, errs := tally(rs)
+	var (
+		moved, gone, late int
+		movedOn           []int
+		errs              []error
+	)
+	ls.mu.Lock()
+	for i, r := range rs {
+		if r.err != nil || len(r.res) != 2 {
+			errs = append(errs, cmp.Or(r.err, fmt.Errorf("node %d: unexpected reply %v", i, r.res)))
+			continue
+		}
+		ls.refs[i] = clockRef{nodeMs: r.res[1], at: r.at}
+		switch {
+		case r.res[0] == 1:
+			moved++
+			movedOn = append(movedOn, i)
+		case r.res[0] == 0:
+			gone++
+		case deadlines[i] != 0:
+			// Run after the lease's deadline on this node's clock: the
+			// lock there runs out when it would have.
+			gone++
+			late++
+		}
+	}
+	ls.mu.Unlock()
 	if len(l.nodes)-gone < l.quorum {
-		lost := fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, len(l.nodes))
+		lost := fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone-late, len(l.nodes))
+		if late > 0 {
+			lost = fmt.Errorf("%w, and %d renewals reached their node after the lease's deadline", lost, late)
+		}
 		ls.end(lost)
+		ls.giveBack(movedOn)
 		return lost
 	}
 	newDeadline := sent.Add(ttl - drift(ttl))
@@ -132,13 +201,30 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 	}
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.err != nil {
-		return ls.err
+	if err := ls.err; err != nil {
+		// The lease ended (its deadline passed) while the renewal was
+		// on its way: nobody will use the locks it moved.
+		ls.mu.Unlock()
+		ls.giveBack(movedOn)
+		return err
 	}
+	defer ls.mu.Unlock()
 	ls.deadline = newDeadline
 	ls.expiry.Reset(time.Until(newDeadline))
 	return nil
+}
+
+// giveBack deletes the lock, if this lease still owns it, on the nodes
+// listed, each within the node timeout, whatever the lease's context: a
+// renewal moved it there after the lease had ended, or too late to keep it.
+func (ls *lease) giveBack(nodes []int) {
+	if len(nodes) == 0 {
+		return
+	}
+	l := ls.locker
+	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+		return nil, releaseScript.Run(ctx, c, []string{ls.keys.lock}, ls.owner).Err()
+	})
 }
 
 // tally counts the nodes that answered 1 (done) and 0 (not this owner's
@@ -174,7 +260,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // see fence.Lease. It returns nil when a majority deleted it, an error
 // matching fence.ErrLeaseLost when too few nodes still held it for a
 // majority, and otherwise the nodes' errors (call again to retry). The
-// lease ends locally at once, whatever the nodes answer.
+// lease ends locally at once, whatever the nodes answer. On a node that did
+// not answer, the release is retried in the background within the lease
+// time.
 func (ls *lease) Release(ctx context.Context) error {
 	ls.mu.Lock()
 	if ls.released {
@@ -186,6 +274,9 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.stopWatchdog()
 		<-ls.watchdogDone
 	}
+	// Lost before Release, not while it waits for a slow node: the holder
+	// stopped using the lease when it called Release.
+	lostBefore := ls.Err()
 	l := ls.locker
 	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
 		keys, args := []string{ls.keys.lock}, []any{ls.owner}
@@ -196,8 +287,15 @@ func (ls *lease) Release(ctx context.Context) error {
 		return []int64{n}, err
 	})
 	deleted, gone, errs := tally(rs)
+	// A node that did not answer may still hold the lock (or run the
+	// acquisition late, if it never answered that either) for the rest of
+	// the lease time: retry there in the background, as for a failed try.
+	for i, r := range rs {
+		if r.err != nil && !errors.Is(r.err, syscall.ECONNREFUSED) {
+			go l.releaseAbandoned(i, ls.keys, ls.owner, ls.revokeKey, ls.ttl)
+		}
+	}
 	var err error
-	lostBefore := ls.Err()
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release

@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"net"
+	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -67,6 +70,10 @@ type Locker struct {
 	// now is the clock that times an acquisition against its validity;
 	// tests move it.
 	now func() time.Time
+	// wall is the clock from which an acquisition proposes its token
+	// floor; tests set it wrong, as a client's wall clock can be (which
+	// leaves the monotonic clock that times leases alone).
+	wall func() time.Time
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -77,8 +84,8 @@ var _ fence.Locker = (*Locker)(nil)
 // sends nothing to them. opts may be nil.
 //
 // It returns an error matching fence.ErrInvalidOption when clients is
-// empty, holds a nil client or the same client twice, or an option is out of
-// range.
+// empty, holds a nil client or the same client twice, two clients to the
+// same address (a *DuplicateNodeError), or an option is out of range.
 func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	if len(clients) == 0 {
 		return nil, fmt.Errorf("%w: redlock: no clients", fence.ErrInvalidOption)
@@ -96,6 +103,9 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 			}
 		}
 	}
+	if err := distinctAddrs(clients); err != nil {
+		return nil, err
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -108,6 +118,7 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		nodeTimeout: cmp.Or(o.NodeTimeout, DefaultNodeTimeout),
 		retryDelay:  cmp.Or(o.RetryDelay, DefaultRetryDelay),
 		now:         time.Now,
+		wall:        time.Now,
 	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redlock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
@@ -122,6 +133,66 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		return nil, fmt.Errorf("%w: redlock: retry delay %v is shorter than 1ms", fence.ErrInvalidOption, l.retryDelay)
 	}
 	return l, nil
+}
+
+// DuplicateNodeError means that two of the clients given to New reach the
+// same address: one server would count twice towards a majority (with a
+// third client, two of three "nodes" would be one real node). It matches
+// fence.ErrInvalidOption.
+type DuplicateNodeError struct {
+	Addr          string // the address, as the second client spells it
+	First, Second int    // the clients' positions
+}
+
+func (e *DuplicateNodeError) Error() string {
+	return fmt.Sprintf("%v: redlock: clients %d and %d reach the same server, %s", fence.ErrInvalidOption, e.First, e.Second, e.Addr)
+}
+
+// Unwrap returns fence.ErrInvalidOption.
+func (e *DuplicateNodeError) Unwrap() error { return fence.ErrInvalidOption }
+
+// distinctAddrs refuses clients that reach the same address, whatever their
+// database. It compares addresses as written, up to case, an empty or
+// "localhost" host against the loopback addresses, and IP spellings; it
+// resolves no names, so two names of one host get past it. Clients that do
+// not tell their address (Options) are not compared.
+func distinctAddrs(clients []redis.UniversalClient) error {
+	seen := make(map[string]int, len(clients))
+	for i, c := range clients {
+		o, ok := c.(interface{ Options() *redis.Options })
+		if !ok || o.Options() == nil {
+			continue
+		}
+		key := canonicalAddr(o.Options().Network, o.Options().Addr)
+		if j, ok := seen[key]; ok {
+			return &DuplicateNodeError{Addr: o.Options().Addr, First: j, Second: i}
+		}
+		seen[key] = i
+	}
+	return nil
+}
+
+// canonicalAddr spells a go-redis address one way: an empty host,
+// 127.0.0.1 and ::1 as "localhost", IPs in their canonical form, names in lower case.
+func canonicalAddr(network, addr string) string {
+	if network == "unix" {
+		return "unix:" + filepath.Clean(addr)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "tcp:" + strings.ToLower(addr)
+	}
+	host = strings.ToLower(host)
+	if ip := net.ParseIP(host); ip != nil {
+		host = ip.String()
+		if ip.Equal(net.IPv4(127, 0, 0, 1)) || ip.Equal(net.IPv6loopback) {
+			host = "localhost"
+		}
+	}
+	if host == "" {
+		host = "localhost"
+	}
+	return "tcp:" + net.JoinHostPort(host, port)
 }
 
 // Quorum is how many nodes must grant a lock: a majority, len(clients)/2+1.
@@ -238,6 +309,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 type result struct {
 	res []int64
 	err error
+	at  time.Time // when the reply came (the script ran before)
 }
 
 // fanout runs call on the nodes listed (by index) all at once, each bounded
@@ -257,7 +329,7 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 	for k, i := range nodes {
 		go func() {
 			res, err := call(cctx, l.nodes[i])
-			ch <- reply{k, result{res, err}}
+			ch <- reply{k, result{res, err, time.Now()}}
 		}()
 	}
 	if pause != nil {
@@ -326,9 +398,9 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	revokeKey := k.lock + ":revoked:" + owner
 	timeout := l.timeoutFor(ttl)
 	start := l.now()
-	floor := time.Now().Add(floorLead).UnixMicro()
+	floor := l.wall().Add(floorLead).UnixMicro()
 	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds(), floor).Int64Slice()
+		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds(), floor, floorCap.Microseconds()).Int64Slice()
 	})
 	var (
 		granted []int
@@ -340,7 +412,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
-		case len(r.res) == 2 && r.res[0] == 1 && r.res[1] > 0:
+		case len(r.res) == 3 && r.res[0] == 1 && r.res[1] > 0:
 			granted = append(granted, i)
 			token = max(token, r.res[1])
 		case len(r.res) == 2 && r.res[0] == 0:
@@ -395,11 +467,20 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	if validity := ttl - elapsed - drift(ttl); validity <= 0 {
 		return fail(fmt.Errorf("%w: the nodes took %v of a lease time of %v (drift allowance %v)", ErrValidity, elapsed, ttl, drift(ttl)))
 	}
-	ls := l.newLease(ctx, name, k, owner, fence.Token(token), ttl, watchdog, start)
-	ls.revokeKey, ls.ungranted = revokeKey, make([]bool, len(l.nodes))
+	if err := ctx.Err(); err != nil {
+		// The caller gave up while the try was out; it will not use
+		// the lease.
+		return fail(err)
+	}
+	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
+		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes))}
 	for i, r := range rs {
 		ls.ungranted[i] = r.err != nil
 	}
+	for _, i := range granted {
+		ls.refs[i] = clockRef{nodeMs: rs[i].res[2], at: rs[i].at}
+	}
+	ls.start(ctx, watchdog, start)
 	return ls, nil
 }
 
@@ -409,6 +490,16 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 // same token and need no write-back.
 const floorLead = time.Second
 
+// floorCap is how far past a node's own clock the client's floor may count
+// there (acquire.lua): a client whose clock is within floorCap − floorLead
+// (a second) ahead of a node's clock, or behind it, still has its floor
+// counted in full, so all nodes answer the same token; a client whose clock
+// is hours ahead makes tokens at most floorCap ahead of the nodes' clocks,
+// not hours ahead (a resource that refuses tokens too far ahead, such as
+// guard with MaxAhead, would refuse every holder's until the clocks caught
+// up, and the records would creep towards 2^53).
+const floorCap = 2 * time.Second
+
 // revokeFor is how long the mark that revokes a try given up on lives on a
 // node that did not answer it in time (release.lua).
 const revokeFor = time.Minute
@@ -417,11 +508,18 @@ const revokeFor = time.Minute
 // when ctx has ended, each within the per-node timeout. A node that did not
 // answer the try also gets a revocation mark: the try may still be sitting
 // in its socket, and must refuse when it runs.
+//
+// A node whose release fails (paused, its connections busy, the network
+// cut) may still run the try later, or hold the lock it took: its release,
+// with the revocation mark, is retried in the background, with back-off,
+// within the lease time (after which the lock, if taken, has run out by
+// itself). A refused connection ends the retries: the node is down, and
+// the try with it.
 func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
 	rctx := context.WithoutCancel(ctx)
-	l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+	rs := l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
 		i := l.index(c)
-		if tried[i].err != nil || len(tried[i].res) != 2 {
+		if tried[i].err != nil || len(tried[i].res) < 2 {
 			return nil, releaseScript.Run(ctx, c, []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
 		}
 		if tried[i].res[0] == 0 {
@@ -429,6 +527,36 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 		}
 		return nil, releaseScript.Run(ctx, c, []string{k.lock}, owner).Err()
 	})
+	for i, r := range rs {
+		if r.err != nil && !errors.Is(r.err, syscall.ECONNREFUSED) {
+			go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
+		}
+	}
+}
+
+// releaseAbandoned retries the release, with the revocation mark, of a try
+// given up on, on node i, until the node answers, refuses the connection,
+// or the lease time has passed (at least a second), or the client is
+// closed (nothing can be sent through it any more). Each attempt may take
+// what is left of that time: go-redis tells a refused connection only once
+// its own dial retries are over, a second or two.
+func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(ttl, time.Second))
+	defer cancel()
+	for failures := 1; ; failures++ {
+		d := min(10*time.Millisecond<<min(failures-1, 7), time.Second)
+		t := time.NewTimer(d/2 + mrand.N(d/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
+		if err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // index is the position of client c among the nodes.

@@ -134,6 +134,36 @@ func TestNewRejectsBadClients(t *testing.T) {
 	}
 }
 
+// Two clients to one server would count it twice: with a third, they would
+// make a "majority" of one real node out of three. New refuses them.
+func TestNewRejectsTwoClientsToOneServer(t *testing.T) {
+	other := redis.NewClient(&redis.Options{Addr: "127.0.0.1:2"})
+	defer other.Close()
+	for _, same := range [][2]string{
+		{"127.0.0.1:6399", "127.0.0.1:6399"},
+		{"LocalHost:6399", "localhost:6399"},
+		{":6399", "localhost:6399"},
+		{"[::1]:6399", "[0:0::1]:6399"},
+	} {
+		a := redis.NewClient(&redis.Options{Addr: same[0]})
+		b := redis.NewClient(&redis.Options{Addr: same[1], DB: 1})
+		_, err := redlock.New([]redis.UniversalClient{a, other, b}, nil)
+		var dup *redlock.DuplicateNodeError
+		if !errors.Is(err, fence.ErrInvalidOption) || !errors.As(err, &dup) || dup.First != 0 || dup.Second != 2 {
+			t.Errorf("New with clients to %s and %s = %v, want a *DuplicateNodeError for clients 0 and 2 matching ErrInvalidOption", same[0], same[1], err)
+		}
+		_ = a.Close()
+		_ = b.Close()
+	}
+	a := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6399"})
+	defer a.Close()
+	b := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6398"})
+	defer b.Close()
+	if _, err := redlock.New([]redis.UniversalClient{a, b, other}, nil); err != nil {
+		t.Errorf("New with three addresses: %v", err)
+	}
+}
+
 // Two of five masters dead: the three left are a majority.
 func TestTwoOfFiveDown(t *testing.T) {
 	srvs := nodes(t, 5)

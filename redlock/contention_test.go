@@ -1,0 +1,130 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
+)
+
+// held is one lease as its holder saw it: from Acquire's return to the
+// earlier of its deadline and the moment Release was called.
+type held struct {
+	from, to time.Time
+	token    fence.Token
+	locker   int
+	outlived bool // the holder held it past its deadline
+}
+
+// Many goroutines on several Lockers (each with its own clients) contend
+// for one name with short leases, half of them renewed by the watchdog;
+// some hold past their deadline, some extend. No two leases may overlap in time, and tokens must increase in
+// the order the leases were granted: two holders at once, a repeated
+// token or a token smaller than an earlier holder's is a bug.
+func contend(t *testing.T, n int) {
+	srvs := nodes(t, n)
+	const (
+		lockers   = 3
+		perLocker = 4
+		ttl       = 40 * time.Millisecond
+		runFor    = 2 * time.Second
+		name      = "contended"
+	)
+	// One Locker's clock is right, one's an hour behind (its token floor
+	// never counts: the nodes' clocks and records decide, and differ), one's
+	// an hour ahead (its floor is capped at each node's clock plus 2 s).
+	ls := make([]*redlock.Locker, lockers)
+	for i := range ls {
+		ls[i] = newLocker(t, srvs, &redlock.Options{NodeTimeout: 20 * time.Millisecond, RetryDelay: 5 * time.Millisecond, WatchdogTTL: ttl})
+		skew := []time.Duration{0, -time.Hour, time.Hour}[i]
+		redlock.SetWallClock(ls[i], func() time.Time { return time.Now().Add(skew) })
+	}
+	ctx, cancel := context.WithTimeout(ctxFor(t), runFor)
+	defer cancel()
+	var (
+		mu     sync.Mutex
+		leases []held
+		fails  = map[string]int{}
+		wg     sync.WaitGroup
+	)
+	for i := range lockers * perLocker {
+		l := ls[i%lockers]
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				opts := []fence.Option{fence.Wait(time.Second)}
+				if i%2 == 0 {
+					opts = append(opts, fence.TTL(ttl)) // the others' leases are renewed by the watchdog
+				}
+				lease, err := l.Acquire(ctx, name, opts...)
+				if err != nil {
+					mu.Lock()
+					switch {
+					case errors.Is(err, redlock.ErrValidity):
+						fails["validity"]++
+					case errors.Is(err, fence.ErrHeld):
+						fails["held"]++
+					case errors.Is(err, redlock.ErrNoQuorum):
+						fails["no quorum"]++
+					default:
+						fails["other"]++
+					}
+					mu.Unlock()
+					continue
+				}
+				h := held{from: time.Now(), token: lease.Token(), locker: i % lockers}
+				// Hold briefly, mostly; one in five for up to 1.3 lease
+				// times, outliving its lease; a few extend it first.
+				hold := time.Duration(rand.Int64N(int64(ttl / 4)))
+				if rand.N(5) == 0 {
+					hold = time.Duration(rand.Int64N(int64(ttl * 13 / 10)))
+				}
+				if rand.N(4) == 0 {
+					_ = lease.Extend(ctx, ttl)
+				}
+				select {
+				case <-time.After(hold): // the workload's own pace, not a wait for time to pass
+				case <-ctx.Done():
+				}
+				h.to = time.Now()
+				if d := lease.Deadline(); d.Before(h.to) {
+					h.to, h.outlived = d, true
+				}
+				_ = lease.Release(context.Background())
+				mu.Lock()
+				leases = append(leases, h)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(leases, func(a, b held) int { return a.from.Compare(b.from) })
+	for i := 1; i < len(leases); i++ {
+		a, b := leases[i-1], leases[i]
+		if b.from.Before(a.to) {
+			t.Errorf("two holders: lease %d (token %d, locker %d) held until %v after lease %d (token %d, locker %d) began",
+				i-1, a.token, a.locker, a.to.Sub(b.from), i, b.token, b.locker)
+		}
+		if b.token <= a.token {
+			t.Errorf("lease %d granted after lease %d has token %d, not greater than %d", i, i-1, b.token, a.token)
+		}
+	}
+	if len(leases) < 20 {
+		t.Fatalf("only %d leases granted in %v; failures %v", len(leases), runFor, fails)
+	}
+	outlived := 0
+	for _, h := range leases {
+		if h.outlived {
+			outlived++
+		}
+	}
+	t.Logf("%d masters, %d goroutines on %d Lockers, TTL %v: %d leases in %v (%d held past their deadline), failed tries %v", n, lockers*perLocker, lockers, ttl, len(leases), runFor, outlived, fails)
+}
+
+func TestContention3(t *testing.T) { contend(t, 3) }
+func TestContention5(t *testing.T) { contend(t, 5) }
