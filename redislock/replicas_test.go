@@ -190,7 +190,7 @@ func TestReplicaRecordAbuse(t *testing.T) {
 			t.Fatalf("record %.20q: %v, want a ReplicaRecordError naming %s", bad, err, replicaRecord)
 		}
 		if bad == "abc" {
-				}
+		}
 		if _, err := l.Status(ctx(t), "job"); !errors.As(err, &re) {
 			t.Fatalf("Status with record %.20q: %v", bad, err)
 		}
