@@ -200,8 +200,11 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.stopWatchdog()
 		<-ls.watchdogDone
 	}
-	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, 0)
+	// Lost before Release was called, not while its round trip ran: a
+	// deadline that passes while the script deletes the lock it still
+	// owned is a release, not a loss.
 	lostBefore := ls.Err()
+	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, 0)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
