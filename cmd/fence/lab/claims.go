@@ -179,6 +179,48 @@ func (r *Report) Claims() []Claim {
 		c = notRun(c)
 	}
 	out = append(out, c)
+
+	c = Claim{ID: "C8", Claim: "Redlock rests on timing and does nothing for a stale worker", Where: "8 control; 9 control; 8, 9 protected; 10"}
+	s8, ok8 := r.find(8, "control")
+	s9, ok9 := r.find(9, "control")
+	if ok8 || ok9 {
+		var parts []string
+		shown := false
+		for _, res := range []struct {
+			r     Result
+			ok    bool
+			fault string
+		}{{s8, ok8, "a node restarted without persistence"}, {s9, ok9, "a clock jump on one node"}} {
+			if !res.ok {
+				continue
+			}
+			v := res.r.Verdict
+			parts = append(parts, fmt.Sprintf("%s: two holders in %d of %d rounds, %d stale writes accepted by the plain UPDATE", res.fault, v.TwoHolders, v.Registers, v.P1))
+			shown = shown || (v.TwoHolders > 0 && v.P1 > 0)
+		}
+		rejected, twice, rounds := 0, 0, 0
+		for _, n := range []int{8, 9} {
+			if p, ok := r.find(n, "protected"); ok {
+				rejected += p.Verdict.Rejected
+				twice += p.Verdict.TwoHolders
+				rounds += p.Verdict.Registers
+			}
+		}
+		if rounds > 0 {
+			parts = append(parts, fmt.Sprintf("with guard: two holders in %d of %d rounds, %d stale writes rejected by the token", twice, rounds, rejected))
+		}
+		if p, ok := r.find(10, "protected"); ok {
+			part := fmt.Sprintf("a pause inside Acquire longer than the lease: %d acquisitions refused by the validity check, %d expired grants", p.Verdict.Refused, p.Verdict.Expired)
+			if ctl, ok := r.find(10, "control"); ok {
+				part += fmt.Sprintf(" (the naive lock: %d)", ctl.Verdict.Expired)
+			}
+			parts = append(parts, part)
+		}
+		c.Figure, c.Shown = "fence's redlock, 5 nodes, its defaults; "+strings.Join(parts, "; "), yes(shown)
+	} else {
+		c = notRun(c)
+	}
+	out = append(out, c)
 	return out
 }
 

@@ -89,6 +89,9 @@ var scenarios = []scenario{
 	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
 	{6, "token source loss", "P2", tokenSourceLoss, nil},
 	{7, "Sentinel failover", "P1", sentinelFailover, nil},
+	{8, "Redlock node restart", "P1", redlockRestart, nil},
+	{9, "Redlock clock jump", "P1", redlockClockJump, nil},
+	{10, "pause during acquisition", "validity", pausedAcquisition, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a
@@ -215,9 +218,15 @@ func runOne(ctx context.Context, cfg Config, pg *postgresServer, sc scenario, i 
 func judge(protected bool, control string, v Verdict, note string) (expect string, pass bool) {
 	if protected {
 		expect = "P1 = P2 = P3 = 0, P5 Ok"
-		pass = v.P1 == 0 && v.P2 == 0 && v.P3 == 0 && v.P5 == "Ok" && v.Ops > 0
+		if control == "validity" {
+			expect = "expired grants = 0, P1 = P2 = P3 = 0, P5 Ok"
+		}
+		pass = v.P1 == 0 && v.P2 == 0 && v.P3 == 0 && v.Expired == 0 && v.P5 == "Ok" && v.Ops > 0
 	} else {
 		expect = control + " > 0"
+		if control == "validity" {
+			expect = "expired grants > 0 (no validity check)"
+		}
 		pass = v.get(control) > 0
 	}
 	return expect, pass && note == ""
@@ -231,6 +240,8 @@ func (v Verdict) get(p string) int {
 		return v.P2
 	case "P3":
 		return v.P3
+	case "validity":
+		return v.Expired
 	}
 	return 0
 }

@@ -48,7 +48,7 @@ func (tl *timeline) round() (panel, bool) {
 		// The lock refused the stale holder: from its attempt to the
 		// first write of another worker on the same register after it.
 		for i, e := range tl.events {
-			if e.Kind == "acquire" && e.Phase == "fail" && strings.Contains(e.Err, fence.ErrNotReplicated.Error()) {
+			if e.Kind == "acquire" && e.Phase == "fail" && refusedByLock(e.Err) {
 				var start int64
 				for _, c := range tl.events[:i] {
 					if c.Op == e.Op && c.Kind == "acquire" && c.Phase == "invoke" {
