@@ -48,7 +48,7 @@ type Spec struct {
 	// client each, with redlock's defaults. The naive lock (Naive) still
 	// uses Redis alone.
 	Redlock []string `json:"redlock,omitempty"`
-	Lock      string   `json:"lock"` // lock name
+	Lock    string   `json:"lock"` // lock name
 	// DB is the path of the lab's SQLite database, or the connection
 	// string of its PostgreSQL database (postgres://…): the worker does its
 	// read-modify-write there itself, as Write says. Without DB it asks
