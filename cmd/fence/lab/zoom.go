@@ -84,17 +84,26 @@ func (tl *timeline) round() (panel, bool) {
 			}
 		}
 	}
-	var start, end int64
+	var start, end, invoke int64
+	pausedInAcquire := false
 	for _, e := range tl.events {
 		if e.Op != focus {
 			continue
 		}
 		switch {
+		case e.Kind == "acquire" && e.Phase == "invoke":
+			invoke = e.Mono
+		case e.Kind == "pause" && start == 0:
+			pausedInAcquire = true // paused inside Acquire (scenario 10)
 		case e.Kind == "acquire" && e.Phase == "ok":
 			start = e.Mono
 		case e.Kind == "write" && e.Phase != "invoke":
 			end = e.Mono
 		}
+	}
+	if pausedInAcquire && invoke != 0 {
+		// From the attempt: the other holder's lease lies inside the pause.
+		start = invoke
 	}
 	for _, l := range tl.log {
 		if l.Op == focus {

@@ -53,7 +53,7 @@ effect fails its run. Paused workers resume at seeded random points (--seed repl
 Lab exits 1 if an expectation fails.
 
 --quick runs a short version (about 47 s, PostgreSQL's row about 4 s of it, scenario 7's
-Sentinel failovers about 11 s, scenarios 8–10 about 7 s); the full run (about 7 min) makes at least 200 fenced writes
+Sentinel failovers about 11 s, scenarios 8–10 about 7 s); the full run (about 9 min, 1.5 min of it 8–10) makes at least 200 fenced writes
 per scenario. With --out DIR it writes report.md, report.json and timeline.svg there, and
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,
