@@ -50,6 +50,9 @@ type Config struct {
 	// syncOff turns replica sync off in scenario 7's protected rows: for
 	// the mutation test.
 	syncOff bool
+	// skipFault leaves out the fault of the Redlock scenarios (8–10), so
+	// that a test sees the run fail as one whose fault did not bite.
+	skipFault bool
 	// resumeAt, if set, names the resume point of every pause (see
 	// resumePoints) instead of a random one: for tests.
 	resumeAt string

@@ -74,3 +74,17 @@ func TestMutationWeakComparisonRedlock(t *testing.T) {
 		}
 	}
 }
+
+// Without their fault the Redlock scenarios' runs fail, control and
+// protected alike, as runs whose fault did not bite: in 8 and 9 B has to
+// wait out A's lease (one holder, nothing stale); in 10 A's acquisition
+// ends without the pause.
+func TestRedlockScenariosWithoutTheFaultFail(t *testing.T) {
+	for _, n := range []int{8, 10} {
+		for _, r := range runLab(t, Config{skipFault: true}, n) {
+			if r.Pass || !strings.Contains(r.FaultNote, "did not bite") {
+				t.Errorf("scenario %d without its fault: want a failed run noting a fault that did not bite: %s", n, r.line())
+			}
+		}
+	}
+}
