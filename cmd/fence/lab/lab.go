@@ -7,10 +7,13 @@
 //
 // Every scenario runs as a control (the naive lock: SET NX PX with an INCR
 // counter for tokens, no replica sync; in scenario 5 fence's lock with its
-// defaults, in 7 with replica sync off; the row read and then written with a plain
-// UPDATE), which must show the violation, proving the checker can see
-// it; and protected (fence's redislock with its defaults, and guard's fenced
-// read-modify-write), which must show none. Some scenarios add a protected
+// defaults, in 7 with replica sync off, in 8 and 9 fence's redlock with its
+// defaults; the row read and then written with a plain UPDATE), which must
+// show the violation, proving the checker can see it; and protected
+// (fence's redislock with its defaults, in 8–10 its redlock over
+// independent redis-servers, and guard's fenced read-modify-write), which
+// must show none. Scenario 10's control is the naive lock paused inside
+// Acquire, which must hand out a lease that expired during the pause. Some scenarios add a protected
 // row with a different setting. A run whose fault did not take effect fails.
 package lab
 

@@ -38,6 +38,7 @@ type replyPause struct {
 // the lock's per-node timeout (redlock's default is 50 ms).
 const settle = 5 * time.Millisecond
 
+// arm arms the pause for op's acquisition; "" disarms it.
 func (p *replyPause) arm(op string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

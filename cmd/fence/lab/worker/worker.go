@@ -204,6 +204,9 @@ func (w *worker) op(i int) {
 	}
 	w.emit(Event{Op: id, Kind: "acquire", Phase: "invoke"})
 	lease, err := w.locker.Acquire(ctx, w.s.Lock, fence.Wait(w.s.Wait), fence.TTL(w.s.TTL))
+	if pause && w.replies != nil {
+		w.replies.arm("") // the pause belongs to this acquisition only
+	}
 	if err != nil {
 		w.emit(Event{Op: id, Kind: "acquire", Phase: "fail", Err: errString(err)})
 		return
