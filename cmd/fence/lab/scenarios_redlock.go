@@ -75,8 +75,9 @@ func addrsOf(nodes []*redisserver.Server) []string {
 // argument with five nodes N0…N4: worker A reaches N0–N2 and not N3, N4
 // (its links to them are cut), so its lease rests on N0, N1, N2; it
 // pauses once it holds it. fault then makes N2 forget the lock, and worker
-// B, which reaches partitionB's nodes not, takes the lock on N2, N3, N4 while A's
-// lease is still valid: two holders. B writes, A continues and writes.
+// B, whose links to the nodes in partitionB (if any) are cut, takes the
+// lock on N2, N3, N4 while A's lease is still valid: two holders. B
+// writes, A continues and writes.
 // Both run fence's redlock with its defaults: the control writes with a
 // plain UPDATE, protected with guard.
 func (x *experiment) redlockRound(r int, fault func(key string, nodes []*redisserver.Server) error, partitionB ...int) error {
