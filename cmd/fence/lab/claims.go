@@ -210,13 +210,13 @@ func (r *Report) Claims() []Claim {
 			parts = append(parts, fmt.Sprintf("with guard: two holders in %d of %d rounds, %d stale writes rejected by the token", twice, rounds, rejected))
 		}
 		if p, ok := r.find(10, "protected"); ok {
-			part := fmt.Sprintf("a pause inside Acquire longer than the lease: %d acquisitions refused by the validity check, %d expired grants", p.Verdict.Refused, p.Verdict.Expired)
+			part := fmt.Sprintf("3 nodes, a pause inside Acquire longer than the lease: %d acquisitions refused by the validity check, %d expired grants", p.Verdict.Refused, p.Verdict.Expired)
 			if ctl, ok := r.find(10, "control"); ok {
 				part += fmt.Sprintf(" (the naive lock: %d)", ctl.Verdict.Expired)
 			}
 			parts = append(parts, part)
 		}
-		c.Figure, c.Shown = "fence's redlock, 5 nodes, its defaults; "+strings.Join(parts, "; "), yes(shown)
+		c.Figure, c.Shown = "fence's redlock with its defaults; 5 nodes, "+strings.Join(parts, "; "), yes(shown)
 	} else {
 		c = notRun(c)
 	}

@@ -39,7 +39,7 @@ func TestClaimsComeFromTheResults(t *testing.T) {
 		"C4": {"yes", "scenario 1: 0 pauses, 4 stale writes accepted, 3 acknowledged"},
 		"C5": {"yes", "13 stale writes rejected, 0 accepted, over 8 protected rows (rejected per scenario: 1: 7, 4 (replica unseen): 2, 5: 2, 8: 2)"},
 		"C7": {"yes", "0 of 262 writes lost or doubled, P5 Ok in 8 of 8"},
-		"C8": {"yes", "a node restarted without persistence: two holders in 2 of 2 rounds, 2 stale writes accepted by the plain UPDATE; a clock jump on one node: two holders in 1 of 1 rounds, 1 stale writes accepted by the plain UPDATE; with guard: two holders in 2 of 2 rounds, 2 stale writes rejected by the token; a pause inside Acquire longer than the lease: 1 acquisitions refused by the validity check, 0 expired grants (the naive lock: 1)"},
+		"C8": {"yes", "a node restarted without persistence: two holders in 2 of 2 rounds, 2 stale writes accepted by the plain UPDATE; a clock jump on one node: two holders in 1 of 1 rounds, 1 stale writes accepted by the plain UPDATE; with guard: two holders in 2 of 2 rounds, 2 stale writes rejected by the token; 3 nodes, a pause inside Acquire longer than the lease: 1 acquisitions refused by the validity check, 0 expired grants (the naive lock: 1)"},
 	}
 	check := func(rep *Report, want map[string]struct{ shown, figure string }) {
 		t.Helper()
