@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
 )
 
 // Verdict is what the checker found in one run.
@@ -34,11 +35,17 @@ type Verdict struct {
 	P5          string      `json:"p5_linearizable"`
 	P5Histories []P5History `json:"p5_histories,omitempty"`
 
-	// Who stopped the stale holder: acquisitions the lock refused for lack
-	// of replica acknowledgements (fence.ErrNotReplicated), and writes the
+	// Who stopped the stale holder: acquisitions the lock refused (for
+	// lack of replica acknowledgements, fence.ErrNotReplicated, or, in
+	// Redlock, by its validity check, redlock.ErrValidity), and writes the
 	// resource rejected for a stale token.
 	Refused  int `json:"lock_refused"`
 	Rejected int `json:"token_rejected"`
+	// Expired counts the acquisitions that returned a lease although
+	// another worker took the lock on the same register while they were
+	// paused inside Acquire (scenario 9): a grant that expired before the
+	// caller got it.
+	Expired int `json:"expired_grants,omitempty"`
 	// Retried counts the writes the database gave up for a conflict with a
 	// concurrent transaction (guard.ErrRetry: a PostgreSQL serialization
 	// failure or deadlock, SQLITE_BUSY): the worker took a new lease, as
@@ -52,6 +59,13 @@ func (v *Verdict) example(format string, args ...any) {
 	if len(v.Examples) < 6 {
 		v.Examples = append(v.Examples, fmt.Sprintf(format, args...))
 	}
+}
+
+// refusedByLock reports whether an acquisition's error says the lock
+// refused it for safety: replica acknowledgements missing (redislock) or
+// no validity time left (redlock).
+func refusedByLock(err string) bool {
+	return strings.Contains(err, fence.ErrNotReplicated.Error()) || strings.Contains(err, redlock.ErrValidity.Error())
 }
 
 // lease is one acquisition as the history shows it.
@@ -88,7 +102,7 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 		switch {
 		case e.Kind == "acquire" && e.Phase == "invoke":
 			leases[e.Op] = &lease{op: e.Op, worker: e.Worker, key: e.Key, invoke: e.Mono}
-		case e.Kind == "acquire" && e.Phase == "fail" && strings.Contains(e.Err, fence.ErrNotReplicated.Error()):
+		case e.Kind == "acquire" && e.Phase == "fail" && refusedByLock(e.Err):
 			v.Refused++
 		case e.Kind == "acquire" && e.Phase == "ok":
 			if l := leases[e.Op]; l != nil {
@@ -157,6 +171,29 @@ func Check(events []Event, log []Entry, state map[string][]string) Verdict {
 	}
 
 	v.TwoHolders = len(twice)
+
+	// Expired grants: a pause inside Acquire (before the acquisition
+	// completed) during which another worker took the lock.
+	paused := map[string][]int64{}
+	for _, e := range events {
+		if e.Kind == "pause" && e.Phase == "invoke" {
+			paused[e.Op] = append(paused[e.Op], e.Mono)
+		}
+	}
+	for _, l := range held {
+		for _, p := range paused[l.op] {
+			if p < l.invoke || p > l.acquired {
+				continue
+			}
+			for _, o := range held {
+				if o.worker != l.worker && o.key == l.key && o.acquired > p && o.acquired < l.acquired {
+					v.Expired++
+					v.example("expired grant: %s got its lease after %s took the lock during its pause", l.op, o.op)
+					break
+				}
+			}
+		}
+	}
 
 	// P3, against the final state.
 	count := map[string]int{}

@@ -150,3 +150,34 @@ func TestP5RMWSeesALostUpdate(t *testing.T) {
 		t.Errorf("write of unknown outcome that did not land: P5 %q, want Ok", got)
 	}
 }
+
+// An expired grant is a lease returned by an acquisition that was paused
+// inside Acquire while another worker took the lock; a pause after the
+// acquisition (scenario 1's), or one during which nobody took the lock, is
+// none.
+func TestCheckCountsExpiredGrants(t *testing.T) {
+	acq := func(w, op string, invoke, ok int64) []Event {
+		return []Event{
+			{Worker: w, Op: op, Key: "k", Kind: "acquire", Phase: "invoke", Mono: invoke},
+			{Worker: w, Op: op, Key: "k", Kind: "acquire", Phase: "ok", Token: ok, Mono: ok},
+		}
+	}
+	pause := func(w, op string, at int64) Event {
+		return Event{Worker: w, Op: op, Key: "k", Kind: "pause", Phase: "invoke", Mono: at}
+	}
+	cases := []struct {
+		name   string
+		events []Event
+		want   int
+	}{
+		{"paused inside Acquire, B took the lock", append(append([]Event{}, acq("A", "A-1", 10, 50)[0], pause("A", "A-1", 12)),
+			append(acq("B", "B-1", 20, 30), acq("A", "A-1", 10, 50)[1])...), 1},
+		{"paused inside Acquire, nobody took it", []Event{acq("A", "A-1", 10, 50)[0], pause("A", "A-1", 12), acq("A", "A-1", 10, 50)[1]}, 0},
+		{"paused after Acquire", append(append(acq("A", "A-1", 10, 11), pause("A", "A-1", 12)), acq("B", "B-1", 20, 30)...), 0},
+	}
+	for _, c := range cases {
+		if v := Check(c.events, nil, nil); v.Expired != c.want {
+			t.Errorf("%s: Expired = %d, want %d (%v)", c.name, v.Expired, c.want, v.Examples)
+		}
+	}
+}

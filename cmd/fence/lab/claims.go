@@ -63,12 +63,12 @@ func (r *Report) Claims() []Claim {
 	}
 	out = append(out, c)
 
-	c = Claim{ID: "C2", Claim: "Sentinel or Cluster does not remove it", Where: "7 control; 7 protected"}
-	if ctl, ok := r.find(7, "control"); ok {
+	c = Claim{ID: "C2", Claim: "Sentinel or Cluster does not remove it", Where: "12 control; 12 protected"}
+	if ctl, ok := r.find(12, "control"); ok {
 		v := ctl.Verdict
 		c.Figure = fmt.Sprintf("Sentinel's own failover (3 sentinels, quorum 2), fence's lock with replica sync off: two holders in %d of %d rounds, %d stale writes accepted by the plain UPDATE, %d leases with a token not above an earlier one's (the token record died with the primary; the promoted node's tokens come from its clock)",
 			v.TwoHolders, v.Registers, v.P1, v.P2)
-		if p, ok := r.find(7, "protected"); ok {
+		if p, ok := r.find(12, "protected"); ok {
 			c.Figure += fmt.Sprintf("; fence's defaults: lock refused in %d of %d, two holders in %d",
 				p.Verdict.Refused, p.Verdict.Registers, p.Verdict.TwoHolders)
 		}
@@ -175,6 +175,48 @@ func (r *Report) Claims() []Claim {
 			c.Figure += fmt.Sprintf("; the control's plain UPDATE in scenario 3: %d lost or doubled of %d, P5 %s", s3.Verdict.P3, s3.Verdict.Ops, s3.Verdict.P5)
 		}
 		c.Shown = yes(lost == 0 && lin == rows)
+	} else {
+		c = notRun(c)
+	}
+	out = append(out, c)
+
+	c = Claim{ID: "C8", Claim: "Redlock rests on timing and does nothing for a stale worker", Where: "7 control; 8 control; 7, 8 protected; 9"}
+	s7, ok7 := r.find(7, "control")
+	s8, ok8 := r.find(8, "control")
+	if ok7 || ok8 {
+		var parts []string
+		shown := false
+		for _, res := range []struct {
+			r     Result
+			ok    bool
+			fault string
+		}{{s7, ok7, "a node restarted without persistence"}, {s8, ok8, "a clock jump on one node"}} {
+			if !res.ok {
+				continue
+			}
+			v := res.r.Verdict
+			parts = append(parts, fmt.Sprintf("%s: two holders in %d of %d rounds, %d stale writes accepted by the plain UPDATE", res.fault, v.TwoHolders, v.Registers, v.P1))
+			shown = shown || (v.TwoHolders > 0 && v.P1 > 0)
+		}
+		rejected, twice, rounds := 0, 0, 0
+		for _, n := range []int{7, 8} {
+			if p, ok := r.find(n, "protected"); ok {
+				rejected += p.Verdict.Rejected
+				twice += p.Verdict.TwoHolders
+				rounds += p.Verdict.Registers
+			}
+		}
+		if rounds > 0 {
+			parts = append(parts, fmt.Sprintf("with guard: two holders in %d of %d rounds, %d stale writes rejected by the token", twice, rounds, rejected))
+		}
+		if p, ok := r.find(9, "protected"); ok {
+			part := fmt.Sprintf("3 nodes, a pause inside Acquire longer than the lease: %d acquisitions refused by the validity check, %d expired grants", p.Verdict.Refused, p.Verdict.Expired)
+			if ctl, ok := r.find(9, "control"); ok {
+				part += fmt.Sprintf(" (the naive lock: %d)", ctl.Verdict.Expired)
+			}
+			parts = append(parts, part)
+		}
+		c.Figure, c.Shown = "fence's redlock with its defaults; 5 nodes, "+strings.Join(parts, "; "), yes(shown)
 	} else {
 		c = notRun(c)
 	}

@@ -5,13 +5,18 @@
 // middleware where the scenario has a network hop) whose log table, written in the same transaction as each
 // write, is the ground truth, and a checker that judges each run.
 //
-// Every scenario runs as a control (the naive lock: SET NX PX with an INCR
-// counter for tokens, no replica sync; in scenario 5 fence's lock with its
-// defaults, in 7 with replica sync off; the row read and then written with a plain
-// UPDATE), which must show the violation, proving the checker can see
-// it; and protected (fence's redislock with its defaults, and guard's fenced
-// read-modify-write), which must show none. Some scenarios add a protected
-// row with a different setting. A run whose fault did not take effect fails.
+// Every scenario runs as a control, which must show the violation, proving
+// the checker can see it, and protected, which must show none. The control
+// is the naive lock (SET NX PX with an INCR counter for tokens, no replica
+// sync) with the row read and then written with a plain UPDATE; in 5 fence's
+// lock with its defaults, in 12 with replica sync off, in 7 and 8 fence's
+// redlock with its defaults, in 10 and 11 the etcd and ZooKeeper locks with
+// writes that ignore tokens; 9's is the naive lock paused inside Acquire,
+// which must hand out a lease that expired during the pause. Protected is
+// the backend with its defaults (redislock.New(client, nil); redlock over
+// independent redis-servers in 7–9; etcdlock in 10, zklock in 11) and
+// guard's fenced read-modify-write. Some scenarios add a protected row with
+// a different setting. A run whose fault did not take effect fails.
 package lab
 
 import (
@@ -47,9 +52,12 @@ type Config struct {
 	// write is how protected workers do their read-modify-write:
 	// worker.WriteGuard unless a test mutates it.
 	write string
-	// syncOff turns replica sync off in scenario 7's protected rows: for
+	// syncOff turns replica sync off in scenario 12's protected rows: for
 	// the mutation test.
 	syncOff bool
+	// skipFault leaves out the fault of the Redlock scenarios (7–9), so
+	// that a test sees the run fail as one whose fault did not bite.
+	skipFault bool
 	// resumeAt, if set, names the resume point of every pause (see
 	// resumePoints) instead of a random one: for tests.
 	resumeAt string
@@ -88,9 +96,12 @@ var scenarios = []scenario{
 	{4, "async failover", "P1", asyncFailover, []string{"replica unseen"}},
 	{5, "wrong replica promoted", "P1", wrongReplica, []string{"acks=all"}},
 	{6, "token source loss", "P2", tokenSourceLoss, nil},
-	{7, "Sentinel failover", "P1", sentinelFailover, nil},
+	{7, "Redlock node restart", "P1", redlockRestart, nil},
+	{8, "Redlock clock jump", "P1", redlockClockJump, nil},
+	{9, "pause during acquisition", "validity", pausedAcquisition, nil},
 	{10, "etcd lease expiry", "P1", etcdLeaseExpiry, nil},
 	{11, "ZooKeeper session expiry", "P1", zkSessionExpiry, nil},
+	{12, "Sentinel failover", "P1", sentinelFailover, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a
@@ -217,9 +228,15 @@ func runOne(ctx context.Context, cfg Config, pg *postgresServer, sc scenario, i 
 func judge(protected bool, control string, v Verdict, note string) (expect string, pass bool) {
 	if protected {
 		expect = "P1 = P2 = P3 = 0, P5 Ok"
-		pass = v.P1 == 0 && v.P2 == 0 && v.P3 == 0 && v.P5 == "Ok" && v.Ops > 0
+		if control == "validity" {
+			expect = "expired grants = 0, P1 = P2 = P3 = 0, P5 Ok"
+		}
+		pass = v.P1 == 0 && v.P2 == 0 && v.P3 == 0 && v.Expired == 0 && v.P5 == "Ok" && v.Ops > 0
 	} else {
 		expect = control + " > 0"
+		if control == "validity" {
+			expect = "expired grants > 0 (no validity check)"
+		}
 		pass = v.get(control) > 0
 	}
 	return expect, pass && note == ""
@@ -233,6 +250,8 @@ func (v Verdict) get(p string) int {
 		return v.P2
 	case "P3":
 		return v.P3
+	case "validity":
+		return v.Expired
 	}
 	return 0
 }

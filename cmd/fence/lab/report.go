@@ -54,8 +54,11 @@ func (res Result) line() string {
 	if !res.Pass {
 		mark = "FAIL"
 	}
-	line := fmt.Sprintf("%s scenario %d %-22s %-26s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s refused %2d rejected %3d retried %2d %5.1fs  (expect %s; P5 histories %s)",
+	line := fmt.Sprintf("%s scenario %-2d %-24s %-26s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s refused %2d rejected %3d retried %2d %5.1fs  (expect %s; P5 histories %s)",
 		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, v.Retried, res.Seconds, res.Expect, p5Sizes(v.P5Histories))
+	if strings.Contains(res.Expect, "expired grants") {
+		line += fmt.Sprintf(" expired grants %d", v.Expired)
+	}
 	if res.FaultNote != "" {
 		line += "\n     FAULT DID NOT TAKE EFFECT: " + res.FaultNote
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/fencekit/fence/internal/redisserver"
 )
 
-// sentinelFailover is scenario 7: scenario 4's fault with Redis Sentinel
+// sentinelFailover is scenario 12: scenario 4's fault with Redis Sentinel
 // doing the failover. Each round starts a primary, one replica and three
 // sentinels (quorum 2, down-after-milliseconds 1000, failover-timeout
 // 3000), and the workers reach the primary through the sentinels

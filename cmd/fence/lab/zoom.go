@@ -48,7 +48,7 @@ func (tl *timeline) round() (panel, bool) {
 		// The lock refused the stale holder: from its attempt to the
 		// first write of another worker on the same register after it.
 		for i, e := range tl.events {
-			if e.Kind == "acquire" && e.Phase == "fail" && strings.Contains(e.Err, fence.ErrNotReplicated.Error()) {
+			if e.Kind == "acquire" && e.Phase == "fail" && refusedByLock(e.Err) {
 				var start int64
 				for _, c := range tl.events[:i] {
 					if c.Op == e.Op && c.Kind == "acquire" && c.Phase == "invoke" {
@@ -84,17 +84,26 @@ func (tl *timeline) round() (panel, bool) {
 			}
 		}
 	}
-	var start, end int64
+	var start, end, invoke int64
+	pausedInAcquire := false
 	for _, e := range tl.events {
 		if e.Op != focus {
 			continue
 		}
 		switch {
+		case e.Kind == "acquire" && e.Phase == "invoke":
+			invoke = e.Mono
+		case e.Kind == "pause" && start == 0:
+			pausedInAcquire = true // paused inside Acquire (scenario 9)
 		case e.Kind == "acquire" && e.Phase == "ok":
 			start = e.Mono
 		case e.Kind == "write" && e.Phase != "invoke":
 			end = e.Mono
 		}
+	}
+	if pausedInAcquire && invoke != 0 {
+		// From the attempt: the other holder's lease lies inside the pause.
+		start = invoke
 	}
 	for _, l := range tl.log {
 		if l.Op == focus {

@@ -30,24 +30,35 @@ rejected, and a checker that judges each run:
       lease's read-modify-write as one atomic update, the tokens: Ok, Illegal or Unknown
 
 Scenarios: 1 paused holder, 2 delayed write (through an in-process toxiproxy), 3 lost
-update, 4 async failover, 5 wrong replica promoted, 6 token source loss, 7 Sentinel
-failover (scenario 4's fault, the replica promoted by three redis-sentinel processes, the
-workers connected through them), 11 ZooKeeper session expiry (zklock on a ZooKeeper the lab
-starts; its control is the same lock with writes that ignore tokens). Each runs as a
-control, which must show the violation, and protected, which must show none: fence's lock
-with its defaults (redislock.New(client, nil)) and the resource behind guard (a SQLite row
-written with guard.Tx, fenced first, then read, then written; guard.Middleware in scenario
-2); scenario 3 adds the same row in PostgreSQL (guard.Tx over pgx, a server the lab starts
-with initdb). Rows with a stricter or weaker setting (acks=all, a replica never seen) show
-which safety came from the lock and which from the token. The control is a naive lock (SET NX PX
-with an INCR token, no replica sync; in 5 fence's lock with its defaults, in 7 with replica
-sync off)
-and a plain read-then-UPDATE. A fault that did not take
-effect fails its run. Paused workers resume at seeded random points (--seed replays them).
+update, 4 async failover, 5 wrong replica promoted, 6 token source loss; on fence's redlock
+over independent masters, 7 Redlock node restart (5 nodes; A holds a majority, one of its
+nodes restarts empty, B is granted a majority too), 8 Redlock clock jump (5 nodes,
+toxiproxy links, a partition, and PEXPIRE on one node's lock key standing in for its clock
+jumping), 9 pause during acquisition (3 nodes; the worker stops itself after the nodes
+granted, before the lock has read the last reply, past the lease: redlock must refuse by
+its validity check); 10 etcd lease expiry and 11 ZooKeeper session expiry (etcdlock and
+zklock on servers the lab starts: a holder paused past its lease); 12 Sentinel failover
+(scenario 4's fault, the replica promoted by three redis-sentinel processes, the workers
+connected through them).
+
+Each runs as a control, which must show the violation, and protected, which must show none:
+the backend with its defaults (redislock.New(client, nil), redlock.New(clients, nil),
+etcdlock, zklock) and the resource behind guard (a SQLite row written with guard.Tx, fenced
+first, then read, then written; guard.Middleware in scenario 2); scenario 3 adds the same
+row in PostgreSQL (guard.Tx over pgx, a server the lab starts with initdb). Rows with a
+stricter or weaker setting (acks=all, a replica never seen) show which safety came from the
+lock and which from the token. The control is a naive lock (SET NX PX with an INCR token, no
+replica sync) and a plain read-then-UPDATE; in 5 fence's lock with its defaults, in 12 with
+replica sync off, in 7 and 8 fence's redlock with its defaults (the two holders are
+Redlock's own), in 10 and 11 the etcd and ZooKeeper locks with writes that ignore tokens;
+in 9 the naive lock paused the same way, which hands out a lease that expired during the
+pause. A fault that did not take effect fails its run. Paused workers resume at seeded
+random points (--seed replays them).
 Lab exits 1 if an expectation fails.
 
---quick runs a short version (about 40 s, PostgreSQL's row about 4 s of it, scenario 7's
-Sentinel failovers about 11 s); the full run (about 7 min) makes at least 200 fenced writes
+--quick runs a short version (about 1.5 min: PostgreSQL's row about 4 s, the Redlock
+scenarios about 7 s, etcd's and ZooKeeper's about 17 s each, the Sentinel failovers about
+11 s); the full run (about 12 min) makes at least 200 fenced writes
 per scenario. With --out DIR it writes report.md, report.json and timeline.svg there, and
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,

@@ -3,7 +3,7 @@
 // history to standard output as JSON lines. The lab/cmd/labworker command
 // runs Main; the lab builds that command and starts one process per
 // worker, so that a signal pauses exactly one client. The package is kept
-// small (fence, redislock, go-redis) so that the command builds quickly.
+// small (fence, redislock, redlock, go-redis) so that the command builds quickly.
 package worker
 
 import (
@@ -25,6 +25,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/redislock"
+	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sys/unix"
 )
@@ -42,7 +43,12 @@ type Spec struct {
 	// and Redis is ignored.
 	Sentinels []string `json:"sentinels,omitempty"`
 	Master    string   `json:"master,omitempty"`
-	Lock      string   `json:"lock"` // lock name
+	// Redlock, if set, are the addresses (host:port) of independent Redis
+	// masters: the worker's lock is fence's redlock.New over one go-redis
+	// client each, with redlock's defaults. The naive lock (Naive) still
+	// uses Redis alone.
+	Redlock []string `json:"redlock,omitempty"`
+	Lock    string   `json:"lock"` // lock name
 	// DB is the path of the lab's SQLite database, or the connection
 	// string of its PostgreSQL database (postgres://…): the worker does its
 	// read-modify-write there itself, as Write says. Without DB it asks
@@ -66,7 +72,7 @@ type Spec struct {
 	// PauseAt lists the ops (1-based) at which the worker stops itself with
 	// SIGSTOP, at PausePoint, until the controller sends SIGCONT.
 	PauseAt    []int  `json:"pause_at,omitempty"`
-	PausePoint string `json:"pause_point,omitempty"` // "acquired" or "read"
+	PausePoint string `json:"pause_point,omitempty"` // "acquired", "read" or PauseReplies
 	// ZooKeeper, if set, lists ZooKeeper servers (comma-separated): the
 	// fence lock is then zklock's, with session timeout SessionTimeout,
 	// instead of Redis's.
@@ -76,6 +82,10 @@ type Spec struct {
 	// worker takes its leases from etcd (etcdlock) instead of Redis.
 	Etcd string `json:"etcd,omitempty"`
 }
+
+// PauseReplies is the pause point inside Acquire, between sending the
+// requests and reading the replies (see replyPause).
+const PauseReplies = "replies"
 
 // Main runs a worker from the Spec in Env, writing its history as JSON
 // lines to stdout, until it has taken Spec.Ops leases or, if that is zero,
@@ -98,6 +108,29 @@ func Main() int {
 	switch {
 	case s.Naive:
 		w.locker = &naiveLocker{c: client}
+		if s.PausePoint == PauseReplies {
+			w.replies = &replyPause{w: w, nodes: 1, answered: map[string]int{}}
+			client.AddHook(w.replies)
+		}
+	case len(s.Redlock) > 0:
+		var clients []redis.UniversalClient
+		if s.PausePoint == PauseReplies {
+			w.replies = &replyPause{w: w, nodes: len(s.Redlock), answered: map[string]int{}}
+		}
+		for _, addr := range s.Redlock {
+			c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 3 * time.Second})
+			defer c.Close()
+			if w.replies != nil {
+				c.AddHook(w.replies)
+			}
+			clients = append(clients, c)
+		}
+		l, err := redlock.New(clients, nil) // redlock's defaults
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab worker:", err)
+			return 2
+		}
+		w.locker = l
 	case s.ZooKeeper != "":
 		l, closeZK, err := zookeeperLocker(s)
 		if err != nil {
@@ -163,6 +196,8 @@ type worker struct {
 	http   *http.Client
 	locker fence.Locker
 	db     *sql.DB
+	// replies, if set, pauses the worker inside Acquire (PauseReplies).
+	replies *replyPause
 }
 
 // emit writes e, stamped now unless it carries a time already.
@@ -187,16 +222,22 @@ func (w *worker) op(i int) {
 	id := fmt.Sprintf("%s-%d", w.s.ID, i)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	pause := slices.Contains(w.s.PauseAt, i)
+	if pause && w.replies != nil {
+		w.replies.arm(id)
+	}
 	w.emit(Event{Op: id, Kind: "acquire", Phase: "invoke"})
 	lease, err := w.locker.Acquire(ctx, w.s.Lock, fence.Wait(w.s.Wait), fence.TTL(w.s.TTL))
+	if pause && w.replies != nil {
+		w.replies.arm("") // the pause belongs to this acquisition only
+	}
 	if err != nil {
 		w.emit(Event{Op: id, Kind: "acquire", Phase: "fail", Err: errString(err)})
 		return
 	}
 	token := int64(lease.Token())
 	w.emit(Event{Op: id, Kind: "acquire", Phase: "ok", Token: token})
-	pause := slices.Contains(w.s.PauseAt, i)
-	if pause && w.s.PausePoint != "read" {
+	if pause && w.s.PausePoint == "acquired" {
 		w.pause(id, token)
 	}
 	if w.db != nil {
