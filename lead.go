@@ -84,6 +84,10 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // return in a row, as a supervisor restarts a crashed worker; Lead does not
 // return. Errors are reported through OnDeposed.
 //
+// A panic in fn or in OnElected goes on up through Lead once the lease is
+// released (see Run); one in OnDeposed, after it. Lead does not recover
+// them: a candidate that panicked campaigns no more.
+//
 // When the lock is released normally (ctx of the leader ends), the old
 // leader's fn has returned before the lock is released, so the next leader's
 // fn starts after it.
@@ -112,6 +116,7 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 	failures := 0 // early returns and failed Acquires in a row
 	for {
 		var lease Lease
+		campaign := time.Now()
 		err := Run(ctx, locker, name, func(ctx context.Context, l Lease) error {
 			lease = l
 			if c.onElected != nil {
@@ -127,7 +132,13 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 		}
 		switch {
 		case lease == nil && errors.Is(err, ErrHeld):
-			continue // Acquire waited its budget: campaign again at once
+			// Acquire waited its budget: campaign again at once, unless it
+			// answered sooner than the minimum back-off (a tiny Wait, or a
+			// backend that tries once), which would be a hot loop.
+			if pause := backoff(c.minBackoff, c.maxBackoff, 0) - time.Since(campaign); pause > 0 && !sleep(ctx, pause) {
+				return context.Cause(ctx)
+			}
+			continue
 		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption)):
 			return err
 		case lease != nil && errors.Is(lease.Err(), ErrLeaseLost):

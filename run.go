@@ -20,20 +20,29 @@ const releaseTimeout = 5 * time.Second
 // called); otherwise fn's error joined with Release's error, so a lease that
 // was lost while fn ran shows up as an error matching ErrLeaseLost even when
 // fn returned nil.
-func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) error {
+//
+// If fn panics, the lease is released and the panic goes on up through Run.
+func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) (err error) {
 	lease, err := locker.Acquire(ctx, name, opts...)
 	if err != nil {
 		return err
 	}
 	workCtx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(lease.Context(), func() { cancel(lease.Err()) })
-	fnErr := fn(workCtx, lease)
-	stop()
-	cancel(nil)
-	// Release with a context that outlives a cancelled ctx: a lock left held
-	// blocks others until it expires.
-	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer relCancel()
-	relErr := lease.Release(relCtx)
-	return errors.Join(fnErr, relErr)
+	var fnErr error
+	// Deferred, so that a panic in fn (or runtime.Goexit) releases the
+	// lease too: a caller that recovers must not be left with a lock that
+	// a watchdog renews for ever.
+	defer func() {
+		stop()
+		cancel(nil)
+		// Release with a context that outlives a cancelled ctx: a lock left
+		// held blocks others until it expires.
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer relCancel()
+		relErr := lease.Release(relCtx)
+		err = errors.Join(fnErr, relErr)
+	}()
+	fnErr = fn(workCtx, lease)
+	return nil
 }

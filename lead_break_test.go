@@ -1,0 +1,117 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// countingLocker counts the Acquires made through it; after limit of them
+// it cancels stop, so that a candidate that spins without blocking ends the
+// test instead of hanging it.
+type countingLocker struct {
+	fence.Locker
+	n     atomic.Int64
+	limit int64
+	stop  context.CancelFunc
+}
+
+func (c *countingLocker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if c.n.Add(1) == c.limit {
+		c.stop()
+	}
+	if c.Locker == nil {
+		return nil, fence.NotAcquired(name, errors.New("backend down"))
+	}
+	return c.Locker.Acquire(ctx, name, opts...)
+}
+
+// A panic in fn (or in OnElected) goes up through Lead, as a panic in a
+// goroutine would; but the lease is released first: a caller that recovers
+// (an HTTP server, a supervisor) must not be left with a lock that its
+// watchdog renews for ever, and no other candidate could ever take.
+func TestLeadPanicInFnReleasesTheLock(t *testing.T) {
+	for _, where := range []string{"fn", "OnElected"} {
+		t.Run(where, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := newMemlock(t) // watchdog TTL 1 s
+				fn := func(context.Context, fence.Lease) error {
+					if where == "fn" {
+						panic("boom")
+					}
+					return nil
+				}
+				elected := func(fence.Lease) {
+					if where == "OnElected" {
+						panic("boom")
+					}
+				}
+				recovered := make(chan any, 1)
+				go func() {
+					defer func() { recovered <- recover() }()
+					_ = fence.Lead(t.Context(), l, "leader", fn, fence.OnElected(elected))
+				}()
+				if r := <-recovered; r != "boom" {
+					t.Fatalf("recovered %v, want fn's panic", r)
+				}
+				lease, err := l.Acquire(t.Context(), "leader", fence.Wait(5*time.Second))
+				if err != nil {
+					t.Fatalf("the panicking leader's lock is still held: %v", err)
+				}
+				_ = lease.Release(t.Context())
+			})
+		})
+	}
+}
+
+// A Locker that answers "held" at once (a tiny Wait budget, or a backend
+// that tries once whatever the budget) must not make Lead campaign in a hot
+// loop against the backend: at most one campaign per minimum back-off.
+func TestLeadHeldAtOnceDoesNotSpin(t *testing.T) {
+	for _, wait := range []time.Duration{time.Nanosecond, time.Microsecond, time.Millisecond} {
+		t.Run(wait.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := newMemlock(t)
+				holder, err := l.Acquire(t.Context(), "leader")
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				defer cancel()
+				c := &countingLocker{Locker: l, limit: 10000, stop: cancel}
+				start := time.Now()
+				_ = fence.Lead(ctx, c, "leader", func(context.Context, fence.Lease) error { return nil },
+					fence.LeaseOptions(fence.Wait(wait)), fence.Backoff(100*time.Millisecond, time.Second))
+				elapsed := time.Since(start)
+				if max := int64(elapsed/(50*time.Millisecond)) + 1; c.n.Load() > max {
+					t.Fatalf("%d campaigns in %v with Wait %v: a hot loop (want at most %d)", c.n.Load(), elapsed, wait, max)
+				}
+				_ = holder.Release(t.Context())
+			})
+		})
+	}
+}
+
+// A backend that fails forever is retried with the growing back-off, not in
+// a loop.
+func TestLeadBackendDownBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		c := &countingLocker{limit: 10000, stop: cancel}
+		err := fence.Lead(ctx, c, "leader", func(context.Context, fence.Lease) error { t.Error("fn ran"); return nil },
+			fence.Backoff(100*time.Millisecond, 10*time.Second))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Lead = %v, want the deadline", err)
+		}
+		// 0.1+0.2+...+6.4 s then 10 s each: at most about 14 in a minute.
+		if n := c.n.Load(); n > 20 || n < 6 {
+			t.Fatalf("%d campaigns in a minute against a dead backend", n)
+		}
+	})
+}
