@@ -19,6 +19,12 @@ import (
 // when Options.WatchdogTTL is zero, as in redislock.
 const DefaultWatchdogTTL = 30 * time.Second
 
+// ErrTokensExhausted is wrapped by the error of an Acquire that failed
+// because the token sequence has reached its maximum: no token can be issued
+// again (the sequence never cycles), so the lock cannot be granted until an
+// operator intervenes. Acquire does not retry it within its Wait budget.
+var ErrTokensExhausted = errors.New("pglock: token sequence exhausted")
+
 // DefaultTable is the lease table's name when Options.Table is empty.
 const DefaultTable = "fence_leases"
 
@@ -112,7 +118,8 @@ func (l *Locker) EnsureSchema(ctx context.Context) error {
 // notification (with a Listener) or for the holder's expiry, computed by
 // the database, and then tries again. Backend errors while waiting are
 // retried with a back-off until the budget ends; the error then wraps the
-// last one.
+// last one. A token sequence at its maximum is not retried: the error wraps
+// ErrTokensExhausted at once.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
@@ -133,7 +140,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	switch {
 	case lease != nil:
 		return lease, nil
-	case err != nil && o.Wait == 0:
+	case err != nil && (o.Wait == 0 || errors.Is(err, ErrTokensExhausted)):
 		l.giveUp(&a)
 		return nil, fence.NotAcquired(name, err)
 	case err == nil && o.Wait == 0:
@@ -204,6 +211,10 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		if lease != nil {
 			return lease, nil
 		}
+		if errors.Is(lastErr, ErrTokensExhausted) {
+			l.giveUp(&a)
+			return nil, fence.NotAcquired(name, lastErr)
+		}
 	}
 }
 
@@ -254,6 +265,9 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		case err == nil:
 			a.sent = false
 			return l.newLease(ctx, a, fence.Token(token), sent), 0, nil
+		case isSQLState(err, sequenceLimitExceeded):
+			a.sent = false // nextval failed: the statement took nothing
+			return nil, 0, fmt.Errorf("pglock: acquire %q: %w: %w", a.name, ErrTokensExhausted, err)
 		case !errors.Is(err, sql.ErrNoRows):
 			a.sent = true
 			return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
@@ -279,6 +293,17 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		}
 		return nil, time.Duration(leftUs)*time.Microsecond + time.Millisecond, nil
 	}
+}
+
+// sequenceLimitExceeded is the SQLSTATE of nextval past a sequence's
+// maximum (sequence_generator_limit_exceeded).
+const sequenceLimitExceeded = "2200H"
+
+// isSQLState reports whether err carries the SQLSTATE code, as the errors of
+// pgx (*pgconn.PgError) and lib/pq (*pq.Error) do through SQLState().
+func isSQLState(err error, code string) bool {
+	var e interface{ SQLState() string }
+	return errors.As(err, &e) && e.SQLState() == code
 }
 
 func newOwner() string {

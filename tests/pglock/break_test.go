@@ -1,0 +1,236 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/pglock"
+)
+
+// Lock names are parameters, never spliced into SQL: quotes, SQL, unicode
+// and names of the maximum length are locks like any other, and a waiter
+// on each wakes on its release's notification (whose payload is the name).
+func TestHostileNames(t *testing.T) {
+	d := newDatabase(t, pg)
+	l := d.locker(t, d.db)
+	names := []string{
+		`'; DROP TABLE fence_leases; --`,
+		`"fence_leases"`,
+		`a\'b\\`,
+		`$1`,
+		"ключ 🔒 鍵",
+		strings.Repeat("é", fence.MaxNameLen/2),
+		strings.Repeat("'", fence.MaxNameLen),
+	}
+	for _, name := range names {
+		holder, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatalf("Acquire(%.20q): %v", name, err)
+		}
+		got := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute), fence.Wait(5*time.Second))
+			if err == nil {
+				if lease.Token() <= holder.Token() {
+					err = fmt.Errorf("token %d after %d", lease.Token(), holder.Token())
+				}
+				_ = lease.Release(context.Background())
+			}
+			got <- err
+		}()
+		if err := holder.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatalf("Release(%.20q): %v", name, err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("waiter on %.20q: %v", name, err)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("waiter on %.20q woke after %v: the notification did not reach it", name, took)
+		}
+	}
+	var n int
+	if err := d.db.QueryRowContext(t.Context(), `SELECT count(*) FROM fence_leases`).Scan(&n); err != nil || n != len(names) {
+		t.Fatalf("%d rows (%v), want %d", n, err, len(names))
+	}
+}
+
+// Many candidates on two connection pools, each pool limited to two
+// connections, fight over one name: the tokens, read inside each holder's
+// critical section, increase in the order of the grants.
+func TestTokenOrderUnderContention(t *testing.T) {
+	d := newDatabase(t, pg)
+	var lockers []*pglock.Locker
+	for range 2 {
+		db := open(t, d.dsn, nil)
+		db.SetMaxOpenConns(2)
+		lockers = append(lockers, d.locker(t, db))
+	}
+	var (
+		mu     sync.Mutex
+		tokens []fence.Token
+		inside int
+	)
+	var wg sync.WaitGroup
+	errc := make(chan error, 16)
+	for i := range 8 {
+		l := lockers[i%2]
+		wg.Go(func() {
+			for range 15 {
+				lease, err := l.Acquire(ctxFor(t, 30*time.Second), "contended", fence.TTL(10*time.Second), fence.Wait(20*time.Second))
+				if err != nil {
+					errc <- err
+					return
+				}
+				mu.Lock()
+				inside++
+				if inside > 1 {
+					errc <- errors.New("two holders at once")
+				}
+				tokens = append(tokens, lease.Token())
+				mu.Unlock()
+				mu.Lock()
+				inside--
+				mu.Unlock()
+				if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+					errc <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("grant %d got token %d after %d", i, tokens[i], tokens[i-1])
+		}
+	}
+	if len(tokens) != 8*15 {
+		t.Fatalf("%d grants", len(tokens))
+	}
+}
+
+// With one connection in the pool, a holder's watchdog and several waiters
+// (listening on connections of their own) share it: nobody deadlocks, and
+// the holder keeps its lease while they wait.
+func TestOneConnectionPool(t *testing.T) {
+	d := newDatabase(t, pg)
+	db := open(t, d.dsn, nil)
+	db.SetMaxOpenConns(1)
+	l := d.locker(t, db)
+	holder, err := l.Acquire(ctxFor(t, 10*time.Second), "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			lease, err := l.Acquire(ctxFor(t, 20*time.Second), "one", fence.Wait(15*time.Second))
+			if err == nil {
+				err = lease.Release(ctxFor(t, 10*time.Second))
+			}
+			errc <- err
+		})
+	}
+	time.Sleep(3 * watchdogTTL) // let the watchdog renew while they wait
+	if err := holder.Err(); err != nil {
+		t.Fatalf("the holder lost its lease while the waiters shared its pool: %v", err)
+	}
+	if err := holder.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// When the token sequence reaches its maximum, Acquire fails with an error
+// that says so, at once even with a Wait budget, and never issues a token
+// again (NO CYCLE).
+func TestTokensExhausted(t *testing.T) {
+	d := newDatabase(t, pg)
+	l := d.locker(t, d.db)
+	if _, err := d.db.ExecContext(t.Context(), `ALTER SEQUENCE fence_leases_token RESTART WITH 9223372036854775806`); err != nil {
+		t.Fatal(err)
+	}
+	var last fence.Token
+	for range 2 {
+		lease, err := l.Acquire(ctxFor(t, 10*time.Second), "max", fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = lease.Token()
+		if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if last != 1<<63-1 {
+		t.Fatalf("last token %d", last)
+	}
+	start := time.Now()
+	_, err := l.Acquire(ctxFor(t, 20*time.Second), "max", fence.TTL(time.Minute), fence.Wait(10*time.Second))
+	if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, pglock.ErrTokensExhausted) {
+		t.Fatalf("Acquire after the last token = %v, want ErrNotAcquired and pglock.ErrTokensExhausted", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("Acquire took %v to report exhausted tokens: it retried a permanent error", took)
+	}
+}
+
+// hangingListener never confirms its LISTEN and ignores ctx, as a broken
+// driver might, until the test ends.
+type hangingListener struct{ release chan struct{} }
+
+func (h hangingListener) Listen(ctx context.Context, channel string) (<-chan string, error) {
+	<-h.release
+	return nil, errors.New("never listened")
+}
+
+// A Listener that never confirms (and ignores its ctx) does not hold Acquire
+// beyond its Wait budget.
+func TestListenerNeverConfirms(t *testing.T) {
+	d := newDatabase(t, pg)
+	h := hangingListener{make(chan struct{})}
+	t.Cleanup(func() { close(h.release) })
+	l, err := pglock.New(d.db, &pglock.Options{WatchdogTTL: watchdogTTL, Listener: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := l.Acquire(ctxFor(t, 10*time.Second), "deaf", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctxFor(t, 30*time.Second), "deaf", fence.Wait(time.Second))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("Acquire = %v", err)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("Acquire with a 1 s budget returned after %v", took)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Acquire with a 1 s budget still waiting after 5 s on a Listener that never confirms")
+	}
+}
