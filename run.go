@@ -21,7 +21,10 @@ const releaseTimeout = 5 * time.Second
 // was lost while fn ran shows up as an error matching ErrLeaseLost even when
 // fn returned nil.
 //
-// If fn panics, the lease is released and the panic goes on up through Run.
+// A Release that fails without a conclusion (a backend error) is retried
+// for up to 5 s; if the first try did free the lock and only its reply was
+// lost, the retry reports ErrLeaseLost. If fn panics, the lease is released
+// and the panic goes on up through Run.
 func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) (err error) {
 	lease, err := locker.Acquire(ctx, name, opts...)
 	if err != nil {
@@ -40,7 +43,13 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 		// held blocks others until it expires.
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer relCancel()
+		// An inconclusive failure (the statement went out on a connection
+		// that a server restart had killed) is retried: the caller has no
+		// lease to retry with, and the lock would stay held until it expires.
 		relErr := lease.Release(relCtx)
+		for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && sleep(relCtx, pause); pause = min(2*pause, time.Second) {
+			relErr = lease.Release(relCtx)
+		}
 		err = errors.Join(fnErr, relErr)
 	}()
 	fnErr = fn(workCtx, lease)

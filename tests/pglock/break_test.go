@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pgtest"
 	"github.com/fencekit/fence/pglock"
 )
 
@@ -233,4 +234,100 @@ func TestListenerNeverConfirms(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Acquire with a 1 s budget still waiting after 5 s on a Listener that never confirms")
 	}
+}
+
+// A holder whose pool's connections died with a server restart can still
+// release: its first Release may fail (the statement went out on a dead
+// connection, and whether it ran is unknown to the driver), a second one
+// frees the lock; fence.Run, which cannot hand the lease back for a retry,
+// retries itself, so the lock is free at once when Run returns, not a lease
+// time later.
+func TestReleaseAfterRestart(t *testing.T) {
+	srv, err := pgtest.Launch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Kill)
+	d := newDatabase(t, srv)
+	// The test server runs with synchronous_commit=off, and Restart is a
+	// crash: make the schema and the commits durable (see
+	// TestTokensIncreaseAcrossRestart).
+	for _, q := range []string{`ALTER DATABASE ` + d.name + ` SET synchronous_commit = on`, `CHECKPOINT`} {
+		if _, err := d.db.ExecContext(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = d.db.Close()
+	d.db = open(t, d.dsn, nil)
+	l := d.locker(t, d.db)
+	free := func() {
+		t.Helper()
+		other, err := d.locker(t, open(t, d.dsn, nil)).Acquire(ctxFor(t, 10*time.Second), "restart", fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatalf("the lock released after the restart is still held: %v", err)
+		}
+		_ = other.Release(context.Background())
+	}
+
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), "restart", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Logf("first Release after a restart: %v", err)
+		if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatalf("second Release after a restart: %v", err)
+		}
+	}
+	free()
+
+	err = fence.Run(ctxFor(t, 10*time.Second), l, "restart", func(context.Context, fence.Lease) error {
+		return srv.Restart()
+	}, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("Run across a restart = %v", err)
+	}
+	free()
+}
+
+// An Acquire whose ctx ends while its statement waits for a row lock (a
+// transaction elsewhere holds the row) returns by the deadline and leaves
+// no lock behind: once that transaction ends, the lock is free.
+func TestCancelWhileBlockedOnRowLock(t *testing.T) {
+	d := newDatabase(t, pg)
+	l := d.locker(t, d.db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), "rowlock", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(t.Context(), `SELECT 1 FROM fence_leases WHERE name = 'rowlock' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	if _, err := l.Acquire(ctx, "rowlock", fence.TTL(time.Minute), fence.Wait(time.Minute)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire blocked on a row lock = %v, want the deadline", err)
+	}
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		t.Fatalf("Acquire with a 500 ms ctx returned after %v", took)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.Acquire(ctxFor(t, 10*time.Second), "rowlock", fence.TTL(time.Minute), fence.Wait(3*time.Second))
+	if err != nil {
+		t.Fatalf("after the cancelled Acquire the lock is not free: %v", err)
+	}
+	_ = other.Release(context.Background())
 }
