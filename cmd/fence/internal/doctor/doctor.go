@@ -235,6 +235,11 @@ func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool
 	if err != nil && !isReply(err) {
 		return nil, fmt.Errorf("%s: INFO: %w", n.addr, err)
 	}
+	if isAuthError(err) {
+		// Every command would be refused alike, and read as EVAL, CONFIG
+		// and the rest disabled: the node could not be read at all.
+		return nil, fmt.Errorf("%s: authentication refused: %w", n.addr, err)
+	}
 	n.info = parseInfo(info) // empty when INFO is refused: the probes report it
 	n.config = map[string]string{}
 	for _, name := range configNames {
@@ -273,6 +278,21 @@ func (n *node) errs() map[string]error {
 func isReply(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re)
+}
+
+// isAuthError reports whether err is the server refusing the connection's
+// credentials (a wrong password or user, or none given where one is needed).
+func isAuthError(err error) bool {
+	if !isReply(err) {
+		return false
+	}
+	msg := err.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "ERR invalid password", "ERR invalid username-password"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // readTime measures the node's clock against the local one.

@@ -1,0 +1,140 @@
+package cli_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/cmd/fence/internal/cli"
+	"github.com/fencekit/fence/internal/redistest"
+)
+
+// blackHole listens on a loopback port, accepts every connection and never
+// reads from it nor answers, until the test ends.
+func blackHole(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// A server that accepts connections and never answers, named by each kind
+// of URL with credentials: doctor gives up with exit status 2 within
+// --timeout, and prints the credentials nowhere, in text or JSON.
+func TestDoctorBlackHoleWithinTimeout(t *testing.T) {
+	hole := blackHole(t)
+	closed := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().String()
+	}()
+	for _, args := range [][]string{
+		{"--redis", "redis://app:s3cretpw@" + hole},
+		{"--redis", "redis://app:s3cretpw@" + hole + "/0?dial_timeout=30s&read_timeout=30s"},
+		{"--redis-sentinel", "redis://app:s3cretpw@" + hole + "?master_name=mymaster&sentinel_password=s3cretsent"},
+		{"--redis-sentinel", "redis://app:s3cretpw@" + closed + "?master_name=mymaster&addr=" + hole},
+		{"--redis-cluster", "redis://app:s3cretpw@" + hole + "?addr=" + closed},
+	} {
+		for _, format := range [][]string{nil, {"--json"}} {
+			start := time.Now()
+			out, errOut, code := fence(t, nil, append(append([]string{"doctor", "--timeout", "1s"}, format...), args...)...)
+			took := time.Since(start)
+			if code != cli.ExitUsage {
+				t.Errorf("doctor %v %v on a black hole: exit %d, stdout %q, stderr %q", format, args, code, out, errOut)
+			}
+			if took > 4*time.Second {
+				t.Errorf("doctor %v %v on a black hole with --timeout 1s took %v", format, args, took)
+			}
+			if all := out + errOut; strings.Contains(all, "s3cret") {
+				t.Errorf("doctor %v %v printed a password: %q", format, args, all)
+			}
+		}
+	}
+}
+
+// A Sentinel URL whose master_name the sentinels do not know is an error
+// that names the master, promptly; a wrong password is not printed.
+func TestDoctorSentinelWrongMaster(t *testing.T) {
+	primary := redistest.Start(t)
+	sentinels := redistest.StartSentinels(t, primary, 1)
+	redistest.WaitSentinelsReady(t, sentinels, 0)
+	addr := sentinels.Addrs()[0]
+	start := time.Now()
+	out, errOut, code := fence(t, nil, "doctor", "--timeout", "5s", "--redis-sentinel", "redis://app:s3cretpw@"+addr+"?master_name=nosuchmaster")
+	if code != cli.ExitUsage || !strings.Contains(errOut, "nosuchmaster") || strings.Contains(out+errOut, "s3cret") {
+		t.Fatalf("doctor with an unknown master name: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Fatalf("doctor with an unknown master name took %v", took)
+	}
+	t.Logf("stderr: %s", errOut)
+}
+
+// A cluster with one master down: doctor reports within --timeout, the
+// down node is a finding, not a hang.
+func TestDoctorClusterNodeDown(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	addrs := cluster.Addrs()
+	cluster.Servers[2].Kill()
+	start := time.Now()
+	out, errOut, code := fence(t, nil, "doctor", "--timeout", "5s", "--redis-cluster", "redis://"+addrs[0]+"?addr="+addrs[1]+"&addr="+addrs[2])
+	if took := time.Since(start); took > 7*time.Second {
+		t.Fatalf("doctor on a cluster with a node down took %v", took)
+	}
+	if code != cli.ExitDoctorCritical || !strings.Contains(out, "node-unreachable  "+addrs[2]) {
+		t.Fatalf("doctor on a cluster with a node down: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	t.Logf("stdout:\n%s", out)
+}
+
+// A server with a password: neither the right password nor a wrong one is
+// printed, whether the doctor gets in or is refused.
+func TestDoctorPasswordNotPrinted(t *testing.T) {
+	srv := redistest.Start(t)
+	if err := srv.Client(t).Do(context.Background(), "ACL", "SETUSER", "alice", "on", ">s3cretright", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		pass string
+		code int
+	}{{"s3cretright", cli.ExitDoctorCritical}, {"s3cretwrong", cli.ExitUsage}} {
+		for _, format := range [][]string{nil, {"--json"}} {
+			args := append(append([]string{"doctor", "--timeout", "5s"}, format...), "--redis", "redis://alice:"+c.pass+"@"+srv.Addr)
+			out, errOut, code := fence(t, nil, args...)
+			if code != c.code || strings.Contains(out+errOut, "s3cret") {
+				t.Errorf("doctor %v with password %s: exit %d (want %d), stdout %q, stderr %q", format, c.pass, code, c.code, out, errOut)
+			}
+		}
+	}
+}
