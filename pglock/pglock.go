@@ -153,8 +153,22 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		sub      *subscription // nil until listening
 		w        *waiter
 		failures int
+		breaks   int // listeners that stopped in a row, no notification between
 		lastErr  = err
 	)
+	// budgetEnded is Acquire's error when waitCtx ended; before is the
+	// error of the last try that the end did not cut short.
+	budgetEnded := func(before error) error {
+		l.giveUp(&a)
+		switch {
+		case ctx.Err() != nil:
+			return fence.NotAcquired(name, ctx.Err())
+		case before != nil:
+			return fence.NotAcquired(name, before)
+		default:
+			return fence.NotAcquired(name, fence.ErrHeld)
+		}
+	}
 	defer func() {
 		if sub != nil {
 			l.leave(sub, w)
@@ -190,26 +204,37 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 			timer.Reset(pause)
 			select {
 			case <-wake:
-			case <-broken: // the listener stopped: listen again
+				breaks = 0
+			case <-broken:
+				// The listener stopped: listen again, after a back-off
+				// that grows while listeners keep stopping at once, so
+				// that one a proxy keeps cutting is not a hot loop of
+				// LISTENs and tries.
 				l.leave(sub, w)
 				sub, w = nil, nil
+				breaks++
+				timer.Stop()
+				timer.Reset(retryBackoff(breaks))
+				select {
+				case <-timer.C:
+				case <-waitCtx.Done():
+					return nil, budgetEnded(lastErr)
+				}
 			case <-timer.C:
 			case <-waitCtx.Done():
-				l.giveUp(&a)
-				switch {
-				case ctx.Err() != nil:
-					return nil, fence.NotAcquired(name, ctx.Err())
-				case lastErr != nil:
-					return nil, fence.NotAcquired(name, lastErr)
-				default:
-					return nil, fence.NotAcquired(name, fence.ErrHeld)
-				}
+				return nil, budgetEnded(lastErr)
 			}
 			timer.Stop()
 		}
+		before := lastErr
 		lease, left, lastErr = l.try(waitCtx, &a)
 		if lease != nil {
 			return lease, nil
+		}
+		if lastErr != nil && waitCtx.Err() != nil {
+			// The budget ended during this try, which failed for that
+			// reason: the lock was as before, held or unreachable.
+			return nil, budgetEnded(before)
 		}
 		if errors.Is(lastErr, ErrTokensExhausted) {
 			l.giveUp(&a)

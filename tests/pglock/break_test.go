@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -330,4 +331,113 @@ func TestCancelWhileBlockedOnRowLock(t *testing.T) {
 		t.Fatalf("after the cancelled Acquire the lock is not free: %v", err)
 	}
 	_ = other.Release(context.Background())
+}
+
+// A holder whose row is changed behind its back (an operator expires it, or
+// rewrites its owner) learns that its lease is lost by its next renewal,
+// within the watchdog TTL; the next holder's token is greater.
+func TestRowChangedBehindHoldersBack(t *testing.T) {
+	d := newDatabase(t, pg)
+	for _, change := range []string{
+		`UPDATE fence_leases SET expires_at = '-infinity' WHERE name = 'behind'`,
+		`UPDATE fence_leases SET owner = 'someone else' WHERE name = 'behind'`,
+		`DELETE FROM fence_leases WHERE name = 'behind'`,
+	} {
+		l := d.locker(t, d.db)
+		holder, err := l.Acquire(ctxFor(t, 10*time.Second), "behind")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.db.ExecContext(t.Context(), change); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-holder.Done():
+			if !errors.Is(holder.Err(), fence.ErrLeaseLost) {
+				t.Fatalf("%s: holder's lease ended with %v, want ErrLeaseLost", change, holder.Err())
+			}
+		case <-time.After(watchdogTTL + time.Second):
+			t.Fatalf("%s: the holder still believes it holds %v later", change, watchdogTTL+time.Second)
+		}
+		if change[0] == 'U' && strings.Contains(change, "owner") {
+			// The row still looks held by "someone else" until it expires.
+			if _, err := d.db.ExecContext(t.Context(), `UPDATE fence_leases SET expires_at = '-infinity' WHERE name = 'behind'`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		next, err := l.Acquire(ctxFor(t, 10*time.Second), "behind", fence.Wait(2*time.Second))
+		if err != nil {
+			t.Fatalf("%s: %v", change, err)
+		}
+		if next.Token() <= holder.Token() {
+			t.Fatalf("%s: token %d after %d", change, next.Token(), holder.Token())
+		}
+		if err := next.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// flakyListener confirms every LISTEN and then stops at once, as a
+// connection that a proxy or idle_session_timeout keeps cutting would.
+type flakyListener struct{ calls atomic.Int64 }
+
+func (f *flakyListener) Listen(ctx context.Context, channel string) (<-chan string, error) {
+	f.calls.Add(1)
+	ch := make(chan string)
+	close(ch)
+	return ch, nil
+}
+
+// A waiter whose Listener keeps stopping as soon as it has started does not
+// listen again and query in a hot loop: it backs off.
+func TestListenerKeepsStopping(t *testing.T) {
+	d := newDatabase(t, pg)
+	holder, err := d.locker(t, d.db).Acquire(ctxFor(t, 10*time.Second), "flaky", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+	var statements atomic.Int64
+	f := &flakyListener{}
+	l, err := pglock.New(open(t, d.dsn, &statements), &pglock.Options{Listener: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Acquire(ctxFor(t, 10*time.Second), "flaky", fence.Wait(2*time.Second))
+	t.Logf("Acquire = %v; %d Listens, %d statements", err, f.calls.Load(), statements.Load())
+	if !errors.Is(err, fence.ErrHeld) {
+		t.Errorf("Acquire = %v, want ErrHeld", err)
+	}
+	if n, s := f.calls.Load(), statements.Load(); n > 30 || s > 60 {
+		t.Fatalf("in a 2 s wait: %d Listens and %d statements: a hot loop", n, s)
+	}
+}
+
+// A Wait budget that ends while a try is blocked (here on a row lock a
+// transaction elsewhere holds) is reported as the lock being held, as when
+// it ends between tries, not as a backend error: fence.Lead campaigns again
+// at once after ErrHeld, but backs off after an error.
+func TestBudgetEndsDuringTry(t *testing.T) {
+	d := newDatabase(t, pg)
+	l := d.locker(t, d.db)
+	holder, err := l.Acquire(ctxFor(t, 10*time.Second), "budget", fence.TTL(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+	tx, err := d.db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(t.Context(), `SELECT 1 FROM fence_leases WHERE name = 'budget' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter wakes at the holder's expiry, and its try blocks until
+	// the budget ends.
+	_, err = l.Acquire(ctxFor(t, 10*time.Second), "budget", fence.Wait(1500*time.Millisecond))
+	if !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire whose budget ended in a blocked try = %v, want ErrHeld", err)
+	}
 }
