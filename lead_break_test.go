@@ -115,3 +115,52 @@ func TestLeadBackendDownBacksOff(t *testing.T) {
 		}
 	})
 }
+
+// Lead returns with ctx's cause as soon as ctx ends, whether it is waiting
+// in Acquire for a lock another holds, or pausing in a long back-off after
+// fn failed; and when it returns, fn has returned and the lock is free.
+func TestLeadReturnsWhenCtxEnds(t *testing.T) {
+	for _, where := range []string{"campaigning", "backing off", "leading"} {
+		t.Run(where, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := newMemlock(t)
+				if where == "campaigning" {
+					holder, err := l.Acquire(t.Context(), "leader")
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer holder.Release(t.Context())
+				}
+				why := errors.New("shutdown")
+				ctx, cancel := context.WithCancelCause(t.Context())
+				done := make(chan error, 1)
+				go func() {
+					done <- fence.Lead(ctx, l, "leader", func(ctx context.Context, _ fence.Lease) error {
+						if where == "backing off" {
+							return errors.New("fn failed")
+						}
+						<-ctx.Done()
+						return nil
+					}, fence.Backoff(time.Hour, time.Hour), fence.LeaseOptions(fence.Wait(time.Hour)))
+				}()
+				time.Sleep(time.Second)
+				synctest.Wait()
+				cancelled := time.Now()
+				cancel(why)
+				if err := <-done; err != why {
+					t.Fatalf("Lead = %v, want ctx's cause", err)
+				}
+				if took := time.Since(cancelled); took != 0 {
+					t.Fatalf("Lead returned %v after ctx ended", took)
+				}
+				if where != "campaigning" {
+					lease, err := l.Acquire(t.Context(), "leader")
+					if err != nil {
+						t.Fatalf("the lock is held after Lead returned: %v", err)
+					}
+					_ = lease.Release(t.Context())
+				}
+			})
+		})
+	}
+}
