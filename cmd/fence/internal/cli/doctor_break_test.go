@@ -101,18 +101,18 @@ func TestDoctorSentinelWrongMaster(t *testing.T) {
 	t.Logf("stderr: %s", errOut)
 }
 
-// A cluster with one master down: doctor reports within --timeout, the
-// down node is a finding, not a hang.
+// A cluster with one master down, listed first in the URL: doctor reports
+// within --timeout, the down node is one finding, not a hang.
 func TestDoctorClusterNodeDown(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
 	addrs := cluster.Addrs()
 	cluster.Servers[2].Kill()
 	start := time.Now()
-	out, errOut, code := fence(t, nil, "doctor", "--timeout", "5s", "--redis-cluster", "redis://"+addrs[0]+"?addr="+addrs[1]+"&addr="+addrs[2])
+	out, errOut, code := fence(t, nil, "doctor", "--timeout", "5s", "--redis-cluster", "redis://"+addrs[2]+"?addr="+addrs[0]+"&addr="+addrs[1])
 	if took := time.Since(start); took > 7*time.Second {
 		t.Fatalf("doctor on a cluster with a node down took %v", took)
 	}
-	if code != cli.ExitDoctorCritical || !strings.Contains(out, "node-unreachable  "+addrs[2]) {
+	if code != cli.ExitDoctorCritical || strings.Count(out, "node-unreachable  "+addrs[2]) != 1 {
 		t.Fatalf("doctor on a cluster with a node down: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	t.Logf("stdout:\n%s", out)
@@ -136,5 +136,29 @@ func TestDoctorPasswordNotPrinted(t *testing.T) {
 				t.Errorf("doctor %v with password %s: exit %d (want %d), stdout %q, stderr %q", format, c.pass, code, c.code, out, errOut)
 			}
 		}
+	}
+}
+
+// A black hole listed among working sentinels, or among a cluster's
+// nodes, costs part of --timeout, not all of it: the rest is audited and
+// the black hole reported.
+func TestDoctorBlackHoleAmongNodes(t *testing.T) {
+	hole := blackHole(t)
+	primary := redistest.Start(t)
+	sentinels := redistest.StartSentinels(t, primary, 1)
+	redistest.WaitSentinelsReady(t, sentinels, 0)
+	cluster := redistest.StartCluster(t, 3)
+	ca := cluster.Addrs()
+	for _, args := range [][]string{
+		{"--redis-sentinel", "redis://" + hole + "?master_name=" + sentinels.Master + "&addr=" + sentinels.Addrs()[0]},
+		{"--redis-cluster", "redis://" + hole + "?addr=" + ca[0] + "&addr=" + ca[1] + "&addr=" + ca[2]},
+	} {
+		start := time.Now()
+		out, errOut, code := fence(t, nil, append([]string{"doctor", "--timeout", "3s"}, args...)...)
+		took := time.Since(start)
+		if code != cli.ExitDoctorCritical || !strings.Contains(out, hole) || took > 5*time.Second {
+			t.Errorf("doctor %v with a black hole listed: exit %d after %v, stdout %q, stderr %q", args, code, took, out, errOut)
+		}
+		t.Logf("%v: %v", args[0], took)
 	}
 }

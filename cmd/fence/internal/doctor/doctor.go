@@ -541,12 +541,19 @@ func (d *deployment) readCluster(ctx context.Context) error {
 	var errs []error
 	for _, addr := range co.Addrs {
 		c := d.open(o, addr)
+		// A seed that hangs takes a third of the time left, so that the
+		// next seeds are still asked.
+		sctx, cancel := partOf(ctx)
 		var err error
-		if info, err = c.ClusterInfo(ctx).Result(); err == nil {
-			nodes, err = c.ClusterNodes(ctx).Result()
+		if info, err = c.ClusterInfo(sctx).Result(); err == nil {
+			nodes, err = c.ClusterNodes(sctx).Result()
 		}
+		cancel()
 		if err == nil {
 			break
+		}
+		if !isReply(err) {
+			d.unreachable = append(d.unreachable, addr) // a finding if another seed answers
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 		info = ""
@@ -565,7 +572,9 @@ func (d *deployment) readCluster(ctx context.Context) error {
 		if err := d.readPrimary(ctx, o, c); err != nil {
 			// A master that does not answer is a finding, not the end:
 			// the others can still be audited.
-			d.unreachable = append(d.unreachable, addr)
+			if !slices.Contains(d.unreachable, addr) { // a seed too
+				d.unreachable = append(d.unreachable, addr)
+			}
 			continue
 		}
 		p := d.primaries[len(d.primaries)-1]
