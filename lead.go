@@ -67,7 +67,8 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // Lead campaigns for the lock called name and runs fn while it holds it, as
 // Kubernetes' leader election does, on any Locker. It returns only when ctx
 // ends, with context.Cause(ctx), or at once with an error matching
-// ErrInvalidName or ErrInvalidOption for bad input.
+// ErrInvalidName or ErrInvalidOption for bad input (a nil locker or fn
+// among it).
 //
 // A campaign is an Acquire with a Wait budget. When it succeeds, a term
 // begins: fn runs with the lease and a context that is cancelled when the
@@ -100,6 +101,9 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 	}
 	if err := ValidateName(name); err != nil {
 		return err
+	}
+	if locker == nil || fn == nil {
+		return fmt.Errorf("%w: Lead with a nil Locker or fn", ErrInvalidOption)
 	}
 	o, err := Apply(c.acquire)
 	if err != nil {

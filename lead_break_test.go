@@ -164,3 +164,25 @@ func TestLeadReturnsWhenCtxEnds(t *testing.T) {
 		})
 	}
 }
+
+// A nil fn or Locker is bad input, reported at once, before any lock is
+// taken (it used to take the lock and panic with it held).
+func TestLeadAndRunNilInput(t *testing.T) {
+	l := newMemlock(t)
+	fn := func(context.Context, fence.Lease) error { return nil }
+	for what, err := range map[string]error{
+		"Lead nil fn":     fence.Lead(t.Context(), l, "x", nil),
+		"Lead nil Locker": fence.Lead(t.Context(), nil, "x", fn),
+		"Run nil fn":      fence.Run(t.Context(), l, "x", nil),
+		"Run nil Locker":  fence.Run(t.Context(), nil, "x", fn),
+	} {
+		if !errors.Is(err, fence.ErrInvalidOption) {
+			t.Errorf("%s = %v, want ErrInvalidOption", what, err)
+		}
+	}
+	lease, err := l.Acquire(t.Context(), "x")
+	if err != nil {
+		t.Fatalf("the lock was left held: %v", err)
+	}
+	_ = lease.Release(t.Context())
+}

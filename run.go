@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -19,13 +20,17 @@ const releaseTimeout = 5 * time.Second
 // returns the error from Acquire if the lock was not taken (fn is not
 // called); otherwise fn's error joined with Release's error, so a lease that
 // was lost while fn ran shows up as an error matching ErrLeaseLost even when
-// fn returned nil.
+// fn returned nil. A nil locker or fn is an error matching
+// ErrInvalidOption.
 //
 // A Release that fails without a conclusion (a backend error) is retried
 // for up to 5 s; if the first try did free the lock and only its reply was
 // lost, the retry reports ErrLeaseLost. If fn panics, the lease is released
 // and the panic goes on up through Run.
 func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) (err error) {
+	if locker == nil || fn == nil {
+		return fmt.Errorf("%w: Run with a nil Locker or fn", ErrInvalidOption)
+	}
 	lease, err := locker.Acquire(ctx, name, opts...)
 	if err != nil {
 		return err
