@@ -62,6 +62,7 @@ func TestDoctorBlackHoleWithinTimeout(t *testing.T) {
 	for _, args := range [][]string{
 		{"--redis", "redis://app:s3cretpw@" + hole},
 		{"--redis", "redis://app:s3cretpw@" + hole + "/0?dial_timeout=30s&read_timeout=30s"},
+		{"--redis", "rediss://app:s3cretpw@" + hole + "/0?dial_timeout=30s"},
 		{"--redis-sentinel", "redis://app:s3cretpw@" + hole + "?master_name=mymaster&sentinel_password=s3cretsent"},
 		{"--redis-sentinel", "redis://app:s3cretpw@" + closed + "?master_name=mymaster&addr=" + hole},
 		{"--redis-cluster", "redis://app:s3cretpw@" + hole + "?addr=" + closed},
