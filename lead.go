@@ -161,6 +161,10 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 func backoff(lo, hi time.Duration, n int) time.Duration {
 	d := lo
 	for i := 0; i < n && d < hi; i++ {
+		if d > hi/2 { // doubling would pass hi, or overflow
+			d = hi
+			break
+		}
 		d *= 2
 	}
 	d = min(d, hi)

@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -185,4 +186,23 @@ func TestLeadAndRunNilInput(t *testing.T) {
 		t.Fatalf("the lock was left held: %v", err)
 	}
 	_ = lease.Release(t.Context())
+}
+
+// Back-off bounds with no real cap (max = the largest Duration) do not
+// overflow after many failures in a row: no panic, no zero pause.
+func TestLeadBackoffNoCapDoesNotOverflow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		c := &countingLocker{limit: 70, stop: cancel}
+		start := time.Now()
+		_ = fence.Lead(ctx, c, "leader", func(context.Context, fence.Lease) error { return nil },
+			fence.Backoff(time.Millisecond, time.Duration(math.MaxInt64)))
+		if c.n.Load() != 70 {
+			t.Fatalf("%d campaigns", c.n.Load())
+		}
+		if took := time.Since(start); took < 1<<40*time.Millisecond {
+			t.Fatalf("70 failures in a row took only %v: the back-off stopped growing", took)
+		}
+	})
 }
