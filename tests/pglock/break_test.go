@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -439,5 +440,54 @@ func TestBudgetEndsDuringTry(t *testing.T) {
 	_, err = l.Acquire(ctxFor(t, 10*time.Second), "budget", fence.Wait(1500*time.Millisecond))
 	if !errors.Is(err, fence.ErrHeld) {
 		t.Fatalf("Acquire whose budget ended in a blocked try = %v, want ErrHeld", err)
+	}
+}
+
+// A "database" that accepts connections and never answers: Acquire, with
+// or without a Wait budget, fails by its ctx's deadline.
+func TestBlackHoleDatabase(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	db := open(t, "postgres://u:p@"+ln.Addr().String()+"/db?sslmode=disable", nil)
+	l, err := pglock.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range [][]fence.Option{nil, {fence.Wait(time.Minute)}} {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		start := time.Now()
+		_, err := l.Acquire(ctx, "hole", opts...)
+		cancel()
+		if !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("Acquire on a black hole = %v", err)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("Acquire with a 1 s ctx on a black hole took %v", took)
+		}
 	}
 }
