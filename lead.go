@@ -75,8 +75,10 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // lease ends (its cause is the lease's Err, matching ErrLeaseLost) or when
 // ctx ends (ctx's cause). When fn returns, the lease is released, the term
 // ends, and after a back-off Lead campaigns again. fn must return soon after
-// its context is cancelled, and pass lease.Token() with each write: between
-// the moment a lease is lost and the moment fn sees it, another candidate may
+// its context is cancelled: Lead waits for it, so a fn that ignores its
+// context keeps Lead from returning, and a watchdog lease held, for as long
+// as it runs. fn must pass lease.Token() with each write: between the
+// moment a lease is lost and the moment fn sees it, another candidate may
 // already lead, and only the token lets the resource tell the two apart.
 //
 // Like client-go's OnStartedLeading, fn is meant to run for the whole term.

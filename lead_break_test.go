@@ -206,3 +206,37 @@ func TestLeadBackoffNoCapDoesNotOverflow(t *testing.T) {
 		}
 	})
 }
+
+// A fn that ignores its context keeps Lead from returning after ctx ends,
+// and its watchdog lease held (it may still be writing), until it returns;
+// then Lead returns at once and the lock is free.
+func TestLeadWaitsForFnThatIgnoresCtx(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newMemlock(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		let := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- fence.Lead(ctx, l, "leader", func(context.Context, fence.Lease) error { <-let; return nil })
+		}()
+		synctest.Wait()
+		cancel()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		select {
+		case err := <-done:
+			t.Fatalf("Lead returned %v while fn still ran", err)
+		default:
+		}
+		if _, err := l.Acquire(t.Context(), "leader"); !errors.Is(err, fence.ErrHeld) {
+			t.Fatalf("Acquire while the stubborn fn runs = %v, want ErrHeld", err)
+		}
+		close(let)
+		<-done
+		lease, err := l.Acquire(t.Context(), "leader")
+		if err != nil {
+			t.Fatalf("the lock is held after Lead returned: %v", err)
+		}
+		_ = lease.Release(t.Context())
+	})
+}
