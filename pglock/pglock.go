@@ -106,7 +106,11 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 // EnsureSchema creates the lease table and the token sequence if they do
 // not exist (the statements of Schema).
 func (l *Locker) EnsureSchema(ctx context.Context) error {
-	if _, err := l.db.ExecContext(ctx, Schema(l.table)); err != nil {
+	schema, err := Schema(l.table) // valid: New checked it
+	if err != nil {
+		return err
+	}
+	if _, err := l.db.ExecContext(ctx, schema); err != nil {
 		return fmt.Errorf("pglock: create schema: %w", err)
 	}
 	return nil

@@ -491,3 +491,31 @@ func TestBlackHoleDatabase(t *testing.T) {
 		}
 	}
 }
+
+// Schema is exported for migrations, and a careless caller may hand it an
+// untrusted table name. A migration runner that splits a script on ";"
+// (as many do) would run SQL smuggled in the name, however it is quoted:
+// Schema rejects an invalid name instead of writing SQL for it.
+func TestSchemaNameCannotInject(t *testing.T) {
+	d := newDatabase(t, pg)
+	if _, err := d.db.ExecContext(t.Context(), `CREATE TABLE victim (x int)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{`x"; DROP TABLE victim; --`, "Leases", "", strings.Repeat("x", pglock.MaxTableLen+1)} {
+		script, err := pglock.Schema(table)
+		var ite *pglock.InvalidTableError
+		if !errors.As(err, &ite) || !errors.Is(err, fence.ErrInvalidOption) || script != "" {
+			t.Errorf("Schema(%q) = %q, %v; want no SQL and an *InvalidTableError", table, script, err)
+		}
+		for _, stmt := range strings.Split(script, ";") { // a naive migration runner
+			_, _ = d.db.ExecContext(t.Context(), stmt)
+		}
+		var n int
+		if err := d.db.QueryRowContext(t.Context(), `SELECT count(*) FROM victim`).Scan(&n); err != nil {
+			t.Fatalf("after running Schema(%q) = %q: %v", table, script, err)
+		}
+	}
+	if script, err := pglock.Schema("fence_leases"); err != nil || !strings.Contains(script, `CREATE TABLE IF NOT EXISTS "fence_leases"`) {
+		t.Fatalf("Schema(fence_leases) = %q, %v", script, err)
+	}
+}
