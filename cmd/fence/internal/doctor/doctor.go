@@ -482,6 +482,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 	sv := &sentinelView{master: fo.MasterName, addrs: fo.SentinelAddrs}
 	d.sentinel = sv
 	var master []string
+	var errs []error // why each sentinel gave no master
 	for _, addr := range fo.SentinelAddrs {
 		sc := redis.NewSentinelClient(nodeOptions(redis.Options{
 			Username: fo.SentinelUsername, Password: fo.SentinelPassword, TLSConfig: fo.TLSConfig,
@@ -492,6 +493,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		cancel()
 		if err != nil {
 			sv.unreachable = append(sv.unreachable, addr)
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 			continue
 		}
 		if master != nil {
@@ -521,7 +523,9 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		}
 	}
 	if master == nil {
-		return fmt.Errorf("no sentinel of %v answered for master %q", fo.SentinelAddrs, fo.MasterName)
+		// Say why: "No such master with that name" is a wrong
+		// master_name, not a network problem.
+		return fmt.Errorf("no sentinel of %v answered for master %q: %w", fo.SentinelAddrs, fo.MasterName, errors.Join(errs...))
 	}
 	o := redis.Options{Username: fo.Username, Password: fo.Password, DB: fo.DB, TLSConfig: fo.TLSConfig}
 	return d.readPrimary(ctx, o, d.open(o, net.JoinHostPort(master[0], master[1])))
