@@ -67,15 +67,18 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // Lead campaigns for the lock called name and runs fn while it holds it, as
 // Kubernetes' leader election does, on any Locker. It returns only when ctx
 // ends, with context.Cause(ctx), or at once with an error matching
-// ErrInvalidName or ErrInvalidOption for bad input.
+// ErrInvalidName or ErrInvalidOption for bad input (a nil locker or fn
+// among it).
 //
 // A campaign is an Acquire with a Wait budget. When it succeeds, a term
 // begins: fn runs with the lease and a context that is cancelled when the
 // lease ends (its cause is the lease's Err, matching ErrLeaseLost) or when
 // ctx ends (ctx's cause). When fn returns, the lease is released, the term
 // ends, and after a back-off Lead campaigns again. fn must return soon after
-// its context is cancelled, and pass lease.Token() with each write: between
-// the moment a lease is lost and the moment fn sees it, another candidate may
+// its context is cancelled: Lead waits for it, so a fn that ignores its
+// context keeps Lead from returning, and a watchdog lease held, for as long
+// as it runs. fn must pass lease.Token() with each write: between the
+// moment a lease is lost and the moment fn sees it, another candidate may
 // already lead, and only the token lets the resource tell the two apart.
 //
 // Like client-go's OnStartedLeading, fn is meant to run for the whole term.
@@ -83,6 +86,10 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // candidate campaigns again after a back-off that grows with each early
 // return in a row, as a supervisor restarts a crashed worker; Lead does not
 // return. Errors are reported through OnDeposed.
+//
+// A panic in fn or in OnElected goes on up through Lead once the lease is
+// released (see Run); one in OnDeposed, after it. Lead does not recover
+// them: a candidate that panicked campaigns no more.
 //
 // When the lock is released normally (ctx of the leader ends), the old
 // leader's fn has returned before the lock is released, so the next leader's
@@ -96,6 +103,9 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 	}
 	if err := ValidateName(name); err != nil {
 		return err
+	}
+	if locker == nil || fn == nil {
+		return fmt.Errorf("%w: Lead with a nil Locker or fn", ErrInvalidOption)
 	}
 	o, err := Apply(c.acquire)
 	if err != nil {
@@ -112,6 +122,7 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 	failures := 0 // early returns and failed Acquires in a row
 	for {
 		var lease Lease
+		campaign := time.Now()
 		err := Run(ctx, locker, name, func(ctx context.Context, l Lease) error {
 			lease = l
 			if c.onElected != nil {
@@ -127,7 +138,13 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 		}
 		switch {
 		case lease == nil && errors.Is(err, ErrHeld):
-			continue // Acquire waited its budget: campaign again at once
+			// Acquire waited its budget: campaign again at once, unless it
+			// answered sooner than the minimum back-off (a tiny Wait, or a
+			// backend that tries once), which would be a hot loop.
+			if pause := backoff(c.minBackoff, c.maxBackoff, 0) - time.Since(campaign); pause > 0 && !sleep(ctx, pause) {
+				return context.Cause(ctx)
+			}
+			continue
 		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption)):
 			return err
 		case lease != nil && errors.Is(lease.Err(), ErrLeaseLost):
@@ -146,6 +163,10 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 func backoff(lo, hi time.Duration, n int) time.Duration {
 	d := lo
 	for i := 0; i < n && d < hi; i++ {
+		if d > hi/2 { // doubling would pass hi, or overflow
+			d = hi
+			break
+		}
 		d *= 2
 	}
 	d = min(d, hi)

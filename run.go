@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -19,21 +20,43 @@ const releaseTimeout = 5 * time.Second
 // returns the error from Acquire if the lock was not taken (fn is not
 // called); otherwise fn's error joined with Release's error, so a lease that
 // was lost while fn ran shows up as an error matching ErrLeaseLost even when
-// fn returned nil.
-func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) error {
+// fn returned nil. A nil locker or fn is an error matching
+// ErrInvalidOption.
+//
+// A Release that fails without a conclusion (a backend error) is retried
+// for up to 5 s; if the first try did free the lock and only its reply was
+// lost, the retry reports ErrLeaseLost. If fn panics, the lease is released
+// and the panic goes on up through Run.
+func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) (err error) {
+	if locker == nil || fn == nil {
+		return fmt.Errorf("%w: Run with a nil Locker or fn", ErrInvalidOption)
+	}
 	lease, err := locker.Acquire(ctx, name, opts...)
 	if err != nil {
 		return err
 	}
 	workCtx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(lease.Context(), func() { cancel(lease.Err()) })
-	fnErr := fn(workCtx, lease)
-	stop()
-	cancel(nil)
-	// Release with a context that outlives a cancelled ctx: a lock left held
-	// blocks others until it expires.
-	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer relCancel()
-	relErr := lease.Release(relCtx)
-	return errors.Join(fnErr, relErr)
+	var fnErr error
+	// Deferred, so that a panic in fn (or runtime.Goexit) releases the
+	// lease too: a caller that recovers must not be left with a lock that
+	// a watchdog renews for ever.
+	defer func() {
+		stop()
+		cancel(nil)
+		// Release with a context that outlives a cancelled ctx: a lock left
+		// held blocks others until it expires.
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer relCancel()
+		// An inconclusive failure (the statement went out on a connection
+		// that a server restart had killed) is retried: the caller has no
+		// lease to retry with, and the lock would stay held until it expires.
+		relErr := lease.Release(relCtx)
+		for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && sleep(relCtx, pause); pause = min(2*pause, time.Second) {
+			relErr = lease.Release(relCtx)
+		}
+		err = errors.Join(fnErr, relErr)
+	}()
+	fnErr = fn(workCtx, lease)
+	return nil
 }

@@ -71,6 +71,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("LeaseLostWhenRemoved", s.lostWhenRemoved)
 	t.Run("LeaseLostWhenTaken", s.lostWhenTaken)
 	t.Run("ReleaseIdempotent", s.releaseIdempotent)
+	t.Run("ReleaseWithDoneContext", s.releaseDoneContext)
 	t.Run("ExtendKeepsToken", s.extend)
 	t.Run("InvalidInput", s.invalidInput)
 	t.Run("Run", s.run)
@@ -318,6 +319,31 @@ func (s suite) releaseIdempotent(t *testing.T) {
 	}
 	// The lock is free again at once.
 	mustRelease(t, mustAcquire(t, l, n))
+}
+
+// releaseDoneContext: a Release whose context is already done (a request's
+// context in a deferred Release, the usual careless call) may fail, but the
+// watchdog must not go on renewing a lease its owner gave up: the lock is
+// free within the watchdog TTL, and calling Release again is harmless.
+func (s suite) releaseDoneContext(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	lease := mustAcquire(t, l, n)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	relErr := lease.Release(done)
+	b, err := s.cfg.New(t).Acquire(ctxFor(t), n, fence.Wait(2*s.cfg.WatchdogTTL+s.cfg.Slack))
+	if err != nil {
+		t.Fatalf("Release with a done context returned %v, and %v later the lock was still held: %v",
+			relErr, 2*s.cfg.WatchdogTTL+s.cfg.Slack, err)
+	}
+	if err := lease.Release(ctxFor(t)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release again = %v, want nil or ErrLeaseLost", err)
+	}
+	if err := b.Err(); err != nil {
+		t.Fatalf("the old lease's second Release ended the new holder's lease: %v", err)
+	}
+	mustRelease(t, b)
 }
 
 func (s suite) extend(t *testing.T) {

@@ -100,7 +100,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // Release ends the lease and frees the lock if the lease still holds it;
 // see fence.Lease. If ctx is already done while the lease is held, Release
 // leaves the lock held and returns ctx's error, as a backend that could not
-// be reached would; calling Release again retries.
+// be reached would; calling Release again retries. A watchdog lease is no
+// longer renewed then, so that the lock expires at its deadline rather than
+// stay held for ever for an owner that gave it up.
 func (ls *lease) Release(ctx context.Context) error {
 	ls.l.mu.Lock()
 	defer ls.l.mu.Unlock()
@@ -113,6 +115,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	ls.l.expireLocked(ls, time.Now())
 	if ls.err == nil {
 		if err := ctx.Err(); err != nil {
+			ls.watchdog = false // tick expires it at its deadline
 			return fmt.Errorf("memlock: release %q: %w", ls.name, err)
 		}
 		ls.l.endLocked(ls, fence.ErrReleased)

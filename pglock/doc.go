@@ -80,6 +80,13 @@
 //		return ch, nil
 //	}
 //
+// Listen on a connection of its own, as above, not one taken from the
+// Locker's *sql.DB: that connection is held as long as anyone waits, and in
+// a pool bounded by SetMaxOpenConns it would starve the watchdogs, whose
+// leases would then be lost. A Listener that stops at once each time is
+// listened to again after a growing back-off; one that never returns is
+// left behind when the waiter's budget ends.
+//
 // Without a Listener a waiter still sends nothing while the holder lives,
 // but it learns of a release only when the released lease would have
 // expired. A lock deleted by hand (DELETE FROM fence_leases …) notifies
@@ -91,7 +98,10 @@
 // Options.WatchdogTTL; one that could not be renewed before its deadline,
 // or whose row was taken over, removed or had expired, ends with an error
 // matching fence.ErrLeaseLost. Release frees the row only if this lease
-// still owns it and it has not expired. Every call sends its statements
+// still owns it and it has not expired; a Release that fails ends the lease
+// locally all the same (its watchdog stops, the row expires within its
+// TTL), and calling it again retries. When the token sequence is
+// exhausted, Acquire fails at once with ErrTokensExhausted. Every call sends its statements
 // with the caller's context, so a database that is down or unreachable
 // fails the call by the caller's deadline. An Acquire whose statement's
 // outcome is unknown (the connection broke, ctx ended) frees its row, if

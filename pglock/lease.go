@@ -158,8 +158,11 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 }
 
 // Release deletes the lock row if this lease still owns it and notifies the
-// waiters; see fence.Lease. On a backend error the lease stays held (its
-// watchdog goes on) and calling Release again retries.
+// waiters; see fence.Lease. The lease ends locally at once, whatever the
+// database answers: on an error (a done ctx, the database unreachable) its
+// watchdog stops, so the row expires within its TTL, and calling Release
+// again retries to free it sooner. A watchdog that went on renewing would
+// hold the lock for ever for an owner that has given it up.
 func (ls *lease) Release(ctx context.Context) error {
 	err := ls.release(ctx)
 	if ls.watchdogDone != nil && ls.Err() != nil {
@@ -180,7 +183,7 @@ func (ls *lease) release(ctx context.Context) error {
 	ls.mu.Unlock()
 
 	var err error
-	if lostBefore != nil {
+	if lostBefore != nil && lostBefore != fence.ErrReleased {
 		err = lostBefore // conclusive: the lease was lost before Release
 	} else {
 		var notified sql.NullString
@@ -189,6 +192,7 @@ func (ls *lease) release(ctx context.Context) error {
 		case errors.Is(qerr, sql.ErrNoRows):
 			err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
 		case qerr != nil:
+			ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
 			return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
 		}
 	}

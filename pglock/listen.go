@@ -54,8 +54,10 @@ func (l *Locker) join(ctx context.Context, name string) (*subscription, *waiter,
 	return s, w, nil
 }
 
-// leave unregisters w; the last waiter stops the subscription and waits
-// for its reader to end.
+// leave unregisters w; the last waiter stops the subscription. It does not
+// wait for the reader to end: a Listener that ignores its ctx (a Listen
+// that never returns, a channel never closed) must not hold Acquire beyond
+// its budget. The reader ends when the Listener lets go.
 func (l *Locker) leave(s *subscription, w *waiter) {
 	l.mu.Lock()
 	delete(s.waiters, w)
@@ -66,7 +68,6 @@ func (l *Locker) leave(s *subscription, w *waiter) {
 	l.mu.Unlock()
 	if last {
 		s.stop()
-		<-s.broken
 	}
 }
 

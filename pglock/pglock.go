@@ -19,6 +19,12 @@ import (
 // when Options.WatchdogTTL is zero, as in redislock.
 const DefaultWatchdogTTL = 30 * time.Second
 
+// ErrTokensExhausted is wrapped by the error of an Acquire that failed
+// because the token sequence has reached its maximum: no token can be issued
+// again (the sequence never cycles), so the lock cannot be granted until an
+// operator intervenes. Acquire does not retry it within its Wait budget.
+var ErrTokensExhausted = errors.New("pglock: token sequence exhausted")
+
 // DefaultTable is the lease table's name when Options.Table is empty.
 const DefaultTable = "fence_leases"
 
@@ -100,7 +106,11 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 // EnsureSchema creates the lease table and the token sequence if they do
 // not exist (the statements of Schema).
 func (l *Locker) EnsureSchema(ctx context.Context) error {
-	if _, err := l.db.ExecContext(ctx, Schema(l.table)); err != nil {
+	schema, err := Schema(l.table) // valid: New checked it
+	if err != nil {
+		return err
+	}
+	if _, err := l.db.ExecContext(ctx, schema); err != nil {
 		return fmt.Errorf("pglock: create schema: %w", err)
 	}
 	return nil
@@ -112,7 +122,8 @@ func (l *Locker) EnsureSchema(ctx context.Context) error {
 // notification (with a Listener) or for the holder's expiry, computed by
 // the database, and then tries again. Backend errors while waiting are
 // retried with a back-off until the budget ends; the error then wraps the
-// last one.
+// last one. A token sequence at its maximum is not retried: the error wraps
+// ErrTokensExhausted at once.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
@@ -133,7 +144,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	switch {
 	case lease != nil:
 		return lease, nil
-	case err != nil && o.Wait == 0:
+	case err != nil && (o.Wait == 0 || errors.Is(err, ErrTokensExhausted)):
 		l.giveUp(&a)
 		return nil, fence.NotAcquired(name, err)
 	case err == nil && o.Wait == 0:
@@ -146,8 +157,22 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 		sub      *subscription // nil until listening
 		w        *waiter
 		failures int
+		breaks   int // listeners that stopped in a row, no notification between
 		lastErr  = err
 	)
+	// budgetEnded is Acquire's error when waitCtx ended; before is the
+	// error of the last try that the end did not cut short.
+	budgetEnded := func(before error) error {
+		l.giveUp(&a)
+		switch {
+		case ctx.Err() != nil:
+			return fence.NotAcquired(name, ctx.Err())
+		case before != nil:
+			return fence.NotAcquired(name, before)
+		default:
+			return fence.NotAcquired(name, fence.ErrHeld)
+		}
+	}
 	defer func() {
 		if sub != nil {
 			l.leave(sub, w)
@@ -183,26 +208,41 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 			timer.Reset(pause)
 			select {
 			case <-wake:
-			case <-broken: // the listener stopped: listen again
+				breaks = 0
+			case <-broken:
+				// The listener stopped: listen again, after a back-off
+				// that grows while listeners keep stopping at once, so
+				// that one a proxy keeps cutting is not a hot loop of
+				// LISTENs and tries.
 				l.leave(sub, w)
 				sub, w = nil, nil
+				breaks++
+				timer.Stop()
+				timer.Reset(retryBackoff(breaks))
+				select {
+				case <-timer.C:
+				case <-waitCtx.Done():
+					return nil, budgetEnded(lastErr)
+				}
 			case <-timer.C:
 			case <-waitCtx.Done():
-				l.giveUp(&a)
-				switch {
-				case ctx.Err() != nil:
-					return nil, fence.NotAcquired(name, ctx.Err())
-				case lastErr != nil:
-					return nil, fence.NotAcquired(name, lastErr)
-				default:
-					return nil, fence.NotAcquired(name, fence.ErrHeld)
-				}
+				return nil, budgetEnded(lastErr)
 			}
 			timer.Stop()
 		}
+		before := lastErr
 		lease, left, lastErr = l.try(waitCtx, &a)
 		if lease != nil {
 			return lease, nil
+		}
+		if lastErr != nil && waitCtx.Err() != nil {
+			// The budget ended during this try, which failed for that
+			// reason: the lock was as before, held or unreachable.
+			return nil, budgetEnded(before)
+		}
+		if errors.Is(lastErr, ErrTokensExhausted) {
+			l.giveUp(&a)
+			return nil, fence.NotAcquired(name, lastErr)
 		}
 	}
 }
@@ -254,6 +294,9 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		case err == nil:
 			a.sent = false
 			return l.newLease(ctx, a, fence.Token(token), sent), 0, nil
+		case isSQLState(err, sequenceLimitExceeded):
+			a.sent = false // nextval failed: the statement took nothing
+			return nil, 0, fmt.Errorf("pglock: acquire %q: %w: %w", a.name, ErrTokensExhausted, err)
 		case !errors.Is(err, sql.ErrNoRows):
 			a.sent = true
 			return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
@@ -279,6 +322,17 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		}
 		return nil, time.Duration(leftUs)*time.Microsecond + time.Millisecond, nil
 	}
+}
+
+// sequenceLimitExceeded is the SQLSTATE of nextval past a sequence's
+// maximum (sequence_generator_limit_exceeded).
+const sequenceLimitExceeded = "2200H"
+
+// isSQLState reports whether err carries the SQLSTATE code, as the errors of
+// pgx (*pgconn.PgError) and lib/pq (*pq.Error) do through SQLState().
+func isSQLState(err error, code string) bool {
+	var e interface{ SQLState() string }
+	return errors.As(err, &e) && e.SQLState() == code
 }
 
 func newOwner() string {

@@ -50,16 +50,21 @@ func ValidateTable(table string) error {
 
 // Schema returns the SQL that creates the lease table called table and its
 // token sequence, if they do not exist, for migrations that create them
-// themselves. table must be valid (ValidateTable). The sequence is a bigint
-// that never cycles: nextval fails rather than issue a token again.
-func Schema(table string) string {
+// themselves. An invalid table name (see ValidateTable) is an
+// *InvalidTableError and no SQL: quoting cannot make an untrusted name safe
+// for a migration runner that splits scripts on ";". The sequence is a
+// bigint that never cycles: nextval fails rather than issue a token again.
+func Schema(table string) (string, error) {
+	if err := ValidateTable(table); err != nil {
+		return "", err
+	}
 	return fmt.Sprintf(`CREATE SEQUENCE IF NOT EXISTS "%[1]s_token" AS bigint MINVALUE 1 NO CYCLE;
 CREATE TABLE IF NOT EXISTS "%[1]s" (
 	name       text PRIMARY KEY,
 	owner      text NOT NULL,
 	token      bigint NOT NULL,
 	expires_at timestamptz NOT NULL
-);`, table)
+);`, table), nil
 }
 
 // queries are the statements of a Locker, built once for its table. Every

@@ -235,6 +235,11 @@ func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool
 	if err != nil && !isReply(err) {
 		return nil, fmt.Errorf("%s: INFO: %w", n.addr, err)
 	}
+	if isAuthError(err) {
+		// Every command would be refused alike, and read as EVAL, CONFIG
+		// and the rest disabled: the node could not be read at all.
+		return nil, fmt.Errorf("%s: authentication refused: %w", n.addr, err)
+	}
 	n.info = parseInfo(info) // empty when INFO is refused: the probes report it
 	n.config = map[string]string{}
 	for _, name := range configNames {
@@ -273,6 +278,21 @@ func (n *node) errs() map[string]error {
 func isReply(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re)
+}
+
+// isAuthError reports whether err is the server refusing the connection's
+// credentials (a wrong password or user, or none given where one is needed).
+func isAuthError(err error) bool {
+	if !isReply(err) {
+		return false
+	}
+	msg := err.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "ERR invalid password", "ERR invalid username-password"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // readTime measures the node's clock against the local one.
@@ -462,6 +482,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 	sv := &sentinelView{master: fo.MasterName, addrs: fo.SentinelAddrs}
 	d.sentinel = sv
 	var master []string
+	var errs []error // why each sentinel gave no master
 	for _, addr := range fo.SentinelAddrs {
 		sc := redis.NewSentinelClient(nodeOptions(redis.Options{
 			Username: fo.SentinelUsername, Password: fo.SentinelPassword, TLSConfig: fo.TLSConfig,
@@ -472,6 +493,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		cancel()
 		if err != nil {
 			sv.unreachable = append(sv.unreachable, addr)
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 			continue
 		}
 		if master != nil {
@@ -501,7 +523,9 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		}
 	}
 	if master == nil {
-		return fmt.Errorf("no sentinel of %v answered for master %q", fo.SentinelAddrs, fo.MasterName)
+		// Say why: "No such master with that name" is a wrong
+		// master_name, not a network problem.
+		return fmt.Errorf("no sentinel of %v answered for master %q: %w", fo.SentinelAddrs, fo.MasterName, errors.Join(errs...))
 	}
 	o := redis.Options{Username: fo.Username, Password: fo.Password, DB: fo.DB, TLSConfig: fo.TLSConfig}
 	return d.readPrimary(ctx, o, d.open(o, net.JoinHostPort(master[0], master[1])))
@@ -521,12 +545,19 @@ func (d *deployment) readCluster(ctx context.Context) error {
 	var errs []error
 	for _, addr := range co.Addrs {
 		c := d.open(o, addr)
+		// A seed that hangs takes a third of the time left, so that the
+		// next seeds are still asked.
+		sctx, cancel := partOf(ctx)
 		var err error
-		if info, err = c.ClusterInfo(ctx).Result(); err == nil {
-			nodes, err = c.ClusterNodes(ctx).Result()
+		if info, err = c.ClusterInfo(sctx).Result(); err == nil {
+			nodes, err = c.ClusterNodes(sctx).Result()
 		}
+		cancel()
 		if err == nil {
 			break
+		}
+		if !isReply(err) {
+			d.unreachable = append(d.unreachable, addr) // a finding if another seed answers
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 		info = ""
@@ -545,7 +576,9 @@ func (d *deployment) readCluster(ctx context.Context) error {
 		if err := d.readPrimary(ctx, o, c); err != nil {
 			// A master that does not answer is a finding, not the end:
 			// the others can still be audited.
-			d.unreachable = append(d.unreachable, addr)
+			if !slices.Contains(d.unreachable, addr) { // a seed too
+				d.unreachable = append(d.unreachable, addr)
+			}
 			continue
 		}
 		p := d.primaries[len(d.primaries)-1]
