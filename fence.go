@@ -59,7 +59,10 @@ type Lease interface {
 	// it; it never deletes another owner's lock. It returns nil if the lock
 	// was released, an error matching ErrLeaseLost if the lease had already
 	// been lost, or the backend's error, in which case calling Release again
-	// retries. Calls after the first conclusive one return the same result
-	// without contacting the backend.
+	// retries. From the first call on the lease is no longer renewed, even
+	// when that call fails (a done ctx, say): a lock whose delete did not
+	// get through expires at the end of its lease time. Calls after the
+	// first conclusive one return the same result without contacting the
+	// backend.
 	Release(ctx context.Context) error
 }

@@ -347,6 +347,10 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.released, ls.relErr = true, err
 		return err
 	}
+	// Whatever happens below, nothing renews the lease any more: a Release
+	// that fails (a done ctx, say) leaves the key to expire with its etcd
+	// lease, and calling Release again retries the delete.
+	ls.watchdog = false
 	if err := ctx.Err(); err != nil {
 		ls.startRun()
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
@@ -361,7 +365,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		ls.startRun() // still held: watch and renew it again
+		ls.startRun() // still held until it expires: watch it
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
 	why := error(fence.ErrReleased)

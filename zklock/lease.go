@@ -266,7 +266,11 @@ func (ls *lease) Release(ctx context.Context) error {
 	case errors.Is(err, zk.ErrBadVersion):
 		err = fmt.Errorf("%w: %q: its node %s was changed by another client", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case err != nil:
+		// The node lives as long as the session, which is the user's:
+		// undeleted, it would hold the lock for good. Delete it in the
+		// background (a Release called again tries too).
 		ls.end(fence.ErrReleased)
+		ls.l.cleanup(&ls.a, ls.node)
 		return fmt.Errorf("zklock: release %q: %w", ls.a.name, err)
 	}
 	if err == nil {
