@@ -306,6 +306,11 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
 	).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(g.ID))).Commit()
 	if err != nil {
+		// The Txn may have been applied with its reply lost: then the key
+		// is on g, and revoking g would delete the lock. Look.
+		if ls.onLease(ctx, g.ID) {
+			return ls.moveTo(ctx, g.ID, ttl, sent)
+		}
 		ls.l.revoke(ctx, g.ID)
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
@@ -316,9 +321,34 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		}
 		return ls.Err()
 	}
+	return ls.moveTo(ctx, g.ID, ttl, sent)
+}
+
+// onLease reports whether the lease's key, as created at the token, is
+// attached to the etcd lease id, within cleanupTimeout even if ctx is
+// done. It reports false when it cannot tell.
+func (ls *Lease) onLease(ctx context.Context, id clientv3.LeaseID) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	resp, err := ls.l.client.Get(ctx, ls.key)
+	return err == nil && len(resp.Kvs) == 1 &&
+		resp.Kvs[0].CreateRevision == int64(ls.token) && clientv3.LeaseID(resp.Kvs[0].Lease) == id
+}
+
+// moveTo records that Extend moved the key onto the etcd lease id of ttl,
+// requested at sent, and revokes the old one. If the lease ended meanwhile
+// (its deadline passed while Extend waited for etcd), it revokes id
+// instead, which deletes the key nobody holds any more, and returns why
+// the lease ended. The caller holds ls.op.
+func (ls *Lease) moveTo(ctx context.Context, id clientv3.LeaseID, ttl time.Duration, sent time.Time) error {
 	ls.mu.Lock()
+	if err := ls.err; err != nil {
+		ls.mu.Unlock()
+		ls.l.revoke(ctx, id)
+		return err
+	}
 	old := ls.id
-	ls.id, ls.ttl, ls.deadline = g.ID, ttl, deadline(sent, ttl)
+	ls.id, ls.ttl, ls.deadline = id, ttl, deadline(sent, ttl)
 	ls.mu.Unlock()
 	select {
 	case ls.moved <- struct{}{}:
