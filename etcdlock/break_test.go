@@ -17,7 +17,9 @@ import (
 
 // txnHook is called, when set, after each Txn the hooked client sends,
 // with the invoker's error; it returns the error the caller gets.
-type txnHook struct{ f atomic.Pointer[func(error) error] }
+type txnHook struct {
+	f atomic.Pointer[func(error) error]
+}
 
 func (h *txnHook) set(f func(error) error) { h.f.Store(&f) }
 
@@ -173,4 +175,43 @@ func countKeys(t testing.TB, c *clientv3.Client, prefix string) int64 {
 		t.Fatal(err)
 	}
 	return resp.Count
+}
+
+// A waiter whose client the user closes gives up at once with an error,
+// and is not granted the lock.
+func TestClientClosedWhileWaiting(t *testing.T) {
+	endpoints := shared.Endpoints()
+	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+	c := newClient(t, endpoints, nil)
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctxFor(t, 30*time.Second), t.Name(), fence.Wait(20*time.Second))
+		errc <- err
+	}()
+	admin := newClient(t, endpoints, nil)
+	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(t.Name())) < 2; {
+		if time.Now().After(end) {
+			t.Fatal("no waiter's key after 10 s")
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		t.Logf("waiter on a closed client: %v", err)
+		if !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("waiter on a closed client = %v, want ErrNotAcquired", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter on a closed client still waiting after 5 s")
+	}
 }

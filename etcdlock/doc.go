@@ -52,6 +52,10 @@
 // only while the key is still the one created at the token (the create
 // revision, and so the token, does not change), then revokes the old one.
 //
+// A lease also ends (ErrLeaseLost) when the user closes the client: nothing
+// can renew its etcd lease or watch its key any more. Its key stays in etcd
+// until the etcd lease expires.
+//
 // The key is watched from its creation: a delete (the etcd lease expired or
 // was revoked, an operator ran etcdctl del) ends the lease at once, not at
 // the next renewal.

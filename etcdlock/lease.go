@@ -142,6 +142,11 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-ls.l.client.Ctx().Done():
+			// The user closed the client: nothing renews the etcd lease or
+			// watches the key any more, and no revoke can be sent.
+			ls.end(ls.lostf("the etcd client was closed"))
+			return
 		case <-ls.moved:
 			expiry.Reset(time.Until(ls.Deadline()))
 			if ls.watchdog {
