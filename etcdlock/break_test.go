@@ -215,3 +215,197 @@ func TestClientClosedWhileWaiting(t *testing.T) {
 		t.Fatal("waiter on a closed client still waiting after 5 s")
 	}
 }
+
+// An Acquire whose ctx ends right after each of its calls reached etcd
+// (the reply lost with it) leaves no key behind, and no etcd lease but,
+// at most, the one whose Grant reply was lost (it holds no key and
+// expires on its own).
+func TestAcquireCancelledAtEachStep(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+
+	var calls, cancelAt atomic.Int64
+	var cancelCall atomic.Pointer[context.CancelFunc]
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				if strings.HasSuffix(method, "/Txn") || strings.HasSuffix(method, "/LeaseGrant") {
+					if calls.Add(1) == cancelAt.Load() {
+						(*cancelCall.Load())()
+						return context.Canceled
+					}
+				}
+				return err
+			})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := func() map[clientv3.LeaseID]bool {
+		resp, err := admin.Leases(ctxFor(t, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[clientv3.LeaseID]bool{}
+		for _, s := range resp.Leases {
+			m[s.ID] = true
+		}
+		return m
+	}
+	// First without cancelling: count the calls (Grant, the create Txn,
+	// the waiter's checks) of an Acquire that waits out its budget.
+	calls.Store(0)
+	if _, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.Wait(time.Second)); !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire = %v, want ErrHeld", err)
+	}
+	total := calls.Load()
+	for step := int64(1); step <= total; step++ {
+		before := leases()
+		calls.Store(0)
+		cancelAt.Store(step)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cancelCall.Store(&cancel)
+		_, err := l.Acquire(ctx, t.Name(), fence.Wait(time.Second))
+		cancel()
+		made := calls.Load()
+		if !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("step %d: Acquire = %v, want ErrNotAcquired", step, err)
+		}
+		if n := countKeys(t, admin, l.Prefix(t.Name())); n != 1 {
+			t.Errorf("step %d: %d keys under the lock, want the holder's only", step, n)
+		}
+		var leaked []clientv3.LeaseID
+		for id := range leases() {
+			if !before[id] {
+				leaked = append(leaked, id)
+			}
+		}
+		t.Logf("step %d of %d (%d made): %v; new etcd leases left: %d", step, total, made, err, len(leaked))
+		if step > 1 && len(leaked) > 0 {
+			t.Errorf("step %d: etcd leases left: %v", step, leaked)
+		}
+	}
+}
+
+// Lock names that are prefixes of each other, or carry the escape
+// character, '/', unicode or spaces, are distinct locks: all are held at
+// once, and releasing one leaves the others' keys alone.
+func TestNamesDistinct(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l := newLocker(t, endpoints, nil)
+	base := t.Name()
+	names := []string{base, base + "/", base + "/b", base + "%2Fb", base + "%252Fb", base + "b",
+		base + "/b/c", base + "%", base + " ü/☃"}
+	var leases []fence.Lease
+	for _, n := range names {
+		ls, err := l.Acquire(ctxFor(t, 10*time.Second), n)
+		if err != nil {
+			t.Fatalf("Acquire(%q) with %d others held: %v", n, len(leases), err)
+		}
+		leases = append(leases, ls)
+	}
+	for i := range leases {
+		if n := countKeys(t, admin, l.Prefix(names[i])); n != 1 {
+			t.Errorf("%q: %d keys under its prefix, want 1", names[i], n)
+		}
+	}
+	if err := leases[0].Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ls := range leases[1:] {
+		if ls.Err() != nil {
+			t.Errorf("%q ended when %q was released: %v", ls.Name(), names[0], ls.Err())
+		}
+		if err := ls.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Errorf("Release(%q) = %v", ls.Name(), err)
+		}
+	}
+}
+
+// A waiter whose predecessor is a waiter that gives up checks again: it
+// does not take the departure for a release while the holder still holds.
+func TestPredecessorWaiterGivesUp(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	name := t.Name()
+	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kv atomic.Int64
+	l, err := etcdlock.New(newClient(t, endpoints, &kv), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	defer cancel1()
+	go func() { _, err := l.Acquire(ctx1, name, fence.Wait(time.Minute)); first <- err }()
+	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(name)) < 2; {
+		if time.Now().After(end) {
+			t.Fatal("no first waiter after 10 s")
+		}
+	}
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	second := make(chan result, 1)
+	go func() {
+		ls, err := l.Acquire(ctxFor(t, time.Minute), name, fence.Wait(time.Minute))
+		second <- result{ls, err}
+	}()
+	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(name)) < 3; {
+		if time.Now().After(end) {
+			t.Fatal("no second waiter after 10 s")
+		}
+	}
+	calls := kv.Load()
+	cancel1()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Fatalf("first waiter = %v, want context.Canceled", err)
+	}
+	// The second waiter sees its predecessor go and checks again (a KV
+	// call); it must still wait. Give it the time of a few round trips
+	// after that to be wrongly granted.
+	for end := time.Now().Add(10 * time.Second); kv.Load() == calls; {
+		if time.Now().After(end) {
+			t.Fatal("the second waiter did not check again after 10 s")
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+	select {
+	case r := <-second:
+		t.Fatalf("second waiter granted while the holder holds: %v, %v", r.lease, r.err)
+	case <-time.After(time.Second):
+	}
+	if n := countKeys(t, admin, l.Prefix(name)); n != 2 {
+		t.Fatalf("%d keys, want the holder's and the second waiter's", n)
+	}
+	if err := holder.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-second
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.lease.Token() <= holder.Token() {
+		t.Fatalf("token %d after %d", r.lease.Token(), holder.Token())
+	}
+	if err := r.lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
