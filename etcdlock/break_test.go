@@ -409,3 +409,95 @@ func TestPredecessorWaiterGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A waiter whose check (a Range) and watch of its predecessor are split
+// by a compaction, as auto-compaction may on a busy cluster, checks again
+// rather than fail; granted, its lease notices its key's deletion although
+// the history since the token is compacted (its watch from the token is
+// refused), and IsOwner fails once the lease is lost.
+func TestCompactionWhileWaiting(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	name := t.Name()
+	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+	var h txnHook
+	l, err := etcdlock.New(hookedClient(t, endpoints, &h), &etcdlock.Options{WatchdogTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The waiter's second Txn is its first check: before its reply comes,
+	// other writes happen and the history is compacted past it.
+	var txns atomic.Int64
+	compacted := make(chan error, 1)
+	h.set(func(err error) error {
+		if txns.Add(1) != 2 {
+			return err
+		}
+		var rev int64
+		for i := range 10 {
+			resp, err := admin.Put(context.Background(), name+"/other", strings.Repeat("x", i))
+			if err != nil {
+				compacted <- err
+				return err
+			}
+			rev = resp.Header.Revision
+		}
+		_, cerr := admin.Compact(context.Background(), rev, clientv3.WithCompactPhysical())
+		compacted <- cerr
+		return err
+	})
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	waiter := make(chan result, 1)
+	go func() {
+		ls, err := l.Acquire(ctxFor(t, time.Minute), name, fence.Wait(time.Minute))
+		waiter <- result{ls, err}
+	}()
+	if err := <-compacted; err != nil {
+		t.Fatal(err)
+	}
+	// Let the waiter make its next check before the release: it must
+	// still be waiting.
+	for end := time.Now().Add(10 * time.Second); txns.Load() < 3; {
+		select {
+		case r := <-waiter:
+			t.Fatalf("waiter returned after a compaction while the lock is held: %v, %v", r.lease, r.err)
+		default:
+		}
+		if time.Now().After(end) {
+			t.Fatal("the waiter did not check again after 10 s")
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+	if err := holder.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-waiter
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.lease.Token() <= holder.Token() {
+		t.Fatalf("token %d after %d", r.lease.Token(), holder.Token())
+	}
+	cmp, err := etcdlock.IsOwner(r.lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := admin.Txn(ctxFor(t, 10*time.Second)).If(cmp).Commit(); err != nil || !resp.Succeeded {
+		t.Fatalf("IsOwner Txn while held: %v, %v", resp, err)
+	}
+	removeHolder(t, admin, name)
+	waitDone(t, r.lease, 5*time.Second)
+	if resp, err := admin.Txn(ctxFor(t, 10*time.Second)).If(cmp).Commit(); err != nil || resp.Succeeded {
+		t.Fatalf("IsOwner Txn after the lease was lost: %v, %v", resp, err)
+	}
+	if err := r.lease.Release(ctxFor(t, 10*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release = %v, want ErrLeaseLost", err)
+	}
+}

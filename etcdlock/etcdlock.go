@@ -248,8 +248,6 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		return err
 	}
 	c := w.l.client
-	own, stopOwn := watchAsync(wctx, c, w.key, clientv3.WithRev(w.rev+1), clientv3.WithFilterPut())
-	defer stopOwn()
 	renew := time.NewTimer(w.ttl / 3)
 	defer renew.Stop()
 	for {
@@ -285,9 +283,14 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 			}
 			return sent, nil
 		}
-		prev, stopPrev := watchAsync(wctx, c, string(kvs[0].Key), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
+		// Both watches start after the check: a compaction between the
+		// two ends them, and the next check starts them again.
+		from := clientv3.WithRev(resp.Header.Revision + 1)
+		own, stopOwn := watchAsync(wctx, c, w.key, from, clientv3.WithFilterPut())
+		prev, stopPrev := watchAsync(wctx, c, string(kvs[0].Key), from, clientv3.WithFilterPut())
 		err = w.waitDelete(wctx, prev, own, renew)
 		stopPrev()
+		stopOwn()
 		if err != nil {
 			return time.Time{}, why(err)
 		}
@@ -330,6 +333,9 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.Watc
 			if wctx.Err() != nil {
 				return wctx.Err()
 			}
+			if ok && wr.CompactRevision != 0 {
+				return nil // compacted before the watch started: check again
+			}
 			if !ok || wr.Err() != nil {
 				return fmt.Errorf("etcdlock: wait: watch of the previous key ended: %v", wr.Err())
 			}
@@ -341,6 +347,9 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.Watc
 		case wr, ok := <-own:
 			if wctx.Err() != nil {
 				return wctx.Err()
+			}
+			if ok && wr.CompactRevision != 0 {
+				return nil // compacted before the watch started: check again
 			}
 			if !ok || wr.Err() != nil {
 				return fmt.Errorf("etcdlock: wait: watch of the waiter's key ended: %v", wr.Err())
