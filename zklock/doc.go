@@ -8,8 +8,10 @@
 // ephemeral sequential node in it, named after a fresh guid so that a create
 // whose reply was lost with the connection can be found again, and holds the
 // lock when its node is the lowest. A waiter watches only the node just
-// before its own (an exists-watch), so a release wakes one waiter, not all.
-// A waiter that gives up (wait budget, ctx) deletes its node.
+// before its own, so a release wakes one waiter, not all. It sets a data
+// watch (GetW), not an exists-watch: on a node already gone, an
+// exists-watch would wait for ever for its creation, on the server and in
+// go-zookeeper. A waiter that gives up (wait budget, ctx) deletes its node.
 //
 // # The token
 //

@@ -173,7 +173,13 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 			go func(rearm bool, out chan<- probe) {
 				p := probe{sent: time.Now()}
 				if rearm {
-					p.exists, _, p.watch, p.err = ls.l.conn.ExistsW(ls.node)
+					// GetW: an exists-watch would stay behind if the
+					// node is gone.
+					_, _, p.watch, p.err = ls.l.conn.GetW(ls.node)
+					p.exists = p.err == nil
+					if errors.Is(p.err, zk.ErrNoNode) {
+						p.err = nil
+					}
 				} else {
 					p.exists, _, p.err = ls.l.conn.Exists(ls.node)
 				}

@@ -266,9 +266,16 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 			exists bool
 			ch     <-chan zk.Event
 		}
+		// A data watch, not an exists-watch: on a predecessor already gone
+		// ExistsW would leave a watch for its creation, which never comes
+		// (sequential names are unique), on the server and in go-zookeeper
+		// for the session's life. GetW sets none on a missing node.
 		w, err := bounded(waitCtx, func() (watched, error) {
-			ok, _, ch, err := l.conn.ExistsW(pred)
-			return watched{ok, ch}, err
+			_, _, ch, err := l.conn.GetW(pred)
+			if errors.Is(err, zk.ErrNoNode) {
+				return watched{}, nil
+			}
+			return watched{true, ch}, err
 		}, nil)
 		if err != nil {
 			return nil, fmt.Errorf("zklock: watch %s: %w", pred, err)
@@ -296,10 +303,7 @@ func (l *Locker) grant(ctx context.Context, a *attempt, node string, o fence.Opt
 		ch   <-chan zk.Event
 	}
 	w, err := bounded(ctx, func() (watched, error) {
-		ok, st, ch, err := l.conn.ExistsW(node)
-		if err == nil && !ok {
-			err = zk.ErrNoNode
-		}
+		_, st, ch, err := l.conn.GetW(node) // no watch left if it is gone
 		return watched{st, ch}, err
 	}, nil)
 	if err != nil {
