@@ -363,3 +363,43 @@ func TestPredecessorGoneBeforeWatch(t *testing.T) {
 		t.Fatalf("%s watches left on the server with no lock held, want 0", n)
 	}
 }
+
+// A Release that cannot delete the node (its ctx already ended, as in a
+// deferred Release after a deadline) ends the lease locally, as redislock
+// does, whose key then expires with its TTL. A ZooKeeper node does not
+// expire while its session lives: it must still be deleted, or the lock
+// is taken for as long as the holder's process runs.
+func TestReleaseWithEndedCtxFreesLock(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, admin := newLocker(t, addrs)
+	other, _ := newLocker(t, addrs)
+	const name = "release-ended-ctx"
+	for _, opts := range [][]fence.Option{nil, {fence.TTL(time.Second)}} {
+		lease, err := l.Acquire(ctx, name, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ended, cancelEnded := context.WithCancel(ctx)
+		cancelEnded()
+		err = lease.Release(ended)
+		t.Logf("Release with an ended ctx = %v; Err() = %v", err, lease.Err())
+		if err == nil {
+			continue
+		}
+		// The lease reports itself ended: the lock must come free, within
+		// a session timeout or two, though the session lives on.
+		if lease.Err() != nil {
+			next, err := other.Acquire(ctx, name, fence.Wait(2*sessionTimeout))
+			if err != nil {
+				t.Fatalf("lease ended by a failed Release (%v), but the lock is still taken: %v; nodes %v",
+					lease.Err(), err, lockNodes(t, admin, name))
+			}
+			if err := next.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

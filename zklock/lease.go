@@ -247,7 +247,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 
 // Release deletes the lease's own node, at the version it was created
 // with; see fence.Lease. The lease ends locally at once, whatever the
-// server answers.
+// server answers: if the delete fails (ctx ended, no server reachable),
+// the node is deleted in the background, as after a failed Acquire, and
+// Release returns the error; calling it again retries at once.
 func (ls *lease) Release(ctx context.Context) error {
 	ls.mu.Lock()
 	if ls.released {
@@ -267,12 +269,21 @@ func (ls *lease) Release(ctx context.Context) error {
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
+	case errors.Is(err, zk.ErrNoNode) && lostBefore != nil:
+		// An earlier Release failed, ended the lease and left the node to
+		// be deleted in the background.
+		err = fmt.Errorf("%w: %q: its node %s was gone (deleted after an earlier Release failed, or before it)", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrNoNode):
 		err = fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrBadVersion):
 		err = fmt.Errorf("%w: %q: its node %s was changed by another client", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case err != nil:
-		ls.end(fence.ErrReleased)
+		// The lease ends here whatever the server says, so its node must
+		// go: unlike a Redis key it would not expire while the session
+		// lives. Delete it in the background; Release again retries now.
+		if ls.end(fence.ErrReleased) {
+			ls.l.cleanup(&ls.a, ls.node)
+		}
 		return fmt.Errorf("zklock: release %q: %w", ls.a.name, err)
 	}
 	if err == nil {
