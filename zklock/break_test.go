@@ -403,3 +403,57 @@ func TestReleaseWithEndedCtxFreesLock(t *testing.T) {
 		}
 	}
 }
+
+// An Acquire whose ctx ends just as each of its requests is sent (create,
+// list, watch) leaves no node behind once its background cleanup is done.
+func TestAcquireCancelledAtEachStep(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holderLocker, admin := newLocker(t, addrs)
+	const name = "cancelled-steps"
+	holder, err := holderLocker.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(ctx)
+	var b before
+	l := newLockerDialer(t, addrs, b.dial)
+	var sent, cancelAt atomic.Int64
+	var cancelCall atomic.Pointer[context.CancelFunc]
+	f := func(p []byte) {
+		if len(p) < 12 || !bytes.Contains(p, []byte(name)) {
+			return
+		}
+		switch binary.BigEndian.Uint32(p[8:]) {
+		case 1, 4, 12: // create, getData, getChildren2
+			if sent.Add(1) == cancelAt.Load() {
+				(*cancelCall.Load())()
+			}
+		}
+	}
+	b.f.Store(&f)
+	// Without cancelling: the requests of an Acquire that waits out its
+	// budget (its delete on giving up is not counted).
+	if _, err := l.Acquire(ctx, name, fence.Wait(200*time.Millisecond)); !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire = %v, want ErrHeld", err)
+	}
+	total := sent.Load()
+	for step := int64(1); step <= total; step++ {
+		sent.Store(0)
+		cancelAt.Store(step)
+		actx, acancel := context.WithCancel(ctx)
+		cancelCall.Store(&acancel)
+		_, err := l.Acquire(actx, name, fence.Wait(time.Minute))
+		acancel()
+		t.Logf("step %d of %d: %v", step, total, err)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("step %d: Acquire = %v, want context.Canceled", step, err)
+		}
+		waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 1 })
+	}
+	if holder.Err() != nil {
+		t.Fatal(holder.Err())
+	}
+}
