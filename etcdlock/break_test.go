@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -499,5 +500,97 @@ func TestCompactionWhileWaiting(t *testing.T) {
 	}
 	if err := r.lease.Release(ctxFor(t, 10*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release = %v, want ErrLeaseLost", err)
+	}
+}
+
+// A holder that releases while the next waiter is between its check (a
+// Range) and its watch: the watch starts from the check's revision, so the
+// waiter sees the delete at once rather than at its next renewal (a third
+// of the 30 s watchdog TTL).
+func TestReleaseBetweenCheckAndWatch(t *testing.T) {
+	endpoints := shared.Endpoints()
+	name := t.Name()
+	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+	var h txnHook
+	l, err := etcdlock.New(hookedClient(t, endpoints, &h), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var txns atomic.Int64
+	h.set(func(err error) error {
+		if txns.Add(1) == 2 { // the waiter's first check
+			if rerr := holder.Release(context.Background()); rerr != nil {
+				t.Error(rerr)
+			}
+		}
+		return err
+	})
+	start := time.Now()
+	lease, err := l.Acquire(ctxFor(t, time.Minute), name, fence.Wait(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("granted %v after the call", took)
+	if took > 5*time.Second {
+		t.Fatalf("granted %v after a release between its check and its watch", took)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// 50 goroutines on four clients take and release one lock: never two
+// holders at once, and tokens strictly increase in the order of the grants.
+func TestManyContenders(t *testing.T) {
+	endpoints := shared.Endpoints()
+	var lockers []*etcdlock.Locker
+	for range 4 {
+		lockers = append(lockers, newLocker(t, endpoints, nil))
+	}
+	ctx := ctxFor(t, 2*time.Minute)
+	const n = 50
+	var (
+		holding atomic.Int64
+		mu      sync.Mutex
+		tokens  []fence.Token
+		wg      sync.WaitGroup
+		errs    = make(chan error, n)
+	)
+	for i := range n {
+		wg.Go(func() {
+			lease, err := lockers[i%len(lockers)].Acquire(ctx, t.Name(), fence.Wait(time.Minute))
+			if err != nil {
+				errs <- err
+				return
+			}
+			if h := holding.Add(1); h != 1 {
+				errs <- errors.New("two holders at once")
+			}
+			mu.Lock()
+			tokens = append(tokens, lease.Token())
+			mu.Unlock()
+			holding.Add(-1)
+			if err := lease.Release(ctx); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if len(tokens) != n {
+		t.Fatalf("%d grants, want %d", len(tokens), n)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("grant %d: token %d after %d", i, tokens[i], tokens[i-1])
+		}
 	}
 }
