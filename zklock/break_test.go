@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
 )
 
 // cutter is a zk.Dialer whose connection is closed right after it has
@@ -455,5 +456,52 @@ func TestAcquireCancelledAtEachStep(t *testing.T) {
 	}
 	if holder.Err() != nil {
 		t.Fatal(holder.Err())
+	}
+}
+
+// A create whose reply was lost, retried after find missed its node (a
+// server of the ensemble that had not applied it yet answered the list),
+// leaves two nodes of one attempt: the earlier one, a duplicate no one
+// holds, would be the lowest and block the lock for the session's life.
+// Acquire must delete a duplicate of its own guid. The test makes the
+// duplicate from another session, just before the create is sent.
+func TestDuplicateNodeOfOwnAttempt(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, admin := newLocker(t, addrs)
+	var b before
+	l := newLockerDialer(t, addrs, b.dial)
+	const name = "duplicate"
+	var made atomic.Bool
+	f := func(p []byte) {
+		if !isLockCreate(p) || made.Load() {
+			return
+		}
+		// The path follows the header (12 bytes) as a length and bytes.
+		n := binary.BigEndian.Uint32(p[12:])
+		path := string(p[16 : 16+n])
+		_, err := admin.Create(path, nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+		switch {
+		case err == nil:
+			made.Store(true)
+		case !errors.Is(err, zk.ErrNoNode): // the first create makes the directory
+			t.Error(err)
+		}
+	}
+	b.f.Store(&f)
+	lease, err := l.Acquire(ctx, name, fence.Wait(2*sessionTimeout))
+	if !made.Load() {
+		t.Fatal("no duplicate made")
+	}
+	if err != nil {
+		t.Fatalf("Acquire behind a duplicate of its own node = %v; nodes %v", err, lockNodes(t, admin, name))
+	}
+	if nodes := lockNodes(t, admin, name); len(nodes) != 1 {
+		t.Fatalf("nodes %v, want the holder's only", nodes)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

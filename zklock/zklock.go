@@ -251,7 +251,10 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		if err != nil {
 			return nil, fmt.Errorf("zklock: list %s: %w", a.dir, err)
 		}
-		q := queue(children)
+		q, err := l.dropDuplicates(waitCtx, a, own, queue(children))
+		if err != nil {
+			return nil, err
+		}
 		i := slices.Index(q, own)
 		switch {
 		case i < 0:
@@ -292,6 +295,28 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 			return nil, fence.ErrHeld
 		}
 	}
+}
+
+// dropDuplicates deletes the nodes of q other than own that carry the
+// attempt's guid, and returns q without them. They are this attempt's: a
+// create whose reply was lost with the connection, then retried because
+// the server that answered find had not applied it yet (a follower behind
+// the leader). No one would hold such a node, and it would block the lock
+// for the session's life.
+func (l *Locker) dropDuplicates(ctx context.Context, a *attempt, own string, q []string) ([]string, error) {
+	mine := a.guid + lockInfix
+	kept := q[:0:0]
+	for _, c := range q {
+		if c == own || !strings.HasPrefix(c, mine) {
+			kept = append(kept, c)
+			continue
+		}
+		_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(a.dir+"/"+c, -1) }, nil)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return nil, fmt.Errorf("zklock: delete duplicate %s/%s: %w", a.dir, c, err)
+		}
+	}
+	return kept, nil
 }
 
 // grant watches the node it now holds, reads its creation zxid as the
