@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -592,5 +593,69 @@ func TestManyContenders(t *testing.T) {
 		if tokens[i] <= tokens[i-1] {
 			t.Fatalf("grant %d: token %d after %d", i, tokens[i], tokens[i-1])
 		}
+	}
+}
+
+// With the only member paused, an Extend hangs on it (its ctx has no
+// deadline); a Release given a deadline meanwhile must return by that
+// deadline, not wait for the Extend.
+func TestReleaseWhileExtendHangs(t *testing.T) {
+	c := etcdtest.Start(t)
+	m := c.Members[0]
+	// granting is closed when the Extend's Grant is sent (it holds the
+	// lease's lock by then).
+	granting := make(chan struct{})
+	var armed atomic.Bool
+	client, err := clientv3.New(clientv3.Config{
+		Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if strings.HasSuffix(method, "/LeaseGrant") && armed.CompareAndSwap(true, false) {
+					close(granting)
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	l, err := etcdlock.New(client, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Stop()
+	armed.Store(true)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(context.Background(), time.Minute) }()
+	defer func() {
+		m.Cont()
+		select {
+		case err := <-extended:
+			t.Logf("Extend = %v", err)
+		case <-time.After(20 * time.Second):
+			t.Error("Extend still hung 20 s after the member resumed")
+		}
+	}()
+	select {
+	case err := <-extended:
+		t.Fatalf("Extend returned with the member paused: %v", err)
+	case <-granting:
+	}
+	start := time.Now()
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctxFor(t, 2*time.Second)) }()
+	select {
+	case err := <-released:
+		t.Logf("Release = %v after %v", err, time.Since(start))
+		if err == nil {
+			t.Fatal("Release succeeded with the member paused")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Release with a 2 s deadline still blocked after 5 s behind a hung Extend")
 	}
 }

@@ -25,9 +25,11 @@ type Lease struct {
 	ctx    context.Context // cancelled with err as cause when the lease ends
 	cancel context.CancelCauseFunc
 
-	// op serialises the calls that use or replace the etcd lease:
-	// renewals, Extend and Release.
-	op       sync.Mutex
+	// op serialises Extend and Release, which use or replace the etcd
+	// lease: a token in it is the right to proceed. A channel rather than
+	// a mutex, so that a call waiting for another (an Extend hung on a
+	// paused member) still returns when its own ctx ends.
+	op       chan struct{}
 	stopRun  context.CancelFunc // stops run; set while run runs
 	runDone  chan struct{}      // closed when run returns
 	released bool               // Release reached a conclusion
@@ -47,6 +49,7 @@ func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, id c
 	ls := &Lease{
 		l: l, name: name, key: key, token: fence.Token(rev), watchdog: watchdog,
 		id: id, ttl: ttl, deadline: deadline(sent, ttl), moved: make(chan struct{}, 1),
+		op: make(chan struct{}, 1),
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.startRun()
@@ -101,6 +104,18 @@ func (ls *Lease) startRun() {
 	ls.stopRun, ls.runDone = cancel, make(chan struct{})
 	go ls.run(ctx, ls.runDone)
 }
+
+// lockOp takes ls.op, or returns ctx's error if ctx ends first.
+func (ls *Lease) lockOp(ctx context.Context) error {
+	select {
+	case ls.op <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (ls *Lease) unlockOp() { <-ls.op }
 
 // stop stops run and waits for it. The caller holds ls.op.
 func (ls *Lease) stop() {
@@ -287,8 +302,10 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	ls.op.Lock()
-	defer ls.op.Unlock()
+	if err := ls.lockOp(ctx); err != nil {
+		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
+	}
+	defer ls.unlockOp()
 	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
@@ -368,8 +385,10 @@ func (ls *Lease) moveTo(ctx context.Context, id clientv3.LeaseID, ttl time.Durat
 // never deletes another key: a lease whose key is gone gets an error
 // matching fence.ErrLeaseLost and deletes nothing.
 func (ls *Lease) Release(ctx context.Context) error {
-	ls.op.Lock()
-	defer ls.op.Unlock()
+	if err := ls.lockOp(ctx); err != nil {
+		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
+	}
+	defer ls.unlockOp()
 	if ls.released {
 		return ls.relErr
 	}
