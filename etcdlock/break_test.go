@@ -659,3 +659,32 @@ func TestReleaseWhileExtendHangs(t *testing.T) {
 		t.Fatal("Release with a 2 s deadline still blocked after 5 s behind a hung Extend")
 	}
 }
+
+// An Extend given no deadline, with the only member paused, gives up by
+// the lease's own deadline: past it the lease has ended anyway, and the
+// caller must not hang on a member that may never answer.
+func TestExtendBoundedByLeaseDeadline(t *testing.T) {
+	c := etcdtest.Start(t)
+	m := c.Members[0]
+	l := newLocker(t, c.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Stop()
+	t.Cleanup(m.Cont)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(context.Background(), time.Minute) }()
+	limit := time.Until(lease.Deadline()) + 2*time.Second
+	select {
+	case err := <-extended:
+		t.Logf("Extend = %v, %v after the deadline", err, time.Since(lease.Deadline()))
+		if !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Extend = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(limit):
+		m.Cont()
+		<-extended
+		t.Fatalf("Extend still waiting on the paused member %v after the lease's deadline", time.Since(lease.Deadline()))
+	}
+}

@@ -84,9 +84,12 @@
 // Every call takes the caller's ctx; with the cluster unreachable, Acquire
 // returns when ctx ends. A member that hangs (paused, or cut off behind an
 // open connection) answers nothing, and clientv3 waits on it for ever, so
-// each call of Acquire, of the watchdog and of Release gets a sixth of the
-// lease time per attempt (at least half a second) and is tried again,
-// within ctx, on the next member (clientv3 balances round robin). A waiter
+// each call of Acquire, of the watchdog, of Extend and of Release gets a
+// sixth of the lease time per attempt (at least half a second) and is tried
+// again, within ctx, on the next member (clientv3 balances round robin).
+// Extend also gives up at the lease's deadline, when the lease has ended
+// anyway, and a Release waiting for an Extend in flight returns when its
+// own ctx ends. A waiter
 // also checks its place again after each renewal of its etcd lease, in case
 // its watch sits on such a member. A Release whose first attempt timed out
 // and whose retry finds the key gone cannot tell its own delete from

@@ -319,14 +319,28 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
 	c := ls.l.client
+	// Past the lease's deadline the lease has ended: no call waits longer
+	// than that, and each attempt gets attemptTimeout, then goes to the
+	// next member (the Txn can be repeated: it only moves the key).
+	cctx, cancel := context.WithDeadline(ctx, ls.Deadline())
+	defer cancel()
+	per := attemptTimeout(ls.ttlNow())
 	sent := time.Now()
-	g, err := c.Grant(ctx, seconds(ttl))
+	var g *clientv3.LeaseGrantResponse
+	err := try(cctx, per, func(ctx context.Context) (err error) {
+		g, err = c.Grant(ctx, seconds(ttl))
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err)
+		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err))
 	}
-	resp, err := c.Txn(ctx).If(
-		clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
-	).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(g.ID))).Commit()
+	var resp *clientv3.TxnResponse
+	err = try(cctx, per, func(ctx context.Context) (err error) {
+		resp, err = c.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
+		).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(g.ID))).Commit()
+		return err
+	})
 	if err != nil {
 		// The Txn may have been applied with its reply lost: then the key
 		// is on g, and revoking g would delete the lock. Look.
@@ -334,7 +348,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 			return ls.moveTo(ctx, g.ID, ttl, sent)
 		}
 		ls.l.revoke(ctx, g.ID)
-		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
+		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
 	}
 	if !resp.Succeeded {
 		ls.l.revoke(ctx, g.ID)
@@ -344,6 +358,18 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return ls.Err()
 	}
 	return ls.moveTo(ctx, g.ID, ttl, sent)
+}
+
+// extendFailed returns err, the error of an Extend that did not get
+// through, or why the lease ended if its deadline passed meanwhile.
+func (ls *Lease) extendFailed(ctx context.Context, err error) error {
+	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
+	if lerr := ls.Err(); lerr != nil {
+		return lerr
+	}
+	return err
 }
 
 // onLease reports whether the lease's key, as created at the token, is
