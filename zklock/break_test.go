@@ -505,3 +505,42 @@ func TestDuplicateNodeOfOwnAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Extends given no deadline, with the server hung (the first one sent,
+// the next ones queued while go-zookeeper reconnects), give up by the
+// lease's own deadline, when the lease has ended anyway.
+func TestExtendBoundedByLeaseDeadline(t *testing.T) {
+	srv := startZK(t)
+	l, _ := newLocker(t, []string{srv.Addr})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lease, err := l.Acquire(ctx, "extend-hung")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	t.Cleanup(srv.Cont)
+	extended := make(chan error, 1)
+	go func() {
+		for {
+			err := lease.Extend(context.Background(), time.Minute)
+			if err == nil || errors.Is(err, fence.ErrLeaseLost) {
+				extended <- err
+				return
+			}
+			t.Logf("Extend = %v", err)
+		}
+	}()
+	limit := time.Until(lease.Deadline()) + time.Second
+	select {
+	case err := <-extended:
+		t.Logf("Extend = %v, %v after the deadline", err, time.Since(lease.Deadline()))
+		if !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Extend = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(limit):
+		srv.Cont()
+		<-extended
+		t.Fatalf("Extend still waiting on the hung server %v after the lease's deadline", time.Since(lease.Deadline()))
+	}
+}

@@ -208,7 +208,8 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 // lease with fence.TTL sets its lease time to end ttl from now; see
 // fence.Lease. A lease without fence.TTL lasts as long as the session, so
 // ttl only has to be valid. The deadline stays within a session timeout of
-// the last contact whatever ttl is.
+// the last contact whatever ttl is. Extend waits for ZooKeeper until the
+// lease's deadline at most, and then returns why the lease ended.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
@@ -217,11 +218,21 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	sent := time.Now()
-	exists, err := bounded(ctx, func() (bool, error) {
+	// Past the deadline the lease has ended: wait no longer than that (a
+	// request queued while go-zookeeper reconnects waits for a server).
+	dctx, cancel := context.WithDeadline(ctx, ls.Deadline())
+	defer cancel()
+	exists, err := bounded(dctx, func() (bool, error) {
 		ok, _, err := ls.l.conn.Exists(ls.node)
 		return ok, err
 	}, nil)
 	if err != nil {
+		if !time.Now().Before(ls.Deadline()) {
+			ls.expire() // if its timer has not yet
+		}
+		if lerr := ls.Err(); lerr != nil {
+			return lerr
+		}
 		return fmt.Errorf("zklock: extend %q: %w", ls.a.name, err)
 	}
 	if !exists {
