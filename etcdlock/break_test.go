@@ -688,3 +688,29 @@ func TestExtendBoundedByLeaseDeadline(t *testing.T) {
 		t.Fatalf("Extend still waiting on the paused member %v after the lease's deadline", time.Since(lease.Deadline()))
 	}
 }
+
+// A waiter with a short lease time (fence.TTL(30ms): etcd grants its
+// minimum, a second or more) renews its etcd lease, and so checks its
+// place again, on etcd's granted TTL, not every 10 ms.
+func TestShortTTLWaiterDoesNotSpin(t *testing.T) {
+	endpoints := shared.Endpoints()
+	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+	var kv atomic.Int64
+	l, err := etcdlock.New(newClient(t, endpoints, &kv), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wait = 2 * time.Second
+	_, err = l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Millisecond), fence.Wait(wait))
+	if !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire = %v, want ErrHeld", err)
+	}
+	t.Logf("%d KV calls in a wait of %v", kv.Load(), wait)
+	if n := kv.Load(); n > 10 {
+		t.Fatalf("%d KV calls in a wait of %v, want a handful", n, wait)
+	}
+}
