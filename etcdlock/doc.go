@@ -70,8 +70,9 @@
 // whose own etcd lease expires or is revoked while it waits gets an error
 // matching fence.ErrLeaseLost, not the lock. The waiter's etcd lease is
 // kept alive while it waits, every third of the TTL etcd granted it (not
-// of a shorter fence.TTL, which etcd raises to its minimum). A waiter that gives up (budget, ctx) revokes
-// its etcd lease, which deletes its key, and the one behind it moves up.
+// of a shorter fence.TTL, which etcd raises to its minimum). A waiter that
+// gives up (budget, ctx) revokes its etcd lease, which deletes its key, and
+// the one behind it moves up.
 //
 // # Release
 //
