@@ -714,3 +714,27 @@ func TestShortTTLWaiterDoesNotSpin(t *testing.T) {
 		t.Fatalf("%d KV calls in a wait of %v, want a handful", n, wait)
 	}
 }
+
+// Release of a lease already lost is conclusive even with an ended ctx:
+// it sends nothing, so it needs no ctx (a deferred Release after the
+// caller's deadline).
+func TestReleaseLostWithEndedCtx(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l := newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: 3 * time.Second})
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for round := range 10 {
+		lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Revoke(ctxFor(t, 10*time.Second), leaseID(t, lease)); err != nil {
+			t.Fatal(err)
+		}
+		waitDone(t, lease, 5*time.Second)
+		if err := lease.Release(ended); !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("round %d: Release of a lost lease with an ended ctx = %v, want ErrLeaseLost", round, err)
+		}
+	}
+}

@@ -105,8 +105,14 @@ func (ls *Lease) startRun() {
 	go ls.run(ctx, ls.runDone)
 }
 
-// lockOp takes ls.op, or returns ctx's error if ctx ends first.
+// lockOp takes ls.op, or returns ctx's error if ctx ends first; free, it
+// takes it even if ctx has ended (the callers then decide on ctx).
 func (ls *Lease) lockOp(ctx context.Context) error {
+	select {
+	case ls.op <- struct{}{}:
+		return nil
+	default:
+	}
 	select {
 	case ls.op <- struct{}{}:
 		return nil
