@@ -544,3 +544,28 @@ func TestExtendBoundedByLeaseDeadline(t *testing.T) {
 		t.Fatalf("Extend still waiting on the hung server %v after the lease's deadline", time.Since(lease.Deadline()))
 	}
 }
+
+// Two goroutines release the same lease at once (a deferred Release and an
+// explicit one): one deletes the node, and neither may report the lease
+// lost; both get the result of the one conclusive Release.
+func TestConcurrentRelease(t *testing.T) {
+	srv := startZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, _ := newLocker(t, []string{srv.Addr})
+	for round := range 20 {
+		lease, err := l.Acquire(ctx, "concurrent-release")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range errs {
+			wg.Go(func() { errs[i] = lease.Release(ctx) })
+		}
+		wg.Wait()
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("round %d: concurrent Releases = %v, %v; Err() = %v", round, errs[0], errs[1], lease.Err())
+		}
+	}
+}

@@ -36,6 +36,7 @@ type lease struct {
 	released bool
 	relErr   error
 
+	relOp       chan struct{} // a token in it: a Release is under way
 	stop        chan struct{} // closed by Release to stop the monitor
 	stopOnce    sync.Once
 	monitorDone chan struct{}
@@ -46,7 +47,7 @@ var _ fence.Lease = (*lease)(nil)
 func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.Stat, watch <-chan zk.Event, ttl time.Duration, start, sent time.Time) *lease {
 	ls := &lease{
 		l: l, a: *a, node: node, version: st.Version, token: fence.Token(st.Czxid), ttl: ttl,
-		contact: sent, stop: make(chan struct{}), monitorDone: make(chan struct{}),
+		contact: sent, relOp: make(chan struct{}, 1), stop: make(chan struct{}), monitorDone: make(chan struct{}),
 	}
 	if ttl > 0 {
 		ls.ttlEnd = sent.Add(ttl)
@@ -262,6 +263,18 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // the node is deleted in the background, as after a failed Acquire, and
 // Release returns the error; calling it again retries at once.
 func (ls *lease) Release(ctx context.Context) error {
+	// One Release at a time: two at once would both try the delete, and
+	// the one that found the node gone would report the lease lost.
+	select {
+	case ls.relOp <- struct{}{}:
+	default:
+		select {
+		case ls.relOp <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("zklock: release %q: %w", ls.a.name, ctx.Err())
+		}
+	}
+	defer func() { <-ls.relOp }()
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()
