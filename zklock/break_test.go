@@ -569,3 +569,53 @@ func TestConcurrentRelease(t *testing.T) {
 		}
 	}
 }
+
+// A connection loss is not an expiry: a waiter whose list request is cut
+// off with its connection (the reply lost) lists again once go-zookeeper
+// has reconnected, and takes the lock when it comes free, rather than
+// failing the Acquire on a blip.
+func TestWaiterSurvivesConnectionLoss(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holderLocker, admin := newLocker(t, addrs)
+	const name = "waiter-conn-loss"
+	holder, err := holderLocker.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c cutter
+	l := newLockerDialer(t, addrs, c.dial)
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	waited := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, fence.Wait(30*time.Second))
+		waited <- result{lease, err}
+	}()
+	waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 2 })
+	// The waiter has listed and watches the holder: cut its next list.
+	f := func(p []byte) bool {
+		return len(p) >= 12 && binary.BigEndian.Uint32(p[8:]) == 12 && bytes.Contains(p, []byte(name))
+	}
+	c.match.Store(&f)
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-waited
+	if c.cuts.Load() != 1 {
+		t.Fatalf("%d cuts, want 1", c.cuts.Load())
+	}
+	if r.err != nil {
+		t.Fatalf("waiter failed on a connection loss: %v", r.err)
+	}
+	if r.lease.Token() <= holder.Token() {
+		t.Fatalf("token %#x after %#x", r.lease.Token(), holder.Token())
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

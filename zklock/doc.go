@@ -54,7 +54,11 @@
 //
 // A connection loss is not an expiry: go-zookeeper reconnects (to another
 // server of the ensemble, say) and the session, its node and the lease go
-// on if it does so within the session timeout. Meanwhile the lease still
+// on if it does so within the session timeout. An Acquire whose request
+// was cut off with the connection sends it again after the reconnection
+// (a create only after looking for its node), within its ctx and wait
+// budget; it fails on a session expiry or when the user closes the
+// connection. Meanwhile the lease still
 // looks held (Err is nil), but its Deadline stops moving: a holder must
 // check Deadline (or pass its token to a resource that checks it) before
 // acting. If no server answers before the Deadline, the lease ends with

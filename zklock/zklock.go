@@ -162,10 +162,23 @@ func (l *Locker) create(ctx context.Context, a *attempt) (string, error) {
 			if err := l.makeDir(ctx, a.dir); err != nil {
 				return "", err
 			}
+		case errors.Is(err, zk.ErrNoServer):
+			// Not sent: go-zookeeper found no server in a round of its
+			// hosts and is trying again.
 		case errors.Is(err, zk.ErrConnectionClosed):
-			// The create may have been applied: look for it.
-			if node, err := l.find(ctx, a); err != nil || node != "" {
-				return node, err
+			// The create may have been applied: look for it, through the
+			// reconnection.
+			for {
+				node, err := l.find(ctx, a)
+				if err == nil && node != "" {
+					return node, nil
+				}
+				if err == nil {
+					break // not applied: create again
+				}
+				if !l.again(ctx, err) {
+					return "", err
+				}
 			}
 		default:
 			return "", fmt.Errorf("zklock: create %s: %w", a.nodePrefix(), err)
@@ -249,6 +262,9 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 	for {
 		children, err := l.children(waitCtx, a.dir)
 		if err != nil {
+			if l.again(waitCtx, err) {
+				continue
+			}
 			return nil, fmt.Errorf("zklock: list %s: %w", a.dir, err)
 		}
 		q, err := l.dropDuplicates(waitCtx, a, own, queue(children))
@@ -281,6 +297,9 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 			return watched{true, ch}, err
 		}, nil)
 		if err != nil {
+			if l.again(waitCtx, err) {
+				continue
+			}
 			return nil, fmt.Errorf("zklock: watch %s: %w", pred, err)
 		}
 		if !w.exists {
@@ -327,15 +346,44 @@ func (l *Locker) grant(ctx context.Context, a *attempt, node string, o fence.Opt
 		stat *zk.Stat
 		ch   <-chan zk.Event
 	}
-	w, err := bounded(ctx, func() (watched, error) {
-		_, st, ch, err := l.conn.GetW(node) // no watch left if it is gone
-		return watched{st, ch}, err
-	}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("zklock: stat %s: %w", node, err)
+	var w watched
+	for {
+		var err error
+		w, err = bounded(ctx, func() (watched, error) {
+			_, st, ch, err := l.conn.GetW(node) // no watch left if it is gone
+			return watched{st, ch}, err
+		}, nil)
+		if err == nil {
+			break
+		}
+		if !l.again(ctx, err) {
+			return nil, fmt.Errorf("zklock: stat %s: %w", node, err)
+		}
+		sent = time.Now()
 	}
 	return l.newLease(ctx, a, node, w.stat, w.ch, o.TTL, start, sent), nil
 }
+
+// again reports whether a read that failed with err is worth sending
+// again: the connection was lost, not the session (a connection loss is
+// not an expiry), and the user has not closed the connection. It pauses
+// a little first, and reports false once ctx has ended.
+func (l *Locker) again(ctx context.Context, err error) bool {
+	if !errors.Is(err, zk.ErrConnectionClosed) && !errors.Is(err, zk.ErrNoServer) || l.closed() {
+		return false
+	}
+	pause := time.NewTimer(retryPause)
+	defer pause.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-pause.C:
+		return true
+	}
+}
+
+// retryPause paces the requests that again sends again.
+const retryPause = 50 * time.Millisecond
 
 // cleanup deletes an attempt's node in the background: node if known, else
 // any node carrying the attempt's guid (a create whose reply was lost). It
