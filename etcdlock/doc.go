@@ -52,6 +52,10 @@
 // only while the key is still the one created at the token (the create
 // revision, and so the token, does not change), then revokes the old one.
 //
+// A lease also ends (ErrLeaseLost) when the user closes the client: nothing
+// can renew its etcd lease or watch its key any more. Its key stays in etcd
+// until the etcd lease expires.
+//
 // The key is watched from its creation: a delete (the etcd lease expired or
 // was revoked, an operator ran etcdctl del) ends the lease at once, not at
 // the next renewal.
@@ -65,8 +69,10 @@
 // again, in one Txn that also confirms its own key still exists; a waiter
 // whose own etcd lease expires or is revoked while it waits gets an error
 // matching fence.ErrLeaseLost, not the lock. The waiter's etcd lease is
-// kept alive while it waits. A waiter that gives up (budget, ctx) revokes
-// its etcd lease, which deletes its key, and the one behind it moves up.
+// kept alive while it waits, every third of the TTL etcd granted it (not
+// of a shorter fence.TTL, which etcd raises to its minimum). A waiter that
+// gives up (budget, ctx) revokes its etcd lease, which deletes its key, and
+// the one behind it moves up.
 //
 // # Release
 //
@@ -80,9 +86,12 @@
 // Every call takes the caller's ctx; with the cluster unreachable, Acquire
 // returns when ctx ends. A member that hangs (paused, or cut off behind an
 // open connection) answers nothing, and clientv3 waits on it for ever, so
-// each call of Acquire, of the watchdog and of Release gets a sixth of the
-// lease time per attempt (at least half a second) and is tried again,
-// within ctx, on the next member (clientv3 balances round robin). A waiter
+// each call of Acquire, of the watchdog, of Extend and of Release gets a
+// sixth of the lease time per attempt (at least half a second) and is tried
+// again, within ctx, on the next member (clientv3 balances round robin).
+// Extend also gives up at the lease's deadline, when the lease has ended
+// anyway, and a Release waiting for an Extend in flight returns when its
+// own ctx ends. A waiter
 // also checks its place again after each renewal of its etcd lease, in case
 // its watch sits on such a member. A Release whose first attempt timed out
 // and whose retry finds the key gone cannot tell its own delete from

@@ -172,7 +172,10 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 			l.revoke(ctx, g.ID)
 			return nil, fence.NotAcquired(name, fence.ErrHeld)
 		}
-		w := waiter{l: l, name: name, pfx: pfx, key: key, rev: rev, id: g.ID, ttl: ttl}
+		// The waiter's etcd lease lasts what etcd granted, which may be
+		// longer than ttl (etcd's minimum): renew it on that.
+		every := max(ttl, time.Duration(g.TTL)*time.Second) / 3
+		w := waiter{l: l, name: name, pfx: pfx, key: key, rev: rev, id: g.ID, ttl: ttl, every: every}
 		if sent, err = w.wait(ctx, budget); err != nil {
 			l.revoke(ctx, g.ID)
 			return nil, fence.NotAcquired(name, err)
@@ -219,6 +222,9 @@ type waiter struct {
 	rev  int64
 	id   clientv3.LeaseID
 	ttl  time.Duration
+	// every is how often the waiter renews its etcd lease and checks its
+	// place again: a third of the TTL etcd granted.
+	every time.Duration
 }
 
 // errLostWhileWaiting is why a waiter whose own key vanished gives up.
@@ -248,9 +254,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		return err
 	}
 	c := w.l.client
-	own, stopOwn := watchAsync(wctx, c, w.key, clientv3.WithRev(w.rev+1), clientv3.WithFilterPut())
-	defer stopOwn()
-	renew := time.NewTimer(w.ttl / 3)
+	renew := time.NewTimer(w.every)
 	defer renew.Stop()
 	for {
 		// Check that our key is still there and find the one before it,
@@ -285,9 +289,14 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 			}
 			return sent, nil
 		}
-		prev, stopPrev := watchAsync(wctx, c, string(kvs[0].Key), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
+		// Both watches start after the check: a compaction between the
+		// two ends them, and the next check starts them again.
+		from := clientv3.WithRev(resp.Header.Revision + 1)
+		own, stopOwn := watchAsync(wctx, c, w.key, from, clientv3.WithFilterPut())
+		prev, stopPrev := watchAsync(wctx, c, string(kvs[0].Key), from, clientv3.WithFilterPut())
 		err = w.waitDelete(wctx, prev, own, renew)
 		stopPrev()
+		stopOwn()
 		if err != nil {
 			return time.Time{}, why(err)
 		}
@@ -320,7 +329,7 @@ func watchAsync(ctx context.Context, c *clientv3.Client, key string, opts ...cli
 // waitDelete waits for a delete on prev, keeping the waiter's etcd lease
 // alive, and fails if the waiter's own key is deleted. It also returns,
 // for a check, after each renewal of the waiter's etcd lease (every third
-// of its TTL).
+// of the TTL etcd granted it).
 func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.WatchResponse, renew *time.Timer) error {
 	for {
 		select {
@@ -329,6 +338,9 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.Watc
 		case wr, ok := <-prev:
 			if wctx.Err() != nil {
 				return wctx.Err()
+			}
+			if ok && wr.CompactRevision != 0 {
+				return nil // compacted before the watch started: check again
 			}
 			if !ok || wr.Err() != nil {
 				return fmt.Errorf("etcdlock: wait: watch of the previous key ended: %v", wr.Err())
@@ -341,6 +353,9 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.Watc
 		case wr, ok := <-own:
 			if wctx.Err() != nil {
 				return wctx.Err()
+			}
+			if ok && wr.CompactRevision != 0 {
+				return nil // compacted before the watch started: check again
 			}
 			if !ok || wr.Err() != nil {
 				return fmt.Errorf("etcdlock: wait: watch of the waiter's key ended: %v", wr.Err())
@@ -362,7 +377,7 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.Watc
 			default:
 				// Check again, in case a watch sits on a member that
 				// hangs and would never deliver the delete.
-				renew.Reset(w.ttl / 3)
+				renew.Reset(w.every)
 				return nil
 			}
 		}

@@ -25,9 +25,11 @@ type Lease struct {
 	ctx    context.Context // cancelled with err as cause when the lease ends
 	cancel context.CancelCauseFunc
 
-	// op serialises the calls that use or replace the etcd lease:
-	// renewals, Extend and Release.
-	op       sync.Mutex
+	// op serialises Extend and Release, which use or replace the etcd
+	// lease: a token in it is the right to proceed. A channel rather than
+	// a mutex, so that a call waiting for another (an Extend hung on a
+	// paused member) still returns when its own ctx ends.
+	op       chan struct{}
 	stopRun  context.CancelFunc // stops run; set while run runs
 	runDone  chan struct{}      // closed when run returns
 	released bool               // Release reached a conclusion
@@ -47,6 +49,7 @@ func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, id c
 	ls := &Lease{
 		l: l, name: name, key: key, token: fence.Token(rev), watchdog: watchdog,
 		id: id, ttl: ttl, deadline: deadline(sent, ttl), moved: make(chan struct{}, 1),
+		op: make(chan struct{}, 1),
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.startRun()
@@ -102,6 +105,24 @@ func (ls *Lease) startRun() {
 	go ls.run(ctx, ls.runDone)
 }
 
+// lockOp takes ls.op, or returns ctx's error if ctx ends first; free, it
+// takes it even if ctx has ended (the callers then decide on ctx).
+func (ls *Lease) lockOp(ctx context.Context) error {
+	select {
+	case ls.op <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case ls.op <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (ls *Lease) unlockOp() { <-ls.op }
+
 // stop stops run and waits for it. The caller holds ls.op.
 func (ls *Lease) stop() {
 	if ls.stopRun != nil {
@@ -141,6 +162,11 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-ls.l.client.Ctx().Done():
+			// The user closed the client: nothing renews the etcd lease or
+			// watches the key any more, and no revoke can be sent.
+			ls.end(ls.lostf("the etcd client was closed"))
 			return
 		case <-ls.moved:
 			expiry.Reset(time.Until(ls.Deadline()))
@@ -282,8 +308,10 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	ls.op.Lock()
-	defer ls.op.Unlock()
+	if err := ls.lockOp(ctx); err != nil {
+		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
+	}
+	defer ls.unlockOp()
 	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
@@ -297,17 +325,36 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
 	c := ls.l.client
+	// Past the lease's deadline the lease has ended: no call waits longer
+	// than that, and each attempt gets attemptTimeout, then goes to the
+	// next member (the Txn can be repeated: it only moves the key).
+	cctx, cancel := context.WithDeadline(ctx, ls.Deadline())
+	defer cancel()
+	per := attemptTimeout(ls.ttlNow())
 	sent := time.Now()
-	g, err := c.Grant(ctx, seconds(ttl))
+	var g *clientv3.LeaseGrantResponse
+	err := try(cctx, per, func(ctx context.Context) (err error) {
+		g, err = c.Grant(ctx, seconds(ttl))
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err)
+		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err))
 	}
-	resp, err := c.Txn(ctx).If(
-		clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
-	).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(g.ID))).Commit()
+	var resp *clientv3.TxnResponse
+	err = try(cctx, per, func(ctx context.Context) (err error) {
+		resp, err = c.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
+		).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(g.ID))).Commit()
+		return err
+	})
 	if err != nil {
+		// The Txn may have been applied with its reply lost: then the key
+		// is on g, and revoking g would delete the lock. Look.
+		if ls.onLease(ctx, g.ID) {
+			return ls.moveTo(ctx, g.ID, ttl, sent)
+		}
 		ls.l.revoke(ctx, g.ID)
-		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
+		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
 	}
 	if !resp.Succeeded {
 		ls.l.revoke(ctx, g.ID)
@@ -316,9 +363,46 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		}
 		return ls.Err()
 	}
+	return ls.moveTo(ctx, g.ID, ttl, sent)
+}
+
+// extendFailed returns err, the error of an Extend that did not get
+// through, or why the lease ended if its deadline passed meanwhile.
+func (ls *Lease) extendFailed(ctx context.Context, err error) error {
+	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
+	if lerr := ls.Err(); lerr != nil {
+		return lerr
+	}
+	return err
+}
+
+// onLease reports whether the lease's key, as created at the token, is
+// attached to the etcd lease id, within cleanupTimeout even if ctx is
+// done. It reports false when it cannot tell.
+func (ls *Lease) onLease(ctx context.Context, id clientv3.LeaseID) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	resp, err := ls.l.client.Get(ctx, ls.key)
+	return err == nil && len(resp.Kvs) == 1 &&
+		resp.Kvs[0].CreateRevision == int64(ls.token) && clientv3.LeaseID(resp.Kvs[0].Lease) == id
+}
+
+// moveTo records that Extend moved the key onto the etcd lease id of ttl,
+// requested at sent, and revokes the old one. If the lease ended meanwhile
+// (its deadline passed while Extend waited for etcd), it revokes id
+// instead, which deletes the key nobody holds any more, and returns why
+// the lease ended. The caller holds ls.op.
+func (ls *Lease) moveTo(ctx context.Context, id clientv3.LeaseID, ttl time.Duration, sent time.Time) error {
 	ls.mu.Lock()
+	if err := ls.err; err != nil {
+		ls.mu.Unlock()
+		ls.l.revoke(ctx, id)
+		return err
+	}
 	old := ls.id
-	ls.id, ls.ttl, ls.deadline = g.ID, ttl, deadline(sent, ttl)
+	ls.id, ls.ttl, ls.deadline = id, ttl, deadline(sent, ttl)
 	ls.mu.Unlock()
 	select {
 	case ls.moved <- struct{}{}:
@@ -333,8 +417,10 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // never deletes another key: a lease whose key is gone gets an error
 // matching fence.ErrLeaseLost and deletes nothing.
 func (ls *Lease) Release(ctx context.Context) error {
-	ls.op.Lock()
-	defer ls.op.Unlock()
+	if err := ls.lockOp(ctx); err != nil {
+		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
+	}
+	defer ls.unlockOp()
 	if ls.released {
 		return ls.relErr
 	}

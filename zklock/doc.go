@@ -7,9 +7,14 @@
 // node, which the servers delete once it is empty). Acquire creates an
 // ephemeral sequential node in it, named after a fresh guid so that a create
 // whose reply was lost with the connection can be found again, and holds the
-// lock when its node is the lowest. A waiter watches only the node just
-// before its own (an exists-watch), so a release wakes one waiter, not all.
-// A waiter that gives up (wait budget, ctx) deletes its node.
+// lock when its node is the lowest. If the server that answers that search
+// has not applied the create yet (a follower behind the leader), the
+// create is made again and the first node turns up later: Acquire deletes
+// any other node of its own guid that it sees while it waits. A waiter watches only the node just
+// before its own, so a release wakes one waiter, not all. It sets a data
+// watch (GetW), not an exists-watch: on a node already gone, an
+// exists-watch would wait for ever for its creation, on the server and in
+// go-zookeeper. A waiter that gives up (wait budget, ctx) deletes its node.
 //
 // # The token
 //
@@ -49,7 +54,11 @@
 //
 // A connection loss is not an expiry: go-zookeeper reconnects (to another
 // server of the ensemble, say) and the session, its node and the lease go
-// on if it does so within the session timeout. Meanwhile the lease still
+// on if it does so within the session timeout. An Acquire whose request
+// was cut off with the connection sends it again after the reconnection
+// (a create only after looking for its node), within its ctx and wait
+// budget; it fails on a session expiry or when the user closes the
+// connection. Meanwhile the lease still
 // looks held (Err is nil), but its Deadline stops moving: a holder must
 // check Deadline (or pass its token to a resource that checks it) before
 // acting. If no server answers before the Deadline, the lease ends with

@@ -36,6 +36,7 @@ type lease struct {
 	released bool
 	relErr   error
 
+	relOp       chan struct{} // a token in it: a Release is under way
 	stop        chan struct{} // closed by Release to stop the monitor
 	stopOnce    sync.Once
 	monitorDone chan struct{}
@@ -46,7 +47,7 @@ var _ fence.Lease = (*lease)(nil)
 func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.Stat, watch <-chan zk.Event, ttl time.Duration, start, sent time.Time) *lease {
 	ls := &lease{
 		l: l, a: *a, node: node, version: st.Version, token: fence.Token(st.Czxid), ttl: ttl,
-		contact: sent, stop: make(chan struct{}), monitorDone: make(chan struct{}),
+		contact: sent, relOp: make(chan struct{}, 1), stop: make(chan struct{}), monitorDone: make(chan struct{}),
 	}
 	if ttl > 0 {
 		ls.ttlEnd = sent.Add(ttl)
@@ -173,7 +174,13 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 			go func(rearm bool, out chan<- probe) {
 				p := probe{sent: time.Now()}
 				if rearm {
-					p.exists, _, p.watch, p.err = ls.l.conn.ExistsW(ls.node)
+					// GetW: an exists-watch would stay behind if the
+					// node is gone.
+					_, _, p.watch, p.err = ls.l.conn.GetW(ls.node)
+					p.exists = p.err == nil
+					if errors.Is(p.err, zk.ErrNoNode) {
+						p.err = nil
+					}
 				} else {
 					p.exists, _, p.err = ls.l.conn.Exists(ls.node)
 				}
@@ -202,7 +209,8 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 // lease with fence.TTL sets its lease time to end ttl from now; see
 // fence.Lease. A lease without fence.TTL lasts as long as the session, so
 // ttl only has to be valid. The deadline stays within a session timeout of
-// the last contact whatever ttl is.
+// the last contact whatever ttl is. Extend waits for ZooKeeper until the
+// lease's deadline at most, and then returns why the lease ended.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
@@ -211,11 +219,21 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	sent := time.Now()
-	exists, err := bounded(ctx, func() (bool, error) {
+	// Past the deadline the lease has ended: wait no longer than that (a
+	// request queued while go-zookeeper reconnects waits for a server).
+	dctx, cancel := context.WithDeadline(ctx, ls.Deadline())
+	defer cancel()
+	exists, err := bounded(dctx, func() (bool, error) {
 		ok, _, err := ls.l.conn.Exists(ls.node)
 		return ok, err
 	}, nil)
 	if err != nil {
+		if !time.Now().Before(ls.Deadline()) {
+			ls.expire() // if its timer has not yet
+		}
+		if lerr := ls.Err(); lerr != nil {
+			return lerr
+		}
 		return fmt.Errorf("zklock: extend %q: %w", ls.a.name, err)
 	}
 	if !exists {
@@ -241,8 +259,22 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 
 // Release deletes the lease's own node, at the version it was created
 // with; see fence.Lease. The lease ends locally at once, whatever the
-// server answers.
+// server answers: if the delete fails (ctx ended, no server reachable),
+// the node is deleted in the background, as after a failed Acquire, and
+// Release returns the error; calling it again retries at once.
 func (ls *lease) Release(ctx context.Context) error {
+	// One Release at a time: two at once would both try the delete, and
+	// the one that found the node gone would report the lease lost.
+	select {
+	case ls.relOp <- struct{}{}:
+	default:
+		select {
+		case ls.relOp <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("zklock: release %q: %w", ls.a.name, ctx.Err())
+		}
+	}
+	defer func() { <-ls.relOp }()
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()
@@ -261,16 +293,21 @@ func (ls *lease) Release(ctx context.Context) error {
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
+	case errors.Is(err, zk.ErrNoNode) && lostBefore != nil:
+		// An earlier Release failed, ended the lease and left the node to
+		// be deleted in the background.
+		err = fmt.Errorf("%w: %q: its node %s was gone (deleted after an earlier Release failed, or before it)", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrNoNode):
 		err = fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrBadVersion):
 		err = fmt.Errorf("%w: %q: its node %s was changed by another client", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case err != nil:
-		// The node lives as long as the session, which is the user's:
-		// undeleted, it would hold the lock for good. Delete it in the
-		// background (a Release called again tries too).
-		ls.end(fence.ErrReleased)
-		ls.l.cleanup(&ls.a, ls.node)
+		// The lease ends here whatever the server says, so its node must
+		// go: unlike a Redis key it would not expire while the session
+		// lives. Delete it in the background; Release again retries now.
+		if ls.end(fence.ErrReleased) {
+			ls.l.cleanup(&ls.a, ls.node)
+		}
 		return fmt.Errorf("zklock: release %q: %w", ls.a.name, err)
 	}
 	if err == nil {

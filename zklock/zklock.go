@@ -162,10 +162,23 @@ func (l *Locker) create(ctx context.Context, a *attempt) (string, error) {
 			if err := l.makeDir(ctx, a.dir); err != nil {
 				return "", err
 			}
+		case errors.Is(err, zk.ErrNoServer):
+			// Not sent: go-zookeeper found no server in a round of its
+			// hosts and is trying again.
 		case errors.Is(err, zk.ErrConnectionClosed):
-			// The create may have been applied: look for it.
-			if node, err := l.find(ctx, a); err != nil || node != "" {
-				return node, err
+			// The create may have been applied: look for it, through the
+			// reconnection.
+			for {
+				node, err := l.find(ctx, a)
+				if err == nil && node != "" {
+					return node, nil
+				}
+				if err == nil {
+					break // not applied: create again
+				}
+				if !l.again(ctx, err) {
+					return "", err
+				}
 			}
 		default:
 			return "", fmt.Errorf("zklock: create %s: %w", a.nodePrefix(), err)
@@ -249,9 +262,15 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 	for {
 		children, err := l.children(waitCtx, a.dir)
 		if err != nil {
+			if l.again(waitCtx, err) {
+				continue
+			}
 			return nil, fmt.Errorf("zklock: list %s: %w", a.dir, err)
 		}
-		q := queue(children)
+		q, err := l.dropDuplicates(waitCtx, a, own, queue(children))
+		if err != nil {
+			return nil, err
+		}
 		i := slices.Index(q, own)
 		switch {
 		case i < 0:
@@ -266,11 +285,21 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 			exists bool
 			ch     <-chan zk.Event
 		}
+		// A data watch, not an exists-watch: on a predecessor already gone
+		// ExistsW would leave a watch for its creation, which never comes
+		// (sequential names are unique), on the server and in go-zookeeper
+		// for the session's life. GetW sets none on a missing node.
 		w, err := bounded(waitCtx, func() (watched, error) {
-			ok, _, ch, err := l.conn.ExistsW(pred)
-			return watched{ok, ch}, err
+			_, _, ch, err := l.conn.GetW(pred)
+			if errors.Is(err, zk.ErrNoNode) {
+				return watched{}, nil
+			}
+			return watched{true, ch}, err
 		}, nil)
 		if err != nil {
+			if l.again(waitCtx, err) {
+				continue
+			}
 			return nil, fmt.Errorf("zklock: watch %s: %w", pred, err)
 		}
 		if !w.exists {
@@ -287,6 +316,28 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 	}
 }
 
+// dropDuplicates deletes the nodes of q other than own that carry the
+// attempt's guid, and returns q without them. They are this attempt's: a
+// create whose reply was lost with the connection, then retried because
+// the server that answered find had not applied it yet (a follower behind
+// the leader). No one would hold such a node, and it would block the lock
+// for the session's life.
+func (l *Locker) dropDuplicates(ctx context.Context, a *attempt, own string, q []string) ([]string, error) {
+	mine := a.guid + lockInfix
+	kept := q[:0:0]
+	for _, c := range q {
+		if c == own || !strings.HasPrefix(c, mine) {
+			kept = append(kept, c)
+			continue
+		}
+		_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(a.dir+"/"+c, -1) }, nil)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return nil, fmt.Errorf("zklock: delete duplicate %s/%s: %w", a.dir, c, err)
+		}
+	}
+	return kept, nil
+}
+
 // grant watches the node it now holds, reads its creation zxid as the
 // token, and starts the lease.
 func (l *Locker) grant(ctx context.Context, a *attempt, node string, o fence.Options, start time.Time) (*lease, error) {
@@ -295,18 +346,44 @@ func (l *Locker) grant(ctx context.Context, a *attempt, node string, o fence.Opt
 		stat *zk.Stat
 		ch   <-chan zk.Event
 	}
-	w, err := bounded(ctx, func() (watched, error) {
-		ok, st, ch, err := l.conn.ExistsW(node)
-		if err == nil && !ok {
-			err = zk.ErrNoNode
+	var w watched
+	for {
+		var err error
+		w, err = bounded(ctx, func() (watched, error) {
+			_, st, ch, err := l.conn.GetW(node) // no watch left if it is gone
+			return watched{st, ch}, err
+		}, nil)
+		if err == nil {
+			break
 		}
-		return watched{st, ch}, err
-	}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("zklock: stat %s: %w", node, err)
+		if !l.again(ctx, err) {
+			return nil, fmt.Errorf("zklock: stat %s: %w", node, err)
+		}
+		sent = time.Now()
 	}
 	return l.newLease(ctx, a, node, w.stat, w.ch, o.TTL, start, sent), nil
 }
+
+// again reports whether a read that failed with err is worth sending
+// again: the connection was lost, not the session (a connection loss is
+// not an expiry), and the user has not closed the connection. It pauses
+// a little first, and reports false once ctx has ended.
+func (l *Locker) again(ctx context.Context, err error) bool {
+	if !errors.Is(err, zk.ErrConnectionClosed) && !errors.Is(err, zk.ErrNoServer) || l.closed() {
+		return false
+	}
+	pause := time.NewTimer(retryPause)
+	defer pause.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-pause.C:
+		return true
+	}
+}
+
+// retryPause paces the requests that again sends again.
+const retryPause = 50 * time.Millisecond
 
 // cleanup deletes an attempt's node in the background: node if known, else
 // any node carrying the attempt's guid (a create whose reply was lost). It
