@@ -131,7 +131,9 @@ func report(rows, rl, et []*row, redisBench string, dur time.Duration, n int) st
 	w("The targets of issues 18 (Redis), 14 (Redlock) and 15 (etcd), judged on the figures above. A latency ratio is fence's\n")
 	w("p50 divided by the peer's (lower is better); a throughput ratio is fence's figure divided by the peer's (higher is\n")
 	w("better).\n\n| issue | target | measured | result |\n|---|---|---:|---|\n")
-	t := func(issue, target, measured string, ok bool) { w("| %s | %s | %s | %s |\n", issue, target, measured, met(ok)) }
+	t := func(issue, target, measured string, ok bool) {
+		w("| %s | %s | %s | %s |\n", issue, target, measured, met(ok))
+	}
 	lat := func(a, b *row) string { return ratio(float64(a.p50), float64(b.p50)) }
 	t("18", "uncontended p50 ≤ 1.0× bsm/redislock, sync off", lat(off, bsm), float64(off.p50) <= 1.0*float64(bsm.p50))
 	t("18", "uncontended p50 ≤ 1.3× bsm/redislock, sync on (1 replica)", lat(on, bsm), float64(on.p50) <= 1.3*float64(bsm.p50))
