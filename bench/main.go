@@ -44,6 +44,7 @@ type row struct {
 }
 
 func run(out string, dur time.Duration, n int) error {
+	loadBefore := loadAverage()
 	primary, replicas, err := redisserver.StartReplicated(1)
 	if err != nil {
 		return err
@@ -98,7 +99,8 @@ func run(out string, dur time.Duration, n int) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(out, []byte(report(rows, rl, et, rb, dur, n)), 0o644)
+	load := fmt.Sprintf("%s at the start, %s at the end", loadBefore, loadAverage())
+	return os.WriteFile(out, []byte(report(rows, rl, et, rb, load, dur, n)), 0o644)
 }
 
 // rotate runs measure on every library in rounds, each library once per
@@ -248,10 +250,11 @@ func redisBenchmark(primary *redisserver.Server) string {
 		return "not run: " + err.Error()
 	}
 	cmd := exec.Command("redis-benchmark", "-h", primary.Host(), "-p", primary.Port(), "-c", "64", "-n", "200000", "-r", "100000", "-q",
-		"EVALSHA", sha, "2", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "owner", "10000", "86400000")
+		"EVALSHA", sha, "3", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "bench:rb:{__rand_int__}:revoked:owner",
+		"owner", "10000", "86400000")
 	outb, err := cmd.CombinedOutput()
 	if err != nil {
-		return "not run: " + err.Error()
+		return "not run: " + err.Error() + ": " + strings.TrimSpace(string(outb))
 	}
 	m := regexp.MustCompile(`([0-9.]+) requests per second`).FindStringSubmatch(string(outb))
 	if m == nil {
@@ -285,6 +288,15 @@ func median(r *row, samples []row) {
 			r.contendedErr = s.contendedErr
 		}
 	}
+}
+
+// loadAverage is the machine's 1-minute load average, from /proc/loadavg.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b) + " ?")[0]
 }
 
 func version(cmd ...string) string {

@@ -35,7 +35,7 @@ func met(ok bool) string {
 // the peers, then the limit; rl: fence's redlock and redsync in pairs, on 3
 // masters then on 5; et: etcdlock, then concurrency.Mutex with a session
 // per goroutine, then with a session per lock.
-func report(rows, rl, et []*row, redisBench string, dur time.Duration, n int) string {
+func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n int) string {
 	byName := map[string]*row{}
 	for _, r := range rows {
 		byName[r.name] = r
@@ -54,6 +54,7 @@ func report(rows, rl, et []*row, redisBench string, dur time.Duration, n int) st
 	w("this run only. The machine is shared and noisy: rerun before trusting a difference under about 20%%.\n\n")
 	w("- Date: %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	w("- Machine: %s/%s, %d CPUs (%s); client and server share them\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), version("uname", "-sr"))
+	w("- Load: 1-minute load average %s (other jobs share the machine: on %d CPUs, anything above %d means waiting for a CPU)\n", load, runtime.NumCPU(), runtime.NumCPU())
 	w("- Versions: %s; %s; bsm/redislock v0.9.4, go-redsync/redsync v4.18.1, redis/rueidis (rueidislock) v1.0.79, go-redis v9.23.0\n", runtime.Version(), version("redis-server", "--version"))
 	w("- Reproduce: `make bench` (runs `cd bench && go run . -out ../BENCHMARKS.md`: %v per throughput workload, %d pairs for latency and\n", dur, n)
 	w("  allocations; every workload runs %d rounds with the libraries in rotating order, and each figure is the median round)\n\n", rounds)
@@ -134,6 +135,12 @@ func report(rows, rl, et []*row, redisBench string, dur time.Duration, n int) st
 	t := func(issue, target, measured string, ok bool) {
 		w("| %s | %s | %s | %s |\n", issue, target, measured, met(ok))
 	}
+	ratio := func(a, b float64) string { // three digits: a ratio near a threshold must not round across it
+		if b == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.3f×", a/b)
+	}
 	lat := func(a, b *row) string { return ratio(float64(a.p50), float64(b.p50)) }
 	t("18", "uncontended p50 ≤ 1.0× bsm/redislock, sync off", lat(off, bsm), float64(off.p50) <= 1.0*float64(bsm.p50))
 	t("18", "uncontended p50 ≤ 1.3× bsm/redislock, sync on (1 replica)", lat(on, bsm), float64(on.p50) <= 1.3*float64(bsm.p50))
@@ -163,25 +170,32 @@ func report(rows, rl, et []*row, redisBench string, dur time.Duration, n int) st
 ## Where fence misses a target, and what would close it
 
 - **Uncontended latency against bsm/redislock's unfenced lock.** fence's acquire script also issues the token (TIME,
-  GET and SET of the token record) and its release publishes to the release channel: five more calls inside the
-  server per pair than bsm's, and the lease's context and expiry timer on the client. Storing the token in the lock's
-  own value, and publishing only when a waiter has registered, would take most of that back. With sync on, WAIT waits
-  for the replica's acknowledgement, a second hop that no unsynced lock pays: that part is the guarantee's price and
-  will not close.
-- **Contended holder changes against rueidislock (1.5×).** A handoff is release → publish → one local waiter wakes →
-  acquire: about two round trips, and with zero hold time the releasing goroutine often takes the lock straight back.
-  Grant-on-release (waiters queue in Redis; the release script hands the lock and its new token to the head waiter)
-  would make it one; not built yet.
+  GET and SET of the token record, and the revocation check) and its release publishes to the release channel: six
+  more calls inside the server per pair than bsm's, and on the client the lease's context and expiry timer and more
+  allocations (see "Where the time goes"). Storing the token in the lock's own value, publishing only when a waiter has
+  registered, and the client-side allocation work would take most of that back. With sync on, WAIT waits for the
+  replica's acknowledgement, a second hop that no unsynced lock pays: on this loaded machine that hop alone is more
+  than the 1.3× allowance.
+- **Contended holder changes and handoff against rueidislock.** A handoff is release → publish → one local waiter
+  wakes → acquire: about two round trips, and with zero hold time the releasing goroutine often takes the lock straight
+  back. Grant-on-release (waiters queue in Redis; the release script hands the lock and its new token to the head
+  waiter) would make it one, and bring the commands per acquisition to 2 or fewer; not built yet.
 - **Commands per contended acquisition with sync on.** Every attempt pipelines WAIT with the script, including the
   attempts that find the lock held, since the pipeline is sent before the reply is known: about two commands per
-  failed attempt. Grant-on-release would remove most failed attempts; sending WAIT only after a successful script, on
-  the same connection, would remove the rest at the cost of a second round trip on success.
+  failed attempt. Grant-on-release would remove most failed attempts.
 - **Distinct-key throughput against two bare EVALSHA calls.** The same extra calls inside the server, on a machine
   where client and server share two CPUs. The lighter scripts above, and an adapter for rueidis's automatic
-  pipelining (1.6× a go-redis pool over 64 keys in an earlier measurement), are the levers.
-- **Allocations.** Per lease: a cancellable context and its parent, the expiry timer, the owner id, three key strings,
-  the option closures. Creating the lease's context lazily, building the keys once per name and an option struct
-  without closures would bring it near go-redis's own 22 for two script calls.
+  pipelining (not built), are the levers.
+- **Allocations.** Per pair: the lock's keys built on every Acquire, the script arguments, closures for bounded(), the
+  lease's context and timer, the options; go-redis's own floor for two script calls is 22. "Where the time goes"
+  counts them and what each lever removes.
+- **Redlock against redsync.** Both fan out in parallel, one round trip per node; fence's per-node script is the
+  token-issuing one, and its client allocates half as much again (the fan-out's goroutines, channel and per-node
+  timeout context, the lease's timer). Lighter scripts and fewer allocations are the levers here too.
+- **etcd against concurrency.Mutex on a reused session.** etcdlock grants an etcd lease per lock and revokes it on
+  release: 4 Raft commits per acquire+release against the Mutex's 2. Against a Mutex with a session per lock (the
+  same isolation) it runs level. Revoking in the background after the delete and keeping a spare lease granted ahead
+  would remove two commits from the caller's path (an etcdlock change).
 `)
 	w("\n%s", whereTheTimeGoes)
 	return b.String()
