@@ -101,15 +101,15 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w("one). Both with their defaults and a 10 s lease: fence waits with `fence.Wait` (a random pause around 100 ms between\n")
 	w("tries), redsync with its 32 tries 50–250 ms apart, called again until it succeeds. Latency and allocations over %d\n", n)
 	w("pairs; the contended workload is the one above (32 goroutines, one key, %v).\n\n", dur)
-	w("| library | p50 µs | p99 µs | p50 vs redsync | holder changes/s | acquisitions/s | p99 handoff ms | allocations |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| library | p50 µs | p99 µs | p50 vs redsync | holder changes/s | vs redsync | acquisitions/s | p99 handoff ms | allocations |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i, r := range rl {
 		peer := rl[i/2*2+1]
 		note := ""
 		if r.contendedErr != "" {
 			note = " (error: " + r.contendedErr + ")"
 		}
-		w("| %s%s | %s | %s | %s | %.1f | %.1f | %.1f | %.1f |\n", r.name, note, us(r.p50), us(r.p99), ratio(float64(r.p50), float64(peer.p50)),
-			r.changes, r.acqPerSec, r.handoffsP99, r.allocs)
+		w("| %s%s | %s | %s | %s | %.1f | %s | %.1f | %.1f | %.1f |\n", r.name, note, us(r.p50), us(r.p99), ratio(float64(r.p50), float64(peer.p50)),
+			r.changes, ratio(r.changes, peer.changes), r.acqPerSec, r.handoffsP99, r.allocs)
 	}
 	w("\n## etcd: one server\n\n")
 	w("fence's `etcdlock` beside etcd's own `concurrency.Mutex` (client v3.7.3) on one etcd server (etcd's `embed`, built from\n")
@@ -119,14 +119,14 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w("lock its own etcd lease as etcdlock does. Latency and allocations over %d pairs (every write is a Raft commit);\n", etcdPairs(n))
 	w("the contended workload is the one above.\n\n")
 	mutex := et[1]
-	w("| library | p50 µs | p99 µs | p50 vs Mutex (session per goroutine) | holder changes/s | acquisitions/s | p99 handoff ms | allocations |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| library | p50 µs | p99 µs | p50 vs Mutex (session per goroutine) | holder changes/s | vs Mutex (session per goroutine) | acquisitions/s | p99 handoff ms | allocations |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range et {
 		note := ""
 		if r.contendedErr != "" {
 			note = " (error: " + r.contendedErr + ")"
 		}
-		w("| %s%s | %s | %s | %s | %.0f | %.0f | %.1f | %.1f |\n", r.name, note, us(r.p50), us(r.p99), ratio(float64(r.p50), float64(mutex.p50)),
-			r.changes, r.acqPerSec, r.handoffsP99, r.allocs)
+		w("| %s%s | %s | %s | %s | %.0f | %s | %.0f | %.1f | %.1f |\n", r.name, note, us(r.p50), us(r.p99), ratio(float64(r.p50), float64(mutex.p50)),
+			r.changes, ratio(r.changes, mutex.changes), r.acqPerSec, r.handoffsP99, r.allocs)
 	}
 
 	w("\n## Targets\n\n")
