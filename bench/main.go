@@ -66,22 +66,18 @@ func run(out string, dur time.Duration, n int) error {
 	}()
 
 	everyone := append(all, lim)
-	rows, err := rotate(everyone, func(l *lib) (row, error) {
-		r := row{name: l.name}
+	rows, err := rotate(everyone, n, func(l *lib, r *row) error {
 		var err error
-		if r.p50, r.p99, err = uncontended(l, n); err != nil {
-			return r, fmt.Errorf("%s uncontended: %w", l.name, err)
-		}
 		if r.distinct, err = distinct(l, 64, dur); err != nil {
-			return r, fmt.Errorf("%s distinct: %w", l.name, err)
+			return fmt.Errorf("%s distinct: %w", l.name, err)
 		}
 		if r.allocs, err = allocs(l, n); err != nil {
-			return r, fmt.Errorf("%s allocs: %w", l.name, err)
+			return fmt.Errorf("%s allocs: %w", l.name, err)
 		}
 		if l != lim {
-			contendedRow(&r, l, dur)
+			contendedRow(r, l, dur)
 		}
-		return r, nil
+		return nil
 	})
 	if err != nil {
 		return err
@@ -103,18 +99,29 @@ func run(out string, dur time.Duration, n int) error {
 	return os.WriteFile(out, []byte(report(rows, rl, et, rb, load, dur, n)), 0o644)
 }
 
-// rotate runs measure on every library in rounds, each library once per
-// round in a rotating order, and returns each library's median round: a
-// noisy moment then hurts one round of one library, not the comparison.
-func rotate(ls []*lib, measure func(*lib) (row, error)) ([]*row, error) {
+// rotate measures every library in rounds and returns each library's
+// median round: a noisy moment then hurts one round of one library, not the
+// comparison. Each round first times n uncontended pairs of every library,
+// interleaved in batches (the other jobs on the machine come in bursts, and
+// a burst then falls on every library alike), then runs measure on every
+// library in a rotating order.
+func rotate(ls []*lib, n int, measure func(*lib, *row) error) ([]*row, error) {
 	samples := make([][]row, len(ls))
 	for round := range rounds {
+		rs := make([]row, len(ls))
+		lat, err := uncontended(ls, n, round)
+		if err != nil {
+			return nil, err
+		}
+		for i, l := range ls {
+			rs[i] = row{name: l.name, p50: lat[i].p50, p99: lat[i].p99}
+		}
 		for k := range ls {
 			i := (k + round) % len(ls)
-			r, err := measure(ls[i])
-			if err != nil {
+			if err := measure(ls[i], &rs[i]); err != nil {
 				return nil, err
 			}
+			r := rs[i]
 			log.Printf("round %d %-42s p50 %v p99 %v distinct %.0f/s allocs %.1f contended %.0f changes/s p99 %.2fms %s",
 				round+1, r.name, r.p50, r.p99, r.distinct, r.allocs, r.changes, r.handoffsP99, r.contendedErr)
 			samples[i] = append(samples[i], r)
@@ -140,20 +147,16 @@ func contendedRow(r *row, l *lib, dur time.Duration) {
 	r.handoffsP99 = float64(c.p99Handoff.Microseconds()) / 1000
 }
 
-// quorumWorkloads are the workloads of the Redlock and etcd rows:
-// uncontended latency, allocations and the contended workload.
-func quorumWorkloads(n int, dur time.Duration) func(*lib) (row, error) {
-	return func(l *lib) (row, error) {
-		r := row{name: l.name}
+// quorumWorkloads are the workloads of the Redlock and etcd rows besides
+// the uncontended latency: allocations and the contended workload.
+func quorumWorkloads(n int, dur time.Duration) func(*lib, *row) error {
+	return func(l *lib, r *row) error {
 		var err error
-		if r.p50, r.p99, err = uncontended(l, n); err != nil {
-			return r, fmt.Errorf("%s uncontended: %w", l.name, err)
-		}
 		if r.allocs, err = allocs(l, n); err != nil {
-			return r, fmt.Errorf("%s allocs: %w", l.name, err)
+			return fmt.Errorf("%s allocs: %w", l.name, err)
 		}
-		contendedRow(&r, l, dur)
-		return r, nil
+		contendedRow(r, l, dur)
+		return nil
 	}
 }
 
@@ -183,7 +186,7 @@ func redlockRows(dur time.Duration, n int) ([]*row, error) {
 		}
 		ls = append(ls, more...)
 	}
-	return rotate(ls, quorumWorkloads(n, dur))
+	return rotate(ls, n, quorumWorkloads(n, dur))
 }
 
 // etcdRows measures fence's etcdlock beside concurrency.Mutex on one etcd
@@ -205,7 +208,7 @@ func etcdRows(dur time.Duration, n int) ([]*row, error) {
 			l.close()
 		}
 	}()
-	return rotate(ls, quorumWorkloads(etcdPairs(n), dur))
+	return rotate(ls, etcdPairs(n), quorumWorkloads(etcdPairs(n), dur))
 }
 
 // etcdPairs is how many pairs the etcd rows time: every write there is a

@@ -58,7 +58,8 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w("- Load: 1-minute load average %s (other jobs share the machine: on %d CPUs, anything above %d means waiting for a CPU)\n", load, runtime.NumCPU(), runtime.NumCPU())
 	w("- Versions: %s; %s; bsm/redislock v0.9.4, go-redsync/redsync v4.18.1, redis/rueidis (rueidislock) v1.0.79, go-redis v9.23.0\n", runtime.Version(), version("redis-server", "--version"))
 	w("- Reproduce: `make bench` (runs `cd bench && go run . -out ../BENCHMARKS.md`: %v per throughput workload, %d pairs for latency and\n", dur, n)
-	w("  allocations; every workload runs %d rounds with the libraries in rotating order, and each figure is the median round)\n\n", rounds)
+	w("  allocations; every workload runs %d rounds with the libraries in rotating order, and each figure is the median round;\n", rounds)
+	w("  the uncontended pairs of a group's libraries are timed in turns of %d, so that a burst of load falls on all of them)\n\n", batch)
 
 	w("Every library is used as its documentation suggests, with its defaults, except: a 10 s lease everywhere; bsm/redislock\n")
 	w("waits only with a retry strategy, so it gets `LinearBackoff(1ms)`; redsync gives up after its default 32 tries, so the\n")
