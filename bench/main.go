@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencekit/fence/internal/etcdserver"
 	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/redis/go-redis/v9"
 )
@@ -43,6 +44,7 @@ type row struct {
 }
 
 func run(out string, dur time.Duration, n int) error {
+	loadBefore := loadAverage()
 	primary, replicas, err := redisserver.StartReplicated(1)
 	if err != nil {
 		return err
@@ -63,51 +65,155 @@ func run(out string, dur time.Duration, n int) error {
 		}
 	}()
 
-	// Each workload runs in rounds, every library once per round in a
-	// rotating order, and the median round counts: a noisy moment then
-	// hurts one round of one library, not the comparison.
 	everyone := append(all, lim)
-	rows := make([]*row, len(everyone))
-	samples := make([][]row, len(everyone))
-	for i, l := range everyone {
-		rows[i] = &row{name: l.name}
-	}
-	for round := range rounds {
-		for k := range everyone {
-			i := (k + round) % len(everyone)
-			l, r := everyone[i], row{name: everyone[i].name}
-			if r.p50, r.p99, err = uncontended(l, n); err != nil {
-				return fmt.Errorf("%s uncontended: %w", l.name, err)
-			}
-			if r.distinct, err = distinct(l, 64, dur); err != nil {
-				return fmt.Errorf("%s distinct: %w", l.name, err)
-			}
-			if r.allocs, err = allocs(l, n); err != nil {
-				return fmt.Errorf("%s allocs: %w", l.name, err)
-			}
-			if l != lim {
-				c, err := contended(l, 32, dur)
-				if err != nil {
-					r.contendedErr = err.Error()
-				}
-				r.changes = float64(c.holderChanges) / c.seconds
-				r.acqPerSec = float64(c.acquisitions) / c.seconds
-				r.handoffsP99 = float64(c.p99Handoff.Microseconds()) / 1000
-			}
-			log.Printf("round %d %-30s p50 %v p99 %v distinct %.0f/s allocs %.1f contended %.0f changes/s p99 %.1fms",
-				round+1, l.name, r.p50, r.p99, r.distinct, r.allocs, r.changes, r.handoffsP99)
-			samples[i] = append(samples[i], r)
+	rows, err := rotate(everyone, n, func(l *lib, r *row) error {
+		var err error
+		if r.distinct, err = distinct(l, 64, dur); err != nil {
+			return fmt.Errorf("%s distinct: %w", l.name, err)
 		}
-	}
-	for i := range everyone {
-		median(rows[i], samples[i])
+		if r.allocs, err = allocs(l, n); err != nil {
+			return fmt.Errorf("%s allocs: %w", l.name, err)
+		}
+		if l != lim {
+			contendedRow(r, l, dur)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if err := countCommands(primary.Addr, rows, dur); err != nil {
 		return err
 	}
 	rb := redisBenchmark(primary)
-	return os.WriteFile(out, []byte(report(rows, rb, dur, n)), 0o644)
+
+	rl, err := redlockRows(dur, n)
+	if err != nil {
+		return err
+	}
+	et, err := etcdRows(dur, n)
+	if err != nil {
+		return err
+	}
+	load := fmt.Sprintf("%s at the start, %s at the end", loadBefore, loadAverage())
+	return os.WriteFile(out, []byte(report(rows, rl, et, rb, load, dur, n)), 0o644)
 }
+
+// rotate measures every library in rounds and returns each library's
+// median round: a noisy moment then hurts one round of one library, not the
+// comparison. Each round first times n uncontended pairs of every library,
+// interleaved in batches (the other jobs on the machine come in bursts, and
+// a burst then falls on every library alike), then runs measure on every
+// library in a rotating order.
+func rotate(ls []*lib, n int, measure func(*lib, *row) error) ([]*row, error) {
+	samples := make([][]row, len(ls))
+	for round := range rounds {
+		rs := make([]row, len(ls))
+		lat, err := uncontended(ls, n, round)
+		if err != nil {
+			return nil, err
+		}
+		for i, l := range ls {
+			rs[i] = row{name: l.name, p50: lat[i].p50, p99: lat[i].p99}
+		}
+		for k := range ls {
+			i := (k + round) % len(ls)
+			if err := measure(ls[i], &rs[i]); err != nil {
+				return nil, err
+			}
+			r := rs[i]
+			log.Printf("round %d %-42s p50 %v p99 %v distinct %.0f/s allocs %.1f contended %.0f changes/s p99 %.2fms %s",
+				round+1, r.name, r.p50, r.p99, r.distinct, r.allocs, r.changes, r.handoffsP99, r.contendedErr)
+			samples[i] = append(samples[i], r)
+		}
+	}
+	rows := make([]*row, len(ls))
+	for i, l := range ls {
+		rows[i] = &row{name: l.name}
+		median(rows[i], samples[i])
+	}
+	return rows, nil
+}
+
+// contendedRow runs the contended workload (32 goroutines, one key) on l
+// and records it in r.
+func contendedRow(r *row, l *lib, dur time.Duration) {
+	c, err := contended(l, 32, dur)
+	if err != nil {
+		r.contendedErr = err.Error()
+	}
+	r.changes = float64(c.holderChanges) / c.seconds
+	r.acqPerSec = float64(c.acquisitions) / c.seconds
+	r.handoffsP99 = float64(c.p99Handoff.Microseconds()) / 1000
+}
+
+// quorumWorkloads are the workloads of the Redlock and etcd rows besides
+// the uncontended latency: allocations and the contended workload.
+func quorumWorkloads(n int, dur time.Duration) func(*lib, *row) error {
+	return func(l *lib, r *row) error {
+		var err error
+		if r.allocs, err = allocs(l, n); err != nil {
+			return fmt.Errorf("%s allocs: %w", l.name, err)
+		}
+		contendedRow(r, l, dur)
+		return nil
+	}
+}
+
+// redlockRows measures fence's redlock beside redsync's Redlock on 3 and on
+// 5 independent redis-servers (the 3 are the first of the 5).
+func redlockRows(dur time.Duration, n int) ([]*row, error) {
+	var addrs []string
+	for range 5 {
+		s, err := redisserver.Start("")
+		if err != nil {
+			return nil, err
+		}
+		defer s.Close()
+		addrs = append(addrs, s.Addr)
+	}
+	log.Printf("independent redis-servers %v", addrs)
+	var ls []*lib
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	for _, k := range []int{3, 5} {
+		more, err := redlockLibs(addrs[:k])
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, more...)
+	}
+	return rotate(ls, n, quorumWorkloads(n, dur))
+}
+
+// etcdRows measures fence's etcdlock beside concurrency.Mutex on one etcd
+// server, built from internal/etcdserver/etcdmain (cached after the first
+// build).
+func etcdRows(dur time.Duration, n int) ([]*row, error) {
+	srv, err := etcdserver.Start("")
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Close()
+	log.Printf("etcd %v", srv.Endpoints())
+	ls, err := etcdLibs(srv.Endpoints())
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	return rotate(ls, etcdPairs(n), quorumWorkloads(etcdPairs(n), dur))
+}
+
+// etcdPairs is how many pairs the etcd rows time: every write there is a
+// Raft commit, a few milliseconds each on a loaded machine, so a third.
+func etcdPairs(n int) int { return max(n/3, 100) }
 
 // countCommands runs the contended workload again, each library through a
 // proxy that counts the commands it sends, and divides by acquisitions.
@@ -147,10 +253,11 @@ func redisBenchmark(primary *redisserver.Server) string {
 		return "not run: " + err.Error()
 	}
 	cmd := exec.Command("redis-benchmark", "-h", primary.Host(), "-p", primary.Port(), "-c", "64", "-n", "200000", "-r", "100000", "-q",
-		"EVALSHA", sha, "2", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "owner", "10000", "86400000")
+		"EVALSHA", sha, "3", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "bench:rb:{__rand_int__}:revoked:owner",
+		"owner", "10000", "86400000")
 	outb, err := cmd.CombinedOutput()
 	if err != nil {
-		return "not run: " + err.Error()
+		return "not run: " + err.Error() + ": " + strings.TrimSpace(string(outb))
 	}
 	m := regexp.MustCompile(`([0-9.]+) requests per second`).FindStringSubmatch(string(outb))
 	if m == nil {
@@ -184,6 +291,15 @@ func median(r *row, samples []row) {
 			r.contendedErr = s.contendedErr
 		}
 	}
+}
+
+// loadAverage is the machine's 1-minute load average, from /proc/loadavg.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b) + " ?")[0]
 }
 
 func version(cmd ...string) string {

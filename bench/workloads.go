@@ -19,29 +19,53 @@ func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
 	return ds[len(ds)/2], ds[len(ds)*99/100]
 }
 
-// uncontended: n acquire+release pairs in a row on one key.
-func uncontended(l *lib, n int) (p50, p99 time.Duration, err error) {
+// latency is one library's uncontended p50 and p99.
+type latency struct{ p50, p99 time.Duration }
+
+// batch is how many pairs in a row uncontended times of one library before
+// it passes to the next.
+const batch = 50
+
+// uncontended: n acquire+release pairs of each library on its own key, one
+// at a time, the libraries taking turns every batch pairs (starting with
+// library round, so that none always goes first).
+func uncontended(ls []*lib, n, round int) ([]latency, error) {
 	ctx := context.Background()
-	key := "bench:uncontended:" + l.name
-	for range n / 10 { // warm up: connections, script cache
-		release, err := l.acquire(ctx, key)
-		if err != nil {
-			return 0, 0, err
-		}
-		release()
-	}
-	ds := make([]time.Duration, 0, n)
-	for range n {
+	key := func(l *lib) string { return "bench:uncontended:" + l.name }
+	pair := func(l *lib) (time.Duration, error) {
 		start := time.Now()
-		release, err := l.acquire(ctx, key)
+		release, err := l.acquire(ctx, key(l))
 		if err != nil {
-			return 0, 0, err
+			return 0, fmt.Errorf("%s uncontended: %w", l.name, err)
 		}
 		release()
-		ds = append(ds, time.Since(start))
+		return time.Since(start), nil
 	}
-	p50, p99 = percentiles(ds)
-	return p50, p99, nil
+	for _, l := range ls {
+		for range n / 10 { // warm up: connections, script cache
+			if _, err := pair(l); err != nil {
+				return nil, err
+			}
+		}
+	}
+	ds := make([][]time.Duration, len(ls))
+	for done := 0; done < n; done += batch {
+		for k := range ls {
+			i := (k + round) % len(ls)
+			for range min(batch, n-done) {
+				d, err := pair(ls[i])
+				if err != nil {
+					return nil, err
+				}
+				ds[i] = append(ds[i], d)
+			}
+		}
+	}
+	out := make([]latency, len(ls))
+	for i := range ls {
+		out[i].p50, out[i].p99 = percentiles(ds[i])
+	}
+	return out, nil
 }
 
 // contendedResult is what 32 goroutines on one key achieved.

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/internal/redisserver"
+	"github.com/fencekit/fence/internal/testmain"
+	"github.com/redis/go-redis/v9"
+)
+
+// addr is the primary the benchmarks use; it has one replica in sync, for
+// fence's replica sync.
+var addr string
+
+func TestMain(m *testing.M) {
+	testmain.Run(m, func() (func(), error) {
+		primary, replicas, err := redisserver.StartReplicated(1)
+		if err != nil {
+			return nil, err
+		}
+		addr = primary.Addr
+		return func() { replicas[0].Close(); primary.Close() }, nil
+	})
+}
+
+// BenchmarkUncontended is the uncontended workload of make bench (one
+// goroutine, one key, acquire then release, each library called exactly as
+// there), as a Go benchmark, for CPU and allocation profiles:
+//
+//	go test -run '^$' -bench 'Uncontended/fence_(sync_off)' -benchmem \
+//	    -cpuprofile cpu.out -memprofile mem.out -memprofilerate 1
+//	go tool pprof -sample_index alloc_objects -top bench.test mem.out
+func BenchmarkUncontended(b *testing.B) { benchUncontended(b, context.Background()) }
+
+// BenchmarkUncontendedDeadline is BenchmarkUncontended with a caller's
+// context that has a deadline (an hour away), as a request's context has:
+// fence then bounds every call by it in a goroutine of its own.
+func BenchmarkUncontendedDeadline(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	benchUncontended(b, ctx)
+}
+
+func benchUncontended(b *testing.B, ctx context.Context) {
+	ls, err := libs(addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ls = append(ls, limit(addr))
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	for _, l := range ls {
+		b.Run(l.name, func(b *testing.B) {
+			key := "bench:profile:" + l.name
+			for b.Loop() {
+				release, err := l.acquire(ctx, key)
+				if err != nil {
+					b.Fatal(err)
+				}
+				release()
+			}
+		})
+	}
+}
+
+// BenchmarkCPU is the uncontended workload again, reporting the CPU time
+// that one acquire+release costs the server (INFO cpu, its user and system
+// time) and this process (getrusage), per pair: where latency goes on a
+// machine where client and server share the CPUs.
+func BenchmarkCPU(b *testing.B) { benchCPU(b, context.Background()) }
+
+// BenchmarkCPUDeadline is BenchmarkCPU with a caller's context that has a
+// deadline, as BenchmarkUncontendedDeadline.
+func BenchmarkCPUDeadline(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	benchCPU(b, ctx)
+}
+
+func benchCPU(b *testing.B, ctx context.Context) {
+	ls, err := libs(addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ls = append(ls, limit(addr))
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	serverCPU := func() time.Duration {
+		info, err := admin.Info(ctx, "cpu").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var total float64
+		for _, line := range strings.Split(info, "\r\n") {
+			k, v, _ := strings.Cut(line, ":")
+			if k == "used_cpu_sys" || k == "used_cpu_user" {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total += f
+			}
+		}
+		return time.Duration(total * float64(time.Second))
+	}
+	clientCPU := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	for _, l := range ls {
+		b.Run(l.name, func(b *testing.B) {
+			key := "bench:cpu:" + l.name
+			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			s0, c0 := serverCPU(), clientCPU()
+			for b.Loop() {
+				release, err := l.acquire(ctx, key)
+				if err != nil {
+					b.Fatal(err)
+				}
+				release()
+			}
+			s1, c1 := serverCPU(), clientCPU()
+			b.ReportMetric(float64((s1-s0).Nanoseconds())/1000/float64(b.N), "server-µs/op")
+			b.ReportMetric(float64((c1-c0).Nanoseconds())/1000/float64(b.N), "client-µs/op")
+			// The scripts' own time (EVALSHA's usec covers the commands
+			// the script calls, which commandstats also lists).
+			stats, err := admin.Info(ctx, "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var scripts float64
+			for _, line := range strings.Split(stats, "\r\n") {
+				k, v, ok := strings.Cut(line, ":")
+				if !ok || !strings.HasPrefix(k, "cmdstat_") || k == "cmdstat_info" || k == "cmdstat_config|resetstat" {
+					continue
+				}
+				if testing.Verbose() {
+					b.Logf("%s %s", k, v)
+				}
+				if k == "cmdstat_evalsha" || k == "cmdstat_eval" {
+					for _, f := range strings.Split(v, ",") {
+						if u, ok := strings.CutPrefix(f, "usec="); ok {
+							n, _ := strconv.ParseFloat(u, 64)
+							scripts += n
+						}
+					}
+				}
+			}
+			b.ReportMetric(scripts/float64(b.N), "script-µs/op")
+		})
+	}
+}
+
+// BenchmarkRedlock is the uncontended workload on fence's redlock and on
+// redsync, over 3 independent redis-servers started for it.
+func BenchmarkRedlock(b *testing.B) {
+	var addrs []string
+	for range 3 {
+		s, err := redisserver.Start(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(s.Close)
+		addrs = append(addrs, s.Addr)
+	}
+	ls, err := redlockLibs(addrs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	ctx := context.Background()
+	for _, l := range ls {
+		b.Run(l.name, func(b *testing.B) {
+			key := "bench:profile:" + l.name
+			for b.Loop() {
+				release, err := l.acquire(ctx, key)
+				if err != nil {
+					b.Fatal(err)
+				}
+				release()
+			}
+		})
+	}
+}
