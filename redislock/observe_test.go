@@ -178,7 +178,10 @@ func TestObserverAndLogs(t *testing.T) {
 	}
 
 	// The server goes away under a watchdog lease: the renewals fail, are
-	// logged, and the lease ends at its deadline as renew_failed.
+	// logged, and the lease ends at its deadline as renew_failed. The
+	// lease time leaves room for a failed renewal (go-redis dials five
+	// times before it gives up) between the first renewal and the deadline.
+	l = lockerWith(t, c, redislock.Options{WatchdogTTL: 3 * time.Second, Observer: rec, Logger: slog.New(h)})
 	doomed := acquire(t, l, "doomed")
 	before := len(rec.endsSoFar())
 	srv.Kill()
