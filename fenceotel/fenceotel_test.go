@@ -118,7 +118,7 @@ func collect(t *testing.T, reader sdkmetric.Reader) map[string]int64 {
 	key := func(name string, set attribute.Set) string {
 		var kv []string
 		for _, a := range set.ToSlice() {
-			kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+			kv = append(kv, string(a.Key)+"="+a.Value.String())
 		}
 		return name + "{" + strings.Join(kv, ",") + "}"
 	}
