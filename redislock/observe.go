@@ -25,23 +25,26 @@ func (l *Locker) observeAcquire(name string, start time.Time, lease fence.Lease,
 	l.obs.AcquireDone(ev)
 }
 
-// leaseEnded reports the end of ls, once.
+// leaseEnded reports the end of ls, once: the log line first, then the
+// event.
 func (l *Locker) leaseEnded(ls *lease, cause fence.LeaseCause, why error) {
-	if l.obs != nil {
-		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.attempt.name, Token: ls.token,
-			Cause: cause, Held: time.Since(ls.granted), Err: why})
-	}
 	if l.log != nil && cause != fence.Released {
 		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "redislock: lease lost",
 			slog.String("name", ls.attempt.name), slog.Int64("token", int64(ls.token)),
 			slog.String("cause", string(cause)), slog.Any("error", why))
+	}
+	if l.obs != nil {
+		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.attempt.name, Token: ls.token,
+			Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
 }
 
 // renewFailed logs a watchdog renewal that failed without losing the lease;
 // the watchdog tries again sooner.
 func (l *Locker) renewFailed(ls *lease, err error) {
-	if l.log != nil && ls.Err() == nil { // after the end, the failure is the end's
+	// A renewal cut short by Release is no failure; one that ran into the
+	// deadline (the lease is lost meanwhile) is.
+	if l.log != nil && !errors.Is(ls.Err(), fence.ErrReleased) {
 		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "redislock: renewal failed",
 			slog.String("name", ls.attempt.name), slog.Int64("token", int64(ls.token)),
 			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
