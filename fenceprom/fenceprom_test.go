@@ -42,7 +42,10 @@ func TestScrapeAfterLossRefusalAndStaleWrite(t *testing.T) {
 
 	redis := redistest.Start(t)
 	c := redis.Client(t)
-	locker, err := redislock.New(c, &redislock.Options{WatchdogTTL: 300 * time.Millisecond, Observer: obs})
+	// 2 s: long enough that a slow round trip does not lose the lease
+	// before the key is deleted; its watchdog notices the deletion within
+	// a third of it.
+	locker, err := redislock.New(c, &redislock.Options{WatchdogTTL: 2 * time.Second, Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}
