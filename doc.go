@@ -36,6 +36,15 @@
 // Run acquires, calls a function and releases; Lead campaigns for a lock
 // again and again and runs a function while it leads (leader election).
 //
+// # Metrics
+//
+// A backend given an Observer (redislock, redlock, pglock and memlock take
+// one in their Options; guard in HTTPOptions and Table) reports each
+// acquisition with its result and wait, each lease's end with its cause and
+// hold time, replica-sync refusals, and guard decisions. The Observer
+// interface depends on nothing; adapters for Prometheus (fenceprom) and
+// OpenTelemetry (fenceotel) live in modules of their own.
+//
 // Locks are not re-entrant: acquiring a name that the same process already
 // holds waits like any other caller, as with sync.Mutex.
 package fence

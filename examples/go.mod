@@ -4,11 +4,23 @@ go 1.26.0
 
 require (
 	github.com/fencekit/fence v0.0.0
+	github.com/fencekit/fence/fenceprom v0.0.0
 	github.com/fencekit/fence/internal/pgtest v0.0.0
+	github.com/prometheus/client_golang v1.25.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 replace (
 	github.com/fencekit/fence => ..
+	github.com/fencekit/fence/fenceprom => ../fenceprom
 	github.com/fencekit/fence/internal/pgtest => ../internal/pgtest
 )
 
@@ -28,7 +40,7 @@ require (
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect

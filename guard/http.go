@@ -66,6 +66,13 @@ type HTTPOptions struct {
 	// failures at level Error, rejected requests at level Debug. Nil means
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Observer, if not nil, is told of every token the store accepted or
+	// rejected as stale (fence.GuardEvent, with the resource without the
+	// Namespace). Requests refused before the store is asked (400) and
+	// store failures (503) are not decisions on a token and are not
+	// reported.
+	Observer fence.Observer
 }
 
 // ResourceFromHeader takes the resource from the request's Fence-Resource
@@ -134,6 +141,7 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 			buf := &responseBuffer{header: make(http.Header)}
 			var p recovered
 			err := store.Do(r.Context(), g.namespace+resource, token, func(ctx context.Context) error {
+				g.decided(resource, token, fence.GuardAccept)
 				return serve(next, buf, r.WithContext(ctx), &p)
 			})
 			switch {
@@ -182,6 +190,7 @@ func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 				g.reject(w, r, resource, token, err)
 				return
 			}
+			g.decided(resource, token, fence.GuardAccept)
 			next.ServeHTTP(w, r)
 		})
 	}
@@ -193,13 +202,14 @@ type httpGuard struct {
 	maxAhead  time.Duration
 	now       func() time.Time
 	log       *slog.Logger
+	obs       fence.Observer // nil: none
 }
 
 func newHTTPGuard(o HTTPOptions) *httpGuard {
 	if o.Resource == nil {
 		panic("guard: HTTPOptions.Resource is nil")
 	}
-	g := &httpGuard{resource: o.Resource, namespace: o.Namespace, maxAhead: o.MaxAhead, now: o.Now, log: o.Logger}
+	g := &httpGuard{resource: o.Resource, namespace: o.Namespace, maxAhead: o.MaxAhead, now: o.Now, log: o.Logger, obs: o.Observer}
 	if g.namespace == "" {
 		g.namespace = DefaultNamespace
 	}
@@ -271,6 +281,7 @@ func (g *httpGuard) token(r *http.Request) (fence.Token, error) {
 func (g *httpGuard) reject(w http.ResponseWriter, r *http.Request, resource string, token fence.Token, err error) {
 	var stale *StaleError
 	if errors.As(err, &stale) {
+		g.decided(resource, token, fence.GuardReject)
 		g.debug(r, "guard: stale fencing token", err, slog.String("resource", resource), slog.Int64("token", int64(token)))
 		writeProblem(w, Problem{Type: ProblemStale, Title: "Stale fencing token", Status: http.StatusConflict,
 			Detail:   "A newer fencing token was already accepted for this resource.",
@@ -280,6 +291,13 @@ func (g *httpGuard) reject(w http.ResponseWriter, r *http.Request, resource stri
 	g.storeFailed(r, resource, token, err)
 	writeProblem(w, Problem{Type: ProblemStore, Title: "Fencing token store unavailable", Status: http.StatusServiceUnavailable,
 		Detail: "The server could not check the fencing token. Try again later.", Resource: resource, Token: token})
+}
+
+// decided tells the Observer, if any, of a decision on token.
+func (g *httpGuard) decided(resource string, token fence.Token, d fence.GuardDecision) {
+	if g.obs != nil {
+		g.obs.GuardDecided(fence.GuardEvent{Resource: resource, Token: token, Decision: d})
+	}
 }
 
 func (g *httpGuard) storeFailed(r *http.Request, resource string, token fence.Token, err error) {

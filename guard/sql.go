@@ -153,6 +153,11 @@ type Table struct {
 	Name   string // e.g. "payment"
 	Key    string // e.g. "id"
 	Column string // e.g. "last_fencing_token" or "version"
+
+	// Observer, if not nil, is told of every token Update accepted or
+	// rejected as stale, with the resource "<Name> <key>" (UpdateVersion
+	// checks versions, not tokens, and reports nothing).
+	Observer fence.Observer
 }
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
@@ -188,10 +193,22 @@ func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token
 	}
 	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND %s < $2", t.Name, set, t.Column, t.Key, t.Column)
 	changed, current, err := t.exec(ctx, q, stmt, key, int64(token), args)
-	if err != nil || changed {
+	switch {
+	case err != nil:
 		return err
+	case changed:
+		t.decided(key, token, fence.GuardAccept)
+		return nil
 	}
+	t.decided(key, token, fence.GuardReject)
 	return &StaleError{Resource: fmt.Sprintf("%s %v", t.Name, key), Token: token, Last: fence.Token(current)}
+}
+
+// decided tells the Observer, if any, of Update's decision on token.
+func (t Table) decided(key any, token fence.Token, d fence.GuardDecision) {
+	if t.Observer != nil {
+		t.Observer.GuardDecided(fence.GuardEvent{Resource: fmt.Sprintf("%s %v", t.Name, key), Token: token, Decision: d})
+	}
 }
 
 // UpdateVersion runs an optimistic update on the row whose key is key, if

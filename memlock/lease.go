@@ -16,6 +16,7 @@ type lease struct {
 	token    fence.Token
 	ttl      time.Duration // the lease time; for a watchdog lease, its TTL
 	watchdog bool          // renewed by tick until released
+	granted  time.Time     // for the hold time reported to the Observer
 
 	ctx    context.Context // cancelled with err as cause when the lease ends
 	cancel context.CancelCauseFunc

@@ -3,6 +3,7 @@ package memlock
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -22,6 +23,12 @@ type Options struct {
 	// DefaultWatchdogTTL.
 	WatchdogTTL time.Duration
 
+	// Observer, if not nil, is told of every acquisition and the end of
+	// every lease, with Backend "memory"; see fence.Observer. It is called
+	// with the Locker's mutex held: it must not call the Locker or its
+	// leases.
+	Observer fence.Observer
+
 	_ struct{}
 }
 
@@ -29,7 +36,8 @@ type Options struct {
 // zero value is ready to use, with DefaultWatchdogTTL; a Locker must not be
 // copied after first use.
 type Locker struct {
-	watchdogTTL time.Duration // zero: DefaultWatchdogTTL
+	watchdogTTL time.Duration  // zero: DefaultWatchdogTTL
+	obs         fence.Observer // nil: none
 
 	mu    sync.Mutex
 	last  fence.Token      // the last token issued, for any name
@@ -59,6 +67,9 @@ type waiter struct {
 // shorter than a millisecond.
 func New(o *Options) (*Locker, error) {
 	l := &Locker{}
+	if o != nil {
+		l.obs = o.Observer
+	}
 	if o != nil && o.WatchdogTTL != 0 {
 		if err := fence.ValidateTTL(o.WatchdogTTL); err != nil {
 			return nil, fmt.Errorf("memlock: watchdog TTL: %w", err)
@@ -73,6 +84,26 @@ func New(o *Options) (*Locker, error) {
 // caller that has waited longest. When the budget runs out the error wraps
 // fence.ErrHeld; when ctx ends first, ctx.Err(). A nil ctx panics.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if l.obs == nil {
+		return l.acquire(ctx, name, opts...)
+	}
+	start := time.Now()
+	lease, err := l.acquire(ctx, name, opts...)
+	if errors.Is(err, fence.ErrInvalidName) || errors.Is(err, fence.ErrInvalidOption) {
+		return lease, err
+	}
+	ev := fence.AcquireEvent{Backend: backend, Name: name, Result: fence.ResultOf(err), Wait: time.Since(start), Err: err}
+	if lease != nil {
+		ev.Token = lease.Token()
+	}
+	l.obs.AcquireDone(ev)
+	return lease, err
+}
+
+// backend is the Backend of the events this package reports.
+const backend = "memory"
+
+func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if ctx == nil {
 		panic("memlock: Acquire with a nil context")
 	}
@@ -154,14 +185,14 @@ func (l *Locker) Remove(name string) bool {
 	if lk == nil {
 		return false
 	}
-	l.endLocked(lk.holder, fmt.Errorf("%w: %q was removed", fence.ErrLeaseLost, name))
+	l.endLockedAs(lk.holder, fmt.Errorf("%w: %q was removed", fence.ErrLeaseLost, name), fence.LostRemoved)
 	return true
 }
 
 // grantLocked makes a new lease the holder of lk. The caller holds l.mu.
 func (l *Locker) grantLocked(ctx context.Context, name string, lk *lock, o fence.Options) *lease {
 	l.last++
-	ls := &lease{l: l, name: name, token: l.last, ttl: o.TTL}
+	ls := &lease{l: l, name: name, token: l.last, ttl: o.TTL, granted: time.Now()}
 	if ls.ttl == 0 {
 		ls.watchdog = true
 		ls.ttl = cmp.Or(l.watchdogTTL, DefaultWatchdogTTL)
@@ -181,19 +212,29 @@ func (l *Locker) grantLocked(ctx context.Context, name string, lk *lock, o fence
 // has not fired yet. The caller holds l.mu.
 func (l *Locker) expireLocked(ls *lease, now time.Time) {
 	if ls.err == nil && !now.Before(ls.deadline) {
-		l.endLocked(ls, fmt.Errorf("%w: %q expired at %v", fence.ErrLeaseLost, ls.name, ls.deadline.Format(time.RFC3339Nano)))
+		cause := fence.LostExpired
+		if ls.watchdog {
+			cause = fence.LostRenewFailed // the watchdog's timer ran too late
+		}
+		l.endLockedAs(ls, fmt.Errorf("%w: %q expired at %v", fence.ErrLeaseLost, ls.name, ls.deadline.Format(time.RFC3339Nano)), cause)
 	}
 }
 
 // endLocked ends ls with why, if it has not ended yet, and frees its lock:
 // the first waiter gets it, or the lock is deleted. The caller holds l.mu.
-func (l *Locker) endLocked(ls *lease, why error) {
+func (l *Locker) endLocked(ls *lease, why error) { l.endLockedAs(ls, why, fence.Released) }
+
+// endLockedAs is endLocked with the cause reported to the Observer.
+func (l *Locker) endLockedAs(ls *lease, why error, cause fence.LeaseCause) {
 	if ls.err != nil {
 		return
 	}
 	ls.err = why
 	ls.timer.Stop()
 	ls.cancel(why)
+	if l.obs != nil {
+		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+	}
 	lk := l.locks[ls.name]
 	if lk == nil || lk.holder != ls {
 		return

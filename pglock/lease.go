@@ -30,6 +30,7 @@ type lease struct {
 	err      error // why the lease ended; nil while held
 	released bool  // Release reached a conclusion, kept in relErr
 	relErr   error
+	granted  time.Time // when the lease started, for the hold time
 
 	watchdogDone chan struct{} // nil for fixed-TTL leases
 }
@@ -44,13 +45,17 @@ func deadline(sent time.Time, ttl time.Duration) time.Time {
 }
 
 func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent time.Time) *lease {
-	ls := &lease{l: l, a: *a, token: token}
+	ls := &lease{l: l, a: *a, token: token, granted: time.Now()}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
 	ls.deadline = deadline(sent, a.ttl)
+	cause := fence.LostExpired
+	if a.watchdog {
+		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
+	}
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		ls.end(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
+		ls.endAs(cause, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
 	})
 	if a.watchdog {
 		ls.watchdogDone = make(chan struct{})
@@ -68,16 +73,30 @@ func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock();
 func (ls *lease) String() string           { return fmt.Sprintf("pglock lease %q token %d", ls.a.name, ls.token) }
 
 // end records why the lease ended and cancels its context; the first call
-// wins.
+// wins. It reports the cause Released for fence.ErrReleased, LostRemoved
+// otherwise; see endAs.
 func (ls *lease) end(why error) {
+	cause := fence.LostRemoved
+	if errors.Is(why, fence.ErrReleased) {
+		cause = fence.Released
+	}
+	ls.endAs(cause, why)
+}
+
+// endAs is end with the cause to report to the Observer.
+func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	if ls.err != nil {
+		ls.mu.Unlock()
 		return
 	}
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
+	ls.mu.Unlock()
+	if obs := ls.l.obs; obs != nil {
+		obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+	}
 }
 
 // keepRenewed is the watchdog: it renews the lease every third of its TTL

@@ -45,6 +45,10 @@ type Options struct {
 	// released lock is taken up to a lease time late.
 	Listener Listener
 
+	// Observer, if not nil, is told of every acquisition and the end of
+	// every lease, with Backend "postgres"; see fence.Observer.
+	Observer fence.Observer
+
 	_ struct{}
 }
 
@@ -70,6 +74,7 @@ type Locker struct {
 	watchdog time.Duration
 	listener Listener
 	q        queries
+	obs      fence.Observer // nil: none
 
 	mu  sync.Mutex
 	sub *subscription // the waiters' shared LISTEN; nil when nobody waits
@@ -89,7 +94,7 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 	if o == nil {
 		o = &Options{}
 	}
-	l := &Locker{db: db, table: cmp.Or(o.Table, DefaultTable), watchdog: DefaultWatchdogTTL, listener: o.Listener}
+	l := &Locker{db: db, table: cmp.Or(o.Table, DefaultTable), watchdog: DefaultWatchdogTTL, listener: o.Listener, obs: o.Observer}
 	if err := ValidateTable(l.table); err != nil {
 		return nil, err
 	}
@@ -125,6 +130,26 @@ func (l *Locker) EnsureSchema(ctx context.Context) error {
 // last one. A token sequence at its maximum is not retried: the error wraps
 // ErrTokensExhausted at once.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if l.obs == nil {
+		return l.acquire(ctx, name, opts...)
+	}
+	start := time.Now()
+	lease, err := l.acquire(ctx, name, opts...)
+	if errors.Is(err, fence.ErrInvalidName) || errors.Is(err, fence.ErrInvalidOption) {
+		return lease, err
+	}
+	ev := fence.AcquireEvent{Backend: backend, Name: name, Result: fence.ResultOf(err), Wait: time.Since(start), Err: err}
+	if lease != nil {
+		ev.Token = lease.Token()
+	}
+	l.obs.AcquireDone(ev)
+	return lease, err
+}
+
+// backend is the Backend of the events this package reports.
+const backend = "postgres"
+
+func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}

@@ -34,6 +34,7 @@ type lease struct {
 	err       error // why the lease ended; nil while held
 	released  bool  // Release reached a conclusion, kept in releaseErr
 	relErr    error
+	granted   time.Time // when the acquire reply arrived, for the hold time
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
@@ -42,13 +43,17 @@ type lease struct {
 var _ fence.Lease = (*lease)(nil)
 
 func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent, replied time.Time, serverMs int64) *lease {
-	ls := &lease{locker: l, attempt: *a, token: token, serverAt: serverMs, repliedAt: replied}
+	ls := &lease{locker: l, attempt: *a, token: token, serverAt: serverMs, repliedAt: replied, granted: replied}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.deadline = deadline(sent, a.ttl)
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
+	cause := fence.LostExpired
+	if a.watchdog {
+		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
+	}
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		ls.end(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
+		ls.endAs(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name), cause)
 	})
 	if a.watchdog {
 		var wdCtx context.Context
@@ -74,16 +79,30 @@ func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock();
 func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
 func (ls *lease) String() string           { return fmt.Sprintf("lease %q token %d", ls.attempt.name, ls.token) }
 
-// end records why the lease ended and cancels its context; the first call wins.
-func (ls *lease) end(why error) {
+// end records why the lease ended and cancels its context; the first call
+// wins. The cause it reports is Released for fence.ErrReleased, LostRemoved
+// otherwise; see endAs.
+func (ls *lease) end(why error) { ls.endAs(why, "") }
+
+// endAs is end with the cause to report to the Observer and the Logger
+// ("": from why, as end says).
+func (ls *lease) endAs(why error, cause fence.LeaseCause) {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	if ls.err != nil {
+		ls.mu.Unlock()
 		return
 	}
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
+	ls.mu.Unlock()
+	if cause == "" {
+		cause = fence.LostRemoved
+		if errors.Is(why, fence.ErrReleased) {
+			cause = fence.Released
+		}
+	}
+	ls.locker.leaseEnded(ls, cause, why)
 }
 
 // keepRenewed is the watchdog: it renews the lease every third of its TTL until
@@ -107,6 +126,7 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return
 		case err != nil:
+			ls.locker.renewFailed(ls, err)
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)
@@ -153,10 +173,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	n := res[0]
 	if n == -1 {
 		late := fmt.Errorf("%w: %q: the renewal reached Redis after the lease's deadline", fence.ErrLeaseLost, ls.attempt.name)
-		ls.end(late)
+		ls.endAs(late, fence.LostRenewLate)
 		return late
 	}
 	if n == 1 && acked < required {
+		ls.locker.syncRefused(ctx, ls.attempt.name, ls.token, true, acked, required)
 		return fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, &fence.NotReplicatedError{Acked: acked, Required: required})
 	}
 	if n == 0 {

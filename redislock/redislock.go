@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"reflect"
 	"strings"
@@ -45,6 +46,18 @@ type Options struct {
 	// ReplicaSync. On by default.
 	ReplicaSync ReplicaSync
 
+	// Observer, if not nil, is told of every acquisition, the end of
+	// every lease and every replica-sync refusal, with Backend "redis";
+	// see fence.Observer.
+	Observer fence.Observer
+
+	// Logger, if not nil, receives a warning when a lease is lost (with
+	// the lock name, token and cause), when a watchdog renewal fails and
+	// when too few replicas acknowledge an acquisition or renewal. Nil
+	// logs nothing. Credentials never appear in it: the lines carry names,
+	// tokens, counts and errors.
+	Logger *slog.Logger
+
 	_ struct{} // forbids positional literals
 }
 
@@ -59,6 +72,8 @@ type Locker struct {
 	sharded   bool // sharded pub/sub (Redis Cluster)
 	sync      ReplicaSync
 	replicas  replicaCounts
+	obs       fence.Observer // nil: none
+	log       *slog.Logger   // nil: none
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
@@ -91,6 +106,8 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		subscriptions: make(map[string]*subscription),
 		sync:          o.ReplicaSync,
 		replicas:      replicaCounts{now: time.Now, nodes: make(map[string]*nodeReplicas)},
+		obs:           o.Observer,
+		log:           o.Logger,
 	}
 	l.sync.Timeout = cmp.Or(l.sync.Timeout, time.Second)
 	if s := l.sync; s.Acks < AcksAll || s.Replicas < 0 || s.Timeout < time.Millisecond {
@@ -146,6 +163,16 @@ func (l *Locker) keys(name string) keys {
 // reply never comes, the acquisition is revoked so that it refuses if it
 // runs later (see the package doc, Deadlines).
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if l.obs == nil {
+		return l.acquire(ctx, name, opts...)
+	}
+	start := time.Now()
+	lease, err := l.acquire(ctx, name, opts...)
+	l.observeAcquire(name, start, lease, err)
+	return lease, err
+}
+
+func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -377,6 +404,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.sync.Timeout)
 		defer cancel()
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
+		l.syncRefused(ctx, a.name, 0, false, acked, required)
 		if _, err := l.releaseOwned(rctx, a, 0); err != nil {
 			return nil, 0, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err))
 		}

@@ -45,6 +45,7 @@ type lease struct {
 	err      error // why the lease ended; nil while held
 	released bool  // Release reached a conclusion, kept in relErr
 	relErr   error
+	granted  time.Time // when the lease started, for the hold time
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
@@ -79,10 +80,15 @@ func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
 	name, ttl := ls.name, ls.ttl
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.deadline = sent.Add(ttl - drift(ttl))
+	ls.granted = time.Now()
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
+	cause := fence.LostExpired
+	if watchdog {
+		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
+	}
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		ls.end(fmt.Errorf("%w: %q was not renewed on a majority before its deadline", fence.ErrLeaseLost, name))
+		ls.endAs(cause, fmt.Errorf("%w: %q was not renewed on a majority before its deadline", fence.ErrLeaseLost, name))
 	})
 	if watchdog {
 		var wdCtx context.Context
@@ -100,16 +106,31 @@ func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock();
 func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
 func (ls *lease) String() string           { return fmt.Sprintf("redlock lease %q token %d", ls.name, ls.token) }
 
-// end records why the lease ended and cancels its context; the first call wins.
+// end records why the lease ended and cancels its context; the first call
+// wins. It reports the cause Released for fence.ErrReleased, LostRemoved
+// otherwise; see endAs.
 func (ls *lease) end(why error) {
+	cause := fence.LostRemoved
+	if errors.Is(why, fence.ErrReleased) {
+		cause = fence.Released
+	}
+	ls.endAs(cause, why)
+}
+
+// endAs is end with the cause to report to the Observer.
+func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	if ls.err != nil {
+		ls.mu.Unlock()
 		return
 	}
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
+	ls.mu.Unlock()
+	if obs := ls.locker.obs; obs != nil {
+		obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+	}
 }
 
 // keepRenewed is the watchdog: it renews the lease every third of its TTL
@@ -191,7 +212,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		if late > 0 {
 			lost = fmt.Errorf("%w, and %d renewals reached their node after the lease's deadline", lost, late)
 		}
-		ls.end(lost)
+		cause := fence.LostRemoved
+		if late == gone {
+			cause = fence.LostRenewLate
+		}
+		ls.endAs(cause, lost)
 		ls.giveBack(movedOn)
 		return lost
 	}

@@ -50,6 +50,10 @@ type Options struct {
 	// nodes between them again. Default 100 ms.
 	RetryDelay time.Duration
 
+	// Observer, if not nil, is told of every acquisition and the end of
+	// every lease, with Backend "redlock"; see fence.Observer.
+	Observer fence.Observer
+
 	_ struct{} // forbids positional literals
 }
 
@@ -62,6 +66,7 @@ type Locker struct {
 	watchdog    time.Duration
 	nodeTimeout time.Duration
 	retryDelay  time.Duration
+	obs         fence.Observer // nil: none
 
 	// beforeReplies, if set (tests only), runs after an acquisition's
 	// requests were sent and before their replies are read: a client
@@ -117,6 +122,7 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		watchdog:    cmp.Or(o.WatchdogTTL, DefaultWatchdogTTL),
 		nodeTimeout: cmp.Or(o.NodeTimeout, DefaultNodeTimeout),
 		retryDelay:  cmp.Or(o.RetryDelay, DefaultRetryDelay),
+		obs:         o.Observer,
 		now:         time.Now,
 		wall:        time.Now,
 	}
@@ -246,6 +252,26 @@ var errNoReply = errors.New("no reply in time")
 // caller's context error when it ended the call, and otherwise ErrNoQuorum,
 // ErrValidity or ErrBadTokenRecord with the nodes' errors.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if l.obs == nil {
+		return l.acquire(ctx, name, opts...)
+	}
+	start := time.Now()
+	lease, err := l.acquire(ctx, name, opts...)
+	if errors.Is(err, fence.ErrInvalidName) || errors.Is(err, fence.ErrInvalidOption) {
+		return lease, err
+	}
+	ev := fence.AcquireEvent{Backend: backend, Name: name, Result: fence.ResultOf(err), Wait: time.Since(start), Err: err}
+	if lease != nil {
+		ev.Token = lease.Token()
+	}
+	l.obs.AcquireDone(ev)
+	return lease, err
+}
+
+// backend is the Backend of the events this package reports.
+const backend = "redlock"
+
+func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}

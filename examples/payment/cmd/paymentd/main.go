@@ -4,6 +4,10 @@
 //	go run ./examples/payment/cmd/paymentd -redis redis://127.0.0.1:6379 -db 'postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'
 //	curl -X POST -H 'X-Approver: alice' localhost:8080/payments/1001/approve
 //
+// -metrics 127.0.0.1:9090 serves Prometheus metrics (fence_* from the
+// fenceprom adapter, and the Go runtime's) at /metrics on that address, and
+// logs lost leases, failed renewals and replica-sync refusals.
+//
 // -db takes a postgres:// URL, or the path of a SQLite file, opened with
 // guard.SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE); a file: DSN is used
 // as it is. -h shows the
@@ -18,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -27,10 +32,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/payment"
+	"github.com/fencekit/fence/fenceprom"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/redislock"
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite"
 )
@@ -38,6 +48,7 @@ import (
 type config struct {
 	redis, db secret
 	listen    string
+	metrics   string
 	seed      int64
 }
 
@@ -62,6 +73,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.Var(&cfg.redis, "redis", "Redis URL for the lock (env FENCE_REDIS_URL)")
 	fs.Var(&cfg.db, "db", "postgres:// URL, or SQLite file path, for the payments (env PAYMENT_DB)")
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "address to serve on")
+	fs.StringVar(&cfg.metrics, "metrics", "", "address to serve Prometheus /metrics on; empty serves none")
 	fs.Int64Var(&cfg.seed, "seed", 1001, "insert this pending payment (amount 5000) if it is missing; 0 inserts none")
 	return cfg, fs.Parse(args)
 }
@@ -74,7 +86,19 @@ func run(cfg config) error {
 	}
 	client := redis.NewClient(opt)
 	defer client.Close()
-	locker, err := redislock.New(client, nil)
+	var lockOpts redislock.Options
+	var metrics *http.Server
+	if cfg.metrics != "" {
+		obs, h, err := newMetrics()
+		if err != nil {
+			return err
+		}
+		lockOpts.Observer, lockOpts.Logger = obs, slog.Default()
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", h)
+		metrics = &http.Server{Addr: cfg.metrics, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	}
+	locker, err := redislock.New(client, &lockOpts)
 	if err != nil {
 		return err
 	}
@@ -104,17 +128,41 @@ func run(cfg config) error {
 	}
 	svc := &payment.Service{Locker: locker, DB: db}
 	srv := &http.Server{Addr: cfg.listen, Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	if metrics != nil {
+		ln, err := net.Listen("tcp", cfg.metrics)
+		if err != nil {
+			return fmt.Errorf("-metrics: %w", err)
+		}
+		go func() { _ = metrics.Serve(ln) }()
+		slog.Info("paymentd: serving metrics", "addr", "http://"+cfg.metrics+"/metrics")
+	}
 	go func() {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shut)
+		if metrics != nil {
+			_ = metrics.Shutdown(shut)
+		}
 	}()
 	slog.Info("paymentd: serving (POST /payments/{id}/approve, GET /payments/{id})", "addr", "http://"+cfg.listen)
 	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// newMetrics returns an Observer counting into a registry of its own (with
+// the Go runtime's and the process's collectors) and the handler that
+// serves the registry.
+func newMetrics() (fence.Observer, http.Handler, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	obs, err := fenceprom.New(reg, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return obs, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
 }
 
 func envOr(getenv func(string) string, key, def string) string {

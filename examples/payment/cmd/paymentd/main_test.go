@@ -1,8 +1,14 @@
 package main
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
 )
 
 // TestPasswordsHidden (issue 10, hole 4 for paymentd): -h and the errors of
@@ -31,5 +37,39 @@ func TestPasswordsHidden(t *testing.T) {
 	}
 	if got := redact("host=db user=app password=hunter5 sslmode=disable"); strings.Contains(got, "hunter") {
 		t.Fatalf("key=value DSN: %s", got)
+	}
+}
+
+// TestMetrics: the -metrics handler serves the fence_* metrics the
+// Observer counted, beside the Go runtime's.
+func TestMetrics(t *testing.T) {
+	obs, h, err := newMetrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.AcquireDone(fence.AcquireEvent{Backend: "redis", Name: "lock:payment:1001", Result: fence.Held, Wait: time.Second})
+	obs.LeaseEnded(fence.LeaseEvent{Backend: "redis", Name: "lock:payment:1001", Cause: fence.LostRemoved, Held: time.Second})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`fence_acquisitions_total{backend="redis",result="held"} 1`,
+		`fence_leases_lost_total{backend="redis",cause="removed"} 1`,
+		`go_goroutines `,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(string(body), "lock:payment:1001") {
+		t.Error("/metrics shows a lock name")
 	}
 }

@@ -1,0 +1,23 @@
+// Package fenceotel exports what fence's lockers and guards do as
+// OpenTelemetry metrics: a fence.Observer that records into instruments of
+// an otel metric.Meter.
+//
+//	obs, err := fenceotel.New(otel.GetMeterProvider().Meter("github.com/fencekit/fence"), nil)
+//	locker, err := redislock.New(client, &redislock.Options{Observer: obs})
+//
+// The instruments match the Prometheus adapter's (fenceprom), with
+// OpenTelemetry's names and units:
+//
+//	fence.acquisitions         counter   {backend, result}
+//	fence.wait.duration        histogram {backend, result}, seconds
+//	fence.hold.duration        histogram {backend, cause}, seconds
+//	fence.leases.lost          counter   {backend, cause}
+//	fence.replica_sync.refusals counter  {backend, op, acked, required}
+//	fence.guard.decisions      counter   {decision, class}
+//
+// Lock and resource names are never attribute values; Options.Classify
+// maps a guard's resource to its class.
+//
+// It lives in a module of its own so that fence's own go.mod does not
+// require OpenTelemetry.
+package fenceotel

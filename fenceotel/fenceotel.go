@@ -1,0 +1,105 @@
+package fenceotel
+
+import (
+	"context"
+	"errors"
+
+	"github.com/fencekit/fence"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Options configure an Observer. The zero value (or nil) gives the
+// defaults.
+type Options struct {
+	// Classify maps a guard's resource name to the class attribute of
+	// fence.guard.decisions. It must return few distinct values. Nil
+	// gives every decision the class "".
+	Classify func(resource string) string
+}
+
+// Observer is a fence.Observer that records into OpenTelemetry
+// instruments. It is safe for concurrent use.
+type Observer struct {
+	classify     func(string) string
+	acquisitions metric.Int64Counter
+	wait         metric.Float64Histogram
+	hold         metric.Float64Histogram
+	lost         metric.Int64Counter
+	refusals     metric.Int64Counter
+	decisions    metric.Int64Counter
+}
+
+var _ fence.Observer = (*Observer)(nil)
+
+// New returns an Observer whose instruments meter creates. It returns the
+// errors of creating them.
+func New(meter metric.Meter, opts *Options) (*Observer, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	obs := &Observer{classify: o.Classify}
+	var errs [6]error
+	obs.acquisitions, errs[0] = meter.Int64Counter("fence.acquisitions",
+		metric.WithDescription("Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error)."),
+		metric.WithUnit("{acquisition}"))
+	obs.wait, errs[1] = meter.Float64Histogram("fence.wait.duration",
+		metric.WithDescription("How long Acquire took, waiting for the lock included, by backend and result."),
+		metric.WithUnit("s"))
+	obs.hold, errs[2] = meter.Float64Histogram("fence.hold.duration",
+		metric.WithDescription("How long leases were held, from the grant to their end, by backend and cause of the end."),
+		metric.WithUnit("s"))
+	obs.lost, errs[3] = meter.Int64Counter("fence.leases.lost",
+		metric.WithDescription("Leases that ended without Release, by backend and cause (expired, renew_failed, renew_late, removed)."),
+		metric.WithUnit("{lease}"))
+	obs.refusals, errs[4] = meter.Int64Counter("fence.replica_sync.refusals",
+		metric.WithDescription("Acquisitions and renewals refused because too few replicas acknowledged them."),
+		metric.WithUnit("{refusal}"))
+	obs.decisions, errs[5] = meter.Int64Counter("fence.guard.decisions",
+		metric.WithDescription("Tokens a guard accepted or rejected as stale, by resource class."),
+		metric.WithUnit("{decision}"))
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
+	}
+	return obs, nil
+}
+
+// The events come without a context; the instruments do not need one.
+var background = context.Background()
+
+// AcquireDone counts an Acquire and records how long it took.
+func (o *Observer) AcquireDone(e fence.AcquireEvent) {
+	attrs := metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("result", string(e.Result)))
+	o.acquisitions.Add(background, 1, attrs)
+	o.wait.Record(background, e.Wait.Seconds(), attrs)
+}
+
+// LeaseEnded records how long a lease was held and counts it if it was
+// lost.
+func (o *Observer) LeaseEnded(e fence.LeaseEvent) {
+	attrs := metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("cause", string(e.Cause)))
+	o.hold.Record(background, e.Held.Seconds(), attrs)
+	if e.Cause != fence.Released {
+		o.lost.Add(background, 1, attrs)
+	}
+}
+
+// ReplicaSyncRefused counts a refusal.
+func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
+	op := "acquire"
+	if e.Renewal {
+		op = "renew"
+	}
+	o.refusals.Add(background, 1, metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("op", op),
+		attribute.Int("acked", e.Acked), attribute.Int("required", e.Required)))
+}
+
+// GuardDecided counts a guard's decision under its resource's class.
+func (o *Observer) GuardDecided(e fence.GuardEvent) {
+	class := ""
+	if o.classify != nil {
+		class = o.classify(e.Resource)
+	}
+	o.decisions.Add(background, 1, metric.WithAttributes(attribute.String("decision", string(e.Decision)), attribute.String("class", class)))
+}

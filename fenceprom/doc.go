@@ -1,0 +1,25 @@
+// Package fenceprom exports what fence's lockers and guards do as
+// Prometheus metrics: a fence.Observer backed by client_golang collectors.
+//
+//	obs, err := fenceprom.New(prometheus.DefaultRegisterer, nil)
+//	locker, err := redislock.New(client, &redislock.Options{Observer: obs})
+//	mw := guard.Middleware(store, guard.HTTPOptions{Resource: …, Observer: obs})
+//
+// The metrics, whose label values are all bounded (lock and resource names
+// are never labels):
+//
+//	fence_acquisitions_total{backend,result}         counter
+//	fence_wait_seconds{backend,result}               histogram: Acquire's duration
+//	fence_hold_seconds{backend,cause}                histogram: from grant to end
+//	fence_leases_lost_total{backend,cause}           counter: ends other than "released"
+//	fence_replica_sync_refusals_total{backend,op,acked,required} counter
+//	fence_guard_decisions_total{decision,class}      counter
+//
+// result is one of fence.AcquireResult's values, cause one of
+// fence.LeaseCause's, op "acquire" or "renew", acked and required small
+// replica counts, decision "accept" or "reject", and class what
+// Options.Classify makes of the resource name ("" without it).
+//
+// It lives in a module of its own so that fence's own go.mod does not
+// require client_golang.
+package fenceprom

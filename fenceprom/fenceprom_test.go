@@ -1,0 +1,172 @@
+package fenceprom_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fenceprom"
+	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestScrapeAfterLossRefusalAndStaleWrite drives a real redis-server and a
+// guard through a lost lease (its key deleted behind the holder's back), a
+// replica-sync refusal (one replica expected, none connected) and a stale
+// write, then scrapes /metrics and compares the counters exactly.
+func TestScrapeAfterLossRefusalAndStaleWrite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := prometheus.NewRegistry()
+	obs, err := fenceprom.New(reg, &fenceprom.Options{
+		Classify: func(resource string) string { class, _, _ := strings.Cut(resource, ":"); return class },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fenceprom.New(reg, nil); err == nil {
+		t.Fatal("a second Observer registered the same collectors")
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+
+	redis := redistest.Start(t)
+	c := redis.Client(t)
+	// 2 s: long enough that a slow round trip does not lose the lease
+	// before the key is deleted; its watchdog notices the deletion within
+	// a third of it.
+	locker, err := redislock.New(c, &redislock.Options{WatchdogTTL: 2 * time.Second, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A lost lease: the key deleted behind the holder's back.
+	stale, err := locker.Acquire(ctx, "lock:payment:1001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Del(ctx, "fence:{lock:payment:1001}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	<-stale.Done()
+
+	// A refusal: one replica expected, none connected.
+	strict, err := redislock.New(c, &redislock.Options{Observer: obs,
+		ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 20 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := strict.Acquire(ctx, "lock:payment:1001", fence.TTL(time.Minute)); !errors.Is(err, fence.ErrNotReplicated) {
+		t.Fatalf("Acquire with the expected replica missing: %v", err)
+	}
+
+	// The new holder writes; the old one comes back with its stale token.
+	fresh, err := locker.Acquire(ctx, "lock:payment:1001", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{
+		Resource: func(r *http.Request) (string, error) { return "payment:" + r.PathValue("id"), nil },
+		Observer: obs,
+	})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments/{id}", h)
+	for _, tc := range []struct {
+		lease fence.Lease
+		code  int
+	}{{fresh, http.StatusOK}, {stale, http.StatusConflict}} {
+		req := httptest.NewRequest(http.MethodPost, "/payments/1001", nil)
+		req.Header.Set(guard.TokenHeader, fmt.Sprint(int64(tc.lease.Token())))
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		if w.Code != tc.code {
+			t.Fatalf("token %d: %d, want %d", tc.lease.Token(), w.Code, tc.code)
+		}
+	}
+	if err := fresh.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	want := `
+# HELP fence_acquisitions_total Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error).
+# TYPE fence_acquisitions_total counter
+fence_acquisitions_total{backend="redis",result="acquired"} 2
+fence_acquisitions_total{backend="redis",result="not_replicated"} 1
+# HELP fence_guard_decisions_total Tokens a guard accepted or rejected as stale, by resource class.
+# TYPE fence_guard_decisions_total counter
+fence_guard_decisions_total{class="payment",decision="accept"} 1
+fence_guard_decisions_total{class="payment",decision="reject"} 1
+# HELP fence_leases_lost_total Leases that ended without Release, by backend and cause (expired, renew_failed, renew_late, removed).
+# TYPE fence_leases_lost_total counter
+fence_leases_lost_total{backend="redis",cause="removed"} 1
+# HELP fence_replica_sync_refusals_total Acquisitions and renewals refused because too few replicas acknowledged them, by acknowledged and required counts.
+# TYPE fence_replica_sync_refusals_total counter
+fence_replica_sync_refusals_total{acked="0",backend="redis",op="acquire",required="1"} 1
+`
+	names := []string{"fence_acquisitions_total", "fence_guard_decisions_total", "fence_leases_lost_total", "fence_replica_sync_refusals_total"}
+	// The lost lease's end is reported just after its Done closes: poll.
+	var last error
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if last = testutil.ScrapeAndCompare(srv.URL, strings.NewReader(want), names...); last == nil {
+			break
+		}
+	}
+	if last != nil {
+		t.Fatal(last)
+	}
+
+	// The histograms: three Acquire calls timed; two leases' ends, one
+	// lost and one released.
+	for _, tc := range []struct {
+		metric string
+		labels map[string]string
+		count  uint64
+	}{
+		{"fence_wait_seconds", map[string]string{"backend": "redis", "result": "acquired"}, 2},
+		{"fence_wait_seconds", map[string]string{"backend": "redis", "result": "not_replicated"}, 1},
+		{"fence_hold_seconds", map[string]string{"backend": "redis", "cause": "removed"}, 1},
+		{"fence_hold_seconds", map[string]string{"backend": "redis", "cause": "released"}, 1},
+	} {
+		if got := histogramCount(t, reg, tc.metric, tc.labels); got != tc.count {
+			t.Errorf("%s%v count %d, want %d", tc.metric, tc.labels, got, tc.count)
+		}
+	}
+}
+
+// histogramCount returns the sample count of the histogram metric with
+// exactly labels.
+func histogramCount(t *testing.T, reg *prometheus.Registry, metric string, labels map[string]string) uint64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != metric {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue next
+				}
+			}
+			return m.GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
+}

@@ -1,0 +1,155 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Observer receives what lockers and guards do, for metrics and traces. A
+// backend or guard given an Observer calls it synchronously, on the
+// goroutine that made the event happen (the watchdog's, an expiry timer's,
+// the caller's), so its methods must be safe for concurrent use and quick:
+// count, record, return. They must not call back into the lease or locker.
+//
+// Observer is an interface with an embeddable no-op default, NopObserver,
+// rather than a struct of function fields (httptrace.ClientTrace's way):
+// an adapter is one value of its own type, holding its instruments, and
+// embedding NopObserver keeps it compiling when a method is added here.
+// Each method takes one event struct by value, so that fields can be added
+// without changing any signature.
+//
+// Events carry the lock or resource name so that an observer can log or
+// trace it, but an observer that labels metrics must not use it as a label
+// value: names are unbounded (one per payment, say). Map them to a small set
+// of classes instead (see the Prometheus adapter's Classify), or leave them
+// out.
+type Observer interface {
+	// AcquireDone is called once per Acquire that got past input
+	// validation, when it returns.
+	AcquireDone(AcquireEvent)
+	// LeaseEnded is called once per granted lease, when it ends.
+	LeaseEnded(LeaseEvent)
+	// ReplicaSyncRefused is called when too few replicas acknowledged an
+	// acquisition or a renewal in time (see ErrNotReplicated).
+	ReplicaSyncRefused(ReplicaSyncEvent)
+	// GuardDecided is called when a guard accepts or rejects a token.
+	GuardDecided(GuardEvent)
+}
+
+// NopObserver does nothing. Embed it in an Observer that handles only some
+// events, so that it keeps compiling when Observer gains a method.
+type NopObserver struct{}
+
+// AcquireDone does nothing.
+func (NopObserver) AcquireDone(AcquireEvent) {}
+
+// LeaseEnded does nothing.
+func (NopObserver) LeaseEnded(LeaseEvent) {}
+
+// ReplicaSyncRefused does nothing.
+func (NopObserver) ReplicaSyncRefused(ReplicaSyncEvent) {}
+
+// GuardDecided does nothing.
+func (NopObserver) GuardDecided(GuardEvent) {}
+
+var _ Observer = NopObserver{}
+
+// AcquireResult is how an Acquire ended. Its values are fixed, fit for a
+// metric label.
+type AcquireResult string
+
+// The results of Acquire.
+const (
+	Acquired      AcquireResult = "acquired"       // the lease was granted
+	Held          AcquireResult = "held"           // another owner held the lock for the whole budget (ErrHeld)
+	NotReplicated AcquireResult = "not_replicated" // too few replicas acknowledged (ErrNotReplicated)
+	Cancelled     AcquireResult = "cancelled"      // the caller's context ended
+	Failed        AcquireResult = "error"          // the backend failed
+)
+
+// ResultOf classifies Acquire's error: nil is Acquired; then ErrHeld,
+// ErrNotReplicated, the caller's context (context.Canceled or
+// DeadlineExceeded), and anything else is Failed. Backends use it so that
+// they all report results alike.
+func ResultOf(err error) AcquireResult {
+	switch {
+	case err == nil:
+		return Acquired
+	case errors.Is(err, ErrHeld):
+		return Held
+	case errors.Is(err, ErrNotReplicated):
+		return NotReplicated
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return Cancelled
+	default:
+		return Failed
+	}
+}
+
+// AcquireEvent describes one Acquire call.
+type AcquireEvent struct {
+	Backend string        // "redis", "memory", …: fixed per backend
+	Name    string        // the lock name; not a label (see Observer)
+	Result  AcquireResult // how it ended
+	Token   Token         // the lease's token when Result is Acquired
+	Wait    time.Duration // from the call to its return
+	Err     error         // Acquire's error, nil when acquired
+}
+
+// LeaseCause is why a lease ended. Its values are fixed, fit for a metric
+// label.
+type LeaseCause string
+
+// The causes of a lease's end. Every cause but Released is a loss.
+const (
+	Released LeaseCause = "released" // Release ended it
+	// LostExpired: a lease with a fixed TTL was not extended before its
+	// deadline.
+	LostExpired LeaseCause = "expired"
+	// LostRenewFailed: a watchdog lease's renewals failed (server down,
+	// too few replicas…) until its deadline passed.
+	LostRenewFailed LeaseCause = "renew_failed"
+	// LostRenewLate: a renewal reached the server after the lease's
+	// deadline and was refused.
+	LostRenewLate LeaseCause = "renew_late"
+	// LostRemoved: the server no longer had the lock, or another owner
+	// had it (deleted, evicted, expired there, lost in a failover).
+	LostRemoved LeaseCause = "removed"
+)
+
+// LeaseEvent describes the end of a lease.
+type LeaseEvent struct {
+	Backend string
+	Name    string // the lock name; not a label (see Observer)
+	Token   Token
+	Cause   LeaseCause
+	Held    time.Duration // from the grant to the end
+	Err     error         // the lease's Err
+}
+
+// ReplicaSyncEvent describes an acquisition or renewal that too few
+// replicas acknowledged in time.
+type ReplicaSyncEvent struct {
+	Backend  string
+	Name     string // the lock name; not a label (see Observer)
+	Renewal  bool   // a renewal (or Extend), not an acquisition
+	Acked    int    // replicas that acknowledged in time
+	Required int    // replicas the acknowledgement rule required
+}
+
+// GuardDecision is a guard's verdict on a token.
+type GuardDecision string
+
+// The decisions of a guard.
+const (
+	GuardAccept GuardDecision = "accept" // the token was greater than the last accepted
+	GuardReject GuardDecision = "reject" // the token was stale
+)
+
+// GuardEvent describes a guard's decision on a token.
+type GuardEvent struct {
+	Resource string // the fenced resource; not a label (see Observer)
+	Token    Token
+	Decision GuardDecision
+}

@@ -1,0 +1,69 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// backend is the Backend of the events this package reports.
+const backend = "redis"
+
+// observeAcquire tells the Observer how an Acquire that began at start
+// ended. Bad input, refused before anything was sent, is not reported.
+func (l *Locker) observeAcquire(name string, start time.Time, lease fence.Lease, err error) {
+	if errors.Is(err, fence.ErrInvalidName) || errors.Is(err, fence.ErrInvalidOption) {
+		return
+	}
+	ev := fence.AcquireEvent{Backend: backend, Name: name, Result: fence.ResultOf(err), Wait: time.Since(start), Err: err}
+	if lease != nil {
+		ev.Token = lease.Token()
+	}
+	l.obs.AcquireDone(ev)
+}
+
+// leaseEnded reports the end of ls, once: the log line first, then the
+// event.
+func (l *Locker) leaseEnded(ls *lease, cause fence.LeaseCause, why error) {
+	if l.log != nil && cause != fence.Released {
+		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "redislock: lease lost",
+			slog.String("name", ls.attempt.name), slog.Int64("token", int64(ls.token)),
+			slog.String("cause", string(cause)), slog.Any("error", why))
+	}
+	if l.obs != nil {
+		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.attempt.name, Token: ls.token,
+			Cause: cause, Held: time.Since(ls.granted), Err: why})
+	}
+}
+
+// renewFailed logs a watchdog renewal that failed without losing the lease;
+// the watchdog tries again sooner.
+func (l *Locker) renewFailed(ls *lease, err error) {
+	// A renewal cut short by Release is no failure; one that ran into the
+	// deadline (the lease is lost meanwhile) is.
+	if l.log != nil && !errors.Is(ls.Err(), fence.ErrReleased) {
+		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "redislock: renewal failed",
+			slog.String("name", ls.attempt.name), slog.Int64("token", int64(ls.token)),
+			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
+	}
+}
+
+// syncRefused reports an acquisition (token 0) or a renewal that too few
+// replicas acknowledged.
+func (l *Locker) syncRefused(ctx context.Context, name string, token fence.Token, renewal bool, acked, required int) {
+	if l.obs != nil {
+		l.obs.ReplicaSyncRefused(fence.ReplicaSyncEvent{Backend: backend, Name: name, Renewal: renewal, Acked: acked, Required: required})
+	}
+	if l.log != nil {
+		attrs := []slog.Attr{slog.String("name", name), slog.Int("acked", acked), slog.Int("required", required)}
+		op := "acquisition"
+		if renewal {
+			op = "renewal"
+			attrs = append(attrs, slog.Int64("token", int64(token)))
+		}
+		l.log.LogAttrs(ctx, slog.LevelWarn, "redislock: too few replicas acknowledged the "+op, attrs...)
+	}
+}
