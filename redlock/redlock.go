@@ -78,10 +78,12 @@ type Options struct {
 	// fixed few milliseconds (the Redis documentation's "5–50 ms for a
 	// 10 s auto-release time") counts out healthy nodes on a loaded host
 	// or across a slow network, and fails acquisitions that had plenty of
-	// lease time to spare; a twentieth of the lease time costs at most 5%
-	// of the validity, and is long enough for a round trip on any network
-	// the lease time suits. A request is never given longer than the lease
-	// time less the drift allowance.
+	// lease time to spare. A twentieth of the lease time costs at most 5%
+	// of it, and is long enough for a round trip on any network the lease
+	// time suits; the floor of 100 ms (a larger share of leases under 2 s)
+	// allows for a loaded host, the cap of 1 s keeps a hung node from
+	// costing long leases seconds on every acquisition. A request is never
+	// given longer than the lease time less the drift allowance.
 	//
 	// A node's first contact, its dial (with TLS and AUTH, several round
 	// trips), is not counted against the node timeout: before a Locker's
