@@ -89,7 +89,7 @@ func conformance(t *testing.T, n int) {
 	srvs := nodes(t, n)
 	fencetest.Run(t, fencetest.Config{
 		New: func(t testing.TB) fence.Locker {
-			l := newLocker(t, srvs, nil)
+			l := newLocker(t, srvs, &redlock.Options{WatchdogTTL: time.Second, NodeTimeout: generous})
 			// Warm up, as a long-lived Locker would be: the suite takes a
 			// lease of fence.MinTTL (7.9 ms of validity) on a new Locker,
 			// and a fresh Locker's first acquisition under -race (dials,
@@ -104,7 +104,9 @@ func conformance(t *testing.T, n int) {
 			}
 			return l
 		},
-		WatchdogTTL: 300 * time.Millisecond,
+		// Long enough that a renewal every third of it reaches a majority
+		// on a machine loaded by the whole test suite under -race.
+		WatchdogTTL: time.Second,
 		// Redlock times an acquisition against its lease time: a lease
 		// of fence.MinTTL has 7.9 ms of validity, which a loaded
 		// machine's round trips can use up (ErrValidity).
