@@ -6,9 +6,14 @@
 // # Acquiring
 //
 // Acquire sends the acquire script to every node at once, each request
-// bounded by Options.NodeTimeout (much shorter than the lease time, so that
-// a node that is down or hung costs little). The lock is taken when a
-// majority, N/2+1, granted it and the validity time left is positive:
+// bounded by Options.NodeTimeout (by default a twentieth of the lease time,
+// between 100 ms and 1 s, so that a node that is down or hung costs little
+// of it, while a healthy node on a loaded host or a slow network is not
+// counted out; a node's first dial is made beforehand, untimed by it).
+// The node timeout is a matter of availability, not safety: whatever it
+// is, the validity check below refuses a lock granted too late to use.
+// The lock is taken when a majority, N/2+1, granted it and the validity
+// time left is positive:
 //
 //	validity = TTL − elapsed − drift,  drift = TTL·1% + 2 ms
 //

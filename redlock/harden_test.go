@@ -99,7 +99,7 @@ func waitScripts(t testing.TB, s *redistest.Server, n int) {
 // the test sees whether it touched it.
 func TestLateRenewalRefused(t *testing.T) {
 	srvs := nodes(t, 3)
-	l, err := redlock.New(hangable(t, srvs), &redlock.Options{NodeTimeout: 50 * time.Millisecond})
+	l, err := redlock.New(hangable(t, srvs), &redlock.Options{NodeTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,11 +154,13 @@ func TestFailedTryReleasedAfterNodesWake(t *testing.T) {
 	srvs := nodes(t, 3)
 	cs := make([]redis.UniversalClient, len(srvs))
 	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ReadTimeout: 2 * time.Second, MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })
 		cs[i] = c
 	}
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 50 * time.Millisecond})
+	// The node timeout ends the try, and the release, well before the
+	// read timeout frees the connection.
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,8 +287,15 @@ func TestReleaseDuringRenewal(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second+500*time.Millisecond {
 		t.Errorf("Release during a renewal took %v", took)
 	}
-	if !errors.Is(lease.Err(), fence.ErrReleased) {
-		t.Errorf("Err after Release = %v, want ErrReleased", lease.Err())
+	// Err is ErrReleased, unless the renewal, cut short, had not moved
+	// the deadline on a majority (on a loaded machine node 1's reply may
+	// not have been read yet) and the deadline then passed while Release
+	// waited: the expiry timer ended the lease first, at its deadline, as
+	// it must. Release's nil above is what must not turn into ErrLeaseLost.
+	if err := lease.Err(); !errors.Is(err, fence.ErrReleased) {
+		if d := lease.Deadline(); !errors.Is(err, fence.ErrLeaseLost) || d.Before(start) || d.After(time.Now()) {
+			t.Errorf("Err after Release = %v (deadline %v after Release began), want ErrReleased, or ErrLeaseLost at a deadline passed during Release", err, d.Sub(start))
+		}
 	}
 	paused.Signal(syscall.SIGCONT)
 	waitScripts(t, paused, before2+2) // the renewal and the release
@@ -298,7 +307,7 @@ func TestReleaseDuringRenewal(t *testing.T) {
 func TestQuorumLostEndsLease(t *testing.T) {
 	for _, how := range []string{"paused", "killed"} {
 		srvs := nodes(t, 3)
-		l := newLocker(t, srvs, &redlock.Options{WatchdogTTL: 300 * time.Millisecond, NodeTimeout: 20 * time.Millisecond})
+		l := newLocker(t, srvs, &redlock.Options{WatchdogTTL: time.Second, NodeTimeout: 300 * time.Millisecond})
 		lease, err := l.Acquire(ctxFor(t), "quorum-lost")
 		if err != nil {
 			t.Fatalf("Acquire: %v", err)
@@ -312,7 +321,7 @@ func TestQuorumLostEndsLease(t *testing.T) {
 			}
 		}
 		deadline := lease.Deadline()
-		const slack = 100 * time.Millisecond
+		const slack = 500 * time.Millisecond // a loaded machine's timer latency
 		select {
 		case <-lease.Done():
 		case <-time.After(time.Until(deadline) + slack):
@@ -373,7 +382,8 @@ func TestLateNodesKeepNothing(t *testing.T) {
 		} else {
 			cs = clients(t, srvs)
 		}
-		l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 30 * time.Millisecond})
+		// Not about the timeout's length: the paused nodes miss any.
+		l, err := redlock.New(cs, &redlock.Options{NodeTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -411,11 +421,13 @@ func TestReleaseRetriedOnUnreachableNode(t *testing.T) {
 	srvs := nodes(t, 3)
 	cs := make([]redis.UniversalClient, len(srvs))
 	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ReadTimeout: 2 * time.Second, MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })
 		cs[i] = c
 	}
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 50 * time.Millisecond})
+	// The node timeout ends the renewal, and the release, well before the
+	// read timeout frees the connection.
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +461,7 @@ func TestReleaseRetriedOnUnreachableNode(t *testing.T) {
 // the lease survives losing one of the nodes that granted it in time.
 func TestLateGrantJoinsLease(t *testing.T) {
 	srvs := nodes(t, 3)
-	l, err := redlock.New(hangable(t, srvs), &redlock.Options{NodeTimeout: 50 * time.Millisecond, WatchdogTTL: 600 * time.Millisecond})
+	l, err := redlock.New(hangable(t, srvs), &redlock.Options{NodeTimeout: 300 * time.Millisecond, WatchdogTTL: 1500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

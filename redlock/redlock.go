@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,9 +24,34 @@ import (
 const (
 	DefaultPrefix      = "redlock"
 	DefaultWatchdogTTL = 30 * time.Second
-	DefaultNodeTimeout = 50 * time.Millisecond
 	DefaultRetryDelay  = 100 * time.Millisecond
+
+	// DefaultConnectTimeout bounds a node's first contact (dial, TLS
+	// handshake, AUTH, a PING), made before a Locker's first acquisition
+	// is timed: see Options.NodeTimeout.
+	DefaultConnectTimeout = 2 * time.Second
+	// DefaultStatusTimeout bounds Status on each node when the caller's
+	// context has no earlier deadline.
+	DefaultStatusTimeout = 5 * time.Second
 )
+
+// The default per-node timeout of a lease of lease time ttl is ttl/20,
+// but at least minNodeTimeout and at most maxNodeTimeout (and never more
+// than the lease time less the drift allowance): see Options.NodeTimeout.
+const (
+	nodeTimeoutShare = 20
+	minNodeTimeout   = 100 * time.Millisecond
+	maxNodeTimeout   = time.Second
+)
+
+// DefaultNodeTimeout is the per-node timeout a Locker with the default
+// Options.NodeTimeout gives a request for a lease of lease time ttl:
+// ttl/20, at least 100 ms and at most 1 s; 500 ms for a 10 s lease, 1 s for
+// the default watchdog TTL of 30 s. It is capped, as every node timeout
+// is, at the lease time less the drift allowance.
+func DefaultNodeTimeout(ttl time.Duration) time.Duration {
+	return capNodeTimeout(min(max(ttl/nodeTimeoutShare, minNodeTimeout), maxNodeTimeout), ttl)
+}
 
 // Options configure a Locker. The zero value (or nil) gives the defaults.
 type Options struct {
@@ -37,11 +63,37 @@ type Options struct {
 	// the watchdog renews them every third of it. Default 30 s.
 	WatchdogTTL time.Duration
 
-	// NodeTimeout bounds each request to each node. It must be much
-	// shorter than the lease time, so that a node that is down or hung
-	// costs an acquisition little of its validity time; a request is
-	// never given longer than the lease time less the drift allowance.
-	// Default 50 ms.
+	// NodeTimeout bounds each request to each node (acquisition,
+	// write-back, renewal, release). Default: scaled with the lease
+	// time, DefaultNodeTimeout(ttl) (ttl/20, between 100 ms and 1 s).
+	//
+	// The node timeout is not what makes a lease safe: the validity check
+	// is. Whatever the timeout, an acquisition is refused (ErrValidity)
+	// when the nodes' replies, counted from before the first request was
+	// sent, left no lease time over the drift allowance, and the lease's
+	// Deadline is that validity. The timeout decides availability: how
+	// much of the lease time a node that is down, hung or partitioned
+	// costs every acquisition (the others wait for it until it runs out),
+	// against how slow a healthy node may be before it is counted out. A
+	// fixed few milliseconds (the Redis documentation's "5–50 ms for a
+	// 10 s auto-release time") counts out healthy nodes on a loaded host
+	// or across a slow network, and fails acquisitions that had plenty of
+	// lease time to spare. A twentieth of the lease time costs at most 5%
+	// of it, and is long enough for a round trip on any network the lease
+	// time suits; the floor of 100 ms (a larger share of leases under 2 s)
+	// allows for a loaded host, the cap of 1 s keeps a hung node from
+	// costing long leases seconds on every acquisition. A request is never
+	// given longer than the lease time less the drift allowance.
+	//
+	// A node's first contact, its dial (with TLS and AUTH, several round
+	// trips), is not counted against the node timeout: before a Locker's
+	// first acquisition it pings every node, all at once, within
+	// DefaultConnectTimeout (2 s) or the caller's deadline, and only then
+	// starts timing the acquisition. Each node is pinged so once, whatever
+	// it answers: a node down at the start costs that bound once, not on
+	// every acquisition. Connections dialled later (more concurrent
+	// requests than pooled connections, a redial after an error or an idle
+	// timeout) count against the node timeout.
 	NodeTimeout time.Duration
 
 	// RetryDelay is the mean pause between two tries of a waiting
@@ -64,9 +116,13 @@ type Locker struct {
 	quorum      int
 	prefix      string
 	watchdog    time.Duration
-	nodeTimeout time.Duration
+	nodeTimeout time.Duration // 0: DefaultNodeTimeout of the lease time
 	retryDelay  time.Duration
 	obs         fence.Observer // nil: none
+
+	// reached[i] is set once node i was pinged for a first contact,
+	// whatever it answered: later acquisitions no longer ping it first.
+	reached []atomic.Bool
 
 	// beforeReplies, if set (tests only), runs after an acquisition's
 	// requests were sent and before their replies are read: a client
@@ -120,9 +176,10 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		quorum:      len(clients)/2 + 1,
 		prefix:      cmp.Or(o.Prefix, DefaultPrefix),
 		watchdog:    cmp.Or(o.WatchdogTTL, DefaultWatchdogTTL),
-		nodeTimeout: cmp.Or(o.NodeTimeout, DefaultNodeTimeout),
+		nodeTimeout: o.NodeTimeout,
 		retryDelay:  cmp.Or(o.RetryDelay, DefaultRetryDelay),
 		obs:         o.Observer,
+		reached:     make([]atomic.Bool, len(clients)),
 		now:         time.Now,
 		wall:        time.Now,
 	}
@@ -132,7 +189,7 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	if err := fence.ValidateTTL(l.watchdog); err != nil {
 		return nil, fmt.Errorf("redlock: watchdog TTL: %w", err)
 	}
-	if l.nodeTimeout < time.Millisecond {
+	if o.NodeTimeout != 0 && l.nodeTimeout < time.Millisecond {
 		return nil, fmt.Errorf("%w: redlock: node timeout %v is shorter than 1ms", fence.ErrInvalidOption, l.nodeTimeout)
 	}
 	if l.retryDelay < time.Millisecond {
@@ -220,10 +277,46 @@ func (l *Locker) keys(name string) keys {
 // lease time plus 2 ms.
 func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
-// timeoutFor is the per-node timeout of a request for a lease of ttl: a
-// reply later than the lease time less the drift would be of no use.
+// timeoutFor is the per-node timeout of a request for a lease of ttl: the
+// node timeout set, or else the default for ttl.
 func (l *Locker) timeoutFor(ttl time.Duration) time.Duration {
-	return max(min(l.nodeTimeout, ttl-drift(ttl)), time.Millisecond)
+	if l.nodeTimeout == 0 {
+		return DefaultNodeTimeout(ttl)
+	}
+	return capNodeTimeout(l.nodeTimeout, ttl)
+}
+
+// capNodeTimeout caps a node timeout for a lease of ttl: a reply later than
+// the lease time less the drift would be of no use.
+func capNodeTimeout(d, ttl time.Duration) time.Duration {
+	return max(min(d, ttl-drift(ttl)), time.Millisecond)
+}
+
+// connect pings, all at once, the nodes this Locker has not tried to reach
+// yet, within DefaultConnectTimeout or ctx's deadline, so that their dials
+// are not counted against an acquisition's node timeout. Each node is
+// pinged once, whatever it answers (unless ctx ended the ping): a node
+// down or partitioned costs this bound once, not on every acquisition.
+// Errors are left to the acquisition to find.
+func (l *Locker) connect(ctx context.Context) {
+	var todo []int
+	for i := range l.nodes {
+		if !l.reached[i].Load() {
+			todo = append(todo, i)
+		}
+	}
+	if len(todo) == 0 {
+		return
+	}
+	l.fanout(ctx, todo, DefaultConnectTimeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+		return nil, c.Ping(ctx).Err()
+	})
+	if ctx.Err() != nil {
+		return
+	}
+	for _, i := range todo {
+		l.reached[i].Store(true)
+	}
 }
 
 // ErrBadTokenRecord means a node's last-token record of a lock name holds
@@ -423,6 +516,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	k, owner := l.keys(name), newOwner()
 	revokeKey := k.lock + ":revoked:" + owner
 	timeout := l.timeoutFor(ttl)
+	l.connect(ctx)
 	start := l.now()
 	floor := l.wall().Add(floorLead).UnixMicro()
 	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {

@@ -21,14 +21,17 @@ type NodeStatus struct {
 }
 
 // Status reads the state of the lock called name on every node, in
-// parallel, each within the node timeout. It changes nothing. The lock is
-// held when it is held on a majority.
+// parallel, each within DefaultStatusTimeout (5 s) or ctx's deadline,
+// whichever comes first: not within the node timeout, an acquisition's
+// budget, which would report a slow but healthy node (a first dial over
+// TLS, a loaded host) as unreachable. It changes nothing. The lock is held
+// when it is held on a majority.
 func (l *Locker) Status(ctx context.Context, name string) ([]NodeStatus, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
 	k := l.keys(name)
-	rs := l.fanout(ctx, l.all(), l.nodeTimeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+	rs := l.fanout(ctx, l.all(), DefaultStatusTimeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
 		pipe := c.Pipeline()
 		pttl := pipe.PTTL(ctx, k.lock)
 		last := pipe.Get(ctx, k.token)

@@ -35,7 +35,7 @@ type replyPause struct {
 
 // settle is how long the last reply is held before the pause begins, so
 // that the replies read just before it have reached the lock: far below
-// the lock's per-node timeout (redlock's default is 50 ms).
+// the lock's per-node timeout (redlock's default is at least 100 ms).
 const settle = 5 * time.Millisecond
 
 // arm arms the pause for op's acquisition; "" disarms it.
