@@ -153,3 +153,19 @@ type GuardEvent struct {
 	Token    Token
 	Decision GuardDecision
 }
+
+// ReportAcquire reports an Acquire call that began at start and returned
+// lease and err to obs as an AcquireEvent of backend. Invalid input (an
+// error matching ErrInvalidName or ErrInvalidOption) is not reported: it
+// never reached the backend. Backends call it from Acquire when they have
+// an Observer.
+func ReportAcquire(obs Observer, backend, name string, start time.Time, lease Lease, err error) {
+	if errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption) {
+		return
+	}
+	ev := AcquireEvent{Backend: backend, Name: name, Result: ResultOf(err), Wait: time.Since(start), Err: err}
+	if lease != nil {
+		ev.Token = lease.Token()
+	}
+	obs.AcquireDone(ev)
+}

@@ -3,7 +3,6 @@ package memlock
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -89,14 +88,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	start := time.Now()
 	lease, err := l.acquire(ctx, name, opts...)
-	if errors.Is(err, fence.ErrInvalidName) || errors.Is(err, fence.ErrInvalidOption) {
-		return lease, err
-	}
-	ev := fence.AcquireEvent{Backend: backend, Name: name, Result: fence.ResultOf(err), Wait: time.Since(start), Err: err}
-	if lease != nil {
-		ev.Token = lease.Token()
-	}
-	l.obs.AcquireDone(ev)
+	fence.ReportAcquire(l.obs, backend, name, start, lease, err)
 	return lease, err
 }
 

@@ -12,19 +12,6 @@ import (
 // backend is the Backend of the events this package reports.
 const backend = "redis"
 
-// observeAcquire tells the Observer how an Acquire that began at start
-// ended. Bad input, refused before anything was sent, is not reported.
-func (l *Locker) observeAcquire(name string, start time.Time, lease fence.Lease, err error) {
-	if errors.Is(err, fence.ErrInvalidName) || errors.Is(err, fence.ErrInvalidOption) {
-		return
-	}
-	ev := fence.AcquireEvent{Backend: backend, Name: name, Result: fence.ResultOf(err), Wait: time.Since(start), Err: err}
-	if lease != nil {
-		ev.Token = lease.Token()
-	}
-	l.obs.AcquireDone(ev)
-}
-
 // leaseEnded reports the end of ls, once: the log line first, then the
 // event.
 func (l *Locker) leaseEnded(ls *lease, cause fence.LeaseCause, why error) {

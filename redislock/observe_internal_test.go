@@ -15,7 +15,7 @@ func BenchmarkObserveEvents(b *testing.B) {
 	ls := &lease{locker: l, attempt: attempt{name: "bench"}, token: 7, granted: time.Now(), ctx: context.Background()}
 	b.ReportAllocs()
 	for b.Loop() {
-		l.observeAcquire("bench", time.Now(), ls, nil)
+		fence.ReportAcquire(l.obs, backend, "bench", time.Now(), ls, nil)
 		l.leaseEnded(ls, fence.Released, fence.ErrReleased)
 	}
 }

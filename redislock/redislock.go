@@ -168,7 +168,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	start := time.Now()
 	lease, err := l.acquire(ctx, name, opts...)
-	l.observeAcquire(name, start, lease, err)
+	fence.ReportAcquire(l.obs, backend, name, start, lease, err)
 	return lease, err
 }
 
