@@ -226,7 +226,15 @@ func TestWaiterSendsNothingWhileHeld(t *testing.T) {
 	var holderCmds, waiterCmds counter
 	holderClient.AddHook(&holderCmds)
 	waiterClient.AddHook(&waiterCmds)
-	holder := acquire(t, newLocker(t, holderClient), "lock:payment:1001") // watchdog, renews every 100ms
+	// The holder's watchdog lease is 3 s, renewed every second: the
+	// waiter's timer for the TTL it saw (3 s) must not run out while the
+	// test watches, which a 300 ms lease did on a loaded machine (the
+	// waiter then rightly tried again).
+	holderLocker, err := redislock.New(holderClient, &redislock.Options{WatchdogTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := acquire(t, holderLocker, "lock:payment:1001")
 	waiter := newLocker(t, waiterClient)
 
 	got := make(chan error, 1)
@@ -244,8 +252,8 @@ func TestWaiterSendsNothingWhileHeld(t *testing.T) {
 	})
 	before := waiterCmds.n.Load() // the first try and the try after subscribing
 	renewals := holderCmds.n.Load()
-	// The holder renews twice (200ms, under the waiter's 300ms TTL timer).
-	waitFor(t, func() bool { return holderCmds.n.Load() >= renewals+2 })
+	// The holder renews once (after 1 s, well under the waiter's 3 s timer).
+	waitFor(t, func() bool { return holderCmds.n.Load() >= renewals+1 })
 	if n := waiterCmds.n.Load(); n != before {
 		t.Fatalf("waiter sent %d commands while the lock was held, want 0", n-before)
 	}
