@@ -56,9 +56,9 @@ pause. A fault that did not take effect fails its run. Paused workers resume at 
 random points (--seed replays them).
 Lab exits 1 if an expectation fails.
 
---quick runs a short version (about 1.5 min: PostgreSQL's row about 4 s, the Redlock
+--quick runs a short version (about 1 min 45 s: PostgreSQL's row about 4 s, the Redlock
 scenarios about 7 s, etcd's and ZooKeeper's about 17 s each, the Sentinel failovers about
-11 s); the full run (about 12 min) makes at least 200 fenced writes
+11 s); the full run (18 min on a loaded machine) makes at least 200 fenced writes
 per scenario. With --out DIR it writes report.md, report.json and timeline.svg there, and
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,
