@@ -2,19 +2,12 @@ package fenceotel_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/fenceotel"
-	"github.com/fencekit/fence/guard"
-	"github.com/fencekit/fence/internal/redistest"
-	"github.com/fencekit/fence/redislock"
+	"github.com/fencekit/fence/internal/observetest"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -25,8 +18,6 @@ import (
 // redis-server, a replica-sync refusal and a stale write, then the
 // instruments collected with a manual reader and compared exactly.
 func TestCollectAfterLossRefusalAndStaleWrite(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	reader := sdkmetric.NewManualReader()
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer func() { _ = provider.Shutdown(context.Background()) }()
@@ -37,56 +28,7 @@ func TestCollectAfterLossRefusalAndStaleWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	redis := redistest.Start(t)
-	c := redis.Client(t)
-	// 2 s: long enough that a slow round trip does not lose the lease
-	// before the key is deleted; its watchdog notices the deletion within
-	// a third of it.
-	locker, err := redislock.New(c, &redislock.Options{WatchdogTTL: 2 * time.Second, Observer: obs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale, err := locker.Acquire(ctx, "lock:payment:1001")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Del(ctx, "fence:{lock:payment:1001}").Err(); err != nil {
-		t.Fatal(err)
-	}
-	<-stale.Done()
-	strict, err := redislock.New(c, &redislock.Options{Observer: obs,
-		ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 20 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := strict.Acquire(ctx, "lock:payment:1001", fence.TTL(time.Minute)); !errors.Is(err, fence.ErrNotReplicated) {
-		t.Fatalf("Acquire with the expected replica missing: %v", err)
-	}
-	fresh, err := locker.Acquire(ctx, "lock:payment:1001", fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{
-		Resource: func(r *http.Request) (string, error) { return "payment:" + r.PathValue("id"), nil },
-		Observer: obs,
-	})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	mux := http.NewServeMux()
-	mux.Handle("POST /payments/{id}", h)
-	for _, tc := range []struct {
-		lease fence.Lease
-		code  int
-	}{{fresh, http.StatusOK}, {stale, http.StatusConflict}} {
-		req := httptest.NewRequest(http.MethodPost, "/payments/1001", nil)
-		req.Header.Set(guard.TokenHeader, fmt.Sprint(int64(tc.lease.Token())))
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, req)
-		if w.Code != tc.code {
-			t.Fatalf("token %d: %d, want %d", tc.lease.Token(), w.Code, tc.code)
-		}
-	}
-	if err := fresh.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	observetest.Drive(t, obs)
 
 	want := map[string]int64{
 		"fence.acquisitions{backend=redis,result=acquired}":                        2,
