@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
+	"github.com/fencekit/fence/internal/child"
 	"github.com/fencekit/fence/internal/etcdserver"
 	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/fencekit/fence/internal/zkserver"
@@ -124,7 +125,7 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 	body, _ := json.Marshal(s)
 	cmd := exec.Command(x.cfg.Worker[0], x.cfg.Worker[1:]...)
 	cmd.Env = append(os.Environ(), worker.Env+"="+string(body))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	child.DieWithParent(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

@@ -16,7 +16,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"syscall"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/child"
 	"github.com/fencekit/fence/redislock"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
@@ -255,14 +255,11 @@ func (w *worker) op(i int) {
 }
 
 // pause stops the process until the controller continues it: a GC pause or
-// a stalled VM, as far as everyone else can tell. The signal goes to this
-// very thread: sent to the process, another thread may take it and this one
-// run on for a moment, sending the write the pause was meant to delay.
+// a stalled VM, as far as everyone else can tell (child.StopSelf: on Linux
+// the signal goes to this very thread, so that it sends nothing more).
 func (w *worker) pause(id string, token int64) {
 	w.emit(Event{Op: id, Kind: "pause", Phase: "invoke", Token: token})
-	runtime.LockOSThread()
-	_ = unix.Tgkill(os.Getpid(), unix.Gettid(), unix.SIGSTOP)
-	runtime.UnlockOSThread()
+	_ = child.StopSelf()
 	w.emit(Event{Op: id, Kind: "pause", Phase: "ok", Token: token})
 }
 
