@@ -101,6 +101,9 @@ func writeReport(rep *lab.Report, dir string) error {
 		},
 	}
 	for _, res := range rep.Results {
+		if res.Scenario == lab.QueueScenario {
+			continue // no lease-by-lease round to zoom into
+		}
 		files[fmt.Sprintf("timeline-%d.svg", res.Scenario)] = func(f *os.File) error {
 			if !rep.Zoomed(f, res.Scenario) {
 				return fmt.Errorf("no round of scenario %d to draw", res.Scenario)
