@@ -12,7 +12,10 @@
 // lock with its defaults, in 12 with replica sync off, in 7 and 8 fence's
 // redlock with its defaults, in 10 and 11 the etcd and ZooKeeper locks with
 // writes that ignore tokens; 9's is the naive lock paused inside Acquire,
-// which must hand out a lease that expired during the pause. Protected is
+// which must hand out a lease that expired during the pause; 13's is the
+// queue example's consumer (examples/queue) with a plain transaction and
+// no unique constraint on the message id, whose protected row is the
+// consumer as the example ships it. Protected is
 // the backend with its defaults (redislock.New(client, nil); redlock over
 // independent redis-servers in 7–9; etcdlock in 10, zklock in 11) and
 // guard's fenced read-modify-write. Some scenarios add a protected row with

@@ -353,9 +353,12 @@ func (s *queueSteps) verdict(ids map[string]bool, want int64) *queueVerdict {
 		v.example("the balances add up to %d, the messages to %d", sum.Int64, want)
 	}
 	for _, e := range s.x.hist.Events() {
-		if e.Kind == worker.KindQueue && e.Phase == queue.LogRejected {
+		switch {
+		case e.Kind == worker.KindQueue && e.Phase == queue.LogRejected:
 			v.rejected++
 			v.example("late commit of %s by %s, token %d, rejected by the fence", e.Op, e.Worker, e.Token)
+		case e.Kind == worker.KindQueue && e.Phase == queue.LogDuplicate:
+			v.example("%s, token %d, found %s applied (the unique constraint)", e.Worker, e.Token, e.Op)
 		}
 	}
 	return v
