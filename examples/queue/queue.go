@@ -125,6 +125,12 @@ type Consumer struct {
 	// Log receives what happens to each message and term; nil means
 	// slog.Default().
 	Log *slog.Logger
+	// Tx runs the transaction that applies a message, fenced on resource
+	// with token; nil means guard.Tx. A consumer has no reason to set it:
+	// it is the seam through which the fault lab (fence lab, scenario 13)
+	// runs the same consumer without the fence (its control) or with the
+	// fence's comparison weakened (its mutation test).
+	Tx func(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(*sql.Tx) error) error
 }
 
 // LockName is the lock the consumers of stream's group campaign for.
@@ -306,14 +312,22 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 	// consumer does not know that it paused, and the fence must stop it.
 	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
-	return guard.Tx(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, account, amount, token, consumer)
-VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stream, msg_id) DO NOTHING`, c.Stream, m.ID, m.Account, m.Amount, int64(token), c.Name)
+	fenced := c.Tx
+	if fenced == nil {
+		fenced = guard.Tx
+	}
+	return fenced(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
+		// A plain INSERT, not ON CONFLICT DO NOTHING: the same for
+		// PostgreSQL (a concurrent insert of the id is waited for either
+		// way), and it still runs on a table whose constraint was dropped,
+		// which the fault lab's control and mutation test do.
+		_, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, account, amount, token, consumer)
+VALUES ($1, $2, $3, $4, $5, $6)`, c.Stream, m.ID, m.Account, m.Amount, int64(token), c.Name)
+		if uniqueViolation(err) {
+			return errDuplicate // rolls back; the message is done
+		}
 		if err != nil {
 			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return cmp.Or(err, errDuplicate) // rolls back; the message is done
 		}
 		if _, err := tx.ExecContext(dbCtx, `INSERT INTO queue_balance (account, balance) VALUES ($1, $2)
 ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.balance`, m.Account, m.Amount); err != nil {
@@ -322,6 +336,14 @@ ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.b
 		c.pause(BeforeCommit, m, token)
 		return nil
 	})
+}
+
+// uniqueViolation reports whether err is PostgreSQL's unique_violation
+// (SQLSTATE 23505), known by the method of pgx's *pgconn.PgError so that
+// the package does not import the driver.
+func uniqueViolation(err error) bool {
+	var pgErr interface{ SQLState() string }
+	return errors.As(err, &pgErr) && pgErr.SQLState() == "23505"
 }
 
 func parse(e redis.XMessage) (Message, error) {
