@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"github.com/fencekit/fence/cmd/fence/internal/progress"
 	"os"
 	"path/filepath"
 
@@ -54,6 +55,8 @@ Redlock's own), in 10 and 11 the etcd and ZooKeeper locks with writes that ignor
 in 9 the naive lock paused the same way, which hands out a lease that expired during the
 pause. A fault that did not take effect fails its run. Paused workers resume at seeded
 random points (--seed replays them).
+Each run prints a line to stderr as it finishes; when stderr is a terminal, a status line
+beneath them shows the time elapsed (rewritten in place, cleared at the end).
 Lab exits 1 if an expectation fails.
 
 --quick runs a short version (about 1 min 45 s: PostgreSQL's row about 4 s, the Redlock
@@ -63,7 +66,10 @@ per scenario. With --out DIR it writes report.md, report.json and timeline.svg t
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: cmd.ErrOrStderr(), Seed: seed})
+			stderr := cmd.ErrOrStderr()
+			running := progress.Start(stderr, stderrIsTerminal(stderr), "fence lab: running")
+			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: running, Seed: seed})
+			running.Stop()
 			if err != nil {
 				return exitWith(1, err)
 			}
