@@ -1,9 +1,12 @@
 package doctor_test
 
 import (
+	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -154,5 +157,37 @@ func TestRedlockInvalidConfig(t *testing.T) {
 		if _, err := doctor.Run(t.Context(), cfg); err == nil {
 			t.Fatalf("Run(%+v) = nil error", cfg)
 		}
+	}
+}
+
+// A hung master takes at most a third of the time, and the others are
+// audited meanwhile: it is a finding, not the end of the audit.
+func TestRedlockHungMaster(t *testing.T) {
+	ms := masters(t, 3)
+	ms[1].Signal(syscall.SIGSTOP) // accepts connections (the kernel does), answers nothing
+	t.Cleanup(func() { ms[1].Signal(syscall.SIGCONT) })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	fs, err := doctor.Run(ctx, redlockAt(addrsOf(ms)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("a hung master took %v of the 3 s", took)
+	}
+	has(t, fs, "node-unreachable", doctor.Warning, ms[1].Addr)
+	lacks(t, fs, "redlock-no-majority")
+	// All hung: the deployment could not be read, within the deadline.
+	for _, m := range []*redistest.Server{ms[0], ms[2]} {
+		m.Signal(syscall.SIGSTOP)
+		t.Cleanup(func() { m.Signal(syscall.SIGCONT) })
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
+	defer cancel2()
+	start = time.Now()
+	_, err = doctor.Run(ctx2, redlockAt(addrsOf(ms)...))
+	if took := time.Since(start); took > 2*time.Second || !errors.Is(err, doctor.ErrUnreachable) {
+		t.Fatalf("Run on hung masters: %v after %v", err, took)
 	}
 }
