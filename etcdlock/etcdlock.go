@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +44,16 @@ type Options struct {
 	// the lease's Deadline is measured from WatchdogTTL itself.
 	WatchdogTTL time.Duration
 
+	// Observer, if not nil, is told of every acquisition and the end of
+	// every lease, with Backend "etcd"; see fence.Observer.
+	Observer fence.Observer
+
+	// Logger, if not nil, receives a warning when a lease is lost (with
+	// the lock name, token and cause) and when a watchdog renewal fails.
+	// Nil logs nothing. Credentials never appear in it: the lines carry
+	// names, tokens, causes and errors.
+	Logger *slog.Logger
+
 	_ struct{}
 }
 
@@ -52,6 +63,8 @@ type Locker struct {
 	client      *clientv3.Client
 	prefix      string
 	watchdogTTL time.Duration
+	obs         fence.Observer // nil: none
+	log         *slog.Logger   // nil: none
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -67,6 +80,7 @@ func New(client *clientv3.Client, o *Options) (*Locker, error) {
 	l := &Locker{client: client, prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
 	if o != nil {
 		l.prefix = cmp.Or(o.Prefix, DefaultPrefix)
+		l.obs, l.log = o.Observer, o.Logger
 		if o.WatchdogTTL != 0 {
 			if err := fence.ValidateTTL(o.WatchdogTTL); err != nil {
 				return nil, fmt.Errorf("etcdlock: watchdog TTL: %w", err)
@@ -107,6 +121,16 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	if ctx == nil {
 		panic("etcdlock: Acquire with a nil context")
 	}
+	if l.obs == nil {
+		return l.acquire(ctx, name, opts...)
+	}
+	start := time.Now()
+	lease, err := l.acquire(ctx, name, opts...)
+	fence.ReportAcquire(l.obs, backend, name, start, lease, err)
+	return lease, err
+}
+
+func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}

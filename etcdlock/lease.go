@@ -21,6 +21,7 @@ type Lease struct {
 	key      string
 	token    fence.Token
 	watchdog bool
+	granted  time.Time // for the hold time reported to the Observer
 
 	ctx    context.Context // cancelled with err as cause when the lease ends
 	cancel context.CancelCauseFunc
@@ -49,7 +50,7 @@ func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, id c
 	ls := &Lease{
 		l: l, name: name, key: key, token: fence.Token(rev), watchdog: watchdog,
 		id: id, ttl: ttl, deadline: deadline(sent, ttl), moved: make(chan struct{}, 1),
-		op: make(chan struct{}, 1),
+		op: make(chan struct{}, 1), granted: time.Now(),
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.startRun()
@@ -81,16 +82,38 @@ func (ls *Lease) Err() error { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err
 func (ls *Lease) String() string { return fmt.Sprintf("etcdlock lease %q token %d", ls.name, ls.token) }
 
 // end records why the lease ended and cancels its context; the first call
-// wins. It reports whether this call ended it.
+// wins. It reports whether this call ended it. The cause it reports is
+// Released for fence.ErrReleased, LostRemoved otherwise; see endAs.
 func (ls *Lease) end(why error) bool {
+	cause := fence.LostRemoved
+	if why == fence.ErrReleased {
+		cause = fence.Released
+	}
+	return ls.endAs(why, cause)
+}
+
+// endAs is end with the cause to report to the Observer and the Logger.
+func (ls *Lease) endAs(why error, cause fence.LeaseCause) bool {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	if ls.err != nil {
+		ls.mu.Unlock()
 		return false
 	}
 	ls.err = why
 	ls.cancel(why)
+	ls.mu.Unlock()
+	ls.ended(cause, why)
 	return true
+}
+
+// expired ends the lease whose deadline has passed: a watchdog lease's
+// renewals failed until then, a fixed one was not extended. It reports
+// whether this call ended it.
+func (ls *Lease) expired() bool {
+	if ls.watchdog {
+		return ls.endAs(ls.lostf("not renewed before its deadline"), fence.LostRenewFailed)
+	}
+	return ls.endAs(ls.lostf("expired"), fence.LostExpired)
 }
 
 func (ls *Lease) lostf(format string, args ...any) error {
@@ -154,8 +177,8 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 	if !ls.watchdog {
 		renew.Stop()
 	}
-	lose := func(why error) {
-		if ls.end(why) {
+	lose := func(ended bool) {
+		if ended {
 			ls.l.revoke(ls.ctx, ls.etcdLease())
 		}
 	}
@@ -166,7 +189,7 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 		case <-ls.l.client.Ctx().Done():
 			// The user closed the client: nothing renews the etcd lease or
 			// watches the key any more, and no revoke can be sent.
-			ls.end(ls.lostf("the etcd client was closed"))
+			ls.endAs(ls.lostf("the etcd client was closed"), fence.LostRenewFailed)
 			return
 		case <-ls.moved:
 			expiry.Reset(time.Until(ls.Deadline()))
@@ -178,21 +201,18 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 				expiry.Reset(time.Until(d))
 				continue
 			}
-			if ls.watchdog {
-				lose(ls.lostf("not renewed before its deadline"))
-			} else {
-				lose(ls.lostf("expired"))
-			}
+			lose(ls.expired())
 			return
 		case why := <-deleted:
-			lose(why)
+			lose(ls.end(why))
 			return
 		case <-renew.C:
 			if err := ls.renew(ctx); err != nil {
 				if errors.Is(err, fence.ErrLeaseLost) {
-					lose(err)
+					lose(ls.end(err))
 					return
 				}
+				ls.renewFailed(err)
 				renew.Reset(retryInterval)
 				continue
 			}
@@ -312,7 +332,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
 	defer ls.unlockOp()
-	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
 	if err := ls.Err(); err != nil {
@@ -369,7 +389,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // extendFailed returns err, the error of an Extend that did not get
 // through, or why the lease ended if its deadline passed meanwhile.
 func (ls *Lease) extendFailed(ctx context.Context, err error) error {
-	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
 	if lerr := ls.Err(); lerr != nil {
@@ -426,7 +446,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	}
 	// Stop run first, or it would take the delete below for a loss.
 	ls.stop()
-	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
 	if err := ls.Err(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"syscall"
 	"time"
@@ -117,7 +118,7 @@ func (ls *lease) end(why error) {
 	ls.endAs(cause, why)
 }
 
-// endAs is end with the cause to report to the Observer.
+// endAs is end with the cause to report to the Observer and the Logger.
 func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
 	if ls.err != nil {
@@ -128,6 +129,11 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.expiry.Stop()
 	ls.cancel(why)
 	ls.mu.Unlock()
+	if log := ls.locker.log; log != nil && cause != fence.Released {
+		log.LogAttrs(ls.ctx, slog.LevelWarn, "redlock: lease lost",
+			slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
+			slog.String("cause", string(cause)), slog.Any("error", why))
+	}
 	if obs := ls.locker.obs; obs != nil {
 		obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
@@ -155,6 +161,11 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return
 		case err != nil:
+			if log := ls.locker.log; log != nil && ls.Err() == nil {
+				log.LogAttrs(ls.ctx, slog.LevelWarn, "redlock: renewal failed",
+					slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
+					slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
+			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)

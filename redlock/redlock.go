@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"net"
 	"path/filepath"
@@ -106,6 +107,12 @@ type Options struct {
 	// every lease, with Backend "redlock"; see fence.Observer.
 	Observer fence.Observer
 
+	// Logger, if not nil, receives a warning when a lease is lost (with
+	// the lock name, token and cause) and when a watchdog renewal fails to
+	// reach a majority. Nil logs nothing. Credentials never appear in it:
+	// the lines carry names, tokens, causes and errors.
+	Logger *slog.Logger
+
 	_ struct{} // forbids positional literals
 }
 
@@ -119,6 +126,7 @@ type Locker struct {
 	nodeTimeout time.Duration // 0: DefaultNodeTimeout of the lease time
 	retryDelay  time.Duration
 	obs         fence.Observer // nil: none
+	log         *slog.Logger   // nil: none
 
 	// reached[i] is set once node i was pinged for a first contact,
 	// whatever it answered: later acquisitions no longer ping it first.
@@ -179,6 +187,7 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		nodeTimeout: o.NodeTimeout,
 		retryDelay:  cmp.Or(o.RetryDelay, DefaultRetryDelay),
 		obs:         o.Observer,
+		log:         o.Logger,
 		reached:     make([]atomic.Bool, len(clients)),
 		now:         time.Now,
 		wall:        time.Now,

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"github.com/fencekit/fence/cmd/fence/internal/progress"
 	"os"
 	"path/filepath"
 
@@ -58,6 +59,8 @@ in 9 the naive lock paused the same way, which hands out a lease that expired du
 pause; in 13 the queue's consumer without the fence and without the unique constraint on
 the message id (its protected row must also show a late commit rejected). A fault that did not take effect fails its run. Paused workers resume at seeded
 random points (--seed replays them).
+Each run prints a line to stderr as it finishes; when stderr is a terminal, a status line
+beneath them shows the time elapsed (rewritten in place, cleared at the end).
 Lab exits 1 if an expectation fails.
 
 --quick runs a short version (about 2 min: PostgreSQL's row about 4 s, the Redlock
@@ -68,7 +71,10 @@ in 13). With --out DIR it writes report.md, report.json and timeline.svg there, 
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: cmd.ErrOrStderr(), Seed: seed})
+			stderr := cmd.ErrOrStderr()
+			running := progress.Start(stderr, stderrIsTerminal(stderr), "fence lab: running")
+			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: running, Seed: seed})
+			running.Stop()
 			if err != nil {
 				return exitWith(1, err)
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fence/cmd/fence/internal/progress"
 	"io"
 	"os"
 	"os/signal"
@@ -74,6 +75,10 @@ type scrubLogger struct {
 func (l scrubLogger) Printf(_ context.Context, format string, v ...any) {
 	fmt.Fprintln(l.w, scrub(fmt.Sprintf(format, v...), l.args))
 }
+
+// stderrIsTerminal decides whether the command shows progress on stderr (a
+// status line rewritten in place): only on a terminal. Tests replace it.
+var stderrIsTerminal = progress.IsTerminal
 
 func rootCmd() *cobra.Command {
 	root := &cobra.Command{
