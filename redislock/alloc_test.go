@@ -2,12 +2,14 @@ package redislock_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 func BenchmarkAcquireRelease(b *testing.B) {
@@ -27,23 +29,30 @@ func BenchmarkAcquireRelease(b *testing.B) {
 }
 
 // BenchmarkAcquireReleaseDeadline is BenchmarkAcquireRelease with a context
-// that has a deadline, as most callers' have: every call then goes through
-// bounded (a goroutine and a channel per call), which a context without one
-// skips.
+// that has a deadline, as most callers' have: with go-redis's defaults every
+// call then goes through bounded, on one of the Locker's call goroutines,
+// which a context without one skips; with ContextTimeoutEnabled the client
+// bounds its calls itself and fence calls it directly.
 func BenchmarkAcquireReleaseDeadline(b *testing.B) {
 	srv := redistest.Start(b)
-	l := newLocker(b, srv.Client(b))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
-	b.ReportAllocs()
-	for b.Loop() {
-		lease, err := l.Acquire(ctx, "bench", fence.TTL(10*time.Second))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := lease.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
+	for _, cte := range []bool{false, true} {
+		b.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(b *testing.B) {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: cte})
+			b.Cleanup(func() { _ = c.Close() })
+			l := newLocker(b, c)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			b.ReportAllocs()
+			for b.Loop() {
+				lease, err := l.Acquire(ctx, "bench", fence.TTL(10*time.Second))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -19,31 +20,47 @@ import (
 // holds a command for the client's ReadTimeout, 3 s by default, and a
 // connection pool wait or a dial can add more. Refusing such clients in New
 // would refuse go-redis's defaults, so every call fence makes goes through
-// here instead. The call goes on in its goroutine until the client gives up
-// or the server answers; the goroutine then ends.
+// here instead. Unless the client bounds its calls itself (see callers), the
+// call runs on one of the Locker's call goroutines, and goes on there until
+// the client gives up or the server answers.
 //
 // A command given up on may still run on the server: it may be sitting in
 // the server's socket. abandoned, if not nil, is called with the late result
 // so that the caller can undo what a late success did (an acquisition
 // releases the lock it took). It runs in the call's goroutine.
-func bounded[T any](ctx context.Context, call func(context.Context) (T, error), abandoned func(T, error)) (T, error) {
-	if ctx.Done() == nil {
+func bounded[T any](ctx context.Context, cs *callers, call func(context.Context) (T, error), abandoned func(T, error)) (T, error) {
+	done := ctx.Done()
+	if done == nil {
 		return call(ctx)
 	}
 	var zero T
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
+	if cs.selfBounded {
+		if _, ok := ctx.Deadline(); ok {
+			// The client's socket, pool wait and dial end at ctx's
+			// deadline: no goroutine needed. A cancellation before the
+			// deadline ends the call only at the deadline, at the latest.
+			// The error names ctx's too, so that callers treat the call as
+			// one that may have run (giveUpMaybeHeld).
+			v, err := call(ctx)
+			if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+				err = fmt.Errorf("%w: %w", err, ctx.Err())
+			}
+			return v, err
+		}
+	}
 	type result struct {
 		v   T
 		err error
 	}
 	var (
-		mu     sync.Mutex
-		gaveUp bool
-		done   = make(chan result, 1)
+		mu      sync.Mutex
+		gaveUp  bool
+		results = make(chan result, 1)
 	)
-	go func() {
+	cs.run(func() {
 		v, err := call(ctx)
 		mu.Lock()
 		if gaveUp {
@@ -53,23 +70,114 @@ func bounded[T any](ctx context.Context, call func(context.Context) (T, error), 
 			}
 			return
 		}
-		done <- result{v, err}
+		results <- result{v, err}
 		mu.Unlock()
-	}()
+	})
 	select {
-	case r := <-done:
+	case r := <-results:
 		return r.v, r.err
-	case <-ctx.Done():
+	case <-done:
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	select {
-	case r := <-done: // it finished as ctx ended: keep the answer
+	case r := <-results: // it finished as ctx ended: keep the answer
 		return r.v, r.err
 	default:
 	}
 	gaveUp = true
 	return zero, fmt.Errorf("%w: %w", errGaveUp, ctx.Err())
+}
+
+// callers runs the calls that bounded must be able to leave: on goroutines
+// that wait for the next call for a while after one ends, so that a caller
+// whose context has a deadline does not pay for a new goroutine, and for
+// growing its stack through go-redis's call path, on every command. An idle
+// call goroutine ends after callerIdle, so a Locker still needs no closing.
+type callers struct {
+	// selfBounded: the client ends its calls at ctx's deadline itself
+	// (a plain *redis.Client with ContextTimeoutEnabled), so a ctx with a
+	// deadline needs no call goroutine.
+	selfBounded bool
+
+	mu   sync.Mutex
+	idle []*caller // LIFO: the most recently used has the warmest stack
+}
+
+// caller is one call goroutine; jobs holds at most the one call handed to
+// it by the goroutine that took it off the idle list.
+type caller struct{ jobs chan func() }
+
+// callerIdle is how long a call goroutine waits for another call;
+// maxIdleCallers bounds how many wait.
+const (
+	callerIdle     = 200 * time.Millisecond
+	maxIdleCallers = 64
+)
+
+// run runs job on an idle call goroutine, or on a new one.
+func (cs *callers) run(job func()) {
+	cs.mu.Lock()
+	if n := len(cs.idle); n > 0 {
+		c := cs.idle[n-1]
+		cs.idle[n-1] = nil
+		cs.idle = cs.idle[:n-1]
+		cs.mu.Unlock()
+		c.jobs <- job // buffered, and only the taker sends
+		return
+	}
+	cs.mu.Unlock()
+	go cs.loop(&caller{jobs: make(chan func(), 1)}, job)
+}
+
+// loop runs job, then the calls handed to c, until c has waited callerIdle
+// for one.
+func (cs *callers) loop(c *caller, job func()) {
+	var idle *time.Timer
+	for {
+		job()
+		job = nil
+		cs.mu.Lock()
+		if len(cs.idle) >= maxIdleCallers {
+			cs.mu.Unlock()
+			return
+		}
+		cs.idle = append(cs.idle, c)
+		cs.mu.Unlock()
+		if idle == nil {
+			idle = time.NewTimer(callerIdle)
+		} else {
+			idle.Reset(callerIdle)
+		}
+		select {
+		case job = <-c.jobs:
+			idle.Stop()
+			continue
+		case <-idle.C:
+		}
+		cs.mu.Lock()
+		if i := slices.Index(cs.idle, c); i >= 0 {
+			cs.idle = slices.Delete(cs.idle, i, i+1)
+			cs.mu.Unlock()
+			return
+		}
+		cs.mu.Unlock()
+		job = <-c.jobs // taken off the list just now: its call is on the way
+	}
+}
+
+// selfBounded reports whether client ends every call at its context's
+// deadline by itself: a plain *redis.Client (not a Sentinel failover
+// client, whose master lookup is not bounded so) with ContextTimeoutEnabled,
+// which puts the deadline on the socket and on the wait for a pooled
+// connection and the dial.
+func selfBounded(client redis.UniversalClient) bool {
+	c, ok := client.(*redis.Client)
+	if !ok {
+		return false
+	}
+	o := c.Options()
+	return o.ContextTimeoutEnabled && o.Addr != "FailoverClient"
 }
 
 // errGaveUp wraps ctx's error when bounded stopped waiting for a call that
@@ -86,7 +194,7 @@ type synced struct {
 
 // evalBounded is evalSynced through bounded.
 func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error), script *redis.Script, keys []string, args ...any) (synced, error) {
-	return bounded(ctx, func(ctx context.Context) (synced, error) {
+	return bounded(ctx, &l.calls, func(ctx context.Context) (synced, error) {
 		reply, acked, required, err := l.evalSynced(ctx, script, keys, args...)
 		return synced{reply, acked, required}, err
 	}, abandoned)

@@ -83,8 +83,12 @@
 //
 // Every call fence makes returns by its context's deadline whatever the
 // client's options: go-redis only puts the deadline on the socket with
-// ContextTimeoutEnabled, so each command runs in a goroutine that the
-// caller leaves when the context ends. The goroutine ends when the client's
+// ContextTimeoutEnabled, so without it each command runs on a goroutine
+// (one of a few that the Locker keeps for a moment between calls) that the
+// caller leaves when the context ends. A plain *redis.Client with
+// ContextTimeoutEnabled is called directly when the context has a deadline:
+// it ends the call at the deadline itself (a cancellation before the
+// deadline then ends the call at the deadline at the latest). The goroutine ends when the client's
 // own timeout or the server's late answer ends the command; a late answer
 // to an acquisition that took the lock gives the lock back. An acquisition
 // whose answer is lost altogether (the client's own timeout closed the

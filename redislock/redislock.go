@@ -74,6 +74,7 @@ type Locker struct {
 	replicas  replicaCounts
 	obs       fence.Observer // nil: none
 	log       *slog.Logger   // nil: none
+	calls     callers        // where bounded runs the calls it may leave
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
@@ -114,6 +115,7 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		return nil, fmt.Errorf("%w: redislock: replica sync %+v", fence.ErrInvalidOption, s)
 	}
 	_, l.sharded = client.(*redis.ClusterClient)
+	l.calls.selfBounded = selfBounded(client)
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redislock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
 	}
@@ -290,6 +292,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		case lease != nil:
 			return lease, nil
 		case err != nil && waitCtx.Err() != nil:
+			if !errors.Is(err, errGaveUp) {
+				// Ended by the deadline inside the client (one that
+				// bounds its own calls): the script may have run.
+				maybe = err
+			}
 			return budgetOver()
 		case err != nil && !transient(err):
 			return fail(err)
@@ -426,7 +433,7 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 	if revoke > 0 {
 		keys, args = append(keys, a.revokeKey), append(args, revoke.Milliseconds())
 	}
-	n, err := bounded(ctx, func(ctx context.Context) (int, error) {
+	n, err := bounded(ctx, &l.calls, func(ctx context.Context) (int, error) {
 		reply, _, _, err := l.evalRouted(ctx, releaseScript, keys, args...)
 		if err != nil {
 			return 0, err
