@@ -81,3 +81,46 @@ func BenchmarkObserver(b *testing.B) {
 		})
 	}
 }
+
+// maxAllocs is the ceiling on allocations per uncontended acquire+release
+// (issue 18: at most 30; go-redis itself makes about 22 for the two
+// EVALSHAs). The Locker makes a few: the attempt with its lease, the
+// owner's revocation key, fence.Apply's options.
+const maxAllocs = 30
+
+// TestAllocsPerAcquireRelease holds the uncontended path to maxAllocs, with
+// a context that cannot end and with a deadline on a client that bounds
+// its own calls (ContextTimeoutEnabled), where fence calls go-redis
+// directly.
+func TestAllocsPerAcquireRelease(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: cte})
+			t.Cleanup(func() { _ = c.Close() })
+			l := newLocker(t, c)
+			ctx := context.Background()
+			if cte {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, time.Hour)
+				t.Cleanup(cancel)
+			}
+			ttl := fence.TTL(10 * time.Second)
+			pair := func() {
+				lease, err := l.Acquire(ctx, "alloc", ttl)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pair() // the script cache, the connection, the name's keys
+			if n := testing.AllocsPerRun(200, pair); n > maxAllocs {
+				t.Errorf("%.1f allocations per acquire+release, want at most %d", n, maxAllocs)
+			} else {
+				t.Logf("%.1f allocations per acquire+release", n)
+			}
+		})
+	}
+}

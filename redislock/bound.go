@@ -37,19 +37,12 @@ func bounded[T any](ctx context.Context, cs *callers, call func(context.Context)
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
-	if cs.selfBounded {
-		if _, ok := ctx.Deadline(); ok {
-			// The client's socket, pool wait and dial end at ctx's
-			// deadline: no goroutine needed. A cancellation before the
-			// deadline ends the call only at the deadline, at the latest.
-			// The error names ctx's too, so that callers treat the call as
-			// one that may have run (giveUpMaybeHeld).
-			v, err := call(ctx)
-			if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-				err = fmt.Errorf("%w: %w", err, ctx.Err())
-			}
-			return v, err
-		}
+	if cs.direct(ctx) {
+		// The client's socket, pool wait and dial end at ctx's deadline:
+		// no goroutine needed. A cancellation before the deadline ends
+		// the call only at the deadline, at the latest.
+		v, err := call(ctx)
+		return v, cs.directErr(ctx, err)
 	}
 	type result struct {
 		v   T
@@ -102,6 +95,26 @@ type callers struct {
 
 	mu   sync.Mutex
 	idle []*caller // LIFO: the most recently used has the warmest stack
+}
+
+// direct reports whether bounded calls straight through with ctx: it has
+// no Done channel, or the client ends the call at its deadline.
+func (cs *callers) direct(ctx context.Context) bool {
+	if ctx.Done() == nil {
+		return true
+	}
+	_, ok := ctx.Deadline()
+	return ok && cs.selfBounded
+}
+
+// directErr is err from a call made straight through with ctx: when ctx has
+// ended, the error names ctx's too, so that callers treat the call as one
+// that may have run (giveUpMaybeHeld).
+func (cs *callers) directErr(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		return fmt.Errorf("%w: %w", err, ctx.Err())
+	}
+	return err
 }
 
 // caller is one call goroutine; jobs holds at most the one call handed to
@@ -194,6 +207,11 @@ type synced struct {
 
 // evalBounded is evalSynced through bounded.
 func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error), script *redis.Script, keys []string, args ...any) (synced, error) {
+	if l.calls.direct(ctx) {
+		// No closure for bounded, which would call straight through.
+		reply, acked, required, err := l.evalSynced(ctx, script, keys, args...)
+		return synced{reply, acked, required}, l.calls.directErr(ctx, err)
+	}
 	return bounded(ctx, &l.calls, func(ctx context.Context) (synced, error) {
 		reply, acked, required, err := l.evalSynced(ctx, script, keys, args...)
 		return synced{reply, acked, required}, err
