@@ -145,8 +145,10 @@ type keys struct {
 	lock    string // holds the owner id, with the lease's expiry
 	token   string // the last token issued
 	channel string // where the release script tells waiters
+	waiting string // set while someone waits: the release script publishes only then
 
-	release []string // the release script's keys: lock, channel
+	release    []string // the release script's keys: lock, waiting
+	channelArg any      // channel, boxed once for the release script's arguments
 }
 
 func (l *Locker) keys(name string) *keys {
@@ -174,8 +176,8 @@ func (c *nameCache) get(prefix, name string) *keys {
 		c.m = make(map[string]*keys)
 	}
 	base := prefix + ":{" + name + "}"
-	k := &keys{lock: base, token: base + ":token", channel: base + ":released"}
-	k.release = []string{k.lock, k.channel}
+	k := &keys{lock: base, token: base + ":token", channel: base + ":released", waiting: base + ":waiting"}
+	k.release, k.channelArg = []string{k.lock, k.waiting}, k.channel
 	c.m[name] = k
 	return k
 }
@@ -245,6 +247,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	start := time.Now()
 	a := l.newAttempt(name, o.TTL)
+	if o.Wait > 0 {
+		// A try that finds the lock held marks the name as waited on
+		// for as long as this Acquire may wait, so that releases publish.
+		a.acquireArgs[3] = o.Wait.Milliseconds()
+	}
 	lease, holderTTL, err := l.try(ctx, a)
 	switch {
 	case lease != nil:
@@ -418,9 +425,9 @@ type attempt struct {
 	watchdog  bool
 
 	ownerArg    any       // owner, boxed
-	acquireKeys [3]string // lock, token, revokeKey
-	acquireArgs [3]any    // owner, lease ms, token record retention ms
-	releaseArgs [2]any    // owner, PUBLISH or SPUBLISH
+	acquireKeys [4]string // lock, token, revokeKey, waiting
+	acquireArgs [4]any    // owner, lease ms, token record retention ms, wait ms (see acquire.lua)
+	releaseArgs [3]any    // owner, PUBLISH or SPUBLISH, channel
 
 	// home is the lease that the first successful try fills in: the
 	// attempt lives in it from the start, so that an acquisition
@@ -437,7 +444,7 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	ls := new(lease)
 	a := &ls.attempt
 	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, ttl: ttl, home: ls,
-		ownerArg: owner, acquireKeys: [3]string{k.lock, k.token, revokeKey}}
+		ownerArg: owner, acquireKeys: [4]string{k.lock, k.token, revokeKey, k.waiting}}
 	if ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
@@ -445,8 +452,8 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	if a.ttl > l.retention {
 		retention = a.ttl.Milliseconds()
 	}
-	a.acquireArgs = [3]any{a.ownerArg, l.ttlArg.get(a.ttl), retention}
-	a.releaseArgs = [2]any{a.ownerArg, l.publish}
+	a.acquireArgs = [4]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0}
+	a.releaseArgs = [3]any{a.ownerArg, l.publish, k.channelArg}
 	return a
 }
 
@@ -512,14 +519,14 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
 	keys := a.keys.release
 	if revoke > 0 {
-		keys = []string{a.keys.lock, a.keys.channel, a.revokeKey}
+		keys = []string{a.keys.lock, a.keys.waiting, a.revokeKey}
 	}
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
 		var deleted bool
 		var err error
 		if revoke > 0 {
-			deleted, err = l.release(ctx, keys, a.ownerArg, l.publish, revoke.Milliseconds())
+			deleted, err = l.release(ctx, keys, a.ownerArg, l.publish, a.keys.channelArg, revoke.Milliseconds())
 		} else {
 			deleted, err = l.release(ctx, keys, a.releaseArgs[:]...)
 		}
@@ -527,9 +534,9 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 	}
 	return bounded(ctx, &l.calls, func(ctx context.Context) (bool, error) {
 		if revoke > 0 {
-			return l.release(ctx, keys, a.ownerArg, l.publish, revoke.Milliseconds())
+			return l.release(ctx, keys, a.ownerArg, l.publish, a.keys.channelArg, revoke.Milliseconds())
 		}
-		return l.release(ctx, keys, a.ownerArg, l.publish)
+		return l.release(ctx, keys, a.releaseArgs[:]...)
 	}, nil)
 }
 
