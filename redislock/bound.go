@@ -44,43 +44,55 @@ func bounded[T any](ctx context.Context, cs *callers, call func(context.Context)
 		v, err := call(ctx)
 		return v, cs.directErr(ctx, err)
 	}
-	type result struct {
-		v   T
-		err error
-	}
-	var (
-		mu      sync.Mutex
-		gaveUp  bool
-		results = make(chan result, 1)
-	)
-	cs.run(func() {
-		v, err := call(ctx)
-		mu.Lock()
-		if gaveUp {
-			mu.Unlock()
-			if abandoned != nil {
-				abandoned(v, err)
-			}
-			return
-		}
-		results <- result{v, err}
-		mu.Unlock()
-	})
+	bc := &boundedCall[T]{ctx: ctx, call: call, abandoned: abandoned, done: make(chan struct{})}
+	cs.run(bc)
 	select {
-	case r := <-results:
-		return r.v, r.err
+	case <-bc.done:
+		return bc.v, bc.err
 	case <-done:
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	bc.mu.Lock()
+	defer bc.mu.Unlock()
 	select {
-	case r := <-results: // it finished as ctx ended: keep the answer
-		return r.v, r.err
+	case <-bc.done: // it finished as ctx ended: keep the answer
+		return bc.v, bc.err
 	default:
 	}
-	gaveUp = true
+	bc.gaveUp = true
 	return zero, fmt.Errorf("%w: %w", errGaveUp, ctx.Err())
 }
+
+// boundedCall is one call that bounded runs on a call goroutine: one object
+// for the call, its result and the hand-over.
+type boundedCall[T any] struct {
+	ctx       context.Context
+	call      func(context.Context) (T, error)
+	abandoned func(T, error)
+
+	mu     sync.Mutex
+	gaveUp bool          // the caller left; guarded by mu
+	done   chan struct{} // closed when v and err are set, unless gaveUp
+	v      T
+	err    error
+}
+
+func (bc *boundedCall[T]) run() {
+	v, err := bc.call(bc.ctx)
+	bc.mu.Lock()
+	if bc.gaveUp {
+		bc.mu.Unlock()
+		if bc.abandoned != nil {
+			bc.abandoned(v, err)
+		}
+		return
+	}
+	bc.v, bc.err = v, err
+	close(bc.done)
+	bc.mu.Unlock()
+}
+
+// job is a call handed to a call goroutine.
+type job interface{ run() }
 
 // callers runs the calls that bounded must be able to leave: on goroutines
 // that wait for the next call for a while after one ends, so that a caller
@@ -119,7 +131,7 @@ func (cs *callers) directErr(ctx context.Context, err error) error {
 
 // caller is one call goroutine; jobs holds at most the one call handed to
 // it by the goroutine that took it off the idle list.
-type caller struct{ jobs chan func() }
+type caller struct{ jobs chan job }
 
 // callerIdle is how long a call goroutine waits for another call;
 // maxIdleCallers bounds how many wait.
@@ -128,28 +140,28 @@ const (
 	maxIdleCallers = 64
 )
 
-// run runs job on an idle call goroutine, or on a new one.
-func (cs *callers) run(job func()) {
+// run runs j on an idle call goroutine, or on a new one.
+func (cs *callers) run(j job) {
 	cs.mu.Lock()
 	if n := len(cs.idle); n > 0 {
 		c := cs.idle[n-1]
 		cs.idle[n-1] = nil
 		cs.idle = cs.idle[:n-1]
 		cs.mu.Unlock()
-		c.jobs <- job // buffered, and only the taker sends
+		c.jobs <- j // buffered, and only the taker sends
 		return
 	}
 	cs.mu.Unlock()
-	go cs.loop(&caller{jobs: make(chan func(), 1)}, job)
+	go cs.loop(&caller{jobs: make(chan job, 1)}, j)
 }
 
-// loop runs job, then the calls handed to c, until c has waited callerIdle
+// loop runs j, then the calls handed to c, until c has waited callerIdle
 // for one.
-func (cs *callers) loop(c *caller, job func()) {
+func (cs *callers) loop(c *caller, j job) {
 	var idle *time.Timer
 	for {
-		job()
-		job = nil
+		j.run()
+		j = nil
 		cs.mu.Lock()
 		if len(cs.idle) >= maxIdleCallers {
 			cs.mu.Unlock()
@@ -163,7 +175,7 @@ func (cs *callers) loop(c *caller, job func()) {
 			idle.Reset(callerIdle)
 		}
 		select {
-		case job = <-c.jobs:
+		case j = <-c.jobs:
 			idle.Stop()
 			continue
 		case <-idle.C:
@@ -175,7 +187,7 @@ func (cs *callers) loop(c *caller, job func()) {
 			return
 		}
 		cs.mu.Unlock()
-		job = <-c.jobs // taken off the list just now: its call is on the way
+		j = <-c.jobs // taken off the list just now: its call is on the way
 	}
 }
 
