@@ -105,9 +105,9 @@ func TestAllocsPerAcquireRelease(t *testing.T) {
 				ctx, cancel = context.WithTimeout(ctx, time.Hour)
 				t.Cleanup(cancel)
 			}
-			ttl := fence.TTL(10 * time.Second)
+			ttl, wait := fence.TTL(10*time.Second), fence.Wait(time.Minute) // as bench/ calls it
 			pair := func() {
-				lease, err := l.Acquire(ctx, "alloc", ttl)
+				lease, err := l.Acquire(ctx, "alloc", ttl, wait)
 				if err != nil {
 					t.Fatal(err)
 				}

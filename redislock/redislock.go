@@ -80,6 +80,7 @@ type Locker struct {
 	publish   any            // "PUBLISH" or "SPUBLISH", boxed once for the release script
 	retainArg boxedMs        // retention ms, boxed, for the acquire script
 	ttlArg    boxedMs        // the last lease ms boxed for the acquire script
+	waitArg   boxedMs        // the last wait ms boxed for the acquire script
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
@@ -250,7 +251,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if o.Wait > 0 {
 		// A try that finds the lock held marks the name as waited on
 		// for as long as this Acquire may wait, so that releases publish.
-		a.acquireArgs[3] = o.Wait.Milliseconds()
+		a.acquireArgs[3] = l.waitArg.get(o.Wait)
 	}
 	lease, holderTTL, err := l.try(ctx, a)
 	switch {
