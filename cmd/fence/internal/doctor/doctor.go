@@ -383,7 +383,7 @@ func aclCommands(prefix string) [][]any {
 		{"EVAL", "return 1", "1", key},
 		{"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", key},
 		{"WAIT", "0", "0"},
-		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"DEL", key},
+		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"SET", key, "x", "NX", "GET", "PX", "1"}, {"DEL", key},
 		{"EXISTS", key}, {"PEXPIRE", key, "1"}, {"PTTL", key},
 		{"TIME"}, {"INFO", "replication"},
 		{"PUBLISH", ch, "x"}, {"SUBSCRIBE", ch},
