@@ -18,7 +18,10 @@ import (
 
 // Schema creates the effect tables (PostgreSQL): queue_applied, one row per
 // applied message in the order they were applied (seq), with the token and
-// consumer that applied it, and queue_balance, what the messages add up to.
+// consumer that applied it, queue_balance, what the messages add up to, and
+// queue_dead, the messages given up on (see Consumer.MaxDeliveries). A
+// message is done once it has a row in queue_applied or in queue_dead,
+// never both.
 const Schema = `
 CREATE TABLE IF NOT EXISTS queue_applied (
 	seq        BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -34,6 +37,17 @@ CREATE TABLE IF NOT EXISTS queue_applied (
 CREATE TABLE IF NOT EXISTS queue_balance (
 	account TEXT   PRIMARY KEY,
 	balance BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queue_dead (
+	stream     TEXT   NOT NULL,
+	msg_id     TEXT   NOT NULL,
+	fields     TEXT   NOT NULL,
+	deliveries BIGINT NOT NULL,
+	error      TEXT   NOT NULL,
+	token      BIGINT NOT NULL,
+	consumer   TEXT   NOT NULL,
+	dead_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+	PRIMARY KEY (stream, msg_id)
 )`
 
 // CreateSchema creates the tables, the guard's included.
@@ -50,6 +64,9 @@ const (
 	DefaultBatch     = 10
 	DefaultBlock     = time.Second
 	DefaultTxTimeout = 10 * time.Second
+	// DefaultMaxDeliveries: a message whose transaction failed on its
+	// fifth delivery is dead.
+	DefaultMaxDeliveries = 5
 )
 
 // Message is one unit of work: add Amount to Account's balance.
@@ -119,6 +136,13 @@ type Consumer struct {
 	// that is under way. It bounds each XACK too. Default
 	// DefaultTxTimeout.
 	TxTimeout time.Duration
+	// MaxDeliveries is how many deliveries of a message may fail before it
+	// is given up on: recorded in queue_dead (in a transaction fenced like
+	// the effect's) and acknowledged, so that a message that can never be
+	// applied does not end every term and starve the messages behind it.
+	// A failure that also stops the write to queue_dead (the database is
+	// down) leaves the message pending. Default DefaultMaxDeliveries.
+	MaxDeliveries int
 	// Pause, if set, is called at each Point of each message: a place for
 	// tests to stop the process.
 	Pause func(p Point, m Message, token fence.Token)
@@ -145,11 +169,12 @@ const (
 	LogDuplicate = "duplicate" // applied before (the unique constraint): acknowledged
 	LogRejected  = "rejected"  // the fence found a greater token: a newer leader had it
 	LogFailed    = "failed"    // the transaction failed otherwise: the entry stays pending
+	LogDead      = "dead"      // failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
 	LogElected   = "elected"   // a term began
 	LogClaimed   = "claimed"   // XAUTOCLAIM took pending entries
 )
 
-var errDuplicate = errors.New("queue: message applied before")
+var errDuplicate = errors.New("queue: message applied (or given up on) before")
 
 // Run campaigns for the stream's lock on locker with fence.Lead and, while
 // it leads, claims idle pending entries and reads new ones, applying each.
@@ -281,8 +306,18 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
-			c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
-			return fmt.Errorf("queue: apply %s: %w", m.ID, err)
+			dead, derr := c.giveUp(ctx, e, token, err)
+			if derr != nil {
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+				if errors.Is(derr, guard.ErrStale) {
+					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, m.ID, derr)
+				}
+				return fmt.Errorf("queue: apply %s: %w", m.ID, errors.Join(err, derr))
+			}
+			if !dead {
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+				return fmt.Errorf("queue: apply %s: %w", m.ID, err)
+			}
 		}
 		// The commit (or the earlier one the constraint found) is done:
 		// only now is the entry acknowledged, even if the lease ended
@@ -293,6 +328,58 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		}
 	}
 	return nil
+}
+
+// giveUp records entry e, whose transaction failed with cause, in
+// queue_dead if this was delivery MaxDeliveries (or later) and reports
+// whether it did (or found it done before). Its error, if any, is why it
+// could not tell or record; the entry then stays pending.
+func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Token, cause error) (bool, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	defer cancel()
+	p, err := c.Redis.XPendingExt(rctx, &redis.XPendingExtArgs{
+		Stream: c.Stream, Group: c.Group, Start: e.ID, End: e.ID, Count: 1,
+	}).Result()
+	if err != nil {
+		return false, fmt.Errorf("queue: XPENDING %s: %w", e.ID, err)
+	}
+	if len(p) == 0 || p[0].RetryCount < int64(c.maxDeliveries()) {
+		return false, nil
+	}
+	fields := fmt.Sprint(e.Values)
+	err = c.fenced()(rctx, c.DB, Resource(c.Stream, e.ID), token, func(tx *sql.Tx) error {
+		var applied bool
+		if err := tx.QueryRowContext(rctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)`,
+			c.Stream, e.ID).Scan(&applied); err != nil {
+			return err
+		}
+		if applied {
+			return errDuplicate
+		}
+		_, err := tx.ExecContext(rctx, `INSERT INTO queue_dead (stream, msg_id, fields, deliveries, error, token, consumer)
+VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream, msg_id) DO NOTHING`,
+			c.Stream, e.ID, fields, p[0].RetryCount, cause.Error(), int64(token), c.Name)
+		return err
+	})
+	if err != nil && !errors.Is(err, errDuplicate) {
+		return false, err
+	}
+	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
+	return true, nil
+}
+
+func (c *Consumer) maxDeliveries() int {
+	if c.MaxDeliveries > 0 {
+		return c.MaxDeliveries
+	}
+	return DefaultMaxDeliveries
+}
+
+func (c *Consumer) fenced() func(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(*sql.Tx) error) error {
+	if c.Tx != nil {
+		return c.Tx
+	}
+	return guard.Tx
 }
 
 // ack acknowledges entry id, with a context that the lease's end does not
@@ -312,11 +399,16 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 	// consumer does not know that it paused, and the fence must stop it.
 	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
-	fenced := c.Tx
-	if fenced == nil {
-		fenced = guard.Tx
-	}
-	return fenced(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
+	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
+		// A message given up on before is done, like one applied before.
+		var dead bool
+		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`,
+			c.Stream, m.ID).Scan(&dead); err != nil {
+			return err
+		}
+		if dead {
+			return errDuplicate
+		}
 		// A plain INSERT, not ON CONFLICT DO NOTHING: the same for
 		// PostgreSQL (a concurrent insert of the id is waited for either
 		// way), and it still runs on a table whose constraint was dropped,
