@@ -400,16 +400,24 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
-		// A message given up on before is done, like one applied before.
-		var dead bool
-		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`,
-			c.Stream, m.ID).Scan(&dead); err != nil {
+		// A message applied or given up on before is done. Asked, not
+		// only learned from the INSERT's unique violation, which is known
+		// by SQLSTATE: a driver whose errors carry none (or a layer that
+		// flattens them) would make every redelivery a failure. The
+		// fence's row lock, taken above, orders the transactions of a
+		// message, and this statement's snapshot, taken after it (READ
+		// COMMITTED), sees what the one before committed.
+		var done bool
+		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)
+	OR EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`, c.Stream, m.ID).Scan(&done); err != nil {
 			return err
 		}
-		if dead {
+		if done {
 			return errDuplicate
 		}
-		// A plain INSERT, not ON CONFLICT DO NOTHING: the same for
+		// Without the fence (the fault lab's control) two transactions
+		// may both find nothing above: the unique constraint still
+		// catches the second. A plain INSERT, not ON CONFLICT DO NOTHING: the same for
 		// PostgreSQL (a concurrent insert of the id is waited for either
 		// way), and it still runs on a table whose constraint was dropped,
 		// which the fault lab's control and mutation test do.
