@@ -179,16 +179,39 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // Run campaigns for the stream's lock on locker with fence.Lead and, while
 // it leads, claims idle pending entries and reads new ones, applying each.
 // Each term creates the group (and the stream) if missing. It returns when
-// ctx ends, or at once for a Consumer without Stream, Group or Name. opts
+// ctx ends, or at once, with an error matching fence.ErrInvalidOption or
+// ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
+// with a negative duration or count, or whose lock name is not valid. opts
 // are passed to Lead.
 func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
-	if c.Stream == "" || c.Group == "" || c.Name == "" {
-		return fmt.Errorf("%w: queue: Stream, Group and Name must be set", fence.ErrInvalidOption)
+	if err := c.check(); err != nil {
+		return err
 	}
 	opts = append([]fence.LeadOption{fence.OnElected(func(l fence.Lease) {
 		c.log().Info(LogElected, "consumer", c.Name, "token", int64(l.Token()))
 	})}, opts...)
 	return fence.Lead(ctx, locker, LockName(c.Stream, c.Group), c.term, opts...)
+}
+
+// check returns an error matching fence.ErrInvalidName or ErrInvalidOption
+// if c cannot run: Run would otherwise panic on a nil Redis or DB, or fail
+// each term (a negative MinIdle or TxTimeout) or poll Redis without pause
+// (a negative Block).
+func (c *Consumer) check() error {
+	if c.Stream == "" || c.Group == "" || c.Name == "" {
+		return fmt.Errorf("%w: queue: Stream, Group and Name must be set", fence.ErrInvalidOption)
+	}
+	if err := fence.ValidateName(LockName(c.Stream, c.Group)); err != nil {
+		return err
+	}
+	if c.Redis == nil || c.DB == nil {
+		return fmt.Errorf("%w: queue: Redis and DB must be set", fence.ErrInvalidOption)
+	}
+	if c.MinIdle < 0 || c.Block < 0 || c.TxTimeout < 0 || c.Batch < 0 || c.MaxDeliveries < 0 {
+		return fmt.Errorf("%w: queue: MinIdle %v, Block %v, TxTimeout %v, Batch %d, MaxDeliveries %d: want none negative",
+			fence.ErrInvalidOption, c.MinIdle, c.Block, c.TxTimeout, c.Batch, c.MaxDeliveries)
+	}
+	return nil
 }
 
 func isBusyGroup(err error) bool {
