@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// plainConnector opens pgx connections whose errors are bare strings, as
-// with a driver whose error type has no SQLState method (lib/pq's *pq.Error
-// has a Code field) or a layer that flattens errors.
+// plainConnector opens pgx connections whose errors are bare strings,
+// as with a driver whose error type has no SQLState method or a layer that
+// flattens errors.
 type plainConnector struct{ dsn string }
 
 func (c plainConnector) Connect(context.Context) (driver.Conn, error) {
@@ -56,8 +56,8 @@ func (c plainConn) QueryContext(ctx context.Context, q string, args []driver.Nam
 
 // With a driver whose errors do not carry SQLSTATE, a redelivered message
 // is still found applied: a duplicate, acknowledged, not a failure. Before,
-// the unique violation was known only by SQLState(): each redelivered
-// message failed, ended the term, and was retried.
+// the duplicate was known only by the unique violation's SQLState(): each
+// redelivered message failed and ended the term.
 func TestRedeliveredWithPlainDriverErrors(t *testing.T) {
 	const n = 5
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

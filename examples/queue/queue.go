@@ -423,34 +423,31 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
-		// A message applied or given up on before is done. Asked, not
-		// only learned from the INSERT's unique violation, which is known
-		// by SQLSTATE: a driver whose errors carry none (or a layer that
-		// flattens them) would make every redelivery a failure. The
-		// fence's row lock, taken above, orders the transactions of a
-		// message, and this statement's snapshot, taken after it (READ
-		// COMMITTED), sees what the one before committed.
-		var done bool
-		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)
-	OR EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`, c.Stream, m.ID).Scan(&done); err != nil {
+		// A message given up on before (queue_dead) is done.
+		var dead bool
+		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`,
+			c.Stream, m.ID).Scan(&dead); err != nil {
 			return err
 		}
-		if done {
+		if dead {
 			return errDuplicate
 		}
-		// Without the fence (the fault lab's control) two transactions
-		// may both find nothing above: the unique constraint still
-		// catches the second. A plain INSERT, not ON CONFLICT DO NOTHING: the same for
-		// PostgreSQL (a concurrent insert of the id is waited for either
-		// way), and it still runs on a table whose constraint was dropped,
-		// which the fault lab's control and mutation test do.
-		_, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, account, amount, token, consumer)
-VALUES ($1, $2, $3, $4, $5, $6)`, c.Stream, m.ID, m.Account, m.Amount, int64(token), c.Name)
-		if uniqueViolation(err) {
-			return errDuplicate // rolls back; the message is done
-		}
+		// So is one applied before: the unique constraint on the id makes
+		// the INSERT a no-op, known by the rows it affected, which every
+		// driver reports (a unique violation's SQLSTATE is not: not every
+		// driver's error has a SQLState method, and a layer between may
+		// flatten errors).
+		// ON CONFLICT without a target runs on a table whose constraint
+		// was dropped too, which the fault lab's control and mutation test
+		// do; a concurrent insert of the id is waited for, as with a plain
+		// INSERT.
+		res, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, account, amount, token, consumer)
+VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, c.Stream, m.ID, m.Account, m.Amount, int64(token), c.Name)
 		if err != nil {
 			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return cmp.Or(err, errDuplicate) // rolls back; the message is done
 		}
 		if _, err := tx.ExecContext(dbCtx, `INSERT INTO queue_balance (account, balance) VALUES ($1, $2)
 ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.balance`, m.Account, m.Amount); err != nil {
@@ -459,14 +456,6 @@ ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.b
 		c.pause(BeforeCommit, m, token)
 		return nil
 	})
-}
-
-// uniqueViolation reports whether err is PostgreSQL's unique_violation
-// (SQLSTATE 23505), known by the method of pgx's *pgconn.PgError so that
-// the package does not import the driver.
-func uniqueViolation(err error) bool {
-	var pgErr interface{ SQLState() string }
-	return errors.As(err, &pgErr) && pgErr.SQLState() == "23505"
 }
 
 func parse(e redis.XMessage) (Message, error) {
