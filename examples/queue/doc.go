@@ -56,7 +56,8 @@
 // behind it: when its transaction fails on delivery MaxDeliveries
 // (XPENDING's delivery count), the consumer records it in queue_dead, in a
 // transaction fenced like the effect's, and acknowledges it. A message is
-// then done once: applied (queue_applied) or given up on (queue_dead). A
+// then done once: applied (queue_applied) or given up on (queue_dead, where
+// a malformed entry, without an account or an integer amount, goes at once). A
 // failure that also stops that write, the database being down, leaves the
 // message pending.
 //

@@ -19,7 +19,8 @@ import (
 // Schema creates the effect tables (PostgreSQL): queue_applied, one row per
 // applied message in the order they were applied (seq), with the token and
 // consumer that applied it, queue_balance, what the messages add up to, and
-// queue_dead, the messages given up on (see Consumer.MaxDeliveries). A
+// queue_dead, the entries given up on (malformed, or see
+// Consumer.MaxDeliveries), with their fields and the last error. A
 // message is done once it has a row in queue_applied or in queue_dead,
 // never both.
 const Schema = `
@@ -169,7 +170,7 @@ const (
 	LogDuplicate = "duplicate" // applied before (the unique constraint): acknowledged
 	LogRejected  = "rejected"  // the fence found a greater token: a newer leader had it
 	LogFailed    = "failed"    // the transaction failed otherwise: the entry stays pending
-	LogDead      = "dead"      // failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
+	LogDead      = "dead"      // malformed, or failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
 	LogElected   = "elected"   // a term began
 	LogClaimed   = "claimed"   // XAUTOCLAIM took pending entries
 )
@@ -311,8 +312,14 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		}
 		m, err := parse(e)
 		if err != nil {
-			// A malformed entry can never be applied: acknowledge it.
-			c.log().Error("malformed", "consumer", c.Name, "id", e.ID, "err", err)
+			// A malformed entry can never be applied: it is dead at once.
+			if _, derr := c.giveUp(ctx, e, token, err, true); derr != nil {
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", e.ID, "token", int64(token), "err", err)
+				if errors.Is(derr, guard.ErrStale) {
+					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, e.ID, derr)
+				}
+				return fmt.Errorf("queue: malformed %s: %w", e.ID, errors.Join(err, derr))
+			}
 			if err := c.ack(ctx, e.ID); err != nil {
 				return err
 			}
@@ -329,7 +336,7 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
-			dead, derr := c.giveUp(ctx, e, token, err)
+			dead, derr := c.giveUp(ctx, e, token, err, false)
 			if derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
@@ -353,11 +360,12 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 	return nil
 }
 
-// giveUp records entry e, whose transaction failed with cause, in
-// queue_dead if this was delivery MaxDeliveries (or later) and reports
-// whether it did (or found it done before). Its error, if any, is why it
-// could not tell or record; the entry then stays pending.
-func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Token, cause error) (bool, error) {
+// giveUp records entry e, whose transaction failed with cause (or, if now,
+// which is malformed), in queue_dead if now or if this was delivery
+// MaxDeliveries (or later), and reports whether it did (or found it done
+// before). Its error, if any, is why it could not tell or record; the entry
+// then stays pending.
+func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Token, cause error, now bool) (bool, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	p, err := c.Redis.XPendingExt(rctx, &redis.XPendingExtArgs{
@@ -366,7 +374,7 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Tok
 	if err != nil {
 		return false, fmt.Errorf("queue: XPENDING %s: %w", e.ID, err)
 	}
-	if len(p) == 0 || p[0].RetryCount < int64(c.maxDeliveries()) {
+	if len(p) == 0 || (!now && p[0].RetryCount < int64(c.maxDeliveries())) {
 		return false, nil
 	}
 	fields := fmt.Sprint(e.Values)
