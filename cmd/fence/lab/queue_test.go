@@ -56,3 +56,28 @@ func TestQueueMutationNoUniqueConstraint(t *testing.T) {
 		t.Fatalf("unique constraint dropped: protected row passed or doubled nothing: %s", r.line())
 	}
 }
+
+// The control row must show each of the two late commits doubled, not one
+// of them: a consumer change that makes fault 1 a no-op (a SELECT of the
+// message before the INSERT caught A's late commit once) left the control
+// at 1 doubled, "ok", because P3 > 0 was all it asked.
+func TestQueueControlNeedsEachFaultDoubled(t *testing.T) {
+	faults := []string{"1-0", "2-0"}
+	for _, c := range []struct {
+		counts map[string]int
+		bit    bool
+	}{
+		{map[string]int{"1-0": 2, "2-0": 2, "3-0": 1}, true},
+		{map[string]int{"1-0": 1, "2-0": 2}, false},
+		{map[string]int{"1-0": 2, "2-0": 1}, false},
+		{map[string]int{"1-0": 2}, false},
+	} {
+		note := controlFaultsNote(c.counts, faults)
+		if (note == "") != c.bit {
+			t.Errorf("%v: note %q, want bitten %v", c.counts, note, c.bit)
+		}
+	}
+	if note := controlFaultsNote(map[string]int{"1-0": 2}, faults[:1]); note != "" {
+		t.Errorf("a run that ended after fault 1 (noted elsewhere): %q", note)
+	}
+}

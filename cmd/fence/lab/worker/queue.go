@@ -40,7 +40,7 @@ type QueueSpec struct {
 
 // The history of a queue worker: events of kind KindQueue whose phase is
 // the consumer's log message (queue.LogApplied, LogDuplicate, LogRejected,
-// LogFailed, LogElected, LogClaimed), with the message id as Op, and pause
+// LogFailed, LogDead, LogElected, LogClaimed), with the message id as Op, and pause
 // events (kind pause, Value the point) around each stop.
 const KindQueue = "queue"
 
