@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/fencekit/fence/internal/redisserver"
+)
+
+// BenchmarkRedlockRatio measures only the Redlock rows of make bench: the
+// uncontended p50 of fence's redlock and redsync's on 3 and on 5
+// independent redis-servers (the median of 3 rounds in rotating order, as
+// make bench), the allocations per pair, and the commands each sends per
+// pair (through a counting proxy per node). It runs its workload once,
+// whatever b.N:
+//
+//	go test -run '^$' -bench RedlockRatio -benchtime 1x
+func BenchmarkRedlockRatio(b *testing.B) {
+	const n = 3000
+	var addrs []string
+	for range 5 {
+		s, err := redisserver.Start(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(s.Close)
+		addrs = append(addrs, s.Addr)
+	}
+	var ls []*lib
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	for _, k := range []int{3, 5} {
+		more, err := redlockLibs(addrs[:k])
+		if err != nil {
+			b.Fatal(err)
+		}
+		ls = append(ls, more...)
+	}
+	rows, err := rotate(ls, n, func(l *lib, r *row) error {
+		var err error
+		r.allocs, err = allocs(l, n)
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < len(rows); i += 2 {
+		f, r := rows[i], rows[i+1]
+		b.Logf("%-28s p50 %sµs p99 %sµs allocs %5.1f", f.name, us(f.p50), us(f.p99), f.allocs)
+		b.Logf("%-28s p50 %sµs p99 %sµs allocs %5.1f", r.name, us(r.p50), us(r.p99), r.allocs)
+		b.Logf("%-28s p50 ratio %.3f×", "", float64(f.p50)/float64(r.p50))
+	}
+
+	// Commands per pair, through a counting proxy in front of each node.
+	var proxies []*countingProxy
+	var paddrs []string
+	for _, a := range addrs {
+		p, err := newCountingProxy(a)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer p.close()
+		proxies = append(proxies, p)
+		paddrs = append(paddrs, p.addr())
+	}
+	sum := func() (t int64) {
+		for _, p := range proxies {
+			t += p.commands.Load()
+		}
+		return t
+	}
+	for _, k := range []int{3, 5} {
+		cls, err := redlockLibs(paddrs[:k])
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, l := range cls {
+			if _, err := allocs(l, 100); err != nil { // warm: connections, scripts
+				b.Fatal(err)
+			}
+			const m = 500
+			before := sum()
+			for range m {
+				release, err := l.acquire(b.Context(), "bench:count:"+l.name)
+				if err != nil {
+					b.Fatal(err)
+				}
+				release()
+			}
+			b.Logf("%-28s %s", l.name, fmt.Sprintf("%.2f commands per pair (%.2f per node)", float64(sum()-before)/m, float64(sum()-before)/m/float64(k)))
+			l.close()
+		}
+	}
+}
