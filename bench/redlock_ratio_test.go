@@ -1,10 +1,12 @@
 package main
 
 import (
-	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/fencekit/fence/internal/redisserver"
+	"github.com/redis/go-redis/v9"
 )
 
 // BenchmarkRedlockRatio measures only the Redlock rows of make bench: the
@@ -72,6 +74,12 @@ func BenchmarkRedlockRatio(b *testing.B) {
 		}
 		return t
 	}
+	var admins []*redis.Client
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		defer c.Close()
+		admins = append(admins, c)
+	}
 	for _, k := range []int{3, 5} {
 		cls, err := redlockLibs(paddrs[:k])
 		if err != nil {
@@ -82,6 +90,11 @@ func BenchmarkRedlockRatio(b *testing.B) {
 				b.Fatal(err)
 			}
 			const m = 500
+			for _, a := range admins[:k] {
+				if err := a.ConfigResetStat(b.Context()).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
 			before := sum()
 			for range m {
 				release, err := l.acquire(b.Context(), "bench:count:"+l.name)
@@ -90,8 +103,41 @@ func BenchmarkRedlockRatio(b *testing.B) {
 				}
 				release()
 			}
-			b.Logf("%-28s %s", l.name, fmt.Sprintf("%.2f commands per pair (%.2f per node)", float64(sum()-before)/m, float64(sum()-before)/m/float64(k)))
+			cmds := sum() - before
+			var usec float64
+			for _, a := range admins[:k] {
+				usec += commandsUsec(b, a)
+			}
+			b.Logf("%-28s %.2f commands per pair (%.2f per node), %.1f µs of command time per pair on the servers (%.1f per node)",
+				l.name, float64(cmds)/m, float64(cmds)/m/float64(k), usec/m, usec/m/float64(k))
 			l.close()
 		}
 	}
+}
+
+// commandsUsec is the time the server spent in the commands clients sent
+// (INFO commandstats: EVALSHA, SET, ...; not the commands scripts call,
+// whose time EVALSHA's covers), in µs, leaving out INFO and CONFIG.
+func commandsUsec(b *testing.B, c *redis.Client) float64 {
+	stats, err := c.Info(b.Context(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(stats, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(k, "cmdstat_") || strings.HasPrefix(k, "cmdstat_info") || strings.HasPrefix(k, "cmdstat_config") {
+			continue
+		}
+		if testing.Verbose() {
+			b.Logf("%s %s", k, v)
+		}
+		for _, f := range strings.Split(v, ",") {
+			if u, ok := strings.CutPrefix(f, "usec="); ok {
+				n, _ := strconv.ParseFloat(u, 64)
+				total += n
+			}
+		}
+	}
+	return total
 }
