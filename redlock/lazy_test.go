@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
 )
 
 type ctxKey struct{}
@@ -15,48 +16,56 @@ type ctxKey struct{}
 // nor its expiry timer made; it must still end at its deadline as every
 // lease does: Err reports it lost, Extend and Release say so, and a Done or
 // Context asked for afterwards is already ended, with Err as the cause and
-// the Acquire context's values.
+// the Acquire context's values. The Locker's clock is set a second back, so
+// that a 500 ms lease's deadline has passed when Acquire returns.
 func TestLeaseEndsAtDeadlineUnwatched(t *testing.T) {
 	l := newLocker(t, nodes(t, 3), nil)
+	redlock.SetClock(l, func() time.Time { return time.Now().Add(-time.Second) })
 	ctx := context.WithValue(ctxFor(t), ctxKey{}, "v")
-	lease, err := l.Acquire(ctx, "unwatched", fence.TTL(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Err(); err != nil {
-		t.Fatalf("Err while held: %v", err)
-	}
-	// Polled, with a deadline: nothing else tells an unwatched lease ended.
-	for limit := time.Now().Add(5 * time.Second); lease.Err() == nil; {
-		if time.Now().After(limit) {
-			t.Fatal("Err still nil 5 s into a 100 ms lease")
-		}
-		time.Sleep(time.Millisecond) // a poll interval, not a wait for time to pass
-	}
-	if now := time.Now(); now.Before(lease.Deadline()) {
-		t.Fatalf("lease ended at %v, before its deadline %v", now, lease.Deadline())
-	}
-	err = lease.Err()
-	if !errors.Is(err, fence.ErrLeaseLost) {
-		t.Fatalf("Err after the deadline = %v, want ErrLeaseLost", err)
-	}
-	select {
-	case <-lease.Done():
-	default:
-		t.Fatal("Done not closed after the deadline")
-	}
-	lctx := lease.Context()
-	if cause := context.Cause(lctx); cause != err {
-		t.Fatalf("Context cause = %v, want Err %v", cause, err)
-	}
-	if lctx.Value(ctxKey{}) != "v" {
-		t.Fatal("Context lost the Acquire context's values")
-	}
-	if err := lease.Extend(ctxFor(t), time.Second); !errors.Is(err, fence.ErrLeaseLost) {
-		t.Fatalf("Extend after the deadline = %v, want ErrLeaseLost", err)
-	}
-	if err := lease.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
-		t.Fatalf("Release after the deadline = %v, want ErrLeaseLost", err)
+	for _, first := range []string{"Err", "Done", "Context"} {
+		t.Run(first, func(t *testing.T) {
+			lease, err := l.Acquire(ctx, "unwatched-"+first, fence.TTL(500*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !time.Now().After(lease.Deadline()) {
+				t.Fatalf("deadline %v not passed", lease.Deadline())
+			}
+			switch first {
+			case "Done":
+				select {
+				case <-lease.Done():
+				default:
+					t.Fatal("Done, asked for first past the deadline, is not closed")
+				}
+			case "Context":
+				if lease.Context().Err() == nil {
+					t.Fatal("Context, asked for first past the deadline, is not cancelled")
+				}
+			}
+			err = lease.Err()
+			if !errors.Is(err, fence.ErrLeaseLost) {
+				t.Fatalf("Err past the deadline = %v, want ErrLeaseLost", err)
+			}
+			select {
+			case <-lease.Done():
+			default:
+				t.Fatal("Done not closed past the deadline")
+			}
+			lctx := lease.Context()
+			if cause := context.Cause(lctx); cause != err {
+				t.Fatalf("Context cause = %v, want Err %v", cause, err)
+			}
+			if lctx.Value(ctxKey{}) != "v" {
+				t.Fatal("Context lost the Acquire context's values")
+			}
+			if err := lease.Extend(ctxFor(t), time.Second); !errors.Is(err, fence.ErrLeaseLost) {
+				t.Fatalf("Extend past the deadline = %v, want ErrLeaseLost", err)
+			}
+			if err := lease.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
+				t.Fatalf("Release past the deadline = %v, want ErrLeaseLost", err)
+			}
+		})
 	}
 }
 

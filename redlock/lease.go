@@ -131,6 +131,7 @@ func (ls *lease) Err() error {
 // armLocked makes the lease's context, cancelled at once if the lease has
 // ended, and starts its expiry timer if it has not. ls.mu is held.
 func (ls *lease) armLocked() {
+	ls.expiredLocked() // past the deadline: Done is closed as it is handed out
 	if ls.ctx == nil {
 		ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ls.parent))
 		if ls.err != nil {
