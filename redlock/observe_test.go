@@ -156,3 +156,27 @@ func TestLogger(t *testing.T) {
 		t.Fatalf("%d lines logged through slog's default logger: %v", n, def.All())
 	}
 }
+
+// A Logger without an Observer is told of a fixed lease that runs out when
+// it does, though nobody asked for the lease's Done or Err: the lease's
+// expiry timer is made for it (without one, the expiry would be noticed
+// only by a later call, and never logged).
+func TestLoggerAloneSeesExpiry(t *testing.T) {
+	srvs := nodes(t, 3)
+	h := &observetest.Logs{}
+	l := newLocker(t, srvs, &redlock.Options{NodeTimeout: 200 * time.Millisecond, Logger: slog.New(h)})
+	lease, err := l.Acquire(ctxFor(t), "short", fence.TTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(h.Find("lease lost")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no lease lost line 10s after a 300ms lease (token %d) ran out", lease.Token())
+		}
+		time.Sleep(5 * time.Millisecond) // polling for the expiry's log line, with a deadline
+	}
+	if lines := h.Find("lease lost"); lines[0]["cause"] != "expired" || lines[0]["name"] != "short" {
+		t.Fatalf("lease lost lines %v", lines)
+	}
+}
