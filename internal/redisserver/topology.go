@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -189,8 +190,10 @@ func (s *Sentinels) Close() {
 	}
 }
 
-// WaitReady waits up to 60 s until every sentinel knows the replicas and
-// the other sentinels, so that a failover can be voted on.
+// WaitReady waits up to 60 s until every sentinel knows the replicas,
+// connected to them and seeing their link to the primary up, and the other
+// sentinels, so that a failover can be voted on and the sentinels' view of
+// the replicas is settled.
 func (s *Sentinels) WaitReady(replicas int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -199,8 +202,8 @@ func (s *Sentinels) WaitReady(replicas int) error {
 		err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
 			r, err1 := c.Replicas(ctx, s.Master).Result()
 			o, err2 := c.Sentinels(ctx, s.Master).Result()
-			return err1 == nil && err2 == nil && len(r) >= replicas && len(o) >= len(s.Servers)-1,
-				fmt.Errorf("sentinel %s sees %d replicas and %d sentinels after 60s", srv.Addr, len(r), len(o))
+			return err1 == nil && err2 == nil && settledReplicas(r) >= replicas && len(o) >= len(s.Servers)-1,
+				fmt.Errorf("sentinel %s sees %d replicas (%d settled: %v) and %d sentinels after 60s", srv.Addr, len(r), settledReplicas(r), r, len(o))
 		})
 		_ = c.Close()
 		if err != nil {
@@ -208,6 +211,24 @@ func (s *Sentinels) WaitReady(replicas int) error {
 		}
 	}
 	return nil
+}
+
+// settledReplicas counts the replicas of a SENTINEL REPLICAS reply that
+// the sentinel is connected to, does not think down, and sees linked to
+// their primary. A replica the sentinel just learnt of from the primary's
+// INFO is listed before that, flagged disconnected.
+func settledReplicas(replicas []map[string]string) int {
+	n := 0
+	for _, r := range replicas {
+		flags := strings.Split(r["flags"], ",")
+		if slices.Contains(flags, "disconnected") || slices.Contains(flags, "s_down") || slices.Contains(flags, "o_down") {
+			continue
+		}
+		if r["master-link-status"] == "ok" {
+			n++
+		}
+	}
+	return n
 }
 
 // WaitFailover waits up to 60 s until the sentinels name a new master other
