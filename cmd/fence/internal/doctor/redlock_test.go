@@ -191,3 +191,38 @@ func TestRedlockHungMaster(t *testing.T) {
 		t.Fatalf("Run on hung masters: %v after %v", err, took)
 	}
 }
+
+// A cluster node or a sentinel listed as a Redlock master: redlock sends
+// plain commands to each master, so a cluster node answers MOVED for the
+// locks whose slots it does not serve, and a sentinel refuses them all.
+// Either is a critical finding on that node, named as what it is.
+func TestRedlockNotStandalone(t *testing.T) {
+	ms := masters(t, 2)
+	cluster := redistest.StartCluster(t, 3)
+	for _, s := range cluster.Servers {
+		if err := s.Client(t).ConfigSet(context.Background(), "appendonly", "yes").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Client(t).ConfigSet(context.Background(), "appendfsync", "always").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := cluster.Addrs()[0]
+	f := has(t, run(t, redlockAt(ms[0].Addr, ms[1].Addr, node)), "redlock-not-standalone", doctor.Critical, node)
+	if !strings.Contains(f.Why, "cluster") {
+		t.Fatalf("Why does not say it is a cluster node: %s", f.Why)
+	}
+
+	primary := redistest.Start(t)
+	sentinels := redistest.StartSentinels(t, primary, 1)
+	redistest.WaitSentinelsReady(t, sentinels, 0)
+	sent := sentinels.Addrs()[0]
+	fs := run(t, redlockAt(ms[0].Addr, ms[1].Addr, sent))
+	f = has(t, fs, "redlock-not-standalone", doctor.Critical, sent)
+	if !strings.Contains(strings.ToLower(f.Why), "sentinel") {
+		t.Fatalf("Why does not say it is a sentinel: %s", f.Why)
+	}
+	// One master that can grant among three answering: no majority, though
+	// all three answer.
+	has(t, run(t, redlockAt(ms[0].Addr, node, sent)), "redlock-no-majority", doctor.Critical, "")
+}
