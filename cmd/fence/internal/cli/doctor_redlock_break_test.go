@@ -4,6 +4,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
@@ -83,6 +84,36 @@ func TestDoctorRedlockCommaInPassword(t *testing.T) {
 		out, errOut, _ := fence(t, nil, args...)
 		if strings.Contains(out+errOut, "s3cret") {
 			t.Errorf("fence %v printed a password: stdout %q, stderr %q", args, out, errOut)
+		}
+	}
+}
+
+// A black hole (accepts, never answers) among Redlock masters: doctor
+// finishes within --timeout with node-unreachable (exit 1 when the rest is
+// clean); all black holes, exit 2 within --timeout. Passwords are printed
+// nowhere, in text or JSON.
+func TestDoctorRedlockBlackHole(t *testing.T) {
+	hole := blackHole(t)
+	durable := []string{"--appendonly", "yes", "--appendfsync", "always"}
+	a, b := redistest.Start(t, durable...), redistest.Start(t, durable...)
+	for _, c := range []struct {
+		urls string
+		code int
+	}{
+		{redisURL(a) + ",redis://:s3cretpw@" + hole + "," + redisURL(b), cli.ExitDoctorWarning},
+		{"redis://app:s3cretpw@" + hole + ",redis://:s3cretpw@" + hole + "/1,redis://" + hole + "?password=s3cretpw", cli.ExitUsage},
+	} {
+		for _, format := range [][]string{nil, {"--json"}} {
+			start := time.Now()
+			args := append(append([]string{"doctor", "--timeout", "2s"}, format...), "--redlock", c.urls)
+			out, errOut, code := fence(t, nil, args...)
+			took := time.Since(start)
+			if code != c.code || took > 4*time.Second || strings.Contains(out+errOut, "s3cret") {
+				t.Errorf("doctor %v: exit %d (want %d) after %v, stdout %q, stderr %q", args, code, c.code, took, out, errOut)
+			}
+			if c.code == cli.ExitDoctorWarning && !strings.Contains(out, hole) {
+				t.Errorf("doctor %v: the black hole is not named: %q", args, out)
+			}
 		}
 	}
 }
