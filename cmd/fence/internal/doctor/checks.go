@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -35,9 +36,19 @@ func (d *deployment) all() []*node { return append(append([]*node{}, d.primaries
 func checkReachable(d *deployment) []Finding {
 	var out []Finding
 	for _, addr := range d.unreachable {
+		what, effect := "did not answer", "it cannot take over (a replica) or serve its slots (a cluster master) as things stand"
+		fix := "check that the node runs and that this host can reach it with the same credentials"
+		if d.kind == "redlock" {
+			effect = "as things stand it grants no lock, and every acquisition needs a majority of the other masters"
+		}
+		var ae *authError
+		if errors.As(d.why[addr], &ae) {
+			what = fmt.Sprintf("refused the credentials (%v)", ae.error)
+			fix = "give this node's user and password in its URL, as the lockers use them"
+		}
 		out = append(out, Finding{ID: "node-unreachable", Severity: Warning, Node: addr,
-			Why: "a node the deployment lists did not answer, so the doctor could not audit it, and it cannot take over (a replica) or serve its slots (a cluster master) as things stand",
-			Fix: "check that the node runs and that this host can reach it with the same credentials"})
+			Why: "a node the deployment lists " + what + ", so the doctor could not audit it, and " + effect,
+			Fix: fix})
 	}
 	return out
 }

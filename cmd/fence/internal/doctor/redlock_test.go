@@ -226,3 +226,20 @@ func TestRedlockNotStandalone(t *testing.T) {
 	// all three answer.
 	has(t, run(t, redlockAt(ms[0].Addr, node, sent)), "redlock-no-majority", doctor.Critical, "")
 }
+
+// A master that refuses the credentials is not a master that "did not
+// answer": the finding says it refused them, so the fix is the password,
+// not the server, and prints no password.
+func TestRedlockMasterRefusesAuth(t *testing.T) {
+	ms := masters(t, 2)
+	locked := redistest.Start(t, durable...)
+	if err := locked.Client(t).ConfigSet(context.Background(), "requirepass", "s3cretpw").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := redlockAt(ms[0].Addr, ms[1].Addr, locked.Addr)
+	cfg.Redlock[2].Password = "wrongpw"
+	f := has(t, run(t, cfg), "node-unreachable", doctor.Warning, locked.Addr)
+	if !strings.Contains(f.Why, "WRONGPASS") || strings.Contains(f.Why, "did not answer") || strings.Contains(f.Why, "wrongpw") {
+		t.Fatalf("Why: %s", f.Why)
+	}
+}
