@@ -56,7 +56,9 @@ func StartReplicated(n int) (primary *Server, replicas []*Server, err error) {
 // WaitReplicated waits until n replicas of primary really receive writes,
 // for up to limit. Redis 7.0 reports a replica online up to a second before
 // writes reach it, so this writes a marker and waits until WAIT confirms n
-// acknowledgements.
+// acknowledgements. A primary with min-replicas-to-write refuses the
+// marker (NOREPLICAS) until enough replicas have connected: it is written
+// again until then.
 func WaitReplicated(primary *Server, n int, limit time.Duration) error {
 	c := primary.Client()
 	defer c.Close()
@@ -66,7 +68,16 @@ func WaitReplicated(primary *Server, n int, limit time.Duration) error {
 	defer conn.Close()
 	for {
 		if err := conn.Set(ctx, "redisserver:marker", time.Now().UnixNano(), 0).Err(); err != nil {
-			return fmt.Errorf("marker: %w", err)
+			// A primary with min-replicas-to-write refuses writes until
+			// its replicas have connected: that is what is awaited.
+			if !redis.HasErrorPrefix(err, "NOREPLICAS") || ctx.Err() != nil {
+				return fmt.Errorf("marker: %w", err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
 		}
 		acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
 		if err == nil && acked >= n {
