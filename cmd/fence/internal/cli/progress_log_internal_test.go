@@ -80,3 +80,49 @@ func TestProgressLibraryLogLine(t *testing.T) {
 		t.Fatalf("stderr %q", out)
 	}
 }
+
+// Interrupted while waiting (SIGINT cancels Main's context): the status
+// line is cleared before acquireShowing returns, so the error that follows
+// starts a clean line, and nothing is drawn after it.
+func TestProgressInterruptedClears(t *testing.T) {
+	old := stderrIsTerminal
+	stderrIsTerminal = func(io.Writer) bool { return true }
+	t.Cleanup(func() { stderrIsTerminal = old })
+	l, err := memlock.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg, cancelBG := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelBG()
+	holder, err := l.Acquire(bg, "job", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Release(bg) }()
+	var stderr syncBuffer
+	ctx, interrupt := context.WithCancel(bg)
+	done := make(chan error, 1)
+	go func() {
+		_, err := acquireShowing(ctx, &stderr, l, "job", 20*time.Second, []fence.Option{fence.Wait(20 * time.Second)})
+		done <- err
+	}()
+	start := time.Now()
+	for !strings.Contains(stderr.String(), "waiting for") {
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("no status line: %q", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	interrupt()
+	if err := <-done; err == nil {
+		t.Fatal("Acquire succeeded after the interrupt")
+	}
+	out := stderr.String()
+	if !strings.HasSuffix(out, "\r\x1b[K") {
+		t.Fatalf("status line not cleared at the interrupt: %q", out)
+	}
+	// Stop joined the redrawing goroutine: nothing is drawn after it.
+	if again := stderr.String(); again != out {
+		t.Fatalf("drawn after Stop: %q", again)
+	}
+}
