@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/cmd/fence/internal/doctor"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -154,8 +155,8 @@ func TestRedlockInvalidConfig(t *testing.T) {
 		{Redlock: []*redis.Options{nil}},
 		{Redlock: []*redis.Options{{Addr: "x:1"}}, Standalone: &redis.Options{Addr: "x:1"}},
 	} {
-		if _, err := doctor.Run(t.Context(), cfg); err == nil {
-			t.Fatalf("Run(%+v) = nil error", cfg)
+		if _, err := doctor.Run(t.Context(), cfg); !errors.Is(err, fence.ErrInvalidOption) {
+			t.Fatalf("Run(%+v) = %v, want ErrInvalidOption", cfg, err)
 		}
 	}
 }
