@@ -79,7 +79,11 @@
 // Release deletes the key in a Txn that holds only while its create
 // revision is the token, so it never deletes another's key, then revokes
 // the etcd lease. A lease whose key is already gone gets an error matching
-// fence.ErrLeaseLost and deletes nothing.
+// fence.ErrLeaseLost and deletes nothing. A Release that fails (its ctx
+// done, the cluster unreachable) ends the lease all the same, as released,
+// as in every backend, and revokes the etcd lease within half a second; if
+// that fails too, the key expires with its etcd lease on the server.
+// Calling Release again retries the delete.
 //
 // # Deadlines and hanging members
 //

@@ -230,10 +230,11 @@ func try(ctx context.Context, per time.Duration, call func(context.Context) erro
 
 // revoke gives up the etcd lease id and with it the keys attached to it,
 // within cleanupTimeout even if ctx is done.
-func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) {
+func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, _ = l.client.Revoke(ctx, id)
+	_, err := l.client.Revoke(ctx, id)
+	return err
 }
 
 // waiter is an Acquire waiting in line: its key exists, and keys created

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -35,6 +36,9 @@ type Lease struct {
 	runDone  chan struct{}      // closed when run returns
 	released bool               // Release reached a conclusion
 	relErr   error              // its result
+	// revokedOnFail: a Release that failed revoked the etcd lease, and
+	// with it the key.
+	revokedOnFail atomic.Bool
 
 	mu       sync.Mutex
 	id       clientv3.LeaseID // the etcd lease the key is attached to
@@ -432,12 +436,29 @@ func (ls *Lease) moveTo(ctx context.Context, id clientv3.LeaseID, ttl time.Durat
 	return nil
 }
 
+// releaseFailed ends the lease as released after a Release that could not
+// delete the key, and revokes its etcd lease (bounded, even with ctx done),
+// which deletes the key; if that does not get through either, the key
+// expires with its etcd lease on the server.
+func (ls *Lease) releaseFailed(ctx context.Context) {
+	ls.end(fence.ErrReleased)
+	if ls.l.revoke(ctx, ls.etcdLease()) == nil {
+		ls.revokedOnFail.Store(true)
+	}
+}
+
 // Release deletes the lease's key if it is still the one created at the
 // token, revokes its etcd lease and ends the lease; see fence.Lease. It
 // never deletes another key: a lease whose key is gone gets an error
-// matching fence.ErrLeaseLost and deletes nothing.
+// matching fence.ErrLeaseLost and deletes nothing. A Release that fails (a
+// done ctx, the cluster unreachable) ends the lease all the same, as
+// released, and leaves the key to expire with its etcd lease; calling
+// Release again retries the delete.
 func (ls *Lease) Release(ctx context.Context) error {
 	if err := ls.lockOp(ctx); err != nil {
+		// An Extend in flight holds ls.op; it revokes the etcd lease it
+		// moves the key to when it finds the lease ended.
+		ls.releaseFailed(ctx)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
 	defer ls.unlockOp()
@@ -449,16 +470,19 @@ func (ls *Lease) Release(ctx context.Context) error {
 	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
-	if err := ls.Err(); err != nil {
+	// Lost before Release was called; ErrReleased is an earlier Release
+	// that failed, whose delete this one retries.
+	if err := ls.Err(); err != nil && err != fence.ErrReleased {
 		ls.released, ls.relErr = true, err
 		return err
 	}
-	// Whatever happens below, nothing renews the lease any more: a Release
-	// that fails (a done ctx, say) leaves the key to expire with its etcd
-	// lease, and calling Release again retries the delete.
+	// Whatever happens below, nothing renews the lease any more, and the
+	// lease ends: a Release that fails (a done ctx, say) leaves the key to
+	// expire with its etcd lease, and calling Release again retries the
+	// delete.
 	ls.watchdog = false
 	if err := ctx.Err(); err != nil {
-		ls.startRun()
+		ls.releaseFailed(ctx)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
 	var resp *clientv3.TxnResponse
@@ -471,23 +495,28 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		ls.startRun() // still held until it expires: watch it
+		ls.releaseFailed(ctx)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
-	why := error(fence.ErrReleased)
+	var lost error
 	switch {
-	case !resp.Succeeded && attempts == 1:
-		why = ls.lostf("its key %s was already gone", ls.key)
+	case !resp.Succeeded && ls.revokedOnFail.Load():
+		// An earlier Release that failed revoked the etcd lease, and with
+		// it the key.
+	case !resp.Succeeded && attempts == 1 && ls.Err() == nil:
+		lost = ls.lostf("its key %s was already gone", ls.key)
 	case !resp.Succeeded:
-		// An attempt that timed out may have deleted it: which, nobody
-		// can tell, and a release that cannot vouch for the lease says so.
-		why = ls.lostf("its key %s was gone (deleted by an attempt of this Release that timed out, or before it)", ls.key)
+		// An attempt that timed out, of this Release or an earlier one,
+		// may have deleted it: which, nobody can tell, and a release that
+		// cannot vouch for the lease says so.
+		lost = ls.lostf("its key %s was gone (deleted by an attempt of this Release, or an earlier one, that timed out, or before it)", ls.key)
 	}
-	ls.end(why)
+	if lost != nil {
+		ls.end(lost)
+	} else {
+		ls.end(fence.ErrReleased)
+	}
 	ls.l.revoke(ctx, ls.etcdLease())
-	ls.released = true
-	if err := ls.Err(); err != fence.ErrReleased {
-		ls.relErr = err
-	}
+	ls.released, ls.relErr = true, lost
 	return ls.relErr
 }

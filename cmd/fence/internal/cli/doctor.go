@@ -49,6 +49,9 @@ warning, 3 when one is critical, 2 on a usage error or when the deployment could
 read within --timeout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := emptyBackendFlag(cmd, []backend{&rl}); err != nil {
+				return exitWith(ExitUsage, err)
+			}
 			cfg, err := rf.doctorConfig(cmd.Flags().Changed, rl.urls)
 			if err != nil {
 				return exitWith(ExitUsage, err)
@@ -106,7 +109,7 @@ func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string)
 		if !changed("watchdog-ttl") {
 			cfg.LeaseTime = 0 // redlock's default
 		}
-		for _, raw := range strings.Split(redlockURLs, ",") {
+		for _, raw := range splitURLs(redlockURLs) {
 			raw = strings.TrimSpace(raw)
 			if raw == "" {
 				return cfg, fmt.Errorf("--redlock %s: an empty URL in the list", redactURLs(redlockURLs))

@@ -130,6 +130,9 @@ func acquireShowing(ctx context.Context, stderr io.Writer, l fence.Locker, name 
 	}
 	waiting := progress.Start(stderr, true, fmt.Sprintf("fence: waiting for %q", name))
 	defer waiting.Stop()
+	// Runs before Stop: a library's log line while waiting (go-redis
+	// failing to dial) clears the status line and starts a line of its own.
+	defer libLog.divert(waiting)()
 	return l.Acquire(ctx, name, opts...)
 }
 

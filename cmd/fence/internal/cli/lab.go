@@ -73,7 +73,9 @@ timeline-N.svg per scenario: one round zoomed in, the control above the protecte
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stderr := cmd.ErrOrStderr()
 			running := progress.Start(stderr, stderrIsTerminal(stderr), "fence lab: running")
+			restore := libLog.divert(running) // go-redis's log lines beneath the status line, not after it
 			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: running, Seed: seed})
+			restore()
 			running.Stop()
 			if err != nil {
 				return exitWith(1, err)

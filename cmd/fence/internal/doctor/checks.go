@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -35,9 +36,19 @@ func (d *deployment) all() []*node { return append(append([]*node{}, d.primaries
 func checkReachable(d *deployment) []Finding {
 	var out []Finding
 	for _, addr := range d.unreachable {
+		what, effect := "did not answer", "it cannot take over (a replica) or serve its slots (a cluster master) as things stand"
+		fix := "check that the node runs and that this host can reach it with the same credentials"
+		if d.kind == "redlock" {
+			effect = "as things stand it grants no lock, and every acquisition needs a majority of the other masters"
+		}
+		var ae *authError
+		if errors.As(d.why[addr], &ae) {
+			what = fmt.Sprintf("refused the credentials (%v)", ae.error)
+			fix = "give this node's user and password in its URL, as the lockers use them"
+		}
 		out = append(out, Finding{ID: "node-unreachable", Severity: Warning, Node: addr,
-			Why: "a node the deployment lists did not answer, so the doctor could not audit it, and it cannot take over (a replica) or serve its slots (a cluster master) as things stand",
-			Fix: "check that the node runs and that this host can reach it with the same credentials"})
+			Why: "a node the deployment lists " + what + ", so the doctor could not audit it, and " + effect,
+			Fix: fix})
 	}
 	return out
 }
@@ -412,9 +423,17 @@ func checkRedlock(d *deployment) []Finding {
 			Why: fmt.Sprintf("%d masters: a majority is %d, so it tolerates %d failure(s), no more than %d masters would, with one more node to fail and to wait for", n, majority, n-majority, n-1),
 			Fix: fmt.Sprintf("use %d or %d masters", n-1, n+1)})
 	}
-	if reach := len(d.primaries); reach < majority {
+	// A master counts if it answered and can grant: not a replica
+	// (READONLY), a cluster node or a sentinel (redlock-not-standalone).
+	reach := 0
+	for _, p := range d.primaries {
+		if p.info["role"] != "slave" && p.info["redis_mode"] != "cluster" && p.info["redis_mode"] != "sentinel" {
+			reach++
+		}
+	}
+	if reach < majority {
 		out = append(out, Finding{ID: "redlock-no-majority", Severity: Critical, Node: all,
-			Why: fmt.Sprintf("%d of %d masters answered, fewer than the majority of %d: every acquisition fails", reach, n, majority),
+			Why: fmt.Sprintf("%d of %d masters answered and can grant a lock, fewer than the majority of %d: every acquisition fails", reach, n, majority),
 			Fix: "bring the masters back, or fix their addresses"})
 	}
 	// The same server under two addresses (or one address twice), and
@@ -447,6 +466,18 @@ func checkRedlock(d *deployment) []Finding {
 			out = append(out, Finding{ID: "redlock-not-independent", Severity: Critical, Node: strings.Join(same, ","),
 				Why: "these masters are one replication group (one replicates the other, sharing its master_replid): a lock they grant counts twice towards the majority, and a grant one of them misses reaches it by replication or never, so two clients can each count a majority",
 				Fix: "make each Redlock master a primary of its own (REPLICAOF NO ONE) and list only independent ones"})
+		}
+	}
+	for _, p := range d.primaries {
+		switch p.info["redis_mode"] {
+		case "cluster":
+			out = append(out, Finding{ID: "redlock-not-standalone", Severity: Critical, Node: p.addr,
+				Why: "the node is a Redis Cluster node: redlock sends each master plain commands, so this one answers MOVED for every lock whose slot it does not serve and never grants it, and the cluster's failover promotes replicas that may have missed a grant",
+				Fix: "give Redlock standalone redis-servers (cluster-enabled no), or use redislock on the cluster with --redis-cluster"})
+		case "sentinel":
+			out = append(out, Finding{ID: "redlock-not-standalone", Severity: Critical, Node: p.addr,
+				Why: "the node is a Redis Sentinel, not a master: it refuses the lock scripts, so it never grants a lock and every acquisition needs a majority of the others",
+				Fix: "list the masters themselves, or use redislock through the sentinels with --redis-sentinel"})
 		}
 	}
 	var weak []string

@@ -183,9 +183,12 @@ type deployment struct {
 	replicas  []*node // their replicas that could be reached
 	// unreachable lists replicas a primary names that did not answer.
 	unreachable []string
-	sentinel    *sentinelView
-	cluster     *clusterView
-	clients     []interface{ Close() error }
+	// why holds, by address, why an unreachable node could not be read,
+	// where that is known (a Redlock master refusing the credentials).
+	why      map[string]error
+	sentinel *sentinelView
+	cluster  *clusterView
+	clients  []interface{ Close() error }
 }
 
 func (d *deployment) close() {
@@ -255,7 +258,7 @@ func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool
 	if isAuthError(err) {
 		// Every command would be refused alike, and read as EVAL, CONFIG
 		// and the rest disabled: the node could not be read at all.
-		return nil, fmt.Errorf("%s: authentication refused: %w", n.addr, err)
+		return nil, fmt.Errorf("%s: authentication refused: %w", n.addr, &authError{err})
 	}
 	n.info = parseInfo(info) // empty when INFO is refused: the probes report it
 	n.config = map[string]string{}
@@ -298,6 +301,11 @@ func isReply(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re)
 }
+
+// authError marks a node's refusal of the doctor's credentials.
+type authError struct{ error }
+
+func (e *authError) Unwrap() error { return e.error }
 
 // isAuthError reports whether err is the server refusing the connection's
 // credentials (a wrong password or user, or none given where one is needed).
@@ -507,6 +515,10 @@ func (d *deployment) readRedlock(ctx context.Context) error {
 	for i, n := range nodes {
 		if n == nil {
 			d.unreachable = append(d.unreachable, d.cfg.Redlock[i].Addr)
+			if d.why == nil {
+				d.why = map[string]error{}
+			}
+			d.why[d.cfg.Redlock[i].Addr] = errs[i]
 			continue
 		}
 		d.primaries = append(d.primaries, n)

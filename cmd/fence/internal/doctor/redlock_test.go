@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/cmd/fence/internal/doctor"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -154,8 +155,8 @@ func TestRedlockInvalidConfig(t *testing.T) {
 		{Redlock: []*redis.Options{nil}},
 		{Redlock: []*redis.Options{{Addr: "x:1"}}, Standalone: &redis.Options{Addr: "x:1"}},
 	} {
-		if _, err := doctor.Run(t.Context(), cfg); err == nil {
-			t.Fatalf("Run(%+v) = nil error", cfg)
+		if _, err := doctor.Run(t.Context(), cfg); !errors.Is(err, fence.ErrInvalidOption) {
+			t.Fatalf("Run(%+v) = %v, want ErrInvalidOption", cfg, err)
 		}
 	}
 }
@@ -189,5 +190,57 @@ func TestRedlockHungMaster(t *testing.T) {
 	_, err = doctor.Run(ctx2, redlockAt(addrsOf(ms)...))
 	if took := time.Since(start); took > 2*time.Second || !errors.Is(err, doctor.ErrUnreachable) {
 		t.Fatalf("Run on hung masters: %v after %v", err, took)
+	}
+}
+
+// A cluster node or a sentinel listed as a Redlock master: redlock sends
+// plain commands to each master, so a cluster node answers MOVED for the
+// locks whose slots it does not serve, and a sentinel refuses them all.
+// Either is a critical finding on that node, named as what it is.
+func TestRedlockNotStandalone(t *testing.T) {
+	ms := masters(t, 2)
+	cluster := redistest.StartCluster(t, 3)
+	for _, s := range cluster.Servers {
+		if err := s.Client(t).ConfigSet(context.Background(), "appendonly", "yes").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Client(t).ConfigSet(context.Background(), "appendfsync", "always").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := cluster.Addrs()[0]
+	f := has(t, run(t, redlockAt(ms[0].Addr, ms[1].Addr, node)), "redlock-not-standalone", doctor.Critical, node)
+	if !strings.Contains(f.Why, "cluster") {
+		t.Fatalf("Why does not say it is a cluster node: %s", f.Why)
+	}
+
+	primary := redistest.Start(t)
+	sentinels := redistest.StartSentinels(t, primary, 1)
+	redistest.WaitSentinelsReady(t, sentinels, 0)
+	sent := sentinels.Addrs()[0]
+	fs := run(t, redlockAt(ms[0].Addr, ms[1].Addr, sent))
+	f = has(t, fs, "redlock-not-standalone", doctor.Critical, sent)
+	if !strings.Contains(strings.ToLower(f.Why), "sentinel") {
+		t.Fatalf("Why does not say it is a sentinel: %s", f.Why)
+	}
+	// One master that can grant among three answering: no majority, though
+	// all three answer.
+	has(t, run(t, redlockAt(ms[0].Addr, node, sent)), "redlock-no-majority", doctor.Critical, "")
+}
+
+// A master that refuses the credentials is not a master that "did not
+// answer": the finding says it refused them, so the fix is the password,
+// not the server, and prints no password.
+func TestRedlockMasterRefusesAuth(t *testing.T) {
+	ms := masters(t, 2)
+	locked := redistest.Start(t, durable...)
+	if err := locked.Client(t).ConfigSet(context.Background(), "requirepass", "s3cretpw").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := redlockAt(ms[0].Addr, ms[1].Addr, locked.Addr)
+	cfg.Redlock[2].Password = "wrongpw"
+	f := has(t, run(t, cfg), "node-unreachable", doctor.Warning, locked.Addr)
+	if !strings.Contains(f.Why, "WRONGPASS") || strings.Contains(f.Why, "did not answer") || strings.Contains(f.Why, "wrongpw") {
+		t.Fatalf("Why: %s", f.Why)
 	}
 }
