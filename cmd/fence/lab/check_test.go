@@ -1,12 +1,24 @@
 package lab
 
 import (
+	"os"
 	"testing"
 
 	"github.com/fencekit/fence/internal/testmain"
 )
 
-func TestMain(m *testing.M) { testmain.Run(m, nil) }
+// TestMain makes the temp dir the tests' one build of the worker goes
+// into (see runLab), and removes it after the tests.
+func TestMain(m *testing.M) {
+	testmain.Run(m, func() (func(), error) {
+		dir, err := os.MkdirTemp("", "fence-lab-test-worker-")
+		if err != nil {
+			return nil, err
+		}
+		workerDir = dir
+		return func() { os.RemoveAll(dir) }, nil
+	})
+}
 
 // history builds events for leases given as (worker, op, token, t0..t3):
 // acquire invoked at t0, acquired at t1, write at t2, release at t3.

@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
@@ -67,6 +68,10 @@ type Config struct {
 	// resumeAt, if set, names the resume point of every pause (see
 	// resumePoints) instead of a random one: for tests.
 	resumeAt string
+	// rows, if set, names the rows to run (control, protected, or
+	// "protected, "+variant); the others are left out: for tests that
+	// look at some rows only.
+	rows []string
 }
 
 // Result is one scenario under one configuration.
@@ -150,6 +155,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			rows = append(rows, "protected, "+v)
 		}
 		for i, row := range rows {
+			if len(cfg.rows) > 0 && !slices.Contains(cfg.rows, row) {
+				continue
+			}
 			res, err := runOne(ctx, cfg, pg, sc, i, row)
 			if err != nil {
 				return rep, fmt.Errorf("scenario %d (%s): %w", sc.n, sc.name, err)
