@@ -38,6 +38,8 @@ type Lease struct {
 	mu       sync.Mutex
 	id       clientv3.LeaseID // the etcd lease the key is attached to
 	ttl      time.Duration
+	granted  time.Duration // the TTL etcd granted id (at least ttl)
+	sent     time.Time     // when id's grant or last renewal was sent
 	deadline time.Time
 	err      error         // why the lease ended; nil while held
 	moved    chan struct{} // tells run that Extend moved the deadline
@@ -45,10 +47,10 @@ type Lease struct {
 
 var _ fence.Lease = (*Lease)(nil)
 
-func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, id clientv3.LeaseID, ttl time.Duration, watchdog bool, sent time.Time) *Lease {
+func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, sp spare, watchdog bool, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, name: name, key: key, token: fence.Token(rev), watchdog: watchdog,
-		id: id, ttl: ttl, deadline: deadline(sent, ttl), moved: make(chan struct{}, 1),
+		id: sp.id, ttl: sp.ttl, granted: sp.granted, sent: sent, deadline: deadline(sent, sp.ttl), moved: make(chan struct{}, 1),
 		op: make(chan struct{}, 1),
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
@@ -294,7 +296,7 @@ func (ls *Lease) renew(ctx context.Context) error {
 	case err != nil:
 		return err
 	}
-	ls.deadline = deadline(sent, ttl)
+	ls.deadline, ls.sent = deadline(sent, ttl), sent
 	return nil
 }
 
@@ -351,7 +353,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		// The Txn may have been applied with its reply lost: then the key
 		// is on g, and revoking g would delete the lock. Look.
 		if ls.onLease(ctx, g.ID) {
-			return ls.moveTo(ctx, g.ID, ttl, sent)
+			return ls.moveTo(ctx, g, ttl, sent)
 		}
 		ls.l.revoke(ctx, g.ID)
 		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
@@ -363,7 +365,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		}
 		return ls.Err()
 	}
-	return ls.moveTo(ctx, g.ID, ttl, sent)
+	return ls.moveTo(ctx, g, ttl, sent)
 }
 
 // extendFailed returns err, the error of an Extend that did not get
@@ -394,15 +396,16 @@ func (ls *Lease) onLease(ctx context.Context, id clientv3.LeaseID) bool {
 // (its deadline passed while Extend waited for etcd), it revokes id
 // instead, which deletes the key nobody holds any more, and returns why
 // the lease ended. The caller holds ls.op.
-func (ls *Lease) moveTo(ctx context.Context, id clientv3.LeaseID, ttl time.Duration, sent time.Time) error {
+func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time) error {
 	ls.mu.Lock()
 	if err := ls.err; err != nil {
 		ls.mu.Unlock()
-		ls.l.revoke(ctx, id)
+		ls.l.revoke(ctx, g.ID)
 		return err
 	}
 	old := ls.id
-	ls.id, ls.ttl, ls.deadline = id, ttl, deadline(sent, ttl)
+	ls.id, ls.ttl, ls.deadline = g.ID, ttl, deadline(sent, ttl)
+	ls.granted, ls.sent = time.Duration(g.TTL)*time.Second, sent
 	ls.mu.Unlock()
 	select {
 	case ls.moved <- struct{}{}:
@@ -463,8 +466,18 @@ func (ls *Lease) Release(ctx context.Context) error {
 		// can tell, and a release that cannot vouch for the lease says so.
 		why = ls.lostf("its key %s was gone (deleted by an attempt of this Release that timed out, or before it)", ls.key)
 	}
-	ls.end(why)
-	ls.l.revoke(ctx, ls.etcdLease())
+	if ls.end(why) && why == fence.ErrReleased {
+		// Our own delete went through: the etcd lease holds no key now.
+		// Keep it for the next Acquire instead of revoking it, which
+		// takes a Raft commit out of Release's path and, with the Grant
+		// spared, another out of Acquire's.
+		ls.mu.Lock()
+		sp := spare{id: ls.id, ttl: ls.ttl, granted: ls.granted, sent: ls.sent}
+		ls.mu.Unlock()
+		ls.l.recycle(ctx, sp)
+	} else {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
 	ls.released = true
 	if err := ls.Err(); err != fence.ErrReleased {
 		ls.relErr = err
