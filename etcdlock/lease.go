@@ -99,6 +99,16 @@ func (ls *Lease) lostf(format string, args ...any) error {
 	return fmt.Errorf("%w: %q: "+format, append([]any{fence.ErrLeaseLost, ls.name}, args...)...)
 }
 
+// watchDelay is how long a lease is held before its key is watched. A
+// watch costs a create and a cancel on the server and a goroutine on
+// each side, as much as a third of an uncontended acquire+release; a lock
+// released within watchDelay never pays for it. The watch reads from the
+// key's creation, so a delete made earlier is seen the moment it starts:
+// Done follows a delete by at most watchDelay, instead of at once, during
+// the lease's first watchDelay only. The token guards the resource meanwhile,
+// as it does for a holder paused after any check.
+const watchDelay = 10 * time.Millisecond
+
 // startRun starts the goroutine that watches the key, keeps a watchdog
 // lease renewed and ends the lease at its deadline.
 func (ls *Lease) startRun() {
@@ -143,11 +153,21 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
 	// The watch runs in a goroutine of its own: clientv3's Watch blocks
 	// until it reaches a server, and the deadline must not wait for that.
+	// It starts watchDelay after run does, from the key's creation, so it
+	// still sees a delete made before it started, and a lock released
+	// sooner never pays for a watch (see watchDelay).
 	wctx, stopWatch := context.WithCancel(ctx)
 	deleted := make(chan error, 1)
 	watched := make(chan struct{})
-	go func() { defer close(watched); ls.watchKey(wctx, deleted) }()
-	defer func() { stopWatch(); <-watched }()
+	watching := false
+	defer func() {
+		stopWatch()
+		if watching {
+			<-watched
+		}
+	}()
+	startWatch := time.NewTimer(watchDelay)
+	defer startWatch.Stop()
 
 	expiry := time.NewTimer(time.Until(ls.Deadline()))
 	defer expiry.Stop()
@@ -186,6 +206,9 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 				lose(ls.lostf("expired"))
 			}
 			return
+		case <-startWatch.C:
+			watching = true
+			go func() { defer close(watched); ls.watchKey(wctx, deleted) }()
 		case why := <-deleted:
 			lose(why)
 			return
