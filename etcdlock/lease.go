@@ -135,10 +135,16 @@ func (ls *Lease) lockOp(ctx context.Context) error {
 
 func (ls *Lease) unlockOp() { <-ls.op }
 
-// stop stops run and waits for it. The caller holds ls.op.
-func (ls *Lease) stop() {
+// halt tells run to stop, without waiting. The caller holds ls.op.
+func (ls *Lease) halt() {
 	if ls.stopRun != nil {
 		ls.stopRun()
+	}
+}
+
+// join waits for a halted run to return. The caller holds ls.op.
+func (ls *Lease) join() {
+	if ls.stopRun != nil {
 		<-ls.runDone
 		ls.stopRun = nil
 	}
@@ -176,7 +182,13 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 	if !ls.watchdog {
 		renew.Stop()
 	}
+	// Once ctx is cancelled (Release sends its delete right after), a
+	// delete or a deadline seen is no loss of run's to report: Release
+	// decides. A delete seen before the cancel was not Release's.
 	lose := func(why error) {
+		if ctx.Err() != nil {
+			return
+		}
 		if ls.end(why) {
 			ls.l.revoke(ls.ctx, ls.etcdLease())
 		}
@@ -188,7 +200,9 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 		case <-ls.l.client.Ctx().Done():
 			// The user closed the client: nothing renews the etcd lease or
 			// watches the key any more, and no revoke can be sent.
-			ls.end(ls.lostf("the etcd client was closed"))
+			if ctx.Err() == nil {
+				ls.end(ls.lostf("the etcd client was closed"))
+			}
 			return
 		case <-ls.moved:
 			expiry.Reset(time.Until(ls.Deadline()))
@@ -450,32 +464,52 @@ func (ls *Lease) Release(ctx context.Context) error {
 	if ls.released {
 		return ls.relErr
 	}
-	// Stop run first, or it would take the delete below for a loss.
-	ls.stop()
-	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
-		ls.l.revoke(ctx, ls.etcdLease())
+	// Stop run first, or it would take the delete below for a loss: once
+	// halted it reports no loss (see run). On the usual path the delete is
+	// sent while run winds down, and joined after; run's fields are left
+	// alone until then.
+	ls.halt()
+	var resp *clientv3.TxnResponse
+	attempts := 0
+	del := func() error {
+		return try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
+			attempts++
+			resp, err = ls.l.client.Txn(ctx).If(
+				clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
+			).Then(clientv3.OpDelete(ls.key)).Commit()
+			return err
+		})
 	}
-	if err := ls.Err(); err != nil {
-		ls.released, ls.relErr = true, err
-		return err
+	early := ctx.Err() == nil && time.Now().Before(ls.Deadline()) && ls.Err() == nil
+	var err error
+	if early {
+		err = del()
 	}
+	ls.join()
 	// Whatever happens below, nothing renews the lease any more: a Release
 	// that fails (a done ctx, say) leaves the key to expire with its etcd
 	// lease, and calling Release again retries the delete.
 	ls.watchdog = false
-	if err := ctx.Err(); err != nil {
-		ls.startRun()
-		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
+	if !early {
+		if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+			ls.l.revoke(ctx, ls.etcdLease())
+		}
+		if err := ls.Err(); err != nil {
+			ls.released, ls.relErr = true, err
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			ls.startRun()
+			return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
+		}
+		err = del()
 	}
-	var resp *clientv3.TxnResponse
-	attempts := 0
-	err := try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
-		attempts++
-		resp, err = ls.l.client.Txn(ctx).If(
-			clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
-		).Then(clientv3.OpDelete(ls.key)).Commit()
-		return err
-	})
+	if lerr := ls.Err(); lerr != nil {
+		// run found the lease lost before it was halted (its key deleted
+		// by another, or its etcd lease gone): that stands.
+		ls.released, ls.relErr = true, lerr
+		return lerr
+	}
 	if err != nil {
 		ls.startRun() // still held until it expires: watch it
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
