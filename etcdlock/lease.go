@@ -32,6 +32,7 @@ type Lease struct {
 	op       chan struct{}
 	stopRun  context.CancelFunc // stops run; set while run runs
 	runDone  chan struct{}      // closed when run returns
+	runTimer *time.Timer        // starts run
 	released bool               // Release reached a conclusion
 	relErr   error              // its result
 
@@ -106,15 +107,24 @@ func (ls *Lease) lostf(format string, args ...any) error {
 // key's creation, so a delete made earlier is seen the moment it starts:
 // Done follows a delete by at most watchDelay, instead of at once, during
 // the lease's first watchDelay only. The token guards the resource meanwhile,
-// as it does for a holder paused after any check.
+// as it does for a holder paused after any check. run itself starts then
+// too (or at the deadline or first renewal, if sooner): a lock released
+// sooner starts no goroutine at all.
 const watchDelay = 10 * time.Millisecond
 
-// startRun starts the goroutine that watches the key, keeps a watchdog
-// lease renewed and ends the lease at its deadline.
+// startRun starts, after watchDelay at most, the goroutine that watches
+// the key, keeps a watchdog lease renewed and ends the lease at its
+// deadline.
 func (ls *Lease) startRun() {
 	ctx, cancel := context.WithCancel(ls.ctx)
-	ls.stopRun, ls.runDone = cancel, make(chan struct{})
-	go ls.run(ctx, ls.runDone)
+	done := make(chan struct{})
+	ls.stopRun, ls.runDone = cancel, done
+	started := time.Now()
+	delay := min(watchDelay, time.Until(ls.Deadline()))
+	if ls.watchdog {
+		delay = min(delay, ls.renewInterval())
+	}
+	ls.runTimer = time.AfterFunc(max(delay, 0), func() { ls.run(ctx, done, started) })
 }
 
 // lockOp takes ls.op, or returns ctx's error if ctx ends first; free, it
@@ -145,7 +155,9 @@ func (ls *Lease) halt() {
 // join waits for a halted run to return. The caller holds ls.op.
 func (ls *Lease) join() {
 	if ls.stopRun != nil {
-		<-ls.runDone
+		if !ls.runTimer.Stop() { // run started: wait for it
+			<-ls.runDone
+		}
 		ls.stopRun = nil
 	}
 }
@@ -155,29 +167,24 @@ func (ls *Lease) join() {
 // deadline passes, and renews a watchdog lease every third of its TTL. A
 // lost lease's etcd lease is revoked, so that the next in line need not
 // wait for it to expire.
-func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
+func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Time) {
 	defer close(done)
+	if ctx.Err() != nil {
+		return // halted as it started
+	}
 	// The watch runs in a goroutine of its own: clientv3's Watch blocks
 	// until it reaches a server, and the deadline must not wait for that.
-	// It starts watchDelay after run does, from the key's creation, so it
-	// still sees a delete made before it started, and a lock released
-	// sooner never pays for a watch (see watchDelay).
+	// It reads from the key's creation, so it sees a delete made before
+	// run started (see watchDelay).
 	wctx, stopWatch := context.WithCancel(ctx)
 	deleted := make(chan error, 1)
 	watched := make(chan struct{})
-	watching := false
-	defer func() {
-		stopWatch()
-		if watching {
-			<-watched
-		}
-	}()
-	startWatch := time.NewTimer(watchDelay)
-	defer startWatch.Stop()
+	go func() { defer close(watched); ls.watchKey(wctx, deleted) }()
+	defer func() { stopWatch(); <-watched }()
 
 	expiry := time.NewTimer(time.Until(ls.Deadline()))
 	defer expiry.Stop()
-	renew := time.NewTimer(ls.renewInterval())
+	renew := time.NewTimer(max(0, ls.renewInterval()-time.Since(started)))
 	defer renew.Stop()
 	if !ls.watchdog {
 		renew.Stop()
@@ -220,9 +227,6 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 				lose(ls.lostf("expired"))
 			}
 			return
-		case <-startWatch.C:
-			watching = true
-			go func() { defer close(watched); ls.watchKey(wctx, deleted) }()
 		case why := <-deleted:
 			lose(why)
 			return
