@@ -77,7 +77,12 @@
 //
 // The key is watched from its creation: a delete (the etcd lease expired or
 // was revoked, an operator ran etcdctl del) ends the lease at once, not at
-// the next renewal.
+// the next renewal. The watch, and the goroutine that keeps the lease, start
+// 10 ms after the grant (sooner if its deadline or first renewal comes
+// first): a lock released within that pays for neither, and a delete in
+// its first 10 ms ends the lease when the watch starts, reading from the
+// key's creation, so no later than 10 ms after the grant. The token guards
+// the resource meanwhile, as it does after any check.
 //
 // # Waiting
 //
