@@ -38,8 +38,9 @@
 //
 // # Metrics
 //
-// A backend given an Observer (redislock, redlock, pglock and memlock take
-// one in their Options; guard in HTTPOptions and Table) reports each
+// A backend given an Observer (redislock, redlock, pglock, etcdlock and
+// memlock take one in their Options, zklock with WithObserver; guard in
+// HTTPOptions and Table) reports each
 // acquisition with its result and wait, each lease's end with its cause and
 // hold time, replica-sync refusals, and guard decisions. The Observer
 // interface depends on nothing; adapters for Prometheus (fenceprom) and

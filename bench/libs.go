@@ -26,20 +26,29 @@ type lib struct {
 
 const leaseTTL = 10 * time.Second
 
+// observerRow names fence's row with a no-op Observer set (sync off).
+const observerRow = "fence (sync off, no-op Observer)"
+
 // libs builds every library against addr, each with its own client.
 func libs(addr string) ([]*lib, error) {
 	var out []*lib
-	for _, sync := range []bool{false, true} {
+	for _, f := range []struct {
+		name string
+		sync bool
+		obs  fence.Observer
+	}{
+		{"fence (sync off)", false, nil},
+		{"fence (sync on, 1 replica)", true, nil},
+		// Every event goes through the Observer interface to methods that
+		// do nothing: what observing costs fence itself.
+		{observerRow, false, fence.NopObserver{}},
+	} {
 		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
-		l, err := fenceredis.New(c, &fenceredis.Options{ReplicaSync: fenceredis.ReplicaSync{Disabled: !sync}})
+		l, err := fenceredis.New(c, &fenceredis.Options{ReplicaSync: fenceredis.ReplicaSync{Disabled: !f.sync}, Observer: f.obs})
 		if err != nil {
 			return nil, err
 		}
-		name := "fence (sync off)"
-		if sync {
-			name = "fence (sync on, 1 replica)"
-		}
-		out = append(out, &lib{name: name, close: func() { _ = c.Close() },
+		out = append(out, &lib{name: f.name, close: func() { _ = c.Close() },
 			acquire: func(ctx context.Context, key string) (func(), error) {
 				lease, err := l.Acquire(ctx, key, fence.Wait(time.Minute), fence.TTL(leaseTTL))
 				if err != nil {

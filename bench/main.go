@@ -253,8 +253,8 @@ func redisBenchmark(primary *redisserver.Server) string {
 		return "not run: " + err.Error()
 	}
 	cmd := exec.Command("redis-benchmark", "-h", primary.Host(), "-p", primary.Port(), "-c", "64", "-n", "200000", "-r", "100000", "-q",
-		"EVALSHA", sha, "3", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "bench:rb:{__rand_int__}:revoked:owner",
-		"owner", "10000", "86400000")
+		"EVALSHA", sha, "4", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "bench:rb:{__rand_int__}:revoked:owner",
+		"bench:rb:{__rand_int__}:waiting", "owner", "10000", "86400000", "0")
 	outb, err := cmd.CombinedOutput()
 	if err != nil {
 		return "not run: " + err.Error() + ": " + strings.TrimSpace(string(outb))

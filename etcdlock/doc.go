@@ -52,8 +52,8 @@
 // nothing, and Acquire grants a new one. A Locker keeps at most 64 (one
 // per lock it holds at once); one found too old is dropped and expires on
 // etcd within its TTL, holding nothing meanwhile; Close revokes those
-// kept. Lost leases and failed Acquires still revoke theirs at once, so
-// that the next in line moves up.
+// kept. Lost leases, failed Releases and failed Acquires still revoke
+// theirs at once, so that the next in line moves up.
 //
 // etcd counts lease times in whole seconds and raises short ones to its
 // minimum (1.5 × the election timeout: 1.5 s by default), so the etcd lease
@@ -103,8 +103,14 @@
 //
 // Release deletes the key in a Txn that holds only while its create
 // revision is the token, so it never deletes another's key, then keeps the
-// etcd lease for reuse (see above) or revokes it. A lease whose key is already gone gets an error matching
-// fence.ErrLeaseLost and deletes nothing.
+// etcd lease for reuse (see above), or revokes it if it is too old or the
+// Locker keeps 64 already. A lease whose key is already gone gets an error matching
+// fence.ErrLeaseLost and deletes nothing. A Release that fails (its ctx
+// done, the cluster unreachable) ends the lease all the same, as released,
+// as in every backend, and revokes the etcd lease within half a second
+// (such an etcd lease is never kept for reuse); if that fails too, the key
+// expires with its etcd lease on the server. Calling Release again retries
+// the delete.
 //
 // # Deadlines and hanging members
 //

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,16 @@ type Options struct {
 	// the lease's Deadline is measured from WatchdogTTL itself.
 	WatchdogTTL time.Duration
 
+	// Observer, if not nil, is told of every acquisition and the end of
+	// every lease, with Backend "etcd"; see fence.Observer.
+	Observer fence.Observer
+
+	// Logger, if not nil, receives a warning when a lease is lost (with
+	// the lock name, token and cause) and when a watchdog renewal fails.
+	// Nil logs nothing. Credentials never appear in it: the lines carry
+	// names, tokens, causes and errors.
+	Logger *slog.Logger
+
 	_ struct{}
 }
 
@@ -53,6 +64,8 @@ type Locker struct {
 	client      *clientv3.Client
 	prefix      string
 	watchdogTTL time.Duration
+	obs         fence.Observer // nil: none
+	log         *slog.Logger   // nil: none
 
 	mu     sync.Mutex
 	spares []spare // etcd leases of released locks, holding no key; newest last
@@ -113,7 +126,10 @@ func (l *Locker) takeSpare(ttl time.Duration) (spare, bool) {
 // keeping it grants nobody anything; the next Acquire attaches a new key
 // to it, whose create revision (the token) is new; and the old Lease
 // object, ended, never uses it again (its run has stopped, Extend and
-// Release see it ended).
+// Release see it ended, and a Release of it that fails revokes only an
+// etcd lease it ended itself). Only a Release whose own delete went
+// through and that ended the lease calls it: never for a lease lost,
+// expired, or ended by a Release that failed.
 func (l *Locker) recycle(ctx context.Context, sp spare) {
 	if fresh(sp.sent, sp.ttl) {
 		l.mu.Lock()
@@ -157,6 +173,7 @@ func New(client *clientv3.Client, o *Options) (*Locker, error) {
 	l := &Locker{client: client, prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
 	if o != nil {
 		l.prefix = cmp.Or(o.Prefix, DefaultPrefix)
+		l.obs, l.log = o.Observer, o.Logger
 		if o.WatchdogTTL != 0 {
 			if err := fence.ValidateTTL(o.WatchdogTTL); err != nil {
 				return nil, fmt.Errorf("etcdlock: watchdog TTL: %w", err)
@@ -197,6 +214,16 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	if ctx == nil {
 		panic("etcdlock: Acquire with a nil context")
 	}
+	if l.obs == nil {
+		return l.acquire(ctx, name, opts...)
+	}
+	start := time.Now()
+	lease, err := l.acquire(ctx, name, opts...)
+	fence.ReportAcquire(l.obs, backend, name, start, lease, err)
+	return lease, err
+}
+
+func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -342,10 +369,11 @@ func try(ctx context.Context, per time.Duration, call func(context.Context) erro
 
 // revoke gives up the etcd lease id and with it the keys attached to it,
 // within cleanupTimeout even if ctx is done.
-func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) {
+func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, _ = l.client.Revoke(ctx, id)
+	_, err := l.client.Revoke(ctx, id)
+	return err
 }
 
 // waiter is an Acquire waiting in line: its key exists, and keys created

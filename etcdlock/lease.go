@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -21,6 +22,7 @@ type Lease struct {
 	key      string
 	token    fence.Token
 	watchdog bool
+	acquired time.Time // for the hold time reported to the Observer
 
 	ctx    context.Context // cancelled with err as cause when the lease ends
 	cancel context.CancelCauseFunc
@@ -35,6 +37,9 @@ type Lease struct {
 	runTimer *time.Timer        // starts run
 	released bool               // Release reached a conclusion
 	relErr   error              // its result
+	// revokedOnFail: a Release that failed revoked the etcd lease, and
+	// with it the key.
+	revokedOnFail atomic.Bool
 
 	mu       sync.Mutex
 	id       clientv3.LeaseID // the etcd lease the key is attached to
@@ -52,7 +57,7 @@ func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, sp s
 	ls := &Lease{
 		l: l, name: name, key: key, token: fence.Token(rev), watchdog: watchdog,
 		id: sp.id, ttl: sp.ttl, granted: sp.granted, sent: sent, deadline: deadline(sent, sp.ttl), moved: make(chan struct{}, 1),
-		op: make(chan struct{}, 1),
+		op: make(chan struct{}, 1), acquired: time.Now(),
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.startRun()
@@ -84,16 +89,38 @@ func (ls *Lease) Err() error { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err
 func (ls *Lease) String() string { return fmt.Sprintf("etcdlock lease %q token %d", ls.name, ls.token) }
 
 // end records why the lease ended and cancels its context; the first call
-// wins. It reports whether this call ended it.
+// wins. It reports whether this call ended it. The cause it reports is
+// Released for fence.ErrReleased, LostRemoved otherwise; see endAs.
 func (ls *Lease) end(why error) bool {
+	cause := fence.LostRemoved
+	if why == fence.ErrReleased {
+		cause = fence.Released
+	}
+	return ls.endAs(why, cause)
+}
+
+// endAs is end with the cause to report to the Observer and the Logger.
+func (ls *Lease) endAs(why error, cause fence.LeaseCause) bool {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	if ls.err != nil {
+		ls.mu.Unlock()
 		return false
 	}
 	ls.err = why
 	ls.cancel(why)
+	ls.mu.Unlock()
+	ls.ended(cause, why)
 	return true
+}
+
+// expired ends the lease whose deadline has passed: a watchdog lease's
+// renewals failed until then, a fixed one was not extended. It reports
+// whether this call ended it.
+func (ls *Lease) expired() bool {
+	if ls.watchdog {
+		return ls.endAs(ls.lostf("not renewed before its deadline"), fence.LostRenewFailed)
+	}
+	return ls.endAs(ls.lostf("expired"), fence.LostExpired)
 }
 
 func (ls *Lease) lostf(format string, args ...any) error {
@@ -191,12 +218,13 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 	}
 	// Once ctx is cancelled (Release sends its delete right after), a
 	// delete or a deadline seen is no loss of run's to report: Release
-	// decides. A delete seen before the cancel was not Release's.
-	lose := func(why error) {
+	// decides. A delete seen before the cancel was not Release's. end ends
+	// the lease with its cause (see endAs) and reports whether it did.
+	lose := func(end func() bool) {
 		if ctx.Err() != nil {
 			return
 		}
-		if ls.end(why) {
+		if end() {
 			ls.l.revoke(ls.ctx, ls.etcdLease())
 		}
 	}
@@ -208,7 +236,7 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 			// The user closed the client: nothing renews the etcd lease or
 			// watches the key any more, and no revoke can be sent.
 			if ctx.Err() == nil {
-				ls.end(ls.lostf("the etcd client was closed"))
+				ls.endAs(ls.lostf("the etcd client was closed"), fence.LostRenewFailed)
 			}
 			return
 		case <-ls.moved:
@@ -221,21 +249,18 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 				expiry.Reset(time.Until(d))
 				continue
 			}
-			if ls.watchdog {
-				lose(ls.lostf("not renewed before its deadline"))
-			} else {
-				lose(ls.lostf("expired"))
-			}
+			lose(ls.expired)
 			return
 		case why := <-deleted:
-			lose(why)
+			lose(func() bool { return ls.end(why) })
 			return
 		case <-renew.C:
 			if err := ls.renew(ctx); err != nil {
 				if errors.Is(err, fence.ErrLeaseLost) {
-					lose(err)
+					lose(func() bool { return ls.end(err) })
 					return
 				}
+				ls.renewFailed(err)
 				renew.Reset(retryInterval)
 				continue
 			}
@@ -355,7 +380,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
 	defer ls.unlockOp()
-	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
 	if err := ls.Err(); err != nil {
@@ -412,7 +437,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // extendFailed returns err, the error of an Extend that did not get
 // through, or why the lease ended if its deadline passed meanwhile.
 func (ls *Lease) extendFailed(ctx context.Context, err error) error {
-	if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
 	if lerr := ls.Err(); lerr != nil {
@@ -456,12 +481,41 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 	return nil
 }
 
+// releaseFailed ends the lease as released after a Release that could not
+// delete the key, and revokes its etcd lease (bounded, even with ctx done),
+// which deletes the key; if that does not get through either, the key
+// expires with its etcd lease on the server. The lease's etcd lease is
+// then never kept for reuse: only a Release whose own delete went through
+// ends the lease and keeps it, and this one ended it first, or retries one
+// that failed. held says the caller holds ls.op, so no Release of this
+// lease can have kept the etcd lease meanwhile (it would have set
+// ls.released); without ls.op it revokes only if this call ended the
+// lease, since a Release that holds ls.op may have ended it, its delete
+// done, and handed the etcd lease to the next Acquire.
+func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
+	if !ls.end(fence.ErrReleased) && !held {
+		return
+	}
+	if ls.l.revoke(ctx, ls.etcdLease()) == nil {
+		ls.revokedOnFail.Store(true)
+	}
+}
+
 // Release deletes the lease's key if it is still the one created at the
-// token, revokes its etcd lease and ends the lease; see fence.Lease. It
-// never deletes another key: a lease whose key is gone gets an error
-// matching fence.ErrLeaseLost and deletes nothing.
+// token and ends the lease; see fence.Lease. It then keeps the etcd lease,
+// which holds no key any more, for the Locker's next Acquire (see
+// Locker.Close), or revokes it. It never deletes another key: a lease
+// whose key is gone gets an error matching fence.ErrLeaseLost and deletes
+// nothing. A Release that fails (a done ctx, the cluster unreachable) ends
+// the lease all the same, as released, and revokes its etcd lease (which
+// is never kept), or leaves the key to expire with it; calling Release
+// again retries the delete.
 func (ls *Lease) Release(ctx context.Context) error {
 	if err := ls.lockOp(ctx); err != nil {
+		// An Extend in flight holds ls.op; it revokes the etcd lease it
+		// moves the key to when it finds the lease ended. A Release in
+		// flight keeps the etcd lease only if it ends the lease first.
+		ls.releaseFailed(ctx, false)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
 	defer ls.unlockOp()
@@ -490,58 +544,68 @@ func (ls *Lease) Release(ctx context.Context) error {
 		err = del()
 	}
 	ls.join()
-	// Whatever happens below, nothing renews the lease any more: a Release
-	// that fails (a done ctx, say) leaves the key to expire with its etcd
-	// lease, and calling Release again retries the delete.
+	// Whatever happens below, nothing renews the lease any more, and the
+	// lease ends: a Release that fails (a done ctx, say) revokes the etcd
+	// lease, or leaves the key to expire with it, and calling Release
+	// again retries the delete.
 	ls.watchdog = false
 	if !early {
-		if !time.Now().Before(ls.Deadline()) && ls.end(ls.lostf("not renewed before its deadline")) {
+		if !time.Now().Before(ls.Deadline()) && ls.expired() {
 			ls.l.revoke(ctx, ls.etcdLease())
 		}
-		if err := ls.Err(); err != nil {
+		// Lost before Release was called; ErrReleased is an earlier
+		// Release that failed, whose delete this one retries.
+		if err := ls.Err(); err != nil && err != fence.ErrReleased {
 			ls.released, ls.relErr = true, err
 			return err
 		}
 		if err := ctx.Err(); err != nil {
-			ls.startRun()
+			ls.releaseFailed(ctx, true)
 			return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 		}
 		err = del()
 	}
-	if lerr := ls.Err(); lerr != nil {
+	if lerr := ls.Err(); lerr != nil && lerr != fence.ErrReleased {
 		// run found the lease lost before it was halted (its key deleted
 		// by another, or its etcd lease gone): that stands.
 		ls.released, ls.relErr = true, lerr
 		return lerr
 	}
 	if err != nil {
-		ls.startRun() // still held until it expires: watch it
+		ls.releaseFailed(ctx, true)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
-	why := error(fence.ErrReleased)
+	var lost error
 	switch {
-	case !resp.Succeeded && attempts == 1:
-		why = ls.lostf("its key %s was already gone", ls.key)
+	case !resp.Succeeded && ls.revokedOnFail.Load():
+		// An earlier Release that failed revoked the etcd lease, and with
+		// it the key.
+	case !resp.Succeeded && attempts == 1 && ls.Err() == nil:
+		lost = ls.lostf("its key %s was already gone", ls.key)
 	case !resp.Succeeded:
-		// An attempt that timed out may have deleted it: which, nobody
-		// can tell, and a release that cannot vouch for the lease says so.
-		why = ls.lostf("its key %s was gone (deleted by an attempt of this Release that timed out, or before it)", ls.key)
+		// An attempt that timed out, of this Release or an earlier one,
+		// may have deleted it: which, nobody can tell, and a release that
+		// cannot vouch for the lease says so.
+		lost = ls.lostf("its key %s was gone (deleted by an attempt of this Release, or an earlier one, that timed out, or before it)", ls.key)
 	}
-	if ls.end(why) && why == fence.ErrReleased {
-		// Our own delete went through: the etcd lease holds no key now.
-		// Keep it for the next Acquire instead of revoking it, which
-		// takes a Raft commit out of Release's path and, with the Grant
-		// spared, another out of Acquire's.
+	switch {
+	case lost != nil:
+		ls.end(lost)
+		ls.l.revoke(ctx, ls.etcdLease())
+	case resp.Succeeded && ls.end(fence.ErrReleased):
+		// Our own delete went through and ended the lease: the etcd lease
+		// holds no key now. Keep it for the next Acquire instead of
+		// revoking it, which takes a Raft commit out of Release's path
+		// and, with the Grant spared, another out of Acquire's. A lease
+		// ended before (lost, expired, or by a Release that failed) never
+		// gets here.
 		ls.mu.Lock()
 		sp := spare{id: ls.id, ttl: ls.ttl, granted: ls.granted, sent: ls.sent}
 		ls.mu.Unlock()
 		ls.l.recycle(ctx, sp)
-	} else {
+	default:
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
-	ls.released = true
-	if err := ls.Err(); err != fence.ErrReleased {
-		ls.relErr = err
-	}
+	ls.released, ls.relErr = true, lost
 	return ls.relErr
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -83,7 +84,7 @@ func (ls *lease) end(why error) {
 	ls.endAs(cause, why)
 }
 
-// endAs is end with the cause to report to the Observer.
+// endAs is end with the cause to report to the Observer and the Logger.
 func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
 	if ls.err != nil {
@@ -94,6 +95,11 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.expiry.Stop()
 	ls.cancel(why)
 	ls.mu.Unlock()
+	if log := ls.l.log; log != nil && cause != fence.Released {
+		log.LogAttrs(ls.ctx, slog.LevelWarn, "pglock: lease lost",
+			slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
+			slog.String("cause", string(cause)), slog.Any("error", why))
+	}
 	if obs := ls.l.obs; obs != nil {
 		obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
@@ -120,6 +126,11 @@ func (ls *lease) keepRenewed() {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return
 		case err != nil:
+			if log := ls.l.log; log != nil && ls.Err() == nil {
+				log.LogAttrs(ls.ctx, slog.LevelWarn, "pglock: renewal failed",
+					slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
+					slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
+			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)

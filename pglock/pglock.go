@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -49,6 +50,13 @@ type Options struct {
 	// every lease, with Backend "postgres"; see fence.Observer.
 	Observer fence.Observer
 
+	// Logger, if not nil, receives a warning when a lease is lost (with
+	// the lock name, token and cause) and when a watchdog renewal fails.
+	// Nil logs nothing. Credentials never appear in it: the lines carry
+	// names, tokens, causes and errors (database/sql's errors do not
+	// carry the DSN).
+	Logger *slog.Logger
+
 	_ struct{}
 }
 
@@ -75,6 +83,7 @@ type Locker struct {
 	listener Listener
 	q        queries
 	obs      fence.Observer // nil: none
+	log      *slog.Logger   // nil: none
 
 	mu  sync.Mutex
 	sub *subscription // the waiters' shared LISTEN; nil when nobody waits
@@ -94,7 +103,7 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 	if o == nil {
 		o = &Options{}
 	}
-	l := &Locker{db: db, table: cmp.Or(o.Table, DefaultTable), watchdog: DefaultWatchdogTTL, listener: o.Listener, obs: o.Observer}
+	l := &Locker{db: db, table: cmp.Or(o.Table, DefaultTable), watchdog: DefaultWatchdogTTL, listener: o.Listener, obs: o.Observer, log: o.Logger}
 	if err := ValidateTable(l.table); err != nil {
 		return nil, err
 	}

@@ -2,12 +2,14 @@ package redislock_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 func BenchmarkAcquireRelease(b *testing.B) {
@@ -27,23 +29,30 @@ func BenchmarkAcquireRelease(b *testing.B) {
 }
 
 // BenchmarkAcquireReleaseDeadline is BenchmarkAcquireRelease with a context
-// that has a deadline, as most callers' have: every call then goes through
-// bounded (a goroutine and a channel per call), which a context without one
-// skips.
+// that has a deadline, as most callers' have: with go-redis's defaults every
+// call then goes through bounded, on one of the Locker's call goroutines,
+// which a context without one skips; with ContextTimeoutEnabled the client
+// bounds its calls itself and fence calls it directly.
 func BenchmarkAcquireReleaseDeadline(b *testing.B) {
 	srv := redistest.Start(b)
-	l := newLocker(b, srv.Client(b))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
-	b.ReportAllocs()
-	for b.Loop() {
-		lease, err := l.Acquire(ctx, "bench", fence.TTL(10*time.Second))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := lease.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
+	for _, cte := range []bool{false, true} {
+		b.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(b *testing.B) {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: cte})
+			b.Cleanup(func() { _ = c.Close() })
+			l := newLocker(b, c)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			b.ReportAllocs()
+			for b.Loop() {
+				lease, err := l.Acquire(ctx, "bench", fence.TTL(10*time.Second))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
@@ -68,6 +77,49 @@ func BenchmarkObserver(b *testing.B) {
 				if err := lease.Release(ctx); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// maxAllocs is the ceiling on allocations per uncontended acquire+release
+// (issue 18: at most 30; go-redis itself makes about 22 for the two
+// EVALSHAs). The Locker makes a few: the attempt with its lease, the
+// owner's revocation key, fence.Apply's options.
+const maxAllocs = 30
+
+// TestAllocsPerAcquireRelease holds the uncontended path to maxAllocs, with
+// a context that cannot end and with a deadline on a client that bounds
+// its own calls (ContextTimeoutEnabled), where fence calls go-redis
+// directly.
+func TestAllocsPerAcquireRelease(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: cte})
+			t.Cleanup(func() { _ = c.Close() })
+			l := newLocker(t, c)
+			ctx := context.Background()
+			if cte {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, time.Hour)
+				t.Cleanup(cancel)
+			}
+			ttl, wait := fence.TTL(10*time.Second), fence.Wait(time.Minute) // as bench/ calls it
+			pair := func() {
+				lease, err := l.Acquire(ctx, "alloc", ttl, wait)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pair() // the script cache, the connection, the name's keys
+			if n := testing.AllocsPerRun(200, pair); n > maxAllocs {
+				t.Errorf("%.1f allocations per acquire+release, want at most %d", n, maxAllocs)
+			} else {
+				t.Logf("%.1f allocations per acquire+release", n)
 			}
 		})
 	}

@@ -3,14 +3,15 @@
 //
 // # Keys
 //
-// A lock name N under the prefix P (default "fence") uses three keys that
-// share the hash tag {N}, so on a cluster they live in one slot (and a
-// non-cluster primary with replicas holds one more, P:replicas; see Replica
-// sync):
+// A lock name N under the prefix P (default "fence") uses keys and a
+// channel that share the hash tag {N}, so on a cluster they live in one slot
+// (and a non-cluster primary with replicas holds one more key, P:replicas;
+// see Replica sync):
 //
 //	P:{N}           the lock: the owner's 128-bit random id, with the lease's expiry
 //	P:{N}:token     the last token issued for N, kept for Options.TokenRetention
-//	P:{N}:released  the channel that Release publishes on
+//	P:{N}:waiting   set while a caller may wait for N, for its wait budget
+//	P:{N}:released  the channel that Release publishes on, while P:{N}:waiting is set
 //
 // # Tokens
 //
@@ -48,8 +49,10 @@
 //
 // # Waiting
 //
-// A caller that finds the lock held and has a wait budget subscribes to the
-// lock's release channel (sharded pub/sub on a cluster), and tries again
+// A caller that finds the lock held and has a wait budget marks the name as
+// waited on (P:{N}:waiting, in the same script as the try, for its wait
+// budget; a release publishes only while the mark is there), subscribes to
+// the lock's release channel (sharded pub/sub on a cluster), and tries again
 // when a release is published or when the holder's TTL has run out. It sends
 // nothing else while it waits. One subscription per lock name is shared by
 // the Locker's waiters, and a release wakes one of them; it belongs to none
@@ -83,8 +86,12 @@
 //
 // Every call fence makes returns by its context's deadline whatever the
 // client's options: go-redis only puts the deadline on the socket with
-// ContextTimeoutEnabled, so each command runs in a goroutine that the
-// caller leaves when the context ends. The goroutine ends when the client's
+// ContextTimeoutEnabled, so without it each command runs on a goroutine
+// (one of a few that the Locker keeps for a moment between calls) that the
+// caller leaves when the context ends. A plain *redis.Client with
+// ContextTimeoutEnabled is called directly when the context has a deadline:
+// it ends the call at the deadline itself (a cancellation before the
+// deadline then ends the call at the deadline at the latest). The goroutine ends when the client's
 // own timeout or the server's late answer ends the command; a late answer
 // to an acquisition that took the lock gives the lock back. An acquisition
 // whose answer is lost altogether (the client's own timeout closed the

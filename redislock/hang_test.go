@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"syscall"
@@ -75,10 +76,18 @@ func within(t *testing.T, what string, call func(ctx context.Context) error) {
 // TestHungRedisReturnsByDeadline: with go-redis's default options (no
 // ContextTimeoutEnabled), a paused redis-server or a listener that never
 // answers must not hold Acquire, Extend, Release or Status past the
-// caller's deadline.
+// caller's deadline. With ContextTimeoutEnabled, where fence calls the
+// client directly and relies on it to end the call at the deadline, neither
+// must they.
 func TestHungRedisReturnsByDeadline(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) { testHungRedis(t, cte) })
+	}
+}
+
+func testHungRedis(t *testing.T, contextTimeout bool) {
 	t.Run("silent-listener", func(t *testing.T) {
-		c := redis.NewClient(&redis.Options{Addr: silentListener(t)})
+		c := redis.NewClient(&redis.Options{Addr: silentListener(t), ContextTimeoutEnabled: contextTimeout})
 		t.Cleanup(func() { _ = c.Close() })
 		l := newLocker(t, c)
 		for _, wait := range []time.Duration{0, 10 * time.Second} {
@@ -96,7 +105,7 @@ func TestHungRedisReturnsByDeadline(t *testing.T) {
 	})
 	t.Run("paused-server", func(t *testing.T) {
 		srv := redistest.Start(t)
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: contextTimeout})
 		t.Cleanup(func() { _ = c.Close() })
 		l := newLocker(t, c)
 		held := acquire(t, l, "held", fence.TTL(time.Minute))

@@ -13,12 +13,23 @@ import (
 // lease is a lock held on Redis. Its expiry timer ends it at the local
 // deadline unless a renewal moved the deadline first; a watchdog lease has a
 // goroutine that renews it every third of its TTL.
+//
+// A fixed-TTL lease that nobody watches (no Observer or Logger to tell of
+// its end at the deadline, and Context and Done not called yet) has neither
+// a context nor a timer: Err finds the deadline passed by reading the
+// clock, and the first call of Context or Done makes both, already ended
+// if the lease has. Most leases are released well before their deadline
+// without either.
 type lease struct {
 	locker  *Locker
 	attempt attempt // the acquisition's name, keys, owner and TTL
 	token   fence.Token
+	parent  context.Context // the acquisition's: Context's values
 
-	ctx    context.Context // cancelled with the lease's Err as cause when it ends
+	// ctx is cancelled with the lease's Err as cause when it ends; nil
+	// until Context or Done is called (always set for watchdog leases, and
+	// set, with expiry, for observed ones). Guarded by mu.
+	ctx    context.Context
 	cancel context.CancelCauseFunc
 
 	mu       sync.Mutex
@@ -30,9 +41,9 @@ type lease struct {
 	// the deadline to the server's clock without the local wall clock.
 	serverAt  int64
 	repliedAt time.Time
-	expiry    *time.Timer
-	err       error // why the lease ended; nil while held
-	released  bool  // Release reached a conclusion, kept in releaseErr
+	expiry    *time.Timer // nil while nobody watches (see lease)
+	err       error       // why the lease ended; nil while held
+	released  bool        // Release reached a conclusion, kept in releaseErr
 	relErr    error
 	granted   time.Time // when the acquire reply arrived, for the hold time
 
@@ -43,18 +54,19 @@ type lease struct {
 var _ fence.Lease = (*lease)(nil)
 
 func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent, replied time.Time, serverMs int64) *lease {
-	ls := &lease{locker: l, attempt: *a, token: token, serverAt: serverMs, repliedAt: replied, granted: replied}
-	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	ls := a.home
+	if ls == nil || ls.locker != nil { // tried again after a success
+		ls = &lease{attempt: *a}
+	}
+	ls.attempt.home = nil
+	ls.locker, ls.token, ls.parent, ls.serverAt, ls.repliedAt, ls.granted = l, token, ctx, serverMs, replied, replied
 	ls.deadline = deadline(sent, a.ttl)
+	if !a.watchdog && l.obs == nil && l.log == nil {
+		return ls // context and timer on demand
+	}
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
-	cause := fence.LostExpired
-	if a.watchdog {
-		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
-	}
-	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		ls.endAs(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name), cause)
-	})
+	ls.watch()
 	if a.watchdog {
 		var wdCtx context.Context
 		wdCtx, ls.stopWatchdog = context.WithCancel(ls.ctx)
@@ -64,6 +76,40 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 	return ls
 }
 
+// watch makes the lease's context and expiry timer, unless made already;
+// the context is cancelled at once if the lease has ended. ls.mu is held.
+func (ls *lease) watch() {
+	if ls.ctx != nil {
+		return
+	}
+	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ls.parent))
+	if ls.err != nil {
+		ls.cancel(ls.err)
+		return
+	}
+	ls.expiry = time.AfterFunc(time.Until(ls.deadline), ls.expire)
+}
+
+// expire ends the lease at its deadline.
+func (ls *lease) expire() {
+	cause := fence.LostExpired
+	if ls.attempt.watchdog {
+		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
+	}
+	ls.endAs(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), cause)
+}
+
+// expireIfDue ends a lease without an expiry timer whose deadline has
+// passed, as its timer would have.
+func (ls *lease) expireIfDue() {
+	ls.mu.Lock()
+	due := ls.err == nil && ls.expiry == nil && !time.Now().Before(ls.deadline)
+	ls.mu.Unlock()
+	if due {
+		ls.expire()
+	}
+}
+
 // deadline is when a lease of ttl requested at sent is known to be held:
 // Redis may count from later than sent, never earlier, and the two clocks
 // may run at slightly different rates (1% plus 2 ms, Redlock's allowance).
@@ -71,13 +117,26 @@ func deadline(sent time.Time, ttl time.Duration) time.Time {
 	return sent.Add(ttl - ttl/100 - 2*time.Millisecond)
 }
 
-func (ls *lease) Name() string             { return ls.attempt.name }
-func (ls *lease) Token() fence.Token       { return ls.token }
-func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
-func (ls *lease) Context() context.Context { return ls.ctx }
-func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
-func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
-func (ls *lease) String() string           { return fmt.Sprintf("lease %q token %d", ls.attempt.name, ls.token) }
+func (ls *lease) Name() string          { return ls.attempt.name }
+func (ls *lease) Token() fence.Token    { return ls.token }
+func (ls *lease) Done() <-chan struct{} { return ls.Context().Done() }
+func (ls *lease) Deadline() time.Time   { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
+func (ls *lease) String() string        { return fmt.Sprintf("lease %q token %d", ls.attempt.name, ls.token) }
+
+func (ls *lease) Context() context.Context {
+	ls.expireIfDue()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.watch()
+	return ls.ctx
+}
+
+func (ls *lease) Err() error {
+	ls.expireIfDue()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.err
+}
 
 // end records why the lease ended and cancels its context; the first call
 // wins. The cause it reports is Released for fence.ErrReleased, LostRemoved
@@ -93,8 +152,12 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) {
 		return
 	}
 	ls.err = why
-	ls.expiry.Stop()
-	ls.cancel(why)
+	if ls.expiry != nil {
+		ls.expiry.Stop()
+	}
+	if ls.cancel != nil {
+		ls.cancel(why)
+	}
 	ls.mu.Unlock()
 	if cause == "" {
 		cause = fence.LostRemoved
@@ -157,7 +220,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		if res, _ := r.reply.Int64Slice(); len(res) == 2 && res[0] == 1 && ls.Err() != nil {
 			ls.locker.releaseAbandoned(ls.attempt)
 		}
-	}, extendScript, []string{ls.attempt.keys.lock}, ls.attempt.owner, ttl.Milliseconds(), serverDeadline)
+	}, extendScript, ls.attempt.acquireKeys[:1], ls.attempt.ownerArg, ttl.Milliseconds(), serverDeadline)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -185,6 +248,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		ls.end(lost)
 		return lost
 	}
+	ls.expireIfDue() // as the timer would have, had there been one
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err != nil {
@@ -192,7 +256,9 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.deadline = deadline(sent, ttl)
 	ls.serverAt, ls.repliedAt = res[1], replied
-	ls.expiry.Reset(time.Until(ls.deadline))
+	if ls.expiry != nil {
+		ls.expiry.Reset(time.Until(ls.deadline))
+	}
 	return nil
 }
 

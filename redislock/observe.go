@@ -16,7 +16,7 @@ const backend = "redis"
 // event.
 func (l *Locker) leaseEnded(ls *lease, cause fence.LeaseCause, why error) {
 	if l.log != nil && cause != fence.Released {
-		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "redislock: lease lost",
+		l.log.LogAttrs(ls.parent, slog.LevelWarn, "redislock: lease lost",
 			slog.String("name", ls.attempt.name), slog.Int64("token", int64(ls.token)),
 			slog.String("cause", string(cause)), slog.Any("error", why))
 	}
@@ -32,7 +32,7 @@ func (l *Locker) renewFailed(ls *lease, err error) {
 	// A renewal cut short by Release is no failure; one that ran into the
 	// deadline (the lease is lost meanwhile) is.
 	if l.log != nil && !errors.Is(ls.Err(), fence.ErrReleased) {
-		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "redislock: renewal failed",
+		l.log.LogAttrs(ls.parent, slog.LevelWarn, "redislock: renewal failed",
 			slog.String("name", ls.attempt.name), slog.Int64("token", int64(ls.token)),
 			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
 	}

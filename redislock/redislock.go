@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -74,6 +75,12 @@ type Locker struct {
 	replicas  replicaCounts
 	obs       fence.Observer // nil: none
 	log       *slog.Logger   // nil: none
+	calls     callers        // where bounded runs the calls it may leave
+	names     nameCache      // the keys of recently used lock names
+	publish   any            // "PUBLISH" or "SPUBLISH", boxed once for the release script
+	retainArg boxedMs        // retention ms, boxed, for the acquire script
+	ttlArg    boxedMs        // the last lease ms boxed for the acquire script
+	waitArg   boxedMs        // the last wait ms boxed for the acquire script
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
@@ -114,6 +121,11 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		return nil, fmt.Errorf("%w: redislock: replica sync %+v", fence.ErrInvalidOption, s)
 	}
 	_, l.sharded = client.(*redis.ClusterClient)
+	l.calls.selfBounded = selfBounded(client)
+	l.publish = "PUBLISH"
+	if l.sharded {
+		l.publish = "SPUBLISH"
+	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redislock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
 	}
@@ -128,15 +140,66 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 
 // keys are the Redis keys of one lock name. They share the hash tag {name},
 // so on a cluster they live in one slot and one script can touch them all.
+// They are built once per name and shared, read-only, by the name's
+// acquisitions (see nameCache).
 type keys struct {
 	lock    string // holds the owner id, with the lease's expiry
 	token   string // the last token issued
 	channel string // where the release script tells waiters
+	waiting string // set while someone waits: the release script publishes only then
+
+	release    []string // the release script's keys: lock, waiting
+	channelArg any      // channel, boxed once for the release script's arguments
 }
 
-func (l *Locker) keys(name string) keys {
-	base := l.prefix + ":{" + name + "}"
-	return keys{lock: base, token: base + ":token", channel: base + ":released"}
+func (l *Locker) keys(name string) *keys {
+	return l.names.get(l.prefix, name)
+}
+
+// nameCache holds the keys of up to maxCachedNames lock names, so that a
+// name locked again and again does not build its keys on every Acquire.
+// When it is full it starts afresh: a Locker used with ever new names
+// keeps a bounded set, and pays what every Acquire paid before.
+type nameCache struct {
+	mu sync.Mutex
+	m  map[string]*keys
+}
+
+const maxCachedNames = 1024
+
+func (c *nameCache) get(prefix, name string) *keys {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if k := c.m[name]; k != nil {
+		return k
+	}
+	if c.m == nil || len(c.m) >= maxCachedNames {
+		c.m = make(map[string]*keys)
+	}
+	base := prefix + ":{" + name + "}"
+	k := &keys{lock: base, token: base + ":token", channel: base + ":released", waiting: base + ":waiting"}
+	k.release, k.channelArg = []string{k.lock, k.waiting}, k.channel
+	c.m[name] = k
+	return k
+}
+
+// boxedMs keeps the last milliseconds value boxed in an interface, so that
+// the script arguments of leases with the same TTL share one box.
+type boxedMs struct{ last atomic.Pointer[msBox] }
+
+type msBox struct {
+	ms int64
+	v  any
+}
+
+func (b *boxedMs) get(d time.Duration) any {
+	ms := d.Milliseconds()
+	if p := b.last.Load(); p != nil && p.ms == ms {
+		return p.v
+	}
+	p := &msBox{ms, ms}
+	b.last.Store(p)
+	return p.v
 }
 
 // Acquire takes the lock called name; see fence.Locker.
@@ -185,15 +248,17 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	start := time.Now()
 	a := l.newAttempt(name, o.TTL)
-	if a.ttl == 0 {
-		a.ttl, a.watchdog = l.watchdog, true
+	if o.Wait > 0 {
+		// A try that finds the lock held marks the name as waited on
+		// for as long as this Acquire may wait, so that releases publish.
+		a.acquireArgs[3] = l.waitArg.get(o.Wait)
 	}
-	lease, holderTTL, err := l.try(ctx, &a)
+	lease, holderTTL, err := l.try(ctx, a)
 	switch {
 	case lease != nil:
 		return lease, nil
 	case err != nil && (o.Wait == 0 || !transient(err)):
-		l.giveUpMaybeHeld(&a, err)
+		l.giveUpMaybeHeld(a, err)
 		return nil, fence.NotAcquired(name, err)
 	case o.Wait == 0:
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
@@ -216,7 +281,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}()
 	fail := func(err error) (fence.Lease, error) {
 		if maybe != nil {
-			l.giveUpMaybeHeld(&a, maybe)
+			l.giveUpMaybeHeld(a, maybe)
 		}
 		return nil, fence.NotAcquired(name, err)
 	}
@@ -285,11 +350,16 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		// Tries are bounded by the wait budget; one given up on that took
 		// the lock gives it back when its late reply comes.
 		tried = time.Now()
-		lease, holderTTL, err = l.try(waitCtx, &a)
+		lease, holderTTL, err = l.try(waitCtx, a)
 		switch {
 		case lease != nil:
 			return lease, nil
 		case err != nil && waitCtx.Err() != nil:
+			if !errors.Is(err, errGaveUp) {
+				// Ended by the deadline inside the client (one that
+				// bounds its own calls): the script may have run.
+				maybe = err
+			}
 			return budgetOver()
 		case err != nil && !transient(err):
 			return fail(err)
@@ -345,41 +415,71 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 	go l.releaseAbandoned(*a)
 }
 
-// attempt is one Acquire call's fixed parameters.
+// attempt is one Acquire call's fixed parameters, and the script arguments
+// made from them once, for every try and the lease's release.
 type attempt struct {
 	name      string
-	keys      keys
-	owner     string
+	keys      *keys
+	owner     string // a substring of revokeKey
 	revokeKey string // the mark that revokes this owner, in the lock's slot
 	ttl       time.Duration
 	watchdog  bool
+
+	ownerArg    any       // owner, boxed
+	acquireKeys [4]string // lock, token, revokeKey, waiting
+	acquireArgs [4]any    // owner, lease ms, token record retention ms, wait ms (see acquire.lua)
+	releaseArgs [3]any    // owner, PUBLISH or SPUBLISH, channel
+
+	// home is the lease that the first successful try fills in: the
+	// attempt lives in it from the start, so that an acquisition
+	// allocates one object for both. Nil once used.
+	home *lease
 }
 
-// newAttempt returns an attempt on name with a new owner.
-func (l *Locker) newAttempt(name string, ttl time.Duration) attempt {
-	k, owner := l.keys(name), newOwner()
-	return attempt{name: name, keys: k, owner: owner, revokeKey: k.lock + ":revoked:" + owner, ttl: ttl}
+// newAttempt returns an attempt on name with a new owner, for a lease of
+// ttl (zero: the watchdog's).
+func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
+	k := l.keys(name)
+	revokeKey := revocationKey(k.lock)
+	owner := revokeKey[len(revokeKey)-ownerLen:]
+	ls := new(lease)
+	a := &ls.attempt
+	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, ttl: ttl, home: ls,
+		ownerArg: owner, acquireKeys: [4]string{k.lock, k.token, revokeKey, k.waiting}}
+	if ttl == 0 {
+		a.ttl, a.watchdog = l.watchdog, true
+	}
+	retention := l.retainArg.get(l.retention)
+	if a.ttl > l.retention {
+		retention = a.ttl.Milliseconds()
+	}
+	a.acquireArgs = [4]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0}
+	a.releaseArgs = [3]any{a.ownerArg, l.publish, k.channelArg}
+	return a
 }
 
 // try runs the acquire script once. It returns the lease when the lock was
 // taken, or the holder's remaining TTL (negative: no expiry) when it is held.
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
 	sent := time.Now()
-	retention := max(l.retention, a.ttl)
-	given := *a
-	r, err := l.evalBounded(ctx, func(r synced, err error) {
-		// Given up on. If it ran after all, the lock is ours and nobody
-		// will use it: give it back rather than block others for its
-		// TTL. If its reply was lost too (the client's own timeout), it
-		// may still run: revoke it.
-		if err != nil || r.reply == nil {
-			l.releaseAbandoned(given)
-			return
+	var abandoned func(synced, error)
+	if !l.calls.direct(ctx) {
+		given := *a
+		abandoned = func(r synced, err error) {
+			// Given up on. If it ran after all, the lock is ours and
+			// nobody will use it: give it back rather than block others
+			// for its TTL. If its reply was lost too (the client's own
+			// timeout), it may still run: revoke it.
+			if err != nil || r.reply == nil {
+				l.releaseAbandoned(given)
+				return
+			}
+			if res, _ := r.reply.Int64Slice(); len(res) > 0 && res[0] == 1 {
+				l.releaseAbandoned(given)
+			}
 		}
-		if res, _ := r.reply.Int64Slice(); len(res) > 0 && res[0] == 1 {
-			l.releaseAbandoned(given)
-		}
-	}, acquireScript, []string{a.keys.lock, a.keys.token, a.revokeKey}, a.owner, a.ttl.Milliseconds(), retention.Milliseconds())
+	}
+	r, err := l.evalBounded(ctx, abandoned, acquireScript, a.acquireKeys[:], a.acquireArgs[:]...)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -418,27 +518,54 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 // mark for that long, whether or not it deleted the lock, that makes any
 // later run of this owner's acquire script refuse (see release.lua).
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
-	publish := "PUBLISH"
-	if l.sharded {
-		publish = "SPUBLISH"
-	}
-	keys, args := []string{a.keys.lock, a.keys.channel}, []any{a.owner, publish}
+	keys := a.keys.release
 	if revoke > 0 {
-		keys, args = append(keys, a.revokeKey), append(args, revoke.Milliseconds())
+		keys = []string{a.keys.lock, a.keys.waiting, a.revokeKey}
 	}
-	n, err := bounded(ctx, func(ctx context.Context) (int, error) {
-		reply, _, _, err := l.evalRouted(ctx, releaseScript, keys, args...)
-		if err != nil {
-			return 0, err
+	if l.calls.direct(ctx) {
+		// No closure for bounded, which would call straight through.
+		var deleted bool
+		var err error
+		if revoke > 0 {
+			deleted, err = l.release(ctx, keys, a.ownerArg, l.publish, a.keys.channelArg, revoke.Milliseconds())
+		} else {
+			deleted, err = l.release(ctx, keys, a.releaseArgs[:]...)
 		}
-		return reply.Int()
+		return deleted, l.calls.directErr(ctx, err)
+	}
+	return bounded(ctx, &l.calls, func(ctx context.Context) (bool, error) {
+		if revoke > 0 {
+			return l.release(ctx, keys, a.ownerArg, l.publish, a.keys.channelArg, revoke.Milliseconds())
+		}
+		return l.release(ctx, keys, a.releaseArgs[:]...)
 	}, nil)
+}
+
+// release runs the release script and reports whether it deleted the lock.
+func (l *Locker) release(ctx context.Context, keys []string, args ...any) (bool, error) {
+	reply, _, _, err := l.evalRouted(ctx, releaseScript, keys, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := reply.Int()
 	return n == 1, err
 }
 
-// newOwner returns 128 random bits, hex-encoded: the owner id of one lease.
-func newOwner() string {
-	var b [16]byte
+// ownerLen is the length of an owner id: 128 random bits, hex-encoded.
+const ownerLen = 32
+
+// revocationKey returns lock's revocation mark for a new owner id, which
+// ends it: lock + ":revoked:" + owner, built in one allocation so that the
+// owner is a substring of it.
+func revocationKey(lock string) string {
+	var b [ownerLen / 2]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	return hex.EncodeToString(b[:])
+	var h [ownerLen]byte
+	hex.Encode(h[:], b[:])
+	var sb strings.Builder
+	sb.Grow(len(lock) + len(":revoked:") + ownerLen)
+	sb.WriteString(lock)
+	sb.WriteString(":revoked:")
+	sb.Write(h[:])
+	return sb.String()
 }

@@ -262,7 +262,7 @@ func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts,
 	if err := fence.ValidateName(name); err != nil {
 		return ReplicaCounts{}, err
 	}
-	r, err := bounded(ctx, func(ctx context.Context) (ReplicaCounts, error) {
+	r, err := bounded(ctx, &l.calls, func(ctx context.Context) (ReplicaCounts, error) {
 		_, c, err := l.primaryFor(ctx, l.keys(name).lock)
 		if err != nil {
 			return ReplicaCounts{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
@@ -296,7 +296,7 @@ func (l *Locker) SetExpectedReplicas(ctx context.Context, name string, n int) er
 	}
 	// A call given up on may still run: the record is then set, as asked,
 	// a moment later; this Locker reads it again within 10 s.
-	_, err := bounded(ctx, func(ctx context.Context) (struct{}, error) {
+	_, err := bounded(ctx, &l.calls, func(ctx context.Context) (struct{}, error) {
 		node, c, err := l.primaryFor(ctx, l.keys(name).lock)
 		if err != nil {
 			return struct{}{}, fmt.Errorf("redislock: set expected replicas: %w", err)

@@ -34,7 +34,7 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 	pipe := l.client.Pipeline()
 	pttl := pipe.PTTL(ctx, k.lock)
 	last := pipe.Get(ctx, k.token)
-	_, err := bounded(ctx, func(ctx context.Context) ([]redis.Cmder, error) { return pipe.Exec(ctx) }, nil)
+	_, err := bounded(ctx, &l.calls, func(ctx context.Context) ([]redis.Cmder, error) { return pipe.Exec(ctx) }, nil)
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return Status{}, fmt.Errorf("redislock: status %q: %w", name, err)
 	}

@@ -172,9 +172,9 @@ func TestRevokedAcquisitionRefuses(t *testing.T) {
 	for _, revokeFirst := range []bool{true, false} {
 		a := l.newAttempt(name, time.Minute)
 		if revokeFirst {
-			l.releaseAbandoned(a)
+			l.releaseAbandoned(*a)
 		}
-		lease, _, err := l.try(ctx, &a)
+		lease, _, err := l.try(ctx, a)
 		if revokeFirst {
 			if lease != nil || err != nil {
 				t.Fatalf("revoked acquisition ran later: lease %v, err %v; want refused", lease, err)
@@ -184,7 +184,7 @@ func TestRevokedAcquisitionRefuses(t *testing.T) {
 				t.Fatalf("try: %v", err)
 			}
 			lease.end(fence.ErrReleased) // stops its expiry timer; the lock stays
-			l.releaseAbandoned(a)
+			l.releaseAbandoned(*a)
 		}
 		if n := admin.Exists(ctx, a.keys.lock).Val(); n != 0 {
 			t.Fatalf("revoke first %v: the lock is held", revokeFirst)
@@ -208,13 +208,13 @@ func TestRevocationOutlivesATakenLock(t *testing.T) {
 	}
 	const name = "lock:payment:1001"
 	a := l.newAttempt(name, time.Minute)
-	lease, _, err := l.try(ctx, &a) // the first try, run late
+	lease, _, err := l.try(ctx, a) // the first try, run late
 	if err != nil || lease == nil {
 		t.Fatalf("try: %v", err)
 	}
-	lease.end(fence.ErrReleased)   // stops its expiry timer; the lock stays
-	l.releaseAbandoned(a)          // the give-up's revocation
-	lease, _, err = l.try(ctx, &a) // the retry, run after it
+	lease.end(fence.ErrReleased)  // stops its expiry timer; the lock stays
+	l.releaseAbandoned(*a)        // the give-up's revocation
+	lease, _, err = l.try(ctx, a) // the retry, run after it
 	if lease != nil {
 		lease.end(fence.ErrReleased)
 	}

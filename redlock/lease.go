@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
-	"github.com/redis/go-redis/v9"
 )
 
 // lease is a lock held on a majority of the nodes. Its expiry timer ends it
@@ -29,10 +30,15 @@ type lease struct {
 	ungranted []bool
 	revokeKey string
 
-	ctx    context.Context // cancelled with the lease's Err as cause when it ends
+	parent context.Context // the Acquire's context, for the values of ctx
+
+	mu sync.Mutex
+	// ctx is cancelled with the lease's Err as cause when it ends. It is
+	// made on the first call of Done or Context (most holders call
+	// neither), and at once for a watchdog lease; nil until then.
+	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu       sync.Mutex
 	deadline time.Time
 	// Each node's clock read by its last reply to an acquire or extend
 	// script, with the local time of that reply (zero: none yet). The
@@ -40,10 +46,15 @@ type lease struct {
 	// clock reads at least nodeMs + (t − at), give or take the clocks'
 	// rates: this maps the deadline to each node's clock, whatever the
 	// offsets between the clocks, for extend.lua to refuse late renewals.
-	refs     []clockRef
+	refs []clockRef
+	// expiry ends the lease at its deadline. It is started with ctx (a
+	// holder that calls neither Done nor Context cannot see the lease end
+	// but through Err, which checks the deadline itself: see expiredLocked),
+	// and at once when the Locker has an Observer, to be told on time.
 	expiry   *time.Timer
-	err      error // why the lease ended; nil while held
-	released bool  // Release reached a conclusion, kept in relErr
+	expCause fence.LeaseCause // the cause the deadline ends the lease with
+	err      error            // why the lease ended; nil while held
+	released bool             // Release reached a conclusion, kept in relErr
 	relErr   error
 	granted  time.Time // when the lease started, for the hold time
 
@@ -75,21 +86,22 @@ func nodeDeadline(deadline time.Time, ref clockRef) int64 {
 }
 
 // start sets the lease's deadline from sent, when the acquisition was sent,
-// and starts its expiry timer and, for a watchdog lease, its watchdog.
+// and, for a watchdog lease, starts its watchdog. The lease's context and
+// expiry timer are made when first needed (arm).
 func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
-	name, ttl := ls.name, ls.ttl
-	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	ttl := ls.ttl
+	ls.parent = ctx
 	ls.deadline = sent.Add(ttl - drift(ttl))
 	ls.granted = time.Now()
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
-	cause := fence.LostExpired
+	ls.expCause = fence.LostExpired
 	if watchdog {
-		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
+		ls.expCause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
 	}
-	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		ls.endAs(cause, fmt.Errorf("%w: %q was not renewed on a majority before its deadline", fence.ErrLeaseLost, name))
-	})
+	if watchdog || ls.locker.obs != nil || ls.locker.log != nil {
+		ls.armLocked() // the Observer and the Logger are told of an expiry when it happens
+	}
 	if watchdog {
 		var wdCtx context.Context
 		wdCtx, ls.stopWatchdog = context.WithCancel(ls.ctx)
@@ -98,13 +110,57 @@ func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
 	}
 }
 
-func (ls *lease) Name() string             { return ls.name }
-func (ls *lease) Token() fence.Token       { return ls.token }
-func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
-func (ls *lease) Context() context.Context { return ls.ctx }
-func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
-func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
-func (ls *lease) String() string           { return fmt.Sprintf("redlock lease %q token %d", ls.name, ls.token) }
+func (ls *lease) Name() string          { return ls.name }
+func (ls *lease) Token() fence.Token    { return ls.token }
+func (ls *lease) Deadline() time.Time   { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
+func (ls *lease) Done() <-chan struct{} { return ls.Context().Done() }
+
+func (ls *lease) Context() context.Context {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.armLocked()
+	return ls.ctx
+}
+
+func (ls *lease) Err() error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.expiredLocked()
+	return ls.err
+}
+
+// armLocked makes the lease's context, cancelled at once if the lease has
+// ended, and starts its expiry timer if it has not. ls.mu is held.
+func (ls *lease) armLocked() {
+	ls.expiredLocked() // past the deadline: Done is closed as it is handed out
+	if ls.ctx == nil {
+		ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ls.parent))
+		if ls.err != nil {
+			ls.cancel(ls.err)
+		}
+	}
+	if ls.expiry == nil && ls.err == nil {
+		cause, name := ls.expCause, ls.name
+		ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
+			ls.endAs(cause, expiredError(name))
+		})
+	}
+}
+
+// expiredLocked ends the lease if its deadline has passed and no expiry
+// timer is there to end it (it is made with the context, or with an
+// Observer, which is then told by the timer). ls.mu is held.
+func (ls *lease) expiredLocked() {
+	if ls.err == nil && ls.expiry == nil && !time.Now().Before(ls.deadline) {
+		ls.endLocked(expiredError(ls.name))
+	}
+}
+
+// expiredError is the Err of a lease whose deadline passed.
+func expiredError(name string) error {
+	return fmt.Errorf("%w: %q was not renewed on a majority before its deadline", fence.ErrLeaseLost, name)
+}
+func (ls *lease) String() string { return fmt.Sprintf("redlock lease %q token %d", ls.name, ls.token) }
 
 // end records why the lease ended and cancels its context; the first call
 // wins. It reports the cause Released for fence.ErrReleased, LostRemoved
@@ -117,19 +173,38 @@ func (ls *lease) end(why error) {
 	ls.endAs(cause, why)
 }
 
-// endAs is end with the cause to report to the Observer.
+// endAs is end with the cause to report to the Observer and the Logger.
 func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
 	if ls.err != nil {
 		ls.mu.Unlock()
 		return
 	}
-	ls.err = why
-	ls.expiry.Stop()
-	ls.cancel(why)
+	ls.endLocked(why)
+	ctx := ls.ctx
 	ls.mu.Unlock()
+	if log := ls.locker.log; log != nil && cause != fence.Released {
+		if ctx == nil {
+			ctx = ls.parent
+		}
+		log.LogAttrs(ctx, slog.LevelWarn, "redlock: lease lost",
+			slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
+			slog.String("cause", string(cause)), slog.Any("error", why))
+	}
 	if obs := ls.locker.obs; obs != nil {
 		obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+	}
+}
+
+// endLocked records why the lease ended, stops its expiry timer and cancels
+// its context, those that were made. ls.mu is held and ls.err is nil.
+func (ls *lease) endLocked(why error) {
+	ls.err = why
+	if ls.expiry != nil {
+		ls.expiry.Stop()
+	}
+	if ls.cancel != nil {
+		ls.cancel(why)
 	}
 }
 
@@ -155,6 +230,11 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return
 		case err != nil:
+			if log := ls.locker.log; log != nil && ls.Err() == nil {
+				log.LogAttrs(ctx, slog.LevelWarn, "redlock: renewal failed",
+					slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
+					slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
+			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)
@@ -178,8 +258,8 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.mu.Unlock()
 	sent := time.Now()
-	rs := l.fanout(ctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		return extendScript.Run(ctx, c, []string{ls.keys.lock}, ls.owner, ttl.Milliseconds(), deadlines[l.index(c)]).Int64Slice()
+	rs := l.fanout(ctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+		return extendScript.Run(ctx, l.nodes[i], []string{ls.keys.lock}, ls.owner, ttl.Milliseconds(), deadlines[i]).Int64Slice()
 	})
 	var (
 		moved, gone, late int
@@ -226,6 +306,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 	}
 	ls.mu.Lock()
+	ls.expiredLocked()
 	if err := ls.err; err != nil {
 		// The lease ended (its deadline passed) while the renewal was
 		// on its way: nobody will use the locks it moved.
@@ -235,7 +316,9 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	defer ls.mu.Unlock()
 	ls.deadline = newDeadline
-	ls.expiry.Reset(time.Until(newDeadline))
+	if ls.expiry != nil {
+		ls.expiry.Reset(time.Until(newDeadline))
+	}
 	return nil
 }
 
@@ -247,8 +330,8 @@ func (ls *lease) giveBack(nodes []int) {
 		return
 	}
 	l := ls.locker
-	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		return nil, releaseScript.Run(ctx, c, []string{ls.keys.lock}, ls.owner).Err()
+	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+		return nil, releaseScript.Run(ctx, l.nodes[i], []string{ls.keys.lock}, ls.owner).Err()
 	})
 }
 
@@ -303,13 +386,24 @@ func (ls *lease) Release(ctx context.Context) error {
 	// stopped using the lease when it called Release.
 	lostBefore := ls.Err()
 	l := ls.locker
-	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		keys, args := []string{ls.keys.lock}, []any{ls.owner}
-		if ls.ungranted[l.index(c)] {
-			keys, args = append(keys, ls.revokeKey), append(args, max(ls.ttl, revokeFor).Milliseconds())
+	// The same keys and arguments for every node, built once; the nodes
+	// that did not answer the acquisition get the revocation mark too.
+	relKeys, relArgs := []string{ls.keys.lock}, []any{ls.owner}
+	var revKeys []string
+	var revArgs []any
+	if slices.Contains(ls.ungranted, true) {
+		revKeys, revArgs = []string{ls.keys.lock, ls.revokeKey}, []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds()}
+	}
+	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+		keys, args := relKeys, relArgs
+		if ls.ungranted[i] {
+			keys, args = revKeys, revArgs
 		}
-		n, err := releaseScript.Run(ctx, c, keys, args...).Int64()
-		return []int64{n}, err
+		n, err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Int64()
+		if err != nil {
+			return nil, err
+		}
+		return oneReply(n), nil
 	})
 	deleted, gone, errs := tally(rs)
 	// A node that did not answer may still hold the lock (or run the

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"net"
 	"path/filepath"
@@ -106,6 +107,12 @@ type Options struct {
 	// every lease, with Backend "redlock"; see fence.Observer.
 	Observer fence.Observer
 
+	// Logger, if not nil, receives a warning when a lease is lost (with
+	// the lock name, token and cause) and when a watchdog renewal fails to
+	// reach a majority. Nil logs nothing. Credentials never appear in it:
+	// the lines carry names, tokens, causes and errors.
+	Logger *slog.Logger
+
 	_ struct{} // forbids positional literals
 }
 
@@ -119,6 +126,14 @@ type Locker struct {
 	nodeTimeout time.Duration // 0: DefaultNodeTimeout of the lease time
 	retryDelay  time.Duration
 	obs         fence.Observer // nil: none
+	log         *slog.Logger   // nil: none
+
+	// allNodes lists every node's index; read only.
+	allNodes []int
+	// lastKeys caches the keys of the last name acquired, so that a lock
+	// taken again and again (the usual case) does not build its key strings
+	// on every try; one entry, so it never grows.
+	lastKeys atomic.Pointer[keys]
 
 	// reached[i] is set once node i was pinged for a first contact,
 	// whatever it answered: later acquisitions no longer ping it first.
@@ -179,9 +194,14 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		nodeTimeout: o.NodeTimeout,
 		retryDelay:  cmp.Or(o.RetryDelay, DefaultRetryDelay),
 		obs:         o.Observer,
+		log:         o.Logger,
 		reached:     make([]atomic.Bool, len(clients)),
+		allNodes:    make([]int, len(clients)),
 		now:         time.Now,
 		wall:        time.Now,
+	}
+	for i := range l.allNodes {
+		l.allNodes[i] = i
 	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redlock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
@@ -263,13 +283,19 @@ func (l *Locker) Quorum() int { return l.quorum }
 
 // keys are the keys of one lock name on every node.
 type keys struct {
+	name  string // the lock name
 	lock  string // holds the owner id, with the lease's expiry
 	token string // the last token this node issued or was told of; no expiry
 }
 
 func (l *Locker) keys(name string) keys {
+	if k := l.lastKeys.Load(); k != nil && k.name == name {
+		return *k
+	}
 	base := l.prefix + ":{" + name + "}"
-	return keys{lock: base, token: base + ":token"}
+	k := keys{name: name, lock: base, token: base + ":token"}
+	l.lastKeys.Store(&k)
+	return k
 }
 
 // drift is the allowance for the clocks of the client and of the nodes
@@ -308,8 +334,8 @@ func (l *Locker) connect(ctx context.Context) {
 	if len(todo) == 0 {
 		return
 	}
-	l.fanout(ctx, todo, DefaultConnectTimeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		return nil, c.Ping(ctx).Err()
+	l.fanout(ctx, todo, DefaultConnectTimeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+		return nil, l.nodes[i].Ping(ctx).Err()
 	})
 	if ctx.Err() != nil {
 		return
@@ -430,7 +456,7 @@ type result struct {
 // goes on in its goroutine (the client's own timeouts end it) and its late
 // reply is dropped. pause, if not nil, runs once the requests are on their
 // way, before the replies are read.
-func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, pause func(), call func(context.Context, redis.UniversalClient) ([]int64, error)) []result {
+func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, pause func(), call func(ctx context.Context, node int) ([]int64, error)) []result {
 	type reply struct {
 		k int
 		r result
@@ -440,7 +466,7 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 	defer cancel()
 	for k, i := range nodes {
 		go func() {
-			res, err := call(cctx, l.nodes[i])
+			res, err := call(cctx, i)
 			ch <- reply{k, result{res, err, time.Now()}}
 		}()
 	}
@@ -493,13 +519,22 @@ func nodeError(err error) error {
 	return err
 }
 
-// all lists every node's index.
-func (l *Locker) all() []int {
-	nodes := make([]int, len(l.nodes))
-	for i := range nodes {
-		nodes[i] = i
+// all lists every node's index. The slice is shared: do not modify it.
+func (l *Locker) all() []int { return l.allNodes }
+
+// Replies of the scripts that answer 0 or 1, shared (read only) rather
+// than allocated per reply.
+var (
+	reply0 = []int64{0}
+	reply1 = []int64{1}
+)
+
+// oneReply is the shared reply slice for n, which must be 0 or 1.
+func oneReply(n int64) []int64 {
+	if n == 1 {
+		return reply1
 	}
-	return nodes
+	return reply0
 }
 
 // try asks every node for the lock once, with a new owner id. It returns
@@ -512,8 +547,12 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	l.connect(ctx)
 	start := l.now()
 	floor := l.wall().Add(floorLead).UnixMicro()
-	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		return acquireScript.Run(ctx, c, []string{k.lock, k.token, revokeKey}, owner, ttl.Milliseconds(), floor, floorCap.Microseconds()).Int64Slice()
+	// The same keys and arguments go to every node (go-redis copies them
+	// into each command): built once, not once per node.
+	acqKeys := []string{k.lock, k.token, revokeKey}
+	acqArgs := []any{owner, ttl.Milliseconds(), floor, floorCap.Microseconds()}
+	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, i int) ([]int64, error) {
+		return acquireScript.Run(ctx, l.nodes[i], acqKeys, acqArgs...).Int64Slice()
 	})
 	var (
 		granted []int
@@ -559,8 +598,8 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	errs = errs[:0]
 	if len(behind) > 0 {
-		ws := l.fanout(ctx, behind, timeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-			n, err := maxScript.Run(ctx, c, []string{k.token, k.lock}, token, owner).Int64()
+		ws := l.fanout(ctx, behind, timeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+			n, err := maxScript.Run(ctx, l.nodes[i], []string{k.token, k.lock}, token, owner).Int64()
 			return []int64{n}, err
 		})
 		for _, w := range ws {
@@ -630,8 +669,8 @@ const revokeFor = time.Minute
 // the try with it.
 func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
 	rctx := context.WithoutCancel(ctx)
-	rs := l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		i := l.index(c)
+	rs := l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+		c := l.nodes[i]
 		if tried[i].err != nil || len(tried[i].res) < 2 {
 			return nil, releaseScript.Run(ctx, c, []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
 		}
@@ -670,16 +709,6 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 			return
 		}
 	}
-}
-
-// index is the position of client c among the nodes.
-func (l *Locker) index(c redis.UniversalClient) int {
-	for i, n := range l.nodes {
-		if n == c {
-			return i
-		}
-	}
-	panic("redlock: unknown client") // unreachable: fanout passes l.nodes[i]
 }
 
 // newOwner returns 128 random bits, hex-encoded: the owner id of one try.

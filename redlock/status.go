@@ -31,8 +31,8 @@ func (l *Locker) Status(ctx context.Context, name string) ([]NodeStatus, error) 
 		return nil, err
 	}
 	k := l.keys(name)
-	rs := l.fanout(ctx, l.all(), DefaultStatusTimeout, nil, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
-		pipe := c.Pipeline()
+	rs := l.fanout(ctx, l.all(), DefaultStatusTimeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+		pipe := l.nodes[i].Pipeline()
 		pttl := pipe.PTTL(ctx, k.lock)
 		last := pipe.Get(ctx, k.token)
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {

@@ -23,6 +23,7 @@ type lease struct {
 	version int32 // the node's data version, for the delete
 	token   fence.Token
 	ttl     time.Duration // zero: the session is the lease
+	granted time.Time     // for the hold time reported to the Observer
 
 	ctx    context.Context // cancelled with the lease's Err as cause when it ends
 	cancel context.CancelCauseFunc
@@ -47,7 +48,7 @@ var _ fence.Lease = (*lease)(nil)
 func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.Stat, watch <-chan zk.Event, ttl time.Duration, start, sent time.Time) *lease {
 	ls := &lease{
 		l: l, a: *a, node: node, version: st.Version, token: fence.Token(st.Czxid), ttl: ttl,
-		contact: sent, relOp: make(chan struct{}, 1), stop: make(chan struct{}), monitorDone: make(chan struct{}),
+		contact: sent, granted: time.Now(), relOp: make(chan struct{}, 1), stop: make(chan struct{}), monitorDone: make(chan struct{}),
 	}
 	if ttl > 0 {
 		ls.ttlEnd = sent.Add(ttl)
@@ -83,10 +84,12 @@ func (ls *lease) expire() {
 	ls.mu.Unlock()
 	why := fmt.Errorf("%w: %q: no reply from ZooKeeper for a session timeout (%v): the session may have expired",
 		fence.ErrLeaseLost, ls.a.name, ls.l.sessionTimeout)
+	cause := fence.LostRenewFailed
 	if ttlRanOut {
 		why = fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.a.name)
+		cause = fence.LostExpired
 	}
-	if ls.end(why) {
+	if ls.endAs(why, cause) {
 		ls.l.cleanup(&ls.a, ls.node)
 	}
 }
@@ -100,16 +103,29 @@ func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock();
 func (ls *lease) String() string           { return fmt.Sprintf("lease %q token %d", ls.a.name, ls.token) }
 
 // end records why the lease ended and cancels its context; the first call
-// wins and reports true.
+// wins and reports true. The cause it reports is Released for
+// fence.ErrReleased, LostRemoved otherwise (the node was deleted, or the
+// session that owned it ended); see endAs.
 func (ls *lease) end(why error) bool {
+	cause := fence.LostRemoved
+	if why == fence.ErrReleased {
+		cause = fence.Released
+	}
+	return ls.endAs(why, cause)
+}
+
+// endAs is end with the cause to report to the Observer and the Logger.
+func (ls *lease) endAs(why error, cause fence.LeaseCause) bool {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	if ls.err != nil {
+		ls.mu.Unlock()
 		return false
 	}
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
+	ls.mu.Unlock()
+	ls.ended(cause, why)
 	return true
 }
 
@@ -190,6 +206,7 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 			results = nil
 			switch {
 			case p.err != nil:
+				ls.checkFailed(p.err)
 				timer.Reset(every / 4) // try again sooner; expire ends the lease if none succeeds
 				continue
 			case !p.exists:

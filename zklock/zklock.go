@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -27,6 +28,8 @@ type Locker struct {
 	sessionTimeout time.Duration
 	root           string
 	acl            []zk.ACL
+	obs            fence.Observer // nil: none
+	log            *slog.Logger   // nil: none
 
 	listings atomic.Int64 // getChildren calls, for the tests of the herd effect
 }
@@ -43,6 +46,16 @@ func WithRoot(path string) Option { return func(l *Locker) { l.root = path } }
 // WithACL sets the ACL of the nodes the Locker creates (default
 // zk.WorldACL(zk.PermAll)).
 func WithACL(acl []zk.ACL) Option { return func(l *Locker) { l.acl = acl } }
+
+// WithObserver makes the Locker tell obs of every acquisition and the end
+// of every lease, with Backend "zookeeper"; see fence.Observer.
+func WithObserver(obs fence.Observer) Option { return func(l *Locker) { l.obs = obs } }
+
+// WithLogger makes the Locker log a warning to log when a lease is lost
+// (with the lock name, token and cause) and when a check of a lease's node
+// fails. Without it the Locker logs nothing. Credentials (a digest ACL's)
+// never appear in it: the lines carry names, tokens, causes and errors.
+func WithLogger(log *slog.Logger) Option { return func(l *Locker) { l.log = log } }
 
 // New returns a Locker that takes its locks through conn. sessionTimeout is
 // the one given to zk.Connect: a lease is known to be held only until that
@@ -91,6 +104,16 @@ const lockInfix = "-lock-"
 // before its own, so that each release wakes one waiter. The node is deleted
 // if Acquire gives up. The token is the node's creation zxid.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if l.obs == nil {
+		return l.acquire(ctx, name, opts...)
+	}
+	start := time.Now()
+	lease, err := l.acquire(ctx, name, opts...)
+	fence.ReportAcquire(l.obs, backend, name, start, lease, err)
+	return lease, err
+}
+
+func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}

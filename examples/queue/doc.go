@@ -51,9 +51,19 @@
 //
 // A message whose transaction fails ends the term: the lease is released,
 // and the next term, after fence.Lead's back-off (growing with each failure
-// in a row), claims it again. A message that always fails is tried again
-// for ever; a dead-letter stream (XPENDING's delivery counts) is left out of
-// the example.
+// in a row), claims it again. A message that always fails (its amount
+// overflows the balance) would end every term and hold back every message
+// behind it: when its transaction fails on delivery MaxDeliveries
+// (XPENDING's delivery count), the consumer records it in queue_dead, in a
+// transaction fenced like the effect's, and acknowledges it. A message is
+// then done once: applied (queue_applied) or given up on (queue_dead, where
+// a malformed entry, without an account or an integer amount, goes at once). A
+// failure that also stops that write, the database being down, leaves the
+// message pending.
+//
+// A redelivered message is known by the INSERT into queue_applied (ON
+// CONFLICT DO NOTHING) affecting no row, not by a driver's error code, so
+// any database/sql driver for PostgreSQL will do.
 //
 // cmd/queued runs a consumer, or produces messages.
 package queue

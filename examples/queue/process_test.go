@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/internal/child"
 	"github.com/fencekit/fence/internal/redistest"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
@@ -95,7 +96,7 @@ func start(t *testing.T, bin string, ev *events, who string, env []string, args 
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"-json", "-name", who}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	child.DieWithParent(cmd)
 	out, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

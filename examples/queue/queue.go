@@ -18,7 +18,11 @@ import (
 
 // Schema creates the effect tables (PostgreSQL): queue_applied, one row per
 // applied message in the order they were applied (seq), with the token and
-// consumer that applied it, and queue_balance, what the messages add up to.
+// consumer that applied it, queue_balance, what the messages add up to, and
+// queue_dead, the entries given up on (malformed, or see
+// Consumer.MaxDeliveries), with their fields and the last error. A
+// message is done once it has a row in queue_applied or in queue_dead,
+// never both.
 const Schema = `
 CREATE TABLE IF NOT EXISTS queue_applied (
 	seq        BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -34,6 +38,17 @@ CREATE TABLE IF NOT EXISTS queue_applied (
 CREATE TABLE IF NOT EXISTS queue_balance (
 	account TEXT   PRIMARY KEY,
 	balance BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queue_dead (
+	stream     TEXT   NOT NULL,
+	msg_id     TEXT   NOT NULL,
+	fields     TEXT   NOT NULL,
+	deliveries BIGINT NOT NULL,
+	error      TEXT   NOT NULL,
+	token      BIGINT NOT NULL,
+	consumer   TEXT   NOT NULL,
+	dead_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+	PRIMARY KEY (stream, msg_id)
 )`
 
 // CreateSchema creates the tables, the guard's included.
@@ -50,6 +65,9 @@ const (
 	DefaultBatch     = 10
 	DefaultBlock     = time.Second
 	DefaultTxTimeout = 10 * time.Second
+	// DefaultMaxDeliveries: a message whose transaction failed on its
+	// fifth delivery is dead.
+	DefaultMaxDeliveries = 5
 )
 
 // Message is one unit of work: add Amount to Account's balance.
@@ -119,12 +137,25 @@ type Consumer struct {
 	// that is under way. It bounds each XACK too. Default
 	// DefaultTxTimeout.
 	TxTimeout time.Duration
+	// MaxDeliveries is how many deliveries of a message may fail before it
+	// is given up on: recorded in queue_dead (in a transaction fenced like
+	// the effect's) and acknowledged, so that a message that can never be
+	// applied does not end every term and starve the messages behind it.
+	// A failure that also stops the write to queue_dead (the database is
+	// down) leaves the message pending. Default DefaultMaxDeliveries.
+	MaxDeliveries int
 	// Pause, if set, is called at each Point of each message: a place for
 	// tests to stop the process.
 	Pause func(p Point, m Message, token fence.Token)
 	// Log receives what happens to each message and term; nil means
 	// slog.Default().
 	Log *slog.Logger
+	// Tx runs the transaction that applies a message, fenced on resource
+	// with token; nil means guard.Tx. A consumer has no reason to set it:
+	// it is the seam through which the fault lab (fence lab, scenario 13)
+	// runs the same consumer without the fence (its control) or with the
+	// fence's comparison weakened (its mutation test).
+	Tx func(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(*sql.Tx) error) error
 }
 
 // LockName is the lock the consumers of stream's group campaign for.
@@ -139,25 +170,49 @@ const (
 	LogDuplicate = "duplicate" // applied before (the unique constraint): acknowledged
 	LogRejected  = "rejected"  // the fence found a greater token: a newer leader had it
 	LogFailed    = "failed"    // the transaction failed otherwise: the entry stays pending
+	LogDead      = "dead"      // malformed, or failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
 	LogElected   = "elected"   // a term began
 	LogClaimed   = "claimed"   // XAUTOCLAIM took pending entries
 )
 
-var errDuplicate = errors.New("queue: message applied before")
+var errDuplicate = errors.New("queue: message applied (or given up on) before")
 
 // Run campaigns for the stream's lock on locker with fence.Lead and, while
 // it leads, claims idle pending entries and reads new ones, applying each.
 // Each term creates the group (and the stream) if missing. It returns when
-// ctx ends, or at once for a Consumer without Stream, Group or Name. opts
+// ctx ends, or at once, with an error matching fence.ErrInvalidOption or
+// ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
+// with a negative duration or count, or whose lock name is not valid. opts
 // are passed to Lead.
 func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
-	if c.Stream == "" || c.Group == "" || c.Name == "" {
-		return fmt.Errorf("%w: queue: Stream, Group and Name must be set", fence.ErrInvalidOption)
+	if err := c.check(); err != nil {
+		return err
 	}
 	opts = append([]fence.LeadOption{fence.OnElected(func(l fence.Lease) {
 		c.log().Info(LogElected, "consumer", c.Name, "token", int64(l.Token()))
 	})}, opts...)
 	return fence.Lead(ctx, locker, LockName(c.Stream, c.Group), c.term, opts...)
+}
+
+// check returns an error matching fence.ErrInvalidName or ErrInvalidOption
+// if c cannot run: Run would otherwise panic on a nil Redis or DB, or fail
+// each term (a negative MinIdle or TxTimeout) or poll Redis without pause
+// (a negative Block).
+func (c *Consumer) check() error {
+	if c.Stream == "" || c.Group == "" || c.Name == "" {
+		return fmt.Errorf("%w: queue: Stream, Group and Name must be set", fence.ErrInvalidOption)
+	}
+	if err := fence.ValidateName(LockName(c.Stream, c.Group)); err != nil {
+		return err
+	}
+	if c.Redis == nil || c.DB == nil {
+		return fmt.Errorf("%w: queue: Redis and DB must be set", fence.ErrInvalidOption)
+	}
+	if c.MinIdle < 0 || c.Block < 0 || c.TxTimeout < 0 || c.Batch < 0 || c.MaxDeliveries < 0 {
+		return fmt.Errorf("%w: queue: MinIdle %v, Block %v, TxTimeout %v, Batch %d, MaxDeliveries %d: want none negative",
+			fence.ErrInvalidOption, c.MinIdle, c.Block, c.TxTimeout, c.Batch, c.MaxDeliveries)
+	}
+	return nil
 }
 
 func isBusyGroup(err error) bool {
@@ -257,8 +312,14 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		}
 		m, err := parse(e)
 		if err != nil {
-			// A malformed entry can never be applied: acknowledge it.
-			c.log().Error("malformed", "consumer", c.Name, "id", e.ID, "err", err)
+			// A malformed entry can never be applied: it is dead at once.
+			if _, derr := c.giveUp(ctx, e, token, err, true); derr != nil {
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", e.ID, "token", int64(token), "err", err)
+				if errors.Is(derr, guard.ErrStale) {
+					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, e.ID, derr)
+				}
+				return fmt.Errorf("queue: malformed %s: %w", e.ID, errors.Join(err, derr))
+			}
 			if err := c.ack(ctx, e.ID); err != nil {
 				return err
 			}
@@ -275,8 +336,18 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
-			c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
-			return fmt.Errorf("queue: apply %s: %w", m.ID, err)
+			dead, derr := c.giveUp(ctx, e, token, err, false)
+			if derr != nil {
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+				if errors.Is(derr, guard.ErrStale) {
+					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, m.ID, derr)
+				}
+				return fmt.Errorf("queue: apply %s: %w", m.ID, errors.Join(err, derr))
+			}
+			if !dead {
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+				return fmt.Errorf("queue: apply %s: %w", m.ID, err)
+			}
 		}
 		// The commit (or the earlier one the constraint found) is done:
 		// only now is the entry acknowledged, even if the lease ended
@@ -287,6 +358,59 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		}
 	}
 	return nil
+}
+
+// giveUp records entry e, whose transaction failed with cause (or, if now,
+// which is malformed), in queue_dead if now or if this was delivery
+// MaxDeliveries (or later), and reports whether it did (or found it done
+// before). Its error, if any, is why it could not tell or record; the entry
+// then stays pending.
+func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Token, cause error, now bool) (bool, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	defer cancel()
+	p, err := c.Redis.XPendingExt(rctx, &redis.XPendingExtArgs{
+		Stream: c.Stream, Group: c.Group, Start: e.ID, End: e.ID, Count: 1,
+	}).Result()
+	if err != nil {
+		return false, fmt.Errorf("queue: XPENDING %s: %w", e.ID, err)
+	}
+	if len(p) == 0 || (!now && p[0].RetryCount < int64(c.maxDeliveries())) {
+		return false, nil
+	}
+	fields := fmt.Sprint(e.Values)
+	err = c.fenced()(rctx, c.DB, Resource(c.Stream, e.ID), token, func(tx *sql.Tx) error {
+		var applied bool
+		if err := tx.QueryRowContext(rctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)`,
+			c.Stream, e.ID).Scan(&applied); err != nil {
+			return err
+		}
+		if applied {
+			return errDuplicate
+		}
+		_, err := tx.ExecContext(rctx, `INSERT INTO queue_dead (stream, msg_id, fields, deliveries, error, token, consumer)
+VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream, msg_id) DO NOTHING`,
+			c.Stream, e.ID, fields, p[0].RetryCount, cause.Error(), int64(token), c.Name)
+		return err
+	})
+	if err != nil && !errors.Is(err, errDuplicate) {
+		return false, err
+	}
+	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
+	return true, nil
+}
+
+func (c *Consumer) maxDeliveries() int {
+	if c.MaxDeliveries > 0 {
+		return c.MaxDeliveries
+	}
+	return DefaultMaxDeliveries
+}
+
+func (c *Consumer) fenced() func(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(*sql.Tx) error) error {
+	if c.Tx != nil {
+		return c.Tx
+	}
+	return guard.Tx
 }
 
 // ack acknowledges entry id, with a context that the lease's end does not
@@ -306,9 +430,27 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 	// consumer does not know that it paused, and the fence must stop it.
 	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
-	return guard.Tx(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
+	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
+		// A message given up on before (queue_dead) is done.
+		var dead bool
+		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`,
+			c.Stream, m.ID).Scan(&dead); err != nil {
+			return err
+		}
+		if dead {
+			return errDuplicate
+		}
+		// So is one applied before: the unique constraint on the id makes
+		// the INSERT a no-op, known by the rows it affected, which every
+		// driver reports (a unique violation's SQLSTATE is not: not every
+		// driver's error has a SQLState method, and a layer between may
+		// flatten errors).
+		// ON CONFLICT without a target runs on a table whose constraint
+		// was dropped too, which the fault lab's control and mutation test
+		// do; a concurrent insert of the id is waited for, as with a plain
+		// INSERT.
 		res, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, account, amount, token, consumer)
-VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stream, msg_id) DO NOTHING`, c.Stream, m.ID, m.Account, m.Amount, int64(token), c.Name)
+VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, c.Stream, m.ID, m.Account, m.Amount, int64(token), c.Name)
 		if err != nil {
 			return err
 		}

@@ -31,6 +31,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/fencekit/fence/internal/child"
 )
 
 // readyTimeout bounds the wait for members to serve.
@@ -182,7 +184,7 @@ func (m *Member) launch() error {
 	cmd := exec.Command(m.bin, m.configPath())
 	cmd.Dir = m.Dir
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	child.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()
 		return fmt.Errorf("etcdserver: start %s: %w", m.Name, err)

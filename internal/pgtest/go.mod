@@ -5,6 +5,7 @@ go 1.26.0
 require github.com/stretchr/testify v1.12.1 // indirect
 
 require (
+	github.com/fencekit/fence v0.0.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.12.0
@@ -12,3 +13,5 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
+
+replace github.com/fencekit/fence => ../..

@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fencekit/fence/internal/child"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -165,7 +166,7 @@ func (s *Server) start() error {
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.Dir
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	child.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()
 		return fmt.Errorf("start redis-server: %w", err)

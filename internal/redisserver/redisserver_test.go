@@ -63,3 +63,29 @@ func TestFailoverLosesUnreplicatedWrites(t *testing.T) {
 		t.Errorf("Close left %s: %v", primary.Dir, err)
 	}
 }
+
+// WaitReplicated on a primary with min-replicas-to-write 1 whose replica
+// has not connected yet waits for it: the marker's NOREPLICAS is what is
+// awaited, not a failure (doctor's cleanPair flaked on it under load).
+func TestWaitReplicatedMinReplicas(t *testing.T) {
+	primary, err := redisserver.Start("", "--min-replicas-to-write", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close()
+	// No replica yet: it waits its whole limit and says so.
+	start := time.Now()
+	if err := redisserver.WaitReplicated(primary, 1, 300*time.Millisecond); err == nil || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("WaitReplicated without a replica = %v after %v, want a timeout after 300ms", err, time.Since(start))
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- redisserver.WaitReplicated(primary, 1, 30*time.Second) }()
+	replica, err := redisserver.StartReplica("", primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replica.Close()
+	if err := <-waited; err != nil {
+		t.Fatalf("WaitReplicated: %v", err)
+	}
+}

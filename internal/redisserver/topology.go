@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -55,7 +56,9 @@ func StartReplicated(n int) (primary *Server, replicas []*Server, err error) {
 // WaitReplicated waits until n replicas of primary really receive writes,
 // for up to limit. Redis 7.0 reports a replica online up to a second before
 // writes reach it, so this writes a marker and waits until WAIT confirms n
-// acknowledgements.
+// acknowledgements. A primary with min-replicas-to-write refuses the
+// marker (NOREPLICAS) until enough replicas have connected: it is written
+// again until then.
 func WaitReplicated(primary *Server, n int, limit time.Duration) error {
 	c := primary.Client()
 	defer c.Close()
@@ -65,7 +68,16 @@ func WaitReplicated(primary *Server, n int, limit time.Duration) error {
 	defer conn.Close()
 	for {
 		if err := conn.Set(ctx, "redisserver:marker", time.Now().UnixNano(), 0).Err(); err != nil {
-			return fmt.Errorf("marker: %w", err)
+			// A primary with min-replicas-to-write refuses writes until
+			// its replicas have connected: that is what is awaited.
+			if !redis.HasErrorPrefix(err, "NOREPLICAS") || ctx.Err() != nil {
+				return fmt.Errorf("marker: %w", err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
 		}
 		acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
 		if err == nil && acked >= n {
@@ -189,8 +201,10 @@ func (s *Sentinels) Close() {
 	}
 }
 
-// WaitReady waits up to 60 s until every sentinel knows the replicas and
-// the other sentinels, so that a failover can be voted on.
+// WaitReady waits up to 60 s until every sentinel knows the replicas,
+// connected to them and seeing their link to the primary up, and the other
+// sentinels, so that a failover can be voted on and the sentinels' view of
+// the replicas is settled.
 func (s *Sentinels) WaitReady(replicas int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -199,8 +213,8 @@ func (s *Sentinels) WaitReady(replicas int) error {
 		err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
 			r, err1 := c.Replicas(ctx, s.Master).Result()
 			o, err2 := c.Sentinels(ctx, s.Master).Result()
-			return err1 == nil && err2 == nil && len(r) >= replicas && len(o) >= len(s.Servers)-1,
-				fmt.Errorf("sentinel %s sees %d replicas and %d sentinels after 60s", srv.Addr, len(r), len(o))
+			return err1 == nil && err2 == nil && settledReplicas(r) >= replicas && len(o) >= len(s.Servers)-1,
+				fmt.Errorf("sentinel %s sees %d replicas (%d settled: %v) and %d sentinels after 60s", srv.Addr, len(r), settledReplicas(r), r, len(o))
 		})
 		_ = c.Close()
 		if err != nil {
@@ -208,6 +222,24 @@ func (s *Sentinels) WaitReady(replicas int) error {
 		}
 	}
 	return nil
+}
+
+// settledReplicas counts the replicas of a SENTINEL REPLICAS reply that
+// the sentinel is connected to, does not think down, and sees linked to
+// their primary. A replica the sentinel just learnt of from the primary's
+// INFO is listed before that, flagged disconnected.
+func settledReplicas(replicas []map[string]string) int {
+	n := 0
+	for _, r := range replicas {
+		flags := strings.Split(r["flags"], ",")
+		if slices.Contains(flags, "disconnected") || slices.Contains(flags, "s_down") || slices.Contains(flags, "o_down") {
+			continue
+		}
+		if r["master-link-status"] == "ok" {
+			n++
+		}
+	}
+	return n
 }
 
 // WaitFailover waits up to 60 s until the sentinels name a new master other

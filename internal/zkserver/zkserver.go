@@ -22,6 +22,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fencekit/fence/internal/child"
 )
 
 // Jar and SLF4J are the jars the servers run: ZooKeeper (its manifest lists
@@ -228,7 +230,7 @@ func (s *Server) launch() error {
 	cmd := exec.Command(s.java, args...)
 	cmd.Dir = s.Dir
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	child.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()
 		return fmt.Errorf("zkserver: start java: %w", err)

@@ -2,12 +2,16 @@ package pglock_test
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/observetest"
 	"github.com/fencekit/fence/pglock"
 )
 
@@ -74,5 +78,87 @@ func TestObserver(t *testing.T) {
 	}
 	if rec.ends["job"] != fence.LostRemoved || rec.ends["other"] != fence.Released {
 		t.Errorf("causes %v", rec.ends)
+	}
+}
+
+// TestLogger: a lease whose row is deleted behind its holder's back and a
+// watchdog lease whose database handle was closed are logged with name,
+// token and cause, and the failed renewals too; a release is not logged,
+// no line carries the DSN, and a Locker without a Logger logs nothing, not
+// even through slog's default logger.
+func TestLogger(t *testing.T) {
+	def := &observetest.Logs{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(def))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	d := newDatabase(t, pg)
+	h, rec := &observetest.Logs{}, &observetest.Recorder{}
+	l, err := pglock.New(d.db, &pglock.Options{WatchdogTTL: watchdogTTL, Observer: rec, Logger: slog.New(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := d.locker(t, d.db)
+	ctx := ctxFor(t, 30*time.Second)
+	lost, err := l.Acquire(ctx, "lock:payment:1001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent, err := quiet.Acquire(ctx, "silent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.remove(t, "lock:payment:1001")
+	d.remove(t, "silent")
+	<-lost.Done()
+	<-silent.Done()
+	rec.WaitEnds(t, 1, 5*time.Second)
+	if lines := h.Find("lease lost"); len(lines) != 1 || lines[0]["name"] != "lock:payment:1001" ||
+		lines[0]["token"] != fmt.Sprint(lost.Token()) || lines[0]["cause"] != "removed" || lines[0]["level"] != "WARN" {
+		t.Fatalf("lease lost lines %v", lines)
+	}
+	released, err := l.Acquire(ctx, "other", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := released.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A handle of its own, closed under a watchdog lease: every renewal
+	// fails until the deadline.
+	db := open(t, d.dsn, nil)
+	own, err := pglock.New(db, &pglock.Options{WatchdogTTL: watchdogTTL, Observer: rec, Logger: slog.New(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doomed, err := own.Acquire(ctx, "doomed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-doomed.Done()
+	ends := rec.WaitEnds(t, 3, 5*time.Second)
+	if e := ends[2]; e.Name != "doomed" || e.Cause != fence.LostRenewFailed {
+		t.Fatalf("doomed lease ended %+v, want renew_failed", e)
+	}
+	fails := h.Find("renewal failed")
+	if len(fails) == 0 || fails[0]["name"] != "doomed" || fails[0]["token"] != fmt.Sprint(doomed.Token()) || fails[0]["error"] == "" {
+		t.Fatalf("renewal failed lines %v", fails)
+	}
+	if lines := h.Find("lease lost"); len(lines) != 2 || lines[1]["cause"] != "renew_failed" {
+		t.Fatalf("lease lost lines %v", lines)
+	}
+	for _, line := range h.All() {
+		for _, v := range line {
+			if strings.Contains(v, d.dsn) {
+				t.Fatalf("a line carries the DSN: %v", line)
+			}
+		}
+	}
+	if n := def.Len(); n != 0 {
+		t.Fatalf("%d lines logged through slog's default logger: %v", n, def.All())
 	}
 }

@@ -52,6 +52,14 @@ type Verdict struct {
 	// after a rejection. Neither accepted nor stale.
 	Retried int `json:"retried"`
 
+	// The queue scenario (13), from the effect table: Messages produced,
+	// Doubled those applied more than once, Lost those never applied (P3
+	// counts both, Ops the messages, Rejected the late commits the fence
+	// rejected).
+	Messages int `json:"messages,omitempty"`
+	Doubled  int `json:"doubled,omitempty"`
+	Lost     int `json:"lost,omitempty"`
+
 	Examples []string `json:"examples,omitempty"` // the first few violations, for a person
 }
 

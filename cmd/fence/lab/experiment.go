@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
+	"github.com/fencekit/fence/internal/child"
 	"github.com/fencekit/fence/internal/etcdserver"
 	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/fencekit/fence/internal/zkserver"
@@ -40,6 +41,12 @@ type experiment struct {
 	// fenceControl makes the control use fence's lock too (with the
 	// scenario's weaker settings) instead of the naive lock.
 	fenceControl bool
+	// pg gives the run a PostgreSQL database (scenario 13, the PostgreSQL
+	// rows); queue is scenario 13's verdict, queuePauses the stops it
+	// handled.
+	pg          *postgresServer
+	queue       *queueVerdict
+	queuePauses []Event
 
 	stop chan struct{} // closed when the workers have exited
 
@@ -54,6 +61,7 @@ type experiment struct {
 // workerProc is a running worker process.
 type workerProc struct {
 	id     string
+	killed bool // by the scenario, on purpose: its exit is no failure
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser // closing it tells a worker without an op count to stop
 	done   chan struct{}
@@ -124,7 +132,7 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 	body, _ := json.Marshal(s)
 	cmd := exec.Command(x.cfg.Worker[0], x.cfg.Worker[1:]...)
 	cmd.Env = append(os.Environ(), worker.Env+"="+string(body))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	child.DieWithParent(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -157,6 +165,13 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 
 func (w *workerProc) signal(sig syscall.Signal) { _ = w.cmd.Process.Signal(sig) }
 
+// kill kills the worker with SIGKILL, on purpose, and waits for it to exit.
+func (w *workerProc) kill() {
+	w.killed = true
+	_ = w.cmd.Process.Kill()
+	<-w.done
+}
+
 // finish tells the worker to stop after its current lease.
 func (w *workerProc) finish() { _ = w.stdin.Close() }
 
@@ -164,7 +179,7 @@ func (w *workerProc) finish() { _ = w.stdin.Close() }
 func (w *workerProc) wait(limit time.Duration) error {
 	select {
 	case <-w.done:
-		if w.cmd.ProcessState != nil && !w.cmd.ProcessState.Success() {
+		if w.cmd.ProcessState != nil && !w.cmd.ProcessState.Success() && !w.killed {
 			return fmt.Errorf("worker %s: %v: %s", w.id, w.cmd.ProcessState, w.stderr.String())
 		}
 		return nil

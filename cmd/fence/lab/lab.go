@@ -12,7 +12,10 @@
 // lock with its defaults, in 12 with replica sync off, in 7 and 8 fence's
 // redlock with its defaults, in 10 and 11 the etcd and ZooKeeper locks with
 // writes that ignore tokens; 9's is the naive lock paused inside Acquire,
-// which must hand out a lease that expired during the pause. Protected is
+// which must hand out a lease that expired during the pause; 13's is the
+// queue example's consumer (examples/queue) with a plain transaction and
+// no unique constraint on the message id, whose protected row is the
+// consumer as the example ships it. Protected is
 // the backend with its defaults (redislock.New(client, nil); redlock over
 // independent redis-servers in 7–9; etcdlock in 10, zklock in 11) and
 // guard's fenced read-modify-write. Some scenarios add a protected row with
@@ -58,6 +61,9 @@ type Config struct {
 	// skipFault leaves out the fault of the Redlock scenarios (7–9), so
 	// that a test sees the run fail as one whose fault did not bite.
 	skipFault bool
+	// dropUnique drops the unique constraint on the message id in
+	// scenario 13's protected rows: for the mutation test.
+	dropUnique bool
 	// resumeAt, if set, names the resume point of every pause (see
 	// resumePoints) instead of a random one: for tests.
 	resumeAt string
@@ -102,6 +108,7 @@ var scenarios = []scenario{
 	{10, "etcd lease expiry", "P1", etcdLeaseExpiry, nil},
 	{11, "ZooKeeper session expiry", "P1", zkSessionExpiry, nil},
 	{12, "Sentinel failover", "P1", sentinelFailover, nil},
+	{QueueScenario, "single active consumer", "P3", singleConsumer, nil},
 }
 
 // Run runs the scenarios and returns the report. It returns an error if a
@@ -190,7 +197,7 @@ func runOne(ctx context.Context, cfg Config, pg *postgresServer, sc scenario, i 
 		return Result{}, err
 	}
 	defer res.close()
-	x := &experiment{ctx: ctx, cfg: cfg, dir: dir, protected: protected, write: cfg.write, res: res, hist: newHistory(), stop: make(chan struct{}),
+	x := &experiment{ctx: ctx, cfg: cfg, dir: dir, protected: protected, pg: pg, write: cfg.write, res: res, hist: newHistory(), stop: make(chan struct{}),
 		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(sc.n*16+i)))}
 	if i > 1 {
 		x.variant = sc.variants[i-2]
@@ -215,6 +222,9 @@ func runOne(ctx context.Context, cfg Config, pg *postgresServer, sc scenario, i 
 		return r, fmt.Errorf("reading the resource's state: %w", err)
 	}
 	r.Verdict = Check(events, log, state)
+	if x.queue != nil {
+		x.queue.fill(&r.Verdict)
+	}
 	r.Verdict.Retried = retried(events)
 	r.Verdict.P5, r.Verdict.P5Histories = checkLinearizable(events)
 	r.timeline = &timeline{events: events, log: log}
@@ -232,8 +242,18 @@ func judge(protected bool, control string, v Verdict, note string) (expect strin
 			expect = "expired grants = 0, P1 = P2 = P3 = 0, P5 Ok"
 		}
 		pass = v.P1 == 0 && v.P2 == 0 && v.P3 == 0 && v.Expired == 0 && v.P5 == "Ok" && v.Ops > 0
+		if v.Messages > 0 {
+			// The queue (13): each message once, and the deposed
+			// consumer's late commit rejected by the fence, not merely
+			// made a no-op by the unique constraint.
+			expect = "P3 = 0 (each message applied once), late commits rejected > 0"
+			pass = pass && v.Rejected > 0
+		}
 	} else {
 		expect = control + " > 0"
+		if v.Messages > 0 {
+			expect = "P3 > 0 (messages applied twice or never)"
+		}
 		if control == "validity" {
 			expect = "expired grants > 0 (no validity check)"
 		}

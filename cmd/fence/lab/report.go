@@ -56,6 +56,9 @@ func (res Result) line() string {
 	}
 	line := fmt.Sprintf("%s scenario %-2d %-24s %-26s writes %4d  P1 %3d  P2 %3d  P3 %3d  P4 %3d  P5 %-8s refused %2d rejected %3d retried %2d %5.1fs  (expect %s; P5 histories %s)",
 		mark, res.Scenario, res.Name, res.Config, v.Ops, v.P1, v.P2, v.P3, v.P4, v.P5, v.Refused, v.Rejected, v.Retried, res.Seconds, res.Expect, p5Sizes(v.P5Histories))
+	if v.Messages > 0 {
+		line += fmt.Sprintf(" messages %d doubled %d lost %d", v.Messages, v.Doubled, v.Lost)
+	}
 	if strings.Contains(res.Expect, "expired grants") {
 		line += fmt.Sprintf(" expired grants %d", v.Expired)
 	}

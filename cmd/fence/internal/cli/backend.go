@@ -47,6 +47,9 @@ func (f *lockerFlags) register(cmd *cobra.Command) {
 // flag was given; giving two, or another backend's flag together with a
 // Redis URL flag on the command line, is a usage error.
 func (f *lockerFlags) locker(cmd *cobra.Command) (fence.Locker, func(), error) {
+	if err := emptyBackendFlag(cmd, f.others); err != nil {
+		return nil, nil, exitWith(ExitUsage, err)
+	}
 	var names []string
 	var chosen []backend
 	for _, b := range f.others {
@@ -70,4 +73,18 @@ func (f *lockerFlags) locker(cmd *cobra.Command) (fence.Locker, func(), error) {
 	default:
 		return nil, nil, exitWith(ExitUsage, errors.New("give one lock service, not "+strings.Join(names, " and ")))
 	}
+}
+
+// emptyBackendFlag returns an error naming the first of backends' flags
+// given on the command line with nothing in it (--redlock "$URLS" with URLS
+// unset): left alone, it would read as not given and fence would use the
+// default Redis, another lock service than the one meant.
+func emptyBackendFlag(cmd *cobra.Command, backends []backend) error {
+	for _, b := range backends {
+		f := cmd.Flags().Lookup(b.flag())
+		if f != nil && f.Changed && strings.TrimSpace(f.Value.String()) == "" {
+			return errors.New("--" + b.flag() + " was given with no value: name the servers, or leave the flag out")
+		}
+	}
+	return nil
 }

@@ -48,7 +48,7 @@ func (b *etcdBackend) chosen() bool { return b.endpoints != "" }
 
 // redactEndpoints masks the password of each endpoint.
 func redactEndpoints(s string) string {
-	parts := strings.Split(s, ",")
+	parts := splitURLs(s)
 	for i, p := range parts {
 		parts[i] = redactURL(p)
 	}
@@ -61,7 +61,7 @@ func redactEndpoints(s string) string {
 func etcdConfig(list string) (clientv3.Config, error) {
 	cfg := clientv3.Config{DialTimeout: etcdDialTimeout, Logger: zap.NewNop()}
 	var user, pass string
-	for _, raw := range strings.Split(list, ",") {
+	for _, raw := range splitURLs(list) {
 		raw = strings.TrimSpace(raw)
 		if raw == "" {
 			continue

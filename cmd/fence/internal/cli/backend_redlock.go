@@ -47,7 +47,7 @@ func (b *redlockBackend) open(cmd *cobra.Command) (*redlock.Locker, func(), erro
 			_ = c.Close()
 		}
 	}
-	for _, raw := range strings.Split(b.urls, ",") {
+	for _, raw := range splitURLs(b.urls) {
 		raw = strings.TrimSpace(raw)
 		if raw == "" {
 			closeAll()
@@ -74,7 +74,7 @@ func (b *redlockBackend) open(cmd *cobra.Command) (*redlock.Locker, func(), erro
 
 // redactURLs is redactURL over a comma-separated list.
 func redactURLs(s string) string {
-	parts := strings.Split(s, ",")
+	parts := splitURLs(s)
 	for i, p := range parts {
 		parts[i] = redactURL(p)
 	}

@@ -23,13 +23,14 @@ const (
 
 func doctorCmd() *cobra.Command {
 	var rf redisFlags
+	var rl redlockBackend
 	var asJSON bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Audit a Redis deployment for the hazards that break locks or fencing tokens",
-		Long: `Doctor reads the Redis deployment that --redis, --redis-sentinel or --redis-cluster names
-(it writes nothing) and reports each hazard that can break fence's locks or tokens: persistence
+		Long: `Doctor reads the Redis deployment that --redis, --redis-sentinel, --redis-cluster or
+--redlock names (it writes nothing) and reports each hazard that can break fence's locks or tokens: persistence
 that loses locks on a restart, eviction that can remove lock keys or token records, replicas
 missing, lagging or too few for --acks, min-replicas settings, Sentinel quorum and
 down-after-milliseconds against the lease time (--watchdog-ttl), Cluster slot coverage and
@@ -37,12 +38,21 @@ replicas per master, clock skew between the nodes, and EVAL, EVALSHA, WAIT or ke
 that are renamed, disabled or denied by ACL. Each finding has a severity, why it matters and
 the fix. Give --acks, --replicas and --no-replica-sync as the lockers use them.
 
+With --redlock (or FENCE_REDLOCK_URLS) each master is audited as a standalone Redis, and
+Redlock's own assumptions are checked: fewer than 3 masters or an even number, masters that are
+one server or replicate one another (not independent), replicas under a master, persistence
+without the rule that a crashed master stays down for a lease time, and clock skew between
+the masters.
+
 Exit status: 0 when nothing worse than info was found, 1 when the worst finding is a
 warning, 3 when one is critical, 2 on a usage error or when the deployment could not be
 read within --timeout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := rf.doctorConfig(cmd.Flags().Changed)
+			if err := emptyBackendFlag(cmd, []backend{&rl}); err != nil {
+				return exitWith(ExitUsage, err)
+			}
+			cfg, err := rf.doctorConfig(cmd.Flags().Changed, rl.urls)
 			if err != nil {
 				return exitWith(ExitUsage, err)
 			}
@@ -77,20 +87,39 @@ read within --timeout.`,
 		},
 	}
 	rf.register(cmd)
+	rl.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print one JSON object: {"worst": "none"|"info"|"warning"|"critical", "findings": [{"id", "severity", "node", "why", "fix"}]}`)
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "give up, with exit status 2, when the deployment has not answered within this time")
 	return cmd
 }
 
-// doctorConfig is the doctor.Config the flags describe. The doctor opens a
-// client per node, so it takes the parsed options rather than one client.
-func (f *redisFlags) doctorConfig(changed func(string) bool) (doctor.Config, error) {
+// doctorConfig is the doctor.Config the flags describe, redlockURLs being
+// --redlock's value. The doctor opens a client per node, so it takes the
+// parsed options rather than one client.
+func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string) (doctor.Config, error) {
 	rs, err := f.replicaSync(changed)
 	if err != nil {
 		return doctor.Config{}, err
 	}
 	cfg := doctor.Config{LeaseTime: f.watchdogTTL, ReplicaSync: rs}
 	switch {
+	case redlockURLs != "" && (f.sentinelURL != "" || f.clusterURL != "" || changed("redis")):
+		return cfg, errors.New("give --redlock or one of --redis, --redis-sentinel and --redis-cluster, not both")
+	case redlockURLs != "":
+		if !changed("watchdog-ttl") {
+			cfg.LeaseTime = 0 // redlock's default
+		}
+		for _, raw := range splitURLs(redlockURLs) {
+			raw = strings.TrimSpace(raw)
+			if raw == "" {
+				return cfg, fmt.Errorf("--redlock %s: an empty URL in the list", redactURLs(redlockURLs))
+			}
+			o, err := redis.ParseURL(raw)
+			if err != nil {
+				return cfg, parseError("--redlock", raw, func(s string) error { _, err := redis.ParseURL(s); return err })
+			}
+			cfg.Redlock = append(cfg.Redlock, o)
+		}
 	case f.sentinelURL != "" && f.clusterURL != "":
 		return cfg, errors.New("give --redis-sentinel or --redis-cluster, not both")
 	case f.sentinelURL != "":

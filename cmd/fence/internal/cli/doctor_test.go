@@ -68,3 +68,35 @@ func TestDoctorUnreachableMasksPassword(t *testing.T) {
 		t.Fatalf("sentinel URL without master_name: exit %d, %q", code, errOut)
 	}
 }
+
+func TestDoctorRedlock(t *testing.T) {
+	durable := []string{"--appendonly", "yes", "--appendfsync", "always"}
+	a, b, c := redistest.Start(t, durable...), redistest.Start(t, durable...), redistest.Start(t, durable...)
+	three := redisURL(a) + "," + redisURL(b) + "," + redisURL(c)
+	out, errOut, code := fence(t, nil, "doctor", "--redlock", three)
+	if code != 0 || !strings.Contains(out, "no findings") || errOut != "" {
+		t.Fatalf("doctor --redlock on 3 durable masters: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// From the environment, as exec takes it: two masters are too few.
+	out, errOut, code = fence(t, []string{"FENCE_REDLOCK_URLS=" + redisURL(a) + "," + redisURL(b)}, "doctor", "--json")
+	if code != cli.ExitDoctorWarning || !strings.Contains(out, `"id":"redlock-too-few"`) {
+		t.Fatalf("doctor with FENCE_REDLOCK_URLS of 2 masters: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// The lease time in the stay-down rule is --watchdog-ttl when given.
+	off := redistest.Start(t)
+	out, _, code = fence(t, nil, "doctor", "--redlock", three+","+redisURL(off)+","+redisURL(off), "--watchdog-ttl", "9s")
+	if code != cli.ExitDoctorCritical || !strings.Contains(out, "redlock-not-independent") || !strings.Contains(out, "redlock-restart") ||
+		!strings.Contains(out, "(9s)") {
+		t.Fatalf("doctor --redlock with one master twice and no persistence: exit %d, stdout %q", code, out)
+	}
+	for _, args := range [][]string{
+		{"--redlock", three, "--redis-cluster", redisURL(a)},
+		{"--redlock", redisURL(a) + ",,"},
+		{"--redlock", "redis://app:s3cretpw@" + a.Addr + ",http://x"},
+	} {
+		_, errOut, code := fence(t, nil, append([]string{"doctor"}, args...)...)
+		if code != cli.ExitUsage || errOut == "" || strings.Contains(errOut, "s3cretpw") {
+			t.Fatalf("doctor %v: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fence/cmd/fence/internal/progress"
 	"io"
 	"os"
 	"os/exec"
@@ -72,6 +73,9 @@ FENCE_REDIS_CLUSTER_URL, FENCE_REDLOCK_URLS, FENCE_ETCD_ENDPOINTS or other FENCE
 named like URLs, DSNs or passwords; a fence inside it needs its own. Passwords are shown
 masked, in help and in errors.
 
+While exec waits for the lock (--wait) with stderr a terminal, a status line shows how long
+it has waited, cleared when the lock is granted; otherwise it writes nothing while waiting.
+
 --acks and --replicas choose how many replicas must confirm an acquisition or renewal with
 WAIT within 1s: --acks a number, majority (of the expected replicas) or all; --replicas the number the
 primary is expected to have (0: read from it). A bad value exits 2.
@@ -103,7 +107,7 @@ below the library's minimum lease time included).`,
 				return err
 			}
 			defer closeClient()
-			lease, err := l.Acquire(cmd.Context(), args[0], opts...)
+			lease, err := acquireShowing(cmd.Context(), cmd.ErrOrStderr(), l, args[0], wait, opts)
 			if err != nil {
 				return acquireError(err)
 			}
@@ -115,6 +119,21 @@ below the library's minimum lease time included).`,
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "fixed lease time, not renewed; without it the watchdog renews the lease")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM (on a lost lease, or to what the command left running when it exited), how long to wait before SIGKILL")
 	return cmd
+}
+
+// acquireShowing takes the lock called name; with a wait budget and stderr a
+// terminal, it shows that it waits on a status line, cleared when Acquire
+// returns. Otherwise it writes nothing.
+func acquireShowing(ctx context.Context, stderr io.Writer, l fence.Locker, name string, wait time.Duration, opts []fence.Option) (fence.Lease, error) {
+	if wait <= 0 || !stderrIsTerminal(stderr) {
+		return l.Acquire(ctx, name, opts...)
+	}
+	waiting := progress.Start(stderr, true, fmt.Sprintf("fence: waiting for %q", name))
+	defer waiting.Stop()
+	// Runs before Stop: a library's log line while waiting (go-redis
+	// failing to dial) clears the status line and starts a line of its own.
+	defer libLog.divert(waiting)()
+	return l.Acquire(ctx, name, opts...)
 }
 
 // validateDurations checks exec's durations before fence connects

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"github.com/fencekit/fence/cmd/fence/internal/progress"
 	"os"
 	"path/filepath"
 
@@ -39,7 +40,10 @@ granted, before the lock has read the last reply, past the lease: redlock must r
 its validity check); 10 etcd lease expiry and 11 ZooKeeper session expiry (etcdlock and
 zklock on servers the lab starts: a holder paused past its lease); 12 Sentinel failover
 (scenario 4's fault, the replica promoted by three redis-sentinel processes, the workers
-connected through them).
+connected through them); 13 single active consumer (examples/queue's consumer under
+fence.Lead, effects in PostgreSQL: the leader stopped mid-message past its lease and
+continued after the other took over with XAUTOCLAIM, then the new leader stopped inside its
+transaction, then the active one SIGKILLed; P3 counts messages applied twice or never).
 
 Each runs as a control, which must show the violation, and protected, which must show none:
 the backend with its defaults (redislock.New(client, nil), redlock.New(clients, nil),
@@ -52,18 +56,27 @@ replica sync) and a plain read-then-UPDATE; in 5 fence's lock with its defaults,
 replica sync off, in 7 and 8 fence's redlock with its defaults (the two holders are
 Redlock's own), in 10 and 11 the etcd and ZooKeeper locks with writes that ignore tokens;
 in 9 the naive lock paused the same way, which hands out a lease that expired during the
-pause. A fault that did not take effect fails its run. Paused workers resume at seeded
+pause; in 13 the queue's consumer without the fence and without the unique constraint on
+the message id (its protected row must also show a late commit rejected). A fault that did not take effect fails its run. Paused workers resume at seeded
 random points (--seed replays them).
+Each run prints a line to stderr as it finishes; when stderr is a terminal, a status line
+beneath them shows the time elapsed (rewritten in place, cleared at the end).
 Lab exits 1 if an expectation fails.
 
---quick runs a short version (about 1 min 45 s: PostgreSQL's row about 4 s, the Redlock
+--quick runs a short version (about 2 min: PostgreSQL's row about 4 s, the Redlock
 scenarios about 7 s, etcd's and ZooKeeper's about 17 s each, the Sentinel failovers about
-11 s); the full run (18 min on a loaded machine) makes at least 200 fenced writes
-per scenario. With --out DIR it writes report.md, report.json and timeline.svg there, and
+11 s, the single active consumer's two rows about 10 s with 200 messages); the full run
+(18 min on a loaded machine) makes at least 200 fenced writes per scenario (2,000 messages
+in 13). With --out DIR it writes report.md, report.json and timeline.svg there, and
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: cmd.ErrOrStderr(), Seed: seed})
+			stderr := cmd.ErrOrStderr()
+			running := progress.Start(stderr, stderrIsTerminal(stderr), "fence lab: running")
+			restore := libLog.divert(running) // go-redis's log lines beneath the status line, not after it
+			rep, err := lab.Run(cmd.Context(), lab.Config{Quick: quick, Scenarios: only, Progress: running, Seed: seed})
+			restore()
+			running.Stop()
 			if err != nil {
 				return exitWith(1, err)
 			}
@@ -101,6 +114,9 @@ func writeReport(rep *lab.Report, dir string) error {
 		},
 	}
 	for _, res := range rep.Results {
+		if res.Scenario == lab.QueueScenario {
+			continue // no lease-by-lease round to zoom into
+		}
 		files[fmt.Sprintf("timeline-%d.svg", res.Scenario)] = func(f *os.File) error {
 			if !rep.Zoomed(f, res.Scenario) {
 				return fmt.Errorf("no round of scenario %d to draw", res.Scenario)

@@ -9,10 +9,13 @@ import "syscall"
 // command that reads the terminal is stopped by SIGTTIN (see proc_linux.go).
 func procAttr(int) *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
-func foregroundTTY() int { return -1 }
-func takeForeground(int) {}
-func adoptOrphans()      {}
-func reapOrphans()       {}
+func controllingTTY() int  { return -1 }
+func foregroundTTY() int   { return -1 }
+func takeTerminal(int)     {}
+func reclaimTerminal(int)  {}
+func followStops(int, int) {}
+func adoptOrphans()        {}
+func reapOrphans()         {}
 
 // groupMembers: the group's leader stands for the group while any member
 // is left.

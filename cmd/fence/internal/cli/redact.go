@@ -137,7 +137,7 @@ func scrub(msg string, args []string) string {
 	for _, src := range sources {
 		// --redlock and --etcd take comma-separated lists of URLs: each one's secrets too.
 		var secrets []string
-		for _, part := range append([]string{src}, strings.Split(src, ",")...) {
+		for _, part := range append([]string{src}, splitURLs(src)...) {
 			secrets = append(secrets, urlSecrets(part)...)
 		}
 		for _, secret := range secrets {
@@ -196,6 +196,25 @@ func childEnv(env []string) []string {
 		if !credentialVar(k) {
 			out = append(out, kv)
 		}
+	}
+	return out
+}
+
+// splitURLs splits a comma-separated list of URLs (--redlock, --etcd). A
+// comma is legal in a URL's user information, so a piece that holds the
+// rest of a password ("pw2@host" after "redis://user:pw1") is joined back
+// to the URL it belongs to rather than read as a URL of its own, whose
+// error message would print the half of the password before it.
+func splitURLs(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if n := len(out); n > 0 && !strings.Contains(p, "://") && strings.Contains(p, "@") {
+			if prev := out[n-1]; strings.Contains(prev, "://") && !strings.Contains(prev, "@") {
+				out[n-1] = prev + "," + p
+				continue
+			}
+		}
+		out = append(out, p)
 	}
 	return out
 }

@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fence/cmd/fence/internal/progress"
 	"io"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,7 +44,8 @@ func exitWith(code int, err error) error { return &exitError{code: code, err: er
 // Main runs the fence command with args (without the program name) and
 // returns the process's exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
-	redis.SetLogger(scrubLogger{args: args, w: stderr})
+	libLog = newLibLogger(args, stderr)
+	redis.SetLogger(libLog)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := rootCmd()
@@ -64,16 +67,48 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return ExitUsage
 }
 
-// scrubLogger is go-redis's logger for fence: its lines go to stderr
-// without the secrets of fence's URLs.
-type scrubLogger struct {
+// libLogger is go-redis's logger for fence: its lines go to stderr
+// without the secrets of fence's URLs, or, while a status line is shown
+// there (exec waiting for its lock), through it, so that each starts a line
+// of its own rather than after the spinner's text.
+type libLogger struct {
 	args []string
+	mu   sync.Mutex
 	w    io.Writer
 }
 
-func (l scrubLogger) Printf(_ context.Context, format string, v ...any) {
-	fmt.Fprintln(l.w, scrub(fmt.Sprintf(format, v...), l.args))
+// libLog is the logger Main gave go-redis; nil before Main.
+var libLog *libLogger
+
+func newLibLogger(args []string, w io.Writer) *libLogger { return &libLogger{args: args, w: w} }
+
+// Printf writes one line.
+func (l *libLogger) Printf(_ context.Context, format string, v ...any) {
+	line := scrub(fmt.Sprintf(format, v...), l.args) + "\n"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = io.WriteString(l.w, line)
 }
+
+// divert sends the lines to w until the returned func is called.
+func (l *libLogger) divert(w io.Writer) (restore func()) {
+	if l == nil {
+		return func() {}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	old := l.w
+	l.w = w
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.w = old
+	}
+}
+
+// stderrIsTerminal decides whether the command shows progress on stderr (a
+// status line rewritten in place): only on a terminal. Tests replace it.
+var stderrIsTerminal = progress.IsTerminal
 
 func rootCmd() *cobra.Command {
 	root := &cobra.Command{

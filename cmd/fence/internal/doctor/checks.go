@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -26,6 +27,7 @@ var checks = []check{
 	checkCluster,
 	checkClockSkew,
 	checkCommands,
+	checkRedlock,
 }
 
 // all returns the primaries and the replicas.
@@ -34,9 +36,19 @@ func (d *deployment) all() []*node { return append(append([]*node{}, d.primaries
 func checkReachable(d *deployment) []Finding {
 	var out []Finding
 	for _, addr := range d.unreachable {
+		what, effect := "did not answer", "it cannot take over (a replica) or serve its slots (a cluster master) as things stand"
+		fix := "check that the node runs and that this host can reach it with the same credentials"
+		if d.kind == "redlock" {
+			effect = "as things stand it grants no lock, and every acquisition needs a majority of the other masters"
+		}
+		var ae *authError
+		if errors.As(d.why[addr], &ae) {
+			what = fmt.Sprintf("refused the credentials (%v)", ae.error)
+			fix = "give this node's user and password in its URL, as the lockers use them"
+		}
 		out = append(out, Finding{ID: "node-unreachable", Severity: Warning, Node: addr,
-			Why: "a node the deployment lists did not answer, so the doctor could not audit it, and it cannot take over (a replica) or serve its slots (a cluster master) as things stand",
-			Fix: "check that the node runs and that this host can reach it with the same credentials"})
+			Why: "a node the deployment lists " + what + ", so the doctor could not audit it, and " + effect,
+			Fix: fix})
 	}
 	return out
 }
@@ -113,6 +125,9 @@ func checkEviction(d *deployment) []Finding {
 }
 
 func checkReplicaCounts(d *deployment) []Finding {
+	if d.kind == "redlock" {
+		return nil // Redlock waits for no replica: see checkRedlock
+	}
 	var out []Finding
 	rs := d.cfg.ReplicaSync
 	for _, p := range d.primaries {
@@ -170,6 +185,9 @@ func checkReplicaCounts(d *deployment) []Finding {
 const maxLag = 1
 
 func checkReplicasBehind(d *deployment) []Finding {
+	if d.kind == "redlock" {
+		return nil // Redlock waits for no replica: see checkRedlock
+	}
 	var out []Finding
 	for _, p := range d.primaries {
 		for _, r := range p.replicaLines() {
@@ -191,6 +209,9 @@ func checkReplicasBehind(d *deployment) []Finding {
 }
 
 func checkMinReplicas(d *deployment) []Finding {
+	if d.kind == "redlock" {
+		return nil // Redlock waits for no replica: see checkRedlock
+	}
 	var out []Finding
 	for _, p := range d.primaries {
 		if p.config == nil || p.info["role"] != "master" {
@@ -320,6 +341,11 @@ func checkClockSkew(d *deployment) []Finding {
 	if skew <= limit {
 		return nil
 	}
+	if d.kind == "redlock" {
+		return []Finding{{ID: "clock-skew", Severity: Warning, Node: hi.addr,
+			Why: fmt.Sprintf("its clock is at least %v ahead of %s's, more than %v: Redlock assumes the masters' clocks agree within the time a crashed master stays down, because each master's token floor is its own clock, so a master that comes back empty with its clock behind the others can issue tokens below ones already issued, and only the write-back on the rest of a majority keeps them in order", skew.Round(time.Millisecond), lo.addr, limit),
+			Fix: "run NTP (chrony) on every Redis host so their clocks agree within a few milliseconds"}}
+	}
 	return []Finding{{ID: "clock-skew", Severity: Warning, Node: hi.addr,
 		Why: fmt.Sprintf("its clock is at least %v ahead of %s's, more than the %v a failover takes at least: the token floor is each server's clock, so after a failover that loses a token record the new primary can issue tokens below ones already issued, and the resource then orders a stale holder's writes after the new holder's", skew.Round(time.Millisecond), lo.addr, limit),
 		Fix: "run NTP (chrony) on every Redis host so their clocks agree within a few milliseconds"}}
@@ -367,6 +393,109 @@ func checkCommands(d *deployment) []Finding {
 				Why: fmt.Sprintf("ACL DRYRUN was refused (%v), so the user's permissions on fence's keys (SET, DEL, PEXPIRE, PUBLISH, SUBSCRIBE) went unchecked; a denied one fails acquisitions or waits", p.aclErr),
 				Fix: "run the doctor once as a user allowed ACL DRYRUN, or check the user's rules with ACL GETUSER"})
 		}
+	}
+	return out
+}
+
+// checkRedlock checks what Redlock's safety rests on beyond each master's
+// own audit (see redlock's package doc): enough masters, an odd number,
+// independent of one another, and a crashed master that cannot rejoin
+// with its locks forgotten.
+func checkRedlock(d *deployment) []Finding {
+	if d.kind != "redlock" {
+		return nil
+	}
+	var out []Finding
+	var addrs []string
+	for _, o := range d.cfg.Redlock {
+		addrs = append(addrs, o.Addr)
+	}
+	all := strings.Join(addrs, ",")
+	n := len(addrs)
+	majority := n/2 + 1
+	switch {
+	case n < 3:
+		out = append(out, Finding{ID: "redlock-too-few", Severity: Warning, Node: all,
+			Why: fmt.Sprintf("%d master(s): a majority is %d, so one master down or slow stops all locking, and Redlock tolerates no failure at all", n, majority),
+			Fix: "use 3 or 5 independent masters, on separate hosts"})
+	case n%2 == 0:
+		out = append(out, Finding{ID: "redlock-even", Severity: Info, Node: all,
+			Why: fmt.Sprintf("%d masters: a majority is %d, so it tolerates %d failure(s), no more than %d masters would, with one more node to fail and to wait for", n, majority, n-majority, n-1),
+			Fix: fmt.Sprintf("use %d or %d masters", n-1, n+1)})
+	}
+	// A master counts if it answered and can grant: not a replica
+	// (READONLY), a cluster node or a sentinel (redlock-not-standalone).
+	reach := 0
+	for _, p := range d.primaries {
+		if p.info["role"] != "slave" && p.info["redis_mode"] != "cluster" && p.info["redis_mode"] != "sentinel" {
+			reach++
+		}
+	}
+	if reach < majority {
+		out = append(out, Finding{ID: "redlock-no-majority", Severity: Critical, Node: all,
+			Why: fmt.Sprintf("%d of %d masters answered and can grant a lock, fewer than the majority of %d: every acquisition fails", reach, n, majority),
+			Fix: "bring the masters back, or fix their addresses"})
+	}
+	// The same server under two addresses (or one address twice), and
+	// masters of one replication stream, count twice towards a majority.
+	byRun, byRepl := map[string][]string{}, map[string][]string{}
+	for _, p := range d.primaries {
+		if id := p.info["run_id"]; id != "" {
+			byRun[id] = append(byRun[id], p.addr)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(byRun)) {
+		if same := byRun[id]; len(same) > 1 {
+			out = append(out, Finding{ID: "redlock-not-independent", Severity: Critical, Node: strings.Join(same, ","),
+				Why: fmt.Sprintf("these addresses are one redis-server (run_id %s): its grant counts %d times towards the majority, so two clients can each count a majority and hold the lock at once", id[:min(8, len(id))], len(same)),
+				Fix: "list each master once, and only independent masters (separate hosts, no replication between them)"})
+		}
+	}
+	seenRun := map[string]bool{}
+	for _, p := range d.primaries {
+		id, repl := p.info["run_id"], p.info["master_replid"]
+		if seenRun[id] || repl == "" {
+			continue
+		}
+		seenRun[id] = true
+		byRepl[repl] = append(byRepl[repl], p.addr)
+	}
+	for _, repl := range slices.Sorted(maps.Keys(byRepl)) {
+		if same := byRepl[repl]; len(same) > 1 {
+			slices.Sort(same)
+			out = append(out, Finding{ID: "redlock-not-independent", Severity: Critical, Node: strings.Join(same, ","),
+				Why: "these masters are one replication group (one replicates the other, sharing its master_replid): a lock they grant counts twice towards the majority, and a grant one of them misses reaches it by replication or never, so two clients can each count a majority",
+				Fix: "make each Redlock master a primary of its own (REPLICAOF NO ONE) and list only independent ones"})
+		}
+	}
+	for _, p := range d.primaries {
+		switch p.info["redis_mode"] {
+		case "cluster":
+			out = append(out, Finding{ID: "redlock-not-standalone", Severity: Critical, Node: p.addr,
+				Why: "the node is a Redis Cluster node: redlock sends each master plain commands, so this one answers MOVED for every lock whose slot it does not serve and never grants it, and the cluster's failover promotes replicas that may have missed a grant",
+				Fix: "give Redlock standalone redis-servers (cluster-enabled no), or use redislock on the cluster with --redis-cluster"})
+		case "sentinel":
+			out = append(out, Finding{ID: "redlock-not-standalone", Severity: Critical, Node: p.addr,
+				Why: "the node is a Redis Sentinel, not a master: it refuses the lock scripts, so it never grants a lock and every acquisition needs a majority of the others",
+				Fix: "list the masters themselves, or use redislock through the sentinels with --redis-sentinel"})
+		}
+	}
+	var weak []string
+	for _, p := range d.primaries {
+		if c := p.connected(); c > 0 {
+			out = append(out, Finding{ID: "redlock-replica", Severity: Warning, Node: p.addr,
+				Why: fmt.Sprintf("the master has %d replica(s): Redlock does not wait for them, so a failover to one that missed an acquisition forgets that lock, and a second client can win a majority while the first holds it", c),
+				Fix: "run Redlock masters without failover (no Sentinel or Cluster promoting their replicas), or use redislock with replica sync on one replicated primary"})
+		}
+		if p.config != nil && (p.config["appendonly"] != "yes" || p.config["appendfsync"] != "always") {
+			weak = append(weak, p.addr)
+		}
+	}
+	if len(weak) > 0 {
+		slices.Sort(weak)
+		out = append(out, Finding{ID: "redlock-restart", Severity: Warning, Node: strings.Join(weak, ","),
+			Why: fmt.Sprintf("without appendonly yes and appendfsync always, a master that crashes comes back without the locks it granted: unless it stays down at least the lease time (%v) before rejoining, it grants a lock again that a majority counting it already granted, and two clients hold it (Redlock's first assumption); the tokens still tell them apart only if the resource checks them", d.cfg.LeaseTime),
+			Fix: fmt.Sprintf("CONFIG SET appendonly yes and appendfsync always on each master, or make a crashed master stay down at least %v before it restarts (e.g. systemd RestartSec)", d.cfg.LeaseTime)})
 	}
 	return out
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/redislock"
+	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -63,18 +64,25 @@ func Worst(findings []Finding) Severity {
 }
 
 // Config names the deployment to audit and how fence uses it. Give exactly
-// one of Standalone, Sentinel and Cluster: the doctor opens its own clients
-// from them, one per node, with the same credentials.
+// one of Standalone, Sentinel, Cluster and Redlock: the doctor opens its own
+// clients from them, one per node, with the same credentials.
 type Config struct {
 	Standalone *redis.Options         // one primary (its replicas are found through it)
 	Sentinel   *redis.FailoverOptions // the sentinels and the master's name
 	Cluster    *redis.ClusterOptions  // one or more nodes of a cluster
+	// Redlock are the independent masters of a redlock.Locker, each
+	// audited as a standalone primary (its replicas aside), plus what
+	// Redlock's own assumptions need: enough masters, an odd number of
+	// them, truly independent, durable or kept down for a lease time
+	// after a crash, with clocks that agree (see redlock's package doc).
+	Redlock []*redis.Options
 
 	// Prefix is fence's key prefix (redislock.Options.Prefix). Default
-	// redislock.DefaultPrefix.
+	// redislock.DefaultPrefix, or redlock.DefaultPrefix with Redlock.
 	Prefix string
 	// LeaseTime is the lease time fence's locks use. Default
-	// redislock.DefaultWatchdogTTL.
+	// redislock.DefaultWatchdogTTL (redlock.DefaultWatchdogTTL with
+	// Redlock).
 	LeaseTime time.Duration
 	// ReplicaSync is the acknowledgement rule fence's lockers use
 	// (redislock.Options.ReplicaSync); the zero value is redislock's default.
@@ -106,19 +114,26 @@ const defaultDeadline = 10 * time.Second
 // ctx's deadline, or within 10 s if ctx has none.
 func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 	n := 0
-	for _, set := range []bool{cfg.Standalone != nil, cfg.Sentinel != nil, cfg.Cluster != nil} {
+	for _, set := range []bool{cfg.Standalone != nil, cfg.Sentinel != nil, cfg.Cluster != nil, cfg.Redlock != nil} {
 		if set {
 			n++
 		}
 	}
 	if n != 1 {
-		return nil, fmt.Errorf("%w: doctor: give one of Standalone, Sentinel and Cluster", fence.ErrInvalidOption)
+		return nil, fmt.Errorf("%w: doctor: give one of Standalone, Sentinel, Cluster and Redlock", fence.ErrInvalidOption)
+	}
+	if cfg.Redlock != nil && (len(cfg.Redlock) == 0 || slices.Contains(cfg.Redlock, nil)) {
+		return nil, fmt.Errorf("%w: doctor: Redlock needs at least one master, and no nil one", fence.ErrInvalidOption)
 	}
 	if cfg.LeaseTime < 0 || cfg.MaxSkew < 0 {
 		return nil, fmt.Errorf("%w: doctor: negative lease time or skew", fence.ErrInvalidOption)
 	}
 	if cfg.Sentinel != nil && cfg.Sentinel.MasterName == "" {
 		return nil, fmt.Errorf("%w: doctor: Sentinel needs MasterName", fence.ErrInvalidOption)
+	}
+	if cfg.Redlock != nil {
+		cfg.Prefix = cmp.Or(cfg.Prefix, redlock.DefaultPrefix)
+		cfg.LeaseTime = cmp.Or(cfg.LeaseTime, redlock.DefaultWatchdogTTL)
 	}
 	cfg.Prefix = cmp.Or(cfg.Prefix, redislock.DefaultPrefix)
 	cfg.LeaseTime = cmp.Or(cfg.LeaseTime, redislock.DefaultWatchdogTTL)
@@ -138,6 +153,8 @@ func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 		err = d.readStandalone(ctx, *cfg.Standalone)
 	case cfg.Sentinel != nil:
 		err = d.readSentinel(ctx)
+	case cfg.Redlock != nil:
+		err = d.readRedlock(ctx)
 	default:
 		err = d.readCluster(ctx)
 	}
@@ -161,14 +178,17 @@ func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 // deployment is one snapshot of everything the checks look at.
 type deployment struct {
 	cfg       Config
-	kind      string  // "standalone", "sentinel" or "cluster"
+	kind      string  // "standalone", "sentinel", "cluster" or "redlock"
 	primaries []*node // the nodes fence writes to
 	replicas  []*node // their replicas that could be reached
 	// unreachable lists replicas a primary names that did not answer.
 	unreachable []string
-	sentinel    *sentinelView
-	cluster     *clusterView
-	clients     []interface{ Close() error }
+	// why holds, by address, why an unreachable node could not be read,
+	// where that is known (a Redlock master refusing the credentials).
+	why      map[string]error
+	sentinel *sentinelView
+	cluster  *clusterView
+	clients  []interface{ Close() error }
 }
 
 func (d *deployment) close() {
@@ -238,7 +258,7 @@ func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool
 	if isAuthError(err) {
 		// Every command would be refused alike, and read as EVAL, CONFIG
 		// and the rest disabled: the node could not be read at all.
-		return nil, fmt.Errorf("%s: authentication refused: %w", n.addr, err)
+		return nil, fmt.Errorf("%s: authentication refused: %w", n.addr, &authError{err})
 	}
 	n.info = parseInfo(info) // empty when INFO is refused: the probes report it
 	n.config = map[string]string{}
@@ -250,9 +270,11 @@ func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool
 		}
 		maps.Copy(n.config, kv)
 	}
-	n.readTime(ctx, d.cfg.Now)
+	if d.kind != "redlock" { // readRedlock reads the clocks one after another
+		n.readTime(ctx, d.cfg.Now)
+	}
 	if primary {
-		n.probe(ctx, d.cfg.Prefix)
+		n.probe(ctx, d.cfg.Prefix, d.kind == "redlock")
 	}
 	// A refusal is a finding; no answer (a node that stopped answering
 	// half way) is not, and must not read as one.
@@ -279,6 +301,11 @@ func isReply(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re)
 }
+
+// authError marks a node's refusal of the doctor's credentials.
+type authError struct{ error }
+
+func (e *authError) Unwrap() error { return e.error }
 
 // isAuthError reports whether err is the server refusing the connection's
 // credentials (a wrong password or user, or none given where one is needed).
@@ -311,7 +338,7 @@ func (n *node) readTime(ctx context.Context, now func() time.Time) {
 
 // probe tries the commands fence sends, in forms that change nothing, and
 // asks ACL DRYRUN about the ones that write.
-func (n *node) probe(ctx context.Context, prefix string) {
+func (n *node) probe(ctx context.Context, prefix string, redlock bool) {
 	key := prefix + ":{doctor}"
 	n.probes = map[string]error{}
 	const script = "return {redis.call('EXISTS', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('TIME')[1]}"
@@ -328,8 +355,10 @@ func (n *node) probe(ctx context.Context, prefix string) {
 			n.probes[cmd] = nil
 		}
 	}
-	n.probes["WAIT"] = n.client.Do(ctx, "WAIT", 0, 0).Err()
-	n.probes["INFO"] = redis.NewScript("return redis.call('INFO', 'replication')").Eval(ctx, n.client, nil).Err()
+	if !redlock {
+		n.probes["WAIT"] = n.client.Do(ctx, "WAIT", 0, 0).Err()
+		n.probes["INFO"] = redis.NewScript("return redis.call('INFO', 'replication')").Eval(ctx, n.client, nil).Err()
+	}
 
 	user, err := n.client.Do(ctx, "ACL", "WHOAMI").Text()
 	if err != nil {
@@ -337,7 +366,11 @@ func (n *node) probe(ctx context.Context, prefix string) {
 		return
 	}
 	n.denied = map[string]string{}
-	for _, args := range aclCommands(prefix) {
+	cmds := aclCommands(prefix)
+	if redlock {
+		cmds = redlockCommands(prefix)
+	}
+	for _, args := range cmds {
 		reply, err := n.client.Do(ctx, append([]any{"ACL", "DRYRUN", user}, args...)...).Text()
 		if err != nil {
 			n.aclErr = err
@@ -358,11 +391,19 @@ func aclCommands(prefix string) [][]any {
 		{"EVAL", "return 1", "1", key},
 		{"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", key},
 		{"WAIT", "0", "0"},
-		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"DEL", key},
+		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"SET", key, "x", "NX", "GET", "PX", "1"}, {"DEL", key},
 		{"EXISTS", key}, {"PEXPIRE", key, "1"}, {"PTTL", key},
 		{"TIME"}, {"INFO", "replication"},
 		{"PUBLISH", ch, "x"}, {"SUBSCRIBE", ch},
 	}
+}
+
+// redlockCommands are the commands redlock sends, directly or from its
+// scripts: no WAIT, INFO or pub/sub.
+func redlockCommands(prefix string) [][]any {
+	return slices.DeleteFunc(aclCommands(prefix), func(args []any) bool {
+		return slices.Contains([]string{"WAIT", "INFO", "PUBLISH", "SUBSCRIBE"}, args[0].(string))
+	})
 }
 
 // isRedirect reports whether err is a cluster's answer about slots rather
@@ -451,6 +492,47 @@ func (d *deployment) readPrimary(ctx context.Context, o redis.Options, c *redis.
 		})
 	}
 	wg.Wait()
+	return nil
+}
+
+// readRedlock reads each master as a standalone primary, at once, each
+// within a third of the time left: a master that does not answer is a
+// finding (Redlock goes on with a majority), all of them silent an error.
+func (d *deployment) readRedlock(ctx context.Context) error {
+	d.kind = "redlock"
+	nodes := make([]*node, len(d.cfg.Redlock))
+	errs := make([]error, len(d.cfg.Redlock))
+	var wg sync.WaitGroup
+	for i, o := range d.cfg.Redlock {
+		c := d.open(*o, o.Addr)
+		wg.Go(func() {
+			ctx, cancel := partOf(ctx)
+			defer cancel()
+			nodes[i], errs[i] = d.readNode(ctx, c, true)
+		})
+	}
+	wg.Wait()
+	for i, n := range nodes {
+		if n == nil {
+			d.unreachable = append(d.unreachable, d.cfg.Redlock[i].Addr)
+			if d.why == nil {
+				d.why = map[string]error{}
+			}
+			d.why[d.cfg.Redlock[i].Addr] = errs[i]
+			continue
+		}
+		d.primaries = append(d.primaries, n)
+	}
+	// The clocks in the order given, each TIME a short round trip: a
+	// master that stopped answering meanwhile is left out of the skew.
+	for _, n := range d.primaries {
+		tctx, cancel := partOf(ctx)
+		n.readTime(tctx, d.cfg.Now)
+		cancel()
+	}
+	if len(d.primaries) == 0 {
+		return fmt.Errorf("no Redlock master answered: %w", errors.Join(errs...))
+	}
 	return nil
 }
 

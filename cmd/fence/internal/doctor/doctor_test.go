@@ -289,6 +289,7 @@ func TestACL(t *testing.T) {
 		{"ACL", "SETUSER", "otherkeys", "on", ">pw", "~app:*", "&*", "+@all"},
 		{"ACL", "SETUSER", "noadmin", "on", ">pw", "~*", "&*", "+@all", "-config", "-acl"},
 		{"ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info"},
+		{"ACL", "SETUSER", "writeonly", "on", ">pw", "%W~*", "&*", "+@all"},
 	} {
 		if err := admin.Do(ctx, rule...).Err(); err != nil {
 			t.Fatal(err)
@@ -307,6 +308,12 @@ func TestACL(t *testing.T) {
 	}
 	f = has(t, run(t, as("otherkeys")), "command-denied", doctor.Critical, s.Addr) // may not touch fence:* keys
 	if !strings.Contains(f.Why, "DEL, EVAL, EVALSHA, EXISTS, GET, PEXPIRE, PTTL, SET ") {
+		t.Fatalf("Why: %s", f.Why)
+	}
+	// The acquire script takes a free lock with SET NX GET, which reads the
+	// key: a user allowed only to write fence's keys may not run it.
+	f = has(t, run(t, as("writeonly")), "command-denied", doctor.Critical, s.Addr)
+	if !strings.Contains(f.Why, "GET, PTTL, SET on") {
 		t.Fatalf("Why: %s", f.Why)
 	}
 	fs := run(t, as("noinfo"))

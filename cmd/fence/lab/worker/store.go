@@ -154,8 +154,7 @@ func Apply(ctx context.Context, db *sql.DB, mode string, op Op, between func(rea
 			greatest = "GREATEST"
 		}
 		err = inTx(ctx, db, func(tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO fence_tokens (resource, token) VALUES ($1, $2)
-ON CONFLICT (resource) DO UPDATE SET token = `+greatest+`(fence_tokens.token, excluded.token)`, op.Key, op.Token); err != nil {
+			if err := weakFence(ctx, tx, greatest, op.Key, op.Token); err != nil {
 				return err
 			}
 			return rmw(tx, tx, false)
@@ -169,6 +168,16 @@ ON CONFLICT (resource) DO UPDATE SET token = `+greatest+`(fence_tokens.token, ex
 		logEntry(ctx, db, op, false, nil)
 	}
 	return read, written, err
+}
+
+// weakFence is guard.Fence with its comparison weakened (WriteWeak): it
+// records the greater of the last token and token, and accepts any token.
+// greatest is the SQL function that picks the greater (SQLite's max,
+// PostgreSQL's GREATEST).
+func weakFence(ctx context.Context, tx *sql.Tx, greatest, resource string, token int64) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO fence_tokens (resource, token) VALUES ($1, $2)
+ON CONFLICT (resource) DO UPDATE SET token = `+greatest+`(fence_tokens.token, excluded.token)`, resource, token)
+	return err
 }
 
 func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {

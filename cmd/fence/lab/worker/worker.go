@@ -16,7 +16,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"syscall"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/child"
 	"github.com/fencekit/fence/redislock"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
@@ -81,6 +81,10 @@ type Spec struct {
 	// Etcd, if set, is a comma-separated list of etcd client URLs: the
 	// worker takes its leases from etcd (etcdlock) instead of Redis.
 	Etcd string `json:"etcd,omitempty"`
+	// Queue, if set, makes the worker the queue example's consumer on the
+	// stream at Redis (scenario 13); see QueueSpec. Write says how it
+	// fences; the fields above but ID and Redis are ignored.
+	Queue *QueueSpec `json:"queue,omitempty"`
 }
 
 // PauseReplies is the pause point inside Acquire, between sending the
@@ -95,6 +99,9 @@ func Main() int {
 	if err := json.Unmarshal([]byte(os.Getenv(Env)), &s); err != nil {
 		fmt.Fprintln(os.Stderr, "lab worker:", err)
 		return 2
+	}
+	if s.Queue != nil {
+		return queueMain(s)
 	}
 	w := &worker{s: s, out: os.Stdout, http: &http.Client{Timeout: 5 * time.Second}}
 	var client *redis.Client
@@ -255,15 +262,19 @@ func (w *worker) op(i int) {
 }
 
 // pause stops the process until the controller continues it: a GC pause or
-// a stalled VM, as far as everyone else can tell. The signal goes to this
-// very thread: sent to the process, another thread may take it and this one
-// run on for a moment, sending the write the pause was meant to delay.
-func (w *worker) pause(id string, token int64) {
-	w.emit(Event{Op: id, Kind: "pause", Phase: "invoke", Token: token})
-	runtime.LockOSThread()
-	_ = unix.Tgkill(os.Getpid(), unix.Gettid(), unix.SIGSTOP)
-	runtime.UnlockOSThread()
-	w.emit(Event{Op: id, Kind: "pause", Phase: "ok", Token: token})
+// a stalled VM, as far as everyone else can tell (child.StopSelf: on Linux
+// the signal goes to this very thread, so that it sends nothing more).
+func (w *worker) pause(id string, token int64) { w.pauseAt(id, token, "") }
+
+// pauseAt is pause with the point named in the events' Value.
+func (w *worker) pauseAt(id string, token int64, point string) {
+	var value []string
+	if point != "" {
+		value = []string{point}
+	}
+	w.emit(Event{Op: id, Kind: "pause", Phase: "invoke", Token: token, Value: value})
+	_ = child.StopSelf()
+	w.emit(Event{Op: id, Kind: "pause", Phase: "ok", Token: token, Value: value})
 }
 
 // rmw is the read-modify-write on the database, in the Spec's Write mode:

@@ -44,6 +44,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/internal/child"
 	"github.com/fencekit/fence/redislock"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
@@ -215,7 +216,7 @@ func stopHook(spec string, log *slog.Logger) (func(queue.Point, queue.Message, f
 			return
 		}
 		log.Info("stop", "point", point, "id", m.ID, "token", int64(token), "pid", os.Getpid())
-		if err := stopSelf(); err != nil {
+		if err := child.StopSelf(); err != nil {
 			log.Error("stop", "err", err)
 		}
 		log.Info("continued", "id", m.ID, "token", int64(token))

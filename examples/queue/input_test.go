@@ -1,0 +1,52 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/memlock"
+	"github.com/redis/go-redis/v9"
+)
+
+// A Consumer without Redis or DB, or with a negative duration or count,
+// fails at once with ErrInvalidOption, before it campaigns. Before, a nil
+// Redis panicked in the first term (a nil DB at the first message), and a
+// negative TxTimeout failed every transaction, a negative Block polled
+// Redis without pause, a negative MinIdle made every XAUTOCLAIM an error.
+func TestRunBadConsumer(t *testing.T) {
+	locker, err := memlock.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing listens on port 1: a Consumer that got as far as Redis
+	// would fail there, not with ErrInvalidOption.
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+	db := pg.NewDB(t)
+	ok := func() queue.Consumer {
+		return queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "n"}
+	}
+	for name, edit := range map[string]func(*queue.Consumer){
+		"nil Redis":              func(c *queue.Consumer) { c.Redis = nil },
+		"nil DB":                 func(c *queue.Consumer) { c.DB = nil },
+		"negative MinIdle":       func(c *queue.Consumer) { c.MinIdle = -time.Second },
+		"negative Block":         func(c *queue.Consumer) { c.Block = -time.Second },
+		"negative TxTimeout":     func(c *queue.Consumer) { c.TxTimeout = -time.Second },
+		"negative Batch":         func(c *queue.Consumer) { c.Batch = -1 },
+		"negative MaxDeliveries": func(c *queue.Consumer) { c.MaxDeliveries = -1 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := ok()
+			edit(&c)
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			if err := c.Run(ctx, locker); !errors.Is(err, fence.ErrInvalidOption) {
+				t.Fatalf("%v, want ErrInvalidOption", err)
+			}
+		})
+	}
+}

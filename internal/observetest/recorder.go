@@ -1,0 +1,151 @@
+package observetest
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// Recorder is a fence.Observer that keeps every event, for the tests of the
+// backends that report to one. It is safe for concurrent use.
+type Recorder struct {
+	mu       sync.Mutex
+	acquires []fence.AcquireEvent
+	ends     []fence.LeaseEvent
+	refusals []fence.ReplicaSyncEvent
+	guards   []fence.GuardEvent
+}
+
+var _ fence.Observer = (*Recorder)(nil)
+
+// AcquireDone keeps e.
+func (r *Recorder) AcquireDone(e fence.AcquireEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.acquires = append(r.acquires, e)
+}
+
+// LeaseEnded keeps e.
+func (r *Recorder) LeaseEnded(e fence.LeaseEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ends = append(r.ends, e)
+}
+
+// ReplicaSyncRefused keeps e.
+func (r *Recorder) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refusals = append(r.refusals, e)
+}
+
+// GuardDecided keeps e.
+func (r *Recorder) GuardDecided(e fence.GuardEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.guards = append(r.guards, e)
+}
+
+// Acquires returns the AcquireEvents so far, in order.
+func (r *Recorder) Acquires() []fence.AcquireEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.acquires)
+}
+
+// Ends returns the LeaseEvents so far, in order.
+func (r *Recorder) Ends() []fence.LeaseEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ends)
+}
+
+// Results counts the acquisitions so far by result.
+func (r *Recorder) Results() map[fence.AcquireResult]int {
+	m := map[fence.AcquireResult]int{}
+	for _, e := range r.Acquires() {
+		m[e.Result]++
+	}
+	return m
+}
+
+// Causes counts the ended leases so far by cause.
+func (r *Recorder) Causes() map[fence.LeaseCause]int {
+	m := map[fence.LeaseCause]int{}
+	for _, e := range r.Ends() {
+		m[e.Cause]++
+	}
+	return m
+}
+
+// WaitEnds waits until n leases have ended, failing t after limit, and
+// returns their events: a lease's end is reported just after its Done
+// closes.
+func (r *Recorder) WaitEnds(t testing.TB, n int, limit time.Duration) []fence.LeaseEvent {
+	t.Helper()
+	end := time.Now().Add(limit)
+	for {
+		if ends := r.Ends(); len(ends) >= n {
+			return ends
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d lease ends after %v, want %d: %+v", len(r.Ends()), limit, n, r.Ends())
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// Logs is a slog.Handler that keeps every record, its attributes flattened
+// to strings, with "msg" and "level" among them.
+type Logs struct {
+	mu    sync.Mutex
+	lines []map[string]string
+}
+
+// Enabled reports true: Logs keeps every level.
+func (h *Logs) Enabled(context.Context, slog.Level) bool { return true }
+
+// WithAttrs returns h: the tests' loggers carry no attributes of their own.
+func (h *Logs) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+// WithGroup returns h.
+func (h *Logs) WithGroup(string) slog.Handler { return h }
+
+// Handle keeps r.
+func (h *Logs) Handle(_ context.Context, r slog.Record) error {
+	m := map[string]string{"msg": r.Message, "level": r.Level.String()}
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lines = append(h.lines, m)
+	return nil
+}
+
+// Find returns the lines whose message contains msg.
+func (h *Logs) Find(msg string) []map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []map[string]string
+	for _, m := range h.lines {
+		if strings.Contains(m["msg"], msg) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Len returns how many lines were logged.
+func (h *Logs) Len() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.lines) }
+
+// All returns every line.
+func (h *Logs) All() []map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.lines)
+}
