@@ -121,8 +121,8 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	}
 	w("\n## etcd: one server\n\n")
 	w("fence's `etcdlock` beside etcd's own `concurrency.Mutex` (client v3.7.3) on one etcd server (etcd's `embed`, built from\n")
-	w("internal/etcdserver/etcdmain; no fsync), each library with its own client. etcdlock grants an etcd lease per lock\n")
-	w("(TTL 10 s) and returns the key's create revision as the token, with `Done()`; the Mutex has neither. The Mutex is run\n")
+	w("internal/etcdserver/etcdmain; no fsync), each library with its own client. etcdlock holds each lock on an etcd lease\n")
+	w("of its own (TTL 10 s; a released lock's lease is kept for the next) and returns the key's create revision as the token, with `Done()`; the Mutex has neither. The Mutex is run\n")
 	w("as usually used, one session per goroutine, reused from lock to lock, and with a session per lock, which gives each\n")
 	w("lock its own etcd lease as etcdlock does. Latency and allocations over %d pairs (every write is a Raft commit);\n", etcdPairs(n))
 	w("the contended workload is the one above.\n\n")
@@ -206,10 +206,11 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
   script where redsync's is a plain SET NX, which costs the servers more CPU per pair, and its client allocates about
   a quarter more (per pair, not per node: the per-fan-out timeout context, the lease). A lighter acquire script is the
   lever left.
-- **etcd against concurrency.Mutex on a reused session.** etcdlock grants an etcd lease per lock and revokes it on
-  release: 4 Raft commits per acquire+release against the Mutex's 2. A Mutex with a session per lock (the same
-  isolation) pays 4 as well and runs close to etcdlock. Revoking in the background after the delete and keeping a
-  spare lease granted ahead would remove two commits from the caller's path (an etcdlock change).
+- **etcd against concurrency.Mutex on a reused session.** etcdlock holds each lock on an etcd lease of its own, but a
+  Release whose delete went through keeps that lease (it holds no key any more) for the Locker's next Acquire, as a
+  pool of sessions would: 2 Raft commits per acquire+release (the key's create and delete), as the Mutex's. Its key
+  is watched, and its goroutine started, 10 ms after the grant, so a lock released sooner pays for neither. What
+  remains is client work: the per-attempt timeouts that bound a hung member, the lease's context and timers.
 `)
 	w("\n%s", whereTheTimeGoes)
 	return b.String()

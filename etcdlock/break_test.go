@@ -507,8 +507,9 @@ func TestCompactionWhileWaiting(t *testing.T) {
 	}
 }
 
-// A holder that releases while the next waiter is between its check (a
-// Range) and its watch: the watch starts from the check's revision, so the
+// A holder that releases while the next waiter is between its check (the
+// create Txn, which reads the key before the waiter's) and its watch: the
+// watch starts from the check's revision, so the
 // waiter sees the delete at once rather than at its next renewal (a third
 // of the 30 s watchdog TTL).
 func TestReleaseBetweenCheckAndWatch(t *testing.T) {
@@ -526,7 +527,7 @@ func TestReleaseBetweenCheckAndWatch(t *testing.T) {
 	}
 	var txns atomic.Int64
 	h.set(func(err error) error {
-		if txns.Add(1) == 2 { // the waiter's first check
+		if txns.Add(1) == 1 { // the create Txn, the waiter's first check
 			if rerr := holder.Release(context.Background()); rerr != nil {
 				t.Error(rerr)
 			}

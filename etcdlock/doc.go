@@ -27,14 +27,33 @@
 // a Txn guarded by IsOwner writes only while the lease's key still exists as
 // created, whatever the writer's clock or pauses.
 //
-// # One etcd lease per fence lease
+// # One etcd lease per fence lease, kept for the next
 //
-// Each Acquire grants an etcd lease of its own rather than sharing one
-// session per Locker, as concurrency.Session does. That costs a Grant per
-// acquisition and a keep-alive per held lease, and buys: fence.TTL and
-// Extend map onto the etcd lease of that one lock; a lease that is lost
-// (revoked, expired behind a pause, its keep-alives cut off) loses one
-// lock, not every lock of the process; and Release can revoke it at once.
+// Each lock is held on an etcd lease of its own rather than on one session
+// per Locker, as concurrency.Session does. That buys: fence.TTL and Extend
+// map onto the etcd lease of that one lock; a lease that is lost (revoked,
+// expired behind a pause, its keep-alives cut off) loses one lock, not
+// every lock of the process, and Done stays per lock without a lease loss
+// having to be fanned out to every lock on a shared session.
+//
+// Granting an etcd lease per Acquire and revoking it on Release would cost
+// two Raft commits more per lock than the Mutex on a reused session. So a
+// Release whose own delete went through keeps the etcd lease, which holds
+// no key any more, for the Locker's next Acquire of the same lease time,
+// as a pool of concurrency.Sessions would: the lock then takes two commits,
+// the key's create and its delete, as the Mutex's does. This is safe
+// because the kept etcd lease grants nothing (its key is gone; the next
+// key on it gets a new create revision, a greater token; the ended Lease
+// never uses it again) and because its age is counted: it is reused only
+// while it has nine tenths of its lease time left (granted or renewed less
+// than a tenth of it ago), and the new lease's Deadline is measured from
+// when that grant or renewal was sent, as for a fresh grant. One revoked
+// behind the Locker's back makes the create Txn fail having written
+// nothing, and Acquire grants a new one. A Locker keeps at most 64 (one
+// per lock it holds at once); one found too old is dropped and expires on
+// etcd within its TTL, holding nothing meanwhile; Close revokes those
+// kept. Lost leases, failed Releases and failed Acquires still revoke
+// theirs at once, so that the next in line moves up.
 //
 // etcd counts lease times in whole seconds and raises short ones to its
 // minimum (1.5 × the election timeout: 1.5 s by default), so the etcd lease
@@ -58,13 +77,19 @@
 //
 // The key is watched from its creation: a delete (the etcd lease expired or
 // was revoked, an operator ran etcdctl del) ends the lease at once, not at
-// the next renewal.
+// the next renewal. The watch, and the goroutine that keeps the lease, start
+// 10 ms after the grant (sooner if its deadline or first renewal comes
+// first): a lock released within that pays for neither, and a delete in
+// its first 10 ms ends the lease when the watch starts, reading from the
+// key's creation, so no later than 10 ms after the grant. The token guards
+// the resource meanwhile, as it does after any check.
 //
 // # Waiting
 //
 // A caller that finds the lock held and has a wait budget keeps its key
 // and watches only the key created just before its own (the greatest create
-// revision below its own), from the revision it read it at: a release
+// revision below its own), from the revision it read it at (the Txn that
+// creates the key also reads the one before it, in one round trip): a release
 // wakes only the next in line, with no herd. When that key goes it checks
 // again, in one Txn that also confirms its own key still exists; a waiter
 // whose own etcd lease expires or is revoked while it waits gets an error
@@ -77,13 +102,15 @@
 // # Release
 //
 // Release deletes the key in a Txn that holds only while its create
-// revision is the token, so it never deletes another's key, then revokes
-// the etcd lease. A lease whose key is already gone gets an error matching
+// revision is the token, so it never deletes another's key, then keeps the
+// etcd lease for reuse (see above), or revokes it if it is too old or the
+// Locker keeps 64 already. A lease whose key is already gone gets an error matching
 // fence.ErrLeaseLost and deletes nothing. A Release that fails (its ctx
 // done, the cluster unreachable) ends the lease all the same, as released,
-// as in every backend, and revokes the etcd lease within half a second; if
-// that fails too, the key expires with its etcd lease on the server.
-// Calling Release again retries the delete.
+// as in every backend, and revokes the etcd lease within half a second
+// (such an etcd lease is never kept for reuse); if that fails too, the key
+// expires with its etcd lease on the server. Calling Release again retries
+// the delete.
 //
 // # Deadlines and hanging members
 //

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -65,6 +66,98 @@ type Locker struct {
 	watchdogTTL time.Duration
 	obs         fence.Observer // nil: none
 	log         *slog.Logger   // nil: none
+
+	mu     sync.Mutex
+	spares []spare // etcd leases of released locks, holding no key; newest last
+}
+
+// maxSpares bounds the etcd leases a Locker keeps for reuse: one per lock
+// it holds at once, up to this many. A Release that finds the pool full
+// revokes its etcd lease instead.
+const maxSpares = 64
+
+// spare is the etcd lease of a released lock: its key was deleted, so it
+// holds nothing, and it lasts at least ttl from sent (when its grant or its
+// last renewal was sent), as any lease of ttl does.
+type spare struct {
+	id      clientv3.LeaseID
+	ttl     time.Duration // the fence lease time it was granted for
+	granted time.Duration // the TTL etcd granted (at least ttl)
+	sent    time.Time
+}
+
+// fresh reports whether a spare of ttl renewed at sent may still be used:
+// it has at least nine tenths of its lease time left, as much as a grant
+// whose round trip took a tenth of it. The lease's deadline is measured
+// from sent, so it never claims more than etcd gives.
+func fresh(sent time.Time, ttl time.Duration) bool { return time.Since(sent) < ttl/10 }
+
+// takeSpare returns a fresh spare etcd lease granted for ttl, if the Locker
+// has one. Spares found too old are dropped: they hold no key and expire on
+// etcd within their TTL (at most maxSpares per tenth of the lease time).
+func (l *Locker) takeSpare(ttl time.Duration) (spare, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at := -1
+	for i := len(l.spares) - 1; i >= 0; i-- {
+		if sp := l.spares[i]; sp.ttl == ttl && fresh(sp.sent, ttl) {
+			at = i
+			break
+		}
+	}
+	var found spare
+	kept := l.spares[:0]
+	for i, sp := range l.spares {
+		switch {
+		case i == at:
+			found = sp
+		case fresh(sp.sent, sp.ttl):
+			kept = append(kept, sp)
+		}
+	}
+	clear(l.spares[len(kept):])
+	l.spares = kept
+	return found, at >= 0
+}
+
+// recycle keeps the etcd lease of a lock just released (its key deleted,
+// confirmed by the delete's Txn) for the next Acquire, or revokes it if it
+// is too old or the pool is full. Safety: the lease holds no key, so
+// keeping it grants nobody anything; the next Acquire attaches a new key
+// to it, whose create revision (the token) is new; and the old Lease
+// object, ended, never uses it again (its run has stopped, Extend and
+// Release see it ended, and a Release of it that fails revokes only an
+// etcd lease it ended itself). Only a Release whose own delete went
+// through and that ended the lease calls it: never for a lease lost,
+// expired, or ended by a Release that failed.
+func (l *Locker) recycle(ctx context.Context, sp spare) {
+	if fresh(sp.sent, sp.ttl) {
+		l.mu.Lock()
+		if len(l.spares) < maxSpares {
+			l.spares = append(l.spares, sp)
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+	}
+	l.revoke(ctx, sp.id)
+}
+
+// Close revokes the etcd leases the Locker keeps for reuse (they hold no
+// key) and returns the first error. Calling it is optional: unused, they
+// expire on etcd within their lease time. The Locker stays usable.
+func (l *Locker) Close(ctx context.Context) error {
+	l.mu.Lock()
+	spares := l.spares
+	l.spares = nil
+	l.mu.Unlock()
+	var first error
+	for _, sp := range spares {
+		if _, err := l.client.Revoke(ctx, sp.id); err != nil && first == nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			first = fmt.Errorf("etcdlock: close: revoke %x: %w", int64(sp.id), err)
+		}
+	}
+	return first
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -151,61 +244,107 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 
 	per := attemptTimeout(ttl)
-	sent := time.Now()
-	var g *clientv3.LeaseGrantResponse
-	err = try(ctx, per, func(ctx context.Context) (err error) {
-		g, err = l.client.Grant(ctx, seconds(ttl))
-		return err
-	})
-	if err != nil {
-		return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: grant: %w", err))
-	}
 	pfx := l.Prefix(name)
-	key := pfx + strconv.FormatInt(int64(g.ID), 16)
-	// Create the key unless an attempt that timed out did, and read the
-	// oldest key: a retry finds the key made by the first attempt.
+	// An etcd lease kept from a lock this Locker released saves the Grant
+	// (a Raft commit) on the way in, as the Revoke it replaced saved one on
+	// the way out. If it was revoked behind the Locker's back, the create
+	// Txn fails with ErrLeaseNotFound, having written nothing: grant one.
+	sp, reused := l.takeSpare(ttl)
+	for {
+		if !reused {
+			sp.ttl, sp.sent = ttl, time.Now()
+			var g *clientv3.LeaseGrantResponse
+			err = try(ctx, per, func(ctx context.Context) (err error) {
+				g, err = l.client.Grant(ctx, seconds(ttl))
+				return err
+			})
+			if err != nil {
+				return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: grant: %w", err))
+			}
+			sp.id, sp.granted = g.ID, time.Duration(g.TTL)*time.Second
+		}
+		lease, err := l.create(ctx, name, pfx, sp, watchdog, o.Wait, budget)
+		if reused && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			reused = false
+			continue
+		}
+		if err != nil {
+			return nil, fence.NotAcquired(name, err)
+		}
+		return lease, nil
+	}
+}
+
+// create creates the Acquire's key on the etcd lease sp and takes the lock,
+// waiting in line if wait is not zero. It revokes sp if it fails, except
+// when the create Txn found sp gone (ErrLeaseNotFound, nothing written).
+func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdog bool, wait time.Duration, budget time.Time) (*Lease, error) {
+	ttl, per := sp.ttl, attemptTimeout(sp.ttl)
+	key := pfx + strconv.FormatInt(int64(sp.id), 16)
+	// Create the key unless an attempt that timed out did. The Then branch
+	// also reads the two newest keys: at the Txn's revision the new key is
+	// the newest, and the one after it is its predecessor, which a waiter
+	// watches at once (one round trip, as concurrency.Mutex's Lock). A
+	// retry finds the key made by the first attempt and reads the oldest.
 	var resp *clientv3.TxnResponse
-	err = try(ctx, per, func(ctx context.Context) (err error) {
+	err := try(ctx, per, func(ctx context.Context) (err error) {
 		resp, err = l.client.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
 		).Then(
-			clientv3.OpPut(key, "", clientv3.WithLease(g.ID)),
-			clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
+			clientv3.OpPut(key, "", clientv3.WithLease(sp.id)),
+			clientv3.OpGet(pfx, append(clientv3.WithLastCreate(), clientv3.WithLimit(2))...),
 		).Else(
 			clientv3.OpGet(key),
 			clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
 		).Commit()
 		return err
 	})
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil, fmt.Errorf("etcdlock: create %s: %w", key, err)
+	}
 	if err != nil {
-		l.revoke(ctx, g.ID)
-		return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: create %s: %w", key, err))
+		l.revoke(ctx, sp.id)
+		return nil, fmt.Errorf("etcdlock: create %s: %w", key, err)
 	}
 	rev := resp.Header.Revision
-	if !resp.Succeeded {
+	var prev *mvccpb.KeyValue // the key just before ours, if known
+	held := false
+	if resp.Succeeded {
+		kvs := resp.Responses[1].GetResponseRange().Kvs
+		if len(kvs) > 1 {
+			prev = kvs[1]
+		}
+		held = prev == nil
+	} else {
 		mine := resp.Responses[0].GetResponseRange().Kvs
 		if len(mine) == 0 {
-			l.revoke(ctx, g.ID)
-			return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: create %s: %w", key, errors.New("the key vanished")))
+			l.revoke(ctx, sp.id)
+			return nil, fmt.Errorf("etcdlock: create %s: %w", key, errors.New("the key vanished"))
 		}
 		rev = mine[0].CreateRevision
+		owner := resp.Responses[1].GetResponseRange().Kvs
+		held = len(owner) > 0 && owner[0].CreateRevision == rev
 	}
-	owner := resp.Responses[1].GetResponseRange().Kvs
-	if len(owner) == 0 || owner[0].CreateRevision != rev {
-		if o.Wait == 0 {
-			l.revoke(ctx, g.ID)
-			return nil, fence.NotAcquired(name, fence.ErrHeld)
+	sent := sp.sent
+	if !held {
+		if wait == 0 {
+			l.revoke(ctx, sp.id)
+			return nil, fence.ErrHeld
 		}
 		// The waiter's etcd lease lasts what etcd granted, which may be
 		// longer than ttl (etcd's minimum): renew it on that.
-		every := max(ttl, time.Duration(g.TTL)*time.Second) / 3
-		w := waiter{l: l, name: name, pfx: pfx, key: key, rev: rev, id: g.ID, ttl: ttl, every: every}
+		every := max(ttl, sp.granted) / 3
+		w := waiter{l: l, name: name, pfx: pfx, key: key, rev: rev, id: sp.id, ttl: ttl, every: every, renewed: sp.sent}
+		if prev != nil {
+			w.prev, w.from = string(prev.Key), resp.Header.Revision+1
+		}
+		var err error
 		if sent, err = w.wait(ctx, budget); err != nil {
-			l.revoke(ctx, g.ID)
-			return nil, fence.NotAcquired(name, err)
+			l.revoke(ctx, sp.id)
+			return nil, err
 		}
 	}
-	return l.newLease(ctx, name, key, rev, g.ID, ttl, watchdog, sent), nil
+	return l.newLease(ctx, name, key, rev, sp, watchdog, sent), nil
 }
 
 // attemptTimeout bounds one attempt of a call that try retries: a sixth of
@@ -250,6 +389,12 @@ type waiter struct {
 	// every is how often the waiter renews its etcd lease and checks its
 	// place again: a third of the TTL etcd granted.
 	every time.Duration
+	// renewed is when the etcd lease's grant or last renewal was sent.
+	renewed time.Time
+	// prev, if set, is the key just before the waiter's, read at from-1 by
+	// the create Txn: the first wait watches it without checking again.
+	prev string
+	from int64
 }
 
 // errLostWhileWaiting is why a waiter whose own key vanished gives up.
@@ -261,8 +406,9 @@ func (w *waiter) lost(why string) error {
 // budget (zero: none) runs out, ctx ends, or the waiter's own key goes. It
 // watches only the key created just before its own, so a release wakes
 // only the next in line. It keeps the waiter's etcd lease alive meanwhile,
-// and on success renews it once more and returns when that renewal was
-// sent, from which the lease's deadline is measured.
+// and on success returns when its grant or last renewal was sent, from
+// which the lease's deadline is measured, renewing it once more first
+// unless that was less than a tenth of the lease time ago.
 func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	if !budget.IsZero() {
@@ -282,6 +428,14 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 	renew := time.NewTimer(w.every)
 	defer renew.Stop()
 	for {
+		if w.prev != "" {
+			prev, from := w.prev, w.from
+			w.prev = ""
+			if err := w.watchPrev(wctx, prev, from, renew); err != nil {
+				return time.Time{}, why(err)
+			}
+			continue
+		}
 		// Check that our key is still there and find the one before it,
 		// in one round trip.
 		var resp *clientv3.TxnResponse
@@ -301,6 +455,12 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
+			// The check just confirmed the key, so the etcd lease was not
+			// revoked before it; renewed at w.renewed, it lasts ttl from
+			// then. A recent renewal spares a KeepAliveOnce.
+			if fresh(w.renewed, w.ttl) {
+				return w.renewed, nil
+			}
 			sent := time.Now()
 			err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) error {
 				_, err := c.KeepAliveOnce(ctx, w.id)
@@ -314,18 +474,25 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 			}
 			return sent, nil
 		}
-		// Both watches start after the check: a compaction between the
-		// two ends them, and the next check starts them again.
-		from := clientv3.WithRev(resp.Header.Revision + 1)
-		own, stopOwn := watchAsync(wctx, c, w.key, from, clientv3.WithFilterPut())
-		prev, stopPrev := watchAsync(wctx, c, string(kvs[0].Key), from, clientv3.WithFilterPut())
-		err = w.waitDelete(wctx, prev, own, renew)
-		stopPrev()
-		stopOwn()
-		if err != nil {
+		if err := w.watchPrev(wctx, string(kvs[0].Key), resp.Header.Revision+1, renew); err != nil {
 			return time.Time{}, why(err)
 		}
 	}
+}
+
+// watchPrev waits for the delete of prev, read at from-1, or for the next
+// renewal; see waitDelete. Both watches start from the revision the key
+// was read at: a compaction between the two ends them, and the next check
+// starts them again.
+func (w *waiter) watchPrev(wctx context.Context, prev string, from int64, renew *time.Timer) error {
+	c := w.l.client
+	rev := clientv3.WithRev(from)
+	own, stopOwn := watchAsync(wctx, c, w.key, rev, clientv3.WithFilterPut())
+	pc, stopPrev := watchAsync(wctx, c, prev, rev, clientv3.WithFilterPut())
+	err := w.waitDelete(wctx, pc, own, renew)
+	stopPrev()
+	stopOwn()
+	return err
 }
 
 // watchAsync calls c.Watch in a goroutine and passes its responses on:
@@ -392,8 +559,12 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.Watc
 			}
 		case <-renew.C:
 			rctx, cancel := context.WithTimeout(wctx, attemptTimeout(w.ttl))
+			sent := time.Now()
 			_, err := w.l.client.KeepAliveOnce(rctx, w.id)
 			cancel()
+			if err == nil {
+				w.renewed = sent
+			}
 			switch {
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
 				return w.lost("has no etcd lease any more")

@@ -22,7 +22,7 @@ type Lease struct {
 	key      string
 	token    fence.Token
 	watchdog bool
-	granted  time.Time // for the hold time reported to the Observer
+	acquired time.Time // for the hold time reported to the Observer
 
 	ctx    context.Context // cancelled with err as cause when the lease ends
 	cancel context.CancelCauseFunc
@@ -34,6 +34,7 @@ type Lease struct {
 	op       chan struct{}
 	stopRun  context.CancelFunc // stops run; set while run runs
 	runDone  chan struct{}      // closed when run returns
+	runTimer *time.Timer        // starts run
 	released bool               // Release reached a conclusion
 	relErr   error              // its result
 	// revokedOnFail: a Release that failed revoked the etcd lease, and
@@ -43,6 +44,8 @@ type Lease struct {
 	mu       sync.Mutex
 	id       clientv3.LeaseID // the etcd lease the key is attached to
 	ttl      time.Duration
+	granted  time.Duration // the TTL etcd granted id (at least ttl)
+	sent     time.Time     // when id's grant or last renewal was sent
 	deadline time.Time
 	err      error         // why the lease ended; nil while held
 	moved    chan struct{} // tells run that Extend moved the deadline
@@ -50,11 +53,11 @@ type Lease struct {
 
 var _ fence.Lease = (*Lease)(nil)
 
-func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, id clientv3.LeaseID, ttl time.Duration, watchdog bool, sent time.Time) *Lease {
+func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, sp spare, watchdog bool, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, name: name, key: key, token: fence.Token(rev), watchdog: watchdog,
-		id: id, ttl: ttl, deadline: deadline(sent, ttl), moved: make(chan struct{}, 1),
-		op: make(chan struct{}, 1), granted: time.Now(),
+		id: sp.id, ttl: sp.ttl, granted: sp.granted, sent: sent, deadline: deadline(sent, sp.ttl), moved: make(chan struct{}, 1),
+		op: make(chan struct{}, 1), acquired: time.Now(),
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.startRun()
@@ -124,12 +127,31 @@ func (ls *Lease) lostf(format string, args ...any) error {
 	return fmt.Errorf("%w: %q: "+format, append([]any{fence.ErrLeaseLost, ls.name}, args...)...)
 }
 
-// startRun starts the goroutine that watches the key, keeps a watchdog
-// lease renewed and ends the lease at its deadline.
+// watchDelay is how long a lease is held before its key is watched. A
+// watch costs a create and a cancel on the server and a goroutine on
+// each side, as much as a third of an uncontended acquire+release; a lock
+// released within watchDelay never pays for it. The watch reads from the
+// key's creation, so a delete made earlier is seen the moment it starts:
+// Done follows a delete by at most watchDelay, instead of at once, during
+// the lease's first watchDelay only. The token guards the resource meanwhile,
+// as it does for a holder paused after any check. run itself starts then
+// too (or at the deadline or first renewal, if sooner): a lock released
+// sooner starts no goroutine at all.
+const watchDelay = 10 * time.Millisecond
+
+// startRun starts, after watchDelay at most, the goroutine that watches
+// the key, keeps a watchdog lease renewed and ends the lease at its
+// deadline.
 func (ls *Lease) startRun() {
 	ctx, cancel := context.WithCancel(ls.ctx)
-	ls.stopRun, ls.runDone = cancel, make(chan struct{})
-	go ls.run(ctx, ls.runDone)
+	done := make(chan struct{})
+	ls.stopRun, ls.runDone = cancel, done
+	started := time.Now()
+	delay := min(watchDelay, time.Until(ls.Deadline()))
+	if ls.watchdog {
+		delay = min(delay, ls.renewInterval())
+	}
+	ls.runTimer = time.AfterFunc(max(delay, 0), func() { ls.run(ctx, done, started) })
 }
 
 // lockOp takes ls.op, or returns ctx's error if ctx ends first; free, it
@@ -150,11 +172,19 @@ func (ls *Lease) lockOp(ctx context.Context) error {
 
 func (ls *Lease) unlockOp() { <-ls.op }
 
-// stop stops run and waits for it. The caller holds ls.op.
-func (ls *Lease) stop() {
+// halt tells run to stop, without waiting. The caller holds ls.op.
+func (ls *Lease) halt() {
 	if ls.stopRun != nil {
 		ls.stopRun()
-		<-ls.runDone
+	}
+}
+
+// join waits for a halted run to return. The caller holds ls.op.
+func (ls *Lease) join() {
+	if ls.stopRun != nil {
+		if !ls.runTimer.Stop() { // run started: wait for it
+			<-ls.runDone
+		}
 		ls.stopRun = nil
 	}
 }
@@ -164,10 +194,15 @@ func (ls *Lease) stop() {
 // deadline passes, and renews a watchdog lease every third of its TTL. A
 // lost lease's etcd lease is revoked, so that the next in line need not
 // wait for it to expire.
-func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
+func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Time) {
 	defer close(done)
+	if ctx.Err() != nil {
+		return // halted as it started
+	}
 	// The watch runs in a goroutine of its own: clientv3's Watch blocks
 	// until it reaches a server, and the deadline must not wait for that.
+	// It reads from the key's creation, so it sees a delete made before
+	// run started (see watchDelay).
 	wctx, stopWatch := context.WithCancel(ctx)
 	deleted := make(chan error, 1)
 	watched := make(chan struct{})
@@ -176,13 +211,20 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 
 	expiry := time.NewTimer(time.Until(ls.Deadline()))
 	defer expiry.Stop()
-	renew := time.NewTimer(ls.renewInterval())
+	renew := time.NewTimer(max(0, ls.renewInterval()-time.Since(started)))
 	defer renew.Stop()
 	if !ls.watchdog {
 		renew.Stop()
 	}
-	lose := func(ended bool) {
-		if ended {
+	// Once ctx is cancelled (Release sends its delete right after), a
+	// delete or a deadline seen is no loss of run's to report: Release
+	// decides. A delete seen before the cancel was not Release's. end ends
+	// the lease with its cause (see endAs) and reports whether it did.
+	lose := func(end func() bool) {
+		if ctx.Err() != nil {
+			return
+		}
+		if end() {
 			ls.l.revoke(ls.ctx, ls.etcdLease())
 		}
 	}
@@ -193,7 +235,9 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 		case <-ls.l.client.Ctx().Done():
 			// The user closed the client: nothing renews the etcd lease or
 			// watches the key any more, and no revoke can be sent.
-			ls.endAs(ls.lostf("the etcd client was closed"), fence.LostRenewFailed)
+			if ctx.Err() == nil {
+				ls.endAs(ls.lostf("the etcd client was closed"), fence.LostRenewFailed)
+			}
 			return
 		case <-ls.moved:
 			expiry.Reset(time.Until(ls.Deadline()))
@@ -205,15 +249,15 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}) {
 				expiry.Reset(time.Until(d))
 				continue
 			}
-			lose(ls.expired())
+			lose(ls.expired)
 			return
 		case why := <-deleted:
-			lose(ls.end(why))
+			lose(func() bool { return ls.end(why) })
 			return
 		case <-renew.C:
 			if err := ls.renew(ctx); err != nil {
 				if errors.Is(err, fence.ErrLeaseLost) {
-					lose(ls.end(err))
+					lose(func() bool { return ls.end(err) })
 					return
 				}
 				ls.renewFailed(err)
@@ -318,7 +362,7 @@ func (ls *Lease) renew(ctx context.Context) error {
 	case err != nil:
 		return err
 	}
-	ls.deadline = deadline(sent, ttl)
+	ls.deadline, ls.sent = deadline(sent, ttl), sent
 	return nil
 }
 
@@ -375,7 +419,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		// The Txn may have been applied with its reply lost: then the key
 		// is on g, and revoking g would delete the lock. Look.
 		if ls.onLease(ctx, g.ID) {
-			return ls.moveTo(ctx, g.ID, ttl, sent)
+			return ls.moveTo(ctx, g, ttl, sent)
 		}
 		ls.l.revoke(ctx, g.ID)
 		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
@@ -387,7 +431,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		}
 		return ls.Err()
 	}
-	return ls.moveTo(ctx, g.ID, ttl, sent)
+	return ls.moveTo(ctx, g, ttl, sent)
 }
 
 // extendFailed returns err, the error of an Extend that did not get
@@ -418,15 +462,16 @@ func (ls *Lease) onLease(ctx context.Context, id clientv3.LeaseID) bool {
 // (its deadline passed while Extend waited for etcd), it revokes id
 // instead, which deletes the key nobody holds any more, and returns why
 // the lease ended. The caller holds ls.op.
-func (ls *Lease) moveTo(ctx context.Context, id clientv3.LeaseID, ttl time.Duration, sent time.Time) error {
+func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time) error {
 	ls.mu.Lock()
 	if err := ls.err; err != nil {
 		ls.mu.Unlock()
-		ls.l.revoke(ctx, id)
+		ls.l.revoke(ctx, g.ID)
 		return err
 	}
 	old := ls.id
-	ls.id, ls.ttl, ls.deadline = id, ttl, deadline(sent, ttl)
+	ls.id, ls.ttl, ls.deadline = g.ID, ttl, deadline(sent, ttl)
+	ls.granted, ls.sent = time.Duration(g.TTL)*time.Second, sent
 	ls.mu.Unlock()
 	select {
 	case ls.moved <- struct{}{}:
@@ -439,63 +484,95 @@ func (ls *Lease) moveTo(ctx context.Context, id clientv3.LeaseID, ttl time.Durat
 // releaseFailed ends the lease as released after a Release that could not
 // delete the key, and revokes its etcd lease (bounded, even with ctx done),
 // which deletes the key; if that does not get through either, the key
-// expires with its etcd lease on the server.
-func (ls *Lease) releaseFailed(ctx context.Context) {
-	ls.end(fence.ErrReleased)
+// expires with its etcd lease on the server. The lease's etcd lease is
+// then never kept for reuse: only a Release whose own delete went through
+// ends the lease and keeps it, and this one ended it first, or retries one
+// that failed. held says the caller holds ls.op, so no Release of this
+// lease can have kept the etcd lease meanwhile (it would have set
+// ls.released); without ls.op it revokes only if this call ended the
+// lease, since a Release that holds ls.op may have ended it, its delete
+// done, and handed the etcd lease to the next Acquire.
+func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
+	if !ls.end(fence.ErrReleased) && !held {
+		return
+	}
 	if ls.l.revoke(ctx, ls.etcdLease()) == nil {
 		ls.revokedOnFail.Store(true)
 	}
 }
 
 // Release deletes the lease's key if it is still the one created at the
-// token, revokes its etcd lease and ends the lease; see fence.Lease. It
-// never deletes another key: a lease whose key is gone gets an error
-// matching fence.ErrLeaseLost and deletes nothing. A Release that fails (a
-// done ctx, the cluster unreachable) ends the lease all the same, as
-// released, and leaves the key to expire with its etcd lease; calling
-// Release again retries the delete.
+// token and ends the lease; see fence.Lease. It then keeps the etcd lease,
+// which holds no key any more, for the Locker's next Acquire (see
+// Locker.Close), or revokes it. It never deletes another key: a lease
+// whose key is gone gets an error matching fence.ErrLeaseLost and deletes
+// nothing. A Release that fails (a done ctx, the cluster unreachable) ends
+// the lease all the same, as released, and revokes its etcd lease (which
+// is never kept), or leaves the key to expire with it; calling Release
+// again retries the delete.
 func (ls *Lease) Release(ctx context.Context) error {
 	if err := ls.lockOp(ctx); err != nil {
 		// An Extend in flight holds ls.op; it revokes the etcd lease it
-		// moves the key to when it finds the lease ended.
-		ls.releaseFailed(ctx)
+		// moves the key to when it finds the lease ended. A Release in
+		// flight keeps the etcd lease only if it ends the lease first.
+		ls.releaseFailed(ctx, false)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
 	defer ls.unlockOp()
 	if ls.released {
 		return ls.relErr
 	}
-	// Stop run first, or it would take the delete below for a loss.
-	ls.stop()
-	if !time.Now().Before(ls.Deadline()) && ls.expired() {
-		ls.l.revoke(ctx, ls.etcdLease())
-	}
-	// Lost before Release was called; ErrReleased is an earlier Release
-	// that failed, whose delete this one retries.
-	if err := ls.Err(); err != nil && err != fence.ErrReleased {
-		ls.released, ls.relErr = true, err
-		return err
-	}
-	// Whatever happens below, nothing renews the lease any more, and the
-	// lease ends: a Release that fails (a done ctx, say) leaves the key to
-	// expire with its etcd lease, and calling Release again retries the
-	// delete.
-	ls.watchdog = false
-	if err := ctx.Err(); err != nil {
-		ls.releaseFailed(ctx)
-		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
-	}
+	// Stop run first, or it would take the delete below for a loss: once
+	// halted it reports no loss (see run). On the usual path the delete is
+	// sent while run winds down, and joined after; run's fields are left
+	// alone until then.
+	ls.halt()
 	var resp *clientv3.TxnResponse
 	attempts := 0
-	err := try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
-		attempts++
-		resp, err = ls.l.client.Txn(ctx).If(
-			clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
-		).Then(clientv3.OpDelete(ls.key)).Commit()
-		return err
-	})
+	del := func() error {
+		return try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
+			attempts++
+			resp, err = ls.l.client.Txn(ctx).If(
+				clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
+			).Then(clientv3.OpDelete(ls.key)).Commit()
+			return err
+		})
+	}
+	early := ctx.Err() == nil && time.Now().Before(ls.Deadline()) && ls.Err() == nil
+	var err error
+	if early {
+		err = del()
+	}
+	ls.join()
+	// Whatever happens below, nothing renews the lease any more, and the
+	// lease ends: a Release that fails (a done ctx, say) revokes the etcd
+	// lease, or leaves the key to expire with it, and calling Release
+	// again retries the delete.
+	ls.watchdog = false
+	if !early {
+		if !time.Now().Before(ls.Deadline()) && ls.expired() {
+			ls.l.revoke(ctx, ls.etcdLease())
+		}
+		// Lost before Release was called; ErrReleased is an earlier
+		// Release that failed, whose delete this one retries.
+		if err := ls.Err(); err != nil && err != fence.ErrReleased {
+			ls.released, ls.relErr = true, err
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			ls.releaseFailed(ctx, true)
+			return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
+		}
+		err = del()
+	}
+	if lerr := ls.Err(); lerr != nil && lerr != fence.ErrReleased {
+		// run found the lease lost before it was halted (its key deleted
+		// by another, or its etcd lease gone): that stands.
+		ls.released, ls.relErr = true, lerr
+		return lerr
+	}
 	if err != nil {
-		ls.releaseFailed(ctx)
+		ls.releaseFailed(ctx, true)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
 	var lost error
@@ -511,12 +588,24 @@ func (ls *Lease) Release(ctx context.Context) error {
 		// cannot vouch for the lease says so.
 		lost = ls.lostf("its key %s was gone (deleted by an attempt of this Release, or an earlier one, that timed out, or before it)", ls.key)
 	}
-	if lost != nil {
+	switch {
+	case lost != nil:
 		ls.end(lost)
-	} else {
-		ls.end(fence.ErrReleased)
+		ls.l.revoke(ctx, ls.etcdLease())
+	case resp.Succeeded && ls.end(fence.ErrReleased):
+		// Our own delete went through and ended the lease: the etcd lease
+		// holds no key now. Keep it for the next Acquire instead of
+		// revoking it, which takes a Raft commit out of Release's path
+		// and, with the Grant spared, another out of Acquire's. A lease
+		// ended before (lost, expired, or by a Release that failed) never
+		// gets here.
+		ls.mu.Lock()
+		sp := spare{id: ls.id, ttl: ls.ttl, granted: ls.granted, sent: ls.sent}
+		ls.mu.Unlock()
+		ls.l.recycle(ctx, sp)
+	default:
+		ls.l.revoke(ctx, ls.etcdLease())
 	}
-	ls.l.revoke(ctx, ls.etcdLease())
 	ls.released, ls.relErr = true, lost
 	return ls.relErr
 }

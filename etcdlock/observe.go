@@ -20,7 +20,7 @@ func (ls *Lease) ended(cause fence.LeaseCause, why error) {
 	}
 	if l.obs != nil {
 		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token,
-			Cause: cause, Held: time.Since(ls.granted), Err: why})
+			Cause: cause, Held: time.Since(ls.acquired), Err: why})
 	}
 }
 
