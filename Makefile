@@ -29,11 +29,11 @@ deps:
 # examples, the SQL tests, the PostgreSQL helper, the ZooKeeper lock, the etcd
 # lock and the etcd server the tests run (built on first use, about a minute,
 # then cached in the user's cache dir); the benchmarks are vetted.
-MODULES := ./... ./cmd/fence/... ./examples/... ./fenceotel/... ./fenceprom/... ./internal/pgtest/... ./tests/... ./zklock/... ./etcdlock/... ./internal/etcdserver/etcdmain/...
+MODULES := ./... ./cmd/fence/... ./examples/... ./fenceotel/... ./fenceprom/... ./fencerueidis/... ./internal/pgtest/... ./tests/... ./zklock/... ./etcdlock/... ./internal/etcdserver/etcdmain/...
 # Their directories: each go.mod and go.sum must be what GOWORK=off go mod tidy
 # makes of it (not go work sync, which copies the workspace's versions, such as
 # the command's golang.org/x/sys, into the library's go.mod).
-MODULE_DIRS := . bench cmd/fence examples fenceotel fenceprom internal/pgtest tests zklock etcdlock internal/etcdserver/etcdmain
+MODULE_DIRS := . bench cmd/fence examples fenceotel fenceprom fencerueidis internal/pgtest tests zklock etcdlock internal/etcdserver/etcdmain
 
 check:
 	@for m in $(MODULE_DIRS); do (cd $$m && GOWORK=off $(GO) mod tidy -diff) || { echo "$$m: go.mod/go.sum not tidy (cd $$m && GOWORK=off go mod tidy)"; exit 1; }; done

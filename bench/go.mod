@@ -6,6 +6,7 @@ require (
 	github.com/bsm/redislock v0.9.4
 	github.com/fencekit/fence v0.0.0
 	github.com/fencekit/fence/etcdlock v0.0.0
+	github.com/fencekit/fence/fencerueidis v0.0.0
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
@@ -36,3 +37,5 @@ require (
 replace github.com/fencekit/fence => ../
 
 replace github.com/fencekit/fence/etcdlock => ../etcdlock
+
+replace github.com/fencekit/fence/fencerueidis => ../fencerueidis

@@ -8,6 +8,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fencerueidis"
 	fenceredis "github.com/fencekit/fence/redislock"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
@@ -28,6 +29,9 @@ const leaseTTL = 10 * time.Second
 
 // observerRow names fence's row with a no-op Observer set (sync off).
 const observerRow = "fence (sync off, no-op Observer)"
+
+// rueidisRow names fence's row on rueidis (fencerueidis, sync off).
+const rueidisRow = "fence (rueidis, sync off)"
 
 // libs builds every library against addr, each with its own client.
 func libs(addr string) ([]*lib, error) {
@@ -57,6 +61,25 @@ func libs(addr string) ([]*lib, error) {
 				return func() { _ = lease.Release(ctx) }, nil
 			}})
 	}
+
+	// fence's redislock over rueidis, with rueidis's defaults (automatic
+	// pipelining), as rueidislock below.
+	ruc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}})
+	if err != nil {
+		return nil, fmt.Errorf("fencerueidis: %w", err)
+	}
+	rul, err := fencerueidis.New(ruc, &fenceredis.Options{ReplicaSync: fenceredis.ReplicaSync{Disabled: true}})
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, &lib{name: rueidisRow, close: ruc.Close,
+		acquire: func(ctx context.Context, key string) (func(), error) {
+			lease, err := rul.Acquire(ctx, key, fence.Wait(time.Minute), fence.TTL(leaseTTL))
+			if err != nil {
+				return nil, err
+			}
+			return func() { _ = lease.Release(ctx) }, nil
+		}})
 
 	bc := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
 	bsm := redislock.New(bc)

@@ -26,7 +26,14 @@ func main() {
 	out := flag.String("out", "BENCHMARKS.md", "where to write the report")
 	dur := flag.Duration("duration", 3*time.Second, "length of each throughput workload")
 	n := flag.Int("n", 3000, "acquire+release pairs for the latency and allocation figures")
+	only := flag.String("distinct", "", "only the distinct-keys workload (and uncontended p50), in rounds, for the libraries whose names are listed (separated by ;); print, write nothing")
 	flag.Parse()
+	if *only != "" {
+		if err := distinctOnly(strings.Split(*only, ";"), *dur); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if err := run(*out, *dur, *n); err != nil {
 		log.Fatal(err)
 	}
@@ -308,4 +315,59 @@ func version(cmd ...string) string {
 		return "?"
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// distinctOnly runs the distinct-keys workload (64 goroutines), after 1000
+// uncontended pairs each, on the named libraries, in rounds in rotating
+// order, on a fresh primary with one replica, and prints each round and the
+// medians.
+func distinctOnly(names []string, dur time.Duration) error {
+	primary, replicas, err := redisserver.StartReplicated(1)
+	if err != nil {
+		return err
+	}
+	defer primary.Close()
+	defer replicas[0].Close()
+	all, err := libs(primary.Addr)
+	if err != nil {
+		return err
+	}
+	all = append(all, limit(primary.Addr))
+	var ls []*lib
+	for _, l := range all {
+		defer l.close()
+		if slices.Contains(names, l.name) {
+			ls = append(ls, l)
+		}
+	}
+	if len(ls) != len(names) {
+		return fmt.Errorf("unknown library among %q", names)
+	}
+	samples := make([][]float64, len(ls))
+	p50s := make([][]float64, len(ls))
+	for round := range rounds {
+		lat, err := uncontended(ls, 1000, round)
+		if err != nil {
+			return err
+		}
+		for i := range ls {
+			p50s[i] = append(p50s[i], float64(lat[i].p50.Microseconds()))
+		}
+		for k := range ls {
+			i := (k + round) % len(ls)
+			ops, err := distinct(ls[i], 64, dur)
+			if err != nil {
+				return err
+			}
+			log.Printf("round %d %-30s %.0f pairs/s", round+1, ls[i].name, ops)
+			samples[i] = append(samples[i], ops)
+		}
+	}
+	for i, l := range ls {
+		slices.Sort(samples[i])
+		slices.Sort(p50s[i])
+		fmt.Printf("%-30s distinct: median %.0f pairs/s (rounds %.0f); uncontended p50: median %.0f µs (rounds %.0f)\n",
+			l.name, samples[i][len(samples[i])/2], samples[i], p50s[i][len(p50s[i])/2], p50s[i])
+	}
+	return nil
 }

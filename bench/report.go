@@ -42,7 +42,7 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	}
 	off, on, obs := rows[0], rows[1], byName[observerRow]
 	bsm, redsync, rueidis, lim := byName["bsm/redislock"], byName["redsync"], byName["rueidislock"], rows[len(rows)-1]
-	if bsm == nil || redsync == nil || rueidis == nil || len(et) < 2 {
+	if bsm == nil || redsync == nil || rueidis == nil || byName[rueidisRow] == nil || len(et) < 2 {
 		panic("bench: report is missing a peer's row")
 	}
 
@@ -64,7 +64,8 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w("Every library is used as its documentation suggests, with its defaults, except: a 10 s lease everywhere; bsm/redislock\n")
 	w("waits only with a retry strategy, so it gets `LinearBackoff(1ms)`; redsync gives up after its default 32 tries, so the\n")
 	w("workload calls it again until it succeeds. fence always issues a fencing token (it has no unfenced mode); \"sync on\" adds\n")
-	w("the `WAIT` for one replica, pipelined with the acquire script.\n\n")
+	w("the `WAIT` for one replica, pipelined with the acquire script. \"%s\" is the same lock (`redislock`) over a\n", rueidisRow)
+	w("rueidis client through `fencerueidis`, with rueidis's defaults (automatic pipelining), as rueidislock is.\n\n")
 
 	w("## Uncontended acquire + release, one goroutine\n\n| library | p50 µs | p99 µs | p50 vs bsm/redislock |\n|---|---:|---:|---:|\n")
 	for _, r := range rows {
@@ -165,7 +166,8 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 		fmt.Sprintf("%.2f ms, %s", off.handoffsP99, ratio(off.handoffsP99, best.handoffsP99)), off.handoffsP99 <= 0.5*best.handoffsP99)
 	t("18", "≤ 2 commands sent per contended acquisition, sync off", fmt.Sprintf("%.2f", off.cmdsPerAcq), off.cmdsPerAcq <= 2)
 	t("18", "distinct keys ≥ 1.0× two bare EVALSHAs (go-redis), sync off", ratio(off.distinct, lim.distinct), off.distinct >= lim.distinct)
-	w("| 18 | distinct keys: a rueidis adapter ≥ 1.0× rueidislock | not measured | **missed**: no rueidis adapter yet |\n")
+	ru := byName[rueidisRow]
+	t("18", "distinct keys: a rueidis adapter ≥ 1.0× rueidislock", ratio(ru.distinct, rueidis.distinct), ru.distinct >= rueidis.distinct)
 	t("18", "≤ 30 allocations per acquire+release (go-redis), sync off", fmt.Sprintf("%.1f", off.allocs), off.allocs <= 30)
 	t("18", "≤ 30 allocations per acquire+release (go-redis), sync on", fmt.Sprintf("%.1f", on.allocs), on.allocs <= 30)
 	for i := 0; i+1 < len(rl); i += 2 {

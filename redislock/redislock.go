@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -66,7 +67,8 @@ type Options struct {
 // needs no closing: the goroutines it starts belong to a waiting Acquire or
 // to a watchdog lease, and end with them.
 type Locker struct {
-	client    redis.UniversalClient
+	client    redis.UniversalClient // nil on a Conn
+	conn      redisconn.Conn        // nil on go-redis (see conn.go)
 	prefix    string
 	watchdog  time.Duration
 	retention time.Duration
@@ -101,12 +103,18 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		// pointer, which would panic at the first command.
 		return nil, fmt.Errorf("%w: redislock: nil client (%T)", fence.ErrInvalidOption, client)
 	}
+	return newLocker(client, nil, opts)
+}
+
+// newLocker returns a Locker on client, or on conn when client is nil.
+func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options) (*Locker, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
 	l := &Locker{
 		client:        client,
+		conn:          conn,
 		prefix:        cmp.Or(o.Prefix, DefaultPrefix),
 		watchdog:      cmp.Or(o.WatchdogTTL, DefaultWatchdogTTL),
 		retention:     cmp.Or(o.TokenRetention, DefaultTokenRetention),
@@ -121,7 +129,11 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		return nil, fmt.Errorf("%w: redislock: replica sync %+v", fence.ErrInvalidOption, s)
 	}
 	_, l.sharded = client.(*redis.ClusterClient)
-	l.calls.selfBounded = selfBounded(client)
+	if conn != nil {
+		l.calls.selfBounded = conn.SelfBounded()
+	} else {
+		l.calls.selfBounded = selfBounded(client)
+	}
 	l.publish = "PUBLISH"
 	if l.sharded {
 		l.publish = "SPUBLISH"

@@ -176,7 +176,7 @@ func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string,
 		return clusterReplicas(ctx, c)
 	}
 	key := l.prefix + ":replicas"
-	res, err := replicasScript.Run(ctx, c, []string{key}, append([]any{mode}, set...)...).Slice()
+	res, err := l.run(ctx, c, replicasScript, []string{key}, append([]any{mode}, set...)...).Slice()
 	if err != nil {
 		if msg, ok := strings.CutPrefix(err.Error(), replicaRecordErrPrefix+key+" "); ok {
 			return ReplicaCounts{}, &ReplicaRecordError{Key: key, Detail: msg}
@@ -376,6 +376,10 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 		}
 	}
 	required = l.sync.Required(expected)
+	if l.conn != nil {
+		reply, acked, err = l.evalConn(ctx, script, keys, args, required, l.sync.Timeout)
+		return reply, acked, required, expected, err
+	}
 	reply, acked, err = evalPipelined(ctx, c, asking, required, l.sync.Timeout, script, keys, args)
 	return reply, acked, required, expected, err
 }
@@ -384,7 +388,7 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 // following cluster redirections as evalSynced does.
 func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys []string, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if !l.sharded {
-		reply = script.Run(ctx, l.client, keys, args...)
+		reply = l.run(ctx, l.client, script, keys, args...)
 		return reply, 0, 0, reply.Err()
 	}
 	err = l.onSlotMaster(ctx, keys[0], func(_ string, c redis.Cmdable, asking bool) error {

@@ -3,6 +3,7 @@ package redislock
 import (
 	_ "embed"
 
+	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -25,3 +26,11 @@ var (
 	replicasSrc    string
 	replicasScript = redis.NewScript(replicasSrc)
 )
+
+// connScripts are the scripts as a redisconn.Conn runs them.
+var connScripts = map[*redis.Script]*redisconn.Script{
+	acquireScript:  {Src: acquireSrc, SHA: acquireScript.Hash()},
+	extendScript:   {Src: extendSrc, SHA: extendScript.Hash()},
+	releaseScript:  {Src: releaseSrc, SHA: releaseScript.Hash()},
+	replicasScript: {Src: replicasSrc, SHA: replicasScript.Hash()},
+}

@@ -31,6 +31,9 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, err
 	}
 	k := l.keys(name)
+	if l.conn != nil {
+		return l.statusConn(ctx, name, k)
+	}
 	pipe := l.client.Pipeline()
 	pttl := pipe.PTTL(ctx, k.lock)
 	last := pipe.Get(ctx, k.token)
@@ -46,7 +49,14 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 	default:
 		s.Held, s.TTL = true, ttl
 	}
-	if v, err := last.Result(); err == nil {
+	v, err := last.Result()
+	return l.status(ctx, name, s, v, err == nil)
+}
+
+// status completes s, read for name, with the token record v (if found)
+// and the replica counts.
+func (l *Locker) status(ctx context.Context, name string, s Status, v string, found bool) (Status, error) {
+	if found {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			return s, fmt.Errorf("redislock: status %q: bad token record %q", name, v)

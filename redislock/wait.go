@@ -146,6 +146,10 @@ func (l *Locker) wakeAll(w *subscription) {
 // releases published meanwhile are lost, so every waiter is woken to look
 // for itself. An error before the confirmation fails the subscription.
 func (l *Locker) read(ctx context.Context, w *subscription) {
+	if l.conn != nil {
+		l.readConn(ctx, w)
+		return
+	}
 	ps, err := l.subscribe(ctx, w)
 	if err != nil {
 		l.drop(w, err)

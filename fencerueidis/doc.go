@@ -1,0 +1,50 @@
+// Package fencerueidis runs redislock over a rueidis.Client, so that users
+// of github.com/redis/rueidis get fence's Redis lock with rueidis's
+// automatic pipelining: concurrent acquisitions and releases of a process
+// share a connection and its round trips.
+//
+// New returns a *redislock.Locker: the same type, the same lock algorithm,
+// scripts, keys, replica sync, waiting and deadlines as redislock.New on
+// go-redis, and the two interoperate on the same lock names. Only the
+// transport differs.
+//
+// # Design
+//
+// redislock makes few kinds of Redis calls: its scripts by EVALSHA, sent
+// in full on NOSCRIPT (acquire, extend, release, and the replica record,
+// which reads INFO replication), with WAIT pipelined after them on the same
+// connection when replica sync applies; PTTL and GET for Status; SUBSCRIBE
+// to a lock's release channel while someone waits. The internal package
+// internal/redisconn names exactly these as an interface, and redislock
+// dispatches to it at the four places that make them, keeping its go-redis
+// calls as they are (so that their allocation count, measured in
+// redislock's alloc test, does not change). This package implements the
+// interface on rueidis and reaches redislock's constructor through
+// redisconn's hook; the module is separate so that rueidis does not enter
+// the library's go.mod. A copy of the lock algorithm would drift; a seam of
+// four calls does not.
+//
+// Commands go through rueidis's Do and DoMulti with the client's own
+// pipelining: a script with WAIT after it is one DoMulti, which rueidis
+// sends on one connection (WAIT blocks, so rueidis gives the pair a
+// dedicated connection), so WAIT counts the script's write. Server errors
+// are passed to redislock as redisconn.Error, so its retry rules (LOADING,
+// READONLY, …) read them as they read go-redis's.
+//
+// Redis Cluster is not supported yet: its WAIT must go to the slot's master
+// on the script's connection, and its release channels need SSUBSCRIBE with
+// resubscription on slot moves, which redislock does through go-redis's
+// cluster client. New refuses a cluster client.
+//
+// Deadlines: every call of the Locker ends by its caller's deadline, even
+// on a server that hangs (see TestHungServer). rueidis bounds a command's
+// wait for its reply by ctx, but not the reconnection it may start for it,
+// so calls with a deadline run on redislock's call goroutines, as they do
+// on go-redis without ContextTimeoutEnabled. A connection that such a
+// deadline closed answers the next commands with that deadline's error
+// until rueidis dials again; the adapter sends such a command again, at
+// most twice, rather than report another call's deadline as its own. (It
+// may have run if it was queued on that connection; redislock's scripts
+// are safe to run again for the same owner, as its own retries of a
+// transient error already do.)
+package fencerueidis

@@ -1,0 +1,181 @@
+package fencerueidis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redisconn"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/rueidis"
+)
+
+// New returns a redislock Locker on client, a rueidis client of a
+// standalone Redis (or one behind Sentinel), with opts as redislock.New
+// takes them; opts may be nil. It needs Redis 7.0 or newer and sends
+// nothing to Redis. It returns an error matching fence.ErrInvalidOption
+// when client is nil, is a cluster client, or an option is out of range.
+func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: fencerueidis: nil client", fence.ErrInvalidOption)
+	}
+	if client.Mode() == rueidis.ClientModeCluster {
+		return nil, fmt.Errorf("%w: fencerueidis: Redis Cluster is not supported; use redislock with go-redis's ClusterClient", fence.ErrInvalidOption)
+	}
+	l, err := redisconn.NewLocker(conn{client}, opts)
+	if err != nil {
+		return nil, err
+	}
+	return l.(*redislock.Locker), nil
+}
+
+// conn is redisconn.Conn on a rueidis client.
+type conn struct{ c rueidis.Client }
+
+// SelfBounded is false: rueidis ends a command's wait for its reply at
+// ctx's deadline, but a reconnection it starts for the command (after an
+// earlier command timed out on a hung server) dials and handshakes on its
+// own timeouts, 5 s by default, which TestHungServer saw hold Extend. So
+// calls with a deadline run on redislock's call goroutines, which it can
+// leave; calls without one go straight through.
+func (c conn) SelfBounded() bool { return false }
+
+// retries is how many times a call is sent again after errBroken: rueidis
+// dials a new connection for the next call.
+const retries = 2
+
+func (c conn) Eval(ctx context.Context, s *redisconn.Script, keys []string, args []any, replicas int, timeout time.Duration) (reply any, acked int, err error) {
+	for range retries + 1 {
+		if reply, acked, err = c.eval(ctx, s, keys, args, replicas, timeout); err != errBroken {
+			break
+		}
+	}
+	return reply, acked, err
+}
+
+func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args []any, replicas int, timeout time.Duration) (any, int, error) {
+	sargs := make([]string, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			sargs[i] = v
+		case int64:
+			sargs[i] = strconv.FormatInt(v, 10)
+		case int:
+			sargs[i] = strconv.Itoa(v)
+		default:
+			return nil, 0, fmt.Errorf("fencerueidis: script argument %T", a)
+		}
+	}
+	for _, full := range []bool{false, true} {
+		var cmd rueidis.Completed
+		if full {
+			cmd = c.c.B().Eval().Script(s.Src).Numkeys(int64(len(keys))).Key(keys...).Arg(sargs...).Build()
+		} else {
+			cmd = c.c.B().Evalsha().Sha1(s.SHA).Numkeys(int64(len(keys))).Key(keys...).Arg(sargs...).Build()
+		}
+		var res, wait rueidis.RedisResult
+		if replicas > 0 {
+			rs := c.c.DoMulti(ctx, cmd, c.c.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build())
+			res, wait = rs[0], rs[1]
+		} else {
+			res = c.c.Do(ctx, cmd)
+		}
+		if e, ok := rueidis.IsRedisErr(res.Error()); !full && ok && e.IsNoScript() {
+			continue
+		}
+		reply, err := value(ctx, res)
+		if err != nil || replicas == 0 {
+			return reply, 0, err
+		}
+		acked, err := wait.AsInt64()
+		if err != nil {
+			return reply, 0, convErr(ctx, err)
+		}
+		return reply, int(acked), nil
+	}
+	panic("unreachable")
+}
+
+// value is res in go-redis's shapes.
+func value(ctx context.Context, res rueidis.RedisResult) (any, error) {
+	msg, err := res.ToMessage()
+	if err == nil {
+		var v any
+		if v, err = msg.ToAny(); err == nil {
+			return v, nil
+		}
+	}
+	if rueidis.IsRedisNil(err) {
+		return nil, nil
+	}
+	return nil, convErr(ctx, err)
+}
+
+// errBroken is a call's error when rueidis answers it with another call's
+// context error: a connection that a command's deadline closed keeps that
+// error as its own, and the commands queued on it get it too. For them it
+// means a broken connection, which redislock retries, not a deadline of
+// theirs, which it would not.
+var errBroken = fmt.Errorf("fencerueidis: connection closed by an earlier command's deadline: %w", io.ErrUnexpectedEOF)
+
+// convErr gives a server's error reply redisconn.Error's shape, and an
+// error of a broken connection errBroken's (ctx is the call's).
+func convErr(ctx context.Context, err error) error {
+	if e, ok := rueidis.IsRedisErr(err); ok && !e.IsNil() {
+		return redisconn.Error(e.Error())
+	}
+	if (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && !ended(ctx) {
+		return errBroken
+	}
+	return err
+}
+
+// ended reports whether ctx has ended or its deadline has passed (rueidis
+// puts the deadline on the socket, whose timer can fire before ctx's).
+func ended(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(dl)
+}
+
+func (c conn) LockState(ctx context.Context, lock, token string) (pttl int64, last string, found bool, err error) {
+	for range retries + 1 {
+		if pttl, last, found, err = c.lockState(ctx, lock, token); err != errBroken {
+			break
+		}
+	}
+	return pttl, last, found, err
+}
+
+func (c conn) lockState(ctx context.Context, lock, token string) (int64, string, bool, error) {
+	rs := c.c.DoMulti(ctx, c.c.B().Pttl().Key(lock).Build(), c.c.B().Get().Key(token).Build())
+	pttl, err := rs[0].AsInt64()
+	if err != nil {
+		return 0, "", false, convErr(ctx, err)
+	}
+	last, err := rs[1].ToString()
+	if rueidis.IsRedisNil(err) {
+		return pttl, "", false, nil
+	}
+	if err != nil {
+		return 0, "", false, convErr(ctx, err)
+	}
+	return pttl, last, true, nil
+}
+
+func (c conn) Subscribe(ctx context.Context, channel string, ready, message func()) error {
+	hctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
+		if s.Kind == "subscribe" && s.Channel == channel {
+			ready()
+		}
+	})
+	err := c.c.Receive(hctx, c.c.B().Subscribe().Channel(channel).Build(), func(rueidis.PubSubMessage) { message() })
+	if err == nil && ctx.Err() == nil {
+		err = errors.New("fencerueidis: unsubscribed")
+	}
+	return convErr(ctx, err)
+}

@@ -1,0 +1,76 @@
+// Package redisconn is the seam between redislock's lock algorithm and a
+// Redis client other than go-redis: the few Redis interactions redislock
+// makes, as one small interface, and the hook through which a sibling
+// module (fencerueidis) builds a *redislock.Locker on it.
+//
+// redislock calls go-redis directly (its allocation floor is measured in
+// redislock/alloc_test.go); a Locker built on a Conn sends the same
+// commands, the same scripts with the same keys and arguments, through it
+// instead. The interactions are:
+//
+//   - a script by SHA (EVALSHA), sent again in full (EVAL) on NOSCRIPT,
+//     optionally followed on the same connection and in the same round
+//     trip by WAIT (replica sync): acquire, extend, release and the
+//     replica-record script (which reads INFO replication on the server);
+//   - PTTL of the lock and GET of its token record (Locker.Status);
+//   - SUBSCRIBE to a lock's release channel, held while someone waits;
+//   - whether the client ends its calls at the context's deadline.
+//
+// Redis Cluster (routing, redirections, SSUBSCRIBE) stays go-redis's: a
+// Conn is one primary, standalone or behind Sentinel.
+package redisconn
+
+import (
+	"context"
+	"time"
+)
+
+// Script is one of redislock's Lua scripts.
+type Script struct {
+	Src string // the source, sent by EVAL
+	SHA string // its SHA-1, sent by EVALSHA
+}
+
+// Conn is a Redis client that a redislock Locker can run on. Replies are
+// in go-redis's shapes: int64, string, []any of those, nil for a nil reply.
+// An error reply from the server must be an error with a RedisError method
+// (such as Error), so that redislock can read its code; network errors and
+// the context's error are returned as the client gives them.
+type Conn interface {
+	// Eval runs s on keys and args (strings and integers) by EVALSHA,
+	// and by EVAL if the server answers NOSCRIPT. When replicas > 0,
+	// WAIT replicas timeout follows it on the same connection in the
+	// same round trip, and acked is WAIT's reply.
+	Eval(ctx context.Context, s *Script, keys []string, args []any, replicas int, timeout time.Duration) (reply any, acked int, err error)
+
+	// LockState reads PTTL of lock and GET of token in one round trip;
+	// found is false when token does not exist.
+	LockState(ctx context.Context, lock, token string) (pttlMs int64, last string, found bool, err error)
+
+	// Subscribe subscribes to channel and returns when ctx ends or the
+	// subscription breaks (with the reason). It calls ready when the
+	// server confirms the subscription, again after any resubscription,
+	// and message for every message on channel, on one goroutine.
+	Subscribe(ctx context.Context, channel string, ready, message func()) error
+
+	// SelfBounded reports whether every call ends by its context's
+	// deadline without help (a socket deadline, a pool wait, a dial).
+	// When false, redislock runs calls with a deadline on goroutines it
+	// can leave.
+	SelfBounded() bool
+}
+
+// Error is a Redis error reply, such as "NOSCRIPT No matching script". Its
+// RedisError method makes go-redis's error helpers (HasErrorPrefix) read it.
+type Error string
+
+// Error returns the reply's text.
+func (e Error) Error() string { return string(e) }
+
+// RedisError marks e as a server's reply.
+func (Error) RedisError() {}
+
+// NewLocker builds a *redislock.Locker on c with opts (a *redislock.Options,
+// or nil), returned as any since redislock imports this package. redislock
+// sets it in its init.
+var NewLocker func(c Conn, opts any) (any, error)
