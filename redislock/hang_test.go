@@ -148,3 +148,43 @@ func testHungRedis(t *testing.T, contextTimeout bool) {
 		}
 	})
 }
+
+// TestHungRedisNoSocketDeadlines: ContextTimeoutEnabled does not bound a
+// call when the client is told never to set socket deadlines (ReadTimeout or
+// WriteTimeout -2, go-redis's "disables SetReadDeadline calls completely"):
+// the ctx deadline never reaches the socket. fence must not trust such a
+// client to end its calls, and still return by the caller's deadline.
+func TestHungRedisNoSocketDeadlines(t *testing.T) {
+	for _, o := range []redis.Options{
+		{ReadTimeout: -2},
+		{WriteTimeout: -2},
+		{ReadTimeout: -2, WriteTimeout: -2},
+	} {
+		t.Run(fmt.Sprintf("ReadTimeout=%v,WriteTimeout=%v", o.ReadTimeout, o.WriteTimeout), func(t *testing.T) {
+			o.Addr, o.ContextTimeoutEnabled = silentListener(t), true
+			c := redis.NewClient(&o)
+			l := newLocker(t, c)
+			dctx, cancel := context.WithTimeout(context.Background(), hangDeadline)
+			defer cancel()
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() {
+				_, err := l.Acquire(dctx, "lock:payment:1001", fence.TTL(time.Minute))
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				took := time.Since(start)
+				t.Logf("Acquire: %v after %v", err, took.Round(time.Millisecond))
+				if took > hangDeadline+hangSlack || !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Acquire = %v after %v, want context.DeadlineExceeded within %v", err, took, hangDeadline+hangSlack)
+				}
+			case <-time.After(hangDeadline + hangSlack + 2*time.Second):
+				t.Errorf("Acquire still running %v after its %v deadline", time.Since(start)-hangDeadline, hangDeadline)
+				_ = c.Close() // closes the pool's connections: the read ends
+				<-done
+			}
+			_ = c.Close()
+		})
+	}
+}
