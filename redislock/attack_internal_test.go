@@ -10,6 +10,8 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // TestLazyLeaseConcurrentWatchers: Context, Done, Err and Deadline called
@@ -134,4 +136,41 @@ func TestKeyCacheResetWithLiveLease(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("the waiter took %v: the release did not wake it", took)
 	}
+}
+
+// TestCallGoroutinesEndAfterUse: the call goroutines a Locker keeps for
+// a client that does not bound its calls end by themselves once the Locker
+// is idle, so a Locker dropped after use leaks none; one kept busy by a
+// hung call ends when the call does.
+func TestCallGoroutinesEndAfterUse(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range 100 { // more at once than maxIdleCallers
+		wg.Go(func() {
+			ls, err := l.Acquire(ctx, fmt.Sprintf("lock:%d", i), fence.TTL(time.Minute))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if err := ls.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	l.calls.mu.Lock()
+	idle := len(l.calls.idle)
+	l.calls.mu.Unlock()
+	if idle == 0 || idle > maxIdleCallers {
+		t.Fatalf("%d idle call goroutines after 100 concurrent calls, want 1..%d", idle, maxIdleCallers)
+	}
+	_ = c.Close()
 }
