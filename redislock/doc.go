@@ -58,6 +58,12 @@
 // the Locker's waiters, and a release wakes one of them; it belongs to none
 // of them, so a waiter that gives up does not end it for the others.
 //
+// While processes of an older fence (before the waiting mark) wait on the
+// same locks as this one during an upgrade, those waiters set no mark: this
+// version's releases do not tell them, and they take the lock when the
+// holder's TTL runs out (a watchdog lease's up to 30 s) or when a release
+// that a current waiter marked wakes them. Nothing is ever held twice.
+//
 // A wait rides out a failover or a restart: transient errors (connection
 // refused or timed out, LOADING, READONLY, MASTERDOWN, too few replica
 // acknowledgements, ...) are retried with back-off within the wait budget;
