@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -185,6 +186,43 @@ func TestHungRedisNoSocketDeadlines(t *testing.T) {
 				<-done
 			}
 			_ = c.Close()
+		})
+	}
+}
+
+// TestReleaseByDeadlineWhileRenewalHangs: a watchdog lease released while
+// its renewal hangs on a paused server must still return by the caller's
+// deadline. Release stops the watchdog first; with ContextTimeoutEnabled
+// the renewal is a direct call that the watchdog's cancellation does not
+// end (only the renewal's own deadline, the lease's, or ReadTimeout does),
+// so Release must not wait for it beyond its own ctx.
+func TestReleaseByDeadlineWhileRenewalHangs(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: cte, ReadTimeout: 10 * time.Second})
+			t.Cleanup(func() { _ = c.Close() })
+			l := lockerWith(t, c, redislock.Options{WatchdogTTL: 6 * time.Second, ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+			lease := acquire(t, l, "lock:payment:1001") // renewed every 2 s
+			srv.Signal(syscall.SIGSTOP)
+			resumed := false
+			resume := func() {
+				if !resumed {
+					resumed = true
+					srv.Signal(syscall.SIGCONT)
+				}
+			}
+			t.Cleanup(resume)
+			// The renewal is in flight once a connection is in use.
+			waitFor(t, func() bool { s := c.PoolStats(); return s.TotalConns > s.IdleConns })
+			within(t, "Release", func(ctx context.Context) error { return lease.Release(ctx) })
+			resume()
+			if err := lease.Release(ctx(t)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+				t.Fatalf("Release after the server resumed: %v", err)
+			}
+			if n := srv.Client(t).Exists(ctx(t), lockKey("lock:payment:1001")).Val(); n != 0 {
+				t.Fatal("the lock is still held after Release")
+			}
 		})
 	}
 }
