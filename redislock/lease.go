@@ -188,8 +188,6 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 		switch {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return
-		case ctx.Err() != nil:
-			return // stopped by Release while the renewal ran
 		case err != nil:
 			ls.locker.renewFailed(ls, err)
 			timer.Reset(every / 4)
