@@ -195,14 +195,17 @@ func (cs *callers) loop(c *caller, j job) {
 // deadline by itself: a plain *redis.Client (not a Sentinel failover
 // client, whose master lookup is not bounded so) with ContextTimeoutEnabled,
 // which puts the deadline on the socket and on the wait for a pooled
-// connection and the dial.
+// connection and the dial. Not when the client sets no socket deadlines at
+// all (ReadTimeout or WriteTimeout -2, which Options reports as -1 once the
+// client is made): then the ctx deadline never reaches the socket either,
+// and a hung server holds the call for ever.
 func selfBounded(client redis.UniversalClient) bool {
 	c, ok := client.(*redis.Client)
 	if !ok {
 		return false
 	}
 	o := c.Options()
-	return o.ContextTimeoutEnabled && o.Addr != "FailoverClient"
+	return o.ContextTimeoutEnabled && o.Addr != "FailoverClient" && o.ReadTimeout >= 0 && o.WriteTimeout >= 0
 }
 
 // errGaveUp wraps ctx's error when bounded stopped waiting for a call that

@@ -58,6 +58,12 @@
 // the Locker's waiters, and a release wakes one of them; it belongs to none
 // of them, so a waiter that gives up does not end it for the others.
 //
+// While processes of an older fence (before the waiting mark) wait on the
+// same locks as this one during an upgrade, those waiters set no mark: this
+// version's releases do not tell them, and they take the lock when the
+// holder's TTL runs out (a watchdog lease's up to 30 s) or when a release
+// that a current waiter marked wakes them. Nothing is ever held twice.
+//
 // A wait rides out a failover or a restart: transient errors (connection
 // refused or timed out, LOADING, READONLY, MASTERDOWN, too few replica
 // acknowledgements, ...) are retried with back-off within the wait budget;
@@ -90,8 +96,13 @@
 // (one of a few that the Locker keeps for a moment between calls) that the
 // caller leaves when the context ends. A plain *redis.Client with
 // ContextTimeoutEnabled is called directly when the context has a deadline:
-// it ends the call at the deadline itself (a cancellation before the
-// deadline then ends the call at the deadline at the latest). The goroutine ends when the client's
+// it ends the call at the deadline itself. A cancellation before the
+// deadline then ends a call to a hung server only at the client's
+// ReadTimeout or the deadline, whichever is first (5 s with go-redis's
+// defaults); a caller that needs cancellation honoured at once should leave
+// ContextTimeoutEnabled off. A client with ReadTimeout or WriteTimeout -2
+// sets no socket deadlines, so fence runs its calls on goroutines as if
+// ContextTimeoutEnabled were off. The goroutine ends when the client's
 // own timeout or the server's late answer ends the command; a late answer
 // to an acquisition that took the lock gives the lock back. An acquisition
 // whose answer is lost altogether (the client's own timeout closed the

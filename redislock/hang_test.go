@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -147,4 +148,81 @@ func testHungRedis(t *testing.T, contextTimeout bool) {
 			t.Fatal("the lock is still held after Release")
 		}
 	})
+}
+
+// TestHungRedisNoSocketDeadlines: ContextTimeoutEnabled does not bound a
+// call when the client is told never to set socket deadlines (ReadTimeout or
+// WriteTimeout -2, go-redis's "disables SetReadDeadline calls completely"):
+// the ctx deadline never reaches the socket. fence must not trust such a
+// client to end its calls, and still return by the caller's deadline.
+func TestHungRedisNoSocketDeadlines(t *testing.T) {
+	for _, o := range []redis.Options{
+		{ReadTimeout: -2},
+		{WriteTimeout: -2},
+		{ReadTimeout: -2, WriteTimeout: -2},
+	} {
+		t.Run(fmt.Sprintf("ReadTimeout=%v,WriteTimeout=%v", o.ReadTimeout, o.WriteTimeout), func(t *testing.T) {
+			o.Addr, o.ContextTimeoutEnabled = silentListener(t), true
+			c := redis.NewClient(&o)
+			l := newLocker(t, c)
+			dctx, cancel := context.WithTimeout(context.Background(), hangDeadline)
+			defer cancel()
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() {
+				_, err := l.Acquire(dctx, "lock:payment:1001", fence.TTL(time.Minute))
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				took := time.Since(start)
+				t.Logf("Acquire: %v after %v", err, took.Round(time.Millisecond))
+				if took > hangDeadline+hangSlack || !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Acquire = %v after %v, want context.DeadlineExceeded within %v", err, took, hangDeadline+hangSlack)
+				}
+			case <-time.After(hangDeadline + hangSlack + 2*time.Second):
+				t.Errorf("Acquire still running %v after its %v deadline", time.Since(start)-hangDeadline, hangDeadline)
+				_ = c.Close() // closes the pool's connections: the read ends
+				<-done
+			}
+			_ = c.Close()
+		})
+	}
+}
+
+// TestReleaseByDeadlineWhileRenewalHangs: a watchdog lease released while
+// its renewal hangs on a paused server must still return by the caller's
+// deadline. Release stops the watchdog first; with ContextTimeoutEnabled
+// the renewal is a direct call that the watchdog's cancellation does not
+// end (only the renewal's own deadline, the lease's, or ReadTimeout does),
+// so Release must not wait for it beyond its own ctx.
+func TestReleaseByDeadlineWhileRenewalHangs(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: cte, ReadTimeout: 10 * time.Second})
+			t.Cleanup(func() { _ = c.Close() })
+			l := lockerWith(t, c, redislock.Options{WatchdogTTL: 6 * time.Second, ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+			lease := acquire(t, l, "lock:payment:1001") // renewed every 2 s
+			srv.Signal(syscall.SIGSTOP)
+			resumed := false
+			resume := func() {
+				if !resumed {
+					resumed = true
+					srv.Signal(syscall.SIGCONT)
+				}
+			}
+			t.Cleanup(resume)
+			// The renewal is in flight once a connection is in use.
+			waitFor(t, func() bool { s := c.PoolStats(); return s.TotalConns > s.IdleConns })
+			within(t, "Release", func(ctx context.Context) error { return lease.Release(ctx) })
+			resume()
+			if err := lease.Release(ctx(t)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+				t.Fatalf("Release after the server resumed: %v", err)
+			}
+			if n := srv.Client(t).Exists(ctx(t), lockKey("lock:payment:1001")).Val(); n != 0 {
+				t.Fatal("the lock is still held after Release")
+			}
+		})
+	}
 }

@@ -284,8 +284,24 @@ func (ls *lease) Release(ctx context.Context) error {
 	}
 	ls.mu.Unlock()
 	if ls.stopWatchdog != nil {
+		// A renewal in flight ends soon after the watchdog is stopped,
+		// unless it was called straight through (a client that bounds
+		// its own calls): then only its deadline, the lease's, or the
+		// client's read timeout ends it on a hung server. Wait no longer
+		// than ctx: the renewal is owner-checked and cannot recreate a
+		// lock that the release deletes, and what it finds later cannot
+		// change how the lease ended.
 		ls.stopWatchdog()
-		<-ls.watchdogDone
+		select {
+		case <-ls.watchdogDone:
+		default:
+			select {
+			case <-ls.watchdogDone:
+			case <-ctx.Done():
+				ls.end(fence.ErrReleased)
+				return fmt.Errorf("redislock: release %q: the watchdog's renewal is still running: %w", ls.attempt.name, ctx.Err())
+			}
+		}
 	}
 	// Lost before Release was called, not while its round trip ran: a
 	// deadline that passes while the script deletes the lock it still

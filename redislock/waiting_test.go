@@ -1,6 +1,7 @@
 package redislock_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -71,5 +72,56 @@ func TestReleasePublishesOnlyWhenWaited(t *testing.T) {
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("the waiter took %v, as if it had waited for the holder's TTL", took)
+	}
+}
+
+// TestWaitingMarkOutlivesShortWaiter: a waiter with a short budget, whether
+// it comes before or after one with a long budget, must not shorten the
+// waiting mark: after the short one gives up, a release still wakes the
+// long one, long before the holder's minute-long TTL.
+func TestWaitingMarkOutlivesShortWaiter(t *testing.T) {
+	for _, shortFirst := range []bool{true, false} {
+		t.Run(map[bool]string{true: "short-first", false: "long-first"}[shortFirst], func(t *testing.T) {
+			srv := redistest.Start(t)
+			admin := srv.Client(t)
+			const name = "lock:payment:1001"
+			mark := lockKey(name) + ":waiting"
+			holder := newLocker(t, srv.Client(t))
+			lease := acquire(t, holder, name, fence.TTL(time.Minute))
+			short := func() {
+				_, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name, fence.Wait(300*time.Millisecond), fence.TTL(time.Minute))
+				if !errors.Is(err, fence.ErrHeld) {
+					t.Errorf("the short waiter: %v, want ErrHeld", err)
+				}
+			}
+			if shortFirst {
+				short()
+			}
+			got := make(chan error, 1)
+			go func() {
+				l, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+				if err == nil {
+					err = l.Release(ctx(t))
+				}
+				got <- err
+			}()
+			waitFor(t, func() bool { return admin.PTTL(ctx(t), mark).Val() > 10*time.Second })
+			if !shortFirst {
+				short()
+			}
+			if ttl := admin.PTTL(ctx(t), mark).Val(); ttl < 10*time.Second {
+				t.Fatalf("the waiting mark has %v left after the short waiter, want the long one's budget", ttl)
+			}
+			start := time.Now()
+			if err := lease.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got; err != nil {
+				t.Fatalf("the long waiter: %v", err)
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Fatalf("the long waiter took %v after the release, as if nobody told it", took)
+			}
+		})
 	}
 }
