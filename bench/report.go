@@ -184,12 +184,13 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 ## Where fence misses a target, and what would close it
 
 - **Uncontended latency against bsm/redislock's unfenced lock.** fence's acquire script also issues the token (TIME,
-  GET and SET of the token record, and the revocation check) and its release publishes to the release channel: six
-  more calls inside the server per pair than bsm's, and on the client the lease's context and expiry timer and more
-  allocations (see "Where the time goes"). Storing the token in the lock's own value, publishing only when a waiter has
-  registered, and the client-side allocation work would take most of that back. With sync on, WAIT waits for the
-  replica's acknowledgement, a second hop that no unsynced lock pays: that part is the guarantee's price, and on a
-  loaded machine it depends on when the replica's process gets a CPU.
+  GET and SET of the token record, and the revocation check): a free lock costs 5 calls inside the server against
+  bsm's 1, and the token record is one more key written (and replicated). The client side is at 30 allocations, under
+  bsm's 34. The token cannot move into the lock's own value (the record must outlive the lock, and Redis 7.0 has no
+  per-field expiry), and TIME cannot be skipped (a promoted replica that missed the last writes holds an older record:
+  only the clock floor keeps its tokens above the lost primary's). With sync on, WAIT waits for the replica's
+  acknowledgement, a second hop that no unsynced lock pays: that part is the guarantee's price, and on a loaded
+  machine it depends on when the replica's process gets a CPU.
 - **Contended holder changes and handoff against rueidislock.** A handoff is release → publish → one local waiter
   wakes → acquire: about two round trips, and with zero hold time the releasing goroutine often takes the lock straight
   back. Grant-on-release (waiters queue in Redis; the release script hands the lock and its new token to the head
@@ -197,12 +198,11 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 - **Commands per contended acquisition with sync on.** Every attempt pipelines WAIT with the script, including the
   attempts that find the lock held, since the pipeline is sent before the reply is known: about two commands per
   failed attempt. Grant-on-release would remove most failed attempts.
-- **Distinct-key throughput against two bare EVALSHA calls.** The same extra calls inside the server, on a machine
-  where client and server share two CPUs. The lighter scripts above, and an adapter for rueidis's automatic
-  pipelining (not built), are the levers.
-- **Allocations.** Per pair: the lock's keys built on every Acquire, the script arguments, closures for bounded(), the
-  lease's context and timer, the options; go-redis's own floor for two script calls is 22. "Where the time goes"
-  counts them and what each lever removes.
+- **Distinct-key throughput against two bare EVALSHA calls.** The extra calls inside the server, on a machine where
+  client and server share two CPUs. On rueidis (fencerueidis), whose automatic pipelining sends many callers'
+  commands in one write, fence reaches 0.9× the go-redis limit and above rueidislock.
+- **Allocations with sync on.** The pipelined WAIT costs go-redis a pipeline per acquisition (12 allocations); a
+  pipeline object kept per Locker would be the lever.
 - **Redlock against redsync.** Both fan out in parallel, one round trip per node (the token write-back is skipped
   when every granting node answered the maximum token, the usual case); fence's per-node acquire is the token-issuing
   script where redsync's is a plain SET NX, which costs the servers more CPU per pair, and its client allocates about
