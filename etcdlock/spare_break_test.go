@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/etcdtest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -220,5 +222,162 @@ func TestSpareRace(t *testing.T) {
 	t.Logf("%d acquisitions on a reused etcd lease", reused.Load())
 	if err := l.Close(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// noRevokeClient is a client of endpoints whose LeaseRevoke calls fail
+// without being sent while *off is true.
+func noRevokeClient(t testing.TB, endpoints []string, off *atomic.Bool) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if off.Load() && strings.HasSuffix(method, "/LeaseRevoke") {
+					return errors.New("revoke dropped by the test")
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			})},
+	})
+	if err != nil {
+		t.Fatalf("etcd client: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// A lock on a reused etcd lease claims no more than etcd gives: its
+// deadline is measured from when the etcd lease's grant was sent, so the
+// key, not renewed (a fixed fence.TTL, below etcd's minimum TTL and not a
+// whole number of seconds), is deleted by etcd (the lock's own revoke at
+// its deadline is dropped) no sooner than the lock's Deadline.
+func TestSpareDeadlineWithinEtcdLease(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	var noRevoke atomic.Bool
+	noRevoke.Store(true)
+	l, err := etcdlock.New(noRevokeClient(t, endpoints, &noRevoke), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := t.Name()
+	for _, ttl := range []time.Duration{1200 * time.Millisecond, 2500 * time.Millisecond} {
+		a, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		acquired := time.Now()
+		b, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if leaseID(t, b) != leaseID(t, a) {
+			t.Fatalf("TTL %v: not reused", ttl)
+		}
+		key := b.(*etcdlock.Lease).Key()
+		wc := admin.Watch(ctxFor(t, 10*time.Second), key, clientv3.WithRev(int64(b.Token())+1), clientv3.WithFilterPut())
+		var gone time.Time
+		for wr := range wc {
+			if len(wr.Events) > 0 {
+				gone = time.Now()
+				break
+			}
+			if wr.Err() != nil {
+				t.Fatal(wr.Err())
+			}
+		}
+		if gone.IsZero() || gone.Before(b.Deadline()) {
+			t.Fatalf("TTL %v: etcd deleted the key at %v, before the lock's deadline %v", ttl, gone, b.Deadline())
+		}
+		t.Logf("TTL %v: key deleted %v after the lock's deadline; first lock's deadline %v before it, second lock acquired %v before it", ttl, gone.Sub(b.Deadline()), gone.Sub(a.Deadline()), gone.Sub(acquired))
+		waitDone(t, b, 5*time.Second)
+		if err := b.Release(ctxFor(t, 10*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Release of the expired lock = %v", err)
+		}
+	}
+	// A spare granted for one lease time is not used for another, though
+	// etcd rounds both up to the same whole seconds.
+	a, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(1100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(1900*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(context.Background())
+	if leaseID(t, b) == leaseID(t, a) {
+		t.Fatalf("a spare granted for 1.1 s used for a 1.9 s lock")
+	}
+}
+
+// A leader change while the Locker keeps spares: the new leader extends
+// every etcd lease, so a spare still fresh by the Locker's clock is still
+// there (and one that is not, revoked or expired, costs a Grant); the
+// locks taken hold, their Release keeps their etcd leases, and Close
+// revokes them.
+func TestSparesAcrossLeaderChange(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	endpoints := c.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l := newLocker(t, endpoints, nil)
+	const n = 4
+	cycle := func() (ids []clientv3.LeaseID) {
+		var leases []fence.Lease
+		for i := range n {
+			a, err := l.Acquire(ctxFor(t, 30*time.Second), fmt.Sprint(t.Name(), i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			leases = append(leases, a)
+			ids = append(ids, leaseID(t, a))
+		}
+		if _, err := admin.Put(ctxFor(t, 20*time.Second), "barrier", ""); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range leases {
+			if a.Err() != nil {
+				t.Fatalf("lock %q lost: %v", a.Name(), a.Err())
+			}
+			if err := a.Release(ctxFor(t, 30*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ids
+	}
+	before := cycle()
+	old := etcdtest.Leader(t, c)
+	old.Kill()
+	leader := etcdtest.Leader(t, c, old)
+	after := cycle()
+	reused := 0
+	for _, id := range after {
+		if slices.Contains(before, id) {
+			reused++
+		}
+	}
+	t.Logf("leader %s killed, %s leads; %d of %d locks on a spare kept across it; spares %x", old.Name, leader.Name, reused, n, l.SpareIDs())
+	kept := l.SpareIDs()
+	if err := l.Close(ctxFor(t, 20*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range kept {
+		ttl, err := admin.TimeToLive(ctxFor(t, 10*time.Second), id)
+		if err != nil || ttl.TTL != -1 {
+			t.Fatalf("spare %x after Close: %+v, %v; want it revoked", id, ttl, err)
+		}
+	}
+	for i := range n {
+		if k := countKeys(t, admin, l.Prefix(fmt.Sprint(t.Name(), i))); k != 0 {
+			t.Fatalf("%d keys left", k)
+		}
 	}
 }
