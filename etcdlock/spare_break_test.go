@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
 	"github.com/fencekit/fence/internal/etcdtest"
+	"github.com/fencekit/fence/internal/observetest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -379,5 +381,55 @@ func TestSparesAcrossLeaderChange(t *testing.T) {
 		if k := countKeys(t, admin, l.Prefix(fmt.Sprint(t.Name(), i))); k != 0 {
 			t.Fatalf("%d keys left", k)
 		}
+	}
+}
+
+// A Release that halts the watchdog while a renewal is in flight cancels
+// that renewal: that is no failed renewal, and nothing is logged.
+func TestReleaseDuringRenewalLogsNothing(t *testing.T) {
+	endpoints := shared.Endpoints()
+	var block atomic.Bool
+	inFlight := make(chan struct{}, 1)
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(
+			func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+				if block.Load() && strings.HasSuffix(method, "/LeaseKeepAlive") {
+					select {
+					case inFlight <- struct{}{}:
+					default:
+					}
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}
+				return streamer(ctx, desc, cc, method, opts...)
+			})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	logs := &observetest.Logs{}
+	l, err := etcdlock.New(c, &etcdlock.Options{WatchdogTTL: 3 * time.Second, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	block.Store(true)
+	select {
+	case <-inFlight:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal")
+	}
+	if err := a.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if lines := logs.All(); len(lines) != 0 {
+		t.Fatalf("a Release during a renewal logged %v", lines)
 	}
 }
