@@ -260,6 +260,9 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 			return
 		case <-renew.C:
 			if err := ls.renew(ctx); err != nil {
+				if ctx.Err() != nil {
+					return // halted: the renewal was cancelled, not failed
+				}
 				if errors.Is(err, fence.ErrLeaseLost) {
 					lose(func() bool { return ls.end(err) })
 					return
