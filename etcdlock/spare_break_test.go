@@ -172,7 +172,8 @@ func TestDeleteBeforeWatch(t *testing.T) {
 }
 
 // Many goroutines acquiring and releasing through one Locker race for its
-// spares: no etcd lease may carry two locks at once.
+// spares, and Close for them too: no etcd lease may carry two locks at
+// once, and none is revoked under a lock (each Release succeeds).
 func TestSpareRace(t *testing.T) {
 	endpoints := shared.Endpoints()
 	l := newLocker(t, endpoints, nil)
@@ -181,7 +182,7 @@ func TestSpareRace(t *testing.T) {
 	var reused atomic.Int64
 	seen := sync.Map{}
 	var wg sync.WaitGroup
-	errs := make(chan error, 8)
+	errs := make(chan error, 9)
 	for g := range 8 {
 		wg.Go(func() {
 			for i := range 25 {
@@ -213,7 +214,27 @@ func TestSpareRace(t *testing.T) {
 			}
 		})
 	}
+	// Close, called while the others acquire and release, revokes only
+	// spares nobody uses.
+	stop := make(chan struct{})
+	closer := make(chan struct{})
+	go func() {
+		defer close(closer)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+				if err := l.Close(context.Background()); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}
+	}()
 	wg.Wait()
+	close(stop)
+	<-closer
 	close(errs)
 	for err := range errs {
 		t.Error(err)
