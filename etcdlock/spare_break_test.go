@@ -465,3 +465,88 @@ func TestReleaseDuringRenewalLogsNothing(t *testing.T) {
 		t.Fatalf("a Release during a renewal logged %v", lines)
 	}
 }
+
+// A waiter on a spare: its create Txn reads the predecessor and it watches
+// it at once; the holder's Release wakes it, and its etcd lease (the
+// spare, renewed while it waited) is kept again at its own Release.
+func TestWaiterOnSpare(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l := newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: 3 * time.Second})
+	name := t.Name()
+	warm, err := l.Acquire(ctxFor(t, 10*time.Second), name+"-warm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan fence.Lease, 1)
+	go func() {
+		w, err := l.Acquire(ctxFor(t, 20*time.Second), name, fence.Wait(15*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- w
+	}()
+	for limit := time.Now().Add(5 * time.Second); countKeys(t, admin, l.Prefix(name)) != 2; {
+		if time.Now().After(limit) {
+			t.Fatal("waiter not in line")
+		}
+	}
+	// Hold until the waiter has renewed its etcd lease (every second): the
+	// remaining TTL etcd reports goes up.
+	id := clientv3.LeaseID(0)
+	resp, err := admin.Get(ctxFor(t, 10*time.Second), l.Prefix(name), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		if kv.CreateRevision != int64(holder.Token()) {
+			id = clientv3.LeaseID(kv.Lease)
+		}
+	}
+	low := int64(1 << 62)
+	for limit := time.Now().Add(10 * time.Second); ; {
+		ttl, err := admin.TimeToLive(ctxFor(t, 10*time.Second), id)
+		if err != nil || ttl.TTL <= 0 {
+			t.Fatalf("waiter's etcd lease %x: %+v, %v", id, ttl, err)
+		}
+		if ttl.TTL > low {
+			break
+		}
+		low = min(low, ttl.TTL)
+		if time.Now().After(limit) {
+			t.Fatal("the waiter did not renew")
+		}
+	}
+	released := time.Now()
+	if err := holder.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	w := <-got
+	if w == nil {
+		t.FailNow()
+	}
+	t.Logf("waiter woken %v after the release; on the spare: %v", time.Since(released), leaseID(t, w) == leaseID(t, warm))
+	if leaseID(t, w) != leaseID(t, warm) {
+		t.Logf("the waiter did not use the spare (not fresh on this machine)")
+	}
+	if w.Token() <= holder.Token() {
+		t.Fatalf("token %d after %d", w.Token(), holder.Token())
+	}
+	ttl, err := admin.TimeToLive(ctxFor(t, 10*time.Second), leaseID(t, w))
+	if err != nil || ttl.TTL <= 0 {
+		t.Fatalf("waiter's etcd lease: %+v, %v", ttl, err)
+	}
+	if left := time.Until(w.Deadline()); left > time.Duration(ttl.TTL+1)*time.Second || left <= 0 {
+		t.Fatalf("deadline %v away, etcd lease %d s left", left, ttl.TTL)
+	}
+	if err := w.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
