@@ -287,7 +287,9 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	// watches at once (one round trip, as concurrency.Mutex's Lock). A
 	// retry finds the key made by the first attempt and reads the oldest.
 	var resp *clientv3.TxnResponse
+	attempts := 0
 	err := try(ctx, per, func(ctx context.Context) (err error) {
+		attempts++
 		resp, err = l.client.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
 		).Then(
@@ -344,7 +346,15 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 			return nil, err
 		}
 	}
-	return l.newLease(ctx, name, key, rev, sp, watchdog, sent), nil
+	// An attempt that timed out may yet be applied, late (it sat in a
+	// member that hung): once the lock is released its Compare holds
+	// again, and its Put would put an orphan key on the etcd lease. A
+	// revoked etcd lease makes that Put fail; a kept one would take the
+	// key, holding the lock for nobody while it is reused. Such an etcd
+	// lease is never kept.
+	ls := l.newLease(ctx, name, key, rev, sp, watchdog, sent)
+	ls.noReuse = attempts > 1
+	return ls, nil
 }
 
 // attemptTimeout bounds one attempt of a call that try retries: a sixth of

@@ -37,6 +37,10 @@ type Lease struct {
 	runTimer *time.Timer        // starts run
 	released bool               // Release reached a conclusion
 	relErr   error              // its result
+	// noReuse: the create Txn had an attempt that timed out, which may be
+	// applied late; the etcd lease is revoked, never kept. Set before the
+	// lease is returned.
+	noReuse bool
 	// revokedOnFail: a Release that failed revoked the etcd lease, and
 	// with it the key.
 	revokedOnFail atomic.Bool
@@ -256,6 +260,9 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 			return
 		case <-renew.C:
 			if err := ls.renew(ctx); err != nil {
+				if ctx.Err() != nil {
+					return // halted: the renewal was cancelled, not failed
+				}
 				if errors.Is(err, fence.ErrLeaseLost) {
 					lose(func() bool { return ls.end(err) })
 					return
@@ -592,13 +599,13 @@ func (ls *Lease) Release(ctx context.Context) error {
 	case lost != nil:
 		ls.end(lost)
 		ls.l.revoke(ctx, ls.etcdLease())
-	case resp.Succeeded && ls.end(fence.ErrReleased):
+	case resp.Succeeded && ls.end(fence.ErrReleased) && !ls.noReuse:
 		// Our own delete went through and ended the lease: the etcd lease
 		// holds no key now. Keep it for the next Acquire instead of
 		// revoking it, which takes a Raft commit out of Release's path
 		// and, with the Grant spared, another out of Acquire's. A lease
 		// ended before (lost, expired, or by a Release that failed) never
-		// gets here.
+		// gets here, nor one whose create Txn may yet be applied late.
 		ls.mu.Lock()
 		sp := spare{id: ls.id, ttl: ls.ttl, granted: ls.granted, sent: ls.sent}
 		ls.mu.Unlock()
