@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 )
 
@@ -168,4 +169,21 @@ func ReportAcquire(obs Observer, backend, name string, start time.Time, lease Le
 		ev.Token = lease.Token()
 	}
 	obs.AcquireDone(ev)
+}
+
+// ReportLeaseEnded reports the end of a lease, once per lease, to log and
+// obs, either of which may be nil: log gets a warning "pkg: lease lost"
+// with the lock's name, token, cause and error, unless the lease was
+// released (nothing is logged for a release); obs gets ev. Backends call
+// it where a lease ends, with ctx the lease's (its values, for the log
+// handler).
+func ReportLeaseEnded(ctx context.Context, obs Observer, log *slog.Logger, pkg string, ev LeaseEvent) {
+	if log != nil && ev.Cause != Released {
+		log.LogAttrs(ctx, slog.LevelWarn, pkg+": lease lost",
+			slog.String("name", ev.Name), slog.Int64("token", int64(ev.Token)),
+			slog.String("cause", string(ev.Cause)), slog.Any("error", ev.Err))
+	}
+	if obs != nil {
+		obs.LeaseEnded(ev)
+	}
 }

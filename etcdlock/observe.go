@@ -12,15 +12,9 @@ const backend = "etcd"
 
 // ended reports the end of ls, once: the log line first, then the event.
 func (ls *Lease) ended(cause fence.LeaseCause, why error) {
-	l := ls.l
-	if l.log != nil && cause != fence.Released {
-		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "etcdlock: lease lost",
-			slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
-			slog.String("cause", string(cause)), slog.Any("error", why))
-	}
-	if l.obs != nil {
-		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token,
-			Cause: cause, Held: time.Since(ls.acquired), Err: why})
+	if l := ls.l; l.log != nil || l.obs != nil {
+		fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "etcdlock", fence.LeaseEvent{Backend: backend,
+			Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.acquired), Err: why})
 	}
 }
 

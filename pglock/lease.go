@@ -95,13 +95,9 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.expiry.Stop()
 	ls.cancel(why)
 	ls.mu.Unlock()
-	if log := ls.l.log; log != nil && cause != fence.Released {
-		log.LogAttrs(ls.ctx, slog.LevelWarn, "pglock: lease lost",
-			slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
-			slog.String("cause", string(cause)), slog.Any("error", why))
-	}
-	if obs := ls.l.obs; obs != nil {
-		obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+	if l := ls.l; l.log != nil || l.obs != nil {
+		fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "pglock", fence.LeaseEvent{Backend: backend,
+			Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
 }
 

@@ -15,15 +15,11 @@ const backend = "redis"
 // leaseEnded reports the end of ls, once: the log line first, then the
 // event.
 func (l *Locker) leaseEnded(ls *lease, cause fence.LeaseCause, why error) {
-	if l.log != nil && cause != fence.Released {
-		l.log.LogAttrs(ls.parent, slog.LevelWarn, "redislock: lease lost",
-			slog.String("name", ls.attempt.name), slog.Int64("token", int64(ls.token)),
-			slog.String("cause", string(cause)), slog.Any("error", why))
+	if l.log == nil && l.obs == nil {
+		return
 	}
-	if l.obs != nil {
-		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.attempt.name, Token: ls.token,
-			Cause: cause, Held: time.Since(ls.granted), Err: why})
-	}
+	fence.ReportLeaseEnded(ls.parent, l.obs, l.log, "redislock", fence.LeaseEvent{Backend: backend,
+		Name: ls.attempt.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 }
 
 // renewFailed logs a watchdog renewal that failed without losing the lease;

@@ -183,16 +183,12 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.endLocked(why)
 	ctx := ls.ctx
 	ls.mu.Unlock()
-	if log := ls.locker.log; log != nil && cause != fence.Released {
+	if l := ls.locker; l.log != nil || l.obs != nil {
 		if ctx == nil {
 			ctx = ls.parent
 		}
-		log.LogAttrs(ctx, slog.LevelWarn, "redlock: lease lost",
-			slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
-			slog.String("cause", string(cause)), slog.Any("error", why))
-	}
-	if obs := ls.locker.obs; obs != nil {
-		obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+		fence.ReportLeaseEnded(ctx, l.obs, l.log, "redlock", fence.LeaseEvent{Backend: backend,
+			Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
 }
 

@@ -12,15 +12,9 @@ const backend = "zookeeper"
 
 // ended reports the end of ls, once: the log line first, then the event.
 func (ls *lease) ended(cause fence.LeaseCause, why error) {
-	l := ls.l
-	if l.log != nil && cause != fence.Released {
-		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "zklock: lease lost",
-			slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
-			slog.String("cause", string(cause)), slog.Any("error", why))
-	}
-	if l.obs != nil {
-		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.a.name, Token: ls.token,
-			Cause: cause, Held: time.Since(ls.granted), Err: why})
+	if l := ls.l; l.log != nil || l.obs != nil {
+		fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "zklock", fence.LeaseEvent{Backend: backend,
+			Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
 }
 
