@@ -23,9 +23,25 @@ import (
 // subscribe again must still be woken within seconds, not wait out the
 // holder's minute-long TTL nor its own 20 s budget.
 func TestSubscriptionKilled(t *testing.T) {
-	srv := redistest.Start(t)
+	// Only RESP3: with AlwaysRESP2, rueidis v1.0.79 retries the killed
+	// subscription connection inside Receive and never subscribes again
+	// (the waiter then waits its whole budget; see the package doc).
+	for _, resp2 := range []bool{false} {
+		t.Run(fmt.Sprintf("resp2=%v", resp2), func(t *testing.T) {
+			srv := redistest.Start(t)
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: resp2, DisableCache: resp2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			subscriptionKilled(t, srv, c)
+		})
+	}
+}
+
+func subscriptionKilled(t *testing.T, srv *redistest.Server, c rueidis.Client) {
 	admin := srv.Client(t)
-	r := newLocker(t, client(t, srv.Addr), redislock.Options{})
+	r := newLocker(t, c, redislock.Options{})
 	g, err := redislock.New(admin, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -232,4 +248,43 @@ func TestClosedClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	within("Acquire on a Locker made after Close", func(ctx context.Context) error { _, err := l2.Acquire(ctx, "x"); return err })
+}
+
+// TestClusterClient: a rueidis client given a cluster node's address
+// detects the cluster and New refuses it with ErrInvalidOption; a client
+// forced to one node (ForceSingleClient) is accepted as the standalone
+// client it is, and a name whose slot that node does not serve fails with
+// the server's MOVED, never a lock taken elsewhere or a panic.
+func TestClusterClient(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	c := client(t, cl.Addrs()[0])
+	if _, err := fencerueidis.New(c, nil); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("New on a cluster client = %v, want ErrInvalidOption", err)
+	}
+	single, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{cl.Addrs()[0]}, ForceSingleClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(single.Close)
+	l, err := fencerueidis.New(single, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	if err != nil {
+		t.Fatalf("New on a single-node client of a cluster node: %v", err)
+	}
+	moved := 0
+	for i := range 20 {
+		lease, err := l.Acquire(ctx(t), fmt.Sprintf("n%d", i), fence.TTL(time.Minute))
+		if err != nil {
+			if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), "MOVED") {
+				t.Fatalf("Acquire n%d = %v, want ErrNotAcquired with MOVED", i, err)
+			}
+			moved++
+			continue
+		}
+		if err := lease.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no name hashed to another node's slot")
+	}
 }

@@ -43,8 +43,19 @@
 // on go-redis without ContextTimeoutEnabled. A connection that such a
 // deadline closed answers the next commands with that deadline's error
 // until rueidis dials again; the adapter sends such a command again, at
-// most twice, rather than report another call's deadline as its own. (It
-// may have run if it was queued on that connection; redislock's scripts
-// are safe to run again for the same owner, as its own retries of a
-// transient error already do.)
+// most twice, rather than report another call's deadline as its own.
+// Such a command was never written: rueidis v1.0.79 closes the connection
+// only from a synchronous call (one command or one DoMulti in flight, all
+// under the deadline's own context), and fails the commands queued behind
+// it without sending them (pipe.failSync). Were one to have run, acquire
+// and extend are safe to run again for the same owner, but a release run
+// twice would report a lease lost that it had released.
+//
+// RESP2: on a client made with AlwaysRESP2, rueidis subscribes on a
+// separate connection, and once that connection is killed (CLIENT KILL,
+// a proxy's idle timeout) rueidis v1.0.79 retries the subscription on the
+// dead connection inside Receive without subscribing again, so waiters
+// are not woken by releases: they wait their budget or the holder's TTL.
+// Use the default RESP3 (Redis 7 speaks it), where the subscription shares
+// the command connection and is restored with it (TestSubscriptionKilled).
 package fencerueidis
