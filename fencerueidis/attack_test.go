@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/fencerueidis"
+	"github.com/fencekit/fence/fencetest"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
@@ -23,10 +24,11 @@ import (
 // subscribe again must still be woken within seconds, not wait out the
 // holder's minute-long TTL nor its own 20 s budget.
 func TestSubscriptionKilled(t *testing.T) {
-	// Only RESP3: with AlwaysRESP2, rueidis v1.0.79 retries the killed
-	// subscription connection inside Receive and never subscribes again
-	// (the waiter then waits its whole budget; see the package doc).
-	for _, resp2 := range []bool{false} {
+	// RESP2: rueidis subscribes on a connection of its own, and its
+	// Receive retried that connection dead without subscribing again: the
+	// waiter waited its whole budget until Subscribe moved to a dedicated
+	// client there.
+	for _, resp2 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("resp2=%v", resp2), func(t *testing.T) {
 			srv := redistest.Start(t)
 			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: resp2, DisableCache: resp2})
@@ -287,4 +289,23 @@ func TestClusterClient(t *testing.T) {
 	if moved == 0 {
 		t.Fatal("no name hashed to another node's slot")
 	}
+}
+
+// TestConformanceRESP2: the suite on AlwaysRESP2 clients, whose waiters
+// subscribe through a dedicated client.
+func TestConformanceRESP2(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	fencetest.Run(t, fencetest.Config{
+		New: func(t testing.TB) fence.Locker {
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: true, DisableCache: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			return newLocker(t, c, redislock.Options{})
+		},
+		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		WatchdogTTL: watchdogTTL,
+	})
 }

@@ -52,10 +52,12 @@
 // twice would report a lease lost that it had released.
 //
 // RESP2: on a client made with AlwaysRESP2, rueidis subscribes on a
-// separate connection, and once that connection is killed (CLIENT KILL,
-// a proxy's idle timeout) rueidis v1.0.79 retries the subscription on the
-// dead connection inside Receive without subscribing again, so waiters
-// are not woken by releases: they wait their budget or the holder's TTL.
-// Use the default RESP3 (Redis 7 speaks it), where the subscription shares
-// the command connection and is restored with it (TestSubscriptionKilled).
+// connection of its own, and once that connection is killed (CLIENT KILL,
+// a proxy's idle timeout) rueidis v1.0.79's Receive retries it dead without
+// subscribing again, so waiters were not woken by releases. Subscribe asks
+// the protocol once (CLIENT INFO) and, on RESP2, subscribes through a
+// dedicated client instead, whose hooks report the connection's death and
+// which it closes afterwards: one pooled connection per lock name being
+// waited on. On RESP3, the default, the subscription shares the command
+// connection and is restored with it (TestSubscriptionKilled).
 package fencerueidis
