@@ -36,14 +36,22 @@ func TestSubscriptionKilled(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(c.Close)
-			subscriptionKilled(t, srv, c)
+			subscriptionKilled(t, srv, newLocker(t, c, redislock.Options{}))
 		})
 	}
+	// The same attack on redislock's own go-redis path, for comparison.
+	t.Run("go-redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		r, err := redislock.New(srv.Client(t), &redislock.Options{WatchdogTTL: watchdogTTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subscriptionKilled(t, srv, r)
+	})
 }
 
-func subscriptionKilled(t *testing.T, srv *redistest.Server, c rueidis.Client) {
+func subscriptionKilled(t *testing.T, srv *redistest.Server, r fence.Locker) {
 	admin := srv.Client(t)
-	r := newLocker(t, c, redislock.Options{})
 	g, err := redislock.New(admin, nil)
 	if err != nil {
 		t.Fatal(err)
