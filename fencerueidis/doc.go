@@ -43,8 +43,21 @@
 // on go-redis without ContextTimeoutEnabled. A connection that such a
 // deadline closed answers the next commands with that deadline's error
 // until rueidis dials again; the adapter sends such a command again, at
-// most twice, rather than report another call's deadline as its own. (It
-// may have run if it was queued on that connection; redislock's scripts
-// are safe to run again for the same owner, as its own retries of a
-// transient error already do.)
+// most twice, rather than report another call's deadline as its own.
+// Such a command was never written: rueidis v1.0.79 closes the connection
+// only from a synchronous call (one command or one DoMulti in flight, all
+// under the deadline's own context), and fails the commands queued behind
+// it without sending them (pipe.failSync). Were one to have run, acquire
+// and extend are safe to run again for the same owner, but a release run
+// twice would report a lease lost that it had released.
+//
+// RESP2: on a client made with AlwaysRESP2, rueidis subscribes on a
+// connection of its own, and once that connection is killed (CLIENT KILL,
+// a proxy's idle timeout) rueidis v1.0.79's Receive retries it dead without
+// subscribing again, so waiters were not woken by releases. Subscribe asks
+// the protocol once (CLIENT INFO) and, on RESP2, subscribes through a
+// dedicated client instead, whose hooks report the connection's death and
+// which it closes afterwards: one pooled connection per lock name being
+// waited on. On RESP3, the default, the subscription shares the command
+// connection and is restored with it (TestSubscriptionKilled).
 package fencerueidis

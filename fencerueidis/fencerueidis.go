@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -26,7 +28,7 @@ func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, err
 	if client.Mode() == rueidis.ClientModeCluster {
 		return nil, fmt.Errorf("%w: fencerueidis: Redis Cluster is not supported; use redislock with go-redis's ClusterClient", fence.ErrInvalidOption)
 	}
-	l, err := redisconn.NewLocker(conn{client}, opts)
+	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32)}, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -34,7 +36,10 @@ func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, err
 }
 
 // conn is redisconn.Conn on a rueidis client.
-type conn struct{ c rueidis.Client }
+type conn struct {
+	c     rueidis.Client
+	proto *atomic.Int32 // the client's RESP version, once Subscribe asked; 0 before
+}
 
 // SelfBounded is false: rueidis ends a command's wait for its reply at
 // ctx's deadline, but a reconnection it starts for the command (after an
@@ -168,6 +173,22 @@ func (c conn) lockState(ctx context.Context, lock, token string) (int64, string,
 }
 
 func (c conn) Subscribe(ctx context.Context, channel string, ready, message func()) error {
+	if c.proto.Load() == 0 {
+		// Which protocol, once: a server refusing CLIENT INFO (an ACL
+		// without it) leaves the default, RESP3.
+		info, err := c.c.Do(ctx, c.c.B().ClientInfo().Build()).ToString()
+		if _, refused := rueidis.IsRedisErr(err); err != nil && !refused {
+			return convErr(ctx, err)
+		}
+		if strings.Contains(info, " resp=2") {
+			c.proto.Store(2)
+		} else {
+			c.proto.Store(3)
+		}
+	}
+	if c.proto.Load() == 2 {
+		return c.subscribeDedicated(ctx, channel, ready, message)
+	}
 	hctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
 		if s.Kind == "subscribe" && s.Channel == channel {
 			ready()
@@ -178,4 +199,36 @@ func (c conn) Subscribe(ctx context.Context, channel string, ready, message func
 		err = errors.New("fencerueidis: unsubscribed")
 	}
 	return convErr(ctx, err)
+}
+
+// subscribeDedicated is Subscribe on a RESP2 client, where rueidis keeps
+// subscriptions on a connection of their own whose death its Receive does
+// not survive: it retries on the dead connection without subscribing again
+// (rueidis v1.0.79; TestSubscriptionKilled). A dedicated client's hooks
+// report that death, and closing the dedicated client discards both of its
+// connections, so the next Subscribe dials fresh ones.
+func (c conn) subscribeDedicated(ctx context.Context, channel string, ready, message func()) error {
+	dc, cancel := c.c.Dedicate()
+	defer cancel()
+	defer dc.Close() // never back to the pool subscribed
+	ended := dc.SetPubSubHooks(rueidis.PubSubHooks{
+		OnMessage: func(rueidis.PubSubMessage) { message() },
+		OnSubscription: func(s rueidis.PubSubSubscription) {
+			if s.Kind == "subscribe" && s.Channel == channel {
+				ready()
+			}
+		},
+	})
+	if err := dc.Do(ctx, dc.B().Subscribe().Channel(channel).Build()).Error(); err != nil {
+		return convErr(ctx, err)
+	}
+	select {
+	case err := <-ended:
+		if err == nil {
+			err = errors.New("fencerueidis: unsubscribed")
+		}
+		return convErr(ctx, err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
