@@ -66,6 +66,13 @@ func (r *Recorder) Ends() []fence.LeaseEvent {
 	return slices.Clone(r.ends)
 }
 
+// Refusals returns the ReplicaSyncEvents so far, in order.
+func (r *Recorder) Refusals() []fence.ReplicaSyncEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.refusals)
+}
+
 // Results counts the acquisitions so far by result.
 func (r *Recorder) Results() map[fence.AcquireResult]int {
 	m := map[fence.AcquireResult]int{}
