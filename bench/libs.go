@@ -98,19 +98,7 @@ func libs(addr string) ([]*lib, error) {
 	rc := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
 	rs := redsync.New(goredis.NewPool(rc))
 	out = append(out, &lib{name: "redsync", close: func() { _ = rc.Close() },
-		acquire: func(ctx context.Context, key string) (func(), error) {
-			m := rs.NewMutex(key, redsync.WithExpiry(leaseTTL)) // otherwise its defaults
-			for {
-				err := m.LockContext(ctx)
-				if err == nil {
-					return func() { _, _ = m.UnlockContext(ctx) }, nil
-				}
-				var taken *redsync.ErrTaken
-				if ctx.Err() != nil || !(errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken)) {
-					return nil, err
-				}
-			}
-		}})
+		acquire: redsyncAcquire(rs)})
 
 	rl, err := rueidislock.NewLocker(rueidislock.LockerOption{ClientOption: rueidis.ClientOption{InitAddress: []string{addr}}})
 	if err != nil {
@@ -125,6 +113,26 @@ func libs(addr string) ([]*lib, error) {
 			return cancel, nil
 		}})
 	return out, nil
+}
+
+// redsyncAcquire locks with rs's Mutex, its defaults but the lease time:
+// redsync gives up after its 32 tries, so the workload calls it again
+// until it succeeds (or ctx ends, or the error is not that the lock is
+// taken).
+func redsyncAcquire(rs *redsync.Redsync) func(ctx context.Context, key string) (func(), error) {
+	return func(ctx context.Context, key string) (func(), error) {
+		m := rs.NewMutex(key, redsync.WithExpiry(leaseTTL))
+		for {
+			err := m.LockContext(ctx)
+			if err == nil {
+				return func() { _, _ = m.UnlockContext(ctx) }, nil
+			}
+			var taken *redsync.ErrTaken
+			if ctx.Err() != nil || !(errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken)) {
+				return nil, err
+			}
+		}
+	}
 }
 
 // limitScripts are the least a Redis lock can do: one EVALSHA to take a key

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -61,19 +60,7 @@ func redlockLibs(addrs []string) ([]*lib, error) {
 	}
 	rs := redsync.New(pools...)
 	redsyncRL := &lib{name: fmt.Sprintf("redsync (%d masters)", n), close: rclose,
-		acquire: func(ctx context.Context, key string) (func(), error) {
-			m := rs.NewMutex(key, redsync.WithExpiry(leaseTTL)) // otherwise its defaults
-			for {
-				err := m.LockContext(ctx)
-				if err == nil {
-					return func() { _, _ = m.UnlockContext(ctx) }, nil
-				}
-				var taken *redsync.ErrTaken
-				if ctx.Err() != nil || !(errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken)) {
-					return nil, err
-				}
-			}
-		}}
+		acquire: redsyncAcquire(rs)}
 	return []*lib{fenceRL, redsyncRL}, nil
 }
 
