@@ -94,11 +94,7 @@ func (l *Locker) readConn(ctx context.Context, w *subscription) {
 			w.setReady(nil)
 		}
 	}
-	message := func() {
-		l.mu.Lock()
-		l.wakeOne(w)
-		l.mu.Unlock()
-	}
+	message := func(payload string) { l.deliver(w, payload) }
 	failures := 0
 	for {
 		err := l.conn.Subscribe(ctx, w.channel, ready, message)

@@ -307,7 +307,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	// deadline that passes while the script deletes the lock it still
 	// owned is a release, not a loss.
 	lostBefore := ls.Err()
-	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, 0)
+	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, -1)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release

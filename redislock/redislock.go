@@ -157,10 +157,11 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 type keys struct {
 	lock    string // holds the owner id, with the lease's expiry
 	token   string // the last token issued
-	channel string // where the release script tells waiters
-	waiting string // set while someone waits: the release script publishes only then
+	channel string // where the release script grants the lock to waiters
+	queue   string // the owners waiting, in arrival order (see grant.lua)
+	waiting string // set by waiters of older versions: the release script publishes "released" for them
 
-	release    []string // the release script's keys: lock, waiting
+	release    []string // the release script's keys: lock, token, queue, waiting
 	channelArg any      // channel, boxed once for the release script's arguments
 }
 
@@ -189,8 +190,8 @@ func (c *nameCache) get(prefix, name string) *keys {
 		c.m = make(map[string]*keys)
 	}
 	base := prefix + ":{" + name + "}"
-	k := &keys{lock: base, token: base + ":token", channel: base + ":released", waiting: base + ":waiting"}
-	k.release, k.channelArg = []string{k.lock, k.waiting}, k.channel
+	k := &keys{lock: base, token: base + ":token", channel: base + ":released", queue: base + ":queue", waiting: base + ":waiting"}
+	k.release, k.channelArg = []string{k.lock, k.token, k.queue, k.waiting}, k.channel
 	c.m[name] = k
 	return k
 }
@@ -261,9 +262,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	start := time.Now()
 	a := l.newAttempt(name, o.TTL)
 	if o.Wait > 0 {
-		// A try that finds the lock held marks the name as waited on
-		// for as long as this Acquire may wait, so that releases publish.
-		a.acquireArgs[3] = l.waitArg.get(o.Wait)
+		// A try that finds the lock held queues this owner for as long
+		// as this Acquire may wait; it is try number 1.
+		a.acquireArgs[3], a.acquireArgs[4] = l.waitArg.get(o.Wait), 1
 	}
 	lease, holderTTL, err := l.try(ctx, a)
 	switch {
@@ -279,12 +280,14 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
 	defer cancel()
 	var (
-		wake     <-chan struct{} // nil until subscribed
+		me       *waiter         // nil until subscribed
+		wake     <-chan struct{} // me's
 		leave    func()
-		tried    = start // when the last try began
-		failures int     // transient errors in a row
-		lastErr  error   // the last transient error, if the last try failed
-		maybe    = err   // an error after which the script may have run
+		tried    = start              // when the last try began
+		sent     = []time.Time{start} // when each try began, by try number - 1
+		failures int                  // transient errors in a row
+		lastErr  error                // the last transient error, if the last try failed
+		maybe    = err                // an error after which the script may have run
 	)
 	defer func() {
 		if leave != nil {
@@ -292,9 +295,13 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		}
 	}()
 	fail := func(err error) (fence.Lease, error) {
-		if maybe != nil {
-			l.giveUpMaybeHeld(a, maybe)
+		// Leave the queue, and give back a grant that came meanwhile
+		// (or a lock that a try given up on may have taken: revoke it).
+		var revoke time.Duration
+		if maybe != nil && !errors.Is(maybe, errGaveUp) {
+			revoke = max(a.ttl, revokeFor)
 		}
+		go l.withdraw(*a, revoke)
 		return nil, fence.NotAcquired(name, err)
 	}
 	// budgetOver says why waiting stopped: the caller's ctx; else the
@@ -323,16 +330,17 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			lastErr, pause = err, retryBackoff(failures)
 		case wake == nil:
 			// Held: subscribe to the release channel first.
-			w, readyAt, lv, jerr := l.join(waitCtx, a.keys.channel)
+			w, readyAt, lv, jerr := l.join(waitCtx, a.keys.channel, a.owner)
 			switch {
 			case jerr == nil:
-				wake, leave = w, lv
+				me, wake, leave = w, w.wake, lv
 				failures, lastErr = 0, nil
-				// A release after the subscription was confirmed
+				// A grant after the subscription was confirmed
 				// reaches this Locker. If that was before the last try
 				// began, the try saw everything before it and the
 				// subscription will see everything after: wait.
-				// Otherwise a release may have fallen in between.
+				// Otherwise a grant may have fallen in between (the
+				// next try finds the lock ours).
 				if readyAt.Before(tried) {
 					pause = holderWait(holderTTL, o.Wait)
 				}
@@ -359,9 +367,21 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			}
 			timer.Stop()
 		}
+		if me != nil {
+			if g, ok := l.takeGrant(me); ok {
+				if ls := l.granted(ctx, a, g, sent); ls != nil {
+					return ls, nil
+				}
+				// Not usable as it is: the try below confirms it
+				// (finds the lock ours) or finds that it is not.
+			}
+		}
 		// Tries are bounded by the wait budget; one given up on that took
 		// the lock gives it back when its late reply comes.
 		tried = time.Now()
+		sent = append(sent, tried)
+		a.acquireArgs[3] = max(start.Add(o.Wait).Sub(tried).Milliseconds(), 1)
+		a.acquireArgs[4] = len(sent)
 		lease, holderTTL, err = l.try(waitCtx, a)
 		switch {
 		case lease != nil:
@@ -379,6 +399,31 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			maybe = err
 		}
 	}
+}
+
+// granted returns the lease that grant g gives a, or nil when g must be
+// confirmed by a try (which finds the lock a's, with the same token, if
+// the grant holds). The grant ran after a's try number g.try, so the lease
+// counts from when that try was sent, on the local clock alone. A grant
+// is confirmed when replica sync applies (the releaser's connection wrote
+// it: a WAIT proves nothing until a's own connection writes), when it
+// gives less than the lease time (the waiter's budget was nearly over), or
+// when less than half of the lease is left (a long wait since that try).
+//
+// Anyone who may publish on the channel could forge a grant, but only
+// for an owner id that is waiting (128 random bits, seen by whoever can
+// read the queue) and only for a try number it sent; such a client can as
+// well delete the lock. The threat model is the package doc's: every
+// client of the server is trusted not to tamper with fence's keys.
+func (l *Locker) granted(ctx context.Context, a *attempt, g grantMsg, sent []time.Time) *lease {
+	if a.synced || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl {
+		return nil
+	}
+	anchor := sent[g.try-1]
+	if time.Until(deadline(anchor, a.ttl)) < a.ttl/2 {
+		return nil
+	}
+	return l.newLease(ctx, a, fence.Token(g.token), anchor, time.Now(), g.server)
 }
 
 // holderWait is how long to wait for a holder whose lock has ttl left
@@ -438,9 +483,10 @@ type attempt struct {
 	watchdog  bool
 
 	ownerArg    any       // owner, boxed
-	acquireKeys [4]string // lock, token, revokeKey, waiting
-	acquireArgs [4]any    // owner, lease ms, token record retention ms, wait ms (see acquire.lua)
-	releaseArgs [3]any    // owner, PUBLISH or SPUBLISH, channel
+	acquireKeys [4]string // lock, token, revokeKey, queue
+	acquireArgs [7]any    // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
+	releaseArgs [4]any    // owner, PUBLISH or SPUBLISH, channel, token record retention ms
+	synced      bool      // the last try that found the lock held had replica sync apply
 
 	// home is the lease that the first successful try fills in: the
 	// attempt lives in it from the start, so that an acquisition
@@ -457,7 +503,7 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	ls := new(lease)
 	a := &ls.attempt
 	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, ttl: ttl, home: ls,
-		ownerArg: owner, acquireKeys: [4]string{k.lock, k.token, revokeKey, k.waiting}}
+		ownerArg: owner, acquireKeys: [4]string{k.lock, k.token, revokeKey, k.queue}}
 	if ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
@@ -465,8 +511,8 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	if a.ttl > l.retention {
 		retention = a.ttl.Milliseconds()
 	}
-	a.acquireArgs = [4]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0}
-	a.releaseArgs = [3]any{a.ownerArg, l.publish, k.channelArg}
+	a.acquireArgs = [7]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg}
+	a.releaseArgs = [4]any{a.ownerArg, l.publish, k.channelArg, retention}
 	return a
 }
 
@@ -508,6 +554,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		return nil, 0, err
 	}
 	if res[0] == 0 {
+		a.synced = required > 0
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	}
 	if acked < required {
@@ -517,7 +564,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		defer cancel()
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)
-		if _, err := l.releaseOwned(rctx, a, 0); err != nil {
+		if _, err := l.releaseOwned(rctx, a, -1); err != nil {
 			return nil, 0, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err))
 		}
 		return nil, 0, notRepl
@@ -526,30 +573,24 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
-// deleted the lock (and told waiters). With revoke > 0 it also leaves a
-// mark for that long, whether or not it deleted the lock, that makes any
-// later run of this owner's acquire script refuse (see release.lua).
+// deleted the lock (and granted it to the next waiter). With revoke >= 0 it
+// also withdraws the owner from the queue of waiters, and with revoke > 0
+// leaves a mark for that long, whether or not it deleted the lock, that
+// makes any later run of this owner's acquire script refuse (see
+// release.lua). revoke < 0: a plain release.
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
-	keys := a.keys.release
-	if revoke > 0 {
-		keys = []string{a.keys.lock, a.keys.waiting, a.revokeKey}
+	keys, args := a.keys.release, a.releaseArgs[:]
+	if revoke >= 0 {
+		keys = []string{a.keys.lock, a.keys.token, a.keys.queue, a.keys.waiting, a.revokeKey}
+		args = []any{a.releaseArgs[0], a.releaseArgs[1], a.releaseArgs[2], a.releaseArgs[3], revoke.Milliseconds()}
 	}
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
-		var deleted bool
-		var err error
-		if revoke > 0 {
-			deleted, err = l.release(ctx, keys, a.ownerArg, l.publish, a.keys.channelArg, revoke.Milliseconds())
-		} else {
-			deleted, err = l.release(ctx, keys, a.releaseArgs[:]...)
-		}
+		deleted, err := l.release(ctx, keys, args...)
 		return deleted, l.calls.directErr(ctx, err)
 	}
 	return bounded(ctx, &l.calls, func(ctx context.Context) (bool, error) {
-		if revoke > 0 {
-			return l.release(ctx, keys, a.ownerArg, l.publish, a.keys.channelArg, revoke.Milliseconds())
-		}
-		return l.release(ctx, keys, a.releaseArgs[:]...)
+		return l.release(ctx, keys, args...)
 	}, nil)
 }
 

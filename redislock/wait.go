@@ -3,6 +3,8 @@ package redislock
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,7 +13,9 @@ import (
 
 // subscription is one subscription to a lock's release channel, shared by
 // every Acquire of this Locker that waits on that lock, with its waiters. A
-// release message wakes one local waiter, not all of them: only one can win.
+// grant goes to the waiter it names, if it is one of them; a legacy
+// "released" message wakes one local waiter, not all of them: only one can
+// win.
 //
 // The subscription belongs to none of its waiters: its reader goroutine
 // subscribes with the subscription's own context, so a waiter whose budget
@@ -21,10 +25,15 @@ import (
 // once, so the next waiter subscribes afresh.
 type subscription struct {
 	channel string
-	waiters []chan struct{} // each waiter's wake-up, capacity 1, in arrival order; guarded by Locker.mu
-	ps      *redis.PubSub   // set by the reader once subscribed; guarded by Locker.mu
-	closed  bool            // the last waiter has left; guarded by Locker.mu
-	stop    context.CancelFunc
+	waiters []*waiter // in arrival order; guarded by Locker.mu
+	// recent keeps the last grants for owners that were not among the
+	// waiters: a waiter joins after its try, and the grant may come first.
+	// Guarded by Locker.mu.
+	recent     [8]grantMsg
+	recentNext int
+	ps         *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
+	closed     bool          // the last waiter has left; guarded by Locker.mu
+	stop       context.CancelFunc
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
@@ -32,14 +41,47 @@ type subscription struct {
 	readyAt   time.Time // when it was confirmed
 }
 
-// join registers a waiter on channel, subscribing if nobody local is
+// waiter is one waiting Acquire on a subscription.
+type waiter struct {
+	owner string
+	wake  chan struct{} // capacity 1: a message for it is pending
+	grant grantMsg      // the grant it was sent, if owner is set; guarded by Locker.mu
+}
+
+// grantMsg is a grant published by the release (or acquire) script: the
+// lock is owner's with token for px ms, counted from when the script ran,
+// after owner's try number try (see grant.lua); server is the server's
+// clock then, ms.
+type grantMsg struct {
+	owner             string
+	token, px, server int64
+	try               int
+}
+
+// parseGrant reads "g <owner> <token> <px> <try> <server ms>".
+func parseGrant(msg string) (grantMsg, bool) {
+	f := strings.Fields(msg)
+	if len(f) != 6 || f[0] != "g" || len(f[1]) != ownerLen {
+		return grantMsg{}, false
+	}
+	token, err1 := strconv.ParseInt(f[2], 10, 64)
+	px, err2 := strconv.ParseInt(f[3], 10, 64)
+	try, err3 := strconv.Atoi(f[4])
+	server, err4 := strconv.ParseInt(f[5], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || token <= 0 || px <= 0 || try <= 0 {
+		return grantMsg{}, false
+	}
+	return grantMsg{owner: f[1], token: token, px: px, try: try, server: server}, true
+}
+
+// join registers owner's waiter on channel, subscribing if nobody local is
 // subscribed yet, and returns once the server has confirmed the
-// subscription, so that no release published after join returns is missed.
-// readyAt is when the subscription was confirmed: a release published after
+// subscription, so that no grant published after join returns is missed.
+// readyAt is when the subscription was confirmed: a grant published after
 // it reaches this Locker. The caller must call leave. join returns early
 // with ctx's error when ctx ends first.
-func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}, readyAt time.Time, leave func(), err error) {
-	me := make(chan struct{}, 1)
+func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, readyAt time.Time, leave func(), err error) {
+	me = &waiter{owner: owner, wake: make(chan struct{}, 1)}
 	l.mu.Lock()
 	w := l.subscriptions[channel]
 	if w == nil {
@@ -50,6 +92,12 @@ func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}
 		go l.read(wctx, w)
 	}
 	w.waiters = append(w.waiters, me)
+	for i := range w.recent {
+		if w.recent[i].owner == owner {
+			me.grant, w.recent[i] = w.recent[i], grantMsg{}
+			me.wake <- struct{}{}
+		}
+	}
 	l.mu.Unlock()
 	leave = func() { l.leave(w, me) }
 
@@ -71,11 +119,12 @@ func (w *subscription) setReady(err error) {
 }
 
 // leave unregisters a waiter. A wake-up it received but did not use passes
-// to another waiter. The last waiter ends the subscription. leave does not wait
+// to another waiter; a grant it did not use is the caller's to give back
+// (withdraw). The last waiter ends the subscription. leave does not wait
 // for the reader: on a server that hangs, closing the subscription can take
 // as long as the client's read timeout, and the caller's deadline comes
 // first.
-func (l *Locker) leave(w *subscription, me chan struct{}) {
+func (l *Locker) leave(w *subscription, me *waiter) {
 	l.mu.Lock()
 	for i, c := range w.waiters {
 		if c == me {
@@ -84,8 +133,10 @@ func (l *Locker) leave(w *subscription, me chan struct{}) {
 		}
 	}
 	select {
-	case <-me:
-		l.wakeOne(w)
+	case <-me.wake:
+		if me.grant.owner == "" {
+			l.wakeOne(w)
+		}
 	default:
 	}
 	var ps *redis.PubSub
@@ -121,11 +172,45 @@ func (l *Locker) drop(w *subscription, err error) {
 func (l *Locker) wakeOne(w *subscription) {
 	for _, c := range w.waiters {
 		select {
-		case c <- struct{}{}:
+		case c.wake <- struct{}{}:
 			return
 		default:
 		}
 	}
+}
+
+// deliver hands a message on w's channel to its waiters: a grant to the
+// waiter it names (kept for a while if none does: it may be about to
+// join), anything else wakes one waiter to try.
+func (l *Locker) deliver(w *subscription, msg string) {
+	g, ok := parseGrant(msg)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !ok {
+		l.wakeOne(w)
+		return
+	}
+	for _, c := range w.waiters {
+		if c.owner == g.owner {
+			c.grant = g
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+	w.recent[w.recentNext] = g
+	w.recentNext = (w.recentNext + 1) % len(w.recent)
+}
+
+// takeGrant returns the grant sent to me, if any, and forgets it.
+func (l *Locker) takeGrant(me *waiter) (grantMsg, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := me.grant
+	me.grant = grantMsg{}
+	return g, g.owner != ""
 }
 
 // wakeAll wakes every waiter: messages may have been lost.
@@ -134,7 +219,7 @@ func (l *Locker) wakeAll(w *subscription) {
 	defer l.mu.Unlock()
 	for _, c := range w.waiters {
 		select {
-		case c <- struct{}{}:
+		case c.wake <- struct{}{}:
 		default:
 		}
 	}
@@ -212,9 +297,7 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 				}
 			}
 		case *redis.Message:
-			l.mu.Lock()
-			l.wakeOne(w)
-			l.mu.Unlock()
+			l.deliver(w, m.Payload)
 		}
 	}
 }

@@ -239,11 +239,11 @@ func TestWakeUpPassesOnWhenWaiterLeaves(t *testing.T) {
 		t.Fatal(err)
 	}
 	channel := l.keys("lock:payment:1001").channel
-	wakeA, _, leaveA, err := l.join(ctx, channel)
+	wakeA, _, leaveA, err := l.join(ctx, channel, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	wakeB, _, leaveB, err := l.join(ctx, channel)
+	wakeB, _, leaveB, err := l.join(ctx, channel, "b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,10 +251,10 @@ func TestWakeUpPassesOnWhenWaiterLeaves(t *testing.T) {
 	if err := srv.Client(t).Publish(ctx, channel, "released").Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return len(wakeA) == 1 }) // A, the first, got it
-	leaveA()                                              // without using it
+	eventually(t, func() bool { return len(wakeA.wake) == 1 }) // A, the first, got it
+	leaveA()                                                   // without using it
 	select {
-	case <-wakeB:
+	case <-wakeB.wake:
 	case <-ctx.Done():
 		t.Fatal("the wake-up of a waiter that left reached nobody")
 	}
