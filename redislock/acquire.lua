@@ -5,7 +5,7 @@
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] token record retention ms,
 -- ARGV[4] how much longer the caller may wait, ms (0: it does not),
 -- ARGV[5] the number of this try, ARGV[6] PUBLISH or SPUBLISH, ARGV[7] the
--- release channel
+-- release channel, ARGV[8] the secret that signs a grant to the caller
 --
 -- A try that finds the lock held by a caller that will wait queues the
 -- caller (once: a later try refreshes its waiter key's budget and try
@@ -28,7 +28,7 @@ local mine = lock .. ':waiter:' .. owner
 local function enqueue()
   local wait = tonumber(ARGV[4])
   if wait > 0 then
-    if not redis.call('SET', mine, ARGV[2] .. ' ' .. ARGV[5], 'PX', wait, 'GET') then
+    if not redis.call('SET', mine, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[8], 'PX', wait, 'GET') then
       redis.call('RPUSH', queue, owner)
       if redis.call('PTTL', queue) < wait then
         redis.call('PEXPIRE', queue, wait)

@@ -53,9 +53,10 @@ local function clockMs(now)
 end
 
 -- The queue: lock .. ':queue' lists waiting owners in arrival order; the
--- waiter key lock .. ':waiter:' .. owner holds '<lease ms> <try>' (the lease
--- the owner asked for, the number of its last try that ran) and lives for
--- the owner's remaining wait budget, so a waiter that died or gave up
+-- waiter key lock .. ':waiter:' .. owner holds '<lease ms> <try> <secret>'
+-- (the lease the owner asked for, the number of its last try that ran, the
+-- secret that signs its grant) and lives for the owner's remaining wait
+-- budget, so a waiter that died or gave up
 -- drops out when its budget ends. An owner is live while its waiter key
 -- exists and it is not revoked (lock .. ':revoked:' .. owner). These keys
 -- share the lock's hash tag: on a cluster they are in its slot.
@@ -79,7 +80,9 @@ end
 -- grant gives the free lock to the live head of queue, with a new token,
 -- for its lease or what is left of its wait budget if less (a waiter that
 -- died holds the lock no longer than it would have waited), and tells it
--- on the release channel: 'g <owner> <token> <px> <try> <server ms>'.
+-- on the release channel: 'g <owner> <token> <px> <try> <server ms> <mac>',
+-- mac the SHA-1 of the secret and the four numbers before it, so that a
+-- client that can publish but not read the keys cannot forge a grant.
 -- It returns the owner granted (nil: no live waiter), or nil and a refusal
 -- (the token record), leaving everything as it was.
 local function grant(lock, record, queue, retention, publish, channel)
@@ -89,7 +92,7 @@ local function grant(lock, record, queue, retention, publish, channel)
       return nil
     end
     local waiter = lock .. ':waiter:' .. head
-    local ms, try = string.match(v, '^(%d+) (%d+)$')
+    local ms, try, secret = string.match(v, '^(%d+) (%d+) (%x+)$')
     local px = redis.call('PTTL', waiter)
     if ms and tonumber(ms) < px then
       px = tonumber(ms)
@@ -108,7 +111,8 @@ local function grant(lock, record, queue, retention, publish, channel)
       redis.call('DEL', waiter)
       redis.call('SET', lock, head, 'PX', px)
       redis.call('SET', record, string.format('%d', token), 'PX', math.max(tonumber(retention), px))
-      redis.call(publish, channel, string.format('g %s %d %d %s %d', head, token, px, try, clockMs(now)))
+      local signed = string.format('%d %d %s %d', token, px, try, clockMs(now))
+      redis.call(publish, channel, 'g ' .. head .. ' ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed))
       return head
     end
     redis.call('LPOP', queue) -- malformed or expiring: not live

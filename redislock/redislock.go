@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha1"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -264,7 +266,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if o.Wait > 0 {
 		// A try that finds the lock held queues this owner for as long
 		// as this Acquire may wait; it is try number 1.
-		a.acquireArgs[3], a.acquireArgs[4] = l.waitArg.get(o.Wait), 1
+		a.secret = newSecret()
+		a.acquireArgs[3], a.acquireArgs[4], a.acquireArgs[7] = l.waitArg.get(o.Wait), 1, a.secret
 	}
 	lease, holderTTL, err := l.try(ctx, a)
 	switch {
@@ -359,21 +362,44 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		}
 		if pause > 0 {
 			timer.Reset(pause)
-			select {
-			case <-wake:
-			case <-timer.C:
-			case <-waitCtx.Done():
-				return budgetOver()
+			if me != nil {
+				l.setTimer(me, time.Now().Add(pause))
+			}
+		sleep:
+			for {
+				select {
+				case <-wake:
+					u := l.taken(me)
+					switch {
+					case u.grant.owner != "":
+						if ls := l.granted(ctx, a, u.grant, sent); ls != nil {
+							return ls, nil
+						}
+						// Not usable as it is: the try below confirms
+						// it (finds the lock ours) or finds it is not.
+						break sleep
+					case u.tryNow:
+						break sleep
+					case !u.retime.IsZero():
+						// Granted to another owner for less than this
+						// timer: try when that grant ends.
+						timer.Reset(time.Until(u.retime))
+					}
+				case <-timer.C:
+					break sleep
+				case <-waitCtx.Done():
+					return budgetOver()
+				}
 			}
 			timer.Stop()
-		}
-		if me != nil {
-			if g, ok := l.takeGrant(me); ok {
-				if ls := l.granted(ctx, a, g, sent); ls != nil {
+			if me != nil {
+				l.setTimer(me, time.Time{})
+			}
+		} else if me != nil {
+			if u := l.taken(me); u.grant.owner != "" {
+				if ls := l.granted(ctx, a, u.grant, sent); ls != nil {
 					return ls, nil
 				}
-				// Not usable as it is: the try below confirms it
-				// (finds the lock ours) or finds that it is not.
 			}
 		}
 		// Tries are bounded by the wait budget; one given up on that took
@@ -410,13 +436,16 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // gives less than the lease time (the waiter's budget was nearly over), or
 // when less than half of the lease is left (a long wait since that try).
 //
-// Anyone who may publish on the channel could forge a grant, but only
-// for an owner id that is waiting (128 random bits, seen by whoever can
-// read the queue) and only for a try number it sent; such a client can as
-// well delete the lock. The threat model is the package doc's: every
-// client of the server is trusted not to tamper with fence's keys.
+// A grant is signed: the waiter's tries store a secret with its waiter key
+// (never published), and the script publishes SHA-1(secret, grant), which
+// the waiter checks. A client that may publish on the channel but not
+// read fence's keys cannot make a waiter take a grant the script did not
+// make (a forged one is confirmed by a try, which finds the truth); one
+// that can read them could as well delete the lock. A replayed grant names
+// an owner that no longer waits (owners are new for every Acquire), or is
+// the same truth again.
 func (l *Locker) granted(ctx context.Context, a *attempt, g grantMsg, sent []time.Time) *lease {
-	if a.synced || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl {
+	if a.synced || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
 		return nil
 	}
 	anchor := sent[g.try-1]
@@ -424,6 +453,23 @@ func (l *Locker) granted(ctx context.Context, a *attempt, g grantMsg, sent []tim
 		return nil
 	}
 	return l.newLease(ctx, a, fence.Token(g.token), anchor, time.Now(), g.server)
+}
+
+// newSecret returns a random secret that signs grants (see granted).
+func newSecret() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// signedBy reports whether g carries the MAC that the grant script makes
+// with a's secret.
+func (a *attempt) signedBy(g grantMsg) bool {
+	if a.secret == "" {
+		return false
+	}
+	sum := sha1.Sum([]byte(a.secret + " " + g.signed))
+	return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(g.mac)) == 1
 }
 
 // holderWait is how long to wait for a holder whose lock has ttl left
@@ -484,9 +530,10 @@ type attempt struct {
 
 	ownerArg    any       // owner, boxed
 	acquireKeys [4]string // lock, token, revokeKey, queue
-	acquireArgs [7]any    // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
+	acquireArgs [8]any    // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel, secret (see acquire.lua)
 	releaseArgs [4]any    // owner, PUBLISH or SPUBLISH, channel, token record retention ms
 	synced      bool      // the last try that found the lock held had replica sync apply
+	secret      string    // signs grants to this owner (see granted); set by a waiting Acquire
 
 	// home is the lease that the first successful try fills in: the
 	// attempt lives in it from the start, so that an acquisition
@@ -511,7 +558,7 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	if a.ttl > l.retention {
 		retention = a.ttl.Milliseconds()
 	}
-	a.acquireArgs = [7]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg}
+	a.acquireArgs = [8]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg, ""}
 	a.releaseArgs = [4]any{a.ownerArg, l.publish, k.channelArg, retention}
 	return a
 }

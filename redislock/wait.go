@@ -41,27 +41,41 @@ type subscription struct {
 	readyAt   time.Time // when it was confirmed
 }
 
-// waiter is one waiting Acquire on a subscription.
+// waiter is one waiting Acquire on a subscription. Its fields but owner
+// and wake are guarded by Locker.mu.
 type waiter struct {
 	owner string
-	wake  chan struct{} // capacity 1: a message for it is pending
-	grant grantMsg      // the grant it was sent, if owner is set; guarded by Locker.mu
+	wake  chan struct{} // capacity 1: rung when one of the fields below is set
+
+	grant  grantMsg  // the grant sent to owner, if grant.owner is set
+	tryNow bool      // a legacy release or a lost subscription: try again
+	until  time.Time // when the waiter's timer fires (zero: no timer)
+	retime time.Time // the lock was granted to another owner until then, before until
+}
+
+// ring wakes w. l.mu is held.
+func (w *waiter) ring() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }
 
 // grantMsg is a grant published by the release (or acquire) script: the
 // lock is owner's with token for px ms, counted from when the script ran,
 // after owner's try number try (see grant.lua); server is the server's
-// clock then, ms.
+// clock then, ms; mac proves that the script wrote it (see granted).
 type grantMsg struct {
 	owner             string
 	token, px, server int64
 	try               int
+	mac, signed       string // the MAC, and the text it signs
 }
 
-// parseGrant reads "g <owner> <token> <px> <try> <server ms>".
+// parseGrant reads "g <owner> <token> <px> <try> <server ms> <mac>".
 func parseGrant(msg string) (grantMsg, bool) {
 	f := strings.Fields(msg)
-	if len(f) != 6 || f[0] != "g" || len(f[1]) != ownerLen {
+	if len(f) != 7 || f[0] != "g" || len(f[1]) != ownerLen {
 		return grantMsg{}, false
 	}
 	token, err1 := strconv.ParseInt(f[2], 10, 64)
@@ -71,7 +85,8 @@ func parseGrant(msg string) (grantMsg, bool) {
 	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || token <= 0 || px <= 0 || try <= 0 {
 		return grantMsg{}, false
 	}
-	return grantMsg{owner: f[1], token: token, px: px, try: try, server: server}, true
+	signed := strings.Join(f[2:6], " ")
+	return grantMsg{owner: f[1], token: token, px: px, try: try, server: server, mac: f[6], signed: signed}, true
 }
 
 // join registers owner's waiter on channel, subscribing if nobody local is
@@ -95,7 +110,7 @@ func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, r
 	for i := range w.recent {
 		if w.recent[i].owner == owner {
 			me.grant, w.recent[i] = w.recent[i], grantMsg{}
-			me.wake <- struct{}{}
+			me.ring()
 		}
 	}
 	l.mu.Unlock()
@@ -132,12 +147,8 @@ func (l *Locker) leave(w *subscription, me *waiter) {
 			break
 		}
 	}
-	select {
-	case <-me.wake:
-		if me.grant.owner == "" {
-			l.wakeOne(w)
-		}
-	default:
+	if me.tryNow {
+		l.wakeOne(w)
 	}
 	var ps *redis.PubSub
 	if len(w.waiters) == 0 && !w.closed {
@@ -171,46 +182,67 @@ func (l *Locker) drop(w *subscription, err error) {
 // that local waiters get the lock in the order they came. l.mu is held.
 func (l *Locker) wakeOne(w *subscription) {
 	for _, c := range w.waiters {
-		select {
-		case c.wake <- struct{}{}:
+		if !c.tryNow && c.grant.owner == "" {
+			c.tryNow = true
+			c.ring()
 			return
-		default:
 		}
 	}
 }
 
 // deliver hands a message on w's channel to its waiters: a grant to the
 // waiter it names (kept for a while if none does: it may be about to
-// join), anything else wakes one waiter to try.
+// join), anything else wakes one waiter to try. A grant for a shorter time
+// than the other waiters' timers (to a waiter near the end of its budget,
+// perhaps dead) moves their timers to its end, when they try again.
 func (l *Locker) deliver(w *subscription, msg string) {
 	g, ok := parseGrant(msg)
+	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !ok {
 		l.wakeOne(w)
 		return
 	}
+	ends, found := now.Add(time.Duration(g.px)*time.Millisecond), false
 	for _, c := range w.waiters {
-		if c.owner == g.owner {
-			c.grant = g
-			select {
-			case c.wake <- struct{}{}:
-			default:
-			}
-			return
+		switch {
+		case c.owner == g.owner:
+			c.grant, found = g, true
+			c.ring()
+		case !c.until.IsZero() && c.until.After(ends):
+			c.until, c.retime = ends, ends
+			c.ring()
 		}
 	}
-	w.recent[w.recentNext] = g
-	w.recentNext = (w.recentNext + 1) % len(w.recent)
+	if !found {
+		w.recent[w.recentNext] = g
+		w.recentNext = (w.recentNext + 1) % len(w.recent)
+	}
 }
 
-// takeGrant returns the grant sent to me, if any, and forgets it.
-func (l *Locker) takeGrant(me *waiter) (grantMsg, bool) {
+// wakeup is what rang a waiter: a grant for it, a request to try now, or
+// a new time to try (see waiter).
+type wakeup struct {
+	grant  grantMsg
+	tryNow bool
+	retime time.Time
+}
+
+// taken returns what rang me and forgets it.
+func (l *Locker) taken(me *waiter) wakeup {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	g := me.grant
-	me.grant = grantMsg{}
-	return g, g.owner != ""
+	u := wakeup{me.grant, me.tryNow, me.retime}
+	me.grant, me.tryNow, me.retime = grantMsg{}, false, time.Time{}
+	return u
+}
+
+// setTimer records when me's timer fires (zero: none).
+func (l *Locker) setTimer(me *waiter, at time.Time) {
+	l.mu.Lock()
+	me.until = at
+	l.mu.Unlock()
 }
 
 // wakeAll wakes every waiter: messages may have been lost.
@@ -218,10 +250,8 @@ func (l *Locker) wakeAll(w *subscription) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, c := range w.waiters {
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
+		c.tryNow = true
+		c.ring()
 	}
 }
 
