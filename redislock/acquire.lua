@@ -1,11 +1,13 @@
 -- Takes the lock if it is free and nobody queues for it, and issues a
 -- fencing token, in one step (grant.lua is in front of this).
--- KEYS[1] the lock, KEYS[2] the last-token record, KEYS[3] the owner's
--- revocation mark (release.lua), KEYS[4] the queue of waiters
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] token record retention ms,
+-- KEYS[1] the lock; the other keys are named after it, with its hash tag,
+-- so on a cluster they are in its slot: the last-token record, the queue
+-- of waiters, the owner's waiter key and revocation mark (release.lua)
+-- ARGV[1] owner (32 characters) followed by the secret that signs a grant
+-- to it, ARGV[2] lease ms, ARGV[3] token record retention ms,
 -- ARGV[4] how much longer the caller may wait, ms (0: it does not),
 -- ARGV[5] the number of this try, ARGV[6] PUBLISH or SPUBLISH, ARGV[7] the
--- release channel, ARGV[8] the secret that signs a grant to the caller
+-- release channel
 --
 -- A try that finds the lock held by a caller that will wait queues the
 -- caller (once: a later try refreshes its waiter key's budget and try
@@ -23,12 +25,12 @@
 -- grant, or a retry whose reply was lost), {0, holder's PTTL} when held,
 -- and an error starting FENCETOKEN, leaving everything as it was, when the
 -- record is not a token this script can increase exactly.
-local lock, record, queue, owner = KEYS[1], KEYS[2], KEYS[4], ARGV[1]
-local mine = lock .. ':waiter:' .. owner
+local lock, owner, secret = KEYS[1], string.sub(ARGV[1], 1, 32), string.sub(ARGV[1], 33)
+local record, queue, mine = lock .. ':token', lock .. ':queue', lock .. ':waiter:' .. owner
 local function enqueue()
   local wait = tonumber(ARGV[4])
   if wait > 0 then
-    if not redis.call('SET', mine, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[8], 'PX', wait, 'GET') then
+    if not redis.call('SET', mine, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. secret, 'PX', wait, 'GET') then
       redis.call('RPUSH', queue, owner)
       if redis.call('PTTL', queue) < wait then
         redis.call('PEXPIRE', queue, wait)
@@ -74,7 +76,7 @@ if err then
   undo()
   return err
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if redis.call('EXISTS', lock .. ':revoked:' .. owner) == 1 then
   -- This acquisition was given up on before it ran: do not take the lock.
   undo()
   return {0, -2}

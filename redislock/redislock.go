@@ -163,7 +163,7 @@ type keys struct {
 	queue   string // the owners waiting, in arrival order (see grant.lua)
 	waiting string // set by waiters of older versions: the release script publishes "released" for them
 
-	release    []string // the release script's keys: lock, token, queue, waiting
+	scriptKeys []string // the scripts' keys: the lock (they name the others after it)
 	channelArg any      // channel, boxed once for the release script's arguments
 }
 
@@ -193,7 +193,7 @@ func (c *nameCache) get(prefix, name string) *keys {
 	}
 	base := prefix + ":{" + name + "}"
 	k := &keys{lock: base, token: base + ":token", channel: base + ":released", queue: base + ":queue", waiting: base + ":waiting"}
-	k.release, k.channelArg = []string{k.lock, k.token, k.queue, k.waiting}, k.channel
+	k.scriptKeys, k.channelArg = []string{k.lock}, k.channel
 	c.m[name] = k
 	return k
 }
@@ -266,8 +266,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if o.Wait > 0 {
 		// A try that finds the lock held queues this owner for as long
 		// as this Acquire may wait; it is try number 1.
-		a.secret = newSecret()
-		a.acquireArgs[3], a.acquireArgs[4], a.acquireArgs[7] = l.waitArg.get(o.Wait), 1, a.secret
+		a.acquireArgs[3], a.acquireArgs[4] = l.waitArg.get(o.Wait), 1
 	}
 	lease, holderTTL, err := l.try(ctx, a)
 	switch {
@@ -455,13 +454,6 @@ func (l *Locker) granted(ctx context.Context, a *attempt, g grantMsg, sent []tim
 	return l.newLease(ctx, a, fence.Token(g.token), anchor, time.Now(), g.server)
 }
 
-// newSecret returns a random secret that signs grants (see granted).
-func newSecret() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	return hex.EncodeToString(b[:])
-}
-
 // signedBy reports whether g carries the MAC that the grant script makes
 // with a's secret.
 func (a *attempt) signedBy(g grantMsg) bool {
@@ -525,15 +517,14 @@ type attempt struct {
 	keys      *keys
 	owner     string // a substring of revokeKey
 	revokeKey string // the mark that revokes this owner, in the lock's slot
+	secret    string // signs grants to this owner (see granted)
 	ttl       time.Duration
 	watchdog  bool
 
-	ownerArg    any       // owner, boxed
-	acquireKeys [4]string // lock, token, revokeKey, queue
-	acquireArgs [8]any    // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel, secret (see acquire.lua)
-	releaseArgs [4]any    // owner, PUBLISH or SPUBLISH, channel, token record retention ms
-	synced      bool      // the last try that found the lock held had replica sync apply
-	secret      string    // signs grants to this owner (see granted); set by a waiting Acquire
+	ownerArg    any    // owner followed by secret, boxed: the scripts' ARGV[1]
+	acquireArgs [7]any // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
+	releaseArgs [4]any // owner, PUBLISH or SPUBLISH, channel, token record retention ms
+	synced      bool   // the last try that found the lock held had replica sync apply
 
 	// home is the lease that the first successful try fills in: the
 	// attempt lives in it from the start, so that an acquisition
@@ -545,12 +536,12 @@ type attempt struct {
 // ttl (zero: the watchdog's).
 func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	k := l.keys(name)
-	revokeKey := revocationKey(k.lock)
+	revokeKey, secret := revocationKey(k.lock)
 	owner := revokeKey[len(revokeKey)-ownerLen:]
 	ls := new(lease)
 	a := &ls.attempt
-	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, ttl: ttl, home: ls,
-		ownerArg: owner, acquireKeys: [4]string{k.lock, k.token, revokeKey, k.queue}}
+	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, secret: secret[ownerLen:], ttl: ttl, home: ls,
+		ownerArg: secret}
 	if ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
@@ -558,7 +549,7 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	if a.ttl > l.retention {
 		retention = a.ttl.Milliseconds()
 	}
-	a.acquireArgs = [8]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg, ""}
+	a.acquireArgs = [7]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg}
 	a.releaseArgs = [4]any{a.ownerArg, l.publish, k.channelArg, retention}
 	return a
 }
@@ -584,7 +575,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 			}
 		}
 	}
-	r, err := l.evalBounded(ctx, abandoned, acquireScript, a.acquireKeys[:], a.acquireArgs[:]...)
+	r, err := l.evalBounded(ctx, abandoned, acquireScript, a.keys.scriptKeys, a.acquireArgs[:]...)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -626,9 +617,8 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 // makes any later run of this owner's acquire script refuse (see
 // release.lua). revoke < 0: a plain release.
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
-	keys, args := a.keys.release, a.releaseArgs[:]
+	keys, args := a.keys.scriptKeys, a.releaseArgs[:]
 	if revoke >= 0 {
-		keys = []string{a.keys.lock, a.keys.token, a.keys.queue, a.keys.waiting, a.revokeKey}
 		args = []any{a.releaseArgs[0], a.releaseArgs[1], a.releaseArgs[2], a.releaseArgs[3], revoke.Milliseconds()}
 	}
 	if l.calls.direct(ctx) {
@@ -651,21 +641,26 @@ func (l *Locker) release(ctx context.Context, keys []string, args ...any) (bool,
 	return n == 1, err
 }
 
-// ownerLen is the length of an owner id: 128 random bits, hex-encoded.
-const ownerLen = 32
+// ownerLen is the length of an owner id: 128 random bits, hex-encoded;
+// secretLen that of the secret that signs its grants: 64 random bits.
+const (
+	ownerLen  = 32
+	secretLen = 16
+)
 
 // revocationKey returns lock's revocation mark for a new owner id, which
-// ends it: lock + ":revoked:" + owner, built in one allocation so that the
-// owner is a substring of it.
-func revocationKey(lock string) string {
-	var b [ownerLen / 2]byte
+// ends it: lock + ":revoked:" + owner, and the owner followed by a new
+// secret, built in one allocation so that both are substrings of it.
+func revocationKey(lock string) (key, ownerSecret string) {
+	var b [(ownerLen + secretLen) / 2]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	var h [ownerLen]byte
+	var h [ownerLen + secretLen]byte
 	hex.Encode(h[:], b[:])
 	var sb strings.Builder
-	sb.Grow(len(lock) + len(":revoked:") + ownerLen)
+	sb.Grow(len(lock) + len(":revoked:") + len(h))
 	sb.WriteString(lock)
 	sb.WriteString(":revoked:")
 	sb.Write(h[:])
-	return sb.String()
+	s := sb.String()
+	return s[:len(s)-secretLen], s[len(s)-secretLen-ownerLen:]
 }
