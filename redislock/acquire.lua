@@ -1,8 +1,8 @@
 -- Takes the lock if it is free and nobody queues for it, and issues a
 -- fencing token, in one step (grant.lua is in front of this).
--- KEYS[1] the lock; the other keys are named after it, with its hash tag,
--- so on a cluster they are in its slot: the last-token record, the queue
--- of waiters, the owner's waiter key and revocation mark (release.lua)
+-- KEYS[1] the lock, KEYS[2] the last-token record, KEYS[3] the owner's
+-- revocation mark (release.lua), KEYS[4] the queue of waiters, KEYS[5] the
+-- waiters' hash (grant.lua)
 -- ARGV[1] owner (32 characters) followed by the secret that signs a grant
 -- to it, ARGV[2] lease ms, ARGV[3] token record retention ms,
 -- ARGV[4] how much longer the caller may wait, ms (0: it does not),
@@ -10,11 +10,11 @@
 -- release channel
 --
 -- A try that finds the lock held by a caller that will wait queues the
--- caller (once: a later try refreshes its waiter key's budget and try
--- number). The release script grants the lock to the head of the queue and
--- publishes the grant; the waiter's subscription, confirmed after its try,
--- sees it, or was confirmed after it (then the waiter tries again at once
--- and finds the lock its own).
+-- caller (once: a later try refreshes its try number and deadline). The
+-- release script grants the lock to the head of the queue and publishes
+-- the grant; the waiter's subscription, confirmed after its try, sees it,
+-- or was confirmed after it (then the waiter tries again at once and finds
+-- the lock its own). A revoked owner does not queue.
 --
 -- A free lock with a live queued owner at the head that is not the caller
 -- (its holder's lease ran out, nobody released it) is granted to that
@@ -25,16 +25,27 @@
 -- grant, or a retry whose reply was lost), {0, holder's PTTL} when held,
 -- and an error starting FENCETOKEN, leaving everything as it was, when the
 -- record is not a token this script can increase exactly.
-local lock, owner, secret = KEYS[1], string.sub(ARGV[1], 1, 32), string.sub(ARGV[1], 33)
-local record, queue, mine = lock .. ':token', lock .. ':queue', lock .. ':waiter:' .. owner
+local lock, record, revoked, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owner, secret = string.sub(ARGV[1], 1, 32), string.sub(ARGV[1], 33)
+local now -- TIME's reply, read once, when needed
+local function clock()
+  if not now then
+    now = redis.call('TIME')
+  end
+  return now
+end
 local function enqueue()
   local wait = tonumber(ARGV[4])
-  if wait > 0 then
-    if not redis.call('SET', mine, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. secret, 'PX', wait, 'GET') then
-      redis.call('RPUSH', queue, owner)
-      if redis.call('PTTL', queue) < wait then
-        redis.call('PEXPIRE', queue, wait)
-      end
+  if wait <= 0 or redis.call('EXISTS', revoked) == 1 then
+    return
+  end
+  local deadline = clockMs(clock()) + wait
+  if redis.call('HSET', waiters, owner, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. secret .. ' ' .. deadline) == 1 then
+    redis.call('RPUSH', queue, owner)
+  end
+  for _, k in ipairs({queue, waiters}) do
+    if redis.call('PTTL', k) < wait then
+      redis.call('PEXPIRE', k, wait)
     end
   end
 end
@@ -53,12 +64,12 @@ local function undo()
     redis.call('DEL', lock)
   end
 end
-if not holder then
+if not holder and redis.call('EXISTS', queue) == 1 then
   -- Free: taken now, unless someone queued first.
-  local head = liveHead(lock, queue)
+  local head = liveHead(queue, waiters, clockMs(clock()))
   if head and head ~= owner then
     redis.call('DEL', lock)
-    local _, err = grant(lock, record, queue, ARGV[3], ARGV[6], ARGV[7])
+    local _, err = grant(lock, record, queue, waiters, ARGV[3], ARGV[6], ARGV[7], clock())
     if err then
       return err
     end
@@ -67,7 +78,7 @@ if not holder then
   end
   if head then
     redis.call('LPOP', queue)
-    redis.call('DEL', mine)
+    redis.call('HDEL', waiters, owner)
   end
 end
 -- Free (holder false: taken now) or already ours (a grant, or a retry).
@@ -76,20 +87,19 @@ if err then
   undo()
   return err
 end
-if redis.call('EXISTS', lock .. ':revoked:' .. owner) == 1 then
+if redis.call('EXISTS', revoked) == 1 then
   -- This acquisition was given up on before it ran: do not take the lock.
   undo()
   return {0, -2}
 end
-local now = redis.call('TIME')
-local ms = clockMs(now)
+local ms = clockMs(clock())
 if holder and last then
   -- This owner already holds the lock (granted, or taken by a try whose
   -- reply was lost): hand out the same token with a fresh expiry.
   redis.call('PEXPIRE', lock, ARGV[2])
   return {1, last, ms}
 end
-local token, terr = nextToken(record, last, now)
+local token, terr = nextToken(record, last, clock())
 if terr then
   undo()
   return terr

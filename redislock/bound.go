@@ -221,7 +221,7 @@ type synced struct {
 }
 
 // evalBounded is evalSynced through bounded.
-func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error), script *redis.Script, keys []string, args ...any) (synced, error) {
+func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error), script *redis.Script, keys skeys, args ...any) (synced, error) {
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
 		reply, acked, required, err := l.evalSynced(ctx, script, keys, args...)

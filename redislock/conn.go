@@ -29,11 +29,11 @@ func init() {
 
 // run runs script on c, or through the Locker's Conn, and returns its
 // reply as a go-redis command.
-func (l *Locker) run(ctx context.Context, c redis.Scripter, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (l *Locker) run(ctx context.Context, c redis.Cmdable, script *redis.Script, keys skeys, args ...any) *redis.Cmd {
 	if l.conn == nil {
-		return script.Run(ctx, c, keys, args...)
+		return runScript(ctx, c, script, keys, args)
 	}
-	reply, _, _ := l.evalConn(ctx, script, keys, args, 0, 0)
+	reply, _, _ := l.evalConn(ctx, script, keys.names, args, 0, 0)
 	return reply
 }
 

@@ -52,28 +52,32 @@ local function clockMs(now)
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 
--- The queue: lock .. ':queue' lists waiting owners in arrival order; the
--- waiter key lock .. ':waiter:' .. owner holds '<lease ms> <try> <secret>'
--- (the lease the owner asked for, the number of its last try that ran, the
--- secret that signs its grant) and lives for the owner's remaining wait
--- budget, so a waiter that died or gave up
--- drops out when its budget ends. An owner is live while its waiter key
--- exists and it is not revoked (lock .. ':revoked:' .. owner). These keys
--- share the lock's hash tag: on a cluster they are in its slot.
+-- The queue: a list of waiting owners in arrival order, and a hash of
+-- each one's '<lease ms> <try> <secret> <deadline>': the lease it asked
+-- for, the number of its last try that ran, the secret that signs its
+-- grant, and the end of its wait budget on the server's clock (ms). An
+-- owner is live while its field is there and its deadline has not passed:
+-- a waiter that died or gave up without withdrawing drops out when its
+-- budget ends. Both keys are the scripts' declared keys, in the lock's
+-- slot, so a slot migration redirects the scripts rather than fail them.
 
 -- liveHead drops dead owners from the head of queue and returns the first
--- live one, with its waiter key's value, or nil.
-local function liveHead(lock, queue)
+-- live one with its lease ms, try, secret and deadline, or nil.
+local function liveHead(queue, waiters, nowMs)
   while true do
     local head = redis.call('LINDEX', queue, 0)
     if not head then
       return nil
     end
-    local v = redis.call('GET', lock .. ':waiter:' .. head)
-    if v and redis.call('EXISTS', lock .. ':revoked:' .. head) == 0 then
-      return head, v
+    local v = redis.call('HGET', waiters, head)
+    if v then
+      local ms, try, secret, dl = string.match(v, '^(%d+) (%d+) (%x+) (%d+)$')
+      if ms and tonumber(dl) > nowMs then
+        return head, tonumber(ms), try, secret, tonumber(dl)
+      end
     end
     redis.call('LPOP', queue)
+    redis.call('HDEL', waiters, head)
   end
 end
 
@@ -83,39 +87,28 @@ end
 -- on the release channel: 'g <owner> <token> <px> <try> <server ms> <mac>',
 -- mac the SHA-1 of the secret and the four numbers before it, so that a
 -- client that can publish but not read the keys cannot forge a grant.
--- It returns the owner granted (nil: no live waiter), or nil and a refusal
--- (the token record), leaving everything as it was.
-local function grant(lock, record, queue, retention, publish, channel)
-  while true do
-    local head, v = liveHead(lock, queue)
-    if not head then
-      return nil
-    end
-    local waiter = lock .. ':waiter:' .. head
-    local ms, try, secret = string.match(v, '^(%d+) (%d+) (%x+)$')
-    local px = redis.call('PTTL', waiter)
-    if ms and tonumber(ms) < px then
-      px = tonumber(ms)
-    end
-    if ms and px > 0 then
-      local last, err = readLast(record)
-      if err then
-        return nil, err
-      end
-      local now = redis.call('TIME')
-      local token, terr = nextToken(record, last, now)
-      if terr then
-        return nil, terr
-      end
-      redis.call('LPOP', queue)
-      redis.call('DEL', waiter)
-      redis.call('SET', lock, head, 'PX', px)
-      redis.call('SET', record, string.format('%d', token), 'PX', math.max(tonumber(retention), px))
-      local signed = string.format('%d %d %s %d', token, px, try, clockMs(now))
-      redis.call(publish, channel, 'g ' .. head .. ' ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed))
-      return head
-    end
-    redis.call('LPOP', queue) -- malformed or expiring: not live
-    redis.call('DEL', waiter)
+-- now is TIME's reply. It returns the owner granted (nil: no live waiter),
+-- or nil and a refusal (the token record), leaving everything as it was.
+local function grant(lock, record, queue, waiters, retention, publish, channel, now)
+  local nowMs = clockMs(now)
+  local head, ms, try, secret, dl = liveHead(queue, waiters, nowMs)
+  if not head then
+    return nil
   end
+  local px = math.min(ms, dl - nowMs)
+  local last, err = readLast(record)
+  if err then
+    return nil, err
+  end
+  local token, terr = nextToken(record, last, now)
+  if terr then
+    return nil, terr
+  end
+  redis.call('LPOP', queue)
+  redis.call('HDEL', waiters, head)
+  redis.call('SET', lock, head, 'PX', px)
+  redis.call('SET', record, string.format('%d', token), 'PX', math.max(tonumber(retention), px))
+  local signed = string.format('%d %d %s %d', token, px, try, nowMs)
+  redis.call(publish, channel, 'g ' .. head .. ' ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed))
+  return head
 end

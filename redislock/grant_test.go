@@ -141,10 +141,7 @@ func TestGaveUpWaiterSkipped(t *testing.T) {
 	if err := <-quitter; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the quitter: %v, want context.Canceled", err)
 	}
-	waitFor(t, func() bool {
-		keys := admin.Keys(ctx(t), lockKey(name)+":waiter:*").Val()
-		return len(keys) == 1
-	})
+	waitFor(t, func() bool { return admin.HLen(ctx(t), lockKey(name)+":waiters").Val() == 1 })
 	start := time.Now()
 	if err := holder.Release(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -193,7 +190,7 @@ func TestGrantAfterBudgetEnded(t *testing.T) {
 	_ = holder
 	if _, err := admin.TxPipelined(ctx(t), func(p redis.Pipeliner) error {
 		p.LPop(ctx(t), lock+":queue")
-		p.Del(ctx(t), lock+":waiter:"+owner)
+		p.HDel(ctx(t), lock+":waiters", owner)
 		p.Set(ctx(t), lock, owner, time.Minute)
 		return nil
 	}); err != nil {
@@ -355,7 +352,7 @@ func TestForgedGrant(t *testing.T) {
 	}
 	// The waiter confirms each: a try that finds the lock held.
 	waitFor(t, func() bool {
-		v := admin.Get(ctx(t), lock+":waiter:"+owner).Val()
+		v := admin.HGet(ctx(t), lock+":waiters", owner).Val()
 		return strings.HasPrefix(v, "60000 ") && !strings.HasPrefix(v, "60000 1 ")
 	})
 	select {

@@ -163,8 +163,10 @@ type keys struct {
 	queue   string // the owners waiting, in arrival order (see grant.lua)
 	waiting string // set by waiters of older versions: the release script publishes "released" for them
 
-	scriptKeys []string // the scripts' keys: the lock (they name the others after it)
-	channelArg any      // channel, boxed once for the release script's arguments
+	waiters string // each waiting owner's lease, try, secret and deadline (a hash; see grant.lua)
+
+	boxed      [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
+	channelArg any    // channel, boxed once for the release script's arguments
 }
 
 func (l *Locker) keys(name string) *keys {
@@ -193,7 +195,9 @@ func (c *nameCache) get(prefix, name string) *keys {
 	}
 	base := prefix + ":{" + name + "}"
 	k := &keys{lock: base, token: base + ":token", channel: base + ":released", queue: base + ":queue", waiting: base + ":waiting"}
-	k.scriptKeys, k.channelArg = []string{k.lock}, k.channel
+	k.waiters = base + ":waiters"
+	k.boxed = [5]any{k.lock, k.token, k.queue, k.waiters, k.waiting}
+	k.channelArg = k.channel
 	c.m[name] = k
 	return k
 }
@@ -435,7 +439,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // gives less than the lease time (the waiter's budget was nearly over), or
 // when less than half of the lease is left (a long wait since that try).
 //
-// A grant is signed: the waiter's tries store a secret with its waiter key
+// A grant is signed: the waiter's tries store a secret with its entry
 // (never published), and the script publishes SHA-1(secret, grant), which
 // the waiter checks. A client that may publish on the channel but not
 // read fence's keys cannot make a waiter take a grant the script did not
@@ -521,10 +525,14 @@ type attempt struct {
 	ttl       time.Duration
 	watchdog  bool
 
-	ownerArg    any    // owner followed by secret, boxed: the scripts' ARGV[1]
-	acquireArgs [7]any // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
-	releaseArgs [4]any // owner, PUBLISH or SPUBLISH, channel, token record retention ms
-	synced      bool   // the last try that found the lock held had replica sync apply
+	ownerArg     any       // owner followed by secret, boxed: the scripts' ARGV[1]
+	acquireKeys  [5]string // lock, token, revokeKey, queue, waiters
+	acquireBoxed [5]any
+	releaseKeys  [6]string // lock, token, queue, waiters, waiting, revokeKey
+	releaseBoxed [6]any
+	acquireArgs  [7]any // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
+	releaseArgs  [4]any // owner, PUBLISH or SPUBLISH, channel, token record retention ms
+	synced       bool   // the last try that found the lock held had replica sync apply
 
 	// home is the lease that the first successful try fills in: the
 	// attempt lives in it from the start, so that an acquisition
@@ -541,7 +549,12 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	ls := new(lease)
 	a := &ls.attempt
 	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, secret: secret[ownerLen:], ttl: ttl, home: ls,
-		ownerArg: secret}
+		ownerArg:    secret,
+		acquireKeys: [5]string{k.lock, k.token, revokeKey, k.queue, k.waiters},
+		releaseKeys: [6]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey}}
+	var revokeArg any = revokeKey
+	a.acquireBoxed = [5]any{k.boxed[0], k.boxed[1], revokeArg, k.boxed[2], k.boxed[3]}
+	a.releaseBoxed = [6]any{k.boxed[0], k.boxed[1], k.boxed[2], k.boxed[3], k.boxed[4], revokeArg}
 	if ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
@@ -575,7 +588,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 			}
 		}
 	}
-	r, err := l.evalBounded(ctx, abandoned, acquireScript, a.keys.scriptKeys, a.acquireArgs[:]...)
+	r, err := l.evalBounded(ctx, abandoned, acquireScript, skeys{a.acquireKeys[:], a.acquireBoxed[:]}, a.acquireArgs[:]...)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -617,7 +630,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 // makes any later run of this owner's acquire script refuse (see
 // release.lua). revoke < 0: a plain release.
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
-	keys, args := a.keys.scriptKeys, a.releaseArgs[:]
+	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
 	if revoke >= 0 {
 		args = []any{a.releaseArgs[0], a.releaseArgs[1], a.releaseArgs[2], a.releaseArgs[3], revoke.Milliseconds()}
 	}
@@ -632,7 +645,7 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 }
 
 // release runs the release script and reports whether it deleted the lock.
-func (l *Locker) release(ctx context.Context, keys []string, args ...any) (bool, error) {
+func (l *Locker) release(ctx context.Context, keys skeys, args ...any) (bool, error) {
 	reply, _, _, err := l.evalRouted(ctx, releaseScript, keys, args...)
 	if err != nil {
 		return false, err

@@ -176,7 +176,7 @@ func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string,
 		return clusterReplicas(ctx, c)
 	}
 	key := l.prefix + ":replicas"
-	res, err := l.run(ctx, c, replicasScript, []string{key}, append([]any{mode}, set...)...).Slice()
+	res, err := l.run(ctx, c, replicasScript, skeys{names: []string{key}}, append([]any{mode}, set...)...).Slice()
 	if err != nil {
 		if msg, ok := strings.CutPrefix(err.Error(), replicaRecordErrPrefix+key+" "); ok {
 			return ReplicaCounts{}, &ReplicaRecordError{Key: key, Detail: msg}
@@ -334,7 +334,7 @@ func (s ReplicaSync) Required(expected int) int {
 // It returns the script's reply, and how many replicas acknowledged and
 // were required (both zero when no sync applied). On a cluster it follows
 // MOVED and ASK redirections and retries TRYAGAIN (see onSlotMaster).
-func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []string, args ...any) (reply *redis.Cmd, acked, required int, err error) {
+func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if l.sync.Disabled {
 		return l.evalRouted(ctx, script, keys, args...)
 	}
@@ -343,7 +343,7 @@ func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []st
 	if !l.sharded {
 		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, script, keys, args)
 	} else {
-		err = l.onSlotMaster(ctx, keys[0], func(addr string, c redis.Cmdable, asking bool) error {
+		err = l.onSlotMaster(ctx, keys.names[0], func(addr string, c redis.Cmdable, asking bool) error {
 			node, last = addr, c
 			var err error
 			reply, acked, required, expected, err = l.evalOnce(ctx, node, c, asking, script, keys, args)
@@ -368,7 +368,7 @@ func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []st
 
 // evalOnce runs script on c, the primary called node, with WAIT for as
 // many acknowledgements as its expected replicas require.
-func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, asking bool, script *redis.Script, keys []string, args []any) (reply *redis.Cmd, acked, required, expected int, err error) {
+func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, asking bool, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked, required, expected int, err error) {
 	expected = l.sync.Replicas
 	if expected == 0 {
 		if expected, err = l.expected(ctx, node, c, false); err != nil {
@@ -377,7 +377,7 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 	}
 	required = l.sync.Required(expected)
 	if l.conn != nil {
-		reply, acked, err = l.evalConn(ctx, script, keys, args, required, l.sync.Timeout)
+		reply, acked, err = l.evalConn(ctx, script, keys.names, args, required, l.sync.Timeout)
 		return reply, acked, required, expected, err
 	}
 	reply, acked, err = evalPipelined(ctx, c, asking, required, l.sync.Timeout, script, keys, args)
@@ -386,12 +386,12 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 
 // evalRouted runs script on the primary that owns keys[0], without WAIT,
 // following cluster redirections as evalSynced does.
-func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys []string, args ...any) (reply *redis.Cmd, acked, required int, err error) {
+func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if !l.sharded {
 		reply = l.run(ctx, l.client, script, keys, args...)
 		return reply, 0, 0, reply.Err()
 	}
-	err = l.onSlotMaster(ctx, keys[0], func(_ string, c redis.Cmdable, asking bool) error {
+	err = l.onSlotMaster(ctx, keys.names[0], func(_ string, c redis.Cmdable, asking bool) error {
 		var err error
 		reply, _, err = evalPipelined(ctx, c, asking, 0, 0, script, keys, args)
 		return err
@@ -402,9 +402,9 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys []st
 // evalPipelined sends script (by SHA, again in full on NOSCRIPT) on c,
 // preceded by ASKING when asking and followed by WAIT required timeout when
 // required > 0, all in one pipeline: one connection, one round trip.
-func evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, timeout time.Duration, script *redis.Script, keys []string, args []any) (reply *redis.Cmd, acked int, err error) {
+func evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, timeout time.Duration, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
 	if !asking && required == 0 {
-		reply = script.Run(ctx, c, keys, args...)
+		reply = runScript(ctx, c, script, keys, args)
 		return reply, 0, reply.Err()
 	}
 	for _, load := range []bool{false, true} {
@@ -412,10 +412,13 @@ func evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required i
 		if asking {
 			pipe.Do(ctx, "ASKING")
 		}
-		if load {
-			reply = script.Eval(ctx, pipe, keys, args...)
-		} else {
-			reply = script.EvalSha(ctx, pipe, keys, args...)
+		switch {
+		case keys.boxed != nil:
+			reply = pipe.Do(ctx, evalArgs(script, load, keys.boxed, args)...)
+		case load:
+			reply = script.Eval(ctx, pipe, keys.names, args...)
+		default:
+			reply = script.EvalSha(ctx, pipe, keys.names, args...)
 		}
 		var wait *redis.Cmd
 		if required > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -79,9 +80,18 @@ func TestShortWaiterDoesNotFailOthers(t *testing.T) {
 	c := srv.Client(t)
 	gate := &dialGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	c.AddHook(gate)
-	if err := c.Ping(ctx).Err(); err != nil { // one pooled connection for the tries
-		t.Fatal(err)
+	// Pooled connections for the tries and for a waiter's withdrawal
+	// (when its budget ends it leaves the queue): made by blocking calls
+	// at once, so that only the subscription dials once the gate is armed.
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			if err := c.BLPop(ctx, 50*time.Millisecond, "no-such-list").Err(); err != nil && err != redis.Nil {
+				t.Error(err)
+			}
+		})
 	}
+	wg.Wait()
 	gate.armed.Store(true) // from now on only the subscription dials
 	l, err := New(c, nil)
 	if err != nil {
@@ -280,9 +290,18 @@ func TestReleaseWhileSubscribing(t *testing.T) {
 	c := srv.Client(t)
 	gate := &dialGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	c.AddHook(gate)
-	if err := c.Ping(ctx).Err(); err != nil { // one pooled connection for the tries
-		t.Fatal(err)
+	// Pooled connections for the tries and for a waiter's withdrawal
+	// (when its budget ends it leaves the queue): made by blocking calls
+	// at once, so that only the subscription dials once the gate is armed.
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			if err := c.BLPop(ctx, 50*time.Millisecond, "no-such-list").Err(); err != nil && err != redis.Nil {
+				t.Error(err)
+			}
+		})
 	}
+	wg.Wait()
 	gate.armed.Store(true) // from now on only the subscription dials
 	l, err := New(c, nil)
 	if err != nil {

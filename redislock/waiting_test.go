@@ -88,13 +88,7 @@ func TestShortWaiterLeavesQueue(t *testing.T) {
 			admin := srv.Client(t)
 			const name = "lock:payment:1001"
 			queue := lockKey(name) + ":queue"
-			live := func() int {
-				n := 0
-				for _, o := range admin.LRange(ctx(t), queue, 0, -1).Val() {
-					n += int(admin.Exists(ctx(t), lockKey(name)+":waiter:"+o).Val())
-				}
-				return n
-			}
+			live := func() int { return int(admin.HLen(ctx(t), lockKey(name)+":waiters").Val()) }
 			holder := newLocker(t, srv.Client(t))
 			lease := acquire(t, holder, name, fence.TTL(time.Minute))
 			short := func() {
