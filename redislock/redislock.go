@@ -415,7 +415,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		switch {
 		case lease != nil:
 			return lease, nil
-		case err != nil && waitCtx.Err() != nil:
+		case err != nil && (waitCtx.Err() != nil || errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(start.Add(o.Wait))):
+			// (A client that bounds its own calls can end one at the
+			// deadline a moment before waitCtx's timer ends waitCtx.)
 			if !errors.Is(err, errGaveUp) {
 				// Ended by the deadline inside the client (one that
 				// bounds its own calls): the script may have run.
