@@ -224,9 +224,14 @@ func (b *boxedMs) get(d time.Duration) any {
 // Acquire takes the lock called name; see fence.Locker.
 //
 // It tries once right away. If the lock is held and opts give a wait budget,
-// it subscribes to the lock's release channel and tries again when a release
-// is published or when the holder's TTL runs out, whichever is first; it
-// sends nothing else while it waits.
+// that try queues it in Redis, and it subscribes to the lock's release
+// channel: a release grants the lock to the first live waiter in the queue
+// (FIFO across processes) and names it in its message, and that waiter
+// holds the lease without another command (or confirms it with one; see
+// the package doc, Waiting). It tries again when the holder's TTL runs out;
+// it sends nothing else while it waits. A waiter that leaves without a
+// lease withdraws from the queue, in the background, and gives back a
+// grant that reached it.
 //
 // Within the wait budget, errors that pass by themselves are retried with
 // jittered back-off (10 ms doubling to 1 s): the server unreachable or timing
@@ -301,10 +306,13 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		}
 	}()
 	fail := func(err error) (fence.Lease, error) {
-		// Leave the queue, and give back a grant that came meanwhile
-		// (or a lock that a try given up on may have taken: revoke it).
+		// Leave the queue, and give back a grant that came meanwhile.
+		// After a try whose reply was lost or given up on, revoke the
+		// owner too: that try may still run, and would queue it again
+		// or take the lock (acquire.lua does neither for a revoked
+		// owner).
 		var revoke time.Duration
-		if maybe != nil && !errors.Is(maybe, errGaveUp) {
+		if maybe != nil {
 			revoke = max(a.ttl, revokeFor)
 		}
 		go l.withdraw(*a, revoke)
@@ -418,11 +426,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		case err != nil && (waitCtx.Err() != nil || errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(start.Add(o.Wait))):
 			// (A client that bounds its own calls can end one at the
 			// deadline a moment before waitCtx's timer ends waitCtx.)
-			if !errors.Is(err, errGaveUp) {
-				// Ended by the deadline inside the client (one that
-				// bounds its own calls): the script may have run.
-				maybe = err
-			}
+			// Ended by the deadline, inside the client or by bounded
+			// (errGaveUp): the script may have run, or run later.
+			maybe = err
 			return budgetOver()
 		case err != nil && !transient(err):
 			return fail(err)
