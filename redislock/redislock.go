@@ -587,11 +587,14 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 			// nobody will use it: give it back rather than block others
 			// for its TTL. If its reply was lost too (the client's own
 			// timeout), it may still run: revoke it.
+			// A waiting try that found the lock held queued the
+			// owner, which nobody will use either: withdraw it.
 			if err != nil || r.reply == nil {
 				l.releaseAbandoned(given)
 				return
 			}
-			if res, _ := r.reply.Int64Slice(); len(res) > 0 && res[0] == 1 {
+			res, _ := r.reply.Int64Slice()
+			if len(res) > 0 && res[0] == 1 || given.acquireArgs[3] != 0 {
 				l.releaseAbandoned(given)
 			}
 		}
