@@ -433,3 +433,61 @@ func TestGrantConfirmedWithReplicaSync(t *testing.T) {
 	}
 	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)).Val() == 0 })
 }
+
+// TestNoWaitAcquireRespectsQueue: a lock whose holder's lease ran out (here
+// deleted behind its back) while a waiter queued is not taken by an
+// Acquire without a wait budget that finds it free: it is granted to the
+// queued waiter, at once, and the Acquire gets ErrHeld.
+func TestNoWaitAcquireRespectsQueue(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:queued"
+	_ = acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
+	got := make(chan error, 1)
+	go func() {
+		ls, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(10*time.Second))
+		if err == nil {
+			err = ls.Release(ctx(t))
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return subscribers(t, admin, name) == 1 })
+	admin.Del(ctx(t), lockKey(name)) // the holder's lease ran out
+	start := time.Now()
+	if _, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name); !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire without a wait on a free lock with a queued waiter = %v, want ErrHeld", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the queued waiter: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the queued waiter got the lock %v later, as if on its timer", took)
+	}
+}
+
+// TestReleasedForOlderWaiters: a waiter of an older fence sets the waiting
+// mark and listens for "released"; a release with no queued waiter
+// publishes it while the mark is there.
+func TestReleasedForOlderWaiters(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:older"
+	ch := lockKey(name) + ":released"
+	ps := admin.Subscribe(ctx(t), ch)
+	t.Cleanup(func() { _ = ps.Close() })
+	if _, err := ps.Receive(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	lease := acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
+	admin.Set(ctx(t), lockKey(name)+":waiting", "1", time.Minute)
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := ps.ReceiveMessage(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.Payload != "released" {
+		t.Fatalf("a release with an older waiter's mark published %q, want \"released\"", msg.Payload)
+	}
+}
