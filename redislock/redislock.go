@@ -84,6 +84,11 @@ type Locker struct {
 	ttlArg    boxedMs        // the last lease ms boxed for the acquire script
 	waitArg   boxedMs        // the last wait ms boxed for the acquire script
 
+	// Replica sync's pipelines on client, reused, and WAIT's arguments,
+	// the last ones built (evalPipelined).
+	pipes sync.Pool
+	wait  atomic.Pointer[waitCmdArgs]
+
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
 }
