@@ -16,8 +16,8 @@ import (
 )
 
 // addr is the primary the benchmarks use; it has one replica in sync, for
-// fence's replica sync.
-var addr string
+// fence's replica sync, at replicaAddr.
+var addr, replicaAddr string
 
 func TestMain(m *testing.M) {
 	testmain.Run(m, func() (func(), error) {
@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return nil, err
 		}
-		addr = primary.Addr
+		addr, replicaAddr = primary.Addr, replicas[0].Addr
 		return func() { replicas[0].Close(); primary.Close() }, nil
 	})
 }
@@ -74,9 +74,9 @@ func benchUncontended(b *testing.B, ctx context.Context) {
 }
 
 // BenchmarkCPU is the uncontended workload again, reporting the CPU time
-// that one acquire+release costs the server (INFO cpu, its user and system
-// time) and this process (getrusage), per pair: where latency goes on a
-// machine where client and server share the CPUs.
+// that one acquire+release costs the server and its replica (INFO cpu, their
+// user and system time) and this process (getrusage), per pair: where
+// latency goes on a machine where client and servers share the CPUs.
 func BenchmarkCPU(b *testing.B) { benchCPU(b, context.Background()) }
 
 // BenchmarkCPUDeadline is BenchmarkCPU with a caller's context that has a
@@ -100,7 +100,9 @@ func benchCPU(b *testing.B, ctx context.Context) {
 	}()
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
-	serverCPU := func() time.Duration {
+	replica := redis.NewClient(&redis.Options{Addr: replicaAddr})
+	defer replica.Close()
+	cpuOf := func(admin *redis.Client) time.Duration {
 		info, err := admin.Info(ctx, "cpu").Result()
 		if err != nil {
 			b.Fatal(err)
@@ -118,6 +120,8 @@ func benchCPU(b *testing.B, ctx context.Context) {
 		}
 		return time.Duration(total * float64(time.Second))
 	}
+	serverCPU := func() time.Duration { return cpuOf(admin) }
+	replicaCPU := func() time.Duration { return cpuOf(replica) }
 	clientCPU := func() time.Duration {
 		var ru syscall.Rusage
 		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -131,7 +135,7 @@ func benchCPU(b *testing.B, ctx context.Context) {
 			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
-			s0, c0 := serverCPU(), clientCPU()
+			s0, r0, c0 := serverCPU(), replicaCPU(), clientCPU()
 			for b.Loop() {
 				release, err := l.acquire(ctx, key)
 				if err != nil {
@@ -139,8 +143,9 @@ func benchCPU(b *testing.B, ctx context.Context) {
 				}
 				release()
 			}
-			s1, c1 := serverCPU(), clientCPU()
+			s1, r1, c1 := serverCPU(), replicaCPU(), clientCPU()
 			b.ReportMetric(float64((s1-s0).Nanoseconds())/1000/float64(b.N), "server-µs/op")
+			b.ReportMetric(float64((r1-r0).Nanoseconds())/1000/float64(b.N), "replica-µs/op")
 			b.ReportMetric(float64((c1-c0).Nanoseconds())/1000/float64(b.N), "client-µs/op")
 			// The scripts' own time (EVALSHA's usec covers the commands
 			// the script calls, which commandstats also lists).
