@@ -523,6 +523,23 @@ var scriptArgs = func() map[*redis.Script]struct{ sha, src any } {
 	return m
 }()
 
+// int64s is reply.Int64Slice() appended to dst: without an allocation when
+// the reply's integers fit in dst's capacity.
+func int64s(reply *redis.Cmd, dst []int64) ([]int64, error) {
+	vals, err := reply.Slice()
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vals {
+		n, ok := v.(int64)
+		if !ok {
+			return reply.Int64Slice() // converts, or says why not
+		}
+		dst = append(dst, n)
+	}
+	return dst, nil
+}
+
 // runScript is script.Run(ctx, c, keys, args...) (EVALSHA, then EVAL on
 // NOSCRIPT) with the commands of scriptCmd, on a *redis.Client (a plain,
 // Sentinel failover or cluster node client); on any other client, Run.
