@@ -83,10 +83,12 @@ func BenchmarkObserver(b *testing.B) {
 }
 
 // maxAllocs is the ceiling on allocations per uncontended acquire+release
-// (issue 18: at most 30; go-redis's Script.Run makes about 22 for the two
-// EVALSHAs, the commands that fence builds itself (scriptCmd) 6 fewer). The
-// Locker makes a few: the attempt with its lease, the owner's revocation
-// key, fence.Apply's options.
+// (issue 18: at most 30; it was 30). go-redis's Script.Run makes about 22
+// for two short EVALSHAs; the commands fence builds itself (scriptCmd) box
+// neither the command's name nor the SHA, 2 fewer each, and the acquire
+// reply is read into a buffer on the stack (int64s). The Locker makes a
+// few: the attempt with its lease, the owner's revocation key, fence.Apply's
+// options.
 const maxAllocs = 24
 
 // TestAllocsPerAcquireRelease holds the uncontended path to maxAllocs, with
