@@ -31,7 +31,7 @@ func init() {
 // reply as a go-redis command.
 func (l *Locker) run(ctx context.Context, c redis.Scripter, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if l.conn == nil {
-		return script.Run(ctx, c, keys, args...)
+		return runScript(ctx, c, script, keys, args)
 	}
 	reply, _, _ := l.evalConn(ctx, script, keys, args, 0, 0)
 	return reply
