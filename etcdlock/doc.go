@@ -105,10 +105,15 @@
 //
 // # Release
 //
-// Release deletes the key in a Txn that holds only while its create
-// revision is the token, so it never deletes another's key, then keeps the
-// etcd lease for reuse (see above), or revokes it if it is too old or the
-// Locker keeps 64 already. A lease whose key is already gone gets an error matching
+// Release deletes the key, then keeps the etcd lease for reuse (see
+// above), or revokes it if it is too old or the Locker keeps 64 already. A
+// plain delete, as the Mutex's Unlock, without a Compare: it never deletes
+// another's key, because the key's name ends in the ID of the etcd lease it
+// was created on, only an Acquire on that etcd lease makes it, and the etcd
+// lease is the Lease's alone until its Release's delete has gone through.
+// A delete that took more than one attempt (the first timed out) may have
+// that attempt applied late, after the next Acquire made the same key on
+// the same etcd lease: such an etcd lease is revoked, never kept. A lease whose key is already gone gets an error matching
 // fence.ErrLeaseLost and deletes nothing. A Release that fails (its ctx
 // done, the cluster unreachable) ends the lease all the same, as released,
 // as in every backend, and revokes the etcd lease within half a second

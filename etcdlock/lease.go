@@ -534,14 +534,26 @@ func (ls *Lease) Release(ctx context.Context) error {
 	// sent while run winds down, and joined after; run's fields are left
 	// alone until then.
 	ls.halt()
-	var resp *clientv3.TxnResponse
+	// A plain delete, not a Txn that compares the key's create revision
+	// with the token: the key's name ends in the ID of the etcd lease it
+	// was created on, and only an Acquire on that etcd lease creates it.
+	// While this Lease holds it, that etcd lease is this Lease's alone: it
+	// is kept for another Acquire only after this delete went through in
+	// one attempt, so the key deleted is the one created at the token, or
+	// nothing (it is gone: deleted, or its etcd lease expired or revoked,
+	// which makes any Put on it fail), or an orphan this Lease's own create
+	// Txn left late on its etcd lease, which is then revoked (noReuse). A
+	// delete that took more than one attempt may have an attempt applied
+	// late, after the next Acquire on the etcd lease made the same key
+	// again: its etcd lease is revoked, never kept (see below). The
+	// response's count of deleted keys tells a key already gone, as the
+	// Compare did.
+	var resp *clientv3.DeleteResponse
 	attempts := 0
 	del := func() error {
 		return try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
 			attempts++
-			resp, err = ls.l.client.Txn(ctx).If(
-				clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
-			).Then(clientv3.OpDelete(ls.key)).Commit()
+			resp, err = ls.l.client.Delete(ctx, ls.key)
 			return err
 		})
 	}
@@ -583,13 +595,14 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
 	var lost error
+	deleted := resp.Deleted > 0
 	switch {
-	case !resp.Succeeded && ls.revokedOnFail.Load():
+	case !deleted && ls.revokedOnFail.Load():
 		// An earlier Release that failed revoked the etcd lease, and with
 		// it the key.
-	case !resp.Succeeded && attempts == 1 && ls.Err() == nil:
+	case !deleted && attempts == 1 && ls.Err() == nil:
 		lost = ls.lostf("its key %s was already gone", ls.key)
-	case !resp.Succeeded:
+	case !deleted:
 		// An attempt that timed out, of this Release or an earlier one,
 		// may have deleted it: which, nobody can tell, and a release that
 		// cannot vouch for the lease says so.
@@ -599,13 +612,19 @@ func (ls *Lease) Release(ctx context.Context) error {
 	case lost != nil:
 		ls.end(lost)
 		ls.l.revoke(ctx, ls.etcdLease())
-	case resp.Succeeded && ls.end(fence.ErrReleased) && !ls.noReuse:
+	case deleted && ls.end(fence.ErrReleased) && !ls.noReuse && attempts == 1:
 		// Our own delete went through and ended the lease: the etcd lease
 		// holds no key now. Keep it for the next Acquire instead of
 		// revoking it, which takes a Raft commit out of Release's path
 		// and, with the Grant spared, another out of Acquire's. A lease
 		// ended before (lost, expired, or by a Release that failed) never
-		// gets here, nor one whose create Txn may yet be applied late.
+		// gets here, nor one whose create Txn may yet be applied late, nor
+		// one whose delete had an attempt time out (applied late, it would
+		// delete the key the next Acquire makes on the etcd lease). Such an
+		// etcd lease is stale anyway (an attempt times out after a sixth of
+		// the lease time, and run, halted, renews it no more: it was sent
+		// more than a tenth of the lease time ago): the rule holds even if
+		// freshness is changed.
 		ls.mu.Lock()
 		sp := spare{id: ls.id, ttl: ls.ttl, granted: ls.granted, sent: ls.sent}
 		ls.mu.Unlock()
