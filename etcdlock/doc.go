@@ -127,8 +127,10 @@
 // returns when ctx ends. A member that hangs (paused, or cut off behind an
 // open connection) answers nothing, and clientv3 waits on it for ever, so
 // each call of Acquire, of the watchdog, of Extend and of Release gets a
-// sixth of the lease time per attempt (at least half a second) and is tried
-// again, within ctx, on the next member (clientv3 balances round robin).
+// sixth of the lease time per attempt (at least half a second: a timer
+// cancels the attempt, which costs less than a deadline sent with the
+// request) and is tried again, within ctx, on the next member (clientv3
+// balances round robin).
 // Extend also gives up at the lease's deadline, when the lease has ended
 // anyway, and a Release waiting for an Extend in flight returns when its
 // own ctx ends. A waiter
