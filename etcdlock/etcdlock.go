@@ -69,6 +69,8 @@ type Locker struct {
 
 	mu     sync.Mutex
 	spares []spare // etcd leases of released locks, holding no key; newest last
+
+	starter starter // starts the runs of its leases
 }
 
 // maxSpares bounds the etcd leases a Locker keeps for reuse: one per lock
