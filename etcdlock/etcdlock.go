@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -62,6 +63,7 @@ type Options struct {
 // for concurrent use.
 type Locker struct {
 	client      *clientv3.Client
+	kv          pb.KVClient // under client.KV, for the create Txn; nil: use client.KV (see rawKV)
 	prefix      string
 	watchdogTTL time.Duration
 	obs         fence.Observer // nil: none
@@ -172,7 +174,7 @@ func New(client *clientv3.Client, o *Options) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("etcdlock: %w: nil client", fence.ErrInvalidOption)
 	}
-	l := &Locker{client: client, prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
+	l := &Locker{client: client, kv: rawKV(client), prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
 	if o != nil {
 		l.prefix = cmp.Or(o.Prefix, DefaultPrefix)
 		l.obs, l.log = o.Observer, o.Logger
@@ -290,8 +292,16 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	// retry finds the key made by the first attempt and reads the oldest.
 	var resp *clientv3.TxnResponse
 	attempts := 0
+	var req *pb.TxnRequest
+	if l.kv != nil {
+		req = newCreateTxn(pfx, key, sp.id)
+	}
 	err := try(ctx, per, func(ctx context.Context) (err error) {
 		attempts++
+		if req != nil {
+			resp, err = txnRaw(ctx, l.kv, req)
+			return err
+		}
 		resp, err = l.client.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
 		).Then(
@@ -354,7 +364,11 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	// revoked etcd lease makes that Put fail; a kept one would take the
 	// key, holding the lock for nobody while it is reused. Such an etcd
 	// lease is never kept.
-	ls := l.newLease(ctx, name, key, rev, sp, watchdog, sent)
+	var keyb []byte
+	if req != nil {
+		keyb = req.Compare[0].Key
+	}
+	ls := l.newLease(ctx, name, key, keyb, rev, sp, watchdog, sent)
 	ls.noReuse = attempts > 1
 	return ls, nil
 }

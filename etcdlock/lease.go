@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -20,6 +21,7 @@ type Lease struct {
 	l        *Locker
 	name     string
 	key      string
+	keyb     []byte // key's bytes, shared with the create Txn's request
 	token    fence.Token
 	watchdog bool
 	acquired time.Time // for the hold time reported to the Observer
@@ -63,9 +65,9 @@ type Lease struct {
 
 var _ fence.Lease = (*Lease)(nil)
 
-func (l *Locker) newLease(ctx context.Context, name, key string, rev int64, sp spare, watchdog bool, sent time.Time) *Lease {
+func (l *Locker) newLease(ctx context.Context, name, key string, keyb []byte, rev int64, sp spare, watchdog bool, sent time.Time) *Lease {
 	ls := &Lease{
-		l: l, name: name, key: key, token: fence.Token(rev), watchdog: watchdog,
+		l: l, name: name, key: key, keyb: keyb, token: fence.Token(rev), watchdog: watchdog,
 		id: sp.id, ttl: sp.ttl, granted: sp.granted, sent: sent, deadline: deadline(sent, sp.ttl), moved: make(chan struct{}, 1),
 		op: make(chan struct{}, 1), acquired: time.Now(),
 	}
@@ -642,6 +644,10 @@ func (ls *Lease) Release(ctx context.Context) error {
 	del := func() error {
 		return try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
 			attempts++
+			if kv := ls.l.kv; kv != nil {
+				resp, err = deleteRaw(ctx, kv, &pb.DeleteRangeRequest{Key: ls.keyb})
+				return err
+			}
 			resp, err = ls.l.client.Delete(ctx, ls.key)
 			return err
 		})
