@@ -167,7 +167,9 @@ func (l *Locker) Close(ctx context.Context) error {
 var _ fence.Locker = (*Locker)(nil)
 
 // New returns a Locker that uses client, which the caller keeps and closes
-// after the Locker's last lease has ended. o may be nil. It returns an
+// after the Locker's last lease has ended. A client whose KV is to be
+// wrapped (etcd's namespace package) must be wrapped before New: New looks
+// at client.KV once (see the package documentation). o may be nil. It returns an
 // error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
 // shorter than fence.MinTTL.
 func New(client *clientv3.Client, o *Options) (*Locker, error) {
