@@ -6,9 +6,9 @@
 -- proposed floor, µs (its clock plus a second), ARGV[4] how far past this
 -- node's clock the client's floor may count, µs
 -- Returns {1, token, node ms} when taken, {0, holder's PTTL} when held (-2:
--- revoked),
--- and an error starting FENCETOKEN, before touching anything, when the
--- record is not a token this script can increase exactly.
+-- revoked), and an error starting FENCETOKEN, leaving the lock and the
+-- record as they were, when the record is not a token this script can
+-- increase exactly.
 --
 -- The token is max(last + 1, T, min(the client's floor, T + ARGV[4])), T
 -- being this node's clock in µs: the clock floors keep it increasing when
@@ -19,12 +19,31 @@
 -- push tokens further ahead of the nodes' clocks than that.
 -- Lua numbers are doubles, exact below 2^53; a record at or past 2^53 - 1,
 -- or not a canonical decimal integer, was not written by fence: refuse it.
+--
+-- The lock is tried first, with SET NX GET: a held lock costs two calls,
+-- and a free one is taken without reading it first (four calls in all).
+-- What is refused after taking it (a revoked try, a bad record) is undone
+-- with DEL in this same script, which runs atomically and replicates its
+-- writes as one transaction: nobody sees the lock taken, and the record is
+-- not touched.
+local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'PX', ARGV[2])
+if holder then
+  -- Held (a try's owner is new each time, so never by this try).
+  return {0, redis.call('PTTL', KEYS[1])}
+end
 local function refuse(why)
+  redis.call('DEL', KEYS[1])
   return redis.error_reply('FENCETOKEN token record ' .. KEYS[2] .. ' ' .. why)
+end
+local got = redis.call('MGET', KEYS[2], KEYS[3])
+if got[2] then
+  -- This try was given up on before it ran: do not take the lock.
+  redis.call('DEL', KEYS[1])
+  return {0, -2}
 end
 local maxLast = '9007199254740990'
 local last
-local rec = redis.call('GET', KEYS[2])
+local rec = got[1]
 if rec then
   if not (rec == '0' or string.match(rec, '^[1-9]%d*$')) then
     return refuse(string.format('holds %q, not a decimal integer', string.sub(rec, 1, 40)))
@@ -33,13 +52,6 @@ if rec then
     return refuse('holds ' .. string.sub(rec, 1, 40) .. ', at or past 2^53 - 1, beyond exact arithmetic')
   end
   last = tonumber(rec)
-end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  -- This try was given up on before it ran: do not take the lock.
-  return {0, -2}
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, redis.call('PTTL', KEYS[1])}
 end
 local now = redis.call('TIME')
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -59,6 +71,5 @@ end
 if token > 9007199254740991 then
   return refuse('cannot be followed: the server clock reads ' .. now[1] .. ' s')
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], string.format('%d', token))
 return {1, token, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}
