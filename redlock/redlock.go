@@ -135,6 +135,9 @@ type Locker struct {
 	// on every try; one entry, so it never grows.
 	lastKeys atomic.Pointer[keys]
 
+	// work hands a request to an idle worker (see spawn); unbuffered.
+	work chan func()
+
 	// reached[i] is set once node i was pinged for a first contact,
 	// whatever it answered: later acquisitions no longer ping it first.
 	reached []atomic.Bool
@@ -196,6 +199,7 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		obs:         o.Observer,
 		log:         o.Logger,
 		reached:     make([]atomic.Bool, len(clients)),
+		work:        make(chan func()),
 		allNodes:    make([]int, len(clients)),
 		now:         time.Now,
 		wall:        time.Now,
@@ -398,11 +402,22 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if ttl == 0 {
 		ttl, watchdog = l.watchdog, true
 	}
-	waitCtx := ctx
+	// The wait budget bounds the tries through waitCtx. A first try
+	// cannot outlast a budget longer than the first contact's bound plus
+	// two fan-outs (the acquisition and the write-back; a failed try's
+	// release is not bound by it), with room to spare: then the first try
+	// runs on ctx, and waitCtx is made only if a second is needed, with
+	// the same deadline. An acquisition that succeeds at once (the usual
+	// case) so makes no context and no timer for its budget.
+	waitCtx, budget, lazy := ctx, time.Time{}, false
 	if o.Wait > 0 {
-		var cancel context.CancelFunc
-		waitCtx, cancel = context.WithTimeout(ctx, o.Wait)
-		defer cancel()
+		budget = time.Now().Add(o.Wait)
+		lazy = o.Wait >= DefaultConnectTimeout+4*l.timeoutFor(ttl)
+		if !lazy {
+			var cancel context.CancelFunc
+			waitCtx, cancel = context.WithDeadline(ctx, budget)
+			defer cancel()
+		}
 	}
 	var (
 		timer *time.Timer
@@ -425,6 +440,15 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			return nil, fence.NotAcquired(name, why)
 		}
 		last = why
+		if lazy {
+			lazy = false
+			var cancel context.CancelFunc
+			waitCtx, cancel = context.WithDeadline(ctx, budget)
+			defer cancel()
+			if waitCtx.Err() != nil {
+				return nil, fence.NotAcquired(name, last)
+			}
+		}
 		pause := l.retryDelay/2 + mrand.N(l.retryDelay)
 		if timer == nil {
 			timer = time.NewTimer(pause)
@@ -465,10 +489,10 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for k, i := range nodes {
-		go func() {
+		l.spawn(func() {
 			res, err := call(cctx, i)
 			ch <- reply{k, result{res, err, time.Now()}}
-		}()
+		})
 	}
 	if pause != nil {
 		pause()
@@ -508,6 +532,42 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 		}
 	}
 	return out
+}
+
+// workerIdle is how long a worker waits for another request before it
+// exits: long enough to serve an application's next acquisition or release
+// (the usual case: locks taken again and again), short enough that nothing
+// lingers for long after the last.
+const workerIdle = 100 * time.Millisecond
+
+// spawn runs f in a goroutine: an idle worker's, left by an earlier
+// request, or a new one. A worker's stack has already grown to what a
+// request through go-redis needs, so reusing one spares the new
+// goroutine's stack growth (copying its stack, several times) on every
+// request, the largest cost of a fan-out after the system calls. A worker
+// exits after workerIdle without a request.
+func (l *Locker) spawn(f func()) {
+	select {
+	case l.work <- f:
+	default:
+		go l.worker(f)
+	}
+}
+
+// worker runs f, then the requests handed to it, until it has been idle
+// for workerIdle.
+func (l *Locker) worker(f func()) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		f()
+		idle.Reset(workerIdle)
+		select {
+		case f = <-l.work:
+		case <-idle.C:
+			return
+		}
+	}
 }
 
 // nodeError turns the acquire script's refusal into ErrBadTokenRecord and
