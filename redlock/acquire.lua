@@ -20,8 +20,10 @@
 -- Lua numbers are doubles, exact below 2^53; a record at or past 2^53 - 1,
 -- or not a canonical decimal integer, was not written by fence: refuse it.
 --
--- The lock is tried first, with SET NX GET: a held lock costs two calls,
--- and a free one is taken without reading it first (four calls in all).
+-- The lock is tried first, with SET NX GET: a held lock costs two calls
+-- (SET, PTTL), a free one five (SET, EXISTS of the mark, GET of the record,
+-- TIME, SET of the record; the mark and the record read apart cost less
+-- than one MGET of both, whose array reply becomes a Lua table).
 -- What is refused after taking it (a revoked try, a bad record) is undone
 -- with DEL in this same script, which runs atomically and replicates its
 -- writes as one transaction: nobody sees the lock taken, and the record is
@@ -35,15 +37,14 @@ local function refuse(why)
   redis.call('DEL', KEYS[1])
   return redis.error_reply('FENCETOKEN token record ' .. KEYS[2] .. ' ' .. why)
 end
-local got = redis.call('MGET', KEYS[2], KEYS[3])
-if got[2] then
+if redis.call('EXISTS', KEYS[3]) == 1 then
   -- This try was given up on before it ran: do not take the lock.
   redis.call('DEL', KEYS[1])
   return {0, -2}
 end
 local maxLast = '9007199254740990'
 local last
-local rec = got[1]
+local rec = redis.call('GET', KEYS[2])
 if rec then
   if not (rec == '0' or string.match(rec, '^[1-9]%d*$')) then
     return refuse(string.format('holds %q, not a decimal integer', string.sub(rec, 1, 40)))

@@ -472,6 +472,7 @@ type result struct {
 	res []int64
 	err error
 	at  time.Time // when the reply came (the script ran before)
+	got bool      // the reply came in time (fanout)
 }
 
 // fanout runs call on the nodes listed (by index) all at once, each bounded
@@ -491,15 +492,14 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 	for k, i := range nodes {
 		l.spawn(func() {
 			res, err := call(cctx, i)
-			ch <- reply{k, result{res, err, time.Now()}}
+			ch <- reply{k, result{res: res, err: err, at: time.Now()}}
 		})
 	}
 	if pause != nil {
 		pause()
 	}
 	out := make([]result, len(nodes))
-	got := make([]bool, len(nodes))
-	collect := func(r reply) { out[r.k], got[r.k] = r.r, true }
+	collect := func(r reply) { out[r.k], out[r.k].got = r.r, true }
 	for n := 0; n < len(nodes); n++ {
 		select {
 		case r := <-ch:
@@ -520,10 +520,10 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 	}
 	for k, i := range nodes {
 		switch err := out[k].err; {
-		case ctx.Err() != nil && (!got[k] || err != nil):
+		case ctx.Err() != nil && (!out[k].got || err != nil):
 			// The caller's context ended the call.
 			out[k].err = fmt.Errorf("node %d: %w", i, ctx.Err())
-		case !got[k] || errors.Is(err, context.DeadlineExceeded):
+		case !out[k].got || errors.Is(err, context.DeadlineExceeded):
 			// The per-node timeout, not the caller's deadline: keep
 			// context.DeadlineExceeded out of the chain.
 			out[k].err = fmt.Errorf("node %d: %w within %v", i, errNoReply, timeout)
@@ -610,7 +610,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	// The same keys and arguments go to every node (go-redis copies them
 	// into each command): built once, not once per node.
 	acqKeys := []string{k.lock, k.token, revokeKey}
-	acqArgs := []any{owner, ttl.Milliseconds(), floor, floorCap.Microseconds()}
+	acqArgs := []any{owner, ttl.Milliseconds(), floor, floorCapArg}
 	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, i int) ([]int64, error) {
 		return acquireScript.Run(ctx, l.nodes[i], acqKeys, acqArgs...).Int64Slice()
 	})
@@ -711,6 +711,9 @@ const floorLead = time.Second
 // guard with MaxAhead, would refuse every holder's until the clocks caught
 // up, and the records would creep towards 2^53).
 const floorCap = 2 * time.Second
+
+// floorCapArg is floorCap in µs, the acquire script's ARGV[4], boxed once.
+var floorCapArg any = floorCap.Microseconds()
 
 // revokeFor is how long the mark that revokes a try given up on lives on a
 // node that did not answer it in time (release.lua).
