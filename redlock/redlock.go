@@ -482,41 +482,44 @@ type result struct {
 // reply is dropped. pause, if not nil, runs once the requests are on their
 // way, before the replies are read.
 func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, pause func(), call func(ctx context.Context, node int) ([]int64, error)) []result {
-	type reply struct {
-		k int
-		r result
+	// Each request writes its own slot and marks it done; the last to
+	// answer wakes the caller, once, rather than every reply waking it.
+	type slot struct {
+		r    result
+		done atomic.Bool // r is written, and never written again
 	}
-	ch := make(chan reply, len(nodes))
+	f := &struct {
+		slots []slot
+		left  atomic.Int32 // requests not answered yet
+		all   chan struct{}
+	}{slots: make([]slot, len(nodes)), all: make(chan struct{})}
+	f.left.Store(int32(len(nodes)))
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for k, i := range nodes {
 		l.spawn(func() {
 			res, err := call(cctx, i)
-			ch <- reply{k, result{res: res, err: err, at: time.Now()}}
+			f.slots[k].r = result{res: res, err: err, at: time.Now()}
+			f.slots[k].done.Store(true)
+			if f.left.Add(-1) == 0 {
+				close(f.all)
+			}
 		})
 	}
 	if pause != nil {
 		pause()
 	}
+	select {
+	case <-f.all:
+	case <-cctx.Done():
+	}
+	// Replies that came as the time ran out still count; a slot not
+	// marked done is not read (its request may write it later).
 	out := make([]result, len(nodes))
-	collect := func(r reply) { out[r.k], out[r.k].got = r.r, true }
-	for n := 0; n < len(nodes); n++ {
-		select {
-		case r := <-ch:
-			collect(r)
-			continue
-		case <-cctx.Done():
+	for k := range f.slots {
+		if f.slots[k].done.Load() {
+			out[k], out[k].got = f.slots[k].r, true
 		}
-		// Replies that came as the time ran out still count.
-		for drained := false; !drained; {
-			select {
-			case r := <-ch:
-				collect(r)
-			default:
-				drained = true
-			}
-		}
-		break
 	}
 	for k, i := range nodes {
 		switch err := out[k].err; {
