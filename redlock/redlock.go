@@ -688,7 +688,8 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		return fail(err)
 	}
 	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
-		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes))}
+		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes)),
+		relKeys: acqKeys[:1], relArgs: acqArgs[:1]}
 	for i, r := range rs {
 		ls.ungranted[i] = r.err != nil
 	}
