@@ -204,10 +204,14 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 - **Allocations with sync on.** The pipelined WAIT costs go-redis a pipeline per acquisition (12 allocations); a
   pipeline object kept per Locker would be the lever.
 - **Redlock against redsync.** Both fan out in parallel, one round trip per node (the token write-back is skipped
-  when every granting node answered the maximum token, the usual case); fence's per-node acquire is the token-issuing
-  script where redsync's is a plain SET NX, which costs the servers more CPU per pair, and its client allocates about
-  a quarter more (per pair, not per node: the per-fan-out timeout context, the lease). A lighter acquire script is the
-  lever left.
+  when every granting node answered the maximum token, the usual case). fence's client now does less per pair than
+  redsync's (requests handed to goroutines kept per Locker, whose stacks have grown already; the caller woken once
+  per fan-out, not once per reply), so what is left is the servers' work: fence's per-node acquire is the
+  token-issuing script (SET NX GET, EXISTS of the revocation mark, GET and SET of the token record, TIME; a held lock
+  stops after two calls) where redsync's is a plain SET NX, about 7 µs of server time against 1.5 (INFO
+  commandstats): the Lua calls cost 0.2 to 0.6 µs each, the script's own invocation about 2. On two CPUs shared by
+  the client and 3 or 5 servers, that time is on the path. With a script that only does SET NX the ratio was
+  1.01× (3 masters) and 1.07× (5) in one run, the floor of this client.
 - **etcd against concurrency.Mutex on a reused session.** etcdlock holds each lock on an etcd lease of its own, but a
   Release whose delete went through keeps that lease (it holds no key any more) for the Locker's next Acquire, as a
   pool of sessions would: 2 Raft commits per acquire+release (the key's create and delete), as the Mutex's. Its key
