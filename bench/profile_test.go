@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,8 +16,8 @@ import (
 )
 
 // addr is the primary the benchmarks use; it has one replica in sync, for
-// fence's replica sync.
-var addr string
+// fence's replica sync, at replicaAddr.
+var addr, replicaAddr string
 
 func TestMain(m *testing.M) {
 	testmain.Run(m, func() (func(), error) {
@@ -23,7 +25,7 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return nil, err
 		}
-		addr = primary.Addr
+		addr, replicaAddr = primary.Addr, replicas[0].Addr
 		return func() { replicas[0].Close(); primary.Close() }, nil
 	})
 }
@@ -72,9 +74,9 @@ func benchUncontended(b *testing.B, ctx context.Context) {
 }
 
 // BenchmarkCPU is the uncontended workload again, reporting the CPU time
-// that one acquire+release costs the server (INFO cpu, its user and system
-// time) and this process (getrusage), per pair: where latency goes on a
-// machine where client and server share the CPUs.
+// that one acquire+release costs the server and its replica (INFO cpu, their
+// user and system time) and this process (getrusage), per pair: where
+// latency goes on a machine where client and servers share the CPUs.
 func BenchmarkCPU(b *testing.B) { benchCPU(b, context.Background()) }
 
 // BenchmarkCPUDeadline is BenchmarkCPU with a caller's context that has a
@@ -98,7 +100,9 @@ func benchCPU(b *testing.B, ctx context.Context) {
 	}()
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
-	serverCPU := func() time.Duration {
+	replica := redis.NewClient(&redis.Options{Addr: replicaAddr})
+	defer replica.Close()
+	cpuOf := func(admin *redis.Client) time.Duration {
 		info, err := admin.Info(ctx, "cpu").Result()
 		if err != nil {
 			b.Fatal(err)
@@ -116,6 +120,8 @@ func benchCPU(b *testing.B, ctx context.Context) {
 		}
 		return time.Duration(total * float64(time.Second))
 	}
+	serverCPU := func() time.Duration { return cpuOf(admin) }
+	replicaCPU := func() time.Duration { return cpuOf(replica) }
 	clientCPU := func() time.Duration {
 		var ru syscall.Rusage
 		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -129,7 +135,7 @@ func benchCPU(b *testing.B, ctx context.Context) {
 			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
-			s0, c0 := serverCPU(), clientCPU()
+			s0, r0, c0 := serverCPU(), replicaCPU(), clientCPU()
 			for b.Loop() {
 				release, err := l.acquire(ctx, key)
 				if err != nil {
@@ -137,8 +143,9 @@ func benchCPU(b *testing.B, ctx context.Context) {
 				}
 				release()
 			}
-			s1, c1 := serverCPU(), clientCPU()
+			s1, r1, c1 := serverCPU(), replicaCPU(), clientCPU()
 			b.ReportMetric(float64((s1-s0).Nanoseconds())/1000/float64(b.N), "server-µs/op")
+			b.ReportMetric(float64((r1-r0).Nanoseconds())/1000/float64(b.N), "replica-µs/op")
 			b.ReportMetric(float64((c1-c0).Nanoseconds())/1000/float64(b.N), "client-µs/op")
 			// The scripts' own time (EVALSHA's usec covers the commands
 			// the script calls, which commandstats also lists).
@@ -203,4 +210,79 @@ func BenchmarkRedlock(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkP50 is make bench's uncontended latency figure for the rows that
+// issue 18 compares, and for their floors: -benchtime Nx runs N rounds of
+// 2000 pairs, interleaved in batches as make bench times them, and logs
+// (-v) each row's p50 in every round and the median round. The floors are
+// go-redis sending the least each mode needs: two EVALSHAs, and for replica
+// sync the first pipelined with WAIT 1 on the same connection.
+//
+//	go test -run '^$' -bench P50 -benchtime 5x -v
+func BenchmarkP50(b *testing.B) {
+	all, err := libs(addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	all = append(all, limit(addr), limitSynced(addr))
+	var ls []*lib
+	for _, l := range all {
+		defer l.close()
+		switch l.name {
+		case "fence (sync off)", "fence (sync on, 1 replica)", "bsm/redislock", "limit: 2 × EVALSHA (go-redis)", limitSyncedRow:
+			ls = append(ls, l)
+		}
+	}
+	p50s := make([][]time.Duration, len(ls))
+	round := 0
+	for b.Loop() {
+		lat, err := uncontended(ls, 2000, round)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range ls {
+			p50s[i] = append(p50s[i], lat[i].p50)
+		}
+		round++
+	}
+	for i, l := range ls {
+		rounds := slices.Clone(p50s[i])
+		slices.Sort(p50s[i])
+		b.Logf("%-45s p50 median %6.1f µs, rounds %v", l.name, float64(p50s[i][len(p50s[i])/2].Nanoseconds())/1000, rounds)
+	}
+}
+
+const limitSyncedRow = "limit: EVALSHA+WAIT 1, EVALSHA (go-redis)"
+
+// limitSynced is limit with replica sync: the lock script and WAIT 1 in
+// one pipeline (one connection, one round trip), then the unlock script.
+func limitSynced(addr string) *lib {
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+	l := &lib{name: limitSyncedRow, close: func() { _ = c.Close() }}
+	l.acquire = func(ctx context.Context, key string) (func(), error) {
+		var ok, acked *redis.Cmd
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			ok = limitLock.EvalSha(ctx, p, []string{key}, "me", leaseTTL.Milliseconds())
+			acked = p.Do(ctx, "WAIT", 1, 1000)
+			return nil
+		})
+		if redis.HasErrorPrefix(err, "NOSCRIPT") { // the first time
+			if err := limitLock.Load(ctx, c).Err(); err != nil {
+				return nil, err
+			}
+			return l.acquire(ctx, key)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n, _ := ok.Int(); n == 0 {
+			return nil, errors.New("limit: held")
+		}
+		if n, _ := acked.Int(); n < 1 {
+			return nil, errors.New("limit: not replicated")
+		}
+		return func() { _ = limitUnlock.Run(ctx, c, []string{key}, "me").Err() }, nil
+	}
+	return l
 }

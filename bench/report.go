@@ -185,8 +185,9 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 
 - **Uncontended latency against bsm/redislock's unfenced lock.** fence's acquire script also issues the token (TIME,
   GET and SET of the token record, and the revocation check): a free lock costs 5 calls inside the server against
-  bsm's 1, and the token record is one more key written (and replicated). The client side is at 23 allocations, under
-  bsm's 34 (the scripts' keys are boxed once per lock name). The token cannot move into the lock's own value (the record must outlive the lock, and Redis 7.0 has no
+  bsm's 1, and the token record is one more key written (and replicated). The client side is at 20 allocations (24 with
+  sync on), under bsm's 34: fence builds its script commands itself, with the SHA and the keys boxed once, and
+  pools the synced acquisition's pipeline. The token cannot move into the lock's own value (the record must outlive the lock, and Redis 7.0 has no
   per-field expiry), and TIME cannot be skipped (a promoted replica that missed the last writes holds an older record:
   only the clock floor keeps its tokens above the lost primary's). With sync on, WAIT waits for the replica's
   acknowledgement, a second hop that no unsynced lock pays: that part is the guarantee's price, and on a loaded
@@ -206,10 +207,14 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 - **Allocations with sync on.** The pipelined WAIT costs go-redis a pipeline per acquisition (12 allocations); a
   pipeline object kept per Locker would be the lever.
 - **Redlock against redsync.** Both fan out in parallel, one round trip per node (the token write-back is skipped
-  when every granting node answered the maximum token, the usual case); fence's per-node acquire is the token-issuing
-  script where redsync's is a plain SET NX, which costs the servers more CPU per pair, and its client allocates about
-  a quarter more (per pair, not per node: the per-fan-out timeout context, the lease). A lighter acquire script is the
-  lever left.
+  when every granting node answered the maximum token, the usual case). fence's client now does less per pair than
+  redsync's (requests handed to goroutines kept per Locker, whose stacks have grown already; the caller woken once
+  per fan-out, not once per reply), so what is left is the servers' work: fence's per-node acquire is the
+  token-issuing script (SET NX GET, EXISTS of the revocation mark, GET and SET of the token record, TIME; a held lock
+  stops after two calls) where redsync's is a plain SET NX, about 7 µs of server time against 1.5 (INFO
+  commandstats): the Lua calls cost 0.2 to 0.6 µs each, the script's own invocation about 2. On two CPUs shared by
+  the client and 3 or 5 servers, that time is on the path. With a script that only does SET NX the ratio was
+  1.01× (3 masters) and 1.07× (5) in one run, the floor of this client.
 - **etcd against concurrency.Mutex on a reused session.** etcdlock holds each lock on an etcd lease of its own, but a
   Release whose delete went through keeps that lease (it holds no key any more) for the Locker's next Acquire, as a
   pool of sessions would: 2 Raft commits per acquire+release (the key's create and delete), as the Mutex's. Its key

@@ -17,7 +17,8 @@ import (
 	"google.golang.org/grpc"
 )
 
-// txnHook is called, when set, after each Txn the hooked client sends,
+// txnHook is called, when set, after each Txn or DeleteRange (Release's
+// delete) the hooked client sends,
 // with the invoker's error; it returns the error the caller gets.
 type txnHook struct {
 	f atomic.Pointer[func(error) error]
@@ -25,7 +26,8 @@ type txnHook struct {
 
 func (h *txnHook) set(f func(error) error) { h.f.Store(&f) }
 
-// hookedClient is a client of endpoints whose Txn replies go through h.
+// hookedClient is a client of endpoints whose Txn and DeleteRange replies
+// go through h.
 func hookedClient(t testing.TB, endpoints []string, h *txnHook) *clientv3.Client {
 	t.Helper()
 	c, err := clientv3.New(clientv3.Config{
@@ -35,7 +37,7 @@ func hookedClient(t testing.TB, endpoints []string, h *txnHook) *clientv3.Client
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
 			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 				err := invoker(ctx, method, req, reply, cc, opts...)
-				if f := h.f.Load(); f != nil && strings.HasSuffix(method, "/Txn") {
+				if f := h.f.Load(); f != nil && (strings.HasSuffix(method, "/Txn") || strings.HasSuffix(method, "/DeleteRange")) {
 					return (*f)(err)
 				}
 				return err

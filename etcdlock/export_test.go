@@ -12,3 +12,7 @@ func (l *Locker) SpareIDs() []clientv3.LeaseID {
 	}
 	return ids
 }
+
+// Raw reports whether the Locker sends its create Txn and delete as gRPC
+// requests of its own (see rawKV).
+func (l *Locker) Raw() bool { return l.kv != nil }

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,11 @@ type Locker struct {
 	retainArg boxedMs        // retention ms, boxed, for the acquire script
 	ttlArg    boxedMs        // the last lease ms boxed for the acquire script
 	waitArg   boxedMs        // the last wait ms boxed for the acquire script
+
+	// Replica sync's pipelines on client, reused, and WAIT's arguments,
+	// the last ones built (evalPipelined).
+	pipes sync.Pool
+	wait  atomic.Pointer[waitCmdArgs]
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
@@ -603,11 +609,12 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
+	var buf [3]int64
 	if err == nil {
-		res, err = r.reply.Int64Slice()
+		res, err = int64s(r.reply, buf[:0])
 	}
 	if err == nil && (len(res) != 2 && len(res) != 3 || res[0] == 1 && (len(res) != 3 || res[1] <= 0)) {
-		err = fmt.Errorf("unexpected reply %v", res)
+		err = fmt.Errorf("unexpected reply %v", slices.Clone(res))
 	}
 	if err != nil {
 		if err = scriptError(err); !errors.Is(err, ErrBadTokenRecord) && !strings.HasPrefix(err.Error(), "redislock: ") {

@@ -380,7 +380,7 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 		reply, acked, err = l.evalConn(ctx, script, keys.names, args, required, l.sync.Timeout)
 		return reply, acked, required, expected, err
 	}
-	reply, acked, err = evalPipelined(ctx, c, asking, required, l.sync.Timeout, script, keys, args)
+	reply, acked, err = l.evalPipelined(ctx, c, asking, required, script, keys, args)
 	return reply, acked, required, expected, err
 }
 
@@ -393,7 +393,7 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 	}
 	err = l.onSlotMaster(ctx, keys.names[0], func(_ string, c redis.Cmdable, asking bool) error {
 		var err error
-		reply, _, err = evalPipelined(ctx, c, asking, 0, 0, script, keys, args)
+		reply, _, err = l.evalPipelined(ctx, c, asking, 0, script, keys, args)
 		return err
 	})
 	return reply, 0, 0, err
@@ -402,33 +402,49 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 // evalPipelined sends script (by SHA, again in full on NOSCRIPT) on c,
 // preceded by ASKING when asking and followed by WAIT required timeout when
 // required > 0, all in one pipeline: one connection, one round trip.
-func evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, timeout time.Duration, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
+//
+// On the Locker's own client the pipeline is one of l.pipes, reused, and
+// the WAIT command's arguments are built once (see waitArgs): the uncontended
+// acquisition pays for the two commands and their replies, not for a new
+// pipeline each time.
+func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
 	if !asking && required == 0 {
 		reply = runScript(ctx, c, script, keys, args)
 		return reply, 0, reply.Err()
 	}
-	for _, load := range []bool{false, true} {
-		pipe := c.Pipeline()
+	pipe, pooled := l.pipeline(c)
+	if pooled != nil {
+		defer l.pipes.Put(pooled) // emptied by Exec
+	}
+	for _, load := range [2]bool{false, true} {
+		var cmds [3]redis.Cmder
+		n := 0
 		if asking {
-			pipe.Do(ctx, "ASKING")
+			cmds[n] = redis.NewCmd(ctx, "ASKING")
+			n++
 		}
-		switch {
-		case keys.boxed != nil:
-			reply = pipe.Do(ctx, evalArgs(script, load, keys.boxed, args)...)
-		case load:
-			reply = script.Eval(ctx, pipe, keys.names, args...)
-		default:
-			reply = script.EvalSha(ctx, pipe, keys.names, args...)
-		}
+		reply = scriptCmd(ctx, script, load, keys, args)
+		cmds[n] = reply
+		n++
 		var wait *redis.Cmd
 		if required > 0 {
-			wait = pipe.Do(ctx, "WAIT", required, timeout.Milliseconds())
+			wait = redis.NewCmd(ctx, l.waitArgs(required)...)
+			cmds[n] = wait
+			n++
+		}
+		if pooled != nil {
+			_ = pooled.BatchProcess(ctx, cmds[:n]...) // one append: cmds stays on the stack
+		} else {
+			for _, cmd := range cmds[:n] {
+				_ = pipe.Process(ctx, cmd)
+			}
 		}
 		_, _ = pipe.Exec(ctx)
-		if !load && redis.HasErrorPrefix(reply.Err(), "NOSCRIPT") {
+		err := reply.Err()
+		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			continue
 		}
-		if err := reply.Err(); err != nil {
+		if err != nil {
 			return reply, 0, err
 		}
 		if wait != nil {
@@ -439,6 +455,113 @@ func evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required i
 		break
 	}
 	return reply, acked, nil
+}
+
+// pipeline returns a pipeline on c: for the Locker's own client one from
+// l.pipes, also returned as pooled to be put back once Exec has emptied it;
+// for another (a cluster node's client) a new one.
+func (l *Locker) pipeline(c redis.Cmdable) (pipe redis.Pipeliner, pooled *redis.Pipeline) {
+	if c != redis.Cmdable(l.client) {
+		return c.Pipeline(), nil
+	}
+	if p, _ := l.pipes.Get().(*redis.Pipeline); p != nil {
+		return p, p
+	}
+	pipe = c.Pipeline()
+	pooled, _ = pipe.(*redis.Pipeline)
+	return pipe, pooled
+}
+
+// waitArgs returns the arguments of WAIT required Timeout: built once per
+// required count and shared, read-only, by the commands that send them.
+func (l *Locker) waitArgs(required int) []any {
+	if w := l.wait.Load(); w != nil && w.required == required {
+		return w.args
+	}
+	w := &waitCmdArgs{required, []any{"WAIT", required, l.sync.Timeout.Milliseconds()}}
+	l.wait.Store(w)
+	return w.args
+}
+
+type waitCmdArgs struct {
+	required int
+	args     []any
+}
+
+// scriptCmd is the command that runs script by SHA (EVALSHA) or, with load,
+// in full (EVAL), on keys with args, as redis.Script would send it. Built
+// here, it costs an allocation less per command, two for the name and the
+// SHA, which are boxed once (see scriptArgs), and one per key when keys
+// come boxed (a lock name's keys are boxed once; see nameCache). args must
+// be scalars (go-redis does not flatten them here).
+func scriptCmd(ctx context.Context, script *redis.Script, load bool, keys skeys, args []any) *redis.Cmd {
+	nk := len(keys.names)
+	cmdArgs := make([]any, 3+nk+len(args))
+	sa := scriptArgs[script]
+	if load {
+		cmdArgs[0], cmdArgs[1] = "eval", sa.src
+	} else {
+		cmdArgs[0], cmdArgs[1] = "evalsha", sa.sha
+	}
+	cmdArgs[2] = nk
+	if keys.boxed != nil {
+		copy(cmdArgs[3:3+nk], keys.boxed)
+	} else {
+		for i, k := range keys.names {
+			cmdArgs[3+i] = k
+		}
+	}
+	copy(cmdArgs[3+nk:], args)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	if nk > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
+}
+
+// scriptArgs are the SHA and the source of each script, boxed once for
+// scriptCmd.
+var scriptArgs = func() map[*redis.Script]struct{ sha, src any } {
+	m := make(map[*redis.Script]struct{ sha, src any }, len(connScripts))
+	for s, c := range connScripts {
+		m[s] = struct{ sha, src any }{c.SHA, c.Src}
+	}
+	return m
+}()
+
+// int64s is reply.Int64Slice() appended to dst: without an allocation when
+// the reply's integers fit in dst's capacity.
+func int64s(reply *redis.Cmd, dst []int64) ([]int64, error) {
+	vals, err := reply.Slice()
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vals {
+		n, ok := v.(int64)
+		if !ok {
+			return reply.Int64Slice() // converts, or says why not
+		}
+		dst = append(dst, n)
+	}
+	return dst, nil
+}
+
+// runScript is script.Run(ctx, c, keys.names, args...) (EVALSHA, then
+// EVAL on NOSCRIPT) with the commands of scriptCmd, on a *redis.Client (a
+// plain, Sentinel failover or cluster node client); on any other client
+// (the caller's own UniversalClient, which may route its script commands
+// elsewhere than its Process), Run.
+func runScript(ctx context.Context, c redis.Cmdable, script *redis.Script, keys skeys, args []any) *redis.Cmd {
+	rc, ok := c.(*redis.Client)
+	if !ok {
+		return script.Run(ctx, c, keys.names, args...)
+	}
+	cmd := scriptCmd(ctx, script, false, keys, args)
+	if err := rc.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = scriptCmd(ctx, script, true, keys, args)
+		_ = rc.Process(ctx, cmd)
+	}
+	return cmd
 }
 
 // Bounds on following cluster redirections for one command.

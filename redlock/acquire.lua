@@ -6,9 +6,9 @@
 -- proposed floor, µs (its clock plus a second), ARGV[4] how far past this
 -- node's clock the client's floor may count, µs
 -- Returns {1, token, node ms} when taken, {0, holder's PTTL} when held (-2:
--- revoked),
--- and an error starting FENCETOKEN, before touching anything, when the
--- record is not a token this script can increase exactly.
+-- revoked), and an error starting FENCETOKEN, leaving the lock and the
+-- record as they were, when the record is not a token this script can
+-- increase exactly.
 --
 -- The token is max(last + 1, T, min(the client's floor, T + ARGV[4])), T
 -- being this node's clock in µs: the clock floors keep it increasing when
@@ -19,8 +19,28 @@
 -- push tokens further ahead of the nodes' clocks than that.
 -- Lua numbers are doubles, exact below 2^53; a record at or past 2^53 - 1,
 -- or not a canonical decimal integer, was not written by fence: refuse it.
+--
+-- The lock is tried first, with SET NX GET: a held lock costs two calls
+-- (SET, PTTL), a free one five (SET, EXISTS of the mark, GET of the record,
+-- TIME, SET of the record; the mark and the record read apart cost less
+-- than one MGET of both, whose array reply becomes a Lua table).
+-- What is refused after taking it (a revoked try, a bad record) is undone
+-- with DEL in this same script, which runs atomically and replicates its
+-- writes as one transaction: nobody sees the lock taken, and the record is
+-- not touched.
+local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'PX', ARGV[2])
+if holder then
+  -- Held (a try's owner is new each time, so never by this try).
+  return {0, redis.call('PTTL', KEYS[1])}
+end
 local function refuse(why)
+  redis.call('DEL', KEYS[1])
   return redis.error_reply('FENCETOKEN token record ' .. KEYS[2] .. ' ' .. why)
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  -- This try was given up on before it ran: do not take the lock.
+  redis.call('DEL', KEYS[1])
+  return {0, -2}
 end
 local maxLast = '9007199254740990'
 local last
@@ -33,13 +53,6 @@ if rec then
     return refuse('holds ' .. string.sub(rec, 1, 40) .. ', at or past 2^53 - 1, beyond exact arithmetic')
   end
   last = tonumber(rec)
-end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  -- This try was given up on before it ran: do not take the lock.
-  return {0, -2}
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, redis.call('PTTL', KEYS[1])}
 end
 local now = redis.call('TIME')
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -59,6 +72,5 @@ end
 if token > 9007199254740991 then
   return refuse('cannot be followed: the server clock reads ' .. now[1] .. ' s')
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], string.format('%d', token))
 return {1, token, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}

@@ -30,6 +30,12 @@ type lease struct {
 	ungranted []bool
 	revokeKey string
 
+	// The release script's keys and arguments, {lock} and {owner}: the
+	// acquisition's, which start with them (go-redis copies them into
+	// each command, so they are shared, read only, not built again).
+	relKeys []string
+	relArgs []any
+
 	parent context.Context // the Acquire's context, for the values of ctx
 
 	mu sync.Mutex
@@ -382,9 +388,9 @@ func (ls *lease) Release(ctx context.Context) error {
 	// stopped using the lease when it called Release.
 	lostBefore := ls.Err()
 	l := ls.locker
-	// The same keys and arguments for every node, built once; the nodes
-	// that did not answer the acquisition get the revocation mark too.
-	relKeys, relArgs := []string{ls.keys.lock}, []any{ls.owner}
+	// The same keys and arguments for every node, the acquisition's; the
+	// nodes that did not answer the acquisition get the revocation mark too.
+	relKeys, relArgs := ls.relKeys, ls.relArgs
 	var revKeys []string
 	var revArgs []any
 	if slices.Contains(ls.ungranted, true) {

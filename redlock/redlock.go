@@ -135,6 +135,9 @@ type Locker struct {
 	// on every try; one entry, so it never grows.
 	lastKeys atomic.Pointer[keys]
 
+	// work hands a request to an idle worker (see spawn); unbuffered.
+	work chan func()
+
 	// reached[i] is set once node i was pinged for a first contact,
 	// whatever it answered: later acquisitions no longer ping it first.
 	reached []atomic.Bool
@@ -196,6 +199,7 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		obs:         o.Observer,
 		log:         o.Logger,
 		reached:     make([]atomic.Bool, len(clients)),
+		work:        make(chan func()),
 		allNodes:    make([]int, len(clients)),
 		now:         time.Now,
 		wall:        time.Now,
@@ -398,11 +402,22 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if ttl == 0 {
 		ttl, watchdog = l.watchdog, true
 	}
-	waitCtx := ctx
+	// The wait budget bounds the tries through waitCtx. A first try
+	// cannot outlast a budget longer than the first contact's bound plus
+	// two fan-outs (the acquisition and the write-back; a failed try's
+	// release is not bound by it), with room to spare: then the first try
+	// runs on ctx, and waitCtx is made only if a second is needed, with
+	// the same deadline. An acquisition that succeeds at once (the usual
+	// case) so makes no context and no timer for its budget.
+	waitCtx, budget, lazy := ctx, time.Time{}, false
 	if o.Wait > 0 {
-		var cancel context.CancelFunc
-		waitCtx, cancel = context.WithTimeout(ctx, o.Wait)
-		defer cancel()
+		budget = time.Now().Add(o.Wait)
+		lazy = o.Wait >= DefaultConnectTimeout+4*l.timeoutFor(ttl)
+		if !lazy {
+			var cancel context.CancelFunc
+			waitCtx, cancel = context.WithDeadline(ctx, budget)
+			defer cancel()
+		}
 	}
 	var (
 		timer *time.Timer
@@ -425,6 +440,15 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			return nil, fence.NotAcquired(name, why)
 		}
 		last = why
+		if lazy {
+			lazy = false
+			var cancel context.CancelFunc
+			waitCtx, cancel = context.WithDeadline(ctx, budget)
+			defer cancel()
+			if waitCtx.Err() != nil {
+				return nil, fence.NotAcquired(name, last)
+			}
+		}
 		pause := l.retryDelay/2 + mrand.N(l.retryDelay)
 		if timer == nil {
 			timer = time.NewTimer(pause)
@@ -448,6 +472,7 @@ type result struct {
 	res []int64
 	err error
 	at  time.Time // when the reply came (the script ran before)
+	got bool      // the reply came in time (fanout)
 }
 
 // fanout runs call on the nodes listed (by index) all at once, each bounded
@@ -457,49 +482,51 @@ type result struct {
 // reply is dropped. pause, if not nil, runs once the requests are on their
 // way, before the replies are read.
 func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, pause func(), call func(ctx context.Context, node int) ([]int64, error)) []result {
-	type reply struct {
-		k int
-		r result
+	// Each request writes its own slot and marks it done; the last to
+	// answer wakes the caller, once, rather than every reply waking it.
+	type slot struct {
+		r    result
+		done atomic.Bool // r is written, and never written again
 	}
-	ch := make(chan reply, len(nodes))
+	f := &struct {
+		slots []slot
+		left  atomic.Int32 // requests not answered yet
+		all   chan struct{}
+	}{slots: make([]slot, len(nodes)), all: make(chan struct{})}
+	f.left.Store(int32(len(nodes)))
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for k, i := range nodes {
-		go func() {
+		l.spawn(func() {
 			res, err := call(cctx, i)
-			ch <- reply{k, result{res, err, time.Now()}}
-		}()
+			f.slots[k].r = result{res: res, err: err, at: time.Now()}
+			f.slots[k].done.Store(true)
+			if f.left.Add(-1) == 0 {
+				close(f.all)
+			}
+		})
 	}
 	if pause != nil {
 		pause()
 	}
+	select {
+	case <-f.all:
+	case <-cctx.Done():
+	}
+	// Replies that came as the time ran out still count; a slot not
+	// marked done is not read (its request may write it later).
 	out := make([]result, len(nodes))
-	got := make([]bool, len(nodes))
-	collect := func(r reply) { out[r.k], got[r.k] = r.r, true }
-	for n := 0; n < len(nodes); n++ {
-		select {
-		case r := <-ch:
-			collect(r)
-			continue
-		case <-cctx.Done():
+	for k := range f.slots {
+		if f.slots[k].done.Load() {
+			out[k], out[k].got = f.slots[k].r, true
 		}
-		// Replies that came as the time ran out still count.
-		for drained := false; !drained; {
-			select {
-			case r := <-ch:
-				collect(r)
-			default:
-				drained = true
-			}
-		}
-		break
 	}
 	for k, i := range nodes {
 		switch err := out[k].err; {
-		case ctx.Err() != nil && (!got[k] || err != nil):
+		case ctx.Err() != nil && (!out[k].got || err != nil):
 			// The caller's context ended the call.
 			out[k].err = fmt.Errorf("node %d: %w", i, ctx.Err())
-		case !got[k] || errors.Is(err, context.DeadlineExceeded):
+		case !out[k].got || errors.Is(err, context.DeadlineExceeded):
 			// The per-node timeout, not the caller's deadline: keep
 			// context.DeadlineExceeded out of the chain.
 			out[k].err = fmt.Errorf("node %d: %w within %v", i, errNoReply, timeout)
@@ -508,6 +535,42 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 		}
 	}
 	return out
+}
+
+// workerIdle is how long a worker waits for another request before it
+// exits: long enough to serve an application's next acquisition or release
+// (the usual case: locks taken again and again), short enough that nothing
+// lingers for long after the last.
+const workerIdle = 100 * time.Millisecond
+
+// spawn runs f in a goroutine: an idle worker's, left by an earlier
+// request, or a new one. A worker's stack has already grown to what a
+// request through go-redis needs, so reusing one spares the new
+// goroutine's stack growth (copying its stack, several times) on every
+// request, the largest cost of a fan-out after the system calls. A worker
+// exits after workerIdle without a request.
+func (l *Locker) spawn(f func()) {
+	select {
+	case l.work <- f:
+	default:
+		go l.worker(f)
+	}
+}
+
+// worker runs f, then the requests handed to it, until it has been idle
+// for workerIdle.
+func (l *Locker) worker(f func()) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		f()
+		idle.Reset(workerIdle)
+		select {
+		case f = <-l.work:
+		case <-idle.C:
+			return
+		}
+	}
 }
 
 // nodeError turns the acquire script's refusal into ErrBadTokenRecord and
@@ -550,7 +613,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	// The same keys and arguments go to every node (go-redis copies them
 	// into each command): built once, not once per node.
 	acqKeys := []string{k.lock, k.token, revokeKey}
-	acqArgs := []any{owner, ttl.Milliseconds(), floor, floorCap.Microseconds()}
+	acqArgs := []any{owner, ttl.Milliseconds(), floor, floorCapArg}
 	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, i int) ([]int64, error) {
 		return acquireScript.Run(ctx, l.nodes[i], acqKeys, acqArgs...).Int64Slice()
 	})
@@ -625,7 +688,8 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		return fail(err)
 	}
 	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
-		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes))}
+		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes)),
+		relKeys: acqKeys[:1], relArgs: acqArgs[:1]}
 	for i, r := range rs {
 		ls.ungranted[i] = r.err != nil
 	}
@@ -651,6 +715,9 @@ const floorLead = time.Second
 // guard with MaxAhead, would refuse every holder's until the clocks caught
 // up, and the records would creep towards 2^53).
 const floorCap = 2 * time.Second
+
+// floorCapArg is floorCap in µs, the acquire script's ARGV[4], boxed once.
+var floorCapArg any = floorCap.Microseconds()
 
 // revokeFor is how long the mark that revokes a try given up on lives on a
 // node that did not answer it in time (release.lua).

@@ -399,3 +399,46 @@ func scriptCalls(t testing.TB, s *redistest.Server) int {
 	}
 	return n
 }
+
+// A wait budget long next to a try makes its budget's context only when a
+// second try is needed: the budget must still bound the wait, and a
+// waiter must still get the lock once it is released.
+func TestLongWaitBudget(t *testing.T) {
+	srvs := nodes(t, 3)
+	const nodeTimeout = 100 * time.Millisecond
+	// At least DefaultConnectTimeout plus four node timeouts: the first
+	// try runs without the budget's context.
+	const wait = redlock.DefaultConnectTimeout + 5*nodeTimeout
+	l := newLocker(t, srvs, &redlock.Options{NodeTimeout: nodeTimeout, RetryDelay: 20 * time.Millisecond})
+	held, err := l.Acquire(ctxFor(t), "budget", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	start := time.Now()
+	_, err = l.Acquire(ctxFor(t), "budget", fence.TTL(time.Minute), fence.Wait(wait))
+	took := time.Since(start)
+	if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire of a held lock = %v, want ErrNotAcquired and ErrHeld", err)
+	}
+	if took < wait || took > wait+2*time.Second {
+		t.Fatalf("Acquire of a held lock gave up after %v, want its budget %v", took, wait)
+	}
+	// A waiter gets the lock once it is released.
+	got := make(chan error, 1)
+	go func() {
+		ls, err := l.Acquire(ctxFor(t), "budget", fence.TTL(time.Minute), fence.Wait(wait))
+		if err == nil {
+			if ls.Token() <= held.Token() {
+				err = fmt.Errorf("token %d after %d", ls.Token(), held.Token())
+			}
+			_ = ls.Release(ctxFor(t))
+		}
+		got <- err
+	}()
+	if err := held.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiting Acquire after the release: %v", err)
+	}
+}
