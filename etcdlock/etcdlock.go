@@ -64,6 +64,7 @@ type Options struct {
 type Locker struct {
 	client      *clientv3.Client
 	kv          pb.KVClient // under client.KV, for the create Txn; nil: use client.KV (see rawKV)
+	ownKV       clientv3.KV // client.KV when kv was made: kv is used only while client.KV is still it
 	prefix      string
 	watchdogTTL time.Duration
 	obs         fence.Observer // nil: none
@@ -167,16 +168,16 @@ func (l *Locker) Close(ctx context.Context) error {
 var _ fence.Locker = (*Locker)(nil)
 
 // New returns a Locker that uses client, which the caller keeps and closes
-// after the Locker's last lease has ended. A client whose KV is to be
-// wrapped (etcd's namespace package) must be wrapped before New: New looks
-// at client.KV once (see the package documentation). o may be nil. It returns an
-// error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
+// after the Locker's last lease has ended. A client whose KV is wrapped
+// (etcd's namespace package) is best wrapped before New; one wrapped after
+// is seen at the next call (see the package documentation). o may be nil.
+// It returns an error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
 // shorter than fence.MinTTL.
 func New(client *clientv3.Client, o *Options) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("etcdlock: %w: nil client", fence.ErrInvalidOption)
 	}
-	l := &Locker{client: client, kv: rawKV(client), prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
+	l := &Locker{client: client, kv: rawKV(client), ownKV: client.KV, prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
 	if o != nil {
 		l.prefix = cmp.Or(o.Prefix, DefaultPrefix)
 		l.obs, l.log = o.Observer, o.Logger
@@ -295,13 +296,14 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	var resp *clientv3.TxnResponse
 	attempts := 0
 	var req *pb.TxnRequest
-	if l.kv != nil {
+	kv := l.raw()
+	if kv != nil {
 		req = newCreateTxn(pfx, key, sp.id)
 	}
 	err := try(ctx, per, func(ctx context.Context) (err error) {
 		attempts++
 		if req != nil {
-			resp, err = txnRaw(ctx, l.kv, req)
+			resp, err = txnRaw(ctx, kv, req)
 			return err
 		}
 		resp, err = l.client.Txn(ctx).If(

@@ -644,7 +644,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	del := func() error {
 		return try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
 			attempts++
-			if kv := ls.l.kv; kv != nil {
+			if kv := ls.l.raw(); kv != nil && ls.keyb != nil {
 				resp, err = deleteRaw(ctx, kv, &pb.DeleteRangeRequest{Key: ls.keyb})
 				return err
 			}

@@ -24,6 +24,19 @@ func rawKV(client *clientv3.Client) pb.KVClient {
 	return clientv3.RetryKVClient(client)
 }
 
+// raw returns the gRPC KV client for the create Txn and the delete, or nil
+// if they must go through client.KV: always, when client.KV was not
+// clientv3's own at New; and since, if the user has wrapped it (etcd's
+// namespace package) after New, when every other call (the waiter's Txn,
+// Extend's, the watch, the user's IsOwner) goes through the wrapper. The
+// comparison costs no allocation.
+func (l *Locker) raw() pb.KVClient {
+	if l.kv == nil || l.client.KV != l.ownKV {
+		return nil
+	}
+	return l.kv
+}
+
 // rawCallOpts are clientv3's default call options: wait for a connection
 // rather than fail at once, and no bound on the reply (the create Txn reads
 // three keys at most).
