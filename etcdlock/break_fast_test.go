@@ -1,13 +1,20 @@
 package etcdlock_test
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/etcdtest"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // A careless user wraps the client in etcd's namespace package after New
@@ -67,5 +74,149 @@ func TestNamespaceWrappedAfterNew(t *testing.T) {
 	}
 	if n, bare := countKeys(t, admin, ns+key), countKeys(t, admin, key); n != 0 || bare != 0 {
 		t.Fatalf("released: %d keys %s, %d keys %s; want none", n, ns+key, bare, key)
+	}
+}
+
+// authClient returns a client of endpoints that authenticates as user. If
+// stale is not nil, it counts the Txn and DeleteRange calls refused for a
+// stale token (the retry interceptor's attempts, each seen here).
+func authClient(t testing.TB, endpoints []string, user, password string, stale *atomic.Int64) (*clientv3.Client, error) {
+	t.Helper()
+	cfg := clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Username: user, Password: password,
+	}
+	if stale != nil {
+		cfg.DialOptions = []grpc.DialOption{grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				if (method == "/etcdserverpb.KV/Txn" || method == "/etcdserverpb.KV/DeleteRange") &&
+					(errors.Is(rpctypes.Error(err), rpctypes.ErrAuthOldRevision) || errors.Is(rpctypes.Error(err), rpctypes.ErrInvalidAuthToken)) {
+					stale.Add(1)
+				}
+				return err
+			})}
+	}
+	c, err := clientv3.New(cfg)
+	if err == nil {
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	return c, err
+}
+
+// On a cluster with authentication on, the hand-built create Txn and
+// delete carry the client's token (they go through its connection's
+// credentials and interceptors), and when the token goes stale, the auth
+// revision moved on (a user added) or the token store was reset (auth
+// turned off and on), the client fetches a new one and the request goes
+// through, as through clientv3's builders (the test sees the refused
+// attempts, so it fails if the token is never stale). A client without credentials
+// gets a typed error at once, and leaves nothing behind.
+func TestAuthTokenRefreshed(t *testing.T) {
+	cl := etcdtest.Start(t)
+	endpoints := cl.Endpoints()
+	ctx := ctxFor(t, 60*time.Second)
+	bare := newClient(t, endpoints, nil)
+	if _, err := bare.UserAdd(ctx, "root", "rootpw"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.UserGrantRole(ctx, "root", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := authClient(t, endpoints, "root", "rootpw", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stale atomic.Int64
+	c, err := authClient(t, endpoints, "root", "rootpw", &stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := etcdlock.New(c, &etcdlock.Options{WatchdogTTL: 6 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.Raw() {
+		t.Fatal("the Locker of an authenticating client does not send its own requests")
+	}
+	name := t.Name()
+	cycle := func(step string) {
+		t.Helper()
+		a, err := l.Acquire(ctx, name, fence.Wait(0))
+		if err != nil {
+			t.Fatalf("%s: Acquire: %v", step, err)
+		}
+		if n := countKeys(t, admin, l.Prefix(name)); n != 1 {
+			t.Fatalf("%s: %d keys held, want 1", step, n)
+		}
+		if err := a.Release(ctx); err != nil {
+			t.Fatalf("%s: Release: %v", step, err)
+		}
+		if n := countKeys(t, admin, l.Prefix(name)); n != 0 {
+			t.Fatalf("%s: %d keys after Release, want none", step, n)
+		}
+	}
+	cycle("fresh token")
+	// A new auth revision (a JWT token would be old: ErrAuthOldRevision).
+	if _, err := admin.UserAdd(ctx, "someone", "pw"); err != nil {
+		t.Fatal(err)
+	}
+	cycle("auth revision moved on")
+	// Held across the change: Release's delete alone meets the old token.
+	a, err := l.Acquire(ctx, name, fence.Wait(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.UserAdd(ctx, "someone-else", "pw"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatalf("Release after the auth revision moved on: %v", err)
+	}
+	// Auth off and on: every simple token is forgotten (ErrInvalidAuthToken).
+	if _, err := admin.AuthDisable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cycle("token store reset")
+	a, err = l.Acquire(ctx, name, fence.Wait(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.AuthDisable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatalf("Release after the token store was reset: %v", err)
+	}
+
+	// The auth revision moving on makes no simple token stale (etcd's
+	// simple tokens take the current revision); the reset makes both.
+	if stale.Load() < 2 {
+		t.Fatalf("%d requests met a stale token, want the create Txn and the delete after the resets: the test did not make the token stale", stale.Load())
+	}
+	t.Logf("%d Txn/DeleteRange attempts met a stale token and were sent again", stale.Load())
+
+	// No credentials: a typed error, in far less than the caller's time.
+	anon, err := etcdlock.New(bare, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = anon.Acquire(ctxFor(t, 20*time.Second), name, fence.Wait(0))
+	t.Logf("Acquire without credentials: %v after %v", err, time.Since(start))
+	if !errors.Is(err, fence.ErrNotAcquired) || errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("Acquire without credentials = %v after %v, want ErrNotAcquired at once", err, time.Since(start))
+	}
+	if n := countKeys(t, admin, l.Prefix(name)); n != 0 {
+		t.Fatalf("%d keys after the refused Acquire, want none", n)
 	}
 }
