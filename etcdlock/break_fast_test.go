@@ -3,6 +3,8 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -218,5 +220,68 @@ func TestAuthTokenRefreshed(t *testing.T) {
 	}
 	if n := countKeys(t, admin, l.Prefix(name)); n != 0 {
 		t.Fatalf("%d keys after the refused Acquire, want none", n)
+	}
+}
+
+// A caller's ctx made with clientv3.WithRequireLeader: its metadata travels
+// with the hand-built create Txn and delete as with clientv3's requests, so
+// with the cluster's quorum gone they fail at once with ErrNoLeader, typed,
+// instead of waiting out the caller's deadline attempt after attempt. The
+// create Txn is reached on a kept etcd lease (no Grant before it).
+func TestRequireLeaderKept(t *testing.T) {
+	cl := etcdtest.StartCluster(t, 3)
+	survivor := cl.Members[0]
+	c := newClient(t, []string{survivor.ClientURL}, nil)
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t, 60*time.Second)
+	const ttl = 5 * time.Minute // the kept etcd lease stays fresh for 30 s
+	held, err := l.Acquire(ctx, t.Name(), fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := l.Acquire(ctx, t.Name()+"-a", fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.SpareIDs()) != 1 {
+		t.Fatalf("spares %x, want a's", l.SpareIDs())
+	}
+	for _, m := range cl.Members[1:] {
+		m.Kill()
+	}
+	for limit := time.Now().Add(15 * time.Second); ; {
+		_, err := c.Get(clientv3.WithRequireLeader(ctx), "x")
+		if errors.Is(err, rpctypes.ErrNoLeader) {
+			break
+		}
+		if time.Now().After(limit) {
+			t.Fatalf("%s still has a leader 15 s after the others were killed: %v", survivor.Name, err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+	spare := l.SpareIDs()[0]
+	start := time.Now()
+	_, err = l.Acquire(clientv3.WithRequireLeader(ctxFor(t, 20*time.Second)), t.Name()+"-b", fence.TTL(ttl), fence.Wait(0))
+	t.Logf("Acquire on a kept etcd lease without a leader: %v after %v", err, time.Since(start))
+	if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, rpctypes.ErrNoLeader) || time.Since(start) > 5*time.Second {
+		t.Fatalf("Acquire requiring a leader, without one = %v after %v, want ErrNotAcquired and ErrNoLeader at once", err, time.Since(start))
+	}
+	if !strings.Contains(err.Error(), "create") || slices.Contains(l.SpareIDs(), spare) {
+		t.Fatalf("Acquire = %v, spares %x: the create Txn on the kept etcd lease %x was not what failed", err, l.SpareIDs(), int64(spare))
+	}
+	start = time.Now()
+	err = held.Release(clientv3.WithRequireLeader(ctxFor(t, 20*time.Second)))
+	t.Logf("Release without a leader: %v after %v", err, time.Since(start))
+	if !errors.Is(err, rpctypes.ErrNoLeader) || time.Since(start) > 5*time.Second {
+		t.Fatalf("Release requiring a leader, without one = %v after %v, want ErrNoLeader at once", err, time.Since(start))
+	}
+	if !errors.Is(held.Err(), fence.ErrReleased) {
+		t.Fatalf("Err after the failed Release = %v, want ErrReleased", held.Err())
 	}
 }
