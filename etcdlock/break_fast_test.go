@@ -285,3 +285,81 @@ func TestRequireLeaderKept(t *testing.T) {
 		t.Fatalf("Err after the failed Release = %v, want ErrReleased", held.Err())
 	}
 }
+
+// A careless user closes the client while a goroutine of theirs still
+// acquires and releases, with contexts that never end. An attempt on a
+// closed client fails with gRPC's Canceled, which clientv3's retry
+// interceptor takes for its own call's cancel and sends again, for some
+// 2.5 s; an attempt timer shorter than that (a sixth of a short lease time)
+// cuts it, and try took that for a timeout and tried again, for ever.
+// Both must return an error at once (a revoke to clean up cannot be sent
+// either: it took the cleanup timeout, half a second).
+func TestClosedClientNoHang(t *testing.T) {
+	endpoints := shared.Endpoints()
+	c := newClient(t, endpoints, nil)
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 3 * time.Second // attempts of 500 ms
+	ctx := ctxFor(t, 30*time.Second)
+	// One kept etcd lease, so that the next Acquire starts with the create
+	// Txn, and one lease held.
+	a, err := l.Acquire(ctx, t.Name()+"-a", fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := l.Acquire(ctx, t.Name(), fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	run := func(f func(context.Context) error) <-chan result {
+		out := make(chan result, 1)
+		go func() {
+			start := time.Now()
+			err := f(context.Background())
+			out <- result{err, time.Since(start)}
+		}()
+		return out
+	}
+	rel := run(held.Release)
+	acq := run(func(ctx context.Context) error {
+		_, err := l.Acquire(ctx, t.Name()+"-b", fence.TTL(ttl))
+		return err
+	})
+	fresh := mustNew(t, c)
+	acq2 := run(func(ctx context.Context) error {
+		_, err := fresh.Acquire(ctx, t.Name()+"-c", fence.TTL(ttl))
+		return err
+	})
+	for what, ch := range map[string]<-chan result{"Release": rel, "Acquire on a kept etcd lease": acq, "Acquire": acq2} {
+		select {
+		case r := <-ch:
+			t.Logf("%s on a closed client: %v after %v", what, r.err, r.took)
+			if r.err == nil || r.took > 100*time.Millisecond {
+				t.Errorf("%s on a closed client = %v after %v, want an error at once", what, r.err, r.took)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%s on a closed client, with a context that never ends, still running after 15 s", what)
+		}
+	}
+}
+
+func mustNew(t testing.TB, c *clientv3.Client) *etcdlock.Locker {
+	t.Helper()
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}

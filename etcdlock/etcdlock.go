@@ -261,7 +261,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if !reused {
 			sp.ttl, sp.sent = ttl, time.Now()
 			var g *clientv3.LeaseGrantResponse
-			err = try(ctx, per, func(ctx context.Context) (err error) {
+			err = l.try(ctx, per, func(ctx context.Context) (err error) {
 				g, err = l.client.Grant(ctx, seconds(ttl))
 				return err
 			})
@@ -300,7 +300,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	if kv != nil {
 		req = newCreateTxn(pfx, key, sp.id)
 	}
-	err := try(ctx, per, func(ctx context.Context) (err error) {
+	err := l.try(ctx, per, func(ctx context.Context) (err error) {
 		attempts++
 		if req != nil {
 			resp, err = txnRaw(ctx, kv, req)
@@ -392,8 +392,17 @@ func attemptTimeout(ttl time.Duration) time.Duration { return max(ttl/6, 500*tim
 // that cost an uncontended acquire+release some 20 µs more than a cancel
 // (BenchmarkInterleaved). A member that hangs answers neither; the cancel
 // (an RST_STREAM) ends the call on both sides as the deadline did.
-func try(ctx context.Context, per time.Duration, call func(context.Context) error) error {
+//
+// It gives up with errClientClosed once the client is closed: a call on a
+// closed client fails with gRPC's Canceled, which clientv3's retry
+// interceptor takes for a cancel of its own and sends again for some 2.5 s,
+// longer than a short attempt, which would look timed out, and be tried
+// again for as long as ctx lasts (for ever, with a ctx that never ends).
+func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.Context) error) error {
 	for {
+		if l.client.Ctx().Err() != nil {
+			return errClientClosed
+		}
 		actx, cancel := context.WithCancelCause(ctx)
 		t := time.AfterFunc(per, func() { cancel(errAttemptTimedOut) })
 		err := call(actx)
@@ -411,13 +420,20 @@ func try(ctx context.Context, per time.Duration, call func(context.Context) erro
 	}
 }
 
+// errClientClosed is why a call on a client the user closed fails.
+var errClientClosed = errors.New("etcdlock: the etcd client was closed")
+
 // errAttemptTimedOut is the cause with which try cancels an attempt that
 // took longer than its timeout.
 var errAttemptTimedOut = errors.New("etcdlock: attempt timed out")
 
 // revoke gives up the etcd lease id and with it the keys attached to it,
 // within cleanupTimeout even if ctx is done.
+// On a closed client it returns at once: no revoke can be sent (see try).
 func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	if l.client.Ctx().Err() != nil {
+		return errClientClosed
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, err := l.client.Revoke(ctx, id)
@@ -487,7 +503,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		// Check that our key is still there and find the one before it,
 		// in one round trip.
 		var resp *clientv3.TxnResponse
-		err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) (err error) {
+		err := w.l.try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) (err error) {
 			resp, err = c.Txn(ctx).If(
 				clientv3.Compare(clientv3.CreateRevision(w.key), "=", w.rev),
 			).Then(
@@ -510,7 +526,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 				return w.renewed, nil
 			}
 			sent := time.Now()
-			err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) error {
+			err := w.l.try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) error {
 				_, err := c.KeepAliveOnce(ctx, w.id)
 				return err
 			})
