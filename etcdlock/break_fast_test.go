@@ -363,3 +363,61 @@ func mustNew(t testing.TB, c *clientv3.Client) *etcdlock.Locker {
 	}
 	return l
 }
+
+// With the member hung (SIGSTOPped), the hand-built create Txn (on a kept
+// etcd lease) and delete, whose attempts a timer cancels, return the
+// caller's own error kind: context.DeadlineExceeded for a deadline shorter
+// than an attempt or longer than two, context.Canceled for a cancel, as
+// with per-attempt deadlines. The attempt's cancel must not show through
+// as Canceled when the caller's deadline passed.
+func TestHungMemberErrorKinds(t *testing.T) {
+	cl := etcdtest.Start(t)
+	m := cl.Members[0]
+	const ttl = 3 * time.Second // attempts of 500 ms; a kept etcd lease is fresh for 300 ms
+	l := newLocker(t, cl.Endpoints(), nil)
+	ctx := ctxFor(t, 30*time.Second)
+	deadline := func(d time.Duration) context.Context { return ctxFor(t, d) }
+	cancelled := func(d time.Duration) context.Context {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		time.AfterFunc(d, cancel)
+		return ctx
+	}
+	for _, tc := range []struct {
+		name string
+		ctx  func() context.Context
+		want error
+	}{
+		{"deadline shorter than an attempt", func() context.Context { return deadline(150 * time.Millisecond) }, context.DeadlineExceeded},
+		{"deadline after two attempts", func() context.Context { return deadline(1200 * time.Millisecond) }, context.DeadlineExceeded},
+		{"cancelled within an attempt", func() context.Context { return cancelled(150 * time.Millisecond) }, context.Canceled},
+		{"cancelled after two attempts", func() context.Context { return cancelled(1200 * time.Millisecond) }, context.Canceled},
+	} {
+		name := t.Name() + "/" + tc.name
+		held, err := l.Acquire(ctx, name, fence.TTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept, err := l.Acquire(ctx, name+"-kept", fence.TTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kept.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		m.Stop()
+		_, aerr := l.Acquire(tc.ctx(), name+"-b", fence.TTL(ttl))
+		rerr := held.Release(tc.ctx())
+		m.Cont()
+		t.Logf("%s: Acquire %v; Release %v", tc.name, aerr, rerr)
+		if !errors.Is(aerr, fence.ErrNotAcquired) || !errors.Is(aerr, tc.want) || !strings.Contains(aerr.Error(), "create") {
+			t.Errorf("%s: Acquire on a kept etcd lease = %v, want ErrNotAcquired and %v from the create Txn", tc.name, aerr, tc.want)
+		}
+		if !errors.Is(rerr, tc.want) {
+			t.Errorf("%s: Release = %v, want %v", tc.name, rerr, tc.want)
+		}
+		if err := m.WaitReady(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
