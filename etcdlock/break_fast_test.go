@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
 	"github.com/fencekit/fence/internal/etcdtest"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
@@ -419,5 +420,45 @@ func TestHungMemberErrorKinds(t *testing.T) {
 		if err := m.WaitReady(10 * time.Second); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// countingKV is a gRPC KV client that counts the requests a clientv3.KV
+// built on it (clientv3.NewKVFromKVClient) sends: a user's own layer under
+// clientv3's KV (tracing, a proxy's adapter, a rewrite of keys).
+type countingKV struct {
+	pb.KVClient
+	n atomic.Int64
+}
+
+func (c *countingKV) Txn(ctx context.Context, in *pb.TxnRequest, opts ...grpc.CallOption) (*pb.TxnResponse, error) {
+	c.n.Add(1)
+	return c.KVClient.Txn(ctx, in, opts...)
+}
+
+func (c *countingKV) DeleteRange(ctx context.Context, in *pb.DeleteRangeRequest, opts ...grpc.CallOption) (*pb.DeleteRangeResponse, error) {
+	c.n.Add(1)
+	return c.KVClient.DeleteRange(ctx, in, opts...)
+}
+
+// A client whose KV is clientv3's own type built on a gRPC KV client of
+// the user's (clientv3.NewKVFromKVClient): the Locker's requests must go
+// through it, the create Txn and the delete included, not around it on the
+// client's connection.
+func TestOwnKVOnUsersKVClient(t *testing.T) {
+	c := newClient(t, shared.Endpoints(), nil)
+	under := &countingKV{KVClient: clientv3.RetryKVClient(c)}
+	c.KV = clientv3.NewKVFromKVClient(under, c)
+	l := mustNew(t, c)
+	ctx := ctxFor(t, 10*time.Second)
+	a, err := l.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := under.n.Load(); n != 2 {
+		t.Fatalf("%d requests through the user's KV client, want 2 (the create Txn and the delete): raw %v", n, l.Raw())
 	}
 }
