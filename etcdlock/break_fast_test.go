@@ -3,8 +3,10 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -460,5 +462,111 @@ func TestOwnKVOnUsersKVClient(t *testing.T) {
 	}
 	if n := under.n.Load(); n != 2 {
 		t.Fatalf("%d requests through the user's KV client, want 2 (the create Txn and the delete): raw %v", n, l.Raw())
+	}
+}
+
+// Two Lockers contend for one lock in a loop on a 3-member cluster while
+// its leader is killed: every call returns within its ctx (plus the
+// cleanup revoke), Acquire's errors are typed, and no holder's key is ever
+// deleted by another's Release (a delete of the key, or one already gone,
+// would end a lease with "was deleted" or "already gone"), although the
+// Lockers keep reusing etcd leases across the failover.
+func TestLeaderKilledWhileCycling(t *testing.T) {
+	cl := etcdtest.StartCluster(t, 3)
+	endpoints := cl.Endpoints()
+	var (
+		mu     sync.Mutex
+		seen   = map[clientv3.LeaseID]int{}
+		bad    []string
+		cycles int
+		failed []string // errors of Acquire and Release, typed and in time
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 2 {
+		l := newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: 10 * time.Second})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				start := time.Now()
+				lease, err := l.Acquire(ctx, t.Name(), fence.Wait(4*time.Second))
+				took := time.Since(start)
+				if err != nil {
+					cancel()
+					mu.Lock()
+					if !errors.Is(err, fence.ErrNotAcquired) || took > 6*time.Second {
+						bad = append(bad, fmt.Sprintf("locker %d: Acquire = %v after %v", i, err, took))
+					}
+					failed = append(failed, err.Error())
+					mu.Unlock()
+					continue
+				}
+				start = time.Now()
+				rerr := lease.Release(ctx)
+				took = time.Since(start)
+				cancel()
+				mu.Lock()
+				cycles++
+				seen[leaseID(t, lease)]++
+				if took > 6*time.Second {
+					bad = append(bad, fmt.Sprintf("locker %d: Release took %v", i, took))
+				}
+				if rerr != nil {
+					failed = append(failed, rerr.Error())
+				}
+				if e := lease.Err(); e != nil && (strings.Contains(e.Error(), "deleted") || strings.Contains(e.Error(), "already gone")) {
+					bad = append(bad, fmt.Sprintf("locker %d: token %d ended: %v (Release %v)", i, lease.Token(), e, rerr))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	// Polling with a deadline: n more cycles done.
+	waitCycles := func(n int) {
+		t.Helper()
+		mu.Lock()
+		want := cycles + n
+		mu.Unlock()
+		for limit := time.Now().Add(20 * time.Second); ; {
+			mu.Lock()
+			c := cycles
+			mu.Unlock()
+			if c >= want {
+				return
+			}
+			if time.Now().After(limit) {
+				close(stop)
+				wg.Wait()
+				t.Fatalf("%d cycles, %d wanted, after 20 s: %q", c, want, bad)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitCycles(20)
+	leader := etcdtest.Leader(t, cl)
+	leader.Kill()
+	killed := time.Now()
+	next := etcdtest.Leader(t, cl, leader)
+	t.Logf("leader %s killed; %s leads %v later", leader.Name, next.Name, time.Since(killed))
+	waitCycles(50) // after the failover
+	close(stop)
+	wg.Wait()
+	reused := 0
+	for _, n := range seen {
+		reused += n - 1
+	}
+	t.Logf("%d cycles, %d on a reused etcd lease; %d calls failed: %q", cycles, reused, len(failed), failed)
+	for _, b := range bad {
+		t.Error(b)
+	}
+	if reused == 0 {
+		t.Error("no etcd lease was reused: the test did not exercise the plain delete's premise")
 	}
 }
