@@ -570,3 +570,39 @@ func TestLeaderKilledWhileCycling(t *testing.T) {
 		t.Error("no etcd lease was reused: the test did not exercise the plain delete's premise")
 	}
 }
+
+// Many leases acquired at once on one Locker, all pending on its one
+// starter timer, their etcd leases revoked behind its back as they are
+// made: every one still ends (Done), and Release reports each lost,
+// deleting nothing; a Locker whose leases all ended leaves no goroutine
+// behind (goleak, in TestMain).
+func TestStarterManyRevoked(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l := newLocker(t, endpoints, nil)
+	ctx := ctxFor(t, 30*time.Second)
+	const n = 40
+	leases := make([]fence.Lease, n)
+	for i := range leases {
+		lease, err := l.Acquire(ctx, fmt.Sprintf("%s-%d", t.Name(), i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = lease
+		if _, err := admin.Revoke(ctx, leaseID(t, lease)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, lease := range leases {
+		waitDone(t, lease, 5*time.Second)
+		if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
+			t.Fatalf("%s ended with %v, want ErrLeaseLost", lease, lease.Err())
+		}
+		if err := lease.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Release of %s = %v, want ErrLeaseLost", lease, err)
+		}
+	}
+	if ids := l.SpareIDs(); len(ids) != 0 {
+		t.Fatalf("spares %x after leases lost, want none", ids)
+	}
+}
