@@ -606,3 +606,76 @@ func TestStarterManyRevoked(t *testing.T) {
 		t.Fatalf("spares %x after leases lost, want none", ids)
 	}
 }
+
+// Goroutines share one Locker and two locks, and cancel their Releases at
+// random points (before the delete is sent, while it is in flight, after
+// it is applied): the etcd leases of Releases that went through are
+// reused by the next Acquire, those of Releases that failed are revoked,
+// and no holder's key is ever deleted by another Release's delete, late or
+// not (its lease would end with "was deleted" or "already gone").
+func TestReleaseCancelledAtRandomWithReuse(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l := newLocker(t, endpoints, nil)
+	var (
+		mu            sync.Mutex
+		bad           []string
+		ok, cancelled int
+		seen          = map[clientv3.LeaseID]int{}
+	)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("%s-%d", t.Name(), g%2)
+			for i := range 40 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				lease, err := l.Acquire(ctx, name, fence.Wait(8*time.Second))
+				if err != nil {
+					cancel()
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf("Acquire: %v", err))
+					mu.Unlock()
+					return
+				}
+				rctx, rcancel := context.WithCancel(ctx)
+				time.AfterFunc(time.Duration(i%7)*100*time.Microsecond, rcancel)
+				rerr := lease.Release(rctx)
+				rcancel()
+				cancel()
+				mu.Lock()
+				seen[leaseID(t, lease)]++
+				if rerr == nil {
+					ok++
+				} else {
+					cancelled++
+				}
+				if e := lease.Err(); e != nil && (strings.Contains(e.Error(), "deleted") || strings.Contains(e.Error(), "already gone")) {
+					bad = append(bad, fmt.Sprintf("token %d: %v (Release %v)", lease.Token(), e, rerr))
+				}
+				if rerr != nil && !errors.Is(rerr, context.Canceled) {
+					bad = append(bad, fmt.Sprintf("token %d: Release = %v, want nil or context.Canceled", lease.Token(), rerr))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	reused := 0
+	for _, n := range seen {
+		reused += n - 1
+	}
+	t.Logf("%d Releases went through, %d cancelled; %d Acquires on a reused etcd lease", ok, cancelled, reused)
+	for _, b := range bad {
+		t.Error(b)
+	}
+	if ok == 0 || cancelled == 0 || reused == 0 {
+		t.Error("the test exercised neither both kinds of Release nor reuse")
+	}
+	for g := range 2 {
+		if n := countKeys(t, admin, l.Prefix(fmt.Sprintf("%s-%d", t.Name(), g))); n != 0 {
+			t.Errorf("%d keys left under lock %d", n, g)
+		}
+	}
+}
