@@ -679,3 +679,69 @@ func TestReleaseCancelledAtRandomWithReuse(t *testing.T) {
 		}
 	}
 }
+
+// Extend moves the key, whose name ends in the first etcd lease's ID, to a
+// new etcd lease, which Release then keeps: the next Acquire of the same
+// lock on it makes a key of another name, and neither the old handle's
+// calls nor a late Extend Txn of the old lease (its Compare holds on the
+// old token only) touch it.
+func TestExtendedLeaseKeptThenReused(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l := newLocker(t, endpoints, nil)
+	ctx := ctxFor(t, 30*time.Second)
+	name := t.Name()
+	a, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := leaseID(t, a)
+	if err := a.Extend(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := admin.Get(ctx, a.(*etcdlock.Lease).Key())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("key after Extend: %v, %v", resp, err)
+	}
+	moved := clientv3.LeaseID(resp.Kvs[0].Lease)
+	if moved == first {
+		t.Fatal("Extend did not move the key")
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := l.SpareIDs(); !slices.Equal(ids, []clientv3.LeaseID{moved}) {
+		t.Fatalf("spares %x, want the etcd lease Extend moved to, %x", ids, int64(moved))
+	}
+	b, err := l.Acquire(ctx, name, fence.TTL(time.Minute), fence.Wait(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaseID(t, b) != moved || b.(*etcdlock.Lease).Key() == a.(*etcdlock.Lease).Key() {
+		t.Fatalf("new key %s, old %s; want a new name on %x", b.(*etcdlock.Lease).Key(), a.(*etcdlock.Lease).Key(), int64(moved))
+	}
+	// The old lease's Extend Txn, late: it compares the old token.
+	late, err := admin.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.(*etcdlock.Lease).Key()), "=", int64(a.Token()))).
+		Then(clientv3.OpPut(a.(*etcdlock.Lease).Key(), "", clientv3.WithLease(moved))).Commit()
+	if err != nil || late.Succeeded {
+		t.Fatalf("late Extend Txn of the old lease: %v, %v", late, err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatalf("old handle's Release again = %v, want its first result", err)
+	}
+	if err := a.Extend(ctx, time.Minute); !errors.Is(err, fence.ErrReleased) {
+		t.Fatalf("old handle's Extend = %v, want ErrReleased", err)
+	}
+	if b.Err() != nil || countKeys(t, admin, l.Prefix(name)) != 1 {
+		t.Fatalf("new holder: Err %v, %d keys", b.Err(), countKeys(t, admin, l.Prefix(name)))
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := countKeys(t, admin, l.Prefix(name)); n != 0 {
+		t.Fatalf("%d keys after the last Release", n)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
