@@ -2,9 +2,13 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	mrand "math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -162,5 +166,168 @@ func TestHookRewritesArgs(t *testing.T) {
 	}
 	if h.logged.Load() == 0 {
 		t.Fatal("the hook saw no command")
+	}
+}
+
+// refusals counts replica-sync refusals, of tries as well as of Acquires.
+type refusals struct {
+	fence.NopObserver
+	atomic.Int64
+}
+
+func (r *refusals) ReplicaSyncRefused(fence.ReplicaSyncEvent) { r.Add(1) }
+
+// TestSyncedStorm: 64 goroutines acquire and release 16 names with
+// replica sync on, each Acquire with a random deadline of 5 to 205 ms (and a wait budget beyond it) (so
+// that many are given up on mid-pipeline, with the call still using its
+// pooled pipeline), while the replica is paused, resumed, killed and
+// restarted and the script cache flushed, in turns set by the number of
+// attempts made. Every lease must be the only one of its name, with a token
+// above the name's last; a refusal must leave nothing locked, and once all
+// is done and the given-up-on acquisitions are given back, no lock remains.
+func TestSyncedStorm(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			primary := redistest.Start(t)
+			replica := redistest.StartReplica(t, primary)
+			t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+			redistest.WaitReplicated(t, primary, 1)
+			c := redis.NewClient(&redis.Options{Addr: primary.Addr, ContextTimeoutEnabled: cte})
+			t.Cleanup(func() { _ = c.Close() })
+			admin := primary.Client(t)
+			var refused refusals
+			l := lockerWith(t, c, redislock.Options{Observer: &refused, ReplicaSync: redislock.ReplicaSync{Timeout: 30 * time.Millisecond}})
+
+			var names []string
+			for i := range 16 {
+				names = append(names, fmt.Sprintf("storm-%d", i))
+			}
+			var errMu sync.Mutex
+			errs := map[string]int{}
+			type state struct {
+				mu   sync.Mutex
+				held bool
+				last fence.Token
+			}
+			states := make(map[string]*state)
+			for _, n := range names {
+				states[n] = &state{}
+			}
+			var attempts, acquired atomic.Int64
+			chaos := make(chan int64, 1024)
+			var wg sync.WaitGroup
+			for g := range 64 {
+				wg.Go(func() {
+					rng := mrand.New(mrand.NewPCG(uint64(g), 1))
+					for range 30 {
+						name := names[rng.IntN(len(names))]
+						actx, cancel := context.WithTimeout(context.Background(), time.Duration(5+rng.IntN(200))*time.Millisecond)
+						lease, err := l.Acquire(actx, name, fence.TTL(10*time.Second), fence.Wait(time.Second))
+						cancel()
+						if n := attempts.Add(1); n%64 == 0 {
+							select {
+							case chaos <- n / 64:
+							default:
+							}
+						}
+						if err != nil {
+							errMu.Lock()
+							why := err.Error()
+							if strings.Contains(why, "release after failed sync") {
+								why = "release after failed sync"
+							} else {
+								why = why[strings.LastIndex(why, ": ")+2:]
+							}
+							errs[why]++
+							errMu.Unlock()
+							if !errors.Is(err, fence.ErrNotAcquired) {
+								t.Errorf("Acquire: %v, not an ErrNotAcquired", err)
+							}
+							continue
+						}
+						acquired.Add(1)
+						s := states[name]
+						s.mu.Lock()
+						if s.held {
+							t.Errorf("%s: token %d granted while another lease held it", name, lease.Token())
+						}
+						if lease.Token() <= s.last {
+							t.Errorf("%s: token %d after %d", name, lease.Token(), s.last)
+						}
+						s.held, s.last = true, lease.Token()
+						s.mu.Unlock()
+						rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+						s.mu.Lock()
+						s.held = false
+						s.mu.Unlock()
+						if err := lease.Release(rctx); err != nil {
+							t.Errorf("%s: Release: %v", name, err)
+						}
+						rcancel()
+					}
+				})
+			}
+			done := make(chan struct{})
+			var chaosWG sync.WaitGroup
+			chaosWG.Go(func() {
+				for {
+					select {
+					case <-done:
+						return
+					case n := <-chaos:
+						cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+						_ = admin.ScriptFlush(cctx).Err()
+						switch n % 4 {
+						case 0:
+							replica.Signal(syscall.SIGSTOP)
+						case 1:
+							replica.Signal(syscall.SIGCONT)
+						case 2:
+							replica.Kill()
+						case 3:
+							if err := replica.Relaunch(); err != nil {
+								t.Errorf("restart the replica: %v", err)
+							}
+						}
+						cancel()
+					}
+				}
+			})
+			wg.Wait()
+			close(done)
+			chaosWG.Wait()
+			t.Logf("%d attempts: %d leases, %d tries refused by replica sync; errors %v", attempts.Load(), acquired.Load(), refused.Load(), errs)
+			if acquired.Load() == 0 || refused.Load() == 0 {
+				t.Errorf("the storm did not test both outcomes")
+			}
+			// The given-up-on acquisitions give their locks back in the
+			// background, within their lease time.
+			polled := time.Now()
+			deadline := polled.Add(15 * time.Second)
+			defer func() { t.Logf("no lock left after %v", time.Since(polled)) }()
+			for {
+				left := 0
+				for _, n := range names {
+					left += int(admin.Exists(ctx(t), lockKey(n)).Val())
+				}
+				if left == 0 {
+					break
+				}
+				if time.Since(polled) > time.Second {
+					for _, n := range names {
+						if ttl := admin.PTTL(ctx(t), lockKey(n)).Val(); ttl > 0 {
+							owner := admin.Get(ctx(t), lockKey(n)).Val()
+							revoked := admin.Exists(ctx(t), lockKey(n)+":revoked:"+owner).Val()
+							t.Errorf("%s still locked a second after the storm, for %v more, by %s (revoked: %d)", n, ttl, owner, revoked)
+						}
+					}
+					t.FailNow()
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d locks still held after every lease was released", left)
+				}
+				time.Sleep(10 * time.Millisecond) // polling with a deadline
+			}
+		})
 	}
 }
