@@ -178,7 +178,7 @@ type refusals struct {
 func (r *refusals) ReplicaSyncRefused(fence.ReplicaSyncEvent) { r.Add(1) }
 
 // TestSyncedStorm: 64 goroutines acquire and release 16 names with
-// replica sync on, each Acquire with a random deadline of 5 to 205 ms (and a wait budget beyond it) (so
+// replica sync on (and, for the other path, off), each Acquire with a random deadline of 5 to 205 ms (and a wait budget beyond it) (so
 // that many are given up on mid-pipeline, with the call still using its
 // pooled pipeline), while the replica is paused, resumed, killed and
 // restarted and the script cache flushed, in turns set by the number of
@@ -186,8 +186,9 @@ func (r *refusals) ReplicaSyncRefused(fence.ReplicaSyncEvent) { r.Add(1) }
 // above the name's last; a refusal must leave nothing locked, and once all
 // is done and the given-up-on acquisitions are given back, no lock remains.
 func TestSyncedStorm(t *testing.T) {
-	for _, cte := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+	for _, tc := range []struct{ cte, sync bool }{{false, true}, {true, true}, {false, false}} {
+		cte := tc.cte
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v/sync=%v", cte, tc.sync), func(t *testing.T) {
 			primary := redistest.Start(t)
 			replica := redistest.StartReplica(t, primary)
 			t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
@@ -196,7 +197,7 @@ func TestSyncedStorm(t *testing.T) {
 			t.Cleanup(func() { _ = c.Close() })
 			admin := primary.Client(t)
 			var refused refusals
-			l := lockerWith(t, c, redislock.Options{Observer: &refused, ReplicaSync: redislock.ReplicaSync{Timeout: 30 * time.Millisecond}})
+			l := lockerWith(t, c, redislock.Options{Observer: &refused, ReplicaSync: redislock.ReplicaSync{Disabled: !tc.sync, Timeout: 30 * time.Millisecond}})
 
 			var names []string
 			for i := range 16 {
@@ -297,7 +298,7 @@ func TestSyncedStorm(t *testing.T) {
 			close(done)
 			chaosWG.Wait()
 			t.Logf("%d attempts: %d leases, %d tries refused by replica sync; errors %v", attempts.Load(), acquired.Load(), refused.Load(), errs)
-			if acquired.Load() == 0 || refused.Load() == 0 {
+			if acquired.Load() == 0 || tc.sync && refused.Load() == 0 {
 				t.Errorf("the storm did not test both outcomes")
 			}
 			// The given-up-on acquisitions give their locks back in the
@@ -329,5 +330,28 @@ func TestSyncedStorm(t *testing.T) {
 				time.Sleep(10 * time.Millisecond) // polling with a deadline
 			}
 		})
+	}
+}
+
+// TestRing: a *redis.Ring is not among the clients New names; whatever it
+// did before the Locker pooled its pipelines it must still do: here, with
+// one shard, work, replica sync included.
+func TestRing(t *testing.T) {
+	primary := redistest.Start(t)
+	redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": primary.Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	for _, sync := range []bool{false, true} {
+		l := lockerWith(t, ring, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !sync}})
+		for range 3 {
+			lease, err := l.Acquire(ctx(t), "ring", fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatalf("sync=%v: Acquire on a Ring: %v", sync, err)
+			}
+			if err := lease.Release(ctx(t)); err != nil {
+				t.Fatalf("sync=%v: Release on a Ring: %v", sync, err)
+			}
+		}
 	}
 }
