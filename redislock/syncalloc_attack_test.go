@@ -355,3 +355,63 @@ func TestRing(t *testing.T) {
 		}
 	}
 }
+
+// recordingHook keeps every pipelined command's arguments, as a tracer that
+// builds its spans later does, with what they were when sent.
+type recordingHook struct {
+	mu   sync.Mutex
+	args [][]any
+	sent []string
+}
+
+func (h *recordingHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *recordingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *recordingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		for _, cmd := range cmds {
+			h.args = append(h.args, cmd.Args())
+			h.sent = append(h.sent, fmt.Sprint(cmd.Args()...))
+		}
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// TestHookKeepsArgs: arguments a hook keeps must stay what was sent, while
+// acquisitions with other names, owners and lease times (and WAIT counts)
+// follow from many goroutines: no command's arguments are storage that a
+// later command reuses.
+func TestHookKeepsArgs(t *testing.T) {
+	primary := redistest.Start(t)
+	redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	c := primary.Client(t)
+	var h recordingHook
+	c.AddHook(&h)
+	l := lockerWith(t, c, redislock.Options{})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 20 {
+				lease, err := l.Acquire(ctx(t), fmt.Sprintf("kept-%d-%d", g, i), fence.TTL(time.Duration(1+i)*time.Second))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_ = lease.Release(ctx(t))
+			}
+		})
+	}
+	wg.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.args) < 8*20*2 {
+		t.Fatalf("the hook saw %d pipelined commands, want the acquisitions' script and WAIT", len(h.args))
+	}
+	for i, args := range h.args {
+		if now := fmt.Sprint(args...); now != h.sent[i] {
+			t.Fatalf("command %d's arguments changed after it was sent: %q, now %q", i, h.sent[i], now)
+		}
+	}
+}
