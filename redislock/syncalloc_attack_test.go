@@ -415,3 +415,67 @@ func TestHookKeepsArgs(t *testing.T) {
 		}
 	}
 }
+
+// TestHungPrimaryPooledPipelines: acquisitions given up on while the primary
+// hangs keep their pooled pipelines (the call goes on, on its goroutine);
+// when the primary answers again, their late replies must go to them alone,
+// and the acquisitions that follow on the same pool must see their own
+// script reply and WAIT count: each taken once, with increasing tokens, and
+// nothing left locked once the given-up-on ones are given back.
+func TestHungPrimaryPooledPipelines(t *testing.T) {
+	primary := redistest.Start(t)
+	redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	t.Cleanup(func() { primary.Signal(syscall.SIGCONT) })
+	c := primary.Client(t)
+	admin := primary.Client(t)
+	if err := admin.Ping(ctx(t)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var refused refusals
+	l := lockerWith(t, c, redislock.Options{Observer: &refused})
+	for i := range 16 { // warm the pool and the connections
+		lease := acquire(t, l, fmt.Sprintf("hung-%d", i), fence.TTL(time.Minute))
+		if err := lease.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	primary.Signal(syscall.SIGSTOP)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			actx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			if lease, err := l.Acquire(actx, fmt.Sprintf("hung-%d", i), fence.TTL(time.Minute)); err == nil {
+				t.Errorf("Acquire on a hung primary returned lease %d", lease.Token())
+			}
+		})
+	}
+	wg.Wait()
+	primary.Signal(syscall.SIGCONT)
+	var last fence.Token
+	for i := range 20 {
+		lease := acquire(t, l, "after-hang", fence.TTL(time.Minute))
+		if lease.Token() <= last {
+			t.Fatalf("acquisition %d after the hang: token %d after %d", i, lease.Token(), last)
+		}
+		last = lease.Token()
+		if err := lease.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := refused.Load(); n != 0 {
+		t.Fatalf("%d acquisitions refused by replica sync with the replica up", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; i < 16; {
+		if admin.Exists(ctx(t), lockKey(fmt.Sprintf("hung-%d", i))).Val() == 0 {
+			i++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hung-%d still locked 10 s after the primary answered again", i)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+}
