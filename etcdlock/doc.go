@@ -126,7 +126,9 @@
 // interceptors, balancer and credentials), not through clientv3's Txn
 // builder: some 60 allocations less per lock. A client whose KV is not
 // clientv3's own (etcd's namespace package, say, which rewrites keys) gets
-// them through client.KV as before.
+// them through client.KV as before; so does one whose KV was wrapped after
+// New, from the next call on (each call compares client.KV with the one
+// New saw), since every other call goes through the wrapper.
 //
 // # Deadlines and hanging members
 //
@@ -147,5 +149,5 @@
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease, an Extend) are bounded by half a second even when ctx has
 // ended; one that does not get through leaves the etcd lease to expire on
-// the server.
+// the server. On a client the user has closed, every call fails at once.
 package etcdlock

@@ -64,6 +64,7 @@ type Options struct {
 type Locker struct {
 	client      *clientv3.Client
 	kv          pb.KVClient // under client.KV, for the create Txn; nil: use client.KV (see rawKV)
+	ownKV       clientv3.KV // client.KV when kv was made: kv is used only while client.KV is still it
 	prefix      string
 	watchdogTTL time.Duration
 	obs         fence.Observer // nil: none
@@ -167,16 +168,16 @@ func (l *Locker) Close(ctx context.Context) error {
 var _ fence.Locker = (*Locker)(nil)
 
 // New returns a Locker that uses client, which the caller keeps and closes
-// after the Locker's last lease has ended. A client whose KV is to be
-// wrapped (etcd's namespace package) must be wrapped before New: New looks
-// at client.KV once (see the package documentation). o may be nil. It returns an
-// error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
+// after the Locker's last lease has ended. A client whose KV is wrapped
+// (etcd's namespace package) is best wrapped before New; one wrapped after
+// is seen at the next call (see the package documentation). o may be nil.
+// It returns an error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
 // shorter than fence.MinTTL.
 func New(client *clientv3.Client, o *Options) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("etcdlock: %w: nil client", fence.ErrInvalidOption)
 	}
-	l := &Locker{client: client, kv: rawKV(client), prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
+	l := &Locker{client: client, kv: rawKV(client), ownKV: client.KV, prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
 	if o != nil {
 		l.prefix = cmp.Or(o.Prefix, DefaultPrefix)
 		l.obs, l.log = o.Observer, o.Logger
@@ -260,7 +261,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if !reused {
 			sp.ttl, sp.sent = ttl, time.Now()
 			var g *clientv3.LeaseGrantResponse
-			err = try(ctx, per, func(ctx context.Context) (err error) {
+			err = l.try(ctx, per, func(ctx context.Context) (err error) {
 				g, err = l.client.Grant(ctx, seconds(ttl))
 				return err
 			})
@@ -295,13 +296,14 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	var resp *clientv3.TxnResponse
 	attempts := 0
 	var req *pb.TxnRequest
-	if l.kv != nil {
+	kv := l.raw()
+	if kv != nil {
 		req = newCreateTxn(pfx, key, sp.id)
 	}
-	err := try(ctx, per, func(ctx context.Context) (err error) {
+	err := l.try(ctx, per, func(ctx context.Context) (err error) {
 		attempts++
 		if req != nil {
-			resp, err = txnRaw(ctx, l.kv, req)
+			resp, err = txnRaw(ctx, kv, req)
 			return err
 		}
 		resp, err = l.client.Txn(ctx).If(
@@ -390,8 +392,17 @@ func attemptTimeout(ttl time.Duration) time.Duration { return max(ttl/6, 500*tim
 // that cost an uncontended acquire+release some 20 µs more than a cancel
 // (BenchmarkInterleaved). A member that hangs answers neither; the cancel
 // (an RST_STREAM) ends the call on both sides as the deadline did.
-func try(ctx context.Context, per time.Duration, call func(context.Context) error) error {
+//
+// It gives up with errClientClosed once the client is closed: a call on a
+// closed client fails with gRPC's Canceled, which clientv3's retry
+// interceptor takes for a cancel of its own and sends again for some 2.5 s,
+// longer than a short attempt, which would look timed out, and be tried
+// again for as long as ctx lasts (for ever, with a ctx that never ends).
+func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.Context) error) error {
 	for {
+		if l.client.Ctx().Err() != nil {
+			return errClientClosed
+		}
 		actx, cancel := context.WithCancelCause(ctx)
 		t := time.AfterFunc(per, func() { cancel(errAttemptTimedOut) })
 		err := call(actx)
@@ -409,13 +420,20 @@ func try(ctx context.Context, per time.Duration, call func(context.Context) erro
 	}
 }
 
+// errClientClosed is why a call on a client the user closed fails.
+var errClientClosed = errors.New("etcdlock: the etcd client was closed")
+
 // errAttemptTimedOut is the cause with which try cancels an attempt that
 // took longer than its timeout.
 var errAttemptTimedOut = errors.New("etcdlock: attempt timed out")
 
 // revoke gives up the etcd lease id and with it the keys attached to it,
 // within cleanupTimeout even if ctx is done.
+// On a closed client it returns at once: no revoke can be sent (see try).
 func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	if l.client.Ctx().Err() != nil {
+		return errClientClosed
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, err := l.client.Revoke(ctx, id)
@@ -485,7 +503,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		// Check that our key is still there and find the one before it,
 		// in one round trip.
 		var resp *clientv3.TxnResponse
-		err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) (err error) {
+		err := w.l.try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) (err error) {
 			resp, err = c.Txn(ctx).If(
 				clientv3.Compare(clientv3.CreateRevision(w.key), "=", w.rev),
 			).Then(
@@ -508,7 +526,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 				return w.renewed, nil
 			}
 			sent := time.Now()
-			err := try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) error {
+			err := w.l.try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) error {
 				_, err := c.KeepAliveOnce(ctx, w.id)
 				return err
 			})

@@ -499,7 +499,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	per := attemptTimeout(ls.ttlNow())
 	sent := time.Now()
 	var g *clientv3.LeaseGrantResponse
-	err := try(cctx, per, func(ctx context.Context) (err error) {
+	err := ls.l.try(cctx, per, func(ctx context.Context) (err error) {
 		g, err = c.Grant(ctx, seconds(ttl))
 		return err
 	})
@@ -507,7 +507,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err))
 	}
 	var resp *clientv3.TxnResponse
-	err = try(cctx, per, func(ctx context.Context) (err error) {
+	err = ls.l.try(cctx, per, func(ctx context.Context) (err error) {
 		resp, err = c.Txn(ctx).If(
 			clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
 		).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(g.ID))).Commit()
@@ -642,9 +642,9 @@ func (ls *Lease) Release(ctx context.Context) error {
 	var resp *clientv3.DeleteResponse
 	attempts := 0
 	del := func() error {
-		return try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
+		return ls.l.try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
 			attempts++
-			if kv := ls.l.kv; kv != nil {
+			if kv := ls.l.raw(); kv != nil && ls.keyb != nil {
 				resp, err = deleteRaw(ctx, kv, &pb.DeleteRangeRequest{Key: ls.keyb})
 				return err
 			}

@@ -17,11 +17,48 @@ import (
 // rewrite). The create Txn and the delete, built as requests, cost some 60
 // allocations less per acquire+release than through clientv3's builders,
 // and some 4% of its latency (BenchmarkInterleaved).
+//
+// clientv3's own type may also sit on a gRPC KV client of the user's
+// (clientv3.NewKVFromKVClient: tracing, a proxy's adapter, a rewrite of
+// keys): its unexported field remote, read by reflection (its type only),
+// must be the one NewKV puts there; if clientv3 renames it, the requests
+// go through client.KV, slower but right.
 func rawKV(client *clientv3.Client) pb.KVClient {
-	if client.ActiveConnection() == nil || reflect.TypeOf(client.KV) != reflect.TypeOf(clientv3.NewKV(client)) {
+	if client.ActiveConnection() == nil || client.KV == nil {
+		return nil
+	}
+	own := clientv3.NewKV(client)
+	if reflect.TypeOf(client.KV) != reflect.TypeOf(own) || remoteType(client.KV) != remoteType(own) || remoteType(own) == nil {
 		return nil
 	}
 	return clientv3.RetryKVClient(client)
+}
+
+// remoteType is the dynamic type of kv's field remote, if kv is a pointer
+// to a struct with such an interface field; nil otherwise.
+func remoteType(kv clientv3.KV) reflect.Type {
+	v := reflect.ValueOf(kv)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	f := v.Elem().FieldByName("remote")
+	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
+		return nil
+	}
+	return f.Elem().Type()
+}
+
+// raw returns the gRPC KV client for the create Txn and the delete, or nil
+// if they must go through client.KV: always, when client.KV was not
+// clientv3's own at New; and since, if the user has wrapped it (etcd's
+// namespace package) after New, when every other call (the waiter's Txn,
+// Extend's, the watch, the user's IsOwner) goes through the wrapper. The
+// comparison costs no allocation.
+func (l *Locker) raw() pb.KVClient {
+	if l.kv == nil || l.client.KV != l.ownKV {
+		return nil
+	}
+	return l.kv
 }
 
 // rawCallOpts are clientv3's default call options: wait for a connection

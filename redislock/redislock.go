@@ -437,6 +437,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			maybe = err
 			return budgetOver()
 		case err != nil && !transient(err):
+			if errors.Is(err, errUnreleased) {
+				maybe = err
+			}
 			return fail(err)
 		case err != nil:
 			maybe = err
@@ -516,6 +519,13 @@ func pause(ctx context.Context, d time.Duration) bool {
 // reply was lost (err) may have taken after all. A try with the same owner
 // would have found it; the caller will not make one.
 func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
+	if errors.Is(err, errUnreleased) {
+		// Refused by replica sync, and the release that should have
+		// undone the acquisition failed (or was given up on): the lock
+		// is held, by nobody, for its lease time.
+		go l.releaseAbandoned(*a)
+		return
+	}
 	if errors.Is(err, errGaveUp) {
 		return // the try's abandoned callback releases or revokes it
 	}
@@ -634,7 +644,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)
 		if _, err := l.releaseOwned(rctx, a, -1); err != nil {
-			return nil, 0, errors.Join(notRepl, fmt.Errorf("redislock: release after failed sync: %w", err))
+			return nil, 0, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
 		}
 		return nil, 0, notRepl
 	}
@@ -671,6 +681,10 @@ func (l *Locker) release(ctx context.Context, keys skeys, args ...any) (bool, er
 	n, err := reply.Int()
 	return n == 1, err
 }
+
+// errUnreleased is in the error of a try refused by replica sync whose
+// release failed: the lock it took is still there (giveUpMaybeHeld).
+var errUnreleased = errors.New("redislock: release after failed sync")
 
 // ownerLen is the length of an owner id: 128 random bits, hex-encoded;
 // secretLen that of the secret that signs its grants: 64 random bits.

@@ -423,12 +423,17 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 			cmds[n] = redis.NewCmd(ctx, "ASKING")
 			n++
 		}
-		reply = scriptCmd(ctx, script, load, keys, args)
+		extra := 0 // WAIT's arguments, made with the script command's
+		if required > 0 {
+			extra = 3
+		}
+		var waitArgs []any
+		reply, waitArgs = scriptCmdAnd(ctx, script, load, keys, args, extra)
 		cmds[n] = reply
 		n++
 		var wait *redis.Cmd
 		if required > 0 {
-			wait = redis.NewCmd(ctx, l.waitArgs(required)...)
+			wait = redis.NewCmd(ctx, l.waitArgs(waitArgs, required)...)
 			cmds[n] = wait
 			n++
 		}
@@ -460,8 +465,14 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 // pipeline returns a pipeline on c: for the Locker's own client one from
 // l.pipes, also returned as pooled to be put back once Exec has emptied it;
 // for another (a cluster node's client) a new one.
+//
+// Only a *redis.Client's pipelines are pooled: its pipeline is bound to it
+// for good. A caller's own UniversalClient may send a new pipeline elsewhere
+// (it switched servers), and may be a type that == cannot compare, so it
+// gets a new pipeline each time, as does a cluster node's client.
 func (l *Locker) pipeline(c redis.Cmdable) (pipe redis.Pipeliner, pooled *redis.Pipeline) {
-	if c != redis.Cmdable(l.client) {
+	own, _ := l.client.(*redis.Client)
+	if rc, _ := c.(*redis.Client); own == nil || rc != own {
 		return c.Pipeline(), nil
 	}
 	if p, _ := l.pipes.Get().(*redis.Pipeline); p != nil {
@@ -472,20 +483,23 @@ func (l *Locker) pipeline(c redis.Cmdable) (pipe redis.Pipeliner, pooled *redis.
 	return pipe, pooled
 }
 
-// waitArgs returns the arguments of WAIT required Timeout: built once per
-// required count and shared, read-only, by the commands that send them.
-func (l *Locker) waitArgs(required int) []any {
-	if w := l.wait.Load(); w != nil && w.required == required {
-		return w.args
+// waitArgs fills args, three long, with the arguments of WAIT required
+// Timeout, boxed once per required count, and returns it. Each command has
+// arguments of its own, never shared: a hook may rewrite them in place, or
+// keep them.
+func (l *Locker) waitArgs(args []any, required int) []any {
+	w := l.wait.Load()
+	if w == nil || w.required != required {
+		w = &waitCmdArgs{required, [2]any{required, l.sync.Timeout.Milliseconds()}}
+		l.wait.Store(w)
 	}
-	w := &waitCmdArgs{required, []any{"WAIT", required, l.sync.Timeout.Milliseconds()}}
-	l.wait.Store(w)
-	return w.args
+	args[0], args[1], args[2] = "WAIT", w.args[0], w.args[1]
+	return args
 }
 
 type waitCmdArgs struct {
 	required int
-	args     []any
+	args     [2]any // required, Timeout in ms
 }
 
 // scriptCmd is the command that runs script by SHA (EVALSHA) or, with load,
@@ -495,8 +509,20 @@ type waitCmdArgs struct {
 // come boxed (a lock name's keys are boxed once; see nameCache). args must
 // be scalars (go-redis does not flatten them here).
 func scriptCmd(ctx context.Context, script *redis.Script, load bool, keys skeys, args []any) *redis.Cmd {
+	cmd, _ := scriptCmdAnd(ctx, script, load, keys, args, 0)
+	return cmd
+}
+
+// scriptCmdAnd is scriptCmd, and a slice of extra elements for the
+// arguments of the command that follows it in a pipeline (WAIT's), made in
+// the same allocation: the two never overlap, and the script command's
+// arguments are capped at their length, so that an append to them by a
+// hook cannot reach the other's.
+func scriptCmdAnd(ctx context.Context, script *redis.Script, load bool, keys skeys, args []any, extra int) (*redis.Cmd, []any) {
 	nk := len(keys.names)
-	cmdArgs := make([]any, 3+nk+len(args))
+	n := 3 + nk + len(args)
+	all := make([]any, n+extra)
+	cmdArgs := all[:n:n]
 	sa := scriptArgs[script]
 	if load {
 		cmdArgs[0], cmdArgs[1] = "eval", sa.src
@@ -516,7 +542,7 @@ func scriptCmd(ctx context.Context, script *redis.Script, load bool, keys skeys,
 	if nk > 0 {
 		cmd.SetFirstKeyPos(3)
 	}
-	return cmd
+	return cmd, all[n:]
 }
 
 // scriptArgs are the SHA and the source of each script, boxed once for
