@@ -251,17 +251,24 @@ func countCommands(addr string, rows []*row, dur time.Duration) error {
 func redisBenchmark(primary *redisserver.Server) string {
 	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
 	defer c.Close()
-	src, err := os.ReadFile("../redislock/acquire.lua")
-	if err != nil {
-		return "not run: " + err.Error()
+	// The acquire script is grant.lua's shared functions followed by
+	// acquire.lua (see redislock/scripts.go).
+	var src []byte
+	for _, f := range []string{"../redislock/grant.lua", "../redislock/acquire.lua"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "not run: " + err.Error()
+		}
+		src = append(src, b...)
 	}
 	sha, err := c.ScriptLoad(context.Background(), string(src)).Result()
 	if err != nil {
 		return "not run: " + err.Error()
 	}
 	cmd := exec.Command("redis-benchmark", "-h", primary.Host(), "-p", primary.Port(), "-c", "64", "-n", "200000", "-r", "100000", "-q",
-		"EVALSHA", sha, "4", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "bench:rb:{__rand_int__}:revoked:owner",
-		"bench:rb:{__rand_int__}:waiting", "owner", "10000", "86400000", "0")
+		"EVALSHA", sha, "5", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "bench:rb:{__rand_int__}:revoked:owner",
+		"bench:rb:{__rand_int__}:queue", "bench:rb:{__rand_int__}:waiters", "owner", "10000", "86400000", "0", "0", "PUBLISH",
+		"bench:rb:{__rand_int__}:released")
 	outb, err := cmd.CombinedOutput()
 	if err != nil {
 		return "not run: " + err.Error() + ": " + strings.TrimSpace(string(outb))

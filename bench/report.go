@@ -185,19 +185,22 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 
 - **Uncontended latency against bsm/redislock's unfenced lock.** fence's acquire script also issues the token (TIME,
   GET and SET of the token record, and the revocation check): a free lock costs 5 calls inside the server against
-  bsm's 1, and the token record is one more key written (and replicated). The client side is at 30 allocations, under
-  bsm's 34. The token cannot move into the lock's own value (the record must outlive the lock, and Redis 7.0 has no
+  bsm's 1, and the token record is one more key written (and replicated). The client side is at 20 allocations (24 with
+  sync on), under bsm's 34: fence builds its script commands itself, with the SHA and the keys boxed once, and
+  pools the synced acquisition's pipeline. The token cannot move into the lock's own value (the record must outlive the lock, and Redis 7.0 has no
   per-field expiry), and TIME cannot be skipped (a promoted replica that missed the last writes holds an older record:
   only the clock floor keeps its tokens above the lost primary's). With sync on, WAIT waits for the replica's
   acknowledgement, a second hop that no unsynced lock pays: that part is the guarantee's price, and on a loaded
   machine it depends on when the replica's process gets a CPU.
-- **Contended holder changes and handoff against rueidislock.** A handoff is release → publish → one local waiter
-  wakes → acquire: about two round trips, and with zero hold time the releasing goroutine often takes the lock straight
-  back. Grant-on-release (waiters queue in Redis; the release script hands the lock and its new token to the head
-  waiter) would make it one, and bring the commands per acquisition to 2 or fewer; not built yet.
-- **Commands per contended acquisition with sync on.** Every attempt pipelines WAIT with the script, including the
-  attempts that find the lock held, since the pipeline is sent before the reply is known: about two commands per
-  failed attempt. Grant-on-release would remove most failed attempts.
+- **Contended holder changes and handoff.** Grant-on-release: waiters queue in Redis, and the release script hands
+  the lock and its new token to the first live waiter and names it in its publish; the waiter holds the lease with no
+  command of its own. A handoff is one round trip, every acquisition a holder change (FIFO: a releaser cannot take the
+  lock straight back ahead of the queue), and an acquisition costs its queued try and its release; the few hundredths
+  above 2 are the connections' handshakes and the subscription, counted by the proxy from a fresh start.
+- **Commands per contended acquisition with sync on.** A granted waiter confirms the grant with its own acquire
+  script and WAIT (the releaser's connection wrote the grant, so a WAIT on the waiter's proves nothing until it
+  writes), and every attempt pipelines WAIT with the script: the queued try, the confirmation (each script and
+  WAIT) and the release, 5 commands.
 - **Distinct-key throughput against two bare EVALSHA calls.** The extra calls inside the server, on a machine where
   client and server share two CPUs. On rueidis (fencerueidis), whose automatic pipelining sends many callers'
   commands in one write, fence reaches 0.9× the go-redis limit and above rueidislock.

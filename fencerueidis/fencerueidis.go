@@ -172,7 +172,7 @@ func (c conn) lockState(ctx context.Context, lock, token string) (int64, string,
 	return pttl, last, true, nil
 }
 
-func (c conn) Subscribe(ctx context.Context, channel string, ready, message func()) error {
+func (c conn) Subscribe(ctx context.Context, channel string, ready func(), message func(string)) error {
 	if c.proto.Load() == 0 {
 		// Which protocol, once: a server refusing CLIENT INFO (an ACL
 		// without it) leaves the default, RESP3.
@@ -194,7 +194,7 @@ func (c conn) Subscribe(ctx context.Context, channel string, ready, message func
 			ready()
 		}
 	})
-	err := c.c.Receive(hctx, c.c.B().Subscribe().Channel(channel).Build(), func(rueidis.PubSubMessage) { message() })
+	err := c.c.Receive(hctx, c.c.B().Subscribe().Channel(channel).Build(), func(m rueidis.PubSubMessage) { message(m.Message) })
 	if err == nil && ctx.Err() == nil {
 		err = errors.New("fencerueidis: unsubscribed")
 	}
@@ -207,12 +207,12 @@ func (c conn) Subscribe(ctx context.Context, channel string, ready, message func
 // (rueidis v1.0.79; TestSubscriptionKilled). A dedicated client's hooks
 // report that death, and closing the dedicated client discards both of its
 // connections, so the next Subscribe dials fresh ones.
-func (c conn) subscribeDedicated(ctx context.Context, channel string, ready, message func()) error {
+func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func(), message func(string)) error {
 	dc, cancel := c.c.Dedicate()
 	defer cancel()
 	defer dc.Close() // never back to the pool subscribed
 	ended := dc.SetPubSubHooks(rueidis.PubSubHooks{
-		OnMessage: func(rueidis.PubSubMessage) { message() },
+		OnMessage: func(m rueidis.PubSubMessage) { message(m.Message) },
 		OnSubscription: func(s rueidis.PubSubSubscription) {
 			if s.Kind == "subscribe" && s.Channel == channel {
 				ready()

@@ -120,10 +120,10 @@ func TestKeyCacheResetWithLiveLease(t *testing.T) {
 		}
 		got <- err
 	}()
-	waiting := before.waiting
-	for deadline := time.Now().Add(10 * time.Second); srv.Client(t).Exists(ctx, waiting).Val() == 0; {
+	queue := before.queue
+	for deadline := time.Now().Add(10 * time.Second); srv.Client(t).LLen(ctx, queue).Val() == 0; {
 		if time.Now().After(deadline) {
-			t.Fatal("the waiter set no waiting mark")
+			t.Fatal("the waiter did not queue")
 		}
 		runtimeYield()
 	}

@@ -221,7 +221,7 @@ type synced struct {
 }
 
 // evalBounded is evalSynced through bounded.
-func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error), script *redis.Script, keys []string, args ...any) (synced, error) {
+func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error), script *redis.Script, keys skeys, args ...any) (synced, error) {
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
 		reply, acked, required, err := l.evalSynced(ctx, script, keys, args...)
@@ -248,12 +248,19 @@ const revokeFor = time.Minute
 // time: the acquisition may still be sitting in the server's socket, and
 // unrevoked it would take the lock for a lease that nobody holds. A refused
 // connection ends it: the server that could have run the acquisition is
-// gone, and the acquisition with it.
-func (l *Locker) releaseAbandoned(a attempt) {
+// gone, and the acquisition with it. It also takes the owner out of the
+// queue of waiters.
+func (l *Locker) releaseAbandoned(a attempt) { l.withdraw(a, max(a.ttl, revokeFor)) }
+
+// withdraw takes a waiter that leaves without a lease out of the queue, and
+// gives back the lock if a grant reached it meanwhile (so that the next
+// waiter gets it at once), retrying as releaseAbandoned says; revoke > 0
+// also revokes the owner for that long.
+func (l *Locker) withdraw(a attempt, revoke time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(a.ttl, time.Second))
 	defer cancel()
 	for failures := 1; ; failures++ {
-		_, err := l.releaseOwned(ctx, &a, max(a.ttl, revokeFor))
+		_, err := l.releaseOwned(ctx, &a, revoke)
 		if err == nil || !transient(err) || errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
 			return
 		}

@@ -29,11 +29,11 @@ func init() {
 
 // run runs script on c, or through the Locker's Conn, and returns its
 // reply as a go-redis command.
-func (l *Locker) run(ctx context.Context, c redis.Scripter, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (l *Locker) run(ctx context.Context, c redis.Cmdable, script *redis.Script, keys skeys, args ...any) *redis.Cmd {
 	if l.conn == nil {
 		return runScript(ctx, c, script, keys, args)
 	}
-	reply, _, _ := l.evalConn(ctx, script, keys, args, 0, 0)
+	reply, _, _ := l.evalConn(ctx, script, keys.names, args, 0, 0)
 	return reply
 }
 
@@ -94,11 +94,7 @@ func (l *Locker) readConn(ctx context.Context, w *subscription) {
 			w.setReady(nil)
 		}
 	}
-	message := func() {
-		l.mu.Lock()
-		l.wakeOne(w)
-		l.mu.Unlock()
-	}
+	message := func(payload string) { l.deliver(w, payload) }
 	failures := 0
 	for {
 		err := l.conn.Subscribe(ctx, w.channel, ready, message)

@@ -10,8 +10,10 @@
 //
 //	P:{N}           the lock: the owner's 128-bit random id, with the lease's expiry
 //	P:{N}:token     the last token issued for N, kept for Options.TokenRetention
-//	P:{N}:waiting   set while a caller may wait for N, for its wait budget
-//	P:{N}:released  the channel that Release publishes on, while P:{N}:waiting is set
+//	P:{N}:queue     the owners waiting for N, in arrival order (a list)
+//	P:{N}:waiters   a hash: owner → "<lease ms> <try> <secret> <deadline ms>"
+//	P:{N}:revoked:O owner O's acquisitions refuse (see Deadlines)
+//	P:{N}:released  the channel on which the lock is granted to a waiter
 //
 // # Tokens
 //
@@ -49,20 +51,59 @@
 //
 // # Waiting
 //
-// A caller that finds the lock held and has a wait budget marks the name as
-// waited on (P:{N}:waiting, in the same script as the try, for its wait
-// budget; a release publishes only while the mark is there), subscribes to
-// the lock's release channel (sharded pub/sub on a cluster), and tries again
-// when a release is published or when the holder's TTL has run out. It sends
-// nothing else while it waits. One subscription per lock name is shared by
-// the Locker's waiters, and a release wakes one of them; it belongs to none
-// of them, so a waiter that gives up does not end it for the others.
+// A caller that finds the lock held and has a wait budget queues, in the
+// same script as the try: its owner id joins P:{N}:queue, and its entry in
+// P:{N}:waiters records when its budget ends on the server's clock (each
+// later try refreshes it). Every key a script touches is one of its
+// declared keys, so a slot migration redirects it (ASK, TRYAGAIN) rather
+// than fail it.
+// It subscribes to the lock's release channel (sharded pub/sub on a
+// cluster) and sends nothing else while it waits.
 //
-// While processes of an older fence (before the waiting mark) wait on the
-// same locks as this one during an upgrade, those waiters set no mark: this
-// version's releases do not tell them, and they take the lock when the
-// holder's TTL runs out (a watchdog lease's up to 30 s) or when a release
-// that a current waiter marked wakes them. Nothing is ever held twice.
+// A release grants the lock: in the release script, it takes the first
+// live owner off the queue (one whose entry is still there and whose
+// budget has not ended; a revoked owner does not queue), sets the lock to it with a new token, issued exactly as
+// an acquisition issues one, and publishes "g <owner> <token> <px> <try>
+// <server ms> <mac>" on the channel; with no live waiter it publishes
+// nothing. The waiter takes the lease from the message, with no command of
+// its own: a handoff costs one round trip, and an acquisition after a wait
+// two commands (the try that queued it and, later, its release). The lease
+// counts from when the waiter sent the try that the grant followed, on the
+// local clock alone. The waiter confirms a grant with one run of the
+// acquire script (which finds the lock its own: same token, fresh expiry)
+// when replica sync applies (the grant was written by the releaser's
+// connection, and a WAIT proves nothing until the waiter's own connection
+// writes), when the grant is for less than its lease time (px is capped by
+// what is left of the waiter's budget), or when less than half the lease
+// would be left.
+//
+// Waiters get the lock in the order they queued, across processes. A free
+// lock with a live owner queued at its head (its holder's lease ran out,
+// nobody released it) is granted to that owner by whichever acquisition
+// finds it so, and the acquisition finds the lock held; the waiters, whose
+// timers run to the holder's TTL, try when it has run out. A waiter that
+// died while queued is granted the lock for no longer than its budget had
+// left, and the others' timers move to the end of that grant. A waiter
+// that gives up withdraws (its entry is deleted) and gives the lock
+// back, to the next waiter, if a grant reached it meanwhile.
+//
+// A grant is signed: the mac is SHA-1 of a secret of the waiter's (64
+// random bits, sent with its tries, kept in its entry, never
+// published) and the grant's numbers. A client that may publish on the
+// channel but cannot read fence's keys cannot make a waiter take a grant
+// the script did not make; one that can read them could as well delete
+// the lock, so the threat model is the one every Redis lock has: clients
+// with access to the keys are trusted. A forged or stale grant is
+// confirmed by a try, which finds the truth.
+//
+// Waiters of an older fence (before the queue) set the waiting mark
+// P:{N}:waiting instead; while it is there and no queued waiter is live, a
+// release publishes "released" for them. Their releases and acquisitions
+// know no queue: a release of theirs grants nothing (this version's
+// waiters try when the holder's TTL would have run out), and their
+// acquisitions take a free lock ahead of the queue. A "released" message,
+// or a subscription made again after its connection broke, wakes a waiter
+// of this version to try. Nothing is ever held twice.
 //
 // A wait rides out a failover or a restart: transient errors (connection
 // refused or timed out, LOADING, READONLY, MASTERDOWN, too few replica

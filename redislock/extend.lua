@@ -1,7 +1,8 @@
 -- Moves the lock's expiry if ARGV[1] still owns it and the lease has not
 -- ended yet by its holder's clock.
 -- KEYS[1] the lock
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] the lease's deadline, in this
+-- ARGV[1] owner (its first 32 characters; the rest is its secret, see
+-- grant.lua), ARGV[2] lease ms, ARGV[3] the lease's deadline, in this
 -- server's ms (the holder's deadline plus the largest offset between the
 -- clocks that it measured)
 -- Returns {1, server ms} when moved, {0, server ms} when the lock is gone or
@@ -13,7 +14,7 @@
 -- the lock expires when it would have.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if redis.call('GET', KEYS[1]) ~= string.sub(ARGV[1], 1, 32) then
   return {0, now}
 end
 if now > tonumber(ARGV[3]) then

@@ -220,7 +220,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		if res, _ := r.reply.Int64Slice(); len(res) == 2 && res[0] == 1 && ls.Err() != nil {
 			ls.locker.releaseAbandoned(ls.attempt)
 		}
-	}, extendScript, ls.attempt.acquireKeys[:1], ls.attempt.ownerArg, ttl.Milliseconds(), serverDeadline)
+	}, extendScript, skeys{names: ls.attempt.acquireKeys[:1], boxed: ls.attempt.acquireBoxed[:1]}, ls.attempt.ownerArg, ttl.Milliseconds(), serverDeadline)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -307,7 +307,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	// deadline that passes while the script deletes the lock it still
 	// owned is a release, not a loss.
 	lostBefore := ls.Err()
-	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, 0)
+	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, -1)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha1"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -163,11 +165,14 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 type keys struct {
 	lock    string // holds the owner id, with the lease's expiry
 	token   string // the last token issued
-	channel string // where the release script tells waiters
-	waiting string // set while someone waits: the release script publishes only then
+	channel string // where the release script grants the lock to waiters
+	queue   string // the owners waiting, in arrival order (see grant.lua)
+	waiting string // set by waiters of older versions: the release script publishes "released" for them
 
-	release    []string // the release script's keys: lock, waiting
-	channelArg any      // channel, boxed once for the release script's arguments
+	waiters string // each waiting owner's lease, try, secret and deadline (a hash; see grant.lua)
+
+	boxed      [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
+	channelArg any    // channel, boxed once for the release script's arguments
 }
 
 func (l *Locker) keys(name string) *keys {
@@ -195,8 +200,10 @@ func (c *nameCache) get(prefix, name string) *keys {
 		c.m = make(map[string]*keys)
 	}
 	base := prefix + ":{" + name + "}"
-	k := &keys{lock: base, token: base + ":token", channel: base + ":released", waiting: base + ":waiting"}
-	k.release, k.channelArg = []string{k.lock, k.waiting}, k.channel
+	k := &keys{lock: base, token: base + ":token", channel: base + ":released", queue: base + ":queue", waiting: base + ":waiting"}
+	k.waiters = base + ":waiters"
+	k.boxed = [5]any{k.lock, k.token, k.queue, k.waiters, k.waiting}
+	k.channelArg = k.channel
 	c.m[name] = k
 	return k
 }
@@ -223,9 +230,14 @@ func (b *boxedMs) get(d time.Duration) any {
 // Acquire takes the lock called name; see fence.Locker.
 //
 // It tries once right away. If the lock is held and opts give a wait budget,
-// it subscribes to the lock's release channel and tries again when a release
-// is published or when the holder's TTL runs out, whichever is first; it
-// sends nothing else while it waits.
+// that try queues it in Redis, and it subscribes to the lock's release
+// channel: a release grants the lock to the first live waiter in the queue
+// (FIFO across processes) and names it in its message, and that waiter
+// holds the lease without another command (or confirms it with one; see
+// the package doc, Waiting). It tries again when the holder's TTL runs out;
+// it sends nothing else while it waits. A waiter that leaves without a
+// lease withdraws from the queue, in the background, and gives back a
+// grant that reached it.
 //
 // Within the wait budget, errors that pass by themselves are retried with
 // jittered back-off (10 ms doubling to 1 s): the server unreachable or timing
@@ -267,9 +279,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	start := time.Now()
 	a := l.newAttempt(name, o.TTL)
 	if o.Wait > 0 {
-		// A try that finds the lock held marks the name as waited on
-		// for as long as this Acquire may wait, so that releases publish.
-		a.acquireArgs[3] = l.waitArg.get(o.Wait)
+		// A try that finds the lock held queues this owner for as long
+		// as this Acquire may wait; it is try number 1.
+		a.acquireArgs[3], a.acquireArgs[4] = l.waitArg.get(o.Wait), 1
 	}
 	lease, holderTTL, err := l.try(ctx, a)
 	switch {
@@ -285,12 +297,14 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
 	defer cancel()
 	var (
-		wake     <-chan struct{} // nil until subscribed
+		me       *waiter         // nil until subscribed
+		wake     <-chan struct{} // me's
 		leave    func()
-		tried    = start // when the last try began
-		failures int     // transient errors in a row
-		lastErr  error   // the last transient error, if the last try failed
-		maybe    = err   // an error after which the script may have run
+		tried    = start              // when the last try began
+		sent     = []time.Time{start} // when each try began, by try number - 1
+		failures int                  // transient errors in a row
+		lastErr  error                // the last transient error, if the last try failed
+		maybe    = err                // an error after which the script may have run
 	)
 	defer func() {
 		if leave != nil {
@@ -298,9 +312,16 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		}
 	}()
 	fail := func(err error) (fence.Lease, error) {
+		// Leave the queue, and give back a grant that came meanwhile.
+		// After a try whose reply was lost or given up on, revoke the
+		// owner too: that try may still run, and would queue it again
+		// or take the lock (acquire.lua does neither for a revoked
+		// owner).
+		var revoke time.Duration
 		if maybe != nil {
-			l.giveUpMaybeHeld(a, maybe)
+			revoke = max(a.ttl, revokeFor)
 		}
+		go l.withdraw(*a, revoke)
 		return nil, fence.NotAcquired(name, err)
 	}
 	// budgetOver says why waiting stopped: the caller's ctx; else the
@@ -329,16 +350,17 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			lastErr, pause = err, retryBackoff(failures)
 		case wake == nil:
 			// Held: subscribe to the release channel first.
-			w, readyAt, lv, jerr := l.join(waitCtx, a.keys.channel)
+			w, readyAt, lv, jerr := l.join(waitCtx, a.keys.channel, a.owner)
 			switch {
 			case jerr == nil:
-				wake, leave = w, lv
+				me, wake, leave = w, w.wake, lv
 				failures, lastErr = 0, nil
-				// A release after the subscription was confirmed
+				// A grant after the subscription was confirmed
 				// reaches this Locker. If that was before the last try
 				// began, the try saw everything before it and the
 				// subscription will see everything after: wait.
-				// Otherwise a release may have fallen in between.
+				// Otherwise a grant may have fallen in between (the
+				// next try finds the lock ours).
 				if readyAt.Before(tried) {
 					pause = holderWait(holderTTL, o.Wait)
 				}
@@ -357,27 +379,62 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		}
 		if pause > 0 {
 			timer.Reset(pause)
-			select {
-			case <-wake:
-			case <-timer.C:
-			case <-waitCtx.Done():
-				return budgetOver()
+			if me != nil {
+				l.setTimer(me, time.Now().Add(pause))
+			}
+		sleep:
+			for {
+				select {
+				case <-wake:
+					u := l.taken(me)
+					switch {
+					case u.grant.owner != "":
+						if ls := l.granted(ctx, a, u.grant, sent); ls != nil {
+							return ls, nil
+						}
+						// Not usable as it is: the try below confirms
+						// it (finds the lock ours) or finds it is not.
+						break sleep
+					case u.tryNow:
+						break sleep
+					case !u.retime.IsZero():
+						// Granted to another owner for less than this
+						// timer: try when that grant ends.
+						timer.Reset(time.Until(u.retime))
+					}
+				case <-timer.C:
+					break sleep
+				case <-waitCtx.Done():
+					return budgetOver()
+				}
 			}
 			timer.Stop()
+			if me != nil {
+				l.setTimer(me, time.Time{})
+			}
+		} else if me != nil {
+			if u := l.taken(me); u.grant.owner != "" {
+				if ls := l.granted(ctx, a, u.grant, sent); ls != nil {
+					return ls, nil
+				}
+			}
 		}
 		// Tries are bounded by the wait budget; one given up on that took
 		// the lock gives it back when its late reply comes.
 		tried = time.Now()
+		sent = append(sent, tried)
+		a.acquireArgs[3] = max(start.Add(o.Wait).Sub(tried).Milliseconds(), 1)
+		a.acquireArgs[4] = len(sent)
 		lease, holderTTL, err = l.try(waitCtx, a)
 		switch {
 		case lease != nil:
 			return lease, nil
-		case err != nil && waitCtx.Err() != nil:
-			if !errors.Is(err, errGaveUp) || errors.Is(err, errUnreleased) {
-				// Ended by the deadline inside the client (one that
-				// bounds its own calls): the script may have run.
-				maybe = err
-			}
+		case err != nil && (waitCtx.Err() != nil || errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(start.Add(o.Wait))):
+			// (A client that bounds its own calls can end one at the
+			// deadline a moment before waitCtx's timer ends waitCtx.)
+			// Ended by the deadline, inside the client or by bounded
+			// (errGaveUp): the script may have run, or run later.
+			maybe = err
 			return budgetOver()
 		case err != nil && !transient(err):
 			if errors.Is(err, errUnreleased) {
@@ -388,6 +445,44 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			maybe = err
 		}
 	}
+}
+
+// granted returns the lease that grant g gives a, or nil when g must be
+// confirmed by a try (which finds the lock a's, with the same token, if
+// the grant holds). The grant ran after a's try number g.try, so the lease
+// counts from when that try was sent, on the local clock alone. A grant
+// is confirmed when replica sync applies (the releaser's connection wrote
+// it: a WAIT proves nothing until a's own connection writes), when it
+// gives less than the lease time (the waiter's budget was nearly over), or
+// when less than half of the lease is left (a long wait since that try).
+//
+// A grant is signed: the waiter's tries store a secret with its entry
+// (never published), and the script publishes SHA-1(secret, grant), which
+// the waiter checks. A client that may publish on the channel but not
+// read fence's keys cannot make a waiter take a grant the script did not
+// make (a forged one is confirmed by a try, which finds the truth); one
+// that can read them could as well delete the lock. A replayed grant names
+// an owner that no longer waits (owners are new for every Acquire), or is
+// the same truth again.
+func (l *Locker) granted(ctx context.Context, a *attempt, g grantMsg, sent []time.Time) *lease {
+	if a.synced || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
+		return nil
+	}
+	anchor := sent[g.try-1]
+	if time.Until(deadline(anchor, a.ttl)) < a.ttl/2 {
+		return nil
+	}
+	return l.newLease(ctx, a, fence.Token(g.token), anchor, time.Now(), g.server)
+}
+
+// signedBy reports whether g carries the MAC that the grant script makes
+// with a's secret.
+func (a *attempt) signedBy(g grantMsg) bool {
+	if a.secret == "" {
+		return false
+	}
+	sum := sha1.Sum([]byte(a.secret + " " + g.signed))
+	return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(g.mac)) == 1
 }
 
 // holderWait is how long to wait for a holder whose lock has ttl left
@@ -450,13 +545,18 @@ type attempt struct {
 	keys      *keys
 	owner     string // a substring of revokeKey
 	revokeKey string // the mark that revokes this owner, in the lock's slot
+	secret    string // signs grants to this owner (see granted)
 	ttl       time.Duration
 	watchdog  bool
 
-	ownerArg    any       // owner, boxed
-	acquireKeys [4]string // lock, token, revokeKey, waiting
-	acquireArgs [4]any    // owner, lease ms, token record retention ms, wait ms (see acquire.lua)
-	releaseArgs [3]any    // owner, PUBLISH or SPUBLISH, channel
+	ownerArg     any       // owner followed by secret, boxed: the scripts' ARGV[1]
+	acquireKeys  [5]string // lock, token, revokeKey, queue, waiters
+	acquireBoxed [5]any
+	releaseKeys  [6]string // lock, token, queue, waiters, waiting, revokeKey
+	releaseBoxed [6]any
+	acquireArgs  [7]any // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
+	releaseArgs  [4]any // owner, PUBLISH or SPUBLISH, channel, token record retention ms
+	synced       bool   // the last try that found the lock held had replica sync apply
 
 	// home is the lease that the first successful try fills in: the
 	// attempt lives in it from the start, so that an acquisition
@@ -468,12 +568,17 @@ type attempt struct {
 // ttl (zero: the watchdog's).
 func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	k := l.keys(name)
-	revokeKey := revocationKey(k.lock)
+	revokeKey, secret := revocationKey(k.lock)
 	owner := revokeKey[len(revokeKey)-ownerLen:]
 	ls := new(lease)
 	a := &ls.attempt
-	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, ttl: ttl, home: ls,
-		ownerArg: owner, acquireKeys: [4]string{k.lock, k.token, revokeKey, k.waiting}}
+	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, secret: secret[ownerLen:], ttl: ttl, home: ls,
+		ownerArg:    secret,
+		acquireKeys: [5]string{k.lock, k.token, revokeKey, k.queue, k.waiters},
+		releaseKeys: [6]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey}}
+	var revokeArg any = revokeKey
+	a.acquireBoxed = [5]any{k.boxed[0], k.boxed[1], revokeArg, k.boxed[2], k.boxed[3]}
+	a.releaseBoxed = [6]any{k.boxed[0], k.boxed[1], k.boxed[2], k.boxed[3], k.boxed[4], revokeArg}
 	if ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
@@ -481,8 +586,8 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	if a.ttl > l.retention {
 		retention = a.ttl.Milliseconds()
 	}
-	a.acquireArgs = [4]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0}
-	a.releaseArgs = [3]any{a.ownerArg, l.publish, k.channelArg}
+	a.acquireArgs = [7]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg}
+	a.releaseArgs = [4]any{a.ownerArg, l.publish, k.channelArg, retention}
 	return a
 }
 
@@ -498,16 +603,19 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 			// nobody will use it: give it back rather than block others
 			// for its TTL. If its reply was lost too (the client's own
 			// timeout), it may still run: revoke it.
+			// A waiting try that found the lock held queued the
+			// owner, which nobody will use either: withdraw it.
 			if err != nil || r.reply == nil {
 				l.releaseAbandoned(given)
 				return
 			}
-			if res, _ := r.reply.Int64Slice(); len(res) > 0 && res[0] == 1 {
+			res, _ := r.reply.Int64Slice()
+			if len(res) > 0 && res[0] == 1 || given.acquireArgs[3] != 0 {
 				l.releaseAbandoned(given)
 			}
 		}
 	}
-	r, err := l.evalBounded(ctx, abandoned, acquireScript, a.acquireKeys[:], a.acquireArgs[:]...)
+	r, err := l.evalBounded(ctx, abandoned, acquireScript, skeys{a.acquireKeys[:], a.acquireBoxed[:]}, a.acquireArgs[:]...)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -525,6 +633,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		return nil, 0, err
 	}
 	if res[0] == 0 {
+		a.synced = required > 0
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	}
 	if acked < required {
@@ -534,7 +643,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		defer cancel()
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)
-		if _, err := l.releaseOwned(rctx, a, 0); err != nil {
+		if _, err := l.releaseOwned(rctx, a, -1); err != nil {
 			return nil, 0, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
 		}
 		return nil, 0, notRepl
@@ -543,35 +652,28 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
-// deleted the lock (and told waiters). With revoke > 0 it also leaves a
-// mark for that long, whether or not it deleted the lock, that makes any
-// later run of this owner's acquire script refuse (see release.lua).
+// deleted the lock (and granted it to the next waiter). With revoke >= 0 it
+// also withdraws the owner from the queue of waiters, and with revoke > 0
+// leaves a mark for that long, whether or not it deleted the lock, that
+// makes any later run of this owner's acquire script refuse (see
+// release.lua). revoke < 0: a plain release.
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
-	keys := a.keys.release
-	if revoke > 0 {
-		keys = []string{a.keys.lock, a.keys.waiting, a.revokeKey}
+	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
+	if revoke >= 0 {
+		args = []any{a.releaseArgs[0], a.releaseArgs[1], a.releaseArgs[2], a.releaseArgs[3], revoke.Milliseconds()}
 	}
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
-		var deleted bool
-		var err error
-		if revoke > 0 {
-			deleted, err = l.release(ctx, keys, a.ownerArg, l.publish, a.keys.channelArg, revoke.Milliseconds())
-		} else {
-			deleted, err = l.release(ctx, keys, a.releaseArgs[:]...)
-		}
+		deleted, err := l.release(ctx, keys, args...)
 		return deleted, l.calls.directErr(ctx, err)
 	}
 	return bounded(ctx, &l.calls, func(ctx context.Context) (bool, error) {
-		if revoke > 0 {
-			return l.release(ctx, keys, a.ownerArg, l.publish, a.keys.channelArg, revoke.Milliseconds())
-		}
-		return l.release(ctx, keys, a.releaseArgs[:]...)
+		return l.release(ctx, keys, args...)
 	}, nil)
 }
 
 // release runs the release script and reports whether it deleted the lock.
-func (l *Locker) release(ctx context.Context, keys []string, args ...any) (bool, error) {
+func (l *Locker) release(ctx context.Context, keys skeys, args ...any) (bool, error) {
 	reply, _, _, err := l.evalRouted(ctx, releaseScript, keys, args...)
 	if err != nil {
 		return false, err
@@ -584,21 +686,26 @@ func (l *Locker) release(ctx context.Context, keys []string, args ...any) (bool,
 // release failed: the lock it took is still there (giveUpMaybeHeld).
 var errUnreleased = errors.New("redislock: release after failed sync")
 
-// ownerLen is the length of an owner id: 128 random bits, hex-encoded.
-const ownerLen = 32
+// ownerLen is the length of an owner id: 128 random bits, hex-encoded;
+// secretLen that of the secret that signs its grants: 64 random bits.
+const (
+	ownerLen  = 32
+	secretLen = 16
+)
 
 // revocationKey returns lock's revocation mark for a new owner id, which
-// ends it: lock + ":revoked:" + owner, built in one allocation so that the
-// owner is a substring of it.
-func revocationKey(lock string) string {
-	var b [ownerLen / 2]byte
+// ends it: lock + ":revoked:" + owner, and the owner followed by a new
+// secret, built in one allocation so that both are substrings of it.
+func revocationKey(lock string) (key, ownerSecret string) {
+	var b [(ownerLen + secretLen) / 2]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	var h [ownerLen]byte
+	var h [ownerLen + secretLen]byte
 	hex.Encode(h[:], b[:])
 	var sb strings.Builder
-	sb.Grow(len(lock) + len(":revoked:") + ownerLen)
+	sb.Grow(len(lock) + len(":revoked:") + len(h))
 	sb.WriteString(lock)
 	sb.WriteString(":revoked:")
 	sb.Write(h[:])
-	return sb.String()
+	s := sb.String()
+	return s[:len(s)-secretLen], s[len(s)-secretLen-ownerLen:]
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,11 +120,21 @@ func TestTokenIncreasesOnHandoff(t *testing.T) {
 // counter counts the commands a client sends, pipelines included, except
 // the handshake (HELLO, CLIENT SETINFO) that go-redis sends on each new
 // connection.
-type counter struct{ n atomic.Int64 }
+type counter struct {
+	n     atomic.Int64
+	mu    sync.Mutex
+	names map[string]int
+}
 
 func (c *counter) count(cmd redis.Cmder) {
 	if name := cmd.Name(); name != "hello" && name != "client" {
 		c.n.Add(1)
+		c.mu.Lock()
+		if c.names == nil {
+			c.names = make(map[string]int)
+		}
+		c.names[name]++
+		c.mu.Unlock()
 	}
 }
 

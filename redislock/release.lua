@@ -1,22 +1,43 @@
--- Deletes the lock if ARGV[1] still owns it and tells waiters, if any
--- (acquire.lua sets the waiting mark while someone may wait).
--- KEYS[1] the lock, KEYS[2] the waiting mark, KEYS[3] (when revoking) the
--- owner's revocation mark
--- ARGV[1] owner, ARGV[2] PUBLISH or SPUBLISH, ARGV[3] the release channel
--- (not a key; in the lock's slot by its hash tag, as SPUBLISH needs),
--- ARGV[4] (when revoking) how long the mark lives, ms
+-- Deletes the lock if ARGV[1] still owns it and grants it to the live head
+-- of the queue, if any, telling it on the release channel (grant.lua is in
+-- front of this).
+-- KEYS[1] the lock, KEYS[2] the last-token record, KEYS[3] the queue,
+-- KEYS[4] the waiters' hash, KEYS[5] the waiting mark of older versions,
+-- KEYS[6] the owner's revocation mark
+-- ARGV[1] owner (its first 32 characters; the rest is its secret),
+-- ARGV[2] PUBLISH or SPUBLISH, ARGV[3] the release channel (not a key; in
+-- the lock's slot by its hash tag, as SPUBLISH needs), ARGV[4] token record
+-- retention ms, ARGV[5] (when withdrawing) how long the revocation mark
+-- lives, ms (0: no mark)
+--
+-- Withdrawing (ARGV[5] given) also takes the owner out of the queue: a
+-- waiter that leaves without a lease, or an acquisition given up on.
 -- Revoking gives up an acquisition whose reply was lost: it may not have run
 -- yet (sitting in a paused server's socket). The mark makes the acquire
 -- script refuse that owner if it runs later, so the lock is freed whichever
 -- of the two runs first. It is left even when this run deletes the lock: a
 -- waiting Acquire retries with the same owner, so another of its acquire
 -- scripts may still be on its way, on another connection.
-if ARGV[4] then
-  redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+--
+-- Waiters of versions before the queue set the waiting mark instead; with
+-- no live queued waiter, a release publishes 'released' for them while
+-- the mark is there. A token record the grant cannot increase leaves the
+-- lock free and publishes 'released': the waiters try, and are refused.
+local lock, record, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner = string.sub(ARGV[1], 1, 32)
+if ARGV[5] then
+  if tonumber(ARGV[5]) > 0 then
+    redis.call('SET', KEYS[6], '1', 'PX', ARGV[5])
+  end
+  redis.call('HDEL', waiters, owner)
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if redis.call('EXISTS', KEYS[2]) == 1 then
+if redis.call('GET', lock) == owner then
+  redis.call('DEL', lock)
+  local granted, err
+  if redis.call('EXISTS', queue) == 1 then
+    granted, err = grant(lock, record, queue, waiters, ARGV[4], ARGV[2], ARGV[3], redis.call('TIME'))
+  end
+  if err or (not granted and redis.call('EXISTS', KEYS[5]) == 1) then
     redis.call(ARGV[2], ARGV[3], 'released')
   end
   return 1

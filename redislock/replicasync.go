@@ -176,7 +176,7 @@ func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string,
 		return clusterReplicas(ctx, c)
 	}
 	key := l.prefix + ":replicas"
-	res, err := l.run(ctx, c, replicasScript, []string{key}, append([]any{mode}, set...)...).Slice()
+	res, err := l.run(ctx, c, replicasScript, skeys{names: []string{key}}, append([]any{mode}, set...)...).Slice()
 	if err != nil {
 		if msg, ok := strings.CutPrefix(err.Error(), replicaRecordErrPrefix+key+" "); ok {
 			return ReplicaCounts{}, &ReplicaRecordError{Key: key, Detail: msg}
@@ -334,7 +334,7 @@ func (s ReplicaSync) Required(expected int) int {
 // It returns the script's reply, and how many replicas acknowledged and
 // were required (both zero when no sync applied). On a cluster it follows
 // MOVED and ASK redirections and retries TRYAGAIN (see onSlotMaster).
-func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []string, args ...any) (reply *redis.Cmd, acked, required int, err error) {
+func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if l.sync.Disabled {
 		return l.evalRouted(ctx, script, keys, args...)
 	}
@@ -343,7 +343,7 @@ func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []st
 	if !l.sharded {
 		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, script, keys, args)
 	} else {
-		err = l.onSlotMaster(ctx, keys[0], func(addr string, c redis.Cmdable, asking bool) error {
+		err = l.onSlotMaster(ctx, keys.names[0], func(addr string, c redis.Cmdable, asking bool) error {
 			node, last = addr, c
 			var err error
 			reply, acked, required, expected, err = l.evalOnce(ctx, node, c, asking, script, keys, args)
@@ -368,7 +368,7 @@ func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys []st
 
 // evalOnce runs script on c, the primary called node, with WAIT for as
 // many acknowledgements as its expected replicas require.
-func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, asking bool, script *redis.Script, keys []string, args []any) (reply *redis.Cmd, acked, required, expected int, err error) {
+func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, asking bool, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked, required, expected int, err error) {
 	expected = l.sync.Replicas
 	if expected == 0 {
 		if expected, err = l.expected(ctx, node, c, false); err != nil {
@@ -377,7 +377,7 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 	}
 	required = l.sync.Required(expected)
 	if l.conn != nil {
-		reply, acked, err = l.evalConn(ctx, script, keys, args, required, l.sync.Timeout)
+		reply, acked, err = l.evalConn(ctx, script, keys.names, args, required, l.sync.Timeout)
 		return reply, acked, required, expected, err
 	}
 	reply, acked, err = l.evalPipelined(ctx, c, asking, required, script, keys, args)
@@ -386,12 +386,12 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 
 // evalRouted runs script on the primary that owns keys[0], without WAIT,
 // following cluster redirections as evalSynced does.
-func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys []string, args ...any) (reply *redis.Cmd, acked, required int, err error) {
+func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if !l.sharded {
 		reply = l.run(ctx, l.client, script, keys, args...)
 		return reply, 0, 0, reply.Err()
 	}
-	err = l.onSlotMaster(ctx, keys[0], func(_ string, c redis.Cmdable, asking bool) error {
+	err = l.onSlotMaster(ctx, keys.names[0], func(_ string, c redis.Cmdable, asking bool) error {
 		var err error
 		reply, _, err = l.evalPipelined(ctx, c, asking, 0, script, keys, args)
 		return err
@@ -407,7 +407,7 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys []st
 // the WAIT command's arguments are built once (see waitArgs): the uncontended
 // acquisition pays for the two commands and their replies, not for a new
 // pipeline each time.
-func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys []string, args []any) (reply *redis.Cmd, acked int, err error) {
+func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
 	if !asking && required == 0 {
 		reply = runScript(ctx, c, script, keys, args)
 		return reply, 0, reply.Err()
@@ -504,10 +504,11 @@ type waitCmdArgs struct {
 
 // scriptCmd is the command that runs script by SHA (EVALSHA) or, with load,
 // in full (EVAL), on keys with args, as redis.Script would send it. Built
-// here, it costs an allocation less per command and two for the name and the
-// SHA, which are boxed once (see scriptArgs). args must be scalars (go-redis
-// does not flatten them here).
-func scriptCmd(ctx context.Context, script *redis.Script, load bool, keys []string, args []any) *redis.Cmd {
+// here, it costs an allocation less per command, two for the name and the
+// SHA, which are boxed once (see scriptArgs), and one per key when keys
+// come boxed (a lock name's keys are boxed once; see nameCache). args must
+// be scalars (go-redis does not flatten them here).
+func scriptCmd(ctx context.Context, script *redis.Script, load bool, keys skeys, args []any) *redis.Cmd {
 	cmd, _ := scriptCmdAnd(ctx, script, load, keys, args, 0)
 	return cmd
 }
@@ -517,8 +518,9 @@ func scriptCmd(ctx context.Context, script *redis.Script, load bool, keys []stri
 // the same allocation: the two never overlap, and the script command's
 // arguments are capped at their length, so that an append to them by a
 // hook cannot reach the other's.
-func scriptCmdAnd(ctx context.Context, script *redis.Script, load bool, keys []string, args []any, extra int) (*redis.Cmd, []any) {
-	n := 3 + len(keys) + len(args)
+func scriptCmdAnd(ctx context.Context, script *redis.Script, load bool, keys skeys, args []any, extra int) (*redis.Cmd, []any) {
+	nk := len(keys.names)
+	n := 3 + nk + len(args)
 	all := make([]any, n+extra)
 	cmdArgs := all[:n:n]
 	sa := scriptArgs[script]
@@ -527,13 +529,17 @@ func scriptCmdAnd(ctx context.Context, script *redis.Script, load bool, keys []s
 	} else {
 		cmdArgs[0], cmdArgs[1] = "evalsha", sa.sha
 	}
-	cmdArgs[2] = len(keys)
-	for i, k := range keys {
-		cmdArgs[3+i] = k
+	cmdArgs[2] = nk
+	if keys.boxed != nil {
+		copy(cmdArgs[3:3+nk], keys.boxed)
+	} else {
+		for i, k := range keys.names {
+			cmdArgs[3+i] = k
+		}
 	}
-	copy(cmdArgs[3+len(keys):], args)
+	copy(cmdArgs[3+nk:], args)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
-	if len(keys) > 0 {
+	if nk > 0 {
 		cmd.SetFirstKeyPos(3)
 	}
 	return cmd, all[n:]
@@ -566,13 +572,15 @@ func int64s(reply *redis.Cmd, dst []int64) ([]int64, error) {
 	return dst, nil
 }
 
-// runScript is script.Run(ctx, c, keys, args...) (EVALSHA, then EVAL on
-// NOSCRIPT) with the commands of scriptCmd, on a *redis.Client (a plain,
-// Sentinel failover or cluster node client); on any other client, Run.
-func runScript(ctx context.Context, c redis.Scripter, script *redis.Script, keys []string, args []any) *redis.Cmd {
+// runScript is script.Run(ctx, c, keys.names, args...) (EVALSHA, then
+// EVAL on NOSCRIPT) with the commands of scriptCmd, on a *redis.Client (a
+// plain, Sentinel failover or cluster node client); on any other client
+// (the caller's own UniversalClient, which may route its script commands
+// elsewhere than its Process), Run.
+func runScript(ctx context.Context, c redis.Cmdable, script *redis.Script, keys skeys, args []any) *redis.Cmd {
 	rc, ok := c.(*redis.Client)
 	if !ok {
-		return script.Run(ctx, c, keys, args...)
+		return script.Run(ctx, c, keys.names, args...)
 	}
 	cmd := scriptCmd(ctx, script, false, keys, args)
 	if err := rc.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {

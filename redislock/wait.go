@@ -3,6 +3,8 @@ package redislock
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,7 +13,9 @@ import (
 
 // subscription is one subscription to a lock's release channel, shared by
 // every Acquire of this Locker that waits on that lock, with its waiters. A
-// release message wakes one local waiter, not all of them: only one can win.
+// grant goes to the waiter it names, if it is one of them; a legacy
+// "released" message wakes one local waiter, not all of them: only one can
+// win.
 //
 // The subscription belongs to none of its waiters: its reader goroutine
 // subscribes with the subscription's own context, so a waiter whose budget
@@ -21,10 +25,15 @@ import (
 // once, so the next waiter subscribes afresh.
 type subscription struct {
 	channel string
-	waiters []chan struct{} // each waiter's wake-up, capacity 1, in arrival order; guarded by Locker.mu
-	ps      *redis.PubSub   // set by the reader once subscribed; guarded by Locker.mu
-	closed  bool            // the last waiter has left; guarded by Locker.mu
-	stop    context.CancelFunc
+	waiters []*waiter // in arrival order; guarded by Locker.mu
+	// recent keeps the last grants for owners that were not among the
+	// waiters: a waiter joins after its try, and the grant may come first.
+	// Guarded by Locker.mu.
+	recent     [8]grantMsg
+	recentNext int
+	ps         *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
+	closed     bool          // the last waiter has left; guarded by Locker.mu
+	stop       context.CancelFunc
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
@@ -32,14 +41,62 @@ type subscription struct {
 	readyAt   time.Time // when it was confirmed
 }
 
-// join registers a waiter on channel, subscribing if nobody local is
+// waiter is one waiting Acquire on a subscription. Its fields but owner
+// and wake are guarded by Locker.mu.
+type waiter struct {
+	owner string
+	wake  chan struct{} // capacity 1: rung when one of the fields below is set
+
+	grant  grantMsg  // the grant sent to owner, if grant.owner is set
+	tryNow bool      // a legacy release or a lost subscription: try again
+	until  time.Time // when the waiter's timer fires (zero: no timer)
+	retime time.Time // the lock was granted to another owner until then, before until
+}
+
+// ring wakes w. l.mu is held.
+func (w *waiter) ring() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// grantMsg is a grant published by the release (or acquire) script: the
+// lock is owner's with token for px ms, counted from when the script ran,
+// after owner's try number try (see grant.lua); server is the server's
+// clock then, ms; mac proves that the script wrote it (see granted).
+type grantMsg struct {
+	owner             string
+	token, px, server int64
+	try               int
+	mac, signed       string // the MAC, and the text it signs
+}
+
+// parseGrant reads "g <owner> <token> <px> <try> <server ms> <mac>".
+func parseGrant(msg string) (grantMsg, bool) {
+	f := strings.Fields(msg)
+	if len(f) != 7 || f[0] != "g" || len(f[1]) != ownerLen {
+		return grantMsg{}, false
+	}
+	token, err1 := strconv.ParseInt(f[2], 10, 64)
+	px, err2 := strconv.ParseInt(f[3], 10, 64)
+	try, err3 := strconv.Atoi(f[4])
+	server, err4 := strconv.ParseInt(f[5], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || token <= 0 || px <= 0 || try <= 0 {
+		return grantMsg{}, false
+	}
+	signed := strings.Join(f[2:6], " ")
+	return grantMsg{owner: f[1], token: token, px: px, try: try, server: server, mac: f[6], signed: signed}, true
+}
+
+// join registers owner's waiter on channel, subscribing if nobody local is
 // subscribed yet, and returns once the server has confirmed the
-// subscription, so that no release published after join returns is missed.
-// readyAt is when the subscription was confirmed: a release published after
+// subscription, so that no grant published after join returns is missed.
+// readyAt is when the subscription was confirmed: a grant published after
 // it reaches this Locker. The caller must call leave. join returns early
 // with ctx's error when ctx ends first.
-func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}, readyAt time.Time, leave func(), err error) {
-	me := make(chan struct{}, 1)
+func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, readyAt time.Time, leave func(), err error) {
+	me = &waiter{owner: owner, wake: make(chan struct{}, 1)}
 	l.mu.Lock()
 	w := l.subscriptions[channel]
 	if w == nil {
@@ -50,6 +107,12 @@ func (l *Locker) join(ctx context.Context, channel string) (wake <-chan struct{}
 		go l.read(wctx, w)
 	}
 	w.waiters = append(w.waiters, me)
+	for i := range w.recent {
+		if w.recent[i].owner == owner {
+			me.grant, w.recent[i] = w.recent[i], grantMsg{}
+			me.ring()
+		}
+	}
 	l.mu.Unlock()
 	leave = func() { l.leave(w, me) }
 
@@ -71,11 +134,12 @@ func (w *subscription) setReady(err error) {
 }
 
 // leave unregisters a waiter. A wake-up it received but did not use passes
-// to another waiter. The last waiter ends the subscription. leave does not wait
+// to another waiter; a grant it did not use is the caller's to give back
+// (withdraw). The last waiter ends the subscription. leave does not wait
 // for the reader: on a server that hangs, closing the subscription can take
 // as long as the client's read timeout, and the caller's deadline comes
 // first.
-func (l *Locker) leave(w *subscription, me chan struct{}) {
+func (l *Locker) leave(w *subscription, me *waiter) {
 	l.mu.Lock()
 	for i, c := range w.waiters {
 		if c == me {
@@ -83,10 +147,8 @@ func (l *Locker) leave(w *subscription, me chan struct{}) {
 			break
 		}
 	}
-	select {
-	case <-me:
+	if me.tryNow {
 		l.wakeOne(w)
-	default:
 	}
 	var ps *redis.PubSub
 	if len(w.waiters) == 0 && !w.closed {
@@ -120,12 +182,67 @@ func (l *Locker) drop(w *subscription, err error) {
 // that local waiters get the lock in the order they came. l.mu is held.
 func (l *Locker) wakeOne(w *subscription) {
 	for _, c := range w.waiters {
-		select {
-		case c <- struct{}{}:
+		if !c.tryNow && c.grant.owner == "" {
+			c.tryNow = true
+			c.ring()
 			return
-		default:
 		}
 	}
+}
+
+// deliver hands a message on w's channel to its waiters: a grant to the
+// waiter it names (kept for a while if none does: it may be about to
+// join), anything else wakes one waiter to try. A grant for a shorter time
+// than the other waiters' timers (to a waiter near the end of its budget,
+// perhaps dead) moves their timers to its end, when they try again.
+func (l *Locker) deliver(w *subscription, msg string) {
+	g, ok := parseGrant(msg)
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !ok {
+		l.wakeOne(w)
+		return
+	}
+	ends, found := now.Add(time.Duration(g.px)*time.Millisecond), false
+	for _, c := range w.waiters {
+		switch {
+		case c.owner == g.owner:
+			c.grant, found = g, true
+			c.ring()
+		case !c.until.IsZero() && c.until.After(ends):
+			c.until, c.retime = ends, ends
+			c.ring()
+		}
+	}
+	if !found {
+		w.recent[w.recentNext] = g
+		w.recentNext = (w.recentNext + 1) % len(w.recent)
+	}
+}
+
+// wakeup is what rang a waiter: a grant for it, a request to try now, or
+// a new time to try (see waiter).
+type wakeup struct {
+	grant  grantMsg
+	tryNow bool
+	retime time.Time
+}
+
+// taken returns what rang me and forgets it.
+func (l *Locker) taken(me *waiter) wakeup {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u := wakeup{me.grant, me.tryNow, me.retime}
+	me.grant, me.tryNow, me.retime = grantMsg{}, false, time.Time{}
+	return u
+}
+
+// setTimer records when me's timer fires (zero: none).
+func (l *Locker) setTimer(me *waiter, at time.Time) {
+	l.mu.Lock()
+	me.until = at
+	l.mu.Unlock()
 }
 
 // wakeAll wakes every waiter: messages may have been lost.
@@ -133,10 +250,8 @@ func (l *Locker) wakeAll(w *subscription) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, c := range w.waiters {
-		select {
-		case c <- struct{}{}:
-		default:
-		}
+		c.tryNow = true
+		c.ring()
 	}
 }
 
@@ -212,9 +327,7 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 				}
 			}
 		case *redis.Message:
-			l.mu.Lock()
-			l.wakeOne(w)
-			l.mu.Unlock()
+			l.deliver(w, m.Payload)
 		}
 	}
 }

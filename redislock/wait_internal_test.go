@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -79,9 +80,18 @@ func TestShortWaiterDoesNotFailOthers(t *testing.T) {
 	c := srv.Client(t)
 	gate := &dialGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	c.AddHook(gate)
-	if err := c.Ping(ctx).Err(); err != nil { // one pooled connection for the tries
-		t.Fatal(err)
+	// Pooled connections for the tries and for a waiter's withdrawal
+	// (when its budget ends it leaves the queue): made by blocking calls
+	// at once, so that only the subscription dials once the gate is armed.
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			if err := c.BLPop(ctx, 50*time.Millisecond, "no-such-list").Err(); err != nil && err != redis.Nil {
+				t.Error(err)
+			}
+		})
 	}
+	wg.Wait()
 	gate.armed.Store(true) // from now on only the subscription dials
 	l, err := New(c, nil)
 	if err != nil {
@@ -239,11 +249,11 @@ func TestWakeUpPassesOnWhenWaiterLeaves(t *testing.T) {
 		t.Fatal(err)
 	}
 	channel := l.keys("lock:payment:1001").channel
-	wakeA, _, leaveA, err := l.join(ctx, channel)
+	wakeA, _, leaveA, err := l.join(ctx, channel, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	wakeB, _, leaveB, err := l.join(ctx, channel)
+	wakeB, _, leaveB, err := l.join(ctx, channel, "b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,10 +261,10 @@ func TestWakeUpPassesOnWhenWaiterLeaves(t *testing.T) {
 	if err := srv.Client(t).Publish(ctx, channel, "released").Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return len(wakeA) == 1 }) // A, the first, got it
-	leaveA()                                              // without using it
+	eventually(t, func() bool { return len(wakeA.wake) == 1 }) // A, the first, got it
+	leaveA()                                                   // without using it
 	select {
-	case <-wakeB:
+	case <-wakeB.wake:
 	case <-ctx.Done():
 		t.Fatal("the wake-up of a waiter that left reached nobody")
 	}
@@ -280,9 +290,18 @@ func TestReleaseWhileSubscribing(t *testing.T) {
 	c := srv.Client(t)
 	gate := &dialGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	c.AddHook(gate)
-	if err := c.Ping(ctx).Err(); err != nil { // one pooled connection for the tries
-		t.Fatal(err)
+	// Pooled connections for the tries and for a waiter's withdrawal
+	// (when its budget ends it leaves the queue): made by blocking calls
+	// at once, so that only the subscription dials once the gate is armed.
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			if err := c.BLPop(ctx, 50*time.Millisecond, "no-such-list").Err(); err != nil && err != redis.Nil {
+				t.Error(err)
+			}
+		})
 	}
+	wg.Wait()
 	gate.armed.Store(true) // from now on only the subscription dials
 	l, err := New(c, nil)
 	if err != nil {

@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,9 +12,10 @@ import (
 
 // TestReleasePublishesOnlyWhenWaited: a release that nobody waits for sends
 // nothing on the lock's channel; once an Acquire of another Locker (as of
-// another process) has found the lock held and waits, the release tells it,
-// and it takes the lock long before the holder's minute-long TTL would have
-// freed it. A marker published after each release shows what came first.
+// another process) has found the lock held and queued, the release grants
+// it the lock and says so, and it has the lock long before the holder's
+// minute-long TTL would have freed it. A marker published after each
+// release shows what came first.
 func TestReleasePublishesOnlyWhenWaited(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -59,13 +61,13 @@ func TestReleasePublishesOnlyWhenWaited(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)+":waiting").Val() == 1 })
+	waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey(name)+":queue").Val() == 1 })
 	if err := lease.Release(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	marker()
-	if got := next(); got != "released" {
-		t.Fatalf("a release with a waiter: first message %q, want \"released\"", got)
+	if got := next(); !strings.HasPrefix(got, "g ") {
+		t.Fatalf("a release with a waiter: first message %q, want a grant", got)
 	}
 	if err := <-got; err != nil {
 		t.Fatalf("the waiter: %v", err)
@@ -75,17 +77,18 @@ func TestReleasePublishesOnlyWhenWaited(t *testing.T) {
 	}
 }
 
-// TestWaitingMarkOutlivesShortWaiter: a waiter with a short budget, whether
-// it comes before or after one with a long budget, must not shorten the
-// waiting mark: after the short one gives up, a release still wakes the
-// long one, long before the holder's minute-long TTL.
-func TestWaitingMarkOutlivesShortWaiter(t *testing.T) {
+// TestShortWaiterLeavesQueue: a waiter with a short budget, whether it
+// comes before or after one with a long budget, leaves the queue when it
+// gives up, and the long one stays: a release grants the lock to the long
+// one, long before the holder's minute-long TTL.
+func TestShortWaiterLeavesQueue(t *testing.T) {
 	for _, shortFirst := range []bool{true, false} {
 		t.Run(map[bool]string{true: "short-first", false: "long-first"}[shortFirst], func(t *testing.T) {
 			srv := redistest.Start(t)
 			admin := srv.Client(t)
 			const name = "lock:payment:1001"
-			mark := lockKey(name) + ":waiting"
+			queue := lockKey(name) + ":queue"
+			live := func() int { return int(admin.HLen(ctx(t), lockKey(name)+":waiters").Val()) }
 			holder := newLocker(t, srv.Client(t))
 			lease := acquire(t, holder, name, fence.TTL(time.Minute))
 			short := func() {
@@ -105,12 +108,13 @@ func TestWaitingMarkOutlivesShortWaiter(t *testing.T) {
 				}
 				got <- err
 			}()
-			waitFor(t, func() bool { return admin.PTTL(ctx(t), mark).Val() > 10*time.Second })
+			waitFor(t, func() bool { return live() >= 1 && admin.PTTL(ctx(t), queue).Val() > 10*time.Second })
 			if !shortFirst {
 				short()
 			}
-			if ttl := admin.PTTL(ctx(t), mark).Val(); ttl < 10*time.Second {
-				t.Fatalf("the waiting mark has %v left after the short waiter, want the long one's budget", ttl)
+			waitFor(t, func() bool { return live() == 1 }) // the short one withdrew
+			if ttl := admin.PTTL(ctx(t), queue).Val(); ttl < 10*time.Second {
+				t.Fatalf("the queue has %v left after the short waiter, want the long one's budget", ttl)
 			}
 			start := time.Now()
 			if err := lease.Release(ctx(t)); err != nil {

@@ -50,8 +50,9 @@ type Conn interface {
 	// Subscribe subscribes to channel and returns when ctx ends or the
 	// subscription breaks (with the reason). It calls ready when the
 	// server confirms the subscription, again after any resubscription,
-	// and message for every message on channel, on one goroutine.
-	Subscribe(ctx context.Context, channel string, ready, message func()) error
+	// and message with the payload of every message on channel, on one
+	// goroutine.
+	Subscribe(ctx context.Context, channel string, ready func(), message func(payload string)) error
 
 	// SelfBounded reports whether every call ends by its context's
 	// deadline without help (a socket deadline, a pool wait, a dial).

@@ -393,16 +393,18 @@ func aclCommands(prefix string) [][]any {
 		{"WAIT", "0", "0"},
 		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"SET", key, "x", "NX", "GET", "PX", "1"}, {"DEL", key},
 		{"EXISTS", key}, {"PEXPIRE", key, "1"}, {"PTTL", key},
+		{"RPUSH", key, "x"}, {"LINDEX", key, "0"}, {"LPOP", key},
+		{"HSET", key, "x", "x"}, {"HGET", key, "x"}, {"HDEL", key, "x"},
 		{"TIME"}, {"INFO", "replication"},
 		{"PUBLISH", ch, "x"}, {"SUBSCRIBE", ch},
 	}
 }
 
 // redlockCommands are the commands redlock sends, directly or from its
-// scripts: no WAIT, INFO or pub/sub.
+// scripts: no WAIT, INFO, pub/sub or queue of waiters.
 func redlockCommands(prefix string) [][]any {
 	return slices.DeleteFunc(aclCommands(prefix), func(args []any) bool {
-		return slices.Contains([]string{"WAIT", "INFO", "PUBLISH", "SUBSCRIBE"}, args[0].(string))
+		return slices.Contains([]string{"WAIT", "INFO", "PUBLISH", "SUBSCRIBE", "RPUSH", "LINDEX", "LPOP", "HSET", "HGET", "HDEL"}, args[0].(string))
 	})
 }
 
