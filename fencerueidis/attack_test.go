@@ -94,6 +94,16 @@ func subscriptionKilled(t *testing.T, srv *redistest.Server, r fence.Locker) {
 		if err := b.Release(ctx(t)); err != nil {
 			t.Fatal(err)
 		}
+		// The waiter's subscription ends in the background after it
+		// leaves (or lingers on a shared RESP3 connection): clear them all,
+		// so that the next round's subscriber is the next waiter's.
+		deadline = time.Now().Add(10 * time.Second)
+		for killSubscribers(t, admin) > 0 || admin.PubSubNumSub(ctx(t), "fence:{shared}:released").Val()["fence:{shared}:released"] != 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("subscriptions still there 10 s after the waiter left")
+			}
+			time.Sleep(5 * time.Millisecond) // polling with a deadline
+		}
 	}
 }
 
