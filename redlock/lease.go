@@ -25,10 +25,13 @@ type lease struct {
 	token  fence.Token
 	ttl    time.Duration // the lease time; for a watchdog lease, its TTL
 
-	// The nodes whose answer to the acquisition did not come in time: it
-	// may still run there, so Release revokes it with revokeKey.
+	// The nodes whose grant of the acquisition has not come (it may still
+	// run there, so Release revokes it with revokeKey), under mu: a grant
+	// that comes after Acquire returned joins the lease (try.reply).
 	ungranted []bool
 	revokeKey string
+	// try is the acquisition's fan-out, whose late replies are still read.
+	try *tryFanout
 
 	// The release script's keys and arguments, {lock} and {owner}: the
 	// acquisition's, which start with them (go-redis copies them into
@@ -388,17 +391,27 @@ func (ls *lease) Release(ctx context.Context) error {
 	// stopped using the lease when it called Release.
 	lostBefore := ls.Err()
 	l := ls.locker
+	// A grant of the acquisition that comes from now on is given back by
+	// the request that brings it.
+	ls.try.abandon()
 	// The same keys and arguments for every node, the acquisition's; the
-	// nodes that did not answer the acquisition get the revocation mark too.
+	// nodes whose grant has not come get the revocation mark too: if the
+	// acquisition has not run there yet, it refuses when it does.
 	relKeys, relArgs := ls.relKeys, ls.relArgs
 	var revKeys []string
 	var revArgs []any
+	var ungranted []bool // nil: none
+	ls.mu.Lock()
 	if slices.Contains(ls.ungranted, true) {
+		ungranted = slices.Clone(ls.ungranted)
+	}
+	ls.mu.Unlock()
+	if ungranted != nil {
 		revKeys, revArgs = []string{ls.keys.lock, ls.revokeKey}, []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds()}
 	}
 	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
 		keys, args := relKeys, relArgs
-		if ls.ungranted[i] {
+		if ungranted != nil && ungranted[i] {
 			keys, args = revKeys, revArgs
 		}
 		n, err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Int64()

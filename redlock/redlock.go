@@ -614,9 +614,8 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	// into each command): built once, not once per node.
 	acqKeys := []string{k.lock, k.token, revokeKey}
 	acqArgs := []any{owner, ttl.Milliseconds(), floor, floorCapArg}
-	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, i int) ([]int64, error) {
-		return acquireScript.Run(ctx, l.nodes[i], acqKeys, acqArgs...).Int64Slice()
-	})
+	at := l.send(ctx, k, owner, ttl, timeout, acqKeys, acqArgs)
+	rs := at.await(ctx, l.beforeReplies)
 	var (
 		granted []int
 		token   int64
@@ -627,7 +626,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
-		case len(r.res) == 3 && r.res[0] == 1 && r.res[1] > 0:
+		case isGrant(r.res):
 			granted = append(granted, i)
 			token = max(token, r.res[1])
 		case len(r.res) == 2 && r.res[0] == 0:
@@ -637,7 +636,10 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		}
 	}
 	fail := func(why error) (*lease, error) {
-		l.releaseTry(ctx, k, owner, revokeKey, rs, ttl)
+		// Every reply come so far, late ones too: the nodes that have
+		// not answered yet are revoked, and a grant that comes after this
+		// is given back by the request that brings it.
+		l.releaseTry(ctx, k, owner, revokeKey, at.abandon(), ttl)
 		return nil, why
 	}
 	if len(granted) < l.quorum {
@@ -689,7 +691,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
 		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes)),
-		relKeys: acqKeys[:1], relArgs: acqArgs[:1]}
+		relKeys: acqKeys[:1], relArgs: acqArgs[:1], try: at}
 	for i, r := range rs {
 		ls.ungranted[i] = r.err != nil
 	}
@@ -697,6 +699,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		ls.refs[i] = clockRef{nodeMs: rs[i].res[2], at: rs[i].at}
 	}
 	ls.start(ctx, watchdog, start)
+	at.hand(ls, rs)
 	return ls, nil
 }
 
