@@ -222,7 +222,8 @@ func waitUnlocked(t testing.TB, srvs []*redistest.Server, name string, within ti
 }
 
 // The caller's context cancelled while the requests are out: Acquire
-// returns the context's error, and what the nodes granted is given back.
+// returns the context's error, and what the nodes granted is given back
+// (at once where their grants were read, as they come otherwise).
 func TestCancelMidFanout(t *testing.T) {
 	for _, n := range []int{3, 5} {
 		srvs := nodes(t, n)
@@ -240,9 +241,9 @@ func TestCancelMidFanout(t *testing.T) {
 		if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
 			t.Fatalf("%d nodes: Acquire cancelled mid-fan-out = %v, want ErrNotAcquired and context.Canceled", n, err)
 		}
-		if on := lockedOn(t, srvs, name); len(on) != 0 {
-			t.Fatalf("%d nodes: the cancelled acquisition left the lock on nodes %v", n, on)
-		}
+		// The nodes whose replies were not read by then are given back
+		// in the background.
+		waitUnlocked(t, srvs, name, 2*time.Second)
 		redlock.SetBeforeReplies(l, nil)
 		lease, err := l.Acquire(ctxFor(t), name, fence.TTL(10*time.Second))
 		if err != nil {

@@ -727,9 +727,13 @@ var floorCapArg any = floorCap.Microseconds()
 const revokeFor = time.Minute
 
 // releaseTry gives back a failed try on every node it was sent to, even
-// when ctx has ended, each within the per-node timeout. A node that did not
-// answer the try also gets a revocation mark: the try may still be sitting
-// in its socket, and must refuse when it runs.
+// when ctx has ended, each within the per-node timeout. It waits for the
+// nodes that granted the try; a node that did not answer it (or answered an
+// error) is revoked in the background, so that a node hung or down does not
+// keep the caller, who may want to try again, waiting: the release there
+// also leaves a revocation mark, since the try may still be sitting in its
+// socket, and must refuse when it runs; and if the try's grant comes after
+// all, it is given back when it comes (tryFanout.reply).
 //
 // A node whose release fails (paused, its connections busy, the network
 // cut) may still run the try later, or hold the lock it took: its release,
@@ -738,21 +742,42 @@ const revokeFor = time.Minute
 // itself). A refused connection ends the retries: the node is down, and
 // the try with it.
 func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
-	rctx := context.WithoutCancel(ctx)
-	rs := l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
-		c := l.nodes[i]
-		if tried[i].err != nil || len(tried[i].res) < 2 {
-			return nil, releaseScript.Run(ctx, c, []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
+	timeout := l.timeoutFor(ttl)
+	var granted []int
+	for i, r := range tried {
+		switch {
+		case r.err != nil || len(r.res) < 2:
+			l.spawn(func() { l.revokeTry(i, k, owner, revokeKey, ttl, timeout) })
+		case r.res[0] == 0:
+			// Held by another owner, or the try was revoked there:
+			// nothing of ours.
+		default:
+			granted = append(granted, i)
 		}
-		if tried[i].res[0] == 0 {
-			return nil, nil // held by another owner: nothing of ours there
-		}
-		return nil, releaseScript.Run(ctx, c, []string{k.lock}, owner).Err()
+	}
+	if len(granted) == 0 {
+		return
+	}
+	relKeys := []string{k.lock}
+	rs := l.fanout(context.WithoutCancel(ctx), granted, timeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+		return nil, releaseScript.Run(ctx, l.nodes[i], relKeys, owner).Err()
 	})
-	for i, r := range rs {
+	for j, r := range rs {
 		if r.err != nil && !errors.Is(r.err, syscall.ECONNREFUSED) {
-			go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
+			go l.releaseAbandoned(granted[j], k, owner, revokeKey, ttl)
 		}
+	}
+}
+
+// revokeTry releases a try on node i, which did not answer it, with the
+// revocation mark, within timeout; if the node does not answer that
+// either, it is retried in the background (releaseAbandoned).
+func (l *Locker) revokeTry(i int, k keys, owner, revokeKey string, ttl, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
+	cancel()
+	if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+		go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
 	}
 }
 
