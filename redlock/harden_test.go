@@ -56,13 +56,23 @@ func TestSkewedClientCannotInflateTokens(t *testing.T) {
 	if ahead := time.Duration(int64(b.Token())-nodeMicros(t, srvs[0])) * time.Microsecond; ahead > bound {
 		t.Fatalf("a sane client after a skewed one got a token %v ahead of the nodes' clock", ahead)
 	}
-	// A sane client's floor is below the cap: every node answers it, and
-	// every node's record holds the lease's token.
+	// The lease's token is on a majority of the nodes' records (those
+	// that granted it by the time Acquire decided, the write-back told
+	// the ones behind); a node that answered later keeps its own.
+	var recs []int64
+	holding := 0
 	for i, s := range srvs {
 		rec, err := s.Client(t).Get(ctxFor(t), lockKey(name)+":token").Int64()
-		if err != nil || fence.Token(rec) != b.Token() {
-			t.Fatalf("node %d's record %d, %v; want %d", i, rec, err, b.Token())
+		if err != nil {
+			t.Fatalf("node %d's record: %v", i, err)
 		}
+		recs = append(recs, rec)
+		if fence.Token(rec) == b.Token() {
+			holding++
+		}
+	}
+	if holding < sane.Quorum() {
+		t.Fatalf("the nodes' records %v: %d hold the lease's token %d, want a majority", recs, holding, b.Token())
 	}
 }
 
