@@ -647,6 +647,12 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		if held > 0 {
 			why = fmt.Errorf("%w: on %d of %d nodes", fence.ErrHeld, held, len(l.nodes))
 		}
+		if elapsed := l.now().Sub(start); elapsed >= ttl-drift(ttl) {
+			// The lease time ran out first (the client was paused, say,
+			// and its node timeout fired before it read the replies
+			// waiting for it): that is the first reason.
+			why = errors.Join(fmt.Errorf("%w: the try took %v of a lease time of %v (drift allowance %v)", ErrValidity, elapsed, ttl, drift(ttl)), why)
+		}
 		return fail(errors.Join(append([]error{why}, errs...)...))
 	}
 	// Every later majority shares a node with this one: the granting
