@@ -391,9 +391,6 @@ func (ls *lease) Release(ctx context.Context) error {
 	// stopped using the lease when it called Release.
 	lostBefore := ls.Err()
 	l := ls.locker
-	// A grant of the acquisition that comes from now on is given back by
-	// the request that brings it.
-	ls.try.abandon()
 	// The same keys and arguments for every node, the acquisition's; the
 	// nodes whose grant has not come get the revocation mark too: if the
 	// acquisition has not run there yet, it refuses when it does.
@@ -420,6 +417,13 @@ func (ls *lease) Release(ctx context.Context) error {
 		}
 		return oneReply(n), nil
 	})
+	// A grant of the acquisition read from now on is given back by the
+	// request that brings it. One read before was covered by the release
+	// just sent (with the revocation mark, if the grant had not come when
+	// it was sent: the node refuses the acquisition if it runs it after the
+	// release, and the release deletes it if before); giving back the
+	// grants read later covers a release that did not reach the node.
+	ls.try.release()
 	deleted, gone, errs := tally(rs)
 	// A node that did not answer may still hold the lock (or run the
 	// acquisition late, if it never answered that either) for the rest of

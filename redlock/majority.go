@@ -190,9 +190,17 @@ func (f *tryFanout) hand(ls *lease, seen []result) {
 	}
 }
 
-// abandon marks the try failed, or its lease released: a grant that comes
-// from now on is given back by the request that brings it. It returns the
-// replies come so far, by node, a node that has not answered with an error.
+// release marks the try's lease released: a grant read from now on is
+// given back by the request that brings it.
+func (f *tryFanout) release() {
+	f.mu.Lock()
+	f.phase = abandoned
+	f.mu.Unlock()
+}
+
+// abandon marks the try failed: a grant read from now on is given back by
+// the request that brings it. It returns the replies come so far, by node,
+// a node that has not answered with an error.
 func (f *tryFanout) abandon() []result {
 	f.mu.Lock()
 	f.phase = abandoned
