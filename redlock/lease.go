@@ -418,12 +418,11 @@ func (ls *lease) Release(ctx context.Context) error {
 		return oneReply(n), nil
 	})
 	// A grant of the acquisition read from now on is given back by the
-	// request that brings it. One read before was covered by the release
-	// just sent (with the revocation mark, if the grant had not come when
-	// it was sent: the node refuses the acquisition if it runs it after the
-	// release, and the release deletes it if before); giving back the
-	// grants read later covers a release that did not reach the node.
-	ls.try.release()
+	// request that brings it, if the release did not reach its node. Where
+	// it did, it covered the grant (sent with the revocation mark if the
+	// grant had not come: the node refuses the acquisition if it runs it
+	// after the release, and the release deletes it if before).
+	ls.try.release(rs)
 	deleted, gone, errs := tally(rs)
 	// A node that did not answer may still hold the lock (or run the
 	// acquisition late, if it never answered that either) for the rest of

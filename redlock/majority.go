@@ -81,6 +81,10 @@ type tryFanout struct {
 	woke    bool
 	phase   tryPhase
 	ls      *lease // when leased
+	// Once the lease is released: covered if its release reached every
+	// node, otherwise uncovered lists those it did not reach.
+	covered   bool
+	uncovered []bool
 }
 
 // isGrant tells whether an acquire script's reply took the lock.
@@ -124,6 +128,9 @@ func (f *tryFanout) reply(i int, res []int64, err error) {
 		close(f.wake)
 	}
 	phase, ls, last := f.phase, f.ls, f.left == 0
+	if phase == abandoned && (f.covered || f.uncovered != nil && !f.uncovered[i]) {
+		grant = false // the lease's release covered this node
+	}
 	f.mu.Unlock()
 	if last {
 		f.cancel()
@@ -190,12 +197,25 @@ func (f *tryFanout) hand(ls *lease, seen []result) {
 	}
 }
 
-// release marks the try's lease released: a grant read from now on is
-// given back by the request that brings it.
-func (f *tryFanout) release() {
+// release marks the try's lease released, rs being the replies to the
+// release sent to every node: a grant read from now on is given back by the
+// request that brings it, on a node that did not answer that release. A
+// node that did needs nothing more: the release ran there after the
+// acquisition, and deleted it, or before it, and revoked it (the grant,
+// read late, was then refused there).
+func (f *tryFanout) release(rs []result) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.phase = abandoned
-	f.mu.Unlock()
+	for i, r := range rs {
+		if r.err != nil {
+			if f.uncovered == nil {
+				f.uncovered = make([]bool, len(rs))
+			}
+			f.uncovered[i] = true
+		}
+	}
+	f.covered = f.uncovered == nil
 }
 
 // abandon marks the try failed: a grant read from now on is given back by
