@@ -139,6 +139,8 @@ func (f *tryFanout) reply(i int, res []int64, err error) {
 		return
 	}
 	switch phase {
+	case deciding:
+		// Kept in f.rs: the try's outcome (hand or abandon) reads it.
 	case leased:
 		if ls.join(i, r) {
 			return
