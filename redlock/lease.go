@@ -263,7 +263,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.mu.Unlock()
 	sent := time.Now()
-	rs := l.fanout(ctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+	rs := l.fanout(ctx, l.all(), l.timeoutFor(ttl), func(ctx context.Context, i int) ([]int64, error) {
 		return extendScript.Run(ctx, l.nodes[i], []string{ls.keys.lock}, ls.owner, ttl.Milliseconds(), deadlines[i]).Int64Slice()
 	})
 	var (
@@ -335,7 +335,7 @@ func (ls *lease) giveBack(nodes []int) {
 		return
 	}
 	l := ls.locker
-	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
 		return nil, releaseScript.Run(ctx, l.nodes[i], []string{ls.keys.lock}, ls.owner).Err()
 	})
 }
@@ -406,7 +406,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	if ungranted != nil {
 		revKeys, revArgs = []string{ls.keys.lock, ls.revokeKey}, []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds()}
 	}
-	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
 		keys, args := relKeys, relArgs
 		if ungranted != nil && ungranted[i] {
 			keys, args = revKeys, revArgs

@@ -338,7 +338,7 @@ func (l *Locker) connect(ctx context.Context) {
 	if len(todo) == 0 {
 		return
 	}
-	l.fanout(ctx, todo, DefaultConnectTimeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+	l.fanout(ctx, todo, DefaultConnectTimeout, func(ctx context.Context, i int) ([]int64, error) {
 		return nil, l.nodes[i].Ping(ctx).Err()
 	})
 	if ctx.Err() != nil {
@@ -370,7 +370,9 @@ var ErrNoQuorum = errors.New("redlock: no quorum")
 var errNoReply = errors.New("no reply in time")
 
 // Acquire takes the lock called name on a majority of the nodes; see
-// fence.Locker and the package doc. The returned error wraps fence.ErrHeld
+// fence.Locker and the package doc. Each try is decided as soon as a
+// majority has granted it, or can no longer grant it, without waiting for
+// the other nodes' replies (they are read afterwards). The returned error wraps fence.ErrHeld
 // when a node reported the lock held by another owner in the last try, the
 // caller's context error when it ended the call, and otherwise ErrNoQuorum,
 // ErrValidity or ErrBadTokenRecord with the nodes' errors.
@@ -479,9 +481,9 @@ type result struct {
 // by timeout, and returns their results in the order listed. A node that
 // has not answered by the timeout gets an error wrapping errNoReply; its call
 // goes on in its goroutine (the client's own timeouts end it) and its late
-// reply is dropped. pause, if not nil, runs once the requests are on their
-// way, before the replies are read.
-func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, pause func(), call func(ctx context.Context, node int) ([]int64, error)) []result {
+// reply is dropped. (An acquisition's requests go through tryFanout, whose
+// late replies are read.)
+func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, call func(ctx context.Context, node int) ([]int64, error)) []result {
 	// Each request writes its own slot and marks it done; the last to
 	// answer wakes the caller, once, rather than every reply waking it.
 	type slot struct {
@@ -505,9 +507,6 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 				close(f.all)
 			}
 		})
-	}
-	if pause != nil {
-		pause()
 	}
 	select {
 	case <-f.all:
@@ -669,7 +668,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	errs = errs[:0]
 	if len(behind) > 0 {
-		ws := l.fanout(ctx, behind, timeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+		ws := l.fanout(ctx, behind, timeout, func(ctx context.Context, i int) ([]int64, error) {
 			n, err := maxScript.Run(ctx, l.nodes[i], []string{k.token, k.lock}, token, owner).Int64()
 			return []int64{n}, err
 		})
@@ -765,7 +764,7 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 		return
 	}
 	relKeys := []string{k.lock}
-	rs := l.fanout(context.WithoutCancel(ctx), granted, timeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+	rs := l.fanout(context.WithoutCancel(ctx), granted, timeout, func(ctx context.Context, i int) ([]int64, error) {
 		return nil, releaseScript.Run(ctx, l.nodes[i], relKeys, owner).Err()
 	})
 	for j, r := range rs {
