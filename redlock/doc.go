@@ -13,15 +13,35 @@
 // The node timeout is a matter of availability, not safety: whatever it
 // is, the validity check below refuses a lock granted too late to use.
 // The lock is taken when a majority, N/2+1, granted it and the validity
-// time left is positive:
+// time left is positive. Acquire decides as soon as the outcome is known:
+// once a majority has granted, without waiting for the other nodes, so its
+// latency is the majority-th fastest node's rather than the slowest's (a
+// node down or hung costs nothing then, not the node timeout); and once so
+// many nodes refused (held by another owner, an error) that no majority is
+// left, it fails at once. The validity is:
 //
 //	validity = TTL − elapsed − drift,  drift = TTL·1% + 2 ms
 //
 // where elapsed runs from before the first request was sent until the token
 // was written back (below). Lease.Deadline is the start plus TTL − drift.
+// A try that ran out of lease time before a majority granted it (a client
+// paused past the node timeout, with the replies waiting in its sockets)
+// fails with ErrValidity too.
+//
+// The replies that come after the decision are still read, up to the node
+// timeout, whatever the caller does with its context. A late refusal or
+// error changes nothing. A late grant belongs to the lease: it joins it
+// (renewals then move the lock on that node too, and Release deletes it
+// there); once the lease is released or has ended, or the try failed, it is
+// given back as soon as it is read. Release, and the release of a failed
+// try, also revoke the acquisition on every node whose grant had not come
+// (below), so the node refuses it if it runs it afterwards: no lock is left
+// behind for its lease time by a node that answered late.
 // An acquisition that fails, for want of a majority or of validity, is
 // released on every node it was sent to, even when the caller's context has
-// ended; on a node that did not answer in time the release also leaves a
+// ended: Acquire waits for the nodes that granted it, and revokes it in the
+// background on the others (a node hung does not keep the caller waiting
+// to try again); on a node that did not answer in time the release also leaves a
 // revocation mark, so that the acquisition, if it is still sitting in a
 // paused node's socket, refuses when it runs. A release that fails on such
 // a node (still paused, its connections busy) is retried in the background,
@@ -66,13 +86,17 @@
 //
 // for the name, T being the node's clock in microseconds and F the client's
 // floor, its own clock a second ahead. The
-// lease's token is the largest of the tokens issued by the nodes that
-// granted it, and before Acquire returns it is written back (raised to,
-// never lowered) to those of them that answered a smaller one: a majority
-// must hold it, or the acquisition fails. Every later majority shares at
-// least one node with that majority, and that node issues a greater token,
-// so tokens keep increasing across quorums even though no node sees every
-// acquisition. The client's floor is there for speed: nodes that have seen
+// lease's token is the largest of the tokens issued by the nodes whose
+// grants had come when Acquire decided (a majority), and before Acquire
+// returns it is written back (raised to, never lowered) to those of them
+// that answered a smaller one: a majority must hold it, or the acquisition
+// fails. Every later majority shares at least one node with that majority,
+// and that node issues a greater token, so tokens keep increasing across
+// quorums even though no node sees every acquisition. A node whose grant
+// came after the decision is not needed for this: its record may be
+// smaller than the lease's token (no majority is made of the nodes outside
+// that one) or greater (later tokens are then only greater), and it is not
+// written back. The client's floor is there for speed: nodes that have seen
 // the same acquisitions then answer the same token, and the write-back, a
 // second round trip, is needed only for the nodes behind. It only ever
 // raises a token, so a client whose clock is wrong makes tokens jump, never

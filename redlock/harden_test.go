@@ -56,13 +56,23 @@ func TestSkewedClientCannotInflateTokens(t *testing.T) {
 	if ahead := time.Duration(int64(b.Token())-nodeMicros(t, srvs[0])) * time.Microsecond; ahead > bound {
 		t.Fatalf("a sane client after a skewed one got a token %v ahead of the nodes' clock", ahead)
 	}
-	// A sane client's floor is below the cap: every node answers it, and
-	// every node's record holds the lease's token.
+	// The lease's token is on a majority of the nodes' records (those
+	// that granted it by the time Acquire decided, the write-back told
+	// the ones behind); a node that answered later keeps its own.
+	var recs []int64
+	holding := 0
 	for i, s := range srvs {
 		rec, err := s.Client(t).Get(ctxFor(t), lockKey(name)+":token").Int64()
-		if err != nil || fence.Token(rec) != b.Token() {
-			t.Fatalf("node %d's record %d, %v; want %d", i, rec, err, b.Token())
+		if err != nil {
+			t.Fatalf("node %d's record: %v", i, err)
 		}
+		recs = append(recs, rec)
+		if fence.Token(rec) == b.Token() {
+			holding++
+		}
+	}
+	if holding < sane.Quorum() {
+		t.Fatalf("the nodes' records %v: %d hold the lease's token %d, want a majority", recs, holding, b.Token())
 	}
 }
 
@@ -222,7 +232,8 @@ func waitUnlocked(t testing.TB, srvs []*redistest.Server, name string, within ti
 }
 
 // The caller's context cancelled while the requests are out: Acquire
-// returns the context's error, and what the nodes granted is given back.
+// returns the context's error, and what the nodes granted is given back
+// (at once where their grants were read, as they come otherwise).
 func TestCancelMidFanout(t *testing.T) {
 	for _, n := range []int{3, 5} {
 		srvs := nodes(t, n)
@@ -240,9 +251,9 @@ func TestCancelMidFanout(t *testing.T) {
 		if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
 			t.Fatalf("%d nodes: Acquire cancelled mid-fan-out = %v, want ErrNotAcquired and context.Canceled", n, err)
 		}
-		if on := lockedOn(t, srvs, name); len(on) != 0 {
-			t.Fatalf("%d nodes: the cancelled acquisition left the lock on nodes %v", n, on)
-		}
+		// The nodes whose replies were not read by then are given back
+		// in the background.
+		waitUnlocked(t, srvs, name, 2*time.Second)
 		redlock.SetBeforeReplies(l, nil)
 		lease, err := l.Acquire(ctxFor(t), name, fence.TTL(10*time.Second))
 		if err != nil {

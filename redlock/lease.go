@@ -25,10 +25,13 @@ type lease struct {
 	token  fence.Token
 	ttl    time.Duration // the lease time; for a watchdog lease, its TTL
 
-	// The nodes whose answer to the acquisition did not come in time: it
-	// may still run there, so Release revokes it with revokeKey.
+	// The nodes whose grant of the acquisition has not come (it may still
+	// run there, so Release revokes it with revokeKey), under mu: a grant
+	// that comes after Acquire returned joins the lease (try.reply).
 	ungranted []bool
 	revokeKey string
+	// try is the acquisition's fan-out, whose late replies are still read.
+	try *tryFanout
 
 	// The release script's keys and arguments, {lock} and {owner}: the
 	// acquisition's, which start with them (go-redis copies them into
@@ -260,7 +263,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.mu.Unlock()
 	sent := time.Now()
-	rs := l.fanout(ctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+	rs := l.fanout(ctx, l.all(), l.timeoutFor(ttl), func(ctx context.Context, i int) ([]int64, error) {
 		return extendScript.Run(ctx, l.nodes[i], []string{ls.keys.lock}, ls.owner, ttl.Milliseconds(), deadlines[i]).Int64Slice()
 	})
 	var (
@@ -332,7 +335,7 @@ func (ls *lease) giveBack(nodes []int) {
 		return
 	}
 	l := ls.locker
-	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
 		return nil, releaseScript.Run(ctx, l.nodes[i], []string{ls.keys.lock}, ls.owner).Err()
 	})
 }
@@ -389,16 +392,23 @@ func (ls *lease) Release(ctx context.Context) error {
 	lostBefore := ls.Err()
 	l := ls.locker
 	// The same keys and arguments for every node, the acquisition's; the
-	// nodes that did not answer the acquisition get the revocation mark too.
+	// nodes whose grant has not come get the revocation mark too: if the
+	// acquisition has not run there yet, it refuses when it does.
 	relKeys, relArgs := ls.relKeys, ls.relArgs
 	var revKeys []string
 	var revArgs []any
+	var ungranted []bool // nil: none
+	ls.mu.Lock()
 	if slices.Contains(ls.ungranted, true) {
+		ungranted = slices.Clone(ls.ungranted)
+	}
+	ls.mu.Unlock()
+	if ungranted != nil {
 		revKeys, revArgs = []string{ls.keys.lock, ls.revokeKey}, []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds()}
 	}
-	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
+	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
 		keys, args := relKeys, relArgs
-		if ls.ungranted[i] {
+		if ungranted != nil && ungranted[i] {
 			keys, args = revKeys, revArgs
 		}
 		n, err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Int64()
@@ -407,6 +417,12 @@ func (ls *lease) Release(ctx context.Context) error {
 		}
 		return oneReply(n), nil
 	})
+	// A grant of the acquisition read from now on is given back by the
+	// request that brings it, if the release did not reach its node. Where
+	// it did, it covered the grant (sent with the revocation mark if the
+	// grant had not come: the node refuses the acquisition if it runs it
+	// after the release, and the release deletes it if before).
+	ls.try.release(rs)
 	deleted, gone, errs := tally(rs)
 	// A node that did not answer may still hold the lock (or run the
 	// acquisition late, if it never answered that either) for the rest of

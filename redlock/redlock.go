@@ -338,7 +338,7 @@ func (l *Locker) connect(ctx context.Context) {
 	if len(todo) == 0 {
 		return
 	}
-	l.fanout(ctx, todo, DefaultConnectTimeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+	l.fanout(ctx, todo, DefaultConnectTimeout, func(ctx context.Context, i int) ([]int64, error) {
 		return nil, l.nodes[i].Ping(ctx).Err()
 	})
 	if ctx.Err() != nil {
@@ -370,7 +370,9 @@ var ErrNoQuorum = errors.New("redlock: no quorum")
 var errNoReply = errors.New("no reply in time")
 
 // Acquire takes the lock called name on a majority of the nodes; see
-// fence.Locker and the package doc. The returned error wraps fence.ErrHeld
+// fence.Locker and the package doc. Each try is decided as soon as a
+// majority has granted it, or can no longer grant it, without waiting for
+// the other nodes' replies (they are read afterwards). The returned error wraps fence.ErrHeld
 // when a node reported the lock held by another owner in the last try, the
 // caller's context error when it ended the call, and otherwise ErrNoQuorum,
 // ErrValidity or ErrBadTokenRecord with the nodes' errors.
@@ -479,9 +481,9 @@ type result struct {
 // by timeout, and returns their results in the order listed. A node that
 // has not answered by the timeout gets an error wrapping errNoReply; its call
 // goes on in its goroutine (the client's own timeouts end it) and its late
-// reply is dropped. pause, if not nil, runs once the requests are on their
-// way, before the replies are read.
-func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, pause func(), call func(ctx context.Context, node int) ([]int64, error)) []result {
+// reply is dropped. (An acquisition's requests go through tryFanout, whose
+// late replies are read.)
+func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration, call func(ctx context.Context, node int) ([]int64, error)) []result {
 	// Each request writes its own slot and marks it done; the last to
 	// answer wakes the caller, once, rather than every reply waking it.
 	type slot struct {
@@ -505,9 +507,6 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 				close(f.all)
 			}
 		})
-	}
-	if pause != nil {
-		pause()
 	}
 	select {
 	case <-f.all:
@@ -614,9 +613,8 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	// into each command): built once, not once per node.
 	acqKeys := []string{k.lock, k.token, revokeKey}
 	acqArgs := []any{owner, ttl.Milliseconds(), floor, floorCapArg}
-	rs := l.fanout(ctx, l.all(), timeout, l.beforeReplies, func(ctx context.Context, i int) ([]int64, error) {
-		return acquireScript.Run(ctx, l.nodes[i], acqKeys, acqArgs...).Int64Slice()
-	})
+	at := l.send(ctx, k, owner, ttl, timeout, acqKeys, acqArgs)
+	rs := at.await(ctx, l.beforeReplies)
 	var (
 		granted []int
 		token   int64
@@ -627,7 +625,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
-		case len(r.res) == 3 && r.res[0] == 1 && r.res[1] > 0:
+		case isGrant(r.res):
 			granted = append(granted, i)
 			token = max(token, r.res[1])
 		case len(r.res) == 2 && r.res[0] == 0:
@@ -637,13 +635,22 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		}
 	}
 	fail := func(why error) (*lease, error) {
-		l.releaseTry(ctx, k, owner, revokeKey, rs, ttl)
+		// Every reply come so far, late ones too: the nodes that have
+		// not answered yet are revoked, and a grant that comes after this
+		// is given back by the request that brings it.
+		l.releaseTry(ctx, k, owner, revokeKey, at.abandon(), ttl)
 		return nil, why
 	}
 	if len(granted) < l.quorum {
 		why := fmt.Errorf("%w: %d of %d nodes granted the lock, %d needed", ErrNoQuorum, len(granted), len(l.nodes), l.quorum)
 		if held > 0 {
 			why = fmt.Errorf("%w: on %d of %d nodes", fence.ErrHeld, held, len(l.nodes))
+		}
+		if elapsed := l.now().Sub(start); elapsed >= ttl-drift(ttl) {
+			// The lease time ran out first (the client was paused, say,
+			// and its node timeout fired before it read the replies
+			// waiting for it): that is the first reason.
+			why = errors.Join(fmt.Errorf("%w: the try took %v of a lease time of %v (drift allowance %v)", ErrValidity, elapsed, ttl, drift(ttl)), why)
 		}
 		return fail(errors.Join(append([]error{why}, errs...)...))
 	}
@@ -661,7 +668,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	errs = errs[:0]
 	if len(behind) > 0 {
-		ws := l.fanout(ctx, behind, timeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+		ws := l.fanout(ctx, behind, timeout, func(ctx context.Context, i int) ([]int64, error) {
 			n, err := maxScript.Run(ctx, l.nodes[i], []string{k.token, k.lock}, token, owner).Int64()
 			return []int64{n}, err
 		})
@@ -689,7 +696,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
 		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes)),
-		relKeys: acqKeys[:1], relArgs: acqArgs[:1]}
+		relKeys: acqKeys[:1], relArgs: acqArgs[:1], try: at}
 	for i, r := range rs {
 		ls.ungranted[i] = r.err != nil
 	}
@@ -697,6 +704,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		ls.refs[i] = clockRef{nodeMs: rs[i].res[2], at: rs[i].at}
 	}
 	ls.start(ctx, watchdog, start)
+	at.hand(ls, rs)
 	return ls, nil
 }
 
@@ -724,9 +732,13 @@ var floorCapArg any = floorCap.Microseconds()
 const revokeFor = time.Minute
 
 // releaseTry gives back a failed try on every node it was sent to, even
-// when ctx has ended, each within the per-node timeout. A node that did not
-// answer the try also gets a revocation mark: the try may still be sitting
-// in its socket, and must refuse when it runs.
+// when ctx has ended, each within the per-node timeout. It waits for the
+// nodes that granted the try; a node that did not answer it (or answered an
+// error) is revoked in the background, so that a node hung or down does not
+// keep the caller, who may want to try again, waiting: the release there
+// also leaves a revocation mark, since the try may still be sitting in its
+// socket, and must refuse when it runs; and if the try's grant comes after
+// all, it is given back when it comes (tryFanout.reply).
 //
 // A node whose release fails (paused, its connections busy, the network
 // cut) may still run the try later, or hold the lock it took: its release,
@@ -735,21 +747,42 @@ const revokeFor = time.Minute
 // itself). A refused connection ends the retries: the node is down, and
 // the try with it.
 func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
-	rctx := context.WithoutCancel(ctx)
-	rs := l.fanout(rctx, l.all(), l.timeoutFor(ttl), nil, func(ctx context.Context, i int) ([]int64, error) {
-		c := l.nodes[i]
-		if tried[i].err != nil || len(tried[i].res) < 2 {
-			return nil, releaseScript.Run(ctx, c, []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
+	timeout := l.timeoutFor(ttl)
+	var granted []int
+	for i, r := range tried {
+		switch {
+		case r.err != nil || len(r.res) < 2:
+			l.spawn(func() { l.revokeTry(i, k, owner, revokeKey, ttl, timeout) })
+		case r.res[0] == 0:
+			// Held by another owner, or the try was revoked there:
+			// nothing of ours.
+		default:
+			granted = append(granted, i)
 		}
-		if tried[i].res[0] == 0 {
-			return nil, nil // held by another owner: nothing of ours there
-		}
-		return nil, releaseScript.Run(ctx, c, []string{k.lock}, owner).Err()
+	}
+	if len(granted) == 0 {
+		return
+	}
+	relKeys := []string{k.lock}
+	rs := l.fanout(context.WithoutCancel(ctx), granted, timeout, func(ctx context.Context, i int) ([]int64, error) {
+		return nil, releaseScript.Run(ctx, l.nodes[i], relKeys, owner).Err()
 	})
-	for i, r := range rs {
+	for j, r := range rs {
 		if r.err != nil && !errors.Is(r.err, syscall.ECONNREFUSED) {
-			go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
+			go l.releaseAbandoned(granted[j], k, owner, revokeKey, ttl)
 		}
+	}
+}
+
+// revokeTry releases a try on node i, which did not answer it, with the
+// revocation mark, within timeout; if the node does not answer that
+// either, it is retried in the background (releaseAbandoned).
+func (l *Locker) revokeTry(i int, k keys, owner, revokeKey string, ttl, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
+	cancel()
+	if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+		go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
 	}
 }
 

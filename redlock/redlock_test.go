@@ -231,6 +231,9 @@ func TestThreeOfFiveDown(t *testing.T) {
 // restarts without persistence and comes back empty, with its clock right.
 // The next lease's token must still be greater: the granting majority was
 // told the token (the write-back), and every later majority meets it.
+// Acquire decides as soon as a majority granted, so which nodes make the
+// majority is pinned by keeping the third node down: node 0 while the
+// node with the record ahead takes part, then node 1.
 func TestTokenSurvivesRestartWithoutPersistence(t *testing.T) {
 	srvs := nodes(t, 3)
 	l := newLocker(t, srvs, nil)
@@ -239,9 +242,10 @@ func TestTokenSurvivesRestartWithoutPersistence(t *testing.T) {
 	if err := srvs[2].Client(t).Set(ctxFor(t), lockKey(name)+":token", ahead, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
+	srvs[0].Kill()
 	a, err := l.Acquire(ctxFor(t), name, fence.TTL(10*time.Second))
 	if err != nil {
-		t.Fatalf("Acquire: %v", err)
+		t.Fatalf("Acquire on nodes 1 and 2: %v", err)
 	}
 	if a.Token() <= fence.Token(ahead) {
 		t.Fatalf("token %d, want > the node's record %d", a.Token(), ahead)
@@ -258,18 +262,20 @@ func TestTokenSurvivesRestartWithoutPersistence(t *testing.T) {
 	if b.Token() <= a.Token() {
 		t.Fatalf("token after the restart %d, want > %d", b.Token(), a.Token())
 	}
-	// And the same with the restarted node among only two survivors.
+	// And the same with the restarted node beside a node that comes back
+	// empty, node 1 (told a's token) down.
 	if err := b.Release(ctxFor(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	srvs[0].Kill()
+	srvs[0].Restart(t)
+	srvs[1].Kill()
 	c, err := l.Acquire(ctxFor(t), name, fence.TTL(10*time.Second))
 	if err != nil {
-		t.Fatalf("Acquire on nodes 1 and 2: %v", err)
+		t.Fatalf("Acquire on nodes 0 and 2: %v", err)
 	}
 	defer c.Release(ctxFor(t))
 	if c.Token() <= b.Token() {
-		t.Fatalf("token on nodes 1 and 2 %d, want > %d", c.Token(), b.Token())
+		t.Fatalf("token on nodes 0 and 2 %d, want > %d", c.Token(), b.Token())
 	}
 }
 
@@ -306,9 +312,10 @@ func TestPauseBeforeRepliesFailsValidity(t *testing.T) {
 	}
 }
 
-// A hung node (SIGSTOP) costs an acquisition the per-node timeout, not the
-// client's read timeout; the acquisition it never answered is revoked, so
-// it does not take the lock there when the node wakes up.
+// A hung node (SIGSTOP) costs an acquisition nothing: it is decided once a
+// majority granted, neither at the per-node timeout nor at the client's read
+// timeout; the acquisition it never answered is revoked by Release, so it
+// does not take the lock there when the node wakes up.
 func TestHungNodeSkipped(t *testing.T) {
 	srvs := nodes(t, 5)
 	// Short next to the clients' read timeout, long enough for the
@@ -335,6 +342,15 @@ func TestHungNodeSkipped(t *testing.T) {
 	if err := warm.Release(ctxFor(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
+	// The warm-up's release may have revoked its acquisition on a node
+	// whose grant had not come yet: only this test's marks count.
+	if old, err := srvs[4].Client(t).Keys(ctxFor(t), lockKey(name)+":revoked:*").Result(); err != nil {
+		t.Fatal(err)
+	} else if len(old) > 0 {
+		if err := srvs[4].Client(t).Del(ctxFor(t), old...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	before := scriptCalls(t, srvs[4])
 	srvs[4].Signal(syscall.SIGSTOP)
 	t.Cleanup(func() { srvs[4].Signal(syscall.SIGCONT) })
@@ -344,8 +360,8 @@ func TestHungNodeSkipped(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Acquire with one hung node: %v", err)
 	}
-	if took < nodeTimeout || took > nodeTimeout+3*time.Second {
-		t.Fatalf("Acquire took %v with a node timeout of %v (read timeout %v); want the node timeout", took, nodeTimeout, readTimeout)
+	if took >= nodeTimeout {
+		t.Fatalf("Acquire took %v with a node timeout of %v (read timeout %v); want the majority's replies alone", took, nodeTimeout, readTimeout)
 	}
 	if err := lease.Release(ctxFor(t)); err != nil {
 		t.Fatalf("Release with one hung node: %v", err)
@@ -361,9 +377,9 @@ func TestHungNodeSkipped(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
-	if on := lockedOn(t, srvs, name); len(on) != 0 {
-		t.Fatalf("lock held on nodes %v after the hung node woke", on)
-	}
+	// If the acquisition ran first, its grant, read once the node woke,
+	// is also given back at once.
+	waitUnlocked(t, srvs, name, 2*time.Second)
 	// The release that the hung node did not answer left a revocation
 	// mark, so that the acquisition refuses if it runs after it.
 	marks, err := srvs[4].Client(t).Keys(ctxFor(t), lockKey(name)+":revoked:*").Result()

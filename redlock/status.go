@@ -31,7 +31,7 @@ func (l *Locker) Status(ctx context.Context, name string) ([]NodeStatus, error) 
 		return nil, err
 	}
 	k := l.keys(name)
-	rs := l.fanout(ctx, l.all(), DefaultStatusTimeout, nil, func(ctx context.Context, i int) ([]int64, error) {
+	rs := l.fanout(ctx, l.all(), DefaultStatusTimeout, func(ctx context.Context, i int) ([]int64, error) {
 		pipe := l.nodes[i].Pipeline()
 		pttl := pipe.PTTL(ctx, k.lock)
 		last := pipe.Get(ctx, k.token)

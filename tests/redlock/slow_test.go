@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -123,13 +125,28 @@ func TestLatencyEatsValidity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Connected, and the scripts loaded (the write-back's too: a token
-	// record ahead on node 0), as on a long-lived Locker: a dial, its
-	// handshake and a NOSCRIPT round trip would add latencies.
+	// Connected, and the scripts loaded (the write-back's too, on every
+	// node, straight from its source: which nodes a try writes back to
+	// depends on which answer first), as on a long-lived Locker: a dial,
+	// its handshake and a NOSCRIPT round trip would add latencies.
+	maxLua, err := os.ReadFile(filepath.Join("..", "..", "redlock", "max.lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range srvs {
+		if err := s.Client(t).ScriptLoad(ctxFor(t), string(maxLua)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Token records ahead, and apart, on nodes 0 and 1 (their clocks
+	// were, say): whichever two nodes make the majority that Acquire
+	// decides on, one answers a smaller token than the other.
 	ahead := time.Now().Add(time.Hour).UnixMicro()
 	for _, name := range []string{"warm-up", "eaten"} {
-		if err := srvs[0].Client(t).Set(ctxFor(t), lockKey(name)+":token", ahead, 0).Err(); err != nil {
-			t.Fatal(err)
+		for i, rec := range []int64{ahead, ahead + 1000} {
+			if err := srvs[i].Client(t).Set(ctxFor(t), lockKey(name)+":token", rec, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	warm, err := l.Acquire(ctxFor(t), "warm-up", fence.TTL(10*time.Second))
@@ -140,9 +157,9 @@ func TestLatencyEatsValidity(t *testing.T) {
 		t.Fatalf("warm-up Release: %v", err)
 	}
 	const name = "eaten"
-	// Node 0's token record is ahead (its clock was, say): the others
-	// answer a smaller token and need the write-back, a second round
-	// trip. One round trip of 120 ms fits in the lease; two do not.
+	// The majority's tokens differ: the smaller needs the write-back, a
+	// second round trip. One round trip of 120 ms fits in the lease; two
+	// do not.
 	start := time.Now()
 	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
 	if err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -15,15 +14,17 @@ import (
 // everyone else can tell. It is a go-redis hook on every node's client, so
 // the lock under test runs unchanged: no test hook in the library.
 //
-// Armed for one op, it counts the replies to the acquisition's requests
+// Armed for one op, it holds back the replies to the acquisition's requests
 // (redlock's acquire script, by the try's owner id, or the naive lock's
-// SET NX) as go-redis reads them off the sockets. When the last node has
-// answered, it holds that reply back, waits a moment so that the other
-// replies reach the lock, and stops the process (SIGSTOP, as Spec.PauseAt)
-// until the controller continues it; then the reply goes on its way. So
-// when the pause begins every node has granted, and the lock has read all
-// the replies but one: a majority. Whatever the lock does after the pause
-// it does with a grant that its nodes have since let expire.
+// SET NX) as go-redis reads them off the sockets, until every node has
+// answered; then it stops the process (SIGSTOP, as Spec.PauseAt) until the
+// controller continues it, and lets the replies go on their way. So when
+// the pause begins every node has granted, and the lock has read none of
+// the replies: it cannot decide before the pause, even one that decides as
+// soon as a majority has granted (fence's redlock). Whatever the lock does
+// after the pause it does with grants that its nodes have since let expire.
+// A reply is held at most until its request's context ends (the lock's
+// per-node timeout), so a node that never answers does not hang the lock.
 type replyPause struct {
 	w     *worker
 	nodes int // how many replies make the acquisition's last
@@ -31,35 +32,32 @@ type replyPause struct {
 	mu       sync.Mutex
 	op       string         // the armed op, "" when disarmed
 	answered map[string]int // replies read, by try (owner id; "" for the naive lock)
+	gate     chan struct{}  // closed once the pause is over
 }
-
-// settle is how long the last reply is held before the pause begins, so
-// that the replies read just before it have reached the lock: far below
-// the lock's per-node timeout (redlock's default is at least 100 ms).
-const settle = 5 * time.Millisecond
 
 // arm arms the pause for op's acquisition; "" disarms it.
 func (p *replyPause) arm(op string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.op, p.answered = op, map[string]int{}
+	p.op, p.answered, p.gate = op, map[string]int{}, make(chan struct{})
 }
 
 // last counts a reply to try and reports the armed op if it was the
-// acquisition's last, disarming it.
-func (p *replyPause) last(try string) (string, bool) {
+// acquisition's last, disarming it; otherwise, while armed, the gate that
+// the last reply's pause opens.
+func (p *replyPause) last(try string) (string, bool, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.op == "" {
-		return "", false
+		return "", false, nil
 	}
 	p.answered[try]++
 	if p.answered[try] < p.nodes {
-		return "", false
+		return "", false, p.gate
 	}
 	op := p.op
 	p.op = ""
-	return op, true
+	return op, true, p.gate
 }
 
 // acquisition reports whether cmd asks for the lock, and the try it
@@ -97,11 +95,16 @@ func (p *replyPause) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if !ok || err != nil {
 			return err // a NOSCRIPT before the EVAL that follows, or a node's error
 		}
-		if op, last := p.last(try); last {
-			if p.nodes > 1 {
-				time.Sleep(settle)
-			}
+		op, last, gate := p.last(try)
+		switch {
+		case last:
 			p.w.pause(op, 0)
+			close(gate)
+		case gate != nil:
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
 		}
 		return err
 	}
