@@ -74,8 +74,10 @@
 // when replica sync applies (the grant was written by the releaser's
 // connection, and a WAIT proves nothing until the waiter's own connection
 // writes), when the grant is for less than its lease time (px is capped by
-// what is left of the waiter's budget), or when less than half the lease
-// would be left.
+// what is left of the waiter's budget), or when more than a quarter of the
+// lease has passed since that try (the lease maps its deadline to the
+// server's clock from the grant's server time as it reads the message, so
+// a grant read late would have its renewals refused as late).
 //
 // Waiters get the lock in the order they queued, across processes. A free
 // lock with a live owner queued at its head (its holder's lease ran out,

@@ -1,6 +1,10 @@
 package redislock_test
 
 import (
+	"context"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -53,5 +57,108 @@ func TestQueueOfQuittersStaysSmall(t *testing.T) {
 	}
 	if err := <-patient; err != nil {
 		t.Fatalf("the patient waiter: %v", err)
+	}
+}
+
+// gate delays what a client reads while it is shut: a slow reader, a GC
+// pause, a subscription's backlog. Data already read is held back too.
+type gate struct {
+	mu   sync.Mutex
+	open chan struct{} // closed while the gate is open
+}
+
+func newGate() *gate {
+	g := &gate{open: make(chan struct{})}
+	close(g.open)
+	return g
+}
+
+func (g *gate) shut() { g.mu.Lock(); g.open = make(chan struct{}); g.mu.Unlock() }
+
+func (g *gate) reopen() {
+	g.mu.Lock()
+	select {
+	case <-g.open:
+	default:
+		close(g.open)
+	}
+	g.mu.Unlock()
+}
+
+func (g *gate) wait() {
+	g.mu.Lock()
+	ch := g.open
+	g.mu.Unlock()
+	<-ch
+}
+
+type gatedConn struct {
+	net.Conn
+	g *gate
+}
+
+func (c gatedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.g.wait()
+	return n, err
+}
+
+// gatedClient is a client of addr whose replies and messages wait at g.
+func gatedClient(t testing.TB, addr string, g *gate) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return gatedConn{conn, g}, nil
+	}})
+	t.Cleanup(func() { g.reopen(); _ = c.Close() })
+	return c
+}
+
+// TestLateGrantKeepsRenewing: a grant that the waiter reads late (its
+// reader paused for 40% of the watchdog TTL: a GC pause, a backlog) is
+// still fresh enough to use, and the lease must then last like any other:
+// its watchdog's renewals must not be refused as late because the lease
+// mapped its deadline to the server's clock from the moment it read the
+// grant rather than when the grant was made.
+func TestLateGrantKeepsRenewing(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name, ttl = "lock:lategrant", 3 * time.Second
+	lock := lockKey(name)
+	holder := acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
+	g := newGate()
+	wl, err := redislock.New(gatedClient(t, srv.Addr, g), &redislock.Options{WatchdogTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan fence.Lease, 1)
+	go func() {
+		ls, err := wl.Acquire(ctx(t), name, fence.Wait(20*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- ls
+	}()
+	waitFor(t, func() bool { return admin.HLen(ctx(t), lock+":waiters").Val() == 1 && subscribers(t, admin, name) == 1 })
+	g.shut()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(ttl*4/10, g.reopen) // the pause under attack
+	ls := <-got
+	if ls == nil {
+		t.FailNow()
+	}
+	defer ls.Release(ctx(t))
+	// The grant set the lock for ttl; the watchdog's first renewal (a
+	// third of ttl after the lease began) sets it to ttl again.
+	waitFor(t, func() bool {
+		return ls.Err() != nil || admin.PTTL(ctx(t), lock).Val() > ttl*9/10
+	})
+	if err := ls.Err(); err != nil {
+		t.Fatalf("the lease from a grant read %v late ended before its deadline: %v", ttl*4/10, err)
 	}
 }
