@@ -2,10 +2,13 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
+	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,4 +164,107 @@ func TestLateGrantKeepsRenewing(t *testing.T) {
 	if err := ls.Err(); err != nil {
 		t.Fatalf("the lease from a grant read %v late ended before its deadline: %v", ttl*4/10, err)
 	}
+}
+
+// TestGrantStorm: 64 waiters over 3 Lockers, with random budgets and
+// lease times, a fifth of them cancelled at a random moment, 8 more on a
+// fourth Locker whose client dies mid-wait (nothing withdraws them), and a
+// first holder that crashes (never releases). Every waiter must either get
+// the lock or its budget's error (or its ctx's), no two leases may
+// overlap (a shared counter), tokens must increase in the order the
+// leases begin, and the queue's keys must be gone at the end.
+func TestGrantStorm(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:storm"
+	lock := lockKey(name)
+	crashClient := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	acquire(t, newLocker(t, crashClient), name, fence.TTL(time.Second))
+	_ = crashClient.Close() // the holder crashed
+
+	lockers := []*redislock.Locker{newLocker(t, srv.Client(t)), newLocker(t, srv.Client(t)), newLocker(t, srv.Client(t))}
+	deadClient := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	dead := newLocker(t, deadClient)
+
+	var (
+		mu      sync.Mutex
+		holders int
+		last    fence.Token
+		got     atomic.Int32
+	)
+	hold := func(ls fence.Lease) {
+		mu.Lock()
+		holders++
+		if holders != 1 {
+			t.Errorf("%d holders at once", holders)
+		}
+		if ls.Token() <= last {
+			t.Errorf("token %d after %d", ls.Token(), last)
+		}
+		last = ls.Token()
+		mu.Unlock()
+		// The work: a few round trips under the lock.
+		for range 3 {
+			admin.Incr(ctx(t), "storm:work")
+		}
+		if err := ls.Err(); err != nil {
+			t.Errorf("lease %d ended while held: %v", ls.Token(), err)
+		}
+		mu.Lock()
+		holders--
+		mu.Unlock()
+		if err := ls.Release(ctx(t)); err != nil {
+			t.Errorf("release %d: %v", ls.Token(), err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range 64 {
+		l := lockers[i%len(lockers)]
+		budget := 300*time.Millisecond + rand.N(4*time.Second)
+		ttl := 50*time.Millisecond + rand.N(200*time.Millisecond)
+		cancelAt := time.Duration(-1)
+		if rand.N(5) == 0 {
+			cancelAt = rand.N(budget)
+		}
+		wg.Go(func() {
+			c, cancel := context.WithCancel(ctx(t))
+			defer cancel()
+			if cancelAt >= 0 {
+				time.AfterFunc(cancelAt, cancel)
+			}
+			ls, err := l.Acquire(c, name, fence.Wait(budget), fence.TTL(ttl))
+			switch {
+			case err == nil:
+				got.Add(1)
+				hold(ls)
+			case !errors.Is(err, fence.ErrNotAcquired):
+				t.Errorf("waiter %d: %v, not ErrNotAcquired", i, err)
+			case cancelAt >= 0 && errors.Is(err, context.Canceled):
+			case !errors.Is(err, fence.ErrHeld):
+				t.Errorf("waiter %d (budget %v): %v, want its budget's end", i, budget, err)
+			}
+		})
+	}
+	deadDone := make(chan struct{})
+	var dwg sync.WaitGroup
+	for range 8 {
+		dwg.Go(func() {
+			if ls, err := dead.Acquire(ctx(t), name, fence.Wait(3*time.Second), fence.TTL(time.Second)); err == nil {
+				hold(ls)
+			}
+		})
+	}
+	go func() { dwg.Wait(); close(deadDone) }()
+	waitFor(t, func() bool { return admin.HLen(ctx(t), lock+":waiters").Val() >= 40 })
+	_ = deadClient.Close() // the fourth process dies mid-wait
+	wg.Wait()
+	<-deadDone
+	t.Logf("%d of 64 got the lock", got.Load())
+	if got.Load() == 0 {
+		t.Error("nobody got the lock")
+	}
+	waitFor(t, func() bool {
+		n, err := admin.Exists(ctx(t), lock, lock+":queue", lock+":waiters").Result()
+		return err == nil && n == 0
+	})
 }
