@@ -268,3 +268,68 @@ func TestGrantStorm(t *testing.T) {
 		return err == nil && n == 0
 	})
 }
+
+// TestShortGrantNoHerd: a grant for a short lease (to a waiter with a
+// short TTL, or one capped by a waiter's budget) moves the other waiters'
+// timers to its end, in case nobody releases it. When it is released and
+// the lock granted on, for longer, the waiters must not all try at the
+// short grant's end anyway: the grant that followed is the lock's state,
+// and a release of it will be published too.
+func TestShortGrantNoHerd(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name, n = "lock:herd", 10
+	lock := lockKey(name)
+	holder := acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
+	short := make(chan error, 1)
+	go func() {
+		ls, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(100*time.Millisecond))
+		if err == nil {
+			err = ls.Release(ctx(t))
+		}
+		short <- err
+	}()
+	waitFor(t, func() bool { return admin.LLen(ctx(t), lock+":queue").Val() == 1 })
+	var cmds counter
+	c := srv.Client(t)
+	c.AddHook(&cmds)
+	l, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg     sync.WaitGroup
+		first  atomic.Bool
+		during atomic.Int64
+		before atomic.Int64
+	)
+	for i := range n {
+		wg.Go(func() {
+			ls, err := l.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(2*time.Second))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if first.CompareAndSwap(false, true) {
+				// Hold it until well past the short grant's end.
+				waitFor(t, func() bool { return admin.PTTL(ctx(t), lock).Val() < time.Second })
+				during.Store(cmds.n.Load() - before.Load())
+			}
+			if err := ls.Release(ctx(t)); err != nil {
+				t.Error(err)
+			}
+		})
+		waitFor(t, func() bool { return admin.LLen(ctx(t), lock+":queue").Val() == int64(i+2) })
+	}
+	before.Store(cmds.n.Load())
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-short; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if d := during.Load(); d > 0 {
+		t.Errorf("%d commands from %d waiters while the lock was granted on for 2s: they tried at the 100ms grant's end", d, n-1)
+	}
+}

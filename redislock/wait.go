@@ -51,6 +51,9 @@ type waiter struct {
 	tryNow bool      // a legacy release or a lost subscription: try again
 	until  time.Time // when the waiter's timer fires (zero: no timer)
 	retime time.Time // the lock was granted to another owner until then, before until
+	// until was set by a grant to another owner (deliver), not from a
+	// try's reply: a later grant supersedes it, earlier or later.
+	byGrant bool
 }
 
 // ring wakes w. l.mu is held.
@@ -194,7 +197,11 @@ func (l *Locker) wakeOne(w *subscription) {
 // waiter it names (kept for a while if none does: it may be about to
 // join), anything else wakes one waiter to try. A grant for a shorter time
 // than the other waiters' timers (to a waiter near the end of its budget,
-// perhaps dead) moves their timers to its end, when they try again.
+// perhaps dead) moves their timers to its end, when they try again. A
+// timer moved so follows the grants after it, to their ends even when
+// later: the short grant was released and the lock granted on (whose
+// release will be published too), and trying at the short grant's end
+// would only find it held, every waiter at once.
 func (l *Locker) deliver(w *subscription, msg string) {
 	g, ok := parseGrant(msg)
 	now := time.Now()
@@ -210,8 +217,8 @@ func (l *Locker) deliver(w *subscription, msg string) {
 		case c.owner == g.owner:
 			c.grant, found = g, true
 			c.ring()
-		case !c.until.IsZero() && c.until.After(ends):
-			c.until, c.retime = ends, ends
+		case !c.until.IsZero() && (c.until.After(ends) || c.byGrant):
+			c.until, c.retime, c.byGrant = ends, ends, true
 			c.ring()
 		}
 	}
@@ -241,7 +248,7 @@ func (l *Locker) taken(me *waiter) wakeup {
 // setTimer records when me's timer fires (zero: none).
 func (l *Locker) setTimer(me *waiter, at time.Time) {
 	l.mu.Lock()
-	me.until = at
+	me.until, me.byGrant = at, false
 	l.mu.Unlock()
 }
 
