@@ -333,3 +333,76 @@ func TestShortGrantNoHerd(t *testing.T) {
 		t.Errorf("%d commands from %d waiters while the lock was granted on for 2s: they tried at the 100ms grant's end", d, n-1)
 	}
 }
+
+// TestHugeQueueWithHammer: 2000 waiters over 2 Lockers queue behind a
+// holder while a caller without a wait budget hammers the lock. Each
+// waiter must get the lock in its turn within its budget (the hammer
+// may not starve the queue), no two leases overlap, no script runs long
+// on the server (no walk of the queue per release), and the queue's keys
+// are gone at the end.
+func TestHugeQueueWithHammer(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name, n = "lock:huge", 2000
+	lock := lockKey(name)
+	holder := acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
+	lockers := []*redislock.Locker{newLocker(t, srv.Client(t)), newLocker(t, srv.Client(t))}
+	var (
+		holders atomic.Int32
+		wg      sync.WaitGroup
+	)
+	hold := func(ls fence.Lease) {
+		if holders.Add(1) != 1 {
+			t.Error("two holders at once")
+		}
+		holders.Add(-1)
+		if err := ls.Release(ctx(t)); err != nil {
+			t.Error(err)
+		}
+	}
+	for i := range n {
+		wg.Go(func() {
+			ls, err := lockers[i%2].Acquire(ctx(t), name, fence.Wait(25*time.Second), fence.TTL(10*time.Second))
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			hold(ls)
+		})
+	}
+	waitFor(t, func() bool { return admin.LLen(ctx(t), lock+":queue").Val() == n })
+	admin.ConfigSet(ctx(t), "slowlog-log-slower-than", "5000")
+	admin.SlowLogReset(ctx(t))
+	stop := make(chan struct{})
+	hammered := make(chan int)
+	hammer := newLocker(t, srv.Client(t))
+	go func() {
+		got := 0
+		for {
+			select {
+			case <-stop:
+				hammered <- got
+				return
+			default:
+			}
+			if ls, err := hammer.Acquire(ctx(t), name, fence.TTL(10*time.Second)); err == nil {
+				got++
+				hold(ls)
+			}
+		}
+	}()
+	start := time.Now()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(stop)
+	t.Logf("%d waiters through in %v; the hammer got it %d times", n, time.Since(start), <-hammered)
+	for _, e := range admin.SlowLogGet(ctx(t), 10).Val() {
+		t.Errorf("slow command on the server: %v took %v", e.Args, e.Duration)
+	}
+	waitFor(t, func() bool {
+		n, err := admin.Exists(ctx(t), lock+":queue", lock+":waiters").Result()
+		return err == nil && n == 0
+	})
+}
