@@ -39,6 +39,10 @@ type subscription struct {
 	ready     chan struct{} // closed when the subscription is confirmed or failed
 	readyErr  error
 	readyAt   time.Time // when it was confirmed
+	// again is when it was last confirmed again after a break (zero:
+	// never); guarded by Locker.mu. A waiter that joins later than that
+	// wake-up, after a try made during the break, must try again (join).
+	again time.Time
 }
 
 // waiter is one waiting Acquire on a subscription. Its fields but owner
@@ -129,7 +133,13 @@ func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, r
 		leave()
 		return nil, time.Time{}, nil, err
 	}
-	return me, w.readyAt, leave, nil
+	readyAt = w.readyAt
+	l.mu.Lock()
+	if w.again.After(readyAt) {
+		readyAt = w.again
+	}
+	l.mu.Unlock()
+	return me, readyAt, leave, nil
 }
 
 func (w *subscription) setReady(err error) {
@@ -256,6 +266,20 @@ func (l *Locker) setTimer(me *waiter, at time.Time) {
 func (l *Locker) wakeAll(w *subscription) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.wakeAllLocked(w)
+}
+
+// subscribedAgain records that w was confirmed again after a break and
+// wakes every waiter, in one step: a waiter that joins later learns of it
+// from join's readyAt.
+func (l *Locker) subscribedAgain(w *subscription) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w.again = time.Now()
+	l.wakeAllLocked(w)
+}
+
+func (l *Locker) wakeAllLocked(w *subscription) {
 	for _, c := range w.waiters {
 		c.tryNow = true
 		c.ring()
@@ -320,7 +344,7 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 					// published in between was lost, maybe after the
 					// waiters' tries. Wake them all to look again, now
 					// that releases reach us again.
-					l.wakeAll(w)
+					l.subscribedAgain(w)
 				default:
 					w.setReady(nil)
 				}
