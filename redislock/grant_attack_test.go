@@ -174,7 +174,17 @@ func TestLateGrantKeepsRenewing(t *testing.T) {
 // overlap (a shared counter), tokens must increase in the order the
 // leases begin, and the queue's keys must be gone at the end.
 func TestGrantStorm(t *testing.T) {
-	srv := redistest.Start(t)
+	t.Run("standalone", func(t *testing.T) { grantStorm(t, redistest.Start(t)) })
+	t.Run("replicated", func(t *testing.T) {
+		// Replica sync applies: every grant is confirmed by a try.
+		primary := redistest.Start(t)
+		redistest.StartReplica(t, primary)
+		redistest.WaitReplicated(t, primary, 1)
+		grantStorm(t, primary)
+	})
+}
+
+func grantStorm(t *testing.T, srv *redistest.Server) {
 	admin := srv.Client(t)
 	const name = "lock:storm"
 	lock := lockKey(name)
