@@ -87,7 +87,11 @@
 // died while queued is granted the lock for no longer than its budget had
 // left, and the others' timers move to the end of that grant. A waiter
 // that gives up withdraws (its entry is deleted) and gives the lock
-// back, to the next waiter, if a grant reached it meanwhile.
+// back, to the next waiter, if a grant reached it meanwhile. Its id stays
+// in the list until it reaches the head, or until a waiter joining a list
+// more than half made of such ids rebuilds it from the live ones, so the
+// list stays within twice the waiters (plus a few) however long the lock
+// is held.
 //
 // A grant is signed: the mac is SHA-1 of a secret of the waiter's (64
 // random bits, sent with its tries, kept in its entry, never
