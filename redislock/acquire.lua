@@ -42,6 +42,7 @@ local function enqueue()
   local deadline = clockMs(clock()) + wait
   if redis.call('HSET', waiters, owner, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. secret .. ' ' .. deadline) == 1 then
     redis.call('RPUSH', queue, owner)
+    compact(queue, waiters, clockMs(clock()))
   end
   for _, k in ipairs({queue, waiters}) do
     if redis.call('PTTL', k) < wait then

@@ -89,7 +89,7 @@ func (l *Locker) readConn(ctx context.Context, w *subscription) {
 		confirmed.Store(true)
 		select {
 		case <-w.ready:
-			l.wakeAll(w) // subscribed again: look again
+			l.subscribedAgain(w) // subscribed again: look again
 		default:
 			w.setReady(nil)
 		}

@@ -74,8 +74,10 @@
 // when replica sync applies (the grant was written by the releaser's
 // connection, and a WAIT proves nothing until the waiter's own connection
 // writes), when the grant is for less than its lease time (px is capped by
-// what is left of the waiter's budget), or when less than half the lease
-// would be left.
+// what is left of the waiter's budget), or when more than a quarter of the
+// lease has passed since that try (the lease maps its deadline to the
+// server's clock from the grant's server time as it reads the message, so
+// a grant read late would have its renewals refused as late).
 //
 // Waiters get the lock in the order they queued, across processes. A free
 // lock with a live owner queued at its head (its holder's lease ran out,
@@ -85,7 +87,11 @@
 // died while queued is granted the lock for no longer than its budget had
 // left, and the others' timers move to the end of that grant. A waiter
 // that gives up withdraws (its entry is deleted) and gives the lock
-// back, to the next waiter, if a grant reached it meanwhile.
+// back, to the next waiter, if a grant reached it meanwhile. Its id stays
+// in the list until it reaches the head, or until a waiter joining a list
+// more than half made of such ids rebuilds it from the live ones, so the
+// list stays within twice the waiters (plus a few) however long the lock
+// is held.
 //
 // A grant is signed: the mac is SHA-1 of a secret of the waiter's (64
 // random bits, sent with its tries, kept in its entry, never

@@ -81,6 +81,41 @@ local function liveHead(queue, waiters, nowMs)
   end
 end
 
+-- compact rebuilds queue from its live owners, in order, once it holds
+-- more than twice as many ids as waiters has entries: a waiter that
+-- withdraws leaves only its hash entry, and its id stays in the list until
+-- it reaches the head. Under a holder that keeps the lock while waiters
+-- come and give up, the list would grow for as long as it is held (and
+-- the release would walk it in one script). Rebuilding when half of it is
+-- dead costs O(1) per enqueue, amortized; the list keeps its expiry.
+local function compact(queue, waiters, nowMs)
+  local n = redis.call('LLEN', queue)
+  if n <= 2 * redis.call('HLEN', waiters) + 16 then
+    return
+  end
+  local ttl = redis.call('PTTL', queue)
+  local live, seen = {}, {}
+  for _, o in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    if not seen[o] then
+      seen[o] = true
+      local v = redis.call('HGET', waiters, o)
+      local dl = v and string.match(v, ' (%d+)$')
+      if dl and tonumber(dl) > nowMs then
+        live[#live + 1] = o
+      elseif v then
+        redis.call('HDEL', waiters, o)
+      end
+    end
+  end
+  redis.call('DEL', queue)
+  for i = 1, #live, 1000 do
+    redis.call('RPUSH', queue, unpack(live, i, math.min(i + 999, #live)))
+  end
+  if #live > 0 and ttl > 0 then
+    redis.call('PEXPIRE', queue, ttl)
+  end
+end
+
 -- grant gives the free lock to the live head of queue, with a new token,
 -- for its lease or what is left of its wait budget if less (a waiter that
 -- died holds the lock no longer than it would have waited), and tells it

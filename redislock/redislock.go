@@ -454,7 +454,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // is confirmed when replica sync applies (the releaser's connection wrote
 // it: a WAIT proves nothing until a's own connection writes), when it
 // gives less than the lease time (the waiter's budget was nearly over), or
-// when less than half of the lease is left (a long wait since that try).
+// when more than a quarter of the lease has passed since that try (a long
+// wait, or a grant read late: see below).
 //
 // A grant is signed: the waiter's tries store a secret with its entry
 // (never published), and the script publishes SHA-1(secret, grant), which
@@ -469,7 +470,14 @@ func (l *Locker) granted(ctx context.Context, a *attempt, g grantMsg, sent []tim
 		return nil
 	}
 	anchor := sent[g.try-1]
-	if time.Until(deadline(anchor, a.ttl)) < a.ttl/2 {
+	if time.Since(anchor) > a.ttl/4 {
+		// The lease maps its deadline to the server's clock from the
+		// grant's server time read now, a lower bound that errs by as
+		// long as the message took to be read, up to the time since the
+		// anchor; a renewal run within that much of the deadline is
+		// refused as late (extend.lua). Kept under a quarter of the
+		// lease, the watchdog's first renewal, a third of the way in,
+		// still lands in time.
 		return nil
 	}
 	return l.newLease(ctx, a, fence.Token(g.token), anchor, time.Now(), g.server)

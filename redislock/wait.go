@@ -39,6 +39,10 @@ type subscription struct {
 	ready     chan struct{} // closed when the subscription is confirmed or failed
 	readyErr  error
 	readyAt   time.Time // when it was confirmed
+	// again is when it was last confirmed again after a break (zero:
+	// never); guarded by Locker.mu. A waiter that joins later than that
+	// wake-up, after a try made during the break, must try again (join).
+	again time.Time
 }
 
 // waiter is one waiting Acquire on a subscription. Its fields but owner
@@ -51,6 +55,9 @@ type waiter struct {
 	tryNow bool      // a legacy release or a lost subscription: try again
 	until  time.Time // when the waiter's timer fires (zero: no timer)
 	retime time.Time // the lock was granted to another owner until then, before until
+	// until was set by a grant to another owner (deliver), not from a
+	// try's reply: a later grant supersedes it, earlier or later.
+	byGrant bool
 }
 
 // ring wakes w. l.mu is held.
@@ -126,7 +133,13 @@ func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, r
 		leave()
 		return nil, time.Time{}, nil, err
 	}
-	return me, w.readyAt, leave, nil
+	readyAt = w.readyAt
+	l.mu.Lock()
+	if w.again.After(readyAt) {
+		readyAt = w.again
+	}
+	l.mu.Unlock()
+	return me, readyAt, leave, nil
 }
 
 func (w *subscription) setReady(err error) {
@@ -194,7 +207,11 @@ func (l *Locker) wakeOne(w *subscription) {
 // waiter it names (kept for a while if none does: it may be about to
 // join), anything else wakes one waiter to try. A grant for a shorter time
 // than the other waiters' timers (to a waiter near the end of its budget,
-// perhaps dead) moves their timers to its end, when they try again.
+// perhaps dead) moves their timers to its end, when they try again. A
+// timer moved so follows the grants after it, to their ends even when
+// later: the short grant was released and the lock granted on (whose
+// release will be published too), and trying at the short grant's end
+// would only find it held, every waiter at once.
 func (l *Locker) deliver(w *subscription, msg string) {
 	g, ok := parseGrant(msg)
 	now := time.Now()
@@ -210,8 +227,8 @@ func (l *Locker) deliver(w *subscription, msg string) {
 		case c.owner == g.owner:
 			c.grant, found = g, true
 			c.ring()
-		case !c.until.IsZero() && c.until.After(ends):
-			c.until, c.retime = ends, ends
+		case !c.until.IsZero() && (c.until.After(ends) || c.byGrant):
+			c.until, c.retime, c.byGrant = ends, ends, true
 			c.ring()
 		}
 	}
@@ -241,7 +258,7 @@ func (l *Locker) taken(me *waiter) wakeup {
 // setTimer records when me's timer fires (zero: none).
 func (l *Locker) setTimer(me *waiter, at time.Time) {
 	l.mu.Lock()
-	me.until = at
+	me.until, me.byGrant = at, false
 	l.mu.Unlock()
 }
 
@@ -249,6 +266,20 @@ func (l *Locker) setTimer(me *waiter, at time.Time) {
 func (l *Locker) wakeAll(w *subscription) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.wakeAllLocked(w)
+}
+
+// subscribedAgain records that w was confirmed again after a break and
+// wakes every waiter, in one step: a waiter that joins later learns of it
+// from join's readyAt.
+func (l *Locker) subscribedAgain(w *subscription) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w.again = time.Now()
+	l.wakeAllLocked(w)
+}
+
+func (l *Locker) wakeAllLocked(w *subscription) {
 	for _, c := range w.waiters {
 		c.tryNow = true
 		c.ring()
@@ -313,7 +344,7 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 					// published in between was lost, maybe after the
 					// waiters' tries. Wake them all to look again, now
 					// that releases reach us again.
-					l.wakeAll(w)
+					l.subscribedAgain(w)
 				default:
 					w.setReady(nil)
 				}
