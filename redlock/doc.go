@@ -39,7 +39,8 @@
 // behind for its lease time by a node that answered late.
 // An acquisition that fails, for want of a majority or of validity, is
 // released on every node it was sent to, even when the caller's context has
-// ended: Acquire waits for the nodes that granted it, and revokes it in the
+// ended: Acquire waits for the nodes that granted it (no longer than the
+// caller's context: the releases go on without it), and revokes it in the
 // background on the others (a node hung does not keep the caller waiting
 // to try again); on a node that did not answer in time the release also leaves a
 // revocation mark, so that the acquisition, if it is still sitting in a
