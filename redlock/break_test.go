@@ -3,6 +3,10 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	mrand "math/rand/v2"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -45,4 +49,118 @@ func TestCallerDeadlineWithGrantedNodeHung(t *testing.T) {
 	}
 	// Nothing of the try is left once the nodes woke.
 	waitUnlocked(t, srvs, name, 5*time.Second)
+}
+
+// soakLocker returns a Locker over srvs with a short node timeout, whose
+// clients leave a request to it (the socket has no deadline of its own).
+func soakLocker(t *testing.T, srvs []*redistest.Server, timeout time.Duration) *redlock.Locker {
+	t.Helper()
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// Rounds of acquisitions on 5 masters with 1 or 2 of them paused at random
+// and woken at random moments, callers cancelling at random, leases
+// extended and released (sometimes twice, sometimes concurrently with an
+// Extend): once every node is awake and the node timeout has passed, no
+// node may hold the lock (the lease time is 30 s: a leak outlasts the
+// check by far), and every revocation mark must expire.
+func TestSoakLateGrantsLeaveNothing(t *testing.T) {
+	srvs := nodes(t, 5)
+	const name, ttl, timeout = "soak", 30 * time.Second, 300 * time.Millisecond
+	l := soakLocker(t, srvs, timeout)
+	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	acquired := 0
+	for round := range 25 {
+		var slow []*redistest.Server
+		for _, i := range rng.Perm(5)[:1+rng.IntN(2)] {
+			slow = append(slow, srvs[i])
+		}
+		for _, s := range slow {
+			s.Signal(syscall.SIGSTOP)
+		}
+		var once sync.Once
+		resume := func() {
+			once.Do(func() {
+				for _, s := range slow {
+					s.Signal(syscall.SIGCONT)
+				}
+			})
+		}
+		t.Cleanup(resume)
+		wake := time.AfterFunc(time.Duration(rng.IntN(int(2*timeout))), resume)
+		ctx, cancel := context.WithCancel(ctxFor(t))
+		switch rng.IntN(3) {
+		case 0:
+			ctx, cancel = context.WithTimeout(ctxFor(t), time.Duration(1+rng.IntN(20))*time.Millisecond)
+		case 1:
+			// Cancelled once the requests are out, before or after some
+			// replies were read.
+			redlock.SetBeforeReplies(l, cancel)
+		}
+		lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
+		redlock.SetBeforeReplies(l, nil)
+		cancel()
+		if err != nil {
+			if !errors.Is(err, fence.ErrNotAcquired) {
+				t.Fatalf("round %d: Acquire = %v, want ErrNotAcquired", round, err)
+			}
+		} else {
+			acquired++
+			var wg sync.WaitGroup
+			if rng.IntN(2) == 0 {
+				wg.Add(1)
+				go func() { defer wg.Done(); _ = lease.Extend(ctxFor(t), ttl) }()
+			}
+			rctx, rcancel := context.WithCancel(ctxFor(t))
+			if rng.IntN(4) == 0 {
+				rcancel() // a careless caller: Release with a context already ended
+			}
+			_ = lease.Release(rctx)
+			rcancel()
+			if rng.IntN(2) == 0 {
+				_ = lease.Release(ctxFor(t))
+			}
+			wg.Wait()
+		}
+		if rng.IntN(2) == 0 {
+			resume()
+		}
+		<-timeAfter(wake, resume)
+		// Every node awake: within a few node timeouts (and the
+		// background retries' back-off), nothing is locked.
+		waitUnlocked(t, srvs, name, 10*timeout+2*time.Second)
+	}
+	t.Logf("%d of 25 rounds acquired", acquired)
+	for i, s := range srvs {
+		marks, err := s.Client(t).Keys(ctxFor(t), lockKey(name)+":revoked:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range marks {
+			pttl, err := s.Client(t).PTTL(ctxFor(t), m).Result()
+			if err != nil || pttl <= 0 || pttl > time.Minute {
+				t.Fatalf("node %d: revocation mark %s has PTTL %v, %v", i, m, pttl, err)
+			}
+		}
+	}
+}
+
+// timeAfter returns a channel closed once the timer wake has run f, or at
+// once after running f itself if it had not fired yet.
+func timeAfter(wake *time.Timer, f func()) <-chan struct{} {
+	wake.Stop()
+	f()
+	c := make(chan struct{})
+	close(c)
+	return c
 }
