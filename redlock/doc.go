@@ -96,8 +96,13 @@
 // quorums even though no node sees every acquisition. A node whose grant
 // came after the decision is not needed for this: its record may be
 // smaller than the lease's token (no majority is made of the nodes outside
-// that one) or greater (later tokens are then only greater), and it is not
-// written back. The client's floor is there for speed: nodes that have seen
+// that one) or greater (later tokens are then only greater). It is still
+// told the lease's token, when its reply is read and before it joins the
+// lease or is given back (not before Acquire returns): otherwise a later
+// majority made of it and a node of the deciding majority that lost its
+// record (restarted without persistence, the clocks set back) would issue
+// a smaller token than the lease's, where the write-back to every grant
+// keeps the order. The client's floor is there for speed: nodes that have seen
 // the same acquisitions then answer the same token, and the write-back, a
 // second round trip, is needed only for the nodes behind. It only ever
 // raises a token, so a client whose clock is wrong makes tokens jump, never
