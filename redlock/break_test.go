@@ -204,3 +204,34 @@ func TestTokenSurvivesRestartBesideLateNode(t *testing.T) {
 		t.Fatalf("token on nodes 0 (restarted empty) and 2 (granted a late) %d, want > a's %d: two holders of the name in turn with tokens going back", b.Token(), a.Token())
 	}
 }
+
+// Extend, Release and Release again called at once on one lease, while a
+// paused node's grant comes in (woken at the same time): no data race,
+// Release's answers agree, and nothing stays locked.
+func TestConcurrentCallsWithLateGrant(t *testing.T) {
+	srvs := nodes(t, 5)
+	const name, ttl = "concurrent-late", 30 * time.Second
+	l := lateLocker(t, srvs, name)
+	for round := range 3 {
+		resume := pause(t, srvs[3:])
+		lease := acquireFast(t, l, name, ttl)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		start := make(chan struct{})
+		wg.Add(4)
+		go func() { defer wg.Done(); <-start; resume() }()
+		go func() { defer wg.Done(); <-start; _ = lease.Extend(ctxFor(t), ttl) }()
+		for k := range 2 {
+			go func() { defer wg.Done(); <-start; errs[k] = lease.Release(ctxFor(t)) }()
+		}
+		close(start)
+		wg.Wait()
+		if errs[0] != nil && errs[1] != nil {
+			t.Fatalf("round %d: both Releases failed: %v; %v", round, errs[0], errs[1])
+		}
+		if lease.Err() == nil {
+			t.Fatalf("round %d: lease held after Release", round)
+		}
+		waitUnlocked(t, srvs, name, 5*time.Second)
+	}
+}
