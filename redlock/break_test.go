@@ -235,3 +235,36 @@ func TestConcurrentCallsWithLateGrant(t *testing.T) {
 		waitUnlocked(t, srvs, name, 5*time.Second)
 	}
 }
+
+// Every node hung: an Acquire whose deadline, or whose wait budget, is
+// shorter than the node timeout returns by it with ErrNotAcquired; the
+// requests left in the hung nodes' sockets leave nothing locked once they
+// wake.
+func TestAllNodesHungCallerDeadline(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "all-hung"
+	l := lateLocker(t, srvs, name)
+	resume := pause(t, srvs)
+	const budget = 200 * time.Millisecond
+	for _, how := range []string{"deadline", "wait"} {
+		ctx, cancel := context.WithTimeout(ctxFor(t), budget)
+		opts := []fence.Option{fence.TTL(30 * time.Second)}
+		if how == "wait" {
+			cancel()
+			ctx, cancel = context.WithCancel(ctxFor(t))
+			opts = append(opts, fence.Wait(budget))
+		}
+		start := time.Now()
+		_, err := l.Acquire(ctx, name, opts...)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("%s: Acquire with every node hung = %v, want ErrNotAcquired", how, err)
+		}
+		if took > budget+lateNodeTimeout/4 {
+			t.Fatalf("%s: Acquire with a %v budget took %v (node timeout %v)", how, budget, took, lateNodeTimeout)
+		}
+	}
+	resume()
+	waitUnlocked(t, srvs, name, 10*time.Second)
+}
