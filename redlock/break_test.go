@@ -3,10 +3,12 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -267,4 +269,81 @@ func TestAllNodesHungCallerDeadline(t *testing.T) {
 	}
 	resume()
 	waitUnlocked(t, srvs, name, 10*time.Second)
+}
+
+// holdAcquireReply is a hook that, once armed, keeps the first acquisition
+// reply (the acquire script has three keys) from its caller until release
+// is closed: a reply slow on its way back, read after Acquire decided.
+type holdAcquireReply struct {
+	armed   atomic.Bool
+	release chan struct{}
+}
+
+func (h *holdAcquireReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdAcquireReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *holdAcquireReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if a := cmd.Args(); len(a) > 2 && fmt.Sprint(a[2]) == "3" && h.armed.CompareAndSwap(true, false) {
+			<-h.release
+		}
+		return err
+	}
+}
+
+// As TestTokenSurvivesRestartBesideLateNode, with node 2's grant read only
+// after Release deleted the lock there (the reply slow on its way back):
+// Release, which revokes the acquisition on node 2, must leave node 2's
+// record at the lease's token, or the next majority of nodes 0 (restarted
+// empty) and 2 issues a smaller token.
+func TestTokenSurvivesRestartBesideGrantReadAfterRelease(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "restart-late-release", 30 * time.Second
+	h := &holdAcquireReply{release: make(chan struct{})}
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		if i == 2 {
+			c.AddHook(h)
+		}
+		cs[i] = c
+	}
+	t.Cleanup(func() { close(h.release) })
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	ahead := time.Now().Add(time.Hour).UnixMicro()
+	if err := srvs[0].Client(t).Set(ctxFor(t), lockKey(name)+":token", ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.armed.Store(true)
+	a := acquireFast(t, l, name, ttl)
+	if h.armed.Load() {
+		t.Fatal("node 2's acquisition reply was not held")
+	}
+	if err := a.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second)
+	srvs[0].Restart(t)
+	srvs[1].Kill()
+	b, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("Acquire on nodes 0 and 2: %v", err)
+	}
+	defer b.Release(ctxFor(t))
+	if b.Token() <= a.Token() {
+		t.Fatalf("token on nodes 0 (restarted empty) and 2 (its grant read after Release) %d, want > a's %d", b.Token(), a.Token())
+	}
 }

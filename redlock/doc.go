@@ -98,7 +98,8 @@
 // smaller than the lease's token (no majority is made of the nodes outside
 // that one) or greater (later tokens are then only greater). It is still
 // told the lease's token, when its reply is read and before it joins the
-// lease or is given back (not before Acquire returns): otherwise a later
+// lease or is given back (not before Acquire returns), and by Release's
+// revocation if that comes first: otherwise a later
 // majority made of it and a node of the deciding majority that lost its
 // record (restarted without persistence, the clocks set back) would issue
 // a smaller token than the lease's, where the write-back to every grant

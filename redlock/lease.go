@@ -411,7 +411,8 @@ func (ls *lease) Release(ctx context.Context) error {
 	}
 	ls.mu.Unlock()
 	if ungranted != nil {
-		revKeys, revArgs = []string{ls.keys.lock, ls.revokeKey}, []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds()}
+		revKeys = []string{ls.keys.lock, ls.revokeKey, ls.keys.token}
+		revArgs = []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds(), int64(ls.token)}
 	}
 	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
 		keys, args := relKeys, relArgs
