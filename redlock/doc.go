@@ -39,7 +39,8 @@
 // behind for its lease time by a node that answered late.
 // An acquisition that fails, for want of a majority or of validity, is
 // released on every node it was sent to, even when the caller's context has
-// ended: Acquire waits for the nodes that granted it, and revokes it in the
+// ended: Acquire waits for the nodes that granted it (no longer than the
+// caller's context: the releases go on without it), and revokes it in the
 // background on the others (a node hung does not keep the caller waiting
 // to try again); on a node that did not answer in time the release also leaves a
 // revocation mark, so that the acquisition, if it is still sitting in a
@@ -95,8 +96,14 @@
 // quorums even though no node sees every acquisition. A node whose grant
 // came after the decision is not needed for this: its record may be
 // smaller than the lease's token (no majority is made of the nodes outside
-// that one) or greater (later tokens are then only greater), and it is not
-// written back. The client's floor is there for speed: nodes that have seen
+// that one) or greater (later tokens are then only greater). It is still
+// told the lease's token, when its reply is read and before it joins the
+// lease or is given back (not before Acquire returns), and by Release's
+// revocation if that comes first: otherwise a later
+// majority made of it and a node of the deciding majority that lost its
+// record (restarted without persistence, the clocks set back) would issue
+// a smaller token than the lease's, where the write-back to every grant
+// keeps the order. The client's floor is there for speed: nodes that have seen
 // the same acquisitions then answer the same token, and the write-back, a
 // second round trip, is needed only for the nodes behind. It only ever
 // raises a token, so a client whose clock is wrong makes tokens jump, never

@@ -41,6 +41,11 @@ type lease struct {
 
 	parent context.Context // the Acquire's context, for the values of ctx
 
+	// relMu runs one Release at a time: two at once each deleted the
+	// lock on some nodes and found it gone on the others, and both
+	// reported the lease lost.
+	relMu sync.Mutex
+
 	mu sync.Mutex
 	// ctx is cancelled with the lease's Err as cause when it ends. It is
 	// made on the first call of Done or Context (most holders call
@@ -377,6 +382,8 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // not answer, the release is retried in the background within the lease
 // time.
 func (ls *lease) Release(ctx context.Context) error {
+	ls.relMu.Lock()
+	defer ls.relMu.Unlock()
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()
@@ -404,7 +411,8 @@ func (ls *lease) Release(ctx context.Context) error {
 	}
 	ls.mu.Unlock()
 	if ungranted != nil {
-		revKeys, revArgs = []string{ls.keys.lock, ls.revokeKey}, []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds()}
+		revKeys = []string{ls.keys.lock, ls.revokeKey, ls.keys.token}
+		revArgs = []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds(), int64(ls.token)}
 	}
 	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
 		keys, args := relKeys, relArgs

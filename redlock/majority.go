@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fencekit/fence"
 )
 
 // An acquisition is decided as soon as its outcome is known, not when the
@@ -128,12 +130,18 @@ func (f *tryFanout) reply(i int, res []int64, err error) {
 		close(f.wake)
 	}
 	phase, ls, last := f.phase, f.ls, f.left == 0
+	// A late grant of a lease (joined, or given back) is told the lease's
+	// token first, if it issued a smaller one: see writeBack.
+	behind := grant && ls != nil && r.res[1] < int64(ls.token)
 	if phase == abandoned && (f.covered || f.uncovered != nil && !f.uncovered[i]) {
 		grant = false // the lease's release covered this node
 	}
 	f.mu.Unlock()
 	if last {
 		f.cancel()
+	}
+	if behind {
+		f.writeBack(i, ls.token)
 	}
 	if !grant {
 		return
@@ -192,11 +200,40 @@ func (f *tryFanout) hand(ls *lease, seen []result) {
 	defer f.mu.Unlock()
 	f.phase, f.ls = leased, ls
 	for i, r := range f.rs {
-		if r.got && !seen[i].got && r.err == nil && isGrant(r.res) && !ls.join(i, r) {
+		if !r.got || seen[i].got || r.err != nil || !isGrant(r.res) {
+			continue
+		}
+		if r.res[1] < int64(ls.token) {
+			// Told the lease's token before it joins (writeBack); until
+			// then, Release revokes it as a node whose grant has not come.
+			go func() {
+				f.writeBack(i, ls.token)
+				if !ls.join(i, r) {
+					f.giveBack(i)
+				}
+			}()
+			continue
+		}
+		if !ls.join(i, r) {
 			// The lease has ended already (its deadline passed).
 			go f.giveBack(i)
 		}
 	}
+}
+
+// writeBack raises node i's last-token record to the lease's token, within
+// the node timeout, before the node's late grant joins the lease or is
+// given back. The lease's token is written back before Acquire returns only
+// to the majority that decided it; a node that granted later issued its own
+// token, possibly smaller. Left so, a later majority made of that node and
+// one of the deciding majority that lost its record (restarted without
+// persistence, with the clocks set back) would issue a token smaller than
+// the lease's: with the write-back here, every node that granted the lease
+// holds its token, as when every reply was awaited.
+func (f *tryFanout) writeBack(i int, token fence.Token) {
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	defer cancel()
+	_ = maxScript.Run(ctx, f.l.nodes[i], []string{f.k.token, f.k.lock}, int64(token), f.owner).Err()
 }
 
 // release marks the try's lease released, rs being the replies to the

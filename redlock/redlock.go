@@ -733,7 +733,7 @@ const revokeFor = time.Minute
 
 // releaseTry gives back a failed try on every node it was sent to, even
 // when ctx has ended, each within the per-node timeout. It waits for the
-// nodes that granted the try; a node that did not answer it (or answered an
+// nodes that granted the try, until ctx ends (then they go on without it); a node that did not answer it (or answered an
 // error) is revoked in the background, so that a node hung or down does not
 // keep the caller, who may want to try again, waiting: the release there
 // also leaves a revocation mark, since the try may still be sitting in its
@@ -763,14 +763,30 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 	if len(granted) == 0 {
 		return
 	}
+	// Each release runs within the node timeout whatever ctx does; the
+	// caller waits for them only until ctx ends (a caller's deadline
+	// shorter than the node timeout is kept even when a node that granted
+	// hangs): the releases not done by then go on without it.
 	relKeys := []string{k.lock}
-	rs := l.fanout(context.WithoutCancel(ctx), granted, timeout, func(ctx context.Context, i int) ([]int64, error) {
-		return nil, releaseScript.Run(ctx, l.nodes[i], relKeys, owner).Err()
-	})
-	for j, r := range rs {
-		if r.err != nil && !errors.Is(r.err, syscall.ECONNREFUSED) {
-			go l.releaseAbandoned(granted[j], k, owner, revokeKey, ttl)
-		}
+	done := make(chan struct{})
+	var left atomic.Int32
+	left.Store(int32(len(granted)))
+	for _, i := range granted {
+		l.spawn(func() {
+			rctx, cancel := context.WithTimeout(context.Background(), timeout)
+			err := releaseScript.Run(rctx, l.nodes[i], relKeys, owner).Err()
+			cancel()
+			if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+				go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
+			}
+			if left.Add(-1) == 0 {
+				close(done)
+			}
+		})
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
 }
 
