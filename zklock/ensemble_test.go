@@ -37,12 +37,12 @@ func TestTokensAcrossLeaderKill(t *testing.T) {
 		// The waiters queue in order: wait for this one's node.
 		waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == i+2 })
 	}
-	leader, err := e.Leader(10 * time.Second)
+	leader, err := e.Leader(e.ElectionLimit())
 	if err != nil {
 		t.Fatal(err)
 	}
 	leader.Kill()
-	if _, err := e.Leader(10 * time.Second); err != nil {
+	if _, err := e.Leader(e.ElectionLimit()); err != nil {
 		t.Fatal(err)
 	}
 	if err := first.Release(ctx); err != nil {

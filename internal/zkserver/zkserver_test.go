@@ -42,13 +42,13 @@ func TestEnsembleLeaderKilled(t *testing.T) {
 	}
 	t.Logf("ensemble ready in %v", time.Since(start))
 	defer e.Close()
-	leader, err := e.Leader(10 * time.Second)
+	leader, err := e.Leader(e.ElectionLimit())
 	if err != nil {
 		t.Fatal(err)
 	}
 	leader.Kill()
 	killed := time.Now()
-	next, err := e.Leader(10 * time.Second)
+	next, err := e.Leader(e.ElectionLimit())
 	if err != nil {
 		t.Fatal(err)
 	}
