@@ -45,6 +45,11 @@ type lease struct {
 	// lock on some nodes and found it gone on the others, and both
 	// reported the lease lost.
 	relMu sync.Mutex
+	// relPrev is the last Release's fan-out when it concluded nothing
+	// (under relMu): its requests go on in the background, and a retry
+	// counts their replies rather than finding the lock gone where they
+	// deleted it.
+	relPrev *relFanout
 
 	mu sync.Mutex
 	// ctx is cancelled with the lease's Err as cause when it ends. It is
@@ -406,11 +411,38 @@ func (ls *lease) Release(ctx context.Context) error {
 	n, q := len(l.nodes), l.quorum
 	timeout := l.timeoutFor(ls.ttl)
 	f := &relFanout{rs: make([]result, n), left: n, wake: make(chan struct{})}
+	if prev := ls.relPrev; prev != nil {
+		// A retry: the last call's requests may still be out. Its
+		// replies count; only the nodes that failed are asked again.
+		select {
+		case <-prev.wake:
+		case <-ctx.Done():
+			_, _, rs := prev.seen(ctx, timeout)
+			return ls.noQuorum(rs, prev)
+		}
+		prev.mu.Lock()
+		for i, r := range prev.rs {
+			if r.got && r.err == nil {
+				f.rs[i] = r
+				f.left--
+			}
+		}
+		f.deleted, f.gone = prev.deleted, prev.gone
+		prev.mu.Unlock()
+	}
 	// The requests do not end with ctx: one still out when Release
 	// returns is answered in the background, within the node timeout.
 	var rctx context.Context
 	rctx, f.cancel = context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	if f.left == 0 || f.deleted >= q || n-f.gone < q {
+		f.woke = true // decided by the last call's late replies
+		close(f.wake)
+		f.cancel()
+	}
 	for i := range n {
+		if f.rs[i].got {
+			continue // the last call's request deleted it, or found it gone
+		}
 		l.spawn(func() {
 			keys, args := relKeys, relArgs
 			if ungranted != nil && ungranted[i] {
@@ -460,15 +492,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	case n-gone < q:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, n)
 	default:
-		ls.end(fence.ErrReleased)
-		var errs []error
-		for _, r := range rs {
-			if r.err != nil {
-				errs = append(errs, r.err)
-			}
-		}
-		why := fmt.Errorf("%w: released on %d of %d nodes, %d needed", ErrNoQuorum, deleted, n, q)
-		return fmt.Errorf("redlock: release %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
+		return ls.noQuorum(rs, f)
 	}
 	if err == nil {
 		ls.end(fence.ErrReleased)
@@ -481,6 +505,25 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.released, ls.relErr = true, err
 	}
 	return ls.relErr
+}
+
+// noQuorum ends the lease locally and returns the error of a Release that
+// concluded nothing; f's requests go on, and a retry counts their replies.
+func (ls *lease) noQuorum(rs []result, f *relFanout) error {
+	ls.end(fence.ErrReleased)
+	ls.relPrev = f
+	f.mu.Lock()
+	deleted := f.deleted
+	f.mu.Unlock()
+	var errs []error
+	for _, r := range rs {
+		if r.err != nil {
+			errs = append(errs, r.err)
+		}
+	}
+	n, q := len(ls.locker.nodes), ls.locker.quorum
+	why := fmt.Errorf("%w: released on %d of %d nodes, %d needed", ErrNoQuorum, deleted, n, q)
+	return fmt.Errorf("redlock: release %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 }
 
 // relFanout is one Release's requests, sent to every node at once, and

@@ -45,6 +45,9 @@ func lateLocker(t *testing.T, srvs []*redistest.Server, name string) *redlock.Lo
 	if err := warm.Release(ctxFor(t)); err != nil {
 		t.Fatalf("warm-up Release: %v", err)
 	}
+	// Release returns at a majority: the last node's delete may still be
+	// on its way, and an Acquire sent now could find the lock there.
+	waitUnlocked(t, srvs, name, 5*time.Second)
 	return l
 }
 
