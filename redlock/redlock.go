@@ -672,14 +672,9 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 			n, err := maxScript.Run(ctx, l.nodes[i], []string{k.token, k.lock}, token, owner).Int64()
 			return []int64{n}, err
 		})
-		for _, w := range ws {
-			switch {
-			case w.err != nil:
-				errs = append(errs, w.err)
-			case w.res[0] == 1:
-				kept++
-			}
-		}
+		written, _, werrs := tally(ws)
+		kept += written
+		errs = werrs
 	}
 	if kept < l.quorum {
 		why := fmt.Errorf("%w: the token reached %d of the %d nodes that granted the lock, %d needed", ErrNoQuorum, kept, len(granted), l.quorum)
