@@ -70,6 +70,12 @@
 // a renewal whose lease ended while it was on its way is given back.
 // Release deletes the lock
 // on every node where this lease owns it and succeeds when a majority did.
+// Like Acquire, it is decided as soon as its outcome is known: once a
+// majority has deleted the lock (nil), or once so many nodes found it gone
+// that no majority can have deleted it (fence.ErrLeaseLost, exactly when
+// every reply would have said so). The other nodes' releases go on in the
+// background within the node timeout, and are retried, as above, on a node
+// that does not answer.
 //
 // # Keys
 //
