@@ -215,6 +215,7 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 // its context, those that were made. ls.mu is held and ls.err is nil.
 func (ls *lease) endLocked(why error) {
 	ls.err = why
+	ls.locker.bg.forget(ls)
 	if ls.expiry != nil {
 		ls.expiry.Stop()
 	}
@@ -443,7 +444,9 @@ func (ls *lease) Release(ctx context.Context) error {
 		if f.rs[i].got {
 			continue // the last call's request deleted it, or found it gone
 		}
+		l.bg.add(i)
 		l.spawn(func() {
+			defer l.bg.done(i)
 			keys, args := relKeys, relArgs
 			if ungranted != nil && ungranted[i] {
 				keys, args = revKeys, revArgs
@@ -454,7 +457,7 @@ func (ls *lease) Release(ctx context.Context) error {
 			// either) for the rest of the lease time: retry there in
 			// the background, as for a failed try.
 			if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-				go l.releaseAbandoned(i, ls.keys, ls.owner, ls.revokeKey, ls.ttl)
+				l.goReleaseAbandoned(i, ls.keys, ls.owner, ls.revokeKey, ls.ttl, int64(ls.token))
 			}
 			if f.reply(i, v, err, q) {
 				f.cancel()
