@@ -31,7 +31,8 @@ type CloseError struct {
 	// where their clients tell them.
 	Nodes []int
 	Addrs []string
-	// Left is how many background requests had not finished.
+	// Left is how many background requests (and acquisitions under
+	// way) had not finished.
 	Left int
 	// Err is the context's error.
 	Err error
@@ -107,6 +108,30 @@ func (b *background) done(i int) {
 	b.mu.Unlock()
 }
 
+// enter counts an acquisition try as work under way (not tied to a node),
+// so that Close waits for it; it returns false, counting nothing, once Close
+// was called. leave must follow a true.
+func (b *background) enter() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.left++
+	return true
+}
+
+// leave ends a try counted by enter.
+func (b *background) leave() {
+	b.mu.Lock()
+	b.left--
+	if b.left == 0 && b.idle != nil {
+		close(b.idle)
+		b.idle = nil
+	}
+	b.mu.Unlock()
+}
+
 // register lists a new lease for Close to release; it returns false, doing
 // nothing, once Close was called.
 func (b *background) register(ls *lease) bool {
@@ -140,7 +165,9 @@ func (b *background) forget(ls *lease) {
 // leases still held (as their Release would have returned them), and a
 // *CloseError naming the nodes whose requests had not finished if ctx
 // ended first: the retries are then stopped, and requests in flight end
-// within the node timeout (a later Close waits for them). It closes
+// when their client gives up on them, within its read timeout (go-redis
+// takes no socket deadline from the context unless ContextTimeoutEnabled is
+// set; a later Close waits for them). It closes
 // nothing it was given: the clients stay open, for the caller to close
 // after Close.
 //

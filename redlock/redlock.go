@@ -614,9 +614,13 @@ func oneReply(n int64) []int64 {
 // the lease when a majority granted it within its validity time and took
 // its token; otherwise it releases the try on every node and says why.
 func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchdog bool) (*lease, error) {
-	if l.bg.closed.Load() {
-		return nil, ErrClosed // a waiting Acquire: Close was called between tries
+	// A try under way is waited for by Close (its lease, if Close
+	// overtook it, is released here, and that release's work is Close's
+	// to wait for); once Close was called, no try starts.
+	if !l.bg.enter() {
+		return nil, ErrClosed
 	}
+	defer l.bg.leave()
 	k, owner := l.keys(name), newOwner()
 	revokeKey := k.lock + ":revoked:" + owner
 	timeout := l.timeoutFor(ttl)
