@@ -16,12 +16,12 @@ import (
 
 // closeWithin calls Close with a context of d and returns its error and how
 // long it took.
-func closeWithin(l *redlock.Locker, d time.Duration) (error, time.Duration) {
+func closeWithin(l *redlock.Locker, d time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	start := time.Now()
 	err := l.Close(ctx)
-	return err, time.Since(start)
+	return time.Since(start), err
 }
 
 // Release returns at a majority with one node paused; the delete to that
@@ -42,7 +42,7 @@ func TestCloseWaitsForReleaseAtMajority(t *testing.T) {
 		t.Fatalf("locked on running nodes %v after Release", on)
 	}
 	done := make(chan error, 1)
-	go func() { err, _ := closeWithin(l, 10*time.Second); done <- err }()
+	go func() { _, err := closeWithin(l, 10*time.Second); done <- err }()
 	select {
 	case err := <-done:
 		t.Fatalf("Close returned %v with the last delete stuck in a paused node", err)
@@ -72,7 +72,7 @@ func TestCloseDeadlineWithHungNode(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 	const budget = 300 * time.Millisecond
-	err, took := closeWithin(l, budget)
+	took, err := closeWithin(l, budget)
 	var ce *redlock.CloseError
 	if !errors.As(err, &ce) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close with node 1 hung = %v, want a *CloseError matching DeadlineExceeded", err)
@@ -87,7 +87,7 @@ func TestCloseDeadlineWithHungNode(t *testing.T) {
 	// The request in flight ends when the client gives up on it (its read
 	// timeout, 10 s: go-redis does not take socket deadlines from the
 	// context by default); its retry, which Close stopped, does not start.
-	if err, took := closeWithin(l, 20*time.Second); err != nil {
+	if took, err := closeWithin(l, 20*time.Second); err != nil {
 		t.Fatalf("second Close (after %v): %v", took, err)
 	}
 	resume()
@@ -117,7 +117,7 @@ func TestCloseReleasesHeldLeasesAndLateGrant(t *testing.T) {
 		t.Fatalf("Acquire with the watchdog: %v", err)
 	}
 	done := make(chan error, 1)
-	go func() { err, _ := closeWithin(l, 10*time.Second); done <- err }()
+	go func() { _, err := closeWithin(l, 10*time.Second); done <- err }()
 	wake := time.AfterFunc(200*time.Millisecond, resume) // the late grant comes while Close waits
 	if err := <-done; err != nil {
 		t.Fatalf("Close: %v", err)
@@ -146,7 +146,7 @@ func TestCloseReleasesHeldLeasesAndLateGrant(t *testing.T) {
 	if after := scriptCalls(t, srvs[0]); after != before {
 		t.Fatalf("Acquire after Close ran %d scripts", after-before)
 	}
-	if err, took := closeWithin(l, time.Second); err != nil || took > 50*time.Millisecond {
+	if took, err := closeWithin(l, time.Second); err != nil || took > 50*time.Millisecond {
 		t.Fatalf("Close again: %v after %v, want nil at once", err, took)
 	}
 }
@@ -197,7 +197,7 @@ func TestCloseConcurrentWithAcquireRelease(t *testing.T) {
 	}
 	closeErrs := make(chan error, 2)
 	for range 2 {
-		go func() { err, _ := closeWithin(l, 20*time.Second); closeErrs <- err }()
+		go func() { _, err := closeWithin(l, 20*time.Second); closeErrs <- err }()
 	}
 	wake := time.AfterFunc(300*time.Millisecond, resume)
 	for range 2 {
@@ -332,7 +332,7 @@ func TestBackgroundReleaseRetryCarriesToken(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
-	if err, _ := closeWithin(l, 5*time.Second); err != nil {
+	if _, err := closeWithin(l, 5*time.Second); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
 }
