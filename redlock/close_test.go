@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// closeWithin calls Close with a context of d and returns its error and how
-// long it took.
+// closeWithin calls Close with a context of d and returns how long it took
+// and its error.
 func closeWithin(l *redlock.Locker, d time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
