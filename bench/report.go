@@ -206,7 +206,7 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
   client and server share two CPUs. On rueidis (fencerueidis), whose automatic pipelining sends many callers'
   commands in one write, fence comes closer to the go-redis limit and stays above rueidislock. The queue check
   that grant-on-release added to a free lock's acquisition costs here (the contended workload is what it buys).
-- **Redlock against redsync.** Met. Both fan out in parallel, one round trip per node (the token write-back is skipped
+- **Redlock against redsync.** Both fan out in parallel, one round trip per node (the token write-back is skipped
   when every granting node answered the maximum token, the usual case); fence's Acquire decides as soon as a
   majority has granted and its Release as soon as a majority has deleted the lock (redsync waits for every node for
   both), the other nodes' replies handled in the background. Before the two decisions at a majority fence was at
