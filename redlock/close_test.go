@@ -336,3 +336,37 @@ func TestBackgroundReleaseRetryCarriesToken(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 }
+
+// A failed Acquire (the lock held by another owner on nodes 0 and 1) with
+// node 2 paused: its try is in node 2's socket, with the revocation behind
+// it, when Close is called. Close waits for both; woken while Close waits,
+// node 2 runs them, and the moment Close returns nil node 2 holds nothing
+// of this Locker's.
+func TestCloseWaitsForFailedTryOnPausedNode(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "close-failed-try"
+	l := lateLocker(t, srvs, name)
+	for _, s := range srvs[:2] {
+		if err := s.Client(t).Set(ctxFor(t), lockKey(name), "someone-else", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resume := pause(t, srvs[2:])
+	if _, err := l.Acquire(ctxFor(t), name, fence.TTL(30*time.Second)); !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire of a lock held on a majority = %v, want ErrHeld", err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := closeWithin(l, 10*time.Second); done <- err }()
+	select {
+	case err := <-done:
+		t.Fatalf("Close returned %v with the try and its revocation stuck in a paused node", err)
+	case <-time.After(200 * time.Millisecond): // Close is given time to return early, wrongly
+	}
+	resume()
+	if err := <-done; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if on := lockedOn(t, srvs[2:], name); len(on) != 0 {
+		t.Fatalf("node 2 locked by the failed try when Close returned nil")
+	}
+}
