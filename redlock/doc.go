@@ -70,6 +70,29 @@
 // a renewal whose lease ended while it was on its way is given back.
 // Release deletes the lock
 // on every node where this lease owns it and succeeds when a majority did.
+// Like Acquire, it is decided as soon as its outcome is known: once a
+// majority has deleted the lock (nil), or once so many nodes found it gone
+// that no majority can have deleted it (fence.ErrLeaseLost, exactly when
+// every reply would have said so). The other nodes' releases go on in the
+// background within the node timeout, and are retried, as above, on a node
+// that does not answer.
+//
+// # Closing
+//
+// That background work (Release's deletes past the majority, the give-back
+// of a grant read after its acquisition was decided, a failed try's
+// releases and their retries) belongs to the Locker, not to the call that
+// started it, and dies with the process. Call Locker.Close before the
+// program exits: it releases the leases still held (as etcd's
+// Session.Close revokes its lease) and waits, until its context ends, for
+// that work to finish; it reports what it could not finish in a
+// *CloseError naming the nodes. After Close, Acquire fails with ErrClosed
+// (matching fence.ErrNotAcquired) and sends nothing. A program that exits
+// without Close (or is killed) may leave a node it had not reached yet
+// locked until the lease time runs out: a minority of the nodes, so no
+// second holder can come of it (a majority is free), but the next owner
+// needs a majority among the other nodes, and waits for one more slow node
+// on every try until then.
 //
 // # Keys
 //

@@ -21,6 +21,13 @@ func Example() {
 		panic(err)
 	}
 	ctx := context.Background()
+	// Before exit: Release returns once a majority deleted the lock, and
+	// Close waits for the deletes still on their way to the other nodes.
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_ = locker.Close(ctx)
+	}()
 	err = fence.Run(ctx, locker, "lock:payment:1001", func(ctx context.Context, lease fence.Lease) error {
 		fmt.Println("approve payment 1001 with token", lease.Token())
 		return nil

@@ -13,3 +13,7 @@ func SetClock(l *Locker, now func() time.Time) { l.now = now }
 // SetWallClock replaces the wall clock from which acquisitions propose
 // their token floor.
 func SetWallClock(l *Locker, now func() time.Time) { l.wall = now }
+
+// ScriptHashes are the SHA1s of the acquire and release scripts, for hooks
+// that pick out their calls.
+func ScriptHashes() (acquire, release string) { return acquireScript.Hash(), releaseScript.Hash() }

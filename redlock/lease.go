@@ -45,6 +45,11 @@ type lease struct {
 	// lock on some nodes and found it gone on the others, and both
 	// reported the lease lost.
 	relMu sync.Mutex
+	// relPrev is the last Release's fan-out when it concluded nothing
+	// (under relMu): its requests go on in the background, and a retry
+	// counts their replies rather than finding the lock gone where they
+	// deleted it.
+	relPrev *relFanout
 
 	mu sync.Mutex
 	// ctx is cancelled with the lease's Err as cause when it ends. It is
@@ -210,6 +215,7 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 // its context, those that were made. ls.mu is held and ls.err is nil.
 func (ls *lease) endLocked(why error) {
 	ls.err = why
+	ls.locker.bg.forget(ls)
 	if ls.expiry != nil {
 		ls.expiry.Stop()
 	}
@@ -345,22 +351,6 @@ func (ls *lease) giveBack(nodes []int) {
 	})
 }
 
-// tally counts the nodes that answered 1 (done) and 0 (not this owner's
-// lock) and collects the others' errors.
-func tally(rs []result) (done, gone int, errs []error) {
-	for _, r := range rs {
-		switch {
-		case r.err != nil:
-			errs = append(errs, r.err)
-		case r.res[0] == 1:
-			done++
-		default:
-			gone++
-		}
-	}
-	return done, gone, errs
-}
-
 // Extend sets the lease to expire ttl from now on a majority of the nodes;
 // see fence.Lease. A watchdog lease goes on being renewed with its watchdog
 // TTL afterwards.
@@ -378,9 +368,14 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // see fence.Lease. It returns nil when a majority deleted it, an error
 // matching fence.ErrLeaseLost when too few nodes still held it for a
 // majority, and otherwise the nodes' errors (call again to retry). The
-// lease ends locally at once, whatever the nodes answer. On a node that did
-// not answer, the release is retried in the background within the lease
-// time.
+// lease ends locally at once, whatever the nodes answer.
+//
+// Release returns as soon as its outcome is known, not when the slowest
+// node has answered: once a majority has deleted the lock, or once so many
+// nodes found it gone that a majority can no longer have deleted it. The
+// other nodes' releases go on in the background, each within the node
+// timeout; on a node that does not answer, the release is retried in the
+// background within the lease time.
 func (ls *lease) Release(ctx context.Context) error {
 	ls.relMu.Lock()
 	defer ls.relMu.Unlock()
@@ -414,43 +409,93 @@ func (ls *lease) Release(ctx context.Context) error {
 		revKeys = []string{ls.keys.lock, ls.revokeKey, ls.keys.token}
 		revArgs = []any{ls.owner, max(ls.ttl, revokeFor).Milliseconds(), int64(ls.token)}
 	}
-	rs := l.fanout(ctx, l.all(), l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
-		keys, args := relKeys, relArgs
-		if ungranted != nil && ungranted[i] {
-			keys, args = revKeys, revArgs
+	n, q := len(l.nodes), l.quorum
+	timeout := l.timeoutFor(ls.ttl)
+	f := &relFanout{rs: make([]result, n), left: n, wake: make(chan struct{})}
+	if prev := ls.relPrev; prev != nil {
+		// A retry: the last call's requests may still be out. Its
+		// replies count; only the nodes that failed are asked again.
+		select {
+		case <-prev.wake:
+		case <-ctx.Done():
+			_, _, rs := prev.seen(ctx, timeout)
+			return ls.noQuorum(rs, prev)
 		}
-		n, err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Int64()
-		if err != nil {
-			return nil, err
+		prev.mu.Lock()
+		for i, r := range prev.rs {
+			if r.got && r.err == nil {
+				f.rs[i] = r
+				f.left--
+			}
 		}
-		return oneReply(n), nil
-	})
-	// A grant of the acquisition read from now on is given back by the
-	// request that brings it, if the release did not reach its node. Where
-	// it did, it covered the grant (sent with the revocation mark if the
-	// grant had not come: the node refuses the acquisition if it runs it
-	// after the release, and the release deletes it if before).
-	ls.try.release(rs)
-	deleted, gone, errs := tally(rs)
-	// A node that did not answer may still hold the lock (or run the
-	// acquisition late, if it never answered that either) for the rest of
-	// the lease time: retry there in the background, as for a failed try.
-	for i, r := range rs {
-		if r.err != nil && !errors.Is(r.err, syscall.ECONNREFUSED) {
-			go l.releaseAbandoned(i, ls.keys, ls.owner, ls.revokeKey, ls.ttl)
-		}
+		f.deleted, f.gone = prev.deleted, prev.gone
+		prev.mu.Unlock()
 	}
+	// The requests do not end with ctx: one still out when Release
+	// returns is answered in the background, within the node timeout.
+	var rctx context.Context
+	rctx, f.cancel = context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	if f.left == 0 || f.deleted >= q || n-f.gone < q {
+		f.woke = true // decided by the last call's late replies
+		close(f.wake)
+		f.cancel()
+	}
+	for i := range n {
+		if f.rs[i].got {
+			continue // the last call's request deleted it, or found it gone
+		}
+		l.bg.add(i)
+		l.spawn(func() {
+			defer l.bg.done(i)
+			keys, args := relKeys, relArgs
+			if ungranted != nil && ungranted[i] {
+				keys, args = revKeys, revArgs
+			}
+			v, err := releaseScript.Run(rctx, l.nodes[i], keys, args...).Int64()
+			// A node that did not answer may still hold the lock (or
+			// run the acquisition late, if it never answered that
+			// either) for the rest of the lease time: retry there in
+			// the background, as for a failed try.
+			if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+				l.goReleaseAbandoned(i, ls.keys, ls.owner, ls.revokeKey, ls.ttl, int64(ls.token))
+			}
+			if f.reply(i, v, err, q) {
+				f.cancel()
+				// A grant of the acquisition read from now on is
+				// given back by the request that brings it, if the
+				// release did not reach its node. Where it did, it
+				// covered the grant (sent with the revocation mark if
+				// the grant had not come: the node refuses the
+				// acquisition if it runs it after the release, and
+				// the release deletes it if before). Until now, a late
+				// grant found the lease ended and was given back.
+				ls.try.release(f.final())
+			}
+		})
+	}
+	select {
+	case <-f.wake:
+	case <-rctx.Done():
+	case <-ctx.Done():
+	}
+	deleted, gone, rs := f.seen(ctx, timeout)
+	// Deciding before every node answered changes no answer: deleted and
+	// gone only grow as replies come, and deleted+gone never exceeds n. So
+	// once deleted >= q, n−gone >= q holds for good (the lease is never
+	// reported lost afterwards), and once n−gone < q, deleted < q holds for
+	// good: ErrLeaseLost is returned exactly when waiting for every reply
+	// would have returned it, on the same replies, never on fewer (the
+	// rule for "lost" is no looser). A node that has not answered counts
+	// neither way, as a node that did not answer in time always did.
 	var err error
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
-	case deleted >= l.quorum:
-	case len(l.nodes)-gone < l.quorum:
-		err = fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, len(l.nodes))
+	case deleted >= q:
+	case n-gone < q:
+		err = fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, n)
 	default:
-		ls.end(fence.ErrReleased)
-		why := fmt.Errorf("%w: released on %d of %d nodes, %d needed", ErrNoQuorum, deleted, len(l.nodes), l.quorum)
-		return fmt.Errorf("redlock: release %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
+		return ls.noQuorum(rs, f)
 	}
 	if err == nil {
 		ls.end(fence.ErrReleased)
@@ -463,4 +508,88 @@ func (ls *lease) Release(ctx context.Context) error {
 		ls.released, ls.relErr = true, err
 	}
 	return ls.relErr
+}
+
+// noQuorum ends the lease locally and returns the error of a Release that
+// concluded nothing; f's requests go on, and a retry counts their replies.
+func (ls *lease) noQuorum(rs []result, f *relFanout) error {
+	ls.end(fence.ErrReleased)
+	ls.relPrev = f
+	f.mu.Lock()
+	deleted := f.deleted
+	f.mu.Unlock()
+	var errs []error
+	for _, r := range rs {
+		if r.err != nil {
+			errs = append(errs, r.err)
+		}
+	}
+	n, q := len(ls.locker.nodes), ls.locker.quorum
+	why := fmt.Errorf("%w: released on %d of %d nodes, %d needed", ErrNoQuorum, deleted, n, q)
+	return fmt.Errorf("redlock: release %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
+}
+
+// relFanout is one Release's requests, sent to every node at once, and
+// their replies, the late ones too.
+type relFanout struct {
+	wake   chan struct{}      // closed once the outcome is known, or every node answered
+	cancel context.CancelFunc // ends the requests' context; called by the last reply
+
+	mu      sync.Mutex
+	rs      []result // by node; got once its reply came
+	left    int      // requests not answered yet
+	deleted int      // replies that deleted the lock
+	gone    int      // replies that found it gone (another owner's, or none)
+	woke    bool
+}
+
+// reply records node i's reply to the release, wakes Release when it
+// decides the outcome (a majority deleted the lock, or can no longer have),
+// and tells whether it was the last reply.
+func (f *relFanout) reply(i int, v int64, err error, q int) (last bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rs[i] = result{err: err, at: time.Now(), got: true}
+	if err == nil {
+		f.rs[i].res = oneReply(v)
+		if v == 1 {
+			f.deleted++
+		} else {
+			f.gone++
+		}
+	}
+	f.left--
+	if !f.woke && (f.deleted >= q || len(f.rs)-f.gone < q || f.left == 0) {
+		f.woke = true
+		close(f.wake)
+	}
+	return f.left == 0
+}
+
+// seen returns the counts of the replies come so far and the replies, by
+// node, with the errors of those that have not come (ctx's, if it has
+// ended, or errNoReply within timeout).
+func (f *relFanout) seen(ctx context.Context, timeout time.Duration) (deleted, gone int, out []result) {
+	f.mu.Lock()
+	deleted, gone, out = f.deleted, f.gone, slices.Clone(f.rs)
+	f.mu.Unlock()
+	for i := range out {
+		switch err := out[i].err; {
+		case ctx.Err() != nil && (!out[i].got || err != nil):
+			// The caller's context ended the wait.
+			out[i].err = fmt.Errorf("node %d: %w", i, ctx.Err())
+		case !out[i].got || errors.Is(err, context.DeadlineExceeded):
+			out[i].err = fmt.Errorf("node %d: %w within %v", i, errNoReply, timeout)
+		case err != nil:
+			out[i].err = fmt.Errorf("node %d: %w", i, nodeError(err))
+		}
+	}
+	return deleted, gone, out
+}
+
+// final returns every node's reply, once all have come.
+func (f *relFanout) final() []result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.rs)
 }

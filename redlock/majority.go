@@ -102,8 +102,13 @@ func (l *Locker) send(ctx context.Context, k keys, owner string, ttl, timeout ti
 	f := &tryFanout{l: l, k: k, owner: owner, ttl: ttl, timeout: timeout, acqKeys: acqKeys,
 		wake: make(chan struct{}), rs: make([]result, n), left: n}
 	f.cctx, f.cancel = context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	// A request still out when the try is decided is background work: it
+	// gives back a grant that comes after the try failed or its lease was
+	// released; Close waits for it.
+	l.bg.addAll(n)
 	for i := range n {
 		l.spawn(func() {
+			defer l.bg.done(i)
 			res, err := acquireScript.Run(f.cctx, l.nodes[i], acqKeys, acqArgs...).Int64Slice()
 			f.reply(i, res, err)
 		})
@@ -156,7 +161,11 @@ func (f *tryFanout) reply(i int, res []int64, err error) {
 		// The lease has ended: nobody will release this node for it.
 		fallthrough
 	case abandoned:
-		f.giveBack(i)
+		var token fence.Token
+		if ls != nil {
+			token = ls.token
+		}
+		f.giveBack(i, token)
 	}
 }
 
@@ -206,17 +215,23 @@ func (f *tryFanout) hand(ls *lease, seen []result) {
 		if r.res[1] < int64(ls.token) {
 			// Told the lease's token before it joins (writeBack); until
 			// then, Release revokes it as a node whose grant has not come.
+			f.l.bg.add(i)
 			go func() {
+				defer f.l.bg.done(i)
 				f.writeBack(i, ls.token)
 				if !ls.join(i, r) {
-					f.giveBack(i)
+					f.giveBack(i, ls.token)
 				}
 			}()
 			continue
 		}
 		if !ls.join(i, r) {
 			// The lease has ended already (its deadline passed).
-			go f.giveBack(i)
+			f.l.bg.add(i)
+			go func() {
+				defer f.l.bg.done(i)
+				f.giveBack(i, ls.token)
+			}()
 		}
 	}
 }
@@ -231,7 +246,7 @@ func (f *tryFanout) hand(ls *lease, seen []result) {
 // the lease's: with the write-back here, every node that granted the lease
 // holds its token, as when every reply was awaited.
 func (f *tryFanout) writeBack(i int, token fence.Token) {
-	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	ctx, cancel := context.WithTimeout(f.l.bg.ctx, f.timeout)
 	defer cancel()
 	_ = maxScript.Run(ctx, f.l.nodes[i], []string{f.k.token, f.k.lock}, int64(token), f.owner).Err()
 }
@@ -275,14 +290,15 @@ func (f *tryFanout) abandon() []result {
 
 // giveBack deletes, on node i, the lock this try took there after it had
 // been given up on, within the node timeout; if the node does not answer,
-// the release (with the revocation mark) is retried in the background.
-func (f *tryFanout) giveBack(i int) {
+// the release (with the revocation mark, and token, the lease's if the try
+// became one, for the record) is retried in the background.
+func (f *tryFanout) giveBack(i int, token fence.Token) {
 	l := f.l
-	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	ctx, cancel := context.WithTimeout(l.bg.ctx, f.timeout)
 	err := releaseScript.Run(ctx, l.nodes[i], f.acqKeys[:1], f.owner).Err()
 	cancel()
 	if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-		go l.releaseAbandoned(i, f.k, f.owner, f.acqKeys[2], f.ttl)
+		l.goReleaseAbandoned(i, f.k, f.owner, f.acqKeys[2], f.ttl, int64(token))
 	}
 }
 

@@ -45,6 +45,9 @@ func lateLocker(t *testing.T, srvs []*redistest.Server, name string) *redlock.Lo
 	if err := warm.Release(ctxFor(t)); err != nil {
 		t.Fatalf("warm-up Release: %v", err)
 	}
+	// Release returns at a majority: the last node's delete may still be
+	// on its way, and an Acquire sent now could find the lock there.
+	waitUnlocked(t, srvs, name, 5*time.Second)
 	return l
 }
 
@@ -217,5 +220,49 @@ func waitLocked(t *testing.T, s *redistest.Server, name string, within time.Dura
 			t.Fatalf("not locked on %s after %v", s.Addr, within)
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// Release is decided at a majority too: with nodes paused (SIGSTOP) after
+// the lease was granted everywhere, Release returns nil well before the
+// node timeout, once the running majority deleted the lock, and a second
+// Release returns the same; the paused nodes' releases go on in the
+// background and leave nothing locked once they wake. 3 masters with one
+// paused, 5 with two.
+func TestReleaseAtMajority(t *testing.T) {
+	for _, c := range []struct{ n, slow int }{{3, 1}, {5, 2}} {
+		t.Run(fmt.Sprintf("%d masters %d paused", c.n, c.slow), func(t *testing.T) {
+			srvs := nodes(t, c.n)
+			const name, ttl = "release-majority", 30 * time.Second
+			l := lateLocker(t, srvs, name)
+			lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			if on := lockedOn(t, srvs, name); len(on) != c.n {
+				t.Fatalf("locked on %v, want all %d nodes", on, c.n)
+			}
+			slow := srvs[c.n-c.slow:]
+			resume := pause(t, slow)
+			start := time.Now()
+			err = lease.Release(ctxFor(t))
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("Release with %d of %d nodes paused: %v", c.slow, c.n, err)
+			}
+			if took >= lateNodeTimeout/2 {
+				t.Fatalf("Release took %v with nodes paused (node timeout %v): it waited for them", took, lateNodeTimeout)
+			}
+			if err := lease.Release(ctxFor(t)); err != nil {
+				t.Fatalf("second Release: %v, want the first's nil", err)
+			}
+			if on := lockedOn(t, srvs[:c.n-c.slow], name); len(on) != 0 {
+				t.Fatalf("still locked on running nodes %v after Release", on)
+			}
+			resume()
+			// The lease time is 30 s: a lock left on a paused node would
+			// outlast the deadline by far.
+			waitUnlocked(t, srvs, name, 5*time.Second)
+		})
 	}
 }

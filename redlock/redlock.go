@@ -117,7 +117,10 @@ type Options struct {
 }
 
 // Locker grants fenced leases held on a majority of independent Redis
-// masters (Redlock). It is safe for concurrent use and needs no closing.
+// masters (Redlock). It is safe for concurrent use. Some of its work goes
+// on after the call that started it has returned (Release returns once a
+// majority deleted the lock, the other nodes' deletes go on): call Close
+// before the program exits.
 type Locker struct {
 	nodes       []redis.UniversalClient
 	quorum      int
@@ -137,6 +140,10 @@ type Locker struct {
 
 	// work hands a request to an idle worker (see spawn); unbuffered.
 	work chan func()
+
+	// bg is the work that goes on after its call returned, which Close
+	// waits for, and the leases Close releases.
+	bg background
 
 	// reached[i] is set once node i was pinged for a first contact,
 	// whatever it answered: later acquisitions no longer ping it first.
@@ -207,6 +214,7 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	for i := range l.allNodes {
 		l.allNodes[i] = i
 	}
+	l.bg.init(len(clients))
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redlock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
 	}
@@ -400,6 +408,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if err := ctx.Err(); err != nil {
 		return nil, fence.NotAcquired(name, err)
 	}
+	if l.bg.closed.Load() {
+		return nil, fence.NotAcquired(name, ErrClosed)
+	}
 	ttl, watchdog := o.TTL, false
 	if ttl == 0 {
 		ttl, watchdog = l.watchdog, true
@@ -432,7 +443,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			return ls, nil
 		case ctx.Err() != nil:
 			return nil, fence.NotAcquired(name, ctx.Err())
-		case o.Wait == 0 || errors.Is(why, ErrBadTokenRecord):
+		case o.Wait == 0 || errors.Is(why, ErrBadTokenRecord) || errors.Is(why, ErrClosed):
 			return nil, fence.NotAcquired(name, why)
 		case waitCtx.Err() != nil && last != nil:
 			// The budget ended during this try: the one before says
@@ -603,6 +614,13 @@ func oneReply(n int64) []int64 {
 // the lease when a majority granted it within its validity time and took
 // its token; otherwise it releases the try on every node and says why.
 func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchdog bool) (*lease, error) {
+	// A try under way is waited for by Close (its lease, if Close
+	// overtook it, is released here, and that release's work is Close's
+	// to wait for); once Close was called, no try starts.
+	if !l.bg.enter() {
+		return nil, ErrClosed
+	}
+	defer l.bg.leave()
 	k, owner := l.keys(name), newOwner()
 	revokeKey := k.lock + ":revoked:" + owner
 	timeout := l.timeoutFor(ttl)
@@ -672,9 +690,14 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 			n, err := maxScript.Run(ctx, l.nodes[i], []string{k.token, k.lock}, token, owner).Int64()
 			return []int64{n}, err
 		})
-		written, _, werrs := tally(ws)
-		kept += written
-		errs = werrs
+		for _, w := range ws {
+			switch {
+			case w.err != nil:
+				errs = append(errs, w.err)
+			case w.res[0] == 1:
+				kept++
+			}
+		}
 	}
 	if kept < l.quorum {
 		why := fmt.Errorf("%w: the token reached %d of the %d nodes that granted the lock, %d needed", ErrNoQuorum, kept, len(granted), l.quorum)
@@ -700,6 +723,16 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	ls.start(ctx, watchdog, start)
 	at.hand(ls, rs)
+	if !l.bg.register(ls) {
+		// Close was called while the try was out, and will not release
+		// this lease: release it here (its background work is Close's
+		// to wait for, as any).
+		_ = ls.Release(context.WithoutCancel(ctx))
+		return nil, ErrClosed
+	}
+	if ls.Err() != nil {
+		l.bg.forget(ls) // ended before it was listed (endLocked forgot it then)
+	}
 	return ls, nil
 }
 
@@ -747,7 +780,11 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 	for i, r := range tried {
 		switch {
 		case r.err != nil || len(r.res) < 2:
-			l.spawn(func() { l.revokeTry(i, k, owner, revokeKey, ttl, timeout) })
+			l.bg.add(i)
+			l.spawn(func() {
+				defer l.bg.done(i)
+				l.revokeTry(i, k, owner, revokeKey, ttl, timeout)
+			})
 		case r.res[0] == 0:
 			// Held by another owner, or the try was revoked there:
 			// nothing of ours.
@@ -767,12 +804,14 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 	var left atomic.Int32
 	left.Store(int32(len(granted)))
 	for _, i := range granted {
+		l.bg.add(i)
 		l.spawn(func() {
-			rctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer l.bg.done(i)
+			rctx, cancel := context.WithTimeout(l.bg.ctx, timeout)
 			err := releaseScript.Run(rctx, l.nodes[i], relKeys, owner).Err()
 			cancel()
 			if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-				go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
+				l.goReleaseAbandoned(i, k, owner, revokeKey, ttl, 0)
 			}
 			if left.Add(-1) == 0 {
 				close(done)
@@ -789,23 +828,47 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 // revocation mark, within timeout; if the node does not answer that
 // either, it is retried in the background (releaseAbandoned).
 func (l *Locker) revokeTry(i int, k keys, owner, revokeKey string, ttl, timeout time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(l.bg.ctx, timeout)
 	err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
 	cancel()
 	if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-		go l.releaseAbandoned(i, k, owner, revokeKey, ttl)
+		l.goReleaseAbandoned(i, k, owner, revokeKey, ttl, 0)
 	}
+}
+
+// goReleaseAbandoned runs releaseAbandoned in a goroutine of its own,
+// counted as background work for Close.
+func (l *Locker) goReleaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
+	l.bg.add(i)
+	go func() {
+		defer l.bg.done(i)
+		l.releaseAbandoned(i, k, owner, revokeKey, ttl, token)
+	}()
 }
 
 // releaseAbandoned retries the release, with the revocation mark, of a try
 // given up on, on node i, until the node answers, refuses the connection,
 // or the lease time has passed (at least a second), or the client is
-// closed (nothing can be sent through it any more). Each attempt may take
-// what is left of that time: go-redis tells a refused connection only once
-// its own dial retries are over, a second or two.
-func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(ttl, time.Second))
+// closed (nothing can be sent through it any more), or Close gave up
+// waiting. Each attempt may take what is left of that time: go-redis tells
+// a refused connection only once its own dial retries are over, a second
+// or two.
+//
+// token, if not 0, is the token of the lease the try became: the retry
+// raises the node's last-token record to it, as Release's revocation does
+// (release.lua). The acquisition may run on the node before the retry (it
+// sat in a paused node's socket), and issue a token of its own, smaller,
+// that nobody reads: left so, a later majority of this node and one that
+// lost its record would issue a token below the lease's.
+func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
+	ctx, cancel := context.WithTimeout(l.bg.ctx, max(ttl, time.Second))
 	defer cancel()
+	keys := []string{k.lock, revokeKey}
+	args := []any{owner, max(ttl, revokeFor).Milliseconds()}
+	if token != 0 {
+		keys = append(keys, k.token)
+		args = append(args, token)
+	}
 	for failures := 1; ; failures++ {
 		d := min(10*time.Millisecond<<min(failures-1, 7), time.Second)
 		t := time.NewTimer(d/2 + mrand.N(d/2+1))
@@ -815,7 +878,7 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 			return
 		case <-t.C:
 		}
-		err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
+		err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
 		if err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
 			return
 		}

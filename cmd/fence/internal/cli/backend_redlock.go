@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/redlock"
@@ -38,8 +40,19 @@ func (b *redlockBackend) locker(cmd *cobra.Command) (fence.Locker, func(), error
 	return b.open(cmd)
 }
 
+// redlockCloseTimeout bounds the wait, before fence exits, for the Locker's
+// background work: Release returns once a majority deleted the lock, and
+// the other nodes' deletes would die with the process, leaving those nodes
+// locked for the lease time. A delete answers within the node timeout (at
+// most 1 s by default); 3 s is also go-redis's default read timeout, within
+// which a request to a hung node ends.
+const redlockCloseTimeout = 3 * time.Second
+
 // open builds one client per URL and the Locker over them; the returned
-// func closes the clients.
+// func closes the Locker (waiting for its background work, at most
+// redlockCloseTimeout, whatever the command's context: it runs after a
+// signal too, and warns on stderr of what it could not finish), then the
+// clients.
 func (b *redlockBackend) open(cmd *cobra.Command) (*redlock.Locker, func(), error) {
 	var clients []redis.UniversalClient
 	closeAll := func() {
@@ -69,7 +82,17 @@ func (b *redlockBackend) open(cmd *cobra.Command) (*redlock.Locker, func(), erro
 		closeAll()
 		return nil, nil, exitWith(ExitUsage, err)
 	}
-	return l, closeAll, nil
+	stderr := cmd.ErrOrStderr()
+	closeLocker := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), redlockCloseTimeout)
+		defer cancel()
+		if err := l.Close(ctx); err != nil {
+			fmt.Fprintf(stderr, "fence: %s (a node not reached keeps the lock until its lease time runs out; a majority is free)\n",
+				scrub(err.Error(), []string{"--redlock", b.urls}))
+		}
+		closeAll()
+	}
+	return l, closeLocker, nil
 }
 
 // redactURLs is redactURL over a comma-separated list.

@@ -137,6 +137,13 @@ func Main() int {
 			fmt.Fprintln(os.Stderr, "lab worker:", err)
 			return 2
 		}
+		// Before the clients close (deferred earlier, run later): the
+		// deletes Release left in flight past the majority finish.
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			_ = l.Close(ctx)
+		}()
 		w.locker = l
 	case s.ZooKeeper != "":
 		l, closeZK, err := zookeeperLocker(s)

@@ -1,0 +1,186 @@
+package cli_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redlock"
+)
+
+// slowLink is a TCP proxy to a server that forwards what the client sends
+// delay after it came, and drops what it has not forwarded yet when the
+// client's side closes: a request still on its way when the client process
+// exits never reaches the server (as one not yet written when the process
+// died). Replies come back at once.
+type slowLink struct {
+	ln    net.Listener
+	delay time.Duration
+	wg    sync.WaitGroup
+
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startSlowLink(t *testing.T, upstream string, delay time.Duration) *slowLink {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &slowLink{ln: ln, delay: delay}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			p.wg.Go(func() { _, _ = io.Copy(c, u); _ = c.Close() })
+			p.wg.Go(func() { p.forward(c, u) })
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *slowLink) addr() string { return p.ln.Addr().String() }
+
+// forward copies c to u, each chunk delay after it was read; once c ends,
+// the chunks not forwarded are dropped and u is closed.
+func (p *slowLink) forward(c, u net.Conn) {
+	type chunk struct {
+		b   []byte
+		due time.Time
+	}
+	chunks := make(chan chunk, 1024)
+	gone := make(chan struct{})
+	p.wg.Go(func() {
+		defer close(gone)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				chunks <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(p.delay)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	defer u.Close()
+	for {
+		select {
+		case <-gone:
+			return // the client went: what is still held back is lost
+		case ch := <-chunks:
+			t := time.NewTimer(time.Until(ch.due))
+			select {
+			case <-gone:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if _, err := u.Write(ch.b); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// fence exec --redlock with one node behind a slow link (every request
+// reaches it 300 ms late, within the 1 s node timeout of a watchdog lease):
+// Release returns once the two fast nodes deleted the lock, and exec must
+// still wait, before it exits, for the delete on its way to the slow node.
+// Without Locker.Close the delete is dropped with the process and the slow
+// node stays locked for the lease time (the CI failure of the first
+// "Release at a majority").
+func TestExecRedlockSlowNode(t *testing.T) {
+	var srvs []*redistest.Server
+	for range 3 {
+		srvs = append(srvs, redistest.Start(t))
+	}
+	slow := startSlowLink(t, srvs[2].Addr, 300*time.Millisecond)
+	urls := strings.Join([]string{redisURL(srvs[0]), redisURL(srvs[1]), "redis://" + slow.addr()}, ",")
+	for round := range 3 {
+		start := time.Now()
+		// The command runs past the slow node's grant (300 ms late), so
+		// that the lock is taken there too before Release.
+		_, errOut, code := fence(t, nil, "exec", "--redlock", urls, "job", "--", "sleep", "1")
+		took := time.Since(start)
+		if code != 0 {
+			t.Fatalf("round %d: exec --redlock: exit %d: %s", round, code, errOut)
+		}
+		// Read straight from the servers, the moment exec has exited.
+		for i, s := range srvs {
+			n, err := s.Client(t).Exists(context.Background(), redlock.DefaultPrefix+":{job}").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != 0 {
+				t.Fatalf("round %d: node %d still locked after exec exited (%v): the delete on its way there died with the process", round, i, took)
+			}
+		}
+		if strings.Contains(errOut, "not finished") {
+			t.Fatalf("round %d: exec warned: %s", round, errOut)
+		}
+	}
+}
+
+// A node hung (SIGSTOP) for longer than exec's bound on Close: exec exits
+// within that bound after the command, with the lock released on the two
+// running nodes, and warns on stderr which node it could not reach; the hung
+// node keeps the lock until it runs out (a majority is free: another exec
+// gets the lock at once).
+func TestExecRedlockHungNodeBoundedExit(t *testing.T) {
+	var srvs []*redistest.Server
+	for range 3 {
+		srvs = append(srvs, redistest.Start(t))
+	}
+	urls := strings.Join([]string{redisURL(srvs[0]), redisURL(srvs[1]), redisURL(srvs[2])}, ",")
+	// The command hangs node 2 before it exits, so that Release finds it hung.
+	info, err := srvs[2].Client(t).Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(info, "process_id:")
+	pid, _, _ := strings.Cut(rest, "\r\n")
+	t.Cleanup(func() { srvs[2].Signal(syscall.SIGCONT) })
+	start := time.Now()
+	_, errOut, code := fence(t, nil, "exec", "--redlock", urls, "--ttl", "10s", "job", "--", "sh", "-c", "kill -STOP "+pid)
+	took := time.Since(start)
+	if code != 0 {
+		t.Fatalf("exec: exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(errOut, "not finished") || !strings.Contains(errOut, srvs[2].Addr) || strings.Contains(errOut, srvs[0].Addr) {
+		t.Fatalf("exec with node 2 hung: stderr %q, want a warning naming node 2 only", errOut)
+	}
+	if took > 8*time.Second {
+		t.Fatalf("exec with node 2 hung took %v", took)
+	}
+	_, errOut, code = fence(t, nil, "exec", "--redlock", urls, "job", "--", "true")
+	if code != 0 {
+		t.Fatalf("a second exec with node 2 still hung: exit %d: %s", code, errOut)
+	}
+}

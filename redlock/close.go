@@ -1,0 +1,249 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrClosed means the Locker was closed: Acquire after Close (or an
+// acquisition that Close overtook, whose lease was released at once) sends
+// nothing and returns an error matching both fence.ErrNotAcquired and
+// ErrClosed.
+var ErrClosed = errors.New("redlock: locker closed")
+
+// CloseError means Close's context ended before the Locker's background
+// work did: the releases still on their way to the nodes listed (a node
+// hung or partitioned) were stopped, and each of those nodes may keep the
+// lock it was releasing until its lease time runs out. A majority of the
+// nodes is free (the releases returned once a majority had deleted the
+// lock), so no lease's safety depends on it; another owner may only have
+// to wait for a majority of free nodes on every try. It matches the
+// context's error.
+type CloseError struct {
+	// Nodes are the positions, in New's clients, of the nodes whose
+	// background requests had not finished, with their addresses
+	// where their clients tell them.
+	Nodes []int
+	Addrs []string
+	// Left is how many background requests (and acquisitions under
+	// way) had not finished.
+	Left int
+	// Err is the context's error.
+	Err error
+}
+
+func (e *CloseError) Error() string {
+	names := make([]string, len(e.Nodes))
+	for k, i := range e.Nodes {
+		names[k] = fmt.Sprintf("node %d", i)
+		if e.Addrs[k] != "" {
+			names[k] += " (" + e.Addrs[k] + ")"
+		}
+	}
+	return fmt.Sprintf("redlock: close: %d background requests not finished, on %s: %v", e.Left, strings.Join(names, ", "), e.Err)
+}
+
+// Unwrap returns the context's error.
+func (e *CloseError) Unwrap() error { return e.Err }
+
+// background is a Locker's work that goes on after the call that started
+// it has returned: the releases that Release does not wait for, the
+// requests of an acquisition still out when it was decided (a late grant
+// is given back by them), the releases of failed tries, and their retries.
+// Close waits for it.
+type background struct {
+	// ctx ends the retries (and bounds the requests) of the work, once
+	// Close has given up waiting for it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	closed atomic.Bool // Close was called (also set under mu)
+
+	mu      sync.Mutex
+	left    int                 // requests and retries not finished
+	perNode []int               // left, by node
+	idle    chan struct{}       // made by a waiting Close, closed when left drops to 0
+	leases  map[*lease]struct{} // leases not ended, which Close releases
+}
+
+func (b *background) init(n int) {
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.perNode = make([]int, n)
+	b.leases = make(map[*lease]struct{})
+}
+
+// add counts a piece of background work on node i; done must follow.
+func (b *background) add(i int) {
+	b.mu.Lock()
+	b.left++
+	b.perNode[i]++
+	b.mu.Unlock()
+}
+
+// addAll counts one piece on every node of n.
+func (b *background) addAll(n int) {
+	b.mu.Lock()
+	b.left += n
+	for i := range n {
+		b.perNode[i]++
+	}
+	b.mu.Unlock()
+}
+
+// done ends a piece of work counted by add on node i.
+func (b *background) done(i int) {
+	b.mu.Lock()
+	b.left--
+	b.perNode[i]--
+	if b.left == 0 && b.idle != nil {
+		close(b.idle)
+		b.idle = nil
+	}
+	b.mu.Unlock()
+}
+
+// enter counts an acquisition try as work under way (not tied to a node),
+// so that Close waits for it; it returns false, counting nothing, once Close
+// was called. leave must follow a true.
+func (b *background) enter() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.left++
+	return true
+}
+
+// leave ends a try counted by enter.
+func (b *background) leave() {
+	b.mu.Lock()
+	b.left--
+	if b.left == 0 && b.idle != nil {
+		close(b.idle)
+		b.idle = nil
+	}
+	b.mu.Unlock()
+}
+
+// register lists a new lease for Close to release; it returns false, doing
+// nothing, once Close was called.
+func (b *background) register(ls *lease) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.leases[ls] = struct{}{}
+	return true
+}
+
+// forget takes an ended lease off the list.
+func (b *background) forget(ls *lease) {
+	b.mu.Lock()
+	delete(b.leases, ls)
+	b.mu.Unlock()
+}
+
+// Close releases the leases of this Locker still held, then waits, until
+// ctx ends, for the Locker's background work to finish: the releases that
+// Release returned without waiting for (it returns once a majority deleted
+// the lock), the give-back of grants that came after their acquisition was
+// decided, and the releases of failed tries, with their retries. A program
+// should call it before it exits: that work dies with the process, and a
+// node it had not reached yet keeps the lock until the lease time runs out
+// (safety is unaffected, since a majority is free, but the next owner may
+// have to wait for that node on a try where another is slow).
+//
+// Close returns nil once everything is done, the errors of the releases of
+// leases still held (as their Release would have returned them), and a
+// *CloseError naming the nodes whose requests had not finished if ctx
+// ended first: the retries are then stopped, and requests in flight end
+// when their client gives up on them, within its read timeout (go-redis
+// takes no socket deadline from the context unless ContextTimeoutEnabled is
+// set; a later Close waits for them). It closes
+// nothing it was given: the clients stay open, for the caller to close
+// after Close.
+//
+// After Close, Acquire returns an error matching fence.ErrNotAcquired and
+// ErrClosed, and sends nothing; an Acquire under way when Close is called
+// either returns a lease that Close releases, or releases its lease itself
+// and returns that error. Release of a lease that Close released returns
+// what Close's release returned; Extend of it, the lease's Err. Status goes
+// on working. Close is safe to call concurrently and more than once.
+//
+// Close is the Locker's counterpart of etcd's concurrency.Session.Close,
+// which revokes the session's lease and with it every lock it holds: a
+// Locker's leases outlive no Close. A program that wants its lock held
+// after it exits (until the lease time) should not call Close.
+func (l *Locker) Close(ctx context.Context) error {
+	b := &l.bg
+	b.mu.Lock()
+	b.closed.Store(true)
+	held := make([]*lease, 0, len(b.leases))
+	for ls := range b.leases {
+		held = append(held, ls)
+	}
+	b.mu.Unlock()
+	var errs []error
+	if len(held) > 0 {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, ls := range held {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := ls.Release(ctx); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	b.mu.Lock()
+	if b.left == 0 {
+		b.mu.Unlock()
+		return errors.Join(errs...)
+	}
+	if b.idle == nil {
+		b.idle = make(chan struct{})
+	}
+	idle := b.idle
+	b.mu.Unlock()
+	select {
+	case <-idle:
+		return errors.Join(errs...)
+	case <-ctx.Done():
+	}
+	b.cancel()
+	b.mu.Lock()
+	ce := &CloseError{Left: b.left, Err: ctx.Err()}
+	for i, n := range b.perNode {
+		if n > 0 {
+			ce.Nodes = append(ce.Nodes, i)
+			ce.Addrs = append(ce.Addrs, l.addr(i))
+		}
+	}
+	b.mu.Unlock()
+	if ce.Left == 0 {
+		// Finished as ctx ended.
+		return errors.Join(errs...)
+	}
+	return errors.Join(append(errs, ce)...)
+}
+
+// addr is node i's address, when its client tells it.
+func (l *Locker) addr(i int) string {
+	if o, ok := l.nodes[i].(interface{ Options() *redis.Options }); ok && o.Options() != nil {
+		return o.Options().Addr
+	}
+	return ""
+}
