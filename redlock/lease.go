@@ -367,8 +367,10 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // Release deletes the lock on every node where this lease still owns it;
 // see fence.Lease. It returns nil when a majority deleted it, an error
 // matching fence.ErrLeaseLost when too few nodes still held it for a
-// majority, and otherwise the nodes' errors (call again to retry). The
-// lease ends locally at once, whatever the nodes answer.
+// majority, and otherwise the nodes' errors (call again to retry). A retry
+// counts the lock found gone on a node where the last call's delete failed
+// or had not answered as deleted: that delete, or its background retry, may
+// have run there. The lease ends locally at once, whatever the nodes answer.
 //
 // Release returns as soon as its outcome is known, not when the slowest
 // node has answered: once a majority has deleted the lock, or once so many
@@ -422,10 +424,16 @@ func (ls *lease) Release(ctx context.Context) error {
 			return ls.noQuorum(rs, prev)
 		}
 		prev.mu.Lock()
+		f.ours = make([]bool, n)
 		for i, r := range prev.rs {
 			if r.got && r.err == nil {
 				f.rs[i] = r
 				f.left--
+			} else {
+				// Its delete, or the background retry of it, may
+				// have run there: the lock found gone is no sign
+				// that the lease was lost.
+				f.ours[i] = true
 			}
 		}
 		f.deleted, f.gone = prev.deleted, prev.gone
@@ -535,10 +543,16 @@ type relFanout struct {
 	wake   chan struct{}      // closed once the outcome is known, or every node answered
 	cancel context.CancelFunc // ends the requests' context; called by the last reply
 
+	// ours lists, on a retry, the nodes where an earlier call's request
+	// failed or had not answered (nil: none): it, or its background
+	// retry, may have deleted the lock there, so a reply that finds it
+	// gone counts as deleted, not as a sign that the lease was lost.
+	ours []bool
+
 	mu      sync.Mutex
 	rs      []result // by node; got once its reply came
 	left    int      // requests not answered yet
-	deleted int      // replies that deleted the lock
+	deleted int      // replies that deleted the lock (or found it gone where ours)
 	gone    int      // replies that found it gone (another owner's, or none)
 	woke    bool
 }
@@ -552,7 +566,7 @@ func (f *relFanout) reply(i int, v int64, err error, q int) (last bool) {
 	f.rs[i] = result{err: err, at: time.Now(), got: true}
 	if err == nil {
 		f.rs[i].res = oneReply(v)
-		if v == 1 {
+		if v == 1 || f.ours != nil && f.ours[i] {
 			f.deleted++
 		} else {
 			f.gone++
