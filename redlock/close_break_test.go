@@ -37,3 +37,28 @@ func TestReleaseRetryAfterTimedOutDeletes(t *testing.T) {
 		t.Fatalf("Release retried once the lease's own deletes ran everywhere: %v, want nil", err)
 	}
 }
+
+// A fixed-TTL lease left to run out (its holder never looked at it again:
+// no Done, no Context, no Observer, so no timer ends it) is not held when
+// Close is called: Close has nothing of it to release and returns nil, as
+// it does for a lease whose end a timer saw. It returned the lease's
+// ErrLeaseLost as though a release had failed.
+func TestCloseAfterUnwatchedLeaseRanOut(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "close-ran-out"
+	l := newLocker(t, srvs, nil)
+	watched, err := l.Acquire(ctxFor(t), name+"-watched", fence.TTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	_ = watched.Done() // its expiry timer ends it
+	if _, err := l.Acquire(ctxFor(t), name, fence.TTL(300*time.Millisecond)); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	// Both run out on every node (and so past their local deadlines).
+	waitUnlocked(t, srvs, name, 10*time.Second)
+	waitUnlocked(t, srvs, name+"-watched", 10*time.Second)
+	if _, err := closeWithin(l, 5*time.Second); err != nil {
+		t.Fatalf("Close after the leases ran out: %v, want nil", err)
+	}
+}
