@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/fencekit/fence"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -199,6 +200,12 @@ func (l *Locker) Close(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if err := ls.Err(); err != nil && !errors.Is(err, fence.ErrReleased) {
+					// It ran out (unwatched: no timer ended it
+					// and took it off the list) or was lost: not
+					// held, nothing of it to release.
+					return
+				}
 				if err := ls.Release(ctx); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
