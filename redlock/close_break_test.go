@@ -1,12 +1,16 @@
 package redlock_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
 )
 
 // Release with two of three nodes paused, over clients that put the
@@ -60,5 +64,91 @@ func TestCloseAfterUnwatchedLeaseRanOut(t *testing.T) {
 	waitUnlocked(t, srvs, name+"-watched", 10*time.Second)
 	if _, err := closeWithin(l, 5*time.Second); err != nil {
 		t.Fatalf("Close after the leases ran out: %v, want nil", err)
+	}
+}
+
+// holdReleaseReply holds the replies of the release script, once it has
+// run on its node, from its caller until open is closed (when armed): the
+// deletes are done, the Release that sent them has not heard of it yet.
+type holdReleaseReply struct {
+	relHash string
+	armed   atomic.Bool
+	open    chan struct{}
+}
+
+func (h *holdReleaseReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdReleaseReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *holdReleaseReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if a := cmd.Args(); err == nil && len(a) > 1 && fmt.Sprint(a[1]) == h.relHash && h.armed.Load() {
+			<-h.open
+		}
+		return err
+	}
+}
+
+// Close releases a lease that the program is still renewing itself (its
+// own Extend loop, in another goroutine, at shutdown). A renewal that finds
+// the lock gone because Close's release deleted it must not end the lease
+// as lost: the lease ends released (Err, the Observer), Release returns
+// nil, and the renewal returns ErrReleased, not ErrLeaseLost. Here the
+// release's replies are held until the renewal has returned, so the
+// renewal sees every delete done before the release hears of them.
+func TestCloseWhileExtending(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "close-extending"
+	_, rel := redlock.ScriptHashes()
+	h := &holdReleaseReply{relHash: rel, open: make(chan struct{})}
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		c.AddHook(h)
+		cs[i] = c
+	}
+	rec := &recorder{}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout, Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := lease.Extend(ctxFor(t), 30*time.Second); err != nil { // loads extend.lua
+		t.Fatalf("Extend: %v", err)
+	}
+	warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil { // loads release.lua
+		t.Fatalf("Release: %v", err)
+	}
+	waitUnlocked(t, srvs, name+"-warm", 5*time.Second)
+	h.armed.Store(true)
+	closed := make(chan error, 1)
+	go func() { _, err := closeWithin(l, 10*time.Second); closed <- err }()
+	waitUnlocked(t, srvs, name, 5*time.Second) // Close's deletes ran
+	extErr := lease.Extend(ctxFor(t), 30*time.Second)
+	close(h.open)
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := lease.Err(); !errors.Is(err, fence.ErrReleased) {
+		t.Errorf("lease released by Close while renewed: Err %v, want ErrReleased", err)
+	}
+	if extErr == nil || errors.Is(extErr, fence.ErrLeaseLost) {
+		t.Errorf("renewal during Close's release = %v, want an error (the lease is released), not ErrLeaseLost", extErr)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, e := range rec.ends {
+		if e.Cause != fence.Released {
+			t.Errorf("the Observer was told the lease ended as %v (%v), want Released", e.Cause, e.Err)
+		}
 	}
 }
