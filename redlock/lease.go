@@ -74,6 +74,10 @@ type lease struct {
 	expCause fence.LeaseCause // the cause the deadline ends the lease with
 	err      error            // why the lease ended; nil while held
 	released bool             // Release reached a conclusion, kept in relErr
+	// releasing is set by Release before it sends its deletes: a renewal
+	// that finds the lock gone from then on may have been overtaken by
+	// them, and leaves the verdict to Release.
+	releasing bool
 	relErr   error
 	granted  time.Time // when the lease started, for the hold time
 
@@ -304,6 +308,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.mu.Unlock()
 	if len(l.nodes)-gone < l.quorum {
+		ls.mu.Lock()
+		releasing := ls.releasing
+		ls.mu.Unlock()
+		if releasing {
+			// Release's deletes may be what it found: Release says
+			// whether the lease was lost, and ends it.
+			return fmt.Errorf("redlock: extend %q: %w", ls.name, fence.ErrReleased)
+		}
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone-late, len(l.nodes))
 		if late > 0 {
 			lost = fmt.Errorf("%w, and %d renewals reached their node after the lease's deadline", lost, late)
@@ -353,7 +365,10 @@ func (ls *lease) giveBack(nodes []int) {
 
 // Extend sets the lease to expire ttl from now on a majority of the nodes;
 // see fence.Lease. A watchdog lease goes on being renewed with its watchdog
-// TTL afterwards.
+// TTL afterwards. Run while Release (or Close) releases the lease, a
+// renewal that finds the lock gone returns an error matching
+// fence.ErrReleased and leaves it to Release to say whether the lease was
+// lost: Release's own deletes may be what it found.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
@@ -394,6 +409,9 @@ func (ls *lease) Release(ctx context.Context) error {
 	// Lost before Release, not while it waits for a slow node: the holder
 	// stopped using the lease when it called Release.
 	lostBefore := ls.Err()
+	ls.mu.Lock()
+	ls.releasing = true
+	ls.mu.Unlock()
 	l := ls.locker
 	// The same keys and arguments for every node, the acquisition's; the
 	// nodes whose grant has not come get the revocation mark too: if the
