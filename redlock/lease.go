@@ -74,12 +74,13 @@ type lease struct {
 	expCause fence.LeaseCause // the cause the deadline ends the lease with
 	err      error            // why the lease ended; nil while held
 	released bool             // Release reached a conclusion, kept in relErr
+	relErr   error
+	granted  time.Time // when the lease started, for the hold time
+
 	// releasing is set by Release before it sends its deletes: a renewal
 	// that finds the lock gone from then on may have been overtaken by
 	// them, and leaves the verdict to Release.
 	releasing bool
-	relErr   error
-	granted  time.Time // when the lease started, for the hold time
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
