@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -150,5 +151,71 @@ func TestCloseWhileExtending(t *testing.T) {
 		if e.Cause != fence.Released {
 			t.Errorf("the Observer was told the lease ended as %v (%v), want Released", e.Cause, e.Err)
 		}
+	}
+}
+
+// Close gives up while an Acquire is still at its first contact with a
+// paused node (the ping before the acquisition, not counted on any node):
+// the *CloseError must still say what was left, not "on " followed by no
+// node at all. The Acquire then fails with ErrClosed or returns a lease
+// that Close was too early to release: either way nothing stays locked on
+// the running nodes once it has returned and the node is woken.
+func TestCloseErrorDuringFirstContact(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "close-first-contact"
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := pause(t, srvs[2:])
+	acquired := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctxFor(t), name, fence.TTL(30*time.Second))
+		if err == nil {
+			err = lease.Release(ctxFor(t))
+		}
+		acquired <- err
+	}()
+	// The first contact waits for the paused node up to DefaultConnectTimeout.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := srvs[0].Client(t).Info(ctxFor(t), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(n, "cmdstat_ping:") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Acquire did not ping node 0")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	_, err = closeWithin(l, 200*time.Millisecond)
+	var ce *redlock.CloseError
+	if !errors.As(err, &ce) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close during the first contact = %v, want a *CloseError", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "on :") || strings.HasSuffix(strings.TrimSuffix(msg, ": "+context.DeadlineExceeded.Error()), "on") {
+		t.Errorf("CloseError %q names nothing where it says \"on\"", msg)
+	}
+	if ce.Left < 1 {
+		t.Errorf("CloseError.Left = %d with an Acquire under way", ce.Left)
+	}
+	resume()
+	if err := <-acquired; err != nil && !errors.Is(err, redlock.ErrClosed) {
+		t.Fatalf("Acquire overtaken by Close: %v, want a lease or ErrClosed", err)
+	}
+	if took, err := closeWithin(l, 20*time.Second); err != nil {
+		t.Fatalf("second Close (after %v): %v", took, err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Fatalf("locked on %v after the second Close returned nil", on)
 	}
 }
