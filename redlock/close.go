@@ -29,7 +29,8 @@ var ErrClosed = errors.New("redlock: locker closed")
 type CloseError struct {
 	// Nodes are the positions, in New's clients, of the nodes whose
 	// background requests had not finished, with their addresses
-	// where their clients tell them.
+	// where their clients tell them; none when only acquisitions under
+	// way were left, between their requests.
 	Nodes []int
 	Addrs []string
 	// Left is how many background requests (and acquisitions under
@@ -40,6 +41,11 @@ type CloseError struct {
 }
 
 func (e *CloseError) Error() string {
+	if len(e.Nodes) == 0 {
+		// Only acquisitions under way, between their requests (the
+		// first contact's ping, say).
+		return fmt.Sprintf("redlock: close: %d acquisitions under way not finished: %v", e.Left, e.Err)
+	}
 	names := make([]string, len(e.Nodes))
 	for k, i := range e.Nodes {
 		names[k] = fmt.Sprintf("node %d", i)
