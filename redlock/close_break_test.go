@@ -219,3 +219,52 @@ func TestCloseErrorDuringFirstContact(t *testing.T) {
 		t.Fatalf("locked on %v after the second Close returned nil", on)
 	}
 }
+
+// Close gives up (its deadline) while the release of node 2 is being
+// retried in the background (every attempt cut before it leaves): the
+// retries stop, node 2 keeps the lock, and the *CloseError says so. A later
+// Close must not then return nil, as if the Locker's work were done: node 2
+// is still locked, and nothing will delete it; it reports the node again.
+func TestCloseAfterGivingUpReportsStoppedRetries(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "close-stopped", 30 * time.Second
+	acq, rel := redlock.ScriptHashes()
+	h := &cutRelease{acqHash: acq, relHash: rel, acqDone: make(chan struct{}), relSent: make(chan struct{}, 1)}
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	cs[2].AddHook(h)
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	h.cut.Store(1 << 30) // every release to node 2, and every retry, is cut
+	t.Cleanup(func() { h.cut.Store(0) })
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	_, err = closeWithin(l, 300*time.Millisecond)
+	var ce *redlock.CloseError
+	if !errors.As(err, &ce) || fmt.Sprint(ce.Nodes) != "[2]" {
+		t.Fatalf("Close with node 2's release retried = %v, want a *CloseError naming node 2", err)
+	}
+	if on := lockedOn(t, srvs, name); fmt.Sprint(on) != "[2]" {
+		t.Fatalf("locked on %v after the first Close, want [2]", on)
+	}
+	took, err := closeWithin(l, 5*time.Second)
+	if err == nil {
+		if on := lockedOn(t, srvs, name); len(on) != 0 {
+			t.Fatalf("second Close returned nil after %v with node 2's release stopped and %s locked on %v", took, name, on)
+		}
+	}
+	if !errors.As(err, &ce) || fmt.Sprint(ce.Nodes) != "[2]" || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second Close = %v, want the *CloseError naming node 2, matching the first Close's DeadlineExceeded", err)
+	}
+}
