@@ -875,11 +875,20 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if l.bg.ctx.Err() != nil {
+				l.bg.stop(i) // Close gave up: a later one reports it
+			}
 			return
 		case <-t.C:
 		}
 		err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
-		if err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
+		switch {
+		case err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed):
+			return
+		case ctx.Err() != nil:
+			if l.bg.ctx.Err() != nil {
+				l.bg.stop(i)
+			}
 			return
 		}
 	}
