@@ -875,7 +875,7 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			if l.bg.ctx.Err() != nil {
+			if errors.Is(ctx.Err(), context.Canceled) {
 				l.bg.stop(i) // Close gave up: a later one reports it
 			}
 			return
@@ -886,7 +886,7 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 		case err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed):
 			return
 		case ctx.Err() != nil:
-			if l.bg.ctx.Err() != nil {
+			if errors.Is(ctx.Err(), context.Canceled) {
 				l.bg.stop(i)
 			}
 			return
