@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 )
@@ -266,5 +268,68 @@ func TestCloseAfterGivingUpReportsStoppedRetries(t *testing.T) {
 	}
 	if !errors.As(err, &ce) || fmt.Sprint(ce.Nodes) != "[2]" || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("second Close = %v, want the *CloseError naming node 2, matching the first Close's DeadlineExceeded", err)
+	}
+}
+
+// commands is how many commands the server has processed, less the INFO
+// calls that read it.
+func commands(t *testing.T, s *redistest.Server, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(ctxFor(t), "stats").Result()
+	if err != nil {
+		t.Fatalf("INFO: %v", err)
+	}
+	_, rest, _ := strings.Cut(info, "total_commands_processed:")
+	line, _, _ := strings.Cut(rest, "\r\n")
+	n, err := strconv.ParseInt(line, 10, 64)
+	if err != nil {
+		t.Fatalf("INFO stats: %q: %v", line, err)
+	}
+	return n
+}
+
+// After Close, Acquire (with or without a wait budget, on a Locker that
+// never reached its nodes, and on one that did) sends nothing at all to
+// any node: no ping of a first contact, no script, no connection. Status
+// still works.
+func TestAcquireAfterCloseSendsNothing(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "closed-silent"
+	readers := make([]*redis.Client, len(srvs))
+	for i, s := range srvs {
+		readers[i] = s.Client(t)
+	}
+	for _, used := range []bool{false, true} {
+		l := newLocker(t, srvs, nil)
+		if used {
+			lease, err := l.Acquire(ctxFor(t), name, fence.TTL(10*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lease.Release(ctxFor(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := closeWithin(l, 5*time.Second); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		before := make([]int64, len(srvs))
+		for i, s := range srvs {
+			before[i] = commands(t, s, readers[i])
+		}
+		for _, opts := range [][]fence.Option{nil, {fence.TTL(time.Second)}, {fence.Wait(time.Second)}} {
+			if _, err := l.Acquire(ctxFor(t), name, opts...); !errors.Is(err, redlock.ErrClosed) || !errors.Is(err, fence.ErrNotAcquired) {
+				t.Fatalf("Acquire%v after Close = %v, want ErrClosed", opts, err)
+			}
+		}
+		for i, s := range srvs {
+			// Each INFO counts itself: one more than before.
+			if n := commands(t, s, readers[i]) - before[i]; n != 1 {
+				t.Fatalf("used=%v: node %d processed %d commands during Acquire after Close", used, i, n-1)
+			}
+		}
+		if _, err := l.Status(ctxFor(t), name); err != nil {
+			t.Fatalf("Status after Close: %v", err)
+		}
 	}
 }
