@@ -333,3 +333,58 @@ func TestAcquireAfterCloseSendsNothing(t *testing.T) {
 		}
 	}
 }
+
+// Close overtakes an Acquire between its requests and its replies: the
+// acquisition succeeds on the nodes, and the try releases it itself and
+// fails with ErrClosed. No lease was granted, so the Observer, told of a
+// failed Acquire, must not be told of a lease's end either (LeaseEnded is
+// once per granted lease: a hold-time histogram would count a lease that
+// nobody held), and nothing stays locked once Close has returned.
+func TestCloseOvertakingAcquireReportsNoLease(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "close-overtaken"
+	rec := &recorder{}
+	l := newLocker(t, srvs, &redlock.Options{NodeTimeout: generous, Observer: rec})
+	closed := make(chan error, 1)
+	var armed atomic.Bool
+	armed.Store(true)
+	redlock.SetBeforeReplies(l, func() {
+		if !armed.CompareAndSwap(true, false) {
+			return // the probes' own tries
+		}
+		go func() { _, err := closeWithin(l, 10*time.Second); closed <- err }()
+		// Until Close was called: a probe's Acquire then fails at once,
+		// sending nothing (one that got in first is released).
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			probe, err := l.Acquire(context.Background(), name+"-probe", fence.TTL(10*time.Second))
+			if errors.Is(err, redlock.ErrClosed) {
+				return
+			}
+			if err == nil {
+				_ = probe.Release(context.Background())
+			}
+			if time.Now().After(deadline) {
+				t.Error("Close was not called")
+				return
+			}
+			time.Sleep(time.Millisecond) // polling with a deadline
+		}
+	})
+	if _, err := l.Acquire(ctxFor(t), name, fence.TTL(10*time.Second)); !errors.Is(err, redlock.ErrClosed) {
+		t.Fatalf("Acquire overtaken by Close = %v, want ErrClosed", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Fatalf("locked on %v after Close returned nil", on)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, e := range rec.ends {
+		if e.Name == name {
+			t.Errorf("the Observer was told of the end of a lease that no Acquire granted: %+v", e)
+		}
+	}
+}
