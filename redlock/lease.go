@@ -81,6 +81,10 @@ type lease struct {
 	// that finds the lock gone from then on may have been overtaken by
 	// them, and leaves the verdict to Release.
 	releasing bool
+	// unreported: the lease was never granted (Close overtook its
+	// acquisition, which released it and failed): its end is told to
+	// neither the Observer nor the Logger.
+	unreported bool
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
@@ -205,9 +209,9 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 		return
 	}
 	ls.endLocked(why)
-	ctx := ls.ctx
+	ctx, unreported := ls.ctx, ls.unreported
 	ls.mu.Unlock()
-	if l := ls.locker; l.log != nil || l.obs != nil {
+	if l := ls.locker; !unreported && (l.log != nil || l.obs != nil) {
 		if ctx == nil {
 			ctx = ls.parent
 		}

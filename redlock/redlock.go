@@ -726,7 +726,11 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	if !l.bg.register(ls) {
 		// Close was called while the try was out, and will not release
 		// this lease: release it here (its background work is Close's
-		// to wait for, as any).
+		// to wait for, as any). It was never granted: its end is not
+		// reported.
+		ls.mu.Lock()
+		ls.unreported = true
+		ls.mu.Unlock()
 		_ = ls.Release(context.WithoutCancel(ctx))
 		return nil, ErrClosed
 	}
