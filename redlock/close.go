@@ -25,7 +25,9 @@ var ErrClosed = errors.New("redlock: locker closed")
 // nodes is free (the releases returned once a majority had deleted the
 // lock), so no lease's safety depends on it; another owner may only have
 // to wait for a majority of free nodes on every try. It matches the
-// context's error.
+// context's error. A later Close, once the work left has finished, returns
+// one too (with that first context's error) if releases were stopped
+// before they reached their nodes.
 type CloseError struct {
 	// Nodes are the positions, in New's clients, of the nodes whose
 	// background requests had not finished, with their addresses
@@ -130,8 +132,8 @@ func (b *background) stop(i int) {
 	b.mu.Unlock()
 }
 
-// stoppedError returns the *CloseError that reports the releases stopped by
-// a Close that gave up, nil if none was; b.mu is held.
+// stoppedErrorLocked returns the *CloseError that reports the releases
+// stopped by a Close that gave up, nil if none was; b.mu is held.
 func (b *background) stoppedErrorLocked(l *Locker) *CloseError {
 	var ce *CloseError
 	for i, n := range b.stopped {
