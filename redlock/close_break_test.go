@@ -388,3 +388,52 @@ func TestCloseOvertakingAcquireReportsNoLease(t *testing.T) {
 		}
 	}
 }
+
+// As TestCloseWaitsForReleaseAtMajority, over clients that put the
+// context's deadline on the socket: node 2's acquisition and then its
+// release (a revocation: the grant never came) time out on the client's
+// side while they sit, unread, in the paused node's socket, and go-redis
+// closes their connections. Close waits for the release's background
+// retry; the node is woken while it waits and runs, in some order, the
+// acquisition, the first revocation and the retry. The moment Close
+// returns nil node 2 holds no lock, and a late grant there was refused or
+// deleted, not left.
+func TestCloseWithSocketDeadlinesPausedNode(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "close-socket-deadlines", 30 * time.Second
+	l := newLocker(t, srvs, &redlock.Options{NodeTimeout: 300 * time.Millisecond})
+	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl)) // loads the scripts
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second)
+	before := scriptCalls(t, srvs[2])
+	resume := pause(t, srvs[2:])
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("Acquire with node 2 paused: %v", err)
+	}
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := closeWithin(l, 20*time.Second); done <- err }()
+	select {
+	case err := <-done:
+		t.Fatalf("Close returned %v with node 2 paused", err)
+	case <-time.After(time.Second): // past the client-side timeouts of both requests
+	}
+	resume()
+	if err := <-done; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Fatalf("locked on %v the moment Close returned nil", on)
+	}
+	if n := scriptCalls(t, srvs[2]) - before; n < 2 {
+		t.Fatalf("node 2 ran %d scripts after it was woken, want the acquisition and a release", n)
+	}
+}
