@@ -437,3 +437,97 @@ func TestCloseWithSocketDeadlinesPausedNode(t *testing.T) {
 		t.Fatalf("node 2 ran %d scripts after it was woken, want the acquisition and a release", n)
 	}
 }
+
+// countRelease counts the release script calls made through a client.
+type countRelease struct {
+	relHash string
+	n       atomic.Int32
+}
+
+func (h *countRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *countRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && fmt.Sprint(a[1]) == h.relHash {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A Release with a cancelled context concludes nothing; node 2 is paused,
+// so its delete is still out when the two others have deleted the lock. A
+// retry is then decided by those late replies, and must send nothing more:
+// node 2's delete is on its way, and a second one (sent on a context the
+// decision had already cancelled, so failing at once) set off background
+// retries of its own, which a Close that gave up reported as releases it
+// had stopped. Once Close returns, node 2 was sent one release, and a Close
+// with a cancelled context, called while the node is still paused, names
+// only what is really out.
+func TestReleaseRetryDecidedSendsNothing(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "retry-decided", 30 * time.Second
+	_, rel := redlock.ScriptHashes()
+	h := &countRelease{relHash: rel}
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	cs[2].AddHook(h)
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl)) // loads the scripts
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second)
+	if _, err := closeWithin(l, 5*time.Second); err != nil {
+		t.Fatalf("Close after the warm-up: %v", err)
+	}
+	l, err = redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range srvs {
+		// The acquisition ran everywhere: every delete finds the lock.
+		waitLocked(t, s, name, 5*time.Second)
+	}
+	resume := pause(t, srvs[2:])
+	h.n.Store(0)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := lease.Release(cancelled); err == nil {
+		t.Fatal("Release with a cancelled context returned nil at once")
+	}
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("retried Release: %v", err)
+	}
+	if _, err := closeWithin(l, 200*time.Millisecond); err == nil {
+		t.Fatal("Close returned nil with node 2's delete in its paused socket")
+	}
+	resume()
+	_, err = closeWithin(l, 20*time.Second)
+	if n := h.n.Load(); n != 1 {
+		t.Errorf("node 2 was sent %d releases, want the first call's one", n)
+	}
+	var ce *redlock.CloseError
+	if errors.As(err, &ce) {
+		t.Errorf("Close after node 2 ran its delete reports releases stopped: %v", err)
+	} else if err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second)
+}
