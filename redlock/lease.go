@@ -466,14 +466,19 @@ func (ls *lease) Release(ctx context.Context) error {
 	// returns is answered in the background, within the node timeout.
 	var rctx context.Context
 	rctx, f.cancel = context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	if f.left == 0 || f.deleted >= q || n-f.gone < q {
+	decided := f.left == 0 || f.deleted >= q || n-f.gone < q
+	if decided {
 		f.woke = true // decided by the last call's late replies
 		close(f.wake)
 		f.cancel()
 	}
 	for i := range n {
-		if f.rs[i].got {
-			continue // the last call's request deleted it, or found it gone
+		if decided || f.rs[i].got {
+			// The last call's request deleted it, or found it gone;
+			// or the outcome is known, and the last call's requests
+			// still out (and the background retries of those that
+			// failed) are left to finish.
+			continue
 		}
 		l.bg.add(i)
 		l.spawn(func() {
