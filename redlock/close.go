@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/fencekit/fence"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -24,11 +25,14 @@ var ErrClosed = errors.New("redlock: locker closed")
 // nodes is free (the releases returned once a majority had deleted the
 // lock), so no lease's safety depends on it; another owner may only have
 // to wait for a majority of free nodes on every try. It matches the
-// context's error.
+// context's error. A later Close, once the work left has finished, returns
+// one too (with that first context's error) if releases were stopped
+// before they reached their nodes.
 type CloseError struct {
 	// Nodes are the positions, in New's clients, of the nodes whose
 	// background requests had not finished, with their addresses
-	// where their clients tell them.
+	// where their clients tell them; none when only acquisitions under
+	// way were left, between their requests.
 	Nodes []int
 	Addrs []string
 	// Left is how many background requests (and acquisitions under
@@ -39,6 +43,11 @@ type CloseError struct {
 }
 
 func (e *CloseError) Error() string {
+	if len(e.Nodes) == 0 {
+		// Only acquisitions under way, between their requests (the
+		// first contact's ping, say).
+		return fmt.Sprintf("redlock: close: %d acquisitions under way not finished: %v", e.Left, e.Err)
+	}
 	names := make([]string, len(e.Nodes))
 	for k, i := range e.Nodes {
 		names[k] = fmt.Sprintf("node %d", i)
@@ -70,11 +79,18 @@ type background struct {
 	perNode []int               // left, by node
 	idle    chan struct{}       // made by a waiting Close, closed when left drops to 0
 	leases  map[*lease]struct{} // leases not ended, which Close releases
+	// stopped counts, by node, the releases that a Close which gave up
+	// stopped before they reached their node (its lock may stay there
+	// until the lease time runs out), and stopErr is that Close's
+	// context error: every later Close reports them.
+	stopped []int
+	stopErr error
 }
 
 func (b *background) init(n int) {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.perNode = make([]int, n)
+	b.stopped = make([]int, n)
 	b.leases = make(map[*lease]struct{})
 }
 
@@ -106,6 +122,31 @@ func (b *background) done(i int) {
 		b.idle = nil
 	}
 	b.mu.Unlock()
+}
+
+// stop records that a release on node i was stopped by a Close that gave
+// up, before it reached the node.
+func (b *background) stop(i int) {
+	b.mu.Lock()
+	b.stopped[i]++
+	b.mu.Unlock()
+}
+
+// stoppedErrorLocked returns the *CloseError that reports the releases
+// stopped by a Close that gave up, nil if none was; b.mu is held.
+func (b *background) stoppedErrorLocked(l *Locker) *CloseError {
+	var ce *CloseError
+	for i, n := range b.stopped {
+		if n > 0 {
+			if ce == nil {
+				ce = &CloseError{Err: b.stopErr}
+			}
+			ce.Nodes = append(ce.Nodes, i)
+			ce.Addrs = append(ce.Addrs, l.addr(i))
+			ce.Left += n
+		}
+	}
+	return ce
 }
 
 // enter counts an acquisition try as work under way (not tied to a node),
@@ -167,7 +208,9 @@ func (b *background) forget(ls *lease) {
 // ended first: the retries are then stopped, and requests in flight end
 // when their client gives up on them, within its read timeout (go-redis
 // takes no socket deadline from the context unless ContextTimeoutEnabled is
-// set; a later Close waits for them). It closes
+// set; a later Close waits for them). A later Close reports again, in a
+// *CloseError matching the first one's context error, the nodes where a
+// release was stopped before it reached them, rather than nil. It closes
 // nothing it was given: the clients stay open, for the caller to close
 // after Close.
 //
@@ -199,6 +242,12 @@ func (l *Locker) Close(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if err := ls.Err(); err != nil && !errors.Is(err, fence.ErrReleased) {
+					// It ran out (unwatched: no timer ended it
+					// and took it off the list) or was lost: not
+					// held, nothing of it to release.
+					return
+				}
 				if err := ls.Release(ctx); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
@@ -208,10 +257,21 @@ func (l *Locker) Close(ctx context.Context) error {
 		}
 		wg.Wait()
 	}
+	// done reports, once the work has finished, the releases that an
+	// earlier Close which gave up stopped.
+	done := func() error {
+		b.mu.Lock()
+		ce := b.stoppedErrorLocked(l)
+		b.mu.Unlock()
+		if ce != nil {
+			errs = append(errs, ce)
+		}
+		return errors.Join(errs...)
+	}
 	b.mu.Lock()
 	if b.left == 0 {
 		b.mu.Unlock()
-		return errors.Join(errs...)
+		return done()
 	}
 	if b.idle == nil {
 		b.idle = make(chan struct{})
@@ -220,16 +280,22 @@ func (l *Locker) Close(ctx context.Context) error {
 	b.mu.Unlock()
 	select {
 	case <-idle:
-		return errors.Join(errs...)
+		return done()
 	case <-ctx.Done():
 	}
+	b.mu.Lock()
+	if b.stopErr == nil {
+		b.stopErr = ctx.Err()
+	}
+	b.mu.Unlock()
 	b.cancel()
 	b.mu.Lock()
 	ce := &CloseError{Left: b.left, Err: ctx.Err()}
 	for i, n := range b.perNode {
-		if n > 0 {
+		if n > 0 || b.stopped[i] > 0 {
 			ce.Nodes = append(ce.Nodes, i)
 			ce.Addrs = append(ce.Addrs, l.addr(i))
+			ce.Left += b.stopped[i]
 		}
 	}
 	b.mu.Unlock()

@@ -77,6 +77,15 @@ type lease struct {
 	relErr   error
 	granted  time.Time // when the lease started, for the hold time
 
+	// releasing is set by Release before it sends its deletes: a renewal
+	// that finds the lock gone from then on may have been overtaken by
+	// them, and leaves the verdict to Release.
+	releasing bool
+	// unreported: the lease was never granted (Close overtook its
+	// acquisition, which released it and failed): its end is told to
+	// neither the Observer nor the Logger.
+	unreported bool
+
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
 }
@@ -200,9 +209,9 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 		return
 	}
 	ls.endLocked(why)
-	ctx := ls.ctx
+	ctx, unreported := ls.ctx, ls.unreported
 	ls.mu.Unlock()
-	if l := ls.locker; l.log != nil || l.obs != nil {
+	if l := ls.locker; !unreported && (l.log != nil || l.obs != nil) {
 		if ctx == nil {
 			ctx = ls.parent
 		}
@@ -304,6 +313,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.mu.Unlock()
 	if len(l.nodes)-gone < l.quorum {
+		ls.mu.Lock()
+		releasing := ls.releasing
+		ls.mu.Unlock()
+		if releasing {
+			// Release's deletes may be what it found: Release says
+			// whether the lease was lost, and ends it.
+			return fmt.Errorf("redlock: extend %q: %w", ls.name, fence.ErrReleased)
+		}
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone-late, len(l.nodes))
 		if late > 0 {
 			lost = fmt.Errorf("%w, and %d renewals reached their node after the lease's deadline", lost, late)
@@ -353,7 +370,10 @@ func (ls *lease) giveBack(nodes []int) {
 
 // Extend sets the lease to expire ttl from now on a majority of the nodes;
 // see fence.Lease. A watchdog lease goes on being renewed with its watchdog
-// TTL afterwards.
+// TTL afterwards. Run while Release (or Close) releases the lease, a
+// renewal that finds the lock gone returns an error matching
+// fence.ErrReleased and leaves it to Release to say whether the lease was
+// lost: Release's own deletes may be what it found.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
@@ -367,8 +387,10 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // Release deletes the lock on every node where this lease still owns it;
 // see fence.Lease. It returns nil when a majority deleted it, an error
 // matching fence.ErrLeaseLost when too few nodes still held it for a
-// majority, and otherwise the nodes' errors (call again to retry). The
-// lease ends locally at once, whatever the nodes answer.
+// majority, and otherwise the nodes' errors (call again to retry). A retry
+// counts the lock found gone on a node where the last call's delete failed
+// or had not answered as deleted: that delete, or its background retry, may
+// have run there. The lease ends locally at once, whatever the nodes answer.
 //
 // Release returns as soon as its outcome is known, not when the slowest
 // node has answered: once a majority has deleted the lock, or once so many
@@ -392,6 +414,9 @@ func (ls *lease) Release(ctx context.Context) error {
 	// Lost before Release, not while it waits for a slow node: the holder
 	// stopped using the lease when it called Release.
 	lostBefore := ls.Err()
+	ls.mu.Lock()
+	ls.releasing = true
+	ls.mu.Unlock()
 	l := ls.locker
 	// The same keys and arguments for every node, the acquisition's; the
 	// nodes whose grant has not come get the revocation mark too: if the
@@ -422,10 +447,16 @@ func (ls *lease) Release(ctx context.Context) error {
 			return ls.noQuorum(rs, prev)
 		}
 		prev.mu.Lock()
+		f.ours = make([]bool, n)
 		for i, r := range prev.rs {
 			if r.got && r.err == nil {
 				f.rs[i] = r
 				f.left--
+			} else {
+				// Its delete, or the background retry of it, may
+				// have run there: the lock found gone is no sign
+				// that the lease was lost.
+				f.ours[i] = true
 			}
 		}
 		f.deleted, f.gone = prev.deleted, prev.gone
@@ -435,14 +466,19 @@ func (ls *lease) Release(ctx context.Context) error {
 	// returns is answered in the background, within the node timeout.
 	var rctx context.Context
 	rctx, f.cancel = context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	if f.left == 0 || f.deleted >= q || n-f.gone < q {
+	decided := f.left == 0 || f.deleted >= q || n-f.gone < q
+	if decided {
 		f.woke = true // decided by the last call's late replies
 		close(f.wake)
 		f.cancel()
 	}
 	for i := range n {
-		if f.rs[i].got {
-			continue // the last call's request deleted it, or found it gone
+		if decided || f.rs[i].got {
+			// The last call's request deleted it, or found it gone;
+			// or the outcome is known, and the last call's requests
+			// still out (and the background retries of those that
+			// failed) are left to finish.
+			continue
 		}
 		l.bg.add(i)
 		l.spawn(func() {
@@ -535,10 +571,16 @@ type relFanout struct {
 	wake   chan struct{}      // closed once the outcome is known, or every node answered
 	cancel context.CancelFunc // ends the requests' context; called by the last reply
 
+	// ours lists, on a retry, the nodes where an earlier call's request
+	// failed or had not answered (nil: none): it, or its background
+	// retry, may have deleted the lock there, so a reply that finds it
+	// gone counts as deleted, not as a sign that the lease was lost.
+	ours []bool
+
 	mu      sync.Mutex
 	rs      []result // by node; got once its reply came
 	left    int      // requests not answered yet
-	deleted int      // replies that deleted the lock
+	deleted int      // replies that deleted the lock (or found it gone where ours)
 	gone    int      // replies that found it gone (another owner's, or none)
 	woke    bool
 }
@@ -552,7 +594,7 @@ func (f *relFanout) reply(i int, v int64, err error, q int) (last bool) {
 	f.rs[i] = result{err: err, at: time.Now(), got: true}
 	if err == nil {
 		f.rs[i].res = oneReply(v)
-		if v == 1 {
+		if v == 1 || f.ours != nil && f.ours[i] {
 			f.deleted++
 		} else {
 			f.gone++

@@ -726,7 +726,11 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	if !l.bg.register(ls) {
 		// Close was called while the try was out, and will not release
 		// this lease: release it here (its background work is Close's
-		// to wait for, as any).
+		// to wait for, as any). It was never granted: its end is not
+		// reported.
+		ls.mu.Lock()
+		ls.unreported = true
+		ls.mu.Unlock()
 		_ = ls.Release(context.WithoutCancel(ctx))
 		return nil, ErrClosed
 	}
@@ -875,11 +879,20 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if errors.Is(ctx.Err(), context.Canceled) {
+				l.bg.stop(i) // Close gave up: a later one reports it
+			}
 			return
 		case <-t.C:
 		}
 		err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
-		if err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
+		switch {
+		case err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed):
+			return
+		case ctx.Err() != nil:
+			if errors.Is(ctx.Err(), context.Canceled) {
+				l.bg.stop(i)
+			}
 			return
 		}
 	}
