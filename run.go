@@ -25,7 +25,9 @@ const releaseTimeout = 5 * time.Second
 //
 // A Release that fails without a conclusion (a backend error) is retried
 // for up to 5 s; if the first try did free the lock and only its reply was
-// lost, the retry reports ErrLeaseLost. If fn panics, the lease is released
+// lost, the retry may report ErrLeaseLost (a backend that cannot tell its
+// own late delete from another owner's doing; redlock's retry counts a late
+// delete of its first call as done and returns nil). If fn panics, the lease is released
 // and the panic goes on up through Run.
 func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) (err error) {
 	if locker == nil || fn == nil {
