@@ -616,15 +616,7 @@ func (f *relFanout) seen(ctx context.Context, timeout time.Duration) (deleted, g
 	deleted, gone, out = f.deleted, f.gone, slices.Clone(f.rs)
 	f.mu.Unlock()
 	for i := range out {
-		switch err := out[i].err; {
-		case ctx.Err() != nil && (!out[i].got || err != nil):
-			// The caller's context ended the wait.
-			out[i].err = fmt.Errorf("node %d: %w", i, ctx.Err())
-		case !out[i].got || errors.Is(err, context.DeadlineExceeded):
-			out[i].err = fmt.Errorf("node %d: %w within %v", i, errNoReply, timeout)
-		case err != nil:
-			out[i].err = fmt.Errorf("node %d: %w", i, nodeError(err))
-		}
+		out[i].err = replyError(ctx, i, out[i], timeout)
 	}
 	return deleted, gone, out
 }

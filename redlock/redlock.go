@@ -532,19 +532,25 @@ func (l *Locker) fanout(ctx context.Context, nodes []int, timeout time.Duration,
 		}
 	}
 	for k, i := range nodes {
-		switch err := out[k].err; {
-		case ctx.Err() != nil && (!out[k].got || err != nil):
-			// The caller's context ended the call.
-			out[k].err = fmt.Errorf("node %d: %w", i, ctx.Err())
-		case !out[k].got || errors.Is(err, context.DeadlineExceeded):
-			// The per-node timeout, not the caller's deadline: keep
-			// context.DeadlineExceeded out of the chain.
-			out[k].err = fmt.Errorf("node %d: %w within %v", i, errNoReply, timeout)
-		case err != nil:
-			out[k].err = fmt.Errorf("node %d: %w", i, nodeError(err))
-		}
+		out[k].err = replyError(ctx, i, out[k], timeout)
 	}
 	return out
+}
+
+// replyError is the error a call reports for node i's reply r (nil when it
+// came without one): ctx's, if it ended the wait; errNoReply, if the reply
+// did not come within the per-node timeout (not the caller's deadline: it
+// keeps context.DeadlineExceeded out of the chain); else the node's.
+func replyError(ctx context.Context, i int, r result, timeout time.Duration) error {
+	switch err := r.err; {
+	case ctx.Err() != nil && (!r.got || err != nil):
+		return fmt.Errorf("node %d: %w", i, ctx.Err())
+	case !r.got || errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("node %d: %w within %v", i, errNoReply, timeout)
+	case err != nil:
+		return fmt.Errorf("node %d: %w", i, nodeError(err))
+	}
+	return nil
 }
 
 // workerIdle is how long a worker waits for another request before it
