@@ -313,11 +313,16 @@ func TestTokenSurvivesRestartBesideGrantReadAfterRelease(t *testing.T) {
 		}
 		cs[i] = c
 	}
-	t.Cleanup(func() { close(h.release) })
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		close(h.release)
+		// The held reply's give-back goes on: wait for it before the
+		// clients close.
+		_, _ = closeWithin(l, 10*time.Second)
+	})
 	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
 	if err != nil {
 		t.Fatal(err)
