@@ -121,10 +121,20 @@ func (cs *callers) direct(ctx context.Context) bool {
 
 // directErr is err from a call made straight through with ctx: when ctx has
 // ended, the error names ctx's too, so that callers treat the call as one
-// that may have run (giveUpMaybeHeld).
+// that may have run (giveUpMaybeHeld). A client that takes its socket
+// deadline from ctx (ContextTimeoutEnabled) times out the read at ctx's
+// deadline, and may tell it before ctx's own timer has ended ctx: a deadline
+// that has passed counts as ended.
 func (cs *callers) directErr(ctx context.Context, err error) error {
-	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-		return fmt.Errorf("%w: %w", err, ctx.Err())
+	if err == nil {
+		return nil
+	}
+	cerr := ctx.Err()
+	if d, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(d) {
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: %w", err, cerr)
 	}
 	return err
 }
