@@ -82,7 +82,10 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 		w("| %s%s | %.0f | %.0f | %.1f | %.2f | %s |\n", r.name, note, r.changes, r.acqPerSec, r.handoffsP99, r.cmdsPerAcq, ratio(on.changes, r.changes))
 	}
 	w("\nCommands are counted by a proxy in front of the server, as the client sends them (round trips), not by `INFO\n")
-	w("commandstats`, which also counts what scripts run inside the server. Subscriptions count.\n\n")
+	w("commandstats`, which also counts what scripts run inside the server. Subscriptions count. They are counted over a\n")
+	w("window in the middle of a running workload, after a warm-up that every library gets alike (the same workload,\n")
+	w("uncounted, for a tenth of the time): connections open, handshakes sent and subscriptions made, as in a process\n")
+	w("that has been locking for a while.\n\n")
 	w("## 64 goroutines over distinct keys\n\n| library | acquire+release pairs/s | vs the limit |\n|---|---:|---:|\n")
 	for _, r := range rows {
 		w("| %s | %.0f | %s |\n", r.name, r.distinct, ratio(r.distinct, lim.distinct))
@@ -196,8 +199,10 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 - **Contended holder changes and handoff.** Grant-on-release: waiters queue in Redis, and the release script hands
   the lock and its new token to the first live waiter and names it in its publish; the waiter holds the lease with no
   command of its own. A handoff is one round trip, every acquisition a holder change (FIFO: a releaser cannot take the
-  lock straight back ahead of the queue), and an acquisition costs its queued try and its release; the few hundredths
-  above 2 are the connections' handshakes and the subscription, counted by the proxy from a fresh start.
+  lock straight back ahead of the queue), and an acquisition costs its queued try and its release: 2 commands. Counted
+  from a fresh start (as the proxy did until 2026-12-01) it came to 2.01: the subscription's connection (HELLO, CLIENT
+  SETINFO twice, SUBSCRIBE) and a second try by each waiter that queued before the subscription was confirmed (a
+  grant published in between would not have reached it), once per burst of contention, not per acquisition.
 - **Commands per contended acquisition with sync on.** A granted waiter confirms the grant with its own acquire
   script and WAIT (the releaser's connection wrote the grant, so a WAIT on the waiter's proves nothing until it
   writes), and every attempt pipelines WAIT with the script: the queued try, the confirmation (each script and
