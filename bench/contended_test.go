@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -80,6 +79,6 @@ func BenchmarkContended(b *testing.B) {
 		b.Logf("median %-30s %6.0f changes/s, p99 handoff %.2f ms, %.3f commands/acq", l.name, med(ch), med(p99), med(cmds))
 	}
 	if len(ls) > 1 {
-		b.Log(fmt.Sprintf("changes ratio %s ÷ %s: %.3f", ls[0].name, ls[len(ls)-1].name, meds[0]/meds[len(meds)-1]))
+		b.Logf("changes ratio %s ÷ %s: %.3f", ls[0].name, ls[len(ls)-1].name, meds[0]/meds[len(meds)-1])
 	}
 }
