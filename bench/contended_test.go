@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -11,12 +12,14 @@ import (
 // BenchmarkContended is make bench's contended workload (32 goroutines, one
 // key) for the libraries named in BENCH_LIBS (separated by ;, default
 // fence's two go-redis rows and rueidislock), in rounds of rotating order,
-// each library through the counting proxy after the same warm-up as
-// countCommands: holder changes/s, p99 handoff and commands per
-// acquisition, with the medians over the rounds (b.N rounds).
+// with the same warm-up as countCommands: holder changes/s, p99 handoff
+// and (with BENCH_COUNT set, each library through the counting proxy, as
+// countCommands) commands per acquisition, with the medians over the
+// rounds (b.N rounds). BENCH_HIST prints the handoffs' percentiles,
+// BENCH_NAMES the commands counted by name.
 //
 //	go test -run '^$' -bench Contended -benchtime 5x -v
-//	BENCH_LIBS='fence (sync off)' BENCH_DUR=2s go test -run '^$' -bench Contended -benchtime 3x -v
+//	BENCH_COUNT=1 BENCH_LIBS='fence (sync off)' BENCH_DUR=2s go test -run '^$' -bench Contended -benchtime 3x -v
 func BenchmarkContended(b *testing.B) {
 	want := []string{"fence (sync off)", "fence (sync on, 1 replica)", "rueidislock"}
 	if s := os.Getenv("BENCH_LIBS"); s != "" {
@@ -35,7 +38,13 @@ func BenchmarkContended(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer p.close()
-	all, err := libs(p.addr())
+	// Through the proxy only when counting: it adds a hop to every
+	// command, and to the handoffs.
+	target, count := addr, func() int64 { return 0 }
+	if os.Getenv("BENCH_COUNT") != "" {
+		target, count = p.addr(), p.commands.Load
+	}
+	all, err := libs(target)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -54,13 +63,16 @@ func BenchmarkContended(b *testing.B) {
 			i := (k + round) % len(ls)
 			l := ls[i]
 			p.tally()
-			c, perAcq, err := contendedWindow(l, 32, warmUp(dur), dur, p.commands.Load)
+			c, perAcq, err := contendedWindow(l, 32, warmUp(dur), dur, count)
 			if err != nil {
 				b.Fatalf("%s: %v", l.name, err)
 			}
 			s := sample{float64(c.holderChanges) / c.seconds, float64(c.p99Handoff.Microseconds()) / 1000,
 				perAcq}
 			samples[i] = append(samples[i], s)
+			if os.Getenv("BENCH_HIST") != "" {
+				b.Logf("%s handoffs: %s", l.name, c.spread())
+			}
 			if os.Getenv("BENCH_NAMES") != "" {
 				b.Logf("%s whole run (warm-up too): acquisitions %d commands %v", l.name, c.acquisitions, p.byName())
 			}
@@ -81,4 +93,18 @@ func BenchmarkContended(b *testing.B) {
 	if len(ls) > 1 {
 		b.Logf("changes ratio %s ÷ %s: %.3f", ls[0].name, ls[len(ls)-1].name, meds[0]/meds[len(meds)-1])
 	}
+}
+
+// spread is the handoffs' percentiles, for BENCH_HIST.
+func (r contendedResult) spread() string {
+	hs := slices.Clone(r.handoffs)
+	slices.Sort(hs)
+	if len(hs) == 0 {
+		return "none"
+	}
+	var out []string
+	for _, q := range []float64{0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999} {
+		out = append(out, fmt.Sprintf("p%g %v", q*100, hs[int(q*float64(len(hs)-1))].Round(time.Microsecond)))
+	}
+	return strings.Join(out, ", ")
 }

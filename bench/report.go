@@ -203,10 +203,15 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
   from a fresh start (as the proxy did until 2026-12-01) it came to 2.01: the subscription's connection (HELLO, CLIENT
   SETINFO twice, SUBSCRIBE) and a second try by each waiter that queued before the subscription was confirmed (a
   grant published in between would not have reached it), once per burst of contention, not per acquisition.
-- **Commands per contended acquisition with sync on.** A granted waiter confirms the grant with its own acquire
-  script and WAIT (the releaser's connection wrote the grant, so a WAIT on the waiter's proves nothing until it
-  writes), and every attempt pipelines WAIT with the script: the queued try, the confirmation (each script and
-  WAIT) and the release, 5 commands.
+- **Contended holder changes with sync on.** A granted waiter confirms the grant with its own acquire script and
+  WAIT (the releaser's connection wrote the grant, so a WAIT on the waiter's proves nothing until it writes): the
+  confirmation's round trip and the replica's acknowledgement sit on every handoff, which sync off does not pay.
+  The queued try goes without WAIT when other Acquires of the same Locker already wait for the lock (nothing it
+  writes is used; a take it makes after all is confirmed with WAIT before it is a lease): 4 commands and one WAIT per
+  acquisition (the queued try, the confirmation and its WAIT, the release), down from 5 and two. Having the releaser
+  WAIT for its grant instead moves the acknowledgement and a round trip rather than removing them (WAIT cannot run
+  inside the script, so the "synced" word would be a second publish after the releaser's WAIT): the handoff would
+  stay one client round trip and one replica acknowledgement longer than with sync off.
 - **Distinct-key throughput against two bare EVALSHA calls.** The extra calls inside the server, on a machine where
   client and server share two CPUs. On rueidis (fencerueidis), whose automatic pipelining sends many callers'
   commands in one write, fence comes closer to the go-redis limit and stays above rueidislock. The queue check

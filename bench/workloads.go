@@ -74,6 +74,7 @@ type contendedResult struct {
 	holderChanges int
 	seconds       float64
 	p99Handoff    time.Duration
+	handoffs      []time.Duration // every handoff, in order
 }
 
 // contended: g goroutines take the same key for d, with no work inside. A
@@ -146,6 +147,7 @@ func contendedWindow(l *lib, g int, warm, d time.Duration, count func() int64) (
 	if err, _ := firstErr.Load().(error); err != nil {
 		return res, cmdsPerAcq, err
 	}
+	res.handoffs = slices.Clone(handoffs)
 	_, res.p99Handoff = percentiles(handoffs)
 	return res, cmdsPerAcq, nil
 }
