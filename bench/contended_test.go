@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/redis/go-redis/v9"
 	"os"
 	"slices"
 	"strings"
@@ -48,6 +49,12 @@ func BenchmarkContended(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The servers' CPU (the primary's and its replica's user and system
+	// time) per acquisition, warm-up included.
+	primaryC := redis.NewClient(&redis.Options{Addr: addr})
+	defer primaryC.Close()
+	replicaC := redis.NewClient(&redis.Options{Addr: replicaAddr})
+	defer replicaC.Close()
 	var ls []*lib
 	for _, l := range all {
 		defer l.close()
@@ -63,7 +70,9 @@ func BenchmarkContended(b *testing.B) {
 			i := (k + round) % len(ls)
 			l := ls[i]
 			p.tally()
+			s0, r0 := serverCPU(b, primaryC), serverCPU(b, replicaC)
 			c, perAcq, err := contendedWindow(l, 32, warmUp(dur), dur, count)
+			cpuPerAcq := (serverCPU(b, primaryC) - s0 + serverCPU(b, replicaC) - r0) / float64(max(c.acquisitions, 1))
 			if err != nil {
 				b.Fatalf("%s: %v", l.name, err)
 			}
@@ -76,7 +85,7 @@ func BenchmarkContended(b *testing.B) {
 			if os.Getenv("BENCH_NAMES") != "" {
 				b.Logf("%s whole run (warm-up too): acquisitions %d commands %v", l.name, c.acquisitions, p.byName())
 			}
-			b.Logf("round %d %-30s %6.0f changes/s, p99 handoff %.2f ms, %.3f commands/acq", round+1, l.name, s.changes, s.p99, s.cmds)
+			b.Logf("round %d %-30s %6.0f changes/s, p99 handoff %.2f ms, %.3f commands/acq, servers' CPU %.1f µs/acq", round+1, l.name, s.changes, s.p99, s.cmds, cpuPerAcq)
 		}
 		round++
 	}
