@@ -213,14 +213,14 @@ func selfBounded(client redis.UniversalClient) bool {
 // caller need not.
 var errGaveUp = errors.New("redislock: stopped waiting for the reply")
 
-// synced is evalSynced's result: the script's reply and the replica
+// synced is evalSyncedOr's result: the script's reply and the replica
 // acknowledgements.
 type synced struct {
 	reply           *redis.Cmd
 	acked, required int
 }
 
-// evalBounded is evalSynced through bounded.
+// evalBounded is evalSyncedOr, with WAIT, through bounded.
 func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error), script *redis.Script, keys skeys, args ...any) (synced, error) {
 	return l.evalBoundedOr(ctx, false, abandoned, script, keys, args...)
 }

@@ -329,19 +329,16 @@ func (s ReplicaSync) Required(expected int) int {
 	}
 }
 
-// evalSynced runs script on the primary that owns key and, when replica
+// evalSyncedOr runs script on the primary that owns key and, when replica
 // sync applies there, WAIT on the same connection in the same round trip.
 // It returns the script's reply, and how many replicas acknowledged and
 // were required (both zero when no sync applied). On a cluster it follows
 // MOVED and ASK redirections and retries TRYAGAIN (see onSlotMaster).
-func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
-	return l.evalSyncedOr(ctx, false, script, keys, args...)
-}
-
-// evalSyncedOr is evalSynced; with noWait it sends no WAIT but still
-// returns how many acknowledgements sync would require (acked zero): the
-// caller must not rely on the script's writes until a later synced call
-// on the same keys has covered them (see Locker.try).
+//
+// With noWait it sends no WAIT but still returns how many acknowledgements
+// sync would require (acked zero): the caller must not rely on the
+// script's writes until a later synced call on the same keys has covered
+// them (see Locker.try).
 func (l *Locker) evalSyncedOr(ctx context.Context, noWait bool, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if l.sync.Disabled {
 		return l.evalRouted(ctx, script, keys, args...)
