@@ -398,7 +398,7 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 }
 
 // evalRouted runs script on the primary that owns keys[0], without WAIT,
-// following cluster redirections as evalSynced does.
+// following cluster redirections as evalSyncedOr does.
 func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if !l.sharded {
 		reply = l.run(ctx, l.client, script, keys, args...)
