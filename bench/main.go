@@ -223,7 +223,12 @@ func etcdRows(dur time.Duration, n int) ([]*row, error) {
 func etcdPairs(n int) int { return max(n/3, 100) }
 
 // countCommands runs the contended workload again, each library through a
-// proxy that counts the commands it sends, and divides by acquisitions.
+// proxy that counts the commands it sends, and divides by acquisitions. The
+// count is taken over a window in the middle of a running workload (see
+// contendedWindow): after a warm-up that every library gets alike (the same
+// workload for a tenth of dur, at least 200 ms), with its connections open,
+// their handshakes (HELLO, CLIENT SETINFO) sent and its subscriptions made,
+// as in a process that has been locking for a while.
 func countCommands(addr string, rows []*row, dur time.Duration) error {
 	p, err := newCountingProxy(addr)
 	if err != nil {
@@ -235,16 +240,19 @@ func countCommands(addr string, rows []*row, dur time.Duration) error {
 		return err
 	}
 	for i, l := range ls {
-		before := p.commands.Load()
-		c, err := contended(l, 32, dur)
+		c, perAcq, err := contendedWindow(l, 32, warmUp(dur), dur, p.commands.Load)
 		l.close()
 		if err != nil && c.acquisitions == 0 {
 			return fmt.Errorf("%s counted: %w", l.name, err)
 		}
-		rows[i].cmdsPerAcq = float64(p.commands.Load()-before) / float64(max(c.acquisitions, 1))
+		rows[i].cmdsPerAcq = perAcq
 	}
 	return nil
 }
+
+// warmUp is how long countCommands runs the contended workload before it
+// starts counting.
+func warmUp(dur time.Duration) time.Duration { return max(dur/10, 200*time.Millisecond) }
 
 // redisBenchmark runs redis-benchmark with fence's acquire script over 64
 // connections and random keys, for the server's own figure.

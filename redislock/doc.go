@@ -79,6 +79,16 @@
 // server's clock from the grant's server time as it reads the message, so
 // a grant read late would have its renewals refused as late).
 //
+// With replica sync, the first try of an Acquire that finds other Acquires
+// of the same Locker waiting for the lock is sent without WAIT: it almost
+// surely queues, and what it writes is used by nobody (the grant that
+// follows is confirmed with WAIT). If it takes the lock after all, the
+// lock is not used until a synced run of the acquire script (same owner:
+// it finds the lock its own) has covered the take with its WAIT; refused,
+// the lock is given back. A contended acquisition with sync costs four
+// commands (its queued try, the confirmation and its WAIT, the release),
+// one WAIT.
+//
 // Waiters get the lock in the order they queued, across processes. A free
 // lock with a live owner queued at its head (its holder's lease ran out,
 // nobody released it) is granted to that owner by whichever acquisition

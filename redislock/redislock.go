@@ -601,7 +601,67 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 
 // try runs the acquire script once. It returns the lease when the lock was
 // taken, or the holder's remaining TTL (negative: no expiry) when it is held.
+//
+// With replica sync, a waiting Acquire's first try on a lock that other
+// Acquires of this Locker are waiting for (it is held, or being handed from
+// one to the next) is sent without WAIT (later tries, which follow a grant,
+// a release or a holder's TTL, are synced as before): it will almost surely queue, and a WAIT
+// after a try that queued proves nothing anyone uses (the grant that
+// follows is confirmed with a synced try of its own, see granted), while it
+// costs the primary and the replica an acknowledgement each. When such a
+// try takes the lock after all, the lock is not used until a synced try
+// (the same owner: it finds the lock its own and keeps the token) has
+// covered the take with its WAIT: WAIT counts every earlier write of the
+// primary's replication stream, and the take came before the confirming
+// try's own write. A confirmation refused or failed leaves the lock to the
+// same handling as any synced try's (given back, owner-checked).
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
+	noWait := !l.sync.Disabled && a.acquireArgs[3] != 0 && a.acquireArgs[4] == 1 && l.othersWait(a.keys.channel, a.owner)
+	ls, ttl, unsynced, err := l.tryOr(ctx, a, noWait)
+	if unsynced {
+		return l.confirmTake(ctx, a)
+	}
+	return ls, ttl, err
+}
+
+// confirmTake confirms with a synced try a lock that a try without WAIT
+// took (see try). A transient error leaves it to the waiting Acquire,
+// whose next try finds the lock its own, or whose withdrawal (it gives up)
+// deletes it; so does a confirmation given up on (its abandoned callback).
+// Any other error says the lock was not released: the caller gives it back
+// (giveUpMaybeHeld, or the withdrawal after errUnreleased).
+func (l *Locker) confirmTake(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
+	ls, ttl, _, err := l.tryOr(ctx, a, false)
+	if err != nil && !transient(err) && !errors.Is(err, errGaveUp) && !errors.Is(err, errUnreleased) {
+		err = errors.Join(err, errUnconfirmed)
+	}
+	return ls, ttl, err
+}
+
+// errUnconfirmed is in the error of a confirmation that failed after a try
+// without WAIT took the lock: the lock is still there (see confirmTake).
+var errUnconfirmed = fmt.Errorf("%w: taken without WAIT, not confirmed", errUnreleased)
+
+// othersWait reports whether other Acquires of this Locker than owner wait
+// on channel's lock.
+func (l *Locker) othersWait(channel, owner string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.subscriptions[channel]
+	if w == nil {
+		return false
+	}
+	for _, c := range w.waiters {
+		if c.owner != owner {
+			return true
+		}
+	}
+	return false
+}
+
+// tryOr is try, with noWait sending the script without WAIT; unsynced then
+// reports that it took the lock, which the caller must confirm.
+func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, _ time.Duration, unsynced bool, _ error) {
 	sent := time.Now()
 	var abandoned func(synced, error)
 	if !l.calls.direct(ctx) {
@@ -623,7 +683,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 			}
 		}
 	}
-	r, err := l.evalBounded(ctx, abandoned, acquireScript, skeys{a.acquireKeys[:], a.acquireBoxed[:]}, a.acquireArgs[:]...)
+	r, err := l.evalBoundedOr(ctx, noWait, abandoned, acquireScript, skeys{a.acquireKeys[:], a.acquireBoxed[:]}, a.acquireArgs[:]...)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -638,11 +698,14 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		if err = scriptError(err); !errors.Is(err, ErrBadTokenRecord) && !strings.HasPrefix(err.Error(), "redislock: ") {
 			err = fmt.Errorf("redislock: %w", err)
 		}
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	if res[0] == 0 {
 		a.synced = required > 0
-		return nil, time.Duration(res[1]) * time.Millisecond, nil
+		return nil, time.Duration(res[1]) * time.Millisecond, false, nil
+	}
+	if noWait && required > 0 {
+		return nil, 0, true, nil // taken unsynced: the caller confirms
 	}
 	if acked < required {
 		// Too few replicas have the lock: a failover now could lose it.
@@ -652,11 +715,11 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)
 		if _, err := l.releaseOwned(rctx, a, -1); err != nil {
-			return nil, 0, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
+			return nil, 0, false, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
 		}
-		return nil, 0, notRepl
+		return nil, 0, false, notRepl
 	}
-	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, nil
+	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, false, nil
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
