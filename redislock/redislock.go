@@ -171,8 +171,7 @@ type keys struct {
 
 	waiters string // each waiting owner's lease, try, secret and deadline (a hash; see grant.lua)
 
-	boxed      [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
-	channelArg any    // channel, boxed once for the release script's arguments
+	boxed [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
 }
 
 func (l *Locker) keys(name string) *keys {
@@ -200,10 +199,11 @@ func (c *nameCache) get(prefix, name string) *keys {
 		c.m = make(map[string]*keys)
 	}
 	base := prefix + ":{" + name + "}"
+	// The scripts make the channel from the lock's key the same way
+	// (lock .. ':released'): it is not sent with them.
 	k := &keys{lock: base, token: base + ":token", channel: base + ":released", queue: base + ":queue", waiting: base + ":waiting"}
 	k.waiters = base + ":waiters"
 	k.boxed = [5]any{k.lock, k.token, k.queue, k.waiters, k.waiting}
-	k.channelArg = k.channel
 	c.m[name] = k
 	return k
 }
@@ -562,8 +562,8 @@ type attempt struct {
 	acquireBoxed [5]any
 	releaseKeys  [6]string // lock, token, queue, waiters, waiting, revokeKey
 	releaseBoxed [6]any
-	acquireArgs  [7]any // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
-	releaseArgs  [4]any // owner, PUBLISH or SPUBLISH, channel, token record retention ms
+	acquireArgs  [6]any // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH (see acquire.lua)
+	releaseArgs  [3]any // owner, PUBLISH or SPUBLISH, token record retention ms
 	synced       bool   // the last try that found the lock held had replica sync apply
 
 	// home is the lease that the first successful try fills in: the
@@ -594,8 +594,8 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	if a.ttl > l.retention {
 		retention = a.ttl.Milliseconds()
 	}
-	a.acquireArgs = [7]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg}
-	a.releaseArgs = [4]any{a.ownerArg, l.publish, k.channelArg, retention}
+	a.acquireArgs = [6]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish}
+	a.releaseArgs = [3]any{a.ownerArg, l.publish, retention}
 	return a
 }
 
@@ -668,7 +668,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
 	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
 	if revoke >= 0 {
-		args = []any{a.releaseArgs[0], a.releaseArgs[1], a.releaseArgs[2], a.releaseArgs[3], revoke.Milliseconds()}
+		args = []any{a.releaseArgs[0], a.releaseArgs[1], a.releaseArgs[2], revoke.Milliseconds()}
 	}
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
