@@ -5,9 +5,10 @@
 -- revocation mark (release.lua), KEYS[4] the queue of waiters, KEYS[5] the
 -- waiters' hash (grant.lua)
 -- ARGV[1] owner (32 characters) followed by the secret that signs a grant
--- to it, ARGV[2] lease ms, ARGV[3] token record retention ms,
+-- to it (16), and by S when grants go out with SPUBLISH rather than
+-- PUBLISH, ARGV[2] lease ms, ARGV[3] token record retention ms,
 -- ARGV[4] how much longer the caller may wait, ms (0: it does not),
--- ARGV[5] the number of this try, ARGV[6] PUBLISH or SPUBLISH
+-- ARGV[5] the number of this try
 -- The release channel is the lock's key followed by ':released' (not a
 -- key; in the lock's slot by its hash tag, as SPUBLISH needs): made here,
 -- on the rare path that grants, rather than sent with every call.
@@ -29,7 +30,7 @@
 -- and an error starting FENCETOKEN, leaving everything as it was, when the
 -- record is not a token this script can increase exactly.
 local lock, record, revoked, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local owner = string.sub(ARGV[1], 1, 32) -- the secret (the rest) only when queued
+local owner = string.sub(ARGV[1], 1, 32) -- the secret only when queued
 local now -- TIME's reply, read once, when needed
 local function clock()
   if not now then
@@ -98,7 +99,7 @@ local function enqueue()
     return
   end
   local deadline = clockMs(clock()) + wait
-  if redis.call('HSET', waiters, owner, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. string.sub(ARGV[1], 33) .. ' ' .. deadline) == 1 then
+  if redis.call('HSET', waiters, owner, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. string.sub(ARGV[1], 33, 48) .. ' ' .. deadline) == 1 then
     redis.call('RPUSH', queue, owner)
     compact(queue, waiters, clockMs(clock()))
   end
@@ -117,7 +118,7 @@ if not holder and redis.call('EXISTS', queue) == 1 then
   local head = liveHead(queue, waiters, clockMs(clock()))
   if head and head ~= owner then
     redis.call('DEL', lock)
-    local _, err = grant(lock, record, queue, waiters, ARGV[3], ARGV[6], lock .. ':released', clock())
+    local _, err = grant(lock, record, queue, waiters, ARGV[3], publisher(ARGV[1]), lock .. ':released', clock())
     if err then
       return err
     end

@@ -66,6 +66,16 @@ local function compact(queue, waiters, nowMs)
   end
 end
 
+-- publisher returns the command that publishes on the release channel:
+-- SPUBLISH when the owner argument (32 characters of owner, 16 of secret)
+-- ends with S (the Locker is on a cluster), PUBLISH otherwise.
+local function publisher(ownerArg)
+  if string.byte(ownerArg, 49) == 83 then -- 'S'
+    return 'SPUBLISH'
+  end
+  return 'PUBLISH'
+end
+
 -- grant gives the free lock to the live head of queue, with a new token,
 -- for its lease or what is left of its wait budget if less (a waiter that
 -- died holds the lock no longer than it would have waited), and tells it

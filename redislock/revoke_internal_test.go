@@ -19,9 +19,9 @@ import (
 // or by source after NOSCRIPT) without sending it, as a connection that
 // cannot be made would, and tells failed about each.
 type failedReleases struct {
-	armed   atomic.Bool
-	n       atomic.Int64
-	failed  chan struct{}
+	armed  atomic.Bool
+	n      atomic.Int64
+	failed chan struct{}
 }
 
 func (f *failedReleases) DialHook(next redis.DialHook) redis.DialHook { return next }
