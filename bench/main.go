@@ -259,24 +259,27 @@ func warmUp(dur time.Duration) time.Duration { return max(dur/10, 200*time.Milli
 func redisBenchmark(primary *redisserver.Server) string {
 	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
 	defer c.Close()
-	// The acquire script is grant.lua's shared functions followed by
-	// acquire.lua (see redislock/scripts.go).
-	var src []byte
-	for _, f := range []string{"../redislock/grant.lua", "../redislock/acquire.lua"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
+	// The acquire script is token.lua followed by acquire.lua with
+	// grant.lua at its marker line (see redislock/scripts.go).
+	read := func(f string) (string, error) {
+		b, err := os.ReadFile("../redislock/" + f)
+		return string(b), err
+	}
+	var parts [3]string
+	for i, f := range []string{"token.lua", "acquire.lua", "grant.lua"} {
+		var err error
+		if parts[i], err = read(f); err != nil {
 			return "not run: " + err.Error()
 		}
-		src = append(src, b...)
 	}
-	sha, err := c.ScriptLoad(context.Background(), string(src)).Result()
+	src := parts[0] + strings.Replace(parts[1], "-- grant.lua --\n", parts[2], 1)
+	sha, err := c.ScriptLoad(context.Background(), src).Result()
 	if err != nil {
 		return "not run: " + err.Error()
 	}
 	cmd := exec.Command("redis-benchmark", "-h", primary.Host(), "-p", primary.Port(), "-c", "64", "-n", "200000", "-r", "100000", "-q",
 		"EVALSHA", sha, "5", "bench:rb:{__rand_int__}", "bench:rb:{__rand_int__}:token", "bench:rb:{__rand_int__}:revoked:owner",
-		"bench:rb:{__rand_int__}:queue", "bench:rb:{__rand_int__}:waiters", "owner", "10000", "86400000", "0", "0", "PUBLISH",
-		"bench:rb:{__rand_int__}:released")
+		"bench:rb:{__rand_int__}:queue", "bench:rb:{__rand_int__}:waiters", "owner", "10000", "86400000", "0", "0", "PUBLISH")
 	outb, err := cmd.CombinedOutput()
 	if err != nil {
 		return "not run: " + err.Error() + ": " + strings.TrimSpace(string(outb))

@@ -82,7 +82,6 @@ type Locker struct {
 	log       *slog.Logger   // nil: none
 	calls     callers        // where bounded runs the calls it may leave
 	names     nameCache      // the keys of recently used lock names
-	publish   any            // "PUBLISH" or "SPUBLISH", boxed once for the release script
 	retainArg boxedMs        // retention ms, boxed, for the acquire script
 	ttlArg    boxedMs        // the last lease ms boxed for the acquire script
 	waitArg   boxedMs        // the last wait ms boxed for the acquire script
@@ -142,10 +141,6 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 	} else {
 		l.calls.selfBounded = selfBounded(client)
 	}
-	l.publish = "PUBLISH"
-	if l.sharded {
-		l.publish = "SPUBLISH"
-	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redislock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
 	}
@@ -171,8 +166,7 @@ type keys struct {
 
 	waiters string // each waiting owner's lease, try, secret and deadline (a hash; see grant.lua)
 
-	boxed      [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
-	channelArg any    // channel, boxed once for the release script's arguments
+	boxed [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
 }
 
 func (l *Locker) keys(name string) *keys {
@@ -200,10 +194,11 @@ func (c *nameCache) get(prefix, name string) *keys {
 		c.m = make(map[string]*keys)
 	}
 	base := prefix + ":{" + name + "}"
+	// The scripts make the channel from the lock's key the same way
+	// (lock .. ':released'): it is not sent with them.
 	k := &keys{lock: base, token: base + ":token", channel: base + ":released", queue: base + ":queue", waiting: base + ":waiting"}
 	k.waiters = base + ":waiters"
 	k.boxed = [5]any{k.lock, k.token, k.queue, k.waiters, k.waiting}
-	k.channelArg = k.channel
 	c.m[name] = k
 	return k
 }
@@ -557,13 +552,13 @@ type attempt struct {
 	ttl       time.Duration
 	watchdog  bool
 
-	ownerArg     any       // owner followed by secret, boxed: the scripts' ARGV[1]
+	ownerArg     any       // owner followed by secret (and S: SPUBLISH), boxed: the scripts' ARGV[1]
 	acquireKeys  [5]string // lock, token, revokeKey, queue, waiters
 	acquireBoxed [5]any
 	releaseKeys  [6]string // lock, token, queue, waiters, waiting, revokeKey
 	releaseBoxed [6]any
-	acquireArgs  [7]any // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
-	releaseArgs  [4]any // owner, PUBLISH or SPUBLISH, channel, token record retention ms
+	acquireArgs  [5]any // owner, lease ms, token record retention ms, wait ms, try number (see acquire.lua)
+	releaseArgs  [2]any // owner, token record retention ms
 	synced       bool   // the last try that found the lock held had replica sync apply
 
 	// home is the lease that the first successful try fills in: the
@@ -576,11 +571,11 @@ type attempt struct {
 // ttl (zero: the watchdog's).
 func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	k := l.keys(name)
-	revokeKey, secret := revocationKey(k.lock)
+	revokeKey, secret := revocationKey(k.lock, l.sharded)
 	owner := revokeKey[len(revokeKey)-ownerLen:]
 	ls := new(lease)
 	a := &ls.attempt
-	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, secret: secret[ownerLen:], ttl: ttl, home: ls,
+	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, secret: secret[ownerLen : ownerLen+secretLen], ttl: ttl, home: ls,
 		ownerArg:    secret,
 		acquireKeys: [5]string{k.lock, k.token, revokeKey, k.queue, k.waiters},
 		releaseKeys: [6]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey}}
@@ -594,8 +589,8 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	if a.ttl > l.retention {
 		retention = a.ttl.Milliseconds()
 	}
-	a.acquireArgs = [7]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg}
-	a.releaseArgs = [4]any{a.ownerArg, l.publish, k.channelArg, retention}
+	a.acquireArgs = [5]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0}
+	a.releaseArgs = [2]any{a.ownerArg, retention}
 	return a
 }
 
@@ -731,7 +726,7 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
 	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
 	if revoke >= 0 {
-		args = []any{a.releaseArgs[0], a.releaseArgs[1], a.releaseArgs[2], a.releaseArgs[3], revoke.Milliseconds()}
+		args = []any{a.releaseArgs[0], a.releaseArgs[1], revoke.Milliseconds()}
 	}
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
@@ -766,17 +761,23 @@ const (
 
 // revocationKey returns lock's revocation mark for a new owner id, which
 // ends it: lock + ":revoked:" + owner, and the owner followed by a new
-// secret, built in one allocation so that both are substrings of it.
-func revocationKey(lock string) (key, ownerSecret string) {
+// secret, built in one allocation so that both are substrings of it. With
+// sharded, ownerSecret ends with "S": the scripts then publish grants with
+// SPUBLISH rather than PUBLISH (one argument fewer on every call).
+func revocationKey(lock string, sharded bool) (key, ownerSecret string) {
 	var b [(ownerLen + secretLen) / 2]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	var h [ownerLen + secretLen]byte
 	hex.Encode(h[:], b[:])
 	var sb strings.Builder
-	sb.Grow(len(lock) + len(":revoked:") + len(h))
+	sb.Grow(len(lock) + len(":revoked:") + len(h) + 1)
 	sb.WriteString(lock)
 	sb.WriteString(":revoked:")
 	sb.Write(h[:])
+	if sharded {
+		sb.WriteByte('S')
+	}
 	s := sb.String()
-	return s[:len(s)-secretLen], s[len(s)-secretLen-ownerLen:]
+	end := len(lock) + len(":revoked:") + len(h)
+	return s[:end-secretLen], s[end-secretLen-ownerLen:]
 }
