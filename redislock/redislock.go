@@ -92,6 +92,8 @@ type Locker struct {
 	pipes sync.Pool
 	wait  atomic.Pointer[waitCmdArgs]
 
+	batch batcher // script calls batched on client (batch.go, experiment)
+
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
 }

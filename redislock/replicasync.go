@@ -409,7 +409,7 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 // pipeline each time.
 func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
 	if !asking && required == 0 {
-		reply = runScript(ctx, c, script, keys, args)
+		reply = l.script(ctx, c, script, keys, args)
 		return reply, 0, reply.Err()
 	}
 	pipe, pooled := l.pipeline(c)

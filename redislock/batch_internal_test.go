@@ -1,0 +1,338 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// batchStats reads l's batch counters.
+func batchStats(l *Locker) (inBatch, sent, again int) {
+	l.batch.mu.Lock()
+	defer l.batch.mu.Unlock()
+	return l.batch.inBatch, l.batch.sent, l.batch.again
+}
+
+// TestBatchMixedCallsManyLockers: acquisitions, extensions and releases of
+// several Lockers on one client, from many goroutines at once, go in
+// batches (each Locker its own), and each caller gets its own reply: the
+// token of its own lock, its own extension and release.
+func TestBatchMixedCallsManyLockers(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var lockers []*Locker
+	for i := range 3 {
+		l, err := New(c, &Options{Prefix: fmt.Sprintf("batch%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lockers = append(lockers, l)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 48 {
+		wg.Go(func() {
+			l := lockers[g%len(lockers)]
+			name := fmt.Sprintf("lock:batch:%d", g)
+			last := fence.Token(0)
+			for range 30 {
+				lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+				if err != nil {
+					errs <- fmt.Errorf("Acquire %s: %w", name, err)
+					return
+				}
+				if lease.Token() <= last {
+					errs <- fmt.Errorf("%s: token %d after %d", name, lease.Token(), last)
+				}
+				last = lease.Token()
+				if err := lease.Extend(ctx, 2*time.Minute); err != nil {
+					errs <- fmt.Errorf("Extend %s: %w", name, err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					errs <- fmt.Errorf("Release %s: %w", name, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	total := 0
+	for i, l := range lockers {
+		_, sent, _ := batchStats(l)
+		t.Logf("locker %d: %d commands sent in batches", i, sent)
+		total += sent
+	}
+	if total == 0 {
+		t.Fatal("no command went in a batch")
+	}
+	admin := srv.Client(t)
+	for i := range lockers {
+		if n := len(admin.Keys(ctx, fmt.Sprintf("batch%d:{*}", i)).Val()); n != 0 {
+			t.Errorf("locker %d: %d locks left held", i, n)
+		}
+	}
+}
+
+// TestBatchNoScriptAfterFlush: SCRIPT FLUSH while batches are sent: the
+// commands that fail with NOSCRIPT go again in full, and no caller sees
+// the error.
+func TestBatchNoScriptAfterFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	admin := srv.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 32 {
+		wg.Go(func() {
+			name := fmt.Sprintf("lock:flush:%d", g)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+				if err != nil {
+					errs <- fmt.Errorf("Acquire %s: %w", name, err)
+					return
+				}
+				if err := lease.Release(ctx); err != nil {
+					errs <- fmt.Errorf("Release %s: %w", name, err)
+					return
+				}
+			}
+		})
+	}
+	// Flush until enough batched commands met NOSCRIPT, or 10 s.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Error(err)
+			break
+		}
+		if _, _, again := batchStats(l); again >= 20 || time.Now().After(deadline) {
+			break
+		}
+		if len(errs) > 0 {
+			break
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	_, sent, again := batchStats(l)
+	t.Logf("%d commands sent in batches, %d again after NOSCRIPT", sent, again)
+	if again == 0 {
+		t.Fatal("no batched command met NOSCRIPT")
+	}
+}
+
+// TestBatchHungServer: on a paused redis-server, a batch of acquisitions,
+// extensions and releases is in flight, one of the acquiring callers
+// cancels; every caller returns with an error within its deadline. When
+// the server resumes, the acquisitions given up on run, and each is given
+// back or revoked: no lock stays held.
+func TestBatchHungServer(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) { testBatchFault(t, cte, false) })
+	}
+}
+
+// TestBatchKilledServer: the server killed while a batch is in flight:
+// every caller in it gets an error within its deadline.
+func TestBatchKilledServer(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) { testBatchFault(t, cte, true) })
+	}
+}
+
+func testBatchFault(t *testing.T, cte, kill bool) {
+	const deadline, slack = 750 * time.Millisecond, 300 * time.Millisecond
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: cte, PoolSize: 64})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const held = 4
+	var leases []fence.Lease
+	for i := range held {
+		lease, err := l.Acquire(ctx, fmt.Sprintf("held:%d", i), fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, lease)
+	}
+	srv.Signal(syscall.SIGSTOP)
+	resumed := false
+	resume := func() {
+		if !resumed && !kill {
+			resumed = true
+			srv.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+
+	type result struct {
+		what string
+		err  error
+		took time.Duration
+	}
+	const acquirers = 12
+	results := make(chan result, acquirers+2*held)
+	cctx, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	var wg sync.WaitGroup
+	call := func(what string, parent context.Context, f func(ctx context.Context) error) {
+		wg.Go(func() {
+			dctx, cancel := context.WithTimeout(parent, deadline)
+			defer cancel()
+			start := time.Now()
+			err := f(dctx)
+			results <- result{what, err, time.Since(start)}
+		})
+	}
+	for i := range acquirers {
+		parent := ctx
+		if i == acquirers-1 {
+			parent = cctx // cancelled mid-flight
+		}
+		name := fmt.Sprintf("lock:hung:%d", i)
+		call("Acquire "+name, parent, func(ctx context.Context) error {
+			_, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+			return err
+		})
+	}
+	for i, lease := range leases {
+		if i%2 == 0 {
+			call(fmt.Sprintf("Extend held:%d", i), ctx, func(ctx context.Context) error { return lease.Extend(ctx, time.Minute) })
+		} else {
+			call(fmt.Sprintf("Release held:%d", i), ctx, func(ctx context.Context) error { return lease.Release(ctx) })
+		}
+	}
+	// All but the one that went straight through are in a batch in
+	// flight (or queued behind it, when maxBatches are in flight).
+	eventually(t, func() bool {
+		l.batch.mu.Lock()
+		defer l.batch.mu.Unlock()
+		return l.batch.inBatch+len(l.batch.queue) >= acquirers+held-1 && l.batch.inBatch > 0
+	})
+	ccancel()
+	if kill {
+		srv.Kill()
+	}
+	wg.Wait()
+	close(results)
+	for r := range results {
+		t.Logf("%s: %v after %v", r.what, r.err, r.took.Round(time.Millisecond))
+		if r.err == nil {
+			t.Errorf("%s succeeded on a %s server", r.what, map[bool]string{false: "paused", true: "killed"}[kill])
+		}
+		if r.took > deadline+slack {
+			t.Errorf("%s took %v with a %v deadline", r.what, r.took, deadline)
+		}
+	}
+	if kill {
+		return
+	}
+	resume()
+	admin := srv.Client(t)
+	eventually(t, func() bool {
+		for i := range acquirers {
+			if admin.Exists(ctx, l.keys(fmt.Sprintf("lock:hung:%d", i)).lock).Val() != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestBatchCallerLeavesQueue: a caller whose context ends while its command
+// waits in the queue (every sender busy on a paused server) leaves it: its
+// command is never sent, and it gets its context's error at once.
+func TestBatchCallerLeavesQueue(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute)) // loads the scripts
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Release(ctx)
+	srv.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
+	// Fill the direct slots and every sender.
+	var wg sync.WaitGroup
+	busy := maxDirect + maxBatches
+	for i := range busy {
+		wg.Go(func() {
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, _ = l.Acquire(dctx, fmt.Sprintf("busy:%d", i), fence.TTL(time.Minute))
+		})
+		eventually(t, func() bool {
+			l.batch.mu.Lock()
+			defer l.batch.mu.Unlock()
+			return l.batch.inflight+l.batch.inBatch == i+1
+		})
+	}
+	qctx, qcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(qctx, "queued", fence.TTL(time.Minute))
+		done <- err
+	}()
+	eventually(t, func() bool {
+		l.batch.mu.Lock()
+		defer l.batch.mu.Unlock()
+		return len(l.batch.queue) == 1
+	})
+	qcancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Acquire = %v, want context.Canceled", err)
+		}
+	case <-time.After(time.Second):
+		t.Error("the queued caller did not leave at its cancellation")
+	}
+	srv.Signal(syscall.SIGCONT)
+	wg.Wait()
+	_, sent, _ := batchStats(l)
+	if sent != busy-maxDirect {
+		t.Errorf("%d commands sent in batches, want %d (the queued one never sent)", sent, busy-maxDirect)
+	}
+}
