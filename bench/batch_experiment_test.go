@@ -143,8 +143,8 @@ func procCPU(pid int) (time.Duration, error) {
 	}
 	s := string(raw)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from 3 on
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)             // field 14
-	st, err2 := strconv.ParseInt(f[12], 10, 64)             // field 15
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)              // field 14
+	st, err2 := strconv.ParseInt(f[12], 10, 64)              // field 15
 	if err1 != nil || err2 != nil {
 		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
 	}
