@@ -60,48 +60,72 @@ func init() {
 
 // batchCall is one caller's command in a batch.
 type batchCall struct {
-	ctx   context.Context
-	cmd   *redis.Cmd
-	done  chan struct{} // closed by the sender once cmd has its reply
-	taken bool          // taken by a sender; guarded by batcher.mu
-	left  bool          // the caller left before it was taken; guarded by batcher.mu
+	ctx      context.Context
+	cmd      *redis.Cmd
+	required int           // replicas that must acknowledge (WAIT), or 0
+	done     chan struct{} // closed by the sender once cmd has its reply
+	taken    bool          // taken by a sender; guarded by batcher.mu
+	left     bool          // the caller left before it was taken; guarded by batcher.mu
+	acked    int           // WAIT's reply, when required > 0
+	waitErr  error         // WAIT's error, when required > 0
 }
 
-// script runs script on c: batched when c is the Locker's own *redis.Client
-// and another call is in flight, otherwise as runScript does.
-func (l *Locker) script(ctx context.Context, c redis.Cmdable, script *redis.Script, keys skeys, args []any) *redis.Cmd {
+// batchable returns the Locker's own *redis.Client when c is it and
+// batching is on, or nil.
+func (l *Locker) batchable(c redis.Cmdable) *redis.Client {
 	own, _ := l.client.(*redis.Client)
 	rc, _ := c.(*redis.Client)
 	if own == nil || rc != own || l.sharded || maxBatches == 0 {
-		return runScript(ctx, c, script, keys, args)
+		return nil
 	}
-	b := &l.batch
+	return own
+}
+
+// enter reports whether a call goes straight through (fewer than maxDirect
+// in flight); then the caller calls leave when it is done.
+func (b *batcher) enter() bool {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.inflight < maxDirect {
 		b.inflight++
-		b.mu.Unlock()
-		cmd := runScript(ctx, c, script, keys, args)
-		b.mu.Lock()
-		b.inflight--
-		b.mu.Unlock()
-		return cmd
+		return true
 	}
-	bc := &batchCall{ctx: ctx, cmd: scriptCmd(ctx, script, false, keys, args), done: make(chan struct{})}
+	return false
+}
+
+// leave ends a call that enter let through.
+func (b *batcher) leave() {
+	b.mu.Lock()
+	b.inflight--
+	b.mu.Unlock()
+}
+
+// evalBatched sends script in the next batch on c, followed in it by WAIT
+// when required > 0, and returns as evalPipelined does.
+func (l *Locker) evalBatched(ctx context.Context, c *redis.Client, required int, script *redis.Script, keys skeys, args []any) (*redis.Cmd, int, error) {
+	b := &l.batch
+	bc := &batchCall{ctx: ctx, cmd: scriptCmd(ctx, script, false, keys, args), required: required, done: make(chan struct{})}
+	b.mu.Lock()
 	b.queue = append(b.queue, bc)
 	if b.batches < maxBatches {
 		b.batches++
-		go l.sendBatches(own)
+		go l.sendBatches(c)
 	}
 	b.mu.Unlock()
-	return bc.wait(b)
+	reply, ok := bc.wait(b)
+	if err := reply.Err(); err != nil || !ok || required == 0 {
+		return reply, 0, err
+	}
+	return reply, bc.acked, bc.waitErr
 }
 
-// wait returns bc's command once it has its reply, or with an error when
-// bc's context ends first (see batcher).
-func (bc *batchCall) wait(b *batcher) *redis.Cmd {
+// wait returns bc's command once it has its reply, or a command with an
+// error when bc's context ends first (see batcher), and whether it had its
+// reply.
+func (bc *batchCall) wait(b *batcher) (*redis.Cmd, bool) {
 	select {
 	case <-bc.done:
-		return bc.cmd
+		return bc.cmd, true
 	case <-bc.ctx.Done():
 	}
 	b.mu.Lock()
@@ -110,7 +134,7 @@ func (bc *batchCall) wait(b *batcher) *redis.Cmd {
 		b.mu.Unlock()
 		cmd := redis.NewCmd(bc.ctx)
 		cmd.SetErr(bc.ctx.Err()) // never sent
-		return cmd
+		return cmd, false
 	}
 	b.mu.Unlock()
 	if dl, ok := bc.ctx.Deadline(); ok && time.Until(dl) > 0 {
@@ -120,21 +144,21 @@ func (bc *batchCall) wait(b *batcher) *redis.Cmd {
 		defer t.Stop()
 		select {
 		case <-bc.done:
-			return bc.cmd
+			return bc.cmd, true
 		case <-t.C:
 		}
 	} else if !ok {
 		<-bc.done // no deadline: only under bounded, which leaves by itself
-		return bc.cmd
+		return bc.cmd, true
 	}
 	select {
 	case <-bc.done:
-		return bc.cmd
+		return bc.cmd, true
 	default:
 	}
 	cmd := redis.NewCmd(bc.ctx)
 	cmd.SetErr(fmt.Errorf("redislock: batched call: %w", context.DeadlineExceeded))
-	return cmd
+	return cmd, false
 }
 
 // sendBatches takes the queue and sends it as one pipeline on c, until the
@@ -167,33 +191,37 @@ func (l *Locker) sendBatches(c *redis.Client) {
 		for _, bc := range calls {
 			cmds = append(cmds, bc.cmd)
 		}
+		wait := l.batchWait(ctx, calls, &cmds)
 		pipe := c.Pipeline()
 		_ = pipe.BatchProcess(ctx, cmds...)
 		_, _ = pipe.Exec(ctx)
-		// NOSCRIPT: again in full, for the commands that had it.
-		var again []redis.Cmder
-		var idx []int
-		for i, bc := range calls {
+		// NOSCRIPT: again in full, for the commands that had it, with a
+		// WAIT of their own after them.
+		var again []*batchCall
+		for _, bc := range calls {
 			if err := bc.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				args := append([]any(nil), bc.cmd.Args()...)
-				sa := scriptBySHA(args[1])
-				if sa == nil {
+				src := scriptBySHA(args[1])
+				if src == nil {
 					continue
 				}
-				args[0], args[1] = "eval", sa
-				cmd := redis.NewCmd(bc.ctx, args...)
-				cmd.SetFirstKeyPos(3)
-				again = append(again, cmd)
-				idx = append(idx, i)
+				args[0], args[1] = "eval", src
+				bc.cmd = redis.NewCmd(bc.ctx, args...)
+				bc.cmd.SetFirstKeyPos(3)
+				again = append(again, bc)
 			}
 		}
+		setAcked(calls, wait)
 		if len(again) > 0 {
-			pipe := c.Pipeline()
-			_ = pipe.BatchProcess(ctx, again...)
-			_, _ = pipe.Exec(ctx)
-			for j, i := range idx {
-				calls[i].cmd = again[j].(*redis.Cmd)
+			var cmds []redis.Cmder
+			for _, bc := range again {
+				cmds = append(cmds, bc.cmd)
 			}
+			wait := l.batchWait(ctx, again, &cmds)
+			pipe := c.Pipeline()
+			_ = pipe.BatchProcess(ctx, cmds...)
+			_, _ = pipe.Exec(ctx)
+			setAcked(again, wait)
 		}
 		cancel()
 		b.mu.Lock()
@@ -204,6 +232,37 @@ func (l *Locker) sendBatches(c *redis.Client) {
 			close(bc.done)
 		}
 		clear(calls)
+	}
+}
+
+// batchWait appends to cmds, when a call in calls requires replica
+// acknowledgements, one WAIT for the most any of them requires, and
+// returns it: WAIT counts the replicas that acknowledged every write sent
+// before it on the connection, which the pipeline's are. Nil when none
+// does.
+func (l *Locker) batchWait(ctx context.Context, calls []*batchCall, cmds *[]redis.Cmder) *redis.Cmd {
+	required := 0
+	for _, bc := range calls {
+		required = max(required, bc.required)
+	}
+	if required == 0 {
+		return nil
+	}
+	wait := redis.NewCmd(ctx, "WAIT", required, l.sync.Timeout.Milliseconds())
+	*cmds = append(*cmds, wait)
+	return wait
+}
+
+// setAcked gives WAIT's reply to the calls that required it.
+func setAcked(calls []*batchCall, wait *redis.Cmd) {
+	if wait == nil {
+		return
+	}
+	acked, err := wait.Int()
+	for _, bc := range calls {
+		if bc.required > 0 {
+			bc.acked, bc.waitErr = acked, err
+		}
 	}
 }
 

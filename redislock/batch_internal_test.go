@@ -336,3 +336,68 @@ func TestBatchCallerLeavesQueue(t *testing.T) {
 		t.Errorf("%d commands sent in batches, want %d (the queued one never sent)", sent, busy-maxDirect)
 	}
 }
+
+// TestBatchReplicaSync: acquisitions with replica sync from many goroutines
+// go in batches with one WAIT after them. With the replica in sync every
+// one is acknowledged; with its link cut none is, and every caller is
+// refused with fence.ErrNotReplicated and its lock given back.
+func TestBatchReplicaSync(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(primary.Client(t), &Options{ReplicaSync: ReplicaSync{Replicas: 1, Timeout: 300 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(prefix string, rounds int, check func(name string, lease fence.Lease, err error) error) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, 32)
+		for g := range 32 {
+			wg.Go(func() {
+				name := fmt.Sprintf("%s:%d", prefix, g)
+				for range rounds {
+					lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+					if err := check(name, lease, err); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	}
+	run("lock:synced", 20, func(name string, lease fence.Lease, err error) error {
+		if err != nil {
+			return fmt.Errorf("Acquire %s: %w", name, err)
+		}
+		return lease.Release(ctx)
+	})
+	_, sent, _ := batchStats(l)
+	if sent == 0 {
+		t.Fatal("no command went in a batch")
+	}
+	before := sent
+	redistest.CutLink(t, primary, replica)
+	run("lock:cut", 1, func(name string, lease fence.Lease, err error) error {
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			return fmt.Errorf("Acquire %s with the replica cut off = %v, %v; want fence.ErrNotReplicated", name, lease, err)
+		}
+		return nil
+	})
+	_, sent, _ = batchStats(l)
+	t.Logf("%d commands sent in batches in sync, %d with the replica cut off", before, sent-before)
+	if sent == before {
+		t.Error("no command went in a batch with the replica cut off")
+	}
+	admin := primary.Client(t)
+	if n := len(admin.Keys(ctx, "fence:{lock:cut:*}").Val()); n != 0 {
+		t.Errorf("%d refused locks left held", n)
+	}
+}

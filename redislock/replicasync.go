@@ -408,9 +408,17 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 // acquisition pays for the two commands and their replies, not for a new
 // pipeline each time.
 func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
-	if !asking && required == 0 {
-		reply = l.script(ctx, c, script, keys, args)
-		return reply, 0, reply.Err()
+	if !asking {
+		if own := l.batchable(c); own != nil {
+			if !l.batch.enter() {
+				return l.evalBatched(ctx, own, required, script, keys, args)
+			}
+			defer l.batch.leave()
+		}
+		if required == 0 {
+			reply = runScript(ctx, c, script, keys, args)
+			return reply, 0, reply.Err()
+		}
 	}
 	pipe, pooled := l.pipeline(c)
 	if pooled != nil {
