@@ -48,13 +48,16 @@ type batcher struct {
 var (
 	maxDirect  = 1
 	maxBatches = 2
+	idleDirect = false // straight through only when no batch is in flight or queued either
 )
 
 // FENCE_BATCH=direct,batches sets them, for the experiment's measurements;
 // batches 0 turns batching off.
 func init() {
 	if v := os.Getenv("FENCE_BATCH"); v != "" {
-		_, _ = fmt.Sscanf(v, "%d,%d", &maxDirect, &maxBatches)
+		var idle int
+		_, _ = fmt.Sscanf(v, "%d,%d,%d", &maxDirect, &maxBatches, &idle)
+		idleDirect = idle == 1
 	}
 }
 
@@ -86,7 +89,7 @@ func (l *Locker) batchable(c redis.Cmdable) *redis.Client {
 func (b *batcher) enter() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.inflight < maxDirect {
+	if b.inflight < maxDirect && (!idleDirect || b.inBatch == 0 && len(b.queue) == 0) {
 		b.inflight++
 		return true
 	}

@@ -401,3 +401,31 @@ func TestBatchReplicaSync(t *testing.T) {
 		t.Errorf("%d refused locks left held", n)
 	}
 }
+
+// TestUncontendedNotBatched: calls one after another each find nothing in
+// flight and go straight through, as without batching: the uncontended
+// latency does not change.
+func TestUncontendedNotBatched(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		lease, err := l.Acquire(ctx, "lock:payment:1001", fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Extend(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, sent, _ := batchStats(l); sent != 0 {
+		t.Fatalf("%d uncontended commands went in batches", sent)
+	}
+}
