@@ -59,6 +59,28 @@ func init() {
 		_, _ = fmt.Sscanf(v, "%d,%d,%d", &maxDirect, &maxBatches, &idle)
 		idleDirect = idle == 1
 	}
+	useAutoPipeline = os.Getenv("FENCE_AP") == "1"
+}
+
+// useAutoPipeline (FENCE_AP=1, for comparison only): every script call
+// without WAIT goes through go-redis's own experimental AutoPipeliner
+// (Client.AutoPipeline) instead of the batcher.
+var useAutoPipeline bool
+
+// runAutoPipelined is runScript through c's AutoPipeliner.
+func runAutoPipelined(ctx context.Context, c *redis.Client, script *redis.Script, keys skeys, args []any) *redis.Cmd {
+	ap, err := c.AutoPipeline()
+	if err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	cmd := scriptCmd(ctx, script, false, keys, args)
+	if err := ap.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = scriptCmd(ctx, script, true, keys, args)
+		_ = ap.Process(ctx, cmd)
+	}
+	return cmd
 }
 
 // batchCall is one caller's command in a batch.

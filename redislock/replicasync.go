@@ -410,6 +410,10 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
 	if !asking {
 		if own := l.batchable(c); own != nil {
+			if useAutoPipeline && required == 0 {
+				reply = runAutoPipelined(ctx, own, script, keys, args)
+				return reply, 0, reply.Err()
+			}
 			if !l.batch.enter() {
 				return l.evalBatched(ctx, own, required, script, keys, args)
 			}
