@@ -291,22 +291,24 @@ func setAcked(calls []*batchCall, wait *redis.Cmd) {
 	}
 }
 
-// batchContext is the context a batch is sent with: without the callers'
-// cancellation (one caller leaving must not fail the others), with the
-// latest of their deadlines, or none when one of them has none (then the
-// client's own timeouts end it).
+// batchContext is the context a batch is sent with: the first caller's
+// values (a tracing hook's span, say), without the callers' cancellation
+// (one caller leaving must not fail the others), with the latest of their
+// deadlines, or none when one of them has none (then the client's own
+// timeouts end it).
 func batchContext(calls []*batchCall) (context.Context, context.CancelFunc) {
+	base := context.WithoutCancel(calls[0].ctx)
 	var latest time.Time
 	for _, bc := range calls {
 		dl, ok := bc.ctx.Deadline()
 		if !ok {
-			return context.Background(), func() {}
+			return base, func() {}
 		}
 		if dl.After(latest) {
 			latest = dl
 		}
 	}
-	return context.WithDeadline(context.Background(), latest)
+	return context.WithDeadline(base, latest)
 }
 
 // scriptBySHA is the boxed source of the script whose boxed SHA is sha, or
