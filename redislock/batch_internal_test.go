@@ -429,3 +429,72 @@ func TestUncontendedNotBatched(t *testing.T) {
 		t.Fatalf("%d uncontended commands went in batches", sent)
 	}
 }
+
+// TestBatchOneCommandFails: in one batch, the acquisition whose token
+// record has the wrong type fails with its own error; the others in the
+// same pipeline succeed.
+func TestBatchOneCommandFails(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute)) // loads the scripts
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Release(ctx)
+	admin := srv.Client(t)
+	const bad = "lock:batch:bad"
+	if err := admin.RPush(ctx, l.keys(bad).token, "not a token").Err(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Signal(syscall.SIGSTOP)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			srv.Signal(syscall.SIGCONT)
+		}
+	})
+	const n = 16
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	queued := func(want int) func() bool {
+		return func() bool {
+			l.batch.mu.Lock()
+			defer l.batch.mu.Unlock()
+			return l.batch.inflight+l.batch.inBatch+len(l.batch.queue) == want
+		}
+	}
+	for i := range n {
+		name := fmt.Sprintf("lock:batch:%d", i)
+		if i == n-1 {
+			// Last, so that it goes in a batch, not straight through.
+			name = bad
+		}
+		wg.Go(func() {
+			lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+			if err == nil {
+				err = lease.Release(ctx)
+			}
+			errs[i] = err
+		})
+		eventually(t, queued(i+1))
+	}
+	srv.Signal(syscall.SIGCONT)
+	resumed = true
+	wg.Wait()
+	for i, err := range errs {
+		if i == n-1 {
+			if err == nil {
+				t.Errorf("Acquire %s with a list for a token record succeeded", bad)
+			} else {
+				t.Logf("Acquire %s: %v", bad, err)
+			}
+		} else if err != nil {
+			t.Errorf("Acquire lock:batch:%d: %v", i, err)
+		}
+	}
+}
