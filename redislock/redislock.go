@@ -91,6 +91,8 @@ type Locker struct {
 	pipes sync.Pool
 	wait  atomic.Pointer[waitCmdArgs]
 
+	batch batcher // script calls batched on client (batch.go)
+
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
 }

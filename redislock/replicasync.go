@@ -419,11 +419,20 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 // On the Locker's own client the pipeline is one of l.pipes, reused, and
 // the WAIT command's arguments are built once (see waitArgs): the uncontended
 // acquisition pays for the two commands and their replies, not for a new
-// pipeline each time.
+// pipeline each time. There, too, a call (without ASKING) that finds another
+// call of the Locker in flight goes in the next batch instead (batch.go).
 func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
-	if !asking && required == 0 {
-		reply = runScript(ctx, c, script, keys, args)
-		return reply, 0, reply.Err()
+	if !asking {
+		if own := l.batchable(c); own != nil {
+			if !l.batch.enter() {
+				return l.evalBatched(ctx, own, required, script, keys, args)
+			}
+			defer l.batch.leave()
+		}
+		if required == 0 {
+			reply = runScript(ctx, c, script, keys, args)
+			return reply, 0, reply.Err()
+		}
 	}
 	pipe, pooled := l.pipeline(c)
 	if pooled != nil {
