@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -18,6 +19,25 @@ type countingProxy struct {
 	upstream string
 	commands atomic.Int64
 	wg       sync.WaitGroup
+
+	mu    sync.Mutex
+	names map[string]int64 // commands by name, when not nil (tally)
+}
+
+// tally starts counting commands by name as well (for BenchmarkContended).
+func (p *countingProxy) tally() {
+	p.mu.Lock()
+	p.names = map[string]int64{}
+	p.mu.Unlock()
+}
+
+// byName returns the commands counted by name since tally, and restarts.
+func (p *countingProxy) byName() map[string]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.names
+	p.names = map[string]int64{}
+	return out
 }
 
 func newCountingProxy(upstream string) (*countingProxy, error) {
@@ -83,12 +103,21 @@ func (p *countingProxy) count(r io.Reader) {
 			continue // an inline command
 		}
 		n, _ := strconv.Atoi(string(line[1 : len(line)-2]))
-		for range n {
+		for j := range n {
 			hdr, err := br.ReadSlice('\n')
 			if err != nil || len(hdr) < 3 || hdr[0] != '$' {
 				return
 			}
 			size, _ := strconv.Atoi(string(hdr[1 : len(hdr)-2]))
+			if j == 0 {
+				p.mu.Lock()
+				if p.names != nil {
+					if b, err := br.Peek(size); err == nil {
+						p.names[strings.ToUpper(string(b))]++
+					}
+				}
+				p.mu.Unlock()
+			}
 			if _, err := br.Discard(size + 2); err != nil {
 				return
 			}

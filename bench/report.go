@@ -82,7 +82,10 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 		w("| %s%s | %.0f | %.0f | %.1f | %.2f | %s |\n", r.name, note, r.changes, r.acqPerSec, r.handoffsP99, r.cmdsPerAcq, ratio(on.changes, r.changes))
 	}
 	w("\nCommands are counted by a proxy in front of the server, as the client sends them (round trips), not by `INFO\n")
-	w("commandstats`, which also counts what scripts run inside the server. Subscriptions count.\n\n")
+	w("commandstats`, which also counts what scripts run inside the server. Subscriptions count. They are counted over a\n")
+	w("window in the middle of a running workload, after a warm-up that every library gets alike (the same workload,\n")
+	w("uncounted, for a tenth of the time): connections open, handshakes sent and subscriptions made, as in a process\n")
+	w("that has been locking for a while.\n\n")
 	w("## 64 goroutines over distinct keys\n\n| library | acquire+release pairs/s | vs the limit |\n|---|---:|---:|\n")
 	for _, r := range rows {
 		w("| %s | %.0f | %s |\n", r.name, r.distinct, ratio(r.distinct, lim.distinct))
@@ -196,12 +199,26 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 - **Contended holder changes and handoff.** Grant-on-release: waiters queue in Redis, and the release script hands
   the lock and its new token to the first live waiter and names it in its publish; the waiter holds the lease with no
   command of its own. A handoff is one round trip, every acquisition a holder change (FIFO: a releaser cannot take the
-  lock straight back ahead of the queue), and an acquisition costs its queued try and its release; the few hundredths
-  above 2 are the connections' handshakes and the subscription, counted by the proxy from a fresh start.
-- **Commands per contended acquisition with sync on.** A granted waiter confirms the grant with its own acquire
-  script and WAIT (the releaser's connection wrote the grant, so a WAIT on the waiter's proves nothing until it
-  writes), and every attempt pipelines WAIT with the script: the queued try, the confirmation (each script and
-  WAIT) and the release, 5 commands.
+  lock straight back ahead of the queue), and an acquisition costs its queued try and its release: 2 commands. Counted
+  from a fresh start (as the proxy did until 2026-12-01) it came to 2.01: the subscription's connection (HELLO, CLIENT
+  SETINFO twice, SUBSCRIBE) and a second try by each waiter that queued before the subscription was confirmed (a
+  grant published in between would not have reached it), once per burst of contention, not per acquisition.
+  Where the p99 handoff goes (BenchmarkContended on 2026-12-01, with the waiter's wake-up and return timed inside
+  redislock for the occasion): from the subscription's reader having the grant to Acquire's return, p50 3 µs and p99
+  35–60 µs (the reader waking the waiter's goroutine, the MAC check, the lease); the other 90%% and more of a p99
+  of 0.3–0.8 ms comes before, in the releaser's write, the server's script and publish, and the reader's wake-up,
+  processes scheduled on two CPUs shared with other jobs. The handoffs spread smoothly (p50 100–140 µs, p90 about
+  1.7×, p99 about 2.5×: no second mode, such as a timer or a confirming try, to cut), and in a quiet round fence's
+  p99 (0.28–0.30 ms) is already under rueidislock's (0.34 ms): half the best peer's p99 would be fence's own p60.
+- **Contended holder changes with sync on.** A granted waiter confirms the grant with its own acquire script and
+  WAIT (the releaser's connection wrote the grant, so a WAIT on the waiter's proves nothing until it writes): the
+  confirmation's round trip and the replica's acknowledgement sit on every handoff, which sync off does not pay.
+  The queued try goes without WAIT when other Acquires of the same Locker already wait for the lock (nothing it
+  writes is used; a take it makes after all is confirmed with WAIT before it is a lease): 4 commands and one WAIT per
+  acquisition (the queued try, the confirmation and its WAIT, the release), down from 5 and two. Having the releaser
+  WAIT for its grant instead moves the acknowledgement and a round trip rather than removing them (WAIT cannot run
+  inside the script, so the "synced" word would be a second publish after the releaser's WAIT): the handoff would
+  stay one client round trip and one replica acknowledgement longer than with sync off.
 - **Distinct-key throughput against two bare EVALSHA calls.** The extra calls inside the server, on a machine where
   client and server share two CPUs. On rueidis (fencerueidis), whose automatic pipelining sends many callers'
   commands in one write, fence comes closer to the go-redis limit and stays above rueidislock. The queue check

@@ -74,6 +74,7 @@ type contendedResult struct {
 	holderChanges int
 	seconds       float64
 	p99Handoff    time.Duration
+	handoffs      []time.Duration // every handoff, in order
 }
 
 // contended: g goroutines take the same key for d, with no work inside. A
@@ -81,16 +82,41 @@ type contendedResult struct {
 // one; its handoff latency runs from the moment the previous holder began
 // to release.
 func contended(l *lib, g int, d time.Duration) (contendedResult, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
+	res, _, err := contendedWindow(l, g, 0, d, nil)
+	return res, err
+}
+
+// contendedWindow is contended run for warm+d, with count (the commands a
+// proxy has seen) read at warm and at warm+d, in the middle of the
+// workload: cmdsPerAcq is the commands sent between those two moments over
+// the acquisitions made between them. Both ends cut a running workload, so
+// what a library does once (connect, subscribe, its first waiters' tries)
+// and what is in flight at either cut weigh alike on every library; the
+// result, res, covers the whole run.
+func contendedWindow(l *lib, g int, warm, d time.Duration, count func() int64) (res contendedResult, cmdsPerAcq float64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), warm+d+30*time.Second)
 	defer cancel()
 	key := "bench:contended:" + l.name
 	var mu sync.Mutex
 	last, lastRelease := -1, time.Time{}
-	var res contendedResult
 	var handoffs []time.Duration
 	var firstErr atomic.Value
-	stop := time.Now().Add(d)
+	begin := time.Now()
+	stop := begin.Add(warm + d)
 	var wg sync.WaitGroup
+	var marks sync.WaitGroup
+	var acqs [2]int
+	var cmds [2]int64
+	if count != nil {
+		for i, at := range []time.Duration{warm, warm + d} {
+			marks.Go(func() {
+				time.Sleep(time.Until(begin.Add(at)))
+				mu.Lock()
+				acqs[i], cmds[i] = res.acquisitions, count()
+				mu.Unlock()
+			})
+		}
+	}
 	for i := range g {
 		wg.Go(func() {
 			for time.Now().Before(stop) {
@@ -114,14 +140,16 @@ func contended(l *lib, g int, d time.Duration) (contendedResult, error) {
 			}
 		})
 	}
-	start := time.Now()
 	wg.Wait()
-	res.seconds = time.Since(start).Seconds()
+	marks.Wait()
+	res.seconds = time.Since(begin).Seconds()
+	cmdsPerAcq = float64(cmds[1]-cmds[0]) / float64(max(acqs[1]-acqs[0], 1))
 	if err, _ := firstErr.Load().(error); err != nil {
-		return res, err
+		return res, cmdsPerAcq, err
 	}
+	res.handoffs = slices.Clone(handoffs)
 	_, res.p99Handoff = percentiles(handoffs)
-	return res, nil
+	return res, cmdsPerAcq, nil
 }
 
 // distinct: g goroutines, each on its own key, for d; acquire+release pairs

@@ -1,13 +1,17 @@
 -- Takes the lock if it is free and nobody queues for it, and issues a
--- fencing token, in one step (grant.lua is in front of this).
+-- fencing token, in one step (token.lua is in front of this, and grant.lua
+-- in it where its marker line is).
 -- KEYS[1] the lock, KEYS[2] the last-token record, KEYS[3] the owner's
 -- revocation mark (release.lua), KEYS[4] the queue of waiters, KEYS[5] the
 -- waiters' hash (grant.lua)
 -- ARGV[1] owner (32 characters) followed by the secret that signs a grant
--- to it, ARGV[2] lease ms, ARGV[3] token record retention ms,
+-- to it (16), and by S when grants go out with SPUBLISH rather than
+-- PUBLISH, ARGV[2] lease ms, ARGV[3] token record retention ms,
 -- ARGV[4] how much longer the caller may wait, ms (0: it does not),
--- ARGV[5] the number of this try, ARGV[6] PUBLISH or SPUBLISH, ARGV[7] the
--- release channel
+-- ARGV[5] the number of this try
+-- The release channel is the lock's key followed by ':released' (not a
+-- key; in the lock's slot by its hash tag, as SPUBLISH needs): made here,
+-- on the rare path that grants, rather than sent with every call.
 --
 -- A try that finds the lock held by a caller that will wait queues the
 -- caller (once: a later try refreshes its try number and deadline). The
@@ -26,7 +30,7 @@
 -- and an error starting FENCETOKEN, leaving everything as it was, when the
 -- record is not a token this script can increase exactly.
 local lock, record, revoked, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local owner, secret = string.sub(ARGV[1], 1, 32), string.sub(ARGV[1], 33)
+local owner = string.sub(ARGV[1], 1, 32) -- the secret only when queued
 local now -- TIME's reply, read once, when needed
 local function clock()
   if not now then
@@ -34,13 +38,68 @@ local function clock()
   end
   return now
 end
+-- Try the lock first: a held lock costs two calls, and a free one is taken
+-- with no GET of it. What is refused below after taking it (a revoked owner,
+-- a bad record) is undone with DEL in the same script, which runs
+-- atomically and replicates its writes as one transaction: nobody sees the
+-- lock taken, and the record is not touched.
+local holder = redis.call('SET', lock, owner, 'NX', 'GET', 'PX', ARGV[2])
+-- take hands out the token for a lock that was free (holder false: taken
+-- now) or is already ours (a grant, or a retry), unless the record is bad
+-- or, when marks (see below) counts anything, the owner is revoked.
+local function take(marks)
+  local last, err = readLast(record)
+  if not err and marks > 0 and redis.call('EXISTS', revoked) == 1 then
+    -- This acquisition was given up on before it ran: do not take the lock.
+    err = {0, -2}
+  end
+  if err then
+    if not holder then
+      redis.call('DEL', lock)
+    end
+    return err
+  end
+  local ms = clockMs(clock())
+  if holder and last then
+    -- This owner already holds the lock (granted, or taken by a try whose
+    -- reply was lost): hand out the same token with a fresh expiry.
+    redis.call('PEXPIRE', lock, ARGV[2])
+    return {1, last, ms}
+  end
+  local token, terr = nextToken(record, last, clock())
+  if terr then
+    if not holder then
+      redis.call('DEL', lock)
+    end
+    return terr
+  end
+  if holder then
+    redis.call('PEXPIRE', lock, ARGV[2]) -- ours, but its token record was lost
+  end
+  redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])
+  return {1, token, ms}
+end
+-- One EXISTS for the queue and the revocation mark, both absent on the
+-- common path: the lock is then taken (or ours) with no more look at
+-- either, before grant.lua's closures (below) are made. Only when it counts
+-- one or more is each looked at on its own. The count stays true where it
+-- is used: this script never makes a revocation mark, and it adds to the
+-- queue only in enqueue, on the paths that return right after.
+local marks = 0
+if not holder or holder == owner then
+  marks = redis.call('EXISTS', queue, revoked)
+  if marks == 0 then
+    return take(0)
+  end
+end
+-- grant.lua --
 local function enqueue()
   local wait = tonumber(ARGV[4])
   if wait <= 0 or redis.call('EXISTS', revoked) == 1 then
     return
   end
   local deadline = clockMs(clock()) + wait
-  if redis.call('HSET', waiters, owner, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. secret .. ' ' .. deadline) == 1 then
+  if redis.call('HSET', waiters, owner, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. string.sub(ARGV[1], 33, 48) .. ' ' .. deadline) == 1 then
     redis.call('RPUSH', queue, owner)
     compact(queue, waiters, clockMs(clock()))
   end
@@ -50,27 +109,16 @@ local function enqueue()
     end
   end
 end
--- Try the lock first: a held lock costs two calls, and a free one is taken
--- with no GET of it. What is refused below after taking it (a revoked owner,
--- a bad record) is undone with DEL in the same script, which runs
--- atomically and replicates its writes as one transaction: nobody sees the
--- lock taken, and the record is not touched.
-local holder = redis.call('SET', lock, owner, 'NX', 'GET', 'PX', ARGV[2])
 if holder and holder ~= owner then
   enqueue()
   return {0, redis.call('PTTL', lock)}
-end
-local function undo()
-  if not holder then
-    redis.call('DEL', lock)
-  end
 end
 if not holder and redis.call('EXISTS', queue) == 1 then
   -- Free: taken now, unless someone queued first.
   local head = liveHead(queue, waiters, clockMs(clock()))
   if head and head ~= owner then
     redis.call('DEL', lock)
-    local _, err = grant(lock, record, queue, waiters, ARGV[3], ARGV[6], ARGV[7], clock())
+    local _, err = grant(lock, record, queue, waiters, ARGV[3], publisher(ARGV[1]), lock .. ':released', clock())
     if err then
       return err
     end
@@ -82,31 +130,4 @@ if not holder and redis.call('EXISTS', queue) == 1 then
     redis.call('HDEL', waiters, owner)
   end
 end
--- Free (holder false: taken now) or already ours (a grant, or a retry).
-local last, err = readLast(record)
-if err then
-  undo()
-  return err
-end
-if redis.call('EXISTS', revoked) == 1 then
-  -- This acquisition was given up on before it ran: do not take the lock.
-  undo()
-  return {0, -2}
-end
-local ms = clockMs(clock())
-if holder and last then
-  -- This owner already holds the lock (granted, or taken by a try whose
-  -- reply was lost): hand out the same token with a fresh expiry.
-  redis.call('PEXPIRE', lock, ARGV[2])
-  return {1, last, ms}
-end
-local token, terr = nextToken(record, last, clock())
-if terr then
-  undo()
-  return terr
-end
-if holder then
-  redis.call('PEXPIRE', lock, ARGV[2]) -- ours, but its token record was lost
-end
-redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])
-return {1, token, ms}
+return take(marks)

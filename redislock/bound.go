@@ -223,22 +223,27 @@ func selfBounded(client redis.UniversalClient) bool {
 // caller need not.
 var errGaveUp = errors.New("redislock: stopped waiting for the reply")
 
-// synced is evalSynced's result: the script's reply and the replica
+// synced is evalSyncedOr's result: the script's reply and the replica
 // acknowledgements.
 type synced struct {
 	reply           *redis.Cmd
 	acked, required int
 }
 
-// evalBounded is evalSynced through bounded.
+// evalBounded is evalSyncedOr, with WAIT, through bounded.
 func (l *Locker) evalBounded(ctx context.Context, abandoned func(synced, error), script *redis.Script, keys skeys, args ...any) (synced, error) {
+	return l.evalBoundedOr(ctx, false, abandoned, script, keys, args...)
+}
+
+// evalBoundedOr is evalSyncedOr through bounded.
+func (l *Locker) evalBoundedOr(ctx context.Context, noWait bool, abandoned func(synced, error), script *redis.Script, keys skeys, args ...any) (synced, error) {
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
-		reply, acked, required, err := l.evalSynced(ctx, script, keys, args...)
+		reply, acked, required, err := l.evalSyncedOr(ctx, noWait, script, keys, args...)
 		return synced{reply, acked, required}, l.calls.directErr(ctx, err)
 	}
 	return bounded(ctx, &l.calls, func(ctx context.Context) (synced, error) {
-		reply, acked, required, err := l.evalSynced(ctx, script, keys, args...)
+		reply, acked, required, err := l.evalSyncedOr(ctx, noWait, script, keys, args...)
 		return synced{reply, acked, required}, err
 	}, abandoned)
 }

@@ -31,7 +31,8 @@ func init() {
 // reply as a go-redis command.
 func (l *Locker) run(ctx context.Context, c redis.Cmdable, script *redis.Script, keys skeys, args ...any) *redis.Cmd {
 	if l.conn == nil {
-		return runScript(ctx, c, script, keys, args)
+		reply, _, _ := l.evalPipelined(ctx, c, false, 0, script, keys, args)
+		return reply
 	}
 	reply, _, _ := l.evalConn(ctx, script, keys.names, args, 0, 0)
 	return reply

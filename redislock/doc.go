@@ -79,6 +79,16 @@
 // server's clock from the grant's server time as it reads the message, so
 // a grant read late would have its renewals refused as late).
 //
+// With replica sync, the first try of an Acquire that finds other Acquires
+// of the same Locker waiting for the lock is sent without WAIT: it almost
+// surely queues, and what it writes is used by nobody (the grant that
+// follows is confirmed with WAIT). If it takes the lock after all, the
+// lock is not used until a synced run of the acquire script (same owner:
+// it finds the lock its own) has covered the take with its WAIT; refused,
+// the lock is given back. A contended acquisition with sync costs four
+// commands (its queued try, the confirmation and its WAIT, the release),
+// one WAIT.
+//
 // Waiters get the lock in the order they queued, across processes. A free
 // lock with a live owner queued at its head (its holder's lease ran out,
 // nobody released it) is granted to that owner by whichever acquisition
@@ -115,6 +125,29 @@
 // refused or timed out, LOADING, READONLY, MASTERDOWN, too few replica
 // acknowledgements, ...) are retried with back-off within the wait budget;
 // permanent ones (WRONGTYPE, auth, ACL, a bad token record) end it at once.
+//
+// # Batching
+//
+// On a Locker made with a *redis.Client (not a cluster client, not
+// fencerueidis's connection), a script call that finds another call of the
+// same Locker in flight is not sent on its own: it waits in a queue, and up
+// to two sender goroutines each take the whole queue and send it as one
+// pipeline on one connection (with one WAIT after it when replica sync
+// applies, standing for every call in it), then hand each caller its own
+// reply or error. A lone call goes straight through, as before, so the
+// uncontended latency does not change; many concurrent calls cost the
+// client and the server one write and one read per batch rather than per
+// command.
+//
+// Hooks added to the client (AddHook) see a batch as one pipeline: their
+// ProcessPipelineHook runs, with every script call of the batch in it, and
+// their ProcessHook does not. The pipeline is sent with the first caller's
+// context values (a tracing span in it, say), not the others', without the
+// callers' cancellation (one caller leaving must not fail the others) and
+// with the latest of their deadlines. A caller whose context ends before a
+// sender took its call leaves the queue and its call is never sent; one
+// whose call was taken stops waiting at its deadline, and a late
+// acquisition is then given back as any other.
 //
 // # Leases
 //

@@ -2,7 +2,7 @@
 -- ended yet by its holder's clock.
 -- KEYS[1] the lock
 -- ARGV[1] owner (its first 32 characters; the rest is its secret, see
--- grant.lua), ARGV[2] lease ms, ARGV[3] the lease's deadline, in this
+-- acquire.lua), ARGV[2] lease ms, ARGV[3] the lease's deadline, in this
 -- server's ms (the holder's deadline plus the largest offset between the
 -- clocks that it measured)
 -- Returns {1, server ms} when moved, {0, server ms} when the lock is gone or

@@ -51,10 +51,18 @@ func TestQueueOfQuittersStaysSmall(t *testing.T) {
 	}
 	wg.Wait()
 	waitFor(t, func() bool { return admin.HLen(ctx(t), lock+":waiters").Val() == 1 })
-	// Compaction keeps the list within twice the entries (the patient
-	// waiter and up to one quitter per worker) plus 16, plus the one
-	// just pushed.
-	if n := admin.LLen(ctx(t), lock+":queue").Val(); n > 2*(workers+1)+17 {
+	// Compaction keeps the list within twice the entries plus 16, plus the
+	// one just pushed. The entries at the last enqueue: the patient
+	// waiter's and, per worker, its current try's and those of its earlier
+	// attempts whose withdrawal has not run yet: a quitter's withdrawal
+	// runs on a goroutine of its own (Acquire returns without waiting for
+	// it), so a worker's next tries may queue first. Polling HLEN during
+	// this test saw up to 18 entries for the 8 workers and the patient
+	// waiter; the bound counts three per worker. (One per worker,
+	// 2*(workers+1)+17 = 35, failed about 1 run in 30 with 36 or 37 owners,
+	// on main as well.) Without compaction the list holds every quitter:
+	// 321.
+	if n := admin.LLen(ctx(t), lock+":queue").Val(); n > 2*(3*workers+1)+17 {
 		t.Errorf("after %d quitters (one waiter left) the queue list holds %d owners", workers*each, n)
 	}
 	if err := holder.Release(ctx(t)); err != nil {

@@ -451,7 +451,24 @@ func TestNoWaitAcquireRespectsQueue(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, func() bool { return subscribers(t, admin, name) == 1 })
+	// The waiter subscribes after the try that queued it and, its
+	// subscription confirmed after that try, tries once more at once (a
+	// grant may have fallen in between), then waits on the holder's TTL.
+	// Wait for that second try too (its number is in the waiter's entry):
+	// one that ran after the deletion below would take the lock itself (as
+	// the queue's head) and release it, and the Acquire would rightly find
+	// the lock free.
+	waitFor(t, func() bool {
+		if subscribers(t, admin, name) != 1 {
+			return false
+		}
+		for _, entry := range admin.HGetAll(ctx(t), lockKey(name)+":waiters").Val() {
+			if f := strings.Fields(entry); len(f) == 4 && f[1] == "2" { // px, try, secret, deadline
+				return true
+			}
+		}
+		return false
+	})
 	admin.Del(ctx(t), lockKey(name)) // the holder's lease ran out
 	start := time.Now()
 	if _, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name); !errors.Is(err, fence.ErrHeld) {

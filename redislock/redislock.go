@@ -82,7 +82,6 @@ type Locker struct {
 	log       *slog.Logger   // nil: none
 	calls     callers        // where bounded runs the calls it may leave
 	names     nameCache      // the keys of recently used lock names
-	publish   any            // "PUBLISH" or "SPUBLISH", boxed once for the release script
 	retainArg boxedMs        // retention ms, boxed, for the acquire script
 	ttlArg    boxedMs        // the last lease ms boxed for the acquire script
 	waitArg   boxedMs        // the last wait ms boxed for the acquire script
@@ -91,6 +90,8 @@ type Locker struct {
 	// the last ones built (evalPipelined).
 	pipes sync.Pool
 	wait  atomic.Pointer[waitCmdArgs]
+
+	batch batcher // script calls batched on client (batch.go)
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
@@ -142,10 +143,6 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 	} else {
 		l.calls.selfBounded = selfBounded(client)
 	}
-	l.publish = "PUBLISH"
-	if l.sharded {
-		l.publish = "SPUBLISH"
-	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redislock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
 	}
@@ -171,8 +168,7 @@ type keys struct {
 
 	waiters string // each waiting owner's lease, try, secret and deadline (a hash; see grant.lua)
 
-	boxed      [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
-	channelArg any    // channel, boxed once for the release script's arguments
+	boxed [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
 }
 
 func (l *Locker) keys(name string) *keys {
@@ -200,10 +196,11 @@ func (c *nameCache) get(prefix, name string) *keys {
 		c.m = make(map[string]*keys)
 	}
 	base := prefix + ":{" + name + "}"
+	// The scripts make the channel from the lock's key the same way
+	// (lock .. ':released'): it is not sent with them.
 	k := &keys{lock: base, token: base + ":token", channel: base + ":released", queue: base + ":queue", waiting: base + ":waiting"}
 	k.waiters = base + ":waiters"
 	k.boxed = [5]any{k.lock, k.token, k.queue, k.waiters, k.waiting}
-	k.channelArg = k.channel
 	c.m[name] = k
 	return k
 }
@@ -557,13 +554,13 @@ type attempt struct {
 	ttl       time.Duration
 	watchdog  bool
 
-	ownerArg     any       // owner followed by secret, boxed: the scripts' ARGV[1]
+	ownerArg     any       // owner followed by secret (and S: SPUBLISH), boxed: the scripts' ARGV[1]
 	acquireKeys  [5]string // lock, token, revokeKey, queue, waiters
 	acquireBoxed [5]any
 	releaseKeys  [6]string // lock, token, queue, waiters, waiting, revokeKey
 	releaseBoxed [6]any
-	acquireArgs  [7]any // owner, lease ms, token record retention ms, wait ms, try number, PUBLISH or SPUBLISH, channel (see acquire.lua)
-	releaseArgs  [4]any // owner, PUBLISH or SPUBLISH, channel, token record retention ms
+	acquireArgs  [5]any // owner, lease ms, token record retention ms, wait ms, try number (see acquire.lua)
+	releaseArgs  [2]any // owner, token record retention ms
 	synced       bool   // the last try that found the lock held had replica sync apply
 
 	// home is the lease that the first successful try fills in: the
@@ -576,11 +573,11 @@ type attempt struct {
 // ttl (zero: the watchdog's).
 func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	k := l.keys(name)
-	revokeKey, secret := revocationKey(k.lock)
+	revokeKey, secret := revocationKey(k.lock, l.sharded)
 	owner := revokeKey[len(revokeKey)-ownerLen:]
 	ls := new(lease)
 	a := &ls.attempt
-	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, secret: secret[ownerLen:], ttl: ttl, home: ls,
+	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, secret: secret[ownerLen : ownerLen+secretLen], ttl: ttl, home: ls,
 		ownerArg:    secret,
 		acquireKeys: [5]string{k.lock, k.token, revokeKey, k.queue, k.waiters},
 		releaseKeys: [6]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey}}
@@ -594,14 +591,74 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	if a.ttl > l.retention {
 		retention = a.ttl.Milliseconds()
 	}
-	a.acquireArgs = [7]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0, l.publish, k.channelArg}
-	a.releaseArgs = [4]any{a.ownerArg, l.publish, k.channelArg, retention}
+	a.acquireArgs = [5]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0}
+	a.releaseArgs = [2]any{a.ownerArg, retention}
 	return a
 }
 
 // try runs the acquire script once. It returns the lease when the lock was
 // taken, or the holder's remaining TTL (negative: no expiry) when it is held.
+//
+// With replica sync, a waiting Acquire's first try on a lock that other
+// Acquires of this Locker are waiting for (it is held, or being handed from
+// one to the next) is sent without WAIT (later tries, which follow a grant,
+// a release or a holder's TTL, are synced as before): it will almost surely queue, and a WAIT
+// after a try that queued proves nothing anyone uses (the grant that
+// follows is confirmed with a synced try of its own, see granted), while it
+// costs the primary and the replica an acknowledgement each. When such a
+// try takes the lock after all, the lock is not used until a synced try
+// (the same owner: it finds the lock its own and keeps the token) has
+// covered the take with its WAIT: WAIT counts every earlier write of the
+// primary's replication stream, and the take came before the confirming
+// try's own write. A confirmation refused or failed leaves the lock to the
+// same handling as any synced try's (given back, owner-checked).
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
+	noWait := !l.sync.Disabled && a.acquireArgs[3] != 0 && a.acquireArgs[4] == 1 && l.othersWait(a.keys.channel, a.owner)
+	ls, ttl, unsynced, err := l.tryOr(ctx, a, noWait)
+	if unsynced {
+		return l.confirmTake(ctx, a)
+	}
+	return ls, ttl, err
+}
+
+// confirmTake confirms with a synced try a lock that a try without WAIT
+// took (see try). A transient error leaves it to the waiting Acquire,
+// whose next try finds the lock its own, or whose withdrawal (it gives up)
+// deletes it; so does a confirmation given up on (its abandoned callback).
+// Any other error says the lock was not released: the caller gives it back
+// (giveUpMaybeHeld, or the withdrawal after errUnreleased).
+func (l *Locker) confirmTake(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
+	ls, ttl, _, err := l.tryOr(ctx, a, false)
+	if err != nil && !transient(err) && !errors.Is(err, errGaveUp) && !errors.Is(err, errUnreleased) {
+		err = errors.Join(err, errUnconfirmed)
+	}
+	return ls, ttl, err
+}
+
+// errUnconfirmed is in the error of a confirmation that failed after a try
+// without WAIT took the lock: the lock is still there (see confirmTake).
+var errUnconfirmed = fmt.Errorf("%w: taken without WAIT, not confirmed", errUnreleased)
+
+// othersWait reports whether other Acquires of this Locker than owner wait
+// on channel's lock.
+func (l *Locker) othersWait(channel, owner string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.subscriptions[channel]
+	if w == nil {
+		return false
+	}
+	for _, c := range w.waiters {
+		if c.owner != owner {
+			return true
+		}
+	}
+	return false
+}
+
+// tryOr is try, with noWait sending the script without WAIT; unsynced then
+// reports that it took the lock, which the caller must confirm.
+func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, _ time.Duration, unsynced bool, _ error) {
 	sent := time.Now()
 	var abandoned func(synced, error)
 	if !l.calls.direct(ctx) {
@@ -623,7 +680,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 			}
 		}
 	}
-	r, err := l.evalBounded(ctx, abandoned, acquireScript, skeys{a.acquireKeys[:], a.acquireBoxed[:]}, a.acquireArgs[:]...)
+	r, err := l.evalBoundedOr(ctx, noWait, abandoned, acquireScript, skeys{a.acquireKeys[:], a.acquireBoxed[:]}, a.acquireArgs[:]...)
 	replied := time.Now()
 	acked, required := r.acked, r.required
 	var res []int64
@@ -638,11 +695,14 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		if err = scriptError(err); !errors.Is(err, ErrBadTokenRecord) && !strings.HasPrefix(err.Error(), "redislock: ") {
 			err = fmt.Errorf("redislock: %w", err)
 		}
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	if res[0] == 0 {
 		a.synced = required > 0
-		return nil, time.Duration(res[1]) * time.Millisecond, nil
+		return nil, time.Duration(res[1]) * time.Millisecond, false, nil
+	}
+	if noWait && required > 0 {
+		return nil, 0, true, nil // taken unsynced: the caller confirms
 	}
 	if acked < required {
 		// Too few replicas have the lock: a failover now could lose it.
@@ -652,11 +712,11 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)
 		if _, err := l.releaseOwned(rctx, a, -1); err != nil {
-			return nil, 0, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
+			return nil, 0, false, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
 		}
-		return nil, 0, notRepl
+		return nil, 0, false, notRepl
 	}
-	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, nil
+	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, false, nil
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
@@ -668,7 +728,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
 	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
 	if revoke >= 0 {
-		args = []any{a.releaseArgs[0], a.releaseArgs[1], a.releaseArgs[2], a.releaseArgs[3], revoke.Milliseconds()}
+		args = []any{a.releaseArgs[0], a.releaseArgs[1], revoke.Milliseconds()}
 	}
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
@@ -703,17 +763,23 @@ const (
 
 // revocationKey returns lock's revocation mark for a new owner id, which
 // ends it: lock + ":revoked:" + owner, and the owner followed by a new
-// secret, built in one allocation so that both are substrings of it.
-func revocationKey(lock string) (key, ownerSecret string) {
+// secret, built in one allocation so that both are substrings of it. With
+// sharded, ownerSecret ends with "S": the scripts then publish grants with
+// SPUBLISH rather than PUBLISH (one argument fewer on every call).
+func revocationKey(lock string, sharded bool) (key, ownerSecret string) {
 	var b [(ownerLen + secretLen) / 2]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	var h [ownerLen + secretLen]byte
 	hex.Encode(h[:], b[:])
 	var sb strings.Builder
-	sb.Grow(len(lock) + len(":revoked:") + len(h))
+	sb.Grow(len(lock) + len(":revoked:") + len(h) + 1)
 	sb.WriteString(lock)
 	sb.WriteString(":revoked:")
 	sb.Write(h[:])
+	if sharded {
+		sb.WriteByte('S')
+	}
 	s := sb.String()
-	return s[:len(s)-secretLen], s[len(s)-secretLen-ownerLen:]
+	end := len(lock) + len(":revoked:") + len(h)
+	return s[:end-secretLen], s[end-secretLen-ownerLen:]
 }

@@ -329,29 +329,37 @@ func (s ReplicaSync) Required(expected int) int {
 	}
 }
 
-// evalSynced runs script on the primary that owns key and, when replica
+// evalSyncedOr runs script on the primary that owns key and, when replica
 // sync applies there, WAIT on the same connection in the same round trip.
 // It returns the script's reply, and how many replicas acknowledged and
 // were required (both zero when no sync applied). On a cluster it follows
 // MOVED and ASK redirections and retries TRYAGAIN (see onSlotMaster).
-func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
+//
+// With noWait it sends no WAIT but still returns how many acknowledgements
+// sync would require (acked zero): the caller must not rely on the
+// script's writes until a later synced call on the same keys has covered
+// them (see Locker.try).
+func (l *Locker) evalSyncedOr(ctx context.Context, noWait bool, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if l.sync.Disabled {
 		return l.evalRouted(ctx, script, keys, args...)
 	}
 	var expected int
 	node, last := "", redis.Cmdable(l.client)
 	if !l.sharded {
-		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, script, keys, args)
+		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, noWait, script, keys, args)
 	} else {
 		err = l.onSlotMaster(ctx, keys.names[0], func(addr string, c redis.Cmdable, asking bool) error {
 			node, last = addr, c
 			var err error
-			reply, acked, required, expected, err = l.evalOnce(ctx, node, c, asking, script, keys, args)
+			reply, acked, required, expected, err = l.evalOnce(ctx, node, c, asking, noWait, script, keys, args)
 			return err
 		})
 	}
 	if err != nil {
 		return reply, 0, required, err
+	}
+	if noWait {
+		return reply, 0, required, nil
 	}
 	if acked > expected {
 		l.markStale(node)
@@ -367,8 +375,9 @@ func (l *Locker) evalSynced(ctx context.Context, script *redis.Script, keys skey
 }
 
 // evalOnce runs script on c, the primary called node, with WAIT for as
-// many acknowledgements as its expected replicas require.
-func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, asking bool, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked, required, expected int, err error) {
+// many acknowledgements as its expected replicas require (unless noWait:
+// then without WAIT, acked zero).
+func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, asking, noWait bool, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked, required, expected int, err error) {
 	expected = l.sync.Replicas
 	if expected == 0 {
 		if expected, err = l.expected(ctx, node, c, false); err != nil {
@@ -376,16 +385,20 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 		}
 	}
 	required = l.sync.Required(expected)
+	waitFor := required
+	if noWait {
+		waitFor = 0
+	}
 	if l.conn != nil {
-		reply, acked, err = l.evalConn(ctx, script, keys.names, args, required, l.sync.Timeout)
+		reply, acked, err = l.evalConn(ctx, script, keys.names, args, waitFor, l.sync.Timeout)
 		return reply, acked, required, expected, err
 	}
-	reply, acked, err = l.evalPipelined(ctx, c, asking, required, script, keys, args)
+	reply, acked, err = l.evalPipelined(ctx, c, asking, waitFor, script, keys, args)
 	return reply, acked, required, expected, err
 }
 
 // evalRouted runs script on the primary that owns keys[0], without WAIT,
-// following cluster redirections as evalSynced does.
+// following cluster redirections as evalSyncedOr does.
 func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if !l.sharded {
 		reply = l.run(ctx, l.client, script, keys, args...)
@@ -406,11 +419,20 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 // On the Locker's own client the pipeline is one of l.pipes, reused, and
 // the WAIT command's arguments are built once (see waitArgs): the uncontended
 // acquisition pays for the two commands and their replies, not for a new
-// pipeline each time.
+// pipeline each time. There, too, a call (without ASKING) that finds another
+// call of the Locker in flight goes in the next batch instead (batch.go).
 func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
-	if !asking && required == 0 {
-		reply = runScript(ctx, c, script, keys, args)
-		return reply, 0, reply.Err()
+	if !asking {
+		if own := l.batchable(c); own != nil {
+			if !l.batch.enter() {
+				return l.evalBatched(ctx, own, required, script, keys, args)
+			}
+			defer l.batch.leave()
+		}
+		if required == 0 {
+			reply = runScript(ctx, c, script, keys, args)
+			return reply, 0, reply.Err()
+		}
 	}
 	pipe, pooled := l.pipeline(c)
 	if pooled != nil {

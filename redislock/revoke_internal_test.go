@@ -15,14 +15,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// failedReleases fails, while armed, every release-script call on the
-// lock's channel without sending it, as a connection that cannot be made
-// would, and tells failed about each.
+// failedReleases fails, while armed, every release-script call (by SHA,
+// or by source after NOSCRIPT) without sending it, as a connection that
+// cannot be made would, and tells failed about each.
 type failedReleases struct {
-	channel string
-	armed   atomic.Bool
-	n       atomic.Int64
-	failed  chan struct{}
+	armed  atomic.Bool
+	n      atomic.Int64
+	failed chan struct{}
 }
 
 func (f *failedReleases) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -30,7 +29,7 @@ func (f *failedReleases) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if f.armed.Load() && strings.HasPrefix(cmd.Name(), "eval") {
 			for _, a := range cmd.Args() {
-				if s, ok := a.(string); ok && s == f.channel {
+				if s, ok := a.(string); ok && (s == releaseScript.Hash() || s == releaseSrc) {
 					f.n.Add(1)
 					select {
 					case f.failed <- struct{}{}:
@@ -70,7 +69,7 @@ func TestRevocationOutlastsAPause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hook := &failedReleases{channel: l.keys(name).channel, failed: make(chan struct{}, 1)}
+	hook := &failedReleases{failed: make(chan struct{}, 1)}
 	c.AddHook(hook)
 	// Loads the scripts and caches the replica counts, so that the next
 	// acquisition sends its script at once.

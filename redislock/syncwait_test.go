@@ -1,0 +1,131 @@
+package redislock_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// syncedPair starts a primary with one replica in sync and returns them with
+// a Locker (replica sync on, 200 ms WAIT timeout) on a client whose
+// commands c counts, and an admin client.
+func syncedPair(t *testing.T) (primary, replica *redistest.Server, l *redislock.Locker, c *counter, admin *redis.Client) {
+	t.Helper()
+	primary = redistest.Start(t)
+	replica = redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	c = new(counter)
+	client := primary.Client(t)
+	client.AddHook(c)
+	l = lockerWith(t, client, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	return primary, replica, l, c, primary.Client(t)
+}
+
+func (c *counter) named(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.names[name]
+}
+
+// TestQueuedTryWithoutWait: with replica sync, an Acquire that finds other
+// Acquires of its Locker waiting for the lock sends its first try without
+// WAIT (it queues; nothing it wrote is used), and each granted waiter still
+// confirms with WAIT before it holds the lease: one WAIT per acquisition,
+// not two.
+func TestQueuedTryWithoutWait(t *testing.T) {
+	_, _, l, cmds, admin := syncedPair(t)
+	const name = "lock:queued-nowait"
+	holder := acquire(t, lockerWith(t, admin, redislock.Options{}), name, fence.TTL(time.Minute))
+	results := make(chan fence.Lease, 2)
+	errs := make(chan error, 2)
+	wait := func() {
+		ls, err := l.Acquire(ctx(t), name, fence.Wait(10*time.Second), fence.TTL(time.Minute))
+		if err != nil {
+			errs <- err
+			return
+		}
+		results <- ls
+	}
+	go wait()
+	queue := lockKey(name) + ":queue"
+	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 1 && subscribers(t, admin, name) == 1 })
+	waitsBefore := cmds.named("wait")
+	go wait()
+	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 2 })
+	if n := cmds.named("wait") - waitsBefore; n != 0 {
+		t.Fatalf("the second waiter's queued try sent %d WAIT, want none", n)
+	}
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	var last fence.Token
+	for range 2 {
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		case ls := <-results:
+			if ls.Token() <= last {
+				t.Fatalf("token %d after %d", ls.Token(), last)
+			}
+			last = ls.Token()
+			if err := ls.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Each granted waiter confirmed with WAIT (the first waiter's first
+	// try, with nobody local waiting yet, was synced too).
+	if n := cmds.named("wait") - waitsBefore; n != 2 {
+		t.Fatalf("%d WAIT for two granted waiters, want 2 (%v)", n, cmds.names)
+	}
+}
+
+// TestUnsyncedTakeConfirmed attacks the try without WAIT: it finds the lock
+// free after all (the holder's lease and the queue gone, here deleted
+// behind their backs, while another Acquire of the Locker still waits),
+// and takes it with the replica cut off. The take must not become a lease:
+// a synced try confirms it, WAIT times out, and the Acquire ends with
+// ErrNotReplicated, the lock given back. (Returning the take as a lease
+// fails this test: a holder of a lock no replica has.)
+func TestUnsyncedTakeConfirmed(t *testing.T) {
+	primary, replica, l, cmds, admin := syncedPair(t)
+	const name = "lock:unsynced-take"
+	holder := acquire(t, lockerWith(t, admin, redislock.Options{}), name, fence.TTL(time.Minute))
+	defer func() { _ = holder.Release(ctx(t)) }()
+	first := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctx(t), name, fence.Wait(3*time.Second), fence.TTL(time.Minute))
+		first <- err
+	}()
+	queue := lockKey(name) + ":queue"
+	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 1 && subscribers(t, admin, name) == 1 })
+
+	redistest.CutLink(t, primary, replica)
+	if err := admin.Del(ctx(t), lockKey(name), queue, lockKey(name)+":waiters").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitsBefore := cmds.named("wait")
+	start := time.Now()
+	ls, err := l.Acquire(ctx(t), name, fence.Wait(time.Second), fence.TTL(time.Minute))
+	if err == nil {
+		t.Fatalf("took the lock with token %d with its replica cut off", ls.Token())
+	}
+	if !errors.Is(err, fence.ErrNotReplicated) || !errors.Is(err, fence.ErrNotAcquired) {
+		t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("refused after %v, want about the 1 s budget", took)
+	}
+	if cmds.named("wait") == waitsBefore {
+		t.Fatal("no WAIT confirmed the take")
+	}
+	waitFor(t, func() bool { return admin.Get(ctx(t), lockKey(name)).Val() == "" })
+	if err := <-first; !errors.Is(err, fence.ErrNotAcquired) {
+		t.Fatalf("the first waiter: %v, want not acquired", err)
+	}
+}
