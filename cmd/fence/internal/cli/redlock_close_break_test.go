@@ -3,8 +3,6 @@ package cli_test
 import (
 	"bytes"
 	"context"
-	"io"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,62 +30,25 @@ func lockedAfterExit(t *testing.T, srvs []*redistest.Server, key string) []int {
 	return on
 }
 
-// hiccupLink is a TCP proxy to a server that forwards at once, except for
-// one hiccup: once armed, the first chunk the client sends that holds
-// trigger goes through, and whatever is sent after it, on any connection,
-// is held until hiccup has passed. What is held when the client's side
-// closes is dropped (as a request not yet written when its process died).
-// Replies come back at once.
+// hiccupLink is a delayLink that forwards at once, except for one hiccup:
+// once armed, the first chunk the client sends that holds trigger goes
+// through, and whatever is sent after it, on any connection, is held until
+// hiccup has passed.
 type hiccupLink struct {
-	ln      net.Listener
+	*delayLink
 	trigger []byte
 	hiccup  time.Duration
 	armed   atomic.Bool
-	wg      sync.WaitGroup
 
 	mu    sync.Mutex
 	until time.Time // the hiccup's end, once triggered
-	conns []net.Conn
 }
 
 func startHiccupLink(t *testing.T, upstream, trigger string, hiccup time.Duration) *hiccupLink {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &hiccupLink{ln: ln, trigger: []byte(trigger), hiccup: hiccup}
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", upstream)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, u)
-			p.mu.Unlock()
-			p.wg.Go(func() { _, _ = io.Copy(c, u); _ = c.Close() })
-			p.wg.Go(func() { p.forward(c, u) })
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
+	p := &hiccupLink{trigger: []byte(trigger), hiccup: hiccup}
+	p.delayLink = startDelayLink(t, upstream, p.due)
 	return p
 }
-
-func (p *hiccupLink) addr() string { return p.ln.Addr().String() }
 
 // due is when chunk b, read now, goes to the server.
 func (p *hiccupLink) due(b []byte) time.Time {
@@ -102,49 +63,6 @@ func (p *hiccupLink) due(b []byte) time.Time {
 		return p.until
 	}
 	return now
-}
-
-// forward copies c to u, each chunk when due; once c ends, the chunks not
-// forwarded are dropped and u is closed.
-func (p *hiccupLink) forward(c, u net.Conn) {
-	type chunk struct {
-		b   []byte
-		due time.Time
-	}
-	chunks := make(chan chunk, 1024)
-	gone := make(chan struct{})
-	p.wg.Go(func() {
-		defer close(gone)
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			if n > 0 {
-				b := append([]byte(nil), buf[:n]...)
-				chunks <- chunk{b: b, due: p.due(b)}
-			}
-			if err != nil {
-				return
-			}
-		}
-	})
-	defer u.Close()
-	for {
-		select {
-		case <-gone:
-			return // the client went: what is still held back is lost
-		case ch := <-chunks:
-			t := time.NewTimer(time.Until(ch.due))
-			select {
-			case <-gone:
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			if _, err := u.Write(ch.b); err != nil {
-				return
-			}
-		}
-	}
 }
 
 // fence exec --redlock whose command exits at once, with node 2 behind a

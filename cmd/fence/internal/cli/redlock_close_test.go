@@ -14,27 +14,33 @@ import (
 	"github.com/fencekit/fence/redlock"
 )
 
-// slowLink is a TCP proxy to a server that forwards what the client sends
-// delay after it came, and drops what it has not forwarded yet when the
-// client's side closes: a request still on its way when the client process
-// exits never reaches the server (as one not yet written when the process
-// died). Replies come back at once.
-type slowLink struct {
-	ln    net.Listener
-	delay time.Duration
-	wg    sync.WaitGroup
+// delayLink is a TCP proxy to a server that forwards each chunk the client
+// sends when due says (due is asked as the chunk is read), and drops what
+// it has not forwarded yet when the client's side closes: a request still
+// on its way when the client process exits never reaches the server (as
+// one not yet written when the process died). Replies come back at once.
+type delayLink struct {
+	ln  net.Listener
+	due func(b []byte) time.Time
+	wg  sync.WaitGroup
 
 	mu    sync.Mutex
 	conns []net.Conn
 }
 
-func startSlowLink(t *testing.T, upstream string, delay time.Duration) *slowLink {
+// startSlowLink starts a delayLink that forwards every chunk delay after
+// it came.
+func startSlowLink(t *testing.T, upstream string, delay time.Duration) *delayLink {
+	return startDelayLink(t, upstream, func([]byte) time.Time { return time.Now().Add(delay) })
+}
+
+func startDelayLink(t *testing.T, upstream string, due func(b []byte) time.Time) *delayLink {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &slowLink{ln: ln, delay: delay}
+	p := &delayLink{ln: ln, due: due}
 	p.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
@@ -65,11 +71,11 @@ func startSlowLink(t *testing.T, upstream string, delay time.Duration) *slowLink
 	return p
 }
 
-func (p *slowLink) addr() string { return p.ln.Addr().String() }
+func (p *delayLink) addr() string { return p.ln.Addr().String() }
 
-// forward copies c to u, each chunk delay after it was read; once c ends,
-// the chunks not forwarded are dropped and u is closed.
-func (p *slowLink) forward(c, u net.Conn) {
+// forward copies c to u, each chunk when due; once c ends, the chunks not
+// forwarded are dropped and u is closed.
+func (p *delayLink) forward(c, u net.Conn) {
 	type chunk struct {
 		b   []byte
 		due time.Time
@@ -82,7 +88,8 @@ func (p *slowLink) forward(c, u net.Conn) {
 		for {
 			n, err := c.Read(buf)
 			if n > 0 {
-				chunks <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(p.delay)}
+				b := append([]byte(nil), buf[:n]...)
+				chunks <- chunk{b: b, due: p.due(b)}
 			}
 			if err != nil {
 				return
