@@ -1,0 +1,171 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
+)
+
+// gateExtend is a hook on one node's client that, when armed, keeps the
+// next renewal (extend script) from being sent: hold keeps it until open is
+// closed (a request slow on its way to the node), drop until its context
+// ends, never sending it (a request lost on the way).
+type gateExtend struct {
+	hash     string
+	hold     atomic.Bool
+	drop     atomic.Bool
+	held     chan struct{} // closed once a request is held
+	open     chan struct{}
+	deadline atomic.Int64 // the held request's deadline on the node's clock (ARGV[3])
+}
+
+func newGateExtend() *gateExtend {
+	return &gateExtend{hash: redlock.ExtendHash(), held: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *gateExtend) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *gateExtend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (g *gateExtend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) != 7 || fmt.Sprint(a[1]) != g.hash {
+			return next(ctx, cmd)
+		}
+		if g.drop.CompareAndSwap(true, false) {
+			<-ctx.Done()
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		if g.hold.CompareAndSwap(true, false) {
+			d, _ := strconv.ParseInt(fmt.Sprint(a[6]), 10, 64)
+			g.deadline.Store(d)
+			close(g.held)
+			<-g.open
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// waitNodePast waits, polling with a deadline, until s's clock reads past
+// ms.
+func waitNodePast(t *testing.T, s *redistest.Server, ms int64) {
+	t.Helper()
+	c := s.Client(t)
+	limit := time.Now().Add(10 * time.Second)
+	for {
+		now, err := c.Time(ctxFor(t)).Result()
+		if err != nil {
+			t.Fatalf("TIME: %v", err)
+		}
+		if now.UnixMilli() > ms {
+			return
+		}
+		if time.Now().After(limit) {
+			t.Fatalf("the node's clock did not pass %d ms", ms)
+		}
+		time.Sleep(2 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// Two renewals of one lease at once (the watchdog's and the holder's
+// Extend, or two Extends): an older renewal, slow on its way to nodes 1
+// and 2, reaches them after the lease's deadline it was sent under and is
+// refused there; meanwhile a newer renewal moved the lock on nodes 0 and 1
+// (its request to node 2 lost) and the deadline with it. The older one,
+// finding the lock "gone" on two nodes, must not end the lease and give
+// back node 0 while Deadline says it is held: that leaves the lock on node
+// 1 alone, and another Locker takes nodes 0 and 2 while the first lease's
+// Deadline is seconds ahead — two holders. This is what TestContention5
+// found on a loaded machine (a watchdog lease extended by its holder).
+func TestStaleRenewalLeavesNoSecondHolder(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "stale-renewal", 500 * time.Millisecond
+	gates := make([]*gateExtend, len(srvs))
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		gates[i] = newGateExtend()
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		c.AddHook(gates[i])
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	ctx := ctxFor(t)
+	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx, ttl); err != nil { // loads the script on every node
+		t.Fatal(err)
+	}
+	// The older renewal: run on node 0, held on its way to nodes 1 and 2.
+	gates[1].hold.Store(true)
+	gates[2].hold.Store(true)
+	older := make(chan error, 1)
+	go func() { older <- lease.Extend(ctx, 5*time.Second) }()
+	for _, g := range gates[1:] {
+		select {
+		case <-g.held:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the older renewal was not sent")
+		}
+	}
+	// The newer renewal: its request to node 2 lost.
+	gates[2].drop.Store(true)
+	nctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	newer := lease.Extend(nctx, 5*time.Second)
+	cancel()
+	// The older renewal reaches nodes 1 and 2 past the deadline it
+	// carries: both refuse it.
+	for i, g := range gates[1:] {
+		waitNodePast(t, srvs[i+1], g.deadline.Load())
+	}
+	close(gates[1].open)
+	close(gates[2].open)
+	var olderErr error
+	select {
+	case olderErr = <-older:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the older renewal did not return")
+	}
+	gates[2].drop.Store(false)
+	// Node 2's lock, renewed by neither, runs out on its own.
+	limit := time.Now().Add(5 * time.Second)
+	for len(lockedOn(t, srvs[2:], name)) > 0 {
+		if time.Now().After(limit) {
+			t.Fatal("node 2's lock did not run out")
+		}
+		time.Sleep(2 * time.Millisecond) // polling with a deadline
+	}
+	l2 := newLocker(t, srvs, nil)
+	other, err := l2.Acquire(ctx, name, fence.TTL(time.Second))
+	now := time.Now()
+	if err == nil {
+		defer func() { _ = other.Release(ctx) }()
+	}
+	t.Logf("older renewal: %v; newer renewal: %v; lease Err %v, Deadline %v from now; other Acquire: %v; locked on %v",
+		olderErr, newer, lease.Err(), lease.Deadline().Sub(now), err, lockedOn(t, srvs, name))
+	if err == nil && lease.Deadline().After(now) {
+		t.Fatalf("two holders: another Locker acquired the lock (token %d) while the lease's Deadline is %v ahead (its Err: %v)",
+			other.Token(), lease.Deadline().Sub(now), lease.Err())
+	}
+	if err != nil && !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("other Acquire: %v", err)
+	}
+	_ = lease.Release(ctx)
+}
