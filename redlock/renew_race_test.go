@@ -169,3 +169,101 @@ func TestStaleRenewalLeavesNoSecondHolder(t *testing.T) {
 	}
 	_ = lease.Release(ctx)
 }
+
+// slowAcquire is a hook on one node's client that, when armed, delays the
+// reply of the next acquisition (the acquire script has three keys) by
+// delay after the node ran it, or, with drop, never sends the request
+// (a request lost on the way; it fails when its context ends).
+type slowAcquire struct {
+	delay time.Duration
+	drop  bool
+	armed atomic.Bool
+}
+
+func (h *slowAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *slowAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) < 3 || fmt.Sprint(a[2]) != "3" || !h.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmd)
+		}
+		if h.drop {
+			<-ctx.Done()
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		err := next(ctx, cmd)
+		<-time.After(h.delay) // the reply slow on its way back: injected latency
+		return err
+	}
+}
+
+// A reply read late maps the lease's deadline early on its node's clock
+// (nodeDeadline errs early by the reply's delay): node 1's grant, read
+// 600 ms after it ran, has a renewal made at once refused there "as late"
+// while the lease's Deadline is still ~400 ms ahead. Node 2's acquisition
+// was lost, so the lock is on nodes 0 and 1 only. Counting that refusal
+// as the lock gone, the renewal ended the lease and gave back node 0,
+// leaving the lock on node 1 alone with Deadline ahead: another Locker
+// took nodes 0 and 2 — two holders. That is TestContention5's failure on
+// a loaded machine (a fixed-TTL lease whose Extend was refused as late 67
+// ms before its Deadline, then a lease of another Locker beginning inside
+// it). The renewal must fail without ending the lease; the lock stays on
+// a majority until the deadline.
+func TestRenewalRefusedEarlyKeepsLease(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "renew-refused-early", time.Second
+	hooks := []*slowAcquire{{}, {delay: 600 * time.Millisecond}, {drop: true}}
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		c.AddHook(hooks[i])
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	ctx := ctxFor(t)
+	// Warm: scripts loaded, connections made, before the timed try.
+	warm, err := l.Acquire(ctx, name+"-warm", fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Extend(ctx, ttl); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hooks[1].armed.Store(true)
+	hooks[2].armed.Store(true)
+	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	extErr := lease.Extend(ctx, ttl)
+	l2 := newLocker(t, srvs, nil)
+	other, err := l2.Acquire(ctx, name, fence.TTL(time.Second))
+	now := time.Now()
+	if err == nil {
+		defer func() { _ = other.Release(ctx) }()
+	}
+	t.Logf("Extend: %v; lease Err %v, Deadline %v from now; other Acquire: %v; locked on %v",
+		extErr, lease.Err(), lease.Deadline().Sub(now), err, lockedOn(t, srvs, name))
+	if err == nil && lease.Deadline().After(now) {
+		t.Fatalf("two holders: another Locker acquired the lock (token %d) while the lease's Deadline is %v ahead (its Err: %v)",
+			other.Token(), lease.Deadline().Sub(now), lease.Err())
+	}
+	if err != nil && !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("other Acquire: %v", err)
+	}
+	if lease.Deadline().After(now) && lease.Err() != nil {
+		t.Errorf("the lease ended (%v) with its lock on a majority, %v before its deadline", lease.Err(), lease.Deadline().Sub(now))
+	}
+	_ = lease.Release(ctx)
+}
