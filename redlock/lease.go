@@ -88,6 +88,14 @@ type lease struct {
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
+
+	// renewing is held (one slot) by the renewal under way: the
+	// watchdog's and the holder's Extend, or two Extends, take turns. Two
+	// at once each read the deadline the other moved: an older renewal
+	// refused as late under the deadline it was sent with ended the lease
+	// and gave back its nodes while the newer one's Deadline said held,
+	// and an older reply read last set the deadline from its own TTL.
+	renewing chan struct{}
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -224,6 +232,12 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 // its context, those that were made. ls.mu is held and ls.err is nil.
 func (ls *lease) endLocked(why error) {
 	ls.err = why
+	if now := time.Now(); !errors.Is(why, fence.ErrReleased) && ls.deadline.After(now) {
+		// Lost before its deadline (the lock found gone on too many
+		// nodes, and given back on those that still had it): the lease
+		// is no longer known to be held.
+		ls.deadline = now
+	}
 	ls.locker.bg.forget(ls)
 	if ls.expiry != nil {
 		ls.expiry.Stop()
@@ -275,6 +289,15 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 // clock the lease has not read yet (it did not answer the acquisition in
 // time) moves nothing this time and tells its clock for the next.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
+	select {
+	case ls.renewing <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("redlock: extend %q: %w", ls.name, ctx.Err())
+	}
+	defer func() { <-ls.renewing }()
+	if err := ls.Err(); err != nil {
+		return err // ended while this renewal waited its turn
+	}
 	l := ls.locker
 	ls.mu.Lock()
 	deadlines := make([]int64, len(l.nodes))
@@ -292,6 +315,16 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		errs              []error
 	)
 	ls.mu.Lock()
+	// A refusal as late is the lock gone there only once the deadline has
+	// passed here as well. The deadline mapped to the node's clock errs
+	// early by how long the reply that read that clock took to be read (on
+	// a loaded machine, tens of milliseconds): refused before the
+	// deadline, the renewal merely did not move the lock there, which the
+	// node keeps until it runs out, at the deadline or later. Counted as
+	// gone, it ended the lease and gave back the nodes that this renewal
+	// had moved while Deadline still said held: the lock was left on too
+	// few nodes before the deadline, and another Locker took it.
+	pastDeadline := !time.Now().Before(ls.deadline)
 	for i, r := range rs {
 		if r.err != nil || len(r.res) != 2 {
 			errs = append(errs, cmp.Or(r.err, fmt.Errorf("node %d: unexpected reply %v", i, r.res)))
@@ -304,11 +337,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 			movedOn = append(movedOn, i)
 		case r.res[0] == 0:
 			gone++
-		case deadlines[i] != 0:
-			// Run after the lease's deadline on this node's clock: the
-			// lock there runs out when it would have.
+		case deadlines[i] != 0 && pastDeadline:
+			// Run after the lease's deadline on this node's clock, and
+			// the deadline has passed: the lock there runs out when it
+			// would have.
 			gone++
 			late++
+		case deadlines[i] != 0:
+			errs = append(errs, fmt.Errorf("node %d: %w", i, errRenewLate))
 		}
 	}
 	ls.mu.Unlock()
@@ -354,6 +390,12 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	return nil
 }
+
+// errRenewLate is the error of a node that refused a renewal as run past
+// the lease's deadline mapped to its clock, when the deadline had not
+// passed yet by the holder's: the lock there was not moved, and runs out
+// when it would have.
+var errRenewLate = errors.New("renewal refused as past the lease's deadline on the node's clock")
 
 // giveBack deletes the lock, if this lease still owns it, on the nodes
 // listed, each within the node timeout, whatever the lease's context: a
