@@ -23,6 +23,7 @@ type gateExtend struct {
 	hash     string
 	hold     atomic.Bool
 	drop     atomic.Bool
+	late     atomic.Bool // hold the reply, once the node ran it, until open is closed
 	held     chan struct{} // closed once a request is held
 	open     chan struct{}
 	deadline atomic.Int64 // the held request's deadline on the node's clock (ARGV[3])
@@ -52,6 +53,12 @@ func (g *gateExtend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			g.deadline.Store(d)
 			close(g.held)
 			<-g.open
+		}
+		if g.late.CompareAndSwap(true, false) {
+			err := next(ctx, cmd)
+			close(g.held)
+			<-g.open
+			return err
 		}
 		return next(ctx, cmd)
 	}
@@ -264,6 +271,88 @@ func TestRenewalRefusedEarlyKeepsLease(t *testing.T) {
 	}
 	if lease.Deadline().After(now) && lease.Err() != nil {
 		t.Errorf("the lease ended (%v) with its lock on a majority, %v before its deadline", lease.Err(), lease.Deadline().Sub(now))
+	}
+	_ = lease.Release(ctx)
+}
+
+// Two Extends of one lease at once with different lease times: the first,
+// for 10 s, ran on every node, its replies slow on their way back; the
+// second, for 300 ms, ran after it and returned. The first's replies, read
+// last, must not set Deadline 10 s ahead: every node now expires 300 ms
+// after the second ran, and Deadline would be later than the lock's
+// expiry on every node. (Renewals take turns: the second waits for the
+// first.)
+func TestOlderRenewalReadLastKeepsDeadline(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "older-renewal-read-last"
+	gates := make([]*gateExtend, len(srvs))
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		gates[i] = newGateExtend()
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		c.AddHook(gates[i])
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	ctx := ctxFor(t)
+	lease, err := l.Acquire(ctx, name, fence.TTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx, 5*time.Second); err != nil { // loads the script on every node
+		t.Fatal(err)
+	}
+	for _, g := range gates {
+		g.late.Store(true)
+	}
+	first := make(chan error, 1)
+	go func() { first <- lease.Extend(ctx, 10*time.Second) }()
+	for _, g := range gates {
+		select {
+		case <-g.held:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the first renewal did not run")
+		}
+	}
+	second := make(chan error, 1)
+	go func() { second <- lease.Extend(ctx, 300*time.Millisecond) }()
+	select {
+	case <-second: // read again below
+		second <- nil
+	case <-time.After(time.Second): // it waits for the first: renewals take turns
+	}
+	for _, g := range gates {
+		close(g.open)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first Extend: %v", err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("second Extend: %v", err)
+	}
+	deadline := lease.Deadline()
+	var pttls []time.Duration
+	expiresFirst := 0
+	for _, s := range srvs {
+		d, err := s.Client(t).PTTL(ctx, lockKey(name)).Result()
+		after := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pttls = append(pttls, d)
+		// The node read its PTTL before after, rounded down to the ms:
+		// its lock expires by after + d + 1 ms at the latest.
+		if after.Add(d + time.Millisecond).Before(deadline) {
+			expiresFirst++
+		}
+	}
+	if expiresFirst >= l.Quorum() {
+		t.Fatalf("Deadline is %v ahead, but the lock expires before it on %d nodes (PTTL %v)", time.Until(deadline), expiresFirst, pttls)
 	}
 	_ = lease.Release(ctx)
 }
