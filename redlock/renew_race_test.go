@@ -23,7 +23,7 @@ type gateExtend struct {
 	hash     string
 	hold     atomic.Bool
 	drop     atomic.Bool
-	late     atomic.Bool // hold the reply, once the node ran it, until open is closed
+	late     atomic.Bool   // hold the reply, once the node ran it, until open is closed
 	held     chan struct{} // closed once a request is held
 	open     chan struct{}
 	deadline atomic.Int64 // the held request's deadline on the node's clock (ARGV[3])
