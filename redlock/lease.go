@@ -178,6 +178,14 @@ func (ls *lease) armLocked() {
 	if ls.expiry == nil && ls.err == nil {
 		cause, name := ls.expCause, ls.name
 		ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
+			ls.mu.Lock()
+			moved := time.Now().Before(ls.deadline)
+			ls.mu.Unlock()
+			if moved {
+				// A renewal moved the deadline (and reset this
+				// timer) as the timer fired: the lease is held.
+				return
+			}
 			ls.endAs(cause, expiredError(name))
 		})
 	}
