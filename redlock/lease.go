@@ -293,9 +293,12 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 // majority did so in time, it moves the deadline; when too few nodes still
 // hold the lease for a majority to be possible, the lease is lost. Each
 // node is told the lease's deadline on its own clock and refuses the
-// renewal after it (a refusal counts as the lock gone there); a node whose
-// clock the lease has not read yet (it did not answer the acquisition in
-// time) moves nothing this time and tells its clock for the next.
+// renewal after it (a refusal counts as the lock gone there once the
+// deadline has passed here too; before, as a node that did not move it);
+// a node whose clock the lease has not read yet (it did not answer the
+// acquisition in time) moves nothing this time and tells its clock for the
+// next. One renewal runs at a time (the watchdog's and Extend take turns),
+// each waiting for its turn until ctx ends.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	select {
 	case ls.renewing <- struct{}{}:
