@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -21,6 +22,32 @@ type held struct {
 	token    fence.Token
 	locker   int
 	outlived bool // the holder held it past its deadline
+
+	// For the failure message: how the lease was held and what its
+	// calls answered.
+	watchdog  bool
+	extended  bool
+	extendErr error
+	extendAt  time.Time     // when Extend returned
+	deadline0 time.Time     // Deadline() as Acquire returned it
+	deadline  time.Time     // Deadline() when to was taken
+	errAtTo   error         // Err() when to was taken
+	relErr    error         // Release's result
+	hold      time.Duration // the hold drawn
+}
+
+func (h held) String() string {
+	kind := "fixed TTL"
+	if h.watchdog {
+		kind = "watchdog"
+	}
+	ext := "no Extend"
+	if h.extended {
+		ext = fmt.Sprintf("Extend returned %v at +%v", h.extendErr, h.extendAt.Sub(h.from))
+	}
+	return fmt.Sprintf("token %d, locker %d, %s, %s; held from %s to %s (+%v, drawn hold %v, outlived %v); deadline at Acquire's return %s (+%v), when to was taken %s (+%v); Err then %v; Release %v",
+		h.token, h.locker, kind, ext, h.from.Format("15:04:05.000000"), h.to.Format("15:04:05.000000"), h.to.Sub(h.from), h.hold, h.outlived,
+		h.deadline0.Format("15:04:05.000000"), h.deadline0.Sub(h.from), h.deadline.Format("15:04:05.000000"), h.deadline.Sub(h.from), h.errAtTo, h.relErr)
 }
 
 // Many goroutines on several Lockers (each with its own clients) contend
@@ -83,25 +110,29 @@ func contend(t *testing.T, n int) {
 					mu.Unlock()
 					continue
 				}
-				h := held{from: time.Now(), token: lease.Token(), locker: i % lockers}
+				h := held{from: time.Now(), token: lease.Token(), locker: i % lockers, watchdog: i%2 != 0, deadline0: lease.Deadline()}
 				// Hold briefly, mostly; one in five for up to 1.3 lease
 				// times, outliving its lease; a few extend it first.
 				hold := time.Duration(rand.Int64N(int64(ttl / 4)))
 				if rand.N(5) == 0 {
 					hold = time.Duration(rand.Int64N(int64(ttl * 13 / 10)))
 				}
+				h.hold = hold
 				if rand.N(4) == 0 {
-					_ = lease.Extend(ctx, ttl)
+					h.extended = true
+					h.extendErr = lease.Extend(ctx, ttl)
+					h.extendAt = time.Now()
 				}
 				select {
 				case <-time.After(hold): // the workload's own pace, not a wait for time to pass
 				case <-ctx.Done():
 				}
 				h.to = time.Now()
-				if d := lease.Deadline(); d.Before(h.to) {
-					h.to, h.outlived = d, true
+				h.deadline, h.errAtTo = lease.Deadline(), lease.Err()
+				if h.deadline.Before(h.to) {
+					h.to, h.outlived = h.deadline, true
 				}
-				_ = lease.Release(context.Background())
+				h.relErr = lease.Release(context.Background())
 				mu.Lock()
 				if leases = append(leases, h); len(leases) >= want {
 					cancel() // enough: the others stop
@@ -123,8 +154,8 @@ func contend(t *testing.T, n int) {
 	for i := 1; i < len(leases); i++ {
 		a, b := leases[i-1], leases[i]
 		if b.from.Before(a.to) {
-			t.Errorf("two holders, or tokens out of order: lease %d (token %d, locker %d) held until %v after lease %d (token %d, locker %d) began",
-				i-1, a.token, a.locker, a.to.Sub(b.from), i, b.token, b.locker)
+			t.Errorf("two holders, or tokens out of order: lease %d (token %d, locker %d) held until %v after lease %d (token %d, locker %d) began\n  lease %d: %v\n  lease %d: %v",
+				i-1, a.token, a.locker, a.to.Sub(b.from), i, b.token, b.locker, i-1, a, i, b)
 		}
 		if b.token == a.token {
 			t.Errorf("leases %d and %d have the same token %d", i-1, i, b.token)

@@ -67,7 +67,14 @@
 // reply, erring early, so the offsets between the clocks do not matter): a
 // renewal that sits in a paused node's socket and runs after the deadline
 // is refused there, rather than holding the lock for a lease nobody uses;
-// a renewal whose lease ended while it was on its way is given back.
+// a renewal whose lease ended while it was on its way is given back. The
+// mapping errs early by how long the reply that read the node's clock took
+// to be read: a refusal that comes before the deadline has passed locally
+// only fails the renewal (the lock stays there until it runs out), it does
+// not end the lease. One renewal runs at a time: the watchdog's and
+// Extend take turns, so that no renewal decides on a deadline another one
+// has moved. A lease that ends lost before its deadline has its Deadline
+// moved back to the moment it ended.
 // Release deletes the lock
 // on every node where this lease owns it and succeeds when a majority did.
 // Like Acquire, it is decided as soon as its outcome is known: once a

@@ -17,3 +17,7 @@ func SetWallClock(l *Locker, now func() time.Time) { l.wall = now }
 // ScriptHashes are the SHA1s of the acquire and release scripts, for hooks
 // that pick out their calls.
 func ScriptHashes() (acquire, release string) { return acquireScript.Hash(), releaseScript.Hash() }
+
+// ExtendHash is the SHA1 of the extend script, for hooks that pick out
+// renewals.
+func ExtendHash() string { return extendScript.Hash() }

@@ -88,6 +88,14 @@ type lease struct {
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
+
+	// renewing is held (one slot) by the renewal under way: the
+	// watchdog's and the holder's Extend, or two Extends, take turns. Two
+	// at once each read the deadline the other moved: an older renewal
+	// refused as late under the deadline it was sent with ended the lease
+	// and gave back its nodes while the newer one's Deadline said held,
+	// and an older reply read last set the deadline from its own TTL.
+	renewing chan struct{}
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -170,6 +178,14 @@ func (ls *lease) armLocked() {
 	if ls.expiry == nil && ls.err == nil {
 		cause, name := ls.expCause, ls.name
 		ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
+			ls.mu.Lock()
+			moved := time.Now().Before(ls.deadline)
+			ls.mu.Unlock()
+			if moved {
+				// A renewal moved the deadline (and reset this
+				// timer) as the timer fired: the lease is held.
+				return
+			}
 			ls.endAs(cause, expiredError(name))
 		})
 	}
@@ -224,6 +240,12 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 // its context, those that were made. ls.mu is held and ls.err is nil.
 func (ls *lease) endLocked(why error) {
 	ls.err = why
+	if now := time.Now(); !errors.Is(why, fence.ErrReleased) && ls.deadline.After(now) {
+		// Lost before its deadline (the lock found gone on too many
+		// nodes, and given back on those that still had it): the lease
+		// is no longer known to be held.
+		ls.deadline = now
+	}
 	ls.locker.bg.forget(ls)
 	if ls.expiry != nil {
 		ls.expiry.Stop()
@@ -271,10 +293,22 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 // majority did so in time, it moves the deadline; when too few nodes still
 // hold the lease for a majority to be possible, the lease is lost. Each
 // node is told the lease's deadline on its own clock and refuses the
-// renewal after it (a refusal counts as the lock gone there); a node whose
-// clock the lease has not read yet (it did not answer the acquisition in
-// time) moves nothing this time and tells its clock for the next.
+// renewal after it (a refusal counts as the lock gone there once the
+// deadline has passed here too; before, as a node that did not move it);
+// a node whose clock the lease has not read yet (it did not answer the
+// acquisition in time) moves nothing this time and tells its clock for the
+// next. One renewal runs at a time (the watchdog's and Extend take turns),
+// each waiting for its turn until ctx ends.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
+	select {
+	case ls.renewing <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("redlock: extend %q: %w", ls.name, ctx.Err())
+	}
+	defer func() { <-ls.renewing }()
+	if err := ls.Err(); err != nil {
+		return err // ended while this renewal waited its turn
+	}
 	l := ls.locker
 	ls.mu.Lock()
 	deadlines := make([]int64, len(l.nodes))
@@ -292,6 +326,16 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		errs              []error
 	)
 	ls.mu.Lock()
+	// A refusal as late is the lock gone there only once the deadline has
+	// passed here as well. The deadline mapped to the node's clock errs
+	// early by how long the reply that read that clock took to be read (on
+	// a loaded machine, tens of milliseconds): refused before the
+	// deadline, the renewal merely did not move the lock there, which the
+	// node keeps until it runs out, at the deadline or later. Counted as
+	// gone, it ended the lease and gave back the nodes that this renewal
+	// had moved while Deadline still said held: the lock was left on too
+	// few nodes before the deadline, and another Locker took it.
+	pastDeadline := !time.Now().Before(ls.deadline)
 	for i, r := range rs {
 		if r.err != nil || len(r.res) != 2 {
 			errs = append(errs, cmp.Or(r.err, fmt.Errorf("node %d: unexpected reply %v", i, r.res)))
@@ -304,11 +348,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 			movedOn = append(movedOn, i)
 		case r.res[0] == 0:
 			gone++
-		case deadlines[i] != 0:
-			// Run after the lease's deadline on this node's clock: the
-			// lock there runs out when it would have.
+		case deadlines[i] != 0 && pastDeadline:
+			// Run after the lease's deadline on this node's clock, and
+			// the deadline has passed: the lock there runs out when it
+			// would have.
 			gone++
 			late++
+		case deadlines[i] != 0:
+			errs = append(errs, fmt.Errorf("node %d: %w", i, errRenewLate))
 		}
 	}
 	ls.mu.Unlock()
@@ -354,6 +401,12 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	}
 	return nil
 }
+
+// errRenewLate is the error of a node that refused a renewal as run past
+// the lease's deadline mapped to its clock, when the deadline had not
+// passed yet by the holder's: the lock there was not moved, and runs out
+// when it would have.
+var errRenewLate = errors.New("renewal refused as past the lease's deadline on the node's clock")
 
 // giveBack deletes the lock, if this lease still owns it, on the nodes
 // listed, each within the node timeout, whatever the lease's context: a
