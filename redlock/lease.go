@@ -515,6 +515,18 @@ func (ls *lease) Release(ctx context.Context) error {
 		f.deleted, f.gone = prev.deleted, prev.gone
 		prev.mu.Unlock()
 	}
+	// A node whose grant has not come is sent the revocation: its 0 (the
+	// lock not this owner's) frees the node as a delete does, since the
+	// acquisition, if it runs there after all, is refused. It is no sign
+	// that the lease was lost.
+	for i, u := range ungranted {
+		if u {
+			if f.ours == nil {
+				f.ours = make([]bool, n)
+			}
+			f.ours[i] = true
+		}
+	}
 	// The requests do not end with ctx: one still out when Release
 	// returns is answered in the background, within the node timeout.
 	var rctx context.Context
@@ -624,10 +636,11 @@ type relFanout struct {
 	wake   chan struct{}      // closed once the outcome is known, or every node answered
 	cancel context.CancelFunc // ends the requests' context; called by the last reply
 
-	// ours lists, on a retry, the nodes where an earlier call's request
-	// failed or had not answered (nil: none): it, or its background
-	// retry, may have deleted the lock there, so a reply that finds it
-	// gone counts as deleted, not as a sign that the lease was lost.
+	// ours lists the nodes where a reply that finds the lock gone counts
+	// as deleted, not as a sign that the lease was lost (nil: none): on a
+	// retry, those where an earlier call's request failed or had not
+	// answered (it, or its background retry, may have deleted the lock
+	// there); and those revoked, whose grant had not come.
 	ours []bool
 
 	mu      sync.Mutex

@@ -356,3 +356,59 @@ func TestOlderRenewalReadLastKeepsDeadline(t *testing.T) {
 	}
 	_ = lease.Release(ctx)
 }
+
+// Node 2's acquisition is lost on the way (never runs) and the lease is
+// granted by nodes 0 and 1; node 1 then hangs. Release deletes the lock on
+// node 0 and revokes the try on node 2, which answers 0: the lock is not
+// this owner's there, and never will be (the mark refuses the acquisition
+// if it comes after all). That frees a majority, as a delete does: Release
+// must return nil at once, not count node 2 as "found gone" and wait for
+// node 1 until the node timeout, then report no quorum (the failure seen
+// under load in TestCloseDeadlineWithHungNode, whose node 2 had not run the
+// acquisition yet).
+func TestReleaseCountsRevokedNodeAsFreed(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "release-revoked", 30 * time.Second
+	drop := &slowAcquire{drop: true}
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+		if i == 2 {
+			c.AddHook(drop)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	warm := acquireFast(t, l, name, ttl) // scripts loaded, connections made
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second)
+	drop.armed.Store(true)
+	lease := acquireFast(t, l, name, ttl)
+	resume := pause(t, srvs[1:2])
+	start := time.Now()
+	err = lease.Release(ctxFor(t))
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("Release with node 1 hung and node 2 revoked = %v after %v, want nil", err, took)
+	}
+	if took >= lateNodeTimeout/2 {
+		t.Fatalf("Release took %v: it waited for the hung node (node timeout %v)", took, lateNodeTimeout)
+	}
+	if on := lockedOn(t, []*redistest.Server{srvs[0], srvs[2]}, name); len(on) != 0 {
+		t.Fatalf("locked on running nodes %v after Release", on)
+	}
+	resume()
+	if _, err := closeWithin(l, 10*time.Second); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Fatalf("locked on %v after Close", on)
+	}
+}
