@@ -46,6 +46,7 @@ type row struct {
 	acqPerSec            float64
 	distinct             float64
 	cmdsPerAcq           float64
+	cmdsSlack            float64 // cmdsPerAcq's error bound (contendedResult.cmdsSlack)
 	allocs               float64
 	contendedErr         string
 }
@@ -245,7 +246,7 @@ func countCommands(addr string, rows []*row, dur time.Duration) error {
 		if err != nil && c.acquisitions == 0 {
 			return fmt.Errorf("%s counted: %w", l.name, err)
 		}
-		rows[i].cmdsPerAcq = perAcq
+		rows[i].cmdsPerAcq, rows[i].cmdsSlack = perAcq, c.cmdsSlack
 	}
 	return nil
 }

@@ -75,6 +75,10 @@ type contendedResult struct {
 	seconds       float64
 	p99Handoff    time.Duration
 	handoffs      []time.Duration // every handoff, in order
+	// cmdsSlack bounds the error of contendedWindow's cmdsPerAcq: at each
+	// cut, up to one acquisition per goroutine is in flight, its commands
+	// counted on one side of the cut and the acquisition on the other.
+	cmdsSlack float64
 }
 
 // contended: g goroutines take the same key for d, with no work inside. A
@@ -144,6 +148,7 @@ func contendedWindow(l *lib, g int, warm, d time.Duration, count func() int64) (
 	marks.Wait()
 	res.seconds = time.Since(begin).Seconds()
 	cmdsPerAcq = float64(cmds[1]-cmds[0]) / float64(max(acqs[1]-acqs[0], 1))
+	res.cmdsSlack = float64(g) * cmdsPerAcq / float64(max(acqs[1]-acqs[0], 1))
 	if err, _ := firstErr.Load().(error); err != nil {
 		return res, cmdsPerAcq, err
 	}
