@@ -1,0 +1,95 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// batchState is a condition on l's batcher, read under its lock.
+func batchState(l *Locker, f func(b *batcher) bool) func() bool {
+	return func() bool {
+		l.batch.mu.Lock()
+		defer l.batch.mu.Unlock()
+		return f(&l.batch)
+	}
+}
+
+// errPipelineHook is what failPipelines returns.
+var errPipelineHook = errors.New("hook: pipelines refused")
+
+// failPipelines is a client hook that refuses every pipeline of script
+// calls without sending it (a circuit breaker, a rate limiter), and lets
+// single commands through.
+type failPipelines struct{}
+
+func (failPipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (failPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if isScript(cmd) {
+				return errPipelineHook
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestBatchHookErrorReachesCaller: a client hook that refuses pipelines
+// fails a batch without sending it; each caller in it gets the hook's
+// error, as a call straight through gets its ProcessHook's, not a reply
+// that was never read.
+func TestBatchHookErrorReachesCaller(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	c.AddHook(failPipelines{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute)) // straight through
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Release(ctx)
+	srv.Signal(syscall.SIGSTOP)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			srv.Signal(syscall.SIGCONT)
+		}
+	})
+	direct := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctx, "lock:hook:direct", fence.TTL(time.Minute))
+		direct <- err
+	}()
+	eventually(t, batchState(l, func(b *batcher) bool { return b.inflight == 1 }))
+	// The direct slot is busy: these go in batches, which the hook fails.
+	for _, wait := range []time.Duration{0, time.Second} {
+		lease, err := l.Acquire(ctx, "lock:hook:batched", fence.TTL(time.Minute), fence.Wait(wait))
+		t.Logf("batched Acquire (wait %v): %v", wait, err)
+		if err == nil {
+			_ = lease.Release(ctx)
+			t.Fatalf("batched Acquire succeeded through a hook that refuses pipelines")
+		}
+		if !errors.Is(err, errPipelineHook) {
+			t.Errorf("batched Acquire (wait %v) = %v; want the hook's error", wait, err)
+		}
+	}
+	srv.Signal(syscall.SIGCONT)
+	resumed = true
+	if err := <-direct; err != nil {
+		t.Fatalf("direct Acquire: %v", err)
+	}
+}
