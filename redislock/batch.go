@@ -190,9 +190,7 @@ func (l *Locker) sendBatches(c *redis.Client) {
 			cmds = append(cmds, bc.cmd)
 		}
 		wait := l.batchWait(ctx, calls, &cmds)
-		pipe := c.Pipeline()
-		_ = pipe.BatchProcess(ctx, cmds...)
-		_, _ = pipe.Exec(ctx)
+		execBatch(ctx, c, cmds)
 		// NOSCRIPT: again in full, for the commands that had it, with a
 		// WAIT of their own after them.
 		var again []*batchCall
@@ -216,9 +214,7 @@ func (l *Locker) sendBatches(c *redis.Client) {
 				cmds = append(cmds, bc.cmd)
 			}
 			wait := l.batchWait(ctx, again, &cmds)
-			pipe := c.Pipeline()
-			_ = pipe.BatchProcess(ctx, cmds...)
-			_, _ = pipe.Exec(ctx)
+			execBatch(ctx, c, cmds)
 			setAcked(again, wait)
 		}
 		cancel()
@@ -230,6 +226,30 @@ func (l *Locker) sendBatches(c *redis.Client) {
 			close(bc.done)
 		}
 		clear(calls)
+	}
+}
+
+// execBatch sends cmds as one pipeline on c.
+func execBatch(ctx context.Context, c *redis.Client, cmds []redis.Cmder) {
+	pipe := c.Pipeline()
+	_ = pipe.BatchProcess(ctx, cmds...)
+	_, err := pipe.Exec(ctx)
+	unanswered(cmds, err)
+}
+
+// unanswered gives err, a pipeline's error, to those of its commands that
+// have neither a reply nor an error: a hook that failed the pipeline
+// without sending it (a circuit breaker, say) leaves them so, where a
+// single command's hook error is the command's own (Client.Process). A
+// command whose reply was nil has redis.Nil.
+func unanswered(cmds []redis.Cmder, err error) {
+	if err == nil {
+		return
+	}
+	for _, cmd := range cmds {
+		if c, ok := cmd.(*redis.Cmd); ok && c.Err() == nil && c.Val() == nil {
+			c.SetErr(err)
+		}
 	}
 }
 
