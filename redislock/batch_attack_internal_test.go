@@ -93,3 +93,26 @@ func TestBatchHookErrorReachesCaller(t *testing.T) {
 		t.Fatalf("direct Acquire: %v", err)
 	}
 }
+
+// TestSyncedHookErrorReachesCaller: with replica sync, a call straight
+// through goes as a pipeline (the script and WAIT); a hook that refuses it
+// gives the caller its error too.
+func TestSyncedHookErrorReachesCaller(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	c.AddHook(failPipelines{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(c, &Options{ReplicaSync: ReplicaSync{Replicas: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "lock:hook:synced", fence.TTL(time.Minute))
+	if err == nil {
+		_ = lease.Release(ctx)
+		t.Fatal("Acquire succeeded through a hook that refuses pipelines")
+	}
+	if !errors.Is(err, errPipelineHook) {
+		t.Errorf("Acquire = %v; want the hook's error", err)
+	}
+}
