@@ -466,8 +466,9 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 				_ = pipe.Process(ctx, cmd)
 			}
 		}
-		_, _ = pipe.Exec(ctx)
-		err := reply.Err()
+		_, err := pipe.Exec(ctx)
+		unanswered(cmds[:n], err)
+		err = reply.Err()
 		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			continue
 		}
