@@ -3,6 +3,8 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -114,5 +116,57 @@ func TestSyncedHookErrorReachesCaller(t *testing.T) {
 	}
 	if !errors.Is(err, errPipelineHook) {
 		t.Errorf("Acquire = %v; want the hook's error", err)
+	}
+}
+
+// TestBatchReleaseNotBehindWait: with the replica paused, every synced
+// acquisition waits out WAIT's timeout on its connection; a Release (which
+// needs no WAIT) with a shorter deadline must not wait behind them in the
+// queue of batches and fail, leaving its lock held for its lease time.
+func TestBatchReleaseNotBehindWait(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const waitTimeout = 3 * time.Second
+	l, err := New(primary.Client(t), &Options{ReplicaSync: ReplicaSync{Replicas: 1, Timeout: waitTimeout}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "lock:held", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	// One straight through and one in each sender's batch, each held by
+	// its WAIT for waitTimeout.
+	for i, busy := range []func(b *batcher) bool{
+		func(b *batcher) bool { return b.inflight == 1 },
+		func(b *batcher) bool { return b.inBatch == 1 },
+		func(b *batcher) bool { return b.inBatch == 2 },
+	} {
+		wg.Go(func() {
+			_, err := l.Acquire(ctx, fmt.Sprintf("lock:synced:%d", i), fence.TTL(time.Minute))
+			if !errors.Is(err, fence.ErrNotReplicated) {
+				t.Errorf("Acquire with the replica paused = %v; want fence.ErrNotReplicated", err)
+			}
+		})
+		eventually(t, batchState(l, busy))
+	}
+	const deadline = 500 * time.Millisecond
+	rctx, rcancel := context.WithTimeout(ctx, deadline)
+	defer rcancel()
+	start := time.Now()
+	err = lease.Release(rctx)
+	t.Logf("Release: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		t.Errorf("Release while synced acquisitions wait for the paused replica: %v", err)
+	}
+	if n := primary.Client(t).Exists(ctx, l.keys("lock:held").lock).Val(); n != 0 {
+		t.Error("the released lock is still held")
 	}
 }
