@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -140,22 +141,25 @@ func TestBatchReleaseNotBehindWait(t *testing.T) {
 	}
 	replica.Signal(syscall.SIGSTOP)
 	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+	admin := primary.Client(t)
+	blocked := func(n int) func() bool {
+		return func() bool {
+			info, err := admin.Info(ctx, "clients").Result()
+			return err == nil && strings.Contains(info, fmt.Sprintf("blocked_clients:%d\r", n))
+		}
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	// One straight through and one in each sender's batch, each held by
-	// its WAIT for waitTimeout.
-	for i, busy := range []func(b *batcher) bool{
-		func(b *batcher) bool { return b.inflight == 1 },
-		func(b *batcher) bool { return b.inBatch == 1 },
-		func(b *batcher) bool { return b.inBatch == 2 },
-	} {
+	// its WAIT (a blocked client on the server) for waitTimeout.
+	for i := range 1 + maxBatches {
 		wg.Go(func() {
 			_, err := l.Acquire(ctx, fmt.Sprintf("lock:synced:%d", i), fence.TTL(time.Minute))
 			if !errors.Is(err, fence.ErrNotReplicated) {
 				t.Errorf("Acquire with the replica paused = %v; want fence.ErrNotReplicated", err)
 			}
 		})
-		eventually(t, batchState(l, busy))
+		eventually(t, blocked(i+1))
 	}
 	const deadline = 500 * time.Millisecond
 	rctx, rcancel := context.WithTimeout(ctx, deadline)
@@ -166,7 +170,7 @@ func TestBatchReleaseNotBehindWait(t *testing.T) {
 	if err != nil {
 		t.Errorf("Release while synced acquisitions wait for the paused replica: %v", err)
 	}
-	if n := primary.Client(t).Exists(ctx, l.keys("lock:held").lock).Val(); n != 0 {
+	if n := admin.Exists(ctx, l.keys("lock:held").lock).Val(); n != 0 {
 		t.Error("the released lock is still held")
 	}
 }
