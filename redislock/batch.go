@@ -21,7 +21,12 @@ import (
 // server for every command in it, as rueidis's automatic pipelining does.
 // Each reply goes back to its caller; commands that fail with NOSCRIPT are
 // sent again with EVAL, in a second pipeline. With replica sync, one WAIT
-// after the batch's commands stands for all of them (batchWait).
+// after the batch's commands stands for all of them (batchWait). Calls
+// with WAIT and calls without are batched apart (Locker.batch and
+// Locker.syncBatch, each with its own direct slot and senders): a WAIT
+// holds its connection until the replicas acknowledge or its timeout ends,
+// and a call that needs none (a release, a queued try) must not wait behind
+// it, nor queue behind the senders it holds, when a replica is slow or gone.
 //
 // The client's hooks see a batch as one pipeline (ProcessPipelineHook),
 // sent with the first caller's context values (batchContext); a call that
@@ -98,16 +103,15 @@ func (b *batcher) leave() {
 	b.mu.Unlock()
 }
 
-// evalBatched sends script in the next batch on c, followed in it by WAIT
+// evalBatched sends script in b's next batch on c, followed in it by WAIT
 // when required > 0, and returns as evalPipelined does.
-func (l *Locker) evalBatched(ctx context.Context, c *redis.Client, required int, script *redis.Script, keys skeys, args []any) (*redis.Cmd, int, error) {
-	b := &l.batch
+func (l *Locker) evalBatched(ctx context.Context, b *batcher, c *redis.Client, required int, script *redis.Script, keys skeys, args []any) (*redis.Cmd, int, error) {
 	bc := &batchCall{ctx: ctx, cmd: scriptCmd(ctx, script, false, keys, args), required: required, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, bc)
 	if b.batches < maxBatches {
 		b.batches++
-		go l.sendBatches(c)
+		go l.sendBatches(b, c)
 	}
 	b.mu.Unlock()
 	reply, ok := bc.wait(b)
@@ -161,8 +165,7 @@ func (bc *batchCall) wait(b *batcher) (*redis.Cmd, bool) {
 
 // sendBatches takes the queue and sends it as one pipeline on c, until the
 // queue is empty.
-func (l *Locker) sendBatches(c *redis.Client) {
-	b := &l.batch
+func (l *Locker) sendBatches(b *batcher, c *redis.Client) {
 	var calls []*batchCall
 	var cmds []redis.Cmder
 	for {
