@@ -174,3 +174,127 @@ func TestBatchReleaseNotBehindWait(t *testing.T) {
 		t.Error("the released lock is still held")
 	}
 }
+
+// flushThenPause is a client hook that, before the first pipeline with two
+// or more scripts sent by SHA (a batch), flushes the server's script cache
+// (flush), so that they fail with NOSCRIPT, and before the first pipeline
+// with two or more sent in full (EVAL: that batch sent again), pauses the
+// replica (pause), so that its writes never reach it; names are the lock
+// keys in the latter.
+type flushThenPause struct {
+	flush, pause func()
+
+	mu            sync.Mutex
+	flushed, done bool
+	names         []string
+}
+
+func (h *flushThenPause) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *flushThenPause) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *flushThenPause) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var bySHA int
+		var names []string
+		for _, cmd := range cmds {
+			switch cmd.Name() {
+			case "evalsha":
+				bySHA++
+			case "eval":
+				names = append(names, fmt.Sprint(cmd.Args()[3]))
+			}
+		}
+		h.mu.Lock()
+		switch {
+		case !h.flushed && bySHA >= 2:
+			h.flushed = true
+			h.flush()
+		case h.flushed && !h.done && len(names) >= 2:
+			h.done, h.names = true, names
+			h.pause()
+		}
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// TestBatchNoScriptResendWaitsAgain: SCRIPT FLUSH just before a batch of
+// synced acquisitions goes out: they fail with NOSCRIPT, and the batch's
+// WAIT, which counted no write of theirs, returns at once. They go again in full, and the replica is
+// paused just before that pipeline: none of them may be reported synced by
+// the first WAIT, each is refused (fence.ErrNotReplicated) and its lock
+// given back. (Giving the sent-again calls the first WAIT's count fails
+// this test.)
+func TestBatchNoScriptResendWaitsAgain(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	admin := primary.Client(t)
+	h := &flushThenPause{
+		flush: func() { _ = admin.ScriptFlush(ctx).Err() },
+		pause: func() { replica.Signal(syscall.SIGSTOP) },
+	}
+	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+	l, err := New(c, &Options{ReplicaSync: ReplicaSync{Replicas: 1, Timeout: 300 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute)) // loads the scripts
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Release(ctx)
+	c.AddHook(h)
+	primary.Signal(syscall.SIGSTOP)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			primary.Signal(syscall.SIGCONT)
+		}
+	})
+	// One straight through, one in each sender's batch, the others
+	// queued for the next batch.
+	const n = 8
+	errs := make(map[string]error, n)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range n {
+		name := fmt.Sprintf("lock:flushed:%d", i)
+		wg.Go(func() {
+			lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+			if err == nil {
+				_ = lease.Release(ctx)
+			}
+			mu.Lock()
+			errs[l.keys(name).lock] = err
+			mu.Unlock()
+		})
+		eventually(t, batchState(l, func(*batcher) bool {
+			b := &l.syncBatch
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return b.inflight+b.inBatch+len(b.queue) == i+1
+		}))
+	}
+	primary.Signal(syscall.SIGCONT)
+	resumed = true
+	wg.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.names) < 2 {
+		t.Fatalf("no batch was sent again in full after NOSCRIPT (%v)", h.names)
+	}
+	for _, key := range h.names {
+		err := errs[key]
+		t.Logf("%s, sent again after the replica was paused: %v", key, err)
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Errorf("Acquire %s, written after the replica was paused = %v; want fence.ErrNotReplicated", key, err)
+		}
+	}
+	if keys := admin.Keys(ctx, "fence:{lock:flushed:*}").Val(); len(keys) != 0 {
+		t.Errorf("refused locks left held: %v", keys)
+	}
+}
