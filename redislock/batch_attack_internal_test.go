@@ -298,3 +298,80 @@ func TestBatchNoScriptResendWaitsAgain(t *testing.T) {
 		t.Errorf("refused locks left held: %v", keys)
 	}
 }
+
+// TestBatchClientVariants: many goroutines contend for a few locks (queue,
+// grants, renewals and releases batched together) on clients a user may
+// hand over: a pool of one connection with retries and context timeouts,
+// and a client without retries. No two holders of a name overlap, tokens of a name only grow
+// in the order the holders had it, and no lock is left held.
+func TestBatchClientVariants(t *testing.T) {
+	variants := map[string]func(addr string) redis.UniversalClient{
+		"PoolSize1": func(addr string) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MaxRetries: 5, ContextTimeoutEnabled: true})
+		},
+		"NoRetries": func(addr string) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: 2 * time.Second})
+		},
+	}
+	for name, newClient := range variants {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := newClient(srv.Addr)
+			t.Cleanup(func() { _ = c.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			l, err := New(c, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const names, goroutines, rounds = 4, 16, 12
+			var holders [names]struct {
+				mu   sync.Mutex
+				held bool
+				last fence.Token
+			}
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				wg.Go(func() {
+					for r := range rounds {
+						i := (g + r) % names
+						lease, err := l.Acquire(ctx, fmt.Sprintf("lock:variant:%d", i), fence.TTL(10*time.Second), fence.Wait(30*time.Second))
+						if err != nil {
+							t.Errorf("Acquire: %v", err)
+							return
+						}
+						h := &holders[i]
+						h.mu.Lock()
+						if h.held {
+							t.Errorf("lock:variant:%d: two holders at once", i)
+						}
+						if lease.Token() <= h.last {
+							t.Errorf("lock:variant:%d: token %d after %d", i, lease.Token(), h.last)
+						}
+						h.held, h.last = true, lease.Token()
+						h.mu.Unlock()
+						if err := lease.Extend(ctx, 10*time.Second); err != nil {
+							t.Errorf("Extend: %v", err)
+						}
+						h.mu.Lock()
+						h.held = false
+						h.mu.Unlock()
+						if err := lease.Release(ctx); err != nil {
+							t.Errorf("Release: %v", err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			_, sent, _ := batchStats(l)
+			t.Logf("%d commands sent in batches", sent)
+			if sent == 0 {
+				t.Error("no command went in a batch")
+			}
+			admin := srv.Client(t)
+			if keys := admin.Keys(ctx, "fence:{lock:variant:*}").Val(); len(keys) != 0 {
+				t.Errorf("locks left held: %v", keys)
+			}
+		})
+	}
+}
