@@ -375,3 +375,42 @@ func TestBatchClientVariants(t *testing.T) {
 		})
 	}
 }
+
+// TestRingRefused: a Ring splits what must go on one connection (a
+// script and the WAIT after it: WAIT has no key, so the Ring sends it to
+// any shard) and panics when asked for a subscription without a channel
+// (a waiting Acquire's) or with all shards down: New refuses it, as it
+// refuses other bad options. (Accepted, a waiting Acquire on it crashes
+// the process.)
+func TestRingRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	l, err := New(ring, nil)
+	if err != nil {
+		if !errors.Is(err, fence.ErrInvalidOption) {
+			t.Fatalf("New(Ring) = %v; want fence.ErrInvalidOption", err)
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	holder, err := l.Acquire(ctx, "lock:ring", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, "lock:ring", fence.TTL(time.Minute), fence.Wait(5*time.Second))
+		if err == nil {
+			_ = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	admin := srv.Client(t)
+	eventually(t, func() bool { return admin.LLen(ctx, l.keys("lock:ring").queue).Val() == 1 })
+	_ = holder.Release(ctx)
+	if err := <-got; err != nil {
+		t.Fatalf("waiting Acquire on a Ring: %v", err)
+	}
+}
