@@ -414,3 +414,62 @@ func TestRingRefused(t *testing.T) {
 		t.Fatalf("waiting Acquire on a Ring: %v", err)
 	}
 }
+
+// TestBatchClientClosed: the Locker's client closed while calls are in
+// flight on a paused server and more wait in the queue: every caller
+// returns an error at once (well before its deadline), and the senders
+// end (goleak, in TestMain, finds any goroutine left).
+func TestBatchClientClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = c.Close()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
+	const deadline = 5 * time.Second
+	const n = 8
+	errs := make(chan error, n+1)
+	call := func(f func(ctx context.Context) error) {
+		go func() {
+			dctx, cancel := context.WithTimeout(ctx, deadline)
+			defer cancel()
+			errs <- f(dctx)
+		}()
+	}
+	for i := range n {
+		call(func(ctx context.Context) error {
+			_, err := l.Acquire(ctx, fmt.Sprintf("lock:closed:%d", i), fence.TTL(time.Minute))
+			return err
+		})
+	}
+	call(lease.Release)
+	eventually(t, batchState(l, func(b *batcher) bool {
+		return b.inflight == 1 && b.batches == maxBatches && b.inBatch+len(b.queue) == n
+	}))
+	start := time.Now()
+	_ = c.Close()
+	closed = true
+	for range n + 1 {
+		if err := <-errs; err == nil {
+			t.Error("a call succeeded on a closed client")
+		}
+	}
+	if took := time.Since(start); took > deadline/2 {
+		t.Errorf("callers returned %v after the client was closed", took)
+	}
+	eventually(t, batchState(l, func(b *batcher) bool { return b.batches == 0 && len(b.queue) == 0 }))
+}
