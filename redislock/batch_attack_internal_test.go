@@ -473,3 +473,124 @@ func TestBatchClientClosed(t *testing.T) {
 	}
 	eventually(t, batchState(l, func(b *batcher) bool { return b.batches == 0 && len(b.queue) == 0 }))
 }
+
+// pauseAfterUnsyncedTake is a client hook that pauses the replica (pause)
+// right after an acquire script on lock, sent without WAIT, took it:
+// between a queued first try's take and the synced try that confirms it.
+type pauseAfterUnsyncedTake struct {
+	lock  string
+	pause func()
+
+	mu     sync.Mutex
+	paused bool
+}
+
+func (h *pauseAfterUnsyncedTake) check(cmds []redis.Cmder) {
+	for _, cmd := range cmds {
+		if cmd.Name() == "wait" {
+			return
+		}
+	}
+	for _, cmd := range cmds {
+		args := cmd.Args()
+		if !isScript(cmd) || len(args) < 4 || args[3] != h.lock {
+			continue
+		}
+		if args[1] != acquireScript.Hash() && args[1] != acquireSrc {
+			continue
+		}
+		if res, err := cmd.(*redis.Cmd).Int64Slice(); err == nil && len(res) > 0 && res[0] == 1 {
+			h.mu.Lock()
+			if !h.paused {
+				h.paused = true
+				h.pause()
+			}
+			h.mu.Unlock()
+		}
+	}
+}
+
+func (h *pauseAfterUnsyncedTake) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *pauseAfterUnsyncedTake) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.check([]redis.Cmder{cmd})
+		return err
+	}
+}
+func (h *pauseAfterUnsyncedTake) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.check(cmds)
+		return err
+	}
+}
+
+// TestUnsyncedTakeReplicaPausedBeforeConfirm: with replica sync, an
+// Acquire whose first try goes without WAIT (another Acquire of the Locker
+// waits for the lock) finds the lock free and takes it, with the replica
+// in sync; the replica is paused right after that take, before the synced
+// try that confirms it. No lease may come of it: the confirmation's WAIT
+// times out, the Acquire ends with fence.ErrNotReplicated and the lock is
+// given back.
+func TestUnsyncedTakeReplicaPausedBeforeConfirm(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := primary.Client(t)
+	l, err := New(c, &Options{ReplicaSync: ReplicaSync{Timeout: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "lock:unsynced-pause"
+	k := l.keys(name)
+	h := &pauseAfterUnsyncedTake{lock: k.lock, pause: func() { replica.Signal(syscall.SIGSTOP) }}
+	c.AddHook(h)
+	admin := primary.Client(t)
+	other, err := New(admin, &Options{ReplicaSync: ReplicaSync{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := other.Acquire(ctx, name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Release(ctx) }()
+	first := make(chan error, 1)
+	go func() {
+		ls, err := l.Acquire(ctx, name, fence.Wait(3*time.Second), fence.TTL(time.Minute))
+		if err == nil {
+			_ = ls.Release(ctx)
+		}
+		first <- err
+	}()
+	eventually(t, func() bool {
+		subs := admin.PubSubNumSub(ctx, k.channel).Val()[k.channel]
+		return admin.LLen(ctx, k.queue).Val() == 1 && subs == 1
+	})
+	// The holder's lease runs out and the queue is lost: the next Acquire
+	// finds the lock free.
+	if err := admin.Del(ctx, k.lock, k.queue, k.waiters).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := l.Acquire(ctx, name, fence.Wait(time.Second), fence.TTL(time.Minute))
+	if err == nil {
+		t.Fatalf("a lease (token %d) from a take the replica never acknowledged", ls.Token())
+	}
+	h.mu.Lock()
+	paused := h.paused
+	h.mu.Unlock()
+	if !paused {
+		t.Fatalf("no try without WAIT took the lock (Acquire: %v)", err)
+	}
+	if !errors.Is(err, fence.ErrNotReplicated) {
+		t.Errorf("Acquire = %v; want fence.ErrNotReplicated", err)
+	}
+	eventually(t, func() bool { return admin.Get(ctx, k.lock).Val() == "" })
+	if err := <-first; err == nil {
+		t.Error("the first waiter took the lock with the replica paused")
+	}
+}
