@@ -104,9 +104,7 @@ var _ fence.Locker = (*Locker)(nil)
 // New returns a Locker on client: a *redis.Client, a Sentinel failover client
 // or a *redis.ClusterClient. It needs Redis 7.0 or newer. opts may be nil.
 // New sends nothing to Redis. It returns an error matching
-// fence.ErrInvalidOption when client is nil or a *redis.Ring (which sends a
-// script's WAIT to any shard, and panics on a subscription without a
-// channel), or an option is out of range.
+// fence.ErrInvalidOption when client is nil or an option is out of range.
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: redislock: nil client", fence.ErrInvalidOption)
@@ -115,9 +113,6 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		// var c *redis.Client; New(c, nil): an interface holding a nil
 		// pointer, which would panic at the first command.
 		return nil, fmt.Errorf("%w: redislock: nil client (%T)", fence.ErrInvalidOption, client)
-	}
-	if _, ok := client.(*redis.Ring); ok {
-		return nil, fmt.Errorf("%w: redislock: a *redis.Ring is not supported; use a *redis.Client per shard", fence.ErrInvalidOption)
 	}
 	return newLocker(client, nil, opts)
 }
