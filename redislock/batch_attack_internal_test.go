@@ -589,3 +589,55 @@ func TestUnsyncedTakeReplicaPausedBeforeConfirm(t *testing.T) {
 		t.Error("the first waiter took the lock with the replica paused")
 	}
 }
+
+// TestBatchReleaseThenAcquire: pairs of goroutines hand locks back and
+// forth under load that keeps every call batched: once one's Release has
+// returned, the other's Acquire without a wait budget, sent in a later
+// batch (maybe by the other sender, on another connection), finds the lock
+// free. A reply handed back before its command ran, or to the wrong
+// caller, fails it.
+func TestBatchReleaseThenAcquire(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	l, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pairs, rounds = 12, 40
+	var wg sync.WaitGroup
+	for p := range pairs {
+		name := fmt.Sprintf("lock:handoff:%d", p)
+		// turn[side] tells side that the other side's Release returned.
+		turn := [2]chan bool{make(chan bool, 1), make(chan bool, 1)}
+		turn[0] <- true
+		for side := range 2 {
+			wg.Go(func() {
+				defer close(turn[1-side])
+				for range rounds / 2 {
+					if ok := <-turn[side]; !ok {
+						return
+					}
+					lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+					if err != nil {
+						t.Errorf("%s: Acquire right after the other's Release returned: %v", name, err)
+						return
+					}
+					if err := lease.Release(ctx); err != nil {
+						t.Errorf("%s: Release: %v", name, err)
+						return
+					}
+					turn[1-side] <- true
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if _, sent, _ := batchStats(l); sent == 0 {
+		t.Fatal("no command went in a batch")
+	} else {
+		t.Logf("%d commands sent in batches", sent)
+	}
+}
