@@ -21,7 +21,12 @@ import (
 // server for every command in it, as rueidis's automatic pipelining does.
 // Each reply goes back to its caller; commands that fail with NOSCRIPT are
 // sent again with EVAL, in a second pipeline. With replica sync, one WAIT
-// after the batch's commands stands for all of them (batchWait).
+// after the batch's commands stands for all of them (batchWait). Calls
+// with WAIT and calls without are batched apart (Locker.batch and
+// Locker.syncBatch, each with its own direct slot and senders): a WAIT
+// holds its connection until the replicas acknowledge or its timeout ends,
+// and a call that needs none (a release, a queued try) must not wait behind
+// it, nor queue behind the senders it holds, when a replica is slow or gone.
 //
 // The client's hooks see a batch as one pipeline (ProcessPipelineHook),
 // sent with the first caller's context values (batchContext); a call that
@@ -98,16 +103,15 @@ func (b *batcher) leave() {
 	b.mu.Unlock()
 }
 
-// evalBatched sends script in the next batch on c, followed in it by WAIT
+// evalBatched sends script in b's next batch on c, followed in it by WAIT
 // when required > 0, and returns as evalPipelined does.
-func (l *Locker) evalBatched(ctx context.Context, c *redis.Client, required int, script *redis.Script, keys skeys, args []any) (*redis.Cmd, int, error) {
-	b := &l.batch
+func (l *Locker) evalBatched(ctx context.Context, b *batcher, c *redis.Client, required int, script *redis.Script, keys skeys, args []any) (*redis.Cmd, int, error) {
 	bc := &batchCall{ctx: ctx, cmd: scriptCmd(ctx, script, false, keys, args), required: required, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, bc)
 	if b.batches < maxBatches {
 		b.batches++
-		go l.sendBatches(c)
+		go l.sendBatches(b, c)
 	}
 	b.mu.Unlock()
 	reply, ok := bc.wait(b)
@@ -161,8 +165,7 @@ func (bc *batchCall) wait(b *batcher) (*redis.Cmd, bool) {
 
 // sendBatches takes the queue and sends it as one pipeline on c, until the
 // queue is empty.
-func (l *Locker) sendBatches(c *redis.Client) {
-	b := &l.batch
+func (l *Locker) sendBatches(b *batcher, c *redis.Client) {
 	var calls []*batchCall
 	var cmds []redis.Cmder
 	for {
@@ -190,9 +193,7 @@ func (l *Locker) sendBatches(c *redis.Client) {
 			cmds = append(cmds, bc.cmd)
 		}
 		wait := l.batchWait(ctx, calls, &cmds)
-		pipe := c.Pipeline()
-		_ = pipe.BatchProcess(ctx, cmds...)
-		_, _ = pipe.Exec(ctx)
+		execBatch(ctx, c, cmds)
 		// NOSCRIPT: again in full, for the commands that had it, with a
 		// WAIT of their own after them.
 		var again []*batchCall
@@ -216,9 +217,7 @@ func (l *Locker) sendBatches(c *redis.Client) {
 				cmds = append(cmds, bc.cmd)
 			}
 			wait := l.batchWait(ctx, again, &cmds)
-			pipe := c.Pipeline()
-			_ = pipe.BatchProcess(ctx, cmds...)
-			_, _ = pipe.Exec(ctx)
+			execBatch(ctx, c, cmds)
 			setAcked(again, wait)
 		}
 		cancel()
@@ -230,6 +229,30 @@ func (l *Locker) sendBatches(c *redis.Client) {
 			close(bc.done)
 		}
 		clear(calls)
+	}
+}
+
+// execBatch sends cmds as one pipeline on c.
+func execBatch(ctx context.Context, c *redis.Client, cmds []redis.Cmder) {
+	pipe := c.Pipeline()
+	_ = pipe.BatchProcess(ctx, cmds...)
+	_, err := pipe.Exec(ctx)
+	unanswered(cmds, err)
+}
+
+// unanswered gives err, a pipeline's error, to those of its commands that
+// have neither a reply nor an error: a hook that failed the pipeline
+// without sending it (a circuit breaker, say) leaves them so, where a
+// single command's hook error is the command's own (Client.Process). A
+// command whose reply was nil has redis.Nil.
+func unanswered(cmds []redis.Cmder, err error) {
+	if err == nil {
+		return
+	}
+	for _, cmd := range cmds {
+		if c, ok := cmd.(*redis.Cmd); ok && c.Err() == nil && c.Val() == nil {
+			c.SetErr(err)
+		}
 	}
 }
 

@@ -14,11 +14,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// batchStats reads l's batch counters.
+// batchStats reads l's batch counters, of calls with WAIT and without.
 func batchStats(l *Locker) (inBatch, sent, again int) {
-	l.batch.mu.Lock()
-	defer l.batch.mu.Unlock()
-	return l.batch.inBatch, l.batch.sent, l.batch.again
+	for _, b := range []*batcher{&l.batch, &l.syncBatch} {
+		b.mu.Lock()
+		inBatch, sent, again = inBatch+b.inBatch, sent+b.sent, again+b.again
+		b.mu.Unlock()
+	}
+	return inBatch, sent, again
 }
 
 // TestBatchMixedCallsManyLockers: acquisitions, extensions and releases of

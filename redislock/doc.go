@@ -134,7 +134,9 @@
 // to two sender goroutines each take the whole queue and send it as one
 // pipeline on one connection (with one WAIT after it when replica sync
 // applies, standing for every call in it), then hand each caller its own
-// reply or error. A lone call goes straight through, as before, so the
+// reply or error. Calls followed by WAIT are batched apart from those
+// that need none (a release, a queued try), so that a slow or missing
+// replica, which holds a WAIT for its timeout, does not hold them. A lone call goes straight through, as before, so the
 // uncontended latency does not change; many concurrent calls cost the
 // client and the server one write and one read per batch rather than per
 // command.

@@ -91,7 +91,9 @@ type Locker struct {
 	pipes sync.Pool
 	wait  atomic.Pointer[waitCmdArgs]
 
-	batch batcher // script calls batched on client (batch.go)
+	// Script calls batched on client (batch.go): those without WAIT, and
+	// those with it.
+	batch, syncBatch batcher
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription

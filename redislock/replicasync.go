@@ -424,10 +424,14 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
 	if !asking {
 		if own := l.batchable(c); own != nil {
-			if !l.batch.enter() {
-				return l.evalBatched(ctx, own, required, script, keys, args)
+			b := &l.batch
+			if required > 0 {
+				b = &l.syncBatch // apart: see batcher
 			}
-			defer l.batch.leave()
+			if !b.enter() {
+				return l.evalBatched(ctx, b, own, required, script, keys, args)
+			}
+			defer b.leave()
 		}
 		if required == 0 {
 			reply = runScript(ctx, c, script, keys, args)
@@ -466,8 +470,9 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 				_ = pipe.Process(ctx, cmd)
 			}
 		}
-		_, _ = pipe.Exec(ctx)
-		err := reply.Err()
+		_, err := pipe.Exec(ctx)
+		unanswered(cmds[:n], err)
+		err = reply.Err()
 		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			continue
 		}

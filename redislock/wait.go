@@ -373,7 +373,13 @@ var errWatchClosed = errors.New("redislock: no waiter left on the subscription")
 func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub, error) {
 	var ps *redis.PubSub
 	var err error
-	if l.sharded {
+	if ring, ok := l.client.(*redis.Ring); ok {
+		// A Ring picks the shard by the first channel and panics without
+		// one. It drops the error of the subscription it sends: one that
+		// failed is made again by the PubSub's next receive, and the
+		// waiters wait for its confirmation within their budgets.
+		ps = ring.Subscribe(ctx, w.channel)
+	} else if l.sharded {
 		ps = l.client.SSubscribe(ctx)
 		err = ps.SSubscribe(ctx, w.channel)
 	} else {

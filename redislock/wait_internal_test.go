@@ -83,10 +83,20 @@ func TestShortWaiterDoesNotFailOthers(t *testing.T) {
 	// Pooled connections for the tries and for a waiter's withdrawal
 	// (when its budget ends it leaves the queue): made by blocking calls
 	// at once, so that only the subscription dials once the gate is armed.
+	// Calls that go in a batch are pipelines, which go-redis sends on
+	// connections of a pool of their own: made the same way.
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Go(func() {
 			if err := c.BLPop(ctx, 50*time.Millisecond, "no-such-list").Err(); err != nil && err != redis.Nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(func() {
+			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				return p.BLPop(ctx, 50*time.Millisecond, "no-such-list").Err()
+			})
+			if err != nil && err != redis.Nil {
 				t.Error(err)
 			}
 		})
@@ -293,10 +303,20 @@ func TestReleaseWhileSubscribing(t *testing.T) {
 	// Pooled connections for the tries and for a waiter's withdrawal
 	// (when its budget ends it leaves the queue): made by blocking calls
 	// at once, so that only the subscription dials once the gate is armed.
+	// Calls that go in a batch are pipelines, which go-redis sends on
+	// connections of a pool of their own: made the same way.
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Go(func() {
 			if err := c.BLPop(ctx, 50*time.Millisecond, "no-such-list").Err(); err != nil && err != redis.Nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(func() {
+			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				return p.BLPop(ctx, 50*time.Millisecond, "no-such-list").Err()
+			})
+			if err != nil && err != redis.Nil {
 				t.Error(err)
 			}
 		})
