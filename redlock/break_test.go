@@ -57,12 +57,7 @@ func TestCallerDeadlineWithGrantedNodeHung(t *testing.T) {
 // clients leave a request to it (the socket has no deadline of its own).
 func soakLocker(t *testing.T, srvs []*redistest.Server, timeout time.Duration) *redlock.Locker {
 	t.Helper()
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: timeout})
 	if err != nil {
 		t.Fatal(err)
@@ -304,15 +299,7 @@ func TestTokenSurvivesRestartBesideGrantReadAfterRelease(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "restart-late-release", 30 * time.Second
 	h := &holdAcquireReply{held: make(chan struct{}), release: make(chan struct{})}
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		if i == 2 {
-			c.AddHook(h)
-		}
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions, nil, nil, h)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {
 		t.Fatal(err)

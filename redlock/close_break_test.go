@@ -105,13 +105,7 @@ func TestCloseWhileExtending(t *testing.T) {
 	const name = "close-extending"
 	_, rel := redlock.ScriptHashes()
 	h := &holdReleaseReply{relHash: rel, open: make(chan struct{})}
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		c.AddHook(h)
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions, h, h, h)
 	rec := &recorder{}
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout, Observer: rec})
 	if err != nil {
@@ -165,12 +159,7 @@ func TestCloseWhileExtending(t *testing.T) {
 func TestCloseErrorDuringFirstContact(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name = "close-first-contact"
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {
 		t.Fatal(err)
@@ -232,12 +221,7 @@ func TestCloseAfterGivingUpReportsStoppedRetries(t *testing.T) {
 	const name, ttl = "close-stopped", 30 * time.Second
 	acq, rel := redlock.ScriptHashes()
 	h := &cutRelease{acqHash: acq, relHash: rel, acqDone: make(chan struct{}), relSent: make(chan struct{}, 1)}
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions)
 	cs[2].AddHook(h)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {
@@ -471,12 +455,7 @@ func TestReleaseRetryDecidedSendsNothing(t *testing.T) {
 	const name, ttl = "retry-decided", 30 * time.Second
 	_, rel := redlock.ScriptHashes()
 	h := &countRelease{relHash: rel}
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions)
 	cs[2].AddHook(h)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {

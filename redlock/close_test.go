@@ -280,12 +280,7 @@ func TestBackgroundReleaseRetryCarriesToken(t *testing.T) {
 	const name, ttl = "retry-token", 30 * time.Second
 	acq, rel := redlock.ScriptHashes()
 	h := &cutRelease{acqHash: acq, relHash: rel, acqDone: make(chan struct{}), relSent: make(chan struct{}, 1)}
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {
 		t.Fatal(err)

@@ -162,12 +162,7 @@ func TestLateRenewalRefused(t *testing.T) {
 // leftover lock on them would lock out every client.
 func TestFailedTryReleasedAfterNodesWake(t *testing.T) {
 	srvs := nodes(t, 3)
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ReadTimeout: 2 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, redis.Options{PoolSize: 1, ReadTimeout: 2 * time.Second, MaxRetries: -1})
 	// The node timeout ends the try, and the release, well before the
 	// read timeout frees the connection.
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 500 * time.Millisecond})
@@ -430,12 +425,7 @@ func TestLateNodesKeepNothing(t *testing.T) {
 // is retried in the background.
 func TestReleaseRetriedOnUnreachableNode(t *testing.T) {
 	srvs := nodes(t, 3)
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 1, ReadTimeout: 2 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, redis.Options{PoolSize: 1, ReadTimeout: 2 * time.Second, MaxRetries: -1})
 	// The node timeout ends the renewal, and the release, well before the
 	// read timeout frees the connection.
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 500 * time.Millisecond})

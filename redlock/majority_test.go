@@ -11,7 +11,6 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redlock"
-	"github.com/redis/go-redis/v9"
 )
 
 // lateNodeTimeout is the node timeout of the tests of late replies: long
@@ -25,12 +24,7 @@ const lateNodeTimeout = 2 * time.Second
 // it), warmed up on name: scripts loaded, connections pooled.
 func lateLocker(t *testing.T, srvs []*redistest.Server, name string) *redlock.Locker {
 	t.Helper()
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {
 		t.Fatal(err)

@@ -30,10 +30,25 @@ func nodes(t testing.TB, n int) []*redistest.Server {
 // clients returns one client per server that honours the context's
 // deadline on the socket and does not retry, closed in t.Cleanup.
 func clients(t testing.TB, srvs []*redistest.Server) []redis.UniversalClient {
+	return clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1})
+}
+
+// lateOptions make clients that leave a request to the per-node timeout
+// (no deadline on the socket, a read timeout past it) and do not retry.
+var lateOptions = redis.Options{ReadTimeout: 10 * time.Second, MaxRetries: -1}
+
+// clientsWith returns one client per server, made from o with the server's
+// address and closed in t.Cleanup; hooks[i], if given and not nil, is added
+// to node i's client.
+func clientsWith(t testing.TB, srvs []*redistest.Server, o redis.Options, hooks ...redis.Hook) []redis.UniversalClient {
 	t.Helper()
 	cs := make([]redis.UniversalClient, len(srvs))
 	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		o.Addr = s.Addr
+		c := redis.NewClient(&o)
+		if i < len(hooks) && hooks[i] != nil {
+			c.AddHook(hooks[i])
+		}
 		t.Cleanup(func() { _ = c.Close() })
 		cs[i] = c
 	}
@@ -323,12 +338,7 @@ func TestHungNodeSkipped(t *testing.T) {
 	const nodeTimeout, readTimeout = time.Second, time.Minute
 	// Clients that do not put the deadline on the socket: only the
 	// per-node timeout bounds them, short of their read timeout.
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: readTimeout, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, redis.Options{ReadTimeout: readTimeout, MaxRetries: -1})
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: nodeTimeout})
 	if err != nil {
 		t.Fatal(err)

@@ -99,14 +99,10 @@ func TestStaleRenewalLeavesNoSecondHolder(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "stale-renewal", 500 * time.Millisecond
 	gates := make([]*gateExtend, len(srvs))
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
+	for i := range gates {
 		gates[i] = newGateExtend()
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-		c.AddHook(gates[i])
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
 	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
 	if err != nil {
 		t.Fatal(err)
@@ -223,13 +219,7 @@ func TestRenewalRefusedEarlyKeepsLease(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "renew-refused-early", time.Second
 	hooks := []*slowAcquire{{}, {delay: 600 * time.Millisecond}, {drop: true}}
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-		c.AddHook(hooks[i])
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, hooks[0], hooks[1], hooks[2])
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
 	if err != nil {
 		t.Fatal(err)
@@ -286,14 +276,10 @@ func TestOlderRenewalReadLastKeepsDeadline(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name = "older-renewal-read-last"
 	gates := make([]*gateExtend, len(srvs))
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
+	for i := range gates {
 		gates[i] = newGateExtend()
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-		c.AddHook(gates[i])
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
 	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
 	if err != nil {
 		t.Fatal(err)
@@ -370,15 +356,7 @@ func TestReleaseCountsRevokedNodeAsFreed(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "release-revoked", 30 * time.Second
 	drop := &slowAcquire{drop: true}
-	cs := make([]redis.UniversalClient, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 10 * time.Second, MaxRetries: -1})
-		if i == 2 {
-			c.AddHook(drop)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
+	cs := clientsWith(t, srvs, lateOptions, nil, nil, drop)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {
 		t.Fatal(err)
