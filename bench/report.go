@@ -220,10 +220,12 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
   WAIT for its grant instead moves the acknowledgement and a round trip rather than removing them (WAIT cannot run
   inside the script, so the "synced" word would be a second publish after the releaser's WAIT): the handoff would
   stay one client round trip and one replica acknowledgement longer than with sync off.
-- **Distinct-key throughput against two bare EVALSHA calls.** The extra calls inside the server, on a machine where
-  client and server share two CPUs. On rueidis (fencerueidis), whose automatic pipelining sends many callers'
-  commands in one write, fence comes closer to the go-redis limit and stays above rueidislock. The queue check
-  that grant-on-release added to a free lock's acquisition costs here (the contended workload is what it buys).
+- **Distinct-key throughput against two bare EVALSHA calls.** A Locker on a *redis.Client batches concurrent
+  script calls (one straight through, the others in pipelines of their own, two in flight), which halves the client's
+  and server's per-call costs, so fence at times passes the limit (which sends each EVALSHA alone); what keeps it
+  near rather than above is the scripts' own work inside the server (the token record, the queue check that
+  grant-on-release added to a free lock's acquisition), on a machine where client and server share two CPUs. The
+  figure swings with the machine's load more than the others (0.91× to 1.26× in two runs on the same code).
 - **Redlock against redsync.** Both fan out in parallel, one round trip per node (the token write-back is skipped
   when every granting node answered the maximum token, the usual case); fence's Acquire decides as soon as a
   majority has granted and its Release as soon as a majority has deleted the lock (redsync waits for every node for
