@@ -34,6 +34,11 @@ var (
 
 	// ErrInvalidOption means an option was out of range.
 	ErrInvalidOption = errors.New("fence: invalid option")
+
+	// ErrClosed means the Locker was closed and grants no more leases
+	// (redlock's Locker.Close): Acquire fails with it (and ErrNotAcquired)
+	// at once, and Lead stops campaigning.
+	ErrClosed = errors.New("fence: locker closed")
 )
 
 // NotReplicatedError reports a write that too few replicas acknowledged

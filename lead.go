@@ -68,7 +68,8 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // Kubernetes' leader election does, on any Locker. It returns only when ctx
 // ends, with context.Cause(ctx), or at once with an error matching
 // ErrInvalidName or ErrInvalidOption for bad input (a nil locker or fn
-// among it).
+// among it), or once a campaign fails with ErrClosed (the Locker was
+// closed: no campaign can succeed).
 //
 // A campaign is an Acquire with a Wait budget. When it succeeds, a term
 // begins: fn runs with the lease and a context that is cancelled when the
@@ -145,7 +146,7 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 				return context.Cause(ctx)
 			}
 			continue
-		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption)):
+		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption) || errors.Is(err, ErrClosed)):
 			return err
 		case lease != nil && errors.Is(lease.Err(), ErrLeaseLost):
 			failures = 0

@@ -14,9 +14,9 @@ import (
 
 // ErrClosed means the Locker was closed: Acquire after Close (or an
 // acquisition that Close overtook, whose lease was released at once) sends
-// nothing and returns an error matching both fence.ErrNotAcquired and
-// ErrClosed.
-var ErrClosed = errors.New("redlock: locker closed")
+// nothing and returns an error matching fence.ErrNotAcquired, ErrClosed
+// and fence.ErrClosed (on which fence.Lead stops campaigning).
+var ErrClosed = fmt.Errorf("redlock: %w", fence.ErrClosed)
 
 // CloseError means Close's context ended before the Locker's background
 // work did: the releases still on their way to the nodes listed (a node

@@ -371,3 +371,23 @@ func TestCloseWaitsForFailedTryOnPausedNode(t *testing.T) {
 		t.Fatalf("node 2 locked by the failed try when Close returned nil")
 	}
 }
+
+// fence.Lead on a closed Locker returns at once with an error matching
+// fence.ErrClosed, not after campaigning with back-off until its context
+// ends (ErrClosed matches fence.ErrNotAcquired, which Lead retries), and
+// never runs fn.
+func TestLeadStopsOnClosedLocker(t *testing.T) {
+	l := newLocker(t, nodes(t, 3), nil)
+	if _, err := closeWithin(l, 10*time.Second); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := fence.Lead(ctx, l, "lead-closed", func(context.Context, fence.Lease) error {
+		t.Error("fn ran on a closed Locker")
+		return nil
+	})
+	if !errors.Is(err, fence.ErrClosed) || !errors.Is(err, redlock.ErrClosed) || ctx.Err() != nil {
+		t.Fatalf("Lead on a closed Locker = %v (ctx %v), want fence.ErrClosed at once", err, ctx.Err())
+	}
+}
