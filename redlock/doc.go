@@ -93,8 +93,8 @@
 // program exits: it releases the leases still held (as etcd's
 // Session.Close revokes its lease) and waits, until its context ends, for
 // that work to finish; it reports what it could not finish in a
-// *CloseError naming the nodes. After Close, Acquire fails with ErrClosed (matching fence.ErrClosed)
-// (matching fence.ErrNotAcquired) and sends nothing. A program that exits
+// *CloseError naming the nodes. After Close, Acquire fails with ErrClosed
+// (matching fence.ErrClosed and fence.ErrNotAcquired) and sends nothing. A program that exits
 // without Close (or is killed) may leave a node it had not reached yet
 // locked until the lease time runs out: a minority of the nodes, so no
 // second holder can come of it (a majority is free), but the next owner
