@@ -118,7 +118,10 @@ func (l *Locker) evalBatched(ctx context.Context, b *batcher, c *redis.Client, r
 	if err := reply.Err(); err != nil || !ok || required == 0 {
 		return reply, 0, err
 	}
-	return reply, bc.acked, bc.waitErr
+	if bc.waitErr != nil {
+		return reply, 0, fmt.Errorf("%w: %w", errWaitFailed, bc.waitErr)
+	}
+	return reply, bc.acked, nil
 }
 
 // wait returns bc's command once it has its reply, or a command with an

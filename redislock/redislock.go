@@ -436,7 +436,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			maybe = err
 			return budgetOver()
 		case err != nil && !transient(err):
-			if errors.Is(err, errUnreleased) {
+			if errors.Is(err, errUnreleased) || errors.Is(err, errWaitFailed) {
 				maybe = err
 			}
 			return fail(err)
@@ -526,10 +526,11 @@ func pause(ctx context.Context, d time.Duration) bool {
 // reply was lost (err) may have taken after all. A try with the same owner
 // would have found it; the caller will not make one.
 func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
-	if errors.Is(err, errUnreleased) {
+	if errors.Is(err, errUnreleased) || errors.Is(err, errWaitFailed) {
 		// Refused by replica sync, and the release that should have
-		// undone the acquisition failed (or was given up on): the lock
-		// is held, by nobody, for its lease time.
+		// undone the acquisition failed (or was given up on), or the
+		// script ran and its WAIT failed: the lock is held, by nobody,
+		// for its lease time.
 		go l.releaseAbandoned(*a)
 		return
 	}
@@ -755,6 +756,11 @@ func (l *Locker) release(ctx context.Context, keys skeys, args ...any) (bool, er
 // errUnreleased is in the error of a try refused by replica sync whose
 // release failed: the lock it took is still there (giveUpMaybeHeld).
 var errUnreleased = errors.New("redislock: release after failed sync")
+
+// errWaitFailed is in the error of a call whose script ran but whose WAIT
+// failed (an ACL that denies WAIT, say): a try's script may have taken the
+// lock, and nobody holds it (giveUpMaybeHeld).
+var errWaitFailed = errors.New("redislock: replica WAIT failed")
 
 // ownerLen is the length of an owner id: 128 random bits, hex-encoded;
 // secretLen that of the secret that signs its grants: 64 random bits.

@@ -481,7 +481,7 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 		}
 		if wait != nil {
 			if acked, err = wait.Int(); err != nil {
-				return reply, 0, err
+				return reply, 0, fmt.Errorf("%w: %w", errWaitFailed, err)
 			}
 		}
 		break

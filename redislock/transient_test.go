@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -216,5 +217,38 @@ func TestACLErrorEndsWait(t *testing.T) {
 	}
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("an ACL error took %v to end the wait", took)
+	}
+}
+
+// TestWaitDeniedGivesLockBack: a user whose ACL allows the scripts but not
+// WAIT, with replica sync on. The acquire script takes the lock, then WAIT
+// fails (NOPERM): Acquire fails, and the lock it took, which nobody holds,
+// must be given back, not left for the lease time (a minute here), with a
+// wait budget and without.
+func TestWaitDeniedGivesLockBack(t *testing.T) {
+	srv := redistest.Start(t)
+	if err := srv.Client(t).Do(ctx(t), "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-wait").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
+	t.Cleanup(func() { _ = c.Close() })
+	l, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	for _, wait := range []time.Duration{0, 5 * time.Second} {
+		name := fmt.Sprintf("lock:wait-denied:%v", wait)
+		_, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute), fence.Wait(wait))
+		if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), "NOPERM") {
+			t.Fatalf("Acquire (wait %v) = %v, want ErrNotAcquired with NOPERM", wait, err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("wait %v: the lock taken before WAIT failed is still held (PTTL %v)", wait, admin.PTTL(ctx(t), lockKey(name)).Val())
+			}
+			time.Sleep(10 * time.Millisecond) // polling with a deadline
+		}
 	}
 }
