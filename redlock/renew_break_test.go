@@ -1,12 +1,14 @@
 package redlock_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
 )
 
 // A lease granted on nodes 0 and 1 of 3, its acquisition on node 2 lost on
@@ -53,5 +55,160 @@ func TestReleaseRevokedNodeHeldByOtherIsNotFreed(t *testing.T) {
 	}
 	if taker.Err() != nil {
 		t.Fatalf("the other lease ended: %v", taker.Err())
+	}
+}
+
+// A renewal is held on its way to every node; meanwhile another Extend
+// waits its turn, a third with a short context gives up waiting, and
+// Release runs (it takes no turn). Release must return nil at once (it
+// deletes the lock on every node), the waiting Extend, once the held
+// renewal finds the lock gone, must return the lease's end (not renew it),
+// the held one an error matching fence.ErrReleased, nothing is left locked
+// and no goroutine leaks (goleak in TestMain).
+func TestReleaseWhileRenewalWaitsItsTurn(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "release-while-waiting", 10 * time.Second
+	gates := make([]*gateExtend, len(srvs))
+	for i := range gates {
+		gates[i] = newGateExtend()
+	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	ctx := ctxFor(t)
+	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx, ttl); err != nil { // loads the script on every node
+		t.Fatal(err)
+	}
+	for _, g := range gates {
+		g.hold.Store(true)
+	}
+	first := make(chan error, 1)
+	go func() { first <- lease.Extend(ctx, ttl) }()
+	for _, g := range gates {
+		select {
+		case <-g.held:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the first renewal was not sent")
+		}
+	}
+	second := make(chan error, 1)
+	go func() { second <- lease.Extend(context.Background(), ttl) }()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := lease.Extend(short, ttl); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend waiting its turn past its context = %v, want context.DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Extend waiting its turn took %v to give up (context 50ms)", took)
+	}
+	start = time.Now()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release while a renewal is held and another waits: %v", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Release took %v: it waited for the renewals", took)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Fatalf("locked on %v after Release", on)
+	}
+	select {
+	case err := <-second:
+		t.Fatalf("the waiting Extend returned %v before the held renewal ended", err)
+	default:
+	}
+	for _, g := range gates {
+		close(g.open)
+	}
+	if err := <-first; !errors.Is(err, fence.ErrReleased) {
+		t.Fatalf("held Extend = %v, want ErrReleased", err)
+	}
+	select {
+	case err := <-second:
+		if !errors.Is(err, fence.ErrReleased) {
+			t.Fatalf("waiting Extend = %v, want ErrReleased", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting Extend never got its turn")
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Fatalf("locked on %v after the renewals", on)
+	}
+}
+
+// A renewal that moves the lock on one node of three (the other two
+// requests lost on the way) fails with ErrNoQuorum and moves nothing: the
+// lease stays held with its Deadline, which the lock on a majority
+// outlasts; a renewal that then moves a majority moves it, and the
+// Deadline still never lies past the lock's expiry on a majority.
+func TestRenewalOnMinorityLeavesDeadline(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "renew-minority", 5 * time.Second
+	gates := make([]*gateExtend, len(srvs))
+	for i := range gates {
+		gates[i] = newGateExtend()
+	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	ctx := ctxFor(t)
+	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx, ttl); err != nil { // loads the script on every node
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		deadline := lease.Deadline()
+		outlast := 0
+		for _, s := range srvs {
+			before := time.Now()
+			d, err := s.Client(t).PTTL(ctx, lockKey(name)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The node read its PTTL after before: its lock expires
+			// after before + d.
+			if !before.Add(d).Before(deadline) {
+				outlast++
+			}
+		}
+		if outlast < l.Quorum() {
+			t.Fatalf("%s: Deadline %v ahead outlasts the lock on all but %d nodes", when, time.Until(deadline), outlast)
+		}
+	}
+	before := lease.Deadline()
+	gates[1].drop.Store(true)
+	gates[2].drop.Store(true)
+	err = lease.Extend(ctx, 4*ttl)
+	if !errors.Is(err, redlock.ErrNoQuorum) {
+		t.Fatalf("Extend moved on one node = %v, want ErrNoQuorum", err)
+	}
+	if lease.Err() != nil {
+		t.Fatalf("lease ended by a renewal that reached one node: %v", lease.Err())
+	}
+	if got := lease.Deadline(); !got.Equal(before) {
+		t.Fatalf("Deadline moved from %v to %v by a renewal on one node", before, got)
+	}
+	check("after a renewal on one node")
+	gates[2].drop.Store(true)
+	if err := lease.Extend(ctx, 4*ttl); err != nil {
+		t.Fatalf("Extend on two nodes: %v", err)
+	}
+	check("after a renewal on two nodes")
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
