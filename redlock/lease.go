@@ -186,6 +186,9 @@ func (ls *lease) armLocked() {
 				// timer) as the timer fired: the lease is held.
 				return
 			}
+			if f := ls.locker.expiryFired; f != nil {
+				f()
+			}
 			ls.endAs(cause, expiredError(name))
 		})
 	}

@@ -212,3 +212,84 @@ func TestRenewalOnMinorityLeavesDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A renewal sent before the deadline runs on every node in time (each
+// moves the lock), but its replies are read just as the expiry timer
+// fires at the deadline. The renewal moved the lock on a majority and
+// Extend returns nil: the lease must be held with the new Deadline, not
+// ended by the timer a moment later (leaving the lock held on every node
+// for the new lease time by nobody, after Extend said renewed).
+func TestExpiryFiringAsRenewalLandsKeepsLease(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "expiry-as-renewal-lands", 600 * time.Millisecond
+	gates := make([]*gateExtend, len(srvs))
+	for i := range gates {
+		gates[i] = newGateExtend()
+	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	ctx := ctxFor(t)
+	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx, ttl); err != nil { // loads the script on every node
+		t.Fatal(err)
+	}
+	extended := make(chan error, 1)
+	landed := make(chan struct{}) // closed once Extend returned
+	fired := make(chan struct{})
+	redlock.SetExpiryFired(l, func() {
+		close(fired)
+		// The renewal's replies are read now.
+		for _, g := range gates {
+			close(g.open)
+		}
+		select {
+		case <-landed:
+		case <-time.After(5 * time.Second):
+		}
+	})
+	done := lease.Done() // arms the expiry timer
+	for _, g := range gates {
+		g.late.Store(true)
+	}
+	const longer = 10 * time.Second
+	go func() {
+		extended <- lease.Extend(ctx, longer)
+		close(landed)
+	}()
+	for _, g := range gates {
+		select {
+		case <-g.held:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the renewal did not run")
+		}
+	}
+	select {
+	case <-fired:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the expiry timer did not fire")
+	}
+	if err := <-extended; err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 3 {
+		t.Fatalf("locked on %v after the renewal, want every node", on)
+	}
+	select {
+	case <-done:
+		t.Fatalf("lease ended (%v) after Extend returned nil; the lock stays on every node for %v", lease.Err(), longer)
+	case <-time.After(100 * time.Millisecond): // the timer's end, if it comes, is immediate
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease ended after Extend returned nil: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
