@@ -189,7 +189,7 @@ func (ls *lease) armLocked() {
 			if f := ls.locker.expiryFired; f != nil {
 				f()
 			}
-			ls.endAs(cause, expiredError(name))
+			ls.endWhen(cause, expiredError(name), true)
 		})
 	}
 }
@@ -221,9 +221,14 @@ func (ls *lease) end(why error) {
 }
 
 // endAs is end with the cause to report to the Observer and the Logger.
-func (ls *lease) endAs(cause fence.LeaseCause, why error) {
+func (ls *lease) endAs(cause fence.LeaseCause, why error) { ls.endWhen(cause, why, false) }
+
+// endWhen is endAs; with expiring (the expiry timer's end), it ends the
+// lease only if its deadline has passed, checked as it ends it: a renewal
+// may have moved the deadline since the timer fired, and returned nil.
+func (ls *lease) endWhen(cause fence.LeaseCause, why error, expiring bool) {
 	ls.mu.Lock()
-	if ls.err != nil {
+	if ls.err != nil || expiring && time.Now().Before(ls.deadline) {
 		ls.mu.Unlock()
 		return
 	}
