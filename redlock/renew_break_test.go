@@ -3,6 +3,8 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -291,5 +293,84 @@ func TestExpiryFiringAsRenewalLandsKeepsLease(t *testing.T) {
 	}
 	if err := lease.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+}
+
+// A watchdog lease renewed by its watchdog while eight goroutines call
+// Extend on it over and over: the renewals take turns, none deadlocks or
+// ends the lease, and after each one that returns nil (and at the end) the
+// lock on a majority outlasts the Deadline. Release then frees every node
+// and nothing is left running.
+func TestWatchdogAndManyExtends(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "watchdog-many-extends", 300 * time.Millisecond
+	l := newLocker(t, srvs, &redlock.Options{WatchdogTTL: ttl, NodeTimeout: generous})
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	ctx := ctxFor(t)
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outlasts := func() (int, time.Duration) {
+		deadline := lease.Deadline()
+		n := 0
+		for _, s := range srvs {
+			before := time.Now()
+			d, err := s.Client(t).PTTL(ctx, lockKey(name)).Result()
+			if err != nil {
+				return 0, 0
+			}
+			if !before.Add(d).Before(deadline) {
+				n++
+			}
+		}
+		return n, time.Until(deadline)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				if err := lease.Extend(ctx, ttl); err != nil {
+					if lease.Err() != nil {
+						errs <- fmt.Errorf("lease ended: %w (Extend: %v)", lease.Err(), err)
+						return
+					}
+					continue // a renewal that failed (a slow machine) leaves the lease as it was
+				}
+			}
+		}()
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	for running := true; running; {
+		select {
+		case <-finished:
+			running = false
+		case <-time.After(20 * time.Millisecond):
+		}
+		if lease.Err() != nil {
+			break
+		}
+		if n, ahead := outlasts(); n < l.Quorum() && lease.Err() == nil {
+			t.Errorf("Deadline %v ahead outlasts the lock on all but %d nodes", ahead, n)
+		}
+	}
+	select {
+	case <-finished:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Extends did not finish: renewals deadlocked")
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) >= l.Quorum() {
+		t.Fatalf("locked on %v after Release", on)
 	}
 }
