@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -373,4 +374,121 @@ func TestWatchdogAndManyExtends(t *testing.T) {
 	if on := lockedOn(t, srvs, name); len(on) >= l.Quorum() {
 		t.Fatalf("locked on %v after Release", on)
 	}
+}
+
+// lateExtend is a hook on a node's client that, when armed, sends every
+// renewal with the lease's deadline on the node's clock set to 1 ms (a
+// mapping that erred very early): the node refuses it as late, before the
+// deadline has passed by the holder's clock. It counts the renewals sent.
+type lateExtend struct {
+	armed atomic.Bool
+	sent  atomic.Int32
+}
+
+func (h *lateExtend) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateExtend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *lateExtend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		// The extend script, by EVALSHA or (not loaded yet) EVAL: the
+		// only script with one key and three arguments.
+		if len(a) == 7 && fmt.Sprint(a[2]) == "1" && h.armed.Load() {
+			h.sent.Add(1)
+			a[6] = int64(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A watchdog lease whose renewals are all refused as late on every node
+// before its deadline: the refusals do not end it early (the lock stays on
+// every node until it runs out), it ends at its Deadline, not later than
+// the lock's expiry on a majority, and the watchdog stops renewing: the
+// lock runs out and another Locker takes it.
+func TestWatchdogRefusedLateEveryTime(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "watchdog-refused-late", 600 * time.Millisecond
+	hooks := make([]*lateExtend, len(srvs))
+	for i := range hooks {
+		hooks[i] = &lateExtend{}
+	}
+	cs := clientsWith(t, srvs, redis.Options{}, hooks[0], hooks[1], hooks[2])
+	l, err := redlock.New(cs, &redlock.Options{WatchdogTTL: ttl, NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	ctx := ctxFor(t)
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		h.armed.Store(true)
+	}
+	deadline := lease.Deadline()
+	var expires []time.Time
+	for _, s := range srvs {
+		before := time.Now()
+		d, err := s.Client(t).PTTL(ctx, lockKey(name)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		expires = append(expires, before.Add(d))
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease never ended")
+	}
+	ended := time.Now()
+	if ended.Before(deadline) {
+		t.Fatalf("lease ended %v before its Deadline: %v", deadline.Sub(ended), lease.Err())
+	}
+	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", lease.Err())
+	}
+	if got := lease.Deadline(); !got.Equal(deadline) {
+		t.Fatalf("Deadline moved from %v to %v by refused renewals", deadline, got)
+	}
+	outlast := 0
+	for _, e := range expires {
+		if !e.Before(deadline) {
+			outlast++
+		}
+	}
+	if outlast < l.Quorum() {
+		t.Fatalf("Deadline outlasts the lock on all but %d nodes", outlast)
+	}
+	sent := 0
+	for _, h := range hooks {
+		sent += int(h.sent.Load())
+	}
+	if sent < 3 {
+		t.Fatalf("%d renewals sent before the deadline, want the watchdog's retries", sent)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second) // not renewed: the lock runs out on every node
+	other := lateLocker(t, srvs, name)
+	next := acquireFast(t, other, name, time.Second)
+	if next.Token() <= lease.Token() {
+		t.Fatalf("token %d after %d", next.Token(), lease.Token())
+	}
+	after := 0
+	for _, h := range hooks {
+		after += int(h.sent.Load())
+	}
+	select {
+	case <-time.After(ttl): // the watchdog, were it running, would renew within ttl/12
+	case <-ctx.Done():
+	}
+	last := 0
+	for _, h := range hooks {
+		last += int(h.sent.Load())
+	}
+	if last != after {
+		t.Fatalf("%d renewals sent after the lease ended", last-after)
+	}
+	_ = next.Release(ctx)
 }
