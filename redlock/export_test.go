@@ -21,3 +21,7 @@ func ScriptHashes() (acquire, release string) { return acquireScript.Hash(), rel
 // ExtendHash is the SHA1 of the extend script, for hooks that pick out
 // renewals.
 func ExtendHash() string { return extendScript.Hash() }
+
+// SetExpiryFired makes every lease of l call f when its expiry timer fires
+// and finds the deadline not moved, before it ends the lease.
+func SetExpiryFired(l *Locker, f func()) { l.expiryFired = f }

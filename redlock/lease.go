@@ -186,7 +186,10 @@ func (ls *lease) armLocked() {
 				// timer) as the timer fired: the lease is held.
 				return
 			}
-			ls.endAs(cause, expiredError(name))
+			if f := ls.locker.expiryFired; f != nil {
+				f()
+			}
+			ls.endWhen(cause, expiredError(name), true)
 		})
 	}
 }
@@ -218,9 +221,14 @@ func (ls *lease) end(why error) {
 }
 
 // endAs is end with the cause to report to the Observer and the Logger.
-func (ls *lease) endAs(cause fence.LeaseCause, why error) {
+func (ls *lease) endAs(cause fence.LeaseCause, why error) { ls.endWhen(cause, why, false) }
+
+// endWhen is endAs; with expiring (the expiry timer's end), it ends the
+// lease only if its deadline has passed, checked as it ends it: a renewal
+// may have moved the deadline since the timer fired, and returned nil.
+func (ls *lease) endWhen(cause fence.LeaseCause, why error, expiring bool) {
 	ls.mu.Lock()
-	if ls.err != nil {
+	if ls.err != nil || expiring && time.Now().Before(ls.deadline) {
 		ls.mu.Unlock()
 		return
 	}
@@ -516,16 +524,14 @@ func (ls *lease) Release(ctx context.Context) error {
 		prev.mu.Unlock()
 	}
 	// A node whose grant has not come is sent the revocation: its 0 (the
-	// lock not this owner's) frees the node as a delete does, since the
+	// lock not there) frees the node as a delete does, since the
 	// acquisition, if it runs there after all, is refused. It is no sign
 	// that the lease was lost.
-	for i, u := range ungranted {
-		if u {
-			if f.ours == nil {
-				f.ours = make([]bool, n)
-			}
-			f.ours[i] = true
-		}
+	// Its -1, another owner holds the lock there, frees nothing: the
+	// lease's lock is not there, whether the acquisition never ran, was
+	// refused, or ran and was lost to that owner.
+	if ungranted != nil {
+		f.revoked = ungranted
 	}
 	// The requests do not end with ctx: one still out when Release
 	// returns is answered in the background, within the node timeout.
@@ -640,8 +646,12 @@ type relFanout struct {
 	// as deleted, not as a sign that the lease was lost (nil: none): on a
 	// retry, those where an earlier call's request failed or had not
 	// answered (it, or its background retry, may have deleted the lock
-	// there); and those revoked, whose grant had not come.
+	// there).
 	ours []bool
+	// revoked lists the nodes sent the revocation, whose grant had not
+	// come (nil: none): their 0 (the lock not there) counts as deleted,
+	// their -1 (another owner's lock there) as gone.
+	revoked []bool
 
 	mu      sync.Mutex
 	rs      []result // by node; got once its reply came
@@ -660,7 +670,7 @@ func (f *relFanout) reply(i int, v int64, err error, q int) (last bool) {
 	f.rs[i] = result{err: err, at: time.Now(), got: true}
 	if err == nil {
 		f.rs[i].res = oneReply(v)
-		if v == 1 || f.ours != nil && f.ours[i] {
+		if v == 1 || f.ours != nil && f.ours[i] || v == 0 && f.revoked != nil && f.revoked[i] {
 			f.deleted++
 		} else {
 			f.gone++

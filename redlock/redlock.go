@@ -153,6 +153,10 @@ type Locker struct {
 	// requests were sent and before their replies are read: a client
 	// paused at the worst moment.
 	beforeReplies func()
+	// expiryFired, if set (tests only), runs when a lease's expiry timer
+	// has fired and found the deadline not moved, before it ends the
+	// lease: a renewal's replies read at that moment.
+	expiryFired func()
 	// now is the clock that times an acquisition against its validity;
 	// tests move it.
 	now func() time.Time

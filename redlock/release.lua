@@ -3,6 +3,8 @@
 -- KEYS[3] (when revoking a lease's late node) the last-token record
 -- ARGV[1] owner, ARGV[2] (when revoking) how long the mark lives, ms,
 -- ARGV[3] (with KEYS[3]) the lease's token
+-- Returns 1 when it deleted the lock, 0 when the lock was not the owner's;
+-- when revoking, -1 when another owner holds it (the node is not free).
 -- Revoking gives up a try whose reply did not come in time: it may not have
 -- run yet (sitting in a paused node's socket). The mark makes the acquire
 -- script refuse that owner if it runs later, so the node is freed whichever
@@ -21,8 +23,12 @@ if ARGV[3] then
     redis.call('SET', KEYS[3], ARGV[3])
   end
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
+end
+if ARGV[2] and holder then
+  return -1
 end
 return 0
