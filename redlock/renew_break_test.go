@@ -71,16 +71,7 @@ func TestReleaseRevokedNodeHeldByOtherIsNotFreed(t *testing.T) {
 func TestReleaseWhileRenewalWaitsItsTurn(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "release-while-waiting", 10 * time.Second
-	gates := make([]*gateExtend, len(srvs))
-	for i := range gates {
-		gates[i] = newGateExtend()
-	}
-	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	l, gates := gatedLocker(t, srvs)
 	ctx := ctxFor(t)
 	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
 	if err != nil {
@@ -225,16 +216,7 @@ func TestRenewalOnMinorityLeavesDeadline(t *testing.T) {
 func TestExpiryFiringAsRenewalLandsKeepsLease(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "expiry-as-renewal-lands", 600 * time.Millisecond
-	gates := make([]*gateExtend, len(srvs))
-	for i := range gates {
-		gates[i] = newGateExtend()
-	}
-	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	l, gates := gatedLocker(t, srvs)
 	ctx := ctxFor(t)
 	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
 	if err != nil {

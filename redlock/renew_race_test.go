@@ -33,6 +33,27 @@ func newGateExtend() *gateExtend {
 	return &gateExtend{hash: redlock.ExtendHash(), held: make(chan struct{}), open: make(chan struct{})}
 }
 
+// gatedLocker returns a Locker over srvs with the generous node timeout,
+// closed (within 10 s) when the test ends, whose clients honour the
+// context's deadline on the socket and each carry a gateExtend, and the
+// gates, by node.
+func gatedLocker(t *testing.T, srvs []*redistest.Server) (*redlock.Locker, []*gateExtend) {
+	t.Helper()
+	gates := make([]*gateExtend, len(srvs))
+	hooks := make([]redis.Hook, len(srvs))
+	for i := range gates {
+		gates[i] = newGateExtend()
+		hooks[i] = gates[i]
+	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, hooks...)
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	return l, gates
+}
+
 func (g *gateExtend) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (g *gateExtend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
@@ -98,16 +119,7 @@ func waitNodePast(t *testing.T, s *redistest.Server, ms int64) {
 func TestStaleRenewalLeavesNoSecondHolder(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "stale-renewal", 500 * time.Millisecond
-	gates := make([]*gateExtend, len(srvs))
-	for i := range gates {
-		gates[i] = newGateExtend()
-	}
-	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	l, gates := gatedLocker(t, srvs)
 	ctx := ctxFor(t)
 	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
 	if err != nil {
@@ -275,16 +287,7 @@ func TestRenewalRefusedEarlyKeepsLease(t *testing.T) {
 func TestOlderRenewalReadLastKeepsDeadline(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name = "older-renewal-read-last"
-	gates := make([]*gateExtend, len(srvs))
-	for i := range gates {
-		gates[i] = newGateExtend()
-	}
-	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, gates[0], gates[1], gates[2])
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	l, gates := gatedLocker(t, srvs)
 	ctx := ctxFor(t)
 	lease, err := l.Acquire(ctx, name, fence.TTL(5*time.Second))
 	if err != nil {
