@@ -175,12 +175,15 @@ func TestBatchReleaseNotBehindWait(t *testing.T) {
 	}
 }
 
-// flushThenPause is a client hook that, before the first pipeline with two
-// or more scripts sent by SHA (a batch), flushes the server's script cache
-// (flush), so that they fail with NOSCRIPT, and before the first pipeline
-// with two or more sent in full (EVAL: that batch sent again), pauses the
-// replica (pause), so that its writes never reach it; names are the lock
-// keys in the latter.
+// flushThenPause is a client hook that, before the first synced batch (a
+// pipeline with WAIT and two or more scripts sent by SHA), flushes the
+// server's script cache (flush), so that they fail with NOSCRIPT, and
+// before the first synced pipeline with two or more sent in full (EVAL:
+// that batch sent again), pauses the replica (pause), so that its writes
+// never reach it; names are the lock keys in the latter. Pipelines without
+// WAIT are not looked at: the unsynced batcher's (releases) fail NOSCRIPT
+// after the flush too, and are sent again in full, but their locks were
+// acquired, and synced, before it.
 type flushThenPause struct {
 	flush, pause func()
 
@@ -195,16 +198,20 @@ func (h *flushThenPause) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		var bySHA int
 		var names []string
+		synced := false
 		for _, cmd := range cmds {
 			switch cmd.Name() {
 			case "evalsha":
 				bySHA++
 			case "eval":
 				names = append(names, fmt.Sprint(cmd.Args()[3]))
+			case "wait":
+				synced = true
 			}
 		}
 		h.mu.Lock()
 		switch {
+		case !synced:
 		case !h.flushed && bySHA >= 2:
 			h.flushed = true
 			h.flush()
