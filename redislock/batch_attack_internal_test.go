@@ -569,9 +569,19 @@ func TestUnsyncedTakeReplicaPausedBeforeConfirm(t *testing.T) {
 		}
 		first <- err
 	}()
+	// The first waiter is queued, subscribed, and asleep after its last
+	// try: it tries once more at once after its subscription is confirmed
+	// (see Acquire), and a lock found free by that try is its own, taken
+	// with WAIT; the Acquire below then found no waiter and went synced,
+	// with a lease as it should (seen under load: 2 in a few hundred
+	// runs). Its timer is set only when it sleeps.
 	eventually(t, func() bool {
+		l.mu.Lock()
+		w := l.subscriptions[k.channel]
+		asleep := w != nil && len(w.waiters) == 1 && !w.waiters[0].until.IsZero()
+		l.mu.Unlock()
 		subs := admin.PubSubNumSub(ctx, k.channel).Val()[k.channel]
-		return admin.LLen(ctx, k.queue).Val() == 1 && subs == 1
+		return asleep && admin.LLen(ctx, k.queue).Val() == 1 && subs == 1
 	})
 	// The holder's lease runs out and the queue is lost: the next Acquire
 	// finds the lock free.
@@ -579,14 +589,14 @@ func TestUnsyncedTakeReplicaPausedBeforeConfirm(t *testing.T) {
 		t.Fatal(err)
 	}
 	ls, err := l.Acquire(ctx, name, fence.Wait(time.Second), fence.TTL(time.Minute))
-	if err == nil {
-		t.Fatalf("a lease (token %d) from a take the replica never acknowledged", ls.Token())
-	}
 	h.mu.Lock()
 	paused := h.paused
 	h.mu.Unlock()
 	if !paused {
 		t.Fatalf("no try without WAIT took the lock (Acquire: %v)", err)
+	}
+	if err == nil {
+		t.Fatalf("a lease (token %d) from a take the replica never acknowledged", ls.Token())
 	}
 	if !errors.Is(err, fence.ErrNotReplicated) {
 		t.Errorf("Acquire = %v; want fence.ErrNotReplicated", err)
