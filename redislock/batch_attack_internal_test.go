@@ -175,12 +175,15 @@ func TestBatchReleaseNotBehindWait(t *testing.T) {
 	}
 }
 
-// flushThenPause is a client hook that, before the first pipeline with two
-// or more scripts sent by SHA (a batch), flushes the server's script cache
-// (flush), so that they fail with NOSCRIPT, and before the first pipeline
-// with two or more sent in full (EVAL: that batch sent again), pauses the
-// replica (pause), so that its writes never reach it; names are the lock
-// keys in the latter.
+// flushThenPause is a client hook that, before the first synced batch (a
+// pipeline with WAIT and two or more scripts sent by SHA), flushes the
+// server's script cache (flush), so that they fail with NOSCRIPT, and
+// before the first synced pipeline with two or more sent in full (EVAL:
+// that batch sent again), pauses the replica (pause), so that its writes
+// never reach it; names are the lock keys in the latter. Pipelines without
+// WAIT are not looked at: the unsynced batcher's (releases) fail NOSCRIPT
+// after the flush too, and are sent again in full, but their locks were
+// acquired, and synced, before it.
 type flushThenPause struct {
 	flush, pause func()
 
@@ -195,16 +198,20 @@ func (h *flushThenPause) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		var bySHA int
 		var names []string
+		synced := false
 		for _, cmd := range cmds {
 			switch cmd.Name() {
 			case "evalsha":
 				bySHA++
 			case "eval":
 				names = append(names, fmt.Sprint(cmd.Args()[3]))
+			case "wait":
+				synced = true
 			}
 		}
 		h.mu.Lock()
 		switch {
+		case !synced:
 		case !h.flushed && bySHA >= 2:
 			h.flushed = true
 			h.flush()
@@ -562,9 +569,19 @@ func TestUnsyncedTakeReplicaPausedBeforeConfirm(t *testing.T) {
 		}
 		first <- err
 	}()
+	// The first waiter is queued, subscribed, and asleep after its last
+	// try: it tries once more at once after its subscription is confirmed
+	// (see Acquire), and a lock found free by that try is its own, taken
+	// with WAIT; the Acquire below then found no waiter and went synced,
+	// with a lease as it should (seen under load: 2 in a few hundred
+	// runs). Its timer is set only when it sleeps.
 	eventually(t, func() bool {
+		l.mu.Lock()
+		w := l.subscriptions[k.channel]
+		asleep := w != nil && len(w.waiters) == 1 && !w.waiters[0].until.IsZero()
+		l.mu.Unlock()
 		subs := admin.PubSubNumSub(ctx, k.channel).Val()[k.channel]
-		return admin.LLen(ctx, k.queue).Val() == 1 && subs == 1
+		return asleep && admin.LLen(ctx, k.queue).Val() == 1 && subs == 1
 	})
 	// The holder's lease runs out and the queue is lost: the next Acquire
 	// finds the lock free.
@@ -572,14 +589,14 @@ func TestUnsyncedTakeReplicaPausedBeforeConfirm(t *testing.T) {
 		t.Fatal(err)
 	}
 	ls, err := l.Acquire(ctx, name, fence.Wait(time.Second), fence.TTL(time.Minute))
-	if err == nil {
-		t.Fatalf("a lease (token %d) from a take the replica never acknowledged", ls.Token())
-	}
 	h.mu.Lock()
 	paused := h.paused
 	h.mu.Unlock()
 	if !paused {
 		t.Fatalf("no try without WAIT took the lock (Acquire: %v)", err)
+	}
+	if err == nil {
+		t.Fatalf("a lease (token %d) from a take the replica never acknowledged", ls.Token())
 	}
 	if !errors.Is(err, fence.ErrNotReplicated) {
 		t.Errorf("Acquire = %v; want fence.ErrNotReplicated", err)
