@@ -317,6 +317,7 @@ func TestTokenSurvivesRestartBesideGrantReadAfterRelease(t *testing.T) {
 	if err := warm.Release(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
+	waitUnlocked(t, srvs, name, 5*time.Second) // Release returns at a majority
 	ahead := time.Now().Add(time.Hour).UnixMicro()
 	if err := srvs[0].Client(t).Set(ctxFor(t), lockKey(name)+":token", ahead, 0).Err(); err != nil {
 		t.Fatal(err)

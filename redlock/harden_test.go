@@ -177,6 +177,9 @@ func TestFailedTryReleasedAfterNodesWake(t *testing.T) {
 	if err := warm.Release(ctxFor(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
+	// Release returns at a majority: the third node's delete may still be
+	// on its way, and found there the try below would see the lock held.
+	waitUnlocked(t, srvs, name, 5*time.Second)
 	stopped := srvs[1:]
 	for _, s := range stopped {
 		s.Signal(syscall.SIGSTOP)
@@ -401,6 +404,7 @@ func TestLateNodesKeepNothing(t *testing.T) {
 		if err := warm.Release(ctxFor(t)); err != nil {
 			t.Fatal(err)
 		}
+		waitUnlocked(t, srvs, name, 5*time.Second) // Release returns at a majority
 		paused := []*redistest.Server{srvs[0], srvs[2], srvs[4]}
 		before := make([]int, len(paused))
 		for i, s := range paused {
@@ -477,6 +481,7 @@ func TestLateGrantJoinsLease(t *testing.T) {
 	if err := warm.Release(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
+	waitUnlocked(t, srvs, name, 5*time.Second) // Release returns at a majority
 	late := srvs[2]
 	before := scriptCalls(t, late)
 	late.Signal(syscall.SIGSTOP)

@@ -352,6 +352,7 @@ func TestHungNodeSkipped(t *testing.T) {
 	if err := warm.Release(ctxFor(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
+	waitUnlocked(t, srvs, name, 5*time.Second) // Release returns at a majority
 	// The warm-up's release may have revoked its acquisition on a node
 	// whose grant had not come yet: only this test's marks count.
 	if old, err := srvs[4].Client(t).Keys(ctxFor(t), lockKey(name)+":revoked:*").Result(); err != nil {
