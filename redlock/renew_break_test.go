@@ -25,18 +25,7 @@ import (
 func TestReleaseRevokedNodeHeldByOtherIsNotFreed(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "release-revoked-taken", 30 * time.Second
-	drop := &slowAcquire{drop: true}
-	cs := clientsWith(t, srvs, lateOptions, nil, nil, drop)
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
-	warm := acquireFast(t, l, name, ttl) // scripts loaded, connections made
-	if err := warm.Release(ctxFor(t)); err != nil {
-		t.Fatal(err)
-	}
-	waitUnlocked(t, srvs, name, 5*time.Second)
+	l, drop := droppingLocker(t, srvs, name, ttl)
 	other := lateLocker(t, srvs, name)
 	drop.armed.Store(true)
 	lease := acquireFast(t, l, name, ttl)
@@ -52,7 +41,7 @@ func TestReleaseRevokedNodeHeldByOtherIsNotFreed(t *testing.T) {
 	if lease.Err() != nil {
 		t.Fatalf("first lease ended before Release: %v", lease.Err())
 	}
-	err = lease.Release(ctxFor(t))
+	err := lease.Release(ctxFor(t))
 	if !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release of a lease whose lock another Locker holds on nodes 0 and 2 = %v, want ErrLeaseLost", err)
 	}

@@ -358,23 +358,12 @@ func TestOlderRenewalReadLastKeepsDeadline(t *testing.T) {
 func TestReleaseCountsRevokedNodeAsFreed(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name, ttl = "release-revoked", 30 * time.Second
-	drop := &slowAcquire{drop: true}
-	cs := clientsWith(t, srvs, lateOptions, nil, nil, drop)
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
-	warm := acquireFast(t, l, name, ttl) // scripts loaded, connections made
-	if err := warm.Release(ctxFor(t)); err != nil {
-		t.Fatal(err)
-	}
-	waitUnlocked(t, srvs, name, 5*time.Second)
+	l, drop := droppingLocker(t, srvs, name, ttl)
 	drop.armed.Store(true)
 	lease := acquireFast(t, l, name, ttl)
 	resume := pause(t, srvs[1:2])
 	start := time.Now()
-	err = lease.Release(ctxFor(t))
+	err := lease.Release(ctxFor(t))
 	took := time.Since(start)
 	if err != nil {
 		t.Fatalf("Release with node 1 hung and node 2 revoked = %v after %v, want nil", err, took)
@@ -392,4 +381,26 @@ func TestReleaseCountsRevokedNodeAsFreed(t *testing.T) {
 	if on := lockedOn(t, srvs, name); len(on) != 0 {
 		t.Fatalf("locked on %v after Close", on)
 	}
+}
+
+// droppingLocker returns a Locker over srvs with the late clients and node
+// timeout (closed within 10 s when the test ends), warmed up on name with
+// a lease of ttl and left unlocked everywhere, and the slowAcquire hook on
+// node 2's client that, once armed, drops the next acquisition there (it
+// never runs).
+func droppingLocker(t *testing.T, srvs []*redistest.Server, name string, ttl time.Duration) (*redlock.Locker, *slowAcquire) {
+	t.Helper()
+	drop := &slowAcquire{drop: true}
+	cs := clientsWith(t, srvs, lateOptions, nil, nil, drop)
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	warm := acquireFast(t, l, name, ttl) // scripts loaded, connections made
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second)
+	return l, drop
 }
