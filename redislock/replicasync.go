@@ -346,6 +346,12 @@ func (l *Locker) evalSyncedOr(ctx context.Context, noWait bool, script *redis.Sc
 	var expected int
 	node, last := "", redis.Cmdable(l.client)
 	if !l.sharded {
+		if l.conn == nil {
+			// A Ring's shard; any other client is its own primary.
+			if node, last, err = l.primaryFor(ctx, keys.names[0]); err != nil {
+				return nil, 0, 0, err
+			}
+		}
 		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, noWait, script, keys, args)
 	} else {
 		err = l.onSlotMaster(ctx, keys.names[0], func(addr string, c redis.Cmdable, asking bool) error {
@@ -714,16 +720,28 @@ func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*r
 }
 
 // primaryFor returns the client of the primary that owns key and a name for
-// it: on a cluster the slot owner's node client and its address, else the
-// client itself and "".
+// it: on a cluster the slot owner's node client and its address; on a Ring
+// the client of the shard the Ring puts key on (by its hash tag, so every
+// key of a lock name) and its address; else the client itself and "".
+//
+// A Ring's own client must not carry replica sync's commands: it routes a
+// key-less command (WAIT) to a shard of its own choosing, not to the one
+// that ran the script, and the replica record's key to whichever shard it
+// hashes to.
 func (l *Locker) primaryFor(ctx context.Context, key string) (string, redis.Cmdable, error) {
-	cc, ok := l.client.(*redis.ClusterClient)
-	if !ok {
-		return "", l.client, nil
+	switch c := l.client.(type) {
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return "", nil, err
+		}
+		return node.Options().Addr, node, nil
+	case *redis.Ring:
+		shard, err := c.GetShardClientForKey(key)
+		if err != nil {
+			return "", nil, err
+		}
+		return shard.Options().Addr, shard, nil
 	}
-	node, err := cc.MasterForKey(ctx, key)
-	if err != nil {
-		return "", nil, err
-	}
-	return node.Options().Addr, node, nil
+	return "", l.client, nil
 }

@@ -1,6 +1,7 @@
 package redislock_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fencetest"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
@@ -96,6 +98,37 @@ func TestRingSyncOnLockShard(t *testing.T) {
 			rec, err := s.primary.Client(t).Get(ctx(t), replicaRecord).Result()
 			if err != nil || !strings.HasSuffix(rec, fmt.Sprintf(" %d", want)) {
 				t.Errorf("%s: replica record on the lock's shard = %q, %v; want its count %d", s.name, rec, err, want)
+			}
+		}
+		if want > 0 {
+			// SetExpectedReplicas writes the lock shard's record, and no
+			// other shard's.
+			records := func() []string {
+				var recs []string
+				for _, o := range shards {
+					rec, _ := o.primary.Client(t).Get(ctx(t), replicaRecord).Result()
+					recs = append(recs, rec)
+				}
+				return recs
+			}
+			before := records()
+			if err := l.SetExpectedReplicas(ctx(t), name, want+1); err != nil {
+				t.Fatal(err)
+			}
+			after := records()
+			for i, o := range shards {
+				if o == s && !strings.HasSuffix(after[i], fmt.Sprintf(" %d", want+1)) {
+					t.Errorf("%s: record after SetExpectedReplicas(%d) = %q", s.name, want+1, after[i])
+				}
+				if o != s && after[i] != before[i] {
+					t.Errorf("SetExpectedReplicas on %s changed %s's record from %q to %q", s.name, o.name, before[i], after[i])
+				}
+			}
+			if r, err := l.ReplicaCounts(ctx(t), name); err != nil || r.Expected != want+1 {
+				t.Errorf("%s: ReplicaCounts after SetExpectedReplicas(%d) = %+v, %v", s.name, want+1, r, err)
+			}
+			if err := l.SetExpectedReplicas(ctx(t), name, want); err != nil {
+				t.Fatal(err)
 			}
 		}
 		if want == 0 {
@@ -187,4 +220,26 @@ func ringNames(t *testing.T) (bare, withReplica string) {
 	}
 	t.Fatal("no pair of shard names splits WAIT from the replica record")
 	return "", ""
+}
+
+// TestRingConformance runs the conformance suite on a Ring of two
+// primaries, each with a replica, with replica sync on (discovering the
+// counts): each Locker has a Ring of its own, as each process would.
+func TestRingConformance(t *testing.T) {
+	_, shards := startRing(t, 1, 1)
+	addrs := map[string]string{}
+	for _, s := range shards {
+		addrs[s.name] = s.primary.Addr
+	}
+	newRing := func(t testing.TB) *redis.Ring {
+		r := redis.NewRing(&redis.RingOptions{Addrs: addrs})
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	admin := newRing(t)
+	fencetest.Run(t, fencetest.Config{
+		New:         func(t testing.TB) fence.Locker { return newLocker(t, newRing(t)) },
+		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		WatchdogTTL: watchdogTTL,
+	})
 }
