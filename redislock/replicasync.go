@@ -28,6 +28,11 @@ const (
 // again, with back-off, until the budget ends). Renewals are confirmed the same way;
 // an unconfirmed renewal does not move the lease's deadline.
 //
+// On a *redis.Ring the script, its WAIT and the replica record go to the
+// shard that holds the lock (the Ring's own client would send the
+// key-less WAIT, and the record's key, to other shards), and each shard
+// keeps its own record.
+//
 // It fails closed: a replica that was seen and is gone (link cut, process
 // stopped) is still waited for, by every Locker of that primary, so its
 // acquisitions are refused rather than confirmed by nobody. A Locker reads
@@ -255,8 +260,8 @@ func parseReplication(info string) (replicas int, replid string) {
 }
 
 // ReplicaCounts reads the replica counts of the primary that serves the lock
-// called name (on a cluster, the master of its slot; otherwise the one
-// primary). It changes nothing on the server. Expected is
+// called name (on a cluster, the master of its slot; on a Ring, the shard
+// the Ring puts the name's keys on now; otherwise the one primary). It changes nothing on the server. Expected is
 // ReplicaSync.Replicas when that is set.
 func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts, error) {
 	if err := fence.ValidateName(name); err != nil {
@@ -276,8 +281,9 @@ func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts,
 }
 
 // SetExpectedReplicas replaces the expected replica count recorded on the
-// primary that serves the lock called name; on a standalone or Sentinel
-// deployment that is the count every Locker of that primary uses. Call it
+// primary that serves the lock called name (on a Ring, the record of the
+// name's shard); on a standalone, Sentinel or Ring deployment that is the
+// count every Locker of that primary uses. Call it
 // when a replica is decommissioned: the record is otherwise never lowered
 // while the primary keeps its replication id. The record is raised again as
 // soon as more replicas than n are connected. Other processes notice within
@@ -633,7 +639,7 @@ const (
 // onSlotMaster calls run with the client of the primary that owns key (on
 // a cluster the slot master's node client, since a pipeline on the cluster
 // client would send the key-less WAIT to any node; otherwise the client
-// itself). On a cluster, when run fails with a redirection it follows it:
+// primaryFor names). On a cluster, when run fails with a redirection it follows it:
 // after MOVED it calls run again on the named node; after ASK it calls run
 // on the importing node with asking set, so that run sends ASKING first on
 // the same connection; after TRYAGAIN (a multi-key script while a slot's
@@ -741,7 +747,18 @@ func (l *Locker) primaryFor(ctx context.Context, key string) (string, redis.Cmda
 		if err != nil {
 			return "", nil, err
 		}
-		return shard.Options().Addr, shard, nil
+		return shardName(shard), shard, nil
 	}
 	return "", l.client, nil
+}
+
+// shardName names a Ring's shard client for the replica-count cache: its
+// address, or, for a Sentinel failover client (a Ring's NewClient may make
+// them), whose address is "FailoverClient" for every shard, that and the
+// client's identity.
+func shardName(c *redis.Client) string {
+	if addr := c.Options().Addr; addr != "FailoverClient" {
+		return addr
+	}
+	return fmt.Sprintf("FailoverClient %p", c)
 }
