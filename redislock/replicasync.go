@@ -503,12 +503,13 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 
 // pipeline returns a pipeline on c: for the Locker's own client one from
 // l.pipes, also returned as pooled to be put back once Exec has emptied it;
-// for another (a cluster node's client) a new one.
+// for another (a cluster node's or a Ring shard's client) a new one.
 //
 // Only a *redis.Client's pipelines are pooled: its pipeline is bound to it
 // for good. A caller's own UniversalClient may send a new pipeline elsewhere
 // (it switched servers), and may be a type that == cannot compare, so it
-// gets a new pipeline each time, as does a cluster node's client.
+// gets a new pipeline each time, as does a cluster node's or a Ring
+// shard's client.
 func (l *Locker) pipeline(c redis.Cmdable) (pipe redis.Pipeliner, pooled *redis.Pipeline) {
 	own, _ := l.client.(*redis.Client)
 	if rc, _ := c.(*redis.Client); own == nil || rc != own {
