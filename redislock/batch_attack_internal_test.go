@@ -383,8 +383,8 @@ func TestBatchClientVariants(t *testing.T) {
 	}
 }
 
-// TestRingWaiter: a *redis.Ring is not among the clients New names, but
-// one of one shard works (TestRing); a waiting Acquire on it must too. Its
+// TestRingWaiter: a waiting Acquire on a *redis.Ring (here of one shard)
+// must work. Its
 // subscription crashed the process (go-redis's Ring.Subscribe panics when
 // asked for a subscription without a channel).
 func TestRingWaiter(t *testing.T) {

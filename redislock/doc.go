@@ -1,5 +1,6 @@
 // Package redislock implements fence.Locker on Redis 7.0 or newer, through the
-// caller's go-redis v9 client: standalone, Sentinel failover or Cluster.
+// caller's go-redis v9 client: standalone, Sentinel failover, Cluster or Ring
+// (see Ring below for what a Ring does not give).
 //
 // # Keys
 //
@@ -48,6 +49,34 @@
 // TRYAGAIN, so a slot migration does not fail acquisitions; waiters
 // subscribe again on the slot's new node when Redis drops their
 // subscription.
+//
+// # Ring
+//
+// On a *redis.Ring every key and the channel of a lock name go to the shard
+// the Ring hashes the name's tag {N} to, and replica sync runs there: the
+// script and its WAIT on one connection to that shard, the expected count
+// read from, and recorded on, that shard (each shard has its own
+// P:replicas). Hooks added to the Ring itself do not see the synced calls,
+// which go to the shard's client; hooks added to the shard clients
+// (Ring.OnNewNode) see every call.
+//
+// A Ring is not a cluster: each Ring client decides on its own, from its
+// heartbeats, that a shard is down, and then hashes that shard's keys to
+// the others (as it does when its addresses are changed). A lock taken on
+// one shard can then be taken again on another, by the same process or by
+// one whose Ring still sees the first shard: two holders at once, and
+// replica sync does not prevent it. Their tokens stay increasing only by
+// the clock floor: the second shard has no token record for the name, or
+// an older one, so its token is its clock in microseconds, larger than
+// the first holder's provided the two hosts' clocks differ by less than
+// the time between the two acquisitions. A resource that checks tokens
+// then refuses the older holder; nothing else does (the older lease ends
+// at its next renewal, which goes to the new shard and finds the lock not
+// its own, or at its deadline). When the shard comes back its keys move back, to a lock that
+// may still be held there. Waiters stay subscribed on the shard they
+// subscribed on and, after a reshard, may miss their grant and take the
+// lock only when their timers fire. Use a Cluster, or a Sentinel-managed
+// primary, where a lock must hold while a node is lost.
 //
 // # Waiting
 //

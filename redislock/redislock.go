@@ -101,10 +101,14 @@ type Locker struct {
 
 var _ fence.Locker = (*Locker)(nil)
 
-// New returns a Locker on client: a *redis.Client, a Sentinel failover client
-// or a *redis.ClusterClient. It needs Redis 7.0 or newer. opts may be nil.
-// New sends nothing to Redis. It returns an error matching
+// New returns a Locker on client: a *redis.Client, a Sentinel failover client,
+// a *redis.ClusterClient or a *redis.Ring. It needs Redis 7.0 or newer. opts
+// may be nil. New sends nothing to Redis. It returns an error matching
 // fence.ErrInvalidOption when client is nil or an option is out of range.
+//
+// A Ring keeps each lock name on one shard, and replica sync runs on that
+// shard, but it gives up mutual exclusion when it reshards: see "Ring" in
+// the package documentation.
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: redislock: nil client", fence.ErrInvalidOption)

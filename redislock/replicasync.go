@@ -28,6 +28,11 @@ const (
 // again, with back-off, until the budget ends). Renewals are confirmed the same way;
 // an unconfirmed renewal does not move the lease's deadline.
 //
+// On a *redis.Ring the script, its WAIT and the replica record go to the
+// shard that holds the lock (the Ring's own client would send the
+// key-less WAIT, and the record's key, to other shards), and each shard
+// keeps its own record.
+//
 // It fails closed: a replica that was seen and is gone (link cut, process
 // stopped) is still waited for, by every Locker of that primary, so its
 // acquisitions are refused rather than confirmed by nobody. A Locker reads
@@ -255,8 +260,8 @@ func parseReplication(info string) (replicas int, replid string) {
 }
 
 // ReplicaCounts reads the replica counts of the primary that serves the lock
-// called name (on a cluster, the master of its slot; otherwise the one
-// primary). It changes nothing on the server. Expected is
+// called name (on a cluster, the master of its slot; on a Ring, the shard
+// the Ring puts the name's keys on now; otherwise the one primary). It changes nothing on the server. Expected is
 // ReplicaSync.Replicas when that is set.
 func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts, error) {
 	if err := fence.ValidateName(name); err != nil {
@@ -276,8 +281,9 @@ func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts,
 }
 
 // SetExpectedReplicas replaces the expected replica count recorded on the
-// primary that serves the lock called name; on a standalone or Sentinel
-// deployment that is the count every Locker of that primary uses. Call it
+// primary that serves the lock called name (on a Ring, the record of the
+// name's shard); on a standalone, Sentinel or Ring deployment that is the
+// count every Locker of that primary uses. Call it
 // when a replica is decommissioned: the record is otherwise never lowered
 // while the primary keeps its replication id. The record is raised again as
 // soon as more replicas than n are connected. Other processes notice within
@@ -346,6 +352,12 @@ func (l *Locker) evalSyncedOr(ctx context.Context, noWait bool, script *redis.Sc
 	var expected int
 	node, last := "", redis.Cmdable(l.client)
 	if !l.sharded {
+		if l.conn == nil {
+			// A Ring's shard; any other client is its own primary.
+			if node, last, err = l.primaryFor(ctx, keys.names[0]); err != nil {
+				return nil, 0, 0, err
+			}
+		}
 		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, noWait, script, keys, args)
 	} else {
 		err = l.onSlotMaster(ctx, keys.names[0], func(addr string, c redis.Cmdable, asking bool) error {
@@ -491,12 +503,13 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 
 // pipeline returns a pipeline on c: for the Locker's own client one from
 // l.pipes, also returned as pooled to be put back once Exec has emptied it;
-// for another (a cluster node's client) a new one.
+// for another (a cluster node's or a Ring shard's client) a new one.
 //
 // Only a *redis.Client's pipelines are pooled: its pipeline is bound to it
 // for good. A caller's own UniversalClient may send a new pipeline elsewhere
 // (it switched servers), and may be a type that == cannot compare, so it
-// gets a new pipeline each time, as does a cluster node's client.
+// gets a new pipeline each time, as does a cluster node's or a Ring
+// shard's client.
 func (l *Locker) pipeline(c redis.Cmdable) (pipe redis.Pipeliner, pooled *redis.Pipeline) {
 	own, _ := l.client.(*redis.Client)
 	if rc, _ := c.(*redis.Client); own == nil || rc != own {
@@ -627,7 +640,7 @@ const (
 // onSlotMaster calls run with the client of the primary that owns key (on
 // a cluster the slot master's node client, since a pipeline on the cluster
 // client would send the key-less WAIT to any node; otherwise the client
-// itself). On a cluster, when run fails with a redirection it follows it:
+// primaryFor names). On a cluster, when run fails with a redirection it follows it:
 // after MOVED it calls run again on the named node; after ASK it calls run
 // on the importing node with asking set, so that run sends ASKING first on
 // the same connection; after TRYAGAIN (a multi-key script while a slot's
@@ -714,16 +727,39 @@ func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*r
 }
 
 // primaryFor returns the client of the primary that owns key and a name for
-// it: on a cluster the slot owner's node client and its address, else the
-// client itself and "".
+// it: on a cluster the slot owner's node client and its address; on a Ring
+// the client of the shard the Ring puts key on (by its hash tag, so every
+// key of a lock name) and its address; else the client itself and "".
+//
+// A Ring's own client must not carry replica sync's commands: it routes a
+// key-less command (WAIT) to a shard of its own choosing, not to the one
+// that ran the script, and the replica record's key to whichever shard it
+// hashes to.
 func (l *Locker) primaryFor(ctx context.Context, key string) (string, redis.Cmdable, error) {
-	cc, ok := l.client.(*redis.ClusterClient)
-	if !ok {
-		return "", l.client, nil
+	switch c := l.client.(type) {
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return "", nil, err
+		}
+		return node.Options().Addr, node, nil
+	case *redis.Ring:
+		shard, err := c.GetShardClientForKey(key)
+		if err != nil {
+			return "", nil, err
+		}
+		return shardName(shard), shard, nil
 	}
-	node, err := cc.MasterForKey(ctx, key)
-	if err != nil {
-		return "", nil, err
+	return "", l.client, nil
+}
+
+// shardName names a Ring's shard client for the replica-count cache: its
+// address, or, for a Sentinel failover client (a Ring's NewClient may make
+// them), whose address is "FailoverClient" for every shard, that and the
+// client's identity.
+func shardName(c *redis.Client) string {
+	if addr := c.Options().Addr; addr != "FailoverClient" {
+		return addr
 	}
-	return node.Options().Addr, node, nil
+	return fmt.Sprintf("FailoverClient %p", c)
 }

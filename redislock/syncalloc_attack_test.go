@@ -333,9 +333,9 @@ func TestSyncedStorm(t *testing.T) {
 	}
 }
 
-// TestRing: a *redis.Ring is not among the clients New names; whatever it
-// did before the Locker pooled its pipelines it must still do: here, with
-// one shard, work, replica sync included.
+// TestRing: whatever a *redis.Ring did before the Locker pooled its
+// pipelines it must still do: here, with one shard, work, replica sync
+// included (ring_test.go has Rings of several shards).
 func TestRing(t *testing.T) {
 	primary := redistest.Start(t)
 	redistest.StartReplica(t, primary)
