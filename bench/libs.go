@@ -142,12 +142,15 @@ var (
 	limitUnlock = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 )
 
+// limitRow names the limit's row.
+const limitRow = "limit: 2 × EVALSHA (go-redis)"
+
 // limit is the raw floor: two EVALSHA round trips through go-redis per
 // acquire+release, and no waiting (it fails instead), so it only serves the
 // uncontended and distinct-key workloads.
 func limit(addr string) *lib {
 	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
-	return &lib{name: "limit: 2 × EVALSHA (go-redis)", close: func() { _ = c.Close() },
+	return &lib{name: limitRow, close: func() { _ = c.Close() },
 		acquire: func(ctx context.Context, key string) (func(), error) {
 			ok, err := limitLock.Run(ctx, c, []string{key}, "me", leaseTTL.Milliseconds()).Int()
 			if err != nil {
@@ -158,4 +161,38 @@ func limit(addr string) *lib {
 			}
 			return func() { _ = limitUnlock.Run(ctx, c, []string{key}, "me").Err() }, nil
 		}}
+}
+
+const limitSyncedRow = "limit: EVALSHA+WAIT 1, EVALSHA (go-redis)"
+
+// limitSynced is limit with replica sync: the lock script and WAIT 1 in
+// one pipeline (one connection, one round trip), then the unlock script.
+func limitSynced(addr string) *lib {
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+	l := &lib{name: limitSyncedRow, close: func() { _ = c.Close() }}
+	l.acquire = func(ctx context.Context, key string) (func(), error) {
+		var ok, acked *redis.Cmd
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			ok = limitLock.EvalSha(ctx, p, []string{key}, "me", leaseTTL.Milliseconds())
+			acked = p.Do(ctx, "WAIT", 1, 1000)
+			return nil
+		})
+		if redis.HasErrorPrefix(err, "NOSCRIPT") { // the first time
+			if err := limitLock.Load(ctx, c).Err(); err != nil {
+				return nil, err
+			}
+			return l.acquire(ctx, key)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n, _ := ok.Int(); n == 0 {
+			return nil, errors.New("limit: held")
+		}
+		if n, _ := acked.Int(); n < 1 {
+			return nil, errors.New("limit: not replicated")
+		}
+		return func() { _ = limitUnlock.Run(ctx, c, []string{key}, "me").Err() }, nil
+	}
+	return l
 }

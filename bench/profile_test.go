@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -230,7 +229,7 @@ func BenchmarkP50(b *testing.B) {
 	for _, l := range all {
 		defer l.close()
 		switch l.name {
-		case "fence (sync off)", "fence (sync on, 1 replica)", "bsm/redislock", "limit: 2 × EVALSHA (go-redis)", limitSyncedRow:
+		case "fence (sync off)", "fence (sync on, 1 replica)", "bsm/redislock", limitRow, limitSyncedRow:
 			ls = append(ls, l)
 		}
 	}
@@ -251,38 +250,4 @@ func BenchmarkP50(b *testing.B) {
 		slices.Sort(p50s[i])
 		b.Logf("%-45s p50 median %6.1f µs, rounds %v", l.name, float64(p50s[i][len(p50s[i])/2].Nanoseconds())/1000, rounds)
 	}
-}
-
-const limitSyncedRow = "limit: EVALSHA+WAIT 1, EVALSHA (go-redis)"
-
-// limitSynced is limit with replica sync: the lock script and WAIT 1 in
-// one pipeline (one connection, one round trip), then the unlock script.
-func limitSynced(addr string) *lib {
-	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
-	l := &lib{name: limitSyncedRow, close: func() { _ = c.Close() }}
-	l.acquire = func(ctx context.Context, key string) (func(), error) {
-		var ok, acked *redis.Cmd
-		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			ok = limitLock.EvalSha(ctx, p, []string{key}, "me", leaseTTL.Milliseconds())
-			acked = p.Do(ctx, "WAIT", 1, 1000)
-			return nil
-		})
-		if redis.HasErrorPrefix(err, "NOSCRIPT") { // the first time
-			if err := limitLock.Load(ctx, c).Err(); err != nil {
-				return nil, err
-			}
-			return l.acquire(ctx, key)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if n, _ := ok.Int(); n == 0 {
-			return nil, errors.New("limit: held")
-		}
-		if n, _ := acked.Int(); n < 1 {
-			return nil, errors.New("limit: not replicated")
-		}
-		return func() { _ = limitUnlock.Run(ctx, c, []string{key}, "me").Err() }, nil
-	}
-	return l
 }

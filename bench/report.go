@@ -32,7 +32,7 @@ func met(ok bool) string {
 }
 
 // report renders BENCHMARKS.md. rows: fence sync off, fence sync on, then
-// the peers, then the limit; rl: fence's redlock and redsync in pairs, on 3
+// the peers, then the two floors (limitRow, limitSyncedRow); rl: fence's redlock and redsync in pairs, on 3
 // masters then on 5; et: etcdlock, then concurrency.Mutex with a session
 // per goroutine, then with a session per lock.
 func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n int) string {
@@ -41,8 +41,9 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 		byName[r.name] = r
 	}
 	off, on, obs := rows[0], rows[1], byName[observerRow]
-	bsm, redsync, rueidis, lim := byName["bsm/redislock"], byName["redsync"], byName["rueidislock"], rows[len(rows)-1]
-	if bsm == nil || redsync == nil || rueidis == nil || byName[rueidisRow] == nil || len(et) < 2 {
+	bsm, redsync, rueidis, lim := byName["bsm/redislock"], byName["redsync"], byName["rueidislock"], byName[limitRow]
+	limS := byName[limitSyncedRow]
+	if bsm == nil || redsync == nil || rueidis == nil || byName[rueidisRow] == nil || lim == nil || limS == nil || len(et) < 2 {
 		panic("bench: report is missing a peer's row")
 	}
 
@@ -71,10 +72,19 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	for _, r := range rows {
 		w("| %s | %s | %s | %s |\n", r.name, us(r.p50), us(r.p99), ratio(float64(r.p50), float64(bsm.p50)))
 	}
+	w("\nThe two limit rows are the floors of the round trips fence makes, through go-redis and doing nothing else: sync\n")
+	w("off, two bare `EVALSHA` calls (a `SET NX PX` script, an owner-checked `DEL` script); sync on, the first pipelined with\n")
+	w("`WAIT 1` on one connection, as fence pipelines its acquire script. fence (sync off) is %s its floor and fence (sync\n",
+		ratio(float64(off.p50), float64(lim.p50)))
+	w("on) %s its floor; the floors themselves are %s and %s bsm/redislock's p50, whose acquire is a plain `SET NX PX`.\n",
+		ratio(float64(on.p50), float64(limS.p50)), ratio(float64(lim.p50), float64(bsm.p50)), ratio(float64(limS.p50), float64(bsm.p50)))
 	w("\n## 32 goroutines contending for one key\n\nA holder change is an acquisition by another goroutine than the previous holder (with zero hold time a releaser\n")
 	w("often takes the lock straight back); handoff latency runs from the moment the previous holder began to release.\n\n")
 	w("| library | holder changes/s | acquisitions/s | p99 handoff ms | commands sent per acquisition | fence (sync on) ÷ this |\n|---|---:|---:|---:|---:|---:|\n")
-	for _, r := range rows[:len(rows)-1] {
+	for _, r := range rows {
+		if r == lim || r == limS {
+			continue // they fail rather than wait
+		}
 		note := ""
 		if r.contendedErr != "" {
 			note = " (error: " + r.contendedErr + ")"
@@ -157,6 +167,9 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	lat := func(a, b *row) string { return ratio(float64(a.p50), float64(b.p50)) }
 	t("18", "uncontended p50 ≤ 1.0× bsm/redislock, sync off", lat(off, bsm), float64(off.p50) <= 1.0*float64(bsm.p50))
 	t("18", "uncontended p50 ≤ 1.3× bsm/redislock, sync on (1 replica)", lat(on, bsm), float64(on.p50) <= 1.3*float64(bsm.p50))
+	w("| 18 | (not a target) the same p50s against the go-redis floor of fence's own round trips (sync off: %s; sync on: %s) | %s, %s | – |\n",
+		lim.name, limS.name, lat(off, lim), lat(on, limS))
+	w("| 18 | (not a target) the floors against bsm/redislock | %s, %s | – |\n", lat(lim, bsm), lat(limS, bsm))
 	t("18", "contended holder changes/s ≥ 1.5× rueidislock, sync off", ratio(off.changes, rueidis.changes), off.changes >= 1.5*rueidis.changes)
 	t("18", "contended holder changes/s ≥ 1.0× rueidislock, sync on", ratio(on.changes, rueidis.changes), on.changes >= 1.0*rueidis.changes)
 	best := bsm
