@@ -20,8 +20,8 @@
 // Backends live in their own packages: redislock for Redis (fencerueidis
 // runs it over rueidis), redlock for Redlock over independent Redis
 // masters, pglock for PostgreSQL, etcdlock for etcd, zklock for ZooKeeper
-// (the last three modules of their own), and memlock, an in-memory
-// reference implementation that the examples use. The conformance suite
+// (etcdlock, zklock and fencerueidis are modules of their own), and
+// memlock, an in-memory reference implementation that the examples use. The conformance suite
 // every backend passes lives in fencetest.
 //
 // # Leases
