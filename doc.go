@@ -17,10 +17,12 @@
 //
 // The package holds the contract that every backend implements: Locker,
 // Lease, Token, the per-call options (Wait, TTL) and the error values.
-// Backends live in their own packages: redislock for Redis, pglock for
-// PostgreSQL, and memlock, an in-memory reference implementation that the
-// examples use. The
-// conformance suite every backend passes lives in fencetest.
+// Backends live in their own packages: redislock for Redis (fencerueidis
+// runs it over rueidis), redlock for Redlock over independent Redis
+// masters, pglock for PostgreSQL, etcdlock for etcd, zklock for ZooKeeper
+// (etcdlock, zklock and fencerueidis are modules of their own), and
+// memlock, an in-memory reference implementation that the examples use. The conformance suite
+// every backend passes lives in fencetest.
 //
 // # Leases
 //

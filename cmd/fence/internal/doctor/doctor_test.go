@@ -494,3 +494,35 @@ func TestInvalidConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaRecord: a fence:replicas record fence did not write is critical,
+// and, as the finding says, acquisitions with replica sync on then fail.
+func TestReplicaRecord(t *testing.T) {
+	s := redistest.Start(t)
+	c := s.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Set(ctx, "fence:replicas", "not fence's", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f := has(t, run(t, standalone(s)), "replica-record", doctor.Critical, s.Addr)
+	if !strings.Contains(f.Fix, "fence:replicas") {
+		t.Fatalf("Fix does not name the key: %s", f.Fix)
+	}
+	l, err := redislock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "doctor-test", fence.TTL(time.Minute))
+	var rec *redislock.ReplicaRecordError
+	if !errors.As(err, &rec) {
+		if lease != nil {
+			_ = lease.Release(ctx)
+		}
+		t.Fatalf("acquire with a tampered replica record: %v, want a ReplicaRecordError", err)
+	}
+	if err := c.Del(ctx, "fence:replicas").Err(); err != nil {
+		t.Fatal(err)
+	}
+	lacks(t, run(t, standalone(s)), "replica-record")
+}
