@@ -327,3 +327,36 @@ func TestConformanceRESP2(t *testing.T) {
 		WatchdogTTL: watchdogTTL,
 	})
 }
+
+// TestWaitDeniedGivesLockBack: a user whose ACL denies WAIT runs the
+// acquire script (the lock is taken) and has WAIT refused. The Acquire
+// fails, and the lock it took must be given back at once, as on go-redis:
+// through the Conn seam a WAIT error used to look like the script's own,
+// so nothing gave it back and it stayed held by nobody for the lease time.
+func TestWaitDeniedGivesLockBack(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	if err := admin.Do(ctx(t), "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-wait").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, Username: "app", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	l := newLocker(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: time.Second}})
+	for _, wait := range []time.Duration{0, 5 * time.Second} {
+		name := fmt.Sprintf("lock:wait-denied:%v", wait)
+		_, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute), fence.Wait(wait))
+		if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), "NOPERM") {
+			t.Fatalf("Acquire (wait %v) = %v, want ErrNotAcquired with NOPERM", wait, err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for admin.Exists(ctx(t), "fence:{"+name+"}").Val() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("wait %v: the lock taken before WAIT failed is still held (PTTL %v)", wait, admin.PTTL(ctx(t), "fence:{"+name+"}").Val())
+			}
+			time.Sleep(10 * time.Millisecond) // polling with a deadline
+		}
+	}
+}

@@ -27,7 +27,10 @@
 // Commands go through rueidis's Do and DoMulti with the client's own
 // pipelining: a script with WAIT after it is one DoMulti, which rueidis
 // sends on one connection (WAIT blocks, so rueidis gives the pair a
-// dedicated connection), so WAIT counts the script's write. Server errors
+// dedicated connection), so WAIT counts the script's write. A WAIT that
+// fails after its script ran (an ACL that denies it, a lost connection)
+// is told apart from the script's own error (redisconn.ErrWait), so that
+// the lock the script took is given back at once, as on go-redis. Server errors
 // are passed to redislock as redisconn.Error, so its retry rules (LOADING,
 // READONLY, …) read them as they read go-redis's.
 //

@@ -99,7 +99,12 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 		}
 		acked, err := wait.AsInt64()
 		if err != nil {
-			return reply, 0, convErr(ctx, err)
+			if err = convErr(ctx, err); err == errBroken {
+				return nil, 0, err // sent again, the script with it
+			}
+			// The script ran: its reply goes back with the error, so
+			// that what it took is given back.
+			return reply, 0, fmt.Errorf("%w: %w", redisconn.ErrWait, err)
 		}
 		return reply, int(acked), nil
 	}

@@ -43,6 +43,12 @@ func (l *Locker) run(ctx context.Context, c redis.Cmdable, script *redis.Script,
 func (l *Locker) evalConn(ctx context.Context, script *redis.Script, keys []string, args []any, required int, timeout time.Duration) (*redis.Cmd, int, error) {
 	v, acked, err := l.conn.Eval(ctx, connScripts[script], keys, args, required, timeout)
 	cmd := redis.NewCmd(ctx)
+	if errors.Is(err, redisconn.ErrWait) {
+		// The script ran (it may have taken the lock): its reply, and
+		// WAIT's error as the go-redis path reports it.
+		cmd.SetVal(v)
+		return cmd, 0, fmt.Errorf("%w: %w", errWaitFailed, err)
+	}
 	if err == nil && v == nil {
 		err = redis.Nil
 	}

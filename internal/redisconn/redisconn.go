@@ -22,6 +22,7 @@ package redisconn
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -40,7 +41,10 @@ type Conn interface {
 	// Eval runs s on keys and args (strings and integers) by EVALSHA,
 	// and by EVAL if the server answers NOSCRIPT. When replicas > 0,
 	// WAIT replicas timeout follows it on the same connection in the
-	// same round trip, and acked is WAIT's reply.
+	// same round trip, and acked is WAIT's reply. When the script ran
+	// but WAIT failed, Eval returns the script's reply and an error
+	// matching ErrWait (with WAIT's own), so that redislock gives back
+	// what the script took.
 	Eval(ctx context.Context, s *Script, keys []string, args []any, replicas int, timeout time.Duration) (reply any, acked int, err error)
 
 	// LockState reads PTTL of lock and GET of token in one round trip;
@@ -60,6 +64,10 @@ type Conn interface {
 	// can leave.
 	SelfBounded() bool
 }
+
+// ErrWait is matched by the error of an Eval whose script ran and whose
+// WAIT failed (refused by an ACL, the connection lost between the two).
+var ErrWait = errors.New("WAIT failed after the script ran")
 
 // Error is a Redis error reply, such as "NOSCRIPT No matching script". Its
 // RedisError method makes go-redis's error helpers (HasErrorPrefix) read it.
