@@ -3,6 +3,7 @@ package fencetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -96,11 +97,17 @@ func awaitReentry(t *testing.T, r *reenterer, limit time.Duration) reentered {
 	case res := <-r.done:
 		return res
 	case <-time.After(limit):
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		t.Fatalf("the callback's calls into the lease did not return within %v (deadlock?); goroutines:\n%s", limit, buf)
+		fatalStacks(t, fmt.Sprintf("the callback's calls into the lease did not return within %v (deadlock?)", limit))
 		return reentered{}
 	}
+}
+
+// fatalStacks fails the test with msg and every goroutine's stack.
+func fatalStacks(t *testing.T, msg string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	t.Fatalf("%s; goroutines:\n%s", msg, buf)
 }
 
 // wantLost checks that every call from the callback of a lost lease
@@ -131,8 +138,16 @@ func (s suite) reenterLost(t *testing.T, logged bool) {
 	n := name(t)
 	lease := mustAcquire(t, l, n)
 	r.set(lease)
-	s.cfg.Remove(t, n)
+	// In a goroutine of its own: a backend may end the lease, and make the
+	// callback, on the goroutine that removes the lock.
+	removed := make(chan struct{})
+	go func() { defer close(removed); s.cfg.Remove(t, n) }()
 	res := awaitReentry(t, r, 10*s.cfg.WatchdogTTL+10*time.Second)
+	select {
+	case <-removed:
+	case <-time.After(10 * time.Second):
+		fatalStacks(t, "Remove did not return within 10s after the callback did (deadlock?)")
+	}
 	if !logged && res.cause == fence.Released {
 		t.Errorf("cause %q, want a loss", res.cause)
 	}
@@ -187,14 +202,20 @@ func (s suite) reenterReleased(t *testing.T) {
 }
 
 // reenterExtend: the holder's Extend finds the lock removed and reports
-// the loss.
+// the loss (where Remove itself, or a watch, does not end the lease first).
 func (s suite) reenterExtend(t *testing.T) {
 	r := newReenterer()
 	l := s.cfg.NewObserved(t, r)
 	n := name(t)
 	lease := mustAcquire(t, l, n, fence.TTL(10*time.Second))
-	s.cfg.Remove(t, n)
 	r.set(lease)
+	removed := make(chan struct{})
+	go func() { defer close(removed); s.cfg.Remove(t, n) }()
+	select {
+	case <-removed:
+	case <-time.After(10 * time.Second):
+		fatalStacks(t, "Remove did not return within 10s (deadlock?)")
+	}
 	outer := make(chan error, 1)
 	ctx := ctxFor(t)
 	go func() { outer <- lease.Extend(ctx, 10*time.Second) }()
