@@ -190,8 +190,10 @@ func ReportAcquire(obs Observer, backend, name string, start time.Time, lease Le
 // obs, either of which may be nil: log gets a warning "pkg: lease lost"
 // with the lock's name, token, cause and error, unless the lease was
 // released (nothing is logged for a release); obs gets ev. Backends call
-// it where a lease ends, with ctx the lease's (its values, for the log
-// handler).
+// it once per lease after it ended, with ctx the lease's (its values, for
+// the log handler), and only once they hold nothing that the lease's
+// methods wait for (see Observer): not under a lock of theirs, nor from a
+// goroutine that Release waits to end.
 func ReportLeaseEnded(ctx context.Context, obs Observer, log *slog.Logger, pkg string, ev LeaseEvent) {
 	if log != nil && ev.Cause != Released {
 		log.LogAttrs(ctx, slog.LevelWarn, pkg+": lease lost",
