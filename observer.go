@@ -8,10 +8,25 @@ import (
 )
 
 // Observer receives what lockers and guards do, for metrics and traces. A
-// backend or guard given an Observer calls it synchronously, on the
-// goroutine that made the event happen (the watchdog's, an expiry timer's,
-// the caller's), so its methods must be safe for concurrent use and quick:
-// count, record, return. They must not call back into the lease or locker.
+// backend or guard given an Observer calls it synchronously, on a goroutine
+// that took part in the event (the watchdog's, an expiry timer's, the
+// caller's), so its methods must be safe for concurrent use and quick:
+// count, record, return. A slow method holds up that goroutine: the
+// watchdog's renewals of other work, a caller's Release.
+//
+// LeaseEnded may call the lease's methods: "on lease lost, release and
+// clean up" is a natural callback. Every backend in this module reports a
+// lease's end once it holds nothing those methods wait for (its locks, the
+// renewal under way, the watchdog's goroutine that Release waits to end),
+// so a Release called there does not wait for the callback's own caller:
+// it returns the lease's conclusive result (an error matching ErrLeaseLost
+// for a lost lease; for a lease that a Release ended, that Release's
+// result), and Extend an error matching ErrLeaseLost (or ErrReleased). fencetest's Reentry subtests check it for each way a
+// lease ends. The same holds for a slog.Handler of a backend's Logger told
+// "lease lost" (ReportLeaseEnded logs before it calls LeaseEnded). Other
+// methods, and other log records (a failed renewal's warning, made on the
+// watchdog's goroutine), must not call back into the lease or locker: a
+// Release there may wait for the very goroutine that makes the call.
 //
 // Observer is an interface with an embeddable no-op default, NopObserver,
 // rather than a struct of function fields (httptrace.ClientTrace's way):
@@ -175,8 +190,10 @@ func ReportAcquire(obs Observer, backend, name string, start time.Time, lease Le
 // obs, either of which may be nil: log gets a warning "pkg: lease lost"
 // with the lock's name, token, cause and error, unless the lease was
 // released (nothing is logged for a release); obs gets ev. Backends call
-// it where a lease ends, with ctx the lease's (its values, for the log
-// handler).
+// it once per lease after it ended, with ctx the lease's (its values, for
+// the log handler), and only once they hold nothing that the lease's
+// methods wait for (see Observer): not under a lock of theirs, nor from a
+// goroutine that Release waits to end.
 func ReportLeaseEnded(ctx context.Context, obs Observer, log *slog.Logger, pkg string, ev LeaseEvent) {
 	if log != nil && ev.Cause != Released {
 		log.LogAttrs(ctx, slog.LevelWarn, pkg+": lease lost",

@@ -1,6 +1,7 @@
 package etcdlock_test
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -21,6 +22,12 @@ func TestConformance(t *testing.T) {
 		},
 		Remove: func(t testing.TB, name string) {
 			removeHolder(t, admin, name)
+		},
+		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
+			return newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: watchdogTTL, Observer: obs})
+		},
+		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
+			return newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: watchdogTTL, Logger: log})
 		},
 		WatchdogTTL: watchdogTTL,
 	})

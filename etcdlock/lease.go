@@ -61,6 +61,9 @@ type Lease struct {
 	deadline time.Time
 	err      error         // why the lease ended; nil while held
 	moved    chan struct{} // tells run that Extend moved the deadline
+	// unreported reports the lease's end, until flush has (nil: not
+	// ended, or reported).
+	unreported func()
 }
 
 var _ fence.Lease = (*Lease)(nil)
@@ -112,6 +115,9 @@ func (ls *Lease) end(why error) bool {
 }
 
 // endAs is end with the cause to report to the Observer and the Logger.
+// The report is left to flush: the lease ends only in run, Extend and
+// Release, each of which flushes once it holds nothing that the callback
+// may wait for (see flush).
 func (ls *Lease) endAs(why error, cause fence.LeaseCause) bool {
 	ls.mu.Lock()
 	if ls.err != nil {
@@ -120,9 +126,25 @@ func (ls *Lease) endAs(why error, cause fence.LeaseCause) bool {
 	}
 	ls.err = why
 	ls.cancel(why)
+	ls.unreported = func() { ls.ended(cause, why) }
 	ls.mu.Unlock()
-	ls.ended(cause, why)
 	return true
+}
+
+// flush reports the lease's end to the Observer and the Logger, if it has
+// ended and nobody has reported it yet. Their callback may call Release or
+// Extend, which wait for ls.op and for run to return: run flushes once it
+// has returned (done closed), Extend and Release once they have given back
+// ls.op, and Release once its result is settled, which a Release of the
+// callback then returns.
+func (ls *Lease) flush() {
+	ls.mu.Lock()
+	report := ls.unreported
+	ls.unreported = nil
+	ls.mu.Unlock()
+	if report != nil {
+		report()
+	}
 }
 
 // expired ends the lease whose deadline has passed: a watchdog lease's
@@ -290,6 +312,7 @@ func (ls *Lease) join() {
 // lost lease's etcd lease is revoked, so that the next in line need not
 // wait for it to expire.
 func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Time) {
+	defer ls.flush() // after done is closed: see flush
 	defer close(done)
 	if ctx.Err() != nil {
 		return // halted as it started
@@ -477,6 +500,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := ls.lockOp(ctx); err != nil {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
+	defer ls.flush() // after unlockOp: see flush
 	defer ls.unlockOp()
 	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
@@ -609,6 +633,7 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 // is never kept), or leaves the key to expire with it; calling Release
 // again retries the delete.
 func (ls *Lease) Release(ctx context.Context) error {
+	defer ls.flush() // after unlockOp, and with the result settled: see flush
 	if err := ls.lockOp(ctx); err != nil {
 		// An Extend in flight holds ls.op; it revokes the etcd lease it
 		// moves the key to when it finds the lease ended. A Release in

@@ -3,6 +3,7 @@ package fencerueidis_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"syscall"
 	"testing"
@@ -54,8 +55,14 @@ func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	fencetest.Run(t, fencetest.Config{
-		New:         func(t testing.TB) fence.Locker { return newLocker(t, client(t, srv.Addr), redislock.Options{}) },
-		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		New:    func(t testing.TB) fence.Locker { return newLocker(t, client(t, srv.Addr), redislock.Options{}) },
+		Remove: func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
+			return newLocker(t, client(t, srv.Addr), redislock.Options{Observer: obs})
+		},
+		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
+			return newLocker(t, client(t, srv.Addr), redislock.Options{Logger: log})
+		},
 		WatchdogTTL: watchdogTTL,
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +64,16 @@ type Config struct {
 	// Acquire must succeed.
 	ShortLeaseMayFail bool
 
+	// NewObserved, if set, is New with obs as the Locker's Observer. The
+	// suite then checks that an Observer may call the lease's Release and
+	// Extend from LeaseEnded, whichever goroutine ends the lease, without
+	// a deadlock.
+	NewObserved func(t testing.TB, obs fence.Observer) fence.Locker
+
+	// NewLogged, if set, is New with log as the Locker's Logger, checked
+	// alike: a handler that calls Release when told the lease was lost.
+	NewLogged func(t testing.TB, log *slog.Logger) fence.Locker
+
 	_ struct{}
 }
 
@@ -86,6 +97,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ExtendKeepsToken", s.extend)
 	t.Run("InvalidInput", s.invalidInput)
 	t.Run("Run", s.run)
+	t.Run("Reentry", s.reentry)
 }
 
 type suite struct{ cfg Config }

@@ -38,13 +38,13 @@ func (ls *lease) String() string           { return fmt.Sprintf("memlock lease %
 
 func (ls *lease) Deadline() time.Time {
 	ls.l.mu.Lock()
-	defer ls.l.mu.Unlock()
+	defer ls.l.unlock()
 	return ls.deadline
 }
 
 func (ls *lease) Err() error {
 	ls.l.mu.Lock()
-	defer ls.l.mu.Unlock()
+	defer ls.l.unlock()
 	ls.l.expireLocked(ls, time.Now())
 	return ls.err
 }
@@ -54,7 +54,7 @@ func (ls *lease) Err() error {
 // the timer ran so late that the deadline had passed.
 func (ls *lease) tick() {
 	ls.l.mu.Lock()
-	defer ls.l.mu.Unlock()
+	defer ls.l.unlock()
 	if ls.err != nil {
 		return
 	}
@@ -80,7 +80,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	ls.l.mu.Lock()
-	defer ls.l.mu.Unlock()
+	defer ls.l.unlock()
 	now := time.Now()
 	ls.l.expireLocked(ls, now)
 	switch {
@@ -106,7 +106,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // stay held for ever for an owner that gave it up.
 func (ls *lease) Release(ctx context.Context) error {
 	ls.l.mu.Lock()
-	defer ls.l.mu.Unlock()
+	defer ls.l.unlock()
 	if ls.released {
 		if ls.err == fence.ErrReleased {
 			return nil

@@ -24,8 +24,9 @@ type Options struct {
 
 	// Observer, if not nil, is told of every acquisition and the end of
 	// every lease, with Backend "memory"; see fence.Observer. It is called
-	// with the Locker's mutex held: it must not call the Locker or its
-	// leases.
+	// once the Locker's mutex is unlocked, on the goroutine that ended the
+	// lease (the caller of Release, Extend, Err or Remove, or the lease's
+	// timer): it may call the Locker and the lease.
 	Observer fence.Observer
 
 	_ struct{}
@@ -41,6 +42,21 @@ type Locker struct {
 	mu    sync.Mutex
 	last  fence.Token      // the last token issued, for any name
 	locks map[string]*lock // held locks only; a lock is deleted when freed
+	// ended holds the ends of leases not reported yet to obs: they are
+	// reported once l.mu is unlocked (see unlock).
+	ended []fence.LeaseEvent
+}
+
+// unlock unlocks l.mu, then reports to the Observer the ends of leases
+// recorded under it: its callback may call the lease's methods, which take
+// l.mu (a report made under it deadlocked such a callback).
+func (l *Locker) unlock() {
+	evs := l.ended
+	l.ended = nil
+	l.mu.Unlock()
+	for _, ev := range evs {
+		l.obs.LeaseEnded(ev)
+	}
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -123,16 +139,16 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		lk = &lock{}
 		l.locks[name] = lk
 		ls := l.grantLocked(ctx, name, lk, o)
-		l.mu.Unlock()
+		l.unlock()
 		return ls, nil
 	}
 	if o.Wait == 0 {
-		l.mu.Unlock()
+		l.unlock()
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
 	w := &waiter{ctx: ctx, opts: o, granted: make(chan *lease, 1)}
 	lk.waiters = append(lk.waiters, w)
-	l.mu.Unlock()
+	l.unlock()
 
 	budget := time.NewTimer(o.Wait)
 	defer budget.Stop()
@@ -149,7 +165,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	l.mu.Lock()
 	if i := slices.Index(lk.waiters, w); i >= 0 {
 		lk.waiters = slices.Delete(lk.waiters, i, i+1)
-		l.mu.Unlock()
+		l.unlock()
 		return nil, fence.NotAcquired(name, why)
 	}
 	// The lock was handed over just as the wait ended.
@@ -159,10 +175,10 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		// until it expires.
 		l.endLocked(ls, fence.ErrReleased)
 		ls.released = true
-		l.mu.Unlock()
+		l.unlock()
 		return nil, fence.NotAcquired(name, err)
 	}
-	l.mu.Unlock()
+	l.unlock()
 	return ls, nil // granted within the budget
 }
 
@@ -172,7 +188,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // any. Remove reports whether the lock was held.
 func (l *Locker) Remove(name string) bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer l.unlock()
 	lk := l.locks[name]
 	if lk == nil {
 		return false
@@ -224,8 +240,8 @@ func (l *Locker) endLockedAs(ls *lease, why error, cause fence.LeaseCause) {
 	ls.err = why
 	ls.timer.Stop()
 	ls.cancel(why)
-	if l.obs != nil {
-		l.obs.LeaseEnded(fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+	if l.obs != nil { // reported by unlock
+		l.ended = append(l.ended, fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
 	lk := l.locks[ls.name]
 	if lk == nil || lk.holder != ls {

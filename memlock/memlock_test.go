@@ -29,9 +29,26 @@ func newLocker(t testing.TB, watchdogTTL time.Duration) *memlock.Locker {
 func TestConformance(t *testing.T) {
 	const watchdogTTL = 300 * time.Millisecond
 	l := newLocker(t, watchdogTTL)
+	var observed atomic.Pointer[memlock.Locker] // the last from NewObserved
 	fencetest.Run(t, fencetest.Config{
-		New:         func(testing.TB) fence.Locker { return l }, // one "server"
-		Remove:      func(_ testing.TB, name string) { l.Remove(name) },
+		New: func(testing.TB) fence.Locker { return l }, // one "server"
+		Remove: func(_ testing.TB, name string) {
+			if !l.Remove(name) {
+				if o := observed.Load(); o != nil {
+					o.Remove(name)
+				}
+			}
+		},
+		// A Locker of its own (the Observer is an option of New), which
+		// Remove reaches when l does not have the lock.
+		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
+			o, err := memlock.New(&memlock.Options{WatchdogTTL: watchdogTTL, Observer: obs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			observed.Store(o)
+			return o
+		},
 		WatchdogTTL: watchdogTTL,
 	})
 }

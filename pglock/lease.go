@@ -32,6 +32,9 @@ type lease struct {
 	released bool  // Release reached a conclusion, kept in relErr
 	relErr   error
 	granted  time.Time // when the lease started, for the hold time
+	// unreported reports the lease's end, until flush has (nil: not
+	// ended, or reported).
+	unreported func()
 
 	watchdogDone chan struct{} // nil for fixed-TTL leases
 }
@@ -57,6 +60,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 	}
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
 		ls.endAs(cause, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
+		ls.flush()
 	})
 	if a.watchdog {
 		ls.watchdogDone = make(chan struct{})
@@ -85,19 +89,38 @@ func (ls *lease) end(why error) {
 }
 
 // endAs is end with the cause to report to the Observer and the Logger.
+// The report is left to flush, which the caller makes once it holds
+// nothing that the callback may wait for.
 func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
+	defer ls.mu.Unlock()
 	if ls.err != nil {
-		ls.mu.Unlock()
 		return
 	}
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
-	ls.mu.Unlock()
 	if l := ls.l; l.log != nil || l.obs != nil {
-		fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "pglock", fence.LeaseEvent{Backend: backend,
-			Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+		ls.unreported = func() {
+			fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "pglock", fence.LeaseEvent{Backend: backend,
+				Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+		}
+	}
+}
+
+// flush reports the lease's end to the Observer and the Logger, if it has
+// ended and nobody has reported it yet. Their callback may call Release or
+// Extend, which wait for ls.op and for the watchdog to return: the
+// watchdog flushes once it has returned (watchdogDone closed), Extend and
+// Release once they have unlocked ls.op, and Release once its result is
+// settled, which a Release of the callback then returns.
+func (ls *lease) flush() {
+	ls.mu.Lock()
+	report := ls.unreported
+	ls.unreported = nil
+	ls.mu.Unlock()
+	if report != nil {
+		report()
 	}
 }
 
@@ -105,6 +128,7 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 // until the lease ends. A failed renewal is retried sooner; the expiry
 // timer ends the lease if none succeeds before the deadline.
 func (ls *lease) keepRenewed() {
+	defer ls.flush() // after watchdogDone is closed: see flush
 	defer close(ls.watchdogDone)
 	every := ls.a.ttl / 3
 	timer := time.NewTimer(every)
@@ -180,6 +204,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	} else if err != nil {
 		return err
 	}
+	defer ls.flush() // after renew unlocked ls.op: see flush
 	return ls.renew(ctx, ttl)
 }
 
@@ -191,6 +216,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // hold the lock for ever for an owner that has given it up.
 func (ls *lease) Release(ctx context.Context) error {
 	err := ls.release(ctx)
+	ls.flush() // after release unlocked ls.op, its result settled: see flush
 	if ls.watchdogDone != nil && ls.Err() != nil {
 		<-ls.watchdogDone // it ends with the lease
 	}

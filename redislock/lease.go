@@ -91,23 +91,31 @@ func (ls *lease) watch() {
 }
 
 // expire ends the lease at its deadline.
-func (ls *lease) expire() {
+func (ls *lease) expire() { ls.expireLater()() }
+
+// expireLater is expire, but returns the report of the end (see endAs).
+func (ls *lease) expireLater() (report func()) {
 	cause := fence.LostExpired
 	if ls.attempt.watchdog {
 		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
 	}
-	ls.endAs(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), cause)
+	return ls.endAs(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), cause)
 }
 
 // expireIfDue ends a lease without an expiry timer whose deadline has
 // passed, as its timer would have.
-func (ls *lease) expireIfDue() {
+func (ls *lease) expireIfDue() { ls.expireIfDueLater()() }
+
+// expireIfDueLater is expireIfDue, but returns the report of the end (see
+// endAs).
+func (ls *lease) expireIfDueLater() (report func()) {
 	ls.mu.Lock()
 	due := ls.err == nil && ls.expiry == nil && !time.Now().Before(ls.deadline)
 	ls.mu.Unlock()
 	if due {
-		ls.expire()
+		return ls.expireLater()
 	}
+	return func() {}
 }
 
 // deadline is when a lease of ttl requested at sent is known to be held:
@@ -141,15 +149,19 @@ func (ls *lease) Err() error {
 // end records why the lease ended and cancels its context; the first call
 // wins. The cause it reports is Released for fence.ErrReleased, LostRemoved
 // otherwise; see endAs.
-func (ls *lease) end(why error) { ls.endAs(why, "") }
+func (ls *lease) end(why error) (report func()) { return ls.endAs(why, "") }
 
 // endAs is end with the cause to report to the Observer and the Logger
-// ("": from why, as end says).
-func (ls *lease) endAs(why error, cause fence.LeaseCause) {
+// ("": from why, as end says). It returns the report (never nil; a no-op
+// when this call did not end the lease), for the caller to make once it
+// waits for nothing that the callback may wait for in turn: the callback
+// may call Release, which waits for the watchdog's goroutine to end, and
+// whose result must be settled before a Release of the callback returns it.
+func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
 	ls.mu.Lock()
 	if ls.err != nil {
 		ls.mu.Unlock()
-		return
+		return func() {}
 	}
 	ls.err = why
 	if ls.expiry != nil {
@@ -165,29 +177,39 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) {
 			cause = fence.Released
 		}
 	}
-	ls.locker.leaseEnded(ls, cause, why)
+	return func() { ls.locker.leaseEnded(ls, cause, why) }
 }
 
 // keepRenewed is the watchdog: it renews the lease every third of its TTL until
 // the lease ends or Release stops it. A failed renewal is retried sooner;
 // the expiry timer ends the lease if none succeeds before the deadline.
+// When a renewal ends the lease, the end is reported once the watchdog is
+// done (watchdogDone closed): the callback told may call Release, which
+// waits for that.
 func (ls *lease) keepRenewed(ctx context.Context) {
-	defer close(ls.watchdogDone)
+	report := ls.renewLoop(ctx)
+	close(ls.watchdogDone)
+	report()
+}
+
+// renewLoop is keepRenewed's loop; it returns the report of the lease's end
+// when a renewal ended it.
+func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 	every := ls.attempt.ttl / 3
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return func() {}
 		case <-timer.C:
 		}
 		rctx, cancel := context.WithDeadline(ctx, ls.Deadline())
-		err := ls.renew(rctx, ls.attempt.ttl)
+		report, err := ls.renew(rctx, ls.attempt.ttl)
 		cancel()
 		switch {
 		case errors.Is(err, fence.ErrLeaseLost):
-			return
+			return report
 		case err != nil:
 			ls.locker.renewFailed(ls, err)
 			timer.Reset(every / 4)
@@ -198,8 +220,10 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 }
 
 // renew runs the extend script. On success it moves the deadline; when the
-// lock is gone or owned by someone else it ends the lease.
-func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
+// lock is gone or owned by someone else it ends the lease, and returns the
+// report of the end (never nil; see endAs).
+func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _ error) {
+	report = func() {}
 	ls.mu.Lock()
 	// The deadline on the server's clock, erring early by the 1% that
 	// deadline allows for the clocks' rates and by a millisecond of
@@ -231,35 +255,33 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
-		return fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, err)
+		return report, fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, err)
 	}
 	n := res[0]
 	if n == -1 {
 		late := fmt.Errorf("%w: %q: the renewal reached Redis after the lease's deadline", fence.ErrLeaseLost, ls.attempt.name)
-		ls.endAs(late, fence.LostRenewLate)
-		return late
+		return ls.endAs(late, fence.LostRenewLate), late
 	}
 	if n == 1 && acked < required {
 		ls.locker.syncRefused(ctx, ls.attempt.name, ls.token, true, acked, required)
-		return fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, &fence.NotReplicatedError{Acked: acked, Required: required})
+		return report, fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, &fence.NotReplicatedError{Acked: acked, Required: required})
 	}
 	if n == 0 {
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
-		ls.end(lost)
-		return lost
+		return ls.end(lost), lost
 	}
-	ls.expireIfDue() // as the timer would have, had there been one
+	report = ls.expireIfDueLater() // as the timer would have, had there been one
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err != nil {
-		return ls.err
+		return report, ls.err
 	}
 	ls.deadline = deadline(sent, ttl)
 	ls.serverAt, ls.repliedAt = res[1], replied
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(ls.deadline))
 	}
-	return nil
+	return report, nil
 }
 
 // Extend sets the lease to expire ttl from now; see fence.Lease. A watchdog
@@ -271,16 +293,28 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := ls.Err(); err != nil {
 		return err
 	}
-	return ls.renew(ctx, ttl)
+	report, err := ls.renew(ctx, ttl)
+	report()
+	return err
 }
 
 // Release deletes the lock if this lease still owns it; see fence.Lease.
-// The lease ends locally at once, whatever the server answers.
+// The lease ends locally at once, whatever the server answers. Its end is
+// reported to the Observer and the Logger once Release's result is settled:
+// a Release called by their callback returns it.
 func (ls *lease) Release(ctx context.Context) error {
+	report, err := ls.release(ctx)
+	report()
+	return err
+}
+
+// release is Release, but returns the report of the lease's end (never nil;
+// see endAs).
+func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()
-		return ls.relErr
+		return func() {}, ls.relErr
 	}
 	ls.mu.Unlock()
 	if ls.stopWatchdog != nil {
@@ -298,8 +332,7 @@ func (ls *lease) Release(ctx context.Context) error {
 			select {
 			case <-ls.watchdogDone:
 			case <-ctx.Done():
-				ls.end(fence.ErrReleased)
-				return fmt.Errorf("redislock: release %q: the watchdog's renewal is still running: %w", ls.attempt.name, ctx.Err())
+				return ls.end(fence.ErrReleased), fmt.Errorf("redislock: release %q: the watchdog's renewal is still running: %w", ls.attempt.name, ctx.Err())
 			}
 		}
 	}
@@ -312,20 +345,19 @@ func (ls *lease) Release(ctx context.Context) error {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
 	case err != nil:
-		ls.end(fence.ErrReleased)
-		return fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
+		return ls.end(fence.ErrReleased), fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
 	case !deleted:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 	}
 	if err == nil {
-		ls.end(fence.ErrReleased)
+		report = ls.end(fence.ErrReleased)
 	} else {
-		ls.end(err)
+		report = ls.end(err)
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if !ls.released {
 		ls.released, ls.relErr = true, err
 	}
-	return ls.relErr
+	return report, ls.relErr
 }

@@ -27,7 +27,12 @@ func (l *Locker) leaseEnded(ls *lease, cause fence.LeaseCause, why error) {
 func (l *Locker) renewFailed(ls *lease, err error) {
 	// A renewal cut short by Release is no failure; one that ran into the
 	// deadline (the lease is lost meanwhile) is.
-	if l.log != nil && !errors.Is(ls.Err(), fence.ErrReleased) {
+	// ls.err, not Err, which may end the lease and report it here, on
+	// the watchdog's goroutine, whose end Release waits for.
+	ls.mu.Lock()
+	ended := ls.err
+	ls.mu.Unlock()
+	if l.log != nil && !errors.Is(ended, fence.ErrReleased) {
 		l.log.LogAttrs(ls.parent, slog.LevelWarn, "redislock: renewal failed",
 			slog.String("name", ls.attempt.name), slog.Int64("token", int64(ls.token)),
 			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))

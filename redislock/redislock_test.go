@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,10 +34,29 @@ func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	fencetest.Run(t, fencetest.Config{
-		New:         func(t testing.TB) fence.Locker { return newLocker(t, srv.Client(t)) },
-		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		New:    func(t testing.TB) fence.Locker { return newLocker(t, srv.Client(t)) },
+		Remove: func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
+			return newLockerWith(t, srv.Client(t), redislock.Options{Observer: obs})
+		},
+		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
+			return newLockerWith(t, srv.Client(t), redislock.Options{Logger: log})
+		},
 		WatchdogTTL: watchdogTTL,
 	})
+}
+
+// newLockerWith is newLocker with options o, watchdogTTL when o has none.
+func newLockerWith(t testing.TB, c redis.UniversalClient, o redislock.Options) *redislock.Locker {
+	t.Helper()
+	if o.WatchdogTTL == 0 {
+		o.WatchdogTTL = watchdogTTL
+	}
+	l, err := redislock.New(c, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 func ctx(t testing.TB) context.Context {

@@ -189,7 +189,7 @@ func (ls *lease) armLocked() {
 			if f := ls.locker.expiryFired; f != nil {
 				f()
 			}
-			ls.endWhen(cause, expiredError(name), true)
+			ls.endWhen(cause, expiredError(name), true)()
 		})
 	}
 }
@@ -210,38 +210,49 @@ func expiredError(name string) error {
 func (ls *lease) String() string { return fmt.Sprintf("redlock lease %q token %d", ls.name, ls.token) }
 
 // end records why the lease ended and cancels its context; the first call
-// wins. It reports the cause Released for fence.ErrReleased, LostRemoved
-// otherwise; see endAs.
-func (ls *lease) end(why error) {
+// wins. It returns the report of the end to the Observer and the Logger,
+// with the cause Released for fence.ErrReleased, LostRemoved otherwise; see
+// endAs.
+func (ls *lease) end(why error) (report func()) {
 	cause := fence.LostRemoved
 	if errors.Is(why, fence.ErrReleased) {
 		cause = fence.Released
 	}
-	ls.endAs(cause, why)
+	return ls.endAs(cause, why)
 }
 
-// endAs is end with the cause to report to the Observer and the Logger.
-func (ls *lease) endAs(cause fence.LeaseCause, why error) { ls.endWhen(cause, why, false) }
+// endAs is end with the cause to report.
+func (ls *lease) endAs(cause fence.LeaseCause, why error) (report func()) {
+	return ls.endWhen(cause, why, false)
+}
 
 // endWhen is endAs; with expiring (the expiry timer's end), it ends the
 // lease only if its deadline has passed, checked as it ends it: a renewal
 // may have moved the deadline since the timer fired, and returned nil.
-func (ls *lease) endWhen(cause fence.LeaseCause, why error, expiring bool) {
+//
+// The report it returns (never nil; a no-op when this call did not end the
+// lease, or nobody is to be told) tells the Observer and the Logger, whose
+// callbacks may call the lease's Release and Extend: the caller makes it
+// once it holds nothing those wait for (relMu, the renewing slot, the
+// watchdog's goroutine that Release waits to end).
+func (ls *lease) endWhen(cause fence.LeaseCause, why error, expiring bool) (report func()) {
 	ls.mu.Lock()
 	if ls.err != nil || expiring && time.Now().Before(ls.deadline) {
 		ls.mu.Unlock()
-		return
+		return func() {}
 	}
 	ls.endLocked(why)
 	ctx, unreported := ls.ctx, ls.unreported
 	ls.mu.Unlock()
-	if l := ls.locker; !unreported && (l.log != nil || l.obs != nil) {
-		if ctx == nil {
-			ctx = ls.parent
-		}
-		fence.ReportLeaseEnded(ctx, l.obs, l.log, "redlock", fence.LeaseEvent{Backend: backend,
-			Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
+	l := ls.locker
+	if unreported || l.log == nil && l.obs == nil {
+		return func() {}
 	}
+	if ctx == nil {
+		ctx = ls.parent
+	}
+	ev := fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why}
+	return func() { fence.ReportLeaseEnded(ctx, l.obs, l.log, "redlock", ev) }
 }
 
 // endLocked records why the lease ended, stops its expiry timer and cancels
@@ -267,23 +278,34 @@ func (ls *lease) endLocked(why error) {
 // until the lease ends or Release stops it. A failed renewal is retried
 // sooner; the expiry timer ends the lease if no renewal reaches a majority
 // before the deadline.
+//
+// A renewal that finds the lease lost reports it once the watchdog is done
+// (watchdogDone closed): the Observer or the Logger told may call Release,
+// which waits for the watchdog to be done.
 func (ls *lease) keepRenewed(ctx context.Context) {
-	defer close(ls.watchdogDone)
+	report := ls.renewLoop(ctx)
+	close(ls.watchdogDone)
+	report()
+}
+
+// renewLoop is keepRenewed's loop; it returns the report of the lease's
+// end when a renewal found it lost.
+func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 	every := ls.ttl / 3
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return func() {}
 		case <-timer.C:
 		}
 		rctx, cancel := context.WithDeadline(ctx, ls.Deadline())
-		err := ls.renew(rctx, ls.ttl)
+		report, err := ls.renew(rctx, ls.ttl)
 		cancel()
 		switch {
 		case errors.Is(err, fence.ErrLeaseLost):
-			return
+			return report
 		case err != nil:
 			if log := ls.locker.log; log != nil && ls.Err() == nil {
 				log.LogAttrs(ctx, slog.LevelWarn, "redlock: renewal failed",
@@ -306,16 +328,19 @@ func (ls *lease) keepRenewed(ctx context.Context) {
 // a node whose clock the lease has not read yet (it did not answer the
 // acquisition in time) moves nothing this time and tells its clock for the
 // next. One renewal runs at a time (the watchdog's and Extend take turns),
-// each waiting for its turn until ctx ends.
-func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
+// each waiting for its turn until ctx ends. The report it returns (never
+// nil) tells of the lease's end when this renewal ended it: the caller
+// makes it once out of the renewing slot (see endWhen).
+func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), err error) {
+	report = func() {}
 	select {
 	case ls.renewing <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("redlock: extend %q: %w", ls.name, ctx.Err())
+		return report, fmt.Errorf("redlock: extend %q: %w", ls.name, ctx.Err())
 	}
 	defer func() { <-ls.renewing }()
 	if err := ls.Err(); err != nil {
-		return err // ended while this renewal waited its turn
+		return report, err // ended while this renewal waited its turn
 	}
 	l := ls.locker
 	ls.mu.Lock()
@@ -374,7 +399,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		if releasing {
 			// Release's deletes may be what it found: Release says
 			// whether the lease was lost, and ends it.
-			return fmt.Errorf("redlock: extend %q: %w", ls.name, fence.ErrReleased)
+			return report, fmt.Errorf("redlock: extend %q: %w", ls.name, fence.ErrReleased)
 		}
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone-late, len(l.nodes))
 		if late > 0 {
@@ -384,14 +409,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		if late == gone {
 			cause = fence.LostRenewLate
 		}
-		ls.endAs(cause, lost)
+		report = ls.endAs(cause, lost)
 		ls.giveBack(movedOn)
-		return lost
+		return report, lost
 	}
 	newDeadline := sent.Add(ttl - drift(ttl))
 	if moved < l.quorum || !time.Now().Before(newDeadline) {
 		why := fmt.Errorf("%w: extended on %d of %d nodes, %d needed", ErrNoQuorum, moved, len(l.nodes), l.quorum)
-		return fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
+		return report, fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 	}
 	ls.mu.Lock()
 	ls.expiredLocked()
@@ -400,14 +425,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		// on its way: nobody will use the locks it moved.
 		ls.mu.Unlock()
 		ls.giveBack(movedOn)
-		return err
+		return report, err
 	}
 	defer ls.mu.Unlock()
 	ls.deadline = newDeadline
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(newDeadline))
 	}
-	return nil
+	return report, nil
 }
 
 // errRenewLate is the error of a node that refused a renewal as run past
@@ -442,7 +467,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := ls.Err(); err != nil {
 		return err
 	}
-	return ls.renew(ctx, ttl)
+	report, err := ls.renew(ctx, ttl)
+	report()
+	return err
 }
 
 // Release deletes the lock on every node where this lease still owns it;
@@ -459,13 +486,25 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // other nodes' releases go on in the background, each within the node
 // timeout; on a node that does not answer, the release is retried in the
 // background within the lease time.
+//
+// The end of the lease is reported to the Observer and the Logger once
+// Release has concluded and lets another call in: a callback may call
+// Release again, which returns this call's result.
 func (ls *lease) Release(ctx context.Context) error {
+	report, err := ls.release(ctx)
+	report()
+	return err
+}
+
+// release is Release, but for the report of the lease's end, which it
+// returns (never nil).
+func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	ls.relMu.Lock()
 	defer ls.relMu.Unlock()
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()
-		return ls.relErr
+		return func() {}, ls.relErr
 	}
 	ls.mu.Unlock()
 	if ls.stopWatchdog != nil {
@@ -605,22 +644,23 @@ func (ls *lease) Release(ctx context.Context) error {
 		return ls.noQuorum(rs, f)
 	}
 	if err == nil {
-		ls.end(fence.ErrReleased)
+		report = ls.end(fence.ErrReleased)
 	} else {
-		ls.end(err)
+		report = ls.end(err)
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if !ls.released {
 		ls.released, ls.relErr = true, err
 	}
-	return ls.relErr
+	return report, ls.relErr
 }
 
 // noQuorum ends the lease locally and returns the error of a Release that
-// concluded nothing; f's requests go on, and a retry counts their replies.
-func (ls *lease) noQuorum(rs []result, f *relFanout) error {
-	ls.end(fence.ErrReleased)
+// concluded nothing, with the report of the end (see release); f's
+// requests go on, and a retry counts their replies.
+func (ls *lease) noQuorum(rs []result, f *relFanout) (report func(), _ error) {
+	report = ls.end(fence.ErrReleased)
 	ls.relPrev = f
 	f.mu.Lock()
 	deleted := f.deleted
@@ -633,7 +673,7 @@ func (ls *lease) noQuorum(rs []result, f *relFanout) error {
 	}
 	n, q := len(ls.locker.nodes), ls.locker.quorum
 	why := fmt.Errorf("%w: released on %d of %d nodes, %d needed", ErrNoQuorum, deleted, n, q)
-	return fmt.Errorf("redlock: release %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
+	return report, fmt.Errorf("redlock: release %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 }
 
 // relFanout is one Release's requests, sent to every node at once, and

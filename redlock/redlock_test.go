@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -102,23 +103,27 @@ func lockedOn(t testing.TB, srvs []*redistest.Server, name string) []int {
 
 func conformance(t *testing.T, n int) {
 	srvs := nodes(t, n)
+	build := func(t testing.TB, o redlock.Options) fence.Locker {
+		o.WatchdogTTL, o.NodeTimeout = time.Second, generous
+		l := newLocker(t, srvs, &o)
+		// Warm up, as a long-lived Locker would be: the suite takes a
+		// lease of fence.MinTTL (7.9 ms of validity) on a new Locker,
+		// and a fresh Locker's first acquisition under -race (dials,
+		// code paths run for the first time) takes 3 ms at the median
+		// on this shared machine, 40 ms at worst; a warm one 0.6 ms.
+		w, err := l.Acquire(ctxFor(t), "warm-up", fence.TTL(10*time.Second))
+		if err != nil {
+			t.Fatalf("warm-up Acquire: %v", err)
+		}
+		if err := w.Release(ctxFor(t)); err != nil {
+			t.Fatalf("warm-up Release: %v", err)
+		}
+		return l
+	}
 	fencetest.Run(t, fencetest.Config{
-		New: func(t testing.TB) fence.Locker {
-			l := newLocker(t, srvs, &redlock.Options{WatchdogTTL: time.Second, NodeTimeout: generous})
-			// Warm up, as a long-lived Locker would be: the suite takes a
-			// lease of fence.MinTTL (7.9 ms of validity) on a new Locker,
-			// and a fresh Locker's first acquisition under -race (dials,
-			// code paths run for the first time) takes 3 ms at the median
-			// on this shared machine, 40 ms at worst; a warm one 0.6 ms.
-			w, err := l.Acquire(ctxFor(t), "warm-up", fence.TTL(10*time.Second))
-			if err != nil {
-				t.Fatalf("warm-up Acquire: %v", err)
-			}
-			if err := w.Release(ctxFor(t)); err != nil {
-				t.Fatalf("warm-up Release: %v", err)
-			}
-			return l
-		},
+		New:         func(t testing.TB) fence.Locker { return build(t, redlock.Options{}) },
+		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker { return build(t, redlock.Options{Observer: obs}) },
+		NewLogged:   func(t testing.TB, log *slog.Logger) fence.Locker { return build(t, redlock.Options{Logger: log}) },
 		// Long enough that a renewal every third of it reaches a majority
 		// on a machine loaded by the whole test suite under -race.
 		WatchdogTTL: time.Second,

@@ -1,10 +1,12 @@
 package zklock_test
 
 import (
+	"log/slog"
 	"testing"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/fencetest"
+	"github.com/fencekit/fence/zklock"
 )
 
 func TestConformance(t *testing.T) {
@@ -25,6 +27,20 @@ func TestConformance(t *testing.T) {
 			if err := admin.Delete(nodes[0], -1); err != nil {
 				t.Fatal(err)
 			}
+		},
+		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
+			l, err := zklock.New(connect(t, addrs, nil), sessionTimeout, zklock.WithObserver(obs))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		},
+		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
+			l, err := zklock.New(connect(t, addrs, nil), sessionTimeout, zklock.WithLogger(log))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
 		},
 		WatchdogTTL:  sessionTimeout,
 		SessionBound: sessionTimeout,

@@ -107,26 +107,45 @@ func (ls *lease) String() string           { return fmt.Sprintf("lease %q token 
 // fence.ErrReleased, LostRemoved otherwise (the node was deleted, or the
 // session that owned it ended); see endAs.
 func (ls *lease) end(why error) bool {
+	ended, report := ls.endLater(why)
+	report()
+	return ended
+}
+
+// endLater is end, but returns the report to the Observer and the Logger
+// (never nil; a no-op when this call did not end the lease) rather than
+// make it: see endAsLater.
+func (ls *lease) endLater(why error) (ended bool, report func()) {
 	cause := fence.LostRemoved
 	if why == fence.ErrReleased {
 		cause = fence.Released
 	}
-	return ls.endAs(why, cause)
+	return ls.endAsLater(why, cause)
 }
 
 // endAs is end with the cause to report to the Observer and the Logger.
 func (ls *lease) endAs(why error, cause fence.LeaseCause) bool {
+	ended, report := ls.endAsLater(why, cause)
+	report()
+	return ended
+}
+
+// endAsLater is endAs, but returns the report rather than make it, for the
+// caller to make once it waits for nothing that the callback may wait for
+// in turn: the callback may call Release, which waits for the monitor to
+// end and for the Release under way, whose result must be settled before
+// the callback's Release returns it.
+func (ls *lease) endAsLater(why error, cause fence.LeaseCause) (ended bool, report func()) {
 	ls.mu.Lock()
 	if ls.err != nil {
 		ls.mu.Unlock()
-		return false
+		return false, func() {}
 	}
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
 	ls.mu.Unlock()
-	ls.ended(cause, why)
-	return true
+	return true, func() { ls.ended(cause, why) }
 }
 
 // touch records that ZooKeeper answered a request sent at sent, which moves
@@ -153,9 +172,19 @@ type probe struct {
 // monitor follows the node's watch, which fires when the node is deleted
 // or the session expires or the connection is closed, and checks the node
 // every third of the session timeout, which moves the deadline. It does not
-// read the connection's event channel: that is the user's.
+// read the connection's event channel: that is the user's. When it ends
+// the lease, it reports the end once it is done (monitorDone closed): the
+// callback told may call Release, which waits for that.
 func (ls *lease) monitor(watch <-chan zk.Event) {
-	defer close(ls.monitorDone)
+	report := ls.follow(watch)
+	close(ls.monitorDone)
+	report()
+}
+
+// follow is monitor's loop; it returns the report of the lease's end when
+// it ended the lease.
+func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
+	report = func() {}
 	every := ls.l.sessionTimeout / 3
 	timer := time.NewTimer(every)
 	defer timer.Stop()
@@ -163,18 +192,18 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 	for {
 		select {
 		case <-ls.stop:
-			return
+			return report
 		case <-ls.ctx.Done():
-			return
+			return report
 		case ev := <-watch:
 			watch = nil // a watch fires once
 			switch ev.Type {
 			case zk.EventNodeDeleted:
-				ls.end(fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node))
-				return
+				_, report = ls.endLater(fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node))
+				return report
 			case zk.EventNotWatching:
-				ls.end(fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, ev.Err))
-				return
+				_, report = ls.endLater(fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, ev.Err))
+				return report
 			}
 			// Its data changed: the next probe sets the watch again.
 		case <-timer.C:
@@ -210,8 +239,8 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 				timer.Reset(every / 4) // try again sooner; expire ends the lease if none succeeds
 				continue
 			case !p.exists:
-				ls.end(fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node))
-				return
+				_, report = ls.endLater(fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node))
+				return report
 			}
 			if p.watch != nil {
 				watch = p.watch
@@ -278,8 +307,20 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // with; see fence.Lease. The lease ends locally at once, whatever the
 // server answers: if the delete fails (ctx ended, no server reachable),
 // the node is deleted in the background, as after a failed Acquire, and
-// Release returns the error; calling it again retries at once.
+// Release returns the error; calling it again retries at once. The lease's
+// end is reported to the Observer and the Logger once Release's result is
+// settled and another Release may run: a Release of the callback returns
+// that result.
 func (ls *lease) Release(ctx context.Context) error {
+	report, err := ls.release(ctx)
+	report()
+	return err
+}
+
+// release is Release, but returns the report of the lease's end (never
+// nil; see endAsLater).
+func (ls *lease) release(ctx context.Context) (report func(), _ error) {
+	report = func() {}
 	// One Release at a time: two at once would both try the delete, and
 	// the one that found the node gone would report the lease lost.
 	select {
@@ -288,14 +329,14 @@ func (ls *lease) Release(ctx context.Context) error {
 		select {
 		case ls.relOp <- struct{}{}:
 		case <-ctx.Done():
-			return fmt.Errorf("zklock: release %q: %w", ls.a.name, ctx.Err())
+			return report, fmt.Errorf("zklock: release %q: %w", ls.a.name, ctx.Err())
 		}
 	}
 	defer func() { <-ls.relOp }()
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()
-		return ls.relErr
+		return report, ls.relErr
 	}
 	ls.mu.Unlock()
 	ls.stopOnce.Do(func() { close(ls.stop) })
@@ -322,20 +363,21 @@ func (ls *lease) Release(ctx context.Context) error {
 		// The lease ends here whatever the server says, so its node must
 		// go: unlike a Redis key it would not expire while the session
 		// lives. Delete it in the background; Release again retries now.
-		if ls.end(fence.ErrReleased) {
+		ended, report := ls.endLater(fence.ErrReleased)
+		if ended {
 			ls.l.cleanup(&ls.a, ls.node)
 		}
-		return fmt.Errorf("zklock: release %q: %w", ls.a.name, err)
+		return report, fmt.Errorf("zklock: release %q: %w", ls.a.name, err)
 	}
 	if err == nil {
-		ls.end(fence.ErrReleased)
+		_, report = ls.endLater(fence.ErrReleased)
 	} else {
-		ls.end(err)
+		_, report = ls.endLater(err)
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if !ls.released {
 		ls.released, ls.relErr = true, err
 	}
-	return ls.relErr
+	return report, ls.relErr
 }

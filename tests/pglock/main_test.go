@@ -103,7 +103,15 @@ func open(t testing.TB, dsn string, count *atomic.Int64) *sql.DB {
 
 func (d database) locker(t testing.TB, db *sql.DB) *pglock.Locker {
 	t.Helper()
-	l, err := pglock.New(db, &pglock.Options{WatchdogTTL: watchdogTTL, Listener: pgxListener{d.dsn}})
+	return d.lockerWith(t, db, pglock.Options{})
+}
+
+// lockerWith is locker with options o, to which it adds the watchdog TTL and
+// the Listener.
+func (d database) lockerWith(t testing.TB, db *sql.DB, o pglock.Options) *pglock.Locker {
+	t.Helper()
+	o.WatchdogTTL, o.Listener = watchdogTTL, pgxListener{d.dsn}
+	l, err := pglock.New(db, &o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,8 +18,14 @@ import (
 func TestConformance(t *testing.T) {
 	d := newDatabase(t, pg)
 	fencetest.Run(t, fencetest.Config{
-		New:         func(t testing.TB) fence.Locker { return d.locker(t, d.db) },
-		Remove:      d.remove,
+		New:    func(t testing.TB) fence.Locker { return d.locker(t, d.db) },
+		Remove: d.remove,
+		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
+			return d.lockerWith(t, d.db, pglock.Options{Observer: obs})
+		},
+		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
+			return d.lockerWith(t, d.db, pglock.Options{Logger: log})
+		},
 		WatchdogTTL: watchdogTTL,
 	})
 }
