@@ -1,0 +1,302 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// Attacks on a Locker over a *redis.Ring whose shards go down, come back
+// or are replaced (Ring.SetAddrs) while leases are held and Acquires wait.
+
+// ringOf returns a Ring of two fresh primaries, shard0 and shard1, that
+// checks its shards every 20 ms, and the primaries.
+func ringOf(t *testing.T, tweak func(*redis.RingOptions)) (*redis.Ring, [2]*redistest.Server) {
+	t.Helper()
+	srv := [2]*redistest.Server{redistest.Start(t), redistest.Start(t)}
+	o := &redis.RingOptions{
+		Addrs:              map[string]string{"shard0": srv[0].Addr, "shard1": srv[1].Addr},
+		HeartbeatFrequency: 20 * time.Millisecond,
+	}
+	if tweak != nil {
+		tweak(o)
+	}
+	ring := redis.NewRing(o)
+	t.Cleanup(func() { _ = ring.Close() })
+	return ring, srv
+}
+
+// waitRing polls, with a deadline, until the Ring has (up) or has not any
+// live shard for key.
+func waitRing(t *testing.T, ring *redis.Ring, key string, up bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := ring.GetShardClientForKey(key)
+		if (err == nil) == up {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Ring's shards never went up=%v: %v", up, err)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// TestRingAllShardsDown: every shard of the Ring killed and marked down
+// by its heartbeat. Acquire, Extend, Release and Status must fail within
+// the caller's deadline (Acquire with an error matching
+// fence.ErrNotAcquired), without a panic; and an Acquire with a wait
+// budget must keep trying, as it does when a plain client's server is
+// unreachable, and take the lock once the shards are back. Before the
+// fix the Ring's "all ring shards are down" was not transient: the
+// waiting Acquire failed at once.
+func TestRingAllShardsDown(t *testing.T) {
+	for _, sync := range []bool{true, false} {
+		t.Run(map[bool]string{true: "sync", false: "nosync"}[sync], func(t *testing.T) {
+			ring, srv := ringOf(t, nil)
+			l := lockerWith(t, ring, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !sync}})
+			lease, err := l.Acquire(ctx(t), "down-held", fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv[0].Kill()
+			srv[1].Kill()
+			waitRing(t, ring, lockKey("down"), false)
+
+			bounded := func(what string, f func(context.Context) error) error {
+				t.Helper()
+				c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				start := time.Now()
+				err := f(c)
+				if took := time.Since(start); took > 2500*time.Millisecond {
+					t.Errorf("%s took %v with a 2 s deadline", what, took)
+				}
+				if err == nil {
+					t.Errorf("%s with every shard down = nil; want an error", what)
+				}
+				return err
+			}
+			err = bounded("Acquire", func(c context.Context) error {
+				_, err := l.Acquire(c, "down", fence.TTL(time.Minute))
+				return err
+			})
+			if !errors.Is(err, fence.ErrNotAcquired) {
+				t.Errorf("Acquire with every shard down = %v; want fence.ErrNotAcquired", err)
+			}
+			bounded("Extend", func(c context.Context) error { return lease.Extend(c, time.Minute) })
+			if err := lease.Err(); err != nil {
+				t.Errorf("a failed Extend ended the lease: %v", err)
+			}
+			bounded("Status", func(c context.Context) error { _, err := l.Status(c, "down-held"); return err })
+			if sync {
+				bounded("ReplicaCounts", func(c context.Context) error { _, err := l.ReplicaCounts(c, "down-held"); return err })
+			}
+
+			// A waiting Acquire outlives the outage.
+			got := make(chan error, 1)
+			go func() {
+				lease, err := l.Acquire(ctx(t), "down", fence.TTL(time.Minute), fence.Wait(20*time.Second))
+				if err == nil {
+					err = lease.Release(ctx(t))
+				}
+				got <- err
+			}()
+			select {
+			case err := <-got:
+				t.Fatalf("a waiting Acquire with every shard down returned at once: %v", err)
+			case <-time.After(300 * time.Millisecond): // the outage lasts a while
+			}
+			for _, s := range srv {
+				if err := s.Relaunch(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := <-got; err != nil {
+				t.Errorf("waiting Acquire across the outage = %v; want a lease", err)
+			}
+			// The servers came back empty: the lease is lost, and Release
+			// says so rather than panicking.
+			if err := lease.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
+				t.Errorf("Release after the shards restarted empty = %v; want fence.ErrLeaseLost", err)
+			}
+		})
+	}
+}
+
+// swapAddrs returns addrs with each address written another way
+// ("localhost:port" for "127.0.0.1:port"), so that Ring.SetAddrs replaces
+// (and closes) every shard client while the servers stay the same.
+func swapAddrs(t *testing.T, addrs map[string]string) map[string]string {
+	t.Helper()
+	out := make(map[string]string, len(addrs))
+	for name, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if host == "localhost" {
+			host = "127.0.0.1"
+		} else {
+			host = "localhost"
+		}
+		out[name] = net.JoinHostPort(host, port)
+	}
+	return out
+}
+
+// TestRingShardReplacedUnderCall: Ring.SetAddrs replaces the lock shard's
+// client (same server, another address string) between the moment
+// redislock picked it and the moment the call is sent on it, so that the
+// call finds it closed (redis.ErrClosed): a shard hook calls SetAddrs
+// before passing the armed command on. Nothing was sent; the Ring has a
+// live client for the same shard. An Acquire, an Extend and a Release
+// must go through (on the new client) rather than fail as if the
+// caller's own client were closed. Before the fix all three failed with
+// "redis: client is closed", an Acquire with a wait budget too.
+func TestRingShardReplacedUnderCall(t *testing.T) {
+	for _, sync := range []bool{true, false} {
+		t.Run(map[bool]string{true: "sync", false: "nosync"}[sync], func(t *testing.T) {
+			var ring *redis.Ring
+			var armed atomic.Bool
+			var addrs atomic.Pointer[map[string]string]
+			replace := func() {
+				if armed.CompareAndSwap(true, false) {
+					next := swapAddrs(t, *addrs.Load())
+					addrs.Store(&next)
+					ring.SetAddrs(next)
+				}
+			}
+			ring, srv := ringOf(t, func(o *redis.RingOptions) {
+				a := o.Addrs
+				addrs.Store(&a)
+				o.NewClient = func(opt *redis.Options) *redis.Client {
+					c := redis.NewClient(opt)
+					c.AddHook(replaceHook{replace})
+					return c
+				}
+			})
+			_ = srv
+			l := lockerWith(t, ring, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !sync}})
+
+			armed.Store(true)
+			lease, err := l.Acquire(ctx(t), "replaced", fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatalf("Acquire with the shard client replaced under it = %v; want a lease", err)
+			}
+			armed.Store(true)
+			if err := lease.Extend(ctx(t), time.Minute); err != nil {
+				t.Errorf("Extend with the shard client replaced under it = %v", err)
+			}
+			armed.Store(true)
+			if err := lease.Release(ctx(t)); err != nil {
+				t.Errorf("Release with the shard client replaced under it = %v", err)
+			}
+			if n := ring.Exists(ctx(t), lockKey("replaced")).Val(); n != 0 {
+				t.Errorf("the lock is still held after Release")
+			}
+			armed.Store(true)
+			lease, err = l.Acquire(ctx(t), "replaced", fence.TTL(time.Minute), fence.Wait(5*time.Second))
+			if err != nil {
+				t.Fatalf("waiting Acquire with the shard client replaced under it = %v; want a lease", err)
+			}
+			_ = lease.Release(ctx(t))
+		})
+	}
+}
+
+// replaceHook calls replace before every script command it passes on.
+type replaceHook struct{ replace func() }
+
+func (h replaceHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h replaceHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) {
+			h.replace()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h replaceHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if isScript(cmd) {
+				h.replace()
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func isScript(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "evalsha", "eval":
+		return true
+	}
+	return false
+}
+
+// TestRingShardReplacedWhileWaiting: a waiter subscribed on the Ring,
+// then Ring.SetAddrs replaces every shard client (same servers, other
+// address strings; the old clients, and their subscriptions, are closed),
+// then the holder releases. The waiter must get the lock within seconds,
+// not wait out the holder's minute-long TTL.
+func TestRingShardReplacedWhileWaiting(t *testing.T) {
+	ring, srv := ringOf(t, nil)
+	l := lockerWith(t, ring, redislock.Options{})
+	holder, err := l.Acquire(ctx(t), "replaced-wait", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx(t), "replaced-wait", fence.TTL(time.Minute), fence.Wait(20*time.Second))
+		if err == nil {
+			err = lease.Release(ctx(t))
+		}
+		got <- err
+	}()
+	channel := lockKey("replaced-wait") + ":released"
+	deadline := time.Now().Add(10 * time.Second)
+	subscribed := func() int64 {
+		var n int64
+		for _, s := range srv {
+			n += s.Client(t).PubSubNumSub(ctx(t), channel).Val()[channel]
+		}
+		return n
+	}
+	for subscribed() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never subscribed")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	ring.SetAddrs(swapAddrs(t, ring.Options().Addrs))
+	start := time.Now()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Errorf("waiter = %v; want a lease", err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("the waiter took the lock %v after the release", took)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter did not get the lock within 15 s of the release")
+	}
+}
