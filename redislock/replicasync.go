@@ -770,11 +770,17 @@ func (l *Locker) primaryFor(ctx context.Context, key string) (string, redis.Cmda
 // before finds it closed. At most three tries: a shard client closed by
 // hand stays closed, and the Ring keeps handing it out.
 func (l *Locker) shardReplaced(try int, key string, err error) bool {
+	return try < 3 && errors.Is(err, redis.ErrClosed) && l.ringServes(key)
+}
+
+// ringServes reports whether the Locker is on a Ring that is open and has
+// a live shard for key.
+func (l *Locker) ringServes(key string) bool {
 	ring, ok := l.client.(*redis.Ring)
-	if !ok || try >= 3 || !errors.Is(err, redis.ErrClosed) {
+	if !ok {
 		return false
 	}
-	_, err = ring.GetShardClientForKey(key)
+	_, err := ring.GetShardClientForKey(key)
 	return err == nil
 }
 

@@ -306,7 +306,12 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 	for {
 		msg, err := ps.Receive(ctx)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, redis.ErrClosed) {
+			// A Ring closes the client of a shard that SetAddrs
+			// replaced, and this subscription with it: subscribe again
+			// through the Ring (below). Any other closed client is the
+			// caller's, closed for good.
+			closed := errors.Is(err, redis.ErrClosed)
+			if ctx.Err() != nil || closed && !l.ringServes(w.channel) {
 				l.drop(w, errors.Join(err, ctx.Err()))
 				return
 			}
@@ -323,8 +328,9 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 				l.drop(w, ctx.Err())
 				return
 			}
-			if _, moved := redis.IsMovedError(err); moved {
-				// Subscribed where the slot was: try where it is now.
+			if _, moved := redis.IsMovedError(err); moved || closed {
+				// Subscribed where the slot was (or on a Ring shard's
+				// client now closed): try where it is now.
 				if ps, err = l.resubscribe(ctx, w, ps); err != nil {
 					l.drop(w, err)
 					return
