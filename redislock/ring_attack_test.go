@@ -300,3 +300,103 @@ func TestRingShardReplacedWhileWaiting(t *testing.T) {
 		t.Fatal("the waiter did not get the lock within 15 s of the release")
 	}
 }
+
+// TestRingGoneBeforeSubscribe: a waiting Acquire's first try finds the
+// lock held, and before the waiter subscribes, the Ring is closed (a
+// shutdown) or every shard is killed and marked down (a shard hook does
+// either once the try's reply is in). Ring.Subscribe panics when the Ring
+// has no shard for the channel; the waiter must instead fail with an
+// error matching fence.ErrNotAcquired (closed), or keep waiting and take
+// the lock once the shards are back (down). Before the fix the test
+// binary died of the panic in redislock's subscription goroutine.
+func TestRingGoneBeforeSubscribe(t *testing.T) {
+	for _, mode := range []string{"closed", "down"} {
+		t.Run(mode, func(t *testing.T) {
+			var ring *redis.Ring
+			var srv [2]*redistest.Server
+			var armed atomic.Bool
+			after := func() {
+				if !armed.CompareAndSwap(true, false) {
+					return
+				}
+				if mode == "closed" {
+					_ = ring.Close()
+					return
+				}
+				srv[0].Kill()
+				srv[1].Kill()
+				waitRing(t, ring, lockKey("gone"), false)
+			}
+			ring, srv = ringOf(t, func(o *redis.RingOptions) {
+				o.NewClient = func(opt *redis.Options) *redis.Client {
+					c := redis.NewClient(opt)
+					c.AddHook(afterHook{after})
+					return c
+				}
+			})
+			l := lockerWith(t, ring, redislock.Options{})
+			holder, err := l.Acquire(ctx(t), "gone", fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			armed.Store(true)
+			got := make(chan error, 1)
+			go func() {
+				lease, err := l.Acquire(ctx(t), "gone", fence.TTL(time.Minute), fence.Wait(20*time.Second))
+				if err == nil {
+					err = lease.Release(ctx(t))
+				}
+				got <- err
+			}()
+			if mode == "closed" {
+				if err := <-got; !errors.Is(err, fence.ErrNotAcquired) {
+					t.Errorf("waiting Acquire on a Ring closed under it = %v; want fence.ErrNotAcquired", err)
+				}
+				_ = holder.Release(ctx(t))
+				return
+			}
+			select {
+			case err := <-got:
+				t.Fatalf("waiting Acquire with every shard down returned at once: %v", err)
+			case <-time.After(300 * time.Millisecond): // the outage lasts a while
+			}
+			for _, s := range srv {
+				if err := s.Relaunch(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := <-got; err != nil {
+				t.Errorf("waiting Acquire across the outage = %v; want a lease", err)
+			}
+			_ = holder.Release(ctx(t))
+		})
+	}
+}
+
+// afterHook calls after once a script command has its reply.
+type afterHook struct{ after func() }
+
+func (h afterHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h afterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if isScript(cmd) {
+			h.after()
+		}
+		return err
+	}
+}
+
+func (h afterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if isScript(cmd) {
+				h.after()
+				break
+			}
+		}
+		return err
+	}
+}
