@@ -380,11 +380,16 @@ func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub,
 	var ps *redis.PubSub
 	var err error
 	if ring, ok := l.client.(*redis.Ring); ok {
-		// A Ring picks the shard by the first channel and panics without
-		// one. It drops the error of the subscription it sends: one that
-		// failed is made again by the PubSub's next receive, and the
-		// waiters wait for its confirmation within their budgets.
-		ps = ring.Subscribe(ctx, w.channel)
+		// On the client of the shard the Ring puts the channel on (as
+		// Ring.Subscribe does, which panics when the Ring is closed or
+		// has every shard marked down: here that is an error). It drops
+		// the error of the subscription it sends: one that failed is
+		// made again by the PubSub's next receive, and the waiters wait
+		// for its confirmation within their budgets.
+		var shard *redis.Client
+		if shard, err = ring.GetShardClientForKey(w.channel); err == nil {
+			ps = shard.Subscribe(ctx, w.channel)
+		}
 	} else if l.sharded {
 		ps = l.client.SSubscribe(ctx)
 		err = ps.SSubscribe(ctx, w.channel)
@@ -402,7 +407,9 @@ func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub,
 		err = errWatchClosed
 	}
 	if err != nil {
-		_ = ps.Close()
+		if ps != nil {
+			_ = ps.Close()
+		}
 		return nil, errors.Join(err, ctx.Err())
 	}
 	return ps, nil
