@@ -403,3 +403,116 @@ func (h afterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		return err
 	}
 }
+
+// countHook counts the script commands it sees, alone or in pipelines.
+type countHook struct{ n *atomic.Int64 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if isScript(cmd) {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestRingHooks checks the package doc's claim on hooks with replica sync
+// on a Ring: hooks on the shard clients see every script call (Acquire,
+// Extend, Release); hooks added to the Ring itself do not see the synced
+// ones (Acquire, Extend); and Ring.OnNewNode, called after NewRing, does
+// not reach the shards the Ring already has (the doc pointed to it for
+// shard hooks).
+func TestRingHooks(t *testing.T) {
+	var shard, ringHook, onNew atomic.Int64
+	ring, _ := ringOf(t, func(o *redis.RingOptions) {
+		o.NewClient = func(opt *redis.Options) *redis.Client {
+			c := redis.NewClient(opt)
+			c.AddHook(countHook{&shard})
+			return c
+		}
+	})
+	ring.AddHook(countHook{&ringHook})
+	ring.OnNewNode(func(c *redis.Client) { c.AddHook(countHook{&onNew}) })
+	l := lockerWith(t, ring, redislock.Options{})
+	for round := range 2 {
+		// Round 0 loads the scripts (EVALSHA, then EVAL) and reads the
+		// replica counts; round 1 counts one command per call.
+		shard.Store(0)
+		ringHook.Store(0)
+		lease, err := l.Acquire(ctx(t), "hooks", fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		afterAcquire := shard.Load()
+		if err := lease.Extend(ctx(t), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		afterExtend := shard.Load()
+		if err := lease.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			continue
+		}
+		if afterAcquire != 1 || afterExtend != 2 || shard.Load() != 3 {
+			t.Errorf("shard hooks saw %d scripts after Acquire, %d after Extend, %d after Release; want 1, 2, 3", afterAcquire, afterExtend, shard.Load())
+		}
+		if n := ringHook.Load(); n != 1 {
+			t.Errorf("the Ring's own hook saw %d script calls; want 1 (the unsynced release)", n)
+		}
+	}
+	if n := onNew.Load(); n != 0 {
+		t.Errorf("a hook added through OnNewNode after NewRing saw %d script calls; want 0", n)
+	}
+}
+
+// TestRingReshardEndsLease: Ring.SetAddrs moves a held lock's name to
+// another primary (the doc's reshard). The old lease's Extend must end it
+// as lost; a new Acquire on the new primary gets a larger token (the clock
+// floor); the old lease's Release must not delete the new holder's lock.
+func TestRingReshardEndsLease(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"shard0": a.Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	l := lockerWith(t, ring, redislock.Options{})
+	old, err := l.Acquire(ctx(t), "reshard", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring.SetAddrs(map[string]string{"shard0": b.Addr})
+	if err := old.Extend(ctx(t), time.Minute); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Extend after the reshard = %v; want fence.ErrLeaseLost", err)
+	}
+	if !errors.Is(old.Err(), fence.ErrLeaseLost) {
+		t.Errorf("the old lease's Err after the lost renewal = %v", old.Err())
+	}
+	next, err := l.Acquire(ctx(t), "reshard", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Token() <= old.Token() {
+		t.Errorf("token on the new shard %d <= the old holder's %d", next.Token(), old.Token())
+	}
+	if err := old.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("the old lease's Release = %v; want fence.ErrLeaseLost", err)
+	}
+	if b.Client(t).Exists(ctx(t), lockKey("reshard")).Val() != 1 {
+		t.Fatal("the old lease's Release deleted the new holder's lock")
+	}
+	if err := next.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+}
