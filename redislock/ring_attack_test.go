@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -514,5 +515,51 @@ func TestRingReshardEndsLease(t *testing.T) {
 	}
 	if err := next.Release(ctx(t)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRingShardHung: the lock's shard is paused (SIGSTOP; the Ring's
+// heartbeat has not marked it down yet). Acquire, Extend, Release and
+// Status on a name there must return by a 500 ms deadline, with sync on
+// and off; a name on the other shard is served meanwhile.
+func TestRingShardHung(t *testing.T) {
+	for _, sync := range []bool{true, false} {
+		t.Run(map[bool]string{true: "sync", false: "nosync"}[sync], func(t *testing.T) {
+			ring, srv := ringOf(t, func(o *redis.RingOptions) { o.HeartbeatFrequency = time.Minute })
+			l := lockerWith(t, ring, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: !sync}})
+			shards := []*ringShard{{name: "shard0", primary: srv[0]}, {name: "shard1", primary: srv[1]}}
+			hung, live := nameOn(t, ring, shards[0], "hung"), nameOn(t, ring, shards[1], "live")
+			lease, err := l.Acquire(ctx(t), hung, fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv[0].Signal(syscall.SIGSTOP)
+			defer srv[0].Signal(syscall.SIGCONT)
+			within := func(what string, f func(context.Context) error) {
+				t.Helper()
+				c, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				start := time.Now()
+				err := f(c)
+				if took := time.Since(start); took > time.Second {
+					t.Errorf("%s on the hung shard took %v with a 500 ms deadline", what, took)
+				}
+				if err == nil {
+					t.Errorf("%s on the hung shard = nil; want an error", what)
+				}
+			}
+			within("Acquire", func(c context.Context) error {
+				_, err := l.Acquire(c, hung+"-2", fence.TTL(time.Minute), fence.Wait(time.Second))
+				return err
+			})
+			within("Extend", func(c context.Context) error { return lease.Extend(c, time.Minute) })
+			within("Status", func(c context.Context) error { _, err := l.Status(c, hung); return err })
+			within("Release", lease.Release)
+			other, err := l.Acquire(ctx(t), live, fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatalf("Acquire on the live shard while the other is hung = %v", err)
+			}
+			_ = other.Release(ctx(t))
+		})
 	}
 }
