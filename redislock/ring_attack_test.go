@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -561,5 +562,54 @@ func TestRingShardHung(t *testing.T) {
 			}
 			_ = other.Release(ctx(t))
 		})
+	}
+}
+
+// TestRingSameAddrTwice: one primary (with a replica) listed under two
+// shard names, next to a primary without replicas under a third. The
+// replica-count cache is keyed by address: the two names share the
+// primary's counts, which are right for both, and the third keeps its own.
+// With the replica paused, locks on both names of the replicated primary
+// are refused and one on the bare primary is taken.
+func TestRingSameAddrTwice(t *testing.T) {
+	p, bare := redistest.Start(t), redistest.Start(t)
+	replica := redistest.StartReplica(t, p)
+	redistest.WaitReplicated(t, p, 1)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": p.Addr, "b": p.Addr, "c": bare.Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	l := lockerWith(t, ring, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	var names []string // one name per shard name: a, b, c
+	seen := map[*redis.Client]bool{}
+	for i := 0; len(names) < 3 && i < 10000; i++ {
+		name := fmt.Sprintf("twice-%d", i)
+		c, err := ring.GetShardClientForKey(lockKey(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !seen[c] {
+			seen[c] = true
+			names = append(names, name)
+		}
+	}
+	if len(names) != 3 {
+		t.Fatalf("found names on %d shard clients; want 3", len(names))
+	}
+	for _, name := range names {
+		if err := tryOnce(t, l, name); err != nil {
+			t.Fatalf("Acquire(%q) with the replica running = %v", name, err)
+		}
+	}
+	replica.Signal(syscall.SIGSTOP)
+	defer replica.Signal(syscall.SIGCONT)
+	for _, name := range names {
+		c, _ := ring.GetShardClientForKey(lockKey(name))
+		err := tryOnce(t, l, name)
+		if c.Options().Addr == bare.Addr {
+			if err != nil {
+				t.Errorf("Acquire(%q) on the bare primary = %v", name, err)
+			}
+		} else if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Errorf("Acquire(%q) on the replicated primary with its replica paused = %v; want fence.ErrNotReplicated", name, err)
+		}
 	}
 }
