@@ -56,9 +56,11 @@
 // the Ring hashes the name's tag {N} to, and replica sync runs there: the
 // script and its WAIT on one connection to that shard, the expected count
 // read from, and recorded on, that shard (each shard has its own
-// P:replicas). Hooks added to the Ring itself do not see the synced calls,
-// which go to the shard's client; hooks added to the shard clients
-// (Ring.OnNewNode) see every call.
+// P:replicas). Hooks added to the Ring itself do not see the synced calls
+// (acquisitions and renewals), which go to the shard's client; hooks added
+// to the shard clients see every call. Add them in RingOptions.NewClient:
+// Ring.OnNewNode reaches only the shards that Ring.SetAddrs adds later, not
+// those the Ring was made with.
 //
 // A Ring is not a cluster: each Ring client decides on its own, from its
 // heartbeats, that a shard is down, and then hashes that shard's keys to

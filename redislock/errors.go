@@ -36,8 +36,9 @@ func scriptError(err error) error {
 var transientPrefixes = []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "BUSY", "UNBLOCKED"}
 
 // transient reports whether err is worth retrying within a wait budget: the
-// server is unreachable or timed out, is loading, is a replica (a failover
-// in progress), or refused for lack of replicas. Everything else is
+// server is unreachable or timed out (on a Ring, every shard is marked
+// down), is loading, is a replica (a failover in progress), or refused for
+// lack of replicas. Everything else is
 // permanent and ends a wait at once: a wrong key type, auth or ACL errors,
 // ErrBadTokenRecord, a script error, a closed client, the caller's context.
 func transient(err error) bool {
@@ -65,7 +66,16 @@ func transient(err error) bool {
 	// A write inside a script on a just-demoted primary; a Sentinel
 	// client that cannot reach a master during a failover.
 	return strings.Contains(msg, "READONLY You can't write") ||
-		strings.Contains(msg, "all sentinels specified in configuration are unreachable")
+		strings.Contains(msg, "all sentinels specified in configuration are unreachable") ||
+		ringDown(err)
+}
+
+// ringDown reports the error of a Ring whose shards are all marked down
+// by its heartbeat: its shards may come back. It may follow a try the
+// Ring sent before the last shard went down (go-redis retries a command
+// on a broken connection), so it does not say that nothing was sent.
+func ringDown(err error) bool {
+	return strings.Contains(err.Error(), "redis: all ring shards are down")
 }
 
 // isNetTimeout reports a socket timeout. context.DeadlineExceeded is a

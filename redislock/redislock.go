@@ -244,7 +244,7 @@ func (b *boxedMs) get(d time.Duration) any {
 //
 // Within the wait budget, errors that pass by themselves are retried with
 // jittered back-off (10 ms doubling to 1 s): the server unreachable or timing
-// out, LOADING, READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, a Sentinel
+// out (on a Ring, every shard marked down), LOADING, READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, a Sentinel
 // without a master yet, and too few replica acknowledgements
 // (fence.ErrNotReplicated). Any other error (WRONGTYPE, auth or ACL,
 // ErrBadTokenRecord) ends the wait at once. Either way the error is returned

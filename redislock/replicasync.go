@@ -352,13 +352,18 @@ func (l *Locker) evalSyncedOr(ctx context.Context, noWait bool, script *redis.Sc
 	var expected int
 	node, last := "", redis.Cmdable(l.client)
 	if !l.sharded {
-		if l.conn == nil {
-			// A Ring's shard; any other client is its own primary.
-			if node, last, err = l.primaryFor(ctx, keys.names[0]); err != nil {
-				return nil, 0, 0, err
+		for try := 1; ; try++ {
+			if l.conn == nil {
+				// A Ring's shard; any other client is its own primary.
+				if node, last, err = l.primaryFor(ctx, keys.names[0]); err != nil {
+					return nil, 0, 0, err
+				}
+			}
+			reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, noWait, script, keys, args)
+			if !l.shardReplaced(try, keys.names[0], err) {
+				break
 			}
 		}
-		reply, acked, required, expected, err = l.evalOnce(ctx, node, last, false, noWait, script, keys, args)
 	} else {
 		err = l.onSlotMaster(ctx, keys.names[0], func(addr string, c redis.Cmdable, asking bool) error {
 			node, last = addr, c
@@ -413,8 +418,12 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 // following cluster redirections as evalSyncedOr does.
 func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if !l.sharded {
-		reply = l.run(ctx, l.client, script, keys, args...)
-		return reply, 0, 0, reply.Err()
+		for try := 1; ; try++ {
+			reply = l.run(ctx, l.client, script, keys, args...)
+			if !l.shardReplaced(try, keys.names[0], reply.Err()) {
+				return reply, 0, 0, reply.Err()
+			}
+		}
 	}
 	err = l.onSlotMaster(ctx, keys.names[0], func(_ string, c redis.Cmdable, asking bool) error {
 		var err error
@@ -751,6 +760,28 @@ func (l *Locker) primaryFor(ctx context.Context, key string) (string, redis.Cmda
 		return shardName(shard), shard, nil
 	}
 	return "", l.client, nil
+}
+
+// shardReplaced reports whether try number try of a call on key, which
+// failed with err, is to be made again: on a Ring, when the shard client
+// it used was closed (redis.ErrClosed: nothing was sent) while the Ring
+// itself is open and has a shard for key. Ring.SetAddrs closes the
+// clients of the shards it replaces, and a call that picked one just
+// before finds it closed. At most three tries: a shard client closed by
+// hand stays closed, and the Ring keeps handing it out.
+func (l *Locker) shardReplaced(try int, key string, err error) bool {
+	return try < 3 && errors.Is(err, redis.ErrClosed) && l.ringServes(key)
+}
+
+// ringServes reports whether the Locker is on a Ring that is open and has
+// a live shard for key.
+func (l *Locker) ringServes(key string) bool {
+	ring, ok := l.client.(*redis.Ring)
+	if !ok {
+		return false
+	}
+	_, err := ring.GetShardClientForKey(key)
+	return err == nil
 }
 
 // shardName names a Ring's shard client for the replica-count cache: its

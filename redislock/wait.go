@@ -306,7 +306,12 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 	for {
 		msg, err := ps.Receive(ctx)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, redis.ErrClosed) {
+			// A Ring closes the client of a shard that SetAddrs
+			// replaced, and this subscription with it: subscribe again
+			// through the Ring (below). Any other closed client is the
+			// caller's, closed for good.
+			closed := errors.Is(err, redis.ErrClosed)
+			if ctx.Err() != nil || closed && !l.ringServes(w.channel) {
 				l.drop(w, errors.Join(err, ctx.Err()))
 				return
 			}
@@ -323,8 +328,9 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 				l.drop(w, ctx.Err())
 				return
 			}
-			if _, moved := redis.IsMovedError(err); moved {
-				// Subscribed where the slot was: try where it is now.
+			if _, moved := redis.IsMovedError(err); moved || closed {
+				// Subscribed where the slot was (or on a Ring shard's
+				// client now closed): try where it is now.
 				if ps, err = l.resubscribe(ctx, w, ps); err != nil {
 					l.drop(w, err)
 					return
@@ -374,11 +380,16 @@ func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub,
 	var ps *redis.PubSub
 	var err error
 	if ring, ok := l.client.(*redis.Ring); ok {
-		// A Ring picks the shard by the first channel and panics without
-		// one. It drops the error of the subscription it sends: one that
-		// failed is made again by the PubSub's next receive, and the
-		// waiters wait for its confirmation within their budgets.
-		ps = ring.Subscribe(ctx, w.channel)
+		// On the client of the shard the Ring puts the channel on (as
+		// Ring.Subscribe does, which panics when the Ring is closed or
+		// has every shard marked down: here that is an error). It drops
+		// the error of the subscription it sends: one that failed is
+		// made again by the PubSub's next receive, and the waiters wait
+		// for its confirmation within their budgets.
+		var shard *redis.Client
+		if shard, err = ring.GetShardClientForKey(w.channel); err == nil {
+			ps = shard.Subscribe(ctx, w.channel)
+		}
 	} else if l.sharded {
 		ps = l.client.SSubscribe(ctx)
 		err = ps.SSubscribe(ctx, w.channel)
@@ -396,7 +407,9 @@ func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub,
 		err = errWatchClosed
 	}
 	if err != nil {
-		_ = ps.Close()
+		if ps != nil {
+			_ = ps.Close()
+		}
 		return nil, errors.Join(err, ctx.Err())
 	}
 	return ps, nil
