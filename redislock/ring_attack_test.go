@@ -113,19 +113,7 @@ func TestRingAllShardsDown(t *testing.T) {
 				}
 				got <- err
 			}()
-			select {
-			case err := <-got:
-				t.Fatalf("a waiting Acquire with every shard down returned at once: %v", err)
-			case <-time.After(300 * time.Millisecond): // the outage lasts a while
-			}
-			for _, s := range srv {
-				if err := s.Relaunch(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := <-got; err != nil {
-				t.Errorf("waiting Acquire across the outage = %v; want a lease", err)
-			}
+			outlasts(t, got, srv)
 			// The servers came back empty: the lease is lost, and Release
 			// says so rather than panicking.
 			if err := lease.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
@@ -138,6 +126,26 @@ func TestRingAllShardsDown(t *testing.T) {
 // swapAddrs returns addrs with each address written another way
 // ("localhost:port" for "127.0.0.1:port"), so that Ring.SetAddrs replaces
 // (and closes) every shard client while the servers stay the same.
+// outlasts checks that the waiting Acquire whose result got will carry
+// has not returned 300 ms into an outage of every shard, relaunches the
+// shards, and checks that it then got a lease.
+func outlasts(t *testing.T, got <-chan error, srv [2]*redistest.Server) {
+	t.Helper()
+	select {
+	case err := <-got:
+		t.Fatalf("a waiting Acquire with every shard down returned at once: %v", err)
+	case <-time.After(300 * time.Millisecond): // the outage lasts a while
+	}
+	for _, s := range srv {
+		if err := s.Relaunch(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-got; err != nil {
+		t.Errorf("waiting Acquire across the outage = %v; want a lease", err)
+	}
+}
+
 func swapAddrs(t *testing.T, addrs map[string]string) map[string]string {
 	t.Helper()
 	out := make(map[string]string, len(addrs))
@@ -360,19 +368,7 @@ func TestRingGoneBeforeSubscribe(t *testing.T) {
 				return
 			}
 			<-downed
-			select {
-			case err := <-got:
-				t.Fatalf("waiting Acquire with every shard down returned at once: %v", err)
-			case <-time.After(300 * time.Millisecond): // the outage lasts a while
-			}
-			for _, s := range srv {
-				if err := s.Relaunch(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := <-got; err != nil {
-				t.Errorf("waiting Acquire across the outage = %v; want a lease", err)
-			}
+			outlasts(t, got, srv)
 			_ = holder.Release(ctx(t)) // lost: the shards came back empty
 		})
 	}
