@@ -351,12 +351,19 @@ func TestWaitDeniedGivesLockBack(t *testing.T) {
 		if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), "NOPERM") {
 			t.Fatalf("Acquire (wait %v) = %v, want ErrNotAcquired with NOPERM", wait, err)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for admin.Exists(ctx(t), "fence:{"+name+"}").Val() != 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("wait %v: the lock taken before WAIT failed is still held (PTTL %v)", wait, admin.PTTL(ctx(t), "fence:{"+name+"}").Val())
-			}
-			time.Sleep(10 * time.Millisecond) // polling with a deadline
+		awaitGone(t, admin, name, 5*time.Second, fmt.Sprintf("wait %v: the lock taken before WAIT failed", wait))
+	}
+}
+
+// awaitGone fails the test, saying what of held, unless the lock called name
+// is gone within d.
+func awaitGone(t *testing.T, admin *redis.Client, name string, d time.Duration, held string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is still held (PTTL %v)", held, admin.PTTL(ctx(t), lockKey(name)).Val())
 		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
 }

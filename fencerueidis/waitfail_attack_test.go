@@ -147,12 +147,6 @@ func TestDeadlineBetweenScriptAndWait(t *testing.T) {
 		if !errors.Is(err, fence.ErrNotAcquired) {
 			t.Fatalf("wait %v: Acquire = %v; want fence.ErrNotAcquired", wait, err)
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("wait %v: the lock taken before the deadline ended WAIT is still held (PTTL %v)", wait, admin.PTTL(ctx(t), lockKey(name)).Val())
-			}
-			time.Sleep(10 * time.Millisecond) // polling with a deadline
-		}
+		awaitGone(t, admin, name, 10*time.Second, fmt.Sprintf("wait %v: the lock taken before the deadline ended WAIT", wait))
 	}
 }
