@@ -16,7 +16,6 @@ package etcdserver
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +32,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/internal/child"
+	"github.com/fencekit/fence/internal/stopped"
 )
 
 // readyTimeout bounds the wait for members to serve.
@@ -351,7 +351,7 @@ func (m *Member) Kill() {
 
 // Stop pauses the member with SIGSTOP: it holds its ports and answers
 // nothing until Cont. It returns once every thread of the member is
-// stopped (up to stopTimeout), not merely once the signal was sent: kill(2)
+// stopped (up to stopped.Limit), not merely once the signal was sent: kill(2)
 // returns with the signal pending, and on a loaded machine the member's
 // threads may go on running, and answer a request sent meanwhile, until
 // each is scheduled again and takes the signal.
@@ -362,48 +362,7 @@ func (m *Member) Stop() {
 		return
 	}
 	_ = m.proc.Signal(syscall.SIGSTOP)
-	waitStopped(m.proc.Pid, stopTimeout)
-}
-
-// stopTimeout bounds Stop's wait for the member's threads to stop.
-const stopTimeout = 5 * time.Second
-
-// waitStopped waits, up to limit, until every thread of process pid is in
-// the stopped state ('T' in /proc/pid/task/*/stat), or the process is gone.
-// Where /proc cannot be read, it returns at once.
-func waitStopped(pid int, limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		if allStopped(pid) {
-			return
-		}
-		time.Sleep(time.Millisecond) // polling the kernel's view, with a deadline
-	}
-}
-
-// allStopped reports whether every thread of pid is stopped; true when
-// /proc cannot tell (gone, or no /proc).
-func allStopped(pid int) bool {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	tasks, err := os.ReadDir(dir)
-	if err != nil {
-		return true
-	}
-	for _, task := range tasks {
-		stat, err := os.ReadFile(dir + "/" + task.Name() + "/stat")
-		if err != nil {
-			continue // the thread exited
-		}
-		// pid (comm) state ...: comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 || i+2 >= len(stat) {
-			continue
-		}
-		if st := stat[i+2]; st != 'T' && st != 't' && st != 'Z' && st != 'X' {
-			return false
-		}
-	}
-	return true
+	stopped.Wait(m.proc.Pid, stopped.Limit)
 }
 
 // Cont resumes a member paused by Stop.

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/internal/child"
+	"github.com/fencekit/fence/internal/stopped"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -146,12 +147,16 @@ func (s *Server) Restart() error {
 }
 
 // Signal sends sig to the server process (SIGSTOP, SIGCONT, ...). It does
-// nothing if the server is stopped.
+// nothing if the server is stopped. After SIGSTOP it returns once every
+// thread of the server is stopped (see package stopped).
 func (s *Server) Signal(sig syscall.Signal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc != nil {
 		_ = s.proc.Signal(sig)
+		if sig == syscall.SIGSTOP {
+			stopped.Wait(s.proc.Pid, stopped.Limit)
+		}
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/internal/child"
+	"github.com/fencekit/fence/internal/stopped"
 )
 
 // Jar and SLF4J are the jars the servers run: ZooKeeper (its manifest lists
@@ -351,8 +352,16 @@ func (s *Server) Kill() {
 }
 
 // Stop pauses the server (SIGSTOP): it holds its connections open and
-// answers nothing, as a hung server would. Cont resumes it.
-func (s *Server) Stop() { s.signal(syscall.SIGSTOP) }
+// answers nothing, as a hung server would. It returns once every thread of
+// the server is stopped (see package stopped). Cont resumes it.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		_ = s.proc.Signal(syscall.SIGSTOP)
+		stopped.Wait(s.proc.Pid, stopped.Limit)
+	}
+}
 
 // Cont resumes a server paused by Stop.
 func (s *Server) Cont() { s.signal(syscall.SIGCONT) }
