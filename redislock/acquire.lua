@@ -62,8 +62,11 @@ local function take(marks)
   local ms = clockMs(clock())
   if holder and last then
     -- This owner already holds the lock (granted, or taken by a try whose
-    -- reply was lost): hand out the same token with a fresh expiry.
-    redis.call('PEXPIRE', lock, ARGV[2])
+    -- reply was lost): hand out the same token with a fresh expiry, never
+    -- an earlier one (GT): this may be a duplicate of the lease's own
+    -- acquisition run after an Extend moved the lock further (see
+    -- extend.lua), whose holder's deadline comes from that Extend.
+    redis.call('PEXPIRE', lock, ARGV[2], 'GT')
     return {1, last, ms}
   end
   local token, terr = nextToken(record, last, clock())
@@ -74,7 +77,7 @@ local function take(marks)
     return terr
   end
   if holder then
-    redis.call('PEXPIRE', lock, ARGV[2]) -- ours, but its token record was lost
+    redis.call('PEXPIRE', lock, ARGV[2], 'GT') -- ours, but its token record was lost
   end
   redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])
   return {1, token, ms}

@@ -191,6 +191,14 @@
 // ends. With fence.TTL the lease simply expires, and its loss is noticed at
 // the deadline, by Extend or by Release.
 //
+// A renewal (and an acquisition's script finding the lock already its own)
+// never moves the lock's expiry earlier (PEXPIRE … GT): a short Extend that
+// was held up on its way, given up on, and overtaken by a longer one would
+// otherwise cut the expiry below the Deadline the longer one gave, and
+// another owner could take the lock inside the lease
+// (TestStaleRenewalDoesNotShortenLock). Extend with a shorter ttl than is
+// left moves Deadline earlier and leaves the lock held until the later time.
+//
 // A renewal carries the lease's deadline on the server's clock (mapped
 // from the server time that the last acquire or renew script returned,
 // erring early by 1%), and the script refuses to move the expiry once that

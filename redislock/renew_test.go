@@ -3,14 +3,17 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -89,5 +92,139 @@ func TestLateRenewalDoesNotHoldTheLock(t *testing.T) {
 	}
 	if err := lease.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release of the ended lease = %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestStaleRenewalDoesNotShortenLock: an Extend with a short TTL is held up
+// on its way (a slow link) until its caller gave up on it; a later Extend
+// with a long TTL moves the lock and the lease's Deadline far ahead; then
+// the old request reaches Redis. Run as a plain PEXPIRE it cut the lock's
+// expiry to the short TTL while Deadline still lay ahead: another Locker
+// took the lock inside the lease. The lock's expiry only ever moves later.
+func TestStaleRenewalDoesNotShortenLock(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	// 1234 ms, as the stale renewal's lease ms argument, on its own line of
+	// the request: nothing else sends it.
+	h := redistest.NewHolder("\r\n1234\r\n")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: h.Dial})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	lease, err := l.Acquire(ctx(t), "stale-renewal", fence.TTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Arm()
+	short, cancel := context.WithTimeout(ctx(t), 200*time.Millisecond)
+	err = lease.Extend(short, 1234*time.Millisecond)
+	cancel()
+	if err == nil || h.Held() != 1 {
+		t.Fatalf("the held renewal: Extend = %v with %d requests held; want a deadline error and 1", err, h.Held())
+	}
+	h.Disarm()
+	if err := lease.Extend(ctx(t), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	before := commandCalls(t, admin, "evalsha")
+	if err := h.Let(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for commandCalls(t, admin, "evalsha") == before {
+		if time.Now().After(deadline) {
+			t.Fatal("the held renewal did not reach Redis")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	pttl := admin.PTTL(ctx(t), lockKey("stale-renewal")).Val()
+	if left := time.Until(lease.Deadline()); lease.Err() == nil && pttl < left {
+		t.Fatalf("the stale renewal cut the lock's expiry to %v while the lease's Deadline is %v away: another Locker can take it inside the lease", pttl, left)
+	}
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDuplicateAcquisitionDoesNotShortenLock: the lease's own acquisition
+// run again after Extend moved the lock far ahead (go-redis's MaxRetries
+// resends a request whose reply was lost, verbatim; a try can sit in a
+// socket) takes the "already ours" path of the acquire script, whose
+// PEXPIRE cut the expiry back to the acquisition's TTL while Deadline lay
+// ahead. The expiry only moves later.
+func TestDuplicateAcquisitionDoesNotShortenLock(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	rec := &recordArgs{key: lockKey("dup")}
+	c.AddHook(rec)
+	l := newLockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	lease, err := l.Acquire(ctx(t), "dup", fence.TTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquisition := rec.first()
+	if acquisition == nil {
+		t.Fatal("the acquisition's request was not seen")
+	}
+	if err := lease.Extend(ctx(t), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx(t), acquisition...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pttl := admin.PTTL(ctx(t), lockKey("dup")).Val()
+	if left := time.Until(lease.Deadline()); pttl < left {
+		t.Fatalf("the duplicate acquisition cut the lock's expiry to %v while the lease's Deadline is %v away", pttl, left)
+	}
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recordArgs is a go-redis hook that keeps the arguments of the commands,
+// alone or in pipelines, that name key.
+type recordArgs struct {
+	key  string
+	mu   sync.Mutex
+	seen [][]any
+}
+
+func (r *recordArgs) first() []any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.seen) == 0 {
+		return nil
+	}
+	return r.seen[0]
+}
+
+func (r *recordArgs) keep(cmd redis.Cmder) {
+	args := cmd.Args()
+	for _, a := range args {
+		if a == r.key {
+			r.mu.Lock()
+			r.seen = append(r.seen, slices.Clone(args))
+			r.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (r *recordArgs) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *recordArgs) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.keep(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *recordArgs) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			r.keep(cmd)
+		}
+		return next(ctx, cmds)
 	}
 }

@@ -74,7 +74,10 @@
 // not end the lease. One renewal runs at a time: the watchdog's and
 // Extend take turns, so that no renewal decides on a deadline another one
 // has moved. A lease that ends lost before its deadline has its Deadline
-// moved back to the moment it ended.
+// moved back to the moment it ended. A renewal never moves a node's expiry
+// earlier (PEXPIRE … GT): a short renewal held up on its way and overtaken
+// by a longer one would otherwise cut the expiry below the Deadline the
+// longer one gave, on every node it reached late.
 // Release deletes the lock
 // on every node where this lease owns it and succeeds when a majority did.
 // Like Acquire, it is decided as soon as its outcome is known: once a

@@ -12,6 +12,13 @@
 -- run then, a plain PEXPIRE would hold the lock there for a full lease that
 -- nobody uses (the holder gave up at its deadline). Such a renewal is
 -- refused, and the lock expires when it would have.
+--
+-- The expiry only moves later (GT): a renewal with a short lease that was
+-- held up on its way, given up on by its holder and overtaken by one with a
+-- longer lease, would otherwise cut the expiry below the deadline the
+-- holder has from the newer one, and other owners could take the lock
+-- inside it. Asked for an expiry earlier than the lock has, the script
+-- leaves it and answers moved: the lock is held at least that long.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -20,5 +27,5 @@ end
 if now > tonumber(ARGV[3]) then
   return {-1, now}
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
 return {1, now}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 )
@@ -462,4 +463,85 @@ func TestWatchdogRefusedLateEveryTime(t *testing.T) {
 		t.Fatalf("%d renewals sent after the lease ended", last-after)
 	}
 	_ = next.Release(ctx)
+}
+
+// TestStaleRenewalDoesNotShortenLock: a renewal with a short lease is held
+// up on its way to every node (a slow link) until Extend gave up on it; a
+// later Extend with a long lease moves the lock and Deadline far ahead on a
+// majority; then the old requests reach the nodes. Run as a plain PEXPIRE
+// they cut the lock's expiry on every node to the short lease while
+// Deadline still lay ahead: another Locker could take a majority inside
+// the lease. The expiry on a node only ever moves later.
+func TestStaleRenewalDoesNotShortenLock(t *testing.T) {
+	srvs := nodes(t, 3)
+	// 1234 ms, as the stale renewal's lease ms argument, on its own line of
+	// the request: nothing else sends it.
+	h := redistest.NewHolder("\r\n1234\r\n")
+	o := lateOptions
+	o.Dialer = h.Dial
+	l, err := redlock.New(clientsWith(t, srvs, o), &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t), "stale-renewal", fence.TTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Arm()
+	short, cancel := context.WithTimeout(ctxFor(t), 200*time.Millisecond)
+	err = lease.Extend(short, 1234*time.Millisecond)
+	cancel()
+	if err == nil || h.Held() != len(srvs) {
+		t.Fatalf("the held renewal: Extend = %v with %d requests held; want an error and %d", err, h.Held(), len(srvs))
+	}
+	h.Disarm()
+	if err := lease.Extend(ctxFor(t), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	before := make([]int, len(srvs))
+	for i, s := range srvs {
+		before[i] = evalshaCalls(t, s.Client(t))
+	}
+	if err := h.Let(); err != nil {
+		t.Fatal(err)
+	}
+	// The held requests' replies come back to Locker's workers; wait until
+	// every node has run its request: its script count goes up by one.
+	for i, s := range srvs {
+		admin := s.Client(t)
+		deadline := time.Now().Add(5 * time.Second)
+		for evalshaCalls(t, admin) == before[i] {
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d: the held renewal did not run", i)
+			}
+			time.Sleep(5 * time.Millisecond) // polling with a deadline
+		}
+		pttl := admin.PTTL(ctxFor(t), lockKey("stale-renewal")).Val()
+		if left := time.Until(lease.Deadline()); lease.Err() == nil && pttl < left {
+			t.Errorf("node %d: the stale renewal cut the lock's expiry to %v while the lease's Deadline is %v away", i, pttl, left)
+		}
+	}
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// evalshaCalls is how many EVALSHA and EVAL calls the server has run (INFO
+// commandstats).
+func evalshaCalls(t testing.TB, c *redis.Client) int {
+	t.Helper()
+	stats, err := c.InfoMap(ctxFor(t), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_eval"} {
+		if v, ok := stats["Commandstats"][cmd]; ok {
+			var calls int
+			if _, err := fmt.Sscanf(v, "calls=%d", &calls); err == nil {
+				n += calls
+			}
+		}
+	}
+	return n
 }
