@@ -54,9 +54,10 @@ type Lease interface {
 	// returns an error matching ErrLeaseLost if the lock is no longer held
 	// by this lease; on a backend error or a cancelled ctx the deadline does
 	// not move. A ttl shorter than what is left moves Deadline earlier; a
-	// backend may keep the lock itself held until the later time (the Redis
-	// backends do: a lock's expiry there never moves earlier, so that a
-	// renewal delayed on its way cannot cut it below a newer Deadline).
+	// backend may keep the lock itself held until the later time (the
+	// Redis and PostgreSQL backends do: a lock's expiry there never moves
+	// earlier, so that a renewal delayed on its way cannot cut it below a
+	// newer Deadline).
 	Extend(ctx context.Context, ttl time.Duration) error
 	// Release ends the lease and deletes the lock if this lease still owns
 	// it; it never deletes another owner's lock. It returns nil if the lock

@@ -97,7 +97,10 @@
 // A lease without fence.TTL is renewed by a watchdog every third of
 // Options.WatchdogTTL; one that could not be renewed before its deadline,
 // or whose row was taken over, removed or had expired, ends with an error
-// matching fence.ErrLeaseLost. Release frees the row only if this lease
+// matching fence.ErrLeaseLost. Neither a renewal nor an acquisition of a
+// row the attempt already owns moves a live row's expiry earlier (greatest):
+// one held up on its way, or resent, after an Extend with a longer lease
+// would cut it below the holder's Deadline. Release frees the row only if this lease
 // still owns it and it has not expired; a Release that fails ends the lease
 // locally all the same (its watchdog stops, the row expires within its
 // TTL), and calling it again retries. When the token sequence is

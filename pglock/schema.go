@@ -88,8 +88,15 @@ func newQueries(t string) queries {
 		//
 		// A row this attempt already owns is granted again (with a new
 		// token): an earlier try whose reply was lost may have taken it.
+		//
+		// Neither it nor a renewal moves a live row's expiry earlier: a
+		// statement held up on its way (or resent) after an Extend with a
+		// longer lease would cut it below the holder's Deadline, and
+		// another Locker could take the row inside the lease.
 		acquire: fmt.Sprintf(`UPDATE "%[1]s"
-SET owner = $2, token = nextval('"%[1]s_token"'), expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+SET owner = $2, token = nextval('"%[1]s_token"'),
+  expires_at = CASE WHEN owner = $2 THEN greatest(expires_at, clock_timestamp() + $3::bigint * interval '1 microsecond')
+    ELSE clock_timestamp() + $3::bigint * interval '1 microsecond' END
 WHERE name = $1 AND (expires_at <= clock_timestamp() OR owner = $2)
 RETURNING token`, t),
 		// The first acquisition of a name creates its row, free.
@@ -98,7 +105,7 @@ VALUES ($1, '', 0, '-infinity') ON CONFLICT (name) DO NOTHING`, t),
 		left: fmt.Sprintf(`SELECT CASE WHEN expires_at <= clock_timestamp() THEN 0
 ELSE (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint END
 FROM "%s" WHERE name = $1`, t),
-		renew: fmt.Sprintf(`UPDATE "%s" SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+		renew: fmt.Sprintf(`UPDATE "%s" SET expires_at = greatest(expires_at, clock_timestamp() + $3::bigint * interval '1 microsecond')
 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()`, t),
 		// Free our own row if it has not expired and notify the waiters
 		// (at commit). No row: the lease was lost.

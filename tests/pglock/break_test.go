@@ -2,6 +2,8 @@ package pglock_test
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +16,8 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/pgtest"
 	"github.com/fencekit/fence/pglock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // Lock names are parameters, never spliced into SQL: quotes, SQL, unicode
@@ -518,4 +522,122 @@ func TestSchemaNameCannotInject(t *testing.T) {
 	if script, err := pglock.Schema("fence_leases"); err != nil || !strings.Contains(script, `CREATE TABLE IF NOT EXISTS "fence_leases"`) {
 		t.Fatalf("Schema(fence_leases) = %q, %v", script, err)
 	}
+}
+
+// TestStaleStatementDoesNotShortenLease: a renewal with a short lease (or
+// the lease's own acquisition) reaches the database again after an Extend
+// with a long one (held up on its way, given up on, overtaken; or resent).
+// Run as written, it set expires_at to its own short lease while Deadline
+// lay ahead: another Locker took the row inside the lease. expires_at of a
+// live row only moves later.
+func TestStaleStatementDoesNotShortenLease(t *testing.T) {
+	d := newDatabase(t, pg)
+	for _, stale := range []string{"renewal", "acquisition"} {
+		t.Run(stale, func(t *testing.T) {
+			rec := &recordingConnector{}
+			cfg, err := pgx.ParseConfig(d.dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.Connector = stdlib.GetConnector(*cfg)
+			db := sql.OpenDB(rec)
+			t.Cleanup(func() { _ = db.Close() })
+			l := d.lockerWith(t, db, pglock.Options{})
+			name := "stale-" + stale
+			lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(2*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stale == "renewal" {
+				if err := lease.Extend(ctxFor(t, 10*time.Second), 1234*time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The last statement that set the row's expiry: the short
+			// renewal, or the acquisition.
+			q, args := rec.last("SET expires_at", "SET owner")
+			if q == "" {
+				t.Fatal("no statement setting expires_at was seen")
+			}
+			if err := lease.Extend(ctxFor(t, 10*time.Second), 20*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.db.ExecContext(ctxFor(t, 10*time.Second), q, args...); err != nil {
+				t.Fatal(err)
+			}
+			var left time.Duration
+			var us int64
+			if err := d.db.QueryRowContext(ctxFor(t, 10*time.Second),
+				`SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint FROM fence_leases WHERE name = $1`, name).Scan(&us); err != nil {
+				t.Fatal(err)
+			}
+			left = time.Duration(us) * time.Microsecond
+			if want := time.Until(lease.Deadline()); left < want {
+				t.Fatalf("the stale %s cut the row's expiry to %v while the lease's Deadline is %v away", stale, left, want)
+			}
+			if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// recordingConnector keeps the statements (and their arguments) that its
+// connections run.
+type recordingConnector struct {
+	driver.Connector
+	mu   sync.Mutex
+	seen []recordedStatement
+}
+
+type recordedStatement struct {
+	q    string
+	args []any
+}
+
+// last returns the last statement recorded that contains any of subs.
+func (r *recordingConnector) last(subs ...string) (string, []any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.seen) - 1; i >= 0; i-- {
+		for _, sub := range subs {
+			if strings.Contains(r.seen[i].q, sub) {
+				return r.seen[i].q, r.seen[i].args
+			}
+		}
+	}
+	return "", nil
+}
+
+func (r *recordingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := r.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return recordingConn{conn.(*stdlib.Conn), r}, nil
+}
+
+type recordingConn struct {
+	*stdlib.Conn
+	r *recordingConnector
+}
+
+func (c recordingConn) keep(q string, args []driver.NamedValue) {
+	vals := make([]any, len(args))
+	for i, a := range args {
+		vals[i] = a.Value
+	}
+	c.r.mu.Lock()
+	c.r.seen = append(c.r.seen, recordedStatement{q, vals})
+	c.r.mu.Unlock()
+}
+
+func (c recordingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	c.keep(q, args)
+	return c.Conn.QueryContext(ctx, q, args)
+}
+
+func (c recordingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	c.keep(q, args)
+	return c.Conn.ExecContext(ctx, q, args)
 }
