@@ -2,6 +2,7 @@ package memlock_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,6 +68,58 @@ func TestHandoffToGoneWaiterNotReported(t *testing.T) {
 	for tok := range acquired {
 		if ended[tok] != 1 {
 			t.Errorf("token %d: %d ends reported, want 1", tok, ended[tok])
+		}
+	}
+}
+
+// reacquirer takes the lock again from LeaseEnded, on the goroutine that
+// ended the lease, and releases it.
+type reacquirer struct {
+	fence.NopObserver
+	l    atomic.Pointer[memlock.Locker]
+	done chan error
+}
+
+func (r *reacquirer) LeaseEnded(ev fence.LeaseEvent) {
+	l := r.l.Swap(nil)
+	if l == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := l.Acquire(ctx, ev.Name, fence.Wait(time.Second))
+	if err == nil {
+		err = b.Release(ctx)
+	}
+	r.done <- err
+}
+
+// An Observer told that a lease ended (by Release, or by its expiry timer)
+// acquires the same name on the same Locker: the lock is free by then.
+func TestObserverReacquires(t *testing.T) {
+	for _, expire := range []bool{false, true} {
+		r := &reacquirer{done: make(chan error, 1)}
+		l, err := memlock.New(&memlock.Options{Observer: r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.l.Store(l)
+		a, err := l.Acquire(context.Background(), "again", fence.TTL(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !expire {
+			if err := a.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case err := <-r.done:
+			if err != nil {
+				t.Errorf("expire=%v: Acquire and Release from LeaseEnded = %v", expire, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("expire=%v: the callback did not return within 10s (deadlock?)", expire)
 		}
 	}
 }
