@@ -49,6 +49,11 @@ type lease struct {
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
+	// logging: the watchdog is logging a failed renewal, with no renewal
+	// under way, and renews no more if stopped meanwhile (see logFailed):
+	// Release does not wait for it, as the Logger's handler may be what
+	// calls Release.
+	logging bool
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -211,12 +216,36 @@ func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return report
 		case err != nil:
-			ls.locker.renewFailed(ls, err)
+			if !ls.logFailed(ctx, err) {
+				return func() {} // stopped while it logged
+			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)
 		}
 	}
+}
+
+// logFailed logs a failed renewal of the watchdog's, marked as logging,
+// and reports whether the watchdog may go on (false: Release stopped it
+// meanwhile). The handler may call Release, which stops the watchdog and
+// would wait for it to return, that is for the handler: a deadlock. Release
+// does not wait for a watchdog marked logging, and that is safe: what
+// Release waits for is a renewal in flight, which could end the lease as
+// lost after Release deleted the lock, and there is none: this renewal has
+// returned, and the watchdog starts no other once it has seen, under ls.mu
+// here, that it was stopped (Release stops it before it reads logging
+// under ls.mu, so a Release that did not wait is seen). The watchdog then
+// returns on its own, once the handler has.
+func (ls *lease) logFailed(ctx context.Context, err error) bool {
+	ls.mu.Lock()
+	ls.logging = true
+	ls.mu.Unlock()
+	ls.locker.renewFailed(ls, err)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.logging = false
+	return ctx.Err() == nil
 }
 
 // renew runs the extend script. On success it moves the deadline; when the
@@ -326,9 +355,15 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		// lock that the release deletes, and what it finds later cannot
 		// change how the lease ended.
 		ls.stopWatchdog()
+		ls.mu.Lock()
+		logging := ls.logging // renewing no more: see logFailed
+		ls.mu.Unlock()
 		select {
 		case <-ls.watchdogDone:
 		default:
+			if logging {
+				break
+			}
 			select {
 			case <-ls.watchdogDone:
 			case <-ctx.Done():
