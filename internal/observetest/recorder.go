@@ -160,12 +160,13 @@ func (h *Logs) All() []map[string]string {
 
 // Releaser is a slog.Handler that, on the first record whose message
 // contains Msg, releases the lease set with Set, from the handler (on the
-// goroutine that logs), within a 20 s context, and sends what Release
+// goroutine that logs), within Timeout (20 s if zero), and sends what Release
 // returned on Done. It tests that a handler may call Release on a watchdog's
 // warning: the watchdog must not be what that Release waits for.
 type Releaser struct {
-	Msg  string
-	Done chan error // buffered by NewReleaser
+	Msg     string
+	Done    chan error    // buffered by NewReleaser
+	Timeout time.Duration // of the handler's Release; 20 s if zero
 
 	mu    sync.Mutex
 	lease fence.Lease
@@ -198,7 +199,11 @@ func (h *Releaser) Handle(_ context.Context, r slog.Record) error {
 	if lease == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	timeout := h.Timeout
+	if timeout == 0 {
+		timeout = 20 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	h.Done <- lease.Release(ctx)
 	return nil
