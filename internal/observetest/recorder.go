@@ -168,8 +168,9 @@ type Releaser struct {
 	Done    chan error    // buffered by NewReleaser
 	Timeout time.Duration // of the handler's Release; 20 s if zero
 
-	mu    sync.Mutex
-	lease fence.Lease
+	mu     sync.Mutex
+	lease  fence.Lease
+	called bool
 }
 
 // NewReleaser returns a Releaser for records containing msg.
@@ -177,6 +178,9 @@ func NewReleaser(msg string) *Releaser { return &Releaser{Msg: msg, Done: make(c
 
 // Set arms the handler with the lease to release.
 func (h *Releaser) Set(lease fence.Lease) { h.mu.Lock(); h.lease = lease; h.mu.Unlock() }
+
+// Called reports whether the handler has taken the lease to release it.
+func (h *Releaser) Called() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.called }
 
 // Enabled reports true.
 func (h *Releaser) Enabled(context.Context, slog.Level) bool { return true }
@@ -195,6 +199,7 @@ func (h *Releaser) Handle(_ context.Context, r slog.Record) error {
 	h.mu.Lock()
 	lease := h.lease
 	h.lease = nil
+	h.called = h.called || lease != nil
 	h.mu.Unlock()
 	if lease == nil {
 		return nil
