@@ -14,8 +14,8 @@ import (
 
 // reports runs the report-count subtests: each way a lease ends must be
 // reported to the Observer exactly once, with a cause that agrees with
-// what the lease's methods returned, and after the Acquire that granted
-// the lease was reported. Backends record a lease's end at once and
+// what the lease's methods returned, and only for a lease that an Acquire
+// returned. Backends record a lease's end at once and
 // report it later (once they hold nothing the callback may wait for): a
 // path that records the end but never makes its report, or makes it
 // twice, fails here.
@@ -95,7 +95,7 @@ func (c *counter) await(t *testing.T, lease fence.Lease, name string, limit time
 // observed returns a Locker with a counter as its Observer. Once the test
 // and its clean-ups (the Locker's Close among them) are done, every lease
 // the counter saw granted must have been reported ended exactly once, and
-// after its grant.
+// no other.
 func (s suite) observed(t *testing.T) (fence.Locker, *counter) {
 	c := newCounter()
 	// Registered before NewObserved's clean-ups, so run after them.
@@ -113,7 +113,11 @@ func (s suite) observed(t *testing.T) (fence.Locker, *counter) {
 			}
 		}
 		if len(c.early) > 0 {
-			t.Errorf("ends reported before their lease's acquisition: %v", c.early)
+			// Not a failure: backends report the acquisition as Acquire
+			// returns, after the lease's timers started, so a lease that
+			// ends at once (fence.MinTTL on a stalled machine) may be
+			// reported ended first (see fence.Observer).
+			t.Logf("ends reported before their lease's acquisition: %v", c.early)
 		}
 	})
 	return s.cfg.NewObserved(t, c), c
@@ -273,7 +277,7 @@ func (t tolerant) Fatal(args ...any)                 { t.Log(args...); runtime.G
 func (t tolerant) Fatalf(format string, args ...any) { t.Logf(format, args...); runtime.Goexit() }
 
 // reportShort: a lease of fence.MinTTL may end as Acquire returns; its end
-// is reported once, after its acquisition.
+// is reported once.
 func (s suite) reportShort(t *testing.T) {
 	l, c := s.observed(t)
 	for i := range 20 {
