@@ -414,12 +414,20 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 // starts no other and touches no field of the lease once it has seen,
 // under ls.mu here, that it was halted (halt cancels ctx before join reads
 // logging under ls.mu, so a join that did not wait is seen): it returns,
-// stopping its watch, once the handler has.
+// stopping its watch, once the handler has. Conversely a run that finds
+// itself halted before it logs does not log: a join may be waiting for it
+// (and a renewal cut short by Release is no failure).
 func (ls *Lease) logFailed(ctx context.Context, err error) bool {
 	if ls.l.log == nil {
 		return true
 	}
 	ls.mu.Lock()
+	if ctx.Err() != nil {
+		// Halted: a renewal that Release cut short is no failure, and a
+		// join that read logging false waits for this goroutine.
+		ls.mu.Unlock()
+		return false
+	}
 	ls.logging = true
 	ls.mu.Unlock()
 	ls.renewFailed(err)

@@ -172,19 +172,25 @@ func (ls *lease) keepRenewed() {
 // it, cancelling ls.ctx under ls.mu, before it reads logging under ls.mu,
 // so a Release that did not wait is seen). The watchdog then returns on
 // its own, once the handler has, and flushes nothing: Release did.
+// Conversely a watchdog that finds the lease ended before it logs does not
+// log: a Release may be waiting for it.
 func (ls *lease) logFailed(err error) bool {
 	log := ls.l.log
 	if log == nil {
 		return true
 	}
 	ls.mu.Lock()
+	if ls.err != nil {
+		// Ended: a Release that read logging false waits for this
+		// goroutine.
+		ls.mu.Unlock()
+		return false
+	}
 	ls.logging = true
 	ls.mu.Unlock()
-	if ls.Err() == nil {
-		log.LogAttrs(ls.ctx, slog.LevelWarn, "pglock: renewal failed",
-			slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
-			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
-	}
+	log.LogAttrs(ls.ctx, slog.LevelWarn, "pglock: renewal failed",
+		slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
+		slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.logging = false

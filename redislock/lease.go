@@ -54,6 +54,7 @@ type lease struct {
 	// Release does not wait for it, as the Logger's handler may be what
 	// calls Release.
 	logging bool
+	stopped bool // Release stopped the watchdog: it logs no more
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -234,18 +235,26 @@ func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 // Release waits for is a renewal in flight, which could end the lease as
 // lost after Release deleted the lock, and there is none: this renewal has
 // returned, and the watchdog starts no other once it has seen, under ls.mu
-// here, that it was stopped (Release stops it before it reads logging
+// here, that it was stopped (Release sets ls.stopped as it reads logging,
 // under ls.mu, so a Release that did not wait is seen). The watchdog then
-// returns on its own, once the handler has.
+// returns on its own, once the handler has. Conversely a watchdog that
+// finds ls.stopped before it logs does not log: a Release may be waiting
+// for it (and a renewal cut short by Release is no failure).
 func (ls *lease) logFailed(ctx context.Context, err error) bool {
 	ls.mu.Lock()
+	if ls.stopped {
+		// A renewal that Release cut short is no failure, and a Release
+		// that read logging false waits for this goroutine.
+		ls.mu.Unlock()
+		return false
+	}
 	ls.logging = true
 	ls.mu.Unlock()
 	ls.locker.renewFailed(ls, err)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.logging = false
-	return ctx.Err() == nil
+	return !ls.stopped && ctx.Err() == nil
 }
 
 // renew runs the extend script. On success it moves the deadline; when the
@@ -356,6 +365,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		// change how the lease ended.
 		ls.stopWatchdog()
 		ls.mu.Lock()
+		ls.stopped = true
 		logging := ls.logging // renewing no more: see logFailed
 		ls.mu.Unlock()
 		select {

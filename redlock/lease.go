@@ -333,13 +333,22 @@ func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 // the watchdog starts no other once it has seen, under ls.mu here, that it
 // was stopped (Release stops it before it reads logging under ls.mu, so a
 // Release that did not wait is seen). The watchdog then returns on its
-// own, once the handler has.
+// own, once the handler has. Conversely a watchdog that finds itself
+// stopped before it logs does not log: a Release may be waiting for it,
+// holding relMu, which a handler's Release would wait for (and a renewal
+// cut short by Release is no failure).
 func (ls *lease) logFailed(ctx context.Context, err error) bool {
 	log := ls.locker.log
 	if log == nil {
 		return true
 	}
 	ls.mu.Lock()
+	if ctx.Err() != nil {
+		// Stopped: a renewal that Release cut short is no failure, and a
+		// Release that read logging false waits for this goroutine.
+		ls.mu.Unlock()
+		return false
+	}
 	ls.logging = true
 	ls.mu.Unlock()
 	if ls.Err() == nil {

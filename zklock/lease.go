@@ -269,25 +269,36 @@ func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
 // nor looks at its watch again once it has seen, under ls.mu here, that
 // it was stopped (Release closes ls.stop before it reads logging under
 // ls.mu, so a Release that did not wait is seen). The monitor then
-// returns, once the handler has.
+// returns, once the handler has. Conversely a monitor that finds itself
+// stopped before it logs does not log: a Release may be waiting for it.
 func (ls *lease) logFailed(err error) bool {
 	if ls.l.log == nil {
 		return true
 	}
 	ls.mu.Lock()
+	if ls.stopped() {
+		// A Release that read logging false waits for this goroutine.
+		ls.mu.Unlock()
+		return false
+	}
 	ls.logging = true
 	ls.mu.Unlock()
 	ls.checkFailed(err)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.logging = false
+	return !ls.stopped()
+}
+
+// stopped reports whether Release stopped the monitor or the lease ended.
+func (ls *lease) stopped() bool {
 	select {
 	case <-ls.stop:
-		return false
-	case <-ls.ctx.Done():
-		return false
-	default:
 		return true
+	case <-ls.ctx.Done():
+		return true
+	default:
+		return false
 	}
 }
 
