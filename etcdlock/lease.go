@@ -64,6 +64,11 @@ type Lease struct {
 	// unreported reports the lease's end, until flush has (nil: not
 	// ended, or reported).
 	unreported func()
+	// logging: run is logging a failed renewal, with no renewal under
+	// way, and renews no more if halted meanwhile (see logFailed): join
+	// does not wait for it, as the Logger's handler may be what calls
+	// Release.
+	logging bool
 }
 
 var _ fence.Lease = (*Lease)(nil)
@@ -301,7 +306,13 @@ func (ls *Lease) join() {
 	s.mu.Lock()
 	started, done := ls.runState == runStarted, ls.runDone
 	s.mu.Unlock()
-	if started {
+	if !started {
+		return
+	}
+	ls.mu.Lock()
+	logging := ls.logging // renewing no more: see logFailed
+	ls.mu.Unlock()
+	if !logging {
 		<-done
 	}
 }
@@ -381,7 +392,9 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 					lose(func() bool { return ls.end(err) })
 					return
 				}
-				ls.renewFailed(err)
+				if !ls.logFailed(ctx, err) {
+					return // halted while it logged
+				}
 				renew.Reset(retryInterval)
 				continue
 			}
@@ -389,6 +402,39 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 			renew.Reset(ls.renewInterval())
 		}
 	}
+}
+
+// logFailed logs a failed renewal of run's, marked as logging, and
+// reports whether run may go on (false: halted meanwhile). The handler may
+// call Release, which halts run and joins it, that is waits for the
+// handler: a deadlock. join does not wait for a run marked logging, and
+// that is safe: what Release joins run for is a renewal in flight (which
+// could move the key Release deletes, or end the lease as lost) and run's
+// fields, and there is no renewal under way (this one has returned), run
+// starts no other and touches no field of the lease once it has seen,
+// under ls.mu here, that it was halted (halt cancels ctx before join reads
+// logging under ls.mu, so a join that did not wait is seen): it returns,
+// stopping its watch, once the handler has. Conversely a run that finds
+// itself halted before it logs does not log: a join may be waiting for it
+// (and a renewal cut short by Release is no failure).
+func (ls *Lease) logFailed(ctx context.Context, err error) bool {
+	if ls.l.log == nil {
+		return true
+	}
+	ls.mu.Lock()
+	if ctx.Err() != nil {
+		// Halted: a renewal that Release cut short is no failure, and a
+		// join that read logging false waits for this goroutine.
+		ls.mu.Unlock()
+		return false
+	}
+	ls.logging = true
+	ls.mu.Unlock()
+	ls.renewFailed(err)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.logging = false
+	return ctx.Err() == nil
 }
 
 // watchKey watches the lease's key from its creation until ctx ends, and

@@ -98,6 +98,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("InvalidInput", s.invalidInput)
 	t.Run("Run", s.run)
 	t.Run("Reentry", s.reentry)
+	t.Run("Reports", s.reports)
 }
 
 type suite struct{ cfg Config }

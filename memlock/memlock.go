@@ -172,8 +172,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	ls := <-w.granted
 	if err := ctx.Err(); err != nil {
 		// The caller has gone: pass the lock on rather than keep it held
-		// until it expires.
-		l.endLocked(ls, fence.ErrReleased)
+		// until it expires. The lease was never granted (Acquire reports
+		// it as not acquired): its end is not reported either.
+		l.endLockedAs(ls, fence.ErrReleased, "")
 		ls.released = true
 		l.unlock()
 		return nil, fence.NotAcquired(name, err)
@@ -232,7 +233,8 @@ func (l *Locker) expireLocked(ls *lease, now time.Time) {
 // the first waiter gets it, or the lock is deleted. The caller holds l.mu.
 func (l *Locker) endLocked(ls *lease, why error) { l.endLockedAs(ls, why, fence.Released) }
 
-// endLockedAs is endLocked with the cause reported to the Observer.
+// endLockedAs is endLocked with the cause reported to the Observer ("": a
+// lease that no Acquire returned, whose end is not reported).
 func (l *Locker) endLockedAs(ls *lease, why error, cause fence.LeaseCause) {
 	if ls.err != nil {
 		return
@@ -240,7 +242,7 @@ func (l *Locker) endLockedAs(ls *lease, why error, cause fence.LeaseCause) {
 	ls.err = why
 	ls.timer.Stop()
 	ls.cancel(why)
-	if l.obs != nil { // reported by unlock
+	if l.obs != nil && cause != "" { // reported by unlock
 		l.ended = append(l.ended, fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
 	lk := l.locks[ls.name]

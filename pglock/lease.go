@@ -37,6 +37,11 @@ type lease struct {
 	unreported func()
 
 	watchdogDone chan struct{} // nil for fixed-TTL leases
+	// logging: the watchdog is logging a failed renewal, with no renewal
+	// under way, and renews no more once the lease ended (see logFailed):
+	// Release does not wait for it, as the Logger's handler may be what
+	// calls Release.
+	logging bool
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -146,16 +151,50 @@ func (ls *lease) keepRenewed() {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return
 		case err != nil:
-			if log := ls.l.log; log != nil && ls.Err() == nil {
-				log.LogAttrs(ls.ctx, slog.LevelWarn, "pglock: renewal failed",
-					slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
-					slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
+			if !ls.logFailed(err) {
+				return // ended while it logged
 			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)
 		}
 	}
+}
+
+// logFailed logs a failed renewal of the watchdog's, marked as logging,
+// and reports whether the watchdog may go on (false: the lease ended
+// meanwhile). The handler may call Release, which ends the lease and would
+// wait for the watchdog to return, that is for the handler: a deadlock.
+// Release does not wait for a watchdog marked logging, and that is safe:
+// what Release waits for is a renewal in flight, and there is none (this
+// one has returned and unlocked ls.op), and the watchdog starts no other
+// once it has seen, under ls.mu here, that the lease ended (Release ends
+// it, cancelling ls.ctx under ls.mu, before it reads logging under ls.mu,
+// so a Release that did not wait is seen). The watchdog then returns on
+// its own, once the handler has, and flushes nothing: Release did.
+// Conversely a watchdog that finds the lease ended before it logs does not
+// log: a Release may be waiting for it.
+func (ls *lease) logFailed(err error) bool {
+	log := ls.l.log
+	if log == nil {
+		return true
+	}
+	ls.mu.Lock()
+	if ls.err != nil {
+		// Ended: a Release that read logging false waits for this
+		// goroutine.
+		ls.mu.Unlock()
+		return false
+	}
+	ls.logging = true
+	ls.mu.Unlock()
+	log.LogAttrs(ls.ctx, slog.LevelWarn, "pglock: renewal failed",
+		slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
+		slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.logging = false
+	return ls.ctx.Err() == nil
 }
 
 // renew moves the row's expiry to ttl from now by the database's clock, if
@@ -217,7 +256,10 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 func (ls *lease) Release(ctx context.Context) error {
 	err := ls.release(ctx)
 	ls.flush() // after release unlocked ls.op, its result settled: see flush
-	if ls.watchdogDone != nil && ls.Err() != nil {
+	ls.mu.Lock()
+	wait := ls.watchdogDone != nil && ls.err != nil && !ls.logging // logging: renewing no more, see logFailed
+	ls.mu.Unlock()
+	if wait {
 		<-ls.watchdogDone // it ends with the lease
 	}
 	return err

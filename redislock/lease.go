@@ -49,6 +49,12 @@ type lease struct {
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
+	// logging: the watchdog is logging a failed renewal, with no renewal
+	// under way, and renews no more if stopped meanwhile (see logFailed):
+	// Release does not wait for it, as the Logger's handler may be what
+	// calls Release.
+	logging bool
+	stopped bool // Release stopped the watchdog: it logs no more
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -211,12 +217,44 @@ func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return report
 		case err != nil:
-			ls.locker.renewFailed(ls, err)
+			if !ls.logFailed(ctx, err) {
+				return func() {} // stopped while it logged
+			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)
 		}
 	}
+}
+
+// logFailed logs a failed renewal of the watchdog's, marked as logging,
+// and reports whether the watchdog may go on (false: Release stopped it
+// meanwhile). The handler may call Release, which stops the watchdog and
+// would wait for it to return, that is for the handler: a deadlock. Release
+// does not wait for a watchdog marked logging, and that is safe: what
+// Release waits for is a renewal in flight, which could end the lease as
+// lost after Release deleted the lock, and there is none: this renewal has
+// returned, and the watchdog starts no other once it has seen, under ls.mu
+// here, that it was stopped (Release sets ls.stopped as it reads logging,
+// under ls.mu, so a Release that did not wait is seen). The watchdog then
+// returns on its own, once the handler has. Conversely a watchdog that
+// finds ls.stopped before it logs does not log: a Release may be waiting
+// for it (and a renewal cut short by Release is no failure).
+func (ls *lease) logFailed(ctx context.Context, err error) bool {
+	ls.mu.Lock()
+	if ls.stopped {
+		// A renewal that Release cut short is no failure, and a Release
+		// that read logging false waits for this goroutine.
+		ls.mu.Unlock()
+		return false
+	}
+	ls.logging = true
+	ls.mu.Unlock()
+	ls.locker.renewFailed(ls, err)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.logging = false
+	return !ls.stopped && ctx.Err() == nil
 }
 
 // renew runs the extend script. On success it moves the deadline; when the
@@ -326,9 +364,16 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		// lock that the release deletes, and what it finds later cannot
 		// change how the lease ended.
 		ls.stopWatchdog()
+		ls.mu.Lock()
+		ls.stopped = true
+		logging := ls.logging // renewing no more: see logFailed
+		ls.mu.Unlock()
 		select {
 		case <-ls.watchdogDone:
 		default:
+			if logging {
+				break
+			}
 			select {
 			case <-ls.watchdogDone:
 			case <-ctx.Done():

@@ -88,6 +88,11 @@ type lease struct {
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
+	// logging: the watchdog is logging a failed renewal, with no renewal
+	// of its under way, and renews no more if stopped meanwhile (see
+	// logFailed): Release does not wait for it, as the Logger's handler
+	// may be what calls Release.
+	logging bool
 
 	// renewing is held (one slot) by the renewal under way: the
 	// watchdog's and the holder's Extend, or two Extends, take turns. Two
@@ -307,16 +312,54 @@ func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 		case errors.Is(err, fence.ErrLeaseLost):
 			return report
 		case err != nil:
-			if log := ls.locker.log; log != nil && ls.Err() == nil {
-				log.LogAttrs(ctx, slog.LevelWarn, "redlock: renewal failed",
-					slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
-					slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
+			if !ls.logFailed(ctx, err) {
+				return func() {} // stopped while it logged
 			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)
 		}
 	}
+}
+
+// logFailed logs a failed renewal of the watchdog's, marked as logging,
+// and reports whether the watchdog may go on (false: Release stopped it
+// meanwhile). The handler may call Release, which stops the watchdog and
+// would wait for it to return, that is for the handler: a deadlock. Release
+// does not wait for a watchdog marked logging, and that is safe: what
+// Release waits for is a renewal of the watchdog's in flight, which could
+// move locks that Release deletes or end the lease as lost, and there is
+// none: this renewal has returned (and given back the renewing slot), and
+// the watchdog starts no other once it has seen, under ls.mu here, that it
+// was stopped (Release stops it before it reads logging under ls.mu, so a
+// Release that did not wait is seen). The watchdog then returns on its
+// own, once the handler has. Conversely a watchdog that finds itself
+// stopped before it logs does not log: a Release may be waiting for it,
+// holding relMu, which a handler's Release would wait for (and a renewal
+// cut short by Release is no failure).
+func (ls *lease) logFailed(ctx context.Context, err error) bool {
+	log := ls.locker.log
+	if log == nil {
+		return true
+	}
+	ls.mu.Lock()
+	if ctx.Err() != nil {
+		// Stopped: a renewal that Release cut short is no failure, and a
+		// Release that read logging false waits for this goroutine.
+		ls.mu.Unlock()
+		return false
+	}
+	ls.logging = true
+	ls.mu.Unlock()
+	if ls.Err() == nil {
+		log.LogAttrs(ctx, slog.LevelWarn, "redlock: renewal failed",
+			slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
+			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.logging = false
+	return ctx.Err() == nil
 }
 
 // renew moves the expiry on every node that still holds the lease. When a
@@ -509,7 +552,12 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	ls.mu.Unlock()
 	if ls.stopWatchdog != nil {
 		ls.stopWatchdog()
-		<-ls.watchdogDone
+		ls.mu.Lock()
+		logging := ls.logging // renewing no more: see logFailed
+		ls.mu.Unlock()
+		if !logging {
+			<-ls.watchdogDone
+		}
 	}
 	// Lost before Release, not while it waits for a slow node: the holder
 	// stopped using the lease when it called Release.

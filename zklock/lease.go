@@ -41,6 +41,11 @@ type lease struct {
 	stop        chan struct{} // closed by Release to stop the monitor
 	stopOnce    sync.Once
 	monitorDone chan struct{}
+	// logging: the monitor is logging a failed check, with no check under
+	// way, and stops if Release stopped it meanwhile (see logFailed):
+	// Release does not wait for it, as the Logger's handler may be what
+	// calls Release.
+	logging bool
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -235,7 +240,9 @@ func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
 			results = nil
 			switch {
 			case p.err != nil:
-				ls.checkFailed(p.err)
+				if !ls.logFailed(p.err) {
+					return report // stopped while it logged
+				}
 				timer.Reset(every / 4) // try again sooner; expire ends the lease if none succeeds
 				continue
 			case !p.exists:
@@ -248,6 +255,50 @@ func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
 			ls.touch(p.sent)
 			timer.Reset(every)
 		}
+	}
+}
+
+// logFailed logs a failed check of the monitor's, marked as logging, and
+// reports whether the monitor may go on (false: Release stopped it, or the
+// lease ended, meanwhile). The handler may call Release, which stops the
+// monitor and would wait for it to return, that is for the handler: a
+// deadlock. Release does not wait for a monitor marked logging, and that
+// is safe: what Release waits for is a monitor that would take the delete
+// of the node for a loss (its watch firing, or a check finding the node
+// gone), and this one neither has a check under way (this one returned)
+// nor looks at its watch again once it has seen, under ls.mu here, that
+// it was stopped (Release closes ls.stop before it reads logging under
+// ls.mu, so a Release that did not wait is seen). The monitor then
+// returns, once the handler has. Conversely a monitor that finds itself
+// stopped before it logs does not log: a Release may be waiting for it.
+func (ls *lease) logFailed(err error) bool {
+	if ls.l.log == nil {
+		return true
+	}
+	ls.mu.Lock()
+	if ls.stopped() {
+		// A Release that read logging false waits for this goroutine.
+		ls.mu.Unlock()
+		return false
+	}
+	ls.logging = true
+	ls.mu.Unlock()
+	ls.checkFailed(err)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.logging = false
+	return !ls.stopped()
+}
+
+// stopped reports whether Release stopped the monitor or the lease ended.
+func (ls *lease) stopped() bool {
+	select {
+	case <-ls.stop:
+		return true
+	case <-ls.ctx.Done():
+		return true
+	default:
+		return false
 	}
 }
 
@@ -340,7 +391,12 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	}
 	ls.mu.Unlock()
 	ls.stopOnce.Do(func() { close(ls.stop) })
-	<-ls.monitorDone
+	ls.mu.Lock()
+	logging := ls.logging // checking no more: see logFailed
+	ls.mu.Unlock()
+	if !logging {
+		<-ls.monitorDone
+	}
 	lostBefore := ls.Err()
 	var err error
 	if lostBefore == nil || errors.Is(lostBefore, fence.ErrReleased) {

@@ -3,6 +3,7 @@ package observetest
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -155,4 +156,75 @@ func (h *Logs) All() []map[string]string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return slices.Clone(h.lines)
+}
+
+// Releaser is a slog.Handler that, on the first record whose message
+// contains Msg, releases the lease set with Set, from the handler (on the
+// goroutine that logs), within Timeout (20 s if zero), and sends what Release
+// returned on Done. It tests that a handler may call Release on a watchdog's
+// warning: the watchdog must not be what that Release waits for.
+type Releaser struct {
+	Msg     string
+	Done    chan error    // buffered by NewReleaser
+	Timeout time.Duration // of the handler's Release; 20 s if zero
+
+	mu     sync.Mutex
+	lease  fence.Lease
+	called bool
+}
+
+// NewReleaser returns a Releaser for records containing msg.
+func NewReleaser(msg string) *Releaser { return &Releaser{Msg: msg, Done: make(chan error, 1)} }
+
+// Set arms the handler with the lease to release.
+func (h *Releaser) Set(lease fence.Lease) { h.mu.Lock(); h.lease = lease; h.mu.Unlock() }
+
+// Called reports whether the handler has taken the lease to release it.
+func (h *Releaser) Called() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.called }
+
+// Enabled reports true.
+func (h *Releaser) Enabled(context.Context, slog.Level) bool { return true }
+
+// WithAttrs returns h.
+func (h *Releaser) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+// WithGroup returns h.
+func (h *Releaser) WithGroup(string) slog.Handler { return h }
+
+// Handle releases the lease on the first record matching Msg.
+func (h *Releaser) Handle(_ context.Context, r slog.Record) error {
+	if !strings.Contains(r.Message, h.Msg) {
+		return nil
+	}
+	h.mu.Lock()
+	lease := h.lease
+	h.lease = nil
+	h.called = h.called || lease != nil
+	h.mu.Unlock()
+	if lease == nil {
+		return nil
+	}
+	timeout := h.Timeout
+	if timeout == 0 {
+		timeout = 20 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	h.Done <- lease.Release(ctx)
+	return nil
+}
+
+// Await waits up to limit for the handler's Release to return, and fails
+// t with every goroutine's stack if it has not (a deadlock: Release waits
+// for the goroutine that is in the handler).
+func (h *Releaser) Await(t testing.TB, limit time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-h.Done:
+		return err
+	case <-time.After(limit):
+		buf := make([]byte, 1<<20)
+		t.Fatalf("Release from the log handler did not return within %v (deadlock?); goroutines:\n%s", limit, buf[:runtime.Stack(buf, true)])
+		return nil
+	}
 }

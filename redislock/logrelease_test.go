@@ -1,0 +1,34 @@
+package redislock_test
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/internal/observetest"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+)
+
+// A Logger's handler releases the lease when the watchdog logs that a
+// renewal failed (the server is gone): that Release must not wait for the
+// watchdog, which is inside the handler. Before the fix it waited out its
+// 20 s context ("the watchdog's renewal is still running").
+func TestLoggerReleasesOnRenewalFailed(t *testing.T) {
+	srv := redistest.Start(t)
+	h := observetest.NewReleaser("renewal failed")
+	l := newLockerWith(t, srv.Client(t), redislock.Options{WatchdogTTL: 3 * time.Second, Logger: slog.New(h)})
+	lease := acquire(t, l, "log-release")
+	h.Set(lease)
+	srv.Kill()
+	err := h.Await(t, 10*time.Second)
+	t.Logf("Release from the handler: %v", err)
+	if lease.Err() == nil {
+		t.Fatal("the lease is held after Release from the handler")
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed after Release")
+	}
+}
