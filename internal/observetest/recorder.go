@@ -168,9 +168,10 @@ type Releaser struct {
 	Done    chan error    // buffered by NewReleaser
 	Timeout time.Duration // of the handler's Release; 20 s if zero
 
-	mu     sync.Mutex
-	lease  fence.Lease
-	called bool
+	mu       sync.Mutex
+	lease    fence.Lease // to release, until the handler takes it
+	released fence.Lease // what the handler took
+	called   bool
 }
 
 // NewReleaser returns a Releaser for records containing msg.
@@ -199,7 +200,9 @@ func (h *Releaser) Handle(_ context.Context, r slog.Record) error {
 	h.mu.Lock()
 	lease := h.lease
 	h.lease = nil
-	h.called = h.called || lease != nil
+	if lease != nil {
+		h.called, h.released = true, lease
+	}
 	h.mu.Unlock()
 	if lease == nil {
 		return nil
@@ -212,6 +215,25 @@ func (h *Releaser) Handle(_ context.Context, r slog.Record) error {
 	defer cancel()
 	h.Done <- lease.Release(ctx)
 	return nil
+}
+
+// AwaitEnded is Await, then checks that the lease the handler released has
+// ended and closed Done (within 5 s), and logs what Release returned.
+func (h *Releaser) AwaitEnded(t testing.TB, limit time.Duration) {
+	t.Helper()
+	err := h.Await(t, limit)
+	t.Logf("Release from the handler: %v", err)
+	h.mu.Lock()
+	lease := h.released
+	h.mu.Unlock()
+	if lease.Err() == nil {
+		t.Fatal("the lease is held after Release from the handler")
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed after Release")
+	}
 }
 
 // Await waits up to limit for the handler's Release to return, and fails
