@@ -204,9 +204,13 @@ func TestAuthTokenRefreshed(t *testing.T) {
 	}
 
 	// The auth revision moving on makes no simple token stale (etcd's
-	// simple tokens take the current revision); the reset makes both.
-	if stale.Load() < 2 {
-		t.Fatalf("%d requests met a stale token, want the create Txn and the delete after the resets: the test did not make the token stale", stale.Load())
+	// simple tokens take the current revision); the reset does. The create
+	// Txn right after the first reset always meets it; the delete of the
+	// lease held across the second meets it unless the lease's keep-alive
+	// stream met it first and the client fetched a new token (seen once on
+	// a loaded machine): the Release succeeding is what counts there.
+	if stale.Load() < 1 {
+		t.Fatalf("%d requests met a stale token, want at least the create Txn after the reset: the test did not make the token stale", stale.Load())
 	}
 	t.Logf("%d Txn/DeleteRange attempts met a stale token and were sent again", stale.Load())
 

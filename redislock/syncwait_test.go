@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,7 +54,15 @@ func TestQueuedTryWithoutWait(t *testing.T) {
 	}
 	go wait()
 	queue := lockKey(name) + ":queue"
-	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 1 && subscribers(t, admin, name) == 1 })
+	// The first waiter queued, subscribed, and (its subscription
+	// confirmed after its try began) tried again, with WAIT: its entry in
+	// the waiters' hash reads try 2.
+	waiters := lockKey(name) + ":waiters"
+	waitFor(t, func() bool {
+		vals := admin.HVals(ctx(t), waiters).Val()
+		return admin.LLen(ctx(t), queue).Val() == 1 && subscribers(t, admin, name) == 1 &&
+			len(vals) == 1 && len(strings.Fields(vals[0])) > 1 && strings.Fields(vals[0])[1] == "2"
+	})
 	waitsBefore := cmds.named("wait")
 	go wait()
 	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 2 })
