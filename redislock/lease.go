@@ -177,6 +177,9 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
 		ls.cancel(why)
 	}
 	ls.mu.Unlock()
+	if l := ls.locker; l.log == nil && l.obs == nil {
+		return func() {} // nobody to tell: no closure to allocate
+	}
 	if cause == "" {
 		cause = fence.LostRemoved
 		if errors.Is(why, fence.ErrReleased) {
