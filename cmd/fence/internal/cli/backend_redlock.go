@@ -66,10 +66,10 @@ func (b *redlockBackend) open(cmd *cobra.Command) (*redlock.Locker, func(), erro
 			closeAll()
 			return nil, nil, exitWith(ExitUsage, fmt.Errorf("--redlock %s: an empty URL in the list", redactURLs(b.urls)))
 		}
-		o, err := redis.ParseURL(raw)
+		o, err := parseURL("--redlock", raw)
 		if err != nil {
 			closeAll()
-			return nil, nil, exitWith(ExitUsage, parseError("--redlock", raw, func(s string) error { _, err := redis.ParseURL(s); return err }))
+			return nil, nil, exitWith(ExitUsage, err)
 		}
 		clients = append(clients, redis.NewClient(o))
 	}

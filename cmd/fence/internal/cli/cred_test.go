@@ -108,3 +108,37 @@ func TestACLUserThroughURL(t *testing.T) {
 		t.Fatalf("wrong password: exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestPoolSizesBounded: a pool size, idle or active connection count out
+// of range in any URL flag (a slip such as pool_size=9999999999) is bad
+// input: exit 2 with a message naming it, for exec, status and doctor.
+// go-redis panicked in NewClient beyond 2^31 - 1, and took gigabytes below
+// it (FuzzRedisURL's worker died of it in CI).
+func TestPoolSizesBounded(t *testing.T) {
+	for _, c := range []struct{ flag, url, want string }{
+		{"--redis", "redis://u:" + secret + "@127.0.0.1:1?pool_size=9999999999", "pool_size=9999999999"},
+		{"--redis", "redis://127.0.0.1:1?pool_size=2000000000", "pool_size=2000000000"},
+		{"--redis", "redis://127.0.0.1:1?min_idle_conns=99999999", "min_idle_conns=99999999"},
+		{"--redis", "redis://127.0.0.1:1?max_idle_conns=-5", "max_idle_conns=-5"},
+		{"--redis-sentinel", "redis://s:1?master_name=m&max_active_conns=20000", "max_active_conns=20000"},
+		{"--redis-cluster", "redis://n:1?addr=n2:1&pool_size=10001", "pool_size=10001"},
+		{"--redlock", "redis://127.0.0.1:1,redis://127.0.0.1:2?pool_size=9999999999,redis://127.0.0.1:3", "pool_size=9999999999"},
+	} {
+		for _, cmd := range []string{"exec", "status", "doctor"} {
+			args := []string{cmd, c.flag, c.url}
+			switch cmd {
+			case "exec":
+				args = append(args, "x", "--", "true")
+			case "status":
+				args = append(args, "x")
+			}
+			out, errOut, code := fence(t, nil, args...)
+			if code != cli.ExitUsage || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, "out of range") {
+				t.Errorf("%s %s %q: exit %d, stderr %q; want %d naming %s out of range", cmd, c.flag, c.url, code, errOut, cli.ExitUsage, c.want)
+			}
+			if strings.Contains(out+errOut, "s3cret") {
+				t.Errorf("%s %q: the password is printed: %s", cmd, c.url, errOut)
+			}
+		}
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/internal/doctor"
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 )
 
@@ -114,33 +113,33 @@ func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string)
 			if raw == "" {
 				return cfg, fmt.Errorf("--redlock %s: an empty URL in the list", redactURLs(redlockURLs))
 			}
-			o, err := redis.ParseURL(raw)
+			o, err := parseURL("--redlock", raw)
 			if err != nil {
-				return cfg, parseError("--redlock", raw, func(s string) error { _, err := redis.ParseURL(s); return err })
+				return cfg, err
 			}
 			cfg.Redlock = append(cfg.Redlock, o)
 		}
 	case f.sentinelURL != "" && f.clusterURL != "":
 		return cfg, errors.New("give --redis-sentinel or --redis-cluster, not both")
 	case f.sentinelURL != "":
-		o, err := redis.ParseFailoverURL(f.sentinelURL)
+		o, err := parseFailoverURL("--redis-sentinel", f.sentinelURL)
 		if err != nil {
-			return cfg, parseError("--redis-sentinel", f.sentinelURL, func(s string) error { _, err := redis.ParseFailoverURL(s); return err })
+			return cfg, err
 		}
 		if o.MasterName == "" {
 			return cfg, errors.New("--redis-sentinel: the URL needs master_name=NAME")
 		}
 		cfg.Sentinel = o
 	case f.clusterURL != "":
-		o, err := redis.ParseClusterURL(f.clusterURL)
+		o, err := parseClusterURL("--redis-cluster", f.clusterURL)
 		if err != nil {
-			return cfg, parseError("--redis-cluster", f.clusterURL, func(s string) error { _, err := redis.ParseClusterURL(s); return err })
+			return cfg, err
 		}
 		cfg.Cluster = o
 	default:
-		o, err := redis.ParseURL(f.url)
+		o, err := parseURL("--redis", f.url)
 		if err != nil {
-			return cfg, parseError("--redis", f.url, func(s string) error { _, err := redis.ParseURL(s); return err })
+			return cfg, err
 		}
 		cfg.Standalone = o
 	}

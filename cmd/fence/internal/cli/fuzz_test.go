@@ -47,6 +47,8 @@ func FuzzRedisURL(f *testing.F) {
 		{"redis", "x", "n1:1?addr=u:pw@n2:::"},
 		{"http", "%zz", "h\x7f"},
 		{"redis", "pw", "h?dial_timeout=-1&pool_size=99999999999999999999"},
+		{"redis", "pw", "h?pool_size=2147483648"},
+		{"redis", "pw", "h?min_idle_conns=99999999&max_active_conns=-1"},
 	} {
 		f.Add(uint8(0), s[0], s[1], s[2])
 	}

@@ -223,30 +223,77 @@ func scrubOne(msg, raw string) string {
 	return msg
 }
 
+// parseURL, parseFailoverURL and parseClusterURL parse the URL given to
+// flag as go-redis does, with errors that name the flag and hide the
+// password, and refuse pool sizes out of checkPool's range.
+func parseURL(flag, raw string) (*redis.Options, error) {
+	o, err := redis.ParseURL(raw)
+	if err != nil {
+		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseURL(s); return err })
+	}
+	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
+}
+
+func parseFailoverURL(flag, raw string) (*redis.FailoverOptions, error) {
+	o, err := redis.ParseFailoverURL(raw)
+	if err != nil {
+		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseFailoverURL(s); return err })
+	}
+	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
+}
+
+func parseClusterURL(flag, raw string) (*redis.ClusterOptions, error) {
+	o, err := redis.ParseClusterURL(raw)
+	if err != nil {
+		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseClusterURL(s); return err })
+	}
+	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
+}
+
+// maxPool bounds the connection counts a URL may ask for: go-redis sets
+// aside PoolSize slots up front and dials MinIdleConns connections at once,
+// and panics in NewClient beyond 2^31 - 1, so a slip such as
+// pool_size=9999999999 crashed fence (found by FuzzRedisURL).
+const maxPool = 10000
+
+// checkPool refuses a pool size, minimum or maximum of idle connections,
+// or maximum of active ones below 0 or above maxPool.
+func checkPool(flag, raw string, poolSize, minIdle, maxIdle, maxActive int) error {
+	for _, v := range []struct {
+		name string
+		n    int
+	}{{"pool_size", poolSize}, {"min_idle_conns", minIdle}, {"max_idle_conns", maxIdle}, {"max_active_conns", maxActive}} {
+		if v.n < 0 || v.n > maxPool {
+			return fmt.Errorf("%s %s: %s=%d is out of range (0 to %d)", flag, redactURL(raw), v.name, v.n, maxPool)
+		}
+	}
+	return nil
+}
+
 // client builds the go-redis client the flags describe.
 func (f *redisFlags) client() (redis.UniversalClient, error) {
 	switch {
 	case f.sentinelURL != "" && f.clusterURL != "":
 		return nil, errors.New("give --redis-sentinel or --redis-cluster, not both")
 	case f.sentinelURL != "":
-		o, err := redis.ParseFailoverURL(f.sentinelURL)
+		o, err := parseFailoverURL("--redis-sentinel", f.sentinelURL)
 		if err != nil {
-			return nil, parseError("--redis-sentinel", f.sentinelURL, func(s string) error { _, err := redis.ParseFailoverURL(s); return err })
+			return nil, err
 		}
 		if o.MasterName == "" {
 			return nil, errors.New("--redis-sentinel: the URL needs master_name=NAME")
 		}
 		return redis.NewFailoverClient(o), nil
 	case f.clusterURL != "":
-		o, err := redis.ParseClusterURL(f.clusterURL)
+		o, err := parseClusterURL("--redis-cluster", f.clusterURL)
 		if err != nil {
-			return nil, parseError("--redis-cluster", f.clusterURL, func(s string) error { _, err := redis.ParseClusterURL(s); return err })
+			return nil, err
 		}
 		return redis.NewClusterClient(o), nil
 	default:
-		o, err := redis.ParseURL(f.url)
+		o, err := parseURL("--redis", f.url)
 		if err != nil {
-			return nil, parseError("--redis", f.url, func(s string) error { _, err := redis.ParseURL(s); return err })
+			return nil, err
 		}
 		return redis.NewClient(o), nil
 	}
