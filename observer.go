@@ -21,8 +21,9 @@ import (
 // so a Release called there does not wait for the callback's own caller:
 // it returns the lease's conclusive result (an error matching ErrLeaseLost
 // for a lost lease; for a lease that a Release ended, that Release's
-// result), and Extend an error matching ErrLeaseLost (or ErrReleased). fencetest's Reentry subtests check it for each way a
-// lease ends. The same holds for a slog.Handler of a backend's Logger told
+// result), and Extend an error matching ErrLeaseLost (or ErrReleased).
+// fencetest's Reentry subtests check it for each way a lease ends. The
+// same holds for a slog.Handler of a backend's Logger told
 // "lease lost" (ReportLeaseEnded logs before it calls LeaseEnded), and told
 // that a watchdog's renewal (zklock: a check of the lease's node) failed:
 // the watchdog logs that with no renewal under way, and a Release called
@@ -34,8 +35,8 @@ import (
 // lease that an Acquire returned, never for one it did not. AcquireDone is
 // called as Acquire returns, once the lease's timers and watchdog run: a
 // lease that ends at once (a short fence.TTL on a stalled machine) may be
-// reported ended before its acquisition. A Release that ends the lease reports it before it returns;
-// but a loss that the watchdog (or a session's watch) found just as
+// reported ended before its acquisition. A Release that ends the lease
+// reports it before it returns; but a loss that the watchdog (or a session's watch) found just as
 // Release was called is reported by the watchdog's goroutine once it is
 // done, which may be after that Release returned, and after a Locker's
 // Close.
