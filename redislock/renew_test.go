@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -226,5 +227,92 @@ func (r *recordArgs) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 			r.keep(cmd)
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// TestUnmovedExpiryStillReplicated guards what replica sync rests on when
+// an acquire or extend script writes nothing (GT left the expiry: the lock
+// already runs longer), as a granted waiter's confirming try may: a WAIT
+// after it must still count the replicas against everything written before
+// it, a grant by another connection included. Redis sets a client's WAIT
+// offset to the replication offset after every command it runs, read-only
+// ones too; a server that set it only after commands that replicated
+// something would answer such a WAIT at once, from a connection's older
+// write that the paused replica has, and fail this test. Each script is the
+// lease's own, replayed (as a resend would run it) after a longer Extend,
+// on a connection whose last write the replica acknowledged, with WAIT 1
+// after it. (A guard: it passes on Redis 7.0 with scripts that write
+// nothing there.)
+func TestUnmovedExpiryStillReplicated(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	rec := &recordArgs{key: lockKey("unmoved")}
+	c.AddHook(rec)
+	l := newLockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: time.Second}})
+	// Load the scripts, so that each call below is one EVALSHA.
+	warm := acquire(t, l, "warm", fence.TTL(time.Minute))
+	if err := warm.Extend(ctx(t), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx(t), "unmoved", fence.TTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx(t), 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	var scripts [][]any // the acquisition and the short renewal
+	for _, args := range rec.seen {
+		if s, _ := args[0].(string); strings.EqualFold(s, "evalsha") || strings.EqualFold(s, "eval") {
+			scripts = append(scripts, args)
+		}
+	}
+	rec.mu.Unlock()
+	if len(scripts) != 2 {
+		t.Fatalf("saw %d script calls on the lock, want the acquisition and the renewal", len(scripts))
+	}
+	if err := lease.Extend(ctx(t), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Connections whose last write the replica has acknowledged, as a
+	// waiter's is after its queued try.
+	conns := make([]*redis.Conn, 2)
+	for i := range conns {
+		conns[i] = primary.Client(t).Conn()
+		t.Cleanup(func() { _ = conns[i].Close() })
+		if err := conns[i].Set(ctx(t), fmt.Sprintf("unmoved-other-%d", i), "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := conns[i].Do(ctx(t), "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+			t.Fatalf("WAIT before the pause = %d, %v", n, err)
+		}
+	}
+	replica.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { replica.Signal(syscall.SIGCONT) })
+	for i, what := range []string{"acquisition", "renewal"} {
+		fresh := conns[i]
+		var acked *redis.Cmd
+		_, err := fresh.Pipelined(ctx(t), func(p redis.Pipeliner) error {
+			p.Do(ctx(t), scripts[i]...)
+			acked = p.Do(ctx(t), "WAIT", 1, 300)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s replayed: %v", what, err)
+		}
+		if n, _ := acked.Int(); n != 0 {
+			t.Errorf("the %s, run again when it moved nothing, was confirmed by %d replica with the replica paused", what, n)
+		}
+	}
+	replica.Signal(syscall.SIGCONT)
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
 	}
 }
