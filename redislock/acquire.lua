@@ -43,6 +43,19 @@ end
 -- a bad record) is undone with DEL in the same script, which runs
 -- atomically and replicates its writes as one transaction: nobody sees the
 -- lock taken, and the record is not touched.
+-- keepLonger moves the expiry of lock, which owner holds, to ms from now,
+-- never earlier (GT): a duplicate of the lease's own acquisition, run after
+-- an Extend moved the lock further, would cut it below the holder's
+-- deadline. It always writes: when GT leaves the expiry, the lock is set
+-- again to its own value (KEEPTTL), so that the script is replicated and a
+-- WAIT after it on the caller's connection counts the replicas that have
+-- the lock as it is (a grant written by another connection included), not
+-- an older write of that connection.
+local function keepLonger(key, value, ms)
+  if redis.call('PEXPIRE', key, ms, 'GT') == 0 then
+    redis.call('SET', key, value, 'KEEPTTL')
+  end
+end
 local holder = redis.call('SET', lock, owner, 'NX', 'GET', 'PX', ARGV[2])
 -- take hands out the token for a lock that was free (holder false: taken
 -- now) or is already ours (a grant, or a retry), unless the record is bad
@@ -66,7 +79,7 @@ local function take(marks)
     -- an earlier one (GT): this may be a duplicate of the lease's own
     -- acquisition run after an Extend moved the lock further (see
     -- extend.lua), whose holder's deadline comes from that Extend.
-    redis.call('PEXPIRE', lock, ARGV[2], 'GT')
+    keepLonger(lock, owner, ARGV[2])
     return {1, last, ms}
   end
   local token, terr = nextToken(record, last, clock())
@@ -77,7 +90,7 @@ local function take(marks)
     return terr
   end
   if holder then
-    redis.call('PEXPIRE', lock, ARGV[2], 'GT') -- ours, but its token record was lost
+    keepLonger(lock, owner, ARGV[2]) -- ours, but its token record was lost
   end
   redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])
   return {1, token, ms}

@@ -27,5 +27,11 @@ end
 if now > tonumber(ARGV[3]) then
   return {-1, now}
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+if redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT') == 0 then
+  -- Left as it was: write the lock again (KEEPTTL) all the same, so that
+  -- this script is replicated and a WAIT after it counts the replicas that
+  -- have the lock's expiry as it is, not an older write of the caller's
+  -- connection.
+  redis.call('SET', KEYS[1], string.sub(ARGV[1], 1, 32), 'KEEPTTL')
+end
 return {1, now}
