@@ -65,13 +65,7 @@ func TestBatchHookErrorReachesCaller(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = lease.Release(ctx)
-	srv.Signal(syscall.SIGSTOP)
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			srv.Signal(syscall.SIGCONT)
-		}
-	})
+	resume := srv.Pause(t)
 	direct := make(chan error, 1)
 	go func() {
 		_, err := l.Acquire(ctx, "lock:hook:direct", fence.TTL(time.Minute))
@@ -90,8 +84,7 @@ func TestBatchHookErrorReachesCaller(t *testing.T) {
 			t.Errorf("batched Acquire (wait %v) = %v; want the hook's error", wait, err)
 		}
 	}
-	srv.Signal(syscall.SIGCONT)
-	resumed = true
+	resume()
 	if err := <-direct; err != nil {
 		t.Fatalf("direct Acquire: %v", err)
 	}
@@ -255,13 +248,7 @@ func TestBatchNoScriptResendWaitsAgain(t *testing.T) {
 	}
 	_ = lease.Release(ctx)
 	c.AddHook(h)
-	primary.Signal(syscall.SIGSTOP)
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			primary.Signal(syscall.SIGCONT)
-		}
-	})
+	resume := primary.Pause(t)
 	// One straight through, one in each sender's batch, the others
 	// queued for the next batch.
 	const n = 8
@@ -286,8 +273,7 @@ func TestBatchNoScriptResendWaitsAgain(t *testing.T) {
 			return b.inflight+b.inBatch+len(b.queue) == i+1
 		}))
 	}
-	primary.Signal(syscall.SIGCONT)
-	resumed = true
+	resume()
 	wg.Wait()
 	h.mu.Lock()
 	defer h.mu.Unlock()

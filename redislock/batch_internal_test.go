@@ -454,13 +454,7 @@ func TestBatchOneCommandFails(t *testing.T) {
 	if err := admin.RPush(ctx, l.keys(bad).token, "not a token").Err(); err != nil {
 		t.Fatal(err)
 	}
-	srv.Signal(syscall.SIGSTOP)
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			srv.Signal(syscall.SIGCONT)
-		}
-	})
+	resume := srv.Pause(t)
 	const n = 16
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -486,8 +480,7 @@ func TestBatchOneCommandFails(t *testing.T) {
 		})
 		eventually(t, queued(i+1))
 	}
-	srv.Signal(syscall.SIGCONT)
-	resumed = true
+	resume()
 	wg.Wait()
 	for i, err := range errs {
 		if i == n-1 {

@@ -6,7 +6,6 @@ import (
 	"net"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -82,13 +81,7 @@ func TestRevocationOutlastsAPause(t *testing.T) {
 	}
 
 	hook.armed.Store(true)
-	srv.Signal(syscall.SIGSTOP)
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			srv.Signal(syscall.SIGCONT)
-		}
-	})
+	resume := srv.Pause(t)
 	actx, acancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	_, err = l.Acquire(actx, name, fence.TTL(time.Minute))
 	acancel()
@@ -101,8 +94,7 @@ func TestRevocationOutlastsAPause(t *testing.T) {
 		t.Fatal("no revocation was tried")
 	}
 	hook.armed.Store(false)
-	srv.Signal(syscall.SIGCONT)
-	resumed = true
+	resume()
 
 	admin := srv.Client(t)
 	eventually(t, func() bool { return admin.Exists(ctx, l.keys(name).lock).Val() == 0 })
@@ -162,13 +154,7 @@ func TestCancelledAcquisitionRevoked(t *testing.T) {
 	hook := &sentHook{key: l.keys(name).lock, sent: make(chan struct{}, 1)}
 	c.AddHook(hook)
 
-	srv.Signal(syscall.SIGSTOP)
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			srv.Signal(syscall.SIGCONT)
-		}
-	})
+	resume := srv.Pause(t)
 	actx, acancel := context.WithCancel(ctx)
 	go func() {
 		<-hook.sent
@@ -179,8 +165,7 @@ func TestCancelledAcquisitionRevoked(t *testing.T) {
 	}
 	// The revocation, sent after the client's read timeout, runs after the
 	// acquisition on the resumed server, or before it.
-	srv.Signal(syscall.SIGCONT)
-	resumed = true
+	resume()
 	admin := srv.Client(t)
 	eventually(t, func() bool {
 		return admin.Exists(ctx, l.keys(name).lock).Val() == 0 &&

@@ -6,6 +6,7 @@ package redistest
 
 import (
 	"context"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -62,6 +63,18 @@ func (s *Server) Restart(t testing.TB) {
 
 // Relaunch is Restart for code without a testing.TB.
 func (s *Server) Relaunch() error { return s.Server.Restart() }
+
+// Pause stops the server with SIGSTOP (it returns once every thread is
+// stopped) and returns resume, which sends SIGCONT once; t.Cleanup resumes
+// it if the test has not.
+func (s *Server) Pause(t testing.TB) (resume func()) {
+	t.Helper()
+	s.Signal(syscall.SIGSTOP)
+	var once sync.Once
+	resume = func() { once.Do(func() { s.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	return resume
+}
 
 // StartReplica starts a server replicating primary. Call WaitReplicated
 // before relying on it.
