@@ -63,13 +63,7 @@ func TestReleaseWhileRenewalWaitsItsTurn(t *testing.T) {
 	const name, ttl = "release-while-waiting", 10 * time.Second
 	l, gates := gatedLocker(t, srvs)
 	ctx := ctxFor(t)
-	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Extend(ctx, ttl); err != nil { // loads the script on every node
-		t.Fatal(err)
-	}
+	lease := warmLease(t, l, name, ttl)
 	for _, g := range gates {
 		g.hold.Store(true)
 	}
@@ -146,13 +140,7 @@ func TestRenewalOnMinorityLeavesDeadline(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
 	ctx := ctxFor(t)
-	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Extend(ctx, ttl); err != nil { // loads the script on every node
-		t.Fatal(err)
-	}
+	lease := warmLease(t, l, name, ttl)
 	check := func(when string) {
 		t.Helper()
 		deadline := lease.Deadline()
@@ -208,13 +196,7 @@ func TestExpiryFiringAsRenewalLandsKeepsLease(t *testing.T) {
 	const name, ttl = "expiry-as-renewal-lands", 600 * time.Millisecond
 	l, gates := gatedLocker(t, srvs)
 	ctx := ctxFor(t)
-	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Extend(ctx, ttl); err != nil { // loads the script on every node
-		t.Fatal(err)
-	}
+	lease := warmLease(t, l, name, ttl)
 	extended := make(chan error, 1)
 	landed := make(chan struct{}) // closed once Extend returned
 	fired := make(chan struct{})

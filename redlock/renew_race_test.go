@@ -54,6 +54,21 @@ func gatedLocker(t *testing.T, srvs []*redistest.Server) (*redlock.Locker, []*ga
 	return l, gates
 }
 
+// warmLease acquires name for ttl and extends it once, which loads the
+// extend script on every node, so that a renewal a test holds up is one
+// EVALSHA per node.
+func warmLease(t *testing.T, l *redlock.Locker, name string, ttl time.Duration) fence.Lease {
+	t.Helper()
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctxFor(t), ttl); err != nil {
+		t.Fatal(err)
+	}
+	return lease
+}
+
 func (g *gateExtend) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (g *gateExtend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
@@ -121,13 +136,7 @@ func TestStaleRenewalLeavesNoSecondHolder(t *testing.T) {
 	const name, ttl = "stale-renewal", 500 * time.Millisecond
 	l, gates := gatedLocker(t, srvs)
 	ctx := ctxFor(t)
-	lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Extend(ctx, ttl); err != nil { // loads the script on every node
-		t.Fatal(err)
-	}
+	lease := warmLease(t, l, name, ttl)
 	// The older renewal: run on node 0, held on its way to nodes 1 and 2.
 	gates[1].hold.Store(true)
 	gates[2].hold.Store(true)
