@@ -242,11 +242,7 @@ func TestBatchNoScriptResendWaitsAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute)) // loads the scripts
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = lease.Release(ctx)
+	warm(ctx, t, l)
 	c.AddHook(h)
 	resume := primary.Pause(t)
 	// One straight through, one in each sender's batch, the others

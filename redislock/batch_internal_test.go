@@ -290,11 +290,7 @@ func TestBatchCallerLeavesQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute)) // loads the scripts
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = lease.Release(ctx)
+	warm(ctx, t, l)
 	srv.Signal(syscall.SIGSTOP)
 	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
 	// Fill the direct slots and every sender.
@@ -444,11 +440,7 @@ func TestBatchOneCommandFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute)) // loads the scripts
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = lease.Release(ctx)
+	warm(ctx, t, l)
 	admin := srv.Client(t)
 	const bad = "lock:batch:bad"
 	if err := admin.RPush(ctx, l.keys(bad).token, "not a token").Err(); err != nil {
@@ -564,11 +556,7 @@ func TestBatchHooksSeePipeline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute)) // loads the scripts
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = lease.Release(ctx)
+	warm(ctx, t, l)
 	srv.Signal(syscall.SIGSTOP)
 	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
 	var wg sync.WaitGroup
@@ -616,4 +604,15 @@ func TestBatchHooksSeePipeline(t *testing.T) {
 			t.Fatalf("ProcessPipelineHook saw %v, want b:1, c:1 and d:2 (d's and e's calls in one pipeline with d's values)", h.pipelined)
 		}
 	}
+}
+
+// warm takes and releases a lock on l, which loads the scripts, so that
+// the calls a test then makes are one EVALSHA each.
+func warm(ctx context.Context, t *testing.T, l *Locker) {
+	t.Helper()
+	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Release(ctx)
 }
