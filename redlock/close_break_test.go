@@ -522,3 +522,59 @@ func TestReleaseRetryDecidedSendsNothing(t *testing.T) {
 	}
 	waitUnlocked(t, srvs, name, 5*time.Second)
 }
+
+// Close gives up while a try is out (node 1's grant held on its way back,
+// node 2 paused), then the try fails (its caller gives up): its give-back
+// on node 1, a running node, must still be sent. It was not: it ran under
+// the context that Close cancelled on giving up, never left, and node 1
+// kept the lock for the whole lease time, named by the next Close.
+func TestTryGivenBackAfterCloseGaveUp(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name, ttl = "close-then-give-back", 30 * time.Second
+	h := &holdAcquireReply{held: make(chan struct{}), release: make(chan struct{})}
+	cs := clientsWith(t, srvs, lateOptions, nil, h, nil)
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := func(name string) { // connects to every node before one pauses
+		lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if err := lease.Release(ctxFor(t)); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+	warm(name + "-warm")
+	resume := pause(t, srvs[2:])
+	h.armed.Store(true)
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctx, name, fence.TTL(ttl))
+		acquired <- err
+	}()
+	select {
+	case <-h.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node 1 did not run the acquisition")
+	}
+	if _, err := closeWithin(l, 100*time.Millisecond); err == nil {
+		t.Fatal("Close with a try out returned nil")
+	}
+	cancel()
+	if err := <-acquired; err == nil {
+		t.Fatal("Acquire with its context cancelled returned a lease")
+	}
+	close(h.release)
+	resume()
+	took, err := closeWithin(l, 20*time.Second)
+	var ce *redlock.CloseError
+	if err != nil && (!errors.As(err, &ce) || !slices.Equal(ce.Nodes, []int{2})) {
+		t.Fatalf("second Close (after %v): %v, want nil or a *CloseError naming node 2", took, err)
+	}
+	if on := lockedOn(t, srvs[:2], name); len(on) != 0 {
+		t.Fatalf("locked on running nodes %v after Close", on)
+	}
+}

@@ -246,7 +246,7 @@ func (f *tryFanout) hand(ls *lease, seen []result) {
 // the lease's: with the write-back here, every node that granted the lease
 // holds its token, as when every reply was awaited.
 func (f *tryFanout) writeBack(i int, token fence.Token) {
-	ctx, cancel := context.WithTimeout(f.l.bg.ctx, f.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
 	_ = maxScript.Run(ctx, f.l.nodes[i], []string{f.k.token, f.k.lock}, int64(token), f.owner).Err()
 }
@@ -294,7 +294,7 @@ func (f *tryFanout) abandon() []result {
 // became one, for the record) is retried in the background.
 func (f *tryFanout) giveBack(i int, token fence.Token) {
 	l := f.l
-	ctx, cancel := context.WithTimeout(l.bg.ctx, f.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	err := releaseScript.Run(ctx, l.nodes[i], f.acqKeys[:1], f.owner).Err()
 	cancel()
 	if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {

@@ -635,6 +635,11 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	revokeKey := k.lock + ":revoked:" + owner
 	timeout := l.timeoutFor(ttl)
 	l.connect(ctx)
+	if l.bg.closed.Load() {
+		// Close was called while the first contact waited for a node:
+		// nothing was sent that needs giving back.
+		return nil, ErrClosed
+	}
 	start := l.now()
 	floor := l.wall().Add(floorLead).UnixMicro()
 	// The same keys and arguments go to every node (go-redis copies them
@@ -821,7 +826,7 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 		l.bg.add(i)
 		l.spawn(func() {
 			defer l.bg.done(i)
-			rctx, cancel := context.WithTimeout(l.bg.ctx, timeout)
+			rctx, cancel := context.WithTimeout(context.Background(), timeout)
 			err := releaseScript.Run(rctx, l.nodes[i], relKeys, owner).Err()
 			cancel()
 			if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
@@ -842,7 +847,7 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 // revocation mark, within timeout; if the node does not answer that
 // either, it is retried in the background (releaseAbandoned).
 func (l *Locker) revokeTry(i int, k keys, owner, revokeKey string, ttl, timeout time.Duration) {
-	ctx, cancel := context.WithTimeout(l.bg.ctx, timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
 	cancel()
 	if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
