@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
 	"github.com/fencekit/fence/internal/etcdtest"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -742,5 +743,101 @@ func TestReleaseLostWithEndedCtx(t *testing.T) {
 		if err := lease.Release(ended); !errors.Is(err, fence.ErrLeaseLost) {
 			t.Fatalf("round %d: Release of a lost lease with an ended ctx = %v, want ErrLeaseLost", round, err)
 		}
+	}
+}
+
+// lateTxn is a client interceptor that, once armed, holds back the next
+// Txn (its caller gets DeadlineExceeded, as if the reply were lost on a
+// slow member) and sends it once the next KV call after it has been
+// answered: a request still on its way, arriving after its sender looked
+// at the key.
+type lateTxn struct {
+	armed    atomic.Bool
+	mu       sync.Mutex
+	replay   func() error // the held Txn, sent by the next KV call
+	replayed chan error
+}
+
+func (h *lateTxn) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if !strings.HasPrefix(method, "/etcdserverpb.KV/") {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	if strings.HasSuffix(method, "/Txn") && h.armed.CompareAndSwap(true, false) {
+		h.mu.Lock()
+		h.replay = func() error {
+			return invoker(context.Background(), method, req, new(pb.TxnResponse), cc, opts...)
+		}
+		h.mu.Unlock()
+		return context.DeadlineExceeded
+	}
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	h.mu.Lock()
+	replay := h.replay
+	h.replay = nil
+	h.mu.Unlock()
+	if replay != nil {
+		h.replayed <- replay()
+	}
+	return err
+}
+
+// An Extend whose move Txn got no answer, and arrives only after the
+// Extend looked at the key and found it still on its old etcd lease: the
+// Extend then revoked the etcd lease it had granted, which the late Txn
+// had just put the key on, and the lock was deleted under its holder, who
+// learned of it only from its watch (another Acquire could take the lock
+// meanwhile). Now the late Txn finds the key changed and does nothing.
+func TestLateExtendTxnKeepsLock(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	h := &lateTxn{replayed: make(chan error, 1)}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(h.intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	h.armed.Store(true)
+	err = lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
+	t.Logf("Extend with its Txn late = %v", err)
+	select {
+	case rerr := <-h.replayed:
+		t.Logf("the late Txn: %v", rerr)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Extend's Txn was never sent late")
+	}
+	key := lease.(*etcdlock.Lease).Key()
+	resp, gerr := admin.Get(ctxFor(t, 10*time.Second), key)
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	if len(resp.Kvs) == 0 {
+		t.Fatalf("the lock's key was deleted under its holder (Extend = %v, lease Err %v)", err, lease.Err())
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended with its key in place: %v", err)
+	}
+	// The key is on the etcd lease that the Lease renews: it outlives a
+	// renewal period.
+	ttl, lerr := admin.TimeToLive(ctxFor(t, 10*time.Second), clientv3.LeaseID(resp.Kvs[0].Lease))
+	if lerr != nil || ttl.TTL <= 0 {
+		t.Fatalf("the key's etcd lease %x: TTL %v, %v", resp.Kvs[0].Lease, ttl, lerr)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n := countKeys(t, admin, l.Prefix(t.Name())); n != 0 {
+		t.Fatalf("%d keys left after Release", n)
 	}
 }

@@ -52,6 +52,12 @@ type Lease struct {
 	// revokedOnFail: a Release that failed revoked the etcd lease, and
 	// with it the key.
 	revokedOnFail atomic.Bool
+	// modRev is the key's mod revision as this lease last wrote it (its
+	// create revision, then each Extend's move): every move compares it,
+	// so that an Extend's Txn that arrives late, after that Extend gave
+	// up and revoked the etcd lease it would move the key to, finds the
+	// key changed and does nothing. Used under op.
+	modRev int64
 
 	mu       sync.Mutex
 	id       clientv3.LeaseID // the etcd lease the key is attached to
@@ -77,7 +83,7 @@ func (l *Locker) newLease(ctx context.Context, name, key string, keyb []byte, re
 	ls := &Lease{
 		l: l, name: name, key: key, keyb: keyb, token: fence.Token(rev), watchdog: watchdog,
 		id: sp.id, ttl: sp.ttl, granted: sp.granted, sent: sent, deadline: deadline(sent, sp.ttl), moved: make(chan struct{}, 1),
-		op: make(chan struct{}, 1), acquired: time.Now(),
+		op: make(chan struct{}, 1), acquired: time.Now(), modRev: rev,
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.startRun()
@@ -578,28 +584,110 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	var resp *clientv3.TxnResponse
 	err = ls.l.try(cctx, per, func(ctx context.Context) (err error) {
-		resp, err = c.Txn(ctx).If(
-			clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
-		).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(g.ID))).Commit()
+		resp, err = ls.moveTxn(ctx, g.ID)
 		return err
 	})
 	if err != nil {
-		// The Txn may have been applied with its reply lost: then the key
-		// is on g, and revoking g would delete the lock. Look.
-		if ls.onLease(ctx, g.ID) {
-			return ls.moveTo(ctx, g, ttl, sent)
-		}
-		ls.l.revoke(ctx, g.ID)
-		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
+		// The Txn may have been applied with its reply lost, or may
+		// still be on its way: revoking g would then delete the lock.
+		// Settle it first.
+		return ls.settleMove(ctx, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
 	}
-	if !resp.Succeeded {
+	if resp.Succeeded {
+		ls.modRev = resp.Header.Revision
+		return ls.moveTo(ctx, g, ttl, sent)
+	}
+	// The key changed since this lease last wrote it: an earlier attempt
+	// of this Txn moved it (its reply lost), or it is gone.
+	kv := elseKey(resp)
+	switch {
+	case kv != nil && kv.CreateRevision == int64(ls.token) && clientv3.LeaseID(kv.Lease) == g.ID:
+		ls.modRev = kv.ModRevision
+		return ls.moveTo(ctx, g, ttl, sent)
+	case kv != nil && kv.CreateRevision == int64(ls.token):
+		// Still this lease's key, on its etcd lease, written by nobody
+		// else (no other Txn of fence moves it): not expected. Revoking g
+		// is safe (no Txn of this Extend holds any more).
+		ls.modRev = kv.ModRevision
 		ls.l.revoke(ctx, g.ID)
-		if ls.end(ls.lostf("its key %s is gone", ls.key)) {
+		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: the key's revision moved to %d behind the lease's back", ls.name, kv.ModRevision))
+	}
+	ls.l.revoke(ctx, g.ID)
+	if ls.end(ls.lostf("its key %s is gone", ls.key)) {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
+	return ls.Err()
+}
+
+// moveTxn sends the Txn that moves the key onto the etcd lease id if it is
+// still as this lease last wrote it (created at the token, modified at
+// modRev), and reads the key otherwise.
+func (ls *Lease) moveTxn(ctx context.Context, id clientv3.LeaseID) (*clientv3.TxnResponse, error) {
+	return ls.l.client.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)),
+		clientv3.Compare(clientv3.ModRevision(ls.key), "=", ls.modRev),
+	).Then(clientv3.OpPut(ls.key, "", clientv3.WithLease(id))).Else(clientv3.OpGet(ls.key)).Commit()
+}
+
+// elseKey returns the key read by the Else branch of a Txn that did not
+// succeed, nil if it is gone.
+func elseKey(resp *clientv3.TxnResponse) *mvccpb.KeyValue {
+	if len(resp.Responses) == 0 {
+		return nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return nil
+	}
+	return kvs[0]
+}
+
+// settleMove ends an Extend whose move of the key to g got no answer
+// (err): the Txn may have been applied, or may still sit in a member's
+// queue and be applied later. It moves the key again, onto the etcd lease
+// it is on now, in a Txn with the same comparison, within cleanupTimeout
+// even if ctx is done: that bumps the key's mod revision, so the lost Txn,
+// wherever it is, can no longer apply; then g, which holds no key, is
+// revoked. If the lost Txn was applied first, the key is on g: the Extend
+// took effect. If etcd cannot tell this either, the key may be on g, or
+// may move there later, and nobody renews g: the lease ends (lost), and
+// both etcd leases are revoked, which frees the lock.
+//
+// Without this, a check of the key's etcd lease followed by a revoke of g
+// let a Txn arriving between the two move the key onto g, and the revoke
+// deleted the lock under its holder.
+func (ls *Lease) settleMove(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) error {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*cleanupTimeout)
+	defer cancel()
+	old := ls.etcdLease()
+	var resp *clientv3.TxnResponse
+	serr := ls.l.try(sctx, cleanupTimeout, func(ctx context.Context) (err error) {
+		resp, err = ls.moveTxn(ctx, old)
+		return err
+	})
+	switch {
+	case serr != nil:
+		if ls.end(ls.lostf("an Extend could not tell whether its key %s moved to etcd lease %x, which nobody renews (%v; then %v)", ls.key, int64(g.ID), err, serr)) {
 			ls.l.revoke(ctx, ls.etcdLease())
 		}
+		ls.l.revoke(ctx, g.ID)
 		return ls.Err()
+	case resp.Succeeded:
+		ls.modRev = resp.Header.Revision
+		ls.l.revoke(ctx, g.ID)
+		return ls.extendFailed(ctx, err)
 	}
-	return ls.moveTo(ctx, g, ttl, sent)
+	kv := elseKey(resp)
+	if kv != nil && kv.CreateRevision == int64(ls.token) && clientv3.LeaseID(kv.Lease) == g.ID {
+		ls.modRev = kv.ModRevision
+		return ls.moveTo(ctx, g, ttl, sent)
+	}
+	if kv != nil && kv.CreateRevision == int64(ls.token) {
+		ls.modRev = kv.ModRevision
+	}
+	// Gone, or changed: no Txn of this Extend can apply any more.
+	ls.l.revoke(ctx, g.ID)
+	return ls.extendFailed(ctx, err)
 }
 
 // extendFailed returns err, the error of an Extend that did not get
@@ -612,17 +700,6 @@ func (ls *Lease) extendFailed(ctx context.Context, err error) error {
 		return lerr
 	}
 	return err
-}
-
-// onLease reports whether the lease's key, as created at the token, is
-// attached to the etcd lease id, within cleanupTimeout even if ctx is
-// done. It reports false when it cannot tell.
-func (ls *Lease) onLease(ctx context.Context, id clientv3.LeaseID) bool {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	resp, err := ls.l.client.Get(ctx, ls.key)
-	return err == nil && len(resp.Kvs) == 1 &&
-		resp.Kvs[0].CreateRevision == int64(ls.token) && clientv3.LeaseID(resp.Kvs[0].Lease) == id
 }
 
 // moveTo records that Extend moved the key onto the etcd lease id of ttl,
