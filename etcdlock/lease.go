@@ -541,8 +541,11 @@ func (ls *Lease) renew(ctx context.Context) error {
 
 // Extend makes the lease last ttl from now; see fence.Lease. etcd cannot
 // change a lease's TTL, so Extend grants a new etcd lease of ttl, moves the
-// key to it in a Txn that holds only while the key is this lease's (its
-// create revision, the token, does not change), and revokes the old one. A
+// key to it in a Txn that holds only while the key is as this lease last
+// wrote it (its create revision, the token, does not change; its mod
+// revision is each move's), and revokes the old one. A move that got no
+// answer is settled before the new etcd lease is revoked (see settleMove);
+// if etcd cannot tell whether it was applied, the lease ends. A
 // watchdog lease is then renewed every third of ttl. After Release, Extend
 // returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
