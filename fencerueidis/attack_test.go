@@ -367,3 +367,41 @@ func awaitGone(t *testing.T, admin *redis.Client, name string, d time.Duration, 
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
 }
+
+// TestNoScriptWaitsOnce: as redislock's test of that name, on rueidis: with
+// the replica paused, an acquisition refused with NOSCRIPT fails within
+// about the sync timeout, not twice it (the WAIT pipelined with the refused
+// EVALSHA runs anyway; the one sent again with EVAL gets what is left).
+func TestNoScriptWaitsOnce(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	l := newLocker(t, client(t, primary.Addr), redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: time.Second}})
+	lease, err := l.Acquire(ctx(t), "warm", fence.TTL(time.Minute)) // the scripts cached
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	replica.Pause(t)
+	var took [2]time.Duration
+	for i, name := range []string{"cached", "flushed"} {
+		if name == "flushed" {
+			if err := admin.ScriptFlush(ctx(t)).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		_, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+		took[i] = time.Since(start)
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatalf("Acquire %s with the replica paused = %v, want ErrNotReplicated", name, err)
+		}
+	}
+	t.Logf("failed acquisition: %v with the scripts cached, %v after SCRIPT FLUSH", took[0], took[1])
+	if took[1] > took[0]*3/2 {
+		t.Errorf("after NOSCRIPT the acquisition took %.2f× one with its scripts cached: it waited for the replica twice", float64(took[1])/float64(took[0]))
+	}
+}

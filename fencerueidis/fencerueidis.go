@@ -76,7 +76,11 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 			return nil, 0, fmt.Errorf("fencerueidis: script argument %T", a)
 		}
 	}
+	sent := time.Now()
 	for _, full := range []bool{false, true} {
+		if full {
+			timeout = redisconn.WaitLeft(timeout, sent)
+		}
 		var cmd rueidis.Completed
 		if full {
 			cmd = c.c.B().Eval().Script(s.Src).Numkeys(int64(len(keys))).Key(keys...).Arg(sargs...).Build()

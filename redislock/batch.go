@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -195,7 +196,8 @@ func (l *Locker) sendBatches(b *batcher, c *redis.Client) {
 		for _, bc := range calls {
 			cmds = append(cmds, bc.cmd)
 		}
-		wait := l.batchWait(ctx, calls, &cmds)
+		sent := time.Now()
+		wait := l.batchWait(ctx, calls, &cmds, l.sync.Timeout)
 		execBatch(ctx, c, cmds)
 		// NOSCRIPT: again in full, for the commands that had it, with a
 		// WAIT of their own after them.
@@ -219,7 +221,7 @@ func (l *Locker) sendBatches(b *batcher, c *redis.Client) {
 			for _, bc := range again {
 				cmds = append(cmds, bc.cmd)
 			}
-			wait := l.batchWait(ctx, again, &cmds)
+			wait := l.batchWait(ctx, again, &cmds, redisconn.WaitLeft(l.sync.Timeout, sent))
 			execBatch(ctx, c, cmds)
 			setAcked(again, wait)
 		}
@@ -264,7 +266,7 @@ func unanswered(cmds []redis.Cmder, err error) {
 // returns it: WAIT counts the replicas that acknowledged every write sent
 // before it on the connection, which the pipeline's are. Nil when none
 // does.
-func (l *Locker) batchWait(ctx context.Context, calls []*batchCall, cmds *[]redis.Cmder) *redis.Cmd {
+func (l *Locker) batchWait(ctx context.Context, calls []*batchCall, cmds *[]redis.Cmder, timeout time.Duration) *redis.Cmd {
 	required := 0
 	for _, bc := range calls {
 		required = max(required, bc.required)
@@ -272,7 +274,7 @@ func (l *Locker) batchWait(ctx context.Context, calls []*batchCall, cmds *[]redi
 	if required == 0 {
 		return nil
 	}
-	wait := redis.NewCmd(ctx, "WAIT", required, l.sync.Timeout.Milliseconds())
+	wait := redis.NewCmd(ctx, "WAIT", required, timeout.Milliseconds())
 	*cmds = append(*cmds, wait)
 	return wait
 }

@@ -640,3 +640,85 @@ func TestBatchReleaseThenAcquire(t *testing.T) {
 		t.Logf("%d commands sent in batches", sent)
 	}
 }
+
+// TestBatchNoScriptWaitsOnce: as TestNoScriptWaitsOnce, for synced
+// acquisitions sent in batches: with the replica paused, a batch refused
+// with NOSCRIPT has already waited out the sync timeout (the batch's WAIT
+// ran with the refused EVALSHAs), so the WAIT sent again with the scripts
+// in full gets what is left of it, not the whole timeout again. Read from
+// the WAIT commands sent (a timing of whole rounds of batches varies with
+// how the calls fall into them).
+func TestBatchNoScriptWaitsOnce(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin := primary.Client(t)
+	c := primary.Client(t)
+	const timeout = time.Second
+	l, err := New(c, &Options{ReplicaSync: ReplicaSync{Replicas: 1, Timeout: timeout}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm(ctx, t, l)
+	h := &evalWaits{}
+	c.AddHook(h)
+	replica.Pause(t)
+	if err := admin.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			_, err := l.Acquire(ctx, fmt.Sprintf("lock:flushed:%d", i), fence.TTL(time.Minute))
+			if !errors.Is(err, fence.ErrNotReplicated) {
+				t.Errorf("Acquire with the replica paused = %v, want ErrNotReplicated", err)
+			}
+		})
+	}
+	wg.Wait()
+	l.syncBatch.mu.Lock()
+	again := l.syncBatch.again
+	l.syncBatch.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t.Logf("WAIT timeouts (ms) sent with scripts in full: %v; batched calls sent again: %d", h.ms, again)
+	if again == 0 {
+		t.Fatal("no batched call was sent again after NOSCRIPT: the test did not test batches")
+	}
+	for _, ms := range h.ms {
+		if ms > timeout.Milliseconds()/2 {
+			t.Errorf("a WAIT sent again after NOSCRIPT waits %d ms, after the first had waited out the %v timeout", ms, timeout)
+		}
+	}
+}
+
+// evalWaits records the timeout of each WAIT sent in a pipeline with a
+// script in full (EVAL): one sent again after NOSCRIPT.
+type evalWaits struct {
+	mu sync.Mutex
+	ms []int64
+}
+
+func (h *evalWaits) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *evalWaits) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *evalWaits) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		eval := false
+		for _, cmd := range cmds {
+			switch a := cmd.Args(); strings.ToLower(fmt.Sprint(a[0])) {
+			case "eval":
+				eval = true
+			case "wait":
+				if eval {
+					h.mu.Lock()
+					h.ms = append(h.ms, a[2].(int64))
+					h.mu.Unlock()
+				}
+			}
+		}
+		return next(ctx, cmds)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -463,6 +464,10 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 	if pooled != nil {
 		defer l.pipes.Put(pooled) // emptied by Exec
 	}
+	var sent time.Time
+	if required > 0 {
+		sent = time.Now()
+	}
 	for _, load := range [2]bool{false, true} {
 		var cmds [3]redis.Cmder
 		n := 0
@@ -480,7 +485,11 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 		n++
 		var wait *redis.Cmd
 		if required > 0 {
-			wait = redis.NewCmd(ctx, l.waitArgs(waitArgs, required)...)
+			if load {
+				wait = redis.NewCmd(ctx, waitFor(waitArgs, required, redisconn.WaitLeft(l.sync.Timeout, sent))...)
+			} else {
+				wait = redis.NewCmd(ctx, l.waitArgs(waitArgs, required)...)
+			}
 			cmds[n] = wait
 			n++
 		}
@@ -543,6 +552,13 @@ func (l *Locker) waitArgs(args []any, required int) []any {
 		l.wait.Store(w)
 	}
 	args[0], args[1], args[2] = "WAIT", w.args[0], w.args[1]
+	return args
+}
+
+// waitFor fills args with WAIT required timeout, for a timeout other than
+// the Locker's (see redisconn.WaitLeft).
+func waitFor(args []any, required int, timeout time.Duration) []any {
+	args[0], args[1], args[2] = "WAIT", required, timeout.Milliseconds()
 	return args
 }
 

@@ -138,3 +138,47 @@ func TestUnsyncedTakeConfirmed(t *testing.T) {
 		t.Fatalf("the first waiter: %v, want not acquired", err)
 	}
 }
+
+// TestNoScriptWaitsOnce: with the replica paused, an acquisition whose
+// EVALSHA is refused with NOSCRIPT (SCRIPT FLUSH here; a failover to a
+// server that never ran the scripts in practice, when its replicas are
+// often not back) fails within about the sync timeout, as one with its
+// scripts cached does. The WAIT pipelined with the refused EVALSHA runs
+// anyway, and waited out the whole timeout; the WAIT sent again with the
+// script in full waited it out a second time: twice what the caller
+// allowed. Compared as a ratio in one run (the machine is shared).
+func TestNoScriptWaitsOnce(t *testing.T) {
+	primary, replica, _, _, admin := syncedPair(t)
+	// A WAIT times out on the server's clock tick (10 a second by
+	// default), up to 100 ms late: a timeout of a second keeps that small
+	// beside the margin.
+	l := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: time.Second}})
+	lease, err := l.Acquire(ctx(t), "lock:warm", fence.TTL(time.Minute)) // the scripts cached
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	replica.Pause(t)
+	timed := func(name string, flush bool) time.Duration {
+		if flush {
+			if err := admin.ScriptFlush(ctx(t)).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		_, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+		took := time.Since(start)
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatalf("Acquire %s with the replica paused = %v, want ErrNotReplicated", name, err)
+		}
+		return took
+	}
+	cached := timed("lock:cached", false)
+	flushed := timed("lock:flushed", true)
+	t.Logf("failed acquisition: %v with the scripts cached, %v after SCRIPT FLUSH", cached, flushed)
+	if flushed > cached*3/2 {
+		t.Errorf("after NOSCRIPT the acquisition took %v, %.2f× one with its scripts cached (%v): it waited for the replica twice", flushed, float64(flushed)/float64(cached), cached)
+	}
+}

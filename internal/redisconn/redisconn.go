@@ -69,6 +69,17 @@ type Conn interface {
 // WAIT failed (refused by an ACL, the connection lost between the two).
 var ErrWait = errors.New("WAIT failed after the script ran")
 
+// WaitLeft is the timeout of the WAIT sent again with a script refused
+// with NOSCRIPT: what is left of timeout since the first pipeline went
+// out at sent, at least a millisecond (WAIT 0 would block for ever). The
+// first WAIT ran although the script did not, and with a replica missing
+// it waited out the whole timeout: a second one in full made the call wait
+// twice what its caller allowed (as after a failover to a server that has
+// no script cached, when replicas are often not back yet).
+func WaitLeft(timeout time.Duration, sent time.Time) time.Duration {
+	return max(timeout-time.Since(sent), time.Millisecond)
+}
+
 // Error is a Redis error reply, such as "NOSCRIPT No matching script". Its
 // RedisError method makes go-redis's error helpers (HasErrorPrefix) read it.
 type Error string
