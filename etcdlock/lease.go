@@ -648,10 +648,13 @@ func elseKey(resp *clientv3.TxnResponse) *mvccpb.KeyValue {
 // settleMove ends an Extend whose move of the key to g got no answer
 // (err): the Txn may have been applied, or may still sit in a member's
 // queue and be applied later. It moves the key again, onto the etcd lease
-// it is on now, in a Txn with the same comparison, within cleanupTimeout
-// even if ctx is done: that bumps the key's mod revision, so the lost Txn,
-// wherever it is, can no longer apply; then g, which holds no key, is
-// revoked. If the lost Txn was applied first, the key is on g: the Extend
+// it is on now, in a Txn with the same comparison, tried again until it
+// gets an answer (see settleTxn: for twice cleanupTimeout even if ctx is
+// done, and while ctx lasts until the lease's deadline, or g's if sooner;
+// a single failure, a member without a leader during an election, used to
+// end a lease whose key was in place): that bumps the key's mod revision,
+// so the lost Txn, wherever it is, can no longer apply; then g, which
+// holds no key, is revoked. If the lost Txn was applied first, the key is on g: the Extend
 // took effect. If etcd cannot tell this either, the key may be on g, or
 // may move there later, and nobody renews g: the lease ends (lost), and
 // both etcd leases are revoked, which frees the lock.
@@ -660,14 +663,8 @@ func elseKey(resp *clientv3.TxnResponse) *mvccpb.KeyValue {
 // let a Txn arriving between the two move the key onto g, and the revoke
 // deleted the lock under its holder.
 func (ls *Lease) settleMove(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) error {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*cleanupTimeout)
-	defer cancel()
 	old := ls.etcdLease()
-	var resp *clientv3.TxnResponse
-	serr := ls.l.try(sctx, cleanupTimeout, func(ctx context.Context) (err error) {
-		resp, err = ls.moveTxn(ctx, old)
-		return err
-	})
+	resp, serr := ls.settleTxn(ctx, old, deadline(sent, ttl))
 	switch {
 	case serr != nil:
 		if ls.end(ls.lostf("an Extend could not tell whether its key %s moved to etcd lease %x, which nobody renews (%v; then %v)", ls.key, int64(g.ID), err, serr)) {
@@ -691,6 +688,54 @@ func (ls *Lease) settleMove(ctx context.Context, g *clientv3.LeaseGrantResponse,
 	// Gone, or changed: no Txn of this Extend can apply any more.
 	ls.l.revoke(ctx, g.ID)
 	return ls.extendFailed(ctx, err)
+}
+
+// settleTxn sends settleMove's Txn, moving the key onto the etcd lease
+// old, until it gets an answer. A failed attempt (timed out after
+// cleanupTimeout, or any error: a member without a leader answers at once)
+// is tried again, a retryInterval after the last one began at most, for at
+// least 2*cleanupTimeout, and while ctx lasts for as long as the key
+// surely lasts too, on old (the lease's deadline) or on g (until gdl):
+// giving up ends a lease whose key may well be in place. It stops once the
+// lease has ended (a Release, run at its deadline) or the client is
+// closed, or if old is gone.
+func (ls *Lease) settleTxn(ctx context.Context, old clientv3.LeaseID, gdl time.Time) (*clientv3.TxnResponse, error) {
+	grace := time.Now().Add(2 * cleanupTimeout)
+	for {
+		if ls.l.client.Ctx().Err() != nil {
+			return nil, errClientClosed
+		}
+		limit := grace
+		if ctx.Err() == nil {
+			lasts := gdl
+			if d := ls.Deadline(); d.Before(lasts) {
+				lasts = d
+			}
+			if lasts.After(limit) {
+				limit = lasts
+			}
+		}
+		began := time.Now()
+		until := began.Add(cleanupTimeout)
+		if limit.Before(until) {
+			until = limit
+		}
+		actx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+		resp, err := ls.moveTxn(actx, old)
+		cancel()
+		if err == nil {
+			return resp, nil
+		}
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) || ls.Err() != nil || !time.Now().Before(limit) {
+			return nil, err
+		}
+		wait := time.NewTimer(retryInterval - time.Since(began))
+		select {
+		case <-wait.C:
+		case <-ls.Done():
+		}
+		wait.Stop()
+	}
 }
 
 // extendFailed returns err, the error of an Extend that did not get

@@ -13,6 +13,7 @@ import (
 	"github.com/fencekit/fence/etcdlock"
 	"github.com/fencekit/fence/internal/observetest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -108,6 +109,56 @@ func keyOn(t testing.TB, admin *clientv3.Client, lease fence.Lease) (clientv3.Le
 		t.Fatalf("the key was created at %d, want the token %d", kv.CreateRevision, lease.Token())
 	}
 	return clientv3.LeaseID(resp.Kvs[0].Lease), resp.Kvs[0].ModRevision
+}
+
+// An Extend whose move Txn fails with a passing error (a member without a
+// leader, as a caller's clientv3.WithRequireLeader gets at once during an
+// election), and whose settling Txn gets that error too the first time:
+// the settle gave up on that one error and ended a lease whose key sat
+// untouched on its renewed etcd lease, and revoked it, which deleted the
+// lock under its holder. It must try again while the lease lasts, and
+// the lease goes on.
+func TestExtendSettleRetriesPassingError(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	rec := &observetest.Recorder{}
+	l := scriptedLocker(t, s, &etcdlock.Options{Observer: rec})
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		if n < 2 { // the move, then the first settling Txn: not sent
+			return rpctypes.ErrGRPCNoLeader
+		}
+		return send(ctx)
+	})
+	err = lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
+	s.set(nil)
+	t.Logf("Extend with no leader for its move and its first settling Txn = %v", err)
+	if err == nil || errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend = %v, want the move's error, the lease held", err)
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended although its key was in place: %v", err)
+	}
+	if id, _ := keyOn(t, admin, lease); id != old {
+		t.Fatalf("the key is on etcd lease %x, want the old one %x", int64(id), int64(old))
+	}
+	if err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
+		t.Fatalf("Extend with the cluster answering: %v", err)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ends := rec.WaitEnds(t, 1, 5*time.Second); len(ends) != 1 || ends[0].Cause != fence.Released {
+		t.Fatalf("LeaseEnded %+v, want one, released", ends)
+	}
+	if n := countKeys(t, admin, l.Prefix(t.Name())); n != 0 {
+		t.Fatalf("%d keys left after Release", n)
+	}
 }
 
 // Several move attempts of one Extend held back on a member that hangs,
