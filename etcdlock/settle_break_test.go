@@ -351,3 +351,81 @@ func TestExtendAfterCreateRetriedAndWait(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// While the cluster answers every Txn with an error (no leader), the
+// settle tries again while the Extend's ctx lasts; a Release given a
+// deadline meanwhile returns by it and ends the lease, and then the settle
+// stops at once, rather than trying until the lease's deadline: the
+// Extend returns, and both etcd leases are revoked (the key is gone).
+func TestReleaseStopsSettle(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	l := scriptedLocker(t, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settling := make(chan struct{})
+	var once sync.Once
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		if n >= 2 {
+			once.Do(func() { close(settling) })
+		}
+		return rpctypes.ErrGRPCNoLeader
+	})
+	defer s.set(nil)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(ctxFor(t, 30*time.Second), time.Minute) }()
+	select {
+	case <-settling:
+	case err := <-extended:
+		t.Fatalf("Extend returned before settling again: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the settle was not tried again")
+	}
+	start := time.Now()
+	err = lease.Release(ctxFor(t, 300*time.Millisecond))
+	t.Logf("Release while the Extend settles = %v after %v", err, time.Since(start))
+	if err == nil || time.Since(start) > 3*time.Second {
+		t.Fatalf("Release = %v after %v, want its ctx's error by its deadline", err, time.Since(start))
+	}
+	select {
+	case err := <-extended:
+		t.Logf("Extend = %v after %v", err, time.Since(start))
+		if !errors.Is(err, fence.ErrLeaseLost) && !errors.Is(err, fence.ErrReleased) {
+			t.Fatalf("Extend = %v, want the lease ended", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the Extend went on settling after the lease ended")
+	}
+	if n := countKeys(t, admin, l.Prefix(t.Name())); n != 0 {
+		t.Fatalf("%d keys left once the lease ended", n)
+	}
+}
+
+// The settle tries again only while the Extend's ctx lasts (and twice
+// cleanupTimeout in any case): a caller whose ctx ends gets its Extend
+// back soon after, the lease ended as lost since etcd could not tell.
+func TestExtendSettleStopsWithCtx(t *testing.T) {
+	s := &txnScript{}
+	l := scriptedLocker(t, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		return rpctypes.ErrGRPCNoLeader
+	})
+	defer s.set(nil)
+	start := time.Now()
+	err = lease.Extend(ctxFor(t, 1500*time.Millisecond), time.Minute)
+	took := time.Since(start)
+	t.Logf("Extend with no leader for 1.5 s of ctx = %v after %v", err, took)
+	if !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend = %v, want ErrLeaseLost", err)
+	}
+	if took < 1400*time.Millisecond || took > 4*time.Second {
+		t.Fatalf("Extend took %v, want its ctx's 1.5 s and a little", took)
+	}
+}
