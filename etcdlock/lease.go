@@ -682,12 +682,18 @@ func (ls *Lease) settleMove(ctx context.Context, g *clientv3.LeaseGrantResponse,
 		ls.modRev = kv.ModRevision
 		return ls.moveTo(ctx, g, ttl, sent)
 	}
+	// No Txn of this Extend can apply any more: g holds no key.
+	ls.l.revoke(ctx, g.ID)
 	if kv != nil && kv.CreateRevision == int64(ls.token) {
 		ls.modRev = kv.ModRevision
+		return ls.extendFailed(ctx, err)
 	}
-	// Gone, or changed: no Txn of this Extend can apply any more.
-	ls.l.revoke(ctx, g.ID)
-	return ls.extendFailed(ctx, err)
+	// The key is gone: the lock is no longer held, as a move that finds it
+	// gone says (the watch may not have told, on a member that hangs).
+	if ls.end(ls.lostf("its key %s is gone", ls.key)) {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
+	return ls.Err()
 }
 
 // settleTxn sends settleMove's Txn, moving the key onto the etcd lease

@@ -429,3 +429,68 @@ func TestExtendSettleStopsWithCtx(t *testing.T) {
 		t.Fatalf("Extend took %v, want its ctx's 1.5 s and a little", took)
 	}
 }
+
+// An Extend whose move got no answer and whose settle finds the key gone
+// (an operator deleted it meanwhile, its etcd lease expired): the lock is
+// no longer held, and Extend says so, as it does when the move itself
+// finds the key gone, rather than returning the move's passing error and
+// leaving the lease to its watch (here blind, on a member that hangs).
+func TestExtendSettleFindsKeyGone(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	blind := make(chan struct{})
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: shared.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{
+			grpc.WithChainUnaryInterceptor(s.intercept),
+			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+				if strings.HasSuffix(method, "/Watch") {
+					select { // the watch's member hangs until the test ends
+					case <-blind:
+					case <-ctx.Done():
+						return nil, ctx.Err()
+					}
+				}
+				return streamer(ctx, desc, cc, method, opts...)
+			}),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { close(blind) })
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	key := lease.(*etcdlock.Lease).Key()
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		if n == 0 {
+			return rpctypes.ErrGRPCNoLeader
+		}
+		if n == 1 {
+			if _, err := admin.Delete(ctx, key); err != nil {
+				return err
+			}
+		}
+		return send(ctx)
+	})
+	err = lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
+	s.set(nil)
+	t.Logf("Extend with the key deleted before its settle = %v", err)
+	if !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend = %v with the key gone, want ErrLeaseLost", err)
+	}
+	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
+		t.Fatalf("lease Err = %v with the key gone", lease.Err())
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release = %v, want ErrLeaseLost", err)
+	}
+}
