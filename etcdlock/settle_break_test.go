@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/etcdtest"
 	"github.com/fencekit/fence/internal/observetest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -79,8 +80,13 @@ func (s *txnScript) sendHeld() []error {
 
 func scriptedLocker(t testing.TB, s *txnScript, o *etcdlock.Options) *etcdlock.Locker {
 	t.Helper()
+	return scriptedLockerOf(t, shared.Endpoints(), s, o)
+}
+
+func scriptedLockerOf(t testing.TB, endpoints []string, s *txnScript, o *etcdlock.Options) *etcdlock.Locker {
+	t.Helper()
 	c, err := clientv3.New(clientv3.Config{
-		Endpoints: shared.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(s.intercept)},
 	})
 	if err != nil {
@@ -492,5 +498,83 @@ func TestExtendSettleFindsKeyGone(t *testing.T) {
 	}
 	if err := lease.Release(ctxFor(t, 10*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release = %v, want ErrLeaseLost", err)
+	}
+}
+
+// The same on a real cluster: a caller whose ctx requires a leader
+// (clientv3.WithRequireLeader) extends just as the cluster loses its
+// quorum (two of three members paused, after the Grant, before the move),
+// and gets it back a moment later. The move and the first settling Txn
+// fail at once with ErrNoLeader (neither was applied): the lease, whose
+// key sat untouched on its etcd lease, ended as lost, and the revokes then
+// sent failed too, so the lock stayed held by nobody for the lease time.
+// Now the settle tries again until the leader is back, and the lease goes
+// on.
+func TestExtendDuringQuorumLossKeepsLease(t *testing.T) {
+	cl := etcdtest.StartCluster(t, 3)
+	survivor := cl.Members[0]
+	admin := newClient(t, []string{survivor.ClientURL}, nil)
+	s := &txnScript{}
+	l := scriptedLockerOf(t, []string{survivor.ClientURL}, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	for _, m := range cl.Members[1:] {
+		t.Cleanup(m.Cont)
+	}
+	noLeader := func() {
+		for limit := time.Now().Add(15 * time.Second); ; {
+			_, err := admin.Get(clientv3.WithRequireLeader(ctxFor(t, 5*time.Second)), "x")
+			if errors.Is(err, rpctypes.ErrNoLeader) {
+				return
+			}
+			if time.Now().After(limit) {
+				t.Errorf("%s still has a leader 15 s after the others were paused: %v", survivor.Name, err)
+				return
+			}
+			time.Sleep(50 * time.Millisecond) // polling with a deadline
+		}
+	}
+	var moveErr, settleErr error
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		switch n {
+		case 0: // the move: the quorum goes first
+			for _, m := range cl.Members[1:] {
+				m.Stop()
+			}
+			noLeader()
+			moveErr = send(ctx)
+			return moveErr
+		case 1:
+			settleErr = send(ctx)
+			return settleErr
+		case 2: // the quorum is back
+			for _, m := range cl.Members[1:] {
+				m.Cont()
+			}
+		}
+		return send(ctx)
+	})
+	err = lease.Extend(clientv3.WithRequireLeader(ctxFor(t, 50*time.Second)), time.Minute)
+	s.set(nil)
+	t.Logf("Extend as the quorum went = %v (move %v, first settle %v)", err, moveErr, settleErr)
+	if !errors.Is(moveErr, rpctypes.ErrGRPCNoLeader) || !errors.Is(settleErr, rpctypes.ErrGRPCNoLeader) {
+		t.Fatalf("move %v, settle %v: want both refused with ErrNoLeader", moveErr, settleErr)
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended although its key was in place: %v", err)
+	}
+	etcdtest.Leader(t, cl)
+	if id, _ := keyOn(t, admin, lease); id != old {
+		t.Fatalf("the key is on etcd lease %x, want the old one %x", int64(id), int64(old))
+	}
+	if err := lease.Extend(ctxFor(t, 20*time.Second), time.Minute); err != nil {
+		t.Fatalf("Extend with the quorum back: %v", err)
+	}
+	if err := lease.Release(ctxFor(t, 20*time.Second)); err != nil {
+		t.Fatal(err)
 	}
 }
