@@ -594,7 +594,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		// The Txn may have been applied with its reply lost, or may
 		// still be on its way: revoking g would then delete the lock.
 		// Settle it first.
-		return ls.settleMove(ctx, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
+		return ls.settleMove(ctx, cctx, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
 	}
 	if resp.Succeeded {
 		ls.modRev = resp.Header.Revision
@@ -649,12 +649,12 @@ func elseKey(resp *clientv3.TxnResponse) *mvccpb.KeyValue {
 // (err): the Txn may have been applied, or may still sit in a member's
 // queue and be applied later. It moves the key again, onto the etcd lease
 // it is on now, in a Txn with the same comparison, tried again until it
-// gets an answer (see settleTxn: for twice cleanupTimeout even if ctx is
-// done, and while ctx lasts until the lease's deadline, or g's if sooner;
-// a single failure, a member without a leader during an election, used to
-// end a lease whose key was in place): that bumps the key's mod revision,
-// so the lost Txn, wherever it is, can no longer apply; then g, which
-// holds no key, is revoked. If the lost Txn was applied first, the key is on g: the Extend
+// gets an answer (see settleTxn: while cctx, the move's, lasts, and for
+// twice cleanupTimeout even if it is done; giving up on a single failure,
+// a member without a leader during an election, ended a lease whose key
+// was in place): that bumps the key's mod revision, so the lost Txn,
+// wherever it is, can no longer apply; then g, which holds no key, is
+// revoked. If the lost Txn was applied first, the key is on g: the Extend
 // took effect. If etcd cannot tell this either, the key may be on g, or
 // may move there later, and nobody renews g: the lease ends (lost), and
 // both etcd leases are revoked, which frees the lock.
@@ -662,9 +662,9 @@ func elseKey(resp *clientv3.TxnResponse) *mvccpb.KeyValue {
 // Without this, a check of the key's etcd lease followed by a revoke of g
 // let a Txn arriving between the two move the key onto g, and the revoke
 // deleted the lock under its holder.
-func (ls *Lease) settleMove(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) error {
+func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) error {
 	old := ls.etcdLease()
-	resp, serr := ls.settleTxn(ctx, old, deadline(sent, ttl))
+	resp, serr := ls.settleTxn(cctx, old)
 	switch {
 	case serr != nil:
 		if ls.end(ls.lostf("an Extend could not tell whether its key %s moved to etcd lease %x, which nobody renews (%v; then %v)", ls.key, int64(g.ID), err, serr)) {
@@ -699,40 +699,30 @@ func (ls *Lease) settleMove(ctx context.Context, g *clientv3.LeaseGrantResponse,
 // settleTxn sends settleMove's Txn, moving the key onto the etcd lease
 // old, until it gets an answer. A failed attempt (timed out after
 // cleanupTimeout, or any error: a member without a leader answers at once)
-// is tried again, a retryInterval after the last one began at most, for at
-// least 2*cleanupTimeout, and while ctx lasts for as long as the key
-// surely lasts too, on old (the lease's deadline) or on g (until gdl):
-// giving up ends a lease whose key may well be in place. It stops once the
-// lease has ended (a Release, run at its deadline) or the client is
-// closed, or if old is gone.
-func (ls *Lease) settleTxn(ctx context.Context, old clientv3.LeaseID, gdl time.Time) (*clientv3.TxnResponse, error) {
+// is tried again, a retryInterval after the last one began at most, while
+// cctx lasts (the Extend's ctx, bounded by the lease's deadline, as the
+// move was) and for 2*cleanupTimeout in any case: giving up ends a lease
+// whose key may well be in place. It stops once the lease has ended (a
+// Release, run at its deadline) or the client is closed, or if old is
+// gone.
+func (ls *Lease) settleTxn(cctx context.Context, old clientv3.LeaseID) (*clientv3.TxnResponse, error) {
 	grace := time.Now().Add(2 * cleanupTimeout)
 	for {
 		if ls.l.client.Ctx().Err() != nil {
 			return nil, errClientClosed
 		}
-		limit := grace
-		if ctx.Err() == nil {
-			lasts := gdl
-			if d := ls.Deadline(); d.Before(lasts) {
-				lasts = d
-			}
-			if lasts.After(limit) {
-				limit = lasts
-			}
-		}
 		began := time.Now()
 		until := began.Add(cleanupTimeout)
-		if limit.Before(until) {
-			until = limit
+		if cctx.Err() != nil && grace.Before(until) {
+			until = grace
 		}
-		actx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+		actx, cancel := context.WithDeadline(context.WithoutCancel(cctx), until)
 		resp, err := ls.moveTxn(actx, old)
 		cancel()
 		if err == nil {
 			return resp, nil
 		}
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) || ls.Err() != nil || !time.Now().Before(limit) {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) || ls.Err() != nil || (cctx.Err() != nil && !time.Now().Before(grace)) {
 			return nil, err
 		}
 		wait := time.NewTimer(retryInterval - time.Since(began))

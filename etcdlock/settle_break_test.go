@@ -578,3 +578,36 @@ func TestExtendDuringQuorumLossKeepsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A careless caller extends a watchdog lease by an hour with a ctx that
+// never ends, while the cluster refuses every Txn (no leader) but the
+// watchdog's renewals go through: the settle tries again only until the
+// lease's deadline as it was when Extend began (the move's own bound),
+// not for as long as the renewals push it on, nor for the hour asked.
+func TestExtendSettleBoundedByLeaseDeadline(t *testing.T) {
+	s := &txnScript{}
+	const ttl = 3 * time.Second
+	l := scriptedLocker(t, s, &etcdlock.Options{WatchdogTTL: ttl})
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		return rpctypes.ErrGRPCNoLeader
+	})
+	defer s.set(nil)
+	start := time.Now()
+	dl := lease.Deadline()
+	done := make(chan error, 1)
+	go func() { done <- lease.Extend(context.Background(), time.Hour) }()
+	select {
+	case err := <-done:
+		t.Logf("Extend = %v after %v (the deadline was %v away)", err, time.Since(start), dl.Sub(start))
+		if err == nil {
+			t.Fatal("Extend succeeded with every Txn refused")
+		}
+	case <-time.After(time.Until(dl) + 5*time.Second):
+		t.Fatalf("Extend still settling %v after the lease's deadline at its start", time.Since(dl))
+	}
+}
