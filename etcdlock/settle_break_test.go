@@ -611,3 +611,98 @@ func TestExtendSettleBoundedByLeaseDeadline(t *testing.T) {
 		t.Fatalf("Extend still settling %v after the lease's deadline at its start", time.Since(dl))
 	}
 }
+
+// A settling Txn applied with its reply lost (its attempt timed out): the
+// next attempt finds the key changed, still the lease's and on its etcd
+// lease, and takes its mod revision, so that the next Extend's move
+// compares the right one and gets through; a lease that kept the old one
+// would fail every Extend after.
+func TestExtendSettleAppliedReplyLost(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	l := scriptedLocker(t, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	var applied atomic.Bool
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		switch n {
+		case 0:
+			return rpctypes.ErrGRPCNoLeader
+		case 1: // the settle: applied, its reply lost past its timeout
+			<-ctx.Done()
+			if err := send(context.WithoutCancel(ctx)); err != nil {
+				return err
+			}
+			applied.Store(true)
+			return ctx.Err()
+		}
+		return send(ctx)
+	})
+	err = lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
+	s.set(nil)
+	t.Logf("Extend = %v", err)
+	if !applied.Load() {
+		t.Fatal("the settling Txn was not applied with its reply lost")
+	}
+	if err == nil || lease.Err() != nil {
+		t.Fatalf("Extend = %v, lease Err %v: want the move's error, the lease held", err, lease.Err())
+	}
+	if id, _ := keyOn(t, admin, lease); id != old {
+		t.Fatalf("the key is on %x, want the old etcd lease %x", int64(id), int64(old))
+	}
+	if err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
+		t.Fatalf("Extend after a settle whose reply was lost: %v", err)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A settling Txn held back (its attempt timed out) while the next one
+// gets through, then both it and the lost move arrive late: neither
+// applies, the key stays as the settle left it.
+func TestExtendLateSettleAndMove(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	l := scriptedLocker(t, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, late func() error) error {
+		if n < 2 { // the move, then the first settling Txn
+			return s.hold(ctx, late)
+		}
+		return send(ctx)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = lease.Extend(ctx, time.Minute)
+	s.set(nil)
+	t.Logf("Extend = %v", err)
+	if err == nil || lease.Err() != nil {
+		t.Fatalf("Extend = %v, lease Err %v: want ctx's error, the lease held", err, lease.Err())
+	}
+	id, rev := keyOn(t, admin, lease)
+	if id != old {
+		t.Fatalf("the key is on %x, want the old etcd lease %x", int64(id), int64(old))
+	}
+	for i, err := range s.sendHeld() {
+		t.Logf("late Txn %d: %v", i, err)
+	}
+	if id2, rev2 := keyOn(t, admin, lease); id2 != id || rev2 != rev {
+		t.Fatalf("after the late Txns the key is on %x at %d, want %x at %d", int64(id2), rev2, int64(id), rev)
+	}
+	if err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
+		t.Fatalf("Extend after: %v", err)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
