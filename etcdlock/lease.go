@@ -544,8 +544,9 @@ func (ls *Lease) renew(ctx context.Context) error {
 // key to it in a Txn that holds only while the key is as this lease last
 // wrote it (its create revision, the token, does not change; its mod
 // revision is each move's), and revokes the old one. A move that got no
-// answer is settled before the new etcd lease is revoked (see settleMove);
-// if etcd cannot tell whether it was applied, the lease ends. A
+// answer is settled before the new etcd lease is revoked (see settleMove),
+// tried again while the move's ctx lasts and for a second after; if etcd
+// cannot tell whether it was applied, the lease ends. A
 // watchdog lease is then renewed every third of ttl. After Release, Extend
 // returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
