@@ -544,8 +544,9 @@ func (ls *Lease) renew(ctx context.Context) error {
 // key to it in a Txn that holds only while the key is as this lease last
 // wrote it (its create revision, the token, does not change; its mod
 // revision is each move's), and revokes the old one. A move that got no
-// answer is settled before the new etcd lease is revoked (see settleMove);
-// if etcd cannot tell whether it was applied, the lease ends. A
+// answer is settled before the new etcd lease is revoked (see settleMove),
+// tried again while the move's ctx lasts and for a second after; if etcd
+// cannot tell whether it was applied, the lease ends. A
 // watchdog lease is then renewed every third of ttl. After Release, Extend
 // returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
@@ -594,7 +595,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		// The Txn may have been applied with its reply lost, or may
 		// still be on its way: revoking g would then delete the lock.
 		// Settle it first.
-		return ls.settleMove(ctx, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
+		return ls.settleMove(ctx, cctx, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
 	}
 	if resp.Succeeded {
 		ls.modRev = resp.Header.Revision
@@ -648,8 +649,11 @@ func elseKey(resp *clientv3.TxnResponse) *mvccpb.KeyValue {
 // settleMove ends an Extend whose move of the key to g got no answer
 // (err): the Txn may have been applied, or may still sit in a member's
 // queue and be applied later. It moves the key again, onto the etcd lease
-// it is on now, in a Txn with the same comparison, within cleanupTimeout
-// even if ctx is done: that bumps the key's mod revision, so the lost Txn,
+// it is on now, in a Txn with the same comparison, tried again until it
+// gets an answer (see settleTxn: while cctx, the move's, lasts, and for
+// twice cleanupTimeout even if it is done; giving up on a single failure,
+// a member without a leader during an election, ended a lease whose key
+// was in place): that bumps the key's mod revision, so the lost Txn,
 // wherever it is, can no longer apply; then g, which holds no key, is
 // revoked. If the lost Txn was applied first, the key is on g: the Extend
 // took effect. If etcd cannot tell this either, the key may be on g, or
@@ -659,15 +663,9 @@ func elseKey(resp *clientv3.TxnResponse) *mvccpb.KeyValue {
 // Without this, a check of the key's etcd lease followed by a revoke of g
 // let a Txn arriving between the two move the key onto g, and the revoke
 // deleted the lock under its holder.
-func (ls *Lease) settleMove(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) error {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*cleanupTimeout)
-	defer cancel()
+func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) error {
 	old := ls.etcdLease()
-	var resp *clientv3.TxnResponse
-	serr := ls.l.try(sctx, cleanupTimeout, func(ctx context.Context) (err error) {
-		resp, err = ls.moveTxn(ctx, old)
-		return err
-	})
+	resp, serr := ls.settleTxn(cctx, old)
 	switch {
 	case serr != nil:
 		if ls.end(ls.lostf("an Extend could not tell whether its key %s moved to etcd lease %x, which nobody renews (%v; then %v)", ls.key, int64(g.ID), err, serr)) {
@@ -685,12 +683,56 @@ func (ls *Lease) settleMove(ctx context.Context, g *clientv3.LeaseGrantResponse,
 		ls.modRev = kv.ModRevision
 		return ls.moveTo(ctx, g, ttl, sent)
 	}
+	// No Txn of this Extend can apply any more: g holds no key.
+	ls.l.revoke(ctx, g.ID)
 	if kv != nil && kv.CreateRevision == int64(ls.token) {
 		ls.modRev = kv.ModRevision
+		return ls.extendFailed(ctx, err)
 	}
-	// Gone, or changed: no Txn of this Extend can apply any more.
-	ls.l.revoke(ctx, g.ID)
-	return ls.extendFailed(ctx, err)
+	// The key is gone: the lock is no longer held, as a move that finds it
+	// gone says (the watch may not have told, on a member that hangs).
+	if ls.end(ls.lostf("its key %s is gone", ls.key)) {
+		ls.l.revoke(ctx, ls.etcdLease())
+	}
+	return ls.Err()
+}
+
+// settleTxn sends settleMove's Txn, moving the key onto the etcd lease
+// old, until it gets an answer. A failed attempt (timed out after
+// cleanupTimeout, or any error: a member without a leader answers at once)
+// is tried again, a retryInterval after the last one began at most, while
+// cctx lasts (the Extend's ctx, bounded by the lease's deadline, as the
+// move was) and for 2*cleanupTimeout in any case: giving up ends a lease
+// whose key may well be in place. It stops once the lease has ended (a
+// Release, run at its deadline) or the client is closed, or if old is
+// gone.
+func (ls *Lease) settleTxn(cctx context.Context, old clientv3.LeaseID) (*clientv3.TxnResponse, error) {
+	grace := time.Now().Add(2 * cleanupTimeout)
+	for {
+		if ls.l.client.Ctx().Err() != nil {
+			return nil, errClientClosed
+		}
+		began := time.Now()
+		until := began.Add(cleanupTimeout)
+		if cctx.Err() != nil && grace.Before(until) {
+			until = grace
+		}
+		actx, cancel := context.WithDeadline(context.WithoutCancel(cctx), until)
+		resp, err := ls.moveTxn(actx, old)
+		cancel()
+		if err == nil {
+			return resp, nil
+		}
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) || ls.Err() != nil || (cctx.Err() != nil && !time.Now().Before(grace)) {
+			return nil, err
+		}
+		wait := time.NewTimer(retryInterval - time.Since(began))
+		select {
+		case <-wait.C:
+		case <-ls.Done():
+		}
+		wait.Stop()
+	}
 }
 
 // extendFailed returns err, the error of an Extend that did not get
