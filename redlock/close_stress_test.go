@@ -1,0 +1,130 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
+)
+
+// slowAcquireReply is a hook that holds each acquisition's reply (the
+// acquire script has three keys) for a random time up to max after the
+// node ran it: network latency on the way back, so that grants are read
+// after their try was decided, failed, or overtaken by Close.
+type slowAcquireReply struct{ max time.Duration }
+
+func (h slowAcquireReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h slowAcquireReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h slowAcquireReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if a := cmd.Args(); len(a) > 2 && fmt.Sprint(a[2]) == "3" {
+			<-time.After(mrand.N(h.max)) // injected latency, not a wait for an event
+		}
+		return err
+	}
+}
+
+// Acquisitions (some cancelled mid-way, some with a wait budget) run
+// concurrently with a Close whose context ends almost at once, over three
+// running nodes whose acquisition replies come back late (past the node
+// timeout, often): Close gives up with tries out, whose grants are read
+// after it did. Every node is running and answers every give-back, so once
+// the acquisitions have returned, a second Close must return nil and no
+// node may hold any of the locks: a give-back that was not sent (it ran
+// under the context Close cancelled on giving up) leaves a running node
+// locked for the lease time. Repeated with fresh Lockers until a deadline.
+func TestStressAcquireCloseLeavesNothingOnRunningNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stress")
+	}
+	srvs := nodes(t, 3)
+	const ttl = 30 * time.Second
+	stop := time.Now().Add(10 * time.Second)
+	gaveUp := 0
+	for iter := 0; time.Now().Before(stop); iter++ {
+		o := lateOptions
+		cs := make([]redis.UniversalClient, len(srvs))
+		for i, s := range srvs {
+			o.Addr = s.Addr
+			c := redis.NewClient(&o)
+			c.AddHook(slowAcquireReply{max: 400 * time.Millisecond})
+			cs[i] = c
+		}
+		l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 200 * time.Millisecond, RetryDelay: 5 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := []string{fmt.Sprintf("stress-%d-a", iter), fmt.Sprintf("stress-%d-b", iter)}
+		tried := make(chan struct{}, 1024)
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					actx, cancel := context.WithTimeout(context.Background(), time.Duration(5+mrand.N(300))*time.Millisecond)
+					opts := []fence.Option{fence.TTL(ttl)}
+					if g%2 == 0 {
+						opts = append(opts, fence.Wait(time.Duration(mrand.N(300))*time.Millisecond))
+					}
+					lease, err := l.Acquire(actx, names[g%len(names)], opts...)
+					cancel()
+					select {
+					case tried <- struct{}{}:
+					default:
+					}
+					if errors.Is(err, redlock.ErrClosed) {
+						return
+					}
+					if err == nil {
+						_ = lease.Release(context.Background())
+					}
+				}
+			}()
+		}
+		// Close once a random number of acquisitions have returned.
+		for range 1 + mrand.N(6) {
+			select {
+			case <-tried:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no acquisition returned in 10 s")
+			}
+		}
+		if _, err := closeWithin(l, time.Duration(mrand.N(50))*time.Millisecond); err != nil {
+			gaveUp++
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("acquisitions still running 20 s after Close")
+		}
+		took, err := closeWithin(l, 20*time.Second)
+		on := lockedOn(t, srvs, names[0])
+		on = append(on, lockedOn(t, srvs, names[1])...)
+		if err != nil {
+			t.Fatalf("iteration %d: second Close (after %v), every node running: %v; locked on %v", iter, took, err, on)
+		}
+		if len(on) != 0 {
+			t.Fatalf("iteration %d: locked on %v after the second Close returned nil", iter, on)
+		}
+		for _, c := range cs {
+			_ = c.Close()
+		}
+		if iter > 0 && iter%10 == 0 {
+			t.Logf("%d iterations, %d first Closes gave up", iter+1, gaveUp)
+		}
+	}
+	t.Logf("%d first Closes gave up", gaveUp)
+}
