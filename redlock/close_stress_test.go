@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -127,4 +128,85 @@ func TestStressAcquireCloseLeavesNothingOnRunningNodes(t *testing.T) {
 		}
 	}
 	t.Logf("%d first Closes gave up", gaveUp)
+}
+
+// As TestTryGivenBackAfterCloseGaveUp, but node 2 stays paused through the
+// second Close, and the try either fails (its caller gives up) or
+// succeeds after Close gave up (node 1's grant read then): the try is
+// released by releaseTry, or by the Release of a lease Close overtook. The
+// second Close must not hang on the paused node past the client's read
+// timeout (the requests to it end there, and the retry is not started),
+// must leave nothing on the running nodes 0 and 1, and must name exactly
+// node 2.
+func TestSecondCloseWithNodeStillHung(t *testing.T) {
+	for _, succeed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("succeed=%v", succeed), func(t *testing.T) {
+			srvs := nodes(t, 3)
+			const name, ttl = "close-hung", 30 * time.Second
+			h := &holdAcquireReply{held: make(chan struct{}), release: make(chan struct{})}
+			cs := clientsWith(t, srvs, lateOptions, nil, h, nil)
+			l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(ttl))
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			if err := warm.Release(ctxFor(t)); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			waitUnlocked(t, srvs, name+"-warm", 5*time.Second)
+			pause(t, srvs[2:]) // resumed only when the test ends
+			h.armed.Store(true)
+			ctx, cancel := context.WithCancel(ctxFor(t))
+			defer cancel()
+			acquired := make(chan error, 1)
+			go func() {
+				lease, err := l.Acquire(ctx, name, fence.TTL(ttl))
+				if err == nil {
+					err = lease.Release(ctxFor(t))
+					if err == nil {
+						err = errors.New("Acquire overtaken by Close returned a lease")
+					}
+				}
+				acquired <- err
+			}()
+			select {
+			case <-h.held:
+			case <-time.After(10 * time.Second):
+				t.Fatal("node 1 did not run the acquisition")
+			}
+			if _, err := closeWithin(l, 100*time.Millisecond); err == nil {
+				t.Fatal("Close with a try out returned nil")
+			}
+			if !succeed {
+				cancel()
+				if err := <-acquired; err == nil {
+					t.Fatal("Acquire with its context cancelled returned a lease")
+				}
+			}
+			close(h.release)
+			if succeed {
+				if err := <-acquired; !errors.Is(err, redlock.ErrClosed) {
+					t.Fatalf("Acquire overtaken by Close = %v, want ErrClosed", err)
+				}
+			}
+			took, err := closeWithin(l, 30*time.Second)
+			var ce *redlock.CloseError
+			if !errors.As(err, &ce) || !slices.Equal(ce.Nodes, []int{2}) {
+				t.Fatalf("second Close (after %v) with node 2 paused: %v, want a *CloseError naming node 2", took, err)
+			}
+			if errors.Is(err, context.DeadlineExceeded) && took >= 29*time.Second {
+				t.Fatalf("second Close gave up after %v: it hung on node 2", took)
+			}
+			if limit := lateOptions.ReadTimeout + 5*time.Second; took > limit {
+				t.Fatalf("second Close took %v with node 2 paused, more than the read timeout and then some (%v)", took, limit)
+			}
+			t.Logf("second Close took %v: %v", took, err)
+			if on := lockedOn(t, srvs[:2], name); len(on) != 0 {
+				t.Fatalf("locked on running nodes %v after the second Close", on)
+			}
+		})
+	}
 }
