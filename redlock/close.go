@@ -31,12 +31,12 @@ var ErrClosed = fmt.Errorf("redlock: %w", fence.ErrClosed)
 type CloseError struct {
 	// Nodes are the positions, in New's clients, of the nodes whose
 	// background requests had not finished, with their addresses
-	// where their clients tell them; none when only acquisitions under
-	// way were left, between their requests.
+	// where their clients tell them; none when only acquisitions (or
+	// renewals) under way were left, between their requests.
 	Nodes []int
 	Addrs []string
-	// Left is how many background requests (and acquisitions under
-	// way) had not finished.
+	// Left is how many background requests (and acquisitions and
+	// renewals under way) had not finished.
 	Left int
 	// Err is the context's error.
 	Err error
@@ -44,9 +44,9 @@ type CloseError struct {
 
 func (e *CloseError) Error() string {
 	if len(e.Nodes) == 0 {
-		// Only acquisitions under way, between their requests (the
-		// first contact's ping, say).
-		return fmt.Sprintf("redlock: close: %d acquisitions under way not finished: %v", e.Left, e.Err)
+		// Only acquisitions (or renewals) under way, between their
+		// requests (the first contact's ping, say).
+		return fmt.Sprintf("redlock: close: %d acquisitions or renewals under way not finished: %v", e.Left, e.Err)
 	}
 	names := make([]string, len(e.Nodes))
 	for k, i := range e.Nodes {
@@ -165,7 +165,18 @@ func (b *background) enter() bool {
 	return true
 }
 
-// leave ends a try counted by enter.
+// busy counts a renewal as work under way (not tied to a node), whether or
+// not Close was called: a renewal that ran on the nodes just before its
+// lease's deadline moves the lock there, and gives it back once it reads
+// that the lease ended meanwhile (renew); Close, which has nothing of an
+// ended lease to release, waits for that. leave must follow.
+func (b *background) busy() {
+	b.mu.Lock()
+	b.left++
+	b.mu.Unlock()
+}
+
+// leave ends a try counted by enter, or a renewal counted by busy.
 func (b *background) leave() {
 	b.mu.Lock()
 	b.left--

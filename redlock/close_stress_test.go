@@ -210,3 +210,63 @@ func TestSecondCloseWithNodeStillHung(t *testing.T) {
 		})
 	}
 }
+
+// A renewal (Extend) runs on every node before the lease's deadline, its
+// replies slow on their way back; the lease's deadline passes meanwhile,
+// and Close is called: the lease is no longer held, so Close has nothing of
+// it to release. But the nodes hold the lock, moved 30 s ahead by the
+// renewal, until the renewal's replies are read and it gives the lock back
+// (the lease has ended): Close, which a program calls before it exits,
+// must not return nil before that give-back, or the exit leaves every node
+// locked for 30 s.
+func TestCloseWaitsForRenewalGiveBack(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "close-renewal-give-back"
+	l, gates := gatedLocker(t, srvs)
+	lease := warmLease(t, l, name, 600*time.Millisecond)
+	for _, g := range gates {
+		g.late.Store(true)
+	}
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(ctxFor(t), 30*time.Second) }()
+	for i, g := range gates {
+		select {
+		case <-g.held:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("node %d did not run the renewal", i)
+		}
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	closed := make(chan error, 1)
+	go func() { _, err := closeWithin(l, 10*time.Second); closed <- err }()
+	select {
+	case err := <-closed:
+		if on := lockedOn(t, srvs, name); len(on) != 0 {
+			for _, g := range gates {
+				close(g.open)
+			}
+			<-extended
+			t.Fatalf("Close returned %v with the lock on %v, moved there by a renewal not yet given back", err, on)
+		}
+		for _, g := range gates {
+			close(g.open)
+		}
+	case <-time.After(300 * time.Millisecond): // Close is given time to return early, wrongly
+		for _, g := range gates {
+			close(g.open)
+		}
+		if err := <-closed; err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		if on := lockedOn(t, srvs, name); len(on) != 0 {
+			t.Fatalf("Close returned nil with the lock on %v", on)
+		}
+	}
+	if err := <-extended; err == nil {
+		t.Fatal("Extend of a lease whose deadline passed returned nil")
+	}
+}

@@ -382,6 +382,12 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		return report, fmt.Errorf("redlock: extend %q: %w", ls.name, ctx.Err())
 	}
 	defer func() { <-ls.renewing }()
+	// Counted before the lease's end is checked: a Close that found the
+	// lease ended (and so released nothing of it) either waits for this
+	// renewal, or came before it, which then finds the lease ended too
+	// and sends nothing.
+	ls.locker.bg.busy()
+	defer ls.locker.bg.leave()
 	if err := ls.Err(); err != nil {
 		return report, err // ended while this renewal waited its turn
 	}
