@@ -210,7 +210,9 @@ func (b *background) forget(ls *lease) {
 // ctx ends, for the Locker's background work to finish: the releases that
 // Release returned without waiting for (it returns once a majority deleted
 // the lock), the give-back of grants that came after their acquisition was
-// decided, and the releases of failed tries, with their retries. A program
+// decided, and the releases of failed tries, with their retries; and for
+// the acquisitions and renewals under way (a renewal that reads that its
+// lease ended meanwhile gives back the lock it moved). A program
 // should call it before it exits: that work dies with the process, and a
 // node it had not reached yet keeps the lock until the lease time runs out
 // (safety is unaffected, since a majority is free, but the next owner may
