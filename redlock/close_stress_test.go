@@ -270,3 +270,126 @@ func TestCloseWaitsForRenewalGiveBack(t *testing.T) {
 		t.Fatal("Extend of a lease whose deadline passed returned nil")
 	}
 }
+
+// slowReplies is slowAcquireReply for the extend script's replies too
+// (its hash), each held up to maxExtend, less than the node timeout: a
+// renewal's reply is read late, but read.
+type slowReplies struct {
+	slowAcquireReply
+	extendHash string
+	maxExtend  time.Duration
+}
+
+func (h slowReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	acq := h.slowAcquireReply.ProcessHook(next)
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && fmt.Sprint(a[1]) == h.extendHash {
+			err := next(ctx, cmd)
+			<-time.After(mrand.N(h.maxExtend)) // injected latency, not a wait for an event
+			return err
+		}
+		return acq(ctx, cmd)
+	}
+}
+
+// As TestStressAcquireCloseLeavesNothingOnRunningNodes, with short leases
+// that their holders renew for 30 s (renewals racing the lease's deadline,
+// their replies late but within the node timeout), release, or leave to
+// run out. After the second Close returned nil, every lock left must run
+// out within the short lease time: none may stay, moved 30 s ahead, on a
+// running node.
+func TestStressAcquireRenewCloseLeavesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stress")
+	}
+	srvs := nodes(t, 3)
+	const short, long = 300 * time.Millisecond, 30 * time.Second
+	stop := time.Now().Add(10 * time.Second)
+	for iter := 0; time.Now().Before(stop); iter++ {
+		o := lateOptions
+		cs := make([]redis.UniversalClient, len(srvs))
+		for i, s := range srvs {
+			o.Addr = s.Addr
+			c := redis.NewClient(&o)
+			c.AddHook(slowReplies{slowAcquireReply{max: 300 * time.Millisecond}, redlock.ExtendHash(), 150 * time.Millisecond})
+			cs[i] = c
+		}
+		l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 200 * time.Millisecond, RetryDelay: 5 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := []string{fmt.Sprintf("stress-renew-%d-a", iter), fmt.Sprintf("stress-renew-%d-b", iter)}
+		tried := make(chan struct{}, 1024)
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					actx, cancel := context.WithTimeout(context.Background(), time.Duration(50+mrand.N(300))*time.Millisecond)
+					lease, err := l.Acquire(actx, names[g%len(names)], fence.TTL(short), fence.Wait(time.Duration(mrand.N(200))*time.Millisecond))
+					cancel()
+					select {
+					case tried <- struct{}{}:
+					default:
+					}
+					if errors.Is(err, redlock.ErrClosed) {
+						return
+					}
+					if err != nil {
+						continue
+					}
+					// Renew once the lease is close to its deadline, or
+					// past it (the renewal then finds it ended).
+					<-time.After(time.Duration(150+mrand.N(200)) * time.Millisecond) // the holder's work
+					_ = lease.Extend(context.Background(), long)
+					if mrand.N(2) == 0 {
+						_ = lease.Release(context.Background())
+					}
+				}
+			}()
+		}
+		for range 1 + mrand.N(10) {
+			select {
+			case <-tried:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no acquisition returned in 10 s")
+			}
+		}
+		if mrand.N(2) == 0 {
+			_, _ = closeWithin(l, time.Duration(mrand.N(50))*time.Millisecond)
+		}
+		// Called while the holders still renew: once it returns nil,
+		// no lock may be more than the short lease time ahead (a
+		// renewal's, not given back yet), and none may come later.
+		took, err := closeWithin(l, 20*time.Second)
+		if err != nil {
+			t.Fatalf("iteration %d: Close (after %v), every node running: %v", iter, took, err)
+		}
+		for i, s := range srvs {
+			for _, name := range names {
+				if pttl, err := s.Client(t).PTTL(ctxFor(t), lockKey(name)).Result(); err != nil {
+					t.Fatal(err)
+				} else if pttl > short {
+					t.Fatalf("iteration %d: %s locked on node %d for %v more when Close returned nil", iter, name, i, pttl)
+				}
+			}
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("holders still running 20 s after Close")
+		}
+		for _, name := range names {
+			waitUnlocked(t, srvs, name, 3*short) // what runs out by itself
+		}
+		for _, c := range cs {
+			_ = c.Close()
+		}
+		if iter > 0 && iter%5 == 0 {
+			t.Logf("%d iterations", iter+1)
+		}
+	}
+}
