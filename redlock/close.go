@@ -70,8 +70,10 @@ type background struct {
 	// ctx ends the retries of the work, once Close has given up waiting
 	// for it. A first request is never sent under it: work that an
 	// acquisition under way starts after Close gave up (the give-back
-	// of its try) is still sent once, within the node timeout, or the
-	// running nodes would keep that try's lock for the lease time.
+	// of its try) is still sent once, bounded by the node timeout (on
+	// the socket only with ContextTimeoutEnabled; otherwise by the
+	// client's read timeout), or the running nodes would keep that try's
+	// lock for the lease time.
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -225,8 +227,9 @@ func (b *background) forget(ls *lease) {
 // when their client gives up on them, within its read timeout (go-redis
 // takes no socket deadline from the context unless ContextTimeoutEnabled is
 // set; a later Close waits for them). An acquisition under way still gives
-// its try back afterwards, one request per node within the node timeout,
-// not retried. A later Close reports again, in a
+// its try back afterwards, one request per node, not retried, each ending
+// as any request does (a later Close may so wait a read timeout for a node
+// still hung). A later Close reports again, in a
 // *CloseError matching the first one's context error, the nodes where a
 // release was stopped before it reached them, rather than nil. It closes
 // nothing it was given: the clients stay open, for the caller to close
