@@ -393,3 +393,49 @@ func TestStressAcquireRenewCloseLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// As TestCloseWaitsForRenewalGiveBack, but Close gives up while the
+// renewal's replies are held: it reports the renewal under way (no node
+// named: none has a release of this Locker's left), and the renewal, read
+// afterwards, still gives the lock back on every node; a second Close then
+// returns nil, with nothing locked.
+func TestRenewalGivenBackAfterCloseGaveUp(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "close-gave-up-renewal"
+	l, gates := gatedLocker(t, srvs)
+	lease := warmLease(t, l, name, 600*time.Millisecond)
+	for _, g := range gates {
+		g.late.Store(true)
+	}
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(ctxFor(t), 30*time.Second) }()
+	for i, g := range gates {
+		select {
+		case <-g.held:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("node %d did not run the renewal", i)
+		}
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	_, err := closeWithin(l, 50*time.Millisecond)
+	var ce *redlock.CloseError
+	if !errors.As(err, &ce) || ce.Left != 1 || len(ce.Nodes) != 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close during the renewal = %v, want a *CloseError for one renewal under way, naming no node", err)
+	}
+	for _, g := range gates {
+		close(g.open)
+	}
+	if err := <-extended; err == nil {
+		t.Fatal("Extend of a lease whose deadline passed returned nil")
+	}
+	if took, err := closeWithin(l, 10*time.Second); err != nil {
+		t.Fatalf("second Close (after %v): %v", took, err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Fatalf("locked on %v after the second Close returned nil", on)
+	}
+}
