@@ -439,3 +439,81 @@ func TestRenewalGivenBackAfterCloseGaveUp(t *testing.T) {
 		t.Fatalf("locked on %v after the second Close returned nil", on)
 	}
 }
+
+// A renewal moves the lock on node 0 only (its reply held until the
+// lease's deadline has passed), its requests to nodes 1 and 2 lost on the
+// way: it reaches no majority, and the lease ends at its deadline. Node 0's
+// lock, moved 30 s ahead by a renewal of a lease that has ended, must be
+// given back, as when a majority moved it: once Close has returned nil
+// (and Extend has), node 0 holds nothing.
+func TestRenewalOnMinorityPastDeadlineGivenBack(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "minority-renewal-past-deadline"
+	l, gates := gatedLocker(t, srvs)
+	lease := warmLease(t, l, name, 600*time.Millisecond)
+	gates[0].late.Store(true)
+	gates[1].drop.Store(true)
+	gates[2].drop.Store(true)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(ctxFor(t), 30*time.Second) }()
+	select {
+	case <-gates[0].held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("node 0 did not run the renewal")
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	close(gates[0].open)
+	if err := <-extended; err == nil {
+		t.Fatal("Extend on a minority returned nil")
+	}
+	if took, err := closeWithin(l, 10*time.Second); err != nil {
+		t.Fatalf("Close (after %v): %v", took, err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		pttl, _ := srvs[on[0]].Client(t).PTTL(ctxFor(t), lockKey(name)).Result()
+		t.Fatalf("locked on %v (for %v more) after the lease ended and Close returned nil", on, pttl)
+	}
+}
+
+// A renewal runs on every node, but none of its replies comes within the
+// node timeout: Extend fails, the lease keeps its deadline, and runs out
+// there, unrenewed. The nodes, which moved the lock 30 s ahead, must be
+// given back when the lease ends: once Close has returned nil nothing is
+// locked. (Nothing gave them back: Close returned nil at once with every
+// node locked for 28 s more.)
+func TestUnreadRenewalGivenBackAtLeaseEnd(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "unread-renewal"
+	l, gates := gatedLocker(t, srvs)
+	lease := warmLease(t, l, name, 5*time.Second)
+	for _, g := range gates {
+		g.late.Store(true)
+	}
+	defer func() {
+		for _, g := range gates {
+			close(g.open)
+		}
+	}()
+	if err := lease.Extend(ctxFor(t), 30*time.Second); err == nil {
+		t.Fatal("Extend with no reply returned nil")
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended before its deadline: %v", err)
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	if took, err := closeWithin(l, 10*time.Second); err != nil {
+		t.Fatalf("Close (after %v): %v", took, err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		pttl, _ := srvs[on[0]].Client(t).PTTL(ctxFor(t), lockKey(name)).Result()
+		t.Fatalf("locked on %v (for %v more) after the lease ran out and Close returned nil", on, pttl)
+	}
+}
