@@ -31,12 +31,12 @@ var ErrClosed = fmt.Errorf("redlock: %w", fence.ErrClosed)
 type CloseError struct {
 	// Nodes are the positions, in New's clients, of the nodes whose
 	// background requests had not finished, with their addresses
-	// where their clients tell them; none when only acquisitions under
-	// way were left, between their requests.
+	// where their clients tell them; none when only acquisitions (or
+	// renewals) under way were left, between their requests.
 	Nodes []int
 	Addrs []string
-	// Left is how many background requests (and acquisitions under
-	// way) had not finished.
+	// Left is how many background requests (and acquisitions and
+	// renewals under way) had not finished.
 	Left int
 	// Err is the context's error.
 	Err error
@@ -44,9 +44,9 @@ type CloseError struct {
 
 func (e *CloseError) Error() string {
 	if len(e.Nodes) == 0 {
-		// Only acquisitions under way, between their requests (the
-		// first contact's ping, say).
-		return fmt.Sprintf("redlock: close: %d acquisitions under way not finished: %v", e.Left, e.Err)
+		// Only acquisitions (or renewals) under way, between their
+		// requests (the first contact's ping, say).
+		return fmt.Sprintf("redlock: close: %d acquisitions or renewals under way not finished: %v", e.Left, e.Err)
 	}
 	names := make([]string, len(e.Nodes))
 	for k, i := range e.Nodes {
@@ -70,8 +70,10 @@ type background struct {
 	// ctx ends the retries of the work, once Close has given up waiting
 	// for it. A first request is never sent under it: work that an
 	// acquisition under way starts after Close gave up (the give-back
-	// of its try) is still sent once, within the node timeout, or the
-	// running nodes would keep that try's lock for the lease time.
+	// of its try) is still sent once, bounded by the node timeout (on
+	// the socket only with ContextTimeoutEnabled; otherwise by the
+	// client's read timeout), or the running nodes would keep that try's
+	// lock for the lease time.
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -165,7 +167,18 @@ func (b *background) enter() bool {
 	return true
 }
 
-// leave ends a try counted by enter.
+// busy counts a renewal as work under way (not tied to a node), whether or
+// not Close was called: a renewal that ran on the nodes just before its
+// lease's deadline moves the lock there, and gives it back once it reads
+// that the lease ended meanwhile (renew); Close, which has nothing of an
+// ended lease to release, waits for that. leave must follow.
+func (b *background) busy() {
+	b.mu.Lock()
+	b.left++
+	b.mu.Unlock()
+}
+
+// leave ends a try counted by enter, or a renewal counted by busy.
 func (b *background) leave() {
 	b.mu.Lock()
 	b.left--
@@ -199,7 +212,9 @@ func (b *background) forget(ls *lease) {
 // ctx ends, for the Locker's background work to finish: the releases that
 // Release returned without waiting for (it returns once a majority deleted
 // the lock), the give-back of grants that came after their acquisition was
-// decided, and the releases of failed tries, with their retries. A program
+// decided, and the releases of failed tries, with their retries; and for
+// the acquisitions and renewals under way (a renewal that reads that its
+// lease ended meanwhile gives back the lock it moved). A program
 // should call it before it exits: that work dies with the process, and a
 // node it had not reached yet keeps the lock until the lease time runs out
 // (safety is unaffected, since a majority is free, but the next owner may
@@ -212,8 +227,9 @@ func (b *background) forget(ls *lease) {
 // when their client gives up on them, within its read timeout (go-redis
 // takes no socket deadline from the context unless ContextTimeoutEnabled is
 // set; a later Close waits for them). An acquisition under way still gives
-// its try back afterwards, one request per node within the node timeout,
-// not retried. A later Close reports again, in a
+// its try back afterwards, one request per node, not retried, each ending
+// as any request does (a later Close may so wait a read timeout for a node
+// still hung). A later Close reports again, in a
 // *CloseError matching the first one's context error, the nodes where a
 // release was stopped before it reached them, rather than nil. It closes
 // nothing it was given: the clients stay open, for the caller to close

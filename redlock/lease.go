@@ -94,6 +94,14 @@ type lease struct {
 	// may be what calls Release.
 	logging bool
 
+	// ahead lists the nodes (nil: none) where a renewal that did not move
+	// the deadline (it reached no majority in time) moved the lock, or
+	// may have (its reply did not come): the lock there may outlive the
+	// deadline by up to that renewal's TTL. Unless the lease is released
+	// (Release deletes it everywhere), it is given back there when the
+	// lease ends (endLocked).
+	ahead []bool
+
 	// renewing is held (one slot) by the renewal under way: the
 	// watchdog's and the holder's Extend, or two Extends, take turns. Two
 	// at once each read the deadline the other moved: an older renewal
@@ -270,9 +278,28 @@ func (ls *lease) endLocked(why error) {
 		// is no longer known to be held.
 		ls.deadline = now
 	}
-	ls.locker.bg.forget(ls)
+	l := ls.locker
+	l.bg.forget(ls)
 	if ls.expiry != nil {
 		ls.expiry.Stop()
+	}
+	if !errors.Is(why, fence.ErrReleased) {
+		// Not released: the nodes where a renewal that did not move the
+		// deadline moved the lock would keep it past the deadline. Given
+		// back in the background, which Close waits for.
+		for i, ahead := range ls.ahead {
+			if !ahead {
+				continue
+			}
+			l.bg.add(i)
+			l.spawn(func() {
+				defer l.bg.done(i)
+				ctx, cancel := context.WithTimeout(context.Background(), l.timeoutFor(ls.ttl))
+				defer cancel()
+				_ = releaseScript.Run(ctx, l.nodes[i], ls.relKeys, ls.owner).Err()
+			})
+		}
+		ls.ahead = nil
 	}
 	if ls.cancel != nil {
 		ls.cancel(why)
@@ -382,6 +409,12 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		return report, fmt.Errorf("redlock: extend %q: %w", ls.name, ctx.Err())
 	}
 	defer func() { <-ls.renewing }()
+	// Counted before the lease's end is checked: a Close that found the
+	// lease ended (and so released nothing of it) either waits for this
+	// renewal, or came before it, which then finds the lease ended too
+	// and sends nothing.
+	ls.locker.bg.busy()
+	defer ls.locker.bg.leave()
 	if err := ls.Err(); err != nil {
 		return report, err // ended while this renewal waited its turn
 	}
@@ -398,7 +431,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	})
 	var (
 		moved, gone, late int
-		movedOn           []int
+		movedOn, unknown  []int
 		errs              []error
 	)
 	ls.mu.Lock()
@@ -415,6 +448,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	for i, r := range rs {
 		if r.err != nil || len(r.res) != 2 {
 			errs = append(errs, cmp.Or(r.err, fmt.Errorf("node %d: unexpected reply %v", i, r.res)))
+			unknown = append(unknown, i)
 			continue
 		}
 		ls.refs[i] = clockRef{nodeMs: r.res[1], at: r.at}
@@ -458,6 +492,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	}
 	newDeadline := sent.Add(ttl - drift(ttl))
 	if moved < l.quorum || !time.Now().Before(newDeadline) {
+		ls.aheadOn(append(movedOn, unknown...))
 		why := fmt.Errorf("%w: extended on %d of %d nodes, %d needed", ErrNoQuorum, moved, len(l.nodes), l.quorum)
 		return report, fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 	}
@@ -472,6 +507,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	}
 	defer ls.mu.Unlock()
 	ls.deadline = newDeadline
+	for _, i := range movedOn {
+		if ls.ahead != nil {
+			ls.ahead[i] = false // its lock now runs out with the deadline
+		}
+	}
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(newDeadline))
 	}
@@ -483,6 +523,30 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 // passed yet by the holder's: the lock there was not moved, and runs out
 // when it would have.
 var errRenewLate = errors.New("renewal refused as past the lease's deadline on the node's clock")
+
+// aheadOn records that a renewal which did not move the deadline moved the
+// lock, or may have, on the nodes listed: they are given back when the
+// lease ends, at once if it has ended already (a renewal that ran before
+// the deadline, read after it).
+func (ls *lease) aheadOn(nodes []int) {
+	if len(nodes) == 0 {
+		return
+	}
+	ls.mu.Lock()
+	ls.expiredLocked()
+	if ls.err != nil {
+		ls.mu.Unlock()
+		ls.giveBack(nodes)
+		return
+	}
+	if ls.ahead == nil {
+		ls.ahead = make([]bool, len(ls.locker.nodes))
+	}
+	for _, i := range nodes {
+		ls.ahead[i] = true
+	}
+	ls.mu.Unlock()
+}
 
 // giveBack deletes the lock, if this lease still owns it, on the nodes
 // listed, each within the node timeout, whatever the lease's context: a
