@@ -1,0 +1,126 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// beforeEval runs f (once armed) before the first pipeline that carries a
+// script in full (EVAL): the one sent again after NOSCRIPT, once the first
+// pipeline's WAIT has answered.
+type beforeEval struct {
+	mu    sync.Mutex
+	armed bool
+	f     func()
+	waits []int64 // the timeouts of the WAITs sent with EVAL
+}
+
+func (h *beforeEval) arm(f func()) {
+	h.mu.Lock()
+	h.armed, h.f = true, f
+	h.mu.Unlock()
+}
+
+func (h *beforeEval) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *beforeEval) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *beforeEval) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		eval := false
+		var ms int64 = -1
+		for _, cmd := range cmds {
+			switch a := cmd.Args(); strings.ToLower(fmt.Sprint(a[0])) {
+			case "eval":
+				eval = true
+			case "wait":
+				ms = a[2].(int64)
+			}
+		}
+		if eval {
+			h.mu.Lock()
+			f := h.f
+			if !h.armed {
+				f = nil
+			}
+			h.armed = false
+			if ms >= 0 {
+				h.waits = append(h.waits, ms)
+			}
+			h.mu.Unlock()
+			if f != nil {
+				f()
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestNoScriptResentWaitCountsItsOwn: the first pipeline's WAIT answers at
+// once (the replica has everything the connection wrote before), then the
+// replica stops before the script is sent again in full. The WAIT sent
+// with it, with what is left of the timeout, must count the replicas that
+// have the new write: none. The acquisition is refused and the lock given
+// back, and a renewal refused, never confirmed by the first WAIT's count.
+func TestNoScriptResentWaitCountsItsOwn(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	c := primary.Client(t)
+	h := &beforeEval{}
+	c.AddHook(h)
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 300 * time.Millisecond}})
+	warm := acquire(t, l, "lock:warm", fence.TTL(time.Minute)) // scripts cached; the connection's writes acknowledged
+	if err := warm.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	flush := func() {
+		if err := admin.ScriptFlush(ctx(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var resume func()
+	pause := func() { resume = replica.Pause(t) }
+
+	flush()
+	h.arm(pause)
+	const name = "lock:noscript-paused"
+	_, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	if !errors.Is(err, fence.ErrNotReplicated) {
+		t.Fatalf("Acquire with the replica stopped before the script was sent again = %v, want ErrNotReplicated", err)
+	}
+	if resume == nil {
+		t.Fatal("the script was not sent again in full: the test did not test NOSCRIPT")
+	}
+	if n, err := admin.Exists(ctx(t), lockKey(name)).Result(); err != nil || n != 0 {
+		t.Fatalf("after the refused acquisition the lock key exists (%d, %v): not given back", n, err)
+	}
+	resume()
+	redistest.WaitReplicated(t, primary, 1)
+
+	// Renewal: the lease taken with the scripts cached, then flushed.
+	lease := acquire(t, l, "lock:noscript-extend", fence.TTL(time.Minute))
+	flush()
+	resume = nil
+	h.arm(pause)
+	err = lease.Extend(ctx(t), time.Minute)
+	if !errors.Is(err, fence.ErrNotReplicated) {
+		t.Fatalf("Extend with the replica stopped before the script was sent again = %v, want ErrNotReplicated", err)
+	}
+	if resume == nil {
+		t.Fatal("the extension was not sent again in full: the test did not test NOSCRIPT")
+	}
+	resume()
+	h.mu.Lock()
+	t.Logf("WAIT timeouts (ms) sent again with EVAL: %v", h.waits)
+	h.mu.Unlock()
+}
