@@ -124,3 +124,64 @@ func TestNoScriptResentWaitCountsItsOwn(t *testing.T) {
 	t.Logf("WAIT timeouts (ms) sent again with EVAL: %v", h.waits)
 	h.mu.Unlock()
 }
+
+// TestNoScriptAfterBusyServer: the server is held (CLIENT PAUSE, as a busy
+// server or a slow round trip would) for longer than the sync timeout
+// while the first pipeline (EVALSHA refused with NOSCRIPT, and its WAIT)
+// waits; its WAIT then counts the replica at once. The replica stalls for
+// well under the timeout just as the script is sent again in full (stopped
+// 150 ms, timeout 400 ms): a healthy replica, briefly slow. The WAIT sent
+// with the script must not be left with only the rest of a timeout that
+// the busy server, not the replica, used up: the acquisition is
+// confirmed, as it is with the scripts cached.
+func TestNoScriptAfterBusyServer(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	pauser := primary.Client(t)
+	c := primary.Client(t)
+	h := &beforeEval{}
+	c.AddHook(h)
+	const (
+		timeout = 400 * time.Millisecond
+		stall   = 150 * time.Millisecond
+	)
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: timeout}})
+	warm := acquire(t, l, "lock:warm", fence.TTL(time.Minute))
+	if err := warm.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		redistest.WaitReplicated(t, primary, 1)
+		if err := admin.ScriptFlush(ctx(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		redistest.WaitReplicated(t, primary, 1)
+		if err := pauser.Do(ctx(t), "CLIENT", "PAUSE", (2 * timeout).Milliseconds(), "ALL").Err(); err != nil {
+			t.Fatal(err)
+		}
+		var resumed sync.WaitGroup
+		h.arm(func() {
+			resume := replica.Pause(t)
+			resumed.Add(1)
+			time.AfterFunc(stall, func() { resume(); resumed.Done() }) // the replica's stall
+		})
+		start := time.Now()
+		name := fmt.Sprintf("lock:busy:%d", i)
+		lease, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+		took := time.Since(start)
+		resumed.Wait()
+		if err != nil {
+			h.mu.Lock()
+			t.Fatalf("round %d: Acquire = %v after %v, want the lease (the replica stalled %v of a %v timeout); WAIT timeouts (ms) sent with EVAL: %v", i, err, took, stall, timeout, h.waits)
+		}
+		t.Logf("round %d: acquired in %v", i, took)
+		if err := lease.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mu.Lock()
+	t.Logf("WAIT timeouts (ms) sent again with EVAL: %v", h.waits)
+	h.mu.Unlock()
+}
