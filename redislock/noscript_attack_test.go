@@ -185,3 +185,80 @@ func TestNoScriptAfterBusyServer(t *testing.T) {
 	t.Logf("WAIT timeouts (ms) sent again with EVAL: %v", h.waits)
 	h.mu.Unlock()
 }
+
+// TestClusterNoScriptResentWait: both halves above on a cluster, where the
+// script and its WAIT go to the lock's master through its node client: the
+// replica stopped as EVAL goes out refuses the acquisition; the master held
+// past the timeout with the replica stalled 150 ms of 400 ms as EVAL goes
+// out confirms it.
+func TestClusterNoScriptResentWait(t *testing.T) {
+	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
+	h := &beforeEval{}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	t.Cleanup(func() { _ = c.Close() })
+	c.OnNewNode(func(n *redis.Client) { n.AddHook(h) })
+	const (
+		timeout = 400 * time.Millisecond
+		stall   = 150 * time.Millisecond
+		name    = "lock:payment:1001"
+	)
+	master, replica := masterAndReplica(t, cluster, c, name)
+	admin := master.Client(t).Conn() // one connection: WAIT counts its own writes
+	t.Cleanup(func() { _ = admin.Close() })
+	pauser := master.Client(t)
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: timeout}})
+	lease := acquire(t, l, name, fence.TTL(time.Minute)) // the scripts cached
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	flush := func() { // and wait for the replica to have it (WAIT on admin's own connection)
+		if err := admin.ScriptFlush(ctx(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := admin.Do(ctx(t), "WAIT", 1, 10000).Int(); err != nil || n != 1 {
+			t.Fatalf("WAIT after SCRIPT FLUSH = %d, %v", n, err)
+		}
+	}
+
+	flush()
+	var resume func()
+	h.arm(func() { resume = replica.Pause(t) })
+	_, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	if !errors.Is(err, fence.ErrNotReplicated) {
+		t.Fatalf("Acquire with the replica stopped before the script was sent again = %v, want ErrNotReplicated", err)
+	}
+	if resume == nil {
+		t.Fatal("the script was not sent again in full: the test did not test NOSCRIPT")
+	}
+	if n, err := admin.Exists(ctx(t), lockKey(name)).Result(); err != nil || n != 0 {
+		t.Fatalf("after the refused acquisition the lock key exists (%d, %v): not given back", n, err)
+	}
+	resume()
+
+	flush()
+	if err := pauser.Do(ctx(t), "CLIENT", "PAUSE", (2 * timeout).Milliseconds(), "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var resumed sync.WaitGroup
+	resumed.Add(1)
+	h.arm(func() {
+		resume := replica.Pause(t)
+		time.AfterFunc(stall, func() { resume(); resumed.Done() }) // the replica's stall
+	})
+	start := time.Now()
+	lease, err = l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	took := time.Since(start)
+	h.mu.Lock()
+	armed := h.armed
+	h.armed = false
+	h.mu.Unlock()
+	if armed {
+		t.Fatal("the script was not sent again in full")
+	}
+	resumed.Wait()
+	if err != nil {
+		t.Fatalf("Acquire = %v after %v, want the lease (the replica stalled %v of a %v timeout)", err, took, stall, timeout)
+	}
+	t.Logf("acquired in %v", took)
+	_ = lease.Release(ctx(t))
+}

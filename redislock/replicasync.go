@@ -486,7 +486,11 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 		n++
 		var wait *redis.Cmd
 		if required > 0 {
-			if timeout := redisconn.WaitLeft(l.sync.Timeout, sent, firstAcked, required); load && timeout != l.sync.Timeout {
+			timeout := l.sync.Timeout
+			if load {
+				timeout = redisconn.WaitLeft(timeout, sent, firstAcked, required)
+			}
+			if timeout != l.sync.Timeout {
 				wait = redis.NewCmd(ctx, waitFor(waitArgs, required, timeout)...)
 			} else {
 				wait = redis.NewCmd(ctx, l.waitArgs(waitArgs, required)...)
