@@ -197,12 +197,32 @@ func TestClusterNoScriptResentWait(t *testing.T) {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { _ = c.Close() })
 	c.OnNewNode(func(n *redis.Client) { n.AddHook(h) })
+	const name = "lock:payment:1001"
+	master, replica := masterAndReplica(t, cluster, c, name)
+	noScriptResentWait(t, c, h, master, replica, name)
+}
+
+// TestRingNoScriptResentWait: the same on a Ring, where they go to the
+// lock's shard through its shard client.
+func TestRingNoScriptResentWait(t *testing.T) {
+	ring, shards := startRing(t, 1, 1)
+	h := &beforeEval{}
+	if err := ring.ForEachShard(ctx(t), func(_ context.Context, n *redis.Client) error { n.AddHook(h); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	name := nameOn(t, ring, shards[0], "lock:ring-noscript")
+	noScriptResentWait(t, ring, h, shards[0].primary, shards[0].replicas[0], name)
+}
+
+// noScriptResentWait runs the two halves of the tests above on c, whose
+// script calls on name go to master (replicated by replica) through a
+// client with the hook h.
+func noScriptResentWait(t *testing.T, c redis.UniversalClient, h *beforeEval, master, replica *redistest.Server, name string) {
+	t.Helper()
 	const (
 		timeout = 400 * time.Millisecond
 		stall   = 150 * time.Millisecond
-		name    = "lock:payment:1001"
 	)
-	master, replica := masterAndReplica(t, cluster, c, name)
 	admin := master.Client(t).Conn() // one connection: WAIT counts its own writes
 	t.Cleanup(func() { _ = admin.Close() })
 	pauser := master.Client(t)
@@ -224,11 +244,11 @@ func TestClusterNoScriptResentWait(t *testing.T) {
 	var resume func()
 	h.arm(func() { resume = replica.Pause(t) })
 	_, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	if resume == nil {
+		t.Fatalf("the script was not sent again in full (Acquire = %v): the test did not test NOSCRIPT", err)
+	}
 	if !errors.Is(err, fence.ErrNotReplicated) {
 		t.Fatalf("Acquire with the replica stopped before the script was sent again = %v, want ErrNotReplicated", err)
-	}
-	if resume == nil {
-		t.Fatal("the script was not sent again in full: the test did not test NOSCRIPT")
 	}
 	if n, err := admin.Exists(ctx(t), lockKey(name)).Result(); err != nil || n != 0 {
 		t.Fatalf("after the refused acquisition the lock key exists (%d, %v): not given back", n, err)
