@@ -77,9 +77,10 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 		}
 	}
 	sent := time.Now()
+	firstAcked := -1 // the first WAIT's count, when the script is sent again
 	for _, full := range []bool{false, true} {
 		if full {
-			timeout = redisconn.WaitLeft(timeout, sent)
+			timeout = redisconn.WaitLeft(timeout, sent, firstAcked, replicas)
 		}
 		var cmd rueidis.Completed
 		if full {
@@ -95,6 +96,11 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 			res = c.c.Do(ctx, cmd)
 		}
 		if e, ok := rueidis.IsRedisErr(res.Error()); !full && ok && e.IsNoScript() {
+			if replicas > 0 {
+				if n, err := wait.AsInt64(); err == nil {
+					firstAcked = int(n)
+				}
+			}
 			continue
 		}
 		reply, err := value(ctx, res)

@@ -221,7 +221,7 @@ func (l *Locker) sendBatches(b *batcher, c *redis.Client) {
 			for _, bc := range again {
 				cmds = append(cmds, bc.cmd)
 			}
-			wait := l.batchWait(ctx, again, &cmds, redisconn.WaitLeft(l.sync.Timeout, sent))
+			wait := l.batchWait(ctx, again, &cmds, waitAgain(l.sync.Timeout, sent, calls, wait))
 			execBatch(ctx, c, cmds)
 			setAcked(again, wait)
 		}
@@ -277,6 +277,22 @@ func (l *Locker) batchWait(ctx context.Context, calls []*batchCall, cmds *[]redi
 	wait := redis.NewCmd(ctx, "WAIT", required, timeout.Milliseconds())
 	*cmds = append(*cmds, wait)
 	return wait
+}
+
+// waitAgain is the timeout of the WAIT sent with a batch's calls sent
+// again after NOSCRIPT, given the batch's calls and their WAIT, first (see
+// redisconn.WaitLeft).
+func waitAgain(timeout time.Duration, sent time.Time, calls []*batchCall, first *redis.Cmd) time.Duration {
+	acked, required := -1, 0
+	for _, bc := range calls {
+		required = max(required, bc.required)
+	}
+	if first != nil {
+		if n, err := first.Int(); err == nil {
+			acked = n
+		}
+	}
+	return redisconn.WaitLeft(timeout, sent, acked, required)
 }
 
 // setAcked gives WAIT's reply to the calls that required it.

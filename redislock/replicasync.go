@@ -468,6 +468,7 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 	if required > 0 {
 		sent = time.Now()
 	}
+	firstAcked := -1 // the first WAIT's count, when the script is sent again
 	for _, load := range [2]bool{false, true} {
 		var cmds [3]redis.Cmder
 		n := 0
@@ -485,8 +486,12 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 		n++
 		var wait *redis.Cmd
 		if required > 0 {
+			timeout := l.sync.Timeout
 			if load {
-				wait = redis.NewCmd(ctx, waitFor(waitArgs, required, redisconn.WaitLeft(l.sync.Timeout, sent))...)
+				timeout = redisconn.WaitLeft(timeout, sent, firstAcked, required)
+			}
+			if timeout != l.sync.Timeout {
+				wait = redis.NewCmd(ctx, waitFor(waitArgs, required, timeout)...)
 			} else {
 				wait = redis.NewCmd(ctx, l.waitArgs(waitArgs, required)...)
 			}
@@ -504,6 +509,11 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 		unanswered(cmds[:n], err)
 		err = reply.Err()
 		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if wait != nil {
+				if n, err := wait.Int(); err == nil {
+					firstAcked = n
+				}
+			}
 			continue
 		}
 		if err != nil {

@@ -70,13 +70,25 @@ type Conn interface {
 var ErrWait = errors.New("WAIT failed after the script ran")
 
 // WaitLeft is the timeout of the WAIT sent again with a script refused
-// with NOSCRIPT: what is left of timeout since the first pipeline went
-// out at sent, at least a millisecond (WAIT 0 would block for ever). The
-// first WAIT ran although the script did not, and with a replica missing
-// it waited out the whole timeout: a second one in full made the call wait
-// twice what its caller allowed (as after a failover to a server that has
-// no script cached, when replicas are often not back yet).
-func WaitLeft(timeout time.Duration, sent time.Time) time.Duration {
+// with NOSCRIPT, given what the WAIT pipelined with the refused script
+// counted (acked, negative when it failed) of the required replicas.
+//
+// When that WAIT counted fewer than required it waited out the timeout (a
+// replica missing, as after a failover to a server that has no script
+// cached, when replicas are often not back yet): a second one in full
+// would make the call wait twice what its caller allowed, so it gets what
+// is left of timeout since the first pipeline went out at sent, at least a
+// millisecond (WAIT 0 would block for ever).
+//
+// When it counted enough, the replicas were keeping up and any time spent
+// went elsewhere (a busy server, a slow round trip): the second WAIT is
+// the first that waits for this call's write, and gets the whole timeout,
+// as it would with the script cached. Left a millisecond, it would refuse
+// an acquisition that a replica a little slow confirms in time.
+func WaitLeft(timeout time.Duration, sent time.Time, acked, required int) time.Duration {
+	if acked >= required {
+		return timeout
+	}
 	return max(timeout-time.Since(sent), time.Millisecond)
 }
 
