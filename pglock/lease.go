@@ -276,19 +276,20 @@ func (ls *lease) release(ctx context.Context) error {
 	lostBefore := ls.err
 	ls.mu.Unlock()
 
+	// Lost before Release, the row may still be this lease's all the same
+	// (a renewal whose reply did not come moved it past the deadline): it
+	// is freed, owner-checked, and Release returns the loss.
 	var err error
-	if lostBefore != nil && lostBefore != fence.ErrReleased {
+	var notified sql.NullString
+	qerr := ls.l.db.QueryRowContext(ctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
+	switch {
+	case lostBefore != nil && lostBefore != fence.ErrReleased:
 		err = lostBefore // conclusive: the lease was lost before Release
-	} else {
-		var notified sql.NullString
-		qerr := ls.l.db.QueryRowContext(ctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
-		switch {
-		case errors.Is(qerr, sql.ErrNoRows):
-			err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
-		case qerr != nil:
-			ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
-			return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
-		}
+	case errors.Is(qerr, sql.ErrNoRows):
+		err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
+	case qerr != nil:
+		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
+		return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
 	}
 	if err == nil {
 		ls.end(fence.ErrReleased)
