@@ -120,3 +120,22 @@ func TestReleaseAfterLateRenewalFreesRow(t *testing.T) {
 		t.Fatalf("the row is held for %v more after Release of the ended lease", left)
 	}
 }
+
+// TestLateRenewalGivenBackAtLeaseEnd: the late renewal moved the row 30 s
+// ahead and not the deadline; when the lease ends there, unreleased, the
+// row must be freed rather than held by nobody for the rest of the 30 s.
+func TestLateRenewalGivenBackAtLeaseEnd(t *testing.T) {
+	const name = "late-renewal-linger"
+	_, db := lateRenewal(t, name)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := rowLeft(t, db, name)
+		if left <= 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the row is held for %v more, 5 s after the lease ended at its deadline", left)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
