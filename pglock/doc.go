@@ -110,7 +110,11 @@
 // outcome is unknown (the connection broke, ctx ended) frees its row, if
 // it was granted after all, in the background, with a statement bounded to
 // two seconds; a later try of the same Acquire is granted a row it already
-// owns.
+// owns. Likewise a renewal whose outcome is unknown may have moved the
+// row's expiry and not the lease's Deadline: if the lease then ends
+// unreleased, its row, if still its own, is freed in the background. A
+// Release after the lease ended frees the row if it is still the lease's,
+// and returns the lease's error.
 //
 // Locker methods and leases are safe for concurrent use.
 package pglock

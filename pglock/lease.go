@@ -42,6 +42,12 @@ type lease struct {
 	// Release does not wait for it, as the Logger's handler may be what
 	// calls Release.
 	logging bool
+
+	// ahead: a renewal whose reply did not come (an error, a done ctx)
+	// may have moved the row's expiry, and not the deadline: the row may
+	// outlive the deadline by up to that renewal's TTL, held by nobody.
+	// Unless Release frees it, it is freed when the lease ends (endAs).
+	ahead bool
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -105,6 +111,10 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
+	if ls.ahead && !errors.Is(why, fence.ErrReleased) {
+		ls.ahead = false
+		ls.l.freeOwned(ls.a.name, ls.a.owner)
+	}
 	if l := ls.l; l.log != nil || l.obs != nil {
 		ls.unreported = func() {
 			fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "pglock", fence.LeaseEvent{Backend: backend,
@@ -213,6 +223,16 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		n, err = res.RowsAffected()
 	}
 	if err != nil {
+		// It may have run: the row is freed when the lease ends, at once
+		// if it has meanwhile (at its deadline, which ends a watchdog's
+		// renewal).
+		ls.mu.Lock()
+		if ls.err == nil {
+			ls.ahead = true
+		} else if !errors.Is(ls.err, fence.ErrReleased) {
+			ls.l.freeOwned(ls.a.name, ls.a.owner)
+		}
+		ls.mu.Unlock()
 		return fmt.Errorf("pglock: extend %q: %w", ls.a.name, err)
 	}
 	if n == 0 {
@@ -274,21 +294,23 @@ func (ls *lease) release(ctx context.Context) error {
 		return ls.relErr
 	}
 	lostBefore := ls.err
+	ls.ahead = false // the release frees the row
 	ls.mu.Unlock()
 
+	// Lost before Release, the row may still be this lease's all the same
+	// (a renewal whose reply did not come moved it past the deadline): it
+	// is freed, owner-checked, and Release returns the loss.
 	var err error
-	if lostBefore != nil && lostBefore != fence.ErrReleased {
+	var notified sql.NullString
+	qerr := ls.l.db.QueryRowContext(ctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
+	switch {
+	case lostBefore != nil && lostBefore != fence.ErrReleased:
 		err = lostBefore // conclusive: the lease was lost before Release
-	} else {
-		var notified sql.NullString
-		qerr := ls.l.db.QueryRowContext(ctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
-		switch {
-		case errors.Is(qerr, sql.ErrNoRows):
-			err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
-		case qerr != nil:
-			ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
-			return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
-		}
+	case errors.Is(qerr, sql.ErrNoRows):
+		err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
+	case qerr != nil:
+		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
+		return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
 	}
 	if err == nil {
 		ls.end(fence.ErrReleased)

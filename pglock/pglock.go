@@ -292,7 +292,12 @@ func (l *Locker) giveUp(a *attempt) {
 	if !a.sent {
 		return
 	}
-	name, owner := a.name, a.owner
+	l.freeOwned(a.name, a.owner)
+}
+
+// freeOwned frees the row of name if owner still holds it, in the
+// background, bounded by giveUpTimeout.
+func (l *Locker) freeOwned(name, owner string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
 		defer cancel()

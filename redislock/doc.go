@@ -209,6 +209,14 @@
 // a server clock that steps backwards during a lease loosens it (as it
 // loosens Redis's own key expiry).
 //
+// A renewal run before the deadline whose answer did not come in time (the
+// caller gave up, the connection dropped, replica sync refused it) may have
+// moved the expiry without moving Deadline: the lock would outlive the
+// lease by up to that renewal's TTL, held by nobody. If the lease then ends
+// unreleased, the lock, if still its own, is given back in the background
+// (owner-checked). A Release after the lease ended does the same, and
+// returns the lease's error.
+//
 // # Deadlines
 //
 // Every call fence makes returns by its context's deadline whatever the

@@ -55,6 +55,14 @@ type lease struct {
 	// calls Release.
 	logging bool
 	stopped bool // Release stopped the watchdog: it logs no more
+
+	// ahead: a renewal that did not move the deadline moved the lock's
+	// expiry on Redis, or may have (its reply was lost, or came after the
+	// caller gave up on it): the lock may outlive the deadline by up to
+	// that renewal's TTL, held by nobody. Unless the lease is released
+	// (Release deletes the lock), the lock is given back when the lease
+	// ends (endAs).
+	ahead bool
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -176,7 +184,13 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
 	if ls.cancel != nil {
 		ls.cancel(why)
 	}
+	giveBack := ls.ahead && !errors.Is(why, fence.ErrReleased)
+	ls.ahead = false
 	ls.mu.Unlock()
+	if giveBack {
+		// Owner-checked: deleted only if still this lease's.
+		go ls.locker.releaseAbandoned(ls.attempt)
+	}
 	if l := ls.locker; l.log == nil && l.obs == nil {
 		return func() {} // nobody to tell: no closure to allocate
 	}
@@ -277,13 +291,15 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 	ls.mu.Unlock()
 	sent := time.Now()
 	r, err := ls.locker.evalBounded(ctx, func(r synced, err error) {
-		// Given up on, but it moved the expiry after all: if the lease
-		// has ended meanwhile, nobody will use the lock; give it back.
+		// Given up on, but it moved the expiry after all (or may have:
+		// no reply): the deadline did not move, so the lock is given
+		// back when the lease ends, at once if it has.
 		if err != nil || r.reply == nil {
+			ls.movedAhead()
 			return
 		}
-		if res, _ := r.reply.Int64Slice(); len(res) == 2 && res[0] == 1 && ls.Err() != nil {
-			ls.locker.releaseAbandoned(ls.attempt)
+		if res, _ := r.reply.Int64Slice(); len(res) == 2 && res[0] == 1 {
+			ls.movedAhead()
 		}
 	}, extendScript, skeys{names: ls.attempt.acquireKeys[:1], boxed: ls.attempt.acquireBoxed[:1]}, ls.attempt.ownerArg, ttl.Milliseconds(), serverDeadline)
 	replied := time.Now()
@@ -296,6 +312,9 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 		err = fmt.Errorf("unexpected reply %v", res)
 	}
 	if err != nil {
+		if !errors.Is(err, errGaveUp) { // given up on: see abandoned above
+			ls.movedAhead() // it may have run
+		}
 		return report, fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, err)
 	}
 	n := res[0]
@@ -304,6 +323,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 		return ls.endAs(late, fence.LostRenewLate), late
 	}
 	if n == 1 && acked < required {
+		ls.movedAhead() // on the primary
 		ls.locker.syncRefused(ctx, ls.attempt.name, ls.token, true, acked, required)
 		return report, fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, &fence.NotReplicatedError{Acked: acked, Required: required})
 	}
@@ -323,6 +343,26 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 		ls.expiry.Reset(time.Until(ls.deadline))
 	}
 	return report, nil
+}
+
+// movedAhead records that a renewal which did not move the deadline moved
+// the lock's expiry, or may have: the lock is given back when the lease
+// ends unreleased (endAs), at once if it has already. A lease without a
+// timer gets one, so that it ends, and gives the lock back, at its
+// deadline even if nobody looks.
+func (ls *lease) movedAhead() {
+	ls.mu.Lock()
+	if ls.err == nil {
+		ls.ahead = true
+		ls.watch()
+		ls.mu.Unlock()
+		return
+	}
+	ended := !errors.Is(ls.err, fence.ErrReleased)
+	ls.mu.Unlock()
+	if ended {
+		go ls.locker.releaseAbandoned(ls.attempt)
+	}
 }
 
 // Extend sets the lease to expire ttl from now; see fence.Lease. A watchdog

@@ -1,0 +1,135 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// unreadRenewal returns a lease of 2 s whose Extend(30 s) ran on Redis,
+// moving the lock 30 s ahead, but whose reply came only after Extend had
+// given up on it (its request held on the way for 200 ms): Extend failed,
+// and the lease keeps its 2 s deadline.
+func unreadRenewal(t *testing.T, name string) (fence.Lease, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	// 30000 ms, the renewal's lease ms argument, on its own line of the
+	// request: nothing else sends it.
+	h := redistest.NewHolder("\r\n30000\r\n")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: h.Dial})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	lease, err := l.Acquire(ctx(t), name, fence.TTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx(t), 2*time.Second); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	h.Arm()
+	short, cancel := context.WithTimeout(ctx(t), 200*time.Millisecond)
+	err = lease.Extend(short, 30*time.Second)
+	cancel()
+	if err == nil || h.Held() != 1 {
+		t.Fatalf("the held renewal: Extend = %v with %d requests held; want a deadline error and 1", err, h.Held())
+	}
+	h.Disarm()
+	if err := h.Let(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return admin.PTTL(ctx(t), lockKey(name)).Val() > 10*time.Second })
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended before its deadline: %v", err)
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	return lease, admin
+}
+
+// TestReleaseAfterUnreadRenewalFreesLock: a holder that calls Release once
+// its lease has ended (a deferred Release) gets the lease's error, and the
+// lock, still its own on Redis (the unread renewal moved it 30 s ahead), is
+// deleted.
+func TestReleaseAfterUnreadRenewalFreesLock(t *testing.T) {
+	const name = "unread-renewal-release"
+	lease, admin := unreadRenewal(t, name)
+	if err := lease.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release of the ended lease = %v, want ErrLeaseLost", err)
+	}
+	if n := admin.Exists(ctx(t), lockKey(name)).Val(); n != 0 {
+		t.Fatalf("locked for %v more after Release of the ended lease", admin.PTTL(ctx(t), lockKey(name)).Val())
+	}
+}
+
+// TestUnreadRenewalGivenBackAtLeaseEnd: a renewal that moved the lock 30 s
+// ahead but whose reply came after Extend gave up (the lease still held
+// then) does not move the deadline; when the lease ends there, unreleased,
+// the lock must be given back rather than held by nobody for the rest of
+// the 30 s.
+func TestUnreadRenewalGivenBackAtLeaseEnd(t *testing.T) {
+	const name = "unread-renewal-linger"
+	_, admin := unreadRenewal(t, name)
+	deadline := time.Now().Add(5 * time.Second)
+	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("still locked, for %v more, 5 s after the lease ended at its deadline", admin.PTTL(ctx(t), lockKey(name)).Val())
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// TestLostRenewalReplyGivenBackAtLeaseEnd: a renewal sent to a paused
+// server times out on the client's read (the connection is dropped, and
+// its reply with it) and runs once the server resumes, before the lease's
+// deadline: the lock moves 30 s ahead, the deadline does not. When the
+// lease ends there, unreleased, the lock must be given back.
+func TestLostRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	const name = "lost-renewal-reply"
+	lease, err := l.Acquire(ctx(t), name, fence.TTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx(t), 3*time.Second); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	resume := srv.Pause(t)
+	err = lease.Extend(ctx(t), 30*time.Second)
+	resume()
+	if err == nil {
+		t.Fatal("Extend with its reply lost returned nil")
+	}
+	waitFor(t, func() bool { return admin.PTTL(ctx(t), lockKey(name)).Val() > 10*time.Second })
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended before its deadline: %v", err)
+	}
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("still locked, for %v more, 5 s after the lease ended at its deadline", admin.PTTL(ctx(t), lockKey(name)).Val())
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	if err := lease.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release of the ended lease = %v, want ErrLeaseLost", err)
+	}
+}
