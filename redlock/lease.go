@@ -97,9 +97,10 @@ type lease struct {
 	// ahead lists the nodes (nil: none) where a renewal that did not move
 	// the deadline (it reached no majority in time) moved the lock, or
 	// may have (its reply did not come): the lock there may outlive the
-	// deadline by up to that renewal's TTL. Unless the lease is released
-	// (Release deletes it everywhere), it is given back there when the
-	// lease ends (endLocked).
+	// deadline by up to that renewal's TTL, even after a later renewal
+	// moved the deadline (with a shorter TTL). Unless the lease is
+	// released (Release deletes it everywhere), it is given back there
+	// when the lease ends (endLocked).
 	ahead []bool
 
 	// renewing is held (one slot) by the renewal under way: the
@@ -506,12 +507,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		return report, err
 	}
 	defer ls.mu.Unlock()
+	// ls.ahead is left as it is: a node that this renewal moved may still
+	// hold the lock past the new deadline, for the longer TTL of the
+	// renewal that put it ahead (extend.lua only moves an expiry later,
+	// and answers moved when it leaves a later one).
 	ls.deadline = newDeadline
-	for _, i := range movedOn {
-		if ls.ahead != nil {
-			ls.ahead[i] = false // its lock now runs out with the deadline
-		}
-	}
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(newDeadline))
 	}
