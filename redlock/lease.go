@@ -97,9 +97,10 @@ type lease struct {
 	// ahead lists the nodes (nil: none) where a renewal that did not move
 	// the deadline (it reached no majority in time) moved the lock, or
 	// may have (its reply did not come): the lock there may outlive the
-	// deadline by up to that renewal's TTL. Unless the lease is released
-	// (Release deletes it everywhere), it is given back there when the
-	// lease ends (endLocked).
+	// deadline by up to that renewal's TTL, even after a later renewal
+	// moved the deadline (with a shorter TTL). Unless the lease is
+	// released (Release deletes it everywhere), it is given back there
+	// when the lease ends (endLocked).
 	ahead []bool
 
 	// renewing is held (one slot) by the renewal under way: the
@@ -283,10 +284,13 @@ func (ls *lease) endLocked(why error) {
 	if ls.expiry != nil {
 		ls.expiry.Stop()
 	}
-	if !errors.Is(why, fence.ErrReleased) {
+	if !errors.Is(why, fence.ErrReleased) && !ls.releasing {
 		// Not released: the nodes where a renewal that did not move the
 		// deadline moved the lock would keep it past the deadline. Given
-		// back in the background, which Close waits for.
+		// back in the background, which Close waits for. (A Release
+		// under way deletes it on every node: a give-back racing its
+		// deletes would make them find the lock gone, and the lease
+		// reported lost.)
 		for i, ahead := range ls.ahead {
 			if !ahead {
 				continue
@@ -506,12 +510,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		return report, err
 	}
 	defer ls.mu.Unlock()
+	// ls.ahead is left as it is: a node that this renewal moved may still
+	// hold the lock past the new deadline, for the longer TTL of the
+	// renewal that put it ahead (extend.lua only moves an expiry later,
+	// and answers moved when it leaves a later one).
 	ls.deadline = newDeadline
-	for _, i := range movedOn {
-		if ls.ahead != nil {
-			ls.ahead[i] = false // its lock now runs out with the deadline
-		}
-	}
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(newDeadline))
 	}
@@ -552,7 +555,12 @@ func (ls *lease) aheadOn(nodes []int) {
 // listed, each within the node timeout, whatever the lease's context: a
 // renewal moved it there after the lease had ended, or too late to keep it.
 func (ls *lease) giveBack(nodes []int) {
-	if len(nodes) == 0 {
+	ls.mu.Lock()
+	releasing := ls.releasing
+	ls.mu.Unlock()
+	if len(nodes) == 0 || releasing {
+		// Release's deletes, sent to every node, give it back: this
+		// one, racing them, would make them find the lock gone.
 		return
 	}
 	l := ls.locker
@@ -625,8 +633,13 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	}
 	// Lost before Release, not while it waits for a slow node: the holder
 	// stopped using the lease when it called Release.
-	lostBefore := ls.Err()
+	// Read with releasing set, at once: a lease that ends from now on is
+	// not given back at its end (endLocked), Release's deletes covering
+	// every node; a give-back racing them made them find the lock gone,
+	// and Release report the lease lost to another owner.
 	ls.mu.Lock()
+	ls.expiredLocked()
+	lostBefore := ls.err
 	ls.releasing = true
 	ls.mu.Unlock()
 	l := ls.locker

@@ -1,0 +1,179 @@
+package redlock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
+)
+
+// holdFirstRelease is a hook on a node's client that, when armed, holds
+// the first release script call from being sent until open is closed
+// (held is closed once it is held), and lets later ones through, closing
+// passed once one has been answered.
+type holdFirstRelease struct {
+	relHash string
+	armed   atomic.Bool
+	calls   atomic.Int32
+	held    chan struct{}
+	open    chan struct{}
+	passed  chan struct{}
+}
+
+func (h *holdFirstRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdFirstRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *holdFirstRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) < 2 || fmt.Sprint(a[1]) != h.relHash || !h.armed.Load() {
+			return next(ctx, cmd)
+		}
+		switch h.calls.Add(1) {
+		case 1:
+			close(h.held)
+			<-h.open
+			return next(ctx, cmd)
+		case 2:
+			err := next(ctx, cmd)
+			close(h.passed)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A renewal for 30 s runs on every node, its replies not read in time:
+// every node is recorded as ahead. The holder calls Release just as the
+// lease's deadline comes: Release's deletes are on their way (held here)
+// when the expiry timer ends the lease. The lease ended unreleased, and
+// the give-back of the nodes ahead must not race Release's own deletes:
+// deleting the lock first, it made every one of Release's deletes find it
+// gone, and Release reported the lease lost, "removed or taken by another
+// owner on 3 of 3 nodes", when nobody else touched it (Release returned
+// nil before 7ea97db). The Observer is told of the end once.
+func TestReleaseAtDeadlineNotLostToOwnGiveBack(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "release-at-deadline-ahead"
+	_, relHash := redlock.ScriptHashes()
+	gates := make([]*gateExtend, len(srvs))
+	rels := make([]*holdFirstRelease, len(srvs))
+	hooks := make([]redis.Hook, len(srvs))
+	for i := range srvs {
+		gates[i] = newGateExtend()
+		hooks[i] = gates[i]
+		rels[i] = &holdFirstRelease{relHash: relHash, held: make(chan struct{}), open: make(chan struct{}), passed: make(chan struct{})}
+	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, hooks...)
+	for i, c := range cs {
+		c.AddHook(rels[i])
+	}
+	rec := &recorder{}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous, Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
+	var lease fence.Lease
+	released := make(chan error, 1)
+	var once sync.Once
+	var armed atomic.Bool
+	redlock.SetExpiryFired(l, func() {
+		if !armed.Load() {
+			return
+		}
+		once.Do(func() {
+			// The deadline has come: Release is called, and its
+			// deletes are on their way when the timer ends the lease.
+			go func() { released <- lease.Release(ctxFor(t)) }()
+			for _, r := range rels {
+				select {
+				case <-r.held:
+				case <-time.After(5 * time.Second):
+				}
+			}
+		})
+	})
+	warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil { // loads release.lua
+		t.Fatal(err)
+	}
+	waitUnlocked(t, srvs, name+"-warm", 5*time.Second)
+	lease = warmLease(t, l, name, 3*time.Second)
+	for _, g := range gates {
+		g.late.Store(true)
+	}
+	ctx, cancel := context.WithTimeout(ctxFor(t), 500*time.Millisecond)
+	err = lease.Extend(ctx, 30*time.Second)
+	cancel()
+	if err == nil {
+		t.Fatal("Extend with no reply read returned nil")
+	}
+	for i, g := range gates {
+		select {
+		case <-g.held:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("node %d did not run the renewal", i)
+		}
+		close(g.open)
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended before its deadline: %v", err)
+	}
+	for _, r := range rels {
+		r.armed.Store(true)
+	}
+	armed.Store(true)
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	for i, r := range rels {
+		select {
+		case <-r.held:
+		default:
+			t.Fatalf("Release's delete to node %d was not under way when the lease ended", i)
+		}
+	}
+	// A give-back of the lease's end, if one is sent, is given time to
+	// run before Release's deletes.
+	grace, cancelGrace := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelGrace()
+	for _, r := range rels {
+		select {
+		case <-r.passed:
+		case <-grace.Done():
+		}
+	}
+	for _, r := range rels {
+		close(r.open)
+	}
+	if err := <-released; err != nil {
+		t.Errorf("Release called as the deadline came, its deletes done on every node = %v, want nil", err)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Errorf("locked on %v after Release", on)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var ends []fence.LeaseEvent
+	for _, e := range rec.ends {
+		if e.Token == lease.Token() {
+			ends = append(ends, e)
+		}
+	}
+	if len(ends) != 1 {
+		t.Errorf("the Observer was told of %d ends of the lease, want 1: %v", len(ends), ends)
+	}
+}
