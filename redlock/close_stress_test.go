@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 )
@@ -222,25 +223,7 @@ func TestSecondCloseWithNodeStillHung(t *testing.T) {
 func TestCloseWaitsForRenewalGiveBack(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name = "close-renewal-give-back"
-	l, gates := gatedLocker(t, srvs)
-	lease := warmLease(t, l, name, 600*time.Millisecond)
-	for _, g := range gates {
-		g.late.Store(true)
-	}
-	extended := make(chan error, 1)
-	go func() { extended <- lease.Extend(ctxFor(t), 30*time.Second) }()
-	for i, g := range gates {
-		select {
-		case <-g.held:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("node %d did not run the renewal", i)
-		}
-	}
-	select {
-	case <-lease.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the lease did not end at its deadline")
-	}
+	l, gates, extended := renewedPastDeadline(t, srvs, name)
 	closed := make(chan error, 1)
 	go func() { _, err := closeWithin(l, 10*time.Second); closed <- err }()
 	select {
@@ -394,14 +377,13 @@ func TestStressAcquireRenewCloseLeavesNothing(t *testing.T) {
 	}
 }
 
-// As TestCloseWaitsForRenewalGiveBack, but Close gives up while the
-// renewal's replies are held: it reports the renewal under way (no node
-// named: none has a release of this Locker's left), and the renewal, read
-// afterwards, still gives the lock back on every node; a second Close then
-// returns nil, with nothing locked.
-func TestRenewalGivenBackAfterCloseGaveUp(t *testing.T) {
-	srvs := nodes(t, 3)
-	const name = "close-gave-up-renewal"
+// renewedPastDeadline acquires name on srvs for 600 ms and extends it by
+// 30 s, the renewal run on every node with its replies held at the gates
+// until the test opens them, and returns once the lease has ended at its
+// deadline: every node holds the lock 30 s ahead for a lease that has
+// ended. extended gets the Extend's result once the gates open.
+func renewedPastDeadline(t *testing.T, srvs []*redistest.Server, name string) (*redlock.Locker, []*gateExtend, <-chan error) {
+	t.Helper()
 	l, gates := gatedLocker(t, srvs)
 	lease := warmLease(t, l, name, 600*time.Millisecond)
 	for _, g := range gates {
@@ -421,6 +403,18 @@ func TestRenewalGivenBackAfterCloseGaveUp(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the lease did not end at its deadline")
 	}
+	return l, gates, extended
+}
+
+// As TestCloseWaitsForRenewalGiveBack, but Close gives up while the
+// renewal's replies are held: it reports the renewal under way (no node
+// named: none has a release of this Locker's left), and the renewal, read
+// afterwards, still gives the lock back on every node; a second Close then
+// returns nil, with nothing locked.
+func TestRenewalGivenBackAfterCloseGaveUp(t *testing.T) {
+	srvs := nodes(t, 3)
+	const name = "close-gave-up-renewal"
+	l, gates, extended := renewedPastDeadline(t, srvs, name)
 	_, err := closeWithin(l, 50*time.Millisecond)
 	var ce *redlock.CloseError
 	if !errors.As(err, &ce) || ce.Left != 1 || len(ce.Nodes) != 0 || !errors.Is(err, context.DeadlineExceeded) {
