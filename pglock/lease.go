@@ -243,6 +243,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err != nil {
+		// It moved the row, but its reply came after the lease ended
+		// (at its deadline): nobody will use the row; free it.
+		if !errors.Is(ls.err, fence.ErrReleased) {
+			ls.l.freeOwned(ls.a.name, ls.a.owner)
+		}
 		return ls.err
 	}
 	ls.deadline = deadline(sent, ttl)

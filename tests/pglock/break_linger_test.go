@@ -1,0 +1,99 @@
+package pglock_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// slowReplyConnector's connections, while a lease is set, run a renewal
+// with a lease of lateUs microseconds at once but hold its (successful)
+// reply until that lease has ended: a renewal that ran on the database in
+// time, whose answer came after the local deadline, to a caller that had
+// not given up on it.
+type slowReplyConnector struct {
+	driver.Connector
+	lease atomic.Pointer[fence.Lease]
+	ran   atomic.Int64
+}
+
+func (c *slowReplyConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return slowReplyConn{conn.(*stdlib.Conn), c}, nil
+}
+
+type slowReplyConn struct {
+	*stdlib.Conn
+	c *slowReplyConnector
+}
+
+func (c slowReplyConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	lp := c.c.lease.Load()
+	if lp == nil || !strings.Contains(q, "SET expires_at = greatest") || len(args) != 3 || args[2].Value != lateUs {
+		return c.Conn.ExecContext(ctx, q, args)
+	}
+	res, err := c.Conn.ExecContext(ctx, q, args)
+	if err != nil {
+		return nil, err
+	}
+	c.c.ran.Add(1)
+	select {
+	case <-(*lp).Done():
+	case <-time.After(10 * time.Second):
+	}
+	return res, nil
+}
+
+// TestSlowRenewalReplyGivenBackAtLeaseEnd: an Extend(30 s) that ran on the
+// database before the lease's deadline, but whose reply arrived after the
+// lease had ended there, moved the row 30 s ahead for a lease nobody holds.
+// The row must be freed (owner-checked), not held by nobody for 28 s more,
+// as it is when the reply is lost (TestLateRenewalGivenBackAtLeaseEnd).
+func TestSlowRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
+	const name = "slow-renewal-reply"
+	d := newDatabase(t, pg)
+	slow := &slowReplyConnector{}
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow.Connector = stdlib.GetConnector(*cfg)
+	db := sql.OpenDB(slow)
+	t.Cleanup(func() { _ = db.Close() })
+	l := d.locker(t, db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow.lease.Store(&lease)
+	err = lease.Extend(ctxFor(t, 20*time.Second), 30*time.Second)
+	slow.lease.Store(nil)
+	if err == nil || slow.ran.Load() != 1 {
+		t.Fatalf("Extend whose reply came after the lease ended = %v with %d run; want an error and 1", err, slow.ran.Load())
+	}
+	if lease.Err() == nil {
+		t.Fatal("the lease is still held")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := rowLeft(t, d.db, name)
+		if left <= 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the row is held for %v more, 5 s after the lease ended at its deadline", left)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
