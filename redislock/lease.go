@@ -333,10 +333,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 	}
 	report = ls.expireIfDueLater() // as the timer would have, had there been one
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.err != nil {
-		return report, ls.err
+	if err := ls.err; err != nil {
+		// It moved the lock, but its reply came after the lease ended:
+		// nobody will use the lock; give it back.
+		ls.mu.Unlock()
+		ls.movedAhead()
+		return report, err
 	}
+	defer ls.mu.Unlock()
 	ls.deadline = deadline(sent, ttl)
 	ls.serverAt, ls.repliedAt = res[1], replied
 	if ls.expiry != nil {
