@@ -299,6 +299,7 @@ func (ls *lease) release(ctx context.Context) error {
 		return ls.relErr
 	}
 	lostBefore := ls.err
+	ahead := ls.ahead
 	ls.ahead = false // the release frees the row
 	ls.mu.Unlock()
 
@@ -315,6 +316,12 @@ func (ls *lease) release(ctx context.Context) error {
 		err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
 	case qerr != nil:
 		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
+		if ahead {
+			// The row may outlive the deadline, and this failed to
+			// free it: free it in the background, as an unreleased
+			// end does.
+			ls.l.freeOwned(ls.a.name, ls.a.owner)
+		}
 		return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
 	}
 	if err == nil {

@@ -96,3 +96,53 @@ func TestSlowRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
 }
+
+// TestFailedReleaseAfterUnreadRenewalGivesBack: a lease whose Extend(30 s)
+// ran on Redis after Extend gave up on it (the lease still held) has its
+// lock 30 s ahead of its deadline. A Release that fails (its ctx already
+// done, as a deferred Release with a request's ctx) ends the lease without
+// deleting the lock: the lock must then be given back as when the lease
+// ends unreleased, not held by nobody for the rest of the 30 s.
+func TestFailedReleaseAfterUnreadRenewalGivesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	h := redistest.NewHolder("\r\n30000\r\n")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: h.Dial})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	const name = "failed-release-unread-renewal"
+	lease, err := l.Acquire(ctx(t), name, fence.TTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx(t), 5*time.Second); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	h.Arm()
+	short, cancel := context.WithTimeout(ctx(t), 200*time.Millisecond)
+	err = lease.Extend(short, 30*time.Second)
+	cancel()
+	if err == nil || h.Held() != 1 {
+		t.Fatalf("the held renewal: Extend = %v with %d requests held; want a deadline error and 1", err, h.Held())
+	}
+	h.Disarm()
+	if err := h.Let(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return admin.PTTL(ctx(t), lockKey(name)).Val() > 10*time.Second })
+	if err := lease.Err(); err != nil {
+		t.Fatalf("the lease ended before its deadline: %v", err)
+	}
+	done, cancel := context.WithCancel(ctx(t))
+	cancel()
+	if err := lease.Release(done); err == nil {
+		t.Fatal("Release with a done ctx returned nil")
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("still locked, for %v more, 3 s after a failed Release ended the lease", admin.PTTL(ctx(t), lockKey(name)).Val())
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}

@@ -63,6 +63,10 @@ type lease struct {
 	// (Release deletes the lock), the lock is given back when the lease
 	// ends (endAs).
 	ahead bool
+	// unfreed: a Release that failed ended the lease without deleting
+	// the lock; a lock that a renewal moved ahead is given back as after
+	// an unreleased end.
+	unfreed bool
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -184,7 +188,7 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
 	if ls.cancel != nil {
 		ls.cancel(why)
 	}
-	giveBack := ls.ahead && !errors.Is(why, fence.ErrReleased)
+	giveBack := ls.ahead && (!errors.Is(why, fence.ErrReleased) || ls.unfreed)
 	ls.ahead = false
 	ls.mu.Unlock()
 	if giveBack {
@@ -201,6 +205,18 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
 		}
 	}
 	return func() { ls.locker.leaseEnded(ls, cause, why) }
+}
+
+// endUnfreed ends the lease as released, for a Release that failed to
+// delete the lock: a lock that a renewal moved ahead of the deadline is
+// then given back as after an unreleased end (see ahead).
+func (ls *lease) endUnfreed() (report func()) {
+	ls.mu.Lock()
+	if ls.err == nil {
+		ls.unfreed = true
+	}
+	ls.mu.Unlock()
+	return ls.end(fence.ErrReleased)
 }
 
 // keepRenewed is the watchdog: it renews the lease every third of its TTL until
@@ -362,7 +378,7 @@ func (ls *lease) movedAhead() {
 		ls.mu.Unlock()
 		return
 	}
-	ended := !errors.Is(ls.err, fence.ErrReleased)
+	ended := !errors.Is(ls.err, fence.ErrReleased) || ls.unfreed
 	ls.mu.Unlock()
 	if ended {
 		go ls.locker.releaseAbandoned(ls.attempt)
@@ -424,7 +440,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 			select {
 			case <-ls.watchdogDone:
 			case <-ctx.Done():
-				return ls.end(fence.ErrReleased), fmt.Errorf("redislock: release %q: the watchdog's renewal is still running: %w", ls.attempt.name, ctx.Err())
+				return ls.endUnfreed(), fmt.Errorf("redislock: release %q: the watchdog's renewal is still running: %w", ls.attempt.name, ctx.Err())
 			}
 		}
 	}
@@ -437,7 +453,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
 	case err != nil:
-		return ls.end(fence.ErrReleased), fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
+		return ls.endUnfreed(), fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
 	case !deleted:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 	}
