@@ -306,9 +306,18 @@ func (ls *lease) release(ctx context.Context) error {
 	// Lost before Release, the row may still be this lease's all the same
 	// (a renewal whose reply did not come moved it past the deadline): it
 	// is freed, owner-checked, and Release returns the loss.
+	// Bounded as giveUp's is: the answer is the loss whatever the
+	// statement does, and a database that no longer answers (the usual
+	// reason for the loss) must not hold up a Release without deadline.
+	qctx := ctx
+	if lostBefore != nil && lostBefore != fence.ErrReleased {
+		var cancel context.CancelFunc
+		qctx, cancel = context.WithTimeout(ctx, giveUpTimeout)
+		defer cancel()
+	}
 	var err error
 	var notified sql.NullString
-	qerr := ls.l.db.QueryRowContext(ctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
+	qerr := ls.l.db.QueryRowContext(qctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
 	switch {
 	case lostBefore != nil && lostBefore != fence.ErrReleased:
 		err = lostBefore // conclusive: the lease was lost before Release

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -149,5 +150,89 @@ func TestFailedReleaseAfterLateRenewalFreesRow(t *testing.T) {
 			t.Fatalf("the row is held for %v more, 3 s after a failed Release ended the lease", left)
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// hungConnector's connections, while armed, hold every release statement
+// until its ctx ends or the test lets it go: a database that no longer
+// answers (a partition), as a driver sees it when ctx has no deadline.
+type hungConnector struct {
+	driver.Connector
+	armed atomic.Bool
+	let   chan struct{}
+	held  atomic.Int64
+}
+
+func (c *hungConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return hungConn{conn.(*stdlib.Conn), c}, nil
+}
+
+type hungConn struct {
+	*stdlib.Conn
+	c *hungConnector
+}
+
+func (c hungConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.c.armed.Load() && strings.Contains(q, "SET owner = ''") {
+		c.c.held.Add(1)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-c.c.let:
+		}
+	}
+	return c.Conn.QueryContext(ctx, q, args)
+}
+
+// TestReleaseOfLostLeaseWithDatabaseHung: a lease lost at its deadline (the
+// database no longer answers, as in a partition, the usual reason a lease
+// is lost) and then released by a deferred Release(context.Background())
+// must return the loss promptly, as it did before Release sent the
+// release statement for a lost lease too, not hang for as long as the
+// database does.
+func TestReleaseOfLostLeaseWithDatabaseHung(t *testing.T) {
+	const name = "release-lost-hung"
+	d := newDatabase(t, pg)
+	hung := &hungConnector{let: make(chan struct{})}
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung.Connector = stdlib.GetConnector(*cfg)
+	db := sql.OpenDB(hung)
+	t.Cleanup(func() { _ = db.Close() })
+	var once atomic.Bool
+	letGo := func() {
+		if once.CompareAndSwap(false, true) {
+			close(hung.let)
+		}
+	}
+	t.Cleanup(letGo)
+	l := d.locker(t, db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung.armed.Store(true)
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(context.Background()) }()
+	select {
+	case err := <-released:
+		if !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Release of the lost lease = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(5 * time.Second):
+		letGo()
+		<-released
+		t.Fatalf("Release of the lost lease still running 5 s in, with the database hung (%d statements held)", hung.held.Load())
 	}
 }
