@@ -117,7 +117,7 @@ func (ls *lease) expireLater() (report func()) {
 	if ls.attempt.watchdog {
 		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
 	}
-	return ls.endAs(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), cause)
+	return ls.endAsIf(true, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), cause)
 }
 
 // expireIfDue ends a lease without an expiry timer whose deadline has
@@ -176,8 +176,15 @@ func (ls *lease) end(why error) (report func()) { return ls.endAs(why, "") }
 // may call Release, which waits for the watchdog's goroutine to end, and
 // whose result must be settled before a Release of the callback returns it.
 func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
+	return ls.endAsIf(false, why, cause)
+}
+
+// endAsIf is endAs; with due, only if the deadline has passed: the expiry
+// timer may fire as a renewal moves the deadline (renew holds ls.mu, and
+// its Reset runs the timer's function again at the new deadline).
+func (ls *lease) endAsIf(due bool, why error, cause fence.LeaseCause) (report func()) {
 	ls.mu.Lock()
-	if ls.err != nil {
+	if ls.err != nil || due && time.Now().Before(ls.deadline) {
 		ls.mu.Unlock()
 		return func() {}
 	}
