@@ -70,7 +70,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
 	}
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		ls.endAs(cause, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
+		ls.endAsIf(true, cause, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
 		ls.flush()
 	})
 	if a.watchdog {
@@ -102,10 +102,15 @@ func (ls *lease) end(why error) {
 // endAs is end with the cause to report to the Observer and the Logger.
 // The report is left to flush, which the caller makes once it holds
 // nothing that the callback may wait for.
-func (ls *lease) endAs(cause fence.LeaseCause, why error) {
+func (ls *lease) endAs(cause fence.LeaseCause, why error) { ls.endAsIf(false, cause, why) }
+
+// endAsIf is endAs; with due, only if the deadline has passed: the expiry
+// timer may fire as a renewal moves the deadline (renew holds ls.mu, and
+// its Reset runs the timer's function again at the new deadline).
+func (ls *lease) endAsIf(due bool, cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if ls.err != nil {
+	if ls.err != nil || due && time.Now().Before(ls.deadline) {
 		return
 	}
 	ls.err = why
