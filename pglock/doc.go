@@ -111,10 +111,12 @@
 // it was granted after all, in the background, with a statement bounded to
 // two seconds; a later try of the same Acquire is granted a row it already
 // owns. Likewise a renewal whose outcome is unknown may have moved the
-// row's expiry and not the lease's Deadline: if the lease then ends
-// unreleased, its row, if still its own, is freed in the background. A
-// Release after the lease ended frees the row if it is still the lease's,
-// and returns the lease's error.
+// row's expiry and not the lease's Deadline (so may one whose answer came
+// after the lease had ended): if the lease then ends unreleased, or by a
+// Release that failed, its row, if still its own, is freed in the
+// background. A Release after the lease ended frees the row if it is still
+// the lease's, with a statement bounded to two seconds, and returns the
+// lease's error.
 //
 // Locker methods and leases are safe for concurrent use.
 package pglock

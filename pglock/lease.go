@@ -70,7 +70,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
 	}
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		ls.endAs(cause, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
+		ls.endAsIf(true, cause, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
 		ls.flush()
 	})
 	if a.watchdog {
@@ -102,10 +102,15 @@ func (ls *lease) end(why error) {
 // endAs is end with the cause to report to the Observer and the Logger.
 // The report is left to flush, which the caller makes once it holds
 // nothing that the callback may wait for.
-func (ls *lease) endAs(cause fence.LeaseCause, why error) {
+func (ls *lease) endAs(cause fence.LeaseCause, why error) { ls.endAsIf(false, cause, why) }
+
+// endAsIf is endAs; with due, only if the deadline has passed: the expiry
+// timer may fire as a renewal moves the deadline (renew holds ls.mu, and
+// its Reset runs the timer's function again at the new deadline).
+func (ls *lease) endAsIf(due bool, cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if ls.err != nil {
+	if ls.err != nil || due && time.Now().Before(ls.deadline) {
 		return
 	}
 	ls.err = why
@@ -243,6 +248,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err != nil {
+		// It moved the row, but its reply came after the lease ended
+		// (at its deadline): nobody will use the row; free it.
+		if !errors.Is(ls.err, fence.ErrReleased) {
+			ls.l.freeOwned(ls.a.name, ls.a.owner)
+		}
 		return ls.err
 	}
 	ls.deadline = deadline(sent, ttl)
@@ -294,15 +304,25 @@ func (ls *lease) release(ctx context.Context) error {
 		return ls.relErr
 	}
 	lostBefore := ls.err
+	ahead := ls.ahead
 	ls.ahead = false // the release frees the row
 	ls.mu.Unlock()
 
 	// Lost before Release, the row may still be this lease's all the same
 	// (a renewal whose reply did not come moved it past the deadline): it
 	// is freed, owner-checked, and Release returns the loss.
+	// Bounded as giveUp's is: the answer is the loss whatever the
+	// statement does, and a database that no longer answers (the usual
+	// reason for the loss) must not hold up a Release without deadline.
+	qctx := ctx
+	if lostBefore != nil && lostBefore != fence.ErrReleased {
+		var cancel context.CancelFunc
+		qctx, cancel = context.WithTimeout(ctx, giveUpTimeout)
+		defer cancel()
+	}
 	var err error
 	var notified sql.NullString
-	qerr := ls.l.db.QueryRowContext(ctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
+	qerr := ls.l.db.QueryRowContext(qctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
 	switch {
 	case lostBefore != nil && lostBefore != fence.ErrReleased:
 		err = lostBefore // conclusive: the lease was lost before Release
@@ -310,6 +330,12 @@ func (ls *lease) release(ctx context.Context) error {
 		err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
 	case qerr != nil:
 		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
+		if ahead {
+			// The row may outlive the deadline, and this failed to
+			// free it: free it in the background, as an unreleased
+			// end does.
+			ls.l.freeOwned(ls.a.name, ls.a.owner)
+		}
 		return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
 	}
 	if err == nil {

@@ -211,11 +211,12 @@
 //
 // A renewal run before the deadline whose answer did not come in time (the
 // caller gave up, the connection dropped, replica sync refused it) may have
-// moved the expiry without moving Deadline: the lock would outlive the
-// lease by up to that renewal's TTL, held by nobody. If the lease then ends
-// unreleased, the lock, if still its own, is given back in the background
-// (owner-checked). A Release after the lease ended does the same, and
-// returns the lease's error.
+// moved the expiry without moving Deadline (so may one whose answer came
+// after the lease had ended): the lock would outlive the lease by up to
+// that renewal's TTL, held by nobody. If the lease then ends unreleased,
+// or by a Release that failed, the lock, if still its own, is given back in
+// the background (owner-checked). A Release after the lease ended does the
+// same, and returns the lease's error.
 //
 // # Deadlines
 //

@@ -63,6 +63,10 @@ type lease struct {
 	// (Release deletes the lock), the lock is given back when the lease
 	// ends (endAs).
 	ahead bool
+	// unfreed: a Release that failed ended the lease without deleting
+	// the lock; a lock that a renewal moved ahead is given back as after
+	// an unreleased end.
+	unfreed bool
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -113,7 +117,7 @@ func (ls *lease) expireLater() (report func()) {
 	if ls.attempt.watchdog {
 		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
 	}
-	return ls.endAs(fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), cause)
+	return ls.endAsIf(true, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), cause)
 }
 
 // expireIfDue ends a lease without an expiry timer whose deadline has
@@ -172,8 +176,15 @@ func (ls *lease) end(why error) (report func()) { return ls.endAs(why, "") }
 // may call Release, which waits for the watchdog's goroutine to end, and
 // whose result must be settled before a Release of the callback returns it.
 func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
+	return ls.endAsIf(false, why, cause)
+}
+
+// endAsIf is endAs; with due, only if the deadline has passed: the expiry
+// timer may fire as a renewal moves the deadline (renew holds ls.mu, and
+// its Reset runs the timer's function again at the new deadline).
+func (ls *lease) endAsIf(due bool, why error, cause fence.LeaseCause) (report func()) {
 	ls.mu.Lock()
-	if ls.err != nil {
+	if ls.err != nil || due && time.Now().Before(ls.deadline) {
 		ls.mu.Unlock()
 		return func() {}
 	}
@@ -184,7 +195,7 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
 	if ls.cancel != nil {
 		ls.cancel(why)
 	}
-	giveBack := ls.ahead && !errors.Is(why, fence.ErrReleased)
+	giveBack := ls.ahead && (!errors.Is(why, fence.ErrReleased) || ls.unfreed)
 	ls.ahead = false
 	ls.mu.Unlock()
 	if giveBack {
@@ -201,6 +212,18 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) (report func()) {
 		}
 	}
 	return func() { ls.locker.leaseEnded(ls, cause, why) }
+}
+
+// endUnfreed ends the lease as released, for a Release that failed to
+// delete the lock: a lock that a renewal moved ahead of the deadline is
+// then given back as after an unreleased end (see ahead).
+func (ls *lease) endUnfreed() (report func()) {
+	ls.mu.Lock()
+	if ls.err == nil {
+		ls.unfreed = true
+	}
+	ls.mu.Unlock()
+	return ls.end(fence.ErrReleased)
 }
 
 // keepRenewed is the watchdog: it renews the lease every third of its TTL until
@@ -333,10 +356,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 	}
 	report = ls.expireIfDueLater() // as the timer would have, had there been one
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.err != nil {
-		return report, ls.err
+	if err := ls.err; err != nil {
+		// It moved the lock, but its reply came after the lease ended:
+		// nobody will use the lock; give it back.
+		ls.mu.Unlock()
+		ls.movedAhead()
+		return report, err
 	}
+	defer ls.mu.Unlock()
 	ls.deadline = deadline(sent, ttl)
 	ls.serverAt, ls.repliedAt = res[1], replied
 	if ls.expiry != nil {
@@ -358,7 +385,7 @@ func (ls *lease) movedAhead() {
 		ls.mu.Unlock()
 		return
 	}
-	ended := !errors.Is(ls.err, fence.ErrReleased)
+	ended := !errors.Is(ls.err, fence.ErrReleased) || ls.unfreed
 	ls.mu.Unlock()
 	if ended {
 		go ls.locker.releaseAbandoned(ls.attempt)
@@ -420,7 +447,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 			select {
 			case <-ls.watchdogDone:
 			case <-ctx.Done():
-				return ls.end(fence.ErrReleased), fmt.Errorf("redislock: release %q: the watchdog's renewal is still running: %w", ls.attempt.name, ctx.Err())
+				return ls.endUnfreed(), fmt.Errorf("redislock: release %q: the watchdog's renewal is still running: %w", ls.attempt.name, ctx.Err())
 			}
 		}
 	}
@@ -433,7 +460,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
 	case err != nil:
-		return ls.end(fence.ErrReleased), fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
+		return ls.endUnfreed(), fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
 	case !deleted:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 	}
