@@ -107,34 +107,7 @@ func TestSlowRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
 // unreleased, not held by nobody for the rest of the 30 s.
 func TestFailedReleaseAfterLateRenewalFreesRow(t *testing.T) {
 	const name = "failed-release-late-renewal"
-	d := newDatabase(t, pg)
-	late := &lateConnector{}
-	cfg, err := pgx.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	late.Connector = stdlib.GetConnector(*cfg)
-	db := sql.OpenDB(late)
-	t.Cleanup(func() { _ = db.Close() })
-	l := d.locker(t, db)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	late.armed.Store(true)
-	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	err = lease.Extend(short, 30*time.Second)
-	cancel()
-	late.armed.Store(false)
-	if err == nil || late.ran.Load() != 1 {
-		t.Fatalf("the late renewal: Extend = %v with %d run; want a deadline error and 1", err, late.ran.Load())
-	}
-	if left := rowLeft(t, d.db, name); left < 10*time.Second {
-		t.Fatalf("the late renewal left the row %v", left)
-	}
-	if err := lease.Err(); err != nil {
-		t.Fatalf("the lease ended before its deadline: %v", err)
-	}
+	lease, db := lateRenewalHeld(t, name, 5*time.Second)
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := lease.Release(done); err == nil {
@@ -142,7 +115,7 @@ func TestFailedReleaseAfterLateRenewalFreesRow(t *testing.T) {
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		left := rowLeft(t, d.db, name)
+		left := rowLeft(t, db, name)
 		if left <= 0 {
 			return
 		}

@@ -59,6 +59,19 @@ func (c lateConn) ExecContext(ctx context.Context, q string, args []driver.Named
 // ended there. It returns the handle that checks the row too.
 func lateRenewal(t *testing.T, name string) (fence.Lease, *sql.DB) {
 	t.Helper()
+	lease, db := lateRenewalHeld(t, name, 2*time.Second)
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	return lease, db
+}
+
+// lateRenewalHeld is lateRenewal for a lease of ttl, returned while it is
+// still held.
+func lateRenewalHeld(t *testing.T, name string, ttl time.Duration) (fence.Lease, *sql.DB) {
+	t.Helper()
 	d := newDatabase(t, pg)
 	late := &lateConnector{}
 	cfg, err := pgx.ParseConfig(d.dsn)
@@ -69,7 +82,7 @@ func lateRenewal(t *testing.T, name string) (fence.Lease, *sql.DB) {
 	db := sql.OpenDB(late)
 	t.Cleanup(func() { _ = db.Close() })
 	l := d.locker(t, db)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(2*time.Second))
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,11 +99,6 @@ func lateRenewal(t *testing.T, name string) (fence.Lease, *sql.DB) {
 	}
 	if err := lease.Err(); err != nil {
 		t.Fatalf("the lease ended before its deadline: %v", err)
-	}
-	select {
-	case <-lease.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the lease did not end at its deadline")
 	}
 	return lease, d.db
 }
