@@ -104,35 +104,8 @@ func TestSlowRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
 // deleting the lock: the lock must then be given back as when the lease
 // ends unreleased, not held by nobody for the rest of the 30 s.
 func TestFailedReleaseAfterUnreadRenewalGivesBack(t *testing.T) {
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	h := redistest.NewHolder("\r\n30000\r\n")
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: h.Dial})
-	t.Cleanup(func() { _ = c.Close() })
-	l := newLockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
 	const name = "failed-release-unread-renewal"
-	lease, err := l.Acquire(ctx(t), name, fence.TTL(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Extend(ctx(t), 5*time.Second); err != nil { // loads the script
-		t.Fatal(err)
-	}
-	h.Arm()
-	short, cancel := context.WithTimeout(ctx(t), 200*time.Millisecond)
-	err = lease.Extend(short, 30*time.Second)
-	cancel()
-	if err == nil || h.Held() != 1 {
-		t.Fatalf("the held renewal: Extend = %v with %d requests held; want a deadline error and 1", err, h.Held())
-	}
-	h.Disarm()
-	if err := h.Let(); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool { return admin.PTTL(ctx(t), lockKey(name)).Val() > 10*time.Second })
-	if err := lease.Err(); err != nil {
-		t.Fatalf("the lease ended before its deadline: %v", err)
-	}
+	lease, admin := unreadRenewalHeld(t, name, 5*time.Second)
 	done, cancel := context.WithCancel(ctx(t))
 	cancel()
 	if err := lease.Release(done); err == nil {

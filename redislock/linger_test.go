@@ -15,8 +15,21 @@ import (
 // unreadRenewal returns a lease of 2 s whose Extend(30 s) ran on Redis,
 // moving the lock 30 s ahead, but whose reply came only after Extend had
 // given up on it (its request held on the way for 200 ms): Extend failed,
-// and the lease keeps its 2 s deadline.
+// and the lease keeps its 2 s deadline, at which it has ended.
 func unreadRenewal(t *testing.T, name string) (fence.Lease, *redis.Client) {
+	t.Helper()
+	lease, admin := unreadRenewalHeld(t, name, 2*time.Second)
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	return lease, admin
+}
+
+// unreadRenewalHeld is unreadRenewal for a lease of ttl, returned while it
+// is still held.
+func unreadRenewalHeld(t *testing.T, name string, ttl time.Duration) (fence.Lease, *redis.Client) {
 	t.Helper()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -26,11 +39,11 @@ func unreadRenewal(t *testing.T, name string) (fence.Lease, *redis.Client) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: h.Dial})
 	t.Cleanup(func() { _ = c.Close() })
 	l := newLockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-	lease, err := l.Acquire(ctx(t), name, fence.TTL(2*time.Second))
+	lease, err := l.Acquire(ctx(t), name, fence.TTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lease.Extend(ctx(t), 2*time.Second); err != nil { // loads the script
+	if err := lease.Extend(ctx(t), ttl); err != nil { // loads the script
 		t.Fatal(err)
 	}
 	h.Arm()
@@ -47,11 +60,6 @@ func unreadRenewal(t *testing.T, name string) (fence.Lease, *redis.Client) {
 	waitFor(t, func() bool { return admin.PTTL(ctx(t), lockKey(name)).Val() > 10*time.Second })
 	if err := lease.Err(); err != nil {
 		t.Fatalf("the lease ended before its deadline: %v", err)
-	}
-	select {
-	case <-lease.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the lease did not end at its deadline")
 	}
 	return lease, admin
 }
