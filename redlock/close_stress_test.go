@@ -51,7 +51,7 @@ func TestStressAcquireCloseLeavesNothingOnRunningNodes(t *testing.T) {
 	}
 	srvs := nodes(t, 3)
 	const ttl = 30 * time.Second
-	stop := time.Now().Add(10 * time.Second)
+	stop := time.Now().Add(5 * time.Second)
 	gaveUp := 0
 	for iter := 0; time.Now().Before(stop); iter++ {
 		o := lateOptions
@@ -287,7 +287,7 @@ func TestStressAcquireRenewCloseLeavesNothing(t *testing.T) {
 	}
 	srvs := nodes(t, 3)
 	const short, long = 300 * time.Millisecond, 30 * time.Second
-	stop := time.Now().Add(10 * time.Second)
+	stop := time.Now().Add(5 * time.Second)
 	for iter := 0; time.Now().Before(stop); iter++ {
 		o := lateOptions
 		cs := make([]redis.UniversalClient, len(srvs))
