@@ -276,7 +276,7 @@ func (s suite) watchdog(t *testing.T) {
 	// Another caller waits three lease times for it, in vain.
 	_, err := s.cfg.New(t).Acquire(ctxFor(t), n, fence.Wait(3*s.cfg.WatchdogTTL))
 	if !errors.Is(err, fence.ErrHeld) {
-		t.Fatalf("Acquire while watchdog lease held = %v, want ErrHeld", err)
+		t.Fatalf("Acquire while watchdog lease held = %v, want ErrHeld (the lease: Err %v, Deadline in %v)", err, lease.Err(), time.Until(lease.Deadline()))
 	}
 	if lease.Err() != nil {
 		t.Fatalf("watchdog lease ended: %v", lease.Err())
