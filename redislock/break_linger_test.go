@@ -88,13 +88,7 @@ func TestSlowRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
 	if lease.Err() == nil {
 		t.Fatal("the lease is still held")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("still locked, for %v more, 5 s after the lease ended at its deadline", admin.PTTL(ctx(t), lockKey(name)).Val())
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	awaitUnlocked(t, admin, name, 5*time.Second, "the lease ended at its deadline")
 }
 
 // TestFailedReleaseAfterUnreadRenewalGivesBack: a lease whose Extend(30 s)
@@ -111,11 +105,5 @@ func TestFailedReleaseAfterUnreadRenewalGivesBack(t *testing.T) {
 	if err := lease.Release(done); err == nil {
 		t.Fatal("Release with a done ctx returned nil")
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("still locked, for %v more, 3 s after a failed Release ended the lease", admin.PTTL(ctx(t), lockKey(name)).Val())
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	awaitUnlocked(t, admin, name, 3*time.Second, "a failed Release ended the lease")
 }

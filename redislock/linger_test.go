@@ -87,13 +87,7 @@ func TestReleaseAfterUnreadRenewalFreesLock(t *testing.T) {
 func TestUnreadRenewalGivenBackAtLeaseEnd(t *testing.T) {
 	const name = "unread-renewal-linger"
 	_, admin := unreadRenewal(t, name)
-	deadline := time.Now().Add(5 * time.Second)
-	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("still locked, for %v more, 5 s after the lease ended at its deadline", admin.PTTL(ctx(t), lockKey(name)).Val())
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	awaitUnlocked(t, admin, name, 5*time.Second, "the lease ended at its deadline")
 }
 
 // TestLostRenewalReplyGivenBackAtLeaseEnd: a renewal sent to a paused
@@ -130,14 +124,21 @@ func TestLostRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the lease did not end at its deadline")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("still locked, for %v more, 5 s after the lease ended at its deadline", admin.PTTL(ctx(t), lockKey(name)).Val())
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	awaitUnlocked(t, admin, name, 5*time.Second, "the lease ended at its deadline")
 	if err := lease.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release of the ended lease = %v, want ErrLeaseLost", err)
+	}
+}
+
+// awaitUnlocked waits up to within for the lock of name to be gone, and
+// fails naming what it came after ("the lease ended at its deadline").
+func awaitUnlocked(t *testing.T, admin *redis.Client, name string, within time.Duration, after string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for admin.Exists(ctx(t), lockKey(name)).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("still locked, for %v more, %v after %s", admin.PTTL(ctx(t), lockKey(name)).Val(), within, after)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
 }

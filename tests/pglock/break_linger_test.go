@@ -86,17 +86,7 @@ func TestSlowRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
 	if lease.Err() == nil {
 		t.Fatal("the lease is still held")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left := rowLeft(t, d.db, name)
-		if left <= 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the row is held for %v more, 5 s after the lease ended at its deadline", left)
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	awaitRowFree(t, d.db, name, 5*time.Second, "the lease ended at its deadline")
 }
 
 // TestFailedReleaseAfterLateRenewalFreesRow: a lease whose Extend(30 s) ran
@@ -113,17 +103,7 @@ func TestFailedReleaseAfterLateRenewalFreesRow(t *testing.T) {
 	if err := lease.Release(done); err == nil {
 		t.Fatal("Release with a done ctx returned nil")
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		left := rowLeft(t, db, name)
-		if left <= 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the row is held for %v more, 3 s after a failed Release ended the lease", left)
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
+	awaitRowFree(t, db, name, 3*time.Second, "a failed Release ended the lease")
 }
 
 // hungConnector's connections, while armed, hold every release statement

@@ -135,14 +135,21 @@ func TestReleaseAfterLateRenewalFreesRow(t *testing.T) {
 func TestLateRenewalGivenBackAtLeaseEnd(t *testing.T) {
 	const name = "late-renewal-linger"
 	_, db := lateRenewal(t, name)
-	deadline := time.Now().Add(5 * time.Second)
+	awaitRowFree(t, db, name, 5*time.Second, "the lease ended at its deadline")
+}
+
+// awaitRowFree waits up to within for the row of name to be free, and
+// fails naming what it came after ("the lease ended at its deadline").
+func awaitRowFree(t *testing.T, db *sql.DB, name string, within time.Duration, after string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for {
 		left := rowLeft(t, db, name)
 		if left <= 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the row is held for %v more, 5 s after the lease ended at its deadline", left)
+			t.Fatalf("the row is held for %v more, %v after %s", left, within, after)
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
