@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,32 +220,38 @@ func TestExpiredHolderHandsToHead(t *testing.T) {
 	_ = acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(ttl)) // never released
 	start := time.Now()
 	type result struct {
-		i    int
-		took time.Duration
-		err  error
+		i, turn int
+		took    time.Duration
+		err     error
 	}
+	// The turn is taken before the Release that grants the next waiter:
+	// the order in which the goroutines report afterwards is the
+	// scheduler's (CI once saw waiter 2 report before waiter 1).
+	var turns atomic.Int32
 	results := make(chan result, n)
 	for i := range n {
 		l := newLocker(t, srv.Client(t))
 		go func() {
 			ls, err := l.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
 			took := time.Since(start)
+			turn := -1
 			if err == nil {
+				turn = int(turns.Add(1)) - 1
 				err = ls.Release(ctx(t))
 			}
-			results <- result{i, took, err}
+			results <- result{i, turn, took, err}
 		}()
 		waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey(name)+":queue").Val() == int64(i+1) })
 	}
-	for want := range n {
+	for range n {
 		r := <-results
 		if r.err != nil {
 			t.Fatal(r.err)
 		}
-		if r.i != want {
-			t.Fatalf("waiter %d got the lock in turn %d", r.i, want)
+		if r.i != r.turn {
+			t.Fatalf("waiter %d got the lock in turn %d", r.i, r.turn)
 		}
-		if want == 0 && r.took > ttl+time.Second {
+		if r.turn == 0 && r.took > ttl+time.Second {
 			t.Fatalf("the head got the lock %v after the holder's %v lease began", r.took, ttl)
 		}
 	}
