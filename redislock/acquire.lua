@@ -1,6 +1,6 @@
 -- Takes the lock if it is free and nobody queues for it, and issues a
--- fencing token, in one step (token.lua is in front of this, and grant.lua
--- in it where its marker line is).
+-- fencing token, in one step (token.lua and grant.lua are put in this,
+-- where its marker line is).
 -- KEYS[1] the lock, KEYS[2] the last-token record, KEYS[3] the owner's
 -- revocation mark (release.lua), KEYS[4] the queue of waiters, KEYS[5] the
 -- waiters' hash (grant.lua)
@@ -32,17 +32,52 @@
 local lock, record, revoked, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner = string.sub(ARGV[1], 1, 32) -- the secret only when queued
 local now -- TIME's reply, read once, when needed
+-- Try the lock first: a held lock costs two calls, and a free one is taken
+-- with no GET of it. What is refused below after taking it (a revoked owner,
+-- a bad record) is undone with DEL in the same script, which runs
+-- atomically and replicates its writes as one transaction: nobody sees the
+-- lock taken, and the record is not touched.
+local holder = redis.call('SET', lock, owner, 'NX', 'GET', 'PX', ARGV[2])
+-- One EXISTS for the queue and the revocation mark, both absent on the
+-- common path: the lock is then taken (or ours) with no more look at
+-- either. Only when it counts one or more is each looked at on its own.
+-- The count stays true where it is used: this script never makes a
+-- revocation mark, and it adds to the queue only in enqueue, on the paths
+-- that return right after.
+local marks = 0
+if not holder or holder == owner then
+  marks = redis.call('EXISTS', queue, revoked)
+end
+if not holder and marks == 0 then
+  -- The common path, a free lock that nobody queues for and this owner
+  -- was not revoked from: take(0) below, written out here so that it runs
+  -- before token.lua's and grant.lua's closures (and take's) are made,
+  -- which is about a tenth of this script's run. Its checks are readLast's
+  -- and nextToken's; a record or a clock that they would refuse goes on to
+  -- take, which reads the record again and refuses it.
+  local rec = redis.call('GET', record)
+  if not rec or (rec == '0' or string.match(rec, '^[1-9]%d*$'))
+    and (#rec < 16 or #rec == 16 and rec <= '9007199254740990') then -- token.lua's maxLast
+    now = redis.call('TIME')
+    local s, us = tonumber(now[1]), tonumber(now[2])
+    local token = s * 1000000 + us
+    local last = rec and tonumber(rec)
+    if last and last >= token then
+      token = last + 1
+    end
+    if token <= 9007199254740991 then
+      redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])
+      return {1, token, s * 1000 + math.floor(us / 1000)}
+    end
+  end
+end
+-- grant.lua --
 local function clock()
   if not now then
     now = redis.call('TIME')
   end
   return now
 end
--- Try the lock first: a held lock costs two calls, and a free one is taken
--- with no GET of it. What is refused below after taking it (a revoked owner,
--- a bad record) is undone with DEL in the same script, which runs
--- atomically and replicates its writes as one transaction: nobody sees the
--- lock taken, and the record is not touched.
 -- keepLonger moves the expiry of lock, which owner holds, to ms from now,
 -- never earlier (GT): a duplicate of the lease's own acquisition, run after
 -- an Extend moved the lock further, would cut it below the holder's
@@ -56,10 +91,9 @@ local function keepLonger(key, value, ms)
     redis.call('SET', key, value, 'KEEPTTL')
   end
 end
-local holder = redis.call('SET', lock, owner, 'NX', 'GET', 'PX', ARGV[2])
 -- take hands out the token for a lock that was free (holder false: taken
 -- now) or is already ours (a grant, or a retry), unless the record is bad
--- or, when marks (see below) counts anything, the owner is revoked.
+-- or, when marks (see above) counts anything, the owner is revoked.
 local function take(marks)
   local last, err = readLast(record)
   if not err and marks > 0 and redis.call('EXISTS', revoked) == 1 then
@@ -95,20 +129,9 @@ local function take(marks)
   redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])
   return {1, token, ms}
 end
--- One EXISTS for the queue and the revocation mark, both absent on the
--- common path: the lock is then taken (or ours) with no more look at
--- either, before grant.lua's closures (below) are made. Only when it counts
--- one or more is each looked at on its own. The count stays true where it
--- is used: this script never makes a revocation mark, and it adds to the
--- queue only in enqueue, on the paths that return right after.
-local marks = 0
-if not holder or holder == owner then
-  marks = redis.call('EXISTS', queue, revoked)
-  if marks == 0 then
-    return take(0)
-  end
+if marks == 0 and (not holder or holder == owner) then
+  return take(0)
 end
--- grant.lua --
 local function enqueue()
   local wait = tonumber(ARGV[4])
   if wait <= 0 or redis.call('EXISTS', revoked) == 1 then

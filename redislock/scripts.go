@@ -12,10 +12,8 @@ import (
 // redis.Script does, so a server that lost its script cache still works.
 var (
 	// tokenSrc and grantSrc are the Lua that acquire.lua and release.lua
-	// share: the token arithmetic and the queue of waiters. The acquire
-	// script is token.lua followed by acquire.lua with grant.lua at its
-	// marker line; the release script is release.lua with both at its
-	// marker line (see withGrant).
+	// share: the token arithmetic and the queue of waiters. Each script is
+	// its body with both at its marker line (see withGrant).
 	//go:embed token.lua
 	tokenSrc string
 	//go:embed grant.lua
@@ -23,7 +21,7 @@ var (
 
 	//go:embed acquire.lua
 	acquireBody   string
-	acquireSrc    = tokenSrc + withGrant(acquireBody, grantSrc)
+	acquireSrc    = withGrant(acquireBody, tokenSrc+grantSrc)
 	acquireScript = redis.NewScript(acquireSrc)
 
 	//go:embed extend.lua
@@ -42,8 +40,9 @@ var (
 
 // grantMarker is the line of acquire.lua and release.lua where the Lua they
 // share goes: after their common paths (a free lock nobody queues for, a
-// release nobody waits for), which then return without making the queue's
-// closures; making them is about a tenth of a release's run on that path.
+// release nobody waits for), which then return without making its
+// closures; making them is about a tenth of either script's run on that
+// path.
 const grantMarker = "-- grant.lua --\n"
 
 // withGrant returns body with src in place of its marker line.
