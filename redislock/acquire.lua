@@ -50,11 +50,11 @@ if not holder or holder == owner then
 end
 if not holder and marks == 0 then
   -- The common path (a free lock, nobody queued, this owner not revoked):
-  -- take(0) below, written out here so that it returns before the
-  -- closures of token.lua, grant.lua and this script are made, which took
-  -- about a tenth of its run (see bench/batching.md). Its checks are
-  -- readLast's and nextToken's: a record or a clock that they would refuse
-  -- goes on to take, which reads the record again and refuses it.
+  -- take(0) below, written out here so that it returns before any closure
+  -- is made (token.lua's and this script's took about a tenth of its run,
+  -- see bench/batching.md). Its checks are readLast's and nextToken's: a
+  -- record or a clock that they would refuse goes on to take, which reads
+  -- the record again and refuses it.
   local rec = redis.call('GET', record)
   if not rec or (rec == '0' or string.match(rec, '^[1-9]%d*$'))
     and (#rec < 16 or #rec == 16 and rec <= '9007199254740990') then -- token.lua's maxLast

@@ -40,9 +40,8 @@ var (
 
 // grantMarker is the line of acquire.lua and release.lua where the Lua they
 // share goes: after their common paths (a free lock nobody queues for, a
-// release nobody waits for), which then return without making its
-// closures; making them is about a tenth of either script's run on that
-// path.
+// release nobody waits for), which then return before any closure is
+// made; making them is about a tenth of either script's run on that path.
 const grantMarker = "-- grant.lua --\n"
 
 // withGrant returns body with src in place of its marker line.
