@@ -455,7 +455,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// deadline that passes while the script deletes the lock it still
 	// owned is a release, not a loss.
 	lostBefore := ls.Err()
-	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, -1)
+	deleted, err := ls.locker.releaseLease(ctx, &ls.attempt)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
