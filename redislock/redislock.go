@@ -459,8 +459,10 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // confirmed by a try (which finds the lock a's, with the same token, if
 // the grant holds). The grant ran after a's try number g.try, so the lease
 // counts from when that try was sent, on the local clock alone. A grant
-// is confirmed when replica sync applies (the releaser's connection wrote
-// it: a WAIT proves nothing until a's own connection writes), when it
+// is confirmed when replica sync applies and no release of this Locker
+// covered it with its WAIT (u.synced; see releaseLease: the releaser's
+// connection wrote it, and a WAIT proves nothing until a's own connection
+// writes), when it
 // gives less than the lease time (the waiter's budget was nearly over), or
 // when more than a quarter of the lease has passed since that try (a long
 // wait, or a grant read late: see below).

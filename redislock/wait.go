@@ -50,27 +50,27 @@ type subscription struct {
 	handing int
 }
 
-// waiter is one waiting Acquire on a subscription. Its fields but owner
-// and wake are guarded by Locker.mu.
+// waiter is one waiting Acquire on a subscription. Its fields but owner,
+// wake and sub are guarded by Locker.mu.
 type waiter struct {
 	owner string
 	wake  chan struct{} // capacity 1: rung when one of the fields below is set
+	sub   *subscription // the one it waits on, set before it joins
 
 	grant  grantMsg  // the grant sent to owner, if grant.owner is set
-	sub    *subscription
-	// synced is the token of a grant to owner that a release of this
-	// Locker covered with its WAIT (zero: none).
-	synced int64
-	// lasting is until when a grant to owner would give a whole lease
-	// (its budget's end less the lease time) and so be taken without a
-	// confirming try if a release's WAIT covered it (zero: never).
-	lasting time.Time
 	tryNow bool      // a legacy release or a lost subscription: try again
 	until  time.Time // when the waiter's timer fires (zero: no timer)
 	retime time.Time // the lock was granted to another owner until then, before until
 	// until was set by a grant to another owner (deliver), not from a
 	// try's reply: a later grant supersedes it, earlier or later.
 	byGrant bool
+	// synced is the token of a grant to owner that a release of this
+	// Locker covered with its WAIT (zero: none; see Locker.releaseLease).
+	synced int64
+	// lasting is until when a grant to owner would give a whole lease
+	// (its budget's end less the lease time), and so be taken without a
+	// confirming try if a release's WAIT covered it (zero: never).
+	lasting time.Time
 }
 
 // ring wakes w. l.mu is held.
