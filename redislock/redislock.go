@@ -768,18 +768,24 @@ func (l *Locker) releaseLease(ctx context.Context, a *attempt) (bool, error) {
 		// release that happened into one reported failed.)
 		return l.releaseOwned(ctx, a, -1)
 	}
+	w := l.handing(a.keys.channel)
+	if w == nil {
+		return l.releaseOwned(ctx, a, -1)
+	}
+	// handed once: by the call, or when Release returns without its
+	// answer (given up on, or never sent); a waiter holding its grant back
+	// then confirms it.
+	var once sync.Once
+	handed := func(r released, synced bool) { once.Do(func() { l.handed(w, r, synced) }) }
+	defer handed(released{}, false)
 	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
 	call := func(ctx context.Context) (bool, error) {
-		w := l.handing(a.keys.channel)
-		if w == nil {
-			return l.release(ctx, keys, args...)
-		}
 		var r released
 		reply, acked, required, err := l.evalSyncedOr(ctx, false, releaseScript, keys, args...)
 		if reply != nil && reply.Err() == nil && (err == nil || errors.Is(err, errWaitFailed)) {
 			r, err = parseReleased(reply.Val())
 		}
-		l.handed(w, r, err == nil && acked >= required)
+		handed(r, err == nil && acked >= required)
 		return r.deleted, err
 	}
 	if l.calls.direct(ctx) {
