@@ -405,6 +405,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 						break sleep
 					case u.tryNow:
 						break sleep
+					case u.hold > 0:
+						// A grant held back for a release of this
+						// Locker in flight: confirm it by a try if
+						// that release does not tell first.
+						timer.Reset(u.hold)
 					case !u.retime.IsZero():
 						// Granted to another owner for less than this
 						// timer: try when that grant ends.
