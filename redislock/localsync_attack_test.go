@@ -2,6 +2,9 @@ package redislock_test
 
 import (
 	"errors"
+	"runtime"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,4 +76,110 @@ func TestHoldOffEndsWhenLocalReleaseHangs(t *testing.T) {
 	if err := <-released; err != nil && !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("the stale lease's Release = %v", err)
 	}
+}
+
+// TestLocalSyncContentionCutAndRestored: goroutines of two Lockers (two
+// processes) with replica sync contend for one lock while the replica is
+// in sync, cut off, and back. Never two holders at once; tokens strictly
+// increase in the order the holders held the lock; every Acquire ends
+// within its budget (and a bound of the sync timeout); an Acquire begun
+// after the replica was cut off never returns a lease while it is cut
+// off (its grant or take was written after the cut, and no replica can
+// have acknowledged it); and after the replica is back, the lock is
+// taken again.
+func TestLocalSyncContentionCutAndRestored(t *testing.T) {
+	primary, replica, l, _, _ := syncedPair(t)
+	other := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	const name = "lock:local-contention"
+	const budget, ttl = 1500 * time.Millisecond, time.Second
+
+	var (
+		mu        sync.Mutex
+		holders   int
+		last      fence.Token
+		taken     int       // leases returned
+		cutAt     time.Time // zero until the replica is cut off
+		restoring bool      // the replica is being continued
+		ended     int       // Acquires begun after cutAt that ended while cut
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	worker := func(lk *redislock.Locker) {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			began := time.Now()
+			ls, err := lk.Acquire(ctx(t), name, fence.Wait(budget), fence.TTL(ttl))
+			took := time.Since(began)
+			if took > budget+time.Second {
+				t.Errorf("Acquire took %v, budget %v (%v)", took, budget, err)
+			}
+			mu.Lock()
+			afterCut := !cutAt.IsZero() && began.After(cutAt) && !restoring
+			if afterCut {
+				ended++
+			}
+			if err != nil {
+				mu.Unlock()
+				if !errors.Is(err, fence.ErrNotAcquired) {
+					t.Errorf("Acquire = %v", err)
+				}
+				continue
+			}
+			holders++
+			if holders != 1 {
+				t.Errorf("%d holders at once", holders)
+			}
+			if ls.Token() <= last {
+				t.Errorf("token %d after %d", ls.Token(), last)
+			}
+			last = ls.Token()
+			taken++
+			if afterCut {
+				t.Errorf("lease of token %d returned to an Acquire begun after the replica was cut off, while it is", ls.Token())
+			}
+			mu.Unlock()
+			runtime.Gosched() // holding: another holder now would count 2
+			mu.Lock()
+			holders--
+			mu.Unlock()
+			if err := ls.Release(ctx(t)); err != nil {
+				t.Errorf("Release of token %d: %v", ls.Token(), err)
+			}
+		}
+	}
+	for i := range 6 {
+		wg.Add(1)
+		if i < 4 {
+			go worker(l)
+		} else {
+			go worker(other)
+		}
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	count := func(f func() bool) func() bool {
+		return func() bool { mu.Lock(); defer mu.Unlock(); return f() }
+	}
+	waitFor(t, count(func() bool { return taken >= 30 }))
+
+	redistest.CutLink(t, primary, replica)
+	mu.Lock()
+	cutAt = time.Now()
+	mu.Unlock()
+	waitFor(t, count(func() bool { return ended >= 12 }))
+
+	mu.Lock()
+	restoring = true
+	before := taken
+	mu.Unlock()
+	replica.Signal(syscall.SIGCONT)
+	redistest.WaitReplicated(t, primary, 1)
+	waitFor(t, count(func() bool { return taken >= before+30 }))
 }
