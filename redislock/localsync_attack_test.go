@@ -1,6 +1,7 @@
 package redislock_test
 
 import (
+	"context"
 	"errors"
 	"runtime"
 	"sync"
@@ -182,4 +183,80 @@ func TestLocalSyncContentionCutAndRestored(t *testing.T) {
 	replica.Signal(syscall.SIGCONT)
 	redistest.WaitReplicated(t, primary, 1)
 	waitFor(t, count(func() bool { return taken >= before+30 }))
+}
+
+// TestLocalReleaseWaitDenied: the ACL denies WAIT to the Locker's user
+// after its waiter queued. The Release's WAIT fails, the release script
+// ran: Release reports the deletion (nil), and the waiter it granted the
+// lock to must not take the grant as covered. It confirms it, its own
+// WAIT is denied too, and its Acquire fails; the lock is given back.
+func TestLocalReleaseWaitDenied(t *testing.T) {
+	primary := redistest.Start(t)
+	redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	if err := admin.Do(ctx(t), "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: primary.Addr, Username: "locker", Password: "pw"})
+	t.Cleanup(func() { _ = client.Close() })
+	l := lockerWith(t, client, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	const name = "lock:local-wait-denied"
+	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	leases, errs := queuedLocal(t, l, admin, name, 10*time.Second, 5*time.Second)
+	if err := admin.Do(ctx(t), "ACL", "SETUSER", "locker", "-wait").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatalf("Release with WAIT denied: %v, want nil (the script deleted the lock)", err)
+	}
+	select {
+	case ls := <-leases:
+		t.Fatalf("took the lock with token %d, its WAIT denied", ls.Token())
+	case err := <-errs:
+		if !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("Acquire = %v, want ErrNotAcquired", err)
+		}
+		t.Logf("Acquire = %v", err)
+	}
+	awaitUnlocked(t, admin, name, 5*time.Second, "the waiter's failed confirmation")
+}
+
+// TestLocalReleaseCancelledDuringWait: a Release whose context has no
+// deadline but is cancelled (a shutdown) while the replica is cut off.
+// With a waiter of its Locker queued, a Release that sends WAIT with its
+// script is in flight for the whole sync timeout after the script deleted
+// the lock; cancelled then, it would report failure for a lock it deleted
+// and granted on. It must report the release, as it did when it sent no
+// WAIT; and the waiter must not hold the uncovered grant.
+func TestLocalReleaseCancelledDuringWait(t *testing.T) {
+	primary, replica, l, _, admin := syncedPair(t)
+	const name = "lock:local-release-cancelled"
+	// The scripts cached, so that the release's script runs at once
+	// (after NOSCRIPT it would run after the first WAIT).
+	if err := acquire(t, l, "lock:warm").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	owner := admin.Get(ctx(t), lockKey(name)).Val()
+	leases, errs := queuedLocal(t, l, admin, name, 3*time.Second, time.Second)
+	redistest.CutLink(t, primary, replica)
+	rctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	released := make(chan error, 1)
+	go func() { released <- holder.Release(rctx) }()
+	// The script ran: the lock is the waiter's (granted), not the holder's.
+	waitFor(t, func() bool { return admin.Get(ctx(t), lockKey(name)).Val() != owner })
+	cancel()
+	if err := <-released; err != nil {
+		t.Errorf("Release cancelled after its script deleted the lock: %v, want nil", err)
+	}
+	select {
+	case ls := <-leases:
+		t.Fatalf("took the lock with token %d with its replica cut off", ls.Token())
+	case err := <-errs:
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
+		}
+	}
 }

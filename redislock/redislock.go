@@ -768,9 +768,11 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 // does not change the release's: a grant it did not cover is confirmed by
 // its waiter, as any other.
 func (l *Locker) releaseLease(ctx context.Context, a *attempt) (bool, error) {
-	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout {
+	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout || !ok && ctx.Done() != nil {
 		// (A WAIT that could outlast the caller's deadline would turn a
-		// release that happened into one reported failed.)
+		// release that happened into one reported failed; so would a
+		// cancellation, which a context without a deadline may get at
+		// any moment of the WAIT.)
 		return l.releaseOwned(ctx, a, -1)
 	}
 	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
