@@ -260,3 +260,43 @@ func TestLocalReleaseCancelledDuringWait(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalReleaseTwiceConcurrently: a careless caller releases one lease
+// from two goroutines (a deferred Release with a short deadline beside an
+// explicit one) while a waiter of the Locker is queued and the replica is
+// cut off. The explicit Release's script deletes the lock and grants it
+// on, and its WAIT then waits out the sync timeout; the deferred one,
+// whose deadline is too short for WAIT, finds the lock granted on at
+// once. Release is idempotent: neither may report the lease lost, it was
+// released (before the synced handoff, the deleting call's reply came
+// first and both reported nil).
+func TestLocalReleaseTwiceConcurrently(t *testing.T) {
+	primary, replica, l, _, admin := syncedPair(t)
+	const name = "lock:local-release-twice"
+	if err := acquire(t, l, "lock:warm").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	owner := admin.Get(ctx(t), lockKey(name)).Val()
+	leases, errs := queuedLocal(t, l, admin, name, 3*time.Second, time.Second)
+	redistest.CutLink(t, primary, replica)
+	first := make(chan error, 1)
+	go func() { first <- holder.Release(ctx(t)) }()
+	waitFor(t, func() bool { return admin.Get(ctx(t), lockKey(name)).Val() != owner })
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := holder.Release(short); err != nil {
+		t.Errorf("the second Release: %v, want nil (the first deleted the lock)", err)
+	}
+	if err := <-first; err != nil {
+		t.Errorf("the first Release, which deleted the lock: %v, want nil", err)
+	}
+	select {
+	case ls := <-leases:
+		t.Fatalf("took the lock with token %d with its replica cut off", ls.Token())
+	case err := <-errs:
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
+		}
+	}
+}
