@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -297,6 +298,65 @@ func TestLocalReleaseTwiceConcurrently(t *testing.T) {
 	case err := <-errs:
 		if !errors.Is(err, fence.ErrNotReplicated) {
 			t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
+		}
+	}
+}
+
+// TestRingLocalHandoff: the synced local handoff on a Ring whose shards
+// differ (one primary with a replica, one without, one with two): the
+// Release's WAIT must go to the lock's shard, with that shard's count.
+// For each shard with replicas, a waiter granted by its Locker's Release
+// takes the lease only once the lock shard's replicas have its token
+// record; with them paused, it is refused, and Release reports the
+// deletion.
+func TestRingLocalHandoff(t *testing.T) {
+	ring, shards := startRing(t, 1, 0, 2)
+	l := lockerWith(t, ring, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	for _, s := range shards {
+		if len(s.replicas) == 0 {
+			continue
+		}
+		admin := s.primary.Client(t)
+		name := nameOn(t, ring, s, "ring-handoff")
+		holder := acquire(t, l, name, fence.TTL(time.Minute))
+		leases, errs := queuedLocal(t, l, admin, name, 20*time.Second, 10*time.Second)
+		if err := holder.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case ls := <-leases:
+			for _, r := range s.replicas {
+				rec, err := r.Client(t).Get(ctx(t), lockKey(name)+":token").Result()
+				if err != nil || rec != strconv.FormatInt(int64(ls.Token()), 10) {
+					t.Errorf("%s: a replica's token record reads %q (%v) when the lease of token %d was returned", s.name, rec, err, ls.Token())
+				}
+			}
+			if err := ls.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+		case err := <-errs:
+			t.Fatalf("%s: %v", s.name, err)
+		}
+
+		name = nameOn(t, ring, s, "ring-handoff-paused")
+		holder = acquire(t, l, name, fence.TTL(time.Minute))
+		leases, errs = queuedLocal(t, l, admin, name, 2*time.Second, time.Second)
+		for _, r := range s.replicas {
+			r.Signal(syscall.SIGSTOP)
+		}
+		if err := holder.Release(ctx(t)); err != nil {
+			t.Errorf("%s: Release with the shard's replicas paused: %v, want nil", s.name, err)
+		}
+		select {
+		case ls := <-leases:
+			t.Errorf("%s: took the lock with token %d with the shard's replicas paused", s.name, ls.Token())
+		case err := <-errs:
+			if !errors.Is(err, fence.ErrNotReplicated) {
+				t.Errorf("%s: Acquire = %v, want ErrNotReplicated", s.name, err)
+			}
+		}
+		for _, r := range s.replicas {
+			r.Signal(syscall.SIGCONT)
 		}
 	}
 }
