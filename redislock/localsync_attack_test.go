@@ -3,8 +3,10 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -357,6 +359,78 @@ func TestRingLocalHandoff(t *testing.T) {
 		}
 		for _, r := range s.replicas {
 			r.Signal(syscall.SIGCONT)
+		}
+	}
+}
+
+// TestClusterLocalHandoff: the synced local handoff on a cluster (grants
+// go out with SPUBLISH, the release with WAIT to the lock's master): the
+// waiter takes the lease once the master's replica has its token record;
+// with the replica cut off, it is refused, and Release reports the
+// deletion.
+func TestClusterLocalHandoff(t *testing.T) {
+	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	const name = "lock:cluster-handoff"
+	master, replica := masterAndReplica(t, cluster, c, name)
+	admin := master.Client(t)
+	numsub := func() bool {
+		ch := lockKey(name) + ":released"
+		return admin.Do(ctx(t), "PUBSUB", "SHARDNUMSUB", ch).String() != fmt.Sprintf("PUBSUB SHARDNUMSUB %s: [%s 0]", ch, ch)
+	}
+	queued := func(budget, ttl time.Duration) (<-chan fence.Lease, <-chan error) {
+		leases, errs := make(chan fence.Lease, 1), make(chan error, 1)
+		go func() {
+			ls, err := l.Acquire(ctx(t), name, fence.Wait(budget), fence.TTL(ttl))
+			if err != nil {
+				errs <- err
+				return
+			}
+			leases <- ls
+		}()
+		waitFor(t, func() bool {
+			vals := admin.HVals(ctx(t), lockKey(name)+":waiters").Val()
+			return numsub() && len(vals) == 1 && len(strings.Fields(vals[0])) > 1 && strings.Fields(vals[0])[1] == "2"
+		})
+		return leases, errs
+	}
+
+	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	leases, errs := queued(20*time.Second, 10*time.Second)
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ls := <-leases:
+		rc := redis.NewClient(&redis.Options{Addr: replica.Addr, OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+			return cn.ReadOnly(ctx).Err()
+		}})
+		defer rc.Close()
+		rec, err := rc.Get(ctx(t), lockKey(name)+":token").Result()
+		if err != nil || rec != strconv.FormatInt(int64(ls.Token()), 10) {
+			t.Fatalf("the replica's token record reads %q (%v) when the lease of token %d was returned", rec, err, ls.Token())
+		}
+		if err := ls.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	case err := <-errs:
+		t.Fatal(err)
+	}
+
+	holder = acquire(t, l, name, fence.TTL(time.Minute))
+	leases, errs = queued(2*time.Second, time.Second)
+	redistest.CutLink(t, master, replica)
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatalf("Release with the replica cut off: %v, want nil", err)
+	}
+	select {
+	case ls := <-leases:
+		t.Fatalf("took the lock with token %d with its replica cut off", ls.Token())
+	case err := <-errs:
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
 		}
 	}
 }
