@@ -434,3 +434,54 @@ func TestClusterLocalHandoff(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalReleaseDeadlineAroundTwiceTimeout: with the replica cut off
+// and a waiter of the Locker queued, a Release whose deadline is just
+// under twice the sync timeout sends no WAIT and returns at once; one just
+// over sends WAIT, which waits out the timeout, and still returns nil
+// before its deadline. Neither waiter takes its uncovered grant.
+func TestLocalReleaseDeadlineAroundTwiceTimeout(t *testing.T) {
+	primary, replica, l, cmds, admin := syncedPair(t)
+	const timeout = 200 * time.Millisecond
+	if err := acquire(t, l, "lock:warm").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"lock:local-deadline-under", "lock:local-deadline-over"}
+	var holders []fence.Lease
+	var leaseChans []<-chan fence.Lease
+	var errChans []<-chan error
+	for _, name := range names {
+		holders = append(holders, acquire(t, l, name, fence.TTL(time.Minute)))
+		leases, errs := queuedLocal(t, l, admin, name, 3*time.Second, time.Second)
+		leaseChans, errChans = append(leaseChans, leases), append(errChans, errs)
+	}
+	redistest.CutLink(t, primary, replica)
+	for i, d := range []time.Duration{2*timeout - 20*time.Millisecond, 2*timeout + 20*time.Millisecond} {
+		rctx, cancel := context.WithTimeout(context.Background(), d)
+		waits := cmds.named("wait")
+		began := time.Now()
+		err := holders[i].Release(rctx)
+		took := time.Since(began)
+		cancel()
+		if err != nil {
+			t.Errorf("Release with a deadline of %v: %v after %v, want nil", d, err, took)
+		}
+		// (The waiter's confirmation sends WAIT too, at once.)
+		switch w := cmds.named("wait") - waits; {
+		case i == 0 && took > timeout/2:
+			t.Errorf("Release with a deadline of %v took %v (%d WAIT sent meanwhile), want no WAIT of its own", d, took, w)
+		case i == 1 && (w < 1 || took < timeout):
+			t.Errorf("Release with a deadline of %v took %v (%d WAIT sent meanwhile), want its WAIT waited out", d, took, w)
+		}
+	}
+	for i, errs := range errChans {
+		select {
+		case ls := <-leaseChans[i]:
+			t.Errorf("%s: took the lock with token %d with its replica cut off", names[i], ls.Token())
+		case err := <-errs:
+			if !errors.Is(err, fence.ErrNotReplicated) {
+				t.Errorf("%s: Acquire = %v, want ErrNotReplicated", names[i], err)
+			}
+		}
+	}
+}
