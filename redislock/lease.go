@@ -45,13 +45,15 @@ type lease struct {
 	err       error       // why the lease ended; nil while held
 	released  bool        // Release reached a conclusion, kept in releaseErr
 	relErr    error
-	// releasing is closed when the Release in flight is done (nil: none
-	// is): a concurrent Release waits for it rather than run the script
-	// again, whose "not the owner" would report a released lease lost
-	// (the first Release's reply may come later than the second's: it
-	// may wait for a replica's WAIT, see Locker.releaseLease).
-	releasing chan struct{}
-	granted   time.Time // when the acquire reply arrived, for the hold time
+	// releasing: a Release is in flight. A concurrent Release waits for
+	// it (on releaseWait, made by the first to wait and closed when the
+	// one in flight is done) rather than run the script again, whose
+	// "not the owner" would report a released lease lost (the first
+	// Release's reply may come later than the second's: it may wait for a
+	// replica's WAIT, see Locker.releaseLease).
+	releasing   bool
+	releaseWait chan struct{}
+	granted     time.Time // when the acquire reply arrived, for the hold time
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
@@ -431,12 +433,15 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 			defer ls.mu.Unlock()
 			return func() {}, ls.relErr
 		}
-		busy := ls.releasing
-		if busy == nil {
-			ls.releasing = make(chan struct{})
+		if !ls.releasing {
+			ls.releasing = true
 			ls.mu.Unlock()
 			break
 		}
+		if ls.releaseWait == nil {
+			ls.releaseWait = make(chan struct{})
+		}
+		busy := ls.releaseWait
 		ls.mu.Unlock()
 		select {
 		case <-busy: // concluded (released), or failed: then try again
@@ -446,8 +451,11 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	}
 	defer func() {
 		ls.mu.Lock()
-		close(ls.releasing)
-		ls.releasing = nil
+		ls.releasing = false
+		if ls.releaseWait != nil {
+			close(ls.releaseWait)
+			ls.releaseWait = nil
+		}
 		ls.mu.Unlock()
 	}()
 	if ls.stopWatchdog != nil {
