@@ -225,42 +225,61 @@ func TestLocalReleaseWaitDenied(t *testing.T) {
 	awaitUnlocked(t, admin, name, 5*time.Second, "the waiter's failed confirmation")
 }
 
-// TestLocalReleaseCancelledDuringWait: a Release whose context has no
-// deadline but is cancelled (a shutdown) while the replica is cut off.
-// With a waiter of its Locker queued, a Release that sends WAIT with its
-// script is in flight for the whole sync timeout after the script deleted
-// the lock; cancelled then, it would report failure for a lock it deleted
-// and granted on. It must report the release, as it did when it sent no
-// WAIT; and the waiter must not hold the uncovered grant.
+// TestLocalReleaseCancelledDuringWait: a Release whose context is
+// cancelled (a shutdown) while the replica is cut off, its context with no
+// deadline or with one far off. With a waiter of its Locker queued, a
+// Release that sends WAIT with its script is in flight for the whole sync
+// timeout after the script deleted the lock; cancelled then, it would
+// report failure for a lock it deleted and granted on. It must report
+// the release, as it did when it sent no WAIT; and the waiter must not
+// hold the uncovered grant.
+//
+// With a deadline the attack still succeeds (the Release reports "stopped
+// waiting for the reply: context canceled" for the lock it deleted): the
+// package doc promises that a cancellation is honoured at once (Deadlines),
+// so the Release cannot wait out its WAIT, and sending no WAIT with any
+// context that can be cancelled would leave the handoff only to contexts
+// that cannot. That subtest is skipped: a decision for the maintainers.
 func TestLocalReleaseCancelledDuringWait(t *testing.T) {
-	primary, replica, l, _, admin := syncedPair(t)
-	const name = "lock:local-release-cancelled"
-	// The scripts cached, so that the release's script runs at once
-	// (after NOSCRIPT it would run after the first WAIT).
-	if err := acquire(t, l, "lock:warm").Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
-	holder := acquire(t, l, name, fence.TTL(time.Minute))
-	owner := admin.Get(ctx(t), lockKey(name)).Val()
-	leases, errs := queuedLocal(t, l, admin, name, 3*time.Second, time.Second)
-	redistest.CutLink(t, primary, replica)
-	rctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	released := make(chan error, 1)
-	go func() { released <- holder.Release(rctx) }()
-	// The script ran: the lock is the waiter's (granted), not the holder's.
-	waitFor(t, func() bool { return admin.Get(ctx(t), lockKey(name)).Val() != owner })
-	cancel()
-	if err := <-released; err != nil {
-		t.Errorf("Release cancelled after its script deleted the lock: %v, want nil", err)
-	}
-	select {
-	case ls := <-leases:
-		t.Fatalf("took the lock with token %d with its replica cut off", ls.Token())
-	case err := <-errs:
-		if !errors.Is(err, fence.ErrNotReplicated) {
-			t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
-		}
+	for _, deadline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deadline=%v", deadline), func(t *testing.T) {
+			if deadline {
+				t.Skip("residual: a cancellation before the deadline, during the Release's WAIT, reports the deleted lock as not released (see the comment)")
+			}
+			primary, replica, l, _, admin := syncedPair(t)
+			const name = "lock:local-release-cancelled"
+			// The scripts cached, so that the release's script runs at
+			// once (after NOSCRIPT it would run after the first WAIT).
+			if err := acquire(t, l, "lock:warm").Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			holder := acquire(t, l, name, fence.TTL(time.Minute))
+			owner := admin.Get(ctx(t), lockKey(name)).Val()
+			leases, errs := queuedLocal(t, l, admin, name, 3*time.Second, time.Second)
+			redistest.CutLink(t, primary, replica)
+			rctx, cancel := context.WithCancel(context.Background())
+			if deadline {
+				rctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+			}
+			defer cancel()
+			released := make(chan error, 1)
+			go func() { released <- holder.Release(rctx) }()
+			// The script ran: the lock is the waiter's (granted), not the
+			// holder's.
+			waitFor(t, func() bool { return admin.Get(ctx(t), lockKey(name)).Val() != owner })
+			cancel()
+			if err := <-released; err != nil {
+				t.Errorf("Release cancelled after its script deleted the lock: %v, want nil", err)
+			}
+			select {
+			case ls := <-leases:
+				t.Fatalf("took the lock with token %d with its replica cut off", ls.Token())
+			case err := <-errs:
+				if !errors.Is(err, fence.ErrNotReplicated) {
+					t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
+				}
+			}
+		})
 	}
 }
 
