@@ -1,13 +1,16 @@
 package redislock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -501,6 +504,112 @@ func TestLocalReleaseDeadlineAroundTwiceTimeout(t *testing.T) {
 			if !errors.Is(err, fence.ErrNotReplicated) {
 				t.Errorf("%s: Acquire = %v, want ErrNotReplicated", names[i], err)
 			}
+		}
+	}
+}
+
+// replyGate is a go-redis Dialer whose connections, once armed, mark the
+// connection of the next write containing match and hold that
+// connection's reads until open: the request reaches the server and runs,
+// and its reply waits in the client's socket, as on a slow client.
+type replyGate struct {
+	match []byte
+	mu    sync.Mutex
+	armed bool
+	open  chan struct{}
+}
+
+func newReplyGate(match string) *replyGate {
+	return &replyGate{match: []byte(match), open: make(chan struct{})}
+}
+
+func (g *replyGate) arm() { g.mu.Lock(); g.armed = true; g.mu.Unlock() }
+
+func (g *replyGate) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &gatedReplyConn{Conn: c, g: g}, nil
+}
+
+type gatedReplyConn struct {
+	net.Conn
+	g     *replyGate
+	gated atomic.Bool
+}
+
+func (c *gatedReplyConn) Write(p []byte) (int, error) {
+	c.g.mu.Lock()
+	if c.g.armed && bytes.Contains(p, c.g.match) {
+		c.g.armed = false
+		c.gated.Store(true)
+	}
+	c.g.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+func (c *gatedReplyConn) Read(p []byte) (int, error) {
+	if c.gated.Load() {
+		<-c.g.open
+	}
+	return c.Conn.Read(p)
+}
+
+// TestStaleCoveredGrantAfterOwnTry: the release that granted the waiter
+// had its WAIT acknowledged, but its reply is slow to reach the client.
+// Meanwhile the waiter, its grant held back past the hold-off, confirms
+// the grant itself after the replica is cut off: refused, it gives the
+// lock back. Then the release's reply comes and marks the grant covered.
+// The waiter must not take that grant, which its own try gave back since:
+// it would hold a lease on a lock that is free (or another's).
+func TestStaleCoveredGrantAfterOwnTry(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	g := newReplyGate("WAIT")
+	client := redis.NewClient(&redis.Options{Addr: primary.Addr, Dialer: g.dial, ReadTimeout: 30 * time.Second})
+	t.Cleanup(func() { _ = client.Close() })
+	var once sync.Once
+	opened := func() { once.Do(func() { close(g.open) }) }
+	t.Cleanup(opened)
+	l := lockerWith(t, client, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	admin := primary.Client(t)
+	if err := acquire(t, l, "lock:warm").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	const name = "lock:stale-covered-grant"
+	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	owner := admin.Get(ctx(t), lockKey(name)).Val()
+	leases, errs := queuedLocal(t, l, admin, name, 11*time.Second, 10*time.Second)
+
+	g.arm()
+	released := make(chan error, 1)
+	go func() { released <- holder.Release(ctx(t)) }()
+	// The release ran, granted the waiter, and the replica has the grant
+	// (its WAIT is acknowledged); its reply waits in the client.
+	waitFor(t, func() bool { return admin.Get(ctx(t), lockKey(name)).Val() != owner })
+	token := admin.Get(ctx(t), lockKey(name)+":token").Val()
+	rc := replica.Client(t)
+	waitFor(t, func() bool { return rc.Get(ctx(t), lockKey(name)+":token").Val() == token })
+	redistest.CutLink(t, primary, replica)
+	// The waiter confirms the grant itself (after the hold-off), is
+	// refused, and gives the lock back.
+	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)).Val() == 0 })
+	opened()
+	if err := <-released; err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	select {
+	case ls := <-leases:
+		defer func() { _ = ls.Release(ctx(t)) }()
+		rec := admin.Get(ctx(t), lockKey(name)+":token").Val()
+		t.Fatalf("took a lease of token %d (the grant it gave back) with its replica cut off; the lock exists: %v, its token record reads %s",
+			ls.Token(), admin.Exists(ctx(t), lockKey(name)).Val() == 1, rec)
+	case err := <-errs:
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
 		}
 	}
 }

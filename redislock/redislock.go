@@ -482,7 +482,13 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // the same truth again.
 func (l *Locker) granted(ctx context.Context, a *attempt, u wakeup, sent []time.Time) *lease {
 	g := u.grant
-	if a.synced && !u.synced || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
+	// A covered grant is taken as it is only if a sent no try after the
+	// one the grant followed: a later try (its timer, the hold-off's end)
+	// confirmed the grant itself or, refused, gave the lock back, and the
+	// release's WAIT, which may be told after that, covers a grant that
+	// is no longer a's. Such a grant is confirmed as any other.
+	covered := u.synced && g.try == len(sent)
+	if a.synced && !covered || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
 		return nil
 	}
 	anchor := sent[g.try-1]
