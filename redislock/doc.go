@@ -125,7 +125,9 @@
 // release grants the lock to one of that Locker's waiters and enough
 // replicas acknowledge, the Locker tells the waiter so in memory: the
 // grant, written on the release's connection, is covered by that WAIT,
-// and the waiter takes it without a confirmation. A waiter whose grant
+// and the waiter takes it without a confirmation (unless it has sent a try
+// since the one the grant followed: that try confirmed the grant, or gave
+// it back). A waiter whose grant
 // comes while such a release is in flight waits for its outcome before it
 // confirms (for at most twice the sync timeout: a release stuck on its way
 // for longer did not make that grant, or cannot tell in time); a grant the
