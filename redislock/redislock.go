@@ -405,6 +405,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 						break sleep
 					case u.tryNow:
 						break sleep
+					case u.hold > 0:
+						// A grant held back for a release of this
+						// Locker in flight: confirm it by a try if
+						// that release does not tell first.
+						timer.Reset(u.hold)
 					case !u.retime.IsZero():
 						// Granted to another owner for less than this
 						// timer: try when that grant ends.
@@ -477,7 +482,13 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // the same truth again.
 func (l *Locker) granted(ctx context.Context, a *attempt, u wakeup, sent []time.Time) *lease {
 	g := u.grant
-	if a.synced && !u.synced || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
+	// A covered grant is taken as it is only if a sent no try after the
+	// one the grant followed: a later try (its timer, the hold-off's end)
+	// confirmed the grant itself or, refused, gave the lock back, and the
+	// release's WAIT, which may be told after that, covers a grant that
+	// is no longer a's. Such a grant is confirmed as any other.
+	covered := u.synced && g.try == len(sent)
+	if a.synced && !covered || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
 		return nil
 	}
 	anchor := sent[g.try-1]
@@ -763,9 +774,11 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 // does not change the release's: a grant it did not cover is confirmed by
 // its waiter, as any other.
 func (l *Locker) releaseLease(ctx context.Context, a *attempt) (bool, error) {
-	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout {
+	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout || !ok && ctx.Done() != nil {
 		// (A WAIT that could outlast the caller's deadline would turn a
-		// release that happened into one reported failed.)
+		// release that happened into one reported failed; so would a
+		// cancellation, which a context without a deadline may get at
+		// any moment of the WAIT.)
 		return l.releaseOwned(ctx, a, -1)
 	}
 	w := l.handing(a.keys.channel)

@@ -71,6 +71,9 @@ type waiter struct {
 	// (its budget's end less the lease time), and so be taken without a
 	// confirming try if a release's WAIT covered it (zero: never).
 	lasting time.Time
+	// heldSince is when taken first held back the grant it holds (zero:
+	// none held back); see taken.
+	heldSince time.Time
 }
 
 // ring wakes w. l.mu is held.
@@ -254,28 +257,45 @@ func (l *Locker) deliver(w *subscription, msg string) {
 
 // wakeup is what rang a waiter: a grant for it (synced: covered by a
 // release's WAIT), a request to try now, or a new time to try (see waiter).
+// hold is set when a grant is held back (see taken): the waiter confirms
+// it by a try once hold has passed, if no release's outcome rang it first.
 type wakeup struct {
 	grant  grantMsg
 	synced bool
 	tryNow bool
 	retime time.Time
+	hold   time.Duration
 }
 
 // taken returns what rang me and forgets it. A grant that needs
 // confirming (needSync) is kept, not returned, while a release of this
 // Locker that may have made it is covering it with WAIT: handed rings me
-// again when it is done.
+// again when it is done. It is held back for at most twice the sync
+// timeout: a release that made it ran its script before the grant was
+// published, and its WAIT ends within the timeout after that. A release
+// in flight for longer (its request or reply stuck on the way, for as
+// long as the client's timeouts) did not make it, or cannot tell in time.
 func (l *Locker) taken(me *waiter, needSync bool) wakeup {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	synced := me.grant.owner != "" && me.grant.token == me.synced
 	if needSync && me.grant.owner != "" && !synced && me.sub.handing > 0 {
-		u := wakeup{tryNow: me.tryNow, retime: me.retime}
-		me.tryNow, me.retime = false, time.Time{}
-		return u
+		now := time.Now()
+		if me.heldSince.IsZero() {
+			me.heldSince = now
+		}
+		hold := me.heldSince.Add(2 * l.sync.Timeout).Sub(now)
+		if !me.until.IsZero() {
+			hold = min(hold, me.until.Sub(now)) // not past the waiter's timer
+		}
+		if hold > 0 {
+			u := wakeup{tryNow: me.tryNow, retime: me.retime, hold: hold}
+			me.tryNow, me.retime = false, time.Time{}
+			return u
+		}
 	}
-	u := wakeup{me.grant, synced, me.tryNow, me.retime}
-	me.grant, me.tryNow, me.retime = grantMsg{}, false, time.Time{}
+	u := wakeup{me.grant, synced, me.tryNow, me.retime, 0}
+	me.grant, me.tryNow, me.retime, me.heldSince = grantMsg{}, false, time.Time{}, time.Time{}
 	return u
 }
 
