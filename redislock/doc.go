@@ -127,16 +127,19 @@
 // grant, written on the release's connection, is covered by that WAIT,
 // and the waiter takes it without a confirmation (unless it has sent a try
 // since the one the grant followed: that try confirmed the grant, or gave
-// it back). A waiter whose grant
-// comes while such a release is in flight waits for its outcome before it
-// confirms (for at most twice the sync timeout: a release stuck on its way
+// it back). A waiter whose grant comes while such a release is in flight
+// waits for its outcome before it confirms (for at most twice the sync
+// timeout: a release stuck on its way
 // for longer did not make that grant, or cannot tell in time); a grant the
 // WAIT did not cover (too few acknowledgements, an error, or a releaser in
 // another process) is confirmed as above. The Release pays the replica's
 // acknowledgement (up to the sync timeout when replicas lag; a Release
-// whose context ends sooner than twice that timeout, or can be cancelled
-// and has no deadline, sends no WAIT), and reports what its script did
-// whatever the WAIT counted. A contended acquisition with sync, handed on within one
+// whose context ends sooner than twice that timeout sends no WAIT), and
+// reports what its script did whatever the WAIT counted. Cancelled while
+// it waits, it returns the cancellation's error, as one cancelled during
+// any round trip does, though its script may have deleted the lock (the
+// lease then gives the lock back owner-checked, which finds it granted on
+// and leaves it). A contended acquisition with sync, handed on within one
 // Locker, costs three commands (its queued try, its release and that
 // release's WAIT); from another process's release, four (its queued try,
 // the confirmation and its WAIT, its release).

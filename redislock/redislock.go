@@ -774,11 +774,12 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 // does not change the release's: a grant it did not cover is confirmed by
 // its waiter, as any other.
 func (l *Locker) releaseLease(ctx context.Context, a *attempt) (bool, error) {
-	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout || !ok && ctx.Done() != nil {
+	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout {
 		// (A WAIT that could outlast the caller's deadline would turn a
-		// release that happened into one reported failed; so would a
-		// cancellation, which a context without a deadline may get at
-		// any moment of the WAIT.)
+		// release that happened into one reported failed. A cancellation
+		// during the WAIT does so too, as one during any call's round
+		// trip does: the lease then gives the lock back owner-checked,
+		// which finds it granted on and leaves it.)
 		return l.releaseOwned(ctx, a, -1)
 	}
 	w := l.handing(a.keys.channel)
