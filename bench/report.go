@@ -224,15 +224,15 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
   processes scheduled on two CPUs shared with other jobs. The handoffs spread smoothly (p50 100–140 µs, p90 about
   1.7×, p99 about 2.5×: no second mode, such as a timer or a confirming try, to cut), and in a quiet round fence's
   p99 (0.28–0.30 ms) is already under rueidislock's (0.34 ms): half the best peer's p99 would be fence's own p60.
-- **Contended holder changes with sync on.** A granted waiter confirms the grant with its own acquire script and
-  WAIT (the releaser's connection wrote the grant, so a WAIT on the waiter's proves nothing until it writes): the
-  confirmation's round trip and the replica's acknowledgement sit on every handoff, which sync off does not pay.
-  The queued try goes without WAIT when other Acquires of the same Locker already wait for the lock (nothing it
-  writes is used; a take it makes after all is confirmed with WAIT before it is a lease): 4 commands and one WAIT per
-  acquisition (the queued try, the confirmation and its WAIT, the release), down from 5 and two. Having the releaser
-  WAIT for its grant instead moves the acknowledgement and a round trip rather than removing them (WAIT cannot run
-  inside the script, so the "synced" word would be a second publish after the releaser's WAIT): the handoff would
-  stay one client round trip and one replica acknowledgement longer than with sync off.
+- **Contended holder changes with sync on.** A grant is written by the releaser's connection, so a WAIT on the
+  waiter's proves nothing until the waiter writes. When releaser and waiter share a Locker, as the 32 goroutines of
+  this workload do, the Release sends WAIT with its script and hands the grant it covered to the waiter in memory:
+  3 commands and one WAIT per acquisition (the queued try, sent without WAIT since nothing it writes is used; the
+  release; its WAIT). Before 2026-12-01 afternoon the waiter confirmed the grant with its own acquire script and
+  WAIT: 4 commands, and a client round trip more on every handoff (measured then in alternated runs of
+  BenchmarkContended: 0.92× rueidislock's holder changes before, 1.17–1.21× after). Between processes the waiter
+  still confirms. What remains over sync off is the replica's acknowledgement on every handoff, which rueidislock,
+  with no replica sync, does not pay.
 - **Distinct-key throughput against two bare EVALSHA calls.** A Locker on a *redis.Client batches concurrent
   script calls (one straight through, the others in pipelines of their own, two in flight), which halves the client's
   and server's per-call costs, so fence at times passes the limit (which sends each EVALSHA alone); what keeps it

@@ -102,10 +102,11 @@
 // counts from when the waiter sent the try that the grant followed, on the
 // local clock alone. The waiter confirms a grant with one run of the
 // acquire script (which finds the lock its own: same token, fresh expiry)
-// when replica sync applies (the grant was written by the releaser's
-// connection, and a WAIT proves nothing until the waiter's own connection
-// writes), when the grant is for less than its lease time (px is capped by
-// what is left of the waiter's budget), or when more than a quarter of the
+// when replica sync applies and no WAIT of the releaser covered the grant
+// (the grant was written by the releaser's connection, and a WAIT proves
+// nothing until the waiter's own connection writes; see below), when the
+// grant is for less than its lease time (px is capped by what is left of
+// the waiter's budget), or when more than a quarter of the
 // lease has passed since that try (the lease maps its deadline to the
 // server's clock from the grant's server time as it reads the message, so
 // a grant read late would have its renewals refused as late).
@@ -116,9 +117,32 @@
 // follows is confirmed with WAIT). If it takes the lock after all, the
 // lock is not used until a synced run of the acquire script (same owner:
 // it finds the lock its own) has covered the take with its WAIT; refused,
-// the lock is given back. A contended acquisition with sync costs four
-// commands (its queued try, the confirmation and its WAIT, the release),
-// one WAIT.
+// the lock is given back.
+//
+// With replica sync, a Release whose Locker has an Acquire waiting for the
+// lock (one whose budget leaves it a whole lease) sends WAIT with the
+// release script, in the same round trip, as an acquisition does. When the
+// release grants the lock to one of that Locker's waiters and enough
+// replicas acknowledge, the Locker tells the waiter so in memory: the
+// grant, written on the release's connection, is covered by that WAIT,
+// and the waiter takes it without a confirmation (unless it has sent a try
+// since the one the grant followed: that try confirmed the grant, or gave
+// it back). A waiter whose grant comes while such a release is in flight
+// waits for its outcome before it confirms (for at most twice the sync
+// timeout: a release stuck on its way
+// for longer did not make that grant, or cannot tell in time); a grant the
+// WAIT did not cover (too few acknowledgements, an error, or a releaser in
+// another process) is confirmed as above. The Release pays the replica's
+// acknowledgement (up to the sync timeout when replicas lag; a Release
+// whose context ends sooner than twice that timeout sends no WAIT), and
+// reports what its script did whatever the WAIT counted. Cancelled while
+// it waits, it returns the cancellation's error, as one cancelled during
+// any round trip does, though its script may have deleted the lock (the
+// lease then gives the lock back owner-checked, which finds it granted on
+// and leaves it). A contended acquisition with sync, handed on within one
+// Locker, costs three commands (its queued try, its release and that
+// release's WAIT); from another process's release, four (its queued try,
+// the confirmation and its WAIT, its release).
 //
 // Waiters get the lock in the order they queued, across processes. A free
 // lock with a live owner queued at its head (its holder's lease ran out,

@@ -82,8 +82,9 @@ end
 -- on the release channel: 'g <owner> <token> <px> <try> <server ms> <mac>',
 -- mac the SHA-1 of the secret and the four numbers before it, so that a
 -- client that can publish but not read the keys cannot forge a grant.
--- now is TIME's reply. It returns the owner granted (nil: no live waiter),
--- or nil and a refusal (the token record), leaving everything as it was.
+-- now is TIME's reply. It returns the owner granted and its token (nil: no
+-- live waiter), or nil and a refusal (the token record), leaving everything
+-- as it was.
 local function grant(lock, record, queue, waiters, retention, publish, channel, now)
   local nowMs = clockMs(now)
   local head, ms, try, secret, dl = liveHead(queue, waiters, nowMs)
@@ -105,5 +106,5 @@ local function grant(lock, record, queue, waiters, retention, publish, channel, 
   redis.call('SET', record, string.format('%d', token), 'PX', math.max(tonumber(retention), px))
   local signed = string.format('%d %d %s %d', token, px, try, nowMs)
   redis.call(publish, channel, 'g ' .. head .. ' ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed))
-  return head
+  return head, nil, token
 end

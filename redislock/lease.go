@@ -45,7 +45,15 @@ type lease struct {
 	err       error       // why the lease ended; nil while held
 	released  bool        // Release reached a conclusion, kept in releaseErr
 	relErr    error
-	granted   time.Time // when the acquire reply arrived, for the hold time
+	// releasing: a Release is in flight. A concurrent Release waits for
+	// it (on releaseWait, made by the first to wait and closed when the
+	// one in flight is done) rather than run the script again, whose
+	// "not the owner" would report a released lease lost (the first
+	// Release's reply may come later than the second's: it may wait for a
+	// replica's WAIT, see Locker.releaseLease).
+	releasing   bool
+	releaseWait chan struct{}
+	granted     time.Time // when the acquire reply arrived, for the hold time
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
@@ -419,12 +427,37 @@ func (ls *lease) Release(ctx context.Context) error {
 // release is Release, but returns the report of the lease's end (never nil;
 // see endAs).
 func (ls *lease) release(ctx context.Context) (report func(), _ error) {
-	ls.mu.Lock()
-	if ls.released {
-		defer ls.mu.Unlock()
-		return func() {}, ls.relErr
+	for {
+		ls.mu.Lock()
+		if ls.released {
+			defer ls.mu.Unlock()
+			return func() {}, ls.relErr
+		}
+		if !ls.releasing {
+			ls.releasing = true
+			ls.mu.Unlock()
+			break
+		}
+		if ls.releaseWait == nil {
+			ls.releaseWait = make(chan struct{})
+		}
+		busy := ls.releaseWait
+		ls.mu.Unlock()
+		select {
+		case <-busy: // concluded (released), or failed: then try again
+		case <-ctx.Done():
+			return func() {}, fmt.Errorf("redislock: release %q: another Release of the lease is in flight: %w", ls.attempt.name, ctx.Err())
+		}
 	}
-	ls.mu.Unlock()
+	defer func() {
+		ls.mu.Lock()
+		ls.releasing = false
+		if ls.releaseWait != nil {
+			close(ls.releaseWait)
+			ls.releaseWait = nil
+		}
+		ls.mu.Unlock()
+	}()
 	if ls.stopWatchdog != nil {
 		// A renewal in flight ends soon after the watchdog is stopped,
 		// unless it was called straight through (a client that bounds
@@ -455,7 +488,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// deadline that passes while the script deletes the lock it still
 	// owned is a release, not a loss.
 	lostBefore := ls.Err()
-	deleted, err := ls.locker.releaseOwned(ctx, &ls.attempt, -1)
+	deleted, err := ls.locker.releaseLease(ctx, &ls.attempt)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release

@@ -357,6 +357,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			switch {
 			case jerr == nil:
 				me, wake, leave = w, w.wake, lv
+				if !l.sync.Disabled {
+					// A grant gives what is left of the budget; one
+					// shorter than the lease is confirmed anyway.
+					l.coverable(me, start.Add(o.Wait-a.ttl))
+				}
 				failures, lastErr = 0, nil
 				// A grant after the subscription was confirmed
 				// reaches this Locker. If that was before the last try
@@ -389,10 +394,10 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			for {
 				select {
 				case <-wake:
-					u := l.taken(me)
+					u := l.taken(me, a.synced)
 					switch {
 					case u.grant.owner != "":
-						if ls := l.granted(ctx, a, u.grant, sent); ls != nil {
+						if ls := l.granted(ctx, a, u, sent); ls != nil {
 							return ls, nil
 						}
 						// Not usable as it is: the try below confirms
@@ -400,6 +405,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 						break sleep
 					case u.tryNow:
 						break sleep
+					case u.hold > 0:
+						// A grant held back for a release of this
+						// Locker in flight: confirm it by a try if
+						// that release does not tell first.
+						timer.Reset(u.hold)
 					case !u.retime.IsZero():
 						// Granted to another owner for less than this
 						// timer: try when that grant ends.
@@ -416,8 +426,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 				l.setTimer(me, time.Time{})
 			}
 		} else if me != nil {
-			if u := l.taken(me); u.grant.owner != "" {
-				if ls := l.granted(ctx, a, u.grant, sent); ls != nil {
+			if u := l.taken(me, a.synced); u.grant.owner != "" {
+				if ls := l.granted(ctx, a, u, sent); ls != nil {
 					return ls, nil
 				}
 			}
@@ -454,8 +464,10 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // confirmed by a try (which finds the lock a's, with the same token, if
 // the grant holds). The grant ran after a's try number g.try, so the lease
 // counts from when that try was sent, on the local clock alone. A grant
-// is confirmed when replica sync applies (the releaser's connection wrote
-// it: a WAIT proves nothing until a's own connection writes), when it
+// is confirmed when replica sync applies and no release of this Locker
+// covered it with its WAIT (u.synced; see releaseLease: the releaser's
+// connection wrote it, and a WAIT proves nothing until a's own connection
+// writes), when it
 // gives less than the lease time (the waiter's budget was nearly over), or
 // when more than a quarter of the lease has passed since that try (a long
 // wait, or a grant read late: see below).
@@ -468,8 +480,15 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // that can read them could as well delete the lock. A replayed grant names
 // an owner that no longer waits (owners are new for every Acquire), or is
 // the same truth again.
-func (l *Locker) granted(ctx context.Context, a *attempt, g grantMsg, sent []time.Time) *lease {
-	if a.synced || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
+func (l *Locker) granted(ctx context.Context, a *attempt, u wakeup, sent []time.Time) *lease {
+	g := u.grant
+	// A covered grant is taken as it is only if a sent no try after the
+	// one the grant followed: a later try (its timer, the hold-off's end)
+	// confirmed the grant itself or, refused, gave the lock back, and the
+	// release's WAIT, which may be told after that, covers a grant that
+	// is no longer a's. Such a grant is confirmed as any other.
+	covered := u.synced && g.try == len(sent)
+	if a.synced && !covered || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
 		return nil
 	}
 	anchor := sent[g.try-1]
@@ -747,14 +766,85 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 	}, nil)
 }
 
+// releaseLease is releaseOwned for a lease's Release. With replica sync,
+// when Acquires of this Locker wait for the lock, the release is sent with
+// WAIT in the same round trip: its grant to one of them, written on the
+// release's connection, is then covered by that WAIT, and the waiter takes
+// it without a confirming try of its own (see granted). The WAIT's outcome
+// does not change the release's: a grant it did not cover is confirmed by
+// its waiter, as any other.
+func (l *Locker) releaseLease(ctx context.Context, a *attempt) (bool, error) {
+	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout {
+		// (A WAIT that could outlast the caller's deadline would turn a
+		// release that happened into one reported failed. A cancellation
+		// during the WAIT does so too, as one during any call's round
+		// trip does: the lease then gives the lock back owner-checked,
+		// which finds it granted on and leaves it.)
+		return l.releaseOwned(ctx, a, -1)
+	}
+	w := l.handing(a.keys.channel)
+	if w == nil {
+		return l.releaseOwned(ctx, a, -1)
+	}
+	// handed once: by the call, or when Release returns without its
+	// answer (given up on, or never sent); a waiter holding its grant back
+	// then confirms it.
+	var once sync.Once
+	handed := func(r released, synced bool) { once.Do(func() { l.handed(w, r, synced) }) }
+	defer handed(released{}, false)
+	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
+	call := func(ctx context.Context) (bool, error) {
+		var r released
+		reply, acked, required, err := l.evalSyncedOr(ctx, false, releaseScript, keys, args...)
+		if reply != nil && reply.Err() == nil && (err == nil || errors.Is(err, errWaitFailed)) {
+			r, err = parseReleased(reply.Val())
+		}
+		handed(r, err == nil && acked >= required)
+		return r.deleted, err
+	}
+	if l.calls.direct(ctx) {
+		deleted, err := call(ctx)
+		return deleted, l.calls.directErr(ctx, err)
+	}
+	return bounded(ctx, &l.calls, call, nil)
+}
+
 // release runs the release script and reports whether it deleted the lock.
 func (l *Locker) release(ctx context.Context, keys skeys, args ...any) (bool, error) {
 	reply, _, _, err := l.evalRouted(ctx, releaseScript, keys, args...)
 	if err != nil {
 		return false, err
 	}
-	n, err := reply.Int()
-	return n == 1, err
+	r, err := parseReleased(reply.Val())
+	return r.deleted, err
+}
+
+// released is the release script's reply: whether it deleted the lock,
+// and the owner it granted the lock to with its token, if it did.
+type released struct {
+	deleted bool
+	owner   string
+	token   int64
+}
+
+// parseReleased reads the release script's reply: 0, 1 or {1, owner, token}.
+func parseReleased(v any) (released, error) {
+	switch v := v.(type) {
+	case int64:
+		if v == 0 || v == 1 {
+			return released{deleted: v == 1}, nil
+		}
+	case []any:
+		if len(v) == 3 {
+			n, _ := v[0].(int64)
+			owner, _ := v[1].(string)
+			token, _ := v[2].(int64)
+			if n == 1 && len(owner) == ownerLen && token > 0 {
+				return released{true, owner, token}, nil
+			}
+		}
+	}
+	return released{}, fmt.Errorf("redislock: unexpected release reply %v", v)
 }
 
 // errUnreleased is in the error of a try refused by replica sync whose

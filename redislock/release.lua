@@ -1,6 +1,7 @@
 -- Deletes the lock if ARGV[1] still owns it and grants it to the live head
 -- of the queue, if any, telling it on the release channel (grant.lua is
--- put in this, where its marker line is).
+-- put in this, where its marker line is). Replies 0 (not the owner's), 1
+-- (deleted), or {1, owner, token} (deleted and granted to owner).
 -- KEYS[1] the lock, KEYS[2] the last-token record, KEYS[3] the queue,
 -- KEYS[4] the waiters' hash, KEYS[5] the waiting mark of older versions,
 -- KEYS[6] the owner's revocation mark
@@ -47,11 +48,14 @@ if redis.call('EXISTS', queue, KEYS[5]) == 0 then
 end
 -- grant.lua --
 local publish = publisher(ARGV[1])
-local granted, err
+local granted, err, token
 if redis.call('EXISTS', queue) == 1 then
-  granted, err = grant(lock, record, queue, waiters, ARGV[2], publish, lock .. ':released', redis.call('TIME'))
+  granted, err, token = grant(lock, record, queue, waiters, ARGV[2], publish, lock .. ':released', redis.call('TIME'))
 end
 if err or (not granted and redis.call('EXISTS', KEYS[5]) == 1) then
   redis.call(publish, lock .. ':released', 'released')
+end
+if granted then
+  return {1, granted, token} -- whom it granted: see Locker.releaseLease
 end
 return 1

@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -181,4 +182,95 @@ func TestNoScriptWaitsOnce(t *testing.T) {
 	if flushed > cached*3/2 {
 		t.Errorf("after NOSCRIPT the acquisition took %v, %.2f× one with its scripts cached (%v): it waited for the replica twice", flushed, float64(flushed)/float64(cached), cached)
 	}
+}
+
+// queuedLocal starts an Acquire on l that waits for name (held) and
+// returns once it is queued and subscribed and has made its second try
+// (its subscription was confirmed after its first began), so that it sends
+// nothing more until a grant or its timer: its lease or error come on the
+// channels.
+func queuedLocal(t *testing.T, l *redislock.Locker, admin *redis.Client, name string, budget, ttl time.Duration) (<-chan fence.Lease, <-chan error) {
+	t.Helper()
+	leases, errs := make(chan fence.Lease, 1), make(chan error, 1)
+	go func() {
+		ls, err := l.Acquire(ctx(t), name, fence.Wait(budget), fence.TTL(ttl))
+		if err != nil {
+			errs <- err
+			return
+		}
+		leases <- ls
+	}()
+	waiters := lockKey(name) + ":waiters"
+	waitFor(t, func() bool {
+		vals := admin.HVals(ctx(t), waiters).Val()
+		return subscribers(t, admin, name) == 1 && len(vals) == 1 &&
+			len(strings.Fields(vals[0])) > 1 && strings.Fields(vals[0])[1] == "2"
+	})
+	return leases, errs
+}
+
+// TestLocalReleaseCoversGrant: with replica sync, a Release whose Locker
+// has an Acquire waiting for the lock sends WAIT with the release script,
+// and the waiter it grants the lock to takes the grant without a
+// confirming try: the handoff costs the release and its WAIT, not the
+// release, then the waiter's acquire script and WAIT. (Before, the waiter
+// confirmed: two scripts and one WAIT after the Release.) The replica has
+// the waiter's token record when its Acquire returns.
+func TestLocalReleaseCoversGrant(t *testing.T) {
+	_, replica, l, cmds, admin := syncedPair(t)
+	const name = "lock:local-handoff"
+	// The scripts cached, so that none is sent twice (NOSCRIPT).
+	if err := acquire(t, l, "lock:warm").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	leases, errs := queuedLocal(t, l, admin, name, 20*time.Second, 10*time.Second)
+	scripts, waits := cmds.named("evalsha"), cmds.named("wait")
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	var ls fence.Lease
+	select {
+	case ls = <-leases:
+	case err := <-errs:
+		t.Fatal(err)
+	}
+	defer func() { _ = ls.Release(ctx(t)) }()
+	if ls.Token() <= holder.Token() {
+		t.Fatalf("token %d after %d", ls.Token(), holder.Token())
+	}
+	if n, w := cmds.named("evalsha")-scripts, cmds.named("wait")-waits; n != 1 || w != 1 {
+		t.Fatalf("the handoff sent %d scripts and %d WAIT, want 1 and 1 (the release's): %v", n, w, cmds.names)
+	}
+	rec, err := replica.Client(t).Get(ctx(t), lockKey(name)+":token").Result()
+	if err != nil || rec != strconv.FormatInt(int64(ls.Token()), 10) {
+		t.Fatalf("the replica's token record reads %q (%v) when the lease of token %d was returned", rec, err, ls.Token())
+	}
+}
+
+// TestLocalReleaseUncoveredGrantConfirmed attacks the handoff with the
+// replica cut off: the release's WAIT times out, so its grant is not
+// covered, and the waiter must not hold it as a lease. It confirms the
+// grant itself, is refused (fence.ErrNotReplicated) until its budget ends,
+// and gives the lock back. The Release itself succeeded: it reports nil.
+// (Handing the waiter the grant whatever the WAIT counted fails this test:
+// a lease on a lock no replica has.)
+func TestLocalReleaseUncoveredGrantConfirmed(t *testing.T) {
+	primary, replica, l, _, admin := syncedPair(t)
+	const name = "lock:local-handoff-cut"
+	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	leases, errs := queuedLocal(t, l, admin, name, 4*time.Second, 2*time.Second)
+	redistest.CutLink(t, primary, replica)
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatalf("Release with the replica cut off: %v, want nil (the lock was deleted)", err)
+	}
+	select {
+	case ls := <-leases:
+		t.Fatalf("took the lock with token %d with its replica cut off", ls.Token())
+	case err := <-errs:
+		if !errors.Is(err, fence.ErrNotReplicated) || !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
+		}
+	}
+	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)).Val() == 0 })
 }

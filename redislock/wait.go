@@ -43,13 +43,19 @@ type subscription struct {
 	// never); guarded by Locker.mu. A waiter that joins later than that
 	// wake-up, after a try made during the break, must try again (join).
 	again time.Time
+	// handing counts this Locker's releases of the lock in flight with
+	// WAIT (see Locker.releaseLease); guarded by Locker.mu. While one is,
+	// a waiter that needs its grant confirmed waits for it rather than
+	// confirm the grant itself.
+	handing int
 }
 
-// waiter is one waiting Acquire on a subscription. Its fields but owner
-// and wake are guarded by Locker.mu.
+// waiter is one waiting Acquire on a subscription. Its fields but owner,
+// wake and sub are guarded by Locker.mu.
 type waiter struct {
 	owner string
 	wake  chan struct{} // capacity 1: rung when one of the fields below is set
+	sub   *subscription // the one it waits on, set before it joins
 
 	grant  grantMsg  // the grant sent to owner, if grant.owner is set
 	tryNow bool      // a legacy release or a lost subscription: try again
@@ -58,6 +64,16 @@ type waiter struct {
 	// until was set by a grant to another owner (deliver), not from a
 	// try's reply: a later grant supersedes it, earlier or later.
 	byGrant bool
+	// synced is the token of a grant to owner that a release of this
+	// Locker covered with its WAIT (zero: none; see Locker.releaseLease).
+	synced int64
+	// lasting is until when a grant to owner would give a whole lease
+	// (its budget's end less the lease time), and so be taken without a
+	// confirming try if a release's WAIT covered it (zero: never).
+	lasting time.Time
+	// heldSince is when taken first held back the grant it holds (zero:
+	// none held back); see taken.
+	heldSince time.Time
 }
 
 // ring wakes w. l.mu is held.
@@ -113,6 +129,7 @@ func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, r
 		l.subscriptions[channel] = w
 		go l.read(wctx, w)
 	}
+	me.sub = w
 	w.waiters = append(w.waiters, me)
 	for i := range w.recent {
 		if w.recent[i].owner == owner {
@@ -238,21 +255,95 @@ func (l *Locker) deliver(w *subscription, msg string) {
 	}
 }
 
-// wakeup is what rang a waiter: a grant for it, a request to try now, or
-// a new time to try (see waiter).
+// wakeup is what rang a waiter: a grant for it (synced: covered by a
+// release's WAIT), a request to try now, or a new time to try (see waiter).
+// hold is set when a grant is held back (see taken): the waiter confirms
+// it by a try once hold has passed, if no release's outcome rang it first.
 type wakeup struct {
 	grant  grantMsg
+	synced bool
 	tryNow bool
 	retime time.Time
+	hold   time.Duration
 }
 
-// taken returns what rang me and forgets it.
-func (l *Locker) taken(me *waiter) wakeup {
+// taken returns what rang me and forgets it. A grant that needs
+// confirming (needSync) is kept, not returned, while a release of this
+// Locker that may have made it is covering it with WAIT: handed rings me
+// again when it is done. It is held back for at most twice the sync
+// timeout: a release that made it ran its script before the grant was
+// published, and its WAIT ends within the timeout after that. A release
+// in flight for longer (its request or reply stuck on the way, for as
+// long as the client's timeouts) did not make it, or cannot tell in time.
+func (l *Locker) taken(me *waiter, needSync bool) wakeup {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	u := wakeup{me.grant, me.tryNow, me.retime}
-	me.grant, me.tryNow, me.retime = grantMsg{}, false, time.Time{}
+	synced := me.grant.owner != "" && me.grant.token == me.synced
+	if needSync && me.grant.owner != "" && !synced && me.sub.handing > 0 {
+		now := time.Now()
+		if me.heldSince.IsZero() {
+			me.heldSince = now
+		}
+		hold := me.heldSince.Add(2 * l.sync.Timeout).Sub(now)
+		if !me.until.IsZero() {
+			hold = min(hold, me.until.Sub(now)) // not past the waiter's timer
+		}
+		if hold > 0 {
+			u := wakeup{tryNow: me.tryNow, retime: me.retime, hold: hold}
+			me.tryNow, me.retime = false, time.Time{}
+			return u
+		}
+	}
+	u := wakeup{me.grant, synced, me.tryNow, me.retime, 0}
+	me.grant, me.tryNow, me.retime, me.heldSince = grantMsg{}, false, time.Time{}, time.Time{}
 	return u
+}
+
+// coverable records me's lasting.
+func (l *Locker) coverable(me *waiter, lasting time.Time) {
+	l.mu.Lock()
+	me.lasting = lasting
+	l.mu.Unlock()
+}
+
+// handing counts a release of the lock on channel about to be sent with
+// WAIT, and returns the subscription it counts on; nil when no Acquire of
+// this Locker waits for the lock and could take a grant covered by the
+// WAIT (then the release needs none).
+func (l *Locker) handing(channel string) *subscription {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.subscriptions[channel]
+	if w == nil {
+		return nil
+	}
+	now := time.Now()
+	for _, c := range w.waiters {
+		if now.Before(c.lasting) {
+			w.handing++
+			return w
+		}
+	}
+	return nil
+}
+
+// handed ends what handing began: when the release granted the lock to a
+// waiter of w and its WAIT was acknowledged by enough replicas (synced),
+// that waiter takes the grant without confirming it; once no release is
+// in flight, waiters holding grants back (taken) go on, and confirm them.
+func (l *Locker) handed(w *subscription, r released, synced bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w.handing--
+	for _, c := range w.waiters {
+		switch {
+		case synced && c.owner == r.owner:
+			c.synced = r.token
+			c.ring()
+		case w.handing == 0 && c.grant.owner != "":
+			c.ring()
+		}
+	}
 }
 
 // setTimer records when me's timer fires (zero: none).
