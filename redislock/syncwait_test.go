@@ -264,6 +264,15 @@ func TestLocalReleaseUncoveredGrantConfirmed(t *testing.T) {
 	if err := holder.Release(ctx(t)); err != nil {
 		t.Fatalf("Release with the replica cut off: %v, want nil (the lock was deleted)", err)
 	}
+	refusedUncovered(t, leases, errs)
+	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)).Val() == 0 })
+}
+
+// refusedUncovered waits for the Acquire that reports on leases and errs
+// (see queuedLocal) and fails the test unless it was refused for too few
+// replica acknowledgements: a lease there is a lock no replica has.
+func refusedUncovered(t *testing.T, leases <-chan fence.Lease, errs <-chan error) {
+	t.Helper()
 	select {
 	case ls := <-leases:
 		t.Fatalf("took the lock with token %d with its replica cut off", ls.Token())
@@ -272,5 +281,4 @@ func TestLocalReleaseUncoveredGrantConfirmed(t *testing.T) {
 			t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
 		}
 	}
-	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)).Val() == 0 })
 }
