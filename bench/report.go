@@ -238,7 +238,11 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
   and server's per-call costs, so fence at times passes the limit (which sends each EVALSHA alone); what keeps it
   near rather than above is the scripts' own work inside the server (the token record, the queue check that
   grant-on-release added to a free lock's acquisition), on a machine where client and server share two CPUs. The
-  figure swings with the machine's load more than the others (0.91× to 1.26× in two runs on the same code).
+  figure swings with the machine's state more than the others: 0.91× to 1.26× in two runs on the same code; on
+  2026-12-01 0.92× in the morning's make bench (limit 59929 pairs/s) and 1.71× in the afternoon's, with a
+  -distinct rerun at once after it giving 1.96× (limit 21449, fence 41988, bsm/redislock 21243): the unbatched
+  clients (the limit, bsm/redislock) fell to about a third of their morning's rate while fence fell by a quarter.
+  Our guess, not measured: each round trip's system calls cost more that afternoon, and batching sends fewer.
 - **Redlock against redsync.** Both fan out in parallel, one round trip per node (the token write-back is skipped
   when every granting node answered the maximum token, the usual case); fence's Acquire decides as soon as a
   majority has granted and its Release as soon as a majority has deleted the lock (redsync waits for every node for
