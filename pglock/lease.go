@@ -212,6 +212,17 @@ func (ls *lease) logFailed(err error) bool {
 	return ls.ctx.Err() == nil
 }
 
+// movedAheadLocked records that a renewal which did not move the deadline
+// moved the row's expiry, or may have: the row is freed when the lease
+// ends unreleased (endAs), at once if it has already. ls.mu is held.
+func (ls *lease) movedAheadLocked() {
+	if ls.err == nil {
+		ls.ahead = true
+	} else if !errors.Is(ls.err, fence.ErrReleased) {
+		ls.l.freeOwned(ls.a.name, ls.a.owner)
+	}
+}
+
 // renew moves the row's expiry to ttl from now by the database's clock, if
 // the row is still this lease's and has not expired; otherwise it ends the
 // lease.
@@ -232,11 +243,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		// if it has meanwhile (at its deadline, which ends a watchdog's
 		// renewal).
 		ls.mu.Lock()
-		if ls.err == nil {
-			ls.ahead = true
-		} else if !errors.Is(ls.err, fence.ErrReleased) {
-			ls.l.freeOwned(ls.a.name, ls.a.owner)
-		}
+		ls.movedAheadLocked()
 		ls.mu.Unlock()
 		return fmt.Errorf("pglock: extend %q: %w", ls.a.name, err)
 	}
@@ -250,9 +257,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	if ls.err != nil {
 		// It moved the row, but its reply came after the lease ended
 		// (at its deadline): nobody will use the row; free it.
-		if !errors.Is(ls.err, fence.ErrReleased) {
-			ls.l.freeOwned(ls.a.name, ls.a.owner)
-		}
+		ls.movedAheadLocked()
 		return ls.err
 	}
 	ls.deadline = deadline(sent, ttl)

@@ -203,7 +203,7 @@ func (ls *lease) endAsIf(due bool, why error, cause fence.LeaseCause) (report fu
 	if ls.cancel != nil {
 		ls.cancel(why)
 	}
-	giveBack := ls.ahead && (!errors.Is(why, fence.ErrReleased) || ls.unfreed)
+	giveBack := ls.ahead && ls.unfreedBy(why)
 	ls.ahead = false
 	ls.mu.Unlock()
 	if giveBack {
@@ -220,6 +220,13 @@ func (ls *lease) endAsIf(due bool, why error, cause fence.LeaseCause) (report fu
 		}
 	}
 	return func() { ls.locker.leaseEnded(ls, cause, why) }
+}
+
+// unfreedBy reports whether a lease ended by why left the lock on Redis:
+// anything but a Release, or a Release that failed (unfreed). ls.mu is
+// held.
+func (ls *lease) unfreedBy(why error) bool {
+	return !errors.Is(why, fence.ErrReleased) || ls.unfreed
 }
 
 // endUnfreed ends the lease as released, for a Release that failed to
@@ -393,9 +400,9 @@ func (ls *lease) movedAhead() {
 		ls.mu.Unlock()
 		return
 	}
-	ended := !errors.Is(ls.err, fence.ErrReleased) || ls.unfreed
+	unfreed := ls.unfreedBy(ls.err)
 	ls.mu.Unlock()
-	if ended {
+	if unfreed {
 		go ls.locker.releaseAbandoned(ls.attempt)
 	}
 }

@@ -565,7 +565,7 @@ func (ls *lease) giveBack(nodes []int) {
 	}
 	l := ls.locker
 	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
-		return nil, releaseScript.Run(ctx, l.nodes[i], []string{ls.keys.lock}, ls.owner).Err()
+		return nil, releaseScript.Run(ctx, l.nodes[i], ls.relKeys, ls.owner).Err()
 	})
 }
 
