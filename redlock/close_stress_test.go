@@ -54,18 +54,7 @@ func TestStressAcquireCloseLeavesNothingOnRunningNodes(t *testing.T) {
 	stop := time.Now().Add(5 * time.Second)
 	gaveUp := 0
 	for iter := 0; time.Now().Before(stop); iter++ {
-		o := lateOptions
-		cs := make([]redis.UniversalClient, len(srvs))
-		for i, s := range srvs {
-			o.Addr = s.Addr
-			c := redis.NewClient(&o)
-			c.AddHook(slowAcquireReply{max: 400 * time.Millisecond})
-			cs[i] = c
-		}
-		l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 200 * time.Millisecond, RetryDelay: 5 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l, cs := stressLocker(t, srvs, slowAcquireReply{max: 400 * time.Millisecond})
 		names := []string{fmt.Sprintf("stress-%d-a", iter), fmt.Sprintf("stress-%d-b", iter)}
 		tried := make(chan struct{}, 1024)
 		var wg sync.WaitGroup
@@ -121,9 +110,7 @@ func TestStressAcquireCloseLeavesNothingOnRunningNodes(t *testing.T) {
 		if len(on) != 0 {
 			t.Fatalf("iteration %d: locked on %v after the second Close returned nil", iter, on)
 		}
-		for _, c := range cs {
-			_ = c.Close()
-		}
+		closeAll(cs)
 		if iter > 0 && iter%10 == 0 {
 			t.Logf("%d iterations, %d first Closes gave up", iter+1, gaveUp)
 		}
@@ -289,18 +276,7 @@ func TestStressAcquireRenewCloseLeavesNothing(t *testing.T) {
 	const short, long = 300 * time.Millisecond, 30 * time.Second
 	stop := time.Now().Add(5 * time.Second)
 	for iter := 0; time.Now().Before(stop); iter++ {
-		o := lateOptions
-		cs := make([]redis.UniversalClient, len(srvs))
-		for i, s := range srvs {
-			o.Addr = s.Addr
-			c := redis.NewClient(&o)
-			c.AddHook(slowReplies{slowAcquireReply{max: 300 * time.Millisecond}, redlock.ExtendHash(), 150 * time.Millisecond})
-			cs[i] = c
-		}
-		l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 200 * time.Millisecond, RetryDelay: 5 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l, cs := stressLocker(t, srvs, slowReplies{slowAcquireReply{max: 300 * time.Millisecond}, redlock.ExtendHash(), 150 * time.Millisecond})
 		names := []string{fmt.Sprintf("stress-renew-%d-a", iter), fmt.Sprintf("stress-renew-%d-b", iter)}
 		tried := make(chan struct{}, 1024)
 		var wg sync.WaitGroup
@@ -368,9 +344,7 @@ func TestStressAcquireRenewCloseLeavesNothing(t *testing.T) {
 		for _, name := range names {
 			waitUnlocked(t, srvs, name, 3*short) // what runs out by itself
 		}
-		for _, c := range cs {
-			_ = c.Close()
-		}
+		closeAll(cs)
 		if iter > 0 && iter%5 == 0 {
 			t.Logf("%d iterations", iter+1)
 		}
@@ -509,5 +483,31 @@ func TestUnreadRenewalGivenBackAtLeaseEnd(t *testing.T) {
 	if on := lockedOn(t, srvs, name); len(on) != 0 {
 		pttl, _ := srvs[on[0]].Client(t).PTTL(ctxFor(t), lockKey(name)).Result()
 		t.Fatalf("locked on %v (for %v more) after the lease ran out and Close returned nil", on, pttl)
+	}
+}
+
+// stressLocker is the stress tests' Locker: a client per server of srvs
+// with hook (lateOptions), a 200 ms node timeout and 5 ms between tries.
+// The caller closes the clients (closeAll) once the round is checked.
+func stressLocker(t *testing.T, srvs []*redistest.Server, hook redis.Hook) (*redlock.Locker, []redis.UniversalClient) {
+	t.Helper()
+	o := lateOptions
+	cs := make([]redis.UniversalClient, len(srvs))
+	for i, s := range srvs {
+		o.Addr = s.Addr
+		c := redis.NewClient(&o)
+		c.AddHook(hook)
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: 200 * time.Millisecond, RetryDelay: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, cs
+}
+
+func closeAll(cs []redis.UniversalClient) {
+	for _, c := range cs {
+		_ = c.Close()
 	}
 }
