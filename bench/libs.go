@@ -142,17 +142,31 @@ var (
 	limitUnlock = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 )
 
-// limitRow names the limit's row.
-const limitRow = "limit: 2 × EVALSHA (go-redis)"
+// limitTokenLock is limitLock issuing a token too: the least a fenced
+// lock adds, one more key written (a counter) when the lock is taken.
+var limitTokenLock = redis.NewScript(`if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0`)
+
+// limitRow and limitTokenRow name the limits' rows.
+const (
+	limitRow      = "limit: 2 × EVALSHA (go-redis)"
+	limitTokenRow = "limit: 2 × EVALSHA, a counter token (go-redis)"
+)
 
 // limit is the raw floor: two EVALSHA round trips through go-redis per
 // acquire+release, and no waiting (it fails instead), so it only serves the
 // uncontended and distinct-key workloads.
-func limit(addr string) *lib {
+func limit(addr string) *lib { return limitWith(addr, limitRow, limitLock) }
+
+// limitToken is limit with limitTokenLock: the floor of a fenced lock.
+func limitToken(addr string) *lib { return limitWith(addr, limitTokenRow, limitTokenLock) }
+
+// limitWith is limit with lock for its lock script, which gets the lock's
+// key and a second key in its slot, and replies 0 when the lock is held.
+func limitWith(addr, name string, lock *redis.Script) *lib {
 	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
-	return &lib{name: limitRow, close: func() { _ = c.Close() },
+	return &lib{name: name, close: func() { _ = c.Close() },
 		acquire: func(ctx context.Context, key string) (func(), error) {
-			ok, err := limitLock.Run(ctx, c, []string{key}, "me", leaseTTL.Milliseconds()).Int()
+			ok, err := lock.Run(ctx, c, []string{key, key + ":token"}, "me", leaseTTL.Milliseconds()).Int()
 			if err != nil {
 				return nil, err
 			}

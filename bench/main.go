@@ -43,6 +43,7 @@ type row struct {
 	name                 string
 	p50, p99             time.Duration
 	changes, handoffsP99 float64 // holder changes per second; p99 handoff in ms
+	releaseP99           float64 // p99 of a release call in the contended workload, ms
 	acqPerSec            float64
 	distinct             float64
 	cmdsPerAcq           float64
@@ -68,7 +69,7 @@ func run(out string, dur time.Duration, n int) error {
 	}
 	// The floors of the round trips fence makes, sync off and on: they
 	// fail rather than wait, so they sit out the contended workload.
-	floors := []*lib{limit(primary.Addr), limitSynced(primary.Addr)}
+	floors := []*lib{limit(primary.Addr), limitSynced(primary.Addr), limitToken(primary.Addr)}
 	everyone := append(all, floors...)
 	defer func() {
 		for _, l := range everyone {
@@ -155,6 +156,7 @@ func contendedRow(r *row, l *lib, dur time.Duration) {
 	r.changes = float64(c.holderChanges) / c.seconds
 	r.acqPerSec = float64(c.acquisitions) / c.seconds
 	r.handoffsP99 = float64(c.p99Handoff.Microseconds()) / 1000
+	r.releaseP99 = float64(c.p99Release.Microseconds()) / 1000
 }
 
 // quorumWorkloads are the workloads of the Redlock and etcd rows besides
@@ -314,6 +316,7 @@ func median(r *row, samples []row) {
 	r.changes = pick(func(s row) float64 { return s.changes })
 	r.acqPerSec = pick(func(s row) float64 { return s.acqPerSec })
 	r.handoffsP99 = pick(func(s row) float64 { return s.handoffsP99 })
+	r.releaseP99 = pick(func(s row) float64 { return s.releaseP99 })
 	for _, s := range samples {
 		if s.contendedErr != "" {
 			r.contendedErr = s.contendedErr
@@ -353,7 +356,7 @@ func distinctOnly(names []string, dur time.Duration) error {
 	if err != nil {
 		return err
 	}
-	all = append(all, limit(primary.Addr))
+	all = append(all, limit(primary.Addr), limitToken(primary.Addr))
 	var ls []*lib
 	for _, l := range all {
 		defer l.close()

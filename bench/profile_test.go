@@ -216,7 +216,9 @@ func BenchmarkRedlock(b *testing.B) {
 // 2000 pairs, interleaved in batches as make bench times them, and logs
 // (-v) each row's p50 in every round and the median round. The floors are
 // go-redis sending the least each mode needs: two EVALSHAs, and for replica
-// sync the first pipelined with WAIT 1 on the same connection.
+// sync the first pipelined with WAIT 1 on the same connection; and two
+// EVALSHAs whose first also issues a counter token, the least a fenced lock
+// writes.
 //
 //	go test -run '^$' -bench P50 -benchtime 5x -v
 func BenchmarkP50(b *testing.B) {
@@ -224,12 +226,12 @@ func BenchmarkP50(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	all = append(all, limit(addr), limitSynced(addr))
+	all = append(all, limit(addr), limitSynced(addr), limitToken(addr))
 	var ls []*lib
 	for _, l := range all {
 		defer l.close()
 		switch l.name {
-		case "fence (sync off)", "fence (sync on, 1 replica)", "bsm/redislock", limitRow, limitSyncedRow:
+		case "fence (sync off)", "fence (sync on, 1 replica)", "bsm/redislock", limitRow, limitSyncedRow, limitTokenRow:
 			ls = append(ls, l)
 		}
 	}

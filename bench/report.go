@@ -32,7 +32,7 @@ func met(ok bool) string {
 }
 
 // report renders BENCHMARKS.md. rows: fence sync off, fence sync on, then
-// the peers, then the two floors (limitRow, limitSyncedRow); rl: fence's redlock and redsync in pairs, on 3
+// the peers, then the floors (limitRow, limitSyncedRow, limitTokenRow); rl: fence's redlock and redsync in pairs, on 3
 // masters then on 5; et: etcdlock, then concurrency.Mutex with a session
 // per goroutine, then with a session per lock.
 func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n int) string {
@@ -42,8 +42,8 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	}
 	off, on, obs := rows[0], rows[1], byName[observerRow]
 	bsm, redsync, rueidis, lim := byName["bsm/redislock"], byName["redsync"], byName["rueidislock"], byName[limitRow]
-	limS := byName[limitSyncedRow]
-	if bsm == nil || redsync == nil || rueidis == nil || byName[rueidisRow] == nil || lim == nil || limS == nil || len(et) < 2 {
+	limS, limT := byName[limitSyncedRow], byName[limitTokenRow]
+	if bsm == nil || redsync == nil || rueidis == nil || byName[rueidisRow] == nil || lim == nil || limS == nil || limT == nil || len(et) < 2 {
 		panic("bench: report is missing a peer's row")
 	}
 
@@ -72,25 +72,33 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	for _, r := range rows {
 		w("| %s | %s | %s | %s |\n", r.name, us(r.p50), us(r.p99), ratio(float64(r.p50), float64(bsm.p50)))
 	}
-	w("\nThe two limit rows are the floors of the round trips fence makes, through go-redis and doing nothing else: sync\n")
-	w("off, two bare `EVALSHA` calls (a `SET NX PX` script, an owner-checked `DEL` script); sync on, the first pipelined with\n")
-	w("`WAIT 1` on one connection, as fence pipelines its acquire script. fence (sync off) is %s its floor and fence (sync\n",
+	w("\nThe first two limit rows are the floors of the round trips fence makes, through go-redis and doing nothing else:\n")
+	w("sync off, two bare `EVALSHA` calls (a `SET NX PX` script, an owner-checked `DEL` script); sync on, the first pipelined\n")
+	w("with `WAIT 1` on one connection, as fence pipelines its acquire script. fence (sync off) is %s its floor and fence\n",
 		ratio(float64(off.p50), float64(lim.p50)))
-	w("on) %s its floor; the floors themselves are %s and %s bsm/redislock's p50, whose acquire is a plain `SET NX PX`.\n",
+	w("(sync on) %s its floor; the floors themselves are %s and %s bsm/redislock's p50, whose acquire is a plain `SET NX PX`.\n",
 		ratio(float64(on.p50), float64(limS.p50)), ratio(float64(lim.p50), float64(bsm.p50)), ratio(float64(limS.p50), float64(bsm.p50)))
+	w("The third, \"%s\", is the first with a token: its lock script also `INCR`s a counter when it takes the\n", limT.name)
+	w("lock, the least a fenced lock writes (a counter that eviction or a failover can set back, which fence's token record\n")
+	w("and clock floor do not allow). It is %s bsm/redislock's p50, and fence (sync off) %s it.\n",
+		ratio(float64(limT.p50), float64(bsm.p50)), ratio(float64(off.p50), float64(limT.p50)))
 	w("\n## 32 goroutines contending for one key\n\nA holder change is an acquisition by another goroutine than the previous holder (with zero hold time a releaser\n")
 	w("often takes the lock straight back); handoff latency runs from the moment the previous holder began to release.\n\n")
-	w("| library | holder changes/s | acquisitions/s | p99 handoff ms | commands sent per acquisition | fence (sync on) ÷ this |\n|---|---:|---:|---:|---:|---:|\n")
+	w("| library | holder changes/s | acquisitions/s | p99 handoff ms | p99 release call ms | commands sent per acquisition | fence (sync on) ÷ this |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		if r == lim || r == limS {
+		if r == lim || r == limS || r == limT {
 			continue // they fail rather than wait
 		}
 		note := ""
 		if r.contendedErr != "" {
 			note = " (error: " + r.contendedErr + ")"
 		}
-		w("| %s%s | %.0f | %.0f | %.1f | %.2f | %s |\n", r.name, note, r.changes, r.acqPerSec, r.handoffsP99, r.cmdsPerAcq, ratio(on.changes, r.changes))
+		w("| %s%s | %.0f | %.0f | %.2f | %.2f | %.2f | %s |\n", r.name, note, r.changes, r.acqPerSec, r.handoffsP99, r.releaseP99, r.cmdsPerAcq, ratio(on.changes, r.changes))
 	}
+	w("\nA release call is timed from the moment its handoff is timed from, to its return: one round trip for every\n")
+	w("library here. fence's release script is what hands the lock to the next waiter: the grant's publish and the call's\n")
+	w("reply leave the server together, so fence's handoff ends about when that round trip does. Its p99 handoff is %s\n", ratio(off.handoffsP99, off.releaseP99))
+	w("its p99 release call.\n")
 	w("\nCommands are counted by a proxy in front of the server, as the client sends them (round trips), not by `INFO\n")
 	w("commandstats`, which also counts what scripts run inside the server. Subscriptions count. They are counted over a\n")
 	w("window in the middle of a running workload, after a warm-up that every library gets alike (the same workload,\n")
@@ -101,7 +109,7 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 		w("| %s | %.0f | %s |\n", r.name, r.distinct, ratio(r.distinct, lim.distinct))
 	}
 	w("\nThe limit is two bare `EVALSHA` round trips per pair through go-redis (a `SET NX PX` script and an owner-checked `DEL`\n")
-	w("script): no token, no waiting. `redis-benchmark` running fence's acquire script over 64 connections: %s requests/s\n", redisBench)
+	w("script): no token, no waiting; the counter-token limit is the same with a counter `INCR`ed by the first. `redis-benchmark` running fence's acquire script over 64 connections: %s requests/s\n", redisBench)
 	w("(one round trip each, so about half that in pairs, with no client library in the way).\n\n")
 	w("## Allocations per acquire + release\n\n| library | allocations |\n|---|---:|\n")
 	for _, r := range rows {
@@ -170,6 +178,7 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w("| 18 | (not a target) the same p50s against the go-redis floor of fence's own round trips (sync off: %s; sync on: %s) | %s, %s | – |\n",
 		lim.name, limS.name, lat(off, lim), lat(on, limS))
 	w("| 18 | (not a target) the floors against bsm/redislock | %s, %s | – |\n", lat(lim, bsm), lat(limS, bsm))
+	w("| 18 | (not a target) the floor with a counter token against bsm/redislock; fence (sync off) against it | %s, %s | – |\n", lat(limT, bsm), lat(off, limT))
 	t("18", "contended holder changes/s ≥ 1.5× rueidislock, sync off", ratio(off.changes, rueidis.changes), off.changes >= 1.5*rueidis.changes)
 	t("18", "contended holder changes/s ≥ 1.0× rueidislock, sync on", ratio(on.changes, rueidis.changes), on.changes >= 1.0*rueidis.changes)
 	best := bsm
@@ -180,6 +189,8 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	}
 	t("18", fmt.Sprintf("contended p99 handoff ≤ 0.5× the best peer's (%s, %.2f ms), sync off", best.name, best.handoffsP99),
 		fmt.Sprintf("%.2f ms, %s", off.handoffsP99, ratio(off.handoffsP99, best.handoffsP99)), off.handoffsP99 <= 0.5*best.handoffsP99)
+	w("| 18 | (not a target) fence's p99 handoff against its own p99 release call, the round trip that hands the lock on, sync off | %s | – |\n",
+		ratio(off.handoffsP99, off.releaseP99))
 	t("18", "≤ 2 commands sent per contended acquisition, sync off (met within the count's error: the acquisitions in flight at the window's two cuts)",
 		fmt.Sprintf("%.3f ± %.3f", off.cmdsPerAcq, off.cmdsSlack), off.cmdsPerAcq <= 2+off.cmdsSlack)
 	t("18", "distinct keys ≥ 1.0× two bare EVALSHAs (go-redis), sync off", ratio(off.distinct, lim.distinct), off.distinct >= lim.distinct)
@@ -200,7 +211,9 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w(`
 ## Where fence misses a target, and what would close it
 
-- **Uncontended latency against bsm/redislock's unfenced lock.** fence's acquire script also issues the token (TIME,
+- **Uncontended latency against bsm/redislock's unfenced lock.** The counter-token floor (two bare EVALSHAs, the
+  first also writing a counter) shows what a token costs on its own, one more key written and replicated: the
+  paragraph under the uncontended table gives it against bsm/redislock, and fence against it. fence's acquire script also issues the token (TIME,
   GET and SET of the token record, and the revocation check) and, since grant-on-release, looks for a queue of
   waiters before it takes a free lock: a free lock costs 6 calls inside the server against bsm's 1, and the token
   record is one more key written (and replicated). The client side is at 20 allocations (24 with
@@ -224,6 +237,9 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
   processes scheduled on two CPUs shared with other jobs. The handoffs spread smoothly (p50 100–140 µs, p90 about
   1.7×, p99 about 2.5×: no second mode, such as a timer or a confirming try, to cut), and in a quiet round fence's
   p99 (0.28–0.30 ms) is already under rueidislock's (0.34 ms): half the best peer's p99 would be fence's own p60.
+  The contended table now shows it in every run: fence's p99 handoff is about its own p99 release call, the one
+  round trip that hands the lock on (the handoff ends when the grant's publish, sent with that call's reply, is
+  read). To meet the target, one round trip's p99 under this load would have to be half the best peer's handoff.
 - **Contended holder changes with sync on.** A grant is written by the releaser's connection, so a WAIT on the
   waiter's proves nothing until the waiter writes. When releaser and waiter share a Locker, as the 32 goroutines of
   this workload do, the Release sends WAIT with its script and hands the grant it covered to the waiter in memory:

@@ -75,6 +75,10 @@ type contendedResult struct {
 	seconds       float64
 	p99Handoff    time.Duration
 	handoffs      []time.Duration // every handoff, in order
+	// p99Release is the p99 of the release calls: one round trip for most
+	// libraries, and for fence the one that hands the lock on, so that a
+	// handoff can be no shorter.
+	p99Release time.Duration
 	// cmdsSlack bounds the error of contendedWindow's cmdsPerAcq: at each
 	// cut, up to one acquisition per goroutine is in flight, its commands
 	// counted on one side of the cut and the acquisition on the other.
@@ -103,7 +107,7 @@ func contendedWindow(l *lib, g int, warm, d time.Duration, count func() int64) (
 	key := "bench:contended:" + l.name
 	var mu sync.Mutex
 	last, lastRelease := -1, time.Time{}
-	var handoffs []time.Duration
+	var handoffs, releases []time.Duration
 	var firstErr atomic.Value
 	begin := time.Now()
 	stop := begin.Add(warm + d)
@@ -139,8 +143,13 @@ func contendedWindow(l *lib, g int, warm, d time.Duration, count func() int64) (
 					}
 				}
 				last, lastRelease = i, time.Now()
+				began := lastRelease
 				mu.Unlock()
 				release()
+				took := time.Since(began)
+				mu.Lock()
+				releases = append(releases, took)
+				mu.Unlock()
 			}
 		})
 	}
@@ -154,6 +163,7 @@ func contendedWindow(l *lib, g int, warm, d time.Duration, count func() int64) (
 	}
 	res.handoffs = slices.Clone(handoffs)
 	_, res.p99Handoff = percentiles(handoffs)
+	_, res.p99Release = percentiles(releases)
 	return res, cmdsPerAcq, nil
 }
 
