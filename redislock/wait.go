@@ -61,6 +61,10 @@ type waiter struct {
 	tryNow bool      // a legacy release or a lost subscription: try again
 	until  time.Time // when the waiter's timer fires (zero: no timer)
 	retime time.Time // the lock was granted to another owner until then, before until
+	// own is when the timer was set to fire from the waiter's own try (the
+	// holder's TTL): grants to other owners, which the waiter cannot
+	// check, move until no later than that (see deliver).
+	own time.Time
 	// until was set by a grant to another owner (deliver), not from a
 	// try's reply: a later grant supersedes it, earlier or later.
 	byGrant bool
@@ -228,7 +232,12 @@ func (l *Locker) wakeOne(w *subscription) {
 // timer moved so follows the grants after it, to their ends even when
 // later: the short grant was released and the lock granted on (whose
 // release will be published too), and trying at the short grant's end
-// would only find it held, every waiter at once.
+// would only find it held, every waiter at once. But never past the time
+// the waiter's own try set (the holder's TTL then): a grant to another
+// owner is signed with that owner's secret, which the waiter does not
+// know, so anyone who may publish on the channel can send one, and a
+// forged grant for a long time must not put the waiter to sleep past the
+// moment a holder that died would have let the lock go.
 func (l *Locker) deliver(w *subscription, msg string) {
 	g, ok := parseGrant(msg)
 	now := time.Now()
@@ -245,7 +254,11 @@ func (l *Locker) deliver(w *subscription, msg string) {
 			c.grant, found = g, true
 			c.ring()
 		case !c.until.IsZero() && (c.until.After(ends) || c.byGrant):
-			c.until, c.retime, c.byGrant = ends, ends, true
+			at := ends
+			if !c.own.IsZero() && at.After(c.own) {
+				at = c.own
+			}
+			c.until, c.retime, c.byGrant = at, at, true
 			c.ring()
 		}
 	}
@@ -349,7 +362,7 @@ func (l *Locker) handed(w *subscription, r released, synced bool) {
 // setTimer records when me's timer fires (zero: none).
 func (l *Locker) setTimer(me *waiter, at time.Time) {
 	l.mu.Lock()
-	me.until, me.byGrant = at, false
+	me.until, me.own, me.byGrant = at, at, false
 	l.mu.Unlock()
 }
 
