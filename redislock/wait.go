@@ -31,9 +31,15 @@ type subscription struct {
 	// Guarded by Locker.mu.
 	recent     [8]grantMsg
 	recentNext int
-	ps         *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
-	closed     bool          // the last waiter has left; guarded by Locker.mu
-	stop       context.CancelFunc
+	// lost is when a grant kept in recent was last pushed out unclaimed
+	// (zero: never); guarded by Locker.mu. Grants to owners that do not
+	// wait here cannot be checked (anyone who may publish on the channel
+	// can send them), so the grant pushed out may have been a joining
+	// waiter's: one whose try began before then must try again (join).
+	lost   time.Time
+	ps     *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
+	closed bool          // the last waiter has left; guarded by Locker.mu
+	stop   context.CancelFunc
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
@@ -120,7 +126,9 @@ func parseGrant(msg string) (grantMsg, bool) {
 // subscribed yet, and returns once the server has confirmed the
 // subscription, so that no grant published after join returns is missed.
 // readyAt is when the subscription was confirmed: a grant published after
-// it reaches this Locker. The caller must call leave. join returns early
+// it reaches this Locker (or later: when it was confirmed again after a
+// break, or when a grant kept for a waiter about to join was pushed out
+// unclaimed, see subscription.lost). The caller must call leave. join returns early
 // with ctx's error when ctx ends first.
 func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, readyAt time.Time, leave func(), err error) {
 	me = &waiter{owner: owner, wake: make(chan struct{}, 1)}
@@ -158,6 +166,9 @@ func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, r
 	l.mu.Lock()
 	if w.again.After(readyAt) {
 		readyAt = w.again
+	}
+	if w.lost.After(readyAt) {
+		readyAt = w.lost
 	}
 	l.mu.Unlock()
 	return me, readyAt, leave, nil
@@ -263,6 +274,9 @@ func (l *Locker) deliver(w *subscription, msg string) {
 		}
 	}
 	if !found {
+		if w.recent[w.recentNext].owner != "" {
+			w.lost = now
+		}
 		w.recent[w.recentNext] = g
 		w.recentNext = (w.recentNext + 1) % len(w.recent)
 	}
