@@ -118,7 +118,14 @@ func TestForgedGrantsDoNotHideGrant(t *testing.T) {
 	}
 	first, victim, last := make(chan error, 1), make(chan error, 1), make(chan error, 1)
 	go wait(20*time.Second, first)
-	eventually(t, func() bool { return queued(1)() && admin.PubSubNumSub(ctx, k.channel).Val()[k.channel] == 1 })
+	// Subscribed after its first try, it tries again at once: its
+	// second try is in its entry ("<lease ms> <try> ..."), and it sends
+	// nothing more.
+	eventually(t, func() bool {
+		vals := admin.HVals(ctx, k.waiters).Val()
+		return queued(1)() && admin.PubSubNumSub(ctx, k.channel).Val()[k.channel] == 1 &&
+			len(vals) == 1 && len(strings.Fields(vals[0])) > 1 && strings.Fields(vals[0])[1] == "2"
+	})
 
 	stall.arm()
 	start := time.Now()
