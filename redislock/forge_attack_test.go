@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,4 +73,106 @@ func forgedPostpone(t *testing.T, srv *redistest.Server, forger *redis.Client, o
 	if took := time.Since(start); took > holderTTL+time.Second {
 		t.Fatalf("the waiter took the lock %v after the holder (TTL %v) died", took, holderTTL)
 	}
+}
+
+// TestReplayedGrantAfterSyncLowered: with replica sync, a waiter is
+// granted the lock (grant G), confirms it with a try, and the replica,
+// cut off, does not acknowledge: it gives the lock back, which grants it
+// to the next waiter, of a Locker without replica sync (another process),
+// and goes on waiting. (Here the replica is killed; the waiter's WAIT
+// finds it gone.) An operator, the replica being gone, lowers the
+// expected replica count to zero. A client that may publish and
+// subscribe on the release channel (but cannot read the keys) captured G
+// and now replays it: G is signed with the waiter's secret, was made
+// after one of its tries, gives a whole lease and is young (within a
+// quarter of the lease of that try). With no replica sync applying to its
+// last try, the waiter takes it without a confirming try: it holds a
+// lease on a lock that the other waiter holds, with a smaller token.
+func TestReplayedGrantAfterSyncLowered(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	const name = "lock:replayed"
+	lock := lockKey(name)
+	synced := redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}}
+	holder := acquire(t, lockerWith(t, primary.Client(t), synced), name, fence.TTL(time.Minute))
+	lw := lockerWith(t, primary.Client(t), synced)
+	type result struct {
+		ls  fence.Lease
+		err error
+	}
+	wGot, yGot := make(chan result, 1), make(chan result, 1)
+	go func() {
+		ls, err := lw.Acquire(ctx(t), name, fence.Wait(time.Minute), fence.TTL(20*time.Second))
+		wGot <- result{ls, err}
+	}()
+	waitFor(t, func() bool { return subscribers(t, admin, name) == 1 && admin.LLen(ctx(t), lock+":queue").Val() == 1 })
+	wOwner := admin.LIndex(ctx(t), lock+":queue", 0).Val()
+
+	// The forger captures the grant to the waiter.
+	ps := primary.Client(t).Subscribe(ctx(t), lock+":released")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	replica.Kill() // the replica is lost
+	ly := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	go func() {
+		ls, err := ly.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		yGot <- result{ls, err}
+	}()
+	waitFor(t, func() bool { return admin.LLen(ctx(t), lock+":queue").Val() == 2 })
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	var grant string
+	for grant == "" {
+		m, err := ps.ReceiveMessage(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(m.Payload, "g "+wOwner+" ") {
+			grant = m.Payload
+		}
+	}
+	y := <-yGot // the waiter's refused confirmation gave the lock back, to y
+	if y.err != nil {
+		t.Fatal(y.err)
+	}
+	defer y.ls.Release(ctx(t))
+	// The operator lowers the expected count: the replica is gone.
+	if err := lw.SetExpectedReplicas(ctx(t), name, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Replay the grant for 2 s (the waiter confirms the first it reads by
+	// a try, which finds the lock held, without replica sync now).
+	stop := time.Now().Add(2 * time.Second)
+	for time.Now().Before(stop) {
+		if err := admin.Publish(ctx(t), lock+":released", grant).Err(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case w := <-wGot:
+			if w.err == nil {
+				defer w.ls.Release(ctx(t))
+				t.Fatalf("a replayed grant gave the waiter token %d while the lock is held by another owner (%s, token %d): two holders",
+					w.ls.Token(), admin.Get(ctx(t), lock).Val(), y.ls.Token())
+			}
+			t.Fatalf("the waiter: %v", w.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := y.ls.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	w := <-wGot
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	if w.ls.Token() <= y.ls.Token() {
+		t.Fatalf("the waiter's token %d, after %d", w.ls.Token(), y.ls.Token())
+	}
+	_ = w.ls.Release(ctx(t))
 }
