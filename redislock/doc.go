@@ -169,8 +169,7 @@
 // after a later try of its waiter). Grants to other owners, which a
 // waiter cannot check, move its timer no later than its own try set it,
 // and one that pushes a grant kept for a joining waiter out of the
-// Locker's memory makes that waiter try at once: a forger costs tries,
-// never a wait.
+// Locker's memory makes that waiter try at once.
 //
 // Waiters of an older fence (before the queue) set the waiting mark
 // P:{N}:waiting instead; while it is there and no queued waiter is live, a
