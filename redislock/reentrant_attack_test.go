@@ -27,7 +27,8 @@ type reentrant struct {
 	name   string
 	leases sync.Map // token → fence.Lease, once Acquire returned it
 	check  *holdChecker
-	nested sync.WaitGroup
+	ended  atomic.Int32 // LeaseEnded calls done
+	leased atomic.Int32 // leases l returned
 	stolen atomic.Int32 // nested tries that took the lock
 }
 
@@ -46,6 +47,10 @@ func (o *reentrant) AcquireDone(ev fence.AcquireEvent) {
 }
 
 func (o *reentrant) LeaseEnded(ev fence.LeaseEvent) {
+	// A lease lost at its deadline is reported on its timer's goroutine,
+	// maybe after its holder's Release returned: the test waits for
+	// every lease's report to be done.
+	defer o.ended.Add(1)
 	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if ev.Cause != fence.Released {
@@ -71,6 +76,7 @@ func (o *reentrant) LeaseEnded(ev fence.LeaseEvent) {
 		return
 	}
 	o.stolen.Add(1)
+	o.leased.Add(1)
 	o.check.took(ls)
 	o.check.done(ls)
 	if err := ls.Release(c); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
@@ -100,6 +106,7 @@ func TestObserverReentersLocalHandoff(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rnd := rand.New(rand.NewPCG(seed, 1))
 	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	obs.leased.Add(1)
 	var wg sync.WaitGroup
 	for i := range n {
 		ttl := 150*time.Millisecond + dur(rnd, 300*time.Millisecond)
@@ -124,6 +131,9 @@ func TestObserverReentersLocalHandoff(t *testing.T) {
 				return
 			}
 			obs.leases.Store(ls.Token(), ls)
+			if locker == l {
+				obs.leased.Add(1)
+			}
 			check.took(ls)
 			timer := time.NewTimer(hold)
 			<-timer.C
@@ -138,6 +148,8 @@ func TestObserverReentersLocalHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg.Wait()
+	// Every lease of l reports its end once (the holder's too).
+	waitFor(t, func() bool { return obs.ended.Load() == obs.leased.Load() })
 	t.Logf("%d leases, %d taken from LeaseEnded", check.leases, obs.stolen.Load())
 	waitFor(t, func() bool {
 		n, err := admin.Exists(ctx(t), lockKey(name), lockKey(name)+":queue", lockKey(name)+":waiters").Result()
