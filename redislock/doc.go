@@ -165,7 +165,11 @@
 // the script did not make; one that can read them could as well delete
 // the lock, so the threat model is the one every Redis lock has: clients
 // with access to the keys are trusted. A forged or stale grant is
-// confirmed by a try, which finds the truth.
+// confirmed by a try, which finds the truth (so is a genuine one replayed
+// after a later try of its waiter). Grants to other owners, which a
+// waiter cannot check, move its timer no later than its own try set it,
+// and one that pushes a grant kept for a joining waiter out of the
+// Locker's memory makes that waiter try at once.
 //
 // Waiters of an older fence (before the queue) set the waiting mark
 // P:{N}:waiting instead; while it is there and no queued waiter is live, a

@@ -478,7 +478,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // read fence's keys cannot make a waiter take a grant the script did not
 // make (a forged one is confirmed by a try, which finds the truth); one
 // that can read them could as well delete the lock. A replayed grant names
-// an owner that no longer waits (owners are new for every Acquire), or is
+// an owner that no longer waits (owners are new for every Acquire), or
+// followed an earlier try than a's last (it is confirmed by a try), or is
 // the same truth again.
 func (l *Locker) granted(ctx context.Context, a *attempt, u wakeup, sent []time.Time) *lease {
 	g := u.grant
@@ -487,8 +488,19 @@ func (l *Locker) granted(ctx context.Context, a *attempt, u wakeup, sent []time.
 	// confirmed the grant itself or, refused, gave the lock back, and the
 	// release's WAIT, which may be told after that, covers a grant that
 	// is no longer a's. Such a grant is confirmed as any other.
+	//
+	// Nor is any grant that followed an earlier try than a's last: that
+	// try ran after the grant (the grant carries the number of the last
+	// try that ran before it), and found the lock held by another, or
+	// a would not be waiting (or its reply was lost: it may have found
+	// the lock a's, and the next try finds it so again). Such a grant is
+	// spent, and taking it as it is would let anyone who captured it off
+	// the channel replay it: a waiter whose confirmation of it was
+	// refused (too few replicas), and whose tries sync no longer applies
+	// to (the replica gone, its count lowered), would take a lease on a
+	// lock that another owner holds.
 	covered := u.synced && g.try == len(sent)
-	if a.synced && !covered || g.try < 1 || g.try > len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
+	if a.synced && !covered || g.try != len(sent) || time.Duration(g.px)*time.Millisecond < a.ttl || !a.signedBy(g) {
 		return nil
 	}
 	anchor := sent[g.try-1]

@@ -31,9 +31,15 @@ type subscription struct {
 	// Guarded by Locker.mu.
 	recent     [8]grantMsg
 	recentNext int
-	ps         *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
-	closed     bool          // the last waiter has left; guarded by Locker.mu
-	stop       context.CancelFunc
+	// lost is when a grant kept in recent was last pushed out unclaimed
+	// (zero: never); guarded by Locker.mu. Grants to owners that do not
+	// wait here cannot be checked (anyone who may publish on the channel
+	// can send them), so the grant pushed out may have been a joining
+	// waiter's: one whose try began before then must try again (join).
+	lost   time.Time
+	ps     *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
+	closed bool          // the last waiter has left; guarded by Locker.mu
+	stop   context.CancelFunc
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
@@ -61,6 +67,10 @@ type waiter struct {
 	tryNow bool      // a legacy release or a lost subscription: try again
 	until  time.Time // when the waiter's timer fires (zero: no timer)
 	retime time.Time // the lock was granted to another owner until then, before until
+	// own is when the timer was set to fire from the waiter's own try (the
+	// holder's TTL): grants to other owners, which the waiter cannot
+	// check, move until no later than that (see deliver).
+	own time.Time
 	// until was set by a grant to another owner (deliver), not from a
 	// try's reply: a later grant supersedes it, earlier or later.
 	byGrant bool
@@ -116,7 +126,9 @@ func parseGrant(msg string) (grantMsg, bool) {
 // subscribed yet, and returns once the server has confirmed the
 // subscription, so that no grant published after join returns is missed.
 // readyAt is when the subscription was confirmed: a grant published after
-// it reaches this Locker. The caller must call leave. join returns early
+// it reaches this Locker (or later: when it was confirmed again after a
+// break, or when a grant kept for a waiter about to join was pushed out
+// unclaimed, see subscription.lost). The caller must call leave. join returns early
 // with ctx's error when ctx ends first.
 func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, readyAt time.Time, leave func(), err error) {
 	me = &waiter{owner: owner, wake: make(chan struct{}, 1)}
@@ -154,6 +166,9 @@ func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, r
 	l.mu.Lock()
 	if w.again.After(readyAt) {
 		readyAt = w.again
+	}
+	if w.lost.After(readyAt) {
+		readyAt = w.lost
 	}
 	l.mu.Unlock()
 	return me, readyAt, leave, nil
@@ -228,7 +243,12 @@ func (l *Locker) wakeOne(w *subscription) {
 // timer moved so follows the grants after it, to their ends even when
 // later: the short grant was released and the lock granted on (whose
 // release will be published too), and trying at the short grant's end
-// would only find it held, every waiter at once.
+// would only find it held, every waiter at once. But never past the time
+// the waiter's own try set (the holder's TTL then): a grant to another
+// owner is signed with that owner's secret, which the waiter does not
+// know, so anyone who may publish on the channel can send one, and a
+// forged grant for a long time must not put the waiter to sleep past the
+// moment a holder that died would have let the lock go.
 func (l *Locker) deliver(w *subscription, msg string) {
 	g, ok := parseGrant(msg)
 	now := time.Now()
@@ -245,11 +265,18 @@ func (l *Locker) deliver(w *subscription, msg string) {
 			c.grant, found = g, true
 			c.ring()
 		case !c.until.IsZero() && (c.until.After(ends) || c.byGrant):
-			c.until, c.retime, c.byGrant = ends, ends, true
+			at := ends
+			if !c.own.IsZero() && at.After(c.own) {
+				at = c.own
+			}
+			c.until, c.retime, c.byGrant = at, at, true
 			c.ring()
 		}
 	}
 	if !found {
+		if w.recent[w.recentNext].owner != "" {
+			w.lost = now
+		}
 		w.recent[w.recentNext] = g
 		w.recentNext = (w.recentNext + 1) % len(w.recent)
 	}
@@ -349,7 +376,7 @@ func (l *Locker) handed(w *subscription, r released, synced bool) {
 // setTimer records when me's timer fires (zero: none).
 func (l *Locker) setTimer(me *waiter, at time.Time) {
 	l.mu.Lock()
-	me.until, me.byGrant = at, false
+	me.until, me.own, me.byGrant = at, at, false
 	l.mu.Unlock()
 }
 
