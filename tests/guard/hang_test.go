@@ -2,13 +2,18 @@ package guard_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"os"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/guard/redisstore"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/stopped"
 )
 
 // TestRedisStoreHungServerWithinDeadline pauses the Redis server behind a
@@ -57,4 +62,71 @@ func TestRedisStoreHungServerWithinDeadline(t *testing.T) {
 	stop := time.AfterFunc(wait, cancelNow)
 	defer stop.Stop()
 	check("cancel", cctx, context.Canceled)
+}
+
+// TestTxHungPostgresWithinDeadline stops (SIGSTOP) the PostgreSQL backend of
+// a fenced transaction after its fence, and has fn write through it with
+// Tx's context, which ends after 200 ms. Tx must return by then with the
+// context's error, and once the backend resumes and finds its client gone,
+// the token must not be recorded (nor the write made): the transaction
+// never committed. A newer token is then accepted.
+func TestTxHungPostgresWithinDeadline(t *testing.T) {
+	db := pg.NewDB(t)
+	db.SetMaxOpenConns(1) // the transaction runs on the backend whose pid is read
+	setup(t, db)
+	var pid int
+	if err := db.QueryRowContext(ctx(t), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resumeOnce sync.Once
+	resume := func() { resumeOnce.Do(func() { _ = proc.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+
+	const wait = 200 * time.Millisecond
+	const slack = 800 * time.Millisecond
+	tctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		done <- guard.Tx(tctx, db, "payment:1001", 5, func(tx *sql.Tx) error {
+			if err := proc.Signal(syscall.SIGSTOP); err != nil {
+				return err
+			}
+			stopped.Wait(pid, stopped.Limit)
+			_, err := tx.ExecContext(tctx, `UPDATE payment SET approved_by = 'hung' WHERE id = 1001`)
+			return err
+		})
+	}()
+	timer := time.NewTimer(wait + slack)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		if took := time.Since(start); took > wait+slack || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Tx on a hung backend returned %v after %v; want the deadline's error within %v", err, took, wait+slack)
+		}
+	case <-timer.C:
+		t.Errorf("Tx on a hung backend still running after %v (context ended after %v)", wait+slack, wait)
+		resume()
+		<-done
+	}
+	resume()
+	// The resumed backend finds its client gone and rolls back; its row
+	// lock then goes, and token 6 is accepted.
+	next, cancelNext := context.WithTimeout(ctx(t), 10*time.Second)
+	defer cancelNext()
+	if err := approveTx(next, db, 6, "w6"); err != nil {
+		t.Fatalf("token 6 after the hung transaction: %v", err)
+	}
+	var last int64
+	if err := db.QueryRowContext(ctx(t), `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if _, by, _ := row(t, db); last != 6 || by.String != "w6" {
+		t.Fatalf("after the hung transaction and token 6: last token %d, approved_by %q; want 6 and w6", last, by.String)
+	}
 }
