@@ -6,6 +6,14 @@
 // check until the handler's writes elsewhere are done, so it serves as a
 // gate only (see guard.Gate). Where the protected state lives in Redis
 // itself, compare the token in the same script that writes the state.
+//
+// The last accepted tokens are plain keys, without expiry and without the
+// clock floor of redislock's own token record: a Redis that loses them
+// (restarted without persistence, failed over to a replica that had not
+// received them, or evicting keys under maxmemory with an allkeys policy)
+// accepts the next token of each resource, stale or not. Give it an
+// append-only file with appendfsync always, and maxmemory-policy
+// noeviction or a volatile one.
 package redisstore
 
 import (
