@@ -174,11 +174,13 @@ func (t Table) check() error {
 // Update runs the conditional update (see the package doc) on the row whose
 // key is key:
 //
-//	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND <Column> < $2
+//	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND (<Column> < $2 OR <Column> IS NULL)
 //
 // set assigns the business columns with placeholders from $3 on, filled by
 // args. When no row changes, Update reads the row to tell why: a
-// *StaleError (matching ErrStale) with the row's token, or ErrNoRow.
+// *StaleError (matching ErrStale) with the row's token, or ErrNoRow. A
+// NULL in Column means the row was never fenced (as 0 does): a column
+// added to a table with rows is NULL until each row's first fenced write.
 //
 // Update orders writers, but it does not check what the caller read before:
 // a stale worker that writes first is accepted. For a read-modify-write,
@@ -191,7 +193,7 @@ func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token
 	if err := checkToken(token); err != nil {
 		return err
 	}
-	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND %s < $2", t.Name, set, t.Column, t.Key, t.Column)
+	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND (%s < $2 OR %s IS NULL)", t.Name, set, t.Column, t.Key, t.Column, t.Column)
 	changed, current, err := t.exec(ctx, q, stmt, key, int64(token), args)
 	switch {
 	case err != nil:
