@@ -121,7 +121,9 @@ const (
 // SQLStore: rolls back, the token is not spent). The handler's own non-2xx
 // answer is then sent as written, and a panic is re-raised once the store
 // has rolled back. When the store fails, the client gets 503 and a generic
-// body, and the cause goes to the log.
+// body, and the cause goes to the log; a failure of SQLStore's commit
+// itself (a deadline, a lost connection) may follow a commit that
+// happened (see Tx), so a 503 does not prove that nothing was written.
 //
 // Before the store is asked, a request is refused with 400 when its
 // resource cannot be chosen or its token is missing, malformed (see

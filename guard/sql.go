@@ -86,7 +86,13 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 // panic goes on. A conflict with a concurrent transaction (a serialization
 // failure or deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an
 // error matching ErrRetry. A cancelled ctx rolls the transaction back
-// (database/sql). fn must use tx, not db: work done through db is not part
+// (database/sql), unless it ends while the commit is under way: an error
+// from the commit other than ErrRetry (a deadline, a lost connection)
+// leaves the outcome unknown, and the token and fn's writes may have been
+// committed (seen with a PostgreSQL backend stopped before the commit and
+// resumed after the deadline). Retry as after ErrRetry, reading again
+// under a new lease; never replay the writes as if nothing was written.
+// fn must use tx, not db: work done through db is not part
 // of the fenced transaction, and with a pool of one connection it waits
 // until ctx ends. fn must not commit or roll back tx itself.
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {

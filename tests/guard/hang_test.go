@@ -153,3 +153,43 @@ func TestRedisStoreForgetsAfterRestart(t *testing.T) {
 		t.Fatalf("token 5 after 7 and a Redis restart: %v, want it refused (ErrStale or an error saying the record is lost)", err)
 	}
 }
+
+// TestTxCommitInDoubtIsNotRetry stops the backend just before Tx commits
+// and resumes it after Tx's deadline: the backend then reads the COMMIT
+// waiting in its socket and commits. Tx's error must therefore not match
+// ErrRetry, which promises that nothing was written; it carries the
+// deadline's error, and the outcome is unknown (see Tx's doc).
+func TestTxCommitInDoubtIsNotRetry(t *testing.T) {
+	db := pg.NewDB(t)
+	db.SetMaxOpenConns(1)
+	setup(t, db)
+	var pid int
+	if err := db.QueryRowContext(ctx(t), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resumeOnce sync.Once
+	resume := func() { resumeOnce.Do(func() { _ = proc.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	tctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = guard.Tx(tctx, db, "payment:1001", 5, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(tctx, `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`); err != nil {
+			return err
+		}
+		if err := proc.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		stopped.Wait(pid, stopped.Limit)
+		return nil
+	})
+	resume()
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, guard.ErrRetry) {
+		t.Fatalf("Tx whose commit outlived its deadline: %v; want the deadline's error, not ErrRetry", err)
+	}
+	_, by, _ := row(t, db)
+	t.Logf("Tx returned %v; after the backend resumed, approved_by = %q (committed: %v)", err, by.String, by.String == "w5")
+}
