@@ -33,7 +33,10 @@ type HTTPOptions struct {
 	// Resource chooses the resource a request may touch, from the request
 	// as the server sees it: its path or route, the authenticated caller.
 	// It is required. An error, or an empty name, answers 400 and is
-	// logged.
+	// logged. It must give one name per protected thing: built from the
+	// raw path segment, /payments/1001 and /payments/01001 would be two
+	// resources, each with its own last token, for the one row that the
+	// handler's strconv.ParseInt finds for both. Parse and format the key.
 	// ResourceFromHeader lets the client choose instead.
 	Resource func(*http.Request) (string, error)
 
@@ -113,6 +116,12 @@ const (
 // handler runs inside the fenced transaction, reached with TxFrom;
 // MemoryStore: the resource's requests run one at a time). A request with
 // an older token therefore cannot write after a newer one was accepted.
+//
+// The handler runs inside the store's hold, and so does its reading of
+// the request body: a client that sends its body slowly keeps the
+// resource (with SQLStore, the transaction, and on SQLite the whole
+// database's write lock) for as long as the upload takes. Bound it with
+// http.Server's ReadTimeout, or the handler's own limits.
 //
 // The handler's response is held in memory until store.Do returns, so
 // that a client is never told of writes that were then rolled back:
