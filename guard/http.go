@@ -33,7 +33,10 @@ type HTTPOptions struct {
 	// Resource chooses the resource a request may touch, from the request
 	// as the server sees it: its path or route, the authenticated caller.
 	// It is required. An error, or an empty name, answers 400 and is
-	// logged.
+	// logged. It must give one name per protected thing: built from the
+	// raw path segment, /payments/1001 and /payments/01001 would be two
+	// resources, each with its own last token, for the one row that the
+	// handler's strconv.ParseInt finds for both. Parse and format the key.
 	// ResourceFromHeader lets the client choose instead.
 	Resource func(*http.Request) (string, error)
 
@@ -114,6 +117,12 @@ const (
 // MemoryStore: the resource's requests run one at a time). A request with
 // an older token therefore cannot write after a newer one was accepted.
 //
+// The handler runs inside the store's hold, and so does its reading of
+// the request body: a client that sends its body slowly keeps the
+// resource (with SQLStore, the transaction, and on SQLite the whole
+// database's write lock) for as long as the upload takes. Bound it with
+// http.Server's ReadTimeout, or the handler's own limits.
+//
 // The handler's response is held in memory until store.Do returns, so
 // that a client is never told of writes that were then rolled back:
 // streaming, Flush and Hijack are not available to the handler. A 2xx
@@ -121,7 +130,9 @@ const (
 // SQLStore: rolls back, the token is not spent). The handler's own non-2xx
 // answer is then sent as written, and a panic is re-raised once the store
 // has rolled back. When the store fails, the client gets 503 and a generic
-// body, and the cause goes to the log.
+// body, and the cause goes to the log; a failure of SQLStore's commit
+// itself (a deadline, a lost connection) may follow a commit that
+// happened (see Tx), so a 503 does not prove that nothing was written.
 //
 // Before the store is asked, a request is refused with 400 when its
 // resource cannot be chosen or its token is missing, malformed (see

@@ -86,7 +86,13 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 // panic goes on. A conflict with a concurrent transaction (a serialization
 // failure or deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an
 // error matching ErrRetry. A cancelled ctx rolls the transaction back
-// (database/sql). fn must use tx, not db: work done through db is not part
+// (database/sql), unless it ends while the commit is under way: an error
+// from the commit other than ErrRetry (a deadline, a lost connection)
+// leaves the outcome unknown, and the token and fn's writes may have been
+// committed (seen with a PostgreSQL backend stopped before the commit and
+// resumed after the deadline). Retry as after ErrRetry, reading again
+// under a new lease; never replay the writes as if nothing was written.
+// fn must use tx, not db: work done through db is not part
 // of the fenced transaction, and with a pool of one connection it waits
 // until ctx ends. fn must not commit or roll back tx itself.
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
@@ -174,11 +180,13 @@ func (t Table) check() error {
 // Update runs the conditional update (see the package doc) on the row whose
 // key is key:
 //
-//	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND <Column> < $2
+//	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND (<Column> < $2 OR <Column> IS NULL)
 //
 // set assigns the business columns with placeholders from $3 on, filled by
 // args. When no row changes, Update reads the row to tell why: a
-// *StaleError (matching ErrStale) with the row's token, or ErrNoRow.
+// *StaleError (matching ErrStale) with the row's token, or ErrNoRow. A
+// NULL in Column means the row was never fenced (as 0 does): a column
+// added to a table with rows is NULL until each row's first fenced write.
 //
 // Update orders writers, but it does not check what the caller read before:
 // a stale worker that writes first is accepted. For a read-modify-write,
@@ -191,7 +199,7 @@ func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token
 	if err := checkToken(token); err != nil {
 		return err
 	}
-	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND %s < $2", t.Name, set, t.Column, t.Key, t.Column)
+	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND (%s < $2 OR %s IS NULL)", t.Name, set, t.Column, t.Key, t.Column, t.Column)
 	changed, current, err := t.exec(ctx, q, stmt, key, int64(token), args)
 	switch {
 	case err != nil:

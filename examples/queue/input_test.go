@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,5 +49,26 @@ func TestRunBadConsumer(t *testing.T) {
 				t.Fatalf("%v, want ErrInvalidOption", err)
 			}
 		})
+	}
+}
+
+// A stream whose lock name is valid but too long for the guard resource of
+// its messages (queue:<stream>:<id>, an id up to 41 bytes) fails at once
+// with ErrInvalidName. Before, Run led, and every term failed on the first
+// message with guard.ErrInvalidResource (giving it up failed the same
+// way): the queue stood still for good (seen with a 240-byte stream name,
+// a 262-byte resource).
+func TestRunStreamTooLongForResource(t *testing.T) {
+	locker, err := memlock.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+	c := queue.Consumer{Redis: rdb, DB: pg.NewDB(t), Stream: strings.Repeat("s", 240), Group: "g", Name: "n"}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if err := c.Run(ctx, locker); !errors.Is(err, fence.ErrInvalidName) {
+		t.Fatalf("%v, want ErrInvalidName", err)
 	}
 }

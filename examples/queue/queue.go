@@ -164,6 +164,9 @@ func LockName(stream, group string) string { return "queue:" + stream + ":" + gr
 // Resource is the guard resource that applying message id of stream fences.
 func Resource(stream, id string) string { return "queue:" + stream + ":" + id }
 
+// maxID is the longest stream entry id: two uint64s.
+const maxID = "18446744073709551615-18446744073709551615"
+
 // Outcomes of a message, as logged ("msg" of the log record).
 const (
 	LogApplied   = "applied"   // committed, then acknowledged
@@ -182,7 +185,8 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // Each term creates the group (and the stream) if missing. It returns when
 // ctx ends, or at once, with an error matching fence.ErrInvalidOption or
 // ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
-// with a negative duration or count, or whose lock name is not valid. opts
+// with a negative duration or count, or whose lock name, or the guard
+// resource of its longest message id, is not valid. opts
 // are passed to Lead.
 func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
 	if err := c.check(); err != nil {
@@ -204,6 +208,11 @@ func (c *Consumer) check() error {
 	}
 	if err := fence.ValidateName(LockName(c.Stream, c.Group)); err != nil {
 		return err
+	}
+	// Every message is fenced on Resource(stream, id): a stream name that
+	// leaves no room for the longest id would fail every message.
+	if err := fence.ValidateName(Resource(c.Stream, maxID)); err != nil {
+		return fmt.Errorf("queue: stream %d bytes, too long for its messages' guard resource: %w", len(c.Stream), err)
 	}
 	if c.Redis == nil || c.DB == nil {
 		return fmt.Errorf("%w: queue: Redis and DB must be set", fence.ErrInvalidOption)

@@ -6,6 +6,14 @@
 // check until the handler's writes elsewhere are done, so it serves as a
 // gate only (see guard.Gate). Where the protected state lives in Redis
 // itself, compare the token in the same script that writes the state.
+//
+// The last accepted tokens are plain keys, without expiry and without the
+// clock floor of redislock's own token record: a Redis that loses them
+// (restarted without persistence, failed over to a replica that had not
+// received them, or evicting keys under maxmemory with an allkeys policy)
+// accepts the next token of each resource, stale or not. Give it an
+// append-only file with appendfsync always, and maxmemory-policy
+// noeviction or a volatile one.
 package redisstore
 
 import (
@@ -39,6 +47,12 @@ var _ guard.Acceptor = Store{}
 // valid lock name (fence.ValidateName) gives an error matching
 // guard.ErrInvalidResource, a token of zero or less one matching
 // guard.ErrInvalidToken; neither reaches Redis.
+//
+// Accept returns by the end of ctx whatever the client's options (go-redis
+// honours a context's deadline only with ContextTimeoutEnabled, and never a
+// cancellation): the script then goes on running on a goroutine of its own
+// until the client gives up or the server answers, and may still record the
+// token. Accept's error then matches ctx's, and the token counts as spent.
 func (s Store) Accept(ctx context.Context, resource string, token fence.Token) error {
 	if err := fence.ValidateName(resource); err != nil {
 		return fmt.Errorf("%w: %w", guard.ErrInvalidResource, err)
@@ -51,7 +65,9 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 		prefix = "fence:guard"
 	}
 	key := prefix + ":{" + resource + "}"
-	last, err := acceptScript.Run(ctx, s.Client, []string{key}, strconv.FormatInt(int64(token), 10)).Text()
+	last, err := bounded(ctx, func() (string, error) {
+		return acceptScript.Run(ctx, s.Client, []string{key}, strconv.FormatInt(int64(token), 10)).Text()
+	})
 	if err != nil {
 		return fmt.Errorf("redisstore: accept %q: %w", resource, err)
 	}
@@ -63,4 +79,34 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 		return fmt.Errorf("redisstore: accept %q: bad stored token %q", resource, last)
 	}
 	return &guard.StaleError{Resource: resource, Token: token, Last: fence.Token(n)}
+}
+
+// bounded returns call's result, or ctx's error as soon as ctx is done: a
+// server that hangs would otherwise hold the call for the client's
+// ReadTimeout (3 s by default), or for ever with none.
+func bounded(ctx context.Context, call func() (string, error)) (string, error) {
+	if ctx.Done() == nil {
+		return call()
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	type result struct {
+		last string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		last, err := call()
+		done <- result{last, err}
+	}()
+	select {
+	case r := <-done:
+		return r.last, r.err
+	case <-ctx.Done():
+		if cause := context.Cause(ctx); cause != ctx.Err() {
+			return "", fmt.Errorf("%w: %w", ctx.Err(), cause)
+		}
+		return "", ctx.Err()
+	}
 }

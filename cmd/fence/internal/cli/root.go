@@ -317,7 +317,29 @@ func (f *redisFlags) locker(cmd *cobra.Command) (*redislock.Locker, func(), erro
 		_ = client.Close()
 		return nil, nil, exitWith(ExitUsage, err)
 	}
-	return l, func() { _ = client.Close() }, nil
+	return l, func() { closeWithin(client, redisCloseTimeout) }, nil
+}
+
+// redisCloseTimeout bounds the wait for the Redis client's Close before
+// fence exits: go-redis's failover client closes only once a master lookup
+// in flight has ended, which a sentinel that never answers holds for its
+// own timeouts (5 s), well past a command's --timeout. What is left open
+// dies with the process.
+const redisCloseTimeout = 500 * time.Millisecond
+
+// closeWithin closes c, waiting at most limit for it.
+func closeWithin(c io.Closer, limit time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Close()
+	}()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // acquireError maps an Acquire error to an exit code.

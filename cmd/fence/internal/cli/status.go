@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -13,6 +15,7 @@ func statusCmd() *cobra.Command {
 	var rf redisFlags
 	var rl redlockBackend
 	var asJSON bool
+	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "status NAME",
 		Short: "Show whether a lock is held, its remaining lease and its last token",
@@ -22,9 +25,18 @@ token record has expired or never existed), and how many replicas the primary is
 have and has connected (fewer connected than expected: acquisitions wait for replicas that
 may not answer, and are refused). With --redlock it shows the lock on each node, and whether
 a quorum holds it (exit 2 when fewer nodes than a quorum answer). It exits 0 whether the lock is held or free, and
-2 on a usage or connection error.`,
+2 on a usage or connection error, or when the servers have not answered within --timeout.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if timeout <= 0 {
+				return exitWith(ExitUsage, errors.New("--timeout must be positive, got "+timeout.String()))
+			}
+			// A server that accepts connections and never answers would
+			// otherwise hold each command for go-redis's read timeout,
+			// retried: 40 s for one Redis.
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			cmd.SetContext(ctx)
 			if rl.chosen() {
 				return redlockStatus(cmd, &rl, args[0], asJSON)
 			}
@@ -58,6 +70,7 @@ a quorum holds it (exit 2 when fewer nodes than a quorum answer). It exits 0 whe
 	}
 	rf.register(cmd)
 	rl.register(cmd)
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "give up, with exit status 2, when the servers have not answered within this time")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, held, ttl_ms, last_token, replicas_expected, replicas_connected")
 	return cmd
 }

@@ -1,0 +1,195 @@
+package guard_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/guard/redisstore"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/stopped"
+)
+
+// TestRedisStoreHungServerWithinDeadline pauses the Redis server behind a
+// redisstore.Store (SIGSTOP) and asks it to accept a token with a context
+// that ends after 200 ms, on a client with go-redis's default options
+// (ContextTimeoutEnabled off, ReadTimeout 3 s). Accept must return by the
+// context's end, with its error, as redislock's calls do: a gate in front of
+// a request must not hold it for the client's socket timeout, nor for ever
+// when the client sets none. The same for a cancellation without deadline.
+func TestRedisStoreHungServerWithinDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	store := redisstore.Store{Client: client}
+	if err := store.Accept(ctx(t), "hung", 1); err != nil { // a pooled connection, warm
+		t.Fatal(err)
+	}
+	resume := srv.Pause(t)
+	defer resume()
+
+	const wait = 200 * time.Millisecond
+	const slack = 800 * time.Millisecond
+	check := func(name string, c context.Context, want error) {
+		t.Helper()
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- store.Accept(c, "hung", 2) }()
+		timer := time.NewTimer(wait + slack)
+		defer timer.Stop()
+		select {
+		case err := <-done:
+			took := time.Since(start)
+			if took > wait+slack || !errors.Is(err, want) || errors.Is(err, guard.ErrStale) {
+				t.Errorf("%s: Accept on a hung server returned %v after %v; want %v within %v", name, err, took, want, wait+slack)
+			}
+		case <-timer.C:
+			t.Errorf("%s: Accept on a hung server still running after %v (context ended after %v)", name, wait+slack, wait)
+			<-done
+		}
+	}
+
+	dctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	check("deadline", dctx, context.DeadlineExceeded)
+
+	cctx, cancelNow := context.WithCancel(context.Background())
+	stop := time.AfterFunc(wait, cancelNow)
+	defer stop.Stop()
+	check("cancel", cctx, context.Canceled)
+}
+
+// TestTxHungPostgresWithinDeadline stops (SIGSTOP) the PostgreSQL backend of
+// a fenced transaction after its fence, and has fn write through it with
+// Tx's context, which ends after 200 ms. Tx must return by then with the
+// context's error, and once the backend resumes and finds its client gone,
+// the token must not be recorded (nor the write made): the transaction
+// never committed. A newer token is then accepted.
+func TestTxHungPostgresWithinDeadline(t *testing.T) {
+	db := pg.NewDB(t)
+	db.SetMaxOpenConns(1) // the transaction runs on the backend whose pid is read
+	setup(t, db)
+	var pid int
+	if err := db.QueryRowContext(ctx(t), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resumeOnce sync.Once
+	resume := func() { resumeOnce.Do(func() { _ = proc.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+
+	const wait = 200 * time.Millisecond
+	const slack = 800 * time.Millisecond
+	tctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		done <- guard.Tx(tctx, db, "payment:1001", 5, func(tx *sql.Tx) error {
+			if err := proc.Signal(syscall.SIGSTOP); err != nil {
+				return err
+			}
+			stopped.Wait(pid, stopped.Limit)
+			_, err := tx.ExecContext(tctx, `UPDATE payment SET approved_by = 'hung' WHERE id = 1001`)
+			return err
+		})
+	}()
+	timer := time.NewTimer(wait + slack)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		if took := time.Since(start); took > wait+slack || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Tx on a hung backend returned %v after %v; want the deadline's error within %v", err, took, wait+slack)
+		}
+	case <-timer.C:
+		t.Errorf("Tx on a hung backend still running after %v (context ended after %v)", wait+slack, wait)
+		resume()
+		<-done
+	}
+	resume()
+	// The resumed backend finds its client gone and rolls back; its row
+	// lock then goes, and token 6 is accepted.
+	next, cancelNext := context.WithTimeout(ctx(t), 10*time.Second)
+	defer cancelNext()
+	if err := approveTx(next, db, 6, "w6"); err != nil {
+		t.Fatalf("token 6 after the hung transaction: %v", err)
+	}
+	var last int64
+	if err := db.QueryRowContext(ctx(t), `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if _, by, _ := row(t, db); last != 6 || by.String != "w6" {
+		t.Fatalf("after the hung transaction and token 6: last token %d, approved_by %q; want 6 and w6", last, by.String)
+	}
+}
+
+// TestRedisStoreForgetsAfterRestart: redisstore.Store keeps the last
+// accepted token of a resource in a key without persistence of its own. A
+// Redis restarted without persistence (or one evicting keys under
+// maxmemory with an allkeys policy) comes back without it, and the next
+// token is accepted whatever it is: a stale holder that was rejected
+// before the restart is accepted after it. redislock's own token record
+// survives this by its clock floor; the guard's store has no such floor.
+func TestRedisStoreForgetsAfterRestart(t *testing.T) {
+	t.Skip("bug: redisstore.Store accepts a stale token after Redis lost its keys (restart without persistence, allkeys eviction); no small fix: the store cannot tell a forgotten resource from a new one")
+	srv := redistest.Start(t)
+	store := redisstore.Store{Client: srv.Client(t)}
+	if err := store.Accept(ctx(t), "payment:1001", 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Accept(ctx(t), "payment:1001", 5); !errors.Is(err, guard.ErrStale) {
+		t.Fatalf("token 5 after 7: %v, want ErrStale", err)
+	}
+	srv.Restart(t)
+	if err := store.Accept(ctx(t), "payment:1001", 5); !errors.Is(err, guard.ErrStale) {
+		t.Fatalf("token 5 after 7 and a Redis restart: %v, want it refused (ErrStale or an error saying the record is lost)", err)
+	}
+}
+
+// TestTxCommitInDoubtIsNotRetry stops the backend just before Tx commits
+// and resumes it after Tx's deadline: the backend then reads the COMMIT
+// waiting in its socket and commits. Tx's error must therefore not match
+// ErrRetry, which promises that nothing was written; it carries the
+// deadline's error, and the outcome is unknown (see Tx's doc).
+func TestTxCommitInDoubtIsNotRetry(t *testing.T) {
+	db := pg.NewDB(t)
+	db.SetMaxOpenConns(1)
+	setup(t, db)
+	var pid int
+	if err := db.QueryRowContext(ctx(t), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resumeOnce sync.Once
+	resume := func() { resumeOnce.Do(func() { _ = proc.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	tctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = guard.Tx(tctx, db, "payment:1001", 5, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(tctx, `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`); err != nil {
+			return err
+		}
+		if err := proc.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		stopped.Wait(pid, stopped.Limit)
+		return nil
+	})
+	resume()
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, guard.ErrRetry) {
+		t.Fatalf("Tx whose commit outlived its deadline: %v; want the deadline's error, not ErrRetry", err)
+	}
+	_, by, _ := row(t, db)
+	t.Logf("Tx returned %v; after the backend resumed, approved_by = %q (committed: %v)", err, by.String, by.String == "w5")
+}
