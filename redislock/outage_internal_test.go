@@ -78,6 +78,8 @@ func TestTriedDuringOutageTriesAgain(t *testing.T) {
 	// Subscribed again, and the reader has read the confirmation: a grant
 	// to nobody published after it has reached the subscription.
 	marker := "g 11111111111111111111111111111111 1 1 1 0 x"
+	l.expectJoin("11111111111111111111111111111111") // kept: see subscription.recent
+	defer l.joined("11111111111111111111111111111111")
 	eventually(t, func() bool {
 		admin.Publish(ctx, k.channel, marker)
 		l.mu.Lock()

@@ -97,6 +97,11 @@ type Locker struct {
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
+	// joining holds the owners of this Locker's waiting Acquires that may
+	// be queued and have not joined their subscription yet: a grant to one
+	// of them that comes first is kept for it (subscription.recent); one to
+	// any other owner that waits nowhere here is not kept. Guarded by mu.
+	joining map[string]struct{}
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -134,6 +139,7 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 		watchdog:      cmp.Or(o.WatchdogTTL, DefaultWatchdogTTL),
 		retention:     cmp.Or(o.TokenRetention, DefaultTokenRetention),
 		subscriptions: make(map[string]*subscription),
+		joining:       make(map[string]struct{}),
 		sync:          o.ReplicaSync,
 		replicas:      replicaCounts{now: time.Now, nodes: make(map[string]*nodeReplicas)},
 		obs:           o.Observer,
@@ -285,6 +291,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		// A try that finds the lock held queues this owner for as long
 		// as this Acquire may wait; it is try number 1.
 		a.acquireArgs[3], a.acquireArgs[4] = l.waitArg.get(o.Wait), 1
+		l.expectJoin(a.owner)
+		defer l.joined(a.owner)
 	}
 	lease, holderTTL, err := l.try(ctx, a)
 	switch {

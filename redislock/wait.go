@@ -27,16 +27,12 @@ type subscription struct {
 	channel string
 	waiters []*waiter // in arrival order; guarded by Locker.mu
 	// recent keeps the last grants for owners that were not among the
-	// waiters: a waiter joins after its try, and the grant may come first.
-	// Guarded by Locker.mu.
+	// waiters but are about to join (Locker.joining): a waiter joins after
+	// its try, and the grant may come first. Grants to other owners are
+	// not kept: anyone who may publish on the channel can send them, and
+	// they would push a joining waiter's grant out. Guarded by Locker.mu.
 	recent     [8]grantMsg
 	recentNext int
-	// lost is when a grant kept in recent was last pushed out unclaimed
-	// (zero: never); guarded by Locker.mu. Grants to owners that do not
-	// wait here cannot be checked (anyone who may publish on the channel
-	// can send them), so the grant pushed out may have been a joining
-	// waiter's: one whose try began before then must try again (join).
-	lost   time.Time
 	ps     *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
 	closed bool          // the last waiter has left; guarded by Locker.mu
 	stop   context.CancelFunc
@@ -126,10 +122,9 @@ func parseGrant(msg string) (grantMsg, bool) {
 // subscribed yet, and returns once the server has confirmed the
 // subscription, so that no grant published after join returns is missed.
 // readyAt is when the subscription was confirmed: a grant published after
-// it reaches this Locker (or later: when it was confirmed again after a
-// break, or when a grant kept for a waiter about to join was pushed out
-// unclaimed, see subscription.lost). The caller must call leave. join returns early
-// with ctx's error when ctx ends first.
+// it reaches this Locker (or later, when it was confirmed again after a
+// break). The caller must call leave. join returns early with ctx's error
+// when ctx ends first.
 func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, readyAt time.Time, leave func(), err error) {
 	me = &waiter{owner: owner, wake: make(chan struct{}, 1)}
 	l.mu.Lock()
@@ -143,6 +138,7 @@ func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, r
 	}
 	me.sub = w
 	w.waiters = append(w.waiters, me)
+	delete(l.joining, owner)
 	for i := range w.recent {
 		if w.recent[i].owner == owner {
 			me.grant, w.recent[i] = w.recent[i], grantMsg{}
@@ -166,9 +162,6 @@ func (l *Locker) join(ctx context.Context, channel, owner string) (me *waiter, r
 	l.mu.Lock()
 	if w.again.After(readyAt) {
 		readyAt = w.again
-	}
-	if w.lost.After(readyAt) {
-		readyAt = w.lost
 	}
 	l.mu.Unlock()
 	return me, readyAt, leave, nil
@@ -273,13 +266,26 @@ func (l *Locker) deliver(w *subscription, msg string) {
 			c.ring()
 		}
 	}
-	if !found {
-		if w.recent[w.recentNext].owner != "" {
-			w.lost = now
-		}
+	if _, joining := l.joining[g.owner]; !found && joining {
 		w.recent[w.recentNext] = g
 		w.recentNext = (w.recentNext + 1) % len(w.recent)
 	}
+}
+
+// expectJoin records that owner's Acquire may be queued by its tries and
+// join a subscription later: a grant to it that comes first is kept.
+func (l *Locker) expectJoin(owner string) {
+	l.mu.Lock()
+	l.joining[owner] = struct{}{}
+	l.mu.Unlock()
+}
+
+// joined ends what expectJoin began, once owner has joined (join does this
+// too) or its Acquire has returned.
+func (l *Locker) joined(owner string) {
+	l.mu.Lock()
+	delete(l.joining, owner)
+	l.mu.Unlock()
 }
 
 // wakeup is what rang a waiter: a grant for it (synced: covered by a
