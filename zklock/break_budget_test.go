@@ -1,0 +1,78 @@
+package zklock_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
+)
+
+// An Acquire whose Wait budget ends while the server hangs (paused: its
+// connection open, nothing answered) returns by the budget's end, not by
+// the caller's far ctx deadline, nor when go-zookeeper gives the hung
+// connection up (two thirds of the session timeout after the last reply,
+// 4 s here): the delete of its node on giving up may be sent at once, but
+// not waited for beyond a short bound; the node then goes in the
+// background, or with the session.
+func TestGiveUpOnHungServerKeepsToBudget(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	const name = "budget-hung"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holderLocker, admin := newLocker(t, addrs)
+	holder, err := holderLocker.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const long = 6 * time.Second // go-zookeeper's receive timeout: 4 s
+	conn, _, err := zk.Connect(addrs, long, zk.WithLogger(quiet{}), zk.WithDialer(net.DialTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
+	l, err := zklock.New(conn, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wait = time.Second
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		_, err := l.Acquire(ctx, name, fence.Wait(wait))
+		done <- result{err, time.Since(start)}
+	}()
+	waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 2 })
+	srv.Stop()
+	t.Cleanup(srv.Cont)
+	select {
+	case r := <-done:
+		t.Logf("Acquire(Wait %v) with the server hung = %v after %v", wait, r.err, r.took)
+		if !errors.Is(r.err, fence.ErrHeld) {
+			t.Fatalf("Acquire = %v, want ErrHeld", r.err)
+		}
+		if r.took > wait+700*time.Millisecond {
+			t.Fatalf("Acquire with a Wait of %v took %v with the server hung", wait, r.took)
+		}
+	case <-time.After(wait + 10*time.Second):
+		t.Fatal("Acquire still waiting")
+	}
+	srv.Cont()
+	// The waiter's node goes all the same (the holder's may have too: its
+	// lease may have ended at its deadline while the server was paused).
+	waitFor(t, func() bool {
+		nodes := lockNodes(t, admin, name)
+		return len(nodes) == 0 || len(nodes) == 1 && holder.Err() == nil
+	})
+	_ = holder.Release(ctx)
+}
