@@ -146,16 +146,25 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 
 // giveUp deletes the node of an attempt that did not take the lock: at once
 // while ctx lasts, so that a caller trying right after does not queue
-// behind it, else in the background.
+// behind it, else in the background. It waits for that delete no longer
+// than giveUpTimeout: on a server that hangs, go-zookeeper answers only
+// when it drops the connection, two thirds of a session timeout after the
+// last reply, and the Acquire, whose budget has ended, must not wait that
+// long.
 func (l *Locker) giveUp(ctx context.Context, a *attempt, node string) {
 	if node != "" && ctx.Err() == nil {
-		_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(node, -1) }, nil)
+		dctx, cancel := context.WithTimeout(ctx, giveUpTimeout)
+		defer cancel()
+		_, err := bounded(dctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(node, -1) }, nil)
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
 			return
 		}
 	}
 	l.cleanup(a, node)
 }
+
+// giveUpTimeout bounds giveUp's wait for its delete.
+const giveUpTimeout = 500 * time.Millisecond
 
 // why returns ctx's error if ctx is done (the caller's deadline rather than
 // the wait budget), else err.
