@@ -334,6 +334,14 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("zklock: extend %q: %w", ls.a.name, err)
 	}
 	if !exists {
+		select {
+		case <-ls.stop:
+			// A Release is under way, or failed: the node is gone by its
+			// delete (or its background clean-up), and the Release says
+			// how the lease ended, not this Extend.
+			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
+		default:
+		}
 		lost := fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node)
 		ls.end(lost)
 		return ls.Err()
