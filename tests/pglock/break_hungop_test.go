@@ -181,3 +181,34 @@ func TestExtendNotHeldUpByHungRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Extend's doc: after Release, Extend returns an error matching both
+// fence.ErrLeaseLost and fence.ErrReleased. An Extend that started before
+// the Release concluded, and waited for it (ls.op), returned a bare
+// ErrReleased, which does not match ErrLeaseLost.
+func TestExtendRacingReleaseMatchesLeaseLost(t *testing.T) {
+	d := newDatabase(t, pg)
+	l := d.locker(t, d.db)
+	ctx := ctxFor(t, 30*time.Second)
+	for round := range 100 {
+		lease, err := l.Acquire(ctx, "extend-release", fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		extended := make(chan error, 1)
+		go func() {
+			for {
+				if err := lease.Extend(ctx, time.Minute); err != nil {
+					extended <- err
+					return
+				}
+			}
+		}()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("round %d: Release = %v", round, err)
+		}
+		if err := <-extended; !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+			t.Fatalf("round %d: Extend racing Release = %v, want ErrLeaseLost and ErrReleased", round, err)
+		}
+	}
+}
