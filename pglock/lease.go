@@ -296,13 +296,18 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	if err := ls.Err(); err == fence.ErrReleased {
-		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
-	} else if err != nil {
+	released := func(err error) error {
+		if err == fence.ErrReleased {
+			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
+		}
 		return err
 	}
+	if err := ls.Err(); err != nil {
+		return released(err)
+	}
 	defer ls.flush() // after renew unlocked ls.op: see flush
-	return ls.renew(ctx, ttl)
+	// A Release may end the lease while this waits for ls.op or renews.
+	return released(ls.renew(ctx, ttl))
 }
 
 // Release deletes the lock row if this lease still owns it and notifies the
