@@ -419,12 +419,16 @@ const retryPause = 50 * time.Millisecond
 
 // cleanup deletes an attempt's node in the background: node if known, else
 // any node carrying the attempt's guid (a create whose reply was lost). It
-// gives up when the connection is closed, or after two session timeouts
-// without reaching ZooKeeper: by then the session has expired and taken its
-// ephemeral nodes with it.
+// gives up when the connection is closed, or when the connection's session
+// is no longer the one it started with: that session expired and took its
+// ephemeral nodes with it. It does not give up after some time without
+// reaching ZooKeeper: a server restarted from its data, or a new leader,
+// restores the sessions it had with a fresh timeout, and go-zookeeper
+// reconnects to the same session however long the outage lasted, with the
+// node.
 func (l *Locker) cleanup(a *attempt, node string) {
 	go func() {
-		end := time.Now().Add(2 * l.sessionTimeout)
+		session := l.conn.SessionID()
 		for {
 			var err error
 			target := node
@@ -434,7 +438,7 @@ func (l *Locker) cleanup(a *attempt, node string) {
 			if err == nil && target != "" {
 				err = l.conn.Delete(target, -1)
 			}
-			if err == nil || errors.Is(err, zk.ErrNoNode) || time.Now().After(end) || l.closed() {
+			if err == nil || errors.Is(err, zk.ErrNoNode) || l.conn.SessionID() != session || l.closed() {
 				return
 			}
 			time.Sleep(l.sessionTimeout / 8)
