@@ -48,3 +48,23 @@ func TestExtendRacingReleaseKeepsReleased(t *testing.T) {
 		}
 	}
 }
+
+// The Lease contract: Extend returns an error matching fence.ErrLeaseLost
+// once the lock is no longer held by the lease, as after its Release
+// (memlock, pglock and etcdlock return one matching ErrReleased too).
+func TestExtendAfterReleaseMatchesLeaseLost(t *testing.T) {
+	srv := startZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, _ := newLocker(t, []string{srv.Addr})
+	lease, err := l.Acquire(ctx, "extend-after-release")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx, time.Minute); !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+		t.Fatalf("Extend after Release = %v, want ErrLeaseLost and ErrReleased", err)
+	}
+}
