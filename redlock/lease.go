@@ -577,12 +577,15 @@ func (ls *lease) giveBack(nodes []int) {
 // TTL afterwards. Run while Release (or Close) releases the lease, a
 // renewal that finds the lock gone returns an error matching
 // fence.ErrReleased and leaves it to Release to say whether the lease was
-// lost: Release's own deletes may be what it found.
+// lost: Release's own deletes may be what it found. After Release, Extend
+// returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	if err := ls.Err(); err != nil {
+	if err := ls.Err(); err == fence.ErrReleased {
+		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
+	} else if err != nil {
 		return err
 	}
 	report, err := ls.renew(ctx, ttl)
