@@ -1,9 +1,12 @@
 package zklock_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,5 +78,46 @@ func TestGiveUpOnHungServerKeepsToBudget(t *testing.T) {
 		nodes := lockNodes(t, admin, name)
 		return len(nodes) == 0 || len(nodes) == 1 && holder.Err() == nil
 	})
+	_ = holder.Release(ctx)
+}
+
+// An Acquire whose Wait budget ends while a request is out (the server
+// hung as the waiter set its watch on the holder's node), its caller's ctx
+// alive, must not return an error matching context.DeadlineExceeded: that
+// says the caller's ctx ended, which it did not (Lead, for one, stops
+// campaigning on its ctx, and a caller tells its own deadline from a held
+// lock by it). The lock was seen held: ErrHeld, as when the budget ends
+// between requests.
+func TestBudgetEndsDuringRequest(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	const name = "budget-in-request"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holderLocker, _ := newLocker(t, addrs)
+	holder, err := holderLocker.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b before
+	l := newLockerDialer(t, addrs, b.dial)
+	var stopped atomic.Bool
+	f := func(p []byte) {
+		// getData (4) of the holder's node: the waiter's watch.
+		if len(p) >= 12 && binary.BigEndian.Uint32(p[8:]) == 4 && bytes.Contains(p, []byte(name)) && stopped.CompareAndSwap(false, true) {
+			srv.Stop()
+		}
+	}
+	b.f.Store(&f)
+	t.Cleanup(srv.Cont)
+	_, err = l.Acquire(ctx, name, fence.Wait(time.Second))
+	srv.Cont()
+	if !stopped.Load() {
+		t.Fatal("the server was not paused")
+	}
+	t.Logf("Acquire = %v", err)
+	if errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire whose budget ended in a request, ctx alive = %v, want ErrHeld, not DeadlineExceeded", err)
+	}
 	_ = holder.Release(ctx)
 }
