@@ -84,10 +84,9 @@ func TestGiveUpOnHungServerKeepsToBudget(t *testing.T) {
 // An Acquire whose Wait budget ends while a request is out (the server
 // hung as the waiter set its watch on the holder's node), its caller's ctx
 // alive, must not return an error matching context.DeadlineExceeded: that
-// says the caller's ctx ended, which it did not (Lead, for one, stops
-// campaigning on its ctx, and a caller tells its own deadline from a held
-// lock by it). The lock was seen held: ErrHeld, as when the budget ends
-// between requests.
+// says the caller's ctx ended, which it did not, and a caller that tells
+// its own deadline from a held lock by it is misled. The lock was seen
+// held: ErrHeld, as when the budget ends between requests.
 func TestBudgetEndsDuringRequest(t *testing.T) {
 	srv := startZK(t)
 	addrs := []string{srv.Addr}

@@ -134,12 +134,12 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	node, err := l.create(waitCtx, a)
 	if err != nil {
 		l.giveUp(ctx, a, node)
-		return nil, fence.NotAcquired(name, l.why(ctx, err))
+		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 	}
 	ls, err := l.await(ctx, waitCtx, a, node, o, start)
 	if err != nil {
 		l.giveUp(ctx, a, node)
-		return nil, fence.NotAcquired(name, l.why(ctx, err))
+		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 	}
 	return ls, nil
 }
@@ -167,10 +167,15 @@ func (l *Locker) giveUp(ctx context.Context, a *attempt, node string) {
 const giveUpTimeout = 500 * time.Millisecond
 
 // why returns ctx's error if ctx is done (the caller's deadline rather than
-// the wait budget), else err.
-func (l *Locker) why(ctx context.Context, err error) error {
-	if ctx.Err() != nil && !errors.Is(err, fence.ErrHeld) {
+// the wait budget), else err; err cut short by the end of the wait budget
+// (waitCtx) no longer wraps waitCtx's error, which the caller would take
+// for its own ctx's.
+func (l *Locker) why(ctx, waitCtx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil && !errors.Is(err, fence.ErrHeld):
 		return ctx.Err()
+	case waitCtx.Err() != nil && errors.Is(err, waitCtx.Err()):
+		return fmt.Errorf("%v: no answer from ZooKeeper before the wait budget ended", err)
 	}
 	return err
 }
@@ -291,16 +296,27 @@ func queue(children []string) []string {
 // predecessor, and returns the lease.
 func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o fence.Options, start time.Time) (*lease, error) {
 	own := node[strings.LastIndex(node, "/")+1:]
+	// held: the lock was seen held. A request that the wait budget's end
+	// cut short (the server hung) then returns ErrHeld, as the end of the
+	// budget between requests does.
+	held := false
+	budgetEnded := func() bool { return held && waitCtx.Err() != nil && ctx.Err() == nil }
 	for {
 		children, err := l.children(waitCtx, a.dir)
 		if err != nil {
 			if l.again(waitCtx, err) {
 				continue
 			}
+			if budgetEnded() {
+				return nil, fence.ErrHeld
+			}
 			return nil, fmt.Errorf("zklock: list %s: %w", a.dir, err)
 		}
 		q, err := l.dropDuplicates(waitCtx, a, own, queue(children))
 		if err != nil {
+			if budgetEnded() {
+				return nil, fence.ErrHeld
+			}
 			return nil, err
 		}
 		i := slices.Index(q, own)
@@ -312,6 +328,7 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		case o.Wait == 0:
 			return nil, fence.ErrHeld
 		}
+		held = true
 		pred := a.dir + "/" + q[i-1]
 		type watched struct {
 			exists bool
@@ -331,6 +348,9 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		if err != nil {
 			if l.again(waitCtx, err) {
 				continue
+			}
+			if budgetEnded() {
+				return nil, fence.ErrHeld
 			}
 			return nil, fmt.Errorf("zklock: watch %s: %w", pred, err)
 		}
