@@ -340,7 +340,11 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		case <-ls.stop:
 			// A Release is under way, or failed: the node is gone by its
 			// delete (or its background clean-up), and the Release says
-			// how the lease ended, not this Extend (as redlock's).
+			// how the lease ended, not this Extend (as redlock's), unless
+			// the lease was lost before.
+			if err := ls.Err(); err != nil && err != fence.ErrReleased {
+				return err
+			}
 			return fmt.Errorf("zklock: extend %q: %w", ls.a.name, fence.ErrReleased)
 		default:
 		}
