@@ -149,7 +149,8 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 }
 
 // Close revokes the etcd leases the Locker keeps for reuse (they hold no
-// key) and returns the first error. Calling it is optional: unused, they
+// key) and returns the first error. Each revoke is tried again on the next
+// member after an attempt timeout, as every call is, within ctx. Calling it is optional: unused, they
 // expire on etcd within their lease time. The Locker stays usable.
 func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
@@ -158,7 +159,13 @@ func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Unlock()
 	var first error
 	for _, sp := range spares {
-		if _, err := l.client.Revoke(ctx, sp.id); err != nil && first == nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// Per attempt, as every call: a revoke sent to a member that
+		// hangs would wait for ever.
+		err := l.try(ctx, attemptTimeout(sp.ttl), func(ctx context.Context) error {
+			_, err := l.client.Revoke(ctx, sp.id)
+			return err
+		})
+		if err != nil && first == nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			first = fmt.Errorf("etcdlock: close: revoke %x: %w", int64(sp.id), err)
 		}
 	}

@@ -106,7 +106,11 @@
 // TTL), and calling it again retries. When the token sequence is
 // exhausted, Acquire fails at once with ErrTokensExhausted. Every call sends its statements
 // with the caller's context, so a database that is down or unreachable
-// fails the call by the caller's deadline. An Acquire whose statement's
+// fails the call by the caller's deadline; so does a Release or an Extend
+// that waits for a renewal under way (an Extend with a farther deadline, or
+// the watchdog's, hung on the database): a Release that gives up so ends
+// the lease all the same and frees the row in the background, bounded by
+// two seconds, once that renewal is done. An Acquire whose statement's
 // outcome is unknown (the connection broke, ctx ended) frees its row, if
 // it was granted after all, in the background, with a statement bounded to
 // two seconds; a later try of the same Acquire is granted a row it already

@@ -23,7 +23,11 @@ type lease struct {
 	ctx    context.Context // cancelled with the lease's Err as cause when it ends
 	cancel context.CancelCauseFunc
 
-	op sync.Mutex // serializes renewals and the release
+	// op serializes renewals and the release: a token in it is held.
+	// A call waits for it only as long as its ctx lasts (lockOp): a
+	// renewal hung on the database must not hold up a Release or an
+	// Extend given a shorter deadline.
+	op chan struct{}
 
 	mu       sync.Mutex
 	deadline time.Time
@@ -60,7 +64,7 @@ func deadline(sent time.Time, ttl time.Duration) time.Time {
 }
 
 func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent time.Time) *lease {
-	ls := &lease{l: l, a: *a, token: token, granted: time.Now()}
+	ls := &lease{l: l, a: *a, token: token, granted: time.Now(), op: make(chan struct{}, 1)}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
@@ -223,12 +227,31 @@ func (ls *lease) movedAheadLocked() {
 	}
 }
 
+// lockOp takes ls.op, waiting for it as long as ctx lasts.
+func (ls *lease) lockOp(ctx context.Context) error {
+	select {
+	case ls.op <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case ls.op <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (ls *lease) unlockOp() { <-ls.op }
+
 // renew moves the row's expiry to ttl from now by the database's clock, if
 // the row is still this lease's and has not expired; otherwise it ends the
 // lease.
 func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
-	ls.op.Lock()
-	defer ls.op.Unlock()
+	if err := ls.lockOp(ctx); err != nil {
+		return fmt.Errorf("pglock: extend %q: %w", ls.a.name, err)
+	}
+	defer ls.unlockOp()
 	if err := ls.Err(); err != nil {
 		return err
 	}
@@ -273,13 +296,18 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	if err := ls.Err(); err == fence.ErrReleased {
-		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
-	} else if err != nil {
+	released := func(err error) error {
+		if err == fence.ErrReleased {
+			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
+		}
 		return err
 	}
+	if err := ls.Err(); err != nil {
+		return released(err)
+	}
 	defer ls.flush() // after renew unlocked ls.op: see flush
-	return ls.renew(ctx, ttl)
+	// A Release may end the lease while this waits for ls.op or renews.
+	return released(ls.renew(ctx, ttl))
 }
 
 // Release deletes the lock row if this lease still owns it and notifies the
@@ -301,8 +329,25 @@ func (ls *lease) Release(ctx context.Context) error {
 }
 
 func (ls *lease) release(ctx context.Context) error {
-	ls.op.Lock()
-	defer ls.op.Unlock()
+	if err := ls.lockOp(ctx); err != nil {
+		// A renewal under way holds ls.op (hung on the database, say;
+		// it ends by its own ctx): the lease ends here all the same,
+		// and this Release is finished in the background once that
+		// renewal is done, with a statement bounded as giveUp's, which
+		// frees the row whatever the renewal did to it. Calling Release
+		// again waits for that and returns its result, or retries if it
+		// failed.
+		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
+		go func() {
+			ls.op <- struct{}{}
+			ls.unlockOp()
+			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveUpTimeout)
+			defer cancel()
+			_ = ls.release(bctx)
+		}()
+		return fmt.Errorf("pglock: release %q: %w", ls.a.name, err)
+	}
+	defer ls.unlockOp()
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()

@@ -41,12 +41,15 @@ type lease struct {
 
 	parent context.Context // the Acquire's context, for the values of ctx
 
-	// relMu runs one Release at a time: two at once each deleted the
-	// lock on some nodes and found it gone on the others, and both
-	// reported the lease lost.
-	relMu sync.Mutex
+	// relOp runs one Release at a time (a token in it is held): two at
+	// once each deleted the lock on some nodes and found it gone on the
+	// others, and both reported the lease lost. A Release waits for it
+	// only as long as its ctx lasts: one in flight with a farther
+	// deadline, waiting for hung nodes, does not hold up another given
+	// a shorter one.
+	relOp chan struct{}
 	// relPrev is the last Release's fan-out when it concluded nothing
-	// (under relMu): its requests go on in the background, and a retry
+	// (under relOp): its requests go on in the background, and a retry
 	// counts their replies rather than finding the lock gone where they
 	// deleted it.
 	relPrev *relFanout
@@ -247,7 +250,7 @@ func (ls *lease) endAs(cause fence.LeaseCause, why error) (report func()) {
 // The report it returns (never nil; a no-op when this call did not end the
 // lease, or nobody is to be told) tells the Observer and the Logger, whose
 // callbacks may call the lease's Release and Extend: the caller makes it
-// once it holds nothing those wait for (relMu, the renewing slot, the
+// once it holds nothing those wait for (relOp, the renewing slot, the
 // watchdog's goroutine that Release waits to end).
 func (ls *lease) endWhen(cause fence.LeaseCause, why error, expiring bool) (report func()) {
 	ls.mu.Lock()
@@ -366,7 +369,7 @@ func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 // Release that did not wait is seen). The watchdog then returns on its
 // own, once the handler has. Conversely a watchdog that finds itself
 // stopped before it logs does not log: a Release may be waiting for it,
-// holding relMu, which a handler's Release would wait for (and a renewal
+// holding relOp, which a handler's Release would wait for (and a renewal
 // cut short by Release is no failure).
 func (ls *lease) logFailed(ctx context.Context, err error) bool {
 	log := ls.locker.log
@@ -574,12 +577,15 @@ func (ls *lease) giveBack(nodes []int) {
 // TTL afterwards. Run while Release (or Close) releases the lease, a
 // renewal that finds the lock gone returns an error matching
 // fence.ErrReleased and leaves it to Release to say whether the lease was
-// lost: Release's own deletes may be what it found.
+// lost: Release's own deletes may be what it found. After Release, Extend
+// returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	if err := ls.Err(); err != nil {
+	if err := ls.Err(); err == fence.ErrReleased {
+		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
+	} else if err != nil {
 		return err
 	}
 	report, err := ls.renew(ctx, ttl)
@@ -614,8 +620,18 @@ func (ls *lease) Release(ctx context.Context) error {
 // release is Release, but for the report of the lease's end, which it
 // returns (never nil).
 func (ls *lease) release(ctx context.Context) (report func(), _ error) {
-	ls.relMu.Lock()
-	defer ls.relMu.Unlock()
+	select {
+	case ls.relOp <- struct{}{}:
+	default:
+		select {
+		case ls.relOp <- struct{}{}:
+		case <-ctx.Done():
+			// The Release in flight ends the lease; this one concluded
+			// nothing, and calling Release again waits for that one.
+			return func() {}, fmt.Errorf("redlock: release %q: %w", ls.name, ctx.Err())
+		}
+	}
+	defer func() { <-ls.relOp }()
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()

@@ -65,7 +65,7 @@ func (h *sentHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // The holder's Release stops the watchdog while its renewal waits for two
 // paused nodes: the renewal cut short is no failure to log. Were it logged,
 // a handler that releases on "renewal failed" would wait for the Release
-// under way (relMu), which waits for the watchdog inside the handler.
+// under way (relOp), which waits for the watchdog inside the handler.
 // Before the fix the holder's Release never returned.
 func TestReleaseCutsRenewalShortNotLogged(t *testing.T) {
 	srvs := nodes(t, 3)

@@ -729,7 +729,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
 		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes)),
-		relKeys: acqKeys[:1], relArgs: acqArgs[:1], try: at, renewing: make(chan struct{}, 1)}
+		relKeys: acqKeys[:1], relArgs: acqArgs[:1], try: at, renewing: make(chan struct{}, 1), relOp: make(chan struct{}, 1)}
 	for i, r := range rs {
 		ls.ungranted[i] = r.err != nil
 	}

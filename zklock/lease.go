@@ -312,7 +312,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	if err := ls.Err(); err != nil {
+	if err := ls.Err(); err == fence.ErrReleased {
+		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
+	} else if err != nil {
 		return err
 	}
 	sent := time.Now()
@@ -334,6 +336,18 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("zklock: extend %q: %w", ls.a.name, err)
 	}
 	if !exists {
+		select {
+		case <-ls.stop:
+			// A Release is under way, or failed: the node is gone by its
+			// delete (or its background clean-up), and the Release says
+			// how the lease ended, not this Extend (as redlock's), unless
+			// the lease was lost before.
+			if err := ls.Err(); err != nil && err != fence.ErrReleased {
+				return err
+			}
+			return fmt.Errorf("zklock: extend %q: %w", ls.a.name, fence.ErrReleased)
+		default:
+		}
 		lost := fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node)
 		ls.end(lost)
 		return ls.Err()

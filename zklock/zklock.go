@@ -134,22 +134,28 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	node, err := l.create(waitCtx, a)
 	if err != nil {
 		l.giveUp(ctx, a, node)
-		return nil, fence.NotAcquired(name, l.why(ctx, err))
+		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 	}
 	ls, err := l.await(ctx, waitCtx, a, node, o, start)
 	if err != nil {
 		l.giveUp(ctx, a, node)
-		return nil, fence.NotAcquired(name, l.why(ctx, err))
+		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 	}
 	return ls, nil
 }
 
 // giveUp deletes the node of an attempt that did not take the lock: at once
 // while ctx lasts, so that a caller trying right after does not queue
-// behind it, else in the background.
+// behind it, else in the background. It waits for that delete no longer
+// than giveUpTimeout: on a server that hangs, go-zookeeper answers only
+// when it drops the connection, two thirds of a session timeout after the
+// last reply, and the Acquire, whose budget has ended, must not wait that
+// long.
 func (l *Locker) giveUp(ctx context.Context, a *attempt, node string) {
 	if node != "" && ctx.Err() == nil {
-		_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(node, -1) }, nil)
+		dctx, cancel := context.WithTimeout(ctx, giveUpTimeout)
+		defer cancel()
+		_, err := bounded(dctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(node, -1) }, nil)
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
 			return
 		}
@@ -157,11 +163,19 @@ func (l *Locker) giveUp(ctx context.Context, a *attempt, node string) {
 	l.cleanup(a, node)
 }
 
+// giveUpTimeout bounds giveUp's wait for its delete.
+const giveUpTimeout = 500 * time.Millisecond
+
 // why returns ctx's error if ctx is done (the caller's deadline rather than
-// the wait budget), else err.
-func (l *Locker) why(ctx context.Context, err error) error {
-	if ctx.Err() != nil && !errors.Is(err, fence.ErrHeld) {
+// the wait budget), else err; err cut short by the end of the wait budget
+// (waitCtx) no longer wraps waitCtx's error, which the caller would take
+// for its own ctx's.
+func (l *Locker) why(ctx, waitCtx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil && !errors.Is(err, fence.ErrHeld):
 		return ctx.Err()
+	case waitCtx.Err() != nil && errors.Is(err, waitCtx.Err()):
+		return fmt.Errorf("%v: no answer from ZooKeeper before the wait budget ended", err)
 	}
 	return err
 }
@@ -282,16 +296,27 @@ func queue(children []string) []string {
 // predecessor, and returns the lease.
 func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o fence.Options, start time.Time) (*lease, error) {
 	own := node[strings.LastIndex(node, "/")+1:]
+	// held: the lock was seen held. A request that the wait budget's end
+	// cut short (the server hung) then returns ErrHeld, as the end of the
+	// budget between requests does.
+	held := false
+	budgetEnded := func() bool { return held && waitCtx.Err() != nil && ctx.Err() == nil }
 	for {
 		children, err := l.children(waitCtx, a.dir)
 		if err != nil {
 			if l.again(waitCtx, err) {
 				continue
 			}
+			if budgetEnded() {
+				return nil, fence.ErrHeld
+			}
 			return nil, fmt.Errorf("zklock: list %s: %w", a.dir, err)
 		}
 		q, err := l.dropDuplicates(waitCtx, a, own, queue(children))
 		if err != nil {
+			if budgetEnded() {
+				return nil, fence.ErrHeld
+			}
 			return nil, err
 		}
 		i := slices.Index(q, own)
@@ -303,6 +328,7 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		case o.Wait == 0:
 			return nil, fence.ErrHeld
 		}
+		held = true
 		pred := a.dir + "/" + q[i-1]
 		type watched struct {
 			exists bool
@@ -322,6 +348,9 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		if err != nil {
 			if l.again(waitCtx, err) {
 				continue
+			}
+			if budgetEnded() {
+				return nil, fence.ErrHeld
 			}
 			return nil, fmt.Errorf("zklock: watch %s: %w", pred, err)
 		}
@@ -410,12 +439,16 @@ const retryPause = 50 * time.Millisecond
 
 // cleanup deletes an attempt's node in the background: node if known, else
 // any node carrying the attempt's guid (a create whose reply was lost). It
-// gives up when the connection is closed, or after two session timeouts
-// without reaching ZooKeeper: by then the session has expired and taken its
-// ephemeral nodes with it.
+// gives up when the connection is closed, or when the connection's session
+// is no longer the one it started with: that session expired and took its
+// ephemeral nodes with it. It does not give up after some time without
+// reaching ZooKeeper: a server restarted from its data, or a new leader,
+// restores the sessions it had with a fresh timeout, and go-zookeeper
+// reconnects to the same session however long the outage lasted, with the
+// node.
 func (l *Locker) cleanup(a *attempt, node string) {
 	go func() {
-		end := time.Now().Add(2 * l.sessionTimeout)
+		session := l.conn.SessionID()
 		for {
 			var err error
 			target := node
@@ -425,7 +458,7 @@ func (l *Locker) cleanup(a *attempt, node string) {
 			if err == nil && target != "" {
 				err = l.conn.Delete(target, -1)
 			}
-			if err == nil || errors.Is(err, zk.ErrNoNode) || time.Now().After(end) || l.closed() {
+			if err == nil || errors.Is(err, zk.ErrNoNode) || l.conn.SessionID() != session || l.closed() {
 				return
 			}
 			time.Sleep(l.sessionTimeout / 8)

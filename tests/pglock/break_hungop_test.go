@@ -1,0 +1,214 @@
+package pglock_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/pglock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// renewHangConnector's connections, while armed, hold every renewal (the
+// statement of Extend and of the watchdog) until its ctx ends or the test
+// lets it go: a database that stopped answering, as the driver sees it.
+type renewHangConnector struct {
+	driver.Connector
+	armed atomic.Bool
+	let   chan struct{}
+	once  sync.Once
+	held  atomic.Int64
+}
+
+// letGo disarms c and lets the held renewals run.
+func (c *renewHangConnector) letGo() {
+	c.armed.Store(false)
+	c.once.Do(func() { close(c.let) })
+}
+
+func (c *renewHangConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return renewHangConn{conn.(*stdlib.Conn), c}, nil
+}
+
+type renewHangConn struct {
+	*stdlib.Conn
+	c *renewHangConnector
+}
+
+func (c renewHangConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	if c.c.armed.Load() && strings.Contains(q, "SET expires_at = greatest") {
+		c.c.held.Add(1)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-c.c.let:
+		}
+	}
+	return c.Conn.ExecContext(ctx, q, args)
+}
+
+// renewHangDB is a *sql.DB on a fresh database whose renewals hang once
+// armed; the test's cleanup lets them go.
+func renewHangDB(t *testing.T) (database, *sql.DB, *renewHangConnector) {
+	t.Helper()
+	d := newDatabase(t, pg)
+	c := &renewHangConnector{let: make(chan struct{})}
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Connector = stdlib.GetConnector(*cfg)
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { _ = db.Close() })
+	t.Cleanup(c.letGo)
+	return d, db, c
+}
+
+// An Extend whose statement hangs (the database stopped answering) with a
+// far deadline must not hold up a Release given a short one: every call
+// returns by its own ctx's deadline. Release serialises with the renewals
+// (ls.op), and waited for the hung Extend whatever its own ctx said, here
+// for the Extend's 20 s. The lease must end all the same (a Release's
+// first call stops the lease, even when it fails), and its row, which the
+// hung Extend may yet move, must be freed once it is let go.
+func TestReleaseNotHeldUpByHungExtend(t *testing.T) {
+	const name = "release-behind-hung-extend"
+	d, db, hang := renewHangDB(t)
+	l := d.locker(t, db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hang.armed.Store(true)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(ctxFor(t, 20*time.Second), 5*time.Second) }()
+	waitUntil(t, func() bool { return hang.held.Load() == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctx) }()
+	select {
+	case err := <-released:
+		t.Logf("Release with a 300 ms ctx behind a hung Extend = %v after %v", err, time.Since(start))
+		if err == nil {
+			t.Fatal("Release returned nil while the row could not be freed")
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatalf("Release with a 300 ms ctx still waiting %v in, behind an Extend hung on the database", time.Since(start))
+	}
+	select {
+	case <-lease.Done():
+	default:
+		t.Fatal("the lease did not end on Release")
+	}
+	// The database answers again: the Extend ends, and the row is freed,
+	// whatever it did to it.
+	hang.letGo()
+	if err := <-extended; err == nil {
+		t.Fatal("Extend returned nil after Release ended the lease")
+	}
+	other, err := d.locker(t, d.db).Acquire(ctxFor(t, 10*time.Second), name, fence.Wait(3*time.Second))
+	if err != nil {
+		t.Fatalf("the row of a released lease was not freed: %v", err)
+	}
+	if other.Token() <= lease.Token() {
+		t.Fatalf("token %d after %d", other.Token(), lease.Token())
+	}
+	_ = other.Release(ctxFor(t, 5*time.Second))
+}
+
+// waitUntil polls cond, with a deadline of 10 s.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatal("condition not met after 10 s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// An Extend with a short ctx behind a watchdog renewal that hangs (the
+// database stopped answering; the renewal is bounded by the lease's
+// deadline only, here some 4 s away) must return by its own ctx's
+// deadline, not the renewal's.
+func TestExtendNotHeldUpByHungRenewal(t *testing.T) {
+	const name = "extend-behind-hung-renewal"
+	_, db, hang := renewHangDB(t)
+	l, err := pglock.New(db, &pglock.Options{WatchdogTTL: 6 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hang.armed.Store(true)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The watchdog renews at a third of the TTL, 2 s in.
+	waitUntil(t, func() bool { return hang.held.Load() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(ctx, 6*time.Second) }()
+	select {
+	case err := <-extended:
+		t.Logf("Extend with a 300 ms ctx behind a hung renewal = %v after %v", err, time.Since(start))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Extend = %v, want its ctx's error", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatalf("Extend with a 300 ms ctx still waiting %v in, behind a renewal hung on the database (lease deadline in %v)",
+			time.Since(start), time.Until(lease.Deadline()))
+	}
+	hang.letGo()
+	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Extend's doc: after Release, Extend returns an error matching both
+// fence.ErrLeaseLost and fence.ErrReleased. An Extend that started before
+// the Release concluded, and waited for it (ls.op), returned a bare
+// ErrReleased, which does not match ErrLeaseLost.
+func TestExtendRacingReleaseMatchesLeaseLost(t *testing.T) {
+	d := newDatabase(t, pg)
+	l := d.locker(t, d.db)
+	ctx := ctxFor(t, 30*time.Second)
+	for round := range 100 {
+		lease, err := l.Acquire(ctx, "extend-release", fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		extended := make(chan error, 1)
+		go func() {
+			for {
+				if err := lease.Extend(ctx, time.Minute); err != nil {
+					extended <- err
+					return
+				}
+			}
+		}()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("round %d: Release = %v", round, err)
+		}
+		if err := <-extended; !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+			t.Fatalf("round %d: Extend racing Release = %v, want ErrLeaseLost and ErrReleased", round, err)
+		}
+	}
+}

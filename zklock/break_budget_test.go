@@ -1,0 +1,122 @@
+package zklock_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
+)
+
+// An Acquire whose Wait budget ends while the server hangs (paused: its
+// connection open, nothing answered) returns by the budget's end, not by
+// the caller's far ctx deadline, nor when go-zookeeper gives the hung
+// connection up (two thirds of the session timeout after the last reply,
+// 4 s here): the delete of its node on giving up may be sent at once, but
+// not waited for beyond a short bound; the node then goes in the
+// background, or with the session.
+func TestGiveUpOnHungServerKeepsToBudget(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	const name = "budget-hung"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holderLocker, admin := newLocker(t, addrs)
+	holder, err := holderLocker.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const long = 6 * time.Second // go-zookeeper's receive timeout: 4 s
+	conn, _, err := zk.Connect(addrs, long, zk.WithLogger(quiet{}), zk.WithDialer(net.DialTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
+	l, err := zklock.New(conn, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wait = time.Second
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		_, err := l.Acquire(ctx, name, fence.Wait(wait))
+		done <- result{err, time.Since(start)}
+	}()
+	// The waiter watches the holder's node (the holder watches it too).
+	waitFor(t, func() bool { return totalWatches(t, srv) == "2" })
+	srv.Stop()
+	t.Cleanup(srv.Cont)
+	select {
+	case r := <-done:
+		t.Logf("Acquire(Wait %v) with the server hung = %v after %v", wait, r.err, r.took)
+		if !errors.Is(r.err, fence.ErrHeld) {
+			t.Fatalf("Acquire = %v, want ErrHeld", r.err)
+		}
+		if r.took > wait+700*time.Millisecond {
+			t.Fatalf("Acquire with a Wait of %v took %v with the server hung", wait, r.took)
+		}
+	case <-time.After(wait + 10*time.Second):
+		t.Fatal("Acquire still waiting")
+	}
+	srv.Cont()
+	// The waiter's node goes all the same (the holder's may have too: its
+	// lease may have ended at its deadline while the server was paused).
+	waitFor(t, func() bool {
+		nodes := lockNodes(t, admin, name)
+		return len(nodes) == 0 || len(nodes) == 1 && holder.Err() == nil
+	})
+	_ = holder.Release(ctx)
+}
+
+// An Acquire whose Wait budget ends while a request is out (the server
+// hung as the waiter set its watch on the holder's node), its caller's ctx
+// alive, must not return an error matching context.DeadlineExceeded: that
+// says the caller's ctx ended, which it did not, and a caller that tells
+// its own deadline from a held lock by it is misled. The lock was seen
+// held: ErrHeld, as when the budget ends between requests.
+func TestBudgetEndsDuringRequest(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	const name = "budget-in-request"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holderLocker, _ := newLocker(t, addrs)
+	holder, err := holderLocker.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b before
+	l := newLockerDialer(t, addrs, b.dial)
+	var stopped atomic.Bool
+	f := func(p []byte) {
+		// getData (4) of the holder's node: the waiter's watch.
+		if len(p) >= 12 && binary.BigEndian.Uint32(p[8:]) == 4 && bytes.Contains(p, []byte(name)) && stopped.CompareAndSwap(false, true) {
+			srv.Stop()
+		}
+	}
+	b.f.Store(&f)
+	t.Cleanup(srv.Cont)
+	_, err = l.Acquire(ctx, name, fence.Wait(time.Second))
+	srv.Cont()
+	if !stopped.Load() {
+		t.Fatal("the server was not paused")
+	}
+	t.Logf("Acquire = %v", err)
+	if errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire whose budget ended in a request, ctx alive = %v, want ErrHeld, not DeadlineExceeded", err)
+	}
+	_ = holder.Release(ctx)
+}
