@@ -33,9 +33,9 @@ type subscription struct {
 	// they would push a joining waiter's grant out. Guarded by Locker.mu.
 	recent     [8]grantMsg
 	recentNext int
-	ps     *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
-	closed bool          // the last waiter has left; guarded by Locker.mu
-	stop   context.CancelFunc
+	ps         *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
+	closed     bool          // the last waiter has left; guarded by Locker.mu
+	stop       context.CancelFunc
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
