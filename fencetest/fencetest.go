@@ -341,6 +341,11 @@ func (s suite) releaseIdempotent(t *testing.T) {
 	if !errors.Is(lease.Err(), fence.ErrReleased) {
 		t.Fatalf("Err() after Release = %v, want ErrReleased", lease.Err())
 	}
+	// The lock is no longer this lease's: Extend says so as the Lease
+	// contract asks (ErrLeaseLost), and why (ErrReleased).
+	if err := lease.Extend(ctxFor(t), time.Minute); !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+		t.Fatalf("Extend after Release = %v, want an error matching ErrLeaseLost and ErrReleased", err)
+	}
 	// The lock is free again at once.
 	mustRelease(t, mustAcquire(t, l, n))
 }

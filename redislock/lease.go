@@ -414,6 +414,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	if err := ls.Err(); err != nil {
+		if err == fence.ErrReleased { // no longer this lease's, as the contract says
+			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.attempt.name, err)
+		}
 		return err
 	}
 	report, err := ls.renew(ctx, ttl)
