@@ -347,7 +347,11 @@ func acquireError(err error) error {
 	switch {
 	case errors.Is(err, fence.ErrInvalidName), errors.Is(err, fence.ErrInvalidOption):
 		return exitWith(ExitUsage, err)
-	case errors.Is(err, fence.ErrHeld), errors.Is(err, context.DeadlineExceeded), errors.Is(err, fence.ErrNotReplicated):
+	case errors.Is(err, fence.ErrHeld), errors.Is(err, fence.ErrNotReplicated):
+		// (Not context.DeadlineExceeded: exec's context has no
+		// deadline, and every backend says ErrHeld when --wait ends with
+		// the lock held; a deadline inside a client, such as go-redis's
+		// Sentinel lookup, is a connection error.)
 		return exitWith(ExitNotAcquired, err)
 	case errors.Is(err, context.Canceled):
 		return exitWith(ExitInterrupted, err)
