@@ -71,20 +71,7 @@ func TestRedisStoreHungServerWithinDeadline(t *testing.T) {
 // the token must not be recorded (nor the write made): the transaction
 // never committed. A newer token is then accepted.
 func TestTxHungPostgresWithinDeadline(t *testing.T) {
-	db := pg.NewDB(t)
-	db.SetMaxOpenConns(1) // the transaction runs on the backend whose pid is read
-	setup(t, db)
-	var pid int
-	if err := db.QueryRowContext(ctx(t), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	proc, err := os.FindProcess(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var resumeOnce sync.Once
-	resume := func() { resumeOnce.Do(func() { _ = proc.Signal(syscall.SIGCONT) }) }
-	t.Cleanup(resume)
+	db, proc, resume := oneBackend(t)
 
 	const wait = 200 * time.Millisecond
 	const slack = 800 * time.Millisecond
@@ -97,7 +84,7 @@ func TestTxHungPostgresWithinDeadline(t *testing.T) {
 			if err := proc.Signal(syscall.SIGSTOP); err != nil {
 				return err
 			}
-			stopped.Wait(pid, stopped.Limit)
+			stopped.Wait(proc.Pid, stopped.Limit)
 			_, err := tx.ExecContext(tctx, `UPDATE payment SET approved_by = 'hung' WHERE id = 1001`)
 			return err
 		})
@@ -160,8 +147,33 @@ func TestRedisStoreForgetsAfterRestart(t *testing.T) {
 // ErrRetry, which promises that nothing was written; it carries the
 // deadline's error, and the outcome is unknown (see Tx's doc).
 func TestTxCommitInDoubtIsNotRetry(t *testing.T) {
+	db, proc, resume := oneBackend(t)
+	tctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := guard.Tx(tctx, db, "payment:1001", 5, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(tctx, `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`); err != nil {
+			return err
+		}
+		if err := proc.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		stopped.Wait(proc.Pid, stopped.Limit)
+		return nil
+	})
+	resume()
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, guard.ErrRetry) {
+		t.Fatalf("Tx whose commit outlived its deadline: %v; want the deadline's error, not ErrRetry", err)
+	}
+	_, by, _ := row(t, db)
+	t.Logf("Tx returned %v; after the backend resumed, approved_by = %q (committed: %v)", err, by.String, by.String == "w5")
+}
+
+// oneBackend is a database of one connection, set up, with its PostgreSQL
+// backend's process (to stop it with SIGSTOP) and resume, which sends it
+// SIGCONT once (at the test's end too).
+func oneBackend(t *testing.T) (*sql.DB, *os.Process, func()) {
 	db := pg.NewDB(t)
-	db.SetMaxOpenConns(1)
+	db.SetMaxOpenConns(1) // the transactions run on the backend whose pid is read
 	setup(t, db)
 	var pid int
 	if err := db.QueryRowContext(ctx(t), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
@@ -174,22 +186,5 @@ func TestTxCommitInDoubtIsNotRetry(t *testing.T) {
 	var resumeOnce sync.Once
 	resume := func() { resumeOnce.Do(func() { _ = proc.Signal(syscall.SIGCONT) }) }
 	t.Cleanup(resume)
-	tctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	err = guard.Tx(tctx, db, "payment:1001", 5, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(tctx, `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`); err != nil {
-			return err
-		}
-		if err := proc.Signal(syscall.SIGSTOP); err != nil {
-			return err
-		}
-		stopped.Wait(pid, stopped.Limit)
-		return nil
-	})
-	resume()
-	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, guard.ErrRetry) {
-		t.Fatalf("Tx whose commit outlived its deadline: %v; want the deadline's error, not ErrRetry", err)
-	}
-	_, by, _ := row(t, db)
-	t.Logf("Tx returned %v; after the backend resumed, approved_by = %q (committed: %v)", err, by.String, by.String == "w5")
+	return db, proc, resume
 }
