@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -16,14 +15,7 @@ import (
 // it: go-redis's read timeout, retried, for each command.
 func TestStatusBlackHoleWithinTimeout(t *testing.T) {
 	hole := blackHole(t)
-	closed := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().String()
-	}()
+	closed := closedAddr(t)
 	run := func(limit time.Duration, args ...string) {
 		t.Helper()
 		start := time.Now()
