@@ -128,6 +128,9 @@ func TestExecUsageAndNotAcquired(t *testing.T) {
 	if code != cli.ExitNotAcquired || time.Since(start) < 300*time.Millisecond {
 		t.Fatalf("second exec: exit %d after %v (%s), want %d after the wait", code, time.Since(start), errOut, cli.ExitNotAcquired)
 	}
+	if !strings.HasPrefix(errOut, "fence: lock not acquired") {
+		t.Errorf("second exec's stderr %q, want it to begin \"fence: lock not acquired\" (the prefix said once)", errOut)
+	}
 	out, _, _ := fence(t, nil, "status", "--redis", redisURL(srv), "--json", "held")
 	if !strings.Contains(out, `"held":true`) {
 		t.Fatalf("status --json while held: %s", out)

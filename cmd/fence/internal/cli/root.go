@@ -59,12 +59,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintln(stderr, "fence:", scrub(ee.err.Error(), args))
+			fmt.Fprintln(stderr, errorLine(ee.err, args))
 		}
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "fence:", scrub(err.Error(), args))
+	fmt.Fprintln(stderr, errorLine(err, args))
 	return ExitUsage
+}
+
+// errorLine is err as fence prints it: after "fence: ", said once (the
+// library's errors begin with it too), credentials in args scrubbed.
+func errorLine(err error, args []string) string {
+	return "fence: " + strings.TrimPrefix(scrub(err.Error(), args), "fence: ")
 }
 
 // libLogger is go-redis's logger for fence: its lines go to stderr
