@@ -125,12 +125,15 @@ func (ls *lease) endLater(why error) (ended bool, report func()) {
 	if why == fence.ErrReleased {
 		cause = fence.Released
 	}
-	return ls.endAsLater(why, cause)
+	return ls.endAsLater(why, cause, false)
 }
 
-// endAs is end with the cause to report to the Observer and the Logger.
+// endAs is end with the cause to report to the Observer and the Logger,
+// for the expiry timer: it ends the lease only if its deadline has come (a
+// reply or an Extend may have moved it while the timer fired; the timer,
+// reset, fires again then).
 func (ls *lease) endAs(why error, cause fence.LeaseCause) bool {
-	ended, report := ls.endAsLater(why, cause)
+	ended, report := ls.endAsLater(why, cause, true)
 	report()
 	return ended
 }
@@ -140,9 +143,9 @@ func (ls *lease) endAs(why error, cause fence.LeaseCause) bool {
 // in turn: the callback may call Release, which waits for the monitor to
 // end and for the Release under way, whose result must be settled before
 // the callback's Release returns it.
-func (ls *lease) endAsLater(why error, cause fence.LeaseCause) (ended bool, report func()) {
+func (ls *lease) endAsLater(why error, cause fence.LeaseCause, expiring bool) (ended bool, report func()) {
 	ls.mu.Lock()
-	if ls.err != nil {
+	if ls.err != nil || expiring && time.Now().Before(ls.deadline) {
 		ls.mu.Unlock()
 		return false, func() {}
 	}
