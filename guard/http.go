@@ -80,7 +80,9 @@ type HTTPOptions struct {
 
 // ResourceFromHeader takes the resource from the request's Fence-Resource
 // header: the client chooses which resource it fences. Use it only where
-// any client may fence any resource of the namespace.
+// any client may fence any resource of the namespace, and with a store that
+// bears as many resources as clients may name (SQLStore, redisstore; not
+// MemoryStore, which keeps every name it is asked about).
 func ResourceFromHeader(r *http.Request) (string, error) {
 	v := r.Header.Values(ResourceHeader)
 	if len(v) != 1 {

@@ -37,6 +37,9 @@ type Acceptor interface {
 // resource one at a time: for a resource that lives in this process, and
 // for tests. A token is spent when it is checked, even if fn then fails,
 // since the store cannot undo fn's writes. The zero value is ready to use.
+// It keeps an entry for every resource it was ever asked about, for as long
+// as it lives (a forgotten last token would let a stale one in): give it a
+// bounded set of names, not ResourceFromHeader's, which any client chooses.
 type MemoryStore struct {
 	mu        sync.Mutex
 	resources map[string]*memoryResource
