@@ -74,7 +74,9 @@ type HTTPOptions struct {
 	// rejected as stale (fence.GuardEvent, with the resource without the
 	// Namespace). Requests refused before the store is asked (400) and
 	// store failures (503) are not decisions on a token and are not
-	// reported.
+	// reported. Accept is told when the store lets the handler run: with
+	// SQLStore, a handler that fails rolls the token back with its
+	// writes, and the same token sent again is accepted, and told, again.
 	Observer fence.Observer
 }
 
