@@ -269,7 +269,13 @@
 // refuses a marked owner, so the lock is freed whichever of the two runs
 // first. The mark is left even when the release deletes the lock: a waiting
 // Acquire retries with the same owner, so more than one of its acquisitions
-// may be on its way.
+// may be on its way. go-redis itself sends a command again (MaxRetries)
+// after its read timed out, and the first may still arrive, late: a lease
+// one of whose tries took half the client's ReadTimeout or more is released
+// with the same mark, so that such a try, arriving after the Release,
+// refuses rather than take the lock for its lease time. (A lease that
+// ends at its deadline, unreleased, leaves no mark: a try delayed for
+// longer than the lease is not covered.)
 //
 // A lease proves nothing once its holder has paused: pass its Token to the
 // protected resource and have the resource reject stale tokens.

@@ -95,6 +95,10 @@ type Locker struct {
 	// those with it.
 	batch, syncBatch batcher
 
+	// resendAfter: a try that took this long may have been sent twice
+	// (zero: never; see resendAfter).
+	resendAfter time.Duration
+
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
 	// joining holds the owners of this Locker's waiting Acquires that may
@@ -154,6 +158,7 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 		l.calls.selfBounded = conn.SelfBounded()
 	} else {
 		l.calls.selfBounded = selfBounded(client)
+		l.resendAfter = resendAfter(client)
 	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redislock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
@@ -608,6 +613,10 @@ type attempt struct {
 	acquireArgs  [5]any // owner, lease ms, token record retention ms, wait ms, try number (see acquire.lua)
 	releaseArgs  [2]any // owner, token record retention ms
 	synced       bool   // the last try that found the lock held had replica sync apply
+	// resent: a try took so long that the client may have sent it again
+	// (Locker.resendAfter), and the first may still run: the lease is
+	// released with a revocation, so that it refuses then.
+	resent bool
 
 	// home is the lease that the first successful try fills in: the
 	// attempt lives in it from the start, so that an acquisition
@@ -660,11 +669,48 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 // same handling as any synced try's (given back, owner-checked).
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
 	noWait := !l.sync.Disabled && a.acquireArgs[3] != 0 && a.acquireArgs[4] == 1 && l.othersWait(a.keys.channel, a.owner)
+	var began time.Time
+	if l.resendAfter > 0 {
+		began = time.Now()
+	}
 	ls, ttl, unsynced, err := l.tryOr(ctx, a, noWait)
 	if unsynced {
-		return l.confirmTake(ctx, a)
+		ls, ttl, err = l.confirmTake(ctx, a)
+	}
+	if l.resendAfter > 0 && time.Since(began) >= l.resendAfter {
+		a.resent = true
+		if ls != nil {
+			ls.attempt.resent = true // not the caller's yet
+		}
 	}
 	return ls, ttl, err
+}
+
+// resendAfter is how long a call on client must have taken for the client
+// to have sent it again: go-redis sends a command again (MaxRetries) once
+// its read timed out, and the first may still reach the server, delayed on
+// the network, and run after the second. Zero when the client does not
+// send again (MaxRetries -1), has no read timeout, or is of another kind.
+// Half the read timeout: timers fire late, never early, and a try that
+// only looks resent costs its lease a revocation mark.
+func resendAfter(client redis.UniversalClient) time.Duration {
+	var rt time.Duration
+	var retries int
+	switch c := client.(type) {
+	case *redis.Client:
+		o := c.Options()
+		rt, retries = o.ReadTimeout, o.MaxRetries
+	case *redis.ClusterClient:
+		o := c.Options()
+		rt, retries = o.ReadTimeout, o.MaxRetries
+	case *redis.Ring:
+		o := c.Options()
+		rt, retries = o.ReadTimeout, o.MaxRetries
+	}
+	if rt <= 0 || retries <= 0 {
+		return 0
+	}
+	return rt / 2
 }
 
 // confirmTake confirms with a synced try a lock that a try without WAIT
@@ -794,6 +840,12 @@ func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Durat
 // does not change the release's: a grant it did not cover is confirmed by
 // its waiter, as any other.
 func (l *Locker) releaseLease(ctx context.Context, a *attempt) (bool, error) {
+	if a.resent {
+		// A try of this lease's may have been sent twice: revoke the
+		// owner as the lock is released, or the first, arriving late,
+		// would take the lock for a lease that nobody holds.
+		return l.releaseOwned(ctx, a, max(a.ttl, revokeFor))
+	}
 	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout {
 		// (A WAIT that could outlast the caller's deadline would turn a
 		// release that happened into one reported failed. A cancellation
