@@ -82,7 +82,10 @@ func within(t *testing.T, what string, call func(ctx context.Context) error) {
 // must they.
 func TestHungRedisReturnsByDeadline(t *testing.T) {
 	for _, cte := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) { testHungRedis(t, cte) })
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			t.Parallel() // each on its own listener and server, mostly waiting out deadlines
+			testHungRedis(t, cte)
+		})
 	}
 }
 

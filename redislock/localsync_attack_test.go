@@ -541,7 +541,10 @@ func (c *gatedReplyConn) Read(p []byte) (int, error) {
 // localsync as it was, without the hold-off's bound).
 func TestStaleCoveredGrantAfterOwnTry(t *testing.T) {
 	for _, holderTTL := range []time.Duration{time.Minute, 700 * time.Millisecond} {
-		t.Run(holderTTL.String(), func(t *testing.T) { staleCoveredGrant(t, holderTTL) })
+		t.Run(holderTTL.String(), func(t *testing.T) {
+			t.Parallel() // each on its own servers, mostly waiting out the waiter's budget
+			staleCoveredGrant(t, holderTTL)
+		})
 	}
 }
 
