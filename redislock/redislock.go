@@ -722,8 +722,14 @@ func resendAfter(client redis.UniversalClient) time.Duration {
 		o := c.Options()
 		rt, retries = o.ReadTimeout, o.MaxRetries
 	case *redis.Ring:
+		// The Ring resends (Ring.process, MaxRetries); its shards read
+		// with ReadTimeout as given, which go-redis leaves unset in the
+		// Ring's options: 0 is a shard client's default, 5 s.
 		o := c.Options()
 		rt, retries = o.ReadTimeout, o.MaxRetries
+		if rt == 0 {
+			rt = 5 * time.Second
+		}
 	}
 	if rt <= 0 || retries <= 0 {
 		return 0
