@@ -1,6 +1,7 @@
 package redislock_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -128,4 +129,34 @@ func TestResentTryDuringLeaseOutlivesDeadline(t *testing.T) {
 	if d := time.Since(ended); d > 300*time.Millisecond {
 		t.Fatalf("the lease ended at its deadline, unreleased; the next Acquire got the lock %v later (its first try, arriving during the lease, moved the lock's expiry past the deadline)", d.Round(time.Millisecond))
 	}
+}
+
+// TestResentSyncedTryWaitPastReadTimeout: with replica sync and a replica
+// cut off, the WAIT pipelined after the try holds for the sync timeout
+// (1 s), longer than the client's ReadTimeout (300 ms): go-redis times out
+// the read and sends the script and its WAIT again, three more times. The
+// Acquire must return by the sync refusal or the client's error, and the
+// lock must be freed at once (not held for the lease time, a minute),
+// nor left to the owner of an Acquire that returned.
+func TestResentSyncedTryWaitPastReadTimeout(t *testing.T) {
+	const name = "lock:resent-synced"
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr, ReadTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: time.Second}})
+	if err := fence.Run(ctx(t), l, "warm-up", func(context.Context, fence.Lease) error { return nil }); err != nil {
+		t.Fatal(err) // the Locker has seen its replica
+	}
+	redistest.CutLink(t, primary, replica)
+	start := time.Now()
+	ls, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	if err == nil {
+		_ = ls.Release(ctx(t))
+		t.Fatal("acquired with the replica cut off")
+	}
+	t.Logf("Acquire: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)).Val() == 0 })
 }
