@@ -160,3 +160,35 @@ func TestResentSyncedTryWaitPastReadTimeout(t *testing.T) {
 	t.Logf("Acquire: %v after %v", err, time.Since(start).Round(time.Millisecond))
 	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)).Val() == 0 })
 }
+
+// TestResentRingTryAfterRelease: on a Ring (ReplicaSync off: the try goes
+// through the Ring, which sends it again after the shard's read timed
+// out), a plain Acquire's try is delayed in transit; the resend takes the
+// lock, the lease is released, then the first copy arrives: it must
+// refuse rather than take the lock for a minute.
+func TestResentRingTryAfterRelease(t *testing.T) {
+	const name = "lock:resent-ring"
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	tr := &transit{match: []byte(lockKey(name))}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr}, Dialer: tr.dial, ReadTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { _ = ring.Close() })
+	opts := redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
+	l := lockerWith(t, ring, opts)
+	if err := fence.Run(ctx(t), l, "warm-up", func(context.Context, fence.Lease) error { return nil }); err != nil {
+		t.Fatal(err) // (the scripts are loaded)
+	}
+	tr.arm()
+	ls, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tr.holding() {
+		t.Fatal("the try was not held in transit")
+	}
+	if err := ls.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	deliverLate(t, admin, tr)
+	freeWithin(t, srv, admin, name, "after a Ring's resent try took the lock, was released, and its first copy ran")
+}
