@@ -273,9 +273,13 @@
 // after its read timed out, and the first may still arrive, late: a lease
 // one of whose tries took half the client's ReadTimeout or more is released
 // with the same mark, so that such a try, arriving after the Release,
-// refuses rather than take the lock for its lease time. (A lease that
-// ends at its deadline, unreleased, leaves no mark: a try delayed for
-// longer than the lease is not covered.)
+// refuses rather than take the lock for its lease time. Such a lease that
+// ends at its deadline, unreleased, gives the lock back at once
+// (owner-checked) and leaves the mark too: the first copy, arriving
+// during the lease, finds the lock its own and moves its expiry past the
+// deadline. An Acquire that returns without a lease after such a try
+// revokes its owner likewise. A copy delayed for longer than the mark
+// (a minute, or the lease time if longer) is not covered.
 //
 // A lease proves nothing once its holder has paused: pass its Token to the
 // protected resource and have the resource reject stale tokens.

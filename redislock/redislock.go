@@ -307,6 +307,12 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		l.giveUpMaybeHeld(a, err)
 		return nil, fence.NotAcquired(name, err)
 	case o.Wait == 0:
+		if a.resent {
+			// The client may have sent the try twice: the first copy,
+			// arriving once the lock is free, would take it for a lease
+			// that nobody holds. Revoke the owner.
+			go l.releaseAbandoned(*a)
+		}
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
 
@@ -334,7 +340,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		// or take the lock (acquire.lua does neither for a revoked
 		// owner).
 		var revoke time.Duration
-		if maybe != nil {
+		if maybe != nil || a.resent { // (resent: see try)
 			revoke = max(a.ttl, revokeFor)
 		}
 		go l.withdraw(*a, revoke)
@@ -527,7 +533,11 @@ func (l *Locker) granted(ctx context.Context, a *attempt, u wakeup, sent []time.
 		// still lands in time.
 		return nil
 	}
-	return l.newLease(ctx, a, fence.Token(g.token), anchor, time.Now(), g.server)
+	ls := l.newLease(ctx, a, fence.Token(g.token), anchor, time.Now(), g.server)
+	if a.resent {
+		ls.movedAhead() // an earlier try may still arrive (see try)
+	}
+	return ls
 }
 
 // signedBy reports whether g carries the MAC that the grant script makes
@@ -584,6 +594,10 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 	}
 	if errors.Is(err, errGaveUp) {
 		return // the try's abandoned callback releases or revokes it
+	}
+	if a.resent {
+		go l.releaseAbandoned(*a) // the client may have sent it twice (see try)
+		return
 	}
 	// A deadline that ended the call may have ended it after the script
 	// was sent; it is not worth retrying (transient), but it may have run.
@@ -681,6 +695,10 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		a.resent = true
 		if ls != nil {
 			ls.attempt.resent = true // not the caller's yet
+			// The first copy, arriving during the lease, finds the lock
+			// its own and moves its expiry past the deadline: give the
+			// lock back (revoked) if the lease ends unreleased.
+			ls.movedAhead()
 		}
 	}
 	return ls, ttl, err
@@ -704,8 +722,14 @@ func resendAfter(client redis.UniversalClient) time.Duration {
 		o := c.Options()
 		rt, retries = o.ReadTimeout, o.MaxRetries
 	case *redis.Ring:
+		// The Ring resends (Ring.process, MaxRetries); its shards read
+		// with ReadTimeout as given, which go-redis leaves unset in the
+		// Ring's options: 0 is a shard client's default, 5 s.
 		o := c.Options()
 		rt, retries = o.ReadTimeout, o.MaxRetries
+		if rt == 0 {
+			rt = 5 * time.Second
+		}
 	}
 	if rt <= 0 || retries <= 0 {
 		return 0
