@@ -42,9 +42,11 @@ check:
 	$(GO) run $(STATICCHECK) $(MODULES)
 
 # -p 4 on 2 CPUs: the packages' tests mostly wait (on servers, leases and
-# timeouts: 7.4 CPU-minutes in 10.75 wall-minutes of make test), so four test
-# binaries at a time overlap their waits; each package's own time did not
-# change (unit: 3 min 47 s with -p 4, about 6.5 min with the default 2).
+# timeouts: 7.4 CPU-minutes in 10.75 wall-minutes of make test, when it was
+# measured), so four test binaries at a time overlap their waits; each
+# package's own time did not change (unit then: 3 min 47 s with -p 4, about
+# 6.5 min with the default 2; on 2026-12-01 about 7 min with -p 4, redislock's
+# 330 s the longest).
 # The allocation ceilings are exact only without the race detector (which
 # adds a few at random): their tests run once more without it.
 unit:
