@@ -24,6 +24,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/bound"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -81,32 +82,15 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	return &guard.StaleError{Resource: resource, Token: token, Last: fence.Token(n)}
 }
 
-// bounded returns call's result, or ctx's error as soon as ctx is done: a
-// server that hangs would otherwise hold the call for the client's
-// ReadTimeout (3 s by default), or for ever with none.
+// bounded returns call's result, or ctx's error (with its cause) as soon as
+// ctx is done: a server that hangs would otherwise hold the call for the
+// client's ReadTimeout (3 s by default), or for ever with none.
 func bounded(ctx context.Context, call func() (string, error)) (string, error) {
-	if ctx.Done() == nil {
-		return call()
-	}
-	if err := ctx.Err(); err != nil {
-		return "", err
-	}
-	type result struct {
-		last string
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		last, err := call()
-		done <- result{last, err}
-	}()
-	select {
-	case r := <-done:
-		return r.last, r.err
-	case <-ctx.Done():
-		if cause := context.Cause(ctx); cause != ctx.Err() {
-			return "", fmt.Errorf("%w: %w", ctx.Err(), cause)
+	last, err := bound.Call(ctx, call, nil)
+	if err != nil && err == ctx.Err() {
+		if cause := context.Cause(ctx); cause != err {
+			return "", fmt.Errorf("%w: %w", err, cause)
 		}
-		return "", ctx.Err()
 	}
+	return last, err
 }
