@@ -55,20 +55,7 @@ func freeWithin(t *testing.T, srv *redistest.Server, admin *redis.Client, name, 
 // the first copy arrives: it must not take the lock for the owner of an
 // Acquire that returned (for its lease time, a minute).
 func TestResentPlainTryFindsHeld(t *testing.T) {
-	const name = "lock:resent-plain"
-	srv, admin, holder, tr, l := resentSetup(t, name)
-	tr.arm()
-	if _, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute)); !errors.Is(err, fence.ErrHeld) {
-		t.Fatalf("Acquire: %v, want ErrHeld", err)
-	}
-	if !tr.holding() {
-		t.Fatal("the try was not held in transit")
-	}
-	if err := holder.Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
-	deliverLate(t, admin, tr)
-	freeWithin(t, srv, admin, name, "after a plain Acquire returned ErrHeld and its first, delayed try ran")
+	resentTryGivenUp(t, "lock:resent-plain", nil, "after a plain Acquire returned ErrHeld and its first, delayed try ran")
 }
 
 // TestResentWaitingTryGivesUp: as above for a waiting Acquire whose budget
@@ -76,10 +63,16 @@ func TestResentPlainTryFindsHeld(t *testing.T) {
 // queued it), it withdraws, and the first copy arrives once the lock is
 // free.
 func TestResentWaitingTryGivesUp(t *testing.T) {
-	const name = "lock:resent-giveup"
+	resentTryGivenUp(t, "lock:resent-giveup", []fence.Option{fence.Wait(time.Second)}, "after a waiting Acquire gave up and its first, delayed try ran")
+}
+
+// resentTryGivenUp: an Acquire with opts, whose try is held in transit and
+// resent, returns ErrHeld; the holder releases, the first copy arrives,
+// and the lock must be free within freeWithin's bound.
+func resentTryGivenUp(t *testing.T, name string, opts []fence.Option, what string) {
 	srv, admin, holder, tr, l := resentSetup(t, name)
 	tr.arm()
-	if _, err := l.Acquire(ctx(t), name, fence.Wait(time.Second), fence.TTL(time.Minute)); !errors.Is(err, fence.ErrHeld) {
+	if _, err := l.Acquire(ctx(t), name, append(opts, fence.TTL(time.Minute))...); !errors.Is(err, fence.ErrHeld) {
 		t.Fatalf("Acquire: %v, want ErrHeld", err)
 	}
 	if !tr.holding() {
@@ -89,7 +82,7 @@ func TestResentWaitingTryGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	deliverLate(t, admin, tr)
-	freeWithin(t, srv, admin, name, "after a waiting Acquire gave up and its first, delayed try ran")
+	freeWithin(t, srv, admin, name, what)
 }
 
 // TestResentTryDuringLeaseOutlivesDeadline: a plain Acquire whose try was
