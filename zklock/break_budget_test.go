@@ -120,3 +120,68 @@ func TestBudgetEndsDuringRequest(t *testing.T) {
 	}
 	_ = holder.Release(ctx)
 }
+
+// An Acquire that finds its node first as the server hangs (paused as the
+// Locker sets its watch on the node it now holds, before the lease
+// starts), with a Wait budget and a ctx that never ends, returns by the
+// budget's end, as when the server hangs at any other step: that last read
+// is bounded by the budget too, and not sent again and again through
+// go-zookeeper's reconnections for as long as the caller's ctx lives. The
+// lock was not seen held by another: a connection error, neither ErrHeld
+// nor one matching context.DeadlineExceeded (the caller's ctx did not end).
+func TestGrantOnHungServerKeepsToBudget(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	const name = "budget-grant-hung"
+	_, admin := newLocker(t, addrs)
+	var b before
+	l := newLockerDialer(t, addrs, b.dial)
+	var stopped atomic.Bool
+	f := func(p []byte) {
+		// getData (4) of its own node: the grant's watch (no holder, so
+		// no watch on a predecessor comes first).
+		if len(p) >= 12 && binary.BigEndian.Uint32(p[8:]) == 4 && bytes.Contains(p, []byte(name)) && stopped.CompareAndSwap(false, true) {
+			srv.Stop()
+		}
+	}
+	b.f.Store(&f)
+	t.Cleanup(srv.Cont)
+	const wait = time.Second
+	type result struct {
+		lease fence.Lease
+		err   error
+		took  time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		lease, err := l.Acquire(context.Background(), name, fence.Wait(wait))
+		done <- result{lease, err, time.Since(start)}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(wait + 10*time.Second):
+		srv.Cont()
+		r = <-done
+		t.Fatalf("Acquire(Wait %v), ctx Background, server hung in the grant's read: still waiting after %v (returned %v, %v once the server went on)",
+			wait, wait+10*time.Second, r.lease, r.err)
+	}
+	srv.Cont()
+	if !stopped.Load() {
+		t.Fatal("the server was not paused")
+	}
+	t.Logf("Acquire(Wait %v) with the server hung in the grant = %v after %v", wait, r.err, r.took)
+	if r.err == nil {
+		_ = r.lease.Release(context.Background())
+		t.Fatal("Acquire with the server hung took the lock")
+	}
+	if errors.Is(r.err, fence.ErrHeld) || errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire = %v, want a connection error, neither ErrHeld nor DeadlineExceeded", r.err)
+	}
+	if r.took > wait+700*time.Millisecond {
+		t.Fatalf("Acquire with a Wait of %v took %v with the server hung", wait, r.took)
+	}
+	// Its node goes all the same.
+	waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 0 })
+}
