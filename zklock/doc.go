@@ -17,7 +17,13 @@
 // go-zookeeper. A waiter that gives up (wait budget, ctx) deletes its node;
 // it waits for that delete half a second at most (a server that hangs is
 // given up by go-zookeeper only two thirds of a session timeout after its
-// last reply), and the node is then deleted in the background.
+// last reply), and the node is then deleted in the background. With a
+// wait budget, every request of an Acquire lasts no longer than the budget,
+// the read of the node it has just found first included, whatever the
+// caller's ctx: one that the budget cut short returns ErrHeld if the lock
+// was last seen held by another, else the request's error (not one that
+// matches context.DeadlineExceeded, which would say the caller's ctx
+// ended).
 //
 // # The token
 //

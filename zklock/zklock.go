@@ -324,7 +324,7 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		case i < 0:
 			return nil, fmt.Errorf("zklock: %s vanished while waiting (session expired or node deleted)", node)
 		case i == 0:
-			return l.grant(ctx, a, node, o, start)
+			return l.grant(ctx, waitCtx, a, node, o, start)
 		case o.Wait == 0:
 			return nil, fence.ErrHeld
 		}
@@ -391,8 +391,15 @@ func (l *Locker) dropDuplicates(ctx context.Context, a *attempt, own string, q [
 }
 
 // grant watches the node it now holds, reads its creation zxid as the
-// token, and starts the lease.
-func (l *Locker) grant(ctx context.Context, a *attempt, node string, o fence.Options, start time.Time) (*lease, error) {
+// token, and starts the lease. Its read, and the reads it sends again after
+// a connection loss, last no longer than the wait budget (waitCtx), as
+// every other step of an Acquire: on a server that hangs, go-zookeeper
+// answers only when it drops the connection, and then reconnects, and the
+// caller's ctx may never end. The lease itself lives on ctx's values only.
+// A read that the budget's end cut short returns the read's error, not
+// ErrHeld: the lock was last seen free of others (why then keeps the
+// budget's context error out of it).
+func (l *Locker) grant(ctx, waitCtx context.Context, a *attempt, node string, o fence.Options, start time.Time) (*lease, error) {
 	sent := time.Now()
 	type watched struct {
 		stat *zk.Stat
@@ -401,14 +408,14 @@ func (l *Locker) grant(ctx context.Context, a *attempt, node string, o fence.Opt
 	var w watched
 	for {
 		var err error
-		w, err = bounded(ctx, func() (watched, error) {
+		w, err = bounded(waitCtx, func() (watched, error) {
 			_, st, ch, err := l.conn.GetW(node) // no watch left if it is gone
 			return watched{st, ch}, err
 		}, nil)
 		if err == nil {
 			break
 		}
-		if !l.again(ctx, err) {
+		if !l.again(waitCtx, err) {
 			return nil, fmt.Errorf("zklock: stat %s: %w", node, err)
 		}
 		sent = time.Now()
