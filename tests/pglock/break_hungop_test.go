@@ -212,3 +212,84 @@ func TestExtendRacingReleaseMatchesLeaseLost(t *testing.T) {
 		}
 	}
 }
+
+// A Release that gives up on its ctx behind an Extend whose statement
+// hangs on the database (here a real wait: a transaction elsewhere holds
+// the lock's row) ends the lease at once and finishes in the background.
+// That finish waited for the Extend's statement with no bound: with the
+// caller's ctx Background, for as long as the database hung, holding a
+// goroutine, and the Extend its connection, for a lease already over. The
+// lease's end cuts its renewal's statement short (its answer can no longer
+// count), the Extend returns the Release's end, and the background finish,
+// its own statement bounded, returns every connection within a few
+// seconds, while the database still hangs.
+func TestReleaseGivenUpBehindHungExtendIsBounded(t *testing.T) {
+	const name = "release-given-up-hung"
+	d := newDatabase(t, pg)
+	db := open(t, d.dsn, nil) // the Locker's own: its connections counted alone
+	l := d.locker(t, db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(t.Context(), `SELECT 1 FROM fence_leases WHERE name = $1 FOR UPDATE`, name); err != nil {
+		t.Fatal(err)
+	}
+	blocked := func() int {
+		var n int
+		if err := d.db.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(context.Background(), time.Minute) }()
+	waitUntil(t, func() bool { return blocked() == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := lease.Release(ctx); err == nil {
+		t.Fatal("Release returned nil while the row could not be freed")
+	}
+	start := time.Now()
+	// The background finish sends its own release, bounded by 2 s
+	// (giveUpTimeout), which the row lock holds up too: every connection
+	// is back within 2 s and the driver's cancellation.
+	const bound = 4 * time.Second
+	select {
+	case err := <-extended:
+		t.Logf("Extend(ctx Background) hung on the database = %v, %v after the Release gave up", err, time.Since(start))
+		if !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+			t.Fatalf("Extend cut short by the Release = %v, want ErrLeaseLost and ErrReleased", err)
+		}
+	case <-time.After(bound):
+		t.Fatalf("Extend(ctx Background) still hung %v after a Release ended the lease (%d statements waiting on the row, %d of the Locker's connections in use): the background finish waits for it",
+			time.Since(start), blocked(), db.Stats().InUse)
+	}
+	for db.Stats().InUse != 0 || blocked() != 0 {
+		if time.Since(start) > bound {
+			t.Fatalf("%v after a Release gave up on a hung database, %d of the Locker's connections in use, %d statements waiting on the row",
+				time.Since(start), db.Stats().InUse, blocked())
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	t.Logf("the Locker's connections all back %v after the Release gave up", time.Since(start))
+	// The database answers again: a second Release frees the row.
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatalf("Release again once the database answers = %v", err)
+	}
+	other, err := l.Acquire(ctxFor(t, 5*time.Second), name)
+	if err != nil {
+		t.Fatalf("the row of a released lease was not freed: %v", err)
+	}
+	_ = other.Release(ctxFor(t, 5*time.Second))
+}
