@@ -255,8 +255,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 	if err := ls.Err(); err != nil {
 		return err
 	}
+	// The statement ends with the lease too: once the lease has ended
+	// (a Release, its deadline) its answer can no longer count, and a
+	// Release that gave up on its ctx finishes only once this returns.
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(ls.ctx, cancel)()
 	sent := time.Now()
-	res, err := ls.l.db.ExecContext(ctx, ls.l.q.renew, ls.a.name, ls.a.owner, ttl.Microseconds())
+	res, err := ls.l.db.ExecContext(sctx, ls.l.q.renew, ls.a.name, ls.a.owner, ttl.Microseconds())
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
@@ -267,7 +273,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		// renewal).
 		ls.mu.Lock()
 		ls.movedAheadLocked()
+		ended := ls.err
 		ls.mu.Unlock()
+		if ended != nil && ctx.Err() == nil {
+			return ended // cut short by the lease's end, not by ctx
+		}
 		return fmt.Errorf("pglock: extend %q: %w", ls.a.name, err)
 	}
 	if n == 0 {
@@ -291,7 +301,9 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 // Extend sets the lease to expire ttl from now by the database's clock;
 // see fence.Lease. A watchdog lease goes on being renewed with its watchdog
 // TTL afterwards. After Release, Extend returns an error matching both
-// fence.ErrLeaseLost and fence.ErrReleased.
+// fence.ErrLeaseLost and fence.ErrReleased. An Extend under way when the
+// lease ends (a Release, even one that gave up on its ctx, or its deadline)
+// stops waiting for its statement and returns the lease's end.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
@@ -330,21 +342,15 @@ func (ls *lease) Release(ctx context.Context) error {
 
 func (ls *lease) release(ctx context.Context) error {
 	if err := ls.lockOp(ctx); err != nil {
-		// A renewal under way holds ls.op (hung on the database, say;
-		// it ends by its own ctx): the lease ends here all the same,
-		// and this Release is finished in the background once that
-		// renewal is done, with a statement bounded as giveUp's, which
-		// frees the row whatever the renewal did to it. Calling Release
-		// again waits for that and returns its result, or retries if it
-		// failed.
+		// A renewal under way holds ls.op (hung on the database, say):
+		// the lease ends here all the same, which cuts that renewal's
+		// statement short (see renew), and this Release is finished in
+		// the background once that renewal has returned, with a
+		// statement bounded as giveUp's, which frees the row whatever
+		// the renewal did to it. Calling Release again waits for that
+		// and returns its result, or retries if it failed.
 		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
-		go func() {
-			ls.op <- struct{}{}
-			ls.unlockOp()
-			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveUpTimeout)
-			defer cancel()
-			_ = ls.release(bctx)
-		}()
+		go ls.finishRelease(context.WithoutCancel(ctx))
 		return fmt.Errorf("pglock: release %q: %w", ls.a.name, err)
 	}
 	defer ls.unlockOp()
@@ -397,4 +403,15 @@ func (ls *lease) release(ctx context.Context) error {
 	defer ls.mu.Unlock()
 	ls.released, ls.relErr = true, err
 	return err
+}
+
+// finishRelease finishes in the background a Release that gave up waiting
+// for a renewal under way (see release): once the renewal has returned, it
+// releases as Release does, bounded by giveUpTimeout.
+func (ls *lease) finishRelease(ctx context.Context) {
+	ls.op <- struct{}{}
+	ls.unlockOp()
+	bctx, cancel := context.WithTimeout(ctx, giveUpTimeout)
+	defer cancel()
+	_ = ls.release(bctx)
 }
