@@ -26,6 +26,9 @@ type renewHangConnector struct {
 	let   chan struct{}
 	once  sync.Once
 	held  atomic.Int64
+	// deaf: the held renewals ignore their ctx too (a driver that does
+	// not give up a statement the database does not answer).
+	deaf atomic.Bool
 }
 
 // letGo disarms c and lets the held renewals run.
@@ -50,8 +53,12 @@ type renewHangConn struct {
 func (c renewHangConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	if c.c.armed.Load() && strings.Contains(q, "SET expires_at = greatest") {
 		c.c.held.Add(1)
+		done := ctx.Done()
+		if c.c.deaf.Load() {
+			done = nil
+		}
 		select {
-		case <-ctx.Done():
+		case <-done:
 			return nil, ctx.Err()
 		case <-c.c.let:
 		}
@@ -290,6 +297,57 @@ WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err 
 	other, err := l.Acquire(ctxFor(t, 5*time.Second), name)
 	if err != nil {
 		t.Fatalf("the row of a released lease was not freed: %v", err)
+	}
+	_ = other.Release(ctxFor(t, 5*time.Second))
+}
+
+// The background finish of a Release that gave up waits for the renewal
+// under way only so long: a driver that does not give up the renewal's
+// statement (deaf to its ctx, which the lease's end cancelled) on a
+// database that does not answer held it, and the lock's row, for as long
+// as the statement hung. It frees the row without the renewal's turn once
+// the bound has passed, while that statement still hangs, and a second
+// Release then returns nil.
+func TestReleaseGivenUpBehindDeafRenewalFreesRow(t *testing.T) {
+	const name = "release-behind-deaf-renewal"
+	d, db, hang := renewHangDB(t)
+	l := d.locker(t, db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hang.deaf.Store(true)
+	hang.armed.Store(true)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(context.Background(), time.Minute) }()
+	waitUntil(t, func() bool { return hang.held.Load() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := lease.Release(ctx); err == nil {
+		t.Fatal("Release returned nil behind a hung renewal")
+	}
+	start := time.Now()
+	// The lease time is a minute: the lock is free within the Wait only
+	// if the background finish freed the row.
+	other, err := d.locker(t, d.db).Acquire(ctxFor(t, 10*time.Second), name, fence.Wait(5*time.Second))
+	if err != nil {
+		t.Fatalf("the row of a lease whose Release gave up behind a renewal deaf to its ctx is still held %v on: %v", time.Since(start), err)
+	}
+	t.Logf("row freed %v after the Release gave up, the renewal still hung", time.Since(start))
+	select {
+	case err := <-extended:
+		t.Fatalf("the deaf renewal returned: %v", err)
+	default:
+	}
+	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatalf("Release again = %v, want nil: the row was freed", err)
+	}
+	hang.letGo()
+	if err := <-extended; !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend let go after the release = %v, want ErrLeaseLost", err)
+	}
+	if other.Token() <= lease.Token() {
+		t.Fatalf("token %d after %d", other.Token(), lease.Token())
 	}
 	_ = other.Release(ctxFor(t, 5*time.Second))
 }
