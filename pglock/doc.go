@@ -110,11 +110,13 @@
 // that waits for a renewal under way (an Extend with a farther deadline, or
 // the watchdog's, hung on the database): a Release that gives up so ends
 // the lease all the same and frees the row in the background, bounded by
-// two seconds, once that renewal is done. A renewal's statement ends with
-// the lease, whatever its ctx: an Extend under way when the lease ends (a
-// Release, its deadline) returns then with the lease's end, so a Release
-// that gave up is not held up for as long as the database hangs. An Acquire whose statement's
-// outcome is unknown (the connection broke, ctx ended) frees its row, if
+// two seconds, once that renewal is done, or after two seconds without it
+// (a driver that does not give up the renewal's statement): that
+// background work ends within four seconds whatever the database does. A
+// renewal's statement ends with the lease, whatever its ctx: an Extend
+// under way when the lease ends (a Release, its deadline) returns then
+// with the lease's end, so a Release that gave up is not held up for as
+// long as the database hangs. An Acquire whose statement's outcome is unknown (the connection broke, ctx ended) frees its row, if
 // it was granted after all, in the background, with a statement bounded to
 // two seconds; a later try of the same Acquire is granted a row it already
 // owns. Likewise a renewal whose outcome is unknown may have moved the

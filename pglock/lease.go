@@ -341,14 +341,31 @@ func (ls *lease) Release(ctx context.Context) error {
 }
 
 func (ls *lease) release(ctx context.Context) error {
+	ls.mu.Lock()
+	if ls.released {
+		// Concluded (by a Release, or the background finish of one that
+		// gave up): no need to wait for a renewal under way.
+		defer ls.mu.Unlock()
+		return ls.relErr
+	}
+	ls.mu.Unlock()
 	if err := ls.lockOp(ctx); err != nil {
 		// A renewal under way holds ls.op (hung on the database, say):
 		// the lease ends here all the same, which cuts that renewal's
 		// statement short (see renew), and this Release is finished in
 		// the background once that renewal has returned, with a
 		// statement bounded as giveUp's, which frees the row whatever
-		// the renewal did to it. Calling Release again waits for that
-		// and returns its result, or retries if it failed.
+		// the renewal did to it. The background finish waits for the
+		// renewal giveUpTimeout at most (a driver slow to give up a
+		// statement on a database that hangs), then frees the row
+		// without it: the database orders the two statements on the
+		// row, and a renewal after the free finds the row no longer
+		// its owner's. Its whole life is so bounded by twice
+		// giveUpTimeout, whatever the database does: a fixed bound
+		// rather than one of the lease's TTL, since all it does is free
+		// the row sooner than its expiry, which the TTL bounds anyway.
+		// Calling Release again waits for that and returns its result,
+		// or retries if it failed.
 		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
 		go ls.finishRelease(context.WithoutCancel(ctx))
 		return fmt.Errorf("pglock: release %q: %w", ls.a.name, err)
@@ -406,12 +423,29 @@ func (ls *lease) release(ctx context.Context) error {
 }
 
 // finishRelease finishes in the background a Release that gave up waiting
-// for a renewal under way (see release): once the renewal has returned, it
-// releases as Release does, bounded by giveUpTimeout.
+// for a renewal under way (see release): once the renewal has returned,
+// within giveUpTimeout, it releases as Release does, bounded by
+// giveUpTimeout; otherwise it frees the row, owner-checked, bounded the
+// same, without the renewal's turn, and records the release if that freed
+// it (a later Release then returns nil); if not, a later Release tries
+// again.
 func (ls *lease) finishRelease(ctx context.Context) {
-	ls.op <- struct{}{}
-	ls.unlockOp()
+	wctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
+	err := ls.lockOp(wctx)
+	cancel()
 	bctx, cancel := context.WithTimeout(ctx, giveUpTimeout)
 	defer cancel()
-	_ = ls.release(bctx)
+	if err == nil {
+		ls.unlockOp()
+		_ = ls.release(bctx)
+		return
+	}
+	var notified sql.NullString
+	if ls.l.db.QueryRowContext(bctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified) == nil {
+		ls.mu.Lock()
+		if !ls.released {
+			ls.released, ls.relErr = true, nil
+		}
+		ls.mu.Unlock()
+	}
 }
