@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net/http"
@@ -26,6 +27,7 @@ const (
 const (
 	DefaultNamespace = "http:"
 	DefaultMaxAhead  = time.Hour
+	DefaultMaxBody   = 1 << 20 // 1 MiB
 )
 
 // HTTPOptions configures Middleware and Gate.
@@ -61,6 +63,20 @@ type HTTPOptions struct {
 	// Zero means DefaultMaxAhead (one hour); a negative value turns the
 	// check off.
 	MaxAhead time.Duration
+
+	// MaxBody bounds the request body that Middleware reads, whole, before
+	// it asks the store, so that the store's hold (SQLStore's transaction,
+	// on SQLite the database's one write lock) lasts as long as the
+	// handler's work, not as long as the client takes to upload: a client
+	// that trickles its body holds only its own request. A body larger
+	// than MaxBody is answered 413 without asking the store. Every request
+	// being read holds up to MaxBody bytes in memory. Zero means
+	// DefaultMaxBody (1 MiB), enough for the commands fenced requests
+	// carry. A negative value reads nothing ahead: the handler reads the
+	// body from the client inside the store's hold, so the client chooses
+	// how long the hold lasts (bound it with http.Server's ReadTimeout).
+	// Gate does not read ahead: it holds nothing while the handler runs.
+	MaxBody int64
 
 	// Now is the clock MaxAhead is measured from; nil means time.Now.
 	Now func() time.Time
@@ -111,6 +127,8 @@ const (
 	ProblemInvalid  = "urn:fence:problem:invalid-token"
 	ProblemResource = "urn:fence:problem:invalid-resource"
 	ProblemStore    = "urn:fence:problem:store-unavailable"
+	ProblemTooLarge = "urn:fence:problem:body-too-large"
+	ProblemBody     = "urn:fence:problem:unreadable-body"
 )
 
 // Middleware runs a request's handler only if the request's Fence-Token is
@@ -121,11 +139,17 @@ const (
 // MemoryStore: the resource's requests run one at a time). A request with
 // an older token therefore cannot write after a newer one was accepted.
 //
-// The handler runs inside the store's hold, and so does its reading of
-// the request body: a client that sends its body slowly keeps the
-// resource (with SQLStore, the transaction, and on SQLite the whole
-// database's write lock) for as long as the upload takes. Bound it with
-// http.Server's ReadTimeout, or the handler's own limits.
+// Middleware reads the request body, up to HTTPOptions.MaxBody, before it
+// asks the store, and hands the handler a request whose Body, GetBody and
+// ContentLength are those of the bytes read: a client that sends its body
+// slowly holds its own request, not the resource (with SQLStore, the
+// transaction, and on SQLite the whole database's write lock). A body
+// larger than MaxBody is answered 413 and one that cannot be read (the
+// client went away, a malformed chunk) 400, and the store is not asked.
+// The read ends when the request's context does, where the
+// ResponseWriter can set a read deadline (see http.ResponseController);
+// a request whose context has ended is not taken to the store. With a
+// negative MaxBody the handler reads the body itself, inside the hold.
 //
 // The handler's response is held in memory until store.Do returns, so
 // that a client is never told of writes that were then rolled back:
@@ -141,8 +165,9 @@ const (
 // Before the store is asked, a request is refused with 400 when its
 // resource cannot be chosen or its token is missing, malformed (see
 // ParseToken), sent twice, or too far ahead of the clock (see
-// HTTPOptions.MaxAhead), and with 409 when the token is stale. These
-// answers carry an application/problem+json body.
+// HTTPOptions.MaxAhead), then with 413 or 400 when its body is too large
+// or cannot be read; and with 409 when the store finds the token stale.
+// These answers carry an application/problem+json body.
 //
 // Middleware panics if opts.Resource is nil.
 func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
@@ -151,6 +176,9 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			resource, token, ok := g.admit(w, r)
 			if !ok {
+				return
+			}
+			if r, ok = g.readBody(w, r, resource); !ok {
 				return
 			}
 			buf := &responseBuffer{header: make(http.Header)}
@@ -215,6 +243,7 @@ type httpGuard struct {
 	resource  func(*http.Request) (string, error)
 	namespace string
 	maxAhead  time.Duration
+	maxBody   int64
 	now       func() time.Time
 	log       *slog.Logger
 	obs       fence.Observer // nil: none
@@ -224,12 +253,15 @@ func newHTTPGuard(o HTTPOptions) *httpGuard {
 	if o.Resource == nil {
 		panic("guard: HTTPOptions.Resource is nil")
 	}
-	g := &httpGuard{resource: o.Resource, namespace: o.Namespace, maxAhead: o.MaxAhead, now: o.Now, log: o.Logger, obs: o.Observer}
+	g := &httpGuard{resource: o.Resource, namespace: o.Namespace, maxAhead: o.MaxAhead, maxBody: o.MaxBody, now: o.Now, log: o.Logger, obs: o.Observer}
 	if g.namespace == "" {
 		g.namespace = DefaultNamespace
 	}
 	if g.maxAhead == 0 {
 		g.maxAhead = DefaultMaxAhead
+	}
+	if g.maxBody == 0 {
+		g.maxBody = DefaultMaxBody
 	}
 	if g.now == nil {
 		g.now = time.Now
@@ -269,6 +301,73 @@ func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence
 		return "", 0, false
 	}
 	return resource, token, true
+}
+
+// readBody reads r's body, up to g.maxBody bytes, and returns a shallow
+// copy of r that carries the bytes read; when the body is too large, cannot
+// be read, or r's context ends, it answers 413 or 400 and returns false.
+// With a negative g.maxBody it returns r as it is.
+func (g *httpGuard) readBody(w http.ResponseWriter, r *http.Request, resource string) (*http.Request, bool) {
+	if g.maxBody < 0 || r.Body == nil || r.Body == http.NoBody {
+		return r, true
+	}
+	var body []byte
+	err := error(&http.MaxBytesError{Limit: g.maxBody})
+	if r.ContentLength <= g.maxBody { // else refused unread: with Expect: 100-continue, the client sends nothing
+		body, err = g.readAll(w, r)
+	}
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			g.debug(r, "guard: request body too large", err, slog.String("resource", resource),
+				slog.Int64("content_length", r.ContentLength))
+			writeProblem(w, Problem{Type: ProblemTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+				Detail:   "The request body is larger than the server accepts for a fenced request.",
+				Resource: resource})
+			return nil, false
+		}
+		g.debug(r, "guard: request body unreadable", err, slog.String("resource", resource))
+		writeProblem(w, Problem{Type: ProblemBody, Title: "Unreadable request body", Status: http.StatusBadRequest,
+			Detail: "The server could not read the whole request body.", Resource: resource})
+		return nil, false
+	}
+	r2 := new(http.Request)
+	*r2 = *r
+	r2.ContentLength = int64(len(body))
+	r2.TransferEncoding = nil // the body is now of known length
+	if len(body) == 0 {
+		r2.Body = http.NoBody
+		r2.GetBody = func() (io.ReadCloser, error) { return http.NoBody, nil }
+	} else {
+		r2.Body = io.NopCloser(bytes.NewReader(body))
+		r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
+	return r2, true
+}
+
+// readAll reads r's body through http.MaxBytesReader (which, over the
+// limit, also has net/http close the connection after the answer). When
+// r's context ends first, it moves the connection's read deadline to the
+// past, where w supports it, so that the read stops, and returns the
+// context's cause: a client gone mid-body is not taken to the store.
+func (g *httpGuard) readAll(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	ctx := r.Context()
+	interrupted := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(interrupted)
+		_ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
+	})
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.maxBody))
+	if !stop() {
+		// The deadline was moved, or is being moved: wait, since w must not
+		// be used once the handler has returned.
+		<-interrupted
+		return nil, fmt.Errorf("guard: reading the request body: %w", errors.Join(context.Cause(ctx), err))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("guard: reading the request body: %w", err)
+	}
+	return body, nil
 }
 
 func (g *httpGuard) token(r *http.Request) (fence.Token, error) {
