@@ -98,9 +98,12 @@
 // handler's writes: with SQLStore the handler runs inside the fenced
 // transaction (TxFrom) and its answer is held until the commit, so a
 // request with an older token cannot write after a newer one; with
-// MemoryStore one resource's requests run one at a time. It does not fence
-// writes the handler makes elsewhere (another database, a remote API), and
-// MemoryStore cannot undo a failed handler's writes.
+// MemoryStore one resource's requests run one at a time. It reads the
+// request body (up to HTTPOptions.MaxBody, 1 MiB by default) before the
+// store's hold begins, so that a client that sends its body slowly cannot
+// hold the transaction (on SQLite, the database's write lock) open. It does
+// not fence writes the handler makes elsewhere (another database, a remote
+// API), and MemoryStore cannot undo a failed handler's writes.
 //
 // Gate is a gate only: it checks the token when the request arrives
 // (redisstore.Store can do no more), and two admitted handlers can still write
@@ -112,7 +115,8 @@
 // counter tokens (memlock's) a forged token near the clock still blocks it
 // for good, so only trusted clients should send tokens. They keep their
 // tokens under the "http:" namespace, apart from Tx's.
-// They answer 400 (invalid), 409 (stale) or 503 (store failed) with a
-// generic application/problem+json body and log the cause with log/slog.
+// They answer 400 (invalid), 409 (stale) or 503 (store failed), and
+// Middleware 413 (body too large), with a generic application/problem+json
+// body and log the cause with log/slog.
 // Transport attaches a lease's token to outgoing requests.
 package guard

@@ -217,8 +217,9 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 // matter. Otherwise use Middleware with a Store.
 //
 // It checks and answers as Middleware does, except that the handler writes
-// its response directly and the token is spent once admitted, even if the
-// handler fails.
+// its response directly, the token is spent once admitted, even if the
+// handler fails, and the body is not read ahead (Gate holds nothing while
+// the handler runs; HTTPOptions.MaxBody does not apply).
 //
 // Gate panics if opts.Resource is nil.
 func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
