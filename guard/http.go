@@ -146,10 +146,12 @@ const (
 // transaction, and on SQLite the whole database's write lock). A body
 // larger than MaxBody is answered 413 and one that cannot be read (the
 // client went away, a malformed chunk) 400, and the store is not asked.
-// The read ends when the request's context does, where the
-// ResponseWriter can set a read deadline (see http.ResponseController);
-// a request whose context has ended is not taken to the store. With a
-// negative MaxBody the handler reads the body itself, inside the hold.
+// A body whose Content-Length is over MaxBody is refused unread (a client
+// that sent Expect: 100-continue sends nothing). The read ends, with the
+// same 400, when the request's context does, where the ResponseWriter can
+// set a read deadline (see http.ResponseController); a request whose
+// context has ended is not taken to the store. With a negative MaxBody the
+// handler reads the body itself, inside the hold.
 //
 // The handler's response is held in memory until store.Do returns, so
 // that a client is never told of writes that were then rolled back:

@@ -6,7 +6,9 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -37,8 +39,9 @@ func sqlStores(t *testing.T) map[string]struct {
 	return all
 }
 
-// A body over MaxBody, announced by its Content-Length or sent chunked, is
-// answered 413 before the store is asked: nothing is written, the last
+// A body over MaxBody, announced by its Content-Length (with or without
+// Expect: 100-continue) or sent chunked, is answered 413 before the store
+// is asked: nothing is written, the last
 // token stays, and the token refused is not spent. A body of exactly
 // MaxBody is served.
 func TestBodyOverLimit(t *testing.T) {
@@ -61,6 +64,25 @@ func TestBodyOverLimit(t *testing.T) {
 				if code != http.StatusRequestEntityTooLarge || p.Type != guard.ProblemTooLarge || p.Resource != "payment:1001" {
 					t.Errorf("body of MaxBody+1 bytes (chunked %v): %d %s, want 413 %s", chunked, code, body, guard.ProblemTooLarge)
 				}
+			}
+			// Expect: 100-continue and a Content-Length over the limit: 413
+			// at once, and no 100 Continue inviting the body.
+			conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\n%s: 6\r\nExpect: 100-continue\r\nContent-Length: 1000000000\r\n\r\n",
+				guard.TokenHeader); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Errorf("Expect: 100-continue with a body over the limit: %d, want 413 before any body", resp.StatusCode)
 			}
 			if n := s.store.calls.Load() - calls; n != 0 {
 				t.Errorf("the store was asked %d times for bodies over the limit, want 0", n)
