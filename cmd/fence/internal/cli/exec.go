@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redislock"
 	"github.com/spf13/cobra"
 )
 
@@ -30,7 +31,10 @@ func execCmd() *cobra.Command {
 		Long: `Exec acquires the lock called NAME, runs COMMAND while holding it, and releases it when the
 command exits, in the manner of "etcdctl lock" and "consul lock".
 
-It waits up to --wait for the lock (default 0: try once). Without --ttl the lease lasts
+It waits up to --wait for the lock (default 0: try once). On Redis, a server that does not
+answer ends the wait with exit status 2 at most 1s after --wait; with --wait 0 the one try is
+bounded by the client's timeouts (the URL's dial_timeout and read_timeout; a Sentinel's
+master lookup takes longer). Without --ttl the lease lasts
 --watchdog-ttl (default 30s) and a watchdog renews it every third of that until the command
 exits; with --ttl the lease is not renewed and ends after that time.
 
@@ -107,9 +111,11 @@ below the library's minimum lease time included).`,
 				return err
 			}
 			defer closeClient()
-			lease, err := acquireShowing(cmd.Context(), cmd.ErrOrStderr(), l, args[0], wait, opts)
+			actx, cancel := acquireContext(cmd.Context(), l, wait)
+			defer cancel()
+			lease, err := acquireShowing(actx, cmd.ErrOrStderr(), l, args[0], wait, opts)
 			if err != nil {
-				return acquireError(err)
+				return acquireError(noAnswerWithin(err, actx, cmd.Context(), wait))
 			}
 			return runHolding(cmd, lease, args[1:], grace)
 		},
@@ -134,6 +140,47 @@ func acquireShowing(ctx context.Context, stderr io.Writer, l fence.Locker, name 
 	// failing to dial) clears the status line and starts a line of its own.
 	defer libLog.divert(waiting)()
 	return l.Acquire(ctx, name, opts...)
+}
+
+// waitOverrun is how long past --wait exec lets a Redis Acquire run
+// before it gives up on the server (see acquireContext): room for a first
+// try that is slow but answered (its WAIT for replicas takes up to 1 s),
+// and short enough that a server that never answers costs --wait and a
+// little more.
+const waitOverrun = time.Second
+
+// acquireContext is the context of exec's Acquire. With --wait, on Redis
+// (redislock), it ends waitOverrun after the wait: redislock bounds the
+// waiting, and the tries after the first, by the wait budget, but its first
+// try by the context only, and exec's has no deadline; so a Redis that
+// accepts connections and never answers held exec for go-redis's own
+// timeouts (5 s with its defaults), a hung Sentinel for its lookups (25 s).
+// The budget ends first, so a lock held throughout is still ErrHeld (exit
+// 75); the deadline makes a connection error (exit 2).
+//
+// Not for the other backends. Redlock bounds its tries by the wait budget
+// itself (a first try is bounded by its per-node timeouts when it cannot
+// outlast the budget), and a deadline on its Acquire broke what it does
+// within them: with two of three nodes refusing connections, go-redis's
+// dial retries outlasted the deadline and the "no quorum" error was lost,
+// and a hung node's requests, cut short, were left for Close to report.
+// Nor without --wait: the one try is bounded by the client's timeouts, as
+// before (the URL's dial_timeout, read_timeout, ...).
+func acquireContext(ctx context.Context, l fence.Locker, wait time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := l.(*redislock.Locker); !ok || wait <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, wait+waitOverrun)
+}
+
+// noAnswerWithin says, of an Acquire that acquireContext's deadline ended
+// (not the caller's ctx, not the budget: that is ErrHeld), that the server
+// did not answer in time.
+func noAnswerWithin(err error, actx, ctx context.Context, wait time.Duration) error {
+	if errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w (no answer from Redis within --wait %v and %v more)", err, wait, waitOverrun)
+	}
+	return err
 }
 
 // validateDurations checks exec's durations before fence connects
