@@ -281,6 +281,18 @@
 // revokes its owner likewise. A copy delayed for longer than the mark
 // (a minute, or the lease time if longer) is not covered.
 //
+// The wait budget (fence.Wait) bounds the waiting: the pauses, the
+// subscription and every try after the first. The first try runs on ctx
+// alone, as an Acquire without a budget does, so that an uncontended
+// Acquire with a budget costs what one without does (no context, timer or
+// call goroutine of its own). With no deadline on ctx, a server that never
+// answers therefore holds it for the client's own timeouts (5 s with
+// go-redis's defaults, about 25 s through a hung Sentinel's lookups),
+// however short the budget. A caller for whom the budget is the only
+// deadline gives ctx one a little past it (fence exec ends it 1 s after
+// --wait): the budget still ends first, so a lock held throughout is
+// ErrHeld, and a hung server ctx's error.
+//
 // A lease proves nothing once its holder has paused: pass its Token to the
 // protected resource and have the resource reject stale tokens.
 package redislock
