@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/fencekit/fence/cmd/fence/internal/progress"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -167,7 +168,9 @@ const waitOverrun = time.Second
 // Nor without --wait: the one try is bounded by the client's timeouts, as
 // before (the URL's dial_timeout, read_timeout, ...).
 func acquireContext(ctx context.Context, l fence.Locker, wait time.Duration) (context.Context, context.CancelFunc) {
-	if _, ok := l.(*redislock.Locker); !ok || wait <= 0 {
+	if _, ok := l.(*redislock.Locker); !ok || wait <= 0 || wait > math.MaxInt64-waitOverrun {
+		// (Past the largest duration, a deadline would overflow into
+		// one that has passed.)
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, wait+waitOverrun)

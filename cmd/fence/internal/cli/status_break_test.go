@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
+	"github.com/fencekit/fence/internal/redistest"
 )
 
 // fence status against a server that accepts connections and never answers,
@@ -62,5 +63,17 @@ func TestExecBlackHoleWithinWait(t *testing.T) {
 		} else {
 			t.Logf("exec --wait 1s %v on a black hole: exit %d after %v", url, code, took)
 		}
+	}
+}
+
+// fence exec with the longest --wait there is (the largest duration) on a
+// free lock runs the command: the deadline exec puts a little past --wait
+// (see TestExecBlackHoleWithinWait) must not overflow into one that has
+// passed already.
+func TestExecLongestWait(t *testing.T) {
+	srv := redistest.Start(t)
+	out, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "--wait", "9223372036854775807ns", "lock:x", "--", "echo", "ran")
+	if code != 0 || out != "ran\n" {
+		t.Errorf("exec --wait at the largest duration on a free lock: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
