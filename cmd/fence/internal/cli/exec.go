@@ -35,9 +35,11 @@ command exits, in the manner of "etcdctl lock" and "consul lock".
 It waits up to --wait for the lock (default 0: try once). On Redis, a server that does not
 answer ends the wait with exit status 2 at most 1s after --wait; with --wait 0 the one try is
 bounded by the client's timeouts (the URL's dial_timeout and read_timeout; a Sentinel's
-master lookup takes longer). Without --ttl the lease lasts
---watchdog-ttl (default 30s) and a watchdog renews it every third of that until the command
-exits; with --ttl the lease is not renewed and ends after that time.
+master lookup takes longer).
+
+Without --ttl the lease lasts --watchdog-ttl (default 30s) and a watchdog renews it every
+third of that until the command exits; with --ttl the lease is not renewed and ends after that
+time.
 
 The command gets FENCE_TOKEN (the fencing token of this acquisition) and FENCE_LOCK (the lock
 name) in its environment. Pass FENCE_TOKEN with every write the command makes, and have the
