@@ -116,10 +116,30 @@
 // renewal's statement ends with the lease, whatever its ctx: an Extend
 // under way when the lease ends (a Release, its deadline) returns then
 // with the lease's end, so a Release that gave up is not held up for as
-// long as the database hangs. An Acquire whose statement's outcome is unknown (the connection broke, ctx ended) frees its row, if
-// it was granted after all, in the background, with a statement bounded to
-// two seconds; a later try of the same Acquire is granted a row it already
-// owns. Likewise a renewal whose outcome is unknown may have moved the
+// long as the database hangs. An Acquire whose statement's outcome is
+// unknown (the connection broke, ctx ended) frees its row, if it was
+// granted after all, in the background, with a statement bounded to two
+// seconds; a later try of the same Acquire is granted a row it already
+// owns. The abandoned statement may yet run after that free: a stalled
+// backend reads it from its socket once it resumes (the driver's cancel,
+// reaching it idle, is ignored), a blocked one runs it once the row lock
+// is released; it would hold the lock, for an Acquire that returned an
+// error, until its lease expired. With pgx's stdlib driver (or a wrapper
+// embedding its *stdlib.Conn), whose connections know their backend's PID,
+// each try runs on a connection taken for it (sql.DB.Conn), and when the
+// driver has closed that connection, the background work first terminates
+// its backend (pg_terminate_backend: allowed on backends of one's own
+// role; only a client backend of this database whose client port is the
+// connection's, so that a backend behind a proxy such as pgbouncer, whose
+// PID the proxy made up, is left alone) and waits, two seconds at most, for
+// it to go, then frees the row: what the backend committed before it went
+// is freed, and a backend told to terminate runs no statement further, even
+// one it reads as it resumes (a statement it was committing as it stalled,
+// if it stays stalled past the wait, is the exception). That background
+// work ends within four seconds. Without the right to terminate, behind a proxy, with other
+// drivers (lib/pq does not tell the PID without a round trip), and on
+// PostgreSQL before 14 for a statement caught committing (the backend is
+// signalled, not waited for), only the free runs, as it did before. Likewise a renewal whose outcome is unknown may have moved the
 // row's expiry and not the lease's Deadline (so may one whose answer came
 // after the lease had ended): if the lease then ends unreleased, or by a
 // Release that failed, its row, if still its own, is freed in the

@@ -281,28 +281,100 @@ func retryBackoff(n int) time.Duration {
 	return d/2 + mrand.N(d/2+1)
 }
 
-// giveUpTimeout bounds the clean-up of an acquisition given up on.
+// giveUpTimeout bounds each statement of the clean-up of an acquisition
+// given up on.
 const giveUpTimeout = 2 * time.Second
+
+// terminateWait is how long the server waits for a terminated backend to
+// go (pg_terminate_backend's timeout): less than giveUpTimeout, so that the
+// server answers before the statement's ctx ends.
+const terminateWait = giveUpTimeout - 250*time.Millisecond
 
 // giveUp frees, owner-checked and in the background, a row that a try whose
 // reply was lost may have taken after all, so that the lock is not held by
-// nobody until it expires. It runs after the caller's ctx may have ended,
+// nobody until it expires. First it terminates the backends that may still
+// run such a try (see grant), and waits for them to go: a try still in a
+// stalled backend's socket, or blocked, would otherwise take the row after
+// the free. It runs after the caller's ctx may have ended, each statement
 // bounded by giveUpTimeout, and does not hold up the caller's return.
 func (l *Locker) giveUp(a *attempt) {
-	if !a.sent {
+	if !a.sent && len(a.stale) == 0 {
 		return
 	}
-	l.freeOwned(a.name, a.owner)
+	l.freeOwnedAfter(a.name, a.owner, a.stale)
 }
 
 // freeOwned frees the row of name if owner still holds it, in the
 // background, bounded by giveUpTimeout.
-func (l *Locker) freeOwned(name, owner string) {
+func (l *Locker) freeOwned(name, owner string) { l.freeOwnedAfter(name, owner, nil) }
+
+// freeOwnedAfter is freeOwned once the stale backends have been terminated
+// and are gone, or giveUpTimeout has passed.
+func (l *Locker) freeOwnedAfter(name, owner string, stale []backendRef) {
 	go func() {
+		l.terminate(stale)
 		ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
 		defer cancel()
 		_, _ = l.db.ExecContext(ctx, l.q.release, name, owner, l.table)
 	}()
+}
+
+// terminate ends the backends of stale, which may yet run a try whose
+// outcome was unknown, and waits for them to go, within giveUpTimeout in
+// all. A backend signalled to terminate runs no statement further: one it
+// has not read yet, or reads as it resumes, fails at its first check for
+// interrupts (an idle backend ignores a cancel, not a termination), and
+// one under way is aborted unless it was committing. Once the backend is
+// gone, whatever it committed is visible to the owner-checked free that
+// follows. Errors are ignored: without the right to terminate, or on
+// PostgreSQL before 14 (no timeout argument: the backend is then only
+// signalled), the free runs as it would without this.
+func (l *Locker) terminate(stale []backendRef) {
+	if len(stale) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
+	defer cancel()
+	if len(stale) > 1 {
+		// Signal them all first, so that the wait for one does not
+		// delay the next one's end.
+		for _, b := range stale {
+			_, _ = l.db.ExecContext(ctx, terminateQuery(false), b.pid, b.port)
+		}
+	}
+	for _, b := range stale {
+		var wait int64
+		if d, ok := ctx.Deadline(); ok {
+			wait = (time.Until(d) - (giveUpTimeout - terminateWait)).Milliseconds()
+		}
+		if wait <= 0 {
+			return
+		}
+		_, err := l.db.ExecContext(ctx, terminateQuery(true), b.pid, b.port, wait)
+		if isSQLState(err, undefinedFunction) {
+			_, _ = l.db.ExecContext(ctx, terminateQuery(false), b.pid, b.port)
+		}
+	}
+}
+
+// undefinedFunction is the SQLSTATE of a call to a function that does not
+// exist: pg_terminate_backend(pid, timeout) before PostgreSQL 14.
+const undefinedFunction = "42883"
+
+// terminateQuery terminates the backend with PID $1 whose client's port is
+// $2 (-1: a Unix socket), if it is a client backend of this database,
+// and, with wait, waits $3 milliseconds at most for it to go. The port
+// tells our connection's backend from another that took its PID since,
+// and from the backend behind a proxy (pgbouncer), whose PID the proxy
+// made up and whose client is the proxy: that one is left alone.
+func terminateQuery(wait bool) string {
+	call := "pg_terminate_backend(pid)"
+	if wait {
+		call = "pg_terminate_backend(pid, $3::bigint)"
+	}
+	return `SELECT ` + call + ` FROM pg_stat_activity
+WHERE pid = $1::int AND client_port = $2::int
+  AND backend_type = 'client backend' AND datname = current_database()`
 }
 
 // attempt is one Acquire's identity: the owner is unique to it.
@@ -312,6 +384,9 @@ type attempt struct {
 	ttl      time.Duration
 	watchdog bool
 	sent     bool // a try was sent whose outcome is unknown
+	// stale are the backends of the connections that pgx closed on a try
+	// whose outcome is unknown: they may still run it (see grant).
+	stale []backendRef
 }
 
 // try inserts the lock row, or takes over an expired one. It returns the
@@ -320,11 +395,17 @@ type attempt struct {
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
 	for {
 		sent := time.Now()
-		var token int64
-		err := l.db.QueryRowContext(ctx, l.q.acquire, a.name, a.owner, a.ttl.Microseconds()).Scan(&token)
+		token, err := l.grant(ctx, a)
 		switch {
 		case err == nil:
 			a.sent = false
+			if stale := a.stale; len(stale) > 0 {
+				// An earlier try may yet run in a backend of its own:
+				// harmless while this lease lives (the row is its
+				// owner's), it would take the row back once released.
+				a.stale = nil
+				go l.terminate(stale)
+			}
 			return l.newLease(ctx, a, fence.Token(token), sent), 0, nil
 		case isSQLState(err, sequenceLimitExceeded):
 			a.sent = false // nextval failed: the statement took nothing
