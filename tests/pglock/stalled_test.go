@@ -105,10 +105,18 @@ func testStalledBackend(t *testing.T, after bool) {
 		t.Fatalf("backend %d still there 10 s after it resumed", pid)
 	}
 	var owner string
+	var token int64
 	var left sql.NullFloat64
 	if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-		`SELECT owner, extract(epoch FROM expires_at - clock_timestamp()) FROM fence_leases WHERE name = $1`, name).Scan(&owner, &left); err != nil {
+		`SELECT owner, token, extract(epoch FROM expires_at - clock_timestamp()) FROM fence_leases WHERE name = $1`,
+		name).Scan(&owner, &token, &left); err != nil {
 		t.Fatal(err)
+	}
+	// The free that follows the wait may have undone the try, had it
+	// run: its token would show it.
+	if token != int64(first.Token()) {
+		t.Errorf("the abandoned try ran: the row's token is %d, owner %q, %.1f s left; the last lease's token was %d",
+			token, owner, left.Float64, first.Token())
 	}
 	lease, err := d.locker(t, d.db).Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
 	if err != nil {
