@@ -70,6 +70,9 @@ func closedBackend(conn *sql.Conn) (b backendRef, ok bool) {
 		}
 		switch addr := nc.LocalAddr().(type) {
 		case *net.TCPAddr:
+			if addr == nil {
+				return nil
+			}
 			b.port = int32(addr.Port)
 		case *net.UnixAddr:
 			b.port = -1
