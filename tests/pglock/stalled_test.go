@@ -4,11 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // An Acquire whose try went into the socket of a backend that is stalled
@@ -136,4 +141,76 @@ func pollFor(d time.Duration, cond func() bool) bool {
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
 	return true
+}
+
+// A try that the server cancelled (pgx configured to send a CancelRequest
+// when ctx ends, and to wait for the server's answer) ended with the
+// server's error, and its connection goes back to the pool: the give-up
+// must free the row without terminating that backend, which the pool
+// keeps and will hand to someone else.
+func TestGivenUpTryAnsweredKeepsBackend(t *testing.T) {
+	const name = "answered-try"
+	d := newDatabase(t, pg)
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
+	}
+	db := sql.OpenDB(stdlib.GetConnector(*cfg))
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1) // the try, and then the clean-up, on the backend whose PID we read
+	l := d.locker(t, db)
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(t.Context(), `SELECT 1 FROM fence_leases WHERE name = $1 FOR UPDATE`, name); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = l.Acquire(ctx, name, fence.TTL(time.Minute))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		t.Fatalf("Acquire blocked on a row lock, cancelled = %v, want the server's query_canceled", err)
+	}
+	// The clean-up's free runs on the pool's one connection: that
+	// backend's last statement is then the free; had the clean-up
+	// terminated it, it would be gone.
+	var state, query string
+	done := pollFor(5*time.Second, func() bool {
+		err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT state, query FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&state, &query)
+		if errors.Is(err, sql.ErrNoRows) {
+			return true
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return state == "idle" && strings.Contains(query, "SET owner = ''")
+	})
+	if !done {
+		t.Fatalf("the clean-up did not run in 5 s: backend %d %s, last %q", pid, state, query)
+	}
+	var again int
+	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&again); err != nil {
+		t.Fatal(err)
+	}
+	if again != pid {
+		t.Fatalf("the pool's backend %d, whose try had been answered, was replaced by %d", pid, again)
+	}
 }
