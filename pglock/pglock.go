@@ -285,10 +285,10 @@ func retryBackoff(n int) time.Duration {
 // given up on.
 const giveUpTimeout = 2 * time.Second
 
-// terminateWait is how long the server waits for a terminated backend to
-// go (pg_terminate_backend's timeout): less than giveUpTimeout, so that the
-// server answers before the statement's ctx ends.
-const terminateWait = giveUpTimeout - 250*time.Millisecond
+// terminateMargin is how much sooner than the statement's ctx the server's
+// wait for a terminated backend (pg_terminate_backend's timeout) ends, so
+// that the server answers before the ctx ends.
+const terminateMargin = 250 * time.Millisecond
 
 // giveUp frees, owner-checked and in the background, a row that a try whose
 // reply was lost may have taken after all, so that the lock is not held by
@@ -343,10 +343,8 @@ func (l *Locker) terminate(stale []backendRef) {
 		}
 	}
 	for _, b := range stale {
-		var wait int64
-		if d, ok := ctx.Deadline(); ok {
-			wait = (time.Until(d) - (giveUpTimeout - terminateWait)).Milliseconds()
-		}
+		d, _ := ctx.Deadline()
+		wait := (time.Until(d) - terminateMargin).Milliseconds()
 		if wait <= 0 {
 			return
 		}
