@@ -17,14 +17,14 @@ type backendRef struct {
 	port int32
 }
 
-// grant runs the try's statement, on a connection taken for it alone so
+// runTry runs the try's statement, on a connection taken for it alone so
 // that, if its outcome is unknown and the driver closed the connection,
 // the backend it went to is known: that backend may still run it (it was
 // stalled, and the driver's cancel reached it idle; it was blocked on a row
 // lock), after the give-up's free. It is recorded in a.stale. A
 // statement the driver could not send (driver.ErrBadConn) is sent again on
 // another connection, as database/sql does.
-func (l *Locker) grant(ctx context.Context, a *attempt) (int64, error) {
+func (l *Locker) runTry(ctx context.Context, a *attempt) (int64, error) {
 	var err error
 	for range 3 {
 		var conn *sql.Conn

@@ -293,7 +293,7 @@ const terminateMargin = 250 * time.Millisecond
 // giveUp frees, owner-checked and in the background, a row that a try whose
 // reply was lost may have taken after all, so that the lock is not held by
 // nobody until it expires. First it terminates the backends that may still
-// run such a try (see grant), and waits for them to go: a try still in a
+// run such a try (see runTry), and waits for them to go: a try still in a
 // stalled backend's socket, or blocked, would otherwise take the row after
 // the free. It runs after the caller's ctx may have ended, each statement
 // bounded by giveUpTimeout, and does not hold up the caller's return.
@@ -383,7 +383,7 @@ type attempt struct {
 	watchdog bool
 	sent     bool // a try was sent whose outcome is unknown
 	// stale are the backends of the connections that pgx closed on a try
-	// whose outcome is unknown: they may still run it (see grant).
+	// whose outcome is unknown: they may still run it (see runTry).
 	stale []backendRef
 }
 
@@ -393,7 +393,7 @@ type attempt struct {
 func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, error) {
 	for {
 		sent := time.Now()
-		token, err := l.grant(ctx, a)
+		token, err := l.runTry(ctx, a)
 		switch {
 		case err == nil:
 			a.sent = false
