@@ -356,15 +356,25 @@ func (g *httpGuard) readBody(w http.ResponseWriter, r *http.Request, resource st
 func (g *httpGuard) readAll(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	ctx := r.Context()
 	interrupted := make(chan struct{})
+	var moved bool // set before interrupted is closed
 	stop := context.AfterFunc(ctx, func() {
 		defer close(interrupted)
-		_ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
+		moved = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0)) == nil
 	})
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.maxBody))
 	if !stop() {
 		// The deadline was moved, or is being moved: wait, since w must not
 		// be used once the handler has returned.
 		<-interrupted
+		if moved && r.ProtoMajor == 1 {
+			// The HTTP/1.x connection's read deadline is now in the past,
+			// and a read that failed on it (net/http's own, once the body
+			// was whole) has cancelled the connection's context, the parent
+			// of every later request's: do not keep the connection alive.
+			// (HTTP/2 moved only this stream's deadline; there "Connection:
+			// close" would shut the whole connection down.)
+			w.Header().Set("Connection", "close")
+		}
 		return nil, fmt.Errorf("guard: reading the request body: %w", errors.Join(context.Cause(ctx), err))
 	}
 	if err != nil {
