@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +79,153 @@ func TestBodyEndedContextDoesNotPoisonKeepAlive(t *testing.T) {
 				if string(b) != "<nil>" {
 					t.Fatalf("attempt %d: the next request on the kept-alive connection: %d, context %q; want a live context or a closed connection",
 						i, resp.StatusCode, b)
+				}
+			}
+		})
+	}
+}
+
+// h2Server starts a TLS server that speaks HTTP/2, and a client for it that
+// reports, through conns, the local address of every connection it uses.
+func h2Server(t *testing.T, h http.Handler) (*httptest.Server, *http.Client) {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv, srv.Client()
+}
+
+// Over HTTP/2, a stream whose context ends mid-body (the server's own
+// cancel, or the client's RST_STREAM) is answered 400, or dropped, without
+// the store; the other streams of the same connection, one in flight and
+// one sent after, are served; and bodies at and over MaxBody, sent without
+// a length, get 200 and 413.
+func TestBodyHTTP2(t *testing.T) {
+	for name, s := range sqlStores(t) {
+		t.Run(name, func(t *testing.T) {
+			obs := &decisions{}
+			mw := guard.Middleware(s.store, guard.HTTPOptions{
+				Resource: func(r *http.Request) (string, error) { return "payment:" + r.PathValue("id"), nil },
+				Observer: obs,
+				MaxBody:  8,
+			})
+			started, done := make(chan struct{}, 4), make(chan struct{}, 4)
+			cancels := make(chan context.CancelFunc, 4)
+			addrs := make(chan string, 8)
+			mux := http.NewServeMux()
+			mux.Handle("POST /slow/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				addrs <- r.RemoteAddr
+				c, cancel := context.WithCancel(r.Context())
+				defer cancel()
+				cancels <- cancel
+				bodyStarted(mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+					t.Error("handler ran without its whole body")
+				})), started).ServeHTTP(w, r.WithContext(c))
+				done <- struct{}{}
+			}))
+			mux.Handle("POST /fast/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				addrs <- r.RemoteAddr
+				mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(w, r.Body)
+				})).ServeHTTP(w, r)
+			}))
+			srv, client := h2Server(t, mux)
+
+			post := func(c context.Context, path string, token string, body io.Reader) (*http.Response, error) {
+				req, err := http.NewRequestWithContext(c, http.MethodPost, srv.URL+path, body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set(guard.TokenHeader, token)
+				return client.Do(req)
+			}
+			fast := func(path, token, body string, want int) {
+				t.Helper()
+				resp, err := post(ctx(t), path, token, io.MultiReader(strings.NewReader(body)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if resp.ProtoMajor != 2 || resp.StatusCode != want {
+					t.Errorf("%s (%d bytes): HTTP/%d %d %s, want HTTP/2 %d", path, len(body), resp.ProtoMajor, resp.StatusCode, b, want)
+				}
+			}
+			fast("/fast/9", "1", "12345678", http.StatusOK) // opens the connection
+			fast("/fast/9", "2", "123456789", http.StatusRequestEntityTooLarge)
+
+			// The server's cancel, mid-body.
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			result := make(chan *http.Response, 1)
+			go func() {
+				resp, err := post(ctx(t), "/slow/1", "5", pr)
+				if err != nil {
+					t.Error(err)
+					close(result)
+					return
+				}
+				result <- resp
+			}()
+			if _, err := io.WriteString(pw, "ab"); err != nil {
+				t.Fatal(err)
+			}
+			cancel := wait(t, cancels, "the slow stream's handler")
+			wait(t, started, "the slow body to start")
+			fast("/fast/10", "1", "while", http.StatusOK) // same connection, while the slow body is coming
+			cancel()
+			wait(t, done, "the middleware to return")
+			if resp := wait(t, result, "the slow stream's answer"); resp != nil {
+				_ = resp.Body.Close()
+				if resp.StatusCode != http.StatusBadRequest {
+					t.Errorf("slow stream whose context ended: %d, want 400", resp.StatusCode)
+				}
+			}
+			fast("/fast/11", "1", "after", http.StatusOK)
+
+			// The client's cancel, mid-body: RST_STREAM.
+			pr2, pw2 := io.Pipe()
+			defer pw2.Close()
+			cctx, ccancel := context.WithCancel(ctx(t))
+			defer ccancel()
+			go func() {
+				resp, err := post(cctx, "/slow/2", "5", pr2)
+				if err == nil {
+					_ = resp.Body.Close()
+					t.Errorf("client-cancelled stream answered %d", resp.StatusCode)
+				}
+				close(result)
+			}()
+			if _, err := io.WriteString(pw2, "ab"); err != nil {
+				t.Fatal(err)
+			}
+			wait(t, cancels, "the second slow stream's handler")
+			wait(t, started, "the second slow body to start")
+			ccancel()
+			wait(t, done, "the middleware to return after RST_STREAM")
+			<-result
+			fast("/fast/12", "1", "rst", http.StatusOK)
+
+			first := <-addrs
+			for len(addrs) > 0 {
+				if a := <-addrs; a != first {
+					t.Errorf("streams came on connections %s and %s, want one", first, a)
+				}
+			}
+			if n := s.store.calls.Load(); n != 4 { // /fast/9's 200, 10, 11, 12; not the 413, not the slow streams
+				t.Errorf("the store was asked %d times, want 4", n)
+			}
+			for _, res := range []string{"http:payment:1", "http:payment:2"} {
+				if last := lastToken(t, s.db, res); last != 0 {
+					t.Errorf("%s: token %d accepted, want none", res, last)
+				}
+			}
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			for _, e := range obs.events {
+				if e.Resource == "payment:1" || e.Resource == "payment:2" {
+					t.Errorf("observer told of %v for a stream whose body did not arrive", e)
 				}
 			}
 		})
