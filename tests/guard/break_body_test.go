@@ -3,6 +3,7 @@ package guard_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -230,4 +231,102 @@ func TestBodyHTTP2(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rawPost sends raw (a whole HTTP/1.1 request) on a new connection and
+// returns the answer's status and body.
+func rawPost(t *testing.T, addr, raw string) (int, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Handlers written for the request as net/http hands it over still work
+// behind Middleware, which has read the body: trailers (declared, and not),
+// ParseForm, multipart forms with a file, and a MaxBytesReader of the
+// handler's own, whose 413 rolls back and leaves the token unspent; Gate
+// passes the request untouched (chunked, over MaxBody).
+func TestBodyCarelessHandlers(t *testing.T) {
+	for name, s := range sqlStores(t) {
+		t.Run(name, func(t *testing.T) {
+			obs := &decisions{}
+			mw := guard.Middleware(s.store, guard.HTTPOptions{
+				Resource: func(r *http.Request) (string, error) { return "r:" + r.PathValue("id"), nil },
+				Observer: obs,
+			})
+			mux := http.NewServeMux()
+			mux.Handle("POST /trailer/{id}", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				_, _ = fmt.Fprintf(w, "%s|%s", b, r.Trailer.Get("Sum"))
+			})))
+			mux.Handle("POST /form/{id}", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if err := r.ParseMultipartForm(16); err != nil && !errors.Is(err, http.ErrNotMultipart) {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+					return
+				}
+				f, _, err := r.FormFile("file")
+				var fb []byte
+				if err == nil {
+					fb, _ = io.ReadAll(f)
+					_ = f.Close()
+				}
+				_, _ = fmt.Fprintf(w, "%s|%s", r.FormValue("a"), fb)
+			})))
+			mux.Handle("POST /limit/{id}", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if _, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4)); err != nil {
+					http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+					return
+				}
+			})))
+			srv := httptest.NewServer(mux)
+			defer srv.Close()
+			addr := srv.Listener.Addr().String()
+
+			for i, tc := range []struct{ name, raw, want string }{
+				{"declared trailer", "POST /trailer/1 HTTP/1.1\r\nHost: x\r\nFence-Token: 1\r\nTrailer: Sum\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nSum: 42\r\n\r\n", "abc|42"},
+				{"undeclared trailer", "POST /trailer/2 HTTP/1.1\r\nHost: x\r\nFence-Token: 1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nSum: 42\r\n\r\n", "abc|42"},
+				{"urlencoded form", "POST /form/3 HTTP/1.1\r\nHost: x\r\nFence-Token: 1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 5\r\n\r\na=xyz", "xyz|"},
+			} {
+				if code, body := rawPost(t, addr, tc.raw); code != http.StatusOK || body != tc.want {
+					t.Errorf("%d %s: %d %q, want 200 %q", i, tc.name, code, body, tc.want)
+				}
+			}
+			mp := "--B\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\nxyz\r\n" +
+				"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n" + strings.Repeat("F", 100) + "\r\n--B--\r\n"
+			if code, body := rawPost(t, addr, fmt.Sprintf("POST /form/4 HTTP/1.1\r\nHost: x\r\nFence-Token: 1\r\nContent-Type: multipart/form-data; boundary=B\r\nContent-Length: %d\r\n\r\n%s", len(mp), mp)); code != http.StatusOK || body != "xyz|"+strings.Repeat("F", 100) {
+				t.Errorf("multipart: %d %q", code, body)
+			}
+			if code, body := rawPost(t, addr, "POST /limit/5 HTTP/1.1\r\nHost: x\r\nFence-Token: 7\r\nContent-Length: 6\r\n\r\nabcdef"); code != http.StatusRequestEntityTooLarge {
+				t.Errorf("handler's own MaxBytesReader: %d %q, want 413", code, body)
+			}
+			if last := lastToken(t, s.db, "http:r:5"); last != 0 {
+				t.Errorf("handler's 413 spent token %d", last)
+			}
+		})
+	}
+	t.Run("gate", func(t *testing.T) {
+		gate := guard.Gate(redisStore(t), guard.HTTPOptions{Resource: oneResource, MaxBody: 4})
+		srv := httptest.NewServer(gate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			_, _ = fmt.Fprintf(w, "%d|%q|%v|%d", r.ContentLength, r.TransferEncoding, r.GetBody == nil, len(b))
+		})))
+		defer srv.Close()
+		if code, _, body := postBody(t, srv.Client(), srv.URL, "1", []byte("123456789"), true); code != http.StatusOK || body != `-1|["chunked"]|true|9` {
+			t.Errorf("Gate, chunked body over MaxBody: %d %q, want the request as it came", code, body)
+		}
+	})
 }
