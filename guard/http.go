@@ -149,8 +149,11 @@ const (
 // A body whose Content-Length is over MaxBody is refused unread (a client
 // that sent Expect: 100-continue sends nothing). The read ends, with the
 // same 400, when the request's context does, where the ResponseWriter can
-// set a read deadline (see http.ResponseController); a request whose
-// context has ended is not taken to the store. With a negative MaxBody the
+// set a read deadline (see http.ResponseController; http.TimeoutHandler's
+// cannot, and its 503 then waits for the client's last byte, since
+// net/http writes no answer while a read holds the body: bound the read
+// with http.Server's ReadTimeout); a request whose context has ended is
+// not taken to the store. With a negative MaxBody the
 // handler reads the body itself, inside the hold.
 //
 // The handler's response is held in memory until store.Do returns, so

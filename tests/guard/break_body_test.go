@@ -330,3 +330,81 @@ func TestBodyCarelessHandlers(t *testing.T) {
 		}
 	})
 }
+
+// http.TimeoutHandler around Middleware ends the request's context while
+// the body is still coming; its ResponseWriter cannot move the read
+// deadline, so Middleware reads on until the client sends the rest, and
+// must then still not take the request to the store (the client is told
+// 503). The 503 itself waits for the body: net/http writes no answer while
+// a read of the request body holds the body (TimeoutHandlerAnswersAtOnce).
+func TestBodyTimeoutHandler(t *testing.T) {
+	for name, s := range sqlStores(t) {
+		t.Run(name, func(t *testing.T) {
+			obs := &decisions{}
+			mw := guard.Middleware(s.store, guard.HTTPOptions{Resource: oneResource, Observer: obs})
+			started, done, inner := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
+			h := http.TimeoutHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer func() { inner <- struct{}{} }()
+				bodyStarted(mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+					t.Error("handler ran after the timeout")
+				})), started).ServeHTTP(w, r)
+			}), 100*time.Millisecond, "timeout")
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				h.ServeHTTP(w, r)
+				done <- struct{}{}
+			}))
+			defer srv.Close()
+			conn := startPost(t, srv.Listener.Addr().String(), "/", "5", 4, "ab")
+			wait(t, started, "the body to start")
+			wait(t, done, "TimeoutHandler to time out")
+			if _, err := io.WriteString(conn, "cd"); err != nil {
+				t.Fatal(err)
+			}
+			wait(t, inner, "Middleware to return once the body came")
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				t.Errorf("timeout: %d, want 503", resp.StatusCode)
+			}
+			if n := s.store.calls.Load(); n != 0 {
+				t.Errorf("the store was asked %d times after the timeout, want 0", n)
+			}
+			if last := lastToken(t, s.db, "http:payment:1001"); last != 0 {
+				t.Errorf("token %d accepted after the timeout", last)
+			}
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			if len(obs.events) != 0 {
+				t.Errorf("observer told of %v after the timeout", obs.events)
+			}
+		})
+	}
+}
+
+// TimeoutHandlerAnswersAtOnce: http.TimeoutHandler around Middleware, and a
+// client that trickles its body. The timeout should answer 503 when it
+// fires; it does not, because Middleware's read of the body (blocked on the
+// client, and not interruptible: TimeoutHandler's ResponseWriter cannot
+// set a read deadline) holds net/http's body lock, which the server takes
+// before it writes any answer. The 503 waits for the client's last byte.
+func TestBodyTimeoutHandlerAnswersAtOnce(t *testing.T) {
+	t.Skip("bug (net/http, documented here): a Middleware read of a trickled body under http.TimeoutHandler delays TimeoutHandler's 503 until the client sends the rest; bound the read with Server.ReadTimeout instead")
+	mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource})
+	h := http.TimeoutHandler(mw(http.NotFoundHandler()), 100*time.Millisecond, "timeout")
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	conn := startPost(t, srv.Listener.Addr().String(), "/", "5", 4, "ab")
+	defer conn.Close() // before srv.Close, which waits for the handler
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer 5 s after a 100 ms timeout: %v", err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("got %d, want 503", resp.StatusCode)
+	}
+}
