@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -406,5 +407,37 @@ func TestBodyTimeoutHandlerAnswersAtOnce(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("got %d, want 503", resp.StatusCode)
+	}
+}
+
+// A handler behind Middleware that parses a multipart form whose file is
+// larger than its maxMemory gets a temporary file; net/http removes the
+// temporary files of the request it handed over, not of the copy the
+// handler was given, so the files must be removed by whoever made the copy.
+func TestBodyMultipartTempFilesRemoved(t *testing.T) {
+	for _, maxBody := range []int64{0, -1} {
+		t.Run(fmt.Sprint("MaxBody ", maxBody), func(t *testing.T) {
+			tmp := t.TempDir()
+			t.Setenv("TMPDIR", tmp)
+			mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource, MaxBody: maxBody})
+			srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if err := r.ParseMultipartForm(16); err != nil {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+				}
+			})))
+			mp := "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n" + strings.Repeat("F", 1000) + "\r\n--B--\r\n"
+			code, body := rawPost(t, srv.Listener.Addr().String(), fmt.Sprintf("POST / HTTP/1.1\r\nHost: x\r\nFence-Token: 1\r\nConnection: close\r\nContent-Type: multipart/form-data; boundary=B\r\nContent-Length: %d\r\n\r\n%s", len(mp), mp))
+			srv.Close() // waits for the request to be finished
+			if code != http.StatusOK {
+				t.Fatalf("multipart: %d %q", code, body)
+			}
+			left, err := os.ReadDir(tmp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range left {
+				t.Errorf("temporary file %s left behind", e.Name())
+			}
+		})
 	}
 }
