@@ -188,10 +188,17 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 			}
 			buf := &responseBuffer{header: make(http.Header)}
 			var p recovered
+			var handed *http.Request // the copy the handler was given
 			err := store.Do(r.Context(), g.namespace+resource, token, func(ctx context.Context) error {
 				g.decided(resource, token, fence.GuardAccept)
-				return serve(next, buf, r.WithContext(ctx), &p)
+				handed = r.WithContext(ctx)
+				return serve(next, buf, handed, &p)
 			})
+			if handed != nil && handed.MultipartForm != nil && handed.MultipartForm != r.MultipartForm {
+				// net/http removes the temporary files of the request it
+				// handed over, not of a copy the handler parsed.
+				_ = handed.MultipartForm.RemoveAll()
+			}
 			switch {
 			case p.did:
 				if !only(err, errPanicked) {
