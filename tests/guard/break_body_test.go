@@ -441,3 +441,60 @@ func TestBodyMultipartTempFilesRemoved(t *testing.T) {
 		})
 	}
 }
+
+// Over HTTP/2, bodies over MaxBody, with a Content-Length (refused unread)
+// and without (read to MaxBody+1), answered 413 again and again on one
+// connection, must not use up the connection's flow-control window: a
+// request after them is served on the same connection.
+func TestBodyHTTP2OverLimitKeepsConnection(t *testing.T) {
+	mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource, MaxBody: 1024})
+	addrs := make(chan string, 64)
+	srv, client := h2Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addrs <- r.RemoteAddr
+		mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(w, r.Body)
+		})).ServeHTTP(w, r)
+	}))
+	big := strings.Repeat("x", 256<<10) // over 64 KiB, HTTP/2's initial window
+	for i := range 24 {
+		var body io.Reader = strings.NewReader(big)
+		if i%2 == 1 {
+			body = io.MultiReader(body) // no Content-Length
+		}
+		req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(guard.TokenHeader, "1")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("request %d: %d, want 413", i, resp.StatusCode)
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL, strings.NewReader("ok"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(guard.TokenHeader, "2")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(b) != "ok" || resp.ProtoMajor != 2 {
+		t.Errorf("after the 413s: HTTP/%d %d %q, want HTTP/2 200 \"ok\"", resp.ProtoMajor, resp.StatusCode, b)
+	}
+	first := <-addrs
+	for len(addrs) > 0 {
+		if a := <-addrs; a != first {
+			t.Errorf("requests came on connections %s and %s, want one", first, a)
+			break
+		}
+	}
+}
