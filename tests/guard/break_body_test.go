@@ -498,3 +498,35 @@ func TestBodyHTTP2OverLimitKeepsConnection(t *testing.T) {
 		}
 	}
 }
+
+// Two fenced POSTs pipelined in one write on one HTTP/1.1 connection: the
+// first body's end is where the second request starts; both are served.
+func TestBodyPipelined(t *testing.T) {
+	mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource})
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(w, r.Body)
+	})))
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, "POST / HTTP/1.1\r\nHost: x\r\nFence-Token: 1\r\nContent-Length: 3\r\n\r\nabc"+
+		"POST / HTTP/1.1\r\nHost: x\r\nFence-Token: 2\r\nTransfer-Encoding: chunked\r\n\r\n3\r\ndef\r\n0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	for _, want := range []string{"abc", "def"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(b) != want {
+			t.Errorf("pipelined: %d %q, want 200 %q", resp.StatusCode, b, want)
+		}
+	}
+}
