@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -528,5 +530,44 @@ func TestBodyPipelined(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || string(b) != want {
 			t.Errorf("pipelined: %d %q, want 200 %q", resp.StatusCode, b, want)
 		}
+	}
+}
+
+// A request without a body whose context has already ended (a timeout
+// middleware's deadline passed before Middleware ran) must not run the
+// handler nor spend its token, as with a body, where the read answers 400.
+// MemoryStore.Do waited in a select on the resource's turn and ctx.Done():
+// with both ready, Go picks at random, so about half such requests ran the
+// handler with the ended context and spent the token.
+func TestEndedContextWithoutBodyMemoryStore(t *testing.T) {
+	obs := &decisions{}
+	mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource, Observer: obs, Logger: slog.New(slog.DiscardHandler)})
+	ran := 0
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran++ }))
+	for i := range 40 {
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.Header.Set(guard.TokenHeader, strconv.Itoa(100+i))
+		c, cancel := context.WithCancel(r.Context())
+		cancel()
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r.WithContext(c))
+		if w.Code != http.StatusServiceUnavailable {
+			t.Errorf("request %d with an ended context: %d, want 503", i, w.Code)
+		}
+	}
+	if ran != 0 {
+		t.Errorf("the handler ran %d of 40 times with an ended context", ran)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set(guard.TokenHeader, "1")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusOK {
+		t.Errorf("token 1 after the ended requests: %d %s, want 200 (no token spent)", w.Code, w.Body)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.events) != 1 {
+		t.Errorf("observer told of %v, want token 1's accept only", obs.events)
 	}
 }
