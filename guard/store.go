@@ -51,7 +51,8 @@ type memoryResource struct {
 }
 
 // Do implements Store. It waits for the resource's earlier calls to return,
-// or for ctx to be done.
+// or for ctx to be done; a call whose ctx is done when its turn comes
+// returns the ctx's cause, and neither spends the token nor calls fn.
 func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
 	if err := checkResource(resource); err != nil {
 		return err
@@ -75,6 +76,11 @@ func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token
 		return fmt.Errorf("guard: waiting for %q: %w", resource, context.Cause(ctx))
 	}
 	defer func() { <-r.turn }()
+	if ctx.Err() != nil {
+		// Both cases were ready, and select chose the turn at random: a
+		// call whose ctx had ended would spend its token half the time.
+		return fmt.Errorf("guard: waiting for %q: %w", resource, context.Cause(ctx))
+	}
 	if token <= r.last {
 		return &StaleError{Resource: resource, Token: token, Last: r.last}
 	}
