@@ -571,3 +571,56 @@ func TestEndedContextWithoutBodyMemoryStore(t *testing.T) {
 		t.Errorf("observer told of %v, want token 1's accept only", obs.events)
 	}
 }
+
+// HTTP/2's side of TestBodyEndedContextDoesNotPoisonKeepAlive: the read
+// deadline moved for a stream whose context had ended is the stream's; the
+// connection's next stream has a live context, and the connection is not
+// shut down.
+func TestBodyEndedContextHTTP2NextStream(t *testing.T) {
+	mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource})
+	addrs := make(chan string, 64)
+	mux := http.NewServeMux()
+	mux.Handle("POST /ended", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addrs <- r.RemoteAddr
+		c, cancel := context.WithCancel(r.Context())
+		cancel()
+		mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+			t.Error("handler ran for a request whose context had ended")
+		})).ServeHTTP(w, r.WithContext(c))
+	}))
+	mux.Handle("GET /check", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addrs <- r.RemoteAddr
+		_, _ = fmt.Fprint(w, r.Context().Err())
+	}))
+	srv, client := h2Server(t, mux)
+	do := func(method, path, body string) (int, string, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx(t), method, srv.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(guard.TokenHeader, "1")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode, string(b), resp.Header.Get("Connection")
+	}
+	for range 10 {
+		if code, _, conn := do(http.MethodPost, "/ended", "ab"); code != http.StatusBadRequest || conn != "" {
+			t.Errorf("ended context: %d, Connection %q; want 400 and no Connection header", code, conn)
+		}
+		if code, body, _ := do(http.MethodGet, "/check", ""); code != http.StatusOK || body != "<nil>" {
+			t.Fatalf("next stream: %d, context %q; want a live context", code, body)
+		}
+	}
+	first := <-addrs
+	for len(addrs) > 0 {
+		if a := <-addrs; a != first {
+			t.Errorf("streams came on connections %s and %s, want one", first, a)
+			break
+		}
+	}
+}
