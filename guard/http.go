@@ -152,7 +152,8 @@ const (
 // set a read deadline (see http.ResponseController; http.TimeoutHandler's
 // cannot, and its 503 then waits for the client's last byte, since
 // net/http writes no answer while a read holds the body: bound the read
-// with http.Server's ReadTimeout); a request whose context has ended is
+// with http.Server's ReadTimeout), and an HTTP/1.x connection whose read
+// deadline was moved is then closed; a request whose context has ended is
 // not taken to the store. With a negative MaxBody the
 // handler reads the body itself, inside the hold.
 //
