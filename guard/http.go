@@ -154,8 +154,8 @@ const (
 // net/http writes no answer while a read holds the body: bound the read
 // with http.Server's ReadTimeout), and an HTTP/1.x connection whose read
 // deadline was moved is then closed; a request whose context has ended is
-// not taken to the store. With a negative MaxBody the
-// handler reads the body itself, inside the hold.
+// not taken to the store. With a negative MaxBody the handler reads the
+// body itself, inside the hold.
 //
 // The handler's response is held in memory until store.Do returns, so
 // that a client is never told of writes that were then rolled back:
