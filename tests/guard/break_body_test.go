@@ -624,3 +624,35 @@ func TestBodyEndedContextHTTP2NextStream(t *testing.T) {
 		}
 	}
 }
+
+// A request with Expect: 100-continue whose context has already ended when
+// Middleware comes to its body is answered 400 at once, without a 100
+// Continue inviting a body that will not be read.
+func TestBodyEndedContextNoContinue(t *testing.T) {
+	mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, cancel := context.WithCancel(r.Context())
+		cancel()
+		mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+			t.Error("handler ran for a request whose context had ended")
+		})).ServeHTTP(w, r.WithContext(c))
+	}))
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\n%s: 1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n", guard.TokenHeader); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("got %d first, want 400 (and no 100 Continue)", resp.StatusCode)
+	}
+}
