@@ -366,6 +366,11 @@ func (g *httpGuard) readBody(w http.ResponseWriter, r *http.Request, resource st
 // context's cause: a client gone mid-body is not taken to the store.
 func (g *httpGuard) readAll(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	ctx := r.Context()
+	if ctx.Err() != nil {
+		// Ended already: read nothing (Expect: 100-continue would invite
+		// the body) and leave the connection's deadline to net/http.
+		return nil, fmt.Errorf("guard: reading the request body: %w", context.Cause(ctx))
+	}
 	interrupted := make(chan struct{})
 	var moved bool // set before interrupted is closed
 	stop := context.AfterFunc(ctx, func() {

@@ -19,10 +19,24 @@ import (
 	"github.com/fencekit/fence/guard"
 )
 
-// A request whose context has ended by the time Middleware reads its body
-// (a server-side timeout that another middleware set, say) is answered
-// 400, and the connection's read deadline is moved to the past. When the
-// whole body was already in the server's buffer, the connection itself is
+// cancelAtEOF calls cancel when its body has been read to the end.
+type cancelAtEOF struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelAtEOF) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.cancel()
+	}
+	return n, err
+}
+
+// A request whose context ends while Middleware reads its body (a
+// server-side timeout that another middleware set, say), here just as the
+// last byte came, is answered 400, and the connection's read deadline is
+// moved to the past. The whole body was read, so the connection itself is
 // still good: the client may send its next request on it. That next
 // request must not inherit the moved deadline: it must either find the
 // connection closed or be served with a live context. (A read that fails
@@ -39,7 +53,10 @@ func TestBodyEndedContextDoesNotPoisonKeepAlive(t *testing.T) {
 			mux := http.NewServeMux()
 			mux.Handle("POST /ended", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				c, cancel := context.WithCancel(r.Context())
-				cancel() // as a timeout middleware's deadline passed before Middleware ran
+				defer cancel()
+				// The context ends (a timeout middleware's deadline, say)
+				// just as the body's last byte has been read.
+				r.Body = &cancelAtEOF{ReadCloser: r.Body, cancel: cancel}
 				mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 					t.Error("handler ran for a request whose context had ended")
 				})).ServeHTTP(w, r.WithContext(c))
@@ -583,7 +600,8 @@ func TestBodyEndedContextHTTP2NextStream(t *testing.T) {
 	mux.Handle("POST /ended", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		addrs <- r.RemoteAddr
 		c, cancel := context.WithCancel(r.Context())
-		cancel()
+		defer cancel()
+		r.Body = &cancelAtEOF{ReadCloser: r.Body, cancel: cancel}
 		mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 			t.Error("handler ran for a request whose context had ended")
 		})).ServeHTTP(w, r.WithContext(c))
