@@ -149,9 +149,11 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 		obs:           o.Observer,
 		log:           o.Logger,
 	}
-	l.sync.Timeout = cmp.Or(l.sync.Timeout, time.Second)
-	if s := l.sync; s.Acks < AcksAll || s.Replicas < 0 || s.Timeout < time.Millisecond {
+	if s := l.sync; s.Acks < AcksAll || s.Replicas < 0 || s.Timeout < 0 || s.Timeout > 0 && s.Timeout < time.Millisecond {
 		return nil, fmt.Errorf("%w: redislock: replica sync %+v", fence.ErrInvalidOption, s)
+	}
+	if err := l.syncWithin(client); err != nil {
+		return nil, err
 	}
 	_, l.sharded = client.(*redis.ClusterClient)
 	if conn != nil {
@@ -712,8 +714,17 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 // Half the read timeout: timers fire late, never early, and a try that
 // only looks resent costs its lease a revocation mark.
 func resendAfter(client redis.UniversalClient) time.Duration {
-	var rt time.Duration
-	var retries int
+	rt, retries := readTimeout(client)
+	if rt <= 0 || retries <= 0 {
+		return 0
+	}
+	return rt / 2
+}
+
+// readTimeout is how long client waits for a reply (0 or less: for ever,
+// or a client of another kind), and how many times it sends a command
+// again after a read timed out.
+func readTimeout(client redis.UniversalClient) (rt time.Duration, retries int) {
 	switch c := client.(type) {
 	case *redis.Client:
 		o := c.Options()
@@ -731,11 +742,39 @@ func resendAfter(client redis.UniversalClient) time.Duration {
 			rt = 5 * time.Second
 		}
 	}
-	if rt <= 0 || retries <= 0 {
-		return 0
-	}
-	return rt / 2
+	return rt, retries
 }
+
+// syncWithin sets the replica sync timeout when none is given, and refuses
+// one the client cannot wait for. WAIT's reply comes on the connection the
+// client reads with its ReadTimeout, up to one server clock tick (waitTick)
+// after WAIT's timeout: a WAIT that waits as long as the read times the
+// read out, and the caller gets the client's i/o timeout (and a connection
+// closed) where a replica that lags should give fence.ErrNotReplicated.
+// The default is 1 s, or less when the read timeout is short: half of what
+// the tick leaves of it.
+func (l *Locker) syncWithin(client redis.UniversalClient) error {
+	var rt time.Duration
+	if client != nil && !l.sync.Disabled {
+		rt, _ = readTimeout(client)
+	}
+	if l.sync.Timeout == 0 {
+		l.sync.Timeout = time.Second
+		if rt > 0 {
+			l.sync.Timeout = min(l.sync.Timeout, max((rt-waitTick)/2, time.Millisecond))
+		}
+		return nil
+	}
+	if rt > 0 && l.sync.Timeout+waitTick >= rt {
+		return fmt.Errorf("%w: redislock: replica sync timeout %v and WAIT's clock tick (up to %v) do not fit in the client's read timeout %v, within which WAIT's reply must come",
+			fence.ErrInvalidOption, l.sync.Timeout, waitTick, rt)
+	}
+	return nil
+}
+
+// waitTick is how late Redis may answer a WAIT that timed out: it times
+// WAIT out on its clock tick, 10 a second by default (hz).
+const waitTick = 100 * time.Millisecond
 
 // confirmTake confirms with a synced try a lock that a try without WAIT
 // took (see try). A transient error leaves it to the waiting Acquire,

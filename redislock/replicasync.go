@@ -81,7 +81,13 @@ type ReplicaSync struct {
 	// that matters. Set Replicas to override both.
 	Replicas int
 
-	// Timeout bounds each WAIT. Default 1 s (Redisson's slavesSyncTimeout).
+	// Timeout bounds each WAIT. Default 1 s (Redisson's slavesSyncTimeout),
+	// or less on a go-redis client whose ReadTimeout is under 2.1 s: half
+	// of what is left of it after 100 ms. WAIT's reply is read within the
+	// client's read timeout, and Redis sends it up to 100 ms (a clock
+	// tick) after Timeout, so a longer Timeout would end in the client's
+	// i/o timeout, not ErrNotReplicated: New refuses one with
+	// fence.ErrInvalidOption unless Timeout + 100 ms < ReadTimeout.
 	Timeout time.Duration
 
 	_ struct{}
