@@ -141,7 +141,7 @@ func TestReplicaRecordResetsOnFailover(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
-	sync := redislock.ReplicaSync{Timeout: 5 * time.Second}
+	sync := redislock.ReplicaSync{Timeout: 4 * time.Second}
 	a := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: sync})
 	if err := tryOnce(t, a, "job"); err != nil {
 		t.Fatal(err)
@@ -230,7 +230,7 @@ func TestReplicaRecordAbuse(t *testing.T) {
 // Locker neither waits nor leaves a record behind.
 func TestReplicaLessPrimaryCostsNothing(t *testing.T) {
 	primary := redistest.Start(t)
-	l := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 5 * time.Second}})
+	l := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 4 * time.Second}})
 	start := time.Now()
 	if err := tryOnce(t, l, "job"); err != nil {
 		t.Fatal(err)
