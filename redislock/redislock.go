@@ -113,7 +113,9 @@ var _ fence.Locker = (*Locker)(nil)
 // New returns a Locker on client: a *redis.Client, a Sentinel failover client,
 // a *redis.ClusterClient or a *redis.Ring. It needs Redis 7.0 or newer. opts
 // may be nil. New sends nothing to Redis. It returns an error matching
-// fence.ErrInvalidOption when client is nil or an option is out of range.
+// fence.ErrInvalidOption when client is nil, when it is a type of the
+// caller's that embeds a cluster client or a Ring (pass that client
+// itself), or when an option is out of range.
 //
 // A Ring keeps each lock name on one shard, and replica sync runs on that
 // shard, but it gives up mutual exclusion when it reshards: see "Ring" in
@@ -126,6 +128,18 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		// var c *redis.Client; New(c, nil): an interface holding a nil
 		// pointer, which would panic at the first command.
 		return nil, fmt.Errorf("%w: redislock: nil client (%T)", fence.ErrInvalidOption, client)
+	}
+	switch client.(type) {
+	case *redis.Client, *redis.ClusterClient, *redis.Ring:
+	case interface{ Options() *redis.ClusterOptions }, interface{ Options() *redis.RingOptions }:
+		// A type of the caller's that embeds a cluster client or a Ring:
+		// the Locker would take it for one server, and send replica
+		// sync's key-less WAIT through it, which routes it to a node or
+		// shard of its own choosing, not on the connection that ran the
+		// script (TestWrappedClusterClient: acquisitions confirmed with
+		// the slot master's replica paused).
+		return nil, fmt.Errorf("%w: redislock: %T wraps a cluster client or a Ring, which the Locker must see as such (it sends WAIT, and subscribes, by the slot's or shard's node): pass the *redis.ClusterClient or *redis.Ring itself",
+			fence.ErrInvalidOption, client)
 	}
 	return newLocker(client, nil, opts)
 }
@@ -725,14 +739,17 @@ func resendAfter(client redis.UniversalClient) time.Duration {
 // or a client of another kind), and how many times it sends a command
 // again after a read timed out.
 func readTimeout(client redis.UniversalClient) (rt time.Duration, retries int) {
+	// By the options the client reports, not its type: a type of the
+	// caller's that embeds a *redis.Client reads with its ReadTimeout too
+	// (TestWrappedClientShortReadTimeout).
 	switch c := client.(type) {
-	case *redis.Client:
+	case interface{ Options() *redis.Options }:
 		o := c.Options()
 		rt, retries = o.ReadTimeout, o.MaxRetries
-	case *redis.ClusterClient:
+	case interface{ Options() *redis.ClusterOptions }:
 		o := c.Options()
 		rt, retries = o.ReadTimeout, o.MaxRetries
-	case *redis.Ring:
+	case interface{ Options() *redis.RingOptions }:
 		// The Ring resends (Ring.process, MaxRetries); its shards read
 		// with ReadTimeout as given, which go-redis leaves unset in the
 		// Ring's options: 0 is a shard client's default, 5 s.
