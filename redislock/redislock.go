@@ -780,6 +780,13 @@ func (l *Locker) syncWithin(client redis.UniversalClient) error {
 		if rt > 0 {
 			l.sync.Timeout = min(l.sync.Timeout, max((rt-waitTick)/2, time.Millisecond))
 		}
+		if rt > 0 && l.sync.Timeout+waitTick >= rt {
+			// No timeout fits: a read timeout of 100 ms or less, within
+			// which WAIT's reply, even for 1 ms, may not come
+			// (TestSyncShortTimeoutRefusal: the client's i/o timeout).
+			return fmt.Errorf("%w: redislock: the client's read timeout %v leaves no room for replica sync's WAIT, which Redis may answer up to %v late: raise ReadTimeout above %v, or disable replica sync",
+				fence.ErrInvalidOption, rt, waitTick, waitTick+time.Millisecond)
+		}
 		return nil
 	}
 	if rt > 0 && l.sync.Timeout+waitTick >= rt {
@@ -878,8 +885,12 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 	}
 	if acked < required {
 		// Too few replicas have the lock: a failover now could lose it.
-		// Give it back, even if ctx has ended, and refuse.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.sync.Timeout)
+		// Give it back, even if ctx has ended, and refuse: within the
+		// sync timeout, or a second when that is shorter (a sync timeout
+		// of 1 ms, the default on a client whose ReadTimeout is 100 ms or
+		// less, left the release no time for its round trip:
+		// TestSyncShortTimeoutRefusal).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(l.sync.Timeout, time.Second))
 		defer cancel()
 		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)

@@ -87,7 +87,9 @@ type ReplicaSync struct {
 	// client's read timeout, and Redis sends it up to 100 ms (a clock
 	// tick) after Timeout, so a longer Timeout would end in the client's
 	// i/o timeout, not ErrNotReplicated: New refuses one with
-	// fence.ErrInvalidOption unless Timeout + 100 ms < ReadTimeout.
+	// fence.ErrInvalidOption unless Timeout + 100 ms < ReadTimeout, and
+	// refuses a client whose ReadTimeout is 100 ms or less, unless replica
+	// sync is disabled: no timeout fits there.
 	Timeout time.Duration
 
 	_ struct{}
