@@ -89,7 +89,10 @@ type ReplicaSync struct {
 	// i/o timeout, not ErrNotReplicated: New refuses one with
 	// fence.ErrInvalidOption unless Timeout + 100 ms < ReadTimeout, and
 	// refuses a client whose ReadTimeout is 100 ms or less, unless replica
-	// sync is disabled: no timeout fits there.
+	// sync is disabled: no timeout fits there. A cluster's node clients or
+	// a Ring's shard clients made by a NewClient of the caller's with a
+	// ReadTimeout of their own get the same default, for their WAITs, when
+	// Timeout does not fit in it.
 	Timeout time.Duration
 
 	_ struct{}
@@ -494,7 +497,7 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 		n++
 		var wait *redis.Cmd
 		if required > 0 {
-			timeout := l.sync.Timeout
+			timeout := l.syncTimeoutOn(c)
 			if load {
 				timeout = redisconn.WaitLeft(timeout, sent, firstAcked, required)
 			}
@@ -557,6 +560,32 @@ func (l *Locker) pipeline(c redis.Cmdable) (pipe redis.Pipeliner, pooled *redis.
 	pipe = c.Pipeline()
 	pooled, _ = pipe.(*redis.Pipeline)
 	return pipe, pooled
+}
+
+// syncTimeoutOn is the timeout of a WAIT sent on c: the sync timeout, or
+// less on a cluster node's or Ring shard's client that reads with a
+// ReadTimeout the sync timeout does not fit in (with WAIT's clock tick):
+// half of what the tick leaves of it, at least 1 ms, as New's default.
+// New fits the sync timeout to the read timeout of the client it is given,
+// but a ClusterOptions.NewClient or RingOptions.NewClient may make the
+// node and shard clients with options of their own (a shorter
+// ReadTimeout, or Sentinel failover clients with theirs), on which a WAIT
+// of the full timeout ended in the node client's i/o timeout, not
+// fence.ErrNotReplicated (TestRingShardReadTimeout,
+// TestClusterNodeReadTimeout).
+func (l *Locker) syncTimeoutOn(c redis.Cmdable) time.Duration {
+	rc, ok := c.(*redis.Client)
+	if !ok {
+		return l.sync.Timeout
+	}
+	if own, _ := l.client.(*redis.Client); rc == own {
+		return l.sync.Timeout // New fitted it
+	}
+	rt := rc.Options().ReadTimeout
+	if rt <= 0 || l.sync.Timeout+waitTick < rt {
+		return l.sync.Timeout
+	}
+	return max((rt-waitTick)/2, time.Millisecond)
 }
 
 // waitArgs fills args, three long, with the arguments of WAIT required
