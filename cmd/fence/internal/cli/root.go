@@ -166,9 +166,9 @@ func (f *redisFlags) register(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.watchdogTTL, "watchdog-ttl", redislock.DefaultWatchdogTTL,
 		"lease time of a lease held without --ttl; the watchdog renews it every third of this")
 	cmd.Flags().BoolVar(&f.noSync, "no-replica-sync", false,
-		"do not confirm acquisitions with WAIT on the primary's replicas (by default one replica must acknowledge within 1 s)")
+		"do not confirm acquisitions with WAIT on the primary's replicas (by default one replica must acknowledge within 1 s, less with a read_timeout under 2.1s; a read_timeout of 101ms or less is refused unless this is set)")
 	cmd.Flags().StringVar(&f.acks, "acks", "1",
-		"how many replicas must acknowledge an acquisition or renewal within 1 s: a number, majority (more than half of the expected replicas) or all")
+		"how many replicas must acknowledge an acquisition or renewal within 1 s (less with a read_timeout under 2.1s): a number, majority (more than half of the expected replicas) or all")
 	cmd.Flags().IntVar(&f.replicas, "replicas", 0,
 		"how many replicas the primary is expected to have; 0 reads it from the primary (INFO replication)")
 }
