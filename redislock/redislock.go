@@ -887,8 +887,8 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 		// Too few replicas have the lock: a failover now could lose it.
 		// Give it back, even if ctx has ended, and refuse: within the
 		// sync timeout, or a second when that is shorter (a sync timeout
-		// of 1 ms, the default on a client whose ReadTimeout is 100 ms or
-		// less, left the release no time for its round trip:
+		// of 1 ms, given, or the default on a client whose ReadTimeout is
+		// 102 ms, left the release no time for its round trip:
 		// TestSyncShortTimeoutRefusal).
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(l.sync.Timeout, time.Second))
 		defer cancel()
