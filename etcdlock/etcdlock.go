@@ -178,8 +178,9 @@ var _ fence.Locker = (*Locker)(nil)
 // after the Locker's last lease has ended. A client whose KV is wrapped
 // (etcd's namespace package) is best wrapped before New; one wrapped after
 // is seen at the next call (see the package documentation). o may be nil.
-// It returns an error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
-// shorter than fence.MinTTL.
+// It returns an error matching fence.ErrInvalidOption if o.WatchdogTTL is negative,
+// shorter than fence.MinTTL or longer than etcd's maximum lease TTL (9e9 s;
+// Acquire and Extend refuse such a lease time too).
 func New(client *clientv3.Client, o *Options) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("etcdlock: %w: nil client", fence.ErrInvalidOption)
@@ -189,7 +190,7 @@ func New(client *clientv3.Client, o *Options) (*Locker, error) {
 		l.prefix = cmp.Or(o.Prefix, DefaultPrefix)
 		l.obs, l.log = o.Observer, o.Logger
 		if o.WatchdogTTL != 0 {
-			if err := fence.ValidateTTL(o.WatchdogTTL); err != nil {
+			if err := validateTTL(o.WatchdogTTL); err != nil {
 				return nil, fmt.Errorf("etcdlock: watchdog TTL: %w", err)
 			}
 			l.watchdogTTL = o.WatchdogTTL
@@ -209,9 +210,34 @@ func (l *Locker) Prefix(name string) string {
 	return l.prefix + escaper.Replace(name) + "/"
 }
 
-// seconds is ttl in etcd's whole seconds, rounded up.
+// seconds is ttl in etcd's whole seconds, rounded up. (ttl + 1s - 1)/1s
+// overflowed for a ttl within a second of the largest Duration, a careless
+// "forever": etcd was asked for a negative TTL, raised it to its minimum
+// and expired the key within seconds, while Deadline said 292 years
+// (TestHugeTTL).
 func seconds(ttl time.Duration) int64 {
-	return int64((ttl + time.Second - 1) / time.Second)
+	s := int64(ttl / time.Second)
+	if ttl%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+// maxLeaseTTL is etcd's largest lease TTL (lease.MaxLeaseTTL, in seconds):
+// it refuses a Grant beyond it.
+const maxLeaseTTL = 9_000_000_000
+
+// validateTTL checks a lease time for etcd: fence.ValidateTTL, and no
+// longer than etcd grants, so that it is refused before anything is sent,
+// as an option out of range. The error matches fence.ErrInvalidOption.
+func validateTTL(ttl time.Duration) error {
+	if err := fence.ValidateTTL(ttl); err != nil {
+		return err
+	}
+	if seconds(ttl) > maxLeaseTTL {
+		return fmt.Errorf("%w: etcdlock: lease time %v is longer than etcd's maximum lease TTL, %d s", fence.ErrInvalidOption, ttl, int64(maxLeaseTTL))
+	}
+	return nil
 }
 
 // deadline is when a lease of ttl requested at sent is known to be held:
@@ -244,6 +270,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	o, err := fence.Apply(opts)
 	if err != nil {
 		return nil, err
+	}
+	if o.TTL != 0 {
+		if err := validateTTL(o.TTL); err != nil {
+			return nil, err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fence.NotAcquired(name, err)

@@ -550,7 +550,7 @@ func (ls *Lease) renew(ctx context.Context) error {
 // watchdog lease is then renewed every third of ttl. After Release, Extend
 // returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
-	if err := fence.ValidateTTL(ttl); err != nil {
+	if err := validateTTL(ttl); err != nil {
 		return err
 	}
 	if err := ls.lockOp(ctx); err != nil {
