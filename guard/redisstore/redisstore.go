@@ -20,6 +20,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"reflect"
 	"strconv"
 
 	"github.com/fencekit/fence"
@@ -47,7 +48,8 @@ var _ guard.Acceptor = Store{}
 // (matching guard.ErrStale) and records nothing. A resource that is not a
 // valid lock name (fence.ValidateName) gives an error matching
 // guard.ErrInvalidResource, a token of zero or less one matching
-// guard.ErrInvalidToken; neither reaches Redis.
+// guard.ErrInvalidToken, a Store without a Client (nil, or a nil pointer)
+// one matching fence.ErrInvalidOption; none reaches Redis.
 //
 // Accept returns by the end of ctx whatever the client's options (go-redis
 // honours a context's deadline only with ContextTimeoutEnabled, and never a
@@ -55,6 +57,14 @@ var _ guard.Acceptor = Store{}
 // until the client gives up or the server answers, and may still record the
 // token. Accept's error then matches ctx's, and the token counts as spent.
 func (s Store) Accept(ctx context.Context, resource string, token fence.Token) error {
+	if s.Client == nil {
+		return fmt.Errorf("%w: redisstore: Store has no Client", fence.ErrInvalidOption)
+	}
+	if v := reflect.ValueOf(s.Client); v.Kind() == reflect.Pointer && v.IsNil() {
+		// A nil *redis.Client: it would panic on the goroutine that
+		// bounds the call (see bounded), out of any recover's reach.
+		return fmt.Errorf("%w: redisstore: Store's Client is a nil %T", fence.ErrInvalidOption, s.Client)
+	}
 	if err := fence.ValidateName(resource); err != nil {
 		return fmt.Errorf("%w: %w", guard.ErrInvalidResource, err)
 	}
