@@ -254,12 +254,15 @@ func (e *DuplicateNodeError) Unwrap() error { return fence.ErrInvalidOption }
 // database. It compares addresses as written, up to case, an empty or
 // "localhost" host against the loopback addresses, and IP spellings; it
 // resolves no names, so two names of one host get past it. Clients that do
-// not tell their address (Options) are not compared.
+// not tell their address (Options) are not compared, nor are Sentinel
+// failover clients: go-redis gives each the address "FailoverClient", and
+// three of distinct primaries were refused as one server given twice
+// (TestFailoverClientNodes).
 func distinctAddrs(clients []redis.UniversalClient) error {
 	seen := make(map[string]int, len(clients))
 	for i, c := range clients {
 		o, ok := c.(interface{ Options() *redis.Options })
-		if !ok || o.Options() == nil {
+		if !ok || o.Options() == nil || o.Options().Addr == failoverAddr {
 			continue
 		}
 		key := canonicalAddr(o.Options().Network, o.Options().Addr)
@@ -270,6 +273,10 @@ func distinctAddrs(clients []redis.UniversalClient) error {
 	}
 	return nil
 }
+
+// failoverAddr is the address go-redis puts in a Sentinel failover
+// client's Options, whichever primary it reaches.
+const failoverAddr = "FailoverClient"
 
 // canonicalAddr spells a go-redis address one way: an empty host,
 // 127.0.0.1 and ::1 as "localhost", IPs in their canonical form, names in lower case.
