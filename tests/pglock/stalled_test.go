@@ -28,14 +28,21 @@ import (
 // gone, whether it resumed while the clean-up waited for it (resumeDuring)
 // or only after the clean-up had given up waiting (resumeAfter).
 func TestGivenUpTryOnStalledBackend(t *testing.T) {
-	t.Run("resumeDuring", func(t *testing.T) { testStalledBackend(t, false) })
-	t.Run("resumeAfter", func(t *testing.T) { testStalledBackend(t, true) })
+	t.Run("resumeDuring", func(t *testing.T) { testStalledBackend(t, false, nil) })
+	t.Run("resumeAfter", func(t *testing.T) { testStalledBackend(t, true, nil) })
 }
 
-func testStalledBackend(t *testing.T, after bool) {
+// testStalledBackend runs the stalled backend's case; dsnOf, if not nil,
+// gives the DSN the Locker connects with (another role, a Unix socket),
+// d.dsn otherwise.
+func testStalledBackend(t *testing.T, after bool, dsnOf func(t *testing.T, d database) string) {
 	const name = "stalled-backend"
 	d := newDatabase(t, pg)
-	db := open(t, d.dsn, nil)
+	dsn := d.dsn
+	if dsnOf != nil {
+		dsn = dsnOf(t, d)
+	}
+	db := open(t, dsn, nil)
 	db.SetMaxOpenConns(1) // the try goes to the backend whose PID we read
 	l := d.locker(t, db)
 	// The row exists, free: the try is the UPDATE that takes it.
