@@ -1,10 +1,15 @@
 package pglock_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencekit/fence"
 )
 
 // roleDSN returns d's DSN for a role without superuser rights (created
@@ -76,4 +81,73 @@ func TestGivenUpTryOnStalledBackendRoleAtLimit(t *testing.T) {
 	limited := func(t *testing.T, d database) string { return plainRoleDSN(t, d, "pglock_limit1", 1) }
 	t.Run("resumeDuring", func(t *testing.T) { testStalledBackend(t, false, limited) })
 	t.Run("resumeAfter", func(t *testing.T) { testStalledBackend(t, true, limited) })
+}
+
+// Two Releases of one lease at once (a careless user: a defer and an
+// error path): the first one's statement went to a backend that stalled
+// (SIGSTOP), the second gives up on its ctx behind it, and its background
+// finish frees the row on another connection once it has waited its
+// bound. The lease was released, and says so to a third Release. When
+// the stalled backend resumes, the first Release's statement finds the
+// row already freed (by this lease's own finish): that is no loss, and
+// must not overwrite the recorded result with one.
+func TestReleaseBehindStalledReleaseKeepsFinishResult(t *testing.T) {
+	const name = "release-behind-stalled-release"
+	d := newDatabase(t, pg)
+	db := open(t, d.dsn, nil)
+	l := d.locker(t, db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.Stats().OpenConnections; n != 1 {
+		t.Fatalf("%d connections open, want 1: the next statement must go to backend %d", n, pid)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("stop backend %d: %v", pid, err)
+	}
+	stopped := true
+	resume := func() {
+		if stopped {
+			stopped = false
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Errorf("resume backend %d: %v", pid, err)
+			}
+		}
+	}
+	t.Cleanup(resume)
+	first := make(chan error, 1)
+	go func() { first <- lease.Release(context.Background()) }()
+	waitUntil(t, func() bool { return db.Stats().InUse == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := lease.Release(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Release behind a stalled Release = %v, want its ctx's deadline", err)
+	}
+	freed := pollFor(6*time.Second, func() bool {
+		var owner string
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
+			t.Fatal(err)
+		}
+		return owner == ""
+	})
+	if !freed {
+		t.Fatal("the background finish did not free the row in 6 s")
+	}
+	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatalf("Release after the finish freed the row = %v, want nil", err)
+	}
+	resume()
+	if err := <-first; err != nil {
+		t.Errorf("the stalled Release, resumed after the lease's own finish freed the row = %v, want nil", err)
+	}
+	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
+		t.Errorf("Release once both are done = %v, want nil: the lease was released, not lost", err)
+	}
 }
