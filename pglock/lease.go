@@ -396,6 +396,16 @@ func (ls *lease) release(ctx context.Context) error {
 	var err error
 	var notified sql.NullString
 	qerr := ls.l.db.QueryRowContext(qctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
+	ls.mu.Lock()
+	if ls.released {
+		// Concluded meanwhile without ls.op: the background finish of a
+		// Release that gave up behind this one freed the row once its
+		// bound had passed (finishRelease), which is why this statement
+		// may have found nothing to free. Its result stands.
+		defer ls.mu.Unlock()
+		return ls.relErr
+	}
+	ls.mu.Unlock()
 	switch {
 	case lostBefore != nil && lostBefore != fence.ErrReleased:
 		err = lostBefore // conclusive: the lease was lost before Release
@@ -418,8 +428,10 @@ func (ls *lease) release(ctx context.Context) error {
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.released, ls.relErr = true, err
-	return err
+	if !ls.released { // else concluded meanwhile, as above
+		ls.released, ls.relErr = true, err
+	}
+	return ls.relErr
 }
 
 // finishRelease finishes in the background a Release that gave up waiting
