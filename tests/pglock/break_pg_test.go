@@ -2,14 +2,18 @@ package pglock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/jackc/pgx/v5"
 )
 
 // roleDSN returns d's DSN for a role without superuser rights (created
@@ -149,5 +153,115 @@ func TestReleaseBehindStalledReleaseKeepsFinishResult(t *testing.T) {
 	}
 	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
 		t.Errorf("Release once both are done = %v, want nil: the lease was released, not lost", err)
+	}
+}
+
+// A try's backend whose connection pgx closed (here the server terminated
+// it as it waited on a row lock) is recorded as stale, by PID and client
+// port, and terminated once a later try of the same Acquire succeeds. Over
+// a Unix socket every client's port is -1: only the PID tells backends
+// apart, and the PID may have gone to another backend since (a small
+// pid_max wraps quickly; here the test hands it on through ns_last_pid).
+// That backend, a user's connection with nothing to do with pglock, must
+// not be terminated.
+func TestStaleBackendPIDReusedIsNotTerminated(t *testing.T) {
+	const name = "stale-pid-reused"
+	const lastPID = "/proc/sys/kernel/ns_last_pid"
+	if last, err := os.ReadFile(lastPID); err != nil {
+		t.Skipf("cannot read the last PID: %v", err)
+	} else if err := os.WriteFile(lastPID, last, 0); err != nil {
+		t.Skipf("cannot choose the next PID: %v", err)
+	}
+	d := newDatabase(t, pg)
+	dsn := unixDSN(t, d)
+	db := open(t, dsn, nil)
+	l := d.locker(t, db)
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(t.Context(), `SELECT 1 FROM fence_leases WHERE name = $1 FOR UPDATE`, name); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	acquired := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(ctxFor(t, 30*time.Second), name, fence.TTL(time.Minute), fence.Wait(20*time.Second))
+		acquired <- result{lease, err}
+	}()
+	blocked := func() (pid int) {
+		pollFor(10*time.Second, func() bool {
+			err := d.db.QueryRowContext(ctxFor(t, 5*time.Second), `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND client_port = -1`).Scan(&pid)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				t.Fatal(err)
+			}
+			return err == nil
+		})
+		return pid
+	}
+	stale := blocked()
+	if stale == 0 {
+		t.Fatal("the try did not block on the row lock")
+	}
+	var ok bool
+	if err := d.db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_terminate_backend($1, 5000)`, stale).Scan(&ok); err != nil || !ok {
+		t.Fatalf("terminate the try's backend %d: %v %v", stale, ok, err)
+	}
+	// The next try blocks on the row lock again, on another backend.
+	if pid := blocked(); pid == 0 || pid == stale {
+		t.Fatalf("no second try blocked (backend %d)", pid)
+	}
+	// A user's own connection gets the stale backend's PID.
+	var victim *pgx.Conn
+	for range 50 {
+		if err := os.WriteFile(lastPID, []byte(strconv.Itoa(stale-1)), 0); err != nil {
+			t.Fatal(err)
+		}
+		c, err := pgx.Connect(ctxFor(t, 10*time.Second), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int(c.PgConn().PID()) == stale {
+			victim = c
+			break
+		}
+		_ = c.Close(context.Background())
+	}
+	if victim == nil {
+		t.Skipf("no backend got PID %d again", stale)
+	}
+	defer victim.Close(context.Background())
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-acquired
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.lease.Release(ctxFor(t, 5*time.Second))
+	// The background termination of the stale backends runs now.
+	killed := pollFor(3*time.Second, func() bool {
+		var n int
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, stale).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if killed {
+		err := victim.Ping(ctxFor(t, 5*time.Second))
+		t.Fatalf("the user's connection that took the stale backend's PID %d was terminated (ping: %v)", stale, err)
 	}
 }
