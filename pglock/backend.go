@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"reflect"
+	"time"
 )
 
 // backendRef is the PostgreSQL backend of a connection: its PID, and the
@@ -15,6 +16,10 @@ import (
 type backendRef struct {
 	pid  int32
 	port int32
+	// opened: the connection was open by then (the client's clock), so
+	// its backend had started: one that started later is another that
+	// took the PID since (see terminateQuery).
+	opened time.Time
 }
 
 // runTry runs the try's statement, on a connection taken for it alone so
@@ -31,10 +36,12 @@ func (l *Locker) runTry(ctx context.Context, a *attempt) (int64, error) {
 		if conn, err = l.db.Conn(ctx); err != nil {
 			return 0, err
 		}
+		opened := time.Now()
 		var token int64
 		err = conn.QueryRowContext(ctx, l.q.acquire, a.name, a.owner, a.ttl.Microseconds()).Scan(&token)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) && !errors.Is(err, driver.ErrBadConn) {
 			if b, ok := closedBackend(conn); ok {
+				b.opened = opened
 				a.stale = append(a.stale, b)
 			}
 		}

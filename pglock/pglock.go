@@ -339,7 +339,7 @@ func (l *Locker) terminate(stale []backendRef) {
 		// Signal them all first, so that the wait for one does not
 		// delay the next one's end.
 		for _, b := range stale {
-			_, _ = l.db.ExecContext(ctx, terminateQuery(false), b.pid, b.port)
+			_, _ = l.db.ExecContext(ctx, terminateQuery(false), b.pid, b.port, b.age())
 		}
 	}
 	for _, b := range stale {
@@ -348,11 +348,19 @@ func (l *Locker) terminate(stale []backendRef) {
 		if wait <= 0 {
 			return
 		}
-		_, err := l.db.ExecContext(ctx, terminateQuery(true), b.pid, b.port, wait)
+		_, err := l.db.ExecContext(ctx, terminateQuery(true), b.pid, b.port, b.age(), wait)
 		if isSQLState(err, undefinedFunction) {
-			_, _ = l.db.ExecContext(ctx, terminateQuery(false), b.pid, b.port)
+			_, _ = l.db.ExecContext(ctx, terminateQuery(false), b.pid, b.port, b.age())
 		}
 	}
+}
+
+// age is how long ago, in microseconds, b's connection was known open,
+// less 1% for the two clocks' rates (as deadline allows): b's backend
+// started before the database's clock_timestamp() less that.
+func (b backendRef) age() int64 {
+	age := time.Since(b.opened)
+	return (age - age/100).Microseconds()
 }
 
 // undefinedFunction is the SQLSTATE of a call to a function that does not
@@ -360,18 +368,21 @@ func (l *Locker) terminate(stale []backendRef) {
 const undefinedFunction = "42883"
 
 // terminateQuery terminates the backend with PID $1 whose client's port is
-// $2 (-1: a Unix socket), if it is a client backend of this database,
-// and, with wait, waits $3 milliseconds at most for it to go. The port
-// tells our connection's backend from another that took its PID since,
-// and from the backend behind a proxy (pgbouncer), whose PID the proxy
-// made up and whose client is the proxy: that one is left alone.
+// $2 (-1: a Unix socket), if it is a client backend of this database
+// that started over $3 microseconds ago, and, with wait, waits $4
+// milliseconds at most for it to go. The start tells our connection's
+// backend from another that took its PID since it went (over a Unix
+// socket, every client's port is -1; a small pid_max wraps in seconds),
+// and the port from the backend behind a proxy (pgbouncer), whose PID the
+// proxy made up and whose client is the proxy: that one is left alone.
 func terminateQuery(wait bool) string {
 	call := "pg_terminate_backend(pid)"
 	if wait {
-		call = "pg_terminate_backend(pid, $3::bigint)"
+		call = "pg_terminate_backend(pid, $4::bigint)"
 	}
 	return `SELECT ` + call + ` FROM pg_stat_activity
 WHERE pid = $1::int AND client_port = $2::int
+  AND backend_start < clock_timestamp() - $3::bigint * interval '1 microsecond'
   AND backend_type = 'client backend' AND datname = current_database()`
 }
 
