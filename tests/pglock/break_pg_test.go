@@ -3,17 +3,22 @@ package pglock_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // roleDSN returns d's DSN for a role without superuser rights (created
@@ -264,4 +269,99 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND client_port 
 		err := victim.Ping(ctxFor(t, 5*time.Second))
 		t.Fatalf("the user's connection that took the stale backend's PID %d was terminated (ping: %v)", stale, err)
 	}
+}
+
+// replyLostConnector's connections, while armed, run each renewal and then
+// hold its answer, deaf to its ctx, until the test lets it go: a renewal
+// that moved the row, whose reply does not come.
+type replyLostConnector struct {
+	driver.Connector
+	armed atomic.Bool
+	let   chan struct{}
+	once  sync.Once
+	held  atomic.Int64
+}
+
+func (c *replyLostConnector) letGo() { c.once.Do(func() { close(c.let) }) }
+
+func (c *replyLostConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return replyLostConn{conn.(*stdlib.Conn), c}, nil
+}
+
+type replyLostConn struct {
+	*stdlib.Conn
+	c *replyLostConnector
+}
+
+func (c replyLostConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	res, err := c.Conn.ExecContext(ctx, q, args)
+	if c.c.armed.Load() && strings.Contains(q, "SET expires_at = greatest") {
+		c.c.held.Add(1)
+		<-c.c.let
+	}
+	return res, err
+}
+
+// A lease lost before Release (its deadline passed while an Extend's
+// reply did not come, that Extend having moved the row a minute on) makes
+// Release return the loss: see lease.Release. A Release that gives up
+// behind that Extend finishes in the background, and, once its bound has
+// passed, frees the row without the Extend's turn: the release it records
+// must be the loss too, not nil, as the Release that waited would have
+// returned.
+func TestReleaseGivenUpAfterLossReturnsLoss(t *testing.T) {
+	const name = "release-given-up-after-loss"
+	d := newDatabase(t, pg)
+	c := &replyLostConnector{let: make(chan struct{})}
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Connector = stdlib.GetConnector(*cfg)
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { _ = db.Close() })
+	t.Cleanup(c.letGo)
+	l := d.locker(t, db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.armed.Store(true)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(context.Background(), time.Minute) }()
+	waitUntil(t, func() bool { return c.held.Load() == 1 })
+	select {
+	case <-lease.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end at its deadline")
+	}
+	lost := lease.Err()
+	if !errors.Is(lost, fence.ErrLeaseLost) {
+		t.Fatalf("lease ended with %v, want ErrLeaseLost", lost)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := lease.Release(ctx); err == nil {
+		t.Fatal("Release behind an Extend whose reply did not come returned nil")
+	}
+	freed := pollFor(6*time.Second, func() bool {
+		var owner string
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
+			t.Fatal(err)
+		}
+		return owner == ""
+	})
+	if !freed {
+		t.Fatal("the background finish did not free the row in 6 s")
+	}
+	if err := lease.Release(ctxFor(t, 5*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release of a lease lost before Release, its row freed by the background finish = %v, want the loss (%v)", err, lost)
+	}
+	c.letGo()
+	<-extended
 }
