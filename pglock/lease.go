@@ -439,8 +439,8 @@ func (ls *lease) release(ctx context.Context) error {
 // within giveUpTimeout, it releases as Release does, bounded by
 // giveUpTimeout; otherwise it frees the row, owner-checked, bounded the
 // same, without the renewal's turn, and records the release if that freed
-// it (a later Release then returns nil); if not, a later Release tries
-// again.
+// it (a later Release then returns nil, or the loss if the lease was lost
+// before, as release does); if not, a later Release tries again.
 func (ls *lease) finishRelease(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
 	err := ls.lockOp(wctx)
@@ -456,7 +456,13 @@ func (ls *lease) finishRelease(ctx context.Context) {
 	if ls.l.db.QueryRowContext(bctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified) == nil {
 		ls.mu.Lock()
 		if !ls.released {
-			ls.released, ls.relErr = true, nil
+			// As release concludes: the loss if the lease was lost
+			// before the Release that gave up ended it.
+			var relErr error
+			if ls.err != fence.ErrReleased {
+				relErr = ls.err
+			}
+			ls.released, ls.relErr = true, relErr
 		}
 		ls.mu.Unlock()
 	}
