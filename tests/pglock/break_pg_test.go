@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/pglock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -364,4 +365,50 @@ func TestReleaseGivenUpAfterLossReturnsLoss(t *testing.T) {
 	}
 	c.letGo()
 	<-extended
+}
+
+// A Release that gives up on its ctx behind a watchdog renewal whose
+// driver does not give up its statement (lib/pq on a stalled server: its
+// cancel goes out, and it waits for the answer) must return by its ctx
+// all the same, as it does behind an Extend: the lease has ended, and the
+// background finish frees the row. It went on to wait for the watchdog,
+// that is for the renewal's statement, for as long as the driver held it.
+func TestReleaseGivenUpBehindDeafWatchdogReturns(t *testing.T) {
+	const name = "release-behind-deaf-watchdog"
+	d, db, hang := renewHangDB(t)
+	l, err := pglock.New(db, &pglock.Options{WatchdogTTL: 6 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hang.deaf.Store(true)
+	hang.armed.Store(true)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The watchdog renews at a third of the TTL, 2 s in.
+	waitUntil(t, func() bool { return hang.held.Load() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctx) }()
+	select {
+	case err := <-released:
+		t.Logf("Release with a 300 ms ctx behind a deaf renewal = %v after %v", err, time.Since(start))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Release = %v, want its ctx's error", err)
+		}
+	case <-time.After(3 * time.Second):
+		hang.letGo()
+		err := <-released
+		t.Fatalf("Release with a 300 ms ctx still waiting 3 s in, behind a watchdog renewal its driver does not give up (returned %v once let go)", err)
+	}
+	// The background finish frees the row.
+	other, err := d.locker(t, d.db).Acquire(ctxFor(t, 10*time.Second), name, fence.Wait(5*time.Second))
+	if err != nil {
+		t.Fatalf("the row is still held: %v", err)
+	}
+	hang.letGo()
+	_ = other.Release(ctxFor(t, 5*time.Second))
 }
