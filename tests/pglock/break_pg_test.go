@@ -412,3 +412,92 @@ func TestReleaseGivenUpBehindDeafWatchdogReturns(t *testing.T) {
 	hang.letGo()
 	_ = other.Release(ctxFor(t, 5*time.Second))
 }
+
+// lateRenewConnector's connections, while armed, hold each renewal, deaf
+// to its ctx, until the test lets it go, and then run it all the same: a
+// statement sent to a stalled server, which a driver that waits for the
+// answer to its cancel (lib/pq) sees run once the server resumes.
+type lateRenewConnector struct {
+	driver.Connector
+	armed atomic.Bool
+	let   chan struct{}
+	once  sync.Once
+	held  atomic.Int64
+}
+
+func (c *lateRenewConnector) letGo() { c.once.Do(func() { close(c.let) }) }
+
+func (c *lateRenewConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return lateRenewConn{conn.(*stdlib.Conn), c}, nil
+}
+
+type lateRenewConn struct {
+	*stdlib.Conn
+	c *lateRenewConnector
+}
+
+func (c lateRenewConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	if c.c.armed.Load() && strings.Contains(q, "SET expires_at = greatest") {
+		c.c.held.Add(1)
+		<-c.c.let
+		return c.Conn.ExecContext(context.WithoutCancel(ctx), q, args)
+	}
+	return c.Conn.ExecContext(ctx, q, args)
+}
+
+// An Extend under way when a Release that gave up behind it ends the lease
+// returns the lease's end, released (ErrLeaseLost and ErrReleased: see
+// lease.Extend), even when its driver did not give up the statement,
+// which then ran after the background finish had freed the row and found
+// it no longer the lease's. It returned a plain loss ("expired, was
+// removed or was taken by another owner"), which says another may have
+// taken the lock, of a lease its own Release ended.
+func TestExtendBehindGivenUpReleaseReturnsReleased(t *testing.T) {
+	const name = "extend-late-after-release"
+	d := newDatabase(t, pg)
+	c := &lateRenewConnector{let: make(chan struct{})}
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Connector = stdlib.GetConnector(*cfg)
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { _ = db.Close() })
+	t.Cleanup(c.letGo)
+	l := d.locker(t, db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.armed.Store(true)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(context.Background(), time.Minute) }()
+	waitUntil(t, func() bool { return c.held.Load() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := lease.Release(ctx); err == nil {
+		t.Fatal("Release behind a hung Extend returned nil")
+	}
+	freed := pollFor(6*time.Second, func() bool {
+		var owner string
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
+			t.Fatal(err)
+		}
+		return owner == ""
+	})
+	if !freed {
+		t.Fatal("the background finish did not free the row in 6 s")
+	}
+	c.letGo()
+	if err := <-extended; !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+		t.Fatalf("Extend under way when a Release ended the lease = %v, want ErrLeaseLost and ErrReleased", err)
+	}
+	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatalf("Release again = %v, want nil: the finish freed the row", err)
+	}
+}
