@@ -281,6 +281,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("pglock: extend %q: %w", ls.a.name, err)
 	}
 	if n == 0 {
+		if ended := ls.Err(); ended != nil {
+			// Ended first (a Release that gave up, whose background
+			// finish then freed the row): that end, not a loss.
+			return ended
+		}
 		lost := fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
 		ls.end(lost)
 		return lost
