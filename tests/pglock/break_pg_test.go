@@ -139,6 +139,11 @@ func TestReleaseBehindStalledReleaseKeepsFinishResult(t *testing.T) {
 	if err := lease.Release(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Release behind a stalled Release = %v, want its ctx's deadline", err)
 	}
+	// A Release called meanwhile, with time to spare, returns the finish's
+	// conclusion once it has come, rather than wait for the stalled one.
+	third := make(chan error, 1)
+	start := time.Now()
+	go func() { third <- lease.Release(ctxFor(t, 10*time.Second)) }()
 	freed := pollFor(6*time.Second, func() bool {
 		var owner string
 		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
@@ -149,6 +154,12 @@ func TestReleaseBehindStalledReleaseKeepsFinishResult(t *testing.T) {
 	})
 	if !freed {
 		t.Fatal("the background finish did not free the row in 6 s")
+	}
+	if err := <-third; err != nil {
+		t.Fatalf("Release waiting as the finish freed the row = %v after %v, want nil", err, time.Since(start))
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Release waiting as the finish freed the row returned after %v, behind the stalled Release", took)
 	}
 	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
 		t.Fatalf("Release after the finish freed the row = %v, want nil", err)
