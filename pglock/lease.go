@@ -340,15 +340,23 @@ func (ls *lease) Release(ctx context.Context) error {
 	wait := ls.watchdogDone != nil && ls.err != nil && !ls.logging // logging: renewing no more, see logFailed
 	ls.mu.Unlock()
 	if wait {
-		// It ends with the lease, once its renewal under way has
-		// returned: at once with a driver that gives up the statement
-		// the lease's end cancelled; a driver that does not (lib/pq on
-		// a stalled server waits for the answer to its cancel) must not
-		// hold up a Release past its ctx, no more than a renewal does
-		// (see release).
+		// It ends with the lease, once its renewal under way, if any,
+		// has returned: at once with a driver that gives up the
+		// statement the lease's end cancelled; a driver that does not
+		// (lib/pq on a stalled server waits for the answer to its
+		// cancel) must not hold up a Release past its ctx, no more than
+		// a renewal does (see release). With no renewal under way
+		// (ls.op free), the watchdog sends none (the lease has ended)
+		// and returns: waited for whatever ctx says.
 		select {
-		case <-ls.watchdogDone:
-		case <-ctx.Done():
+		case ls.op <- struct{}{}:
+			ls.unlockOp()
+			<-ls.watchdogDone
+		default:
+			select {
+			case <-ls.watchdogDone:
+			case <-ctx.Done():
+			}
 		}
 	}
 	return err
