@@ -35,7 +35,10 @@ type lease struct {
 	err      error // why the lease ended; nil while held
 	released bool  // Release reached a conclusion, kept in relErr
 	relErr   error
-	granted  time.Time // when the lease started, for the hold time
+	// concluded is closed once released is set (concludeLocked): a
+	// Release waiting for ls.op returns that conclusion.
+	concluded chan struct{}
+	granted   time.Time // when the lease started, for the hold time
 	// unreported reports the lease's end, until flush has (nil: not
 	// ended, or reported).
 	unreported func()
@@ -64,7 +67,7 @@ func deadline(sent time.Time, ttl time.Duration) time.Time {
 }
 
 func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, sent time.Time) *lease {
-	ls := &lease{l: l, a: *a, token: token, granted: time.Now(), op: make(chan struct{}, 1)}
+	ls := &lease{l: l, a: *a, token: token, granted: time.Now(), op: make(chan struct{}, 1), concluded: make(chan struct{})}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
@@ -244,6 +247,28 @@ func (ls *lease) lockOp(ctx context.Context) error {
 
 func (ls *lease) unlockOp() { <-ls.op }
 
+// errConcluded: lockOpUnlessConcluded found the release concluded.
+var errConcluded = errors.New("release concluded")
+
+// lockOpUnlessConcluded is lockOp for release: it stops waiting with
+// errConcluded once the release has concluded meanwhile (the background
+// finish of a Release that gave up).
+func (ls *lease) lockOpUnlessConcluded(ctx context.Context) error {
+	select {
+	case ls.op <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case ls.op <- struct{}{}:
+		return nil
+	case <-ls.concluded:
+		return errConcluded
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // renew moves the row's expiry to ttl from now by the database's clock, if
 // the row is still this lease's and has not expired; otherwise it ends the
 // lease.
@@ -371,7 +396,11 @@ func (ls *lease) release(ctx context.Context) error {
 		return ls.relErr
 	}
 	ls.mu.Unlock()
-	if err := ls.lockOp(ctx); err != nil {
+	if err := ls.lockOpUnlessConcluded(ctx); errors.Is(err, errConcluded) {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		return ls.relErr
+	} else if err != nil {
 		// A renewal under way holds ls.op (hung on the database, say):
 		// the lease ends here all the same, which cuts that renewal's
 		// statement short (see renew), and this Release is finished in
@@ -450,10 +479,18 @@ func (ls *lease) release(ctx context.Context) error {
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if !ls.released { // else concluded meanwhile, as above
-		ls.released, ls.relErr = true, err
-	}
+	ls.concludeLocked(err) // unless concluded meanwhile, as above
 	return ls.relErr
+}
+
+// concludeLocked records the release's conclusion, err, unless one was
+// recorded already, and wakes the Releases waiting for ls.op. ls.mu is
+// held.
+func (ls *lease) concludeLocked(err error) {
+	if !ls.released {
+		ls.released, ls.relErr = true, err
+		close(ls.concluded)
+	}
 }
 
 // finishRelease finishes in the background a Release that gave up waiting
@@ -484,7 +521,7 @@ func (ls *lease) finishRelease(ctx context.Context) {
 			if ls.err != fence.ErrReleased {
 				relErr = ls.err
 			}
-			ls.released, ls.relErr = true, relErr
+			ls.concludeLocked(relErr)
 		}
 		ls.mu.Unlock()
 	}
