@@ -512,3 +512,35 @@ func TestExtendBehindGivenUpReleaseReturnsReleased(t *testing.T) {
 		t.Fatalf("Release again = %v, want nil: the finish freed the row", err)
 	}
 }
+
+// A login role that sets another role for its sessions (options -c role=,
+// or SET ROLE after connecting: a common way to own objects by a group
+// role) runs the give-up's termination as that role, which is not a
+// member of the login role: pg_stat_activity hides its own backends'
+// client_port and backend_start from it, and pg_terminate_backend would
+// refuse them. The termination finds nothing, and the stalled try commits
+// once resumed.
+func TestGivenUpTryOnStalledBackendSetRole(t *testing.T) {
+	setRole := func(t *testing.T, d database) string {
+		ctx := ctxFor(t, 10*time.Second)
+		if _, err := d.db.ExecContext(ctx, `DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pglock_group') THEN
+    CREATE ROLE pglock_group NOLOGIN;
+    CREATE ROLE pglock_login LOGIN NOSUPERUSER IN ROLE pglock_group;
+  END IF;
+END $$`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.db.ExecContext(ctx, `GRANT ALL ON fence_leases, fence_leases_token TO pglock_group`); err != nil {
+			t.Fatal(err)
+		}
+		u, err := url.Parse(d.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.User("pglock_login")
+		return u.String() + "&options=-c%20role%3Dpglock_group"
+	}
+	t.Run("resumeDuring", func(t *testing.T) { testStalledBackend(t, false, setRole) })
+	t.Run("resumeAfter", func(t *testing.T) { testStalledBackend(t, true, setRole) })
+}
