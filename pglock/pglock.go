@@ -339,7 +339,7 @@ func (l *Locker) terminate(stale []backendRef) {
 		// Signal them all first, so that the wait for one does not
 		// delay the next one's end.
 		for _, b := range stale {
-			_, _ = l.db.ExecContext(ctx, terminateQuery(false), b.pid, b.port, b.age())
+			_ = l.execAsSessionUser(ctx, terminateQuery(false), b.pid, b.port, b.age())
 		}
 	}
 	for _, b := range stale {
@@ -348,11 +348,36 @@ func (l *Locker) terminate(stale []backendRef) {
 		if wait <= 0 {
 			return
 		}
-		_, err := l.db.ExecContext(ctx, terminateQuery(true), b.pid, b.port, b.age(), wait)
+		err := l.execAsSessionUser(ctx, terminateQuery(true), b.pid, b.port, b.age(), wait)
 		if isSQLState(err, undefinedFunction) {
-			_, _ = l.db.ExecContext(ctx, terminateQuery(false), b.pid, b.port, b.age())
+			_ = l.execAsSessionUser(ctx, terminateQuery(false), b.pid, b.port, b.age())
 		}
 	}
+}
+
+// execAsSessionUser runs q as the session's user, the role that logged in
+// and whose backends the stale ones are, in a transaction of its own: a
+// session may have set another role (options -c role=, SET ROLE), one
+// that is not a member of the login role, to which pg_stat_activity hides
+// those backends' client_port and backend_start, and which may not
+// terminate them. A session may always return to its session user; were
+// that refused, q runs as the current role.
+func (l *Locker) execAsSessionUser(ctx context.Context, q string, args ...any) error {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SET LOCAL ROLE NONE`); err != nil {
+		// Refused (whatever the reason): as the current role, then.
+		_ = tx.Rollback()
+		_, err = l.db.ExecContext(ctx, q, args...)
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // age is how long ago, in microseconds, b's connection was known open,
