@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -543,4 +544,138 @@ END $$`); err != nil {
 	}
 	t.Run("resumeDuring", func(t *testing.T) { testStalledBackend(t, false, setRole) })
 	t.Run("resumeAfter", func(t *testing.T) { testStalledBackend(t, true, setRole) })
+}
+
+// cutConn is a net.Conn that the test can cut from the client's side (a
+// local network error), and that counts its writes once armed.
+type cutConn struct {
+	net.Conn
+	armed  *atomic.Bool
+	writes *atomic.Int64
+}
+
+func (c cutConn) Write(p []byte) (int, error) {
+	if c.armed.Load() {
+		c.writes.Add(1)
+	}
+	return c.Conn.Write(p)
+}
+
+// A try sent to a backend that stalled (SIGSTOP), whose connection then
+// broke on the client's side, is recorded as stale, and the Acquire's next
+// try takes the lock on another connection. The stale backend's
+// termination that follows has no free to come after it: it need only
+// signal the backend (which then dies as it resumes, before it reads the
+// try), not wait for it to go, which holds one of the pool's connections
+// for nearly two seconds: with a pool of one, the new lease's Extend waited
+// for it.
+func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
+	const name = "stale-after-success"
+	d := newDatabase(t, pg)
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		armed  atomic.Bool
+		writes atomic.Int64
+		mu     sync.Mutex
+		conns  []net.Conn
+	)
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		return cutConn{c, &armed, &writes}, nil
+	}
+	db := sql.OpenDB(stdlib.GetConnector(*cfg))
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1)
+	l := d.locker(t, db)
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(conns) != 1 {
+		t.Fatalf("%d connections, want 1", len(conns))
+	}
+	stalled := conns[0]
+	mu.Unlock()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("stop backend %d: %v", pid, err)
+	}
+	stopped := true
+	resume := func() {
+		if stopped {
+			stopped = false
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Errorf("resume backend %d: %v", pid, err)
+			}
+		}
+	}
+	t.Cleanup(resume)
+	armed.Store(true)
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	acquired := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(ctxFor(t, 20*time.Second), name, fence.TTL(time.Minute), fence.Wait(10*time.Second))
+		acquired <- result{lease, err}
+	}()
+	waitUntil(t, func() bool { return writes.Load() > 0 }) // the try is in the stalled backend's socket
+	armed.Store(false)
+	_ = stalled.Close()
+	r := <-acquired
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	start := time.Now()
+	if err := r.lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("Extend right after the Acquire: %v", took)
+	if took > time.Second {
+		t.Errorf("Extend right after an Acquire whose earlier try's backend stalled took %v: the stale backend's termination held the pool's connection", took)
+	}
+	if err := r.lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// The stalled backend, signalled, dies as it resumes, without running
+	// the try: the lock stays free.
+	resume()
+	gone := pollFor(10*time.Second, func() bool {
+		var n int
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if !gone {
+		t.Fatalf("backend %d still there 10 s after it resumed", pid)
+	}
+	var owner string
+	if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+		`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if owner != "" {
+		t.Fatalf("the stalled try ran after the release: the row is %q's", owner)
+	}
 }
