@@ -388,6 +388,19 @@ func (b backendRef) age() int64 {
 	return (age - age/100).Microseconds()
 }
 
+// signal terminates the backends of stale without waiting for them to go,
+// within giveUpTimeout in all: after a try that took the lock, no free
+// follows that they must not outrun, and a backend signalled dies before
+// it runs a statement further (see terminate). Waiting would hold one of
+// the pool's connections while the new lease may need it.
+func (l *Locker) signal(stale []backendRef) {
+	ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
+	defer cancel()
+	for _, b := range stale {
+		_ = l.execAsSessionUser(ctx, terminateQuery(false), b.pid, b.port, b.age())
+	}
+}
+
 // undefinedFunction is the SQLSTATE of a call to a function that does not
 // exist: pg_terminate_backend(pid, timeout) before PostgreSQL 14.
 const undefinedFunction = "42883"
@@ -438,7 +451,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 				// harmless while this lease lives (the row is its
 				// owner's), it would take the row back once released.
 				a.stale = nil
-				go l.terminate(stale)
+				go l.signal(stale)
 			}
 			return l.newLease(ctx, a, fence.Token(token), sent), 0, nil
 		case isSQLState(err, sequenceLimitExceeded):
