@@ -128,18 +128,26 @@
 // embedding its *stdlib.Conn), whose connections know their backend's PID,
 // each try runs on a connection taken for it (sql.DB.Conn), and when the
 // driver has closed that connection, the background work first terminates
-// its backend (pg_terminate_backend: allowed on backends of one's own
-// role; only a client backend of this database whose client port is the
-// connection's, so that a backend behind a proxy such as pgbouncer, whose
-// PID the proxy made up, is left alone) and waits, two seconds at most, for
+// its backend (pg_terminate_backend, run as the session user, so that a
+// session that set another role still may: allowed on backends of one's
+// own login role; only a client backend of this database whose client
+// port is the connection's, so that a backend behind a proxy such as
+// pgbouncer, whose PID the proxy made up, is left alone, and that started
+// before the connection was known open, so that one that took the PID
+// since, over a Unix socket where every port is -1, is left alone too)
+// and waits, two seconds at most, for
 // it to go, then frees the row: what the backend committed before it went
 // is freed, and a backend told to terminate runs no statement further, even
 // one it reads as it resumes (a statement it was committing as it stalled,
 // if it stays stalled past the wait, is the exception). That background
 // work ends within four seconds. Without the right to terminate, behind a proxy, with other
-// drivers (lib/pq does not tell the PID without a round trip), and on
-// PostgreSQL before 14 for a statement caught committing (the backend is
-// signalled, not waited for), only the free runs, as it did before. Likewise a renewal whose outcome is unknown may have moved the
+// drivers (lib/pq does not tell the PID without a round trip), when no
+// new connection can be had (a role at its connection limit: the stalled
+// backend still holds its slot), and on PostgreSQL before 14 for a
+// statement caught committing (the backend is signalled, not waited for),
+// only the free runs, as it did before. The backends of an Acquire's
+// earlier tries, when a later one takes the lock, are signalled the same
+// way, not waited for. Likewise a renewal whose outcome is unknown may have moved the
 // row's expiry and not the lease's Deadline (so may one whose answer came
 // after the lease had ended): if the lease then ends unreleased, or by a
 // Release that failed, its row, if still its own, is freed in the
