@@ -141,11 +141,12 @@
 // one it reads as it resumes (a statement it was committing as it stalled,
 // if it stays stalled past the wait, is the exception). That background
 // work ends within four seconds. Without the right to terminate, behind a proxy, with other
-// drivers (lib/pq does not tell the PID without a round trip), when no
-// new connection can be had (a role at its connection limit: the stalled
-// backend still holds its slot), and on PostgreSQL before 14 for a
-// statement caught committing (the backend is signalled, not waited for),
-// only the free runs, as it did before. The backends of an Acquire's
+// drivers (lib/pq does not tell the PID without a round trip), and on
+// PostgreSQL before 14 for a statement caught committing (the backend is
+// signalled, not waited for), only the free runs, as it did before; when
+// no new connection can be had within the bound (a role at its connection
+// limit, whose slot the stalled backend still holds; a pool kept busy),
+// neither does. The backends of an Acquire's
 // earlier tries, when a later one takes the lock, are signalled the same
 // way, not waited for. Likewise a renewal whose outcome is unknown may have moved the
 // row's expiry and not the lease's Deadline (so may one whose answer came
