@@ -231,29 +231,18 @@ func (ls *lease) movedAheadLocked() {
 }
 
 // lockOp takes ls.op, waiting for it as long as ctx lasts.
-func (ls *lease) lockOp(ctx context.Context) error {
-	select {
-	case ls.op <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case ls.op <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (ls *lease) lockOp(ctx context.Context) error { return ls.lockOpUnless(ctx, nil) }
 
 func (ls *lease) unlockOp() { <-ls.op }
 
-// errConcluded: lockOpUnlessConcluded found the release concluded.
+// errConcluded: lockOpUnless found the release concluded.
 var errConcluded = errors.New("release concluded")
 
-// lockOpUnlessConcluded is lockOp for release: it stops waiting with
-// errConcluded once the release has concluded meanwhile (the background
-// finish of a Release that gave up).
-func (ls *lease) lockOpUnlessConcluded(ctx context.Context) error {
+// lockOpUnless is lockOp that stops waiting with errConcluded once
+// concluded is closed (for release: ls.concluded, the release concluded
+// meanwhile by the background finish of a Release that gave up; nil for
+// never).
+func (ls *lease) lockOpUnless(ctx context.Context, concluded <-chan struct{}) error {
 	select {
 	case ls.op <- struct{}{}:
 		return nil
@@ -262,7 +251,7 @@ func (ls *lease) lockOpUnlessConcluded(ctx context.Context) error {
 	select {
 	case ls.op <- struct{}{}:
 		return nil
-	case <-ls.concluded:
+	case <-concluded:
 		return errConcluded
 	case <-ctx.Done():
 		return ctx.Err()
@@ -396,7 +385,7 @@ func (ls *lease) release(ctx context.Context) error {
 		return ls.relErr
 	}
 	ls.mu.Unlock()
-	if err := ls.lockOpUnlessConcluded(ctx); errors.Is(err, errConcluded) {
+	if err := ls.lockOpUnless(ctx, ls.concluded); errors.Is(err, errConcluded) {
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
 		return ls.relErr

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -111,26 +110,11 @@ func TestReleaseBehindStalledReleaseKeepsFinishResult(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pid int
-	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := backendPID(t, db)
 	if n := db.Stats().OpenConnections; n != 1 {
 		t.Fatalf("%d connections open, want 1: the next statement must go to backend %d", n, pid)
 	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatalf("stop backend %d: %v", pid, err)
-	}
-	stopped := true
-	resume := func() {
-		if stopped {
-			stopped = false
-			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-				t.Errorf("resume backend %d: %v", pid, err)
-			}
-		}
-	}
-	t.Cleanup(resume)
+	resume := stopBackend(t, pid)
 	first := make(chan error, 1)
 	go func() { first <- lease.Release(context.Background()) }()
 	waitUntil(t, func() bool { return db.Stats().InUse == 1 })
@@ -284,38 +268,48 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND client_port 
 	}
 }
 
-// replyLostConnector's connections, while armed, run each renewal and then
-// hold its answer, deaf to its ctx, until the test lets it go: a renewal
-// that moved the row, whose reply does not come.
-type replyLostConnector struct {
+// heldRenewConnector's connections, while armed, hold each renewal, deaf
+// to its ctx, until the test lets it go. With late false they run it first
+// and hold its answer: a renewal that moved the row, whose reply does not
+// come. With late true they hold it and then run it all the same: a
+// statement sent to a stalled server, which a driver that waits for the
+// answer to its cancel (lib/pq) sees run once the server resumes.
+type heldRenewConnector struct {
 	driver.Connector
+	late  bool
 	armed atomic.Bool
 	let   chan struct{}
 	once  sync.Once
 	held  atomic.Int64
 }
 
-func (c *replyLostConnector) letGo() { c.once.Do(func() { close(c.let) }) }
+func (c *heldRenewConnector) letGo() { c.once.Do(func() { close(c.let) }) }
 
-func (c *replyLostConnector) Connect(ctx context.Context) (driver.Conn, error) {
+func (c *heldRenewConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	conn, err := c.Connector.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return replyLostConn{conn.(*stdlib.Conn), c}, nil
+	return heldRenewConn{conn.(*stdlib.Conn), c}, nil
 }
 
-type replyLostConn struct {
+type heldRenewConn struct {
 	*stdlib.Conn
-	c *replyLostConnector
+	c *heldRenewConnector
 }
 
-func (c replyLostConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	res, err := c.Conn.ExecContext(ctx, q, args)
-	if c.c.armed.Load() && strings.Contains(q, "SET expires_at = greatest") {
+func (c heldRenewConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	if !c.c.armed.Load() || !strings.Contains(q, "SET expires_at = greatest") {
+		return c.Conn.ExecContext(ctx, q, args)
+	}
+	if c.c.late {
 		c.c.held.Add(1)
 		<-c.c.let
+		return c.Conn.ExecContext(context.WithoutCancel(ctx), q, args)
 	}
+	res, err := c.Conn.ExecContext(ctx, q, args)
+	c.c.held.Add(1)
+	<-c.c.let
 	return res, err
 }
 
@@ -329,7 +323,7 @@ func (c replyLostConn) ExecContext(ctx context.Context, q string, args []driver.
 func TestReleaseGivenUpAfterLossReturnsLoss(t *testing.T) {
 	const name = "release-given-up-after-loss"
 	d := newDatabase(t, pg)
-	c := &replyLostConnector{let: make(chan struct{})}
+	c := &heldRenewConnector{let: make(chan struct{})}
 	cfg, err := pgx.ParseConfig(d.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -425,42 +419,6 @@ func TestReleaseGivenUpBehindDeafWatchdogReturns(t *testing.T) {
 	_ = other.Release(ctxFor(t, 5*time.Second))
 }
 
-// lateRenewConnector's connections, while armed, hold each renewal, deaf
-// to its ctx, until the test lets it go, and then run it all the same: a
-// statement sent to a stalled server, which a driver that waits for the
-// answer to its cancel (lib/pq) sees run once the server resumes.
-type lateRenewConnector struct {
-	driver.Connector
-	armed atomic.Bool
-	let   chan struct{}
-	once  sync.Once
-	held  atomic.Int64
-}
-
-func (c *lateRenewConnector) letGo() { c.once.Do(func() { close(c.let) }) }
-
-func (c *lateRenewConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return lateRenewConn{conn.(*stdlib.Conn), c}, nil
-}
-
-type lateRenewConn struct {
-	*stdlib.Conn
-	c *lateRenewConnector
-}
-
-func (c lateRenewConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	if c.c.armed.Load() && strings.Contains(q, "SET expires_at = greatest") {
-		c.c.held.Add(1)
-		<-c.c.let
-		return c.Conn.ExecContext(context.WithoutCancel(ctx), q, args)
-	}
-	return c.Conn.ExecContext(ctx, q, args)
-}
-
 // An Extend under way when a Release that gave up behind it ends the lease
 // returns the lease's end, released (ErrLeaseLost and ErrReleased: see
 // lease.Extend), even when its driver did not give up the statement,
@@ -471,7 +429,7 @@ func (c lateRenewConn) ExecContext(ctx context.Context, q string, args []driver.
 func TestExtendBehindGivenUpReleaseReturnsReleased(t *testing.T) {
 	const name = "extend-late-after-release"
 	d := newDatabase(t, pg)
-	c := &lateRenewConnector{let: make(chan struct{})}
+	c := &heldRenewConnector{late: true, let: make(chan struct{})}
 	cfg, err := pgx.ParseConfig(d.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -604,29 +562,14 @@ func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
 	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	var pid int
-	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := backendPID(t, db)
 	mu.Lock()
 	if len(conns) != 1 {
 		t.Fatalf("%d connections, want 1", len(conns))
 	}
 	stalled := conns[0]
 	mu.Unlock()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatalf("stop backend %d: %v", pid, err)
-	}
-	stopped := true
-	resume := func() {
-		if stopped {
-			stopped = false
-			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-				t.Errorf("resume backend %d: %v", pid, err)
-			}
-		}
-	}
-	t.Cleanup(resume)
+	resume := stopBackend(t, pid)
 	armed.Store(true)
 	type result struct {
 		lease fence.Lease

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,23 +54,8 @@ func testStalledBackend(t *testing.T, after bool, dsnOf func(t *testing.T, d dat
 	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	var pid int
-	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatalf("stop backend %d: %v", pid, err)
-	}
-	stopped := true
-	resume := func() {
-		if stopped {
-			stopped = false
-			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-				t.Errorf("resume backend %d: %v", pid, err)
-			}
-		}
-	}
-	t.Cleanup(resume)
+	pid := backendPID(t, db)
+	resume := stopBackend(t, pid)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -176,10 +162,7 @@ func TestGivenUpTryAnsweredKeepsBackend(t *testing.T) {
 	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	var pid int
-	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := backendPID(t, db)
 	tx, err := d.db.BeginTx(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -220,4 +203,33 @@ func TestGivenUpTryAnsweredKeepsBackend(t *testing.T) {
 	if again != pid {
 		t.Fatalf("the pool's backend %d, whose try had been answered, was replaced by %d", pid, again)
 	}
+}
+
+// backendPID is the PID of the backend of db's one connection.
+func backendPID(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var pid int
+	if err := db.QueryRowContext(ctxFor(t, 10*time.Second), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// stopBackend stops the backend pid (SIGSTOP) until resume, or the test's
+// end, lets it go on.
+func stopBackend(t *testing.T, pid int) (resume func()) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("stop backend %d: %v", pid, err)
+	}
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Errorf("resume backend %d: %v", pid, err)
+			}
+		})
+	}
+	t.Cleanup(resume)
+	return resume
 }
