@@ -76,13 +76,8 @@ func TestBodyOverLimit(t *testing.T) {
 				guard.TokenHeader); err != nil {
 				t.Fatal(err)
 			}
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_ = resp.Body.Close()
-			if resp.StatusCode != http.StatusRequestEntityTooLarge {
-				t.Errorf("Expect: 100-continue with a body over the limit: %d, want 413 before any body", resp.StatusCode)
+			if code, _ := answer(t, conn); code != http.StatusRequestEntityTooLarge {
+				t.Errorf("Expect: 100-continue with a body over the limit: %d, want 413 before any body", code)
 			}
 			if n := s.store.calls.Load() - calls; n != 0 {
 				t.Errorf("the store was asked %d times for bodies over the limit, want 0", n)
@@ -143,13 +138,8 @@ func TestBodyUnfinished(t *testing.T) {
 				wait(t, started, "the body to start")
 				cancel()
 				wait(t, done, "the middleware to return") // the client has not sent the rest
-				resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				_ = resp.Body.Close()
-				if resp.StatusCode != http.StatusBadRequest {
-					t.Errorf("got %d, want 400", resp.StatusCode)
+				if code, _ := answer(t, conn); code != http.StatusBadRequest {
+					t.Errorf("got %d, want 400", code)
 				}
 			})
 			if n := s.store.calls.Load(); n != 0 {

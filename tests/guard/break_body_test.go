@@ -266,6 +266,12 @@ func rawPost(t *testing.T, addr, raw string) (int, string) {
 	if _, err := io.WriteString(conn, raw); err != nil {
 		t.Fatal(err)
 	}
+	return answer(t, conn)
+}
+
+// answer reads the response on conn and returns its status and body.
+func answer(t *testing.T, conn net.Conn) (int, string) {
+	t.Helper()
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -381,13 +387,8 @@ func TestBodyTimeoutHandler(t *testing.T) {
 				t.Fatal(err)
 			}
 			wait(t, inner, "Middleware to return once the body came")
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_ = resp.Body.Close()
-			if resp.StatusCode != http.StatusServiceUnavailable {
-				t.Errorf("timeout: %d, want 503", resp.StatusCode)
+			if code, _ := answer(t, conn); code != http.StatusServiceUnavailable {
+				t.Errorf("timeout: %d, want 503", code)
 			}
 			if n := s.store.calls.Load(); n != 0 {
 				t.Errorf("the store was asked %d times after the timeout, want 0", n)
@@ -665,12 +666,7 @@ func TestBodyEndedContextNoContinue(t *testing.T) {
 	if _, err := fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\n%s: 1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n", guard.TokenHeader); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("got %d first, want 400 (and no 100 Continue)", resp.StatusCode)
+	if code, _ := answer(t, conn); code != http.StatusBadRequest {
+		t.Errorf("got %d first, want 400 (and no 100 Continue)", code)
 	}
 }
