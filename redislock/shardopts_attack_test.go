@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -38,18 +39,7 @@ func TestRingShardReadTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resume := replica.Pause(t)
-	start := time.Now()
-	lease, err := l.Acquire(ctx(t), "lock:ring-shard", fence.TTL(time.Minute))
-	took := time.Since(start).Round(time.Millisecond)
-	resume()
-	if err == nil {
-		_ = lease.Release(ctx(t))
-		t.Fatal("acquired with the replica paused")
-	}
-	if !errors.Is(err, fence.ErrNotReplicated) {
-		t.Errorf("Acquire on a Ring whose shards read within %v, replica paused = %v after %v; want fence.ErrNotReplicated", rt, err, took)
-	}
+	refusedWhilePaused(t, l, replica, "lock:ring-shard", fmt.Sprintf("a Ring whose shards read within %v", rt))
 }
 
 // TestClusterNodeReadTimeout: the same with ClusterOptions.NewClient, which

@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -44,20 +45,30 @@ func TestSyncTimeoutWithinReadTimeout(t *testing.T) {
 	}
 
 	l := lockerWith(t, client, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1}})
-	resume := replica.Pause(t)
-	defer resume()
-	start := time.Now()
-	_, err := l.Acquire(ctx, "lock:payment:1001", fence.TTL(time.Minute))
-	if !errors.Is(err, fence.ErrNotReplicated) {
-		t.Errorf("Acquire with the replica paused, read timeout %v, default sync timeout = %v after %v; want fence.ErrNotReplicated",
-			rt, err, time.Since(start))
-	}
-	resume()
+	refusedWhilePaused(t, l, replica, "lock:payment:1001", fmt.Sprintf("read timeout %v, default sync timeout", rt))
 	lease, err := l.Acquire(ctx, "lock:payment:1001", fence.TTL(time.Minute))
 	if err != nil {
 		t.Fatalf("Acquire with the replica back = %v; the refused acquisition left the lock held?", err)
 	}
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// refusedWhilePaused checks that l's Acquire of name, with replica paused,
+// is refused with fence.ErrNotReplicated; what names the set-up.
+func refusedWhilePaused(t *testing.T, l *redislock.Locker, replica *redistest.Server, name, what string) {
+	t.Helper()
+	resume := replica.Pause(t)
+	defer resume()
+	start := time.Now()
+	lease, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	took := time.Since(start).Round(time.Millisecond)
+	if err == nil {
+		_ = lease.Release(ctx(t))
+		t.Fatalf("%s: acquired with the replica paused", what)
+	}
+	if !errors.Is(err, fence.ErrNotReplicated) {
+		t.Errorf("%s, replica paused: Acquire = %v after %v; want fence.ErrNotReplicated", what, err, took)
 	}
 }

@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -41,18 +42,7 @@ func TestWrappedClientShortReadTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resume := replica.Pause(t)
-	start := time.Now()
-	lease, err := l.Acquire(ctx(t), "lock:wrapped", fence.TTL(time.Minute))
-	took := time.Since(start).Round(time.Millisecond)
-	resume()
-	if err == nil {
-		_ = lease.Release(ctx(t))
-		t.Fatal("acquired with the replica paused")
-	}
-	if !errors.Is(err, fence.ErrNotReplicated) {
-		t.Errorf("Acquire on a wrapped client (read timeout %v), replica paused = %v after %v; want fence.ErrNotReplicated", rt, err, took)
-	}
+	refusedWhilePaused(t, l, replica, "lock:wrapped", fmt.Sprintf("a wrapped client (read timeout %v)", rt))
 }
 
 // TestWrappedClusterClient: a struct embedding a *redis.ClusterClient is
