@@ -33,7 +33,8 @@ func execCmd() *cobra.Command {
 command exits, in the manner of "etcdctl lock" and "consul lock".
 
 It waits up to --wait for the lock (default 0: try once). On Redis, a server that does not
-answer ends the wait with exit status 2 at most 1s after --wait; with --wait 0 the one try is
+answer ends the wait with exit status 2 at most 1s after --wait (after 1.1s, room for a first
+try's WAIT for replicas, when --wait is shorter than that); with --wait 0 the one try is
 bounded by the client's timeouts (the URL's dial_timeout and read_timeout; a Sentinel's
 master lookup takes longer).
 
@@ -146,14 +147,25 @@ func acquireShowing(ctx context.Context, stderr io.Writer, l fence.Locker, name 
 }
 
 // waitOverrun is how long past --wait exec lets a Redis Acquire run
-// before it gives up on the server (see acquireContext): room for a first
-// try that is slow but answered (its WAIT for replicas takes up to 1 s),
-// and short enough that a server that never answers costs --wait and a
-// little more.
+// before it gives up on the server (see acquireContext): room for the
+// round trips of a first try that is slow but answered, and short enough
+// that a server that never answers costs --wait and a little more.
 const waitOverrun = time.Second
 
+// firstTryAnswer is how long an answered first try may wait on Redis for
+// replicas: exec leaves ReplicaSync.Timeout at redislock's default, 1 s at
+// most, and Redis answers a WAIT that timed out up to a clock tick (100 ms)
+// later. A --wait shorter than that still gives the first try this long
+// (and waitOverrun more): with a deadline at --wait + 1 s, a first try on a
+// free lock whose replica lagged, answered by Redis with too few
+// acknowledgements (exit 75) after 1.1 s, was cut off into exit 2 "no
+// answer from Redis" for a --wait of 100 ms or less
+// (TestExecShortWaitLaggingReplica).
+const firstTryAnswer = time.Second + 100*time.Millisecond
+
 // acquireContext is the context of exec's Acquire. With --wait, on Redis
-// (redislock), it ends waitOverrun after the wait: redislock bounds the
+// (redislock), it ends waitOverrun after the wait, or after firstTryAnswer
+// when the wait is shorter: redislock bounds the
 // waiting, and the tries after the first, by the wait budget, but its first
 // try by the context only, and exec's has no deadline; so a Redis that
 // accepts connections and never answers held exec for go-redis's own
@@ -175,7 +187,7 @@ func acquireContext(ctx context.Context, l fence.Locker, wait time.Duration) (co
 		// one that has passed.)
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, wait+waitOverrun)
+	return context.WithTimeout(ctx, max(wait, firstTryAnswer)+waitOverrun)
 }
 
 // noAnswerWithin says, of an Acquire that acquireContext's deadline ended
@@ -183,7 +195,7 @@ func acquireContext(ctx context.Context, l fence.Locker, wait time.Duration) (co
 // did not answer in time.
 func noAnswerWithin(err error, actx, ctx context.Context, wait time.Duration) error {
 	if errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w (no answer from Redis within --wait %v and %v more)", err, wait, waitOverrun)
+		return fmt.Errorf("%w (no answer from Redis within %v: --wait %v and %v more)", err, max(wait, firstTryAnswer)+waitOverrun, wait, max(wait, firstTryAnswer)+waitOverrun-wait)
 	}
 	return err
 }
