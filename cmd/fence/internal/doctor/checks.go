@@ -134,6 +134,11 @@ func checkReplicaCounts(d *deployment) []Finding {
 		if p.info["role"] != "master" {
 			continue
 		}
+		if p.syncErr != nil {
+			out = append(out, Finding{ID: "read-timeout", Severity: Critical, Node: p.addr,
+				Why: fmt.Sprintf("fence's lockers refuse this client with replica sync on (%v): every fence exec and status with these options exits 2", p.syncErr),
+				Fix: "raise the URL's read_timeout (2.1s or more keeps WAIT's 1 s timeout), or turn replica sync off (--no-replica-sync) where a lost lock is harmless"})
+		}
 		if p.countsErr != nil && !strings.Contains(p.countsErr.Error(), "NOPERM") { // NOPERM: see checkCommands
 			out = append(out, Finding{ID: "replica-record", Severity: Critical, Node: p.addr,
 				Why: fmt.Sprintf("the replica record cannot be read (%v): every acquisition with replica sync on fails", p.countsErr),

@@ -213,6 +213,9 @@ type node struct {
 	aclErr              error // ACL DRYRUN not allowed: permissions unchecked
 	counts              *redislock.ReplicaCounts
 	countsErr           error
+	// syncErr is redislock.New's refusal of the node's client with the
+	// replica sync rule (its read timeout), if it refused it.
+	syncErr error
 	// On a cluster: the replicas the node's own table lists, and those
 	// of them flagged fail.
 	clusterReplicas, clusterFailed int
@@ -465,6 +468,16 @@ func (d *deployment) readPrimary(ctx context.Context, o redis.Options, c *redis.
 	d.primaries = append(d.primaries, p)
 	if d.kind != "cluster" && p.info["role"] == "master" {
 		l, err := redislock.New(c, &redislock.Options{Prefix: d.cfg.Prefix, ReplicaSync: d.cfg.ReplicaSync})
+		if errors.Is(err, fence.ErrInvalidOption) && !d.cfg.ReplicaSync.Disabled {
+			// Replica sync refused on this client (a read_timeout no
+			// WAIT fits in): a finding (checkReplicaCounts), and the
+			// counts read by a Locker without it, which reads them
+			// alike. It said "deployment unreachable" and audited
+			// nothing (TestDoctorShortReadTimeout).
+			p.syncErr = err
+			l, err = redislock.New(c, &redislock.Options{Prefix: d.cfg.Prefix,
+				ReplicaSync: redislock.ReplicaSync{Disabled: true, Replicas: d.cfg.ReplicaSync.Replicas}})
+		}
 		if err != nil {
 			return err
 		}
