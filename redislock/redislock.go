@@ -115,7 +115,8 @@ var _ fence.Locker = (*Locker)(nil)
 // may be nil. New sends nothing to Redis. It returns an error matching
 // fence.ErrInvalidOption when client is nil, when it is a type of the
 // caller's that embeds a cluster client or a Ring (pass that client
-// itself), or when an option is out of range.
+// itself), when it is a go-redis AutoPipeliner and replica sync is on
+// (pass the client it pipelines for), or when an option is out of range.
 //
 // A Ring keeps each lock name on one shard, and replica sync runs on that
 // shard, but it gives up mutual exclusion when it reshards: see "Ring" in
@@ -140,6 +141,19 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		// the slot master's replica paused).
 		return nil, fmt.Errorf("%w: redislock: %T wraps a cluster client or a Ring, which the Locker must see as such (it sends WAIT, and subscribes, by the slot's or shard's node): pass the *redis.ClusterClient or *redis.Ring itself",
 			fence.ErrInvalidOption, client)
+	case *redis.AutoPipeliner:
+		// go-redis's AutoPipeliner (Client.AutoPipeline,
+		// ClusterClient.AutoPipeline, Ring.AutoPipeline) tells neither
+		// the client it pipelines for nor its read timeout: one of a
+		// cluster client carried replica sync's key-less WAIT to a node
+		// of the cluster's choosing, and acquisitions were confirmed
+		// with the slot master's replica paused
+		// (TestClusterBehindOtherUniversalClients). With replica sync
+		// off there is no WAIT to misroute, as before.
+		if opts == nil || !opts.ReplicaSync.Disabled {
+			return nil, fmt.Errorf("%w: redislock: a *redis.AutoPipeliner hides the client it pipelines for, which replica sync must see (it sends WAIT on the connection that ran the script, within that client's read timeout): pass the *redis.Client, *redis.ClusterClient or *redis.Ring itself (the Locker batches its own calls), or disable replica sync",
+				fence.ErrInvalidOption)
+		}
 	}
 	return newLocker(client, nil, opts)
 }
