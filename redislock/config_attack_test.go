@@ -17,8 +17,10 @@ import (
 // WAIT of 1 ms up to a tick late. The default sync timeout on such a
 // client was 1 ms, and an Acquire with a replica paused got, now and then,
 // the client's i/o timeout, not fence.ErrNotReplicated (read timeout 50 ms:
-// "i/o timeout after 100ms", one run in three). New now refuses such a
-// client unless replica sync is off.
+// "i/o timeout after 100ms", one run in three). Such a Locker now refuses
+// every try that needs a WAIT with fence.ErrInvalidOption, before the
+// script runs (New takes the client: on a primary without replicas no WAIT
+// is sent, see TestShortReadTimeoutNoReplicas).
 //
 // A short sync timeout given on a client with room (1 ms, read timeout
 // 5 s) gives fence.ErrNotReplicated, and the refused acquisition gives its
@@ -35,8 +37,18 @@ func TestSyncShortTimeoutRefusal(t *testing.T) {
 	for _, rt := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 101 * time.Millisecond} {
 		client := redis.NewClient(&redis.Options{Addr: primary.Addr, ReadTimeout: rt, MaxRetries: -1})
 		t.Cleanup(func() { _ = client.Close() })
-		if _, err := redislock.New(client, nil); !errors.Is(err, fence.ErrInvalidOption) {
-			t.Errorf("New with the default sync timeout, read timeout %v = %v; want fence.ErrInvalidOption", rt, err)
+		l, err := redislock.New(client, nil)
+		if err != nil {
+			t.Fatalf("New with the default sync timeout, read timeout %v = %v", rt, err)
+		}
+		start := time.Now()
+		if _, err := l.Acquire(ctx(t), "lock:no-room", fence.Wait(time.Second)); !errors.Is(err, fence.ErrInvalidOption) {
+			t.Errorf("Acquire with a replica, the default sync timeout, read timeout %v = %v; want fence.ErrInvalidOption", rt, err)
+		} else if took := time.Since(start); took > 500*time.Millisecond {
+			t.Errorf("Acquire with no room for WAIT refused after %v, want at once (not retried through the wait)", took)
+		}
+		if n, err := admin.Exists(ctx(t), "fence:{lock:no-room}").Result(); err != nil || n != 0 {
+			t.Errorf("a try refused for no room for WAIT left the lock (%d, %v)", n, err)
 		}
 		if _, err := redislock.New(client, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}); err != nil {
 			t.Errorf("New with sync off, read timeout %v = %v; want no error", rt, err)

@@ -2,7 +2,6 @@ package redislock_test
 
 import (
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -63,13 +62,11 @@ func TestNewAcceptsGoRedisDefaults(t *testing.T) {
 // with a read timeout of 100 ms (a latency-sensitive service's setting).
 // Replica sync is on by default and "costs nothing on a primary without
 // replicas": no WAIT is sent. Before c2e7736 New took the client and every
-// Acquire succeeded; now New refuses it with ErrInvalidOption, unless the
-// caller turns replica sync off, which on a primary that gains a replica
-// later leaves it off.
+// Acquire succeeded; c2e7736 made New refuse it with ErrInvalidOption
+// (unless the caller turned replica sync off, which on a primary that
+// gains a replica later leaves it off). The refusal now comes at the first
+// try that needs a WAIT (TestSyncShortTimeoutRefusal).
 func TestShortReadTimeoutNoReplicas(t *testing.T) {
-	if os.Getenv("FENCE_SHOW_BUGS") == "" {
-		t.Skip("bug: New refuses a client with ReadTimeout <= 101ms with replica sync on even where the primary has no replica, so nothing waits (it worked before c2e7736); refusing at the first try that needs a WAIT, rather than at New, is a design decision. FENCE_SHOW_BUGS=1 runs it")
-	}
 	srv := redistest.Start(t)
 	for _, rt := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: rt})

@@ -77,6 +77,9 @@ type Locker struct {
 	retention time.Duration
 	sharded   bool // sharded pub/sub (Redis Cluster)
 	sync      ReplicaSync
+	// syncUnfit, if not nil, refuses every try that needs a WAIT: the
+	// client's read timeout leaves no room for one (see syncWithin).
+	syncUnfit error
 	replicas  replicaCounts
 	obs       fence.Observer // nil: none
 	log       *slog.Logger   // nil: none
@@ -798,7 +801,10 @@ func (l *Locker) syncWithin(client redis.UniversalClient) error {
 			// No timeout fits: a read timeout of 100 ms or less, within
 			// which WAIT's reply, even for 1 ms, may not come
 			// (TestSyncShortTimeoutRefusal: the client's i/o timeout).
-			return fmt.Errorf("%w: redislock: the client's read timeout %v leaves no room for replica sync's WAIT, which Redis may answer up to %v late: raise ReadTimeout above %v, or disable replica sync",
+			// Refused at the first try that needs a WAIT, not here: on a
+			// primary without replicas none is sent, and such a client
+			// works (TestShortReadTimeoutNoReplicas).
+			l.syncUnfit = fmt.Errorf("%w: redislock: the client's read timeout %v leaves no room for replica sync's WAIT, which Redis may answer up to %v late: raise ReadTimeout above %v, or disable replica sync",
 				fence.ErrInvalidOption, rt, waitTick, waitTick+time.Millisecond)
 		}
 		return nil
@@ -809,6 +815,13 @@ func (l *Locker) syncWithin(client redis.UniversalClient) error {
 	}
 	return nil
 }
+
+// ReplicaSyncRefusal returns the error, matching fence.ErrInvalidOption,
+// that every acquisition and renewal needing a WAIT gets because the
+// client's read timeout (100 ms or less) leaves no room for one; nil when
+// it does, or when replica sync is off. On a primary without replicas no
+// WAIT is sent, and such a Locker works.
+func (l *Locker) ReplicaSyncRefusal() error { return l.syncUnfit }
 
 // waitTick is how late Redis may answer a WAIT that timed out: it times
 // WAIT out on its clock tick, 10 a second by default (hz).

@@ -87,9 +87,11 @@ type ReplicaSync struct {
 	// client's read timeout, and Redis sends it up to 100 ms (a clock
 	// tick) after Timeout, so a longer Timeout would end in the client's
 	// i/o timeout, not ErrNotReplicated: New refuses one with
-	// fence.ErrInvalidOption unless Timeout + 100 ms < ReadTimeout, and
-	// refuses a client whose ReadTimeout is 100 ms or less, unless replica
-	// sync is disabled: no timeout fits there. A cluster's node clients or
+	// fence.ErrInvalidOption unless Timeout + 100 ms < ReadTimeout. On a
+	// client whose ReadTimeout is 101 ms or less no timeout fits: every try
+	// that needs a WAIT is refused with fence.ErrInvalidOption before it
+	// runs (Locker.ReplicaSyncRefusal), and on a primary without replicas
+	// none does. A cluster's node clients or
 	// a Ring's shard clients made by a NewClient of the caller's with a
 	// ReadTimeout of their own get the same default, for their WAITs, when
 	// Timeout does not fit in it.
@@ -415,8 +417,11 @@ func (l *Locker) evalOnce(ctx context.Context, node string, c redis.Cmdable, ask
 	}
 	required = l.sync.Required(expected)
 	waitFor := required
-	if noWait {
-		waitFor = 0
+	if noWait || waitFor > 0 && l.syncUnfit != nil && script == releaseScript {
+		waitFor = 0 // a release with no room for WAIT goes without
+	}
+	if waitFor > 0 && l.syncUnfit != nil {
+		return nil, 0, required, expected, l.syncUnfit // before the script: nothing taken
 	}
 	if l.conn != nil {
 		reply, acked, err = l.evalConn(ctx, script, keys.names, args, waitFor, l.sync.Timeout)

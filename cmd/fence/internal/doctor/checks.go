@@ -134,11 +134,6 @@ func checkReplicaCounts(d *deployment) []Finding {
 		if p.info["role"] != "master" {
 			continue
 		}
-		if p.syncErr != nil {
-			out = append(out, Finding{ID: "read-timeout", Severity: Critical, Node: p.addr,
-				Why: fmt.Sprintf("fence's lockers refuse this client with replica sync on (%v): every fence exec and status with these options exits 2", p.syncErr),
-				Fix: "raise the URL's read_timeout (2.1s or more keeps WAIT's 1 s timeout), or turn replica sync off (--no-replica-sync) where a lost lock is harmless"})
-		}
 		if p.countsErr != nil && !strings.Contains(p.countsErr.Error(), "NOPERM") { // NOPERM: see checkCommands
 			out = append(out, Finding{ID: "replica-record", Severity: Critical, Node: p.addr,
 				Why: fmt.Sprintf("the replica record cannot be read (%v): every acquisition with replica sync on fails", p.countsErr),
@@ -157,6 +152,11 @@ func checkReplicaCounts(d *deployment) []Finding {
 			}
 		}
 		need := rs.Required(expected)
+		if p.syncErr != nil && need > 0 {
+			out = append(out, Finding{ID: "read-timeout", Severity: Critical, Node: p.addr,
+				Why: fmt.Sprintf("the primary has replicas and fence's lockers refuse every acquisition on this client with replica sync on (%v): every fence exec with these options exits 2", p.syncErr),
+				Fix: "raise the URL's read_timeout (2.1s or more keeps WAIT's 1 s timeout), or turn replica sync off (--no-replica-sync) where a lost lock is harmless"})
+		}
 		switch {
 		case expected == 0 && d.kind == "cluster":
 			// checkCluster reports a master without replicas.

@@ -213,8 +213,9 @@ type node struct {
 	aclErr              error // ACL DRYRUN not allowed: permissions unchecked
 	counts              *redislock.ReplicaCounts
 	countsErr           error
-	// syncErr is redislock.New's refusal of the node's client with the
-	// replica sync rule (its read timeout), if it refused it.
+	// syncErr is the refusal, by a Locker on the node's client with the
+	// replica sync rule, of every try that needs a WAIT (its read timeout
+	// leaves no room for one), if it refuses them.
 	syncErr error
 	// On a cluster: the replicas the node's own table lists, and those
 	// of them flagged fail.
@@ -468,19 +469,14 @@ func (d *deployment) readPrimary(ctx context.Context, o redis.Options, c *redis.
 	d.primaries = append(d.primaries, p)
 	if d.kind != "cluster" && p.info["role"] == "master" {
 		l, err := redislock.New(c, &redislock.Options{Prefix: d.cfg.Prefix, ReplicaSync: d.cfg.ReplicaSync})
-		if errors.Is(err, fence.ErrInvalidOption) && !d.cfg.ReplicaSync.Disabled {
-			// Replica sync refused on this client (a read_timeout no
-			// WAIT fits in): a finding (checkReplicaCounts), and the
-			// counts read by a Locker without it, which reads them
-			// alike. It said "deployment unreachable" and audited
-			// nothing (TestDoctorShortReadTimeout).
-			p.syncErr = err
-			l, err = redislock.New(c, &redislock.Options{Prefix: d.cfg.Prefix,
-				ReplicaSync: redislock.ReplicaSync{Disabled: true, Replicas: d.cfg.ReplicaSync.Replicas}})
-		}
 		if err != nil {
 			return err
 		}
+		// A read_timeout no WAIT fits in: a finding once the primary has
+		// replicas (checkReplicaCounts). It said "deployment unreachable"
+		// and audited nothing when New refused such a client
+		// (TestDoctorShortReadTimeout).
+		p.syncErr = l.ReplicaSyncRefusal()
 		r, err := l.ReplicaCounts(ctx, "doctor")
 		p.counts, p.countsErr = &r, err
 		if err != nil {
