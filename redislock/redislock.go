@@ -440,7 +440,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if pause > 0 {
 			timer.Reset(pause)
 			if me != nil {
-				l.setTimer(me, time.Now().Add(pause))
+				l.setTimer(me, time.Now().Add(pause), tried)
 			}
 		sleep:
 			for {
@@ -475,7 +475,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			}
 			timer.Stop()
 			if me != nil {
-				l.setTimer(me, time.Time{})
+				l.setTimer(me, time.Time{}, tried)
 			}
 		} else if me != nil {
 			if u := l.taken(me, a.synced); u.grant.owner != "" {

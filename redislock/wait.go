@@ -33,6 +33,11 @@ type subscription struct {
 	// they would push a joining waiter's grant out. Guarded by Locker.mu.
 	recent     [8]grantMsg
 	recentNext int
+	// last is the latest grant delivered, to whomever: a waiter whose
+	// try was in flight (or that had not joined yet) when it came sets
+	// its timer no later than its end (see setTimer). Guarded by
+	// Locker.mu.
+	last lastGrant
 	ps         *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
 	closed     bool          // the last waiter has left; guarded by Locker.mu
 	stop       context.CancelFunc
@@ -50,6 +55,13 @@ type subscription struct {
 	// a waiter that needs its grant confirmed waits for it rather than
 	// confirm the grant itself.
 	handing int
+}
+
+// lastGrant is a grant as a subscription saw it: to whom, when it was
+// delivered, and when it ends by the local clock.
+type lastGrant struct {
+	owner      string
+	seen, ends time.Time
 }
 
 // waiter is one waiting Acquire on a subscription. Its fields but owner,
@@ -252,6 +264,7 @@ func (l *Locker) deliver(w *subscription, msg string) {
 		return
 	}
 	ends, found := now.Add(time.Duration(g.px)*time.Millisecond), false
+	w.last = lastGrant{owner: g.owner, seen: now, ends: ends}
 	for _, c := range w.waiters {
 		switch {
 		case c.owner == g.owner:
@@ -379,11 +392,21 @@ func (l *Locker) handed(w *subscription, r released, synced bool) {
 	}
 }
 
-// setTimer records when me's timer fires (zero: none).
-func (l *Locker) setTimer(me *waiter, at time.Time) {
+// setTimer records when me's timer fires (zero: none), at set from the
+// reply of me's try that began at tried. A grant to another owner that
+// reached the subscription after that try began, while me had no timer
+// (its reply on the way, or before it joined), moved no timer of me's:
+// the try may have run before the release that granted it, and its reply
+// gives the old holder's TTL. The timer fires at that grant's end instead,
+// if earlier (as deliver would have moved it), and me is rung to see it.
+func (l *Locker) setTimer(me *waiter, at, tried time.Time) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	me.until, me.own, me.byGrant = at, at, false
-	l.mu.Unlock()
+	if g := me.sub.last; !at.IsZero() && g.owner != me.owner && g.seen.After(tried) && g.ends.Before(at) {
+		me.until, me.retime, me.byGrant = g.ends, g.ends, true
+		me.ring()
+	}
 }
 
 // wakeAll wakes every waiter: messages may have been lost.
