@@ -37,10 +37,10 @@ type subscription struct {
 	// try was in flight (or that had not joined yet) when it came sets
 	// its timer no later than its end (see setTimer). Guarded by
 	// Locker.mu.
-	last lastGrant
-	ps         *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
-	closed     bool          // the last waiter has left; guarded by Locker.mu
-	stop       context.CancelFunc
+	last   lastGrant
+	ps     *redis.PubSub // set by the reader once subscribed; guarded by Locker.mu
+	closed bool          // the last waiter has left; guarded by Locker.mu
+	stop   context.CancelFunc
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed when the subscription is confirmed or failed
