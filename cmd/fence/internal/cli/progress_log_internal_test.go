@@ -126,3 +126,19 @@ func TestProgressInterruptedClears(t *testing.T) {
 		t.Fatalf("drawn after Stop: %q", again)
 	}
 }
+
+// TestLibLoggerDropsPoolNoise: go-redis's note that a connection was closed
+// under it (a subscription closed as exec stops waiting) is not printed;
+// its other lines are, credentials scrubbed.
+func TestLibLoggerDropsPoolNoise(t *testing.T) {
+	var b strings.Builder
+	l := newLibLogger([]string{"--redis", "redis://:secret@h:6379"}, &b)
+	l.Printf(context.Background(), "pool.go:1458: Unexpected conn[%d] state changed by hook to CLOSED, closing it", 1)
+	if b.Len() != 0 {
+		t.Errorf("pool noise printed: %q", b.String())
+	}
+	l.Printf(context.Background(), "dial redis://:secret@h:6379: connection refused")
+	if got := b.String(); !strings.Contains(got, "connection refused") || strings.Contains(got, "secret") {
+		t.Errorf("printed %q; want the line, scrubbed", got)
+	}
+}
