@@ -127,12 +127,48 @@ func (ls *lease) endAsIf(due bool, cause fence.LeaseCause, why error) {
 		ls.ahead = false
 		ls.l.freeOwned(ls.a.name, ls.a.owner)
 	}
+	ls.reportLocked(cause, why)
+}
+
+// reportLocked leaves the report of the lease's end, cause and why, to
+// flush. ls.mu is held.
+func (ls *lease) reportLocked(cause fence.LeaseCause, why error) {
 	if l := ls.l; l.log != nil || l.obs != nil {
 		ls.unreported = func() {
 			fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "pglock", fence.LeaseEvent{Backend: backend,
 				Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 		}
 	}
+}
+
+// endReleasing ends the lease as Release is about to free its row, and
+// reports whether it did (false: it had ended). Nothing is reported yet:
+// releasedAs does, once the statement tells whether the row was still the
+// lease's (released) or not (lost).
+func (ls *lease) endReleasing() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return false
+	}
+	ls.err = fence.ErrReleased
+	ls.expiry.Stop()
+	ls.cancel(fence.ErrReleased)
+	return true
+}
+
+// releasedAs reports the end of a lease that endReleasing ended, by what
+// the Release returns: a loss (the row was no longer the lease's) as
+// LostRemoved, and Err says so too; anything else as Released.
+func (ls *lease) releasedAs(result error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if errors.Is(result, fence.ErrLeaseLost) && !errors.Is(result, fence.ErrReleased) {
+		ls.err = result
+		ls.reportLocked(fence.LostRemoved, result)
+		return
+	}
+	ls.reportLocked(fence.Released, fence.ErrReleased)
 }
 
 // flush reports the lease's end to the Observer and the Logger, if it has
@@ -376,7 +412,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	return err
 }
 
-func (ls *lease) release(ctx context.Context) error {
+func (ls *lease) release(ctx context.Context) (result error) {
 	ls.mu.Lock()
 	if ls.released {
 		// Concluded (by a Release, or the background finish of one that
@@ -432,6 +468,14 @@ func (ls *lease) release(ctx context.Context) error {
 		var cancel context.CancelFunc
 		qctx, cancel = context.WithTimeout(ctx, giveUpTimeout)
 		defer cancel()
+	} else if ls.endReleasing() {
+		// The lease ends before the row is freed: once the statement
+		// commits another Acquire may take the lock, and this lease's
+		// Err and Context must say it is over by then, not after the
+		// reply (TestRandomCancelsNeverTwoHolders saw a grant while
+		// the releasing lease still had Err nil). Its end is reported
+		// by the result.
+		defer func() { ls.releasedAs(result) }()
 	}
 	var err error
 	var notified sql.NullString
