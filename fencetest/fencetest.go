@@ -143,7 +143,10 @@ func waitDone(t testing.TB, lease fence.Lease, limit time.Duration) {
 	}
 }
 
-// mutualExclusion: goroutines on two Lockers take turns; never two inside.
+// mutualExclusion: goroutines on two Lockers take turns; never two inside,
+// and a lease is granted only once its predecessor has ended: a Release ends
+// its lease before it frees the lock (another Acquire may take it at once,
+// while the releasing call still waits for its reply).
 func (s suite) mutualExclusion(t *testing.T) {
 	lockers := []fence.Locker{s.cfg.New(t), s.cfg.New(t)}
 	n := name(t)
@@ -151,6 +154,7 @@ func (s suite) mutualExclusion(t *testing.T) {
 	var inside atomic.Int32
 	var mu sync.Mutex
 	var tokens []fence.Token
+	var last fence.Lease
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -164,7 +168,11 @@ func (s suite) mutualExclusion(t *testing.T) {
 					t.Errorf("%d holders inside at once", c)
 				}
 				mu.Lock()
+				if last != nil && last.Err() == nil {
+					t.Errorf("token %d granted while the lease of token %d, being released, has no Err", lease.Token(), last.Token())
+				}
 				tokens = append(tokens, lease.Token())
+				last = lease
 				mu.Unlock()
 				inside.Add(-1)
 				if err := lease.Release(ctxFor(t)); err != nil {
