@@ -60,7 +60,9 @@ type Lease interface {
 	// newer Deadline).
 	Extend(ctx context.Context, ttl time.Duration) error
 	// Release ends the lease and deletes the lock if this lease still owns
-	// it; it never deletes another owner's lock. It returns nil if the lock
+	// it; it never deletes another owner's lock. The lease ends before the
+	// delete is sent (Err, Done and Context say so at once): another owner
+	// may hold the lock before Release returns. It returns nil if the lock
 	// was released, an error matching ErrLeaseLost if the lease had already
 	// been lost, or the backend's error, in which case calling Release again
 	// retries. From the first call on the lease is no longer renewed, even

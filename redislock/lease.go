@@ -222,6 +222,53 @@ func (ls *lease) endAsIf(due bool, why error, cause fence.LeaseCause) (report fu
 	return func() { ls.locker.leaseEnded(ls, cause, why) }
 }
 
+// endReleasing ends a held lease as Release is about to send the script
+// that frees its lock; releasedAs reports the end once the script's reply
+// says how it ended. It reports whether this call ended the lease.
+func (ls *lease) endReleasing() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return false
+	}
+	ls.err = fence.ErrReleased
+	if ls.expiry != nil {
+		ls.expiry.Stop()
+	}
+	if ls.cancel != nil {
+		ls.cancel(fence.ErrReleased)
+	}
+	return true
+}
+
+// releasedAs settles the end of a lease that endReleasing ended, by what
+// its Release returns, and returns the report: a loss (the lock was no
+// longer the lease's) as LostRemoved, and Err says so too (the Context's
+// cause stays fence.ErrReleased); anything else as Released. failed: the
+// script's outcome is unknown, so the lock may still be held, and a lock
+// that a renewal moved ahead is given back as after an unreleased end.
+func (ls *lease) releasedAs(result error, failed bool) (report func()) {
+	ls.mu.Lock()
+	cause, why := fence.Released, error(fence.ErrReleased)
+	if !failed && result != nil {
+		cause, why = fence.LostRemoved, result
+		ls.err = result
+	}
+	giveBack := failed && ls.ahead
+	if failed {
+		ls.unfreed = true
+		ls.ahead = false
+	}
+	ls.mu.Unlock()
+	if giveBack {
+		go ls.locker.releaseAbandoned(ls.attempt)
+	}
+	if l := ls.locker; l.log == nil && l.obs == nil {
+		return func() {}
+	}
+	return func() { ls.locker.leaseEnded(ls, cause, why) }
+}
+
 // unfreedBy reports whether a lease ended by why left the lock on Redis:
 // anything but a Release, or a Release that failed (unfreed). ls.mu is
 // held.
@@ -401,6 +448,9 @@ func (ls *lease) movedAhead() {
 		return
 	}
 	unfreed := ls.unfreedBy(ls.err)
+	if !unfreed && !ls.released {
+		ls.ahead = true // a Release in flight: given back if it fails (releasedAs)
+	}
 	ls.mu.Unlock()
 	if unfreed {
 		go ls.locker.releaseAbandoned(ls.attempt)
@@ -425,7 +475,10 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 }
 
 // Release deletes the lock if this lease still owns it; see fence.Lease.
-// The lease ends locally at once, whatever the server answers. Its end is
+// The lease ends locally at once, before the script that frees the lock
+// (and may grant it to a waiter) is sent, whatever the server answers; if
+// the script finds the lock no longer the lease's, Err then says it was
+// lost (Context's cause stays fence.ErrReleased). Its end is
 // reported to the Observer and the Logger once Release's result is settled:
 // a Release called by their callback returns it.
 func (ls *lease) Release(ctx context.Context) error {
@@ -496,20 +549,30 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	}
 	// Lost before Release was called, not while its round trip ran: a
 	// deadline that passes while the script deletes the lock it still
-	// owned is a release, not a loss.
+	// owned is a release, not a loss. A lease still held ends here, before
+	// the script: the script may grant the lock to a waiter at once, and
+	// the new holder's Acquire may return before this call's reply does.
 	lostBefore := ls.Err()
+	ending := lostBefore == nil && ls.endReleasing()
 	deleted, err := ls.locker.releaseLease(ctx, &ls.attempt)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
 	case err != nil:
-		return ls.endUnfreed(), fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
+		err = fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
+		if ending {
+			return ls.releasedAs(err, true), err
+		}
+		return ls.endUnfreed(), err
 	case !deleted:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 	}
-	if err == nil {
+	switch {
+	case ending:
+		report = ls.releasedAs(err, false)
+	case err == nil:
 		report = ls.end(fence.ErrReleased)
-	} else {
+	default:
 		report = ls.end(err)
 	}
 	ls.mu.Lock()
