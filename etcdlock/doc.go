@@ -106,7 +106,10 @@
 // # Release
 //
 // Release deletes the key, then keeps the etcd lease for reuse (see
-// above), or revokes it if it is too old or the Locker keeps 64 already. A
+// above), or revokes it if it is too old or the Locker keeps 64 already.
+// The lease ends (Err, Done, Context) before the delete is sent, as the
+// next Acquire may take the lock the moment it is applied; the end is
+// reported once the reply tells whether the key was still there. A
 // plain delete, as the Mutex's Unlock, without a Compare: it never deletes
 // another's key, because the key's name ends in the ID of the etcd lease it
 // was created on, only an Acquire on that etcd lease makes it, and the etcd

@@ -70,6 +70,13 @@ type Lease struct {
 	// unreported reports the lease's end, until flush has (nil: not
 	// ended, or reported).
 	unreported func()
+	// releasing: a Release that holds ls.op ended the lease as its delete
+	// left (endReleasing) and has not yet decided, on the reply, whether
+	// to keep the etcd lease. A Release that cannot take ls.op meanwhile
+	// revokes it instead (see releaseFailed) and sets revokeTaken, and the
+	// etcd lease is not kept.
+	releasing   bool
+	revokeTaken bool
 	// logging: run is logging a failed renewal, with no renewal under
 	// way, and renews no more if halted meanwhile (see logFailed): join
 	// does not wait for it, as the Logger's handler may be what calls
@@ -140,6 +147,62 @@ func (ls *Lease) endAs(why error, cause fence.LeaseCause) bool {
 	ls.unreported = func() { ls.ended(cause, why) }
 	ls.mu.Unlock()
 	return true
+}
+
+// endReleasing ends the lease as Release is about to send the delete that
+// frees its key, and reports whether it did (false: it had ended). Once the
+// delete is applied another Acquire may take the lock, while Release still
+// waits for the reply: the lease's Err, Done and Context must say it is
+// over by then. Nothing is reported yet: releasedAs does, once the reply
+// tells whether the key was still the lease's (released) or not (lost).
+// The caller holds ls.op and has halted run.
+func (ls *Lease) endReleasing() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return false
+	}
+	ls.err = fence.ErrReleased
+	ls.cancel(fence.ErrReleased)
+	ls.releasing = true
+	return true
+}
+
+// takeRevoke reports whether a Release that cannot take ls.op may revoke
+// the etcd lease of a lease that a Release in flight ended (endReleasing)
+// and has not yet decided to keep; if so, it may not keep it any more.
+func (ls *Lease) takeRevoke() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.releasing {
+		ls.revokeTaken = true
+	}
+	return ls.releasing
+}
+
+// mayKeep ends the window in which a Release without ls.op may take over
+// the revoke of the etcd lease (see takeRevoke), and reports whether none
+// did: the Release that ended the lease may then keep it.
+func (ls *Lease) mayKeep() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.releasing = false
+	return !ls.revokeTaken
+}
+
+// releasedAs settles the end of a lease that endReleasing ended, by what
+// the Release returns: a loss (its key was no longer there) as
+// LostRemoved, and Err says so too; anything else (nil, or a Release that
+// failed) as Released. flush then reports it.
+func (ls *Lease) releasedAs(result error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.releasing = false
+	cause, why := fence.Released, error(fence.ErrReleased)
+	if errors.Is(result, fence.ErrLeaseLost) && !errors.Is(result, fence.ErrReleased) {
+		ls.err, cause, why = result, fence.LostRemoved, result
+	}
+	ls.unreported = func() { ls.ended(cause, why) }
 }
 
 // flush reports the lease's end to the Observer and the Logger, if it has
@@ -775,15 +838,18 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 // delete the key, and revokes its etcd lease (bounded, even with ctx done),
 // which deletes the key; if that does not get through either, the key
 // expires with its etcd lease on the server. The lease's etcd lease is
-// then never kept for reuse: only a Release whose own delete went through
-// ends the lease and keeps it, and this one ended it first, or retries one
-// that failed. held says the caller holds ls.op, so no Release of this
-// lease can have kept the etcd lease meanwhile (it would have set
-// ls.released); without ls.op it revokes only if this call ended the
-// lease, since a Release that holds ls.op may have ended it, its delete
-// done, and handed the etcd lease to the next Acquire.
+// then never kept for reuse: only a Release that ended the lease as its
+// own delete left, and that delete went through, keeps it, and this one
+// ended the lease first, or took the revoke over from that Release
+// (takeRevoke), or retries one that failed. held says the caller holds
+// ls.op, so no Release of this lease can have kept the etcd lease
+// meanwhile (it would have set ls.released); without ls.op it revokes
+// only if this call ended the lease, or if a Release that holds ls.op
+// ended it as its delete left and has not yet decided to keep the etcd
+// lease (it then does not): past that, that Release may have handed the
+// etcd lease to the next Acquire.
 func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
-	if !ls.end(fence.ErrReleased) && !held {
+	if !ls.end(fence.ErrReleased) && !held && !ls.takeRevoke() {
 		return
 	}
 	if ls.l.revoke(ctx, ls.etcdLease()) == nil {
@@ -792,20 +858,27 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 }
 
 // Release deletes the lease's key if it is still the one created at the
-// token and ends the lease; see fence.Lease. It then keeps the etcd lease,
-// which holds no key any more, for the Locker's next Acquire (see
+// token and ends the lease; see fence.Lease. The lease ends as the release
+// starts, before the delete is sent (Err returns fence.ErrReleased, Done is
+// closed, Context is cancelled with that cause): once the delete is
+// applied another Acquire may take the lock, while Release still waits for
+// the reply. The end is reported to the Observer and the Logger once the
+// reply is in, as released, or as lost (fence.LostRemoved) if the key was
+// already gone, which Err then returns too. Release then keeps the etcd
+// lease, which holds no key any more, for the Locker's next Acquire (see
 // Locker.Close), or revokes it. It never deletes another key: a lease
 // whose key is gone gets an error matching fence.ErrLeaseLost and deletes
 // nothing. A Release that fails (a done ctx, the cluster unreachable) ends
 // the lease all the same, as released, and revokes its etcd lease (which
 // is never kept), or leaves the key to expire with it; calling Release
 // again retries the delete.
-func (ls *Lease) Release(ctx context.Context) error {
+func (ls *Lease) Release(ctx context.Context) (result error) {
 	defer ls.flush() // after unlockOp, and with the result settled: see flush
 	if err := ls.lockOp(ctx); err != nil {
 		// An Extend in flight holds ls.op; it revokes the etcd lease it
 		// moves the key to when it finds the lease ended. A Release in
-		// flight keeps the etcd lease only if it ends the lease first.
+		// flight keeps the etcd lease only if it ended the lease first
+		// and this one has not taken over its revoke (see releaseFailed).
 		ls.releaseFailed(ctx, false)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
@@ -813,6 +886,15 @@ func (ls *Lease) Release(ctx context.Context) error {
 	if ls.released {
 		return ls.relErr
 	}
+	// ended: this Release ended the lease (endReleasing) as its delete was
+	// about to leave, and settles how by its result (before unlockOp and
+	// flush, which reports it).
+	ended := false
+	defer func() {
+		if ended {
+			ls.releasedAs(result)
+		}
+	}()
 	// Stop run first, or it would take the delete below for a loss: once
 	// halted it reports no loss (see run). On the usual path the delete is
 	// sent while run winds down, and joined after; run's fields are left
@@ -848,6 +930,13 @@ func (ls *Lease) Release(ctx context.Context) error {
 	early := ctx.Err() == nil && time.Now().Before(ls.Deadline()) && ls.Err() == nil
 	var err error
 	if early {
+		// The lease ends before the delete leaves: once it is applied
+		// another Acquire may take the lock, and this lease's Err and
+		// Context must say it is over by then, not after the reply
+		// (fencetest's MutualExclusion saw a grant while the releasing
+		// lease still had Err nil). run, halted, takes the delete for no
+		// loss; one it found before it was halted stands (see below).
+		ended = ls.endReleasing()
 		err = del()
 	}
 	ls.join()
@@ -870,6 +959,9 @@ func (ls *Lease) Release(ctx context.Context) error {
 			ls.releaseFailed(ctx, true)
 			return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 		}
+		// Ended already, by an earlier Release that failed, unless
+		// a renewal moved the deadline after early was decided.
+		ended = ls.endReleasing()
 		err = del()
 	}
 	if lerr := ls.Err(); lerr != nil && lerr != fence.ErrReleased {
@@ -882,13 +974,17 @@ func (ls *Lease) Release(ctx context.Context) error {
 		ls.releaseFailed(ctx, true)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
+	// The delete got its reply: keep the etcd lease if this Release ended
+	// the lease and no Release without ls.op has taken over its revoke
+	// meanwhile (none can from here on).
+	kept := ended && ls.mayKeep()
 	var lost error
 	deleted := resp.Deleted > 0
 	switch {
 	case !deleted && ls.revokedOnFail.Load():
 		// An earlier Release that failed revoked the etcd lease, and with
 		// it the key.
-	case !deleted && attempts == 1 && ls.Err() == nil:
+	case !deleted && attempts == 1 && kept:
 		lost = ls.lostf("its key %s was already gone", ls.key)
 	case !deleted:
 		// An attempt that timed out, of this Release or an earlier one,
@@ -898,10 +994,12 @@ func (ls *Lease) Release(ctx context.Context) error {
 	}
 	switch {
 	case lost != nil:
-		ls.end(lost)
+		// Err says so once releasedAs has the result (if this Release
+		// ended the lease; else it had ended, released, before).
 		ls.l.revoke(ctx, ls.etcdLease())
-	case deleted && ls.end(fence.ErrReleased) && !ls.noReuse && attempts == 1:
-		// Our own delete went through and ended the lease: the etcd lease
+	case deleted && kept && !ls.noReuse && attempts == 1:
+		// Our own delete went through, its lease ended as it left, and
+		// no failed Release took over the revoke meanwhile: the etcd lease
 		// holds no key now. Keep it for the next Acquire instead of
 		// revoking it, which takes a Raft commit out of Release's path
 		// and, with the Grant spared, another out of Acquire's. A lease
