@@ -47,7 +47,9 @@ type Lease interface {
 	// ErrReleased after Release, or an error matching ErrLeaseLost.
 	Err() error
 	// Context returns a context that is cancelled when the lease ends, with
-	// Err as its cause (see context.Cause). It carries the values of the
+	// Err as its cause (see context.Cause); a Release ends the lease as it
+	// starts, so its cause is then ErrReleased, even if Release finds that
+	// the lease had been lost and Err says so. It carries the values of the
 	// context given to Acquire but not its cancellation.
 	Context() context.Context
 	// Extend sets the lease to expire ttl from now and moves Deadline. It
