@@ -85,6 +85,8 @@ func TestReleaseAtDeadlineNotLostToOwnGiveBack(t *testing.T) {
 	released := make(chan error, 1)
 	var once sync.Once
 	var armed atomic.Bool
+	fired := make(chan struct{}) // closed as the timer goes on to end the lease
+	relCtx := ctxFor(t)
 	redlock.SetExpiryFired(l, func() {
 		if !armed.Load() {
 			return
@@ -92,13 +94,14 @@ func TestReleaseAtDeadlineNotLostToOwnGiveBack(t *testing.T) {
 		once.Do(func() {
 			// The deadline has come: Release is called, and its
 			// deletes are on their way when the timer ends the lease.
-			go func() { released <- lease.Release(ctxFor(t)) }()
+			go func() { released <- lease.Release(relCtx) }()
 			for _, r := range rels {
 				select {
 				case <-r.held:
 				case <-time.After(5 * time.Second):
 				}
 			}
+			close(fired)
 		})
 	})
 	warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(3*time.Second))
@@ -134,6 +137,14 @@ func TestReleaseAtDeadlineNotLostToOwnGiveBack(t *testing.T) {
 		r.armed.Store(true)
 	}
 	armed.Store(true)
+	// Release ends the lease before its deletes leave (Done closes
+	// then): the timer, back from the hook once they are under way, finds
+	// it ended.
+	select {
+	case <-fired:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the expiry timer did not fire at the deadline")
+	}
 	select {
 	case <-lease.Done():
 	case <-time.After(10 * time.Second):
@@ -143,7 +154,7 @@ func TestReleaseAtDeadlineNotLostToOwnGiveBack(t *testing.T) {
 		select {
 		case <-r.held:
 		default:
-			t.Fatalf("Release's delete to node %d was not under way when the lease ended", i)
+			t.Fatalf("Release's delete to node %d was not under way when the timer went to end the lease", i)
 		}
 	}
 	// A give-back of the lease's end, if one is sent, is given time to
@@ -175,5 +186,7 @@ func TestReleaseAtDeadlineNotLostToOwnGiveBack(t *testing.T) {
 	}
 	if len(ends) != 1 {
 		t.Errorf("the Observer was told of %d ends of the lease, want 1: %v", len(ends), ends)
+	} else if ends[0].Cause != fence.Released {
+		t.Errorf("the Observer was told the lease ended as %q (%v), Release returning nil: want Released", ends[0].Cause, ends[0].Err)
 	}
 }

@@ -85,7 +85,9 @@
 // that no majority can have deleted it (fence.ErrLeaseLost, exactly when
 // every reply would have said so). The other nodes' releases go on in the
 // background within the node timeout, and are retried, as above, on a node
-// that does not answer.
+// that does not answer. The lease ends (Err, Done, Context) before the first
+// delete is sent, not when the replies come: another Acquire may take the
+// lock as soon as a majority has deleted it.
 //
 // # Closing
 //

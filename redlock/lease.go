@@ -84,6 +84,10 @@ type lease struct {
 	// that finds the lock gone from then on may have been overtaken by
 	// them, and leaves the verdict to Release.
 	releasing bool
+	// settling: the Release that ended the lease (endReleasingLocked) has
+	// not settled its result yet; an Extend meanwhile leaves it to that
+	// Release to say whether the lease was lost.
+	settling bool
 	// unreported: the lease was never granted (Close overtook its
 	// acquisition, which released it and failed): its end is told to
 	// neither the Observer nor the Logger.
@@ -226,19 +230,10 @@ func expiredError(name string) error {
 }
 func (ls *lease) String() string { return fmt.Sprintf("redlock lease %q token %d", ls.name, ls.token) }
 
-// end records why the lease ended and cancels its context; the first call
-// wins. It returns the report of the end to the Observer and the Logger,
-// with the cause Released for fence.ErrReleased, LostRemoved otherwise; see
-// endAs.
-func (ls *lease) end(why error) (report func()) {
-	cause := fence.LostRemoved
-	if errors.Is(why, fence.ErrReleased) {
-		cause = fence.Released
-	}
-	return ls.endAs(cause, why)
-}
-
-// endAs is end with the cause to report.
+// endAs records why the lease ended and cancels its context; the first
+// call wins. It returns the report of the end, with cause, to the Observer
+// and the Logger; see endWhen. (Release ends the lease otherwise: see
+// endReleasingLocked.)
 func (ls *lease) endAs(cause fence.LeaseCause, why error) (report func()) {
 	return ls.endWhen(cause, why, false)
 }
@@ -259,17 +254,70 @@ func (ls *lease) endWhen(cause fence.LeaseCause, why error, expiring bool) (repo
 		return func() {}
 	}
 	ls.endLocked(why)
-	ctx, unreported := ls.ctx, ls.unreported
+	report = ls.reportLocked(cause, why)
 	ls.mu.Unlock()
+	return report
+}
+
+// reportLocked returns the report of the lease's end, cause and why, to
+// the Observer and the Logger (a no-op when nobody is to be told); see
+// endWhen. ls.mu is held.
+func (ls *lease) reportLocked(cause fence.LeaseCause, why error) (report func()) {
 	l := ls.locker
-	if unreported || l.log == nil && l.obs == nil {
+	if ls.unreported || l.log == nil && l.obs == nil {
 		return func() {}
 	}
+	ctx := ls.ctx
 	if ctx == nil {
 		ctx = ls.parent
 	}
 	ev := fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why}
 	return func() { fence.ReportLeaseEnded(ctx, l.obs, l.log, "redlock", ev) }
+}
+
+// endReleasingLocked ends the lease as Release is about to send its first
+// delete: once a majority has run it, another Acquire may take the lock,
+// and by then this lease's Err, Done and Context must say it is over (a
+// goroutine of the holder's still working under Context would otherwise
+// write while the next holder holds the lock). It ends as released: Err is
+// fence.ErrReleased, the Context is cancelled with it as cause and the
+// expiry timer is stopped. Nothing is reported, and the lease stays on the
+// Locker's list (Close, finding it there, waits for this Release):
+// releasedAs does both once the replies tell whether the lock was still
+// the lease's. Nothing is given back either: Release deletes the lock on
+// every node. ls.mu is held, ls.err is nil and ls.releasing is set.
+func (ls *lease) endReleasingLocked() {
+	ls.err, ls.settling = fence.ErrReleased, true
+	if ls.expiry != nil {
+		ls.expiry.Stop()
+	}
+	if ls.cancel != nil {
+		ls.cancel(fence.ErrReleased)
+	}
+}
+
+// releasedAs settles the end of a lease that endReleasingLocked ended, by
+// what its Release returns, and returns its report (see endWhen): a loss
+// (the lock found gone on too many nodes for a majority to have deleted
+// it) is reported as LostRemoved, and Err returns it from now on (the
+// Context's cause stays fence.ErrReleased: it was cancelled as the release
+// started); anything else, a success or an error that concluded nothing,
+// as Released.
+func (ls *lease) releasedAs(result error) (report func()) {
+	ls.locker.bg.forget(ls)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.settling = false
+	if errors.Is(result, fence.ErrLeaseLost) && !errors.Is(result, fence.ErrReleased) {
+		ls.err = result
+		if now := time.Now(); ls.deadline.After(now) {
+			// As endLocked does for a loss: no longer known to be
+			// held.
+			ls.deadline = now
+		}
+		return ls.reportLocked(fence.LostRemoved, result)
+	}
+	return ls.reportLocked(fence.Released, fence.ErrReleased)
 }
 
 // endLocked records why the lease ended, stops its expiry timer and cancels
@@ -577,15 +625,26 @@ func (ls *lease) giveBack(nodes []int) {
 // TTL afterwards. Run while Release (or Close) releases the lease, a
 // renewal that finds the lock gone returns an error matching
 // fence.ErrReleased and leaves it to Release to say whether the lease was
-// lost: Release's own deletes may be what it found. After Release, Extend
-// returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
+// lost: Release's own deletes may be what it found; so does an Extend
+// called while that Release is under way (the lease has ended already: see
+// Release), without contacting the nodes. After Release, Extend returns an
+// error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	if err := ls.Err(); err == fence.ErrReleased {
+	ls.mu.Lock()
+	ls.expiredLocked()
+	err, settling := ls.err, ls.settling
+	ls.mu.Unlock()
+	switch {
+	case err == fence.ErrReleased && settling:
+		// The Release under way ended the lease before its deletes
+		// were sent; it says whether the lease was lost.
+		return fmt.Errorf("redlock: extend %q: %w", ls.name, fence.ErrReleased)
+	case err == fence.ErrReleased:
 		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
-	} else if err != nil {
+	case err != nil:
 		return err
 	}
 	report, err := ls.renew(ctx, ttl)
@@ -599,7 +658,16 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // majority, and otherwise the nodes' errors (call again to retry). A retry
 // counts the lock found gone on a node where the last call's delete failed
 // or had not answered as deleted: that delete, or its background retry, may
-// have run there. The lease ends locally at once, whatever the nodes answer.
+// have run there.
+//
+// The lease ends as the release starts, whatever the nodes answer: before
+// the first delete is sent, Err returns fence.ErrReleased, Done is closed
+// and Context is cancelled with that cause, since once a majority has
+// deleted the lock another Acquire may take it while this call still waits
+// for the replies. If that call's replies then show the lease lost (it
+// returns an error matching fence.ErrLeaseLost), Err returns that error
+// from then on, and the end is reported as LostRemoved rather than
+// Released; a retry after a call that concluded nothing changes neither.
 //
 // Release returns as soon as its outcome is known, not when the slowest
 // node has answered: once a majority has deleted the lock, or once so many
@@ -619,7 +687,7 @@ func (ls *lease) Release(ctx context.Context) error {
 
 // release is Release, but for the report of the lease's end, which it
 // returns (never nil).
-func (ls *lease) release(ctx context.Context) (report func(), _ error) {
+func (ls *lease) release(ctx context.Context) (report func(), err error) {
 	select {
 	case ls.relOp <- struct{}{}:
 	default:
@@ -638,6 +706,14 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		return func() {}, ls.relErr
 	}
 	ls.mu.Unlock()
+	// ending: this call ends the lease (before its first delete leaves),
+	// and settles what is reported of the end once the result is known.
+	var ending bool
+	defer func() {
+		if ending {
+			report = ls.releasedAs(err)
+		}
+	}()
 	if ls.stopWatchdog != nil {
 		ls.stopWatchdog()
 		ls.mu.Lock()
@@ -653,11 +729,19 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// not given back at its end (endLocked), Release's deletes covering
 	// every node; a give-back racing them made them find the lock gone,
 	// and Release report the lease lost to another owner.
+	//
+	// A lease still held ends here, before the first delete is sent: see
+	// endReleasingLocked. A grant of the acquisition read from now on
+	// finds it ended and is given back (join refuses it), so the nodes
+	// whose grant has not come, read with it, stay as they are.
 	ls.mu.Lock()
 	ls.expiredLocked()
 	lostBefore := ls.err
 	ls.releasing = true
-	ls.mu.Unlock()
+	if lostBefore == nil {
+		ls.endReleasingLocked()
+		ending = true
+	}
 	l := ls.locker
 	// The same keys and arguments for every node, the acquisition's; the
 	// nodes whose grant has not come get the revocation mark too: if the
@@ -666,7 +750,6 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	var revKeys []string
 	var revArgs []any
 	var ungranted []bool // nil: none
-	ls.mu.Lock()
 	if slices.Contains(ls.ungranted, true) {
 		ungranted = slices.Clone(ls.ungranted)
 	}
@@ -685,7 +768,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		case <-prev.wake:
 		case <-ctx.Done():
 			_, _, rs := prev.seen(ctx, timeout)
-			return ls.noQuorum(rs, prev)
+			return func() {}, ls.noQuorum(rs, prev)
 		}
 		prev.mu.Lock()
 		f.ours = make([]bool, n)
@@ -774,7 +857,6 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// would have returned it, on the same replies, never on fewer (the
 	// rule for "lost" is no looser). A node that has not answered counts
 	// neither way, as a node that did not answer in time always did.
-	var err error
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
@@ -782,26 +864,22 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case n-gone < q:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, n)
 	default:
-		return ls.noQuorum(rs, f)
+		return func() {}, ls.noQuorum(rs, f)
 	}
-	if err == nil {
-		report = ls.end(fence.ErrReleased)
-	} else {
-		report = ls.end(err)
-	}
+	// The lease has ended: by this call (its report is settled by err, in
+	// the deferred releasedAs), or before it.
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if !ls.released {
 		ls.released, ls.relErr = true, err
 	}
-	return report, ls.relErr
+	return func() {}, ls.relErr
 }
 
-// noQuorum ends the lease locally and returns the error of a Release that
-// concluded nothing, with the report of the end (see release); f's
-// requests go on, and a retry counts their replies.
-func (ls *lease) noQuorum(rs []result, f *relFanout) (report func(), _ error) {
-	report = ls.end(fence.ErrReleased)
+// noQuorum returns the error of a Release that concluded nothing (see
+// release; the lease has ended, released, before its deletes were sent);
+// f's requests go on, and a retry counts their replies.
+func (ls *lease) noQuorum(rs []result, f *relFanout) error {
 	ls.relPrev = f
 	f.mu.Lock()
 	deleted := f.deleted
@@ -814,7 +892,7 @@ func (ls *lease) noQuorum(rs []result, f *relFanout) (report func(), _ error) {
 	}
 	n, q := len(ls.locker.nodes), ls.locker.quorum
 	why := fmt.Errorf("%w: released on %d of %d nodes, %d needed", ErrNoQuorum, deleted, n, q)
-	return report, fmt.Errorf("redlock: release %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
+	return fmt.Errorf("redlock: release %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 }
 
 // relFanout is one Release's requests, sent to every node at once, and
