@@ -283,6 +283,21 @@ type heldRenewConnector struct {
 	held  atomic.Int64
 }
 
+// heldRenewDB opens a database on dsn whose connections are c's.
+func heldRenewDB(t *testing.T, dsn string, late bool) (*heldRenewConnector, *sql.DB) {
+	t.Helper()
+	c := &heldRenewConnector{late: late, let: make(chan struct{})}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Connector = stdlib.GetConnector(*cfg)
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { _ = db.Close() })
+	t.Cleanup(c.letGo)
+	return c, db
+}
+
 func (c *heldRenewConnector) letGo() { c.once.Do(func() { close(c.let) }) }
 
 func (c *heldRenewConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -323,15 +338,7 @@ func (c heldRenewConn) ExecContext(ctx context.Context, q string, args []driver.
 func TestReleaseGivenUpAfterLossReturnsLoss(t *testing.T) {
 	const name = "release-given-up-after-loss"
 	d := newDatabase(t, pg)
-	c := &heldRenewConnector{let: make(chan struct{})}
-	cfg, err := pgx.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Connector = stdlib.GetConnector(*cfg)
-	db := sql.OpenDB(c)
-	t.Cleanup(func() { _ = db.Close() })
-	t.Cleanup(c.letGo)
+	c, db := heldRenewDB(t, d.dsn, false)
 	l := d.locker(t, db)
 	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Second))
 	if err != nil {
@@ -429,15 +436,7 @@ func TestReleaseGivenUpBehindDeafWatchdogReturns(t *testing.T) {
 func TestExtendBehindGivenUpReleaseReturnsReleased(t *testing.T) {
 	const name = "extend-late-after-release"
 	d := newDatabase(t, pg)
-	c := &heldRenewConnector{late: true, let: make(chan struct{})}
-	cfg, err := pgx.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Connector = stdlib.GetConnector(*cfg)
-	db := sql.OpenDB(c)
-	t.Cleanup(func() { _ = db.Close() })
-	t.Cleanup(c.letGo)
+	c, db := heldRenewDB(t, d.dsn, true)
 	l := d.locker(t, db)
 	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
 	if err != nil {
