@@ -453,6 +453,30 @@ func (h *countRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// releaseGate holds the release scripts sent while it is armed until open
+// is closed (or their context ends).
+type releaseGate struct {
+	relHash string
+	armed   atomic.Bool
+	open    chan struct{}
+}
+
+func (g *releaseGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *releaseGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (g *releaseGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); g.armed.Load() && len(a) > 1 && fmt.Sprint(a[1]) == g.relHash {
+			select {
+			case <-g.open:
+			case <-ctx.Done():
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
 // A Release with a cancelled context concludes nothing; node 2 is paused,
 // so its delete is still out when the two others have deleted the lock. A
 // retry is then decided by those late replies, and must send nothing more:
@@ -467,7 +491,8 @@ func TestReleaseRetryDecidedSendsNothing(t *testing.T) {
 	const name, ttl = "retry-decided", 30 * time.Second
 	_, rel := redlock.ScriptHashes()
 	h := &countRelease{relHash: rel}
-	cs := clientsWith(t, srvs, lateOptions)
+	gate := &releaseGate{relHash: rel, open: make(chan struct{})}
+	cs := clientsWith(t, srvs, lateOptions, gate, gate)
 	cs[2].AddHook(h)
 	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: lateNodeTimeout})
 	if err != nil {
@@ -498,11 +523,16 @@ func TestReleaseRetryDecidedSendsNothing(t *testing.T) {
 	}
 	resume := pause(t, srvs[2:])
 	h.n.Store(0)
+	// Nodes 0 and 1 answer only once the cancelled Release has returned:
+	// had they answered first, it could have concluded (deleted on a
+	// majority) rather than return its context's error.
+	gate.armed.Store(true)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := lease.Release(cancelled); err == nil {
 		t.Fatal("Release with a cancelled context returned nil at once")
 	}
+	close(gate.open)
 	if err := lease.Release(ctxFor(t)); err != nil {
 		t.Fatalf("retried Release: %v", err)
 	}
