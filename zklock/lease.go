@@ -372,13 +372,19 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 }
 
 // Release deletes the lease's own node, at the version it was created
-// with; see fence.Lease. The lease ends locally at once, whatever the
-// server answers: if the delete fails (ctx ended, no server reachable),
-// the node is deleted in the background, as after a failed Acquire, and
-// Release returns the error; calling it again retries at once. The lease's
-// end is reported to the Observer and the Logger once Release's result is
-// settled and another Release may run: a Release of the callback returns
-// that result.
+// with; see fence.Lease. The lease ends as the release starts, before the
+// delete is sent (Err returns fence.ErrReleased, Done is closed, Context is
+// cancelled): once the node is gone the next waiter may take the lock while
+// Release still waits for the reply, and work under this lease must have
+// stopped by then. When the reply says the node was no longer the lease's
+// (deleted, or changed by another client), Err then returns that error,
+// matching fence.ErrLeaseLost, as Release does. The lease has ended
+// whatever the server answers: if the delete fails (ctx ended, no server
+// reachable), the node is deleted in the background, as after a failed
+// Acquire, and Release returns the error; calling it again retries at
+// once. The lease's end is reported to the Observer and the Logger once
+// Release's result is settled and another Release may run: a Release of
+// the callback returns that result.
 func (ls *lease) Release(ctx context.Context) error {
 	report, err := ls.release(ctx)
 	report()
@@ -414,7 +420,12 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	if !logging {
 		<-ls.monitorDone
 	}
-	lostBefore := ls.Err()
+	// The lease ends before the delete is sent: once it is in, the next
+	// waiter, watching this node, may take the lock at once, while this
+	// call still waits for the reply (fencetest's MutualExclusion saw a
+	// grant while the releasing lease had Err nil). Its end is reported
+	// once the reply says how it ended (releasedAs).
+	endedHere, lostBefore := ls.endReleasing()
 	var err error
 	if lostBefore == nil || errors.Is(lostBefore, fence.ErrReleased) {
 		_, err = bounded(ctx, func() (struct{}, error) {
@@ -424,7 +435,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
-	case errors.Is(err, zk.ErrNoNode) && lostBefore != nil:
+	case errors.Is(err, zk.ErrNoNode) && !endedHere:
 		// An earlier Release failed, ended the lease and left the node to
 		// be deleted in the background.
 		err = fmt.Errorf("%w: %q: its node %s was gone (deleted after an earlier Release failed, or before it)", fence.ErrLeaseLost, ls.a.name, ls.node)
@@ -433,19 +444,17 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case errors.Is(err, zk.ErrBadVersion):
 		err = fmt.Errorf("%w: %q: its node %s was changed by another client", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case err != nil:
-		// The lease ends here whatever the server says, so its node must
+		// The lease has ended whatever the server says, so its node must
 		// go: unlike a Redis key it would not expire while the session
 		// lives. Delete it in the background; Release again retries now.
-		ended, report := ls.endLater(fence.ErrReleased)
-		if ended {
+		if endedHere {
 			ls.l.cleanup(&ls.a, ls.node)
+			report = ls.releasedAs(nil)
 		}
 		return report, fmt.Errorf("zklock: release %q: %w", ls.a.name, err)
 	}
-	if err == nil {
-		_, report = ls.endLater(fence.ErrReleased)
-	} else {
-		_, report = ls.endLater(err)
+	if endedHere {
+		report = ls.releasedAs(err)
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -453,4 +462,35 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		ls.released, ls.relErr = true, err
 	}
 	return report, ls.relErr
+}
+
+// endReleasing ends the lease as Release is about to delete its node:
+// Err returns fence.ErrReleased, the context is cancelled with it as its
+// cause, the expiry timer is stopped. Nothing is reported yet: releasedAs
+// does, once the delete's reply says how the lease ended. It reports
+// whether it ended the lease, and otherwise why the lease had ended.
+func (ls *lease) endReleasing() (ended bool, before error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return false, ls.err
+	}
+	ls.err = fence.ErrReleased
+	ls.expiry.Stop()
+	ls.cancel(fence.ErrReleased)
+	return true, nil
+}
+
+// releasedAs settles the end of a lease that endReleasing ended, by what
+// the Release concluded, and returns its report (see endAsLater): a loss
+// (the node was no longer the lease's) as LostRemoved, and Err then says
+// so too; anything else as Released.
+func (ls *lease) releasedAs(result error) (report func()) {
+	if errors.Is(result, fence.ErrLeaseLost) {
+		ls.mu.Lock()
+		ls.err = result
+		ls.mu.Unlock()
+		return func() { ls.ended(fence.LostRemoved, result) }
+	}
+	return func() { ls.ended(fence.Released, fence.ErrReleased) }
 }

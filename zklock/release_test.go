@@ -1,0 +1,120 @@
+package zklock_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/observetest"
+	"github.com/fencekit/fence/zklock"
+)
+
+// A Release ends its lease before its delete is sent: once the delete is
+// in, the next waiter may take the lock at once, while the releasing call
+// still waits for the reply, and the old holder's work under the lease's
+// Context must have stopped by then (fence.Lease: Err is nil only while
+// the lease is held). The delete is held on its way to the server: the
+// lease has ended already (Err, Done, Context), its node is still there,
+// and its end is reported once the reply says how: Released, or a loss
+// (LostRemoved, Err says so) when the node was deleted meanwhile by
+// another client. Before the fix Err was nil and Done open while the
+// delete was in flight.
+func TestReleaseEndsLeaseBeforeDelete(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	admin := connect(t, addrs, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, removed := range []bool{false, true} {
+		var b before
+		rec := &observetest.Recorder{}
+		l, err := zklock.New(connect(t, addrs, b.dial), sessionTimeout, zklock.WithObserver(rec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "release-in-flight"
+		if removed {
+			name += "-removed"
+		}
+		lease, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := lockNodes(t, admin, name)[0]
+		// The delete of the node (opcode 2) waits, before it is written,
+		// until the test has looked at the lease.
+		sent, resume := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		f := func(p []byte) {
+			if len(p) < 12 || binary.BigEndian.Uint32(p[8:]) != 2 || !bytes.Contains(p, []byte(node)) {
+				return
+			}
+			once.Do(func() { close(sent) })
+			select {
+			case <-resume:
+			case <-time.After(30 * time.Second):
+			}
+		}
+		b.f.Store(&f)
+		released := make(chan error, 1)
+		go func() { released <- lease.Release(ctx) }()
+		select {
+		case <-sent:
+		case err := <-released:
+			t.Fatalf("Release = %v before its delete was sent", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no delete sent 30 s after Release")
+		}
+		// The delete is in flight: the lease has ended, the lock is still
+		// held on the server.
+		errInFlight := lease.Err()
+		var doneInFlight bool
+		select {
+		case <-lease.Done():
+			doneInFlight = true
+		default:
+		}
+		causeInFlight := context.Cause(lease.Context())
+		endsInFlight := len(rec.Ends())
+		if removed {
+			if err := admin.Delete(node, -1); err != nil {
+				t.Fatal(err)
+			}
+		} else if ok, _, err := admin.Exists(node); err != nil || !ok {
+			t.Errorf("node %s: exists %v, %v while the delete is held", node, ok, err)
+		}
+		close(resume)
+		relErr := <-released
+		b.f.Store(nil)
+		if errInFlight != fence.ErrReleased || !doneInFlight || causeInFlight != fence.ErrReleased {
+			t.Errorf("removed %v: while the delete was in flight Err() = %v, Done closed %v, Context's cause %v; want ErrReleased, closed, ErrReleased",
+				removed, errInFlight, doneInFlight, causeInFlight)
+		}
+		if endsInFlight != 0 {
+			t.Errorf("removed %v: %d ends reported while the delete was in flight, want 0 (reported once the reply says how)", removed, endsInFlight)
+		}
+		ends := rec.WaitEnds(t, 1, 5*time.Second)
+		if removed {
+			if !errors.Is(relErr, fence.ErrLeaseLost) || !errors.Is(lease.Err(), fence.ErrLeaseLost) ||
+				len(ends) != 1 || ends[0].Cause != fence.LostRemoved || !errors.Is(ends[0].Err, fence.ErrLeaseLost) {
+				t.Errorf("node deleted meanwhile: Release = %v, Err() = %v, ends %+v; want ErrLeaseLost, ErrLeaseLost, one LostRemoved", relErr, lease.Err(), ends)
+			}
+		} else if relErr != nil || lease.Err() != fence.ErrReleased || len(ends) != 1 || ends[0].Cause != fence.Released {
+			t.Errorf("Release = %v, Err() = %v, ends %+v; want nil, ErrReleased, one Released", relErr, lease.Err(), ends)
+		}
+		if err := lease.Release(ctx); (err == nil) != (relErr == nil) {
+			t.Errorf("removed %v: Release again = %v, first %v", removed, err, relErr)
+		}
+		if n := len(rec.Ends()); n != 1 {
+			t.Errorf("removed %v: %d ends reported, want 1", removed, n)
+		}
+		if nodes := lockNodes(t, admin, name); len(nodes) != 0 {
+			t.Errorf("removed %v: nodes %v after Release", removed, nodes)
+		}
+	}
+}
