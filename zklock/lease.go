@@ -315,10 +315,15 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
-	if err := ls.Err(); err == fence.ErrReleased {
-		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
-	} else if err != nil {
+	// A Release may end the lease before this or while it waits.
+	released := func(err error) error {
+		if err == fence.ErrReleased {
+			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.a.name, fence.ErrReleased)
+		}
 		return err
+	}
+	if err := ls.Err(); err != nil {
+		return released(err)
 	}
 	sent := time.Now()
 	// Past the deadline the lease has ended: wait no longer than that (a
@@ -334,7 +339,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 			ls.expire() // if its timer has not yet
 		}
 		if lerr := ls.Err(); lerr != nil {
-			return lerr
+			return released(lerr)
 		}
 		return fmt.Errorf("zklock: extend %q: %w", ls.a.name, err)
 	}
@@ -358,7 +363,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err != nil {
-		return ls.err
+		return released(ls.err)
 	}
 	if ls.ttl > 0 {
 		ls.ttlEnd = sent.Add(ttl)

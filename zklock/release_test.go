@@ -118,3 +118,65 @@ func TestReleaseEndsLeaseBeforeDelete(t *testing.T) {
 		}
 	}
 }
+
+// An Extend whose check of the node is in flight when a Release ends the
+// lease returns an error matching fence.ErrLeaseLost (the lock is no longer
+// this lease's), and fence.ErrReleased, as an Extend after the Release
+// does; not nil, and not a bare fence.ErrReleased. The check (an exists,
+// opcode 3) is held on its way to the server until the lease has ended.
+func TestExtendInFlightWhenReleased(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	admin := connect(t, addrs, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var b before
+	l, err := zklock.New(connect(t, addrs, b.dial), sessionTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "extend-in-flight"
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := lockNodes(t, admin, name)[0]
+	sent, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	f := func(p []byte) {
+		if len(p) < 12 || binary.BigEndian.Uint32(p[8:]) != 3 || !bytes.Contains(p, []byte(node)) {
+			return
+		}
+		once.Do(func() {
+			close(sent)
+			select {
+			case <-resume:
+			case <-time.After(30 * time.Second):
+			}
+		})
+	}
+	b.f.Store(&f)
+	extended := make(chan error, 1)
+	go func() { extended <- lease.Extend(ctx, time.Minute) }()
+	select {
+	case <-sent:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no exists sent 30 s after Extend")
+	}
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctx) }()
+	select {
+	case <-lease.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("lease not ended 30 s after Release")
+	}
+	close(resume)
+	err = <-extended
+	if relErr := <-released; relErr != nil {
+		t.Fatalf("Release = %v", relErr)
+	}
+	b.f.Store(nil)
+	if !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+		t.Fatalf("Extend in flight as the lease was released = %v, want ErrLeaseLost and ErrReleased", err)
+	}
+}
