@@ -457,6 +457,17 @@ func (l *Locker) cleanup(a *attempt, node string) {
 	go func() {
 		session := l.conn.SessionID()
 		for {
+			if l.conn.State() != zk.StateHasSession {
+				// Nothing is sent while disconnected: go-zookeeper would
+				// send it the moment it reconnects, beside its re-setting
+				// of watches, which races with the reply (see the
+				// monitor). Try again once the session is back.
+				if l.conn.SessionID() != session || l.closed() {
+					return
+				}
+				time.Sleep(l.sessionTimeout / 8)
+				continue
+			}
 			var err error
 			target := node
 			if target == "" {
