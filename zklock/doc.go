@@ -97,6 +97,8 @@
 // goroutines when it reconnects with watches set while replies arrive (a
 // race inherited from samuel/go-zookeeper, where it is issue 260): the
 // race detector may report it in a program that reconnects under load. The
-// Locker sends no check of its own while disconnected, so as not to
-// provoke it.
+// Locker sends nothing of its own in the background while disconnected
+// (neither its checks of a lease's node nor its clean-up deletes), so as
+// not to provoke it; a request the user makes while disconnected (an
+// Acquire, Extend or Release) is queued by go-zookeeper and may.
 package zklock
