@@ -423,7 +423,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 		// nobody will use the lock; give it back.
 		ls.mu.Unlock()
 		ls.movedAhead()
-		return report, err
+		return report, releasedAsLost(ls.attempt.name, err)
 	}
 	defer ls.mu.Unlock()
 	ls.deadline = deadline(sent, ttl)
@@ -464,13 +464,20 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	if err := ls.Err(); err != nil {
-		if err == fence.ErrReleased { // no longer this lease's, as the contract says
-			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.attempt.name, err)
-		}
-		return err
+		return releasedAsLost(ls.attempt.name, err)
 	}
 	report, err := ls.renew(ctx, ttl)
 	report()
+	return err
+}
+
+// releasedAsLost is Extend's error for a lease that ended with err: a
+// released lease is no longer its holder's, as the contract says, so
+// ErrReleased comes with ErrLeaseLost.
+func releasedAsLost(name string, err error) error {
+	if err == fence.ErrReleased {
+		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, name, err)
+	}
 	return err
 }
 

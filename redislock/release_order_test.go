@@ -119,3 +119,36 @@ func TestReleaseEndsLeaseBeforeFreeing(t *testing.T) {
 		})
 	}
 }
+
+// An Extend whose reply comes after a Release ended the lease says, as an
+// Extend after Release does, that the lease is no longer its holder's:
+// ErrLeaseLost with ErrReleased. It returned ErrReleased alone.
+func TestExtendInFlightWhenReleased(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	hold := newReplyHold()
+	c.AddHook(hold)
+	l := newLocker(t, c)
+	ls := acquire(t, l, "extend-in-flight", fence.TTL(time.Minute))
+	if err := ls.Extend(ctx(t), time.Minute); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	hold.armed.Store(true)
+	extended := make(chan error, 1)
+	go func() { extended <- ls.Extend(ctx(t), time.Minute) }()
+	select {
+	case <-hold.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the renewal was not sent")
+	}
+	if err := ls.Release(ctx(t)); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	close(hold.resume)
+	if err := <-extended; !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+		t.Fatalf("Extend in flight when Release ended the lease = %v, want ErrLeaseLost and ErrReleased", err)
+	}
+	if err := ls.Err(); err != fence.ErrReleased {
+		t.Fatalf("Err = %v, want ErrReleased", err)
+	}
+}

@@ -84,10 +84,6 @@ type lease struct {
 	// that finds the lock gone from then on may have been overtaken by
 	// them, and leaves the verdict to Release.
 	releasing bool
-	// settling: the Release that ended the lease (endReleasingLocked) has
-	// not settled its result yet; an Extend meanwhile leaves it to that
-	// Release to say whether the lease was lost.
-	settling bool
 	// unreported: the lease was never granted (Close overtook its
 	// acquisition, which released it and failed): its end is told to
 	// neither the Observer nor the Logger.
@@ -287,7 +283,7 @@ func (ls *lease) reportLocked(cause fence.LeaseCause, why error) (report func())
 // the lease's. Nothing is given back either: Release deletes the lock on
 // every node. ls.mu is held, ls.err is nil and ls.releasing is set.
 func (ls *lease) endReleasingLocked() {
-	ls.err, ls.settling = fence.ErrReleased, true
+	ls.err = fence.ErrReleased
 	if ls.expiry != nil {
 		ls.expiry.Stop()
 	}
@@ -307,7 +303,6 @@ func (ls *lease) releasedAs(result error) (report func()) {
 	ls.locker.bg.forget(ls)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.settling = false
 	if errors.Is(result, fence.ErrLeaseLost) && !errors.Is(result, fence.ErrReleased) {
 		ls.err = result
 		if now := time.Now(); ls.deadline.After(now) {
@@ -531,7 +526,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		if releasing {
 			// Release's deletes may be what it found: Release says
 			// whether the lease was lost, and ends it.
-			return report, fmt.Errorf("redlock: extend %q: %w", ls.name, fence.ErrReleased)
+			return report, releasedErr(ls.name)
 		}
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone-late, len(l.nodes))
 		if late > 0 {
@@ -622,28 +617,25 @@ func (ls *lease) giveBack(nodes []int) {
 
 // Extend sets the lease to expire ttl from now on a majority of the nodes;
 // see fence.Lease. A watchdog lease goes on being renewed with its watchdog
-// TTL afterwards. Run while Release (or Close) releases the lease, a
-// renewal that finds the lock gone returns an error matching
-// fence.ErrReleased and leaves it to Release to say whether the lease was
-// lost: Release's own deletes may be what it found; so does an Extend
-// called while that Release is under way (the lease has ended already: see
-// Release), without contacting the nodes. After Release, Extend returns an
-// error matching both fence.ErrLeaseLost and fence.ErrReleased.
+// TTL afterwards. From the moment Release (or Close) starts to release the
+// lease, Extend returns an error matching both fence.ErrLeaseLost and
+// fence.ErrReleased, as after it (the lease is no longer the caller's), and
+// leaves it to Release to say whether the lease was lost: a renewal in
+// flight that finds the lock gone may have found Release's own deletes; an
+// Extend called while that Release is under way contacts no node.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
 	ls.mu.Lock()
 	ls.expiredLocked()
-	err, settling := ls.err, ls.settling
+	err := ls.err
 	ls.mu.Unlock()
 	switch {
-	case err == fence.ErrReleased && settling:
-		// The Release under way ended the lease before its deletes
-		// were sent; it says whether the lease was lost.
-		return fmt.Errorf("redlock: extend %q: %w", ls.name, fence.ErrReleased)
 	case err == fence.ErrReleased:
-		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
+		// Released, or a Release under way ended the lease before its
+		// deletes were sent (it says whether the lease was lost).
+		return releasedErr(ls.name)
 	case err != nil:
 		return err
 	}
@@ -961,4 +953,9 @@ func (f *relFanout) final() []result {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.rs)
+}
+
+// releasedErr is Extend's error for a lease that a Release ended.
+func releasedErr(name string) error {
+	return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, name, fence.ErrReleased)
 }
