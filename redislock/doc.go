@@ -50,6 +50,14 @@
 // subscribe again on the slot's new node when Redis drops their
 // subscription.
 //
+// The WAIT must reach the connection that ran the script, so the Locker
+// must know what kind of client it has: pass a go-redis client itself (or
+// a struct embedding one). A client of a type it cannot identify (a struct
+// embedding the redis.UniversalClient interface) is asked once, at the
+// first synced call, whether its server is a cluster node; a cluster
+// client hidden so would send WAIT to a node of its choosing, and is
+// refused (HiddenClusterError).
+//
 // # Ring
 //
 // On a *redis.Ring every key and the channel of a lock name go to the shard

@@ -80,6 +80,12 @@ type Locker struct {
 	// syncUnfit, if not nil, refuses every try that needs a WAIT: the
 	// client's read timeout leaves no room for one (see syncWithin).
 	syncUnfit error
+	// opaque: client is a UniversalClient of a type New cannot tell for a
+	// single server's (see opaqueClient); with replica sync its first
+	// synced call asks the server whether it is a cluster node, and then
+	// probe holds the answer (see hiddenCluster).
+	opaque    bool
+	probe     clusterProbe
 	replicas  replicaCounts
 	obs       fence.Observer // nil: none
 	log       *slog.Logger   // nil: none
@@ -120,6 +126,13 @@ var _ fence.Locker = (*Locker)(nil)
 // caller's that embeds a cluster client or a Ring (pass that client
 // itself), when it is a go-redis AutoPipeliner and replica sync is on
 // (pass the client it pipelines for), or when an option is out of range.
+//
+// A client of a type New cannot identify (a struct of the caller's that
+// embeds the redis.UniversalClient interface, say) may hide a cluster
+// client, which would send replica sync's WAIT to a node of its own
+// choosing: with replica sync on, the Locker's first synced call asks the
+// server whether it is a cluster node (INFO cluster, once per Locker), and
+// if it is, every acquisition is refused with a *HiddenClusterError.
 //
 // A Ring keeps each lock name on one shard, and replica sync runs on that
 // shard, but it gives up mutual exclusion when it reshards: see "Ring" in
@@ -187,6 +200,7 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 		return nil, err
 	}
 	_, l.sharded = client.(*redis.ClusterClient)
+	l.opaque = opaqueClient(client)
 	if conn != nil {
 		l.calls.selfBounded = conn.SelfBounded()
 	} else {
@@ -821,7 +835,20 @@ func (l *Locker) syncWithin(client redis.UniversalClient) error {
 // client's read timeout (100 ms or less) leaves no room for one; nil when
 // it does, or when replica sync is off. On a primary without replicas no
 // WAIT is sent, and such a Locker works.
-func (l *Locker) ReplicaSyncRefusal() error { return l.syncUnfit }
+//
+// On a client whose type redislock cannot identify (see
+// HiddenClusterError) it is also the *HiddenClusterError that every
+// acquisition gets once the first synced call has found the server to be
+// a Redis Cluster node; nil until that call is made.
+func (l *Locker) ReplicaSyncRefusal() error {
+	if l.syncUnfit != nil {
+		return l.syncUnfit
+	}
+	if e := l.probe.refusal.Load(); e != nil && !l.sync.Disabled {
+		return e
+	}
+	return nil
+}
 
 // waitTick is how late Redis may answer a WAIT that timed out: it times
 // WAIT out on its clock tick, 10 a second by default (hz).

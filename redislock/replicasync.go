@@ -34,6 +34,15 @@ const (
 // key-less WAIT, and the record's key, to other shards), and each shard
 // keeps its own record.
 //
+// On a client of a type redislock cannot identify (see
+// HiddenClusterError), whose key-less WAIT could go anywhere if it hid a
+// cluster client, the first synced call asks the server whether it is a
+// Redis Cluster node (INFO cluster: one round trip, once per Locker) and,
+// if it is, refuses every acquisition with a *HiddenClusterError, before
+// anything is written; on any other server it goes on as on a
+// *redis.Client. A Ring hidden the same way cannot be told from a single
+// server by asking it: pass the *redis.Ring itself.
+//
 // It fails closed: a replica that was seen and is gone (link cut, process
 // stopped) is still waited for, by every Locker of that primary, so its
 // acquisitions are refused rather than confirmed by nobody. A Locker reads
@@ -282,6 +291,9 @@ func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts,
 		return ReplicaCounts{}, err
 	}
 	r, err := bounded(ctx, &l.calls, func(ctx context.Context) (ReplicaCounts, error) {
+		if err := l.hiddenCluster(ctx); err != nil {
+			return ReplicaCounts{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
+		}
 		_, c, err := l.primaryFor(ctx, l.keys(name).lock)
 		if err != nil {
 			return ReplicaCounts{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
@@ -317,6 +329,9 @@ func (l *Locker) SetExpectedReplicas(ctx context.Context, name string, n int) er
 	// A call given up on may still run: the record is then set, as asked,
 	// a moment later; this Locker reads it again within 10 s.
 	_, err := bounded(ctx, &l.calls, func(ctx context.Context) (struct{}, error) {
+		if err := l.hiddenCluster(ctx); err != nil {
+			return struct{}{}, fmt.Errorf("redislock: set expected replicas: %w", err)
+		}
 		node, c, err := l.primaryFor(ctx, l.keys(name).lock)
 		if err != nil {
 			return struct{}{}, fmt.Errorf("redislock: set expected replicas: %w", err)
@@ -362,6 +377,16 @@ func (s ReplicaSync) Required(expected int) int {
 func (l *Locker) evalSyncedOr(ctx context.Context, noWait bool, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if l.sync.Disabled {
 		return l.evalRouted(ctx, script, keys, args...)
+	}
+	if err := l.hiddenCluster(ctx); err != nil {
+		if _, hidden := err.(*HiddenClusterError); hidden && script == releaseScript {
+			// A release goes without WAIT, and says that none covered
+			// it (required 1, acked 0): no waiter takes a grant of it
+			// unconfirmed, and the confirmation is refused.
+			reply, _, _, err = l.evalRouted(ctx, script, keys, args...)
+			return reply, 0, 1, err
+		}
+		return nil, 0, 0, err // before the script: nothing taken
 	}
 	var expected int
 	node, last := "", redis.Cmdable(l.client)
