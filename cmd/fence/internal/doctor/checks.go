@@ -61,6 +61,16 @@ func checkRole(d *deployment) []Finding {
 				Why: "the node is a replica (role " + p.info["role"] + "): every acquisition fails with READONLY, since the lock scripts write",
 				Fix: "point fence at the primary, or at the sentinels with --redis-sentinel so that it follows failovers"})
 		}
+		if d.kind == "standalone" && p.info["redis_mode"] == "cluster" {
+			// A client of one cluster node: MOVED for the others' slots.
+			// A program that hands redislock such a node's cluster client
+			// inside a wrapper of its own is refused with replica sync on
+			// (redislock.HiddenClusterError): the wrapper hides the
+			// cluster, whose client would send WAIT to any node.
+			out = append(out, Finding{ID: "standalone-cluster-node", Severity: Critical, Node: p.addr,
+				Why: "the node is a Redis Cluster node, given as a standalone primary: a client of this node alone gets MOVED for every lock whose slot another master serves, the replica audit reads this node's record rather than the cluster's node table, and redislock refuses replica sync on a client of its own type that hides a cluster client (HiddenClusterError), since that client would send WAIT to a node of its choosing",
+				Fix: "audit and lock with --redis-cluster, and pass redislock.New the *redis.ClusterClient itself, not a wrapper of it"})
+		}
 	}
 	return out
 }

@@ -412,6 +412,15 @@ func TestCluster(t *testing.T) {
 	eventually(t, cfg, "cluster-slots", doctor.Critical, "")
 }
 
+// TestStandaloneClusterNode: a cluster node given as a standalone primary
+// is named as such (a client of it alone gets MOVED; a wrapper of its
+// cluster client is refused by redislock's replica sync).
+func TestStandaloneClusterNode(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	node := cluster.Servers[0]
+	has(t, run(t, standalone(node)), "standalone-cluster-node", doctor.Critical, node.Addr)
+}
+
 func TestClusterClean(t *testing.T) {
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	ctx := context.Background()
