@@ -54,9 +54,10 @@
 // must know what kind of client it has: pass a go-redis client itself (or
 // a struct embedding one). A client of a type it cannot identify (a struct
 // embedding the redis.UniversalClient interface) is asked once, at the
-// first synced call, whether its server is a cluster node; a cluster
-// client hidden so would send WAIT to a node of its choosing, and is
-// refused (HiddenClusterError).
+// first synced call, whether its server is a cluster node and whether its
+// keys reach more than one server; a cluster client or a Ring hidden so
+// would send WAIT to a node of its choosing, and is refused
+// (HiddenClusterError).
 //
 // # Ring
 //

@@ -2,6 +2,8 @@ package redislock
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -15,21 +17,24 @@ import (
 // every acquisition and renewal of a Locker with replica sync on whose
 // client is a UniversalClient of a type redislock cannot identify (a
 // struct of the caller's that embeds the redis.UniversalClient interface,
-// say, which has no Options method to tell what it holds) and whose
-// server says it is a Redis Cluster node. Such a client may be a cluster
-// client, which would send replica sync's key-less WAIT to a node of its
-// own choosing, not on the connection that ran the script, where it counts
-// nothing that connection wrote: acquisitions would be confirmed as
-// replicated unchecked. Acquire wraps it in an error matching
-// fence.ErrNotAcquired; nothing is taken, and a waiting Acquire ends at
-// once. Pass the *redis.ClusterClient itself, or disable replica sync.
+// say, which has no Options method to tell what it holds) and that spreads
+// commands over several servers: its server says it is a Redis Cluster
+// node, or keys with different hash tags reached different servers (a
+// Ring). Such a client (a cluster client, a Ring) sends replica sync's
+// key-less WAIT to a node or shard of its own choosing, not on the
+// connection that ran the script, where it counts nothing that connection
+// wrote: acquisitions would be confirmed as replicated unchecked. Acquire
+// wraps it in an error matching fence.ErrNotAcquired; nothing is taken,
+// and a waiting Acquire ends at once. Pass the *redis.ClusterClient or
+// *redis.Ring itself, or disable replica sync.
 type HiddenClusterError struct {
 	Client string // the client's type, as %T prints it
+	Detail string // what gave it away
 }
 
 // Error says what was refused and what to pass instead.
 func (e *HiddenClusterError) Error() string {
-	return fmt.Sprintf("redislock: the client, a %s, is of a type redislock cannot identify, and its server is a Redis Cluster node: a cluster client would send replica sync's WAIT to a node of its choosing, not on the connection that ran the script; pass the *redis.ClusterClient itself, or disable replica sync", e.Client)
+	return fmt.Sprintf("redislock: the client, a %s, is of a type redislock cannot identify, and %s: a cluster client or a Ring sends replica sync's WAIT to a node of its choosing, not on the connection that ran the script; pass the *redis.ClusterClient or *redis.Ring itself, or disable replica sync", e.Client, e.Detail)
 }
 
 // Unwrap makes the error match fence.ErrInvalidOption.
@@ -59,8 +64,8 @@ func opaqueClient(client redis.UniversalClient) bool {
 }
 
 // hiddenCluster returns, for a Locker on an opaque client, the
-// *HiddenClusterError when the server is a cluster node, asking it (INFO
-// cluster, one round trip) the first time only: the answer is kept, and
+// *HiddenClusterError when the client spreads commands over several
+// servers, asking (one round trip, see probeCluster) the first time only: the answer is kept, and
 // later calls cost an atomic load. An error of the question itself (the
 // server unreachable) is returned and not kept; the next call asks again.
 // On any other client it returns nil at once.
@@ -84,8 +89,32 @@ func (l *Locker) hiddenCluster(ctx context.Context) error {
 	return nil
 }
 
-// probeCluster asks the server whether it is a cluster node, unless
-// another call has.
+// hiddenClusterSynced is hiddenCluster with replica sync on, nil with it
+// off: ReplicaCounts and SetExpectedReplicas, which would read or write
+// the record of the node that owns its key rather than the lock's, refuse
+// as acquisitions do, and with sync off behave as before.
+func (l *Locker) hiddenClusterSynced(ctx context.Context) error {
+	if l.sync.Disabled {
+		return nil
+	}
+	return l.hiddenCluster(ctx)
+}
+
+// probeKeys is how many keys, with random hash tags, the probe's scripts
+// run on: a client that spreads keys over several servers (a Ring, a
+// cluster client) sends them to more than one, but for odds of 2^-31.
+const probeKeys = 32
+
+// probeScript returns the run_id of the server it runs on; it reads its
+// key's slot, writes nothing.
+var probeScript = "return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''"
+
+// probeCluster asks, unless another call has, whether the client spreads
+// commands over several servers, in one pipeline: INFO cluster (a cluster
+// node says cluster_enabled:1 whichever one answers) and a script on each
+// of probeKeys keys that returns its server's run_id (a Ring's shards are
+// standalone servers, so only where its keys go tells it). A client of
+// one server answers one run_id.
 func (l *Locker) probeCluster(ctx context.Context) error {
 	p := &l.probe
 	p.mu.Lock()
@@ -93,16 +122,29 @@ func (l *Locker) probeCluster(ctx context.Context) error {
 	if p.done.Load() {
 		return nil
 	}
-	// Key-less: a cluster client sends it to a node of its choosing (or
-	// to every node), and every node of a cluster answers
-	// cluster_enabled:1. INFO is what the replica record's script reads
-	// anyway, so an ACL that allows replica sync allows it.
-	info, err := l.client.Info(ctx, "cluster").Result()
-	if err != nil {
-		return fmt.Errorf("redislock: ask the server of a %T whether it is a cluster node (replica sync must know): %w", l.client, err)
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	tag := hex.EncodeToString(b[:])
+	pipe := l.client.Pipeline()
+	// INFO is what the replica record's script reads anyway, so an ACL
+	// that allows replica sync allows it, and the scripts.
+	info := pipe.Info(ctx, "cluster")
+	ids := make([]*redis.Cmd, probeKeys)
+	for i := range ids {
+		ids[i] = pipe.Eval(ctx, probeScript, []string{fmt.Sprintf("%s:{probe:%s:%d}", l.prefix, tag, i)})
 	}
-	if clusterEnabled(info) {
-		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client)})
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("redislock: ask the server(s) of a %T whether it is a cluster node or several servers (replica sync must know): %w", l.client, err)
+	}
+	servers := make(map[string]struct{})
+	for _, cmd := range ids {
+		servers[fmt.Sprint(cmd.Val())] = struct{}{}
+	}
+	switch {
+	case clusterEnabled(info.Val()):
+		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: "its server is a Redis Cluster node"})
+	case len(servers) > 1:
+		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: fmt.Sprintf("it sent %d keys to %d servers (by run_id), as a Ring does", probeKeys, len(servers))})
 	}
 	p.done.Store(true)
 	return nil

@@ -84,7 +84,7 @@ func TestHiddenClusterRefusal(t *testing.T) {
 		var hidden *redislock.HiddenClusterError
 		if !errors.As(err, &hidden) || !errors.Is(err, fence.ErrInvalidOption) || !errors.Is(err, fence.ErrNotAcquired) {
 			t.Errorf("Acquire %d = %v; want a *redislock.HiddenClusterError matching fence.ErrInvalidOption and fence.ErrNotAcquired", i, err)
-		} else if hidden.Client != "redislock_test.interfaceWrapped" || !strings.Contains(err.Error(), "*redis.ClusterClient itself") {
+		} else if hidden.Client != "redislock_test.interfaceWrapped" || !strings.Contains(hidden.Detail, "Cluster node") || !strings.Contains(err.Error(), "pass the *redis.ClusterClient or *redis.Ring itself") {
 			t.Errorf("Acquire %d: the refusal names %q and says %q; want the wrapper's type and what to pass instead", i, hidden.Client, err)
 		}
 		if took > time.Second {
@@ -180,5 +180,52 @@ func TestInterfaceWrappedPlainClient(t *testing.T) {
 	}
 	if n := probes.n.Load(); n != 0 {
 		t.Errorf("Lockers on a *redis.Client and a struct embedding one asked INFO cluster %d times; want none", n)
+	}
+}
+
+// TestInterfaceWrappedRing: a struct embedding the redis.UniversalClient
+// interface around a *redis.Ring hides the Ring as it hides a cluster
+// client, and the Ring sends a pipelined key-less WAIT to the shard the
+// command's name hashes to. A Ring's shards are standalone servers, so
+// INFO cluster cannot tell: with the lock on the other shard and its
+// replica paused, 10 of 10 acquisitions were confirmed. The probe now also
+// runs a script on keys with random hash tags and counts the servers
+// (run_ids) that answer: more than one, and every try is refused with a
+// *redislock.HiddenClusterError, nothing taken.
+func TestInterfaceWrappedRing(t *testing.T) {
+	ring, shards := startRing(t, 1, 1)
+	// The lock on the shard that a pipelined WAIT is not sent to (the
+	// Ring hashes a key-less command's name).
+	waits, err := ring.GetShardClientForKey("WAIT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockShard := shards[0]
+	if waits.Options().Addr == lockShard.primary.Addr {
+		lockShard = shards[1]
+	}
+	name := nameOn(t, ring, lockShard, "hidden-ring")
+	l := lockerWith(t, interfaceWrapped{ring}, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	resume := lockShard.replicas[0].Pause(t)
+	defer resume()
+	confirmed := 0
+	for i := range 10 {
+		err := tryOnce(t, l, name)
+		var hidden *redislock.HiddenClusterError
+		if err == nil {
+			confirmed++
+		} else if !errors.As(err, &hidden) || !errors.Is(err, fence.ErrInvalidOption) || !errors.Is(err, fence.ErrNotAcquired) {
+			t.Errorf("Acquire %d = %v; want a *redislock.HiddenClusterError", i, err)
+		} else if !strings.Contains(hidden.Detail, "servers") {
+			t.Errorf("Acquire %d: refused for %q; want the servers the keys reached", i, hidden.Detail)
+		}
+	}
+	if confirmed > 0 {
+		t.Errorf("%d of 10 acquisitions through an interface wrapper of a Ring confirmed with the lock shard's replica paused; want each refused", confirmed)
+	}
+	for _, s := range shards {
+		if n, err := s.primary.Client(t).DBSize(ctx(t)).Result(); err != nil || n != 0 {
+			t.Errorf("%s holds %d keys (%v) after the refusals; want none", s.name, n, err)
+		}
 	}
 }

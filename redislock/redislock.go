@@ -129,10 +129,11 @@ var _ fence.Locker = (*Locker)(nil)
 //
 // A client of a type New cannot identify (a struct of the caller's that
 // embeds the redis.UniversalClient interface, say) may hide a cluster
-// client, which would send replica sync's WAIT to a node of its own
-// choosing: with replica sync on, the Locker's first synced call asks the
-// server whether it is a cluster node (INFO cluster, once per Locker), and
-// if it is, every acquisition is refused with a *HiddenClusterError.
+// client or a Ring, which would send replica sync's WAIT to a node of its
+// own choosing: with replica sync on, the Locker's first synced call asks
+// (one round trip, once per Locker) whether the server is a cluster node
+// and whether keys reach more than one server, and if so every
+// acquisition is refused with a *HiddenClusterError.
 //
 // A Ring keeps each lock name on one shard, and replica sync runs on that
 // shard, but it gives up mutual exclusion when it reshards: see "Ring" in

@@ -36,12 +36,12 @@ const (
 //
 // On a client of a type redislock cannot identify (see
 // HiddenClusterError), whose key-less WAIT could go anywhere if it hid a
-// cluster client, the first synced call asks the server whether it is a
-// Redis Cluster node (INFO cluster: one round trip, once per Locker) and,
-// if it is, refuses every acquisition with a *HiddenClusterError, before
-// anything is written; on any other server it goes on as on a
-// *redis.Client. A Ring hidden the same way cannot be told from a single
-// server by asking it: pass the *redis.Ring itself.
+// cluster client or a Ring, the first synced call asks, in one round trip
+// once per Locker, whether the server is a Redis Cluster node (INFO
+// cluster) and which servers 32 keys with random hash tags reach (a
+// read-only script returning run_id); a cluster node, or more than one
+// server, refuses every acquisition with a *HiddenClusterError, before
+// anything is written. A client of one server goes on as a *redis.Client.
 //
 // It fails closed: a replica that was seen and is gone (link cut, process
 // stopped) is still waited for, by every Locker of that primary, so its
@@ -285,13 +285,15 @@ func parseReplication(info string) (replicas int, replid string) {
 // ReplicaCounts reads the replica counts of the primary that serves the lock
 // called name (on a cluster, the master of its slot; on a Ring, the shard
 // the Ring puts the name's keys on now; otherwise the one primary). It changes nothing on the server. Expected is
-// ReplicaSync.Replicas when that is set.
+// ReplicaSync.Replicas when that is set. With replica sync on, a Locker
+// whose client hides a cluster returns the *HiddenClusterError (see
+// ReplicaSync).
 func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts, error) {
 	if err := fence.ValidateName(name); err != nil {
 		return ReplicaCounts{}, err
 	}
 	r, err := bounded(ctx, &l.calls, func(ctx context.Context) (ReplicaCounts, error) {
-		if err := l.hiddenCluster(ctx); err != nil {
+		if err := l.hiddenClusterSynced(ctx); err != nil {
 			return ReplicaCounts{}, fmt.Errorf("redislock: replicas of %q: %w", name, err)
 		}
 		_, c, err := l.primaryFor(ctx, l.keys(name).lock)
@@ -329,7 +331,7 @@ func (l *Locker) SetExpectedReplicas(ctx context.Context, name string, n int) er
 	// A call given up on may still run: the record is then set, as asked,
 	// a moment later; this Locker reads it again within 10 s.
 	_, err := bounded(ctx, &l.calls, func(ctx context.Context) (struct{}, error) {
-		if err := l.hiddenCluster(ctx); err != nil {
+		if err := l.hiddenClusterSynced(ctx); err != nil {
 			return struct{}{}, fmt.Errorf("redislock: set expected replicas: %w", err)
 		}
 		node, c, err := l.primaryFor(ctx, l.keys(name).lock)
