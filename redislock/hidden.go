@@ -65,8 +65,8 @@ func opaqueClient(client redis.UniversalClient) bool {
 
 // hiddenCluster returns, for a Locker on an opaque client, the
 // *HiddenClusterError when the client spreads commands over several
-// servers, asking (one round trip, see probeCluster) the first time only: the answer is kept, and
-// later calls cost an atomic load. An error of the question itself (the
+// servers, asking (one round trip, see probeCluster) the first time
+// only: the answer is kept, and later calls cost an atomic load. An error of the question itself (the
 // server unreachable) is returned and not kept; the next call asks again.
 // On any other client it returns nil at once.
 //
@@ -110,11 +110,12 @@ const probeKeys = 32
 var probeScript = "return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''"
 
 // probeCluster asks, unless another call has, whether the client spreads
-// commands over several servers, in one pipeline: INFO cluster (a cluster
-// node says cluster_enabled:1 whichever one answers) and a script on each
-// of probeKeys keys that returns its server's run_id (a Ring's shards are
-// standalone servers, so only where its keys go tells it). A client of
-// one server answers one run_id.
+// commands over several servers, in one pipeline: INFO server and cluster
+// (a cluster node says cluster_enabled:1 whichever one answers; run_id
+// names the server that key-less commands in a pipeline reach) and a
+// script on each of probeKeys keys that returns its server's run_id (a
+// Ring's shards are standalone servers, so only where its commands go
+// tells it). A client of one server answers one run_id.
 func (l *Locker) probeCluster(ctx context.Context) error {
 	p := &l.probe
 	p.mu.Lock()
@@ -128,7 +129,7 @@ func (l *Locker) probeCluster(ctx context.Context) error {
 	pipe := l.client.Pipeline()
 	// INFO is what the replica record's script reads anyway, so an ACL
 	// that allows replica sync allows it, and the scripts.
-	info := pipe.Info(ctx, "cluster")
+	info := pipe.Info(ctx, "server", "cluster")
 	ids := make([]*redis.Cmd, probeKeys)
 	for i := range ids {
 		ids[i] = pipe.Eval(ctx, probeScript, []string{fmt.Sprintf("%s:{probe:%s:%d}", l.prefix, tag, i)})
@@ -140,11 +141,16 @@ func (l *Locker) probeCluster(ctx context.Context) error {
 	for _, cmd := range ids {
 		servers[fmt.Sprint(cmd.Val())] = struct{}{}
 	}
+	// The key-less INFO went where a key-less WAIT in a pipeline goes:
+	// its server must be the keys' one.
+	if id := infoField(info.Val(), "run_id"); id != "" {
+		servers[id] = struct{}{}
+	}
 	switch {
 	case clusterEnabled(info.Val()):
 		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: "its server is a Redis Cluster node"})
 	case len(servers) > 1:
-		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: fmt.Sprintf("it sent %d keys to %d servers (by run_id), as a Ring does", probeKeys, len(servers))})
+		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: fmt.Sprintf("its commands (a key-less one and %d with keys) reached %d servers (by run_id), as a Ring's do", probeKeys, len(servers))})
 	}
 	p.done.Store(true)
 	return nil
@@ -159,4 +165,14 @@ func clusterEnabled(info string) bool {
 		}
 	}
 	return false
+}
+
+// infoField returns the value of field in an INFO reply, "" if absent.
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && k == field {
+			return v
+		}
+	}
+	return ""
 }

@@ -16,13 +16,20 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// infoCounter is a go-redis hook that counts the INFO cluster commands a
-// client sends: the question a Locker on an opaque client asks its server.
+// infoCounter is a go-redis hook that counts the INFO commands with the
+// cluster section that a client sends: the question a Locker on an opaque
+// client asks its server.
 type infoCounter struct{ n atomic.Int64 }
 
 func (h *infoCounter) count(cmd redis.Cmder) {
-	if args := cmd.Args(); len(args) == 2 && strings.EqualFold(fmt.Sprint(args[0]), "info") && strings.EqualFold(fmt.Sprint(args[1]), "cluster") {
-		h.n.Add(1)
+	args := cmd.Args()
+	if len(args) < 2 || !strings.EqualFold(fmt.Sprint(args[0]), "info") {
+		return
+	}
+	for _, a := range args[1:] {
+		if strings.EqualFold(fmt.Sprint(a), "cluster") {
+			h.n.Add(1)
+		}
 	}
 }
 
