@@ -57,7 +57,10 @@
 // first synced call, whether its server is a cluster node and whether its
 // keys reach more than one server; a cluster client or a Ring hidden so
 // would send WAIT to a node of its choosing, and is refused
-// (HiddenClusterError).
+// (HiddenClusterError). So is, with an error matching fence.ErrInvalidOption
+// at its first synced try, a cluster client whose servers are not in
+// cluster mode (redis.NewFailoverClusterClient's, which may route a
+// key-less WAIT to a replica): give the Locker redis.NewFailoverClient's.
 //
 // # Ring
 //

@@ -232,6 +232,13 @@ func clusterReplicas(ctx context.Context, c redis.Cmdable) (ReplicaCounts, error
 	info := pipe.Info(ctx, "replication")
 	nodes := pipe.ClusterNodes(ctx)
 	if _, err := pipe.Exec(ctx); err != nil {
+		if strings.Contains(err.Error(), "cluster support disabled") {
+			// A ClusterClient over servers not in cluster mode: one of
+			// redis.NewFailoverClusterClient (Sentinel's primary and
+			// replicas as a one-slot-range cluster), which may send a
+			// key-less WAIT to a replica.
+			return ReplicaCounts{}, fmt.Errorf("%w: redislock: the *redis.ClusterClient's servers are not in cluster mode (a client of redis.NewFailoverClusterClient?): replica sync needs the primary's own connection; pass redis.NewFailoverClient's client to the Locker, or disable replica sync: %w", fence.ErrInvalidOption, err)
+		}
 		return ReplicaCounts{}, fmt.Errorf("redislock: read replica counts: %w", err)
 	}
 	var r ReplicaCounts
