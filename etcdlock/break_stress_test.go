@@ -1,0 +1,21 @@
+package etcdlock_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/stresstest"
+)
+
+// Holders that Extend and Release at once, with contexts cancelled at
+// random moments, on one lock: never two holders at once, tokens
+// increasing, every lease ended once its Release returned, and each end
+// reported once, as Release's result says (see stresstest.RandomCancels).
+func TestRandomCancelsNeverTwoHolders(t *testing.T) {
+	endpoints := shared.Endpoints()
+	stresstest.RandomCancels(t, 3*time.Second, func(t *testing.T, obs fence.Observer) fence.Locker {
+		return newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: watchdogTTL, Observer: obs})
+	})
+}
