@@ -94,6 +94,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("LeaseLostWhenTaken", s.lostWhenTaken)
 	t.Run("ReleaseIdempotent", s.releaseIdempotent)
 	t.Run("ReleaseWithDoneContext", s.releaseDoneContext)
+	t.Run("ReleaseWithLeaseContext", s.releaseLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)
 	t.Run("InvalidInput", s.invalidInput)
 	t.Run("Run", s.run)
@@ -381,6 +382,44 @@ func (s suite) releaseDoneContext(t *testing.T) {
 		t.Fatalf("the old lease's second Release ended the new holder's lease: %v", err)
 	}
 	mustRelease(t, b)
+}
+
+// releaseLeaseContext: a Release given a context that the lease's end
+// cancels (the lease's own Context, or the one Run gives fn, cancelled when
+// the lease ends) frees the lock and returns nil. The lease ends as Release
+// starts, before the request that frees the lock leaves: that end must not
+// cancel the request, or the lock stays held, by nobody, until it expires
+// (and Run's retry may find it gone, its first delete having run, and
+// report the lease lost).
+func (s suite) releaseLeaseContext(t *testing.T) {
+	l, other := s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	free := func(how string) {
+		t.Helper()
+		next, err := other.Acquire(ctxFor(t), n, fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatalf("after %s: the lock is not free: %v", how, err)
+		}
+		mustRelease(t, next)
+	}
+	for range 5 {
+		lease := mustAcquire(t, l, n, fence.TTL(time.Minute))
+		if err := lease.Release(lease.Context()); err != nil {
+			t.Fatalf("Release(lease.Context()) = %v", err)
+		}
+		free("Release(lease.Context())")
+	}
+	for range 5 {
+		var relErr error
+		err := fence.Run(ctxFor(t), l, n, func(ctx context.Context, lease fence.Lease) error {
+			relErr = lease.Release(ctx)
+			return nil
+		}, fence.TTL(time.Minute))
+		if relErr != nil || err != nil {
+			t.Fatalf("Release of fn's context in Run = %v; Run = %v", relErr, err)
+		}
+		free("Release in Run's fn")
+	}
 }
 
 func (s suite) extend(t *testing.T) {
