@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/releasectx"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -874,6 +875,11 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 // again retries the delete.
 func (ls *Lease) Release(ctx context.Context) (result error) {
 	defer ls.flush() // after unlockOp, and with the result settled: see flush
+	// The lease ends before the delete is sent: a ctx that its end
+	// cancels (its Context, or fence.Run's fn's) must not cancel the
+	// delete.
+	ctx, stop := releasectx.Detach(ctx)
+	defer stop()
 	if err := ls.lockOp(ctx); err != nil {
 		// An Extend in flight holds ls.op; it revokes the etcd lease it
 		// moves the key to when it finds the lease ended. A Release in

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/releasectx"
 )
 
 // lease is a lock row held in PostgreSQL. Its expiry timer ends it at the
@@ -384,7 +385,12 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // again retries to free it sooner. A watchdog that went on renewing would
 // hold the lock for ever for an owner that has given it up.
 func (ls *lease) Release(ctx context.Context) error {
-	err := ls.release(ctx)
+	// The lease ends before the statement is sent: a ctx that its end
+	// cancels (its Context, or fence.Run's fn's) must not cancel the
+	// statement.
+	rctx, stop := releasectx.Detach(ctx)
+	err := ls.release(rctx)
+	stop()
 	ls.flush() // after release unlocked ls.op, its result settled: see flush
 	ls.mu.Lock()
 	wait := ls.watchdogDone != nil && ls.err != nil && !ls.logging // logging: renewing no more, see logFailed

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/releasectx"
 )
 
 // lease is a lock held on Redis. Its expiry timer ends it at the local
@@ -528,6 +529,17 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		}
 		ls.mu.Unlock()
 	}()
+	// The lease ends before the script is sent: a ctx that its end cancels
+	// (its Context, or fence.Run's fn's) must not cancel the script. Only
+	// a lease whose context was made can have one.
+	ls.mu.Lock()
+	watched := ls.ctx != nil
+	ls.mu.Unlock()
+	if watched {
+		var stop func()
+		ctx, stop = releasectx.Detach(ctx)
+		defer stop()
+	}
 	if ls.stopWatchdog != nil {
 		// A renewal in flight ends soon after the watchdog is stopped,
 		// unless it was called straight through (a client that bounds

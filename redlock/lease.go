@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/releasectx"
 )
 
 // lease is a lock held on a majority of the nodes. Its expiry timer ends it
@@ -697,7 +698,17 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 		defer ls.mu.Unlock()
 		return func() {}, ls.relErr
 	}
+	watched := ls.ctx != nil
 	ls.mu.Unlock()
+	if watched {
+		// The lease ends before the deletes are sent: a ctx that its
+		// end cancels (its Context, or fence.Run's fn's) must not cut
+		// this call short. Only a lease whose context was made can
+		// have one.
+		var stop func()
+		ctx, stop = releasectx.Detach(ctx)
+		defer stop()
+	}
 	// ending: this call ends the lease (before its first delete leaves),
 	// and settles what is reported of the end once the result is known.
 	var ending bool

@@ -1,0 +1,46 @@
+// Package releasectx makes the context that a lease's Release sends its
+// requests under: a Release ends the lease before the request that frees
+// the lock leaves, and that end must not cancel the request.
+package releasectx
+
+import (
+	"context"
+	"errors"
+
+	"github.com/fencekit/fence"
+)
+
+// Detach returns ctx for Release's requests, except that it is not
+// cancelled when ctx is cancelled by a lease's end as released (with a
+// cause matching fence.ErrReleased): the lease's own Context, one derived
+// from it, or the context fence.Run gives fn, which the lease's end
+// cancels. Release ends its lease as it starts, so such a ctx would
+// otherwise cut short the very request that frees the lock, and leave the
+// lock held, by nobody, until it expires. Its values and deadline are
+// ctx's, and any other cancellation of ctx cancels it. A ctx that cannot
+// end, or has ended already, is returned as it is. stop must be called
+// once Release is done with it.
+func Detach(ctx context.Context) (_ context.Context, stop func()) {
+	if ctx.Done() == nil || ctx.Err() != nil {
+		return ctx, func() {}
+	}
+	dl, hasDeadline := ctx.Deadline()
+	d, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stopAfter := context.AfterFunc(ctx, func() {
+		if hasDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return // the deadline below ends it, as it ended ctx
+		}
+		if cause := context.Cause(ctx); !errors.Is(cause, fence.ErrReleased) {
+			cancel(cause)
+		}
+	})
+	out, cancelDeadline := context.Context(d), context.CancelFunc(func() {})
+	if hasDeadline {
+		out, cancelDeadline = context.WithDeadline(d, dl)
+	}
+	return out, func() {
+		stopAfter()
+		cancelDeadline()
+		cancel(nil)
+	}
+}
