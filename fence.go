@@ -64,7 +64,9 @@ type Lease interface {
 	// Release ends the lease and deletes the lock if this lease still owns
 	// it; it never deletes another owner's lock. The lease ends before the
 	// delete is sent (Err, Done and Context say so at once): another owner
-	// may hold the lock before Release returns. It returns nil if the lock
+	// may hold the lock before Release returns. That end does not cancel
+	// Release's own requests when ctx is one it cancels (Context, or the
+	// context Run gives fn). It returns nil if the lock
 	// was released, an error matching ErrLeaseLost if the lease had already
 	// been lost, or the backend's error, in which case calling Release again
 	// retries. From the first call on the lease is no longer renewed, even
