@@ -50,8 +50,10 @@ func (e *ends) of(tk fence.Token, until <-chan time.Time) []fence.LeaseCause {
 // RandomCancels runs 4 holders for d, each with a Locker of its own made by
 // newLocker with obs as its Observer, on one lock: Acquire, Extend and
 // Release (at once) with contexts cancelled at random moments (seeded; the
-// seed is logged), half of the leases fixed-TTL, half watchdog ones. It
-// checks that there are never two holders at once (a grant while an
+// seed is logged), or for Release one derived from the lease's Context,
+// half of the leases fixed-TTL, half watchdog ones. It checks that a
+// Release's context derived from the lease's is not cancelled by its end,
+// that there are never two holders at once (a grant while an
 // earlier lease has no Err and is before its Deadline), that tokens
 // strictly increase in the order granted, that a lease has ended once its
 // Release has returned, and that each lease's end is reported exactly once,
@@ -119,12 +121,21 @@ func RandomCancels(t *testing.T, d time.Duration, newLocker func(t *testing.T, o
 				ectx, ecancel := short()
 				inner.Go(func() { _ = ls.Extend(ectx, 200*time.Millisecond) })
 				rctx, rcancel := short()
-				if r.IntN(2) == 0 {
+				own := false // rctx ends with the lease
+				switch r.IntN(4) {
+				case 0:
 					rcancel()
 					rctx, rcancel = context.WithTimeout(context.Background(), time.Second)
+				case 1:
+					rcancel()
+					rctx, rcancel = context.WithTimeout(ls.Context(), time.Second)
+					own = true
 				}
 				err = ls.Release(rctx)
 				rcancel()
+				if own && errors.Is(err, context.Canceled) {
+					t.Errorf("token %d: Release with a context of the lease's = %v: the lease's end cancelled it", ls.Token(), err)
+				}
 				if ls.Err() == nil {
 					t.Errorf("lease of token %d not ended after Release = %v", ls.Token(), err)
 				}
