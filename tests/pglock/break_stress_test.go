@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/stresstest"
+	"github.com/fencekit/fence/pglock"
 )
 
 // Holders that Extend and Release at once, with contexts cancelled at
@@ -104,4 +106,14 @@ func TestRandomCancelsNeverTwoHolders(t *testing.T) {
 	// Few under load: most Acquires have a context of a few milliseconds,
 	// and a Release that fails leaves the row to expire.
 	t.Logf("%d grants", grants)
+}
+
+// TestRandomCancelsReported is TestRandomCancelsNeverTwoHolders through
+// stresstest.RandomCancels, which also gives some Releases a context of the
+// lease's and checks the ends reported to an Observer (see there).
+func TestRandomCancelsReported(t *testing.T) {
+	d := newDatabase(t, pg)
+	stresstest.RandomCancels(t, 3*time.Second, func(t *testing.T, obs fence.Observer) fence.Locker {
+		return d.lockerWith(t, d.db, pglock.Options{Observer: obs})
+	})
 }
