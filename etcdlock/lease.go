@@ -877,8 +877,9 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	defer ls.flush() // after unlockOp, and with the result settled: see flush
 	// The lease ends before the delete is sent: a ctx that its end
 	// cancels (its Context, or fence.Run's fn's) must not cancel the
-	// delete.
-	ctx, stop := releasectx.Detach(ctx)
+	// delete; it ends at the lease's deadline instead, as the lease's
+	// expiry ended it before.
+	ctx, stop := releasectx.Detach(ctx, ls.Deadline())
 	defer stop()
 	if err := ls.lockOp(ctx); err != nil {
 		// An Extend in flight holds ls.op; it revokes the etcd lease it

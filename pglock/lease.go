@@ -387,8 +387,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 func (ls *lease) Release(ctx context.Context) error {
 	// The lease ends before the statement is sent: a ctx that its end
 	// cancels (its Context, or fence.Run's fn's) must not cancel the
-	// statement.
-	rctx, stop := releasectx.Detach(ctx)
+	// statement; it ends at the lease's deadline instead, as the lease's
+	// expiry ended it before.
+	rctx, stop := releasectx.Detach(ctx, ls.Deadline())
 	err := ls.release(rctx)
 	stop()
 	ls.flush() // after release unlocked ls.op, its result settled: see flush

@@ -122,3 +122,31 @@ func TestReleaseFailsAfterRenewalMovedLockAhead(t *testing.T) {
 		})
 	}
 }
+
+// A Release given the lease's own Context, on a hung server, by a client
+// that sets no socket deadlines: the lease's end (as Release starts) does
+// not cancel the release script, but the call still ends by the lease's
+// deadline, as the lease's expiry ended that context before Release ended
+// the lease first. Unbounded, it would wait for the server for ever.
+func TestReleaseWithLeaseContextOnHungServerEnds(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: -2, WriteTimeout: -2})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	ls := acquire(t, l, "hung-release", fence.TTL(time.Second))
+	resume := srv.Pause(t)
+	defer resume()
+	done := make(chan error, 1)
+	go func() { done <- ls.Release(ls.Context()) }()
+	select {
+	case err := <-done:
+		t.Logf("Release = %v", err)
+		if err == nil {
+			t.Error("Release on a hung server = nil")
+		}
+	case <-time.After(ls.Deadline().Sub(time.Now()) + 5*time.Second):
+		resume()
+		t.Errorf("Release still running 5 s past the lease's deadline")
+		<-done
+	}
+}

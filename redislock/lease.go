@@ -530,14 +530,15 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		ls.mu.Unlock()
 	}()
 	// The lease ends before the script is sent: a ctx that its end cancels
-	// (its Context, or fence.Run's fn's) must not cancel the script. Only
-	// a lease whose context was made can have one.
+	// (its Context, or fence.Run's fn's) must not cancel the script; it
+	// ends at the lease's deadline instead, as the lease's expiry ended it
+	// before. Only a lease whose context was made can have one.
 	ls.mu.Lock()
-	watched := ls.ctx != nil
+	watched, deadline := ls.ctx != nil, ls.deadline
 	ls.mu.Unlock()
 	if watched {
 		var stop func()
-		ctx, stop = releasectx.Detach(ctx)
+		ctx, stop = releasectx.Detach(ctx, deadline)
 		defer stop()
 	}
 	if ls.stopWatchdog != nil {

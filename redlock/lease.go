@@ -698,15 +698,16 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 		defer ls.mu.Unlock()
 		return func() {}, ls.relErr
 	}
-	watched := ls.ctx != nil
+	watched, deadline := ls.ctx != nil, ls.deadline
 	ls.mu.Unlock()
 	if watched {
 		// The lease ends before the deletes are sent: a ctx that its
 		// end cancels (its Context, or fence.Run's fn's) must not cut
-		// this call short. Only a lease whose context was made can
-		// have one.
+		// this call short; it ends at the lease's deadline instead, as
+		// the lease's expiry ended it before. Only a lease whose
+		// context was made can have one.
 		var stop func()
-		ctx, stop = releasectx.Detach(ctx)
+		ctx, stop = releasectx.Detach(ctx, deadline)
 		defer stop()
 	}
 	// ending: this call ends the lease (before its first delete leaves),

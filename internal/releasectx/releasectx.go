@@ -6,6 +6,9 @@ package releasectx
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"time"
 
 	"github.com/fencekit/fence"
 )
@@ -16,22 +19,39 @@ import (
 // from it, or the context fence.Run gives fn, which the lease's end
 // cancels. Release ends its lease as it starts, so such a ctx would
 // otherwise cut short the very request that frees the lock, and leave the
-// lock held, by nobody, until it expires. Its values and deadline are
-// ctx's, and any other cancellation of ctx cancels it. A ctx that cannot
-// end, or has ended already, is returned as it is. stop must be called
-// once Release is done with it.
-func Detach(ctx context.Context) (_ context.Context, stop func()) {
+// lock held, by nobody, until it expires. It ends at bound instead (not
+// zero: the lease's deadline, at which its expiry used to cancel such a
+// ctx), so that a Release on a hung server still returns. Its values and
+// deadline are ctx's, and any other cancellation of ctx cancels it. A ctx
+// that cannot end, or has ended already, is returned as it is. stop must
+// be called once Release is done with it.
+func Detach(ctx context.Context, bound time.Time) (_ context.Context, stop func()) {
 	if ctx.Done() == nil || ctx.Err() != nil {
 		return ctx, func() {}
 	}
 	dl, hasDeadline := ctx.Deadline()
 	d, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	var (
+		mu      sync.Mutex
+		stopped bool
+		timer   *time.Timer // ends d at bound, once ctx was released
+	)
 	stopAfter := context.AfterFunc(ctx, func() {
 		if hasDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return // the deadline below ends it, as it ended ctx
 		}
-		if cause := context.Cause(ctx); !errors.Is(cause, fence.ErrReleased) {
+		cause := context.Cause(ctx)
+		if !errors.Is(cause, fence.ErrReleased) {
 			cancel(cause)
+			return
+		}
+		if bound.IsZero() {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			timer = time.AfterFunc(time.Until(bound), func() { cancel(errPastDeadline) })
 		}
 	})
 	out, cancelDeadline := context.Context(d), context.CancelFunc(func() {})
@@ -40,7 +60,17 @@ func Detach(ctx context.Context) (_ context.Context, stop func()) {
 	}
 	return out, func() {
 		stopAfter()
+		mu.Lock()
+		stopped = true
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
 		cancelDeadline()
 		cancel(nil)
 	}
 }
+
+// errPastDeadline is the cause of a detached context that ended at its
+// bound.
+var errPastDeadline = fmt.Errorf("%w: the lease's deadline passed while it was released", context.DeadlineExceeded)
