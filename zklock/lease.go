@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/releasectx"
 	"github.com/go-zookeeper/zk"
 )
 
@@ -400,6 +401,12 @@ func (ls *lease) Release(ctx context.Context) error {
 // nil; see endAsLater).
 func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	report = func() {}
+	// The lease ends before the delete is sent: a ctx that its end
+	// cancels (its Context, or fence.Run's fn's) must not cancel the
+	// delete; it ends at the lease's deadline instead, as the lease's
+	// expiry ended it before.
+	ctx, stop := releasectx.Detach(ctx, ls.Deadline())
+	defer stop()
 	// One Release at a time: two at once would both try the delete, and
 	// the one that found the node gone would report the lease lost.
 	select {
