@@ -53,11 +53,14 @@
 // The WAIT must reach the connection that ran the script, so the Locker
 // must know what kind of client it has: pass a go-redis client itself (or
 // a struct embedding one). A client of a type it cannot identify (a struct
-// embedding the redis.UniversalClient interface) is asked once, at the
-// first synced call, whether its server is a cluster node and whether its
-// keys reach more than one server; a cluster client or a Ring hidden so
-// would send WAIT to a node of its choosing, and is refused
-// (HiddenClusterError). So is, with an error matching fence.ErrInvalidOption
+// embedding the redis.UniversalClient interface) is asked, at the first
+// synced call and again every 10 s while it answers one server, whether
+// its server is a cluster node and whether its keys reach more than one
+// server; a cluster client or a Ring hidden so would send WAIT to a node
+// of its choosing, and is refused (HiddenClusterError). A hidden Ring that
+// gets more shards (or whose other shards were down when asked) is
+// refused only once asked again: for up to 10 s its acquisitions may be
+// confirmed by another shard's WAIT. Pass the *redis.Ring itself. So is, with an error matching fence.ErrInvalidOption
 // at its first synced try, a cluster client whose servers are not in
 // cluster mode (redis.NewFailoverClusterClient's, which may route a
 // key-less WAIT to a replica): give the Locker redis.NewFailoverClient's.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/redis/go-redis/v9"
@@ -41,11 +42,22 @@ func (e *HiddenClusterError) Error() string {
 func (e *HiddenClusterError) Unwrap() error { return fence.ErrInvalidOption }
 
 // clusterProbe is what a Locker on an opaque client learnt from its server:
-// whether it is a cluster node (refusal set) or not, once done.
+// whether it is a cluster node (refusal set) or not, once done. A refusal
+// is kept; an answer of one server is asked again once it is
+// replicaReadEvery old (at, on the replica cache's clock): a hidden Ring
+// of one shard, or one whose other shards were down, may spread its keys
+// later (TestHiddenRingGrows).
 type clusterProbe struct {
 	mu      sync.Mutex // held while the server is asked: one probe at a time
 	done    atomic.Bool
+	at      atomic.Int64 // when the answer was had, unix ns
 	refusal atomic.Pointer[HiddenClusterError]
+}
+
+// fresh reports whether the probe has an answer, and one not to ask again
+// yet at now: a refusal, or one server found less than replicaReadEvery ago.
+func (p *clusterProbe) fresh(now time.Time) bool {
+	return p.done.Load() && (p.refusal.Load() != nil || now.UnixNano()-p.at.Load() < int64(replicaReadEvery))
 }
 
 // opaqueClient reports whether client is a UniversalClient of a type that
@@ -65,8 +77,10 @@ func opaqueClient(client redis.UniversalClient) bool {
 
 // hiddenCluster returns, for a Locker on an opaque client, the
 // *HiddenClusterError when the client spreads commands over several
-// servers, asking (one round trip, see probeCluster) the first time
-// only: the answer is kept, and later calls cost an atomic load. An error of the question itself (the
+// servers, asking (one round trip, see probeCluster) the first time: a
+// refusal is kept, and an answer of one server for replicaReadEvery (as
+// the expected replica count is), then asked again; calls in between cost
+// two atomic loads and a clock read. An error of the question itself (the
 // server unreachable) is returned and not kept; the next call asks again.
 // On any other client it returns nil at once.
 //
@@ -78,7 +92,7 @@ func (l *Locker) hiddenCluster(ctx context.Context) error {
 		return nil
 	}
 	p := &l.probe
-	if !p.done.Load() {
+	if !p.fresh(l.replicas.now()) {
 		if err := l.probeCluster(ctx); err != nil {
 			return err
 		}
@@ -120,7 +134,8 @@ func (l *Locker) probeCluster(ctx context.Context) error {
 	p := &l.probe
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.done.Load() {
+	at := l.replicas.now()
+	if p.fresh(at) {
 		return nil
 	}
 	var b [8]byte
@@ -152,6 +167,7 @@ func (l *Locker) probeCluster(ctx context.Context) error {
 	case len(servers) > 1:
 		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: fmt.Sprintf("its commands (a key-less one and %d with keys) reached %d servers (by run_id), as a Ring's do", probeKeys, len(servers))})
 	}
+	p.at.Store(at.UnixNano())
 	p.done.Store(true)
 	return nil
 }

@@ -131,9 +131,10 @@ var _ fence.Locker = (*Locker)(nil)
 // embeds the redis.UniversalClient interface, say) may hide a cluster
 // client or a Ring, which would send replica sync's WAIT to a node of its
 // own choosing: with replica sync on, the Locker's first synced call asks
-// (one round trip, once per Locker) whether the server is a cluster node
-// and whether keys reach more than one server, and if so every
-// acquisition is refused with a *HiddenClusterError.
+// (one round trip, again every 10 s while the answer is one server)
+// whether the server is a cluster node and whether keys reach more than
+// one server, and if so every acquisition is refused with a
+// *HiddenClusterError.
 //
 // A Ring keeps each lock name on one shard, and replica sync runs on that
 // shard, but it gives up mutual exclusion when it reshards: see "Ring" in

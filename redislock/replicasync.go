@@ -37,7 +37,8 @@ const (
 // On a client of a type redislock cannot identify (see
 // HiddenClusterError), whose key-less WAIT could go anywhere if it hid a
 // cluster client or a Ring, the first synced call asks, in one round trip
-// once per Locker, whether the server is a Redis Cluster node (INFO
+// (again every 10 s while the answer is one server: a hidden Ring may get
+// more shards), whether the server is a Redis Cluster node (INFO
 // cluster) and which servers 32 keys with random hash tags reach (a
 // read-only script returning run_id); a cluster node, or more than one
 // server, refuses every acquisition with a *HiddenClusterError, before
