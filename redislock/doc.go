@@ -62,8 +62,12 @@
 // refused only once asked again: for up to 10 s its acquisitions may be
 // confirmed by another shard's WAIT. Pass the *redis.Ring itself. So is, with an error matching fence.ErrInvalidOption
 // at its first synced try, a cluster client whose servers are not in
-// cluster mode (redis.NewFailoverClusterClient's, which may route a
-// key-less WAIT to a replica): give the Locker redis.NewFailoverClient's.
+// cluster mode (redis.NewFailoverClusterClient's, whose servers have no
+// node table to count replicas by): give the Locker
+// redis.NewFailoverClient's. The refusal is kept, and ReplicaSyncRefusal
+// reports it. With ReplicaSync.Replicas given no node table is read, and
+// such a client is not refused: its script and WAIT go to the slot
+// master's own client.
 //
 // # Ring
 //

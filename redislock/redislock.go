@@ -84,16 +84,20 @@ type Locker struct {
 	// single server's (see opaqueClient); with replica sync its first
 	// synced call asks the server whether it is a cluster node, and then
 	// probe holds the answer (see hiddenCluster).
-	opaque    bool
-	probe     clusterProbe
-	replicas  replicaCounts
-	obs       fence.Observer // nil: none
-	log       *slog.Logger   // nil: none
-	calls     callers        // where bounded runs the calls it may leave
-	names     nameCache      // the keys of recently used lock names
-	retainArg boxedMs        // retention ms, boxed, for the acquire script
-	ttlArg    boxedMs        // the last lease ms boxed for the acquire script
-	waitArg   boxedMs        // the last wait ms boxed for the acquire script
+	opaque bool
+	probe  clusterProbe
+	// notCluster, once set, is the refusal of a *redis.ClusterClient
+	// whose servers are not in cluster mode (see clusterReplicas): kept,
+	// as a hidden cluster's is, so that later tries do not ask again.
+	notCluster atomic.Pointer[error]
+	replicas   replicaCounts
+	obs        fence.Observer // nil: none
+	log        *slog.Logger   // nil: none
+	calls      callers        // where bounded runs the calls it may leave
+	names      nameCache      // the keys of recently used lock names
+	retainArg  boxedMs        // retention ms, boxed, for the acquire script
+	ttlArg     boxedMs        // the last lease ms boxed for the acquire script
+	waitArg    boxedMs        // the last wait ms boxed for the acquire script
 
 	// Replica sync's pipelines on client, reused, and WAIT's arguments,
 	// the last ones built (evalPipelined).
@@ -841,13 +845,19 @@ func (l *Locker) syncWithin(client redis.UniversalClient) error {
 // On a client whose type redislock cannot identify (see
 // HiddenClusterError) it is also the *HiddenClusterError that every
 // acquisition gets once the first synced call has found the server to be
-// a Redis Cluster node; nil until that call is made.
+// a Redis Cluster node; nil until that call is made. Likewise, on a
+// *redis.ClusterClient whose servers are not in cluster mode (one of
+// redis.NewFailoverClusterClient), the error matching
+// fence.ErrInvalidOption that every acquisition gets once one has found it.
 func (l *Locker) ReplicaSyncRefusal() error {
 	if l.syncUnfit != nil {
 		return l.syncUnfit
 	}
 	if e := l.probe.refusal.Load(); e != nil && !l.sync.Disabled {
 		return e
+	}
+	if e := l.notCluster.Load(); e != nil && !l.sync.Disabled {
+		return *e
 	}
 	return nil
 }

@@ -175,6 +175,9 @@ func (l *Locker) expected(ctx context.Context, node string, c redis.Cmdable, for
 
 	r, err := l.readReplicas(ctx, c, "raise")
 	if err != nil {
+		if l.sharded && errors.Is(err, fence.ErrInvalidOption) {
+			l.notCluster.Store(&err) // servers not in cluster mode: kept
+		}
 		return 0, err
 	}
 	l.cacheReplicas(node, r, now)
@@ -387,6 +390,9 @@ func (s ReplicaSync) Required(expected int) int {
 func (l *Locker) evalSyncedOr(ctx context.Context, noWait bool, script *redis.Script, keys skeys, args ...any) (reply *redis.Cmd, acked, required int, err error) {
 	if l.sync.Disabled {
 		return l.evalRouted(ctx, script, keys, args...)
+	}
+	if e := l.notCluster.Load(); e != nil {
+		return nil, 0, 0, *e // as the try that found it: nothing sent
 	}
 	if err := l.hiddenCluster(ctx); err != nil {
 		if _, hidden := err.(*HiddenClusterError); hidden && script == releaseScript {
