@@ -152,3 +152,85 @@ func TestProbeACLWithoutInfo(t *testing.T) {
 	}
 	refusedWhilePaused(t, l, replica, "lock:acl", "an interface wrapper, ACL without INFO")
 }
+
+// TestClusterRoutingOptions: a *redis.ClusterClient that reads from
+// replicas (ReadOnly, RouteByLatency, RouteRandomly), or takes its slot map
+// from ClusterSlots (a cluster behind NAT), must still run the script and
+// its WAIT on the slot master's own connection: taken with the replicas
+// up, refused (fence.ErrNotReplicated) with the master's replica paused,
+// never refused as a cluster that is not one.
+func TestClusterRoutingOptions(t *testing.T) {
+	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
+	seed := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	t.Cleanup(func() { _ = seed.Close() })
+	const name = "lock:routing"
+	_, replica := masterAndReplica(t, cluster, seed, name)
+	slots, err := seed.ClusterSlots(ctx(t)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what string
+		opt  redis.ClusterOptions
+	}{
+		{"ReadOnly", redis.ClusterOptions{ReadOnly: true}},
+		{"RouteByLatency", redis.ClusterOptions{RouteByLatency: true}},
+		{"RouteRandomly", redis.ClusterOptions{RouteRandomly: true}},
+		{"ClusterSlots", redis.ClusterOptions{ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) { return slots, nil }}},
+	} {
+		o := tc.opt
+		o.Addrs = cluster.Addrs()
+		c := redis.NewClusterClient(&o)
+		t.Cleanup(func() { _ = c.Close() })
+		l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+		for i := range 3 {
+			if err := tryOnce(t, l, name); err != nil {
+				t.Fatalf("%s: Acquire %d with the replicas up = %v", tc.what, i, err)
+			}
+		}
+		resume := replica.Pause(t)
+		for i := range 5 {
+			if err := tryOnce(t, l, name); !errors.Is(err, fence.ErrNotReplicated) {
+				t.Errorf("%s: Acquire %d with the slot master's replica paused = %v; want fence.ErrNotReplicated", tc.what, i, err)
+			}
+		}
+		resume()
+		if err := l.ReplicaSyncRefusal(); err != nil {
+			t.Errorf("%s: ReplicaSyncRefusal = %v; want nil", tc.what, err)
+		}
+	}
+}
+
+// TestHiddenFailoverClusterClient: a NewFailoverClusterClient-style client
+// (servers not in cluster mode, the primary and its replica as one slot
+// range, reading from replicas) hidden behind an interface wrapper: the
+// probe sees one server that is no cluster node, and replica sync goes on
+// through the wrapper. Its WAIT must then count the primary's replica:
+// taken with it up, fence.ErrNotReplicated with it paused.
+func TestHiddenFailoverClusterClient(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		ReadOnly:      true,
+		RouteRandomly: true,
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: primary.Addr}, {Addr: replica.Addr}}}}, nil
+		},
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, interfaceWrapped{c}, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	for i := range 5 {
+		err := tryOnce(t, l, fmt.Sprintf("lock:hfc:%d", i))
+		var hidden *redislock.HiddenClusterError
+		if err != nil && !errors.As(err, &hidden) {
+			t.Fatalf("Acquire %d = %v; want taken or a *redislock.HiddenClusterError", i, err)
+		}
+		if hidden != nil {
+			return // refused: nothing to confirm unchecked
+		}
+	}
+	for i := range 3 {
+		refusedWhilePaused(t, l, replica, fmt.Sprintf("lock:hfc:%d", i), "an interface wrapper of a failover cluster client")
+	}
+}
