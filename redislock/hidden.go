@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,12 +68,54 @@ func (p *clusterProbe) fresh(now time.Time) bool {
 // by itself; New refuses types embedding them). A struct embedding the
 // redis.UniversalClient interface is one, whatever it holds, and so is a
 // go-redis AutoPipeliner (refused by New with replica sync on).
+//
+// A type that reports *redis.Options without being, or embedding, the
+// *redis.Client whose options they are is opaque too: a program's wrapper
+// of redis.NewUniversalClient may report UniversalOptions.Simple() around
+// a cluster client (TestOptionsReportingClusterWrapper: 3 of 5
+// acquisitions confirmed with the slot master's replica paused).
 func opaqueClient(client redis.UniversalClient) bool {
-	switch client.(type) {
-	case nil, *redis.Client, *redis.ClusterClient, *redis.Ring, interface{ Options() *redis.Options }:
+	switch c := client.(type) {
+	case nil, *redis.Client, *redis.ClusterClient, *redis.Ring:
 		return false
+	case interface{ Options() *redis.Options }:
+		return !embedsClientWith(client, c.Options(), 0)
 	}
 	return true
+}
+
+// embedsClientWith reports whether v is, or points to, a struct that
+// embeds (up to 8 deep) a non-nil *redis.Client whose options are o.
+func embedsClientWith(v any, o *redis.Options, depth int) bool {
+	if depth > 8 {
+		return false
+	}
+	rv := reflect.ValueOf(v)
+	for rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Interface {
+		if rv.IsNil() {
+			return false
+		}
+		rv = rv.Elem()
+	}
+	if rv.Kind() != reflect.Struct {
+		return false
+	}
+	for i := range rv.NumField() {
+		f := rv.Field(i)
+		if !rv.Type().Field(i).Anonymous || !f.CanInterface() {
+			continue
+		}
+		if c, ok := f.Interface().(*redis.Client); ok {
+			if c != nil && c.Options() == o {
+				return true
+			}
+			continue
+		}
+		if embedsClientWith(f.Interface(), o, depth+1) {
+			return true
+		}
+	}
+	return false
 }
 
 // hiddenCluster returns, for a Locker on an opaque client, the

@@ -234,3 +234,52 @@ func TestHiddenFailoverClusterClient(t *testing.T) {
 		refusedWhilePaused(t, l, replica, fmt.Sprintf("lock:hfc:%d", i), "an interface wrapper of a failover cluster client")
 	}
 }
+
+// optionsWrapped embeds the redis.UniversalClient interface and reports
+// *redis.Options of its own: as a program's wrapper of
+// redis.NewUniversalClient may, giving UniversalOptions.Simple().
+type optionsWrapped struct {
+	redis.UniversalClient
+	o *redis.Options
+}
+
+func (w optionsWrapped) Options() *redis.Options { return w.o }
+
+// TestOptionsReportingClusterWrapper: a type reporting *redis.Options was
+// taken for a single server's client, without asking it, whatever it
+// holds. A wrapper of redis.NewUniversalClient around a cluster (several
+// Addrs make it a *redis.ClusterClient) that reports
+// UniversalOptions.Simple() then sends the key-less WAIT to a master of
+// the cluster's choosing: with the lock slot master's replica paused,
+// acquisitions must be refused (fence.ErrNotReplicated or a
+// *redislock.HiddenClusterError), never confirmed.
+func TestOptionsReportingClusterWrapper(t *testing.T) {
+	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
+	uo := &redis.UniversalOptions{Addrs: cluster.Addrs()}
+	u := redis.NewUniversalClient(uo)
+	t.Cleanup(func() { _ = u.Close() })
+	cc, ok := u.(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("NewUniversalClient with %d Addrs gave a %T", len(uo.Addrs), u)
+	}
+	const name = "lock:opts-wrapped"
+	_, replica := masterAndReplica(t, cluster, cc, name)
+	l := lockerWith(t, optionsWrapped{u, uo.Simple()}, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	resume := replica.Pause(t)
+	defer resume()
+	confirmed := 0
+	for i := range 5 {
+		err := tryOnce(t, l, name)
+		var hidden *redislock.HiddenClusterError
+		switch {
+		case err == nil:
+			confirmed++
+		case errors.Is(err, fence.ErrNotReplicated), errors.As(err, &hidden):
+		default:
+			t.Errorf("Acquire %d = %v; want fence.ErrNotReplicated or a *redislock.HiddenClusterError", i, err)
+		}
+	}
+	if confirmed > 0 {
+		t.Errorf("%d of 5 acquisitions through a wrapper reporting *redis.Options around a cluster client confirmed with the slot master's replica paused; want each refused", confirmed)
+	}
+}
