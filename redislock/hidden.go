@@ -19,8 +19,9 @@ import (
 // every acquisition and renewal of a Locker with replica sync on whose
 // client is a UniversalClient of a type redislock cannot identify (a
 // struct of the caller's that embeds the redis.UniversalClient interface,
-// say, which has no Options method to tell what it holds) and that spreads
-// commands over several servers: its server says it is a Redis Cluster
+// say, which has no Options method to tell what it holds, or one that
+// reports *redis.Options other than those of a *redis.Client it embeds)
+// and that spreads commands over several servers: its server says it is a Redis Cluster
 // node, or keys with different hash tags reached different servers (a
 // Ring). Such a client (a cluster client, a Ring) sends replica sync's
 // key-less WAIT to a node or shard of its own choosing, not on the
