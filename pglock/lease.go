@@ -483,6 +483,12 @@ func (ls *lease) release(ctx context.Context) (result error) {
 		// the releasing lease still had Err nil). Its end is reported
 		// by the result.
 		defer func() { ls.releasedAs(result) }()
+	} else if lostBefore == nil {
+		// It ended since it was read above (its expiry timer): as if
+		// before Release.
+		ls.mu.Lock()
+		lostBefore = ls.err
+		ls.mu.Unlock()
 	}
 	var err error
 	var notified sql.NullString

@@ -574,6 +574,9 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// the new holder's Acquire may return before this call's reply does.
 	lostBefore := ls.Err()
 	ending := lostBefore == nil && ls.endReleasing()
+	if lostBefore == nil && !ending {
+		lostBefore = ls.Err() // it expired since: as if before Release
+	}
 	deleted, err := ls.locker.releaseLease(ctx, &ls.attempt)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
