@@ -3,9 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,27 +12,6 @@ import (
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
-
-// nodesCounter counts CLUSTER NODES commands sent through a client.
-type nodesCounter struct{ n atomic.Int64 }
-
-func (h *nodesCounter) count(cmd redis.Cmder) {
-	if a := cmd.Args(); len(a) >= 2 && strings.EqualFold(fmt.Sprint(a[0]), "cluster") && strings.EqualFold(fmt.Sprint(a[1]), "nodes") {
-		h.n.Add(1)
-	}
-}
-func (h *nodesCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *nodesCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.count(cmd); return next(ctx, cmd) }
-}
-func (h *nodesCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, c := range cmds {
-			h.count(c)
-		}
-		return next(ctx, cmds)
-	}
-}
 
 // TestFailoverClusterRefusalKept: a failover cluster client is refused
 // at its first synced try (TestFailoverClusterClientSync), but the
@@ -50,7 +27,7 @@ func TestFailoverClusterRefusalKept(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
-	nodes := &nodesCounter{}
+	nodes := nodesCounter()
 	c := redis.NewClusterClient(&redis.ClusterOptions{
 		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
 			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: primary.Addr}, {Addr: replica.Addr}}}}, nil

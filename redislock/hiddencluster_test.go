@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,33 +17,45 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// infoCounter is a go-redis hook that counts the INFO commands with the
-// cluster section that a client sends: the question a Locker on an opaque
-// client asks its server.
-type infoCounter struct{ n atomic.Int64 }
+// cmdCounter is a go-redis hook that counts the commands a client sends
+// whose arguments match accepts.
+type cmdCounter struct {
+	match func(args []any) bool
+	n     atomic.Int64
+}
 
-func (h *infoCounter) count(cmd redis.Cmder) {
-	args := cmd.Args()
-	if len(args) < 2 || !strings.EqualFold(fmt.Sprint(args[0]), "info") {
-		return
-	}
-	for _, a := range args[1:] {
-		if strings.EqualFold(fmt.Sprint(a), "cluster") {
-			h.n.Add(1)
-		}
+// infoCounter counts the INFO commands with the cluster section: the
+// question a Locker on an opaque client asks its server.
+func infoCounter() *cmdCounter {
+	return &cmdCounter{match: func(args []any) bool {
+		return len(args) >= 2 && strings.EqualFold(fmt.Sprint(args[0]), "info") &&
+			slices.ContainsFunc(args[1:], func(a any) bool { return strings.EqualFold(fmt.Sprint(a), "cluster") })
+	}}
+}
+
+// nodesCounter counts CLUSTER NODES commands.
+func nodesCounter() *cmdCounter {
+	return &cmdCounter{match: func(args []any) bool {
+		return len(args) >= 2 && strings.EqualFold(fmt.Sprint(args[0]), "cluster") && strings.EqualFold(fmt.Sprint(args[1]), "nodes")
+	}}
+}
+
+func (h *cmdCounter) count(cmd redis.Cmder) {
+	if h.match(cmd.Args()) {
+		h.n.Add(1)
 	}
 }
 
-func (h *infoCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (h *infoCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 
-func (h *infoCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
 			h.count(cmd)
@@ -69,7 +82,7 @@ func TestHiddenClusterRefusal(t *testing.T) {
 	if err := c.ForEachShard(ctx(t), func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() }); err != nil {
 		t.Fatal(err)
 	}
-	probes := &infoCounter{}
+	probes := infoCounter()
 	c.AddHook(probes)
 	const name = "lock:payment:1001"
 
@@ -147,7 +160,7 @@ func TestInterfaceWrappedPlainClient(t *testing.T) {
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
 	c := primary.Client(t)
-	probes := &infoCounter{}
+	probes := infoCounter()
 	c.AddHook(probes)
 	l := lockerWith(t, interfaceWrapped{c}, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
 

@@ -79,7 +79,7 @@ func TestHiddenRingGrows(t *testing.T) {
 func TestProbeHungServer(t *testing.T) {
 	primary := redistest.Start(t)
 	c := primary.Client(t)
-	probes := &infoCounter{}
+	probes := infoCounter()
 	c.AddHook(probes)
 	l := lockerWith(t, interfaceWrapped{c}, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
 	resume := primary.Pause(t)
