@@ -48,19 +48,7 @@ func TestReleaseEndsLeaseBeforeDelete(t *testing.T) {
 		node := lockNodes(t, admin, name)[0]
 		// The delete of the node (opcode 2) waits, before it is written,
 		// until the test has looked at the lease.
-		sent, resume := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		f := func(p []byte) {
-			if len(p) < 12 || binary.BigEndian.Uint32(p[8:]) != 2 || !bytes.Contains(p, []byte(node)) {
-				return
-			}
-			once.Do(func() { close(sent) })
-			select {
-			case <-resume:
-			case <-time.After(30 * time.Second):
-			}
-		}
-		b.f.Store(&f)
+		sent, resume := holdRequest(&b, 2, node)
 		released := make(chan error, 1)
 		go func() { released <- lease.Release(ctx) }()
 		select {
@@ -141,21 +129,7 @@ func TestExtendInFlightWhenReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	node := lockNodes(t, admin, name)[0]
-	sent, resume := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	f := func(p []byte) {
-		if len(p) < 12 || binary.BigEndian.Uint32(p[8:]) != 3 || !bytes.Contains(p, []byte(node)) {
-			return
-		}
-		once.Do(func() {
-			close(sent)
-			select {
-			case <-resume:
-			case <-time.After(30 * time.Second):
-			}
-		})
-	}
-	b.f.Store(&f)
+	sent, resume := holdRequest(&b, 3, node)
 	extended := make(chan error, 1)
 	go func() { extended <- lease.Extend(ctx, time.Minute) }()
 	select {
@@ -179,4 +153,26 @@ func TestExtendInFlightWhenReleased(t *testing.T) {
 	if !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
 		t.Fatalf("Extend in flight as the lease was released = %v, want ErrLeaseLost and ErrReleased", err)
 	}
+}
+
+// holdRequest holds the first request of opcode op about node on b's
+// connection before it is written: sent is closed when it is held, and it
+// goes once resume is closed (or 30 s later).
+func holdRequest(b *before, op uint32, node string) (sent, resume chan struct{}) {
+	sent, resume = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	f := func(p []byte) {
+		if len(p) < 12 || binary.BigEndian.Uint32(p[8:]) != op || !bytes.Contains(p, []byte(node)) {
+			return
+		}
+		once.Do(func() {
+			close(sent)
+			select {
+			case <-resume:
+			case <-time.After(30 * time.Second):
+			}
+		})
+	}
+	b.f.Store(&f)
+	return sent, resume
 }
