@@ -104,14 +104,7 @@ func TestReleaseAtDeadlineNotLostToOwnGiveBack(t *testing.T) {
 			close(fired)
 		})
 	})
-	warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctxFor(t)); err != nil { // loads release.lua
-		t.Fatal(err)
-	}
-	waitUnlocked(t, srvs, name+"-warm", 5*time.Second)
+	warmRelease(t, l, srvs, name, 3*time.Second)
 	lease = warmLease(t, l, name, 3*time.Second)
 	for _, g := range gates {
 		g.late.Store(true)

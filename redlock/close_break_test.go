@@ -120,14 +120,7 @@ func TestCloseWhileExtending(t *testing.T) {
 	if err := lease.Extend(ctxFor(t), 30*time.Second); err != nil { // loads extend.lua
 		t.Fatalf("Extend: %v", err)
 	}
-	warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	if err := warm.Release(ctxFor(t)); err != nil { // loads release.lua
-		t.Fatalf("Release: %v", err)
-	}
-	waitUnlocked(t, srvs, name+"-warm", 5*time.Second)
+	warmRelease(t, l, srvs, name, 30*time.Second)
 	h.armed.Store(true)
 	closed := make(chan error, 1)
 	go func() { _, err := closeWithin(l, 10*time.Second); closed <- err }()

@@ -137,14 +137,7 @@ func TestSecondCloseWithNodeStillHung(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(ttl))
-			if err != nil {
-				t.Fatalf("Acquire: %v", err)
-			}
-			if err := warm.Release(ctxFor(t)); err != nil {
-				t.Fatalf("Release: %v", err)
-			}
-			waitUnlocked(t, srvs, name+"-warm", 5*time.Second)
+			warmRelease(t, l, srvs, name, ttl)
 			pause(t, srvs[2:]) // resumed only when the test ends
 			h.armed.Store(true)
 			ctx, cancel := context.WithCancel(ctxFor(t))

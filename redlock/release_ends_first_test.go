@@ -82,15 +82,7 @@ func TestReleaseEndsLeaseBeforeDeletes(t *testing.T) {
 			t.Cleanup(func() { _, _ = closeWithin(l, 10*time.Second) })
 			other := newLocker(t, srvs, &redlock.Options{NodeTimeout: generous})
 			t.Cleanup(func() { _, _ = closeWithin(other, 10*time.Second) })
-			warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(10*time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := warm.Release(ctxFor(t)); err != nil { // loads release.lua
-				t.Fatal(err)
-			}
-			// Its last delete ran (past the hooks) before they are armed.
-			waitUnlocked(t, srvs, name+"-warm", 5*time.Second)
+			warmRelease(t, l, srvs, name, 10*time.Second)
 			opts := []fence.Option{} // a watchdog lease
 			if tc.lost {
 				opts = append(opts, fence.TTL(30*time.Second))

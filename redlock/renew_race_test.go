@@ -57,6 +57,21 @@ func gatedLocker(t *testing.T, srvs []*redistest.Server) (*redlock.Locker, []*ga
 // warmLease acquires name for ttl and extends it once, which loads the
 // extend script on every node, so that a renewal a test holds up is one
 // EVALSHA per node.
+// warmRelease acquires and releases name+"-warm" with lease time ttl, so
+// that l's scripts are loaded and its connections made, and waits until
+// every node's delete has run (past any hook, before a test arms it).
+func warmRelease(t *testing.T, l *redlock.Locker, srvs []*redistest.Server, name string, ttl time.Duration) {
+	t.Helper()
+	warm, err := l.Acquire(ctxFor(t), name+"-warm", fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	waitUnlocked(t, srvs, name+"-warm", 5*time.Second)
+}
+
 func warmLease(t *testing.T, l *redlock.Locker, name string, ttl time.Duration) fence.Lease {
 	t.Helper()
 	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
