@@ -144,7 +144,7 @@ func TestReleaseWithLeaseContextOnHungServerEnds(t *testing.T) {
 		if err == nil {
 			t.Error("Release on a hung server = nil")
 		}
-	case <-time.After(ls.Deadline().Sub(time.Now()) + 5*time.Second):
+	case <-time.After(time.Until(ls.Deadline()) + 5*time.Second):
 		resume()
 		t.Errorf("Release still running 5 s past the lease's deadline")
 		<-done
