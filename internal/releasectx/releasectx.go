@@ -23,10 +23,16 @@ import (
 // zero: the lease's deadline, at which its expiry used to cancel such a
 // ctx), so that a Release on a hung server still returns. Its values and
 // deadline are ctx's, and any other cancellation of ctx cancels it. A ctx
-// that cannot end, or has ended already, is returned as it is. stop must
-// be called once Release is done with it.
+// that cannot end, or has ended already otherwise than as released, is
+// returned as it is; one already released (a Release called again after
+// one that failed, with the lease's Context) is detached all the same, or
+// the retry would end before it sent anything. stop must be called once
+// Release is done with it.
 func Detach(ctx context.Context, bound time.Time) (_ context.Context, stop func()) {
-	if ctx.Done() == nil || ctx.Err() != nil {
+	if ctx.Done() == nil {
+		return ctx, func() {}
+	}
+	if err := ctx.Err(); err != nil && (errors.Is(err, context.DeadlineExceeded) || !errors.Is(context.Cause(ctx), fence.ErrReleased)) {
 		return ctx, func() {}
 	}
 	dl, hasDeadline := ctx.Deadline()
