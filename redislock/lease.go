@@ -498,6 +498,20 @@ func (ls *lease) Release(ctx context.Context) error {
 // release is Release, but returns the report of the lease's end (never nil;
 // see endAs).
 func (ls *lease) release(ctx context.Context) (report func(), _ error) {
+	// The lease ends before the script is sent: a ctx that its end cancels
+	// (its Context, or fence.Run's fn's) must not cancel the script; it
+	// ends at the lease's deadline instead, as the lease's expiry ended it
+	// before. Only a lease whose context was made can have one. Detached
+	// before waiting for a Release in flight too: that one's end of the
+	// lease must not make this call give up waiting for its result.
+	ls.mu.Lock()
+	watched, deadline := ls.ctx != nil, ls.deadline
+	ls.mu.Unlock()
+	if watched {
+		var stop func()
+		ctx, stop = releasectx.Detach(ctx, deadline)
+		defer stop()
+	}
 	for {
 		ls.mu.Lock()
 		if ls.released {
@@ -529,18 +543,6 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		}
 		ls.mu.Unlock()
 	}()
-	// The lease ends before the script is sent: a ctx that its end cancels
-	// (its Context, or fence.Run's fn's) must not cancel the script; it
-	// ends at the lease's deadline instead, as the lease's expiry ended it
-	// before. Only a lease whose context was made can have one.
-	ls.mu.Lock()
-	watched, deadline := ls.ctx != nil, ls.deadline
-	ls.mu.Unlock()
-	if watched {
-		var stop func()
-		ctx, stop = releasectx.Detach(ctx, deadline)
-		defer stop()
-	}
 	if ls.stopWatchdog != nil {
 		// A renewal in flight ends soon after the watchdog is stopped,
 		// unless it was called straight through (a client that bounds
