@@ -681,6 +681,21 @@ func (ls *lease) Release(ctx context.Context) error {
 // release is Release, but for the report of the lease's end, which it
 // returns (never nil).
 func (ls *lease) release(ctx context.Context) (report func(), err error) {
+	ls.mu.Lock()
+	watched, deadline := ls.ctx != nil, ls.deadline
+	ls.mu.Unlock()
+	if watched {
+		// The lease ends before the deletes are sent: a ctx that its
+		// end cancels (its Context, or fence.Run's fn's) must not cut
+		// this call short; it ends at the lease's deadline instead, as
+		// the lease's expiry ended it before. Only a lease whose
+		// context was made can have one. Detached before waiting for a
+		// Release in flight too: that one's end of the lease must not
+		// make this call give up waiting for its result.
+		var stop func()
+		ctx, stop = releasectx.Detach(ctx, deadline)
+		defer stop()
+	}
 	select {
 	case ls.relOp <- struct{}{}:
 	default:
@@ -698,18 +713,7 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 		defer ls.mu.Unlock()
 		return func() {}, ls.relErr
 	}
-	watched, deadline := ls.ctx != nil, ls.deadline
 	ls.mu.Unlock()
-	if watched {
-		// The lease ends before the deletes are sent: a ctx that its
-		// end cancels (its Context, or fence.Run's fn's) must not cut
-		// this call short; it ends at the lease's deadline instead, as
-		// the lease's expiry ended it before. Only a lease whose
-		// context was made can have one.
-		var stop func()
-		ctx, stop = releasectx.Detach(ctx, deadline)
-		defer stop()
-	}
 	// ending: this call ends the lease (before its first delete leaves),
 	// and settles what is reported of the end once the result is known.
 	var ending bool
