@@ -420,6 +420,20 @@ func (s suite) releaseLeaseContext(t *testing.T) {
 		}
 		free("Release in Run's fn")
 	}
+	// A Release that failed (a done ctx) has ended the lease, and
+	// cancelled its Context; calling Release again retries, also with
+	// that Context, which must not cut the retry short.
+	for range 3 {
+		lease := mustAcquire(t, l, n, fence.TTL(time.Minute))
+		lctx := lease.Context()
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		first := lease.Release(done)
+		if err := lease.Release(lctx); err != nil && (first == nil || !errors.Is(err, fence.ErrLeaseLost)) {
+			t.Fatalf("Release(done ctx) = %v, then Release(lease.Context()) = %v", first, err)
+		}
+		free("a Release retried with lease.Context()")
+	}
 }
 
 func (s suite) extend(t *testing.T) {
