@@ -95,6 +95,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ReleaseIdempotent", s.releaseIdempotent)
 	t.Run("ReleaseWithDoneContext", s.releaseDoneContext)
 	t.Run("ReleaseWithLeaseContext", s.releaseLeaseContext)
+	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)
 	t.Run("InvalidInput", s.invalidInput)
 	t.Run("Run", s.run)
@@ -230,6 +231,32 @@ func (s suite) expiry(t *testing.T) {
 	if _, err := l.Acquire(ctxFor(t), n); !errors.Is(err, fence.ErrHeld) {
 		t.Fatalf("Acquire after stale Release = %v, want ErrHeld", err)
 	}
+}
+
+// expiredLeaseContext: a Release given the Context of a lease that has
+// expired (cancelled with the expiry as its cause, not by a release)
+// returns promptly, the lease lost, and the lock is free or soon is.
+func (s suite) expiredLeaseContext(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	a := mustAcquire(t, l, n, fence.TTL(200*time.Millisecond))
+	actx := a.Context()
+	waitDone(t, a, 5*time.Second)
+	done := make(chan error, 1)
+	go func() { done <- a.Release(actx) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, fence.ErrLeaseLost) {
+			t.Errorf("Release(Context()) of an expired lease = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Release(Context()) of an expired lease still running after 5 s")
+	}
+	if cause := context.Cause(actx); !errors.Is(cause, fence.ErrLeaseLost) {
+		t.Errorf("expired lease's Context cause %v after Release, want ErrLeaseLost", cause)
+	}
+	b := mustAcquire(t, l, n, fence.Wait(10*time.Second), fence.TTL(10*time.Second))
+	mustRelease(t, b)
 }
 
 func (s suite) waitBudget(t *testing.T) {
