@@ -96,6 +96,9 @@ func TestDetachCauses(t *testing.T) {
 func TestDetachStopRaces(t *testing.T) {
 	for i := 0; i < 500; i++ {
 		parent, cancel := context.WithCancelCause(context.Background())
+		if i%2 == 1 {
+			cancel(fence.ErrReleased) // already released: its AfterFunc runs at once
+		}
 		d, stop := releasectx.Detach(parent, time.Now().Add(time.Duration(i%3)*time.Microsecond))
 		var wg sync.WaitGroup
 		wg.Add(2)
