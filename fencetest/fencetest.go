@@ -461,6 +461,23 @@ func (s suite) releaseLeaseContext(t *testing.T) {
 		}
 		free("a Release retried with lease.Context()")
 	}
+	for range 3 {
+		var first, retry error
+		err := fence.Run(ctxFor(t), l, n, func(ctx context.Context, lease fence.Lease) error {
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			first = lease.Release(done)
+			if lease.Err() != nil {
+				<-ctx.Done() // cancelled by the lease's end, as the retry starts
+			}
+			retry = lease.Release(ctx)
+			return nil
+		}, fence.TTL(time.Minute))
+		if retry != nil && (first == nil || !errors.Is(retry, fence.ErrLeaseLost)) {
+			t.Fatalf("in Run's fn: Release(done ctx) = %v, then Release(fn's ctx) = %v; Run = %v", first, retry, err)
+		}
+		free("a Release retried with Run's fn's ctx")
+	}
 }
 
 func (s suite) extend(t *testing.T) {
