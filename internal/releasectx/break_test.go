@@ -109,3 +109,27 @@ func TestDetachStopRaces(t *testing.T) {
 		<-d.Done()
 	}
 }
+
+// custom is a Context that the context package cannot see through: its
+// AfterFunc needs a goroutine, which stop must end (goleak in TestMain).
+type custom struct{ context.Context }
+
+func (c custom) Done() <-chan struct{} { return c.Context.Done() }
+
+func TestDetachCustomContextNoLeak(t *testing.T) {
+	for _, release := range []bool{false, true} {
+		parent, cancel := context.WithCancelCause(context.Background())
+		d, stop := releasectx.Detach(custom{parent}, time.Now().Add(time.Hour))
+		if release {
+			cancel(fence.ErrReleased)
+			select {
+			case <-d.Done():
+				t.Fatalf("cancelled by the release: %v", context.Cause(d))
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		stop()
+		cancel(nil)
+		<-d.Done()
+	}
+}
