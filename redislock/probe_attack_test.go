@@ -52,17 +52,7 @@ func TestHiddenRingGrows(t *testing.T) {
 	for _, s := range shards {
 		name := nameOn(t, ring, s, "grow")
 		resume := s.replicas[0].Pause(t)
-		for i := range 5 {
-			err := tryOnce(t, l, name)
-			var hidden *redislock.HiddenClusterError
-			switch {
-			case err == nil:
-				confirmed++
-			case errors.Is(err, fence.ErrNotReplicated), errors.As(err, &hidden):
-			default:
-				t.Errorf("%s, Acquire %d = %v; want fence.ErrNotReplicated or a *redislock.HiddenClusterError", s.name, i, err)
-			}
-		}
+		confirmed += confirmedOf(t, l, name, 5, s.name+", ")
 		resume()
 	}
 	if confirmed > 0 {
@@ -268,8 +258,17 @@ func TestOptionsReportingClusterWrapper(t *testing.T) {
 	l := lockerWith(t, optionsWrapped{u, uo.Simple()}, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
 	resume := replica.Pause(t)
 	defer resume()
-	confirmed := 0
-	for i := range 5 {
+	if confirmed := confirmedOf(t, l, name, 5, ""); confirmed > 0 {
+		t.Errorf("%d of 5 acquisitions through a wrapper reporting *redis.Options around a cluster client confirmed with the slot master's replica paused; want each refused", confirmed)
+	}
+}
+
+// confirmedOf tries n acquisitions of name on l, each released, and counts
+// those confirmed; the others must be refused as not replicated or as a
+// hidden cluster (label starts the error's text).
+func confirmedOf(t *testing.T, l *redislock.Locker, name string, n int, label string) (confirmed int) {
+	t.Helper()
+	for i := range n {
 		err := tryOnce(t, l, name)
 		var hidden *redislock.HiddenClusterError
 		switch {
@@ -277,10 +276,8 @@ func TestOptionsReportingClusterWrapper(t *testing.T) {
 			confirmed++
 		case errors.Is(err, fence.ErrNotReplicated), errors.As(err, &hidden):
 		default:
-			t.Errorf("Acquire %d = %v; want fence.ErrNotReplicated or a *redislock.HiddenClusterError", i, err)
+			t.Errorf("%sAcquire %d = %v; want fence.ErrNotReplicated or a *redislock.HiddenClusterError", label, i, err)
 		}
 	}
-	if confirmed > 0 {
-		t.Errorf("%d of 5 acquisitions through a wrapper reporting *redis.Options around a cluster client confirmed with the slot master's replica paused; want each refused", confirmed)
-	}
+	return confirmed
 }
