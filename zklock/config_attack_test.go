@@ -2,7 +2,6 @@ package zklock_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -15,16 +14,16 @@ import (
 // TestSessionTimeoutAboveServerMax: a session timeout that the servers
 // lower (above maxSessionTimeout, 20 ticks: 10 s here) is accepted by
 // zk.Connect and by New, which cannot see the negotiated one (go-zookeeper
-// does not export it). The lease's Deadline is then counted from the
-// timeout given, 20 s, but ZooKeeper expires the session, and deletes the
-// holder's node, after 10 s: a partitioned holder still sees its lease held,
-// its Deadline seconds away, when the next holder has taken the lock.
-// Before: "two holders: the partitioned lease's Deadline is still 9.7s
-// away, Err nil, when the next holder acquired 10.1s into the partition".
+// does not export it). If the lease's Deadline is counted from the timeout
+// given, 20 s, ZooKeeper expires the session, and deletes the holder's
+// node, after 10 s: a partitioned holder still sees its lease held, its
+// Deadline seconds away, when the next holder has taken the lock. The
+// Locker's probe learns the 10 s at the first Acquire, and the Deadline is
+// counted from it.
+// Before (zklock.New trusted the timeout, 2026-12-02): "two holders: the
+// partitioned lease's Deadline is still 9.7s away, Err nil, when the next
+// holder acquired 10.1s into the partition".
 func TestSessionTimeoutAboveServerMax(t *testing.T) {
-	if os.Getenv("FENCE_SHOW_BUGS") == "" {
-		t.Skip("bug: zklock.New takes the session timeout on trust; one above the servers' maxSessionTimeout makes Deadline later than the session's expiry (two holders). Needs the negotiated timeout, which go-zookeeper v1.0.4 does not expose: a design decision. FENCE_SHOW_BUGS=1 runs it.")
-	}
 	srv := startZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -61,4 +60,14 @@ func TestSessionTimeoutAboveServerMax(t *testing.T) {
 		t.Errorf("two holders: the partitioned lease's Deadline is still %v away, Err nil, when the next holder acquired %v into the partition",
 			left.Round(100*time.Millisecond), time.Since(cutAt).Round(100*time.Millisecond))
 	}
+	if got, ok := l.NegotiatedTimeout(); !ok || got != serverMax {
+		t.Errorf("NegotiatedTimeout() = %v, %v; want %v, true", got, ok, serverMax)
+	}
+	// Heal, so that the background delete of the lost lease's node ends
+	// (it finds the session gone) before goleak looks.
+	p.set(false)
+	waitFor(t, func() bool { return l.Background() == 0 })
 }
+
+// serverMax is the servers' maxSessionTimeout (20 ticks, the default).
+const serverMax = 20 * zkserver.TickTime

@@ -74,7 +74,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.S
 // a session timeout after it last heard from the client, which was after
 // that request was sent.
 func (ls *lease) deadlineLocked() time.Time {
-	st := ls.l.sessionTimeout
+	st := ls.l.timeout()
 	d := ls.contact.Add(st - st/100 - 2*time.Millisecond)
 	if !ls.ttlEnd.IsZero() && ls.ttlEnd.Before(d) {
 		d = ls.ttlEnd
@@ -89,7 +89,7 @@ func (ls *lease) expire() {
 	ttlRanOut := !ls.ttlEnd.IsZero() && !ls.ttlEnd.After(ls.deadline)
 	ls.mu.Unlock()
 	why := fmt.Errorf("%w: %q: no reply from ZooKeeper for a session timeout (%v): the session may have expired",
-		fence.ErrLeaseLost, ls.a.name, ls.l.sessionTimeout)
+		fence.ErrLeaseLost, ls.a.name, ls.l.timeout())
 	cause := fence.LostRenewFailed
 	if ttlRanOut {
 		why = fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.a.name)
@@ -194,7 +194,7 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 // it ended the lease.
 func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
 	report = func() {}
-	every := ls.l.sessionTimeout / 3
+	every := ls.l.timeout() / 3
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	var results chan probe // non-nil while a probe is in flight

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,8 +31,17 @@ type Locker struct {
 	acl            []zk.ACL
 	obs            fence.Observer // nil: none
 	log            *slog.Logger   // nil: none
+	dialer         zk.Dialer      // the probe's; nil: net.DialTimeout
 
-	listings atomic.Int64 // getChildren calls, for the tests of the herd effect
+	// negotiated is the session timeout (ns) that the servers granted the
+	// probe; 0 until a probe succeeded (see negotiate).
+	negotiated atomic.Int64
+	probeMu    sync.Mutex
+	probing    chan struct{} // non-nil while a probe runs; closed when it ends
+
+	listings   atomic.Int64 // getChildren calls, for the tests of the herd effect
+	probes     atomic.Int64 // probes started, for the tests
+	background atomic.Int64 // cleanup goroutines and probe Closes running, for the tests
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -59,11 +69,13 @@ func WithLogger(log *slog.Logger) Option { return func(l *Locker) { l.log = log 
 
 // New returns a Locker that takes its locks through conn. sessionTimeout is
 // the one given to zk.Connect: a lease is known to be held only until that
-// long after the Locker last heard from ZooKeeper (see the package doc). It
-// must not exceed the servers' maxSessionTimeout (20 ticks by default),
-// which would shorten the session behind the Locker's back. The caller
-// keeps owning conn, its event channel and its Close; a lease ends when conn
-// is closed.
+// long after the Locker last heard from ZooKeeper (see the package doc), or
+// the negotiated timeout if the servers lowered it (above their
+// maxSessionTimeout, 20 ticks by default). New sends nothing: the first
+// Acquire learns the negotiated timeout with a short session of its own
+// (see "The negotiated session timeout" in the package doc, and
+// NegotiatedTimeout). The caller keeps owning conn, its event channel and
+// its Close; a lease ends when conn is closed.
 func New(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Locker, error) {
 	l := &Locker{conn: conn, sessionTimeout: sessionTimeout, root: DefaultRoot, acl: zk.WorldACL(zk.PermAll)}
 	for _, opt := range opts {
@@ -131,6 +143,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	defer cancel()
 	start := time.Now()
+	if err := l.negotiate(waitCtx); err != nil {
+		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
+	}
 	node, err := l.create(waitCtx, a)
 	if err != nil {
 		l.giveUp(ctx, a, node)
@@ -454,7 +469,9 @@ const retryPause = 50 * time.Millisecond
 // reconnects to the same session however long the outage lasted, with the
 // node.
 func (l *Locker) cleanup(a *attempt, node string) {
+	l.background.Add(1)
 	go func() {
+		defer l.background.Add(-1)
 		session := l.conn.SessionID()
 		for {
 			if l.conn.State() != zk.StateHasSession {
@@ -465,7 +482,7 @@ func (l *Locker) cleanup(a *attempt, node string) {
 				if l.conn.SessionID() != session || l.closed() {
 					return
 				}
-				time.Sleep(l.sessionTimeout / 8)
+				time.Sleep(l.timeout() / 8)
 				continue
 			}
 			var err error
@@ -479,7 +496,7 @@ func (l *Locker) cleanup(a *attempt, node string) {
 			if err == nil || errors.Is(err, zk.ErrNoNode) || l.conn.SessionID() != session || l.closed() {
 				return
 			}
-			time.Sleep(l.sessionTimeout / 8)
+			time.Sleep(l.timeout() / 8)
 		}
 	}()
 }

@@ -1,0 +1,230 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// The servers clamp the session timeout a client asks for to their
+// [minSessionTimeout, maxSessionTimeout] (2 and 20 ticks by default), and
+// go-zookeeper keeps the one they grant (the negotiated timeout) to itself:
+// it only logs it, in its "authenticated" line. A Locker that counted its
+// deadlines from the timeout given to New would, when the servers lowered
+// it, see its lease held after ZooKeeper expired the session and deleted
+// the node (two holders). So before its first lease a Locker opens one
+// short session of its own to the server its connection is on, asking for
+// the same timeout, reads the granted one from that line, closes the
+// session, and counts every deadline from the lower of the two.
+
+// authenticatedFormat is go-zookeeper v1.0.4's log line once a session is
+// established; its arguments are the session id (int64) and the negotiated
+// timeout in milliseconds (int32).
+const authenticatedFormat = "authenticated: id=%d, timeout=%d"
+
+// probeLimit bounds a probe beyond the caller's ctx: a server that grants
+// no session within that long is failing.
+func (l *Locker) probeLimit() time.Duration { return max(l.sessionTimeout, 5*time.Second) }
+
+// WithDialer sets the dialer of the Locker's probe, the short session that
+// learns the servers' negotiated session timeout before the first lease
+// (default net.DialTimeout): give it the one given to zk.Connect with
+// zk.WithDialer, if any (TLS, a proxy).
+func WithDialer(d zk.Dialer) Option { return func(l *Locker) { l.dialer = d } }
+
+// NegotiatedTimeout returns the session timeout that the servers granted
+// the Locker's probe for the one given to New, and whether the probe has
+// run (it runs at the first Acquire). Leases count their deadlines from the
+// lower of the two: a negotiated timeout below the one given to New means
+// the servers' maxSessionTimeout is lower than what was asked.
+func (l *Locker) NegotiatedTimeout() (time.Duration, bool) {
+	n := l.negotiated.Load()
+	return time.Duration(n), n > 0
+}
+
+// timeout is the session timeout that deadlines are counted from: the
+// lower of the one given to New and the negotiated one. It is only read
+// once negotiate has succeeded.
+func (l *Locker) timeout() time.Duration {
+	if n := time.Duration(l.negotiated.Load()); n > 0 && n < l.sessionTimeout {
+		return n
+	}
+	return l.sessionTimeout
+}
+
+// negotiate returns once the negotiated timeout is known: at once after
+// the first probe that succeeded, else after a probe of its own, or
+// another Acquire's that it waits for (one probe at a time). It fails,
+// and the Acquire with it, if the probe does not succeed within ctx: no
+// lease is counted from a timeout the servers did not confirm.
+func (l *Locker) negotiate(ctx context.Context) error {
+	for {
+		if l.negotiated.Load() > 0 {
+			return nil
+		}
+		l.probeMu.Lock()
+		if l.negotiated.Load() > 0 {
+			l.probeMu.Unlock()
+			return nil
+		}
+		if ch := l.probing; ch != nil {
+			l.probeMu.Unlock()
+			select {
+			case <-ch:
+				continue // done: succeeded, or failed on its caller's ctx
+			case <-ctx.Done():
+				return fmt.Errorf("zklock: learning the negotiated session timeout: %w", ctx.Err())
+			}
+		}
+		ch := make(chan struct{})
+		l.probing = ch
+		l.probeMu.Unlock()
+		got, server, err := l.probe(ctx)
+		if err == nil {
+			l.negotiated.Store(int64(got))
+			l.reportNegotiated(ctx, got, server)
+		}
+		l.probeMu.Lock()
+		l.probing = nil
+		close(ch)
+		l.probeMu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// reportNegotiated logs a negotiated timeout below the one given to New.
+func (l *Locker) reportNegotiated(ctx context.Context, got time.Duration, server string) {
+	if l.log != nil && got < l.sessionTimeout {
+		l.log.LogAttrs(ctx, slog.LevelWarn, "zklock: the servers lowered the session timeout; leases count their deadlines from theirs",
+			slog.Duration("asked", l.sessionTimeout), slog.Duration("negotiated", got), slog.String("server", server))
+	}
+}
+
+// probe opens a session to the server that the Locker's connection is on
+// (or last tried), asking for the Locker's session timeout, and returns
+// the timeout the server granted. The session is closed before it
+// returns; on ctx's end (or probeLimit's) its connection is cut at once,
+// and go-zookeeper's goroutines end within a second.
+func (l *Locker) probe(ctx context.Context) (time.Duration, string, error) {
+	l.probes.Add(1)
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, l.probeLimit())
+	defer cancel()
+	// ended is why ctx ended: the caller's ctx's error, or (not one that
+	// matches context.DeadlineExceeded, which would say the caller's ctx
+	// ended) probeLimit's.
+	ended := func() error {
+		if err := parent.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("no session granted within %v", l.probeLimit())
+	}
+	server := l.conn.Server()
+	for server == "" { // go-zookeeper has not picked one yet
+		if !l.pause(ctx) {
+			return 0, "", fmt.Errorf("zklock: learning the negotiated session timeout: no server: %w", ended())
+		}
+		server = l.conn.Server()
+	}
+	d := &probeDialer{dial: l.dialer}
+	log := &probeLog{granted: make(chan time.Duration, 1)}
+	pc, _, err := zk.Connect([]string{server}, l.sessionTimeout, zk.WithDialer(d.Dial), zk.WithLogger(log), zk.WithLogInfo(true))
+	if err != nil {
+		return 0, server, fmt.Errorf("zklock: learning the negotiated session timeout from %s: %w", server, err)
+	}
+	select {
+	case got := <-log.granted:
+		pc.Close() // the server answers the close at once: it just answered
+		return got, server, nil
+	case <-ctx.Done():
+		// A hung server may never answer the connect request, which
+		// go-zookeeper waits for ten times its receive timeout: cut the
+		// connection and let Close (which waits a second for its own
+		// request's answer) end in the background.
+		d.cut()
+		l.background.Add(1)
+		go func() {
+			defer l.background.Add(-1)
+			pc.Close()
+		}()
+		return 0, server, fmt.Errorf("zklock: learning the negotiated session timeout from %s: %w", server, ended())
+	}
+}
+
+// pause waits retryPause, and reports false if ctx ended first.
+func (l *Locker) pause(ctx context.Context) bool {
+	t := time.NewTimer(retryPause)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// probeLog is the probe's zk.Logger: it keeps the negotiated timeout of
+// the "authenticated" line and drops the rest.
+type probeLog struct{ granted chan time.Duration }
+
+func (p *probeLog) Printf(format string, args ...any) {
+	if format != authenticatedFormat || len(args) != 2 {
+		return
+	}
+	if ms, ok := args[1].(int32); ok && ms > 0 {
+		select {
+		case p.granted <- time.Duration(ms) * time.Millisecond:
+		default:
+		}
+	}
+}
+
+// probeDialer dials the probe's connections and can cut them, and refuses
+// new ones once cut.
+type probeDialer struct {
+	dial zk.Dialer // nil: net.DialTimeout
+
+	mu    sync.Mutex
+	done  bool
+	conns []net.Conn
+}
+
+func (d *probeDialer) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	dial := d.dial
+	if dial == nil {
+		dial = net.DialTimeout
+	}
+	c, err := dial(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done {
+		_ = c.Close()
+		return nil, errProbeCut
+	}
+	d.conns = append(d.conns, c)
+	return c, nil
+}
+
+// errProbeCut is the dial error once the probe gave up.
+var errProbeCut = errors.New("zklock: probe given up")
+
+func (d *probeDialer) cut() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.done = true
+	for _, c := range d.conns {
+		_ = c.Close()
+	}
+	d.conns = nil
+}
