@@ -81,10 +81,37 @@
 // second result): that channel is the user's, and a second reader would
 // steal events from them. It learns of expiry and closing from the watches
 // it sets on its own nodes, which go-zookeeper ends with an event carrying
-// zk.ErrSessionExpired or zk.ErrClosing. New takes the session timeout
-// given to zk.Connect because go-zookeeper does not expose the negotiated
-// one: keep it within the servers' bounds (2 to 20 ticks), or the servers
-// change it.
+// zk.ErrSessionExpired or zk.ErrClosing.
+//
+// # The negotiated session timeout
+//
+// The servers clamp the session timeout a client asks for to their
+// [minSessionTimeout, maxSessionTimeout] (2 and 20 ticks by default), and
+// go-zookeeper does not expose the one they grant. A deadline counted from
+// a timeout that the servers lowered would outlast the session: the holder
+// would see its lease held after ZooKeeper expired the session and gave
+// the lock to the next. So New takes the timeout given to zk.Connect, and
+// the first Acquire learns the granted one: it opens a short session of
+// its own to the server the connection is on (conn.Server()), asking for
+// the same timeout, through net.DialTimeout or the dialer of WithDialer,
+// reads the timeout granted from go-zookeeper's "authenticated" log line,
+// and closes it. From then on leases count their deadlines, and the Locker
+// its checks, from the lower of the two; NegotiatedTimeout reports the
+// granted one, and WithLogger's logger gets a warning when it is lower
+// than the one asked. A timeout the servers raised (asked below their
+// minimum) changes nothing: deadlines stay counted from the one asked,
+// which is earlier. One probe serves the Locker for its life; concurrent
+// first Acquires wait for the same probe. The probe lasts no longer than
+// the Acquire's ctx and wait budget (nor than the session timeout, 5 s at
+// least): if it does not succeed, the Acquire fails, and the next one
+// probes again; no lease is counted from a timeout the servers did not
+// confirm. Its limits: it asks the server the connection is on when the
+// first Acquire runs, and an ensemble whose servers are configured with
+// different bounds may grant the connection another timeout when it
+// moves to another server (configure them alike); and it cannot use the
+// connection's own dialer or host provider (zk.WithDialer,
+// zk.WithHostProvider), so a connection that needs a dialer of its own
+// (TLS, a proxy) needs WithDialer too.
 //
 // # Calls and contexts
 //
