@@ -101,9 +101,10 @@
 // than the one asked. A timeout the servers raised (asked below their
 // minimum) changes nothing: deadlines stay counted from the one asked,
 // which is earlier. One probe serves the Locker for its life; concurrent
-// first Acquires wait for the same probe. The probe lasts no longer than
-// the Acquire's ctx and wait budget (nor than the session timeout, 5 s at
-// least): if it does not succeed, the Acquire fails, and the next one
+// first Acquires wait for the same probe. The probe waits for the
+// connection to have a session, and lasts no longer than the Acquire's ctx
+// and wait budget (its own session no longer than the session timeout, 5 s
+// at least): if it does not succeed, the Acquire fails, and the next one
 // probes again; no lease is counted from a timeout the servers did not
 // confirm. Its limits: it asks the server the connection is on when the
 // first Acquire runs, and an ensemble whose servers are configured with

@@ -108,13 +108,26 @@ func (l *Locker) reportNegotiated(ctx context.Context, got time.Duration, server
 	}
 }
 
-// probe opens a session to the server that the Locker's connection is on
-// (or last tried), asking for the Locker's session timeout, and returns
-// the timeout the server granted. The session is closed before it
-// returns; on ctx's end (or probeLimit's) its connection is cut at once,
-// and go-zookeeper's goroutines end within a second.
+// probe opens a session to the server that the Locker's connection has its
+// session on (once it has one), asking for the Locker's session timeout,
+// and returns the timeout the server granted. The session is closed
+// before it returns; on ctx's end (or probeLimit's, which bounds the
+// probe's session, not the wait for the connection's) its connection is
+// cut at once, and go-zookeeper's goroutines end within a second.
 func (l *Locker) probe(ctx context.Context) (time.Duration, string, error) {
 	l.probes.Add(1)
+	// The server the connection has its session on: while it reconnects,
+	// Server is the one it tries, which may be down. Wait for it as
+	// long as ctx lasts, as a create would.
+	for l.conn.State() != zk.StateHasSession {
+		if l.conn.State() == zk.StateDisconnected && l.closed() {
+			return 0, "", fmt.Errorf("zklock: learning the negotiated session timeout: %w", zk.ErrClosing)
+		}
+		if !l.pause(ctx) {
+			return 0, "", fmt.Errorf("zklock: learning the negotiated session timeout: no session on the connection: %w", ctx.Err())
+		}
+	}
+	server := l.conn.Server()
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, l.probeLimit())
 	defer cancel()
@@ -126,13 +139,6 @@ func (l *Locker) probe(ctx context.Context) (time.Duration, string, error) {
 			return err
 		}
 		return fmt.Errorf("no session granted within %v", l.probeLimit())
-	}
-	server := l.conn.Server()
-	for server == "" { // go-zookeeper has not picked one yet
-		if !l.pause(ctx) {
-			return 0, "", fmt.Errorf("zklock: learning the negotiated session timeout: no server: %w", ended())
-		}
-		server = l.conn.Server()
 	}
 	d := &probeDialer{dial: l.dialer}
 	log := &probeLog{granted: make(chan time.Duration, 1)}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -227,4 +228,36 @@ func TestSessionTimeoutLoweredIsReported(t *testing.T) {
 		t.Errorf("log does not give the asked and negotiated timeouts:\n%s", log)
 	}
 	t.Logf("log: %s", strings.TrimSpace(log))
+}
+
+// The probe dials through WithDialer's dialer (one a TLS or proxied
+// connection needs), once.
+func TestProbeUsesWithDialer(t *testing.T) {
+	srv := startZK(t)
+	var mu sync.Mutex
+	var dialed []string
+	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		mu.Lock()
+		dialed = append(dialed, addr)
+		mu.Unlock()
+		return net.DialTimeout(network, addr, timeout)
+	}
+	l, err := zklock.New(connect(t, []string{srv.Addr}, nil), sessionTimeout, zklock.WithDialer(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lease, err := l.Acquire(ctx, "probe-dialer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dialed) != 1 || dialed[0] != srv.Addr {
+		t.Errorf("the probe dialed %q through WithDialer's dialer, want [%s]", dialed, srv.Addr)
+	}
 }
