@@ -155,13 +155,14 @@ func (l *Locker) probe(ctx context.Context) (time.Duration, string, error) {
 		// go-zookeeper waits for ten times its receive timeout: cut the
 		// connection and let Close (which waits a second for its own
 		// request's answer) end in the background.
+		detail := log.lastLine() // before the cut, which go-zookeeper logs
 		d.cut()
 		l.background.Add(1)
 		go func() {
 			defer l.background.Add(-1)
 			pc.Close()
 		}()
-		return 0, server, fmt.Errorf("zklock: learning the negotiated session timeout from %s: %w", server, ended())
+		return 0, server, fmt.Errorf("zklock: learning the negotiated session timeout from %s: %w%s", server, ended(), detail)
 	}
 }
 
@@ -178,11 +179,19 @@ func (l *Locker) pause(ctx context.Context) bool {
 }
 
 // probeLog is the probe's zk.Logger: it keeps the negotiated timeout of
-// the "authenticated" line and drops the rest.
-type probeLog struct{ granted chan time.Duration }
+// the "authenticated" line, and the last other line for the probe's error.
+type probeLog struct {
+	granted chan time.Duration
+
+	mu   sync.Mutex
+	last string
+}
 
 func (p *probeLog) Printf(format string, args ...any) {
 	if format != authenticatedFormat || len(args) != 2 {
+		p.mu.Lock()
+		p.last = fmt.Sprintf(format, args...)
+		p.mu.Unlock()
 		return
 	}
 	if ms, ok := args[1].(int32); ok && ms > 0 {
@@ -191,6 +200,17 @@ func (p *probeLog) Printf(format string, args ...any) {
 		default:
 		}
 	}
+}
+
+// lastLine returns go-zookeeper's last line other than "authenticated",
+// as the end of an error message ("" if none).
+func (p *probeLog) lastLine() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == "" {
+		return ""
+	}
+	return " (go-zookeeper: " + p.last + ")"
 }
 
 // probeDialer dials the probe's connections and can cut them, and refuses

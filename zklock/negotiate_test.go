@@ -261,3 +261,31 @@ func TestProbeUsesWithDialer(t *testing.T) {
 		t.Errorf("the probe dialed %q through WithDialer's dialer, want [%s]", dialed, srv.Addr)
 	}
 }
+
+// A probe that a hung server never answers ends on its own after the
+// session timeout (5 s at least) when the caller's ctx lasts longer: the
+// Acquire fails with an error that does not say the caller's ctx ended.
+func TestProbeLimitOnHungServer(t *testing.T) {
+	srv := startZK(t)
+	l, _ := newLocker(t, []string{srv.Addr})
+	srv.Stop()
+	defer srv.Cont()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	began := time.Now()
+	lease, err := l.Acquire(ctx, "probe-limit")
+	took := time.Since(began)
+	if err == nil {
+		_ = lease.Release(context.Background())
+		t.Fatal("Acquire on a hung server succeeded")
+	}
+	if !errors.Is(err, fence.ErrNotAcquired) || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no session granted") {
+		t.Errorf("Acquire = %v, want ErrNotAcquired, saying no session was granted, not matching context.DeadlineExceeded", err)
+	}
+	if took > 30*time.Second {
+		t.Errorf("Acquire returned after %v", took)
+	}
+	t.Logf("Acquire on a hung server, ctx of a minute: %v after %v", err, took.Round(10*time.Millisecond))
+	srv.Cont()
+	waitFor(t, func() bool { return l.Background() == 0 })
+}
