@@ -35,6 +35,24 @@ func commandCalls(t testing.TB, c *redis.Client, cmd string) int {
 	return 0
 }
 
+// allCommandCalls reads how many commands Redis has run, script calls
+// included (INFO commandstats).
+func allCommandCalls(t testing.TB, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(ctx(t), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, line := range strings.Split(info, "\n") {
+		if _, rest, ok := strings.Cut(line, ":calls="); ok && strings.HasPrefix(line, "cmdstat_") {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest+",", ',')])
+			total += n
+		}
+	}
+	return total
+}
+
 // TestLateRenewalDoesNotHoldTheLock: a renewal that sits in a paused
 // server's socket until after the lease's deadline must not move the lock's
 // expiry when the server resumes: its holder has given up, and nobody would
