@@ -132,14 +132,17 @@ func rollback(tx *sql.Tx) error {
 
 // Once records an idempotency key, normally inside the transaction that does
 // the work. It returns ErrDuplicate if the key was recorded before: the work
-// was already done, and the caller should roll back and report success.
+// was already done, and the caller should roll back and report success. A
+// conflict with a concurrent transaction (at REPEATABLE READ or
+// SERIALIZABLE, one that recorded the same key) returns an error matching
+// ErrRetry.
 func Once(ctx context.Context, q Querier, key string) error {
 	if key == "" || len(key) > maxIdemKeyBytes {
 		return fmt.Errorf("guard: idempotency key must be 1 to %d bytes, got %d", maxIdemKeyBytes, len(key))
 	}
 	res, err := q.ExecContext(ctx, insertIdemKey, key)
 	if err != nil {
-		return fmt.Errorf("guard: record idempotency key: %w", err)
+		return retryable(fmt.Errorf("guard: record idempotency key: %w", err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -192,6 +195,10 @@ func (t Table) check() error {
 // a stale worker that writes first is accepted. For a read-modify-write,
 // read and write inside Tx, or put the precondition read into set's WHERE
 // through a statement of your own (see the package documentation).
+//
+// A conflict with a concurrent transaction (a serialization failure or
+// deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an error matching
+// ErrRetry, as UpdateVersion's does: nothing was written.
 func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token, set string, args ...any) error {
 	if err := t.check(); err != nil {
 		return err
@@ -243,7 +250,7 @@ func (t Table) UpdateVersion(ctx context.Context, q Querier, key any, version in
 func (t Table) exec(ctx context.Context, q Querier, stmt string, key any, cond int64, args []any) (changed bool, current int64, err error) {
 	res, err := q.ExecContext(ctx, stmt, append([]any{key, cond}, args...)...)
 	if err != nil {
-		return false, 0, fmt.Errorf("guard: update %s: %w", t.Name, err)
+		return false, 0, retryable(fmt.Errorf("guard: update %s: %w", t.Name, err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil || n > 0 {
@@ -255,7 +262,7 @@ func (t Table) exec(ctx context.Context, q Querier, stmt string, key any, cond i
 		return false, 0, fmt.Errorf("%w: %s %v", ErrNoRow, t.Name, key)
 	}
 	if err != nil {
-		return false, 0, fmt.Errorf("guard: read %s %v: %w", t.Name, key, err)
+		return false, 0, retryable(fmt.Errorf("guard: read %s %v: %w", t.Name, key, err))
 	}
 	return false, current, nil
 }

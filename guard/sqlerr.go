@@ -7,7 +7,8 @@ import (
 	"strings"
 )
 
-// ErrRetry means the database gave up on a fenced transaction because of a
+// ErrRetry means the database gave up on a fenced transaction (or a
+// statement of Table.Update, Table.UpdateVersion or Once) because of a
 // concurrent one: a PostgreSQL serialization failure (SQLSTATE 40001, at
 // REPEATABLE READ or SERIALIZABLE) or deadlock (40P01), or SQLite's
 // SQLITE_BUSY or SQLITE_LOCKED after its busy timeout. Nothing was written
