@@ -1,13 +1,17 @@
 package guard_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/stopped"
 )
 
 // The guard's SQL side tried again as an attacker and as a careless user
@@ -112,5 +116,77 @@ func TestSQLHelpersSerializationFailureIsRetry(t *testing.T) {
 				t.Fatalf("%s after a concurrent write at REPEATABLE READ: %v; want ErrRetry", tc.name, err)
 			}
 		})
+	}
+}
+
+// TestTxHungPostgresEveryStep stops (SIGSTOP) the PostgreSQL backend of a
+// one-connection pool at each step of a fenced transaction that
+// TestTxHungPostgresWithinDeadline does not reach: before BEGIN, before the
+// fence's upsert, and before the COMMIT; each with a context that ends
+// (deadline, and cancellation without a deadline) after 200 ms. Tx and
+// Fence must return by then with the context's error, never hang.
+func TestTxHungPostgresEveryStep(t *testing.T) {
+	const wait = 200 * time.Millisecond
+	const slack = 800 * time.Millisecond
+	stop := func(t *testing.T, proc *os.Process) {
+		if err := proc.Signal(syscall.SIGSTOP); err != nil {
+			t.Error(err)
+		}
+		stopped.Wait(proc.Pid, stopped.Limit)
+	}
+	steps := map[string]func(t *testing.T, c context.Context, db *sql.DB, proc *os.Process) error{
+		"begin": func(t *testing.T, c context.Context, db *sql.DB, proc *os.Process) error {
+			stop(t, proc)
+			return guard.Tx(c, db, "payment:1001", 5, func(*sql.Tx) error { return nil })
+		},
+		"fence": func(t *testing.T, c context.Context, db *sql.DB, proc *os.Process) error {
+			tx, err := db.BeginTx(c, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			stop(t, proc)
+			return guard.Fence(c, tx, "payment:1001", 5)
+		},
+		"commit": func(t *testing.T, c context.Context, db *sql.DB, proc *os.Process) error {
+			return guard.Tx(c, db, "payment:1001", 5, func(tx *sql.Tx) error {
+				stop(t, proc)
+				return nil
+			})
+		},
+	}
+	for name, step := range steps {
+		for _, end := range []string{"deadline", "cancel"} {
+			t.Run(name+"/"+end, func(t *testing.T) {
+				db, proc, resume := oneBackend(t)
+				defer resume()
+				var c context.Context
+				var cancel context.CancelFunc
+				want := context.DeadlineExceeded
+				if end == "deadline" {
+					c, cancel = context.WithTimeout(context.Background(), wait)
+				} else {
+					c, cancel = context.WithCancel(context.Background())
+					time.AfterFunc(wait, cancel)
+					want = context.Canceled
+				}
+				defer cancel()
+				start := time.Now()
+				done := make(chan error, 1)
+				go func() { done <- step(t, c, db, proc) }()
+				timer := time.NewTimer(wait + slack)
+				defer timer.Stop()
+				select {
+				case err := <-done:
+					if took := time.Since(start); took > wait+slack || !errors.Is(err, want) {
+						t.Errorf("hung backend at %s: %v after %v; want %v within %v", name, err, took, want, wait+slack)
+					}
+				case <-timer.C:
+					t.Errorf("hung backend at %s: still running after %v (context ended after %v)", name, wait+slack, wait)
+					resume()
+					<-done
+				}
+			})
+		}
 	}
 }
