@@ -5,7 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -188,5 +196,99 @@ func TestTxHungPostgresEveryStep(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMiddlewareStressWithCancels: 8 clients send 320 fenced requests,
+// with tokens from one counter (so they race each other), to Middleware over SQLStore, and cancel
+// a quarter of them at a random moment (before the store, in the handler,
+// around the commit). The handler logs its token in the fenced
+// transaction. The log, in commit order, must strictly increase (no stale
+// token accepted after a newer one); every 200 must be in the log (no
+// success reported for a write that did not happen) and no 409 may be
+// (no stale reported for a write that happened).
+func TestMiddlewareStressWithCancels(t *testing.T) {
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			setup(t, db)
+			mw := guard.Middleware(guard.SQLStore{DB: db}, guard.HTTPOptions{Resource: oneResource, MaxAhead: -1,
+				Logger: slog.New(slog.DiscardHandler)})
+			srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				tx, _ := guard.TxFrom(r.Context())
+				token, _ := guard.ParseToken(r.Header.Get(guard.TokenHeader))
+				if _, err := tx.ExecContext(r.Context(),
+					`INSERT INTO accepted (seq, token) SELECT COALESCE(MAX(seq), 0) + 1, $1 FROM accepted`, int64(token)); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+				}
+			})))
+			defer srv.Close()
+			const clients, each = 8, 40
+			type outcome struct {
+				token int64
+				code  int // 0: the client gave up (cancelled)
+			}
+			results := make(chan outcome, clients*each)
+			var next atomic.Int64 // tokens roughly in order, racing between clients
+			var wg sync.WaitGroup
+			for c := range clients {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(c), 42))
+					for range each {
+						token := next.Add(1)
+						rctx, cancel := context.WithCancel(ctx(t))
+						if rng.IntN(4) == 0 {
+							time.AfterFunc(time.Duration(rng.IntN(3000))*time.Microsecond, cancel)
+						}
+						req, _ := http.NewRequestWithContext(rctx, http.MethodPost, srv.URL, nil)
+						req.Header.Set(guard.TokenHeader, strconv.FormatInt(token, 10))
+						resp, err := srv.Client().Do(req)
+						code := 0
+						if err == nil {
+							_, _ = io.Copy(io.Discard, resp.Body)
+							resp.Body.Close()
+							code = resp.StatusCode
+						}
+						cancel()
+						results <- outcome{token, code}
+					}
+				})
+			}
+			wg.Wait()
+			close(results)
+			rows, err := db.QueryContext(ctx(t), `SELECT token FROM accepted ORDER BY seq`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			logged := map[int64]bool{}
+			var last int64
+			for rows.Next() {
+				var tok int64
+				if err := rows.Scan(&tok); err != nil {
+					t.Fatal(err)
+				}
+				if tok <= last {
+					t.Errorf("token %d accepted after %d", tok, last)
+				}
+				last = tok
+				logged[tok] = true
+			}
+			counts := map[int]int{}
+			for o := range results {
+				counts[o.code]++
+				switch {
+				case o.code == http.StatusOK && !logged[o.token]:
+					t.Errorf("token %d answered 200 but its write is not in the log", o.token)
+				case o.code == http.StatusConflict && logged[o.token]:
+					t.Errorf("token %d answered 409 but its write is in the log", o.token)
+				case o.code != 0 && o.code != http.StatusOK && o.code != http.StatusConflict && o.code != http.StatusServiceUnavailable && o.code != http.StatusBadRequest:
+					t.Errorf("token %d answered %d", o.token, o.code)
+				}
+			}
+			if counts[http.StatusOK] == 0 || counts[http.StatusConflict] == 0 {
+				t.Fatalf("answers %v: the test did not exercise the guard", counts)
+			}
+			t.Logf("answers %v (0: cancelled), %d logged", counts, len(logged))
+		})
 	}
 }
