@@ -292,3 +292,74 @@ func TestMiddlewareStressWithCancels(t *testing.T) {
 		})
 	}
 }
+
+// insertAfterExec is a Querier that, once its first statement (the
+// conditional update) has run, runs insert on the database: a row that
+// another session inserts between Table.Update's UPDATE and the read that
+// tells why nothing changed.
+type insertAfterExec struct {
+	*sql.DB
+	insert string
+	done   bool
+}
+
+func (q *insertAfterExec) ExecContext(c context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := q.DB.ExecContext(c, query, args...)
+	if !q.done {
+		q.done = true
+		if _, ierr := q.DB.ExecContext(c, q.insert); ierr != nil {
+			return nil, ierr
+		}
+	}
+	return res, err
+}
+
+// TestUpdateOnRowInsertedMeanwhile: Table.Update finds no row, and another
+// session inserts it (unfenced: token 0, or NULL) before Update reads the
+// row to tell why. Update must not answer with a StaleError whose last
+// accepted token is below the caller's ("stale token 5: token 0 already
+// accepted"): no newer token was accepted, and a caller that gives up on
+// ErrStale would drop the newest holder's write. UpdateVersion, likewise,
+// must not report a conflict with the very version the caller expected.
+func TestUpdateOnRowInsertedMeanwhile(t *testing.T) {
+	versions := guard.Table{Name: "payment", Key: "id", Column: "version"}
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			setup(t, db)
+			if _, err := db.ExecContext(ctx(t), `CREATE TABLE legacy (id BIGINT PRIMARY KEY, status TEXT, tok BIGINT)`); err != nil {
+				t.Fatal(err)
+			}
+			legacy := guard.Table{Name: "legacy", Key: "id", Column: "tok"}
+			for _, tc := range []struct {
+				name   string
+				insert string
+				call   func(q guard.Querier) error
+			}{
+				{"Update, token 0", `INSERT INTO payment (id, status) VALUES (2001, 'PENDING')`,
+					func(q guard.Querier) error {
+						return payments.Update(ctx(t), q, 2001, 5, "status = $3", "APPROVED")
+					}},
+				{"Update, NULL token", `INSERT INTO legacy (id, status) VALUES (2002, 'PENDING')`,
+					func(q guard.Querier) error {
+						return legacy.Update(ctx(t), q, 2002, 5, "status = $3", "APPROVED")
+					}},
+				{"UpdateVersion", `INSERT INTO payment (id, status) VALUES (2003, 'PENDING')`,
+					func(q guard.Querier) error {
+						return versions.UpdateVersion(ctx(t), q, 2003, 0, "status = $3", "APPROVED")
+					}},
+			} {
+				err := tc.call(&insertAfterExec{DB: db, insert: tc.insert})
+				var stale *guard.StaleError
+				var conflict *guard.ConflictError
+				switch {
+				case errors.As(err, &stale) && stale.Last < stale.Token:
+					t.Errorf("%s: %v; a StaleError whose last token is below the caller's", tc.name, err)
+				case errors.As(err, &conflict) && conflict.Current == conflict.Expected:
+					t.Errorf("%s: %v; a conflict with the version expected", tc.name, err)
+				case !errors.Is(err, guard.ErrNoRow):
+					t.Errorf("%s: %v; want ErrNoRow (there was no row when the update ran)", tc.name, err)
+				}
+			}
+		})
+	}
+}
