@@ -187,7 +187,9 @@ func (t Table) check() error {
 //
 // set assigns the business columns with placeholders from $3 on, filled by
 // args. When no row changes, Update reads the row to tell why: a
-// *StaleError (matching ErrStale) with the row's token, or ErrNoRow. A
+// *StaleError (matching ErrStale) with the row's token, or ErrNoRow (also
+// when the row read holds an older token than the caller's, or NULL: it
+// was inserted by another session after the update found nothing). A
 // NULL in Column means the row was never fenced (as 0 does): a column
 // added to a table with rows is NULL until each row's first fenced write.
 //
@@ -214,9 +216,13 @@ func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token
 	case changed:
 		t.decided(key, token, fence.GuardAccept)
 		return nil
+	case !current.Valid || current.Int64 < int64(token):
+		// The update would have matched this row: it was not there when
+		// the update ran, and another session inserted it since.
+		return t.noRow(key)
 	}
 	t.decided(key, token, fence.GuardReject)
-	return &StaleError{Resource: fmt.Sprintf("%s %v", t.Name, key), Token: token, Last: fence.Token(current)}
+	return &StaleError{Resource: fmt.Sprintf("%s %v", t.Name, key), Token: token, Last: fence.Token(current.Int64)}
 }
 
 // decided tells the Observer, if any, of Update's decision on token.
@@ -232,37 +238,48 @@ func (t Table) decided(key any, token fence.Token, d fence.GuardDecision) {
 //	UPDATE <Name> SET <set>, <Column> = <Column> + 1 WHERE <Key> = $1 AND <Column> = $2
 //
 // When no row changes it returns a *ConflictError (matching ErrConflict)
-// with the row's version, or ErrNoRow.
+// with the row's version, or ErrNoRow (also when the row read afterwards
+// holds the version expected: it was inserted after the update found
+// nothing).
 func (t Table) UpdateVersion(ctx context.Context, q Querier, key any, version int64, set string, args ...any) error {
 	if err := t.check(); err != nil {
 		return err
 	}
 	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = %s + 1 WHERE %s = $1 AND %s = $2", t.Name, set, t.Column, t.Column, t.Key, t.Column)
 	changed, current, err := t.exec(ctx, q, stmt, key, version, args)
-	if err != nil || changed {
+	switch {
+	case err != nil || changed:
 		return err
+	case !current.Valid:
+		return fmt.Errorf("guard: update %s %v: its %s is NULL, not a version", t.Name, key, t.Column)
+	case current.Int64 == version:
+		// Not there when the update ran; inserted since.
+		return t.noRow(key)
 	}
-	return &ConflictError{Key: key, Expected: version, Current: current}
+	return &ConflictError{Key: key, Expected: version, Current: current.Int64}
 }
 
 // exec runs a conditional update; when it changed no row, it returns the
-// row's current Column value, or ErrNoRow.
-func (t Table) exec(ctx context.Context, q Querier, stmt string, key any, cond int64, args []any) (changed bool, current int64, err error) {
+// row's current Column value (read after the update, so that a row
+// inserted meanwhile may be there now), or ErrNoRow.
+func (t Table) exec(ctx context.Context, q Querier, stmt string, key any, cond int64, args []any) (changed bool, current sql.NullInt64, err error) {
 	res, err := q.ExecContext(ctx, stmt, append([]any{key, cond}, args...)...)
 	if err != nil {
-		return false, 0, retryable(fmt.Errorf("guard: update %s: %w", t.Name, err))
+		return false, current, retryable(fmt.Errorf("guard: update %s: %w", t.Name, err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil || n > 0 {
-		return n > 0, 0, err
+		return n > 0, current, err
 	}
 	sel := fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", t.Column, t.Name, t.Key)
 	err = q.QueryRowContext(ctx, sel, key).Scan(&current)
 	if errors.Is(err, sql.ErrNoRows) {
-		return false, 0, fmt.Errorf("%w: %s %v", ErrNoRow, t.Name, key)
+		return false, current, t.noRow(key)
 	}
 	if err != nil {
-		return false, 0, retryable(fmt.Errorf("guard: read %s %v: %w", t.Name, key, err))
+		return false, current, retryable(fmt.Errorf("guard: read %s %v: %w", t.Name, key, err))
 	}
 	return false, current, nil
 }
+
+func (t Table) noRow(key any) error { return fmt.Errorf("%w: %s %v", ErrNoRow, t.Name, key) }
