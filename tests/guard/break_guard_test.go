@@ -363,3 +363,40 @@ func TestUpdateOnRowInsertedMeanwhile(t *testing.T) {
 		})
 	}
 }
+
+// TestLockTimeoutIsRetry: a PostgreSQL database with lock_timeout set (as
+// one bounds lock waits) gives up on a fenced transaction that waits for a
+// concurrent one's fence row longer than that, with lock_not_available
+// (55P03). Nothing was written: that is ErrRetry, as SQLite's SQLITE_BUSY
+// after its busy timeout is.
+func TestLockTimeoutIsRetry(t *testing.T) {
+	db := pg.NewDB(t)
+	setup(t, db)
+	var name string
+	if err := db.QueryRowContext(ctx(t), `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx(t), `ALTER DATABASE `+name+` SET lock_timeout = '100ms'`); err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxIdleConns(0) // drop the connection opened before the ALTER
+	db.SetMaxIdleConns(2)
+	hold, err := db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	if err := guard.Fence(ctx(t), hold, "payment:1001", 5); err != nil {
+		t.Fatal(err)
+	}
+	err = approveTx(ctx(t), db, 7, "w7")
+	if !errors.Is(err, guard.ErrRetry) {
+		t.Fatalf("a fence that waited past lock_timeout: %v, want ErrRetry", err)
+	}
+	if err := hold.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := approveTx(ctx(t), db, 7, "w7"); err != nil {
+		t.Fatalf("token 7 once the other transaction ended: %v (the timed-out attempt must have recorded nothing)", err)
+	}
+}
