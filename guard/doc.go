@@ -47,8 +47,8 @@
 //     already there, nothing is written and the transaction rolls back.
 //     The upsert also locks the row, so fenced transactions on one resource
 //     run one at a time.
-//     ErrRetry reports a serialization failure, deadlock or SQLITE_BUSY:
-//     nothing was written; retry with a new lease. For SQLite, open the
+//     ErrRetry reports a serialization failure, deadlock, lock timeout or
+//     SQLITE_BUSY: nothing was written; retry with a new lease. For SQLite, open the
 //     database with SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE).
 //   - Once: idempotency keys on a unique constraint.
 //   - Table.UpdateVersion: an optimistic version check.

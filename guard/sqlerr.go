@@ -10,7 +10,8 @@ import (
 // ErrRetry means the database gave up on a fenced transaction (or a
 // statement of Table.Update, Table.UpdateVersion or Once) because of a
 // concurrent one: a PostgreSQL serialization failure (SQLSTATE 40001, at
-// REPEATABLE READ or SERIALIZABLE) or deadlock (40P01), or SQLite's
+// REPEATABLE READ or SERIALIZABLE), deadlock (40P01) or lock wait longer
+// than lock_timeout (55P03, lock_not_available; NOWAIT's too), or SQLite's
 // SQLITE_BUSY or SQLITE_LOCKED after its busy timeout. Nothing was written
 // and the token was not recorded. The caller should retry the whole
 // approval — take a new lease, then read and write again — and must not
@@ -61,7 +62,7 @@ func retryable(err error) error {
 	}
 	var pg interface{ SQLState() string }
 	if errors.As(err, &pg) {
-		if s := pg.SQLState(); s == "40001" || s == "40P01" {
+		if s := pg.SQLState(); s == "40001" || s == "40P01" || s == "55P03" {
 			return fmt.Errorf("%w: %w", ErrRetry, err)
 		}
 	}
