@@ -49,7 +49,13 @@ func CreateTables(ctx context.Context, q Querier) error {
 // Fence records token as the last accepted token of resource, if it is
 // greater than the last one. Inside a transaction it also locks the
 // resource's row until the transaction ends, so fenced transactions on one
-// resource run one at a time. It returns a *StaleError (matching ErrStale)
+// resource run one at a time from their fence on: call it first, before
+// the reads the transaction decides on, as Tx does. A read made before the
+// fence is not ordered by it: a newer holder that read while an older
+// holder's fenced transaction was under way waits at its fence for that
+// transaction, is then accepted (its token is greater), and acts on what it
+// read before the older holder's write (on PostgreSQL at READ COMMITTED:
+// two approvals, two charges). It returns a *StaleError (matching ErrStale)
 // when the token is not greater; the caller must then roll back. A conflict
 // with a concurrent transaction returns an error matching ErrRetry. With q a
 // *sql.DB it commits on its own and orders nothing after it: the caller's

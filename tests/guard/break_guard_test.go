@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/internal/stopped"
 )
@@ -398,5 +399,83 @@ func TestLockTimeoutIsRetry(t *testing.T) {
 	}
 	if err := approveTx(ctx(t), db, 7, "w7"); err != nil {
 		t.Fatalf("token 7 once the other transaction ended: %v (the timed-out attempt must have recorded nothing)", err)
+	}
+}
+
+// TestFenceAfterReadChargesTwice: a careless caller of Fence in a
+// transaction of its own reads the payment first and fences after. On
+// PostgreSQL at READ COMMITTED, B (token 7) reads PENDING while A (token
+// 5), fenced already, has not committed; B's fence waits for A's row lock,
+// A approves and commits, B's fence then succeeds (5 < 7) and B approves on
+// its stale read: two charges. With the fence first (as Tx does), B reads
+// after A's commit and charges nothing. Fence's doc says to fence first;
+// this test shows why, and fails if the hazard goes away (then update the
+// doc).
+func TestFenceAfterReadChargesTwice(t *testing.T) {
+	for _, fenceFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fence first %v", fenceFirst), func(t *testing.T) {
+			db := pg.NewDB(t)
+			setup(t, db)
+			if _, err := db.ExecContext(ctx(t), `CREATE TABLE charge (token BIGINT NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			// approve is one holder's transaction; between is called after
+			// its fence and read, before its write.
+			approve := func(token int64, between func()) error {
+				tx, err := db.BeginTx(ctx(t), nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				var status string
+				read := func() error {
+					return tx.QueryRowContext(ctx(t), `SELECT status FROM payment WHERE id = 1001`).Scan(&status)
+				}
+				steps := []func() error{read, func() error { return guard.Fence(ctx(t), tx, "payment:1001", fence.Token(token)) }}
+				if fenceFirst {
+					steps[0], steps[1] = steps[1], steps[0]
+				}
+				for _, step := range steps {
+					if err := step(); err != nil {
+						return err
+					}
+				}
+				between()
+				if status != "PENDING" {
+					return nil // already approved: nothing to charge
+				}
+				if _, err := tx.ExecContext(ctx(t), `UPDATE payment SET status = 'APPROVED' WHERE id = 1001`); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx(t), `INSERT INTO charge (token) VALUES ($1)`, token); err != nil {
+					return err
+				}
+				return tx.Commit()
+			}
+			aFenced, bWaits := make(chan struct{}), make(chan struct{})
+			aErr := make(chan error, 1)
+			go func() { aErr <- approve(5, func() { close(aFenced); <-bWaits }) }()
+			<-aFenced
+			bErr := make(chan error, 1)
+			go func() { bErr <- approve(7, func() {}) }()
+			waitLockWaiters(t, db, 1) // B waits for A's fence row (after its read, or before it)
+			close(bWaits)
+			if err := <-aErr; err != nil {
+				t.Fatalf("A: %v", err)
+			}
+			if err := <-bErr; err != nil {
+				t.Fatalf("B: %v", err)
+			}
+			var charges int
+			if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM charge`).Scan(&charges); err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case fenceFirst && charges != 1:
+				t.Fatalf("fence first: %d charges, want 1", charges)
+			case !fenceFirst && charges != 2:
+				t.Fatalf("read before the fence: %d charges; the hazard Fence's doc warns of is gone, update the doc", charges)
+			}
+		})
 	}
 }
