@@ -479,3 +479,31 @@ func TestFenceAfterReadChargesTwice(t *testing.T) {
 		})
 	}
 }
+
+// TestTxRawRollbackInFn: fn ends the transaction with SQL of its own
+// (ROLLBACK, as a script run through tx might) and then writes. The fence
+// is rolled back with everything before it, and fn's later write runs on
+// its own, outside any transaction, unfenced. Tx must not report success.
+func TestTxRawRollbackInFn(t *testing.T) {
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			setup(t, db)
+			err := guard.Tx(ctx(t), db, "payment:1001", 5, func(tx *sql.Tx) error {
+				if _, err := tx.ExecContext(ctx(t), `ROLLBACK`); err != nil {
+					return err
+				}
+				_, err := tx.ExecContext(ctx(t), `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`)
+				return err
+			})
+			var last sql.NullInt64
+			if qerr := db.QueryRowContext(ctx(t), `SELECT max(token) FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); qerr != nil {
+				t.Fatal(qerr)
+			}
+			_, by, _ := row(t, db)
+			t.Logf("Tx: %v; last token %v, approved_by %q", err, last, by.String)
+			if err == nil && last.Int64 != 5 {
+				t.Fatalf("Tx reported success, but token 5 is not recorded (last %v) and approved_by is %q, written unfenced", last, by.String)
+			}
+		})
+	}
+}
