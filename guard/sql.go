@@ -100,7 +100,11 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 // under a new lease; never replay the writes as if nothing was written.
 // fn must use tx, not db: work done through db is not part
 // of the fenced transaction, and with a pool of one connection it waits
-// until ctx ends. fn must not commit or roll back tx itself.
+// until ctx ends. fn must not commit or roll back tx itself, neither
+// through tx's methods (Tx then fails with sql.ErrTxDone) nor with SQL of
+// its own (COMMIT, ROLLBACK, a script that contains them): on PostgreSQL
+// the statements after it run outside any transaction, unfenced, and Tx
+// reports success, the fence committed early or rolled back.
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
 	if err := checkResource(resource); err != nil {
 		return err
