@@ -508,3 +508,30 @@ func TestTxRawRollbackInFn(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateTablesConcurrently: several processes of one service start at
+// once and each calls CreateTables on a fresh PostgreSQL database, as
+// CreateSchema in the payment example does. CREATE TABLE IF NOT EXISTS is
+// not safe against a concurrent one in PostgreSQL (the loser may fail on
+// pg_type's unique index, 23505, instead of finding the table): every
+// call must succeed.
+func TestCreateTablesConcurrently(t *testing.T) {
+	for round := range 5 {
+		db := pg.NewDB(t)
+		db.SetMaxOpenConns(8)
+		start := make(chan struct{})
+		errs := make(chan error, 8)
+		for range 8 {
+			go func() {
+				<-start
+				errs <- guard.CreateTables(ctx(t), db)
+			}()
+		}
+		close(start)
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Errorf("round %d: CreateTables at once with 7 others: %v", round, err)
+			}
+		}
+	}
+}
