@@ -36,14 +36,38 @@ WHERE fence_tokens.token < excluded.token`
 
 // CreateTables creates the guard's tables, fence_tokens (the last accepted
 // token per resource) and fence_idempotency (used idempotency keys), if they
-// do not exist yet.
+// do not exist yet. Processes may call it at once: on PostgreSQL, where a
+// CREATE TABLE IF NOT EXISTS that loses a race with a concurrent one fails
+// instead of finding the table, the statement is run again.
 func CreateTables(ctx context.Context, q Querier) error {
 	for _, stmt := range []string{createTokens, createIdempotency} {
-		if _, err := q.ExecContext(ctx, stmt); err != nil {
+		_, err := q.ExecContext(ctx, stmt)
+		for try := 1; err != nil && try < 3 && createRaced(err); try++ {
+			// The concurrent creator has committed (PostgreSQL waited
+			// for it before it failed this one): the table exists now.
+			_, err = q.ExecContext(ctx, stmt)
+		}
+		if err != nil {
 			return fmt.Errorf("guard: create tables: %w", err)
 		}
 	}
 	return nil
+}
+
+// createRaced reports whether err is PostgreSQL's answer to a CREATE TABLE
+// IF NOT EXISTS that ran at the same time as another one for the same
+// table: a unique violation in the catalog (23505), or the table or its row
+// type found existing after all (42P07, 42710).
+func createRaced(err error) bool {
+	var pg interface{ SQLState() string }
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch pg.SQLState() {
+	case "23505", "42P07", "42710":
+		return true
+	}
+	return false
 }
 
 // Fence records token as the last accepted token of resource, if it is
