@@ -535,3 +535,91 @@ func TestCreateTablesConcurrently(t *testing.T) {
 		}
 	}
 }
+
+// TestFencedApprovalAtEveryIsolation: 64 holders with racing tokens run
+// the fenced read-modify-write (read the status; if pending, approve and
+// log a charge) on PostgreSQL at each isolation level, and on SQLite.
+// Exactly one charge, and the tokens of the transactions that committed,
+// in commit order, strictly increase; every result is nil, ErrStale or
+// ErrRetry.
+func TestFencedApprovalAtEveryIsolation(t *testing.T) {
+	dbs := map[string]func(t *testing.T) *sql.DB{
+		"sqlite": func(t *testing.T) *sql.DB { db := databases(t)["sqlite"]; setup(t, db); return db },
+	}
+	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
+		dbs["postgres "+level] = func(t *testing.T) *sql.DB { return isolatedDB(t, level) }
+	}
+	for name, open := range dbs {
+		t.Run(name, func(t *testing.T) {
+			db := open(t)
+			db.SetMaxOpenConns(16)
+			if _, err := db.ExecContext(ctx(t), `CREATE TABLE charge (token BIGINT NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			var next atomic.Int64
+			var ok, stale, retry atomic.Int64
+			var wg sync.WaitGroup
+			for range 64 {
+				wg.Go(func() {
+					token := next.Add(1)
+					err := guard.Tx(ctx(t), db, "payment:1001", fence.Token(token), func(tx *sql.Tx) error {
+						if _, err := tx.ExecContext(ctx(t),
+							`INSERT INTO accepted (seq, token) SELECT COALESCE(MAX(seq), 0) + 1, $1 FROM accepted`, token); err != nil {
+							return err
+						}
+						var status string
+						if err := tx.QueryRowContext(ctx(t), `SELECT status FROM payment WHERE id = 1001`).Scan(&status); err != nil {
+							return err
+						}
+						if status != "PENDING" {
+							return nil
+						}
+						if _, err := tx.ExecContext(ctx(t), `UPDATE payment SET status = 'APPROVED' WHERE id = 1001`); err != nil {
+							return err
+						}
+						_, err := tx.ExecContext(ctx(t), `INSERT INTO charge (token) VALUES ($1)`, token)
+						return err
+					})
+					switch {
+					case err == nil:
+						ok.Add(1)
+					case errors.Is(err, guard.ErrStale):
+						stale.Add(1)
+					case errors.Is(err, guard.ErrRetry):
+						retry.Add(1)
+					default:
+						t.Errorf("token %d: %v", token, err)
+					}
+				})
+			}
+			wg.Wait()
+			var charges int
+			if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM charge`).Scan(&charges); err != nil {
+				t.Fatal(err)
+			}
+			if charges != 1 {
+				t.Errorf("%d charges, want 1", charges)
+			}
+			rows, err := db.QueryContext(ctx(t), `SELECT token FROM accepted ORDER BY seq`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var last, n int64
+			for rows.Next() {
+				var tok int64
+				if err := rows.Scan(&tok); err != nil {
+					t.Fatal(err)
+				}
+				if tok <= last {
+					t.Errorf("token %d committed after %d", tok, last)
+				}
+				last, n = tok, n+1
+			}
+			if n != ok.Load() {
+				t.Errorf("%d transactions logged, %d reported committed", n, ok.Load())
+			}
+			t.Logf("%d committed, %d stale, %d retry", ok.Load(), stale.Load(), retry.Load())
+		})
+	}
+}
