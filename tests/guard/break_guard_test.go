@@ -623,3 +623,39 @@ func TestFencedApprovalAtEveryIsolation(t *testing.T) {
 		})
 	}
 }
+
+// TestTxInsideMiddlewareOnSameResource: a handler behind Middleware over
+// SQLStore calls a function of the service that runs its own guard.Tx on
+// the same resource (given the namespaced name, as HTTPOptions.Namespace's
+// doc suggests for sharing a resource with Tx). Its fence waits for the
+// request's transaction's row lock, which waits for the handler: neither
+// the database nor the guard can see the cycle, and the request hangs until
+// its context ends (never, on an http.Server without timeouts, while every
+// other request on the resource queues behind it). Tx must fail at once.
+func TestTxInsideMiddlewareOnSameResource(t *testing.T) {
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			setup(t, db)
+			mw := guard.Middleware(guard.SQLStore{DB: db}, guard.HTTPOptions{Resource: oneResource})
+			const limit = 2 * time.Second
+			rctx, cancel := context.WithTimeout(ctx(t), limit)
+			defer cancel()
+			start := time.Now()
+			var inner error
+			req := httptest.NewRequestWithContext(rctx, http.MethodPost, "/", nil)
+			req.Header.Set(guard.TokenHeader, "5")
+			w := httptest.NewRecorder()
+			mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				inner = guard.Tx(r.Context(), db, "http:payment:1001", 5, func(*sql.Tx) error { return nil })
+				if inner != nil {
+					http.Error(w, "inner", http.StatusInternalServerError)
+				}
+			})).ServeHTTP(w, req)
+			took := time.Since(start)
+			t.Logf("inner Tx: %v after %v; answer %d", inner, took, w.Code)
+			if took >= limit/2 {
+				t.Fatalf("the request hung for %v (until its context ended): inner Tx on the request's own resource: %v", took, inner)
+			}
+		})
+	}
+}
