@@ -93,6 +93,13 @@ func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token
 // and the resource's row locked, before fn runs; fn reaches the transaction
 // with TxFrom and must make its writes through it. If fn returns an error
 // the transaction rolls back and the token is not spent.
+//
+// fn must not open a transaction of its own on the database (Tx,
+// DB.BeginTx) for the request's work: it is not part of the fenced
+// transaction, and it may wait for it, which waits for fn, until ctx ends
+// (Tx on the request's own resource, under its namespaced name, always
+// does; on SQLite, any transaction does, until the busy timeout). To fence
+// another resource with the request, call Fence on TxFrom's transaction.
 type SQLStore struct{ DB *sql.DB }
 
 // Do implements Store.
