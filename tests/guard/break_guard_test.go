@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -658,5 +659,83 @@ func TestTxInsideMiddlewareOnSameResource(t *testing.T) {
 				t.Fatalf("the request hung for %v (until its context ended): inner Tx on the request's own resource: %v", took, inner)
 			}
 		})
+	}
+}
+
+// retryStore is what a user may wrap SQLStore in: Do is retried when the
+// database asks for a retry (ErrRetry), with the same token: the fence
+// decides again, so this is safe for the token's order.
+type retryStore struct{ guard.Store }
+
+func (s retryStore) Do(c context.Context, resource string, token fence.Token, fn func(context.Context) error) error {
+	for try := 1; ; try++ {
+		err := s.Store.Do(c, resource, token, fn)
+		if !errors.Is(err, guard.ErrRetry) || try == 3 {
+			return err
+		}
+	}
+}
+
+// TestMiddlewareStoreRunsHandlerTwice: a Store that runs fn again after a
+// failed attempt (retryStore over SQLStore; the first commit fails with a
+// serialization failure, raised at commit by a deferred constraint trigger
+// on a real PostgreSQL). The first run answered 200, the second 409. The
+// client must get the second run's answer alone, and the second run's
+// refusal must roll back: the response of a run whose transaction did not
+// commit must not leak into the answer, nor its status decide the commit.
+func TestMiddlewareStoreRunsHandlerTwice(t *testing.T) {
+	db := pg.NewDB(t)
+	for _, stmt := range []string{
+		`CREATE TABLE state (id INTEGER PRIMARY KEY, v BIGINT NOT NULL)`,
+		`INSERT INTO state VALUES (1, 0)`,
+		`CREATE SEQUENCE commits`,
+		`CREATE FUNCTION fail_first_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('commits') = 1 THEN
+				RAISE EXCEPTION 'injected serialization failure' USING ERRCODE = '40001';
+			END IF;
+			RETURN NULL;
+		END $$`,
+		`CREATE CONSTRAINT TRIGGER fail_first_commit AFTER UPDATE ON state
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_first_commit()`,
+	} {
+		if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := guard.CreateTables(ctx(t), db); err != nil {
+		t.Fatal(err)
+	}
+	mw := guard.Middleware(retryStore{guard.SQLStore{DB: db}}, guard.HTTPOptions{Resource: oneResource,
+		Logger: slog.New(slog.DiscardHandler)})
+	runs := 0
+	w, p := serveOnce(mw, func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		tx, _ := guard.TxFrom(r.Context())
+		if _, err := tx.ExecContext(r.Context(), `UPDATE state SET v = $1 WHERE id = 1`, runs); err != nil {
+			t.Error(err)
+		}
+		if runs == 1 {
+			_, _ = io.WriteString(w, "approved by run 1\n")
+			return
+		}
+		http.Error(w, "refused by run 2", http.StatusConflict)
+	}, "5")
+	if p != nil {
+		t.Fatalf("panic: %v", p)
+	}
+	var v int64
+	if err := db.QueryRowContext(ctx(t), `SELECT v FROM state WHERE id = 1`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d runs; answer %d %q; state %d", runs, w.Code, w.Body, v)
+	if runs != 2 {
+		t.Fatalf("the handler ran %d times, want 2 (the first commit fails once)", runs)
+	}
+	if w.Code != http.StatusConflict || strings.Contains(w.Body.String(), "run 1") {
+		t.Errorf("answer %d %q; want the second run's 409 alone", w.Code, w.Body)
+	}
+	if v != 0 {
+		t.Errorf("state %d: the second run answered 409 and its write was committed anyway", v)
 	}
 }
