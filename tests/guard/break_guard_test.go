@@ -739,3 +739,23 @@ func TestMiddlewareStoreRunsHandlerTwice(t *testing.T) {
 		t.Errorf("state %d: the second run answered 409 and its write was committed anyway", v)
 	}
 }
+
+// noRunStore breaks the Store contract: it returns nil without running fn
+// (as a store that takes a token seen before for a replay already done
+// might).
+type noRunStore struct{}
+
+func (noRunStore) Do(context.Context, string, fence.Token, func(context.Context) error) error {
+	return nil
+}
+
+// TestMiddlewareStoreDoesNotRunHandler: Middleware over a Store that
+// returns nil without running the handler must not tell the client its
+// request succeeded (nor crash): the store failed, 503.
+func TestMiddlewareStoreDoesNotRunHandler(t *testing.T) {
+	mw := guard.Middleware(noRunStore{}, guard.HTTPOptions{Resource: oneResource, Logger: slog.New(slog.DiscardHandler)})
+	w, p := serveOnce(mw, func(w http.ResponseWriter, r *http.Request) { t.Error("the handler ran") }, "5")
+	if p != nil || w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("answer %d %q, panic %v; want 503", w.Code, w.Body, p)
+	}
+}
