@@ -157,6 +157,12 @@ const (
 // not taken to the store. With a negative MaxBody the handler reads the
 // body itself, inside the hold.
 //
+// A store that runs fn more than once (one that retries after ErrRetry)
+// runs the handler afresh each time, with an empty response and the whole
+// body read ahead; the last run's answer is the one that decides the
+// commit and that the client gets. A store that returns nil without
+// running the handler is a store failure (503).
+//
 // The handler's response is held in memory until store.Do returns, so
 // that a client is never told of writes that were then rolled back:
 // streaming, Flush and Hijack are not available to the handler. A 2xx
@@ -187,18 +193,26 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 			if r, ok = g.readBody(w, r, resource); !ok {
 				return
 			}
-			buf := &responseBuffer{header: make(http.Header)}
+			// A store may run fn more than once (one that retries after
+			// ErrRetry): each run starts afresh, with an empty response
+			// and the whole body, and the last run's answer is the one
+			// its commit decides on and the client gets.
+			var buf *responseBuffer
 			var p recovered
-			var handed *http.Request // the copy the handler was given
+			var handed *http.Request // the copy the last run was given
 			err := store.Do(r.Context(), g.namespace+resource, token, func(ctx context.Context) error {
+				removeForm(handed, r)
 				g.decided(resource, token, fence.GuardAccept)
+				buf, p = &responseBuffer{header: make(http.Header)}, recovered{}
 				handed = r.WithContext(ctx)
+				if r.GetBody != nil && g.maxBody >= 0 {
+					handed.Body, _ = r.GetBody() // the bytes read ahead, from the start
+				}
 				return serve(next, buf, handed, &p)
 			})
-			if handed != nil && handed.MultipartForm != nil && handed.MultipartForm != r.MultipartForm {
-				// net/http removes the temporary files of the request it
-				// handed over, not of a copy the handler parsed.
-				_ = handed.MultipartForm.RemoveAll()
+			removeForm(handed, r)
+			if err == nil && buf == nil {
+				err = errNotRun
 			}
 			switch {
 			case p.did:
@@ -217,6 +231,15 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 				g.reject(w, r, resource, token, err)
 			}
 		})
+	}
+}
+
+// removeForm removes the temporary files of a multipart form that the
+// handler parsed from handed, its copy of r: net/http removes those of the
+// request it handed over, not of a copy's.
+func removeForm(handed, r *http.Request) {
+	if handed != nil && handed.MultipartForm != nil && handed.MultipartForm != r.MultipartForm {
+		_ = handed.MultipartForm.RemoveAll()
 	}
 }
 
@@ -461,10 +484,12 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	_ = json.NewEncoder(w).Encode(p)
 }
 
-// Why a handler run by Middleware failed the store's fn.
+// Why a handler run by Middleware failed the store's fn, and a store that
+// returned nil without running it (a Store that breaks its contract).
 var (
 	errHandlerStatus = errors.New("guard: the handler answered with a status other than 2xx")
 	errPanicked      = errors.New("guard: the handler panicked")
+	errNotRun        = errors.New("guard: the store returned nil without running the handler")
 )
 
 // only reports whether err is target, alone or joined with nothing else:
