@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -760,5 +761,44 @@ func TestMiddlewareStoreDoesNotRunHandler(t *testing.T) {
 	w, p := serveOnce(mw, func(w http.ResponseWriter, r *http.Request) { t.Error("the handler ran") }, "5")
 	if p != nil || w.Code != http.StatusServiceUnavailable {
 		t.Fatalf("answer %d %q, panic %v; want 503", w.Code, w.Body, p)
+	}
+}
+
+// TestSQLiteBusyWaitWithinDeadline: on SQLite (SQLiteDSN: a 10 s busy
+// timeout) a fenced transaction waits for another connection's write lock.
+// A caller whose context ends after 200 ms must get its error then, not
+// after the busy timeout.
+func TestSQLiteBusyWaitWithinDeadline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "busy.db")
+	db, err := sql.Open("sqlite", guard.SQLiteDSN(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	setup(t, db)
+	hold, err := db.BeginTx(ctx(t), nil) // BEGIN IMMEDIATE: the write lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	for _, end := range []string{"deadline", "cancel"} {
+		t.Run(end, func(t *testing.T) {
+			const wait, slack = 200 * time.Millisecond, 800 * time.Millisecond
+			var c context.Context
+			var cancel context.CancelFunc
+			if end == "deadline" {
+				c, cancel = context.WithTimeout(context.Background(), wait)
+			} else {
+				c, cancel = context.WithCancel(context.Background())
+				time.AfterFunc(wait, cancel)
+			}
+			defer cancel()
+			start := time.Now()
+			err := approveTx(c, db, 5, "w5")
+			if took := time.Since(start); took > wait+slack || !errors.Is(err, c.Err()) || c.Err() == nil {
+				t.Fatalf("a fenced transaction waiting for SQLite's write lock: %v after %v; want the context's error within %v", err, took, wait+slack)
+			}
+			t.Logf("%v after %v", err, time.Since(start))
+		})
 	}
 }
