@@ -39,6 +39,15 @@ WHERE fence_tokens.token < excluded.token`
 // do not exist yet. Processes may call it at once: on PostgreSQL, where a
 // CREATE TABLE IF NOT EXISTS that loses a race with a concurrent one fails
 // instead of finding the table, the statement is run again.
+//
+// A resource's row in fence_tokens is all the guard remembers of it: every
+// process that fences the resource must reach the same table (on
+// PostgreSQL the names are unqualified, found through each connection's
+// search_path: a service whose search_path puts its own schema first has a
+// fence_tokens of its own there, and its tokens and the others' order
+// nothing between them), and a row must not be deleted (to prune the
+// table, say) while a holder of an older token may still write: the next
+// token is then accepted, stale or not.
 func CreateTables(ctx context.Context, q Querier) error {
 	for _, stmt := range []string{createTokens, createIdempotency} {
 		_, err := q.ExecContext(ctx, stmt)
