@@ -802,3 +802,36 @@ func TestSQLiteBusyWaitWithinDeadline(t *testing.T) {
 		})
 	}
 }
+
+// TestSearchPathSplitsFenceTokens: two services fence payment 1001 in one
+// PostgreSQL database, one of them with its own schema first in its
+// search_path. CreateTables gives it a fence_tokens of its own, and its
+// stale token 5 is accepted after the other service's 9, overwriting 9's
+// write. CreateTables' doc warns of this; the test fails if it stops
+// happening (then update the doc).
+func TestSearchPathSplitsFenceTokens(t *testing.T) {
+	db := pg.NewDB(t)
+	setup(t, db)
+	var name string
+	if err := db.QueryRowContext(ctx(t), `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx(t), `CREATE SCHEMA svc_b`); err != nil {
+		t.Fatal(err)
+	}
+	other, err := sql.Open("pgx", pg.DSN(name)+"&search_path=svc_b,public")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := guard.CreateTables(ctx(t), other); err != nil {
+		t.Fatal(err)
+	}
+	if err := approveTx(ctx(t), db, 9, "w9"); err != nil {
+		t.Fatal(err)
+	}
+	err = approveTx(ctx(t), other, 5, "w5")
+	if _, by, _ := row(t, db); err != nil || by.String != "w5" {
+		t.Fatalf("token 5 through the other search_path: %v, approved_by %q; the hazard CreateTables' doc describes is gone", err, by.String)
+	}
+}
