@@ -22,7 +22,10 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/guard/redisstore"
+	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/internal/stopped"
+	"github.com/redis/go-redis/v9"
 )
 
 // The guard's SQL side tried again as an attacker and as a careless user
@@ -833,5 +836,95 @@ func TestSearchPathSplitsFenceTokens(t *testing.T) {
 	err = approveTx(ctx(t), other, 5, "w5")
 	if _, by, _ := row(t, db); err != nil || by.String != "w5" {
 		t.Fatalf("token 5 through the other search_path: %v, approved_by %q; the hazard CreateTables' doc describes is gone", err, by.String)
+	}
+}
+
+// TestRedisStoreClusterSlotMoves: redisstore.Store on a Redis Cluster while
+// the slot of a resource's key moves between masters three times (MIGRATE:
+// ASK and MOVED redirections). One goroutine accepts increasing tokens; two
+// others keep sending the last accepted token, which is never greater than
+// the stored one: none of those may be accepted.
+func TestRedisStoreClusterSlotMoves(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	defer c.Close()
+	store := redisstore.Store{Client: c}
+	const resource = "payment:1001"
+	key := "fence:guard:{" + resource + "}"
+	node, err := c.MasterForKey(ctx(t), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var from *redistest.Server
+	for _, s := range cluster.Servers {
+		if s.Addr == node.Options().Addr {
+			from = s
+		}
+	}
+	slot := int(c.ClusterKeySlot(ctx(t), key).Val())
+	var last atomic.Int64
+	if err := store.Accept(ctx(t), resource, 100); err != nil {
+		t.Fatal(err)
+	}
+	last.Store(100)
+	stop := make(chan struct{})
+	var accepted, refused, failed atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for tok := int64(101); ; tok++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			switch err := store.Accept(ctx(t), resource, fence.Token(tok)); {
+			case err == nil:
+				last.Store(tok)
+				accepted.Add(1)
+			case errors.Is(err, guard.ErrStale):
+				t.Errorf("token %d, greater than every one sent before, refused: %v", tok, err)
+			default:
+				failed.Add(1) // a redirection in flight; the token is skipped
+			}
+		}
+	})
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tok := last.Load()
+				switch err := store.Accept(ctx(t), resource, fence.Token(tok)); {
+				case err == nil:
+					t.Errorf("token %d accepted again", tok)
+				case errors.Is(err, guard.ErrStale):
+					refused.Add(1)
+				default:
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	for _, to := range []int{1, 2, 0} {
+		dest := cluster.Servers[to]
+		if dest == from {
+			dest = cluster.Servers[(to+1)%3]
+		}
+		if err := cluster.MigrateSlot(ctx(t), slot, from, dest); err != nil {
+			t.Fatal(err)
+		}
+		from = dest
+	}
+	close(stop)
+	wg.Wait()
+	if err := store.Accept(ctx(t), resource, fence.Token(last.Load())); !errors.Is(err, guard.ErrStale) {
+		t.Fatalf("the last accepted token %d again after the moves: %v, want ErrStale", last.Load(), err)
+	}
+	t.Logf("%d accepted, %d stale refused, %d errors", accepted.Load(), refused.Load(), failed.Load())
+	if accepted.Load() == 0 || refused.Load() == 0 {
+		t.Fatal("the test did not exercise the store")
 	}
 }
