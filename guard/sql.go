@@ -38,7 +38,8 @@ WHERE fence_tokens.token < excluded.token`
 // token per resource) and fence_idempotency (used idempotency keys), if they
 // do not exist yet. Processes may call it at once: on PostgreSQL, where a
 // CREATE TABLE IF NOT EXISTS that loses a race with a concurrent one fails
-// instead of finding the table, the statement is run again.
+// instead of finding the table, the statement is run again (unless q is a
+// *sql.Tx, which the failure has aborted).
 //
 // A resource's row in fence_tokens is all the guard remembers of it: every
 // process that fences the resource must reach the same table (on
@@ -49,9 +50,10 @@ WHERE fence_tokens.token < excluded.token`
 // table, say) while a holder of an older token may still write: the next
 // token is then accepted, stale or not.
 func CreateTables(ctx context.Context, q Querier) error {
+	_, inTx := q.(*sql.Tx) // where a failed statement has aborted the transaction
 	for _, stmt := range []string{createTokens, createIdempotency} {
 		_, err := q.ExecContext(ctx, stmt)
-		for try := 1; err != nil && try < 3 && createRaced(err); try++ {
+		for try := 1; err != nil && !inTx && try < 3 && createRaced(err); try++ {
 			// The concurrent creator has committed (PostgreSQL waited
 			// for it before it failed this one): the table exists now.
 			_, err = q.ExecContext(ctx, stmt)
