@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -927,4 +928,51 @@ func TestRedisStoreClusterSlotMoves(t *testing.T) {
 	if accepted.Load() == 0 || refused.Load() == 0 {
 		t.Fatal("the test did not exercise the store")
 	}
+}
+
+// TestInt64EdgeTokens: tokens at the top of the int64 range, and tokens
+// that differ from an accepted one only beyond a float64's precision
+// (2^53 + 1 after 2^53 + 2), through Tx, Table.Update and redisstore: the
+// comparison is exact and nothing overflows; zero and negative tokens are
+// refused before the database.
+func TestInt64EdgeTokens(t *testing.T) {
+	const top = fence.Token(math.MaxInt64)
+	const f = fence.Token(1 << 53)
+	type step struct {
+		token fence.Token
+		ok    bool
+	}
+	steps := []step{{f + 2, true}, {f + 1, false}, {f + 3, true}, {top - 1, true}, {top - 1, false}, {top, true}, {top, false}, {f + 4, false}}
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			setup(t, db)
+			for _, s := range steps {
+				err := guard.Tx(ctx(t), db, "payment:1001", s.token, func(*sql.Tx) error { return nil })
+				if (err == nil) != s.ok || (err != nil && !errors.Is(err, guard.ErrStale)) {
+					t.Errorf("Tx token %d: %v, want accepted %v", s.token, err, s.ok)
+				}
+				err = payments.Update(ctx(t), db, 1001, s.token, "approved_by = $3", fmt.Sprint(s.token))
+				if (err == nil) != s.ok || (err != nil && !errors.Is(err, guard.ErrStale)) {
+					t.Errorf("Update token %d: %v, want accepted %v", s.token, err, s.ok)
+				}
+			}
+			for _, bad := range []fence.Token{0, -1, math.MinInt64} {
+				if err := guard.Tx(ctx(t), db, "payment:1001", bad, func(*sql.Tx) error { return nil }); !errors.Is(err, guard.ErrInvalidToken) {
+					t.Errorf("Tx token %d: %v, want ErrInvalidToken", bad, err)
+				}
+				if err := payments.Update(ctx(t), db, 1001, bad, "approved_by = $3", "bad"); !errors.Is(err, guard.ErrInvalidToken) {
+					t.Errorf("Update token %d: %v, want ErrInvalidToken", bad, err)
+				}
+			}
+		})
+	}
+	t.Run("redis", func(t *testing.T) {
+		store := redisStore(t)
+		for _, s := range steps {
+			err := store.Accept(ctx(t), "payment:1001", s.token)
+			if (err == nil) != s.ok || (err != nil && !errors.Is(err, guard.ErrStale)) {
+				t.Errorf("Accept token %d: %v, want accepted %v", s.token, err, s.ok)
+			}
+		}
+	})
 }
