@@ -34,6 +34,14 @@ var (
 
 	// ErrInvalidTable means a Table's identifiers are not plain SQL names.
 	ErrInvalidTable = errors.New("guard: invalid table description")
+
+	// ErrNestedTx means Tx was called with a context of SQLStore's fenced
+	// transaction (a handler behind Middleware) on that store's own
+	// database: the new transaction would wait for the one it runs in
+	// (on the same resource, or on SQLite for any), until ctx ended.
+	// Nothing was sent to the database; fence another resource with Fence
+	// on TxFrom's transaction instead.
+	ErrNestedTx = errors.New("guard: Tx inside SQLStore's transaction on the same database")
 )
 
 // StaleError reports a rejected token and the last one accepted. It matches

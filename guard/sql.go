@@ -119,7 +119,9 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 // Tx runs fn inside a transaction fenced on resource with token: Fence runs
 // first, then fn, then the commit. It is the way to do a fenced
 // read-modify-write: fn reads what it decides on through tx, after the
-// fence, and writes through tx (see the package documentation).
+// fence, and writes through tx (see the package documentation). Given the
+// ctx of a handler that SQLStore runs and that store's DB, it returns
+// ErrNestedTx at once (see SQLStore).
 //
 // If the token is stale, fn is not called and Tx returns a *StaleError
 // (matching ErrStale). If fn returns an error, Tx rolls back and returns it.
@@ -146,6 +148,9 @@ func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn 
 	}
 	if err := checkToken(token); err != nil {
 		return err
+	}
+	if in, ok := ctx.Value(txKey{}).(storeTx); ok && in.db == db {
+		return fmt.Errorf("%w: fence %q with Fence on TxFrom's transaction", ErrNestedTx, resource)
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {

@@ -98,23 +98,35 @@ func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token
 // DB.BeginTx) for the request's work: it is not part of the fenced
 // transaction, and it may wait for it, which waits for fn, until ctx ends
 // (Tx on the request's own resource, under its namespaced name, always
-// does; on SQLite, any transaction does, until the busy timeout). To fence
-// another resource with the request, call Fence on TxFrom's transaction.
+// does; on SQLite, any transaction does, until the busy timeout). Tx given
+// fn's ctx and the store's DB refuses at once with ErrNestedTx; a
+// transaction begun otherwise, or on another pool of the same database, is
+// not seen. To fence another resource with the request, call Fence on
+// TxFrom's transaction.
 type SQLStore struct{ DB *sql.DB }
 
 // Do implements Store.
 func (s SQLStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
 	return Tx(ctx, s.DB, resource, token, func(tx *sql.Tx) error {
-		return fn(context.WithValue(ctx, txKey{}, tx))
+		return fn(context.WithValue(ctx, txKey{}, storeTx{db: s.DB, tx: tx}))
 	})
 }
 
+// txKey is the context key of the transaction SQLStore runs fn in, a
+// storeTx.
 type txKey struct{}
+
+// storeTx is SQLStore's transaction and the database it is on, so that Tx
+// can refuse to open another on that database in it (ErrNestedTx).
+type storeTx struct {
+	db *sql.DB
+	tx *sql.Tx
+}
 
 // TxFrom returns the fenced transaction that SQLStore runs a handler in, and
 // false if ctx carries none. The handler makes its writes through it and
 // leaves the commit or rollback to the store.
 func TxFrom(ctx context.Context) (*sql.Tx, bool) {
-	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
-	return tx, ok
+	in, ok := ctx.Value(txKey{}).(storeTx)
+	return in.tx, ok
 }
