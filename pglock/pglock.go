@@ -118,17 +118,26 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 }
 
 // EnsureSchema creates the lease table and the token sequence if they do
-// not exist (the statements of Schema).
+// not exist (the statements of Schema). Processes may call it at once: the
+// statements run in one transaction under a transaction-level advisory lock
+// (PostgreSQL's CREATE ... IF NOT EXISTS fails, rather than finds the
+// object, when a concurrent one creates it first).
 func (l *Locker) EnsureSchema(ctx context.Context) error {
 	schema, err := Schema(l.table) // valid: New checked it
 	if err != nil {
 		return err
 	}
-	if _, err := l.db.ExecContext(ctx, schema); err != nil {
+	// One simple query: its statements are one implicit transaction, which
+	// the lock lasts for.
+	if _, err := l.db.ExecContext(ctx, schemaLock+schema); err != nil {
 		return fmt.Errorf("pglock: create schema: %w", err)
 	}
 	return nil
 }
+
+// schemaLock serialises EnsureSchema's transactions on a database: the
+// two-key advisory lock ("fenc", "sche" as big-endian int4s).
+const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
 
 // Acquire takes the lock called name; see fence.Locker. Whether the lock
 // is free is judged by the database's clock. With a Wait budget, a waiter

@@ -385,3 +385,33 @@ func TestReservedWordTable(t *testing.T) {
 		}
 	}
 }
+
+// TestEnsureSchemaConcurrently: processes that start together each call
+// EnsureSchema on a fresh database. PostgreSQL's CREATE ... IF NOT EXISTS
+// is not safe against a concurrent one (the loser fails with a unique
+// violation in the catalog rather than finding the object): each call must
+// succeed.
+func TestEnsureSchemaConcurrently(t *testing.T) {
+	for round := range 5 {
+		db := pg.NewDB(t)
+		db.SetMaxOpenConns(8)
+		l, err := pglock.New(db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := make(chan struct{})
+		errs := make(chan error, 8)
+		for range 8 {
+			go func() {
+				<-start
+				errs <- l.EnsureSchema(t.Context())
+			}()
+		}
+		close(start)
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Errorf("round %d: EnsureSchema at once with 7 others: %v", round, err)
+			}
+		}
+	}
+}
