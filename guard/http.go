@@ -165,10 +165,11 @@ const (
 //
 // The handler's response is held in memory until store.Do returns, so
 // that a client is never told of writes that were then rolled back:
-// streaming, Flush and Hijack are not available to the handler. A 2xx
-// answer commits; any other status, or a panic, makes store.Do fail (with
-// SQLStore: rolls back, the token is not spent). The handler's own non-2xx
-// answer is then sent as written, and a panic is re-raised once the store
+// streaming, Flush and Hijack are not available to the handler. A 2xx or
+// 3xx answer commits (303 See Other is the usual answer to a POST that
+// succeeded); any other status (4xx, 5xx, 1xx), or a panic, makes store.Do
+// fail (with SQLStore: rolls back, the token is not spent). The handler's
+// own 4xx or 5xx answer is then sent as written, and a panic is re-raised once the store
 // has rolled back. When the store fails, the client gets 503 and a generic
 // body, and the cause goes to the log; a failure of SQLStore's commit
 // itself (a deadline, a lost connection) may follow a commit that
@@ -487,7 +488,7 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 // Why a handler run by Middleware failed the store's fn, and a store that
 // returned nil without running it (a Store that breaks its contract).
 var (
-	errHandlerStatus = errors.New("guard: the handler answered with a status other than 2xx")
+	errHandlerStatus = errors.New("guard: the handler answered with a status other than 2xx or 3xx")
 	errPanicked      = errors.New("guard: the handler panicked")
 	errNotRun        = errors.New("guard: the store returned nil without running the handler")
 )
@@ -515,7 +516,7 @@ type recovered struct {
 	value any
 }
 
-// serve runs next, failing when it answers other than 2xx and recovering a
+// serve runs next, failing when it answers other than 2xx or 3xx and recovering a
 // panic into p, so that the store rolls back before the panic goes on.
 func serve(next http.Handler, w *responseBuffer, r *http.Request, p *recovered) (err error) {
 	defer func() {
@@ -528,7 +529,7 @@ func serve(next http.Handler, w *responseBuffer, r *http.Request, p *recovered) 
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	if w.status < 200 || w.status > 299 {
+	if w.status < 200 || w.status > 399 {
 		return errHandlerStatus
 	}
 	return nil
