@@ -262,24 +262,7 @@ func TestMiddlewareStressWithCancels(t *testing.T) {
 			}
 			wg.Wait()
 			close(results)
-			rows, err := db.QueryContext(ctx(t), `SELECT token FROM accepted ORDER BY seq`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			logged := map[int64]bool{}
-			var last int64
-			for rows.Next() {
-				var tok int64
-				if err := rows.Scan(&tok); err != nil {
-					t.Fatal(err)
-				}
-				if tok <= last {
-					t.Errorf("token %d accepted after %d", tok, last)
-				}
-				last = tok
-				logged[tok] = true
-			}
+			logged := acceptedLog(t, db)
 			counts := map[int]int{}
 			for o := range results {
 				counts[o.code]++
@@ -563,7 +546,7 @@ func TestFencedApprovalAtEveryIsolation(t *testing.T) {
 				t.Fatal(err)
 			}
 			var next atomic.Int64
-			var ok, stale, retry atomic.Int64
+			var out outcomes
 			var wg sync.WaitGroup
 			for range 64 {
 				wg.Go(func() {
@@ -586,16 +569,7 @@ func TestFencedApprovalAtEveryIsolation(t *testing.T) {
 						_, err := tx.ExecContext(ctx(t), `INSERT INTO charge (token) VALUES ($1)`, token)
 						return err
 					})
-					switch {
-					case err == nil:
-						ok.Add(1)
-					case errors.Is(err, guard.ErrStale):
-						stale.Add(1)
-					case errors.Is(err, guard.ErrRetry):
-						retry.Add(1)
-					default:
-						t.Errorf("token %d: %v", token, err)
-					}
+					out.count(t, int64(token), err)
 				})
 			}
 			wg.Wait()
@@ -622,10 +596,10 @@ func TestFencedApprovalAtEveryIsolation(t *testing.T) {
 				}
 				last, n = tok, n+1
 			}
-			if n != ok.Load() {
-				t.Errorf("%d transactions logged, %d reported committed", n, ok.Load())
+			if n != out.ok.Load() {
+				t.Errorf("%d transactions logged, %d reported committed", n, out.ok.Load())
 			}
-			t.Logf("%d committed, %d stale, %d retry", ok.Load(), stale.Load(), retry.Load())
+			t.Logf("%d committed, %d stale, %d retry", out.ok.Load(), out.stale.Load(), out.retry.Load())
 		})
 	}
 }

@@ -160,24 +160,7 @@ func TestFencedTxConcurrent(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			rows, err := db.QueryContext(ctx(t), `SELECT token FROM accepted ORDER BY seq`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			accepted := map[int64]bool{}
-			var last int64
-			for rows.Next() {
-				var tok int64
-				if err := rows.Scan(&tok); err != nil {
-					t.Fatal(err)
-				}
-				if tok <= last {
-					t.Fatalf("accepted token %d after %d", tok, last)
-				}
-				last = tok
-				accepted[tok] = true
-			}
+			accepted := acceptedLog(t, db)
 			if len(accepted)+len(rejected) != workers*rounds {
 				t.Fatalf("%d accepted + %d rejected, want %d", len(accepted), len(rejected), workers*rounds)
 			}

@@ -186,28 +186,19 @@ func TestTxIsolationLevels(t *testing.T) {
 				t.Fatalf("isolation %q (%v), want %q", got, err, level)
 			}
 			const writes = 400
-			var ok, stale, retry atomic.Int64
+			var out outcomes
 			var wg sync.WaitGroup
 			for i := range writes {
 				wg.Go(func() {
 					token := fence.Token(1 + (i*7919)%writes) // tokens in a scrambled order
-					switch err := approveTx(ctx(t), db, token, fmt.Sprint(token)); {
-					case err == nil:
-						ok.Add(1)
-					case errors.Is(err, guard.ErrStale):
-						stale.Add(1)
-					case errors.Is(err, guard.ErrRetry):
-						retry.Add(1)
-					default:
-						t.Errorf("token %d: %v", token, err)
-					}
+					out.count(t, int64(token), approveTx(ctx(t), db, token, fmt.Sprint(token)))
 				})
 			}
 			wg.Wait()
-			if ok.Load() == 0 {
+			if out.ok.Load() == 0 {
 				t.Fatal("no write succeeded")
 			}
-			t.Logf("%d committed, %d stale, %d retry", ok.Load(), stale.Load(), retry.Load())
+			t.Logf("%d committed, %d stale, %d retry", out.ok.Load(), out.stale.Load(), out.retry.Load())
 		})
 	}
 }
@@ -239,4 +230,49 @@ func TestTxMisuse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// outcomes counts fenced transactions by their result: committed, refused
+// as stale, or to retry; any other error fails the test.
+type outcomes struct{ ok, stale, retry atomic.Int64 }
+
+func (o *outcomes) count(t *testing.T, token int64, err error) {
+	switch {
+	case err == nil:
+		o.ok.Add(1)
+	case errors.Is(err, guard.ErrStale):
+		o.stale.Add(1)
+	case errors.Is(err, guard.ErrRetry):
+		o.retry.Add(1)
+	default:
+		t.Errorf("token %d: %v", token, err)
+	}
+}
+
+// acceptedLog reads the accepted table's tokens in their order of
+// acceptance, failing the test if one is not greater than the one before.
+func acceptedLog(t *testing.T, db *sql.DB) map[int64]bool {
+	t.Helper()
+	rows, err := db.QueryContext(ctx(t), `SELECT token FROM accepted ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	logged := map[int64]bool{}
+	var last int64
+	for rows.Next() {
+		var tok int64
+		if err := rows.Scan(&tok); err != nil {
+			t.Fatal(err)
+		}
+		if tok <= last {
+			t.Errorf("token %d accepted after %d", tok, last)
+		}
+		last = tok
+		logged[tok] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return logged
 }
