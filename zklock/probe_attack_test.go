@@ -1,0 +1,201 @@
+package zklock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/zkserver"
+	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
+)
+
+// reconfigure kills s, appends lines to its zoo.cfg (a later key wins) and
+// starts it again with them.
+func reconfigure(t testing.TB, s *zkserver.Server, lines ...string) {
+	t.Helper()
+	s.Kill()
+	f, err := os.OpenFile(filepath.Join(s.Dir, "zoo.cfg"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range lines {
+		if _, err := f.WriteString(line + "\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A server's maxClientCnxns (60 connections per client IP by default)
+// counts the probe's connection: a client whose connections fill it (here
+// one connection, a limit of one) has a working connection, which took
+// locks before the probe was added, but every first Acquire's probe is
+// refused (the server closes its connection), and the Locker never grants
+// a lease.
+//
+// Failed (2026-12-02): "Acquire on a connection that works, with the
+// server's connection limit reached: fence: lock not acquired:
+// "max-cnxns": zklock: learning the negotiated session timeout from
+// 127.0.0.1:36215: no session granted within 5s (go-zookeeper:
+// authentication failed: EOF) after 5s".
+func TestProbeRefusedByMaxClientCnxns(t *testing.T) {
+	t.Skip("bug: the probe's extra connection counts against maxClientCnxns; a client at the limit never gets a lease (each first Acquire fails after 5 s), where it did before the probe; no safe fallback without the negotiated timeout, so no small fix")
+	srv := startZK(t)
+	reconfigure(t, srv, "maxClientCnxns=1")
+	l, conn := newLocker(t, []string{srv.Addr})
+	if _, _, err := conn.Exists("/"); err != nil {
+		t.Fatalf("the connection does not work: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	began := time.Now()
+	lease, err := l.Acquire(ctx, "max-cnxns")
+	if err != nil {
+		t.Errorf("Acquire on a connection that works, with the server's connection limit reached: %v after %v", err, time.Since(began).Round(10*time.Millisecond))
+		waitFor(t, func() bool { return l.Background() == 0 })
+		return
+	}
+	_ = lease.Release(ctx)
+}
+
+// blocker is a dialer that refuses the addresses it blocks, and closes the
+// connections to an address when it blocks it.
+type blocker struct {
+	mu      sync.Mutex
+	blocked map[string]bool
+	conns   map[string][]net.Conn
+}
+
+func (b *blocker) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.blocked[addr] {
+		return nil, errors.New("blocked")
+	}
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err == nil {
+		b.conns[addr] = append(b.conns[addr], c)
+	}
+	return c, err
+}
+
+// set blocks or unblocks addrs.
+func (b *blocker) set(block bool, addrs ...string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, a := range addrs {
+		b.blocked[a] = block
+		if block {
+			for _, c := range b.conns[a] {
+				_ = c.Close()
+			}
+			b.conns[a] = nil
+		}
+	}
+}
+
+// The probe asks the server the connection is on at the first Acquire. In
+// an ensemble whose servers have different bounds (the package doc says to
+// configure them alike), the leader may expire the session by another
+// server's timeout than the probed one:
+//
+//   - created on c (maxSessionTimeout 2 s), moved to a (10 s) before the
+//     first Acquire: the probe asks a and gets 8 s, the leader expires the
+//     session by c's 2 s (failed in each of 3 runs, 2026-12-02: "two
+//     holders: the partitioned lease's Deadline is still 5.6s away, Err
+//     nil, when the next holder acquired 2.3s into the partition");
+//   - created on a, moved to c after it: the probe got a's 8 s, and the
+//     leader expires the session by c's 2 s in some runs (2 of 3), by a's
+//     8 s in the others ("next holder acquired 8.4s into the partition").
+//
+// Either way a lease outlives its session: two holders.
+func TestProbeEnsembleWithDifferentBounds(t *testing.T) {
+	t.Skip("bug: with servers of different maxSessionTimeout, the probed timeout is not the one the leader expires the session by (the package doc's limit, 'configure them alike'); the Locker cannot see the connection's own negotiated timeout (go-zookeeper keeps it unexported) nor the servers it may move to, so no small fix")
+	t.Run("created on a, moved to c", func(t *testing.T) { testDifferentBounds(t, false) })
+	t.Run("created on c, moved to a", func(t *testing.T) { testDifferentBounds(t, true) })
+}
+
+// testDifferentBounds: the session is created on a (maxSessionTimeout 10 s)
+// and moves to c (2 s) after the first Acquire, or (createdOnLow) is
+// created on c and moves to a before it.
+func testDifferentBounds(t *testing.T, createdOnLow bool) {
+	e := startEnsemble(t, 3)
+	a, b, c := e.Servers[0], e.Servers[1], e.Servers[2]
+	const lowMax = 4 * zkserver.TickTime // 2 s on c; 10 s on the others
+	reconfigure(t, c, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if leader, err := e.Leader(e.ElectionLimit()); err == nil {
+		t.Logf("leader: server %d (a %d, b %d, c %d)", leader.ID, a.ID, b.ID, c.ID)
+	}
+
+	const asked = 16 * zkserver.TickTime // 8 s: below a's maximum, above c's
+	first, then := a, c
+	if createdOnLow {
+		first, then = c, a
+	}
+	bl := &blocker{blocked: map[string]bool{then.Addr: true, b.Addr: true}, conns: map[string][]net.Conn{}}
+	conn, _, err := zk.Connect([]string{a.Addr, c.Addr}, asked, zk.WithLogger(quiet{}), zk.WithDialer(bl.dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	waitFor(t, func() bool { return conn.State() == zk.StateHasSession && conn.Server() == first.Addr })
+	move := func() {
+		bl.set(false, then.Addr)
+		bl.set(true, first.Addr)
+		waitFor(t, func() bool { return conn.State() == zk.StateHasSession && conn.Server() == then.Addr })
+	}
+	if createdOnLow {
+		move()
+	}
+	l, err := zklock.New(conn, asked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "different-bounds"
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(context.Background()) }()
+	if got, ok := l.NegotiatedTimeout(); !ok || got != asked {
+		t.Fatalf("NegotiatedTimeout() = %v, %v; want %v, true", got, ok, asked)
+	}
+	if !createdOnLow {
+		move()
+	}
+	if err := lease.Extend(ctx, time.Second); err != nil {
+		t.Fatalf("Extend on %s: %v", conn.Server(), err)
+	}
+	bl.set(true, a.Addr, c.Addr)
+	cutAt := time.Now()
+
+	other, _ := newLocker(t, []string{b.Addr})
+	next, err := other.Acquire(ctx, name, fence.Wait(4*asked))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = next.Release(ctx) }()
+	if left := time.Until(lease.Deadline()); lease.Err() == nil && left > 0 {
+		t.Errorf("two holders: the partitioned lease's Deadline is still %v away, Err nil, when the next holder acquired %v into the partition",
+			left.Round(100*time.Millisecond), time.Since(cutAt).Round(100*time.Millisecond))
+	} else {
+		t.Logf("next holder acquired %v into the partition; the lease: Err %v", time.Since(cutAt).Round(100*time.Millisecond), lease.Err())
+	}
+	bl.set(false, a.Addr, c.Addr)
+	waitFor(t, func() bool { return l.Background() == 0 })
+}
