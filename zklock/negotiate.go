@@ -111,9 +111,11 @@ func (l *Locker) reportNegotiated(ctx context.Context, got time.Duration, server
 // probe opens a session to the server that the Locker's connection has its
 // session on (once it has one), asking for the Locker's session timeout,
 // and returns the timeout the server granted. The session is closed
-// before it returns; on ctx's end (or probeLimit's, which bounds the
-// probe's session, not the wait for the connection's) its connection is
-// cut at once, and go-zookeeper's goroutines end within a second.
+// before it returns, unless ctx ends first (a server that hangs once it
+// granted it): then it is closed in the background. On ctx's end (or
+// probeLimit's, which bounds the probe's session, not the wait for the
+// connection's) its connection is cut at once, and go-zookeeper's
+// goroutines end within a second.
 func (l *Locker) probe(ctx context.Context) (time.Duration, string, error) {
 	l.probes.Add(1)
 	// The server the connection has its session on: while it reconnects,
@@ -148,7 +150,22 @@ func (l *Locker) probe(ctx context.Context) (time.Duration, string, error) {
 	}
 	select {
 	case got := <-log.granted:
-		pc.Close() // the server answers the close at once: it just answered
+		// The server answers the close at once: it just answered the
+		// connect. One that hangs meanwhile would leave Close waiting a
+		// second for its answer, past ctx: wait for Close no longer than
+		// ctx, then cut its connection and let it end in the background.
+		closed := make(chan struct{})
+		l.background.Add(1)
+		go func() {
+			defer l.background.Add(-1)
+			pc.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-ctx.Done():
+			d.cut()
+		}
 		return got, server, nil
 	case <-ctx.Done():
 		// A hung server may never answer the connect request, which

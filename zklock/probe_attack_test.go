@@ -199,3 +199,62 @@ func testDifferentBounds(t *testing.T, createdOnLow bool) {
 	bl.set(false, a.Addr, c.Addr)
 	waitFor(t, func() bool { return l.Background() == 0 })
 }
+
+// hangAfter is a net.Conn that runs f once, before returning the read that
+// completes the connect response (go-zookeeper reads its length, then its
+// body: the second read).
+type hangAfter struct {
+	net.Conn
+	reads int
+	f     func()
+}
+
+func (h *hangAfter) Read(p []byte) (int, error) {
+	n, err := h.Conn.Read(p)
+	if h.reads++; h.reads == 2 && h.f != nil {
+		h.f()
+		h.f = nil
+	}
+	return n, err
+}
+
+// A server that hangs right after it granted the probe its session (paused
+// before the client reads the grant) leaves the probe's Close waiting a
+// second for its answer (go-zookeeper's Close waits that long): the first
+// Acquire must still end with its ctx, as the package doc says of the
+// probe ("lasts no longer than the Acquire's ctx and wait budget").
+// Before (Close waited for, 2026-12-02): "Acquire returned 1.01s after it
+// began, its ctx ended after 300ms".
+func TestProbeCloseOnServerHungAfterGrant(t *testing.T) {
+	srv := startZK(t)
+	var once sync.Once
+	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		h := &hangAfter{Conn: c}
+		once.Do(func() { h.f = srv.Stop })
+		return h, nil
+	}
+	l, err := zklock.New(connect(t, []string{srv.Addr}, nil), sessionTimeout, zklock.WithDialer(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Cont)
+	const budget = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	began := time.Now()
+	lease, err := l.Acquire(ctx, "hung-after-grant")
+	took := time.Since(began)
+	if err == nil {
+		_ = lease.Release(context.Background())
+	}
+	t.Logf("Acquire = %v after %v", err, took.Round(10*time.Millisecond))
+	if took > budget+budget/2 {
+		t.Errorf("Acquire returned %v after it began, its ctx ended after %v", took.Round(10*time.Millisecond), budget)
+	}
+	srv.Cont()
+	waitFor(t, func() bool { return l.Background() == 0 })
+}
