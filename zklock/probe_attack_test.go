@@ -299,3 +299,88 @@ func TestProbeSlowerThanEveryBudget(t *testing.T) {
 	t.Errorf("no lease in %d try-locks of a free lock (%d probes); the last: %v", tries, l.Probes(), last)
 	waitFor(t, func() bool { return l.Background() == 0 })
 }
+
+// An Acquire waiting for another's probe, whose ctx ends meanwhile (its
+// probe's dial stuck), probes then itself and gets its lease.
+func TestProbeWaiterTakesOverCancelledProbe(t *testing.T) {
+	srv := startZK(t)
+	stuck := make(chan struct{})   // closed when the first dial is stuck
+	release := make(chan struct{}) // closed to let it go on
+	var dials sync.Mutex
+	n := 0
+	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		dials.Lock()
+		n++
+		first := n == 1
+		dials.Unlock()
+		if first {
+			close(stuck)
+			<-release
+		}
+		return net.DialTimeout(network, addr, timeout)
+	}
+	l, err := zklock.New(connect(t, []string{srv.Addr}, nil), sessionTimeout, zklock.WithDialer(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		close(release)
+		waitFor(t, func() bool { return l.Background() == 0 })
+	}()
+	ctxA, cancelA := context.WithCancel(context.Background())
+	errA := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctxA, "takeover-a")
+		errA <- err
+	}()
+	<-stuck
+	ctxB, cancelB := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelB()
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	resB := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(ctxB, "takeover-b")
+		resB <- result{lease, err}
+	}()
+	cancelA()
+	if err := <-errA; !errors.Is(err, context.Canceled) {
+		t.Errorf("the cancelled Acquire = %v, want context.Canceled", err)
+	}
+	r := <-resB
+	if r.err != nil {
+		t.Fatalf("the waiting Acquire = %v", r.err)
+	}
+	if err := r.lease.Release(ctxB); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Probes(); got != 2 {
+		t.Errorf("%d probes, want 2 (the cancelled one, the waiter's)", got)
+	}
+}
+
+// A Locker whose connection its user closed, before its first Acquire,
+// fails at once (zk.ErrClosing), not at the end of the Acquire's ctx, and
+// opens no session of its own.
+func TestProbeAfterConnClose(t *testing.T) {
+	srv := startZK(t)
+	l, conn := newLocker(t, []string{srv.Addr})
+	conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err := l.Acquire(ctx, "after-close")
+	took := time.Since(began)
+	t.Logf("Acquire after conn.Close = %v after %v", err, took.Round(10*time.Millisecond))
+	if err == nil || !errors.Is(err, zk.ErrClosing) {
+		t.Errorf("Acquire after conn.Close = %v, want zk.ErrClosing", err)
+	}
+	if took > 5*time.Second {
+		t.Errorf("Acquire after conn.Close took %v", took)
+	}
+	if _, ok := l.NegotiatedTimeout(); ok {
+		t.Error("a probe ran on a closed connection's server")
+	}
+}
