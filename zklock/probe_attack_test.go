@@ -384,3 +384,57 @@ func TestProbeAfterConnClose(t *testing.T) {
 		t.Error("a probe ran on a closed connection's server")
 	}
 }
+
+// One probe serves a Locker for its life. A server restarted with a lower
+// maxSessionTimeout (a configuration change rolled out) revalidates the
+// session when it reconnects with the timeout it now clamps, and expires
+// it by that; the Locker still counts its leases' Deadlines from the
+// probed one: two holders. Failed in each of 4 runs (2026-12-02): "two
+// holders: the partitioned lease's Deadline is still 5.6s away, Err nil,
+// when the next holder acquired 2.3s into the partition".
+func TestProbeServerRestartedWithLowerMax(t *testing.T) {
+	t.Skip("bug: the probe runs once per Locker; a server restarted with a lower maxSessionTimeout shortens the session when it reconnects, and the Locker keeps counting from the probed timeout; seeing it needs the connection's own negotiated timeout (unexported in go-zookeeper v1.0.4) or a probe after each reconnection (not observable without the user's event channel), so no small fix")
+	srv := startZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const asked = 16 * zkserver.TickTime // 8 s: below the default maximum
+	bl := &blocker{blocked: map[string]bool{}, conns: map[string][]net.Conn{}}
+	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(quiet{}), zk.WithDialer(bl.dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
+	l, err := zklock.New(conn, asked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "restarted-lower"
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(context.Background()) }()
+	const lowMax = 4 * zkserver.TickTime
+	reconfigure(t, srv, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
+	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
+	if err := lease.Extend(ctx, time.Second); err != nil {
+		t.Fatalf("Extend after the restart: %v", err)
+	}
+	bl.set(true, srv.Addr)
+	cutAt := time.Now()
+	other, _ := newLocker(t, []string{srv.Addr})
+	next, err := other.Acquire(ctx, name, fence.Wait(4*asked))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = next.Release(ctx) }()
+	if left := time.Until(lease.Deadline()); lease.Err() == nil && left > 0 {
+		t.Errorf("two holders: the partitioned lease's Deadline is still %v away, Err nil, when the next holder acquired %v into the partition",
+			left.Round(100*time.Millisecond), time.Since(cutAt).Round(100*time.Millisecond))
+	} else {
+		t.Logf("next holder acquired %v into the partition; the lease: Err %v", time.Since(cutAt).Round(100*time.Millisecond), lease.Err())
+	}
+	bl.set(false, srv.Addr)
+	waitFor(t, func() bool { return l.Background() == 0 })
+}
