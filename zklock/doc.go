@@ -107,12 +107,18 @@
 // at least): if it does not succeed, the Acquire fails, and the next one
 // probes again; no lease is counted from a timeout the servers did not
 // confirm. Its limits: it asks the server the connection is on when the
-// first Acquire runs, and an ensemble whose servers are configured with
-// different bounds may grant the connection another timeout when it
-// moves to another server (configure them alike); and it cannot use the
-// connection's own dialer or host provider (zk.WithDialer,
-// zk.WithHostProvider), so a connection that needs a dialer of its own
-// (TLS, a proxy) needs WithDialer too.
+// first Acquire runs, once for the Locker's life, and a session that the
+// servers expire by a lower timeout than that one outlives its leases'
+// Deadlines (two holders): one created on a server with a lower bound than
+// the one probed, or moved to one (configure an ensemble's servers alike),
+// or reconnected to a server restarted with a lower bound (after lowering
+// maxSessionTimeout, make new Lockers, on new connections); its connection
+// counts against the server's maxClientCnxns, so a client at that limit
+// gets no lease; it starts over at each Acquire until one succeeds, so
+// Acquires whose ctx or wait budget is shorter than a probe get none
+// either; and it cannot use the connection's own dialer or host provider
+// (zk.WithDialer, zk.WithHostProvider), so a connection that needs a dialer
+// of its own (TLS, a proxy) needs WithDialer too.
 //
 // # Calls and contexts
 //
