@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -437,4 +438,67 @@ func TestProbeServerRestartedWithLowerMax(t *testing.T) {
 	}
 	bl.set(false, srv.Addr)
 	waitFor(t, func() bool { return l.Background() == 0 })
+}
+
+// globalSessions returns the server's count of live sessions (mntr).
+func globalSessions(t testing.TB, s *zkserver.Server) string {
+	t.Helper()
+	out, err := s.Command("mntr")
+	if err != nil {
+		t.Fatalf("mntr: %v", err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "zk_global_sessions\t"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no zk_global_sessions in mntr: %q", out)
+	return ""
+}
+
+// The probe's session is closed by the time the first Acquire returns: the
+// server then has only the connection's session.
+func TestProbeSessionClosed(t *testing.T) {
+	srv := startZK(t)
+	l, _ := newLocker(t, []string{srv.Addr})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, "probe-closed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(ctx) }()
+	if n := globalSessions(t, srv); n != "1" {
+		t.Errorf("%s sessions on the server after the first Acquire, want 1 (the connection's)", n)
+	}
+}
+
+// On a server that enforces authentication (enforce.auth.enabled), the
+// probe's session, which cannot authenticate (the Locker does not have the
+// connection's credentials), is granted, but its close is refused: it
+// stays on the server until it expires, a session timeout later, one for
+// each Locker. Failed (2026-12-02): "2 sessions on the server after the
+// first Acquire, want 1 (the connection's)".
+func TestProbeSessionClosedWithEnforcedAuth(t *testing.T) {
+	t.Skip("bug: with enforce.auth.enabled the probe's unauthenticated session is granted but its close refused, so it stays until it expires (one per Locker); the probe would need the connection's credentials, which go-zookeeper does not expose, so no small fix")
+	srv := startZK(t)
+	reconfigure(t, srv, "enforce.auth.enabled=true", "enforce.auth.schemes=digest")
+	conn := connect(t, []string{srv.Addr}, nil)
+	if err := conn.AddAuth("digest", []byte("user:password")); err != nil {
+		t.Fatal(err)
+	}
+	l, err := zklock.New(conn, sessionTimeout, zklock.WithACL(zk.DigestACL(zk.PermAll, "user", "password")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, "probe-closed-auth")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(ctx) }()
+	if n := globalSessions(t, srv); n != "1" {
+		t.Errorf("%s sessions on the server after the first Acquire, want 1 (the connection's)", n)
+	}
 }
