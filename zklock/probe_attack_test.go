@@ -502,3 +502,39 @@ func TestProbeSessionClosedWithEnforcedAuth(t *testing.T) {
 		t.Errorf("%s sessions on the server after the first Acquire, want 1 (the connection's)", n)
 	}
 }
+
+// Every path that moves a lease's Deadline counts from the negotiated
+// timeout when the servers lowered it: Extend (with and without
+// fence.TTL, given a TTL longer than either timeout) and the monitor's
+// checks.
+func TestLoweredTimeoutOnEveryDeadline(t *testing.T) {
+	srv := startZK(t)
+	const asked = 2 * serverMax
+	l, err := zklock.New(connectAsking(t, []string{srv.Addr}, asked), asked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, opts := range [][]fence.Option{nil, {fence.TTL(time.Hour)}} {
+		lease, err := l.Acquire(ctx, "lowered-everywhere", opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Extend(ctx, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if left := time.Until(lease.Deadline()); left > serverMax {
+			t.Errorf("after Extend (options %v), Deadline %v away, more than the servers' %v", opts, left, serverMax)
+		}
+		// The monitor checks every third of the timeout: wait for one.
+		first := lease.Deadline()
+		waitFor(t, func() bool { return lease.Deadline().After(first) })
+		if left := time.Until(lease.Deadline()); left > serverMax {
+			t.Errorf("after a check (options %v), Deadline %v away, more than the servers' %v", opts, left, serverMax)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
