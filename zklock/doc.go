@@ -89,23 +89,25 @@
 // [minSessionTimeout, maxSessionTimeout] (2 and 20 ticks by default), and
 // go-zookeeper does not expose the one they grant. A deadline counted from
 // a timeout that the servers lowered would outlast the session: the holder
-// would see its lease held after ZooKeeper expired the session and gave
-// the lock to the next. So New takes the timeout given to zk.Connect, and
-// the first Acquire learns the granted one: it opens a short session of
-// its own to the server the connection is on (conn.Server()), asking for
-// the same timeout, through net.DialTimeout or the dialer of WithDialer,
-// reads the timeout granted from go-zookeeper's "authenticated" log line,
-// and closes it. From then on leases count their deadlines, and the Locker
-// its checks, from the lower of the two; NegotiatedTimeout reports the
-// granted one, and WithLogger's logger gets a warning when it is lower
-// than the one asked. A timeout the servers raised (asked below their
-// minimum) changes nothing: deadlines stay counted from the one asked,
-// which is earlier. One probe serves the Locker for its life; concurrent
-// first Acquires wait for the same probe. The probe waits for the
-// connection to have a session, and lasts no longer than the Acquire's ctx
-// and wait budget (its own session no longer than the session timeout, 5 s
-// at least): if it does not succeed, the Acquire fails, and the next one
-// probes again; no lease is counted from a timeout the servers did not
+// would see its lease held after ZooKeeper expired the session and gave the
+// lock to the next. So New takes the timeout given to zk.Connect, and the
+// first Acquire learns the granted one: it opens a short session of its own
+// to the server the connection is on (conn.Server()), asking for the same
+// timeout, through net.DialTimeout or the dialer of WithDialer, reads the
+// timeout granted from go-zookeeper's "authenticated" log line, and closes
+// it. From then on leases count their deadlines, and the Locker its checks,
+// from the lower of the two; NegotiatedTimeout reports the granted one, and
+// WithLogger's logger gets a warning when it is lower than the one asked. A
+// timeout the servers raised (asked below their minimum) changes nothing:
+// deadlines stay counted from the one asked, which is earlier. One probe
+// serves the Locker for its life; concurrent first Acquires wait for the
+// same probe. The probe waits for the connection to have a session, and
+// lasts no longer than the ctx of the Acquire that started it (its own
+// session no longer than the session timeout, 5 s at least); an Acquire
+// waits for it no longer than its ctx and wait budget, and a probe that
+// outlasts a wait budget goes on, for the next Acquire to wait for rather
+// than start over. If it does not succeed, the Acquire fails, and the next
+// one probes again; no lease is counted from a timeout the servers did not
 // confirm. Its limits: it asks the server the connection is on when the
 // first Acquire runs, once for the Locker's life, and a session that the
 // servers expire by a lower timeout than that one outlives its leases'
@@ -114,11 +116,11 @@
 // or reconnected to a server restarted with a lower bound (after lowering
 // maxSessionTimeout, make new Lockers, on new connections); its connection
 // counts against the server's maxClientCnxns, so a client at that limit
-// gets no lease; it starts over at each Acquire until one succeeds, so
-// Acquires whose ctx or wait budget is shorter than a probe get none
-// either; and it cannot use the connection's own dialer or host provider
-// (zk.WithDialer, zk.WithHostProvider), so a connection that needs a dialer
-// of its own (TLS, a proxy) needs WithDialer too.
+// gets no lease; one that its Acquire's ctx ended starts over at the next,
+// so Acquires whose ctx is shorter than a probe get none either; and it
+// cannot use the connection's own dialer or host provider (zk.WithDialer,
+// zk.WithHostProvider), so a connection that needs a dialer of its own
+// (TLS, a proxy) needs WithDialer too.
 //
 // # Calls and contexts
 //

@@ -61,9 +61,14 @@ func (l *Locker) timeout() time.Duration {
 // negotiate returns once the negotiated timeout is known: at once after
 // the first probe that succeeded, else after a probe of its own, or
 // another Acquire's that it waits for (one probe at a time). It fails,
-// and the Acquire with it, if the probe does not succeed within ctx: no
-// lease is counted from a timeout the servers did not confirm.
-func (l *Locker) negotiate(ctx context.Context) error {
+// and the Acquire with it, if the probe does not succeed within waitCtx
+// (the wait budget, or ctx): no lease is counted from a timeout the
+// servers did not confirm. Its probe runs in the background, bounded by
+// ctx (and probeLimit), not by the wait budget: one that outlasts the
+// budget goes on, and the next Acquire waits for it rather than start
+// over, so that Acquires whose budgets are shorter than a probe still
+// get a lease.
+func (l *Locker) negotiate(ctx, waitCtx context.Context) error {
 	for {
 		if l.negotiated.Load() > 0 {
 			return nil
@@ -73,30 +78,39 @@ func (l *Locker) negotiate(ctx context.Context) error {
 			l.probeMu.Unlock()
 			return nil
 		}
-		if ch := l.probing; ch != nil {
-			l.probeMu.Unlock()
-			select {
-			case <-ch:
-				continue // done: succeeded, or failed on its caller's ctx
-			case <-ctx.Done():
-				return fmt.Errorf("zklock: learning the negotiated session timeout: %w", ctx.Err())
+		ch, own := l.probing, false
+		var failed *error // the own probe's error, set before ch is closed
+		if ch == nil {
+			ch, own, failed = make(chan struct{}), true, new(error)
+			l.probing = ch
+			l.background.Add(1)
+			go func() {
+				defer l.background.Add(-1)
+				got, server, err := l.probe(ctx)
+				if err == nil {
+					l.negotiated.Store(int64(got))
+					l.reportNegotiated(ctx, got, server)
+				}
+				l.probeMu.Lock()
+				*failed = err
+				l.probing = nil
+				close(ch)
+				l.probeMu.Unlock()
+			}()
+		}
+		l.probeMu.Unlock()
+		select {
+		case <-ch:
+		case <-waitCtx.Done():
+			if !own || ctx.Err() == nil {
+				return fmt.Errorf("zklock: learning the negotiated session timeout: %w", waitCtx.Err())
 			}
+			<-ch // ctx ended: the probe ends at once, saying what it saw
 		}
-		ch := make(chan struct{})
-		l.probing = ch
-		l.probeMu.Unlock()
-		got, server, err := l.probe(ctx)
-		if err == nil {
-			l.negotiated.Store(int64(got))
-			l.reportNegotiated(ctx, got, server)
+		if own && *failed != nil {
+			return *failed
 		}
-		l.probeMu.Lock()
-		l.probing = nil
-		close(ch)
-		l.probeMu.Unlock()
-		if err != nil {
-			return err
-		}
+		// Succeeded, or another Acquire's probe failed on its own ctx.
 	}
 }
 

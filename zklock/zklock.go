@@ -143,7 +143,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	defer cancel()
 	start := time.Now()
-	if err := l.negotiate(waitCtx); err != nil {
+	if err := l.negotiate(ctx, waitCtx); err != nil {
 		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 	}
 	node, err := l.create(waitCtx, a)
