@@ -540,3 +540,57 @@ func TestLoweredTimeoutOnEveryDeadline(t *testing.T) {
 		}
 	}
 }
+
+// Many Lockers starting at once on one connection probe at once, each
+// with a connection of its own: above the server's maxClientCnxns (here
+// 10, for 20 Lockers) the refused ones try again (go-zookeeper waits a
+// second between rounds of its servers) and every Acquire gets its lease.
+func TestManyLockersProbeAtOnce(t *testing.T) {
+	srv := startZK(t)
+	reconfigure(t, srv, "maxClientCnxns=10")
+	conn := connect(t, []string{srv.Addr}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 20
+	lockers := make([]*zklock.Locker, n)
+	for i := range lockers {
+		l, err := zklock.New(conn, sessionTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lockers[i] = l
+	}
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			lease, err := l.Acquire(ctx, fmt.Sprintf("many-%d", i))
+			if err == nil {
+				err = lease.Release(ctx)
+			}
+			errs <- err
+		}()
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	close(errs)
+	failed := 0
+	for err := range errs {
+		if err != nil {
+			failed++
+			t.Log(err)
+		}
+	}
+	t.Logf("%d Lockers probing at once, maxClientCnxns 10: %d failed, %v", n, failed, time.Since(began).Round(10*time.Millisecond))
+	if failed > 0 {
+		t.Errorf("%d of %d first Acquires failed", failed, n)
+	}
+	for _, l := range lockers {
+		waitFor(t, func() bool { return l.Background() == 0 })
+	}
+}
