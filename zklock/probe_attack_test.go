@@ -594,3 +594,58 @@ func TestManyLockersProbeAtOnce(t *testing.T) {
 		waitFor(t, func() bool { return l.Background() == 0 })
 	}
 }
+
+// closeSignal is a net.Conn that says when it is closed.
+type closeSignal struct {
+	net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *closeSignal) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// An Acquire whose ctx ends after the server created the probe's session,
+// before the client read the grant, cuts the probe's connection: the
+// session, never closed, stays on the server until it expires. Failed
+// (2026-12-02, 2 of 2): "2 sessions on the server once the probe ended,
+// want 1 (the connection's)".
+func TestProbeCutAfterGrantLeavesSession(t *testing.T) {
+	t.Skip("bug (minor): a probe cut by its ctx with the grant in flight leaves its session on the server until it expires (a session timeout), as a crashed client would; a fix would let the cut probe wait a little for the grant in the background and close the session, which goes against 'cut at once' (TestProbeOnHungServerEndsByCtx's design), so it is left to the maintainers")
+	srv := startZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var once sync.Once
+	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		cs := &closeSignal{Conn: c, closed: make(chan struct{})}
+		h := &hangAfter{Conn: cs}
+		once.Do(func() {
+			h.f = func() {
+				cancel() // the grant is read: the session exists
+				select {
+				case <-cs.closed:
+				case <-time.After(10 * time.Second):
+				}
+			}
+		})
+		return h, nil
+	}
+	l, err := zklock.New(connect(t, []string{srv.Addr}, nil), sessionTimeout, zklock.WithDialer(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Acquire(ctx, "cut-after-grant")
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire = %v, want context.Canceled", err)
+	}
+	waitFor(t, func() bool { return l.Background() == 0 })
+	if n := globalSessions(t, srv); n != "1" {
+		t.Errorf("%s sessions on the server once the probe ended, want 1 (the connection's)", n)
+	}
+}
