@@ -649,3 +649,23 @@ func TestProbeCutAfterGrantLeavesSession(t *testing.T) {
 		t.Errorf("%s sessions on the server once the probe ended, want 1 (the connection's)", n)
 	}
 }
+
+// A probe that outlives its Acquire's wait budget while the connection
+// has no session (the server down) ends when the user closes the
+// connection: nothing is left running.
+func TestOutlivingProbeEndsWithConn(t *testing.T) {
+	srv := startZK(t)
+	l, conn := newLocker(t, []string{srv.Addr})
+	srv.Kill()
+	waitFor(t, func() bool { return conn.State() != zk.StateHasSession })
+	_, err := l.Acquire(context.Background(), "outliving", fence.Wait(300*time.Millisecond))
+	if err == nil {
+		t.Fatal("Acquire with the server down succeeded")
+	}
+	t.Logf("Acquire with the server down = %v; %d running in the background", err, l.Background())
+	conn.Close()
+	waitFor(t, func() bool { return l.Background() == 0 })
+	if _, ok := l.NegotiatedTimeout(); ok {
+		t.Error("NegotiatedTimeout reports a timeout no server granted")
+	}
+}
