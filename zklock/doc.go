@@ -117,10 +117,13 @@
 // maxSessionTimeout, make new Lockers, on new connections); its connection
 // counts against the server's maxClientCnxns, so a client at that limit
 // gets no lease; one that its Acquire's ctx ended starts over at the next,
-// so Acquires whose ctx is shorter than a probe get none either; and it
-// cannot use the connection's own dialer or host provider (zk.WithDialer,
-// zk.WithHostProvider), so a connection that needs a dialer of its own
-// (TLS, a proxy) needs WithDialer too.
+// so Acquires whose ctx is shorter than a probe get none either; on servers
+// that enforce authentication (enforce.auth.enabled) its session, which
+// cannot authenticate, is granted but not closed, and expires a session
+// timeout later, as does one whose grant was in flight when its ctx ended;
+// and it cannot use the connection's own dialer or host provider
+// (zk.WithDialer, zk.WithHostProvider), so a connection that needs a dialer
+// of its own (TLS, a proxy) needs WithDialer too.
 //
 // # Calls and contexts
 //
