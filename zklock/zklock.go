@@ -74,8 +74,11 @@ func WithLogger(log *slog.Logger) Option { return func(l *Locker) { l.log = log 
 // maxSessionTimeout, 20 ticks by default). New sends nothing: the first
 // Acquire learns the negotiated timeout with a short session of its own
 // (see "The negotiated session timeout" in the package doc, and
-// NegotiatedTimeout). The caller keeps owning conn, its event channel and
-// its Close; a lease ends when conn is closed.
+// NegotiatedTimeout), once per Locker: make one Locker per connection and
+// keep it, rather than one per Acquire (each would open and close that
+// session, two writes through the ensemble's quorum). The caller keeps
+// owning conn, its event channel and its Close; a lease ends when conn is
+// closed.
 func New(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Locker, error) {
 	l := &Locker{conn: conn, sessionTimeout: sessionTimeout, root: DefaultRoot, acl: zk.WorldACL(zk.PermAll)}
 	for _, opt := range opts {
