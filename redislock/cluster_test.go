@@ -48,6 +48,7 @@ func redirections(t *testing.T, cluster *redistest.Cluster) map[string]int {
 // moves (their shared subscription follows the slot). With a replica per master, every script is
 // followed by WAIT 1 on the same connection of the node that ran it.
 func TestClusterSlotMigrationUnderLoad(t *testing.T) {
+	t.Parallel() // own clusters; mostly waits on the slot moves
 	for _, replicas := range []int{0, 1} {
 		t.Run(fmt.Sprintf("replicas-%d", replicas), func(t *testing.T) { testSlotMigration(t, replicas) })
 	}
@@ -213,6 +214,7 @@ func TestClusterReplicaCut(t *testing.T) {
 // a replica of the new one, so the new master expects only the replicas it
 // has (none here) and acquisitions go on without waiting.
 func TestClusterFailoverResetsCount(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits out the failover
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: append(cluster.Addrs(), replicaAddrs(cluster)...)})
 	t.Cleanup(func() { _ = c.Close() })

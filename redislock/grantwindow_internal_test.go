@@ -23,6 +23,7 @@ import (
 // (TestDeadWaiterBlocksNoLongerThanItsBudget: "held by another owner"
 // after 20 s). It must try when that grant ends.
 func TestForeignGrantBeforeJoin(t *testing.T) {
+	t.Parallel() // own server, no package state changed; mostly waits out grants
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -200,6 +200,7 @@ func TestHungRedisNoSocketDeadlines(t *testing.T) {
 // end (only the renewal's own deadline, the lease's, or ReadTimeout does),
 // so Release must not wait for it beyond its own ctx.
 func TestReleaseByDeadlineWhileRenewalHangs(t *testing.T) {
+	t.Parallel() // own servers; mostly waits out deadlines, as TestHungRedisReturnsByDeadline
 	for _, cte := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
 			srv := redistest.Start(t)

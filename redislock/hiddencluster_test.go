@@ -76,6 +76,7 @@ func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // ReplicaCounts, which would read another node's counts, is refused too.
 // With sync off the wrapper still takes locks (the scripts route by key).
 func TestHiddenClusterRefusal(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits for it to start
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { _ = c.Close() })

@@ -95,6 +95,7 @@ func TestHoldOffEndsWhenLocalReleaseHangs(t *testing.T) {
 // have acknowledged it); and after the replica is back, the lock is
 // taken again.
 func TestLocalSyncContentionCutAndRestored(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on WAITs and the cut link
 	primary, replica, l, _, _ := syncedPair(t)
 	other := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
 	const name = "lock:local-contention"
@@ -239,6 +240,7 @@ func TestLocalReleaseWaitDenied(t *testing.T) {
 // uncovered grant (it is refused, ErrNotReplicated), and the lock ends
 // free, given back by the waiter, not held by the released lease.
 func TestLocalReleaseCancelledDuringWait(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on WAITs and the cut link
 	for _, deadline := range []bool{false, true} {
 		t.Run(fmt.Sprintf("deadline=%v", deadline), func(t *testing.T) {
 			primary, replica, l, _, admin := syncedPair(t)
@@ -313,6 +315,7 @@ func TestLocalReleaseTwiceConcurrently(t *testing.T) {
 // record; with them paused, it is refused, and Release reports the
 // deletion.
 func TestRingLocalHandoff(t *testing.T) {
+	t.Parallel() // own shards; mostly waits on WAITs and the paused replicas
 	ring, shards := startRing(t, 1, 0, 2)
 	l := lockerWith(t, ring, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
 	for _, s := range shards {
@@ -370,6 +373,7 @@ func TestRingLocalHandoff(t *testing.T) {
 // with the replica cut off, it is refused, and Release reports the
 // deletion.
 func TestClusterLocalHandoff(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits on WAITs and the cut link
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { _ = c.Close() })

@@ -15,6 +15,7 @@ import (
 // watchdog, which is inside the handler. Before the fix it waited out its
 // 20 s context ("the watchdog's renewal is still running").
 func TestLoggerReleasesOnRenewalFailed(t *testing.T) {
+	t.Parallel() // own server and Logger; mostly waits for the lease to end
 	srv := redistest.Start(t)
 	h := observetest.NewReleaser("renewal failed")
 	l := newLockerWith(t, srv.Client(t), redislock.Options{WatchdogTTL: 3 * time.Second, Logger: slog.New(h)})

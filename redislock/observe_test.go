@@ -47,6 +47,7 @@ func TestNothingLoggedByDefault(t *testing.T) {
 // holder's back, a watchdog lease whose server went away, and a refused
 // acquisition reach the Observer and the Logger with name, token and cause.
 func TestObserverAndLogs(t *testing.T) {
+	t.Parallel() // own server, Observer and Logger (not slog's default); mostly waits on lease ends
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	rec, h := &observetest.Recorder{}, &observetest.Logs{}

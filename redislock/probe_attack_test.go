@@ -150,6 +150,7 @@ func TestProbeACLWithoutInfo(t *testing.T) {
 // up, refused (fence.ErrNotReplicated) with the master's replica paused,
 // never refused as a cluster that is not one.
 func TestClusterRoutingOptions(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits on the cluster and the paused replica
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	seed := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { _ = seed.Close() })

@@ -31,6 +31,7 @@ func newLocker(t testing.TB, c redis.UniversalClient) *redislock.Locker {
 func lockKey(name string) string { return "fence:{" + name + "}" }
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // own server; the suite mostly waits on leases and budgets (1 s slack)
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	fencetest.Run(t, fencetest.Config{

@@ -141,6 +141,7 @@ func TestUnconfirmedRenewalKeepsDeadline(t *testing.T) {
 // primary's death: Sentinel promotes a replica, the lock is still held there,
 // the holder's watchdog renews it there, and the next token is larger.
 func TestSentinelFailover(t *testing.T) {
+	t.Parallel() // own primary, replicas and sentinels; mostly waits out the failover
 	primary := redistest.Start(t)
 	r1, r2 := redistest.StartReplica(t, primary), redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 2)
@@ -184,6 +185,7 @@ func TestSentinelFailover(t *testing.T) {
 }
 
 func TestClusterConformance(t *testing.T) {
+	t.Parallel() // own cluster; the suite mostly waits on leases and budgets (1 s slack)
 	cluster := redistest.StartCluster(t, 3)
 	newClient := func(t testing.TB) *redis.ClusterClient {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})

@@ -62,6 +62,7 @@ func waitRing(t *testing.T, ring *redis.Ring, key string, up bool) {
 // fix the Ring's "all ring shards are down" was not transient: the
 // waiting Acquire failed at once.
 func TestRingAllShardsDown(t *testing.T) {
+	t.Parallel() // own shards; mostly waits out the outage and the 2 s deadlines
 	for _, sync := range []bool{true, false} {
 		t.Run(map[bool]string{true: "sync", false: "nosync"}[sync], func(t *testing.T) {
 			ring, srv := ringOf(t, nil)
@@ -320,6 +321,7 @@ func TestRingShardReplacedWhileWaiting(t *testing.T) {
 // the lock once the shards are back (down). Before the fix the test
 // binary died of the panic in redislock's subscription goroutine.
 func TestRingGoneBeforeSubscribe(t *testing.T) {
+	t.Parallel() // own shards; mostly waits out the outage
 	for _, mode := range []string{"closed", "down"} {
 		t.Run(mode, func(t *testing.T) {
 			var ring *redis.Ring
@@ -520,6 +522,7 @@ func TestRingReshardEndsLease(t *testing.T) {
 // Status on a name there must return by a 500 ms deadline, with sync on
 // and off; a name on the other shard is served meanwhile.
 func TestRingShardHung(t *testing.T) {
+	t.Parallel() // own shards; mostly waits out the 500 ms deadlines
 	for _, sync := range []bool{true, false} {
 		t.Run(map[bool]string{true: "sync", false: "nosync"}[sync], func(t *testing.T) {
 			ring, srv := ringOf(t, func(o *redis.RingOptions) { o.HeartbeatFrequency = time.Minute })

@@ -226,6 +226,7 @@ func ringNames(t *testing.T) (bare, withReplica string) {
 // primaries, each with a replica, with replica sync on (discovering the
 // counts): each Locker has a Ring of its own, as each process would.
 func TestRingConformance(t *testing.T) {
+	t.Parallel() // own shards; the suite mostly waits on leases and budgets (1 s slack)
 	_, shards := startRing(t, 1, 1)
 	addrs := map[string]string{}
 	for _, s := range shards {

@@ -45,6 +45,7 @@ func TestRingShardReadTimeout(t *testing.T) {
 // TestClusterNodeReadTimeout: the same with ClusterOptions.NewClient, which
 // makes the node clients.
 func TestClusterNodeReadTimeout(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits on it and the paused replica
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	const rt = 400 * time.Millisecond
 	c := redis.NewClusterClient(&redis.ClusterOptions{

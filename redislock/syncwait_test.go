@@ -103,6 +103,7 @@ func TestQueuedTryWithoutWait(t *testing.T) {
 // ErrNotReplicated, the lock given back. (Returning the take as a lease
 // fails this test: a holder of a lock no replica has.)
 func TestUnsyncedTakeConfirmed(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on WAITs and the cut link
 	primary, replica, l, cmds, admin := syncedPair(t)
 	const name = "lock:unsynced-take"
 	holder := acquire(t, lockerWith(t, admin, redislock.Options{}), name, fence.TTL(time.Minute))
@@ -256,6 +257,7 @@ func TestLocalReleaseCoversGrant(t *testing.T) {
 // (Handing the waiter the grant whatever the WAIT counted fails this test:
 // a lease on a lock no replica has.)
 func TestLocalReleaseUncoveredGrantConfirmed(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on WAITs and the cut link
 	primary, replica, l, _, admin := syncedPair(t)
 	const name = "lock:local-handoff-cut"
 	holder := acquire(t, l, name, fence.TTL(time.Minute))

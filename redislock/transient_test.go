@@ -103,6 +103,7 @@ func checkAcquired(t *testing.T, tokens []fence.Token, errs []error, after fence
 // until three tries have failed, so at least one caller saw two failures:
 // longer than go-redis's own retries ride out.
 func TestWaitRidesOutRestart(t *testing.T) {
+	t.Parallel() // own server; mostly waits out the restart
 	srv := redistest.Start(t)
 	const name = "lock:payment:1001"
 	holder := acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
@@ -151,6 +152,7 @@ func TestPermanentErrorEndsWait(t *testing.T) {
 // that at least one caller saw two failures: go-redis's own retries (about
 // 1.7 s) would ride out a quick failover without fence's help.
 func TestWaitRidesOutSentinelFailover(t *testing.T) {
+	t.Parallel() // own primary, replicas and sentinels; mostly waits out the failover
 	primary := redistest.Start(t)
 	r1, r2 := redistest.StartReplica(t, primary), redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 2)
