@@ -33,6 +33,7 @@ type interfaceWrapped struct{ redis.UniversalClient }
 // script runs (TestHiddenClusterRefusal). With sync off an AutoPipeliner
 // is accepted, as before.
 func TestClusterBehindOtherUniversalClients(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits on it and the paused replica
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { _ = c.Close() })

@@ -518,6 +518,7 @@ func (h *pauseAfterUnsyncedTake) ProcessPipelineHook(next redis.ProcessPipelineH
 // times out, the Acquire ends with fence.ErrNotReplicated and the lock is
 // given back.
 func TestUnsyncedTakeReplicaPausedBeforeConfirm(t *testing.T) {
+	t.Parallel() // own servers and Lockers; mostly waits on WAITs
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
@@ -649,6 +650,7 @@ func TestBatchReleaseThenAcquire(t *testing.T) {
 // the WAIT commands sent (a timing of whole rounds of batches varies with
 // how the calls fall into them).
 func TestBatchNoScriptWaitsOnce(t *testing.T) {
+	t.Parallel() // own servers and Locker; mostly waits out WAIT timeouts
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)

@@ -65,6 +65,7 @@ func (c *slowReplyConn) Read(p []byte) (int, error) {
 // (TestLostRenewalReplyGivenBackAtLeaseEnd), not held by nobody for 28 s
 // more.
 func TestSlowRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
+	t.Parallel() // own server; mostly waits for the lease to end
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	d := &slowReplyDialer{match: []byte("\r\n30000\r\n")}

@@ -21,6 +21,7 @@ import (
 // otherwise never hear of a release again and would sleep until the
 // holder's TTL or its own budget ran out.
 func TestWaiterSurvivesFailedResubscribe(t *testing.T) {
+	t.Parallel() // own cluster and Lockers; mostly waits on the slot move (10 s slack)
 	cluster := redistest.StartCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -188,6 +188,7 @@ func testSlotMigration(t *testing.T, replicas int) {
 // those the cluster's node table lists, so a fresh Locker is refused when
 // the replica of the lock's master is cut off.
 func TestClusterReplicaCut(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits for it to start
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	newClient := func() *redis.ClusterClient {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})

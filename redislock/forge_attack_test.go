@@ -30,6 +30,7 @@ func forgedGrant(owner string, px int64) string {
 // timer past the holder's TTL: the waiter would sleep through its whole
 // budget, with the lock free, and end with ErrHeld.
 func TestForgedGrantsDoNotPostponeWaiters(t *testing.T) {
+	t.Parallel() // own servers; mostly waits out the dead holder's TTL (1 s slack)
 	t.Run("sync-off", func(t *testing.T) {
 		srv := redistest.Start(t)
 		forgedPostpone(t, srv, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
@@ -89,6 +90,7 @@ func forgedPostpone(t *testing.T, srv *redistest.Server, forger *redis.Client, o
 // last try, the waiter takes it without a confirming try: it holds a
 // lease on a lock that the other waiter holds, with a smaller token.
 func TestReplayedGrantAfterSyncLowered(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on grants
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)

@@ -74,6 +74,7 @@ func TestGrantFIFOAcrossLockers(t *testing.T) {
 // budget; the waiter behind it gets the lock when that ends, not after a
 // lease time (a minute) or its own timer on the old holder's TTL.
 func TestDeadWaiterBlocksNoLongerThanItsBudget(t *testing.T) {
+	t.Parallel() // own server; mostly waits out the dead waiter's budget (2 s slack)
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	const name = "lock:dead"

@@ -159,6 +159,7 @@ func testHungRedis(t *testing.T, contextTimeout bool) {
 // the ctx deadline never reaches the socket. fence must not trust such a
 // client to end its calls, and still return by the caller's deadline.
 func TestHungRedisNoSocketDeadlines(t *testing.T) {
+	t.Parallel() // own listeners; mostly waits out deadlines, as TestHungRedisReturnsByDeadline
 	for _, o := range []redis.Options{
 		{ReadTimeout: -2},
 		{WriteTimeout: -2},

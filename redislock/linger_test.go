@@ -69,6 +69,7 @@ func unreadRenewalHeld(t *testing.T, name string, ttl time.Duration) (fence.Leas
 // lock, still its own on Redis (the unread renewal moved it 30 s ahead), is
 // deleted.
 func TestReleaseAfterUnreadRenewalFreesLock(t *testing.T) {
+	t.Parallel() // own server; mostly waits for the lease to end
 	const name = "unread-renewal-release"
 	lease, admin := unreadRenewal(t, name)
 	if err := lease.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
@@ -85,6 +86,7 @@ func TestReleaseAfterUnreadRenewalFreesLock(t *testing.T) {
 // the lock must be given back rather than held by nobody for the rest of
 // the 30 s.
 func TestUnreadRenewalGivenBackAtLeaseEnd(t *testing.T) {
+	t.Parallel() // own server; mostly waits for the lease to end
 	const name = "unread-renewal-linger"
 	_, admin := unreadRenewal(t, name)
 	awaitUnlocked(t, admin, name, 5*time.Second, "the lease ended at its deadline")
@@ -96,6 +98,7 @@ func TestUnreadRenewalGivenBackAtLeaseEnd(t *testing.T) {
 // deadline: the lock moves 30 s ahead, the deadline does not. When the
 // lease ends there, unreleased, the lock must be given back.
 func TestLostRenewalReplyGivenBackAtLeaseEnd(t *testing.T) {
+	t.Parallel() // own server; mostly waits for the lease to end
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})

@@ -71,6 +71,7 @@ func (h *beforeEval) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // have the new write: none. The acquisition is refused and the lock given
 // back, and a renewal refused, never confirmed by the first WAIT's count.
 func TestNoScriptResentWaitCountsItsOwn(t *testing.T) {
+	t.Parallel() // own servers; mostly waits out WAIT timeouts
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)

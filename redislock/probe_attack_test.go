@@ -200,6 +200,7 @@ func TestClusterRoutingOptions(t *testing.T) {
 // through the wrapper. Its WAIT must then count the primary's replica:
 // taken with it up, fence.ErrNotReplicated with it paused.
 func TestHiddenFailoverClusterClient(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on WAITs and the paused replica
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
@@ -246,6 +247,7 @@ func (w optionsWrapped) Options() *redis.Options { return w.o }
 // acquisitions must be refused (fence.ErrNotReplicated or a
 // *redislock.HiddenClusterError), never confirmed.
 func TestOptionsReportingClusterWrapper(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits on it and the paused replica
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	uo := &redis.UniversalOptions{Addrs: cluster.Addrs()}
 	u := redis.NewUniversalClient(uo)

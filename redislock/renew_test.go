@@ -264,6 +264,7 @@ func (r *recordArgs) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // which is why the scripts write the lock again when GT leaves it: see
 // TestExpiryKeptIsReplicated.)
 func TestUnmovedExpiryStillReplicated(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on WAITs
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)

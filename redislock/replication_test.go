@@ -83,6 +83,7 @@ func TestArticleFailover(t *testing.T) {
 }
 
 func TestAckRules(t *testing.T) {
+	t.Parallel() // own servers; mostly waits out WAIT timeouts
 	primary := redistest.Start(t)
 	r1, r2 := redistest.StartReplica(t, primary), redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 2)
@@ -227,6 +228,7 @@ func TestClusterConformance(t *testing.T) {
 // TestConformanceSynced runs the conformance suite with replica sync doing
 // real work: every acquisition and renewal waits for the replica.
 func TestConformanceSynced(t *testing.T) {
+	t.Parallel() // own servers; the suite mostly waits on leases and budgets (1 s slack)
 	primary := redistest.Start(t)
 	redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)

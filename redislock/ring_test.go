@@ -71,6 +71,7 @@ func nameOn(t *testing.T, ring *redis.Ring, s *ringShard, base string) string {
 // Acquire and an Extend on it are refused (fence.ErrNotReplicated), while
 // the replicas of the other shards run.
 func TestRingSyncOnLockShard(t *testing.T) {
+	t.Parallel() // own shards; mostly waits on WAITs
 	ring, shards := startRing(t, 1, 2, 0)
 	l := lockerWith(t, ring, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 300 * time.Millisecond}})
 	for _, s := range shards {

@@ -150,6 +150,7 @@ func TestUnsyncedTakeConfirmed(t *testing.T) {
 // script in full waited it out a second time: twice what the caller
 // allowed. Compared as a ratio in one run (the machine is shared).
 func TestNoScriptWaitsOnce(t *testing.T) {
+	t.Parallel() // own servers; mostly waits out WAIT timeouts, its check a ratio of two of its own
 	primary, replica, _, _, admin := syncedPair(t)
 	// A WAIT times out on the server's clock tick (10 a second by
 	// default), up to 100 ms late: a timeout of a second keeps that small

@@ -52,6 +52,7 @@ func TestWrappedClientShortReadTimeout(t *testing.T) {
 // connection wrote. Before: with the replica paused, acquisitions 1, 2 and
 // 4 of 5 were confirmed (Acquire = <nil>). New now refuses the wrapper.
 func TestWrappedClusterClient(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits on it and the paused replica
 	cluster := redistest.StartClusterWithReplicas(t, 3, 1)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { _ = c.Close() })
