@@ -160,6 +160,7 @@ func TestBatchNoScriptAfterFlush(t *testing.T) {
 // the server resumes, the acquisitions given up on run, and each is given
 // back or revoked: no lock stays held.
 func TestBatchHungServer(t *testing.T) {
+	t.Parallel() // own servers and Lockers; mostly waits out deadlines (300 ms slack, as the hang tests)
 	for _, cte := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) { testBatchFault(t, cte, false) })
 	}
@@ -168,6 +169,7 @@ func TestBatchHungServer(t *testing.T) {
 // TestBatchKilledServer: the server killed while a batch is in flight:
 // every caller in it gets an error within its deadline.
 func TestBatchKilledServer(t *testing.T) {
+	t.Parallel() // own servers and Lockers; mostly waits out deadlines (300 ms slack, as the hang tests)
 	for _, cte := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) { testBatchFault(t, cte, true) })
 	}

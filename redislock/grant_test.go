@@ -390,6 +390,7 @@ func TestForgedGrant(t *testing.T) {
 // waiter confirms the grant with its own acquire script and WAIT; a grant
 // that no replica acknowledges is refused (and given back), not held.
 func TestGrantConfirmedWithReplicaSync(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on grants and WAITs
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)

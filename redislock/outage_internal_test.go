@@ -19,6 +19,7 @@ import (
 // before its try, says nothing about what it missed. Otherwise it waits
 // for the old holder's TTL while the lock, granted to it, sits idle.
 func TestTriedDuringOutageTriesAgain(t *testing.T) {
+	t.Parallel() // own server and Lockers; mostly waits on the resubscription
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -30,6 +30,7 @@ func lockerWith(t testing.TB, c redis.UniversalClient, o redislock.Options) *red
 // replica sync check the hazard shows (two holders); with it the first
 // acquisition is refused and nothing is left locked.
 func TestArticleFailover(t *testing.T) {
+	t.Parallel() // own servers; mostly waits on the failover and WAIT timeouts
 	const name = "lock:payment:1001"
 	for _, synced := range []bool{false, true} {
 		t.Run(map[bool]string{false: "without-sync", true: "with-sync"}[synced], func(t *testing.T) {
@@ -119,6 +120,7 @@ func TestAckRules(t *testing.T) {
 // TestUnconfirmedRenewalKeepsDeadline: once the replica is cut off, Extend
 // reports ErrNotReplicated and the lease's deadline does not move.
 func TestUnconfirmedRenewalKeepsDeadline(t *testing.T) {
+	t.Parallel() // own servers; mostly waits out a WAIT timeout
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)

@@ -75,6 +75,7 @@ func (s *switchingClient) EvalSha(ctx context.Context, sha string, keys []string
 // to the server the client sends to now. Else the lock is written on the
 // old server, where no Locker of the new one sees it: two holders.
 func TestSwitchingClient(t *testing.T) {
+	t.Parallel() // own servers; mostly waits for them to start
 	oldSrv, newSrv := redistest.Start(t), redistest.Start(t)
 	redistest.StartReplica(t, oldSrv)
 	redistest.StartReplica(t, newSrv)
@@ -383,6 +384,7 @@ func (h *recordingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 // follow from many goroutines: no command's arguments are storage that a
 // later command reuses.
 func TestHookKeepsArgs(t *testing.T) {
+	t.Parallel() // own servers; mostly waits for them to start
 	primary := redistest.Start(t)
 	redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
