@@ -83,7 +83,11 @@
 // Like Acquire, it is decided as soon as its outcome is known: once a
 // majority has deleted the lock (nil), or once so many nodes found it gone
 // that no majority can have deleted it (fence.ErrLeaseLost, exactly when
-// every reply would have said so). The other nodes' releases go on in the
+// every reply would have said so). If neither is known when the node
+// timeout (capped by the lease time) ends and the lease's Deadline has
+// passed meanwhile, the lease is over whatever the nodes answer: Release
+// returns fence.ErrLeaseLost (reported as expired), not ErrNoQuorum, which
+// would ask for a retry. The other nodes' releases go on in the
 // background within the node timeout, and are retried, as above, on a node
 // that does not answer. The lease ends (Err, Done, Context) before the first
 // delete is sent, not when the replies come: another Acquire may take the

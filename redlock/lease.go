@@ -311,6 +311,9 @@ func (ls *lease) releasedAs(result error) (report func()) {
 			// held.
 			ls.deadline = now
 		}
+		if errors.Is(result, errRanOut) {
+			return ls.reportLocked(fence.LostExpired, result)
+		}
 		return ls.reportLocked(fence.LostRemoved, result)
 	}
 	return ls.reportLocked(fence.Released, fence.ErrReleased)
@@ -871,6 +874,14 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 	case deleted >= q:
 	case n-gone < q:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, n)
+	case !time.Now().Before(deadline):
+		// The lease time ran out while the deletes were out (a short
+		// lease, or slow nodes): whatever the nodes answer, the lease
+		// is over, as it is for a Release that starts after its
+		// Deadline, and a retry could only find the lock gone. The
+		// requests still out, and the background retries of those that
+		// failed, go on deleting.
+		err = fmt.Errorf("%w: %q: %w (%v)", fence.ErrLeaseLost, ls.name, errRanOut, ls.noQuorum(rs, f))
 	default:
 		return func() {}, ls.noQuorum(rs, f)
 	}
@@ -883,6 +894,10 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 	}
 	return func() {}, ls.relErr
 }
+
+// errRanOut is in the error of a Release whose lease time ran out before a
+// majority answered it: the lease is over (ErrLeaseLost), expired.
+var errRanOut = errors.New("its lease time ran out before a majority answered the release")
 
 // noQuorum returns the error of a Release that concluded nothing (see
 // release; the lease has ended, released, before its deletes were sent);
