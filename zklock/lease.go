@@ -25,6 +25,7 @@ type lease struct {
 	token   fence.Token
 	ttl     time.Duration // zero: the session is the lease
 	granted time.Time     // for the hold time reported to the Observer
+	owner   int64         // the node's session (its ephemeral owner)
 
 	ctx    context.Context // cancelled with the lease's Err as cause when it ends
 	cancel context.CancelCauseFunc
@@ -42,6 +43,9 @@ type lease struct {
 	stop        chan struct{} // closed by Release to stop the monitor
 	stopOnce    sync.Once
 	monitorDone chan struct{}
+	// changed is closed at the next grant that the Locker's
+	// SessionTimeouts records (nil without one): see retime.
+	changed <-chan struct{}
 	// logging: the monitor is logging a failed check, with no check under
 	// way, and stops if Release stopped it meanwhile (see logFailed):
 	// Release does not wait for it, as the Logger's handler may be what
@@ -53,11 +57,14 @@ var _ fence.Lease = (*lease)(nil)
 
 func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.Stat, watch <-chan zk.Event, ttl time.Duration, start, sent time.Time) *lease {
 	ls := &lease{
-		l: l, a: *a, node: node, version: st.Version, token: fence.Token(st.Czxid), ttl: ttl,
+		l: l, a: *a, node: node, version: st.Version, token: fence.Token(st.Czxid), ttl: ttl, owner: st.EphemeralOwner,
 		contact: sent, granted: time.Now(), relOp: make(chan struct{}, 1), stop: make(chan struct{}), monitorDone: make(chan struct{}),
 	}
 	if ttl > 0 {
 		ls.ttlEnd = sent.Add(ttl)
+	}
+	if l.st != nil {
+		_, ls.changed = l.st.last() // before the deadline reads the timeout
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
@@ -74,12 +81,55 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.S
 // a session timeout after it last heard from the client, which was after
 // that request was sent.
 func (ls *lease) deadlineLocked() time.Time {
-	st := ls.l.timeout()
+	st := ls.timeout()
 	d := ls.contact.Add(st - st/100 - 2*time.Millisecond)
 	if !ls.ttlEnd.IsZero() && ls.ttlEnd.Before(d) {
 		d = ls.ttlEnd
 	}
 	return d
+}
+
+// timeout is the session timeout that the lease's deadline is counted
+// from: the Locker's, and with WithSessionTimeouts the lowest granted to
+// the lease's session as recorded when it is read, or 0 once the
+// connection has another session (the lease's has ended: go-zookeeper
+// opens another only once told that one expired), which puts the
+// deadline in the past.
+func (ls *lease) timeout() time.Duration {
+	if ls.l.st == nil {
+		return ls.l.timeout()
+	}
+	got, session := ls.l.st.Timeout()
+	if session != ls.owner {
+		return 0
+	}
+	return min(got, ls.l.sessionTimeout)
+}
+
+// retime follows a grant that the Locker's SessionTimeouts recorded: a
+// (re)connection of the lease's session, whose timeout the servers may
+// have lowered, or a new session. It moves the deadline (and the expiry
+// timer) to a timeout after the later of the last contact and the dialling
+// of the connection that the session was granted on (the server heard the
+// connect request, sent after that, and kept the session), or ends the
+// lease if the connection has another session. It returns the report of
+// the lease's end, if it ended it (see endAsLater).
+func (ls *lease) retime(g grant) (report func()) {
+	if g.session != ls.owner {
+		_, report = ls.endLater(fmt.Errorf("%w: %q: its session %#x ended (the connection has session %#x)",
+			fence.ErrLeaseLost, ls.a.name, ls.owner, g.session))
+		return report
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err == nil {
+		if g.connected.After(ls.contact) {
+			ls.contact = g.connected
+		}
+		ls.deadline = ls.deadlineLocked()
+		ls.expiry.Reset(time.Until(ls.deadline))
+	}
+	return func() {}
 }
 
 // expire ends the lease at its deadline and deletes its node: the lease
@@ -89,7 +139,7 @@ func (ls *lease) expire() {
 	ttlRanOut := !ls.ttlEnd.IsZero() && !ls.ttlEnd.After(ls.deadline)
 	ls.mu.Unlock()
 	why := fmt.Errorf("%w: %q: no reply from ZooKeeper for a session timeout (%v): the session may have expired",
-		fence.ErrLeaseLost, ls.a.name, ls.l.timeout())
+		fence.ErrLeaseLost, ls.a.name, ls.timeout())
 	cause := fence.LostRenewFailed
 	if ttlRanOut {
 		why = fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.a.name)
@@ -104,9 +154,24 @@ func (ls *lease) Name() string             { return ls.a.name }
 func (ls *lease) Token() fence.Token       { return ls.token }
 func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
 func (ls *lease) Context() context.Context { return ls.ctx }
-func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
 func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
 func (ls *lease) String() string           { return fmt.Sprintf("lease %q token %d", ls.a.name, ls.token) }
+
+// Deadline returns the lease's deadline, counted from the session timeout
+// as it is when it is read: with WithSessionTimeouts, a grant lower than
+// the one the deadline was last counted from, recorded a moment ago,
+// already moves it (retime moves the expiry timer too).
+func (ls *lease) Deadline() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.l.st == nil {
+		return ls.deadline
+	}
+	if d := ls.deadlineLocked(); d.Before(ls.deadline) {
+		return d
+	}
+	return ls.deadline
+}
 
 // end records why the lease ended and cancels its context; the first call
 // wins and reports true. The cause it reports is Released for
@@ -194,16 +259,29 @@ func (ls *lease) monitor(watch <-chan zk.Event) {
 // it ended the lease.
 func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
 	report = func() {}
-	every := ls.l.timeout() / 3
+	// every is a third of the timeout, retryPause at least (a lease whose
+	// session has ended has a timeout of 0, and ends at once).
+	every := max(ls.timeout()/3, retryPause)
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	var results chan probe // non-nil while a probe is in flight
+	changed := ls.changed
 	for {
 		select {
 		case <-ls.stop:
 			return report
 		case <-ls.ctx.Done():
 			return report
+		case <-changed:
+			var g grant
+			g, changed = ls.l.st.last() // before retime reads the timeout
+			if report = ls.retime(g); ls.stopped() {
+				return report
+			}
+			every = max(ls.timeout()/3, retryPause)
+			if results == nil {
+				timer.Reset(every) // check the node a third of the (new) timeout from now
+			}
 		case ev := <-watch:
 			watch = nil // a watch fires once
 			switch ev.Type {

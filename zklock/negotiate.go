@@ -18,10 +18,12 @@ import (
 // it only logs it, in its "authenticated" line. A Locker that counted its
 // deadlines from the timeout given to New would, when the servers lowered
 // it, see its lease held after ZooKeeper expired the session and deleted
-// the node (two holders). So before its first lease a Locker opens one
-// short session of its own to the server its connection is on, asking for
-// the same timeout, reads the granted one from that line, closes the
-// session, and counts every deadline from the lower of the two.
+// the node (two holders). With WithSessionTimeouts the connection's own
+// logger records it (timeouts.go). Without, before its first lease a
+// Locker opens one short session of its own to the server its connection
+// is on, asking for the same timeout, reads the granted one from that
+// line, closes the session, and counts every deadline from the lower of
+// the two.
 
 // authenticatedFormat is go-zookeeper v1.0.4's log line once a session is
 // established; its arguments are the session id (int64) and the negotiated
@@ -39,23 +41,47 @@ func (l *Locker) probeLimit() time.Duration { return max(l.sessionTimeout, 5*tim
 func WithDialer(d zk.Dialer) Option { return func(l *Locker) { l.dialer = d } }
 
 // NegotiatedTimeout returns the session timeout that the servers granted
-// the Locker's probe for the one given to New, and whether the probe has
-// run (it runs at the first Acquire). Leases count their deadlines from the
-// lower of the two: a negotiated timeout below the one given to New means
-// the servers' maxSessionTimeout is lower than what was asked.
+// for the one given to New, and whether it is known. Leases count their
+// deadlines from the lower of the two: a negotiated timeout below the one
+// given to New means the servers' maxSessionTimeout is lower than what
+// was asked. Without WithSessionTimeouts it is the one granted to the
+// Locker's probe, known once the probe has run (at the first Acquire);
+// with it, the lowest granted to the connection's current session, as its
+// SessionTimeouts recorded it, known from the first grant.
 func (l *Locker) NegotiatedTimeout() (time.Duration, bool) {
+	if l.st != nil {
+		got, session := l.st.Timeout()
+		return got, session != 0
+	}
 	n := l.negotiated.Load()
 	return time.Duration(n), n > 0
 }
 
 // timeout is the session timeout that deadlines are counted from: the
 // lower of the one given to New and the negotiated one. It is only read
-// once negotiate has succeeded.
+// once negotiate (or confirm) has succeeded. A lease uses its own (see
+// lease.timeout), which is this one while its session lasts.
 func (l *Locker) timeout() time.Duration {
+	if l.st != nil {
+		if got, session := l.st.Timeout(); session != 0 && got < l.sessionTimeout {
+			return got
+		}
+		return l.sessionTimeout
+	}
 	if n := time.Duration(l.negotiated.Load()); n > 0 && n < l.sessionTimeout {
 		return n
 	}
 	return l.sessionTimeout
+}
+
+// learn returns once the negotiated timeout is known: by the connection's
+// SessionTimeouts (confirm) if the Locker has one, else by its probe
+// (negotiate).
+func (l *Locker) learn(ctx, waitCtx context.Context) error {
+	if l.st != nil {
+		return l.confirm(waitCtx)
+	}
+	return l.negotiate(ctx, waitCtx)
 }
 
 // negotiate returns once the negotiated timeout is known: at once after

@@ -29,9 +29,11 @@ type Locker struct {
 	sessionTimeout time.Duration
 	root           string
 	acl            []zk.ACL
-	obs            fence.Observer // nil: none
-	log            *slog.Logger   // nil: none
-	dialer         zk.Dialer      // the probe's; nil: net.DialTimeout
+	obs            fence.Observer   // nil: none
+	log            *slog.Logger     // nil: none
+	dialer         zk.Dialer        // the probe's; nil: net.DialTimeout
+	st             *SessionTimeouts // WithSessionTimeouts's; nil: the probe
+	stSet          bool             // WithSessionTimeouts was given (with nil: refused)
 
 	// negotiated is the session timeout (ns) that the servers granted the
 	// probe; 0 until a probe succeeded (see negotiate).
@@ -40,6 +42,7 @@ type Locker struct {
 	probing    chan struct{} // non-nil while a probe runs; closed when it ends
 
 	listings   atomic.Int64 // getChildren calls, for the tests of the herd effect
+	reported   atomic.Bool  // confirm has reported a lowered timeout
 	probes     atomic.Int64 // probes started, for the tests
 	background atomic.Int64 // cleanup goroutines and probe Closes running, for the tests
 }
@@ -71,14 +74,22 @@ func WithLogger(log *slog.Logger) Option { return func(l *Locker) { l.log = log 
 // the one given to zk.Connect: a lease is known to be held only until that
 // long after the Locker last heard from ZooKeeper (see the package doc), or
 // the negotiated timeout if the servers lowered it (above their
-// maxSessionTimeout, 20 ticks by default). New sends nothing: the first
-// Acquire learns the negotiated timeout with a short session of its own
-// (see "The negotiated session timeout" in the package doc, and
-// NegotiatedTimeout), once per Locker: make one Locker per connection and
-// keep it, rather than one per Acquire (each would open and close that
-// session, two writes through the ensemble's quorum). The caller keeps
-// owning conn, its event channel and its Close; a lease ends when conn is
-// closed.
+// maxSessionTimeout, 20 ticks by default). New sends nothing. The Locker
+// learns the negotiated timeout (see "The negotiated session timeout" in
+// the package doc, and NegotiatedTimeout) exactly, at every
+// (re)connection, from the connection's SessionTimeouts if given one with
+// WithSessionTimeouts, the way to take:
+//
+//	st := zklock.NewSessionTimeouts(nil)
+//	conn, events, err := zk.Connect(servers, sessionTimeout, zk.WithLogger(st))
+//	locker, err := zklock.New(conn, sessionTimeout, zklock.WithSessionTimeouts(st))
+//
+// Without it, the first Acquire learns it with a short session of its own,
+// once per Locker, which misses a timeout the servers lower later (the
+// package doc says when): make one Locker per connection and keep it,
+// rather than one per Acquire (each would open and close that session, two
+// writes through the ensemble's quorum). The caller keeps owning conn, its
+// event channel and its Close; a lease ends when conn is closed.
 func New(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Locker, error) {
 	l := &Locker{conn: conn, sessionTimeout: sessionTimeout, root: DefaultRoot, acl: zk.WorldACL(zk.PermAll)}
 	for _, opt := range opts {
@@ -91,6 +102,8 @@ func New(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Locker, 
 		return nil, fmt.Errorf("%w: zklock: nil connection", fence.ErrInvalidOption)
 	case sessionTimeout < fence.MinTTL:
 		return nil, fmt.Errorf("%w: zklock: session timeout %v", fence.ErrInvalidOption, sessionTimeout)
+	case l.stSet && l.st == nil:
+		return nil, fmt.Errorf("%w: zklock: WithSessionTimeouts(nil)", fence.ErrInvalidOption)
 	case !strings.HasPrefix(l.root, "/") || strings.HasSuffix(l.root, "/") || strings.Contains(l.root, "//"):
 		return nil, fmt.Errorf("%w: zklock: root %q is not an absolute znode path", fence.ErrInvalidOption, l.root)
 	}
@@ -146,7 +159,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	defer cancel()
 	start := time.Now()
-	if err := l.negotiate(ctx, waitCtx); err != nil {
+	if err := l.learn(ctx, waitCtx); err != nil {
 		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 	}
 	node, err := l.create(waitCtx, a)
@@ -437,6 +450,15 @@ func (l *Locker) grant(ctx, waitCtx context.Context, a *attempt, node string, o 
 			return nil, fmt.Errorf("zklock: stat %s: %w", node, err)
 		}
 		sent = time.Now()
+	}
+	if l.st != nil {
+		// The reply came after go-zookeeper logged the grant of the
+		// connection it came on: the SessionTimeouts has recorded the
+		// node's session, unless it is not the connection's logger (or
+		// the session has ended since).
+		if _, session := l.st.Timeout(); session != w.stat.EphemeralOwner {
+			return nil, l.mismatch(w.stat.EphemeralOwner)
+		}
 	}
 	return l.newLease(ctx, a, node, w.stat, w.ch, o.TTL, start, sent), nil
 }
