@@ -7,17 +7,36 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/fencetest"
 	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
 )
 
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { testConformance(t, false) }
+
+// TestConformanceSessionTimeouts runs the suite with the Lockers taking the
+// connection's SessionTimeouts (WithSessionTimeouts) rather than probing.
+func TestConformanceSessionTimeouts(t *testing.T) { testConformance(t, true) }
+
+func testConformance(t *testing.T, exact bool) {
 	srv := startZK(t)
 	addrs := []string{srv.Addr}
 	admin := connect(t, addrs, nil)
+	// newL connects a session and returns a Locker on it, with opts.
+	newL := func(t testing.TB, opts ...zklock.Option) fence.Locker {
+		logger, more := exactOpts(exact)
+		conn, _, err := zk.Connect(addrs, sessionTimeout, zk.WithLogger(logger))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Close)
+		waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
+		l, err := zklock.New(conn, sessionTimeout, append(opts, more...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
 	fencetest.Run(t, fencetest.Config{
-		New: func(t testing.TB) fence.Locker {
-			l, _ := newLocker(t, addrs)
-			return l
-		},
+		New: func(t testing.TB) fence.Locker { return newL(t) },
 		// The holder's node is the lowest in the lock's directory.
 		Remove: func(t testing.TB, name string) {
 			nodes := lockNodes(t, admin, name)
@@ -29,18 +48,10 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
-			l, err := zklock.New(connect(t, addrs, nil), sessionTimeout, zklock.WithObserver(obs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return l
+			return newL(t, zklock.WithObserver(obs))
 		},
 		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
-			l, err := zklock.New(connect(t, addrs, nil), sessionTimeout, zklock.WithLogger(log))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return l
+			return newL(t, zklock.WithLogger(log))
 		},
 		WatchdogTTL:  sessionTimeout,
 		SessionBound: sessionTimeout,

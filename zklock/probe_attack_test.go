@@ -125,14 +125,15 @@ func (b *blocker) set(block bool, addrs ...string) {
 // Either way a lease outlives its session: two holders.
 func TestProbeEnsembleWithDifferentBounds(t *testing.T) {
 	t.Skip("bug: with servers of different maxSessionTimeout, the probed timeout is not the one the leader expires the session by (the package doc's limit, 'configure them alike'); the Locker cannot see the connection's own negotiated timeout (go-zookeeper keeps it unexported) nor the servers it may move to, so no small fix")
-	t.Run("created on a, moved to c", func(t *testing.T) { testDifferentBounds(t, false) })
-	t.Run("created on c, moved to a", func(t *testing.T) { testDifferentBounds(t, true) })
+	t.Run("created on a, moved to c", func(t *testing.T) { testDifferentBounds(t, false, false) })
+	t.Run("created on c, moved to a", func(t *testing.T) { testDifferentBounds(t, true, false) })
 }
 
 // testDifferentBounds: the session is created on a (maxSessionTimeout 10 s)
 // and moves to c (2 s) after the first Acquire, or (createdOnLow) is
-// created on c and moves to a before it.
-func testDifferentBounds(t *testing.T, createdOnLow bool) {
+// created on c and moves to a before it. With exact, the Locker takes the
+// connection's SessionTimeouts (WithSessionTimeouts) rather than probe.
+func testDifferentBounds(t *testing.T, createdOnLow, exact bool) {
 	e := startEnsemble(t, 3)
 	a, b, c := e.Servers[0], e.Servers[1], e.Servers[2]
 	const lowMax = 4 * zkserver.TickTime // 2 s on c; 10 s on the others
@@ -149,7 +150,8 @@ func testDifferentBounds(t *testing.T, createdOnLow bool) {
 		first, then = c, a
 	}
 	bl := &blocker{blocked: map[string]bool{then.Addr: true, b.Addr: true}, conns: map[string][]net.Conn{}}
-	conn, _, err := zk.Connect([]string{a.Addr, c.Addr}, asked, zk.WithLogger(quiet{}), zk.WithDialer(bl.dial))
+	logger, opts := exactOpts(exact)
+	conn, _, err := zk.Connect([]string{a.Addr, c.Addr}, asked, zk.WithLogger(logger), zk.WithDialer(bl.dial))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +165,7 @@ func testDifferentBounds(t *testing.T, createdOnLow bool) {
 	if createdOnLow {
 		move()
 	}
-	l, err := zklock.New(conn, asked)
+	l, err := zklock.New(conn, asked, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,11 +175,18 @@ func testDifferentBounds(t *testing.T, createdOnLow bool) {
 		t.Fatal(err)
 	}
 	defer func() { _ = lease.Release(context.Background()) }()
-	if got, ok := l.NegotiatedTimeout(); !ok || got != asked {
-		t.Fatalf("NegotiatedTimeout() = %v, %v; want %v, true", got, ok, asked)
+	want := asked // the probe asks the server the connection is on
+	if exact && createdOnLow {
+		want = lowMax // the lowest granted to the session
+	}
+	if got, ok := l.NegotiatedTimeout(); !ok || got != want {
+		t.Fatalf("NegotiatedTimeout() = %v, %v; want %v, true", got, ok, want)
 	}
 	if !createdOnLow {
 		move()
+		if exact {
+			waitLowered(t, l, lease, lowMax)
+		}
 	}
 	if err := lease.Extend(ctx, time.Second); err != nil {
 		t.Fatalf("Extend on %s: %v", conn.Server(), err)
@@ -198,6 +207,9 @@ func testDifferentBounds(t *testing.T, createdOnLow bool) {
 		t.Logf("next holder acquired %v into the partition; the lease: Err %v", time.Since(cutAt).Round(100*time.Millisecond), lease.Err())
 	}
 	bl.set(false, a.Addr, c.Addr)
+	if n := l.Probes(); exact && n != 0 {
+		t.Errorf("%d probes, want none with WithSessionTimeouts", n)
+	}
 	waitFor(t, func() bool { return l.Background() == 0 })
 }
 
@@ -397,18 +409,27 @@ func TestProbeAfterConnClose(t *testing.T) {
 // when the next holder acquired 2.3s into the partition".
 func TestProbeServerRestartedWithLowerMax(t *testing.T) {
 	t.Skip("bug: the probe runs once per Locker; a server restarted with a lower maxSessionTimeout shortens the session when it reconnects, and the Locker keeps counting from the probed timeout; seeing it needs the connection's own negotiated timeout (unexported in go-zookeeper v1.0.4) or a probe after each reconnection (not observable without the user's event channel), so no small fix")
+	testRestartedWithLowerMax(t, false)
+}
+
+// testRestartedWithLowerMax: a lease is taken, the server restarted with a
+// lower maxSessionTimeout, and the holder partitioned away. With exact,
+// the Locker takes the connection's SessionTimeouts (WithSessionTimeouts)
+// rather than probe.
+func testRestartedWithLowerMax(t *testing.T, exact bool) {
 	srv := startZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const asked = 16 * zkserver.TickTime // 8 s: below the default maximum
 	bl := &blocker{blocked: map[string]bool{}, conns: map[string][]net.Conn{}}
-	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(quiet{}), zk.WithDialer(bl.dial))
+	logger, opts := exactOpts(exact)
+	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(logger), zk.WithDialer(bl.dial))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(conn.Close)
 	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
-	l, err := zklock.New(conn, asked)
+	l, err := zklock.New(conn, asked, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,6 +442,9 @@ func TestProbeServerRestartedWithLowerMax(t *testing.T) {
 	const lowMax = 4 * zkserver.TickTime
 	reconfigure(t, srv, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
 	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
+	if exact {
+		waitLowered(t, l, lease, lowMax)
+	}
 	if err := lease.Extend(ctx, time.Second); err != nil {
 		t.Fatalf("Extend after the restart: %v", err)
 	}
@@ -439,6 +463,9 @@ func TestProbeServerRestartedWithLowerMax(t *testing.T) {
 		t.Logf("next holder acquired %v into the partition; the lease: Err %v", time.Since(cutAt).Round(100*time.Millisecond), lease.Err())
 	}
 	bl.set(false, srv.Addr)
+	if n := l.Probes(); exact && n != 0 {
+		t.Errorf("%d probes, want none with WithSessionTimeouts", n)
+	}
 	waitFor(t, func() bool { return l.Background() == 0 })
 }
 
