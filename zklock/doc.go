@@ -47,8 +47,10 @@
 //   - its Deadline passes: the Locker checks the node every third of the
 //     session timeout, and Deadline is a session timeout after the last
 //     such request that ZooKeeper answered (less 1% and 2 ms for the
-//     clocks' rates). That is how long ZooKeeper keeps the session at
-//     least, whatever happened since;
+//     clocks' rates), or, with WithSessionTimeouts, after the dialling
+//     of the connection the session was last re-established on, if later.
+//     That is how long ZooKeeper keeps the session at least, whatever
+//     happened since;
 //   - for a lease taken with fence.TTL, its lease time ran out: fence.TTL is
 //     enforced here, by the holder deleting its own node at the deadline
 //     unless Extend moved it. A holder paused past that keeps the node
@@ -87,43 +89,82 @@
 //
 // The servers clamp the session timeout a client asks for to their
 // [minSessionTimeout, maxSessionTimeout] (2 and 20 ticks by default), and
-// go-zookeeper does not expose the one they grant. A deadline counted from
-// a timeout that the servers lowered would outlast the session: the holder
-// would see its lease held after ZooKeeper expired the session and gave the
-// lock to the next. So New takes the timeout given to zk.Connect, and the
-// first Acquire learns the granted one: it opens a short session of its own
-// to the server the connection is on (conn.Server()), asking for the same
-// timeout, through net.DialTimeout or the dialer of WithDialer, reads the
-// timeout granted from go-zookeeper's "authenticated" log line, and closes
-// it. From then on leases count their deadlines, and the Locker its checks,
-// from the lower of the two; NegotiatedTimeout reports the granted one, and
-// WithLogger's logger gets a warning when it is lower than the one asked. A
-// timeout the servers raised (asked below their minimum) changes nothing:
-// deadlines stay counted from the one asked, which is earlier. One probe
-// serves the Locker for its life; concurrent first Acquires wait for the
-// same probe. The probe waits for the connection to have a session, and
-// lasts no longer than the ctx of the Acquire that started it (its own
-// session no longer than the session timeout, 5 s at least); an Acquire
-// waits for it no longer than its ctx and wait budget, and a probe that
-// outlasts a wait budget goes on, for the next Acquire to wait for rather
-// than start over. If it does not succeed, the Acquire fails, and the next
-// one probes again; no lease is counted from a timeout the servers did not
-// confirm. Its limits: it asks the server the connection is on when the
-// first Acquire runs, once for the Locker's life, and a session that the
-// servers expire by a lower timeout than that one outlives its leases'
-// Deadlines (two holders): one created on a server with a lower bound than
-// the one probed, or moved to one (configure an ensemble's servers alike),
-// or reconnected to a server restarted with a lower bound (after lowering
-// maxSessionTimeout, make new Lockers, on new connections); its connection
-// counts against the server's maxClientCnxns, so a client at that limit
-// gets no lease; one that its Acquire's ctx ended starts over at the next,
-// so Acquires whose ctx is shorter than a probe get none either; on servers
-// that enforce authentication (enforce.auth.enabled) its session, which
-// cannot authenticate, is granted but not closed, and expires a session
-// timeout later, as does one whose grant was in flight when its ctx ended;
-// and it cannot use the connection's own dialer or host provider
-// (zk.WithDialer, zk.WithHostProvider), so a connection that needs a dialer
-// of its own (TLS, a proxy) needs WithDialer too.
+// go-zookeeper does not expose the one they grant: it only logs it, in
+// its "authenticated" line, each time the connection (re)establishes its
+// session. A deadline counted from a timeout that the servers lowered
+// would outlast the session: the holder would see its lease held after
+// ZooKeeper expired the session and gave the lock to the next. New takes
+// the timeout given to zk.Connect, and leases count their deadlines, and
+// the Locker its checks, from the lower of it and the granted one;
+// NegotiatedTimeout reports the granted one, and WithLogger's logger gets
+// a warning when it is lower than the one asked. A timeout the servers
+// raised (asked below their minimum) changes nothing: deadlines stay
+// counted from the one asked, which is earlier. The Locker learns the
+// granted one in one of two ways.
+//
+// The exact way: a SessionTimeouts given to zk.Connect as its logger,
+// and to New with WithSessionTimeouts:
+//
+//	st := zklock.NewSessionTimeouts(nil) // forwards to zk.DefaultLogger, or the zk.Logger given
+//	conn, events, err := zk.Connect(servers, 10*time.Second, zk.WithLogger(st))
+//	locker, err := zklock.New(conn, 10*time.Second, zklock.WithSessionTimeouts(st))
+//
+// It records the timeout of every "authenticated" line, which go-zookeeper
+// logs before it sends or receives anything else on that connection, so
+// every reply the Locker gets was sent on a connection whose grant is
+// recorded. A session keeps the lowest timeout it was granted (a server
+// that the session moves to, or one restarted with other bounds,
+// revalidates it with its own, but the leader may go on expiring it by an
+// earlier, lower one; only a new session starts over), and each lease
+// counts its deadline from that as it is when the deadline is read: a
+// reconnection that the servers grant less lowers the leases' Deadlines
+// at once, to that timeout after the later of their last contact and the
+// dialling of the new connection (the server heard the connect request,
+// sent after that, and kept the session), and their checks then come a
+// third of it apart. A lease whose session the connection no longer has
+// ends then (ErrLeaseLost). No probe runs. If the SessionTimeouts has
+// recorded nothing once the connection answered a read (the first
+// Acquire sends one: it may run before the connection has its session),
+// because it was not given to zk.Connect, a later zk.WithLogger or
+// conn.SetLogger replaced it, or zk.WithLogInfo(false) silenced the line,
+// Acquire fails at once with fence.ErrInvalidOption, naming the fix,
+// rather than count a deadline from a timeout the servers did not
+// confirm; it fails so too if the lock's node is not of the session the
+// SessionTimeouts last recorded (one shared by two connections). Give
+// each connection its own, and replace it with no other logger later: a
+// replaced one, once it has recorded a grant, cannot tell that it no
+// longer sees them.
+//
+// The default, without WithSessionTimeouts: the first Acquire probes. It
+// opens a short session of its own to the server the connection is on
+// (conn.Server()), asking for the same timeout, through net.DialTimeout
+// or the dialer of WithDialer, reads the timeout granted from its
+// "authenticated" line, and closes it. One probe serves the Locker for
+// its life; concurrent first Acquires wait for the same probe. The probe
+// waits for the connection to have a session, and lasts no longer than
+// the ctx of the Acquire that started it (its own session no longer than
+// the session timeout, 5 s at least); an Acquire waits for it no longer
+// than its ctx and wait budget, and a probe that outlasts a wait budget
+// goes on, for the next Acquire to wait for rather than start over. If it
+// does not succeed, the Acquire fails, and the next one probes again; no
+// lease is counted from a timeout the servers did not confirm. Its
+// limits, which the exact way does not have: it asks the server the
+// connection is on when the first Acquire runs, once for the Locker's
+// life, and a session that the servers expire by a lower timeout than
+// that one outlives its leases' Deadlines (two holders): one created on a
+// server with a lower bound than the one probed, or moved to one
+// (configure an ensemble's servers alike), or reconnected to a server
+// restarted with a lower bound (after lowering maxSessionTimeout, make
+// new Lockers, on new connections); its connection counts against the
+// server's maxClientCnxns, so a client at that limit gets no lease; one
+// that its Acquire's ctx ended starts over at the next, so Acquires whose
+// ctx is shorter than a probe get none either; on servers that enforce
+// authentication (enforce.auth.enabled) its session, which cannot
+// authenticate, is granted but not closed, and expires a session timeout
+// later, as does one whose grant was in flight when its ctx ended; and it
+// cannot use the connection's own dialer or host provider (zk.WithDialer,
+// zk.WithHostProvider), so a connection that needs a dialer of its own
+// (TLS, a proxy) needs WithDialer too.
 //
 // # Calls and contexts
 //
