@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
-
 	"github.com/go-zookeeper/zk"
 )
 
@@ -26,8 +25,9 @@ import (
 //	...
 //	locker, err := zklock.New(conn, 10*time.Second, zklock.WithSessionTimeouts(st))
 //
-// One SessionTimeouts serves one connection: it takes the lines of two for
-// one session's. It records nothing if a later zk.WithLogger replaces it,
+// One SessionTimeouts serves one connection: two sharing one would mix
+// their sessions' grants. Its zero value forwards to zk.DefaultLogger. It
+// records nothing if a later zk.WithLogger replaces it,
 // conn.SetLogger does, or zk.WithLogInfo(false) silences the line; a
 // Locker then grants no lease (Acquire fails with fence.ErrInvalidOption)
 // rather than count its deadlines from a timeout it did not see. It is
@@ -40,7 +40,7 @@ type SessionTimeouts struct {
 	lowest    time.Duration // the lowest timeout granted to that session
 	connected time.Time     // when its last connection was dialled, before its connect request was sent
 	dialled   time.Time     // when the last connection was dialled ("connected to" line); zero once used
-	changed   chan struct{} // closed, and replaced, at each "authenticated" line
+	changed   chan struct{} // closed, and replaced, at each "authenticated" line; nil until needed
 }
 
 // NewSessionTimeouts returns a SessionTimeouts that forwards every line to
@@ -49,7 +49,7 @@ func NewSessionTimeouts(next zk.Logger) *SessionTimeouts {
 	if next == nil {
 		next = zk.DefaultLogger
 	}
-	return &SessionTimeouts{next: next, changed: make(chan struct{})}
+	return &SessionTimeouts{next: next}
 }
 
 // connectedFormat is go-zookeeper v1.0.4's log line once it has dialled a
@@ -67,6 +67,10 @@ func (s *SessionTimeouts) Printf(format string, args ...any) {
 		s.mu.Unlock()
 	case authenticatedFormat:
 		s.authenticated(args)
+	}
+	if s.next == nil {
+		zk.DefaultLogger.Printf(format, args...)
+		return
 	}
 	s.next.Printf(format, args...)
 }
@@ -101,7 +105,9 @@ func (s *SessionTimeouts) authenticated(args []any) {
 	if !s.dialled.IsZero() {
 		s.connected, s.dialled = s.dialled, time.Time{}
 	}
-	close(s.changed)
+	if s.changed != nil {
+		close(s.changed)
+	}
 	s.changed = make(chan struct{})
 }
 
@@ -123,6 +129,9 @@ type grant struct {
 func (s *SessionTimeouts) last() (grant, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
 	return grant{s.session, s.connected}, s.changed
 }
 
