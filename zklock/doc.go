@@ -114,8 +114,10 @@
 // every reply the Locker gets was sent on a connection whose grant is
 // recorded. A session keeps the lowest timeout it was granted (a server
 // that the session moves to, or one restarted with other bounds,
-// revalidates it with its own, but the leader may go on expiring it by an
-// earlier, lower one; only a new session starts over), and each lease
+// revalidates it with its own bounds; go-zookeeper asks each time for the
+// one last granted, so a raise comes only from a server's
+// minSessionTimeout, and is not trusted; only a new session starts over),
+// and each lease
 // counts its deadline from that as it is when the deadline is read: a
 // reconnection that the servers grant less lowers the leases' Deadlines
 // at once, to that timeout after the later of their last contact and the

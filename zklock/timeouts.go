@@ -76,10 +76,11 @@ func (s *SessionTimeouts) Printf(format string, args ...any) {
 }
 
 // authenticated records a session's grant. A session keeps the lowest
-// timeout it was granted: a server that moves a session to itself, or one
-// restarted with other bounds, revalidates it with its own, but the leader
-// may go on expiring it by an earlier one (see the package doc), so only a
-// new session starts over.
+// timeout it was granted, and only a new session starts over: go-zookeeper
+// asks at each reconnection for the timeout last granted, so a server's
+// maxSessionTimeout (lower than the last grant) can lower it but only its
+// minSessionTimeout raise it, and the deadlines stay counted from the
+// lower, earlier bound rather than trust a raise.
 func (s *SessionTimeouts) authenticated(args []any) {
 	if len(args) != 2 {
 		return
