@@ -225,3 +225,45 @@ func TestSessionTimeoutsForwardsAndDoesNotProbe(t *testing.T) {
 		t.Errorf("the default logger wrote %q, want a line with %q", buf.String(), want)
 	}
 }
+
+// A SessionTimeouts shared by two connections records the last one's
+// grants: the Locker on the other connection, whose node then belongs to
+// a session the SessionTimeouts did not last record, grants no lease
+// (fence.ErrInvalidOption, naming the fix) and deletes its node.
+func TestSessionTimeoutsSharedFails(t *testing.T) {
+	srv := startZK(t)
+	st := zklock.NewSessionTimeouts(quiet{})
+	connect := func() *zk.Conn {
+		conn, _, err := zk.Connect([]string{srv.Addr}, sessionTimeout, zk.WithLogger(st))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Close)
+		waitFor(t, func() bool { _, id := st.Timeout(); return id != 0 && id == conn.SessionID() })
+		return conn
+	}
+	first := connect()
+	connect() // the second: st now records its session
+	l, err := zklock.New(first, sessionTimeout, zklock.WithSessionTimeouts(st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const name = "shared-timeouts"
+	lease, err := l.Acquire(ctx, name)
+	if err == nil {
+		_ = lease.Release(ctx)
+		t.Fatal("Acquire granted a lease counted from another connection's session timeout")
+	}
+	t.Logf("Acquire: %v", err)
+	if !errors.Is(err, fence.ErrInvalidOption) || !strings.Contains(err.Error(), "give each connection its own") {
+		t.Errorf("Acquire = %v, want fence.ErrInvalidOption naming the fix", err)
+	}
+	// The lock's directory is a container, which the server may have
+	// deleted once empty.
+	if nodes, _, err := first.Children(zklock.DefaultRoot + "/" + zklock.Escape(name)); err != nil && !errors.Is(err, zk.ErrNoNode) || len(nodes) != 0 {
+		t.Errorf("the lock's directory: %v, %v; want no node left", nodes, err)
+	}
+	waitFor(t, func() bool { return l.Background() == 0 })
+}
