@@ -112,19 +112,18 @@
 // It records the timeout of every "authenticated" line, which go-zookeeper
 // logs before it sends or receives anything else on that connection, so
 // every reply the Locker gets was sent on a connection whose grant is
-// recorded. A session keeps the lowest timeout it was granted (a server
-// that the session moves to, or one restarted with other bounds,
-// revalidates it with its own bounds; go-zookeeper asks each time for the
-// one last granted, so a raise comes only from a server's
-// minSessionTimeout, and is not trusted; only a new session starts over),
-// and each lease
-// counts its deadline from that as it is when the deadline is read: a
-// reconnection that the servers grant less lowers the leases' Deadlines
-// at once, to that timeout after the later of their last contact and the
-// dialling of the new connection (the server heard the connect request,
-// sent after that, and kept the session), and their checks then come a
-// third of it apart. A lease whose session the connection no longer has
-// ends then (ErrLeaseLost). No probe runs. If the SessionTimeouts has
+// recorded. A session keeps the lowest timeout it was granted, and only a
+// new session starts over: a server that the session moves to, or one
+// restarted with other bounds, revalidates it with its own bounds, and
+// go-zookeeper asks each time for the timeout last granted, so a raise
+// comes only from a server's minSessionTimeout, and is not trusted. Each
+// lease counts its deadline from that timeout as it is when the deadline
+// is read: a reconnection that the servers grant less lowers the leases'
+// Deadlines at once, to that timeout after the later of their last
+// contact and the dialling of the new connection (the server heard the
+// connect request, sent after that, and kept the session), and their
+// checks then come a third of it apart. A lease whose session the
+// connection no longer has ends then (ErrLeaseLost). No probe runs. If the SessionTimeouts has
 // recorded nothing once the connection answered a read (the first
 // Acquire sends one: it may run before the connection has its session),
 // because it was not given to zk.Connect, a later zk.WithLogger or
