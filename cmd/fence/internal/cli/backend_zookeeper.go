@@ -53,7 +53,10 @@ func (b *zookeeperBackend) locker(*cobra.Command) (fence.Locker, func(), error) 
 	if err := fence.ValidateTTL(b.sessionTimeout); err != nil {
 		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper-session-timeout %v: %w", b.sessionTimeout, err))
 	}
-	conn, _, err := zk.Connect(servers, b.sessionTimeout, zk.WithLogger(quietLogger{}))
+	// The connection's logger records the session timeouts the servers
+	// grant, which leases count their deadlines from (no probe session).
+	st := zklock.NewSessionTimeouts(quietLogger{})
+	conn, _, err := zk.Connect(servers, b.sessionTimeout, zk.WithLogger(st))
 	if err != nil {
 		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper %s: %w", b.servers, err))
 	}
@@ -67,7 +70,7 @@ func (b *zookeeperBackend) locker(*cobra.Command) (fence.Locker, func(), error) 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	l, err := zklock.New(conn, b.sessionTimeout, zklock.WithRoot(b.root))
+	l, err := zklock.New(conn, b.sessionTimeout, zklock.WithRoot(b.root), zklock.WithSessionTimeouts(st))
 	if err != nil {
 		conn.Close()
 		return nil, nil, exitWith(ExitUsage, errors.Join(errors.New("--zookeeper-root or --zookeeper-session-timeout"), err))

@@ -17,7 +17,8 @@ func (quietLogger) Printf(string, ...any) {}
 // zookeeperLocker connects to s.ZooKeeper and returns zklock's Locker and
 // the func that closes the connection.
 func zookeeperLocker(s Spec) (fence.Locker, func(), error) {
-	conn, _, err := zk.Connect(strings.Split(s.ZooKeeper, ","), s.SessionTimeout, zk.WithLogger(quietLogger{}))
+	st := zklock.NewSessionTimeouts(quietLogger{}) // the granted session timeouts, for the leases' deadlines
+	conn, _, err := zk.Connect(strings.Split(s.ZooKeeper, ","), s.SessionTimeout, zk.WithLogger(st))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -29,7 +30,7 @@ func zookeeperLocker(s Spec) (fence.Locker, func(), error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	l, err := zklock.New(conn, s.SessionTimeout)
+	l, err := zklock.New(conn, s.SessionTimeout, zklock.WithSessionTimeouts(st))
 	if err != nil {
 		conn.Close()
 		return nil, nil, err
