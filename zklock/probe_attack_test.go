@@ -200,12 +200,7 @@ func testDifferentBounds(t *testing.T, createdOnLow, exact bool) {
 		t.Fatal(err)
 	}
 	defer func() { _ = next.Release(ctx) }()
-	if left := time.Until(lease.Deadline()); lease.Err() == nil && left > 0 {
-		t.Errorf("two holders: the partitioned lease's Deadline is still %v away, Err nil, when the next holder acquired %v into the partition",
-			left.Round(100*time.Millisecond), time.Since(cutAt).Round(100*time.Millisecond))
-	} else {
-		t.Logf("next holder acquired %v into the partition; the lease: Err %v", time.Since(cutAt).Round(100*time.Millisecond), lease.Err())
-	}
+	noSecondHolder(t, lease, cutAt)
 	bl.set(false, a.Addr, c.Addr)
 	if n := l.Probes(); exact && n != 0 {
 		t.Errorf("%d probes, want none with WithSessionTimeouts", n)
@@ -456,12 +451,7 @@ func testRestartedWithLowerMax(t *testing.T, exact bool) {
 		t.Fatal(err)
 	}
 	defer func() { _ = next.Release(ctx) }()
-	if left := time.Until(lease.Deadline()); lease.Err() == nil && left > 0 {
-		t.Errorf("two holders: the partitioned lease's Deadline is still %v away, Err nil, when the next holder acquired %v into the partition",
-			left.Round(100*time.Millisecond), time.Since(cutAt).Round(100*time.Millisecond))
-	} else {
-		t.Logf("next holder acquired %v into the partition; the lease: Err %v", time.Since(cutAt).Round(100*time.Millisecond), lease.Err())
-	}
+	noSecondHolder(t, lease, cutAt)
 	bl.set(false, srv.Addr)
 	if n := l.Probes(); exact && n != 0 {
 		t.Errorf("%d probes, want none with WithSessionTimeouts", n)
@@ -692,5 +682,18 @@ func TestOutlivingProbeEndsWithConn(t *testing.T) {
 	waitFor(t, func() bool { return l.Background() == 0 })
 	if _, ok := l.NegotiatedTimeout(); ok {
 		t.Error("NegotiatedTimeout reports a timeout no server granted")
+	}
+}
+
+// noSecondHolder fails the test if lease, cut off from ZooKeeper at cutAt,
+// still looks held (Err nil, Deadline ahead) now that the next holder has
+// acquired its lock, and logs how it ended otherwise.
+func noSecondHolder(t *testing.T, lease fence.Lease, cutAt time.Time) {
+	t.Helper()
+	if left := time.Until(lease.Deadline()); lease.Err() == nil && left > 0 {
+		t.Errorf("two holders: the partitioned lease's Deadline is still %v away, Err nil, when the next holder acquired %v into the partition",
+			left.Round(100*time.Millisecond), time.Since(cutAt).Round(100*time.Millisecond))
+	} else {
+		t.Logf("next holder acquired %v into the partition; the lease: Err %v", time.Since(cutAt).Round(100*time.Millisecond), lease.Err())
 	}
 }

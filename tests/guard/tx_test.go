@@ -169,22 +169,8 @@ func TestSQLiteBusyIsRetry(t *testing.T) {
 func TestTxIsolationLevels(t *testing.T) {
 	for _, level := range []string{"repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
-			db := pg.NewDB(t)
-			setup(t, db)
-			var name string
-			if err := db.QueryRowContext(ctx(t), `SELECT current_database()`).Scan(&name); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := db.ExecContext(ctx(t), fmt.Sprintf(`ALTER DATABASE %s SET default_transaction_isolation = '%s'`, name, level)); err != nil {
-				t.Fatal(err)
-			}
-			db.SetMaxIdleConns(0) // drop the connection opened before the ALTER
-			db.SetMaxIdleConns(2)
+			db := isolatedDB(t, level)
 			db.SetMaxOpenConns(20)
-			var got string
-			if err := db.QueryRowContext(ctx(t), `SHOW transaction_isolation`).Scan(&got); err != nil || got != level {
-				t.Fatalf("isolation %q (%v), want %q", got, err, level)
-			}
 			const writes = 400
 			var out outcomes
 			var wg sync.WaitGroup
