@@ -79,6 +79,9 @@ func TestSessionTimeoutsNotRecordedFails(t *testing.T) {
 		{"silenced by zk.WithLogInfo(false)", func(st *zklock.SessionTimeouts) (*zk.Conn, <-chan zk.Event, error) {
 			return zk.Connect(addrs, sessionTimeout, zk.WithLogger(st), zk.WithLogInfo(false))
 		}},
+		{"silenced by zk.WithLogInfo(false) given before zk.WithLogger", func(st *zklock.SessionTimeouts) (*zk.Conn, <-chan zk.Event, error) {
+			return zk.Connect(addrs, sessionTimeout, zk.WithLogInfo(false), zk.WithLogger(st))
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			st := zklock.NewSessionTimeouts(quiet{})
