@@ -134,7 +134,14 @@
 // SessionTimeouts last recorded (one shared by two connections). Give
 // each connection its own, and replace it with no other logger later: a
 // replaced one, once it has recorded a grant, cannot tell that it no
-// longer sees them.
+// longer sees them. One grant it cannot see: a server restarted with a
+// lower maxSessionTimeout renews the session with the lower timeout when
+// it reads the connect request, and if the reply is then lost (the
+// connection breaks), nothing is logged; the session expires by the
+// lower timeout while the leases count from the higher (two holders), and
+// the client cannot know what was granted. So lower a server's
+// maxSessionTimeout below the timeout that sessions holding leases were
+// granted only with those leases released, or their clients stopped.
 //
 // The default, without WithSessionTimeouts: the first Acquire probes. It
 // opens a short session of its own to the server the connection is on

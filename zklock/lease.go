@@ -69,6 +69,9 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.S
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
+	if l.st != nil {
+		l.st.follow(ls) // a grant from now on waits for ls.mu, then retimes ls
+	}
 	ls.deadline = ls.deadlineLocked()
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), ls.expire)
 	go ls.monitor(watch)
@@ -108,28 +111,23 @@ func (ls *lease) timeout() time.Duration {
 
 // retime follows a grant that the Locker's SessionTimeouts recorded: a
 // (re)connection of the lease's session, whose timeout the servers may
-// have lowered, or a new session. It moves the deadline (and the expiry
-// timer) to a timeout after the later of the last contact and the dialling
+// have lowered, or a new session. It moves the deadline and the expiry
+// timer to a timeout after the later of the last contact and the dialling
 // of the connection that the session was granted on (the server heard the
-// connect request, sent after that, and kept the session), or ends the
-// lease if the connection has another session. It returns the report of
-// the lease's end, if it ended it (see endAsLater).
-func (ls *lease) retime(g grant) (report func()) {
-	if g.session != ls.owner {
-		_, report = ls.endLater(fmt.Errorf("%w: %q: its session %#x ended (the connection has session %#x)",
-			fence.ErrLeaseLost, ls.a.name, ls.owner, g.session))
-		return report
-	}
+// connect request, sent after that, and kept the session); if the
+// connection has another session, the timeout is 0 and the timer ends the
+// lease at once (see expire). The SessionTimeouts calls it at the grant,
+// the monitor again when it sees the grant.
+func (ls *lease) retime(g grant) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err == nil {
-		if g.connected.After(ls.contact) {
+		if g.session == ls.owner && g.connected.After(ls.contact) {
 			ls.contact = g.connected
 		}
 		ls.deadline = ls.deadlineLocked()
 		ls.expiry.Reset(time.Until(ls.deadline))
 	}
-	return func() {}
 }
 
 // expire ends the lease at its deadline and deletes its node: the lease
@@ -141,6 +139,13 @@ func (ls *lease) expire() {
 	why := fmt.Errorf("%w: %q: no reply from ZooKeeper for a session timeout (%v): the session may have expired",
 		fence.ErrLeaseLost, ls.a.name, ls.timeout())
 	cause := fence.LostRenewFailed
+	if ls.l.st != nil {
+		if _, session := ls.l.st.Timeout(); session != ls.owner {
+			why = fmt.Errorf("%w: %q: its session %#x ended (the connection has session %#x)",
+				fence.ErrLeaseLost, ls.a.name, ls.owner, session)
+			cause = fence.LostRemoved
+		}
+	}
 	if ttlRanOut {
 		why = fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.a.name)
 		cause = fence.LostExpired
@@ -251,6 +256,9 @@ type probe struct {
 // callback told may call Release, which waits for that.
 func (ls *lease) monitor(watch <-chan zk.Event) {
 	report := ls.follow(watch)
+	if ls.l.st != nil {
+		ls.l.st.forget(ls)
+	}
 	close(ls.monitorDone)
 	report()
 }
@@ -275,7 +283,7 @@ func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
 		case <-changed:
 			var g grant
 			g, changed = ls.l.st.last() // before retime reads the timeout
-			if report = ls.retime(g); ls.stopped() {
+			if ls.retime(g); ls.stopped() {
 				return report
 			}
 			every = max(ls.timeout()/3, retryPause)

@@ -36,11 +36,12 @@ type SessionTimeouts struct {
 	next zk.Logger
 
 	mu        sync.Mutex
-	session   int64         // the session of the last "authenticated" line; 0: none yet
-	lowest    time.Duration // the lowest timeout granted to that session
-	connected time.Time     // when its last connection was dialled, before its connect request was sent
-	dialled   time.Time     // when the last connection was dialled ("connected to" line); zero once used
-	changed   chan struct{} // closed, and replaced, at each "authenticated" line; nil until needed
+	session   int64               // the session of the last "authenticated" line; 0: none yet
+	lowest    time.Duration       // the lowest timeout granted to that session
+	connected time.Time           // when its last connection was dialled, before its connect request was sent
+	dialled   time.Time           // when the last connection was dialled ("connected to" line); zero once used
+	changed   chan struct{}       // closed, and replaced, at each "authenticated" line; nil until needed
+	leases    map[*lease]struct{} // retimed at each grant (see follow)
 }
 
 // NewSessionTimeouts returns a SessionTimeouts that forwards every line to
@@ -92,7 +93,6 @@ func (s *SessionTimeouts) authenticated(args []any) {
 	}
 	got := time.Duration(ms) * time.Millisecond
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if id != s.session || got < s.lowest {
 		s.lowest = got
 	}
@@ -110,6 +110,37 @@ func (s *SessionTimeouts) authenticated(args []any) {
 		close(s.changed)
 	}
 	s.changed = make(chan struct{})
+	g := grant{s.session, s.connected}
+	leases := make([]*lease, 0, len(s.leases))
+	for ls := range s.leases {
+		leases = append(leases, ls)
+	}
+	s.mu.Unlock()
+	// Here, not on each lease's monitor, which may be held by a Logger's
+	// handler: the expiry timers move with the grant (a lease whose
+	// session ended, or whose Deadline the lower timeout put in the past,
+	// ends on its timer's goroutine, not on go-zookeeper's, which logs
+	// this line before it starts serving the connection).
+	for _, ls := range leases {
+		ls.retime(g)
+	}
+}
+
+// follow makes every grant retime ls, until forget.
+func (s *SessionTimeouts) follow(ls *lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leases == nil {
+		s.leases = make(map[*lease]struct{})
+	}
+	s.leases[ls] = struct{}{}
+}
+
+// forget undoes follow.
+func (s *SessionTimeouts) forget(ls *lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.leases, ls)
 }
 
 // Timeout returns the lowest session timeout that the servers granted the
