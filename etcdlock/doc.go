@@ -68,8 +68,9 @@
 // line does not wait for etcd's longer expiry.
 //
 // Without fence.TTL a watchdog renews the etcd lease (KeepAliveOnce) every
-// third of Options.WatchdogTTL; a renewal that finds the etcd lease gone
-// ends the lease at once, others are retried until the deadline. With
+// third of Options.WatchdogTTL, and reads the key after each renewal; a
+// renewal that finds the etcd lease or the key gone ends the lease at once,
+// others are retried until the deadline. With
 // fence.TTL nothing renews it. etcd cannot change a lease's TTL, so Extend
 // grants a new etcd lease and moves the key onto it in a Txn that holds
 // only while the key is still the one created at the token (the create
@@ -81,7 +82,9 @@
 //
 // The key is watched from its creation: a delete (the etcd lease expired or
 // was revoked, an operator ran etcdctl del) ends the lease at once, not at
-// the next renewal. The watch, and the goroutine that keeps the lease, start
+// the next renewal (which also reads the key, for a watch that sits on a
+// member that hangs; a lease of fence.TTL, never renewed, then ends at its
+// deadline). The watch, and the goroutine that keeps the lease, start
 // 10 ms after the grant (sooner if its deadline or first renewal comes
 // first): a lock released within that pays for neither, and a delete in
 // its first 10 ms ends the lease when the watch starts, reading from the

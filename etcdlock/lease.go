@@ -572,8 +572,9 @@ func (ls *Lease) renewInterval() time.Duration {
 	return ls.ttl / 3
 }
 
-// renew keeps the etcd lease alive once and moves the deadline. An error
-// matching fence.ErrLeaseLost means the etcd lease is gone. It does not
+// renew keeps the etcd lease alive once, checks that the key is still
+// there, and moves the deadline. An error matching fence.ErrLeaseLost means
+// the etcd lease or the key is gone. It does not
 // take ls.op, which Release holds while it stops run: an Extend that moved
 // the key to a new etcd lease meanwhile is told apart by the lease ID.
 func (ls *Lease) renew(ctx context.Context) error {
@@ -589,6 +590,20 @@ func (ls *Lease) renew(ctx context.Context) error {
 	defer cancel2()
 	sent := time.Now()
 	_, err := ls.l.client.KeepAliveOnce(rctx, id)
+	// A renewal keeps the etcd lease, not the key: one deleted by hand
+	// (etcdctl del) leaves the etcd lease alive, and only the watch tells.
+	// A watch that sits on a member that hangs never does, while renewals
+	// get through the others: the lease would stay held, for ever, while
+	// another Locker takes the lock. So each renewal also reads the key,
+	// as a waiter checks its own after each renewal. A read that fails
+	// proves nothing either way: the next renewal reads again.
+	gone := false
+	if err == nil {
+		gctx, cancel3 := context.WithTimeout(ctx, max(ttl/6, retryInterval))
+		resp, gerr := ls.l.client.Get(gctx, ls.key, clientv3.WithKeysOnly())
+		cancel3()
+		gone = gerr == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token))
+	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	switch {
@@ -598,6 +613,8 @@ func (ls *Lease) renew(ctx context.Context) error {
 		return ls.lostf("its etcd lease %x is gone", int64(id))
 	case err != nil:
 		return err
+	case gone:
+		return ls.lostf("its key %s is gone", ls.key)
 	}
 	ls.deadline, ls.sent = deadline(sent, ttl), sent
 	return nil
