@@ -155,5 +155,7 @@
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease, an Extend) are bounded by half a second even when ctx has
 // ended; one that does not get through leaves the etcd lease to expire on
-// the server. On a client the user has closed, every call fails at once.
+// the server. On a client the user has closed, every call fails at once,
+// with an error matching fence.ErrClosed (the Locker can grant no more
+// leases: fence.Lead stops campaigning).
 package etcdlock

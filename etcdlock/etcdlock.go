@@ -458,8 +458,11 @@ func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.C
 	}
 }
 
-// errClientClosed is why a call on a client the user closed fails.
-var errClientClosed = errors.New("etcdlock: the etcd client was closed")
+// errClientClosed is why a call on a client the user closed fails. It
+// matches fence.ErrClosed: a closed client cannot be opened again, so the
+// Locker grants no more leases, and fence.Lead stops campaigning on it
+// instead of campaigning for as long as its ctx lasts.
+var errClientClosed = fmt.Errorf("etcdlock: the etcd client was closed: %w", fence.ErrClosed)
 
 // errAttemptTimedOut is the cause with which try cancels an attempt that
 // took longer than its timeout.
