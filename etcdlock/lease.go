@@ -588,22 +588,23 @@ func (ls *Lease) renew(ctx context.Context) error {
 	defer cancel()
 	rctx, cancel2 := context.WithTimeout(rctx, max(ttl/6, retryInterval))
 	defer cancel2()
-	sent := time.Now()
-	_, err := ls.l.client.KeepAliveOnce(rctx, id)
 	// A renewal keeps the etcd lease, not the key: one deleted by hand
 	// (etcdctl del) leaves the etcd lease alive, and only the watch tells.
 	// A watch that sits on a member that hangs never does, while renewals
 	// get through the others: the lease would stay held, for ever, while
 	// another Locker takes the lock. So each renewal also reads the key,
-	// as a waiter checks its own after each renewal. A read that fails
-	// proves nothing either way: the next renewal reads again.
-	gone := false
-	if err == nil {
-		gctx, cancel3 := context.WithTimeout(ctx, max(ttl/6, retryInterval))
-		resp, gerr := ls.l.client.Get(gctx, ls.key, clientv3.WithKeysOnly())
-		cancel3()
-		gone = gerr == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token))
-	}
+	// as a waiter checks its own after each renewal; at the same time, so
+	// that a read stuck on such a member does not delay the next renewal.
+	// A read that fails proves nothing either way: the next one reads
+	// again.
+	read := make(chan bool, 1)
+	go func() {
+		resp, err := ls.l.client.Get(rctx, ls.key, clientv3.WithKeysOnly())
+		read <- err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token))
+	}()
+	sent := time.Now()
+	_, err := ls.l.client.KeepAliveOnce(rctx, id)
+	gone := <-read
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	switch {
