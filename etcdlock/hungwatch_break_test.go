@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"sync"
 	"testing"
@@ -133,5 +134,83 @@ func TestKeyDeletedWhileWatchHangs(t *testing.T) {
 	}
 	if err := next.Err(); err != nil {
 		t.Fatalf("the new holder lost its lease: %v", err)
+	}
+}
+
+// deafStream is a Watch stream that delivers nothing, as one on a member
+// that hangs: RecvMsg waits until the stream's context ends.
+type deafStream struct {
+	grpc.ClientStream
+	ctx context.Context
+}
+
+func (s deafStream) RecvMsg(any) error {
+	select {
+	case <-s.ctx.Done():
+	case <-s.ClientStream.Context().Done():
+	}
+	return context.Canceled
+}
+
+// deafWatchClient returns a client of endpoints whose watches deliver
+// nothing, closed in t.Cleanup.
+func deafWatchClient(t *testing.T, endpoints []string) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(
+			func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+				cs, err := streamer(ctx, desc, cc, method, opts...)
+				if err != nil || method != "/etcdserverpb.Watch/Watch" {
+					return cs, err
+				}
+				return deafStream{cs, ctx}, nil
+			})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// The key of a lease is deleted by hand while the holder's watch delivers
+// nothing (see TestKeyDeletedWhileWatchHangs; a lease of fence.TTL has no
+// renewal to read it). Its Release then fails (its ctx done) and revokes
+// the etcd lease; the Release that retries finds the key gone. The lease
+// had been lost before the first Release was called: the retry must not
+// vouch for it (nil, "released"), as the first Release's revoke may or may
+// not be what deleted the key.
+func TestRetriedReleaseAfterLossNotReleased(t *testing.T) {
+	t.Skip("bug: the retry returns nil. releaseFailed revokes the etcd lease and records only that the revoke " +
+		"got through (revokedOnFail); the retry's delete then finds the key gone and takes that for the revoke's " +
+		"doing. Telling the two apart needs the failed Release to learn whether the key was still there: a " +
+		"delete-if-mine Txn (CreateRevision == token) before the revoke, a round trip more on a path that often " +
+		"runs with etcd unreachable (cleanupTimeout each), or the retry must answer ErrLeaseLost whenever it " +
+		"cannot vouch, which TestObserverFailedReleaseIsReleased and TestFailedReleaseNotKept rule out for the " +
+		"common case (a done ctx, nothing lost). A design decision.")
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	l, err := etcdlock.New(deafWatchClient(t, endpoints), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t, 30*time.Second)
+	lease, err := l.Acquire(ctx, t.Name(), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Delete(ctx, lease.(*etcdlock.Lease).Key()); err != nil {
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := lease.Release(done); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Release with a done ctx = %v, want context.Canceled", err)
+	}
+	if err := lease.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release retried after the lease's key was deleted by hand = %v, want ErrLeaseLost", err)
 	}
 }
