@@ -37,7 +37,8 @@ type Lease struct {
 	op chan struct{}
 	// run's state, due time and, once started, its context, its stop and
 	// the channel closed when it returns: guarded by l.starter.mu. runFrom
-	// is when the lease was made, from which run counts the first renewal.
+	// is when the etcd lease's grant or last renewal was sent before the
+	// lease was made, from which run counts the first renewal.
 	runState int
 	runDue   time.Time
 	runFrom  time.Time
@@ -251,13 +252,23 @@ const watchDelay = 10 * time.Millisecond
 // startRun has the Locker's starter start, after watchDelay at most, the
 // goroutine that watches the key, keeps a watchdog lease renewed and ends
 // the lease at its deadline.
+//
+// The first renewal is due a third of the lease time after the etcd
+// lease's grant or last renewal was sent (ls.sent, from which the deadline
+// is measured), not after the lease was made: an Acquire that took most of
+// the lease time (attempts cut on a stalled cluster and sent again, a kept
+// etcd lease or a waiter's renewal up to a tenth of it old) would renew
+// only after its deadline, and the lease end, lost, on a healthy cluster.
 func (ls *Lease) startRun() {
 	now := time.Now()
+	ls.mu.Lock()
+	sent := ls.sent
+	ls.mu.Unlock()
 	delay := min(watchDelay, time.Until(ls.Deadline()))
 	if ls.watchdog {
-		delay = min(delay, ls.renewInterval())
+		delay = min(delay, ls.renewInterval()-now.Sub(sent))
 	}
-	ls.runFrom = now
+	ls.runFrom = sent
 	ls.l.starter.add(ls, now.Add(max(delay, 0)))
 }
 
