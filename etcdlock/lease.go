@@ -261,9 +261,7 @@ const watchDelay = 10 * time.Millisecond
 // only after its deadline, and the lease end, lost, on a healthy cluster.
 func (ls *Lease) startRun() {
 	now := time.Now()
-	ls.mu.Lock()
-	sent := ls.sent
-	ls.mu.Unlock()
+	sent := ls.sentAt()
 	delay := min(watchDelay, time.Until(ls.Deadline()))
 	if ls.watchdog {
 		delay = min(delay, ls.renewInterval()-now.Sub(sent))
@@ -452,7 +450,11 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 		case <-ls.moved:
 			expiry.Reset(time.Until(ls.Deadline()))
 			if ls.watchdog {
-				renew.Reset(ls.renewInterval())
+				// Due a third of the lease time after the new etcd
+				// lease's Grant was sent, from which the deadline is
+				// measured: an Extend that took most of the lease time
+				// would otherwise renew after its deadline.
+				renew.Reset(max(0, ls.renewInterval()-time.Since(ls.sentAt())))
 			}
 		case <-expiry.C:
 			if d := ls.Deadline(); time.Now().Before(d) {
@@ -568,6 +570,14 @@ func (ls *Lease) etcdLease() clientv3.LeaseID {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	return ls.id
+}
+
+// sentAt returns when the grant or last renewal of the etcd lease the key
+// is on was sent.
+func (ls *Lease) sentAt() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.sent
 }
 
 // ttlNow returns the lease time of the etcd lease the key is on.
