@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -22,12 +23,15 @@ func TestLeadStopsOnClosedClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The lease's key outlives the closed client until its etcd lease
+	// expires: a name of its own per run (-count).
+	name := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
 	elected := make(chan fence.Lease, 1)
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		done <- fence.Lead(ctx, l, t.Name(), func(ctx context.Context, lease fence.Lease) error {
+		done <- fence.Lead(ctx, l, name, func(ctx context.Context, lease fence.Lease) error {
 			select {
 			case elected <- lease:
 			default:
