@@ -68,7 +68,7 @@
 // line does not wait for etcd's longer expiry.
 //
 // Without fence.TTL a watchdog renews the etcd lease (KeepAliveOnce) every
-// third of Options.WatchdogTTL, and reads the key after each renewal; a
+// third of Options.WatchdogTTL, and reads the key with each renewal; a
 // renewal that finds the etcd lease or the key gone ends the lease at once,
 // others are retried until the deadline. With
 // fence.TTL nothing renews it. etcd cannot change a lease's TTL, so Extend
