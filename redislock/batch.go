@@ -120,7 +120,7 @@ func (l *Locker) evalBatched(ctx context.Context, b *batcher, c *redis.Client, r
 		return reply, 0, err
 	}
 	if bc.waitErr != nil {
-		return reply, 0, fmt.Errorf("%w: %w", errWaitFailed, bc.waitErr)
+		return reply, 0, waitError(bc.waitErr)
 	}
 	return reply, bc.acked, nil
 }
@@ -295,13 +295,16 @@ func waitAgain(timeout time.Duration, sent time.Time, calls []*batchCall, first 
 	return redisconn.WaitLeft(timeout, sent, acked, required)
 }
 
-// setAcked gives WAIT's reply to the calls that required it.
+// setAcked gives WAIT's reply to the calls that required it, and clears
+// the error that a WAIT not answered in time gave every command whose
+// reply was read (readBeforeWait).
 func setAcked(calls []*batchCall, wait *redis.Cmd) {
 	if wait == nil {
 		return
 	}
 	acked, err := wait.Int()
 	for _, bc := range calls {
+		readBeforeWait(bc.cmd, wait)
 		if bc.required > 0 {
 			bc.acked, bc.waitErr = acked, err
 		}

@@ -47,7 +47,7 @@ func (l *Locker) evalConn(ctx context.Context, script *redis.Script, keys []stri
 		// The script ran (it may have taken the lock): its reply, and
 		// WAIT's error as the go-redis path reports it.
 		cmd.SetVal(v)
-		return cmd, 0, fmt.Errorf("%w: %w", errWaitFailed, err)
+		return cmd, 0, waitError(err)
 	}
 	if err == nil && v == nil {
 		err = redis.Nil

@@ -390,6 +390,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 	}, extendScript, skeys{names: ls.attempt.acquireKeys[:1], boxed: ls.attempt.acquireBoxed[:1]}, ls.attempt.ownerArg, ttl.Milliseconds(), serverDeadline)
 	replied := time.Now()
 	acked, required := r.acked, r.required
+	// The script's reply was read, WAIT's did not come in time: judged by
+	// the reply below, a renewal refused as not replicated.
+	unanswered, waitErr := unansweredWait(err), err
+	if unanswered != nil && required > 0 && r.reply != nil && r.reply.Err() == nil {
+		err, acked = nil, 0
+	} else {
+		unanswered = nil
+	}
 	var res []int64
 	if err == nil {
 		res, err = r.reply.Int64Slice()
@@ -411,7 +419,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 	if n == 1 && acked < required {
 		ls.movedAhead() // on the primary
 		ls.locker.syncRefused(ctx, ls.attempt.name, ls.token, true, acked, required)
-		return report, fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, &fence.NotReplicatedError{Acked: acked, Required: required})
+		var notRepl error = &fence.NotReplicatedError{Acked: acked, Required: required}
+		if unanswered != nil {
+			notRepl = notAnswered(notRepl, unanswered, waitErr)
+		}
+		return report, fmt.Errorf("redislock: extend %q: %w", ls.attempt.name, notRepl)
 	}
 	if n == 0 {
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)

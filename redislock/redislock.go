@@ -928,6 +928,14 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 	r, err := l.evalBoundedOr(ctx, noWait, abandoned, acquireScript, skeys{a.acquireKeys[:], a.acquireBoxed[:]}, a.acquireArgs[:]...)
 	replied := time.Now()
 	acked, required := r.acked, r.required
+	// The script's reply was read, WAIT's did not come in time: judged by
+	// the reply below, a take refused as not replicated.
+	unanswered, waitErr := unansweredWait(err), err
+	if unanswered != nil && required > 0 && r.reply != nil && r.reply.Err() == nil {
+		err, acked = nil, 0
+	} else {
+		unanswered = nil
+	}
 	var res []int64
 	var buf [3]int64
 	if err == nil {
@@ -943,6 +951,10 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 		return nil, 0, false, err
 	}
 	if res[0] == 0 {
+		if unanswered != nil {
+			// Queued, or not: as after any failed WAIT (giveUpMaybeHeld).
+			return nil, 0, false, waitErr
+		}
 		a.synced = required > 0
 		return nil, time.Duration(res[1]) * time.Millisecond, false, nil
 	}
@@ -958,7 +970,12 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 		// TestSyncShortTimeoutRefusal).
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(l.sync.Timeout, time.Second))
 		defer cancel()
-		notRepl := &fence.NotReplicatedError{Acked: acked, Required: required}
+		var notRepl error = &fence.NotReplicatedError{Acked: acked, Required: required}
+		if unanswered != nil {
+			// WAIT's reply did not come in time (the client's read
+			// timeout, or ctx's end): nothing confirmed the take.
+			notRepl = notAnswered(notRepl, unanswered, waitErr)
+		}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)
 		if _, err := l.releaseOwned(rctx, a, -1); err != nil {
 			return nil, 0, false, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
@@ -1084,6 +1101,56 @@ var errUnreleased = errors.New("redislock: release after failed sync")
 // failed (an ACL that denies WAIT, say): a try's script may have taken the
 // lock, and nobody holds it (giveUpMaybeHeld).
 var errWaitFailed = errors.New("redislock: replica WAIT failed")
+
+// waitUnanswered is the error of a call whose script's reply was read but
+// whose WAIT's was not, in time: the read timed out (the client's
+// ReadTimeout, which a server with a low hz can outrun: it answers a WAIT
+// that timed out up to a clock tick late) or the caller's ctx ended. It
+// matches errWaitFailed too. The script's reply is returned with it: a try
+// or a renewal that it says took or moved the lock is refused as not
+// replicated, wrapping err (nothing confirmed it within the budget), and
+// the lock is given back as after a WAIT that acknowledged too few.
+type waitUnanswered struct{ err error }
+
+func (e *waitUnanswered) Error() string {
+	return "redislock: replica WAIT's reply did not come in time: " + e.err.Error()
+}
+
+func (e *waitUnanswered) Unwrap() []error { return []error{errWaitFailed, e.err} }
+
+// waitError is the error of a call whose script ran and whose WAIT failed
+// with err: a *waitUnanswered when WAIT's reply did not come in time (a
+// socket timeout, or ctx's end), else one matching errWaitFailed.
+func waitError(err error) error {
+	if isNetTimeout(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return &waitUnanswered{err}
+	}
+	return fmt.Errorf("%w: %w", errWaitFailed, err)
+}
+
+// notAnswered is notRepl, a refusal as not replicated because WAIT's reply
+// did not come in time, wrapping cause (unansweredWait's) and the caller's
+// context's end when waitErr, the call's error, names it (see directErr),
+// but not errWaitFailed: the refusal has dealt with the lock.
+func notAnswered(notRepl, cause, waitErr error) error {
+	err := fmt.Errorf("%w: redislock: WAIT's reply did not come in time: %w", notRepl, cause)
+	for _, cerr := range [2]error{context.DeadlineExceeded, context.Canceled} {
+		if errors.Is(waitErr, cerr) && !errors.Is(err, cerr) {
+			err = fmt.Errorf("%w: %w", err, cerr)
+		}
+	}
+	return err
+}
+
+// unansweredWait returns the cause when err says that a script's reply was
+// read and its WAIT's did not come in time (see waitUnanswered), else nil.
+func unansweredWait(err error) error {
+	var wu *waitUnanswered
+	if errors.As(err, &wu) {
+		return wu.err
+	}
+	return nil
+}
 
 // ownerLen is the length of an owner id: 128 random bits, hex-encoded;
 // secretLen that of the secret that signs its grants: 64 random bits.

@@ -96,8 +96,21 @@ type ReplicaSync struct {
 	// of what is left of it after 100 ms. WAIT's reply is read within the
 	// client's read timeout, and Redis sends it up to 100 ms (a clock
 	// tick) after Timeout, so a longer Timeout would end in the client's
-	// i/o timeout, not ErrNotReplicated: New refuses one with
-	// fence.ErrInvalidOption unless Timeout + 100 ms < ReadTimeout. On a
+	// i/o timeout: New refuses one with fence.ErrInvalidOption unless
+	// Timeout + 100 ms < ReadTimeout. The 100 ms is Redis's default clock
+	// (hz 10); a server run with a lower hz (down to 1: a second a tick)
+	// may answer later than the client reads. A WAIT whose reply the
+	// client gives up on (its read timeout, or the context's deadline on
+	// a client that puts it on the socket) after it read the script's
+	// confirmed nothing: a lock the script took is released as after too
+	// few acknowledgements, and the error matches ErrNotReplicated
+	// (Acked 0) and wraps the client's (a renewal is refused likewise).
+	// go-redis closes the connection whose read timed out; the release
+	// goes on another. When the script's reply was not read either, or
+	// the Locker stopped waiting for the call at the context's end (see
+	// the package doc on deadlines), whether it ran is unknown: the
+	// error is the client's or the context's, and the lock is given back
+	// or revoked in the background. On a
 	// client whose ReadTimeout is 101 ms or less no timeout fits: every try
 	// that needs a WAIT is refused with fence.ErrInvalidOption before it
 	// runs (Locker.ReplicaSyncRefusal), and on a primary without replicas
@@ -564,6 +577,9 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 		}
 		_, err := pipe.Exec(ctx)
 		unanswered(cmds[:n], err)
+		if wait != nil {
+			readBeforeWait(reply, wait)
+		}
 		err = reply.Err()
 		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			if wait != nil {
@@ -578,12 +594,45 @@ func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool
 		}
 		if wait != nil {
 			if acked, err = wait.Int(); err != nil {
-				return reply, 0, fmt.Errorf("%w: %w", errWaitFailed, err)
+				return reply, 0, waitError(err)
 			}
 		}
 		break
 	}
 	return reply, acked, nil
+}
+
+// readBeforeWait clears the error of reply, a script command pipelined
+// before wait, when its reply was read and only WAIT's did not come in
+// time (see waitUnanswered): go-redis gives the error that ended a
+// pipeline to every command without one of its own, those whose replies
+// it read too (keeping their values). Otherwise the script's outcome is
+// unknown (its reply was not read, or was lost with the connection), and
+// reply keeps the error.
+func readBeforeWait(reply, wait *redis.Cmd) {
+	werr, err := wait.Err(), reply.Err()
+	if werr == nil || err == nil || !replyRead(reply.Val()) {
+		return
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return // the script's own error
+	}
+	if _, ok := waitError(werr).(*waitUnanswered); ok {
+		reply.SetErr(nil)
+	}
+}
+
+// replyRead reports whether v is a reply that was read in full: a reply
+// whose read failed leaves nil, or a nil slice for an array cut short.
+func replyRead(v any) bool {
+	switch v := v.(type) {
+	case nil:
+		return false
+	case []any:
+		return v != nil
+	}
+	return true
 }
 
 // pipeline returns a pipeline on c: for the Locker's own client one from
