@@ -56,7 +56,9 @@
 // embedding the redis.UniversalClient interface) is asked, at the first
 // synced call and again every 10 s while it answers one server, whether
 // its server is a cluster node and whether its keys reach more than one
-// server; a cluster client or a Ring hidden so would send WAIT to a node
+// server (with INFO, or for a user whose ACL refuses INFO with HELLO and
+// a mark that each server keeps: see ReplicaSync); a cluster client or a
+// Ring hidden so would send WAIT to a node
 // of its choosing, and is refused (HiddenClusterError). A hidden Ring that
 // gets more shards (or whose other shards were down when asked) is
 // refused only once asked again: for up to 10 s its acquisitions may be

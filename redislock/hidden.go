@@ -193,7 +193,17 @@ func (l *Locker) probeCluster(ctx context.Context) error {
 	for i := range ids {
 		ids[i] = pipe.Eval(ctx, probeScript, []string{fmt.Sprintf("%s:{probe:%s:%d}", l.prefix, tag, i)})
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	_, err := pipe.Exec(ctx)
+	if err != nil && redis.HasErrorPrefix(info.Err(), "NOPERM") {
+		// An ACL without INFO (+@all -@dangerous, say), which sets
+		// ReplicaSync.Replicas: ask without it.
+		if err = l.probeWithoutInfo(ctx, tag); err == nil {
+			p.at.Store(at.UnixNano())
+			p.done.Store(true)
+			return nil
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("redislock: ask the server(s) of a %T whether it is a cluster node or several servers (replica sync must know): %w", l.client, err)
 	}
 	servers := make(map[string]struct{})
@@ -207,13 +217,105 @@ func (l *Locker) probeCluster(ctx context.Context) error {
 	}
 	switch {
 	case clusterEnabled(info.Val()):
-		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: "its server is a Redis Cluster node"})
+		p.refusal.Store(l.clusterNodeRefusal())
 	case len(servers) > 1:
 		p.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: fmt.Sprintf("its commands (a key-less one and %d with keys) reached %d servers (by run_id), as a Ring's do", probeKeys, len(servers))})
 	}
 	p.at.Store(at.UnixNano())
 	p.done.Store(true)
 	return nil
+}
+
+func (l *Locker) clusterNodeRefusal() *HiddenClusterError {
+	return &HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: "its server is a Redis Cluster node"}
+}
+
+// probeMarkScript returns the mark of the server it runs on: the value of
+// ARGV[1], a key it does not declare (so that it is not routed by it: the
+// server it runs on is the one that KEYS[1], or for none the key-less
+// command, reached), which the first run on that server sets to ARGV[2],
+// a random value of the run's own, followed by the server's time; the
+// mark expires in a minute.
+var probeMarkScript = "redis.call('SET', ARGV[1], ARGV[2] .. ':' .. table.concat(redis.call('TIME'), '.'), 'NX', 'PX', 60000) return redis.call('GET', ARGV[1])"
+
+// probeWithoutInfo is probeCluster for a user whose ACL refuses INFO
+// (@dangerous), in one pipeline of commands outside @dangerous: HELLO
+// (key-less; its mode says whether the server it reached is a cluster
+// node, as INFO's cluster_enabled does) and probeMarkScript, key-less and
+// on each of probeKeys keys, in place of the probe script (which returns
+// the server's run_id from INFO). The mark is new (tag is the probe's,
+// random), and each run proposes a value no other run does: every server
+// the scripts reach keeps the value of the first run there, so one server
+// answers one mark and several answer as many (a pipeline sent again
+// finds the marks its first copy set). A server that says anything but
+// standalone, or a reply that is not as expected, is an error: the probe
+// cannot tell, and fails closed.
+func (l *Locker) probeWithoutInfo(ctx context.Context, tag string) error {
+	pipe := l.client.Pipeline()
+	hello := pipe.Do(ctx, "HELLO")
+	mark := fmt.Sprintf("%s:{probe:%s}:mark", l.prefix, tag)
+	marks := make([]*redis.Cmd, probeKeys+1)
+	var b [8]byte
+	for i := range marks {
+		_, _ = rand.Read(b[:])
+		var keys []string // the first key-less
+		if i > 0 {
+			keys = []string{fmt.Sprintf("%s:{probe:%s:%d}", l.prefix, tag, i)}
+		}
+		marks[i] = pipe.Eval(ctx, probeMarkScript, keys, mark, hex.EncodeToString(b[:]))
+	}
+	_, err := pipe.Exec(ctx)
+	mode, merr := helloMode(hello)
+	switch {
+	case merr == nil && mode == "cluster":
+		// Whatever the scripts did (a cluster node refuses a key a
+		// script does not declare): the key-less HELLO reached a node.
+		l.probe.refusal.Store(l.clusterNodeRefusal())
+		return nil
+	case merr != nil:
+		return fmt.Errorf("HELLO, as INFO is refused: %w", merr)
+	case mode != "standalone":
+		return fmt.Errorf("HELLO, as INFO is refused, says mode %q: neither standalone nor cluster", mode)
+	case err != nil:
+		return err
+	}
+	servers := make(map[string]struct{})
+	for _, cmd := range marks {
+		m, err := cmd.Text()
+		if err != nil || m == "" {
+			return fmt.Errorf("the probe's mark: %q, %v", m, err)
+		}
+		servers[m] = struct{}{}
+	}
+	if len(servers) > 1 {
+		l.probe.refusal.Store(&HiddenClusterError{Client: fmt.Sprintf("%T", l.client), Detail: fmt.Sprintf("its commands (a key-less one and %d with keys) reached %d servers (by a mark that each keeps), as a Ring's do", probeKeys, len(servers))})
+	}
+	return nil
+}
+
+// helloMode returns the mode field of HELLO's reply: a map (RESP3) or a
+// flat list of fields and values (RESP2).
+func helloMode(hello *redis.Cmd) (string, error) {
+	v, err := hello.Result()
+	if err != nil {
+		return "", err
+	}
+	var mode any
+	switch v := v.(type) {
+	case map[any]any:
+		mode = v["mode"]
+	case []any:
+		for i := 0; i+1 < len(v); i += 2 {
+			if v[i] == "mode" {
+				mode = v[i+1]
+			}
+		}
+	}
+	s, ok := mode.(string)
+	if !ok {
+		return "", fmt.Errorf("no mode in its reply %v", v)
+	}
+	return s, nil
 }
 
 // clusterEnabled reads cluster_enabled from INFO cluster (or from INFO

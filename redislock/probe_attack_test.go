@@ -119,10 +119,12 @@ func TestProbeHungServer(t *testing.T) {
 // servers (replica sync must know): NOPERM this user has no permissions to
 // run the 'info' command", where the *redis.Client itself takes the lock
 // (and an interface wrapper took it before the probe). Fail-closed, so not
-// unsafe; telling one server from several without INFO (a script may not
-// call CLIENT INFO, and ROLE is @dangerous too) is a design call.
+// unsafe, but refused. Now the probe asks without INFO when INFO is
+// refused (NOPERM): HELLO's mode for a cluster node, and a mark that the
+// first of its scripts sets on each server they reach (undeclared, so not
+// routed by it) for one server or several; the wrapper takes the lock,
+// and with the replica paused it is refused as not replicated.
 func TestProbeACLWithoutInfo(t *testing.T) {
-	t.Skip("bug: an opaque client of an ACL user without INFO (+@all -@dangerous), ReplicaSync.Replicas set, fails every acquisition with the probe's NOPERM; a *redis.Client of the same user acquires (design call: the probe needs INFO)")
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
@@ -141,6 +143,67 @@ func TestProbeACLWithoutInfo(t *testing.T) {
 		t.Errorf("Acquire on an interface wrapper of the same client = %v; the *redis.Client itself takes it", err)
 	}
 	refusedWhilePaused(t, l, replica, "lock:acl", "an interface wrapper, ACL without INFO")
+}
+
+// aclNoInfo gives the servers a user app (password pw) with +@all
+// -@dangerous: no INFO, ROLE or CLIENT INFO.
+func aclNoInfo(t *testing.T, servers ...*redistest.Server) {
+	t.Helper()
+	for _, s := range servers {
+		if err := s.Client(t).Do(ctx(t), "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-@dangerous").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestProbeACLWithoutInfoSpread: the probe without INFO (see
+// TestProbeACLWithoutInfo) still tells what the probe with it does. An
+// interface wrapper of a Ring of two shards, or of a cluster client, of
+// an ACL user without INFO is refused with a *redislock.HiddenClusterError
+// (nothing taken), and one of a plain client that speaks RESP2 (HELLO's
+// reply a flat list) takes the lock.
+func TestProbeACLWithoutInfoSpread(t *testing.T) {
+	t.Parallel() // own servers and cluster; mostly waits on the cluster's start
+	opts := redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 200 * time.Millisecond}}
+	refused := func(t *testing.T, l *redislock.Locker, what string) {
+		t.Helper()
+		for i := range 3 {
+			err := tryOnce(t, l, fmt.Sprintf("lock:acl-spread:%d", i))
+			var hidden *redislock.HiddenClusterError
+			if !errors.As(err, &hidden) {
+				t.Errorf("%s, ACL without INFO: Acquire %d = %v; want a *redislock.HiddenClusterError", what, i, err)
+			} else if i == 0 {
+				t.Logf("%s: refused: %s", what, hidden.Detail)
+			}
+		}
+	}
+	t.Run("ring", func(t *testing.T) {
+		a, b := redistest.Start(t), redistest.Start(t)
+		aclNoInfo(t, a, b)
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}, Username: "app", Password: "pw"})
+		t.Cleanup(func() { _ = ring.Close() })
+		refused(t, lockerWith(t, interfaceWrapped{ring}, opts), "an interface wrapper of a Ring of two shards")
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cluster := redistest.StartCluster(t, 3)
+		aclNoInfo(t, cluster.Servers...)
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), Username: "app", Password: "pw"})
+		t.Cleanup(func() { _ = c.Close() })
+		refused(t, lockerWith(t, interfaceWrapped{c}, opts), "an interface wrapper of a cluster client")
+	})
+	t.Run("resp2", func(t *testing.T) {
+		primary := redistest.Start(t)
+		replica := redistest.StartReplica(t, primary)
+		redistest.WaitReplicated(t, primary, 1)
+		aclNoInfo(t, primary)
+		c := redis.NewClient(&redis.Options{Addr: primary.Addr, Username: "app", Password: "pw", Protocol: 2})
+		t.Cleanup(func() { _ = c.Close() })
+		l := lockerWith(t, interfaceWrapped{c}, opts)
+		if err := tryOnce(t, l, "lock:acl-resp2"); err != nil {
+			t.Fatalf("Acquire on an interface wrapper of a RESP2 client of an ACL user without INFO = %v", err)
+		}
+		refusedWhilePaused(t, l, replica, "lock:acl-resp2", "an interface wrapper of a RESP2 client, ACL without INFO")
+	})
 }
 
 // TestClusterRoutingOptions: a *redis.ClusterClient that reads from

@@ -43,6 +43,13 @@ const (
 // read-only script returning run_id); a cluster node, or more than one
 // server, refuses every acquisition with a *HiddenClusterError, before
 // anything is written. A client of one server goes on as a *redis.Client.
+// When the server refuses INFO (NOPERM: an ACL user with +@all
+// -@dangerous, which sets Replicas), the question is asked again without
+// it: HELLO's mode (cluster, or standalone) in place of cluster_enabled,
+// and in place of run_id a mark, P:{probe:<random>}:mark, expiring in a
+// minute, that the first of the scripts run on each server sets there; an
+// answer neither tells (HELLO refused too, another mode) refuses the
+// acquisition with that error.
 //
 // It fails closed: a replica that was seen and is gone (link cut, process
 // stopped) is still waited for, by every Locker of that primary, so its
