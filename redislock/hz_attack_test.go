@@ -127,6 +127,26 @@ func TestSyncTimeoutLowHzPaths(t *testing.T) {
 		})
 	})
 
+	// An Acquire with a wait budget tries again while the refusals are
+	// transient, and ends with the last one when the budget ends. (It
+	// passed before too: the i/o timeouts were transient, and retried.)
+	t.Run("wait budget", func(t *testing.T) {
+		l := lockerWith(t, newClient(redis.Options{ReadTimeout: rt, MaxRetries: -1}), sync1)
+		timedOut(t, rt, func(i int) {
+			lease, err := l.Acquire(ctx(t), "lock:low-hz:budget", fence.TTL(time.Minute), fence.Wait(time.Second))
+			if err == nil {
+				_ = lease.Release(ctx(t))
+				t.Fatal("acquired with the replica paused")
+			}
+			if !errors.Is(err, fence.ErrNotReplicated) {
+				t.Errorf("Acquire %d with a wait budget = %v; want fence.ErrNotReplicated", i, err)
+			}
+			// (A try given up on at the budget's end gives the lock
+			// back when its reply comes.)
+			waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey("lock:low-hz:budget")).Val() == 0 })
+		})
+	})
+
 	// go-redis sends the pipeline again after its read timed out
 	// (MaxRetries): each copy's WAIT may time out the same way.
 	t.Run("retries", func(t *testing.T) {
