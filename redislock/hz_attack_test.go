@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,23 +73,28 @@ func TestSyncTimeoutLowHzPaths(t *testing.T) {
 	// until one did (timedOut).
 	const rt = 200 * time.Millisecond
 	sync1 := redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1}}
-	newClient := func(o redis.Options) *redis.Client {
+	// newClient returns a client with o, and a hook of its own counting
+	// its WAITs that timed out.
+	newClient := func(o redis.Options) (*redis.Client, *waitTimeouts) {
 		o.Addr = primary.Addr
 		c := redis.NewClient(&o)
 		t.Cleanup(func() { _ = c.Close() })
-		return c
+		waits := &waitTimeouts{}
+		c.AddHook(waits)
+		return c, waits
 	}
 
 	// A renewal (Extend) whose WAIT's reply comes after the read timeout:
 	// refused as not replicated, not the client's i/o timeout.
 	t.Run("extend", func(t *testing.T) {
-		l := lockerWith(t, newClient(redis.Options{ReadTimeout: rt, MaxRetries: -1}), sync1)
+		c, waits := newClient(redis.Options{ReadTimeout: rt, MaxRetries: -1})
+		l := lockerWith(t, c, sync1)
 		lease, err := l.Acquire(ctx(t), "lock:low-hz:extend", fence.TTL(time.Minute))
 		if err != nil {
 			t.Fatalf("Acquire with the replica up = %v", err)
 		}
 		resume := replica.Pause(t)
-		timedOut(t, rt, func(i int) {
+		timedOut(t, waits, func(i int) {
 			if err := lease.Extend(ctx(t), time.Minute); !errors.Is(err, fence.ErrNotReplicated) {
 				t.Errorf("Extend %d with the replica paused = %v; want fence.ErrNotReplicated", i, err)
 			}
@@ -98,14 +105,63 @@ func TestSyncTimeoutLowHzPaths(t *testing.T) {
 		}
 	})
 
+	// A Release while an Acquire of the same Locker waits sends WAIT with
+	// the release script (the handoff); its reply coming after the read
+	// timeout changes nothing of the release's outcome (see the package
+	// doc): Release returns nil (it released).
+	t.Run("release handoff", func(t *testing.T) {
+		// Any command wakes the server, which then times the WAIT out
+		// at once: the waiter, holding its grant back while the
+		// release is in flight for up to twice the sync timeout, then
+		// confirms it. A sync timeout of 190 ms lets the read of 300 ms
+		// time out first.
+		c, waits := newClient(redis.Options{ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+		l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 190 * time.Millisecond}})
+		slow := false
+		for i := 0; i < 10 && !slow; i++ {
+			name := fmt.Sprintf("lock:low-hz:handoff:%d", i)
+			lease, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatalf("Acquire with the replica up = %v", err)
+			}
+			waited := make(chan error, 1)
+			go func() {
+				// (A budget longer than the lease: a grant of it is
+				// one the Release's WAIT may cover.)
+				lease, err := l.Acquire(ctx(t), name, fence.TTL(500*time.Millisecond), fence.Wait(2*time.Second))
+				if err == nil {
+					_ = lease.Release(ctx(t))
+				}
+				waited <- err
+			}()
+			// Queued and subscribed: the Release hands the lock on.
+			waitFor(t, func() bool {
+				subs := admin.PubSubNumSub(ctx(t), lockKey(name)+":released").Val()
+				return admin.Exists(ctx(t), lockKey(name)+":queue").Val() == 1 && subs[lockKey(name)+":released"] == 1
+			})
+			resume := replica.Pause(t)
+			before := waits.n.Load()
+			if err := lease.Release(ctx(t)); err != nil {
+				t.Errorf("Release %d with a waiter, the replica paused = %v; want nil (it released)", i, err)
+			}
+			slow = waits.n.Load() > before
+			resume()
+			<-waited // taken once the replica is back, or not: either way
+		}
+		if !slow {
+			t.Error("no Release of 10 had its WAIT's read time out")
+		}
+	})
+
 	resume := replica.Pause(t)
 	defer resume()
 
 	// Concurrent acquisitions of one Locker go in batches (batch.go),
 	// with one WAIT after each batch.
 	t.Run("batched", func(t *testing.T) {
-		l := lockerWith(t, newClient(redis.Options{ReadTimeout: rt, MaxRetries: -1}), sync1)
-		timedOut(t, rt, func(round int) {
+		c, waits := newClient(redis.Options{ReadTimeout: rt, MaxRetries: -1})
+		l := lockerWith(t, c, sync1)
+		timedOut(t, waits, func(round int) {
 			var wg sync.WaitGroup
 			errs := make([]error, 6)
 			for i := range errs {
@@ -128,11 +184,12 @@ func TestSyncTimeoutLowHzPaths(t *testing.T) {
 	})
 
 	// An Acquire with a wait budget tries again while the refusals are
-	// transient, and ends with the last one when the budget ends. (It
-	// passed before too: the i/o timeouts were transient, and retried.)
+	// transient, and ends with the last one when the budget ends (before:
+	// the client's i/o timeout when the last try's WAIT timed out).
 	t.Run("wait budget", func(t *testing.T) {
-		l := lockerWith(t, newClient(redis.Options{ReadTimeout: rt, MaxRetries: -1}), sync1)
-		timedOut(t, rt, func(i int) {
+		c, waits := newClient(redis.Options{ReadTimeout: rt, MaxRetries: -1})
+		l := lockerWith(t, c, sync1)
+		timedOut(t, waits, func(i int) {
 			lease, err := l.Acquire(ctx(t), "lock:low-hz:budget", fence.TTL(time.Minute), fence.Wait(time.Second))
 			if err == nil {
 				_ = lease.Release(ctx(t))
@@ -150,8 +207,9 @@ func TestSyncTimeoutLowHzPaths(t *testing.T) {
 	// go-redis sends the pipeline again after its read timed out
 	// (MaxRetries): each copy's WAIT may time out the same way.
 	t.Run("retries", func(t *testing.T) {
-		l := lockerWith(t, newClient(redis.Options{ReadTimeout: rt, MaxRetries: 1}), sync1)
-		timedOut(t, rt, func(i int) {
+		c, waits := newClient(redis.Options{ReadTimeout: rt, MaxRetries: 1})
+		l := lockerWith(t, c, sync1)
+		timedOut(t, waits, func(i int) {
 			if err := tryOnce(t, l, "lock:low-hz:retries"); !errors.Is(err, fence.ErrNotReplicated) {
 				t.Errorf("Acquire %d on a client that resends = %v; want fence.ErrNotReplicated", i, err)
 			}
@@ -162,7 +220,7 @@ func TestSyncTimeoutLowHzPaths(t *testing.T) {
 	// A client that puts ctx's deadline on its socket times the WAIT's
 	// read out at that deadline: the take was not confirmed in time.
 	t.Run("deadline on the socket", func(t *testing.T) {
-		c := newClient(redis.Options{ReadTimeout: 2 * time.Second, MaxRetries: -1, ContextTimeoutEnabled: true})
+		c, _ := newClient(redis.Options{ReadTimeout: 2 * time.Second, MaxRetries: -1, ContextTimeoutEnabled: true})
 		l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 300 * time.Millisecond}})
 		cx, cancel := context.WithTimeout(ctx(t), 150*time.Millisecond)
 		defer cancel()
@@ -181,7 +239,8 @@ func TestSyncTimeoutLowHzPaths(t *testing.T) {
 	// whether or not the script's reply was read; the call's late end
 	// gives the lock back.
 	t.Run("ctx ends while waiting", func(t *testing.T) {
-		l := lockerWith(t, newClient(redis.Options{ReadTimeout: 2 * time.Second, MaxRetries: -1}), redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 300 * time.Millisecond}})
+		c, _ := newClient(redis.Options{ReadTimeout: 2 * time.Second, MaxRetries: -1})
+		l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 300 * time.Millisecond}})
 		for _, wait := range []time.Duration{0, time.Second} {
 			cx, cancel := context.WithTimeout(ctx(t), 150*time.Millisecond)
 			lease, err := l.Acquire(cx, "lock:low-hz:leave", fence.TTL(time.Minute), fence.Wait(wait))
@@ -198,18 +257,37 @@ func TestSyncTimeoutLowHzPaths(t *testing.T) {
 	})
 }
 
-// timedOut runs try (numbered from 0) until one run took rt or more (a read
-// timed out in it), at most 10 times.
-func timedOut(t *testing.T, rt time.Duration, try func(i int)) {
+// timedOut runs try (numbered from 0) until a WAIT's read timed out in a
+// run, at most 10 times.
+func timedOut(t *testing.T, waits *waitTimeouts, try func(i int)) {
 	t.Helper()
 	for i := range 10 {
-		start := time.Now()
+		before := waits.n.Load()
 		try(i)
-		if time.Since(start) >= rt {
+		if waits.n.Load() > before {
 			return
 		}
 	}
-	t.Errorf("no run of 10 took the read timeout %v", rt)
+	t.Error("no run of 10 had a WAIT's read time out")
+}
+
+// waitTimeouts is a hook that counts the WAITs, in pipelines, whose read
+// timed out.
+type waitTimeouts struct{ n atomic.Int64 }
+
+func (h *waitTimeouts) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *waitTimeouts) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *waitTimeouts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			var ne net.Error
+			if cmd.Name() == "wait" && errors.As(cmd.Err(), &ne) && ne.Timeout() {
+				h.n.Add(1)
+			}
+		}
+		return err
+	}
 }
 
 // lockGone fails t if name's lock is held.
