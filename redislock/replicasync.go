@@ -106,14 +106,16 @@ type ReplicaSync struct {
 	// i/o timeout: New refuses one with fence.ErrInvalidOption unless
 	// Timeout + 100 ms < ReadTimeout. The 100 ms is Redis's default clock
 	// (hz 10); a server run with a lower hz (down to 1: a second a tick)
-	// may answer later than the client reads. A WAIT whose reply the
-	// client gives up on (its read timeout, or the context's deadline on
-	// a client that puts it on the socket) after it read the script's
-	// confirmed nothing: a lock the script took is released as after too
-	// few acknowledgements, and the error matches ErrNotReplicated
-	// (Acked 0) and wraps the client's (a renewal is refused likewise).
-	// go-redis closes the connection whose read timed out; the release
-	// goes on another. When the script's reply was not read either, or
+	// may answer later than the client reads. When the client gives up
+	// on WAIT's reply (its read timeout, or the context's deadline on a
+	// client that puts it on the socket) after it read the script's,
+	// nothing confirmed the script's write: a lock it took is released as
+	// after too few acknowledgements, and the error matches
+	// ErrNotReplicated (Acked 0) and wraps the client's; a renewal is
+	// refused likewise, and a Release that sent WAIT for a handoff
+	// reports what its script did. go-redis closes the connection whose
+	// read timed out; the release goes on another. When the script's
+	// reply was not read either, or
 	// the Locker stopped waiting for the call at the context's end (see
 	// the package doc on deadlines), whether it ran is unknown: the
 	// error is the client's or the context's, and the lock is given back
