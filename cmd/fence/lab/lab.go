@@ -120,6 +120,9 @@ var scenarios = []scenario{
 // scenario could not be set up; a control that shows no violation, or a
 // protected run that shows one, is reported as a failed Result.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := CheckScenarios(cfg.Scenarios); err != nil {
+		return newReport(cfg.Quick), err
+	}
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()
 	}
@@ -169,6 +172,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// CheckScenarios returns an error naming the first of ns that is not one
+// of the lab's scenarios, so that a mistyped --scenario is refused before
+// anything runs, rather than run nothing and fail as a run that showed no
+// violation.
+func CheckScenarios(ns []int) error {
+	for _, n := range ns {
+		if !slices.ContainsFunc(scenarios, func(sc scenario) bool { return sc.n == n }) {
+			return fmt.Errorf("no scenario %d: the scenarios are %d to %d", n, scenarios[0].n, scenarios[len(scenarios)-1].n)
+		}
+	}
+	return nil
 }
 
 func contains(xs []int, x int) bool {

@@ -61,7 +61,8 @@ the message id (its protected row must also show a late commit rejected). A faul
 random points (--seed replays them).
 Each run prints a line to stderr as it finishes; when stderr is a terminal, a status line
 beneath them shows the time elapsed (rewritten in place, cleared at the end).
-Lab exits 1 if an expectation fails.
+Lab exits 1 if an expectation fails, and 2 on a usage error (an unknown --scenario, an --out
+it cannot write to), before anything runs.
 
 --quick runs a short version (about 2 min: PostgreSQL's row about 4 s, the Redlock
 scenarios about 7 s, etcd's and ZooKeeper's about 17 s each, the Sentinel failovers about
@@ -71,6 +72,18 @@ in 13). With --out DIR it writes report.md, report.json and timeline.svg there, 
 timeline-N.svg per scenario: one round zoomed in, the control above the protected rows.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Usage errors before the run, not after it: a mistyped
+			// --scenario ran nothing and failed as a run whose control
+			// showed no violation, and an --out that cannot be written
+			// failed only once the whole run (17 min) was over.
+			if err := lab.CheckScenarios(only); err != nil {
+				return exitWith(ExitUsage, fmt.Errorf("--scenario: %w", err))
+			}
+			if out != "" {
+				if err := checkOutDir(out); err != nil {
+					return exitWith(ExitUsage, fmt.Errorf("--out: %w", err))
+				}
+			}
 			stderr := cmd.ErrOrStderr()
 			running := progress.Start(stderr, stderrIsTerminal(stderr), "fence lab: running")
 			restore := libLog.divert(running) // go-redis's log lines beneath the status line, not after it
@@ -97,6 +110,19 @@ timeline-N.svg per scenario: one round zoomed in, the control above the protecte
 	cmd.Flags().IntSliceVar(&only, "scenario", nil, "run only these scenarios (by number; default all)")
 	cmd.Flags().StringVar(&out, "out", "", "directory to write report.md, report.json and timeline.svg to")
 	return cmd
+}
+
+// checkOutDir makes dir, if it does not exist, and checks that a file can
+// be created in it.
+func checkOutDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".fence-lab-check-")
+	if err != nil {
+		return err
+	}
+	return errors.Join(f.Close(), os.Remove(f.Name()))
 }
 
 func writeReport(rep *lab.Report, dir string) error {
