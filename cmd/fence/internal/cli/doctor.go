@@ -104,6 +104,8 @@ func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string)
 	switch {
 	case redlockURLs != "" && (f.sentinelURL != "" || f.clusterURL != "" || changed("redis")):
 		return cfg, errors.New("give --redlock or one of --redis, --redis-sentinel and --redis-cluster, not both")
+	case redlockURLs == "" && f.oneRedis(changed) != nil:
+		return cfg, f.oneRedis(changed)
 	case redlockURLs != "":
 		if !changed("watchdog-ttl") {
 			cfg.LeaseTime = 0 // redlock's default

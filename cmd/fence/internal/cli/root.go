@@ -290,6 +290,31 @@ func checkPool(flag, raw string, poolSize, minIdle, maxIdle, maxActive int) erro
 	return nil
 }
 
+// oneRedis refuses --redis given on the command line together with a
+// Sentinel or Cluster URL, from its flag or its environment variable: that
+// URL would win, and the lock would be taken on another Redis than the one
+// --redis names. (FENCE_REDIS_URL with one of them is a default, and they
+// take precedence over it.)
+func (f *redisFlags) oneRedis(changed func(string) bool) error {
+	if !changed("redis") {
+		return nil
+	}
+	for _, o := range []struct{ flag, env, url string }{
+		{"redis-sentinel", "FENCE_REDIS_SENTINEL_URL", f.sentinelURL},
+		{"redis-cluster", "FENCE_REDIS_CLUSTER_URL", f.clusterURL},
+	} {
+		if o.url == "" {
+			continue
+		}
+		from := "--" + o.flag
+		if !changed(o.flag) {
+			from = o.env
+		}
+		return fmt.Errorf("give one of --redis, --redis-sentinel and --redis-cluster, not --redis and %s", from)
+	}
+	return nil
+}
+
 // client builds the go-redis client the flags describe.
 func (f *redisFlags) client() (redis.UniversalClient, error) {
 	switch {
@@ -321,6 +346,9 @@ func (f *redisFlags) client() (redis.UniversalClient, error) {
 
 // locker connects to Redis; the returned func closes the client.
 func (f *redisFlags) locker(cmd *cobra.Command) (*redislock.Locker, func(), error) {
+	if err := f.oneRedis(cmd.Flags().Changed); err != nil {
+		return nil, nil, exitWith(ExitUsage, err)
+	}
 	rs, err := f.replicaSync(cmd.Flags().Changed)
 	if err != nil {
 		return nil, nil, exitWith(ExitUsage, err)
