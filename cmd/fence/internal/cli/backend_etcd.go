@@ -111,7 +111,11 @@ func (b *etcdBackend) locker(cmd *cobra.Command) (fence.Locker, func(), error) {
 	defer cancel()
 	if _, err := client.Get(ctx, etcdlock.DefaultPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
 		_ = client.Close()
-		return nil, nil, exitWith(ExitUsage, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err))
+		code := ExitUsage
+		if cmd.Context().Err() != nil {
+			code = ExitInterrupted // a signal (SIGINT, SIGTERM) while connecting
+		}
+		return nil, nil, exitWith(code, fmt.Errorf("etcd %s: %w", strings.Join(cfg.Endpoints, ","), err))
 	}
 	l, err := etcdlock.New(client, &etcdlock.Options{WatchdogTTL: watchdog})
 	if err != nil {

@@ -40,7 +40,7 @@ type quietLogger struct{}
 
 func (quietLogger) Printf(string, ...any) {}
 
-func (b *zookeeperBackend) locker(*cobra.Command) (fence.Locker, func(), error) {
+func (b *zookeeperBackend) locker(cmd *cobra.Command) (fence.Locker, func(), error) {
 	var servers []string
 	for s := range strings.SplitSeq(b.servers, ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -61,14 +61,24 @@ func (b *zookeeperBackend) locker(*cobra.Command) (fence.Locker, func(), error) 
 		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper %s: %w", b.servers, err))
 	}
 	// Connect returns before it connects: wait for a session, up to the
-	// session timeout.
-	end := time.Now().Add(b.sessionTimeout)
+	// session timeout, or until a signal (SIGINT, SIGTERM) ends exec's
+	// context: that is an interruption (exit 130), not a wait for the rest
+	// of the session timeout.
+	ctx := cmd.Context()
+	end := time.NewTimer(b.sessionTimeout)
+	defer end.Stop()
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
 	for conn.State() != zk.StateHasSession {
-		if time.Now().After(end) {
+		select {
+		case <-ctx.Done():
+			conn.Close()
+			return nil, nil, exitWith(ExitInterrupted, fmt.Errorf("--zookeeper %s: waiting for a session: %w", b.servers, ctx.Err()))
+		case <-end.C:
 			conn.Close()
 			return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper %s: no session within %v", b.servers, b.sessionTimeout))
+		case <-poll.C:
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	l, err := zklock.New(conn, b.sessionTimeout, zklock.WithRoot(b.root), zklock.WithSessionTimeouts(st))
 	if err != nil {

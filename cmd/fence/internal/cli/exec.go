@@ -91,7 +91,7 @@ primary is expected to have (0: read from it). A bad value exits 2.
 Exit status: the command's own (128 + the signal number if a signal ended it); 75 if the lock
 was not acquired within --wait (or too few replicas confirmed it); 76 if the lease was lost
 while the command ran; 127 if the command could not be started; 130 if exec was interrupted
-while waiting for the lock; 2 on a usage or connection error, or a bad flag value (a --ttl
+while connecting or waiting for the lock; 2 on a usage or connection error, or a bad flag value (a --ttl
 below the library's minimum lease time included).`,
 		Example: `  fence exec --wait 2s --ttl 10s lock:payment:1001 -- ./approve-payment 1001
   FENCE_REDIS_URL=redis://:secret@redis:6379 fence exec nightly-report -- sh -c 'make-report --token "$FENCE_TOKEN"'
