@@ -166,8 +166,12 @@ func printFindings(w io.Writer, findings []doctor.Finding) {
 		wrap(w, "    why: ", f.Why)
 		wrap(w, "    fix: ", f.Fix)
 	}
-	fmt.Fprintf(w, "%d findings: %d critical, %d warning, %d info\n",
-		len(findings), counts[doctor.Critical], counts[doctor.Warning], counts[doctor.Info])
+	noun := "findings"
+	if len(findings) == 1 {
+		noun = "finding"
+	}
+	fmt.Fprintf(w, "%d %s: %d critical, %d warning, %d info\n",
+		len(findings), noun, counts[doctor.Critical], counts[doctor.Warning], counts[doctor.Info])
 }
 
 // wrap prints text after prefix, wrapped at 100 columns, with continuation
