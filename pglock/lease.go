@@ -73,12 +73,13 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
 	ls.deadline = deadline(sent, a.ttl)
-	cause := fence.LostExpired
-	if a.watchdog {
-		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
-	}
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		ls.endAsIf(true, cause, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name))
+		cause, why := fence.LostExpired, fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, a.name)
+		if a.watchdog {
+			// The watchdog's renewals failed until the deadline.
+			cause, why = fence.LostRenewFailed, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name)
+		}
+		ls.endAsIf(true, cause, why)
 		ls.flush()
 	})
 	if a.watchdog {

@@ -122,11 +122,11 @@ func (ls *lease) expire() { ls.expireLater()() }
 
 // expireLater is expire, but returns the report of the end (see endAs).
 func (ls *lease) expireLater() (report func()) {
-	cause := fence.LostExpired
 	if ls.attempt.watchdog {
-		cause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
+		// The watchdog's renewals failed until the deadline.
+		return ls.endAsIf(true, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), fence.LostRenewFailed)
 	}
-	return ls.endAsIf(true, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.attempt.name), cause)
+	return ls.endAsIf(true, fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.attempt.name), fence.LostExpired)
 }
 
 // expireIfDue ends a lease without an expiry timer whose deadline has
