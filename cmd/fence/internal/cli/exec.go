@@ -82,7 +82,9 @@ named like URLs, DSNs or passwords; a fence inside it needs its own. Passwords a
 masked, in help and in errors.
 
 While exec waits for the lock (--wait) with stderr a terminal, a status line shows how long
-it has waited, cleared when the lock is granted; otherwise it writes nothing while waiting.
+it has waited, cleared when the lock is granted; otherwise it writes nothing of its own while
+waiting (go-redis's log lines still come: a Sentinel client's notes on the master it found, a
+dial that failed).
 
 --acks and --replicas choose how many replicas must confirm an acquisition or renewal with
 WAIT within 1s: --acks a number, majority (of the expected replicas) or all; --replicas the number the
