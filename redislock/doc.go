@@ -310,7 +310,7 @@
 // answers therefore holds it for the client's own timeouts (5 s with
 // go-redis's defaults, about 25 s through a hung Sentinel's lookups),
 // however short the budget, and longer while the Locker still gives back,
-// in the background, acquisitions abandoned on that server (40 s measured
+// in the background, acquisitions abandoned on that server (40 to 43 s measured
 // with go-redis's defaults, for the first Acquire without a deadline after
 // two that had ended by theirs). A caller for whom the budget is the only
 // deadline gives ctx one a little past it (fence exec ends it 1 s after
