@@ -309,10 +309,12 @@
 // call goroutine of its own). With no deadline on ctx, a server that never
 // answers therefore holds it for the client's own timeouts (5 s with
 // go-redis's defaults, about 25 s through a hung Sentinel's lookups),
-// however short the budget, and longer while the Locker still gives back,
-// in the background, acquisitions abandoned on that server (40 to 43 s measured
-// with go-redis's defaults, for the first Acquire without a deadline after
-// two that had ended by theirs). A caller for whom the budget is the only
+// however short the budget, and about 40 s when the call goes out in a
+// batch (another call of the Locker was in flight, such as the background
+// give-back of an acquisition abandoned on that server): go-redis retries a
+// pipeline to a hung server for 40 s with its defaults (40 to 43 s measured
+// for the first Acquire without a deadline after two that had ended by
+// theirs). A caller for whom the budget is the only
 // deadline gives ctx one a little past it (fence exec ends it 1 s after
 // --wait): the budget still ends first, so a lock held throughout is
 // ErrHeld, and a hung server ctx's error.
