@@ -6,10 +6,30 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 )
+
+// otherBackendSet refuses to read Redis when a variable makes fence exec
+// take its locks from etcd or ZooKeeper, which status cannot read, and no
+// Redis flag on the command line asks for Redis: status would report on a
+// Redis lock (free, say, on a local Redis) that exec never took.
+func otherBackendSet(cmd *cobra.Command) error {
+	for _, f := range []string{"redis", "redis-sentinel", "redis-cluster"} {
+		if cmd.Flags().Changed(f) {
+			return nil
+		}
+	}
+	for _, env := range []string{etcdEnv, "FENCE_ZOOKEEPER_SERVERS"} {
+		if strings.TrimSpace(os.Getenv(env)) != "" {
+			return fmt.Errorf("%s is set, so fence exec takes its locks there, but fence status reads only Redis and Redlock: give --redis, --redis-sentinel or --redis-cluster to read a Redis lock", env)
+		}
+	}
+	return nil
+}
 
 func statusCmd() *cobra.Command {
 	var rf redisFlags
@@ -25,7 +45,11 @@ token record has expired or never existed), and how many replicas the primary is
 have and has connected (fewer connected than expected: acquisitions wait for replicas that
 may not answer, and are refused). With --redlock it shows the lock on each node, and whether
 a quorum holds it (exit 2 when fewer nodes than a quorum answer). It exits 0 whether the lock is held or free, and
-2 on a usage or connection error, or when the servers have not answered within --timeout.`,
+2 on a usage or connection error, or when the servers have not answered within --timeout.
+
+It reads Redis and Redlock only: with FENCE_ETCD_ENDPOINTS or FENCE_ZOOKEEPER_SERVERS set
+(fence exec then takes its locks there) and no --redis, --redis-sentinel or --redis-cluster
+given, it exits 2 rather than read a Redis lock that exec never took.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if timeout <= 0 {
@@ -39,6 +63,9 @@ a quorum holds it (exit 2 when fewer nodes than a quorum answer). It exits 0 whe
 			cmd.SetContext(ctx)
 			if rl.chosen() {
 				return redlockStatus(cmd, &rl, args[0], asJSON)
+			}
+			if err := otherBackendSet(cmd); err != nil {
+				return exitWith(ExitUsage, err)
 			}
 			l, closeClient, err := rf.locker(cmd)
 			if err != nil {
