@@ -13,3 +13,10 @@ func (l *Locker) Probes() int64 { return l.probes.Load() }
 // Background returns how many of l's background deletes and probe Closes
 // are running.
 func (l *Locker) Background() int64 { return l.background.Load() }
+
+// Following returns how many leases s retimes at each grant.
+func (s *SessionTimeouts) Following() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.leases)
+}
