@@ -414,3 +414,93 @@ func TestRetimeGrantStorm(t *testing.T) {
 		}
 	}
 }
+
+// releaseThenBlock is a slog.Handler that, on the monitor's "check
+// failed" line, releases the lease, tells released, and blocks until
+// unblock is closed.
+type releaseThenBlock struct {
+	lease    *fence.Lease
+	once     *sync.Once
+	released chan error
+	unblock  chan struct{}
+}
+
+func (h releaseThenBlock) Enabled(context.Context, slog.Level) bool { return true }
+func (h releaseThenBlock) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h releaseThenBlock) WithGroup(string) slog.Handler            { return h }
+func (h releaseThenBlock) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "zklock: check of the lease's node failed" {
+		return nil
+	}
+	h.once.Do(func() {
+		h.released <- (*h.lease).Release(context.Background())
+		<-h.unblock
+	})
+	return nil
+}
+
+// A lease released from the Logger's handler, on its monitor's "check
+// failed" line (Release does not wait for that monitor), stays followed
+// by the SessionTimeouts while the handler runs on: grants then, of its
+// session and of another, leave it as the Release ended it (Err, one
+// report, the Release's result again), and the SessionTimeouts forgets it
+// once the handler returns.
+func TestRetimeLeaseReleasedInsideHandler(t *testing.T) {
+	srv := startZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const asked = 8 * time.Second
+	st := zklock.NewSessionTimeouts(quiet{})
+	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	var lease fence.Lease
+	h := releaseThenBlock{lease: &lease, once: new(sync.Once), released: make(chan error, 1), unblock: make(chan struct{})}
+	unblock := sync.OnceFunc(func() { close(h.unblock) })
+	defer unblock()
+	rec := &endRecorder{}
+	l, err := zklock.New(conn, asked, zklock.WithSessionTimeouts(st), zklock.WithObserver(rec), zklock.WithLogger(slog.New(h)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "released-inside-handler"
+	if lease, err = l.Acquire(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	node := lockNodes(t, conn, name)[0]
+	if _, err := conn.Set(node, []byte("changed"), -1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.SetACL(node, zk.WorldACL(zk.PermWrite|zk.PermAdmin|zk.PermDelete), -1); err != nil {
+		t.Fatal(err)
+	}
+	// The node's data was changed: the Release finds it so, and reports
+	// the lease lost (its delete is at the version it created).
+	var relErr error
+	select {
+	case relErr = <-h.released:
+		if !errors.Is(relErr, fence.ErrLeaseLost) {
+			t.Fatalf("Release from the handler = %v, want ErrLeaseLost (the node was changed)", relErr)
+		}
+	case <-time.After(asked):
+		t.Fatal("no failed check logged")
+	}
+	got, session := st.Timeout()
+	st.Printf("authenticated: id=%d, timeout=%d", session, int32(got.Milliseconds()))
+	st.Printf("authenticated: id=%d, timeout=%d", session+1, int32(got.Milliseconds()))
+	if err := lease.Err(); err != relErr {
+		t.Errorf("Err after the grants = %v, want the Release's %v", err, relErr)
+	}
+	unblock()
+	waitFor(t, func() bool { return st.Following() == 0 })
+	waitFor(t, func() bool { return len(rec.of(lease.Token())) > 0 })
+	if evs := rec.of(lease.Token()); len(evs) != 1 || evs[0].Cause != fence.LostRemoved {
+		t.Errorf("end reports %+v, want one, removed", evs)
+	}
+	if err := lease.Release(ctx); err != relErr {
+		t.Errorf("Release again = %v, want the first's result %v", err, relErr)
+	}
+	waitFor(t, func() bool { return l.Background() == 0 })
+}
