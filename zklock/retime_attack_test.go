@@ -282,8 +282,9 @@ func TestRetimeReconnectChurn(t *testing.T) {
 				}
 				_ = ls.Extend(ctx, time.Second)
 				if i%2 == 0 {
-					for ls.Release(ctx) != nil && ls.Err() == fence.ErrReleased {
-						// the delete failed with the connection: retry
+					// Retried while inconclusive (the delete failed with
+					// the connection), as fence.Run does.
+					for err := ls.Release(ctx); err != nil && !errors.Is(err, fence.ErrLeaseLost) && ctx.Err() == nil; err = ls.Release(ctx) {
 					}
 				} else {
 					_ = ls.Release(ctx)
