@@ -35,9 +35,13 @@ var (
 	// ErrInvalidOption means an option was out of range.
 	ErrInvalidOption = errors.New("fence: invalid option")
 
-	// ErrClosed means the Locker was closed and grants no more leases
-	// (redlock's Locker.Close): Acquire fails with it (and ErrNotAcquired)
-	// at once, and Lead stops campaigning.
+	// ErrClosed means the Locker was closed, or the client it runs on (a
+	// go-redis or rueidis client, a *sql.DB, an etcd client, a ZooKeeper
+	// connection; for redlock, so many nodes' clients that no majority is
+	// left), and grants no more leases (redlock's Locker.Close): Acquire
+	// fails with it (and ErrNotAcquired) at once, whatever its wait
+	// budget, Lead stops campaigning, and Run does not retry a Release
+	// that failed with it.
 	ErrClosed = errors.New("fence: locker closed")
 )
 

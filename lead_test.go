@@ -253,3 +253,47 @@ func TestLeadInvalidInput(t *testing.T) {
 		}
 	}
 }
+
+// closedLease is a lease whose Release fails as on a client the user
+// closed, counting its calls.
+type closedLease struct {
+	fence.Lease
+	releases *int
+}
+
+func (l closedLease) Release(ctx context.Context) error {
+	*l.releases++
+	_ = l.Lease.Release(ctx)
+	return fmt.Errorf("the client was closed: %w", fence.ErrClosed)
+}
+
+type closedLocker struct {
+	fence.Locker
+	releases *int
+}
+
+func (l closedLocker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	lease, err := l.Locker.Acquire(ctx, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return closedLease{lease, l.releases}, nil
+}
+
+// Run retries a Release that failed without a conclusion, but not one that
+// says the client was closed (fence.ErrClosed): no retry can succeed, and
+// Run (and Lead, which waits for it) would go on for its 5 s.
+func TestRunNoRetryOnClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, err := memlock.New(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var releases int
+		start := time.Now()
+		err = fence.Run(t.Context(), closedLocker{m, &releases}, "closed", func(context.Context, fence.Lease) error { return nil })
+		if !errors.Is(err, fence.ErrClosed) || releases != 1 {
+			t.Errorf("Run = %v after %d Releases in %v; want ErrClosed after one", err, releases, time.Since(start))
+		}
+	})
+}

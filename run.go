@@ -23,8 +23,9 @@ const releaseTimeout = 5 * time.Second
 // fn returned nil. A nil locker or fn is an error matching
 // ErrInvalidOption.
 //
-// A Release that fails without a conclusion (a backend error) is retried
-// for up to 5 s; if the first try did free the lock and only its reply was
+// A Release that fails without a conclusion (a backend error, but not one
+// matching ErrClosed: the Locker's client was closed) is retried for up
+// to 5 s; if the first try did free the lock and only its reply was
 // lost, the retry may report ErrLeaseLost (a backend that cannot tell its
 // own late delete from another owner's doing; redlock's retry counts a late
 // delete of its first call as done and returns nil). If fn panics, the lease is released
@@ -54,7 +55,7 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 		// that a server restart had killed) is retried: the caller has no
 		// lease to retry with, and the lock would stay held until it expires.
 		relErr := lease.Release(relCtx)
-		for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && sleep(relCtx, pause); pause = min(2*pause, time.Second) {
+		for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && !errors.Is(relErr, ErrClosed) && sleep(relCtx, pause); pause = min(2*pause, time.Second) {
 			relErr = lease.Release(relCtx)
 		}
 		err = errors.Join(fnErr, relErr)

@@ -29,6 +29,14 @@ func TestConformance(t *testing.T) {
 		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
 			return newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: watchdogTTL, Logger: log})
 		},
+		NewClosable: func(t testing.TB) (fence.Locker, func()) {
+			c := newClient(t, endpoints, nil)
+			l, err := etcdlock.New(c, &etcdlock.Options{WatchdogTTL: watchdogTTL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l, func() { _ = c.Close() }
+		},
 		WatchdogTTL: watchdogTTL,
 	})
 }

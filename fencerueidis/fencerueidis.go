@@ -143,11 +143,16 @@ func value(ctx context.Context, res rueidis.RedisResult) (any, error) {
 // theirs, which it would not.
 var errBroken = fmt.Errorf("fencerueidis: connection closed by an earlier command's deadline: %w", io.ErrUnexpectedEOF)
 
-// convErr gives a server's error reply redisconn.Error's shape, and an
-// error of a broken connection errBroken's (ctx is the call's).
+// convErr gives a server's error reply redisconn.Error's shape, an error
+// of a broken connection errBroken's (ctx is the call's), and a closed
+// client's one that matches fence.ErrClosed (the Locker can grant no more
+// leases: fence.Lead stops campaigning on it).
 func convErr(ctx context.Context, err error) error {
 	if e, ok := rueidis.IsRedisErr(err); ok && !e.IsNil() {
 		return redisconn.Error(e.Error())
+	}
+	if errors.Is(err, rueidis.ErrClosing) {
+		return fmt.Errorf("%w (%w)", err, fence.ErrClosed)
 	}
 	if (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && !ended(ctx) {
 		return errBroken

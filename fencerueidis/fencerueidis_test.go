@@ -67,6 +67,10 @@ func TestConformance(t *testing.T) {
 		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
 			return newLocker(t, client(t, srv.Addr), redislock.Options{Logger: log})
 		},
+		NewClosable: func(t testing.TB) (fence.Locker, func()) {
+			c := client(t, srv.Addr)
+			return newLocker(t, c, redislock.Options{}), c.Close
+		},
 		WatchdogTTL: watchdogTTL,
 	})
 }

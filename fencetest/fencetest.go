@@ -74,6 +74,14 @@ type Config struct {
 	// alike: a handler that calls Release when told the lease was lost.
 	NewLogged func(t testing.TB, log *slog.Logger) fence.Locker
 
+	// NewClosable, if set, is New on a client of the Locker's own, with a
+	// func that closes that client, as a program shutting down does. The
+	// suite then checks that once it is closed, Acquire fails at once with
+	// an error matching fence.ErrClosed (no lease can ever be granted
+	// again), so that fence.Lead stops campaigning and returns, and that a
+	// leader's fn is told its term ended.
+	NewClosable func(t testing.TB) (l fence.Locker, closeClient func())
+
 	_ struct{}
 }
 
@@ -101,6 +109,9 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("Run", s.run)
 	t.Run("Reentry", s.reentry)
 	t.Run("Reports", s.reports)
+	if cfg.NewClosable != nil {
+		t.Run("ClosedClient", s.closedClient)
+	}
 }
 
 type suite struct{ cfg Config }
@@ -590,5 +601,69 @@ func (s suite) run(t *testing.T) {
 	})
 	if !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Run with lost lease = %v, want ErrLeaseLost", err)
+	}
+}
+
+// closedClient closes the Locker's client under a leader: its fn must be
+// told (its lease cannot be kept), Lead must return an error matching
+// fence.ErrClosed rather than campaign on for as long as its ctx lasts,
+// and Acquire must fail at once, saying so.
+func (s suite) closedClient(t *testing.T) {
+	l, closeClient := s.cfg.NewClosable(t)
+	n := name(t)
+	ctx := ctxFor(t)
+	elected := make(chan struct{})
+	var once sync.Once
+	deposed := make(chan error, 1)
+	led := make(chan error, 1)
+	go func() {
+		led <- fence.Lead(ctx, l, n, func(ctx context.Context, lease fence.Lease) error {
+			once.Do(func() { close(elected) })
+			<-ctx.Done()
+			select {
+			case deposed <- context.Cause(ctx):
+			default:
+			}
+			return nil
+		}, fence.Backoff(10*time.Millisecond, 50*time.Millisecond), fence.LeaseOptions(fence.Wait(time.Second)))
+	}()
+	select {
+	case <-elected:
+	case err := <-led:
+		t.Fatalf("Lead = %v before it was elected", err)
+	case <-ctx.Done():
+		t.Fatal("not elected")
+	}
+	closeClient()
+	// The term ends by the lease's Deadline at the latest: the watchdog
+	// cannot renew it.
+	limit := 5*s.cfg.WatchdogTTL + s.cfg.Slack
+	if s.cfg.SessionBound > 0 {
+		limit = 2*s.cfg.SessionBound + s.cfg.Slack
+	}
+	select {
+	case err := <-led:
+		if !errors.Is(err, fence.ErrClosed) {
+			t.Fatalf("Lead on a closed client = %v, want an error matching fence.ErrClosed", err)
+		}
+	case <-time.After(limit):
+		t.Fatalf("Lead on a closed client still running %v after the close (want it to return an error matching fence.ErrClosed)", limit)
+	}
+	select {
+	case <-deposed:
+	default:
+		t.Fatal("Lead returned, its fn still running")
+	}
+	start := time.Now()
+	lease, err := l.Acquire(ctxFor(t), n+":after", fence.Wait(5*time.Second))
+	if err == nil {
+		_ = lease.Release(ctxFor(t))
+		t.Fatal("Acquire on a closed client: acquired")
+	}
+	if !errors.Is(err, fence.ErrClosed) || !errors.Is(err, fence.ErrNotAcquired) {
+		t.Errorf("Acquire on a closed client = %v, want an error matching fence.ErrClosed and fence.ErrNotAcquired", err)
+	}
+	if took := time.Since(start); took > s.cfg.Slack {
+		t.Errorf("Acquire with a 5 s wait budget on a closed client took %v: want it to fail at once", took)
 	}
 }

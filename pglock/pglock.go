@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -180,9 +181,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	switch {
 	case lease != nil:
 		return lease, nil
-	case err != nil && (o.Wait == 0 || errors.Is(err, ErrTokensExhausted)):
+	case err != nil && (o.Wait == 0 || errors.Is(err, ErrTokensExhausted) || errors.Is(err, errDBClosed)):
 		l.giveUp(&a)
-		return nil, fence.NotAcquired(name, err)
+		return nil, fence.NotAcquired(name, closedDB(err))
 	case err == nil && o.Wait == 0:
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
@@ -276,11 +277,35 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			// reason: the lock was as before, held or unreachable.
 			return nil, budgetEnded(before)
 		}
-		if errors.Is(lastErr, ErrTokensExhausted) {
+		if errors.Is(lastErr, ErrTokensExhausted) || errors.Is(lastErr, errDBClosed) {
 			l.giveUp(&a)
-			return nil, fence.NotAcquired(name, lastErr)
+			return nil, fence.NotAcquired(name, closedDB(lastErr))
 		}
 	}
+}
+
+// errDBClosed is database/sql's (unexported) error for a call on a closed
+// *sql.DB, taken from one.
+var errDBClosed = func() error {
+	db := sql.OpenDB(noConnector{})
+	_ = db.Close()
+	return db.PingContext(context.Background())
+}()
+
+// noConnector is a driver.Connector that connects nowhere, for errDBClosed.
+type noConnector struct{}
+
+func (noConnector) Connect(context.Context) (driver.Conn, error) { return nil, driver.ErrBadConn }
+func (noConnector) Driver() driver.Driver                        { return nil }
+
+// closedDB makes err, when the user closed the *sql.DB, match
+// fence.ErrClosed too: it grants no more leases, and fence.Lead stops
+// campaigning on it. Acquire does not wait on such an error.
+func closedDB(err error) error {
+	if errors.Is(err, errDBClosed) && !errors.Is(err, fence.ErrClosed) {
+		return fmt.Errorf("%w (%w)", err, fence.ErrClosed)
+	}
+	return err
 }
 
 // retryBackoff is the pause before the next try after n backend errors in

@@ -31,6 +31,17 @@ func scriptError(err error) error {
 	return err
 }
 
+// closedClient makes err, when a go-redis client was closed
+// (redis.ErrClosed), match fence.ErrClosed too (fencerueidis's closed
+// client's already does): a closed client grants no more leases, and
+// fence.Lead stops campaigning on it.
+func closedClient(err error) error {
+	if errors.Is(err, redis.ErrClosed) && !errors.Is(err, fence.ErrClosed) {
+		return fmt.Errorf("%w (%w)", err, fence.ErrClosed)
+	}
+	return err
+}
+
 // transientPrefixes are Redis error codes that a failover, a restart or a
 // resharding produces and that go away by themselves.
 var transientPrefixes = []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "BUSY", "UNBLOCKED"}
@@ -45,7 +56,7 @@ func transient(err error) bool {
 	switch {
 	case err == nil,
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded) && !isNetTimeout(err),
-		errors.Is(err, redis.ErrClosed), errors.Is(err, ErrBadTokenRecord):
+		errors.Is(err, redis.ErrClosed), errors.Is(err, fence.ErrClosed), errors.Is(err, ErrBadTokenRecord):
 		return false
 	case errors.Is(err, fence.ErrNotReplicated),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),

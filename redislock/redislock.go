@@ -358,7 +358,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		return lease, nil
 	case err != nil && (o.Wait == 0 || !transient(err)):
 		l.giveUpMaybeHeld(a, err)
-		return nil, fence.NotAcquired(name, err)
+		return nil, fence.NotAcquired(name, closedClient(err))
 	case o.Wait == 0:
 		if a.resent {
 			// The client may have sent the try twice: the first copy,
@@ -397,7 +397,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			revoke = max(a.ttl, revokeFor)
 		}
 		go l.withdraw(*a, revoke)
-		return nil, fence.NotAcquired(name, err)
+		return nil, fence.NotAcquired(name, closedClient(err))
 	}
 	// budgetOver says why waiting stopped: the caller's ctx; else the
 	// budget ran out, while another owner held the lock or on the last

@@ -43,6 +43,10 @@ func TestConformance(t *testing.T) {
 		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
 			return newLockerWith(t, srv.Client(t), redislock.Options{Logger: log})
 		},
+		NewClosable: func(t testing.TB) (fence.Locker, func()) {
+			c := srv.Client(t)
+			return newLocker(t, c), func() { _ = c.Close() }
+		},
 		WatchdogTTL: watchdogTTL,
 	})
 }

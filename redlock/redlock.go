@@ -454,7 +454,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			return ls, nil
 		case ctx.Err() != nil:
 			return nil, fence.NotAcquired(name, ctx.Err())
-		case o.Wait == 0 || errors.Is(why, ErrBadTokenRecord) || errors.Is(why, ErrClosed):
+		case o.Wait == 0 || errors.Is(why, ErrBadTokenRecord) || errors.Is(why, fence.ErrClosed):
 			return nil, fence.NotAcquired(name, why)
 		case waitCtx.Err() != nil && last != nil:
 			// The budget ended during this try: the one before says
@@ -659,12 +659,16 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		granted []int
 		token   int64
 		held    int
+		closed  int // nodes whose client the user closed
 		errs    []error
 	)
 	for i, r := range rs {
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
+			if errors.Is(r.err, redis.ErrClosed) {
+				closed++
+			}
 		case isGrant(r.res):
 			granted = append(granted, i)
 			token = max(token, r.res[1])
@@ -683,7 +687,12 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	if len(granted) < l.quorum {
 		why := fmt.Errorf("%w: %d of %d nodes granted the lock, %d needed", ErrNoQuorum, len(granted), len(l.nodes), l.quorum)
-		if held > 0 {
+		switch {
+		case len(l.nodes)-closed < l.quorum:
+			// No majority is left: the Locker can grant no more
+			// leases, and fence.Lead stops campaigning on it.
+			why = fmt.Errorf("%w: the clients of %d of %d nodes were closed (%w)", ErrNoQuorum, closed, len(l.nodes), fence.ErrClosed)
+		case held > 0:
 			why = fmt.Errorf("%w: on %d of %d nodes", fence.ErrHeld, held, len(l.nodes))
 		}
 		if elapsed := l.now().Sub(start); elapsed >= ttl-drift(ttl) {

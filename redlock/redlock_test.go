@@ -124,6 +124,18 @@ func conformance(t *testing.T, n int) {
 		New:         func(t testing.TB) fence.Locker { return build(t, redlock.Options{}) },
 		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker { return build(t, redlock.Options{Observer: obs}) },
 		NewLogged:   func(t testing.TB, log *slog.Logger) fence.Locker { return build(t, redlock.Options{Logger: log}) },
+		NewClosable: func(t testing.TB) (fence.Locker, func()) {
+			cs := clients(t, srvs)
+			l, err := redlock.New(cs, &redlock.Options{WatchdogTTL: time.Second, NodeTimeout: generous})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l, func() {
+				for _, c := range cs {
+					_ = c.Close()
+				}
+			}
+		},
 		// Long enough that a renewal every third of it reaches a majority
 		// on a machine loaded by the whole test suite under -race.
 		WatchdogTTL: time.Second,

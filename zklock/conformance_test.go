@@ -20,8 +20,9 @@ func testConformance(t *testing.T, exact bool) {
 	srv := startZK(t)
 	addrs := []string{srv.Addr}
 	admin := connect(t, addrs, nil)
-	// newL connects a session and returns a Locker on it, with opts.
-	newL := func(t testing.TB, opts ...zklock.Option) fence.Locker {
+	// newLC connects a session and returns a Locker on it, with opts,
+	// and the connection.
+	newLC := func(t testing.TB, opts ...zklock.Option) (fence.Locker, *zk.Conn) {
 		logger, more := exactOpts(exact)
 		conn, _, err := zk.Connect(addrs, sessionTimeout, zk.WithLogger(logger))
 		if err != nil {
@@ -33,8 +34,9 @@ func testConformance(t *testing.T, exact bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return l
+		return l, conn
 	}
+	newL := func(t testing.TB, opts ...zklock.Option) fence.Locker { l, _ := newLC(t, opts...); return l }
 	fencetest.Run(t, fencetest.Config{
 		New: func(t testing.TB) fence.Locker { return newL(t) },
 		// The holder's node is the lowest in the lock's directory.
@@ -52,6 +54,10 @@ func testConformance(t *testing.T, exact bool) {
 		},
 		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
 			return newL(t, zklock.WithLogger(log))
+		},
+		NewClosable: func(t testing.TB) (fence.Locker, func()) {
+			l, conn := newLC(t)
+			return l, conn.Close
 		},
 		WatchdogTTL:  sessionTimeout,
 		SessionBound: sessionTimeout,

@@ -200,11 +200,16 @@ const giveUpTimeout = 500 * time.Millisecond
 // why returns ctx's error if ctx is done (the caller's deadline rather than
 // the wait budget), else err; err cut short by the end of the wait budget
 // (waitCtx) no longer wraps waitCtx's error, which the caller would take
-// for its own ctx's.
+// for its own ctx's; the error of a connection the user closed
+// (zk.ErrClosing, or zk.ErrConnectionClosed once it stays disconnected:
+// see closed) matches fence.ErrClosed too: it grants no more leases, and
+// fence.Lead stops campaigning on it.
 func (l *Locker) why(ctx, waitCtx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil && !errors.Is(err, fence.ErrHeld):
 		return ctx.Err()
+	case errors.Is(err, zk.ErrClosing) || errors.Is(err, zk.ErrConnectionClosed) && l.closed():
+		return fmt.Errorf("%w (%w)", err, fence.ErrClosed)
 	case waitCtx.Err() != nil && errors.Is(err, waitCtx.Err()):
 		return fmt.Errorf("%v: no answer from ZooKeeper before the wait budget ended", err)
 	}

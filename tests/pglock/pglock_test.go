@@ -26,6 +26,10 @@ func TestConformance(t *testing.T) {
 		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
 			return d.lockerWith(t, d.db, pglock.Options{Logger: log})
 		},
+		NewClosable: func(t testing.TB) (fence.Locker, func()) {
+			db := open(t, d.dsn, nil)
+			return d.lockerWith(t, db, pglock.Options{}), func() { _ = db.Close() }
+		},
 		WatchdogTTL: watchdogTTL,
 	})
 }
