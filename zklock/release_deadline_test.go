@@ -9,7 +9,6 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/zklock"
-	"github.com/go-zookeeper/zk"
 )
 
 // A Release made as the lease's Deadline comes (a holder that stops when
@@ -25,12 +24,7 @@ func TestReleaseAsDeadlinePasses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rec := &endRecorder{}
-	st := zklock.NewSessionTimeouts(quiet{})
-	conn, _, err := zk.Connect([]string{srv.Addr}, sessionTimeout, zk.WithLogger(st))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
+	conn, st := exactConn(t, srv.Addr, sessionTimeout)
 	l, err := zklock.New(conn, sessionTimeout, zklock.WithSessionTimeouts(st), zklock.WithObserver(rec))
 	if err != nil {
 		t.Fatal(err)

@@ -90,12 +90,7 @@ func TestRetimeNewSessionManyLeasesCallbacks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const asked = 8 * time.Second
-	st := zklock.NewSessionTimeouts(quiet{})
-	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(st))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
+	conn, st := exactConn(t, srv.Addr, asked)
 	h := releasingHandler{mu: new(sync.Mutex), leases: make(map[int64]fence.Lease), errs: make(chan error, 1000)}
 	rec := &endRecorder{}
 	l, err := zklock.New(conn, asked, zklock.WithSessionTimeouts(st), zklock.WithObserver(rec), zklock.WithLogger(slog.New(h)))
@@ -202,127 +197,6 @@ func TestRetimeNewSessionManyLeasesCallbacks(t *testing.T) {
 	waitFor(t, func() bool { return l.Background() == 0 })
 }
 
-// countingLogger counts go-zookeeper's "authenticated" lines.
-type countingLogger struct {
-	mu sync.Mutex
-	n  int
-}
-
-func (c *countingLogger) Printf(format string, _ ...any) {
-	if strings.HasPrefix(format, "authenticated:") {
-		c.mu.Lock()
-		c.n++
-		c.mu.Unlock()
-	}
-}
-
-func (c *countingLogger) grants() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n
-}
-
-// Reconnections of a healthy session (its connections cut and dialled
-// again at once), each a grant that retimes every lease from the logging
-// goroutine, while workers acquire, extend and release leases: no lease
-// is lost (the session never ended), each is reported once, as released,
-// and the SessionTimeouts forgets every one.
-func TestRetimeReconnectChurn(t *testing.T) {
-	srv := startZK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	const asked = 8 * time.Second
-	var p partition
-	cl := &countingLogger{}
-	st := zklock.NewSessionTimeouts(cl)
-	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(st), zk.WithDialer(p.dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	rec := &endRecorder{}
-	l, err := zklock.New(conn, asked, zklock.WithSessionTimeouts(st), zklock.WithObserver(rec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
-	session := conn.SessionID()
-	var (
-		mu  sync.Mutex
-		all []fence.Lease
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				ls, err := l.Acquire(actx, fmt.Sprintf("churn-%d", w), fence.Wait(5*time.Second))
-				cancel()
-				if err != nil {
-					continue
-				}
-				mu.Lock()
-				all = append(all, ls)
-				mu.Unlock()
-				if err := ls.Err(); err != nil {
-					t.Errorf("worker %d: a lease just granted has Err %v", w, err)
-				}
-				// Held across a grant.
-				g0, end := cl.grants(), time.Now().Add(3*time.Second)
-				for cl.grants() == g0 && time.Now().Before(end) {
-					time.Sleep(5 * time.Millisecond) // polling with a deadline
-				}
-				_ = ls.Extend(ctx, time.Second)
-				if i%2 == 0 {
-					// Retried while inconclusive (the delete failed with
-					// the connection), as fence.Run does.
-					for err := ls.Release(ctx); err != nil && !errors.Is(err, fence.ErrLeaseLost) && ctx.Err() == nil; err = ls.Release(ctx) {
-					}
-				} else {
-					_ = ls.Release(ctx)
-				}
-			}
-		}()
-	}
-	for range 10 {
-		before := cl.grants()
-		p.set(true)
-		p.set(false)
-		waitFor(t, func() bool { return cl.grants() > before })
-		mu.Lock()
-		held := len(all)
-		mu.Unlock()
-		waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(all) >= held+3 })
-	}
-	close(stop)
-	wg.Wait()
-	if got := conn.SessionID(); got != session {
-		t.Fatalf("the session changed (%#x to %#x): the churn was meant to keep it", session, got)
-	}
-	waitFor(t, func() bool { return st.Following() == 0 })
-	waitFor(t, func() bool { return l.Background() == 0 })
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("%d leases over %d grants", len(all), cl.grants())
-	for _, ls := range all {
-		if err := ls.Err(); err != fence.ErrReleased {
-			t.Errorf("lease %v: Err %v, want ErrReleased (the session never ended)", ls, err)
-		}
-		waitFor(t, func() bool { return len(rec.of(ls.Token())) > 0 })
-		if evs := rec.of(ls.Token()); len(evs) != 1 || evs[0].Cause != fence.Released {
-			t.Errorf("lease %v: end reports %+v, want one, released", ls, evs)
-		}
-	}
-}
-
 // Grants logged back to back (the connection's own session, its timeout
 // unchanged) while leases are acquired, extended and released, some with
 // fence.TTL running out: retime on the logging goroutine against newLease,
@@ -333,12 +207,7 @@ func TestRetimeGrantStorm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const asked = 8 * time.Second
-	st := zklock.NewSessionTimeouts(quiet{})
-	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(st))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
+	conn, st := exactConn(t, srv.Addr, asked)
 	rec := &endRecorder{}
 	l, err := zklock.New(conn, asked, zklock.WithSessionTimeouts(st), zklock.WithObserver(rec))
 	if err != nil {
@@ -451,12 +320,7 @@ func TestRetimeLeaseReleasedInsideHandler(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const asked = 8 * time.Second
-	st := zklock.NewSessionTimeouts(quiet{})
-	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(st))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
+	conn, st := exactConn(t, srv.Addr, asked)
 	var lease fence.Lease
 	h := releaseThenBlock{lease: &lease, once: new(sync.Once), released: make(chan error, 1), unblock: make(chan struct{})}
 	unblock := sync.OnceFunc(func() { close(h.unblock) })

@@ -112,12 +112,7 @@ func TestSessionTimeoutsLostReplyToLoweringReconnect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sw := newSwallower()
-	st := zklock.NewSessionTimeouts(quiet{})
-	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(st), zk.WithDialer(sw.dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
+	conn, st := exactConn(t, srv.Addr, asked, zk.WithDialer(sw.dial))
 	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
 	l, err := zklock.New(conn, asked, zklock.WithSessionTimeouts(st))
 	if err != nil {
@@ -169,14 +164,10 @@ func TestSessionTimeoutsTwoLockersOneConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const asked = 16 * zkserver.TickTime // 8 s: below the default maximum
-	st := zklock.NewSessionTimeouts(quiet{})
-	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(st))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
+	conn, st := exactConn(t, srv.Addr, asked)
 	var lockers [2]*zklock.Locker
 	var leases [2]fence.Lease
+	var err error
 	for i := range lockers {
 		if lockers[i], err = zklock.New(conn, asked, zklock.WithSessionTimeouts(st)); err != nil {
 			t.Fatal(err)
@@ -257,12 +248,7 @@ func TestSessionTimeoutsLoweredWhileLoggerBlocked(t *testing.T) {
 	reconfigure(t, srv, fmt.Sprintf("maxSessionTimeout=%d", asked.Milliseconds()))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st := zklock.NewSessionTimeouts(quiet{})
-	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(st))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
+	conn, st := exactConn(t, srv.Addr, asked)
 	h := blockingHandler{msg: "zklock: check of the lease's node failed", once: new(sync.Once),
 		blocked: make(chan struct{}), unblock: make(chan struct{})}
 	unblock := sync.OnceFunc(func() { close(h.unblock) })

@@ -27,6 +27,24 @@ func exactOpts(exact bool) (zk.Logger, []zklock.Option) {
 	return st, []zklock.Option{zklock.WithSessionTimeouts(st)}
 }
 
+// exactConn connects to addr asking for timeout, with a SessionTimeouts of
+// its own (quiet beyond it) as the connection's logger, and opts; the
+// connection is closed at the test's end.
+func exactConn(t testing.TB, addr string, timeout time.Duration, opts ...func(*zk.Conn)) (*zk.Conn, *zklock.SessionTimeouts) {
+	t.Helper()
+	st := zklock.NewSessionTimeouts(quiet{})
+	conn, _, err := zk.Connect([]string{addr}, timeout, zk.WithLogger(st), func(c *zk.Conn) {
+		for _, o := range opts {
+			o(c)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	return conn, st
+}
+
 // waitLowered waits until l's connection records the grant low (the
 // servers lowered the session's timeout), and checks that lease's Deadline
 // is then no further away than low: counted from the lowered timeout at
