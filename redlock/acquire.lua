@@ -29,10 +29,18 @@
 -- writes as one transaction: nobody sees the lock taken, and the record is
 -- not touched.
 local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'PX', ARGV[2])
-if holder then
-  -- Held (a try's owner is new each time, so never by this try).
+if holder and holder ~= ARGV[1] then
+  -- Held by another owner.
   return {0, redis.call('PTTL', KEYS[1])}
 end
+-- Held by this owner: a try's owner is new each time, so this is the same
+-- try run again (go-redis sends a command again, MaxRetries, when the
+-- connection failed before the reply was read, though the node ran it).
+-- It took the lock: answer a grant, with a token issued afresh below
+-- (greater than the first run's, which nobody read), rather than held,
+-- which left the lock there, taken by a try that failed, for its lease
+-- time. The lock keeps the expiry the first run gave it, counted from
+-- after the try was sent.
 local function refuse(why)
   redis.call('DEL', KEYS[1])
   return redis.error_reply('FENCETOKEN token record ' .. KEYS[2] .. ' ' .. why)
