@@ -758,11 +758,14 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		// Close was called while the try was out, and will not release
 		// this lease: release it here (its background work is Close's
 		// to wait for, as any). It was never granted: its end is not
-		// reported.
+		// reported. Waited for until ctx ends, as a failed try's release
+		// is: the requests go on without the caller (a node that does not
+		// answer is retried in the background), so nodes that hang do
+		// not keep Acquire past its caller's deadline.
 		ls.mu.Lock()
 		ls.unreported = true
 		ls.mu.Unlock()
-		_ = ls.Release(context.WithoutCancel(ctx))
+		_ = ls.Release(ctx)
 		return nil, ErrClosed
 	}
 	if ls.Err() != nil {
