@@ -1,0 +1,153 @@
+package redlock_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
+)
+
+// firstDelayer is a go-redis Dialer whose connections, once armed, hold
+// back the first write containing match, as a stalled TCP connection does:
+// the client's read times out, go-redis closes the connection (the close
+// is held too, behind the write, as a FIN is behind the data) and sends the
+// command again on a new one. Let delivers the held copy late, and reads
+// its reply: the server has run it.
+type firstDelayer struct {
+	match []byte
+	armed atomic.Bool
+
+	mu   sync.Mutex
+	held []*delayConn
+}
+
+func (d *firstDelayer) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &delayConn{Conn: c, d: d}, nil
+}
+
+// Let sends the held writes, reads their replies and closes their
+// connections.
+func (d *firstDelayer) Let(t testing.TB) {
+	d.mu.Lock()
+	held := d.held
+	d.held = nil
+	d.mu.Unlock()
+	for _, c := range held {
+		_ = c.Conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Conn.Write(c.p); err != nil {
+			t.Fatalf("delivering the held copy: %v", err)
+		}
+		var b [256]byte
+		if _, err := c.Conn.Read(b[:]); err != nil {
+			t.Fatalf("reading the held copy's reply: %v", err)
+		}
+		_ = c.Conn.Close()
+	}
+}
+
+type delayConn struct {
+	net.Conn
+	d *firstDelayer
+	p []byte // the held write; the close waits for it
+}
+
+func (c *delayConn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, c.d.match) && c.d.armed.CompareAndSwap(true, false) {
+		c.d.mu.Lock()
+		c.p = bytes.Clone(p)
+		c.d.held = append(c.d.held, c)
+		c.d.mu.Unlock()
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *delayConn) Close() error {
+	c.d.mu.Lock()
+	held := c.p != nil
+	c.d.mu.Unlock()
+	if held {
+		return nil // Let closes it, after the held write
+	}
+	return c.Conn.Close()
+}
+
+// A client whose ReadTimeout is shorter than the node timeout has go-redis
+// send an acquisition again when the first copy's reply is slow; the
+// second grants, and the first, delayed on its way, may run after the
+// lease was released. Release deletes the lock on those nodes without the
+// revocation mark (their grant came), so the first copy takes the lock
+// there again, for its whole lease time, for nobody: with it delayed on two
+// nodes of three, nobody can take the name for the lease time, though the
+// package says that no node that answered late keeps a lock.
+//
+// Not fixed here: refusing the late copy takes the revocation mark on
+// every release, not only on the nodes whose grant had not come (one more
+// write per node and per Release, and a key per release kept for a minute;
+// redislock leaves it only after a try that took half the client's read
+// timeout): a cost to decide on. The same mark would let a delete retried
+// by go-redis tell its own earlier run (TestRetriedReleaseCountsItsOwnDelete).
+func TestDelayedAcquisitionCopyAfterRelease(t *testing.T) {
+	t.Skip("bug: a copy of an acquisition sent again by go-redis (ReadTimeout below the node timeout) and delayed " +
+		"re-takes the lock after Release for its lease time; refusing it needs the revocation mark on every release, a design decision")
+	srvs := nodes(t, 3)
+	acq, _ := redlock.ScriptHashes()
+	cs := make([]redis.UniversalClient, len(srvs))
+	ds := make([]*firstDelayer, len(srvs))
+	for i, s := range srvs {
+		ds[i] = &firstDelayer{match: []byte(acq)}
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 100 * time.Millisecond, Dialer: ds[i].Dial})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name, ttl = "delayed-copy", 30 * time.Second
+	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl)) // loads the scripts
+	if err != nil {
+		t.Fatalf("warm-up Acquire: %v", err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatalf("warm-up Release: %v", err)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second)
+
+	// Node 2 down: the lease needs both delayed nodes' grants, and
+	// deletes the lock there with no mark.
+	srvs[2].Kill()
+	ds[0].armed.Store(true)
+	ds[1].armed.Store(true)
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	waitUnlocked(t, srvs[:2], name, 5*time.Second)
+	ds[0].Let(t)
+	ds[1].Let(t)
+	srvs[2].Restart(t)
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		other := newLocker(t, srvs, &redlock.Options{NodeTimeout: generous})
+		_, err := other.Acquire(ctxFor(t), name, fence.TTL(ttl))
+		t.Errorf("after Release, the delayed copies of its acquisition locked nodes %v; another Locker's Acquire: %v", on, err)
+	}
+	if err := l.Close(ctxFor(t)); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
