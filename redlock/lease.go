@@ -470,7 +470,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	ls.locker.bg.busy()
 	defer ls.locker.bg.leave()
 	if err := ls.Err(); err != nil {
-		return report, err // ended while this renewal waited its turn
+		return report, ls.endedErr(err) // ended while this renewal waited its turn
 	}
 	l := ls.locker
 	ls.mu.Lock()
@@ -553,11 +553,12 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	ls.mu.Lock()
 	ls.expiredLocked()
 	if err := ls.err; err != nil {
-		// The lease ended (its deadline passed) while the renewal was
-		// on its way: nobody will use the locks it moved.
+		// The lease ended (its deadline passed, or Release started)
+		// while the renewal was on its way: nobody will use the locks it
+		// moved.
 		ls.mu.Unlock()
 		ls.giveBack(movedOn)
-		return report, err
+		return report, ls.endedErr(err)
 	}
 	defer ls.mu.Unlock()
 	// ls.ahead is left as it is: a node that this renewal moved may still
@@ -984,6 +985,16 @@ func (f *relFanout) final() []result {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.rs)
+}
+
+// endedErr is a renewal's error for a lease that ended with err: err, or
+// releasedErr when a Release ended it (fence.ErrReleased alone does not
+// match fence.ErrLeaseLost, which Extend returns once the lease is over).
+func (ls *lease) endedErr(err error) error {
+	if err == fence.ErrReleased {
+		return releasedErr(ls.name)
+	}
+	return err
 }
 
 // releasedErr is Extend's error for a lease that a Release ended.
