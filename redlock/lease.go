@@ -548,7 +548,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	if moved < l.quorum || !time.Now().Before(newDeadline) {
 		ls.aheadOn(append(movedOn, unknown...))
 		why := fmt.Errorf("%w: extended on %d of %d nodes, %d needed", ErrNoQuorum, moved, len(l.nodes), l.quorum)
-		return report, fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
+		err := fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
+		if ended := ls.Err(); ended != nil {
+			// The lease ended (its deadline passed) while the renewal
+			// was out: that is the answer, as for an Extend called
+			// after it; the renewal's failure says why.
+			return report, fmt.Errorf("%w (%w)", ls.endedErr(ended), err)
+		}
+		return report, err
 	}
 	ls.mu.Lock()
 	ls.expiredLocked()

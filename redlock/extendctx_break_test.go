@@ -1,0 +1,69 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
+)
+
+// extendPastDeadline renews a lease with two nodes of three hung, under a
+// ctx that ends just after the lease's deadline, so that the renewal
+// reaches too few nodes and is read once the lease has ended. It returns
+// Extend's error, how long after ctx's deadline Extend returned, and the
+// lease.
+func extendPastDeadline(t *testing.T, name string) (error, time.Duration, fence.Lease) {
+	srvs := nodes(t, 3)
+	const ttl, nodeTimeout = 3 * time.Second, 5 * time.Second
+	l := newLocker(t, srvs, &redlock.Options{NodeTimeout: nodeTimeout})
+	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := lease.Extend(ctxFor(t), ttl); err != nil { // loads the extend script
+		t.Fatalf("Extend: %v", err)
+	}
+	resume1, resume2 := srvs[1].Pause(t), srvs[2].Pause(t)
+	ctx, cancel := context.WithDeadline(context.Background(), lease.Deadline().Add(100*time.Millisecond))
+	defer cancel()
+	err = lease.Extend(ctx, 10*time.Second) // its node timeout, 5 s, outlasts ctx
+	late := time.Since(deadlineOf(ctx))
+	resume1()
+	resume2()
+	waitUnlocked(t, srvs, name, 5*time.Second)
+	if err := l.Close(ctxFor(t)); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	return err, late, lease
+}
+
+// An Extend whose renewal was read after the lease's deadline returns the
+// lease's end (ErrLeaseLost), the contract's answer, not ErrNoQuorum alone,
+// a backend error to retry.
+func TestExtendLeaseEndedWhileRenewalOut(t *testing.T) {
+	err, late, lease := extendPastDeadline(t, "extend-ended")
+	if !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Extend with 2 of 3 nodes hung, read past the deadline = %v (%v late), want ErrLeaseLost", err, late)
+	}
+	if lease.Err() == nil {
+		t.Errorf("the lease is held past its deadline: Extend = %v, Deadline in %v", err, time.Until(lease.Deadline()))
+	}
+}
+
+// The same Extend gives back the nodes it may have moved the lock on (a
+// node that answered, and the hung ones, whose renewal may have run)
+// before it returns, under the node timeout, not the caller's context:
+// with two nodes of three hung, it returned 3 s past its ctx's deadline.
+// Running the give-back as background work that Extend waits for only
+// until ctx ends was tried (helper break-redlock): a Close whose context
+// is short then stops it, leaving a lock moved a whole extension ahead on
+// a running node (TestStressAcquireRenewCloseLeavesNothing failed so).
+func TestExtendPastDeadlineKeepsItsContext(t *testing.T) {
+	t.Skip("bug: an Extend read past the lease's deadline gives back the moved nodes under the node timeout, past its ctx; running that give-back in the background lets a short Close stop it and leave a lock a whole extension ahead (TestStressAcquireRenewCloseLeavesNothing): a design call")
+	if err, late, _ := extendPastDeadline(t, "extend-ctx"); late > 500*time.Millisecond {
+		t.Errorf("Extend returned %v after its context's deadline (node timeout 5s): %v", late.Round(time.Millisecond), err)
+	}
+}
