@@ -786,8 +786,24 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 		select {
 		case <-prev.wake:
 		case <-ctx.Done():
-			_, _, rs := prev.seen(ctx, timeout)
-			return func() {}, ls.noQuorum(rs, prev)
+			deleted, gone, rs := prev.seen(ctx, timeout)
+			switch {
+			case deleted >= q:
+			case n-gone < q:
+				err = fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, n)
+			case !time.Now().Before(deadline):
+				// The lease time ran out while the last call's deletes
+				// were out: the lease is over, as below.
+				err = fmt.Errorf("%w: %q: %w (%v)", fence.ErrLeaseLost, ls.name, errRanOut, ls.noQuorum(rs, prev))
+			default:
+				return func() {}, ls.noQuorum(rs, prev)
+			}
+			ls.mu.Lock()
+			defer ls.mu.Unlock()
+			if !ls.released {
+				ls.released, ls.relErr = true, err
+			}
+			return func() {}, ls.relErr
 		}
 		prev.mu.Lock()
 		f.ours = make([]bool, n)
