@@ -6,9 +6,9 @@
 -- proposed floor, µs (its clock plus a second), ARGV[4] how far past this
 -- node's clock the client's floor may count, µs
 -- Returns {1, token, node ms} when taken, {0, holder's PTTL} when held (-2:
--- revoked), and an error starting FENCETOKEN, leaving the lock and the
--- record as they were, when the record is not a token this script can
--- increase exactly.
+-- revoked; -3: held by this owner already, see below), and an error
+-- starting FENCETOKEN, leaving the lock and the record as they were, when
+-- the record is not a token this script can increase exactly.
 --
 -- The token is max(last + 1, T, min(the client's floor, T + ARGV[4])), T
 -- being this node's clock in µs: the clock floors keep it increasing when
@@ -29,18 +29,21 @@
 -- writes as one transaction: nobody sees the lock taken, and the record is
 -- not touched.
 local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'PX', ARGV[2])
-if holder and holder ~= ARGV[1] then
+if holder == ARGV[1] then
+  -- This try's own lock (a try's owner is new each time): this node ran
+  -- the try already. go-redis sends a command again (MaxRetries) when the
+  -- connection failed before the reply was read, though the node ran it;
+  -- or two clients given to New reach this one server (which New cannot
+  -- always tell). Not a grant, which would count one server twice towards
+  -- a majority; nor held by another owner, which left the lock there,
+  -- taken by a try that failed, for its lease time: -3 tells the client
+  -- that the lock is the try's, to give back if the try fails.
+  return {0, -3}
+end
+if holder then
   -- Held by another owner.
   return {0, redis.call('PTTL', KEYS[1])}
 end
--- Held by this owner: a try's owner is new each time, so this is the same
--- try run again (go-redis sends a command again, MaxRetries, when the
--- connection failed before the reply was read, though the node ran it).
--- It took the lock: answer a grant, with a token issued afresh below
--- (greater than the first run's, which nobody read), rather than held,
--- which left the lock there, taken by a try that failed, for its lease
--- time. The lock keeps the expiry the first run gave it, counted from
--- after the try was sent.
 local function refuse(why)
   redis.call('DEL', KEYS[1])
   return redis.error_reply('FENCETOKEN token record ' .. KEYS[2] .. ' ' .. why)

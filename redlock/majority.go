@@ -92,6 +92,18 @@ type tryFanout struct {
 // isGrant tells whether an acquire script's reply took the lock.
 func isGrant(res []int64) bool { return len(res) == 3 && res[0] == 1 && res[1] > 0 }
 
+// isOwn tells whether an acquire script's reply found the lock taken by
+// this very try already (acquire.lua's -3): not a grant, but the try's to
+// give back.
+func isOwn(res []int64) bool { return len(res) == 2 && res[0] == 0 && res[1] == -3 }
+
+// errRanTwice is the error of a node that found the lock its try's
+// already: go-redis sent the try again after its reply was lost, or
+// another client given to New reaches the same server. It is not counted
+// as a grant (one server would count twice towards a majority); the lock
+// is given back if the try fails.
+var errRanTwice = errors.New("the lock is this try's already: the request ran twice there (a client retry, or two clients of one server)")
+
 // send sends the acquire script to every node at once, each request bounded
 // by timeout. The requests do not end with ctx: one still out when the try
 // is decided is answered, and its reply read, whatever the caller does with
@@ -121,6 +133,7 @@ func (l *Locker) send(ctx context.Context, k keys, owner string, ttl, timeout ti
 func (f *tryFanout) reply(i int, res []int64, err error) {
 	r := result{res: res, err: err, at: time.Now(), got: true}
 	grant := err == nil && isGrant(res)
+	own := err == nil && isOwn(res) // the try's lock, not a grant
 	q, n := f.l.quorum, len(f.l.nodes)
 	f.mu.Lock()
 	f.rs[i] = r
@@ -139,7 +152,7 @@ func (f *tryFanout) reply(i int, res []int64, err error) {
 	// token first, if it issued a smaller one: see writeBack.
 	behind := grant && ls != nil && r.res[1] < int64(ls.token)
 	if phase == abandoned && (f.covered || f.uncovered != nil && !f.uncovered[i]) {
-		grant = false // the lease's release covered this node
+		grant, own = false, false // the lease's release covered this node
 	}
 	f.mu.Unlock()
 	if last {
@@ -147,6 +160,17 @@ func (f *tryFanout) reply(i int, res []int64, err error) {
 	}
 	if behind {
 		f.writeBack(i, ls.token)
+	}
+	if own && phase == abandoned {
+		// The try's lock, read after the try failed or its lease was
+		// released: given back, as a grant would be. (Read while
+		// deciding, the try's outcome reads it; while leased, Release
+		// deletes it, the node counted as not granted.)
+		var token fence.Token
+		if ls != nil {
+			token = ls.token
+		}
+		f.giveBack(i, token)
 	}
 	if !grant {
 		return

@@ -672,6 +672,8 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		case isGrant(r.res):
 			granted = append(granted, i)
 			token = max(token, r.res[1])
+		case isOwn(r.res):
+			errs = append(errs, fmt.Errorf("node %d: %w", i, errRanTwice))
 		case len(r.res) == 2 && r.res[0] == 0:
 			held++
 		default:
@@ -823,6 +825,10 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 				defer l.bg.done(i)
 				l.revokeTry(i, k, owner, revokeKey, ttl, timeout)
 			})
+		case isOwn(r.res):
+			// The try's own lock, from an earlier run of it there:
+			// given back like a grant.
+			granted = append(granted, i)
 		case r.res[0] == 0:
 			// Held by another owner, or the try was revoked there:
 			// nothing of ours.

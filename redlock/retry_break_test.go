@@ -76,11 +76,13 @@ func retryingClients(t testing.TB, srvs []*redistest.Server, match string) ([]re
 
 // A node whose reply to the acquisition is lost after it ran it (the
 // connection closed under the client) is asked again by go-redis itself,
-// with the same owner: the acquisition must not find the lock held by
-// another owner there. It found its own, answered held, and a try whose
-// grants were lost so on a majority failed with ErrHeld and left the lock
-// taken on those nodes (not given back: "held by another owner") for its
-// lease time: nobody could take it.
+// with the same owner, and finds the lock its own there. That answered
+// held by another owner: a try whose replies were lost so on a majority
+// failed with ErrHeld and left the lock taken on those nodes (not given
+// back: "held by another owner") for its lease time, so that nobody could
+// take the name. The try may fail (such a node cannot count as a grant:
+// two clients of one server find the lock their try's the same way, see
+// TestFailoverClientsOfOneMaster), but it must give the lock back.
 func TestRetriedAcquisitionFindsItsOwnLock(t *testing.T) {
 	srvs := nodes(t, 3)
 	acq, _ := redlock.ScriptHashes()
@@ -102,16 +104,24 @@ func TestRetriedAcquisitionFindsItsOwnLock(t *testing.T) {
 	ds[0].left.Store(1)
 	ds[1].left.Store(1)
 	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
-	if err != nil {
+	if err == nil {
+		if err := lease.Release(ctxFor(t)); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	} else if errors.Is(err, fence.ErrHeld) {
+		t.Errorf("Acquire with its replies lost (and retried) on 2 of 3 nodes = %v: held by nobody else", err)
+	}
+	t.Logf("Acquire with its replies lost (and retried) on 2 of 3 nodes: %v", err)
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
 		other := newLocker(t, srvs, &redlock.Options{NodeTimeout: generous})
 		_, err2 := other.Acquire(ctxFor(t), name, fence.TTL(ttl))
-		t.Fatalf("Acquire with its replies lost (and retried) on 2 of 3 nodes: %v\n"+
-			"locked on nodes %v afterwards; another Locker's Acquire: %v", err, lockedOn(t, srvs, name), err2)
+		t.Fatalf("after that Acquire (%v), the lock is left on nodes %v; another Locker's Acquire: %v", err, on, err2)
 	}
-	if got := lockedOn(t, srvs, name); len(got) != 3 {
-		t.Errorf("locked on nodes %v, want all 3", got)
+	again, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("the next Acquire: %v", err)
 	}
-	if err := lease.Release(ctxFor(t)); err != nil {
+	if err := again.Release(ctxFor(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	waitUnlocked(t, srvs, name, 5*time.Second)
