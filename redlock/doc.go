@@ -110,6 +110,19 @@
 // needs a majority among the other nodes, and waits for one more slow node
 // on every try until then.
 //
+// # Client retries
+//
+// go-redis sends a command again (Options.MaxRetries, 3 by default) when
+// its connection failed before the reply was read, or its read timed out
+// with time left in the context, though the node may have run the first
+// copy. An acquisition run twice on a node finds the lock its try's there:
+// that node is not counted as a grant (two clients of one server find it
+// so too, and one server must not count twice), and the lock is given back
+// if the try fails. A delete run twice finds the lock gone, which Release
+// counts as lost; and a copy of an acquisition delayed past the lease's
+// Release takes the lock again on its node for its lease time. Give the
+// Locker clients made with MaxRetries: -1.
+//
 // # Keys
 //
 // A lock name N under the prefix P (default "redlock") uses, on each node:
