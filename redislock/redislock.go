@@ -1145,6 +1145,9 @@ func notAnswered(notRepl, cause, waitErr error) error {
 // unansweredWait returns the cause when err says that a script's reply was
 // read and its WAIT's did not come in time (see waitUnanswered), else nil.
 func unansweredWait(err error) error {
+	if err == nil {
+		return nil // before wu, which errors.As would move to the heap on every call
+	}
 	var wu *waitUnanswered
 	if errors.As(err, &wu) {
 		return wu.err
