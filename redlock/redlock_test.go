@@ -253,9 +253,10 @@ func TestThreeOfFiveDown(t *testing.T) {
 	if took < budget || took > budget+time.Second {
 		t.Fatalf("Acquire(wait %v) returned after %v", budget, took)
 	}
-	if on := lockedOn(t, survivors, "three-down"); len(on) != 0 {
-		t.Fatalf("the failed acquisition left the lock on survivors %v", on)
-	}
+	// A grant read after the last try was decided (the budget cut it) is
+	// given back by the request that brought it, after Acquire returned:
+	// the lock must be gone well before its 10 s lease time, not at once.
+	waitUnlocked(t, survivors, "three-down", 3*time.Second)
 	t.Logf("3 of 5 down: ErrNotAcquired after %v (budget %v): %v", took, budget, err)
 }
 
