@@ -117,14 +117,7 @@ func TestDelayedAcquisitionCopyAfterRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	const name, ttl = "delayed-copy", 30 * time.Second
-	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl)) // loads the scripts
-	if err != nil {
-		t.Fatalf("warm-up Acquire: %v", err)
-	}
-	if err := warm.Release(ctxFor(t)); err != nil {
-		t.Fatalf("warm-up Release: %v", err)
-	}
-	waitUnlocked(t, srvs, name, 5*time.Second)
+	warmUp(t, l, srvs, name, ttl)
 
 	// Node 2 down: the lease needs both delayed nodes' grants, and
 	// deletes the lock there with no mark.

@@ -23,7 +23,16 @@ import (
 // (MaxRetries, 3 by default): the server runs it twice.
 type replyDropper struct {
 	match []byte
-	left  atomic.Int32 // replies still to drop
+	left  atomic.Int32        // replies still to drop
+	lose  func(p []byte) bool // if set, decides in place of match and left
+}
+
+// loses tells whether the reply to write p is to be lost.
+func (d *replyDropper) loses(p []byte) bool {
+	if d.lose != nil {
+		return d.lose(p)
+	}
+	return bytes.Contains(p, d.match) && d.left.Add(-1) >= 0
 }
 
 func (d *replyDropper) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -42,7 +51,7 @@ type dropConn struct {
 }
 
 func (c *dropConn) Write(p []byte) (int, error) {
-	if bytes.Contains(p, c.d.match) && c.d.left.Add(-1) >= 0 {
+	if c.d.loses(p) {
 		c.drop.Store(true)
 	}
 	return c.Conn.Write(p)
@@ -57,6 +66,20 @@ func (c *dropConn) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return c.Conn.Read(p)
+}
+
+// warmUp takes and releases name once, which loads the scripts on every
+// node, and waits until it is free on every node.
+func warmUp(t testing.TB, l *redlock.Locker, srvs []*redistest.Server, name string, ttl time.Duration) {
+	t.Helper()
+	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if err != nil {
+		t.Fatalf("warm-up Acquire: %v", err)
+	}
+	if err := warm.Release(ctxFor(t)); err != nil {
+		t.Fatalf("warm-up Release: %v", err)
+	}
+	waitUnlocked(t, srvs, name, 5*time.Second)
 }
 
 // retryingClients returns one client per server with go-redis's default
@@ -92,14 +115,7 @@ func TestRetriedAcquisitionFindsItsOwnLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	const name, ttl = "retried-acquire", 30 * time.Second
-	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl)) // loads the scripts
-	if err != nil {
-		t.Fatalf("warm-up Acquire: %v", err)
-	}
-	if err := warm.Release(ctxFor(t)); err != nil {
-		t.Fatalf("warm-up Release: %v", err)
-	}
-	waitUnlocked(t, srvs, name, 5*time.Second)
+	warmUp(t, l, srvs, name, ttl)
 
 	ds[0].left.Store(1)
 	ds[1].left.Store(1)
@@ -153,14 +169,7 @@ func TestRetriedReleaseCountsItsOwnDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	const name, ttl = "retried-release", 30 * time.Second
-	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl)) // loads the scripts
-	if err != nil {
-		t.Fatalf("warm-up Acquire: %v", err)
-	}
-	if err := warm.Release(ctxFor(t)); err != nil {
-		t.Fatalf("warm-up Release: %v", err)
-	}
-	waitUnlocked(t, srvs, name, 5*time.Second)
+	warmUp(t, l, srvs, name, ttl)
 
 	lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
 	if err != nil {

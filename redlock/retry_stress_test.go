@@ -2,12 +2,8 @@ package redlock_test
 
 import (
 	"bytes"
-	"context"
-	"io"
 	"math/rand/v2"
-	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,48 +11,6 @@ import (
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 )
-
-// randDropper is replyDropper at random: each write containing one of
-// matches has its reply lost with probability p, after the server ran it.
-type randDropper struct {
-	matches [][]byte
-	p       float64
-}
-
-func (d *randDropper) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var nd net.Dialer
-	c, err := nd.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &randDropConn{Conn: c, d: d}, nil
-}
-
-type randDropConn struct {
-	net.Conn
-	d    *randDropper
-	drop atomic.Bool
-}
-
-func (c *randDropConn) Write(p []byte) (int, error) {
-	for _, m := range c.d.matches {
-		if bytes.Contains(p, m) && rand.Float64() < c.d.p {
-			c.drop.Store(true)
-			break
-		}
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *randDropConn) Read(p []byte) (int, error) {
-	if c.drop.Load() {
-		var b [1]byte
-		_, _ = io.ReadFull(c.Conn, b[:])
-		_ = c.Conn.Close()
-		return 0, io.EOF
-	}
-	return c.Conn.Read(p)
-}
 
 // Lockers whose clients keep go-redis's retries and lose replies at random
 // (after the nodes ran the requests: acquisitions, write-backs, renewals,
@@ -77,7 +31,16 @@ func TestStressRetriedRequestsNeverTwoHolders(t *testing.T) {
 	for k := range lockers {
 		cs := make([]redis.UniversalClient, len(srvs))
 		for i, s := range srvs {
-			d := &randDropper{matches: matches, p: 0.2}
+			// Each write containing one of matches has its reply
+			// lost with probability 0.2, after the server ran it.
+			d := &replyDropper{lose: func(p []byte) bool {
+				for _, m := range matches {
+					if bytes.Contains(p, m) {
+						return rand.Float64() < 0.2
+					}
+				}
+				return false
+			}}
 			c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, Dialer: d.Dial})
 			t.Cleanup(func() { _ = c.Close() })
 			cs[i] = c
