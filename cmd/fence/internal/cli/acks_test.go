@@ -15,6 +15,7 @@ import (
 // that need two are refused with 75, and bad values exit 2 with a message
 // naming the flag.
 func TestExecAcksAndReplicas(t *testing.T) {
+	t.Parallel()
 	primary := redistest.Start(t)
 	redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
@@ -85,6 +86,7 @@ func TestExecAcksAndReplicas(t *testing.T) {
 // before it starts, so the second half is skipped while ValidateTTL
 // accepts 1ms.
 func TestExecTTLBelowMinimum(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	candidates := []time.Duration{time.Microsecond, 999 * time.Microsecond, time.Millisecond, 2 * time.Millisecond,
 		5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond,

@@ -76,6 +76,7 @@ func fence(t *testing.T, env []string, args ...string) (string, string, int) {
 func redisURL(srv *redistest.Server) string { return "redis://" + srv.Addr }
 
 func TestExecPassesTokenAndExitCode(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	out, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "lock:payment:1001", "--",
 		"sh", "-c", `echo "$FENCE_LOCK $FENCE_TOKEN"`)
@@ -107,6 +108,7 @@ func TestExecPassesTokenAndExitCode(t *testing.T) {
 }
 
 func TestExecUsageAndNotAcquired(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	for _, args := range [][]string{
 		{"exec", "--redis", redisURL(srv), "name-without-command"},
@@ -177,6 +179,7 @@ func TestExecUsageAndNotAcquired(t *testing.T) {
 // TestExecNeverOverlaps: concurrent fence exec on one name; the children
 // record their intervals, and no two intersect.
 func TestExecNeverOverlaps(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	log := filepath.Join(t.TempDir(), "intervals")
 	const procs, rounds = 4, 3
@@ -234,6 +237,7 @@ func TestExecNeverOverlaps(t *testing.T) {
 // back; the child, which ignores SIGTERM, is killed within the renewal
 // interval plus the grace period, and exec exits 76.
 func TestExecKillsChildOnLostLease(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const renewEvery, grace = 200 * time.Millisecond, 500 * time.Millisecond
 	dir := t.TempDir()
@@ -275,6 +279,7 @@ func TestExecKillsChildOnLostLease(t *testing.T) {
 }
 
 func TestDemoWithoutRedisServer(t *testing.T) {
+	t.Parallel()
 	empty := t.TempDir() // a PATH with no redis-server on it
 	out, errOut, code := fence(t, []string{"PATH=" + empty}, "demo")
 	if code != 0 {
@@ -291,6 +296,7 @@ func TestDemoWithoutRedisServer(t *testing.T) {
 }
 
 func TestDemoFailoverStories(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server not found on PATH: install it with `apt-get install -y redis-server` (`make test` does this)")
 	}
@@ -325,6 +331,7 @@ func waitFile(t *testing.T, path string) {
 // TestExecFixedTTLEndsChild: with --ttl the lease is not renewed, so the
 // child is stopped when it runs out.
 func TestExecFixedTTLEndsChild(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	start := time.Now()
 	_, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "--ttl", "300ms", "--grace", "200ms", "short", "--", "sleep", "30")
@@ -340,6 +347,7 @@ func TestExecFixedTTLEndsChild(t *testing.T) {
 // TestExecOnClusterAndSentinel: the same exec through a Redis Cluster and
 // through Sentinels.
 func TestExecOnClusterAndSentinel(t *testing.T) {
+	t.Parallel()
 	cluster := redistest.StartCluster(t, 3)
 	addrs := cluster.Addrs()
 	clusterURL := "redis://" + addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2]

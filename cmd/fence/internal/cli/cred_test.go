@@ -16,6 +16,7 @@ const secret = "hunter2-s3cret"
 // TestHelpMasksPasswords: the flag defaults taken from the environment are
 // shown with the password masked.
 func TestHelpMasksPasswords(t *testing.T) {
+	t.Parallel()
 	env := []string{
 		"FENCE_REDIS_URL=redis://alice:" + secret + "@db.example:6379/0",
 		"FENCE_REDIS_SENTINEL_URL=redis://:" + secret + "@s1:26379?master_name=m&password=" + secret,
@@ -39,6 +40,7 @@ func TestHelpMasksPasswords(t *testing.T) {
 // password where the error might quote it, from the flag and from the
 // environment; exit 2, a message, and no password.
 func TestParseErrorsMaskPasswords(t *testing.T) {
+	t.Parallel()
 	enc := "hunter2%2Fs3cret" // an escaped "/" in the password
 	for _, c := range []struct{ flag, env, url string }{
 		{"--redis", "FENCE_REDIS_URL", "redis://u:" + secret + "@host:notaport"},
@@ -76,6 +78,7 @@ func TestParseErrorsMaskPasswords(t *testing.T) {
 // FENCE_REDIS_URL, and the command does not see it: neither FENCE_REDIS_URL
 // nor any other FENCE_ credential variable is in its environment.
 func TestACLUserThroughURL(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	pw := "p@ss/w0rd " + secret
 	if err := srv.Client(t).Do(context.Background(), "ACL", "SETUSER", "alice", "on", ">"+pw, "~*", "&*", "+@all").Err(); err != nil {
@@ -115,6 +118,7 @@ func TestACLUserThroughURL(t *testing.T) {
 // go-redis panicked in NewClient beyond 2^31 - 1, and took gigabytes below
 // it (FuzzRedisURL's worker died of it in CI).
 func TestPoolSizesBounded(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ flag, url, want string }{
 		{"--redis", "redis://u:" + secret + "@127.0.0.1:1?pool_size=9999999999", "pool_size=9999999999"},
 		{"--redis", "redis://127.0.0.1:1?pool_size=2000000000", "pool_size=2000000000"},

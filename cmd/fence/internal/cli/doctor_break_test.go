@@ -61,6 +61,7 @@ func closedAddr(t *testing.T) string {
 // of URL with credentials: doctor gives up with exit status 2 within
 // --timeout, and prints the credentials nowhere, in text or JSON.
 func TestDoctorBlackHoleWithinTimeout(t *testing.T) {
+	t.Parallel()
 	hole := blackHole(t)
 	closed := closedAddr(t)
 	for _, args := range [][]string{
@@ -93,6 +94,7 @@ func TestDoctorBlackHoleWithinTimeout(t *testing.T) {
 // credentials the sentinels refuse are reported as refused (they used to
 // read "no sentinel answered" either way), and not printed.
 func TestDoctorSentinelWrongMaster(t *testing.T) {
+	t.Parallel()
 	primary := redistest.Start(t)
 	sentinels := redistest.StartSentinels(t, primary, 1)
 	redistest.WaitSentinelsReady(t, sentinels, 0)
@@ -115,6 +117,7 @@ func TestDoctorSentinelWrongMaster(t *testing.T) {
 // A cluster with one master down, listed first in the URL: doctor reports
 // within --timeout, the down node is one finding, not a hang.
 func TestDoctorClusterNodeDown(t *testing.T) {
+	t.Parallel()
 	cluster := redistest.StartCluster(t, 3)
 	addrs := cluster.Addrs()
 	cluster.Servers[2].Kill()
@@ -132,6 +135,7 @@ func TestDoctorClusterNodeDown(t *testing.T) {
 // A server with a password: neither the right password nor a wrong one is
 // printed, whether the doctor gets in or is refused.
 func TestDoctorPasswordNotPrinted(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	if err := srv.Client(t).Do(context.Background(), "ACL", "SETUSER", "alice", "on", ">s3cretright", "~*", "&*", "+@all").Err(); err != nil {
 		t.Fatal(err)
@@ -154,6 +158,7 @@ func TestDoctorPasswordNotPrinted(t *testing.T) {
 // nodes, costs part of --timeout, not all of it: the rest is audited and
 // the black hole reported.
 func TestDoctorBlackHoleAmongNodes(t *testing.T) {
+	t.Parallel()
 	hole := blackHole(t)
 	primary := redistest.Start(t)
 	sentinels := redistest.StartSentinels(t, primary, 1)

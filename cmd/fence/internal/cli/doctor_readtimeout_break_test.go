@@ -17,6 +17,7 @@ import (
 // that URL exits 2, a critical finding. With --no-replica-sync the URL is
 // fine.
 func TestDoctorShortReadTimeout(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	url := redisURL(srv) + "?read_timeout=100ms"
 	out, errOut, code := fence(t, nil, "doctor", "--redis", url)

@@ -13,6 +13,7 @@ import (
 // --redlock given but empty is a usage error naming --redlock; it used to
 // fall back to --redis's default and audit redis://localhost:6379.
 func TestDoctorRedlockEmpty(t *testing.T) {
+	t.Parallel()
 	for _, v := range []string{"", " ", ",", " , "} {
 		_, errOut, code := fence(t, nil, "doctor", "--timeout", "2s", "--redlock", v)
 		if code != cli.ExitUsage || !strings.Contains(errOut, "--redlock") || strings.Contains(errOut, "6379") {
@@ -25,6 +26,7 @@ func TestDoctorRedlockEmpty(t *testing.T) {
 // URLS unset) is a usage error; it used to take the lock on the default
 // Redis, another lock service than the one meant, and run the command.
 func TestExecBackendFlagEmpty(t *testing.T) {
+	t.Parallel()
 	for _, flag := range []string{"--redlock", "--etcd", "--zookeeper"} {
 		for _, v := range []string{"", " "} {
 			out, errOut, code := fence(t, nil, "exec", flag, v, "lock:x", "--", "echo", "ran")
@@ -39,6 +41,7 @@ func TestExecBackendFlagEmpty(t *testing.T) {
 // slash, a database number or localhost for 127.0.0.1 is one master, not
 // several.
 func TestDoctorRedlockSpellings(t *testing.T) {
+	t.Parallel()
 	durable := []string{"--appendonly", "yes", "--appendfsync", "always"}
 	a, b := redistest.Start(t, durable...), redistest.Start(t, durable...)
 	_, port, _ := net.SplitHostPort(a.Addr)
@@ -59,6 +62,7 @@ func TestDoctorRedlockSpellings(t *testing.T) {
 // --redlock list: the list splits there, and neither half of the password
 // is printed.
 func TestDoctorRedlockCommaInPassword(t *testing.T) {
+	t.Parallel()
 	a := redistest.Start(t)
 	for _, urls := range []string{
 		"redis://app:s3cretA,s3cretB@" + a.Addr + "," + redisURL(a),
@@ -93,6 +97,7 @@ func TestDoctorRedlockCommaInPassword(t *testing.T) {
 // clean); all black holes, exit 2 within --timeout. Passwords are printed
 // nowhere, in text or JSON.
 func TestDoctorRedlockBlackHole(t *testing.T) {
+	t.Parallel()
 	hole := blackHole(t)
 	durable := []string{"--appendonly", "yes", "--appendfsync", "always"}
 	a, b := redistest.Start(t, durable...), redistest.Start(t, durable...)

@@ -12,6 +12,7 @@ import (
 )
 
 func TestDoctorExitStatus(t *testing.T) {
+	t.Parallel()
 	durable := []string{"--appendonly", "yes", "--appendfsync", "always"}
 	clean := redistest.Start(t, durable...)
 	weak := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "everysec")
@@ -50,6 +51,7 @@ func TestDoctorExitStatus(t *testing.T) {
 }
 
 func TestDoctorUnreachableMasksPassword(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +72,7 @@ func TestDoctorUnreachableMasksPassword(t *testing.T) {
 }
 
 func TestDoctorRedlock(t *testing.T) {
+	t.Parallel()
 	durable := []string{"--appendonly", "yes", "--appendfsync", "always"}
 	a, b, c := redistest.Start(t, durable...), redistest.Start(t, durable...), redistest.Start(t, durable...)
 	three := redisURL(a) + "," + redisURL(b) + "," + redisURL(c)

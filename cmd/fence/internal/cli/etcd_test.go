@@ -15,6 +15,7 @@ import (
 // of the same lock is refused while the first holds it; an unreachable
 // cluster is a connection error within the dial timeout.
 func TestExecOnEtcd(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.Start(t)
 	url := c.Members[0].ClientURL
 	out, errOut, code := fence(t, nil, "exec", "--etcd", url, "lock:payment:1001", "--", "sh", "-c", `echo "$FENCE_TOKEN"`)

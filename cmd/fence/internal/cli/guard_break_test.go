@@ -25,6 +25,7 @@ import (
 // exists if $GUARDTEST_DIR is set, and leaves the answer's status in
 // $GUARDTEST_DIR/status; it exits 0 if the write was accepted.
 func TestFencedWriterHelper(t *testing.T) {
+	t.Parallel()
 	addr, dir := os.Getenv(writerAddrEnv), os.Getenv(writerDirEnv)
 	if addr == "" {
 		t.Skip("run by TestExecKilledParentOrphanIsFenced under fence exec")
@@ -64,6 +65,7 @@ func TestFencedWriterHelper(t *testing.T) {
 // takes the lock and writes with its greater token; the orphan's late
 // write with A's token must be refused (409), and B's be the only write.
 func TestExecKilledParentOrphanIsFenced(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	var mu sync.Mutex
 	var accepted []fencelib.Token // in the order the guard let them write

@@ -56,6 +56,7 @@ func acceptingHole(t *testing.T) (addr string, accepted <-chan struct{}) {
 // waiting for a session until the session timeout (here 30 s) and then
 // exited 2 "no session"; with --etcd it exited 2 "context canceled".
 func TestExecInterruptedConnecting(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		args func(addr string) []string

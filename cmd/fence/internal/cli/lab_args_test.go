@@ -15,6 +15,7 @@ import (
 // protected run showed one"; the second ran every scenario and failed only
 // when it came to write the report.
 func TestLabUsageErrors(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		args []string
 		want string

@@ -13,6 +13,7 @@ import (
 // fence exec --redis redis://a --redis-cluster redis://b took its lock on b,
 // not on the Redis it was told to use.
 func TestRedisAndSentinelOrCluster(t *testing.T) {
+	t.Parallel()
 	const closed = "redis://127.0.0.1:1" // nothing listens on port 1
 	for _, c := range []struct {
 		env  []string

@@ -81,6 +81,7 @@ func (p *process) exited(limit time.Duration) bool {
 // TestExecChildDiesWithFence: fence is killed with SIGKILL while the command
 // runs; the command does not run on, orphaned (Pdeathsig).
 func TestExecChildDiesWithFence(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "orphan", "--",
@@ -102,6 +103,7 @@ func TestExecChildDiesWithFence(t *testing.T) {
 // gone before the lock is free: the test watches the lock's key and, the
 // moment it is gone, looks at the processes.
 func TestExecEndsLeftoversBeforeRelease(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	const grace = 300 * time.Millisecond
@@ -176,6 +178,7 @@ func openPTY(t *testing.T) (master, slave *os.File) {
 // and fence would wait for ever; the command gets the foreground instead,
 // and ^C typed on the terminal reaches it.
 func TestExecOnTerminal(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	run := func(script, typed string) (string, int) {
 		master, slave := openPTY(t)
@@ -231,6 +234,7 @@ func TestExecOnTerminal(t *testing.T) {
 // Continued (as fg does), fence gives the terminal back to the command,
 // which reads the next line.
 func TestExecSuspendOnTerminal(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	master, slave := openPTY(t)
 	defer master.Close()
@@ -317,6 +321,7 @@ func TestExecSuspendOnTerminal(t *testing.T) {
 // passed to the command's group; fence exits with the command's status
 // (143), and the lock is free, with the command gone, when fence exits.
 func TestExecSIGTERMWhileRunning(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "term", "--",
@@ -354,6 +359,7 @@ func TestExecSIGTERMWhileRunning(t *testing.T) {
 // SIGCONT after the SIGTERM: the leftover ends at once, not after --grace
 // (an hour here) with SIGKILL.
 func TestExecEndsStoppedLeftover(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	script := `

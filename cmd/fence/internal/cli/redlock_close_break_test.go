@@ -76,6 +76,7 @@ func (p *hiccupLink) due(b []byte) time.Time {
 // fast replies, and the third delete is still on its way when a command
 // that exits at once lets exec exit).
 func TestExecRedlockQuickCommandHiccup(t *testing.T) {
+	t.Parallel()
 	var srvs []*redistest.Server
 	for range 3 {
 		srvs = append(srvs, redistest.Start(t))

@@ -124,6 +124,7 @@ func (p *delayLink) forward(c, u net.Conn) {
 // node stays locked for the lease time (the CI failure of the first
 // "Release at a majority").
 func TestExecRedlockSlowNode(t *testing.T) {
+	t.Parallel()
 	var srvs []*redistest.Server
 	for range 3 {
 		srvs = append(srvs, redistest.Start(t))
@@ -161,6 +162,7 @@ func TestExecRedlockSlowNode(t *testing.T) {
 // node keeps the lock until it runs out (a majority is free: another exec
 // gets the lock at once).
 func TestExecRedlockHungNodeBoundedExit(t *testing.T) {
+	t.Parallel()
 	var srvs []*redistest.Server
 	for range 3 {
 		srvs = append(srvs, redistest.Start(t))

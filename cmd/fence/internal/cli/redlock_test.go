@@ -27,6 +27,7 @@ func redlockURLs(t *testing.T, n int) ([]*redistest.Server, string) {
 }
 
 func TestExecRedlock(t *testing.T) {
+	t.Parallel()
 	srvs, urls := redlockURLs(t, 3)
 	out, errOut, code := fence(t, nil, "exec", "--redlock", urls, "job", "--", "sh", "-c", `echo "$FENCE_TOKEN"; env`)
 	if code != 0 {
@@ -92,6 +93,7 @@ func TestExecRedlock(t *testing.T) {
 // TestRedlockMasksPasswords: the URLs' passwords stay out of help and
 // errors, and the list parses URL by URL.
 func TestRedlockMasksPasswords(t *testing.T) {
+	t.Parallel()
 	list := "redis://alice:" + secret + "@a.example:6379,redis://:" + secret + "@b.example:6379,redis://c.example:6379"
 	for _, cmd := range []string{"exec", "status"} {
 		out, errOut, code := fence(t, []string{"FENCE_REDLOCK_URLS=" + list}, cmd, "--help")

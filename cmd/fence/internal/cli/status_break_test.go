@@ -15,6 +15,7 @@ import (
 // It took 40 s (--redis) and 25 s (--redis-sentinel) with no way to bound
 // it: go-redis's read timeout, retried, for each command.
 func TestStatusBlackHoleWithinTimeout(t *testing.T) {
+	t.Parallel()
 	hole := blackHole(t)
 	closed := closedAddr(t)
 	run := func(limit time.Duration, args ...string) {
@@ -48,6 +49,7 @@ func TestStatusBlackHoleWithinTimeout(t *testing.T) {
 // on the wait budget, so go-redis's own timeouts (and its Sentinel lookup)
 // bounded it.
 func TestExecBlackHoleWithinWait(t *testing.T) {
+	t.Parallel()
 	hole := blackHole(t)
 	for _, url := range [][]string{
 		{"--redis", "redis://" + hole},
@@ -71,6 +73,7 @@ func TestExecBlackHoleWithinWait(t *testing.T) {
 // (see TestExecBlackHoleWithinWait) must not overflow into one that has
 // passed already.
 func TestExecLongestWait(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	out, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "--wait", "9223372036854775807ns", "lock:x", "--", "echo", "ran")
 	if code != 0 || out != "ran\n" {

@@ -14,6 +14,7 @@ import (
 // report on a Redis lock (free, on a local Redis) that exec never took.
 // Before, it read redis://127.0.0.1:6379.
 func TestStatusWithAnotherBackendsVariable(t *testing.T) {
+	t.Parallel()
 	const closed = "redis://127.0.0.1:1"
 	for _, env := range []string{"FENCE_ETCD_ENDPOINTS=http://127.0.0.1:1", "FENCE_ZOOKEEPER_SERVERS=127.0.0.1:1"} {
 		name := env[:strings.Index(env, "=")]

@@ -20,6 +20,7 @@ import (
 // 1 s after --wait, must not cut that answer off into exit 2 ("no answer
 // from Redis").
 func TestExecShortWaitLaggingReplica(t *testing.T) {
+	t.Parallel()
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
@@ -41,6 +42,7 @@ func TestExecShortWaitLaggingReplica(t *testing.T) {
 // owner, and its WAIT, which covers that write, is answered after the sync
 // timeout: the lock was held throughout, exit 75, not 2.
 func TestExecShortWaitHeldLaggingReplica(t *testing.T) {
+	t.Parallel()
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
@@ -73,6 +75,7 @@ func TestExecShortWaitHeldLaggingReplica(t *testing.T) {
 // deadline, and the key never goes away), and exec exits with the
 // command's status 0.
 func TestExecLeaseOutlivesAcquireContext(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	dir := t.TempDir()

@@ -20,6 +20,7 @@ import (
 // dead server is a connection error (2); two lock services are a usage
 // error.
 func TestExecZooKeeper(t *testing.T) {
+	t.Parallel()
 	srv, err := zkserver.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -76,6 +77,7 @@ func TestExecZooKeeper(t *testing.T) {
 // ends the lease: the watch on the node fires, the child is stopped and
 // exec exits 76, at once rather than after a session timeout.
 func TestExecZooKeeperLostLease(t *testing.T) {
+	t.Parallel()
 	srv, err := zkserver.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
