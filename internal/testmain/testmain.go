@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/fencekit/fence/internal/redisserver"
 	"go.uber.org/goleak"
@@ -26,12 +27,28 @@ func Run(m *testing.M, setup func() (teardown func(), err error)) {
 	code := m.Run()
 	teardown()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := findLeaks(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 			code = 1
 		}
 	}
 	os.Exit(code)
+}
+
+// findLeaks is goleak.Find given up to 3 s for goroutines that end by
+// themselves shortly after their owner is closed: goleak's own retries
+// last about half a second, and go-redis's dial probe
+// ((*ConnPool).tryDial, started when a pool's dials to a stopped server
+// fail) sleeps a second between checks of its closed pool.
+func findLeaks() error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		err := goleak.Find()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Redis is a setup for Run that starts a redis-server in a temp dir and
