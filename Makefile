@@ -49,8 +49,14 @@ check:
 # 330 s the longest).
 # The allocation ceilings are exact only without the race detector (which
 # adds a few at random): their tests run once more without it.
+# The race detector's reports go to files, printed after the run when it
+# fails: in a package's output they come before thousands of its other
+# lines, and CI keeps only the end of what a failed run printed.
+RACE_LOGS := $(or $(TMPDIR),/tmp)/fence-race
 unit:
-	$(GO) test -race -count=1 -p 4 -timeout 10m $(MODULES)
+	@rm -rf $(RACE_LOGS) && mkdir -p $(RACE_LOGS)
+	GORACE="log_path=$(RACE_LOGS)/report" $(GO) test -race -count=1 -p 4 -timeout 10m $(MODULES) || \
+		{ for f in $(RACE_LOGS)/report.*; do [ -e "$$f" ] && { echo "== race report $$f"; head -n 120 "$$f"; }; done; exit 1; }
 	$(GO) test -count=1 -run 'Allocs' ./redislock
 
 # Each fuzz target briefly: go test fuzzes one target per invocation. The
