@@ -160,6 +160,8 @@ func TestCloseErrorDuringFirstContact(t *testing.T) {
 		t.Fatal(err)
 	}
 	resume := pause(t, srvs[2:])
+	// redistest's readiness check pinged node 0 already: wait for one more.
+	pings := pingCalls(t, srvs[0])
 	acquired := make(chan error, 1)
 	go func() {
 		lease, err := l.Acquire(ctxFor(t), name, fence.TTL(30*time.Second))
@@ -171,11 +173,7 @@ func TestCloseErrorDuringFirstContact(t *testing.T) {
 	// The first contact waits for the paused node up to DefaultConnectTimeout.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		n, err := srvs[0].Client(t).Info(ctxFor(t), "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(n, "cmdstat_ping:") {
+		if pingCalls(t, srvs[0]) > pings {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -601,4 +599,23 @@ func TestTryGivenBackAfterCloseGaveUp(t *testing.T) {
 	if on := lockedOn(t, srvs[:2], name); len(on) != 0 {
 		t.Fatalf("locked on running nodes %v after Close", on)
 	}
+}
+
+// pingCalls is the number of PINGs srv has served (INFO commandstats).
+func pingCalls(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	info, err := srv.Client(t).Info(ctxFor(t), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, found := strings.Cut(info, "cmdstat_ping:calls=")
+	if !found {
+		return 0
+	}
+	digits, _, _ := strings.Cut(rest, ",")
+	n, err := strconv.Atoi(digits)
+	if err != nil {
+		t.Fatalf("INFO commandstats: cmdstat_ping:calls=%s", digits)
+	}
+	return n
 }
