@@ -146,14 +146,11 @@ func TestRenewalOnMinorityLeavesDeadline(t *testing.T) {
 		deadline := lease.Deadline()
 		outlast := 0
 		for _, s := range srvs {
-			before := time.Now()
-			d, err := s.Client(t).PTTL(ctx, lockKey(name)).Result()
-			if err != nil {
-				t.Fatal(err)
+			expiry, ok := latestExpiry(ctx, s.Client(t), lockKey(name))
+			if !ok {
+				t.Fatalf("PTTL on %s failed", s.Addr)
 			}
-			// The node read its PTTL after before: its lock expires
-			// after before + d.
-			if !before.Add(d).Before(deadline) {
+			if !expiry.Before(deadline) {
 				outlast++
 			}
 		}
@@ -266,16 +263,15 @@ func TestWatchdogAndManyExtends(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	direct := make([]*redis.Client, len(srvs))
+	for i, s := range srvs {
+		direct[i] = s.Client(t)
+	}
 	outlasts := func() (int, time.Duration) {
 		deadline := lease.Deadline()
 		n := 0
-		for _, s := range srvs {
-			before := time.Now()
-			d, err := s.Client(t).PTTL(ctx, lockKey(name)).Result()
-			if err != nil {
-				return 0, 0
-			}
-			if !before.Add(d).Before(deadline) {
+		for _, c := range direct {
+			if expiry, ok := latestExpiry(ctx, c, lockKey(name)); ok && !expiry.Before(deadline) {
 				n++
 			}
 		}
@@ -385,12 +381,11 @@ func TestWatchdogRefusedLateEveryTime(t *testing.T) {
 	deadline := lease.Deadline()
 	var expires []time.Time
 	for _, s := range srvs {
-		before := time.Now()
-		d, err := s.Client(t).PTTL(ctx, lockKey(name)).Result()
-		if err != nil {
-			t.Fatal(err)
+		expiry, ok := latestExpiry(ctx, s.Client(t), lockKey(name))
+		if !ok {
+			t.Fatalf("PTTL on %s failed", s.Addr)
 		}
-		expires = append(expires, before.Add(d))
+		expires = append(expires, expiry)
 	}
 	select {
 	case <-lease.Done():
@@ -526,4 +521,20 @@ func evalshaCalls(t testing.TB, c *redis.Client) int {
 		}
 	}
 	return n
+}
+
+// latestExpiry is the latest time at which key may expire on c's server, by
+// this machine's clock (the servers' too): PTTL's reply, rounded down to a
+// millisecond, counted from when the reply came. The PTTL was read earlier,
+// by up to the round trip (a dial, a loaded machine's scheduling), so a
+// lock whose latest expiry is before a lease's Deadline surely expired
+// before it; counted from before the call, a slow round trip made a lock
+// that outlasted the Deadline look as if it did not. ok is false if PTTL
+// failed or the key has no expiry.
+func latestExpiry(ctx context.Context, c *redis.Client, key string) (time.Time, bool) {
+	d, err := c.PTTL(ctx, key).Result()
+	if err != nil || d < 0 {
+		return time.Time{}, false
+	}
+	return time.Now().Add(d + time.Millisecond), true
 }
