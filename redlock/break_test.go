@@ -310,14 +310,7 @@ func TestTokenSurvivesRestartBesideGrantReadAfterRelease(t *testing.T) {
 		// clients close.
 		_, _ = closeWithin(l, 10*time.Second)
 	})
-	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctxFor(t)); err != nil {
-		t.Fatal(err)
-	}
-	waitUnlocked(t, srvs, name, 5*time.Second) // Release returns at a majority
+	warmUp(t, l, srvs, name, ttl) // waits for every node: Release returns at a majority
 	ahead := time.Now().Add(time.Hour).UnixMicro()
 	if err := srvs[0].Client(t).Set(ctxFor(t), lockKey(name)+":token", ahead, 0).Err(); err != nil {
 		t.Fatal(err)

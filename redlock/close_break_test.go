@@ -341,23 +341,7 @@ func TestCloseOvertakingAcquireReportsNoLease(t *testing.T) {
 			return // the probes' own tries
 		}
 		go func() { _, err := closeWithin(l, 10*time.Second); closed <- err }()
-		// Until Close was called: a probe's Acquire then fails at once,
-		// sending nothing (one that got in first is released).
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			probe, err := l.Acquire(context.Background(), name+"-probe", fence.TTL(10*time.Second))
-			if errors.Is(err, redlock.ErrClosed) {
-				return
-			}
-			if err == nil {
-				_ = probe.Release(context.Background())
-			}
-			if time.Now().After(deadline) {
-				t.Error("Close was not called")
-				return
-			}
-			time.Sleep(time.Millisecond) // polling with a deadline
-		}
+		waitClosing(t, l, name, 10*time.Second)
 	})
 	if _, err := l.Acquire(ctxFor(t), name, fence.TTL(10*time.Second)); !errors.Is(err, redlock.ErrClosed) {
 		t.Fatalf("Acquire overtaken by Close = %v, want ErrClosed", err)
@@ -618,4 +602,26 @@ func pingCalls(t *testing.T, srv *redistest.Server) int {
 		t.Fatalf("INFO commandstats: cmdstat_ping:calls=%s", digits)
 	}
 	return n
+}
+
+// waitClosing probes l with Acquire (name+"-probe", a lease of ttl) until
+// Close has been called: a probe then fails at once with ErrClosed,
+// sending nothing (one that got in first is released). It reports false,
+// with t.Error, if that has not happened within 5 s.
+func waitClosing(t *testing.T, l *redlock.Locker, name string, ttl time.Duration) bool {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		probe, err := l.Acquire(context.Background(), name+"-probe", fence.TTL(ttl))
+		if errors.Is(err, redlock.ErrClosed) {
+			return true
+		}
+		if err == nil {
+			_ = probe.Release(context.Background())
+		}
+		if time.Now().After(deadline) {
+			t.Error("Close was not called")
+			return false
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
 }

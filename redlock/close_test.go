@@ -286,14 +286,7 @@ func TestBackgroundReleaseRetryCarriesToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
-	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctxFor(t)); err != nil {
-		t.Fatal(err)
-	}
-	waitUnlocked(t, srvs, name, 5*time.Second)
+	warmUp(t, l, srvs, name, ttl)
 	cs[2].AddHook(h)
 	ahead := time.Now().Add(time.Hour).UnixMicro()
 	for _, s := range srvs[:2] {

@@ -170,16 +170,10 @@ func TestFailedTryReleasedAfterNodesWake(t *testing.T) {
 		t.Fatal(err)
 	}
 	const name, ttl = "wake", 5 * time.Second
-	warm, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	if err := warm.Release(ctxFor(t)); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	// Release returns at a majority: the third node's delete may still be
-	// on its way, and found there the try below would see the lock held.
-	waitUnlocked(t, srvs, name, 5*time.Second)
+	// warmUp waits for every node: Release returns at a majority, the
+	// third node's delete may still be on its way, and found there the try
+	// below would see the lock held.
+	warmUp(t, l, srvs, name, ttl)
 	stopped := srvs[1:]
 	for _, s := range stopped {
 		s.Signal(syscall.SIGSTOP)
