@@ -36,10 +36,7 @@ WHERE fence_tokens.token < excluded.token`
 
 // CreateTables creates the guard's tables, fence_tokens (the last accepted
 // token per resource) and fence_idempotency (used idempotency keys), if they
-// do not exist yet. Processes may call it at once: on PostgreSQL, where a
-// CREATE TABLE IF NOT EXISTS that loses a race with a concurrent one fails
-// instead of finding the table, the statement is run again (unless q is a
-// *sql.Tx, which the failure has aborted).
+// do not exist yet. Processes may call it at once (see CreateIfNotExists).
 //
 // A resource's row in fence_tokens is all the guard remembers of it: every
 // process that fences the resource must reach the same table (on
@@ -50,16 +47,34 @@ WHERE fence_tokens.token < excluded.token`
 // table, say) while a holder of an older token may still write: the next
 // token is then accepted, stale or not.
 func CreateTables(ctx context.Context, q Querier) error {
-	_, inTx := q.(*sql.Tx) // where a failed statement has aborted the transaction
-	for _, stmt := range []string{createTokens, createIdempotency} {
+	if err := CreateIfNotExists(ctx, q, createTokens, createIdempotency); err != nil {
+		return fmt.Errorf("guard: create tables: %w", err)
+	}
+	return nil
+}
+
+// CreateIfNotExists runs stmts, statements of the CREATE ... IF NOT EXISTS
+// kind, in order, so that processes may run them at once, as workers that
+// start together do when each creates the schema it needs. On PostgreSQL a
+// CREATE TABLE IF NOT EXISTS that races a concurrent one for the same table
+// fails (a unique violation in the catalog, or the table found existing
+// after all) rather than finds the table; the concurrent creator has then
+// committed, and the statement is run again, and finds it. A string may
+// hold several statements, which PostgreSQL runs as one transaction (in
+// pgx's simple protocol, used when there are no arguments): it is run again
+// whole. When q is a *sql.Tx, which the failure has aborted, nothing is run
+// again. Any other error is returned as it is.
+func CreateIfNotExists(ctx context.Context, q Querier, stmts ...string) error {
+	_, inTx := q.(*sql.Tx)
+	for _, stmt := range stmts {
 		_, err := q.ExecContext(ctx, stmt)
-		for try := 1; err != nil && !inTx && try < 3 && createRaced(err); try++ {
-			// The concurrent creator has committed (PostgreSQL waited
-			// for it before it failed this one): the table exists now.
+		// Each failure is a concurrent creator's commit of an object that
+		// stmt creates, which exists from then on: a few runs suffice.
+		for try := 1; err != nil && !inTx && try < 5 && createRaced(err); try++ {
 			_, err = q.ExecContext(ctx, stmt)
 		}
 		if err != nil {
-			return fmt.Errorf("guard: create tables: %w", err)
+			return err
 		}
 	}
 	return nil

@@ -120,9 +120,10 @@ type Charge struct {
 	Token  fence.Token
 }
 
-// CreateSchema creates the tables, the guard's included.
+// CreateSchema creates the tables, the guard's included. Workers that start
+// at once may call it together (guard.CreateIfNotExists).
 func CreateSchema(ctx context.Context, db *sql.DB) error {
-	if _, err := db.ExecContext(ctx, Schema); err != nil {
+	if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
 		return err
 	}
 	return guard.CreateTables(ctx, db)

@@ -51,9 +51,10 @@ CREATE TABLE IF NOT EXISTS queue_dead (
 	PRIMARY KEY (stream, msg_id)
 )`
 
-// CreateSchema creates the tables, the guard's included.
+// CreateSchema creates the tables, the guard's included. Consumers that
+// start at once may call it together (guard.CreateIfNotExists).
 func CreateSchema(ctx context.Context, db *sql.DB) error {
-	if _, err := db.ExecContext(ctx, Schema); err != nil {
+	if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
 		return err
 	}
 	return guard.CreateTables(ctx, db)

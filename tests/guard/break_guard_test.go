@@ -525,6 +525,49 @@ func TestCreateTablesConcurrently(t *testing.T) {
 	}
 }
 
+// TestCreateIfNotExistsConcurrently: CreateIfNotExists with a service's own
+// schema, several statements in one string (PostgreSQL runs them as one
+// transaction) and a table with an identity column (its sequence is one
+// more object to race on), run by 8 processes at once on a fresh database
+// (the payment and queue examples' CreateSchema): every call succeeds and
+// the tables are there. An error that is not a creation race comes back as
+// it is, with its SQLSTATE.
+func TestCreateIfNotExistsConcurrently(t *testing.T) {
+	const schema = `
+CREATE TABLE IF NOT EXISTS applied (
+	seq BIGINT GENERATED ALWAYS AS IDENTITY,
+	id  TEXT PRIMARY KEY
+);
+CREATE TABLE IF NOT EXISTS balance (account TEXT PRIMARY KEY, balance BIGINT NOT NULL)`
+	for round := range 5 {
+		db := pg.NewDB(t)
+		db.SetMaxOpenConns(8)
+		start := make(chan struct{})
+		errs := make(chan error, 8)
+		for range 8 {
+			go func() {
+				<-start
+				errs <- guard.CreateIfNotExists(ctx(t), db, schema, `CREATE INDEX IF NOT EXISTS balance_by ON balance (balance)`)
+			}()
+		}
+		close(start)
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Errorf("round %d: CreateIfNotExists at once with 7 others: %v", round, err)
+			}
+		}
+		if _, err := db.ExecContext(ctx(t), `INSERT INTO applied (id) VALUES ('a'); INSERT INTO balance VALUES ('a', 1)`); err != nil {
+			t.Errorf("round %d: the tables after CreateIfNotExists: %v", round, err)
+		}
+	}
+	db := pg.NewDB(t)
+	err := guard.CreateIfNotExists(ctx(t), db, `CREATE TABLE IF NOT EXISTS ok (id INT)`, `CREATE TABLE IF NOT EXIST broken (id INT)`)
+	var pgErr interface{ SQLState() string }
+	if !errors.As(err, &pgErr) || pgErr.SQLState() != "42601" {
+		t.Fatalf("CreateIfNotExists with a syntax error = %v, want PostgreSQL's 42601", err)
+	}
+}
+
 // TestFencedApprovalAtEveryIsolation: 64 holders with racing tokens run
 // the fenced read-modify-write (read the status; if pending, approve and
 // log a charge) on PostgreSQL at each isolation level, and on SQLite.

@@ -103,7 +103,7 @@ func CreateSchema(ctx context.Context, db *sql.DB) error {
 	if postgres(db) {
 		schema = SchemaPostgres
 	}
-	if _, err := db.ExecContext(ctx, schema); err != nil {
+	if err := guard.CreateIfNotExists(ctx, db, schema); err != nil {
 		return err
 	}
 	return guard.CreateTables(ctx, db)
