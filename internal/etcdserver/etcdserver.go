@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -239,7 +240,7 @@ func (m *Member) waitReady(ctx context.Context) error {
 		case <-retry.C:
 		}
 		if body, err := m.get(ctx, "/health"); err == nil && strings.Contains(body, `"health":"true"`) {
-			return nil
+			return m.checkOwn(ctx)
 		}
 		retry.Reset(20 * time.Millisecond)
 	}
@@ -256,9 +257,29 @@ func tail(b []byte) string {
 
 var httpClient = &http.Client{Timeout: time.Second}
 
+// checkOwn checks that the server answering on m's client URL is a member
+// of m's cluster: its member list has m's peer URL. The port may have been
+// taken meanwhile by another test's etcd, which serves while m fails to
+// bind and exits.
+func (m *Member) checkOwn(ctx context.Context) error {
+	body, err := m.send(ctx, http.MethodPost, "/v3/cluster/member/list", strings.NewReader("{}"))
+	if err != nil {
+		return fmt.Errorf("etcdserver: %s (%s): member list: %w", m.Name, m.ClientURL, err)
+	}
+	if !strings.Contains(body, strconv.Quote(m.PeerURL)) {
+		return fmt.Errorf("%w: etcdserver: %s (%s) is another cluster's: its members are %s", errPortTaken, m.Name, m.ClientURL, body)
+	}
+	return nil
+}
+
 // get fetches path from the member's client URL.
 func (m *Member) get(ctx context.Context, path string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.ClientURL+path, nil)
+	return m.send(ctx, http.MethodGet, path, nil)
+}
+
+// send makes a request to the member's client URL and returns the body.
+func (m *Member) send(ctx context.Context, method, path string, body io.Reader) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, method, m.ClientURL+path, body)
 	if err != nil {
 		return "", err
 	}

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -178,7 +179,7 @@ func (s *Server) start() error {
 	}
 	exited := make(chan struct{})
 	go func() { _, _ = cmd.Process.Wait(); close(exited) }()
-	err = waitReady(s.Addr, exited)
+	err = waitReady(s.Addr, exited, cmd.Process.Pid)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -190,8 +191,12 @@ func (s *Server) start() error {
 	return nil
 }
 
-// waitReady waits up to 10 s for the server to answer PING, or for it to exit.
-func waitReady(addr string, exited <-chan struct{}) error {
+// waitReady waits up to 10 s for the server to answer PING, or for it to
+// exit. The server that answers must be process pid: freePort's port may
+// have been taken meanwhile by another test's server, which answers PING
+// while this one fails to bind and exits; a test handed that server would
+// share it with the other test (and see its locks).
+func waitReady(addr string, exited <-chan struct{}, pid int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
@@ -206,11 +211,24 @@ func waitReady(addr string, exited <-chan struct{}) error {
 			return ctx.Err()
 		case <-retry.C:
 		}
-		if c.Ping(ctx).Err() == nil {
+		if info, err := c.Info(ctx, "server").Result(); err == nil {
+			if got := processID(info); got != pid {
+				return fmt.Errorf("%w: process %d answers there, not %d", errPortTaken, got, pid)
+			}
 			return nil
 		}
 		retry.Reset(10 * time.Millisecond)
 	}
+}
+
+// errPortTaken: another server listens on the port chosen.
+var errPortTaken = errors.New("another server took the port")
+
+// processID reads process_id from INFO's reply (0 if absent).
+func processID(info string) int {
+	_, rest, _ := strings.Cut(info, "process_id:")
+	id, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]))
+	return id
 }
 
 // freePort asks the kernel for a free loopback port. Another process may

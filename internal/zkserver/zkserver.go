@@ -197,8 +197,10 @@ func launch(java, dir string, n, attempt int) (*Ensemble, error) {
 	return e, nil
 }
 
+func (s *Server) dataDir() string { return filepath.Join(s.Dir, "data") }
+
 func (s *Server) writeConfig(quorum []string) error {
-	data := filepath.Join(s.Dir, "data")
+	data := s.dataDir()
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
 	}
@@ -270,7 +272,10 @@ func (s *Server) waitReady(limit time.Time) error {
 	s.mu.Unlock()
 	for {
 		if mode, err := s.Mode(); err == nil && mode != "" {
-			return nil
+			// The server that answers must be this one: the port may
+			// have been taken meanwhile by another test's server, which
+			// serves while this one fails to bind.
+			return s.checkOwn()
 		}
 		select {
 		case <-exited:
@@ -286,6 +291,25 @@ func (s *Server) waitReady(limit time.Time) error {
 			return fmt.Errorf("zkserver: server %s not serving after %v:\n%s", s.Addr, readyTimeout, tail(out))
 		}
 	}
+}
+
+// checkOwn checks that the server answering on s.Addr runs on s's data
+// directory (conf reports dataDir with ZooKeeper's version-2 added).
+func (s *Server) checkOwn() error {
+	out, err := s.Command("conf")
+	if err != nil {
+		return fmt.Errorf("zkserver: %s: conf: %w", s.Addr, err)
+	}
+	data := s.dataDir()
+	for line := range strings.SplitSeq(out, "\n") {
+		if dir, ok := strings.CutPrefix(line, "dataDir="); ok {
+			if dir = strings.TrimSpace(dir); dir == data || strings.HasPrefix(dir, data+"/") {
+				return nil
+			}
+			return fmt.Errorf("zkserver: %s: %w: it serves %s, not %s", s.Addr, errPortTaken, dir, data)
+		}
+	}
+	return fmt.Errorf("zkserver: %s: conf names no dataDir:\n%s", s.Addr, out)
 }
 
 // tail returns the end of a log, for error messages.

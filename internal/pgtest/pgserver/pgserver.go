@@ -161,7 +161,14 @@ func (s *Server) waitReady() error {
 			return ctx.Err()
 		case <-retry.C:
 		}
-		if db.PingContext(ctx) == nil {
+		// The server that answers must be this one, on its data
+		// directory: the port may have been taken meanwhile by another
+		// test's postgres, which answers while this one fails to bind.
+		var data string
+		if err := db.QueryRowContext(ctx, "SHOW data_directory").Scan(&data); err == nil {
+			if data != s.data {
+				return fmt.Errorf("another server took the port: it serves %s, not %s", data, s.data)
+			}
 			return nil
 		}
 		retry.Reset(20 * time.Millisecond)
