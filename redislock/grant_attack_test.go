@@ -208,16 +208,20 @@ func grantStorm(t *testing.T, srv *redistest.Server) {
 
 	var (
 		mu      sync.Mutex
-		holders int
+		holding fence.Lease // the lease held, nil when none
 		last    fence.Token
 		got     atomic.Int32
 	)
+	// A lease of 50–250 ms may run out during the work on a loaded
+	// machine: the next holder may then take the lock, once its Deadline
+	// has passed, and not before; nor may a lease end before its Deadline.
 	hold := func(ls fence.Lease) {
 		mu.Lock()
-		holders++
-		if holders != 1 {
-			t.Errorf("%d holders at once", holders)
+		if holding != nil && time.Now().Before(holding.Deadline()) {
+			t.Errorf("two holders: token %d acquired while token %d's lease lasts %v more",
+				ls.Token(), holding.Token(), time.Until(holding.Deadline()))
 		}
+		holding = ls
 		if ls.Token() <= last {
 			t.Errorf("token %d after %d", ls.Token(), last)
 		}
@@ -227,13 +231,15 @@ func grantStorm(t *testing.T, srv *redistest.Server) {
 		for range 3 {
 			admin.Incr(ctx(t), "storm:work")
 		}
-		if err := ls.Err(); err != nil {
-			t.Errorf("lease %d ended while held: %v", ls.Token(), err)
+		if err := ls.Err(); err != nil && time.Now().Before(ls.Deadline()) {
+			t.Errorf("lease %d ended %v before its Deadline: %v", ls.Token(), time.Until(ls.Deadline()), err)
 		}
 		mu.Lock()
-		holders--
+		if holding == ls {
+			holding = nil
+		}
 		mu.Unlock()
-		if err := ls.Release(ctx(t)); err != nil {
+		if err := ls.Release(ctx(t)); err != nil && !(errors.Is(err, fence.ErrLeaseLost) && !time.Now().Before(ls.Deadline())) {
 			t.Errorf("release %d: %v", ls.Token(), err)
 		}
 	}
