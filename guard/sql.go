@@ -55,45 +55,54 @@ func CreateTables(ctx context.Context, q Querier) error {
 
 // CreateIfNotExists runs stmts, statements of the CREATE ... IF NOT EXISTS
 // kind, in order, so that processes may run them at once, as workers that
-// start together do when each creates the schema it needs. On PostgreSQL a
-// CREATE TABLE IF NOT EXISTS that races a concurrent one for the same table
-// fails (a unique violation in the catalog, or the table found existing
-// after all) rather than finds the table; the concurrent creator has then
-// committed, and the statement is run again, and finds it. A string may
-// hold several statements, which PostgreSQL runs as one transaction (in
-// pgx's simple protocol, used when there are no arguments): it is run again
-// whole. When q is a *sql.Tx, which the failure has aborted, nothing is run
-// again. Any other error is returned as it is.
+// start together do when each creates the schema it needs. PostgreSQL's
+// CREATE TABLE IF NOT EXISTS fails, rather than finds the table, when a
+// concurrent one creates it first, and DDL on one table from two sessions
+// can deadlock (CREATE INDEX then a FOREIGN KEY to it). So on PostgreSQL
+// each string runs as one transaction under a transaction-level advisory
+// lock, which every CreateIfNotExists (and CreateTables, and pglock's
+// EnsureSchema) takes: their runs on one database go one at a time, and a
+// later run finds what an earlier one created. A string may hold several
+// statements. In q's own transaction (a *sql.Tx, or a type that wraps one)
+// the lock lasts until that transaction ends. Where the lock is unknown
+// (SQLite, which runs one writer at a time anyway), the statements run as
+// they are. Creators that do not go through CreateIfNotExists are not
+// ordered by it: a run that loses a race with one returns PostgreSQL's
+// error. Errors are returned as they are; nothing is run twice.
 func CreateIfNotExists(ctx context.Context, q Querier, stmts ...string) error {
-	_, inTx := q.(*sql.Tx)
+	locked := true // PostgreSQL's advisory lock, until an error says there is none
 	for _, stmt := range stmts {
-		_, err := q.ExecContext(ctx, stmt)
-		// Each failure is a concurrent creator's commit of an object that
-		// stmt creates, which exists from then on: a few runs suffice.
-		for try := 1; err != nil && !inTx && try < 5 && createRaced(err); try++ {
-			_, err = q.ExecContext(ctx, stmt)
+		if locked {
+			_, err := q.ExecContext(ctx, schemaLock+stmt)
+			if err == nil || ctx.Err() != nil || sqlState(err) != "" {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			locked = false // not PostgreSQL: no such function
 		}
-		if err != nil {
+		if _, err := q.ExecContext(ctx, stmt); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// createRaced reports whether err is PostgreSQL's answer to a CREATE TABLE
-// IF NOT EXISTS that ran at the same time as another one for the same
-// table: a unique violation in the catalog (23505), or the table or its row
-// type found existing after all (42P07, 42710).
-func createRaced(err error) bool {
+// schemaLock serialises CreateIfNotExists's transactions on a PostgreSQL
+// database: the two-key advisory lock ("fenc", "sche" as big-endian int4s)
+// that pglock's EnsureSchema takes too. Sent in the same simple query as
+// the statements (no arguments: pgx's simple protocol), it lasts for their
+// implicit transaction.
+const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
+
+// sqlState returns err's SQLSTATE, "" if it has none (not PostgreSQL's).
+func sqlState(err error) string {
 	var pg interface{ SQLState() string }
-	if !errors.As(err, &pg) {
-		return false
+	if errors.As(err, &pg) {
+		return pg.SQLState()
 	}
-	switch pg.SQLState() {
-	case "23505", "42P07", "42710":
-		return true
-	}
-	return false
+	return ""
 }
 
 // Fence records token as the last accepted token of resource, if it is

@@ -60,11 +60,8 @@ func retryable(err error) error {
 	if err == nil || errors.Is(err, ErrRetry) {
 		return err
 	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		if s := pg.SQLState(); s == "40001" || s == "40P01" || s == "55P03" {
-			return fmt.Errorf("%w: %w", ErrRetry, err)
-		}
+	if s := sqlState(err); s == "40001" || s == "40P01" || s == "55P03" {
+		return fmt.Errorf("%w: %w", ErrRetry, err)
 	}
 	var lite interface{ Code() int }
 	if errors.As(err, &lite) && isSQLiteError(lite) {

@@ -192,7 +192,7 @@ func (s *Server) start() error {
 }
 
 // waitReady waits up to 10 s for the server to answer PING, or for it to
-// exit. The server that answers must be process pid: freePort's port may
+// exit. The server that answers must be process pid (when INFO is there): freePort's port may
 // have been taken meanwhile by another test's server, which answers PING
 // while this one fails to bind and exits; a test handed that server would
 // share it with the other test (and see its locks).
@@ -211,11 +211,20 @@ func waitReady(addr string, exited <-chan struct{}, pid int) error {
 			return ctx.Err()
 		case <-retry.C:
 		}
-		if info, err := c.Info(ctx, "server").Result(); err == nil {
-			if got := processID(info); got != pid {
-				return fmt.Errorf("%w: process %d answers there, not %d", errPortTaken, got, pid)
+		// PING fails while the server loads its data (LOADING); INFO
+		// does not.
+		if c.Ping(ctx).Err() == nil {
+			info, err := c.Info(ctx, "server").Result()
+			var reply redis.Error
+			switch {
+			case err == nil:
+				if got := processID(info); got != pid {
+					return fmt.Errorf("%w: process %d answers there, not %d", errPortTaken, got, pid)
+				}
+				return nil
+			case errors.As(err, &reply):
+				return nil // INFO renamed away (--rename-command): unchecked
 			}
-			return nil
 		}
 		retry.Reset(10 * time.Millisecond)
 	}

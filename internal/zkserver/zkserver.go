@@ -309,7 +309,9 @@ func (s *Server) checkOwn() error {
 			return fmt.Errorf("zkserver: %s: %w: it serves %s, not %s", s.Addr, errPortTaken, dir, data)
 		}
 	}
-	return fmt.Errorf("zkserver: %s: conf names no dataDir:\n%s", s.Addr, out)
+	// This package's servers allow every four-letter command: one that
+	// refuses conf is another's.
+	return fmt.Errorf("zkserver: %s: %w: conf names no dataDir:\n%s", s.Addr, errPortTaken, out)
 }
 
 // tail returns the end of a log, for error messages.

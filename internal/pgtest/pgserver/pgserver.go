@@ -72,6 +72,11 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// postgres runs in its own working directory: a relative TMPDIR
+	// would name another place there (its socket and lock files).
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, err
+	}
 	var cred *syscall.Credential
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
