@@ -508,17 +508,11 @@ func TestCreateTablesConcurrently(t *testing.T) {
 	for round := range 5 {
 		db := pg.NewDB(t)
 		db.SetMaxOpenConns(8)
-		start := make(chan struct{})
-		errs := make(chan error, 8)
-		for range 8 {
-			go func() {
-				<-start
-				errs <- guard.CreateTables(ctx(t), db)
-			}()
-		}
-		close(start)
-		for range 8 {
-			if err := <-errs; err != nil {
+		for _, err := range atOnce(8, func(_ int, start <-chan struct{}) error {
+			<-start
+			return guard.CreateTables(ctx(t), db)
+		}) {
+			if err != nil {
 				t.Errorf("round %d: CreateTables at once with 7 others: %v", round, err)
 			}
 		}
@@ -542,17 +536,11 @@ CREATE TABLE IF NOT EXISTS balance (account TEXT PRIMARY KEY, balance BIGINT NOT
 	for round := range 5 {
 		db := pg.NewDB(t)
 		db.SetMaxOpenConns(8)
-		start := make(chan struct{})
-		errs := make(chan error, 8)
-		for range 8 {
-			go func() {
-				<-start
-				errs <- guard.CreateIfNotExists(ctx(t), db, schema, `CREATE INDEX IF NOT EXISTS balance_by ON balance (balance)`)
-			}()
-		}
-		close(start)
-		for range 8 {
-			if err := <-errs; err != nil {
+		for _, err := range atOnce(8, func(_ int, start <-chan struct{}) error {
+			<-start
+			return guard.CreateIfNotExists(ctx(t), db, schema, `CREATE INDEX IF NOT EXISTS balance_by ON balance (balance)`)
+		}) {
+			if err != nil {
 				t.Errorf("round %d: CreateIfNotExists at once with 7 others: %v", round, err)
 			}
 		}

@@ -17,6 +17,21 @@ import (
 // guard.CreateIfNotExists attacked: schema upgrades, several services,
 // wrapped transactions, errors that are no race, SQLite.
 
+// atOnce runs f(i, start) in n goroutines and returns their errors in
+// order: each does what it must before the others (opens its own
+// connection, say), waits for start to close, and goes.
+func atOnce(n int, f func(i int, start <-chan struct{}) error) []error {
+	start := make(chan struct{})
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = f(i, start) })
+	}
+	close(start)
+	wg.Wait()
+	return errs
+}
+
 // sqlState returns err's SQLSTATE, or "" if it has none.
 func sqlState(err error) string {
 	var pg interface{ SQLState() string }
@@ -99,17 +114,11 @@ CREATE TABLE IF NOT EXISTS transfer (
 		if _, err := db.ExecContext(ctx(t), `INSERT INTO account SELECT g, 'o' || (g % 1000) FROM generate_series(1, 200000) g`); err != nil {
 			t.Fatal(err)
 		}
-		start := make(chan struct{})
-		errs := make(chan error, workers)
-		for range workers {
-			go func() {
-				<-start
-				errs <- guard.CreateIfNotExists(ctx(t), db, v2)
-			}()
-		}
-		close(start)
-		for range workers {
-			if err := <-errs; err != nil {
+		for _, err := range atOnce(workers, func(_ int, start <-chan struct{}) error {
+			<-start
+			return guard.CreateIfNotExists(ctx(t), db, v2)
+		}) {
+			if err != nil {
 				failed++
 				t.Errorf("round %d: CreateIfNotExists of schema v2 with %d workers at once: %v (SQLSTATE %s)", round, workers-1, err, sqlState(err))
 			}
@@ -150,16 +159,17 @@ func TestCreateIfNotExistsSchemaUpgradeDeadlock(t *testing.T) {
 	}
 }
 
-// wrappedTx is a transaction in a type of the caller's, as sqlx.Tx (which
-// embeds *sql.Tx) or a tracing wrapper is.
-type wrappedTx struct {
-	*sql.Tx
+// counting wraps a Querier in a type of the caller's, as sqlx.Tx (which
+// embeds *sql.Tx) or a tracing wrapper does, and counts the statements run
+// through it.
+type counting struct {
+	guard.Querier
 	execs atomic.Int64
 }
 
-func (w *wrappedTx) ExecContext(c context.Context, query string, args ...any) (sql.Result, error) {
-	w.execs.Add(1)
-	return w.Tx.ExecContext(c, query, args...)
+func (c *counting) ExecContext(cx context.Context, query string, args ...any) (sql.Result, error) {
+	c.execs.Add(1)
+	return c.Querier.ExecContext(cx, query, args...)
 }
 
 // TestCreateIfNotExistsWrappedTx: inside a transaction that is not a
@@ -176,7 +186,7 @@ func TestCreateIfNotExistsWrappedTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	w := &wrappedTx{Tx: tx}
+	w := &counting{Querier: tx}
 	done := make(chan error, 1)
 	go func() { done <- guard.CreateIfNotExists(ctx(t), w, stmt) }()
 	waitBlockedBy(t, db, pid, "SELECT pg_advisory_xact_lock")
@@ -190,17 +200,6 @@ func TestCreateIfNotExistsWrappedTx(t *testing.T) {
 	if n := w.execs.Load(); n != 1 {
 		t.Errorf("CreateIfNotExists ran the statement %d times, want 1", n)
 	}
-}
-
-// countingDB counts the statements run through it.
-type countingDB struct {
-	*sql.DB
-	execs atomic.Int64
-}
-
-func (c *countingDB) ExecContext(cx context.Context, query string, args ...any) (sql.Result, error) {
-	c.execs.Add(1)
-	return c.DB.ExecContext(cx, query, args...)
 }
 
 // TestCreateIfNotExistsRealErrorRunOnce: a CREATE UNIQUE INDEX IF NOT
@@ -225,7 +224,7 @@ func TestCreateIfNotExistsRealErrorRunOnce(t *testing.T) {
 		`CREATE UNIQUE INDEX IF NOT EXISTS dup_v ON dup (v)`,
 		`CREATE TABLE IF NOT EXISTS taken (id INT CONSTRAINT taken_pkey PRIMARY KEY)`,
 	} {
-		c := &countingDB{DB: db}
+		c := &counting{Querier: db}
 		err := guard.CreateIfNotExists(ctx(t), c, stmt)
 		if err == nil {
 			t.Fatalf("%s: no error", stmt)
@@ -267,27 +266,19 @@ func TestCreateIfNotExistsManyShapes32(t *testing.T) {
 					if shape == "one string" {
 						args = []string{strings.Join(stmts, ";\n")}
 					}
-					var wg sync.WaitGroup
-					start := make(chan struct{})
-					errs := make([]error, workers)
-					for i := range workers {
-						wg.Go(func() {
-							var q guard.Querier = db
-							if via == "Conn" {
-								conn, err := db.Conn(ctx(t))
-								if err != nil {
-									errs[i] = err
-									return
-								}
-								defer conn.Close()
-								q = conn
+					errs := atOnce(workers, func(_ int, start <-chan struct{}) error {
+						var q guard.Querier = db
+						if via == "Conn" {
+							conn, err := db.Conn(ctx(t))
+							if err != nil {
+								return err
 							}
-							<-start
-							errs[i] = guard.CreateIfNotExists(ctx(t), q, args...)
-						})
-					}
-					close(start)
-					wg.Wait()
+							defer conn.Close()
+							q = conn
+						}
+						<-start
+						return guard.CreateIfNotExists(ctx(t), q, args...)
+					})
 					for i, err := range errs {
 						if err != nil {
 							t.Errorf("round %d worker %d: %v (SQLSTATE %s)", round, i, err, sqlState(err))
@@ -316,21 +307,15 @@ CREATE TABLE IF NOT EXISTS ledger (id BIGINT PRIMARY KEY)`
 	for round := range 5 {
 		db := pg.NewDB(t)
 		db.SetMaxOpenConns(workers)
-		start := make(chan struct{})
-		errs := make(chan error, workers)
-		for i := range workers {
-			go func() {
-				<-start
-				stmt := a
-				if i%2 == 1 {
-					stmt = b
-				}
-				errs <- guard.CreateIfNotExists(ctx(t), db, stmt)
-			}()
-		}
-		close(start)
-		for range workers {
-			if err := <-errs; err != nil {
+		for _, err := range atOnce(workers, func(i int, start <-chan struct{}) error {
+			<-start
+			stmt := a
+			if i%2 == 1 {
+				stmt = b
+			}
+			return guard.CreateIfNotExists(ctx(t), db, stmt)
+		}) {
+			if err != nil {
 				failed++
 				t.Errorf("round %d: %v (SQLSTATE %s)", round, err, sqlState(err))
 			}
@@ -350,7 +335,7 @@ func TestCreateIfNotExistsContextEndsWhileWaiting(t *testing.T) {
 	const stmt = `CREATE TABLE IF NOT EXISTS slow (id INT)`
 	_, pid := holdCreate(t, db, stmt)
 	c, cancel := context.WithCancel(ctx(t))
-	c2 := &countingDB{DB: db}
+	c2 := &counting{Querier: db}
 	done := make(chan error, 1)
 	go func() { done <- guard.CreateIfNotExists(c, c2, stmt) }()
 	waitBlockedBy(t, db, pid, "SELECT pg_advisory_xact_lock")
@@ -393,27 +378,18 @@ CREATE INDEX IF NOT EXISTS charge_by_payment ON charge (payment_id)`
 	const workers = 32
 	for round := range 3 {
 		path := filepath.Join(t.TempDir(), "shared.db")
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		errs := make([]error, workers)
-		for i := range workers {
-			wg.Go(func() {
-				db, err := sql.Open("sqlite", guard.SQLiteDSN(path))
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				defer db.Close()
-				<-start
-				if err := guard.CreateIfNotExists(ctx(t), db, schema); err != nil {
-					errs[i] = err
-					return
-				}
-				errs[i] = guard.CreateTables(ctx(t), db)
-			})
-		}
-		close(start)
-		wg.Wait()
+		errs := atOnce(workers, func(_ int, start <-chan struct{}) error {
+			db, err := sql.Open("sqlite", guard.SQLiteDSN(path))
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			<-start
+			if err := guard.CreateIfNotExists(ctx(t), db, schema); err != nil {
+				return err
+			}
+			return guard.CreateTables(ctx(t), db)
+		})
 		for i, err := range errs {
 			if err != nil {
 				t.Errorf("round %d process %d: %v", round, i, err)
