@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -61,6 +62,11 @@ const (
 	maxDirect  = 1
 	maxBatches = 2
 )
+
+// errNotSent is in the error of a call that left the queue before a sender
+// took it: it never reached the server (giveUpMaybeHeld gives back
+// nothing).
+var errNotSent = errors.New("redislock: batched call never sent")
 
 // batchCall is one caller's command in a batch.
 type batchCall struct {
@@ -139,7 +145,7 @@ func (bc *batchCall) wait(b *batcher) (*redis.Cmd, bool) {
 		bc.left = true
 		b.mu.Unlock()
 		cmd := redis.NewCmd(bc.ctx)
-		cmd.SetErr(bc.ctx.Err()) // never sent
+		cmd.SetErr(fmt.Errorf("%w: %w", errNotSent, bc.ctx.Err()))
 		return cmd, false
 	}
 	b.mu.Unlock()

@@ -652,9 +652,14 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 		go l.releaseAbandoned(*a) // the client may have sent it twice (see try)
 		return
 	}
-	// A deadline that ended the call may have ended it after the script
-	// was sent; it is not worth retrying (transient), but it may have run.
-	maybeSent := transient(err) || errors.Is(err, context.DeadlineExceeded)
+	if errors.Is(err, errNotSent) {
+		return // left the batch's queue: this copy never reached the server
+	}
+	// A deadline or a cancellation that ended the call may have ended it
+	// after the script was sent (a client with ContextTimeoutEnabled
+	// reads on until the deadline, then says context.Canceled); it is
+	// not worth retrying (transient), but it may have run.
+	maybeSent := transient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 	if !maybeSent || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fence.ErrNotReplicated) {
 		return
 	}

@@ -240,7 +240,10 @@ func (m *Member) waitReady(ctx context.Context) error {
 		case <-retry.C:
 		}
 		if body, err := m.get(ctx, "/health"); err == nil && strings.Contains(body, `"health":"true"`) {
-			return m.checkOwn(ctx)
+			// (A member list that did not get through is asked again.)
+			if err := m.checkOwn(ctx); err == nil || errors.Is(err, errPortTaken) {
+				return err
+			}
 		}
 		retry.Reset(20 * time.Millisecond)
 	}

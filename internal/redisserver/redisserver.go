@@ -192,10 +192,10 @@ func (s *Server) start() error {
 }
 
 // waitReady waits up to 10 s for the server to answer PING, or for it to
-// exit. The server that answers must be process pid (when INFO is there): freePort's port may
-// have been taken meanwhile by another test's server, which answers PING
-// while this one fails to bind and exits; a test handed that server would
-// share it with the other test (and see its locks).
+// exit. The server that answers must be process pid (when INFO is there):
+// freePort's port may have been taken meanwhile by another test's server,
+// which answers PING while this one fails to bind and exits; a test handed
+// that server would share it with the other test (and see its locks).
 func waitReady(addr string, exited <-chan struct{}, pid int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

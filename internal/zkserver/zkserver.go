@@ -274,8 +274,11 @@ func (s *Server) waitReady(limit time.Time) error {
 		if mode, err := s.Mode(); err == nil && mode != "" {
 			// The server that answers must be this one: the port may
 			// have been taken meanwhile by another test's server, which
-			// serves while this one fails to bind.
-			return s.checkOwn()
+			// serves while this one fails to bind. (A conf that did not
+			// get through is asked again.)
+			if err := s.checkOwn(); err == nil || errors.Is(err, errPortTaken) {
+				return err
+			}
 		}
 		select {
 		case <-exited:
