@@ -123,9 +123,9 @@
 // fence.ErrLeaseLost and deletes nothing. A Release that fails (its ctx
 // done, the cluster unreachable) ends the lease all the same, as released,
 // as in every backend, and revokes the etcd lease within half a second
-// (such an etcd lease is never kept for reuse); if that fails too, the key
-// expires with its etcd lease on the server. Calling Release again retries
-// the delete.
+// (such an etcd lease is never kept for reuse); if that fails too, the
+// revoke is tried again in the background (see below). Calling Release
+// again retries the delete.
 //
 // The create Txn and Release's delete are sent as gRPC requests built by
 // hand, in one allocation, through the client's own connection (and so its
@@ -155,7 +155,12 @@
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease, an Extend) are bounded by half a second even when ctx has
 // ended; one that does not get through leaves the etcd lease to expire on
-// the server. On a client the user has closed, every call fails at once,
+// the server, except after a failed Acquire or Release: there it is tried
+// again in the background, until it gets through, the client is closed or
+// the etcd lease's TTL has passed, as the request sent before ctx ended
+// (the create Txn, a waiter's renewal, Release's delete dropped) may leave
+// or create the key on it once a member that hung answers again, holding
+// the lock for nobody until the etcd lease expires. On a client the user has closed, every call fails at once,
 // with an error matching fence.ErrClosed (the Locker can grant no more
 // leases: fence.Lead stops campaigning).
 package etcdlock

@@ -27,7 +27,8 @@ const (
 // cleanupTimeout bounds the revoke that gives up an etcd lease when Acquire
 // fails, when a lease is lost, or when Extend moves the lock to a new etcd
 // lease. A revoke that does not get through in time is abandoned: the etcd
-// lease then expires on the server after its TTL.
+// lease then expires on the server after its TTL; after a failed Acquire or
+// Release it is tried again in the background (see giveBack).
 const cleanupTimeout = 500 * time.Millisecond
 
 // retryInterval paces renewals that failed for a reason other than the
@@ -325,6 +326,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // when the create Txn found sp gone (ErrLeaseNotFound, nothing written).
 func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdog bool, wait time.Duration, budget time.Time) (*Lease, error) {
 	ttl, per := sp.ttl, attemptTimeout(sp.ttl)
+	// giveUp gives back sp when the Acquire fails: its key may exist, or
+	// be created late by a create Txn sent before ctx ended.
+	giveUp := func() { l.giveBack(ctx, sp.id, max(ttl, sp.granted), nil) }
 	key := pfx + strconv.FormatInt(int64(sp.id), 16)
 	// Create the key unless an attempt that timed out did. The Then branch
 	// also reads the two newest keys: at the Txn's revision the new key is
@@ -359,7 +363,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 		return nil, fmt.Errorf("etcdlock: create %s: %w", key, err)
 	}
 	if err != nil {
-		l.revoke(ctx, sp.id)
+		giveUp()
 		return nil, fmt.Errorf("etcdlock: create %s: %w", key, err)
 	}
 	rev := resp.Header.Revision
@@ -374,7 +378,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	} else {
 		mine := resp.Responses[0].GetResponseRange().Kvs
 		if len(mine) == 0 {
-			l.revoke(ctx, sp.id)
+			giveUp()
 			return nil, fmt.Errorf("etcdlock: create %s: %w", key, errors.New("the key vanished"))
 		}
 		rev = mine[0].CreateRevision
@@ -384,7 +388,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	sent := sp.sent
 	if !held {
 		if wait == 0 {
-			l.revoke(ctx, sp.id)
+			giveUp()
 			return nil, fence.ErrHeld
 		}
 		// The waiter's etcd lease lasts what etcd granted, which may be
@@ -396,7 +400,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 		}
 		var err error
 		if sent, err = w.wait(ctx, budget); err != nil {
-			l.revoke(ctx, sp.id)
+			giveUp()
 			return nil, err
 		}
 	}
@@ -478,6 +482,53 @@ func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, err := l.client.Revoke(ctx, id)
+	return err
+}
+
+// giveBack revokes the etcd lease id of an Acquire that failed, or of a
+// lease whose Release failed, as revoke does (within cleanupTimeout, even
+// if ctx is done). If that revoke does not get through (a member that
+// hangs, a cluster cut off), it is tried again in the background until it
+// does, etcd answers that the etcd lease is gone, the client is closed, or
+// the etcd lease's TTL, life, has passed (by then it has expired anyway):
+// the request that made or kept the key on it (the create Txn, the
+// waiter's renewal) may have been sent before ctx ended, cancelled or
+// timed out, and be applied once the member answers again, and the key
+// would then hold the lock for nobody until the etcd lease expires.
+// revoked, if not nil, is called once a revoke has gone through. It
+// returns the first revoke's error.
+func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, life time.Duration, revoked func()) error {
+	err := l.revoke(ctx, id)
+	if err == nil && revoked != nil {
+		revoked()
+	}
+	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed) {
+		return err
+	}
+	go func() {
+		closed := l.client.Ctx().Done()
+		end := time.Now().Add(life)
+		pause := time.NewTimer(retryInterval)
+		defer pause.Stop()
+		for wait := retryInterval; ; wait = min(2*wait, time.Second) {
+			select {
+			case <-closed:
+				return
+			case <-pause.C:
+			}
+			if !time.Now().Before(end) {
+				return
+			}
+			err := l.revoke(context.Background(), id)
+			if err == nil && revoked != nil {
+				revoked()
+			}
+			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed) {
+				return
+			}
+			pause.Reset(wait)
+		}
+	}()
 	return err
 }
 

@@ -876,8 +876,8 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 
 // releaseFailed ends the lease as released after a Release that could not
 // delete the key, and revokes its etcd lease (bounded, even with ctx done),
-// which deletes the key; if that does not get through either, the key
-// expires with its etcd lease on the server. The lease's etcd lease is
+// which deletes the key; if that does not get through either, it is tried
+// again in the background (see giveBack). The lease's etcd lease is
 // then never kept for reuse: only a Release that ended the lease as its
 // own delete left, and that delete went through, keeps it, and this one
 // ended the lease first, or took the revoke over from that Release
@@ -892,9 +892,13 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 	if !ls.end(fence.ErrReleased) && !held && !ls.takeRevoke() {
 		return
 	}
-	if ls.l.revoke(ctx, ls.etcdLease()) == nil {
-		ls.revokedOnFail.Store(true)
-	}
+	ls.mu.Lock()
+	id, life := ls.id, max(ls.ttl, ls.granted)
+	ls.mu.Unlock()
+	// The delete may have been dropped, by a member that hangs or by the
+	// cancel of its attempt: the key must not outlive the lease on an etcd
+	// lease nobody renews, so the revoke is retried if it fails.
+	ls.l.giveBack(ctx, id, life, func() { ls.revokedOnFail.Store(true) })
 }
 
 // Release deletes the lease's key if it is still the one created at the
