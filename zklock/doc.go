@@ -7,10 +7,11 @@
 // node, which the servers delete once it is empty). Acquire creates an
 // ephemeral sequential node in it, named after a fresh guid so that a create
 // whose reply was lost with the connection can be found again, and holds the
-// lock when its node is the lowest. If the server that answers that search
-// has not applied the create yet (a follower behind the leader), the
-// create is made again and the first node turns up later: Acquire deletes
-// any other node of its own guid that it sees while it waits. A waiter watches only the node just
+// lock when its node is the lowest. That search (and the clean-up of an
+// Acquire that gave up on its create) lists the directory after a sync, so
+// that a follower behind the leader cannot answer "not found" for a create
+// the leader committed; Acquire also deletes any other node of its own
+// guid that it sees while it waits. A waiter watches only the node just
 // before its own, so a release wakes one waiter, not all. It sets a data
 // watch (GetW), not an exists-watch: on a node already gone, an
 // exists-watch would wait for ever for its creation, on the server and in

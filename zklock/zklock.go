@@ -259,8 +259,20 @@ func (l *Locker) create(ctx context.Context, a *attempt) (string, error) {
 	}
 }
 
-// find returns the attempt's node if it exists, "" if not.
+// find returns the attempt's node if it exists, "" if not. It is called
+// when a create's outcome is unknown (its reply lost with the connection,
+// or Acquire gave up on it), and lists dir after a sync: the server it is
+// connected to, maybe not the one the create went to, has then applied
+// every write the leader committed before it. A create sent on the old
+// connection was committed before the session moved, or is refused by
+// the leader as from a moved session; without the sync, a follower
+// behind the leader would answer "not found", and the node, turning up
+// later, would be no one's and block the lock for the session's life
+// (the create made again, or the clean-up, would miss it).
 func (l *Locker) find(ctx context.Context, a *attempt) (string, error) {
+	if _, err := bounded(ctx, func() (string, error) { return l.conn.Sync(a.dir) }, nil); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return "", err
+	}
 	children, err := l.children(ctx, a.dir)
 	if errors.Is(err, zk.ErrNoNode) {
 		return "", nil
@@ -407,9 +419,9 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 // dropDuplicates deletes the nodes of q other than own that carry the
 // attempt's guid, and returns q without them. They are this attempt's: a
 // create whose reply was lost with the connection, then retried because
-// the server that answered find had not applied it yet (a follower behind
-// the leader). No one would hold such a node, and it would block the lock
-// for the session's life.
+// find did not see it (which its sync should rule out: this is the
+// defence in depth). No one would hold such a node, and it would block the
+// lock for the session's life.
 func (l *Locker) dropDuplicates(ctx context.Context, a *attempt, own string, q []string) ([]string, error) {
 	mine := a.guid + lockInfix
 	kept := q[:0:0]
