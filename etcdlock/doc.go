@@ -156,8 +156,10 @@
 // a lost lease, an Extend) are bounded by half a second even when ctx has
 // ended; one that does not get through leaves the etcd lease to expire on
 // the server, except after a failed Acquire or Release: there it is tried
-// again in the background, until it gets through, the client is closed or
-// the etcd lease's TTL has passed, as the request sent before ctx ended
+// again in the background, until it gets through, etcd says the etcd lease
+// is gone, or the client is closed (not only for the etcd lease's TTL: a
+// new leader gives every etcd lease its whole TTL again), as the request
+// sent before ctx ended
 // (the create Txn, a waiter's renewal, Release's delete dropped) may leave
 // or create the key on it once a member that hung answers again, holding
 // the lock for nobody until the etcd lease expires. On a client the user has closed, every call fails at once,

@@ -73,6 +73,9 @@ type Locker struct {
 
 	mu     sync.Mutex
 	spares []spare // etcd leases of released locks, holding no key; newest last
+	// givingBack: the etcd leases giveBack retries a revoke of in the
+	// background, one goroutine each.
+	givingBack map[clientv3.LeaseID]struct{}
 
 	starter starter // starts the runs of its leases
 }
@@ -328,7 +331,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	ttl, per := sp.ttl, attemptTimeout(sp.ttl)
 	// giveUp gives back sp when the Acquire fails: its key may exist, or
 	// be created late by a create Txn sent before ctx ended.
-	giveUp := func() { l.giveBack(ctx, sp.id, max(ttl, sp.granted), nil) }
+	giveUp := func() { l.giveBack(ctx, sp.id) }
 	key := pfx + strconv.FormatInt(int64(sp.id), 16)
 	// Create the key unless an attempt that timed out did. The Then branch
 	// also reads the two newest keys: at the Txn's revision the new key is
@@ -489,25 +492,39 @@ func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
 // lease whose Release failed, as revoke does (within cleanupTimeout, even
 // if ctx is done). If that revoke does not get through (a member that
 // hangs, a cluster cut off), it is tried again in the background until it
-// does, etcd answers that the etcd lease is gone, the client is closed, or
-// the etcd lease's TTL, life, has passed (by then it has expired anyway):
+// does, etcd answers that the etcd lease is gone, or the client is closed:
 // the request that made or kept the key on it (the create Txn, the
 // waiter's renewal) may have been sent before ctx ended, cancelled or
 // timed out, and be applied once the member answers again, and the key
-// would then hold the lock for nobody until the etcd lease expires.
-// revoked, if not nil, is called once a revoke has gone through. It
-// returns the first revoke's error.
-func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, life time.Duration, revoked func()) error {
+// would then hold the lock for nobody until the etcd lease expires. Its
+// TTL is no bound for the retries: only a leader expires etcd leases, and
+// a new leader gives each its whole TTL again (a cluster that lost its
+// quorum for longer than the TTL still has it when the quorum is back).
+// One retry runs per etcd lease: a call that finds one running for id (a
+// Release retried while the cluster hangs) leaves it to it. It returns the
+// first revoke's error.
+func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID) error {
 	err := l.revoke(ctx, id)
-	if err == nil && revoked != nil {
-		revoked()
-	}
 	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed) {
 		return err
 	}
+	l.mu.Lock()
+	if _, running := l.givingBack[id]; running {
+		l.mu.Unlock()
+		return err
+	}
+	if l.givingBack == nil {
+		l.givingBack = make(map[clientv3.LeaseID]struct{})
+	}
+	l.givingBack[id] = struct{}{}
+	l.mu.Unlock()
 	go func() {
+		defer func() {
+			l.mu.Lock()
+			delete(l.givingBack, id)
+			l.mu.Unlock()
+		}()
 		closed := l.client.Ctx().Done()
-		end := time.Now().Add(life)
 		pause := time.NewTimer(retryInterval)
 		defer pause.Stop()
 		for wait := retryInterval; ; wait = min(2*wait, time.Second) {
@@ -516,13 +533,7 @@ func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, life time.Du
 				return
 			case <-pause.C:
 			}
-			if !time.Now().Before(end) {
-				return
-			}
 			err := l.revoke(context.Background(), id)
-			if err == nil && revoked != nil {
-				revoked()
-			}
 			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed) {
 				return
 			}

@@ -51,8 +51,8 @@ type Lease struct {
 	// applied late; the etcd lease is revoked, never kept. Set before the
 	// lease is returned.
 	noReuse bool
-	// revokedOnFail: a Release that failed revoked the etcd lease, and
-	// with it the key.
+	// revokedOnFail: a Release that failed revokes the etcd lease, and
+	// with it the key (the revoke sent, or retried in the background).
 	revokedOnFail atomic.Bool
 	// modRev is the key's mod revision as this lease last wrote it (its
 	// create revision, then each Extend's move): every move compares it,
@@ -893,12 +893,15 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 		return
 	}
 	ls.mu.Lock()
-	id, life := ls.id, max(ls.ttl, ls.granted)
+	id := ls.id
 	ls.mu.Unlock()
 	// The delete may have been dropped, by a member that hangs or by the
 	// cancel of its attempt: the key must not outlive the lease on an etcd
-	// lease nobody renews, so the revoke is retried if it fails.
-	ls.l.giveBack(ctx, id, life, func() { ls.revokedOnFail.Store(true) })
+	// lease nobody renews, so the revoke is retried if it fails. Marked
+	// before it is sent: a later Release that finds the key gone may have
+	// been beaten by this revoke, applied, its reply not yet read.
+	ls.revokedOnFail.Store(true)
+	ls.l.giveBack(ctx, id)
 }
 
 // Release deletes the lease's key if it is still the one created at the
@@ -1032,7 +1035,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	deleted := resp.Deleted > 0
 	switch {
 	case !deleted && ls.revokedOnFail.Load():
-		// An earlier Release that failed revoked the etcd lease, and with
+		// An earlier Release that failed revokes the etcd lease, and with
 		// it the key.
 	case !deleted && attempts == 1 && kept:
 		lost = ls.lostf("its key %s was already gone", ls.key)
