@@ -54,14 +54,13 @@ check:
 # busier machine.
 # The allocation ceilings are exact only without the race detector (which
 # adds a few at random): their tests run once more without it.
-# The race detector's reports go to files, printed after the run when it
-# fails: in a package's output they come before thousands of its other
-# lines, and CI keeps only the end of what a failed run printed.
+# .ci/unit runs them: the race detector's reports go to files, printed
+# after the run when it fails, and a failure whose only race is
+# go-zookeeper's own (see the README) runs the packages that use it once
+# more.
 RACE_LOGS := $(or $(TMPDIR),/tmp)/fence-race
 unit:
-	@rm -rf $(RACE_LOGS) && mkdir -p $(RACE_LOGS)
-	GORACE="log_path=$(RACE_LOGS)/report" $(GO) test -race -count=1 -p 4 -timeout 10m $(MODULES) || \
-		{ for f in $(RACE_LOGS)/report.*; do [ -e "$$f" ] && { echo "== race report $$f"; head -n 120 "$$f"; }; done; exit 1; }
+	./.ci/unit $(GO) $(RACE_LOGS) $(MODULES)
 	$(GO) test -count=1 -run 'Allocs' ./redislock
 
 # Each fuzz target briefly: go test fuzzes one target per invocation. The
