@@ -498,9 +498,12 @@ func releasedAsLost(name string, err error) error {
 // The lease ends locally at once, before the script that frees the lock
 // (and may grant it to a waiter) is sent, whatever the server answers; if
 // the script finds the lock no longer the lease's, Err then says it was
-// lost (Context's cause stays fence.ErrReleased). Its end is
-// reported to the Observer and the Logger once Release's result is settled:
-// a Release called by their callback returns it.
+// lost (Context's cause stays fence.ErrReleased). A Release retried after
+// one that failed (its ctx done, its reply lost) finds the lock gone if
+// that first script ran after all: it cannot tell that delete from a
+// loss, and returns an error matching fence.ErrLeaseLost, as etcdlock's
+// does. Its end is reported to the Observer and the Logger once Release's
+// result is settled: a Release called by their callback returns it.
 func (ls *lease) Release(ctx context.Context) error {
 	report, err := ls.release(ctx)
 	report()
