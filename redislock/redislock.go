@@ -368,6 +368,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		}
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
+	if mayRunLate(err) {
+		a.resent = true // (see the end of the loop below)
+	}
 
 	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
 	defer cancel()
@@ -529,6 +532,12 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		case err != nil:
 			maybe = err
 		}
+		if mayRunLate(err) {
+			// The next try, with the same owner, leaves this one behind:
+			// arriving after the lease's release, it would take the lock
+			// for nobody. The lease is released with a revocation.
+			a.resent = true
+		}
 	}
 }
 
@@ -652,18 +661,13 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 		go l.releaseAbandoned(*a) // the client may have sent it twice (see try)
 		return
 	}
-	if errors.Is(err, errNotSent) {
-		return // left the batch's queue: this copy never reached the server
-	}
 	// A deadline or a cancellation that ended the call may have ended it
 	// after the script was sent (a client with ContextTimeoutEnabled
 	// reads on until the deadline, then says context.Canceled); it is
 	// not worth retrying (transient), but it may have run.
-	maybeSent := transient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
-	if !maybeSent || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fence.ErrNotReplicated) {
-		return
+	if mayRunLate(err) {
+		go l.releaseAbandoned(*a)
 	}
-	go l.releaseAbandoned(*a)
 }
 
 // attempt is one Acquire call's fixed parameters, and the script arguments
@@ -686,7 +690,8 @@ type attempt struct {
 	releaseArgs  [2]any // owner, token record retention ms
 	synced       bool   // the last try that found the lock held had replica sync apply
 	// resent: a try took so long that the client may have sent it again
-	// (Locker.resendAfter), and the first may still run: the lease is
+	// (Locker.resendAfter), or one whose reply was lost was followed by
+	// another (mayRunLate), and the first may still run: the lease is
 	// released with a revocation, so that it refuses then.
 	resent bool
 
@@ -751,15 +756,26 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 	}
 	if l.resendAfter > 0 && time.Since(began) >= l.resendAfter {
 		a.resent = true
-		if ls != nil {
-			ls.attempt.resent = true // not the caller's yet
-			// The first copy, arriving during the lease, finds the lock
-			// its own and moves its expiry past the deadline: give the
-			// lock back (revoked) if the lease ends unreleased.
-			ls.movedAhead()
-		}
+	}
+	if a.resent && ls != nil {
+		ls.attempt.resent = true // not the caller's yet
+		// The first copy, arriving during the lease, finds the lock its
+		// own and moves its expiry past the deadline: give the lock back
+		// (revoked) if the lease ends unreleased.
+		ls.movedAhead()
 	}
 	return ls, ttl, err
+}
+
+// mayRunLate reports whether a try that failed with err may have reached
+// the server, or may yet: it was written, or sent again by the client,
+// before its reply was lost or given up on. A try made after it with the
+// same owner leaves it behind, to arrive at any time.
+func mayRunLate(err error) bool {
+	if errors.Is(err, errNotSent) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fence.ErrNotReplicated) {
+		return false // never sent, or ran and was undone (replica sync)
+	}
+	return transient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // resendAfter is how long a call on client must have taken for the client
