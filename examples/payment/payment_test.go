@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/internal/pgtest"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/refused"
 	"github.com/fencekit/fence/internal/testmain"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
@@ -369,12 +369,7 @@ func TestHandlerErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadAddr := ln.Addr().String()
-	ln.Close() // nothing listens there any more: Redis is down
+	deadAddr := refused.Addr(t) // Redis is down
 	dead := redis.NewClient(&redis.Options{Addr: deadAddr, MaxRetries: -1})
 	defer dead.Close()
 	deadLocker, err := redislock.New(dead, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})

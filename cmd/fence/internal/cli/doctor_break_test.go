@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/refused"
 )
 
 // blackHole listens on a loopback port, accepts every connection and never
@@ -46,24 +47,13 @@ func blackHole(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// closedAddr is a loopback address where nothing listens: a listener's,
-// closed.
-func closedAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // A server that accepts connections and never answers, named by each kind
 // of URL with credentials: doctor gives up with exit status 2 within
 // --timeout, and prints the credentials nowhere, in text or JSON.
 func TestDoctorBlackHoleWithinTimeout(t *testing.T) {
 	t.Parallel()
 	hole := blackHole(t)
-	closed := closedAddr(t)
+	closed := refused.Addr(t)
 	for _, args := range [][]string{
 		{"--redis", "redis://app:s3cretpw@" + hole},
 		{"--redis", "redis://app:s3cretpw@" + hole + "/0?dial_timeout=30s&read_timeout=30s"},

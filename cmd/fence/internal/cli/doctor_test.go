@@ -2,13 +2,13 @@ package cli_test
 
 import (
 	"encoding/json"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/refused"
 )
 
 func TestDoctorExitStatus(t *testing.T) {
@@ -52,12 +52,7 @@ func TestDoctorExitStatus(t *testing.T) {
 
 func TestDoctorUnreachableMasksPassword(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
+	addr := refused.Addr(t)
 	start := time.Now()
 	_, errOut, code := fence(t, nil, "doctor", "--timeout", "2s", "--redis", "redis://app:s3cretpw@"+addr)
 	if code != cli.ExitUsage || strings.Contains(errOut, "s3cretpw") || !strings.Contains(errOut, "unreachable") {

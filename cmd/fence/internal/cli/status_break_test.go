@@ -7,6 +7,7 @@ import (
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/refused"
 )
 
 // fence status against a server that accepts connections and never answers,
@@ -17,7 +18,7 @@ import (
 func TestStatusBlackHoleWithinTimeout(t *testing.T) {
 	t.Parallel()
 	hole := blackHole(t)
-	closed := closedAddr(t)
+	closed := refused.Addr(t)
 	run := func(limit time.Duration, args ...string) {
 		t.Helper()
 		start := time.Now()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/cmd/fence/internal/doctor"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/refused"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
@@ -444,15 +444,10 @@ func TestClusterClean(t *testing.T) {
 }
 
 func TestUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close() // nothing listens there now
+	addr := refused.Addr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_, err = doctor.Run(ctx, doctor.Config{Standalone: &redis.Options{Addr: addr}})
+	_, err := doctor.Run(ctx, doctor.Config{Standalone: &redis.Options{Addr: addr}})
 	if !errors.Is(err, doctor.ErrUnreachable) {
 		t.Fatalf("Run on a closed port: %v", err)
 	}
