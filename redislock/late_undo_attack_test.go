@@ -1,0 +1,75 @@
+package redislock_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestLateUndoOfRefusedTryEndsTheWait: a waiting Acquire's try takes the
+// free lock, but its WAIT counts no replica (the replica is paused): the
+// take is undone with a plain, owner-checked release, whose write is
+// delayed on the network; its read times out (the client's ReadTimeout,
+// 900 ms, ends it before the undo's own 1 s bound: errUnreleased wrapping
+// an i/o timeout, joined with fence.ErrNotReplicated; transient). The wait
+// went on with the same owner; the replica back, the next try found the
+// lock its own and got a lease; then the delayed undo reached Redis, found
+// the lock the owner's, and deleted it under that live lease, and another
+// owner got the lock while it held. Now the Acquire gives up (its
+// withdrawal revokes the owner), and the lock, once the undo has run, is
+// free for another Acquire.
+func TestLateUndoOfRefusedTryEndsTheWait(t *testing.T) {
+	srv := redistest.Start(t)
+	replica := redistest.StartReplica(t, srv)
+	redistest.WaitReplicated(t, srv, 1)
+	admin := srv.Client(t)
+	const name = "lock:late-undo"
+	lock := lockKey(name)
+	// Scripts loaded, so that the try is one EVALSHA.
+	if err := acquire(t, lockerWith(t, srv.Client(t), redislock.Options{}), "lock:warm-up").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	tr := &transit{match: []byte(lock)}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 900 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{})
+	resume := replica.Pause(t)
+	before := commandCalls(t, admin, "evalsha")
+	got := make(chan error, 1)
+	go func() {
+		ls, err := l.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		if err == nil {
+			err = fmt.Errorf("got a lease, token %d, deadline in %v, while its undo is on its way", ls.Token(), time.Until(ls.Deadline()).Round(time.Millisecond))
+			_ = ls.Release(ctx(t))
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return commandCalls(t, admin, "evalsha") > before }) // the try ran; its WAIT waits
+	tr.arm()
+	waitFor(t, tr.holding) // the undo's write, held
+	resume()
+	redistest.WaitReplicated(t, srv, 1)
+	select {
+	case err := <-got:
+		if !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("Acquire whose undo may still run: %v, want ErrNotAcquired", err)
+		}
+		t.Logf("Acquire: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("Acquire still waiting 15 s after its undo failed")
+	}
+	if err := tr.deliver(); err != nil {
+		t.Fatal(err)
+	}
+	other, err := lockerWith(t, srv.Client(t), redislock.Options{}).Acquire(ctx(t), name, fence.Wait(3*time.Second), fence.TTL(time.Second))
+	if err != nil {
+		t.Fatalf("after the given-up Acquire and its undo: %v; the lock is held for %v by %s", err, admin.PTTL(ctx(t), lock).Val(), admin.Get(ctx(t), lock).Val())
+	}
+	_ = other.Release(ctx(t))
+}

@@ -1,0 +1,123 @@
+package redislock_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// lostReply is a go-redis Dialer whose connections, once armed, let the
+// next write that contains match reach the server, read its reply off the
+// socket and drop it, and break the connection (io.EOF): the command ran,
+// its answer was lost. From then on, while refusing, every dial is refused
+// (ECONNREFUSED), as while a server restarts or a proxy sheds connections.
+type lostReply struct {
+	match  []byte
+	mu     sync.Mutex
+	armed  bool
+	refuse bool
+	lost   bool // the reply of the matched write was dropped
+}
+
+func (lr *lostReply) set(f func()) { lr.mu.Lock(); f(); lr.mu.Unlock() }
+
+func (lr *lostReply) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	lr.mu.Lock()
+	refuse := lr.refuse
+	lr.mu.Unlock()
+	if refuse {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &lostReplyConn{Conn: c, lr: lr}, nil
+}
+
+type lostReplyConn struct {
+	net.Conn
+	lr   *lostReply
+	drop bool
+}
+
+func (c *lostReplyConn) Write(p []byte) (int, error) {
+	lr := c.lr
+	lr.mu.Lock()
+	if lr.armed && bytes.Contains(p, lr.match) {
+		lr.armed, c.drop = false, true
+	}
+	lr.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+func (c *lostReplyConn) Read(p []byte) (int, error) {
+	if !c.drop {
+		return c.Conn.Read(p)
+	}
+	// The server ran the command: its reply arrives, and is lost with
+	// the connection.
+	var buf [512]byte
+	if _, err := c.Conn.Read(buf[:]); err != nil {
+		return 0, err
+	}
+	c.lr.set(func() { c.lr.lost, c.lr.refuse = true, true })
+	_ = c.Conn.Close()
+	return 0, io.EOF
+}
+
+// TestRefusedRetryAfterLostReplyGivesBack: an Acquire's script runs and
+// takes the lock, but its reply is lost with the connection (EOF); go-redis
+// sends it again (MaxRetries, default 3) on a new connection, whose dial is
+// refused, as while the server restarts. Acquire returns the refusal, and
+// giveUpMaybeHeld, through mayRunLate, takes ECONNREFUSED for "never sent":
+// nothing gives the lock back, and it is held, by nobody, for the lease
+// time (a minute here). Another Acquire, waiting 3 s once the dials are
+// accepted again, must get the lock.
+func TestRefusedRetryAfterLostReplyGivesBack(t *testing.T) {
+	t.Skip("bug: a refusal that ends go-redis's own retries hides a first send that ran; counting ECONNREFUSED as 'may have run' is not enough, as the give-back (releaseAbandoned, withdraw) stops at a refusal too, and retrying through refusals for the lease time starts a goroutine per failed Acquire while a server is down: a design call (one give-back queue per Locker?). Liveness only: the lock is held by nobody for its lease time after a restart that kept it (persistence)")
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:refused-retry"
+	lock := lockKey(name)
+	opts := redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
+	lr := &lostReply{match: []byte(lock)}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: lr.dial, DialerRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, opts)
+	// Scripts loaded (no NOSCRIPT), a connection in the pool.
+	if err := acquire(t, l, "lock:warm-up").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	lr.set(func() { lr.armed = true })
+	_, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	t.Logf("Acquire: %v (ECONNREFUSED: %v); lock %q PTTL %v", err, errors.Is(err, syscall.ECONNREFUSED), admin.Get(ctx(t), lock).Val(), admin.PTTL(ctx(t), lock).Val())
+	if err == nil {
+		t.Fatal("the retry got through")
+	}
+	lr.set(func() {
+		if !lr.lost {
+			t.Fatalf("no reply was dropped: %v", err)
+		}
+		lr.refuse = false
+	})
+	start := time.Now()
+	ls, err := lockerWith(t, srv.Client(t), opts).Acquire(ctx(t), name, fence.Wait(3*time.Second), fence.TTL(time.Second))
+	if err != nil {
+		t.Fatalf("after an Acquire that failed with a refused dial, its first copy having run: %v after %v; the lock is held for %v by %s", err, time.Since(start).Round(time.Millisecond), admin.PTTL(ctx(t), lock).Val(), admin.Get(ctx(t), lock).Val())
+	}
+	_ = ls.Release(ctx(t))
+}
