@@ -35,7 +35,11 @@ func TestLateUndoOfRefusedTryEndsTheWait(t *testing.T) {
 	if err := acquire(t, lockerWith(t, srv.Client(t), redislock.Options{}), "lock:warm-up").Release(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	tr := &transit{match: []byte(lock)}
+	// The undo is the first release of the lock: an EVALSHA with 6 keys
+	// (release.lua's), the lock first; armed before the Acquire, so that
+	// it is held however late the WAIT times out.
+	tr := &transit{match: fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock)}
+	tr.arm()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 900 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	l := lockerWith(t, c, redislock.Options{})
@@ -50,9 +54,8 @@ func TestLateUndoOfRefusedTryEndsTheWait(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, func() bool { return commandCalls(t, admin, "evalsha") > before }) // the try ran; its WAIT waits
-	tr.arm()
-	waitFor(t, tr.holding) // the undo's write, held
+	waitFor(t, func() bool { return commandCalls(t, admin, "evalsha") > before }) // the try ran
+	waitFor(t, tr.holding)                                                        // the undo's write, held
 	resume()
 	redistest.WaitReplicated(t, srv, 1)
 	select {
