@@ -99,6 +99,23 @@ func (c *transitConn) Close() error {
 // client's own timeout closed the connection, yet the command may still
 // run) is revoked. Another Acquire, waiting 3 s, must get the lock.
 func TestStaleWaitingTryAfterRelease(t *testing.T) {
+	staleWaitingTry(t, 0, "3") // go-redis's resend is try 3
+}
+
+// TestStaleWaitingTryRetriedByLocker: the same, but the client does not
+// send the delayed try again (MaxRetries -1): its read times out and the
+// waiting Acquire, seeing a transient error, sends the next try itself,
+// with the same owner (try 4, after its pause). That left the delayed
+// try unrevoked: it took the lock after the Release (held for 57 s of a
+// minute).
+func TestStaleWaitingTryRetriedByLocker(t *testing.T) {
+	staleWaitingTry(t, -1, "4")
+}
+
+// staleWaitingTry runs the scenario of TestStaleWaitingTryAfterRelease on
+// a client with maxRetries, whose waiter's entry shows try number again
+// once the delayed try was sent again.
+func staleWaitingTry(t *testing.T, maxRetries int, again string) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	const name = "lock:stale-try"
@@ -106,7 +123,7 @@ func TestStaleWaitingTryAfterRelease(t *testing.T) {
 	opts := redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
 	holder := acquire(t, lockerWith(t, srv.Client(t), opts), name, fence.TTL(time.Minute))
 	tr := &transit{match: []byte(lock)}
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 300 * time.Millisecond})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 300 * time.Millisecond, MaxRetries: maxRetries})
 	t.Cleanup(func() { _ = c.Close() })
 	l := lockerWith(t, c, opts)
 	got := make(chan error, 1)
@@ -131,7 +148,7 @@ func TestStaleWaitingTryAfterRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, tr.holding)
-	waitFor(t, entry("3")) // go-redis sent it again, after its read timeout
+	waitFor(t, entry(again)) // sent again, after the read timed out
 	if err := holder.Release(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
