@@ -900,8 +900,13 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 	// lease nobody renews, so the revoke is retried if it fails. Marked
 	// before it is sent: a later Release that finds the key gone may have
 	// been beaten by this revoke, applied, its reply not yet read.
-	ls.revokedOnFail.Store(true)
-	ls.l.giveBack(ctx, id)
+	// A first revoke that etcd answers ErrLeaseNotFound proves the etcd
+	// lease (and the key) gone before any revoke of this lease was sent:
+	// lost, not given back, and a later Release must say so.
+	first := !ls.revokedOnFail.Swap(true)
+	if err := ls.l.giveBack(ctx, id); first && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		ls.revokedOnFail.Store(false)
+	}
 }
 
 // Release deletes the lease's key if it is still the one created at the
