@@ -331,7 +331,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	ttl, per := sp.ttl, attemptTimeout(sp.ttl)
 	// giveUp gives back sp when the Acquire fails: its key may exist, or
 	// be created late by a create Txn sent before ctx ended.
-	giveUp := func() { l.giveBack(ctx, sp.id) }
+	giveUp := func() { l.giveBack(ctx, sp.id, nil) }
 	key := pfx + strconv.FormatInt(int64(sp.id), 16)
 	// Create the key unless an attempt that timed out did. The Then branch
 	// also reads the two newest keys: at the Txn's revision the new key is
@@ -501,10 +501,14 @@ func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
 // a new leader gives each its whole TTL again (a cluster that lost its
 // quorum for longer than the TTL still has it when the quorum is back).
 // One retry runs per etcd lease: a call that finds one running for id (a
-// Release retried while the cluster hangs) leaves it to it. It returns the
-// first revoke's error.
-func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID) error {
+// Release retried while the cluster hangs) leaves it to it, and its
+// revoked is not called. revoked, if not nil, is called once a revoke has
+// got through. It returns the first revoke's error.
+func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func()) error {
 	err := l.revoke(ctx, id)
+	if err == nil && revoked != nil {
+		revoked()
+	}
 	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed) {
 		return err
 	}
@@ -534,6 +538,9 @@ func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID) error {
 			case <-pause.C:
 			}
 			err := l.revoke(context.Background(), id)
+			if err == nil && revoked != nil {
+				revoked()
+			}
 			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed) {
 				return
 			}

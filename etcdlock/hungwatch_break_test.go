@@ -154,20 +154,20 @@ func (s deafStream) RecvMsg(any) error {
 
 // deafWatchClient returns a client of endpoints whose watches deliver
 // nothing, closed in t.Cleanup.
-func deafWatchClient(t *testing.T, endpoints []string) *clientv3.Client {
+func deafWatchClient(t *testing.T, endpoints []string, opts ...grpc.DialOption) *clientv3.Client {
 	t.Helper()
 	c, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(
+		DialOptions: append(opts, grpc.WithChainStreamInterceptor(
 			func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 				cs, err := streamer(ctx, desc, cc, method, opts...)
 				if err != nil || method != "/etcdserverpb.Watch/Watch" {
 					return cs, err
 				}
 				return deafStream{cs, ctx}, nil
-			})},
+			})),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -51,8 +51,9 @@ type Lease struct {
 	// applied late; the etcd lease is revoked, never kept. Set before the
 	// lease is returned.
 	noReuse bool
-	// revokedOnFail: a Release that failed revokes the etcd lease, and
-	// with it the key (the revoke sent, or retried in the background).
+	// revokedOnFail: a Release that failed revoked the etcd lease, and
+	// with it the key (the revoke's success read, at once or by its
+	// retry in the background).
 	revokedOnFail atomic.Bool
 	// modRev is the key's mod revision as this lease last wrote it (its
 	// create revision, then each Extend's move): every move compares it,
@@ -898,15 +899,10 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 	// The delete may have been dropped, by a member that hangs or by the
 	// cancel of its attempt: the key must not outlive the lease on an etcd
 	// lease nobody renews, so the revoke is retried if it fails. Marked
-	// before it is sent: a later Release that finds the key gone may have
-	// been beaten by this revoke, applied, its reply not yet read.
-	// A first revoke that etcd answers ErrLeaseNotFound proves the etcd
-	// lease (and the key) gone before any revoke of this lease was sent:
-	// lost, not given back, and a later Release must say so.
-	first := !ls.revokedOnFail.Swap(true)
-	if err := ls.l.giveBack(ctx, id); first && errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		ls.revokedOnFail.Store(false)
-	}
+	// once a revoke has got through: a later Release that finds the key
+	// gone before that cannot tell this revoke from a loss (the etcd lease
+	// expired, or revoked by another), and says lost.
+	ls.l.giveBack(ctx, id, func() { ls.revokedOnFail.Store(true) })
 }
 
 // Release deletes the lease's key if it is still the one created at the
@@ -1040,7 +1036,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	deleted := resp.Deleted > 0
 	switch {
 	case !deleted && ls.revokedOnFail.Load():
-		// An earlier Release that failed revokes the etcd lease, and with
+		// An earlier Release that failed revoked the etcd lease, and with
 		// it the key.
 	case !deleted && attempts == 1 && kept:
 		lost = ls.lostf("its key %s was already gone", ls.key)
