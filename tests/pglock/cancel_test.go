@@ -186,15 +186,7 @@ func testCancelledStalledTry(t *testing.T) {
 	}
 	// Let the stalled backend go on once the give-up waits for it to go,
 	// or at once if it never does: either way it may read the try now.
-	waiting := pollFor(3*time.Second, func() bool {
-		var n int
-		err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'BackendTermination'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n > 0
-	})
+	waiting := pollFor(3*time.Second, func() bool { return terminating(t, d) })
 	t.Logf("give-up waiting for the stalled backend: %v", waiting)
 	resume()
 	assertFreeSoon(t, d, name)

@@ -70,20 +70,11 @@ func testStalledBackend(t *testing.T, after bool, dsnOf func(t *testing.T, d dat
 	// The clean-up, if it waits for the stalled backend to go, shows as a
 	// session waiting for BackendTermination. Without that wait (the fix
 	// missing) the clean-up has run by then, or never comes.
-	terminating := func() bool {
-		var n int
-		err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'BackendTermination'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n > 0
-	}
-	seen := pollFor(3*time.Second, terminating)
+	seen := pollFor(3*time.Second, func() bool { return terminating(t, d) })
 	t.Logf("clean-up waiting for the stalled backend: %v", seen)
 	if after && seen {
 		// Let the clean-up give up waiting (the backend stays stopped).
-		if !pollFor(5*time.Second, func() bool { return !terminating() }) {
+		if !pollFor(5*time.Second, func() bool { return !terminating(t, d) }) {
 			t.Fatal("the clean-up still waits for the stalled backend 5 s on")
 		}
 	}
@@ -121,6 +112,19 @@ func testStalledBackend(t *testing.T, after bool, dsnOf func(t *testing.T, d dat
 		t.Fatalf("the lock is held after the Acquire that gave up (owner %q, %.1f s left): %v", owner, left.Float64, err)
 	}
 	_ = lease.Release(ctxFor(t, 10*time.Second))
+}
+
+// terminating reports whether a session of d's server waits for a backend
+// to terminate (pg_terminate_backend with a timeout): a give-up waiting for
+// a stalled backend to go.
+func terminating(t *testing.T, d database) bool {
+	var n int
+	err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+		`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'BackendTermination'`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
 }
 
 // pollFor polls cond until it holds or d has passed, and reports whether
