@@ -505,11 +505,16 @@ func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
 // revoked is not called. revoked, if not nil, is called once a revoke has
 // got through. It returns the first revoke's error.
 func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func()) error {
-	err := l.revoke(ctx, id)
-	if err == nil && revoked != nil {
-		revoked()
+	// try revokes once and reports whether that settles it.
+	try := func(ctx context.Context) (bool, error) {
+		err := l.revoke(ctx, id)
+		if err == nil && revoked != nil {
+			revoked()
+		}
+		return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed), err
 	}
-	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed) {
+	settled, err := try(ctx)
+	if settled {
 		return err
 	}
 	l.mu.Lock()
@@ -537,11 +542,7 @@ func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func
 				return
 			case <-pause.C:
 			}
-			err := l.revoke(context.Background(), id)
-			if err == nil && revoked != nil {
-				revoked()
-			}
-			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed) {
+			if settled, _ := try(context.Background()); settled {
 				return
 			}
 			pause.Reset(wait)
