@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -246,41 +245,4 @@ func (l *Locker) evalBoundedOr(ctx context.Context, noWait bool, abandoned func(
 		reply, acked, required, err := l.evalSyncedOr(ctx, noWait, script, keys, args...)
 		return synced{reply, acked, required}, err
 	}, abandoned)
-}
-
-// revokeFor is how long the mark that revokes an acquisition given up on
-// lives (release.lua). The acquisition and the revocation were both sent
-// before the give-up returned, so on a server that was paused or slow they
-// run within moments of each other; an acquire command delayed in transit
-// for longer than this can still take the lock, for its lease time.
-const revokeFor = time.Minute
-
-// releaseAbandoned gives back a lock that an acquisition given up on took
-// or may still take, owner-checked: it deletes the lock if the acquisition
-// ran, and revokes the owner either way, so that any of its acquisitions
-// that runs later refuses. A try that fails on the way (the server still
-// paused, the pool exhausted) is retried with back-off within the lease
-// time: the acquisition may still be sitting in the server's socket, and
-// unrevoked it would take the lock for a lease that nobody holds. A refused
-// connection ends it: the server that could have run the acquisition is
-// gone, and the acquisition with it. It also takes the owner out of the
-// queue of waiters.
-func (l *Locker) releaseAbandoned(a attempt) { l.withdraw(a, max(a.ttl, revokeFor)) }
-
-// withdraw takes a waiter that leaves without a lease out of the queue, and
-// gives back the lock if a grant reached it meanwhile (so that the next
-// waiter gets it at once), retrying as releaseAbandoned says; revoke > 0
-// also revokes the owner for that long.
-func (l *Locker) withdraw(a attempt, revoke time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(a.ttl, time.Second))
-	defer cancel()
-	for failures := 1; ; failures++ {
-		_, err := l.releaseOwned(ctx, &a, revoke)
-		if err == nil || !transient(err) || errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
-			return
-		}
-		if !pause(ctx, retryBackoff(failures)) {
-			return
-		}
-	}
 }

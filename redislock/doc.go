@@ -302,6 +302,19 @@
 // revokes its owner likewise. A copy delayed for longer than the mark
 // (a minute, or the lease time if longer) is not covered.
 //
+// go-redis also sends a command again after its connection broke, and a
+// server going down can run a script and lose its reply with the
+// connection, then refuse the resend's dial: the Acquire fails with the
+// refusal (ECONNREFUSED), and a server that kept its data (persistence)
+// has the lock when it is back. So on a client that resends (MaxRetries
+// not -1), an Acquire failed by a refusal leaves a give-back too; a
+// give-back refused waits in the Locker's parking, where one goroutine
+// for all of them tries one, with back-off up to a second, until the
+// server answers, then sends them all (each dropped when its lock would
+// have expired; the goroutine ends with the last, or when the client is
+// closed). While a server is down, each failed Acquire thus holds under a
+// kilobyte for its lease time.
+//
 // The wait budget (fence.Wait) bounds the waiting: the pauses, the
 // subscription and every try after the first. The first try runs on ctx
 // alone, as an Acquire without a budget does, so that an uncontended

@@ -111,6 +111,12 @@ type Locker struct {
 	// resendAfter: a try that took this long may have been sent twice
 	// (zero: never; see resendAfter).
 	resendAfter time.Duration
+	// resends: the client sends a command again after a lost reply, so a
+	// refused connection may end the resends of a copy that ran (see
+	// mayRunLate).
+	resends bool
+	// parking holds the give-backs that a refused connection stopped.
+	parking parking
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
@@ -212,6 +218,8 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 	} else {
 		l.calls.selfBounded = selfBounded(client)
 		l.resendAfter = resendAfter(client)
+		_, retries := readTimeout(client)
+		l.resends = retries > 0 || l.opaque
 	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
 		return nil, fmt.Errorf("%w: redislock: prefix %q must be a valid lock name", fence.ErrInvalidOption, l.prefix)
@@ -368,7 +376,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		}
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
-	if mayRunLate(err) {
+	if l.mayRunLate(err) {
 		a.resent = true // (see the end of the loop below)
 	}
 
@@ -532,7 +540,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		case err != nil:
 			maybe = err
 		}
-		if mayRunLate(err) {
+		if l.mayRunLate(err) {
 			// The next try, with the same owner, leaves this one behind:
 			// arriving after the lease's release, it would take the lock
 			// for nobody. The lease is released with a revocation.
@@ -665,7 +673,11 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 	// after the script was sent (a client with ContextTimeoutEnabled
 	// reads on until the deadline, then says context.Canceled); it is
 	// not worth retrying (transient), but it may have run.
-	if mayRunLate(err) {
+	switch {
+	case !l.mayRunLate(err):
+	case errors.Is(err, syscall.ECONNREFUSED):
+		l.parking.park(l, abandoned(*a)) // sent once the server answers
+	default:
 		go l.releaseAbandoned(*a)
 	}
 }
@@ -781,13 +793,19 @@ func waitThrough(err error) bool {
 // the server, or may yet: it was written, or sent again by the client,
 // before its reply was lost or given up on. A try made after it with the
 // same owner leaves it behind, to arrive at any time.
-func mayRunLate(err error) bool {
-	if errors.Is(err, errNotSent) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fence.ErrNotReplicated) {
-		// Never sent, or ran and was undone (replica sync); a refusal
-		// may also end a client's own resends of a copy that ran
-		// (TestRefusedRetryAfterLostReplyGivesBack, skipped: a design
-		// call).
-		return false
+func (l *Locker) mayRunLate(err error) bool {
+	switch {
+	case errors.Is(err, errNotSent) || errors.Is(err, fence.ErrNotReplicated):
+		return false // never sent, or ran and was undone (replica sync)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		// A refused connection sends nothing, but it may end a client's
+		// own resends of a copy that ran, its reply lost with the
+		// connection as the server went down
+		// (TestRefusedRetryAfterLostReplyGivesBack): a server that kept
+		// its data has the lock when it is back. Only a client that
+		// resends: the give-back is parked until the server answers (see
+		// parking), one more entry per failed Acquire while it is down.
+		return l.resends
 	}
 	return transient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }

@@ -1,0 +1,153 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// revokeFor is how long the mark that revokes an acquisition given up on
+// lives (release.lua). The acquisition and the revocation were both sent
+// before the give-up returned, so on a server that was paused or slow they
+// run within moments of each other; an acquire command delayed in transit
+// for longer than this can still take the lock, for its lease time.
+const revokeFor = time.Minute
+
+// releaseAbandoned gives back a lock that an acquisition given up on took
+// or may still take, owner-checked: it deletes the lock if the acquisition
+// ran, and revokes the owner either way, so that any of its acquisitions
+// that runs later refuses. A try that fails on the way (the server still
+// paused, the pool exhausted) is retried with back-off within the lease
+// time: the acquisition may still be sitting in the server's socket, and
+// unrevoked it would take the lock for a lease that nobody holds. A refused
+// connection parks it (see parking) for the rest of that time: the server
+// is down or restarting, and one that kept its data (persistence) still
+// has the lock when it comes back. It also takes the owner out of the
+// queue of waiters.
+func (l *Locker) releaseAbandoned(a attempt) { l.withdrawUntil(abandoned(a)) }
+
+// abandoned is releaseAbandoned's give-back of a.
+func abandoned(a attempt) giveBack {
+	return giveBack{a, max(a.ttl, revokeFor), time.Now().Add(max(a.ttl, time.Second))}
+}
+
+// withdraw takes a waiter that leaves without a lease out of the queue, and
+// gives back the lock if a grant reached it meanwhile (so that the next
+// waiter gets it at once), retrying as releaseAbandoned says; revoke > 0
+// also revokes the owner for that long.
+func (l *Locker) withdraw(a attempt, revoke time.Duration) {
+	l.withdrawUntil(giveBack{a, revoke, time.Now().Add(max(a.ttl, time.Second))})
+}
+
+// giveBack is a withdrawal under way: what to release and revoke, and when
+// the lock it may hold expires, after which there is nothing to give back.
+type giveBack struct {
+	a      attempt
+	revoke time.Duration
+	until  time.Time
+}
+
+func (l *Locker) withdrawUntil(g giveBack) {
+	ctx, cancel := context.WithDeadline(context.Background(), g.until)
+	defer cancel()
+	for failures := 1; ; failures++ {
+		_, err := l.releaseOwned(ctx, &g.a, g.revoke)
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			l.parking.park(l, g)
+			return
+		}
+		if !pause(ctx, retryBackoff(failures)) {
+			return
+		}
+	}
+}
+
+// parking holds the give-backs that a refused connection stopped, for one
+// goroutine per Locker to send again once the server answers: while it is
+// down, every failed Acquire may add one (a refusal can end a client's own
+// resends of a try that ran, see mayRunLate), and a goroutine each,
+// retrying for the lease time, would pile up. That goroutine tries one
+// parked give-back at a time, with back-off up to a second, a different
+// one each time (on a cluster they may be on different nodes); the first
+// one that is not refused hands every parked give-back to its own
+// withdrawal (unparkAtOnce at a time), which parks it again if its server
+// still refuses. A try that hangs is given up after probeFor, and counts
+// as an answer: the withdrawals then retry on their own, as from a paused
+// server. Each give-back is dropped when its lock would have expired, and
+// the goroutine ends when none is left (or, the client closed, as soon as
+// it next tries one).
+type parking struct {
+	mu      sync.Mutex
+	parked  []giveBack
+	running bool
+	sending chan struct{} // a slot for each give-back being sent again
+}
+
+const (
+	unparkAtOnce = 32          // parked give-backs sent again at a time
+	probeFor     = time.Second // the longest wait for a parked give-back's try
+)
+
+func (p *parking) park(l *Locker, g giveBack) {
+	p.mu.Lock()
+	p.parked = append(p.parked, g)
+	start := !p.running
+	p.running = true
+	if p.sending == nil {
+		p.sending = make(chan struct{}, unparkAtOnce)
+	}
+	p.mu.Unlock()
+	if start {
+		go p.unpark(l)
+	}
+}
+
+// unpark is the parking's goroutine.
+func (p *parking) unpark(l *Locker) {
+	for tries := 1; ; tries++ {
+		pause(context.Background(), retryBackoff(tries))
+		p.mu.Lock()
+		now := time.Now()
+		p.parked = slices.DeleteFunc(p.parked, func(g giveBack) bool { return !now.Before(g.until) })
+		if len(p.parked) == 0 {
+			p.parked, p.running = nil, false
+			p.mu.Unlock()
+			return
+		}
+		i := tries % len(p.parked)
+		g := p.parked[i]
+		p.mu.Unlock()
+		ctx, cancel := context.WithDeadline(context.Background(), g.until)
+		ctx, cancelProbe := context.WithTimeout(ctx, probeFor)
+		_, err := l.releaseOwned(ctx, &g.a, g.revoke)
+		done := err == nil || !transient(err) && ctx.Err() == nil
+		cancelProbe()
+		cancel()
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			continue
+		}
+		// The server answers again (or the client was closed): send every
+		// parked give-back again, a few at a time, but the one just tried
+		// if that is done.
+		p.mu.Lock()
+		all := p.parked
+		p.parked = nil
+		p.mu.Unlock()
+		for j, h := range all {
+			if j != i || !done {
+				p.sending <- struct{}{}
+				go func() {
+					defer func() { <-p.sending }()
+					l.withdrawUntil(h)
+				}()
+			}
+		}
+		tries = 0
+	}
+}
