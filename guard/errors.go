@@ -32,7 +32,10 @@ var (
 	// version was not the one expected. See ConflictError.
 	ErrConflict = errors.New("guard: version conflict")
 
-	// ErrInvalidTable means a Table's identifiers are not plain SQL names.
+	// ErrInvalidTable means a Table's identifiers are not plain SQL names,
+	// or the set clause given to Table.Update or Table.UpdateVersion holds
+	// a comment or a ';' that would cut off its WHERE clause. Nothing was
+	// sent to the database.
 	ErrInvalidTable = errors.New("guard: invalid table description")
 
 	// ErrNestedTx means Tx was called with a context of SQLStore's fenced

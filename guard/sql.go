@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/fencekit/fence"
 )
@@ -245,10 +246,19 @@ type Table struct {
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
 
-func (t Table) check() error {
+func (t Table) check(set string) error {
 	for _, id := range []string{t.Name, t.Key, t.Column} {
 		if !identifier.MatchString(id) {
 			return fmt.Errorf("%w: %q is not a plain SQL identifier", ErrInvalidTable, id)
+		}
+	}
+	// The WHERE clause that fences the update comes after set: a comment
+	// would swallow it, a ';' end the statement before it. PostgreSQL then
+	// fails for want of $1 and $2, but SQLite ignores unused arguments and
+	// runs the rest, unfenced, on every row.
+	for _, bad := range []string{"--", "/*", ";"} {
+		if strings.Contains(set, bad) {
+			return fmt.Errorf("%w: set %q holds %q, which would cut off the update's WHERE clause; pass such text as an argument", ErrInvalidTable, set, bad)
 		}
 	}
 	return nil
@@ -260,8 +270,11 @@ func (t Table) check() error {
 //	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND (<Column> < $2 OR <Column> IS NULL)
 //
 // set assigns the business columns with placeholders from $3 on, filled by
-// args. When no row changes, Update reads the row to tell why: a
-// *StaleError (matching ErrStale) with the row's token, or ErrNoRow (also
+// args. It must not hold a comment (-- or /*) or a ';', which would cut
+// off the WHERE clause (on SQLite the update then ran on every row,
+// unfenced): Update then returns ErrInvalidTable and runs nothing; pass
+// such text as an argument. When no row changes, Update reads the row to
+// tell why: a *StaleError (matching ErrStale) with the row's token, or ErrNoRow (also
 // when the row read holds an older token than the caller's, or NULL: it
 // was inserted by another session after the update found nothing). A
 // NULL in Column means the row was never fenced (as 0 does): a column
@@ -276,7 +289,7 @@ func (t Table) check() error {
 // deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an error matching
 // ErrRetry, as UpdateVersion's does: nothing was written.
 func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token, set string, args ...any) error {
-	if err := t.check(); err != nil {
+	if err := t.check(set); err != nil {
 		return err
 	}
 	if err := checkToken(token); err != nil {
@@ -311,12 +324,12 @@ func (t Table) decided(key any, token fence.Token, d fence.GuardDecision) {
 //
 //	UPDATE <Name> SET <set>, <Column> = <Column> + 1 WHERE <Key> = $1 AND <Column> = $2
 //
-// When no row changes it returns a *ConflictError (matching ErrConflict)
-// with the row's version, or ErrNoRow (also when the row read afterwards
-// holds the version expected: it was inserted after the update found
-// nothing).
+// set follows Update's rules. When no row changes it returns a
+// *ConflictError (matching ErrConflict) with the row's version, or ErrNoRow
+// (also when the row read afterwards holds the version expected: it was
+// inserted after the update found nothing).
 func (t Table) UpdateVersion(ctx context.Context, q Querier, key any, version int64, set string, args ...any) error {
-	if err := t.check(); err != nil {
+	if err := t.check(set); err != nil {
 		return err
 	}
 	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = %s + 1 WHERE %s = $1 AND %s = $2", t.Name, set, t.Column, t.Column, t.Key, t.Column)
