@@ -18,10 +18,13 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"reflect"
 	"strconv"
+	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
@@ -35,13 +38,23 @@ var acceptScript = redis.NewScript(acceptSrc)
 
 // Store keeps the last accepted token of each resource in Redis, one key
 // per resource under Prefix (default "fence:guard"), compared and set by one
-// script.
+// script. Beside it, for ResendWindow after each accepted token, a second
+// key holds the id of the Accept call that sent it, so that the call's
+// script sent again by the client (go-redis resends a command whose reply
+// was lost, MaxRetries times by default) is found accepted, not stale;
+// a different call with the same token is stale.
 type Store struct {
 	Client redis.Scripter // a *redis.Client, *redis.ClusterClient or another go-redis client
 	Prefix string         // key prefix; empty means "fence:guard"
 }
 
 var _ guard.Acceptor = Store{}
+
+// ResendWindow is how long a Store recognises a resend of an Accept call
+// that was accepted. A resend later than that (or after Redis evicted the
+// key that records the call, as volatile policies may) is found stale:
+// refused, never accepted twice.
+const ResendWindow = 10 * time.Minute
 
 // Accept records token for resource if it is greater than the last one
 // accepted and returns nil; otherwise it returns a *guard.StaleError
@@ -76,8 +89,11 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 		prefix = "fence:guard"
 	}
 	key := prefix + ":{" + resource + "}"
+	var id [16]byte
+	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
 	last, err := bounded(ctx, func() (string, error) {
-		return acceptScript.Run(ctx, s.Client, []string{key}, strconv.FormatInt(int64(token), 10)).Text()
+		return acceptScript.Run(ctx, s.Client, []string{key, key + ":call"},
+			strconv.FormatInt(int64(token), 10), hex.EncodeToString(id[:]), ResendWindow.Milliseconds()).Text()
 	})
 	if err != nil {
 		return fmt.Errorf("redisstore: accept %q: %w", resource, err)
