@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
@@ -20,7 +21,9 @@ import (
 // applied message in the order they were applied (seq), with the token and
 // consumer that applied it, queue_balance, what the messages add up to, and
 // queue_dead, the entries given up on (malformed, or see
-// Consumer.MaxDeliveries), with their fields and the last error. A
+// Consumer.MaxDeliveries), with their fields (quoted as Go's %q prints
+// them, so that any bytes a producer sent can be stored) and the last
+// error. A
 // message is done once it has a row in queue_applied or in queue_dead,
 // never both.
 const Schema = `
@@ -387,7 +390,11 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Tok
 	if len(p) == 0 || (!now && p[0].RetryCount < int64(c.maxDeliveries())) {
 		return false, nil
 	}
-	fields := fmt.Sprint(e.Values)
+	// The fields are the producer's bytes, and PostgreSQL's text holds
+	// neither NUL nor invalid UTF-8: quoted, they are stored, escaped, and
+	// the entry leaves the pending list (copied as they are, the dead
+	// letter failed as the effect did, and the entry stalled the queue).
+	fields := fmt.Sprintf("%q", e.Values)
 	err = c.fenced()(rctx, c.DB, Resource(c.Stream, e.ID), token, func(tx *sql.Tx) error {
 		var applied bool
 		if err := tx.QueryRowContext(rctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)`,
@@ -399,7 +406,7 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Tok
 		}
 		_, err := tx.ExecContext(rctx, `INSERT INTO queue_dead (stream, msg_id, fields, deliveries, error, token, consumer)
 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream, msg_id) DO NOTHING`,
-			c.Stream, e.ID, fields, p[0].RetryCount, cause.Error(), int64(token), c.Name)
+			c.Stream, e.ID, fields, p[0].RetryCount, storable(cause.Error()), int64(token), c.Name)
 		return err
 	})
 	if err != nil && !errors.Is(err, errDuplicate) {
@@ -481,9 +488,31 @@ func parse(e redis.XMessage) (Message, error) {
 	s, _ := e.Values["amount"].(string)
 	amount, err := strconv.ParseInt(s, 10, 64)
 	if account == "" || err != nil {
-		return Message{}, fmt.Errorf("want fields account and amount (an integer), got %v", e.Values)
+		return Message{}, fmt.Errorf("want fields account and amount (an integer), got %q", e.Values)
 	}
 	return Message{ID: e.ID, Account: account, Amount: amount}, nil
+}
+
+// storable returns s with what PostgreSQL's text cannot hold, NUL and
+// bytes that are not UTF-8, escaped as strconv.Quote escapes them.
+func storable(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	var b strings.Builder
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+		case r == 0:
+			b.WriteString(`\x00`)
+		default:
+			b.WriteString(s[:n])
+		}
+		s = s[n:]
+	}
+	return b.String()
 }
 
 func (c *Consumer) pause(p Point, m Message, token fence.Token) {
