@@ -3,7 +3,9 @@ package queue
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,10 +83,45 @@ type Message struct {
 	Amount  int64
 }
 
-// Produce appends a message to stream and returns its id.
+// Produce appends a message to stream and returns its id. A client that
+// resends the command after losing its reply (go-redis does, MaxRetries
+// times by default) does not append it again: the append runs in a script
+// that records the call's random id, for produceResendWindow, beside the
+// stream, and a resend finds the entry it appended. (The consumer's
+// idempotency is the entry's id; a message appended twice would be applied
+// twice.) An error other than Redis's answer (a deadline, a lost
+// connection after the last resend) leaves unknown whether the message was
+// appended: do not call Produce again as if it was not, unless applying
+// the message twice is harmless. stream must not contain braces.
 func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amount int64) (string, error) {
-	return rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"account", account, "amount", amount}}).Result()
+	if strings.ContainsAny(stream, "{}") {
+		return "", fmt.Errorf("%w: queue: stream %q contains a brace", fence.ErrInvalidName, stream)
+	}
+	var call [16]byte
+	_, _ = rand.Read(call[:]) // never fails (crypto/rand)
+	// The record's hash tag is the stream's name: the same Redis Cluster
+	// slot as the stream itself.
+	record := "{" + stream + "}:produce:" + hex.EncodeToString(call[:])
+	return produceScript.Run(ctx, rdb, []string{stream, record},
+		produceResendWindow.Milliseconds(), account, amount).Text()
 }
+
+// produceResendWindow is how long Produce's record of a call lives: longer
+// than a client takes to resend it.
+const produceResendWindow = time.Minute
+
+// produceScript appends the message (ARGV[2], ARGV[3]) to the stream
+// KEYS[1] unless KEYS[2] records the id this call appended before, and
+// records it for ARGV[1] ms.
+var produceScript = redis.NewScript(`
+local id = redis.call('GET', KEYS[2])
+if id then
+  return id
+end
+id = redis.call('XADD', KEYS[1], '*', 'account', ARGV[2], 'amount', ARGV[3])
+redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
+return id
+`)
 
 // Point is a place in the handling of a message where Consumer.Pause is
 // called.
