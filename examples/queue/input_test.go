@@ -72,3 +72,26 @@ func TestRunStreamTooLongForResource(t *testing.T) {
 		t.Fatalf("%v, want ErrInvalidName", err)
 	}
 }
+
+// A Consumer whose Name PostgreSQL's text cannot hold (a NUL, bytes that
+// are not UTF-8) fails at once with ErrInvalidOption. Before, Run led (the
+// test's 2 s ran out), and every message's transaction writes the name
+// (queue_applied.consumer), as does its dead letter (queue_dead.consumer):
+// both fail, the first message stays pending, every term ends on it.
+func TestRunNameUnstorable(t *testing.T) {
+	locker, err := memlock.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+	for _, name := range []string{"c\x00", "caf\xe9"} {
+		c := queue.Consumer{Redis: rdb, DB: pg.NewDB(t), Stream: "s", Group: "g", Name: name}
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		err := c.Run(ctx, locker)
+		cancel()
+		if !errors.Is(err, fence.ErrInvalidOption) {
+			t.Errorf("Name %q: %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
