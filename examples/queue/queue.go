@@ -226,7 +226,8 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // Each term creates the group (and the stream) if missing. It returns when
 // ctx ends, or at once, with an error matching fence.ErrInvalidOption or
 // ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
-// with a negative duration or count, or whose lock name, or the guard
+// with a Name that is not UTF-8 or holds a NUL, with a negative duration
+// or count, or whose lock name, or the guard
 // resource of its longest message id, is not valid. opts
 // are passed to Lead.
 func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
@@ -254,6 +255,11 @@ func (c *Consumer) check() error {
 	// leaves no room for the longest id would fail every message.
 	if err := fence.ValidateName(Resource(c.Stream, maxID)); err != nil {
 		return fmt.Errorf("queue: stream %d bytes, too long for its messages' guard resource: %w", len(c.Stream), err)
+	}
+	// Every effect and dead letter records the name: one PostgreSQL's
+	// text cannot hold would fail them all, and stall the queue.
+	if !utf8.ValidString(c.Name) || strings.ContainsRune(c.Name, 0) {
+		return fmt.Errorf("%w: queue: Name %q holds a NUL or is not UTF-8", fence.ErrInvalidOption, c.Name)
 	}
 	if c.Redis == nil || c.DB == nil {
 		return fmt.Errorf("%w: queue: Redis and DB must be set", fence.ErrInvalidOption)
