@@ -39,7 +39,11 @@ type HTTPOptions struct {
 	// raw path segment, /payments/1001 and /payments/01001 would be two
 	// resources, each with its own last token, for the one row that the
 	// handler's strconv.ParseInt finds for both. Parse and format the key.
-	// ResourceFromHeader lets the client choose instead.
+	// r.PathValue is set by the ServeMux only for the handler it routes
+	// to: with Middleware wrapping the ServeMux itself, it is empty, and
+	// "payment:" + r.PathValue("id") names one resource for every request
+	// (tokens of different locks then compared on it; refuse an empty
+	// value instead). ResourceFromHeader lets the client choose instead.
 	Resource func(*http.Request) (string, error)
 
 	// Namespace goes before every resource name in the store, so that the
