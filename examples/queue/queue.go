@@ -92,7 +92,9 @@ type Message struct {
 // twice.) An error other than Redis's answer (a deadline, a lost
 // connection after the last resend) leaves unknown whether the message was
 // appended: do not call Produce again as if it was not, unless applying
-// the message twice is harmless. stream must not contain braces.
+// the message twice is harmless. stream must not contain braces, and rdb
+// must run the script at once: a client, not a pipeline (where go-redis
+// cannot fall back from EVALSHA to EVAL).
 func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amount int64) (string, error) {
 	if strings.ContainsAny(stream, "{}") {
 		return "", fmt.Errorf("%w: queue: stream %q contains a brace", fence.ErrInvalidName, stream)
