@@ -45,9 +45,15 @@ func TestRefusedAcquiresParkWithOneGoroutine(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
 	const n = 40
+	errs := make(chan error, n)
+	for range n { // at once: the parking is shared
+		go func() {
+			_, err := l.Acquire(ctx(t), "lock:parked", fence.TTL(time.Minute))
+			errs <- err
+		}()
+	}
 	for range n {
-		_, err := l.Acquire(ctx(t), "lock:parked", fence.TTL(time.Minute))
-		if !errors.Is(err, syscall.ECONNREFUSED) {
+		if err := <-errs; !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Fatalf("Acquire with every dial refused: %v", err)
 		}
 	}
