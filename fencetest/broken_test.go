@@ -1,0 +1,216 @@
+package fencetest_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fencetest"
+	"github.com/fencekit/fence/memlock"
+)
+
+// A conformance suite is only worth what it catches. Each bug below is one
+// a backend could plausibly ship, put into memlock by a wrapper; the suite,
+// run on it in a child process, must fail, in the subtest named.
+var bugs = []struct {
+	name   string
+	caught string // the subtest of the suite that must fail
+	what   string
+}{
+	{"token-constant", "TokensIncreaseAfterRelease", "every lease has token 1"},
+	{"release-lost-nil", "ExpiryFreesTheLock", "Release of an expired lease returns nil"},
+	{"done-open-on-expiry", "ExpiryFreesTheLock", "Done is closed only by Release, not by expiry"},
+	{"extend-lost-nil", "ExpiryFreesTheLock", "Extend of a lost lease returns nil (an unchecked PEXPIRE)"},
+	{"deadline-late", "ExpiryFreesTheLock", "Deadline, and the lease's end, lie a second after the lock is freed (measured from the reply, no drift allowance)"},
+	{"extend-local-only", "ExtendKeepsToken", "Extend moves Deadline but not the lock's expiry on the server"},
+	{"watchdog-on-acquire-ctx", "WatchdogKeepsLease", "the watchdog stops when Acquire's ctx ends (a request's ctx)"},
+}
+
+const bugEnv = "FENCETEST_BUG"
+
+func TestSuiteCatchesBrokenBackends(t *testing.T) {
+	if os.Getenv(bugEnv) != "" {
+		t.Skip("in a child")
+	}
+	if testing.Short() {
+		t.Skip("runs the suite once per bug")
+	}
+	for _, bug := range bugs {
+		t.Run(bug.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenBackend$", "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), bugEnv+"="+bug.name)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed a backend where %s", bug.what)
+			}
+			want := regexp.MustCompile(`(?m)^\s*--- FAIL: TestBrokenBackend/` + regexp.QuoteMeta(bug.caught) + `\b`)
+			if !want.Match(out) {
+				t.Fatalf("a backend where %s: want subtest %s to fail; output:\n%s", bug.what, bug.caught, out)
+			}
+		})
+	}
+}
+
+// TestBrokenBackend runs the suite on memlock with the bug named by
+// $FENCETEST_BUG; it is the child of TestSuiteCatchesBrokenBackends.
+func TestBrokenBackend(t *testing.T) {
+	bug := os.Getenv(bugEnv)
+	if bug == "" {
+		t.Skip("run by TestSuiteCatchesBrokenBackends")
+	}
+	const watchdogTTL = 300 * time.Millisecond
+	l, err := memlock.New(&memlock.Options{WatchdogTTL: watchdogTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &brokenLocker{l: l, bug: bug}
+	fencetest.Run(t, fencetest.Config{
+		New:         func(testing.TB) fence.Locker { return b },
+		Remove:      func(_ testing.TB, name string) { l.Remove(name) },
+		WatchdogTTL: watchdogTTL,
+	})
+}
+
+type brokenLocker struct {
+	l   *memlock.Locker
+	bug string
+}
+
+func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	inner, err := b.l.Acquire(ctx, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	ls := &brokenLease{Lease: inner, bug: b.bug, released: make(chan struct{})}
+	if b.bug == "deadline-late" {
+		// The lease ends when its (late) Deadline passes, or at once when
+		// released.
+		ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+		context.AfterFunc(inner.Context(), func() {
+			if errors.Is(inner.Err(), fence.ErrReleased) {
+				ls.cancel(inner.Err())
+				return
+			}
+			time.AfterFunc(time.Until(ls.Deadline()), func() { ls.cancel(inner.Err()) })
+		})
+	}
+	if b.bug == "watchdog-on-acquire-ctx" {
+		// memlock stops renewing a lease whose Release had a done ctx.
+		context.AfterFunc(ctx, func() {
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = inner.Release(done)
+		})
+	}
+	return ls, nil
+}
+
+type brokenLease struct {
+	fence.Lease
+	bug string
+
+	mu       sync.Mutex
+	extended time.Time // extend-local-only
+	released chan struct{}
+	once     sync.Once
+
+	ctx    context.Context // deadline-late: the lease as its owner sees it
+	cancel context.CancelCauseFunc
+}
+
+func (ls *brokenLease) Token() fence.Token {
+	if ls.bug == "token-constant" {
+		return 1
+	}
+	return ls.Lease.Token()
+}
+
+func (ls *brokenLease) Done() <-chan struct{} {
+	switch ls.bug {
+	case "done-open-on-expiry":
+		return ls.released
+	case "deadline-late":
+		return ls.ctx.Done()
+	}
+	return ls.Lease.Done()
+}
+
+func (ls *brokenLease) Context() context.Context {
+	if ls.bug == "deadline-late" {
+		return ls.ctx
+	}
+	return ls.Lease.Context()
+}
+
+func (ls *brokenLease) Err() error {
+	if ls.bug == "deadline-late" {
+		if ls.ctx.Err() == nil {
+			return nil
+		}
+		if err := ls.Lease.Err(); err != nil {
+			return err
+		}
+		return context.Cause(ls.ctx)
+	}
+	return ls.Lease.Err()
+}
+
+func (ls *brokenLease) Deadline() time.Time {
+	d := ls.Lease.Deadline()
+	switch ls.bug {
+	case "deadline-late":
+		d = d.Add(time.Second)
+	case "extend-local-only":
+		ls.mu.Lock()
+		if ls.extended.After(d) {
+			d = ls.extended
+		}
+		ls.mu.Unlock()
+	}
+	return d
+}
+
+func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
+	switch ls.bug {
+	case "extend-lost-nil":
+		err := ls.Lease.Extend(ctx, ttl)
+		if errors.Is(err, fence.ErrLeaseLost) && !errors.Is(err, fence.ErrReleased) {
+			return nil
+		}
+		return err
+	case "extend-local-only":
+		if err := fence.ValidateTTL(ttl); err != nil {
+			return err
+		}
+		if ls.Lease.Err() != nil {
+			return ls.Lease.Extend(ctx, ttl)
+		}
+		ls.mu.Lock()
+		ls.extended = time.Now().Add(ttl)
+		ls.mu.Unlock()
+		return nil
+	}
+	return ls.Lease.Extend(ctx, ttl)
+}
+
+func (ls *brokenLease) Release(ctx context.Context) error {
+	if ls.bug == "deadline-late" && ctx.Err() == nil {
+		ls.cancel(fence.ErrReleased)     // the lease ends as Release starts,
+		ctx = context.WithoutCancel(ctx) // which must not cancel the delete
+	}
+	err := ls.Lease.Release(ctx)
+	if ls.bug == "done-open-on-expiry" {
+		ls.once.Do(func() { close(ls.released) })
+	}
+	if ls.bug == "release-lost-nil" && errors.Is(err, fence.ErrLeaseLost) {
+		return nil
+	}
+	return err
+}
