@@ -129,7 +129,12 @@ func ctxFor(t testing.TB) context.Context {
 
 func mustAcquire(t testing.TB, l fence.Locker, name string, opts ...fence.Option) fence.Lease {
 	t.Helper()
-	lease, err := l.Acquire(ctxFor(t), name, opts...)
+	return mustAcquireCtx(t, ctxFor(t), l, name, opts...)
+}
+
+func mustAcquireCtx(t testing.TB, ctx context.Context, l fence.Locker, name string, opts ...fence.Option) fence.Lease {
+	t.Helper()
+	lease, err := l.Acquire(ctx, name, opts...)
 	if err != nil {
 		t.Fatalf("Acquire(%q): %v", name, err)
 	}
@@ -224,9 +229,15 @@ func (s suite) expiry(t *testing.T) {
 	n := name(t)
 	a := mustAcquire(t, l, n, fence.TTL(200*time.Millisecond))
 	b := mustAcquire(t, l, n, fence.Wait(10*time.Second), fence.TTL(10*time.Second))
+	granted := time.Now()
 	defer mustRelease(t, b)
 	if b.Token() <= a.Token() {
 		t.Fatalf("token after expiry %d, want > %d", b.Token(), a.Token())
+	}
+	// Deadline is when a is known to be held until: the lock cannot have
+	// gone to b before it (a backend's Deadline errs early).
+	if d := a.Deadline(); d.After(granted) {
+		t.Fatalf("the lock went to another lease %v before the expired lease's Deadline", d.Sub(granted))
 	}
 	waitDone(t, a, 5*time.Second)
 	if !errors.Is(a.Err(), fence.ErrLeaseLost) {
@@ -234,6 +245,9 @@ func (s suite) expiry(t *testing.T) {
 	}
 	if time.Now().Before(a.Deadline()) {
 		t.Fatalf("expired lease ended before its deadline %v", a.Deadline())
+	}
+	if err := a.Extend(ctxFor(t), time.Minute); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend of expired lease = %v, want ErrLeaseLost", err)
 	}
 	if err := a.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release of expired lease = %v, want ErrLeaseLost", err)
@@ -315,10 +329,15 @@ func (s suite) cancelledContext(t *testing.T) {
 	}
 }
 
+// watchdog: a lease without TTL is renewed for as long as it is held, also
+// once the context given to Acquire (a request's, say) has ended: the
+// lease carries its values, not its cancellation.
 func (s suite) watchdog(t *testing.T) {
 	l := s.cfg.New(t)
 	n := name(t)
-	lease := mustAcquire(t, l, n)
+	actx, cancel := context.WithCancel(ctxFor(t))
+	lease := mustAcquireCtx(t, actx, l, n)
+	cancel()
 	first := lease.Deadline()
 	// Another caller waits three lease times for it, in vain.
 	_, err := s.cfg.New(t).Acquire(ctxFor(t), n, fence.Wait(3*s.cfg.WatchdogTTL))
@@ -330,6 +349,9 @@ func (s suite) watchdog(t *testing.T) {
 	}
 	if !lease.Deadline().After(first) {
 		t.Fatalf("deadline did not move: %v", first)
+	}
+	if err := lease.Context().Err(); err != nil {
+		t.Fatalf("the lease's Context ended with the ctx given to Acquire: %v", err)
 	}
 	mustRelease(t, lease)
 }
@@ -363,6 +385,9 @@ func (s suite) lostWhenTaken(t *testing.T) {
 	b := mustAcquire(t, s.cfg.New(t), n, fence.TTL(30*time.Second))
 	defer mustRelease(t, b)
 	waitDone(t, a, 5*s.cfg.WatchdogTTL)
+	if err := a.Extend(ctxFor(t), time.Minute); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend of taken lease = %v, want ErrLeaseLost", err)
+	}
 	if err := a.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release of taken lease = %v, want ErrLeaseLost", err)
 	}
@@ -503,14 +528,22 @@ func (s suite) extend(t *testing.T) {
 		if d := lease.Deadline(); !d.After(before) || d.After(time.Now().Add(bound)) {
 			t.Fatalf("deadline %v after Extend(1m), was %v, want later and within %v", d, before, bound)
 		}
-		// The extended lease outlives its first lease time.
-		select {
-		case <-lease.Done():
-			t.Fatalf("lease ended at its first lease time despite Extend(1m): %v", lease.Err())
-		case <-time.After(time.Until(before) + time.Second/2):
-		}
 	} else if !lease.Deadline().After(before.Add(30 * time.Second)) {
 		t.Fatalf("deadline %v after Extend(1m), was %v", lease.Deadline(), before)
+	}
+	// The extended lease, and its lock, outlive the first lease time: an
+	// Extend that moved Deadline but not the lock's expiry would let
+	// another owner in while the lease says it is held.
+	other, err := s.cfg.New(t).Acquire(ctxFor(t), n, fence.Wait(time.Until(before)+time.Second/2))
+	if err == nil {
+		_ = other.Release(ctxFor(t))
+		t.Fatalf("another Acquire took the lock at the lease's first lease time despite Extend(1m) (lease Err %v, Deadline in %v)", lease.Err(), time.Until(lease.Deadline()))
+	}
+	if !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("another Acquire waiting past the first lease time = %v, want ErrHeld", err)
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease ended at its first lease time despite Extend(1m): %v", err)
 	}
 	if err := lease.Extend(ctxFor(t), 0); !errors.Is(err, fence.ErrInvalidOption) {
 		t.Fatalf("Extend(0) = %v, want ErrInvalidOption", err)
