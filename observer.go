@@ -187,7 +187,13 @@ type GuardEvent struct {
 // lease and err to obs as an AcquireEvent of backend. Invalid input (an
 // error matching ErrInvalidName or ErrInvalidOption) is not reported: it
 // never reached the backend. Backends call it from Acquire when they have
-// an Observer.
+// an Observer, holding nothing that lease's methods wait for.
+//
+// If AcquireDone panics (or calls runtime.Goexit) for a granted lease,
+// ReportAcquire releases the lease, for up to 5 s, before the panic goes
+// on up through Acquire: Acquire then returns no lease that its caller
+// could release, and a caller that recovers must not be left with a lock
+// that a watchdog renews for ever.
 func ReportAcquire(obs Observer, backend, name string, start time.Time, lease Lease, err error) {
 	if errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption) {
 		return
@@ -195,6 +201,17 @@ func ReportAcquire(obs Observer, backend, name string, start time.Time, lease Le
 	ev := AcquireEvent{Backend: backend, Name: name, Result: ResultOf(err), Wait: time.Since(start), Err: err}
 	if lease != nil {
 		ev.Token = lease.Token()
+		returned := false
+		defer func() {
+			if !returned {
+				ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+				defer cancel()
+				_ = lease.Release(ctx)
+			}
+		}()
+		obs.AcquireDone(ev)
+		returned = true
+		return
 	}
 	obs.AcquireDone(ev)
 }
