@@ -72,7 +72,9 @@ func (ls *lease) tick() {
 }
 
 // Extend sets the lease to expire ttl from now; see fence.Lease. A watchdog
-// lease goes on being renewed with its watchdog TTL afterwards. After
+// lease goes on being renewed with its watchdog TTL afterwards, the next
+// time a third of that TTL from now; a ttl shorter than that ends it at
+// its new deadline. After
 // Release, Extend returns an error matching both fence.ErrLeaseLost and
 // fence.ErrReleased.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
@@ -94,6 +96,12 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	ls.deadline = now.Add(ttl)
 	if !ls.watchdog {
 		ls.timer.Reset(ttl)
+	} else {
+		// Renewed a third of the watchdog TTL from now, as after a
+		// renewal; unless the new deadline comes first: then the lease
+		// ends at it, as redislock's does when its watchdog's next
+		// renewal comes too late.
+		ls.timer.Reset(min(ttl, ls.ttl/3))
 	}
 	return nil
 }
