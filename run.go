@@ -15,7 +15,9 @@ const releaseTimeout = 5 * time.Second
 // the lease when fn returns, however it returns.
 //
 // fn's context is cancelled when ctx is done or the lease ends, whichever is
-// first; fn must stop writing when it is, and pass lease.Token() with every
+// first (by the lease's end, at once: it is done by the time the lease's
+// Done is closed); it has ctx's values and deadline. fn must stop writing
+// when it is, and pass lease.Token() with every
 // write so that the resource can reject it if it comes late anyway. Run
 // returns the error from Acquire if the lock was not taken (fn is not
 // called); otherwise fn's error joined with Release's error, so a lease that
@@ -38,15 +40,13 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 	if err != nil {
 		return err
 	}
-	workCtx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(lease.Context(), func() { cancel(lease.Err()) })
+	workCtx, end := workContext(ctx, lease)
 	var fnErr error
 	// Deferred, so that a panic in fn (or runtime.Goexit) releases the
 	// lease too: a caller that recovers must not be left with a lock that
 	// a watchdog renews for ever.
 	defer func() {
-		stop()
-		cancel(nil)
+		end()
 		// Release with a context that outlives a cancelled ctx: a lock left
 		// held blocks others until it expires.
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
@@ -62,4 +62,37 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 	}()
 	fnErr = fn(workCtx, lease)
 	return nil
+}
+
+// workContext returns fn's context, done when ctx is or the lease ends,
+// with the values of ctx and its deadline, and the func that ends it once
+// fn has returned. It is a child of the lease's Context, not of ctx, so
+// that the lease's end cancels it at once, in the call that ends the lease
+// (where that Context is one of the context package's, as every backend's
+// is): before another owner can be granted the lock by that call. An
+// AfterFunc on the lease's Context cancelled it in a goroutine of its own,
+// a moment later. The lease's Context carries the values of the ctx given
+// to Acquire, which is ctx. ctx's end cancels it from an AfterFunc, with
+// ctx's cause; when ctx's deadline passes, the same deadline of fn's
+// context ends it with context.DeadlineExceeded, as a child of ctx would
+// have been.
+func workContext(ctx context.Context, lease Lease) (context.Context, func()) {
+	work, cancel := context.WithCancelCause(lease.Context())
+	cancelDeadline := func() {}
+	deadline, hasDeadline := ctx.Deadline()
+	ret := work
+	if hasDeadline {
+		ret, cancelDeadline = context.WithDeadline(work, deadline)
+	}
+	stop := context.AfterFunc(ctx, func() {
+		if hasDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) && !time.Now().Before(deadline) {
+			return // ret's own deadline, the same, ends it
+		}
+		cancel(context.Cause(ctx))
+	})
+	return ret, func() {
+		stop()
+		cancelDeadline()
+		cancel(nil)
+	}
 }

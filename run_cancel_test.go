@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -83,4 +84,55 @@ func TestLeadOldLeaderCtxDoneBeforeNewLeaderStarts(t *testing.T) {
 	if overlaps > 0 {
 		t.Fatalf("in %d of %d terms the new leader's fn started while the old one's ctx was not done", overlaps, terms)
 	}
+}
+
+type ctxKey struct{}
+
+// fn's context is still what a child of ctx would be: ctx's values and
+// deadline, context.DeadlineExceeded when that passes, ctx's cause when it
+// is cancelled, the lease's Err as the cause when the lease ends.
+func TestRunCtxLikeChildOfCtx(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newMemlock(t)
+		base := context.WithValue(t.Context(), ctxKey{}, "v")
+
+		ctx, cancel := context.WithTimeout(base, time.Minute)
+		defer cancel()
+		want, _ := ctx.Deadline()
+		_ = fence.Run(ctx, l, "n", func(fctx context.Context, _ fence.Lease) error {
+			if v := fctx.Value(ctxKey{}); v != "v" {
+				t.Errorf("fn's ctx value %v, want ctx's", v)
+			}
+			if d, ok := fctx.Deadline(); !ok || !d.Equal(want) {
+				t.Errorf("fn's ctx deadline %v %v, want ctx's %v", d, ok, want)
+			}
+			<-fctx.Done()
+			if fctx.Err() != context.DeadlineExceeded || context.Cause(fctx) != context.DeadlineExceeded {
+				t.Errorf("at ctx's deadline fn's ctx Err %v cause %v, want DeadlineExceeded", fctx.Err(), context.Cause(fctx))
+			}
+			return nil
+		})
+
+		why := errors.New("shutdown")
+		cctx, ccancel := context.WithCancelCause(base)
+		_ = fence.Run(cctx, l, "n", func(fctx context.Context, _ fence.Lease) error {
+			if _, ok := fctx.Deadline(); ok {
+				t.Error("fn's ctx has a deadline, ctx none")
+			}
+			ccancel(why)
+			<-fctx.Done()
+			if fctx.Err() != context.Canceled || context.Cause(fctx) != why {
+				t.Errorf("fn's ctx Err %v cause %v, want Canceled and ctx's cause", fctx.Err(), context.Cause(fctx))
+			}
+			return nil
+		})
+
+		_ = fence.Run(base, l, "n", func(fctx context.Context, lease fence.Lease) error {
+			l.Remove("n")
+			if fctx.Err() == nil || !errors.Is(context.Cause(fctx), fence.ErrLeaseLost) {
+				t.Errorf("fn's ctx Err %v cause %v once the lease was lost, want its Err", fctx.Err(), context.Cause(fctx))
+			}
+			return nil
+		}, fence.TTL(time.Hour))
+	})
 }
