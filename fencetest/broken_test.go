@@ -30,6 +30,7 @@ var bugs = []struct {
 	{"deadline-late", "ExpiryFreesTheLock", "Deadline, and the lease's end, lie a second after the lock is freed (measured from the reply, no drift allowance)"},
 	{"extend-local-only", "ExtendKeepsToken", "Extend moves Deadline but not the lock's expiry on the server"},
 	{"watchdog-on-acquire-ctx", "WatchdogKeepsLease", "the watchdog stops when Acquire's ctx ends (a request's ctx)"},
+	{"context-drops-values", "Run", "the lease's Context lacks the values of Acquire's ctx (fence.Run's fn's ctx is a child of it)"},
 }
 
 const bugEnv = "FENCETEST_BUG"
@@ -101,6 +102,10 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 			time.AfterFunc(time.Until(ls.Deadline()), func() { ls.cancel(inner.Err()) })
 		})
 	}
+	if b.bug == "context-drops-values" {
+		ls.ctx, ls.cancel = context.WithCancelCause(context.Background())
+		context.AfterFunc(inner.Context(), func() { ls.cancel(context.Cause(inner.Context())) })
+	}
 	if b.bug == "watchdog-on-acquire-ctx" {
 		// memlock stops renewing a lease whose Release had a done ctx.
 		context.AfterFunc(ctx, func() {
@@ -121,7 +126,7 @@ type brokenLease struct {
 	released chan struct{}
 	once     sync.Once
 
-	ctx    context.Context // deadline-late: the lease as its owner sees it
+	ctx    context.Context // deadline-late, context-drops-values: the lease's Context
 	cancel context.CancelCauseFunc
 }
 
@@ -136,14 +141,17 @@ func (ls *brokenLease) Done() <-chan struct{} {
 	switch ls.bug {
 	case "done-open-on-expiry":
 		return ls.released
-	case "deadline-late":
+	case "deadline-late", "context-drops-values":
 		return ls.ctx.Done()
 	}
 	return ls.Lease.Done()
 }
 
 func (ls *brokenLease) Context() context.Context {
-	if ls.bug == "deadline-late" {
+	switch ls.bug {
+	case "deadline-late":
+		return ls.ctx
+	case "context-drops-values":
 		return ls.ctx
 	}
 	return ls.Lease.Context()
