@@ -605,12 +605,24 @@ func (s suite) invalidInput(t *testing.T) {
 	}
 }
 
+// valueKey keys the value that run puts in Run's ctx.
+type valueKey struct{}
+
 func (s suite) run(t *testing.T) {
 	l := s.cfg.New(t)
 	n := name(t)
 	var token fence.Token
-	err := fence.Run(ctxFor(t), l, n, func(ctx context.Context, lease fence.Lease) error {
+	// The lease's Context carries the values of the ctx given to Acquire
+	// (a trace, a request id), and so does fn's, its child.
+	vctx := context.WithValue(ctxFor(t), valueKey{}, "v")
+	err := fence.Run(vctx, l, n, func(ctx context.Context, lease fence.Lease) error {
 		token = lease.Token()
+		if v := lease.Context().Value(valueKey{}); v != "v" {
+			t.Errorf("the lease's Context has value %v, want the one of Acquire's ctx", v)
+		}
+		if v := ctx.Value(valueKey{}); v != "v" {
+			t.Errorf("fn's ctx has value %v, want the one of Run's ctx", v)
+		}
 		return nil
 	}, fence.TTL(10*time.Second))
 	if err != nil || token <= 0 {
