@@ -30,6 +30,7 @@ var bugs = []struct {
 	{"deadline-late", "ExpiryFreesTheLock", "Deadline, and the lease's end, lie a second after the lock is freed (measured from the reply, no drift allowance)"},
 	{"extend-local-only", "ExtendKeepsToken", "Extend moves Deadline but not the lock's expiry on the server"},
 	{"watchdog-on-acquire-ctx", "WatchdogKeepsLease", "the watchdog stops when Acquire's ctx ends (a request's ctx)"},
+	{"ghost-waiter", "WaitBudget", "an Acquire that gave up waiting leaves its place in line, and the lock goes to it, held for no one"},
 	{"context-drops-values", "Run", "the lease's Context lacks the values of Acquire's ctx (fence.Run's fn's ctx is a child of it)"},
 }
 
@@ -87,6 +88,11 @@ type brokenLocker struct {
 func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	inner, err := b.l.Acquire(ctx, name, opts...)
 	if err != nil {
+		if o, _ := fence.Apply(opts); b.bug == "ghost-waiter" && o.Wait > 0 && errors.Is(err, fence.ErrNotAcquired) {
+			// The waiter stays in line, and holds the lock it is given
+			// (memlock's watchdog renews it; no goroutine is left).
+			go func() { _, _ = b.l.Acquire(context.Background(), name, fence.Wait(3*time.Second)) }()
+		}
 		return nil, err
 	}
 	ls := &brokenLease{Lease: inner, bug: b.bug, released: make(chan struct{})}
