@@ -86,15 +86,45 @@ type brokenLocker struct {
 }
 
 func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if o, err := fence.Apply(opts); err == nil && b.bug == "ghost-waiter" && o.Wait > 0 {
+		return b.ghostAcquire(ctx, name, o.Wait, opts)
+	}
 	inner, err := b.l.Acquire(ctx, name, opts...)
 	if err != nil {
-		if o, _ := fence.Apply(opts); b.bug == "ghost-waiter" && o.Wait > 0 && errors.Is(err, fence.ErrNotAcquired) {
-			// The waiter stays in line, and holds the lock it is given
-			// (memlock's watchdog renews it; no goroutine is left).
-			go func() { _, _ = b.l.Acquire(context.Background(), name, fence.Wait(3*time.Second)) }()
-		}
 		return nil, err
 	}
+	return b.wrap(ctx, inner), nil
+}
+
+// ghostAcquire waits in line, but when the budget or ctx ends it returns
+// without leaving the line: the waiting Acquire goes on, and holds the
+// lock it is given (memlock's watchdog renews it; its goroutine ends).
+func (b *brokenLocker) ghostAcquire(ctx context.Context, name string, wait time.Duration, opts []fence.Option) (fence.Lease, error) {
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lease, err := b.l.Acquire(context.WithoutCancel(ctx), name, append(opts, fence.Wait(wait+3*time.Second))...)
+		got <- result{lease, err}
+	}()
+	budget := time.NewTimer(wait)
+	defer budget.Stop()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return b.wrap(ctx, r.lease), nil
+	case <-budget.C:
+		return nil, fence.NotAcquired(name, fence.ErrHeld)
+	case <-ctx.Done():
+		return nil, fence.NotAcquired(name, ctx.Err())
+	}
+}
+
+func (b *brokenLocker) wrap(ctx context.Context, inner fence.Lease) fence.Lease {
 	ls := &brokenLease{Lease: inner, bug: b.bug, released: make(chan struct{})}
 	if b.bug == "deadline-late" {
 		// The lease ends when its (late) Deadline passes, or at once when
@@ -120,7 +150,7 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 			_ = inner.Release(done)
 		})
 	}
-	return ls, nil
+	return ls
 }
 
 type brokenLease struct {

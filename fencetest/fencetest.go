@@ -284,11 +284,25 @@ func (s suite) expiredLeaseContext(t *testing.T) {
 	mustRelease(t, b)
 }
 
+// freeAfterGiveUp releases holder, after Acquires that gave up waiting for
+// it, and checks that the lock is free: an Acquire that gave up must not
+// keep its place in line (a queued key or node not deleted), or the lock
+// goes to it and is held for no one.
+func (s suite) freeAfterGiveUp(t *testing.T, l fence.Locker, holder fence.Lease) {
+	t.Helper()
+	mustRelease(t, holder)
+	next, err := s.cfg.New(t).Acquire(ctxFor(t), holder.Name(), fence.Wait(s.cfg.Slack), fence.TTL(10*time.Second))
+	if err != nil {
+		t.Fatalf("the lock is not free %v after its holder's Release, with only Acquires that gave up waiting for it: %v", s.cfg.Slack, err)
+	}
+	mustRelease(t, next)
+}
+
 func (s suite) waitBudget(t *testing.T) {
 	l := s.cfg.New(t)
 	n := name(t)
 	holder := mustAcquire(t, l, n, fence.TTL(30*time.Second))
-	defer mustRelease(t, holder)
+	defer s.freeAfterGiveUp(t, l, holder)
 	for _, budget := range []time.Duration{0, 300 * time.Millisecond} {
 		start := time.Now()
 		_, err := l.Acquire(ctxFor(t), n, fence.Wait(budget))
@@ -306,7 +320,7 @@ func (s suite) cancelWhileWaiting(t *testing.T) {
 	l := s.cfg.New(t)
 	n := name(t)
 	holder := mustAcquire(t, l, n, fence.TTL(30*time.Second))
-	defer mustRelease(t, holder)
+	defer s.freeAfterGiveUp(t, l, holder)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
