@@ -59,6 +59,25 @@ func (l *Locker) unlock() {
 	}
 }
 
+// unlockGranted is unlock for an Acquire that has just granted ls: the
+// ends it reports may include the expiry of the holder that Acquire found
+// lapsed. If the Observer panics there, Acquire does not return ls, and
+// nobody could release it: it is given up (as never granted, its end not
+// reported), so that its watchdog does not keep the lock for ever.
+func (l *Locker) unlockGranted(ls *lease) {
+	returned := false
+	defer func() {
+		if !returned {
+			l.mu.Lock()
+			l.endLockedAs(ls, fence.ErrReleased, "")
+			ls.released = true
+			l.unlock()
+		}
+	}()
+	l.unlock()
+	returned = true
+}
+
 var _ fence.Locker = (*Locker)(nil)
 
 // lock is a held lock and the callers waiting for it, first come first.
@@ -139,7 +158,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		lk = &lock{}
 		l.locks[name] = lk
 		ls := l.grantLocked(ctx, name, lk, o)
-		l.unlock()
+		l.unlockGranted(ls)
 		return ls, nil
 	}
 	if o.Wait == 0 {
