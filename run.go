@@ -15,9 +15,11 @@ const releaseTimeout = 5 * time.Second
 // the lease when fn returns, however it returns.
 //
 // fn's context is cancelled when ctx is done or the lease ends, whichever is
-// first (by the lease's end, at once: it is done by the time the lease's
-// Done is closed); it has ctx's values and deadline. fn must stop writing
-// when it is, and pass lease.Token() with every
+// first: by the lease's end at once (it is done by the time the lease's
+// Done is closed, before the lock can go to another owner through this
+// process), by ctx's end a moment later (from a goroutine; ctx's deadline,
+// which fn's context has too, at once). It has ctx's values. fn must stop
+// writing when it is, and pass lease.Token() with every
 // write so that the resource can reject it if it comes late anyway. Run
 // returns the error from Acquire if the lock was not taken (fn is not
 // called); otherwise fn's error joined with Release's error, so a lease that
