@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ var bugs = []struct {
 	{"done-open-on-expiry", "ExpiryFreesTheLock", "Done is closed only by Release, not by expiry"},
 	{"extend-lost-nil", "ExpiryFreesTheLock", "Extend of a lost lease returns nil (an unchecked PEXPIRE)"},
 	{"deadline-late", "ExpiryFreesTheLock", "Deadline, and the lease's end, lie a second after the lock is freed (measured from the reply, no drift allowance)"},
+	{"done-late", "ExpiryFreesTheLock", "the lease's end (Done, Context, Err) comes three seconds after its Deadline, the lock freed at it"},
 	{"extend-local-only", "ExtendKeepsToken", "Extend moves Deadline but not the lock's expiry on the server"},
 	{"watchdog-on-acquire-ctx", "WatchdogKeepsLease", "the watchdog stops when Acquire's ctx ends (a request's ctx)"},
 	{"ghost-waiter", "WaitBudget", "an Acquire that gave up waiting leaves its place in line, and the lock goes to it, held for no one"},
@@ -137,7 +139,7 @@ func (b *brokenLocker) ghostAcquire(ctx context.Context, name string, wait time.
 
 func (b *brokenLocker) wrap(ctx context.Context, inner fence.Lease) fence.Lease {
 	ls := &brokenLease{Lease: inner, bug: b.bug, released: make(chan struct{})}
-	if b.bug == "deadline-late" {
+	if b.bug == "deadline-late" || b.bug == "done-late" {
 		// The lease ends when its (late) Deadline passes, or at once when
 		// released.
 		ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
@@ -146,7 +148,11 @@ func (b *brokenLocker) wrap(ctx context.Context, inner fence.Lease) fence.Lease 
 				ls.cancel(inner.Err())
 				return
 			}
-			time.AfterFunc(time.Until(ls.Deadline()), func() { ls.cancel(inner.Err()) })
+			late := time.Until(ls.Deadline())
+			if b.bug == "done-late" && strings.Contains(inner.Err().Error(), "expired") {
+				late += 3 * time.Second // its expiry timer runs late
+			}
+			time.AfterFunc(late, func() { ls.cancel(inner.Err()) })
 		})
 	}
 	switch b.bug {
@@ -179,7 +185,7 @@ type brokenLease struct {
 	released chan struct{}
 	once     sync.Once
 
-	ctx    context.Context // deadline-late, context-drops-values: the lease's Context
+	ctx    context.Context // deadline-late, done-late, context-*: the lease's Context
 	cancel context.CancelCauseFunc
 }
 
@@ -194,7 +200,7 @@ func (ls *brokenLease) Done() <-chan struct{} {
 	switch ls.bug {
 	case "done-open-on-expiry":
 		return ls.released
-	case "deadline-late", "context-drops-values", "context-follows-acquire-ctx":
+	case "deadline-late", "done-late", "context-drops-values", "context-follows-acquire-ctx":
 		return ls.ctx.Done()
 	}
 	return ls.Lease.Done()
@@ -202,7 +208,7 @@ func (ls *brokenLease) Done() <-chan struct{} {
 
 func (ls *brokenLease) Context() context.Context {
 	switch ls.bug {
-	case "deadline-late":
+	case "deadline-late", "done-late":
 		return ls.ctx
 	case "context-drops-values", "context-follows-acquire-ctx":
 		return ls.ctx
@@ -211,7 +217,7 @@ func (ls *brokenLease) Context() context.Context {
 }
 
 func (ls *brokenLease) Err() error {
-	if ls.bug == "deadline-late" {
+	if ls.bug == "deadline-late" || ls.bug == "done-late" {
 		if ls.ctx.Err() == nil {
 			return nil
 		}
@@ -262,7 +268,7 @@ func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
 }
 
 func (ls *brokenLease) Release(ctx context.Context) error {
-	if ls.bug == "deadline-late" && ctx.Err() == nil {
+	if (ls.bug == "deadline-late" || ls.bug == "done-late") && ctx.Err() == nil {
 		ls.cancel(fence.ErrReleased)     // the lease ends as Release starts,
 		ctx = context.WithoutCancel(ctx) // which must not cancel the delete
 	}
