@@ -536,9 +536,12 @@ func (s suite) extend(t *testing.T) {
 	l := s.cfg.New(t)
 	n := name(t)
 	lease := mustAcquire(t, l, n, fence.TTL(time.Second))
-	before := lease.Deadline()
+	before, token := lease.Deadline(), lease.Token()
 	if err := lease.Extend(ctxFor(t), time.Minute); err != nil {
 		t.Fatalf("Extend: %v", err)
+	}
+	if lease.Token() != token {
+		t.Fatalf("Extend changed the token from %d to %d", token, lease.Token())
 	}
 	if bound := s.cfg.SessionBound; bound > 0 {
 		if d := lease.Deadline(); !d.After(before) || d.After(time.Now().Add(bound)) {
