@@ -51,7 +51,7 @@ func TestLeadHungExtendEndsTermAtDeadline(t *testing.T) {
 					t.Errorf("%s's term started while the old leader's ctx was not done", who)
 				}
 				if !oldDeadline.IsZero() && time.Now().Before(oldDeadline) {
-					t.Errorf("%s's term started %v before the old lease's deadline", who, oldDeadline.Sub(time.Now()))
+					t.Errorf("%s's term started %v before the old lease's deadline", who, time.Until(oldDeadline))
 				}
 				old, oldDeadline = fctx, lease.Deadline()
 				mu.Unlock()
