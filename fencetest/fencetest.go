@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)
 	t.Run("InvalidInput", s.invalidInput)
+	t.Run("HugeTTL", s.hugeTTL)
 	t.Run("Run", s.run)
 	t.Run("Reentry", s.reentry)
 	t.Run("Reports", s.reports)
@@ -729,5 +731,48 @@ func (s suite) closedClient(t *testing.T) {
 	}
 	if took := time.Since(start); took > s.cfg.Slack {
 		t.Errorf("Acquire with a 5 s wait budget on a closed client took %v: want it to fail at once", took)
+	}
+}
+
+// hugeTTL: a lease time too long for the backend (the largest Duration)
+// is refused, or granted with a Deadline far ahead; never one whose
+// Deadline wrapped into the past, nor a lock that expires at once. The
+// same for Extend.
+func (s suite) hugeTTL(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	check := func(what string, lease fence.Lease) {
+		t.Helper()
+		if d := time.Until(lease.Deadline()); d < time.Hour && s.cfg.SessionBound == 0 {
+			t.Errorf("%s: Deadline in %v, want far ahead", what, d)
+		}
+		if err := lease.Err(); err != nil {
+			t.Errorf("%s: lease ended: %v", what, err)
+		}
+		if _, err := s.cfg.New(t).Acquire(ctxFor(t), n); !errors.Is(err, fence.ErrHeld) {
+			t.Errorf("%s: another Acquire = %v, want ErrHeld", what, err)
+		}
+	}
+	for _, ttl := range []time.Duration{100 * 365 * 24 * time.Hour, math.MaxInt64} {
+		lease, err := l.Acquire(ctxFor(t), n, fence.TTL(ttl))
+		if err != nil {
+			if !errors.Is(err, fence.ErrInvalidOption) && !errors.Is(err, fence.ErrNotAcquired) {
+				t.Errorf("Acquire with TTL(%v) = %v, want a lease or a refusal", ttl, err)
+			}
+			t.Logf("Acquire with TTL(%v) refused: %v", ttl, err)
+		} else {
+			check(fmt.Sprintf("TTL(%v)", ttl), lease)
+			mustRelease(t, lease)
+		}
+		lease = mustAcquire(t, l, n, fence.TTL(10*time.Second))
+		if err := lease.Extend(ctxFor(t), ttl); err != nil {
+			t.Logf("Extend(%v) refused: %v", ttl, err)
+			if errors.Is(err, fence.ErrLeaseLost) {
+				t.Errorf("Extend(%v) = %v, the lease not lost", ttl, err)
+			}
+		} else {
+			check(fmt.Sprintf("Extend(%v)", ttl), lease)
+		}
+		mustRelease(t, lease)
 	}
 }
