@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,45 @@ func (s suite) reports(t *testing.T) {
 	t.Run("ExtendFindsLost", s.reportExtendLost)
 	t.Run("ReleaseRacesRemove", s.reportReleaseRace)
 	t.Run("ShortLease", s.reportShort)
+	t.Run("AcquireDonePanics", s.reportPanics)
+}
+
+// panicker is an Observer whose AcquireDone panics for the first lease it
+// is told of once armed (NewObserved may acquire, to warm up).
+type panicker struct {
+	fence.NopObserver
+	armed atomic.Bool
+}
+
+func (p *panicker) AcquireDone(ev fence.AcquireEvent) {
+	if ev.Result == fence.Acquired && p.armed.Swap(false) {
+		panic("fencetest: AcquireDone panics")
+	}
+}
+
+// reportPanics: an Observer whose AcquireDone panics makes Acquire panic
+// with the lock taken and no lease returned; a caller that recovers must
+// not be left with a lock held by no one (a watchdog's, for ever):
+// fence.ReportAcquire releases it.
+func (s suite) reportPanics(t *testing.T) {
+	p := &panicker{}
+	l := s.cfg.NewObserved(t, p)
+	n := name(t)
+	p.armed.Store(true)
+	r := func() (r any) {
+		defer func() { r = recover() }()
+		_, _ = l.Acquire(ctxFor(t), n)
+		return nil
+	}()
+	if r == nil {
+		t.Fatal("Acquire did not panic with its Observer")
+	}
+	// On the same Locker: New's may not share NewObserved's locks (memlock).
+	next, err := l.Acquire(ctxFor(t), n, fence.Wait(s.cfg.Slack), fence.TTL(10*time.Second))
+	if err != nil {
+		t.Fatalf("the lock taken by the Acquire whose Observer panicked is not free %v later: %v", s.cfg.Slack, err)
+	}
+	mustRelease(t, next)
 }
 
 // counter is an Observer that records the acquisitions and ends of leases
