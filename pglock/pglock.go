@@ -222,6 +222,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			// Listen before the next try, so that a release between the
 			// try and the wait is not missed.
 			if s, jw, err := l.join(waitCtx, name); err != nil {
+				if waitCtx.Err() != nil {
+					// The budget ended while the Listener started: the
+					// lock is as the last try found it, held.
+					return nil, budgetEnded(nil)
+				}
 				lastErr = err
 			} else {
 				sub, w = s, jw

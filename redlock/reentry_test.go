@@ -49,6 +49,17 @@ func TestObserverReleasesOnLossFoundByRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.lease <- lease
+	// Acquire returns on a majority: the third node's acquisition may
+	// still be on its way (a loaded machine), and, run after the DEL
+	// below on its node, it left the lock on a majority, renewed for ever
+	// (the test hung so once in a make unit).
+	deadline := time.Now().Add(10 * time.Second)
+	for len(lockedOn(t, srvs, name)) < len(srvs) {
+		if time.Now().After(deadline) {
+			t.Fatal("the acquisition did not run on every node")
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
 	for _, s := range srvs[:2] {
 		if err := s.Client(t).Del(ctxFor(t), lockKey(name)).Err(); err != nil {
 			t.Fatalf("DEL: %v", err)

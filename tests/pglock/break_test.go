@@ -641,3 +641,33 @@ func (c recordingConn) ExecContext(ctx context.Context, q string, args []driver.
 	c.keep(q, args)
 	return c.Conn.ExecContext(ctx, q, args)
 }
+
+// slowListener's Listen waits for its ctx: a LISTEN that gets no connection
+// within the wait budget (a pool exhausted, a server slow to accept).
+type slowListener struct{}
+
+func (slowListener) Listen(ctx context.Context, channel string) (<-chan string, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A wait budget that ends while Acquire waits for its Listener to start is
+// the lock still held: ErrHeld, not the budget's own context error, which
+// the caller would take for its ctx's (TestListenerKeepsStopping failed so
+// once under load).
+func TestBudgetEndsWhileListening(t *testing.T) {
+	d := newDatabase(t, pg)
+	holder, err := d.locker(t, d.db).Acquire(ctxFor(t, 10*time.Second), "slow-listen", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(context.Background())
+	l, err := pglock.New(d.db, &pglock.Options{Listener: slowListener{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Acquire(ctxFor(t, 10*time.Second), "slow-listen", fence.Wait(300*time.Millisecond))
+	if !errors.Is(err, fence.ErrHeld) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire whose budget ended while its Listener started = %v, want ErrHeld", err)
+	}
+}
