@@ -48,12 +48,13 @@ func TestParkedGiveBackSize(t *testing.T) {
 		t.Fatalf("Acquire with every dial refused: %v", err)
 	}
 	const n, workers = 1000, 20
+	c := ctx(t) // one: each ctx(t) holds its timer until the test ends
 	before := heapInUse()
 	errs := make(chan error, workers)
 	for range workers {
 		go func() {
 			for range n / workers {
-				if _, err := l.Acquire(ctx(t), "lock:flood", fence.TTL(time.Hour)); !errors.Is(err, syscall.ECONNREFUSED) {
+				if _, err := l.Acquire(c, "lock:flood", fence.TTL(time.Hour)); !errors.Is(err, syscall.ECONNREFUSED) {
 					errs <- err
 					return
 				}
