@@ -84,9 +84,39 @@ func (l *Locker) withdrawUntil(g giveBack) {
 // it next tries one).
 type parking struct {
 	mu      sync.Mutex
-	parked  []giveBack
+	parked  []parkedBack
 	running bool
 	sending chan struct{} // a slot for each give-back being sent again
+}
+
+// parkedBack is a parked give-back, kept to what its release needs: a
+// whole giveBack is some 600 bytes, and its attempt's home keeps the
+// failed Acquire's unused lease (800 more) alive, for as long as the
+// lease time while a server is down (TestParkedGiveBackSize).
+type parkedBack struct {
+	k         *keys
+	revokeArg any // the owner's revocation mark's key, boxed
+	ownerArg  any
+	retention any
+	revoke    time.Duration
+	until     time.Time
+}
+
+func parkedOf(g giveBack) parkedBack {
+	return parkedBack{g.a.keys, g.a.releaseBoxed[5], g.a.releaseArgs[0], g.a.releaseArgs[1], g.revoke, g.until}
+}
+
+// giveBack is the give-back that p keeps: its attempt has what
+// releaseOwned uses.
+func (p *parkedBack) giveBack() giveBack {
+	k := p.k
+	revokeKey, _ := p.revokeArg.(string)
+	return giveBack{attempt{
+		keys: k, revokeKey: revokeKey,
+		releaseKeys:  [6]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey},
+		releaseBoxed: [6]any{k.boxed[0], k.boxed[1], k.boxed[2], k.boxed[3], k.boxed[4], p.revokeArg},
+		releaseArgs:  [2]any{p.ownerArg, p.retention},
+	}, p.revoke, p.until}
 }
 
 const (
@@ -96,7 +126,7 @@ const (
 
 func (p *parking) park(l *Locker, g giveBack) {
 	p.mu.Lock()
-	p.parked = append(p.parked, g)
+	p.parked = append(p.parked, parkedOf(g))
 	start := !p.running
 	p.running = true
 	if p.sending == nil {
@@ -114,14 +144,14 @@ func (p *parking) unpark(l *Locker) {
 		pause(context.Background(), retryBackoff(tries))
 		p.mu.Lock()
 		now := time.Now()
-		p.parked = slices.DeleteFunc(p.parked, func(g giveBack) bool { return !now.Before(g.until) })
+		p.parked = slices.DeleteFunc(p.parked, func(g parkedBack) bool { return !now.Before(g.until) })
 		if len(p.parked) == 0 {
 			p.parked, p.running = nil, false
 			p.mu.Unlock()
 			return
 		}
 		i := tries % len(p.parked)
-		g := p.parked[i]
+		g := p.parked[i].giveBack()
 		p.mu.Unlock()
 		ctx, cancel := context.WithDeadline(context.Background(), g.until)
 		ctx, cancelProbe := context.WithTimeout(ctx, probeFor)
@@ -139,8 +169,9 @@ func (p *parking) unpark(l *Locker) {
 		all := p.parked
 		p.parked = nil
 		p.mu.Unlock()
-		for j, h := range all {
+		for j := range all {
 			if j != i || !done {
+				h := all[j].giveBack()
 				p.sending <- struct{}{}
 				go func() {
 					defer func() { <-p.sending }()
