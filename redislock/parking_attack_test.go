@@ -1,8 +1,11 @@
 package redislock_test
 
 import (
+	"context"
 	"errors"
+	"net"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -75,5 +78,178 @@ func TestParkedGiveBackSize(t *testing.T) {
 	t.Logf("%d bytes per parked give-back", per)
 	if per >= 1024 {
 		t.Fatalf("each refused Acquire holds %d bytes while the server is down; the doc says under a kilobyte", per)
+	}
+}
+
+// TestNoResendsParkNothing: on a client that never resends (MaxRetries -1)
+// a refused Acquire was never sent: nothing is parked, no goroutine runs.
+func TestNoResendsParkNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	l, _, _ := refusingLocker(t, srv, &redis.Options{MaxRetries: -1, DialerRetries: 1})
+	for range 5 {
+		if _, err := l.Acquire(ctx(t), "lock:no-resends", fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("Acquire with every dial refused: %v", err)
+		}
+	}
+	if got := redislock.Parked(l); got != 0 {
+		t.Fatalf("%d give-backs parked on a client that never resends", got)
+	}
+	if got := goroutinesBy(parkingFn); got != 0 {
+		t.Fatalf("%d parking goroutines on a client that never resends", got)
+	}
+}
+
+// TestWaitingThroughRefusals: a waiting Acquire whose tries are refused
+// (each may hide a resend of a copy that ran) gets the lock once the
+// server answers; its lease, marked resent, releases the lock with a
+// revocation mark, and nothing is left parked.
+func TestWaitingThroughRefusals(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:wait-refused"
+	var dials atomic.Int64
+	lr := &lostReply{refuse: true}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DialerRetries: 1, MaxRetries: 1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return lr.dial(ctx, network, addr)
+		}})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	type result struct {
+		ls  fence.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		ls, err := l.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		got <- result{ls, err}
+	}()
+	waitFor(t, func() bool { return dials.Load() >= 4 }) // a few tries refused
+	lr.set(func() { lr.refuse = false })
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("waiting Acquire after refusals: %v", r.err)
+	}
+	if owner := admin.Get(ctx(t), lockKey(name)).Val(); owner == "" {
+		t.Fatal("the lease's lock is not on the server")
+	}
+	select {
+	case <-r.ls.Done():
+		t.Fatalf("lease ended at once: %v", r.ls.Err())
+	default:
+	}
+	if err := r.ls.Extend(ctx(t), time.Minute); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if err := r.ls.Release(ctx(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if n := admin.Exists(ctx(t), lockKey(name)).Val(); n != 0 {
+		t.Fatal("the lock is still there after Release")
+	}
+	if marks := len(admin.Keys(ctx(t), lockKey(name)+":revoked:*").Val()); marks != 1 {
+		t.Fatalf("%d revocation marks after the release of a lease whose earlier tries may have run, want 1", marks)
+	}
+	if got := redislock.Parked(l); got != 0 {
+		t.Fatalf("%d give-backs parked by an Acquire that got its lease", got)
+	}
+	// A new Acquire gets the lock: nothing left behind blocks it.
+	ls, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = ls.Release(ctx(t))
+}
+
+// TestParkedGiveBackSparesNewOwner: a ghost acquisition (its reply lost,
+// its resend refused) parks its give-back; meanwhile the lock is freed
+// and another owner takes it. The give-back, sent once the server answers,
+// must leave that owner's lock alone (owner-checked), though it still
+// writes its own revocation mark.
+func TestParkedGiveBackSparesNewOwner(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:parked-spares"
+	lock := lockKey(name)
+	opts := redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
+	lr := &lostReply{match: []byte(lock)}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: lr.dial, DialerRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, opts)
+	if err := acquire(t, l, "lock:warm-up").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	lr.set(func() { lr.armed = true })
+	if _, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("Acquire whose resend was refused: %v", err)
+	}
+	ghost := admin.Get(ctx(t), lock).Val()
+	if ghost == "" {
+		t.Fatal("the lost acquisition did not take the lock")
+	}
+	waitFor(t, func() bool { return redislock.Parked(l) == 1 })
+	// The ghost's lock goes (expired, say) and another owner takes it.
+	admin.Del(ctx(t), lock)
+	other := acquire(t, lockerWith(t, srv.Client(t), opts), name, fence.TTL(time.Minute))
+	lr.set(func() { lr.refuse = false })
+	waitFor(t, func() bool { return redislock.Parked(l) == 0 && goroutinesBy(parkingFn) == 0 })
+	waitFor(t, func() bool { return len(admin.Keys(ctx(t), lock+":revoked:*").Val()) == 1 })
+	if now := admin.Get(ctx(t), lock).Val(); now == "" || now == ghost {
+		t.Fatalf("the parked give-back took the new owner's lock: %q", now)
+	}
+	if err := other.Release(ctx(t)); err != nil {
+		t.Fatalf("the new owner's Release after the give-back: %v", err)
+	}
+}
+
+// TestParkedGiveBacksPausedServer: the server answers dials again but
+// hangs (SIGSTOP): the probe gives up after probeFor and the parked
+// give-backs (more than are sent at a time) go out and wait; once it
+// resumes they all run, and the goroutines end.
+func TestParkedGiveBacksPausedServer(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	l, lr, _ := refusingLocker(t, srv, nil)
+	const n = 70
+	c := ctx(t)
+	for range n {
+		if _, err := l.Acquire(c, "lock:parked-paused", fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("Acquire with every dial refused: %v", err)
+		}
+	}
+	resume := srv.Pause(t)
+	lr.set(func() { lr.refuse = false })
+	// The probe hangs, gives up, and hands them out.
+	waitFor(t, func() bool { return redislock.Parked(l) == 0 })
+	resume()
+	waitFor(t, func() bool { return goroutinesBy(parkingFn) == 0 })
+	if marks := len(admin.Keys(ctx(t), lockKey("lock:parked-paused")+":revoked:*").Val()); marks != n {
+		t.Fatalf("%d revocation marks after the server resumed, want %d", marks, n)
+	}
+}
+
+// TestParkedGiveBacksClientClosedMidFlush: the parked give-backs are being
+// sent (the server hangs, so the sends wait and the flush waits for their
+// slots) when the client is closed: every goroutine ends, nothing panics,
+// nothing is left parked.
+func TestParkedGiveBacksClientClosedMidFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	l, lr, cl := refusingLocker(t, srv, nil)
+	const n = 70
+	c := ctx(t)
+	for range n {
+		if _, err := l.Acquire(c, "lock:parked-closed", fence.TTL(time.Hour)); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("Acquire with every dial refused: %v", err)
+		}
+	}
+	resume := srv.Pause(t)
+	lr.set(func() { lr.refuse = false })
+	waitFor(t, func() bool { return redislock.Parked(l) == 0 && goroutinesBy("(*parking).unpark") > 0 })
+	_ = cl.Close()
+	waitFor(t, func() bool { return goroutinesBy(parkingFn) == 0 && goroutinesBy("(*parking).unpark") == 0 })
+	resume()
+	if got := redislock.Parked(l); got != 0 {
+		t.Fatalf("%d left parked after the client closed", got)
 	}
 }
