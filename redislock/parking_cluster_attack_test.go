@@ -1,0 +1,113 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// refuser refuses the dials to the addresses it is told to.
+type refuser struct {
+	mu      sync.Mutex
+	refused map[string]bool
+}
+
+func (r *refuser) set(addr string, refuse bool) { r.mu.Lock(); r.refused[addr] = refuse; r.mu.Unlock() }
+
+func (r *refuser) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	r.mu.Lock()
+	refuse := r.refused[addr]
+	r.mu.Unlock()
+	if refuse {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
+// TestParkedGiveBackOnLiveNodeNotStarved: on a cluster, one node (B) stays
+// down while the Acquires of the locks it serves keep failing, refused,
+// each parking a give-back; another node (A) refuses for a moment, and a
+// give-back for a lock on A is parked too. Once A answers, its give-back
+// should go out within about a probe's back-off (a second): the lock it
+// frees may be held by nobody. The parking probes one give-back at a
+// time, rotating through them all, so that A's waits behind every one of
+// B's, a second each.
+func TestParkedGiveBackOnLiveNodeNotStarved(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	t.Cleanup(func() { _ = admin.Close() })
+	r := &refuser{refused: map[string]bool{}}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), Dialer: r.dial, DialerRetries: 1, MaxRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	nodeOf := func(name string) string {
+		n, err := admin.MasterForKey(ctx(t), lockKey(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Options().Addr
+	}
+	// Lock names on two different masters.
+	nameA := "lock:starve-a"
+	addrA := nodeOf(nameA)
+	var namesB []string
+	var addrB string
+	for i := 0; len(namesB) < 20; i++ {
+		name := fmt.Sprintf("lock:starve-b-%d", i)
+		if addr := nodeOf(name); addr != addrA && (addrB == "" || addr == addrB) {
+			addrB = addr
+			namesB = append(namesB, name)
+		}
+	}
+	for _, name := range append([]string{nameA}, namesB...) { // connections, scripts
+		if err := acquire(t, l, name, fence.TTL(time.Minute)).Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// kill drops the Locker's pooled connections to addr: refused dials
+	// then refuse every call.
+	kill := func(addr string) {
+		n := redis.NewClient(&redis.Options{Addr: addr})
+		defer n.Close()
+		if err := n.ClientKillByFilter(ctx(t), "TYPE", "normal").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.set(addrB, true)
+	kill(addrB)
+	for _, name := range namesB {
+		if _, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("Acquire on the refusing node: %v", err)
+		}
+	}
+	r.set(addrA, true)
+	kill(addrA)
+	if _, err := l.Acquire(ctx(t), nameA, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("Acquire on the refusing node: %v", err)
+	}
+	if got := redislock.Parked(l); got != len(namesB)+1 {
+		t.Fatalf("%d parked, want %d", got, len(namesB)+1)
+	}
+	r.set(addrA, false)
+	start := time.Now()
+	markA := lockKey(nameA) + ":revoked:*"
+	for len(admin.Keys(ctx(t), markA).Val()) == 0 {
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("the give-back for a lock on the node that answers again not sent after %v: it waits behind %d parked for the node still down", time.Since(start).Round(time.Millisecond), len(namesB))
+		}
+		time.Sleep(5 * time.Millisecond) // polling the server, as waitFor does
+	}
+	t.Logf("A's give-back sent %v after A answered", time.Since(start).Round(time.Millisecond))
+}
