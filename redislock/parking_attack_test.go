@@ -86,6 +86,7 @@ func TestParkedGiveBackSize(t *testing.T) {
 func TestNoResendsParkNothing(t *testing.T) {
 	srv := redistest.Start(t)
 	l, _, _ := refusingLocker(t, srv, &redis.Options{MaxRetries: -1, DialerRetries: 1})
+	waitFor(t, func() bool { return goroutinesBy(parkingFn) == 0 }) // other tests' Lockers
 	for range 5 {
 		if _, err := l.Acquire(ctx(t), "lock:no-resends", fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Fatalf("Acquire with every dial refused: %v", err)
