@@ -309,11 +309,12 @@
 // has the lock when it is back. So on a client that resends (MaxRetries
 // not -1), an Acquire failed by a refusal leaves a give-back too; a
 // give-back refused waits in the Locker's parking, where one goroutine
-// for all of them tries one, with back-off up to a second, until the
-// server answers, then sends them all (each dropped when its lock would
-// have expired; the goroutine ends with the last, or when the client is
-// closed). While a server is down, each failed Acquire thus holds under a
-// kilobyte for its lease time.
+// for all of them tries one of each server's (a cluster's node, a Ring's
+// shard), with back-off up to a second, until that server answers, then
+// sends all of that server's (each dropped when its lock would have
+// expired; the goroutine ends with the last, or when the client is
+// closed). While a server is down, each failed Acquire thus holds some
+// 300 bytes for its lease time.
 //
 // The wait budget (fence.Wait) bounds the waiting: the pauses, the
 // subscription and every try after the first. The first try runs on ctx

@@ -72,16 +72,19 @@ func (l *Locker) withdrawUntil(g giveBack) {
 // goroutine per Locker to send again once the server answers: while it is
 // down, every failed Acquire may add one (a refusal can end a client's own
 // resends of a try that ran, see mayRunLate), and a goroutine each,
-// retrying for the lease time, would pile up. That goroutine tries one
-// parked give-back at a time, with back-off up to a second, a different
-// one each time (on a cluster they may be on different nodes); the first
-// one that is not refused hands every parked give-back to its own
+// retrying for the lease time, would pile up. That goroutine tries, with
+// back-off up to a second, one parked give-back of each server that
+// refused them (a cluster's node or a Ring's shard, as the client mapped
+// the lock when it was parked), a different one each time; when one is
+// not refused, every parked give-back of its server goes to its own
 // withdrawal (unparkAtOnce at a time), which parks it again if its server
-// still refuses. A try that hangs is given up after probeFor, and counts
-// as an answer: the withdrawals then retry on their own, as from a paused
-// server. Each give-back is dropped when its lock would have expired, and
-// the goroutine ends when none is left (or, the client closed, as soon as
-// it next tries one).
+// still refuses. One at a time for all would leave the give-backs of a
+// node that answers again behind those of one still down, a second each
+// (TestParkedGiveBackOnLiveNodeNotStarved). A try that hangs is given up
+// after probeFor, and counts as an answer: the withdrawals then retry on
+// their own, as from a paused server. Each give-back is dropped when its
+// lock would have expired, and the goroutine ends when none is left (or,
+// the client closed, as soon as it next tries one).
 type parking struct {
 	mu      sync.Mutex
 	parked  []parkedBack
@@ -94,6 +97,7 @@ type parking struct {
 // failed Acquire's unused lease (800 more) alive, for as long as the
 // lease time while a server is down (TestParkedGiveBackSize).
 type parkedBack struct {
+	node      string // the server that refused it, as primaryFor names it ("" on a client of one)
 	k         *keys
 	revokeArg any // the owner's revocation mark's key, boxed
 	ownerArg  any
@@ -102,8 +106,8 @@ type parkedBack struct {
 	until     time.Time
 }
 
-func parkedOf(g giveBack) parkedBack {
-	return parkedBack{g.a.keys, g.a.releaseBoxed[5], g.a.releaseArgs[0], g.a.releaseArgs[1], g.revoke, g.until}
+func parkedOf(g giveBack, node string) parkedBack {
+	return parkedBack{node, g.a.keys, g.a.releaseBoxed[5], g.a.releaseArgs[0], g.a.releaseArgs[1], g.revoke, g.until}
 }
 
 // giveBack is the give-back that p keeps: its attempt has what
@@ -125,8 +129,16 @@ const (
 )
 
 func (p *parking) park(l *Locker, g giveBack) {
+	// The server the client maps the lock to (a cluster's slot map, a
+	// Ring's hash: no round trip, unless a cluster client has no map).
+	ctx, cancel := context.WithTimeout(context.Background(), probeFor)
+	node, _, err := l.primaryFor(ctx, g.a.keys.lock)
+	cancel()
+	if err != nil {
+		node = ""
+	}
 	p.mu.Lock()
-	p.parked = append(p.parked, parkedOf(g))
+	p.parked = append(p.parked, parkedOf(g, node))
 	start := !p.running
 	p.running = true
 	if p.sending == nil {
@@ -136,6 +148,14 @@ func (p *parking) park(l *Locker, g giveBack) {
 	if start {
 		go p.unpark(l)
 	}
+}
+
+// probe is a parked give-back tried by the parking's goroutine.
+type probe struct {
+	i        int // in parked
+	g        giveBack
+	answered bool // not refused
+	done     bool // and need not be sent again
 }
 
 // unpark is the parking's goroutine.
@@ -150,35 +170,84 @@ func (p *parking) unpark(l *Locker) {
 			p.mu.Unlock()
 			return
 		}
-		i := tries % len(p.parked)
-		g := p.parked[i].giveBack()
+		probes := p.pick(tries)
 		p.mu.Unlock()
-		ctx, cancel := context.WithDeadline(context.Background(), g.until)
-		ctx, cancelProbe := context.WithTimeout(ctx, probeFor)
-		_, err := l.releaseOwned(ctx, &g.a, g.revoke)
-		done := err == nil || !transient(err) && ctx.Err() == nil
-		cancelProbe()
-		cancel()
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		if len(probes) == 1 {
+			probes[0].try(l)
+		} else {
+			var wg sync.WaitGroup
+			for k := range probes {
+				wg.Add(1)
+				go func() { defer wg.Done(); probes[k].try(l) }()
+			}
+			wg.Wait()
+		}
+		// A server that answers again (or the client closed): send its
+		// parked give-backs again, a few at a time, but the one just
+		// tried if that is done. (Parks meanwhile only appended.)
+		p.mu.Lock()
+		answered := map[string]bool{}
+		skip := map[int]bool{}
+		for _, pr := range probes {
+			if pr.answered {
+				answered[p.parked[pr.i].node] = true
+				skip[pr.i] = pr.done
+			}
+		}
+		if len(answered) == 0 {
+			p.mu.Unlock()
 			continue
 		}
-		// The server answers again (or the client was closed): send every
-		// parked give-back again, a few at a time, but the one just tried
-		// if that is done.
-		p.mu.Lock()
-		all := p.parked
-		p.parked = nil
-		p.mu.Unlock()
-		for j := range all {
-			if j != i || !done {
-				h := all[j].giveBack()
-				p.sending <- struct{}{}
-				go func() {
-					defer func() { <-p.sending }()
-					l.withdrawUntil(h)
-				}()
+		var send []parkedBack
+		keep := p.parked[:0]
+		for j, g := range p.parked {
+			switch {
+			case !answered[g.node]:
+				keep = append(keep, g)
+			case !skip[j]:
+				send = append(send, g)
 			}
+		}
+		clear(p.parked[len(keep):])
+		p.parked = keep
+		p.mu.Unlock()
+		for j := range send {
+			h := send[j].giveBack()
+			p.sending <- struct{}{}
+			go func() {
+				defer func() { <-p.sending }()
+				l.withdrawUntil(h)
+			}()
 		}
 		tries = 0
 	}
+}
+
+// pick returns one parked give-back of each server to try, the tries-th of
+// its server's, in the order parked. p.mu is held.
+func (p *parking) pick(tries int) []probe {
+	count := map[string]int{}
+	for _, g := range p.parked {
+		count[g.node]++
+	}
+	probes := make([]probe, 0, len(count))
+	seen := map[string]int{}
+	for i, g := range p.parked {
+		if seen[g.node] == tries%count[g.node] {
+			probes = append(probes, probe{i: i, g: g.giveBack()})
+		}
+		seen[g.node]++
+	}
+	return probes
+}
+
+// try sends pr's give-back once, for at most probeFor.
+func (pr *probe) try(l *Locker) {
+	ctx, cancel := context.WithDeadline(context.Background(), pr.g.until)
+	defer cancel()
+	ctx, cancelProbe := context.WithTimeout(ctx, probeFor)
+	defer cancelProbe()
+	_, err := l.releaseOwned(ctx, &pr.g.a, pr.g.revoke)
+	pr.answered = !errors.Is(err, syscall.ECONNREFUSED)
+	pr.done = err == nil || !transient(err) && ctx.Err() == nil
 }
