@@ -111,3 +111,89 @@ func TestParkedGiveBackOnLiveNodeNotStarved(t *testing.T) {
 	}
 	t.Logf("A's give-back sent %v after A answered", time.Since(start).Round(time.Millisecond))
 }
+
+// TestParkedGiveBackNotBehindHungNode: on a cluster, node B refused (its
+// give-backs parked, more than are sent at a time), then comes back but
+// does not answer for a while: paused here, loading its data set (LOADING)
+// in life; the probe counts that as an answer, and B's give-backs go out,
+// holding every sending slot while B hangs. Node A refuses for a moment
+// and answers again: the give-back for its lock should go out within
+// about a probe's back-off, not wait for B.
+func TestParkedGiveBackNotBehindHungNode(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	t.Cleanup(func() { _ = admin.Close() })
+	r := &refuser{refused: map[string]bool{}}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), Dialer: r.dial, DialerRetries: 1, MaxRetries: 1, ReadTimeout: time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	nodeOf := func(name string) string {
+		n, err := admin.MasterForKey(ctx(t), lockKey(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Options().Addr
+	}
+	nameA := "lock:hung-a"
+	addrA := nodeOf(nameA)
+	var nameB, addrB string
+	for i := 0; nameB == ""; i++ {
+		name := fmt.Sprintf("lock:hung-b-%d", i)
+		if addr := nodeOf(name); addr != addrA {
+			nameB, addrB = name, addr
+		}
+	}
+	var serverB *redistest.Server
+	for _, s := range cluster.Servers {
+		if s.Addr == addrB {
+			serverB = s
+		}
+	}
+	if serverB == nil {
+		t.Fatalf("no server at %s", addrB)
+	}
+	for _, name := range []string{nameA, nameB} { // connections, scripts
+		if err := acquire(t, l, name, fence.TTL(time.Minute)).Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kill := func(addr string) {
+		n := redis.NewClient(&redis.Options{Addr: addr})
+		defer n.Close()
+		if err := n.ClientKillByFilter(ctx(t), "TYPE", "normal").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.set(addrB, true)
+	kill(addrB)
+	const nB = 40 // more than are sent at a time
+	for range nB {
+		if _, err := l.Acquire(ctx(t), nameB, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("Acquire on the refusing node: %v", err)
+		}
+	}
+	resume := serverB.Pause(t)
+	r.set(addrB, false)
+	// The probe hangs, gives up, and B's give-backs go out (and hang).
+	waitFor(t, func() bool { return redislock.Parked(l) == 0 })
+	r.set(addrA, true)
+	kill(addrA)
+	if _, err := l.Acquire(ctx(t), nameA, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("Acquire on the refusing node: %v", err)
+	}
+	r.set(addrA, false)
+	start := time.Now()
+	markA := lockKey(nameA) + ":revoked:*"
+	nodeA := redis.NewClient(&redis.Options{Addr: addrA})
+	defer nodeA.Close()
+	for len(nodeA.Keys(ctx(t), markA).Val()) == 0 {
+		if time.Since(start) > 5*time.Second {
+			resume()
+			t.Fatalf("the give-back for a lock on the node that answers again not sent after %v: it waits for the give-backs of a hung node", time.Since(start).Round(time.Millisecond))
+		}
+		time.Sleep(5 * time.Millisecond) // polling the server, as waitFor does
+	}
+	t.Logf("A's give-back sent %v after A answered", time.Since(start).Round(time.Millisecond))
+	resume()
+	waitFor(t, func() bool { return goroutinesBy(parkingFn) == 0 })
+}
