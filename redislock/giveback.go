@@ -77,8 +77,9 @@ func (l *Locker) withdrawUntil(g giveBack) {
 // refused them (a cluster's node or a Ring's shard, as the client mapped
 // the lock when it was parked), a different one each time; when one is
 // not refused, every parked give-back of its server goes to its own
-// withdrawal (unparkAtOnce at a time), which parks it again if its server
-// still refuses. One at a time for all would leave the give-backs of a
+// withdrawal (unparkAtOnce at a time for each server, handed out by a
+// goroutine of their own while this one goes on probing the others),
+// which parks it again if its server still refuses. One at a time for all would leave the give-backs of a
 // node that answers again behind those of one still down, a second each
 // (TestParkedGiveBackOnLiveNodeNotStarved). A try that hangs is given up
 // after probeFor, and counts as an answer: the withdrawals then retry on
@@ -89,7 +90,10 @@ type parking struct {
 	mu      sync.Mutex
 	parked  []parkedBack
 	running bool
-	sending chan struct{} // a slot for each give-back being sent again
+	// sending has, for each server, a slot for each of its give-backs
+	// being sent again: a server that hangs holds its own slots, not
+	// those of the others (TestParkedGiveBackNotBehindHungNode).
+	sending map[string]chan struct{}
 }
 
 // parkedBack is a parked give-back, kept to what its release needs: a
@@ -141,9 +145,6 @@ func (p *parking) park(l *Locker, g giveBack) {
 	p.parked = append(p.parked, parkedOf(g, node))
 	start := !p.running
 	p.running = true
-	if p.sending == nil {
-		p.sending = make(chan struct{}, unparkAtOnce)
-	}
 	p.mu.Unlock()
 	if start {
 		go p.unpark(l)
@@ -198,28 +199,45 @@ func (p *parking) unpark(l *Locker) {
 			p.mu.Unlock()
 			continue
 		}
-		var send []parkedBack
+		send := map[string][]parkedBack{}
 		keep := p.parked[:0]
 		for j, g := range p.parked {
 			switch {
 			case !answered[g.node]:
 				keep = append(keep, g)
 			case !skip[j]:
-				send = append(send, g)
+				send[g.node] = append(send[g.node], g)
 			}
 		}
 		clear(p.parked[len(keep):])
 		p.parked = keep
-		p.mu.Unlock()
-		for j := range send {
-			h := send[j].giveBack()
-			p.sending <- struct{}{}
-			go func() {
-				defer func() { <-p.sending }()
-				l.withdrawUntil(h)
-			}()
+		if p.sending == nil {
+			p.sending = map[string]chan struct{}{}
 		}
+		for node, batch := range send {
+			slots := p.sending[node]
+			if slots == nil {
+				slots = make(chan struct{}, unparkAtOnce)
+				p.sending[node] = slots
+			}
+			// Not here: this goroutine goes on probing the others.
+			go p.send(l, slots, batch)
+		}
+		p.mu.Unlock()
 		tries = 0
+	}
+}
+
+// send hands each give-back of batch to its own withdrawal, as slots
+// allow.
+func (p *parking) send(l *Locker, slots chan struct{}, batch []parkedBack) {
+	for j := range batch {
+		h := batch[j].giveBack()
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots }()
+			l.withdrawUntil(h)
+		}()
 	}
 }
 

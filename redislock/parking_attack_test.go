@@ -194,7 +194,7 @@ func TestParkedGiveBackSparesNewOwner(t *testing.T) {
 	admin.Del(ctx(t), lock)
 	other := acquire(t, lockerWith(t, srv.Client(t), opts), name, fence.TTL(time.Minute))
 	lr.set(func() { lr.refuse = false })
-	waitFor(t, func() bool { return redislock.Parked(l) == 0 && goroutinesBy(parkingFn) == 0 })
+	waitFor(t, func() bool { return redislock.Parked(l) == 0 && parkingIdle() })
 	waitFor(t, func() bool { return len(admin.Keys(ctx(t), lock+":revoked:*").Val()) == 1 })
 	if now := admin.Get(ctx(t), lock).Val(); now == "" || now == ghost {
 		t.Fatalf("the parked give-back took the new owner's lock: %q", now)
@@ -224,7 +224,7 @@ func TestParkedGiveBacksPausedServer(t *testing.T) {
 	// The probe hangs, gives up, and hands them out.
 	waitFor(t, func() bool { return redislock.Parked(l) == 0 })
 	resume()
-	waitFor(t, func() bool { return goroutinesBy(parkingFn) == 0 })
+	waitFor(t, parkingIdle)
 	if marks := len(admin.Keys(ctx(t), lockKey("lock:parked-paused")+":revoked:*").Val()); marks != n {
 		t.Fatalf("%d revocation marks after the server resumed, want %d", marks, n)
 	}
@@ -246,9 +246,9 @@ func TestParkedGiveBacksClientClosedMidFlush(t *testing.T) {
 	}
 	resume := srv.Pause(t)
 	lr.set(func() { lr.refuse = false })
-	waitFor(t, func() bool { return redislock.Parked(l) == 0 && goroutinesBy("(*parking).unpark") > 0 })
+	waitFor(t, func() bool { return redislock.Parked(l) == 0 && goroutinesBy("(*parking).send") > 0 })
 	_ = cl.Close()
-	waitFor(t, func() bool { return goroutinesBy(parkingFn) == 0 && goroutinesBy("(*parking).unpark") == 0 })
+	waitFor(t, parkingIdle)
 	resume()
 	if got := redislock.Parked(l); got != 0 {
 		t.Fatalf("%d left parked after the client closed", got)

@@ -195,5 +195,5 @@ func TestParkedGiveBackNotBehindHungNode(t *testing.T) {
 	}
 	t.Logf("A's give-back sent %v after A answered", time.Since(start).Round(time.Millisecond))
 	resume()
-	waitFor(t, func() bool { return goroutinesBy(parkingFn) == 0 })
+	waitFor(t, parkingIdle)
 }

@@ -31,6 +31,13 @@ func goroutinesBy(fn string) int {
 
 const parkingFn = "(*parking).park"
 
+// parkingIdle reports whether no parking goroutine runs: none probing
+// (started by park), none handing out give-backs that a server answers
+// again for, and none of those give-backs being sent.
+func parkingIdle() bool {
+	return goroutinesBy(parkingFn) == 0 && goroutinesBy("(*parking).unpark") == 0 && goroutinesBy("(*parking).send") == 0
+}
+
 // TestRefusedAcquiresParkWithOneGoroutine: while the server refuses
 // connections, every failed Acquire on a client that resends may hide a
 // copy that ran (TestRefusedRetryAfterLostReplyGivesBack), so it leaves a
@@ -70,7 +77,7 @@ func TestRefusedAcquiresParkWithOneGoroutine(t *testing.T) {
 		t.Fatalf("keys written while every dial was refused: %v", n)
 	}
 	lr.set(func() { lr.refuse = false })
-	waitFor(t, func() bool { return redislock.Parked(l) == 0 && goroutinesBy(parkingFn) == 0 })
+	waitFor(t, func() bool { return redislock.Parked(l) == 0 && parkingIdle() })
 	// Each give-back ran: it left its owner's revocation mark.
 	if marks := len(admin.Keys(ctx(t), lockKey("lock:parked")+":revoked:*").Val()); marks != n {
 		t.Fatalf("%d revocation marks after the server answered again, want %d", marks, n)
