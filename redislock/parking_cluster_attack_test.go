@@ -36,6 +36,21 @@ func (r *refuser) dial(ctx context.Context, network, addr string) (net.Conn, err
 	return d.DialContext(ctx, network, addr)
 }
 
+// holdsWithin polls cond, as waitFor does, until it holds or d has passed; it
+// returns how long that took and whether cond held.
+func holdsWithin(d time.Duration, cond func() bool) (time.Duration, bool) {
+	start := time.Now()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Since(start) > d {
+			return time.Since(start).Round(time.Millisecond), false
+		}
+		<-tick.C
+	}
+	return time.Since(start).Round(time.Millisecond), true
+}
+
 // TestParkedGiveBackOnLiveNodeNotStarved: on a cluster, one node (B) stays
 // down while the Acquires of the locks it serves keep failing, refused,
 // each parking a give-back; another node (A) refuses for a moment, and a
@@ -101,15 +116,12 @@ func TestParkedGiveBackOnLiveNodeNotStarved(t *testing.T) {
 		t.Fatalf("%d parked, want %d", got, len(namesB)+1)
 	}
 	r.set(addrA, false)
-	start := time.Now()
 	markA := lockKey(nameA) + ":revoked:*"
-	for len(admin.Keys(ctx(t), markA).Val()) == 0 {
-		if time.Since(start) > 3*time.Second {
-			t.Fatalf("the give-back for a lock on the node that answers again not sent after %v: it waits behind %d parked for the node still down", time.Since(start).Round(time.Millisecond), len(namesB))
-		}
-		time.Sleep(5 * time.Millisecond) // polling the server, as waitFor does
+	took, ok := holdsWithin(3*time.Second, func() bool { return len(admin.Keys(ctx(t), markA).Val()) > 0 })
+	if !ok {
+		t.Fatalf("the give-back for a lock on the node that answers again not sent after %v: it waits behind %d parked for the node still down", took, len(namesB))
 	}
-	t.Logf("A's give-back sent %v after A answered", time.Since(start).Round(time.Millisecond))
+	t.Logf("A's give-back sent %v after A answered", took)
 }
 
 // TestParkedGiveBackNotBehindHungNode: on a cluster, node B refused (its
@@ -182,18 +194,15 @@ func TestParkedGiveBackNotBehindHungNode(t *testing.T) {
 		t.Fatalf("Acquire on the refusing node: %v", err)
 	}
 	r.set(addrA, false)
-	start := time.Now()
 	markA := lockKey(nameA) + ":revoked:*"
 	nodeA := redis.NewClient(&redis.Options{Addr: addrA})
 	defer nodeA.Close()
-	for len(nodeA.Keys(ctx(t), markA).Val()) == 0 {
-		if time.Since(start) > 5*time.Second {
-			resume()
-			t.Fatalf("the give-back for a lock on the node that answers again not sent after %v: it waits for the give-backs of a hung node", time.Since(start).Round(time.Millisecond))
-		}
-		time.Sleep(5 * time.Millisecond) // polling the server, as waitFor does
+	took, ok := holdsWithin(5*time.Second, func() bool { return len(nodeA.Keys(ctx(t), markA).Val()) > 0 })
+	if !ok {
+		resume()
+		t.Fatalf("the give-back for a lock on the node that answers again not sent after %v: it waits for the give-backs of a hung node", took)
 	}
-	t.Logf("A's give-back sent %v after A answered", time.Since(start).Round(time.Millisecond))
+	t.Logf("A's give-back sent %v after A answered", took)
 	resume()
 	waitFor(t, parkingIdle)
 }
