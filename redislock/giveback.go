@@ -134,10 +134,14 @@ const (
 
 func (p *parking) park(l *Locker, g giveBack) {
 	// The server the client maps the lock to (a cluster's slot map, a
-	// Ring's hash: no round trip, unless a cluster client has no map).
-	ctx, cancel := context.WithTimeout(context.Background(), probeFor)
-	node, _, err := l.primaryFor(ctx, g.a.keys.lock)
+	// Ring's hash), with no round trip: park runs in a failing Acquire,
+	// which must return by its caller's deadline, and a cluster client
+	// with no slot map would load one. The ctx is done already: such a
+	// client fails at once, and its give-backs go with those of no
+	// known server ("").
+	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
+	node, _, err := l.primaryFor(ctx, g.a.keys.lock)
 	if err != nil {
 		node = ""
 	}
