@@ -108,6 +108,10 @@ func TestObserverReentersLocalHandoff(t *testing.T) {
 	holder := acquire(t, l, name, fence.TTL(time.Minute))
 	obs.leased.Add(1)
 	var wg sync.WaitGroup
+	// A failure below must not leave the waiters to report after the
+	// test has ended (a panic of the whole package's run).
+	t.Cleanup(wg.Wait)
+	var returned atomic.Int64 // waiters whose Acquire has returned
 	for i := range n {
 		ttl := 150*time.Millisecond + dur(rnd, 300*time.Millisecond)
 		hold := dur(rnd, 200*time.Millisecond) // past ttl sometimes: lost
@@ -121,6 +125,7 @@ func TestObserverReentersLocalHandoff(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			ls, err := locker.Acquire(c, name, fence.Wait(budget), fence.TTL(ttl))
+			returned.Add(1)
 			if took := time.Since(start); took > budget+time.Second {
 				t.Errorf("waiter %d: returned after %v, budget %v", i, took, budget)
 			}
@@ -143,7 +148,9 @@ func TestObserverReentersLocalHandoff(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey(name)+":queue").Val() == n })
+	// Every waiter queued, or (a loaded machine: a budget of 2 s ran out
+	// before the last queued; it failed so once) gave up.
+	waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey(name)+":queue").Val()+returned.Load() >= n })
 	if err := holder.Release(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
