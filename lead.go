@@ -44,7 +44,9 @@ func LeaseOptions(opts ...Option) LeadOption {
 // the pause is drawn at random between half and all of min·2ⁿ, capped at
 // max. A term that ended because the lease was lost is followed by a pause
 // of about min, so that another candidate (the one the lock went to) is not
-// raced by the deposed leader. min must be positive and at most max.
+// raced by the deposed leader; so is a term that lasted longer than max,
+// which is no early return and ends the row. min must be positive and at
+// most max.
 func Backoff(min, max time.Duration) LeadOption {
 	return func(c *leadConfig) { c.minBackoff, c.maxBackoff = min, max }
 }
@@ -123,9 +125,10 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 	failures := 0 // early returns and failed Acquires in a row
 	for {
 		var lease Lease
+		var elected time.Time
 		campaign := time.Now()
 		err := Run(ctx, locker, name, func(ctx context.Context, l Lease) error {
-			lease = l
+			lease, elected = l, time.Now()
 			if c.onElected != nil {
 				c.onElected(l)
 			}
@@ -149,6 +152,11 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption) || errors.Is(err, ErrClosed)):
 			return err
 		case lease != nil && errors.Is(lease.Err(), ErrLeaseLost):
+			failures = 0
+		case lease != nil && time.Since(elected) > c.maxBackoff:
+			// A term longer than the longest pause is no early return: a
+			// leader that hands over every hour must not wait the
+			// maximum back-off at every handover after a few.
 			failures = 0
 		default:
 			failures++

@@ -17,12 +17,10 @@ import (
 // supervisor usually forgets a failure after a stretch of healthy running
 // (Kubernetes' restart back-off resets after 10 minutes).
 //
-// A design call, not a bug fixed here: Backoff's doc counts terms, and the
-// guard against a fn that returns at once must not be lost. Resetting the
-// count after a term that lasted longer than the maximum back-off would
-// keep both.
+// A term that lasted longer than the maximum back-off now ends the row, as
+// a lost lease does: the guard against a fn that returns at once is kept
+// (TestLeadEarlyReturnBacksOff).
 func TestLeadLongTermsDoNotGrowBackoff(t *testing.T) {
-	t.Skip("design question: Lead counts every term that returned, however long, as a failure in a row (see the comment)")
 	synctest.Test(t, func(t *testing.T) {
 		l := newMemlock(t)
 		ctx, cancel := context.WithCancel(t.Context())
