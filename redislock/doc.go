@@ -307,14 +307,15 @@
 // connection, then refuse the resend's dial: the Acquire fails with the
 // refusal (ECONNREFUSED), and a server that kept its data (persistence)
 // has the lock when it is back. So on a client that resends (MaxRetries
-// not -1), an Acquire failed by a refusal leaves a give-back too; a
-// give-back refused waits in the Locker's parking, where one goroutine
-// for all of them tries one of each server's (a cluster's node, a Ring's
-// shard), with back-off up to a second, until that server answers, then
+// not -1), an Acquire failed by a refusal leaves a give-back too. A
+// give-back that fails on its way (refused, reset, timed out) waits in the
+// Locker's parking, where one goroutine for all of them tries one of each
+// server's (a cluster's node, a Ring's shard), with back-off up to a
+// second and for at most a second each, until one gets through, then
 // sends all of that server's (each dropped when its lock would have
 // expired; the goroutine ends with the last, or when the client is
 // closed). While a server is down, each failed Acquire thus holds some
-// 300 bytes for its lease time.
+// 300 bytes for its lease time, not a goroutine.
 //
 // The wait budget (fence.Wait) bounds the waiting: the pauses, the
 // subscription and every try after the first. The first try runs on ctx

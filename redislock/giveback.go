@@ -2,10 +2,8 @@ package redislock
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -19,14 +17,13 @@ const revokeFor = time.Minute
 // releaseAbandoned gives back a lock that an acquisition given up on took
 // or may still take, owner-checked: it deletes the lock if the acquisition
 // ran, and revokes the owner either way, so that any of its acquisitions
-// that runs later refuses. A try that fails on the way (the server still
-// paused, the pool exhausted) is retried with back-off within the lease
-// time: the acquisition may still be sitting in the server's socket, and
-// unrevoked it would take the lock for a lease that nobody holds. A refused
-// connection parks it (see parking) for the rest of that time: the server
-// is down or restarting, and one that kept its data (persistence) still
-// has the lock when it comes back. It also takes the owner out of the
-// queue of waiters.
+// that runs later refuses. A try that fails on the way (the server paused,
+// down or restarting, the pool exhausted) is parked (see parking) and
+// tried again within the lease time: the acquisition may still be sitting
+// in the server's socket, and unrevoked it would take the lock for a lease
+// that nobody holds; a server that kept its data (persistence) has the
+// lock when it comes back. It also takes the owner out of the queue of
+// waiters.
 func (l *Locker) releaseAbandoned(a attempt) { l.withdrawUntil(abandoned(a)) }
 
 // abandoned is releaseAbandoned's give-back of a.
@@ -53,39 +50,31 @@ type giveBack struct {
 func (l *Locker) withdrawUntil(g giveBack) {
 	ctx, cancel := context.WithDeadline(context.Background(), g.until)
 	defer cancel()
-	for failures := 1; ; failures++ {
-		_, err := l.releaseOwned(ctx, &g.a, g.revoke)
-		if err == nil || !transient(err) || ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			l.parking.park(l, g)
-			return
-		}
-		if !pause(ctx, retryBackoff(failures)) {
-			return
-		}
+	_, err := l.releaseOwned(ctx, &g.a, g.revoke)
+	if err != nil && transient(err) && ctx.Err() == nil {
+		l.parking.park(l, g) // tried again with the others of its server
 	}
 }
 
-// parking holds the give-backs that a refused connection stopped, for one
-// goroutine per Locker to send again once the server answers: while it is
-// down, every failed Acquire may add one (a refusal can end a client's own
-// resends of a try that ran, see mayRunLate), and a goroutine each,
-// retrying for the lease time, would pile up. That goroutine tries, with
-// back-off up to a second, one parked give-back of each server that
-// refused them (a cluster's node or a Ring's shard, as the client mapped
-// the lock when it was parked), a different one each time; when one is
-// not refused, every parked give-back of its server goes to its own
-// withdrawal (unparkAtOnce at a time for each server, handed out by a
-// goroutine of their own while this one goes on probing the others),
-// which parks it again if its server still refuses. One at a time for all would leave the give-backs of a
-// node that answers again behind those of one still down, a second each
-// (TestParkedGiveBackOnLiveNodeNotStarved). A try that hangs is given up
-// after probeFor, and counts as an answer: the withdrawals then retry on
-// their own, as from a paused server. Each give-back is dropped when its
-// lock would have expired, and the goroutine ends when none is left (or,
-// the client closed, as soon as it next tries one).
+// parking holds the give-backs that failed on their way (refused, reset,
+// timed out), for one goroutine per Locker to send again once their server
+// answers: while a server is down, every failed Acquire may add one (a
+// refusal can end a client's own resends of a try that ran, see
+// mayRunLate), and a goroutine each, retrying for the lease time, would
+// pile up (TestRefusedAcquiresParkWithOneGoroutine,
+// TestResetGiveBacksPileUp). That goroutine tries, with back-off up to a
+// second, one parked give-back of each server (a cluster's node or a
+// Ring's shard, as the client mapped the lock when it was parked), a
+// different one each time, for at most probeFor (a server that hangs does
+// not hold it); when one gets through, every other parked give-back of its
+// server goes to its own withdrawal (unparkAtOnce at a time for each
+// server, handed out by a goroutine of their own while this one goes on
+// probing the others), which parks it again if it fails. One at a time for
+// all would leave the give-backs of a node that answers again behind those
+// of one still down, a second each (TestParkedGiveBackOnLiveNodeNotStarved).
+// Each give-back is dropped when its lock would have expired, and the
+// goroutine ends when none is left (or, the client closed, as soon as it
+// next tries one).
 type parking struct {
 	mu      sync.Mutex
 	parked  []parkedBack
@@ -101,7 +90,7 @@ type parking struct {
 // failed Acquire's unused lease (800 more) alive, for as long as the
 // lease time while a server is down (TestParkedGiveBackSize).
 type parkedBack struct {
-	node      string // the server that refused it, as primaryFor names it ("" on a client of one)
+	node      string // its lock's server, as primaryFor names it ("" on a client of one)
 	k         *keys
 	revokeArg any // the owner's revocation mark's key, boxed
 	ownerArg  any
@@ -159,8 +148,7 @@ func (p *parking) park(l *Locker, g giveBack) {
 type probe struct {
 	i        int // in parked
 	g        giveBack
-	answered bool // not refused
-	done     bool // and need not be sent again
+	answered bool // got through (or failed for good): its server answers
 }
 
 // unpark is the parking's goroutine.
@@ -188,15 +176,15 @@ func (p *parking) unpark(l *Locker) {
 			wg.Wait()
 		}
 		// A server that answers again (or the client closed): send its
-		// parked give-backs again, a few at a time, but the one just
-		// tried if that is done. (Parks meanwhile only appended.)
+		// other parked give-backs again, a few at a time. (Parks
+		// meanwhile only appended.)
 		p.mu.Lock()
 		answered := map[string]bool{}
 		skip := map[int]bool{}
 		for _, pr := range probes {
 			if pr.answered {
 				answered[p.parked[pr.i].node] = true
-				skip[pr.i] = pr.done
+				skip[pr.i] = true
 			}
 		}
 		if len(answered) == 0 {
@@ -270,6 +258,8 @@ func (pr *probe) try(l *Locker) {
 	ctx, cancelProbe := context.WithTimeout(ctx, probeFor)
 	defer cancelProbe()
 	_, err := l.releaseOwned(ctx, &pr.g.a, pr.g.revoke)
-	pr.answered = !errors.Is(err, syscall.ECONNREFUSED)
-	pr.done = err == nil || !transient(err) && ctx.Err() == nil
+	// Through (or refused for good, the client closed): its server
+	// answers. Not on a transient error, nor when the probe's own time ran
+	// out (a server that hangs).
+	pr.answered = err == nil || !transient(err) && ctx.Err() == nil
 }

@@ -205,9 +205,9 @@ func TestParkedGiveBackSparesNewOwner(t *testing.T) {
 }
 
 // TestParkedGiveBacksPausedServer: the server answers dials again but
-// hangs (SIGSTOP): the probe gives up after probeFor and the parked
-// give-backs (more than are sent at a time) go out and wait; once it
-// resumes they all run, and the goroutines end.
+// hangs (SIGSTOP): the probe gives up after probeFor, which is no answer,
+// and the parked give-backs (more than are sent at a time) stay parked;
+// once it resumes they all run, and the goroutines end.
 func TestParkedGiveBacksPausedServer(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -221,20 +221,23 @@ func TestParkedGiveBacksPausedServer(t *testing.T) {
 	}
 	resume := srv.Pause(t)
 	lr.set(func() { lr.refuse = false })
-	// The probe hangs, gives up, and hands them out.
-	waitFor(t, func() bool { return redislock.Parked(l) == 0 })
+	// A probe hangs: nothing is handed out meanwhile.
+	waitFor(t, probing)
+	if got := redislock.Parked(l); got != n {
+		t.Fatalf("%d parked while the probe hangs, want %d", got, n)
+	}
 	resume()
+	waitFor(t, func() bool { return redislock.Parked(l) == 0 })
 	waitFor(t, parkingIdle)
 	if marks := len(admin.Keys(ctx(t), lockKey("lock:parked-paused")+":revoked:*").Val()); marks != n {
 		t.Fatalf("%d revocation marks after the server resumed, want %d", marks, n)
 	}
 }
 
-// TestParkedGiveBacksClientClosedMidFlush: the parked give-backs are being
-// sent (the server hangs, so the sends wait and the flush waits for their
-// slots) when the client is closed: every goroutine ends, nothing panics,
+// TestParkedGiveBacksClientClosedWhileProbing: the client is closed while
+// a probe hangs on a paused server: every goroutine ends, nothing panics,
 // nothing is left parked.
-func TestParkedGiveBacksClientClosedMidFlush(t *testing.T) {
+func TestParkedGiveBacksClientClosedWhileProbing(t *testing.T) {
 	srv := redistest.Start(t)
 	l, lr, cl := refusingLocker(t, srv, nil)
 	const n = 70
@@ -246,7 +249,7 @@ func TestParkedGiveBacksClientClosedMidFlush(t *testing.T) {
 	}
 	resume := srv.Pause(t)
 	lr.set(func() { lr.refuse = false })
-	waitFor(t, func() bool { return redislock.Parked(l) == 0 && goroutinesBy("(*parking).send") > 0 })
+	waitFor(t, probing)
 	_ = cl.Close()
 	waitFor(t, parkingIdle)
 	resume()
@@ -258,11 +261,11 @@ func TestParkedGiveBacksClientClosedMidFlush(t *testing.T) {
 // TestResetGiveBacksPileUp: a proxy in front of a server that is down (or
 // a server shedding connections) accepts each connection and closes it:
 // every Acquire fails with io.EOF, which may follow a script that ran, so
-// each leaves a give-back, retried in a goroutine of its own for its lease
-// time. Only refusals are parked; a flood of these Acquires holds a
-// goroutine each, as refusals did before the parking.
+// each leaves a give-back. Those were retried in a goroutine each for
+// their lease time (only refusals were parked): a flood of such Acquires
+// held a goroutine each. Now any give-back that fails on its way is
+// parked, with one goroutine for all.
 func TestResetGiveBacksPileUp(t *testing.T) {
-	t.Skip("design question: give-backs failed by a reset (io.EOF, ECONNRESET) are retried in a goroutine each for their lease time, not parked: a flood of Acquires against a proxy whose backend is down holds one goroutine per failed Acquire (50 here, for a minute); parking them too would share one goroutine, at the cost of a probe's delay (up to a second, as retryBackoff's cap) once the server answers")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +290,13 @@ func TestResetGiveBacksPileUp(t *testing.T) {
 			t.Fatal("acquired through a proxy that closes every connection")
 		}
 	}
-	if got := goroutinesBy("(*Locker).giveUpMaybeHeld"); got > 1 {
-		t.Fatalf("%d give-backs retrying in goroutines of their own after %d Acquires failed by resets", got, n)
+	// Each give-back's first try, in a goroutine of its own, fails and
+	// parks it.
+	waitFor(t, func() bool { return goroutinesBy("(*Locker).giveUpMaybeHeld") == 0 })
+	if got := redislock.Parked(l); got != n {
+		t.Fatalf("%d give-backs parked after %d Acquires failed by resets, want %d", got, n, n)
+	}
+	if got := goroutinesBy(parkingFn); got != 1 {
+		t.Fatalf("%d parking goroutines, want 1", got)
 	}
 }

@@ -34,6 +34,19 @@ const parkingFn = "(*parking).park"
 // parkingIdle reports whether no parking goroutine runs: none probing
 // (started by park), none handing out give-backs that a server answers
 // again for, and none of those give-backs being sent.
+// probing reports whether a parked give-back is being tried (see
+// (*probe).try): the stack of a goroutine that has run shows its function.
+func probing() bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return bytes.Contains(buf[:n], []byte("redislock.(*probe).try("))
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
 func parkingIdle() bool {
 	return goroutinesBy(parkingFn) == 0 && goroutinesBy("(*parking).unpark") == 0 && goroutinesBy("(*parking).send") == 0
 }
