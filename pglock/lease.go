@@ -357,7 +357,8 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 
 // Extend sets the lease to expire ttl from now by the database's clock;
 // see fence.Lease. A watchdog lease goes on being renewed with its watchdog
-// TTL afterwards. After Release, Extend returns an error matching both
+// TTL afterwards, at its next renewal as scheduled: a ttl that ends before
+// that renewal ends the lease at its new Deadline. After Release, Extend returns an error matching both
 // fence.ErrLeaseLost and fence.ErrReleased. An Extend under way when the
 // lease ends (a Release, even one that gave up on its ctx, or its deadline)
 // stops waiting for its statement and returns the lease's end.

@@ -471,7 +471,10 @@ func (ls *lease) movedAhead() {
 }
 
 // Extend sets the lease to expire ttl from now; see fence.Lease. A watchdog
-// lease goes on being renewed with its watchdog TTL afterwards.
+// lease goes on being renewed with its watchdog TTL afterwards, at its
+// next renewal as scheduled: a ttl that ends before that renewal ends the
+// lease at its new Deadline (the lock, which no renewal moves earlier,
+// expires when the last renewal said).
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err

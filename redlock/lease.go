@@ -629,7 +629,8 @@ func (ls *lease) giveBack(nodes []int) {
 
 // Extend sets the lease to expire ttl from now on a majority of the nodes;
 // see fence.Lease. A watchdog lease goes on being renewed with its watchdog
-// TTL afterwards. From the moment Release (or Close) starts to release the
+// TTL afterwards, at its next renewal as scheduled: a ttl that ends before
+// that renewal ends the lease at its new Deadline. From the moment Release (or Close) starts to release the
 // lease, Extend returns an error matching both fence.ErrLeaseLost and
 // fence.ErrReleased, as after it (the lease is no longer the caller's), and
 // leaves it to Release to say whether the lease was lost: a renewal in
