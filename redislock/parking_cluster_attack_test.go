@@ -60,20 +60,8 @@ func holdsWithin(d time.Duration, cond func() bool) (time.Duration, bool) {
 // time, rotating through them all, so that A's waits behind every one of
 // B's, a second each.
 func TestParkedGiveBackOnLiveNodeNotStarved(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
-	t.Cleanup(func() { _ = admin.Close() })
-	r := &refuser{refused: map[string]bool{}}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), Dialer: r.dial, DialerRetries: 1, MaxRetries: 1})
-	t.Cleanup(func() { _ = c.Close() })
-	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-	nodeOf := func(name string) string {
-		n, err := admin.MasterForKey(ctx(t), lockKey(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n.Options().Addr
-	}
+	rc := startRefusingCluster(t, 0)
+	l, admin, nodeOf := rc.l, rc.admin, rc.nodeOf
 	// Lock names on two different masters.
 	nameA := "lock:starve-a"
 	addrA := nodeOf(nameA)
@@ -91,31 +79,20 @@ func TestParkedGiveBackOnLiveNodeNotStarved(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// kill drops the Locker's pooled connections to addr: refused dials
-	// then refuse every call.
-	kill := func(addr string) {
-		n := redis.NewClient(&redis.Options{Addr: addr})
-		defer n.Close()
-		if err := n.ClientKillByFilter(ctx(t), "TYPE", "normal").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r.set(addrB, true)
-	kill(addrB)
+	rc.refuse(addrB)
 	for _, name := range namesB {
 		if _, err := l.Acquire(ctx(t), name, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Fatalf("Acquire on the refusing node: %v", err)
 		}
 	}
-	r.set(addrA, true)
-	kill(addrA)
+	rc.refuse(addrA)
 	if _, err := l.Acquire(ctx(t), nameA, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("Acquire on the refusing node: %v", err)
 	}
 	if got := redislock.Parked(l); got != len(namesB)+1 {
 		t.Fatalf("%d parked, want %d", got, len(namesB)+1)
 	}
-	r.set(addrA, false)
+	rc.r.set(addrA, false)
 	markA := lockKey(nameA) + ":revoked:*"
 	took, ok := holdsWithin(3*time.Second, func() bool { return len(admin.Keys(ctx(t), markA).Val()) > 0 })
 	if !ok {
@@ -134,20 +111,8 @@ func TestParkedGiveBackOnLiveNodeNotStarved(t *testing.T) {
 // give-back for its lock should go out within about a round, not wait for
 // B.
 func TestParkedGiveBackNotBehindHungNode(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
-	t.Cleanup(func() { _ = admin.Close() })
-	r := &refuser{refused: map[string]bool{}}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), Dialer: r.dial, DialerRetries: 1, MaxRetries: 1, ReadTimeout: time.Second})
-	t.Cleanup(func() { _ = c.Close() })
-	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-	nodeOf := func(name string) string {
-		n, err := admin.MasterForKey(ctx(t), lockKey(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n.Options().Addr
-	}
+	rc := startRefusingCluster(t, time.Second)
+	l, nodeOf := rc.l, rc.nodeOf
 	nameA := "lock:hung-a"
 	addrA := nodeOf(nameA)
 	var nameB, addrB string
@@ -158,7 +123,7 @@ func TestParkedGiveBackNotBehindHungNode(t *testing.T) {
 		}
 	}
 	var serverB *redistest.Server
-	for _, s := range cluster.Servers {
+	for _, s := range rc.Servers {
 		if s.Addr == addrB {
 			serverB = s
 		}
@@ -171,15 +136,7 @@ func TestParkedGiveBackNotBehindHungNode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	kill := func(addr string) {
-		n := redis.NewClient(&redis.Options{Addr: addr})
-		defer n.Close()
-		if err := n.ClientKillByFilter(ctx(t), "TYPE", "normal").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r.set(addrB, true)
-	kill(addrB)
+	rc.refuse(addrB)
 	const nB = 40 // more than are sent at a time
 	for range nB {
 		if _, err := l.Acquire(ctx(t), nameB, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
@@ -187,15 +144,14 @@ func TestParkedGiveBackNotBehindHungNode(t *testing.T) {
 		}
 	}
 	resume := serverB.Pause(t)
-	r.set(addrB, false)
+	rc.r.set(addrB, false)
 	// B's probe hangs (each round, for up to probeFor).
 	waitFor(t, probing)
-	r.set(addrA, true)
-	kill(addrA)
+	rc.refuse(addrA)
 	if _, err := l.Acquire(ctx(t), nameA, fence.TTL(time.Minute)); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("Acquire on the refusing node: %v", err)
 	}
-	r.set(addrA, false)
+	rc.r.set(addrA, false)
 	markA := lockKey(nameA) + ":revoked:*"
 	nodeA := redis.NewClient(&redis.Options{Addr: addrA})
 	defer nodeA.Close()
@@ -207,4 +163,45 @@ func TestParkedGiveBackNotBehindHungNode(t *testing.T) {
 	t.Logf("A's give-back sent %v after A answered", took)
 	resume()
 	waitFor(t, parkingIdle)
+}
+
+// refusingCluster is a cluster of 3 masters and a Locker on a client of it
+// whose dials to a node are refused while r says so.
+type refusingCluster struct {
+	*redistest.Cluster
+	t     testing.TB
+	l     *redislock.Locker
+	r     *refuser
+	admin *redis.ClusterClient
+}
+
+// startRefusingCluster starts one; readTimeout 0 is go-redis's default.
+func startRefusingCluster(t testing.TB, readTimeout time.Duration) *refusingCluster {
+	rc := &refusingCluster{Cluster: redistest.StartCluster(t, 3), t: t, r: &refuser{refused: map[string]bool{}}}
+	rc.admin = redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs()})
+	t.Cleanup(func() { _ = rc.admin.Close() })
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs(), Dialer: rc.r.dial, DialerRetries: 1, MaxRetries: 1, ReadTimeout: readTimeout})
+	t.Cleanup(func() { _ = c.Close() })
+	rc.l = lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	return rc
+}
+
+// nodeOf is the address of the master of name's lock.
+func (rc *refusingCluster) nodeOf(name string) string {
+	n, err := rc.admin.MasterForKey(ctx(rc.t), lockKey(name))
+	if err != nil {
+		rc.t.Fatal(err)
+	}
+	return n.Options().Addr
+}
+
+// refuse refuses dials to addr and drops the Locker's pooled connections
+// to it, so that every call to it dials, and is refused.
+func (rc *refusingCluster) refuse(addr string) {
+	rc.r.set(addr, true)
+	n := redis.NewClient(&redis.Options{Addr: addr})
+	defer n.Close()
+	if err := n.ClientKillByFilter(ctx(rc.t), "TYPE", "normal").Err(); err != nil {
+		rc.t.Fatal(err)
+	}
 }
