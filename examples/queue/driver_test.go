@@ -12,7 +12,6 @@ import (
 
 	"github.com/fencekit/fence/examples/queue"
 	"github.com/fencekit/fence/internal/redistest"
-	"github.com/fencekit/fence/redislock"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -83,17 +82,10 @@ func TestRedeliveredWithPlainDriverErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	locker, err := redislock.New(rdb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &counter{}
 	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, locker) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, c)
 	settled := func(dups int) func() (bool, error) {
 		return func() (bool, error) {
 			if logs.get(queue.LogFailed) > 0 || logs.get(queue.LogDead) > 0 {

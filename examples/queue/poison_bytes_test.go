@@ -1,7 +1,6 @@
 package queue_test
 
 import (
-	"context"
 	"database/sql"
 	"errors"
 	"log/slog"
@@ -10,8 +9,6 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
-	"github.com/fencekit/fence/internal/redistest"
-	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -25,13 +22,7 @@ import (
 // still, as for the poison message before queue_dead. Such entries must
 // be dead-lettered, with their bytes escaped, and the queue go on.
 func TestUnstorableBytesAreDeadLettered(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	rdb := redistest.Start(t).Client(t)
-	db := pg.NewDB(t)
-	if err := queue.CreateSchema(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	ctx, rdb, db := servers(t, 60*time.Second)
 	var bad []string
 	for _, values := range [][]any{
 		{"account", "a\x00b", "amount", "1"},             // NUL: valid, then unstorable
@@ -49,16 +40,9 @@ func TestUnstorableBytesAreDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	locker, err := redislock.New(rdb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: time.Second, Block: 50 * time.Millisecond, MaxDeliveries: 2, Log: slog.New(&counter{})}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, locker, fence.Backoff(10*time.Millisecond, 50*time.Millisecond)) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
 
 	until(t, 20*time.Second, "the message behind the unstorable ones applied, nothing pending", func() (bool, error) {
 		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied WHERE msg_id = $1`, after)

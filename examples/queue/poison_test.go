@@ -1,7 +1,6 @@
 package queue_test
 
 import (
-	"context"
 	"database/sql"
 	"errors"
 	"log/slog"
@@ -12,8 +11,6 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
-	"github.com/fencekit/fence/internal/redistest"
-	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -24,13 +21,7 @@ import (
 // queue_dead, every term claimed it first, failed, and ended: the message
 // after it was never applied.
 func TestPoisonMessageIsDeadLettered(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	rdb := redistest.Start(t).Client(t)
-	db := pg.NewDB(t)
-	if err := queue.CreateSchema(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	ctx, rdb, db := servers(t, 60*time.Second)
 	if _, err := queue.Produce(ctx, rdb, "s", "big", math.MaxInt64); err != nil {
 		t.Fatal(err)
 	}
@@ -42,17 +33,10 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	locker, err := redislock.New(rdb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &counter{}
 	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: time.Second, Block: 50 * time.Millisecond, MaxDeliveries: 3, Log: slog.New(logs)}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, locker, fence.Backoff(10*time.Millisecond, 50*time.Millisecond)) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
 
 	until(t, 20*time.Second, "the message behind the poison applied", func() (bool, error) {
 		var n int64
@@ -88,13 +72,7 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 // not dropped with nothing but a log line, and the messages behind it are
 // applied.
 func TestMalformedEntryIsDeadLettered(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	rdb := redistest.Start(t).Client(t)
-	db := pg.NewDB(t)
-	if err := queue.CreateSchema(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	ctx, rdb, db := servers(t, 30*time.Second)
 	bad, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: []any{"account", "a", "amount", "ten"}}).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -103,16 +81,9 @@ func TestMalformedEntryIsDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	locker, err := redislock.New(rdb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(&counter{})}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, locker) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, c)
 	until(t, 10*time.Second, "the message behind the malformed one applied, nothing pending", func() (bool, error) {
 		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied WHERE msg_id = $1`, after)
 		if err != nil || n != 1 {

@@ -65,6 +65,33 @@ func until(t *testing.T, within time.Duration, what string, cond func() (bool, e
 	}
 }
 
+// servers starts a Redis server and a PostgreSQL database with the queue's
+// schema, for a test that takes at most within.
+func servers(t *testing.T, within time.Duration) (context.Context, *redis.Client, *sql.DB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	t.Cleanup(cancel)
+	rdb := redistest.Start(t).Client(t)
+	db := pg.NewDB(t)
+	if err := queue.CreateSchema(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, rdb, db
+}
+
+// running runs c on a redislock Locker of its Redis until the test ends.
+func running(t *testing.T, ctx context.Context, c *queue.Consumer, opts ...fence.LeadOption) {
+	t.Helper()
+	locker, err := redislock.New(c.Redis.(redis.UniversalClient), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx, locker, opts...) }()
+	t.Cleanup(func() { stop(); <-done })
+}
+
 func count(ctx context.Context, db *sql.DB, query string, args ...any) (int64, error) {
 	var n sql.NullInt64
 	err := db.QueryRowContext(ctx, query, args...).Scan(&n)
@@ -84,13 +111,7 @@ func pending(ctx context.Context, rdb *redis.Client, stream, group string) (int6
 // finds them applied, the balance does not move, and they are acknowledged.
 func TestRedeliveredMessagesAreNoOps(t *testing.T) {
 	const n = 20
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	rdb := redistest.Start(t).Client(t)
-	db := pg.NewDB(t)
-	if err := queue.CreateSchema(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	ctx, rdb, db := servers(t, 30*time.Second)
 	var want int64
 	for i := 1; i <= n; i++ {
 		if _, err := queue.Produce(ctx, rdb, "s", fmt.Sprintf("acct-%d", i%3), int64(i)); err != nil {
@@ -98,17 +119,10 @@ func TestRedeliveredMessagesAreNoOps(t *testing.T) {
 		}
 		want += int64(i)
 	}
-	locker, err := redislock.New(rdb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &counter{}
 	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, locker) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, c)
 
 	settled := func(dups int) func() (bool, error) {
 		return func() (bool, error) {
@@ -156,24 +170,11 @@ func TestRunBadInput(t *testing.T) {
 // leader that paused between checking its lease and reading) is claimed by
 // the leader once idle for MinIdle, and applied.
 func TestEntriesReadByOthersAreClaimed(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	rdb := redistest.Start(t).Client(t)
-	db := pg.NewDB(t)
-	if err := queue.CreateSchema(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	locker, err := redislock.New(rdb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, rdb, db := servers(t, 30*time.Second)
 	logs := &counter{}
 	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: 300 * time.Millisecond, Block: 50 * time.Millisecond, Log: slog.New(logs)}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, locker) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, c)
 	if _, err := queue.Produce(ctx, rdb, "s", "acct-1", 1); err != nil {
 		t.Fatal(err)
 	}
