@@ -26,6 +26,64 @@ const revokeFor = time.Minute
 // waiters.
 func (l *Locker) releaseAbandoned(a attempt) { l.withdrawUntil(abandoned(a)) }
 
+// goReleaseAbandoned runs releaseAbandoned(a) in the background, counted
+// for WaitGiveBacks.
+func (l *Locker) goReleaseAbandoned(a attempt) { l.giveBacks.goRun(func() { l.releaseAbandoned(a) }) }
+
+// WaitGiveBacks waits until the give-backs that failed or cancelled
+// Acquires started in the background have been sent (or parked, their
+// server not answering: see releaseAbandoned), or ctx ends, and returns
+// ctx's error then. A program that exits after an Acquire it cancelled (on
+// ^C, say) calls it first: an acquisition that ran on the server while its
+// reply was on the way took the lock, and the give-back that releases it
+// would die with the program, leaving the lock held by nobody for its
+// lease time.
+func (l *Locker) WaitGiveBacks(ctx context.Context) error { return l.giveBacks.wait(ctx) }
+
+// inflight counts goroutines that WaitGiveBacks waits for.
+type inflight struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0; nil while n is 0
+}
+
+// goRun runs f in a goroutine of its own, counted until it returns.
+func (c *inflight) goRun(f func()) {
+	c.mu.Lock()
+	if c.n == 0 {
+		c.idle = make(chan struct{})
+	}
+	c.n++
+	c.mu.Unlock()
+	go func() {
+		defer func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.n--; c.n == 0 {
+				close(c.idle)
+				c.idle = nil
+			}
+		}()
+		f()
+	}()
+}
+
+// wait returns when none is counted, or with ctx's error when ctx ends first.
+func (c *inflight) wait(ctx context.Context) error {
+	c.mu.Lock()
+	idle := c.idle
+	c.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // abandoned is releaseAbandoned's give-back of a.
 func abandoned(a attempt) giveBack {
 	return giveBack{a, max(a.ttl, revokeFor), time.Now().Add(max(a.ttl, time.Second))}

@@ -117,6 +117,9 @@ type Locker struct {
 	resends bool
 	// parking holds the give-backs that a refused connection stopped.
 	parking parking
+	// giveBacks counts the give-backs running in the background (see
+	// WaitGiveBacks).
+	giveBacks inflight
 
 	mu            sync.Mutex
 	subscriptions map[string]*subscription // release channel → subscription
@@ -372,7 +375,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			// The client may have sent the try twice: the first copy,
 			// arriving once the lock is free, would take it for a lease
 			// that nobody holds. Revoke the owner.
-			go l.releaseAbandoned(*a)
+			l.goReleaseAbandoned(*a)
 		}
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
@@ -407,7 +410,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if maybe != nil || a.resent { // (resent: see try)
 			revoke = max(a.ttl, revokeFor)
 		}
-		go l.withdraw(*a, revoke)
+		g := *a
+		l.giveBacks.goRun(func() { l.withdraw(g, revoke) })
 		return nil, fence.NotAcquired(name, closedClient(err))
 	}
 	// budgetOver says why waiting stopped: the caller's ctx; else the
@@ -659,14 +663,21 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 		// undone the acquisition failed (or was given up on), or the
 		// script ran and its WAIT failed: the lock is held, by nobody,
 		// for its lease time.
-		go l.releaseAbandoned(*a)
+		l.goReleaseAbandoned(*a)
 		return
 	}
 	if errors.Is(err, errGaveUp) {
-		return // the try's abandoned callback releases or revokes it
+		// The try's abandoned callback releases or revokes it, but only
+		// once the client has given up on the call (its read timeout,
+		// 3 s by default), by when a program that cancelled its Acquire
+		// on the way out (^C) has exited and the lock stays held for its
+		// lease time. Give it back, revoked, now as well: a copy of the
+		// try that runs later is refused.
+		l.goReleaseAbandoned(*a)
+		return
 	}
 	if a.resent {
-		go l.releaseAbandoned(*a) // the client may have sent it twice (see try)
+		l.goReleaseAbandoned(*a) // the client may have sent it twice (see try)
 		return
 	}
 	// A deadline or a cancellation that ended the call may have ended it
@@ -678,7 +689,7 @@ func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		l.parking.park(l, abandoned(*a)) // sent once the server answers
 	default:
-		go l.releaseAbandoned(*a)
+		l.goReleaseAbandoned(*a)
 	}
 }
 

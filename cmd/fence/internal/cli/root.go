@@ -365,8 +365,21 @@ func (f *redisFlags) locker(cmd *cobra.Command) (*redislock.Locker, func(), erro
 		_ = client.Close()
 		return nil, nil, exitWith(ExitUsage, err)
 	}
-	return l, func() { closeWithin(client, redisCloseTimeout) }, nil
+	return l, func() {
+		// An Acquire cut short (^C) may have taken the lock on the
+		// server; its give-back runs in the background and would die
+		// with fence, leaving the lock held for its lease time.
+		ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
+		defer cancel()
+		_ = l.WaitGiveBacks(ctx)
+		closeWithin(client, redisCloseTimeout)
+	}, nil
 }
+
+// giveBackTimeout bounds the wait for the give-backs of an Acquire cut short
+// before fence closes its client (see redislock's WaitGiveBacks): a server
+// that answers takes a round trip; one that does not keeps fence no longer.
+const giveBackTimeout = time.Second
 
 // redisCloseTimeout bounds the wait for the Redis client's Close before
 // fence exits: go-redis's failover client closes only once a master lookup
