@@ -48,6 +48,9 @@ warning, 3 when one is critical, 2 on a usage error or when the deployment could
 read within --timeout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if timeout <= 0 {
+				return exitWith(ExitUsage, errors.New("--timeout must be positive, got "+timeout.String()))
+			}
 			if err := emptyBackendFlag(cmd, []backend{&rl}); err != nil {
 				return exitWith(ExitUsage, err)
 			}
