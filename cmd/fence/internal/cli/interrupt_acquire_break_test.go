@@ -179,3 +179,76 @@ func TestExecInterruptedAcquireLeavesNoLock(t *testing.T) {
 			cli.ExitInterrupted, pttl, code, out, errOut)
 	}
 }
+
+// TestExecInterruptedRedlockAcquireLeavesNoLock: the same with --redlock
+// on three masters, each behind a proxy that withholds the reply to the
+// acquisition: after SIGINT (exit 130) no master keeps the lock.
+func TestExecInterruptedRedlockAcquireLeavesNoLock(t *testing.T) {
+	t.Parallel()
+	var direct, proxied []string
+	var servers []*redistest.Server
+	for range 3 {
+		srv := redistest.Start(t)
+		servers = append(servers, srv)
+		direct = append(direct, redisURL(srv))
+	}
+	if out, errOut, code := fence(t, nil, "exec", "--redlock", strings.Join(direct, ","), "lock:warm", "--", "true"); code != 0 {
+		t.Fatalf("warm-up exec: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	var helds []<-chan struct{}
+	for _, srv := range servers {
+		addr, held := replyHoldingProxy(t, srv.Addr, "eval")
+		proxied = append(proxied, "redis://"+addr)
+		helds = append(helds, held)
+	}
+	cmd := exec.Command(fenceBin, "exec", "--redlock", strings.Join(proxied, ","), "lock:int", "--", "true")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, held := range helds {
+		select {
+		case <-held:
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("fence never sent its acquisition to every master; stderr %q", stderr.String())
+		}
+	}
+	for _, srv := range servers {
+		rdb := srv.Client(t)
+		for {
+			n, err := rdb.Exists(ctx, "redlock:{lock:int}").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 1 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("the acquisition never took the lock on a master")
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	sigAt := time.Now()
+	_ = cmd.Wait()
+	t.Logf("fence exited %d %v after SIGINT; stderr %q", cmd.ProcessState.ExitCode(), time.Since(sigAt).Round(time.Millisecond), stderr.String())
+	if code := cmd.ProcessState.ExitCode(); code != cli.ExitInterrupted {
+		t.Errorf("exit %d after SIGINT, want %d; stderr %q", code, cli.ExitInterrupted, stderr.String())
+	}
+	for i, srv := range servers {
+		if pttl, err := srv.Client(t).PTTL(ctx, "redlock:{lock:int}").Result(); err != nil {
+			t.Fatal(err)
+		} else if pttl > 0 {
+			t.Errorf("after fence exec exited on SIGINT, master %d still holds the lock for %v", i, pttl)
+		}
+	}
+}
