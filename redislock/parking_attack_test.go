@@ -292,7 +292,7 @@ func TestResetGiveBacksPileUp(t *testing.T) {
 	}
 	// Each give-back's first try, in a goroutine of its own, fails and
 	// parks it.
-	waitFor(t, func() bool { return goroutinesBy("(*Locker).giveUpMaybeHeld") == 0 })
+	waitFor(t, func() bool { return goroutinesBy(giveBackFn) == 0 })
 	if got := redislock.Parked(l); got != n {
 		t.Fatalf("%d give-backs parked after %d Acquires failed by resets, want %d", got, n, n)
 	}

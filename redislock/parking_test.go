@@ -31,6 +31,10 @@ func goroutinesBy(fn string) int {
 
 const parkingFn = "(*parking).park"
 
+// giveBackFn starts the goroutine of each give-back sent in the background
+// (the Acquire's giveUpMaybeHeld or withdrawal, counted for WaitGiveBacks).
+const giveBackFn = "(*inflight).goRun"
+
 // parkingIdle reports whether no parking goroutine runs: none probing
 // (started by park), none handing out give-backs that a server answers
 // again for, and none of those give-backs being sent.
@@ -83,7 +87,7 @@ func TestRefusedAcquiresParkWithOneGoroutine(t *testing.T) {
 	if got := goroutinesBy(parkingFn); got != 1 {
 		t.Fatalf("%d parking goroutines, want 1", got)
 	}
-	if got := goroutinesBy("(*Locker).giveUpMaybeHeld"); got != 0 {
+	if got := goroutinesBy(giveBackFn); got != 0 {
 		t.Fatalf("%d give-backs retrying in goroutines of their own, want 0 (parked)", got)
 	}
 	if n := admin.Keys(ctx(t), "*").Val(); len(n) != 0 {
