@@ -150,20 +150,32 @@ func scrub(msg string, args []string) string {
 }
 
 // urlArgs returns the values given to fence's URL flags in args, up to the
-// "--" before a command (whose own arguments are not fence's secrets).
+// "--" before a command (whose own arguments are not fence's secrets), and
+// every other argument before it that holds a URL ("://"), after the first
+// "=" of a flag: a URL flag mistyped ("-redis=redis://:pw@host", one dash)
+// or a URL given to another flag is quoted whole in pflag's usage error.
 func urlArgs(args []string) []string {
 	var out []string
 	for i, a := range args {
 		if a == "--" {
 			break
 		}
+		known := false
 		for _, f := range []string{"--redis", "--redis-sentinel", "--redis-cluster", "--redlock", "--etcd"} {
 			switch {
 			case a == f && i+1 < len(args):
 				out = append(out, args[i+1])
+				known = true
 			case strings.HasPrefix(a, f+"="):
 				out = append(out, a[len(f)+1:])
+				known = true
 			}
+		}
+		if !known && strings.Contains(a, "://") {
+			if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "-") && !strings.Contains(k, "://") {
+				a = v
+			}
+			out = append(out, a)
 		}
 	}
 	return out
