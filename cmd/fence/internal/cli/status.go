@@ -61,7 +61,18 @@ given, it exits 2 rather than read a Redis lock that exec never took.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			cmd.SetContext(ctx)
+			if err := emptyBackendFlag(cmd, []backend{&rl}); err != nil {
+				return exitWith(ExitUsage, err)
+			}
 			if rl.chosen() {
+				// As fence exec: Redlock's masters (flag or variable)
+				// with a Redis flag on the command line are two lock
+				// services; reading one would say nothing of the other.
+				for _, f := range []string{"redis", "redis-sentinel", "redis-cluster"} {
+					if cmd.Flags().Changed(f) {
+						return exitWith(ExitUsage, errors.New("give one lock service, not --redlock and --"+f))
+					}
+				}
 				return redlockStatus(cmd, &rl, args[0], asJSON)
 			}
 			if err := otherBackendSet(cmd); err != nil {

@@ -27,6 +27,9 @@ func TestStatusRedisAndRedlock(t *testing.T) {
 	}{
 		{nil, []string{"status", "--redlock", urls, "--redis", redisURL(srv), "lock:x"}},
 		{[]string{"FENCE_REDLOCK_URLS=" + urls}, []string{"status", "--redis", redisURL(srv), "lock:x"}},
+		// An empty --redlock ("$URLS" unset) is refused too, as by exec
+		// and doctor, rather than read as no Redlock (the default Redis).
+		{[]string{"FENCE_REDIS_URL=" + redisURL(srv)}, []string{"status", "--redlock", "", "lock:x"}},
 	} {
 		out, errOut, code := fence(t, c.env, c.args...)
 		if code != cli.ExitUsage {
