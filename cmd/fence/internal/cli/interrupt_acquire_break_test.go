@@ -121,6 +121,15 @@ func replyHoldingProxy(t *testing.T, target, match string) (addr string, held <-
 // on the name is then refused (exit 75) for 30 s.
 func TestExecInterruptedAcquireLeavesNoLock(t *testing.T) {
 	t.Parallel()
+	for _, wait := range []string{"0", "5s"} {
+		t.Run("wait="+wait, func(t *testing.T) {
+			t.Parallel()
+			interruptedAcquire(t, wait)
+		})
+	}
+}
+
+func interruptedAcquire(t *testing.T, wait string) {
 	srv := redistest.Start(t)
 	// One acquisition first, so that the scripts are in the server's cache
 	// and the first EVALSHA through the proxy runs (rather than being
@@ -129,7 +138,7 @@ func TestExecInterruptedAcquireLeavesNoLock(t *testing.T) {
 		t.Fatalf("warm-up exec: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	addr, held := replyHoldingProxy(t, srv.Addr, "eval")
-	cmd := exec.Command(fenceBin, "exec", "--no-replica-sync", "--redis", "redis://"+addr, "lock:int", "--", "true")
+	cmd := exec.Command(fenceBin, "exec", "--no-replica-sync", "--wait", wait, "--redis", "redis://"+addr, "lock:int", "--", "true")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
