@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // replyHoldingProxy forwards connections to target, except that the first
@@ -155,29 +156,8 @@ func interruptedAcquire(t *testing.T, wait string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// The acquisition ran on the server: the lock is taken.
-	for {
-		n, err := rdb.Exists(ctx, "fence:{lock:int}").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the acquisition never took the lock on the server")
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	if err := cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
-	}
-	sigAt := time.Now()
-	_ = cmd.Wait()
-	t.Logf("fence exited %d %v after SIGINT; stderr %q", cmd.ProcessState.ExitCode(), time.Since(sigAt).Round(time.Millisecond), stderr.String())
-	if code := cmd.ProcessState.ExitCode(); code != cli.ExitInterrupted {
-		t.Errorf("exit %d after SIGINT, want %d; stderr %q", code, cli.ExitInterrupted, stderr.String())
-	}
+	waitKey(ctx, t, rdb, "fence:{lock:int}")
+	interrupt(t, cmd, &stderr)
 	pttl, err := rdb.PTTL(ctx, "fence:{lock:int}").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -228,22 +208,42 @@ func TestExecInterruptedRedlockAcquireLeavesNoLock(t *testing.T) {
 		}
 	}
 	for _, srv := range servers {
-		rdb := srv.Client(t)
-		for {
-			n, err := rdb.Exists(ctx, "redlock:{lock:int}").Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n == 1 {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatal("the acquisition never took the lock on a master")
-			case <-time.After(5 * time.Millisecond):
-			}
+		waitKey(ctx, t, srv.Client(t), "redlock:{lock:int}")
+	}
+	interrupt(t, cmd, &stderr)
+	for i, srv := range servers {
+		if pttl, err := srv.Client(t).PTTL(ctx, "redlock:{lock:int}").Result(); err != nil {
+			t.Fatal(err)
+		} else if pttl > 0 {
+			t.Errorf("after fence exec exited on SIGINT, master %d still holds the lock for %v", i, pttl)
 		}
 	}
+}
+
+// waitKey waits until key exists on rdb (an acquisition ran there), within
+// ctx.
+func waitKey(ctx context.Context, t *testing.T, rdb *redis.Client, key string) {
+	t.Helper()
+	for {
+		n, err := rdb.Exists(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the acquisition never took %s", key)
+		case <-time.After(5 * time.Millisecond): // polling with a deadline
+		}
+	}
+}
+
+// interrupt sends SIGINT to cmd, waits for it to exit and checks that it
+// exited ExitInterrupted.
+func interrupt(t *testing.T, cmd *exec.Cmd, stderr *bytes.Buffer) {
+	t.Helper()
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -252,12 +252,5 @@ func TestExecInterruptedRedlockAcquireLeavesNoLock(t *testing.T) {
 	t.Logf("fence exited %d %v after SIGINT; stderr %q", cmd.ProcessState.ExitCode(), time.Since(sigAt).Round(time.Millisecond), stderr.String())
 	if code := cmd.ProcessState.ExitCode(); code != cli.ExitInterrupted {
 		t.Errorf("exit %d after SIGINT, want %d; stderr %q", code, cli.ExitInterrupted, stderr.String())
-	}
-	for i, srv := range servers {
-		if pttl, err := srv.Client(t).PTTL(ctx, "redlock:{lock:int}").Result(); err != nil {
-			t.Fatal(err)
-		} else if pttl > 0 {
-			t.Errorf("after fence exec exited on SIGINT, master %d still holds the lock for %v", i, pttl)
-		}
 	}
 }
