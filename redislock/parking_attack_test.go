@@ -21,14 +21,22 @@ import (
 func refusingLocker(t *testing.T, srv *redistest.Server, o *redis.Options) (*redislock.Locker, *lostReply, *redis.Client) {
 	t.Helper()
 	lr := &lostReply{refuse: true}
-	opts := redis.Options{Addr: srv.Addr, Dialer: lr.dial, DialerRetries: 1, MaxRetries: 1}
-	if o != nil {
-		opts = *o
-		opts.Addr, opts.Dialer = srv.Addr, lr.dial
+	if o == nil {
+		o = &redis.Options{DialerRetries: 1, MaxRetries: 1}
 	}
+	l, c := lockerDialing(t, srv, lr, o)
+	return l, lr, c
+}
+
+// lockerDialing is a Locker (replica sync off) on a client of srv with
+// options o whose connections lr dials.
+func lockerDialing(t *testing.T, srv *redistest.Server, lr *lostReply, o *redis.Options) (*redislock.Locker, *redis.Client) {
+	t.Helper()
+	opts := *o
+	opts.Addr, opts.Dialer = srv.Addr, lr.dial
 	c := redis.NewClient(&opts)
 	t.Cleanup(func() { _ = c.Close() })
-	return lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}), lr, c
+	return lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}), c
 }
 
 func heapInUse() uint64 {
@@ -175,9 +183,7 @@ func TestParkedGiveBackSparesNewOwner(t *testing.T) {
 	lock := lockKey(name)
 	opts := redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
 	lr := &lostReply{match: []byte(lock)}
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: lr.dial, DialerRetries: 1})
-	t.Cleanup(func() { _ = c.Close() })
-	l := lockerWith(t, c, opts)
+	l, _ := lockerDialing(t, srv, lr, &redis.Options{DialerRetries: 1})
 	if err := acquire(t, l, "lock:warm-up").Release(ctx(t)); err != nil {
 		t.Fatal(err)
 	}

@@ -96,11 +96,9 @@ func TestRefusedRetryAfterLostReplyGivesBack(t *testing.T) {
 	lock := lockKey(name)
 	opts := redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
 	lr := &lostReply{match: []byte(lock)}
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: lr.dial, DialerRetries: 1})
-	t.Cleanup(func() { _ = c.Close() })
+	l, c := lockerDialing(t, srv, lr, &redis.Options{DialerRetries: 1})
 	given := &refusedRelease{lock: lock, refused: make(chan struct{})}
 	c.AddHook(given)
-	l := lockerWith(t, c, opts)
 	// Scripts loaded (no NOSCRIPT), a connection in the pool.
 	if err := acquire(t, l, "lock:warm-up").Release(ctx(t)); err != nil {
 		t.Fatal(err)
