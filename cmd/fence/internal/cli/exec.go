@@ -303,7 +303,7 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 				return exitWith(ExitLeaseLost, fmt.Errorf("lease on %q lost while the command ran: %w", lease.Name(), lost))
 			}
 			if relErr != nil {
-				fmt.Fprintln(stderr, "fence: release:", relErr)
+				fmt.Fprintln(stderr, errorLine(fmt.Errorf("release: %w", relErr), nil))
 			}
 			if code := exitCode(child.ProcessState); code != 0 {
 				return exitWith(code, nil)
@@ -312,7 +312,7 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 		case <-leaseDone:
 			leaseDone = nil
 			lost = lease.Err()
-			fmt.Fprintf(stderr, "fence: lease on %q lost (%v); sending SIGTERM to the command\n", lease.Name(), lost)
+			fmt.Fprintln(stderr, errorLine(fmt.Errorf("lease on %q lost (%w); sending SIGTERM to the command", lease.Name(), lost), nil))
 			signalAll(pgid, syscall.SIGTERM)
 			kill = time.After(grace)
 		case <-kill:

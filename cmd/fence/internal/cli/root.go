@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/fencekit/fence/cmd/fence/internal/progress"
+	"github.com/fencekit/fence/cmd/fence/internal/termtext"
 	"io"
 	"os"
 	"os/signal"
@@ -68,9 +69,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 }
 
 // errorLine is err as fence prints it: after "fence: ", said once (the
-// library's errors begin with it too), credentials in args scrubbed.
+// library's errors begin with it too), credentials in args scrubbed, and
+// what a server put in it that a terminal would act on escaped.
 func errorLine(err error, args []string) string {
-	return "fence: " + strings.TrimPrefix(scrub(err.Error(), args), "fence: ")
+	lines := strings.Split(scrub(err.Error(), args), "\n") // errors.Join's
+	for i, l := range lines {
+		lines[i] = termtext.Escape(l)
+	}
+	return "fence: " + strings.TrimPrefix(strings.Join(lines, "\n"), "fence: ")
 }
 
 // libLogger is go-redis's logger for fence: its lines go to stderr
@@ -95,7 +101,7 @@ func (l *libLogger) Printf(_ context.Context, format string, v ...any) {
 	if strings.Contains(text, poolNoise) {
 		return
 	}
-	line := scrub(text, l.args) + "\n"
+	line := termtext.Escape(scrub(text, l.args)) + "\n"
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_, _ = io.WriteString(l.w, line)

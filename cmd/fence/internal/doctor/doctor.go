@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/cmd/fence/internal/termtext"
 	"github.com/fencekit/fence/redislock"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
@@ -45,7 +46,8 @@ func (s Severity) String() string {
 // MarshalText encodes the severity as its name, for JSON.
 func (s Severity) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
-// Finding is one hazard found in the deployment.
+// Finding is one hazard found in the deployment. What a server said, quoted
+// in its fields, has its unprintable characters escaped (termtext.Escape).
 type Finding struct {
 	ID       string   `json:"id"`       // what was found, e.g. "persistence-off"; stable, for scripts
 	Severity Severity `json:"severity"` // how bad it is
@@ -169,7 +171,13 @@ func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 	}
 	var findings []Finding
 	for _, c := range checks {
-		findings = append(findings, c(d)...)
+		for _, f := range c(d) {
+			// Findings quote what servers said (announced addresses,
+			// configuration, error replies), and are printed on a
+			// terminal: its control sequences are shown escaped.
+			f.ID, f.Node, f.Why, f.Fix = termtext.Escape(f.ID), termtext.Escape(f.Node), termtext.Escape(f.Why), termtext.Escape(f.Fix)
+			findings = append(findings, f)
+		}
 	}
 	slices.SortStableFunc(findings, func(a, b Finding) int { return cmp.Compare(b.Severity, a.Severity) })
 	return findings, nil
