@@ -10,30 +10,29 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestNewMessageWithReusedIDIsApplied: the consumer's idempotency is the
+// TestNewMessageWithReusedIDIsApplied: the consumer's idempotency was the
 // stream entry's id, unique only within one life of the stream. A stream
 // that Redis lost (restarted without persistence, which the consumer
-// handles by creating the group again) starts over, and a new message can
-// get an id an old one had: a producer that sets ids itself, or Redis's
-// clock stepped back. The new message is then taken for a redelivery of the
-// old one and acknowledged without its effect: lost, with nothing logged
-// but "duplicate".
+// handles by creating the group again; a failover to a replica whose
+// machine's clock is behind, XADD's ids following the server's clock)
+// starts over, and a new message can get an id an old one had. The new
+// message was then taken for a redelivery of the old one and acknowledged
+// without its effect: lost, with nothing logged but "duplicate" (balance 5,
+// want 12).
 //
-// A design question, not a bug with a local fix: the id that makes a
-// redelivery a no-op must be the message's own, given by its producer (a
-// field of the entry, unique for good), and queue_applied keyed on it; a
-// stream id cannot be told from a reused one. Skipped until the example
-// chooses (without the Skip it fails: balance 5, want 12).
+// The entries here are what Produce writes (the message id in the field
+// msg_id), with the stream ids a clock stepped back gives: XADD
+// cannot be made to reuse an id with '*', so the test names it.
 func TestNewMessageWithReusedIDIsApplied(t *testing.T) {
-	t.Skip("design question: the consumer's idempotency key is the stream id, which a stream lost and started over can reuse; a new message with an old id is dropped as a duplicate. The fix is a producer-given message id stored in the entry and keying queue_applied")
 	ctx, rdb, db := servers(t, 30*time.Second)
-	add := func(amount int64) {
+	add := func(msgID string, amount int64) {
 		t.Helper()
-		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", ID: "1-1", Values: []any{"account", "a", "amount", amount}}).Err(); err != nil {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", ID: "1-1",
+			Values: []any{"msg_id", msgID, "account", "a", "amount", amount}}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	add(5)
+	add("5f0c2b7e9a1d4c3e8b6a0f1e2d3c4b5a", 5)
 	logs := &counter{}
 	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
@@ -46,7 +45,7 @@ func TestNewMessageWithReusedIDIsApplied(t *testing.T) {
 	if err := rdb.Del(ctx, "s").Err(); err != nil {
 		t.Fatal(err)
 	}
-	add(7)
+	add("c41e9d0a7b2f4e6c9d8a1b3c5e7f9a0b", 7)
 	until(t, 10*time.Second, "the new message handled", func() (bool, error) {
 		if logs.get(queue.LogDuplicate) > 0 {
 			return true, nil
