@@ -45,7 +45,7 @@ func TestUnstorableBytesAreDeadLettered(t *testing.T) {
 	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
 
 	until(t, 20*time.Second, "the message behind the unstorable ones applied, nothing pending", func() (bool, error) {
-		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied WHERE msg_id = $1`, after)
+		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied WHERE entry_id = $1`, after)
 		if err != nil || n != 1 {
 			return false, err
 		}
@@ -54,7 +54,7 @@ func TestUnstorableBytesAreDeadLettered(t *testing.T) {
 	})
 	for _, id := range bad {
 		var fields, why string
-		err := db.QueryRowContext(ctx, `SELECT fields, error FROM queue_dead WHERE stream = 's' AND msg_id = $1`, id).Scan(&fields, &why)
+		err := db.QueryRowContext(ctx, `SELECT fields, error FROM queue_dead WHERE stream = 's' AND entry_id = $1`, id).Scan(&fields, &why)
 		if errors.Is(err, sql.ErrNoRows) {
 			t.Errorf("entry %s acknowledged but not in queue_dead", id)
 			continue

@@ -40,7 +40,7 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 
 	until(t, 20*time.Second, "the message behind the poison applied", func() (bool, error) {
 		var n int64
-		err := db.QueryRowContext(ctx, `SELECT count(*) FROM queue_applied WHERE msg_id = $1`, after).Scan(&n)
+		err := db.QueryRowContext(ctx, `SELECT count(*) FROM queue_applied WHERE entry_id = $1`, after).Scan(&n)
 		return n == 1, err
 	})
 	until(t, 5*time.Second, "nothing pending", func() (bool, error) {
@@ -49,7 +49,7 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 	})
 	var deliveries int64
 	var why string
-	err = db.QueryRowContext(ctx, `SELECT deliveries, error FROM queue_dead WHERE stream = 's' AND msg_id = $1`, poison).Scan(&deliveries, &why)
+	err = db.QueryRowContext(ctx, `SELECT deliveries, error FROM queue_dead WHERE stream = 's' AND entry_id = $1`, poison).Scan(&deliveries, &why)
 	if errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("poison %s not in queue_dead", poison)
 	}
@@ -59,7 +59,7 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 	if deliveries != 3 || why == "" {
 		t.Fatalf("dead letter: %d deliveries, error %q; want 3 and the error", deliveries, why)
 	}
-	if n, err := count(ctx, db, `SELECT count(*) FROM queue_applied WHERE msg_id = $1`, poison); err != nil || n != 0 {
+	if n, err := count(ctx, db, `SELECT count(*) FROM queue_applied WHERE entry_id = $1`, poison); err != nil || n != 0 {
 		t.Fatalf("poison applied %d times (%v)", n, err)
 	}
 	if logs.get(queue.LogFailed) != 2 || logs.get(queue.LogDead) != 1 {
@@ -85,7 +85,7 @@ func TestMalformedEntryIsDeadLettered(t *testing.T) {
 		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(&counter{})}
 	running(t, ctx, c)
 	until(t, 10*time.Second, "the message behind the malformed one applied, nothing pending", func() (bool, error) {
-		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied WHERE msg_id = $1`, after)
+		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied WHERE entry_id = $1`, after)
 		if err != nil || n != 1 {
 			return false, err
 		}
@@ -93,7 +93,7 @@ func TestMalformedEntryIsDeadLettered(t *testing.T) {
 		return p == 0, err
 	})
 	var fields, why string
-	err = db.QueryRowContext(ctx, `SELECT fields, error FROM queue_dead WHERE stream = 's' AND msg_id = $1`, bad).Scan(&fields, &why)
+	err = db.QueryRowContext(ctx, `SELECT fields, error FROM queue_dead WHERE stream = 's' AND entry_id = $1`, bad).Scan(&fields, &why)
 	if errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("malformed entry %s acknowledged but not in queue_dead", bad)
 	}

@@ -177,7 +177,7 @@ func TestSingleConsumerPausedThenKilled(t *testing.T) {
 		t.Fatalf("b's token %d is not greater than a's %d", elB.Token, stopA.Token)
 	}
 	until(t, lease+10*time.Second, "b applying "+stopA.ID, func() (bool, error) {
-		by, err := count(ctx, db, `SELECT max(token) FROM queue_applied WHERE stream = $1 AND msg_id = $2`, stream, stopA.ID)
+		by, err := count(ctx, db, `SELECT max(token) FROM queue_applied WHERE stream = $1 AND entry_id = $2`, stream, stopA.ID)
 		return by > stopA.Token, err
 	})
 	stoppedFor := time.Since(stopA.at)
@@ -211,7 +211,7 @@ func TestSingleConsumerPausedThenKilled(t *testing.T) {
 		t.Fatalf("%d late writes rejected, %d claims: the faults did not bite", rejected, claimed)
 	}
 	var killedBy string
-	if err := db.QueryRowContext(ctx, `SELECT consumer FROM queue_applied WHERE stream = $1 AND msg_id = $2`, stream, stopB.ID).Scan(&killedBy); err != nil || killedBy != "a" {
+	if err := db.QueryRowContext(ctx, `SELECT consumer FROM queue_applied WHERE stream = $1 AND entry_id = $2`, stream, stopB.ID).Scan(&killedBy); err != nil || killedBy != "a" {
 		t.Fatalf("the message b died on: applied by %q, %v; want a", killedBy, err)
 	}
 	t.Logf("%d messages applied once each; %d late writes rejected, %d claims, %d duplicates; %v (build %v)",
@@ -228,7 +228,7 @@ type run struct {
 	args         []string // -redis, -db, -stream, -group, -lease
 	db           *sql.DB
 	rdb          *redis.Client
-	ids          map[string]bool // the produced message ids
+	ids          map[string]bool // the produced messages' stream entry ids
 	want         int64           // the sum of their amounts
 	ev           *events
 	is           func(msg, who string) func(event) bool
@@ -303,7 +303,7 @@ func (x *run) finish(t *testing.T, n int, live ...*proc) {
 			t.Fatalf("consumer: %v\n%s", p.cmd.ProcessState, p.stderr.String())
 		}
 	}
-	rows, err := x.db.QueryContext(x.ctx, `SELECT msg_id FROM queue_applied WHERE stream = 'jobs' ORDER BY seq`)
+	rows, err := x.db.QueryContext(x.ctx, `SELECT entry_id FROM queue_applied WHERE stream = 'jobs' ORDER BY seq`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func TestConsumerPausedInsideTransaction(t *testing.T) {
 	waitStopped(t, a)
 	x.ev.wait(t, lease+5*time.Second, "election of b", x.is(queue.LogElected, "b"))
 	until(t, 3*lease+10*time.Second, "b applying "+stopA.ID, func() (bool, error) {
-		by, err := count(x.ctx, x.db, `SELECT max(token) FROM queue_applied WHERE stream = 'jobs' AND msg_id = $1`, stopA.ID)
+		by, err := count(x.ctx, x.db, `SELECT max(token) FROM queue_applied WHERE stream = 'jobs' AND entry_id = $1`, stopA.ID)
 		return by > stopA.Token, err
 	})
 	t.Logf("b applied %s %v after a stopped inside its transaction", stopA.ID, time.Since(stopA.at).Round(time.Millisecond))

@@ -28,11 +28,26 @@ import (
 // error. A
 // message is done once it has a row in queue_applied or in queue_dead,
 // never both.
+//
+// Both tables are keyed by (stream, msg_id), msg_id being the message's
+// key (see Message.Key): the producer's message id, or the stream entry id
+// for an entry without one. entry_id is the stream entry that carried the
+// message, for the record. A database created before the message ids has
+// msg_id alone, which was the entry id: Schema adds entry_id to it (ALTER
+// TABLE … ADD COLUMN, run only if the column is missing: an ALTER TABLE
+// takes the table's exclusive lock even when it has nothing to do, and
+// every consumer runs Schema as it starts), and its
+// rows keep entry_id NULL, their msg_id being the entry id. The tables
+// keep their primary key, so an entry applied before the upgrade and
+// redelivered after it is still found applied (its key is still its entry
+// id); a separate table for the new keys would have made every message
+// look in two places for good.
 const Schema = `
 CREATE TABLE IF NOT EXISTS queue_applied (
 	seq        BIGINT GENERATED ALWAYS AS IDENTITY,
 	stream     TEXT   NOT NULL,
 	msg_id     TEXT   NOT NULL,
+	entry_id   TEXT,
 	account    TEXT   NOT NULL,
 	amount     BIGINT NOT NULL,
 	token      BIGINT NOT NULL,
@@ -47,6 +62,7 @@ CREATE TABLE IF NOT EXISTS queue_balance (
 CREATE TABLE IF NOT EXISTS queue_dead (
 	stream     TEXT   NOT NULL,
 	msg_id     TEXT   NOT NULL,
+	entry_id   TEXT,
 	fields     TEXT   NOT NULL,
 	deliveries BIGINT NOT NULL,
 	error      TEXT   NOT NULL,
@@ -54,7 +70,19 @@ CREATE TABLE IF NOT EXISTS queue_dead (
 	consumer   TEXT   NOT NULL,
 	dead_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
 	PRIMARY KEY (stream, msg_id)
-)`
+);
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+		WHERE table_schema = current_schema() AND table_name = 'queue_applied' AND column_name = 'entry_id') THEN
+		ALTER TABLE queue_applied ADD COLUMN IF NOT EXISTS entry_id TEXT;
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+		WHERE table_schema = current_schema() AND table_name = 'queue_dead' AND column_name = 'entry_id') THEN
+		ALTER TABLE queue_dead ADD COLUMN IF NOT EXISTS entry_id TEXT;
+	END IF;
+END
+$$`
 
 // CreateSchema creates the tables, the guard's included. Consumers that
 // start at once may call it together (guard.CreateIfNotExists).
@@ -78,26 +106,121 @@ const (
 
 // Message is one unit of work: add Amount to Account's balance.
 type Message struct {
-	ID      string // the stream entry's id
+	ID string // the stream entry's id
+	// Key is what makes a redelivery a no-op: the message's id, the
+	// entry's field IDField, as Produce or ProduceID wrote it; for an
+	// entry without that field (appended by an older Produce, or by hand
+	// with XADD), ID. See IDField.
+	Key     string
 	Account string
 	Amount  int64
 }
 
-// Produce appends a message to stream and returns its id. A client that
-// resends the command after losing its reply (go-redis does, MaxRetries
-// times by default) does not append it again: the append runs in a script
-// that records the call's random id, for produceResendWindow, beside the
-// stream, and a resend finds the entry it appended. (The consumer's
-// idempotency is the entry's id; a message appended twice would be applied
-// twice.) An error other than Redis's answer (a deadline, a lost
+// IDField is the stream entry's field that holds the message's id, which
+// the consumer keys queue_applied and queue_dead by (with the stream), and
+// fences the message's transaction on (Resource). Produce gives every
+// message a random one, ProduceID the caller's.
+//
+// An entry without the field (written by a Produce that predates it, or by
+// hand with XADD) falls back to its stream entry id, as every entry did
+// before. That id is unique only within one life of the stream: a stream
+// that Redis lost and started over (deleted, a restart without
+// persistence, a failover to a replica whose machine's clock is behind,
+// XADD's ids following the server's clock) can give a new entry the id of
+// an old applied one, and a new message without the field is then dropped
+// as a duplicate. A message with the field is not. An entry whose field is
+// not a valid message id (see ProduceID) is malformed: given up on at once
+// (queue_dead), keyed by its entry id.
+const IDField = "msg_id"
+
+// MaxIDLen is the longest message id ProduceID accepts, in bytes. The id
+// must also leave its guard resource, Resource(stream, id), within
+// fence.MaxNameLen.
+const MaxIDLen = 128
+
+// ErrInvalidID means a message id was refused: empty, longer than
+// MaxIDLen, not valid UTF-8, holding a NUL, another control character or a
+// brace (the id names the message's guard resource, whose names refuse
+// them), too long for the stream's guard resource, or of the form of a
+// stream entry id (digits, '-', digits), which keys the entries without an
+// id.
+var ErrInvalidID = errors.New("queue: invalid message id")
+
+// checkID returns an error matching ErrInvalidID if id cannot be the id of
+// a message of stream.
+func checkID(stream, id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty", ErrInvalidID)
+	case len(id) > MaxIDLen:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidID, len(id), MaxIDLen)
+	case !utf8.ValidString(id) || strings.ContainsRune(id, 0):
+		return fmt.Errorf("%w: %q holds a NUL or is not UTF-8", ErrInvalidID, id)
+	case entryIDForm(id):
+		return fmt.Errorf("%w: %q has the form of a stream entry id, which keys the entries without a message id", ErrInvalidID, id)
+	}
+	if err := fence.ValidateName(Resource(stream, id)); err != nil {
+		return fmt.Errorf("%w: %q, as its guard resource: %w", ErrInvalidID, id, err)
+	}
+	return nil
+}
+
+// entryIDForm reports whether s has the form of a stream entry id: digits,
+// '-', digits.
+func entryIDForm(s string) bool {
+	ms, seq, ok := strings.Cut(s, "-")
+	return ok && digits(ms) && digits(seq)
+}
+
+func digits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// Produce appends a message to stream, with a random message id (16 bytes
+// from crypto/rand, in hex; see IDField), and returns its stream entry id.
+// A client that resends the command after losing its reply (go-redis
+// does, MaxRetries times by default) does not append it again: the append
+// runs in a script that records the call's random id, for
+// produceResendWindow, beside the stream, and a resend finds the entry it
+// appended. (A message appended twice under two message ids would be
+// applied twice.) An error other than Redis's answer (a deadline, a lost
 // connection after the last resend) leaves unknown whether the message was
 // appended: do not call Produce again as if it was not, unless applying
-// the message twice is harmless. stream must not contain braces, and rdb
+// the message twice is harmless; call ProduceID with an id of your own,
+// and again with the same id. stream must not contain braces, and rdb
 // must run the script at once: a client, not a pipeline (where go-redis
 // cannot fall back from EVALSHA to EVAL).
 func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amount int64) (string, error) {
+	var id [16]byte
+	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
+	return produce(ctx, rdb, stream, hex.EncodeToString(id[:]), account, amount)
+}
+
+// ProduceID is Produce with the caller's message id: an idempotency key of
+// its own, such as "payment:1001:approve". Messages with one id are applied
+// once, however many entries carry them: a caller that got an error from
+// ProduceID (and cannot tell whether the message was appended) may call it
+// again with the same id. The consumer knows the ids it applied for good
+// (queue_applied). An id that is empty, longer than MaxIDLen, not valid
+// UTF-8, holds a control character (NUL among them) or a brace, leaves
+// Resource(stream, id) longer than fence.MaxNameLen, or has the form of a
+// stream entry id (digits, '-', digits) is refused with an error matching
+// ErrInvalidID, and nothing is appended.
+func ProduceID(ctx context.Context, rdb redis.Cmdable, stream, id, account string, amount int64) (string, error) {
+	return produce(ctx, rdb, stream, id, account, amount)
+}
+
+func produce(ctx context.Context, rdb redis.Cmdable, stream, id, account string, amount int64) (string, error) {
 	if strings.ContainsAny(stream, "{}") {
 		return "", fmt.Errorf("%w: queue: stream %q contains a brace", fence.ErrInvalidName, stream)
+	}
+	if err := checkID(stream, id); err != nil {
+		return "", err
 	}
 	var call [16]byte
 	_, _ = rand.Read(call[:]) // never fails (crypto/rand)
@@ -105,22 +228,22 @@ func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amo
 	// slot as the stream itself.
 	record := "{" + stream + "}:produce:" + hex.EncodeToString(call[:])
 	return produceScript.Run(ctx, rdb, []string{stream, record},
-		produceResendWindow.Milliseconds(), account, amount).Text()
+		produceResendWindow.Milliseconds(), id, account, amount).Text()
 }
 
 // produceResendWindow is how long Produce's record of a call lives: longer
 // than a client takes to resend it.
 const produceResendWindow = time.Minute
 
-// produceScript appends the message (ARGV[2], ARGV[3]) to the stream
-// KEYS[1] unless KEYS[2] records the id this call appended before, and
-// records it for ARGV[1] ms.
+// produceScript appends the message (id ARGV[2], account ARGV[3], amount
+// ARGV[4]) to the stream KEYS[1] unless KEYS[2] records the entry id this
+// call appended before, and records it for ARGV[1] ms.
 var produceScript = redis.NewScript(`
 local id = redis.call('GET', KEYS[2])
 if id then
   return id
 end
-id = redis.call('XADD', KEYS[1], '*', 'account', ARGV[2], 'amount', ARGV[3])
+id = redis.call('XADD', KEYS[1], '*', '` + IDField + `', ARGV[2], 'account', ARGV[3], 'amount', ARGV[4])
 redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
 return id
 `)
@@ -204,7 +327,8 @@ type Consumer struct {
 // LockName is the lock the consumers of stream's group campaign for.
 func LockName(stream, group string) string { return "queue:" + stream + ":" + group }
 
-// Resource is the guard resource that applying message id of stream fences.
+// Resource is the guard resource that applying the message of stream with
+// key id (Message.Key) fences.
 func Resource(stream, id string) string { return "queue:" + stream + ":" + id }
 
 // maxID is the longest stream entry id: two uint64s.
@@ -368,10 +492,10 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		if err := valid(ctx, lease); err != nil {
 			return err
 		}
-		m, err := parse(e)
+		m, err := parse(c.Stream, e)
 		if err != nil {
 			// A malformed entry can never be applied: it is dead at once.
-			if _, derr := c.giveUp(ctx, e, token, err, true); derr != nil {
+			if _, derr := c.giveUp(ctx, e, m.Key, token, err, true); derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", e.ID, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
 					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, e.ID, derr)
@@ -387,23 +511,23 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		err = c.applyOne(ctx, m, token)
 		switch {
 		case err == nil:
-			c.log().Info(LogApplied, "consumer", c.Name, "id", m.ID, "token", int64(token))
+			c.log().Info(LogApplied, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
 		case errors.Is(err, errDuplicate):
-			c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "token", int64(token))
+			c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
 		case errors.Is(err, guard.ErrStale):
-			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
-			dead, derr := c.giveUp(ctx, e, token, err, false)
+			dead, derr := c.giveUp(ctx, e, m.Key, token, err, false)
 			if derr != nil {
-				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
 					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, m.ID, derr)
 				}
 				return fmt.Errorf("queue: apply %s: %w", m.ID, errors.Join(err, derr))
 			}
 			if !dead {
-				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "token", int64(token), "err", err)
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 				return fmt.Errorf("queue: apply %s: %w", m.ID, err)
 			}
 		}
@@ -418,12 +542,12 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 	return nil
 }
 
-// giveUp records entry e, whose transaction failed with cause (or, if now,
-// which is malformed), in queue_dead if now or if this was delivery
-// MaxDeliveries (or later), and reports whether it did (or found it done
-// before). Its error, if any, is why it could not tell or record; the entry
-// then stays pending.
-func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Token, cause error, now bool) (bool, error) {
+// giveUp records entry e, whose message (key key) failed with cause (or,
+// if now, which is malformed), in queue_dead if now or if this was
+// delivery MaxDeliveries (or later), and reports whether it did (or found
+// it done before). Its error, if any, is why it could not tell or record;
+// the entry then stays pending.
+func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, token fence.Token, cause error, now bool) (bool, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	p, err := c.Redis.XPendingExt(rctx, &redis.XPendingExtArgs{
@@ -440,24 +564,24 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, token fence.Tok
 	// the entry leaves the pending list (copied as they are, the dead
 	// letter failed as the effect did, and the entry stalled the queue).
 	fields := fmt.Sprintf("%q", e.Values)
-	err = c.fenced()(rctx, c.DB, Resource(c.Stream, e.ID), token, func(tx *sql.Tx) error {
+	err = c.fenced()(rctx, c.DB, Resource(c.Stream, key), token, func(tx *sql.Tx) error {
 		var applied bool
 		if err := tx.QueryRowContext(rctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)`,
-			c.Stream, e.ID).Scan(&applied); err != nil {
+			c.Stream, key).Scan(&applied); err != nil {
 			return err
 		}
 		if applied {
 			return errDuplicate
 		}
-		_, err := tx.ExecContext(rctx, `INSERT INTO queue_dead (stream, msg_id, fields, deliveries, error, token, consumer)
-VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream, msg_id) DO NOTHING`,
-			c.Stream, e.ID, fields, p[0].RetryCount, storable(cause.Error()), int64(token), c.Name)
+		_, err := tx.ExecContext(rctx, `INSERT INTO queue_dead (stream, msg_id, entry_id, fields, deliveries, error, token, consumer)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`,
+			c.Stream, key, e.ID, fields, p[0].RetryCount, storable(cause.Error()), int64(token), c.Name)
 		return err
 	})
 	if err != nil && !errors.Is(err, errDuplicate) {
 		return false, err
 	}
-	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
+	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "msg_id", key, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
 	return true, nil
 }
 
@@ -492,17 +616,17 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 	// consumer does not know that it paused, and the fence must stop it.
 	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
-	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.ID), token, func(tx *sql.Tx) error {
+	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.Key), token, func(tx *sql.Tx) error {
 		// A message given up on before (queue_dead) is done.
 		var dead bool
 		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`,
-			c.Stream, m.ID).Scan(&dead); err != nil {
+			c.Stream, m.Key).Scan(&dead); err != nil {
 			return err
 		}
 		if dead {
 			return errDuplicate
 		}
-		// So is one applied before: the unique constraint on the id makes
+		// So is one applied before: the unique constraint on the key makes
 		// the INSERT a no-op, known by the rows it affected, which every
 		// driver reports (a unique violation's SQLSTATE is not: not every
 		// driver's error has a SQLState method, and a layer between may
@@ -511,8 +635,8 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 		// was dropped too, which the fault lab's control and mutation test
 		// do; a concurrent insert of the id is waited for, as with a plain
 		// INSERT.
-		res, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, account, amount, token, consumer)
-VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, c.Stream, m.ID, m.Account, m.Amount, int64(token), c.Name)
+		res, err := tx.ExecContext(dbCtx, `INSERT INTO queue_applied (stream, msg_id, entry_id, account, amount, token, consumer)
+VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING`, c.Stream, m.Key, m.ID, m.Account, m.Amount, int64(token), c.Name)
 		if err != nil {
 			return err
 		}
@@ -528,14 +652,26 @@ ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.b
 	})
 }
 
-func parse(e redis.XMessage) (Message, error) {
+// parse returns the message of entry e of stream. If e is malformed, it
+// returns an error and a Message holding ID and Key alone: Key is the
+// entry's message id if it is valid, else the entry id.
+func parse(stream string, e redis.XMessage) (Message, error) {
+	m := Message{ID: e.ID, Key: e.ID}
+	if v, ok := e.Values[IDField]; ok {
+		id, _ := v.(string)
+		if err := checkID(stream, id); err != nil {
+			return m, fmt.Errorf("field %s: %w", IDField, err)
+		}
+		m.Key = id
+	}
 	account, _ := e.Values["account"].(string)
 	s, _ := e.Values["amount"].(string)
 	amount, err := strconv.ParseInt(s, 10, 64)
 	if account == "" || err != nil {
-		return Message{}, fmt.Errorf("want fields account and amount (an integer), got %q", e.Values)
+		return m, fmt.Errorf("want fields account and amount (an integer), got %q", e.Values)
 	}
-	return Message{ID: e.ID, Account: account, Amount: amount}, nil
+	m.Account, m.Amount = account, amount
+	return m, nil
 }
 
 // storable returns s with what PostgreSQL's text cannot hold, NUL and

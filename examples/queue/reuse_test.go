@@ -21,14 +21,14 @@ import (
 // want 12).
 //
 // The entries here are what Produce writes (the message id in the field
-// msg_id), with the stream ids a clock stepped back gives: XADD
+// queue.IDField), with the stream ids a clock stepped back gives: XADD
 // cannot be made to reuse an id with '*', so the test names it.
 func TestNewMessageWithReusedIDIsApplied(t *testing.T) {
 	ctx, rdb, db := servers(t, 30*time.Second)
 	add := func(msgID string, amount int64) {
 		t.Helper()
 		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", ID: "1-1",
-			Values: []any{"msg_id", msgID, "account", "a", "amount", amount}}).Err(); err != nil {
+			Values: []any{queue.IDField, msgID, "account", "a", "amount", amount}}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
