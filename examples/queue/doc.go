@@ -2,14 +2,46 @@
 // queue: a work queue on a Redis stream whose one active consumer is chosen
 // by fence.Lead, with an idempotent consumer in PostgreSQL behind it.
 //
-// Each message (fields account and amount) adds amount to the account's
-// balance. Its effect is applied in one transaction, guard.Tx, fenced on the
-// guard resource queue:<stream>:<message id> with the leader's token: the
-// fence first, then the message id is inserted into queue_applied (primary
-// key stream and id: the unique constraint that makes a redelivered message
-// a no-op), then the balance is updated, then the commit. XACK comes only
-// after the commit, or after the constraint found the message applied
-// already; a message whose transaction failed stays pending.
+// Each message (fields msg_id, account and amount) adds amount to the
+// account's balance. Its effect is applied in one transaction, guard.Tx,
+// fenced on the guard resource queue:<stream>:<message id> with the
+// leader's token: the fence first, then the message id is inserted into
+// queue_applied (primary key stream and message id: the unique constraint
+// that makes a redelivered message a no-op), then the balance is updated,
+// then the commit. XACK comes only after the commit, or after the
+// constraint found the message applied already; a message whose
+// transaction failed stays pending.
+//
+// # Message ids
+//
+// The message id is the producer's, written in the entry (IDField): Produce
+// makes a random one (16 bytes from crypto/rand, in hex), ProduceID takes
+// the caller's own idempotency key ("payment:1001:approve"), so that a
+// caller retrying after an error that left unknown whether the message was
+// appended enqueues one effect however many entries it made. ProduceID
+// refuses, with ErrInvalidID and before appending anything, an id that is
+// empty, longer than MaxIDLen, not UTF-8, holds a control character (NUL
+// among them) or a brace (the id names the guard resource), leaves the
+// resource longer than fence.MaxNameLen, or has the form of a stream entry
+// id (see below).
+//
+// The stream entry id is not the key: it is unique only within one life of
+// the stream. A stream that Redis lost and started over (deleted, a restart
+// without persistence, a failover to a replica whose machine's clock is
+// behind, since XADD's ids follow the server's clock) can give a new
+// message the id of an old applied one, which would then be dropped as a
+// duplicate.
+//
+// An entry without msg_id (written by an older Produce, or by hand with
+// XADD) falls back to its stream entry id as its key, as every entry did
+// before message ids, and keeps that risk; the ids of that form are why
+// ProduceID refuses ids that look like entry ids (digits, '-', digits): the
+// two kinds of key never meet. An entry whose msg_id is not a valid id is
+// malformed (below), and given up on under its entry id. queue_applied and
+// queue_dead record the entry id beside the key (entry_id); CreateSchema
+// adds that column to a database created before message ids, whose rows
+// keep it NULL (their msg_id is the entry id, the key they had and still
+// have).
 //
 // # Hand-over
 //
@@ -57,7 +89,8 @@
 // (XPENDING's delivery count), the consumer records it in queue_dead, in a
 // transaction fenced like the effect's, and acknowledges it. A message is
 // then done once: applied (queue_applied) or given up on (queue_dead, where
-// a malformed entry, without an account or an integer amount, goes at once). A
+// a malformed entry, without an account or an integer amount, or with an
+// invalid msg_id, goes at once). A
 // failure that also stops that write, the database being down, leaves the
 // message pending.
 //
