@@ -43,6 +43,14 @@
 // keep it NULL (their msg_id is the entry id, the key they had and still
 // have).
 //
+// Upgrade the consumers before the producers. A consumer from before
+// message ids keys every entry by its entry id; one that applied an entry
+// carrying msg_id and stopped before XACK leaves a row the new consumer,
+// which claims the entry and keys it by msg_id, does not find: the message
+// would be applied twice. With the consumers upgraded first, every entry
+// without msg_id is keyed by its entry id on both sides of the upgrade, and
+// entries with msg_id are only ever seen by new consumers.
+//
 // # Hand-over
 //
 // The consumers of a group all run Consumer.Run; fence.Lead lets one of
