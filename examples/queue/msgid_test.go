@@ -278,14 +278,18 @@ func TestCreateSchemaUpgradesOldDatabase(t *testing.T) {
 	if _, err := queue.Produce(ctx, rdb, "s", "a", 7); err != nil {
 		t.Fatal(err)
 	}
+	// And one for queue_dead, which gained entry_id too.
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: []any{queue.IDField, "bad:1", "account", "a", "amount", "ten"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
 	logs := &counter{}
 	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
 	var state string
 	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
-	until(t, 10*time.Second, "the old entry found applied, the new one applied", func() (bool, error) {
-		state = fmt.Sprintf("%d applied, %d duplicate, %d failed", logs.get(queue.LogApplied), logs.get(queue.LogDuplicate), logs.get(queue.LogFailed))
-		if logs.get(queue.LogApplied) != 1 || logs.get(queue.LogDuplicate) != 1 {
+	until(t, 10*time.Second, "the old entry found applied, the new one applied, the bad one dead", func() (bool, error) {
+		state = fmt.Sprintf("%d applied, %d duplicate, %d dead, %d failed", logs.get(queue.LogApplied), logs.get(queue.LogDuplicate), logs.get(queue.LogDead), logs.get(queue.LogFailed))
+		if logs.get(queue.LogApplied) != 1 || logs.get(queue.LogDuplicate) != 1 || logs.get(queue.LogDead) != 1 {
 			return false, nil
 		}
 		p, err := pending(ctx, rdb, "s", "g")
@@ -293,5 +297,8 @@ func TestCreateSchemaUpgradesOldDatabase(t *testing.T) {
 	}, &state)
 	if n, err := count(ctx, db, `SELECT balance FROM queue_balance WHERE account = 'a'`); err != nil || n != 12 {
 		t.Fatalf("balance %d (%v), want 12", n, err)
+	}
+	if n, err := count(ctx, db, `SELECT count(*) FROM queue_dead WHERE stream = 's' AND msg_id = 'bad:1' AND entry_id IS NOT NULL`); err != nil || n != 1 {
+		t.Fatalf("%d dead letters for bad:1 (%v), want 1", n, err)
 	}
 }
