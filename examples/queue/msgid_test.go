@@ -302,3 +302,24 @@ func TestCreateSchemaUpgradesOldDatabase(t *testing.T) {
 		t.Fatalf("%d dead letters for bad:1 (%v), want 1", n, err)
 	}
 }
+
+// TestProduceRefusesUnstorableAccount: an account that is empty, holds a
+// NUL or is not UTF-8 can never be applied (the consumer finds the entry
+// malformed, or PostgreSQL refuses the bytes, and gives it up, in
+// queue_dead). Produce appended it and returned no error: the message was
+// lost to the caller. It must refuse it with ErrInvalidAccount and append
+// nothing.
+func TestProduceRefusesUnstorableAccount(t *testing.T) {
+	ctx, rdb, _ := servers(t, 30*time.Second)
+	for _, account := range []string{"", "a\x00b", "caf\xe9"} {
+		if _, err := queue.Produce(ctx, rdb, "s", account, 1); !errors.Is(err, queue.ErrInvalidAccount) {
+			t.Errorf("Produce, account %q: %v, want ErrInvalidAccount", account, err)
+		}
+		if _, err := queue.ProduceID(ctx, rdb, "s", "k", account, 1); !errors.Is(err, queue.ErrInvalidAccount) {
+			t.Errorf("ProduceID, account %q: %v, want ErrInvalidAccount", account, err)
+		}
+	}
+	if keys, err := rdb.Keys(ctx, "*").Result(); err != nil || len(keys) != 0 {
+		t.Fatalf("refused accounts left keys %q (%v), want none", keys, err)
+	}
+}

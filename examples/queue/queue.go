@@ -146,6 +146,12 @@ const MaxIDLen = 128
 // id.
 var ErrInvalidID = errors.New("queue: invalid message id")
 
+// ErrInvalidAccount means an account was refused: empty, not valid UTF-8,
+// or holding a NUL. The consumer could never apply such a message (an entry
+// without an account is malformed, and PostgreSQL's text holds neither NUL
+// nor bytes that are not UTF-8): it would go to queue_dead.
+var ErrInvalidAccount = errors.New("queue: invalid account")
+
 // checkID returns an error matching ErrInvalidID if id cannot be the id of
 // a message of stream.
 func checkID(stream, id string) error {
@@ -194,7 +200,9 @@ func digits(s string) bool {
 // the message twice is harmless; call ProduceID with an id of your own,
 // and again with the same id. stream must not contain braces, and rdb
 // must run the script at once: a client, not a pipeline (where go-redis
-// cannot fall back from EVALSHA to EVAL).
+// cannot fall back from EVALSHA to EVAL). An account that is empty, holds
+// a NUL or is not UTF-8 is refused with an error matching
+// ErrInvalidAccount, and nothing is appended.
 func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amount int64) (string, error) {
 	var id [16]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
@@ -221,6 +229,9 @@ func produce(ctx context.Context, rdb redis.Cmdable, stream, id, account string,
 	}
 	if err := checkID(stream, id); err != nil {
 		return "", err
+	}
+	if account == "" || !utf8.ValidString(account) || strings.ContainsRune(account, 0) {
+		return "", fmt.Errorf("%w: %q is empty, holds a NUL or is not UTF-8", ErrInvalidAccount, account)
 	}
 	var call [16]byte
 	_, _ = rand.Read(call[:]) // never fails (crypto/rand)
