@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -47,5 +48,30 @@ func TestProduceResentAppendsOnce(t *testing.T) {
 	}
 	if len(ids) != 1 || ids[0] != id {
 		t.Fatalf("one Produce (id %s) left entries %v in the stream; want just %s", id, ids, id)
+	}
+}
+
+// TestProduceWithinDeadlineOnPausedServer: a Redis server that does not
+// answer (paused here) must not hold Produce past the caller's deadline.
+// With a client that does not apply the context's deadline to its reads
+// (go-redis's default, ContextTimeoutEnabled false), ProduceID returned
+// "context deadline exceeded" 5 s after a 200 ms deadline.
+func TestProduceWithinDeadlineOnPausedServer(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if _, err := queue.Produce(t.Context(), rdb, "s", "a", 1); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	resume := srv.Pause(t)
+	defer resume()
+	const deadline = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(t.Context(), deadline)
+	defer cancel()
+	start := time.Now()
+	_, err := queue.ProduceID(ctx, rdb, "s", "payment:1:approve", "a", 1)
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) || took > 5*deadline {
+		t.Fatalf("ProduceID on a paused server: %v after %v; want the deadline's error within %v", err, took, 5*deadline)
 	}
 }
