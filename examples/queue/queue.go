@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/bound"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -238,8 +239,15 @@ func produce(ctx context.Context, rdb redis.Cmdable, stream, id, account string,
 	// The record's hash tag is the stream's name: the same Redis Cluster
 	// slot as the stream itself.
 	record := "{" + stream + "}:produce:" + hex.EncodeToString(call[:])
-	return produceScript.Run(ctx, rdb, []string{stream, record},
-		produceResendWindow.Milliseconds(), id, account, amount).Text()
+	// A client whose reads ignore ctx's deadline (go-redis's default,
+	// ContextTimeoutEnabled false) would hold the caller for its own
+	// timeouts: return when ctx ends, the call finishing in the
+	// background (whether it appended is then unknown, as after any
+	// error that is not Redis's answer).
+	return bound.Call(ctx, func() (string, error) {
+		return produceScript.Run(ctx, rdb, []string{stream, record},
+			produceResendWindow.Milliseconds(), id, account, amount).Text()
+	}, nil)
 }
 
 // produceResendWindow is how long Produce's record of a call lives: longer
