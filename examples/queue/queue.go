@@ -195,9 +195,10 @@ func digits(s string) bool {
 // runs in a script that records the call's random id, for
 // produceResendWindow, beside the stream, and a resend finds the entry it
 // appended. (A message appended twice under two message ids would be
-// applied twice.) An error other than Redis's answer (a deadline, a lost
-// connection after the last resend) leaves unknown whether the message was
-// appended: do not call Produce again as if it was not, unless applying
+// applied twice.) Produce returns when ctx ends, even if rdb's reads do
+// not heed its deadline (go-redis's ContextTimeoutEnabled off). An error
+// other than Redis's answer (a deadline, a lost connection after the last
+// resend) leaves unknown whether the message was appended: do not call Produce again as if it was not, unless applying
 // the message twice is harmless; call ProduceID with an id of your own,
 // and again with the same id. stream must not contain braces, and rdb
 // must run the script at once: a client, not a pipeline (where go-redis
