@@ -35,14 +35,15 @@ import (
 // for an entry without one. entry_id is the stream entry that carried the
 // message, for the record. A database created before the message ids has
 // msg_id alone, which was the entry id: Schema adds entry_id to it (ALTER
-// TABLE … ADD COLUMN, run only if the column is missing: an ALTER TABLE
-// takes the table's exclusive lock even when it has nothing to do, and
-// every consumer runs Schema as it starts), and its
-// rows keep entry_id NULL, their msg_id being the entry id. The tables
-// keep their primary key, so an entry applied before the upgrade and
-// redelivered after it is still found applied (its key is still its entry
-// id); a separate table for the new keys would have made every message
-// look in two places for good.
+// TABLE … ADD COLUMN, run only if the column is missing: ALTER TABLE takes
+// the table's exclusive lock even when it has nothing to do, and every
+// consumer runs Schema as it starts, queueing behind the leader's
+// transactions and holding the leader's next ones up), and its rows keep
+// entry_id NULL, their msg_id being the entry id. The tables keep their
+// primary key, so an entry applied before the upgrade and redelivered
+// after it is still found applied (its key is still its entry id); a
+// separate table for the new keys would have made every message look in
+// two places for good.
 const Schema = `
 CREATE TABLE IF NOT EXISTS queue_applied (
 	seq        BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -198,9 +199,10 @@ func digits(s string) bool {
 // applied twice.) Produce returns when ctx ends, even if rdb's reads do
 // not heed its deadline (go-redis's ContextTimeoutEnabled off). An error
 // other than Redis's answer (a deadline, a lost connection after the last
-// resend) leaves unknown whether the message was appended: do not call Produce again as if it was not, unless applying
-// the message twice is harmless; call ProduceID with an id of your own,
-// and again with the same id. stream must not contain braces, and rdb
+// resend) leaves unknown whether the message was appended: do not call
+// Produce again as if it was not, unless applying the message twice is
+// harmless; call ProduceID with an id of your own, and again with the same
+// id. stream must not contain braces, and rdb
 // must run the script at once: a client, not a pipeline (where go-redis
 // cannot fall back from EVALSHA to EVAL). An account that is empty, holds
 // a NUL or is not UTF-8 is refused with an error matching
