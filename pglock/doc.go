@@ -22,13 +22,18 @@
 //
 // # Tokens
 //
-// Tokens come from the sequence, which never cycles (at its end, acquisitions
-// fail rather than repeat a token) and is shared by every name. A token is
-// drawn as the row is updated under its row lock, so the tokens of one name
-// increase in the order the lock was granted. The sequence is written to the
-// WAL ahead of its use, so tokens keep increasing across a crash and a
-// restart, as long as commits are durable: with synchronous_commit off, a
-// crash may lose the last grants and issue their tokens again.
+// A token is the greatest of three: the next value of the sequence, which
+// never cycles (at its end, acquisitions fail rather than repeat a token)
+// and is shared by every name; the database's clock in microseconds; and
+// the row's last token plus one. It is drawn as the row is updated under
+// its row lock, so the tokens of one name increase in the order the lock
+// was granted, even if the clock steps back. The clock keeps them
+// increasing when the counters are lost: a sequence restarted, or dropped
+// and created again with the table (a migration rerun), the table emptied,
+// or a crash with synchronous_commit off that loses the last grants, as
+// long as the database's clock has not gone back past the last token
+// issued. Tokens are so about the Unix time in microseconds, as
+// redislock's are, rather than small counts.
 //
 // # Time
 //

@@ -493,7 +493,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 				go l.signal(stale)
 			}
 			return l.newLease(ctx, a, fence.Token(token), sent), 0, nil
-		case isSQLState(err, sequenceLimitExceeded):
+		case isSQLState(err, sequenceLimitExceeded), isSQLState(err, numericOutOfRange):
 			a.sent = false // nextval failed: the statement took nothing
 			return nil, 0, fmt.Errorf("pglock: acquire %q: %w: %w", a.name, ErrTokensExhausted, err)
 		case !errors.Is(err, sql.ErrNoRows):
@@ -526,6 +526,11 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 // sequenceLimitExceeded is the SQLSTATE of nextval past a sequence's
 // maximum (sequence_generator_limit_exceeded).
 const sequenceLimitExceeded = "2200H"
+
+// numericOutOfRange is the SQLSTATE of the row's last token plus one past
+// the bigint maximum (numeric_value_out_of_range): that name can have no
+// greater token.
+const numericOutOfRange = "22003"
 
 // isSQLState reports whether err carries the SQLSTATE code, as the errors of
 // pgx (*pgconn.PgError) and lib/pq (*pq.Error) do through SQLState().

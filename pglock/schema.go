@@ -86,6 +86,16 @@ func newQueries(t string) queries {
 		// the conflicting row, and a token drawn early could be granted
 		// after a later one. That is why rows are never deleted.
 		//
+		// The token is also at least the database's clock in
+		// microseconds and the row's last token plus one: a sequence
+		// restarted or dropped and created again (a careless operator,
+		// a migration rerun, a crash under synchronous_commit off) would
+		// issue tokens from 1 again, below those the resource has seen.
+		// The row's last token plus one keeps a name's tokens strictly
+		// increasing while its row lives even if the clock steps back;
+		// past the bigint maximum it fails (numeric_value_out_of_range),
+		// as nextval does, rather than issue a token again.
+		//
 		// A row this attempt already owns is granted again (with a new
 		// token): an earlier try whose reply was lost may have taken it.
 		//
@@ -94,7 +104,8 @@ func newQueries(t string) queries {
 		// longer lease would cut it below the holder's Deadline, and
 		// another Locker could take the row inside the lease.
 		acquire: fmt.Sprintf(`UPDATE "%[1]s"
-SET owner = $2, token = nextval('"%[1]s_token"'),
+SET owner = $2, token = greatest(nextval('"%[1]s_token"'),
+    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, token + 1),
   expires_at = CASE WHEN owner = $2 THEN greatest(expires_at, clock_timestamp() + $3::bigint * interval '1 microsecond')
     ELSE clock_timestamp() + $3::bigint * interval '1 microsecond' END
 WHERE name = $1 AND (expires_at <= clock_timestamp() OR owner = $2)

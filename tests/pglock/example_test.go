@@ -27,11 +27,11 @@ func Example() {
 		panic(err)
 	}
 	err = fence.Run(ctx, locker, "payment:1001", func(ctx context.Context, lease fence.Lease) error {
-		fmt.Println("holding", lease.Name(), "with token", lease.Token())
+		fmt.Println("holding", lease.Name(), "with a token:", lease.Token() > 0)
 		return nil // write with lease.Token(); stop when ctx is done
 	}, fence.Wait(5*time.Second))
 	fmt.Println("err:", err)
 	// Output:
-	// holding payment:1001 with token 1
+	// holding payment:1001 with a token: true
 	// err: <nil>
 }
