@@ -147,7 +147,9 @@ const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
 // the database, and then tries again. Backend errors while waiting are
 // retried with a back-off until the budget ends; the error then wraps the
 // last one. A token sequence at its maximum is not retried: the error wraps
-// ErrTokensExhausted at once.
+// ErrTokensExhausted at once. Nor is a name that the database's encoding
+// cannot store (a LATIN1 database, a client sending UTF-8): the error
+// matches fence.ErrInvalidName.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if l.obs == nil {
 		return l.acquire(ctx, name, opts...)
@@ -181,7 +183,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	switch {
 	case lease != nil:
 		return lease, nil
-	case err != nil && (o.Wait == 0 || errors.Is(err, ErrTokensExhausted) || errors.Is(err, errDBClosed)):
+	case err != nil && (o.Wait == 0 || permanent(err)):
 		l.giveUp(&a)
 		return nil, fence.NotAcquired(name, closedDB(err))
 	case err == nil && o.Wait == 0:
@@ -282,11 +284,18 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			// reason: the lock was as before, held or unreachable.
 			return nil, budgetEnded(before)
 		}
-		if errors.Is(lastErr, ErrTokensExhausted) || errors.Is(lastErr, errDBClosed) {
+		if permanent(lastErr) {
 			l.giveUp(&a)
 			return nil, fence.NotAcquired(name, closedDB(lastErr))
 		}
 	}
+}
+
+// permanent reports whether a try's error is one that Acquire does not
+// retry within its Wait budget: no token can be issued, the *sql.DB was
+// closed, or the database cannot store the name.
+func permanent(err error) bool {
+	return errors.Is(err, ErrTokensExhausted) || errors.Is(err, errDBClosed) || errors.Is(err, fence.ErrInvalidName)
 }
 
 // errDBClosed is database/sql's (unexported) error for a call on a closed
@@ -493,6 +502,9 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 				go l.signal(stale)
 			}
 			return l.newLease(ctx, a, fence.Token(token), sent), 0, nil
+		case unstorableName(err):
+			a.sent = false // the name was refused as the statement was bound: it took nothing
+			return nil, 0, fmt.Errorf("pglock: acquire %q: %w: the database's encoding cannot store it: %w", a.name, fence.ErrInvalidName, err)
 		case isSQLState(err, sequenceLimitExceeded), isSQLState(err, numericOutOfRange):
 			a.sent = false // nextval failed: the statement took nothing
 			return nil, 0, fmt.Errorf("pglock: acquire %q: %w: %w", a.name, ErrTokensExhausted, err)
@@ -526,6 +538,15 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 // sequenceLimitExceeded is the SQLSTATE of nextval past a sequence's
 // maximum (sequence_generator_limit_exceeded).
 const sequenceLimitExceeded = "2200H"
+
+// unstorableName reports whether err is the database's refusal of a lock
+// name that its encoding cannot represent (a LATIN1 database, a client
+// whose client_encoding is UTF8): untranslatable_character or
+// character_not_in_repertoire. It is bad input, not a backend failure:
+// Acquire does not retry it.
+func unstorableName(err error) bool {
+	return isSQLState(err, "22P05") || isSQLState(err, "22021")
+}
 
 // numericOutOfRange is the SQLSTATE of the row's last token plus one past
 // the bigint maximum (numeric_value_out_of_range): that name can have no
