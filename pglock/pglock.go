@@ -119,7 +119,10 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 }
 
 // EnsureSchema creates the lease table and the token sequence if they do
-// not exist (the statements of Schema). Processes may call it at once: the
+// not exist (the statements of Schema), then checks them: a name held by a
+// relation of another kind (another Locker's sequence, whose Table is this
+// one's less "_token", or its table), or a table without the lease
+// columns, is an error matching fence.ErrInvalidOption. Processes may call it at once: the
 // statements run in one transaction under a transaction-level advisory lock
 // (PostgreSQL's CREATE ... IF NOT EXISTS fails, rather than finds the
 // object, when a concurrent one creates it first).
@@ -132,6 +135,35 @@ func (l *Locker) EnsureSchema(ctx context.Context) error {
 	// the lock lasts for.
 	if _, err := l.db.ExecContext(ctx, schemaLock+schema); err != nil {
 		return fmt.Errorf("pglock: create schema: %w", err)
+	}
+	return l.checkSchema(ctx)
+}
+
+// checkSchema checks that the lease table and the token sequence are what
+// Schema creates: IF NOT EXISTS skips a name that a relation of another
+// kind holds (the table of a Locker whose Table is this one's plus
+// "_token", that Locker's sequence, a table of the application's), which
+// no Acquire could use. The error matches fence.ErrInvalidOption.
+func (l *Locker) checkSchema(ctx context.Context) error {
+	var table, seq sql.NullString
+	err := l.db.QueryRowContext(ctx, `SELECT
+  (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)),
+  (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($2))`,
+		`"`+l.table+`"`, `"`+l.table+`_token"`).Scan(&table, &seq)
+	if err != nil {
+		return fmt.Errorf("pglock: check schema: %w", err)
+	}
+	if table.String != "r" && table.String != "p" {
+		return fmt.Errorf("pglock: %w: %q is not a table (relkind %q): another Locker's token sequence? Choose another Table", fence.ErrInvalidOption, l.table, table.String)
+	}
+	if seq.String != "S" {
+		return fmt.Errorf("pglock: %w: %q, the token sequence of table %q, is not a sequence (relkind %q): another Locker's table? Choose another Table", fence.ErrInvalidOption, l.table+"_token", l.table, seq.String)
+	}
+	_, err = l.db.ExecContext(ctx, fmt.Sprintf(`SELECT name, owner, token, expires_at FROM "%s" LIMIT 0`, l.table))
+	if isSQLState(err, "42703") { // undefined_column
+		return fmt.Errorf("pglock: %w: table %q exists and is not a lease table: %w", fence.ErrInvalidOption, l.table, err)
+	} else if err != nil {
+		return fmt.Errorf("pglock: check schema: %w", err)
 	}
 	return nil
 }
