@@ -27,7 +27,9 @@
 // and is shared by every name; the database's clock in microseconds; and
 // the row's last token plus one. It is drawn as the row is updated under
 // its row lock, so the tokens of one name increase in the order the lock
-// was granted, even if the clock steps back. The clock keeps them
+// was granted, even if the clock steps back or the sequence was given a
+// CACHE (each session then draws from a block of its own, so nextval alone
+// does not increase across sessions in time order). The clock keeps them
 // increasing when the counters are lost: a sequence restarted, or dropped
 // and created again with the table (a migration rerun), the table emptied,
 // or a crash with synchronous_commit off that loses the last grants, as

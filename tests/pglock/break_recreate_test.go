@@ -79,3 +79,34 @@ func TestNameAtMaxTokenIsExhausted(t *testing.T) {
 		t.Fatalf("Acquire after the maximum token = %v, want ErrNotAcquired and pglock.ErrTokensExhausted", err)
 	}
 }
+
+// An operator gives the token sequence a cache (ALTER SEQUENCE ... CACHE,
+// a common tuning): each session then takes its own block of values, and
+// nextval no longer increases across sessions in time order. Two pools
+// taking turns on one name still get increasing tokens.
+func TestTokensGrowWithSequenceCache(t *testing.T) {
+	d := newDatabase(t, pg)
+	if _, err := d.db.ExecContext(t.Context(), `ALTER SEQUENCE fence_leases_token CACHE 100`); err != nil {
+		t.Fatal(err)
+	}
+	var lockers []*pglock.Locker
+	for range 2 {
+		db := open(t, d.dsn, nil)
+		db.SetMaxOpenConns(1) // one session each, one cached block each
+		lockers = append(lockers, d.locker(t, db))
+	}
+	var last fence.Token
+	for i := range 6 {
+		lease, err := lockers[i%2].Acquire(ctxFor(t, 10*time.Second), "cached", fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lease.Token() <= last {
+			t.Fatalf("grant %d: token %d after %d", i, lease.Token(), last)
+		}
+		last = lease.Token()
+		if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
