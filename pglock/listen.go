@@ -88,6 +88,15 @@ func (l *Locker) read(ctx context.Context, s *subscription) {
 	if err != nil {
 		return
 	}
+	if ch == nil {
+		// A Listener that returned no channel and no error (a stub that
+		// turns notifications off) delivers nothing and closes nothing:
+		// ranging over it would block this goroutine for good, one per
+		// wait. Its waiters wake at the holder's expiry, as without a
+		// Listener; the subscription ends with its last waiter.
+		<-ctx.Done()
+		return
+	}
 	for name := range ch {
 		l.mu.Lock()
 		for w := range s.waiters {
