@@ -173,7 +173,9 @@ func (l *Locker) checkSchema(ctx context.Context) error {
 const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
 
 // Acquire takes the lock called name; see fence.Locker. Whether the lock
-// is free is judged by the database's clock. With a Wait budget, a waiter
+// is free is judged by the database's clock. With a Wait budget, every
+// try, the first one included, ends with the budget (a statement blocked
+// on the row's lock by a transaction left open on it); a waiter
 // sends no query while the holder's lease lives: it waits for the release's
 // notification (with a Listener) or for the holder's expiry, computed by
 // the database, and then tries again. Backend errors while waiting are
@@ -211,7 +213,18 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if a.ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
-	lease, left, err := l.try(ctx, &a)
+	// With a Wait budget, the first try is part of the wait: a statement
+	// blocked on the row's lock (a transaction left open on it) ends with
+	// the budget, not only with ctx.
+	tryCtx := ctx
+	var waitCtx context.Context
+	if o.Wait > 0 {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithDeadline(ctx, start.Add(o.Wait))
+		defer cancel()
+		tryCtx = waitCtx
+	}
+	lease, left, err := l.try(tryCtx, &a)
 	switch {
 	case lease != nil:
 		return lease, nil
@@ -220,10 +233,16 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		return nil, fence.NotAcquired(name, closedDB(err))
 	case err == nil && o.Wait == 0:
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
+	case err != nil && waitCtx.Err() != nil:
+		// The budget ended during the first try, which failed for that
+		// reason (see the loop's tries below).
+		l.giveUp(&a)
+		if ctx.Err() != nil {
+			return nil, fence.NotAcquired(name, ctx.Err())
+		}
+		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
 
-	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
-	defer cancel()
 	var (
 		sub      *subscription // nil until listening
 		w        *waiter

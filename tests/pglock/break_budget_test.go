@@ -1,0 +1,53 @@
+package pglock_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// A transaction left open on the lock's row (an operator's psql session:
+// BEGIN; SELECT ... FOR UPDATE; and lunch) blocks every statement that
+// would update the row. An Acquire with a Wait budget and a ctx that
+// allows far longer must still return by its budget (ErrNotAcquired), not
+// when the ctx ends: its first try is part of the wait.
+func TestBudgetBoundsFirstTryBlockedOnRowLock(t *testing.T) {
+	d := newDatabase(t, pg)
+	l := d.locker(t, d.db)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), "rowlock", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.db.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(t.Context(), `SELECT 1 FROM fence_leases WHERE name = 'rowlock' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	const budget = 500 * time.Millisecond
+	start := time.Now()
+	_, err = l.Acquire(ctxFor(t, 20*time.Second), "rowlock", fence.TTL(time.Minute), fence.Wait(budget))
+	took := time.Since(start)
+	if !errors.Is(err, fence.ErrNotAcquired) {
+		t.Fatalf("Acquire blocked on a row lock = %v, want ErrNotAcquired", err)
+	}
+	if took > budget+time.Second {
+		t.Fatalf("Acquire with a %v budget returned after %v: its first try was not bounded by the budget", budget, took)
+	}
+	t.Logf("after %v: %v", took, err)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.Acquire(ctxFor(t, 10*time.Second), "rowlock", fence.TTL(time.Minute), fence.Wait(3*time.Second))
+	if err != nil {
+		t.Fatalf("after the given-up Acquire the lock is not free: %v", err)
+	}
+	_ = other.Release(ctxFor(t, 10*time.Second))
+}
