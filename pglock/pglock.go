@@ -174,8 +174,9 @@ const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
 
 // Acquire takes the lock called name; see fence.Locker. Whether the lock
 // is free is judged by the database's clock. With a Wait budget, every
-// try, the first one included, ends with the budget (a statement blocked
-// on the row's lock by a transaction left open on it); a waiter
+// try ends with the budget (a statement blocked on the row's lock by a
+// transaction left open on it), the first one a second after the start at
+// the soonest; a waiter
 // sends no query while the holder's lease lives: it waits for the release's
 // notification (with a Listener) or for the holder's expiry, computed by
 // the database, and then tries again. Backend errors while waiting are
@@ -215,14 +216,13 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	// With a Wait budget, the first try is part of the wait: a statement
 	// blocked on the row's lock (a transaction left open on it) ends with
-	// the budget, not only with ctx.
+	// the budget, not only with ctx; but it is given firstTryMin at least,
+	// so that a budget shorter than a round trip (or a dial) still tries.
 	tryCtx := ctx
-	var waitCtx context.Context
 	if o.Wait > 0 {
 		var cancel context.CancelFunc
-		waitCtx, cancel = context.WithDeadline(ctx, start.Add(o.Wait))
+		tryCtx, cancel = context.WithDeadline(ctx, start.Add(max(o.Wait, firstTryMin)))
 		defer cancel()
-		tryCtx = waitCtx
 	}
 	lease, left, err := l.try(tryCtx, &a)
 	switch {
@@ -233,7 +233,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		return nil, fence.NotAcquired(name, closedDB(err))
 	case err == nil && o.Wait == 0:
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
-	case err != nil && waitCtx.Err() != nil:
+	case err != nil && tryCtx.Err() != nil:
 		// The budget ended during the first try, which failed for that
 		// reason (see the loop's tries below).
 		l.giveUp(&a)
@@ -243,6 +243,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
 
+	waitCtx, cancel := context.WithDeadline(ctx, start.Add(o.Wait))
+	defer cancel()
 	var (
 		sub      *subscription // nil until listening
 		w        *waiter
@@ -379,6 +381,11 @@ func retryBackoff(n int) time.Duration {
 	d := min(10*time.Millisecond<<min(n-1, 7), time.Second)
 	return d/2 + mrand.N(d/2+1)
 }
+
+// firstTryMin is the least time an Acquire with a Wait budget gives its
+// first try, whatever the budget: a round trip, a dial, a short wait for
+// a row lock that a grant or a release holds.
+const firstTryMin = time.Second
 
 // giveUpTimeout bounds each statement of the clean-up of an acquisition
 // given up on.
