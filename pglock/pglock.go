@@ -119,7 +119,9 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 }
 
 // EnsureSchema creates the lease table and the token sequence if they do
-// not exist (the statements of Schema), then checks them: a name held by a
+// not exist (the statements of Schema; when both exist it creates nothing,
+// so a role that may use them but not create in their schema may call
+// it), then checks them: a name held by a
 // relation of another kind (another Locker's sequence, whose Table is this
 // one's less "_token", or its table), or a table without the lease
 // columns, is an error matching fence.ErrInvalidOption. Processes may call it at once: the
@@ -131,41 +133,57 @@ func (l *Locker) EnsureSchema(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// In place already (a migration made them): nothing to create, and
+	// no right to create needed (CREATE ... IF NOT EXISTS checks it before
+	// it looks for the object).
+	if missing, err := l.checkSchema(ctx); err != nil || !missing {
+		return err
+	}
 	// One simple query: its statements are one implicit transaction, which
 	// the lock lasts for.
 	if _, err := l.db.ExecContext(ctx, schemaLock+schema); err != nil {
 		return fmt.Errorf("pglock: create schema: %w", err)
 	}
-	return l.checkSchema(ctx)
+	if missing, err := l.checkSchema(ctx); err != nil {
+		return err
+	} else if missing {
+		return fmt.Errorf("pglock: create schema: table %q or its sequence is missing after its creation", l.table)
+	}
+	return nil
 }
 
 // checkSchema checks that the lease table and the token sequence are what
 // Schema creates: IF NOT EXISTS skips a name that a relation of another
 // kind holds (the table of a Locker whose Table is this one's plus
 // "_token", that Locker's sequence, a table of the application's), which
-// no Acquire could use. The error matches fence.ErrInvalidOption.
-func (l *Locker) checkSchema(ctx context.Context) error {
+// no Acquire could use. The error matches fence.ErrInvalidOption. missing
+// reports that the table or the sequence does not exist (the other, if it
+// does, being right).
+func (l *Locker) checkSchema(ctx context.Context) (missing bool, _ error) {
 	var table, seq sql.NullString
 	err := l.db.QueryRowContext(ctx, `SELECT
   (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)),
   (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($2))`,
 		`"`+l.table+`"`, `"`+l.table+`_token"`).Scan(&table, &seq)
 	if err != nil {
-		return fmt.Errorf("pglock: check schema: %w", err)
+		return false, fmt.Errorf("pglock: check schema: %w", err)
 	}
-	if table.String != "r" && table.String != "p" {
-		return fmt.Errorf("pglock: %w: %q is not a table (relkind %q): another Locker's token sequence? Choose another Table", fence.ErrInvalidOption, l.table, table.String)
+	if table.Valid && table.String != "r" && table.String != "p" {
+		return false, fmt.Errorf("pglock: %w: %q is not a table (relkind %q): another Locker's token sequence? Choose another Table", fence.ErrInvalidOption, l.table, table.String)
 	}
-	if seq.String != "S" {
-		return fmt.Errorf("pglock: %w: %q, the token sequence of table %q, is not a sequence (relkind %q): another Locker's table? Choose another Table", fence.ErrInvalidOption, l.table+"_token", l.table, seq.String)
+	if seq.Valid && seq.String != "S" {
+		return false, fmt.Errorf("pglock: %w: %q, the token sequence of table %q, is not a sequence (relkind %q): another Locker's table? Choose another Table", fence.ErrInvalidOption, l.table+"_token", l.table, seq.String)
+	}
+	if !table.Valid {
+		return true, nil
 	}
 	_, err = l.db.ExecContext(ctx, fmt.Sprintf(`SELECT name, owner, token, expires_at FROM "%s" LIMIT 0`, l.table))
 	if isSQLState(err, "42703") { // undefined_column
-		return fmt.Errorf("pglock: %w: table %q exists and is not a lease table: %w", fence.ErrInvalidOption, l.table, err)
+		return false, fmt.Errorf("pglock: %w: table %q exists and is not a lease table: %w", fence.ErrInvalidOption, l.table, err)
 	} else if err != nil {
-		return fmt.Errorf("pglock: check schema: %w", err)
+		return false, fmt.Errorf("pglock: check schema: %w", err)
 	}
-	return nil
+	return !seq.Valid, nil
 }
 
 // schemaLock serialises EnsureSchema's transactions on a database: the
