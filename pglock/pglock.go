@@ -584,6 +584,13 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		case isSQLState(err, sequenceLimitExceeded), isSQLState(err, numericOutOfRange):
 			a.sent = false // nextval failed: the statement took nothing
 			return nil, 0, fmt.Errorf("pglock: acquire %q: %w: %w", a.name, ErrTokensExhausted, err)
+		case isSQLState(err, serializationFailure):
+			// Under repeatable read or serializable (an operator's
+			// default_transaction_isolation), a grant or a release
+			// committed on the row while this statement waited for it,
+			// where read committed would have re-checked the row: the
+			// statement took nothing. Look at the row as it is now, as
+			// when it did not match.
 		case !errors.Is(err, sql.ErrNoRows):
 			a.sent = true
 			return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
@@ -595,7 +602,9 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		case errors.Is(err, sql.ErrNoRows):
 			// The name's first acquisition (or its row was deleted):
 			// create the row, free, and try again.
-			if _, err := l.db.ExecContext(ctx, l.q.create, a.name); err != nil {
+			// A serialization failure (repeatable read, serializable): a
+			// concurrent first acquisition created the row; try again.
+			if _, err := l.db.ExecContext(ctx, l.q.create, a.name); err != nil && !isSQLState(err, serializationFailure) {
 				return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
 			}
 			continue
@@ -610,6 +619,11 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 		return nil, time.Duration(leftUs)*time.Microsecond + time.Millisecond, nil
 	}
 }
+
+// serializationFailure is the SQLSTATE of a statement that, under
+// repeatable read or serializable, found its row updated by a transaction
+// that committed after its snapshot (serialization_failure).
+const serializationFailure = "40001"
 
 // sequenceLimitExceeded is the SQLSTATE of nextval past a sequence's
 // maximum (sequence_generator_limit_exceeded).
