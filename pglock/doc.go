@@ -34,8 +34,12 @@
 // and created again with the table (a migration rerun), the table emptied,
 // or a crash with synchronous_commit off that loses the last grants, as
 // long as the database's clock has not gone back past the last token
-// issued. Tokens are so about the Unix time in microseconds, as
-// redislock's are, rather than small counts.
+// issued (after such a crash the lock itself may be granted again, its
+// holder's row lost, but with a greater token). Tokens are so about the
+// Unix time in microseconds, as redislock's are, rather than small counts,
+// and two names may be granted the same token; ordered is only each
+// name's. A name whose last token is the bigint maximum fails with
+// ErrTokensExhausted.
 //
 // # Time
 //
