@@ -7,6 +7,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/pgtest"
+	"github.com/fencekit/fence/pglock"
 )
 
 // The server crashes and restarts while a waiter listens for a release:
@@ -77,4 +78,58 @@ func TestWaiterAcrossRestart(t *testing.T) {
 	case <-time.After(25 * time.Second):
 		t.Fatal("the waiter's Acquire with a 20 s budget has not returned after 25 s")
 	}
+}
+
+// A watchdog lease across a server crash and restart shorter than its
+// lease time: the renewals that fail while the server is down are retried,
+// one succeeds once it is back (the row survived: synchronous_commit on),
+// the lease is still held with its token, and its Release frees the lock.
+func TestWatchdogLeaseAcrossRestart(t *testing.T) {
+	srv, err := pgtest.Launch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Kill)
+	d := newDatabase(t, srv)
+	for _, q := range []string{`ALTER DATABASE ` + d.name + ` SET synchronous_commit = on`, `CHECKPOINT`} {
+		if _, err := d.db.ExecContext(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = d.db.Close()
+	d.db = open(t, d.dsn, nil)
+	l, err := pglock.New(d.db, &pglock.Options{WatchdogTTL: 6 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), "watchdog")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := lease.Deadline()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// A renewal after the restart moves the deadline.
+	end := time.Now().Add(15 * time.Second)
+	for !lease.Deadline().After(before.Add(time.Second)) {
+		if lease.Err() != nil {
+			t.Fatalf("the lease ended across a restart shorter than its lease time: %v", lease.Err())
+		}
+		if time.Now().After(end) {
+			t.Fatal("no renewal after the restart")
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.Acquire(ctxFor(t, 10*time.Second), "watchdog", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("the lock released after the restart is still held: %v", err)
+	}
+	if other.Token() <= lease.Token() {
+		t.Fatalf("token %d after %d", other.Token(), lease.Token())
+	}
+	_ = other.Release(context.Background())
 }
