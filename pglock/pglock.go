@@ -129,6 +129,9 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 // (PostgreSQL's CREATE ... IF NOT EXISTS fails, rather than finds the
 // object, when a concurrent one creates it first).
 func (l *Locker) EnsureSchema(ctx context.Context) error {
+	if err := l.made(); err != nil {
+		return err
+	}
 	schema, err := Schema(l.table) // valid: New checked it
 	if err != nil {
 		return err
@@ -204,7 +207,7 @@ const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
 // cannot store (a LATIN1 database, a client sending UTF-8): the error
 // matches fence.ErrInvalidName.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
-	if l.obs == nil {
+	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}
 	start := time.Now()
@@ -217,6 +220,9 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 const backend = "postgres"
 
 func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := l.made(); err != nil {
+		return nil, err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -654,4 +660,13 @@ func newOwner() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// made refuses a Locker that New did not make (a zero Locker, or a nil
+// one): it has nothing to lock with, and Acquire panicked on it.
+func (l *Locker) made() error {
+	if l == nil || l.db == nil {
+		return fmt.Errorf("%w: pglock: a Locker not made by New (zero or nil): use pglock.New", fence.ErrInvalidOption)
+	}
+	return nil
 }

@@ -334,7 +334,7 @@ func (b *boxedMs) get(d time.Duration) any {
 // reply never comes, the acquisition is revoked so that it refuses if it
 // runs later (see the package doc, Deadlines).
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
-	if l.obs == nil {
+	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}
 	start := time.Now()
@@ -344,6 +344,9 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 }
 
 func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := l.made(); err != nil {
+		return nil, err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -914,6 +917,9 @@ func (l *Locker) syncWithin(client redis.UniversalClient) error {
 // redis.NewFailoverClusterClient), the error matching
 // fence.ErrInvalidOption that every acquisition gets once one has found it.
 func (l *Locker) ReplicaSyncRefusal() error {
+	if err := l.made(); err != nil {
+		return err
+	}
 	if l.syncUnfit != nil {
 		return l.syncUnfit
 	}
@@ -1247,4 +1253,15 @@ func revocationKey(lock string, sharded bool) (key, ownerSecret string) {
 	s := sb.String()
 	end := len(lock) + len(":revoked:") + len(h)
 	return s[:end-secretLen], s[end-secretLen-ownerLen:]
+}
+
+// made refuses a Locker that New did not make (a zero Locker, or a nil
+// one): it has no client, and its first call panicked in a background
+// goroutine, which no recover of the caller's can catch, so the whole
+// program died.
+func (l *Locker) made() error {
+	if l == nil || (l.client == nil && l.conn == nil) {
+		return fmt.Errorf("%w: redislock: a Locker not made by New (zero or nil): use redislock.New", fence.ErrInvalidOption)
+	}
+	return nil
 }

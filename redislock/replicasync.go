@@ -322,6 +322,9 @@ func parseReplication(info string) (replicas int, replid string) {
 // whose client hides a cluster returns the *HiddenClusterError (see
 // ReplicaSync).
 func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts, error) {
+	if err := l.made(); err != nil {
+		return ReplicaCounts{}, err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return ReplicaCounts{}, err
 	}
@@ -352,6 +355,9 @@ func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts,
 // fence.ErrInvalidOption: there the cluster's node table is the record, and
 // CLUSTER FORGET removes a replica from it.
 func (l *Locker) SetExpectedReplicas(ctx context.Context, name string, n int) error {
+	if err := l.made(); err != nil {
+		return err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return err
 	}

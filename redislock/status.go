@@ -27,6 +27,9 @@ type Status struct {
 // Status reads the state of the lock called name, and the replica counts of
 // its primary, in two round trips. It changes nothing.
 func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
+	if err := l.made(); err != nil {
+		return Status{}, err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return Status{}, err
 	}

@@ -396,7 +396,7 @@ var errNoReply = errors.New("no reply in time")
 // caller's context error when it ended the call, and otherwise ErrNoQuorum,
 // ErrValidity or ErrBadTokenRecord with the nodes' errors.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
-	if l.obs == nil {
+	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}
 	start := time.Now()
@@ -409,6 +409,9 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 const backend = "redlock"
 
 func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := l.made(); err != nil {
+		return nil, err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -943,4 +946,13 @@ func newOwner() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return hex.EncodeToString(b[:])
+}
+
+// made refuses a Locker that New did not make (a zero Locker, or a nil
+// one): it has nothing to lock with, and Acquire panicked on it.
+func (l *Locker) made() error {
+	if l == nil || len(l.nodes) == 0 {
+		return fmt.Errorf("%w: redlock: a Locker not made by New (zero or nil): use redlock.New", fence.ErrInvalidOption)
+	}
+	return nil
 }

@@ -27,6 +27,9 @@ type NodeStatus struct {
 // TLS, a loaded host) as unreachable. It changes nothing. The lock is held
 // when it is held on a majority.
 func (l *Locker) Status(ctx context.Context, name string) ([]NodeStatus, error) {
+	if err := l.made(); err != nil {
+		return nil, err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
