@@ -125,3 +125,32 @@ func TestREADMEBadInput(t *testing.T) {
 		t.Fatalf("token %d", lease.Token())
 	}
 }
+
+// TestReplicaSyncOptionErrorNamesTheField: a ReplicaSync out of range is
+// refused with fence.ErrInvalidOption naming the field at fault and what it
+// takes. Before, the error printed the whole struct ("redislock: replica
+// sync {Disabled:false Acks:-5 Replicas:0 Timeout:0s _:{}}"), which left
+// the user to guess which value was wrong and what would do.
+func TestReplicaSyncOptionErrorNamesTheField(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	for _, tc := range []struct {
+		sync redislock.ReplicaSync
+		want string
+	}{
+		{redislock.ReplicaSync{Acks: -5}, "ReplicaSync.Acks -5: want a number of replicas (1 or more; 0 means 1), AcksMajority (-1) or AcksAll (-2)"},
+		{redislock.ReplicaSync{Replicas: -1}, "ReplicaSync.Replicas -1: want 0"},
+		{redislock.ReplicaSync{Timeout: -time.Second}, "ReplicaSync.Timeout -1s: want 0 (the default) or at least 1ms"},
+		{redislock.ReplicaSync{Timeout: time.Microsecond}, "ReplicaSync.Timeout 1µs"},
+	} {
+		_, err := redislock.New(c, &redislock.Options{ReplicaSync: tc.sync})
+		if !errors.Is(err, fence.ErrInvalidOption) || err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New with %+v = %v; want ErrInvalidOption saying %q", tc.sync, err, tc.want)
+		}
+	}
+	for _, ok := range []redislock.ReplicaSync{{Acks: redislock.AcksAll}, {Acks: redislock.AcksMajority}, {Acks: 3, Replicas: 3, Timeout: time.Millisecond}} {
+		if _, err := redislock.New(c, &redislock.Options{ReplicaSync: ok}); err != nil {
+			t.Errorf("New with %+v = %v; want it accepted", ok, err)
+		}
+	}
+}

@@ -208,8 +208,8 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 		obs:           o.Observer,
 		log:           o.Logger,
 	}
-	if s := l.sync; s.Acks < AcksAll || s.Replicas < 0 || s.Timeout < 0 || s.Timeout > 0 && s.Timeout < time.Millisecond {
-		return nil, fmt.Errorf("%w: redislock: replica sync %+v", fence.ErrInvalidOption, s)
+	if err := l.sync.check(); err != nil {
+		return nil, err
 	}
 	if err := l.syncWithin(client); err != nil {
 		return nil, err
@@ -1262,6 +1262,20 @@ func revocationKey(lock string, sharded bool) (key, ownerSecret string) {
 func (l *Locker) made() error {
 	if l == nil || (l.client == nil && l.conn == nil) {
 		return fmt.Errorf("%w: redislock: a Locker not made by New (zero or nil): use redislock.New", fence.ErrInvalidOption)
+	}
+	return nil
+}
+
+// check refuses a ReplicaSync out of range, naming the field and what it
+// takes (the whole struct, printed, left the user to guess which).
+func (s ReplicaSync) check() error {
+	switch {
+	case s.Acks < AcksAll:
+		return fmt.Errorf("%w: redislock: ReplicaSync.Acks %d: want a number of replicas (1 or more; 0 means 1), AcksMajority (%d) or AcksAll (%d)", fence.ErrInvalidOption, s.Acks, AcksMajority, AcksAll)
+	case s.Replicas < 0:
+		return fmt.Errorf("%w: redislock: ReplicaSync.Replicas %d: want 0 (read from the primary) or more", fence.ErrInvalidOption, s.Replicas)
+	case s.Timeout < 0 || s.Timeout > 0 && s.Timeout < time.Millisecond:
+		return fmt.Errorf("%w: redislock: ReplicaSync.Timeout %v: want 0 (the default) or at least 1ms", fence.ErrInvalidOption, s.Timeout)
 	}
 	return nil
 }
