@@ -33,10 +33,12 @@ func execCmd() *cobra.Command {
 command exits, in the manner of "etcdctl lock" and "consul lock".
 
 It waits up to --wait for the lock (default 0: try once). On Redis, a server that does not
-answer ends the wait with exit status 2 at most 1s after --wait (after 1.1s, room for a first
-try's WAIT for replicas, when --wait is shorter than that); with --wait 0 the one try is
-bounded by the client's timeouts (the URL's dial_timeout and read_timeout; a Sentinel's
-master lookup takes longer).
+answer ends the wait with exit status 2 at most 2.5s after --wait (counted from 1.1s, room for
+a first try's WAIT for replicas, when --wait is shorter than that): the acquisition gives up 1s
+after --wait, then exec waits up to 1s to give back a lock that the unanswered try may have
+taken, and up to 0.5s for the client to close. With --wait 0 the one try is bounded by the
+client's timeouts (the URL's dial_timeout and read_timeout; a Sentinel's master lookup takes
+longer), and the same 1.5s follow.
 
 Without --ttl the lease lasts --watchdog-ttl (default 30s) and a watchdog renews it every
 third of that until the command exits; with --ttl the lease is not renewed and ends after that
