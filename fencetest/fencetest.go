@@ -86,8 +86,22 @@ type Config struct {
 	_ struct{}
 }
 
-// Run runs the suite as subtests of t.
+// Run runs the suite as subtests of t. New, Remove and WatchdogTTL are
+// required: without one, Run fails t at once, naming it.
 func Run(t *testing.T, cfg Config) {
+	t.Helper()
+	// A Config missing what every subtest uses failed confusingly: a nil
+	// New or Remove panicked in a subtest (ending the whole test binary),
+	// and a zero WatchdogTTL made waits of zero that failed as if the
+	// backend were broken.
+	switch {
+	case cfg.New == nil:
+		t.Fatal("fencetest: Config.New is nil: the suite needs it to make Lockers")
+	case cfg.Remove == nil:
+		t.Fatal("fencetest: Config.Remove is nil: the suite needs it to delete a lock behind its holder's back")
+	case cfg.WatchdogTTL < fence.MinTTL:
+		t.Fatalf("fencetest: Config.WatchdogTTL %v: set it to the lease time of New's watchdog leases (a few hundred milliseconds), at least fence.MinTTL", cfg.WatchdogTTL)
+	}
 	if cfg.Slack == 0 {
 		cfg.Slack = time.Second
 	}
