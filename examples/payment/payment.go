@@ -106,11 +106,11 @@ func (s Step) String() string {
 
 // Payment is one row of the payment table.
 type Payment struct {
-	ID         int64
-	Amount     int64
-	Status     string
-	ApprovedBy string
-	Token      fence.Token // the last fencing token that wrote the row
+	ID         int64       `json:"id"`
+	Amount     int64       `json:"amount"`
+	Status     string      `json:"status"`
+	ApprovedBy string      `json:"approved_by"` // as the approve answer names it
+	Token      fence.Token `json:"token"`       // the last fencing token that wrote the row
 }
 
 // Charge is one row of the charge table: money taken.
