@@ -62,7 +62,9 @@ random points (--seed replays them).
 Each run prints a line to stderr as it finishes; when stderr is a terminal, a status line
 beneath them shows the time elapsed (rewritten in place, cleared at the end).
 Lab exits 1 if an expectation fails, and 2 on a usage error (an unknown --scenario, an --out
-it cannot write to), before anything runs.
+it cannot write to), before anything runs, or when a scenario could not be set up (its worker
+is built with the go command from a checkout of fence; a server that did not start): then
+nothing was judged.
 
 --quick runs a short version (about 2 min: PostgreSQL's row about 4 s, the Redlock
 scenarios about 7 s, etcd's and ZooKeeper's about 17 s each, the Sentinel failovers about
@@ -91,7 +93,11 @@ timeline-N.svg per scenario: one round zoomed in, the control above the protecte
 			restore()
 			running.Stop()
 			if err != nil {
-				return exitWith(1, err)
+				// A scenario that could not be set up (no go command or
+				// checkout to build the worker, a server that did not
+				// start) judged nothing: exit 1 would tell a script that
+				// an expectation failed, that the lab found a violation.
+				return exitWith(ExitUsage, err)
 			}
 			rep.Markdown(cmd.OutOrStdout())
 			if out != "" {
