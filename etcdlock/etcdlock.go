@@ -258,7 +258,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 	if ctx == nil {
 		panic("etcdlock: Acquire with a nil context")
 	}
-	if l.obs == nil {
+	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}
 	start := time.Now()
@@ -268,6 +268,9 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 }
 
 func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := l.made(); err != nil {
+		return nil, err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -768,4 +771,13 @@ func IsOwner(lease fence.Lease) (clientv3.Cmp, error) {
 		return clientv3.Cmp{}, fmt.Errorf("etcdlock: %w: %T is not an etcdlock lease", fence.ErrInvalidOption, lease)
 	}
 	return clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)), nil
+}
+
+// made refuses a Locker that New did not make (a zero Locker, or a nil
+// one): it has nothing to lock with, and Acquire panicked on it.
+func (l *Locker) made() error {
+	if l == nil || l.client == nil {
+		return fmt.Errorf("%w: etcdlock: a Locker not made by New (zero or nil): use etcdlock.New", fence.ErrInvalidOption)
+	}
+	return nil
 }

@@ -132,7 +132,7 @@ const lockInfix = "-lock-"
 // before its own, so that each release wakes one waiter. The node is deleted
 // if Acquire gives up. The token is the node's creation zxid.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
-	if l.obs == nil {
+	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}
 	start := time.Now()
@@ -142,6 +142,9 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 }
 
 func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if err := l.made(); err != nil {
+		return nil, err
+	}
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -579,4 +582,13 @@ func escape(name string) string {
 		}
 	}
 	return b.String()
+}
+
+// made refuses a Locker that New did not make (a zero Locker, or a nil
+// one): it has nothing to lock with, and Acquire panicked on it.
+func (l *Locker) made() error {
+	if l == nil || l.conn == nil {
+		return fmt.Errorf("%w: zklock: a Locker not made by New (zero or nil): use zklock.New", fence.ErrInvalidOption)
+	}
+	return nil
 }
