@@ -154,3 +154,23 @@ func TestReplicaSyncOptionErrorNamesTheField(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaSyncMoreAcksThanReplicasRefused: Acks above the Replicas
+// given can never be met; New refuses it with fence.ErrInvalidOption, as
+// fence exec refuses --acks 3 --replicas 2. Before, New accepted it and
+// every Acquire waited out WAIT's timeout and failed with ErrNotReplicated
+// ("0 of 3 required replicas acknowledged"), which a caller reads as "try
+// again later", for ever.
+func TestReplicaSyncMoreAcksThanReplicasRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	_, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Acks: 3, Replicas: 2, Timeout: 50 * time.Millisecond}})
+	if !errors.Is(err, fence.ErrInvalidOption) || !strings.Contains(err.Error(), "Acks 3 is more than the 2") {
+		t.Fatalf("New with Acks 3, Replicas 2 = %v; want ErrInvalidOption saying Acks is more than Replicas", err)
+	}
+	for _, ok := range []redislock.ReplicaSync{{Acks: 3}, {Acks: 2, Replicas: 2}, {Acks: 3, Replicas: 2, Disabled: true}} {
+		if _, err := redislock.New(c, &redislock.Options{ReplicaSync: ok}); err != nil {
+			t.Errorf("New with %+v = %v; want it accepted", ok, err)
+		}
+	}
+}

@@ -1276,6 +1276,10 @@ func (s ReplicaSync) check() error {
 		return fmt.Errorf("%w: redislock: ReplicaSync.Replicas %d: want 0 (read from the primary) or more", fence.ErrInvalidOption, s.Replicas)
 	case s.Timeout < 0 || s.Timeout > 0 && s.Timeout < time.Millisecond:
 		return fmt.Errorf("%w: redislock: ReplicaSync.Timeout %v: want 0 (the default) or at least 1ms", fence.ErrInvalidOption, s.Timeout)
+	case !s.Disabled && s.Replicas > 0 && s.Acks > s.Replicas:
+		// Never met: every acquisition would wait for WAIT's timeout and
+		// fail with ErrNotReplicated, which reads as "try again later".
+		return fmt.Errorf("%w: redislock: ReplicaSync.Acks %d is more than the %d ReplicaSync.Replicas expected: no acquisition could be confirmed", fence.ErrInvalidOption, s.Acks, s.Replicas)
 	}
 	return nil
 }

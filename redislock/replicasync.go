@@ -78,7 +78,8 @@ type ReplicaSync struct {
 	Disabled bool
 
 	// Acks is how many replicas must acknowledge: a number, AcksMajority or
-	// AcksAll. Zero means 1, Redisson's rule.
+	// AcksAll. Zero means 1, Redisson's rule. A number above Replicas, when
+	// Replicas is set, is refused by New: no acquisition could be confirmed.
 	Acks int
 
 	// Replicas is how many replicas the primary is expected to have. Zero
