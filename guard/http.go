@@ -589,6 +589,15 @@ type Transport struct {
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.Lease == nil {
+		// A Transport without its Lease panicked here, inside the
+		// caller's http.Client.Do; sending without a token would be no
+		// better.
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, fmt.Errorf("guard: not sending %s %s: %w: Transport has no Lease", req.Method, req.URL, fence.ErrInvalidOption)
+	}
 	if err := t.Lease.Err(); err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close()
