@@ -580,7 +580,8 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // resource to every request. It refuses to send once the lease has ended,
 // returning the lease's Err; a holder that paused before noticing is
 // stopped by the server's check instead. The server uses the resource
-// header only if it opts in with ResourceFromHeader.
+// header only if it opts in with ResourceFromHeader. Without a Lease it
+// sends nothing and returns an error matching fence.ErrInvalidOption.
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
 	Lease    fence.Lease       // the lease whose token is sent
