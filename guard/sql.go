@@ -71,6 +71,9 @@ func CreateTables(ctx context.Context, q Querier) error {
 // ordered by it: a run that loses a race with one returns PostgreSQL's
 // error. Errors are returned as they are; nothing is run twice.
 func CreateIfNotExists(ctx context.Context, q Querier, stmts ...string) error {
+	if err := checkQuerier(q); err != nil {
+		return err
+	}
 	locked := true // PostgreSQL's advisory lock, until an error says there is none
 	for _, stmt := range stmts {
 		if locked {
@@ -121,6 +124,9 @@ func sqlState(err error) string {
 // *sql.DB it commits on its own and orders nothing after it: the caller's
 // later writes may still land after a newer holder's (see Gate).
 func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
+	if err := checkQuerier(q); err != nil {
+		return err
+	}
 	if err := checkResource(resource); err != nil {
 		return err
 	}
@@ -168,6 +174,9 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 // the statements after it run outside any transaction, unfenced, and Tx
 // reports success, the fence committed early or rolled back.
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
+	if db == nil || fn == nil {
+		return fmt.Errorf("%w: guard: Tx with a nil db or fn", fence.ErrInvalidOption)
+	}
 	if err := checkResource(resource); err != nil {
 		return err
 	}
@@ -212,6 +221,9 @@ func rollback(tx *sql.Tx) error {
 // SERIALIZABLE, one that recorded the same key) returns an error matching
 // ErrRetry.
 func Once(ctx context.Context, q Querier, key string) error {
+	if err := checkQuerier(q); err != nil {
+		return err
+	}
 	if key == "" || len(key) > maxIdemKeyBytes {
 		return fmt.Errorf("guard: idempotency key must be 1 to %d bytes, got %d", maxIdemKeyBytes, len(key))
 	}
@@ -289,6 +301,9 @@ func (t Table) check(set string) error {
 // deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an error matching
 // ErrRetry, as UpdateVersion's does: nothing was written.
 func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token, set string, args ...any) error {
+	if err := checkQuerier(q); err != nil {
+		return err
+	}
 	if err := t.check(set); err != nil {
 		return err
 	}
@@ -329,6 +344,9 @@ func (t Table) decided(key any, token fence.Token, d fence.GuardDecision) {
 // (also when the row read afterwards holds the version expected: it was
 // inserted after the update found nothing).
 func (t Table) UpdateVersion(ctx context.Context, q Querier, key any, version int64, set string, args ...any) error {
+	if err := checkQuerier(q); err != nil {
+		return err
+	}
 	if err := t.check(set); err != nil {
 		return err
 	}
@@ -370,3 +388,27 @@ func (t Table) exec(ctx context.Context, q Querier, stmt string, key any, cond i
 }
 
 func (t Table) noRow(key any) error { return fmt.Errorf("%w: %s %v", ErrNoRow, t.Name, key) }
+
+// checkQuerier refuses a nil Querier (or a nil *sql.DB, *sql.Tx or
+// *sql.Conn in one), which panicked with a nil pointer dereference: inside
+// an HTTP handler, a SQLStore without its DB took the request down with it.
+func checkQuerier(q Querier) error {
+	switch q := q.(type) {
+	case nil:
+	case *sql.DB:
+		if q != nil {
+			return nil
+		}
+	case *sql.Tx:
+		if q != nil {
+			return nil
+		}
+	case *sql.Conn:
+		if q != nil {
+			return nil
+		}
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: guard: nil database (Querier %T)", fence.ErrInvalidOption, q)
+}
