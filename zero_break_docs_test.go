@@ -62,3 +62,16 @@ func TestLockerNotMadeByNewIsRefused(t *testing.T) {
 	_, err = (&redlock.Locker{}).Status(ctx, "x")
 	check("zero redlock: Status", err)
 }
+
+// TestLeadOnLockerNotMadeByNew: Lead on such a Locker returns at once with
+// the Acquire's error (matching fence.ErrInvalidOption), as Lead's doc
+// promises for bad input, rather than campaign until its ctx ends.
+func TestLeadOnLockerNotMadeByNew(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := fence.Lead(ctx, &redislock.Locker{}, "leader", func(context.Context, fence.Lease) error { return nil })
+	if !errors.Is(err, fence.ErrInvalidOption) || time.Since(start) > time.Second {
+		t.Fatalf("Lead on a zero redislock.Locker = %v after %v; want ErrInvalidOption at once", err, time.Since(start))
+	}
+}
