@@ -127,7 +127,7 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 	var js []jsonNode
 	var lines []string
 	for i, n := range nodes {
-		j := jsonNode{Addr: n.Addr, Held: n.Held, TTLms: n.TTL.Milliseconds(), LastToken: int64(n.LastToken)}
+		j := jsonNode{Addr: n.Addr, Held: n.Held, TTLms: ttlMs(n.Held, n.TTL), LastToken: int64(n.LastToken)}
 		state := "free"
 		switch {
 		case n.Err != nil:

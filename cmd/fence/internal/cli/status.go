@@ -90,7 +90,7 @@ given, it exits 2 rather than read a Redis lock that exec never took.`,
 			out := cmd.OutOrStdout()
 			if asJSON {
 				return encodeJSON(out, map[string]any{
-					"name": args[0], "held": s.Held, "ttl_ms": s.TTL.Milliseconds(), "last_token": s.LastToken,
+					"name": args[0], "held": s.Held, "ttl_ms": ttlMs(s.Held, s.TTL), "last_token": s.LastToken,
 					"replicas_expected": s.Replicas.Expected, "replicas_connected": s.Replicas.Connected,
 				})
 			}
@@ -109,9 +109,20 @@ given, it exits 2 rather than read a Redis lock that exec never took.`,
 	rf.register(cmd)
 	rl.register(cmd)
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "give up, with exit status 2, when the servers have not answered within this time")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, held, ttl_ms, last_token, replicas_expected, replicas_connected")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, held, ttl_ms (-1: held without expiry), last_token, replicas_expected, replicas_connected")
 	return cmd
 }
 
 // encodeJSON writes v as one line of JSON.
 func encodeJSON(w io.Writer, v any) error { return json.NewEncoder(w).Encode(v) }
+
+// ttlMs is a lock's remaining lease for --json, in milliseconds: -1 for a
+// lock held without expiry (as Redis's PTTL says it). The libraries give
+// that as a negative Duration of -1ns, whose Milliseconds() is 0: the JSON
+// said "held, 0 ms left", a lock about to be free, of one that never will be.
+func ttlMs(held bool, ttl time.Duration) int64 {
+	if held && ttl < 0 {
+		return -1
+	}
+	return ttl.Milliseconds()
+}
