@@ -98,7 +98,7 @@ type waiter struct {
 
 // New returns a Locker with the options o, which may be nil. It returns an
 // error matching fence.ErrInvalidOption if o.WatchdogTTL is negative or
-// shorter than a millisecond.
+// shorter than fence.MinTTL (10 ms), as a fence.TTL would be.
 func New(o *Options) (*Locker, error) {
 	l := &Locker{}
 	if o != nil {
