@@ -376,3 +376,19 @@ func TestExecOnClusterAndSentinel(t *testing.T) {
 		t.Fatalf("sentinel URL without master_name: exit %d, %q", code, errOut)
 	}
 }
+
+// TestErrorSaysFenceOnce: an error of fence's own that wraps the library's
+// (a flag's value refused by fence.ValidateTTL) is printed with the prefix
+// "fence: " once, not "fence: --ttl 5ms: fence: invalid option".
+func TestErrorSaysFenceOnce(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"exec", "--ttl", "5ms", "n", "--", "true"},
+		{"exec", "--watchdog-ttl", "1ms", "n", "--", "true"},
+	} {
+		_, errOut, code := fence(t, nil, args...)
+		if code != cli.ExitUsage || strings.Count(errOut, "fence:") != 1 || !strings.Contains(errOut, "invalid option") {
+			t.Errorf("fence %v: exit %d, stderr %q: want exit %d and one \"fence:\"", args, code, errOut, cli.ExitUsage)
+		}
+	}
+}

@@ -69,14 +69,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 }
 
 // errorLine is err as fence prints it: after "fence: ", said once (the
-// library's errors begin with it too), credentials in args scrubbed, and
+// library's errors begin with it too, and a flag's error wraps one), credentials in args scrubbed, and
 // what a server put in it that a terminal would act on escaped.
 func errorLine(err error, args []string) string {
 	lines := strings.Split(scrub(err.Error(), args), "\n") // errors.Join's
 	for i, l := range lines {
 		lines[i] = termtext.Escape(l)
 	}
-	return "fence: " + strings.TrimPrefix(strings.Join(lines, "\n"), "fence: ")
+	// A flag's error wraps the library's, which says "fence: " too.
+	msg := strings.ReplaceAll(strings.Join(lines, "\n"), ": fence: ", ": ")
+	return "fence: " + strings.TrimPrefix(msg, "fence: ")
 }
 
 // libLogger is go-redis's logger for fence: its lines go to stderr
