@@ -92,6 +92,18 @@ func TestREADMELeadSnippet(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no new leader after the lock was deleted")
 	}
+	// The old leader learns of its loss at its next renewal (up to a
+	// third of its 300 ms lease later), which may come after the other's
+	// election: wait for its fn and OnDeposed to have run.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		mu.Lock()
+		n := min(len(causes), len(deposed))
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // a poll with a deadline
+	}
 	mu.Lock()
 	if len(causes) != 1 || !errors.Is(causes[0], fence.ErrLeaseLost) {
 		t.Errorf("deposed fn's causes %v, want one matching ErrLeaseLost", causes)

@@ -176,7 +176,9 @@ func TestRestartReturnsBeforeLoaded(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	// SAVE of a million keys took longer than go-redis's default 3 s
+	// read timeout on a loaded machine (CI: i/o timeout).
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, ReadTimeout: time.Minute})
 	defer c.Close()
 	if err := c.Do(ctx, "DEBUG", "POPULATE", 1000000).Err(); err != nil {
 		t.Fatal(err)
