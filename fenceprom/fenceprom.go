@@ -2,6 +2,7 @@ package fenceprom
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/fencekit/fence"
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +14,8 @@ type Options struct {
 	// Classify maps a guard's resource name to the class label of
 	// fence_guard_decisions_total: "payment" for "payment:1001", say. It
 	// must return few distinct values. Nil labels every decision "".
+	// Invalid UTF-8 in a class (which client_golang refuses as a label
+	// value) is replaced with U+FFFD.
 	Classify func(resource string) string
 
 	// WaitBuckets and HoldBuckets are the histograms' buckets, in seconds.
@@ -114,7 +117,7 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	class := ""
 	if o.classify != nil {
-		class = o.classify(e.Resource)
+		class = strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD")
 	}
 	o.decisions.WithLabelValues(string(e.Decision), class).Inc()
 }
