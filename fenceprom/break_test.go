@@ -1,10 +1,12 @@
 package fenceprom_test
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/fenceprom"
 	"github.com/fencekit/fence/guard"
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,6 +47,102 @@ func TestGuardDecisionWithInvalidUTF8Class(t *testing.T) {
 	if got := counterSum(t, reg, "fence_guard_decisions_total"); got != 1 {
 		t.Fatalf("fence_guard_decisions_total sums to %v, want 1", got)
 	}
+}
+
+// TestNewRefusesUnsortedBuckets gives New buckets out of order. New
+// accepted them, and client_golang panicked at the first observation: in
+// the first Acquire's AcquireDone. New must return an error and register
+// nothing.
+func TestNewRefusesUnsortedBuckets(t *testing.T) {
+	for _, opts := range []*fenceprom.Options{
+		{WaitBuckets: []float64{1, 0.5}},
+		{HoldBuckets: []float64{1, 1}},
+	} {
+		reg := prometheus.NewRegistry()
+		var err error
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Fatalf("New(%+v) panicked: %v", *opts, p)
+				}
+			}()
+			_, err = fenceprom.New(reg, opts)
+		}()
+		if !errors.Is(err, fence.ErrInvalidOption) {
+			t.Fatalf("New(%+v): %v, want an error matching fence.ErrInvalidOption", *opts, err)
+		}
+		if _, err := fenceprom.New(reg, nil); err != nil {
+			t.Fatalf("New after a refused New: %v", err)
+		}
+	}
+}
+
+// TestNewLeavesNothingRegisteredOnError has a collector of the user's
+// already registered as fence_guard_decisions_total, so that New's last
+// registration fails. New must not leave its first five behind in reg
+// (they were: an identical fence_acquisitions_total could be unregistered).
+func TestNewLeavesNothingRegisteredOnError(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "fence_guard_decisions_total", Help: "not fence's"}))
+	if _, err := fenceprom.New(reg, nil); err == nil {
+		t.Fatal("New registered over a clashing collector")
+	}
+	same := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fence_acquisitions_total",
+		Help: "Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error).",
+	}, []string{"backend", "result"})
+	if reg.Unregister(same) {
+		t.Fatal("a failed New left fence_acquisitions_total registered")
+	}
+}
+
+// TestNewNilRegisterer: a nil Registerer is bad input, refused with an
+// error rather than a nil-pointer panic.
+func TestNewNilRegisterer(t *testing.T) {
+	var err error
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("New(nil, nil) panicked: %v", p)
+			}
+		}()
+		_, err = fenceprom.New(nil, nil)
+	}()
+	if !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("New(nil, nil): %v, want an error matching fence.ErrInvalidOption", err)
+	}
+}
+
+// TestBucketsCopied changes the caller's bucket slice after New: the
+// histogram must keep the buckets it was given (client_golang keeps the
+// slice itself, so it would report the changed bounds).
+func TestBucketsCopied(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	buckets := []float64{1, 2, 3}
+	obs, err := fenceprom.New(reg, &fenceprom.Options{WaitBuckets: buckets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buckets[0] = 0.5
+	obs.AcquireDone(fence.AcquireEvent{Backend: "memory", Result: fence.Acquired})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "fence_wait_seconds" {
+			continue
+		}
+		var got []float64
+		for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
+			got = append(got, b.GetUpperBound())
+		}
+		if len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
+			t.Fatalf("buckets %v, want [1 2 3]", got)
+		}
+		return
+	}
+	t.Fatal("no fence_wait_seconds")
 }
 
 // counterSum sums the counter metric's values over its label sets.

@@ -1,6 +1,9 @@
 package fenceprom
 
 import (
+	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,9 +21,10 @@ type Options struct {
 	// value) is replaced with U+FFFD.
 	Classify func(resource string) string
 
-	// WaitBuckets and HoldBuckets are the histograms' buckets, in seconds.
-	// Nil means prometheus.DefBuckets for waits (5 ms to 10 s) and
-	// 10 ms to about 1 h, doubling, for holds.
+	// WaitBuckets and HoldBuckets are the histograms' buckets, in seconds,
+	// strictly increasing and not NaN; New copies them. Nil (or empty)
+	// means prometheus.DefBuckets for waits (5 ms to 10 s) and 10 ms to
+	// about 44 min, doubling, for holds.
 	WaitBuckets, HoldBuckets []float64
 }
 
@@ -40,17 +44,25 @@ var _ fence.Observer = (*Observer)(nil)
 
 // New returns an Observer whose collectors are registered with reg. It
 // returns the registration's error (a prometheus.AlreadyRegisteredError
-// when another Observer registered them with reg before).
+// when another Observer registered them with reg before), and leaves none
+// of its collectors registered then. A nil reg, or buckets out of order,
+// give an error matching fence.ErrInvalidOption.
 func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
+	if reg == nil {
+		return nil, fmt.Errorf("fenceprom: %w: nil Registerer", fence.ErrInvalidOption)
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
-	if o.WaitBuckets == nil {
-		o.WaitBuckets = prometheus.DefBuckets
+	// client_golang keeps the slice it is given, and checks its order only
+	// at the first observation, with a panic (in a backend's Acquire).
+	var err error
+	if o.WaitBuckets, err = buckets("WaitBuckets", o.WaitBuckets, prometheus.DefBuckets); err != nil {
+		return nil, err
 	}
-	if o.HoldBuckets == nil {
-		o.HoldBuckets = prometheus.ExponentialBuckets(0.01, 2, 19) // 10 ms … 43 min
+	if o.HoldBuckets, err = buckets("HoldBuckets", o.HoldBuckets, prometheus.ExponentialBuckets(0.01, 2, 19)); err != nil { // 10 ms … 44 min
+		return nil, err
 	}
 	obs := &Observer{
 		classify: o.Classify,
@@ -81,12 +93,32 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 			Help: "Tokens a guard accepted or rejected as stale, by resource class.",
 		}, []string{"decision", "class"}),
 	}
-	for _, c := range []prometheus.Collector{obs.acquisitions, obs.wait, obs.hold, obs.lost, obs.refusals, obs.decisions} {
+	collectors := []prometheus.Collector{obs.acquisitions, obs.wait, obs.hold, obs.lost, obs.refusals, obs.decisions}
+	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
+			// Those registered would stay behind, and make every later
+			// New with reg fail.
+			for _, r := range collectors[:i] {
+				reg.Unregister(r)
+			}
 			return nil, err
 		}
 	}
 	return obs, nil
+}
+
+// buckets returns a copy of b, or def if b is empty, or an error matching
+// fence.ErrInvalidOption if b is not strictly increasing or holds a NaN.
+func buckets(field string, b, def []float64) ([]float64, error) {
+	if len(b) == 0 {
+		return def, nil
+	}
+	for i, v := range b {
+		if math.IsNaN(v) || (i > 0 && v <= b[i-1]) {
+			return nil, fmt.Errorf("fenceprom: %w: %s %v not strictly increasing", fence.ErrInvalidOption, field, b)
+		}
+	}
+	return slices.Clone(b), nil
 }
 
 // AcquireDone counts an Acquire and records how long it took.
