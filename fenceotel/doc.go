@@ -15,7 +15,10 @@
 //	fence.replica_sync.refusals counter  {backend, op, acked, required}
 //	fence.guard.decisions      counter   {decision, class}
 //
-// Lock and resource names are never attribute values; Options.Classify
+// The histograms' bucket bounds are fenceprom's defaults, in seconds (5 ms
+// to 10 s for waits, 10 ms to 44 min doubling for holds), given as advice
+// that a View can override. Lock and resource names are never attribute
+// values; Options.Classify
 // maps a guard's resource to its class.
 //
 // It lives in a module of its own so that fence's own go.mod does not

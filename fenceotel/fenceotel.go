@@ -3,6 +3,8 @@ package fenceotel
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/fencekit/fence"
 	"go.opentelemetry.io/otel/attribute"
@@ -14,7 +16,8 @@ import (
 type Options struct {
 	// Classify maps a guard's resource name to the class attribute of
 	// fence.guard.decisions. It must return few distinct values. Nil
-	// gives every decision the class "".
+	// gives every decision the class "". Invalid UTF-8 in a class (which
+	// an OTLP exporter cannot marshal) is replaced with U+FFFD.
 	Classify func(resource string) string
 }
 
@@ -32,9 +35,29 @@ type Observer struct {
 
 var _ fence.Observer = (*Observer)(nil)
 
+// The histograms' bucket bounds, in seconds: fenceprom's defaults. The
+// SDK's own (0, 5, 10 … 10000) are made for milliseconds. A View can
+// still replace them.
+var (
+	// prometheus.DefBuckets: 5 ms … 10 s.
+	waitBounds = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+	holdBounds = func() []float64 {
+		// 10 ms … 44 min, doubling.
+		b := make([]float64, 19)
+		for i := range b {
+			b[i] = 0.01 * float64(int(1)<<i)
+		}
+		return b
+	}()
+)
+
 // New returns an Observer whose instruments meter creates. It returns the
-// errors of creating them.
+// errors of creating them, and one matching fence.ErrInvalidOption for a
+// nil meter.
 func New(meter metric.Meter, opts *Options) (*Observer, error) {
+	if meter == nil {
+		return nil, fmt.Errorf("fenceotel: %w: nil Meter", fence.ErrInvalidOption)
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -46,10 +69,10 @@ func New(meter metric.Meter, opts *Options) (*Observer, error) {
 		metric.WithUnit("{acquisition}"))
 	obs.wait, errs[1] = meter.Float64Histogram("fence.wait.duration",
 		metric.WithDescription("How long Acquire took, waiting for the lock included, by backend and result."),
-		metric.WithUnit("s"))
+		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(waitBounds...))
 	obs.hold, errs[2] = meter.Float64Histogram("fence.hold.duration",
 		metric.WithDescription("How long leases were held, from the grant to their end, by backend and cause of the end."),
-		metric.WithUnit("s"))
+		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(holdBounds...))
 	obs.lost, errs[3] = meter.Int64Counter("fence.leases.lost",
 		metric.WithDescription("Leases that ended without Release, by backend and cause (expired, renew_failed, renew_late, removed)."),
 		metric.WithUnit("{lease}"))
@@ -99,7 +122,7 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	class := ""
 	if o.classify != nil {
-		class = o.classify(e.Resource)
+		class = strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD")
 	}
 	o.decisions.Add(background, 1, metric.WithAttributes(attribute.String("decision", string(e.Decision)), attribute.String("class", class)))
 }

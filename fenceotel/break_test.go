@@ -1,0 +1,103 @@
+package fenceotel_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fenceotel"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// TestDurationBucketsInSeconds records a 30 ms wait and a 2 min hold and
+// checks the histograms' bounds. The instruments are in seconds, but the
+// SDK's default bounds (0, 5, 10, 25 … 10000) are made for milliseconds:
+// every wait under 5 s fell in one bucket, and the histogram told nothing.
+func TestDurationBucketsInSeconds(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = provider.Shutdown(context.Background()) }()
+	obs, err := fenceotel.New(provider.Meter("github.com/fencekit/fence"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.AcquireDone(fence.AcquireEvent{Backend: "memory", Result: fence.Acquired, Wait: 30 * time.Millisecond})
+	obs.LeaseEnded(fence.LeaseEvent{Backend: "memory", Cause: fence.Released, Held: 2 * time.Minute})
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			h, ok := m.Data.(metricdata.Histogram[float64])
+			if !ok {
+				continue
+			}
+			seen++
+			p := h.DataPoints[0]
+			// The sample must fall in a bounded bucket whose lower bound
+			// is at least a quarter of it: one that tells its size.
+			i := 0
+			for i < len(p.Bounds) && p.Sum > p.Bounds[i] {
+				i++
+			}
+			if i == 0 || i == len(p.Bounds) || p.Bounds[i-1] < p.Sum/4 {
+				t.Errorf("%s: %v s in bucket %d of bounds %v", m.Name, p.Sum, i, p.Bounds)
+			}
+		}
+	}
+	if seen != 2 {
+		t.Fatalf("%d histograms collected, want 2", seen)
+	}
+}
+
+// TestNewNilMeter: a nil Meter is bad input, refused with an error rather
+// than a nil-pointer panic.
+func TestNewNilMeter(t *testing.T) {
+	var err error
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("New(nil, nil) panicked: %v", p)
+			}
+		}()
+		_, err = fenceotel.New(nil, nil)
+	}()
+	if !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("New(nil, nil): %v, want an error matching fence.ErrInvalidOption", err)
+	}
+}
+
+// TestGuardDecisionWithInvalidUTF8Class gives the decisions counter a
+// class that is not valid UTF-8 (a careless Classify that keeps the first
+// 4 bytes of "café:1001": "caf\xc3"). The SDK keeps it as is, and an OTLP
+// exporter then fails to marshal every export that holds it ("string field
+// contains invalid UTF-8"): with cumulative temporality, every export from
+// then on, all of fence's metrics and the application's with them.
+func TestGuardDecisionWithInvalidUTF8Class(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = provider.Shutdown(context.Background()) }()
+	obs, err := fenceotel.New(provider.Meter("github.com/fencekit/fence"), &fenceotel.Options{
+		Classify: func(resource string) string { return resource[:min(len(resource), 4)] },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.GuardDecided(fence.GuardEvent{Resource: "café:1001", Token: 7, Decision: fence.GuardAccept})
+	got := collect(t, reader)
+	if len(got) != 1 {
+		t.Fatalf("collected %v, want one decision", got)
+	}
+	for k := range got {
+		if !utf8.ValidString(k) {
+			t.Fatalf("collected %q: an attribute is not valid UTF-8", k)
+		}
+	}
+}
