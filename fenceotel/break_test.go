@@ -3,6 +3,8 @@ package fenceotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -99,5 +101,42 @@ func TestGuardDecisionWithInvalidUTF8Class(t *testing.T) {
 		if !utf8.ValidString(k) {
 			t.Fatalf("collected %q: an attribute is not valid UTF-8", k)
 		}
+	}
+}
+
+// TestGuardClassesBounded: the README's Classify (the part before the
+// first colon) on 1000 request-chosen resources without a colon made 1000
+// class attribute values; the class must be capped, the rest "other".
+func TestGuardClassesBounded(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = provider.Shutdown(context.Background()) }()
+	obs, err := fenceotel.New(provider.Meter("github.com/fencekit/fence"), &fenceotel.Options{
+		Classify: func(resource string) string { class, _, _ := strings.Cut(resource, ":"); return class },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1000
+	for i := range n {
+		obs.GuardDecided(fence.GuardEvent{Resource: fmt.Sprintf("x%d", i), Token: 7, Decision: fence.GuardAccept})
+	}
+	got := collect(t, reader)
+	var sum int64
+	for _, v := range got {
+		sum += v
+	}
+	if len(got) > fenceotel.DefaultMaxClasses+1 || sum != n {
+		t.Fatalf("%d series summing to %d after %d hostile resources, want at most %d summing to %d",
+			len(got), sum, n, fenceotel.DefaultMaxClasses+1, n)
+	}
+}
+
+// TestNewRefusesNegativeMaxClasses: a negative cap is bad input.
+func TestNewRefusesNegativeMaxClasses(t *testing.T) {
+	provider := sdkmetric.NewMeterProvider()
+	defer func() { _ = provider.Shutdown(context.Background()) }()
+	if _, err := fenceotel.New(provider.Meter("github.com/fencekit/fence"), &fenceotel.Options{MaxClasses: -1}); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("New with MaxClasses -1: %v, want an error matching fence.ErrInvalidOption", err)
 	}
 }

@@ -18,8 +18,8 @@
 // The histograms' bucket bounds are fenceprom's defaults, in seconds (5 ms
 // to 10 s for waits, 10 ms to 44 min doubling for holds), given as advice
 // that a View can override. Lock and resource names are never attribute
-// values; Options.Classify
-// maps a guard's resource to its class.
+// values; Options.Classify maps a guard's resource to its class, at most
+// Options.MaxClasses distinct ones (100 by default), "other" past them.
 //
 // It lives in a module of its own so that fence's own go.mod does not
 // require OpenTelemetry.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/fencekit/fence"
 	"go.opentelemetry.io/otel/attribute"
@@ -18,13 +19,49 @@ type Options struct {
 	// fence.guard.decisions. It must return few distinct values. Nil
 	// gives every decision the class "". Invalid UTF-8 in a class (which
 	// an OTLP exporter cannot marshal) is replaced with U+FFFD.
+	//
+	// Resources often come from requests, and a Classify that passes
+	// through what it does not recognise (the part before a colon, say)
+	// would make an attribute value of each: only the first MaxClasses
+	// distinct classes are kept; decisions of any class after them get
+	// the class "other".
 	Classify func(resource string) string
+
+	// MaxClasses bounds the distinct class values (see Classify). Zero
+	// means DefaultMaxClasses.
+	MaxClasses int
+}
+
+// DefaultMaxClasses is the default of Options.MaxClasses.
+const DefaultMaxClasses = 100
+
+// classes admits the first max distinct classes as attribute values.
+type classes struct {
+	max  int
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+// label returns class if it is one of the first max distinct classes,
+// else "other".
+func (c *classes) label(class string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.seen[class]; ok {
+		return class
+	}
+	if len(c.seen) >= c.max {
+		return "other"
+	}
+	c.seen[class] = struct{}{}
+	return class
 }
 
 // Observer is a fence.Observer that records into OpenTelemetry
 // instruments. It is safe for concurrent use.
 type Observer struct {
 	classify     func(string) string
+	classes      *classes
 	acquisitions metric.Int64Counter
 	wait         metric.Float64Histogram
 	hold         metric.Float64Histogram
@@ -62,7 +99,13 @@ func New(meter metric.Meter, opts *Options) (*Observer, error) {
 	if opts != nil {
 		o = *opts
 	}
-	obs := &Observer{classify: o.Classify}
+	switch {
+	case o.MaxClasses < 0:
+		return nil, fmt.Errorf("fenceotel: %w: MaxClasses %d is negative", fence.ErrInvalidOption, o.MaxClasses)
+	case o.MaxClasses == 0:
+		o.MaxClasses = DefaultMaxClasses
+	}
+	obs := &Observer{classify: o.Classify, classes: &classes{max: o.MaxClasses, seen: map[string]struct{}{}}}
 	var errs [6]error
 	obs.acquisitions, errs[0] = meter.Int64Counter("fence.acquisitions",
 		metric.WithDescription("Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error)."),
@@ -122,7 +165,7 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	class := ""
 	if o.classify != nil {
-		class = strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD")
+		class = o.classes.label(strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD"))
 	}
 	o.decisions.Add(background, 1, metric.WithAttributes(attribute.String("decision", string(e.Decision)), attribute.String("class", class)))
 }

@@ -2,8 +2,10 @@ package fenceprom_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/fencekit/fence"
@@ -161,4 +163,58 @@ func counterSum(t *testing.T, reg *prometheus.Registry, metric string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestGuardClassesBounded follows the README: Classify keeps what comes
+// before the first colon of the resource, and the resource comes from the
+// request's path. A client that posts to 1000 resources without a colon
+// made 1000 class label values (1000 series kept for ever, each scrape
+// larger): the class must be capped, the rest counted as "other".
+func TestGuardClassesBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	obs, err := fenceprom.New(reg, &fenceprom.Options{
+		Classify: func(resource string) string { class, _, _ := strings.Cut(resource, ":"); return class },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{
+		Resource: func(r *http.Request) (string, error) { return r.PathValue("resource"), nil },
+		Observer: obs,
+	})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	mux := http.NewServeMux()
+	mux.Handle("POST /r/{resource}", h)
+	const n = 1000
+	for i := range n {
+		req := httptest.NewRequest(http.MethodPost, fmt.Sprintf("/r/x%d", i), nil)
+		req.Header.Set(guard.TokenHeader, "7")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, w.Code)
+		}
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := 0
+	for _, f := range families {
+		if f.GetName() == "fence_guard_decisions_total" {
+			series = len(f.GetMetric())
+		}
+	}
+	if series > fenceprom.DefaultMaxClasses+1 {
+		t.Fatalf("fence_guard_decisions_total has %d series after %d hostile resources, want at most %d", series, n, fenceprom.DefaultMaxClasses+1)
+	}
+	if got := counterSum(t, reg, "fence_guard_decisions_total"); got != n {
+		t.Fatalf("fence_guard_decisions_total sums to %v, want %d", got, n)
+	}
+}
+
+// TestNewRefusesNegativeMaxClasses: a negative cap is bad input.
+func TestNewRefusesNegativeMaxClasses(t *testing.T) {
+	if _, err := fenceprom.New(prometheus.NewRegistry(), &fenceprom.Options{MaxClasses: -1}); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("New with MaxClasses -1: %v, want an error matching fence.ErrInvalidOption", err)
+	}
 }

@@ -18,7 +18,9 @@
 // result is one of fence.AcquireResult's values, cause one of
 // fence.LeaseCause's, op "acquire" or "renew", acked and required small
 // replica counts, decision "accept" or "reject", and class what
-// Options.Classify makes of the resource name ("" without it).
+// Options.Classify makes of the resource name ("" without it): at most
+// Options.MaxClasses distinct values (100 by default), "other" past them,
+// since resources often come from requests.
 //
 // It lives in a module of its own so that fence's own go.mod does not
 // require client_golang.

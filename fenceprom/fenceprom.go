@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/fencekit/fence"
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,7 +20,17 @@ type Options struct {
 	// must return few distinct values. Nil labels every decision "".
 	// Invalid UTF-8 in a class (which client_golang refuses as a label
 	// value) is replaced with U+FFFD.
+	//
+	// Resources often come from requests, and a Classify that passes
+	// through what it does not recognise (the part before a colon, say)
+	// would make a label value of each: only the first MaxClasses
+	// distinct classes are labels; decisions of any class after them are
+	// labelled "other".
 	Classify func(resource string) string
+
+	// MaxClasses bounds the distinct class labels (see Classify). Zero
+	// means DefaultMaxClasses.
+	MaxClasses int
 
 	// WaitBuckets and HoldBuckets are the histograms' buckets, in seconds,
 	// strictly increasing and not NaN; New copies them. Nil (or empty)
@@ -28,10 +39,14 @@ type Options struct {
 	WaitBuckets, HoldBuckets []float64
 }
 
+// DefaultMaxClasses is the default of Options.MaxClasses.
+const DefaultMaxClasses = 100
+
 // Observer is a fence.Observer that counts into Prometheus collectors. It
 // is safe for concurrent use.
 type Observer struct {
 	classify     func(string) string
+	classes      classes
 	acquisitions *prometheus.CounterVec
 	wait         *prometheus.HistogramVec
 	hold         *prometheus.HistogramVec
@@ -55,6 +70,12 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 	if opts != nil {
 		o = *opts
 	}
+	switch {
+	case o.MaxClasses < 0:
+		return nil, fmt.Errorf("fenceprom: %w: MaxClasses %d is negative", fence.ErrInvalidOption, o.MaxClasses)
+	case o.MaxClasses == 0:
+		o.MaxClasses = DefaultMaxClasses
+	}
 	// client_golang keeps the slice it is given, and checks its order only
 	// at the first observation, with a panic (in a backend's Acquire).
 	var err error
@@ -66,6 +87,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 	}
 	obs := &Observer{
 		classify: o.Classify,
+		classes:  classes{max: o.MaxClasses, seen: map[string]struct{}{}},
 		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fence_acquisitions_total",
 			Help: "Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error).",
@@ -149,7 +171,29 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	class := ""
 	if o.classify != nil {
-		class = strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD")
+		class = o.classes.label(strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD"))
 	}
 	o.decisions.WithLabelValues(string(e.Decision), class).Inc()
+}
+
+// classes admits the first max distinct classes as label values.
+type classes struct {
+	max  int
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+// label returns class if it is one of the first max distinct classes,
+// else "other".
+func (c *classes) label(class string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.seen[class]; ok {
+		return class
+	}
+	if len(c.seen) >= c.max {
+		return "other"
+	}
+	c.seen[class] = struct{}{}
+	return class
 }
