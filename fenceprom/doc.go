@@ -22,6 +22,11 @@
 // Options.MaxClasses distinct values (100 by default), "other" past them,
 // since resources often come from requests.
 //
+// So that an alert on a rate or increase fires on the first event too, a
+// backend's fence_leases_lost_total series are created at 0 on its first
+// event, and a class's two fence_guard_decisions_total series on its
+// first decision.
+//
 // It lives in a module of its own so that fence's own go.mod does not
 // require client_golang.
 package fenceprom

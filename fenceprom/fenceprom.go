@@ -47,6 +47,7 @@ const DefaultMaxClasses = 100
 type Observer struct {
 	classify     func(string) string
 	classes      classes
+	backends     sync.Map // the backends seen (fixed names: few)
 	acquisitions *prometheus.CounterVec
 	wait         *prometheus.HistogramVec
 	hold         *prometheus.HistogramVec
@@ -143,8 +144,24 @@ func buckets(field string, b, def []float64) ([]float64, error) {
 	return slices.Clone(b), nil
 }
 
+// lossCauses are the causes that fence_leases_lost_total counts.
+var lossCauses = [...]fence.LeaseCause{fence.LostExpired, fence.LostRenewFailed, fence.LostRenewLate, fence.LostRemoved}
+
+// sawBackend creates backend's fence_leases_lost_total series at 0 when it
+// is first seen: a rate or increase over a series that appears at 1 is
+// nothing, and the alert on the first lost lease would not fire.
+func (o *Observer) sawBackend(backend string) {
+	if _, seen := o.backends.LoadOrStore(backend, struct{}{}); seen {
+		return
+	}
+	for _, c := range lossCauses {
+		o.lost.WithLabelValues(backend, string(c))
+	}
+}
+
 // AcquireDone counts an Acquire and records how long it took.
 func (o *Observer) AcquireDone(e fence.AcquireEvent) {
+	o.sawBackend(e.Backend)
 	o.acquisitions.WithLabelValues(e.Backend, string(e.Result)).Inc()
 	o.wait.WithLabelValues(e.Backend, string(e.Result)).Observe(e.Wait.Seconds())
 }
@@ -152,6 +169,7 @@ func (o *Observer) AcquireDone(e fence.AcquireEvent) {
 // LeaseEnded records how long a lease was held and counts it if it was
 // lost.
 func (o *Observer) LeaseEnded(e fence.LeaseEvent) {
+	o.sawBackend(e.Backend)
 	o.hold.WithLabelValues(e.Backend, string(e.Cause)).Observe(e.Held.Seconds())
 	if e.Cause != fence.Released {
 		o.lost.WithLabelValues(e.Backend, string(e.Cause)).Inc()
@@ -171,7 +189,13 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	class := ""
 	if o.classify != nil {
-		class = o.classes.label(strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD"))
+		class = strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD")
+	}
+	class, first := o.classes.label(class)
+	if first {
+		// Both decisions' series at 0, for the same reason as sawBackend.
+		o.decisions.WithLabelValues(string(fence.GuardAccept), class)
+		o.decisions.WithLabelValues(string(fence.GuardReject), class)
 	}
 	o.decisions.WithLabelValues(string(e.Decision), class).Inc()
 }
@@ -184,16 +208,19 @@ type classes struct {
 }
 
 // label returns class if it is one of the first max distinct classes,
-// else "other".
-func (c *classes) label(class string) string {
+// else "other", and whether it is the first time it returns that.
+func (c *classes) label(class string) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.seen[class]; ok {
-		return class
+		return class, false
 	}
 	if len(c.seen) >= c.max {
-		return "other"
+		class = "other"
+		_, ok := c.seen[class]
+		c.seen[class] = struct{}{} // one beyond max at most
+		return class, !ok
 	}
 	c.seen[class] = struct{}{}
-	return class
+	return class, true
 }

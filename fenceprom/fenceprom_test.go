@@ -44,7 +44,10 @@ fence_guard_decisions_total{class="payment",decision="accept"} 1
 fence_guard_decisions_total{class="payment",decision="reject"} 1
 # HELP fence_leases_lost_total Leases that ended without Release, by backend and cause (expired, renew_failed, renew_late, removed).
 # TYPE fence_leases_lost_total counter
+fence_leases_lost_total{backend="redis",cause="expired"} 0
 fence_leases_lost_total{backend="redis",cause="removed"} 1
+fence_leases_lost_total{backend="redis",cause="renew_failed"} 0
+fence_leases_lost_total{backend="redis",cause="renew_late"} 0
 # HELP fence_replica_sync_refusals_total Acquisitions and renewals refused because too few replicas acknowledged them, by acknowledged and required counts.
 # TYPE fence_replica_sync_refusals_total counter
 fence_replica_sync_refusals_total{acked="0",backend="redis",op="acquire",required="1"} 1
