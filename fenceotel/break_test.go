@@ -94,8 +94,8 @@ func TestGuardDecisionWithInvalidUTF8Class(t *testing.T) {
 	}
 	obs.GuardDecided(fence.GuardEvent{Resource: "café:1001", Token: 7, Decision: fence.GuardAccept})
 	got := collect(t, reader)
-	if len(got) != 1 {
-		t.Fatalf("collected %v, want one decision", got)
+	if len(got) != 2 { // accept 1, reject 0
+		t.Fatalf("collected %v, want accept and reject of one class", got)
 	}
 	for k := range got {
 		if !utf8.ValidString(k) {
@@ -126,9 +126,10 @@ func TestGuardClassesBounded(t *testing.T) {
 	for _, v := range got {
 		sum += v
 	}
-	if len(got) > fenceotel.DefaultMaxClasses+1 || sum != n {
+	// Two series (accept, reject) per class, "other" included.
+	if max := 2 * (fenceotel.DefaultMaxClasses + 1); len(got) > max || sum != n {
 		t.Fatalf("%d series summing to %d after %d hostile resources, want at most %d summing to %d",
-			len(got), sum, n, fenceotel.DefaultMaxClasses+1, n)
+			len(got), sum, n, max, n)
 	}
 }
 
@@ -138,5 +139,37 @@ func TestNewRefusesNegativeMaxClasses(t *testing.T) {
 	defer func() { _ = provider.Shutdown(context.Background()) }()
 	if _, err := fenceotel.New(provider.Meter("github.com/fencekit/fence"), &fenceotel.Options{MaxClasses: -1}); !errors.Is(err, fence.ErrInvalidOption) {
 		t.Fatalf("New with MaxClasses -1: %v, want an error matching fence.ErrInvalidOption", err)
+	}
+}
+
+// TestZeroSeriesToAlertOn: after one acquisition and one accepted write,
+// the lost-lease counter of the backend's every loss cause, and the class's
+// reject counter, must be there at 0. They did not exist before their first
+// event, and a rate or increase over a series that appears at 1 (once
+// exported to Prometheus, say) is nothing: the first lost lease never fired
+// the alert.
+func TestZeroSeriesToAlertOn(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = provider.Shutdown(context.Background()) }()
+	obs, err := fenceotel.New(provider.Meter("github.com/fencekit/fence"), &fenceotel.Options{
+		Classify: func(resource string) string { class, _, _ := strings.Cut(resource, ":"); return class },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.AcquireDone(fence.AcquireEvent{Backend: "redis", Result: fence.Acquired, Token: 7})
+	obs.GuardDecided(fence.GuardEvent{Resource: "payment:1001", Token: 7, Decision: fence.GuardAccept})
+	got := collect(t, reader)
+	for _, k := range []string{
+		"fence.leases.lost{backend=redis,cause=expired}",
+		"fence.leases.lost{backend=redis,cause=removed}",
+		"fence.leases.lost{backend=redis,cause=renew_failed}",
+		"fence.leases.lost{backend=redis,cause=renew_late}",
+		"fence.guard.decisions{class=payment,decision=reject}",
+	} {
+		if v, ok := got[k]; !ok || v != 0 {
+			t.Errorf("%s: %d, present %v; want 0, present", k, v, ok)
+		}
 	}
 }

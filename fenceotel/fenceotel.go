@@ -43,18 +43,21 @@ type classes struct {
 }
 
 // label returns class if it is one of the first max distinct classes,
-// else "other".
-func (c *classes) label(class string) string {
+// else "other", and whether it is the first time it returns that.
+func (c *classes) label(class string) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.seen[class]; ok {
-		return class
+		return class, false
 	}
 	if len(c.seen) >= c.max {
-		return "other"
+		class = "other"
+		_, ok := c.seen[class]
+		c.seen[class] = struct{}{} // one beyond max at most
+		return class, !ok
 	}
 	c.seen[class] = struct{}{}
-	return class
+	return class, true
 }
 
 // Observer is a fence.Observer that records into OpenTelemetry
@@ -62,6 +65,7 @@ func (c *classes) label(class string) string {
 type Observer struct {
 	classify     func(string) string
 	classes      *classes
+	backends     *sync.Map // the backends seen (fixed names: few)
 	acquisitions metric.Int64Counter
 	wait         metric.Float64Histogram
 	hold         metric.Float64Histogram
@@ -105,7 +109,7 @@ func New(meter metric.Meter, opts *Options) (*Observer, error) {
 	case o.MaxClasses == 0:
 		o.MaxClasses = DefaultMaxClasses
 	}
-	obs := &Observer{classify: o.Classify, classes: &classes{max: o.MaxClasses, seen: map[string]struct{}{}}}
+	obs := &Observer{classify: o.Classify, classes: &classes{max: o.MaxClasses, seen: map[string]struct{}{}}, backends: &sync.Map{}}
 	var errs [6]error
 	obs.acquisitions, errs[0] = meter.Int64Counter("fence.acquisitions",
 		metric.WithDescription("Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error)."),
@@ -134,8 +138,24 @@ func New(meter metric.Meter, opts *Options) (*Observer, error) {
 // The events come without a context; the instruments do not need one.
 var background = context.Background()
 
+// lossCauses are the causes that fence.leases.lost counts.
+var lossCauses = [...]fence.LeaseCause{fence.LostExpired, fence.LostRenewFailed, fence.LostRenewLate, fence.LostRemoved}
+
+// sawBackend adds 0 to backend's fence.leases.lost for every cause when
+// the backend is first seen: a rate or increase over a series that appears
+// at 1 is nothing, and the alert on the first lost lease would not fire.
+func (o *Observer) sawBackend(backend string) {
+	if _, seen := o.backends.LoadOrStore(backend, struct{}{}); seen {
+		return
+	}
+	for _, c := range lossCauses {
+		o.lost.Add(background, 0, metric.WithAttributes(attribute.String("backend", backend), attribute.String("cause", string(c))))
+	}
+}
+
 // AcquireDone counts an Acquire and records how long it took.
 func (o *Observer) AcquireDone(e fence.AcquireEvent) {
+	o.sawBackend(e.Backend)
 	attrs := metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("result", string(e.Result)))
 	o.acquisitions.Add(background, 1, attrs)
 	o.wait.Record(background, e.Wait.Seconds(), attrs)
@@ -144,6 +164,7 @@ func (o *Observer) AcquireDone(e fence.AcquireEvent) {
 // LeaseEnded records how long a lease was held and counts it if it was
 // lost.
 func (o *Observer) LeaseEnded(e fence.LeaseEvent) {
+	o.sawBackend(e.Backend)
 	attrs := metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("cause", string(e.Cause)))
 	o.hold.Record(background, e.Held.Seconds(), attrs)
 	if e.Cause != fence.Released {
@@ -165,7 +186,14 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	class := ""
 	if o.classify != nil {
-		class = o.classes.label(strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD"))
+		class = strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD")
+	}
+	class, first := o.classes.label(class)
+	if first {
+		// Both decisions at 0, for the same reason as sawBackend.
+		for _, d := range []fence.GuardDecision{fence.GuardAccept, fence.GuardReject} {
+			o.decisions.Add(background, 0, metric.WithAttributes(attribute.String("decision", string(d)), attribute.String("class", class)))
+		}
 	}
 	o.decisions.Add(background, 1, metric.WithAttributes(attribute.String("decision", string(e.Decision)), attribute.String("class", class)))
 }
