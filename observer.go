@@ -185,9 +185,14 @@ type GuardEvent struct {
 
 // ReportAcquire reports an Acquire call that began at start and returned
 // lease and err to obs as an AcquireEvent of backend. Invalid input (an
-// error matching ErrInvalidName or ErrInvalidOption) is not reported: it
-// never reached the backend. Backends call it from Acquire when they have
-// an Observer, holding nothing that lease's methods wait for.
+// error matching ErrInvalidName or ErrInvalidOption, returned before the
+// backend was tried: not inside ErrNotAcquired) is not reported: it never
+// reached the backend. A configuration refused once the backend was tried
+// (ErrInvalidOption inside ErrNotAcquired: redislock's replica sync on a
+// client that cannot run it, say) is reported, as Failed: every Acquire
+// then fails, and the metrics must show it. Backends call it from Acquire
+// when they have an Observer, holding nothing that lease's methods wait
+// for.
 //
 // If AcquireDone panics (or calls runtime.Goexit) for a granted lease,
 // ReportAcquire releases the lease, for up to 5 s, before the panic goes
@@ -195,7 +200,7 @@ type GuardEvent struct {
 // could release, and a caller that recovers must not be left with a lock
 // that a watchdog renews for ever.
 func ReportAcquire(obs Observer, backend, name string, start time.Time, lease Lease, err error) {
-	if errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption) {
+	if (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption)) && !errors.Is(err, ErrNotAcquired) {
 		return
 	}
 	ev := AcquireEvent{Backend: backend, Name: name, Result: ResultOf(err), Wait: time.Since(start), Err: err}
