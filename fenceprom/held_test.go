@@ -103,3 +103,31 @@ func TestConcurrentEvents(t *testing.T) {
 		t.Errorf("fence_guard_decisions_total series %d (%v), want accept and reject for 3 classes and other", n, err)
 	}
 }
+
+// TestTwoObserversOneRegistry: two Observers on one registry clash
+// (AlreadyRegisteredError, as New's doc says), and with
+// prometheus.WrapRegistererWith's constant labels they do not.
+func TestTwoObserversOneRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := fenceprom.New(reg, nil); err != nil {
+		t.Fatal(err)
+	}
+	var already prometheus.AlreadyRegisteredError
+	if _, err := fenceprom.New(reg, nil); !errors.As(err, &already) {
+		t.Fatalf("second New on one registry: %v, want an AlreadyRegisteredError", err)
+	}
+	reg = prometheus.NewRegistry() // label names must agree across one name's series
+	a, err := fenceprom.New(prometheus.WrapRegistererWith(prometheus.Labels{"locker": "a"}, reg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := fenceprom.New(prometheus.WrapRegistererWith(prometheus.Labels{"locker": "b"}, reg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.AcquireDone(fence.AcquireEvent{Backend: "memory", Result: fence.Acquired})
+	b.AcquireDone(fence.AcquireEvent{Backend: "memory", Result: fence.Acquired})
+	if got := counterSum(t, reg, "fence_acquisitions_total"); got != 2 {
+		t.Fatalf("fence_acquisitions_total sums to %v, want 2", got)
+	}
+}
