@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/classes"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -35,36 +35,11 @@ type Options struct {
 // DefaultMaxClasses is the default of Options.MaxClasses.
 const DefaultMaxClasses = 100
 
-// classes admits the first max distinct classes as attribute values.
-type classes struct {
-	max  int
-	mu   sync.Mutex
-	seen map[string]struct{}
-}
-
-// label returns class if it is one of the first max distinct classes,
-// else "other", and whether it is the first time it returns that.
-func (c *classes) label(class string) (string, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.seen[class]; ok {
-		return class, false
-	}
-	if len(c.seen) >= c.max {
-		class = "other"
-		_, ok := c.seen[class]
-		c.seen[class] = struct{}{} // one beyond max at most
-		return class, !ok
-	}
-	c.seen[class] = struct{}{}
-	return class, true
-}
-
 // Observer is a fence.Observer that records into OpenTelemetry
 // instruments. It is safe for concurrent use.
 type Observer struct {
 	classify     func(string) string
-	classes      *classes
+	classes      *classes.Set
 	backends     *sync.Map // the backends seen (fixed names: few)
 	acquisitions metric.Int64Counter
 	wait         metric.Float64Histogram
@@ -109,7 +84,7 @@ func New(meter metric.Meter, opts *Options) (*Observer, error) {
 	case o.MaxClasses == 0:
 		o.MaxClasses = DefaultMaxClasses
 	}
-	obs := &Observer{classify: o.Classify, classes: &classes{max: o.MaxClasses, seen: map[string]struct{}{}}, backends: &sync.Map{}}
+	obs := &Observer{classify: o.Classify, classes: classes.New(o.MaxClasses), backends: &sync.Map{}}
 	var errs [6]error
 	obs.acquisitions, errs[0] = meter.Int64Counter("fence.acquisitions",
 		metric.WithDescription("Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error)."),
@@ -186,9 +161,9 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	class := ""
 	if o.classify != nil {
-		class = strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD")
+		class = o.classify(e.Resource)
 	}
-	class, first := o.classes.label(class)
+	class, first := o.classes.Label(class)
 	if first {
 		// Both decisions at 0, for the same reason as sawBackend.
 		for _, d := range []fence.GuardDecision{fence.GuardAccept, fence.GuardReject} {

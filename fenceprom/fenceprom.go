@@ -5,10 +5,10 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/classes"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -46,7 +46,7 @@ const DefaultMaxClasses = 100
 // is safe for concurrent use.
 type Observer struct {
 	classify     func(string) string
-	classes      classes
+	classes      *classes.Set
 	backends     sync.Map // the backends seen (fixed names: few)
 	acquisitions *prometheus.CounterVec
 	wait         *prometheus.HistogramVec
@@ -88,7 +88,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 	}
 	obs := &Observer{
 		classify: o.Classify,
-		classes:  classes{max: o.MaxClasses, seen: map[string]struct{}{}},
+		classes:  classes.New(o.MaxClasses),
 		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fence_acquisitions_total",
 			Help: "Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error).",
@@ -189,38 +189,13 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	class := ""
 	if o.classify != nil {
-		class = strings.ToValidUTF8(o.classify(e.Resource), "\uFFFD")
+		class = o.classify(e.Resource)
 	}
-	class, first := o.classes.label(class)
+	class, first := o.classes.Label(class)
 	if first {
 		// Both decisions' series at 0, for the same reason as sawBackend.
 		o.decisions.WithLabelValues(string(fence.GuardAccept), class)
 		o.decisions.WithLabelValues(string(fence.GuardReject), class)
 	}
 	o.decisions.WithLabelValues(string(e.Decision), class).Inc()
-}
-
-// classes admits the first max distinct classes as label values.
-type classes struct {
-	max  int
-	mu   sync.Mutex
-	seen map[string]struct{}
-}
-
-// label returns class if it is one of the first max distinct classes,
-// else "other", and whether it is the first time it returns that.
-func (c *classes) label(class string) (string, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.seen[class]; ok {
-		return class, false
-	}
-	if len(c.seen) >= c.max {
-		class = "other"
-		_, ok := c.seen[class]
-		c.seen[class] = struct{}{} // one beyond max at most
-		return class, !ok
-	}
-	c.seen[class] = struct{}{}
-	return class, true
 }
