@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/fencekit/fence"
-	"github.com/fencekit/fence/internal/classes"
+	"github.com/fencekit/fence/internal/labels"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -39,8 +38,8 @@ const DefaultMaxClasses = 100
 // instruments. It is safe for concurrent use.
 type Observer struct {
 	classify     func(string) string
-	classes      *classes.Set
-	backends     *sync.Map // the backends seen (fixed names: few)
+	classes      *labels.Classes
+	backends     *labels.Seen // the backends seen (fixed names: few)
 	acquisitions metric.Int64Counter
 	wait         metric.Float64Histogram
 	hold         metric.Float64Histogram
@@ -84,7 +83,7 @@ func New(meter metric.Meter, opts *Options) (*Observer, error) {
 	case o.MaxClasses == 0:
 		o.MaxClasses = DefaultMaxClasses
 	}
-	obs := &Observer{classify: o.Classify, classes: classes.New(o.MaxClasses), backends: &sync.Map{}}
+	obs := &Observer{classify: o.Classify, classes: labels.NewClasses(o.MaxClasses), backends: &labels.Seen{}}
 	var errs [6]error
 	obs.acquisitions, errs[0] = meter.Int64Counter("fence.acquisitions",
 		metric.WithDescription("Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error)."),
@@ -120,7 +119,7 @@ var lossCauses = [...]fence.LeaseCause{fence.LostExpired, fence.LostRenewFailed,
 // the backend is first seen: a rate or increase over a series that appears
 // at 1 is nothing, and the alert on the first lost lease would not fire.
 func (o *Observer) sawBackend(backend string) {
-	if _, seen := o.backends.LoadOrStore(backend, struct{}{}); seen {
+	if !o.backends.First(backend) {
 		return
 	}
 	for _, c := range lossCauses {

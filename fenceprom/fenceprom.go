@@ -5,10 +5,9 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"sync"
 
 	"github.com/fencekit/fence"
-	"github.com/fencekit/fence/internal/classes"
+	"github.com/fencekit/fence/internal/labels"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -46,8 +45,8 @@ const DefaultMaxClasses = 100
 // is safe for concurrent use.
 type Observer struct {
 	classify     func(string) string
-	classes      *classes.Set
-	backends     sync.Map // the backends seen (fixed names: few)
+	classes      *labels.Classes
+	backends     labels.Seen // the backends seen (fixed names: few)
 	acquisitions *prometheus.CounterVec
 	wait         *prometheus.HistogramVec
 	hold         *prometheus.HistogramVec
@@ -88,7 +87,7 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 	}
 	obs := &Observer{
 		classify: o.Classify,
-		classes:  classes.New(o.MaxClasses),
+		classes:  labels.NewClasses(o.MaxClasses),
 		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fence_acquisitions_total",
 			Help: "Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error).",
@@ -151,7 +150,7 @@ var lossCauses = [...]fence.LeaseCause{fence.LostExpired, fence.LostRenewFailed,
 // is first seen: a rate or increase over a series that appears at 1 is
 // nothing, and the alert on the first lost lease would not fire.
 func (o *Observer) sawBackend(backend string) {
-	if _, seen := o.backends.LoadOrStore(backend, struct{}{}); seen {
+	if !o.backends.First(backend) {
 		return
 	}
 	for _, c := range lossCauses {
