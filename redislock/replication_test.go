@@ -157,24 +157,46 @@ func TestSentinelFailover(t *testing.T) {
 		return c
 	}
 	sync := redislock.ReplicaSync{Acks: redislock.AcksAll}
-	holder := lockerWith(t, newClient(), redislock.Options{WatchdogTTL: 10 * time.Second, ReplicaSync: sync})
+	// A lease time well past a slow failover's (each failed election
+	// waits out failover-timeout twice): a 10 s lease expired on the
+	// replicas before one was promoted on CI's loaded machine.
+	const ttl = 30 * time.Second
+	holder := lockerWith(t, newClient(), redislock.Options{WatchdogTTL: ttl, ReplicaSync: sync})
 	other := lockerWith(t, newClient(), redislock.Options{ReplicaSync: sync})
 	lease := acquire(t, holder, "lock:payment:1001") // watchdog lease
+	initial := lease.Deadline()
 
 	primary.Kill()
+	killed := time.Now()
 	promoted := redistest.WaitFailover(t, sentinels, primary, r1, r2)
-	t.Logf("sentinel promoted %s", promoted.Addr)
-	if n := promoted.Client(t).Exists(ctx(t), lockKey("lock:payment:1001")).Val(); n != 1 {
-		t.Fatal("the promoted replica does not have the lock")
+	t.Logf("sentinel promoted %s %v after the kill", promoted.Addr, time.Since(killed).Round(time.Millisecond))
+	var n int64
+	waitFor(t, func() bool { // an error (a timeout under load) is not an answer
+		var err error
+		n, err = promoted.Client(t).Exists(ctx(t), lockKey("lock:payment:1001")).Result()
+		if err != nil {
+			t.Logf("EXISTS on the promoted replica: %v", err)
+		}
+		return err == nil
+	})
+	if n != 1 {
+		t.Fatalf("the promoted replica does not have the lock (promoted %v after the kill; the lease's deadline was %v after the kill)",
+			time.Since(killed).Round(time.Millisecond), initial.Sub(killed).Round(time.Millisecond))
 	}
 	// The other client, once it has found the new primary, is refused.
 	waitFor(t, func() bool {
 		_, err := other.Acquire(ctx(t), "lock:payment:1001")
 		return errors.Is(err, fence.ErrHeld)
 	})
-	// The holder's watchdog renews on the new primary.
-	failedOver := time.Now()
-	waitFor(t, func() bool { return lease.Deadline().After(failedOver.Add(5 * time.Second)) })
+	// The holder's watchdog renews on the new primary: its first renewal
+	// is due a third of the lease time after the acquisition, after the
+	// kill, so a deadline that moved was renewed there.
+	for limit := time.Now().Add(ttl); !lease.Deadline().After(initial); {
+		if time.Now().After(limit) {
+			t.Fatalf("the holder's deadline did not move within %v of the failover: %v", ttl, lease.Err())
+		}
+		time.Sleep(5 * time.Millisecond) // a poll with a deadline
+	}
 	if lease.Err() != nil {
 		t.Fatalf("lease lost in the failover: %v", lease.Err())
 	}
