@@ -34,8 +34,10 @@ func (l *Locker) runTry(ctx context.Context, a *attempt) (int64, error) {
 	for range 3 {
 		var conn *sql.Conn
 		if conn, err = l.db.Conn(ctx); err != nil {
+			a.noConn = true
 			return 0, err
 		}
+		a.noConn = false
 		opened := time.Now()
 		var token int64
 		err = conn.QueryRowContext(ctx, l.q.acquire, a.name, a.owner, a.ttl.Microseconds()).Scan(&token)

@@ -197,7 +197,8 @@ const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
 // is free is judged by the database's clock. With a Wait budget, every
 // try ends with the budget (a statement blocked on the row's lock by a
 // transaction left open on it), the first one a second after the start at
-// the soonest; a waiter
+// the soonest (cut while blocked on the row, it reports the lock held; cut
+// while connecting, it reports the failure, not ErrHeld); a waiter
 // sends no query while the holder's lease lives: it waits for the release's
 // notification (with a Listener) or for the holder's expiry, computed by
 // the database, and then tries again. Backend errors while waiting are
@@ -263,6 +264,13 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		l.giveUp(&a)
 		if ctx.Err() != nil {
 			return nil, fence.NotAcquired(name, ctx.Err())
+		}
+		if a.noConn {
+			// Cut while connecting: the database never answered, and
+			// nothing is known of the lock. Not ErrHeld (an outage
+			// counted as contention), nor the deadline's error (the
+			// caller's ctx has not ended).
+			return nil, fence.NotAcquired(name, fmt.Errorf("%v (no connection within the first try's %v)", err, max(o.Wait, firstTryMin)))
 		}
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
 	}
@@ -561,6 +569,7 @@ type attempt struct {
 	ttl      time.Duration
 	watchdog bool
 	sent     bool // a try was sent whose outcome is unknown
+	noConn   bool // the last try failed to get a connection: it sent nothing
 	// stale are the backends of the connections that pgx closed on a try
 	// whose outcome is unknown: they may still run it (see runTry).
 	stale []backendRef
