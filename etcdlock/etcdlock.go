@@ -157,6 +157,9 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // member after an attempt timeout, as every call is, within ctx. Calling it is optional: unused, they
 // expire on etcd within their lease time. The Locker stays usable.
 func (l *Locker) Close(ctx context.Context) error {
+	if l == nil {
+		return l.made() // a zero Locker has no spare to revoke: it goes on
+	}
 	l.mu.Lock()
 	spares := l.spares
 	l.spares = nil

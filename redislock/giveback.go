@@ -38,7 +38,13 @@ func (l *Locker) goReleaseAbandoned(a attempt) { l.giveBacks.goRun(func() { l.re
 // reply was on the way took the lock, and the give-back that releases it
 // would die with the program, leaving the lock held by nobody for its
 // lease time.
-func (l *Locker) WaitGiveBacks(ctx context.Context) error { return l.giveBacks.wait(ctx) }
+// On a nil Locker it returns made's error (a zero one has nothing to wait for).
+func (l *Locker) WaitGiveBacks(ctx context.Context) error {
+	if l == nil {
+		return l.made()
+	}
+	return l.giveBacks.wait(ctx)
+}
 
 // inflight counts goroutines that WaitGiveBacks waits for.
 type inflight struct {

@@ -247,6 +247,9 @@ func (b *background) forget(ls *lease) {
 // Locker's leases outlive no Close. A program that wants its lock held
 // after it exits (until the lease time) should not call Close.
 func (l *Locker) Close(ctx context.Context) error {
+	if l == nil {
+		return l.made() // a zero Locker has nothing to release: it goes on
+	}
 	b := &l.bg
 	b.mu.Lock()
 	b.closed.Store(true)
