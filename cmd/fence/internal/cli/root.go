@@ -77,8 +77,36 @@ func errorLine(err error, args []string) string {
 		lines[i] = termtext.Escape(l)
 	}
 	// A flag's error wraps the library's, which says "fence: " too.
-	msg := strings.ReplaceAll(strings.Join(lines, "\n"), ": fence: ", ": ")
+	msg := sayFenceOnce(strings.Join(lines, "\n"))
 	return "fence: " + strings.TrimPrefix(msg, "fence: ")
+}
+
+// sayFenceOnce drops the "fence: " of a library error wrapped by one of
+// fence's own (": fence: " becomes ": "), except inside the quoted
+// strings the errors hold (%q: a lock name may say ": fence: " too).
+func sayFenceOnce(msg string) string {
+	const wrapped = ": fence: "
+	if !strings.Contains(msg, wrapped) {
+		return msg
+	}
+	var b strings.Builder
+	for i := 0; i < len(msg); {
+		switch {
+		case msg[i] == '"':
+			if q, err := strconv.QuotedPrefix(msg[i:]); err == nil {
+				b.WriteString(q)
+				i += len(q)
+				continue
+			}
+		case strings.HasPrefix(msg[i:], wrapped):
+			b.WriteString(": ")
+			i += len(wrapped)
+			continue
+		}
+		b.WriteByte(msg[i])
+		i++
+	}
+	return b.String()
 }
 
 // libLogger is go-redis's logger for fence: its lines go to stderr
