@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/cmd/fence/internal/termtext"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -132,7 +133,7 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		switch {
 		case n.Err != nil:
 			j.Error = scrub(n.Err.Error(), []string{"--redlock", b.urls})
-			state = "unreachable: " + j.Error
+			state = "unreachable: " + termtext.Escape(j.Error) // the node's text
 		case n.Held && n.TTL < 0:
 			state = "held, without expiry"
 		case n.Held:
