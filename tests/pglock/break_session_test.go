@@ -76,3 +76,41 @@ func TestFirstTryCutOnSilentServerIsNotHeld(t *testing.T) {
 		t.Errorf("Acquire took %v", took)
 	}
 }
+
+// TestBadInputNotObserved: since ReportAcquire reports an ErrInvalidName
+// or ErrInvalidOption inside ErrNotAcquired (a refusal found at the
+// server) as Failed, pglock must return bad input bare, before the
+// database: a bad name, lease time or wait is then neither an
+// ErrNotAcquired nor an event. (Held: every case is refused before the
+// backend.)
+func TestBadInputNotObserved(t *testing.T) {
+	d := newDatabase(t, pg)
+	rec := &recorder{ends: map[string]fence.LeaseCause{}}
+	l, err := pglock.New(d.db, &pglock.Options{WatchdogTTL: watchdogTTL, Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		opts []fence.Option
+		want error
+	}{
+		{"", nil, fence.ErrInvalidName},
+		{"a{b}", nil, fence.ErrInvalidName},
+		{"a\x00b", nil, fence.ErrInvalidName},
+		{"a\x1b[2J", []fence.Option{fence.Wait(time.Second)}, fence.ErrInvalidName},
+		{"ok", []fence.Option{fence.TTL(time.Millisecond)}, fence.ErrInvalidOption},
+		{"ok", []fence.Option{fence.TTL(-time.Second)}, fence.ErrInvalidOption},
+		{"ok", []fence.Option{fence.Wait(-time.Second)}, fence.ErrInvalidOption},
+	} {
+		lease, err := l.Acquire(ctxFor(t, 10*time.Second), c.name, c.opts...)
+		if lease != nil || !errors.Is(err, c.want) || errors.Is(err, fence.ErrNotAcquired) {
+			t.Errorf("Acquire(%q) = %v, %v; want %v alone", c.name, lease, err, c.want)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.acquires) != 0 {
+		t.Errorf("bad input reported to the Observer: %v", rec.acquires)
+	}
+}
