@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/silent"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
@@ -20,41 +19,6 @@ import (
 // deadline must bring every call back within 300 ms more, although
 // go-redis's default ReadTimeout is 3 s.
 const hangDeadline, hangSlack = 750 * time.Millisecond, 300 * time.Millisecond
-
-// silentListener accepts connections and never answers. Closing it (in
-// t.Cleanup) closes them, so the clients' reads end.
-func silentListener(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
 
 // within runs call with a hangDeadline context and fails the test if it
 // takes longer than hangDeadline + hangSlack or returns no error.
@@ -91,7 +55,7 @@ func TestHungRedisReturnsByDeadline(t *testing.T) {
 
 func testHungRedis(t *testing.T, contextTimeout bool) {
 	t.Run("silent-listener", func(t *testing.T) {
-		c := redis.NewClient(&redis.Options{Addr: silentListener(t), ContextTimeoutEnabled: contextTimeout})
+		c := redis.NewClient(&redis.Options{Addr: silent.Addr(t), ContextTimeoutEnabled: contextTimeout})
 		t.Cleanup(func() { _ = c.Close() })
 		l := newLocker(t, c)
 		for _, wait := range []time.Duration{0, 10 * time.Second} {
@@ -166,7 +130,7 @@ func TestHungRedisNoSocketDeadlines(t *testing.T) {
 		{ReadTimeout: -2, WriteTimeout: -2},
 	} {
 		t.Run(fmt.Sprintf("ReadTimeout=%v,WriteTimeout=%v", o.ReadTimeout, o.WriteTimeout), func(t *testing.T) {
-			o.Addr, o.ContextTimeoutEnabled = silentListener(t), true
+			o.Addr, o.ContextTimeoutEnabled = silent.Addr(t), true
 			c := redis.NewClient(&o)
 			l := newLocker(t, c)
 			dctx, cancel := context.WithTimeout(context.Background(), hangDeadline)

@@ -2,50 +2,13 @@ package pglock_test
 
 import (
 	"errors"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/silent"
 	"github.com/fencekit/fence/pglock"
 )
-
-// silentServer accepts TCP connections and never answers (a host whose
-// PostgreSQL is wedged, or a proxy in front of a dead one). It returns
-// its address; connections and listener close at the test's end.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
 
 // An Acquire with a Wait budget on a database that accepts connections
 // but never answers: its first try is cut by firstTryMin (the budget is
@@ -53,7 +16,7 @@ func silentServer(t *testing.T) string {
 // it is held (fence.ErrHeld, counted as Held by the Observer, hiding the
 // outage): it must be a backend failure.
 func TestFirstTryCutOnSilentServerIsNotHeld(t *testing.T) {
-	addr := silentServer(t)
+	addr := silent.Addr(t)
 	db := open(t, "postgres://fence@"+addr+"/fence?sslmode=disable", nil)
 	l, err := pglock.New(db, &pglock.Options{WatchdogTTL: watchdogTTL})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/pgtest"
+	"github.com/fencekit/fence/internal/silent"
 	"github.com/fencekit/fence/pglock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -450,34 +450,7 @@ func TestBudgetEndsDuringTry(t *testing.T) {
 // A "database" that accepts connections and never answers: Acquire, with
 // or without a Wait budget, fails by its ctx's deadline.
 func TestBlackHoleDatabase(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	db := open(t, "postgres://u:p@"+ln.Addr().String()+"/db?sslmode=disable", nil)
+	db := open(t, "postgres://u:p@"+silent.Addr(t)+"/db?sslmode=disable", nil)
 	l, err := pglock.New(db, nil)
 	if err != nil {
 		t.Fatal(err)

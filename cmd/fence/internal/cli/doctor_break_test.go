@@ -2,57 +2,22 @@ package cli_test
 
 import (
 	"context"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/internal/refused"
+	"github.com/fencekit/fence/internal/silent"
 )
-
-// blackHole listens on a loopback port, accepts every connection and never
-// reads from it nor answers, until the test ends.
-func blackHole(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
 
 // A server that accepts connections and never answers, named by each kind
 // of URL with credentials: doctor gives up with exit status 2 within
 // --timeout, and prints the credentials nowhere, in text or JSON.
 func TestDoctorBlackHoleWithinTimeout(t *testing.T) {
 	t.Parallel()
-	hole := blackHole(t)
+	hole := silent.Addr(t)
 	closed := refused.Addr(t)
 	for _, args := range [][]string{
 		{"--redis", "redis://app:s3cretpw@" + hole},
@@ -149,7 +114,7 @@ func TestDoctorPasswordNotPrinted(t *testing.T) {
 // the black hole reported.
 func TestDoctorBlackHoleAmongNodes(t *testing.T) {
 	t.Parallel()
-	hole := blackHole(t)
+	hole := silent.Addr(t)
 	primary := redistest.Start(t)
 	sentinels := redistest.StartSentinels(t, primary, 1)
 	redistest.WaitSentinelsReady(t, sentinels, 0)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/silent"
 )
 
 // --redlock given but empty is a usage error naming --redlock; it used to
@@ -98,7 +99,7 @@ func TestDoctorRedlockCommaInPassword(t *testing.T) {
 // nowhere, in text or JSON.
 func TestDoctorRedlockBlackHole(t *testing.T) {
 	t.Parallel()
-	hole := blackHole(t)
+	hole := silent.Addr(t)
 	durable := []string{"--appendonly", "yes", "--appendfsync", "always"}
 	a, b := redistest.Start(t, durable...), redistest.Start(t, durable...)
 	for _, c := range []struct {

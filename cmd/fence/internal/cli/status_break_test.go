@@ -8,6 +8,7 @@ import (
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/internal/refused"
+	"github.com/fencekit/fence/internal/silent"
 )
 
 // fence status against a server that accepts connections and never answers,
@@ -17,7 +18,7 @@ import (
 // it: go-redis's read timeout, retried, for each command.
 func TestStatusBlackHoleWithinTimeout(t *testing.T) {
 	t.Parallel()
-	hole := blackHole(t)
+	hole := silent.Addr(t)
 	closed := refused.Addr(t)
 	run := func(limit time.Duration, args ...string) {
 		t.Helper()
@@ -51,7 +52,7 @@ func TestStatusBlackHoleWithinTimeout(t *testing.T) {
 // bounded it.
 func TestExecBlackHoleWithinWait(t *testing.T) {
 	t.Parallel()
-	hole := blackHole(t)
+	hole := silent.Addr(t)
 	for _, url := range [][]string{
 		{"--redis", "redis://" + hole},
 		{"--redis-sentinel", "redis://" + hole + "?master_name=mymaster"},
