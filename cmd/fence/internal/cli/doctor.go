@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -73,7 +72,7 @@ read within --timeout.`,
 				if w := doctor.Worst(findings); w != 0 {
 					worst = w.String()
 				}
-				if err := json.NewEncoder(out).Encode(map[string]any{"worst": worst, "findings": findings}); err != nil {
+				if err := encodeJSON(out, map[string]any{"worst": worst, "findings": findings}); err != nil {
 					return exitWith(ExitUsage, err)
 				}
 			} else {

@@ -2,6 +2,8 @@ package cli_test
 
 import (
 	"bufio"
+	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -96,5 +98,33 @@ func TestRedlockStatusPrintsServerErrorEscaped(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// TestRedlockStatusJSONCarriesNoControl: --json quotes a node's error in a
+// JSON string; encoding/json escapes the C0 controls there but writes the
+// C1 ones (U+009B is CSI to a terminal that takes C1 controls) and the
+// format characters (U+202E reverses the text after it) as they are.
+func TestRedlockStatusJSONCarriesNoControl(t *testing.T) {
+	t.Parallel()
+	a, b := redistest.Start(t), redistest.Start(t)
+	evil := hostileRedis(t, "pwned\x1b]0;pwned\x07\u009b31m\u202eRLO")
+	urls := redisURL(a) + "," + redisURL(b) + ",redis://" + evil
+	out, errOut, code := fence(t, nil, "status", "--json", "--redlock", urls, "job")
+	t.Logf("exit %d\nstdout:\n%q\nstderr:\n%q", code, out, errOut)
+	if !strings.Contains(out, "pwned") {
+		t.Fatalf("the node's error is not in the JSON; the test shows nothing (exit %d)", code)
+	}
+	for _, r := range out {
+		if r != '\n' && r != ' ' && !unicode.IsPrint(r) {
+			t.Errorf("stdout carries %U as it is", r)
+		}
+	}
+	var v any
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("stdout is not JSON: %v", err)
+	}
+	if !strings.Contains(fmt.Sprint(v), "\u009b31m\u202eRLO") {
+		t.Errorf("the JSON does not decode to the node's text: %v", v)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencekit/fence/cmd/fence/internal/termtext"
 	"github.com/spf13/cobra"
 )
 
@@ -113,8 +114,16 @@ given, it exits 2 rather than read a Redis lock that exec never took.`,
 	return cmd
 }
 
-// encodeJSON writes v as one line of JSON.
-func encodeJSON(w io.Writer, v any) error { return json.NewEncoder(w).Encode(v) }
+// encodeJSON writes v as one line of JSON, its unprintable characters
+// escaped (termtext.JSON): its strings can hold a server's text.
+func encodeJSON(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(termtext.JSON(b), '\n'))
+	return err
+}
 
 // ttlMs is a lock's remaining lease for --json, in milliseconds: -1 for a
 // lock held without expiry (as Redis's PTTL says it). The libraries give

@@ -9,9 +9,12 @@
 package termtext
 
 import (
+	"bytes"
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -43,3 +46,29 @@ func Escape(s string) string {
 }
 
 func unprintable(r rune) bool { return r != ' ' && !unicode.IsPrint(r) }
+
+// JSON returns the JSON text b with every unprintable character but the
+// line break written as a \u escape, which decodes to the same string.
+// encoding/json escapes the C0 controls but writes DEL, the C1 controls and
+// the format characters as they are; outside strings its JSON holds only
+// printable ASCII (and Encoder's final line break), so every such character
+// is inside a string, where the escape is valid. b must be valid UTF-8, as
+// encoding/json writes it.
+func JSON(b []byte) []byte {
+	if !bytes.ContainsFunc(b, func(r rune) bool { return r != '\n' && unprintable(r) }) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == '\n' || !unprintable(r) {
+			out = append(out, b[:n]...)
+		} else if r1, r2 := utf16.EncodeRune(r); r1 != unicode.ReplacementChar {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		} else {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		b = b[n:]
+	}
+	return out
+}

@@ -1,6 +1,8 @@
 package termtext_test
 
 import (
+	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/fencekit/fence/cmd/fence/internal/termtext"
@@ -21,6 +23,25 @@ func TestEscape(t *testing.T) {
 	} {
 		if got := termtext.Escape(in); got != want {
 			t.Errorf("Escape(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestJSON(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"a":"b"}` + "\n":                 `{"a":"b"}` + "\n",
+		`{"e":"x` + "\u009b31m" + `"}`:     `{"e":"x\u009b31m"}`,
+		`["` + "\u202eRLO\x7f" + `"]`:      `["\u202eRLO\u007f"]`,
+		`"` + "\U000E0001 tag" + `"`:       `"\udb40\udc01 tag"`,
+		`"héllo, 世界 \u001b stays escaped"`: `"héllo, 世界 \u001b stays escaped"`,
+	} {
+		got := termtext.JSON([]byte(in))
+		if string(got) != want {
+			t.Errorf("JSON(%q) = %q, want %q", in, got, want)
+		}
+		var a, b any
+		if json.Unmarshal([]byte(in), &a) == nil && (json.Unmarshal(got, &b) != nil || !reflect.DeepEqual(a, b)) {
+			t.Errorf("JSON(%q) = %q decodes to %v, the input to %v", in, got, b, a)
 		}
 	}
 }
