@@ -3,7 +3,9 @@ package fence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 )
 
@@ -83,6 +85,26 @@ func (NopObserver) ReplicaSyncRefused(ReplicaSyncEvent) {}
 func (NopObserver) GuardDecided(GuardEvent) {}
 
 var _ Observer = NopObserver{}
+
+// ValidateObserver returns an error matching ErrInvalidOption when obs is
+// an interface holding a nil pointer (or a nil map, slice, func or chan):
+// such an Observer is not nil, and the first event would panic inside
+// Acquire or a lease's goroutine, far from its cause, typically the nil
+// *Observer that an adapter's New returned beside an error that was
+// ignored. A nil obs is valid (no Observer). Backends and guards call it
+// from their constructors.
+func ValidateObserver(obs Observer) error {
+	if obs == nil {
+		return nil
+	}
+	switch v := reflect.ValueOf(obs); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		if v.IsNil() {
+			return fmt.Errorf("%w: Observer is a nil %T (was the error of the constructor that returned it ignored?)", ErrInvalidOption, obs)
+		}
+	}
+	return nil
+}
 
 // AcquireResult is how an Acquire ended. Its values are fixed, fit for a
 // metric label.

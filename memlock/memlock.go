@@ -102,6 +102,9 @@ type waiter struct {
 func New(o *Options) (*Locker, error) {
 	l := &Locker{}
 	if o != nil {
+		if err := fence.ValidateObserver(o.Observer); err != nil {
+			return nil, fmt.Errorf("memlock: %w", err)
+		}
 		l.obs = o.Observer
 	}
 	if o != nil && o.WatchdogTTL != 0 {

@@ -108,6 +108,9 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 	if err := ValidateTable(l.table); err != nil {
 		return nil, err
 	}
+	if err := fence.ValidateObserver(o.Observer); err != nil {
+		return nil, fmt.Errorf("pglock: %w", err)
+	}
 	if o.WatchdogTTL != 0 {
 		if err := fence.ValidateTTL(o.WatchdogTTL); err != nil {
 			return nil, fmt.Errorf("pglock: watchdog TTL: %w", err)

@@ -195,6 +195,9 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 	if opts != nil {
 		o = *opts
 	}
+	if err := fence.ValidateObserver(o.Observer); err != nil {
+		return nil, fmt.Errorf("redislock: %w", err)
+	}
 	l := &Locker{
 		client:        client,
 		conn:          conn,

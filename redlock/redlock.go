@@ -200,6 +200,9 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	if opts != nil {
 		o = *opts
 	}
+	if err := fence.ValidateObserver(o.Observer); err != nil {
+		return nil, fmt.Errorf("redlock: %w", err)
+	}
 	l := &Locker{
 		nodes:       append([]redis.UniversalClient(nil), clients...),
 		quorum:      len(clients)/2 + 1,
