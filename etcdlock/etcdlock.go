@@ -212,9 +212,14 @@ var escaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // Prefix returns the key prefix under which the keys of the lock called
 // name live, one per holder or waiter: Prefix(name) + the etcd lease ID in
-// hexadecimal.
+// hexadecimal. On a Locker not made by New (nil or zero) it returns the
+// one New with default options would use.
 func (l *Locker) Prefix(name string) string {
-	return l.prefix + escaper.Replace(name) + "/"
+	prefix := DefaultPrefix
+	if l != nil && l.prefix != "" {
+		prefix = l.prefix
+	}
+	return prefix + escaper.Replace(name) + "/"
 }
 
 // seconds is ttl in etcd's whole seconds, rounded up. (ttl + 1s - 1)/1s
