@@ -48,7 +48,11 @@ func WithDialer(d zk.Dialer) Option { return func(l *Locker) { l.dialer = d } }
 // Locker's probe, known once the probe has run (at the first Acquire);
 // with it, the lowest granted to the connection's current session, as its
 // SessionTimeouts recorded it, known from the first grant.
+// On a Locker not made by New (nil or zero) nothing is known.
 func (l *Locker) NegotiatedTimeout() (time.Duration, bool) {
+	if l == nil {
+		return 0, false
+	}
 	if l.st != nil {
 		got, session := l.st.Timeout()
 		return got, session != 0

@@ -144,8 +144,12 @@ func (s *SessionTimeouts) forget(ls *lease) {
 }
 
 // Timeout returns the lowest session timeout that the servers granted the
-// connection's current session, and its id; 0, 0 before the first grant.
+// connection's current session, and its id; 0, 0 before the first grant,
+// and on a nil SessionTimeouts.
 func (s *SessionTimeouts) Timeout() (time.Duration, int64) {
+	if s == nil {
+		return 0, 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lowest, s.session

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fencekit/fence"
 	"github.com/go-zookeeper/zk"
@@ -53,7 +54,10 @@ var _ fence.Locker = (*Locker)(nil)
 type Option func(*Locker)
 
 // WithRoot sets the znode under which the locks live (default DefaultRoot).
-// It must be an absolute path without a trailing slash.
+// It must be an absolute path without a trailing slash that ZooKeeper
+// accepts (no "." or ".." element, no control or private-use character,
+// none outside the Basic Multilingual Plane); New refuses another with
+// fence.ErrInvalidOption.
 func WithRoot(path string) Option { return func(l *Locker) { l.root = path } }
 
 // WithACL sets the ACL of the nodes the Locker creates (default
@@ -104,10 +108,35 @@ func New(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Locker, 
 		return nil, fmt.Errorf("%w: zklock: session timeout %v", fence.ErrInvalidOption, sessionTimeout)
 	case l.stSet && l.st == nil:
 		return nil, fmt.Errorf("%w: zklock: WithSessionTimeouts(nil)", fence.ErrInvalidOption)
-	case !strings.HasPrefix(l.root, "/") || strings.HasSuffix(l.root, "/") || strings.Contains(l.root, "//"):
-		return nil, fmt.Errorf("%w: zklock: root %q is not an absolute znode path", fence.ErrInvalidOption, l.root)
+	case !validRoot(l.root):
+		return nil, fmt.Errorf("%w: zklock: root %q is not an absolute znode path that ZooKeeper accepts", fence.ErrInvalidOption, l.root)
 	}
 	return l, nil
+}
+
+// validRoot reports whether root is an absolute znode path that ZooKeeper
+// accepts (its PathUtils.validatePath): no empty, "." or ".." element, no
+// trailing slash, valid UTF-8 without control characters, and no character
+// that Java holds as a surrogate pair or that the servers refuse (U+D800
+// to U+F8FF, U+FFF0 and above). go-zookeeper checks only some of these
+// before sending; a root it let through failed every Acquire on the
+// servers' refusal, a backend error, instead of New refusing it.
+func validRoot(root string) bool {
+	if !strings.HasPrefix(root, "/") || !utf8.ValidString(root) {
+		return false
+	}
+	for _, el := range strings.Split(root[1:], "/") {
+		if el == "" || el == "." || el == ".." {
+			return false
+		}
+		for _, r := range el {
+			switch {
+			case r <= 0x1f, 0x7f <= r && r <= 0x9f, 0xd800 <= r && r <= 0xf8ff, r >= 0xfff0:
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // attempt is one acquisition: the lock's directory and the guid that names

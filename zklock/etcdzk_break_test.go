@@ -1,0 +1,129 @@
+package zklock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/zklock"
+)
+
+// TestNilLockerAndSessionTimeoutsMethods: NegotiatedTimeout on a nil
+// Locker (a New whose error was ignored) and on a zero one, and Timeout
+// and Printf on a nil SessionTimeouts, do not panic: nothing is known.
+func TestNilLockerAndSessionTimeoutsMethods(t *testing.T) {
+	var nilLocker *zklock.Locker
+	for what, l := range map[string]*zklock.Locker{"zero": {}, "nil": nilLocker} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s Locker: NegotiatedTimeout panicked: %v", what, r)
+				}
+			}()
+			if got, ok := l.NegotiatedTimeout(); ok || got != 0 {
+				t.Errorf("%s Locker: NegotiatedTimeout = %v, %v; want 0, false", what, got, ok)
+			}
+		}()
+	}
+	var st *zklock.SessionTimeouts
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("nil SessionTimeouts: Timeout panicked: %v", r)
+			}
+		}()
+		if got, session := st.Timeout(); got != 0 || session != 0 {
+			t.Errorf("nil SessionTimeouts: Timeout = %v, %v; want 0, 0", got, session)
+		}
+	}()
+}
+
+// TestRootsZooKeeperRefuses: a root that ZooKeeper can never hold a node
+// under ("." or ".." elements, a NUL, control characters, characters
+// outside the Basic Multilingual Plane or in its private use area, which
+// the servers refuse though go-zookeeper lets them through, U+FFFF, bytes
+// that are not UTF-8) is refused by New with fence.ErrInvalidOption,
+// like a relative one, rather than accepted and then failing every
+// Acquire with a backend error. Every root New accepts takes locks.
+func TestRootsZooKeeperRefuses(t *testing.T) {
+	srv := startZK(t)
+	conn := connect(t, []string{srv.Addr}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const accepted = 12 // roots[accepted:] are valid
+	roots := []string{
+		"/fence/./locks", "/fence/../locks", "/fence/locks/.", "/fence/locks/..", "/.",
+		"/fence\x00locks", "/fence\x01locks", "/fence\u0085locks", "/fence\ue000locks",
+		"/fence\U0001F512locks", "/fence\uffff", "/fence\xfflocks",
+		// accepted (ZooKeeper lets nodes be made under /zookeeper too):
+		"/zookeeper", "/zookeeper/locks",
+		"/.fence", "/fence/..locks", "/fence.../x", "/결제/☃", "/" + strings.Repeat("r", 200),
+	}
+	for i, root := range roots {
+		l, err := zklock.New(conn, sessionTimeout, zklock.WithRoot(root))
+		if err != nil {
+			if i >= accepted {
+				t.Errorf("New(WithRoot(%q)) = %v; want it accepted", root, err)
+			}
+			if !errors.Is(err, fence.ErrInvalidOption) {
+				t.Errorf("New(WithRoot(%q)) = %v; want an error matching fence.ErrInvalidOption", root, err)
+			}
+			continue
+		}
+		lease, err := l.Acquire(ctx, "odd-root", fence.Wait(5*time.Second))
+		if err != nil {
+			t.Errorf("New(WithRoot(%q)) accepted it, then Acquire = %v", root, err)
+			continue
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Errorf("root %q: Release = %v", root, err)
+		}
+	}
+}
+
+// TestLongestOddNames: names of 256 bytes that escape to three times that
+// (every byte a %XX) take and give back locks, with waiters, and do not
+// share a lock with one another.
+func TestLongestOddNames(t *testing.T) {
+	srv := startZK(t)
+	l, _ := newLocker(t, []string{srv.Addr})
+	other, _ := newLocker(t, []string{srv.Addr})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	names := []string{
+		strings.Repeat("/", 256), strings.Repeat("%", 256), strings.Repeat(".", 256),
+		strings.Repeat("☃", 85) + "a", strings.Repeat("a", 256),
+	}
+	var held []fence.Lease
+	for _, n := range names {
+		lease, err := l.Acquire(ctx, n)
+		if err != nil {
+			t.Fatalf("Acquire(%d-byte name %.12q...) = %v", len(n), n, err)
+		}
+		held = append(held, lease)
+	}
+	for i, n := range names {
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		got := make(chan error, 1)
+		go func() {
+			lease, err := other.Acquire(wctx, n, fence.Wait(10*time.Second))
+			if err == nil {
+				if lease.Token() <= held[i].Token() {
+					err = errors.New("token did not grow")
+				}
+				_ = lease.Release(ctx)
+			}
+			got <- err
+		}()
+		if err := held[i].Release(ctx); err != nil {
+			t.Errorf("Release(%.12q...) = %v", n, err)
+		}
+		if err := <-got; err != nil {
+			t.Errorf("waiter on %.12q...: %v", n, err)
+		}
+		wcancel()
+	}
+}
