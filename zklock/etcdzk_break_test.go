@@ -39,6 +39,15 @@ func TestNilLockerAndSessionTimeoutsMethods(t *testing.T) {
 			t.Errorf("nil SessionTimeouts: Timeout = %v, %v; want 0, 0", got, session)
 		}
 	}()
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("nil SessionTimeouts: Printf panicked: %v", r)
+			}
+		}()
+		// As go-zookeeper calls it, given a nil one with zk.WithLogger.
+		st.Printf("authenticated: id=%d, timeout=%d", int64(1), int32(2000))
+	}()
 }
 
 // TestRootsZooKeeperRefuses: a root that ZooKeeper can never hold a node

@@ -59,8 +59,13 @@ func NewSessionTimeouts(next zk.Logger) *SessionTimeouts {
 const connectedFormat = "connected to %s"
 
 // Printf records the timeout of an "authenticated" line, and forwards the
-// line to the next logger.
+// line to the next logger. A nil SessionTimeouts records nothing and
+// forwards to zk.DefaultLogger.
 func (s *SessionTimeouts) Printf(format string, args ...any) {
+	if s == nil {
+		zk.DefaultLogger.Printf(format, args...)
+		return
+	}
 	switch format {
 	case connectedFormat:
 		s.mu.Lock()
