@@ -8,7 +8,10 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/refused"
+	"github.com/fencekit/fence/internal/silent"
 	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
 )
 
 // TestNilLockerAndSessionTimeoutsMethods: NegotiatedTimeout on a nil
@@ -134,5 +137,53 @@ func TestLongestOddNames(t *testing.T) {
 			t.Errorf("waiter on %.12q...: %v", n, err)
 		}
 		wcancel()
+	}
+}
+
+// TestDeadServersKeepCallersDeadline: through a connection to a server
+// that accepts and never answers, one that refuses connections, and an
+// address with a chroot suffix (go-zookeeper has no chroot: it never
+// connects), Acquire, with and without WithSessionTimeouts and a wait
+// budget, returns an error within the caller's deadline, not ErrHeld; and
+// once the connections are closed no goroutine is left (TestMain).
+func TestDeadServersKeepCallersDeadline(t *testing.T) {
+	servers := map[string]string{
+		"silent":  silent.Addr(t),
+		"refused": refused.Addr(t),
+		"chroot":  refused.Addr(t) + "/app",
+	}
+	for what, addr := range servers {
+		t.Run(what, func(t *testing.T) {
+			for _, recorded := range []bool{false, true} {
+				st := zklock.NewSessionTimeouts(quiet{})
+				conn, _, err := zk.Connect([]string{addr}, sessionTimeout, zk.WithLogger(st))
+				if err != nil {
+					t.Logf("zk.Connect(%q) = %v", addr, err)
+					return
+				}
+				var opts []zklock.Option
+				if recorded {
+					opts = append(opts, zklock.WithSessionTimeouts(st))
+				}
+				l, err := zklock.New(conn, sessionTimeout, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, fopts := range [][]fence.Option{nil, {fence.Wait(time.Minute)}} {
+					ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+					start := time.Now()
+					lease, err := l.Acquire(ctx, "dead-server", fopts...)
+					took := time.Since(start)
+					cancel()
+					if lease != nil || !errors.Is(err, fence.ErrNotAcquired) || errors.Is(err, fence.ErrHeld) {
+						t.Errorf("recorded %v, %d opts: Acquire = %v, %v; want ErrNotAcquired, not ErrHeld", recorded, len(fopts), lease, err)
+					}
+					if took > 3*time.Second {
+						t.Errorf("recorded %v, %d opts: Acquire took %v with a 700 ms deadline", recorded, len(fopts), took)
+					}
+				}
+				conn.Close()
+			}
+		})
 	}
 }
