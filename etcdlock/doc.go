@@ -21,7 +21,11 @@
 // revision is the lease's fence.Token. Revisions are etcd's global write
 // counter: they only grow, across leader elections and restarts from the
 // data dir, and a key created later has a greater one, so each holder's
-// token is greater than every earlier holder's.
+// token is greater than every earlier holder's. They do not survive a
+// restore from a backup, which takes them back to the backup's revision
+// (the next holder's token was 4 after 12 had been issued since the
+// backup): restore with etcdutl snapshot restore --bump-revision N
+// --mark-compacted, N above the writes since the backup.
 //
 // A resource that lives in etcd itself can do better than compare tokens:
 // a Txn guarded by IsOwner writes only while the lease's key still exists as
