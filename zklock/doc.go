@@ -34,7 +34,10 @@
 // the order of their zxids, and a node holds the lock only after every node
 // before it is gone: each holder's token is greater than every earlier
 // holder's. The zxids are as durable as the ensemble's transaction log: an
-// ensemble that loses its data (rebuilt empty) starts them again.
+// ensemble that loses its data (rebuilt empty) starts them again, and one
+// restored from a backup takes them back to the backup's (a standalone
+// server stays in epoch 0): ZooKeeper has no way to raise them, so the
+// resources' token records must then be reset.
 //
 // # The lease is the session
 //

@@ -3,6 +3,8 @@ package zklock_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -185,5 +187,111 @@ func TestDeadServersKeepCallersDeadline(t *testing.T) {
 				conn.Close()
 			}
 		})
+	}
+}
+
+// TestParentDeletedByOperator: an operator deletes the lock's node, its
+// directory and the whole root (deleteall /fence) under a holder: the
+// holder's lease ends, and the next Acquire makes the nodes again and gets
+// a greater token (a zxid: the tree holds no counter to lose).
+func TestParentDeletedByOperator(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	l, _ := newLocker(t, addrs)
+	admin := connect(t, addrs, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const name = "operator-deleted"
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deleteAll func(path string)
+	deleteAll = func(path string) {
+		children, _, err := admin.Children(path)
+		if err != nil {
+			t.Fatalf("children of %s: %v", path, err)
+		}
+		for _, c := range children {
+			deleteAll(path + "/" + c)
+		}
+		if err := admin.Delete(path, -1); err != nil {
+			t.Fatalf("delete %s: %v", path, err)
+		}
+	}
+	deleteAll("/fence")
+	select {
+	case <-lease.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease is still held 10 s after its node was deleted")
+	}
+	if err := lease.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release after the delete = %v; want ErrLeaseLost", err)
+	}
+	next, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatalf("Acquire after the root was deleted: %v", err)
+	}
+	if next.Token() <= lease.Token() {
+		t.Errorf("token after the root was deleted: %d, not above %d", next.Token(), lease.Token())
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestTokensAfterBackupRestored: a server restored from a copy of its data
+// dir taken earlier goes back to the zxid of the copy, and the next
+// holder's token, its node's creation zxid, is not greater than the tokens
+// issued since the copy. Design question, not a local fix.
+func TestTokensAfterBackupRestored(t *testing.T) {
+	t.Skip("design question: after a restore from a backup the next token was 0xe, not above the 0x26 issued since the " +
+		"backup: zxids go back with the data (a standalone server stays in epoch 0). zklock cannot floor a Czxid, and " +
+		"ZooKeeper has no tool to raise zxids as etcdutl's --bump-revision raises revisions. The fix I would choose: a " +
+		"token of (restore generation << 56 | zxid) with the generation kept in a persistent node an operator bumps " +
+		"after a restore; until then the package doc says a restore needs the resources' token records reset")
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	take := func() fence.Token {
+		t.Helper()
+		l, conn := newLocker(t, addrs)
+		defer conn.Close()
+		lease, err := l.Acquire(ctx, "restored", fence.Wait(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return lease.Token()
+	}
+	take()
+	data := filepath.Join(srv.Dir, "data")
+	backup := filepath.Join(t.TempDir(), "backup")
+	srv.Kill()
+	if err := os.CopyFS(backup, os.DirFS(data)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var last fence.Token
+	for range 5 {
+		last = take()
+	}
+	srv.Kill()
+	if err := os.RemoveAll(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(data, os.DirFS(backup)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if got := take(); got <= last {
+		t.Errorf("after a restore from a backup the next token is %#x, not above the %#x issued since the backup", got, last)
 	}
 }
