@@ -37,7 +37,10 @@ const retryInterval = 100 * time.Millisecond
 
 // Options configure a Locker. A nil *Options means the defaults.
 type Options struct {
-	// Prefix is prepended to every key; default DefaultPrefix.
+	// Prefix is prepended to every key; default DefaultPrefix. Prefixes
+	// of Lockers on one cluster must not nest: with "app/" and
+	// "app/jobs/", the keys of lock "x" of the second are also under
+	// lock "jobs" of the first, which then waits for them.
 	Prefix string
 	// WatchdogTTL is the lease time of leases acquired without fence.TTL;
 	// the watchdog renews them every third of it. Zero means

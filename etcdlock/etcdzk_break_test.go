@@ -130,3 +130,30 @@ func TestTokensAfterBackupRestored(t *testing.T) {
 		t.Errorf("after a restore from a backup the next token is %d, not above the %d issued since the backup", got, last)
 	}
 }
+
+// TestNestedPrefixes: two Lockers whose prefixes nest ("nest/" and
+// "nest/b/") keep apart the locks that do not share a name: lock "x"
+// under "nest/b/" has keys under "nest/b/x/", which are also under lock
+// "b" of "nest/", whose holder is the oldest key under "nest/b/".
+func TestNestedPrefixes(t *testing.T) {
+	t.Skip("design question: lock \"b\" of a Locker with Prefix \"nest/\" was ErrHeld while another Locker with Prefix \"nest/b/\" " +
+		"held its lock \"x\": the keys of lock b are the range \"nest/b/\", which holds nest/b/x/<id> too (only liveness: a foreign " +
+		"key can only make a key look younger than the oldest). A range cannot leave nested prefixes out (the lease IDs are hex, " +
+		"as other prefixes may be). The fix I would choose: New refuses a Prefix not ending in \"/\", and the per-lock prefix ends " +
+		"in a byte no escaped name holds (say P + escaped name + \"/\\x00\"), so that no other Locker's keys can fall in the range " +
+		"unless its own Prefix holds a NUL; that changes every key, a format change to release with the next version")
+	endpoints := shared.Endpoints()
+	outer := newLocker(t, endpoints, &etcdlock.Options{Prefix: "nest/"})
+	inner := newLocker(t, endpoints, &etcdlock.Options{Prefix: "nest/b/"})
+	ctx := ctxFor(t, 30*time.Second)
+	x, err := inner.Acquire(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = x.Release(ctx) }()
+	b, err := outer.Acquire(ctx, "b")
+	if err != nil {
+		t.Fatalf("lock \"b\" of prefix \"nest/\" while lock \"x\" of prefix \"nest/b/\" is held: %v", err)
+	}
+	_ = b.Release(ctx)
+}
