@@ -13,6 +13,7 @@ import (
 	"github.com/fencekit/fence/internal/etcdserver"
 	"github.com/fencekit/fence/internal/refused"
 	"github.com/fencekit/fence/internal/silent"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestPrefixOnLockerNotMadeByNew: Prefix on a nil Locker (a New whose
@@ -156,4 +157,118 @@ func TestNestedPrefixes(t *testing.T) {
 		t.Fatalf("lock \"b\" of prefix \"nest/\" while lock \"x\" of prefix \"nest/b/\" is held: %v", err)
 	}
 	_ = b.Release(ctx)
+}
+
+// TestCloseWhileAcquiresAndLeasesInFlight: Close runs while a watchdog
+// lease and a fence.TTL lease are held and waiters wait; it returns within
+// its ctx, the waiters go on waiting and one of them takes the lock when
+// the holder releases, and once the others are cancelled, every lease is
+// released and the client closed, no key is left and no goroutine
+// (TestMain's check).
+func TestCloseWhileAcquiresAndLeasesInFlight(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	client := newClient(t, endpoints, nil)
+	l, err := etcdlock.New(client, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t, 30*time.Second)
+	const name = "close-in-flight"
+	holder, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed, err := l.Acquire(ctx, name+"-ttl", fence.TTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A spare for Close to revoke.
+	if sp, err := l.Acquire(ctx, name+"-spare", fence.TTL(5*time.Second)); err != nil {
+		t.Fatal(err)
+	} else if err := sp.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	const waiters = 3
+	got := make(chan fence.Lease, waiters)
+	errs := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			lease, err := l.Acquire(wctx, name, fence.Wait(20*time.Second))
+			if err != nil {
+				errs <- err
+				return
+			}
+			got <- lease
+		}()
+	}
+	keys := func() int64 {
+		r, err := admin.Get(ctx, l.Prefix(name), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Count
+	}
+	for end := time.Now().Add(10 * time.Second); keys() < 1+waiters; {
+		if time.Now().After(end) {
+			t.Fatalf("%d keys after 10 s; want %d", keys(), 1+waiters)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(cctx) }()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	ccancel()
+	var next fence.Lease
+	select {
+	case next = <-got:
+		if next.Token() <= holder.Token() {
+			t.Errorf("next token %d, not above %d", next.Token(), holder.Token())
+		}
+	case err := <-errs:
+		t.Fatalf("a waiter failed after Close: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no waiter took the lock 10 s after the release")
+	}
+	if err := fixed.Release(ctx); err != nil {
+		t.Error(err)
+	}
+	wcancel()
+	for range waiters - 1 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("cancelled waiter: %v", err)
+			}
+		case lease := <-got:
+			t.Errorf("a second waiter took the lock: %v", lease)
+			_ = lease.Release(ctx)
+		case <-time.After(10 * time.Second):
+			t.Fatal("a cancelled waiter has not returned after 10 s")
+		}
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Error(err)
+	}
+	for end := time.Now().Add(10 * time.Second); keys() != 0; {
+		if time.Now().After(end) {
+			t.Fatalf("%d keys left 10 s after every lease ended", keys())
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	if ids := l.SpareIDs(); len(ids) != 0 {
+		t.Errorf("spares after Close: %v", ids)
+	}
+	_ = client.Close()
 }
