@@ -295,3 +295,65 @@ func TestTokensAfterBackupRestored(t *testing.T) {
 		t.Errorf("after a restore from a backup the next token is %#x, not above the %#x issued since the backup", got, last)
 	}
 }
+
+// TestServerPausedWithinAndBeyondSessionTimeout: ZooKeeper stopped
+// (SIGSTOP) under a holder for a third of the session timeout, then
+// resumed: the lease goes on, and its Deadline moves again. Stopped for
+// twice the session timeout: the lease has ended by its Deadline (no later
+// than the session timeout after the last answer, a little slack), and once
+// the server resumes another Locker takes the lock with a greater token
+// while the old lease stays ended.
+func TestServerPausedWithinAndBeyondSessionTimeout(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	l, _ := newLocker(t, addrs)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const name = "server-paused"
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	paused := time.NewTimer(sessionTimeout / 3)
+	<-paused.C // the pause itself is the scenario, not a wait for an event
+	srv.Cont()
+	before := lease.Deadline()
+	for end := time.Now().Add(10 * time.Second); !lease.Deadline().After(before); {
+		if err := lease.Err(); err != nil {
+			t.Fatalf("lease ended by a pause of a third of the session timeout: %v", err)
+		}
+		if time.Now().After(end) {
+			t.Fatal("the Deadline has not moved 10 s after the server resumed")
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	srv.Stop()
+	stoppedAt := time.Now()
+	select {
+	case <-lease.Done():
+	case <-time.After(sessionTimeout + 2*time.Second):
+		srv.Cont()
+		t.Fatalf("lease still held %v into a pause, past its session timeout %v", time.Since(stoppedAt), sessionTimeout)
+	}
+	if late := time.Since(lease.Deadline()); late > time.Second {
+		t.Errorf("lease ended %v after its Deadline", late)
+	}
+	paused.Reset(2*sessionTimeout - time.Since(stoppedAt))
+	<-paused.C
+	srv.Cont()
+	other, _ := newLocker(t, addrs)
+	next, err := other.Acquire(ctx, name, fence.Wait(4*sessionTimeout))
+	if err != nil {
+		t.Fatalf("after the server resumed: %v", err)
+	}
+	if next.Token() <= lease.Token() {
+		t.Errorf("next token %#x, not above %#x", next.Token(), lease.Token())
+	}
+	if lease.Err() == nil {
+		t.Error("the old lease is held again")
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
