@@ -159,8 +159,10 @@
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease, an Extend) are bounded by half a second even when ctx has
 // ended; one that does not get through leaves the etcd lease to expire on
-// the server, except after a failed Acquire or Release: there it is tried
-// again in the background, until it gets through, etcd says the etcd lease
+// the server, except after a failed Acquire or Release and for a lost
+// lease (one that ran out during a quorum loss held its lock for nobody a
+// whole TTL after quorum came back): there it is tried again in the
+// background, until it gets through, etcd says the etcd lease
 // is gone, or the client is closed (not only for the etcd lease's TTL: a
 // new leader gives every etcd lease its whole TTL again), as the request
 // sent before ctx ended

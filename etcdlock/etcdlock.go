@@ -28,7 +28,8 @@ const (
 // fails, when a lease is lost, or when Extend moves the lock to a new etcd
 // lease. A revoke that does not get through in time is abandoned: the etcd
 // lease then expires on the server after its TTL; after a failed Acquire or
-// Release it is tried again in the background (see giveBack).
+// Release, and for a lost lease, it is tried again in the background (see
+// giveBack).
 const cleanupTimeout = 500 * time.Millisecond
 
 // retryInterval paces renewals that failed for a reason other than the

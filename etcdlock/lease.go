@@ -401,7 +401,8 @@ func (ls *Lease) join() {
 // etcd lease expired or was revoked, or an operator deleted it) or when its
 // deadline passes, and renews a watchdog lease every third of its TTL. A
 // lost lease's etcd lease is revoked, so that the next in line need not
-// wait for it to expire.
+// wait for it to expire, and the revoke retried until it gets through
+// (see giveBack).
 func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Time) {
 	defer ls.flush() // after done is closed: see flush
 	defer close(done)
@@ -434,7 +435,11 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 			return
 		}
 		if end() {
-			ls.l.revoke(ls.ctx, ls.etcdLease())
+			// Retried in the background if it does not get through (a
+			// cluster without quorum): the next leader gives the etcd
+			// lease its whole TTL again, and the key would hold the lock
+			// for nobody that long after quorum is back.
+			ls.l.giveBack(ls.ctx, ls.etcdLease(), nil)
 		}
 	}
 	for {
