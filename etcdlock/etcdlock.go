@@ -776,11 +776,14 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.Watc
 // Txn guarded by it cannot write for a holder whose lock has expired,
 // been released or been deleted, however late the Txn arrives. It returns
 // an error matching fence.ErrInvalidOption if lease is not from an
-// etcdlock Locker.
+// etcdlock Locker's Acquire (nil, a zero Lease, another backend's).
 func IsOwner(lease fence.Lease) (clientv3.Cmp, error) {
 	ls, ok := lease.(*Lease)
 	if !ok {
 		return clientv3.Cmp{}, fmt.Errorf("etcdlock: %w: %T is not an etcdlock lease", fence.ErrInvalidOption, lease)
+	}
+	if ls == nil || ls.token <= 0 || ls.key == "" {
+		return clientv3.Cmp{}, fmt.Errorf("etcdlock: %w: a Lease not returned by Acquire (nil or zero)", fence.ErrInvalidOption)
 	}
 	return clientv3.Compare(clientv3.CreateRevision(ls.key), "=", int64(ls.token)), nil
 }

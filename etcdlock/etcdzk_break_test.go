@@ -272,3 +272,33 @@ func TestCloseWhileAcquiresAndLeasesInFlight(t *testing.T) {
 	}
 	_ = client.Close()
 }
+
+// TestIsOwnerOfLeaseNotFromAcquire: IsOwner of a nil *Lease panicked, and
+// of a zero Lease (declared, not returned by Acquire) returned no error but
+// a Cmp on the empty key, which etcd refuses only when the Txn is sent
+// ("etcdserver: key is not provided"), far from the mistake. Both are
+// refused with fence.ErrInvalidOption, as a lease of another backend is.
+func TestIsOwnerOfLeaseNotFromAcquire(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	ctx := ctxFor(t, 10*time.Second)
+	var nilLease *etcdlock.Lease
+	for what, ls := range map[string]*etcdlock.Lease{"zero": {}, "nil": nilLease} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s Lease: IsOwner panicked: %v", what, r)
+				}
+			}()
+			cmp, err := etcdlock.IsOwner(ls)
+			if errors.Is(err, fence.ErrInvalidOption) {
+				return
+			}
+			t.Errorf("%s Lease: IsOwner = %v; want an error matching fence.ErrInvalidOption", what, err)
+			resp, err := admin.Txn(ctx).If(cmp).Then(clientv3.OpPut("isowner-zero", "written")).Commit()
+			if err == nil && resp.Succeeded {
+				t.Errorf("%s Lease: a Txn guarded by its IsOwner wrote", what)
+			}
+			t.Logf("%s Lease: a Txn guarded by its IsOwner: %v", what, err)
+		}()
+	}
+}
