@@ -357,3 +357,45 @@ func TestServerPausedWithinAndBeyondSessionTimeout(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestNestedRoots: two Lockers whose roots nest ("/nest" and "/nest/b")
+// keep apart locks that do not share a name. The lock directories of the
+// second are children of lock "b" of the first, and one whose name looked
+// like a lock node ("x-lock-0000000000", or a guid-shaped one) was taken
+// for a contender with the lowest sequence: lock "b" was ErrHeld while
+// the second Locker held its lock "x-lock-0000000000". Now only a guid,
+// "-lock-" and digits count, and escape never makes a name of that shape.
+func TestNestedRoots(t *testing.T) {
+	srv := startZK(t)
+	conn := connect(t, []string{srv.Addr}, nil)
+	outer, err := zklock.New(conn, sessionTimeout, zklock.WithRoot("/nest"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := zklock.New(conn, sessionTimeout, zklock.WithRoot("/nest/b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	guidShaped := strings.Repeat("0", 32) + "-lock-0000000000"
+	names := []string{"x-lock-0000000000", guidShaped, strings.ReplaceAll(guidShaped, "-", "%2D")}
+	seen := map[string]string{}
+	for _, n := range names {
+		e := zklock.Escape(n)
+		if other, ok := seen[e]; ok {
+			t.Errorf("names %q and %q both escape to %q", n, other, e)
+		}
+		seen[e] = n
+		x, err := inner.Acquire(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = x.Release(ctx) }()
+	}
+	b, err := outer.Acquire(ctx, "b")
+	if err != nil {
+		t.Fatalf("lock \"b\" of root \"/nest\" while locks %q of root \"/nest/b\" are held: %v", names, err)
+	}
+	_ = b.Release(ctx)
+}

@@ -352,12 +352,40 @@ func (l *Locker) children(ctx context.Context, dir string) ([]string, error) {
 
 // sequence returns the sequence number of a lock node's name, or "" if the
 // name is not one of a Locker's nodes.
+// Only a name a Locker makes counts: a guid (32 lower-case hex digits),
+// lockInfix, and the sequence ZooKeeper appends (digits, signed once its
+// counter wraps). Another Locker's lock directory can sit in a lock's
+// directory when roots nest ("/nest" and "/nest/b": lock "b" of the first
+// is the root of the second); escape never makes a name of that shape (see
+// looksLikeNode), so such a directory is never taken for a contender.
 func sequence(child string) string {
-	i := strings.LastIndex(child, lockInfix)
-	if i < 0 {
+	if !looksLikeNode(child) {
 		return ""
 	}
-	return child[i+len(lockInfix):]
+	return child[len(newGUID())+len(lockInfix):]
+}
+
+// looksLikeNode reports whether child has the shape of a lock node's name.
+func looksLikeNode(child string) bool {
+	const guidLen = 32
+	if len(child) <= guidLen+len(lockInfix) || child[guidLen:guidLen+len(lockInfix)] != lockInfix {
+		return false
+	}
+	for _, c := range []byte(child[:guidLen]) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	seq := strings.TrimPrefix(child[guidLen+len(lockInfix):], "-")
+	if seq == "" {
+		return false
+	}
+	for _, c := range []byte(seq) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // queue returns the lock nodes among children in their order of creation.
@@ -595,8 +623,19 @@ func newGUID() string {
 }
 
 // escape turns a lock name into one znode name: bytes other than ASCII
-// letters, digits and "._:-" become %XX, and so do the dots of "." and "..".
+// letters, digits and "._:-" become %XX, and so do the dots of "." and ".."
+// and the dashes of a name that would read as a lock node's (see
+// looksLikeNode), so that a lock directory under a nested root is never
+// taken for a contender.
 func escape(name string) string {
+	e := escapeBytes(name)
+	if looksLikeNode(e) {
+		return strings.ReplaceAll(e, "-", "%2D")
+	}
+	return e
+}
+
+func escapeBytes(name string) string {
 	var b strings.Builder
 	for i := 0; i < len(name); i++ {
 		c := name[i]
