@@ -15,7 +15,8 @@
 // The lock called N under the prefix P (default "fence/") is the set of
 // keys P + N + "/" + <etcd lease ID in hexadecimal> ("/" and "%" in N are
 // escaped as %2F and %25, so that lock "a" never sees the keys of lock
-// "a/b"). Each Acquire creates its own key, attached to its own etcd lease,
+// "a/b"). A key with a "/" after a lock's prefix is another Locker's, whose
+// Prefix nests under it ("app/" and "app/jobs/"), and is no contender. Each Acquire creates its own key, attached to its own etcd lease,
 // and holds the lock when its key is the oldest, the one with the smallest
 // create revision: etcd's own concurrency.Mutex scheme. The key's create
 // revision is the lease's fence.Token. Revisions are etcd's global write

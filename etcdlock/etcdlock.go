@@ -1,6 +1,7 @@
 package etcdlock
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -39,9 +40,9 @@ const retryInterval = 100 * time.Millisecond
 // Options configure a Locker. A nil *Options means the defaults.
 type Options struct {
 	// Prefix is prepended to every key; default DefaultPrefix. Prefixes
-	// of Lockers on one cluster must not nest: with "app/" and
-	// "app/jobs/", the keys of lock "x" of the second are also under
-	// lock "jobs" of the first, which then waits for them.
+	// of Lockers on one cluster may nest ("app/" and "app/jobs/"): lock
+	// "jobs" of the first then leaves out the second's keys, at the cost
+	// of a listing of its keys when it meets one.
 	Prefix string
 	// WatchdogTTL is the lease time of leases acquired without fence.TTL;
 	// the watchdog renews them every third of it. Zero means
@@ -387,6 +388,8 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	rev := resp.Header.Revision
 	var prev *mvccpb.KeyValue // the key just before ours, if known
 	held := false
+	// from is the revision prev was read at, plus one.
+	from := resp.Header.Revision + 1
 	if resp.Succeeded {
 		kvs := resp.Responses[1].GetResponseRange().Kvs
 		if len(kvs) > 1 {
@@ -402,6 +405,26 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 		rev = mine[0].CreateRevision
 		owner := resp.Responses[1].GetResponseRange().Kvs
 		held = len(owner) > 0 && owner[0].CreateRevision == rev
+		if len(owner) > 0 && foreign(pfx, owner[0].Key) {
+			prev = owner[0] // settled below
+		}
+	}
+	if prev != nil && foreign(pfx, prev.Key) {
+		// A key of another Locker whose prefix nests under this lock's:
+		// not a contender. List the lock's own keys up to ours.
+		own, at, err := l.ownKeys(ctx, pfx, rev, per)
+		if err != nil {
+			giveUp()
+			return nil, fmt.Errorf("etcdlock: create %s: %w", key, err)
+		}
+		if len(own) == 0 || own[len(own)-1].CreateRevision != rev {
+			giveUp()
+			return nil, fmt.Errorf("etcdlock: create %s: %w", key, errors.New("the key vanished"))
+		}
+		prev, held, from = nil, len(own) == 1, at+1
+		if len(own) > 1 {
+			prev = own[len(own)-2]
+		}
 	}
 	sent := sp.sent
 	if !held {
@@ -414,7 +437,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 		every := max(ttl, sp.granted) / 3
 		w := waiter{l: l, name: name, pfx: pfx, key: key, rev: rev, id: sp.id, ttl: ttl, every: every, renewed: sp.sent}
 		if prev != nil {
-			w.prev, w.from = string(prev.Key), resp.Header.Revision+1
+			w.prev, w.from = string(prev.Key), from
 		}
 		var err error
 		if sent, err = w.wait(ctx, budget); err != nil {
@@ -644,6 +667,16 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 			return time.Time{}, w.lost("is gone (its etcd lease expired or was revoked)")
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
+		at := resp.Header.Revision
+		if len(kvs) > 0 && foreign(w.pfx, kvs[0].Key) {
+			// Another Locker's key, under a prefix that nests: the one
+			// before ours is the newest of the lock's own keys.
+			own, rev, err := w.l.ownKeys(wctx, w.pfx, w.rev-1, attemptTimeout(w.ttl))
+			if err != nil {
+				return time.Time{}, why(fmt.Errorf("etcdlock: wait: %w", err))
+			}
+			kvs, at = own[max(0, len(own)-1):], rev
+		}
 		if len(kvs) == 0 {
 			// The check just confirmed the key, so the etcd lease was not
 			// revoked before it; renewed at w.renewed, it lasts ttl from
@@ -664,7 +697,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 			}
 			return sent, nil
 		}
-		if err := w.watchPrev(wctx, string(kvs[0].Key), resp.Header.Revision+1, renew); err != nil {
+		if err := w.watchPrev(wctx, string(kvs[0].Key), at+1, renew); err != nil {
 			return time.Time{}, why(err)
 		}
 	}
@@ -768,6 +801,39 @@ func (w *waiter) waitDelete(wctx context.Context, prev, own <-chan clientv3.Watc
 			}
 		}
 	}
+}
+
+// foreign reports whether key, under the lock prefix pfx, belongs to
+// another Locker whose Prefix nests under pfx ("app/" and "app/jobs/": lock
+// "jobs" of the first has the prefix "app/jobs/", under which the second
+// keeps every lock): the lock's own keys hold no "/" after pfx (the etcd
+// lease ID in hexadecimal), every other Locker's key does (it ends in "/"
+// and an ID).
+func foreign(pfx string, key []byte) bool {
+	return len(key) >= len(pfx) && bytes.IndexByte(key[len(pfx):], '/') >= 0
+}
+
+// ownKeys lists the keys of the lock under pfx created at or before
+// maxRev, oldest first, without those of other Lockers (see foreign), and
+// the revision it read them at. Only a lock whose prefix another Locker's
+// nests under needs it.
+func (l *Locker) ownKeys(ctx context.Context, pfx string, maxRev int64, per time.Duration) ([]*mvccpb.KeyValue, int64, error) {
+	var resp *clientv3.GetResponse
+	err := l.try(ctx, per, func(ctx context.Context) (err error) {
+		resp, err = l.client.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(maxRev),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		return err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	own := resp.Kvs[:0]
+	for _, kv := range resp.Kvs {
+		if !foreign(pfx, kv.Key) {
+			own = append(own, kv)
+		}
+	}
+	return own, resp.Header.Revision, nil
 }
 
 // IsOwner returns a comparison for a Txn on lease's etcd cluster that

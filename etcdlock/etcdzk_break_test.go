@@ -133,16 +133,14 @@ func TestTokensAfterBackupRestored(t *testing.T) {
 }
 
 // TestNestedPrefixes: two Lockers whose prefixes nest ("nest/" and
-// "nest/b/") keep apart the locks that do not share a name: lock "x"
-// under "nest/b/" has keys under "nest/b/x/", which are also under lock
-// "b" of "nest/", whose holder is the oldest key under "nest/b/".
+// "nest/b/") keep apart the locks that do not share a name: lock "x" of
+// the second has keys under "nest/b/x/", which are also under lock "b" of
+// the first. Before, lock "b" was ErrHeld while the second Locker held its
+// lock "x" (the oldest key under "nest/b/" was that one). Now a key with a
+// "/" after the lock's prefix is another Locker's: a try-lock takes "b",
+// and a waiter created behind such a key waits for the holder of "b",
+// takes the lock when it releases, and gets a greater token.
 func TestNestedPrefixes(t *testing.T) {
-	t.Skip("design question: lock \"b\" of a Locker with Prefix \"nest/\" was ErrHeld while another Locker with Prefix \"nest/b/\" " +
-		"held its lock \"x\": the keys of lock b are the range \"nest/b/\", which holds nest/b/x/<id> too (only liveness: a foreign " +
-		"key can only make a key look younger than the oldest). A range cannot leave nested prefixes out (the lease IDs are hex, " +
-		"as other prefixes may be). The fix I would choose: New refuses a Prefix not ending in \"/\", and the per-lock prefix ends " +
-		"in a byte no escaped name holds (say P + escaped name + \"/\\x00\"), so that no other Locker's keys can fall in the range " +
-		"unless its own Prefix holds a NUL; that changes every key, a format change to release with the next version")
 	endpoints := shared.Endpoints()
 	outer := newLocker(t, endpoints, &etcdlock.Options{Prefix: "nest/"})
 	inner := newLocker(t, endpoints, &etcdlock.Options{Prefix: "nest/b/"})
@@ -151,12 +149,57 @@ func TestNestedPrefixes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = x.Release(ctx) }()
 	b, err := outer.Acquire(ctx, "b")
 	if err != nil {
 		t.Fatalf("lock \"b\" of prefix \"nest/\" while lock \"x\" of prefix \"nest/b/\" is held: %v", err)
 	}
-	_ = b.Release(ctx)
+	if err := x.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A foreign key between the holder's and the waiter's.
+	if x, err = inner.Acquire(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = x.Release(ctx) }()
+	if _, err := outer.Acquire(ctx, "b"); !errors.Is(err, fence.ErrHeld) {
+		t.Errorf("try-lock of \"b\" while it is held: %v; want ErrHeld", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		next, err := outer.Acquire(ctx, "b", fence.Wait(10*time.Second))
+		if err == nil {
+			if next.Token() <= b.Token() {
+				err = errors.New("token did not grow")
+			}
+			_ = next.Release(ctx)
+		}
+		got <- err
+	}()
+	admin := newClient(t, endpoints, nil)
+	for end := time.Now().Add(10 * time.Second); ; {
+		r, err := admin.Get(ctx, outer.Prefix("b"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Count == 3 { // holder, foreign key, waiter
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d keys under %q after 10 s; want 3", r.Count, outer.Prefix("b"))
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("the waiter returned while \"b\" was held: %v", err)
+	default:
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Errorf("waiter behind another Locker's key: %v", err)
+	}
 }
 
 // TestCloseWhileAcquiresAndLeasesInFlight: Close runs while a watchdog
