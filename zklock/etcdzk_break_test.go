@@ -399,3 +399,29 @@ func TestNestedRoots(t *testing.T) {
 	}
 	_ = b.Release(ctx)
 }
+
+// TestEmptyACL: WithACL(nil) or an empty ACL, which ZooKeeper refuses on
+// every create (zk: invalid ACL specified), is refused by New with
+// fence.ErrInvalidOption rather than failing every Acquire with a backend
+// error.
+func TestEmptyACL(t *testing.T) {
+	srv := startZK(t)
+	conn := connect(t, []string{srv.Addr}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for what, acl := range map[string][]zk.ACL{"nil": nil, "empty": {}} {
+		l, err := zklock.New(conn, sessionTimeout, zklock.WithACL(acl))
+		if err != nil {
+			if !errors.Is(err, fence.ErrInvalidOption) {
+				t.Errorf("%s ACL: New = %v; want an error matching fence.ErrInvalidOption", what, err)
+			}
+			continue
+		}
+		lease, err := l.Acquire(ctx, "empty-acl")
+		if err != nil {
+			t.Errorf("%s ACL: New accepted it, then Acquire = %v", what, err)
+			continue
+		}
+		_ = lease.Release(ctx)
+	}
+}

@@ -61,7 +61,8 @@ type Option func(*Locker)
 func WithRoot(path string) Option { return func(l *Locker) { l.root = path } }
 
 // WithACL sets the ACL of the nodes the Locker creates (default
-// zk.WorldACL(zk.PermAll)).
+// zk.WorldACL(zk.PermAll)). New refuses an empty one, which ZooKeeper
+// refuses on every create.
 func WithACL(acl []zk.ACL) Option { return func(l *Locker) { l.acl = acl } }
 
 // WithObserver makes the Locker tell obs of every acquisition and the end
@@ -108,6 +109,8 @@ func New(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Locker, 
 		return nil, fmt.Errorf("%w: zklock: session timeout %v", fence.ErrInvalidOption, sessionTimeout)
 	case l.stSet && l.st == nil:
 		return nil, fmt.Errorf("%w: zklock: WithSessionTimeouts(nil)", fence.ErrInvalidOption)
+	case len(l.acl) == 0:
+		return nil, fmt.Errorf("%w: zklock: WithACL with no entry (ZooKeeper refuses to create a node with an empty ACL)", fence.ErrInvalidOption)
 	case !validRoot(l.root):
 		return nil, fmt.Errorf("%w: zklock: root %q is not an absolute znode path that ZooKeeper accepts", fence.ErrInvalidOption, l.root)
 	}
