@@ -345,3 +345,76 @@ func TestIsOwnerOfLeaseNotFromAcquire(t *testing.T) {
 		}()
 	}
 }
+
+// TestStandaloneRestartLosesNothing: the only member killed and restarted
+// from its data dir while a watchdog lease is held and a waiter waits: the
+// lease stays held (its renewals ride out the restart), the waiter keeps
+// waiting, takes the lock when the holder releases, and its token is
+// greater than the holder's.
+func TestStandaloneRestartLosesNothing(t *testing.T) {
+	c, err := etcdserver.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	m := c.Members[0]
+	l := newLocker(t, c.Endpoints(), &etcdlock.Options{WatchdogTTL: 6 * time.Second})
+	ctx := ctxFor(t, time.Minute)
+	const name = "restarted"
+	holder, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		next, err := l.Acquire(ctx, name, fence.Wait(40*time.Second))
+		if err == nil {
+			if next.Token() <= holder.Token() {
+				err = errors.New("token did not grow")
+			}
+			_ = next.Release(ctx)
+		}
+		got <- err
+	}()
+	admin := newClient(t, c.Endpoints(), nil)
+	for end := time.Now().Add(10 * time.Second); ; {
+		r, err := admin.Get(ctx, l.Prefix(name), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Count == 2 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d keys after 10 s; want 2", r.Count)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitReady(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Past two renewals of the holder after the restart.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		select {
+		case err := <-got:
+			t.Fatalf("the waiter returned while the lock was held: %v", err)
+		case <-holder.Done():
+			t.Fatalf("the holder's lease ended across the restart: %v", holder.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiter has not taken the lock 20 s after the release")
+	}
+}
