@@ -15,7 +15,10 @@
 // before its own, so a release wakes one waiter, not all. It sets a data
 // watch (GetW), not an exists-watch: on a node already gone, an
 // exists-watch would wait for ever for its creation, on the server and in
-// go-zookeeper. A waiter that gives up (wait budget, ctx) deletes its node;
+// go-zookeeper. A waiter whose node goes while it waits (its session
+// expired, an operator deleted it) gets an error matching
+// fence.ErrLeaseLost, not the lock. A waiter that gives up (wait budget,
+// ctx) deletes its node;
 // it waits for that delete half a second at most (a server that hangs is
 // given up by go-zookeeper only two thirds of a session timeout after its
 // last reply), and the node is then deleted in the background. With a

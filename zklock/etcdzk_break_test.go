@@ -425,3 +425,104 @@ func TestEmptyACL(t *testing.T) {
 		_ = lease.Release(ctx)
 	}
 }
+
+// TestWaiterAcrossServerPausedBeyondSessionTimeout: ZooKeeper stopped
+// (SIGSTOP) for twice the session timeout while a holder holds and a
+// waiter of another connection waits: the holder's lease ends by its
+// Deadline; the waiter either fails (its node went with its session) or
+// takes the lock only with the holder's lease already ended and a greater
+// token; it does not hang past its budget.
+func TestWaiterAcrossServerPausedBeyondSessionTimeout(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	hl, _ := newLocker(t, addrs)
+	wl, wconn := newLocker(t, addrs)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const name = "waiter-server-paused"
+	holder, err := hl.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease    fence.Lease
+		err      error
+		holderOK bool // the holder's lease had not ended when the waiter got the lock
+	}
+	got := make(chan result, 1)
+	go func() {
+		lease, err := wl.Acquire(ctx, name, fence.Wait(20*time.Second))
+		got <- result{lease, err, err == nil && holder.Err() == nil}
+	}()
+	waitFor(t, func() bool { return len(lockNodes(t, wconn, name)) == 2 })
+	srv.Stop()
+	paused := time.NewTimer(2 * sessionTimeout)
+	<-paused.C // the pause is the scenario
+	srv.Cont()
+	select {
+	case <-holder.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder's lease is still held after a pause of twice its session timeout")
+	}
+	select {
+	case r := <-got:
+		t.Logf("waiter: %v", r.err)
+		if r.err == nil {
+			if r.holderOK {
+				t.Error("the waiter got the lock while the holder's lease was still held")
+			}
+			if r.lease.Token() <= holder.Token() {
+				t.Errorf("waiter's token %#x, not above the holder's %#x", r.lease.Token(), holder.Token())
+			}
+			_ = r.lease.Release(ctx)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter has not returned 30 s after the server resumed")
+	}
+}
+
+// TestWaiterNodeDeletedIsLeaseLost: a waiter whose own node goes while it
+// waits (deleted by an operator here; its session's expiry does the same)
+// gets an error matching fence.ErrNotAcquired and fence.ErrLeaseLost, as an
+// etcdlock waiter whose key goes does, not an error a caller can only read.
+// Before: a plain "vanished while waiting" error, matching neither
+// fence.ErrLeaseLost nor anything but ErrNotAcquired.
+func TestWaiterNodeDeletedIsLeaseLost(t *testing.T) {
+	srv := startZK(t)
+	addrs := []string{srv.Addr}
+	hl, admin := newLocker(t, addrs)
+	wl, _ := newLocker(t, addrs)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const name = "waiter-node-deleted"
+	holder, err := hl.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Release(ctx) }()
+	got := make(chan error, 1)
+	go func() {
+		lease, err := wl.Acquire(ctx, name, fence.Wait(30*time.Second))
+		if err == nil {
+			_ = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 2 })
+	if err := admin.Delete(lockNodes(t, admin, name)[1], -1); err != nil {
+		t.Fatal(err)
+	}
+	// The predecessor's watch does not fire: the holder releases, and
+	// the waiter finds its node gone.
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, fence.ErrLeaseLost) {
+			t.Errorf("waiter whose node was deleted: %v; want ErrNotAcquired and ErrLeaseLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter whose node was deleted is still waiting")
+	}
+}

@@ -433,7 +433,7 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		i := slices.Index(q, own)
 		switch {
 		case i < 0:
-			return nil, fmt.Errorf("zklock: %s vanished while waiting (session expired or node deleted)", node)
+			return nil, fmt.Errorf("%w: zklock: %s vanished while waiting (session expired or node deleted)", fence.ErrLeaseLost, node)
 		case i == 0:
 			return l.grant(ctx, waitCtx, a, node, o, start)
 		case o.Wait == 0:
