@@ -200,6 +200,9 @@ func New(client *clientv3.Client, o *Options) (*Locker, error) {
 	l := &Locker{client: client, kv: rawKV(client), ownKV: client.KV, prefix: DefaultPrefix, watchdogTTL: DefaultWatchdogTTL}
 	if o != nil {
 		l.prefix = cmp.Or(o.Prefix, DefaultPrefix)
+		if err := fence.ValidateObserver(o.Observer); err != nil {
+			return nil, fmt.Errorf("etcdlock: %w", err)
+		}
 		l.obs, l.log = o.Observer, o.Logger
 		if o.WatchdogTTL != 0 {
 			if err := validateTTL(o.WatchdogTTL); err != nil {

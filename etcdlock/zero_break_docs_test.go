@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/etcdtest"
 )
 
 // TestLockerNotMadeByNewIsRefused: a zero or nil Locker (declared instead
@@ -30,5 +31,24 @@ func TestLockerNotMadeByNewIsRefused(t *testing.T) {
 				t.Errorf("%s Locker: Acquire = %v, %v; want no lease and an error matching fence.ErrInvalidOption, not ErrNotAcquired", what, lease, err)
 			}
 		}()
+	}
+}
+
+// nilObserver is an Observer given as a nil pointer: the nil
+// *fenceprom.Observer of a fenceprom.New whose error was ignored is the
+// same.
+type nilObserver struct{ fence.NopObserver }
+
+// TestNilObserverRefused: Options.Observer holding a nil pointer is refused
+// by New (fence.ValidateObserver); before, the first Acquire panicked in
+// AcquireDone.
+func TestNilObserverRefused(t *testing.T) {
+	client := newClient(t, etcdtest.Start(t).Endpoints(), nil)
+	var obs *nilObserver
+	if _, err := etcdlock.New(client, &etcdlock.Options{Observer: obs}); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("New with a nil *nilObserver = %v; want ErrInvalidOption", err)
+	}
+	if _, err := etcdlock.New(client, &etcdlock.Options{Observer: &nilObserver{}}); err != nil {
+		t.Fatalf("New with an Observer = %v", err)
 	}
 }

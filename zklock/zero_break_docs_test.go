@@ -32,3 +32,22 @@ func TestLockerNotMadeByNewIsRefused(t *testing.T) {
 		}()
 	}
 }
+
+// nilObserver is an Observer given as a nil pointer: the nil
+// *fenceprom.Observer of a fenceprom.New whose error was ignored is the
+// same.
+type nilObserver struct{ fence.NopObserver }
+
+// TestNilObserverRefused: WithObserver of a nil pointer is refused by New
+// (fence.ValidateObserver); before, the first Acquire panicked in
+// AcquireDone.
+func TestNilObserverRefused(t *testing.T) {
+	conn := connect(t, []string{startZK(t).Addr}, nil)
+	var obs *nilObserver
+	if _, err := zklock.New(conn, sessionTimeout, zklock.WithObserver(obs)); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("New with a nil *nilObserver = %v; want ErrInvalidOption", err)
+	}
+	if _, err := zklock.New(conn, sessionTimeout, zklock.WithObserver(&nilObserver{})); err != nil {
+		t.Fatalf("New with an Observer = %v", err)
+	}
+}

@@ -114,6 +114,9 @@ func New(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Locker, 
 	case !validRoot(l.root):
 		return nil, fmt.Errorf("%w: zklock: root %q is not an absolute znode path that ZooKeeper accepts", fence.ErrInvalidOption, l.root)
 	}
+	if err := fence.ValidateObserver(l.obs); err != nil {
+		return nil, fmt.Errorf("zklock: %w", err)
+	}
 	return l, nil
 }
 
