@@ -23,7 +23,7 @@ type zookeeperBackend struct {
 
 func (b *zookeeperBackend) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&b.servers, "zookeeper", os.Getenv("FENCE_ZOOKEEPER_SERVERS"),
-		"take the lock from ZooKeeper instead of Redis: its servers, comma-separated host:port "+
+		"take the lock from ZooKeeper instead of Redis: its servers, comma-separated host:port, without a chroot path (see --zookeeper-root) "+
 			"(default from FENCE_ZOOKEEPER_SERVERS); the token is the lock node's creation zxid")
 	cmd.Flags().DurationVar(&b.sessionTimeout, "zookeeper-session-timeout", 10*time.Second,
 		"ZooKeeper session timeout: the lease of a holder that no server hears from ends after this long")
@@ -46,6 +46,13 @@ func (b *zookeeperBackend) locker(cmd *cobra.Command) (fence.Locker, func(), err
 		if s = strings.TrimSpace(s); s != "" {
 			servers = append(servers, s)
 		}
+	}
+	if i := strings.IndexByte(b.servers, '/'); i >= 0 {
+		// A chroot ("host:2181/app", as zkCli.sh takes it): go-zookeeper
+		// has none, and would dial "2181/app" as a port until the session
+		// timeout.
+		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper %q: a chroot path (%q) is not supported: name the servers alone and the znode with --zookeeper-root",
+			b.servers, b.servers[i:]))
 	}
 	if len(servers) == 0 {
 		return nil, nil, exitWith(ExitUsage, fmt.Errorf("--zookeeper %q: no server", b.servers))

@@ -124,3 +124,20 @@ func TestExecZooKeeperLostLease(t *testing.T) {
 type quietLogger struct{}
 
 func (quietLogger) Printf(string, ...any) {}
+
+// TestZookeeperChrootRefused: a ZooKeeper connect string may end in a
+// chroot ("host:2181/app", as zkCli.sh takes it), which go-zookeeper does
+// not support: it never connected, and exec failed only after the session
+// timeout with "no session". It is a usage error at once, pointing at
+// --zookeeper-root.
+func TestZookeeperChrootRefused(t *testing.T) {
+	t.Parallel()
+	for _, servers := range []string{"127.0.0.1:2181/app", "127.0.0.1:2181,127.0.0.1:2182/app"} {
+		start := time.Now()
+		_, errOut, code := fence(t, nil, "exec", "--zookeeper", servers, "--zookeeper-session-timeout", "30s", "job", "--", "true")
+		if code != cli.ExitUsage || !strings.Contains(errOut, "--zookeeper-root") || time.Since(start) > 15*time.Second {
+			t.Errorf("--zookeeper %s: exit %d after %v, stderr %q; want exit %d at once naming --zookeeper-root",
+				servers, code, time.Since(start).Round(time.Millisecond), errOut, cli.ExitUsage)
+		}
+	}
+}
