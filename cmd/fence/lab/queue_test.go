@@ -1,9 +1,14 @@
 package lab
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
+	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/internal/redistest"
 )
 
 // Scenario 13's verdicts as the example ships (the control doubles a
@@ -58,5 +63,44 @@ func TestQueueControlNeedsEachFaultDoubled(t *testing.T) {
 	}
 	if note := controlFaultsNote(map[string]int{"1-0": 2}, faults[:1]); note != "" {
 		t.Errorf("a run that ended after fault 1 (noted elsewhere): %q", note)
+	}
+}
+
+// The scenario's messages are produced as users produce them, through
+// queue.Produce (random message ids) and queue.ProduceID (the caller's),
+// so that every entry carries its message id and the consumer keys it by
+// that id, not by the entry id: the lab appended with a plain XADD, whose
+// entries have no msg_id, and so never ran the key users ship.
+func TestQueueProducesMessageIDs(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, want, err := produce(&experiment{ctx: ctx}, rdb, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 10 || want != 55 {
+		t.Fatalf("%d ids, sum %d; want 10, 55: %v", len(ids), want, ids)
+	}
+	entries, err := rdb.XRange(ctx, queueStream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	random, own := 0, 0
+	for _, e := range entries {
+		id, _ := e.Values[queue.IDField].(string)
+		switch {
+		case !ids[id]:
+			t.Errorf("entry %s: message id %q not among the ids returned", e.ID, id)
+		case strings.HasPrefix(id, "lab-"):
+			own++
+		case len(id) == 32:
+			random++
+		default:
+			t.Errorf("entry %s: message id %q is neither Produce's nor the lab's own", e.ID, id)
+		}
+	}
+	if random != 5 || own != 5 {
+		t.Errorf("%d random message ids, %d of the caller's: want 5 of each", random, own)
 	}
 }

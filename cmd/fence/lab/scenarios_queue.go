@@ -102,22 +102,41 @@ func singleConsumer(x *experiment) error {
 }
 
 // produce appends n messages to the stream (account acct-(i mod 10),
-// amount i) and returns their ids and the sum of the amounts.
+// amount i) as users do, through queue.Produce (odd i: a random message
+// id) and queue.ProduceID (even i: the caller's id, lab-<i>), and returns
+// the message ids the stream's entries carry (queue.IDField), read back
+// with XRANGE, and the sum of the amounts. An entry without a message id
+// is an error: the consumer would key it by its entry id, which is not
+// what Produce ships.
 func produce(x *experiment, rdb *redis.Client, n int) (map[string]bool, int64, error) {
-	cmds, err := rdb.Pipelined(x.ctx, func(p redis.Pipeliner) error {
-		for i := 1; i <= n; i++ {
-			p.XAdd(x.ctx, &redis.XAddArgs{Stream: queueStream, Values: []any{"account", fmt.Sprintf("acct-%d", i%10), "amount", i}})
+	var want int64
+	for i := 1; i <= n; i++ {
+		account := fmt.Sprintf("acct-%d", i%10)
+		var err error
+		if i%2 == 1 {
+			_, err = queue.Produce(x.ctx, rdb, queueStream, account, int64(i))
+		} else {
+			_, err = queue.ProduceID(x.ctx, rdb, queueStream, fmt.Sprintf("lab-%d", i), account, int64(i))
 		}
-		return nil
-	})
+		if err != nil {
+			return nil, 0, fmt.Errorf("producing message %d: %w", i, err)
+		}
+		want += int64(i)
+	}
+	entries, err := rdb.XRange(x.ctx, queueStream, "-", "+").Result()
 	if err != nil {
-		return nil, 0, fmt.Errorf("producing: %w", err)
+		return nil, 0, fmt.Errorf("reading the stream back: %w", err)
 	}
 	ids := map[string]bool{}
-	var want int64
-	for i, c := range cmds {
-		ids[c.(*redis.StringCmd).Val()] = true
-		want += int64(i + 1)
+	for _, e := range entries {
+		id, _ := e.Values[queue.IDField].(string)
+		if id == "" || ids[id] {
+			return nil, 0, fmt.Errorf("entry %s carries no message id, or one seen before: %q", e.ID, e.Values)
+		}
+		ids[id] = true
+	}
+	if len(ids) != n {
+		return nil, 0, fmt.Errorf("produced %d messages, the stream holds %d", n, len(ids))
 	}
 	return ids, want, nil
 }

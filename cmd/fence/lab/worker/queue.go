@@ -118,14 +118,15 @@ func (w *worker) queueStops(stops []string) (func(queue.Point, queue.Message, fe
 		point := p.String()
 		seen[point]++
 		if at[point][seen[point]] {
-			w.pauseAt(m.ID, int64(token), point)
+			w.pauseAt(m.Key, int64(token), point)
 		}
 	}, nil
 }
 
 // eventHandler is a slog.Handler that writes the consumer's log records as
-// history events: kind KindQueue, phase the record's message, Op its id,
-// Token its token, Err its err.
+// history events: kind KindQueue, phase the record's message, Op its
+// message id (msg_id, the key queue_applied is keyed by; the entry id for
+// a record without one), Token its token, Err its err.
 type eventHandler struct{ w *worker }
 
 func (h *eventHandler) Enabled(context.Context, slog.Level) bool { return true }
@@ -134,9 +135,12 @@ func (h *eventHandler) WithGroup(string) slog.Handler            { return h }
 
 func (h *eventHandler) Handle(_ context.Context, r slog.Record) error {
 	e := Event{Kind: KindQueue, Phase: r.Message}
+	var entry string
 	r.Attrs(func(a slog.Attr) bool {
 		switch a.Key {
 		case "id":
+			entry = a.Value.String()
+		case "msg_id":
 			e.Op = a.Value.String()
 		case "token":
 			e.Token = a.Value.Int64()
@@ -147,6 +151,9 @@ func (h *eventHandler) Handle(_ context.Context, r slog.Record) error {
 		}
 		return true
 	})
+	if e.Op == "" {
+		e.Op = entry
+	}
 	h.w.emit(e)
 	return nil
 }
