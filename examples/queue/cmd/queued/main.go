@@ -3,6 +3,7 @@
 // effects), or produces messages for it.
 //
 //	go run ./examples/queue/cmd/queued -produce 1000   # append 1000 messages and exit
+//	go run ./examples/queue/cmd/queued -id order-17    # append one message with your id
 //	go run ./examples/queue/cmd/queued &               # consumers: run two or more;
 //	go run ./examples/queue/cmd/queued &               # one leads, the others wait
 //
@@ -62,6 +63,7 @@ type config struct {
 	idleTx        time.Duration
 	batch         int
 	produce       int
+	id            string
 	json          bool
 }
 
@@ -97,12 +99,19 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	fs.DurationVar(&cfg.idleTx, "idle-tx", 0, "idle_in_transaction_session_timeout for the consumer's sessions, unless -db sets it; 0 means the lease time")
 	fs.IntVar(&cfg.batch, "batch", queue.DefaultBatch, "entries per XREADGROUP or XAUTOCLAIM")
 	fs.IntVar(&cfg.produce, "produce", 0, "append this many messages to the stream and exit, instead of consuming")
+	fs.StringVar(&cfg.id, "id", "", "with -produce 1 (which it implies), the message's id: an idempotency key of the caller's (queue.ProduceID), so that running the command again after an error applies the message once")
 	fs.BoolVar(&cfg.json, "json", false, "log JSON lines instead of text")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
 	if cfg.lease <= 0 || cfg.minIdle < 0 || cfg.idleTx < 0 || cfg.batch <= 0 || cfg.produce < 0 {
 		return cfg, fmt.Errorf("-lease and -batch must be positive, -min-idle, -idle-tx and -produce not negative")
+	}
+	if cfg.id != "" {
+		if cfg.produce > 1 {
+			return cfg, fmt.Errorf("-id names one message: -produce %d with -id", cfg.produce)
+		}
+		cfg.produce = 1
 	}
 	return cfg, nil
 }
@@ -126,7 +135,7 @@ func run(cfg config, stop string) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	if cfg.produce > 0 {
-		return produce(ctx, client, cfg.stream, cfg.produce, log)
+		return produce(ctx, client, cfg.stream, cfg.id, cfg.produce, log)
 	}
 	hook, err := stopHook(stop, log)
 	if err != nil {
@@ -184,14 +193,24 @@ func withIdleTimeout(dsn string, d time.Duration) (string, error) {
 	return u.String(), nil
 }
 
-// produce appends n messages: account acct-(i mod 10), amount i.
-func produce(ctx context.Context, client *redis.Client, stream string, n int, log *slog.Logger) error {
+// produce appends n messages: account acct-(i mod 10), amount i, each
+// with a random message id (queue.Produce); or, if id is set, the one
+// message of n = 1 with that id (queue.ProduceID, which refuses an invalid
+// one with queue.ErrInvalidID before appending anything).
+func produce(ctx context.Context, client *redis.Client, stream, id string, n int, log *slog.Logger) error {
 	var sum int64
 	for i := 1; i <= n; i++ {
-		if _, err := queue.Produce(ctx, client, stream, fmt.Sprintf("acct-%d", i%10), int64(i)); err != nil {
+		account, amount := fmt.Sprintf("acct-%d", i%10), int64(i)
+		var err error
+		if id != "" {
+			_, err = queue.ProduceID(ctx, client, stream, id, account, amount)
+		} else {
+			_, err = queue.Produce(ctx, client, stream, account, amount)
+		}
+		if err != nil {
 			return err
 		}
-		sum += int64(i)
+		sum += amount
 	}
 	log.Info("produced", "stream", stream, "n", n, "sum", sum)
 	return nil
