@@ -23,7 +23,14 @@
 // empty, longer than MaxIDLen, not UTF-8, holds a control character (NUL
 // among them) or a brace (the id names the guard resource), leaves the
 // resource longer than fence.MaxNameLen, or has the form of a stream entry
-// id (see below).
+// id (see below). Ids may hold ':'; stream names may not: Produce,
+// ProduceID and Consumer.Run refuse them with fence.ErrInvalidName, since
+// the message "eu:42" of stream "orders" and the message "42" of a stream
+// "orders:eu" would otherwise fence on one guard resource with the tokens
+// of two unrelated locks. A deployment whose stream's name holds ':'
+// renames it (RENAME keeps the group and its pending entries) once the
+// stream is drained: queue_applied is keyed by the stream's name, so an
+// entry pending across the rename would be applied again.
 //
 // The stream entry id is not the key: it is unique only within one life of
 // the stream. A stream that Redis lost and started over (deleted, a restart

@@ -173,6 +173,26 @@ func checkID(stream, id string) error {
 	return nil
 }
 
+// checkStream returns an error matching fence.ErrInvalidName if stream
+// cannot be a queue's stream: empty, holding a brace (Produce's record
+// takes the stream as its hash tag), or a ':'. Resource and LockName join
+// the stream and the message id (or group) with ':', and message ids may
+// hold ':' ("payment:1001:approve"): with a ':' in stream names too, the
+// message "eu:42" of "orders" and the message "42" of "orders:eu" would
+// fence on one guard resource, queue:orders:eu:42, with the tokens of two
+// unrelated locks. Without it, a resource's stream ends at its first ':'.
+func checkStream(stream string) error {
+	switch {
+	case stream == "":
+		return fmt.Errorf("%w: queue: empty stream", fence.ErrInvalidName)
+	case strings.ContainsAny(stream, "{}"):
+		return fmt.Errorf("%w: queue: stream %q contains a brace", fence.ErrInvalidName, stream)
+	case strings.Contains(stream, ":"):
+		return fmt.Errorf("%w: queue: stream %q contains ':', which separates the stream from the message id in its guard resources", fence.ErrInvalidName, stream)
+	}
+	return nil
+}
+
 // entryIDForm reports whether s has the form of a stream entry id: digits,
 // '-', digits.
 func entryIDForm(s string) bool {
@@ -202,7 +222,8 @@ func digits(s string) bool {
 // resend) leaves unknown whether the message was appended: do not call
 // Produce again as if it was not, unless applying the message twice is
 // harmless; call ProduceID with an id of your own, and again with the same
-// id. stream must not contain braces, and rdb
+// id. A stream that is empty or holds a brace or a ':' (see Resource) is
+// refused with an error matching fence.ErrInvalidName, and rdb
 // must run the script at once: a client, not a pipeline (where go-redis
 // cannot fall back from EVALSHA to EVAL). An account that is empty, holds
 // a NUL or is not UTF-8 is refused with an error matching
@@ -228,8 +249,8 @@ func ProduceID(ctx context.Context, rdb redis.Cmdable, stream, id, account strin
 }
 
 func produce(ctx context.Context, rdb redis.Cmdable, stream, id, account string, amount int64) (string, error) {
-	if strings.ContainsAny(stream, "{}") {
-		return "", fmt.Errorf("%w: queue: stream %q contains a brace", fence.ErrInvalidName, stream)
+	if err := checkStream(stream); err != nil {
+		return "", err
 	}
 	if err := checkID(stream, id); err != nil {
 		return "", err
@@ -303,8 +324,8 @@ type Consumer struct {
 	Redis redis.Cmdable
 	// DB is the PostgreSQL database of the effects, with Schema created.
 	DB *sql.DB
-	// Stream is the stream's key; Group the consumer group, created at
-	// the stream's start if missing.
+	// Stream is the stream's key, without braces or ':' (see Resource);
+	// Group the consumer group, created at the stream's start if missing.
 	Stream string
 	Group  string
 	// Name is the consumer's name in the group; each process needs its own.
@@ -350,7 +371,10 @@ type Consumer struct {
 func LockName(stream, group string) string { return "queue:" + stream + ":" + group }
 
 // Resource is the guard resource that applying the message of stream with
-// key id (Message.Key) fences.
+// key id (Message.Key) fences. Message ids may hold ':', stream names may
+// not (Produce, ProduceID and Consumer.Run refuse them): the stream is
+// what lies between "queue:" and the next ':', so two streams' messages
+// never fence on one resource.
 func Resource(stream, id string) string { return "queue:" + stream + ":" + id }
 
 // maxID is the longest stream entry id: two uint64s.
@@ -374,6 +398,7 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // Each term creates the group (and the stream) if missing. It returns when
 // ctx ends, or at once, with an error matching fence.ErrInvalidOption or
 // ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
+// with a Stream holding a brace or a ':' (see Resource),
 // with a Name that is not UTF-8 or holds a NUL, with a negative duration
 // or count, or whose lock name, or the guard
 // resource of its longest message id, is not valid. opts
@@ -395,6 +420,9 @@ func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.L
 func (c *Consumer) check() error {
 	if c.Stream == "" || c.Group == "" || c.Name == "" {
 		return fmt.Errorf("%w: queue: Stream, Group and Name must be set", fence.ErrInvalidOption)
+	}
+	if err := checkStream(c.Stream); err != nil {
+		return err
 	}
 	if err := fence.ValidateName(LockName(c.Stream, c.Group)); err != nil {
 		return err
