@@ -174,8 +174,10 @@ func checkID(stream, id string) error {
 }
 
 // checkStream returns an error matching fence.ErrInvalidName if stream
-// cannot be a queue's stream: empty, holding a brace (Produce's record
-// takes the stream as its hash tag), or a ':'. Resource and LockName join
+// cannot be a queue's stream: empty, not a valid lock name (a control
+// character, bytes that are not UTF-8: the stream names the guard
+// resources), holding a brace (Produce's record takes the stream as its
+// hash tag), or a ':'. Resource and LockName join
 // the stream and the message id (or group) with ':', and message ids may
 // hold ':' ("payment:1001:approve"): with a ':' in stream names too, the
 // message "eu:42" of "orders" and the message "42" of "orders:eu" would
@@ -189,6 +191,9 @@ func checkStream(stream string) error {
 		return fmt.Errorf("%w: queue: stream %q contains a brace", fence.ErrInvalidName, stream)
 	case strings.Contains(stream, ":"):
 		return fmt.Errorf("%w: queue: stream %q contains ':', which separates the stream from the message id in its guard resources", fence.ErrInvalidName, stream)
+	}
+	if err := fence.ValidateName(stream); err != nil {
+		return fmt.Errorf("queue: stream: %w", err)
 	}
 	return nil
 }
