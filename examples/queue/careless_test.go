@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -12,7 +13,10 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/refused"
+	"github.com/fencekit/fence/internal/silent"
 	"github.com/fencekit/fence/memlock"
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // A consumer started before any producer (the stream does not exist yet)
@@ -71,5 +75,51 @@ func TestOddStreamNamesRefused(t *testing.T) {
 	}
 	if keys, err := rdb.Keys(ctx, "*").Result(); err != nil || len(keys) != 0 {
 		t.Fatalf("keys after the refusals: %q (%v)", keys, err)
+	}
+}
+
+// A PostgreSQL that is down when the consumer starts (refused, or
+// accepting and never answering) gives CreateSchema an error within the
+// caller's deadline, and Run, with messages waiting, returns within its
+// caller's deadline too, having applied and acknowledged nothing.
+func TestPostgresDownAtStart(t *testing.T) {
+	for name, addr := range map[string]string{"refused": refused.Addr(t), "silent": silent.Addr(t)} {
+		t.Run(name, func(t *testing.T) {
+			rdb := redistest.Start(t).Client(t)
+			db, err := sql.Open("pgx", fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", addr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			const limit = time.Second
+			ctx, cancel := context.WithTimeout(t.Context(), limit)
+			start := time.Now()
+			err = queue.CreateSchema(ctx, db)
+			cancel()
+			if err == nil || time.Since(start) > limit+time.Second {
+				t.Fatalf("CreateSchema: %v after %v, want an error within %v", err, time.Since(start), limit)
+			}
+
+			bg, bgCancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer bgCancel()
+			if _, err := queue.ProduceID(bg, rdb, "s", "m1", "a", 1); err != nil {
+				t.Fatal(err)
+			}
+			locker, err := memlock.New(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1", Block: 50 * time.Millisecond}
+			ctx, cancel = context.WithTimeout(t.Context(), limit)
+			defer cancel()
+			start = time.Now()
+			err = c.Run(ctx, locker)
+			if took := time.Since(start); took > limit+time.Second {
+				t.Errorf("Run returned %v after %v, its caller's deadline %v", err, took, limit)
+			}
+			if p, err := pending(bg, rdb, "s", "g"); err != nil || p != 1 {
+				t.Errorf("pending %d (%v), want the message still pending", p, err)
+			}
+		})
 	}
 }

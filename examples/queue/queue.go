@@ -348,8 +348,9 @@ type Consumer struct {
 	Block time.Duration
 	// TxTimeout bounds each message's transaction, also after the lease
 	// was lost: the fence, not the lease's context, must stop a write
-	// that is under way. It bounds each XACK too. Default
-	// DefaultTxTimeout.
+	// that is under way. It bounds each XACK too. The context given to
+	// Run bounds them as well, so that Run returns when it ends even if
+	// the database does not answer. Default DefaultTxTimeout.
 	TxTimeout time.Duration
 	// MaxDeliveries is how many deliveries of a message may fail before it
 	// is given up on: recorded in queue_dead (in a transaction fenced like
@@ -415,7 +416,11 @@ func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.L
 	opts = append([]fence.LeadOption{fence.OnElected(func(l fence.Lease) {
 		c.log().Info(LogElected, "consumer", c.Name, "token", int64(l.Token()))
 	})}, opts...)
-	return fence.Lead(ctx, locker, LockName(c.Stream, c.Group), c.term, opts...)
+	// The term's context ends with the lease; what must outlive the lease
+	// (a transaction under way, its XACK) is bounded by ctx, the caller's.
+	return fence.Lead(ctx, locker, LockName(c.Stream, c.Group), func(lctx context.Context, lease fence.Lease) error {
+		return c.term(lctx, ctx, lease)
+	}, opts...)
 }
 
 // check returns an error matching fence.ErrInvalidName or ErrInvalidOption
@@ -456,8 +461,9 @@ func isBusyGroup(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "BUSYGROUP")
 }
 
-// term is one term of leadership: claim, read, apply, until the lease ends.
-func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
+// term is one term of leadership: claim, read, apply, until the lease ends
+// (ctx, the lease's context). run is Run's: see apply.
+func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 	// Each term creates the group if it is missing (the stream may have
 	// gone with a Redis that restarted empty).
 	err := c.Redis.XGroupCreateMkStream(ctx, c.Stream, c.Group, "0").Err()
@@ -468,7 +474,7 @@ func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
 	// order: whoever read it no longer leads. Then new entries, and each
 	// round the pending ones idle for MinIdle.
 	for cursor := "0-0"; ; {
-		claimed, next, err := c.claim(ctx, lease, 0, cursor)
+		claimed, next, err := c.claim(ctx, run, lease, 0, cursor)
 		if err != nil {
 			return err
 		}
@@ -479,7 +485,7 @@ func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
 	}
 	cursor := "0-0"
 	for {
-		claimed, next, err := c.claim(ctx, lease, cmp.Or(c.MinIdle, DefaultMinIdle), cursor)
+		claimed, next, err := c.claim(ctx, run, lease, cmp.Or(c.MinIdle, DefaultMinIdle), cursor)
 		if err != nil {
 			return err
 		}
@@ -499,7 +505,7 @@ func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
 			return fmt.Errorf("queue: XREADGROUP: %w", err)
 		}
 		for _, s := range streams {
-			if err := c.apply(ctx, lease, s.Messages); err != nil {
+			if err := c.apply(ctx, run, lease, s.Messages); err != nil {
 				return err
 			}
 		}
@@ -508,7 +514,7 @@ func (c *Consumer) term(ctx context.Context, lease fence.Lease) error {
 
 // claim takes, with XAUTOCLAIM from cursor, the pending entries idle for
 // minIdle, applies them, and returns them and the next cursor.
-func (c *Consumer) claim(ctx context.Context, lease fence.Lease, minIdle time.Duration, cursor string) ([]redis.XMessage, string, error) {
+func (c *Consumer) claim(ctx, run context.Context, lease fence.Lease, minIdle time.Duration, cursor string) ([]redis.XMessage, string, error) {
 	if err := valid(ctx, lease); err != nil {
 		return nil, "", err
 	}
@@ -522,7 +528,7 @@ func (c *Consumer) claim(ctx context.Context, lease fence.Lease, minIdle time.Du
 	if len(claimed) > 0 {
 		c.log().Info(LogClaimed, "consumer", c.Name, "token", int64(lease.Token()), "n", len(claimed), "min_idle", minIdle)
 	}
-	return claimed, next, c.apply(ctx, lease, claimed)
+	return claimed, next, c.apply(ctx, run, lease, claimed)
 }
 
 // valid returns an error if the lease is known to have ended: its context
@@ -540,8 +546,13 @@ func valid(ctx context.Context, lease fence.Lease) error {
 
 // apply applies the entries in order. It returns an error, ending the term,
 // when the lease ended, the fence rejected the token, or the database or
-// Redis failed; the entries not acknowledged stay pending.
-func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis.XMessage) error {
+// Redis failed; the entries not acknowledged stay pending. A message's
+// transaction and its XACK run on run, Run's context, bounded by
+// TxTimeout: the lease's end (ctx) does not cut them, the caller's does,
+// so that Run returns within the caller's deadline even when the database
+// does not answer (a transaction cut so rolls back, and its entry stays
+// pending).
+func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []redis.XMessage) error {
 	token := lease.Token()
 	for _, e := range entries {
 		if err := valid(ctx, lease); err != nil {
@@ -550,20 +561,20 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		m, err := parse(c.Stream, e)
 		if err != nil {
 			// A malformed entry can never be applied: it is dead at once.
-			if _, derr := c.giveUp(ctx, e, m.Key, token, err, true); derr != nil {
+			if _, derr := c.giveUp(run, e, m.Key, token, err, true); derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", e.ID, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
 					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, e.ID, derr)
 				}
 				return fmt.Errorf("queue: malformed %s: %w", e.ID, errors.Join(err, derr))
 			}
-			if err := c.ack(ctx, e.ID); err != nil {
+			if err := c.ack(run, e.ID); err != nil {
 				return err
 			}
 			continue
 		}
 		c.pause(BeforeFence, m, token)
-		err = c.applyOne(ctx, m, token)
+		err = c.applyOne(run, m, token)
 		switch {
 		case err == nil:
 			c.log().Info(LogApplied, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
@@ -573,7 +584,7 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
-			dead, derr := c.giveUp(ctx, e, m.Key, token, err, false)
+			dead, derr := c.giveUp(run, e, m.Key, token, err, false)
 			if derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
@@ -590,7 +601,7 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 		// only now is the entry acknowledged, even if the lease ended
 		// meanwhile. If XACK fails, the entry is claimed again later and
 		// found applied.
-		if err := c.ack(ctx, m.ID); err != nil {
+		if err := c.ack(run, m.ID); err != nil {
 			return err
 		}
 	}
@@ -601,9 +612,9 @@ func (c *Consumer) apply(ctx context.Context, lease fence.Lease, entries []redis
 // if now, which is malformed), in queue_dead if now or if this was
 // delivery MaxDeliveries (or later), and reports whether it did (or found
 // it done before). Its error, if any, is why it could not tell or record;
-// the entry then stays pending.
+// the entry then stays pending. ctx is Run's (see apply).
 func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, token fence.Token, cause error, now bool) (bool, error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	rctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	p, err := c.Redis.XPendingExt(rctx, &redis.XPendingExtArgs{
 		Stream: c.Stream, Group: c.Group, Start: e.ID, End: e.ID, Count: 1,
@@ -654,10 +665,10 @@ func (c *Consumer) fenced() func(ctx context.Context, db *sql.DB, resource strin
 	return guard.Tx
 }
 
-// ack acknowledges entry id, with a context that the lease's end does not
-// cancel.
+// ack acknowledges entry id; ctx is Run's (see apply), which the lease's
+// end does not cancel.
 func (c *Consumer) ack(ctx context.Context, id string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	if err := c.Redis.XAck(ctx, c.Stream, c.Group, id).Err(); err != nil {
 		return fmt.Errorf("queue: XACK %s: %w", id, err)
@@ -667,9 +678,10 @@ func (c *Consumer) ack(ctx context.Context, id string) error {
 
 // applyOne applies m in one transaction fenced with token.
 func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) error {
-	// The transaction runs even if the lease ends meanwhile: a paused
-	// consumer does not know that it paused, and the fence must stop it.
-	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	// The transaction runs even if the lease ends meanwhile (ctx is
+	// Run's, see apply): a paused consumer does not know that it paused,
+	// and the fence must stop it.
+	dbCtx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.Key), token, func(tx *sql.Tx) error {
 		// A message given up on before (queue_dead) is done.
