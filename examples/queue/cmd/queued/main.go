@@ -15,7 +15,8 @@
 // queue. Its PostgreSQL sessions get idle_in_transaction_session_timeout
 // (-idle-tx, default the lease time) unless -db sets it, so that a consumer
 // paused inside its transaction holds the new leader up for that long at
-// most. It logs one line per message and term; SIGINT or SIGTERM stops it.
+// most, and a connect_timeout of the lease time (unless -db sets one), so
+// that a database that accepts and never answers is an error, not a hang. It logs one line per message and term; SIGINT or SIGTERM stops it.
 // -h shows the defaults taken from the environment with their passwords
 // hidden.
 //
@@ -141,7 +142,7 @@ func run(cfg config, stop string) error {
 	if err != nil {
 		return err
 	}
-	dsn, err := withIdleTimeout(string(cfg.db), cmp.Or(cfg.idleTx, cfg.lease))
+	dsn, err := withTimeouts(string(cfg.db), cmp.Or(cfg.idleTx, cfg.lease), cfg.lease)
 	if err != nil {
 		return fmt.Errorf("-db %s: %w", cfg.db, err)
 	}
@@ -174,22 +175,29 @@ func run(cfg config, stop string) error {
 	return err
 }
 
-// withIdleTimeout returns the postgres:// URL dsn with the runtime parameter
-// idle_in_transaction_session_timeout set to d, unless dsn sets it: the
-// server then ends the session of a consumer paused inside its transaction
-// (after the fence, holding the message's fence row) once it has been idle
-// for d, so that the new leader waits for it at most that long, and the
-// paused consumer's commit fails when it wakes.
-func withIdleTimeout(dsn string, d time.Duration) (string, error) {
+// withTimeouts returns the postgres:// URL dsn with the runtime parameter
+// idle_in_transaction_session_timeout set to idle, and pgx's
+// connect_timeout to connect (in whole seconds, rounded up), unless dsn
+// sets them. The first makes the server end the session of a consumer
+// paused inside its transaction (after the fence, holding the message's
+// fence row) once it has been idle for idle, so that the new leader waits
+// for it at most that long, and the paused consumer's commit fails when
+// it wakes. The second bounds each connection's set-up: without it pgx
+// waits for a server that accepts and never answers for good, and the
+// consumer hung at its start, creating the schema, with nothing logged.
+func withTimeouts(dsn string, idle, connect time.Duration) (string, error) {
 	u, err := url.Parse(dsn)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return "", errors.New("want a postgres:// URL")
 	}
 	q := u.Query()
 	if !q.Has("idle_in_transaction_session_timeout") {
-		q.Set("idle_in_transaction_session_timeout", strconv.FormatInt(d.Milliseconds(), 10))
-		u.RawQuery = q.Encode()
+		q.Set("idle_in_transaction_session_timeout", strconv.FormatInt(idle.Milliseconds(), 10))
 	}
+	if !q.Has("connect_timeout") {
+		q.Set("connect_timeout", strconv.FormatInt(int64((connect+time.Second-1)/time.Second), 10))
+	}
+	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
 

@@ -36,19 +36,19 @@ func TestPasswordsHidden(t *testing.T) {
 // a DSN that is not a postgres:// URL is refused; QUEUED_TEST_STOP is
 // checked.
 func TestDSNAndStopSpec(t *testing.T) {
-	got, err := withIdleTimeout("postgres://u@h/db?sslmode=disable", 2*time.Second)
+	got, err := withTimeouts("postgres://u@h/db?sslmode=disable", 2*time.Second, 1500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u, _ := url.Parse(got); u.Query().Get("idle_in_transaction_session_timeout") != "2000" || u.Query().Get("sslmode") != "disable" {
-		t.Fatalf("withIdleTimeout: %s", got)
+	if q := mustQuery(t, got); q.Get("idle_in_transaction_session_timeout") != "2000" || q.Get("connect_timeout") != "2" || q.Get("sslmode") != "disable" {
+		t.Fatalf("withTimeouts: %s", got)
 	}
-	own := "postgres://u@h/db?idle_in_transaction_session_timeout=0"
-	if got, err := withIdleTimeout(own, time.Second); err != nil || got != own {
-		t.Fatalf("a DSN's own setting: %s, %v", got, err)
+	own := "postgres://u@h/db?connect_timeout=7&idle_in_transaction_session_timeout=0"
+	if got, err := withTimeouts(own, time.Second, time.Second); err != nil || got != own {
+		t.Fatalf("a DSN's own settings: %s, %v", got, err)
 	}
 	for _, bad := range []string{"host=h user=u", "mysql://h/db", "queue.db"} {
-		if _, err := withIdleTimeout(bad, time.Second); err == nil {
+		if _, err := withTimeouts(bad, time.Second, time.Second); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}
@@ -60,4 +60,13 @@ func TestDSNAndStopSpec(t *testing.T) {
 	if h, err := stopHook("before-commit:3", nil); err != nil || h == nil {
 		t.Fatalf("before-commit:3: %v", err)
 	}
+}
+
+func mustQuery(t *testing.T, dsn string) url.Values {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Query()
 }
