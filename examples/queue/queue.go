@@ -325,7 +325,9 @@ func (p Point) String() string {
 // it leads.
 type Consumer struct {
 	// Redis holds the stream. The lock may live elsewhere (the Locker
-	// given to Run).
+	// given to Run). Run returns when its context ends even if Redis's
+	// reads do not heed it (go-redis's ContextTimeoutEnabled off, the
+	// default): a command given up on finishes in the background.
 	Redis redis.Cmdable
 	// DB is the PostgreSQL database of the effects, with Schema created.
 	DB *sql.DB
@@ -466,7 +468,9 @@ func isBusyGroup(err error) bool {
 func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 	// Each term creates the group if it is missing (the stream may have
 	// gone with a Redis that restarted empty).
-	err := c.Redis.XGroupCreateMkStream(ctx, c.Stream, c.Group, "0").Err()
+	_, err := bound.Call(ctx, func() (struct{}, error) {
+		return struct{}{}, c.Redis.XGroupCreateMkStream(ctx, c.Stream, c.Group, "0").Err()
+	}, nil)
 	if err != nil && !isBusyGroup(err) {
 		return fmt.Errorf("queue: create group: %w", err)
 	}
@@ -497,10 +501,15 @@ func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 		if len(claimed) > 0 {
 			block = -1 // more may be pending: do not wait for new entries
 		}
-		streams, err := c.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: c.Group, Consumer: c.Name, Streams: []string{c.Stream, ">"},
-			Count: int64(c.batch()), Block: block,
-		}).Result()
+		// An XREADGROUP given up on may still deliver entries to this
+		// consumer: they stay pending, and a leader claims them once idle
+		// for MinIdle.
+		streams, err := bound.Call(ctx, func() ([]redis.XStream, error) {
+			return c.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{
+				Group: c.Group, Consumer: c.Name, Streams: []string{c.Stream, ">"},
+				Count: int64(c.batch()), Block: block,
+			}).Result()
+		}, nil)
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return fmt.Errorf("queue: XREADGROUP: %w", err)
 		}
@@ -518,10 +527,18 @@ func (c *Consumer) claim(ctx, run context.Context, lease fence.Lease, minIdle ti
 	if err := valid(ctx, lease); err != nil {
 		return nil, "", err
 	}
-	claimed, next, err := c.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-		Stream: c.Stream, Group: c.Group, Consumer: c.Name,
-		MinIdle: minIdle, Start: cursor, Count: int64(c.batch()),
-	}).Result()
+	type result struct {
+		claimed []redis.XMessage
+		next    string
+	}
+	r, err := bound.Call(ctx, func() (result, error) {
+		claimed, next, err := c.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: c.Stream, Group: c.Group, Consumer: c.Name,
+			MinIdle: minIdle, Start: cursor, Count: int64(c.batch()),
+		}).Result()
+		return result{claimed, next}, err
+	}, nil)
+	claimed, next := r.claimed, r.next
 	if err != nil {
 		return nil, "", fmt.Errorf("queue: XAUTOCLAIM: %w", err)
 	}
@@ -616,9 +633,11 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, token fence.Token, cause error, now bool) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
-	p, err := c.Redis.XPendingExt(rctx, &redis.XPendingExtArgs{
-		Stream: c.Stream, Group: c.Group, Start: e.ID, End: e.ID, Count: 1,
-	}).Result()
+	p, err := bound.Call(rctx, func() ([]redis.XPendingExt, error) {
+		return c.Redis.XPendingExt(rctx, &redis.XPendingExtArgs{
+			Stream: c.Stream, Group: c.Group, Start: e.ID, End: e.ID, Count: 1,
+		}).Result()
+	}, nil)
 	if err != nil {
 		return false, fmt.Errorf("queue: XPENDING %s: %w", e.ID, err)
 	}
@@ -670,7 +689,8 @@ func (c *Consumer) fenced() func(ctx context.Context, db *sql.DB, resource strin
 func (c *Consumer) ack(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
-	if err := c.Redis.XAck(ctx, c.Stream, c.Group, id).Err(); err != nil {
+	_, err := bound.Call(ctx, func() (int64, error) { return c.Redis.XAck(ctx, c.Stream, c.Group, id).Result() }, nil)
+	if err != nil {
 		return fmt.Errorf("queue: XACK %s: %w", id, err)
 	}
 	return nil
