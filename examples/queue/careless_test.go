@@ -123,3 +123,25 @@ func TestPostgresDownAtStart(t *testing.T) {
 		})
 	}
 }
+
+// A stream too long for the guard resource of its messages, which the
+// consumer refuses, is refused by Produce too, with fence.ErrInvalidName
+// and not ErrInvalidID, and nothing is appended. Before, Produce appended
+// to a 210-byte stream (a random id's resource fits) that no Consumer
+// would read.
+func TestStreamTooLongForConsumerRefusedByProduce(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream := strings.Repeat("s", 210)
+	c := &queue.Consumer{Redis: rdb, DB: &sql.DB{}, Stream: stream, Group: "g", Name: "n"}
+	if err := c.Run(ctx, nil); !errors.Is(err, fence.ErrInvalidName) {
+		t.Fatalf("Consumer of a %d-byte stream: %v, want fence.ErrInvalidName", len(stream), err)
+	}
+	if _, err := queue.Produce(ctx, rdb, stream, "a", 1); !errors.Is(err, fence.ErrInvalidName) || errors.Is(err, queue.ErrInvalidID) {
+		t.Errorf("Produce to a %d-byte stream: %v, want fence.ErrInvalidName (and not ErrInvalidID)", len(stream), err)
+	}
+	if n, err := rdb.Exists(ctx, stream).Result(); err != nil || n != 0 {
+		t.Errorf("the stream exists after the refusal (%v)", err)
+	}
+}

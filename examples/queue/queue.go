@@ -177,7 +177,8 @@ func checkID(stream, id string) error {
 // cannot be a queue's stream: empty, not a valid lock name (a control
 // character, bytes that are not UTF-8: the stream names the guard
 // resources), holding a brace (Produce's record takes the stream as its
-// hash tag), or a ':'. Resource and LockName join
+// hash tag) or a ':', or too long for Resource(stream, id) to hold the
+// longest entry id. Produce and Consumer.Run refuse the same streams. Resource and LockName join
 // the stream and the message id (or group) with ':', and message ids may
 // hold ':' ("payment:1001:approve"): with a ':' in stream names too, the
 // message "eu:42" of "orders" and the message "42" of "orders:eu" would
@@ -194,6 +195,12 @@ func checkStream(stream string) error {
 	}
 	if err := fence.ValidateName(stream); err != nil {
 		return fmt.Errorf("queue: stream: %w", err)
+	}
+	// Every message is fenced on Resource(stream, id): a stream name that
+	// leaves no room for the longest entry id would fail every message
+	// (the consumer refuses it; Produce appended to it, for no consumer).
+	if err := fence.ValidateName(Resource(stream, maxID)); err != nil {
+		return fmt.Errorf("queue: stream %d bytes, too long for its messages' guard resource: %w", len(stream), err)
 	}
 	return nil
 }
@@ -438,11 +445,6 @@ func (c *Consumer) check() error {
 	}
 	if err := fence.ValidateName(LockName(c.Stream, c.Group)); err != nil {
 		return err
-	}
-	// Every message is fenced on Resource(stream, id): a stream name that
-	// leaves no room for the longest id would fail every message.
-	if err := fence.ValidateName(Resource(c.Stream, maxID)); err != nil {
-		return fmt.Errorf("queue: stream %d bytes, too long for its messages' guard resource: %w", len(c.Stream), err)
 	}
 	// Every effect and dead letter records the name: one PostgreSQL's
 	// text cannot hold would fail them all, and stall the queue.
