@@ -16,7 +16,9 @@
 // (-idle-tx, default the lease time) unless -db sets it, so that a consumer
 // paused inside its transaction holds the new leader up for that long at
 // most, and a connect_timeout of the lease time (unless -db sets one), so
-// that a database that accepts and never answers is an error, not a hang. It logs one line per message and term; SIGINT or SIGTERM stops it.
+// that a database that accepts and never answers is an error, not a hang.
+// A Redis or PostgreSQL that does not answer within a lease time at the
+// start makes it exit with an error. It logs one line per message and term; SIGINT or SIGTERM stops it.
 // -h shows the defaults taken from the environment with their passwords
 // hidden.
 //
@@ -141,6 +143,15 @@ func run(cfg config, stop string) error {
 	hook, err := stopHook(stop, log)
 	if err != nil {
 		return err
+	}
+	// fence.Lead retries a failed acquisition for good, and logs nothing:
+	// a Redis that is down (or a wrong -redis) at the start is an error,
+	// as a PostgreSQL that is down is (creating the schema).
+	pctx, pcancel := context.WithTimeout(ctx, cfg.lease)
+	err = client.Ping(pctx).Err()
+	pcancel()
+	if err != nil {
+		return fmt.Errorf("-redis %s: %w", cfg.redis, err)
 	}
 	dsn, err := withTimeouts(string(cfg.db), cmp.Or(cfg.idleTx, cfg.lease), cfg.lease)
 	if err != nil {
