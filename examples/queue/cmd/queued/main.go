@@ -18,9 +18,10 @@
 // most, and a connect_timeout of the lease time (unless -db sets one), so
 // that a database that accepts and never answers is an error, not a hang.
 // A Redis or PostgreSQL that does not answer within a lease time at the
-// start makes it exit with an error. It logs one line per message and term; SIGINT or SIGTERM stops it.
-// -h shows the defaults taken from the environment with their passwords
-// hidden.
+// start makes it exit with an error. It logs one line per message and
+// term; SIGINT or SIGTERM stops it, cutting the transaction under way
+// (rolled back, its message stays pending for the next leader). -h shows
+// the defaults taken from the environment with their passwords hidden.
 //
 // For tests, the environment variable QUEUED_TEST_STOP=<point>:<n>, point
 // before-fence or before-commit, makes the consumer log "stop" and stop
