@@ -30,7 +30,9 @@
 // of two unrelated locks. A deployment whose stream's name holds ':'
 // renames it (RENAME keeps the group and its pending entries) once the
 // stream is drained: queue_applied is keyed by the stream's name, so an
-// entry pending across the rename would be applied again.
+// entry pending across the rename would be applied again, and so would a
+// message that a caller's ProduceID retry sends to the new name after it
+// was applied under the old one.
 //
 // The stream entry id is not the key: it is unique only within one life of
 // the stream. A stream that Redis lost and started over (deleted, a restart
