@@ -397,13 +397,14 @@ const maxID = "18446744073709551615-18446744073709551615"
 
 // Outcomes of a message, as logged ("msg" of the log record).
 const (
-	LogApplied   = "applied"   // committed, then acknowledged
-	LogDuplicate = "duplicate" // applied before (the unique constraint): acknowledged
-	LogRejected  = "rejected"  // the fence found a greater token: a newer leader had it
-	LogFailed    = "failed"    // the transaction failed otherwise: the entry stays pending
-	LogDead      = "dead"      // malformed, or failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
-	LogElected   = "elected"   // a term began
-	LogClaimed   = "claimed"   // XAUTOCLAIM took pending entries
+	LogApplied   = "applied"    // committed, then acknowledged
+	LogDuplicate = "duplicate"  // applied before (the unique constraint): acknowledged
+	LogRejected  = "rejected"   // the fence found a greater token: a newer leader had it
+	LogFailed    = "failed"     // the transaction failed otherwise: the entry stays pending
+	LogDead      = "dead"       // malformed, or failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
+	LogElected   = "elected"    // a term began
+	LogTermEnded = "term ended" // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
+	LogClaimed   = "claimed"    // XAUTOCLAIM took pending entries
 )
 
 var errDuplicate = errors.New("queue: message applied (or given up on) before")
@@ -428,7 +429,15 @@ func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.L
 	// The term's context ends with the lease; what must outlive the lease
 	// (a transaction under way, its XACK) is bounded by ctx, the caller's.
 	return fence.Lead(ctx, locker, LockName(c.Stream, c.Group), func(lctx context.Context, lease fence.Lease) error {
-		return c.term(lctx, ctx, lease)
+		// A term ends only on an error. Lead campaigns again and returns
+		// nothing of it: without this record, a term that fails every time
+		// (the stream's key holds another type, the tables are missing)
+		// showed nothing but elections.
+		err := c.term(lctx, ctx, lease)
+		if ctx.Err() == nil {
+			c.log().Warn(LogTermEnded, "consumer", c.Name, "token", int64(lease.Token()), "err", err)
+		}
+		return err
 	}, opts...)
 }
 
