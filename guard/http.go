@@ -171,8 +171,10 @@ const (
 // that a client is never told of writes that were then rolled back:
 // streaming, Flush and Hijack are not available to the handler. A 2xx or
 // 3xx answer commits (303 See Other is the usual answer to a POST that
-// succeeded); any other status (4xx, 5xx, 1xx), or a panic, makes store.Do
-// fail (with SQLStore: rolls back, the token is not spent). The handler's
+// succeeded), except 307 and 308, which ask the client to send the same
+// request, with its token, to another URL; any other status (4xx, 5xx,
+// 1xx, 307, 308), or a panic, makes store.Do fail (with SQLStore: rolls
+// back, the token is not spent, and the redirected request can use it). The handler's
 // own 4xx or 5xx answer is then sent as written, and a panic is re-raised once the store
 // has rolled back. When the store fails, the client gets 503 and a generic
 // body, and the cause goes to the log; a failure of SQLStore's commit
@@ -492,7 +494,7 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 // Why a handler run by Middleware failed the store's fn, and a store that
 // returned nil without running it (a Store that breaks its contract).
 var (
-	errHandlerStatus = errors.New("guard: the handler answered with a status other than 2xx or 3xx")
+	errHandlerStatus = errors.New("guard: the handler answered with a status other than 2xx or 3xx, or with 307 or 308")
 	errPanicked      = errors.New("guard: the handler panicked")
 	errNotRun        = errors.New("guard: the store returned nil without running the handler")
 )
@@ -520,8 +522,9 @@ type recovered struct {
 	value any
 }
 
-// serve runs next, failing when it answers other than 2xx or 3xx and recovering a
-// panic into p, so that the store rolls back before the panic goes on.
+// serve runs next, failing when it answers other than 2xx or 3xx, or 307
+// or 308, and recovering a panic into p, so that the store rolls back
+// before the panic goes on.
 func serve(next http.Handler, w *responseBuffer, r *http.Request, p *recovered) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -533,7 +536,10 @@ func serve(next http.Handler, w *responseBuffer, r *http.Request, p *recovered) 
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	if w.status < 200 || w.status > 399 {
+	if w.status < 200 || w.status > 399 || w.status == http.StatusTemporaryRedirect || w.status == http.StatusPermanentRedirect {
+		// 307 and 308 ask the client to send the same request, token
+		// and all, elsewhere: nothing was done here, and a committed
+		// token would make that request stale.
 		return errHandlerStatus
 	}
 	return nil
