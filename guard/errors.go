@@ -45,6 +45,12 @@ var (
 	// Nothing was sent to the database; fence another resource with Fence
 	// on TxFrom's transaction instead.
 	ErrNestedTx = errors.New("guard: Tx inside SQLStore's transaction on the same database")
+
+	// ErrCrossOrigin means Transport refused to send a redirected request
+	// to an origin (scheme, host and port) other than the first request's:
+	// it would have carried the lease's token, and the request's body, to
+	// a server the caller did not choose. Nothing was sent there.
+	ErrCrossOrigin = errors.New("guard: redirect to another origin")
 )
 
 // StaleError reports a rejected token and the last one accepted. It matches

@@ -9,8 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -585,7 +588,10 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // Transport is an http.RoundTripper that attaches a lease's token and
 // resource to every request. It refuses to send once the lease has ended,
 // returning the lease's Err; a holder that paused before noticing is
-// stopped by the server's check instead. The server uses the resource
+// stopped by the server's check instead. It follows a redirect only on the
+// first request's origin (scheme, host and port): a request that
+// http.Client redirects to another origin is not sent, and Do's error
+// matches ErrCrossOrigin. The server uses the resource
 // header only if it opts in with ResourceFromHeader. Without a Lease it
 // sends nothing and returns an error matching fence.ErrInvalidOption.
 type Transport struct {
@@ -611,6 +617,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, fmt.Errorf("guard: not sending %s %s: %w", req.Method, req.URL, err)
 	}
+	if first := firstRequest(req); first != req && origin(first.URL) != origin(req.URL) {
+		// http.Client following a redirect (307 and 308 resend the body):
+		// the token, and the holder's write, would go to a server the
+		// caller did not choose.
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, fmt.Errorf("guard: not sending %s %s, redirected from %s: %w", req.Method, req.URL, first.URL, ErrCrossOrigin)
+	}
 	resource := t.Resource
 	if resource == "" {
 		resource = t.Lease.Name()
@@ -623,4 +638,27 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		base = http.DefaultTransport
 	}
 	return base.RoundTrip(req)
+}
+
+// firstRequest returns the request that http.Client sent first, of which
+// req is a redirect (or req itself).
+func firstRequest(req *http.Request) *http.Request {
+	for req.Response != nil && req.Response.Request != nil {
+		req = req.Response.Request
+	}
+	return req
+}
+
+// origin returns u's scheme, host and port, the port made explicit.
+func origin(u *url.URL) string {
+	scheme, host, port := strings.ToLower(u.Scheme), strings.ToLower(u.Hostname()), u.Port()
+	if port == "" {
+		switch scheme {
+		case "http":
+			port = "80"
+		case "https":
+			port = "443"
+		}
+	}
+	return scheme + "://" + net.JoinHostPort(host, port)
 }

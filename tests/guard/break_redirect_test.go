@@ -1,6 +1,7 @@
 package guard_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -82,5 +83,58 @@ func TestTemporaryRedirectLeavesTokenUnspent(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestTransportDoesNotFollowToOtherOrigin: the fenced server answers 307
+// with a Location on another origin (an open redirect, a misconfigured
+// proxy, a compromised server). http.Client follows it, resending the body;
+// guard.Transport set the lease's token and resource on every request it
+// was given, so the other origin received a live fencing token and the
+// holder's write: an unfenced server would apply it unchecked, and any
+// server could send the token on to the resource ahead of the holder.
+// Transport now refuses to send a redirected request to an origin (scheme,
+// host and port) other than the first request's, with ErrCrossOrigin; the
+// other server sees nothing.
+func TestTransportDoesNotFollowToOtherOrigin(t *testing.T) {
+	var other atomic.Int32
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		other.Add(1)
+		t.Logf("other origin got %s %s, %s %q", r.Method, r.URL, guard.TokenHeader, r.Header.Get(guard.TokenHeader))
+	}))
+	defer elsewhere.Close()
+	var here atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		here.Add(1)
+		switch r.URL.Path {
+		case "/away":
+			http.Redirect(w, r, elsewhere.URL+"/steal", http.StatusTemporaryRedirect)
+		case "/local":
+			http.Redirect(w, r, "/done", http.StatusTemporaryRedirect)
+		default:
+			if r.Header.Get(guard.TokenHeader) == "" {
+				http.Error(w, "no token", http.StatusBadRequest)
+			}
+		}
+	}))
+	defer srv.Close()
+	c := &http.Client{Transport: &guard.Transport{Base: http.DefaultTransport, Lease: memLease(t, "lock:payment:1001")}}
+	defer c.CloseIdleConnections()
+
+	resp, err := c.Post(srv.URL+"/away", "text/plain", strings.NewReader("approve"))
+	if err == nil {
+		resp.Body.Close()
+	}
+	if !errors.Is(err, guard.ErrCrossOrigin) || other.Load() != 0 {
+		t.Errorf("POST redirected to another origin: %v, the other origin hit %d times; want ErrCrossOrigin and nothing sent there", err, other.Load())
+	}
+	// A redirect on the same origin is followed, with the token.
+	resp, err = c.Post(srv.URL+"/local", "text/plain", strings.NewReader("approve"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || here.Load() != 3 {
+		t.Errorf("POST redirected on its own origin: answer %d, %d requests to the server; want 200 and 3", resp.StatusCode, here.Load())
 	}
 }
