@@ -591,7 +591,13 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // stopped by the server's check instead. It follows a redirect only on the
 // first request's origin (scheme, host and port): a request that
 // http.Client redirects to another origin is not sent, and Do's error
-// matches ErrCrossOrigin. The server uses the resource
+// matches ErrCrossOrigin.
+//
+// net/http's Transport sends a request again by itself when a kept-alive
+// connection closes before the answer, if the method is idempotent or an
+// Idempotency-Key header is set: with the same token, so a resend of a
+// request that the server had applied is answered 409, stale, with
+// Problem.Last equal to the token sent. The write is applied once. The server uses the resource
 // header only if it opts in with ResourceFromHeader. Without a Lease it
 // sends nothing and returns an error matching fence.ErrInvalidOption.
 type Transport struct {
