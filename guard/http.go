@@ -164,6 +164,14 @@ const (
 // not taken to the store. With a negative MaxBody the handler reads the
 // body itself, inside the hold.
 //
+// The handler's writes must be done when it returns: a handler that leaves
+// work running is no longer ordered (http.TimeoutHandler inside
+// Middleware returns at its timeout, 503, and leaves the handler running
+// on its goroutine). With SQLStore such a late write through TxFrom's
+// transaction fails, the transaction having ended; with MemoryStore, or
+// a write elsewhere, it lands whenever it does, after newer tokens'. Put
+// TimeoutHandler outside Middleware.
+//
 // A store that runs fn more than once (one that retries after ErrRetry)
 // runs the handler afresh each time, with an empty response and the whole
 // body read ahead; the last run's answer is the one that decides the
