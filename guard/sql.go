@@ -279,7 +279,13 @@ func (t Table) check(set string) error {
 // Update runs the conditional update (see the package doc) on the row whose
 // key is key:
 //
-//	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND (<Column> < $2 OR <Column> IS NULL)
+//	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND (<Column> - $2 < 0 OR <Column> IS NULL)
+//
+// (the difference, not <Column> < $2, so that SQLite compares numbers even
+// where the column was declared TEXT). Column should be a BIGINT (INTEGER
+// on SQLite): on PostgreSQL an INTEGER or TEXT column cannot take the
+// token (an error), and a REAL one rounds it, so that newer tokens within
+// its precision are refused with an error.
 //
 // set assigns the business columns with placeholders from $3 on, filled by
 // args. It must not hold a comment (-- or /*) or a ';', which would cut
@@ -310,7 +316,12 @@ func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token
 	if err := checkToken(token); err != nil {
 		return err
 	}
-	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND (%s < $2 OR %s IS NULL)", t.Name, set, t.Column, t.Key, t.Column, t.Column)
+	// "Column - $2 < 0", not "Column < $2": SQLite compares a column of
+	// TEXT affinity (TEXT, VARCHAR) with a number as text, and accepted
+	// token 9 after 1800000000000003 ('1' < '9'); a difference is always
+	// computed on numbers. PostgreSQL infers $2's type from the column in
+	// both forms.
+	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND (%s - $2 < 0 OR %s IS NULL)", t.Name, set, t.Column, t.Key, t.Column, t.Column)
 	changed, current, err := t.exec(ctx, q, stmt, key, int64(token), args)
 	switch {
 	case err != nil:
