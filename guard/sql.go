@@ -18,7 +18,10 @@ type Querier interface {
 }
 
 // The guard's own tables. The statements use $n placeholders and upserts
-// that PostgreSQL and SQLite both understand.
+// that PostgreSQL and SQLite both understand. Tokens are compared by their
+// difference, which SQLite computes on numbers even in a fence_tokens made
+// beforehand with a TEXT token column (CreateTables keeps it): "<" there
+// compared as text, and token 9 was accepted after 1800000000000003.
 const (
 	createTokens = `CREATE TABLE IF NOT EXISTS fence_tokens (
 	resource TEXT PRIMARY KEY,
@@ -29,7 +32,7 @@ const (
 )`
 	upsertToken = `INSERT INTO fence_tokens (resource, token) VALUES ($1, $2)
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token
-WHERE fence_tokens.token < excluded.token`
+WHERE fence_tokens.token - excluded.token < 0`
 	selectToken     = `SELECT token FROM fence_tokens WHERE resource = $1`
 	insertIdemKey   = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 	maxIdemKeyBytes = 512

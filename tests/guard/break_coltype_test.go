@@ -1,6 +1,7 @@
 package guard_test
 
 import (
+	"database/sql"
 	"errors"
 	"testing"
 
@@ -45,6 +46,40 @@ func TestUpdateTokenColumnOfOtherTypes(t *testing.T) {
 					t.Logf("%s, token column %q: token %d, greater than %d, refused: %v", name, typ, tok, greatest, err)
 				}
 			}
+		}
+	}
+}
+
+// TestFenceTokensTableOfOtherTypes: a fence_tokens table that a migration
+// of the service's own created before CreateTables (which then leaves it
+// as it is), with a token column declared TEXT. On SQLite the upsert's
+// "fence_tokens.token < excluded.token" compared as text, and Tx accepted
+// token 9 after 1800000000000003.
+func TestFenceTokensTableOfOtherTypes(t *testing.T) {
+	for name, db := range databases(t) {
+		for _, typ := range []string{"TEXT", "VARCHAR(40)"} {
+			t.Run(name+"/"+typ, func(t *testing.T) {
+				for _, stmt := range []string{`DROP TABLE IF EXISTS fence_tokens`, `CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token ` + typ + ` NOT NULL)`} {
+					if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := guard.CreateTables(ctx(t), db); err != nil {
+					t.Fatal(err)
+				}
+				var greatest fence.Token
+				for _, tok := range []fence.Token{1_800_000_000_000_003, 9, 20, 1_800_000_000_000_003, 1_900_000_000_000_000} {
+					err := guard.Tx(ctx(t), db, "payment:1001", tok, func(*sql.Tx) error { return nil })
+					switch {
+					case err == nil && tok <= greatest:
+						t.Errorf("token %d accepted after %d", tok, greatest)
+					case err == nil:
+						greatest = tok
+					default:
+						t.Logf("token %d: %v", tok, err)
+					}
+				}
+			})
 		}
 	}
 }
