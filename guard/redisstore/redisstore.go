@@ -10,10 +10,12 @@
 // The last accepted tokens are plain keys, without expiry and without the
 // clock floor of redislock's own token record: a Redis that loses them
 // (restarted without persistence, failed over to a replica that had not
-// received them, or evicting keys under maxmemory with an allkeys policy)
-// accepts the next token of each resource, stale or not. Give it an
-// append-only file with appendfsync always, and maxmemory-policy
-// noeviction or a volatile one.
+// received them, evicting keys under maxmemory with an allkeys policy, or
+// an operator's DEL or FLUSHDB) accepts the next token of each resource,
+// stale or not (each tested). Give it an append-only file with
+// appendfsync always, and maxmemory-policy noeviction or a volatile one;
+// fail over only to a replica known to have every write, and never
+// delete the keys under Prefix while an older holder may still write.
 package redisstore
 
 import (
