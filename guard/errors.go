@@ -28,6 +28,11 @@ var (
 	// ErrDuplicate means an idempotency key was already recorded.
 	ErrDuplicate = errors.New("guard: duplicate idempotency key")
 
+	// ErrInvalidKey means an idempotency key was empty, longer than 512
+	// bytes, not valid UTF-8, or held a NUL byte; nothing was sent to the
+	// database.
+	ErrInvalidKey = errors.New("guard: invalid idempotency key")
+
 	// ErrConflict means an optimistic version check failed: the row's
 	// version was not the one expected. See ConflictError.
 	ErrConflict = errors.New("guard: version conflict")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/fencekit/fence"
 )
@@ -222,13 +223,19 @@ func rollback(tx *sql.Tx) error {
 // was already done, and the caller should roll back and report success. A
 // conflict with a concurrent transaction (at REPEATABLE READ or
 // SERIALIZABLE, one that recorded the same key) returns an error matching
-// ErrRetry.
+// ErrRetry. A key that is empty, over 512 bytes, not valid UTF-8 or holds
+// a NUL byte returns an error matching ErrInvalidKey, and nothing is sent.
 func Once(ctx context.Context, q Querier, key string) error {
 	if err := checkQuerier(q); err != nil {
 		return err
 	}
 	if key == "" || len(key) > maxIdemKeyBytes {
-		return fmt.Errorf("guard: idempotency key must be 1 to %d bytes, got %d", maxIdemKeyBytes, len(key))
+		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidKey, len(key), maxIdemKeyBytes)
+	}
+	if !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0 {
+		// PostgreSQL's text refuses both (22021) and SQLite stores them:
+		// refused here, so that a key means the same on both.
+		return fmt.Errorf("%w: %q is not UTF-8 without NUL bytes", ErrInvalidKey, key)
 	}
 	res, err := q.ExecContext(ctx, insertIdemKey, key)
 	if err != nil {
