@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
@@ -595,8 +596,10 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 
 // Transport is an http.RoundTripper that attaches a lease's token and
 // resource to every request. It refuses to send once the lease has ended,
-// returning the lease's Err; a holder that paused before noticing is
-// stopped by the server's check instead. It follows a redirect only on the
+// returning the lease's Err, also when the lease ends while the request
+// waits for a connection; a request already being sent is not cancelled,
+// and a holder that paused before noticing is stopped by the server's
+// check instead. It follows a redirect only on the
 // first request's origin (scheme, host and port): a request that
 // http.Client redirects to another origin is not sent, and Do's error
 // matches ErrCrossOrigin.
@@ -644,14 +647,69 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if resource == "" {
 		resource = t.Lease.Name()
 	}
-	req = req.Clone(req.Context())
+	// The request may wait for a connection (a slow dial, a full pool)
+	// while the lease ends: cancel it then, until it has its connection.
+	// From there on it is being sent, and cancelling would only lose the
+	// answer.
+	method, target := req.Method, req.URL.String()
+	ended := func() error {
+		return fmt.Errorf("guard: not sending %s %s: %w", method, target, leaseEnded(t.Lease))
+	}
+	parent := req.Context()
+	ctx, cancel := context.WithCancelCause(parent)
+	stop := func() bool { return true }
+	if lc := t.Lease.Context(); lc != nil {
+		stop = context.AfterFunc(lc, func() { cancel(ended()) })
+	}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) {
+		if stop() && t.Lease.Err() != nil {
+			cancel(ended()) // ended as the connection came: best effort
+		}
+	}})
+	req = req.Clone(ctx)
 	req.Header.Set(TokenHeader, fmt.Sprint(int64(t.Lease.Token())))
 	req.Header.Set(ResourceHeader, resource)
 	base := t.Base
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return base.RoundTrip(req)
+	resp, err := base.RoundTrip(req)
+	stop()
+	if err != nil {
+		if ctx.Err() != nil && parent.Err() == nil && !errors.Is(err, context.Cause(ctx)) {
+			err = fmt.Errorf("%w (%w)", context.Cause(ctx), err) // cancelled here: the lease ended
+		}
+		cancel(nil)
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// Its Body is the connection, an io.ReadWriteCloser: left as it
+		// is, and ctx is left to end with the caller's.
+		return resp, nil
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// leaseEnded returns why lease ended, or fence.ErrLeaseLost if it does not
+// say yet.
+func leaseEnded(lease fence.Lease) error {
+	if err := lease.Err(); err != nil {
+		return err
+	}
+	return fence.ErrLeaseLost
+}
+
+// cancelOnClose ends a request's context once its answer's body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }
 
 // firstRequest returns the request that http.Client sent first, of which

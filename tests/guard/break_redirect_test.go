@@ -19,7 +19,7 @@ import (
 // The redirects a fenced request may meet, followed by http.Client through
 // guard.Transport.
 
-// lease returns a memlock lease on name, released when the test ends.
+// memLease returns a memlock lease on name, released when the test ends.
 func memLease(t *testing.T, name string) fence.Lease {
 	t.Helper()
 	l, err := memlock.New(nil)
