@@ -102,3 +102,28 @@ func TestTransportLeaseEndsWhileConnecting(t *testing.T) {
 		t.Errorf("lease released after the request was sent: body %q, %v; want the answer", r.body, r.err)
 	}
 }
+
+// TestTransportHTTP2: guard.Transport over HTTP/2, to a Middleware: the
+// token and resource arrive, the answer's body is read whole, a stale
+// token is refused, and the lease's end cancels nothing already answered
+// (held).
+func TestTransportHTTP2(t *testing.T) {
+	mw := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: guard.ResourceFromHeader})
+	srv, client := h2Server(t, mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = w.Write([]byte(r.Proto + " " + r.Header.Get(guard.ResourceHeader) + " " + string(b)))
+	})))
+	lease := memLease(t, "lock:payment:1001")
+	c := &http.Client{Transport: &guard.Transport{Base: client.Transport, Lease: lease, Resource: "payment:1001"}}
+	for i, want := range []int{http.StatusOK, http.StatusConflict} {
+		resp, err := c.Post(srv.URL, "text/plain", strings.NewReader("approve"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != want || (i == 0 && string(b) != "HTTP/2.0 payment:1001 approve") {
+			t.Errorf("request %d over HTTP/2: %d %q, %v; want %d", i, resp.StatusCode, b, err, want)
+		}
+	}
+}
