@@ -186,9 +186,9 @@ const (
 // succeeded), except 307 and 308, which ask the client to send the same
 // request, with its token, to another URL; any other status (4xx, 5xx,
 // 1xx, 307, 308), or a panic, makes store.Do fail (with SQLStore: rolls
-// back, the token is not spent, and the redirected request can use it). The handler's
-// own 4xx or 5xx answer is then sent as written, and a panic is re-raised once the store
-// has rolled back. When the store fails, the client gets 503 and a generic
+// back, the token is not spent, and the redirected request can use it).
+// The handler's own answer is then sent as written, and a panic is
+// re-raised once the store has rolled back. When the store fails, the client gets 503 and a generic
 // body, and the cause goes to the log; a failure of SQLStore's commit
 // itself (a deadline, a lost connection) may follow a commit that
 // happened (see Tx), so a 503 does not prove that nothing was written.
@@ -595,22 +595,23 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 }
 
 // Transport is an http.RoundTripper that attaches a lease's token and
-// resource to every request. It refuses to send once the lease has ended,
-// returning the lease's Err, also when the lease ends while the request
-// waits for a connection; a request already being sent is not cancelled,
-// and a holder that paused before noticing is stopped by the server's
-// check instead. It follows a redirect only on the
-// first request's origin (scheme, host and port): a request that
-// http.Client redirects to another origin is not sent, and Do's error
-// matches ErrCrossOrigin.
+// resource to every request. The server uses the resource header only if
+// it opts in with ResourceFromHeader. Without a Lease it sends nothing and
+// returns an error matching fence.ErrInvalidOption.
+//
+// It refuses to send once the lease has ended, returning the lease's Err,
+// also when the lease ends while the request waits for a connection; a
+// request already being sent is not cancelled, and a holder that paused
+// before noticing is stopped by the server's check instead. It follows a
+// redirect only on the first request's origin (scheme, host and port): a
+// request that http.Client redirects to another origin is not sent, and
+// Do's error matches ErrCrossOrigin.
 //
 // net/http's Transport sends a request again by itself when a kept-alive
 // connection closes before the answer, if the method is idempotent or an
 // Idempotency-Key header is set: with the same token, so a resend of a
 // request that the server had applied is answered 409, stale, with
-// Problem.Last equal to the token sent. The write is applied once. The server uses the resource
-// header only if it opts in with ResourceFromHeader. Without a Lease it
-// sends nothing and returns an error matching fence.ErrInvalidOption.
+// Problem.Last equal to the token sent. The write is applied once.
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
 	Lease    fence.Lease       // the lease whose token is sent
