@@ -200,7 +200,9 @@ const (
 // or cannot be read; and with 409 when the store finds the token stale.
 // These answers carry an application/problem+json body.
 //
-// Middleware panics if opts.Resource is nil.
+// Middleware panics if opts.Resource is nil, or if opts.Namespace is not a
+// valid start of a lock name (fence.ValidateName: braces, control
+// characters, not UTF-8, too long).
 func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
@@ -276,7 +278,8 @@ func removeForm(handed, r *http.Request) {
 // handler fails, and the body is not read ahead (Gate holds nothing while
 // the handler runs; HTTPOptions.MaxBody does not apply).
 //
-// Gate panics if opts.Resource is nil.
+// Gate panics if opts.Resource is nil or opts.Namespace is invalid, as
+// Middleware does.
 func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
@@ -312,6 +315,11 @@ func newHTTPGuard(o HTTPOptions) *httpGuard {
 	g := &httpGuard{resource: o.Resource, namespace: o.Namespace, maxAhead: o.MaxAhead, maxBody: o.MaxBody, now: o.Now, log: o.Logger, obs: o.Observer}
 	if g.namespace == "" {
 		g.namespace = DefaultNamespace
+	}
+	if err := fence.ValidateName(g.namespace); err != nil {
+		// No request's resource could pass the check: every one would be
+		// answered 400, logged at Debug only.
+		panic(fmt.Sprintf("guard: HTTPOptions.Namespace %q cannot start a resource name: %v", g.namespace, err))
 	}
 	if g.maxAhead == 0 {
 		g.maxAhead = DefaultMaxAhead
