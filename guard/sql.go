@@ -152,7 +152,12 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 }
 
 // Tx runs fn inside a transaction fenced on resource with token: Fence runs
-// first, then fn, then the commit. It is the way to do a fenced
+// first, then fn, then the commit. resource must be one name per protected
+// thing: a name built from a key as the client spelled it ("PAY-ABC",
+// "pay-abc") names two resources, each with its own last token, for the
+// one row that a case-insensitive collation finds for both (tested: a
+// stale token wrote); build it from the key as the database stores it, or
+// keep the token in the row with Table.Update. It is the way to do a fenced
 // read-modify-write: fn reads what it decides on through tx, after the
 // fence, and writes through tx (see the package documentation). Given the
 // ctx of a handler that SQLStore runs and that store's DB, it returns
