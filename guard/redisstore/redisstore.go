@@ -45,8 +45,13 @@ var acceptScript = redis.NewScript(acceptSrc)
 // script sent again by the client (go-redis resends a command whose reply
 // was lost, MaxRetries times by default) is found accepted, not stale;
 // a different call with the same token is stale.
+//
+// A *redis.Ring is refused (fence.ErrInvalidOption): each Ring client
+// decides from its own heartbeats that a shard is down and hashes its keys
+// to another shard, where the resource has no record, and the next token
+// was accepted, stale or not, after a pause of under a second (tested).
 type Store struct {
-	Client redis.Scripter // a *redis.Client, *redis.ClusterClient or another go-redis client
+	Client redis.Scripter // a *redis.Client, *redis.ClusterClient, a Sentinel failover client; not a *redis.Ring
 	Prefix string         // key prefix; empty means "fence:guard"
 }
 
@@ -64,7 +69,8 @@ const ResendWindow = 10 * time.Minute
 // valid lock name (fence.ValidateName) gives an error matching
 // guard.ErrInvalidResource, a token of zero or less one matching
 // guard.ErrInvalidToken, a Store without a Client (nil, or a nil pointer)
-// one matching fence.ErrInvalidOption; none reaches Redis.
+// or with a *redis.Ring one matching fence.ErrInvalidOption; none reaches
+// Redis.
 //
 // Accept returns by the end of ctx whatever the client's options (go-redis
 // honours a context's deadline only with ContextTimeoutEnabled, and never a
@@ -79,6 +85,11 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 		// A nil *redis.Client: it would panic on the goroutine that
 		// bounds the call (see bounded), out of any recover's reach.
 		return fmt.Errorf("%w: redisstore: Store's Client is a nil %T", fence.ErrInvalidOption, s.Client)
+	}
+	if _, ok := s.Client.(*redis.Ring); ok {
+		// A Ring that marks a shard down (its own heartbeats, a blip) hashes
+		// the resource to another shard, without the record.
+		return fmt.Errorf("%w: redisstore: Store on a *redis.Ring: a shard marked down moves the resource to another shard without its last token; pass a shard's own client, a Cluster or a Sentinel client", fence.ErrInvalidOption)
 	}
 	if err := fence.ValidateName(resource); err != nil {
 		return fmt.Errorf("%w: %w", guard.ErrInvalidResource, err)
