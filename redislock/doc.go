@@ -93,7 +93,8 @@
 // an older one, so its token is its clock in microseconds, larger than
 // the first holder's provided the two hosts' clocks differ by less than
 // the time between the two acquisitions. A resource that checks tokens
-// then refuses the older holder; nothing else does (the older lease ends
+// then refuses the older holder (if its own record is not on a Ring too:
+// guard/redisstore refuses a *redis.Ring for that reason); nothing else does (the older lease ends
 // at its next renewal, which goes to the new shard and finds the lock not
 // its own, or at its deadline). When the shard comes back its keys move back, to a lock that
 // may still be held there. Waiters stay subscribed on the shard they
