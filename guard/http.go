@@ -200,9 +200,10 @@ const (
 // or cannot be read; and with 409 when the store finds the token stale.
 // These answers carry an application/problem+json body.
 //
-// Middleware panics if opts.Resource is nil, or if opts.Namespace is not a
+// Middleware panics if opts.Resource is nil, if opts.Namespace is not a
 // valid start of a lock name (fence.ValidateName: braces, control
-// characters, not UTF-8, too long).
+// characters, not UTF-8, too long), or if opts.Observer holds a nil
+// pointer (fence.ValidateObserver).
 func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
@@ -278,8 +279,8 @@ func removeForm(handed, r *http.Request) {
 // handler fails, and the body is not read ahead (Gate holds nothing while
 // the handler runs; HTTPOptions.MaxBody does not apply).
 //
-// Gate panics if opts.Resource is nil or opts.Namespace is invalid, as
-// Middleware does.
+// Gate panics if opts.Resource is nil, opts.Namespace is invalid or
+// opts.Observer holds a nil pointer, as Middleware does.
 func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
@@ -320,6 +321,11 @@ func newHTTPGuard(o HTTPOptions) *httpGuard {
 		// No request's resource could pass the check: every one would be
 		// answered 400, logged at Debug only.
 		panic(fmt.Sprintf("guard: HTTPOptions.Namespace %q cannot start a resource name: %v", g.namespace, err))
+	}
+	if err := fence.ValidateObserver(o.Observer); err != nil {
+		// It would panic at the first decision, after the store
+		// committed, behind a recover that answers 503.
+		panic("guard: HTTPOptions." + err.Error())
 	}
 	if g.maxAhead == 0 {
 		g.maxAhead = DefaultMaxAhead

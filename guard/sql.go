@@ -267,7 +267,9 @@ type Table struct {
 
 	// Observer, if not nil, is told of every token Update accepted or
 	// rejected as stale, with the resource "<Name> <key>" (UpdateVersion
-	// checks versions, not tokens, and reports nothing).
+	// checks versions, not tokens, and reports nothing). One holding a
+	// nil pointer makes Update return an error matching
+	// fence.ErrInvalidOption, having run nothing.
 	Observer fence.Observer
 }
 
@@ -287,6 +289,11 @@ func (t Table) check(set string) error {
 		if strings.Contains(set, bad) {
 			return fmt.Errorf("%w: set %q holds %q, which would cut off the update's WHERE clause; pass such text as an argument", ErrInvalidTable, set, bad)
 		}
+	}
+	if err := fence.ValidateObserver(t.Observer); err != nil {
+		// It would panic after the update, inside the caller's
+		// transaction.
+		return fmt.Errorf("guard: Table.%w", err)
 	}
 	return nil
 }
