@@ -107,6 +107,7 @@ below the library's minimum lease time included).`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			keepWritingOnBrokenPipe()
 			if err := validateDurations(wait, ttl, cmd.Flags().Changed("ttl"), grace, lf.redis.watchdogTTL); err != nil {
 				return exitWith(ExitUsage, err)
 			}
@@ -133,6 +134,24 @@ below the library's minimum lease time included).`,
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "fixed lease time, not renewed; without it the watchdog renews the lease")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM (on a lost lease, or to what the command left running when it exited), how long to wait before SIGKILL")
 	return cmd
+}
+
+// keepWritingOnBrokenPipe makes a write to a closed pipe on stdout or
+// stderr an EPIPE error instead of the SIGPIPE that Go's runtime otherwise
+// dies of (for fds 1 and 2 only). exec writes to stderr at the moments it
+// must not die: "lease lost; sending SIGTERM" before it ends the command's
+// group, "sending SIGKILL" before it ends a leftover and releases the lock,
+// and its exit status line. With stderr a pipe whose reader had gone
+// (2>&1 | logger, the logger dead), fence died there: the command's
+// background processes ran on with a lost lease, or with the lock held by
+// nobody until its TTL, and the caller got a death by signal instead of
+// 76 or the command's status (TestExecLostLeaseStderrClosed,
+// TestExecLeftoverStderrClosed). Caught with Notify, not ignored: an
+// ignored SIGPIPE would be inherited by the command, and the kernel resets
+// a caught one to its default at execve (TestExecChildStillGetsSIGPIPE).
+// Never stopped: Main prints the last line after RunE returns.
+func keepWritingOnBrokenPipe() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 // acquireShowing takes the lock called name; with a wait budget and stderr a
