@@ -95,7 +95,7 @@ primary is expected to have (0: read from it). A bad value exits 2.
 Exit status: the command's own (128 + the signal number if a signal ended it); 75 if the lock
 was not acquired within --wait (or too few replicas confirmed it); 76 if the lease was lost
 while the command ran; 127 if the command could not be started; 130 if exec was interrupted
-while connecting or waiting for the lock; 2 on a usage or connection error, or a bad flag value (a --ttl
+while connecting or waiting for the lock, or before the command started; 2 on a usage or connection error, or a bad flag value (a --ttl
 below the library's minimum lease time included).`,
 		Example: `  fence exec --wait 2s --ttl 10s lock:payment:1001 -- ./approve-payment 1001
   FENCE_REDIS_URL=redis://:secret@redis:6379 fence exec nightly-report -- sh -c 'make-report --token "$FENCE_TOKEN"'
@@ -271,6 +271,15 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
+	// From here on a signal is passed to the command. One that came
+	// before (after Acquire returned, or during an Acquire that succeeded
+	// anyway) only ended Main's signal context: the caller asked fence
+	// to stop before the command started, so it is not started
+	// (TestExecSignalBeforeStartNotLost: it ran to the end before).
+	if err := cmd.Context().Err(); err != nil {
+		return exitWith(ExitInterrupted, errors.Join(
+			fmt.Errorf("interrupted before the command started (%w); lock %q released", context.Cause(cmd.Context()), lease.Name()), release()))
+	}
 	onTTY := controllingTTY() >= 0
 	if onTTY {
 		// While the command has the terminal, fence is a background
