@@ -317,6 +317,12 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	}
 
 	pgid := child.Process.Pid
+	// Orphans fence adopted (adoptOrphans) are reaped as they exit, not
+	// only when the command has: see reapAdopted.
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, syscall.SIGCHLD)
+	defer signal.Stop(chld)
+	reapAdopted(pgid)
 	leaseDone := lease.Done()
 	var kill <-chan time.Time
 	var lost error
@@ -350,6 +356,8 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 			signalAll(pgid, syscall.SIGKILL)
 		case s := <-sigs:
 			_ = syscall.Kill(-pgid, s.(syscall.Signal))
+		case <-chld:
+			reapAdopted(pgid)
 		}
 	}
 }

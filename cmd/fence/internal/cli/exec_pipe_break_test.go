@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -118,5 +119,68 @@ func TestExecChildStillGetsSIGPIPE(t *testing.T) {
 	runUntil(t, cmd, time.Minute)
 	if code := cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGPIPE) {
 		t.Fatalf("fence exec -- yes into a closed pipe: %v, want exit %d", cmd.ProcessState, 128+int(syscall.SIGPIPE))
+	}
+}
+
+// zombiesOf returns the zombie children of pid.
+func zombiesOf(t *testing.T, pid int) []string {
+	t.Helper()
+	names, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) >= 2 && f[0] == "Z" && f[1] == strconv.Itoa(pid) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestExecReapsOrphansWhileRunning: a long-running command whose
+// subprocesses leave short-lived orphans (system("x &"), "(x &)" in a
+// shell, a daemon's double fork): fence is their subreaper while the
+// command runs, so they come back to fence when they exit. Before, fence
+// reaped them only after the command exited: a leader running for days
+// that does this piles up zombies under fence, each holding a pid, until
+// the system runs out.
+func TestExecReapsOrphansWhileRunning(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	const orphans = 20
+	script := `i=0; while [ $i -lt ` + strconv.Itoa(orphans) + ` ]; do (true &); i=$((i+1)); done; touch D/forked; read x || true`
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "zombies", "--", "sh", "-c", strings.ReplaceAll(script, "D/", dir+"/"))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stdin.Close(); runUntil(t, cmd, time.Minute) }()
+	waitFile(t, filepath.Join(dir, "forked"))
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for ; ; <-tick.C {
+		z := zombiesOf(t, cmd.Process.Pid)
+		if len(z) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d zombies under fence exec 10s after the command's orphans exited, want 0 while it runs", len(z))
+		}
 	}
 }

@@ -200,6 +200,40 @@ func fallbackMembers(pgid int) []int {
 	return nil
 }
 
+// reapAdopted collects the exit status of adopted orphans that have
+// exited, while the command (pid) runs: each one found a zombie whose
+// parent is fence, other than the command, is waited for by its own pid,
+// so that the command's status stays for exec.Cmd.Wait. Without it a
+// long-running command whose subprocesses leave short-lived orphans
+// (system("x &"), a daemon's double fork) piled up zombies under fence
+// until it exited (TestExecReapsOrphansWhileRunning).
+func reapAdopted(pid int) {
+	self := strconv.Itoa(os.Getpid())
+	names, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, e := range names {
+		z, err := strconv.Atoi(e.Name())
+		if err != nil || z == pid {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		if f := strings.Fields(s[i+1:]); len(f) >= 2 && f[0] == "Z" && f[1] == self {
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(z, &ws, syscall.WNOHANG, nil)
+		}
+	}
+}
+
 // reapOrphans collects the exit status of adopted orphans that have exited,
 // so that they do not stay zombies while fence runs. Only after the command
 // itself has been waited for: it would take the command's status too.

@@ -16,6 +16,7 @@ func reclaimTerminal(int)  {}
 func followStops(int, int) {}
 func adoptOrphans()        {}
 func reapOrphans()         {}
+func reapAdopted(int)      {}
 
 // groupMembers: the group's leader stands for the group while any member
 // is left.
