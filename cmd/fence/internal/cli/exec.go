@@ -252,6 +252,8 @@ func validateDurations(wait, ttl time.Duration, ttlSet bool, grace, watchdog tim
 // lock is released: SIGTERM, then SIGKILL after grace.
 func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time.Duration) error {
 	stderr := cmd.ErrOrStderr()
+	notes := newNotes(stderr)
+	defer notes.close()
 	release := func() error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), releaseTimeout)
 		defer cancel()
@@ -329,7 +331,7 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	for {
 		select {
 		case <-exited:
-			endGroup(pgid, grace, stderr)
+			endGroup(pgid, grace, notes)
 			reclaimTerminal(pgid)
 			relErr := release()
 			if lost == nil && errors.Is(relErr, fence.ErrLeaseLost) {
@@ -339,7 +341,7 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 				return exitWith(ExitLeaseLost, fmt.Errorf("lease on %q lost while the command ran: %w", lease.Name(), lost))
 			}
 			if relErr != nil {
-				fmt.Fprintln(stderr, errorLine(fmt.Errorf("release: %w", relErr), nil))
+				notes.printf("%s\n", errorLine(fmt.Errorf("release: %w", relErr), nil))
 			}
 			if code := exitCode(child.ProcessState); code != 0 {
 				return exitWith(code, nil)
@@ -348,18 +350,59 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 		case <-leaseDone:
 			leaseDone = nil
 			lost = lease.Err()
-			fmt.Fprintln(stderr, errorLine(fmt.Errorf("lease on %q lost (%w); sending SIGTERM to the command", lease.Name(), lost), nil))
 			signalAll(pgid, syscall.SIGTERM)
 			kill = time.After(grace)
+			notes.printf("%s\n", errorLine(fmt.Errorf("lease on %q lost (%w); sending SIGTERM to the command", lease.Name(), lost), nil))
 		case <-kill:
-			fmt.Fprintf(stderr, "fence: the command is still running %v after SIGTERM; sending SIGKILL\n", grace)
 			signalAll(pgid, syscall.SIGKILL)
+			notes.printf("fence: the command is still running %v after SIGTERM; sending SIGKILL\n", grace)
 		case s := <-sigs:
 			_ = syscall.Kill(-pgid, s.(syscall.Signal))
 		case <-chld:
 			reapAdopted(pgid)
 		}
 	}
+}
+
+// notes writes exec's own lines while the command runs (a lost lease,
+// SIGKILL, a failed release) to stderr from a goroutine of its own, so
+// that a stderr that blocks (a pipe whose reader stopped reading: "2>&1 |
+// less" at its first page, a stuck log shipper) never holds up a signal to
+// the command or the release of the lock. Before, exec wrote "lease lost"
+// before its SIGTERM and blocked there: the command ran on with a lost
+// lease for as long as the reader stalled (TestExecLostLeaseStderrBlocked).
+// A line that finds notesQueue lines waiting is dropped.
+type notes struct {
+	lines chan string
+	done  chan struct{}
+}
+
+const notesQueue = 16
+
+func newNotes(w io.Writer) *notes {
+	n := &notes{lines: make(chan string, notesQueue), done: make(chan struct{})}
+	go func() {
+		defer close(n.done)
+		for l := range n.lines {
+			_, _ = io.WriteString(w, l)
+		}
+	}()
+	return n
+}
+
+func (n *notes) printf(format string, args ...any) {
+	select {
+	case n.lines <- fmt.Sprintf(format, args...):
+	default:
+	}
+}
+
+// close waits until the lines are written, so that they come before
+// exec's last line (Main's), as they were sent. By then the command's
+// processes are ended and the lock released.
+func (n *notes) close() {
+	close(n.lines)
+	<-n.done
 }
 
 // signalAll sends sig to the command's group and to fence's adopted
@@ -391,7 +434,7 @@ const (
 // itself has exited: SIGTERM, then SIGKILL after grace. It returns when
 // none is left, or killWait after SIGKILL with a warning (a process in
 // uninterruptible sleep outlives even SIGKILL for a while).
-func endGroup(pgid int, grace time.Duration, stderr io.Writer) {
+func endGroup(pgid int, grace time.Duration, notes *notes) {
 	reapOrphans()
 	if len(groupMembers(pgid)) == 0 {
 		return
@@ -399,11 +442,11 @@ func endGroup(pgid int, grace time.Duration, stderr io.Writer) {
 	if waitGroup(pgid, syscall.SIGTERM, grace) {
 		return
 	}
-	fmt.Fprintf(stderr, "fence: processes the command left are still running %v after SIGTERM; sending SIGKILL\n", grace)
+	notes.printf("fence: processes the command left are still running %v after SIGTERM; sending SIGKILL\n", grace)
 	if waitGroup(pgid, syscall.SIGKILL, killWait) {
 		return
 	}
-	fmt.Fprintf(stderr, "fence: processes the command left are still there %v after SIGKILL; releasing the lock anyway\n", killWait)
+	notes.printf("fence: processes the command left are still there %v after SIGKILL; releasing the lock anyway\n", killWait)
 }
 
 // waitGroup sends sig to the command's processes, and to any that join
