@@ -89,3 +89,34 @@ func TestExecLostLeaseStderrBlocked(t *testing.T) {
 		}
 	}
 }
+
+// TestExecServerGoneStderrBlocked: the Redis server dies while the
+// command runs, and fence's stderr is a full pipe nobody reads. go-redis
+// logs its failed dials (on the watchdog's renewals) to that stderr and
+// blocks there; the lease must still end at its deadline and the command
+// get SIGTERM.
+func TestExecServerGoneStderrBlocked(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	r, w := fullPipe(t)
+	script := `exec 2>/dev/null; trap 'touch D/term' TERM; touch D/started; while :; do sleep 0.05; done`
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "--watchdog-ttl", "1s", "--grace", "300ms", "gone", "--",
+		"sh", "-c", strings.ReplaceAll(script, "D/", dir+"/"))
+	cmd.Stderr = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		go func() { _, _ = io.Copy(io.Discard, r) }() // let fence finish
+		runUntil(t, cmd, time.Minute)
+		if code := cmd.ProcessState.ExitCode(); code != cli.ExitLeaseLost {
+			t.Errorf("exit %d, want %d", code, cli.ExitLeaseLost)
+		}
+	}()
+	waitFile(t, filepath.Join(dir, "started"))
+	srv.Kill()
+	killed := time.Now()
+	waitFile(t, filepath.Join(dir, "term")) // fails after 30 s
+	t.Logf("SIGTERM %v after the server died (--watchdog-ttl 1s)", time.Since(killed))
+}
