@@ -54,8 +54,8 @@ removed, or could not be renewed in time), exec sends SIGTERM to the group, wait
 (default 10s), then sends SIGKILL. When the command exits, whatever it left running (its
 background jobs, and processes that left the group by double-forking, which come back to
 exec while it runs) gets the same SIGTERM, then SIGKILL after --grace, and the lock is
-released only when none is left. SIGINT, SIGTERM and SIGHUP sent to exec are passed on to
-the group.
+released only when none is left. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to exec
+are passed on to the group.
 
 On a terminal (stdin is exec's terminal and exec runs in its foreground) the command's
 group is made the terminal's foreground group, so the command can read the terminal and
@@ -271,7 +271,11 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	adoptOrphans()
 
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	// SIGUSR1 and SIGUSR2 too: unhandled, they ended fence (Go's default),
+	// the command killed by Pdeathsig and its background left running
+	// (TestExecPassesUSR1); a reload sent to the service's main pid,
+	// which is fence, is meant for the command.
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 	// From here on a signal is passed to the command. One that came
 	// before (after Acquire returned, or during an Acquire that succeeded
