@@ -66,7 +66,8 @@ itself, so that the shell gets the terminal back; fg resumes both. A stopped exe
 nothing: after --watchdog-ttl the lease is lost, and on resuming the command is stopped.
 
 On Linux the command is killed when exec dies, even by SIGKILL; what it left in the
-background then runs on.
+background then runs on, and so does a command that changed its user or group at exec
+(set-user-ID or set-group-ID, such as sudo or su): the kernel drops the death signal then.
 
 Instead of one Redis, the lock can come from:
   --redlock URL,URL,URL (or FENCE_REDLOCK_URLS): Redlock on a majority of independent Redis
