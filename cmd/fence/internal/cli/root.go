@@ -28,7 +28,7 @@ const (
 	ExitUsage       = 2   // bad flags or arguments, or no connection to the backend
 	ExitNotAcquired = 75  // the lock was not acquired within --wait
 	ExitLeaseLost   = 76  // the lease was lost while the child ran; the child was stopped
-	ExitInterrupted = 130 // SIGINT or SIGTERM arrived while connecting, waiting for the lock, or before the command started
+	ExitInterrupted = 130 // SIGINT, SIGTERM or SIGHUP arrived while connecting, waiting for the lock, or before the command started
 )
 
 // exitError carries an exit code out of a command.
@@ -47,7 +47,11 @@ func exitWith(code int, err error) error { return &exitError{code: code, err: er
 func Main(args []string, stdout, stderr io.Writer) int {
 	libLog = newLibLogger(args, stderr)
 	redis.SetLogger(libLog)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too (a terminal or ssh session closed): unhandled, it ended
+	// fence by Go's default while exec waited for its acquisition's reply,
+	// and the lock that acquisition took stayed held for a lease time
+	// (TestExecHangupAcquireLeavesNoLock).
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	root := rootCmd()
 	root.SetArgs(args)
