@@ -242,13 +242,39 @@ func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func
 	if err := dc.Do(ctx, dc.B().Subscribe().Channel(channel).Build()).Error(); err != nil {
 		return convErr(ctx, err)
 	}
-	select {
-	case err := <-ended:
-		if err == nil {
-			err = errors.New("fencerueidis: unsubscribed")
+	closed := c.watchClose(ctx, channel)
+	for {
+		select {
+		case err := <-ended:
+			if err == nil {
+				err = errors.New("fencerueidis: unsubscribed")
+			}
+			return convErr(ctx, err)
+		case err := <-closed:
+			if errors.Is(err, rueidis.ErrClosing) {
+				return convErr(ctx, err)
+			}
+			closed = nil // the watch ended otherwise: the subscription goes on
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return convErr(ctx, err)
-	case <-ctx.Done():
-		return ctx.Err()
 	}
+}
+
+// watchClose reports, on the channel it returns, the end of a subscription
+// through the client's own Receive to a channel of its own (channel
+// + ":closing", on which nothing is published), which ends with
+// rueidis.ErrClosing when the client is closed. rueidis does not close a
+// dedicated connection when its client is closed (v1.0.79: the pool closes
+// only the connections it holds), so without it a waiter subscribed on
+// one went on waiting for a release, up to its whole budget, after its
+// client was closed (TestClientClosedUnderWaiter), where go-redis's and
+// RESP3's subscriptions end at once. The watch ends with ctx; it costs a
+// subscription on the client's RESP2 pub/sub connection, no command.
+func (c conn) watchClose(ctx context.Context, channel string) <-chan error {
+	closed := make(chan error, 1)
+	go func() {
+		closed <- c.c.Receive(ctx, c.c.B().Subscribe().Channel(channel+":closing").Build(), func(rueidis.PubSubMessage) {})
+	}()
+	return closed
 }
