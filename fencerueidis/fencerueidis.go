@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,7 +29,7 @@ func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, err
 	if client.Mode() == rueidis.ClientModeCluster {
 		return nil, fmt.Errorf("%w: fencerueidis: Redis Cluster is not supported; use redislock with go-redis's ClusterClient", fence.ErrInvalidOption)
 	}
-	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32)}, opts)
+	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}}, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -39,6 +40,60 @@ func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, err
 type conn struct {
 	c     rueidis.Client
 	proto *atomic.Int32 // the client's RESP version, once Subscribe asked; 0 before
+	unsub *unsubs       // UNSUBSCRIBEs under way
+}
+
+// unsubs are the channels whose UNSUBSCRIBE is under way: a Subscribe to
+// one waits for it, so that the server does not get the UNSUBSCRIBE after
+// the new SUBSCRIBE (a Locker subscribes again as soon as a waiter comes
+// after the last one left) and end the new subscription.
+type unsubs struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+// unsubscribeTimeout bounds an UNSUBSCRIBE after a subscription's end (a
+// server that hangs keeps the subscription, as it keeps the connection).
+const unsubscribeTimeout = 2 * time.Second
+
+// unsubscribe ends the server's side of a Receive that returned at its
+// ctx's end: rueidis (v1.0.79) leaves the channel subscribed on the
+// shared connection, so that every lock name ever waited on stayed
+// subscribed, and its releases delivered, for the connection's life
+// (TestSubscriptionsEndWithWaiters). Another Receive of the same channel
+// on the same client (another Locker waiting on the same name) ends with
+// it; redislock subscribes again.
+func (c conn) unsubscribe(channel string) {
+	done := make(chan struct{})
+	c.unsub.mu.Lock()
+	c.unsub.m[channel] = done
+	c.unsub.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), unsubscribeTimeout)
+	_ = c.c.Do(ctx, c.c.B().Unsubscribe().Channel(channel).Build()).Error()
+	cancel()
+	c.unsub.mu.Lock()
+	if c.unsub.m[channel] == done {
+		delete(c.unsub.m, channel)
+	}
+	c.unsub.mu.Unlock()
+	close(done)
+}
+
+// unsubscribed waits until no UNSUBSCRIBE of channel is under way, or ctx
+// ends.
+func (c conn) unsubscribed(ctx context.Context, channel string) error {
+	c.unsub.mu.Lock()
+	done := c.unsub.m[channel]
+	c.unsub.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // SelfBounded is false: rueidis ends a command's wait for its reply at
@@ -209,12 +264,18 @@ func (c conn) Subscribe(ctx context.Context, channel string, ready func(), messa
 	if c.proto.Load() == 2 {
 		return c.subscribeDedicated(ctx, channel, ready, message)
 	}
+	if err := c.unsubscribed(ctx, channel); err != nil {
+		return err
+	}
 	hctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
 		if s.Kind == "subscribe" && s.Channel == channel {
 			ready()
 		}
 	})
 	err := c.c.Receive(hctx, c.c.B().Subscribe().Channel(channel).Build(), func(m rueidis.PubSubMessage) { message(m.Message) })
+	if ctx.Err() != nil && !errors.Is(err, rueidis.ErrClosing) {
+		c.unsubscribe(channel)
+	}
 	if err == nil && ctx.Err() == nil {
 		err = errors.New("fencerueidis: unsubscribed")
 	}
@@ -274,7 +335,15 @@ func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func
 func (c conn) watchClose(ctx context.Context, channel string) <-chan error {
 	closed := make(chan error, 1)
 	go func() {
-		closed <- c.c.Receive(ctx, c.c.B().Subscribe().Channel(channel+":closing").Build(), func(rueidis.PubSubMessage) {})
+		watch := channel + ":closing"
+		if c.unsubscribed(ctx, watch) != nil {
+			return
+		}
+		err := c.c.Receive(ctx, c.c.B().Subscribe().Channel(watch).Build(), func(rueidis.PubSubMessage) {})
+		if ctx.Err() != nil && !errors.Is(err, rueidis.ErrClosing) {
+			c.unsubscribe(watch)
+		}
+		closed <- err
 	}()
 	return closed
 }

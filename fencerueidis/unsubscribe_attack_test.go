@@ -1,0 +1,133 @@
+package fencerueidis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/rueidis"
+)
+
+// TestSubscriptionsEndWithWaiters: once the last waiter on a lock name
+// leaves, the Locker's subscription to its release channel ends on the
+// server too, as on go-redis (whose PubSub.Close unsubscribes). rueidis's
+// Receive returns at its ctx's end without unsubscribing: on RESP3 every
+// lock name ever waited on stayed subscribed on the client's connection
+// for its life, and each release of it was delivered to the client.
+func TestSubscriptionsEndWithWaiters(t *testing.T) {
+	for _, tc := range []string{"resp3", "resp2", "go-redis"} {
+		t.Run(tc, func(t *testing.T) {
+			srv := redistest.Start(t)
+			admin := srv.Client(t)
+			g, err := redislock.New(admin, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var l *redislock.Locker
+			if tc == "go-redis" {
+				if l, err = redislock.New(srv.Client(t), &redislock.Options{WatchdogTTL: watchdogTTL}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				resp2 := tc == "resp2"
+				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: resp2, DisableCache: resp2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(c.Close)
+				l = newLocker(t, c, redislock.Options{})
+			}
+			const n = 5
+			for i := range n {
+				name := fmt.Sprintf("payment:%d", i)
+				held, err := g.Acquire(ctx(t), name, fence.TTL(time.Minute))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := make(chan error, 1)
+				go func() {
+					lease, err := l.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+					if err == nil {
+						err = lease.Release(ctx(t))
+					}
+					got <- err
+				}()
+				ch := lockKey(name) + ":released"
+				waitFor(t, func() bool { return admin.PubSubNumSub(ctx(t), ch).Val()[ch] >= 1 })
+				if err := held.Release(ctx(t)); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-got; err != nil {
+					t.Fatal(err)
+				}
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				chans := admin.PubSubChannels(ctx(t), "*").Val()
+				if len(chans) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("5 s after the last waiter of %d names left, still subscribed to %d channels: %v", n, len(chans), chans)
+				}
+				time.Sleep(20 * time.Millisecond) // polling with a deadline
+			}
+		})
+	}
+}
+
+// TestHungServerSubscribedWaiter: a waiter subscribed (RESP3 on the shared
+// connection, RESP2 on a dedicated one with its close watch) when the
+// server stops (SIGSTOP) returns by its caller's deadline, and leaves no
+// goroutine behind once the server resumes (TestMain's goleak check).
+func TestHungServerSubscribedWaiter(t *testing.T) {
+	for _, resp2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "resp3", true: "resp2"}[resp2], func(t *testing.T) {
+			srv := redistest.Start(t)
+			admin := srv.Client(t)
+			g, err := redislock.New(admin, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const name = "hung-waiter"
+			held, err := g.Acquire(ctx(t), name, fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: resp2, DisableCache: resp2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			l := newLocker(t, c, redislock.Options{})
+			dctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			got := make(chan error, 1)
+			go func() {
+				_, err := l.Acquire(dctx, name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+				got <- err
+			}()
+			ch := lockKey(name) + ":released"
+			waitFor(t, func() bool { return admin.PubSubNumSub(ctx(t), ch).Val()[ch] >= 1 })
+			resume := srv.Pause(t)
+			select {
+			case err := <-got:
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("waiter = %v, want context.DeadlineExceeded", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Error("the waiter did not return within 2 s of its deadline on a stopped server")
+			}
+			resume()
+			if err := held.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool { return admin.PubSubNumSub(ctx(t), ch).Val()[ch] == 0 })
+		})
+	}
+}
