@@ -62,5 +62,11 @@
 // dedicated client instead, whose hooks report the connection's death and
 // which it closes afterwards: one pooled connection per lock name being
 // waited on. On RESP3, the default, the subscription shares the command
-// connection and is restored with it (TestSubscriptionKilled).
+// connection and is restored with it (TestSubscriptionKilled). rueidis's
+// Receive leaves its channel subscribed when its context ends, so when the
+// last waiter on a name leaves, the adapter sends UNSUBSCRIBE itself (a
+// new subscription to that channel waits for it); and since a dedicated
+// connection is not closed with its client, a RESP2 subscription also
+// watches the client's closing through a Receive of its own, on another
+// channel (TestClientClosedUnderWaiter, TestSubscriptionsEndWithWaiters).
 package fencerueidis
