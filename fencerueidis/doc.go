@@ -58,7 +58,7 @@
 // connection of its own, and once that connection is killed (CLIENT KILL,
 // a proxy's idle timeout) rueidis v1.0.79's Receive retries it dead without
 // subscribing again, so waiters were not woken by releases. Subscribe asks
-// the protocol once (CLIENT INFO) and, on RESP2, subscribes through a
+// the protocol once (a script's map reply, which RESP2 flattens) and, on RESP2, subscribes through a
 // dedicated client instead, whose hooks report the connection's death and
 // which it closes afterwards: one pooled connection per lock name being
 // waited on. On RESP3, the default, the subscription shares the command

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -247,15 +246,24 @@ func (c conn) lockState(ctx context.Context, lock, token string) (int64, string,
 	return pttl, last, true, nil
 }
 
+// protoScript returns a map: a map reply on RESP3, a flat array on RESP2.
+const protoScript = "return {map={resp=3}}"
+
 func (c conn) Subscribe(ctx context.Context, channel string, ready func(), message func(string)) error {
 	if c.proto.Load() == 0 {
-		// Which protocol, once: a server refusing CLIENT INFO (an ACL
-		// without it) leaves the default, RESP3.
-		info, err := c.c.Do(ctx, c.c.B().ClientInfo().Build()).ToString()
+		// Which protocol, once, from the shape of a script's map reply:
+		// RESP3 gives a map, RESP2 a flat array. CLIENT INFO, asked
+		// before, is often denied by ACLs (-client, against CLIENT
+		// KILL), and the RESP3 assumed then left a RESP2 client's
+		// waiters on rueidis's Receive, unwoken after a killed
+		// connection (TestSubscriptionKilledRESP2NoClientInfo). A
+		// Locker runs scripts anyway; a server refusing this one leaves
+		// the default, RESP3.
+		msg, err := c.c.Do(ctx, c.c.B().Eval().Script(protoScript).Numkeys(0).Build()).ToMessage()
 		if _, refused := rueidis.IsRedisErr(err); err != nil && !refused {
 			return convErr(ctx, err)
 		}
-		if strings.Contains(info, " resp=2") {
+		if err == nil && !msg.IsMap() {
 			c.proto.Store(2)
 		} else {
 			c.proto.Store(3)
