@@ -18,7 +18,7 @@ import (
 // not wait out its budget, and leave no goroutine behind (TestMain's
 // goleak check).
 func TestClientClosedUnderWaiter(t *testing.T) {
-	for _, tc := range []string{"resp3", "resp2", "go-redis"} {
+	for _, tc := range []string{"resp3", "resp2", "resp2-killed", "go-redis"} {
 		t.Run(tc, func(t *testing.T) {
 			srv := redistest.Start(t)
 			admin := srv.Client(t)
@@ -40,7 +40,7 @@ func TestClientClosedUnderWaiter(t *testing.T) {
 				}
 				closeClient = func() { _ = gc.Close() }
 			} else {
-				resp2 := tc == "resp2"
+				resp2 := tc != "resp3"
 				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: resp2, DisableCache: resp2})
 				if err != nil {
 					t.Fatal(err)
@@ -55,6 +55,12 @@ func TestClientClosedUnderWaiter(t *testing.T) {
 			}()
 			ch := lockKey(name) + ":released"
 			waitFor(t, func() bool { return admin.PubSubNumSub(ctx(t), ch).Val()[ch] >= 1 })
+			if tc == "resp2-killed" {
+				// The subscription's and the close watch's
+				// connections killed: the Locker subscribes again.
+				killSubscribers(t, admin)
+				waitFor(t, func() bool { return admin.PubSubNumSub(ctx(t), ch).Val()[ch] >= 1 })
+			}
 			start := time.Now()
 			closeClient()
 			select {

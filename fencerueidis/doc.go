@@ -58,10 +58,10 @@
 // connection of its own, and once that connection is killed (CLIENT KILL,
 // a proxy's idle timeout) rueidis v1.0.79's Receive retries it dead without
 // subscribing again, so waiters were not woken by releases. Subscribe asks
-// the protocol once (a script's map reply, which RESP2 flattens) and, on RESP2, subscribes through a
-// dedicated client instead, whose hooks report the connection's death and
-// which it closes afterwards: one pooled connection per lock name being
-// waited on. On RESP3, the default, the subscription shares the command
+// the protocol once (a script's map reply, which RESP2 flattens) and, on
+// RESP2, subscribes through a dedicated client instead, whose hooks report
+// the connection's death and which it closes afterwards: one pooled
+// connection per lock name being waited on. On RESP3, the default, the subscription shares the command
 // connection and is restored with it (TestSubscriptionKilled). rueidis's
 // Receive leaves its channel subscribed when its context ends, so when the
 // last waiter on a name leaves, the adapter sends UNSUBSCRIBE itself (a
