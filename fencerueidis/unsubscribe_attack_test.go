@@ -131,3 +131,72 @@ func TestHungServerSubscribedWaiter(t *testing.T) {
 		})
 	}
 }
+
+// TestUnsubscribeSparesOtherLocker: two Lockers on one rueidis client wait
+// on the same name (one subscription each on the shared connection). When
+// the first one's waiter leaves, the adapter's UNSUBSCRIBE ends the
+// channel's subscription for both; the second Locker's waiter must still
+// be woken by the holder's release within seconds, not wait out the
+// holder's minute-long TTL.
+func TestUnsubscribeSparesOtherLocker(t *testing.T) {
+	for _, resp2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "resp3", true: "resp2"}[resp2], func(t *testing.T) {
+			srv := redistest.Start(t)
+			admin := srv.Client(t)
+			g, err := redislock.New(admin, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const name = "shared"
+			held, err := g.Acquire(ctx(t), name, fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: resp2, DisableCache: resp2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			l1, l2 := newLocker(t, c, redislock.Options{}), newLocker(t, c, redislock.Options{})
+			ch := lockKey(name) + ":released"
+			subs := func() int64 { return admin.PubSubNumSub(ctx(t), ch).Val()[ch] }
+			c1, cancel1 := context.WithCancel(context.Background())
+			defer cancel1()
+			left := make(chan error, 1)
+			go func() { _, err := l1.Acquire(c1, name, fence.Wait(20*time.Second)); left <- err }()
+			waitFor(t, func() bool { return subs() >= 1 })
+			got := make(chan error, 1)
+			go func() {
+				lease, err := l2.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+				if err == nil {
+					err = lease.Release(ctx(t))
+				}
+				got <- err
+			}()
+			// Both subscribed: on RESP3 one connection counts once.
+			waitFor(t, func() bool {
+				return admin.HLen(ctx(t), lockKey(name)+":waiters").Val() == 2
+			})
+			cancel1()
+			if err := <-left; err == nil {
+				t.Fatal("the cancelled waiter acquired")
+			}
+			// The first Locker's UNSUBSCRIBE is sent and the second has
+			// subscribed again, or never lost it.
+			waitFor(t, func() bool { return subs() >= 1 })
+			start := time.Now()
+			if err := held.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-got:
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("woken %v after the release", time.Since(start).Round(time.Millisecond))
+			case <-time.After(10 * time.Second):
+				t.Fatal("the second Locker's waiter was not woken 10 s after the release")
+			}
+		})
+	}
+}
