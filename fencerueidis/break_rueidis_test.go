@@ -85,6 +85,12 @@ func (d *dialCounter) dial(ctx context.Context, addr string, nd *net.Dialer, _ *
 // not end their waits: they take the lock once it is back, with tokens
 // larger than the holder's.
 func TestWaitRidesOutRestart(t *testing.T) {
+	for _, resp2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "resp3", true: "resp2"}[resp2], func(t *testing.T) { waitRidesOutRestart(t, resp2) })
+	}
+}
+
+func waitRidesOutRestart(t *testing.T, resp2 bool) {
 	srv := redistest.Start(t)
 	const name = "lock:payment:1001"
 	holderL := newLocker(t, client(t, srv.Addr), redislock.Options{})
@@ -93,7 +99,7 @@ func TestWaitRidesOutRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d dialCounter
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DialCtxFn: d.dial})
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DialCtxFn: d.dial, AlwaysRESP2: resp2, DisableCache: resp2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -103,17 +104,49 @@ func (c conn) unsubscribed(ctx context.Context, channel string) error {
 // leave; calls without one go straight through.
 func (c conn) SelfBounded() bool { return false }
 
-// retries is how many times a call is sent again after errBroken: rueidis
-// dials a new connection for the next call.
+// retries is how many times a call is sent again after errBroken or a
+// lost connection: rueidis dials a new connection for the next call.
 const retries = 2
 
 func (c conn) Eval(ctx context.Context, s *redisconn.Script, keys []string, args []any, replicas int, timeout time.Duration) (reply any, acked int, err error) {
+	var lost error
 	for range retries + 1 {
-		if reply, acked, err = c.eval(ctx, s, keys, args, replicas, timeout); err != errBroken {
+		reply, acked, err = c.eval(ctx, s, keys, args, replicas, timeout)
+		if err != errBroken && !connLost(err) {
 			break
 		}
+		if connLost(err) {
+			lost = err
+		}
 	}
-	return reply, acked, err
+	return reply, acked, sentAgain(lost, err)
+}
+
+// connLost reports a connection that broke under the call (the server
+// closed it: CLIENT KILL, a restart, a failover, a proxy): rueidis does
+// not send a command that is not read-only again, where go-redis does
+// (MaxRetries), and a Release, an Extend or an Acquire failed with EOF
+// where it succeeds on go-redis (TestCallsAfterConnectionsKilled). The
+// adapter sends it again, as go-redis does, and with the same risk: a
+// Release whose first copy ran finds the lock gone (fence.ErrLeaseLost).
+// Not a WAIT lost after its script ran (redisconn.ErrWait): redislock
+// gives back what that script took.
+func connLost(err error) bool {
+	return err != nil && err != errBroken && !errors.Is(err, redisconn.ErrWait) &&
+		(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+			errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
+}
+
+// sentAgain is the error of a call sent again after lost (nil if it was
+// not) that ended with err: a refused connection then does not say that
+// nothing was sent, since the first copy may have run (redislock gives
+// back after such an error, and not after a refusal), so lost is
+// returned, with err's text.
+func sentAgain(lost, err error) error {
+	if lost != nil && errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%w (sent again: %v)", lost, err)
+	}
+	return err
 }
 
 func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args []any, replicas int, timeout time.Duration) (any, int, error) {
@@ -223,7 +256,7 @@ func ended(ctx context.Context) bool {
 
 func (c conn) LockState(ctx context.Context, lock, token string) (pttl int64, last string, found bool, err error) {
 	for range retries + 1 {
-		if pttl, last, found, err = c.lockState(ctx, lock, token); err != errBroken {
+		if pttl, last, found, err = c.lockState(ctx, lock, token); err != errBroken && !connLost(err) {
 			break
 		}
 	}
