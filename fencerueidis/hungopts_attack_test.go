@@ -1,9 +1,10 @@
 package fencerueidis_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"regexp"
 	"runtime"
 	"testing"
 	"time"
@@ -41,8 +42,10 @@ func TestHungServerClientOptions(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(c.Close)
+			var lockers []*redislock.Locker
 			for _, sync := range []redislock.ReplicaSync{{Disabled: true}, {Replicas: 1, Timeout: 200 * time.Millisecond}} {
 				l := newLocker(t, c, redislock.Options{ReplicaSync: sync})
+				lockers = append(lockers, l)
 				held, err := l.Acquire(ctx(t), "held", fence.TTL(time.Minute))
 				if sync.Replicas > 0 {
 					if !errors.Is(err, fence.ErrNotReplicated) {
@@ -92,21 +95,27 @@ func TestHungServerClientOptions(t *testing.T) {
 			// then, since rueidis (v1.0.79) may not stay closed when a
 			// dial is under way at Close (TestClosedAfterTimeout), and
 			// the parking would then retry for the lease time.
-			awaitNoParking(t)
+			awaitNoParking(t, lockers...)
 		})
 	}
 }
 
-// awaitNoParking waits until no Locker has a parked give-back left (its
-// goroutine, redislock's (*parking).unpark, has ended), failing the test
-// after 10 s.
-func awaitNoParking(t *testing.T) {
+// awaitNoParking waits until none of ls has a parked give-back left (its
+// goroutine, redislock's (*parking).unpark(p, l), has ended), failing the
+// test after 10 s. Other tests' Lockers may run in parallel: the frames
+// are matched by the Locker's address.
+func awaitNoParking(t *testing.T, ls ...*redislock.Locker) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	buf := make([]byte, 1<<20)
+	buf := make([]byte, 8<<20)
 	for {
 		n := runtime.Stack(buf, true)
-		if !bytes.Contains(buf[:n], []byte("redislock.(*parking).unpark")) {
+		parked := false
+		for _, l := range ls {
+			re := regexp.MustCompile(fmt.Sprintf(`redislock\.\(\*parking\)\.unpark\(0x[0-9a-f]+, %p\)`, l))
+			parked = parked || re.Match(buf[:n])
+		}
+		if !parked {
 			return
 		}
 		if time.Now().After(deadline) {
