@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -197,6 +198,68 @@ func TestUnsubscribeSparesOtherLocker(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the second Locker's waiter was not woken 10 s after the release")
 			}
+		})
+	}
+}
+
+// TestWaitersCancelledWhileSubscribing: waiters on one name cancelled at
+// once, as their subscription is being made or torn down (50 of them, one
+// after another): then a last waiter is still woken by the release within
+// seconds, and once it leaves nothing stays subscribed.
+func TestWaitersCancelledWhileSubscribing(t *testing.T) {
+	for _, resp2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "resp3", true: "resp2"}[resp2], func(t *testing.T) {
+			srv := redistest.Start(t)
+			admin := srv.Client(t)
+			g, err := redislock.New(admin, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const name = "churn"
+			held, err := g.Acquire(ctx(t), name, fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: resp2, DisableCache: resp2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			l := newLocker(t, c, redislock.Options{})
+			for i := range 50 {
+				cctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { defer close(done); _, _ = l.Acquire(cctx, name, fence.Wait(time.Minute)) }()
+				if i%2 == 1 {
+					runtime.Gosched()
+				}
+				cancel()
+				<-done
+			}
+			got := make(chan error, 1)
+			go func() {
+				lease, err := l.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+				if err == nil {
+					err = lease.Release(ctx(t))
+				}
+				got <- err
+			}()
+			ch := lockKey(name) + ":released"
+			waitFor(t, func() bool {
+				return admin.HLen(ctx(t), lockKey(name)+":waiters").Val() == 1 && admin.PubSubNumSub(ctx(t), ch).Val()[ch] >= 1
+			})
+			if err := held.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-got:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the last waiter was not woken 10 s after the release")
+			}
+			waitFor(t, func() bool { return len(admin.PubSubChannels(ctx(t), "*").Val()) == 0 })
 		})
 	}
 }
