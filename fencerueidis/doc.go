@@ -52,7 +52,11 @@
 // under the deadline's own context), and fails the commands queued behind
 // it without sending them (pipe.failSync). Were one to have run, acquire
 // and extend are safe to run again for the same owner, but a release run
-// twice would report a lease lost that it had released.
+// twice would report a lease lost that it had released. A command whose
+// connection the server closed (EOF, a reset: CLIENT KILL, a restart, a
+// failover) is sent again too, at most twice, as go-redis does and with
+// that risk: rueidis sends again only read-only commands
+// (TestCallsAfterConnectionsKilled).
 //
 // RESP2: on a client made with AlwaysRESP2, rueidis subscribes on a
 // connection of its own, and once that connection is killed (CLIENT KILL,
