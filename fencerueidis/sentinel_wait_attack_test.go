@@ -37,6 +37,12 @@ func (d *refusedDials) dial(ctx context.Context, addr string, nd *net.Dialer, _ 
 // as transient), then all take the lock on the new primary once the
 // holder's lease there runs out, with tokens larger than the holder's.
 func TestWaitRidesOutSentinelFailover(t *testing.T) {
+	for _, resp2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "resp3", true: "resp2"}[resp2], func(t *testing.T) { waitRidesOutSentinelFailover(t, resp2) })
+	}
+}
+
+func waitRidesOutSentinelFailover(t *testing.T, resp2 bool) {
 	primary := redistest.Start(t)
 	r1, r2 := redistest.StartReplica(t, primary), redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 2)
@@ -44,7 +50,7 @@ func TestWaitRidesOutSentinelFailover(t *testing.T) {
 	redistest.WaitSentinelsReady(t, sentinels, 2)
 	d := &refusedDials{addr: primary.Addr}
 	newClient := func() rueidis.Client {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: sentinels.Addrs(), DialCtxFn: d.dial,
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: sentinels.Addrs(), DialCtxFn: d.dial, AlwaysRESP2: resp2, DisableCache: resp2,
 			Sentinel: rueidis.SentinelOption{MasterSet: sentinels.Master}})
 		if err != nil {
 			t.Fatal(err)
