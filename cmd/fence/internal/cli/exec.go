@@ -95,7 +95,7 @@ primary is expected to have (0: read from it). A bad value exits 2.
 
 Exit status: the command's own (128 + the signal number if a signal ended it); 75 if the lock
 was not acquired within --wait (or too few replicas confirmed it); 76 if the lease was lost
-while the command ran; 127 if the command could not be started; 130 if exec was interrupted
+while the command ran, or before it started (it is then not started); 127 if the command could not be started; 130 if exec was interrupted
 while connecting or waiting for the lock, or before the command started; 2 on a usage or connection error, or a bad flag value (a --ttl
 below the library's minimum lease time included).`,
 		Example: `  fence exec --wait 2s --ttl 10s lock:payment:1001 -- ./approve-payment 1001
@@ -286,6 +286,14 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	if err := cmd.Context().Err(); err != nil {
 		return exitWith(ExitInterrupted, errors.Join(
 			fmt.Errorf("interrupted before the command started (%w); lock %q released", context.Cause(cmd.Context()), lease.Name()), release()))
+	}
+	// A lease that ended since Acquire returned (fence paused past the
+	// lease time, the key deleted, a failover) does not start the command:
+	// it may be irreversible, and SIGTERM after its start comes too late
+	// for a short one (TestExecLeaseEndedBeforeStartNotStarted: it ran).
+	if err := lease.Err(); err != nil {
+		_ = release()
+		return exitWith(ExitLeaseLost, fmt.Errorf("lease on %q lost before the command started; not started: %w", lease.Name(), err))
 	}
 	onTTY := controllingTTY() >= 0
 	if onTTY {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
 	"github.com/spf13/cobra"
@@ -51,5 +52,44 @@ func TestExecSignalBeforeStartNotLost(t *testing.T) {
 	}
 	if n := srv.Client(t).Exists(context.Background(), "fence:{interrupted}").Val(); n != 0 {
 		t.Error("the lock is still held")
+	}
+}
+
+// TestExecLeaseEndedBeforeStartNotStarted: a lease that ended between
+// Acquire and the command's start (fence paused there past the lease time,
+// an operator's DEL, a failover) must not start the command, which may be
+// irreversible: before, runHolding started it, and only then noticed the
+// lost lease and sent SIGTERM, which a short command outruns. Here the
+// lease's TTL runs out before runHolding: the command must not run, and
+// exec exits 76.
+func TestExecLeaseEndedBeforeStartNotStarted(t *testing.T) {
+	srv := redistest.Start(t)
+	l, err := redislock.New(srv.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, "ended", fence.TTL(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lease.Context().Done():
+	case <-ctx.Done():
+		t.Fatal("the lease did not end")
+	}
+	cmd := &cobra.Command{}
+	cmd.SetContext(context.Background())
+	cmd.SetOut(new(syncBuffer))
+	cmd.SetErr(new(syncBuffer))
+	ran := filepath.Join(t.TempDir(), "ran")
+	err = runHolding(cmd, lease, []string{"touch", ran}, time.Second)
+	if _, statErr := os.Stat(ran); statErr == nil {
+		t.Error("the command ran with its lease already ended")
+	}
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != ExitLeaseLost {
+		t.Errorf("runHolding: %v, want exit %d", err, ExitLeaseLost)
 	}
 }
