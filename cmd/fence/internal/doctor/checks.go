@@ -233,6 +233,14 @@ func checkMinReplicas(d *deployment) []Finding {
 			continue
 		}
 		toWrite, _ := strconv.Atoi(p.config["min-replicas-to-write"])
+		// Redis applies min-replicas-to-write only with a max lag: 0
+		// turns the rule off, and the primary takes every write.
+		// (Read as set, it was a false "refuses every write" on a primary
+		// that took them, and no finding where one was due.)
+		rule := "min-replicas-to-write is 0"
+		if lag, err := strconv.Atoi(p.config["min-replicas-max-lag"]); err == nil && lag == 0 && toWrite > 0 {
+			toWrite, rule = 0, "min-replicas-max-lag is 0, which turns min-replicas-to-write "+strconv.Itoa(toWrite)+" off"
+		}
 		connected := p.connected()
 		good := connected
 		if g, err := strconv.Atoi(p.info["min_slaves_good_slaves"]); err == nil {
@@ -245,10 +253,10 @@ func checkMinReplicas(d *deployment) []Finding {
 				Fix: "bring replicas back, or lower min-replicas-to-write"})
 		case toWrite == 0 && connected > 0:
 			sev := Info
-			why := "min-replicas-to-write is 0: a primary cut off from its replicas keeps accepting writes that a failover will lose; fence's replica sync refuses the acquisitions and renewals it cannot confirm there, so only locks taken with replica sync off are exposed"
+			why := rule + ": a primary cut off from its replicas keeps accepting writes that a failover will lose; fence's replica sync refuses the acquisitions and renewals it cannot confirm there, so only locks taken with replica sync off are exposed"
 			if d.cfg.ReplicaSync.Disabled {
 				sev = Warning
-				why = "min-replicas-to-write is 0 and replica sync is off: a primary cut off from its replicas keeps granting locks that a failover will lose, and the promoted replica grants them again"
+				why = rule + ", and replica sync is off: a primary cut off from its replicas keeps granting locks that a failover will lose, and the promoted replica grants them again"
 			}
 			out = append(out, Finding{ID: "min-replicas", Severity: sev, Node: p.addr, Why: why,
 				Fix: "CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 10 (writes stop on a primary that lost its replicas)"})

@@ -1,0 +1,36 @@
+package doctor_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/cmd/fence/internal/doctor"
+	"github.com/fencekit/fence/internal/redistest"
+)
+
+// TestMinReplicasMaxLagZero: Redis applies min-replicas-to-write only with
+// a max lag; min-replicas-max-lag 0 turns it off. A primary without
+// replicas then takes every write, and one with replicas keeps taking them
+// when cut off: the doctor must say neither "refuses every write" nor
+// nothing.
+func TestMinReplicasMaxLagZero(t *testing.T) {
+	off := append(durable, "--min-replicas-to-write", "1", "--min-replicas-max-lag", "0")
+	alone := redistest.Start(t, off...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := alone.Client(t).Set(ctx, "doctor-write", "x", time.Minute).Err(); err != nil {
+		t.Fatalf("a write on the primary without replicas: %v (the test assumes max-lag 0 turns the rule off)", err)
+	}
+	lacks(t, run(t, standalone(alone)), "min-replicas")
+
+	primary := redistest.Start(t, off...)
+	redistest.StartReplica(t, primary, durable...)
+	redistest.WaitReplicated(t, primary, 1)
+	acquire(t, primary.Client(t))
+	f := has(t, run(t, standalone(primary)), "min-replicas", doctor.Info, primary.Addr)
+	if !strings.Contains(f.Why, "min-replicas-max-lag is 0") || !strings.Contains(f.Fix, "min-replicas-max-lag 10") {
+		t.Fatalf("the finding does not name max-lag 0 and its fix:\n%s\n%s", f.Why, f.Fix)
+	}
+}
