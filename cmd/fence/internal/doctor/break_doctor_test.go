@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencekit/fence/cmd/fence/internal/doctor"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestMinReplicasMaxLagZero: Redis applies min-replicas-to-write only with
@@ -32,5 +33,37 @@ func TestMinReplicasMaxLagZero(t *testing.T) {
 	f := has(t, run(t, standalone(primary)), "min-replicas", doctor.Info, primary.Addr)
 	if !strings.Contains(f.Why, "min-replicas-max-lag is 0") || !strings.Contains(f.Fix, "min-replicas-max-lag 10") {
 		t.Fatalf("the finding does not name max-lag 0 and its fix:\n%s\n%s", f.Why, f.Fix)
+	}
+}
+
+// TestClusterHungMaster: a cluster master that accepts connections and
+// answers nothing (paused) takes part of the time, not all of it: the other
+// masters are still audited (their own findings reported, not "did not
+// answer"), and the hung one is a finding.
+func TestClusterHungMaster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3) // no persistence: persistence-off on each
+	hung := cluster.Servers[1]
+	hung.Pause(t)
+	const budget = 9 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	start := time.Now()
+	fs, err := doctor.Run(ctx, doctor.Config{Cluster: &redis.ClusterOptions{Addrs: cluster.Addrs()}})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("Run with a hung master: %v after %v", err, took)
+	}
+	t.Logf("took %v of %v:\n%s", took, budget, dump(fs))
+	has(t, fs, "node-unreachable", doctor.Warning, hung.Addr)
+	for _, s := range []*redistest.Server{cluster.Servers[0], cluster.Servers[2]} {
+		has(t, fs, "persistence-off", doctor.Critical, s.Addr)
+		for _, f := range fs {
+			if f.ID == "node-unreachable" && f.Node == s.Addr {
+				t.Fatalf("a live master reported unreachable:\n%s", dump(fs))
+			}
+		}
+	}
+	if took > budget/2 {
+		t.Fatalf("a hung master took %v of the %v", took, budget)
 	}
 }

@@ -674,7 +674,14 @@ func (d *deployment) readCluster(ctx context.Context) error {
 	// about its role and its replicas, as redislock does.
 	for _, addr := range clusterMasters(nodes) {
 		c := d.open(o, addr)
-		if err := d.readPrimary(ctx, o, c); err != nil {
+		// A master that hangs takes a third of the time left, so that
+		// the masters after it are still audited. (With all of ctx, a
+		// paused master listed first left the others "unreachable",
+		// their own findings unread.)
+		mctx, cancel := partOf(ctx)
+		err := d.readPrimary(mctx, o, c)
+		if err != nil {
+			cancel()
 			// A master that does not answer is a finding, not the end:
 			// the others can still be audited.
 			if !slices.Contains(d.unreachable, addr) { // a seed too
@@ -684,10 +691,12 @@ func (d *deployment) readCluster(ctx context.Context) error {
 		}
 		p := d.primaries[len(d.primaries)-1]
 		if p.info["role"] == "slave" {
+			cancel()
 			d.primaries = d.primaries[:len(d.primaries)-1] // its master lists it
 			continue
 		}
-		own, err := c.ClusterNodes(ctx).Result()
+		own, err := c.ClusterNodes(mctx).Result()
+		cancel()
 		if err != nil && !isReply(err) {
 			return fmt.Errorf("%s: CLUSTER NODES: %w", addr, err)
 		}
