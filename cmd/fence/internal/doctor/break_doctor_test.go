@@ -44,26 +44,31 @@ func TestClusterHungMaster(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3) // no persistence: persistence-off on each
 	hung := cluster.Servers[1]
 	hung.Pause(t)
-	const budget = 9 * time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
-	defer cancel()
-	start := time.Now()
-	fs, err := doctor.Run(ctx, doctor.Config{Cluster: &redis.ClusterOptions{Addrs: cluster.Addrs()}})
-	took := time.Since(start)
-	if err != nil {
-		t.Fatalf("Run with a hung master: %v after %v", err, took)
-	}
-	t.Logf("took %v of %v:\n%s", took, budget, dump(fs))
-	has(t, fs, "node-unreachable", doctor.Warning, hung.Addr)
-	for _, s := range []*redistest.Server{cluster.Servers[0], cluster.Servers[2]} {
-		has(t, fs, "persistence-off", doctor.Critical, s.Addr)
-		for _, f := range fs {
-			if f.ID == "node-unreachable" && f.Node == s.Addr {
-				t.Fatalf("a live master reported unreachable:\n%s", dump(fs))
+	// With 3 s (under go-redis's own 5 s bound), a hung master read
+	// before the others left them unread: "did not answer", and their
+	// persistence-off unseen (a warning for a critical deployment), or
+	// the whole cluster "unreachable". With 9 s, it took 5 s of them.
+	for _, budget := range []time.Duration{3 * time.Second, 9 * time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		start := time.Now()
+		fs, err := doctor.Run(ctx, doctor.Config{Cluster: &redis.ClusterOptions{Addrs: cluster.Addrs()}})
+		took := time.Since(start)
+		cancel()
+		if err != nil {
+			t.Fatalf("Run with a hung master, %v: %v after %v", budget, err, took)
+		}
+		t.Logf("took %v of %v:\n%s", took, budget, dump(fs))
+		has(t, fs, "node-unreachable", doctor.Warning, hung.Addr)
+		for _, s := range []*redistest.Server{cluster.Servers[0], cluster.Servers[2]} {
+			has(t, fs, "persistence-off", doctor.Critical, s.Addr)
+			for _, f := range fs {
+				if f.ID == "node-unreachable" && f.Node == s.Addr {
+					t.Fatalf("a live master reported unreachable:\n%s", dump(fs))
+				}
 			}
 		}
-	}
-	if took > budget/2 {
-		t.Fatalf("a hung master took %v of the %v", took, budget)
+		if budget > 5*time.Second && took > budget/2 {
+			t.Fatalf("a hung master took %v of the %v", took, budget)
+		}
 	}
 }
