@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/cmd/fence/internal/doctor"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -70,5 +72,59 @@ func TestClusterHungMaster(t *testing.T) {
 		if budget > 5*time.Second && took > budget/2 {
 			t.Fatalf("a hung master took %v of the %v", took, budget)
 		}
+	}
+}
+
+// TestWritableReplicaNamed: a replica with replica-read-only no, given as
+// the primary, does not refuse the lock scripts with READONLY. With replica
+// sync off it grants locks of its own, which never reach the primary, so a
+// client of the primary gets the same lock: the finding must say so, not
+// that every acquisition fails.
+func TestWritableReplicaNamed(t *testing.T) {
+	primary, replica := cleanPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := replica.Client(t).ConfigSet(ctx, "replica-read-only", "no").Err(); err != nil {
+		t.Fatal(err)
+	}
+	off := &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
+	onReplica, err := redislock.New(replica.Client(t), off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onPrimary, err := redislock.New(primary.Client(t), off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := onReplica.Acquire(ctx, "doctor-writable", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("through the writable replica: %v (the test assumes it grants)", err)
+	}
+	b, err := onPrimary.Acquire(ctx, "doctor-writable", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("through the primary: %v (the test assumes it grants)", err)
+	}
+	t.Logf("two holders of one lock: tokens %d (replica) and %d (primary)", a.Token(), b.Token())
+	_, _ = a.Release(ctx), b.Release(ctx)
+
+	cfg := standalone(replica)
+	cfg.ReplicaSync.Disabled = true
+	f := has(t, run(t, cfg), "not-primary", doctor.Critical, replica.Addr)
+	if strings.Contains(f.Why, "every acquisition fails") || !strings.Contains(f.Why, "replica-read-only no") ||
+		!strings.Contains(f.Fix, "replica-read-only yes") {
+		t.Fatalf("the replica granted a lock, and the finding says:\n%s\n%s", f.Why, f.Fix)
+	}
+	// Replica sync on: refused at WAIT, not with READONLY.
+	f = has(t, run(t, standalone(replica)), "not-primary", doctor.Critical, replica.Addr)
+	if strings.Contains(f.Why, "READONLY") || !strings.Contains(f.Why, "WAIT") {
+		t.Fatalf("Why: %s", f.Why)
+	}
+	// Read-only again: the scripts are refused, as the finding then says.
+	if err := replica.Client(t).ConfigSet(ctx, "replica-read-only", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	f = has(t, run(t, cfg), "not-primary", doctor.Critical, replica.Addr)
+	if !strings.Contains(f.Why, "READONLY") {
+		t.Fatalf("Why: %s", f.Why)
 	}
 }

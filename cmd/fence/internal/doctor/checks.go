@@ -57,9 +57,19 @@ func checkRole(d *deployment) []Finding {
 	var out []Finding
 	for _, p := range d.primaries {
 		if role := p.info["role"]; role != "master" && role != "" { // "": INFO refused, see checkCommands
-			out = append(out, Finding{ID: "not-primary", Severity: Critical, Node: p.addr,
-				Why: "the node is a replica (role " + p.info["role"] + "): every acquisition fails with READONLY, since the lock scripts write",
-				Fix: "point fence at the primary, or at the sentinels with --redis-sentinel so that it follows failovers"})
+			why := "the node is a replica (role " + role + "): every acquisition fails with READONLY, since the lock scripts write"
+			fix := "point fence at the primary, or at the sentinels with --redis-sentinel so that it follows failovers"
+			if p.config != nil && p.config["replica-read-only"] == "no" {
+				// A writable replica runs the scripts: they fail only
+				// at WAIT, which a replica refuses; without replica
+				// sync they grant a lock the primary never sees.
+				why = "the node is a replica (role " + role + ") with replica-read-only no: every acquisition with replica sync on fails (a replica refuses WAIT)"
+				if d.cfg.ReplicaSync.Disabled {
+					why = "the node is a replica (role " + role + ") with replica-read-only no, and replica sync is off: it grants locks and tokens of its own that never reach its primary, so a client of the primary takes the same lock while a client of this node holds it, and the next resync drops them"
+				}
+				fix += "; and CONFIG SET replica-read-only yes on every replica"
+			}
+			out = append(out, Finding{ID: "not-primary", Severity: Critical, Node: p.addr, Why: why, Fix: fix})
 		}
 		if d.kind == "standalone" && p.info["redis_mode"] == "cluster" {
 			// A client of one cluster node: MOVED for the others' slots.

@@ -234,6 +234,7 @@ type node struct {
 var configNames = []string{
 	"save", "appendonly", "appendfsync", "maxmemory", "maxmemory-policy",
 	"min-replicas-to-write", "min-replicas-max-lag", "cluster-node-timeout",
+	"replica-read-only",
 }
 
 // nodeOptions returns a copy of o for addr, bounded by ctx and without retries,
