@@ -128,3 +128,53 @@ func TestWritableReplicaNamed(t *testing.T) {
 		t.Fatalf("Why: %s", f.Why)
 	}
 }
+
+// TestSentinelSplit: sentinels listed together that name different
+// primaries for one master name (a sentinel of another deployment, or one
+// that missed a failover) send clients to two primaries: two holders of one
+// lock. The doctor read the first sentinel's primary only.
+func TestSentinelSplit(t *testing.T) {
+	p, _ := cleanPair(t)
+	q, _ := cleanPair(t)
+	ps := redistest.StartSentinels(t, p, 2)
+	qs := redistest.StartSentinels(t, q, 1) // also "mymaster"
+	redistest.WaitSentinelsReady(t, ps, 1)
+	redistest.WaitSentinelsReady(t, qs, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	all := append(ps.Addrs(), qs.Addrs()...)
+	for _, addr := range all {
+		c := redis.NewSentinelClient(&redis.Options{Addr: addr})
+		err := c.Set(ctx, ps.Master, "down-after-milliseconds", "40000").Err()
+		_ = c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// go-redis takes the primary of whichever listed sentinel answers
+	// first: clients that reach different ones both hold one lock.
+	var tokens []fence.Token
+	for _, sentinel := range []string{all[0], all[2]} {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: ps.Master, SentinelAddrs: []string{sentinel}})
+		defer c.Close()
+		l, err := redislock.New(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease, err := l.Acquire(ctx, "doctor-split", fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatalf("acquire through %v: %v", sentinel, err)
+		}
+		defer lease.Release(ctx)
+		tokens = append(tokens, lease.Token())
+	}
+	t.Logf("two holders of one lock through one sentinel list: tokens %v", tokens)
+
+	cfg := doctor.Config{Sentinel: &redis.FailoverOptions{MasterName: ps.Master, SentinelAddrs: all}}
+	f := has(t, run(t, cfg), "sentinel-split", doctor.Critical, ps.Master)
+	if !strings.Contains(f.Why, p.Addr) || !strings.Contains(f.Why, q.Addr) {
+		t.Fatalf("the finding does not name both primaries: %s", f.Why)
+	}
+	cfg.Sentinel.SentinelAddrs = ps.Addrs()
+	lacks(t, run(t, cfg), "sentinel-split")
+}

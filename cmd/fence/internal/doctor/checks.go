@@ -281,6 +281,15 @@ func checkSentinel(d *deployment) []Finding {
 		return nil
 	}
 	var out []Finding
+	if len(sv.named) > 1 {
+		var views []string
+		for _, p := range slices.Sorted(maps.Keys(sv.named)) {
+			views = append(views, p+" (by "+strings.Join(sv.named[p], ", ")+")")
+		}
+		out = append(out, Finding{ID: "sentinel-split", Severity: Critical, Node: sv.master,
+			Why: fmt.Sprintf("the sentinels name different primaries for %s: %s; a client takes the primary of whichever sentinel answers first, so clients lock on different primaries and two of them hold one lock at once, with tokens from unrelated counters; the doctor audited only %s", sv.master, strings.Join(views, "; "), sv.from+"'s"),
+			Fix: fmt.Sprintf("list only the sentinels of one deployment in --redis-sentinel, and have every sentinel monitor the same primary (SENTINEL REMOVE %s and SENTINEL MONITOR on the odd ones, or give each deployment its own master name)", sv.master)})
+	}
 	reach := len(sv.addrs) - len(sv.unreachable)
 	if len(sv.unreachable) > 0 {
 		// A failover needs the quorum to agree the primary is down and a

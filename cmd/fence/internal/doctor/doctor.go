@@ -574,6 +574,10 @@ type sentinelView struct {
 	// downReplicas are the replicas the sentinels list as down or
 	// disconnected; the primary no longer lists them.
 	downReplicas []sentinelReplica
+	// named maps each primary address the answering sentinels give for
+	// the master to the sentinels that give it: more than one is a
+	// split, whose clients lock on different primaries.
+	named map[string][]string
 }
 
 type sentinelReplica struct{ addr, flags, link string }
@@ -599,6 +603,16 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 			continue
 		}
 		if master != nil {
+			// Every sentinel is asked which primary it names: a
+			// client goes to the first that answers, so sentinels
+			// that disagree send clients to two primaries.
+			sctx, cancel := partOf(ctx)
+			a, err := sc.GetMasterAddrByName(sctx, fo.MasterName).Result()
+			cancel()
+			if err == nil && len(a) == 2 {
+				p := net.JoinHostPort(a[0], a[1])
+				sv.named[p] = append(sv.named[p], addr)
+			}
 			continue
 		}
 		a, err := sc.GetMasterAddrByName(ctx, fo.MasterName).Result()
@@ -606,6 +620,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 			return fmt.Errorf("sentinel %s: master %q: %v %w", addr, fo.MasterName, a, err)
 		}
 		master, sv.from = a, addr
+		sv.named = map[string][]string{net.JoinHostPort(a[0], a[1]): {addr}}
 		others, _ := strconv.Atoi(m["num-other-sentinels"])
 		sv.known = others + 1
 		sv.quorum, _ = strconv.Atoi(m["quorum"])
