@@ -178,3 +178,31 @@ func TestSentinelSplit(t *testing.T) {
 	cfg.Sentinel.SentinelAddrs = ps.Addrs()
 	lacks(t, run(t, cfg), "sentinel-split")
 }
+
+// TestSentinelTooFew: one sentinel with quorum 1 is its own majority, and
+// two need each other for any failover; the doctor said nothing of either.
+func TestSentinelTooFew(t *testing.T) {
+	primary, _ := cleanPair(t)
+	for _, n := range []int{1, 2} {
+		sentinels := redistest.StartSentinels(t, primary, n) // quorum n/2+1: 1 of 1, 2 of 2
+		redistest.WaitSentinelsReady(t, sentinels, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		for _, addr := range sentinels.Addrs() {
+			c := redis.NewSentinelClient(&redis.Options{Addr: addr})
+			err := c.Set(ctx, sentinels.Master, "down-after-milliseconds", "40000").Err()
+			_ = c.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		cancel()
+		cfg := doctor.Config{Sentinel: &redis.FailoverOptions{MasterName: sentinels.Master, SentinelAddrs: sentinels.Addrs()}}
+		f := has(t, run(t, cfg), "sentinel-quorum", doctor.Warning, sentinels.Master)
+		if !strings.Contains(f.Fix, "at least three sentinels") {
+			t.Fatalf("Fix: %s", f.Fix)
+		}
+		for _, s := range sentinels.Servers {
+			s.Close()
+		}
+	}
+}

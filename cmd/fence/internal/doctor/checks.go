@@ -311,6 +311,12 @@ func checkSentinel(d *deployment) []Finding {
 		out = append(out, Finding{ID: "sentinel-quorum", Severity: Warning, Node: sv.master,
 			Why: fmt.Sprintf("quorum %d of %d sentinels is not a majority: a minority that lost sight of the primary marks it down, and failovers (each one a chance to lose locks the promoted replica missed) start on a partial view", sv.quorum, sv.known),
 			Fix: fmt.Sprintf("SENTINEL SET %s quorum %d on every sentinel", sv.master, sv.known/2+1)})
+	} else if sv.known < 3 {
+		// One sentinel is its own majority: its view alone fails the
+		// primary over. Two need each other to authorise any failover.
+		out = append(out, Finding{ID: "sentinel-quorum", Severity: Warning, Node: sv.master,
+			Why: fmt.Sprintf("only %d sentinel(s) monitor the master: one that loses sight of the primary, or is down, decides alone whether a failover (each one a chance to lose locks the promoted replica missed) starts, or whether any can; a failover needs a majority of the sentinels to authorise it", sv.known),
+			Fix: fmt.Sprintf("run at least three sentinels on separate hosts, with SENTINEL SET %s quorum 2", sv.master)})
 	}
 	if sv.downAfter < d.cfg.LeaseTime {
 		out = append(out, Finding{ID: "sentinel-down-after", Severity: Warning, Node: sv.master,
