@@ -206,3 +206,70 @@ func TestSentinelTooFew(t *testing.T) {
 		}
 	}
 }
+
+// TestPausedWithinTimeout: a primary paused for a second, well within the
+// budget, is waited for and audited: its findings, not "unreachable".
+// (Held: attack that did not bite.)
+func TestPausedWithinTimeout(t *testing.T) {
+	s := redistest.Start(t)
+	resume := s.Pause(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	var fs []doctor.Finding
+	var err error
+	go func() {
+		defer close(done)
+		fs, err = doctor.Run(ctx, standalone(s))
+	}()
+	select {
+	case <-done:
+		t.Fatalf("Run returned while the server was paused: %v", err)
+	case <-time.After(time.Second):
+	}
+	resume()
+	<-done
+	if err != nil {
+		t.Fatalf("Run on a server paused within the budget: %v", err)
+	}
+	has(t, fs, "persistence-off", doctor.Critical, s.Addr)
+}
+
+// TestConfigRenamed: CONFIG renamed away (as managed services do) leaves
+// persistence and eviction unchecked, which is said, not read as health.
+// (Held.)
+func TestConfigRenamed(t *testing.T) {
+	s := redistest.Start(t, "--rename-command", "CONFIG", "")
+	fs := run(t, standalone(s))
+	f := has(t, fs, "config-unreadable", doctor.Warning, s.Addr)
+	if !strings.Contains(f.Fix, "appendonly") {
+		t.Fatalf("Fix: %s", f.Fix)
+	}
+	lacks(t, fs, "persistence-off")
+	lacks(t, fs, "min-replicas")
+}
+
+// TestReplicaOtherPassword: a replica whose password differs from the
+// primary's (the doctor opens it with the primary's credentials) cannot be
+// audited; the finding must say it refused the credentials, not that it
+// did not answer.
+func TestReplicaOtherPassword(t *testing.T) {
+	primary, replica := cleanPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rc, pc := replica.Client(t), primary.Client(t)
+	for _, step := range []func() error{
+		func() error { return rc.ConfigSet(ctx, "masterauth", "pw1").Err() },
+		func() error { return rc.ConfigSet(ctx, "requirepass", "pw2").Err() },
+		func() error { return pc.ConfigSet(ctx, "requirepass", "pw1").Err() },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fs := run(t, doctor.Config{Standalone: &redis.Options{Addr: primary.Addr, Password: "pw1"}})
+	f := has(t, fs, "node-unreachable", doctor.Warning, replica.Addr)
+	if !strings.Contains(f.Why, "refused the credentials") {
+		t.Fatalf("Why: %s", f.Why)
+	}
+}

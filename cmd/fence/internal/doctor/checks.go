@@ -45,6 +45,13 @@ func checkReachable(d *deployment) []Finding {
 		if errors.As(d.why[addr], &ae) {
 			what = fmt.Sprintf("refused the credentials (%v)", ae.error)
 			fix = "give this node's user and password in its URL, as the lockers use them"
+			if d.kind != "redlock" {
+				// A replica (or cluster master) the primary named,
+				// opened with the URL's credentials: it answers, it
+				// just refuses them, and replication may be fine.
+				effect = "its persistence and eviction settings, which a failover to it brings along, went unchecked"
+				fix = "give every node of the deployment the user and password of the URL (requirepass, or the same ACL user), or run the doctor against it separately"
+			}
 		}
 		out = append(out, Finding{ID: "node-unreachable", Severity: Warning, Node: addr,
 			Why: "a node the deployment lists " + what + ", so the doctor could not audit it, and " + effect,

@@ -505,6 +505,10 @@ func (d *deployment) readPrimary(ctx context.Context, o redis.Options, c *redis.
 			if err != nil {
 				_ = c.Close()
 				d.unreachable = append(d.unreachable, rl.addr)
+				if d.why == nil {
+					d.why = map[string]error{}
+				}
+				d.why[rl.addr] = err // a refused password is said as such
 				return
 			}
 			d.clients = append(d.clients, r.client)
