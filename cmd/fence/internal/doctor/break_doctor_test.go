@@ -273,3 +273,20 @@ func TestReplicaOtherPassword(t *testing.T) {
 		t.Fatalf("Why: %s", f.Why)
 	}
 }
+
+// TestNoFsyncOnRewrite: appendfsync always does not fsync while a child
+// (AOF rewrite, RDB save) runs when no-appendfsync-on-rewrite is yes
+// (Redis's flushAppendOnlyFile returns before the fsync): a host crash then
+// loses acknowledged acquisitions. The doctor called that durable.
+func TestNoFsyncOnRewrite(t *testing.T) {
+	s := redistest.Start(t, append(durable, "--no-appendfsync-on-rewrite", "yes")...)
+	f := has(t, run(t, standalone(s)), "appendfsync", doctor.Warning, s.Addr)
+	if !strings.Contains(f.Fix, "no-appendfsync-on-rewrite no") {
+		t.Fatalf("Fix: %s", f.Fix)
+	}
+	lacks(t, run(t, standalone(redistest.Start(t, durable...))), "appendfsync")
+
+	// Redlock: such a master does not keep its grants over a crash either.
+	ms := append(masters(t, 2), s)
+	has(t, run(t, redlockAt(addrsOf(ms)...)), "redlock-restart", doctor.Warning, s.Addr)
+}

@@ -128,6 +128,12 @@ func checkPersistence(d *deployment) []Finding {
 			out = append(out, Finding{ID: "appendfsync", Severity: Warning, Node: n.addr,
 				Why: "appendfsync " + n.config["appendfsync"] + ": a crash of the host (power, kernel) loses the acquisitions of the last second or so, so a lock still held can be granted again; " + clockFloor,
 				Fix: "CONFIG SET appendfsync always (each write is fsynced before the reply)"})
+		case n.config["no-appendfsync-on-rewrite"] == "yes":
+			// Redis skips the fsync, appendfsync always included,
+			// while a child process (AOF rewrite, RDB save) runs.
+			out = append(out, Finding{ID: "appendfsync", Severity: Warning, Node: n.addr,
+				Why: "appendfsync always with no-appendfsync-on-rewrite yes: while an AOF rewrite or RDB save runs, Redis skips the fsync, so a crash of the host then loses the acquisitions of up to the last 30 s or so, and a lock still held can be granted again; " + clockFloor,
+				Fix: "CONFIG SET no-appendfsync-on-rewrite no"})
 		}
 	}
 	return out
@@ -542,15 +548,15 @@ func checkRedlock(d *deployment) []Finding {
 				Why: fmt.Sprintf("the master has %d replica(s): Redlock does not wait for them, so a failover to one that missed an acquisition forgets that lock, and a second client can win a majority while the first holds it", c),
 				Fix: "run Redlock masters without failover (no Sentinel or Cluster promoting their replicas), or use redislock with replica sync on one replicated primary"})
 		}
-		if p.config != nil && (p.config["appendonly"] != "yes" || p.config["appendfsync"] != "always") {
+		if p.config != nil && (p.config["appendonly"] != "yes" || p.config["appendfsync"] != "always" || p.config["no-appendfsync-on-rewrite"] == "yes") {
 			weak = append(weak, p.addr)
 		}
 	}
 	if len(weak) > 0 {
 		slices.Sort(weak)
 		out = append(out, Finding{ID: "redlock-restart", Severity: Warning, Node: strings.Join(weak, ","),
-			Why: fmt.Sprintf("without appendonly yes and appendfsync always, a master that crashes comes back without the locks it granted: unless it stays down at least the lease time (%v) before rejoining, it grants a lock again that a majority counting it already granted, and two clients hold it (Redlock's first assumption); the tokens still tell them apart only if the resource checks them", d.cfg.LeaseTime),
-			Fix: fmt.Sprintf("CONFIG SET appendonly yes and appendfsync always on each master, or make a crashed master stay down at least %v before it restarts (e.g. systemd RestartSec)", d.cfg.LeaseTime)})
+			Why: fmt.Sprintf("without appendonly yes and appendfsync always (and no-appendfsync-on-rewrite no), a master that crashes comes back without the locks it granted: unless it stays down at least the lease time (%v) before rejoining, it grants a lock again that a majority counting it already granted, and two clients hold it (Redlock's first assumption); the tokens still tell them apart only if the resource checks them", d.cfg.LeaseTime),
+			Fix: fmt.Sprintf("CONFIG SET appendonly yes, appendfsync always and no-appendfsync-on-rewrite no on each master, or make a crashed master stay down at least %v before it restarts (e.g. systemd RestartSec)", d.cfg.LeaseTime)})
 	}
 	return out
 }

@@ -234,7 +234,7 @@ type node struct {
 var configNames = []string{
 	"save", "appendonly", "appendfsync", "maxmemory", "maxmemory-policy",
 	"min-replicas-to-write", "min-replicas-max-lag", "cluster-node-timeout",
-	"replica-read-only",
+	"replica-read-only", "no-appendfsync-on-rewrite",
 }
 
 // nodeOptions returns a copy of o for addr, bounded by ctx and without retries,
