@@ -1,0 +1,209 @@
+package redislock_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/child"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// handoffChildEnv makes the test binary a waiting process: "addr name
+// budget", it acquires name on addr with that wait budget and a minute's
+// lease, and prints what it got.
+const handoffChildEnv = "FENCE_HANDOFF_CHILD"
+
+// TestHandoffChild is the child of TestKilledWaiterProcessAtHead; it runs
+// only with handoffChildEnv set.
+func TestHandoffChild(t *testing.T) {
+	spec := os.Getenv(handoffChildEnv)
+	if spec == "" {
+		return // not a child: nothing to do
+	}
+	var addr, name, wait string
+	_, err := fmt.Sscan(spec, &addr, &name, &wait)
+	budget, perr := time.ParseDuration(wait)
+	if err != nil || perr != nil {
+		fmt.Println("bad spec:", err, perr)
+		os.Exit(2)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	l, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	if err != nil {
+		fmt.Println("new:", err)
+		os.Exit(2)
+	}
+	fmt.Println("waiting")
+	ls, err := l.Acquire(context.Background(), name, fence.Wait(budget), fence.TTL(time.Minute))
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	fmt.Println("granted", ls.Token())
+	select {} // until killed
+}
+
+// startWaiterProcess starts a child process that waits for name on srv
+// with budget, and returns it once the child has said it is about to wait.
+func startWaiterProcess(t *testing.T, srv *redistest.Server, name string, budget time.Duration) (*exec.Cmd, *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHandoffChild$")
+	cmd.Env = append(os.Environ(), handoffChildEnv+"="+fmt.Sprint(srv.Addr, " ", name, " ", budget))
+	child.DieWithParent(cmd)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "waiting" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	return cmd, r
+}
+
+// TestKilledWaiterProcessAtHead: a waiter in another process, queued at
+// the head, is killed with SIGKILL (no withdrawal, no closing of its
+// connections: the server sees them reset). The release grants it the lock
+// for what is left of its budget, not its lease (a minute), and the waiter
+// behind it, in this process, gets the lock when that grant ends, with a
+// larger token.
+func TestKilledWaiterProcessAtHead(t *testing.T) {
+	t.Parallel() // own server; mostly waits out the killed waiter's budget
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:killedhead"
+	queue := lockKey(name) + ":queue"
+	holder := acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
+
+	const budget = 2 * time.Second
+	began := time.Now()
+	cmd, _ := startWaiterProcess(t, srv, name, budget)
+	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 1 })
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	got := make(chan fence.Lease, 1)
+	errs := make(chan error, 1)
+	go func() {
+		ls, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		errs <- err
+		got <- ls
+	}()
+	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 2 })
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatalf("the waiter behind the killed one: %v", err)
+	}
+	ls := <-got
+	defer ls.Release(context.Background())
+	if took := time.Since(began); took > budget+3*time.Second {
+		t.Fatalf("the waiter behind the killed one got the lock %v after the killed one began waiting with a budget of %v", took, budget)
+	}
+	if ls.Token() <= holder.Token() {
+		t.Fatalf("token %d after %d", ls.Token(), holder.Token())
+	}
+}
+
+// TestSubscriptionKilledJustBeforeGrant: the waiter's subscription
+// connection is killed (CLIENT KILL TYPE pubsub) right before the release
+// that grants it the lock: the grant is published to nobody. The waiter
+// must still get the lock within moments (it tries again when it has
+// subscribed again), not at the old holder's TTL (a minute) while the
+// lock, granted to it, sits idle.
+func TestSubscriptionKilledJustBeforeGrant(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:subkilled"
+	for round := range 3 {
+		holder := acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
+		got := make(chan error, 1)
+		go func() {
+			ls, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+			if err == nil {
+				err = ls.Release(ctx(t))
+			}
+			got <- err
+		}()
+		waitFor(t, func() bool { return subscribers(t, admin, name) == 1 })
+		if err := admin.ClientKillByFilter(ctx(t), "TYPE", "pubsub").Err(); err != nil {
+			t.Fatal(err)
+		}
+		released := time.Now()
+		if err := holder.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if took := time.Since(released); took > 5*time.Second {
+			t.Fatalf("round %d: the waiter got the lock %v after the release", round, took)
+		}
+	}
+}
+
+// TestServerPausedAcrossWaiterDeadline: the server is paused (SIGSTOP)
+// while the holder's release is on its way, and the budget of the waiter
+// at the head of the queue ends during the pause. When the server goes on,
+// the release must not grant the lock to that waiter (it has left, and its
+// withdrawal is behind the release), but to the next one, at once.
+func TestServerPausedAcrossWaiterDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:pausedhead"
+	queue := lockKey(name) + ":queue"
+	holder := acquire(t, newLocker(t, srv.Client(t)), name, fence.TTL(time.Minute))
+
+	short := make(chan error, 1)
+	go func() {
+		_, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name, fence.Wait(700*time.Millisecond), fence.TTL(time.Minute))
+		short <- err
+	}()
+	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 1 })
+	next := make(chan fence.Lease, 1)
+	nextErr := make(chan error, 1)
+	go func() {
+		ls, err := newLocker(t, srv.Client(t)).Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		nextErr <- err
+		next <- ls
+	}()
+	waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 2 })
+
+	resume := srv.Pause(t)
+	releaseErr := make(chan error, 1)
+	go func() { releaseErr <- holder.Release(ctx(t)) }()
+	if err := <-short; !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("the short waiter, its budget ended during the pause: %v", err)
+	}
+	resumed := time.Now()
+	resume()
+	if err := <-releaseErr; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-nextErr; err != nil {
+		t.Fatal(err)
+	}
+	ls := <-next
+	defer ls.Release(context.Background())
+	if took := time.Since(resumed); took > 5*time.Second {
+		t.Fatalf("the next waiter got the lock %v after the server went on", took)
+	}
+}
