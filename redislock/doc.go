@@ -111,7 +111,14 @@
 // declared keys, so a slot migration redirects it (ASK, TRYAGAIN) rather
 // than fail it.
 // It subscribes to the lock's release channel (sharded pub/sub on a
-// cluster) and sends nothing else while it waits.
+// cluster) and sends nothing else while it waits. On a client of a type
+// New cannot identify (see Replica sync) it subscribes both ways, on one
+// connection, and its scripts publish grants both ways: such a client may
+// hide a cluster client, and a Locker on that cluster client, in another
+// process, publishes with SPUBLISH only and hears nothing else; otherwise
+// each side's grants to the other's waiters went unheard, and the lock,
+// granted, sat idle until the waiter's timer (the old holder's TTL)
+// (TestHandoffBetweenClusterClientAndWrapper).
 //
 // A release grants the lock: in the release script, it takes the first
 // live owner off the queue (one whose entry is still there and whose

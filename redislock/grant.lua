@@ -66,14 +66,27 @@ local function compact(queue, waiters, nowMs)
   end
 end
 
--- publisher returns the command that publishes on the release channel:
+-- publisher returns the commands that publish on the release channel:
 -- SPUBLISH when the owner argument (32 characters of owner, 16 of secret)
--- ends with S (the Locker is on a cluster), PUBLISH otherwise.
+-- ends with S (the Locker is on a cluster), both PUBLISH and SPUBLISH when
+-- it ends with B (a client the Locker cannot identify, which may hide a
+-- cluster client: its waiters subscribe both ways, and the waiters of a
+-- cluster client's Lockers with SSUBSCRIBE only), PUBLISH otherwise.
 local function publisher(ownerArg)
-  if string.byte(ownerArg, 49) == 83 then -- 'S'
-    return 'SPUBLISH'
+  local b = string.byte(ownerArg, 49)
+  if b == 83 then -- 'S'
+    return {'SPUBLISH'}
+  elseif b == 66 then -- 'B'
+    return {'PUBLISH', 'SPUBLISH'}
   end
-  return 'PUBLISH'
+  return {'PUBLISH'}
+end
+
+-- publishAll publishes msg on channel with each of publish's commands.
+local function publishAll(publish, channel, msg)
+  for _, cmd in ipairs(publish) do
+    redis.call(cmd, channel, msg)
+  end
 end
 
 -- grant gives the free lock to the live head of queue, with a new token,
@@ -105,6 +118,6 @@ local function grant(lock, record, queue, waiters, retention, publish, channel, 
   redis.call('SET', lock, head, 'PX', px)
   redis.call('SET', record, string.format('%d', token), 'PX', math.max(tonumber(retention), px))
   local signed = string.format('%d %d %s %d', token, px, try, nowMs)
-  redis.call(publish, channel, 'g ' .. head .. ' ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed))
+  publishAll(publish, channel, 'g ' .. head .. ' ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed))
   return head, nil, token
 end

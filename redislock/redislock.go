@@ -734,7 +734,7 @@ type attempt struct {
 // ttl (zero: the watchdog's).
 func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	k := l.keys(name)
-	revokeKey, secret := revocationKey(k.lock, l.sharded)
+	revokeKey, secret := revocationKey(k.lock, l.publishMode())
 	owner := revokeKey[len(revokeKey)-ownerLen:]
 	ls := new(lease)
 	a := &ls.attempt
@@ -1235,12 +1235,29 @@ const (
 	secretLen = 16
 )
 
+// publishMode is how this Locker's scripts publish grants (see
+// revocationKey): 'S' with SPUBLISH on a cluster client, 'B' with both
+// PUBLISH and SPUBLISH on a client of a type New cannot identify (it may
+// hide a cluster client, whose other Lockers subscribe with SSUBSCRIBE,
+// or a single server's, whose others subscribe with SUBSCRIBE: see
+// subscribe), 0 with PUBLISH.
+func (l *Locker) publishMode() byte {
+	switch {
+	case l.sharded:
+		return 'S'
+	case l.opaque:
+		return 'B'
+	}
+	return 0
+}
+
 // revocationKey returns lock's revocation mark for a new owner id, which
 // ends it: lock + ":revoked:" + owner, and the owner followed by a new
 // secret, built in one allocation so that both are substrings of it. With
-// sharded, ownerSecret ends with "S": the scripts then publish grants with
-// SPUBLISH rather than PUBLISH (one argument fewer on every call).
-func revocationKey(lock string, sharded bool) (key, ownerSecret string) {
+// mode not 0, ownerSecret ends with it: the scripts then publish grants
+// with SPUBLISH ('S') or with both PUBLISH and SPUBLISH ('B') rather than
+// PUBLISH (one argument fewer on every call).
+func revocationKey(lock string, mode byte) (key, ownerSecret string) {
 	var b [(ownerLen + secretLen) / 2]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	var h [ownerLen + secretLen]byte
@@ -1250,8 +1267,8 @@ func revocationKey(lock string, sharded bool) (key, ownerSecret string) {
 	sb.WriteString(lock)
 	sb.WriteString(":revoked:")
 	sb.Write(h[:])
-	if sharded {
-		sb.WriteByte('S')
+	if mode != 0 {
+		sb.WriteByte(mode)
 	}
 	s := sb.String()
 	end := len(lock) + len(":revoked:") + len(h)

@@ -53,7 +53,7 @@ if redis.call('EXISTS', queue) == 1 then
   granted, err, token = grant(lock, record, queue, waiters, ARGV[2], publish, lock .. ':released', redis.call('TIME'))
 end
 if err or (not granted and redis.call('EXISTS', KEYS[5]) == 1) then
-  redis.call(publish, lock .. ':released', 'released')
+  publishAll(publish, lock .. ':released', 'released')
 end
 if granted then
   return {1, granted, token} -- whom it granted: see Locker.releaseLease

@@ -50,6 +50,10 @@ type subscription struct {
 	// never); guarded by Locker.mu. A waiter that joins later than that
 	// wake-up, after a try made during the break, must try again (join).
 	again time.Time
+	// kinds is how many subscriptions (SUBSCRIBE, SSUBSCRIBE) the channel
+	// has on the connection: it is confirmed when each of them is. Set by
+	// subscribe before its confirmations are read.
+	kinds int
 	// handing counts this Locker's releases of the lock in flight with
 	// WAIT (see Locker.releaseLease); guarded by Locker.mu. While one is,
 	// a waiter that needs its grant confirmed waits for it rather than
@@ -449,7 +453,7 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 		return
 	}
 
-	failures := 0
+	failures, confirmed := 0, 0
 	for {
 		msg, err := ps.Receive(ctx)
 		if err != nil {
@@ -499,7 +503,9 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 					// that releases reach us again.
 					l.subscribedAgain(w)
 				default:
-					w.setReady(nil)
+					if confirmed++; confirmed >= w.kinds {
+						w.setReady(nil)
+					}
 				}
 			case "sunsubscribe":
 				// Redis 7 drops a shard channel's subscribers when the
@@ -543,6 +549,16 @@ func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub,
 	} else {
 		ps = l.client.Subscribe(ctx)
 		err = ps.Subscribe(ctx, w.channel)
+		if err == nil && l.opaque {
+			// A client New cannot identify may hide a cluster client,
+			// whose Lockers publish grants with SPUBLISH only: listen
+			// there too, on the same connection (the channel's slot's
+			// node when it is a cluster's). Its scripts publish both
+			// ways (publishMode), for such Lockers' waiters and for
+			// those that SUBSCRIBE.
+			err = ps.SSubscribe(ctx, w.channel)
+			w.kinds = 2
+		}
 	}
 	l.mu.Lock()
 	closed := w.closed

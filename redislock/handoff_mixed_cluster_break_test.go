@@ -1,0 +1,68 @@
+package redislock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestHandoffBetweenClusterClientAndWrapper: two Lockers on one cluster and
+// one lock name, as in two processes of one service, one given the
+// *redis.ClusterClient, the other a struct embedding it behind the
+// redis.UniversalClient interface (supported with replica sync off: the
+// scripts route by key). A release by either must reach a waiter of the
+// other: the lock, granted to that waiter, must not sit idle until the old
+// holder's TTL (a minute).
+func TestHandoffBetweenClusterClientAndWrapper(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits for it to start
+	cluster := redistest.StartCluster(t, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.ForEachShard(ctx(t), func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	off := redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
+	direct := newLockerWith(t, c, off)
+	wrapped := newLockerWith(t, interfaceWrapped{c}, off)
+	for _, tc := range []struct {
+		name           string
+		holder, waiter *redislock.Locker
+	}{
+		{"cluster client releases to wrapper", direct, wrapped},
+		{"wrapper releases to cluster client", wrapped, direct},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "lock:mixed-pubsub:" + tc.name
+			holder := acquire(t, tc.holder, name, fence.TTL(time.Minute))
+			type result struct {
+				ls  fence.Lease
+				err error
+			}
+			got := make(chan result, 1)
+			wctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+			defer cancel()
+			go func() {
+				ls, err := tc.waiter.Acquire(wctx, name, fence.Wait(time.Minute), fence.TTL(time.Minute))
+				got <- result{ls, err}
+			}()
+			waitFor(t, func() bool { return c.LLen(ctx(t), lockKey(name)+":queue").Val() == 1 })
+			released := time.Now()
+			if err := holder.Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("the waiter did not get the lock granted to it %v after the release (the old holder's TTL is a minute): %v", time.Since(released).Round(time.Millisecond), r.err)
+			}
+			defer r.ls.Release(context.Background())
+			if took := time.Since(released); took > 5*time.Second {
+				t.Fatalf("the waiter got the lock %v after the release", took)
+			}
+		})
+	}
+}
