@@ -66,3 +66,36 @@ func TestHandoffBetweenClusterClientAndWrapper(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitOnInterfaceWrappedRing: a Locker on a struct embedding the
+// redis.UniversalClient interface around a *redis.Ring, replica sync off
+// (its acquisitions route by key through the Ring), waits for a held lock
+// and gets it when it is released. Its subscription was made with
+// Subscribe(ctx) and no channel, which a Ring answers with a panic ("at
+// least one channel is required") on the subscription's own goroutine:
+// the whole program died at the first wait.
+func TestWaitOnInterfaceWrappedRing(t *testing.T) {
+	ring, _ := startRing(t, 0, 0)
+	l := lockerWith(t, interfaceWrapped{ring}, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	const name = "lock:hidden-ring-wait"
+	holder := acquire(t, l, name, fence.TTL(time.Minute))
+	got := make(chan error, 1)
+	go func() {
+		ls, err := l.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		if err == nil {
+			err = ls.Release(ctx(t))
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return ring.LLen(ctx(t), lockKey(name)+":queue").Val() == 1 })
+	released := time.Now()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(released); took > 5*time.Second {
+		t.Fatalf("the waiter got the lock %v after the release", took)
+	}
+}

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -546,19 +547,12 @@ func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub,
 	} else if l.sharded {
 		ps = l.client.SSubscribe(ctx)
 		err = ps.SSubscribe(ctx, w.channel)
+	} else if l.opaque {
+		ps, err = subscribeOpaque(ctx, l.client, w.channel)
+		w.kinds = 2
 	} else {
 		ps = l.client.Subscribe(ctx)
 		err = ps.Subscribe(ctx, w.channel)
-		if err == nil && l.opaque {
-			// A client New cannot identify may hide a cluster client,
-			// whose Lockers publish grants with SPUBLISH only: listen
-			// there too, on the same connection (the channel's slot's
-			// node when it is a cluster's). Its scripts publish both
-			// ways (publishMode), for such Lockers' waiters and for
-			// those that SUBSCRIBE.
-			err = ps.SSubscribe(ctx, w.channel)
-			w.kinds = 2
-		}
 	}
 	l.mu.Lock()
 	closed := w.closed
@@ -574,6 +568,34 @@ func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub,
 			_ = ps.Close()
 		}
 		return nil, errors.Join(err, ctx.Err())
+	}
+	return ps, nil
+}
+
+// subscribeOpaque subscribes to channel through a client New cannot
+// identify, both ways on one connection (the channel's slot's node when
+// it is a cluster's): it may hide a cluster client, whose Lockers publish
+// grants with SPUBLISH only, and this Locker's scripts publish both ways
+// (publishMode) for them and for those that SUBSCRIBE. The channel is
+// given to Subscribe itself: a Ring behind the client panics on a
+// Subscribe without one (TestWaitOnInterfaceWrappedRing), and on one while
+// it has every shard marked down, which is returned here as the error.
+// Subscribe's own error comes with SSubscribe's, which uses its connection.
+func subscribeOpaque(ctx context.Context, c redis.UniversalClient, channel string) (ps *redis.PubSub, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			ps = nil
+			if e, ok := r.(error); ok {
+				err = e
+			} else {
+				err = fmt.Errorf("redislock: subscribe: %v", r)
+			}
+		}
+	}()
+	ps = c.Subscribe(ctx, channel)
+	if err := ps.SSubscribe(ctx, channel); err != nil {
+		_ = ps.Close()
+		return nil, err
 	}
 	return ps, nil
 }
