@@ -6,7 +6,7 @@
 -- waiters' hash (grant.lua)
 -- ARGV[1] owner (32 characters) followed by the secret that signs a grant
 -- to it (16), and by S when grants go out with SPUBLISH rather than
--- PUBLISH, ARGV[2] lease ms, ARGV[3] token record retention ms,
+-- PUBLISH (B: with both; see publisher in grant.lua), ARGV[2] lease ms, ARGV[3] token record retention ms,
 -- ARGV[4] how much longer the caller may wait, ms (0: it does not),
 -- ARGV[5] the number of this try
 -- The release channel is the lock's key followed by ':released' (not a

@@ -710,7 +710,7 @@ type attempt struct {
 	ttl       time.Duration
 	watchdog  bool
 
-	ownerArg     any       // owner followed by secret (and S: SPUBLISH), boxed: the scripts' ARGV[1]
+	ownerArg     any       // owner followed by secret (and S: SPUBLISH; B: both, see publishMode), boxed: the scripts' ARGV[1]
 	acquireKeys  [5]string // lock, token, revokeKey, queue, waiters
 	acquireBoxed [5]any
 	releaseKeys  [6]string // lock, token, queue, waiters, waiting, revokeKey

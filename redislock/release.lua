@@ -6,7 +6,7 @@
 -- KEYS[4] the waiters' hash, KEYS[5] the waiting mark of older versions,
 -- KEYS[6] the owner's revocation mark
 -- ARGV[1] owner (its first 32 characters; then its secret, and S when
--- grants go out with SPUBLISH rather than PUBLISH), ARGV[2] token record
+-- grants go out with SPUBLISH rather than PUBLISH, B with both), ARGV[2] token record
 -- retention ms, ARGV[3] (when withdrawing) how long the revocation mark
 -- lives, ms (0: no mark)
 -- The release channel is the lock's key followed by ':released' (not a
