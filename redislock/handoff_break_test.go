@@ -263,3 +263,62 @@ func TestServerRestartedUnderQueue(t *testing.T) {
 		t.Fatalf("the waiters got the lock %v after the restart", took)
 	}
 }
+
+// TestWaiterCancelledAtGrant: the head waiter's context is cancelled at
+// the moment the release grants it the lock (in rounds, the cancel a
+// little before, at, or after the release). Its Acquire returns the
+// cancellation or a lease (then released); either way the waiter behind
+// it, in another Locker, gets the lock within moments, not when the
+// cancelled waiter's grant of a minute would end.
+func TestWaiterCancelledAtGrant(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:cancelled-at-grant"
+	queue := lockKey(name) + ":queue"
+	heads, nexts := newLocker(t, srv.Client(t)), newLocker(t, srv.Client(t))
+	holders := newLocker(t, srv.Client(t))
+	for round := range 12 {
+		holder := acquire(t, holders, name, fence.TTL(time.Minute))
+		hctx, cancel := context.WithCancel(ctx(t))
+		defer cancel()
+		headDone := make(chan error, 1)
+		go func() {
+			ls, err := heads.Acquire(hctx, name, fence.Wait(time.Minute), fence.TTL(time.Minute))
+			if err == nil {
+				err = ls.Release(ctx(t))
+			}
+			headDone <- err
+		}()
+		waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 1 && subscribers(t, admin, name) == 1 })
+		nextDone := make(chan error, 1)
+		go func() {
+			ls, err := nexts.Acquire(ctx(t), name, fence.Wait(time.Minute), fence.TTL(time.Minute))
+			if err == nil {
+				err = ls.Release(ctx(t))
+			}
+			nextDone <- err
+		}()
+		waitFor(t, func() bool { return admin.LLen(ctx(t), queue).Val() == 2 && subscribers(t, admin, name) == 2 })
+		released := time.Now()
+		switch round % 3 {
+		case 0:
+			cancel()
+			_ = holder.Release(ctx(t))
+		case 1:
+			go cancel()
+			_ = holder.Release(ctx(t))
+		case 2:
+			_ = holder.Release(ctx(t))
+			cancel()
+		}
+		if err := <-headDone; err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("round %d: the cancelled head: %v", round, err)
+		}
+		if err := <-nextDone; err != nil {
+			t.Fatalf("round %d: the next waiter: %v", round, err)
+		}
+		if took := time.Since(released); took > 5*time.Second {
+			t.Fatalf("round %d: the next waiter got the lock %v after the release", round, took)
+		}
+	}
+}
