@@ -182,3 +182,74 @@ func TestHandoffBetweenFailoverClusterClientAndClient(t *testing.T) {
 		})
 	}
 }
+
+// TestWrapperWaiterAcrossSlotMove: a Locker on a struct embedding the
+// redis.UniversalClient interface around a *redis.ClusterClient (replica
+// sync off), which now listens both ways (SUBSCRIBE and SSUBSCRIBE on one
+// connection), waits while the lock's slot moves to another master: Redis
+// drops its shard subscription, it subscribes again where the slot is
+// (through a cluster client that may still map the slot to the old node),
+// and the grant of the release that follows, by a Locker of another
+// cluster client, reaches it within moments.
+func TestWrapperWaiterAcrossSlotMove(t *testing.T) {
+	t.Parallel() // own cluster; mostly waits for it to start
+	cluster := redistest.StartCluster(t, 3)
+	newClient := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+		t.Cleanup(func() { _ = c.Close() })
+		if err := c.ForEachShard(ctx(t), func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() }); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	hc, wc := newClient(), newClient()
+	off := redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}}
+	const name = "lock:wrapper-slot-move"
+	lock := lockKey(name)
+	holder := acquire(t, newLockerWith(t, hc, off), name, fence.TTL(time.Minute))
+	waiter := newLockerWith(t, interfaceWrapped{wc}, off)
+	got := make(chan error, 1)
+	go func() {
+		ls, err := waiter.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		if err == nil {
+			err = ls.Release(ctx(t))
+		}
+		got <- err
+	}()
+	node, err := hc.MasterForKey(ctx(t), lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := lock + ":released"
+	waitFor(t, func() bool {
+		return hc.LLen(ctx(t), lock+":queue").Val() == 1 && node.PubSubShardNumSub(ctx(t), ch).Val()[ch] == 1
+	})
+	var from, to *redistest.Server
+	for _, s := range cluster.Servers {
+		if s.Addr == node.Options().Addr {
+			from = s
+		} else if to == nil {
+			to = s
+		}
+	}
+	if from == nil {
+		t.Fatalf("no server at %s", node.Options().Addr)
+	}
+	if err := cluster.MigrateSlot(ctx(t), int(hc.ClusterKeySlot(ctx(t), lock).Val()), from, to); err != nil {
+		t.Fatal(err)
+	}
+	// Subscribed again on the slot's new master.
+	dest := redis.NewClient(&redis.Options{Addr: to.Addr})
+	t.Cleanup(func() { _ = dest.Close() })
+	waitFor(t, func() bool { return dest.PubSubShardNumSub(ctx(t), ch).Val()[ch] == 1 })
+	released := time.Now()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(released); took > 5*time.Second {
+		t.Fatalf("the waiter got the lock %v after the release", took)
+	}
+}
