@@ -209,14 +209,16 @@ const (
 func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fence.Token, error) {
 	var token fence.Token
 	committed := false
-	err := fence.Run(ctx, s.Locker, LockName(id), func(ctx context.Context, l fence.Lease) error {
+	err := fence.Run(ctx, s.Locker, LockName(id), func(leaseCtx context.Context, l fence.Lease) error {
 		token = l.Token()
-		s.pause(ctx, Locked, id, token)
-		// The database work runs even if the lease ends meanwhile: a paused
-		// worker does not know that it paused, and the fence, not the
-		// context, must stop it. LockLease bounds it, so that a stuck
+		s.pause(leaseCtx, Locked, id, token)
+		// The database work runs on the caller's ctx, not the lease's: it
+		// goes on if the lease ends meanwhile (a paused worker does not know
+		// that it paused, and the fence, not the context, must stop it),
+		// but it ends with the caller's deadline or cancellation (rolled
+		// back, nothing written). LockLease bounds it too, so that a stuck
 		// transaction does not hold the payment's row lock for ever.
-		dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), LockLease)
+		dbCtx, cancel := context.WithTimeout(ctx, LockLease)
 		defer cancel()
 		if m == fenced {
 			err := guard.Tx(dbCtx, s.DB, Resource(id), token, func(tx *sql.Tx) error {

@@ -197,6 +197,7 @@ func TestStaleWorkerWritesFirst(t *testing.T) {
 				}}
 				var errB error
 				bDone := make(chan struct{})
+				ctxB := ctx(t) // B is another request: A's contexts end when A returns
 				a := &payment.Service{Locker: e.locker, DB: db, Pause: func(ctx context.Context, step payment.Step, _ int64, _ fence.Token) {
 					if step != payment.Read {
 						return
@@ -205,7 +206,7 @@ func TestStaleWorkerWritesFirst(t *testing.T) {
 					if err := e.redis.Del(ctx, lockKey).Err(); err != nil {
 						t.Error(err)
 					}
-					go func() { defer close(bDone); _, errB = ap.approve(b)(ctx, 1001, "B") }()
+					go func() { defer close(bDone); _, errB = ap.approve(b)(ctxB, 1001, "B") }()
 					<-bStarted
 					if ap.name != "fenced" {
 						<-bRead // B reads PENDING too (with the fence, B's read waits for A's transaction)

@@ -230,6 +230,7 @@ func writesFirst(ap approval) func(context.Context, *timeline, int) error {
 		}}
 		var errB error
 		bDone := make(chan struct{})
+		storyCtx := ctx // B is another request: A's contexts end when A returns
 		a := &payment.Service{Locker: w.locker, DB: w.db, Pause: func(ctx context.Context, step payment.Step, _ int64, token fence.Token) {
 			switch step {
 			case payment.Read:
@@ -240,10 +241,18 @@ func writesFirst(ap approval) func(context.Context, *timeline, int) error {
 					tl.say("worker A", "reads payment 1001: PENDING, 5000 … and pauses (a long GC pause)")
 				}
 				w.expire(tl)
-				go func() { defer close(bDone); _, errB = ap.approve(b)(ctx, 1001, "B") }()
-				<-bStarted
+				go func() { defer close(bDone); _, errB = ap.approve(b)(storyCtx, 1001, "B") }()
+				// B may fail before it gets there (Ctrl-C, a Redis error):
+				// then A goes on, and the story reports B's error.
+				select {
+				case <-bStarted:
+				case <-bDone:
+				}
 				if ap != fenced {
-					<-bRead
+					select {
+					case <-bRead:
+					case <-bDone:
+					}
 				}
 				tl.say("worker A", "wakes up, still sure it holds the lock, and approves with its token")
 			case payment.Written:
@@ -257,6 +266,9 @@ func writesFirst(ap approval) func(context.Context, *timeline, int) error {
 		_, errA := ap.approve(a)(ctx, 1001, "A")
 		close(bGo)
 		<-bDone
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("story %d interrupted: %w", n, err)
+		}
 		if errA != nil && !errors.Is(errA, fence.ErrLeaseLost) {
 			return fmt.Errorf("worker A: %w", errA)
 		}
