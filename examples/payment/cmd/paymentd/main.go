@@ -50,6 +50,10 @@ type config struct {
 	listen    string
 	metrics   string
 	seed      int64
+
+	// listening, if set, is called with the address served on, once the
+	// listener is open (tests listen on port 0).
+	listening func(addr string)
 }
 
 func main() {
@@ -58,7 +62,9 @@ func main() {
 		return
 	}
 	if err == nil {
-		err = run(cfg)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err = run(ctx, cfg)
+		stop()
 	}
 	if err != nil {
 		slog.Error("paymentd", "err", err)
@@ -78,7 +84,14 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	return cfg, fs.Parse(args)
 }
 
-func run(cfg config) error {
+// shutdownGrace is how long run waits, once ctx is done, for the approvals
+// in flight: one may wait LockWait for the lock, then hold it LockLease.
+// Cut short, the client would not learn whether its payment was approved.
+const shutdownGrace = payment.LockWait + payment.LockLease + 3*time.Second
+
+// run serves until ctx is done, then stops taking requests and returns once
+// the approvals in flight have answered (or shutdownGrace has passed).
+func run(ctx context.Context, cfg config) error {
 	opt, err := redis.ParseURL(string(cfg.redis))
 	if err != nil {
 		// The parse error quotes the URL, password and all.
@@ -114,8 +127,6 @@ func run(cfg config) error {
 		return fmt.Errorf("-db %s: %w", cfg.db, err)
 	}
 	defer db.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if err := payment.CreateSchema(ctx, db); err != nil {
 		return fmt.Errorf("schema: %w", err)
 	}
@@ -128,26 +139,49 @@ func run(cfg config) error {
 	}
 	svc := &payment.Service{Locker: locker, DB: db}
 	srv := &http.Server{Addr: cfg.listen, Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("-listen: %w", err)
+	}
+	defer ln.Close() // if Serve never runs
+	var metricsLn net.Listener
 	if metrics != nil {
-		ln, err := net.Listen("tcp", cfg.metrics)
-		if err != nil {
+		if metricsLn, err = net.Listen("tcp", cfg.metrics); err != nil {
 			return fmt.Errorf("-metrics: %w", err)
 		}
-		go func() { _ = metrics.Serve(ln) }()
-		slog.Info("paymentd: serving metrics", "addr", "http://"+cfg.metrics+"/metrics")
+		go func() { _ = metrics.Serve(metricsLn) }()
+		slog.Info("paymentd: serving metrics", "addr", "http://"+metricsLn.Addr().String()+"/metrics")
 	}
+	// Serve returns as soon as Shutdown begins, before the approvals in
+	// flight have answered; run returns only once Shutdown has, so that
+	// main does not exit (closing the database) under them.
+	served := make(chan struct{})
+	shutdown := make(chan error, 1)
 	go func() {
-		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		select {
+		case <-ctx.Done():
+		case <-served: // Serve failed by itself
+		}
+		shut, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 		defer cancel()
-		_ = srv.Shutdown(shut)
+		err := srv.Shutdown(shut)
 		if metrics != nil {
 			_ = metrics.Shutdown(shut)
 		}
+		shutdown <- err
 	}()
-	slog.Info("paymentd: serving (POST /payments/{id}/approve, GET /payments/{id})", "addr", "http://"+cfg.listen)
-	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+	slog.Info("paymentd: serving (POST /payments/{id}/approve, GET /payments/{id})", "addr", "http://"+ln.Addr().String())
+	if cfg.listening != nil {
+		cfg.listening(ln.Addr().String())
+	}
+	err = srv.Serve(ln)
+	close(served)
+	shutErr := <-shutdown
+	switch {
+	case !errors.Is(err, http.ErrServerClosed):
 		return err
+	case shutErr != nil:
+		return fmt.Errorf("shutdown: approvals still in flight after %v: %w", shutdownGrace, shutErr)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -31,7 +32,7 @@ func TestPasswordsHidden(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := run(cfg); err == nil || strings.Contains(err.Error(), "hunter") {
+		if err := run(context.Background(), cfg); err == nil || strings.Contains(err.Error(), "hunter") {
 			t.Fatalf("malformed URL %q: %v", bad, err)
 		}
 	}
