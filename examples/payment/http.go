@@ -3,6 +3,7 @@ package payment
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -29,6 +30,8 @@ func (s *Service) Handler() http.Handler {
 		switch {
 		case err == nil:
 			writeJSON(w, map[string]any{"id": id, "status": "APPROVED", "approved_by": by, "token": token})
+		case errors.Is(err, ErrInvalidApprover):
+			http.Error(w, fmt.Sprintf("want an X-Approver header of printable UTF-8, at most %d bytes", MaxApprover), http.StatusBadRequest)
 		case errors.Is(err, ErrNotFound):
 			http.Error(w, "no such payment", http.StatusNotFound)
 		case errors.Is(err, ErrAlreadyApproved):

@@ -25,7 +25,10 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
@@ -57,7 +60,21 @@ CREATE TABLE IF NOT EXISTS charge (
 var (
 	ErrNotFound        = errors.New("payment: no such payment")
 	ErrAlreadyApproved = errors.New("payment: already approved")
+	// ErrInvalidApprover: the approver's name is empty, longer than
+	// MaxApprover bytes, not UTF-8 (PostgreSQL cannot store it), or holds
+	// a control character. Nothing was locked or written.
+	ErrInvalidApprover = errors.New("payment: invalid approver")
 )
+
+// MaxApprover is the longest approver name, in bytes, that Approve takes.
+const MaxApprover = 256
+
+func checkApprover(by string) error {
+	if by == "" || len(by) > MaxApprover || !utf8.ValidString(by) || strings.ContainsFunc(by, unicode.IsControl) {
+		return fmt.Errorf("%w: %.40q (%d bytes)", ErrInvalidApprover, by, len(by))
+	}
+	return nil
+}
 
 var payments = guard.Table{Name: "payment", Key: "id", Column: "last_fencing_token"}
 
@@ -173,7 +190,8 @@ func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
 // Approve approves payment id on behalf of by, under the payment's lock,
 // with the fenced read-modify-write: guard.Tx fences the transaction with
 // the lease's token, then the payment is read, approved and charged in it.
-// It returns the lease's token; ErrAlreadyApproved or ErrNotFound for a
+// It returns the lease's token; ErrInvalidApprover, before anything is
+// locked, for a name by that cannot be stored; ErrAlreadyApproved or ErrNotFound for a
 // payment that is not pending; an error matching fence.ErrHeld when another
 // worker kept the lock for the whole wait; one matching guard.ErrStale when
 // a newer lease had fenced the payment first; and one matching
@@ -207,6 +225,9 @@ const (
 
 // locked approves under the payment's lock and returns the lease's token.
 func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fence.Token, error) {
+	if err := checkApprover(by); err != nil {
+		return 0, err
+	}
 	var token fence.Token
 	committed := false
 	err := fence.Run(ctx, s.Locker, LockName(id), func(leaseCtx context.Context, l fence.Lease) error {
