@@ -190,9 +190,11 @@ func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
 // Approve approves payment id on behalf of by, under the payment's lock,
 // with the fenced read-modify-write: guard.Tx fences the transaction with
 // the lease's token, then the payment is read, approved and charged in it.
-// It returns the lease's token; ErrInvalidApprover, before anything is
-// locked, for a name by that cannot be stored; ErrAlreadyApproved or ErrNotFound for a
-// payment that is not pending; an error matching fence.ErrHeld when another
+// It returns the lease's token; before anything is locked,
+// ErrInvalidApprover for a name by that cannot be stored and ErrNotFound
+// for a payment that does not exist; ErrAlreadyApproved (or ErrNotFound,
+// deleted meanwhile) for a payment that is not pending under the lock;
+// an error matching fence.ErrHeld when another
 // worker kept the lock for the whole wait; one matching guard.ErrStale when
 // a newer lease had fenced the payment first; and one matching
 // guard.ErrRetry when the database gave up on a conflict (retry).
@@ -226,6 +228,13 @@ const (
 // locked approves under the payment's lock and returns the lease's token.
 func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fence.Token, error) {
 	if err := checkApprover(by); err != nil {
+		return 0, err
+	}
+	// A payment that does not exist is not locked: every lock name taken
+	// leaves a last-token record in Redis for its retention period (a day
+	// by default), and the id comes from the client. The read under the
+	// lock checks again.
+	if _, err := get(ctx, s.DB, id); errors.Is(err, ErrNotFound) {
 		return 0, err
 	}
 	var token fence.Token
