@@ -152,8 +152,12 @@ func Insert(ctx context.Context, db *sql.DB, id, amount int64) error {
 	return err
 }
 
-// Get reads a payment; ErrNotFound if there is none.
+// Get reads a payment; ErrNotFound if there is none, fence.ErrInvalidOption
+// if db is nil.
 func Get(ctx context.Context, db *sql.DB, id int64) (Payment, error) {
+	if db == nil {
+		return Payment{ID: id}, fmt.Errorf("%w: payment: Get with a nil db", fence.ErrInvalidOption)
+	}
 	return get(ctx, db, id)
 }
 
@@ -227,6 +231,9 @@ const (
 
 // locked approves under the payment's lock and returns the lease's token.
 func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fence.Token, error) {
+	if s.Locker == nil || s.DB == nil {
+		return 0, fmt.Errorf("%w: payment: a Service needs a Locker and a DB", fence.ErrInvalidOption)
+	}
 	if err := checkApprover(by); err != nil {
 		return 0, err
 	}
