@@ -23,13 +23,18 @@ Where redis-server is on the PATH, it then runs the failover story on real proce
 primary dies before its replica has the lock and a second worker takes the same lock on the
 promoted replica; with the replica sync check the first acquisition is refused instead.
 
-Colour is used when standard output is a terminal and NO_COLOR is not set.`,
+Colour is used when standard output is a terminal and NO_COLOR is not set. Exit status: 0 when
+every story went as told; 130 if interrupted (SIGINT, SIGTERM); 2 otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return demo.Run(cmd.Context(), cmd.OutOrStdout(), demo.Options{
+			err := demo.Run(cmd.Context(), cmd.OutOrStdout(), demo.Options{
 				Color:        isTerminal(os.Stdout) && os.Getenv("NO_COLOR") == "",
 				SkipFailover: noFailover,
 			})
+			if err != nil && cmd.Context().Err() != nil {
+				return exitWith(ExitInterrupted, err) // SIGINT or SIGTERM, as exec and status say it
+			}
+			return err
 		},
 	}
 	cmd.Flags().BoolVar(&noFailover, "no-failover", false, "skip the failover stories even when redis-server is on the PATH")
