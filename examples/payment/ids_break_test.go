@@ -1,9 +1,11 @@
 package payment_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 
 	"github.com/fencekit/fence/examples/payment"
@@ -55,5 +57,49 @@ func TestHandlerIDSpellings(t *testing.T) {
 	charges, err := payment.Charges(ctx(t), e.dbs["postgres"], 1001)
 	if err != nil || len(charges) != 1 {
 		t.Fatalf("charges %+v, %v; want one", charges, err)
+	}
+}
+
+// TestHandlerConcurrentSpellings: 24 concurrent POSTs for payment 1001
+// under three spellings of its id, on PostgreSQL and SQLite: one approval
+// (200) and one charge; the others find it approved (409) or the lock busy
+// (503), never a second charge (held).
+func TestHandlerConcurrentSpellings(t *testing.T) {
+	e := setup(t)
+	for name, db := range e.dbs {
+		t.Run(name, func(t *testing.T) {
+			svc := &payment.Service{Locker: e.locker, DB: db}
+			srv := httptest.NewServer(svc.Handler())
+			defer srv.Close()
+			codes := make(chan int, 24)
+			var wg sync.WaitGroup
+			for i := range 24 {
+				wg.Go(func() {
+					id := [...]string{"1001", "01001", "+1001"}[i%3]
+					req, _ := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL+"/payments/"+id+"/approve", nil)
+					req.Header.Set("X-Approver", fmt.Sprint("w", i))
+					resp, err := srv.Client().Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					resp.Body.Close()
+					codes <- resp.StatusCode
+				})
+			}
+			wg.Wait()
+			close(codes)
+			n := map[int]int{}
+			for c := range codes {
+				n[c]++
+			}
+			charges, err := payment.Charges(ctx(t), db, 1001)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n[http.StatusOK] != 1 || n[http.StatusOK]+n[http.StatusConflict]+n[http.StatusServiceUnavailable] != 24 || len(charges) != 1 {
+				t.Fatalf("answers %v, %d charges; want one 200, the rest 409 or 503, one charge", n, len(charges))
+			}
+		})
 	}
 }
