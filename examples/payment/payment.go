@@ -202,6 +202,11 @@ func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
 // worker kept the lock for the whole wait; one matching guard.ErrStale when
 // a newer lease had fenced the payment first; and one matching
 // guard.ErrRetry when the database gave up on a conflict (retry).
+//
+// The transaction ends with ctx (not with the lease: the fence stops a
+// stale worker): an error matching ctx.Err() means it was rolled back,
+// unless ctx ended during the commit itself, which the database may have
+// finished; Get the payment to know.
 func (s *Service) Approve(ctx context.Context, id int64, by string) (fence.Token, error) {
 	return s.locked(ctx, id, by, fenced)
 }
