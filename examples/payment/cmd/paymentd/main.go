@@ -117,7 +117,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	driver, dsn := "sqlite", guard.SQLiteDSN(string(cfg.db))
 	switch {
-	case strings.HasPrefix(string(cfg.db), "postgres"):
+	case strings.HasPrefix(string(cfg.db), "postgres://"), strings.HasPrefix(string(cfg.db), "postgresql://"):
 		driver, dsn = "pgx", string(cfg.db)
 	case strings.HasPrefix(string(cfg.db), "file:"):
 		dsn = string(cfg.db) // the caller's own SQLite DSN, settings and all

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/internal/redistest"
+)
+
+// TestSQLiteFileNamedPostgres: -db takes "a postgres:// URL, or the path of
+// a SQLite file". A SQLite file whose name starts with "postgres"
+// (postgres-payments.db) is a file. Before, any -db starting with
+// "postgres" went to the PostgreSQL driver, which failed to parse the
+// path, and paymentd did not start.
+func TestSQLiteFileNamedPostgres(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rs := redistest.Start(t)
+	t.Chdir(t.TempDir()) // -db postgres-payments.db, as a user types it
+	for _, name := range []string{"postgres-payments.db", "postgresql.db"} {
+		t.Run(name, func(t *testing.T) {
+			path := name
+			runCtx, stop := context.WithCancel(ctx)
+			defer stop()
+			cfg := config{redis: secret("redis://" + rs.Addr), db: secret(path), listen: "127.0.0.1:0", seed: 1001,
+				listening: func(string) { stop() }}
+			if err := run(runCtx, cfg); err != nil {
+				t.Fatalf("-db %s: %v", path, err)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Fatalf("-db %s: no SQLite file: %v", path, err)
+			}
+		})
+	}
+}
