@@ -131,10 +131,10 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("schema: %w", err)
 	}
 	if cfg.seed != 0 {
-		if _, err := payment.Get(ctx, db, cfg.seed); errors.Is(err, payment.ErrNotFound) {
-			if err := payment.Insert(ctx, db, cfg.seed, 5000); err != nil {
-				return err
-			}
+		// Several paymentd may start at once: a payment another one has
+		// just inserted is not an error.
+		if _, err := db.ExecContext(ctx, `INSERT INTO payment (id, amount) VALUES ($1, 5000) ON CONFLICT (id) DO NOTHING`, cfg.seed); err != nil {
+			return fmt.Errorf("-seed %d: %w", cfg.seed, err)
 		}
 	}
 	svc := &payment.Service{Locker: locker, DB: db}
