@@ -14,13 +14,18 @@ import (
 
 // TestDemoInterrupted: Ctrl-C in the middle of fence demo's stories ends it
 // at once with exit 130, as it ends exec and status, and leaves nothing in
-// TMPDIR (each story's SQLite file and directory are removed). Before, the
-// interrupted demo exited 2, the code for a usage or connection error.
+// TMPDIR (each story's SQLite file and directory, and the failover stories'
+// redis-server directories, are removed). Before, the interrupted demo
+// exited 2, the code for a usage or connection error.
 func TestDemoInterrupted(t *testing.T) {
-	for _, at := range []string{"Story 2:", "A's 10 s lease runs out"} {
+	for _, at := range []string{"Story 2:", "A's 10 s lease runs out", "the replica's link breaks", "Story 6:"} {
 		t.Run(at, func(t *testing.T) {
 			tmp := t.TempDir()
-			cmd := exec.Command(fenceBin, "demo", "--no-failover")
+			args := []string{"demo", "--no-failover"}
+			if strings.Contains(at, "replica") || at == "Story 6:" {
+				args = args[:1] // the failover stories: real redis-server processes in TMPDIR
+			}
+			cmd := exec.Command(fenceBin, args...)
 			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
