@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,29 @@ func TestSQLiteFileNamedPostgres(t *testing.T) {
 			}
 			if _, err := os.Stat(path); err != nil {
 				t.Fatalf("-db %s: no SQLite file: %v", path, err)
+			}
+		})
+	}
+}
+
+// TestSQLiteInMemoryRefused: -db :memory: (or a file: DSN with
+// mode=memory and no shared cache) gives each pooled connection a database
+// of its own, empty: the schema and the seed exist on one connection, and
+// approvals served on another failed with "no such table" (500s, at random,
+// once two requests overlapped). paymentd must refuse it at start with a
+// clear error. Before, it started and served.
+func TestSQLiteInMemoryRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rs := redistest.Start(t)
+	for _, db := range []string{":memory:", "file::memory:", "file:p.db?mode=memory"} {
+		t.Run(db, func(t *testing.T) {
+			runCtx, stop := context.WithCancel(ctx)
+			defer stop()
+			cfg := config{redis: secret("redis://" + rs.Addr), db: secret(db), listen: "127.0.0.1:0", seed: 1001,
+				listening: func(string) { stop() }}
+			if err := run(runCtx, cfg); err == nil || !strings.Contains(err.Error(), "memory") {
+				t.Fatalf("-db %s: %v; want an error saying why an in-memory database does not serve", db, err)
 			}
 		})
 	}

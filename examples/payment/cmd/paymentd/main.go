@@ -122,6 +122,12 @@ func run(ctx context.Context, cfg config) error {
 	case strings.HasPrefix(string(cfg.db), "file:"):
 		dsn = string(cfg.db) // the caller's own SQLite DSN, settings and all
 	}
+	if driver == "sqlite" && (strings.Contains(dsn, ":memory:") || strings.Contains(dsn, "mode=memory")) {
+		// Each pooled connection would open a database of its own, empty
+		// but for the one the schema was created on; a shared cache does
+		// not suit fenced transactions (see guard.SQLiteDSN).
+		return fmt.Errorf("-db %s: an in-memory SQLite database cannot serve approvals; give a file", cfg.db)
+	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		return fmt.Errorf("-db %s: %w", cfg.db, err)
