@@ -103,3 +103,29 @@ func TestHandlerConcurrentSpellings(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlerIgnoresClientTokens: paymentd takes the lock and its token
+// itself; a client's Fence-Token header (forged, huge, or another lock's)
+// is not read, so it can neither approve with a stale token nor block the
+// payment with one from the far future (held).
+func TestHandlerIgnoresClientTokens(t *testing.T) {
+	e := setup(t)
+	svc := &payment.Service{Locker: e.locker, DB: e.dbs["postgres"]}
+	srv := httptest.NewServer(svc.Handler())
+	defer srv.Close()
+	req, _ := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL+"/payments/1001/approve", nil)
+	req.Header.Set("X-Approver", "alice")
+	req.Header.Set("Fence-Token", "9223372036854775807")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	p, err := payment.Get(ctx(t), e.dbs["postgres"], 1001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || p.Token == 9223372036854775807 || p.Token <= 0 {
+		t.Fatalf("POST with a forged Fence-Token: %d, payment %+v; want 200 with the lease's own token", resp.StatusCode, p)
+	}
+}
