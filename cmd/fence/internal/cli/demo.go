@@ -2,6 +2,8 @@ package cli
 
 import (
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/fencekit/fence/cmd/fence/internal/demo"
 	"github.com/spf13/cobra"
@@ -27,6 +29,14 @@ Colour is used when standard output is a terminal and NO_COLOR is not set. Exit 
 every story went as told; 130 if interrupted (SIGINT, SIGTERM); 2 otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// A reader that goes away (fence demo | head) must fail the
+			// demo's writes, which stops it and cleans up; left to
+			// SIGPIPE, fence died on the spot and left its files in
+			// TMPDIR. Notify, unlike Ignore, is not inherited by the
+			// demo's redis-server processes.
+			sigpipe := make(chan os.Signal, 1)
+			signal.Notify(sigpipe, syscall.SIGPIPE)
+			defer signal.Stop(sigpipe)
 			err := demo.Run(cmd.Context(), cmd.OutOrStdout(), demo.Options{
 				Color:        isTerminal(os.Stdout) && os.Getenv("NO_COLOR") == "",
 				SkipFailover: noFailover,

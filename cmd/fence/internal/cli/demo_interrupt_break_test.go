@@ -68,3 +68,43 @@ func TestDemoInterrupted(t *testing.T) {
 		})
 	}
 }
+
+// TestDemoReaderGone: fence demo | head: the reader goes away after the
+// first line. fence must end within a few seconds and leave nothing in
+// TMPDIR, in the embedded stories and in the failover ones. Before, the
+// first write to the closed pipe killed it (SIGPIPE) on the spot, and its
+// SQLite directory and its redis-server directories stayed in TMPDIR.
+func TestDemoReaderGone(t *testing.T) {
+	for _, at := range []string{"fence demo:", "Story 3:", "Story 5:"} {
+		t.Run(at, func(t *testing.T) {
+			tmp := t.TempDir()
+			cmd := exec.Command(fenceBin, "demo")
+			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stdout = w
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			sc := bufio.NewScanner(r)
+			for sc.Scan() && !strings.Contains(sc.Text(), at) {
+			}
+			r.Close() // the reader goes away
+			exited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(exited) }()
+			select {
+			case <-exited:
+			case <-time.After(20 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+				t.Fatal("fence demo went on for 20 s after its reader went away")
+			}
+			if left, _ := os.ReadDir(tmp); len(left) != 0 {
+				t.Errorf("fence demo left %d entries in TMPDIR (exit %v), e.g. %s", len(left), cmd.ProcessState, left[0].Name())
+			}
+		})
+	}
+}

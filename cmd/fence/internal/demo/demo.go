@@ -37,7 +37,33 @@ type Options struct {
 // be told (a server failed to start); a story whose outcome differs from
 // the article's also returns an error, because the demo would be lying.
 func Run(ctx context.Context, w io.Writer, o Options) error {
-	tl := &timeline{w: w, color: o.Color}
+	// A reader that goes away (fence demo | head) ends the demo as Ctrl-C
+	// does, cleaning up, rather than letting it tell the rest to nobody.
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	tl := &timeline{w: &stopWriter{w: w, stop: stop}, color: o.Color}
+	err := run(ctx, tl, o)
+	if cause := context.Cause(ctx); err != nil && cause != ctx.Err() {
+		return cause
+	}
+	return err
+}
+
+// stopWriter stops the demo at its first failed write.
+type stopWriter struct {
+	w    io.Writer
+	stop context.CancelCauseFunc
+}
+
+func (s *stopWriter) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	if err != nil {
+		s.stop(fmt.Errorf("writing the stories: %w", err))
+	}
+	return n, err
+}
+
+func run(ctx context.Context, tl *timeline, o Options) error {
 	tl.note("fence demo: the article's stories, told live.\n" +
 		"Payment 1001 (5000) waits for approval. Every approval takes lock:payment:1001 (wait 2 s,\n" +
 		"lease 10 s), reads the payment, and charges it. Each acquisition gets a fencing token: the\n" +
