@@ -63,6 +63,9 @@ func main() {
 	}
 	if err == nil {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		// The first signal starts the shutdown, which waits for the
+		// approvals in flight; a second one ends paymentd at once.
+		context.AfterFunc(ctx, stop)
 		err = run(ctx, cfg)
 		stop()
 	}
