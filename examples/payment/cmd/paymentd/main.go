@@ -10,8 +10,12 @@
 //
 // -db takes a postgres:// URL, or the path of a SQLite file, opened with
 // guard.SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE); a file: DSN is used
-// as it is. -h shows the
+// as it is; an in-memory database is refused. -h shows the
 // defaults taken from the environment with their passwords hidden.
+//
+// SIGINT or SIGTERM stops paymentd taking requests; it exits once the
+// approvals in flight have answered (at most LockWait + LockLease + 3 s).
+// A second signal ends it at once.
 package main
 
 import (
