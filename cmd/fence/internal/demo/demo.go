@@ -34,7 +34,8 @@ type Options struct {
 }
 
 // Run tells the stories to w. It returns an error only if a story could not
-// be told (a server failed to start); a story whose outcome differs from
+// be told (a server failed to start, ctx ended, a write to w failed: Run
+// stops at the first, with that error); a story whose outcome differs from
 // the article's also returns an error, because the demo would be lying.
 func Run(ctx context.Context, w io.Writer, o Options) error {
 	// A reader that goes away (fence demo | head) ends the demo as Ctrl-C
