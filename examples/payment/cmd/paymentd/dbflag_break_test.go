@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -57,5 +59,24 @@ func TestSQLiteInMemoryRefused(t *testing.T) {
 				t.Fatalf("-db %s: %v; want an error saying why an in-memory database does not serve", db, err)
 			}
 		})
+	}
+}
+
+// TestListenPortBusy: a second paymentd on the first one's -listen address
+// fails at start with an error naming -listen, within the test's deadline,
+// and leaves the payments as they were (held).
+func TestListenPortBusy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rs := redistest.Start(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	path := filepath.Join(t.TempDir(), "p.db")
+	cfg := config{redis: secret("redis://" + rs.Addr), db: secret(path), listen: busy.Addr().String(), seed: 1001}
+	if err := run(ctx, cfg); err == nil || !strings.Contains(err.Error(), "-listen") {
+		t.Fatalf("run on a busy -listen address: %v, want an error naming -listen", err)
 	}
 }
