@@ -80,3 +80,44 @@ func TestListenPortBusy(t *testing.T) {
 		t.Fatalf("run on a busy -listen address: %v, want an error naming -listen", err)
 	}
 }
+
+// TestStartWithDatabaseThatNeverAnswers: -db names a server that accepts
+// connections and never answers (a hung PostgreSQL, a wrong port behind a
+// proxy). paymentd must fail at start within its start timeout, naming the
+// schema step. Before, it waited there for as long as it ran (here until
+// the test's 20 s context ended).
+func TestStartWithDatabaseThatNeverAnswers(t *testing.T) {
+	rs := redistest.Start(t)
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	defer func() {
+		hole.Close()
+		<-accepted
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	cfg := config{redis: secret("redis://" + rs.Addr), db: secret("postgres://u@" + hole.Addr().String() + "/x?sslmode=disable"),
+		listen: "127.0.0.1:0", seed: 1001, startTimeout: time.Second, listening: func(string) { cancel() }}
+	err = run(ctx, cfg)
+	if took := time.Since(start); err == nil || !strings.Contains(err.Error(), "schema") || took > 10*time.Second {
+		t.Fatalf("run against a database that never answers: %v after %v; want a schema error within the 1 s start timeout", err, took.Round(time.Millisecond))
+	}
+}

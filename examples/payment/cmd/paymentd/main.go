@@ -10,7 +10,8 @@
 //
 // -db takes a postgres:// URL, or the path of a SQLite file, opened with
 // guard.SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE); a file: DSN is used
-// as it is; an in-memory database is refused. -h shows the
+// as it is; an in-memory database is refused. At start paymentd waits at
+// most 30 s for the database to create the schema. -h shows the
 // defaults taken from the environment with their passwords hidden.
 //
 // SIGINT or SIGTERM stops paymentd taking requests; it exits once the
@@ -19,6 +20,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -58,7 +60,15 @@ type config struct {
 	// listening, if set, is called with the address served on, once the
 	// listener is open (tests listen on port 0).
 	listening func(addr string)
+	// startTimeout bounds creating the schema and the seed; zero means
+	// defaultStartTimeout.
+	startTimeout time.Duration
 }
+
+// defaultStartTimeout is how long paymentd waits at start for its
+// database: one that accepts connections and never answers would
+// otherwise hold it there until a signal.
+const defaultStartTimeout = 30 * time.Second
 
 func main() {
 	cfg, err := parseFlags(os.Args[1:], os.Getenv, os.Stderr)
@@ -140,13 +150,15 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("-db %s: %w", cfg.db, err)
 	}
 	defer db.Close()
-	if err := payment.CreateSchema(ctx, db); err != nil {
+	startCtx, cancelStart := context.WithTimeout(ctx, cmp.Or(cfg.startTimeout, defaultStartTimeout))
+	defer cancelStart()
+	if err := payment.CreateSchema(startCtx, db); err != nil {
 		return fmt.Errorf("schema: %w", err)
 	}
 	if cfg.seed != 0 {
 		// Several paymentd may start at once: a payment another one has
 		// just inserted is not an error.
-		if _, err := db.ExecContext(ctx, `INSERT INTO payment (id, amount) VALUES ($1, 5000) ON CONFLICT (id) DO NOTHING`, cfg.seed); err != nil {
+		if _, err := db.ExecContext(startCtx, `INSERT INTO payment (id, amount) VALUES ($1, 5000) ON CONFLICT (id) DO NOTHING`, cfg.seed); err != nil {
 			return fmt.Errorf("-seed %d: %w", cfg.seed, err)
 		}
 	}
