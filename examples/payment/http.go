@@ -1,6 +1,7 @@
 package payment
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,7 +52,9 @@ func (s *Service) Handler() http.Handler {
 			http.Error(w, "want a numeric id", http.StatusBadRequest)
 			return
 		}
-		p, err := Get(r.Context(), s.DB, id)
+		ctx, cancel := context.WithTimeout(r.Context(), LockLease) // a hung database must not hold the request for ever
+		defer cancel()
+		p, err := Get(ctx, s.DB, id)
 		switch {
 		case errors.Is(err, ErrNotFound):
 			http.Error(w, "no such payment", http.StatusNotFound)

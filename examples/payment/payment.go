@@ -195,8 +195,10 @@ func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
 // with the fenced read-modify-write: guard.Tx fences the transaction with
 // the lease's token, then the payment is read, approved and charged in it.
 // It returns the lease's token; before anything is locked,
-// ErrInvalidApprover for a name by that cannot be stored and ErrNotFound
-// for a payment that does not exist; ErrAlreadyApproved (or ErrNotFound,
+// ErrInvalidApprover for a name by that cannot be stored, ErrNotFound
+// for a payment that does not exist, and one matching
+// context.DeadlineExceeded if the database did not read it within
+// LockLease; ErrAlreadyApproved (or ErrNotFound,
 // deleted meanwhile) for a payment that is not pending under the lock;
 // an error matching fence.ErrHeld when another
 // worker kept the lock for the whole wait; one matching guard.ErrStale when
@@ -244,14 +246,20 @@ func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fenc
 	}
 	// A payment that does not exist is not locked: every lock name taken
 	// leaves a last-token record in Redis for its retention period (a day
-	// by default), and the id comes from the client. The read under the
-	// lock checks again.
-	if _, err := get(ctx, s.DB, id); errors.Is(err, ErrNotFound) {
+	// by default), and the id comes from the client. Nor is one that the
+	// database did not read in time (a hung database must not hold the
+	// caller for LockLease twice). Other failures (a pooled connection that
+	// a database restart killed) are left to the read under the lock, which
+	// checks again on a connection of its own.
+	pre, cancelPre := context.WithTimeout(ctx, LockLease)
+	_, err := get(pre, s.DB, id)
+	cancelPre()
+	if err != nil && (errors.Is(err, ErrNotFound) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil) {
 		return 0, err
 	}
 	var token fence.Token
 	committed := false
-	err := fence.Run(ctx, s.Locker, LockName(id), func(leaseCtx context.Context, l fence.Lease) error {
+	err = fence.Run(ctx, s.Locker, LockName(id), func(leaseCtx context.Context, l fence.Lease) error {
 		token = l.Token()
 		s.pause(leaseCtx, Locked, id, token)
 		// The database work runs on the caller's ctx, not the lease's: it
