@@ -625,7 +625,10 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // connection closes before the answer, if the method is idempotent or an
 // Idempotency-Key header is set: with the same token, so a resend of a
 // request that the server had applied is answered 409, stale, with
-// Problem.Last equal to the token sent. The write is applied once.
+// Problem.Last equal to the token sent. The write is applied once. Such a
+// resend of a request with a body is refused once the lease has ended
+// (the rewind of its body fails with the lease's Err); one without a body
+// goes out with the token all the same.
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
 	Lease    fence.Lease       // the lease whose token is sent
@@ -682,6 +685,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}})
 	req = req.Clone(ctx)
+	if getBody := req.GetBody; getBody != nil {
+		// net/http rewinds the body only to send the request again on a
+		// new connection, after GotConn stopped the lease's watch: not
+		// once the lease ended (TestTransportResendAfterLeaseEnded).
+		req.GetBody = func() (io.ReadCloser, error) {
+			if t.Lease.Err() != nil {
+				return nil, ended()
+			}
+			return getBody()
+		}
+	}
 	req.Header.Set(TokenHeader, fmt.Sprint(int64(t.Lease.Token())))
 	req.Header.Set(ResourceHeader, resource)
 	base := t.Base
