@@ -118,7 +118,9 @@
 // process, publishes with SPUBLISH only and hears nothing else; otherwise
 // each side's grants to the other's waiters went unheard, and the lock,
 // granted, sat idle until the waiter's timer (the old holder's TTL)
-// (TestHandoffBetweenClusterClientAndWrapper).
+// (TestHandoffBetweenClusterClientAndWrapper). Where SPUBLISH and
+// SSUBSCRIBE are refused (an ACL user without them), such a Locker
+// publishes and subscribes with PUBLISH and SUBSCRIBE alone.
 //
 // A release grants the lock: in the release script, it takes the first
 // live owner off the queue (one whose entry is still there and whose
