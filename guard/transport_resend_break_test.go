@@ -29,6 +29,22 @@ import (
 // be resent: a cancel at the resend's GetConn loses the race against a
 // fast dial now and then, and net/http has no later hook before the write.
 func TestTransportResendAfterLeaseEnded(t *testing.T) {
+	resendAfterLeaseEnded(t, http.MethodPost)
+}
+
+// TestTransportBodylessResendAfterLeaseEnded: the same with a DELETE,
+// which has no body to rewind: net/http resends it with the ended lease's
+// token (2 copies reach the server, Do returns nil).
+func TestTransportBodylessResendAfterLeaseEnded(t *testing.T) {
+	t.Skip("design question: net/http resends a body-less replayable request on a new connection with no hook Transport can refuse it at before the write " +
+		"(a cancel at the resend's GetConn loses now and then to a fast dial, about 1 run in 100). The fix I would choose: Transport marks the request " +
+		"unreplayable for net/http while the lease may end (it sets no Idempotency-Key of its own and wraps a body-less idempotent request's Body in a " +
+		"non-rewindable empty reader with ContentLength 0 kept, so that net/http returns the lost connection's error instead of resending), or " +
+		"documents that body-less requests are resent with the token and rely on the server's check")
+	resendAfterLeaseEnded(t, http.MethodDelete)
+}
+
+func resendAfterLeaseEnded(t *testing.T, method string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, err := memlock.New(nil)
@@ -71,7 +87,11 @@ func TestTransportResendAfterLeaseEnded(t *testing.T) {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/payments/1001", strings.NewReader("approve"))
+	var body io.Reader
+	if method == http.MethodPost {
+		body = strings.NewReader("approve")
+	}
+	req, err := http.NewRequestWithContext(ctx, method, srv.URL+"/payments/1001", body)
 	if err != nil {
 		t.Fatal(err)
 	}
