@@ -48,7 +48,11 @@
 // a node (still paused, its connections busy) is retried in the background,
 // with back-off, within the lease time. Clients to the same address are
 // refused by New (DuplicateNodeError): one server would count twice
-// towards a majority. A waiting Acquire (fence.Wait)
+// towards a majority. A client that reaches a server already listed under
+// a name New cannot compare (a second DNS name, a proxy) is found at the
+// first contact, by the server's run_id (INFO server), and its grants are
+// never counted (AliasError); a node whose INFO fails then (down, or an
+// ACL user without INFO) is not compared. A waiting Acquire (fence.Wait)
 // tries again after a random pause around Options.RetryDelay until its
 // budget or its context ends.
 //

@@ -121,6 +121,10 @@ func (l *Locker) send(ctx context.Context, k keys, owner string, ttl, timeout ti
 	for i := range n {
 		l.spawn(func() {
 			defer l.bg.done(i)
+			if of := l.aliasOf[i].Load(); of != 0 {
+				f.reply(i, nil, &AliasError{Node: i, Of: int(of) - 1})
+				return
+			}
 			res, err := acquireScript.Run(f.cctx, l.nodes[i], acqKeys, acqArgs...).Int64Slice()
 			f.reply(i, res, err)
 		})

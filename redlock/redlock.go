@@ -88,7 +88,8 @@ type Options struct {
 	//
 	// A node's first contact, its dial (with TLS and AUTH, several round
 	// trips), is not counted against the node timeout: before a Locker's
-	// first acquisition it pings every node, all at once, within
+	// first acquisition it pings every node (INFO server, which also
+	// tells a server listed twice: see AliasError), all at once, within
 	// DefaultConnectTimeout (2 s) or the caller's deadline, and only then
 	// starts timing the acquisition. Each node is pinged so once, whatever
 	// it answers: a node down at the start costs that bound once, not on
@@ -148,6 +149,12 @@ type Locker struct {
 	// reached[i] is set once node i was pinged for a first contact,
 	// whatever it answered: later acquisitions no longer ping it first.
 	reached []atomic.Bool
+	// runID[i] is node i's server run_id, read at its first contact (nil:
+	// not read); aliasOf[i] is j+1 when node j < i has the same run_id
+	// (one server listed twice under names New cannot compare): node i's
+	// grants are not counted.
+	runID   []atomic.Pointer[string]
+	aliasOf []atomic.Int32
 
 	// beforeReplies, if set (tests only), runs after an acquisition's
 	// requests were sent and before their replies are read: a client
@@ -213,6 +220,8 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 		obs:         o.Observer,
 		log:         o.Logger,
 		reached:     make([]atomic.Bool, len(clients)),
+		runID:       make([]atomic.Pointer[string], len(clients)),
+		aliasOf:     make([]atomic.Int32, len(clients)),
 		work:        make(chan func()),
 		allNodes:    make([]int, len(clients)),
 		now:         time.Now,
@@ -360,15 +369,56 @@ func (l *Locker) connect(ctx context.Context) {
 	if len(todo) == 0 {
 		return
 	}
+	// INFO server dials as PING would, and tells the server's run_id: two
+	// clients that reach one server under names distinctAddrs cannot
+	// compare (a second DNS name, a proxy) on different databases would
+	// otherwise both grant a lock, one server counted twice towards a
+	// majority (on one database the second finds the try's own lock, and
+	// errRanTwice keeps it out). A node whose INFO fails (down, or an ACL
+	// user without it) is not compared.
 	l.fanout(ctx, todo, DefaultConnectTimeout, func(ctx context.Context, i int) ([]int64, error) {
-		return nil, l.nodes[i].Ping(ctx).Err()
+		info, err := l.nodes[i].Info(ctx, "server").Result()
+		if err == nil {
+			if id := infoField(info, "run_id"); id != "" {
+				l.runID[i].Store(&id)
+			}
+		}
+		return nil, err
 	})
 	if ctx.Err() != nil {
 		return
 	}
 	for _, i := range todo {
+		id := l.runID[i].Load()
+		for j := range l.nodes {
+			if o := l.runID[j].Load(); j != i && id != nil && o != nil && *o == *id {
+				l.aliasOf[max(i, j)].Store(int32(min(i, j)) + 1)
+			}
+		}
 		l.reached[i].Store(true)
 	}
+}
+
+// infoField returns field's value in an INFO reply, or "".
+func infoField(info, field string) string {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// AliasError is the error of a node that the first contact found to be
+// the same server (the same run_id) as an earlier node, under another
+// address: it never counts towards a majority, and its requests are not
+// sent.
+type AliasError struct {
+	Node, Of int // the clients' positions
+}
+
+func (e *AliasError) Error() string {
+	return fmt.Sprintf("node %d: redlock: the same server as node %d (same run_id): not counted", e.Node, e.Of)
 }
 
 // ErrBadTokenRecord means a node's last-token record of a lock name holds
