@@ -203,7 +203,22 @@ func TestSentinelFailover(t *testing.T) {
 	if err := lease.Release(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	next := acquire(t, other, "lock:payment:1001", fence.TTL(time.Minute))
+	// Sentinel attaches the other replica to the promoted one only now and
+	// then, and on a loaded machine its first sync can outlast a WAIT's
+	// second (a CI run: "0 of 1 required replicas acknowledged"): the
+	// next acquisition is taken once it is attached, and an
+	// ErrNotReplicated, a "try again later", is tried again.
+	redistest.WaitReplicated(t, promoted, 1)
+	var next fence.Lease
+	waitFor(t, func() bool {
+		var err error
+		next, err = other.Acquire(ctx(t), "lock:payment:1001", fence.TTL(time.Minute))
+		if err != nil && !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	t.Cleanup(func() { _ = next.Release(context.Background()) })
 	if next.Token() <= lease.Token() {
 		t.Fatalf("token after failover %d, want > %d", next.Token(), lease.Token())
 	}
