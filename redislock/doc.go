@@ -120,7 +120,12 @@
 // granted, sat idle until the waiter's timer (the old holder's TTL)
 // (TestHandoffBetweenClusterClientAndWrapper). Where SPUBLISH and
 // SSUBSCRIBE are refused (an ACL user without them), such a Locker
-// publishes and subscribes with PUBLISH and SUBSCRIBE alone.
+// publishes and subscribes with PUBLISH and SUBSCRIBE alone. A
+// *redis.ClusterClient given its slots (ClusterOptions.ClusterSlots, as
+// redis.NewFailoverClusterClient builds one) does the same: its servers
+// need not be a cluster's, and Lockers on plain or Sentinel clients of
+// them publish and subscribe the unsharded way
+// (TestHandoffBetweenFailoverClusterClientAndClient).
 //
 // A release grants the lock: in the release script, it takes the first
 // live owner off the queue (one whose entry is still there and whose

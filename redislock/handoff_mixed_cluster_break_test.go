@@ -2,7 +2,6 @@ package redislock_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -116,21 +115,15 @@ func TestWaitOnInterfaceWrappedRing(t *testing.T) {
 // processes): one on a *redis.ClusterClient built as
 // redis.NewFailoverClusterClient builds it (its servers are not in cluster
 // mode; accepted with sync off or ReplicaSync.Replicas given), one on a
-// *redis.Client (redis.NewFailoverClient's). The first publishes grants
-// with SPUBLISH and subscribes with SSUBSCRIBE, the second with PUBLISH and
-// SUBSCRIBE: neither hears the other's grants, and the lock, granted to a
-// waiter, sits idle until that waiter's timer (the old holder's TTL).
+// *redis.Client (redis.NewFailoverClient's). The first published grants
+// with SPUBLISH and subscribed with SSUBSCRIBE, the second with PUBLISH and
+// SUBSCRIBE: neither heard the other's grants, and the lock, granted to a
+// waiter, sat idle until that waiter's timer (the old holder's TTL; still
+// waiting 8 s after the release here). A cluster client given its slots now
+// publishes and subscribes both ways, as a Locker on a client New cannot
+// identify does; a cluster client that finds its slots (a real cluster's)
+// is unchanged.
 func TestHandoffBetweenFailoverClusterClientAndClient(t *testing.T) {
-	if os.Getenv("FENCE_RUN_SKIPPED") == "" {
-		t.Skip("design question: a *redis.ClusterClient Locker subscribes with SSUBSCRIBE, a *redis.Client Locker publishes grants with " +
-			"PUBLISH, which SSUBSCRIBE does not hear: on one server (a failover cluster client's; or a plain client to a cluster node) the " +
-			"plain Locker's release to the cluster client's waiter is not heard (nor, the other way, SPUBLISH by SUBSCRIBE), and the lock " +
-			"granted sits idle until the waiter's timer (the old holder's TTL: still waiting 8 s after the release here, TTL a minute). " +
-			"Fix I would choose: every go-redis Locker subscribes both ways on its one subscription connection (SUBSCRIBE and SSUBSCRIBE, " +
-			"confirmed when both are, as a Locker on an unidentified client now does), each still publishing its own way, so no publish is " +
-			"added (a PUBLISH on a real cluster is broadcast to every node); it changes every Locker's subscription (two commands, two " +
-			"confirmations) and the command counts that tests and BENCHMARKS.md state, so it is not built here")
-	}
 	srv := redistest.Start(t)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{
 		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
@@ -167,7 +160,7 @@ func TestHandoffBetweenFailoverClusterClientAndClient(t *testing.T) {
 			ch := lockKey(name) + ":released"
 			waitFor(t, func() bool {
 				return admin.LLen(ctx(t), lockKey(name)+":queue").Val() == 1 &&
-					admin.PubSubNumSub(ctx(t), ch).Val()[ch]+admin.PubSubShardNumSub(ctx(t), ch).Val()[ch] == 1
+					admin.PubSubNumSub(ctx(t), ch).Val()[ch]+admin.PubSubShardNumSub(ctx(t), ch).Val()[ch] >= 1
 			})
 			released := time.Now()
 			if err := holder.Release(ctx(t)); err != nil {

@@ -76,7 +76,13 @@ type Locker struct {
 	watchdog  time.Duration
 	retention time.Duration
 	sharded   bool // sharded pub/sub (Redis Cluster)
-	sync      ReplicaSync
+	// bothWays: a cluster client given its slots (ClusterOptions's
+	// ClusterSlots, as redis.NewFailoverClusterClient builds one), whose
+	// servers need not be a cluster's: Lockers of plain clients may share
+	// them, and publish and subscribe the unsharded way. Its scripts
+	// publish both ways and it subscribes both ways (see publishMode).
+	bothWays bool
+	sync     ReplicaSync
 	// syncUnfit, if not nil, refuses every try that needs a WAIT: the
 	// client's read timeout leaves no room for one (see syncWithin).
 	syncUnfit error
@@ -217,7 +223,10 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 	if err := l.syncWithin(client); err != nil {
 		return nil, err
 	}
-	_, l.sharded = client.(*redis.ClusterClient)
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		l.sharded = true
+		l.bothWays = cc.Options().ClusterSlots != nil
+	}
 	l.opaque = opaqueClient(client)
 	if conn != nil {
 		l.calls.selfBounded = conn.SelfBounded()
@@ -1240,13 +1249,14 @@ const (
 // PUBLISH and SPUBLISH on a client of a type New cannot identify (it may
 // hide a cluster client, whose other Lockers subscribe with SSUBSCRIBE,
 // or a single server's, whose others subscribe with SUBSCRIBE: see
-// subscribe), 0 with PUBLISH.
+// subscribe) and on a cluster client given its slots (bothWays), 0 with
+// PUBLISH.
 func (l *Locker) publishMode() byte {
 	switch {
+	case l.opaque || l.bothWays:
+		return 'B'
 	case l.sharded:
 		return 'S'
-	case l.opaque:
-		return 'B'
 	}
 	return 0
 }

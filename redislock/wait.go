@@ -457,7 +457,7 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 	failures, confirmed := 0, 0
 	for {
 		msg, err := ps.Receive(ctx)
-		if l.opaque && shardedRefused(err) {
+		if (l.opaque || l.bothWays) && shardedRefused(err) {
 			// SSUBSCRIBE refused, after SUBSCRIBE (confirmed first, on
 			// the same connection): the subscription goes on with
 			// SUBSCRIBE alone, as before both were sent, rather than
@@ -560,10 +560,10 @@ func (l *Locker) subscribe(ctx context.Context, w *subscription) (*redis.PubSub,
 		if shard, err = ring.GetShardClientForKey(w.channel); err == nil {
 			ps = shard.Subscribe(ctx, w.channel)
 		}
-	} else if l.sharded {
+	} else if l.sharded && !l.bothWays {
 		ps = l.client.SSubscribe(ctx)
 		err = ps.SSubscribe(ctx, w.channel)
-	} else if l.opaque {
+	} else if l.opaque || l.bothWays {
 		ps, err = subscribeOpaque(ctx, l.client, w.channel)
 		w.kinds = 2
 	} else {
