@@ -46,7 +46,12 @@
 //     the token first in the transaction; if a greater or equal token is
 //     already there, nothing is written and the transaction rolls back.
 //     The upsert also locks the row, so fenced transactions on one resource
-//     run one at a time.
+//     run one at a time. The fence commits or rolls back with the work: an
+//     attempt that rolls back (its caller gone, ErrRetry, a crash) wrote
+//     nothing and retires no token, so an older holder's later write is
+//     still accepted if no greater token committed (the DESIGN's rule;
+//     the work's own precondition, such as status = 'PENDING', is what
+//     keeps it from doing the work twice).
 //     ErrRetry reports a serialization failure, deadlock, lock timeout or
 //     SQLITE_BUSY: nothing was written; retry with a new lease. For SQLite, open the
 //     database with SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE).
