@@ -90,10 +90,20 @@ type background struct {
 	// context error: every later Close reports them.
 	stopped []int
 	stopErr error
+
+	// park ends the retries of releases on nodes that refused the
+	// connection (see goReleaseParked): Close cancels it and does not
+	// report them. parkedN counts them (under mu); parkIdle, made by a
+	// waiting Close, is closed when it drops to 0.
+	park       context.Context
+	parkCancel context.CancelFunc
+	parkedN    int
+	parkIdle   chan struct{}
 }
 
 func (b *background) init(n int) {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.park, b.parkCancel = context.WithCancel(context.Background())
 	b.perNode = make([]int, n)
 	b.stopped = make([]int, n)
 	b.leases = make(map[*lease]struct{})
@@ -127,6 +137,49 @@ func (b *background) done(i int) {
 		b.idle = nil
 	}
 	b.mu.Unlock()
+}
+
+// parkStart counts a parked retry; it returns false, counting nothing,
+// once Close has ended them. parkEnd must follow a true.
+func (b *background) parkStart() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.park.Err() != nil {
+		return false
+	}
+	b.parkedN++
+	return true
+}
+
+// parkEnd ends a parked retry counted by parkStart.
+func (b *background) parkEnd() {
+	b.mu.Lock()
+	b.parkedN--
+	if b.parkedN == 0 && b.parkIdle != nil {
+		close(b.parkIdle)
+		b.parkIdle = nil
+	}
+	b.mu.Unlock()
+}
+
+// unpark ends the parked retries and waits, until ctx ends, for their
+// goroutines to return (at once, or when a request in flight ends).
+func (b *background) unpark(ctx context.Context) {
+	b.mu.Lock()
+	b.parkCancel()
+	if b.parkedN == 0 {
+		b.mu.Unlock()
+		return
+	}
+	if b.parkIdle == nil {
+		b.parkIdle = make(chan struct{})
+	}
+	idle := b.parkIdle
+	b.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
 }
 
 // stop records that a release on node i was stopped by a Close that gave
@@ -214,7 +267,10 @@ func (b *background) forget(ls *lease) {
 // the lock), the give-back of grants that came after their acquisition was
 // decided, and the releases of failed tries, with their retries; and for
 // the acquisitions and renewals under way (a renewal that reads that its
-// lease ended meanwhile gives back the lock it moved). A program
+// lease ended meanwhile gives back the lock it moved). It ends, without
+// waiting for them or reporting them, the retries of releases that a node
+// refused the connection for (see Release): a node down for the rest of
+// the lease would otherwise hold every Close for that long. A program
 // should call it before it exits: that work dies with the process, and a
 // node it had not reached yet keeps the lock until the lease time runs out
 // (safety is unaffected, since a majority is free, but the next owner may
@@ -281,6 +337,9 @@ func (l *Locker) Close(ctx context.Context) error {
 		}
 		wg.Wait()
 	}
+	// Releases on nodes that refused the connection are retried while
+	// the Locker is open (goReleaseParked); Close ends them.
+	b.unpark(ctx)
 	// done reports, once the work has finished, the releases that an
 	// earlier Close which gave up stopped.
 	done := func() error {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -679,7 +678,10 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // nodes found it gone that a majority can no longer have deleted it. The
 // other nodes' releases go on in the background, each within the node
 // timeout; on a node that does not answer, the release is retried in the
-// background within the lease time.
+// background within the lease time. So it is on a node that refuses the
+// connection, until the Locker's Close: a node restarting from its AOF
+// would otherwise come back with the released lock for the rest of the
+// lease time (TestReleaseOnRestartingPersistentNode).
 //
 // The end of the lease is reported to the Observer and the Logger once
 // Release has concluded and lets another call in: a callback may call
@@ -862,8 +864,8 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 			// run the acquisition late, if it never answered that
 			// either) for the rest of the lease time: retry there in
 			// the background, as for a failed try.
-			if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-				l.goReleaseAbandoned(i, ls.keys, ls.owner, ls.revokeKey, ls.ttl, int64(ls.token))
+			if err != nil {
+				l.retryRelease(err, i, ls.keys, ls.owner, ls.revokeKey, ls.ttl, int64(ls.token))
 			}
 			if f.reply(i, v, err, q) {
 				f.cancel()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -325,8 +324,8 @@ func (f *tryFanout) giveBack(i int, token fence.Token) {
 	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	err := releaseScript.Run(ctx, l.nodes[i], f.acqKeys[:1], f.owner).Err()
 	cancel()
-	if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-		l.goReleaseAbandoned(i, f.k, f.owner, f.acqKeys[2], f.ttl, int64(token))
+	if err != nil {
+		l.retryRelease(err, i, f.k, f.owner, f.acqKeys[2], f.ttl, int64(token))
 	}
 }
 

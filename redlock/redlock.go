@@ -868,8 +868,9 @@ const revokeFor = time.Minute
 // cut) may still run the try later, or hold the lock it took: its release,
 // with the revocation mark, is retried in the background, with back-off,
 // within the lease time (after which the lock, if taken, has run out by
-// itself). A refused connection ends the retries: the node is down, and
-// the try with it.
+// itself). A node that refuses the connection is down, and may come back
+// from its AOF with the lock: it is retried too, until Close
+// (goReleaseParked).
 func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
 	timeout := l.timeoutFor(ttl)
 	var granted []int
@@ -910,8 +911,8 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 			rctx, cancel := context.WithTimeout(context.Background(), timeout)
 			err := releaseScript.Run(rctx, l.nodes[i], relKeys, owner).Err()
 			cancel()
-			if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-				l.goReleaseAbandoned(i, k, owner, revokeKey, ttl, 0)
+			if err != nil {
+				l.retryRelease(err, i, k, owner, revokeKey, ttl, 0)
 			}
 			if left.Add(-1) == 0 {
 				close(done)
@@ -931,9 +932,20 @@ func (l *Locker) revokeTry(i int, k keys, owner, revokeKey string, ttl, timeout 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	err := releaseScript.Run(ctx, l.nodes[i], []string{k.lock, revokeKey}, owner, max(ttl, revokeFor).Milliseconds()).Err()
 	cancel()
-	if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
-		l.goReleaseAbandoned(i, k, owner, revokeKey, ttl, 0)
+	if err != nil {
+		l.retryRelease(err, i, k, owner, revokeKey, ttl, 0)
 	}
+}
+
+// retryRelease retries in the background, after err, a release on node
+// i: parked (goReleaseParked) if the node refused the connection, for
+// Close to wait for (goReleaseAbandoned) otherwise.
+func (l *Locker) retryRelease(err error, i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		l.goReleaseParked(i, k, owner, revokeKey, ttl, token)
+		return
+	}
+	l.goReleaseAbandoned(i, k, owner, revokeKey, ttl, token)
 }
 
 // goReleaseAbandoned runs releaseAbandoned in a goroutine of its own,
@@ -942,17 +954,18 @@ func (l *Locker) goReleaseAbandoned(i int, k keys, owner, revokeKey string, ttl 
 	l.bg.add(i)
 	go func() {
 		defer l.bg.done(i)
-		l.releaseAbandoned(i, k, owner, revokeKey, ttl, token)
+		l.releaseAbandoned(i, k, owner, revokeKey, ttl, token, false)
 	}()
 }
 
 // releaseAbandoned retries the release, with the revocation mark, of a try
-// given up on, on node i, until the node answers, refuses the connection,
-// or the lease time has passed (at least a second), or the client is
-// closed (nothing can be sent through it any more), or Close gave up
-// waiting. Each attempt may take what is left of that time: go-redis tells
-// a refused connection only once its own dial retries are over, a second
-// or two.
+// given up on, on node i, until the node answers, or the lease time has
+// passed (at least a second), or the client is closed (nothing can be sent
+// through it any more), or Close gave up waiting (parked: was called). A
+// refused connection hands the retries over to goReleaseParked, unless
+// parked already. Each attempt may take what is left of that time:
+// go-redis tells a refused connection only once its own dial retries are
+// over, a second or two.
 //
 // token, if not 0, is the token of the lease the try became: the retry
 // raises the node's last-token record to it, as Release's revocation does
@@ -960,8 +973,12 @@ func (l *Locker) goReleaseAbandoned(i int, k keys, owner, revokeKey string, ttl 
 // sat in a paused node's socket), and issue a token of its own, smaller,
 // that nobody reads: left so, a later majority of this node and one that
 // lost its record would issue a token below the lease's.
-func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
-	ctx, cancel := context.WithTimeout(l.bg.ctx, max(ttl, time.Second))
+func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64, parked bool) {
+	base := l.bg.ctx
+	if parked {
+		base = l.bg.park
+	}
+	ctx, cancel := context.WithTimeout(base, max(ttl, time.Second))
 	defer cancel()
 	keys := []string{k.lock, revokeKey}
 	args := []any{owner, max(ttl, revokeFor).Milliseconds()}
@@ -975,7 +992,7 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			if errors.Is(ctx.Err(), context.Canceled) {
+			if !parked && errors.Is(ctx.Err(), context.Canceled) {
 				l.bg.stop(i) // Close gave up: a later one reports it
 			}
 			return
@@ -983,15 +1000,39 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 		}
 		err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
 		switch {
-		case err == nil || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed):
+		case err == nil || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed):
+			return
+		case errors.Is(err, syscall.ECONNREFUSED) && !parked:
+			l.goReleaseParked(i, k, owner, revokeKey, ttl, token)
 			return
 		case ctx.Err() != nil:
-			if errors.Is(ctx.Err(), context.Canceled) {
+			if !parked && errors.Is(ctx.Err(), context.Canceled) {
 				l.bg.stop(i)
 			}
 			return
 		}
 	}
+}
+
+// goReleaseParked retries, in a goroutine of its own, the release on node
+// i that the node refused the connection for: it is down, and may come
+// back within the lease time, from its AOF or RDB, still holding the lock
+// (TestReleaseOnRestartingPersistentNode: with another node down, every
+// Acquire then failed on a free majority for the lease time). It tries
+// again, with back-off up to a second, until the node answers, the lease
+// time has passed (at least a second), the client is closed, or Close is
+// called: unlike the other background work, Close neither waits for it
+// nor reports it (a node down for the rest of the lease would make every
+// Close wait that long), and a Locker never closed ends it with the lease
+// time.
+func (l *Locker) goReleaseParked(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
+	if !l.bg.parkStart() {
+		return
+	}
+	go func() {
+		defer l.bg.parkEnd()
+		l.releaseAbandoned(i, k, owner, revokeKey, ttl, token, true)
+	}()
 }
 
 // newOwner returns 128 random bits, hex-encoded: the owner id of one try.
