@@ -361,6 +361,13 @@ func checkCluster(d *deployment) []Finding {
 				Why: fmt.Sprintf("%d of the master's %d replicas are flagged fail: they still count as expected, so acquisitions that need them are refused, and they cannot take over", p.clusterFailed, p.clusterReplicas),
 				Fix: "bring them back, or CLUSTER FORGET the decommissioned ones"})
 		}
+		// The same gap as Sentinel's down-after-milliseconds: a replica
+		// takes over once cluster-node-timeout has passed.
+		if ms, err := strconv.Atoi(p.config["cluster-node-timeout"]); err == nil && ms > 0 && time.Duration(ms)*time.Millisecond < d.cfg.LeaseTime {
+			out = append(out, Finding{ID: "cluster-node-timeout", Severity: Warning, Node: p.addr,
+				Why: fmt.Sprintf("cluster-node-timeout %d is shorter than the lease time %v: a replica takes the master's slots over while leases it granted still run, so a lock the promoted replica missed is granted to a second holder while the first still works, and only tokens checked by the resource stop its stale writes", ms, d.cfg.LeaseTime),
+				Fix: fmt.Sprintf("CONFIG SET cluster-node-timeout %d on every node, or shorter leases (--watchdog-ttl), and check tokens at the resource", d.cfg.LeaseTime.Milliseconds())})
+		}
 	}
 	return out
 }

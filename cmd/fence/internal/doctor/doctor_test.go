@@ -434,7 +434,9 @@ func TestClusterClean(t *testing.T) {
 			}
 		}
 	}
-	cfg := doctor.Config{Cluster: &redis.ClusterOptions{Addrs: cluster.Addrs()}}
+	// Leases within the launcher's cluster-node-timeout (2 s), as a
+	// cluster failing over that fast needs (TestClusterNodeTimeoutBelowLease).
+	cfg := doctor.Config{Cluster: &redis.ClusterOptions{Addrs: cluster.Addrs()}, LeaseTime: 2 * time.Second}
 	if fs := run(t, cfg); len(fs) != 0 {
 		t.Fatalf("findings on a clean cluster:\n%s", dump(fs))
 	}
