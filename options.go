@@ -44,7 +44,9 @@ func Apply(opts []Option) (Options, error) {
 	if o.Wait < 0 {
 		return o, fmt.Errorf("%w: negative wait %v", ErrInvalidOption, o.Wait)
 	}
-	if o.ttlSet {
+	// A TTL set by an Option of the caller's own (Options' fields are
+	// exported) is checked too: only zero, untouched, means "watchdog".
+	if o.ttlSet || o.TTL != 0 {
 		if err := ValidateTTL(o.TTL); err != nil {
 			return o, err
 		}
