@@ -22,8 +22,10 @@ const releaseTimeout = 5 * time.Second
 // writing when it is, and pass lease.Token() with every
 // write so that the resource can reject it if it comes late anyway. Run
 // returns the error from Acquire if the lock was not taken (fn is not
-// called); otherwise fn's error joined with Release's error, so a lease that
-// was lost while fn ran shows up as an error matching ErrLeaseLost even when
+// called; a Locker that returns neither a lease nor an error gets one
+// matching ErrNotAcquired, and a lease returned with an error is
+// released); otherwise fn's error joined with Release's error, so a lease
+// that was lost while fn ran shows up as an error matching ErrLeaseLost even when
 // fn returned nil. A nil locker or fn is an error matching
 // ErrInvalidOption.
 //
@@ -39,8 +41,17 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 		return fmt.Errorf("%w: Run with a nil Locker or fn", ErrInvalidOption)
 	}
 	lease, err := locker.Acquire(ctx, name, opts...)
-	if err != nil {
+	switch {
+	case err != nil && lease != nil:
+		// Against the contract; but dropping the lease would leave its
+		// lock held (by a watchdog: for ever), with nobody to release it.
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer relCancel()
+		return errors.Join(err, lease.Release(relCtx))
+	case err != nil:
 		return err
+	case lease == nil:
+		return NotAcquired(name, fmt.Errorf("fence: %T.Acquire returned neither a lease nor an error", locker))
 	}
 	workCtx, end := workContext(ctx, lease)
 	var fnErr error
