@@ -18,6 +18,11 @@ const (
 	// campaign after a term ended or Acquire failed; see Backoff.
 	DefaultMinBackoff = 100 * time.Millisecond
 	DefaultMaxBackoff = 10 * time.Second
+	// MinBackoff is the shortest minimum back-off Backoff accepts. A
+	// shorter one is most likely a duration without its unit
+	// (Backoff(100, 10000) is 100 ns to 10 µs), and would have Lead
+	// campaign against a failing backend many thousand times a second.
+	MinBackoff = time.Millisecond
 )
 
 // LeadOption configures Lead.
@@ -45,8 +50,8 @@ func LeaseOptions(opts ...Option) LeadOption {
 // max. A term that ended because the lease was lost is followed by a pause
 // of about min, so that another candidate (the one the lock went to) is not
 // raced by the deposed leader; so is a term that lasted longer than max,
-// which is no early return and ends the row. min must be positive and at
-// most max.
+// which is no early return and ends the row. min must be at least
+// MinBackoff (1 ms) and at most max.
 func Backoff(min, max time.Duration) LeadOption {
 	return func(c *leadConfig) { c.minBackoff, c.maxBackoff = min, max }
 }
@@ -114,8 +119,8 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 	if err != nil {
 		return err
 	}
-	if c.minBackoff <= 0 || c.maxBackoff < c.minBackoff {
-		return fmt.Errorf("%w: Lead back-off from %v to %v: want 0 < min <= max", ErrInvalidOption, c.minBackoff, c.maxBackoff)
+	if c.minBackoff < MinBackoff || c.maxBackoff < c.minBackoff {
+		return fmt.Errorf("%w: Lead back-off from %v to %v: want %v <= min <= max", ErrInvalidOption, c.minBackoff, c.maxBackoff, MinBackoff)
 	}
 	acquire := c.acquire
 	if o.Wait == 0 {
