@@ -19,7 +19,10 @@ func TestRunNestedOnSameNameIsHeld(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := newMemlock(t)
 		err := fence.Run(t.Context(), l, "x", func(ctx context.Context, outer fence.Lease) error {
-			inner := func(context.Context, fence.Lease) error { t.Error("inner fn ran: the lock was taken twice"); return nil }
+			inner := func(context.Context, fence.Lease) error {
+				t.Error("inner fn ran: the lock was taken twice")
+				return nil
+			}
 			if err := fence.Run(ctx, l, "x", inner); !errors.Is(err, fence.ErrHeld) {
 				t.Errorf("nested Run, no wait = %v, want ErrHeld", err)
 			}
