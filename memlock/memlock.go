@@ -119,8 +119,12 @@ func New(o *Options) (*Locker, error) {
 // Acquire takes the lock called name; see fence.Locker. With a Wait budget
 // it waits in line: a release, an expiry or Remove hands the lock to the
 // caller that has waited longest. When the budget runs out the error wraps
-// fence.ErrHeld; when ctx ends first, ctx.Err(). A nil ctx panics.
+// fence.ErrHeld; when ctx ends first, ctx.Err(). A nil ctx panics; a nil
+// *Locker returns an error matching fence.ErrInvalidOption.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if l == nil {
+		return nil, fmt.Errorf("%w: memlock: Acquire on a nil *Locker (was New's error ignored?)", fence.ErrInvalidOption)
+	}
 	if l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}
@@ -208,8 +212,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // Remove deletes the lock called name behind its holder's back, as an
 // operator or a failover would: the holder's lease ends with an error
 // matching fence.ErrLeaseLost, and the lock goes to the longest waiter, if
-// any. Remove reports whether the lock was held.
+// any. Remove reports whether the lock was held (never, on a nil *Locker).
 func (l *Locker) Remove(name string) bool {
+	if l == nil {
+		return false
+	}
 	l.mu.Lock()
 	defer l.unlock()
 	lk := l.locks[name]
