@@ -18,12 +18,13 @@ const (
 	// campaign after a term ended or Acquire failed; see Backoff.
 	DefaultMinBackoff = 100 * time.Millisecond
 	DefaultMaxBackoff = 10 * time.Second
-	// MinBackoff is the shortest minimum back-off Backoff accepts. A
-	// shorter one is most likely a duration without its unit
-	// (Backoff(100, 10000) is 100 ns to 10 µs), and would have Lead
-	// campaign against a failing backend many thousand times a second.
-	MinBackoff = time.Millisecond
 )
+
+// MinBackoff is the shortest minimum back-off Backoff accepts. A shorter
+// one is most likely a duration without its unit (Backoff(100, 10000) is
+// 100 ns to 10 µs), and would have Lead campaign against a failing backend
+// many thousand times a second.
+const MinBackoff = time.Millisecond
 
 // LeadOption configures Lead.
 type LeadOption func(*leadConfig)
