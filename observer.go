@@ -97,13 +97,23 @@ func ValidateObserver(obs Observer) error {
 	if obs == nil {
 		return nil
 	}
-	switch v := reflect.ValueOf(obs); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		if v.IsNil() {
-			return fmt.Errorf("%w: Observer is a nil %T (was the error of the constructor that returned it ignored?)", ErrInvalidOption, obs)
-		}
+	if holdsNil(obs) {
+		return fmt.Errorf("%w: Observer is a nil %T (was the error of the constructor that returned it ignored?)", ErrInvalidOption, obs)
 	}
 	return nil
+}
+
+// holdsNil reports whether v is nil or an interface value holding a nil
+// pointer, map, slice, func or chan.
+func holdsNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }
 
 // AcquireResult is how an Acquire ended. Its values are fixed, fit for a

@@ -42,7 +42,7 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 	}
 	lease, err := locker.Acquire(ctx, name, opts...)
 	switch {
-	case err != nil && lease != nil:
+	case err != nil && !holdsNil(lease):
 		// Against the contract; but dropping the lease would leave its
 		// lock held (by a watchdog: for ever), with nobody to release it.
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
@@ -50,7 +50,7 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 		return errors.Join(err, lease.Release(relCtx))
 	case err != nil:
 		return err
-	case lease == nil:
+	case holdsNil(lease):
 		return NotAcquired(name, fmt.Errorf("fence: %T.Acquire returned neither a lease nor an error", locker))
 	}
 	workCtx, end := workContext(ctx, lease)

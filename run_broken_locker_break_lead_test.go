@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -95,4 +96,34 @@ func TestRunLockerReturnsLeaseAndError(t *testing.T) {
 		}
 		_ = lease.Release(t.Context())
 	})
+}
+
+// typedNilLocker returns a nil *typedNilLease in the fence.Lease interface,
+// as a backend does that returns its own pointer variable: with an error
+// (the contract's "no lease"), or without one (a broken backend).
+type typedNilLocker struct{ err error }
+
+type typedNilLease struct{ fence.Lease }
+
+func (l typedNilLocker) Acquire(context.Context, string, ...fence.Option) (fence.Lease, error) {
+	var ls *typedNilLease
+	return ls, l.err
+}
+
+// TestRunLockerReturnsTypedNilLease: Run takes a nil pointer in the Lease
+// interface for no lease: with an error, the error, nothing released (a
+// Release on it would panic); without one, ErrNotAcquired. fn is not
+// called either way.
+func TestRunLockerReturnsTypedNilLease(t *testing.T) {
+	held := fmt.Errorf("backend: %w", fence.ErrHeld)
+	for _, l := range []typedNilLocker{{err: held}, {}} {
+		called := false
+		err := fence.Run(t.Context(), l, "x", func(context.Context, fence.Lease) error { called = true; return nil })
+		if called {
+			t.Fatal("fn called without a lease")
+		}
+		if l.err != nil && err != held || l.err == nil && !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("Acquire returned a nil *typedNilLease and %v: Run returned %v", l.err, err)
+		}
+	}
 }

@@ -144,8 +144,8 @@ func (b *background) done(i int) {
 func (b *background) parkStart() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.park.Err() != nil {
-		return false
+	if b.park == nil || b.park.Err() != nil {
+		return false // a Locker not made by New, or closed
 	}
 	b.parkedN++
 	return true
@@ -166,7 +166,9 @@ func (b *background) parkEnd() {
 // goroutines to return (at once, or when a request in flight ends).
 func (b *background) unpark(ctx context.Context) {
 	b.mu.Lock()
-	b.parkCancel()
+	if b.parkCancel != nil { // nil on a Locker not made by New
+		b.parkCancel()
+	}
 	if b.parkedN == 0 {
 		b.mu.Unlock()
 		return
