@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/redis/go-redis/v9"
@@ -92,18 +94,32 @@ type background struct {
 	stopErr error
 
 	// park ends the retries of releases on nodes that refused the
-	// connection (see goReleaseParked): Close cancels it and does not
-	// report them. parkedN counts them (under mu); parkIdle, made by a
-	// waiting Close, is closed when it drops to 0.
+	// connection (see parkRelease): Close cancels it and does not report
+	// them. parkQ holds them by node, retried by one goroutine per node
+	// (parkRun), not one per release; parkedN counts those goroutines
+	// (under mu); parkIdle, made by a waiting Close, is closed when it
+	// drops to 0.
 	park       context.Context
 	parkCancel context.CancelFunc
+	parkQ      [][]parkedRelease
+	parkRun    []bool
 	parkedN    int
 	parkIdle   chan struct{}
+}
+
+// parkedRelease is a release waiting, on a node that refused the
+// connection, for the node to come back, until its deadline.
+type parkedRelease struct {
+	keys  []string
+	args  []any
+	until time.Time
 }
 
 func (b *background) init(n int) {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.park, b.parkCancel = context.WithCancel(context.Background())
+	b.parkQ = make([][]parkedRelease, n)
+	b.parkRun = make([]bool, n)
 	b.perNode = make([]int, n)
 	b.stopped = make([]int, n)
 	b.leases = make(map[*lease]struct{})
@@ -139,26 +155,62 @@ func (b *background) done(i int) {
 	b.mu.Unlock()
 }
 
-// parkStart counts a parked retry; it returns false, counting nothing,
-// once Close has ended them. parkEnd must follow a true.
-func (b *background) parkStart() bool {
+// parkPush queues r on node i; it reports whether the caller must start
+// the node's retry goroutine (drainParked), which then calls parkNext
+// until it returns false. It queues nothing once Close has ended the
+// retries, or on a Locker not made by New.
+func (b *background) parkPush(i int, r parkedRelease) (start bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.park == nil || b.park.Err() != nil {
 		return false // a Locker not made by New, or closed
 	}
+	b.parkQ[i] = append(b.parkQ[i], r)
+	if b.parkRun[i] {
+		return false
+	}
+	b.parkRun[i] = true
 	b.parkedN++
 	return true
 }
 
-// parkEnd ends a parked retry counted by parkStart.
-func (b *background) parkEnd() {
+// parkNext drops node i's releases past their deadline (all of them once
+// Close has ended the retries) and returns the first one left; when none
+// is, it ends the node's retry goroutine and returns false.
+func (b *background) parkNext(i int, now time.Time) (parkedRelease, bool) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	q := b.parkQ[i]
+	if b.park.Err() != nil {
+		q = q[:0]
+	}
+	q = slices.DeleteFunc(q, func(r parkedRelease) bool { return !now.Before(r.until) })
+	b.parkQ[i] = q
+	if len(q) > 0 {
+		return q[0], true
+	}
+	b.parkQ[i] = nil // let a long queue's array go
+	b.parkRun[i] = false
 	b.parkedN--
 	if b.parkedN == 0 && b.parkIdle != nil {
 		close(b.parkIdle)
 		b.parkIdle = nil
 	}
+	return parkedRelease{}, false
+}
+
+// parkPop removes node i's first release (the one parkNext returned: only
+// the node's retry goroutine removes any), once the node answered it.
+func (b *background) parkPop(i int) {
+	b.mu.Lock()
+	b.parkQ[i] = b.parkQ[i][1:]
+	b.mu.Unlock()
+}
+
+// parkClear drops node i's releases: its client was closed.
+func (b *background) parkClear(i int) {
+	b.mu.Lock()
+	b.parkQ[i] = b.parkQ[i][:0]
 	b.mu.Unlock()
 }
 
@@ -340,7 +392,7 @@ func (l *Locker) Close(ctx context.Context) error {
 		wg.Wait()
 	}
 	// Releases on nodes that refused the connection are retried while
-	// the Locker is open (goReleaseParked); Close ends them.
+	// the Locker is open (parkRelease); Close ends them.
 	b.unpark(ctx)
 	// done reports, once the work has finished, the releases that an
 	// earlier Close which gave up stopped.

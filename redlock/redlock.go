@@ -870,7 +870,7 @@ const revokeFor = time.Minute
 // within the lease time (after which the lock, if taken, has run out by
 // itself). A node that refuses the connection is down, and may come back
 // from its AOF with the lock: it is retried too, until Close
-// (goReleaseParked).
+// (parkRelease).
 func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
 	timeout := l.timeoutFor(ttl)
 	var granted []int
@@ -938,11 +938,11 @@ func (l *Locker) revokeTry(i int, k keys, owner, revokeKey string, ttl, timeout 
 }
 
 // retryRelease retries in the background, after err, a release on node
-// i: parked (goReleaseParked) if the node refused the connection, for
-// Close to wait for (goReleaseAbandoned) otherwise.
+// i: parked (parkRelease) if the node refused the connection, for Close
+// to wait for (goReleaseAbandoned) otherwise.
 func (l *Locker) retryRelease(err error, i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
 	if errors.Is(err, syscall.ECONNREFUSED) {
-		l.goReleaseParked(i, k, owner, revokeKey, ttl, token)
+		l.parkRelease(i, k, owner, revokeKey, ttl, token)
 		return
 	}
 	l.goReleaseAbandoned(i, k, owner, revokeKey, ttl, token)
@@ -954,18 +954,29 @@ func (l *Locker) goReleaseAbandoned(i int, k keys, owner, revokeKey string, ttl 
 	l.bg.add(i)
 	go func() {
 		defer l.bg.done(i)
-		l.releaseAbandoned(i, k, owner, revokeKey, ttl, token, false)
+		l.releaseAbandoned(i, k, owner, revokeKey, ttl, token)
 	}()
+}
+
+// releaseArgs returns the keys and arguments of the release, with the
+// revocation mark, of a try given up on (see releaseAbandoned).
+func releaseArgs(k keys, owner, revokeKey string, ttl time.Duration, token int64) ([]string, []any) {
+	keys := []string{k.lock, revokeKey}
+	args := []any{owner, max(ttl, revokeFor).Milliseconds()}
+	if token != 0 {
+		keys = append(keys, k.token)
+		args = append(args, token)
+	}
+	return keys, args
 }
 
 // releaseAbandoned retries the release, with the revocation mark, of a try
 // given up on, on node i, until the node answers, or the lease time has
 // passed (at least a second), or the client is closed (nothing can be sent
-// through it any more), or Close gave up waiting (parked: was called). A
-// refused connection hands the retries over to goReleaseParked, unless
-// parked already. Each attempt may take what is left of that time:
-// go-redis tells a refused connection only once its own dial retries are
-// over, a second or two.
+// through it any more), or Close gave up waiting. A refused connection
+// hands the retries over to parkRelease. Each attempt may take what is
+// left of that time: go-redis tells a refused connection only once its
+// own dial retries are over, a second or two.
 //
 // token, if not 0, is the token of the lease the try became: the retry
 // raises the node's last-token record to it, as Release's revocation does
@@ -973,40 +984,26 @@ func (l *Locker) goReleaseAbandoned(i int, k keys, owner, revokeKey string, ttl 
 // sat in a paused node's socket), and issue a token of its own, smaller,
 // that nobody reads: left so, a later majority of this node and one that
 // lost its record would issue a token below the lease's.
-func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64, parked bool) {
-	base := l.bg.ctx
-	if parked {
-		base = l.bg.park
-	}
-	ctx, cancel := context.WithTimeout(base, max(ttl, time.Second))
+func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
+	ctx, cancel := context.WithTimeout(l.bg.ctx, max(ttl, time.Second))
 	defer cancel()
-	keys := []string{k.lock, revokeKey}
-	args := []any{owner, max(ttl, revokeFor).Milliseconds()}
-	if token != 0 {
-		keys = append(keys, k.token)
-		args = append(args, token)
-	}
+	keys, args := releaseArgs(k, owner, revokeKey, ttl, token)
 	for failures := 1; ; failures++ {
-		d := min(10*time.Millisecond<<min(failures-1, 7), time.Second)
-		t := time.NewTimer(d/2 + mrand.N(d/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			if !parked && errors.Is(ctx.Err(), context.Canceled) {
+		if !pauseRetry(ctx, failures) {
+			if errors.Is(ctx.Err(), context.Canceled) {
 				l.bg.stop(i) // Close gave up: a later one reports it
 			}
 			return
-		case <-t.C:
 		}
 		err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
 		switch {
 		case err == nil || errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed):
 			return
-		case errors.Is(err, syscall.ECONNREFUSED) && !parked:
-			l.goReleaseParked(i, k, owner, revokeKey, ttl, token)
+		case errors.Is(err, syscall.ECONNREFUSED):
+			l.parkRelease(i, k, owner, revokeKey, ttl, token)
 			return
 		case ctx.Err() != nil:
-			if !parked && errors.Is(ctx.Err(), context.Canceled) {
+			if errors.Is(ctx.Err(), context.Canceled) {
 				l.bg.stop(i)
 			}
 			return
@@ -1014,25 +1011,67 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 	}
 }
 
-// goReleaseParked retries, in a goroutine of its own, the release on node
-// i that the node refused the connection for: it is down, and may come
-// back within the lease time, from its AOF or RDB, still holding the lock
-// (TestReleaseOnRestartingPersistentNode: with another node down, every
-// Acquire then failed on a free majority for the lease time). It tries
-// again, with back-off up to a second, until the node answers, the lease
-// time has passed (at least a second), the client is closed, or Close is
-// called: unlike the other background work, Close neither waits for it
-// nor reports it (a node down for the rest of the lease would make every
-// Close wait that long), and a Locker never closed ends it with the lease
-// time.
-func (l *Locker) goReleaseParked(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
-	if !l.bg.parkStart() {
-		return
+// pauseRetry waits before the given attempt, with back-off from 10 ms to
+// a second, jittered; it reports false if ctx ended first.
+func pauseRetry(ctx context.Context, failures int) bool {
+	d := min(10*time.Millisecond<<min(failures-1, 7), time.Second)
+	t := time.NewTimer(d/2 + mrand.N(d/2+1))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
-	go func() {
-		defer l.bg.parkEnd()
-		l.releaseAbandoned(i, k, owner, revokeKey, ttl, token, true)
-	}()
+}
+
+// parkRelease queues, for retrying, the release on node i that the node
+// refused the connection for: it is down, and may come back within the
+// lease time, from its AOF or RDB, still holding the lock
+// (TestReleaseOnRestartingPersistentNode: with another node down, every
+// Acquire then failed on a free majority for the lease time). One
+// goroutine per node (drainParked) retries the node's queue, not one per
+// release (TestManyParkedReleasesShareOneGoroutine: a hundred releases
+// refused kept a hundred goroutines for the lease time). Each release is
+// tried until the node answers it, its lease time has passed (at least a
+// second), the client is closed, or Close is called: unlike the other
+// background work, Close neither waits for them nor reports them (a node
+// down for the rest of the lease would make every Close wait that long),
+// and a Locker never closed ends them with the lease time.
+func (l *Locker) parkRelease(i int, k keys, owner, revokeKey string, ttl time.Duration, token int64) {
+	keys, args := releaseArgs(k, owner, revokeKey, ttl, token)
+	if l.bg.parkPush(i, parkedRelease{keys: keys, args: args, until: time.Now().Add(max(ttl, time.Second))}) {
+		go l.drainParked(i)
+	}
+}
+
+// drainParked retries node i's parked releases, the first in the queue
+// first, with back-off while the node refuses (or fails otherwise), and
+// the next at once after one it answered, until none is left.
+func (l *Locker) drainParked(i int) {
+	b := &l.bg
+	failures := 1
+	for {
+		r, ok := b.parkNext(i, time.Now())
+		if !ok {
+			return
+		}
+		if failures > 0 && !pauseRetry(b.park, failures) {
+			continue // Close: parkNext drops them all
+		}
+		ctx, cancel := context.WithDeadline(b.park, r.until)
+		err := releaseScript.Run(ctx, l.nodes[i], r.keys, r.args...).Err()
+		cancel()
+		switch {
+		case err == nil:
+			b.parkPop(i)
+			failures = 0
+		case errors.Is(err, redis.ErrClosed) || errors.Is(err, net.ErrClosed):
+			b.parkClear(i)
+		default:
+			failures++
+		}
+	}
 }
 
 // newOwner returns 128 random bits, hex-encoded: the owner id of one try.
