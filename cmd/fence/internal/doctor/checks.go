@@ -94,11 +94,16 @@ func checkRole(d *deployment) []Finding {
 
 func checkConfigReadable(d *deployment) []Finding {
 	var out []Finding
+	what, names := "persistence, eviction and min-replicas settings", "save, appendonly, appendfsync, maxmemory-policy and min-replicas-to-write"
+	if d.cluster != nil {
+		// checkCluster reads cluster-node-timeout from CONFIG GET too.
+		what, names = "persistence, eviction, min-replicas and cluster-node-timeout settings", "save, appendonly, appendfsync, maxmemory-policy, min-replicas-to-write and cluster-node-timeout"
+	}
 	for _, n := range d.all() {
 		if n.configErr != nil {
 			out = append(out, Finding{ID: "config-unreadable", Severity: Warning, Node: n.addr,
-				Why: fmt.Sprintf("CONFIG GET was refused (%v), so persistence, eviction and min-replicas settings, each of which can lose locks, went unchecked", n.configErr),
-				Fix: "run the doctor as a user allowed CONFIG GET, or check save, appendonly, appendfsync, maxmemory-policy and min-replicas-to-write in the provider's console"})
+				Why: fmt.Sprintf("CONFIG GET was refused (%v), so %s, each of which can lose locks, went unchecked", n.configErr, what),
+				Fix: "run the doctor as a user allowed CONFIG GET, or check " + names + " in the provider's console"})
 		}
 	}
 	return out
