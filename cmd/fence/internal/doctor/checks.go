@@ -344,6 +344,37 @@ func checkSentinel(d *deployment) []Finding {
 	return out
 }
 
+// failoverTimeout returns how long, by the masters' cluster-node-timeout
+// settings, master p goes unanswered before it is flagged failing and its
+// replica may take over: each master flags it after its own timeout, and
+// Redis fails it once a majority of the masters (p not among them) has,
+// so the majority-th shortest of the other masters' timeouts, not p's own.
+// It reports false when the settings are unknown (CONFIG GET refused) or
+// too few masters are read to make that majority.
+func failoverTimeout(masters []*node, p *node) (int, bool) {
+	var others []int
+	for _, m := range masters {
+		if m == p {
+			continue
+		}
+		ms, err := strconv.Atoi(m.config["cluster-node-timeout"])
+		if err != nil || ms <= 0 {
+			continue
+		}
+		others = append(others, ms)
+	}
+	need := len(masters)/2 + 1
+	if len(others) < need {
+		// The others' settings unknown, or a cluster of one or two
+		// masters (which no majority of others can fail over): p's
+		// own, as the shortest it can be.
+		ms, err := strconv.Atoi(p.config["cluster-node-timeout"])
+		return ms, err == nil && ms > 0
+	}
+	slices.Sort(others)
+	return others[need-1], true
+}
+
 func checkCluster(d *deployment) []Finding {
 	cv := d.cluster
 	if cv == nil {
@@ -367,10 +398,10 @@ func checkCluster(d *deployment) []Finding {
 				Fix: "bring them back, or CLUSTER FORGET the decommissioned ones"})
 		}
 		// The same gap as Sentinel's down-after-milliseconds: a replica
-		// takes over once cluster-node-timeout has passed.
-		if ms, err := strconv.Atoi(p.config["cluster-node-timeout"]); err == nil && ms > 0 && time.Duration(ms)*time.Millisecond < d.cfg.LeaseTime {
+		// takes over once the master is flagged failing.
+		if ms, ok := failoverTimeout(d.primaries, p); ok && time.Duration(ms)*time.Millisecond < d.cfg.LeaseTime {
 			out = append(out, Finding{ID: "cluster-node-timeout", Severity: Warning, Node: p.addr,
-				Why: fmt.Sprintf("cluster-node-timeout %d is shorter than the lease time %v: a replica takes the master's slots over while leases it granted still run, so a lock the promoted replica missed is granted to a second holder while the first still works, and only tokens checked by the resource stop its stale writes", ms, d.cfg.LeaseTime),
+				Why: fmt.Sprintf("the master is failed over once a majority of the masters has flagged it, each after its own cluster-node-timeout: here after %d ms, shorter than the lease time %v: a replica takes the master's slots over while leases it granted still run, so a lock the promoted replica missed is granted to a second holder while the first still works, and only tokens checked by the resource stop its stale writes", ms, d.cfg.LeaseTime),
 				Fix: fmt.Sprintf("CONFIG SET cluster-node-timeout %d on every node, or shorter leases (--watchdog-ttl), and check tokens at the resource", d.cfg.LeaseTime.Milliseconds())})
 		}
 	}
