@@ -45,9 +45,7 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 	case err != nil && !holdsNil(lease):
 		// Against the contract; but dropping the lease would leave its
 		// lock held (by a watchdog: for ever), with nobody to release it.
-		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer relCancel()
-		return errors.Join(err, lease.Release(relCtx))
+		return errors.Join(err, releaseRetrying(ctx, lease))
 	case err != nil:
 		return err
 	case holdsNil(lease):
@@ -60,21 +58,25 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 	// a watchdog renews for ever.
 	defer func() {
 		end()
-		// Release with a context that outlives a cancelled ctx: a lock left
-		// held blocks others until it expires.
-		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer relCancel()
-		// An inconclusive failure (the statement went out on a connection
-		// that a server restart had killed) is retried: the caller has no
-		// lease to retry with, and the lock would stay held until it expires.
-		relErr := lease.Release(relCtx)
-		for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && !errors.Is(relErr, ErrClosed) && sleep(relCtx, pause); pause = min(2*pause, time.Second) {
-			relErr = lease.Release(relCtx)
-		}
-		err = errors.Join(fnErr, relErr)
+		err = errors.Join(fnErr, releaseRetrying(ctx, lease))
 	}()
 	fnErr = fn(workCtx, lease)
 	return nil
+}
+
+// releaseRetrying releases lease for Run, with a context that outlives a
+// cancelled ctx (a lock left held blocks others until it expires), for up
+// to releaseTimeout. An inconclusive failure (the statement went out on a
+// connection that a server restart had killed) is retried: the caller has
+// no lease to retry with, and the lock would stay held until it expires.
+func releaseRetrying(ctx context.Context, lease Lease) error {
+	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer relCancel()
+	relErr := lease.Release(relCtx)
+	for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && !errors.Is(relErr, ErrClosed) && sleep(relCtx, pause); pause = min(2*pause, time.Second) {
+		relErr = lease.Release(relCtx)
+	}
+	return relErr
 }
 
 // workContext returns fn's context, done when ctx is or the lease ends,
