@@ -32,10 +32,10 @@ func TestStartOnTakenPortFails(t *testing.T) {
 	}
 	// The check itself, with the process still alive: another pid answers.
 	never := make(chan struct{})
-	if err := waitReady(taken.Addr, never, taken.proc.Pid+1); !errors.Is(err, errPortTaken) {
+	if err := waitReady(taken.options(), never, taken.proc.Pid+1); !errors.Is(err, errPortTaken) {
 		t.Fatalf("waitReady for another pid = %v, want errPortTaken", err)
 	}
-	if err := waitReady(taken.Addr, never, taken.proc.Pid); err != nil {
+	if err := waitReady(taken.options(), never, taken.proc.Pid); err != nil {
 		t.Fatalf("waitReady for the server's own pid = %v", err)
 	}
 }

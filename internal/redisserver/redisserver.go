@@ -12,6 +12,7 @@ package redisserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -36,6 +37,7 @@ const installHint = "install it with `apt-get install -y redis-server` (`make te
 type Server struct {
 	Addr string // host:port on loopback
 	Dir  string // the server's working directory
+	TLS  *TLS   // the server's certificates if it speaks TLS alone (StartTLS), else nil
 
 	bin     string
 	args    []string
@@ -53,16 +55,24 @@ type Server struct {
 // command line, e.g. "--maxmemory", "1mb". A missing binary is reported with
 // the step that installs it. The caller must Close the server.
 func Start(dir string, extra ...string) (*Server, error) {
+	return start(dir, nil, extra)
+}
+
+// start is Start, or StartTLS when t is not nil.
+func start(dir string, t *TLS, extra []string) (*Server, error) {
 	dir, owned, err := useDir(dir, "redis")
 	if err != nil {
 		return nil, err
 	}
-	s, err := launch(dir, func(port string) []string {
-		return append([]string{
-			"--port", port, "--bind", "127.0.0.1",
+	s, err := launch(dir, t, func(port string) []string {
+		listen := []string{"--port", port}
+		if t != nil {
+			listen = t.args(port)
+		}
+		return append(append(listen, "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", dir,
 			"--daemonize", "no", "--repl-diskless-sync-delay", "0",
-		}, extra...)
+		), extra...)
 	})
 	if err != nil {
 		if owned {
@@ -84,13 +94,14 @@ func useDir(dir, pattern string) (string, bool, error) {
 }
 
 // launch starts redis-server with args(port) on a free port, trying again
-// with another port if one was taken meanwhile.
-func launch(dir string, args func(port string) []string) (*Server, error) {
+// with another port if one was taken meanwhile. With t, the server speaks
+// TLS alone, and its readiness is checked over TLS.
+func launch(dir string, t *TLS, args func(port string) []string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found on PATH: %s", installHint)
 	}
-	s := &Server{Dir: dir, bin: bin}
+	s := &Server{Dir: dir, TLS: t, bin: bin}
 	for attempt := 0; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
@@ -114,8 +125,22 @@ func (s *Server) Host() string { h, _, _ := net.SplitHostPort(s.Addr); return h 
 // Port returns the port part of Addr.
 func (s *Server) Port() string { _, p, _ := net.SplitHostPort(s.Addr); return p }
 
-// Client returns a go-redis client for the server; the caller closes it.
-func (s *Server) Client() *redis.Client { return redis.NewClient(&redis.Options{Addr: s.Addr}) }
+// Client returns a go-redis client for the server (over TLS, trusting its
+// CA, if it speaks TLS); the caller closes it.
+func (s *Server) Client() *redis.Client { return redis.NewClient(s.options()) }
+
+// TLSConfig returns a client's *tls.Config for the server: nil if it speaks
+// plain TCP, else a new one trusting its CA.
+func (s *Server) TLSConfig() *tls.Config {
+	if s.TLS == nil {
+		return nil
+	}
+	return s.TLS.ClientConfig()
+}
+
+func (s *Server) options() *redis.Options {
+	return &redis.Options{Addr: s.Addr, TLSConfig: s.TLSConfig()}
+}
 
 // Close kills the server and removes its directory if Start made it.
 // Closing twice does nothing more.
@@ -179,7 +204,7 @@ func (s *Server) start() error {
 	}
 	exited := make(chan struct{})
 	go func() { _, _ = cmd.Process.Wait(); close(exited) }()
-	err = waitReady(s.Addr, exited, cmd.Process.Pid)
+	err = waitReady(s.options(), exited, cmd.Process.Pid)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -196,10 +221,11 @@ func (s *Server) start() error {
 // freePort's port may have been taken meanwhile by another test's server,
 // which answers PING while this one fails to bind and exits; a test handed
 // that server would share it with the other test (and see its locks).
-func waitReady(addr string, exited <-chan struct{}, pid int) error {
+func waitReady(o *redis.Options, exited <-chan struct{}, pid int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	o.MaxRetries, o.DialTimeout = -1, time.Second
+	c := redis.NewClient(o)
 	defer c.Close()
 	retry := time.NewTimer(0)
 	defer retry.Stop()

@@ -20,8 +20,9 @@ import (
 // StartReplica starts a server in dir (empty: a temp dir) replicating
 // primary. Call WaitReplicated before relying on it. The caller must Close
 // it.
+// A primary started with StartTLS gets a replica that speaks TLS, to it too.
 func StartReplica(dir string, primary *Server, extra ...string) (*Server, error) {
-	return Start(dir, append([]string{"--replicaof", primary.Host(), primary.Port()}, extra...)...)
+	return start(dir, primary.TLS, append([]string{"--replicaof", primary.Host(), primary.Port()}, extra...))
 }
 
 // StartReplicated starts a primary and n replicas of it, each in a temp
@@ -152,7 +153,8 @@ type Sentinels struct {
 
 // StartSentinels starts n sentinels (redis-server --sentinel), each in a
 // temp dir, monitoring primary as "mymaster" with quorum n/2+1, declaring
-// it down after 1 s. The caller must Close them.
+// it down after 1 s. Sentinels of a primary started with StartTLS speak
+// TLS alone, to it and its replicas too. The caller must Close them.
 func StartSentinels(primary *Server, n int) (*Sentinels, error) {
 	s := &Sentinels{Master: "mymaster"}
 	for range n {
@@ -180,8 +182,12 @@ func startSentinel(master string, primary *Server, quorum int) (*Server, error) 
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	srv, err := launch(dir, func(port string) []string {
-		return []string{conf, "--sentinel", "--port", port, "--bind", "127.0.0.1", "--daemonize", "no"}
+	srv, err := launch(dir, primary.TLS, func(port string) []string {
+		listen := []string{"--port", port}
+		if primary.TLS != nil {
+			listen = primary.TLS.args(port)
+		}
+		return append([]string{conf, "--sentinel"}, append(listen, "--bind", "127.0.0.1", "--daemonize", "no")...)
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)
@@ -209,7 +215,7 @@ func (s *Sentinels) WaitReady(replicas int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for _, srv := range s.Servers {
-		c := redis.NewSentinelClient(&redis.Options{Addr: srv.Addr})
+		c := redis.NewSentinelClient(srv.options())
 		err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
 			r, err1 := c.Replicas(ctx, s.Master).Result()
 			o, err2 := c.Sentinels(ctx, s.Master).Result()
@@ -247,7 +253,7 @@ func settledReplicas(replicas []map[string]string) int {
 func (s *Sentinels) WaitFailover(old *Server, candidates ...*Server) (*Server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c := redis.NewSentinelClient(&redis.Options{Addr: s.Servers[0].Addr})
+	c := redis.NewSentinelClient(s.Servers[0].options())
 	defer c.Close()
 	var found *Server
 	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {

@@ -35,6 +35,31 @@ func Start(t testing.TB, extra ...string) *Server {
 	return &Server{s}
 }
 
+// NewTLS makes a CA and a certificate for 127.0.0.1 in a temp dir of t's;
+// see redisserver.NewTLS.
+func NewTLS(t testing.TB) *redisserver.TLS {
+	t.Helper()
+	c, err := redisserver.NewTLS(t.TempDir())
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return c
+}
+
+// StartTLS is Start for a server that speaks TLS alone, with ca's
+// certificate (see redisserver.StartTLS): its Client and TLSConfig speak
+// TLS, and StartReplica and StartSentinels given it start TLS servers too.
+// A redis-server built without TLS fails the test, naming why.
+func StartTLS(t testing.TB, ca *redisserver.TLS, extra ...string) *Server {
+	t.Helper()
+	s, err := redisserver.StartTLS(t.TempDir(), ca, extra...)
+	if err != nil {
+		t.Fatalf("redistest: TLS: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return &Server{s}
+}
+
 // Launch is Start for code without a testing.TB, such as TestMain: it runs
 // the server in dir, and the caller must Kill it.
 func Launch(dir string, extra ...string) (*Server, error) {
@@ -76,11 +101,16 @@ func (s *Server) Pause(t testing.TB) (resume func()) {
 	return resume
 }
 
-// StartReplica starts a server replicating primary. Call WaitReplicated
-// before relying on it.
+// StartReplica starts a server replicating primary (over TLS if primary
+// speaks TLS). Call WaitReplicated before relying on it.
 func StartReplica(t testing.TB, primary *Server, extra ...string) *Server {
 	t.Helper()
-	return Start(t, append([]string{"--replicaof", primary.Host(), primary.Port()}, extra...)...)
+	s, err := redisserver.StartReplica(t.TempDir(), primary.Server, extra...)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return &Server{s}
 }
 
 // WaitReplicated waits until n replicas of primary really receive writes;

@@ -1,0 +1,115 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fencetest"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/silent"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// tlsClient is a go-redis client over TLS to srv, closed in t.Cleanup.
+func tlsClient(t testing.TB, srv *redistest.Server) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, TLSConfig: srv.TLSConfig()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestTLSConformance runs the conformance suite on a go-redis client over
+// TLS to a redis-server that speaks TLS alone (--port 0).
+func TestTLSConformance(t *testing.T) {
+	t.Parallel() // own server; the suite mostly waits on leases
+	srv := redistest.StartTLS(t, redistest.NewTLS(t))
+	admin := srv.Client(t)
+	plain := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = plain.Close() })
+	if err := plain.Ping(ctx(t)).Err(); err == nil {
+		t.Fatal("a plain TCP client got an answer: the server does not speak TLS alone")
+	}
+	fencetest.Run(t, fencetest.Config{
+		New:    func(t testing.TB) fence.Locker { return newLocker(t, tlsClient(t, srv)) },
+		Remove: func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
+			return newLockerWith(t, tlsClient(t, srv), redislock.Options{Observer: obs})
+		},
+		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
+			return newLockerWith(t, tlsClient(t, srv), redislock.Options{Logger: log})
+		},
+		NewClosable: func(t testing.TB) (fence.Locker, func()) {
+			c := tlsClient(t, srv)
+			return newLocker(t, c), func() { _ = c.Close() }
+		},
+		WatchdogTTL: watchdogTTL,
+	})
+}
+
+// TestTLSReplicaSync: a primary and a replica that replicates over TLS
+// (--tls-replication yes). The replica's acknowledgements are counted (an
+// AcksAll acquisition succeeds and the record expects one replica), and
+// with its link cut an acquisition is refused with ErrNotReplicated 0 of 1,
+// leaving nothing locked.
+func TestTLSReplicaSync(t *testing.T) {
+	t.Parallel() // own servers; waits on WAIT timeouts
+	primary := redistest.StartTLS(t, redistest.NewTLS(t))
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	l := lockerWith(t, tlsClient(t, primary), redislock.Options{ReplicaSync: redislock.ReplicaSync{Acks: redislock.AcksAll}})
+	lease := acquire(t, l, "lock:payment:1001", fence.TTL(30*time.Second))
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	counts, err := l.ReplicaCounts(ctx(t), "lock:payment:1001")
+	if err != nil || counts.Expected != 1 || counts.Connected != 1 {
+		t.Fatalf("ReplicaCounts = %+v, %v; want 1 expected, 1 connected", counts, err)
+	}
+
+	redistest.CutLink(t, primary, replica)
+	start := time.Now()
+	_, err = l.Acquire(ctx(t), "lock:payment:1001", fence.TTL(30*time.Second))
+	var nr *fence.NotReplicatedError
+	if !errors.As(err, &nr) || nr.Acked != 0 || nr.Required != 1 {
+		t.Fatalf("Acquire with the TLS replica cut off = %v, want ErrNotReplicated 0 of 1", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("refusal took %v, want about the 1 s sync timeout", took)
+	}
+	if n := primary.Client(t).Exists(ctx(t), lockKey("lock:payment:1001")).Val(); n != 0 {
+		t.Fatal("refused acquisition left the lock on the primary")
+	}
+}
+
+// TestTLSBlackHoleReturnsByDeadline: a listener that accepts and never
+// answers the TLS handshake (to a TLS client, a silent TCP listener is
+// exactly that) must not hold Acquire, Status or a wait past the caller's
+// deadline, with go-redis's defaults and with ContextTimeoutEnabled (which
+// the README names). The TLS handshake is part of go-redis's dial.
+func TestTLSBlackHoleReturnsByDeadline(t *testing.T) {
+	ca := redistest.NewTLS(t)
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			t.Parallel() // each on its own listener, waiting out deadlines
+			c := redis.NewClient(&redis.Options{Addr: silent.Addr(t), TLSConfig: ca.ClientConfig(), ContextTimeoutEnabled: cte})
+			t.Cleanup(func() { _ = c.Close() })
+			l := newLocker(t, c)
+			for _, wait := range []time.Duration{0, 10 * time.Second} {
+				within(t, fmt.Sprintf("Acquire(Wait %v)", wait), func(ctx context.Context) error {
+					_, err := l.Acquire(ctx, "lock:payment:1001", fence.Wait(wait))
+					if err != nil && !errors.Is(err, fence.ErrNotAcquired) {
+						t.Errorf("Acquire = %v, want ErrNotAcquired", err)
+					}
+					return err
+				})
+			}
+			within(t, "Status", func(ctx context.Context) error { _, err := l.Status(ctx, "lock:payment:1001"); return err })
+			within(t, "ReplicaCounts", func(ctx context.Context) error { _, err := l.ReplicaCounts(ctx, "lock:payment:1001"); return err })
+		})
+	}
+}
