@@ -51,6 +51,7 @@ var transientPrefixes = []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDO
 // down), is loading, is a replica (a failover in progress), or refused for
 // lack of replicas. Everything else is
 // permanent and ends a wait at once: a wrong key type, auth or ACL errors,
+// a TLS alert from the server (a client certificate refused or missing),
 // ErrBadTokenRecord, a script error, a closed client, the caller's context.
 func transient(err error) bool {
 	switch {
@@ -66,7 +67,11 @@ func transient(err error) bool {
 	}
 	var opErr *net.OpError
 	if errors.As(err, &opErr) {
-		return true // dial, read or write on a broken connection
+		// Dial, read or write on a broken connection; but not a TLS alert
+		// the server sent ("remote error: tls: certificate required",
+		// "bad certificate", "protocol version"): that is its answer to
+		// this client, as an auth error is, and every retry gets it again.
+		return opErr.Op != "remote error"
 	}
 	for _, p := range transientPrefixes {
 		if redis.HasErrorPrefix(err, p) {

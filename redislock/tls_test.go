@@ -2,9 +2,11 @@ package redislock_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,5 +113,29 @@ func TestTLSBlackHoleReturnsByDeadline(t *testing.T) {
 			within(t, "Status", func(ctx context.Context) error { _, err := l.Status(ctx, "lock:payment:1001"); return err })
 			within(t, "ReplicaCounts", func(ctx context.Context) error { _, err := l.ReplicaCounts(ctx, "lock:payment:1001"); return err })
 		})
+	}
+}
+
+// TestTLSClientCertificateRefusalEndsWait: a server that requires client
+// certificates (--tls-auth-clients yes) refuses a client without one with a
+// TLS alert on its first read. That is the server's answer, as an auth
+// error is: a waiting Acquire must end at once with it, not retry it until
+// its wait budget runs out.
+func TestTLSClientCertificateRefusalEndsWait(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	srv := redistest.StartTLS(t, ca, "--tls-auth-clients", "yes")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, TLSConfig: &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLocker(t, c)
+	start := time.Now()
+	_, err := l.Acquire(ctx(t), "lock:payment:1001", fence.Wait(10*time.Second))
+	took := time.Since(start)
+	t.Logf("Acquire: %v after %v", err, took)
+	if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), "certificate required") {
+		t.Fatalf("Acquire without the client certificate the server requires = %v, want ErrNotAcquired naming it", err)
+	}
+	if took > 3*time.Second {
+		t.Fatalf("Acquire(Wait 10s) refused by the server's TLS alert returned after %v, want at once", took)
 	}
 }
