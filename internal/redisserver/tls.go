@@ -28,6 +28,11 @@ type TLS struct {
 	// Pool holds the CA certificate: the roots a client trusts.
 	Pool *x509.CertPool
 	cert tls.Certificate
+
+	name  string // the certificate's first name, which ClientConfig verifies
+	ca    *x509.Certificate
+	caKey *ecdsa.PrivateKey
+	dir   string
 }
 
 // NewTLS makes a CA (ECDSA P-256) and a certificate for 127.0.0.1 and
@@ -55,21 +60,39 @@ func NewTLS(dir string) (*TLS, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+		return nil, err
+	}
+	parent := &TLS{CAFile: filepath.Join(dir, "ca.crt"), Pool: x509.NewCertPool(), ca: ca, caKey: caKey}
+	parent.Pool.AddCert(ca)
+	return parent.Issue(dir, "127.0.0.1", "localhost")
+}
+
+// Issue returns a TLS with the same CA and a new certificate for names (IP
+// addresses or DNS names), its files written to dir: a server whose
+// certificate names only some of the ways it is reached.
+func (t *TLS) Issue(dir string, names ...string) (*TLS, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
+		SerialNumber: big.NewInt(now.UnixNano()),
+		Subject:      pkix.Name{CommonName: names[0]},
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		DNSNames:     []string{"localhost"},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, n)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, t.ca, &key.PublicKey, t.caKey)
 	if err != nil {
 		return nil, fmt.Errorf("tls: certificate: %w", err)
 	}
@@ -77,38 +100,35 @@ func NewTLS(dir string) (*TLS, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &TLS{
-		CAFile:   filepath.Join(dir, "ca.crt"),
+	if dir == t.dir {
+		return nil, fmt.Errorf("tls: %s holds another certificate already", dir)
+	}
+	c := &TLS{
+		CAFile:   t.CAFile,
 		CertFile: filepath.Join(dir, "redis.crt"),
 		KeyFile:  filepath.Join(dir, "redis.key"),
-		Pool:     x509.NewCertPool(),
+		Pool:     t.Pool, name: names[0], ca: t.ca, caKey: t.caKey, dir: dir,
 	}
-	t.Pool.AddCert(ca)
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
-	for _, f := range []struct {
-		path string
-		data []byte
-	}{
-		{t.CAFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})},
-		{t.CertFile, certPEM},
-		{t.KeyFile, keyPEM},
-	} {
-		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
-			return nil, err
-		}
-	}
-	if t.cert, err = tls.X509KeyPair(certPEM, keyPEM); err != nil {
+	if err := os.WriteFile(c.CertFile, certPEM, 0o600); err != nil {
 		return nil, err
 	}
-	return t, nil
+	if err := os.WriteFile(c.KeyFile, keyPEM, 0o600); err != nil {
+		return nil, err
+	}
+	if c.cert, err = tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
-// ClientConfig returns a *tls.Config that trusts the CA (and presents the
-// certificate, for servers run with --tls-auth-clients yes). Each call
-// returns a new one.
+// ClientConfig returns a *tls.Config that trusts the CA, verifies the
+// server's certificate against its first name (127.0.0.1 for NewTLS's),
+// whatever address is dialled, and presents the certificate, for servers
+// run with --tls-auth-clients yes. Each call returns a new one.
 func (t *TLS) ClientConfig() *tls.Config {
-	return &tls.Config{RootCAs: t.Pool, Certificates: []tls.Certificate{t.cert}, MinVersion: tls.VersionTLS12}
+	return &tls.Config{RootCAs: t.Pool, ServerName: t.name, Certificates: []tls.Certificate{t.cert}, MinVersion: tls.VersionTLS12}
 }
 
 // args are redis-server's arguments to serve TLS alone on port, with TLS on

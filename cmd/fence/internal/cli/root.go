@@ -3,6 +3,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"github.com/fencekit/fence/cmd/fence/internal/progress"
@@ -285,12 +286,15 @@ func scrubOne(msg, raw string) string {
 
 // parseURL, parseFailoverURL and parseClusterURL parse the URL given to
 // flag as go-redis does, with errors that name the flag and hide the
-// password, and refuse pool sizes out of checkPool's range.
+// password, and refuse pool sizes out of checkPool's range. A rediss://
+// URL's TLS config verifies each server against the host it is dialled by
+// (see dialledName).
 func parseURL(flag, raw string) (*redis.Options, error) {
 	o, err := redis.ParseURL(raw)
 	if err != nil {
 		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseURL(s); return err })
 	}
+	dialledName(o.TLSConfig)
 	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
 }
 
@@ -299,6 +303,7 @@ func parseFailoverURL(flag, raw string) (*redis.FailoverOptions, error) {
 	if err != nil {
 		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseFailoverURL(s); return err })
 	}
+	dialledName(o.TLSConfig)
 	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
 }
 
@@ -307,7 +312,20 @@ func parseClusterURL(flag, raw string) (*redis.ClusterOptions, error) {
 	if err != nil {
 		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseClusterURL(s); return err })
 	}
+	dialledName(o.TLSConfig)
 	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
+}
+
+// dialledName clears the ServerName go-redis puts in a rediss:// URL's TLS
+// config: the URL's (first) host, which one config then checks every
+// server's certificate against, the primary a Sentinel names, the nodes of
+// a cluster and the replicas the doctor finds included. Without it the
+// TLS dial checks each certificate against the host it dials, which for
+// the URL's own host is the same name.
+func dialledName(c *tls.Config) {
+	if c != nil {
+		c.ServerName = ""
+	}
 }
 
 // maxPool bounds the connection counts a URL may ask for: go-redis sets

@@ -1,0 +1,219 @@
+package cli_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/cmd/fence/internal/cli"
+	"github.com/fencekit/fence/internal/redisserver"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/internal/silent"
+)
+
+// trustCA is the environment that makes fence (Go on Linux) trust the test
+// CA in ca: SSL_CERT_FILE names the roots in place of the system's.
+func trustCA(caFile string) []string { return []string{"SSL_CERT_FILE=" + caFile} }
+
+// TestTLSExecStatusDoctor: exec, status and doctor with a rediss:// URL to
+// a redis-server that speaks TLS alone, with a password, trusting the
+// private CA through SSL_CERT_FILE. The doctor reads the primary's TLS
+// replica too (over TLS), and no output names the password.
+func TestTLSExecStatusDoctor(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	primary := redistest.StartTLS(t, ca)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	// The password is set once they run: redistest waits for a PING.
+	for _, s := range []*redistest.Server{replica, primary} {
+		c := s.Client(t)
+		if err := c.ConfigSet(context.Background(), "masterauth", "s3cretpw").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ConfigSet(context.Background(), "requirepass", "s3cretpw").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	url := "rediss://:s3cretpw@" + primary.Addr
+	env := trustCA(ca.CAFile)
+	check := func(what, out, errOut string, code, want int) {
+		t.Helper()
+		t.Logf("%s: exit %d\nstdout: %s\nstderr: %s", what, code, out, errOut)
+		if code != want {
+			t.Errorf("%s: exit %d, want %d; stdout %q, stderr %q", what, code, want, out, errOut)
+		}
+		if strings.Contains(out+errOut, "s3cretpw") {
+			t.Errorf("%s printed the password: %q %q", what, out, errOut)
+		}
+	}
+	out, errOut, code := fence(t, env, "exec", "--redis", url, "lock:payment:1001", "--", "sh", "-c", `echo "$FENCE_TOKEN"`)
+	check("exec", out, errOut, code, 0)
+	out, errOut, code = fence(t, env, "status", "--redis", url, "lock:payment:1001")
+	check("status", out, errOut, code, 0)
+	if !strings.Contains(out, "free") || !strings.Contains(out, "1 connected") {
+		t.Errorf("status over TLS: %q, want the lock free and 1 replica connected", out)
+	}
+	out, errOut, code = fence(t, env, "doctor", "--redis", url)
+	check("doctor", out, errOut, code, cli.ExitDoctorCritical)
+	if strings.Contains(out+errOut, "unreachable") || strings.Contains(out+errOut, "did not answer") || !strings.Contains(out, replica.Addr) {
+		t.Errorf("doctor over TLS did not read the replica %s: stdout %q, stderr %q", replica.Addr, out, errOut)
+	}
+}
+
+// TestTLSUntrustedCertificate: a rediss:// URL to a server whose
+// certificate does not verify (a CA fence does not trust) is exit 2 for
+// exec, status and doctor, with an error that names the certificate's
+// verification failure, not a server that did not answer; and it comes at
+// once, not after --wait or --timeout.
+func TestTLSUntrustedCertificate(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartTLS(t, redistest.NewTLS(t))
+	other := redistest.NewTLS(t) // trusted, but not the server's CA
+	url := "rediss://app:s3cretpw@" + srv.Addr
+	for _, args := range [][]string{
+		{"exec", "--wait", "5s", "--redis", url, "lock:x", "--", "true"},
+		{"status", "--redis", url, "lock:x"},
+		{"doctor", "--redis", url},
+	} {
+		start := time.Now()
+		out, errOut, code := fence(t, trustCA(other.CAFile), args...)
+		took := time.Since(start)
+		t.Logf("%s: exit %d after %v: %s", args[0], code, took, errOut)
+		if code != cli.ExitUsage || !strings.Contains(errOut, "certificate") || strings.Contains(errOut, "did not answer") ||
+			strings.Contains(errOut, "no answer") || strings.Contains(out+errOut, "s3cretpw") {
+			t.Errorf("%s on an untrusted certificate: exit %d, stdout %q, stderr %q; want %d naming the certificate", args[0], code, out, errOut, cli.ExitUsage)
+		}
+		if took > 4*time.Second {
+			t.Errorf("%s on an untrusted certificate took %v", args[0], took)
+		}
+	}
+}
+
+// TestTLSBlackHole: a rediss:// URL naming a listener that accepts and
+// never answers the TLS handshake keeps exec's --wait bound, and status's
+// and doctor's --timeout.
+func TestTLSBlackHole(t *testing.T) {
+	// Not parallel: it measures bounds of seconds (see TestExecBlackHoleWithinWait).
+	hole := "rediss://" + silent.Addr(t)
+	for _, c := range []struct {
+		args  []string
+		limit time.Duration
+	}{
+		{[]string{"exec", "--wait", "1s", "--redis", hole, "lock:x", "--", "true"}, 4 * time.Second},
+		{[]string{"status", "--timeout", "1s", "--redis", hole, "lock:x"}, 4 * time.Second},
+		{[]string{"doctor", "--timeout", "2s", "--redis", hole}, 5 * time.Second},
+		{[]string{"status", "--timeout", "1s", "--redis-sentinel", hole + "?master_name=mymaster", "lock:x"}, 4 * time.Second},
+		{[]string{"exec", "--wait", "1s", "--redis-sentinel", hole + "?master_name=mymaster", "lock:x", "--", "true"}, 4 * time.Second},
+	} {
+		start := time.Now()
+		out, errOut, code := fence(t, nil, c.args...)
+		took := time.Since(start)
+		t.Logf("%v: exit %d after %v: %s", c.args, code, took, errOut)
+		if code != cli.ExitUsage || took > c.limit {
+			t.Errorf("%v on a TLS black hole: exit %d after %v, want %d within %v; stdout %q, stderr %q", c.args, code, took, cli.ExitUsage, c.limit, out, errOut)
+		}
+	}
+}
+
+// TestTLSSentinel: --redis-sentinel with a rediss:// URL, the sentinels, the
+// primary and its replica all speaking TLS alone: exec, status and doctor.
+func TestTLSSentinel(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	primary := redistest.StartTLS(t, ca)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	s := redistest.StartSentinels(t, primary, 3)
+	redistest.WaitSentinelsReady(t, s, 1)
+	url := "rediss://" + s.Addrs()[0] + "?master_name=" + s.Master + "&addr=" + s.Addrs()[1] + "&addr=" + s.Addrs()[2]
+	env := trustCA(ca.CAFile)
+	out, errOut, code := fence(t, env, "exec", "--redis-sentinel", url, "lock:x", "--", "echo", "ran")
+	t.Logf("exec: %d %q %q", code, out, errOut)
+	if code != 0 || out != "ran\n" {
+		t.Errorf("exec over TLS sentinels: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, env, "status", "--redis-sentinel", url, "lock:x")
+	t.Logf("status: %d %q %q", code, out, errOut)
+	if code != 0 || !strings.Contains(out, "free") {
+		t.Errorf("status over TLS sentinels: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, env, "doctor", "--redis-sentinel", url)
+	t.Logf("doctor: %d %q %q", code, out, errOut)
+	if code == cli.ExitUsage || strings.Contains(out+errOut, "unreachable") || !strings.Contains(out, replica.Addr) {
+		t.Errorf("doctor over TLS sentinels: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// TestTLSClientCertificateRequired: a server that asks for client
+// certificates (--tls-auth-clients yes), which a rediss:// URL cannot give:
+// exit 2 naming the certificate, not a server that did not answer.
+func TestTLSClientCertificateRequired(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	srv := redistest.StartTLS(t, ca, "--tls-auth-clients", "yes")
+	for _, args := range [][]string{
+		{"exec", "--wait", "5s", "--redis", "rediss://" + srv.Addr, "lock:x", "--", "true"},
+		{"status", "--redis", "rediss://" + srv.Addr, "lock:x"},
+		{"doctor", "--redis", "rediss://" + srv.Addr},
+	} {
+		start := time.Now()
+		out, errOut, code := fence(t, trustCA(ca.CAFile), args...)
+		took := time.Since(start)
+		t.Logf("%s: exit %d after %v: %s", args[0], code, took, errOut)
+		if code != cli.ExitUsage || !strings.Contains(errOut, "certificate") || took > 4*time.Second {
+			t.Errorf("%s on a server requiring a client certificate: exit %d after %v, stdout %q, stderr %q; want %d naming the certificate", args[0], code, took, out, errOut, cli.ExitUsage)
+		}
+	}
+}
+
+// issue is ca.Issue in a temp dir of t's: a certificate of ca's naming only
+// names.
+func issue(t *testing.T, ca *redisserver.TLS, names ...string) *redisserver.TLS {
+	t.Helper()
+	c, err := ca.Issue(t.TempDir(), names...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// localhostURL is the rediss:// URL of srv by the name localhost.
+func localhostURL(srv *redistest.Server) string { return "rediss://localhost:" + srv.Port() }
+
+// TestTLSDiscoveredNodesVerifiedByTheirOwnName: each server's certificate
+// names the address it is reached at, as a deployment's certificates
+// usually do: the primary, named in the URL as localhost, has one for
+// localhost alone; its replica, which the doctor finds at 127.0.0.1 in
+// INFO replication, and the primary the sentinels name, at 127.0.0.1, have
+// one for 127.0.0.1 alone. A node found through another must be verified
+// against the name it is dialled by, not against the URL's host.
+func TestTLSDiscoveredNodesVerifiedByTheirOwnName(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	env := trustCA(ca.CAFile)
+	t.Run("doctor-replica", func(t *testing.T) {
+		primary := redistest.StartTLS(t, issue(t, ca, "localhost"))
+		replica := redistest.StartTLS(t, issue(t, ca, "127.0.0.1"), "--replicaof", primary.Host(), primary.Port())
+		redistest.WaitReplicated(t, primary, 1)
+		out, errOut, code := fence(t, env, "doctor", "--redis", localhostURL(primary))
+		t.Logf("doctor: exit %d\n%s%s", code, out, errOut)
+		if strings.Contains(out+errOut, "unreachable") || !strings.Contains(out, "persistence-off  "+replica.Addr) {
+			t.Errorf("doctor did not read the replica %s over TLS: exit %d, stdout %q, stderr %q", replica.Addr, code, out, errOut)
+		}
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		primary := redistest.StartTLS(t, issue(t, ca, "127.0.0.1"))
+		// The sentinel gets the certificate of the primary it is given:
+		// one for localhost alone, and the real primary's address.
+		asLocalhost := &redistest.Server{Server: &redisserver.Server{Addr: primary.Addr, TLS: issue(t, ca, "localhost")}}
+		s := redistest.StartSentinels(t, asLocalhost, 1)
+		url := localhostURL(s.Servers[0]) + "?master_name=" + s.Master
+		out, errOut, code := fence(t, env, "exec", "--redis-sentinel", url, "lock:x", "--", "echo", "ran")
+		t.Logf("exec: exit %d %q %q", code, out, errOut)
+		if code != 0 {
+			t.Errorf("exec --redis-sentinel: exit %d, stdout %q, stderr %q", code, out, errOut)
+		}
+	})
+}
