@@ -217,3 +217,22 @@ func TestTLSDiscoveredNodesVerifiedByTheirOwnName(t *testing.T) {
 		}
 	})
 }
+
+// TestTLSDoctorReplicaCertificateRefused: a replica whose certificate the
+// doctor's host does not trust (another CA) answers the TLS handshake;
+// the doctor's finding must say that the handshake failed, naming the
+// verification failure, not that the replica did not answer.
+func TestTLSDoctorReplicaCertificateRefused(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	primary := redistest.StartTLS(t, ca)
+	// Its own CA's certificate; trusting the primary's CA, to replicate.
+	replica := redistest.StartTLS(t, redistest.NewTLS(t), "--replicaof", primary.Host(), primary.Port(), "--tls-ca-cert-file", ca.CAFile)
+	redistest.WaitReplicated(t, primary, 1)
+	out, errOut, code := fence(t, trustCA(ca.CAFile), "doctor", "--redis", "rediss://"+primary.Addr)
+	t.Logf("doctor: exit %d\n%s%s", code, out, errOut)
+	if !strings.Contains(out, "node-unreachable  "+replica.Addr) || strings.Contains(out, "did not answer") ||
+		!strings.Contains(out, "TLS handshake") || !strings.Contains(out, "certificate") {
+		t.Errorf("doctor on a replica with an untrusted certificate: exit %d, stdout %q, stderr %q; want a finding naming the TLS verification failure", code, out, errOut)
+	}
+}

@@ -1,9 +1,12 @@
 package doctor
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,7 +45,14 @@ func checkReachable(d *deployment) []Finding {
 			effect = "as things stand it grants no lock, and every acquisition needs a majority of the other masters"
 		}
 		var ae *authError
-		if errors.As(d.why[addr], &ae) {
+		if tlsErr := tlsRefusal(d.why[addr]); tlsErr != nil {
+			// It answered: its certificate did not verify, or it refused
+			// the doctor's TLS handshake. "Did not answer" sent users
+			// looking for a network fault.
+			what = fmt.Sprintf("failed the TLS handshake (%v)", tlsErr)
+			effect = "its persistence and eviction settings, which a failover to it brings along, went unchecked"
+			fix = "give every node a certificate from a CA this host trusts (SSL_CERT_FILE names a CA bundle) that names the address the deployment lists it by, or run the doctor against it separately"
+		} else if errors.As(d.why[addr], &ae) {
 			what = fmt.Sprintf("refused the credentials (%v)", ae.error)
 			fix = "give this node's user and password in its URL, as the lockers use them"
 			if d.kind != "redlock" {
@@ -602,4 +612,28 @@ func checkRedlock(d *deployment) []Finding {
 			Fix: fmt.Sprintf("CONFIG SET appendonly yes, appendfsync always and no-appendfsync-on-rewrite no on each master, or make a crashed master stay down at least %v before it restarts (e.g. systemd RestartSec)", d.cfg.LeaseTime)})
 	}
 	return out
+}
+
+// tlsRefusal returns the part of err that says a TLS handshake failed on
+// the server's answer (a certificate that does not verify, a TLS alert the
+// server sent), or nil.
+func tlsRefusal(err error) error {
+	var cv *tls.CertificateVerificationError
+	var op *net.OpError
+	var hn x509.HostnameError
+	var ua x509.UnknownAuthorityError
+	var ci x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &cv):
+		return cv
+	case errors.As(err, &hn):
+		return hn
+	case errors.As(err, &ua):
+		return ua
+	case errors.As(err, &ci):
+		return ci
+	case errors.As(err, &op) && op.Op == "remote error":
+		return op
+	}
+	return nil
 }
