@@ -211,6 +211,9 @@ func (f *redisFlags) register(cmd *cobra.Command) {
 	}
 	urlFlag(&f.url, "redis", "FENCE_REDIS_URL", "redis://127.0.0.1:6379",
 		"URL of a standalone Redis (redis://, rediss:// for TLS, user:password@ for ACL users). "+
+			"rediss:// checks each server's certificate against the system's CAs and the host it dials; "+
+			"to trust a private CA set SSL_CERT_FILE to a PEM file holding it (in place of the system's CAs: add them to the file if other servers need them) or SSL_CERT_DIR to a directory; "+
+			"skip_verify=true in the URL turns the check off (anyone on the path can then pose as the server); client certificates are not supported. "+
 			"The default comes from FENCE_REDIS_URL, so that passwords need not appear in the process list, else redis://127.0.0.1:6379. "+
 			"Passwords are shown masked")
 	urlFlag(&f.sentinelURL, "redis-sentinel", "FENCE_REDIS_SENTINEL_URL", "",
