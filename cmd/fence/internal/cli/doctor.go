@@ -61,6 +61,9 @@ read within --timeout.`,
 			defer cancel()
 			findings, err := doctor.Run(ctx, cfg)
 			if err != nil {
+				if cfg.Standalone != nil {
+					err = plainToTLS(err, rf.tlsHintTarget())
+				}
 				return exitWith(ExitUsage, err)
 			}
 			out := cmd.OutOrStdout()

@@ -125,6 +125,9 @@ below the library's minimum lease time included).`,
 			defer cancel()
 			lease, err := acquireShowing(actx, cmd.ErrOrStderr(), l, args[0], wait, opts)
 			if err != nil {
+				if _, ok := l.(*redislock.Locker); ok {
+					err = plainToTLS(err, lf.redis.tlsHintTarget())
+				}
 				return acquireError(noAnswerWithin(err, actx, cmd.Context(), wait))
 			}
 			return runHolding(cmd, lease, args[1:], grace)

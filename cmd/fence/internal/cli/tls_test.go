@@ -270,3 +270,35 @@ func TestTLSClientCertificateGiven(t *testing.T) {
 		t.Fatalf("exec with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
+
+// TestTLSSchemeMismatch: redis:// naming a port that speaks TLS alone
+// (--port 0 --tls-port): the server closes each plain connection, which
+// exec retried for all of --wait and every command reported as a bare
+// "EOF". Exit 2, within exec's --wait bound, saying that the port speaks
+// TLS. And rediss:// naming a plain port, whose server never answers the
+// handshake (Redis waits for a line end the ClientHello may not have):
+// exit 2 within exec's --wait bound and status's --timeout, "no answer".
+func TestTLSSchemeMismatch(t *testing.T) {
+	// Not parallel: it measures bounds of seconds (see TestExecBlackHoleWithinWait).
+	ca := redistest.NewTLS(t)
+	tlsSrv := redistest.StartTLS(t, ca)
+	plain := redistest.Start(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"exec", "--wait", "1s", "--redis", "redis://" + tlsSrv.Addr, "lock:x", "--", "true"}, tlsSrv.Addr + " speaks TLS: use rediss://"},
+		{[]string{"status", "--redis", "redis://" + tlsSrv.Addr, "lock:x"}, tlsSrv.Addr + " speaks TLS: use rediss://"},
+		{[]string{"doctor", "--redis", "redis://" + tlsSrv.Addr}, tlsSrv.Addr + " speaks TLS: use rediss://"},
+		{[]string{"exec", "--wait", "1s", "--redis", "rediss://" + plain.Addr, "lock:x", "--", "true"}, "no answer from Redis"},
+		{[]string{"status", "--timeout", "1s", "--redis", "rediss://" + plain.Addr, "lock:x"}, "deadline exceeded"},
+	} {
+		start := time.Now()
+		out, errOut, code := fence(t, trustCA(ca.CAFile), c.args...)
+		took := time.Since(start)
+		t.Logf("%v: exit %d after %v: %s", c.args, code, took, errOut)
+		if code != cli.ExitUsage || took > 5*time.Second || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d after %v, stdout %q, stderr %q; want %d within 5s saying %q", c.args, code, took, out, errOut, cli.ExitUsage, c.want)
+		}
+	}
+}
