@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -300,5 +301,38 @@ func TestTLSSchemeMismatch(t *testing.T) {
 		if code != cli.ExitUsage || took > 5*time.Second || !strings.Contains(errOut, c.want) {
 			t.Errorf("%v: exit %d after %v, stdout %q, stderr %q; want %d within 5s saying %q", c.args, code, took, out, errOut, cli.ExitUsage, c.want)
 		}
+	}
+}
+
+// TestTLSDoctorSentinelCertificateRefused: of three TLS sentinels, one has
+// a certificate from a CA the doctor's host does not trust. The finding
+// said it was "unreachable", fix "restart the sentinels"; it must name the
+// TLS verification failure.
+func TestTLSDoctorSentinelCertificateRefused(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	primary := redistest.StartTLS(t, ca)
+	s := redistest.StartSentinels(t, primary, 2)
+	// A sentinel with another CA's certificate: StartSentinels gives the
+	// sentinels the certificate of the primary it is given.
+	untrusted := &redistest.Server{Server: &redisserver.Server{Addr: primary.Addr, TLS: redistest.NewTLS(t)}}
+	odd := redistest.StartSentinels(t, untrusted, 1).Servers[0]
+	url := "rediss://" + s.Addrs()[0] + "?master_name=" + s.Master + "&addr=" + s.Addrs()[1] + "&addr=" + odd.Addr
+	out, errOut, code := fence(t, trustCA(ca.CAFile), "doctor", "--json", "--redis-sentinel", url)
+	t.Logf("doctor: exit %d\n%s%s", code, out, errOut)
+	var report struct {
+		Findings []struct{ ID, Why, Fix string }
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil {
+		t.Fatalf("doctor --json: %v: %q", err, out)
+	}
+	var why string
+	for _, f := range report.Findings {
+		if f.ID == "sentinel-unreachable" {
+			why = f.Why + " " + f.Fix
+		}
+	}
+	if !strings.Contains(why, odd.Addr+" failed the TLS handshake") || !strings.Contains(why, "certificate") {
+		t.Errorf("doctor with a sentinel whose certificate does not verify: exit %d, stdout %q, stderr %q; want a finding naming the TLS failure", code, out, errOut)
 	}
 }

@@ -327,9 +327,22 @@ func checkSentinel(d *deployment) []Finding {
 		if reach < need {
 			sev, effect = Critical, fmt.Sprintf("fewer than the %d needed to agree and authorise a failover, so a crash of the primary stops all locking", need)
 		}
+		fix := "restart the sentinels or fix the addresses in --redis-sentinel"
+		var failed []string
+		for _, addr := range sv.unreachable {
+			if err := sv.tlsFailed[addr]; err != nil {
+				failed = append(failed, fmt.Sprintf("%s failed the TLS handshake (%v)", addr, err))
+			}
+		}
+		if len(failed) > 0 {
+			// They answered: "unreachable" alone sent users looking for
+			// a network fault.
+			effect = strings.Join(failed, "; ") + "; " + effect
+			fix += "; give every sentinel a certificate from a CA this host trusts (SSL_CERT_FILE names a CA bundle) that names the address --redis-sentinel gives it"
+		}
 		out = append(out, Finding{ID: "sentinel-unreachable", Severity: sev, Node: sv.master,
 			Why: fmt.Sprintf("%d of %d sentinels answered (unreachable: %s): %s", reach, len(sv.addrs), strings.Join(sv.unreachable, ", "), effect),
-			Fix: "restart the sentinels or fix the addresses in --redis-sentinel"})
+			Fix: fix})
 	}
 	if sv.ckquorum != nil {
 		out = append(out, Finding{ID: "sentinel-quorum", Severity: Critical, Node: sv.master,

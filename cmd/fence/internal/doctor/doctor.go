@@ -570,11 +570,14 @@ type sentinelView struct {
 	master      string
 	addrs       []string // the sentinels configured
 	unreachable []string // those that did not answer
-	known       int      // sentinels the first one that answered knows, itself included
-	quorum      int
-	downAfter   time.Duration
-	ckquorum    error // SENTINEL CKQUORUM's refusal, if any
-	from        string
+	// tlsFailed holds, by address, the TLS handshake failure of an
+	// unreachable sentinel whose answer was one (see tlsRefusal).
+	tlsFailed map[string]error
+	known     int // sentinels the first one that answered knows, itself included
+	quorum    int
+	downAfter time.Duration
+	ckquorum  error // SENTINEL CKQUORUM's refusal, if any
+	from      string
 	// downReplicas are the replicas the sentinels list as down or
 	// disconnected; the primary no longer lists them.
 	downReplicas []sentinelReplica
@@ -603,6 +606,12 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		cancel()
 		if err != nil {
 			sv.unreachable = append(sv.unreachable, addr)
+			if tlsErr := tlsRefusal(err); tlsErr != nil {
+				if sv.tlsFailed == nil {
+					sv.tlsFailed = map[string]error{}
+				}
+				sv.tlsFailed[addr] = tlsErr
+			}
 			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 			continue
 		}
