@@ -139,3 +139,48 @@ func TestTLSClientCertificateRefusalEndsWait(t *testing.T) {
 		t.Fatalf("Acquire(Wait 10s) refused by the server's TLS alert returned after %v, want at once", took)
 	}
 }
+
+// TestTLSSentinelFailover: a TLS primary, a TLS replica and three TLS
+// sentinels; go-redis failover clients with a TLSConfig. A lock confirmed by
+// the replica (AcksAll) survives the primary's crash: once the sentinels
+// promote the replica, another client is refused (ErrHeld) there, the
+// holder releases it there, and the next token is larger.
+func TestTLSSentinelFailover(t *testing.T) {
+	t.Parallel() // own servers; mostly waits out the failover
+	ca := redistest.NewTLS(t)
+	primary := redistest.StartTLS(t, ca)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	sentinels := redistest.StartSentinels(t, primary, 3)
+	redistest.WaitSentinelsReady(t, sentinels, 1)
+	newClient := func() *redis.Client {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinels.Master, SentinelAddrs: sentinels.Addrs(), TLSConfig: ca.ClientConfig()})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	sync := redislock.ReplicaSync{Acks: redislock.AcksAll}
+	holder := lockerWith(t, newClient(), redislock.Options{ReplicaSync: sync})
+	other := lockerWith(t, newClient(), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	lease := acquire(t, holder, "lock:payment:1001", fence.TTL(time.Minute))
+
+	primary.Kill()
+	promoted := redistest.WaitFailover(t, sentinels, primary, replica)
+	waitFor(t, func() bool {
+		_, err := other.Acquire(ctx(t), "lock:payment:1001")
+		if err != nil && !errors.Is(err, fence.ErrHeld) {
+			t.Logf("Acquire after the failover: %v", err)
+		}
+		return errors.Is(err, fence.ErrHeld)
+	})
+	if err := lease.Release(ctx(t)); err != nil {
+		t.Fatalf("Release on the promoted %s: %v", promoted.Addr, err)
+	}
+	next, err := other.Acquire(ctx(t), "lock:payment:1001", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Release(ctx(t))
+	if next.Token() <= lease.Token() {
+		t.Fatalf("token after the failover %d is not above %d", next.Token(), lease.Token())
+	}
+}
