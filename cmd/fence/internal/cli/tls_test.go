@@ -336,3 +336,28 @@ func TestTLSDoctorSentinelCertificateRefused(t *testing.T) {
 		t.Errorf("doctor with a sentinel whose certificate does not verify: exit %d, stdout %q, stderr %q; want a finding naming the TLS failure", code, out, errOut)
 	}
 }
+
+// TestTLSRedlock: --redlock with three rediss:// masters (one of them with a
+// certificate from a CA fence does not trust): exec takes the lock on the
+// two that verify, status reads it, and doctor names the third's TLS
+// failure.
+func TestTLSRedlock(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	a, b := redistest.StartTLS(t, ca), redistest.StartTLS(t, ca)
+	c := redistest.StartTLS(t, redistest.NewTLS(t))
+	urls := "rediss://" + a.Addr + ",rediss://" + b.Addr + ",rediss://" + c.Addr
+	env := trustCA(ca.CAFile)
+	out, errOut, code := fence(t, env, "exec", "--redlock", urls, "lock:x", "--", "echo", "ran")
+	t.Logf("exec: exit %d %q %q", code, out, errOut)
+	if code != 0 || out != "ran\n" {
+		t.Errorf("exec --redlock over TLS, 2 of 3 masters verifying: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, env, "status", "--redlock", urls, "lock:x")
+	t.Logf("status: exit %d %q %q", code, out, errOut)
+	out, errOut, code = fence(t, env, "doctor", "--json", "--redlock", urls)
+	t.Logf("doctor: exit %d %q %q", code, out, errOut)
+	if !strings.Contains(out, c.Addr) || !strings.Contains(out, "TLS handshake") {
+		t.Errorf("doctor --redlock with a master whose certificate does not verify: exit %d, stdout %q, stderr %q; want a finding naming its TLS failure", code, out, errOut)
+	}
+}
