@@ -361,3 +361,29 @@ func TestTLSRedlock(t *testing.T) {
 		t.Errorf("doctor --redlock with a master whose certificate does not verify: exit %d, stdout %q, stderr %q; want a finding naming its TLS failure", code, out, errOut)
 	}
 }
+
+// TestTLSBlackHoleNoWait: exec --wait 0 (one try, bounded by the client's
+// timeouts: the URL's dial_timeout and read_timeout, then 1.5 s) on a
+// rediss:// black hole, where the TLS handshake is part of the dial:
+// go-redis's 5 dial attempts per connection made it 5 dial timeouts
+// (6.6 s with dial_timeout=1s, 26.6 s with the defaults), where plain TCP
+// took 2.2 s.
+func TestTLSBlackHoleNoWait(t *testing.T) {
+	// Not parallel: it measures bounds of seconds (see TestExecBlackHoleWithinWait).
+	hole := silent.Addr(t)
+	for _, c := range []struct {
+		url   string
+		limit time.Duration
+	}{
+		{"redis://" + hole + "?dial_timeout=1s&read_timeout=1s", 5 * time.Second},
+		{"rediss://" + hole + "?dial_timeout=1s&read_timeout=1s", 5 * time.Second},
+	} {
+		start := time.Now()
+		out, errOut, code := fence(t, nil, "exec", "--redis", c.url, "lock:x", "--", "true")
+		took := time.Since(start)
+		t.Logf("exec --wait 0 %s: exit %d after %v: %s", c.url, code, took, errOut)
+		if code != cli.ExitUsage || took > c.limit {
+			t.Errorf("exec --wait 0 %s: exit %d after %v, want %d within %v; stdout %q, stderr %q", c.url, code, took, cli.ExitUsage, c.limit, out, errOut)
+		}
+	}
+}
