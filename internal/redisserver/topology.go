@@ -288,11 +288,22 @@ func StartCluster(n int) (*Cluster, error) { return StartClusterWithReplicas(n, 
 // node, every master's node table lists its replicas, and every replica
 // really receives its master's writes. The caller must Close it.
 func StartClusterWithReplicas(n, replicas int) (*Cluster, error) {
+	return StartClusterTLS(nil, n, replicas)
+}
+
+// StartClusterTLS is StartClusterWithReplicas for nodes that speak TLS
+// alone (see StartTLS), among themselves too (--tls-cluster yes); with t
+// nil, plain TCP.
+func StartClusterTLS(t *TLS, n, replicas int) (*Cluster, error) {
 	c := &Cluster{}
 	var all []*Server
 	for range n * (1 + replicas) {
-		s, err := Start("", "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		args := []string{"--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}
+		if t != nil {
+			args = append(args, "--tls-cluster", "yes")
+		}
+		s, err := start("", t, args)
 		if err != nil {
 			c.Servers = all
 			c.Close()
@@ -313,7 +324,11 @@ func (c *Cluster) create(all []*Server, replicas int) error {
 	if err != nil {
 		return fmt.Errorf("redis-cli not found on PATH: %s", installHint)
 	}
-	args := append([]string{"--cluster", "create"}, addrs(all)...)
+	var args []string
+	if t := all[0].TLS; t != nil {
+		args = []string{"--tls", "--cacert", t.CAFile, "--cert", t.CertFile, "--key", t.KeyFile}
+	}
+	args = append(append(args, "--cluster", "create"), addrs(all)...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
@@ -350,7 +365,7 @@ func (c *Cluster) create(all []*Server, replicas int) error {
 // replicated waits until every master's n replicas are listed in its node
 // table and acknowledge a write.
 func (c *Cluster) replicated(ctx context.Context, n int) error {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), TLSConfig: c.Servers[0].TLSConfig()})
 	defer cc.Close()
 	for _, m := range c.Servers {
 		// A key that this master owns, written and waited for on one

@@ -222,6 +222,25 @@ func StartClusterWithReplicas(t testing.TB, n, replicas int) *Cluster {
 	return c
 }
 
+// StartClusterTLS is StartClusterWithReplicas for nodes that speak TLS
+// alone, with ca's certificate; see redisserver.StartClusterTLS.
+func StartClusterTLS(t testing.TB, ca *redisserver.TLS, n, replicas int) *Cluster {
+	t.Helper()
+	rc, err := redisserver.StartClusterTLS(ca, n, replicas)
+	if err != nil {
+		t.Fatalf("redistest: TLS cluster: %v", err)
+	}
+	t.Cleanup(rc.Close)
+	c := &Cluster{c: rc}
+	for _, s := range rc.Servers {
+		c.Servers = append(c.Servers, &Server{s})
+	}
+	for _, s := range rc.Replicas {
+		c.Replicas = append(c.Replicas, &Server{s})
+	}
+	return c
+}
+
 // MigrateSlot moves slot from one master to another; see
 // redisserver.Cluster.MigrateSlot.
 func (c *Cluster) MigrateSlot(ctx context.Context, slot int, from, to *Server) error {

@@ -387,3 +387,34 @@ func TestTLSBlackHoleNoWait(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSCluster: --redis-cluster with a rediss:// URL to a cluster whose
+// nodes speak TLS alone (--port 0, --tls-cluster yes), one replica each:
+// exec, status and doctor, which reads every master and replica.
+func TestTLSCluster(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	c := redistest.StartClusterTLS(t, ca, 3, 1)
+	url := "rediss://" + c.Addrs()[0]
+	env := trustCA(ca.CAFile)
+	out, errOut, code := fence(t, env, "exec", "--redis-cluster", url, "lock:x", "--", "echo", "ran")
+	t.Logf("exec: exit %d %q %q", code, out, errOut)
+	if code != 0 || out != "ran\n" {
+		t.Errorf("exec --redis-cluster over TLS: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, env, "status", "--redis-cluster", url, "lock:x")
+	t.Logf("status: exit %d %q %q", code, out, errOut)
+	if code != 0 || !strings.Contains(out, "free") {
+		t.Errorf("status --redis-cluster over TLS: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, env, "doctor", "--json", "--redis-cluster", url)
+	t.Logf("doctor: exit %d %q %q", code, out, errOut)
+	for _, s := range append(c.Servers, c.Replicas...) {
+		if !strings.Contains(out, `"node":"`+s.Addr+`"`) {
+			t.Errorf("doctor --redis-cluster over TLS has no finding on %s", s.Addr)
+		}
+	}
+	if code == cli.ExitUsage || strings.Contains(out, "unreachable") || strings.Contains(out, ":0\"") {
+		t.Errorf("doctor --redis-cluster over TLS: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
