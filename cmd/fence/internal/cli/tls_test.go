@@ -418,3 +418,24 @@ func TestTLSCluster(t *testing.T) {
 		t.Errorf("doctor --redis-cluster over TLS: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
+
+// TestTLSDoctorReplicaBlackHole: the primary answers over TLS; the replica
+// it lists (announced at a listener that accepts and never answers the TLS
+// handshake) does not. The doctor keeps --timeout, audits the primary, and
+// reports the replica unreachable.
+func TestTLSDoctorReplicaBlackHole(t *testing.T) {
+	// Not parallel: it measures a bound of seconds.
+	ca := redistest.NewTLS(t)
+	primary := redistest.StartTLS(t, ca)
+	hole := silent.Addr(t)
+	host, port, _ := strings.Cut(hole, ":")
+	redistest.StartReplica(t, primary, "--replica-announce-ip", host, "--replica-announce-port", port)
+	redistest.WaitReplicated(t, primary, 1)
+	start := time.Now()
+	out, errOut, code := fence(t, trustCA(ca.CAFile), "doctor", "--timeout", "3s", "--redis", "rediss://"+primary.Addr)
+	took := time.Since(start)
+	t.Logf("doctor: exit %d after %v\n%s%s", code, took, out, errOut)
+	if took > 5*time.Second || !strings.Contains(out, "node-unreachable  "+hole) || !strings.Contains(out, "persistence-off   "+primary.Addr) {
+		t.Errorf("doctor --timeout 3s with a TLS replica that never answers: exit %d after %v, stdout %q, stderr %q", code, took, out, errOut)
+	}
+}
