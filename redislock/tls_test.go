@@ -184,3 +184,36 @@ func TestTLSSentinelFailover(t *testing.T) {
 		t.Fatalf("token after the failover %d is not above %d", next.Token(), lease.Token())
 	}
 }
+
+// TestTLSWaitRidesOutRestart: a waiting Acquire on a TLS client rides out a
+// restart of the TLS server (its subscription and pooled connections
+// broken, new TLS handshakes refused while it is down) and takes the lock,
+// which the restart (no persistence) freed, well within its budget.
+func TestTLSWaitRidesOutRestart(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartTLS(t, redistest.NewTLS(t))
+	holder := newLocker(t, tlsClient(t, srv))
+	waiter := newLocker(t, tlsClient(t, srv))
+	acquire(t, holder, "lock:payment:1001", fence.TTL(time.Minute))
+	got := make(chan error, 1)
+	go func() {
+		lease, err := waiter.Acquire(ctx(t), "lock:payment:1001", fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		if err == nil {
+			defer lease.Release(context.Background())
+		}
+		got <- err
+	}()
+	admin := srv.Client(t)
+	waitFor(t, func() bool { return admin.HLen(ctx(t), lockKey("lock:payment:1001")+":waiters").Val() > 0 }) // queued
+	start := time.Now()
+	srv.Restart(t)
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Acquire across the TLS server's restart: %v", err)
+		}
+		t.Logf("acquired %v after the restart", time.Since(start).Round(time.Millisecond))
+	case <-time.After(15 * time.Second):
+		t.Fatal("Acquire still waiting 15 s after the TLS server restarted empty")
+	}
+}
