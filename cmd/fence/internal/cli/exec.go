@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -65,9 +64,13 @@ command's background processes without ending itself.) ^Z stops the command and 
 itself, so that the shell gets the terminal back; fg resumes both. A stopped exec renews
 nothing: after --watchdog-ttl the lease is lost, and on resuming the command is stopped.
 
-On Linux the command is killed when exec dies, even by SIGKILL; what it left in the
-background then runs on, and so does a command that changed its user or group at exec
-(set-user-ID or set-group-ID, such as sudo or su): the kernel drops the death signal then.
+The command's parent is exec itself, re-executed as a small process in the command's group
+(shown as "fence: exec shim"); it passes the command's exit status on unchanged. When exec
+dies, even by SIGKILL, it ends the command's group: SIGTERM, then SIGKILL after --grace.
+This holds for a command that changes its user or group at exec (set-user-ID or
+set-group-ID, such as sudo or su) too, for which the kernel drops a death signal: as root
+exec may signal it, and as another user while the program keeps that user as its real user
+(sudo does, and passes the signal on). What left the group (by double-forking) then runs on.
 
 Instead of one Redis, the lock can come from:
   --redlock URL,URL,URL (or FENCE_REDLOCK_URLS): Redlock on a majority of independent Redis
@@ -308,21 +311,30 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	}
 	started := make(chan error, 1)
 	exited := make(chan struct{})
+	var shim *shimCommand
 	go func() {
-		// Locked until the child has been waited for: Pdeathsig fires when
-		// the forking thread ends (see procAttr).
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := child.Start(); err != nil {
+		// The command runs under the exec shim, fence re-executed, which
+		// ends the command's group if fence dies (see exec_shim.go).
+		var err error
+		shim, err = startShim(child, grace)
+		if err != nil {
 			started <- err
 			return
 		}
 		if onTTY {
 			signal.Ignore(syscall.SIGTTOU)
 		}
-		go followStops(child.Process.Pid, child.Process.Pid)
+		// From the shim's start: a ^Z before the command has started
+		// stops the shim, and fence follows.
+		go followStops(shim.Process.Pid, shim.Process.Pid)
+		if err := shim.waitStarted(); err != nil {
+			_ = shim.Wait()
+			shim.close()
+			started <- err
+			return
+		}
 		started <- nil
-		_ = child.Wait()
+		_ = shim.Wait()
 		close(exited)
 	}()
 	if err := <-started; err != nil {
@@ -334,7 +346,8 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 		return exitWith(127, errors.Join(err, release()))
 	}
 
-	pgid := child.Process.Pid
+	defer shim.close() // after the shim has exited (exited, below)
+	pgid := shim.Process.Pid
 	// Orphans fence adopted (adoptOrphans) are reaped as they exit, not
 	// only when the command has: see reapAdopted.
 	chld := make(chan os.Signal, 1)
@@ -359,7 +372,8 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 			if relErr != nil {
 				notes.printf("%s\n", errorLine(fmt.Errorf("release: %w", relErr), nil))
 			}
-			if code := exitCode(child.ProcessState); code != 0 {
+			// The shim exits with the command's status as exitCode has it.
+			if code := exitCode(shim.ProcessState); code != 0 {
 				return exitWith(code, nil)
 			}
 			return nil

@@ -19,14 +19,10 @@ import (
 // it runs a set-user-ID command (sudo, su, or any program that changes
 // its effective user at exec). The kernel clears Pdeathsig when an exec
 // changes the credentials, so the command runs on, unfenced by any lease
-// once the lock expires; the help said "the command is killed when exec
-// dies, even by SIGKILL" without the exception (now stated).
+// once the lock expires. fence now runs the command under a shim (fence
+// re-executed, never set-user-ID) that ends the command's group when fence
+// dies.
 func TestExecSetuidCommandDiesWithFence(t *testing.T) {
-	t.Skip("design question: Pdeathsig does not survive an exec that changes credentials (set-user-ID, " +
-		"set-group-ID, file capabilities), so a setuid command (sudo ...) outlives a SIGKILLed fence. " +
-		"Fix I would choose: fence re-executes itself as a small non-setuid shim that is the command's parent, " +
-		"has Pdeathsig on fence, and on fence's death ends the command's group (SIGTERM, --grace, SIGKILL; " +
-		"as root it may signal the setuid process); or, short of that, document it (done in exec --help)")
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root to make a set-user-ID copy of sleep owned by nobody")
 	}

@@ -59,8 +59,9 @@ func TestFencedWriterHelper(t *testing.T) {
 
 // TestExecKilledParentOrphanIsFenced: the command of fence exec A starts a
 // fenced writer in the background, and A is killed (SIGKILL) before the
-// writer writes. The command dies with A (Pdeathsig); its background writer
-// does not (exec's help says so), and still holds A's token, whose lease
+// writer writes. The command and its group die with A (the exec shim ends
+// them); the background writer, which left the group (setsid), does not
+// (exec's help says so), and still holds A's token, whose lease
 // ends once its watchdog TTL passes without renewal. fence exec B then
 // takes the lock and writes with its greater token; the orphan's late
 // write with A's token must be refused (409), and B's be the only write.
@@ -84,7 +85,7 @@ func TestExecKilledParentOrphanIsFenced(t *testing.T) {
 	dir := t.TempDir()
 	helper := []string{os.Args[0], "-test.run=^TestFencedWriterHelper$"}
 	a := exec.Command(fenceBin, append([]string{"exec", "--redis", redisURL(srv), "--watchdog-ttl", "600ms",
-		"lock:payment:1001", "--", "sh", "-c", `"$@" 2> "$D/stderr" & echo $! > "$D/pid.tmp"; mv "$D/pid.tmp" "$D/pid"; wait`, "sh"},
+		"lock:payment:1001", "--", "sh", "-c", `setsid "$@" 2> "$D/stderr" & echo $! > "$D/pid.tmp"; mv "$D/pid.tmp" "$D/pid"; wait`, "sh"},
 		helper...)...)
 	a.Env = append(os.Environ(), writerAddrEnv+"="+guarded.URL, writerDirEnv+"="+dir, "D="+dir)
 	if err := a.Start(); err != nil {
@@ -95,7 +96,7 @@ func TestExecKilledParentOrphanIsFenced(t *testing.T) {
 	_ = a.Wait()
 	if orphan.exited(300 * time.Millisecond) {
 		b, _ := os.ReadFile(filepath.Join(dir, "stderr"))
-		t.Fatalf("A's background writer exited with A (exec's help says it runs on): %s", b)
+		t.Fatalf("A's background writer, in a session of its own, exited with A (exec's help says it runs on): %s", b)
 	}
 
 	b := exec.Command(fenceBin, append([]string{"exec", "--redis", redisURL(srv), "--wait", "30s",

@@ -12,8 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// procAttr is how fence exec starts the command. It always gets a process
-// group of its own, so that everything it starts can be ended with it; when
+// procAttr is how fence exec starts the command's process group: the exec
+// shim, which runs the command in its group (see exec_shim.go). It always
+// gets a process group of its own, so that everything it starts can be ended with it; when
 // fence runs in the foreground of its terminal (tty is that terminal's
 // descriptor), the new group is made the terminal's foreground group, so
 // that the command can read the terminal and gets ^C and ^Z itself. Without
@@ -23,18 +24,30 @@ import (
 // the terminal usable, but then fence could not end the command's
 // background processes without ending itself.)
 //
-// Pdeathsig kills the command when fence dies, even by SIGKILL. The kernel
-// sends it when the thread that forked the child exits, not the process:
-// startLocked forks on a goroutine locked to its thread until the child has
-// been waited for, and Go ends a thread only when a goroutine exits while
-// locked to it, so the thread outlives the child.
+// The shim has no Pdeathsig: it must outlive fence to end the command's
+// group when fence dies, which it learns from a pipe.
 func procAttr(tty int) *syscall.SysProcAttr {
-	a := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	a := &syscall.SysProcAttr{Setpgid: true}
 	if tty >= 0 {
 		a.Foreground, a.Ctty = true, tty
 	}
 	return a
 }
+
+// shimChildAttr is how the shim starts the command: in the shim's group,
+// and killed when the shim dies, even by SIGKILL (SIGKILL sent to the
+// group, say). The kernel sends Pdeathsig when the thread that forked the
+// child exits, not the process: runShim forks on a goroutine locked to its
+// thread until the child has been waited for, and Go ends a thread only
+// when a goroutine exits while locked to it, so the thread outlives the
+// child. The kernel clears Pdeathsig at an exec that changes credentials
+// (set-user-ID); then the shim's own watch on fence is what ends the
+// command.
+func shimChildAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} }
+
+// selfExe is the path that re-executes fence (the shim), valid even if the
+// file was replaced or removed since fence started.
+func selfExe() (string, error) { return "/proc/self/exe", nil }
 
 // controllingTTY returns stdin's descriptor if stdin is fence's controlling
 // terminal, else -1.

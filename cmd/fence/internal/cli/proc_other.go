@@ -2,12 +2,22 @@
 
 package cli
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+)
 
-// procAttr: a process group of its own. Without Linux there is no
-// Pdeathsig, and the command does not get the terminal's foreground: a
-// command that reads the terminal is stopped by SIGTTIN (see proc_linux.go).
+// procAttr: a process group of its own, for the shim and the command.
+// Without Linux there is no Pdeathsig (the shim's watch on fence remains),
+// and the command does not get the terminal's foreground: a command that
+// reads the terminal is stopped by SIGTTIN (see proc_linux.go).
 func procAttr(int) *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+
+// shimChildAttr: the command stays in the shim's group.
+func shimChildAttr() *syscall.SysProcAttr { return nil }
+
+// selfExe is the path that re-executes fence (the shim).
+func selfExe() (string, error) { return os.Executable() }
 
 func controllingTTY() int  { return -1 }
 func foregroundTTY() int   { return -1 }

@@ -46,6 +46,11 @@ func exitWith(code int, err error) error { return &exitError{code: code, err: er
 // Main runs the fence command with args (without the program name) and
 // returns the process's exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
+	if isShim() {
+		// fence exec re-executed as the command's parent: no command
+		// line of its own, and not a command in help.
+		return runShim(args)
+	}
 	libLog = newLibLogger(args, stderr)
 	redis.SetLogger(libLog)
 	// SIGHUP too (a terminal or ssh session closed): unhandled, it ended
