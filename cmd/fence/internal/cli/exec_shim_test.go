@@ -1,0 +1,176 @@
+//go:build linux
+
+package cli_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/internal/redistest"
+)
+
+// shimArg0 is argv[0] of fence re-executed as the exec shim.
+const shimArg0 = "fence: exec shim"
+
+// TestExecShimPassesThrough: the command runs under the exec shim (its
+// parent is fence re-executed, not fence), and what it gets and gives is
+// unchanged by it: its exit code, its death by a signal as 128 + the
+// signal, its stdin (a pipe), stdout and stderr.
+func TestExecShimPassesThrough(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "shim-io", "--", "sh", "-c",
+		`read line; echo "got:$line"; echo "err:$line" >&2; tr '\0' '\n' < /proc/$PPID/cmdline | head -n 1`)
+	cmd.Stdin = strings.NewReader("hello\n")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("fence exec: %v; stderr %q", err, stderr.String())
+	}
+	if got, want := stdout.String(), "got:hello\n"+shimArg0+"\n"; got != want {
+		t.Errorf("stdout %q, want %q (the line read from stdin, then the parent's argv[0])", got, want)
+	}
+	if got := stderr.String(); got != "err:hello\n" {
+		t.Errorf("stderr %q, want %q", got, "err:hello\n")
+	}
+	for _, c := range []struct {
+		script string
+		want   int
+	}{
+		{"exit 0", 0},
+		{"exit 3", 3},
+		{"exit 255", 255},
+		{"kill -KILL $$", 128 + int(syscall.SIGKILL)},
+		{"kill -QUIT $$", 128 + int(syscall.SIGQUIT)},
+		{"kill -USR1 $$", 128 + int(syscall.SIGUSR1)},
+		{"kill -SEGV $$", 128 + int(syscall.SIGSEGV)},
+	} {
+		if _, errOut, code := fence(t, nil, "exec", "--redis", redisURL(srv), "shim-code", "--", "sh", "-c", c.script); code != c.want {
+			t.Errorf("sh -c %q: exit %d, want %d; stderr %q", c.script, code, c.want, errOut)
+		}
+	}
+}
+
+// TestExecShimPassesTerminal: on a terminal, the command's stdin, stdout
+// and stderr are that terminal, as without the shim.
+func TestExecShimPassesTerminal(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	master, slave := openPTY(t)
+	defer master.Close()
+	want := slave.Name()
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "shim-tty", "--", "sh", "-c",
+		`test -t 0 && test -t 1 && test -t 2 && echo "tty:$(tty)"`)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	var out bytes.Buffer
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = out.ReadFrom(master) })
+	runUntil(t, cmd, time.Minute)
+	wg.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(out.String(), "tty:"+want) {
+		t.Fatalf("exit %d, terminal %q; want tty:%s", code, out.String(), want)
+	}
+}
+
+// TestExecShimSurvivesGroupSignals: a signal sent to the command's group
+// reaches the shim too. The shim must not die of one that the command
+// handles (here SIGQUIT, SIGTRAP, SIGSYS and SIGABRT, which end a Go
+// program with a stack dump, and SIGHUP), trapped and survived by the
+// command. Not caught, the shim died of them and fence reported its death
+// (exit 2) instead of the command's status, the command left without the
+// parent that ends it if fence dies.
+func TestExecShimSurvivesGroupSignals(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	sigs := []syscall.Signal{syscall.SIGQUIT, syscall.SIGTRAP, syscall.SIGSYS, syscall.SIGABRT, syscall.SIGHUP}
+	script := `trap 'echo sig' QUIT TRAP SYS ABRT HUP; echo $$ > D/pid.tmp; mv D/pid.tmp D/pid; ` +
+		strings.Repeat("read x; ", len(sigs)) + `echo done`
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "shim-sig", "--", "bash", "-c", strings.ReplaceAll(script, "D/", dir+"/"))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := readPID(t, filepath.Join(dir, "pid"))
+	pgid, err := syscall.Getpgid(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range sigs {
+		if err := syscall.Kill(-pgid, sig); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stdin.Write([]byte("\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = stdin.Close()
+	runUntil(t, cmd, time.Minute)
+	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.HasSuffix(stdout.String(), "done\n") {
+		t.Fatalf("after %v to the group: exit %d, stdout %q; want exit 0 after done", sigs, code, stdout.String())
+	}
+}
+
+// TestExecBackgroundDiesWithFence: fence is killed with SIGKILL while the
+// command runs with a background job and a process that ignores SIGTERM.
+// Pdeathsig ended only the command itself, and the rest of its group ran
+// on with nobody holding the lock; the shim ends the group, SIGTERM then
+// SIGKILL after --grace.
+func TestExecBackgroundDiesWithFence(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	script := `
+		sleep 60 & echo $! > D/bg.tmp; mv D/bg.tmp D/bg
+		(trap "" TERM; exec sleep 61) & echo $! > D/stubborn.tmp; mv D/stubborn.tmp D/stubborn
+		wait`
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "--grace", "300ms", "shim-bg", "--",
+		"sh", "-c", strings.ReplaceAll(script, "D/", dir+"/"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	bg := watch(t, readPID(t, filepath.Join(dir, "bg")))
+	stubborn := watch(t, readPID(t, filepath.Join(dir, "stubborn")))
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if !bg.exited(10 * time.Second) {
+		t.Error("the command's background job still runs 10s after fence was killed")
+	}
+	if !stubborn.exited(10 * time.Second) {
+		t.Error("the command's process ignoring SIGTERM still runs 10s after fence was killed (--grace 300ms)")
+	}
+}
+
+// TestExecShimNotByAccident: fence started as the shim (its argv[0])
+// without the pipes fence exec gives it runs nothing and says so.
+func TestExecShimNotByAccident(t *testing.T) {
+	t.Parallel()
+	ran := filepath.Join(t.TempDir(), "ran")
+	cmd := &exec.Cmd{Path: fenceBin, Args: []string{shimArg0, "1s", "/usr/bin/touch", "touch", ran}}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if _, statErr := os.Stat(ran); statErr == nil {
+		t.Error("the shim ran a command without fence exec")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(stderr.String(), "fence exec only") {
+		t.Errorf("%v: exit %d, stderr %q; want 2 and a message", err, code, stderr.String())
+	}
+}
