@@ -23,6 +23,37 @@ import (
 // re-executed, never set-user-ID) that ends the command's group when fence
 // dies.
 func TestExecSetuidCommandDiesWithFence(t *testing.T) {
+	suid := setuidSleep(t)
+	srv := redistest.Start(t)
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "setuid", "--", suid, "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	deadline := time.Now().Add(30 * time.Second)
+	for child == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not start within 30s")
+		}
+		exes, _ := filepath.Glob("/proc/[0-9]*/exe")
+		for _, e := range exes {
+			if target, _ := os.Readlink(e); target == suid {
+				child, _ = strconv.Atoi(filepath.Base(filepath.Dir(e)))
+			}
+		}
+	}
+	p := watch(t, child)
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if !p.exited(10 * time.Second) {
+		t.Fatal("the set-user-ID command still runs 10s after fence was killed")
+	}
+}
+
+// setuidSleep returns a set-user-ID copy of sleep owned by nobody, whose
+// exec changes the effective user (and clears Pdeathsig).
+func setuidSleep(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root to make a set-user-ID copy of sleep owned by nobody")
 	}
@@ -55,28 +86,5 @@ func TestExecSetuidCommandDiesWithFence(t *testing.T) {
 	if err := os.Chmod(suid, os.ModeSetuid|0o755); err != nil {
 		t.Fatal(err)
 	}
-	srv := redistest.Start(t)
-	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "setuid", "--", suid, "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var child int
-	deadline := time.Now().Add(30 * time.Second)
-	for child == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the command did not start within 30s")
-		}
-		exes, _ := filepath.Glob("/proc/[0-9]*/exe")
-		for _, e := range exes {
-			if target, _ := os.Readlink(e); target == suid {
-				child, _ = strconv.Atoi(filepath.Base(filepath.Dir(e)))
-			}
-		}
-	}
-	p := watch(t, child)
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	if !p.exited(10 * time.Second) {
-		t.Fatal("the set-user-ID command still runs 10s after fence was killed")
-	}
+	return suid
 }

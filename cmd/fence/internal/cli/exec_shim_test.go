@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fencekit/fence/internal/redistest"
 )
 
@@ -172,5 +174,49 @@ func TestExecShimNotByAccident(t *testing.T) {
 	}
 	if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(stderr.String(), "fence exec only") {
 		t.Errorf("%v: exit %d, stderr %q; want 2 and a message", err, code, stderr.String())
+	}
+}
+
+// TestExecStoppedCommandDiesWithFence: the command's group is stopped
+// (SIGTSTP, as ^Z sends; fence follows and stops itself), and then fence
+// is killed with SIGKILL. The stopped shim must still end the command, a
+// set-user-ID one (no Pdeathsig) that ignores SIGHUP: the kernel continues
+// a stopped group that fence's death orphans (with SIGHUP), and the shim,
+// continued, sees fence gone.
+func TestExecStoppedCommandDiesWithFence(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "shim-stopped", "--", "sh", "-c",
+		`trap "" HUP; echo $$ > `+dir+`/pid.tmp; mv `+dir+`/pid.tmp `+dir+`/pid; exec "$0" 60`, setuidSleep(t))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := readPID(t, filepath.Join(dir, "pid"))
+	child := watch(t, pid)
+	pgid, err := syscall.Getpgid(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan error, 1)
+	go func() {
+		var info unix.Siginfo
+		stopped <- unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WSTOPPED, nil)
+	}()
+	if err := syscall.Kill(-pgid, syscall.SIGTSTP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("fence did not stop within 30s of SIGTSTP to the command's group")
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if !child.exited(10 * time.Second) {
+		t.Fatal("the stopped command still runs 10s after fence was killed")
 	}
 }
