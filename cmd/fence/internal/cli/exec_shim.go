@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,7 +24,7 @@ import (
 // its credentials, so nothing of the kind is lost for it.
 //
 // The shim learns of fence's death by end-of-file on a pipe whose write end
-// only fence holds (shimAliveFD): the kernel closes it when fence dies,
+// only fence holds (the alive pipe): the kernel closes it when fence dies,
 // however it dies, and nothing else can close it, whereas a death signal
 // could not be told apart from the signals sent to the command's group,
 // which the shim is part of. It then ends the group as exec would: SIGTERM
@@ -48,15 +49,15 @@ import (
 // fence exec usually does not have.
 const shimName = "fence: exec shim" // argv[0]: not a name anyone starts by accident
 
-// The shim's descriptors besides stdin, stdout and stderr.
-const (
-	// shimAliveFD is the read end of a pipe whose write end only fence
-	// holds: end-of-file says fence is gone.
-	shimAliveFD = 3
-	// shimReportFD is the write end of a pipe that fence reads: "ok" once
-	// the command has started, else why it could not be, on one line.
-	shimReportFD = 4
-)
+// The shim gets two pipes besides stdin, stdout and stderr, at descriptors
+// past those fence inherited for the command (see inheritedFDs), whose
+// numbers are its first two arguments: the alive pipe's read end, whose
+// write end only fence holds (end-of-file says fence is gone), and the
+// report pipe's write end, on which the shim says "ok" once the command has
+// started, else why it could not be, on one line. At 3 and 4 they took the
+// place of descriptors the command used to inherit from fence's caller (a
+// socket from systemd's socket activation, "3< file" in a shell:
+// TestExecPassesInheritedDescriptors).
 
 // isShim reports whether this process is fence re-executed as the exec
 // shim (by startShim).
@@ -75,6 +76,9 @@ type shimCommand struct {
 	*exec.Cmd
 	alive  *os.File // fence's end of the alive pipe: open as long as fence runs
 	report *os.File // fence's end of the report pipe
+	// inherited are the descriptors passed on: kept from the finalizer
+	// that would close them while the shim starts.
+	inherited []*os.File
 }
 
 // startShim starts the shim that runs child and ends its group, SIGTERM
@@ -91,6 +95,17 @@ func startShim(child *exec.Cmd, grace time.Duration) (*shimCommand, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fence exec cannot re-execute itself to run the command: %w", err)
 	}
+	// The descriptors fence inherited stay at their numbers; those of
+	// fence's own, close-on-exec, are closed in the shim (nil entries).
+	inherited := inheritedFDs()
+	var extra []*os.File
+	for _, fd := range inherited {
+		for len(extra) < fd-3 {
+			extra = append(extra, nil)
+		}
+		extra = append(extra, os.NewFile(uintptr(fd), "inherited"))
+	}
+	aliveFD := 3 + len(extra)
 	aliveR, aliveW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -103,12 +118,12 @@ func startShim(child *exec.Cmd, grace time.Duration) (*shimCommand, error) {
 	}
 	shim := &exec.Cmd{
 		Path:        exe,
-		Args:        append([]string{shimName, grace.String(), child.Path}, child.Args...),
+		Args:        append([]string{shimName, strconv.Itoa(aliveFD), strconv.Itoa(aliveFD + 1), grace.String(), child.Path}, child.Args...),
 		Env:         child.Env,
 		Stdin:       child.Stdin,
 		Stdout:      child.Stdout,
 		Stderr:      child.Stderr,
-		ExtraFiles:  []*os.File{aliveR, reportW}, // shimAliveFD, shimReportFD
+		ExtraFiles:  append(extra, aliveR, reportW),
 		SysProcAttr: child.SysProcAttr,
 	}
 	err = shim.Start()
@@ -119,7 +134,7 @@ func startShim(child *exec.Cmd, grace time.Duration) (*shimCommand, error) {
 		_ = reportR.Close()
 		return nil, err
 	}
-	return &shimCommand{Cmd: shim, alive: aliveW, report: reportR}, nil
+	return &shimCommand{Cmd: shim, alive: aliveW, report: reportR, inherited: extra}, nil
 }
 
 // waitStarted returns once the shim has started the command, or with the
@@ -139,22 +154,29 @@ func (s *shimCommand) waitStarted() error {
 }
 
 // close closes fence's end of the alive pipe, after the shim has exited.
-func (s *shimCommand) close() { _ = s.alive.Close() }
+func (s *shimCommand) close() {
+	_ = s.alive.Close()
+	runtime.KeepAlive(s.inherited)
+}
 
-// runShim is the shim's main: args are --grace, the command's path and
-// its argv. It returns the command's exit status as exec reports it (128 +
+// runShim is the shim's main: args are the alive and report pipes'
+// descriptors, --grace, the command's path and its argv. It returns the command's exit status as exec reports it (128 +
 // the signal that ended it), which fence passes through unchanged, or 127
 // if the command could not be started.
 func runShim(args []string) int {
-	var st syscall.Stat_t
-	for _, fd := range []int{shimAliveFD, shimReportFD} {
-		if syscall.Fstat(fd, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+	var fds [2]int
+	for i := range fds {
+		var st syscall.Stat_t
+		fd, err := strconv.Atoi(firstOr(args[min(i, len(args)):], ""))
+		if err != nil || fd < 3 || syscall.Fstat(fd, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
 			fmt.Fprintln(os.Stderr, "fence: the exec shim is started by fence exec only")
 			return ExitUsage
 		}
 		syscall.CloseOnExec(fd) // not for the command
+		fds[i] = fd
 	}
-	report := os.NewFile(shimReportFD, "fence exec report")
+	aliveFD, report := fds[0], os.NewFile(uintptr(fds[1]), "fence exec report")
+	args = args[2:]
 	if len(args) < 3 {
 		fmt.Fprintf(report, "fence exec's shim got bad arguments %q\n", args)
 		return ExitUsage
@@ -181,7 +203,7 @@ func runShim(args []string) int {
 
 	gone := make(chan struct{})
 	go func() {
-		alive := os.NewFile(shimAliveFD, "fence exec alive")
+		alive := os.NewFile(uintptr(aliveFD), "fence exec alive")
 		var b [1]byte
 		for {
 			if _, err := alive.Read(b[:]); err != nil {
@@ -250,4 +272,11 @@ func endGroupOrphaned(pgid int, grace time.Duration, sigs <-chan os.Signal) {
 		case <-sigs:
 		}
 	}
+}
+
+func firstOr(s []string, def string) string {
+	if len(s) == 0 {
+		return def
+	}
+	return s[0]
 }

@@ -220,3 +220,40 @@ func TestExecStoppedCommandDiesWithFence(t *testing.T) {
 		t.Fatal("the stopped command still runs 10s after fence was killed")
 	}
 }
+
+// TestExecPassesInheritedDescriptors: descriptors fence inherits beyond
+// stdin, stdout and stderr (a socket from systemd's socket activation,
+// "3< file" in a shell) reach the command at the same numbers, as they did
+// before the shim: the shim's own pipes must not take their place.
+func TestExecPassesInheritedDescriptors(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	var files []*os.File
+	for i, content := range []string{"three", "four", "five"} {
+		name := filepath.Join(dir, content)
+		if err := os.WriteFile(name, []byte(content+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if i == 1 {
+			f = nil // fd 4 is not passed: the command must not find one
+		}
+		files = append(files, f)
+	}
+	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "shim-fds", "--", "sh", "-c",
+		`cat <&3; cat <&5; if (: <&4) 2>/dev/null; then echo "fd 4 open"; fi`)
+	cmd.ExtraFiles = files
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("fence exec: %v; stderr %q", err, stderr.String())
+	}
+	if got, want := stdout.String(), "three\nfive\n"; got != want {
+		t.Fatalf("the command read %q from its descriptors 3, 5 (and 4), want %q; stderr %q", got, want, stderr.String())
+	}
+}

@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -258,4 +259,26 @@ func reapOrphans() {
 			return
 		}
 	}
+}
+
+// inheritedFDs returns, in order, fence's descriptors from 3 up that are
+// not close-on-exec: those its caller passed on for the command (fence's
+// own are all close-on-exec, as Go opens them).
+func inheritedFDs() []int {
+	names, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, n := range names {
+		fd, err := strconv.Atoi(n.Name())
+		if err != nil || fd < 3 {
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
+			fds = append(fds, fd)
+		}
+	}
+	slices.Sort(fds)
+	return fds
 }
