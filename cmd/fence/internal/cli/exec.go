@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -66,8 +67,8 @@ nothing: after --watchdog-ttl the lease is lost, and on resuming the command is 
 
 The command's parent is exec itself, re-executed as a small process in the command's group
 (shown as "fence: exec shim"); it passes the command's exit status on unchanged. When exec
-dies, even by SIGKILL, it ends the command's group: SIGTERM, then SIGKILL after --grace.
-This holds for a command that changes its user or group at exec (set-user-ID or
+dies, even by SIGKILL, that process ends the command's group: SIGTERM, then SIGKILL after
+--grace. This holds for a command that changes its user or group at exec (set-user-ID or
 set-group-ID, such as sudo or su) too, for which the kernel drops a death signal: as root
 exec may signal it, and as another user while the program keeps that user as its real user
 (sudo does, and passes the signal on). What left the group (by double-forking) then runs on.
@@ -315,6 +316,10 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	go func() {
 		// The command runs under the exec shim, fence re-executed, which
 		// ends the command's group if fence dies (see exec_shim.go).
+		// Locked until the shim has been waited for: its Pdeathsig fires
+		// when the forking thread ends (see procAttr).
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		var err error
 		shim, err = startShim(child, grace)
 		if err != nil {

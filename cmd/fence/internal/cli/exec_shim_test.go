@@ -182,8 +182,24 @@ func TestExecShimNotByAccident(t *testing.T) {
 // is killed with SIGKILL. The stopped shim must still end the command, a
 // set-user-ID one (no Pdeathsig) that ignores SIGHUP: the kernel continues
 // a stopped group that fence's death orphans (with SIGHUP), and the shim,
-// continued, sees fence gone.
+// continued, sees fence gone. Here fence's new parent is a child subreaper
+// in fence's session (the test, as an outer fence exec would be), which
+// keeps the group from being orphaned: the kernel does not continue it.
 func TestExecStoppedCommandDiesWithFence(t *testing.T) {
+	// Not parallel: the test process is a subreaper only while no other
+	// test runs, and reaps what it adopted.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+		for {
+			var ws syscall.WaitStatus
+			if pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil); pid <= 0 || err != nil {
+				return
+			}
+		}
+	})
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	cmd := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "shim-stopped", "--", "sh", "-c",

@@ -25,10 +25,17 @@ import (
 // the terminal usable, but then fence could not end the command's
 // background processes without ending itself.)
 //
-// The shim has no Pdeathsig: it must outlive fence to end the command's
-// group when fence dies, which it learns from a pipe.
+// The shim must outlive fence to end the command's group when fence dies,
+// which it learns from a pipe. Its Pdeathsig is SIGCONT: a shim stopped
+// with the command (^Z, which fence follows) when fence is killed was left
+// stopped, unable to read that pipe, when fence's new parent (a child
+// subreaper: an outer fence exec, a test binary) kept its group from
+// being orphaned; the kernel continues an orphaned group itself
+// (TestExecStoppedCommandDiesWithFence). runHolding starts the shim on a
+// goroutine locked to its thread until it has been waited for, as the
+// kernel sends Pdeathsig when the forking thread ends.
 func procAttr(tty int) *syscall.SysProcAttr {
-	a := &syscall.SysProcAttr{Setpgid: true}
+	a := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGCONT}
 	if tty >= 0 {
 		a.Foreground, a.Ctty = true, tty
 	}
