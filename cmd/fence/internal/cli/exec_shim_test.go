@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -271,5 +272,79 @@ func TestExecPassesInheritedDescriptors(t *testing.T) {
 	}
 	if got, want := stdout.String(), "three\nfive\n"; got != want {
 		t.Fatalf("the command read %q from its descriptors 3, 5 (and 4), want %q; stderr %q", got, want, stderr.String())
+	}
+}
+
+// TestExecSetuidRootCommandDiesWithNonRootFence: fence runs as an ordinary
+// user (nobody) and its command is set-user-ID root, keeping the caller
+// as its real user (as sudo does). The shim, running as that user, may
+// signal it, and ends it when fence is killed with SIGKILL.
+func TestExecSetuidRootCommandDiesWithNonRootFence(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root to make a set-user-ID root copy of sleep")
+	}
+	dir, err := os.MkdirTemp("", "fence-setuid-root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile := func(src, dst string, mode os.FileMode) {
+		t.Helper()
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dst, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin, suid := filepath.Join(dir, "fence"), filepath.Join(dir, "sleep")
+	copyFile(fenceBin, bin, 0o755)
+	copyFile("/bin/sleep", suid, os.ModeSetuid|0o755)
+	srv := redistest.Start(t)
+	cmd := exec.Command(bin, "exec", "--redis", redisURL(srv), "setuid-root", "--", suid, "60")
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	// A file, not a pipe: Wait would wait for a surviving command that
+	// holds the pipe open.
+	stderr, err := os.Create(filepath.Join(dir, "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	deadline := time.Now().Add(30 * time.Second)
+	for child == 0 {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			b, _ := os.ReadFile(stderr.Name())
+			t.Fatalf("the command did not start within 30s; stderr %q", b)
+		}
+		exes, _ := filepath.Glob("/proc/[0-9]*/exe")
+		for _, e := range exes {
+			if target, _ := os.Readlink(e); target == suid {
+				child, _ = strconv.Atoi(filepath.Base(filepath.Dir(e)))
+			}
+		}
+	}
+	p := watch(t, child)
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(child) + "/status"); err != nil || !strings.Contains(string(b), "\nUid:\t65534\t0\t0\t0\n") {
+		t.Fatalf("the command's user IDs are not real nobody, effective root: %s", b)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if !p.exited(10 * time.Second) {
+		t.Fatal("the set-user-ID root command still runs 10s after the non-root fence was killed")
 	}
 }
