@@ -8,10 +8,13 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The exec shim is fence re-executed (selfExe) as the command's parent,
@@ -279,4 +282,26 @@ func firstOr(s []string, def string) string {
 		return def
 	}
 	return s[0]
+}
+
+// inheritedFDs returns, in order, fence's descriptors from 3 up that are
+// not close-on-exec: those its caller passed on for the command (fence's
+// own are all close-on-exec, as Go opens them).
+func inheritedFDs() []int {
+	names, err := os.ReadDir(fdDir)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, n := range names {
+		fd, err := strconv.Atoi(n.Name())
+		if err != nil || fd < 3 {
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
+			fds = append(fds, fd)
+		}
+	}
+	slices.Sort(fds)
+	return fds
 }

@@ -4,11 +4,7 @@ package cli
 
 import (
 	"os"
-	"slices"
-	"strconv"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
 // procAttr: a process group of its own, for the shim and the command.
@@ -41,24 +37,5 @@ func groupMembers(pgid int) []int {
 	return nil
 }
 
-// inheritedFDs returns, in order, fence's descriptors from 3 up that are
-// not close-on-exec: those its caller passed on for the command (fence's
-// own are all close-on-exec, as Go opens them).
-func inheritedFDs() []int {
-	names, err := os.ReadDir("/dev/fd")
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, n := range names {
-		fd, err := strconv.Atoi(n.Name())
-		if err != nil || fd < 3 {
-			continue
-		}
-		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
-			fds = append(fds, fd)
-		}
-	}
-	slices.Sort(fds)
-	return fds
-}
+// fdDir lists the process's open descriptors (see inheritedFDs).
+const fdDir = "/dev/fd"
