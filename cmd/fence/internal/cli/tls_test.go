@@ -102,11 +102,11 @@ func TestTLSBlackHole(t *testing.T) {
 		args  []string
 		limit time.Duration
 	}{
-		{[]string{"exec", "--wait", "1s", "--redis", hole, "lock:x", "--", "true"}, 4 * time.Second},
+		{[]string{"exec", "--wait", "1s", "--redis", hole, "lock:x", "--", "true"}, execWait1sLimit},
 		{[]string{"status", "--timeout", "1s", "--redis", hole, "lock:x"}, 4 * time.Second},
 		{[]string{"doctor", "--timeout", "2s", "--redis", hole}, 5 * time.Second},
 		{[]string{"status", "--timeout", "1s", "--redis-sentinel", hole + "?master_name=mymaster", "lock:x"}, 4 * time.Second},
-		{[]string{"exec", "--wait", "1s", "--redis-sentinel", hole + "?master_name=mymaster", "lock:x", "--", "true"}, 4 * time.Second},
+		{[]string{"exec", "--wait", "1s", "--redis-sentinel", hole + "?master_name=mymaster", "lock:x", "--", "true"}, execWait1sLimit},
 	} {
 		start := time.Now()
 		out, errOut, code := fence(t, nil, c.args...)
