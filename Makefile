@@ -8,7 +8,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: test deps check unit lab-quick lab bench demo fuzz
 
-test: deps check unit lab-quick fuzz
+# The unit tests mostly wait (on servers, leases and timeouts), so the fault
+# lab's short run and the fuzz targets run beside them, one at a time
+# (-j2); -Otarget prints each step's output whole when it ends.
+test: deps check
+	@$(MAKE) --no-print-directory -j2 -Otarget unit lab-quick fuzz
 
 # Debian packages of the servers the tests start: installed only if missing.
 # ZooKeeper is libzookeeper-java, the jars of Debian's zookeeper package
