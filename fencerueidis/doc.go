@@ -73,4 +73,14 @@
 // connection is not closed with its client, a RESP2 subscription also
 // watches the client's closing through a Receive of its own, on another
 // channel (TestClientClosedUnderWaiter, TestSubscriptionsEndWithWaiters).
+//
+// Closing: once the rueidis client is closed, every call of the Locker
+// fails with an error matching fence.ErrClosed, and its parked give-backs
+// are dropped (the parking's goroutine ends at its next try). rueidis
+// v1.0.79 does not always say so itself: a client closed after a failed
+// dial answers with that dial's error and then dials again, and one closed
+// while a dial is under way keeps the new connection, so the adapter reads
+// the flag that the client's Close sets (single and Sentinel clients; a
+// client of another type, a wrapper, is taken at its word)
+// (TestParkingEndsWithClosedClient, TestClosedAfterTimeout).
 package fencerueidis

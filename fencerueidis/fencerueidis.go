@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -29,7 +30,7 @@ func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, err
 	if client.Mode() == rueidis.ClientModeCluster {
 		return nil, fmt.Errorf("%w: fencerueidis: Redis Cluster is not supported; use redislock with go-redis's ClusterClient", fence.ErrInvalidOption)
 	}
-	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}}, opts)
+	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}, stopFlag(client)}, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -41,6 +42,46 @@ type conn struct {
 	c     rueidis.Client
 	proto *atomic.Int32 // the client's RESP version, once Subscribe asked; 0 before
 	unsub *unsubs       // UNSUBSCRIBEs under way
+	stop  *uint32       // the client's closed flag (see stopFlag); nil if not found
+}
+
+// stopFlag returns the flag that client's Close sets (the stop field of
+// rueidis's single and Sentinel clients, v1.0.79 and v1.0.80), or nil for
+// a client of another shape (a wrapper, another rueidis version). Its
+// calls do not say that it was closed: closed after a failed dial, it
+// answers them with that dial's error (ECONNREFUSED, which redislock
+// retries), and the next call finds the closed connection "broken", puts
+// it back to be dialed, and dials again; closed while a dial is under way,
+// it keeps the new connection (TestClosedAfterTimeout). A parked give-back
+// then kept dialing a stopped server for its lease time after Close, and
+// an Acquire waited out its budget (TestParkingEndsWithClosedClient).
+// TestStopFlagFound pins the field.
+func stopFlag(client rueidis.Client) *uint32 {
+	v := reflect.ValueOf(client)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	f := v.Elem().FieldByName("stop")
+	if !f.IsValid() || f.Kind() != reflect.Uint32 {
+		return nil
+	}
+	return (*uint32)(f.Addr().UnsafePointer())
+}
+
+// errClosed is a call's error on a closed client.
+var errClosed = fmt.Errorf("fencerueidis: %w (%w)", rueidis.ErrClosing, fence.ErrClosed)
+
+// closed reports whether the client was closed (see stopFlag).
+func (c conn) closed() bool { return c.stop != nil && atomic.LoadUint32(c.stop) != 0 }
+
+// closedErr is err, made to match fence.ErrClosed when the client was
+// closed: a closed client grants no lease and sends no give-back, whatever
+// rueidis answered.
+func (c conn) closedErr(err error) error {
+	if err == nil || errors.Is(err, fence.ErrClosed) || !c.closed() {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, fence.ErrClosed)
 }
 
 // unsubs are the channels whose UNSUBSCRIBE is under way: a Subscribe to
@@ -109,6 +150,9 @@ func (c conn) SelfBounded() bool { return false }
 const retries = 2
 
 func (c conn) Eval(ctx context.Context, s *redisconn.Script, keys []string, args []any, replicas int, timeout time.Duration) (reply any, acked int, err error) {
+	if c.closed() {
+		return nil, 0, errClosed
+	}
 	var lost error
 	for range retries + 1 {
 		reply, acked, err = c.eval(ctx, s, keys, args, replicas, timeout)
@@ -119,7 +163,7 @@ func (c conn) Eval(ctx context.Context, s *redisconn.Script, keys []string, args
 			lost = err
 		}
 	}
-	return reply, acked, sentAgain(lost, err)
+	return reply, acked, c.closedErr(sentAgain(lost, err))
 }
 
 // connLost reports a connection that broke under the call (the server
@@ -255,12 +299,15 @@ func ended(ctx context.Context) bool {
 }
 
 func (c conn) LockState(ctx context.Context, lock, token string) (pttl int64, last string, found bool, err error) {
+	if c.closed() {
+		return 0, "", false, errClosed
+	}
 	for range retries + 1 {
 		if pttl, last, found, err = c.lockState(ctx, lock, token); err != errBroken && !connLost(err) {
 			break
 		}
 	}
-	return pttl, last, found, err
+	return pttl, last, found, c.closedErr(err)
 }
 
 func (c conn) lockState(ctx context.Context, lock, token string) (int64, string, bool, error) {
@@ -283,6 +330,13 @@ func (c conn) lockState(ctx context.Context, lock, token string) (int64, string,
 const protoScript = "return {map={resp=3}}"
 
 func (c conn) Subscribe(ctx context.Context, channel string, ready func(), message func(string)) error {
+	return c.closedErr(c.subscribe(ctx, channel, ready, message))
+}
+
+func (c conn) subscribe(ctx context.Context, channel string, ready func(), message func(string)) error {
+	if c.closed() {
+		return errClosed
+	}
 	if c.proto.Load() == 0 {
 		// Which protocol, once, from the shape of a script's map reply:
 		// RESP3 gives a map, RESP2 a flat array. CLIENT INFO, asked

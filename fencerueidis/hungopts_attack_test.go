@@ -91,10 +91,8 @@ func TestHungServerClientOptions(t *testing.T) {
 				}
 			}
 			// The give-backs parked while the server was stopped go
-			// through now that it answers; the client is closed only
-			// then, since rueidis (v1.0.79) may not stay closed when a
-			// dial is under way at Close (TestClosedAfterTimeout), and
-			// the parking would then retry for the lease time.
+			// through now that it answers, before the client is closed
+			// (closed, it would drop them: TestParkingEndsWithClosedClient).
 			awaitNoParking(t, lockers...)
 		})
 	}
@@ -106,7 +104,14 @@ func TestHungServerClientOptions(t *testing.T) {
 // are matched by the Locker's address.
 func awaitNoParking(t *testing.T, ls ...*redislock.Locker) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	awaitNoParkingWithin(t, 10*time.Second, "after the server answered again", ls...)
+}
+
+// awaitNoParkingWithin is awaitNoParking with the time it waits, and what it
+// waited for in the failure.
+func awaitNoParkingWithin(t *testing.T, within time.Duration, after string, ls ...*redislock.Locker) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	buf := make([]byte, 8<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -119,7 +124,7 @@ func awaitNoParking(t *testing.T, ls ...*redislock.Locker) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("parked give-backs still retried 10 s after the server answered again")
+			t.Fatalf("parked give-backs still retried %v %s", within, after)
 		}
 		time.Sleep(20 * time.Millisecond) // polling with a deadline
 	}
