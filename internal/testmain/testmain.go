@@ -39,10 +39,13 @@ func Run(m *testing.M, setup func() (teardown func(), err error)) {
 // themselves shortly after their owner is closed: goleak's own retries
 // last about half a second, go-redis's dial probe
 // ((*ConnPool).tryDial, started when a pool's dials to a stopped server
-// fail) sleeps a second between checks of its closed pool, and
-// redislock's parked give-backs to a stopped server end at their
-// deadline (a fresh-clone CI run found one in fencerueidis 3 s after its
-// tests). It returns at once when nothing is left.
+// fail) sleeps a second between checks of its closed pool, and a
+// redislock parked give-back ends at its parking's next try once its
+// client is closed (a second of back-off at most). A fresh-clone CI run
+// found one in fencerueidis past a 3 s grace: a closed rueidis client's,
+// which kept dialing until its deadline (fixed: TestParkingEndsWithClosedClient);
+// 3 s then sufficed, 10 s is kept as a margin for a loaded machine. It
+// returns at once when nothing is left.
 func findLeaks() error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
