@@ -69,6 +69,11 @@ func (f *lockerFlags) locker(cmd *cobra.Command) (fence.Locker, func(), error) {
 	case len(chosen) == 0:
 		return f.redis.locker(cmd)
 	case len(names) == 1:
+		if _, ok := chosen[0].(*redlockBackend); !ok {
+			if err := tlsFlagsWithout(cmd, "--"+chosen[0].flag()); err != nil {
+				return nil, nil, exitWith(ExitUsage, err)
+			}
+		}
 		return chosen[0].locker(cmd)
 	default:
 		return nil, nil, exitWith(ExitUsage, errors.New("give one lock service, not "+strings.Join(names, " and ")))

@@ -61,13 +61,17 @@ func (b *redlockBackend) open(cmd *cobra.Command) (*redlock.Locker, func(), erro
 			_ = c.Close()
 		}
 	}
+	ct, err := redisTLS(cmd)
+	if err != nil {
+		return nil, nil, exitWith(ExitUsage, err)
+	}
 	for _, raw := range splitURLs(b.urls) {
 		raw = strings.TrimSpace(raw)
 		if raw == "" {
 			closeAll()
 			return nil, nil, exitWith(ExitUsage, fmt.Errorf("--redlock %s: an empty URL in the list", redactURLs(b.urls)))
 		}
-		o, err := parseURL("--redlock", raw)
+		o, err := parseURL("--redlock", raw, ct)
 		if err != nil {
 			closeAll()
 			return nil, nil, exitWith(ExitUsage, err)

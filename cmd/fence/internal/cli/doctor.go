@@ -53,7 +53,11 @@ read within --timeout.`,
 			if err := emptyBackendFlag(cmd, []backend{&rl}); err != nil {
 				return exitWith(ExitUsage, err)
 			}
-			cfg, err := rf.doctorConfig(cmd.Flags().Changed, rl.urls)
+			ct, err := redisTLS(cmd)
+			if err != nil {
+				return exitWith(ExitUsage, err)
+			}
+			cfg, err := rf.doctorConfig(cmd.Flags().Changed, rl.urls, ct)
 			if err != nil {
 				return exitWith(ExitUsage, err)
 			}
@@ -99,8 +103,9 @@ read within --timeout.`,
 
 // doctorConfig is the doctor.Config the flags describe, redlockURLs being
 // --redlock's value. The doctor opens a client per node, so it takes the
-// parsed options rather than one client.
-func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string) (doctor.Config, error) {
+// parsed options rather than one client; ct's TLS files go into each
+// (see redisTLS).
+func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string, ct *clientTLS) (doctor.Config, error) {
 	rs, err := f.replicaSync(changed)
 	if err != nil {
 		return doctor.Config{}, err
@@ -120,7 +125,7 @@ func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string)
 			if raw == "" {
 				return cfg, fmt.Errorf("--redlock %s: an empty URL in the list", redactURLs(redlockURLs))
 			}
-			o, err := parseURL("--redlock", raw)
+			o, err := parseURL("--redlock", raw, ct)
 			if err != nil {
 				return cfg, err
 			}
@@ -129,7 +134,7 @@ func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string)
 	case f.sentinelURL != "" && f.clusterURL != "":
 		return cfg, errors.New("give --redis-sentinel or --redis-cluster, not both")
 	case f.sentinelURL != "":
-		o, err := parseFailoverURL("--redis-sentinel", f.sentinelURL)
+		o, err := parseFailoverURL("--redis-sentinel", f.sentinelURL, ct)
 		if err != nil {
 			return cfg, err
 		}
@@ -138,13 +143,13 @@ func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string)
 		}
 		cfg.Sentinel = o
 	case f.clusterURL != "":
-		o, err := parseClusterURL("--redis-cluster", f.clusterURL)
+		o, err := parseClusterURL("--redis-cluster", f.clusterURL, ct)
 		if err != nil {
 			return cfg, err
 		}
 		cfg.Cluster = o
 	default:
-		o, err := parseURL("--redis", f.url)
+		o, err := parseURL("--redis", f.url, ct)
 		if err != nil {
 			return cfg, err
 		}

@@ -24,7 +24,7 @@ var urlKinds = []func(string) *redisFlags{
 // checkURL parses raw as the kind'th URL kind: no panic; the client is
 // closed again; no error contains the marker.
 func checkURL(t *testing.T, kind int, raw string, hidden bool) {
-	c, err := urlKinds[kind%len(urlKinds)](raw).client()
+	c, err := urlKinds[kind%len(urlKinds)](raw).client(nil)
 	if err != nil {
 		if hidden && strings.Contains(err.Error(), marker) {
 			t.Fatalf("the error for %q shows the password: %v", raw, err)

@@ -218,7 +218,7 @@ func (f *redisFlags) register(cmd *cobra.Command) {
 		"URL of a standalone Redis (redis://, rediss:// for TLS, user:password@ for ACL users). "+
 			"rediss:// checks each server's certificate against the system's CAs and the host it dials; "+
 			"to trust a private CA set SSL_CERT_FILE to a PEM file holding it (in place of the system's CAs: add them to the file if other servers need them) or SSL_CERT_DIR to a directory; "+
-			"skip_verify=true in the URL turns the check off (anyone on the path can then pose as the server); client certificates are not supported. "+
+			"or give --redis-tls-ca; skip_verify=true in the URL turns the check off (anyone on the path can then pose as the server); a server that asks for a client certificate (tls-auth-clients yes) gets --redis-tls-cert and --redis-tls-key. "+
 			"The default comes from FENCE_REDIS_URL, so that passwords need not appear in the process list, else redis://127.0.0.1:6379. "+
 			"Passwords are shown masked")
 	urlFlag(&f.sentinelURL, "redis-sentinel", "FENCE_REDIS_SENTINEL_URL", "",
@@ -226,6 +226,7 @@ func (f *redisFlags) register(cmd *cobra.Command) {
 			"(default from FENCE_REDIS_SENTINEL_URL)")
 	urlFlag(&f.clusterURL, "redis-cluster", "FENCE_REDIS_CLUSTER_URL", "",
 		"URL of a Redis Cluster instead, naming one or more nodes: redis://node1:6379?addr=node2:6379 (default from FENCE_REDIS_CLUSTER_URL)")
+	registerTLSFlags(cmd)
 	cmd.Flags().DurationVar(&f.watchdogTTL, "watchdog-ttl", redislock.DefaultWatchdogTTL,
 		"lease time of a lease held without --ttl; the watchdog renews it every third of this")
 	cmd.Flags().BoolVar(&f.noSync, "no-replica-sync", false,
@@ -296,31 +297,41 @@ func scrubOne(msg, raw string) string {
 // flag as go-redis does, with errors that name the flag and hide the
 // password, and refuse pool sizes out of checkPool's range. A rediss://
 // URL's TLS config verifies each server against the host it is dialled by
-// (see dialledName).
-func parseURL(flag, raw string) (*redis.Options, error) {
+// (see dialledName) and carries ct's client certificate and CAs (a nil ct
+// adds none; with a redis:// URL a non-nil one is an error).
+func parseURL(flag, raw string, ct *clientTLS) (*redis.Options, error) {
 	o, err := redis.ParseURL(raw)
 	if err != nil {
 		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseURL(s); return err })
 	}
-	dialledName(o.TLSConfig)
-	o.DialerRetries = oneTLSDial(o.TLSConfig, o.DialerRetries)
-	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
-}
-
-func parseFailoverURL(flag, raw string) (*redis.FailoverOptions, error) {
-	o, err := redis.ParseFailoverURL(raw)
-	if err != nil {
-		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseFailoverURL(s); return err })
+	if err := ct.apply(flag, raw, o.TLSConfig); err != nil {
+		return nil, err
 	}
 	dialledName(o.TLSConfig)
 	o.DialerRetries = oneTLSDial(o.TLSConfig, o.DialerRetries)
 	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
 }
 
-func parseClusterURL(flag, raw string) (*redis.ClusterOptions, error) {
+func parseFailoverURL(flag, raw string, ct *clientTLS) (*redis.FailoverOptions, error) {
+	o, err := redis.ParseFailoverURL(raw)
+	if err != nil {
+		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseFailoverURL(s); return err })
+	}
+	if err := ct.apply(flag, raw, o.TLSConfig); err != nil {
+		return nil, err
+	}
+	dialledName(o.TLSConfig)
+	o.DialerRetries = oneTLSDial(o.TLSConfig, o.DialerRetries)
+	return o, checkPool(flag, raw, o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
+}
+
+func parseClusterURL(flag, raw string, ct *clientTLS) (*redis.ClusterOptions, error) {
 	o, err := redis.ParseClusterURL(raw)
 	if err != nil {
 		return nil, parseError(flag, raw, func(s string) error { _, err := redis.ParseClusterURL(s); return err })
+	}
+	if err := ct.apply(flag, raw, o.TLSConfig); err != nil {
+		return nil, err
 	}
 	dialledName(o.TLSConfig)
 	o.DialerRetries = oneTLSDial(o.TLSConfig, o.DialerRetries)
@@ -399,13 +410,14 @@ func (f *redisFlags) oneRedis(changed func(string) bool) error {
 	return nil
 }
 
-// client builds the go-redis client the flags describe.
-func (f *redisFlags) client() (redis.UniversalClient, error) {
+// client builds the go-redis client the flags describe, with ct's TLS
+// files (see redisTLS).
+func (f *redisFlags) client(ct *clientTLS) (redis.UniversalClient, error) {
 	switch {
 	case f.sentinelURL != "" && f.clusterURL != "":
 		return nil, errors.New("give --redis-sentinel or --redis-cluster, not both")
 	case f.sentinelURL != "":
-		o, err := parseFailoverURL("--redis-sentinel", f.sentinelURL)
+		o, err := parseFailoverURL("--redis-sentinel", f.sentinelURL, ct)
 		if err != nil {
 			return nil, err
 		}
@@ -414,13 +426,13 @@ func (f *redisFlags) client() (redis.UniversalClient, error) {
 		}
 		return redis.NewFailoverClient(o), nil
 	case f.clusterURL != "":
-		o, err := parseClusterURL("--redis-cluster", f.clusterURL)
+		o, err := parseClusterURL("--redis-cluster", f.clusterURL, ct)
 		if err != nil {
 			return nil, err
 		}
 		return redis.NewClusterClient(o), nil
 	default:
-		o, err := parseURL("--redis", f.url)
+		o, err := parseURL("--redis", f.url, ct)
 		if err != nil {
 			return nil, err
 		}
@@ -437,7 +449,11 @@ func (f *redisFlags) locker(cmd *cobra.Command) (*redislock.Locker, func(), erro
 	if err != nil {
 		return nil, nil, exitWith(ExitUsage, err)
 	}
-	client, err := f.client()
+	ct, err := redisTLS(cmd)
+	if err != nil {
+		return nil, nil, exitWith(ExitUsage, err)
+	}
+	client, err := f.client(ct)
 	if err != nil {
 		return nil, nil, exitWith(ExitUsage, err)
 	}

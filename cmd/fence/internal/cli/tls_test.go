@@ -3,6 +3,9 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -250,25 +253,186 @@ func TestTLSHelpSaysHowToTrustACA(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "SSL_CERT_FILE") || !strings.Contains(out, "skip_verify") {
 			t.Errorf("fence %s --help: exit %d, no word of SSL_CERT_FILE or skip_verify for rediss://; stdout %q, stderr %q", c, code, out, errOut)
 		}
+		for _, f := range []string{"--redis-tls-cert", "--redis-tls-key", "--redis-tls-ca", "FENCE_REDIS_TLS_CERT"} {
+			if !strings.Contains(out, f) {
+				t.Errorf("fence %s --help does not name %s", c, f)
+			}
+		}
+		if strings.Contains(out, "not supported") {
+			t.Errorf("fence %s --help still says client certificates are not supported", c)
+		}
 	}
 }
 
-// TestTLSClientCertificateGiven: a Redis run with tls-auth-clients yes
-// needs a client certificate, which no fence flag or URL parameter can
-// give (go-redis's ParseURL refuses unknown parameters).
-func TestTLSClientCertificateGiven(t *testing.T) {
-	t.Skip("design question: fence has no way to present a client certificate, so a Redis with " +
-		"tls-auth-clients yes refuses every command (exit 2, tls: certificate required). The fix I would " +
-		"choose: --redis-tls-cert and --redis-tls-key (FENCE_REDIS_TLS_CERT, FENCE_REDIS_TLS_KEY), and " +
-		"--redis-tls-ca beside SSL_CERT_FILE, applied to every Redis URL kind (--redis, --redis-sentinel, " +
-		"--redis-cluster, --redlock) of exec, status and doctor; flags, not URL parameters, because go-redis " +
-		"parses the URLs and refuses parameters it does not know")
+// mtls is a CA, and a client certificate of its own, for servers run with
+// --tls-auth-clients yes.
+type mtls struct {
+	ca     *redisserver.TLS
+	client *redisserver.TLS
+}
+
+func newMTLS(t *testing.T) mtls {
 	ca := redistest.NewTLS(t)
-	srv := redistest.StartTLS(t, ca, "--tls-auth-clients", "yes")
-	out, errOut, code := fence(t, trustCA(ca.CAFile), "exec", "--redis", "rediss://"+srv.Addr,
-		"--redis-tls-cert", ca.CertFile, "--redis-tls-key", ca.KeyFile, "lock:x", "--", "echo", "ran")
+	return mtls{ca: ca, client: issue(t, ca, "fence client")}
+}
+
+// flags are the TLS flags that present m's client certificate and trust its
+// CA (no SSL_CERT_FILE needed).
+func (m mtls) flags() []string {
+	return []string{"--redis-tls-cert", m.client.CertFile, "--redis-tls-key", m.client.KeyFile, "--redis-tls-ca", m.ca.CAFile}
+}
+
+// withFlags is args with flags inserted before the "--" that ends fence's
+// own arguments, if any.
+func withFlags(args []string, flags ...string) []string {
+	i := slices.Index(args, "--")
+	if i < 0 {
+		i = len(args)
+	}
+	return slices.Concat(args[:i], flags, args[i:])
+}
+
+// authClients asks a TLS server for a client certificate.
+var authClients = []string{"--tls-auth-clients", "yes"}
+
+// TestTLSClientCertificateGiven: a Redis run with tls-auth-clients yes
+// needs a client certificate, which no fence flag or URL parameter could
+// give (go-redis's ParseURL refuses unknown parameters): every command was
+// exit 2, "tls: certificate required". --redis-tls-cert and --redis-tls-key
+// (or FENCE_REDIS_TLS_CERT and FENCE_REDIS_TLS_KEY) present one, with the
+// CA from SSL_CERT_FILE or --redis-tls-ca; the doctor presents it to the
+// primary's replica too, which asks for one as well.
+func TestTLSClientCertificateGiven(t *testing.T) {
+	t.Parallel()
+	m := newMTLS(t)
+	srv := redistest.StartTLS(t, m.ca, authClients...)
+	replica := redistest.StartReplica(t, srv, authClients...)
+	redistest.WaitReplicated(t, srv, 1)
+	url := "rediss://" + srv.Addr
+	out, errOut, code := fence(t, trustCA(m.ca.CAFile), "exec", "--redis", url,
+		"--redis-tls-cert", m.client.CertFile, "--redis-tls-key", m.client.KeyFile, "lock:x", "--", "echo", "ran")
 	if code != 0 || out != "ran\n" {
-		t.Fatalf("exec with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+		t.Errorf("exec with a client certificate, SSL_CERT_FILE: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, nil, withFlags([]string{"exec", "--redis", url, "lock:x", "--", "echo", "ran"}, m.flags()...)...)
+	if code != 0 || out != "ran\n" {
+		t.Errorf("exec with a client certificate, --redis-tls-ca: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	env := []string{"FENCE_REDIS_URL=" + url, "FENCE_REDIS_TLS_CERT=" + m.client.CertFile,
+		"FENCE_REDIS_TLS_KEY=" + m.client.KeyFile, "FENCE_REDIS_TLS_CA=" + m.ca.CAFile}
+	out, errOut, code = fence(t, env, "status", "lock:x")
+	if code != 0 || !strings.Contains(out, "free") || !strings.Contains(out, "1 connected") {
+		t.Errorf("status with a client certificate from FENCE_REDIS_TLS_*: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, nil, append([]string{"doctor", "--redis", url}, m.flags()...)...)
+	t.Logf("doctor: exit %d\n%s%s", code, out, errOut)
+	if code == cli.ExitUsage || strings.Contains(out+errOut, "unreachable") || !strings.Contains(out, "persistence-off  "+replica.Addr) {
+		t.Errorf("doctor with a client certificate did not read the replica %s: exit %d, stdout %q, stderr %q", replica.Addr, code, out, errOut)
+	}
+}
+
+// TestTLSClientCertificateSentinel: --redis-sentinel over TLS, the primary
+// and its replica asking for client certificates, the CA given by
+// --redis-tls-ca alone (so the sentinels are verified with it too): exec,
+// status and doctor present the certificate to the primary the sentinels
+// name and to the replica.
+func TestTLSClientCertificateSentinel(t *testing.T) {
+	t.Parallel()
+	m := newMTLS(t)
+	primary := redistest.StartTLS(t, m.ca, authClients...)
+	replica := redistest.StartReplica(t, primary, authClients...)
+	redistest.WaitReplicated(t, primary, 1)
+	s := redistest.StartSentinels(t, primary, 1)
+	redistest.WaitSentinelsReady(t, s, 1)
+	url := "rediss://" + s.Addrs()[0] + "?master_name=" + s.Master
+	out, errOut, code := fence(t, nil, withFlags([]string{"exec", "--redis-sentinel", url, "lock:x", "--", "echo", "ran"}, m.flags()...)...)
+	if code != 0 || out != "ran\n" {
+		t.Errorf("exec --redis-sentinel with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, nil, append([]string{"status", "--redis-sentinel", url, "lock:x"}, m.flags()...)...)
+	if code != 0 || !strings.Contains(out, "free") {
+		t.Errorf("status --redis-sentinel with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, nil, append([]string{"doctor", "--redis-sentinel", url}, m.flags()...)...)
+	t.Logf("doctor: exit %d\n%s%s", code, out, errOut)
+	if code == cli.ExitUsage || strings.Contains(out+errOut, "unreachable") || !strings.Contains(out, replica.Addr) {
+		t.Errorf("doctor --redis-sentinel with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// TestTLSClientCertificateWrong: a client certificate signed by a CA the
+// server does not trust: exit 2 for exec, status and doctor, naming the TLS
+// failure, at once rather than after --wait.
+func TestTLSClientCertificateWrong(t *testing.T) {
+	t.Parallel()
+	m := newMTLS(t)
+	srv := redistest.StartTLS(t, m.ca, authClients...)
+	other := redistest.NewTLS(t)
+	wrong := []string{"--redis-tls-cert", other.CertFile, "--redis-tls-key", other.KeyFile, "--redis-tls-ca", m.ca.CAFile}
+	url := "rediss://" + srv.Addr
+	for _, args := range [][]string{
+		{"exec", "--wait", "5s", "--redis", url, "lock:x", "--", "true"},
+		{"status", "--redis", url, "lock:x"},
+		{"doctor", "--redis", url},
+	} {
+		start := time.Now()
+		out, errOut, code := fence(t, nil, withFlags(args, wrong...)...)
+		took := time.Since(start)
+		t.Logf("%s: exit %d after %v: %s", args[0], code, took, errOut)
+		if code != cli.ExitUsage || !strings.Contains(errOut, "tls: ") || !strings.Contains(errOut, "certificate") || took > 4*time.Second {
+			t.Errorf("%s with a client certificate of another CA: exit %d after %v, stdout %q, stderr %q; want %d naming the TLS failure", args[0], code, took, out, errOut, cli.ExitUsage)
+		}
+	}
+}
+
+// TestTLSClientCertificateFlagErrors: TLS flags that cannot work are exit 2
+// before any connection (the URLs name a listener that never answers, which
+// would hold each command for seconds), naming the flag, the file and why.
+func TestTLSClientCertificateFlagErrors(t *testing.T) {
+	t.Parallel()
+	m := newMTLS(t)
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.pem")
+	if err := os.WriteFile(garbage, []byte("not PEM\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+	other := redistest.NewTLS(t) // a key that is not the certificate's
+	hole := silent.Addr(t)
+	tlsURL, plainURL := "rediss://"+hole, "redis://"+hole
+	certKey := []string{"--redis-tls-cert", m.client.CertFile, "--redis-tls-key", m.client.KeyFile}
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want []string
+	}{
+		{nil, []string{"exec", "--redis", tlsURL, "--redis-tls-cert", m.client.CertFile, "lock:x", "--", "true"}, []string{"--redis-tls-cert needs --redis-tls-key"}},
+		{nil, []string{"status", "--redis", tlsURL, "--redis-tls-key", m.client.KeyFile, "lock:x"}, []string{"--redis-tls-key needs --redis-tls-cert"}},
+		{[]string{"FENCE_REDIS_TLS_CERT=" + m.client.CertFile}, []string{"doctor", "--redis", tlsURL}, []string{"FENCE_REDIS_TLS_CERT", "needs --redis-tls-key"}},
+		{nil, append([]string{"exec", "--redis", plainURL, "lock:x"}, append(certKey, "--", "true")...), []string{"--redis-tls-cert needs a rediss:// URL", plainURL}},
+		{nil, []string{"status", "--redis", plainURL, "--redis-tls-ca", m.ca.CAFile, "lock:x"}, []string{"--redis-tls-ca needs a rediss:// URL"}},
+		{nil, append([]string{"doctor", "--redis-sentinel", plainURL + "?master_name=m"}, certKey...), []string{"--redis-tls-cert needs a rediss:// URL"}},
+		{nil, append([]string{"status", "--redis-cluster", plainURL, "lock:x"}, certKey...), []string{"--redis-tls-cert needs a rediss:// URL"}},
+		{nil, append([]string{"exec", "--redlock", tlsURL + "," + plainURL + "," + tlsURL, "lock:x"}, append(certKey, "--", "true")...), []string{"--redis-tls-cert needs a rediss:// URL", plainURL}},
+		{nil, append([]string{"doctor", "--redlock", plainURL}, certKey...), []string{"--redis-tls-cert needs a rediss:// URL"}},
+		{nil, append([]string{"exec", "--etcd", "http://" + hole, "lock:x"}, append(certKey, "--", "true")...), []string{"--redis-tls-cert is for Redis servers, not --etcd"}},
+		{nil, []string{"exec", "--redis", tlsURL, "--redis-tls-cert", missing, "--redis-tls-key", m.client.KeyFile, "lock:x", "--", "true"}, []string{"--redis-tls-cert", missing, "no such file"}},
+		{nil, []string{"status", "--redis", tlsURL, "--redis-tls-cert", m.client.CertFile, "--redis-tls-key", garbage, "lock:x"}, []string{"--redis-tls-key", garbage, "PEM"}},
+		{nil, []string{"doctor", "--redis", tlsURL, "--redis-tls-cert", m.client.CertFile, "--redis-tls-key", other.KeyFile}, []string{other.KeyFile, "private key does not match"}},
+		{nil, []string{"status", "--redis", tlsURL, "--redis-tls-ca", garbage, "lock:x"}, []string{"--redis-tls-ca", garbage, "no PEM certificate"}},
+		{nil, []string{"doctor", "--redis", tlsURL, "--redis-tls-ca", missing}, []string{"--redis-tls-ca", missing, "no such file"}},
+		{nil, []string{"status", "--redis", tlsURL, "--redis-tls-cert", "", "lock:x"}, []string{"--redis-tls-cert was given with no value"}},
+	} {
+		start := time.Now()
+		out, errOut, code := fence(t, c.env, c.args...)
+		took := time.Since(start)
+		ok := code == cli.ExitUsage && took < 3*time.Second
+		for _, w := range c.want {
+			ok = ok && strings.Contains(errOut, w)
+		}
+		if !ok {
+			t.Errorf("%v %v: exit %d after %v, stdout %q, stderr %q; want %d at once saying %q", c.env, c.args, code, took, out, errOut, cli.ExitUsage, c.want)
+		}
 	}
 }
 
