@@ -154,11 +154,13 @@ type Sentinels struct {
 // StartSentinels starts n sentinels (redis-server --sentinel), each in a
 // temp dir, monitoring primary as "mymaster" with quorum n/2+1, declaring
 // it down after 1 s. Sentinels of a primary started with StartTLS speak
-// TLS alone, to it and its replicas too. The caller must Close them.
-func StartSentinels(primary *Server, n int) (*Sentinels, error) {
+// TLS alone, to it and its replicas too. Extra arguments come last
+// ("--tls-auth-clients", "yes" asks clients for certificates). The caller
+// must Close them.
+func StartSentinels(primary *Server, n int, extra ...string) (*Sentinels, error) {
 	s := &Sentinels{Master: "mymaster"}
 	for range n {
-		srv, err := startSentinel(s.Master, primary, n/2+1)
+		srv, err := startSentinel(s.Master, primary, n/2+1, extra)
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("sentinel: %w", err)
@@ -168,7 +170,7 @@ func StartSentinels(primary *Server, n int) (*Sentinels, error) {
 	return s, nil
 }
 
-func startSentinel(master string, primary *Server, quorum int) (*Server, error) {
+func startSentinel(master string, primary *Server, quorum int, extra []string) (*Server, error) {
 	dir, _, err := useDir("", "sentinel")
 	if err != nil {
 		return nil, err
@@ -187,7 +189,8 @@ func startSentinel(master string, primary *Server, quorum int) (*Server, error) 
 		if primary.TLS != nil {
 			listen = primary.TLS.args(port)
 		}
-		return append([]string{conf, "--sentinel"}, append(listen, "--bind", "127.0.0.1", "--daemonize", "no")...)
+		args := append([]string{conf, "--sentinel"}, append(listen, "--bind", "127.0.0.1", "--daemonize", "no")...)
+		return append(args, extra...)
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)

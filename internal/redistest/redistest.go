@@ -140,10 +140,11 @@ func (s *Sentinels) Addrs() []string { return s.s.Addrs() }
 
 // StartSentinels starts n sentinels (redis-server --sentinel) monitoring
 // primary as "mymaster" with quorum n/2+1, declaring it down after 1 s.
-// They are stopped in t.Cleanup.
-func StartSentinels(t testing.TB, primary *Server, n int) *Sentinels {
+// Extra arguments come last (see redisserver.StartSentinels). They are
+// stopped in t.Cleanup.
+func StartSentinels(t testing.TB, primary *Server, n int, extra ...string) *Sentinels {
 	t.Helper()
-	rs, err := redisserver.StartSentinels(primary.Server, n)
+	rs, err := redisserver.StartSentinels(primary.Server, n, extra...)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}

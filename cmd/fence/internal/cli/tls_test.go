@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/fencekit/fence/internal/redisserver"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/internal/silent"
+	"github.com/redis/go-redis/v9"
 )
 
 // trustCA is the environment that makes fence (Go on Linux) trust the test
@@ -292,6 +294,21 @@ func withFlags(args []string, flags ...string) []string {
 	return slices.Concat(args[:i], flags, args[i:])
 }
 
+// refusesWithoutCert fails t unless the TLS server at addr refuses a
+// client that presents no certificate: the check that the server under test
+// does ask for one.
+func refusesWithoutCert(t *testing.T, m mtls, addr string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, DialerRetries: 1, MaxRetries: -1,
+		TLSConfig: &tls.Config{RootCAs: m.ca.Pool, MinVersion: tls.VersionTLS12}})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("%s answered a client without a certificate: %v", addr, err)
+	}
+}
+
 // authClients asks a TLS server for a client certificate.
 var authClients = []string{"--tls-auth-clients", "yes"}
 
@@ -308,6 +325,8 @@ func TestTLSClientCertificateGiven(t *testing.T) {
 	srv := redistest.StartTLS(t, m.ca, authClients...)
 	replica := redistest.StartReplica(t, srv, authClients...)
 	redistest.WaitReplicated(t, srv, 1)
+	refusesWithoutCert(t, m, srv.Addr)
+	refusesWithoutCert(t, m, replica.Addr)
 	url := "rediss://" + srv.Addr
 	out, errOut, code := fence(t, trustCA(m.ca.CAFile), "exec", "--redis", url,
 		"--redis-tls-cert", m.client.CertFile, "--redis-tls-key", m.client.KeyFile, "lock:x", "--", "echo", "ran")
@@ -331,20 +350,23 @@ func TestTLSClientCertificateGiven(t *testing.T) {
 	}
 }
 
-// TestTLSClientCertificateSentinel: --redis-sentinel over TLS, the primary
-// and its replica asking for client certificates, the CA given by
-// --redis-tls-ca alone (so the sentinels are verified with it too): exec,
-// status and doctor present the certificate to the primary the sentinels
-// name and to the replica.
+// TestTLSClientCertificateSentinel: --redis-sentinel over TLS, the
+// sentinels, the primary and its replica all asking for client
+// certificates, the CA given by --redis-tls-ca alone: exec, status and
+// doctor present the certificate to the sentinels, to the primary they name
+// and (the doctor) to the replica.
 func TestTLSClientCertificateSentinel(t *testing.T) {
 	t.Parallel()
 	m := newMTLS(t)
 	primary := redistest.StartTLS(t, m.ca, authClients...)
 	replica := redistest.StartReplica(t, primary, authClients...)
 	redistest.WaitReplicated(t, primary, 1)
-	s := redistest.StartSentinels(t, primary, 1)
+	s := redistest.StartSentinels(t, primary, 2, authClients...)
 	redistest.WaitSentinelsReady(t, s, 1)
-	url := "rediss://" + s.Addrs()[0] + "?master_name=" + s.Master
+	for _, a := range append(s.Addrs(), primary.Addr, replica.Addr) {
+		refusesWithoutCert(t, m, a)
+	}
+	url := "rediss://" + s.Addrs()[0] + "?master_name=" + s.Master + "&addr=" + s.Addrs()[1]
 	out, errOut, code := fence(t, nil, withFlags([]string{"exec", "--redis-sentinel", url, "lock:x", "--", "echo", "ran"}, m.flags()...)...)
 	if code != 0 || out != "ran\n" {
 		t.Errorf("exec --redis-sentinel with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
@@ -357,6 +379,46 @@ func TestTLSClientCertificateSentinel(t *testing.T) {
 	t.Logf("doctor: exit %d\n%s%s", code, out, errOut)
 	if code == cli.ExitUsage || strings.Contains(out+errOut, "unreachable") || !strings.Contains(out, replica.Addr) {
 		t.Errorf("doctor --redis-sentinel with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// TestTLSClientCertificateRedlockCluster: --redlock over three masters and
+// --redis-cluster over three nodes, every one asking for client
+// certificates: exec and doctor present the certificate to each.
+func TestTLSClientCertificateRedlockCluster(t *testing.T) {
+	t.Parallel()
+	m := newMTLS(t)
+	a, b, c := redistest.StartTLS(t, m.ca, authClients...), redistest.StartTLS(t, m.ca, authClients...), redistest.StartTLS(t, m.ca, authClients...)
+	urls := "rediss://" + a.Addr + ",rediss://" + b.Addr + ",rediss://" + c.Addr
+	out, errOut, code := fence(t, nil, withFlags([]string{"exec", "--redlock", urls, "lock:x", "--", "echo", "ran"}, m.flags()...)...)
+	if code != 0 || out != "ran\n" {
+		t.Errorf("exec --redlock with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, nil, append([]string{"doctor", "--json", "--redlock", urls}, m.flags()...)...)
+	if code == cli.ExitUsage || strings.Contains(out, "unreachable") || !strings.Contains(out, c.Addr) {
+		t.Errorf("doctor --redlock with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	cl := redistest.StartClusterTLS(t, m.ca, 3, 0)
+	for _, n := range cl.Servers {
+		// The nodes' own links present their certificates (client auth too).
+		if err := n.Client(t).ConfigSet(context.Background(), "tls-auth-clients", "yes").Err(); err != nil {
+			t.Fatal(err)
+		}
+		refusesWithoutCert(t, m, n.Addr)
+	}
+	url := "rediss://" + cl.Addrs()[0]
+	out, errOut, code = fence(t, nil, withFlags([]string{"exec", "--redis-cluster", url, "lock:x", "--", "echo", "ran"}, m.flags()...)...)
+	if code != 0 || out != "ran\n" {
+		t.Errorf("exec --redis-cluster with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, nil, append([]string{"doctor", "--json", "--redis-cluster", url}, m.flags()...)...)
+	for _, s := range cl.Servers {
+		if !strings.Contains(out, `"node":"`+s.Addr+`"`) {
+			t.Errorf("doctor --redis-cluster with a client certificate has no finding on %s", s.Addr)
+		}
+	}
+	if code == cli.ExitUsage || strings.Contains(out, "unreachable") {
+		t.Errorf("doctor --redis-cluster with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
 
