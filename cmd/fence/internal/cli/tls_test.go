@@ -422,6 +422,45 @@ func TestTLSClientCertificateRedlockCluster(t *testing.T) {
 	}
 }
 
+// TestTLSDoctorReplicaRefusesClientCertificate: the primary does not ask
+// for a client certificate, its replica does: without one given, or with
+// one from a CA the replica does not trust, the doctor's finding on the
+// replica must name the TLS refusal and say how to present a certificate
+// (--redis-tls-cert), not only how to trust the server's.
+func TestTLSDoctorReplicaRefusesClientCertificate(t *testing.T) {
+	t.Parallel()
+	m := newMTLS(t)
+	primary := redistest.StartTLS(t, m.ca)
+	replica := redistest.StartReplica(t, primary, authClients...)
+	redistest.WaitReplicated(t, primary, 1)
+	other := redistest.NewTLS(t)
+	for _, c := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--redis-tls-ca", m.ca.CAFile}, "certificate required"},
+		{[]string{"--redis-tls-ca", m.ca.CAFile, "--redis-tls-cert", other.CertFile, "--redis-tls-key", other.KeyFile}, "unknown certificate authority"},
+	} {
+		out, errOut, code := fence(t, nil, append([]string{"doctor", "--json", "--redis", "rediss://" + primary.Addr}, c.flags...)...)
+		t.Logf("doctor %v: exit %d\n%s%s", c.flags, code, out, errOut)
+		var report struct {
+			Findings []struct{ ID, Node, Why, Fix string }
+		}
+		if err := json.Unmarshal([]byte(out), &report); err != nil {
+			t.Fatalf("doctor --json: %v: %q", err, out)
+		}
+		var why, fix string
+		for _, f := range report.Findings {
+			if f.ID == "node-unreachable" && f.Node == replica.Addr {
+				why, fix = f.Why, f.Fix
+			}
+		}
+		if !strings.Contains(why, "TLS handshake") || !strings.Contains(why, c.want) || !strings.Contains(fix, "--redis-tls-cert") {
+			t.Errorf("doctor %v, a replica refusing the client certificate: finding why %q, fix %q; want the TLS refusal (%s) and --redis-tls-cert in the fix", c.flags, why, fix, c.want)
+		}
+	}
+}
+
 // TestTLSClientCertificateWrong: a client certificate signed by a CA the
 // server does not trust: exit 2 for exec, status and doctor, naming the TLS
 // failure, at once rather than after --wait.

@@ -51,7 +51,10 @@ func checkReachable(d *deployment) []Finding {
 			// looking for a network fault.
 			what = fmt.Sprintf("failed the TLS handshake (%v)", tlsErr)
 			effect = "its persistence and eviction settings, which a failover to it brings along, went unchecked"
-			fix = "give every node a certificate from a CA this host trusts (SSL_CERT_FILE names a CA bundle) that names the address the deployment lists it by, or run the doctor against it separately"
+			fix = "give every node a certificate from a CA this host trusts (--redis-tls-ca or SSL_CERT_FILE names a CA bundle) that names the address the deployment lists it by, or run the doctor against it separately"
+			if clientRefused(tlsErr) {
+				fix = clientCertFix + ", or run the doctor against it separately"
+			}
 		} else if errors.As(d.why[addr], &ae) {
 			what = fmt.Sprintf("refused the credentials (%v)", ae.error)
 			fix = "give this node's user and password in its URL, as the lockers use them"
@@ -329,16 +332,27 @@ func checkSentinel(d *deployment) []Finding {
 		}
 		fix := "restart the sentinels or fix the addresses in --redis-sentinel"
 		var failed []string
+		verify, refused := false, false
 		for _, addr := range sv.unreachable {
 			if err := sv.tlsFailed[addr]; err != nil {
 				failed = append(failed, fmt.Sprintf("%s failed the TLS handshake (%v)", addr, err))
+				if clientRefused(err) {
+					refused = true
+				} else {
+					verify = true
+				}
 			}
 		}
 		if len(failed) > 0 {
 			// They answered: "unreachable" alone sent users looking for
 			// a network fault.
 			effect = strings.Join(failed, "; ") + "; " + effect
-			fix += "; give every sentinel a certificate from a CA this host trusts (SSL_CERT_FILE names a CA bundle) that names the address --redis-sentinel gives it"
+			if verify {
+				fix += "; give every sentinel a certificate from a CA this host trusts (--redis-tls-ca or SSL_CERT_FILE names a CA bundle) that names the address --redis-sentinel gives it"
+			}
+			if refused {
+				fix += "; " + clientCertFix
+			}
 		}
 		out = append(out, Finding{ID: "sentinel-unreachable", Severity: sev, Node: sv.master,
 			Why: fmt.Sprintf("%d of %d sentinels answered (unreachable: %s): %s", reach, len(sv.addrs), strings.Join(sv.unreachable, ", "), effect),
@@ -625,6 +639,19 @@ func checkRedlock(d *deployment) []Finding {
 			Fix: fmt.Sprintf("CONFIG SET appendonly yes, appendfsync always and no-appendfsync-on-rewrite no on each master, or make a crashed master stay down at least %v before it restarts (e.g. systemd RestartSec)", d.cfg.LeaseTime)})
 	}
 	return out
+}
+
+// clientCertFix is the fix for a node that refused the doctor's TLS
+// handshake with an alert (see clientRefused).
+const clientCertFix = "a node that refuses the TLS handshake (certificate required, unknown certificate authority, bad certificate) asks for a client certificate it trusts: give one with --redis-tls-cert and --redis-tls-key, signed by a CA in the node's tls-ca-cert-file, as the lockers use them"
+
+// clientRefused reports whether err, a tlsRefusal, is the server's alert
+// (it refused the handshake, most often the client's certificate: none
+// given, or one of a CA it does not trust) rather than this host's
+// verification of the server's certificate.
+func clientRefused(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error"
 }
 
 // tlsRefusal returns the part of err that says a TLS handshake failed on
