@@ -459,6 +459,29 @@ func TestTLSDoctorReplicaRefusesClientCertificate(t *testing.T) {
 			t.Errorf("doctor %v, a replica refusing the client certificate: finding why %q, fix %q; want the TLS refusal (%s) and --redis-tls-cert in the fix", c.flags, why, fix, c.want)
 		}
 	}
+	// The same for a sentinel that asks for a client certificate, beside
+	// one that does not.
+	open := redistest.StartSentinels(t, primary, 1)
+	asking := redistest.StartSentinels(t, primary, 1, authClients...)
+	url := "rediss://" + open.Addrs()[0] + "?master_name=" + open.Master + "&addr=" + asking.Addrs()[0]
+	out, errOut, code := fence(t, nil, "doctor", "--json", "--redis-sentinel", url, "--redis-tls-ca", m.ca.CAFile)
+	t.Logf("doctor --redis-sentinel: exit %d\n%s%s", code, out, errOut)
+	var report struct {
+		Findings []struct{ ID, Why, Fix string }
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil {
+		t.Fatalf("doctor --json: %v: %q", err, out)
+	}
+	var why, fix string
+	for _, f := range report.Findings {
+		if f.ID == "sentinel-unreachable" {
+			why, fix = f.Why, f.Fix
+		}
+	}
+	if !strings.Contains(why, asking.Addrs()[0]+" failed the TLS handshake") || !strings.Contains(why, "certificate required") ||
+		!strings.Contains(fix, "--redis-tls-cert") || strings.Contains(fix, "give every sentinel a certificate") {
+		t.Errorf("doctor with a sentinel asking for a client certificate: finding why %q, fix %q; want the TLS refusal and --redis-tls-cert in the fix", why, fix)
+	}
 }
 
 // TestTLSClientCertificateWrong: a client certificate signed by a CA the
