@@ -384,7 +384,8 @@ func TestTLSClientCertificateSentinel(t *testing.T) {
 
 // TestTLSClientCertificateRedlockCluster: --redlock over three masters and
 // --redis-cluster over three nodes, every one asking for client
-// certificates: exec and doctor present the certificate to each.
+// certificates: exec, status (Redlock) and doctor present the certificate
+// to each.
 func TestTLSClientCertificateRedlockCluster(t *testing.T) {
 	t.Parallel()
 	m := newMTLS(t)
@@ -393,6 +394,10 @@ func TestTLSClientCertificateRedlockCluster(t *testing.T) {
 	out, errOut, code := fence(t, nil, withFlags([]string{"exec", "--redlock", urls, "lock:x", "--", "echo", "ran"}, m.flags()...)...)
 	if code != 0 || out != "ran\n" {
 		t.Errorf("exec --redlock with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = fence(t, nil, append([]string{"status", "--redlock", urls, "lock:x"}, m.flags()...)...)
+	if code != 0 {
+		t.Errorf("status --redlock with a client certificate: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	out, errOut, code = fence(t, nil, append([]string{"doctor", "--json", "--redlock", urls}, m.flags()...)...)
 	if code == cli.ExitUsage || strings.Contains(out, "unreachable") || !strings.Contains(out, c.Addr) {
