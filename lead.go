@@ -82,8 +82,10 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // A campaign is an Acquire with a Wait budget. When it succeeds, a term
 // begins: fn runs with the lease and a context that is cancelled when the
 // lease ends (its cause is the lease's Err, matching ErrLeaseLost) or when
-// ctx ends (ctx's cause). When fn returns, the lease is released, the term
-// ends, and after a back-off Lead campaigns again. fn must return soon after
+// ctx ends (ctx's cause, the one given to context.WithCancelCause,
+// WithDeadlineCause or WithTimeoutCause if any; see Run). When fn returns,
+// the lease is released, the term ends, and after a back-off Lead
+// campaigns again. fn must return soon after
 // its context is cancelled: Lead waits for it, so a fn that ignores its
 // context keeps Lead from returning, and a watchdog lease held, for as long
 // as it runs. fn must pass lease.Token() with each write: between the

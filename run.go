@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -18,7 +19,15 @@ const releaseTimeout = 5 * time.Second
 // first: by the lease's end at once (it is done by the time the lease's
 // Done is closed, before the lock can go to another owner through this
 // process), by ctx's end a moment later (from a goroutine; ctx's deadline,
-// which fn's context has too, at once). It has ctx's values. fn must stop
+// which fn's context has too, at once). It has ctx's values. Its Err is
+// what a child of ctx's would say: context.DeadlineExceeded at ctx's
+// deadline, context.Canceled otherwise. Its cause (context.Cause) is the
+// lease's Err when the lease ends first (matching ErrLeaseLost, or
+// ErrReleased), and ctx's cause when ctx ends first: the one given to
+// context.WithCancelCause, WithDeadlineCause or WithTimeoutCause, or ctx's
+// Err. A cancelled ctx's cause is passed as it is; at ctx's deadline the
+// cause is an error that wraps ctx's (read once ctx has ended) and says the
+// same, so compare it with errors.Is, not ==. fn must stop
 // writing when it is, and pass lease.Token() with every
 // write so that the resource can reject it if it comes late anyway. Run
 // returns the error from Acquire if the lock was not taken (fn is not
@@ -90,14 +99,14 @@ func releaseRetrying(ctx context.Context, lease Lease) error {
 // to Acquire, which is ctx. ctx's end cancels it from an AfterFunc, with
 // ctx's cause; when ctx's deadline passes, the same deadline of fn's
 // context ends it with context.DeadlineExceeded, as a child of ctx would
-// have been.
+// have been, and with a cause that is ctx's (see ctxDeadlineCause).
 func workContext(ctx context.Context, lease Lease) (context.Context, func()) {
 	work, cancel := context.WithCancelCause(lease.Context())
 	cancelDeadline := func() {}
 	deadline, hasDeadline := ctx.Deadline()
 	ret := work
 	if hasDeadline {
-		ret, cancelDeadline = context.WithDeadline(work, deadline)
+		ret, cancelDeadline = context.WithDeadlineCause(work, deadline, &ctxDeadlineCause{ctx: ctx})
 	}
 	stop := context.AfterFunc(ctx, func() {
 		if hasDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) && !time.Now().Before(deadline) {
@@ -111,3 +120,47 @@ func workContext(ctx context.Context, lease Lease) (context.Context, func()) {
 		cancel(nil)
 	}
 }
+
+// causeWait bounds how long ctxDeadlineCause waits for a ctx whose
+// deadline has passed to end.
+const causeWait = time.Second
+
+// ctxDeadlineCause is the cause of fn's context when ctx's deadline, which
+// fn's context has too, passes: ctx's own cause then
+// (context.DeadlineExceeded, or the cause given to
+// context.WithDeadlineCause or WithTimeoutCause), as a child of ctx would
+// have. The cause of a context's deadline cannot be read before the
+// deadline fires, and fn's context's timer fires at the same moment as
+// ctx's, maybe first: so the cause is read when it is first asked for,
+// once ctx has ended. A context of the context package whose deadline has
+// passed ends at once; one that does not within causeWait (a Context of
+// its own that reports a deadline it does not keep) gives
+// context.DeadlineExceeded.
+type ctxDeadlineCause struct {
+	ctx  context.Context
+	once sync.Once
+	err  error
+}
+
+func (c *ctxDeadlineCause) cause() error {
+	c.once.Do(func() {
+		if c.ctx.Err() == nil {
+			t := time.NewTimer(causeWait)
+			select {
+			case <-c.ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		c.err = context.Cause(c.ctx)
+		if c.err == nil {
+			c.err = context.DeadlineExceeded
+		}
+	})
+	return c.err
+}
+
+func (c *ctxDeadlineCause) Error() string { return c.cause().Error() }
+
+// Unwrap returns ctx's cause, so that errors.Is and errors.As see it.
+func (c *ctxDeadlineCause) Unwrap() error { return c.cause() }
