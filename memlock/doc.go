@@ -14,6 +14,12 @@
 // watchdog TTL until it is released; and a lease that ends closes its Done
 // channel and cancels its Context with Err as the cause.
 //
+// A Release whose ctx is already done does what the backends' Release does
+// when its request cannot get through: the lease ends at once (Err returns
+// fence.ErrReleased, Done is closed, Context is cancelled), its lock stays
+// held by it until its deadline, and Release returns ctx's error; calling
+// Release again before the deadline frees the lock.
+//
 // Remove deletes a lock behind its holder's back, as an operator or a
 // failover would, so that tests can exercise the lost-lease path.
 //

@@ -2,6 +2,7 @@ package memlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,7 +26,12 @@ type lease struct {
 	deadline time.Time
 	timer    *time.Timer // expires a fixed lease, renews a watchdog lease
 	err      error       // why the lease ended; nil while held
-	released bool        // Release reached a conclusion: err is its result
+	released bool        // Release reached a conclusion: relErr is its result
+	relErr   error       // what Release returns once released
+	// unfreed: the lease ended (err is fence.ErrReleased) by a Release
+	// whose ctx was done, and its lock is still held by it, until its
+	// deadline or a Release retried before then.
+	unfreed bool
 }
 
 var _ fence.Lease = (*lease)(nil)
@@ -55,10 +61,18 @@ func (ls *lease) Err() error {
 func (ls *lease) tick() {
 	ls.l.mu.Lock()
 	defer ls.l.unlock()
+	now := time.Now()
+	if ls.unfreed && now.Before(ls.deadline) {
+		ls.timer.Reset(ls.deadline.Sub(now))
+		return
+	}
+	if ls.unfreed {
+		ls.l.freeLocked(ls)
+		return
+	}
 	if ls.err != nil {
 		return
 	}
-	now := time.Now()
 	if ls.watchdog && now.Before(ls.deadline) {
 		ls.deadline = now.Add(ls.ttl)
 		ls.timer.Reset(ls.ttl / 3)
@@ -107,31 +121,44 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 }
 
 // Release ends the lease and frees the lock if the lease still holds it;
-// see fence.Lease. If ctx is already done while the lease is held, Release
-// leaves the lock held and returns ctx's error, as a backend that could not
-// be reached would; calling Release again retries. A watchdog lease is no
-// longer renewed then, so that the lock expires at its deadline rather than
-// stay held for ever for an owner that gave it up.
+// see fence.Lease. If ctx is done while the lease is held, Release does
+// as the backends do when a server cannot be reached: the lease ends at
+// once (Err returns fence.ErrReleased, Done is closed, Context is
+// cancelled), its lock stays held by it until its deadline (a watchdog
+// lease is renewed no more), and Release returns ctx's error. Calling
+// Release again retries: before the deadline it frees the lock and
+// returns nil; after it, it returns an error matching fence.ErrLeaseLost
+// (as redislock's retry that finds the lock gone). A ctx cancelled by a
+// lease's release (the lease's Context, fence.Run's fn's context) is not
+// done for Release: it can retry with it.
 func (ls *lease) Release(ctx context.Context) error {
 	ls.l.mu.Lock()
 	defer ls.l.unlock()
 	if ls.released {
-		if ls.err == fence.ErrReleased {
-			return nil
-		}
-		return ls.err
+		return ls.relErr
 	}
 	ls.l.expireLocked(ls, time.Now())
-	if ls.err == nil {
-		if err := ctx.Err(); err != nil {
-			ls.watchdog = false // tick expires it at its deadline
+	switch {
+	case ls.err == nil || ls.unfreed:
+		if err := ctx.Err(); err != nil && (errors.Is(err, context.DeadlineExceeded) || !errors.Is(context.Cause(ctx), fence.ErrReleased)) {
+			if ls.err == nil {
+				ls.l.endUnfreedLocked(ls)
+			}
 			return fmt.Errorf("memlock: release %q: %w", ls.name, err)
 		}
-		ls.l.endLocked(ls, fence.ErrReleased)
+		if ls.unfreed {
+			ls.l.freeLocked(ls)
+		} else {
+			ls.l.endLocked(ls, fence.ErrReleased)
+		}
+		ls.relErr = nil
+	case ls.err == fence.ErrReleased:
+		// A Release that failed ended it; its lock has expired or was
+		// removed since.
+		ls.relErr = fmt.Errorf("%w: %q expired or was removed after a Release that failed", fence.ErrLeaseLost, ls.name)
+	default:
+		ls.relErr = ls.err
 	}
 	ls.released = true
-	if ls.err == fence.ErrReleased {
-		return nil
-	}
-	return ls.err
+	return ls.relErr
 }

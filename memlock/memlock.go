@@ -223,6 +223,10 @@ func (l *Locker) Remove(name string) bool {
 	if lk == nil {
 		return false
 	}
+	if lk.holder.unfreed { // ended already, by a Release that failed
+		l.freeLocked(lk.holder)
+		return true
+	}
 	l.endLockedAs(lk.holder, fmt.Errorf("%w: %q was removed", fence.ErrLeaseLost, name), fence.LostRemoved)
 	return true
 }
@@ -247,8 +251,13 @@ func (l *Locker) grantLocked(ctx context.Context, name string, lk *lock, o fence
 }
 
 // expireLocked ends ls if its deadline has passed at now, in case its timer
-// has not fired yet. The caller holds l.mu.
+// has not fired yet, and frees the lock of an unfreed lease whose deadline
+// has passed. The caller holds l.mu.
 func (l *Locker) expireLocked(ls *lease, now time.Time) {
+	if ls.unfreed && !now.Before(ls.deadline) {
+		l.freeLocked(ls)
+		return
+	}
 	if ls.err == nil && !now.Before(ls.deadline) {
 		cause := fence.LostExpired
 		if ls.watchdog {
@@ -274,6 +283,28 @@ func (l *Locker) endLockedAs(ls *lease, why error, cause fence.LeaseCause) {
 	if l.obs != nil && cause != "" { // reported by unlock
 		l.ended = append(l.ended, fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
+	l.freeLocked(ls)
+}
+
+// endUnfreedLocked ends ls as released, but leaves its lock held by it
+// until its deadline (or a Release retried in time), as a Release that
+// could not reach a server leaves it: for a Release whose ctx was done.
+// The caller holds l.mu; ls has not ended.
+func (l *Locker) endUnfreedLocked(ls *lease) {
+	ls.err = fence.ErrReleased
+	ls.unfreed = true
+	ls.watchdog = false // tick frees the lock at its deadline
+	ls.timer.Reset(max(time.Until(ls.deadline), 0))
+	ls.cancel(fence.ErrReleased)
+	if l.obs != nil {
+		l.ended = append(l.ended, fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: fence.Released, Held: time.Since(ls.granted), Err: fence.ErrReleased})
+	}
+}
+
+// freeLocked frees the lock of ls, if ls still holds it: the first waiter
+// gets it, or the lock is deleted. The caller holds l.mu.
+func (l *Locker) freeLocked(ls *lease) {
+	ls.unfreed = false
 	lk := l.locks[ls.name]
 	if lk == nil || lk.holder != ls {
 		return

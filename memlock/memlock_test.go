@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -340,6 +341,10 @@ func TestReleaseTwiceAndExtendAfterRelease(t *testing.T) {
 
 // Release with a done ctx is not conclusive: the lock stays held and a
 // later Release frees it.
+// A Release with a done ctx does as the backends do when the server
+// cannot be reached (see TestReleaseWithDoneCtxEndsLease): the lease ends
+// at once, its lock stays held until its deadline, and Release returns
+// ctx's error; Extend cannot revive it.
 func TestReleaseWithDoneContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := newLocker(t, time.Second)
@@ -349,16 +354,90 @@ func TestReleaseWithDoneContext(t *testing.T) {
 		if err := lease.Release(ctx); !errors.Is(err, context.Canceled) {
 			t.Fatalf("Release(cancelled) = %v, want Canceled", err)
 		}
-		if lease.Err() != nil {
-			t.Fatalf("lease ended: %v", lease.Err())
+		if !errors.Is(lease.Err(), fence.ErrReleased) {
+			t.Fatalf("lease Err %v after Release(cancelled), want ErrReleased", lease.Err())
 		}
-		if err := lease.Extend(ctx, time.Hour); !errors.Is(err, context.Canceled) {
-			t.Fatalf("Extend(cancelled) = %v, want Canceled", err)
+		select {
+		case <-lease.Done():
+		default:
+			t.Fatal("Done open after Release(cancelled)")
+		}
+		if err := lease.Extend(context.Background(), time.Hour); !errors.Is(err, fence.ErrLeaseLost) || !errors.Is(err, fence.ErrReleased) {
+			t.Fatalf("Extend after Release(cancelled) = %v, want ErrLeaseLost and ErrReleased", err)
 		}
 		if got := time.Until(lease.Deadline()); got != time.Minute {
-			t.Fatalf("Extend with a cancelled ctx moved the deadline to %v from now", got)
+			t.Fatalf("Extend after Release(cancelled) moved the deadline to %v from now", got)
 		}
+		if _, err := l.Acquire(context.Background(), "n"); !errors.Is(err, fence.ErrHeld) {
+			t.Fatalf("Acquire after Release(cancelled) = %v, want ErrHeld (the lock held until its deadline)", err)
+		}
+		mustRelease(t, lease) // retried in time: frees the lock
 		mustRelease(t, lease)
+		mustRelease(t, mustAcquire(t, l, "n"))
+	})
+}
+
+// After a Release with a done ctx, the lock is freed at the lease's
+// deadline (to a waiter, for a watchdog lease too, which is renewed no
+// more), and a Release retried after that reports the lease lost.
+func TestReleaseWithDoneContextExpires(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		for _, opts := range [][]fence.Option{{fence.TTL(time.Minute)}, nil} {
+			l := newLocker(t, time.Minute)
+			lease := mustAcquire(t, l, "n", opts...)
+			deadline := lease.Deadline()
+			if err := lease.Release(done); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Release(done) = %v", err)
+			}
+			next, err := l.Acquire(context.Background(), "n", fence.Wait(time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if at := time.Now(); at.Before(deadline) || at.After(deadline.Add(time.Second)) {
+				t.Fatalf("opts %v: the lock was handed over at %v, the failed lease's deadline %v", opts, at, deadline)
+			}
+			if err := lease.Release(context.Background()); !errors.Is(err, fence.ErrLeaseLost) {
+				t.Fatalf("Release retried after the deadline = %v, want ErrLeaseLost", err)
+			}
+			if !errors.Is(lease.Err(), fence.ErrReleased) || next.Err() != nil {
+				t.Fatalf("old lease Err %v, new %v", lease.Err(), next.Err())
+			}
+			mustRelease(t, next)
+		}
+	})
+}
+
+// Remove frees the lock of a lease whose Release failed; its retried
+// Release then reports it lost, and frees nobody else's lock.
+func TestReleaseWithDoneContextRemoved(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		l, err := memlock.New(&memlock.Options{Observer: rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease := mustAcquire(t, l, "n", fence.TTL(time.Minute))
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = lease.Release(done)
+		if !l.Remove("n") {
+			t.Fatal("Remove: the lock of a failed Release was not held")
+		}
+		next := mustAcquire(t, l, "n")
+		if err := lease.Release(context.Background()); !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Release after Remove = %v, want ErrLeaseLost", err)
+		}
+		if next.Err() != nil {
+			t.Fatalf("the old lease's Release ended the new holder's: %v", next.Err())
+		}
+		mustRelease(t, next)
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		if want := []fence.LeaseCause{fence.Released, fence.Released}; !slices.Equal(rec.ends, want) {
+			t.Errorf("ends reported %v, want %v (the failed Release's once)", rec.ends, want)
+		}
 	})
 }
 

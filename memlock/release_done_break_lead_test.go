@@ -16,13 +16,11 @@ import (
 // Context". redislock ends the lease locally before its script goes out,
 // whatever ctx; memlock, the reference, keeps a lease whose Release got a
 // done ctx fully alive: Err nil, Done open, Context live, until its
-// deadline. A careless `defer lease.Release(r.Context())` after the client
+// deadline (until this change). A careless `defer lease.Release(r.Context())` after the client
 // went away then leaves work on lease.Context() running for the whole TTL
 // on memlock, and stops it at once on Redis: tests on memlock do not show
 // what production does.
 func TestReleaseWithDoneCtxEndsLease(t *testing.T) {
-	t.Skip("design question: memlock's Release with a done ctx leaves the lease held (Err nil, Context live) to mimic an unreachable backend, and memlock's TestReleaseWithDoneContext pins that; redislock (and, per fencetest's comment, the others) end the lease locally at once and leave only the lock held until its deadline. " +
-		"The fix I would choose: end the lease (Err ErrReleased, Context cancelled) and keep the lock held by it until its deadline or a retried Release, as the backends do; it changes memlock's documented behaviour and its test, so it needs a decision")
 	synctest.Test(t, func(t *testing.T) {
 		l := newLocker(t, time.Second)
 		lease := mustAcquire(t, l, "n", fence.TTL(time.Minute))
