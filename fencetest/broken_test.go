@@ -3,6 +3,7 @@ package fencetest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -44,6 +45,7 @@ var bugs = []struct {
 	{name: "release-unchecked", caught: "ExpiryFreesTheLock", what: "Release of a lost lease deletes the lock whoever holds it"},
 	{name: "acquire-done-ctx", caught: "CancelledContext", what: "Acquire with a ctx already done takes the lock"},
 	{name: "context-follows-acquire-ctx", caught: "WatchdogKeepsLease", what: "the lease's Context is cancelled when Acquire's ctx ends, the lock still held"},
+	{name: "release-done-keeps-lease", caught: "ReleaseWithDoneContextEndsLease", what: "Release with a done ctx returns ctx's error and leaves the lease held (Err nil, Context live)"},
 	{name: "context-drops-values", caught: "Run", what: "the lease's Context lacks the values of Acquire's ctx (fence.Run's fn's ctx is a child of it)"},
 }
 
@@ -295,6 +297,9 @@ func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
 }
 
 func (ls *brokenLease) Release(ctx context.Context) error {
+	if ls.bug == "release-done-keeps-lease" && ctx.Err() != nil && ls.Lease.Err() == nil {
+		return fmt.Errorf("release: %w", ctx.Err()) // checked before the lease ends
+	}
 	if (ls.bug == "deadline-late" || ls.bug == "done-late") && ctx.Err() == nil {
 		ls.cancel(fence.ErrReleased)     // the lease ends as Release starts,
 		ctx = context.WithoutCancel(ctx) // which must not cancel the delete

@@ -117,6 +117,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("LeaseLostWhenTaken", s.lostWhenTaken)
 	t.Run("ReleaseIdempotent", s.releaseIdempotent)
 	t.Run("ReleaseWithDoneContext", s.releaseDoneContext)
+	t.Run("ReleaseWithDoneContextEndsLease", s.releaseDoneEndsLease)
 	t.Run("ReleaseWithLeaseContext", s.releaseLeaseContext)
 	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)
@@ -477,6 +478,50 @@ func (s suite) releaseDoneContext(t *testing.T) {
 		t.Fatalf("the old lease's second Release ended the new holder's lease: %v", err)
 	}
 	mustRelease(t, b)
+}
+
+// releaseDoneEndsLease: a Release whose context is already done ends the
+// lease at once all the same, as every Release does before its request
+// goes out: Err matches ErrReleased, Done is closed, and Context is
+// cancelled with ErrReleased, so that work under the lease's Context stops
+// as it would after a Release that got through (a careless deferred
+// Release(r.Context()) after the client went away must not leave it
+// running for the whole lease time on one backend and stop it at once on
+// another). Release returns nil or ctx's error; Extend cannot revive the
+// lease; a Release retried with a live ctx frees the lock at once (or
+// finds it gone, if the first one got through after all).
+func (s suite) releaseDoneEndsLease(t *testing.T) {
+	l := s.cfg.New(t)
+	n := name(t)
+	lease := mustAcquire(t, l, n, fence.TTL(time.Minute))
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	relErr := lease.Release(done)
+	if relErr != nil && !errors.Is(relErr, context.Canceled) {
+		t.Errorf("Release(done ctx) = %v, want nil or an error matching context.Canceled", relErr)
+	}
+	if err := lease.Err(); !errors.Is(err, fence.ErrReleased) {
+		t.Errorf("after Release(done ctx) = %v: Err %v, want ErrReleased", relErr, err)
+	}
+	select {
+	case <-lease.Done():
+	default:
+		t.Errorf("after Release(done ctx) = %v: Done is open", relErr)
+	}
+	if lctx := lease.Context(); lctx.Err() == nil || !errors.Is(context.Cause(lctx), fence.ErrReleased) {
+		t.Errorf("after Release(done ctx) = %v: Context Err %v, cause %v; want cancelled with ErrReleased", relErr, lctx.Err(), context.Cause(lctx))
+	}
+	if err := lease.Extend(ctxFor(t), time.Minute); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Extend after Release(done ctx) = %v, want ErrLeaseLost", err)
+	}
+	if err := lease.Release(ctxFor(t)); err != nil && (relErr == nil || !errors.Is(err, fence.ErrLeaseLost)) {
+		t.Fatalf("Release(done ctx) = %v, then Release retried = %v", relErr, err)
+	}
+	next, err := s.cfg.New(t).Acquire(ctxFor(t), n, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("Release(done ctx) = %v, then a retried Release: the lock is not free: %v", relErr, err)
+	}
+	mustRelease(t, next)
 }
 
 // releaseLeaseContext: a Release given a context that the lease's end
