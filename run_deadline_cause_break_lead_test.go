@@ -159,3 +159,27 @@ func TestLeadCtxDeadlineKeepsCtxCause(t *testing.T) {
 		}
 	})
 }
+
+// In real time, fn's ctx's deadline timer and ctx's fire in either order:
+// the cause fn reads is ctx's every time.
+func TestRunCtxDeadlineCauseRealTimers(t *testing.T) {
+	l := newMemlock(t)
+	why := errors.New("shutdown: drain deadline")
+	for i := range 200 {
+		ctx, cancel := context.WithTimeoutCause(context.Background(), time.Millisecond, why)
+		err := fence.Run(ctx, l, "n", func(fctx context.Context, _ fence.Lease) error {
+			<-fctx.Done()
+			if !errors.Is(fctx.Err(), context.DeadlineExceeded) || !errors.Is(context.Cause(fctx), why) {
+				t.Errorf("run %d: fn's ctx Err %v, cause %v; want DeadlineExceeded and %v", i, fctx.Err(), context.Cause(fctx), why)
+			}
+			return nil
+		})
+		cancel()
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
