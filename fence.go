@@ -63,11 +63,10 @@ type Lease interface {
 	Extend(ctx context.Context, ttl time.Duration) error
 	// Release ends the lease and deletes the lock if this lease still owns
 	// it; it never deletes another owner's lock. The lease ends before the
-	// delete is sent (Err, Done and Context say so at once), also when ctx
-	// is already done and nothing is sent (Release then returns ctx's
-	// error, and the lock stays held until its lease time ends or Release
-	// is called again): another owner
-	// may hold the lock before Release returns. That end does not cancel
+	// delete is sent (Err, Done and Context say so at once): another owner
+	// may hold the lock before Release returns. It ends so even when ctx is
+	// already done: Release then returns ctx's error (or nil, from a
+	// backend that sent its delete all the same). That end does not cancel
 	// Release's own requests when ctx is one it cancels (Context, or the
 	// context Run gives fn). It returns nil if the lock
 	// was released, an error matching ErrLeaseLost if the lease had already
