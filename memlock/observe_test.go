@@ -61,6 +61,17 @@ func TestObserver(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-b.Done()
+	// The expiry is reported by the lease's timer once it has unlocked
+	// the Locker, after Done closed: wait for it, or c's release may be
+	// reported first.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		rec.mu.Lock()
+		n := len(rec.ends)
+		rec.mu.Unlock()
+		if n >= 2 || time.Now().After(deadline) {
+			break
+		}
+	}
 	c, err := l.Acquire(ctx, "c")
 	if err != nil {
 		t.Fatal(err)
