@@ -56,6 +56,19 @@ var (
 	// it would have carried the lease's token, and the request's body, to
 	// a server the caller did not choose. Nothing was sent there.
 	ErrCrossOrigin = errors.New("guard: redirect to another origin")
+
+	// ErrReplayed means a call was sent again with the token and the call
+	// id (see WithCall) of the call the store last accepted for the
+	// resource: a resend of a call that was applied. The store did
+	// nothing this time (the work is not done twice); it is not
+	// ErrStale, since no newer token was accepted. Middleware and Gate
+	// answer it 200 with a Fence-Replayed header (see Middleware).
+	ErrReplayed = errors.New("guard: call already accepted (a resend)")
+
+	// ErrInvalidCall means a call id (see WithCall) was longer than 128
+	// bytes or held bytes other than ASCII letters,
+	// digits, '-', '_', '.' or ':'; nothing was sent to the store.
+	ErrInvalidCall = errors.New("guard: invalid call id")
 )
 
 // StaleError reports a rejected token and the last one accepted. It matches

@@ -137,7 +137,13 @@ const (
 	ProblemStore    = "urn:fence:problem:store-unavailable"
 	ProblemTooLarge = "urn:fence:problem:body-too-large"
 	ProblemBody     = "urn:fence:problem:unreadable-body"
+	ProblemCall     = "urn:fence:problem:invalid-call"
 )
+
+// Replayed is the type of the application/json body (a Problem) of the
+// answer to a resend of a call that was applied (ErrReplayed): 200, with
+// the header Fence-Replayed: true.
+const Replayed = "urn:fence:replayed"
 
 // Middleware runs a request's handler only if the request's Fence-Token is
 // greater than the last token store accepted for the request's resource,
@@ -208,7 +214,7 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			resource, token, ok := g.admit(w, r)
+			resource, token, call, ok := g.admit(w, r)
 			if !ok {
 				return
 			}
@@ -222,7 +228,7 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 			var buf *responseBuffer
 			var p recovered
 			var handed *http.Request // the copy the last run was given
-			err := store.Do(r.Context(), g.namespace+resource, token, func(ctx context.Context) error {
+			err := store.Do(WithCall(r.Context(), call), g.namespace+resource, token, func(ctx context.Context) error {
 				removeForm(handed, r)
 				g.decided(resource, token, fence.GuardAccept)
 				buf, p = &responseBuffer{header: make(http.Header)}, recovered{}
@@ -285,11 +291,11 @@ func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			resource, token, ok := g.admit(w, r)
+			resource, token, call, ok := g.admit(w, r)
 			if !ok {
 				return
 			}
-			if err := a.Accept(r.Context(), g.namespace+resource, token); err != nil {
+			if err := a.Accept(WithCall(r.Context(), call), g.namespace+resource, token); err != nil {
 				g.reject(w, r, resource, token, err)
 				return
 			}
@@ -342,9 +348,9 @@ func newHTTPGuard(o HTTPOptions) *httpGuard {
 	return g
 }
 
-// admit chooses the request's resource and reads its token; when either is
-// unusable it answers 400 and returns false.
-func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence.Token, bool) {
+// admit chooses the request's resource and reads its token and call id;
+// when one is unusable it answers 400 and returns false.
+func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence.Token, string, bool) {
 	resource, err := g.resource(r)
 	if err == nil && resource == "" {
 		// Not a resource but a chooser's mistake (r.PathValue before the
@@ -359,7 +365,7 @@ func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence
 		g.debug(r, "guard: no fenced resource for the request", err)
 		writeProblem(w, Problem{Type: ProblemResource, Title: "No fenced resource", Status: http.StatusBadRequest,
 			Detail: "The server could not tell which fenced resource this request is for."})
-		return "", 0, false
+		return "", 0, "", false
 	}
 	token, err := g.token(r)
 	if err != nil {
@@ -368,9 +374,27 @@ func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence
 			Detail: "Send one " + TokenHeader + " header: the lease's token, a decimal number from 1 to " +
 				strconv.FormatInt(1<<63-1, 10) + ", not far ahead of the server's clock.",
 			Resource: resource})
-		return "", 0, false
+		return "", 0, "", false
 	}
-	return resource, token, true
+	call := ""
+	switch v := r.Header.Values(CallHeader); len(v) {
+	case 0:
+	case 1:
+		call, err = v[0], checkCall(v[0])
+		if err == nil && call == "" {
+			err = fmt.Errorf("%w: an empty %s header", ErrInvalidCall, CallHeader)
+		}
+	default:
+		err = fmt.Errorf("%w: want at most one %s header, got %d", ErrInvalidCall, CallHeader, len(v))
+	}
+	if err != nil {
+		g.debug(r, "guard: invalid call id", err, slog.String("resource", resource))
+		writeProblem(w, Problem{Type: ProblemCall, Title: "Invalid call id", Status: http.StatusBadRequest,
+			Detail:   "Send at most one " + CallHeader + " header: 1 to 128 ASCII letters, digits, '-', '_', '.' or ':'.",
+			Resource: resource, Token: token})
+		return "", 0, "", false
+	}
+	return resource, token, call, true
 }
 
 // readBody reads r's body, up to g.maxBody bytes, and returns a shallow
@@ -478,6 +502,20 @@ func (g *httpGuard) token(r *http.Request) (fence.Token, error) {
 // reject answers a request the store did not let through: 409 when its
 // token is stale, 503 when the store failed.
 func (g *httpGuard) reject(w http.ResponseWriter, r *http.Request, resource string, token fence.Token, err error) {
+	if errors.Is(err, ErrReplayed) {
+		// A resend of the call the store last accepted: applied once,
+		// and its first answer lost on the way. Not stale: no newer
+		// token was accepted.
+		g.debug(r, "guard: a resend of an accepted call, not run again", err, slog.String("resource", resource), slog.Int64("token", int64(token)))
+		w.Header().Set(ReplayedHeader, "true")
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(http.StatusOK)
+		_ = json.NewEncoder(w).Encode(Problem{Type: Replayed, Title: "Already applied", Status: http.StatusOK,
+			Detail:   "This call was accepted before with this token; it was not run again. Its first answer is not kept.",
+			Resource: resource, Token: token})
+		return
+	}
 	var stale *StaleError
 	if errors.As(err, &stale) {
 		g.decided(resource, token, fence.GuardReject)
@@ -621,14 +659,23 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // request that http.Client redirects to another origin is not sent, and
 // Do's error matches ErrCrossOrigin.
 //
-// net/http's Transport sends a request again by itself when a kept-alive
-// connection closes before the answer, if the method is idempotent or an
-// Idempotency-Key header is set: with the same token, so a resend of a
-// request that the server had applied is answered 409, stale, with
-// Problem.Last equal to the token sent. The write is applied once. Such a
-// resend of a request with a body is refused once the lease has ended
-// (the rewind of its body fails with the lease's Err); one without a body
-// goes out with the token all the same.
+// Every request carries a call id (CallHeader, Fence-Call): a random one
+// (NewCall) for each RoundTrip, or the caller's own if the request already
+// has one Fence-Call header (an invalid one is not sent, and the error
+// matches ErrInvalidCall). net/http's Transport sends a request again by
+// itself when a kept-alive connection closes before the answer, if the
+// method is idempotent or an Idempotency-Key header is set, with the same
+// token and the same call id: a store that had accepted the call (applied
+// the write) finds the resend to be that call, does not apply it again,
+// and Middleware answers 200 with Fence-Replayed: true (the first answer
+// is not kept), not 409. To have its own resends of one piece of work
+// (after an error of unknown outcome, under the same lease) found the same
+// way, a caller sets Fence-Call itself, once per piece of work. Such a
+// resend of a request with a body is refused once the lease has ended (the
+// rewind of its body fails with the lease's Err); one without a body may
+// still go out with the token and the call id: the server refuses it if a
+// newer token was accepted, answers it as a replay if the call was
+// applied, and otherwise applies it once, as it would have the first copy.
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
 	Lease    fence.Lease       // the lease whose token is sent
@@ -660,6 +707,23 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			_ = req.Body.Close()
 		}
 		return nil, fmt.Errorf("guard: not sending %s %s, redirected from %s: %w", req.Method, req.URL, first.URL, ErrCrossOrigin)
+	}
+	call := ""
+	switch v := req.Header.Values(CallHeader); len(v) {
+	case 0:
+		call = NewCall()
+	case 1:
+		if call = v[0]; call == "" || checkCall(call) != nil {
+			if req.Body != nil {
+				_ = req.Body.Close()
+			}
+			return nil, fmt.Errorf("guard: not sending %s %s: %w: %q", req.Method, req.URL, ErrInvalidCall, call)
+		}
+	default:
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, fmt.Errorf("guard: not sending %s %s: %w: %d %s headers", req.Method, req.URL, ErrInvalidCall, len(v), CallHeader)
 	}
 	resource := t.Resource
 	if resource == "" {
@@ -698,6 +762,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	req.Header.Set(TokenHeader, fmt.Sprint(int64(t.Lease.Token())))
 	req.Header.Set(ResourceHeader, resource)
+	// The clone, call id and all, is what net/http sends again by itself
+	// on a new connection: the server finds its resend the same call.
+	req.Header.Set(CallHeader, call)
 	base := t.Base
 	if base == nil {
 		base = http.DefaultTransport

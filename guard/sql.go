@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -26,22 +27,49 @@ type Querier interface {
 const (
 	createTokens = `CREATE TABLE IF NOT EXISTS fence_tokens (
 	resource TEXT PRIMARY KEY,
-	token    BIGINT NOT NULL CHECK (token > 0)
+	token    BIGINT NOT NULL CHECK (token > 0),
+	call_id  TEXT
 )`
+	// The migration of a fence_tokens made before call_id (guard before
+	// call ids): the column is added only if it is missing, since ALTER
+	// TABLE waits for every transaction fenced on the table.
+	addCallPG = `DO $$ BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'fence_tokens'::regclass AND attname = 'call_id' AND NOT attisdropped) THEN
+		ALTER TABLE fence_tokens ADD COLUMN call_id TEXT;
+	END IF;
+END $$`
+	hasCallSQLite     = `SELECT COUNT(*) FROM pragma_table_info('fence_tokens') WHERE name = 'call_id'`
+	addCallSQLite     = `ALTER TABLE fence_tokens ADD COLUMN call_id TEXT`
 	createIdempotency = `CREATE TABLE IF NOT EXISTS fence_idempotency (
 	key TEXT PRIMARY KEY
 )`
 	upsertToken = `INSERT INTO fence_tokens (resource, token) VALUES ($1, $2)
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token
 WHERE fence_tokens.token - excluded.token < 0`
-	selectToken     = `SELECT token FROM fence_tokens WHERE resource = $1`
+	selectToken = `SELECT token FROM fence_tokens WHERE resource = $1`
+	// With a call id (see WithCall), call_id records "<token>:<call>": the
+	// token it was recorded with, so that a token moved on by Fence without
+	// a call id (which leaves call_id as it was) never matches it.
+	upsertTokenCall = `INSERT INTO fence_tokens (resource, token, call_id) VALUES ($1, $2, $3)
+ON CONFLICT (resource) DO UPDATE SET token = excluded.token, call_id = excluded.call_id
+WHERE fence_tokens.token - excluded.token < 0`
+	selectTokenCall = `SELECT token, call_id FROM fence_tokens WHERE resource = $1`
 	insertIdemKey   = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 	maxIdemKeyBytes = 512
 )
 
 // CreateTables creates the guard's tables, fence_tokens (the last accepted
-// token per resource) and fence_idempotency (used idempotency keys), if they
-// do not exist yet. Processes may call it at once (see CreateIfNotExists).
+// token per resource, and the call id it was accepted with) and
+// fence_idempotency (used idempotency keys), if they do not exist yet.
+// Processes may call it at once (see CreateIfNotExists).
+//
+// A fence_tokens made before call ids has no call_id column: CreateTables
+// adds it (ALTER TABLE fence_tokens ADD COLUMN call_id TEXT, nullable, so
+// existing rows keep their tokens), once, waiting for the transactions
+// fenced on the table meanwhile. Fence and Tx without a call id (see
+// WithCall) do not use the column; with one (SQLStore behind Middleware,
+// for requests from Transport) they fail, with a message that says to run
+// CreateTables, until it is there.
 //
 // A resource's row in fence_tokens is all the guard remembers of it: every
 // process that fences the resource must reach the same table (on
@@ -55,7 +83,32 @@ func CreateTables(ctx context.Context, q Querier) error {
 	if err := CreateIfNotExists(ctx, q, createTokens, createIdempotency); err != nil {
 		return fmt.Errorf("guard: create tables: %w", err)
 	}
+	if err := addCallColumn(ctx, q); err != nil {
+		return fmt.Errorf("guard: add fence_tokens.call_id: %w", err)
+	}
 	return nil
+}
+
+// addCallColumn adds call_id to a fence_tokens made before it: on
+// PostgreSQL under CreateIfNotExists's lock, on SQLite (where the lock
+// function is unknown) if pragma_table_info does not list it.
+func addCallColumn(ctx context.Context, q Querier) error {
+	_, err := q.ExecContext(ctx, schemaLock+addCallPG)
+	if err == nil || ctx.Err() != nil || sqlState(err) != "" {
+		return err
+	}
+	var n int
+	if err := q.QueryRowContext(ctx, hasCallSQLite).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	_, err = q.ExecContext(ctx, addCallSQLite)
+	if err != nil && strings.Contains(err.Error(), "duplicate column name") {
+		return nil // another process added it meanwhile
+	}
+	return err
 }
 
 // CreateIfNotExists runs stmts, statements of the CREATE ... IF NOT EXISTS
@@ -127,6 +180,12 @@ func sqlState(err error) string {
 // with a concurrent transaction returns an error matching ErrRetry. With q a
 // *sql.DB it commits on its own and orders nothing after it: the caller's
 // later writes may still land after a newer holder's (see Gate).
+//
+// If ctx carries a call id (see WithCall), Fence records it with the token,
+// and a Fence with the last accepted token and the same call id (a resend
+// of a call whose transaction committed) returns a *ReplayedError
+// (matching ErrReplayed, not ErrStale): roll back, the work was done. This
+// needs fence_tokens' call_id column (see CreateTables).
 func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
 	if err := checkQuerier(q); err != nil {
 		return err
@@ -136,6 +195,13 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 	}
 	if err := checkToken(token); err != nil {
 		return err
+	}
+	call := CallFrom(ctx)
+	if err := checkCall(call); err != nil {
+		return err
+	}
+	if call != "" {
+		return fenceCall(ctx, q, resource, token, call)
 	}
 	res, err := q.ExecContext(ctx, upsertToken, resource, int64(token))
 	if err != nil {
@@ -149,6 +215,37 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 		return retryable(fmt.Errorf("guard: fence %q: read last token: %w", resource, err))
 	}
 	return &StaleError{Resource: resource, Token: token, Last: fence.Token(last)}
+}
+
+// fenceCall is Fence with a call id.
+func fenceCall(ctx context.Context, q Querier, resource string, token fence.Token, call string) error {
+	recorded := strconv.FormatInt(int64(token), 10) + ":" + call
+	res, err := q.ExecContext(ctx, upsertTokenCall, resource, int64(token), recorded)
+	if err != nil {
+		return retryable(fmt.Errorf("guard: fence %q: %w", resource, noCallColumn(err)))
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	var last int64
+	var lastCall sql.NullString
+	if err := q.QueryRowContext(ctx, selectTokenCall, resource).Scan(&last, &lastCall); err != nil {
+		return retryable(fmt.Errorf("guard: fence %q: read last token: %w", resource, noCallColumn(err)))
+	}
+	if last == int64(token) && lastCall.Valid && lastCall.String == recorded {
+		return &ReplayedError{Resource: resource, Token: token, Call: call}
+	}
+	return &StaleError{Resource: resource, Token: token, Last: fence.Token(last)}
+}
+
+// noCallColumn says what to do when err is fence_tokens lacking call_id (a
+// table made before call ids, CreateTables not run since).
+func noCallColumn(err error) error {
+	msg := err.Error()
+	if sqlState(err) == "42703" || strings.Contains(msg, "call_id") && (strings.Contains(msg, "no such column") || strings.Contains(msg, "has no column")) {
+		return fmt.Errorf("%w (fence_tokens has no call_id column: run guard.CreateTables, or ALTER TABLE fence_tokens ADD COLUMN call_id TEXT)", err)
+	}
+	return err
 }
 
 // Tx runs fn inside a transaction fenced on resource with token: Fence runs

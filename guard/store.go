@@ -46,18 +46,27 @@ type MemoryStore struct {
 }
 
 type memoryResource struct {
-	turn chan struct{} // holds a value while a call runs; last is read and written only then
+	turn chan struct{} // holds a value while a call runs; last and call are read and written only then
 	last fence.Token
+	call string // the call id (see WithCall) whose fn with last returned nil, or ""
 }
 
 // Do implements Store. It waits for the resource's earlier calls to return,
 // or for ctx to be done; a call whose ctx is done when its turn comes
 // returns the ctx's cause, and neither spends the token nor calls fn.
+// A call with the last token and ctx's call id (see WithCall), if fn
+// returned nil for that call, returns a *ReplayedError without calling fn;
+// if fn failed, the resend is stale (the token was spent, fn's writes may
+// have been made).
 func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
 	if err := checkResource(resource); err != nil {
 		return err
 	}
 	if err := checkToken(token); err != nil {
+		return err
+	}
+	call := CallFrom(ctx)
+	if err := checkCall(call); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -81,11 +90,18 @@ func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token
 		// call whose ctx had ended would spend its token half the time.
 		return fmt.Errorf("guard: waiting for %q: %w", resource, context.Cause(ctx))
 	}
+	if token == r.last && call != "" && call == r.call {
+		return &ReplayedError{Resource: resource, Token: token, Call: call}
+	}
 	if token <= r.last {
 		return &StaleError{Resource: resource, Token: token, Last: r.last}
 	}
-	r.last = token
-	return fn(ctx)
+	r.last, r.call = token, ""
+	err := fn(ctx)
+	if err == nil {
+		r.call = call
+	}
+	return err
 }
 
 // SQLStore keeps tokens in the fence_tokens table (see CreateTables) and

@@ -1,0 +1,86 @@
+package guard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/fencekit/fence"
+)
+
+// CallHeader carries a fenced request's call id: Transport sends a random
+// one with every request (the same in net/http's own resends of it), and
+// Middleware and Gate hand it to the store (see WithCall).
+const CallHeader = "Fence-Call"
+
+// ReplayedHeader is set ("true") on the answer to a resend of a call that
+// was applied (ErrReplayed).
+const ReplayedHeader = "Fence-Replayed"
+
+// maxCallBytes bounds a call id; Transport's are 32 bytes.
+const maxCallBytes = 128
+
+type callKey struct{}
+
+// WithCall returns a copy of ctx that carries call, the id of one call
+// (one attempt at one piece of work, sent again only as a resend of
+// itself). A store given a token and a call id records the id beside the
+// token it accepts; a later call with the same token and the same id is a
+// resend of that call, and is answered ErrReplayed, without doing the work
+// again, instead of ErrStale. A different id with the same token is stale,
+// as without ids: one token, one accepted call per resource. Fence, Tx,
+// SQLStore, MemoryStore and redisstore.Store read it; an empty call means
+// none. WithCall does not check call: the stores refuse an invalid one
+// with ErrInvalidCall.
+func WithCall(ctx context.Context, call string) context.Context {
+	return context.WithValue(ctx, callKey{}, call)
+}
+
+// CallFrom returns the call id that ctx carries (see WithCall), or "".
+func CallFrom(ctx context.Context) string {
+	call, _ := ctx.Value(callKey{}).(string)
+	return call
+}
+
+// NewCall returns a random call id: 128 bits from crypto/rand, in hex.
+func NewCall() string {
+	var id [16]byte
+	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(id[:])
+}
+
+// checkCall refuses a call id that is too long or holds bytes that a header
+// value, a Redis key's value or a log line should not carry. "" is no call.
+func checkCall(call string) error {
+	if len(call) > maxCallBytes {
+		return fmt.Errorf("%w: %d bytes, want at most %d", ErrInvalidCall, len(call), maxCallBytes)
+	}
+	for i := 0; i < len(call); i++ {
+		c := call[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
+			return fmt.Errorf("%w: %q holds %q", ErrInvalidCall, call, c)
+		}
+	}
+	return nil
+}
+
+// CheckCall returns an error matching ErrInvalidCall if call is not a valid
+// call id (see ErrInvalidCall); "" is valid and means no call. Stores
+// outside this package use it.
+func CheckCall(call string) error { return checkCall(call) }
+
+// ReplayedError is the error of a resend of the call last accepted for
+// Resource with Token (see WithCall); it matches ErrReplayed.
+type ReplayedError struct {
+	Resource string
+	Token    fence.Token
+	Call     string
+}
+
+func (e *ReplayedError) Error() string {
+	return fmt.Sprintf("guard: %q: token %d with call %s was already accepted: a resend, not done again", e.Resource, int64(e.Token), e.Call)
+}
+
+// Is reports whether target is ErrReplayed.
+func (e *ReplayedError) Is(target error) bool { return target == ErrReplayed }

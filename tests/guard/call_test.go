@@ -1,0 +1,173 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/guard"
+)
+
+// TestStoreCallReplay: a store given a call id (guard.WithCall) records it
+// with the token it accepts. The same token with the same id again is a
+// resend of that call: ErrReplayed (not ErrStale), and the work is not done
+// again. Another caller's id with a stale token, or the same token with
+// another id, is stale as before: one token, one accepted call. A call
+// whose work failed is not replayed: SQLStore rolled it back (the resend
+// applies it), MemoryStore spent the token (the resend is stale).
+func TestStoreCallReplay(t *testing.T) {
+	for name, s := range stateStores(t) {
+		t.Run(name, func(t *testing.T) {
+			const res = "call:payment:1001"
+			applied := 0
+			do := func(call string, token fence.Token, fail bool) error {
+				c := ctx(t)
+				if call != "" {
+					c = guard.WithCall(c, call)
+				}
+				return s.store.Do(c, res, token, func(ctx context.Context) error {
+					applied++
+					if fail {
+						return errors.New("the work failed")
+					}
+					r := httptest.NewRequest(http.MethodPost, "/", nil).WithContext(ctx)
+					return s.write(r, int64(token))
+				})
+			}
+			isStale := func(err error, last fence.Token) bool {
+				var stale *guard.StaleError
+				return errors.As(err, &stale) && stale.Last == last && !errors.Is(err, guard.ErrReplayed)
+			}
+			if err := do("call-a", 5, false); err != nil || applied != 1 {
+				t.Fatalf("first call: %v, applied %d", err, applied)
+			}
+			err := do("call-a", 5, false)
+			var replayed *guard.ReplayedError
+			if !errors.As(err, &replayed) || errors.Is(err, guard.ErrStale) || replayed.Call != "call-a" || replayed.Token != 5 {
+				t.Fatalf("the same call resent: %v; want a *ReplayedError, not stale", err)
+			}
+			if err := do("call-b", 5, false); !isStale(err, 5) {
+				t.Fatalf("the same token with another call id: %v; want stale", err)
+			}
+			if err := do("call-a", 4, false); !isStale(err, 5) {
+				t.Fatalf("another caller's call id with an older token (forged): %v; want stale", err)
+			}
+			if err := do("", 5, false); !isStale(err, 5) {
+				t.Fatalf("the same token without a call id: %v; want stale", err)
+			}
+			if err := do("call a", 6, false); !errors.Is(err, guard.ErrInvalidCall) {
+				t.Fatalf("an invalid call id: %v; want ErrInvalidCall", err)
+			}
+			if applied != 1 || s.read(t) != 5 {
+				t.Fatalf("applied %d times, state %d; want once, 5", applied, s.read(t))
+			}
+
+			// A newer token without a call id: the call id recorded with 5
+			// does not make a resend of 7 with it a replay.
+			if err := do("", 7, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := do("call-a", 7, false); !isStale(err, 7) {
+				t.Fatalf("call-a (recorded with 5) with token 7: %v; want stale", err)
+			}
+
+			if err := do("call-f", 8, true); err == nil {
+				t.Fatal("failing work: nil error")
+			}
+			err = do("call-f", 8, false)
+			if s.sql {
+				if err != nil || s.read(t) != 8 {
+					t.Fatalf("resend of a call rolled back: %v, state %d; want applied", err, s.read(t))
+				}
+			} else if !isStale(err, 8) {
+				t.Fatalf("resend of a call whose work failed (token spent): %v; want stale, not replayed", err)
+			}
+		})
+	}
+}
+
+// TestMiddlewareCallHeader: Middleware reads Fence-Call and answers a resend
+// of an applied call 200 with Fence-Replayed, without running the handler;
+// a forged id with a stale token gets 409; a malformed header 400.
+func TestMiddlewareCallHeader(t *testing.T) {
+	for name, s := range stateStores(t) {
+		t.Run(name, func(t *testing.T) {
+			applied := 0
+			h := guard.Middleware(s.store, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				applied++
+				if err := s.write(r, int64(applied)); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+				}
+			}))
+			send := func(token string, calls ...string) *httptest.ResponseRecorder {
+				req := httptest.NewRequest(http.MethodPost, "/payments/1001", strings.NewReader("approve"))
+				req.Header.Set(guard.TokenHeader, token)
+				for _, c := range calls {
+					req.Header.Add(guard.CallHeader, c)
+				}
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				return w
+			}
+			if w := send("5", "a1"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "" {
+				t.Fatalf("first: %d %s", w.Code, w.Body)
+			}
+			if w := send("5", "a1"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "true" || !strings.Contains(w.Body.String(), guard.Replayed) {
+				t.Fatalf("resend: %d %v %s; want 200 replayed", w.Code, w.Header(), w.Body)
+			}
+			if w := send("4", "a1"); w.Code != http.StatusConflict {
+				t.Fatalf("forged call id with token 4: %d %s; want 409", w.Code, w.Body)
+			}
+			if w := send("5", "b2"); w.Code != http.StatusConflict {
+				t.Fatalf("token 5 with another call id: %d %s; want 409", w.Code, w.Body)
+			}
+			for _, bad := range [][]string{{""}, {"a b"}, {strings.Repeat("x", 129)}, {"a1", "a1"}} {
+				if w := send("6", bad...); w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), guard.ProblemCall) {
+					t.Fatalf("Fence-Call %q: %d %s; want 400 %s", bad, w.Code, w.Body, guard.ProblemCall)
+				}
+			}
+			if applied != 1 || s.read(t) != 1 {
+				t.Fatalf("handler ran %d times, state %d; want once", applied, s.read(t))
+			}
+		})
+	}
+}
+
+// TestCreateTablesAddsCallColumn: a fence_tokens made before call ids
+// (resource, token) keeps its rows when CreateTables adds call_id, again
+// and again; before that, Fence with a call id fails with a message that
+// names the fix, and Fence without one works as before.
+func TestCreateTablesAddsCallColumn(t *testing.T) {
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			if _, err := db.ExecContext(ctx(t), `CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0))`); err != nil {
+				t.Fatal(err)
+			}
+			if err := guard.Fence(ctx(t), db, "old", 5); err != nil {
+				t.Fatal(err)
+			}
+			err := guard.Fence(guard.WithCall(ctx(t), "c1"), db, "old", 6)
+			if err == nil || !strings.Contains(err.Error(), "CreateTables") {
+				t.Fatalf("Fence with a call id on the old table: %v; want an error naming CreateTables", err)
+			}
+			for range 2 {
+				if err := guard.CreateTables(ctx(t), db); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := guard.Fence(ctx(t), db, "old", 5); !errors.Is(err, guard.ErrStale) {
+				t.Fatalf("token 5 after the migration: %v; want stale (the row kept)", err)
+			}
+			if err := guard.Fence(guard.WithCall(ctx(t), "c1"), db, "old", 6); err != nil {
+				t.Fatal(err)
+			}
+			if err := guard.Fence(guard.WithCall(ctx(t), "c1"), db, "old", 6); !errors.Is(err, guard.ErrReplayed) {
+				t.Fatalf("resend: %v; want ErrReplayed", err)
+			}
+		})
+	}
+}
