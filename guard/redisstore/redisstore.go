@@ -44,7 +44,11 @@ var acceptScript = redis.NewScript(acceptSrc)
 // key holds the id of the Accept call that sent it, so that the call's
 // script sent again by the client (go-redis resends a command whose reply
 // was lost, MaxRetries times by default) is found accepted, not stale;
-// a different call with the same token is stale.
+// a different call with the same token is stale. It also holds the
+// caller's call id (guard.WithCall: Gate passes the request's Fence-Call),
+// so that another Accept of that call with that token (an HTTP resend of
+// a request that was admitted) returns a *guard.ReplayedError, not stale
+// and not accepted again.
 //
 // A *redis.Ring is refused (fence.ErrInvalidOption): each Ring client
 // decides from its own heartbeats that a shard is down and hashes its keys
@@ -61,12 +65,17 @@ var _ guard.Acceptor = Store{}
 // that was accepted. A resend later than that (or after Redis evicted the
 // key that records the call, as volatile policies may) is found stale:
 // refused, never accepted twice.
+// The same holds for a caller's call id (see guard.WithCall).
 const ResendWindow = 10 * time.Minute
 
 // Accept records token for resource if it is greater than the last one
 // accepted and returns nil; otherwise it returns a *guard.StaleError
-// (matching guard.ErrStale) and records nothing. A resource that is not a
-// valid lock name (fence.ValidateName) gives an error matching
+// (matching guard.ErrStale) and records nothing. If ctx carries a call id
+// (guard.WithCall) and the token was accepted with that id, within
+// ResendWindow, it returns a *guard.ReplayedError (matching
+// guard.ErrReplayed): the call was admitted before, and must not be run
+// again. An invalid call id gives an error matching guard.ErrInvalidCall, a
+// resource that is not a valid lock name (fence.ValidateName) one matching
 // guard.ErrInvalidResource, a token of zero or less one matching
 // guard.ErrInvalidToken, a Store without a Client (nil, or a nil pointer)
 // or with a *redis.Ring one matching fence.ErrInvalidOption; none reaches
@@ -97,6 +106,10 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	if token <= 0 {
 		return fmt.Errorf("%w: %d must be greater than zero", guard.ErrInvalidToken, token)
 	}
+	call := guard.CallFrom(ctx)
+	if err := guard.CheckCall(call); err != nil {
+		return err
+	}
 	prefix := s.Prefix
 	if prefix == "" {
 		prefix = "fence:guard"
@@ -106,13 +119,16 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
 	last, err := bounded(ctx, func() (string, error) {
 		return acceptScript.Run(ctx, s.Client, []string{key, key + ":call"},
-			strconv.FormatInt(int64(token), 10), hex.EncodeToString(id[:]), ResendWindow.Milliseconds()).Text()
+			strconv.FormatInt(int64(token), 10), hex.EncodeToString(id[:]), ResendWindow.Milliseconds(), call).Text()
 	})
 	if err != nil {
 		return fmt.Errorf("redisstore: accept %q: %w", resource, err)
 	}
-	if last == "" {
+	switch last {
+	case "":
 		return nil
+	case "replayed":
+		return &guard.ReplayedError{Resource: resource, Token: token, Call: call}
 	}
 	n, err := strconv.ParseInt(last, 10, 64)
 	if err != nil {

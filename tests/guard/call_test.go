@@ -5,11 +5,16 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/guard/redisstore"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestStoreCallReplay: a store given a call id (guard.WithCall) records it
@@ -169,5 +174,57 @@ func TestCreateTablesAddsCallColumn(t *testing.T) {
 				t.Fatalf("resend: %v; want ErrReplayed", err)
 			}
 		})
+	}
+}
+
+// TestRedisStoreCallReplay: redisstore records the caller's call id beside
+// the accepted token: Gate answers an HTTP resend of an admitted request
+// as a replay, without running the handler again; another id, or a stale
+// token with a forged id, is refused; go-redis's own resend of one Accept
+// (its reply lost) is still that Accept, accepted.
+func TestRedisStoreCallReplay(t *testing.T) {
+	prefix := "guardtest:call:" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	d := redistest.NewDropper("{http:payment:1001}")
+	client := redis.NewClient(&redis.Options{Addr: redisAddr, Dialer: d.Dial})
+	t.Cleanup(func() { _ = client.Close() })
+	s := redisstore.Store{Client: client, Prefix: prefix}
+	if err := s.Accept(ctx(t), "warm", 1); err != nil { // load the script
+		t.Fatal(err)
+	}
+	applied := 0
+	h := guard.Gate(s, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { applied++ }))
+	send := func(token, call string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/payments/1001", nil)
+		req.Header.Set(guard.TokenHeader, token)
+		req.Header.Set(guard.CallHeader, call)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	d.Arm() // the first admission's reply is lost, and go-redis resends its script
+	if w := send("5", "a1"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "" {
+		t.Fatalf("first, its reply lost once: %d %s", w.Code, w.Body)
+	}
+	if n := d.Dropped(); n != 1 {
+		t.Fatalf("%d replies dropped; want 1", n)
+	}
+	if w := send("5", "a1"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "true" {
+		t.Fatalf("resend: %d %v %s; want 200 replayed", w.Code, w.Header(), w.Body)
+	}
+	if w := send("4", "a1"); w.Code != http.StatusConflict {
+		t.Fatalf("forged call id with token 4: %d %s; want 409", w.Code, w.Body)
+	}
+	if w := send("5", "b2"); w.Code != http.StatusConflict {
+		t.Fatalf("token 5 with another call id: %d %s; want 409", w.Code, w.Body)
+	}
+	if applied != 1 {
+		t.Fatalf("handler ran %d times; want once", applied)
+	}
+	var stale *guard.StaleError
+	if err := s.Accept(ctx(t), "http:payment:1001", 5); !errors.As(err, &stale) || stale.Last != 5 {
+		t.Fatalf("Accept(5) without a call id: %v; want stale", err)
+	}
+	if err := s.Accept(guard.WithCall(ctx(t), "a b"), "http:payment:1001", 6); !errors.Is(err, guard.ErrInvalidCall) {
+		t.Fatalf("invalid call id: %v; want ErrInvalidCall", err)
 	}
 }
