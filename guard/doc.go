@@ -6,7 +6,9 @@
 // The rule is strict: each token may make one fenced write (or one fenced
 // transaction) per resource. A worker that must retry a failed write
 // acquires a new lease and so a new token; otherwise two writes with one
-// token could not be told apart from a stale writer's. Tokens of zero or
+// token could not be told apart from a stale writer's. The one exception
+// is a resend of the accepted call itself (same token, same call id, see
+// WithCall): it is answered ErrReplayed, and nothing is written again. Tokens of zero or
 // less, malformed tokens and tokens that overflow int64 are rejected with
 // ErrInvalidToken, never coerced.
 //
@@ -123,5 +125,15 @@
 // They answer 400 (invalid), 409 (stale) or 503 (store failed), and
 // Middleware 413 (body too large), with a generic application/problem+json
 // body and log the cause with log/slog.
-// Transport attaches a lease's token to outgoing requests.
+//
+// Transport attaches a lease's token to outgoing requests, with a random
+// call id (the Fence-Call header) that net/http's own resends of the
+// request keep. The stores record the call id beside the last accepted
+// token (WithCall), so that a resend of a call that was applied (same
+// token, same call id) is answered 200 with Fence-Replayed: true, the
+// work not done again, instead of 409 stale; a different call id with the
+// same token is stale, as the rule says. SQLStore keeps the call id in
+// fence_tokens' call_id column: CreateTables adds it to a table made
+// before (see CreateTables; the README gives the statement for a schema
+// managed by hand).
 package guard

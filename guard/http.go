@@ -101,6 +101,8 @@ type HTTPOptions struct {
 	// reported. Accept is told when the store lets the handler run: with
 	// SQLStore, a handler that fails rolls the token back with its
 	// writes, and the same token sent again is accepted, and told, again.
+	// A resend answered as a replay (ErrReplayed) is not reported: the
+	// token was told accepted once, when its call was.
 	Observer fence.Observer
 }
 
@@ -202,9 +204,20 @@ const Replayed = "urn:fence:replayed"
 // Before the store is asked, a request is refused with 400 when its
 // resource cannot be chosen or its token is missing, malformed (see
 // ParseToken), sent twice, or too far ahead of the clock (see
-// HTTPOptions.MaxAhead), then with 413 or 400 when its body is too large
-// or cannot be read; and with 409 when the store finds the token stale.
-// These answers carry an application/problem+json body.
+// HTTPOptions.MaxAhead), or its Fence-Call header is sent twice or is
+// not a call id (see ErrInvalidCall), then with 413 or 400 when its body
+// is too large or cannot be read; and with 409 when the store finds the
+// token stale. These answers carry an application/problem+json body.
+//
+// The request's Fence-Call header (CallHeader), which Transport sends, is
+// handed to the store as the call id (WithCall). A request with the last
+// accepted token and the call id it was accepted with is a resend of that
+// call (net/http resends a request whose connection broke before the
+// answer): the store does not run the handler, and Middleware answers 200
+// with the header Fence-Replayed: true and an application/json Problem
+// body of type Replayed. The handler's first answer is not kept: a client
+// that needs it reads the state again. Without Fence-Call, or with another
+// one, the same token is stale (409), as before.
 //
 // Middleware panics if opts.Resource is nil, if opts.Namespace is not a
 // valid start of a lock name (fence.ValidateName: braces, control
@@ -283,7 +296,11 @@ func removeForm(handed, r *http.Request) {
 // It checks and answers as Middleware does, except that the handler writes
 // its response directly, the token is spent once admitted, even if the
 // handler fails, and the body is not read ahead (Gate holds nothing while
-// the handler runs; HTTPOptions.MaxBody does not apply).
+// the handler runs; HTTPOptions.MaxBody does not apply). A resend of an
+// admitted call (same token and Fence-Call, see Middleware) is answered
+// as a replay, the handler not run again; since the token is spent at
+// admission, the replay says the call was admitted, not that its handler
+// succeeded.
 //
 // Gate panics if opts.Resource is nil, opts.Namespace is invalid or
 // opts.Observer holds a nil pointer, as Middleware does.
