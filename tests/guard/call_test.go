@@ -2,11 +2,14 @@ package guard_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -226,5 +229,207 @@ func TestRedisStoreCallReplay(t *testing.T) {
 	}
 	if err := s.Accept(guard.WithCall(ctx(t), "a b"), "http:payment:1001", 6); !errors.Is(err, guard.ErrInvalidCall) {
 		t.Fatalf("invalid call id: %v; want ErrInvalidCall", err)
+	}
+}
+
+// TestCreateTablesMigratesAtOnce: services that start together each run
+// CreateTables on a fence_tokens made before call ids, each on its own
+// pool: every one succeeds (PostgreSQL: one at a time under the schema
+// lock; SQLite: a process that lost the race to ALTER finds the column),
+// and the rows stay.
+func TestCreateTablesMigratesAtOnce(t *testing.T) {
+	const workers = 8
+	open := map[string]func(t *testing.T) func() (*sql.DB, error){
+		"postgres": func(t *testing.T) func() (*sql.DB, error) {
+			db := pg.NewDB(t)
+			return func() (*sql.DB, error) { return db, nil }
+		},
+		"sqlite": func(t *testing.T) func() (*sql.DB, error) {
+			path := filepath.Join(t.TempDir(), "shared.db")
+			return func() (*sql.DB, error) { return sql.Open("sqlite", guard.SQLiteDSN(path)) }
+		},
+	}
+	for name, opener := range open {
+		t.Run(name, func(t *testing.T) {
+			newDB := opener(t)
+			db, err := newDB()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			for _, stmt := range []string{`CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0))`,
+				`INSERT INTO fence_tokens (resource, token) VALUES ('old', 5)`} {
+				if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			errs := atOnce(workers, func(_ int, start <-chan struct{}) error {
+				db, err := newDB()
+				if err != nil {
+					return err
+				}
+				if name == "sqlite" {
+					defer db.Close()
+				}
+				<-start
+				return guard.CreateTables(ctx(t), db)
+			})
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("process %d: %v", i, err)
+				}
+			}
+			if err := guard.Fence(guard.WithCall(ctx(t), "c1"), db, "old", 5); !errors.Is(err, guard.ErrStale) {
+				t.Fatalf("token 5 after the migration: %v; want stale (the row kept)", err)
+			}
+			if err := guard.Fence(guard.WithCall(ctx(t), "c1"), db, "old", 6); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestStoreCallResendWhileFirstRuns: the resend arrives while the first
+// copy's work is still under way (net/http resends as soon as the
+// connection breaks; the server's first handler may not have returned).
+// It waits for the first, and then is a replay if the first committed and
+// is applied (once) if the first failed: never applied twice, never stale
+// for a write that was made.
+func TestStoreCallResendWhileFirstRuns(t *testing.T) {
+	for name, s := range stateStores(t) {
+		for _, firstFails := range []bool{false, true} {
+			if firstFails && !s.sql {
+				continue // MemoryStore spends a failed call's token: the resend is stale (TestStoreCallReplay)
+			}
+			t.Run(name+"/first-fails="+strconv.FormatBool(firstFails), func(t *testing.T) {
+				res := "concurrent:" + strconv.FormatBool(firstFails)
+				c := guard.WithCall(ctx(t), "same-call")
+				var applied atomic.Int32
+				entered, release := make(chan struct{}), make(chan struct{})
+				first := make(chan error, 1)
+				go func() {
+					first <- s.store.Do(c, res, 5, func(ctx context.Context) error {
+						applied.Add(1)
+						close(entered)
+						<-release
+						if firstFails {
+							return errors.New("the first copy's work failed")
+						}
+						return s.write(httptest.NewRequest(http.MethodPost, "/", nil).WithContext(ctx), 5)
+					})
+				}()
+				<-entered
+				second := make(chan error, 1)
+				go func() {
+					second <- s.store.Do(c, res, 5, func(ctx context.Context) error {
+						applied.Add(1)
+						return s.write(httptest.NewRequest(http.MethodPost, "/", nil).WithContext(ctx), 5)
+					})
+				}()
+				if name == "sql-postgres" {
+					waitLockWaiter(t, s)
+				}
+				close(release)
+				err1, err2 := <-first, <-second
+				t.Logf("first: %v; resend: %v; applied %d", err1, err2, applied.Load())
+				if firstFails {
+					if err1 == nil || err2 != nil || applied.Load() != 2 || s.read(t) != 5 {
+						t.Fatalf("first %v, resend %v, work ran %d times, state %d; want the resend applied", err1, err2, applied.Load(), s.read(t))
+					}
+					return
+				}
+				if err1 != nil || !errors.Is(err2, guard.ErrReplayed) || applied.Load() != 1 {
+					t.Fatalf("first %v, resend %v, work ran %d times; want nil, ErrReplayed, once", err1, err2, applied.Load())
+				}
+			})
+		}
+	}
+}
+
+// waitLockWaiter waits until a PostgreSQL session of the test's database
+// waits for a lock (the resend, at the fence row the first copy holds).
+func waitLockWaiter(t *testing.T, s stateStore) {
+	t.Helper()
+	db := s.store.(guard.SQLStore).DB
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var n int
+		err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the resend never waited for the first copy's lock")
+		}
+		time.Sleep(5 * time.Millisecond) // a short poll with a deadline
+	}
+}
+
+// TestTransportCallerResend: a POST without an Idempotency-Key is not resent
+// by net/http: its connection breaking after the commit gives the caller an
+// error of unknown outcome. A caller that set Fence-Call itself and sends
+// the request again under the same lease is told it was applied (a
+// replay), and the write is not made twice. Transport keeps the caller's
+// id, and refuses to send an invalid one.
+func TestTransportCallerResend(t *testing.T) {
+	for name, s := range stateStores(t) {
+		t.Run(name, func(t *testing.T) {
+			var applied, served atomic.Int32
+			fenced := guard.Middleware(s.store, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				applied.Add(1)
+				if err := s.write(r, int64(applied.Load())); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+				}
+			}))
+			var gotCall atomic.Value
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				gotCall.Store(r.Header.Get(guard.CallHeader))
+				if served.Add(1) > 1 {
+					fenced.ServeHTTP(w, r)
+					return
+				}
+				fenced.ServeHTTP(httptest.NewRecorder(), r) // committed; the answer is lost
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_ = conn.Close()
+			}))
+			defer srv.Close()
+			base := &http.Transport{}
+			defer base.CloseIdleConnections()
+			c := &http.Client{Transport: &guard.Transport{Base: base, Lease: memLease(t, "lock:payment:1001")}}
+			send := func(call string) (*http.Response, error) {
+				req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL+"/payments/1001", strings.NewReader("approve"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set(guard.CallHeader, call)
+				return c.Do(req)
+			}
+			if resp, err := send("approve-1001-attempt"); err == nil {
+				resp.Body.Close()
+				t.Fatalf("the first copy's answer was lost, yet Do = %d", resp.StatusCode)
+			}
+			resp, err := send("approve-1001-attempt") // the caller's resend, same call id
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || resp.Header.Get(guard.ReplayedHeader) != "true" || gotCall.Load() != "approve-1001-attempt" {
+				t.Fatalf("the caller's resend: %d, Fence-Replayed %q, server saw Fence-Call %q; want 200 replayed, the caller's id", resp.StatusCode, resp.Header.Get(guard.ReplayedHeader), gotCall.Load())
+			}
+			if applied.Load() != 1 || s.read(t) != 1 {
+				t.Fatalf("applied %d times (state %d); want once", applied.Load(), s.read(t))
+			}
+			before := served.Load()
+			if _, err := send("not a call id"); !errors.Is(err, guard.ErrInvalidCall) || served.Load() != before {
+				t.Fatalf("an invalid Fence-Call: %v, %d requests reached the server; want ErrInvalidCall, none", err, served.Load()-before)
+			}
+		})
 	}
 }
