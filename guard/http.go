@@ -140,12 +140,12 @@ const (
 	ProblemTooLarge = "urn:fence:problem:body-too-large"
 	ProblemBody     = "urn:fence:problem:unreadable-body"
 	ProblemCall     = "urn:fence:problem:invalid-call"
-)
 
-// Replayed is the type of the application/json body (a Problem) of the
-// answer to a resend of a call that was applied (ErrReplayed): 200, with
-// the header Fence-Replayed: true.
-const Replayed = "urn:fence:replayed"
+	// ProblemReplayed is the type of the answer to a resend of a call that
+	// was applied (ErrReplayed): 200, Fence-Replayed: true, and a Problem
+	// as an application/json body. It is not an error.
+	ProblemReplayed = "urn:fence:problem:replayed"
+)
 
 // Middleware runs a request's handler only if the request's Fence-Token is
 // greater than the last token store accepted for the request's resource,
@@ -215,7 +215,7 @@ const Replayed = "urn:fence:replayed"
 // call (net/http resends a request whose connection broke before the
 // answer): the store does not run the handler, and Middleware answers 200
 // with the header Fence-Replayed: true and an application/json Problem
-// body of type Replayed. The handler's first answer is not kept: a client
+// body of type ProblemReplayed. The handler's first answer is not kept: a client
 // that needs it reads the state again. Without Fence-Call, or with another
 // one, the same token is stale (409), as before.
 //
@@ -528,7 +528,7 @@ func (g *httpGuard) reject(w http.ResponseWriter, r *http.Request, resource stri
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.WriteHeader(http.StatusOK)
-		_ = json.NewEncoder(w).Encode(Problem{Type: Replayed, Title: "Already applied", Status: http.StatusOK,
+		_ = json.NewEncoder(w).Encode(Problem{Type: ProblemReplayed, Title: "Already applied", Status: http.StatusOK,
 			Detail:   "This call was accepted before with this token; it was not run again. Its first answer is not kept.",
 			Resource: resource, Token: token})
 		return

@@ -32,10 +32,17 @@ const (
 )`
 	// The migration of a fence_tokens made before call_id (guard before
 	// call ids): the column is added only if it is missing, since ALTER
-	// TABLE waits for every transaction fenced on the table.
+	// TABLE waits for every transaction fenced on the table. A role that
+	// does not own the table may not add it: the table is left as it is
+	// (the exception block keeps a caller's transaction usable), and Fence
+	// with a call id says what to run.
 	addCallPG = `DO $$ BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'fence_tokens'::regclass AND attname = 'call_id' AND NOT attisdropped) THEN
-		ALTER TABLE fence_tokens ADD COLUMN call_id TEXT;
+		BEGIN
+			ALTER TABLE fence_tokens ADD COLUMN call_id TEXT;
+		EXCEPTION WHEN insufficient_privilege THEN
+			RAISE NOTICE 'guard: fence_tokens has no call_id column and this role may not add it';
+		END;
 	END IF;
 END $$`
 	hasCallSQLite     = `SELECT COUNT(*) FROM pragma_table_info('fence_tokens') WHERE name = 'call_id'`
@@ -66,7 +73,9 @@ WHERE fence_tokens.token - excluded.token < 0`
 // A fence_tokens made before call ids has no call_id column: CreateTables
 // adds it (ALTER TABLE fence_tokens ADD COLUMN call_id TEXT, nullable, so
 // existing rows keep their tokens), once, waiting for the transactions
-// fenced on the table meanwhile. Fence and Tx without a call id (see
+// fenced on the table meanwhile. On PostgreSQL a role that does not own the
+// table may not add it: CreateTables then leaves the table as it is, and
+// the owner must run that statement. Fence and Tx without a call id (see
 // WithCall) do not use the column; with one (SQLStore behind Middleware,
 // for requests from Transport) they fail, with a message that says to run
 // CreateTables, until it is there.
@@ -261,7 +270,9 @@ func noCallColumn(err error) error {
 // ErrNestedTx at once (see SQLStore).
 //
 // If the token is stale, fn is not called and Tx returns a *StaleError
-// (matching ErrStale). If fn returns an error, Tx rolls back and returns it.
+// (matching ErrStale); if it is a resend of the call that committed the
+// token (ctx's call id, see WithCall and Fence), fn is not called and Tx
+// returns a *ReplayedError (matching ErrReplayed). If fn returns an error, Tx rolls back and returns it.
 // If fn panics, Tx rolls back, releasing the resource's row lock, and the
 // panic goes on. A conflict with a concurrent transaction (a serialization
 // failure or deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an

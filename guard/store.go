@@ -119,6 +119,10 @@ func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token
 // transaction begun otherwise, or on another pool of the same database, is
 // not seen. To fence another resource with the request, call Fence on
 // TxFrom's transaction.
+//
+// A call id in ctx (WithCall; Middleware passes the request's Fence-Call)
+// is recorded with the token in fence_tokens' call_id column: a resend of a
+// committed call returns a *ReplayedError without running fn (see Fence).
 type SQLStore struct{ DB *sql.DB }
 
 // Do implements Store.

@@ -124,7 +124,7 @@ func TestMiddlewareCallHeader(t *testing.T) {
 			if w := send("5", "a1"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "" {
 				t.Fatalf("first: %d %s", w.Code, w.Body)
 			}
-			if w := send("5", "a1"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "true" || !strings.Contains(w.Body.String(), guard.Replayed) {
+			if w := send("5", "a1"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "true" || !strings.Contains(w.Body.String(), guard.ProblemReplayed) {
 				t.Fatalf("resend: %d %v %s; want 200 replayed", w.Code, w.Header(), w.Body)
 			}
 			if w := send("4", "a1"); w.Code != http.StatusConflict {
@@ -431,5 +431,53 @@ func TestTransportCallerResend(t *testing.T) {
 				t.Fatalf("an invalid Fence-Call: %v, %d requests reached the server; want ErrInvalidCall, none", err, served.Load()-before)
 			}
 		})
+	}
+}
+
+// TestCreateTablesNotOwner: on PostgreSQL the service's role may use
+// fence_tokens without owning it (a migration role made it). CreateTables,
+// which such services ran at start-up, must not fail because the role may
+// not add call_id: it leaves the table as it is; Fence without a call id
+// works as before, and with one it fails with a message that says what to
+// run.
+func TestCreateTablesNotOwner(t *testing.T) {
+	db := pg.NewDB(t)
+	role := "guard_app_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, stmt := range []string{
+		`CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0))`,
+		`CREATE TABLE fence_idempotency (key TEXT PRIMARY KEY)`,
+		`CREATE ROLE ` + role,
+		`GRANT ALL ON fence_tokens, fence_idempotency TO ` + role,
+		`GRANT CREATE, USAGE ON SCHEMA public TO ` + role,
+	} {
+		if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, stmt := range []string{`DROP OWNED BY ` + role, `DROP ROLE ` + role} {
+			if _, err := db.ExecContext(context.Background(), stmt); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	conn, err := db.Conn(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx(t), `SET ROLE `+role); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.ExecContext(context.Background(), `RESET ROLE`) }()
+	if err := guard.CreateTables(ctx(t), conn); err != nil {
+		t.Fatalf("CreateTables as a role that does not own fence_tokens: %v; want nil, the table left as it is", err)
+	}
+	if err := guard.Fence(ctx(t), conn, "r", 5); err != nil {
+		t.Fatalf("Fence without a call id: %v", err)
+	}
+	err = guard.Fence(guard.WithCall(ctx(t), "c1"), conn, "r", 6)
+	if err == nil || !strings.Contains(err.Error(), "ADD COLUMN call_id") {
+		t.Fatalf("Fence with a call id, no call_id column: %v; want an error that gives the ALTER TABLE", err)
 	}
 }
