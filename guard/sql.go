@@ -76,9 +76,9 @@ WHERE fence_tokens.token - excluded.token < 0`
 // fenced on the table meanwhile. On PostgreSQL a role that does not own the
 // table may not add it: CreateTables then leaves the table as it is, and
 // the owner must run that statement. Fence and Tx without a call id (see
-// WithCall) do not use the column; with one (SQLStore behind Middleware,
-// for requests from Transport) they fail, with a message that says to run
-// CreateTables, until it is there.
+// WithCall) do not use the column; with one they fail, with a message that
+// says to run CreateTables, until it is there. SQLStore (Middleware, for
+// requests from Transport) then fences without the call id, as before.
 //
 // A resource's row in fence_tokens is all the guard remembers of it: every
 // process that fences the resource must reach the same table (on
@@ -251,11 +251,21 @@ func fenceCall(ctx context.Context, q Querier, resource string, token fence.Toke
 // table made before call ids, CreateTables not run since).
 func noCallColumn(err error) error {
 	msg := err.Error()
-	if sqlState(err) == "42703" || strings.Contains(msg, "call_id") && (strings.Contains(msg, "no such column") || strings.Contains(msg, "has no column")) {
-		return fmt.Errorf("%w (fence_tokens has no call_id column: run guard.CreateTables, or ALTER TABLE fence_tokens ADD COLUMN call_id TEXT)", err)
+	if strings.Contains(msg, "call_id") && (sqlState(err) == "42703" || strings.Contains(msg, "no such column") || strings.Contains(msg, "has no column")) {
+		return &noCallColumnError{err}
 	}
 	return err
 }
+
+// noCallColumnError is fence_tokens lacking call_id; SQLStore then fences
+// the request without its call id.
+type noCallColumnError struct{ err error }
+
+func (e *noCallColumnError) Error() string {
+	return e.err.Error() + " (fence_tokens has no call_id column: run guard.CreateTables, or ALTER TABLE fence_tokens ADD COLUMN call_id TEXT)"
+}
+
+func (e *noCallColumnError) Unwrap() error { return e.err }
 
 // Tx runs fn inside a transaction fenced on resource with token: Fence runs
 // first, then fn, then the commit. resource must be one name per protected

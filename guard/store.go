@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -123,13 +124,26 @@ func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token
 // A call id in ctx (WithCall; Middleware passes the request's Fence-Call)
 // is recorded with the token in fence_tokens' call_id column: a resend of a
 // committed call returns a *ReplayedError without running fn (see Fence).
+// On a fence_tokens without that column (made before call ids, CreateTables
+// not run since: see CreateTables) Do fences without the call id, as
+// before call ids (a resend is stale), at the cost of one more BEGIN and
+// ROLLBACK per call with an id, until the column is added.
 type SQLStore struct{ DB *sql.DB }
 
 // Do implements Store.
 func (s SQLStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
-	return Tx(ctx, s.DB, resource, token, func(tx *sql.Tx) error {
-		return fn(context.WithValue(ctx, txKey{}, storeTx{db: s.DB, tx: tx}))
-	})
+	run := func(ctx context.Context) error {
+		return Tx(ctx, s.DB, resource, token, func(tx *sql.Tx) error {
+			return fn(context.WithValue(ctx, txKey{}, storeTx{db: s.DB, tx: tx}))
+		})
+	}
+	err := run(ctx)
+	var noColumn *noCallColumnError
+	if CallFrom(ctx) != "" && errors.As(err, &noColumn) {
+		// Fence failed before fn ran, and the transaction rolled back.
+		err = run(WithCall(ctx, ""))
+	}
+	return err
 }
 
 // txKey is the context key of the transaction SQLStore runs fn in, a

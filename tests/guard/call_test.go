@@ -481,3 +481,53 @@ func TestCreateTablesNotOwner(t *testing.T) {
 		t.Fatalf("Fence with a call id, no call_id column: %v; want an error that gives the ALTER TABLE", err)
 	}
 }
+
+// TestSQLStoreWithoutCallColumn: a deployment whose fence_tokens was made
+// before call ids and that does not run CreateTables at start-up, its
+// clients upgraded to a Transport that sends Fence-Call. Its fenced
+// requests must keep working as before (applied; a resend stale), not all
+// fail with 503 until someone runs the migration.
+func TestSQLStoreWithoutCallColumn(t *testing.T) {
+	for name, db := range databases(t) {
+		t.Run(name, func(t *testing.T) {
+			for _, stmt := range []string{`CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0))`,
+				`CREATE TABLE state (id INTEGER PRIMARY KEY, v BIGINT NOT NULL)`, `INSERT INTO state (id, v) VALUES (1, 0)`} {
+				if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			applied := 0
+			h := guard.Middleware(guard.SQLStore{DB: db}, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				applied++
+				tx, _ := guard.TxFrom(r.Context())
+				if _, err := tx.ExecContext(r.Context(), `UPDATE state SET v = v + 1 WHERE id = 1`); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+				}
+			}))
+			send := func(token string) int {
+				req := httptest.NewRequest(http.MethodPost, "/payments/1001", nil)
+				req.Header.Set(guard.TokenHeader, token)
+				req.Header.Set(guard.CallHeader, "c1")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				return w.Code
+			}
+			if code := send("5"); code != http.StatusOK {
+				t.Fatalf("a request with Fence-Call on a fence_tokens without call_id: %d; want 200, fenced as before", code)
+			}
+			if code := send("5"); code != http.StatusConflict {
+				t.Fatalf("its resend: %d; want 409, as before call ids", code)
+			}
+			if code := send("4"); code != http.StatusConflict {
+				t.Fatalf("an older token: %d; want 409", code)
+			}
+			var v int
+			if err := db.QueryRowContext(ctx(t), `SELECT v FROM state WHERE id = 1`).Scan(&v); err != nil {
+				t.Fatal(err)
+			}
+			if applied != 1 || v != 1 {
+				t.Fatalf("handler ran %d times, state %d; want once", applied, v)
+			}
+		})
+	}
+}
