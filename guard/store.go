@@ -19,6 +19,11 @@ import (
 // fn. It returns fn's error as is (possibly joined with a cleanup error);
 // other errors mean the store could not decide.
 //
+// A Store should also honour ctx's call id (CallFrom, see WithCall): record
+// it with the token fn succeeded with, and answer the same token with the
+// same call id with a *ReplayedError, without calling fn. A Store that
+// ignores it answers such a resend as stale (409), as before call ids.
+//
 // MemoryStore and SQLStore are Stores. A store that can only compare and
 // record a token, such as redisstore.Store, is an Acceptor: see Gate.
 type Store interface {
@@ -29,7 +34,8 @@ type Store interface {
 // resource and returns nil; otherwise it returns a *StaleError (matching
 // ErrStale) and records nothing. Other errors mean it could not decide. An
 // Acceptor checks a token, and nothing more: it cannot order the check with
-// writes made elsewhere afterwards.
+// writes made elsewhere afterwards. As a Store, it should honour ctx's call
+// id, answering a second Accept of the accepted call with a *ReplayedError.
 type Acceptor interface {
 	Accept(ctx context.Context, resource string, token fence.Token) error
 }
