@@ -3,6 +3,8 @@ package guard
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -676,22 +678,24 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // request that http.Client redirects to another origin is not sent, and
 // Do's error matches ErrCrossOrigin.
 //
-// Every request carries a call id (CallHeader, Fence-Call): a random one
-// (NewCall) for each RoundTrip, or the caller's own if the request already
-// has one Fence-Call header (an invalid one is not sent, and the error
-// matches ErrInvalidCall). net/http's Transport sends a request again by
-// itself when a kept-alive connection closes before the answer, if the
-// method is idempotent or an Idempotency-Key header is set, with the same
-// token and the same call id: a store that had accepted the call (applied
-// the write) finds the resend to be that call, does not apply it again,
-// and Middleware answers 200 with Fence-Replayed: true (the first answer
-// is not kept), not 409. To have its own resends of one piece of work
+// Every request carries a call id (CallHeader, Fence-Call): the caller's own
+// if the request already has one Fence-Call header (an invalid one is not
+// sent, and the error matches ErrInvalidCall); else one derived from its
+// Idempotency-Key (or X-Idempotency-Key) header, so that the caller's own
+// resends of that operation under the same lease are the same call; else a
+// random one (NewCall) for each RoundTrip. net/http's Transport sends a
+// request again by itself when a kept-alive connection closes before the
+// answer, if the method is idempotent or an Idempotency-Key header is set,
+// with the same token and the same call id: a store that had accepted the
+// call (applied the write) finds the resend to be that call, does not apply
+// it again, and Middleware answers 200 with Fence-Replayed: true (the first
+// answer is not kept), not 409. To have its own resends of one piece of work
 // (after an error of unknown outcome, under the same lease) found the same
-// way, a caller sets Fence-Call itself, once per piece of work. Such a
-// resend of a request with a body is refused once the lease has ended (the
-// rewind of its body fails with the lease's Err); one without a body may
-// still go out with the token and the call id: the server refuses it if a
-// newer token was accepted, answers it as a replay if the call was
+// way, a caller sets Fence-Call or an Idempotency-Key, once per piece of
+// work. Such a resend of a request with a body is refused once the lease has
+// ended (the rewind of its body fails with the lease's Err); one without a
+// body may still go out with the token and the call id: the server refuses
+// it if a newer token was accepted, answers it as a replay if the call was
 // applied, and otherwise applies it once, as it would have the first copy.
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
@@ -728,7 +732,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	call := ""
 	switch v := req.Header.Values(CallHeader); len(v) {
 	case 0:
-		call = NewCall()
+		call = callOf(req.Header)
 	case 1:
 		if call = v[0]; call == "" || checkCall(call) != nil {
 			if req.Body != nil {
@@ -802,6 +806,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
 	return resp, nil
+}
+
+// callOf returns the call id of a request without a Fence-Call header: one
+// derived from its Idempotency-Key (or X-Idempotency-Key), which names one
+// operation across the caller's own resends of it, else a random one.
+func callOf(h http.Header) string {
+	key := h.Get("Idempotency-Key")
+	if key == "" {
+		key = h.Get("X-Idempotency-Key")
+	}
+	if key == "" {
+		return NewCall()
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "idem-" + hex.EncodeToString(sum[:16])
 }
 
 // leaseEnded returns why lease ended, or fence.ErrLeaseLost if it does not

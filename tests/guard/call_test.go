@@ -368,70 +368,80 @@ func waitLockWaiter(t *testing.T, s stateStore) {
 	}
 }
 
-// TestTransportCallerResend: a POST without an Idempotency-Key is not resent
-// by net/http: its connection breaking after the commit gives the caller an
-// error of unknown outcome. A caller that set Fence-Call itself and sends
-// the request again under the same lease is told it was applied (a
-// replay), and the write is not made twice. Transport keeps the caller's
-// id, and refuses to send an invalid one.
+// TestTransportCallerResend: a request on a new connection is not resent by
+// net/http: its connection breaking after the commit gives the caller an
+// error of unknown outcome. A caller that set Fence-Call itself, or an
+// Idempotency-Key, and sends the request again under the same lease is
+// told it was applied (a replay), and the write is not made twice.
+// Transport keeps the caller's id (or derives it from the key), and
+// refuses to send an invalid one.
 func TestTransportCallerResend(t *testing.T) {
-	for name, s := range stateStores(t) {
-		t.Run(name, func(t *testing.T) {
-			var applied, served atomic.Int32
-			fenced := guard.Middleware(s.store, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				applied.Add(1)
-				if err := s.write(r, int64(applied.Load())); err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-				}
-			}))
-			var gotCall atomic.Value
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				gotCall.Store(r.Header.Get(guard.CallHeader))
-				if served.Add(1) > 1 {
-					fenced.ServeHTTP(w, r)
-					return
-				}
-				fenced.ServeHTTP(httptest.NewRecorder(), r) // committed; the answer is lost
-				conn, _, err := http.NewResponseController(w).Hijack()
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				_ = conn.Close()
-			}))
-			defer srv.Close()
-			base := &http.Transport{}
-			defer base.CloseIdleConnections()
-			c := &http.Client{Transport: &guard.Transport{Base: base, Lease: memLease(t, "lock:payment:1001")}}
-			send := func(call string) (*http.Response, error) {
-				req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL+"/payments/1001", strings.NewReader("approve"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				req.Header.Set(guard.CallHeader, call)
-				return c.Do(req)
+	for _, header := range []string{guard.CallHeader, "Idempotency-Key"} {
+		for name, s := range stateStores(t) {
+			callerResend(t, header, name, s)
+		}
+	}
+}
+
+func callerResend(t *testing.T, header, name string, s stateStore) {
+	t.Run(header+"/"+name, func(t *testing.T) {
+		var applied, served atomic.Int32
+		fenced := guard.Middleware(s.store, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			applied.Add(1)
+			if err := s.write(r, int64(applied.Load())); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
 			}
-			if resp, err := send("approve-1001-attempt"); err == nil {
-				resp.Body.Close()
-				t.Fatalf("the first copy's answer was lost, yet Do = %d", resp.StatusCode)
+		}))
+		var gotCall atomic.Value
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			gotCall.Store(r.Header.Get(guard.CallHeader))
+			if served.Add(1) > 1 {
+				fenced.ServeHTTP(w, r)
+				return
 			}
-			resp, err := send("approve-1001-attempt") // the caller's resend, same call id
+			fenced.ServeHTTP(httptest.NewRecorder(), r) // committed; the answer is lost
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = conn.Close()
+		}))
+		defer srv.Close()
+		base := &http.Transport{}
+		defer base.CloseIdleConnections()
+		c := &http.Client{Transport: &guard.Transport{Base: base, Lease: memLease(t, "lock:payment:1001")}}
+		send := func(call string) (*http.Response, error) {
+			req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL+"/payments/1001", strings.NewReader("approve"))
 			if err != nil {
 				t.Fatal(err)
 			}
+			req.Header.Set(header, call)
+			return c.Do(req)
+		}
+		if resp, err := send("approve-1001-attempt"); err == nil {
 			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK || resp.Header.Get(guard.ReplayedHeader) != "true" || gotCall.Load() != "approve-1001-attempt" {
-				t.Fatalf("the caller's resend: %d, Fence-Replayed %q, server saw Fence-Call %q; want 200 replayed, the caller's id", resp.StatusCode, resp.Header.Get(guard.ReplayedHeader), gotCall.Load())
-			}
-			if applied.Load() != 1 || s.read(t) != 1 {
-				t.Fatalf("applied %d times (state %d); want once", applied.Load(), s.read(t))
-			}
-			before := served.Load()
-			if _, err := send("not a call id"); !errors.Is(err, guard.ErrInvalidCall) || served.Load() != before {
-				t.Fatalf("an invalid Fence-Call: %v, %d requests reached the server; want ErrInvalidCall, none", err, served.Load()-before)
-			}
-		})
-	}
+			t.Fatalf("the first copy's answer was lost, yet Do = %d", resp.StatusCode)
+		}
+		resp, err := send("approve-1001-attempt") // the caller's resend, same call id
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(guard.ReplayedHeader) != "true" || header == guard.CallHeader && gotCall.Load() != "approve-1001-attempt" {
+			t.Fatalf("the caller's resend: %d, Fence-Replayed %q, server saw Fence-Call %q; want 200 replayed, the caller's id", resp.StatusCode, resp.Header.Get(guard.ReplayedHeader), gotCall.Load())
+		}
+		if applied.Load() != 1 || s.read(t) != 1 {
+			t.Fatalf("applied %d times (state %d); want once", applied.Load(), s.read(t))
+		}
+		if header != guard.CallHeader {
+			return
+		}
+		before := served.Load()
+		if _, err := send("not a call id"); !errors.Is(err, guard.ErrInvalidCall) || served.Load() != before {
+			t.Fatalf("an invalid Fence-Call: %v, %d requests reached the server; want ErrInvalidCall, none", err, served.Load()-before)
+		}
+	})
 }
 
 // TestCreateTablesNotOwner: on PostgreSQL the service's role may use
