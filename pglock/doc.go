@@ -103,6 +103,18 @@
 // expired. A lock deleted by hand (DELETE FROM fence_leases …) notifies
 // nobody either; its waiters take it at the old holder's expiry.
 //
+// A try is one statement on the lock's row, which waits for the row's lock
+// like any UPDATE. pglock's own statements hold it for one statement, but
+// a transaction left open on the row (someone's SELECT … FOR UPDATE on the
+// table, a session stopped mid-transaction) holds it until it ends. An
+// Acquire with a wait budget gives up its try when the budget ends
+// (ErrNotAcquired); one without (try once) waits for that transaction as
+// long as its ctx allows, and then fails with ctx's error: give it a
+// deadline (TestTryOnceBlockedOnRowLock). A statement_timeout or
+// lock_timeout on the role bounds it too. (Skipping a locked row, FOR
+// UPDATE SKIP LOCKED, would answer at once, but made Releases fail with
+// serialization errors under SERIALIZABLE.)
+//
 // # Leases
 //
 // A lease without fence.TTL is renewed by a watchdog every third of
