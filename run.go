@@ -40,7 +40,8 @@ const releaseTimeout = 5 * time.Second
 //
 // A Release that fails without a conclusion (a backend error, but not one
 // matching ErrClosed: the Locker's client was closed) is retried for up
-// to 5 s; if the first try did free the lock and only its reply was
+// to 5 s, and no longer than ctx's deadline if ctx has one (the first try
+// is made even after it: the lock then expires at the lease's deadline); if the first try did free the lock and only its reply was
 // lost, the retry may report ErrLeaseLost (a backend that cannot tell its
 // own late delete from another owner's doing; redlock's retry counts a late
 // delete of its first call as done and returns nil). If fn panics, the lease is released
@@ -78,12 +79,22 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 // to releaseTimeout. An inconclusive failure (the statement went out on a
 // connection that a server restart had killed) is retried: the caller has
 // no lease to retry with, and the lock would stay held until it expires.
+// The retries stop at ctx's deadline, if it has one: a backend that is down
+// costs the caller no more than its deadline and the first try (the lock
+// then expires at the lease's deadline). The first try is made even past
+// it: a ctx that fn's own work ended must not keep the lock held.
 func releaseRetrying(ctx context.Context, lease Lease) error {
 	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer relCancel()
 	relErr := lease.Release(relCtx)
-	for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && !errors.Is(relErr, ErrClosed) && sleep(relCtx, pause); pause = min(2*pause, time.Second) {
-		relErr = lease.Release(relCtx)
+	retryCtx := relCtx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		retryCtx, cancel = context.WithDeadline(relCtx, deadline)
+		defer cancel()
+	}
+	for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && !errors.Is(relErr, ErrClosed) && sleep(retryCtx, pause); pause = min(2*pause, time.Second) {
+		relErr = lease.Release(retryCtx)
 	}
 	return relErr
 }
