@@ -7,7 +7,11 @@
 // goroutines of one process and its locks vanish with it; it is not a
 // distributed lock. Everything else follows the contract: each acquisition
 // gets a fencing token strictly greater than every token the Locker issued
-// before it; Acquire waits for a held lock until it is released or expires
+// before it (counted from 1 in each Locker: a resource that keeps accepted
+// tokens across a restart of the process, in a database say, refuses the
+// new Locker's smaller tokens as stale, so give such a resource a backend
+// whose tokens outlive the process; TestTokensCountFromOnePerLocker);
+// Acquire waits for a held lock until it is released or expires
 // (a release hands the lock to the longest-waiting caller at once, without
 // polling); a lease with fence.TTL expires after that time unless extended;
 // a lease without TTL is renewed by a watchdog timer every third of the
