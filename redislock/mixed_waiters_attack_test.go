@@ -154,7 +154,7 @@ func mixedWaiters(t *testing.T, srv *redistest.Server, o redislock.Options) {
 		lockers = append(lockers, lockerWith(t, srv.Client(t), o))
 	}
 	check := newHoldChecker(t)
-	const margin = 400 * time.Millisecond // -race, two shared CPUs
+	const margin = time.Second // -race, two shared CPUs (400 ms was passed by 37 ms at a load average of 11)
 	type plan struct {
 		l        *redislock.Locker
 		delay    time.Duration // before the Acquire
