@@ -30,7 +30,8 @@ func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, err
 	if client.Mode() == rueidis.ClientModeCluster {
 		return nil, fmt.Errorf("%w: fencerueidis: Redis Cluster is not supported; use redislock with go-redis's ClusterClient", fence.ErrInvalidOption)
 	}
-	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}, stopFlag(client)}, opts)
+	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}, stopFlag(client),
+		client.Mode() == rueidis.ClientModeSentinel}, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -43,6 +44,9 @@ type conn struct {
 	proto *atomic.Int32 // the client's RESP version, once Subscribe asked; 0 before
 	unsub *unsubs       // UNSUBSCRIBEs under way
 	stop  *uint32       // the client's closed flag (see stopFlag); nil if not found
+	// sentinel: the client finds its master through Sentinel (see
+	// switching).
+	sentinel bool
 }
 
 // stopFlag returns the flag that client's Close sets (the stop field of
@@ -154,16 +158,74 @@ func (c conn) Eval(ctx context.Context, s *redisconn.Script, keys []string, args
 		return nil, 0, errClosed
 	}
 	var lost error
-	for range retries + 1 {
+	var r refusals
+	for tries := 0; ; {
 		reply, acked, err = c.eval(ctx, s, keys, args, replicas, timeout)
+		if c.switching(ctx, err, &r) {
+			continue
+		}
 		if err != errBroken && !connLost(err) {
 			break
 		}
 		if connLost(err) {
 			lost = err
 		}
+		if tries++; tries > retries {
+			break
+		}
 	}
 	return reply, acked, c.closedErr(sentAgain(lost, err))
+}
+
+// switchWait bounds how long a Sentinel client's calls are sent again while
+// its master refuses them (see switching): a client learns of a failover
+// from the +switch-master message of the one sentinel it subscribed to,
+// which, if it did not lead the failover, hears of it in the leader's hello
+// messages, sent every 2 s; the client then dials the new master. 5 s
+// leaves room for a loaded machine. A master that stays down without a
+// failover makes a call with no deadline fail after it.
+const switchWait = 5 * time.Second
+
+// refusals are a call's refused tries on a Sentinel client.
+type refusals struct {
+	first time.Time // the first refusal
+	n     int
+}
+
+// switching reports, after a call's try ended with err, whether to try
+// again: on a Sentinel client, a refused connection means that the client's
+// master is down and that rueidis has not switched to the new one yet (it
+// does when its sentinel tells it, TestReleaseBeforeSentinelSwitch), and
+// nothing was sent. It waits a back-off first (25 ms, doubling to 400 ms),
+// and says no once ctx would end during it, switchWait after the first
+// refusal, or when the client is closed. A Release right after a failover
+// otherwise failed with "connection refused" from the dead primary, and the
+// lock stayed held for its lease time (TestSentinelFailover, 1 run in 7 on
+// a loaded machine).
+func (c conn) switching(ctx context.Context, err error, r *refusals) bool {
+	if !c.sentinel || !errors.Is(err, syscall.ECONNREFUSED) || c.closed() {
+		return false
+	}
+	now := time.Now()
+	if r.first.IsZero() {
+		r.first = now
+	}
+	d := 25 * time.Millisecond << min(r.n, 4)
+	r.n++
+	if now.Add(d).After(r.first.Add(switchWait)) {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return !c.closed()
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // connLost reports a connection that broke under the call (the server
@@ -302,10 +364,16 @@ func (c conn) LockState(ctx context.Context, lock, token string) (pttl int64, la
 	if c.closed() {
 		return 0, "", false, errClosed
 	}
-	for range retries + 1 {
-		if pttl, last, found, err = c.lockState(ctx, lock, token); err != errBroken && !connLost(err) {
+	var r refusals
+	for tries := 0; tries <= retries; {
+		pttl, last, found, err = c.lockState(ctx, lock, token)
+		if c.switching(ctx, err, &r) {
+			continue
+		}
+		if err != errBroken && !connLost(err) {
 			break
 		}
+		tries++
 	}
 	return pttl, last, found, c.closedErr(err)
 }

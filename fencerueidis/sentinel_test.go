@@ -77,3 +77,69 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	_ = next.Release(ctx(t))
 }
+
+// TestReleaseBeforeSentinelSwitch: a Release sent after a failover, before
+// the holder's rueidis Sentinel client has heard of it, reaches the new
+// primary. rueidis switches its master when the sentinel it subscribed to
+// publishes +switch-master; until then its calls dial the dead primary.
+// Here that sentinel is paused through the failover (the other two elect
+// and promote) and resumed once the Release has been refused once. Before
+// the fix Release returned "connection refused" and the lock stayed held
+// for its lease time (TestSentinelFailover hit it 1 run in 7 under load).
+func TestReleaseBeforeSentinelSwitch(t *testing.T) {
+	primary := redistest.Start(t)
+	r1, r2 := redistest.StartReplica(t, primary), redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 2)
+	sentinels := redistest.StartSentinels(t, primary, 3)
+	redistest.WaitSentinelsReady(t, sentinels, 2)
+
+	late := sentinels.Servers[2] // WaitFailover asks Servers[0]
+	d := &refusedDials{addr: primary.Addr}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{late.Addr}, DialCtxFn: d.dial,
+		Sentinel: rueidis.SentinelOption{MasterSet: sentinels.Master}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	const name = "lock:payment:1001"
+	lease, err := newLocker(t, c, redislock.Options{}).Acquire(ctx(t), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := late.Pause(t)
+	primary.Kill()
+	promoted := redistest.WaitFailover(t, sentinels, primary, r1, r2)
+	if n := promoted.Client(t).Exists(ctx(t), lockKey(name)).Val(); n != 1 {
+		t.Fatal("the promoted replica does not have the lock")
+	}
+	refused := d.failed.Load()
+	start := time.Now()
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctx(t)) }()
+	var err2 error
+	done := false
+	waitFor(t, func() bool {
+		select {
+		case err2 = <-released:
+			done = true
+			return true
+		default:
+			return d.failed.Load() > refused
+		}
+	})
+	resume()
+	if !done {
+		select {
+		case err2 = <-released:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Release did not return within 30 s")
+		}
+	}
+	t.Logf("Release returned %v after %v (%d refused dials)", err2, time.Since(start).Round(time.Millisecond), d.failed.Load()-refused)
+	if err2 != nil {
+		t.Fatalf("Release after the failover: %v", err2)
+	}
+	if n := promoted.Client(t).Exists(ctx(t), lockKey(name)).Val(); n != 0 {
+		t.Fatal("the lock is still held on the new primary after Release")
+	}
+}
