@@ -60,8 +60,16 @@ func TestSentinelFailover(t *testing.T) {
 		_, err := other.Acquire(ctx(t), "lock:payment:1001")
 		return errors.Is(err, fence.ErrHeld)
 	})
-	failedOver := time.Now()
-	waitFor(t, func() bool { return lease.Deadline().After(failedOver.Add(5 * time.Second)) })
+	// A renewal after the failover, on the new primary: the deadline the
+	// lease had then moves. (Waiting only for a deadline 5 s past the
+	// failover passed without one when the failover took under 5 s, and
+	// the Release then raced the client's switch to the new primary; see
+	// TestReleaseBeforeSentinelSwitch.)
+	failedOver, before := time.Now(), lease.Deadline()
+	waitFor(t, func() bool {
+		dl := lease.Deadline()
+		return dl.After(before) && dl.After(failedOver.Add(5*time.Second))
+	})
 	if lease.Err() != nil {
 		t.Fatalf("lease lost in the failover: %v", lease.Err())
 	}
