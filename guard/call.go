@@ -14,8 +14,10 @@ import (
 // Middleware and Gate hand it to the store (see WithCall).
 const CallHeader = "Fence-Call"
 
-// ReplayedHeader is set ("true") on the answer to a resend of a call that
-// was applied (ErrReplayed).
+// ReplayedHeader is set on the answer to a resend of a call that a store
+// found accepted (ErrReplayed): "true" from Middleware (200: the call was
+// applied), "admitted" from Gate (409: admitted before, its outcome not
+// known, see ProblemAdmitted).
 const ReplayedHeader = "Fence-Replayed"
 
 // maxCallBytes bounds a call id; Transport's are 32 bytes.

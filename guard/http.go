@@ -147,6 +147,13 @@ const (
 	// was applied (ErrReplayed): 200, Fence-Replayed: true, and a Problem
 	// as an application/json body. It is not an error.
 	ProblemReplayed = "urn:fence:problem:replayed"
+
+	// ProblemAdmitted is the type of Gate's answer to a resend of a call
+	// it admitted before: 409, Fence-Replayed: admitted. Gate spends the
+	// token at admission and does not know what the handler did (it may
+	// have failed, or still be running): the call is not run again, and
+	// the caller must read the state to learn its outcome.
+	ProblemAdmitted = "urn:fence:problem:admitted"
 )
 
 // Middleware runs a request's handler only if the request's Fence-Token is
@@ -299,10 +306,12 @@ func removeForm(handed, r *http.Request) {
 // its response directly, the token is spent once admitted, even if the
 // handler fails, and the body is not read ahead (Gate holds nothing while
 // the handler runs; HTTPOptions.MaxBody does not apply). A resend of an
-// admitted call (same token and Fence-Call, see Middleware) is answered
-// as a replay, the handler not run again; since the token is spent at
-// admission, the replay says the call was admitted, not that its handler
-// succeeded.
+// admitted call (same token and Fence-Call, see Middleware) is not run
+// again; since the token is spent at admission and
+// Gate does not know what the handler did (it may have failed, crashed,
+// or still be running), it is answered 409 with Fence-Replayed: admitted
+// and a Problem of type ProblemAdmitted, not 200: the caller reads the
+// state to learn the outcome.
 //
 // Gate panics if opts.Resource is nil, opts.Namespace is invalid or
 // opts.Observer holds a nil pointer, as Middleware does.
@@ -315,6 +324,10 @@ func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 				return
 			}
 			if err := a.Accept(WithCall(r.Context(), call), g.namespace+resource, token); err != nil {
+				if errors.Is(err, ErrReplayed) {
+					g.admittedBefore(w, r, resource, token, err)
+					return
+				}
 				g.reject(w, r, resource, token, err)
 				return
 			}
@@ -547,6 +560,18 @@ func (g *httpGuard) reject(w http.ResponseWriter, r *http.Request, resource stri
 	g.storeFailed(r, resource, token, err)
 	writeProblem(w, Problem{Type: ProblemStore, Title: "Fencing token store unavailable", Status: http.StatusServiceUnavailable,
 		Detail: "The server could not check the fencing token. Try again later.", Resource: resource, Token: token})
+}
+
+// admittedBefore answers Gate's resend of a call it admitted before: the
+// token was spent at admission and the handler's outcome is not known here
+// (it may have failed, crashed, or still be running), so the answer is not
+// a 2xx, which a caller would read as done.
+func (g *httpGuard) admittedBefore(w http.ResponseWriter, r *http.Request, resource string, token fence.Token, err error) {
+	g.debug(r, "guard: a resend of an admitted call, not run again", err, slog.String("resource", resource), slog.Int64("token", int64(token)))
+	w.Header().Set(ReplayedHeader, "admitted")
+	writeProblem(w, Problem{Type: ProblemAdmitted, Title: "Admitted before, outcome unknown", Status: http.StatusConflict,
+		Detail:   "This call was admitted before with this token and was not run again. Whether it succeeded is not known here: read the resource's state.",
+		Resource: resource, Token: token})
 }
 
 // decided tells the Observer, if any, of a decision on token.

@@ -182,7 +182,8 @@ func TestCreateTablesAddsCallColumn(t *testing.T) {
 
 // TestRedisStoreCallReplay: redisstore records the caller's call id beside
 // the accepted token: Gate answers an HTTP resend of an admitted request
-// as a replay, without running the handler again; another id, or a stale
+// as admitted before (409, Fence-Replayed: admitted), without running the
+// handler again; another id, or a stale
 // token with a forged id, is refused; go-redis's own resend of one Accept
 // (its reply lost) is still that Accept, accepted.
 func TestRedisStoreCallReplay(t *testing.T) {
@@ -211,8 +212,11 @@ func TestRedisStoreCallReplay(t *testing.T) {
 	if n := d.Dropped(); n != 1 {
 		t.Fatalf("%d replies dropped; want 1", n)
 	}
-	if w := send("5", "a1"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "true" {
-		t.Fatalf("resend: %d %v %s; want 200 replayed", w.Code, w.Header(), w.Body)
+	// Gate spent the token at admission and does not know what the handler
+	// did: the resend is answered "admitted before, outcome unknown" (409,
+	// Fence-Replayed: admitted), not run again, and not 2xx.
+	if w := send("5", "a1"); w.Code != http.StatusConflict || w.Header().Get(guard.ReplayedHeader) != "admitted" || !strings.Contains(w.Body.String(), guard.ProblemAdmitted) {
+		t.Fatalf("resend: %d %v %s; want 409 admitted", w.Code, w.Header(), w.Body)
 	}
 	if w := send("4", "a1"); w.Code != http.StatusConflict {
 		t.Fatalf("forged call id with token 4: %d %s; want 409", w.Code, w.Body)

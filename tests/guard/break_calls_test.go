@@ -1,0 +1,192 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/guard/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestGateReplayOfFailedHandler: Gate spends the token at admission, so an
+// HTTP resend of an admitted call (same token, same Fence-Call) is answered
+// without running the handler, whatever the first copy's handler did. Here
+// it failed (the payment provider answered an error, or the process died
+// between Accept and the handler): the resend must not be told 2xx, which a
+// payment caller reads as "charged". Before the fix it got 200 with
+// Fence-Replayed: true and "Already applied".
+func TestGateReplayOfFailedHandler(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { _ = client.Close() })
+	s := redisstore.Store{Client: client, Prefix: "guardtest:gatefail:" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	ran := 0
+	h := guard.Gate(s, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		ran++
+		if ran == 1 {
+			http.Error(w, "payment provider unavailable", http.StatusBadGateway)
+			return
+		}
+		_, _ = io.WriteString(w, "charged")
+	}))
+	send := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/payments/1001/charge", strings.NewReader("amount=100"))
+		req.Header.Set(guard.TokenHeader, "5")
+		req.Header.Set(guard.CallHeader, "charge-1001")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	if w := send(); w.Code != http.StatusBadGateway {
+		t.Fatalf("first: %d %s; want the handler's 502", w.Code, w.Body)
+	}
+	w := send()
+	t.Logf("resend: %d %v %s", w.Code, w.Header(), w.Body)
+	if w.Code >= 200 && w.Code < 300 {
+		t.Fatalf("resend of a call whose handler failed: %d, Fence-Replayed %q: a caller reads 2xx as done; nothing was charged",
+			w.Code, w.Header().Get(guard.ReplayedHeader))
+	}
+	if w.Header().Get(guard.ReplayedHeader) == "true" || !strings.Contains(w.Body.String(), guard.ProblemAdmitted) {
+		t.Fatalf("resend: Fence-Replayed %q, body %s; want not \"true\", type %s", w.Header().Get(guard.ReplayedHeader), w.Body, guard.ProblemAdmitted)
+	}
+	if ran != 1 {
+		t.Fatalf("handler ran %d times; want once (the token was spent at admission)", ran)
+	}
+}
+
+// TestMiddlewareFailedHandlerResend (held): a resend of a call whose
+// handler failed is never told "replayed": MemoryStore spent the token and
+// answers 409; SQLStore rolled back, and the resend runs the handler.
+func TestMiddlewareFailedHandlerResend(t *testing.T) {
+	for name, s := range stateStores(t) {
+		t.Run(name, func(t *testing.T) {
+			ran := 0
+			h := guard.Middleware(s.store, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				ran++
+				if err := s.write(r, int64(ran)); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				if ran == 1 {
+					http.Error(w, "provider down", http.StatusBadGateway)
+				}
+			}))
+			send := func() *httptest.ResponseRecorder {
+				req := httptest.NewRequest(http.MethodPost, "/payments/1001", strings.NewReader("amount=100"))
+				req.Header.Set(guard.TokenHeader, "5")
+				req.Header.Set(guard.CallHeader, "c-1")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				return w
+			}
+			if w := send(); w.Code != http.StatusBadGateway {
+				t.Fatalf("first: %d", w.Code)
+			}
+			w := send()
+			if w.Header().Get(guard.ReplayedHeader) != "" {
+				t.Fatalf("resend after the handler failed: %d, Fence-Replayed %q", w.Code, w.Header().Get(guard.ReplayedHeader))
+			}
+			if s.sql {
+				if w.Code != http.StatusOK || ran != 2 || s.read(t) != 2 {
+					t.Fatalf("sql resend: %d, ran %d, state %d; want 200, the handler run again", w.Code, ran, s.read(t))
+				}
+			} else if w.Code != http.StatusConflict || ran != 1 {
+				t.Fatalf("memory resend: %d, ran %d; want 409", w.Code, ran)
+			}
+		})
+	}
+}
+
+// TestCallIDColonEncoding (held): SQL records "<token>:<call>", and a call
+// id may hold ':'. Token 1 with call "5:abc" and token 15 with call "abc"
+// would both read "15:abc" if split wrongly; every store compares the
+// token and the whole id, so neither is taken for the other.
+func TestCallIDColonEncoding(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { _ = client.Close() })
+	rs := redisstore.Store{Client: client, Prefix: "guardtest:colon:" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	accept := func(c context.Context, res string, token fence.Token) error {
+		return rs.Accept(c, res, token)
+	}
+	stores := map[string]func(context.Context, string, fence.Token) error{"redis": accept}
+	for name, s := range stateStores(t) {
+		stores[name] = func(c context.Context, res string, token fence.Token) error {
+			return s.store.Do(c, res, token, func(context.Context) error { return nil })
+		}
+	}
+	for name, do := range stores {
+		t.Run(name, func(t *testing.T) {
+			if err := do(guard.WithCall(ctx(t), "abc"), "colon:a", 15); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				token fence.Token
+				call  string
+			}{{1, "5:abc"}, {15, "5:abc"}, {15, "15:abc"}, {15, ":abc"}, {15, "abc:"}, {15, "ABC"}} {
+				if err := do(guard.WithCall(ctx(t), c.call), "colon:a", c.token); !errors.Is(err, guard.ErrStale) || errors.Is(err, guard.ErrReplayed) {
+					t.Errorf("token %d call %q after 15 %q: %v; want stale", c.token, c.call, "abc", err)
+				}
+			}
+			if err := do(guard.WithCall(ctx(t), "5:abc"), "colon:b", 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := do(guard.WithCall(ctx(t), "abc"), "colon:b", 15); err != nil {
+				t.Fatalf("token 15 call abc after 1 5:abc: %v; want accepted", err)
+			}
+			if err := do(guard.WithCall(ctx(t), "5:abc"), "colon:b", 1); !errors.Is(err, guard.ErrStale) {
+				t.Fatalf("token 1 call 5:abc after 15 abc: %v; want stale", err)
+			}
+		})
+	}
+}
+
+// TestMiddlewareCallHeaderEdges (held): a 128-byte Fence-Call is a call id,
+// a 129-byte or non-ASCII one is refused 400 before the store is asked; a
+// Fence-Call sent as a trailer is not a call id (the request is fenced
+// without one, so its resend is 409, never a replay on a trailer's say).
+func TestMiddlewareCallHeaderEdges(t *testing.T) {
+	store := &guard.MemoryStore{}
+	ran := 0
+	h := guard.Middleware(store, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran++ }))
+	send := func(token, call string, trailer bool) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/payments/1001", strings.NewReader("x"))
+		req.Header.Set(guard.TokenHeader, token)
+		if trailer {
+			req.Trailer = http.Header{guard.CallHeader: {call}}
+		} else {
+			req.Header.Set(guard.CallHeader, call)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	long := strings.Repeat("a", 128)
+	if w := send("5", long, false); w.Code != http.StatusOK {
+		t.Fatalf("128-byte call id: %d %s", w.Code, w.Body)
+	}
+	if w := send("5", long, false); w.Header().Get(guard.ReplayedHeader) != "true" {
+		t.Fatalf("128-byte call id resent: %d %s; want a replay", w.Code, w.Body)
+	}
+	for _, bad := range []string{long + "a", "café", "a\tb", "a/b"} {
+		if w := send("6", bad, false); w.Code != http.StatusBadRequest {
+			t.Errorf("Fence-Call %q: %d; want 400", bad, w.Code)
+		}
+	}
+	if w := send("7", "t-1", true); w.Code != http.StatusOK {
+		t.Fatalf("trailer call: %d %s", w.Code, w.Body)
+	}
+	if w := send("7", "t-1", true); w.Code != http.StatusConflict {
+		t.Fatalf("trailer call resent: %d %s; want 409 (a trailer is no call id)", w.Code, w.Body)
+	}
+	if ran != 2 {
+		t.Fatalf("handler ran %d times; want 2", ran)
+	}
+}
