@@ -130,11 +130,11 @@
 // call id (the Fence-Call header) that net/http's own resends of the
 // request keep. The stores record the call id beside the last accepted
 // token (WithCall), so that a resend of a call that was applied (same
-// token, same call id) is answered 200 by
+// token, same call id, same method, target and body) is answered 200 by
 // Middleware with Fence-Replayed: true, the work not done again, instead of
 // 409 stale; Gate, which cannot know whether its handler succeeded, answers
 // it 409 with Fence-Replayed: admitted (ProblemAdmitted). A different call
-// id with the same token is stale,
+// id, or another request under the same id, with the same token is stale,
 // as the rule says. SQLStore keeps the call id in
 // fence_tokens' call_id column: CreateTables adds it to a table made
 // before (see CreateTables; the README gives the statement for a schema

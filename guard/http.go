@@ -226,7 +226,13 @@ const (
 // with the header Fence-Replayed: true and an application/json Problem
 // body of type ProblemReplayed. The handler's first answer is not kept: a client
 // that needs it reads the state again. Without Fence-Call, or with another
-// one, the same token is stale (409), as before.
+// one, the same token is stale (409), as before. The call id handed to the
+// store covers the request's method, target (path and query) and body as
+// well as its Fence-Call: a different request sent with the same Fence-Call
+// (or Idempotency-Key) under the same lease is not a resend, and is
+// answered 409 stale, not told it was applied. (The IETF Idempotency-Key
+// draft's 422 for a reused key would need the store to keep the digest
+// apart from the id.) With a negative MaxBody the body is not covered.
 //
 // Middleware panics if opts.Resource is nil, if opts.Namespace is not a
 // valid start of a lock name (fence.ValidateName: braces, control
@@ -250,7 +256,7 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 			var buf *responseBuffer
 			var p recovered
 			var handed *http.Request // the copy the last run was given
-			err := store.Do(WithCall(r.Context(), call), g.namespace+resource, token, func(ctx context.Context) error {
+			err := store.Do(WithCall(r.Context(), requestCall(call, r, g.maxBody >= 0)), g.namespace+resource, token, func(ctx context.Context) error {
 				removeForm(handed, r)
 				g.decided(resource, token, fence.GuardAccept)
 				buf, p = &responseBuffer{header: make(http.Header)}, recovered{}
@@ -284,6 +290,30 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 	}
 }
 
+// requestCall returns the call id that Middleware and Gate hand the store
+// for a request with Fence-Call call: a digest of call with the request's
+// method, target (path and query) and, if withBody, the body read ahead
+// (r.GetBody), so that a caller that sent two different requests with one
+// Fence-Call (one Idempotency-Key, from which Transport derives it) is not
+// told the second was applied: it is another call, stale with that token.
+// A resend, byte for byte the same request, is the same call. "" stays "".
+func requestCall(call string, r *http.Request, withBody bool) string {
+	if call == "" {
+		return ""
+	}
+	h := sha256.New()
+	for _, part := range []string{call, r.Method, r.URL.RequestURI()} {
+		_, _ = fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	if withBody && r.GetBody != nil {
+		if body, err := r.GetBody(); err == nil { // the bytes read ahead: never fails
+			_, _ = io.Copy(h, body)
+			_ = body.Close()
+		}
+	}
+	return "req-" + hex.EncodeToString(h.Sum(nil)[:16])
+}
+
 // removeForm removes the temporary files of a multipart form that the
 // handler parsed from handed, its copy of r: net/http removes those of the
 // request it handed over, not of a copy's.
@@ -306,8 +336,8 @@ func removeForm(handed, r *http.Request) {
 // its response directly, the token is spent once admitted, even if the
 // handler fails, and the body is not read ahead (Gate holds nothing while
 // the handler runs; HTTPOptions.MaxBody does not apply). A resend of an
-// admitted call (same token and Fence-Call, see Middleware) is not run
-// again; since the token is spent at admission and
+// admitted call (same token, Fence-Call, method and target, see
+// Middleware) is not run again; since the token is spent at admission and
 // Gate does not know what the handler did (it may have failed, crashed,
 // or still be running), it is answered 409 with Fence-Replayed: admitted
 // and a Problem of type ProblemAdmitted, not 200: the caller reads the
@@ -323,7 +353,7 @@ func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 			if !ok {
 				return
 			}
-			if err := a.Accept(WithCall(r.Context(), call), g.namespace+resource, token); err != nil {
+			if err := a.Accept(WithCall(r.Context(), requestCall(call, r, false)), g.namespace+resource, token); err != nil {
 				if errors.Is(err, ErrReplayed) {
 					g.admittedBefore(w, r, resource, token, err)
 					return

@@ -62,6 +62,86 @@ func TestGateReplayOfFailedHandler(t *testing.T) {
 	}
 }
 
+// TestMiddlewareCallOtherRequest: a careless caller reuses one Fence-Call
+// (or one Idempotency-Key, from which Transport derives it) for two
+// different requests under one lease. The second is not a resend of the
+// first: it must not be answered 200 "already applied" without running.
+// It is refused as any other call with that token is (409 stale); the same
+// request again is still a replay. Before the fix the second got 200
+// Fence-Replayed on every store, and the caller believed it applied.
+func TestMiddlewareCallOtherRequest(t *testing.T) {
+	for name, s := range stateStores(t) {
+		t.Run(name, func(t *testing.T) {
+			ran := 0
+			h := guard.Middleware(s.store, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				ran++
+				if err := s.write(r, int64(ran)); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+				}
+			}))
+			send := func(method, target, body string) *httptest.ResponseRecorder {
+				req := httptest.NewRequest(method, target, strings.NewReader(body))
+				req.Header.Set(guard.TokenHeader, "5")
+				req.Header.Set(guard.CallHeader, "idem-reused")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				return w
+			}
+			if w := send(http.MethodPost, "/payments/1001", "amount=100"); w.Code != http.StatusOK {
+				t.Fatalf("first: %d %s", w.Code, w.Body)
+			}
+			for _, other := range []struct{ method, target, body string }{
+				{http.MethodPost, "/payments/1001", "amount=900"},
+				{http.MethodPost, "/payments/1001?refund=1", "amount=100"},
+				{http.MethodDelete, "/payments/1001", "amount=100"},
+			} {
+				w := send(other.method, other.target, other.body)
+				if w.Code != http.StatusConflict || w.Header().Get(guard.ReplayedHeader) != "" {
+					t.Errorf("%s %s %q with the first request's call id: %d, Fence-Replayed %q; want 409, not a replay",
+						other.method, other.target, other.body, w.Code, w.Header().Get(guard.ReplayedHeader))
+				}
+			}
+			if w := send(http.MethodPost, "/payments/1001", "amount=100"); w.Code != http.StatusOK || w.Header().Get(guard.ReplayedHeader) != "true" {
+				t.Fatalf("the first request resent: %d %v %s; want 200 replayed", w.Code, w.Header(), w.Body)
+			}
+			if ran != 1 || s.read(t) != 1 {
+				t.Fatalf("handler ran %d times, state %d; want once", ran, s.read(t))
+			}
+		})
+	}
+}
+
+// TestGateCallOtherRequest: the same with Gate, which reads no body: a
+// request with another method or target under one Fence-Call is stale, not
+// "admitted before".
+func TestGateCallOtherRequest(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { _ = client.Close() })
+	s := redisstore.Store{Client: client, Prefix: "guardtest:gateother:" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	ran := 0
+	h := guard.Gate(s, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran++ }))
+	send := func(method, target string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, target, nil)
+		req.Header.Set(guard.TokenHeader, "5")
+		req.Header.Set(guard.CallHeader, "idem-reused")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	if w := send(http.MethodPost, "/payments/1001/capture"); w.Code != http.StatusOK {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	if w := send(http.MethodPost, "/payments/1001/refund"); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), guard.ProblemStale) {
+		t.Fatalf("another target under the first call id: %d %s; want 409 %s", w.Code, w.Body, guard.ProblemStale)
+	}
+	if w := send(http.MethodPost, "/payments/1001/capture"); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), guard.ProblemAdmitted) {
+		t.Fatalf("the first request resent: %d %s; want 409 %s", w.Code, w.Body, guard.ProblemAdmitted)
+	}
+	if ran != 1 {
+		t.Fatalf("handler ran %d times; want once", ran)
+	}
+}
+
 // TestMiddlewareFailedHandlerResend (held): a resend of a call whose
 // handler failed is never told "replayed": MemoryStore spent the token and
 // answers 409; SQLStore rolled back, and the resend runs the handler.
