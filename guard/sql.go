@@ -32,22 +32,35 @@ const (
 )`
 	// The migration of a fence_tokens made before call_id (guard before
 	// call ids): the column is added only if it is missing, since ALTER
-	// TABLE waits for every transaction fenced on the table. A role that
-	// does not own the table may not add it: the table is left as it is
-	// (the exception block keeps a caller's transaction usable), and Fence
-	// with a call id says what to run.
-	addCallPG = `DO $$ BEGIN
+	// TABLE waits for every transaction fenced on the table, and every
+	// fenced transaction begun after it waits behind it: one long fenced
+	// transaction stalled all fenced traffic, on every resource, for as
+	// long as it lasted. So the ALTER waits for its lock at most
+	// addCallLockTimeout (unless the session has a lock_timeout of its
+	// own), and gives up, leaving the table as it is: a later CreateTables
+	// adds it. A role that does not own the table may not add it: the
+	// table is left as it is too. (The exception block keeps a caller's
+	// transaction usable and undoes the lock_timeout; on success it is set
+	// back.) Fence with a call id says what to run.
+	addCallPG = `DO $$ DECLARE prev text := current_setting('lock_timeout'); BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'fence_tokens'::regclass AND attname = 'call_id' AND NOT attisdropped) THEN
 		BEGIN
+			IF prev = '0' THEN
+				PERFORM set_config('lock_timeout', '` + addCallLockTimeout + `', true);
+			END IF;
 			ALTER TABLE fence_tokens ADD COLUMN call_id TEXT;
+			PERFORM set_config('lock_timeout', prev, true);
 		EXCEPTION WHEN insufficient_privilege THEN
 			RAISE NOTICE 'guard: fence_tokens has no call_id column and this role may not add it';
+		WHEN lock_not_available THEN
+			RAISE NOTICE 'guard: fence_tokens has no call_id column: a fenced transaction held the table; run CreateTables again';
 		END;
 	END IF;
 END $$`
-	hasCallSQLite     = `SELECT COUNT(*) FROM pragma_table_info('fence_tokens') WHERE name = 'call_id'`
-	addCallSQLite     = `ALTER TABLE fence_tokens ADD COLUMN call_id TEXT`
-	createIdempotency = `CREATE TABLE IF NOT EXISTS fence_idempotency (
+	addCallLockTimeout = "2s"
+	hasCallSQLite      = `SELECT COUNT(*) FROM pragma_table_info('fence_tokens') WHERE name = 'call_id'`
+	addCallSQLite      = `ALTER TABLE fence_tokens ADD COLUMN call_id TEXT`
+	createIdempotency  = `CREATE TABLE IF NOT EXISTS fence_idempotency (
 	key TEXT PRIMARY KEY
 )`
 	upsertToken = `INSERT INTO fence_tokens (resource, token) VALUES ($1, $2)
@@ -73,7 +86,11 @@ WHERE fence_tokens.token - excluded.token < 0`
 // A fence_tokens made before call ids has no call_id column: CreateTables
 // adds it (ALTER TABLE fence_tokens ADD COLUMN call_id TEXT, nullable, so
 // existing rows keep their tokens), once, waiting for the transactions
-// fenced on the table meanwhile. On PostgreSQL a role that does not own the
+// fenced on the table meanwhile. On PostgreSQL, where fenced transactions
+// begun after the ALTER queue behind it, it waits at most 2 s for them
+// (unless the session sets a lock_timeout of its own), and if one lasts
+// longer it leaves the table as it is and returns nil: a later
+// CreateTables adds the column. A role that does not own the
 // table may not add it: CreateTables then leaves the table as it is, and
 // the owner must run that statement. Fence and Tx without a call id (see
 // WithCall) do not use the column; with one they fail, with a message that

@@ -2,6 +2,7 @@ package guard_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"io"
 	"net/http"
@@ -268,5 +269,129 @@ func TestMiddlewareCallHeaderEdges(t *testing.T) {
 	}
 	if ran != 2 {
 		t.Fatalf("handler ran %d times; want 2", ran)
+	}
+}
+
+// TestCreateTablesUnderLongFencedTx: a service starts (CreateTables) while
+// another process has a fenced transaction open on a fence_tokens made
+// before call ids (a handler calling a slow provider, or a session left
+// idle in transaction). ALTER TABLE waits for that transaction's lock, and
+// every fenced transaction that comes after queues behind the ALTER: all
+// fenced traffic, on every resource, stalled for as long as the one
+// transaction lasted, and the starting service hung in CreateTables.
+// Before the fix a Fence on another resource ran into its 10 s deadline.
+// CreateTables now waits at most a short lock_timeout for the ALTER, leaves
+// the table as it is when it cannot get the lock (SQLStore then fences
+// without call ids, as on a table it may not alter), and adds the column
+// at a later run.
+func TestCreateTablesUnderLongFencedTx(t *testing.T) {
+	db := pg.NewDB(t)
+	for _, stmt := range []string{
+		`CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0))`,
+		`CREATE TABLE fence_idempotency (key TEXT PRIMARY KEY)`,
+	} {
+		if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long, err := db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback() }()
+	if err := guard.Fence(ctx(t), long, "slow-payment", 5); err != nil {
+		t.Fatal(err)
+	}
+	created := make(chan error, 1)
+	go func() { created <- guard.CreateTables(ctx(t), db) }()
+
+	// Wait until the ALTER waits for the long transaction's lock (or
+	// CreateTables has returned already).
+	deadline := time.Now().Add(20 * time.Second)
+	for waiting := false; !waiting; {
+		var n int
+		if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%ALTER TABLE fence_tokens%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-created:
+			created <- err
+			waiting = true
+		default:
+			waiting = n > 0
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("CreateTables neither waited for the lock nor returned")
+		}
+		if !waiting {
+			time.Sleep(5 * time.Millisecond) // a short poll with a deadline
+		}
+	}
+	other, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := guard.Tx(other, db, "other-payment", 7, func(*sql.Tx) error { return nil }); err != nil {
+		t.Fatalf("a fenced transaction on another resource while the migration waits: %v after %v; want it through", err, time.Since(start).Round(time.Millisecond))
+	}
+	t.Logf("another resource's fenced transaction took %v while the long one was open", time.Since(start).Round(time.Millisecond))
+	select {
+	case err := <-created:
+		if err != nil {
+			t.Fatalf("CreateTables: %v; want nil, the table left as it is", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("CreateTables still waits for the long transaction")
+	}
+	if err := long.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.CreateTables(ctx(t), db); err != nil {
+		t.Fatal(err)
+	}
+	c := guard.WithCall(ctx(t), "c1")
+	if err := guard.Tx(c, db, "other-payment", 8, func(*sql.Tx) error { return nil }); err != nil {
+		t.Fatalf("after the later CreateTables, a call id: %v", err)
+	}
+	if err := guard.Tx(c, db, "other-payment", 8, func(*sql.Tx) error { return nil }); !errors.Is(err, guard.ErrReplayed) {
+		t.Fatalf("resend after the migration: %v; want ErrReplayed", err)
+	}
+	var timeout string
+	if err := db.QueryRowContext(ctx(t), `SHOW lock_timeout`).Scan(&timeout); err != nil || timeout != "0" {
+		t.Fatalf("lock_timeout of a pooled session: %q %v; want 0, left as it was", timeout, err)
+	}
+}
+
+// TestCreateTablesInCallerTxKeepsLockTimeout (held): CreateTables in the
+// caller's transaction bounds its ALTER's wait with a local lock_timeout
+// and sets the caller's own back: the rest of the caller's transaction
+// waits for locks as it asked.
+func TestCreateTablesInCallerTxKeepsLockTimeout(t *testing.T) {
+	db := pg.NewDB(t)
+	if _, err := db.ExecContext(ctx(t), `CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0))`); err != nil {
+		t.Fatal(err)
+	}
+	for _, set := range []string{"", "SET LOCAL lock_timeout = '7s'"} {
+		tx, err := db.BeginTx(ctx(t), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if set != "" {
+			if _, err := tx.ExecContext(ctx(t), set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := guard.CreateTables(ctx(t), tx); err != nil {
+			t.Fatal(err)
+		}
+		var timeout string
+		if err := tx.QueryRowContext(ctx(t), `SHOW lock_timeout`).Scan(&timeout); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[string]string{"": "0"}[set]; set != "" && timeout != "7s" || set == "" && timeout != want {
+			t.Fatalf("after CreateTables in a transaction (%q): lock_timeout %q", set, timeout)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
