@@ -395,3 +395,54 @@ func TestCreateTablesInCallerTxKeepsLockTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisStoreCallRecordLost (held): redisstore keeps the caller's call
+// id for ResendWindow in a key of its own. A resend after that key is gone
+// (the window passed, an eviction, a DEL) is stale, never admitted twice;
+// the token record itself has no expiry. Eight Accepts of one call at once
+// (an HTTP resend racing go-redis's own) admit exactly one.
+func TestRedisStoreCallRecordLost(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := "guardtest:calllost:" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	s := redisstore.Store{Client: client, Prefix: prefix}
+	c := guard.WithCall(ctx(t), "c-1")
+	if err := s.Accept(c, "r", 5); err != nil {
+		t.Fatal(err)
+	}
+	key := prefix + ":{r}"
+	if ttl, err := client.PTTL(ctx(t), key+":call").Result(); err != nil || ttl <= 0 || ttl > redisstore.ResendWindow {
+		t.Fatalf("call record's TTL %v %v; want within ResendWindow", ttl, err)
+	}
+	if ttl, err := client.PTTL(ctx(t), key).Result(); err != nil || ttl != -1 {
+		t.Fatalf("token record's TTL %v %v; want none", ttl, err)
+	}
+	if err := s.Accept(c, "r", 5); !errors.Is(err, guard.ErrReplayed) {
+		t.Fatalf("resend within the window: %v; want ErrReplayed", err)
+	}
+	if err := client.Del(ctx(t), key+":call").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Accept(c, "r", 5); !errors.Is(err, guard.ErrStale) || errors.Is(err, guard.ErrReplayed) {
+		t.Fatalf("resend after the call record is gone: %v; want stale", err)
+	}
+
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() { errs <- s.Accept(guard.WithCall(ctx(t), "c-2"), "r", 6) }()
+	}
+	admitted, replayed := 0, 0
+	for range 8 {
+		switch err := <-errs; {
+		case err == nil:
+			admitted++
+		case errors.Is(err, guard.ErrReplayed):
+			replayed++
+		default:
+			t.Errorf("concurrent Accept: %v", err)
+		}
+	}
+	if admitted != 1 || replayed != 7 {
+		t.Fatalf("8 Accepts of one call at once: %d admitted, %d replayed; want 1 and 7", admitted, replayed)
+	}
+}
