@@ -55,6 +55,10 @@ const (
 		WHEN lock_not_available THEN
 			RAISE NOTICE 'guard: fence_tokens has no call_id column: a fenced transaction held the table; run CreateTables again';
 		END;
+	ELSIF (SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'fence_tokens'::regclass AND attname = 'call_id' AND NOT attisdropped) NOT IN ('text', 'character varying') THEN
+		RAISE EXCEPTION 'guard: fence_tokens.call_id is %, which cannot hold every "<token>:<call id>": run ALTER TABLE fence_tokens ALTER COLUMN call_id TYPE TEXT USING NULL',
+			(SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'fence_tokens'::regclass AND attname = 'call_id' AND NOT attisdropped)
+			USING ERRCODE = 'datatype_mismatch';
 	END IF;
 END $$`
 	addCallLockTimeout = "2s"
@@ -92,7 +96,9 @@ WHERE fence_tokens.token - excluded.token < 0`
 // longer it leaves the table as it is and returns nil: a later
 // CreateTables adds the column. A role that does not own the
 // table may not add it: CreateTables then leaves the table as it is, and
-// the owner must run that statement. Fence and Tx without a call id (see
+// the owner must run that statement. A call_id column of another type than
+// TEXT (or an unbounded VARCHAR), added by hand, cannot hold what Fence
+// records: CreateTables returns an error that names the statement to run. Fence and Tx without a call id (see
 // WithCall) do not use the column; with one they fail, with a message that
 // says to run CreateTables, until it is there. SQLStore (Middleware, for
 // requests from Transport) then fences without the call id, as before.

@@ -446,3 +446,27 @@ func TestRedisStoreCallRecordLost(t *testing.T) {
 		t.Fatalf("8 Accepts of one call at once: %d admitted, %d replayed; want 1 and 7", admitted, replayed)
 	}
 }
+
+// TestCallColumnOtherType: a fence_tokens whose call_id column a DBA added
+// by hand with another type (BIGINT, UUID, VARCHAR(16)) cannot hold
+// "<token>:<call>". CreateTables found the column and returned nil, and
+// then every request from Transport (which always sends Fence-Call) failed
+// 503 with "invalid input syntax for type bigint": an outage discovered
+// only under traffic. CreateTables now refuses such a column at start-up
+// with an error that names it and the fix.
+func TestCallColumnOtherType(t *testing.T) {
+	for _, typ := range []string{"BIGINT", "UUID", "VARCHAR(16)"} {
+		t.Run(typ, func(t *testing.T) {
+			db := pg.NewDB(t)
+			if _, err := db.ExecContext(ctx(t), `CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0), call_id `+typ+`)`); err != nil {
+				t.Fatal(err)
+			}
+			err := guard.CreateTables(ctx(t), db)
+			t.Logf("CreateTables: %v", err)
+			if err == nil || !strings.Contains(err.Error(), "call_id") || !strings.Contains(strings.ToLower(err.Error()), "text") {
+				err := guard.SQLStore{DB: db}.Do(guard.WithCall(ctx(t), "req-0123456789abcdef0123456789abcdef"), "r", 5, func(context.Context) error { return nil })
+				t.Fatalf("CreateTables on a call_id %s: nil; then a request with a call id: %v", typ, err)
+			}
+		})
+	}
+}
