@@ -217,7 +217,11 @@ func sqlState(err error) string {
 // and a Fence with the last accepted token and the same call id (a resend
 // of a call whose transaction committed) returns a *ReplayedError
 // (matching ErrReplayed, not ErrStale): roll back, the work was done. This
-// needs fence_tokens' call_id column (see CreateTables).
+// needs fence_tokens' call_id column (see CreateTables). With q a *sql.DB
+// (or a *sql.Conn outside a transaction) the fence and its call id commit
+// before the caller's work, and stay if the work then fails: a
+// *ReplayedError then says only that the call was fenced before, as
+// Gate's answer does, not that its work was done.
 func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
 	if err := checkQuerier(q); err != nil {
 		return err
