@@ -138,15 +138,19 @@ type SQLStore struct{ DB *sql.DB }
 
 // Do implements Store.
 func (s SQLStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
+	ran := false
 	run := func(ctx context.Context) error {
 		return Tx(ctx, s.DB, resource, token, func(tx *sql.Tx) error {
+			ran = true
 			return fn(context.WithValue(ctx, txKey{}, storeTx{db: s.DB, tx: tx}))
 		})
 	}
 	err := run(ctx)
 	var noColumn *noCallColumnError
-	if CallFrom(ctx) != "" && errors.As(err, &noColumn) {
-		// Fence failed before fn ran, and the transaction rolled back.
+	if !ran && CallFrom(ctx) != "" && errors.As(err, &noColumn) {
+		// Fence failed before fn ran, and the transaction rolled back. (The
+		// same error from fn, fencing on another database with ctx's call
+		// id, came after fn's work: it is fn's error, not run again.)
 		err = run(WithCall(ctx, ""))
 	}
 	return err

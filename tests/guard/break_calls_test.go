@@ -470,3 +470,33 @@ func TestCallColumnOtherType(t *testing.T) {
 		})
 	}
 }
+
+// TestSQLStoreRerunOnlyBeforeFn: SQLStore runs a request's transaction again
+// without the call id when Fence finds no call_id column, which happens
+// before fn runs. But fn may fence another resource itself with the
+// request's ctx (which carries the call id) on another database whose
+// fence_tokens is older: that noCallColumnError came from inside fn, after
+// its work, and SQLStore ran fn a second time (its calls to other systems
+// made twice). Before the fix fn ran 2 times. Now only a failure before fn
+// is rerun.
+func TestSQLStoreRerunOnlyBeforeFn(t *testing.T) {
+	dbs := databases(t)
+	main, old := dbs["postgres"], dbs["sqlite"]
+	if err := guard.CreateTables(ctx(t), main); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.ExecContext(ctx(t), `CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0))`); err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	err := guard.SQLStore{DB: main}.Do(guard.WithCall(ctx(t), "c-1"), "r", 5, func(c context.Context) error {
+		ran++ // a call to a payment provider, say
+		return guard.Fence(c, old, "ledger", 5)
+	})
+	if ran != 1 {
+		t.Fatalf("fn ran %d times (error %v); want once", ran, err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "CreateTables") {
+		t.Fatalf("Do: %v; want fn's error, naming CreateTables", err)
+	}
+}
