@@ -582,9 +582,14 @@ func (g *httpGuard) reject(w http.ResponseWriter, r *http.Request, resource stri
 	if errors.As(err, &stale) {
 		g.decided(resource, token, fence.GuardReject)
 		g.debug(r, "guard: stale fencing token", err, slog.String("resource", resource), slog.Int64("token", int64(token)))
+		detail := "A newer fencing token was already accepted for this resource."
+		if stale.Last == token {
+			// Not a newer holder: this token was spent by another call (or
+			// another request under this call id), and is not accepted twice.
+			detail = "This fencing token was already used for another call on this resource; it is accepted once."
+		}
 		writeProblem(w, Problem{Type: ProblemStale, Title: "Stale fencing token", Status: http.StatusConflict,
-			Detail:   "A newer fencing token was already accepted for this resource.",
-			Resource: resource, Token: token, Last: stale.Last})
+			Detail: detail, Resource: resource, Token: token, Last: stale.Last})
 		return
 	}
 	g.storeFailed(r, resource, token, err)

@@ -500,3 +500,31 @@ func TestSQLStoreRerunOnlyBeforeFn(t *testing.T) {
 		t.Fatalf("Do: %v; want fn's error, naming CreateTables", err)
 	}
 }
+
+// TestStaleSameTokenDetail: a request refused because its token was already
+// spent by another call (same token, another or no Fence-Call, or another
+// request under the same one) was told "A newer fencing token was already
+// accepted", which sends a caller looking for a lost lease; the answer now
+// says that this token was used by another call (still 409, type stale,
+// last_accepted_token equal to token).
+func TestStaleSameTokenDetail(t *testing.T) {
+	h := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	send := func(token, call string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/payments/1001", strings.NewReader("x"))
+		req.Header.Set(guard.TokenHeader, token)
+		req.Header.Set(guard.CallHeader, call)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	if w := send("5", "a"); w.Code != http.StatusOK {
+		t.Fatal(w.Code)
+	}
+	w := send("5", "b")
+	if w.Code != http.StatusConflict || strings.Contains(w.Body.String(), "newer") || !strings.Contains(w.Body.String(), "another call") {
+		t.Fatalf("token 5 again with another call: %d %s; want 409 saying the token was used by another call", w.Code, w.Body)
+	}
+	if w := send("4", "c"); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "newer") {
+		t.Fatalf("token 4: %d %s; want 409 newer token", w.Code, w.Body)
+	}
+}
