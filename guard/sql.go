@@ -94,7 +94,8 @@ WHERE fence_tokens.token - excluded.token < 0`
 // begun after the ALTER queue behind it, it waits at most 2 s for them
 // (unless the session sets a lock_timeout of its own), and if one lasts
 // longer it leaves the table as it is and returns nil: a later
-// CreateTables adds the column. A role that does not own the
+// CreateTables adds the column. On SQLite the same holds when another
+// connection's write transaction outlasts the busy timeout. A role that does not own the
 // table may not add it: CreateTables then leaves the table as it is, and
 // the owner must run that statement. A call_id column of another type than
 // TEXT (or an unbounded VARCHAR), added by hand, cannot hold what Fence
@@ -139,6 +140,12 @@ func addCallColumn(ctx context.Context, q Querier) error {
 	_, err = q.ExecContext(ctx, addCallSQLite)
 	if err != nil && strings.Contains(err.Error(), "duplicate column name") {
 		return nil // another process added it meanwhile
+	}
+	if err != nil && ctx.Err() == nil && errors.Is(retryable(err), ErrRetry) {
+		// Another connection's write transaction (a fenced one) outlasted
+		// the busy timeout: leave the table as it is, as on PostgreSQL; a
+		// later CreateTables adds the column.
+		return nil
 	}
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -526,5 +527,58 @@ func TestStaleSameTokenDetail(t *testing.T) {
 	}
 	if w := send("4", "c"); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "newer") {
 		t.Fatalf("token 4: %d %s; want 409 newer token", w.Code, w.Body)
+	}
+}
+
+// TestCreateTablesSQLiteBusy: on SQLite (WAL, several processes) a service
+// starting while another process's fenced transaction is open past the
+// busy timeout: CREATE TABLE IF NOT EXISTS passes (it writes nothing), but
+// CreateTables' ALTER for call_id failed with SQLITE_BUSY, and start-up
+// failed where it passed before call ids. As on PostgreSQL, CreateTables now
+// leaves the table as it is (SQLStore fences without call ids) and a later
+// run adds the column.
+func TestCreateTablesSQLiteBusy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "guard.db")
+	open := func() *sql.DB {
+		dsn := strings.Replace(guard.SQLiteDSN(path), "busy_timeout(10000)", "busy_timeout(300)", 1)
+		db, err := sql.Open("sqlite", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	a, b := open(), open()
+	for _, stmt := range []string{
+		`CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL CHECK (token > 0))`,
+		`CREATE TABLE fence_idempotency (key TEXT PRIMARY KEY)`,
+	} {
+		if _, err := a.ExecContext(ctx(t), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := a.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := guard.Fence(ctx(t), tx, "slow", 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.CreateTables(ctx(t), b); err != nil {
+		t.Fatalf("CreateTables while another process's fenced transaction is open: %v; want nil, the table left as it is", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.CreateTables(ctx(t), b); err != nil {
+		t.Fatal(err)
+	}
+	c := guard.WithCall(ctx(t), "c-1")
+	if err := guard.Fence(c, b, "slow", 6); err != nil {
+		t.Fatalf("after the later CreateTables: %v", err)
+	}
+	if err := guard.Fence(c, b, "slow", 6); !errors.Is(err, guard.ErrReplayed) {
+		t.Fatalf("resend: %v; want ErrReplayed", err)
 	}
 }
