@@ -135,10 +135,10 @@ var libLog *libLogger
 func newLibLogger(args []string, w io.Writer) *libLogger { return &libLogger{args: args, w: w} }
 
 // Printf writes one line, unless it is go-redis's note on its own pool
-// (poolNoise, drainNoise).
+// (poolNoise, drainNoise, dialNoise).
 func (l *libLogger) Printf(_ context.Context, format string, v ...any) {
 	text := fmt.Sprintf(format, v...)
-	if strings.Contains(text, poolNoise) || strings.Contains(text, drainNoise) {
+	if strings.Contains(text, poolNoise) || strings.Contains(text, drainNoise) || strings.Contains(text, dialNoise) {
 		return
 	}
 	line := termtext.Escape(scrub(text, l.args)) + "\n"
@@ -164,6 +164,14 @@ const poolNoise = "state changed by hook to CLOSED"
 // printed the same "remote error: tls: unknown certificate authority" eight
 // times before its own error (TestTLSClientCertificateWrong).
 const drainNoise = "push: pre-command drain failed, retiring conn"
+
+// dialNoise is in the line go-redis logs each time a command finds no
+// connection because its dials failed: the command's error, which fence
+// reports, says the same. A server that refused connections printed
+// "redis: connection pool: failed to dial after 5 attempts: dial tcp ...:
+// connection refused" four times before exec's own error
+// (TestExecServerDownOneErrorLine).
+const dialNoise = "connection pool: failed to dial after"
 
 // divert sends the lines to w until the returned func is called.
 func (l *libLogger) divert(w io.Writer) (restore func()) {

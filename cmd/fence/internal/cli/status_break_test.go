@@ -93,3 +93,23 @@ func TestExecLongestWait(t *testing.T) {
 		t.Errorf("exec --wait at the largest duration on a free lock: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
+
+// fence exec, status and doctor against a port that refuses connections:
+// exit 2 with one line on stderr, fence's own error naming the refusal.
+// go-redis's own note on each failed dial ("connection pool: failed to
+// dial after 5 attempts") came four times before it.
+func TestExecServerDownOneErrorLine(t *testing.T) {
+	t.Parallel()
+	url := "redis://" + refused.Addr(t)
+	for _, args := range [][]string{
+		{"exec", "--redis", url, "lock:x", "--", "true"},
+		{"status", "--redis", url, "lock:x"},
+		{"doctor", "--redis", url},
+	} {
+		_, errOut, code := fence(t, nil, args...)
+		lines := strings.Split(strings.TrimRight(errOut, "\n"), "\n")
+		if code != cli.ExitUsage || len(lines) != 1 || !strings.Contains(errOut, "connection refused") {
+			t.Errorf("%s on a refused port: exit %d, stderr %q; want exit %d and one line naming the refusal", args[0], code, errOut, cli.ExitUsage)
+		}
+	}
+}
