@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -73,11 +74,11 @@ func redisTLS(cmd *cobra.Command) (*clientTLS, error) {
 		return nil, fmt.Errorf("%s needs --redis-tls-cert, the certificate the key belongs to", names[1])
 	case certFile != "":
 		ct.given = names[0]
-		certPEM, err := os.ReadFile(certFile)
+		certPEM, err := readPEMFile(certFile)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", names[0], err)
 		}
-		keyPEM, err := os.ReadFile(keyFile)
+		keyPEM, err := readPEMFile(keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", names[1], err)
 		}
@@ -91,7 +92,7 @@ func redisTLS(cmd *cobra.Command) (*clientTLS, error) {
 		if ct.given == "" {
 			ct.given = names[2]
 		}
-		pem, err := os.ReadFile(caFile)
+		pem, err := readPEMFile(caFile)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", names[2], err)
 		}
@@ -101,6 +102,30 @@ func redisTLS(cmd *cobra.Command) (*clientTLS, error) {
 		}
 	}
 	return ct, nil
+}
+
+// maxPEMFile bounds what readPEMFile reads: a CA bundle of every public
+// root is about 200 KiB.
+const maxPEMFile = 4 << 20
+
+// readPEMFile is os.ReadFile bounded by maxPEMFile: a file past it (a
+// mistyped path such as /dev/zero or /dev/urandom, a disk image) is an
+// error after reading maxPEMFile+1 bytes, not a read that never ends or
+// fills memory. Pipes (--redis-tls-cert <(vault read ...)) still work.
+func readPEMFile(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxPEMFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxPEMFile {
+		return nil, fmt.Errorf("%s: larger than %d MiB, not a PEM file", name, maxPEMFile>>20)
+	}
+	return b, nil
 }
 
 // errTLSNeedsRediss is the error of TLS flags given with a redis:// URL.
