@@ -51,9 +51,9 @@ type conn struct {
 
 // stopFlag returns the flag that client's Close sets (the stop field of
 // rueidis's single and Sentinel clients, v1.0.79 and v1.0.80), or nil for
-// a client of another shape (a wrapper, another rueidis version). Its
-// calls do not say that it was closed: closed after a failed dial, it
-// answers them with that dial's error (ECONNREFUSED, which redislock
+// a client of another shape or package (a wrapper, another rueidis
+// version). Its calls do not say that it was closed: closed after a failed
+// dial, it answers them with that dial's error (ECONNREFUSED, which redislock
 // retries), and the next call finds the closed connection "broken", puts
 // it back to be dialed, and dials again; closed while a dial is under way,
 // it keeps the new connection (TestClosedAfterTimeout). A parked give-back
@@ -65,12 +65,21 @@ func stopFlag(client rueidis.Client) *uint32 {
 	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
 		return nil
 	}
+	// Only rueidis's own types: a user's wrapper may have a stop field of
+	// its own, meaning something else and written without atomics
+	// (TestWrappedClientWithStopField).
+	if v.Elem().Type().PkgPath() != rueidisPkg {
+		return nil
+	}
 	f := v.Elem().FieldByName("stop")
 	if !f.IsValid() || f.Kind() != reflect.Uint32 {
 		return nil
 	}
 	return (*uint32)(f.Addr().UnsafePointer())
 }
+
+// rueidisPkg is the import path of the types stopFlag reads.
+var rueidisPkg = reflect.TypeFor[rueidis.Client]().PkgPath()
 
 // errClosed is a call's error on a closed client.
 var errClosed = fmt.Errorf("fencerueidis: %w (%w)", rueidis.ErrClosing, fence.ErrClosed)
