@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -148,27 +148,34 @@ const causeWait = time.Second
 // its own that reports a deadline it does not keep) gives
 // context.DeadlineExceeded.
 type ctxDeadlineCause struct {
-	ctx  context.Context
-	once sync.Once
-	err  error
+	ctx context.Context
+	err atomic.Pointer[error] // the first reader's answer, then everyone's
 }
 
+// cause waits for ctx's end (at most causeWait) and returns its cause,
+// the first reader's answer for every reader. Readers wait on channels
+// only, not on each other (a sync.Once here made the others wait on its
+// mutex, which a synctest bubble does not count as blocked, so that its
+// clock stood still and the waiting reader's timer never fired:
+// TestRunCtxDeadlineCauseReadersInBubble).
 func (c *ctxDeadlineCause) cause() error {
-	c.once.Do(func() {
-		if c.ctx.Err() == nil {
-			t := time.NewTimer(causeWait)
-			select {
-			case <-c.ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+	if p := c.err.Load(); p != nil {
+		return *p
+	}
+	if c.ctx.Err() == nil {
+		t := time.NewTimer(causeWait)
+		select {
+		case <-c.ctx.Done():
+		case <-t.C:
 		}
-		c.err = context.Cause(c.ctx)
-		if c.err == nil {
-			c.err = context.DeadlineExceeded
-		}
-	})
-	return c.err
+		t.Stop()
+	}
+	err := context.Cause(c.ctx)
+	if err == nil {
+		err = context.DeadlineExceeded
+	}
+	c.err.CompareAndSwap(nil, &err)
+	return *c.err.Load()
 }
 
 func (c *ctxDeadlineCause) Error() string { return c.cause().Error() }
