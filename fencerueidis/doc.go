@@ -80,7 +80,8 @@
 // v1.0.79 does not always say so itself: a client closed after a failed
 // dial answers with that dial's error and then dials again, and one closed
 // while a dial is under way keeps the new connection, so the adapter reads
-// the flag that the client's Close sets (single and Sentinel clients; a
-// client of another type, a wrapper, is taken at its word)
+// the flag that the client's Close sets (single and Sentinel clients, and
+// standalone ones with replicas; a client of another type, a wrapper, or a
+// standalone one with EnableRedirect and no replicas, is taken at its word)
 // (TestParkingEndsWithClosedClient, TestClosedAfterTimeout).
 package fencerueidis

@@ -71,11 +71,21 @@ func stopFlag(client rueidis.Client) *uint32 {
 	if v.Elem().Type().PkgPath() != rueidisPkg {
 		return nil
 	}
-	f := v.Elem().FieldByName("stop")
-	if !f.IsValid() || f.Kind() != reflect.Uint32 {
-		return nil
+	if f := v.Elem().FieldByName("stop"); f.IsValid() && f.Kind() == reflect.Uint32 {
+		return (*uint32)(f.Addr().UnsafePointer())
 	}
-	return (*uint32)(f.Addr().UnsafePointer())
+	// rueidis's standalone client (Standalone.ReplicaAddress) has no flag
+	// of its own: its Close closes its replicas, set once by NewClient,
+	// with its primary (TestParkingEndsWithClosedStandaloneClient). One
+	// with EnableRedirect and no replicas is not seen closed.
+	if r := v.Elem().FieldByName("replicas"); r.IsValid() && r.Kind() == reflect.Slice && r.Len() > 0 {
+		if e := r.Index(0); e.Kind() == reflect.Pointer && !e.IsNil() && e.Elem().Kind() == reflect.Struct && e.Elem().Type().PkgPath() == rueidisPkg {
+			if f := e.Elem().FieldByName("stop"); f.IsValid() && f.Kind() == reflect.Uint32 {
+				return (*uint32)(f.Addr().UnsafePointer())
+			}
+		}
+	}
+	return nil
 }
 
 // rueidisPkg is the import path of the types stopFlag reads.
