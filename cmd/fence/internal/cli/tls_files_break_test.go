@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,7 +32,9 @@ import (
 // certificate"). Now each is exit 2 at once, naming the flag and saying the
 // file is too large. A key that is a directory and a symlink loop are exit 2
 // naming the flag (held). A certificate and key given the wrong way round
-// are refused without printing what the files hold (held).
+// are refused without printing what the files hold (held). A FIFO that
+// nobody writes to blocked fence in open(2) for good (killed after 20 s);
+// now it reads as empty: exit 2, no PEM certificate.
 func TestTLSFlagFilesHostile(t *testing.T) {
 	t.Parallel()
 	m := newMTLS(t)
@@ -47,6 +50,10 @@ func TestTLSFlagFilesHostile(t *testing.T) {
 	f.Close()
 	loop := filepath.Join(dir, "loop.pem")
 	if err := os.Symlink(loop, loop); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo.pem")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tlsURL := "rediss://" + silent.Addr(t)
@@ -67,6 +74,7 @@ func TestTLSFlagFilesHostile(t *testing.T) {
 		{"huge-ca", []string{"status", "--redis", tlsURL, "--redis-tls-ca", huge, "lock:x"}, []string{"--redis-tls-ca", huge, "larger than"}},
 		{"devzero-ca", []string{"status", "--redis", tlsURL, "--redis-tls-ca", "/dev/zero", "lock:x"}, []string{"--redis-tls-ca", "/dev/zero", "larger than"}},
 		{"devzero-cert", []string{"exec", "--redis", tlsURL, "--redis-tls-cert", "/dev/zero", "--redis-tls-key", m.client.KeyFile, "lock:x", "--", "true"}, []string{"--redis-tls-cert", "/dev/zero", "larger than"}},
+		{"fifo-ca", []string{"status", "--redis", tlsURL, "--redis-tls-ca", fifo, "lock:x"}, []string{"--redis-tls-ca", fifo, "no PEM certificate"}},
 		{"dir-key", []string{"doctor", "--redis", tlsURL, "--redis-tls-cert", m.client.CertFile, "--redis-tls-key", dir}, []string{"--redis-tls-key", dir, "is a directory"}},
 		{"loop-ca", append([]string{"status", "--redis", tlsURL, "--redis-tls-ca", loop, "lock:x"}, certKey...), []string{"--redis-tls-ca", loop, "too many levels of symbolic links"}},
 		{"switched", []string{"status", "--redis", tlsURL, "--redis-tls-cert", m.client.KeyFile, "--redis-tls-key", m.client.CertFile, "lock:x"}, []string{"--redis-tls-cert", m.client.KeyFile}},

@@ -111,9 +111,11 @@ const maxPEMFile = 4 << 20
 // readPEMFile is os.ReadFile bounded by maxPEMFile: a file past it (a
 // mistyped path such as /dev/zero or /dev/urandom, a disk image) is an
 // error after reading maxPEMFile+1 bytes, not a read that never ends or
-// fills memory. Pipes (--redis-tls-cert <(vault read ...)) still work.
+// fills memory, and a FIFO with no writer reads as empty rather than
+// block in open (pemOpenFlags). Pipes (--redis-tls-cert <(vault read ...))
+// still work.
 func readPEMFile(name string) ([]byte, error) {
-	f, err := os.Open(name)
+	f, err := os.OpenFile(name, os.O_RDONLY|pemOpenFlags, 0)
 	if err != nil {
 		return nil, err
 	}
