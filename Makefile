@@ -10,9 +10,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The unit tests mostly wait (on servers, leases and timeouts), so the fault
 # lab's short run and the fuzz targets run beside them, one at a time
-# (-j2); -Otarget prints each step's output whole when it ends.
+# (-j2); -Otarget prints each step's output whole when it ends, and -k runs
+# them all even when one fails (make test still fails).
 test: deps check
-	@$(MAKE) --no-print-directory -j2 -Otarget unit lab-quick fuzz
+	@$(MAKE) --no-print-directory -k -j2 -Otarget unit lab-quick fuzz
 
 # Debian packages of the servers the tests start: installed only if missing.
 # ZooKeeper is libzookeeper-java, the jars of Debian's zookeeper package
