@@ -23,6 +23,8 @@ import (
 type cutter struct {
 	match atomic.Pointer[func([]byte) bool]
 	cuts  atomic.Int64
+	// seen, if set, is called with every request written, before match.
+	seen atomic.Pointer[func([]byte)]
 }
 
 func (c *cutter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -40,6 +42,9 @@ type cutConn struct {
 
 func (cc *cutConn) Write(p []byte) (int, error) {
 	n, err := cc.Conn.Write(p)
+	if f := cc.c.seen.Load(); f != nil {
+		(*f)(p)
+	}
 	if f := cc.c.match.Load(); f != nil && (*f)(p) {
 		cc.c.match.Store(nil)
 		cc.c.cuts.Add(1)
@@ -586,6 +591,26 @@ func TestWaiterSurvivesConnectionLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	var c cutter
+	// The waiter watches the holder once it has sent its read of the
+	// holder's node (GetW, opcode 4): it has listed, and its list's reply
+	// showed the holder. Seeing the waiter's node is not enough: its list
+	// may still be on its way, and ZooKeeper may serve it after the
+	// holder's delete (another session's request), so that the waiter
+	// finds itself first and takes the lock without listing again: the
+	// cut below then never comes (0 cuts, in a loaded run).
+	nodes := lockNodes(t, admin, name)
+	if len(nodes) != 1 {
+		t.Fatalf("lock nodes %v, want the holder's alone", nodes)
+	}
+	holderNode := []byte(nodes[0][strings.LastIndex(nodes[0], "/")+1:])
+	watching := make(chan struct{})
+	var once sync.Once
+	seen := func(p []byte) {
+		if len(p) >= 12 && binary.BigEndian.Uint32(p[8:]) == 4 && bytes.Contains(p, holderNode) {
+			once.Do(func() { close(watching) })
+		}
+	}
+	c.seen.Store(&seen)
 	l := newLockerDialer(t, addrs, c.dial)
 	type result struct {
 		lease fence.Lease
@@ -596,8 +621,15 @@ func TestWaiterSurvivesConnectionLoss(t *testing.T) {
 		lease, err := l.Acquire(ctx, name, fence.Wait(30*time.Second))
 		waited <- result{lease, err}
 	}()
-	waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 2 })
-	// The waiter has listed and watches the holder: cut its next list.
+	select {
+	case <-watching:
+	case r := <-waited:
+		t.Fatalf("the waiter returned (%v, %v) before it watched the holder", r.lease, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter did not read the holder's node within 10 s")
+	}
+	// Cut the waiter's next list: the one the holder's release makes it
+	// send (the watch fires, or the read finds the node gone).
 	f := func(p []byte) bool {
 		return len(p) >= 12 && binary.BigEndian.Uint32(p[8:]) == 12 && bytes.Contains(p, []byte(name))
 	}
@@ -606,11 +638,11 @@ func TestWaiterSurvivesConnectionLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-waited
+	if r.err != nil {
+		t.Fatalf("waiter failed on a connection loss (%d cuts): %v", c.cuts.Load(), r.err)
+	}
 	if c.cuts.Load() != 1 {
 		t.Fatalf("%d cuts, want 1", c.cuts.Load())
-	}
-	if r.err != nil {
-		t.Fatalf("waiter failed on a connection loss: %v", r.err)
 	}
 	if r.lease.Token() <= holder.Token() {
 		t.Fatalf("token %#x after %#x", r.lease.Token(), holder.Token())
