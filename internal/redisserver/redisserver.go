@@ -216,42 +216,69 @@ func (s *Server) start() error {
 	return nil
 }
 
-// waitReady waits up to 10 s for the server to answer PING, or for it to
-// exit. The server that answers must be process pid (when INFO is there):
+// readyTimeout is how long waitReady waits for a server to answer PING, and
+// for a server that answers LOADING to load more of its data.
+var readyTimeout = 10 * time.Second
+
+// waitReady waits for the server to answer PING, or for it to exit. It
+// waits up to readyTimeout, and longer while the server loads its data
+// (PING answers LOADING) and makes progress: each readyTimeout in which
+// it loaded more bytes of its RDB or AOF gives it another. A restarted
+// server that has data loads it before it serves, and a big dataset (the
+// million keys of TestRestartReturnsBeforeLoaded) took more than 10 s on
+// a loaded machine: Restart failed with a server that was well on its
+// way. One that stops making progress still fails after readyTimeout.
+// The server that answers must be process pid (when INFO is there):
 // freePort's port may have been taken meanwhile by another test's server,
 // which answers PING while this one fails to bind and exits; a test handed
 // that server would share it with the other test (and see its locks).
 func waitReady(o *redis.Options, exited <-chan struct{}, pid int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	o.MaxRetries, o.DialTimeout = -1, time.Second
 	c := redis.NewClient(o)
 	defer c.Close()
+	until := time.Now().Add(readyTimeout)
+	loaded := int64(-1) // loading_loaded_bytes last seen
 	retry := time.NewTimer(0)
 	defer retry.Stop()
 	for {
+		ctx, cancel := context.WithDeadline(context.Background(), until)
 		select {
 		case <-exited:
+			cancel()
 			return errors.New("process exited")
 		case <-ctx.Done():
+			cancel()
 			return ctx.Err()
 		case <-retry.C:
 		}
-		// PING fails while the server loads its data (LOADING); INFO
-		// does not.
-		if c.Ping(ctx).Err() == nil {
+		err := c.Ping(ctx).Err()
+		switch {
+		case err == nil:
 			info, err := c.Info(ctx, "server").Result()
 			var reply redis.Error
 			switch {
 			case err == nil:
+				cancel()
 				if got := processID(info); got != pid {
 					return fmt.Errorf("%w: process %d answers there, not %d", errPortTaken, got, pid)
 				}
 				return nil
 			case errors.As(err, &reply):
+				cancel()
 				return nil // INFO renamed away (--rename-command): unchecked
 			}
+		case strings.HasPrefix(err.Error(), "LOADING"):
+			// PING fails while the server loads its data; INFO does
+			// not. Progress, by our process, earns more time.
+			info, err := c.Info(ctx).Result()
+			if err == nil && processID(info) == pid {
+				if n := infoInt(info, "loading_loaded_bytes"); n > loaded {
+					loaded = n
+					until = time.Now().Add(readyTimeout)
+				}
+			}
 		}
+		cancel()
 		retry.Reset(10 * time.Millisecond)
 	}
 }
@@ -260,10 +287,13 @@ func waitReady(o *redis.Options, exited <-chan struct{}, pid int) error {
 var errPortTaken = errors.New("another server took the port")
 
 // processID reads process_id from INFO's reply (0 if absent).
-func processID(info string) int {
-	_, rest, _ := strings.Cut(info, "process_id:")
-	id, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]))
-	return id
+func processID(info string) int { return int(infoInt(info, "process_id")) }
+
+// infoInt reads the integer field from INFO's reply (0 if absent).
+func infoInt(info, field string) int64 {
+	_, rest, _ := strings.Cut(info, "\n"+field+":")
+	n, _ := strconv.ParseInt(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]), 10, 64)
+	return n
 }
 
 // freePort asks the kernel for a free loopback port. Another process may

@@ -198,3 +198,48 @@ func TestRestartReturnsBeforeLoaded(t *testing.T) {
 		}
 	}
 }
+
+// Restart waits for a server that loads its data for longer than
+// readyTimeout, as long as the loading makes progress. In a loaded run
+// TestRestartReturnsBeforeLoaded's restart, loading a million keys, took
+// more than the 10 s: "redis-server on 127.0.0.1:44525 did not start:
+// context deadline exceeded", its log showing it started, saved and
+// restarted. Here the loading is slowed down (key-load-delay, µs per key)
+// to several times a readyTimeout of a second.
+func TestRestartWaitsWhileLoading(t *testing.T) {
+	defer func(d time.Duration) { readyTimeout = d }(readyTimeout)
+	const keys = 15000 // at 100 µs each (usleep: 200 µs and more here), 1.5 s or more
+	s, err := Start("", "--key-load-delay", "100", "--loading-process-events-interval-bytes", "1024")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, ReadTimeout: time.Minute})
+	defer c.Close()
+	for i := 0; i < keys; i += 1000 {
+		kv := make([]any, 0, 2000)
+		for k := i; k < i+1000; k++ {
+			kv = append(kv, "key:"+strconv.Itoa(k), k)
+		}
+		if err := c.MSet(ctx, kv...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	readyTimeout = time.Second
+	began := time.Now()
+	if err := s.Restart(); err != nil {
+		t.Fatalf("Restart, after %v: %.300v", time.Since(began), err)
+	}
+	took := time.Since(began)
+	if took < readyTimeout {
+		t.Fatalf("the restart took %v, less than readyTimeout (%v): this test proves nothing", took, readyTimeout)
+	}
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != keys {
+		t.Fatalf("right after Restart returned (%v): DBSIZE = %d, %v; want %d", took, n, err, keys)
+	}
+	t.Logf("restarted in %v", took)
+}
