@@ -308,22 +308,50 @@ func TestStressAcquireRenewCloseLeavesNothing(t *testing.T) {
 				t.Fatal("no acquisition returned in 10 s")
 			}
 		}
+		var first error // a first Close's, if one gave up
 		if mrand.N(2) == 0 {
-			_, _ = closeWithin(l, time.Duration(mrand.N(50))*time.Millisecond)
+			_, first = closeWithin(l, time.Duration(mrand.N(50))*time.Millisecond)
 		}
 		// Called while the holders still renew: once it returns nil,
 		// no lock may be more than the short lease time ahead (a
 		// renewal's, not given back yet), and none may come later.
-		took, err := closeWithin(l, 20*time.Second)
-		if err != nil {
-			t.Fatalf("iteration %d: Close (after %v), every node running: %v", iter, took, err)
+		took, closeErr := closeWithin(l, 20*time.Second)
+		// A first Close that gave up stopped the retries of releases
+		// whose first request its own context ended (Close releases
+		// the leases still held with it): as CloseError says, a later
+		// Close reports them, with the first one's context error,
+		// once the rest of the work has finished, and the nodes it
+		// names may keep such a lock for its lease time (the long one,
+		// after an Extend). In a loaded run: "iteration 7: Close
+		// (after 421ms), every node running: redlock: close: 2
+		// background requests not finished, on node 1, node 2:
+		// context deadline exceeded". The claim then holds on the
+		// other nodes; iterations without a first Close that gave up
+		// still hold the second Close to nil on every node.
+		stoppedOn := map[int]bool{}
+		if closeErr != nil {
+			var ce *redlock.CloseError
+			if first == nil || !errors.As(closeErr, &ce) || !errors.Is(closeErr, context.DeadlineExceeded) || len(ce.Nodes) == 0 {
+				t.Fatalf("iteration %d: Close (after %v), every node running: %v (first Close: %v)", iter, took, closeErr, first)
+			}
+			for _, i := range ce.Nodes {
+				stoppedOn[i] = true
+			}
 		}
 		for i, s := range srvs {
 			for _, name := range names {
-				if pttl, err := s.Client(t).PTTL(ctxFor(t), lockKey(name)).Result(); err != nil {
+				pttl, err := s.Client(t).PTTL(ctxFor(t), lockKey(name)).Result()
+				switch {
+				case err != nil:
 					t.Fatal(err)
-				} else if pttl > short {
-					t.Fatalf("iteration %d: %s locked on node %d for %v more when Close returned nil", iter, name, i, pttl)
+				case pttl > short && stoppedOn[i]:
+					// A stopped release's: gone by its lease
+					// time, not worth waiting for here.
+					if err := s.Client(t).Del(ctxFor(t), lockKey(name)).Err(); err != nil {
+						t.Fatal(err)
+					}
+				case pttl > short:
+					t.Fatalf("iteration %d: %s locked on node %d for %v more when Close returned %v", iter, name, i, pttl, closeErr)
 				}
 			}
 		}
