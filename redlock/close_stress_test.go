@@ -91,7 +91,8 @@ func TestStressAcquireCloseLeavesNothingOnRunningNodes(t *testing.T) {
 				t.Fatal("no acquisition returned in 10 s")
 			}
 		}
-		if _, err := closeWithin(l, time.Duration(mrand.N(50))*time.Millisecond); err != nil {
+		_, first := closeWithin(l, time.Duration(mrand.N(50))*time.Millisecond)
+		if first != nil {
 			gaveUp++
 		}
 		done := make(chan struct{})
@@ -104,11 +105,31 @@ func TestStressAcquireCloseLeavesNothingOnRunningNodes(t *testing.T) {
 		took, err := closeWithin(l, 20*time.Second)
 		on := lockedOn(t, srvs, names[0])
 		on = append(on, lockedOn(t, srvs, names[1])...)
-		if err != nil {
+		// A first Close that gave up stopped the retries of releases
+		// whose first request failed (it outlived the node timeout on a
+		// loaded machine): the second one reports them, as CloseError
+		// says, and the nodes it names may keep such a lock (see
+		// TestStressAcquireRenewCloseLeavesNothing). No other node may.
+		stoppedOn := map[int]bool{}
+		var ce *redlock.CloseError
+		if err != nil && errors.As(err, &ce) && errors.Is(err, context.DeadlineExceeded) && first != nil {
+			for _, i := range ce.Nodes {
+				stoppedOn[i] = true
+			}
+		} else if err != nil {
 			t.Fatalf("iteration %d: second Close (after %v), every node running: %v; locked on %v", iter, took, err, on)
 		}
-		if len(on) != 0 {
-			t.Fatalf("iteration %d: locked on %v after the second Close returned nil", iter, on)
+		for _, i := range on {
+			if !stoppedOn[i] {
+				t.Fatalf("iteration %d: locked on %v after the second Close returned %v", iter, on, err)
+			}
+		}
+		for _, i := range on { // a stopped release's lock, gone by its lease time
+			for _, name := range names {
+				if err := srvs[i].Client(t).Del(ctxFor(t), lockKey(name)).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 		closeAll(cs)
 		if iter > 0 && iter%10 == 0 {
