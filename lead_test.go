@@ -20,7 +20,8 @@ type term struct {
 	who        string
 	token      fence.Token
 	start, end time.Time
-	cause      error // context.Cause of fn's context when fn saw it end
+	cause      error       // context.Cause of fn's context when fn saw it end
+	lease      fence.Lease // the term's
 }
 
 // terms records the terms of every candidate.
@@ -40,7 +41,7 @@ func (r *terms) event(format string, args ...any) {
 // context ends, or until early says to return.
 func (r *terms) fn(who string, early func() error) func(ctx context.Context, lease fence.Lease) error {
 	return func(ctx context.Context, lease fence.Lease) error {
-		tm := &term{who: who, token: lease.Token(), start: time.Now()}
+		tm := &term{who: who, token: lease.Token(), start: time.Now(), lease: lease}
 		r.mu.Lock()
 		r.all = append(r.all, tm)
 		r.log = append(r.log, who+" start")
