@@ -11,9 +11,9 @@ import (
 	"github.com/fencekit/fence/memlock"
 )
 
-// A library's log line (go-redis's "connection pool: failed to dial",
-// written through fence's logger to stderr) while exec's status line is
-// shown on the terminal: it must start a line of its own, the status line
+// A library's log line (go-redis's "sentinel: selected addr=…", written
+// through fence's logger to stderr) while exec's status line is shown on
+// the terminal: it must start a line of its own, the status line
 // cleared first and drawn again beneath it, not be glued after the
 // spinner's text ("…waiting for "job" 1.2sredis: …").
 func TestProgressLibraryLogLine(t *testing.T) {
@@ -51,7 +51,7 @@ func TestProgressLibraryLogLine(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
-	logger.Printf(ctx, "redis: connection pool: failed to dial after %d attempts", 5)
+	logger.Printf(ctx, "redis: sentinel: selected addr=%s masterAddr=%s", "127.0.0.1:26379", "127.0.0.1:6380")
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestProgressLibraryLogLine(t *testing.T) {
 	for _, line := range strings.Split(out, "\n") {
 		// What a terminal shows before the log line: the text after the
 		// last clearing of the line.
-		i := strings.Index(line, "redis: connection pool")
+		i := strings.Index(line, "redis: sentinel")
 		if i < 0 {
 			continue
 		}
@@ -76,7 +76,7 @@ func TestProgressLibraryLogLine(t *testing.T) {
 			t.Fatalf("the log line shares a line with the status line: %q in %q", line, out)
 		}
 	}
-	if !strings.Contains(out, "redis: connection pool: failed to dial after 5 attempts\n") || !strings.HasSuffix(out, "\r\x1b[Kafter\n") && !strings.HasSuffix(out, "\nafter\n") {
+	if !strings.Contains(out, "redis: sentinel: selected addr=127.0.0.1:26379 masterAddr=127.0.0.1:6380\n") || !strings.HasSuffix(out, "\r\x1b[Kafter\n") && !strings.HasSuffix(out, "\nafter\n") {
 		t.Fatalf("stderr %q", out)
 	}
 }
