@@ -3,6 +3,7 @@ package redisserver_test
 import (
 	"context"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -87,5 +88,57 @@ func TestWaitReplicatedMinReplicas(t *testing.T) {
 	defer replica.Close()
 	if err := <-waited; err != nil {
 		t.Fatalf("WaitReplicated: %v", err)
+	}
+}
+
+// WaitReplicated goes on when the server closes its marker's connection:
+// Sentinel kills the normal clients of a replica it has just promoted, and
+// a TestSentinelFailover run failed on "marker: redis: Conn is in a bad
+// state: EOF". Here the replica is stopped (so WAIT keeps coming back
+// short), every normal client of the primary is killed while
+// WaitReplicated waits, and then the replica goes on.
+func TestWaitReplicatedSurvivesClientKill(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	primary, err := redisserver.Start("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close()
+	replica, err := redisserver.StartReplica("", primary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replica.Close()
+	if err := redisserver.WaitReplicated(primary, 1, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	admin := primary.Client()
+	defer admin.Close()
+	replica.Signal(syscall.SIGSTOP)
+	waited := make(chan error, 1)
+	go func() { waited <- redisserver.WaitReplicated(primary, 1, 30*time.Second) }()
+	// Kill the marker's connection once it is there (it is a normal
+	// client; admin's own is killed too, and admin reconnects).
+	for killed := int64(0); killed < 2; {
+		n, err := admin.ClientKillByFilter(ctx, "TYPE", "normal", "SKIPME", "yes").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		killed += n
+		select {
+		case err := <-waited:
+			t.Fatalf("WaitReplicated returned %v with the replica stopped", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	replica.Signal(syscall.SIGCONT)
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("WaitReplicated after its connection was killed: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("WaitReplicated did not return")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -65,29 +66,51 @@ func WaitReplicated(primary *Server, n int, limit time.Duration) error {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	conn := c.Conn() // WAIT counts the writes of its own connection
-	defer conn.Close()
 	for {
-		if err := conn.Set(ctx, "redisserver:marker", time.Now().UnixNano(), 0).Err(); err != nil {
-			// A primary with min-replicas-to-write refuses writes until
-			// its replicas have connected: that is what is awaited.
-			if !redis.HasErrorPrefix(err, "NOREPLICAS") || ctx.Err() != nil {
-				return fmt.Errorf("marker: %w", err)
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(20 * time.Millisecond):
-			}
-			continue
-		}
-		acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
-		if err == nil && acked >= n {
-			return conn.Del(ctx, "redisserver:marker").Err()
+		done, err := markReplicated(ctx, c, n)
+		if done {
+			return err
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%d replicas of %s not in sync after %v (acked %d, %v)", n, primary.Addr, limit, acked, err)
+			return fmt.Errorf("%d replicas of %s not in sync after %v (%v)", n, primary.Addr, limit, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// markReplicated writes a marker on a connection of its own (WAIT counts
+// the writes of its own connection) and waits up to 100 ms for n replicas
+// to acknowledge it. done is false when the caller should try again: too
+// few acknowledged, a primary with min-replicas-to-write refused the write
+// until its replicas connect (what is awaited), or the connection was
+// closed under it (Sentinel kills the normal clients of a replica it
+// promotes or reconfigures, moments after the failover: "Conn is in a bad
+// state: EOF" failed TestSentinelFailover once).
+func markReplicated(ctx context.Context, c *redis.Client, n int) (done bool, err error) {
+	conn := c.Conn()
+	defer conn.Close()
+	if err := conn.Set(ctx, "redisserver:marker", time.Now().UnixNano(), 0).Err(); err != nil {
+		if redis.HasErrorPrefix(err, "NOREPLICAS") || isClosed(err) {
+			return false, err
+		}
+		return true, fmt.Errorf("marker: %w", err)
+	}
+	acked, err := conn.Do(ctx, "WAIT", n, 100).Int()
+	if err == nil && acked >= n {
+		return true, conn.Del(ctx, "redisserver:marker").Err()
+	}
+	if err == nil {
+		err = fmt.Errorf("acked %d", acked)
+	}
+	return false, err
+}
+
+// isClosed reports an error of a connection that the server closed.
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || strings.Contains(err.Error(), "bad state")
 }
 
 // CutLink stops replica (SIGSTOP) and kills its link on primary, so that
