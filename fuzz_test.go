@@ -14,7 +14,7 @@ import (
 // the invisible characters (lookalike), and a rejection matches
 // ErrInvalidName.
 func FuzzValidateName(f *testing.F) {
-	for _, s := range []string{"lock:payment:1001", "", "{", "a}", "a\x00", "\x7f", "\u0085", "\xc0", "결제:1001", "\ufeffa", "a\u200db"} {
+	for _, s := range []string{"lock:payment:1001", "", "{", "a}", "a\x00", "\x7f", "\u0085", "\xc0", "결제:1001", "\ufeffa", "a\u200db", "a\u2060b", "a\u00adb"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
@@ -41,5 +41,5 @@ func lookalike(r rune) bool {
 	case 0xfeff, 0x200b, 0x2028, 0x2029, 0x061c, 0x200e, 0x200f:
 		return true
 	}
-	return r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069
+	return r >= 0x202a && r <= 0x202e || r >= 0x2060 && r <= 0x206f || r == 0x00ad || r == 0x180e
 }

@@ -47,7 +47,11 @@ func ValidateName(name string) error {
 // the same in code, logs and fence status: the byte order mark (U+FEFF),
 // the zero-width space (U+200B), the line and paragraph separators
 // (U+2028, U+2029), and the bidi marks, embeddings, overrides and isolates
-// (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069). The zero-
+// (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069), and the
+// other characters that print as nothing: the soft hyphen (U+00AD), the
+// Mongolian vowel separator (U+180E), the word joiner (U+2060), the
+// invisible operators (U+2061 to U+2064) and the deprecated format
+// characters (U+206A to U+206F) (TestValidateNameMoreInvisibles). The zero-
 // width joiner and non-joiner (U+200C, U+200D), which Persian words and
 // emoji sequences need, stay valid.
 func invisible(r rune) bool {
@@ -56,7 +60,9 @@ func invisible(r rune) bool {
 		return true
 	case r == 0x061c, r == 0x200e, r == 0x200f:
 		return true
-	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+	case r >= 0x202a && r <= 0x202e, r >= 0x2060 && r <= 0x206f:
+		return true
+	case r == 0x00ad, r == 0x180e:
 		return true
 	}
 	return false
