@@ -90,8 +90,8 @@ masked, in help and in errors.
 
 While exec waits for the lock (--wait) with stderr a terminal, a status line shows how long
 it has waited, cleared when the lock is granted; otherwise it writes nothing of its own while
-waiting (go-redis's log lines still come: a Sentinel client's notes on the master it found, a
-dial that failed).
+waiting but go-redis's log lines (a Sentinel client's notes on the master it found) and the
+first dial that failed, if the server cannot be reached.
 
 --acks and --replicas choose how many replicas must confirm an acquisition or renewal with
 WAIT within 1s: --acks a number, majority (of the expected replicas) or all; --replicas the number the
@@ -164,9 +164,14 @@ func keepWritingOnBrokenPipe() {
 
 // acquireShowing takes the lock called name; with a wait budget and stderr a
 // terminal, it shows that it waits on a status line, cleared when Acquire
-// returns. Otherwise it writes nothing.
+// returns. Otherwise it writes nothing but the first dial failure while
+// it waits (see dialNoise).
 func acquireShowing(ctx context.Context, stderr io.Writer, l fence.Locker, name string, wait time.Duration, opts []fence.Option) (fence.Lease, error) {
-	if wait <= 0 || !stderrIsTerminal(stderr) {
+	if wait <= 0 {
+		return l.Acquire(ctx, name, opts...)
+	}
+	defer libLog.waitingForLock()()
+	if !stderrIsTerminal(stderr) {
 		return l.Acquire(ctx, name, opts...)
 	}
 	waiting := progress.Start(stderr, true, fmt.Sprintf("fence: waiting for %q", name))

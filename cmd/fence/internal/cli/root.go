@@ -127,6 +127,9 @@ type libLogger struct {
 	args []string
 	mu   sync.Mutex
 	w    io.Writer
+	// waiting: exec waits for its lock (--wait); dialShown: a dial
+	// failure was shown meanwhile (see dialNoise). Guarded by mu.
+	waiting, dialShown bool
 }
 
 // libLog is the logger Main gave go-redis; nil before Main.
@@ -138,13 +141,36 @@ func newLibLogger(args []string, w io.Writer) *libLogger { return &libLogger{arg
 // (poolNoise, drainNoise, dialNoise).
 func (l *libLogger) Printf(_ context.Context, format string, v ...any) {
 	text := fmt.Sprintf(format, v...)
-	if strings.Contains(text, poolNoise) || strings.Contains(text, drainNoise) || strings.Contains(text, dialNoise) {
+	if strings.Contains(text, poolNoise) || strings.Contains(text, drainNoise) {
 		return
 	}
+	dial := strings.Contains(text, dialNoise)
 	line := termtext.Escape(scrub(text, l.args)) + "\n"
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if dial {
+		if !l.waiting || l.dialShown {
+			return
+		}
+		l.dialShown = true
+	}
 	_, _ = io.WriteString(l.w, line)
+}
+
+// waitingForLock marks exec's wait for its lock until the returned func is
+// called: the first dial failure meanwhile is shown (see dialNoise).
+func (l *libLogger) waitingForLock() (done func()) {
+	if l == nil {
+		return func() {}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.waiting = true
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.waiting = false
+	}
 }
 
 // poolNoise is in the line go-redis logs when a connection it hands out is
@@ -170,7 +196,11 @@ const drainNoise = "push: pre-command drain failed, retiring conn"
 // reports, says the same. A server that refused connections printed
 // "redis: connection pool: failed to dial after 5 attempts: dial tcp ...:
 // connection refused" four times before exec's own error
-// (TestExecServerDownOneErrorLine).
+// (TestExecServerDownOneErrorLine). While exec waits for its lock
+// (--wait), the first is shown all the same: without it exec said nothing
+// for the whole budget against a server down throughout, and on a
+// terminal its "waiting for" line read as a lock held by another
+// (TestExecWaitServerDownSaysSo).
 const dialNoise = "connection pool: failed to dial after"
 
 // divert sends the lines to w until the returned func is called.
