@@ -233,7 +233,11 @@ var readyTimeout = 10 * time.Second
 // which answers PING while this one fails to bind and exits; a test handed
 // that server would share it with the other test (and see its locks).
 func waitReady(o *redis.Options, exited <-chan struct{}, pid int) error {
-	o.MaxRetries, o.DialTimeout = -1, time.Second
+	// ContextTimeoutEnabled: a server that accepts but does not answer (a
+	// load with no events between keys) held each PING for go-redis's
+	// 3 s ReadTimeout past the deadline (TestRestartLoadingBounds: 5.1 s
+	// with a readyTimeout of 500 ms).
+	o.MaxRetries, o.DialTimeout, o.ContextTimeoutEnabled = -1, time.Second, true
 	c := redis.NewClient(o)
 	defer c.Close()
 	until := time.Now().Add(readyTimeout)
