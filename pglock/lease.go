@@ -495,6 +495,15 @@ func (ls *lease) release(ctx context.Context) (result error) {
 	var err error
 	var notified sql.NullString
 	qerr := ls.l.db.QueryRowContext(qctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
+	// Under serializable (an operator's default_transaction_isolation),
+	// the release may fail with a serialization failure among concurrent
+	// transactions on other rows (first acquisitions of new names: a
+	// fresh-clone run of TestSerializableDefaultIsolation failed so); it
+	// was rolled back and freed nothing, so it is sent again, as
+	// PostgreSQL asks of such failures.
+	for pause := time.Millisecond; isSQLState(qerr, serializationFailure) && pause <= 64*time.Millisecond && sleepCtx(qctx, pause); pause *= 2 {
+		qerr = ls.l.db.QueryRowContext(qctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
+	}
 	ls.mu.Lock()
 	if ls.released {
 		// Concluded meanwhile without ls.op: the background finish of a
@@ -572,5 +581,17 @@ func (ls *lease) finishRelease(ctx context.Context) {
 			ls.concludeLocked(relErr)
 		}
 		ls.mu.Unlock()
+	}
+}
+
+// sleepCtx waits d, and reports false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
