@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/fencekit/fence/internal/pause"
 )
 
 // Defaults of Lead.
@@ -153,7 +155,7 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 			// Acquire waited its budget: campaign again at once, unless it
 			// answered sooner than the minimum back-off (a tiny Wait, or a
 			// backend that tries once), which would be a hot loop.
-			if pause := backoff(c.minBackoff, c.maxBackoff, 0) - time.Since(campaign); pause > 0 && !sleep(ctx, pause) {
+			if d := backoff(c.minBackoff, c.maxBackoff, 0) - time.Since(campaign); d > 0 && !pause.For(ctx, d) {
 				return context.Cause(ctx)
 			}
 			continue
@@ -169,7 +171,7 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 		default:
 			failures++
 		}
-		if !sleep(ctx, backoff(c.minBackoff, c.maxBackoff, failures)) {
+		if !pause.For(ctx, backoff(c.minBackoff, c.maxBackoff, failures)) {
 			return context.Cause(ctx)
 		}
 	}
@@ -188,16 +190,4 @@ func backoff(lo, hi time.Duration, n int) time.Duration {
 	}
 	d = min(d, hi)
 	return d/2 + rand.N(d/2+1)
-}
-
-// sleep waits for d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/fencekit/fence/internal/pause"
 )
 
 // releaseTimeout bounds the Release that Run makes after fn returns, which
@@ -93,7 +95,7 @@ func releaseRetrying(ctx context.Context, lease Lease) error {
 		retryCtx, cancel = context.WithDeadline(relCtx, deadline)
 		defer cancel()
 	}
-	for pause := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && !errors.Is(relErr, ErrClosed) && sleep(retryCtx, pause); pause = min(2*pause, time.Second) {
+	for wait := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && !errors.Is(relErr, ErrClosed) && pause.For(retryCtx, wait); wait = min(2*wait, time.Second) {
 		relErr = lease.Release(retryCtx)
 	}
 	return relErr

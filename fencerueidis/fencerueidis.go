@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/rueidis"
@@ -237,14 +238,7 @@ func (c conn) switching(ctx context.Context, err error, r *refusals) bool {
 	if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
 		return false
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return !c.closed()
-	case <-ctx.Done():
-		return false
-	}
+	return pause.For(ctx, d) && !c.closed()
 }
 
 // connLost reports a connection that broke under the call (the server

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/releasectx"
 )
 
@@ -501,7 +502,7 @@ func (ls *lease) release(ctx context.Context) (result error) {
 	// fresh-clone run of TestSerializableDefaultIsolation failed so); it
 	// was rolled back and freed nothing, so it is sent again, as
 	// PostgreSQL asks of such failures.
-	for pause := time.Millisecond; isSQLState(qerr, serializationFailure) && pause <= 64*time.Millisecond && sleepCtx(qctx, pause); pause *= 2 {
+	for wait := time.Millisecond; isSQLState(qerr, serializationFailure) && wait <= 64*time.Millisecond && pause.For(qctx, wait); wait *= 2 {
 		qerr = ls.l.db.QueryRowContext(qctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
 	}
 	ls.mu.Lock()
@@ -581,17 +582,5 @@ func (ls *lease) finishRelease(ctx context.Context) {
 			ls.concludeLocked(relErr)
 		}
 		ls.mu.Unlock()
-	}
-}
-
-// sleepCtx waits d, and reports false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
@@ -123,7 +124,7 @@ func (l *Locker) readConn(ctx context.Context, w *subscription) {
 			failures = 0
 		}
 		failures++
-		if !pause(ctx, retryBackoff(failures)) {
+		if !pause.For(ctx, retryBackoff(failures)) {
 			l.drop(w, ctx.Err())
 			return
 		}

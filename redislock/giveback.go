@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/fencekit/fence/internal/pause"
 )
 
 // revokeFor is how long the mark that revokes an acquisition given up on
@@ -218,7 +220,7 @@ type probe struct {
 // unpark is the parking's goroutine.
 func (p *parking) unpark(l *Locker) {
 	for tries := 1; ; tries++ {
-		pause(context.Background(), retryBackoff(tries))
+		pause.For(context.Background(), retryBackoff(tries))
 		p.mu.Lock()
 		now := time.Now()
 		p.parked = slices.DeleteFunc(p.parked, func(g parkedBack) bool { return !now.Before(g.until) })

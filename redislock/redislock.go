@@ -657,18 +657,6 @@ func retryBackoff(n int) time.Duration {
 	return d/2 + mrand.N(d/2+1)
 }
 
-// pause waits d, or less if ctx ends first; it reports whether d passed.
-func pause(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // giveUpMaybeHeld releases, in the background, a lock that a try whose
 // reply was lost (err) may have taken after all. A try with the same owner
 // would have found it; the caller will not make one.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
@@ -856,7 +857,7 @@ func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node str
 			} else if time.Now().After(tryAgainUntil) {
 				return err
 			}
-			if !pause(ctx, backoff) {
+			if !pause.For(ctx, backoff) {
 				return err
 			}
 			backoff = min(2*backoff, tryAgainBackoff)

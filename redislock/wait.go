@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -492,7 +493,7 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 			}
 			l.wakeAll(w)
 			failures++
-			if !pause(ctx, retryBackoff(failures)) {
+			if !pause.For(ctx, retryBackoff(failures)) {
 				l.drop(w, ctx.Err())
 				return
 			}
@@ -638,7 +639,7 @@ func (l *Locker) resubscribe(ctx context.Context, w *subscription, old *redis.Pu
 		if err == nil || ctx.Err() != nil || errors.Is(err, errWatchClosed) {
 			return ps, err
 		}
-		if !pause(ctx, retryBackoff(failures)) {
+		if !pause.For(ctx, retryBackoff(failures)) {
 			return nil, errors.Join(err, ctx.Err())
 		}
 	}
