@@ -769,25 +769,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// A Transport without its Lease panicked here, inside the
 		// caller's http.Client.Do; sending without a token would be no
 		// better.
-		if req.Body != nil {
-			_ = req.Body.Close()
-		}
-		return nil, fmt.Errorf("guard: not sending %s %s: %w: Transport has no Lease", req.Method, req.URL, fence.ErrInvalidOption)
+		return refuse(req, fmt.Errorf("guard: not sending %s %s: %w: Transport has no Lease", req.Method, req.URL, fence.ErrInvalidOption))
 	}
 	if err := t.Lease.Err(); err != nil {
-		if req.Body != nil {
-			_ = req.Body.Close()
-		}
-		return nil, fmt.Errorf("guard: not sending %s %s: %w", req.Method, req.URL, err)
+		return refuse(req, fmt.Errorf("guard: not sending %s %s: %w", req.Method, req.URL, err))
 	}
 	if first := firstRequest(req); first != req && origin(first.URL) != origin(req.URL) {
 		// http.Client following a redirect (307 and 308 resend the body):
 		// the token, and the holder's write, would go to a server the
 		// caller did not choose.
-		if req.Body != nil {
-			_ = req.Body.Close()
-		}
-		return nil, fmt.Errorf("guard: not sending %s %s, redirected from %s: %w", req.Method, req.URL, first.URL, ErrCrossOrigin)
+		return refuse(req, fmt.Errorf("guard: not sending %s %s, redirected from %s: %w", req.Method, req.URL, first.URL, ErrCrossOrigin))
 	}
 	call := ""
 	switch v := req.Header.Values(CallHeader); len(v) {
@@ -795,16 +786,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		call = callOf(req.Header)
 	case 1:
 		if call = v[0]; call == "" || checkCall(call) != nil {
-			if req.Body != nil {
-				_ = req.Body.Close()
-			}
-			return nil, fmt.Errorf("guard: not sending %s %s: %w: %q", req.Method, req.URL, ErrInvalidCall, call)
+			return refuse(req, fmt.Errorf("guard: not sending %s %s: %w: %q", req.Method, req.URL, ErrInvalidCall, call))
 		}
 	default:
-		if req.Body != nil {
-			_ = req.Body.Close()
-		}
-		return nil, fmt.Errorf("guard: not sending %s %s: %w: %d %s headers", req.Method, req.URL, ErrInvalidCall, len(v), CallHeader)
+		return refuse(req, fmt.Errorf("guard: not sending %s %s: %w: %d %s headers", req.Method, req.URL, ErrInvalidCall, len(v), CallHeader))
 	}
 	resource := t.Resource
 	if resource == "" {
@@ -866,6 +851,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
 	return resp, nil
+}
+
+// refuse closes req's body, as a RoundTripper must even when it sends
+// nothing, and returns err.
+func refuse(req *http.Request, err error) (*http.Response, error) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+	return nil, err
 }
 
 // callOf returns the call id of a request without a Fence-Call header: one
