@@ -310,13 +310,16 @@ func TestClosedClientNoHang(t *testing.T) {
 	}
 	const ttl = 3 * time.Second // attempts of 500 ms
 	ctx := ctxFor(t, 30*time.Second)
+	// The lock held below is never released (its client is closed): a
+	// name of its own per run, so that -count=2 does not find it held.
+	name := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
 	// One kept etcd lease, so that the next Acquire starts with the create
 	// Txn, and one lease held.
-	a, err := l.Acquire(ctx, t.Name()+"-a", fence.TTL(ttl))
+	a, err := l.Acquire(ctx, name+"-a", fence.TTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := l.Acquire(ctx, t.Name(), fence.TTL(ttl))
+	held, err := l.Acquire(ctx, name, fence.TTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,12 +344,12 @@ func TestClosedClientNoHang(t *testing.T) {
 	}
 	rel := run(held.Release)
 	acq := run(func(ctx context.Context) error {
-		_, err := l.Acquire(ctx, t.Name()+"-b", fence.TTL(ttl))
+		_, err := l.Acquire(ctx, name+"-b", fence.TTL(ttl))
 		return err
 	})
 	fresh := mustNew(t, c)
 	acq2 := run(func(ctx context.Context) error {
-		_, err := fresh.Acquire(ctx, t.Name()+"-c", fence.TTL(ttl))
+		_, err := fresh.Acquire(ctx, name+"-c", fence.TTL(ttl))
 		return err
 	})
 	for what, ch := range map[string]<-chan result{"Release": rel, "Acquire on a kept etcd lease": acq, "Acquire": acq2} {
