@@ -124,7 +124,13 @@
 // tokens under the "http:" namespace, apart from Tx's.
 // They answer 400 (invalid), 409 (stale) or 503 (store failed), and
 // Middleware 413 (body too large), with a generic application/problem+json
-// body and log the cause with log/slog.
+// body and log the cause with log/slog. Two 503s have a type of their own,
+// and ask the client to acquire a new lease and send the request again
+// with its token: ProblemStoreLost, a token issued before the store's
+// state began (ErrStoreLost: redisstore.Store with ClockTokens, after its
+// Redis lost its records), and ProblemNotReplicated, a token the store
+// recorded on its primary but could not confirm on its replicas
+// (fence.ErrNotReplicated: redisstore.Store with Replicas).
 //
 // Transport attaches a lease's token to outgoing requests, with a random
 // call id (the Fence-Call header) that net/http's own resends of the

@@ -69,6 +69,15 @@ var (
 	// bytes or held bytes other than ASCII letters,
 	// digits, '-', '_', '.' or ':'; nothing was sent to the store.
 	ErrInvalidCall = errors.New("guard: invalid call id")
+
+	// ErrStoreLost means a store that keeps a floor under its records
+	// (redisstore.Store with ClockTokens) had no record of the resource
+	// and the token was not above the floor: the token was issued before
+	// the store's state began, and the store may have lost a newer token
+	// of the resource (a Redis restarted without persistence, flushed).
+	// Nothing was recorded. A new lease's token, issued after the floor,
+	// is accepted. See StoreLostError.
+	ErrStoreLost = errors.New("guard: token issued before the store's state began")
 )
 
 // StaleError reports a rejected token and the last one accepted. It matches
@@ -86,6 +95,26 @@ func (e *StaleError) Error() string {
 
 // Is reports whether target is ErrStale.
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
+
+// StoreLostError reports a token refused by a store's floor (see
+// ErrStoreLost). It matches ErrStoreLost and also ErrStale: the token may
+// be stale, and a caller that gives up on ErrStale gives up safely; unlike
+// after a StaleError, though, a holder that acquires a new lease gets a
+// token the store accepts. Middleware and Gate answer it 503 with a Problem
+// of type ProblemStoreLost, not 409.
+type StoreLostError struct {
+	Resource string      // the resource the token was presented for
+	Token    fence.Token // the refused token
+	Floor    fence.Token // the store's floor: tokens of resources it has no record of must be above it
+}
+
+// Error describes the failure with its figures.
+func (e *StoreLostError) Error() string {
+	return fmt.Sprintf("guard: token %d for %s refused: the store has no record of the resource, and the token is not above its floor %d (the store's state began after the token was issued; a new lease's token is accepted)", e.Token, e.Resource, e.Floor)
+}
+
+// Is reports whether target is ErrStoreLost or ErrStale.
+func (e *StoreLostError) Is(target error) bool { return target == ErrStoreLost || target == ErrStale }
 
 // ConflictError reports a failed version check. It matches ErrConflict.
 type ConflictError struct {

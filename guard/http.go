@@ -154,6 +154,20 @@ const (
 	// have failed, or still be running): the call is not run again, and
 	// the caller must read the state to learn its outcome.
 	ProblemAdmitted = "urn:fence:problem:admitted"
+
+	// ProblemStoreLost is the type of the 503 answer to a token the store
+	// refused by its floor (ErrStoreLost): the store lost its state after
+	// the token was issued. The client acquires a new lease and sends the
+	// request again with its token.
+	ProblemStoreLost = "urn:fence:problem:store-lost"
+
+	// ProblemNotReplicated is the type of the 503 answer when the store
+	// recorded the token on its primary but too few replicas acknowledged
+	// it in time (fence.ErrNotReplicated; redisstore.Store with Replicas):
+	// the handler was not run, and the token counts as spent (a failover
+	// may or may not keep it). The client acquires a new lease and sends
+	// the request again with its token.
+	ProblemNotReplicated = "urn:fence:problem:not-replicated"
 )
 
 // Middleware runs a request's handler only if the request's Fence-Token is
@@ -593,6 +607,16 @@ func (g *httpGuard) reject(w http.ResponseWriter, r *http.Request, resource stri
 		return
 	}
 	g.storeFailed(r, resource, token, err)
+	switch {
+	case errors.Is(err, ErrStoreLost):
+		writeProblem(w, Problem{Type: ProblemStoreLost, Title: "Fencing token store lost its state", Status: http.StatusServiceUnavailable,
+			Detail: "The fencing token was issued before the token store's state began. Acquire a new lease and try again.", Resource: resource, Token: token})
+		return
+	case errors.Is(err, fence.ErrNotReplicated):
+		writeProblem(w, Problem{Type: ProblemNotReplicated, Title: "Fencing token not replicated", Status: http.StatusServiceUnavailable,
+			Detail: "The fencing token store could not confirm the token on its replicas; the request was not run. Acquire a new lease and try again.", Resource: resource, Token: token})
+		return
+	}
 	writeProblem(w, Problem{Type: ProblemStore, Title: "Fencing token store unavailable", Status: http.StatusServiceUnavailable,
 		Detail: "The server could not check the fencing token. Try again later.", Resource: resource, Token: token})
 }
