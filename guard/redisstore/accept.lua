@@ -7,8 +7,20 @@
 -- stored token. Tokens are compared as decimal strings without leading
 -- zeros (longer is greater), which is exact over the whole int64 range;
 -- Lua numbers are not.
+--
+-- With KEYS[3], the store's floor (Store.ClockTokens): when KEYS[1] is
+-- missing, the token must be greater than the floor, which is created
+-- when missing (no expiry) as the server's TIME in µs plus ARGV[5] µs.
+-- Returns "floor " .. the floor when it is not, "allkeys " .. the policy
+-- when maxmemory-policy is an allkeys one (a record evicted while the
+-- floor stays would go unseen), and an error starting FENCEFLOOR when the
+-- floor is not a decimal integer this script wrote; nothing is recorded
+-- then.
+local function greater(a, b)
+  return #a > #b or (#a == #b and a > b)
+end
 local last = redis.call('GET', KEYS[1])
-if last and (#last > #ARGV[1] or (#last == #ARGV[1] and last >= ARGV[1])) then
+if last and not greater(ARGV[1], last) then
   if last == ARGV[1] then
     local rec = redis.call('GET', KEYS[2])
     if rec then
@@ -30,6 +42,26 @@ if last and (#last > #ARGV[1] or (#last == #ARGV[1] and last >= ARGV[1])) then
     end
   end
   return last
+end
+if not last and KEYS[3] then
+  -- Only here, where a record is missing (a new resource, or a lost
+  -- record), is the eviction policy read: under allkeys-* a record can
+  -- be evicted while the floor, read on every such call, stays.
+  local policy = string.match(redis.call('INFO', 'memory'), 'maxmemory_policy:(allkeys%-[%w-]+)')
+  if policy then
+    return 'allkeys ' .. policy
+  end
+  local floor = redis.call('GET', KEYS[3])
+  if not floor then
+    local now = redis.call('TIME')
+    floor = string.format('%d', tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[5]))
+    redis.call('SET', KEYS[3], floor)
+  elseif not string.match(floor, '^[1-9]%d*$') or #floor > 19 then
+    return redis.error_reply('FENCEFLOOR the floor key holds ' .. string.format('%q', string.sub(floor, 1, 40)) .. ', not a token floor written by fence')
+  end
+  if not greater(ARGV[1], floor) then
+    return 'floor ' .. floor
+  end
 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. ARGV[4], 'PX', ARGV[3])

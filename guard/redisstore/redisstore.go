@@ -7,15 +7,36 @@
 // gate only (see guard.Gate). Where the protected state lives in Redis
 // itself, compare the token in the same script that writes the state.
 //
-// The last accepted tokens are plain keys, without expiry and without the
-// clock floor of redislock's own token record: a Redis that loses them
-// (restarted without persistence, failed over to a replica that had not
-// received them, evicting keys under maxmemory with an allkeys policy, or
-// an operator's DEL or FLUSHDB) accepts the next token of each resource,
-// stale or not (each tested). Give it an append-only file with
-// appendfsync always, and maxmemory-policy noeviction or a volatile one;
-// fail over only to a replica known to have every write, and never
-// delete the keys under Prefix while an older holder may still write.
+// The last accepted tokens are plain keys without expiry. By default they
+// have no clock floor, unlike redislock's own token record: a Redis that
+// loses them (restarted without persistence, FLUSHDB, failed over to a
+// replica that had not received them, evicting keys under maxmemory with
+// an allkeys policy, an operator's DEL) accepts the next token of each
+// resource, stale or not (each tested).
+//
+// Where the tokens are clock-floored (redislock's, redlock's), set
+// Store.ClockTokens: the store then keeps a floor, the Redis server's
+// clock when its state began, lost together with the records, and a
+// resource with no record accepts only tokens above it, so a restart
+// without persistence or a FLUSHDB refuses every token issued before it
+// (guard.ErrStoreLost); it refuses Accepts that find no record under an
+// allkeys-* maxmemory-policy (ErrAllKeysEviction). Set Store.Replicas so
+// that a token the replicas did not acknowledge is refused
+// (fence.ErrNotReplicated) rather than lost by a failover.
+//
+// The requirements, then: with ClockTokens, lock servers whose clocks do
+// not run ahead of this Redis's by more than FloorMargin (2 s by default),
+// and either no persistence at all or an append-only file with appendfsync
+// always (an RDB snapshot, or appendfsync everysec, brings back the old
+// floor with records older than the last accepted tokens: not seen, and
+// tested); without it, the append-only file with appendfsync always. In
+// both cases
+// maxmemory-policy noeviction or a volatile one (the records have no
+// expiry, so these never evict them); Replicas set wherever a replica may
+// be promoted, or failover only to a replica known to have every write;
+// and no DEL of keys under Prefix while an older holder may still write
+// (a DEL of one record leaves the floor in place, and is not seen). Not on
+// a Redis Cluster with ClockTokens (see Store.ClockTokens).
 package redisstore
 
 import (
@@ -23,9 +44,11 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -54,10 +77,110 @@ var acceptScript = redis.NewScript(acceptSrc)
 // decides from its own heartbeats that a shard is down and hashes its keys
 // to another shard, where the resource has no record, and the next token
 // was accepted, stale or not, after a pause of under a second (tested).
+//
+// The zero value of every field but Client is the default: no floor, no
+// replica sync.
 type Store struct {
 	Client redis.Scripter // a *redis.Client, *redis.ClusterClient, a Sentinel failover client; not a *redis.Ring
 	Prefix string         // key prefix; empty means "fence:guard"
+
+	// ClockTokens declares that every token the store is given is
+	// clock-floored: never below the clock, in µs since the Unix epoch, of
+	// the server that issued it at the moment it issued it. redislock's
+	// tokens are (max(last + 1, the lock Redis's TIME in µs)), and so are
+	// redlock's (the largest of its nodes' tokens, each at least that
+	// node's TIME in µs). etcdlock's (revisions), zklock's (zxids),
+	// pglock's and memlock's (counters), and any counter of your own, are
+	// not: with them ClockTokens refuses every token of a new resource.
+	//
+	// With it set, the store keeps one floor key, Prefix+":floor", without
+	// expiry: the Redis server's TIME in µs, plus FloorMargin, at the
+	// moment the store's state began (the first Accept that found no
+	// record and no floor creates it). A resource with no record accepts
+	// a token only if it is greater than the floor; otherwise Accept
+	// returns a *guard.StoreLostError (matching guard.ErrStoreLost, and
+	// guard.ErrStale) and records nothing. A Redis that lost its state
+	// (restarted without persistence, FLUSHDB or FLUSHALL, a DEL of the
+	// whole Prefix) lost the floor with the records; the floor is made
+	// again at that moment, so every token issued before the loss is
+	// refused, while holders that acquire again get tokens above it. In
+	// normal operation the floor is old and a new resource's first token
+	// is accepted at once; only the tokens issued before the floor was
+	// made (the store's first use, FloorMargin after it included) are
+	// refused, once: their holders acquire again.
+	//
+	// It is sound while the clocks of the servers that issue the tokens
+	// run ahead of the store's Redis's clock by less than FloorMargin, and
+	// tokens are not issued more than FloorMargin ahead of their server's
+	// clock (redislock's are not, but for bursts of more than one per µs;
+	// redlock's are up to 2 s ahead): a token issued before the loss is
+	// then below the floor. A lock server whose clock lags the store's
+	// costs only availability: its holders' tokens are refused until its
+	// clock passes the floor.
+	//
+	// What it does not cover: a restart that loads a partial state (an
+	// RDB snapshot, an append-only file with appendfsync everysec), which
+	// brings back the old floor with older records; a record deleted by
+	// itself (an operator's DEL of one key: the floor stays old and the
+	// next token is accepted); a failover to a replica that had the floor
+	// but not the latest records (see Replicas). Eviction of records
+	// under an allkeys-* maxmemory-policy it refuses instead: each Accept
+	// that finds no record reads INFO memory in its script (one more
+	// command on that path only) and, under allkeys-*, returns an error
+	// matching ErrAllKeysEviction and records nothing. Records have no
+	// expiry, so volatile-* policies and noeviction never evict them.
+	//
+	// The floor key lives in another hash slot than the records: on a
+	// Redis Cluster every Accept with ClockTokens fails (CROSSSLOT), so
+	// it is refused on a *redis.ClusterClient with fence.ErrInvalidOption.
+	ClockTokens bool
+
+	// FloorMargin is added to the Redis server's TIME when the floor is
+	// made (see ClockTokens): how far ahead of the store's Redis clock a
+	// token issued before the loss may be. Zero means DefaultFloorMargin;
+	// a negative one is refused with fence.ErrInvalidOption. After a
+	// loss, holders that acquire again are refused for this long.
+	FloorMargin time.Duration
+
+	// Replicas is how many replicas must acknowledge an accepted token:
+	// after the script, on the same connection and in the same round
+	// trip, WAIT Replicas ReplicaTimeout. When fewer acknowledge in time,
+	// Accept returns a *fence.NotReplicatedError (matching
+	// fence.ErrNotReplicated): the token was recorded on the primary,
+	// but a failover to a replica without it would accept an older
+	// token. The caller must treat the token as refused: not write, and
+	// acquire a new lease before trying again (the token counts as spent
+	// on the primary; Gate answers 503, ProblemNotReplicated). A replica
+	// that was cut off, or lags by more than ReplicaTimeout, cannot have
+	// acknowledged. Zero turns the check off; negative is refused with
+	// fence.ErrInvalidOption. The client must be one that pipelines on one
+	// connection (a *redis.Client, a Sentinel failover client, a
+	// *redis.ClusterClient, whose node for the resource's key is used); a
+	// client of another type is refused with fence.ErrInvalidOption. WAIT
+	// is not consensus: with Replicas 1 and two replicas, the other one
+	// may be promoted.
+	Replicas int
+
+	// ReplicaTimeout bounds WAIT (see Replicas); zero means
+	// DefaultReplicaTimeout (1 s). Redis answers WAIT up to a clock tick
+	// (100 ms) after it: on a *redis.Client whose ReadTimeout is not
+	// above ReplicaTimeout + 100 ms, Accept refuses with
+	// fence.ErrInvalidOption. Negative is refused likewise.
+	ReplicaTimeout time.Duration
 }
+
+// Defaults of Store's fields.
+const (
+	DefaultFloorMargin    = 2 * time.Second // covers redlock's tokens, up to 2 s ahead of its nodes' clocks
+	DefaultReplicaTimeout = time.Second     // Redisson's slavesSyncTimeout, as redislock's
+)
+
+// ErrAllKeysEviction means a Store with ClockTokens found no record of a
+// resource on a Redis whose maxmemory-policy is an allkeys one: a record
+// evicted there cannot be told from a new resource while the floor stays,
+// so the token was refused and nothing recorded. Use noeviction or a
+// volatile-* policy.
+var ErrAllKeysEviction = errors.New("redisstore: maxmemory-policy evicts keys without expiry")
 
 var _ guard.Acceptor = Store{}
 
@@ -114,21 +237,51 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	if prefix == "" {
 		prefix = "fence:guard"
 	}
+	if err := s.checkOptions(); err != nil {
+		return err
+	}
 	key := prefix + ":{" + resource + "}"
+	keys := []string{key, key + ":call"}
+	margin := int64(0)
+	if s.ClockTokens {
+		keys = append(keys, prefix+":floor")
+		margin = s.FloorMargin.Microseconds()
+		if s.FloorMargin == 0 {
+			margin = DefaultFloorMargin.Microseconds()
+		}
+	}
 	var id [16]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
-	last, err := bounded(ctx, func() (string, error) {
-		return acceptScript.Run(ctx, s.Client, []string{key, key + ":call"},
-			strconv.FormatInt(int64(token), 10), hex.EncodeToString(id[:]), ResendWindow.Milliseconds(), call).Text()
+	args := []any{strconv.FormatInt(int64(token), 10), hex.EncodeToString(id[:]), ResendWindow.Milliseconds(), call, margin}
+	res, err := bounded(ctx, func() (result, error) {
+		if s.Replicas > 0 {
+			return s.evalSynced(ctx, key, keys, args)
+		}
+		last, err := acceptScript.Run(ctx, s.Client, keys, args...).Text()
+		return result{last: last}, err
 	})
 	if err != nil {
 		return fmt.Errorf("redisstore: accept %q: %w", resource, err)
 	}
-	switch last {
-	case "":
+	last := res.last
+	switch {
+	case last == "":
+		if s.Replicas > 0 && res.acked < s.Replicas {
+			return fmt.Errorf("redisstore: accept %q: token %d recorded on the primary only: %w", resource, token,
+				&fence.NotReplicatedError{Acked: res.acked, Required: s.Replicas})
+		}
 		return nil
-	case "replayed":
+	case last == "replayed":
 		return &guard.ReplayedError{Resource: resource, Token: token, Call: call}
+	case strings.HasPrefix(last, "allkeys "):
+		return fmt.Errorf("%w: redisstore: accept %q: no record, and maxmemory-policy is %s, under which a record may have been evicted; use noeviction or a volatile-* policy",
+			ErrAllKeysEviction, resource, strings.TrimPrefix(last, "allkeys "))
+	case strings.HasPrefix(last, "floor "):
+		n, err := strconv.ParseInt(strings.TrimPrefix(last, "floor "), 10, 64)
+		if err != nil {
+			return fmt.Errorf("redisstore: accept %q: bad floor %q", resource, last)
+		}
+		return &guard.StoreLostError{Resource: resource, Token: token, Floor: fence.Token(n)}
 	}
 	n, err := strconv.ParseInt(last, 10, 64)
 	if err != nil {
@@ -137,15 +290,121 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	return &guard.StaleError{Resource: resource, Token: token, Last: fence.Token(n)}
 }
 
+// result is the accept script's reply and, with Replicas, WAIT's.
+type result struct {
+	last  string
+	acked int
+}
+
+// checkOptions refuses fields out of range, and combinations with the
+// client that cannot work, before anything reaches Redis.
+func (s Store) checkOptions() error {
+	if s.FloorMargin < 0 {
+		return fmt.Errorf("%w: redisstore: FloorMargin %v is negative", fence.ErrInvalidOption, s.FloorMargin)
+	}
+	if s.Replicas < 0 {
+		return fmt.Errorf("%w: redisstore: Replicas %d is negative", fence.ErrInvalidOption, s.Replicas)
+	}
+	if s.ReplicaTimeout < 0 {
+		return fmt.Errorf("%w: redisstore: ReplicaTimeout %v is negative", fence.ErrInvalidOption, s.ReplicaTimeout)
+	}
+	_, cluster := s.Client.(*redis.ClusterClient)
+	if s.ClockTokens && cluster {
+		return fmt.Errorf("%w: redisstore: ClockTokens on a *redis.ClusterClient: the floor key is in another hash slot than the records, so the script could not run", fence.ErrInvalidOption)
+	}
+	if s.Replicas == 0 {
+		return nil
+	}
+	if _, ok := s.Client.(pipeliner); !ok && !cluster {
+		return fmt.Errorf("%w: redisstore: Replicas on a %T: WAIT must follow the script on its connection; pass a *redis.Client, a Sentinel failover client or a *redis.ClusterClient", fence.ErrInvalidOption, s.Client)
+	}
+	if c, ok := s.Client.(*redis.Client); ok {
+		if rt := c.Options().ReadTimeout; rt > 0 && rt <= s.replicaTimeout()+100*time.Millisecond {
+			return fmt.Errorf("%w: redisstore: ReplicaTimeout %v does not fit in the client's ReadTimeout %v (Redis answers WAIT up to 100 ms after its timeout)", fence.ErrInvalidOption, s.replicaTimeout(), rt)
+		}
+	}
+	return nil
+}
+
+func (s Store) replicaTimeout() time.Duration {
+	if s.ReplicaTimeout == 0 {
+		return DefaultReplicaTimeout
+	}
+	return s.ReplicaTimeout
+}
+
+type pipeliner interface {
+	Pipeline() redis.Pipeliner
+}
+
+// evalSynced runs the accept script (by SHA, again in full on NOSCRIPT)
+// followed by WAIT in one pipeline: one connection, one round trip, since
+// WAIT counts only its own connection's writes. On a cluster the pipeline
+// goes to the node that owns key (a cluster pipeline would send the
+// key-less WAIT anywhere).
+func (s Store) evalSynced(ctx context.Context, key string, keys []string, args []any) (result, error) {
+	var c pipeliner
+	if cc, ok := s.Client.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return result{}, err
+		}
+		c = node
+	} else {
+		c = s.Client.(pipeliner) // checked by checkOptions
+	}
+	for _, load := range [2]bool{false, true} {
+		pipe := c.Pipeline()
+		var reply *redis.Cmd
+		if load {
+			reply = pipe.Eval(ctx, acceptSrc, keys, args...)
+		} else {
+			reply = pipe.EvalSha(ctx, acceptScript.Hash(), keys, args...)
+		}
+		wait := pipe.Do(ctx, "WAIT", s.Replicas, s.replicaTimeout().Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		last, err := reply.Text()
+		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			continue
+		}
+		if err != nil && err != wait.Err() {
+			return result{}, err // the script's own error
+		}
+		acked, werr := wait.Int()
+		if werr != nil {
+			// The script may have run (its reply read, or not): nothing
+			// confirms its write on any replica.
+			return result{}, &waitError{err: werr, required: s.Replicas}
+		}
+		return result{last: last, acked: acked}, nil
+	}
+	panic("unreachable")
+}
+
+// waitError is a WAIT that failed after the script was sent: the token may
+// be recorded on the primary, and no replica confirmed it.
+type waitError struct {
+	err      error
+	required int
+}
+
+func (e *waitError) Error() string {
+	return "WAIT failed after the accept script was sent (the token may be recorded on the primary only): " + e.err.Error()
+}
+
+func (e *waitError) Unwrap() []error {
+	return []error{&fence.NotReplicatedError{Required: e.required}, e.err}
+}
+
 // bounded returns call's result, or ctx's error (with its cause) as soon as
 // ctx is done: a server that hangs would otherwise hold the call for the
 // client's ReadTimeout (3 s by default), or for ever with none.
-func bounded(ctx context.Context, call func() (string, error)) (string, error) {
-	last, err := bound.Call(ctx, call, nil)
+func bounded(ctx context.Context, call func() (result, error)) (result, error) {
+	res, err := bound.Call(ctx, call, nil)
 	if err != nil && err == ctx.Err() {
 		if cause := context.Cause(ctx); cause != err {
-			return "", fmt.Errorf("%w: %w", err, cause)
+			return result{}, fmt.Errorf("%w: %w", err, cause)
 		}
 	}
-	return last, err
+	return res, err
 }
