@@ -26,7 +26,9 @@
 // the Redis hosts differ by less than the time such a loss takes to happen
 // (a restart or a failover takes seconds; NTP keeps hosts within
 // milliseconds). The record expires after its retention period, so no key
-// outlives its use.
+// outlives its use. Being clock-floored, the tokens qualify for
+// guard/redisstore's Store.ClockTokens, which lets the resource's own
+// Redis refuse the tokens issued before it lost its records.
 //
 // Lua counts in doubles, exact up to 2^53; a clock-floored token stays far
 // below that (2^53 µs is the year 2255). A record that is not a canonical

@@ -174,6 +174,12 @@
 // the clocks caught up, and the records would creep towards 2^53
 // (ErrBadTokenRecord).
 //
+// The tokens are clock-floored: a lease's token is at least the clock, in
+// microseconds, of every node of the majority that granted it, and at most
+// 2 s ahead of them (plus one per acquisition). They qualify for
+// guard/redisstore's Store.ClockTokens, whose default FloorMargin (2 s)
+// covers that lead.
+//
 // This rests on two assumptions, stated plainly:
 //
 //   - A node that loses its data (restarted without persistence, or with
