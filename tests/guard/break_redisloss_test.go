@@ -391,3 +391,59 @@ func TestRedisStoreClockTokensRedislock(t *testing.T) {
 		t.Fatalf("accepted token %d after FLUSHALL, not above %d", tok, newest)
 	}
 }
+
+// TestRedisStoreReplicasCluster: on a *redis.ClusterClient the WAIT of
+// Replicas must go to the master that ran the script: a key-less WAIT sent
+// to another master is answered at once with that master's replicas. The
+// cluster client's own pipeline sends it there (with it in place of the
+// key's master's client, Accept returned nil with that master's replica
+// stopped). With the replica of the resource's master stopped, Accept must
+// be refused as not replicated; with it running, accepted.
+func TestRedisStoreReplicasCluster(t *testing.T) {
+	cl := redistest.StartClusterWithReplicas(t, 3, 1)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	defer c.Close()
+	store := redisstore.Store{Client: c, Replicas: 1, ReplicaTimeout: 200 * time.Millisecond}
+	// replicaOf returns the replica of the master that owns resource.
+	replicaOf := func(resource string) *redistest.Server {
+		t.Helper()
+		master, err := c.MasterForKey(ctx(t), "fence:guard:{"+resource+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, port, _ := strings.Cut(master.Options().Addr, ":")
+		for _, r := range cl.Replicas {
+			rc := r.Client(t)
+			info, err := rc.Info(ctx(t), "replication").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(info, "master_port:"+port+"\r\n") {
+				return r
+			}
+		}
+		t.Fatalf("no replica of %s", master.Options().Addr)
+		return nil
+	}
+	for i := range 3 {
+		resource := "payment:" + strconv.Itoa(i)
+		// The replicas may still be syncing: the first tries may be
+		// refused, until one is confirmed.
+		deadline := time.Now().Add(30 * time.Second)
+		for try := 0; ; try++ {
+			err := store.Accept(ctx(t), resource, fence.Token(10+try))
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, fence.ErrNotReplicated) || time.Now().After(deadline) {
+				t.Fatalf("%s with its replica running: %v", resource, err)
+			}
+		}
+		resume := replicaOf(resource).Pause(t)
+		err := store.Accept(ctx(t), resource, 1000)
+		resume()
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatalf("%s with its master's replica stopped: %v, want fence.ErrNotReplicated", resource, err)
+		}
+	}
+}
