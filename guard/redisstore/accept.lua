@@ -13,7 +13,8 @@
 -- when missing (no expiry) as the server's TIME in µs plus ARGV[5] µs.
 -- Returns "floor " .. the floor when it is not, "allkeys " .. the policy
 -- when maxmemory-policy is an allkeys one (a record evicted while the
--- floor stays would go unseen), and an error starting FENCEFLOOR when the
+-- floor stays would go unseen), "noinfo " .. the error when INFO was
+-- refused (the policy unknown), and an error starting FENCEFLOOR when the
 -- floor is not a decimal integer this script wrote; nothing is recorded
 -- then.
 local function greater(a, b)
@@ -47,7 +48,12 @@ if not last and KEYS[3] then
   -- Only here, where a record is missing (a new resource, or a lost
   -- record), is the eviction policy read: under allkeys-* a record can
   -- be evicted while the floor, read on every such call, stays.
-  local policy = string.match(redis.call('INFO', 'memory'), 'maxmemory_policy:(allkeys%-[%w-]+)')
+  local info = redis.pcall('INFO', 'memory')
+  if type(info) ~= 'string' then
+    -- Refused (an ACL user without @dangerous): the policy is unknown.
+    return 'noinfo ' .. tostring(info.err or info)
+  end
+  local policy = string.match(info, 'maxmemory_policy:(allkeys%-[%w-]+)')
   if policy then
     return 'allkeys ' .. policy
   end

@@ -128,7 +128,10 @@ type Store struct {
 	// that finds no record reads INFO memory in its script (one more
 	// command on that path only) and, under allkeys-*, returns an error
 	// matching ErrAllKeysEviction and records nothing. Records have no
-	// expiry, so volatile-* policies and noeviction never evict them.
+	// expiry, so volatile-* policies and noeviction never evict them. The
+	// store's user must be allowed INFO (an ACL user with -@dangerous is
+	// not): where it is refused, such an Accept returns an error matching
+	// fence.ErrInvalidOption and records nothing.
 	//
 	// The floor key lives in another hash slot than the records: on a
 	// Redis Cluster every Accept with ClockTokens fails (CROSSSLOT), so
@@ -276,6 +279,9 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	case strings.HasPrefix(last, "allkeys "):
 		return fmt.Errorf("%w: redisstore: accept %q: no record, and maxmemory-policy is %s, under which a record may have been evicted; use noeviction or a volatile-* policy",
 			ErrAllKeysEviction, resource, strings.TrimPrefix(last, "allkeys "))
+	case strings.HasPrefix(last, "noinfo "):
+		return fmt.Errorf("%w: redisstore: accept %q: ClockTokens reads INFO memory (the eviction policy) when a resource has no record, and the server refused it to the store's user: %s",
+			fence.ErrInvalidOption, resource, strings.TrimPrefix(last, "noinfo "))
 	case strings.HasPrefix(last, "floor "):
 		n, err := strconv.ParseInt(strings.TrimPrefix(last, "floor "), 10, 64)
 		if err != nil {

@@ -257,6 +257,26 @@ func TestRedisStoreKeyLost(t *testing.T) {
 		}
 	})
 
+	t.Run("acl-no-info", func(t *testing.T) {
+		// An ACL user without @dangerous cannot run INFO, so the eviction
+		// policy is unknown: refused with a clear error, nothing recorded.
+		srv := redistest.Start(t)
+		c := srv.Client(t)
+		if err := c.Do(ctx(t), "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-@dangerous").Err(); err != nil {
+			t.Fatal(err)
+		}
+		ac := redis.NewClient(&redis.Options{Addr: c.Options().Addr, Username: "app", Password: "pw"})
+		defer ac.Close()
+		store := clockStore(ac)
+		err := store.Accept(ctx(t), "payment:1001", serverMicros(t, c)+fence.Token(time.Hour.Microseconds()))
+		if !errors.Is(err, fence.ErrInvalidOption) || !strings.Contains(err.Error(), "INFO") {
+			t.Fatalf("ClockTokens for a user refused INFO: %v, want fence.ErrInvalidOption naming INFO", err)
+		}
+		if n, _ := c.Exists(ctx(t), store.Prefix+":{payment:1001}", store.Prefix+":floor").Result(); n != 0 {
+			t.Fatalf("%d keys recorded", n)
+		}
+	})
+
 	t.Run("rdb-snapshot", func(t *testing.T) {
 		// A restart that loads a snapshot taken before t7 was accepted
 		// brings back the old floor and the older record t3.
