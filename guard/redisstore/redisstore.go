@@ -54,6 +54,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/internal/bound"
+	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -359,6 +360,8 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 	} else {
 		c = s.Client.(pipeliner) // checked by checkOptions
 	}
+	sent := time.Now()
+	timeout := s.replicaTimeout()
 	for _, load := range [2]bool{false, true} {
 		pipe := c.Pipeline()
 		var reply *redis.Cmd
@@ -367,10 +370,18 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 		} else {
 			reply = pipe.EvalSha(ctx, acceptScript.Hash(), keys, args...)
 		}
-		wait := pipe.Do(ctx, "WAIT", s.Replicas, s.replicaTimeout().Milliseconds())
+		wait := pipe.Do(ctx, "WAIT", s.Replicas, max(timeout.Milliseconds(), 1))
 		_, _ = pipe.Exec(ctx)
 		last, err := reply.Text()
 		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			// The WAIT sent with the refused script waited out the
+			// timeout if too few replicas answered: the second gets
+			// what is left of it (see redisconn.WaitLeft).
+			acked, werr := wait.Int()
+			if werr != nil {
+				acked = -1
+			}
+			timeout = redisconn.WaitLeft(timeout, sent, acked, s.Replicas)
 			continue
 		}
 		if err != nil && err != wait.Err() {

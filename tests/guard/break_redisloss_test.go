@@ -467,3 +467,32 @@ func TestRedisStoreReplicasCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisStoreReplicasNoScriptOneTimeout: a script not cached on the
+// server (a fresh or restarted server, SCRIPT FLUSH) is refused NOSCRIPT
+// and sent again in full, with WAIT again. When the replicas are missing,
+// the first WAIT has waited out ReplicaTimeout already: the second must
+// get what is left of it, so that Accept waits about one timeout, not two.
+func TestRedisStoreReplicasNoScriptOneTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	const timeout = time.Second
+	store := redisstore.Store{Client: c, Replicas: 1, ReplicaTimeout: timeout,
+		Prefix: "guardtest:" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	if err := c.Ping(ctx(t)).Err(); err != nil { // a pooled connection, warm
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx(t)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := store.Accept(ctx(t), "payment:1001", 5)
+	took := time.Since(start)
+	if !errors.Is(err, fence.ErrNotReplicated) {
+		t.Fatalf("Accept without replicas: %v, want fence.ErrNotReplicated", err)
+	}
+	if took > timeout*17/10 { // two WAITs in full take at least 2 × timeout
+		t.Fatalf("Accept without replicas, script not cached, took %v: more than 1.7 × ReplicaTimeout %v (WAIT waited twice)", took, timeout)
+	}
+	t.Logf("took %v (ReplicaTimeout %v)", took, timeout)
+}
