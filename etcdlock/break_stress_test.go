@@ -19,3 +19,12 @@ func TestRandomCancelsNeverTwoHolders(t *testing.T) {
 		return newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: watchdogTTL, Observer: obs})
 	})
 }
+
+// Two fence.Lead candidates whose ctx is cancelled at random moments, in
+// rounds (see stresstest.LeadCancels): each Lead returns promptly, terms
+// never overlap, tokens grow, and the lock is free once both returned (the
+// lease time being 30 s, a key a cancelled campaign left would show).
+func TestLeadCancelledAtRandom(t *testing.T) {
+	endpoints := shared.Endpoints()
+	stresstest.LeadCancels(t, 40, newLocker(t, endpoints, nil), newLocker(t, endpoints, nil), 2*time.Second, time.Second)
+}

@@ -20,3 +20,21 @@ func TestRandomCancelsNeverTwoHolders(t *testing.T) {
 		return newLocker(t, srvs, &redlock.Options{WatchdogTTL: 300 * time.Millisecond, NodeTimeout: generous, Observer: obs})
 	})
 }
+
+// Two fence.Lead candidates whose ctx is cancelled at random moments, in
+// rounds (see stresstest.LeadCancels), on three masters: each Lead returns
+// promptly, terms never overlap, tokens grow, and the lock is free once
+// both returned (the lease time being 30 s, a node's lock that a cancelled
+// campaign left would show).
+func TestLeadCancelledAtRandom(t *testing.T) {
+	srvs := nodes(t, 3)
+	var ls []fence.Locker
+	for range 2 {
+		l, err := redlock.New(clients(t, srvs), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	stresstest.LeadCancels(t, 40, ls[0], ls[1], 2*time.Second, time.Second)
+}

@@ -24,3 +24,14 @@ func TestRandomCancelsNeverTwoHolders(t *testing.T) {
 		return l
 	})
 }
+
+// Two fence.Lead candidates whose ctx is cancelled at random moments, in
+// rounds (see stresstest.LeadCancels): each Lead returns promptly, terms
+// never overlap, tokens grow, and the lock is free once both returned (a
+// node a cancelled campaign left would live as long as its session).
+func TestLeadCancelledAtRandom(t *testing.T) {
+	srv := startZK(t)
+	a, _ := newLocker(t, []string{srv.Addr})
+	b, _ := newLocker(t, []string{srv.Addr})
+	stresstest.LeadCancels(t, 40, a, b, 2*time.Second, time.Second)
+}

@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"database/sql"
 	"testing"
 	"time"
 
@@ -20,4 +21,21 @@ func TestRandomCancelsNeverTwoHolders(t *testing.T) {
 	stresstest.RandomCancels(t, 3*time.Second, func(t *testing.T, obs fence.Observer) fence.Locker {
 		return d.lockerWith(t, d.db, pglock.Options{Observer: obs})
 	})
+}
+
+// Two fence.Lead candidates whose ctx is cancelled at random moments, in
+// rounds (see stresstest.LeadCancels): each Lead returns promptly, terms
+// never overlap, tokens grow, and the lock is free once both returned (the
+// lease time being 30 s, a row a cancelled campaign left would show).
+func TestLeadCancelledAtRandom(t *testing.T) {
+	d := newDatabase(t, pg)
+	var ls []fence.Locker
+	for _, db := range []*sql.DB{d.db, open(t, d.dsn, nil)} {
+		l, err := pglock.New(db, &pglock.Options{WatchdogTTL: 30 * time.Second, Listener: pgxListener{d.dsn}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	stresstest.LeadCancels(t, 40, ls[0], ls[1], 2*time.Second, time.Second)
 }
