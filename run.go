@@ -18,9 +18,10 @@ const releaseTimeout = 5 * time.Second
 // the lease when fn returns, however it returns.
 //
 // fn's context is cancelled when ctx is done or the lease ends, whichever is
-// first: by the lease's end at once (it is done by the time the lease's
-// Done is closed, before the lock can go to another owner through this
-// process), by ctx's end a moment later (from a goroutine; ctx's deadline,
+// first: by the lease's end at once (it is done, to every goroutine, by
+// the time the lease's Done is closed, before the lock can go to another
+// owner through this process; a context fn derives from it follows a
+// moment later), by ctx's end a moment later (from a goroutine; ctx's deadline,
 // which fn's context has too, at once). It has ctx's values. Its Err is
 // what a child of ctx's would say: context.DeadlineExceeded at ctx's
 // deadline, context.Canceled otherwise. Its cause (context.Cause) is the
@@ -112,7 +113,9 @@ func releaseRetrying(ctx context.Context, lease Lease) error {
 // to Acquire, which is ctx. ctx's end cancels it from an AfterFunc, with
 // ctx's cause; when ctx's deadline passes, the same deadline of fn's
 // context ends it with context.DeadlineExceeded, as a child of ctx would
-// have been, and with a cause that is ctx's (see ctxDeadlineCause).
+// have been, and with a cause that is ctx's (see ctxDeadlineCause). Being
+// a child is not enough for a goroutine other than the one that ends the
+// lease: see workCtx.
 func workContext(ctx context.Context, lease Lease) (context.Context, func()) {
 	work, cancel := context.WithCancelCause(lease.Context())
 	cancelDeadline := func() {}
@@ -127,12 +130,39 @@ func workContext(ctx context.Context, lease Lease) (context.Context, func()) {
 		}
 		cancel(context.Cause(ctx))
 	})
-	return ret, func() {
+	return &workCtx{Context: ret, lease: lease.Context(), cancel: cancel}, func() {
 		stop()
 		cancelDeadline()
 		cancel(nil)
 	}
 }
+
+// workCtx is fn's context: ret of workContext, which also looks at the
+// lease's Context before it answers. The context package cancels a
+// context's children after it has closed the context's Done channel and
+// released the goroutines that wait on it: for a moment after the lease
+// ended, a goroutine that saw its Done closed (or a timer's, a watch's
+// goroutine that ended it) could find fn's context not done yet
+// (TestRunCtxDoneWithLease, in every backend: up to 13 runs in 50). Err,
+// Done and Value (and so context.Cause) first cancel fn's context, with
+// the lease's cause, if the lease's Context has ended.
+type workCtx struct {
+	context.Context                         // ret: a child of work
+	lease           context.Context         // the lease's Context, work's parent
+	cancel          context.CancelCauseFunc // work's
+}
+
+// sync cancels work if the lease's Context has ended and fn's context has
+// not: the propagation from the lease's Context may not have reached it.
+func (c *workCtx) sync() {
+	if c.lease.Err() != nil && c.Context.Err() == nil {
+		c.cancel(context.Cause(c.lease))
+	}
+}
+
+func (c *workCtx) Done() <-chan struct{} { c.sync(); return c.Context.Done() }
+func (c *workCtx) Err() error            { c.sync(); return c.Context.Err() }
+func (c *workCtx) Value(key any) any     { c.sync(); return c.Context.Value(key) }
 
 // causeWait bounds how long ctxDeadlineCause waits for a ctx whose
 // deadline has passed to end.

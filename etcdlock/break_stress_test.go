@@ -28,3 +28,14 @@ func TestLeadCancelledAtRandom(t *testing.T) {
 	endpoints := shared.Endpoints()
 	stresstest.LeadCancels(t, 40, newLocker(t, endpoints, nil), newLocker(t, endpoints, nil), 2*time.Second, time.Second)
 }
+
+// fence.Run's fn finds its context done once the lease's Done is closed,
+// whether the lease ran out or its key was deleted (see
+// stresstest.RunCtxDoneWithLease).
+func TestRunCtxDoneWithLease(t *testing.T) {
+	endpoints := shared.Endpoints()
+	admin := newClient(t, endpoints, nil)
+	stresstest.RunCtxDoneWithLease(t, newLocker(t, endpoints, &etcdlock.Options{WatchdogTTL: watchdogTTL}), 50, func(t testing.TB, name string) {
+		removeHolder(t, admin, name)
+	})
+}

@@ -28,3 +28,14 @@ func TestRandomCancelsNeverTwoHolders(t *testing.T) {
 		return l
 	})
 }
+
+// fence.Run's fn finds its context done once the lease's Done is closed,
+// whether the lease ran out or its lock was removed (see
+// stresstest.RunCtxDoneWithLease).
+func TestRunCtxDoneWithLease(t *testing.T) {
+	l, err := memlock.New(&memlock.Options{WatchdogTTL: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stresstest.RunCtxDoneWithLease(t, l, 100, func(_ testing.TB, name string) { l.Remove(name) })
+}

@@ -20,3 +20,14 @@ func TestRandomCancelsNeverTwoHolders(t *testing.T) {
 		return newLockerWith(t, srv.Client(t), redislock.Options{Observer: obs})
 	})
 }
+
+// fence.Run's fn finds its context done once the lease's Done is closed,
+// whether the lease ran out or its lock was deleted (see
+// stresstest.RunCtxDoneWithLease).
+func TestRunCtxDoneWithLease(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	stresstest.RunCtxDoneWithLease(t, newLocker(t, srv.Client(t)), 50, func(t testing.TB, name string) {
+		admin.Del(t.Context(), lockKey(name))
+	})
+}

@@ -38,3 +38,17 @@ func TestLeadCancelledAtRandom(t *testing.T) {
 	}
 	stresstest.LeadCancels(t, 40, ls[0], ls[1], 2*time.Second, time.Second)
 }
+
+// fence.Run's fn finds its context done once the lease's Done is closed,
+// whether the lease ran out or its lock was deleted on every node (see
+// stresstest.RunCtxDoneWithLease).
+func TestRunCtxDoneWithLease(t *testing.T) {
+	srvs := nodes(t, 3)
+	stresstest.RunCtxDoneWithLease(t, newLocker(t, srvs, &redlock.Options{WatchdogTTL: 300 * time.Millisecond, NodeTimeout: generous}), 50, func(t testing.TB, name string) {
+		for _, s := range srvs {
+			if err := s.Client(t).Del(t.Context(), lockKey(name)).Err(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+		}
+	})
+}

@@ -35,3 +35,21 @@ func TestLeadCancelledAtRandom(t *testing.T) {
 	b, _ := newLocker(t, []string{srv.Addr})
 	stresstest.LeadCancels(t, 40, a, b, 2*time.Second, time.Second)
 }
+
+// fence.Run's fn finds its context done once the lease's Done is closed,
+// whether the lease ran out or its node was deleted (see
+// stresstest.RunCtxDoneWithLease).
+func TestRunCtxDoneWithLease(t *testing.T) {
+	srv := startZK(t)
+	l, _ := newLocker(t, []string{srv.Addr})
+	admin := connect(t, []string{srv.Addr}, nil)
+	stresstest.RunCtxDoneWithLease(t, l, 50, func(t testing.TB, name string) {
+		nodes := lockNodes(t, admin, name)
+		if len(nodes) == 0 {
+			t.Fatalf("no node for %q", name)
+		}
+		if err := admin.Delete(nodes[0], -1); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -39,3 +39,11 @@ func TestLeadCancelledAtRandom(t *testing.T) {
 	}
 	stresstest.LeadCancels(t, 40, ls[0], ls[1], 2*time.Second, time.Second)
 }
+
+// fence.Run's fn finds its context done once the lease's Done is closed,
+// whether the lease ran out or its row was deleted (see
+// stresstest.RunCtxDoneWithLease).
+func TestRunCtxDoneWithLease(t *testing.T) {
+	d := newDatabase(t, pg)
+	stresstest.RunCtxDoneWithLease(t, d.locker(t, d.db), 50, d.remove)
+}
