@@ -3,6 +3,7 @@ package stresstest
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -10,14 +11,13 @@ import (
 	"github.com/fencekit/fence"
 )
 
-// RunCtxDoneWithLease checks, runs times for each way a lease can end by
-// itself (its fixed lease time running out; and, if remove is not nil, its
-// lock deleted behind its back by remove), that fence.Run's fn finds its
-// context done as soon as the lease's Done is closed: Run documents fn's
-// context as a child of the lease's Context, which every backend must
-// cancel before (or as) it closes Done, so that a fn that checks ctx.Err()
-// before each write never finds it nil once this process has seen the lease
-// end.
+// RunCtxDoneWithLease checks, for each way a lease can end by itself (its
+// fixed lease time running out; and, if remove is not nil, its lock
+// deleted behind its back by remove), that fence.Run's fn finds its context
+// done as soon as the lease's Done is closed (runs times), and as soon as
+// its Err is not nil (runs/2 times), seen from another goroutine than the
+// one that ended it: Run documents that a fn that checks ctx.Err() before
+// each write never finds it nil once this process has seen the lease end.
 func RunCtxDoneWithLease(t *testing.T, l fence.Locker, runs int, remove func(t testing.TB, name string)) {
 	t.Helper()
 	type way struct {
@@ -29,31 +29,46 @@ func RunCtxDoneWithLease(t *testing.T, l fence.Locker, runs int, remove func(t t
 	if remove != nil {
 		ways = append(ways, way{"lock removed", nil, func(name string) { remove(t, name) }})
 	}
-	for _, w := range ways {
-		late := 0
-		for i := range runs {
-			name := "ctx-done"
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			var ended sync.WaitGroup
-			err := fence.Run(ctx, l, name, func(ctx context.Context, lease fence.Lease) error {
-				// From another goroutine, as a watch or a timer would: a
-				// synchronous end would be over before Done is looked at.
-				ended.Go(func() { w.end(name) })
-				<-lease.Done()
-				if ctx.Err() == nil {
-					late++
-				}
-				<-ctx.Done()
-				return nil
-			}, append(w.opts, fence.Wait(10*time.Second))...)
-			cancel()
-			ended.Wait()
-			if !errors.Is(err, fence.ErrLeaseLost) {
-				t.Fatalf("%s, run %d: Run = %v, want ErrLeaseLost", w.what, i, err)
+	seen := []struct {
+		how  string
+		runs int
+		wait func(fence.Lease)
+	}{
+		{"Done was closed", runs, func(lease fence.Lease) { <-lease.Done() }},
+		{"Err was not nil", runs / 2, func(lease fence.Lease) {
+			for lease.Err() == nil {
+				runtime.Gosched()
 			}
-		}
-		if late > 0 {
-			t.Errorf("%s: in %d of %d runs fn's ctx was not done once the lease's Done was closed", w.what, late, runs)
+		}},
+	}
+	for _, w := range ways {
+		for _, s := range seen {
+			late := 0
+			for i := range s.runs {
+				name := "ctx-done"
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				var ended sync.WaitGroup
+				err := fence.Run(ctx, l, name, func(ctx context.Context, lease fence.Lease) error {
+					// From another goroutine, as a watch or a timer would: a
+					// synchronous end would be over before the lease is
+					// looked at.
+					ended.Go(func() { w.end(name) })
+					s.wait(lease)
+					if ctx.Err() == nil {
+						late++
+					}
+					<-ctx.Done()
+					return nil
+				}, append(w.opts, fence.Wait(10*time.Second))...)
+				cancel()
+				ended.Wait()
+				if !errors.Is(err, fence.ErrLeaseLost) {
+					t.Fatalf("%s, run %d: Run = %v, want ErrLeaseLost", w.what, i, err)
+				}
+			}
+			if late > 0 {
+				t.Errorf("%s: in %d of %d runs fn's ctx was not done once the lease's %s", w.what, late, s.runs, s.how)
+			}
 		}
 	}
 }
