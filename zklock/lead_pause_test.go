@@ -139,3 +139,52 @@ func TestLeadServerPausedPastTTL(t *testing.T) {
 	wg.Wait()
 	r.check(t)
 }
+
+// Three candidates on sessions of their own; the leader's host is cut off
+// from ZooKeeper (its connections closed, new ones refused) while the
+// others still reach it. Its fn must see its context end, with
+// ErrLeaseLost, before another candidate's term begins (ZooKeeper hands the
+// lock on only when the cut-off session expires); when the partition heals
+// the old leader campaigns again without disturbing the new one.
+func TestLeadLeaderPartitioned(t *testing.T) {
+	srv := startZK(t)
+	var r leadLog
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	parts := map[string]*partition{}
+	for _, who := range []string{"a", "b", "c"} {
+		p := &partition{}
+		parts[who] = p
+		l := newLockerDialer(t, []string{srv.Addr}, p.dial)
+		wg.Go(func() {
+			_ = fence.Lead(ctx, l, "partitioned", r.fn(who), fence.Backoff(20*time.Millisecond, 200*time.Millisecond),
+				fence.LeaseOptions(fence.Wait(5*time.Second)))
+		})
+	}
+	all, ok := r.waitTerms(10*time.Second, func(all []leadTerm) bool { return len(all) > 0 })
+	if !ok {
+		t.Fatal("no leader within 10 s")
+	}
+	first := all[0]
+	parts[first.who].set(true)
+	cut := time.Now()
+	all, ok = r.waitTerms(3*sessionTimeout+5*time.Second, func(all []leadTerm) bool { return len(all) > 1 })
+	if !ok {
+		t.Fatalf("no new leader %v after %s was cut off", time.Since(cut), first.who)
+	}
+	t.Logf("%s's term ended %v after the cut (%v); %s leads %v after it", first.who, all[0].end.Sub(cut), all[0].cause, all[1].who, all[1].start.Sub(cut))
+	if !errors.Is(all[0].cause, fence.ErrLeaseLost) {
+		t.Errorf("the cut-off leader's fn saw %v, want ErrLeaseLost", all[0].cause)
+	}
+	parts[first.who].set(false)
+	second := all[1]
+	// The healed candidate reconnects (its session expired: go-zookeeper
+	// makes a new one) and waits in line; the new leader goes on.
+	if all, _ := r.waitTerms(2*sessionTimeout, func(all []leadTerm) bool { return len(all) > 2 || !all[1].end.IsZero() }); len(all) > 2 || !all[1].end.IsZero() {
+		t.Errorf("after the partition healed, %s's term ended (%v) or a new one began (%d terms)", second.who, all[1].cause, len(all))
+	}
+	cancel()
+	wg.Wait()
+	r.check(t)
+}
