@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pgtest"
 )
 
 // fence.Lead on pglock: when the leader's process dies (its pool closed,
@@ -72,5 +73,81 @@ func TestLeadOnPostgres(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the dead leader's fn was not stopped")
+	}
+}
+
+// fence.Lead on pglock across a restart of PostgreSQL (every connection,
+// the Listeners' among them, killed): three candidates; the leader's
+// renewals fail while the server is down, so its term ends by its
+// deadline; after the restart a leader is elected again within a few
+// seconds, with a greater token, after every earlier term ended.
+func TestLeadAcrossServerRestart(t *testing.T) {
+	srv, err := pgtest.Launch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Kill)
+	d := newDatabase(t, srv)
+	if _, err := d.db.ExecContext(t.Context(), `ALTER DATABASE `+d.name+` SET synchronous_commit = on`); err != nil {
+		t.Fatal(err)
+	}
+	type elected struct {
+		who        string
+		token      fence.Token
+		start, end time.Time
+	}
+	var mu sync.Mutex
+	var terms []*elected
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for _, who := range []string{"a", "b", "c"} {
+		l := d.locker(t, open(t, d.dsn, nil))
+		wg.Go(func() {
+			_ = fence.Lead(ctx, l, "leader", func(ctx context.Context, lease fence.Lease) error {
+				tm := &elected{who: who, token: lease.Token(), start: time.Now()}
+				mu.Lock()
+				terms = append(terms, tm)
+				mu.Unlock()
+				<-ctx.Done()
+				mu.Lock()
+				tm.end = time.Now()
+				mu.Unlock()
+				return nil
+			}, fence.Backoff(20*time.Millisecond, 200*time.Millisecond), fence.LeaseOptions(fence.Wait(5*time.Second)))
+		})
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(terms) }
+	waitCount := func(n int, within time.Duration) bool {
+		for deadline := time.Now().Add(within); count() < n; time.Sleep(5 * time.Millisecond) { // polling with a deadline
+			if time.Now().After(deadline) {
+				return false
+			}
+		}
+		return true
+	}
+	if !waitCount(1, 10*time.Second) {
+		t.Fatal("no leader within 10 s")
+	}
+	for round := 1; round <= 2; round++ {
+		n := count()
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		restarted := time.Now()
+		if !waitCount(n+1, 15*time.Second) {
+			t.Fatalf("round %d: no new term within 15 s of the restart", round)
+		}
+		t.Logf("round %d: a new term %v after the restart", round, time.Since(restarted))
+	}
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(terms); i++ {
+		p, c := terms[i-1], terms[i]
+		if c.token <= p.token || c.start.Before(p.end) {
+			t.Errorf("term %d (%s, token %d, from %v) after term %d (%s, token %d, until %v)", i, c.who, c.token, c.start.Format(time.StampMicro), i-1, p.who, p.token, p.end.Format(time.StampMicro))
+		}
 	}
 }
