@@ -82,7 +82,7 @@ func TestLeadRedisServerPausedPastTTL(t *testing.T) {
 			t.Fatalf("round %d: no leader within 5 s of SIGCONT", round)
 		}
 		next := r.snapshot()[len(all)]
-		t.Logf("round %d: %s's term ended %v after the pause; %s leads %v after SIGCONT", round, cur.who, cur.end.Sub(paused), next.who, time.Since(paused))
+		t.Logf("round %d: %s's term ended %v after the pause; %s leads %v after the pause", round, cur.who, cur.end.Sub(paused), next.who, next.start.Sub(paused))
 	}
 	cancel()
 	wg.Wait()
