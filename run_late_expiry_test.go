@@ -50,7 +50,10 @@ func TestRunCtxDoneAtLeaseDeadline(t *testing.T) {
 		"in 2 of 503 hand-overs, 6.6 ms past the old Deadline); fn's ctx.Err() could also " +
 		"compare time.Now() with lease.Deadline() (a mutex in every backend's Deadline, on each Err, Done and Value: " +
 		"costly where ctx.Err() is called in a loop; a cached deadline is wrong after an Extend that shortens it). " +
-		"I would check the Deadline in workCtx.Err only (not Done or Value), cancelling with ErrLeaseLost, and say so in Run's doc")
+		"I would check the Deadline in workCtx.Err only (not Done or Value), cancelling with ErrLeaseLost, and say so in Run's doc. " +
+		"Tried (2026-12-03) and reverted: a backend may call ctx.Err() on fn's context while it holds its own lease's lock (memlock's Extend does), " +
+		"and Err calling lease.Deadline() then waits for that lock for ever (TestLeadHungExtendEndsTermAtDeadline hung); a cached deadline " +
+		"is wrong after an Extend, so this needs a Deadline that never blocks in every Locker (an atomic), a contract change")
 	synctest.Test(t, func(t *testing.T) {
 		m := newMemlock(t)
 		err := fence.Run(t.Context(), lateTimerLocker{m, 50 * time.Millisecond}, "late", func(ctx context.Context, lease fence.Lease) error {
