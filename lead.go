@@ -100,6 +100,10 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // return in a row, as a supervisor restarts a crashed worker; Lead does not
 // return. Errors are reported through OnDeposed.
 //
+// A lease that Acquire returned already ended (see Run) begins no term:
+// fn, OnElected and OnDeposed are not called, and Lead campaigns again
+// after the pause that follows a lost lease.
+//
 // A panic in fn or in OnElected goes on up through Lead once the lease is
 // released (see Run); one in OnDeposed, after it. Lead does not recover
 // them: a candidate that panicked campaigns no more.
@@ -159,6 +163,10 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 				return context.Cause(ctx)
 			}
 			continue
+		case lease == nil && errors.Is(err, errEndedOnArrival):
+			// Acquire returned a lease already ended (see Run): no term
+			// began, but the lock was lost as a deposed leader's is.
+			failures = 0
 		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption) || errors.Is(err, ErrClosed)):
 			return err
 		case lease != nil && errors.Is(lease.Err(), ErrLeaseLost):

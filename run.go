@@ -10,6 +10,10 @@ import (
 	"github.com/fencekit/fence/internal/pause"
 )
 
+// errEndedOnArrival is in Run's error when Acquire returned a lease that had
+// already ended; Lead treats it as a lost lease.
+var errEndedOnArrival = errors.New("fence: the lease ended before Acquire returned")
+
 // releaseTimeout bounds the Release that Run makes after fn returns, which
 // runs even when ctx is already cancelled.
 const releaseTimeout = 5 * time.Second
@@ -36,7 +40,11 @@ const releaseTimeout = 5 * time.Second
 // returns the error from Acquire if the lock was not taken (fn is not
 // called; a Locker that returns neither a lease nor an error gets one
 // matching ErrNotAcquired, and a lease returned with an error is
-// released); otherwise fn's error joined with Release's error, so a lease
+// released). fn is not called either with a lease that had already ended
+// when Acquire returned it (its Err set: a backend whose reply came after
+// the lease's deadline): Run releases it and returns an error matching
+// ErrNotAcquired that wraps the lease's Err (so ErrLeaseLost too), joined
+// with Release's error unless that matches ErrLeaseLost. Otherwise fn's error joined with Release's error, so a lease
 // that was lost while fn ran shows up as an error matching ErrLeaseLost even when
 // fn returned nil. A nil locker or fn is an error matching
 // ErrInvalidOption.
@@ -63,6 +71,17 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 		return err
 	case holdsNil(lease):
 		return NotAcquired(name, fmt.Errorf("fence: %T.Acquire returned neither a lease nor an error", locker))
+	}
+	if lerr := lease.Err(); lerr != nil {
+		// Ended before fn could begin (redislock's reply came after the
+		// lease's deadline, say): fn would start with its context done.
+		// Release it as after fn; a Release that finds it lost says
+		// what lerr says.
+		ended := NotAcquired(name, fmt.Errorf("%w: %w", errEndedOnArrival, lerr))
+		if relErr := releaseRetrying(ctx, lease); relErr != nil && !errors.Is(relErr, ErrLeaseLost) {
+			return errors.Join(ended, relErr)
+		}
+		return ended
 	}
 	workCtx, end := workContext(ctx, lease)
 	var fnErr error
