@@ -334,6 +334,16 @@
 // closed). While a server is down, each failed Acquire thus holds some
 // 300 bytes for its lease time, not a goroutine.
 //
+// A try that takes the lock (or confirms a grant) but whose reply comes
+// after the deadline of the lease it would give (the lease time counted from
+// when the try was sent, less the drift allowance: a paused or starved
+// server, a slow network) gives no lease: one already ended would reach the
+// caller with its Context done. It is treated as a try given up on: the lock
+// is given back, owner-checked, with the revocation mark, and the Acquire
+// tries again with a new owner within what is left of its wait budget; with
+// none left, or with no budget, it returns an error matching
+// fence.ErrNotAcquired that says the reply came too late.
+//
 // The wait budget (fence.Wait) bounds the waiting: the pauses, the
 // subscription and every try after the first. The first try runs on ctx
 // alone, as an Acquire without a budget does, so that an uncontended

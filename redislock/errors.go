@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/redis/go-redis/v9"
@@ -21,6 +22,18 @@ import (
 // the key; delete it, or set it to a valid token, to go on. Acquire wraps it
 // in an error matching fence.ErrNotAcquired.
 var ErrBadTokenRecord = errors.New("redislock: bad token record")
+
+// errLateReply is in the error of a try that took the lock but whose reply
+// came after the lease's deadline (counted from when the try was sent): the
+// lease would have ended before Acquire returned it. The try is given up
+// on (see lateReply).
+var errLateReply = errors.New("redislock: the reply that took the lock came too late")
+
+// lateReply is the error of a try sent at sent whose reply, taking the lock
+// for a lease of ttl, came at replied, past the lease's deadline.
+func lateReply(sent, replied time.Time, ttl time.Duration) error {
+	return fmt.Errorf("%w: %v after the try was sent, past the lease's deadline (lease time %v); given back", errLateReply, replied.Sub(sent).Round(time.Millisecond), ttl)
+}
 
 // scriptError turns the acquire script's refusal into ErrBadTokenRecord and
 // leaves other errors as they are.

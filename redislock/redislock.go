@@ -344,7 +344,11 @@ func (b *boxedMs) get(d time.Duration) any {
 // when it did take the lock, the late reply releases it (owner-checked), so
 // it blocks others for a round trip rather than for its lease time. If the
 // reply never comes, the acquisition is revoked so that it refuses if it
-// runs later (see the package doc, Deadlines).
+// runs later (see the package doc, Deadlines). A try that took the lock
+// with a reply past the lease's deadline gives it back the same way and
+// gives no lease: Acquire tries again with a new owner within the wait
+// budget, or returns an error matching fence.ErrNotAcquired saying the reply
+// came too late.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
@@ -369,6 +373,24 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if err := ctx.Err(); err != nil {
 		return nil, fence.NotAcquired(name, err)
 	}
+	// A try that took the lock with a reply past the lease's deadline (a
+	// paused or starved server) gave it back, revoking its owner: try
+	// again, with a new owner, within what is left of the wait budget.
+	end := time.Now().Add(o.Wait)
+	for {
+		lease, err := l.acquireWithin(ctx, name, o)
+		if err == nil || !errors.Is(err, errLateReply) || o.Wait == 0 {
+			return lease, err
+		}
+		if o.Wait = time.Until(end); o.Wait < time.Millisecond || ctx.Err() != nil {
+			return nil, err
+		}
+	}
+}
+
+// acquireWithin is acquire with its options applied, for one owner: a try
+// whose reply came too late ends it (errLateReply), its lock given back.
+func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options) (fence.Lease, error) {
 	start := time.Now()
 	a := l.newAttempt(name, o.TTL)
 	if o.Wait > 0 {
@@ -544,6 +566,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		switch {
 		case lease != nil:
 			return lease, nil
+		case errors.Is(err, errLateReply):
+			// Taken, too late to be used: give it back, revoked (the
+			// caller tries again with a new owner, see acquire).
+			maybe = err
+			return fail(err)
 		case err != nil && (waitCtx.Err() != nil || errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(start.Add(o.Wait))):
 			// (A client that bounds its own calls can end one at the
 			// deadline a moment before waitCtx's timer ends waitCtx.)
@@ -661,7 +688,7 @@ func retryBackoff(n int) time.Duration {
 // reply was lost (err) may have taken after all. A try with the same owner
 // would have found it; the caller will not make one.
 func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
-	if errors.Is(err, errUnreleased) || errors.Is(err, errWaitFailed) {
+	if errors.Is(err, errUnreleased) || errors.Is(err, errWaitFailed) || errors.Is(err, errLateReply) {
 		// Refused by replica sync, and the release that should have
 		// undone the acquisition failed (or was given up on), or the
 		// script ran and its WAIT failed: the lock is held, by nobody,
@@ -1051,6 +1078,15 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 			return nil, 0, false, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
 		}
 		return nil, 0, false, notRepl
+	}
+	if !replied.Before(deadline(sent, a.ttl)) {
+		// Taken (or a grant confirmed) with a reply that came after the
+		// lease's deadline: the lease would be over before anyone used
+		// it. The caller gives the lock back as after a try given up
+		// on, revoked (giveUpMaybeHeld, or the waiting Acquire's
+		// withdrawal), and tries again with a new owner if its budget
+		// allows.
+		return nil, 0, false, lateReply(sent, replied, a.ttl)
 	}
 	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, false, nil
 }

@@ -1,0 +1,203 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// lateTake is a server, an admin client and a Locker whose client's
+// requests pass through a transit that can hold one acquire try (an
+// EVALSHA with acquire.lua's 5 keys, the lock first) on its way.
+type lateTake struct {
+	srv   *redistest.Server
+	admin *redis.Client
+	tr    *transit
+	l     *redislock.Locker
+	name  string
+}
+
+func newLateTake(t *testing.T, name string) *lateTake {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	// Scripts loaded, so that a try is one EVALSHA.
+	if err := acquire(t, lockerWith(t, srv.Client(t), redislock.Options{}), "lock:warm-up").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	lock := lockKey(name)
+	tr := &transit{match: fmt.Appendf(nil, "$1\r\n5\r\n$%d\r\n%s\r\n", len(lock), lock)}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return &lateTake{srv: srv, admin: admin, tr: tr, l: lockerWith(t, c, redislock.Options{}), name: name}
+}
+
+// deliverAfter lets a lease of ttl, taken now on another name, run out
+// (the held try was sent before it), then sends the held try: its reply
+// comes past the deadline of the lease it takes.
+func (s *lateTake) deliverAfter(t *testing.T, ttl time.Duration) {
+	t.Helper()
+	waitFor(t, s.tr.holding)
+	probe, err := lockerWith(t, s.srv.Client(t), redislock.Options{}).Acquire(ctx(t), s.name+":probe", fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-probe.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("probe lease not over after 10 s")
+	}
+	if err := s.tr.deliver(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// revoked counts the name's revocation marks.
+func (s *lateTake) revoked(t *testing.T) int {
+	t.Helper()
+	keys, err := s.admin.Keys(ctx(t), lockKey(s.name)+":revoked:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(keys)
+}
+
+func acquireAsync(l *redislock.Locker, name string, opts ...fence.Option) <-chan acquired {
+	got := make(chan acquired, 1)
+	go func() {
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		ls, err := l.Acquire(c, name, opts...)
+		got <- acquired{ls, err}
+	}()
+	return got
+}
+
+type acquired struct {
+	lease fence.Lease
+	err   error
+}
+
+func (a acquired) wait(t *testing.T, got <-chan acquired) acquired {
+	t.Helper()
+	select {
+	case a = <-got:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Acquire has not returned after 20 s")
+	}
+	if a.lease != nil {
+		t.Cleanup(func() { _ = a.lease.Release(context.Background()) })
+	}
+	return a
+}
+
+// TestLateTakeTryOnce: a try-once Acquire's try is delayed on its way (a
+// paused or starved server does the same) until the lease time has passed
+// since it was sent; then it takes the free lock. Acquire returned a lease
+// whose deadline had passed ("lease lost: its lease time ran out" at once),
+// while the lock stayed on Redis for the full lease time from the script's
+// run, held by nobody. It now returns ErrNotAcquired saying the reply came
+// too late, and the lock is given back, its owner revoked.
+func TestLateTakeTryOnce(t *testing.T) {
+	const name, ttl = "lock:late-take-once", 500 * time.Millisecond
+	s := newLateTake(t, name)
+	s.tr.arm()
+	got := acquireAsync(s.l, name, fence.TTL(ttl))
+	s.deliverAfter(t, ttl)
+	r := acquired{}.wait(t, got)
+	if r.lease != nil {
+		t.Fatalf("Acquire whose reply came %v past the deadline returned a lease (token %d), Err = %v", time.Since(r.lease.Deadline()).Round(time.Millisecond), r.lease.Token(), r.lease.Err())
+	}
+	if !errors.Is(r.err, fence.ErrNotAcquired) || !strings.Contains(r.err.Error(), "too late") {
+		t.Fatalf("Acquire = %v, want ErrNotAcquired saying the reply came too late", r.err)
+	}
+	t.Logf("Acquire: %v", r.err)
+	if err := s.l.WaitGiveBacks(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if holder, pttl := s.admin.Get(ctx(t), lockKey(name)).Val(), s.admin.PTTL(ctx(t), lockKey(name)).Val(); holder != "" {
+		t.Errorf("the late take's lock is still held by %s for %v after its give-back", holder, pttl)
+	}
+	if n := s.revoked(t); n != 1 {
+		t.Errorf("%d revocation marks, want 1 (the late try's owner)", n)
+	}
+}
+
+// TestLateTakeRetriedWithinWait: the same late take in an Acquire with a
+// wait budget is given back (revoked) and tried again with a new owner,
+// which gets a live lease.
+func TestLateTakeRetriedWithinWait(t *testing.T) {
+	const name, ttl = "lock:late-take-wait", 500 * time.Millisecond
+	s := newLateTake(t, name)
+	s.tr.arm()
+	got := acquireAsync(s.l, name, fence.TTL(ttl), fence.Wait(10*time.Second))
+	s.deliverAfter(t, ttl)
+	r := acquired{}.wait(t, got)
+	if r.err != nil {
+		t.Fatalf("Acquire with 10 s to wait after a late take: %v", r.err)
+	}
+	if err := r.lease.Err(); err != nil {
+		t.Fatalf("Acquire returned a lease already ended: %v", err)
+	}
+	if n := s.revoked(t); n != 1 {
+		t.Errorf("%d revocation marks, want 1 (the late try's owner)", n)
+	}
+	if holder := s.admin.Get(ctx(t), lockKey(name)).Val(); holder == "" {
+		t.Errorf("lease token %d, but no lock on Redis", r.lease.Token())
+	}
+	if err := r.lease.Release(ctx(t)); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+// TestLateGrantConfirmationRetried: a waiter is granted the lock by the
+// holder's release, more than a quarter of its lease time after its last
+// try, so it confirms the grant with a try; that try is delayed past the
+// lease time. The confirmed grant is given back (revoked) like a late
+// take, and the waiter, with budget left, tries again with a new owner and
+// gets a live lease.
+func TestLateGrantConfirmationRetried(t *testing.T) {
+	const name, ttl = "lock:late-grant", 400 * time.Millisecond
+	s := newLateTake(t, name)
+	holder := acquire(t, lockerWith(t, s.srv.Client(t), redislock.Options{}), name, fence.TTL(time.Minute))
+	before := commandCalls(t, s.admin, "evalsha")
+	got := acquireAsync(s.l, name, fence.TTL(ttl), fence.Wait(15*time.Second))
+	// Its first try queues it; subscribed, it tries once more at once
+	// (a grant may have fallen in between), then waits.
+	waitFor(t, func() bool { return commandCalls(t, s.admin, "evalsha") >= before+2 })
+	waitFor(t, func() bool {
+		return s.admin.PubSubNumSub(ctx(t), lockKey(name)+":released").Val()[lockKey(name)+":released"] > 0
+	})
+	// More than a quarter of the lease time since that try: the grant is
+	// confirmed by a try.
+	probe, err := lockerWith(t, s.srv.Client(t), redislock.Options{}).Acquire(ctx(t), name+":probe0", fence.TTL(ttl/2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-probe.Done()
+	s.tr.arm()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	s.deliverAfter(t, ttl)
+	r := acquired{}.wait(t, got)
+	if r.err != nil {
+		t.Fatalf("Acquire with budget left after a late confirmation: %v", r.err)
+	}
+	if err := r.lease.Err(); err != nil {
+		t.Fatalf("Acquire returned a lease already ended: %v", err)
+	}
+	if n := s.revoked(t); n != 1 {
+		t.Errorf("%d revocation marks, want 1 (the late confirmation's owner)", n)
+	}
+	if err := r.lease.Release(ctx(t)); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
