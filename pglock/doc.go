@@ -48,7 +48,12 @@
 // taken over by comparing expires_at with the database's time in the same
 // statement. A holder considers its lease valid until a local deadline
 // measured from before its request was sent, less 1% and 2 ms for the two
-// clocks' rates, as redislock does.
+// clocks' rates, as redislock does. A try that took the lock but whose
+// reply came after that deadline (a stalled backend, a statement that
+// waited on the row's lock) gives no lease, which would be over before
+// anyone used it: the row is given back (owner-checked) and Acquire tries
+// again as a new owner within its wait budget, or fails with
+// fence.ErrNotAcquired saying the reply came too late.
 //
 // # Waiting
 //

@@ -27,6 +27,10 @@ const DefaultWatchdogTTL = 30 * time.Second
 // operator intervenes. Acquire does not retry it within its Wait budget.
 var ErrTokensExhausted = errors.New("pglock: token sequence exhausted")
 
+// errLateReply is in the error of a try that took the lock but whose reply
+// came after the lease's deadline: it gives no lease (see try).
+var errLateReply = errors.New("the reply that took the lock came too late")
+
 // DefaultTable is the lease table's name when Options.Table is empty.
 const DefaultTable = "fence_leases"
 
@@ -209,7 +213,10 @@ const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
 // last one. A token sequence at its maximum is not retried: the error wraps
 // ErrTokensExhausted at once. Nor is a name that the database's encoding
 // cannot store (a LATIN1 database, a client sending UTF-8): the error
-// matches fence.ErrInvalidName.
+// matches fence.ErrInvalidName. A try that took the lock but whose reply
+// came after the lease's deadline (a stalled backend) gives no lease: the
+// row is given back (owner-checked) and the wait goes on with a new owner,
+// or, with no budget left, the error says the reply came too late.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
@@ -261,7 +268,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		return nil, fence.NotAcquired(name, closedDB(err))
 	case err == nil && o.Wait == 0:
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
-	case err != nil && tryCtx.Err() != nil:
+	case err != nil && tryCtx.Err() != nil && !errors.Is(err, errLateReply):
 		// The budget ended during the first try, which failed for that
 		// reason (see the loop's tries below).
 		l.giveUp(&a)
@@ -367,7 +374,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if lease != nil {
 			return lease, nil
 		}
-		if lastErr != nil && waitCtx.Err() != nil {
+		if lastErr != nil && waitCtx.Err() != nil && !errors.Is(lastErr, errLateReply) {
 			// The budget ended during this try, which failed for that
 			// reason: the lock was as before, held or unreachable.
 			return nil, budgetEnded(before)
@@ -594,6 +601,16 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 				// owner's), it would take the row back once released.
 				a.stale = nil
 				go l.signal(stale)
+			}
+			if replied := time.Now(); !replied.Before(deadline(sent, a.ttl)) {
+				// Taken with a reply past the lease's deadline (a
+				// stalled backend, a statement that waited on the
+				// row's lock): the lease would be over before anyone
+				// used it. Give the row back, owner-checked, and try
+				// again, if at all, as a new owner.
+				l.freeOwned(a.name, a.owner)
+				a.owner = newOwner()
+				return nil, 0, fmt.Errorf("pglock: acquire %q: %w: %v after the try was sent, past the lease's deadline (lease time %v); given back", a.name, errLateReply, replied.Sub(sent).Round(time.Millisecond), a.ttl)
 			}
 			return l.newLease(ctx, a, fence.Token(token), sent), 0, nil
 		case unstorableName(err):
