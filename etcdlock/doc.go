@@ -70,7 +70,13 @@
 // for, from before the request was sent, less 1% and 2 ms for clock drift.
 // At the deadline a lease that was not renewed ends (Done is closed, Err
 // matches fence.ErrLeaseLost) and its etcd lease is revoked, so the next in
-// line does not wait for etcd's longer expiry.
+// line does not wait for etcd's longer expiry. An Acquire whose create
+// Txn (or wait in line) answered after that deadline, counted from the etcd
+// lease's grant or last renewal (a stalled member, replies lost and sent
+// again), gives no lease, which would be over before anyone used it: it
+// revokes the etcd lease (the key goes, the lock is free) and tries again
+// on a new one within its wait budget, or fails with fence.ErrNotAcquired
+// saying the reply came too late.
 //
 // Without fence.TTL a watchdog renews the etcd lease (KeepAliveOnce) every
 // third of Options.WatchdogTTL, and reads the key with each renewal; a

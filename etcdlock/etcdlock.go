@@ -336,6 +336,10 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			reused = false
 			continue
 		}
+		if errors.Is(err, errLateReply) && o.Wait > 0 && time.Until(budget) > 0 && ctx.Err() == nil {
+			reused = false // a new etcd lease, a new key
+			continue
+		}
 		if err != nil {
 			return nil, fence.NotAcquired(name, err)
 		}
@@ -454,6 +458,15 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	// revoked etcd lease makes that Put fail; a kept one would take the
 	// key, holding the lock for nobody while it is reused. Such an etcd
 	// lease is never kept.
+	if replied := time.Now(); !replied.Before(deadline(sent, ttl)) {
+		// Taken, but past the deadline counted from the etcd lease's
+		// grant or last renewal (a stalled cluster, a create Txn's
+		// replies lost and sent again): the lease would be over before
+		// anyone used it. Give it back (the revoke deletes the key);
+		// Acquire tries again, within its budget, on a new etcd lease.
+		giveUp()
+		return nil, fmt.Errorf("etcdlock: create %s: %w: %v after the etcd lease was granted or renewed, past the lease's deadline (lease time %v); given back", key, errLateReply, replied.Sub(sent).Round(time.Millisecond), ttl)
+	}
 	var keyb []byte
 	if req != nil {
 		keyb = req.Compare[0].Key
@@ -515,6 +528,10 @@ var errClientClosed = fmt.Errorf("etcdlock: the etcd client was closed: %w", fen
 // errAttemptTimedOut is the cause with which try cancels an attempt that
 // took longer than its timeout.
 var errAttemptTimedOut = errors.New("etcdlock: attempt timed out")
+
+// errLateReply is in the error of a create that took the lock past the
+// lease's deadline: it gives no lease (see create).
+var errLateReply = errors.New("the reply that took the lock came too late")
 
 // revoke gives up the etcd lease id and with it the keys attached to it,
 // within cleanupTimeout even if ctx is done.
