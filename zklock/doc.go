@@ -68,6 +68,12 @@
 // keep the session, and the Locker's checks move Deadline. The "watchdog
 // TTL" of such a lease is the session timeout.
 //
+// An Acquire whose node came first in line, but whose read of it (the
+// token) was answered after the deadline its lease would have (a paused
+// server), gives no lease, which would be over before anyone used it: it
+// deletes its node and queues again with a new one within its wait budget,
+// or fails with fence.ErrNotAcquired saying the reply came too late.
+//
 // # Connection loss
 //
 // A connection loss is not an expiry: go-zookeeper reconnects (to another

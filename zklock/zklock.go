@@ -200,18 +200,31 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if err := l.learn(ctx, waitCtx); err != nil {
 		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 	}
-	node, err := l.create(waitCtx, a)
-	if err != nil {
-		l.giveUp(ctx, a, node)
-		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
+	for {
+		node, err := l.create(waitCtx, a)
+		if err != nil {
+			l.giveUp(ctx, a, node)
+			return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
+		}
+		ls, err := l.await(ctx, waitCtx, a, node, o, start)
+		if err != nil {
+			l.giveUp(ctx, a, node)
+			if errors.Is(err, errLateReply) && o.Wait > 0 && waitCtx.Err() == nil {
+				// Given back: queue again, with a new node, within
+				// the budget.
+				a = &attempt{name: name, dir: a.dir, guid: newGUID()}
+				continue
+			}
+			return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
+		}
+		return ls, nil
 	}
-	ls, err := l.await(ctx, waitCtx, a, node, o, start)
-	if err != nil {
-		l.giveUp(ctx, a, node)
-		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
-	}
-	return ls, nil
 }
+
+// errLateReply is in the error of an Acquire whose node was first in line
+// but whose read of it (the token) was answered past the lease's deadline:
+// it gives no lease (see grant).
+var errLateReply = errors.New("the reply that took the lock came too late")
 
 // giveUp deletes the node of an attempt that did not take the lock: at once
 // while ctx lasts, so that a caller trying right after does not queue
@@ -542,6 +555,17 @@ func (l *Locker) grant(ctx, waitCtx context.Context, a *attempt, node string, o 
 		if _, session := l.st.Timeout(); session != w.stat.EphemeralOwner {
 			return nil, l.mismatch(w.stat.EphemeralOwner)
 		}
+	}
+	// The lease's deadline (see deadlineLocked), as known now: a reply
+	// past it (a paused server) would give a lease over before anyone
+	// used it. The caller gives the node back instead.
+	st := l.timeout()
+	d := sent.Add(st - st/100 - 2*time.Millisecond)
+	if end := sent.Add(o.TTL); o.TTL > 0 && end.Before(d) {
+		d = end
+	}
+	if replied := time.Now(); !replied.Before(d) {
+		return nil, fmt.Errorf("zklock: stat %s: %w: %v after the read was sent, past the lease's deadline; given back", node, errLateReply, replied.Sub(sent).Round(time.Millisecond))
 	}
 	return l.newLease(ctx, a, node, w.stat, w.ch, o.TTL, start, sent), nil
 }
