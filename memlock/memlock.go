@@ -118,7 +118,10 @@ func New(o *Options) (*Locker, error) {
 
 // Acquire takes the lock called name; see fence.Locker. With a Wait budget
 // it waits in line: a release, an expiry or Remove hands the lock to the
-// caller that has waited longest. When the budget runs out the error wraps
+// caller that has waited longest. A waiter whose goroutine wakes only after
+// the lease handed to it has run out (a stalled process) waits in line
+// again within its budget, or fails saying it woke too late; it never
+// returns a lease already ended. When the budget runs out the error wraps
 // fence.ErrHeld; when ctx ends first, ctx.Err(). A nil ctx panics; a nil
 // *Locker returns an error matching fence.ErrInvalidOption.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
@@ -148,6 +151,15 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if err != nil {
 		return nil, err
 	}
+	return l.acquireWith(ctx, name, o)
+}
+
+// testHookGranted, if set, runs as a waiter takes the lease handed to it
+// (a test's stand-in for a goroutine woken late).
+var testHookGranted func()
+
+// acquireWith is acquire with its options applied.
+func (l *Locker) acquireWith(ctx context.Context, name string, o fence.Options) (fence.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fence.NotAcquired(name, err)
 	}
@@ -176,11 +188,25 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	lk.waiters = append(lk.waiters, w)
 	l.unlock()
 
+	end := time.Now().Add(o.Wait)
 	budget := time.NewTimer(o.Wait)
 	defer budget.Stop()
 	var why error
 	select {
 	case ls := <-w.granted:
+		if testHookGranted != nil {
+			testHookGranted()
+		}
+		if lerr := l.endedOnArrival(ls); lerr != nil {
+			// Handed over, but this goroutine woke after the lease's
+			// time had run out (a stalled process): the lock went on
+			// at the lease's end. Wait in line again, within the
+			// budget.
+			if o.Wait = time.Until(end); o.Wait > 0 {
+				return l.acquireWith(ctx, name, o)
+			}
+			return nil, fence.NotAcquired(name, fmt.Errorf("memlock: woke too late for the lease handed to it: %w", lerr))
+		}
 		return ls, nil
 	case <-budget.C:
 		why = fence.ErrHeld
@@ -229,6 +255,16 @@ func (l *Locker) Remove(name string) bool {
 	}
 	l.endLockedAs(lk.holder, fmt.Errorf("%w: %q was removed", fence.ErrLeaseLost, name), fence.LostRemoved)
 	return true
+}
+
+// endedOnArrival returns the Err of a lease handed to a waiter that ended
+// before the waiter took it (its deadline passed, or it was removed), or
+// nil.
+func (l *Locker) endedOnArrival(ls *lease) error {
+	l.mu.Lock()
+	defer l.unlock()
+	l.expireLocked(ls, time.Now())
+	return ls.err
 }
 
 // grantLocked makes a new lease the holder of lk. The caller holds l.mu.
