@@ -19,7 +19,12 @@ type Locker interface {
 	// to the budget. It returns an error matching ErrNotAcquired when the
 	// lock was not taken, wrapping ErrHeld, ctx.Err() or the backend's
 	// error; an error matching ErrInvalidName or ErrInvalidOption when the
-	// input is bad, before anything is sent to the backend.
+	// input is bad, before anything is sent to the backend. The backends
+	// of this module do not return a lease whose deadline had passed when
+	// the reply that took the lock came (a paused server): they give the
+	// lock back and try again within the budget, or return ErrNotAcquired
+	// saying the reply came too late. A lease can still end the moment
+	// after Acquire returns; Run and Lead do not start fn with one that has.
 	Acquire(ctx context.Context, name string, opts ...Option) (Lease, error)
 }
 
