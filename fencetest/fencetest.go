@@ -56,8 +56,10 @@ type Config struct {
 
 	// ShortLeaseMayFail declares that the backend times an acquisition
 	// against its lease time and refuses one that used it up (Redlock's
-	// validity check: with fence.MinTTL, 7.9 ms left after the drift
-	// allowance, which round trips on a loaded machine can take).
+	// validity check; redislock, pglock, etcdlock and zklock refuse a take
+	// whose reply came past the lease's deadline: with fence.MinTTL, 7.9 ms
+	// left after the drift allowance, which round trips on a loaded machine
+	// can take).
 	// InvalidInput then accepts a refused Acquire of fence.MinTTL, as
 	// long as the error matches fence.ErrNotAcquired and not
 	// fence.ErrInvalidOption (MinTTL is a valid lease time), and checks

@@ -457,14 +457,18 @@ func (l *Locker) giveUp(a *attempt) {
 func (l *Locker) freeOwned(name, owner string) { l.freeOwnedAfter(name, owner, nil) }
 
 // freeOwnedAfter is freeOwned once the stale backends have been terminated
-// and are gone, or giveUpTimeout has passed.
-func (l *Locker) freeOwnedAfter(name, owner string, stale []backendRef) {
+// and are gone, or giveUpTimeout has passed. done is closed once the
+// release has been tried.
+func (l *Locker) freeOwnedAfter(name, owner string, stale []backendRef) (done <-chan struct{}) {
+	ch := make(chan struct{})
 	go func() {
+		defer close(ch)
 		l.terminate(stale)
 		ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
 		defer cancel()
 		_, _ = l.db.ExecContext(ctx, l.q.release, name, owner, l.table)
 	}()
+	return ch
 }
 
 // terminate ends the backends of stale, which may yet run a try whose
@@ -608,7 +612,12 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 				// row's lock): the lease would be over before anyone
 				// used it. Give the row back, owner-checked, and try
 				// again, if at all, as a new owner.
-				l.freeOwned(a.name, a.owner)
+				// Waited for while ctx lasts: a caller that tries
+				// again at once finds the row free.
+				select {
+				case <-l.freeOwnedAfter(a.name, a.owner, nil):
+				case <-ctx.Done():
+				}
 				a.owner = newOwner()
 				return nil, 0, fmt.Errorf("pglock: acquire %q: %w: %v after the try was sent, past the lease's deadline (lease time %v); given back", a.name, errLateReply, replied.Sub(sent).Round(time.Millisecond), a.ttl)
 			}

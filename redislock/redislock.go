@@ -404,6 +404,9 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 	switch {
 	case lease != nil:
 		return lease, nil
+	case errors.Is(err, errLateReply):
+		l.giveBackLate(ctx, a)
+		return nil, fence.NotAcquired(name, err)
 	case err != nil && (o.Wait == 0 || !waitThrough(err)):
 		l.giveUpMaybeHeld(a, err)
 		return nil, fence.NotAcquired(name, closedClient(err))
@@ -569,8 +572,8 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		case errors.Is(err, errLateReply):
 			// Taken, too late to be used: give it back, revoked (the
 			// caller tries again with a new owner, see acquire).
-			maybe = err
-			return fail(err)
+			l.giveBackLate(ctx, a)
+			return nil, fence.NotAcquired(name, err)
 		case err != nil && (waitCtx.Err() != nil || errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(start.Add(o.Wait))):
 			// (A client that bounds its own calls can end one at the
 			// deadline a moment before waitCtx's timer ends waitCtx.)
@@ -684,11 +687,30 @@ func retryBackoff(n int) time.Duration {
 	return d/2 + mrand.N(d/2+1)
 }
 
+// giveBackLate gives back the lock that a's try took with a reply past the
+// lease's deadline, as an acquisition given up on (owner-checked, its owner
+// revoked, out of the queue), and waits for that until ctx ends (the
+// give-back goes on without it, bounded by the lease time or a second): a
+// caller that tries again at once, as a new owner, then finds the lock free
+// rather than held by nobody.
+func (l *Locker) giveBackLate(ctx context.Context, a *attempt) {
+	done := make(chan struct{})
+	g := *a
+	l.giveBacks.goRun(func() {
+		defer close(done)
+		l.releaseAbandoned(g)
+	})
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 // giveUpMaybeHeld releases, in the background, a lock that a try whose
 // reply was lost (err) may have taken after all. A try with the same owner
 // would have found it; the caller will not make one.
 func (l *Locker) giveUpMaybeHeld(a *attempt, err error) {
-	if errors.Is(err, errUnreleased) || errors.Is(err, errWaitFailed) || errors.Is(err, errLateReply) {
+	if errors.Is(err, errUnreleased) || errors.Is(err, errWaitFailed) {
 		// Refused by replica sync, and the release that should have
 		// undone the acquisition failed (or was given up on), or the
 		// script ran and its WAIT failed: the lock is held, by nobody,
