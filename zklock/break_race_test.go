@@ -15,7 +15,7 @@ import (
 // that Release, and Err must say ErrReleased, not that its node was
 // deleted by someone else (which the Observer would count as a loss).
 func TestExtendRacingReleaseKeepsReleased(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l, _ := newLocker(t, []string{srv.Addr})
@@ -53,7 +53,7 @@ func TestExtendRacingReleaseKeepsReleased(t *testing.T) {
 // once the lock is no longer held by the lease, as after its Release
 // (memlock, pglock and etcdlock return one matching ErrReleased too).
 func TestExtendAfterReleaseMatchesLeaseLost(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l, _ := newLocker(t, []string{srv.Addr})

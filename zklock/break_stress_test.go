@@ -14,7 +14,7 @@ import (
 // increasing, every lease ended once its Release returned, and each end
 // reported once, as Release's result says (see stresstest.RandomCancels).
 func TestRandomCancelsNeverTwoHolders(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	stresstest.RandomCancels(t, 3*time.Second, func(t *testing.T, obs fence.Observer) fence.Locker {
 		l, err := zklock.New(connect(t, addrs, nil), sessionTimeout, zklock.WithObserver(obs))

@@ -64,7 +64,7 @@ func isLockCreate(p []byte) bool {
 // it made, and no duplicate is left behind to block the lock for the
 // session's life.
 func TestCreateReplyLost(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -97,7 +97,7 @@ func TestCreateReplyLost(t *testing.T) {
 // 100 goroutines on four sessions take and release one lock: never two
 // holders at once, and tokens strictly increase in the order of the grants.
 func TestManyContenders(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -151,7 +151,7 @@ func TestManyContenders(t *testing.T) {
 // Lock names with '/', '%', dots, unicode, or as long as allowed (in bytes
 // that escape to three characters each) are distinct locks, held at once.
 func TestNamesDistinct(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -180,7 +180,7 @@ func TestNamesDistinct(t *testing.T) {
 // Acquire waits: the lease ends, Release says it was lost, the waiter
 // fails; no panic, and no goroutine outlives the test (goleak).
 func TestConnClosedWhileHeld(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -232,7 +232,7 @@ func TestConnClosedWhileHeld(t *testing.T) {
 // A waiter whose session is closed behind its back gets an error, not the
 // lock, although go-zookeeper opens a new session at once.
 func TestSessionClosedWhileWaiting(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -376,7 +376,7 @@ func TestPredecessorGoneBeforeWatch(t *testing.T) {
 // expire while its session lives: it must still be deleted, or the lock
 // is taken for as long as the holder's process runs.
 func TestReleaseWithEndedCtxFreesLock(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -413,7 +413,7 @@ func TestReleaseWithEndedCtxFreesLock(t *testing.T) {
 // An Acquire whose ctx ends just as each of its requests is sent (create,
 // list, watch) leaves no node behind once its background cleanup is done.
 func TestAcquireCancelledAtEachStep(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -471,7 +471,7 @@ func TestAcquireCancelledAtEachStep(t *testing.T) {
 // Acquire must delete a duplicate of its own guid. The test makes the
 // duplicate from another session, just before the create is sent.
 func TestDuplicateNodeOfOwnAttempt(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -554,7 +554,7 @@ func TestExtendBoundedByLeaseDeadline(t *testing.T) {
 // explicit one): one deletes the node, and neither may report the lease
 // lost; both get the result of the one conclusive Release.
 func TestConcurrentRelease(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l, _ := newLocker(t, []string{srv.Addr})
@@ -580,7 +580,7 @@ func TestConcurrentRelease(t *testing.T) {
 // has reconnected, and takes the lock when it comes free, rather than
 // failing the Acquire on a blip.
 func TestWaiterSurvivesConnectionLoss(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -24,7 +24,7 @@ import (
 // partitioned lease's Deadline is still 9.7s away, Err nil, when the next
 // holder acquired 10.1s into the partition".
 func TestSessionTimeoutAboveServerMax(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -17,7 +17,7 @@ func TestConformance(t *testing.T) { testConformance(t, false) }
 func TestConformanceSessionTimeouts(t *testing.T) { testConformance(t, true) }
 
 func testConformance(t *testing.T, exact bool) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	admin := connect(t, addrs, nil)
 	// newLC connects a session and returns a Locker on it, with opts,

@@ -63,7 +63,7 @@ func TestNilLockerAndSessionTimeoutsMethods(t *testing.T) {
 // like a relative one, rather than accepted and then failing every
 // Acquire with a backend error. Every root New accepts takes locks.
 func TestRootsZooKeeperRefuses(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	conn := connect(t, []string{srv.Addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -102,7 +102,7 @@ func TestRootsZooKeeperRefuses(t *testing.T) {
 // (every byte a %XX) take and give back locks, with waiters, and do not
 // share a lock with one another.
 func TestLongestOddNames(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	l, _ := newLocker(t, []string{srv.Addr})
 	other, _ := newLocker(t, []string{srv.Addr})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -195,7 +195,7 @@ func TestDeadServersKeepCallersDeadline(t *testing.T) {
 // holder's lease ends, and the next Acquire makes the nodes again and gets
 // a greater token (a zxid: the tree holds no counter to lose).
 func TestParentDeletedByOperator(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	l, _ := newLocker(t, addrs)
 	admin := connect(t, addrs, nil)
@@ -366,7 +366,7 @@ func TestServerPausedWithinAndBeyondSessionTimeout(t *testing.T) {
 // the second Locker held its lock "x-lock-0000000000". Now only a guid,
 // "-lock-" and digits count, and escape never makes a name of that shape.
 func TestNestedRoots(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	conn := connect(t, []string{srv.Addr}, nil)
 	outer, err := zklock.New(conn, sessionTimeout, zklock.WithRoot("/nest"))
 	if err != nil {
@@ -405,7 +405,7 @@ func TestNestedRoots(t *testing.T) {
 // fence.ErrInvalidOption rather than failing every Acquire with a backend
 // error.
 func TestEmptyACL(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	conn := connect(t, []string{srv.Addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -488,7 +488,7 @@ func TestWaiterAcrossServerPausedBeyondSessionTimeout(t *testing.T) {
 // Before: a plain "vanished while waiting" error, matching neither
 // fence.ErrLeaseLost nor anything but ErrNotAcquired.
 func TestWaiterNodeDeletedIsLeaseLost(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	hl, admin := newLocker(t, addrs)
 	wl, _ := newLocker(t, addrs)

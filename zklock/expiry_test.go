@@ -112,7 +112,7 @@ func (s *session) kill(t testing.TB, addr string) {
 // A holder whose session is closed behind its back sees Done; Release then
 // returns ErrLeaseLost, and the next holder's token is greater.
 func TestSessionClosedBehindHoldersBack(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -1,9 +1,12 @@
 package zklock_test
 
 import (
+	"errors"
 	"net"
+	"path"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +28,93 @@ func startZK(t testing.TB) *zkserver.Server {
 	}
 	t.Cleanup(s.Close)
 	return s
+}
+
+// shared is the standalone ZooKeeper that sharedZK hands out: started at
+// its first use, stopped by TestMain after the last test.
+var shared struct {
+	once sync.Once
+	srv  *zkserver.Server
+	err  error
+}
+
+// closeShared stops the shared server, if a test started it.
+func closeShared() {
+	if shared.srv != nil {
+		shared.srv.Close()
+	}
+}
+
+// sharedZK returns the package's shared standalone ZooKeeper, emptied
+// first (every znode but /zookeeper deleted), for a test that only talks
+// to it: one that does not stop, kill, restart or reconfigure the server,
+// nor count its sessions, connections or watches (mntr, wchs, cons), which
+// sessions of earlier tests that have not expired yet would change. Such
+// a test still starts its own with startZK. Tests that share it must not
+// run in parallel (t.Parallel): each empties the tree of the one before.
+// A JVM less per test: about half a second each on an idle machine, more
+// on a loaded one.
+func sharedZK(t testing.TB) *zkserver.Server {
+	t.Helper()
+	shared.once.Do(func() { shared.srv, shared.err = zkserver.Start("") })
+	if shared.err != nil {
+		t.Fatalf("zkserver: %v", shared.err)
+	}
+	emptyTree(t, shared.srv.Addr)
+	return shared.srv
+}
+
+// emptyTree deletes every znode of the server at addr but /zookeeper, as
+// a fresh server has them. An ephemeral node of an earlier test's session
+// that has not expired yet is deleted too (the server then forgets it as
+// that session's, so the session's expiry deletes nothing of a later
+// test's).
+func emptyTree(t testing.TB, addr string) {
+	t.Helper()
+	conn, _, err := zk.Connect([]string{addr}, sessionTimeout, zk.WithLogger(quiet{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var del func(p string) error
+	del = func(p string) error {
+		children, _, err := conn.Children(p)
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		if errors.Is(err, zk.ErrNoAuth) && p != "/" {
+			children, err = nil, nil // a lock node a test made unreadable: a leaf
+		}
+		if err != nil {
+			return err
+		}
+		for _, c := range children {
+			if p == "/" && c == "zookeeper" {
+				continue
+			}
+			if err := del(path.Join(p, c)); err != nil {
+				return err
+			}
+		}
+		if p == "/" {
+			return nil
+		}
+		if err := conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return err
+		}
+		return nil
+	}
+	end := time.Now().Add(10 * time.Second)
+	for {
+		err := del("/")
+		if err == nil {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("emptying the shared ZooKeeper: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline: a node made meanwhile (ErrNotEmpty)
+	}
 }
 
 // startEnsemble starts n ZooKeeper servers as one ensemble, stopped in

@@ -16,7 +16,7 @@ import (
 // later TTL or for the session's life. A deferred Release then returns the
 // lease's error.
 func TestEndedLeaseLeavesNoNode(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	l, conn := newLocker(t, addrs)
 	const name = "ended-lease-node"

@@ -19,7 +19,7 @@ import (
 // the watch again) is refused. Before the fix the handler's Release waited
 // for the monitor for ever.
 func TestLoggerReleasesOnCheckFailed(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	admin := connect(t, addrs, nil)
 	h := observetest.NewReleaser("check of the lease's node failed")

@@ -6,4 +6,6 @@ import (
 	"github.com/fencekit/fence/internal/testmain"
 )
 
-func TestMain(m *testing.M) { testmain.Run(m, nil) }
+func TestMain(m *testing.M) {
+	testmain.Run(m, func() (func(), error) { return closeShared, nil })
+}

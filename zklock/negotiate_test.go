@@ -93,7 +93,7 @@ func TestProbeOnHungServerEndsByCtx(t *testing.T) {
 // Concurrent first Acquires on one Locker share one probe; later ones
 // make none.
 func TestConcurrentFirstAcquiresProbeOnce(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	l, _ := newLocker(t, []string{srv.Addr})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -141,7 +141,7 @@ func TestConcurrentFirstAcquiresProbeOnce(t *testing.T) {
 // counted from the lower timeout, the one asked (never from the raised
 // one), and NegotiatedTimeout reports the raised one.
 func TestSessionTimeoutBelowServerMin(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	const asked = 3 * zkserver.TickTime / 2 // 750 ms
 	const serverMin = 2 * zkserver.TickTime
 	l, err := zklock.New(connectAsking(t, []string{srv.Addr}, asked), asked)
@@ -195,7 +195,7 @@ func (s *syncBuffer) String() string {
 // them: the Locker's Logger says so once, NegotiatedTimeout reports it,
 // and the lease's Deadline is counted from it.
 func TestSessionTimeoutLoweredIsReported(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	const asked = 2 * serverMax
 	var out syncBuffer
 	l, err := zklock.New(connectAsking(t, []string{srv.Addr}, asked), asked,
@@ -233,7 +233,7 @@ func TestSessionTimeoutLoweredIsReported(t *testing.T) {
 // The probe dials through WithDialer's dialer (one a TLS or proxied
 // connection needs), once.
 func TestProbeUsesWithDialer(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	var mu sync.Mutex
 	var dialed []string
 	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {

@@ -15,7 +15,7 @@ import (
 // LeaseEnded, as in every backend; Release again deletes the node and
 // reports nothing more; the lock is free at once.
 func TestObserverFailedReleaseIsReleased(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	rec := &observetest.Recorder{}
 	l, err := zklock.New(connect(t, addrs, nil), sessionTimeout, zklock.WithObserver(rec))

@@ -128,7 +128,7 @@ func TestObserverNothingLoggedByDefault(t *testing.T) {
 	slog.SetDefault(slog.New(h))
 	t.Cleanup(func() { slog.SetDefault(old) })
 
-	srv := startZK(t)
+	srv := sharedZK(t)
 	rec := &observetest.Recorder{}
 	l, err := zklock.New(connect(t, []string{srv.Addr}, nil), sessionTimeout, zklock.WithObserver(rec))
 	if err != nil {

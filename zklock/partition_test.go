@@ -51,7 +51,7 @@ func (p *partition) set(cut bool) {
 // lease at its Deadline, before the client hears of the expiry; the next
 // holder's token is greater.
 func TestPartitionedHolder(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

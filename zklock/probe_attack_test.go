@@ -282,7 +282,7 @@ func TestProbeCloseOnServerHungAfterGrant(t *testing.T) {
 // timeout from 127.0.0.1:43667: context deadline exceeded: no answer from
 // ZooKeeper before the wait budget ended".
 func TestProbeSlowerThanEveryBudget(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	const slower = 300 * time.Millisecond
 	slowDial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
 		<-time.After(slower) // the probe's network is slower: not a wait for an event
@@ -313,7 +313,7 @@ func TestProbeSlowerThanEveryBudget(t *testing.T) {
 // An Acquire waiting for another's probe, whose ctx ends meanwhile (its
 // probe's dial stuck), probes then itself and gets its lease.
 func TestProbeWaiterTakesOverCancelledProbe(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	stuck := make(chan struct{})   // closed when the first dial is stuck
 	release := make(chan struct{}) // closed to let it go on
 	var dials sync.Mutex
@@ -377,7 +377,7 @@ func TestProbeWaiterTakesOverCancelledProbe(t *testing.T) {
 // after Close returns: the probe may then run, on a server that is up), not
 // at the end of the Acquire's ctx.
 func TestProbeAfterConnClose(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	l, conn := newLocker(t, []string{srv.Addr})
 	conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -525,7 +525,7 @@ func TestProbeSessionClosedWithEnforcedAuth(t *testing.T) {
 // fence.TTL, given a TTL longer than either timeout) and the monitor's
 // checks.
 func TestLoweredTimeoutOnEveryDeadline(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	const asked = 2 * serverMax
 	l, err := zklock.New(connectAsking(t, []string{srv.Addr}, asked), asked)
 	if err != nil {

@@ -92,7 +92,7 @@ func (rc *replayedConn) Write(p []byte) (int, error) {
 // its session, setWatches is sent before the delete. Before the fix the
 // delete, queued while disconnected, went first.
 func TestCleanupNotQueuedWhileDisconnected(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	admin := connect(t, addrs, nil)
 	var r replayed

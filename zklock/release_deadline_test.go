@@ -20,7 +20,7 @@ import (
 // Held (2026-12-02): the expiry won about half the rounds, none was
 // inconclusive.
 func TestReleaseAsDeadlinePasses(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rec := &endRecorder{}

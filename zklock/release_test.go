@@ -25,7 +25,7 @@ import (
 // another client. Before the fix Err was nil and Done open while the
 // delete was in flight.
 func TestReleaseEndsLeaseBeforeDelete(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	admin := connect(t, addrs, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -113,7 +113,7 @@ func TestReleaseEndsLeaseBeforeDelete(t *testing.T) {
 // does; not nil, and not a bare fence.ErrReleased. The check (an exists,
 // opcode 3) is held on its way to the server until the lease has ended.
 func TestExtendInFlightWhenReleased(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	admin := connect(t, addrs, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

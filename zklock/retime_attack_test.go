@@ -86,7 +86,7 @@ func (h releasingHandler) Handle(_ context.Context, r slog.Record) error {
 // ErrLeaseLost naming the ended session, is reported once, as removed,
 // and the SessionTimeouts forgets every one.
 func TestRetimeNewSessionManyLeasesCallbacks(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const asked = 8 * time.Second
@@ -203,7 +203,7 @@ func TestRetimeNewSessionManyLeasesCallbacks(t *testing.T) {
 // touch, Extend, expire and Release, under -race; no lease of the healthy
 // session is lost but by its TTL, and the SessionTimeouts forgets every one.
 func TestRetimeGrantStorm(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const asked = 8 * time.Second
@@ -316,7 +316,7 @@ func (h releaseThenBlock) Handle(_ context.Context, r slog.Record) error {
 // report, the Release's result again), and the SessionTimeouts forgets it
 // once the handler returns.
 func TestRetimeLeaseReleasedInsideHandler(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const asked = 8 * time.Second

@@ -82,7 +82,7 @@ func TestSessionTimeoutsEnsembleWithDifferentBounds(t *testing.T) {
 // naming the fix, within a round trip, not at its ctx's end, and leaves
 // no node behind.
 func TestSessionTimeoutsNotRecordedFails(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	for _, c := range []struct {
 		name    string
@@ -145,7 +145,7 @@ func TestSessionTimeoutsNotRecordedFails(t *testing.T) {
 
 // New refuses WithSessionTimeouts(nil).
 func TestWithSessionTimeoutsNil(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	conn := connect(t, []string{srv.Addr}, nil)
 	if _, err := zklock.New(conn, sessionTimeout, zklock.WithSessionTimeouts(nil)); !errors.Is(err, fence.ErrInvalidOption) {
 		t.Errorf("New(WithSessionTimeouts(nil)) = %v, want fence.ErrInvalidOption", err)
@@ -252,7 +252,7 @@ func TestSessionTimeoutsForwardsAndDoesNotProbe(t *testing.T) {
 // a session the SessionTimeouts did not last record, grants no lease
 // (fence.ErrInvalidOption, naming the fix) and deletes its node.
 func TestSessionTimeoutsSharedFails(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	st := zklock.NewSessionTimeouts(quiet{})
 	connect := func() *zk.Conn {
 		conn, _, err := zk.Connect([]string{srv.Addr}, sessionTimeout, zk.WithLogger(st))

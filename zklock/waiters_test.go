@@ -16,7 +16,7 @@ import (
 // A lock that woke every waiter would list the directory once per waiter
 // and release.
 func TestReleaseWakesOne(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -73,7 +73,7 @@ func TestReleaseWakesOne(t *testing.T) {
 // A waiter that gives up, at the end of its wait budget or of its ctx,
 // deletes its node; the holder's stays.
 func TestGivingUpDeletesNode(t *testing.T) {
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -42,7 +42,7 @@ type nilObserver struct{ fence.NopObserver }
 // (fence.ValidateObserver); before, the first Acquire panicked in
 // AcquireDone.
 func TestNilObserverRefused(t *testing.T) {
-	conn := connect(t, []string{startZK(t).Addr}, nil)
+	conn := connect(t, []string{sharedZK(t).Addr}, nil)
 	var obs *nilObserver
 	if _, err := zklock.New(conn, sessionTimeout, zklock.WithObserver(obs)); !errors.Is(err, fence.ErrInvalidOption) {
 		t.Fatalf("New with a nil *nilObserver = %v; want ErrInvalidOption", err)
