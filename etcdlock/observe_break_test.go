@@ -8,7 +8,6 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
-	"github.com/fencekit/fence/internal/etcdtest"
 	"github.com/fencekit/fence/internal/observetest"
 )
 
@@ -19,9 +18,8 @@ import (
 // release as a loss in etcd's metrics alone. Release again retries the
 // delete, and the lock is free at once.
 func TestObserverFailedReleaseIsReleased(t *testing.T) {
-	c := etcdtest.Start(t)
 	rec := &observetest.Recorder{}
-	l := newLocker(t, c.Endpoints(), &etcdlock.Options{Observer: rec})
+	l := newLocker(t, shared.Endpoints(), &etcdlock.Options{Observer: rec})
 	ctx := ctxFor(t, 30*time.Second)
 	lease, err := l.Acquire(ctx, "rel", fence.TTL(time.Minute))
 	if err != nil {

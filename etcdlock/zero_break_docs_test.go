@@ -8,7 +8,6 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
-	"github.com/fencekit/fence/internal/etcdtest"
 )
 
 // TestLockerNotMadeByNewIsRefused: a zero or nil Locker (declared instead
@@ -43,7 +42,7 @@ type nilObserver struct{ fence.NopObserver }
 // by New (fence.ValidateObserver); before, the first Acquire panicked in
 // AcquireDone.
 func TestNilObserverRefused(t *testing.T) {
-	client := newClient(t, etcdtest.Start(t).Endpoints(), nil)
+	client := newClient(t, shared.Endpoints(), nil)
 	var obs *nilObserver
 	if _, err := etcdlock.New(client, &etcdlock.Options{Observer: obs}); !errors.Is(err, fence.ErrInvalidOption) {
 		t.Fatalf("New with a nil *nilObserver = %v; want ErrInvalidOption", err)
