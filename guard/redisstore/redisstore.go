@@ -206,7 +206,8 @@ const ResendWindow = 10 * time.Minute
 // guard.ErrInvalidResource, a token of zero or less one matching
 // guard.ErrInvalidToken, a Store without a Client (nil, or a nil pointer)
 // or with a *redis.Ring one matching fence.ErrInvalidOption; none reaches
-// Redis.
+// Redis. A client that panics (a wrapper embedding a nil *redis.Client)
+// gives an error matching fence.ErrInvalidOption, never a panic.
 //
 // Accept returns by the end of ctx whatever the client's options (go-redis
 // honours a context's deadline only with ContextTimeoutEnabled, and never a
@@ -257,7 +258,15 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	var id [16]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
 	args := []any{strconv.FormatInt(int64(token), 10), hex.EncodeToString(id[:]), ResendWindow.Milliseconds(), call, margin}
-	res, err := bounded(ctx, func() (result, error) {
+	res, err := bounded(ctx, func() (res result, err error) {
+		// A client that panics (a wrapper around a nil *redis.Client, a
+		// hook's bug) would do so on bound's goroutine, out of the
+		// caller's recover's reach: the process would die.
+		defer func() {
+			if r := recover(); r != nil {
+				res, err = result{}, fmt.Errorf("%w: redisstore: the client (%T) panicked: %v", fence.ErrInvalidOption, s.Client, r)
+			}
+		}()
 		if s.Replicas > 0 {
 			return s.evalSynced(ctx, key, keys, args)
 		}
