@@ -159,8 +159,10 @@ type Store struct {
 	// acknowledged. Zero turns the check off; negative is refused with
 	// fence.ErrInvalidOption. The client must be one that pipelines on one
 	// connection (a *redis.Client, a Sentinel failover client, a
-	// *redis.ClusterClient, whose node for the resource's key is used); a
-	// client of another type is refused with fence.ErrInvalidOption. WAIT
+	// *redis.Conn, a *redis.ClusterClient, whose node for the resource's
+	// key is used); a client of another type, a wrapper embedding one of
+	// these included (a wrapped cluster client's pipeline sends WAIT to any
+	// master), is refused with fence.ErrInvalidOption. WAIT
 	// is not consensus: with Replicas 1 and two replicas, the other one
 	// may be promoted.
 	Replicas int
@@ -331,8 +333,13 @@ func (s Store) checkOptions() error {
 	if s.Replicas == 0 {
 		return nil
 	}
-	if _, ok := s.Client.(pipeliner); !ok && !cluster {
-		return fmt.Errorf("%w: redisstore: Replicas on a %T: WAIT must follow the script on its connection; pass a *redis.Client, a Sentinel failover client or a *redis.ClusterClient", fence.ErrInvalidOption, s.Client)
+	switch s.Client.(type) {
+	case *redis.Client, *redis.Conn, *redis.ClusterClient:
+	default:
+		// Not any pipeliner: a wrapper embedding a *redis.ClusterClient
+		// has Pipeline too, and its pipeline sends the key-less WAIT to
+		// any master, which confirms at once what its replicas never saw.
+		return fmt.Errorf("%w: redisstore: Replicas on a %T: WAIT must follow the script on its connection, and only a *redis.Client, *redis.Conn or *redis.ClusterClient is known to send it there; pass the client itself, not a wrapper", fence.ErrInvalidOption, s.Client)
 	}
 	if c, ok := s.Client.(*redis.Client); ok {
 		if rt := c.Options().ReadTimeout; rt > 0 && rt <= s.replicaTimeout()+100*time.Millisecond {
