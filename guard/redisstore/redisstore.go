@@ -74,7 +74,8 @@ var acceptScript = redis.NewScript(acceptSrc)
 // a request that was admitted) returns a *guard.ReplayedError, not stale
 // and not accepted again.
 //
-// A *redis.Ring is refused (fence.ErrInvalidOption): each Ring client
+// A *redis.Ring, or a wrapper embedding one, is refused
+// (fence.ErrInvalidOption): each Ring client
 // decides from its own heartbeats that a shard is down and hashes its keys
 // to another shard, where the resource has no record, and the next token
 // was accepted, stale or not, after a pause of under a second (tested).
@@ -136,7 +137,8 @@ type Store struct {
 	//
 	// The floor key lives in another hash slot than the records: on a
 	// Redis Cluster every Accept with ClockTokens fails (CROSSSLOT), so
-	// it is refused on a *redis.ClusterClient with fence.ErrInvalidOption.
+	// it is refused on a *redis.ClusterClient (or a wrapper embedding
+	// one) with fence.ErrInvalidOption.
 	ClockTokens bool
 
 	// FloorMargin is added to the Redis server's TIME when the floor is
@@ -225,7 +227,7 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 		// bounds the call (see bounded), out of any recover's reach.
 		return fmt.Errorf("%w: redisstore: Store's Client is a nil %T", fence.ErrInvalidOption, s.Client)
 	}
-	if _, ok := s.Client.(*redis.Ring); ok {
+	if _, ok := underlying(s.Client).(*redis.Ring); ok {
 		// A Ring that marks a shard down (its own heartbeats, a blip) hashes
 		// the resource to another shard, without the record.
 		return fmt.Errorf("%w: redisstore: Store on a *redis.Ring: a shard marked down moves the resource to another shard without its last token; pass a shard's own client, a Cluster or a Sentinel client", fence.ErrInvalidOption)
@@ -326,8 +328,7 @@ func (s Store) checkOptions() error {
 	if s.ReplicaTimeout < 0 {
 		return fmt.Errorf("%w: redisstore: ReplicaTimeout %v is negative", fence.ErrInvalidOption, s.ReplicaTimeout)
 	}
-	_, cluster := s.Client.(*redis.ClusterClient)
-	if s.ClockTokens && cluster {
+	if _, cluster := underlying(s.Client).(*redis.ClusterClient); s.ClockTokens && cluster {
 		return fmt.Errorf("%w: redisstore: ClockTokens on a *redis.ClusterClient: the floor key is in another hash slot than the records, so the script could not run", fence.ErrInvalidOption)
 	}
 	if s.Replicas == 0 {
@@ -347,6 +348,49 @@ func (s Store) checkOptions() error {
 		}
 	}
 	return nil
+}
+
+// underlying returns the go-redis client that c wraps: a tracing or
+// metrics wrapper embeds it (a *redis.Ring, say, or a
+// redis.UniversalClient holding one), and Store's refusals are about the
+// client underneath. It follows embedded fields, a few levels deep, and
+// returns c itself when it embeds no redis.Scripter.
+func underlying(c redis.Scripter) redis.Scripter {
+	for range 8 {
+		switch c.(type) {
+		case *redis.Client, *redis.ClusterClient, *redis.Ring, *redis.Conn:
+			return c
+		}
+		v := reflect.ValueOf(c)
+		if v.Kind() == reflect.Pointer {
+			if v.IsNil() {
+				return c
+			}
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			return c
+		}
+		next := c
+		for i := range v.NumField() {
+			f := v.Field(i)
+			if !v.Type().Field(i).Anonymous || !f.CanInterface() {
+				continue
+			}
+			if (f.Kind() == reflect.Interface || f.Kind() == reflect.Pointer) && f.IsNil() {
+				continue
+			}
+			if inner, ok := f.Interface().(redis.Scripter); ok {
+				next = inner
+				break
+			}
+		}
+		if next == c {
+			return c
+		}
+		c = next
+	}
+	return c
 }
 
 func (s Store) replicaTimeout() time.Duration {
