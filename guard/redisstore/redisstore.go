@@ -135,6 +135,11 @@ type Store struct {
 	// not): where it is refused, such an Accept returns an error matching
 	// fence.ErrInvalidOption and records nothing.
 	//
+	// Every Store on one Prefix must set ClockTokens alike: after a loss,
+	// a Store without it records tokens without the floor, and a Store
+	// with it then finds a record and accepts a token issued before the
+	// loss (TestRedisStoreMixedClockTokens).
+	//
 	// The floor key lives in another hash slot than the records: on a
 	// Redis Cluster every Accept with ClockTokens fails (CROSSSLOT), so
 	// it is refused on a *redis.ClusterClient (or a wrapper embedding
