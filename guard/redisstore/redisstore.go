@@ -176,9 +176,14 @@ type Store struct {
 
 	// ReplicaTimeout bounds WAIT (see Replicas); zero means
 	// DefaultReplicaTimeout (1 s). Redis answers WAIT up to a clock tick
-	// (100 ms) after it: on a *redis.Client whose ReadTimeout is not
-	// above ReplicaTimeout + 100 ms, Accept refuses with
-	// fence.ErrInvalidOption. Negative is refused likewise.
+	// (100 ms at the default hz 10) after it: on a *redis.Client whose
+	// ReadTimeout is not above ReplicaTimeout + 100 ms, Accept refuses
+	// with fence.ErrInvalidOption. Negative is refused likewise. On a
+	// server run with a lower hz (1: a second a tick) WAIT's answer may
+	// come after the client's ReadTimeout: Accept is then refused
+	// (fence.ErrNotReplicated) only after go-redis has sent the script and
+	// WAIT again MaxRetries times (6 s measured for a ReplicaTimeout of
+	// 1 s and a ReadTimeout of 1.3 s), unless ctx ends first.
 	ReplicaTimeout time.Duration
 }
 
