@@ -46,6 +46,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -161,7 +162,9 @@ type Store struct {
 	// but a failover to a replica without it would accept an older
 	// token. The caller must treat the token as refused: not write, and
 	// acquire a new lease before trying again (the token counts as spent
-	// on the primary; Gate answers 503, ProblemNotReplicated). A replica
+	// on the primary; Gate answers 503, ProblemNotReplicated). A Redis
+	// that could not be reached (no connection: nothing was sent) gives
+	// the connection's error instead, as without Replicas. A replica
 	// that was cut off, or lags by more than ReplicaTimeout, cannot have
 	// acknowledged. Zero turns the check off; negative is refused with
 	// fence.ErrInvalidOption. The client must be one that pipelines on one
@@ -457,6 +460,11 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 		if err != nil && err != wait.Err() {
 			return result{}, err // the script's own error
 		}
+		if err != nil && notSent(err) {
+			// No connection (refused, pool timeout, client closed):
+			// nothing reached the server, nothing was recorded.
+			return result{}, err
+		}
 		acked, werr := wait.Int()
 		if werr != nil {
 			// The script may have run (its reply read, or not): nothing
@@ -466,6 +474,14 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 		return result{last: last, acked: acked}, nil
 	}
 	panic("unreachable")
+}
+
+// notSent reports whether err means the pipeline never reached a server:
+// a dial that failed, no connection from the pool, a closed client.
+func notSent(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) ||
+		(errors.As(err, &op) && op.Op == "dial")
 }
 
 // waitError is a WAIT that failed after the script was sent: the token may
