@@ -144,7 +144,11 @@ type Store struct {
 	// The floor key lives in another hash slot than the records: on a
 	// Redis Cluster every Accept with ClockTokens fails (CROSSSLOT), so
 	// it is refused on a *redis.ClusterClient (or a wrapper embedding
-	// one) with fence.ErrInvalidOption.
+	// one) with fence.ErrInvalidOption, unless the client was given its
+	// slots (ClusterOptions.ClusterSlots, as go-redis's
+	// NewFailoverClusterClient, a Sentinel client, is): its servers are
+	// not in cluster mode; if they are (a cluster behind NAT), the
+	// server's CROSSSLOT refusal matches fence.ErrInvalidOption.
 	ClockTokens bool
 
 	// FloorMargin is added to the Redis server's TIME when the floor is
@@ -291,6 +295,11 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 		return result{last: last}, err
 	})
 	if err != nil {
+		if redis.HasErrorPrefix(err, "CROSSSLOT") {
+			// ClockTokens on a real cluster behind a client given its
+			// slots (see ClockTokens): the server refused the script.
+			return fmt.Errorf("%w: redisstore: accept %q: ClockTokens on a Redis Cluster (the floor key is in another hash slot than the records): %w", fence.ErrInvalidOption, resource, err)
+		}
 		return fmt.Errorf("redisstore: accept %q: %w", resource, err)
 	}
 	last := res.last
@@ -341,7 +350,10 @@ func (s Store) checkOptions() error {
 	if s.ReplicaTimeout < 0 {
 		return fmt.Errorf("%w: redisstore: ReplicaTimeout %v is negative", fence.ErrInvalidOption, s.ReplicaTimeout)
 	}
-	if _, cluster := underlying(s.Client).(*redis.ClusterClient); s.ClockTokens && cluster {
+	// A ClusterClient given its slots (ClusterSlots: go-redis's
+	// NewFailoverClusterClient over a Sentinel primary, or servers not in
+	// cluster mode) runs the script on one server that checks no slots.
+	if cc, ok := underlying(s.Client).(*redis.ClusterClient); s.ClockTokens && ok && cc.Options().ClusterSlots == nil {
 		return fmt.Errorf("%w: redisstore: ClockTokens on a *redis.ClusterClient: the floor key is in another hash slot than the records, so the script could not run", fence.ErrInvalidOption)
 	}
 	if s.Replicas == 0 {
