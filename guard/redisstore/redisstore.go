@@ -167,8 +167,9 @@ type Store struct {
 	// token. The caller must treat the token as refused: not write, and
 	// acquire a new lease before trying again (the token counts as spent
 	// on the primary; Gate answers 503, ProblemNotReplicated). A Redis
-	// that could not be reached (no connection: nothing was sent) gives
-	// the connection's error instead, as without Replicas. A replica
+	// that could not be reached (no connection at the last try) gives
+	// the connection's error instead, as without Replicas; the token may
+	// still count as spent. A replica
 	// that was cut off, or lags by more than ReplicaTimeout, cannot have
 	// acknowledged. Zero turns the check off; negative is refused with
 	// fence.ErrInvalidOption. The client must be one that pipelines on one
@@ -396,7 +397,9 @@ func underlying(c redis.Scripter) redis.Scripter {
 		if v.Kind() != reflect.Struct {
 			return c
 		}
-		next := c
+		// No == on c: a wrapper struct with a slice or map field is not
+		// comparable, and comparing it would panic.
+		var next redis.Scripter
 		for i := range v.NumField() {
 			f := v.Field(i)
 			if !v.Type().Field(i).Anonymous || !f.CanInterface() {
@@ -410,7 +413,7 @@ func underlying(c redis.Scripter) redis.Scripter {
 				break
 			}
 		}
-		if next == c {
+		if next == nil {
 			return c
 		}
 		c = next
@@ -473,8 +476,10 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 			return result{}, err // the script's own error
 		}
 		if err != nil && notSent(err) {
-			// No connection (refused, pool timeout, client closed):
-			// nothing reached the server, nothing was recorded.
+			// No connection (refused, pool timeout, client closed): this
+			// try reached no server. (An earlier try that go-redis sent
+			// again may have run the script; the error says only that
+			// the token was not accepted, as any error does.)
 			return result{}, err
 		}
 		acked, werr := wait.Int()

@@ -51,3 +51,24 @@ func TestRedisStoreWrappedRingOrCluster(t *testing.T) {
 		t.Fatalf("wrapped *redis.Client: %v", err)
 	}
 }
+
+// taggedClient is a wrapper that is not comparable (a slice field).
+type taggedClient struct {
+	*redis.Client
+	tags []string
+}
+
+// TestRedisStoreUncomparableWrapper: looking through a wrapper must not
+// compare it (== on a struct with a slice field panics).
+func TestRedisStoreUncomparableWrapper(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer c.Close()
+	store := redisstore.Store{Client: taggedClient{c, []string{"a"}}, Prefix: "guardtest:" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	if err := store.Accept(ctx(t), "payment:1001", 5); err != nil {
+		t.Fatal(err)
+	}
+	store.Client = taggedClient{nil, []string{"a"}}
+	if err := store.Accept(ctx(t), "payment:1001", 6); !errors.Is(err, fence.ErrInvalidOption) {
+		t.Fatalf("wrapper of a nil client: %v, want fence.ErrInvalidOption", err)
+	}
+}
