@@ -50,6 +50,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -175,7 +176,8 @@ type Store struct {
 	// fence.ErrInvalidOption. The client must be one that pipelines on one
 	// connection (a *redis.Client, a Sentinel failover client, a
 	// *redis.Conn, a *redis.ClusterClient, whose node for the resource's
-	// key is used); a client of another type, a wrapper embedding one of
+	// key is used, following MOVED and ASK when the slot moves); a client
+	// of another type, a wrapper embedding one of
 	// these included (a wrapped cluster client's pipeline sends WAIT to any
 	// master), is refused with fence.ErrInvalidOption. WAIT
 	// is not consensus: with Replicas 1 and two replicas, the other one
@@ -436,10 +438,13 @@ type pipeliner interface {
 // followed by WAIT in one pipeline: one connection, one round trip, since
 // WAIT counts only its own connection's writes. On a cluster the pipeline
 // goes to the node that owns key (a cluster pipeline would send the
-// key-less WAIT anywhere).
+// key-less WAIT anywhere), and follows MOVED (reloading the client's slot
+// map, which never sees these replies) and ASK (ASKING first, in the same
+// pipeline), up to maxRedirects in a row.
 func (s Store) evalSynced(ctx context.Context, key string, keys []string, args []any) (result, error) {
 	var c pipeliner
-	if cc, ok := s.Client.(*redis.ClusterClient); ok {
+	cc, cluster := s.Client.(*redis.ClusterClient)
+	if cluster {
 		node, err := cc.MasterForKey(ctx, key)
 		if err != nil {
 			return result{}, err
@@ -449,9 +454,14 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 		c = s.Client.(pipeliner) // checked by checkOptions
 	}
 	sent := time.Now()
-	timeout := s.replicaTimeout()
-	for _, load := range [2]bool{false, true} {
+	full := s.replicaTimeout()
+	timeout := full
+	load, asking := false, false
+	for redirects := 0; ; {
 		pipe := c.Pipeline()
+		if asking {
+			pipe.Do(ctx, "ASKING")
+		}
 		var reply *redis.Cmd
 		if load {
 			reply = pipe.Eval(ctx, acceptSrc, keys, args...)
@@ -461,16 +471,37 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 		wait := pipe.Do(ctx, "WAIT", s.Replicas, max(timeout.Milliseconds(), 1))
 		_, _ = pipe.Exec(ctx)
 		last, err := reply.Text()
-		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			// The WAIT sent with the refused script waited out the
-			// timeout if too few replicas answered: the second gets
-			// what is left of it (see redisconn.WaitLeft).
+		// left is what the next try's WAIT gets: the WAIT sent with a
+		// script that did not run waited out the timeout if too few
+		// replicas answered (see redisconn.WaitLeft).
+		left := func() time.Duration {
 			acked, werr := wait.Int()
 			if werr != nil {
 				acked = -1
 			}
-			timeout = redisconn.WaitLeft(timeout, sent, acked, s.Replicas)
+			return redisconn.WaitLeft(full, sent, acked, s.Replicas)
+		}
+		if !load && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			timeout, load = left(), true
 			continue
+		}
+		if cluster && err != nil && redirects < maxRedirects {
+			moved, isMoved := redis.IsMovedError(err)
+			ask, isAsk := redis.IsAskError(err)
+			if isMoved || isAsk {
+				addr := ask
+				if isMoved {
+					cc.ReloadState(ctx)
+					addr = moved
+				}
+				node, nerr := masterByAddr(ctx, cc, addr)
+				if nerr != nil {
+					return result{}, fmt.Errorf("%w (after %w)", nerr, err)
+				}
+				c, asking, timeout = node, isAsk, left()
+				redirects++
+				continue
+			}
 		}
 		if err != nil && err != wait.Err() {
 			return result{}, err // the script's own error
@@ -490,7 +521,29 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 		}
 		return result{last: last, acked: acked}, nil
 	}
-	panic("unreachable")
+}
+
+// maxRedirects bounds the MOVED and ASK replies evalSynced follows in a row.
+const maxRedirects = 16
+
+// masterByAddr returns the cluster client's node client for addr, which a
+// redirection named as the slot's master (the client's slot map may not
+// list it as one yet, so every node is searched).
+func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
+	var mu sync.Mutex
+	var found *redis.Client
+	err := cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.Options().Addr == addr {
+			mu.Lock()
+			found = c
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err == nil && found == nil {
+		err = fmt.Errorf("redisstore: redirected to %s, which the cluster client does not list", addr)
+	}
+	return found, err
 }
 
 // notSent reports whether err means the pipeline never reached a server:
