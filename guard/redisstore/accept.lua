@@ -16,7 +16,8 @@
 -- floor stays would go unseen), "noinfo " .. the error when INFO was
 -- refused (the policy unknown), and an error starting FENCEFLOOR when the
 -- floor is not a decimal integer this script wrote; nothing is recorded
--- then.
+-- then. With ARGV[6] not '0' (Store.MaxAhead, µs), a token to be recorded
+-- above TIME plus ARGV[6] is refused: "ahead " .. that limit.
 local function greater(a, b)
   return #a > #b or (#a == #b and a > b)
 end
@@ -43,6 +44,15 @@ if last and not greater(ARGV[1], last) then
     end
   end
   return last
+end
+if KEYS[3] and ARGV[6] ~= '0' then
+  -- Store.MaxAhead: a token to be recorded must not be above the clock
+  -- plus ARGV[6] µs (a forged one would block the resource for good).
+  local now = redis.call('TIME')
+  local limit = string.format('%d', tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[6]))
+  if greater(ARGV[1], limit) then
+    return 'ahead ' .. limit
+  end
 end
 if not last and KEYS[3] then
   -- Only here, where a record is missing (a new resource, or a lost

@@ -152,6 +152,19 @@ type Store struct {
 	// server's CROSSSLOT refusal matches fence.ErrInvalidOption.
 	ClockTokens bool
 
+	// MaxAhead, with ClockTokens, refuses a token that would be recorded
+	// (greater than the resource's last) when it is above the store's
+	// Redis clock, in µs, plus MaxAhead: with an error matching
+	// guard.ErrInvalidToken, recording nothing. One forged token (the
+	// int64 maximum, say) would otherwise block the resource for good,
+	// every real token stale after it; guard.Gate checks the same on its
+	// own clock (HTTPOptions.MaxAhead), a direct caller of Accept did not.
+	// A lock server whose clock runs ahead of the store's by more than
+	// MaxAhead has its tokens refused. Zero means guard.DefaultMaxAhead
+	// (one hour); negative turns the check off. Without ClockTokens it is
+	// not used (tokens need not be µs of a clock).
+	MaxAhead time.Duration
+
 	// FloorMargin is added to the Redis server's TIME when the floor is
 	// made (see ClockTokens): how far ahead of the store's Redis clock a
 	// token issued before the loss may be. Zero means DefaultFloorMargin;
@@ -271,17 +284,23 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	}
 	key := prefix + ":{" + resource + "}"
 	keys := []string{key, key + ":call"}
-	margin := int64(0)
+	margin, ahead := int64(0), int64(0)
 	if s.ClockTokens {
 		keys = append(keys, prefix+":floor")
 		margin = s.FloorMargin.Microseconds()
 		if s.FloorMargin == 0 {
 			margin = DefaultFloorMargin.Microseconds()
 		}
+		switch {
+		case s.MaxAhead == 0:
+			ahead = guard.DefaultMaxAhead.Microseconds()
+		case s.MaxAhead > 0:
+			ahead = max(s.MaxAhead.Microseconds(), 1)
+		}
 	}
 	var id [16]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
-	args := []any{strconv.FormatInt(int64(token), 10), hex.EncodeToString(id[:]), ResendWindow.Milliseconds(), call, margin}
+	args := []any{strconv.FormatInt(int64(token), 10), hex.EncodeToString(id[:]), ResendWindow.Milliseconds(), call, margin, ahead}
 	res, err := bounded(ctx, func() (res result, err error) {
 		// A client that panics (a wrapper around a nil *redis.Client, a
 		// hook's bug) would do so on bound's goroutine, out of the
@@ -321,6 +340,9 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	case strings.HasPrefix(last, "noinfo "):
 		return fmt.Errorf("%w: redisstore: accept %q: ClockTokens reads INFO memory (the eviction policy) when a resource has no record, and the server refused it to the store's user: %s",
 			fence.ErrInvalidOption, resource, strings.TrimPrefix(last, "noinfo "))
+	case strings.HasPrefix(last, "ahead "):
+		return fmt.Errorf("%w: redisstore: accept %q: token %d is above the store's Redis clock plus MaxAhead (%s µs): forged, or from a server whose clock runs far ahead; nothing recorded",
+			guard.ErrInvalidToken, resource, token, strings.TrimPrefix(last, "ahead "))
 	case strings.HasPrefix(last, "floor "):
 		n, err := strconv.ParseInt(strings.TrimPrefix(last, "floor "), 10, 64)
 		if err != nil {

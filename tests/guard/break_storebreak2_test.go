@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/guard/redisstore"
 	"github.com/fencekit/fence/internal/redistest"
@@ -119,25 +120,28 @@ func TestRedisStoreMixedClockTokens(t *testing.T) {
 }
 
 // TestRedisStoreForgedTokenBlocks: a Store with ClockTokens used directly
-// (not behind Gate, whose MaxAhead refuses it) records a forged token far
-// ahead of any clock (the int64 maximum), and the resource then refuses
-// every real token for good.
+// (not behind Gate, whose MaxAhead refuses it) was given a forged token far
+// ahead of any clock (the int64 maximum), recorded it, and the resource then
+// refused every real token for good. Store.MaxAhead refuses it against the
+// store's Redis clock; a negative MaxAhead turns that off, as documented.
 func TestRedisStoreForgedTokenBlocks(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer c.Close()
 	store := clockStore(c)
 	tok := primeFloor(t, store, c)
-	err := store.Accept(ctx(t), "payment:1001", 1<<63-1)
-	if err == nil {
-		if err := store.Accept(ctx(t), "payment:1001", tok); !errors.Is(err, guard.ErrStale) {
-			t.Fatalf("real token after the forged one: %v", err)
-		}
-		t.Skip("design question: with ClockTokens the store knows tokens are µs of a clock, yet accepts one centuries ahead of its own TIME (the int64 maximum), " +
-			"after which the resource refuses every real token for good (only Gate's MaxAhead stops it). Fix I would choose: a MaxAhead on Store with ClockTokens " +
-			"(default 1 h, as Gate's), checked in the script against TIME on every Accept, refusing with guard.ErrInvalidToken; left because it adds a TIME call per Accept " +
-			"and a new field, and a caller that forges tokens can also DEL keys")
-	}
-	if !errors.Is(err, guard.ErrInvalidToken) {
+	if err := store.Accept(ctx(t), "payment:1001", 1<<63-1); !errors.Is(err, guard.ErrInvalidToken) {
 		t.Fatalf("forged token: %v, want ErrInvalidToken", err)
+	}
+	// Two hours ahead of the clock is refused too (MaxAhead: one hour).
+	if err := store.Accept(ctx(t), "payment:1001", tok+fence.Token(2*time.Hour/time.Microsecond)); !errors.Is(err, guard.ErrInvalidToken) {
+		t.Fatalf("token two hours ahead: %v, want ErrInvalidToken", err)
+	}
+	if err := store.Accept(ctx(t), "payment:1001", tok); err != nil {
+		t.Fatalf("real token after the refused forged ones: %v", err)
+	}
+	off := store
+	off.MaxAhead = -1
+	if err := off.Accept(ctx(t), "payment:1002", 1<<63-1); err != nil {
+		t.Fatalf("MaxAhead < 0: forged token = %v, want it recorded (the check is off)", err)
 	}
 }
