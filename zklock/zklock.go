@@ -6,11 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -289,7 +292,7 @@ func (l *Locker) create(ctx context.Context, a *attempt) (string, error) {
 		case errors.Is(err, zk.ErrNoServer):
 			// Not sent: go-zookeeper found no server in a round of its
 			// hosts and is trying again.
-		case errors.Is(err, zk.ErrConnectionClosed):
+		case connLost(err):
 			// The create may have been applied: look for it, through the
 			// reconnection.
 			for {
@@ -347,14 +350,21 @@ func (l *Locker) makeDir(ctx context.Context, dir string) error {
 	for i, p := range parts {
 		path += "/" + p
 		last := i == len(parts)-1
-		_, err := bounded(ctx, func() (string, error) {
-			if last {
-				return l.conn.CreateContainer(path, nil, zk.FlagContainer, l.acl)
+		for {
+			_, err := bounded(ctx, func() (string, error) {
+				if last {
+					return l.conn.CreateContainer(path, nil, zk.FlagContainer, l.acl)
+				}
+				return l.conn.Create(path, nil, zk.FlagPersistent, l.acl)
+			}, nil)
+			if err == nil || errors.Is(err, zk.ErrNodeExists) {
+				break
 			}
-			return l.conn.Create(path, nil, zk.FlagPersistent, l.acl)
-		}, nil)
-		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			return fmt.Errorf("zklock: create %s: %w", path, err)
+			// Sent again after a connection loss: a create that was
+			// applied then finds the node there (ErrNodeExists).
+			if !l.again(ctx, err) {
+				return fmt.Errorf("zklock: create %s: %w", path, err)
+			}
 		}
 	}
 	return nil
@@ -570,12 +580,15 @@ func (l *Locker) grant(ctx, waitCtx context.Context, a *attempt, node string, o 
 	return l.newLease(ctx, a, node, w.stat, w.ch, o.TTL, start, sent), nil
 }
 
-// again reports whether a read that failed with err is worth sending
-// again: the connection was lost, not the session (a connection loss is
-// not an expiry), and the user has not closed the connection. It pauses
-// a little first, and reports false once ctx has ended.
+// again reports whether a request that failed with err is worth sending
+// again: the connection was lost (see connLost), not the session (a
+// connection loss is not an expiry), and the user has not closed the
+// connection. It pauses a little first, and reports false once ctx has
+// ended. Only a request whose repetition does no harm may be sent again:
+// a read, or a create of a node with a fixed name (a create that was
+// applied then finds it there).
 func (l *Locker) again(ctx context.Context, err error) bool {
-	if !errors.Is(err, zk.ErrConnectionClosed) && !errors.Is(err, zk.ErrNoServer) || l.closed() {
+	if !connLost(err) && !errors.Is(err, zk.ErrNoServer) || l.closed() {
 		return false
 	}
 	pause := time.NewTimer(retryPause)
@@ -586,6 +599,26 @@ func (l *Locker) again(ctx context.Context, err error) bool {
 	case <-pause.C:
 		return true
 	}
+}
+
+// connLost reports whether err is a request's failure on a lost
+// connection: zk.ErrConnectionClosed, or the raw error of writing it on a
+// connection that was cut (go-zookeeper hands that to the request as is,
+// "write tcp ...: use of closed network connection", then drops the
+// connection and reconnects). The request may have reached the server,
+// as with zk.ErrConnectionClosed.
+func connLost(err error) bool {
+	var op *net.OpError
+	switch {
+	case errors.Is(err, zk.ErrConnectionClosed),
+		errors.Is(err, net.ErrClosed),
+		errors.Is(err, io.EOF),
+		errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE),
+		errors.As(err, &op) && op.Op == "write":
+		return true
+	}
+	return false
 }
 
 // retryPause paces the requests that again sends again.

@@ -1,0 +1,166 @@
+package zklock_test
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/zklock"
+)
+
+// writeCut is a zk.Dialer whose connection is cut when a request that the
+// test picks is about to be written. With lost false the request is then
+// written on the cut connection, and go-zookeeper hands the request the raw
+// write error ("write tcp ...: use of closed network connection"), as when
+// the connection drops just before a request goes out; with lost true it
+// is swallowed (reported written, never sent), and go-zookeeper fails it
+// with zk.ErrConnectionClosed once it sees the cut. Either way the request
+// never reaches the server, so that the outcome does not depend on timing.
+type writeCut struct {
+	mu    sync.Mutex
+	match []func(op uint32, path string) bool // cut on each in turn
+	lost  bool
+	cuts  int
+	errs  []error // the write errors go-zookeeper was given
+}
+
+func (w *writeCut) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	conn, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &writeCutConn{Conn: conn, w: w}, nil
+}
+
+func (w *writeCut) arm(lost bool, match ...func(op uint32, path string) bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.match, w.lost, w.cuts, w.errs = match, lost, 0, nil
+}
+
+func (w *writeCut) count() (int, []error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cuts, w.errs
+}
+
+type writeCutConn struct {
+	net.Conn
+	w *writeCut
+}
+
+func (c *writeCutConn) Write(p []byte) (int, error) {
+	c.w.mu.Lock()
+	defer c.w.mu.Unlock()
+	if len(c.w.match) > 0 {
+		if op, path, ok := request(p); ok && c.w.match[0](op, path) {
+			c.w.match = c.w.match[1:]
+			c.w.cuts++
+			_ = c.Conn.Close()
+			if c.w.lost {
+				return len(p), nil
+			}
+			n, err := c.Conn.Write(p)
+			c.w.errs = append(c.w.errs, err)
+			return n, err
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// request returns the opcode and path of a request packet (length, xid,
+// opcode, then the path as a length and its bytes), for the requests that
+// start with a path.
+func request(p []byte) (op uint32, path string, ok bool) {
+	if len(p) < 16 {
+		return 0, "", false
+	}
+	op = binary.BigEndian.Uint32(p[8:])
+	n := int(int32(binary.BigEndian.Uint32(p[12:])))
+	if n < 0 || len(p) < 16+n {
+		return op, "", true
+	}
+	return op, string(p[16 : 16+n]), true
+}
+
+// ZooKeeper's opcodes of the requests an Acquire sends.
+const (
+	opCreate          = 1
+	opGetData         = 4
+	opSync            = 9
+	opGetChildren2    = 12
+	opCreateContainer = 19
+)
+
+// An Acquire whose request is written on a connection that was just cut
+// goes on once go-zookeeper has reconnected, within its ctx, whichever of
+// its requests it was, and whether go-zookeeper reports the raw write
+// error or zk.ErrConnectionClosed: each is sent again, a create of the
+// lock's node only after looking for it by its guid (it may have been
+// applied). Before, only zk.ErrConnectionClosed (and zk.ErrNoServer) was
+// retried, and the creates of the lock's directory retried neither: the
+// Acquire failed with "zklock: list ...: write tcp ...: use of closed
+// network connection" or "zklock: create /fence: zk: connection closed".
+func TestRequestOnCutConnectionRetried(t *testing.T) {
+	const name = "write-cut"
+	dir := zklock.DefaultRoot + "/" + zklock.Escape(name)
+	is := func(want uint32, path string) func(uint32, string) bool {
+		return func(op uint32, p string) bool { return op == want && p == path }
+	}
+	lockCreate := func(op uint32, p string) bool {
+		return op == opCreate && strings.HasPrefix(p, dir+"/") && strings.Contains(p, "-lock-")
+	}
+	stat := func(op uint32, p string) bool { return op == opGetData && strings.HasPrefix(p, dir+"/") }
+	cases := []struct {
+		name  string
+		match []func(uint32, string) bool
+	}{
+		{"root", []func(uint32, string) bool{is(opCreate, "/fence")}},
+		{"locks", []func(uint32, string) bool{is(opCreate, zklock.DefaultRoot)}},
+		{"dir", []func(uint32, string) bool{is(opCreateContainer, dir)}},
+		{"create", []func(uint32, string) bool{lockCreate}},
+		{"create and sync", []func(uint32, string) bool{lockCreate, is(opSync, dir)}},
+		{"list", []func(uint32, string) bool{is(opGetChildren2, dir)}},
+		{"stat", []func(uint32, string) bool{stat}},
+	}
+	srv := sharedZK(t)
+	addrs := []string{srv.Addr}
+	for _, lost := range []bool{false, true} {
+		how := "write error"
+		if lost {
+			how = "connection closed"
+		}
+		for _, tc := range cases {
+			t.Run(how+"/"+tc.name, func(t *testing.T) {
+				emptyTree(t, srv.Addr) // the lock's directory is made again
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				var w writeCut
+				l := newLockerDialer(t, addrs, w.dial)
+				_, admin := newLocker(t, addrs)
+				w.arm(lost, tc.match...)
+				lease, err := l.Acquire(ctx, name)
+				cuts, errs := w.count()
+				if err != nil {
+					t.Fatalf("Acquire after %d cuts (write errors %v): %v", cuts, errs, err)
+				}
+				if cuts != len(tc.match) {
+					t.Fatalf("%d cuts, want %d", cuts, len(tc.match))
+				}
+				if !lost && (len(errs) == 0 || errs[0] == nil) {
+					t.Fatalf("the write on the cut connection did not fail: %v", errs)
+				}
+				if nodes := lockNodes(t, admin, name); len(nodes) != 1 {
+					t.Fatalf("nodes %v, want the holder's only", nodes)
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
