@@ -64,11 +64,11 @@ func isLockCreate(p []byte) bool {
 // it made, and no duplicate is left behind to block the lock for the
 // session's life.
 func TestCreateReplyLost(t *testing.T) {
-	// Its own server, not sharedZK's: on a warm server the cut
-	// connection's next request can be written before go-zookeeper sees
-	// the cut, and Acquire then fails with the raw write error (not
-	// retried): 2 in 22 runs on the shared server, 0 in 30 on a fresh one.
-	srv := startZK(t)
+	// On the shared (warm) server the cut connection's next request can
+	// be written before go-zookeeper sees the cut, and fails with the raw
+	// write error: retried as a connection loss (see
+	// TestRequestOnCutConnectionRetried).
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -584,9 +584,7 @@ func TestConcurrentRelease(t *testing.T) {
 // has reconnected, and takes the lock when it comes free, rather than
 // failing the Acquire on a blip.
 func TestWaiterSurvivesConnectionLoss(t *testing.T) {
-	// Its own server, as TestCreateReplyLost's: it cuts a connection too
-	// (see there).
-	srv := startZK(t)
+	srv := sharedZK(t)
 	addrs := []string{srv.Addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
