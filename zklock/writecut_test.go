@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/zklock"
 )
 
@@ -25,7 +26,8 @@ type writeCut struct {
 	match []func(op uint32, path string) bool // cut on each in turn
 	lost  bool
 	cuts  int
-	errs  []error // the write errors go-zookeeper was given
+	errs  []error       // the write errors go-zookeeper was given
+	done  chan struct{} // closed at the last cut
 }
 
 func (w *writeCut) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -39,7 +41,7 @@ func (w *writeCut) dial(network, addr string, timeout time.Duration) (net.Conn, 
 func (w *writeCut) arm(lost bool, match ...func(op uint32, path string) bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.match, w.lost, w.cuts, w.errs = match, lost, 0, nil
+	w.match, w.lost, w.cuts, w.errs, w.done = match, lost, 0, nil, make(chan struct{})
 }
 
 func (w *writeCut) count() (int, []error) {
@@ -60,6 +62,9 @@ func (c *writeCutConn) Write(p []byte) (int, error) {
 		if op, path, ok := request(p); ok && c.w.match[0](op, path) {
 			c.w.match = c.w.match[1:]
 			c.w.cuts++
+			if len(c.w.match) == 0 {
+				close(c.w.done)
+			}
 			_ = c.Conn.Close()
 			if c.w.lost {
 				return len(p), nil
@@ -136,7 +141,7 @@ func TestRequestOnCutConnectionRetried(t *testing.T) {
 		}
 		for _, tc := range cases {
 			t.Run(how+"/"+tc.name, func(t *testing.T) {
-				emptyTree(t, srv.Addr) // the lock's directory is made again
+				emptyTree(t, srv.Addr) // the lock's directory is made again, nothing left by the case before
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
 				var w writeCut
@@ -162,5 +167,62 @@ func TestRequestOnCutConnectionRetried(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A waiter whose watch of the holder's node is written on a connection
+// that was just cut sets it again once go-zookeeper has reconnected, and
+// takes the lock when the holder releases it. Before, the raw write error
+// failed the Acquire: "zklock: watch /fence/locks/write-cut-waiter/...:
+// write tcp ...: use of closed network connection".
+func TestWaiterWatchOnCutConnectionRetried(t *testing.T) {
+	const name = "write-cut-waiter"
+	srv := sharedZK(t)
+	addrs := []string{srv.Addr}
+	for _, lost := range []bool{false, true} {
+		how := "write error"
+		if lost {
+			how = "connection closed"
+		}
+		t.Run(how, func(t *testing.T) {
+			emptyTree(t, srv.Addr) // nothing left by the case before
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			holderLocker, admin := newLocker(t, addrs)
+			holder, err := holderLocker.Acquire(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			holderNode := lockNodes(t, admin, name)[0]
+			var w writeCut
+			w.arm(lost, func(op uint32, p string) bool { return op == opGetData && p == holderNode })
+			l := newLockerDialer(t, addrs, w.dial)
+			type result struct {
+				lease fence.Lease
+				err   error
+			}
+			waited := make(chan result, 1)
+			go func() {
+				lease, err := l.Acquire(ctx, name, fence.Wait(20*time.Second))
+				waited <- result{lease, err}
+			}()
+			select {
+			case <-w.done:
+			case r := <-waited:
+				t.Fatalf("the waiter returned (%v) before its watch was cut", r.err)
+			case <-ctx.Done():
+				t.Fatal("the waiter's watch of the holder was not cut")
+			}
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-waited
+			if cuts, errs := w.count(); r.err != nil {
+				t.Fatalf("waiter failed after %d cuts (write errors %v): %v", cuts, errs, r.err)
+			}
+			if err := r.lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
