@@ -282,3 +282,59 @@ func TestRetryBesideWatchesOnReconnect(t *testing.T) {
 		})
 	}
 }
+
+// A Release whose delete is written on a connection that was just cut
+// returns an error within its ctx, ends the lease at once, and the node is
+// deleted in the background once go-zookeeper has reconnected: the lock
+// comes free without waiting for the session to expire.
+func TestReleaseOnCutConnection(t *testing.T) {
+	const name = "write-cut-release"
+	srv := sharedZK(t)
+	addrs := []string{srv.Addr}
+	for _, lost := range []bool{false, true} {
+		how := "write error"
+		if lost {
+			how = "connection closed"
+		}
+		t.Run(how, func(t *testing.T) {
+			emptyTree(t, srv.Addr)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var w writeCut
+			l := newLockerDialer(t, addrs, w.dial)
+			other, admin := newLocker(t, addrs)
+			lease, err := l.Acquire(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			node := lockNodes(t, admin, name)[0]
+			const opDelete = 2
+			w.arm(lost, func(op uint32, p string) bool { return op == opDelete && p == node })
+			err = lease.Release(ctx)
+			if err == nil {
+				t.Fatal("Release reported success although its delete never reached the server")
+			}
+			t.Logf("Release on a cut connection = %v", err)
+			if cuts, _ := w.count(); cuts != 1 {
+				t.Fatalf("%d cuts, want 1", cuts)
+			}
+			select {
+			case <-lease.Done():
+			default:
+				t.Fatal("the lease did not end at Release")
+			}
+			waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 0 })
+			next, err := other.Acquire(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if next.Token() <= lease.Token() {
+				t.Fatalf("token %#x after %#x", next.Token(), lease.Token())
+			}
+			if err := next.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool { return l.Background() == 0 })
+		})
+	}
+}
