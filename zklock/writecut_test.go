@@ -3,6 +3,7 @@ package zklock_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -335,6 +336,79 @@ func TestReleaseOnCutConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitFor(t, func() bool { return l.Background() == 0 })
+		})
+	}
+}
+
+// A retry after a cut connection lasts no longer than the Acquire's wait
+// budget or ctx: go-zookeeper waits a second before it dials the only
+// server again, and an Acquire whose budget or ctx ends first returns
+// then (fence.ErrHeld for a waiter that saw the lock held, ctx's error
+// for a try-once Acquire), and leaves no node behind once reconnected.
+func TestCutConnectionRetryWithinBudget(t *testing.T) {
+	const name = "write-cut-budget"
+	const budget = 300 * time.Millisecond
+	srv := sharedZK(t)
+	addrs := []string{srv.Addr}
+	for _, tc := range []string{"waiter", "try once"} {
+		t.Run(tc, func(t *testing.T) {
+			emptyTree(t, srv.Addr)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			holderLocker, admin := newLocker(t, addrs)
+			var w writeCut
+			l := newLockerDialer(t, addrs, w.dial)
+			actx, opts := ctx, []fence.Option{fence.Wait(budget)}
+			if tc == "waiter" {
+				holder, err := holderLocker.Acquire(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = holder.Release(ctx) }()
+				holderNode := lockNodes(t, admin, name)[0]
+				w.arm(false, func(op uint32, p string) bool { return op == opGetData && p == holderNode })
+			} else {
+				// The lock's directory made, and the probe done.
+				first, err := l.Acquire(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := first.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				var c context.CancelFunc
+				actx, c = context.WithTimeout(ctx, budget)
+				defer c()
+				opts = nil
+				w.arm(false, func(op uint32, p string) bool { return op == opCreate && strings.Contains(p, "-lock-") })
+			}
+			began := time.Now()
+			lease, err := l.Acquire(actx, name, opts...)
+			took := time.Since(began)
+			t.Logf("Acquire = %v after %v", err, took.Round(time.Millisecond))
+			if err == nil {
+				_ = lease.Release(ctx)
+				t.Fatal("Acquire took the lock")
+			}
+			if cuts, _ := w.count(); cuts != 1 {
+				t.Fatalf("%d cuts, want 1", cuts)
+			}
+			want := context.DeadlineExceeded
+			if tc == "waiter" {
+				want = fence.ErrHeld
+			}
+			if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, want) {
+				t.Fatalf("Acquire = %v, want fence.ErrNotAcquired wrapping %v", err, want)
+			}
+			// giveUp waits up to 500 ms for its delete of the waiter's node.
+			if took > budget+time.Second {
+				t.Fatalf("Acquire took %v with a budget of %v", took, budget)
+			}
+			holders := 0
+			if tc == "waiter" {
+				holders = 1
+			}
+			waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == holders })
 		})
 	}
 }
