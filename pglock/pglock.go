@@ -652,6 +652,12 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 				return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
 			}
 			continue
+		case isSQLState(err, serializationFailure):
+			// Serializable: the read of the row conflicted with a
+			// concurrent first acquisition's create or take (seen under
+			// load in TestSerializableDefaultIsolation); it read
+			// nothing: try again.
+			continue
 		case err != nil:
 			return nil, 0, fmt.Errorf("pglock: acquire %q: %w", a.name, err)
 		}
