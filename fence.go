@@ -23,7 +23,7 @@ type Locker interface {
 	// of this module do not return a lease whose deadline had passed when
 	// the reply that took the lock came (a paused server): they give the
 	// lock back and try again within the budget, or return ErrNotAcquired
-	// saying the reply came too late. A lease can still end the moment
+	// saying the reply came too late (matching ErrLeaseLost too). A lease can still end the moment
 	// after Acquire returns; Run and Lead do not start fn with one that has.
 	Acquire(ctx context.Context, name string, opts ...Option) (Lease, error)
 }

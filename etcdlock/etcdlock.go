@@ -531,7 +531,7 @@ var errAttemptTimedOut = errors.New("etcdlock: attempt timed out")
 
 // errLateReply is in the error of a create that took the lock past the
 // lease's deadline: it gives no lease (see create).
-var errLateReply = errors.New("the reply that took the lock came too late")
+var errLateReply = fmt.Errorf("%w: the reply that took the lock came too late", fence.ErrLeaseLost) // matches fence.ErrLeaseLost: the lease ended before Acquire returned
 
 // revoke gives up the etcd lease id and with it the keys attached to it,
 // within cleanupTimeout even if ctx is done.

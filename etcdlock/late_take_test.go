@@ -74,7 +74,7 @@ func TestLateTake(t *testing.T) {
 				if lease != nil {
 					t.Fatalf("Acquire whose reply came late returned a lease, deadline %v ago, Err = %v", time.Since(lease.Deadline()).Round(time.Millisecond), lease.Err())
 				}
-				if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), "too late") {
+				if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, fence.ErrLeaseLost) || !strings.Contains(err.Error(), "too late") {
 					t.Fatalf("Acquire = %v, want ErrNotAcquired saying the reply came too late", err)
 				}
 				t.Logf("Acquire: %v", err)

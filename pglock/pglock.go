@@ -29,7 +29,7 @@ var ErrTokensExhausted = errors.New("pglock: token sequence exhausted")
 
 // errLateReply is in the error of a try that took the lock but whose reply
 // came after the lease's deadline: it gives no lease (see try).
-var errLateReply = errors.New("the reply that took the lock came too late")
+var errLateReply = fmt.Errorf("%w: the reply that took the lock came too late", fence.ErrLeaseLost) // matches fence.ErrLeaseLost: the lease ended before Acquire returned
 
 // DefaultTable is the lease table's name when Options.Table is empty.
 const DefaultTable = "fence_leases"

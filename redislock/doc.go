@@ -342,7 +342,7 @@
 // is given back, owner-checked, with the revocation mark, and the Acquire
 // tries again with a new owner within what is left of its wait budget; with
 // none left, or with no budget, it returns an error matching
-// fence.ErrNotAcquired that says the reply came too late.
+// fence.ErrNotAcquired (and fence.ErrLeaseLost) that says the reply came too late.
 //
 // The wait budget (fence.Wait) bounds the waiting: the pauses, the
 // subscription and every try after the first. The first try runs on ctx

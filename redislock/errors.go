@@ -27,7 +27,7 @@ var ErrBadTokenRecord = errors.New("redislock: bad token record")
 // came after the lease's deadline (counted from when the try was sent): the
 // lease would have ended before Acquire returned it. The try is given up
 // on (see lateReply).
-var errLateReply = errors.New("redislock: the reply that took the lock came too late")
+var errLateReply = fmt.Errorf("%w: redislock: the reply that took the lock came too late", fence.ErrLeaseLost) // matches fence.ErrLeaseLost: the lease ended before Acquire returned
 
 // lateReply is the error of a try sent at sent whose reply, taking the lock
 // for a lease of ttl, came at replied, past the lease's deadline.

@@ -133,7 +133,7 @@ func TestLateTakeTryOnce(t *testing.T) {
 	if r.lease != nil {
 		t.Fatalf("Acquire whose reply came %v past the deadline returned a lease (token %d), Err = %v", time.Since(r.lease.Deadline()).Round(time.Millisecond), r.lease.Token(), r.lease.Err())
 	}
-	if !errors.Is(r.err, fence.ErrNotAcquired) || !strings.Contains(r.err.Error(), "too late") {
+	if !errors.Is(r.err, fence.ErrNotAcquired) || !errors.Is(r.err, fence.ErrLeaseLost) || !strings.Contains(r.err.Error(), "too late") {
 		t.Fatalf("Acquire = %v, want ErrNotAcquired saying the reply came too late", r.err)
 	}
 	t.Logf("Acquire: %v", r.err)

@@ -120,7 +120,7 @@ func TestLateTake(t *testing.T) {
 				if r.lease != nil {
 					t.Fatalf("Acquire whose read came late returned a lease, deadline %v ago, Err = %v", time.Since(r.lease.Deadline()).Round(time.Millisecond), r.lease.Err())
 				}
-				if !errors.Is(r.err, fence.ErrNotAcquired) || !strings.Contains(r.err.Error(), "too late") {
+				if !errors.Is(r.err, fence.ErrNotAcquired) || !errors.Is(r.err, fence.ErrLeaseLost) || !strings.Contains(r.err.Error(), "too late") {
 					t.Fatalf("Acquire = %v, want ErrNotAcquired saying the reply came too late", r.err)
 				}
 				t.Logf("Acquire: %v", r.err)

@@ -227,7 +227,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // errLateReply is in the error of an Acquire whose node was first in line
 // but whose read of it (the token) was answered past the lease's deadline:
 // it gives no lease (see grant).
-var errLateReply = errors.New("the reply that took the lock came too late")
+var errLateReply = fmt.Errorf("%w: the reply that took the lock came too late", fence.ErrLeaseLost) // matches fence.ErrLeaseLost: the lease ended before Acquire returned
 
 // giveUp deletes the node of an attempt that did not take the lock: at once
 // while ctx lasts, so that a caller trying right after does not queue

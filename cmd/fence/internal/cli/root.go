@@ -563,6 +563,11 @@ func acquireError(err error) error {
 		return exitWith(ExitNotAcquired, err)
 	case errors.Is(err, context.Canceled):
 		return exitWith(ExitInterrupted, err)
+	case errors.Is(err, fence.ErrLeaseLost):
+		// Taken, but the reply came after the lease's deadline (a
+		// starved or paused server, a lease of a few ms): given back,
+		// the command not started.
+		return exitWith(ExitLeaseLost, fmt.Errorf("lease lost before the command started; not started: %w", err))
 	default:
 		return exitWith(ExitUsage, err)
 	}
