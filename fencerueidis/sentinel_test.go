@@ -76,6 +76,11 @@ func TestSentinelFailover(t *testing.T) {
 	if err := lease.Release(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
+	// Every replica must acknowledge: the other one, which the sentinels
+	// point at the promoted one after the failover, has to have synced
+	// first (a loaded fresh-clone run: "not replicated: 0 of 1 required
+	// replicas acknowledged", the replica still in its full sync).
+	redistest.WaitReplicated(t, promoted, 1)
 	next, err := other.Acquire(ctx(t), "lock:payment:1001", fence.TTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
