@@ -22,6 +22,11 @@ type Options struct {
 
 // Wait sets how long Acquire waits for a held lock to be released or to
 // expire. The default, zero, tries once. A negative budget is rejected.
+// It bounds the waiting, not a server that does not answer: a try already
+// sent runs to its reply or to ctx's end, so with a context that has no
+// deadline a black-holed Redis holds Acquire for the client's own timeouts
+// (go-redis's ReadTimeout, retried: about 5 s with its defaults; for ever
+// with ReadTimeout -1). Give ctx a deadline to bound the whole call.
 func Wait(d time.Duration) Option { return func(o *Options) { o.Wait = d } }
 
 // TTL sets a fixed lease time: the lease expires ttl after it was granted
