@@ -158,6 +158,10 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 // (a test's stand-in for a goroutine woken late).
 var testHookGranted func()
 
+// testHookWaiting, if set, runs as a waiter, queued, is about to wait (a
+// test's stand-in for a goroutine stalled there).
+var testHookWaiting func()
+
 // acquireWith is acquire with its options applied.
 func (l *Locker) acquireWith(ctx context.Context, name string, o fence.Options) (fence.Lease, error) {
 	if err := ctx.Err(); err != nil {
@@ -191,6 +195,9 @@ func (l *Locker) acquireWith(ctx context.Context, name string, o fence.Options) 
 	end := time.Now().Add(o.Wait)
 	budget := time.NewTimer(o.Wait)
 	defer budget.Stop()
+	if testHookWaiting != nil {
+		testHookWaiting()
+	}
 	var why error
 	select {
 	case ls := <-w.granted:
@@ -230,6 +237,13 @@ func (l *Locker) acquireWith(ctx context.Context, name string, o fence.Options) 
 		ls.released = true
 		l.unlock()
 		return nil, fence.NotAcquired(name, err)
+	}
+	if l.expireLocked(ls, time.Now()); ls.err != nil {
+		// Handed over while this goroutine was stalled past the lease's
+		// time as well as the budget (select picked the budget): the
+		// lock went on at the lease's end.
+		l.unlock()
+		return nil, fence.NotAcquired(name, fmt.Errorf("memlock: woke too late for the lease handed to it: %w", ls.err))
 	}
 	l.unlock()
 	return ls, nil // granted within the budget
