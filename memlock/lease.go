@@ -32,6 +32,10 @@ type lease struct {
 	// whose ctx was done, and its lock is still held by it, until its
 	// deadline or a Release retried before then.
 	unfreed bool
+	// handed: given to a waiter whose goroutine has not taken it yet. Its
+	// end meanwhile (its time ran out on a stalled waiter) is not
+	// reported: no Acquire returned it, and none will.
+	handed bool
 }
 
 var _ fence.Lease = (*lease)(nil)

@@ -245,6 +245,7 @@ func (l *Locker) acquireWith(ctx context.Context, name string, o fence.Options) 
 		l.unlock()
 		return nil, fence.NotAcquired(name, fmt.Errorf("memlock: woke too late for the lease handed to it: %w", ls.err))
 	}
+	ls.handed = false
 	l.unlock()
 	return ls, nil // granted within the budget
 }
@@ -278,6 +279,9 @@ func (l *Locker) endedOnArrival(ls *lease) error {
 	l.mu.Lock()
 	defer l.unlock()
 	l.expireLocked(ls, time.Now())
+	if ls.err == nil {
+		ls.handed = false // returned: its end is reported
+	}
 	return ls.err
 }
 
@@ -330,7 +334,7 @@ func (l *Locker) endLockedAs(ls *lease, why error, cause fence.LeaseCause) {
 	ls.err = why
 	ls.timer.Stop()
 	ls.cancel(why)
-	if l.obs != nil && cause != "" { // reported by unlock
+	if l.obs != nil && cause != "" && !ls.handed { // reported by unlock
 		l.ended = append(l.ended, fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
 	l.freeLocked(ls)
@@ -366,5 +370,7 @@ func (l *Locker) freeLocked(ls *lease) {
 	}
 	w := lk.waiters[0]
 	lk.waiters = slices.Delete(lk.waiters, 0, 1)
-	w.granted <- l.grantLocked(w.ctx, ls.name, lk, w.opts)
+	next := l.grantLocked(w.ctx, ls.name, lk, w.opts)
+	next.handed = true
+	w.granted <- next
 }
