@@ -377,14 +377,29 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	// paused or starved server) gave it back, revoking its owner: try
 	// again, with a new owner, within what is left of the wait budget.
 	end := time.Now().Add(o.Wait)
+	tryCtx, late := ctx, error(nil)
 	for {
-		lease, err := l.acquireWithin(ctx, name, o)
+		lease, err := l.acquireWithin(tryCtx, name, o)
+		if late != nil && err != nil && ctx.Err() == nil && tryCtx.Err() != nil {
+			// The budget ran out on the try again: say why it was needed
+			// (not the caller's ctx, which has not ended).
+			return nil, fmt.Errorf("%w; the wait budget ran out on the try again: %v", late, err)
+		}
 		if err == nil || !errors.Is(err, errLateReply) || o.Wait == 0 {
 			return lease, err
 		}
 		if o.Wait = time.Until(end); o.Wait < time.Millisecond || ctx.Err() != nil {
 			return nil, err
 		}
+		if late == nil {
+			// The try again is bounded by the budget, as every try but
+			// an Acquire's first: its own first try would run on ctx
+			// alone, for as long as the client's timeouts allow.
+			var cancel context.CancelFunc
+			tryCtx, cancel = context.WithDeadline(ctx, end)
+			defer cancel()
+		}
+		late = err
 	}
 }
 
