@@ -1,11 +1,20 @@
 package redislock_test
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestLateTakeRetryWithinBudget: an Acquire with a 2 s wait budget whose
@@ -58,4 +67,63 @@ func TestLateTakeRetryWithinBudget(t *testing.T) {
 	if holder, pttl := s.admin.Get(ctx(t), lockKey(name)).Val(), s.admin.PTTL(ctx(t), lockKey(name)).Val(); holder != "" {
 		t.Errorf("after the held try arrived late, the lock is held by %s for %v", holder, pttl)
 	}
+}
+
+// TestLateTakesBackOff: every acquire try of a lock is delayed on its way
+// by 15 ms, longer than a lease of fence.MinTTL, so every take is answered
+// past the lease's deadline and given back. An Acquire with a 1 s budget
+// tries again until the budget ends, as it should; but it tried again at
+// once each time, a new owner's take and its give-back after every late
+// reply, hammering a server (or network) already too slow, where a failed
+// try waits retryBackoff before the next.
+func TestLateTakesBackOff(t *testing.T) {
+	const name, wait = "lock:late-takes-backoff", time.Second
+	srv := redistest.Start(t)
+	lock := lockKey(name)
+	match := fmt.Appendf(nil, "$1\r\n5\r\n$%d\r\n%s\r\n", len(lock), lock)
+	var tries atomic.Int64
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &slowTries{Conn: c, match: match, n: &tries}, nil
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: dial})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{})
+	start := time.Now()
+	ls, err := l.Acquire(ctx(t), name, fence.TTL(fence.MinTTL), fence.Wait(wait))
+	took := time.Since(start)
+	if ls != nil {
+		t.Fatalf("Acquire returned a lease, Err %v", ls.Err())
+	}
+	if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), "too late") {
+		t.Fatalf("Acquire = %v, want ErrNotAcquired saying the reply came too late", err)
+	}
+	n := tries.Load()
+	t.Logf("Acquire after %v, %d tries: %v", took.Round(time.Millisecond), n, err)
+	if took < wait-100*time.Millisecond || took > wait+time.Second {
+		t.Errorf("Acquire with a %v budget returned after %v", wait, took.Round(time.Millisecond))
+	}
+	if n > 20 {
+		t.Errorf("%d tries in a %v budget, every one answered too late: no back-off between them", n, wait)
+	}
+}
+
+// slowTries delays each write that carries match by 15 ms, counting them.
+type slowTries struct {
+	net.Conn
+	match []byte
+	n     *atomic.Int64
+}
+
+func (c *slowTries) Write(p []byte) (int, error) {
+	if bytes.Contains(p, c.match) {
+		c.n.Add(1)
+		t := time.NewTimer(15 * time.Millisecond)
+		<-t.C
+	}
+	return c.Conn.Write(p)
 }

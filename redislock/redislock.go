@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
@@ -347,7 +348,7 @@ func (b *boxedMs) get(d time.Duration) any {
 // runs later (see the package doc, Deadlines). A try that took the lock
 // with a reply past the lease's deadline gives it back the same way and
 // gives no lease: Acquire tries again with a new owner within the wait
-// budget, or returns an error matching fence.ErrNotAcquired saying the reply
+// budget (after a back-off, as after a transient error), or returns an error matching fence.ErrNotAcquired saying the reply
 // came too late.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if l == nil || l.obs == nil {
@@ -377,7 +378,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	// paused or starved server) gave it back, revoking its owner: try
 	// again, with a new owner, within what is left of the wait budget.
 	end := time.Now().Add(o.Wait)
-	tryCtx, late := ctx, error(nil)
+	tryCtx, late, lates := ctx, error(nil), 0
 	for {
 		lease, err := l.acquireWithin(tryCtx, name, o)
 		if late != nil && err != nil && ctx.Err() == nil && tryCtx.Err() != nil {
@@ -388,7 +389,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if err == nil || !errors.Is(err, errLateReply) || o.Wait == 0 {
 			return lease, err
 		}
-		if o.Wait = time.Until(end); o.Wait < time.Millisecond || ctx.Err() != nil {
+		if time.Until(end) < time.Millisecond || ctx.Err() != nil {
 			return nil, err
 		}
 		if late == nil {
@@ -400,6 +401,15 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			defer cancel()
 		}
 		late = err
+		// A server (or network) too slow to answer within the lease time
+		// is not tried again at once, as after a transient error.
+		lates++
+		if !pause.For(tryCtx, retryBackoff(lates)) {
+			return nil, err
+		}
+		if o.Wait = time.Until(end); o.Wait < time.Millisecond {
+			return nil, err
+		}
 	}
 }
 
