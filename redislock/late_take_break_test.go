@@ -127,3 +127,78 @@ func (c *slowTries) Write(p []byte) (int, error) {
 	}
 	return c.Conn.Write(p)
 }
+
+// TestLateGrantConfirmationKeepsLine: as TestLateGrantConfirmationRetried,
+// with a second waiter queued behind the first. The first's confirmation
+// of its grant is answered past the lease's deadline (or arrives after the
+// grant ran out): the second must get the lock at once, not at a holder's
+// expiry, and the first, trying again as a new owner, must queue behind
+// it: no lease for it while the second holds the lock, then one with a
+// greater token.
+func TestLateGrantConfirmationKeepsLine(t *testing.T) {
+	const name, ttl = "lock:late-grant-line", 400 * time.Millisecond
+	s := newLateTake(t, name)
+	lock := lockKey(name)
+	holder := acquire(t, lockerWith(t, s.srv.Client(t), redislock.Options{}), name, fence.TTL(time.Minute))
+	before := commandCalls(t, s.admin, "evalsha")
+	first := acquireAsync(s.l, name, fence.TTL(ttl), fence.Wait(15*time.Second))
+	waitFor(t, func() bool { return commandCalls(t, s.admin, "evalsha") >= before+2 })
+	waitFor(t, func() bool { return s.admin.PubSubNumSub(ctx(t), lock+":released").Val()[lock+":released"] > 0 })
+	second := acquireAsync(lockerWith(t, s.srv.Client(t), redislock.Options{}), name, fence.TTL(time.Minute), fence.Wait(15*time.Second))
+	waitFor(t, func() bool { return s.admin.HLen(ctx(t), lock+":waiters").Val() == 2 })
+	probe, err := lockerWith(t, s.srv.Client(t), redislock.Options{}).Acquire(ctx(t), name+":probe0", fence.TTL(ttl/2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-probe.Done()
+	s.tr.arm()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	s.deliverAfter(t, ttl)
+	delivered := time.Now()
+	var r2 acquired
+	select {
+	case r2 = <-second:
+	case r := <-first:
+		t.Fatalf("the first waiter, whose confirmation came too late, got %v (err %v) before the second", r.lease, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second waiter has no lease 10 s after the first's late confirmation")
+	}
+	if r2.err != nil {
+		t.Fatalf("second waiter: %v", r2.err)
+	}
+	t.Cleanup(func() { _ = r2.lease.Release(context.Background()) })
+	// The grant to the first ran out (its lease time) as its confirmation
+	// was held: the confirmation, arriving, either took the free lock
+	// late and gave it back (a revocation mark) or found the second first
+	// in line and queued behind it (none).
+	t.Logf("second waiter's lease %v after the late confirmation was delivered; %d revocation marks", time.Since(delivered).Round(time.Millisecond), s.revoked(t))
+	if d := time.Since(delivered); d > 2*time.Second {
+		t.Errorf("the second waiter got the lock %v after the first's late confirmation was given back", d.Round(time.Millisecond))
+	}
+	if err := r2.lease.Err(); err != nil {
+		t.Fatalf("second waiter's lease already ended: %v", err)
+	}
+	select {
+	case r := <-first:
+		if r.lease != nil {
+			t.Fatalf("the first waiter got a lease (token %d) while the second holds the lock (token %d)", r.lease.Token(), r2.lease.Token())
+		}
+		t.Fatalf("the first waiter gave up with budget left: %v", r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := r2.lease.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	r1 := acquired{}.wait(t, first)
+	if r1.err != nil {
+		t.Fatalf("the first waiter after the second released: %v", r1.err)
+	}
+	if r1.lease.Token() <= r2.lease.Token() {
+		t.Errorf("first waiter's token %d not above the second's %d", r1.lease.Token(), r2.lease.Token())
+	}
+	if err := r1.lease.Release(ctx(t)); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
