@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -200,5 +202,70 @@ func TestLateGrantConfirmationKeepsLine(t *testing.T) {
 	}
 	if err := r1.lease.Release(ctx(t)); err != nil {
 		t.Errorf("Release: %v", err)
+	}
+}
+
+// eventLog records an Observer's acquisitions and lease ends.
+type eventLog struct {
+	fence.NopObserver
+	mu     sync.Mutex
+	events []string
+}
+
+func (e *eventLog) AcquireDone(ev fence.AcquireEvent) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.events = append(e.events, fmt.Sprintf("acquire %s %d", ev.Result, ev.Token))
+}
+
+func (e *eventLog) LeaseEnded(ev fence.LeaseEvent) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.events = append(e.events, fmt.Sprintf("ended %s %d", ev.Cause, ev.Token))
+}
+
+// TestLateTakeObserved: a take answered too late, given back and tried
+// again within the budget, is one Acquire to the Observer: one
+// acquisition, of the lease returned, and one end, its release; no event
+// for the take given back (no lease, so no 'acquired' and no 'expired').
+// A try-once Acquire whose take came too late is one failed Acquire.
+func TestLateTakeObserved(t *testing.T) {
+	for _, wait := range []time.Duration{0, 10 * time.Second} {
+		t.Run("wait="+wait.String(), func(t *testing.T) {
+			const ttl = 300 * time.Millisecond
+			name := "lock:late-observed-" + wait.String()
+			s := newLateTake(t, name)
+			log := &eventLog{}
+			c := redis.NewClient(&redis.Options{Addr: s.srv.Addr, Dialer: s.tr.dial, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+			t.Cleanup(func() { _ = c.Close() })
+			l := lockerWith(t, c, redislock.Options{Observer: log})
+			s.tr.arm()
+			got := acquireAsync(l, name, fence.TTL(ttl), fence.Wait(wait))
+			s.deliverAfter(t, ttl)
+			r := acquired{}.wait(t, got)
+			var want []string
+			if wait == 0 {
+				if r.err == nil {
+					t.Fatalf("try-once Acquire after a late take: a lease")
+				}
+				want = []string{"acquire error 0"}
+			} else {
+				if r.err != nil {
+					t.Fatalf("Acquire: %v", r.err)
+				}
+				if err := r.lease.Release(ctx(t)); err != nil {
+					t.Fatal(err)
+				}
+				want = []string{fmt.Sprintf("acquire acquired %d", r.lease.Token()), fmt.Sprintf("ended released %d", r.lease.Token())}
+			}
+			if err := l.WaitGiveBacks(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			if !slices.Equal(log.events, want) {
+				t.Errorf("Observer saw %q, want %q", log.events, want)
+			}
+		})
 	}
 }
