@@ -269,3 +269,40 @@ func TestLateTakeObserved(t *testing.T) {
 		})
 	}
 }
+
+// TestLateTakeThenHeld: a late take's give-back grants the lock to another
+// Acquire queued meanwhile, which holds it for a minute; the late Acquire's
+// try again (a new owner) waits for the rest of its budget and must say so
+// as any waiter whose budget ran out: ErrHeld, not the caller's ctx (which
+// has not ended).
+func TestLateTakeThenHeld(t *testing.T) {
+	const name, ttl, wait = "lock:late-take-then-held", 300 * time.Millisecond, 2 * time.Second
+	s := newLateTake(t, name)
+	s.tr.arm()
+	got := acquireAsync(s.l, name, fence.TTL(ttl), fence.Wait(wait))
+	waitFor(t, s.tr.holding)
+	lock := lockKey(name)
+	s.tr.mu.Lock()
+	s.tr.match = fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock) // the give-back, next
+	s.tr.armed = true
+	s.tr.mu.Unlock()
+	s.deliverAfter(t, ttl)
+	waitFor(t, s.tr.holding) // the late take holds the lock; its give-back is on its way
+	other := acquireAsync(lockerWith(t, s.srv.Client(t), redislock.Options{}), name, fence.TTL(time.Minute), fence.Wait(10*time.Second))
+	waitFor(t, func() bool { return s.admin.HLen(ctx(t), lock+":waiters").Val() == 1 })
+	if err := s.tr.deliver(); err != nil {
+		t.Fatal(err)
+	}
+	ro := acquired{}.wait(t, other)
+	if ro.err != nil {
+		t.Fatalf("the Acquire queued behind the late take: %v", ro.err)
+	}
+	r := acquired{}.wait(t, got)
+	if r.lease != nil {
+		t.Fatalf("Acquire returned a lease (token %d) while another holds the lock (token %d)", r.lease.Token(), ro.lease.Token())
+	}
+	t.Logf("Acquire: %v", r.err)
+	if !errors.Is(r.err, fence.ErrNotAcquired) || !errors.Is(r.err, fence.ErrHeld) || errors.Is(r.err, context.DeadlineExceeded) {
+		t.Errorf("Acquire = %v, want ErrNotAcquired matching ErrHeld, not context.DeadlineExceeded", r.err)
+	}
+}

@@ -378,12 +378,16 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	// paused or starved server) gave it back, revoking its owner: try
 	// again, with a new owner, within what is left of the wait budget.
 	end := time.Now().Add(o.Wait)
-	tryCtx, late, lates := ctx, error(nil), 0
+	var (
+		bound time.Time // for the first try of a try again
+		late  error     // the last late take's
+		lates int       // late takes in a row
+	)
 	for {
-		lease, err := l.acquireWithin(tryCtx, name, o)
-		if late != nil && err != nil && ctx.Err() == nil && tryCtx.Err() != nil {
-			// The budget ran out on the try again: say why it was needed
-			// (not the caller's ctx, which has not ended).
+		lease, err := l.acquireWithin(ctx, name, o, bound)
+		if late != nil && err != nil && ctx.Err() == nil && !errors.Is(err, errLateReply) && !errors.Is(err, fence.ErrHeld) && !time.Now().Before(end) {
+			// The budget ran out on the try again, cut short: say why
+			// it was needed (not the caller's ctx, which has not ended).
 			return nil, fmt.Errorf("%w; the wait budget ran out on the try again: %v", late, err)
 		}
 		if err == nil || !errors.Is(err, errLateReply) || o.Wait == 0 {
@@ -392,19 +396,14 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if time.Until(end) < time.Millisecond || ctx.Err() != nil {
 			return nil, err
 		}
-		if late == nil {
-			// The try again is bounded by the budget, as every try but
-			// an Acquire's first: its own first try would run on ctx
-			// alone, for as long as the client's timeouts allow.
-			var cancel context.CancelFunc
-			tryCtx, cancel = context.WithDeadline(ctx, end)
-			defer cancel()
-		}
-		late = err
-		// A server (or network) too slow to answer within the lease time
-		// is not tried again at once, as after a transient error.
+		// The try again is bounded by the budget, as every try but an
+		// Acquire's first (its own first try would run on ctx alone, for
+		// as long as the client's timeouts allow); and a server (or
+		// network) too slow to answer within the lease time is not tried
+		// again at once, as after a transient error.
+		bound, late = end, err
 		lates++
-		if !pause.For(tryCtx, retryBackoff(lates)) {
+		if !pause.For(ctx, min(retryBackoff(lates), time.Until(end))) {
 			return nil, err
 		}
 		if o.Wait = time.Until(end); o.Wait < time.Millisecond {
@@ -415,7 +414,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 
 // acquireWithin is acquire with its options applied, for one owner: a try
 // whose reply came too late ends it (errLateReply), its lock given back.
-func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options) (fence.Lease, error) {
+// A non-zero bound ends its first try, as the wait budget ends the others.
+func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options, bound time.Time) (fence.Lease, error) {
 	start := time.Now()
 	a := l.newAttempt(name, o.TTL)
 	if o.Wait > 0 {
@@ -425,7 +425,13 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		l.expectJoin(a.owner)
 		defer l.joined(a.owner)
 	}
-	lease, holderTTL, err := l.try(ctx, a)
+	firstCtx := ctx
+	if !bound.IsZero() {
+		var cancel context.CancelFunc
+		firstCtx, cancel = context.WithDeadline(ctx, bound)
+		defer cancel()
+	}
+	lease, holderTTL, err := l.try(firstCtx, a)
 	switch {
 	case lease != nil:
 		return lease, nil
