@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +25,6 @@ type gateConn struct {
 
 type gates struct {
 	match []byte
-	mu    sync.Mutex
 	held  chan chan struct{} // a write waiting, with the gate that lets it go
 }
 
