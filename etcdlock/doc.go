@@ -75,8 +75,8 @@
 // lease's grant or last renewal (a stalled member, replies lost and sent
 // again), gives no lease, which would be over before anyone used it: it
 // revokes the etcd lease (the key goes, the lock is free) and tries again
-// on a new one within its wait budget, or fails with fence.ErrNotAcquired
-// saying the reply came too late.
+// on a new one, after a back-off, within its wait budget, or fails with
+// fence.ErrNotAcquired saying the reply came too late.
 //
 // Without fence.TTL a watchdog renews the etcd lease (KeepAliveOnce) every
 // third of Options.WatchdogTTL, and reads the key with each renewal; a

@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -318,6 +320,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	// the way out. If it was revoked behind the Locker's back, the create
 	// Txn fails with ErrLeaseNotFound, having written nothing: grant one.
 	sp, reused := l.takeSpare(ttl)
+	lates := 0 // late takes in a row
 	for {
 		if !reused {
 			sp.ttl, sp.sent = ttl, time.Now()
@@ -337,8 +340,15 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			continue
 		}
 		if errors.Is(err, errLateReply) && o.Wait > 0 && time.Until(budget) > 0 && ctx.Err() == nil {
-			reused = false // a new etcd lease, a new key
-			continue
+			// A cluster too slow to answer within the lease time is not
+			// sent a Grant, a Txn and a Revoke again at once: back off
+			// (10 ms doubling to 1 s, jittered), within the budget.
+			lates++
+			d := min(10*time.Millisecond<<min(lates-1, 7), time.Second)
+			if pause.For(ctx, min(d/2+rand.N(d/2+1), time.Until(budget))) && time.Until(budget) > 0 {
+				reused = false // a new etcd lease, a new key
+				continue
+			}
 		}
 		if err != nil {
 			return nil, fence.NotAcquired(name, err)
