@@ -163,9 +163,12 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 				return context.Cause(ctx)
 			}
 			continue
-		case lease == nil && errors.Is(err, errEndedOnArrival):
-			// Acquire returned a lease already ended (see Run): no term
-			// began, but the lock was lost as a deposed leader's is.
+		case lease == nil && (errors.Is(err, errEndedOnArrival) || errors.Is(err, ErrLeaseLost)):
+			// Acquire returned a lease already ended (see Run), or
+			// refused a take whose reply came past the lease's deadline
+			// (the module's backends: an error matching ErrLeaseLost):
+			// no term began, but the lock was lost as a deposed
+			// leader's is.
 			failures = 0
 		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption) || errors.Is(err, ErrClosed)):
 			return err

@@ -14,8 +14,9 @@ import (
 
 // refusingLateLocker refuses its first `late` Acquires as the module's
 // backends now refuse a take answered past the lease's deadline: the lock
-// given back, ErrNotAcquired saying the reply came too late (redislock's
-// wording; each backend has its own unexported errLateReply).
+// given back, ErrNotAcquired saying the reply came too late, matching
+// ErrLeaseLost (redislock's wording; each backend has its own unexported
+// errLateReply).
 type refusingLateLocker struct {
 	fence.Locker
 	late     int
@@ -33,7 +34,7 @@ func (l *refusingLateLocker) Acquire(ctx context.Context, name string, opts ...f
 	var err error
 	if n < l.late {
 		time.Sleep(time.Second) // the bubble's clock: the lease time, on its way
-		err = fence.NotAcquired(name, fmt.Errorf("redislock: the reply that took the lock came too late: 1s after the try was sent, past the lease's deadline (lease time 1s); given back"))
+		err = fence.NotAcquired(name, fmt.Errorf("%w: redislock: the reply that took the lock came too late: 1s after the try was sent, past the lease's deadline (lease time 1s); given back", fence.ErrLeaseLost))
 	} else {
 		lease, err = l.Locker.Acquire(ctx, name, opts...)
 	}
@@ -45,17 +46,12 @@ func (l *refusingLateLocker) Acquire(ctx context.Context, name string, opts ...f
 
 // TestLeadLateTakeRefusedPause: 54a5914 made Lead campaign again after the
 // lost-lease pause, not a growing back-off, when Acquire returned a lease
-// already ended (a take answered past its deadline). The backends now
-// refuse such a take themselves (ErrNotAcquired, too late), and Lead,
-// seeing a failed Acquire, backs off as after an outage: the same event
-// paces the campaigns differently depending on where it is caught. With
-// the skip removed, the pauses after three refusals: 369 ms, 652 ms, 1.31 s ('want 100ms to 200ms')
-// (a growing back-off).
+// already ended (a take answered past its deadline). The backends then
+// came to refuse such a take themselves (ErrNotAcquired, too late), and
+// Lead, seeing a failed Acquire, backed off as after an outage: 369 ms,
+// 652 ms, 1.31 s after three refusals ('want 100ms to 200ms'). Their
+// error matches ErrLeaseLost, and Lead takes it as a lost lease.
 func TestLeadLateTakeRefusedPause(t *testing.T) {
-	t.Skip("design question: a take refused as too late reaches Lead as a plain ErrNotAcquired (each backend's errLateReply is unexported), " +
-		"so Lead backs off as after a backend error, where an ended lease gets the lost-lease pause. " +
-		"Fix I would choose: an exported sentinel (fence.ErrLateReply, matched by every backend's late-take error) that Lead treats like errEndedOnArrival (failures = 0); " +
-		"or decide that a growing back-off is right for a server too slow to answer within the lease time, and drop Lead's errEndedOnArrival case")
 	synctest.Test(t, func(t *testing.T) {
 		l := &refusingLateLocker{Locker: newMemlock(t), late: 3}
 		ctx, cancel := context.WithCancel(t.Context())
