@@ -65,7 +65,7 @@ func TestObserverAndLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A fixed lease not extended.
-	fixed, err := l.Acquire(ctx, "fixed", fence.TTL(fence.MinTTL))
+	fixed, err := l.Acquire(ctx, "fixed", fence.TTL(fence.MinTTL), fence.Wait(5*time.Second)) // a Wait: a take answered past 10 ms (a loaded machine) is given back and tried again
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestNothingLoggedByDefault(t *testing.T) {
 	rec := &observetest.Recorder{}
 	l := newLocker(t, []string{exampleEndpoint}, &etcdlock.Options{Observer: rec})
 	ctx := ctxFor(t, 30*time.Second)
-	lease, err := l.Acquire(ctx, t.Name(), fence.TTL(fence.MinTTL))
+	lease, err := l.Acquire(ctx, t.Name(), fence.TTL(fence.MinTTL), fence.Wait(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestObserver(t *testing.T) {
 	}
 	l.Remove("a")
 	<-a.Done()
-	b, err := l.Acquire(ctx, "b", fence.TTL(fence.MinTTL))
+	b, err := l.Acquire(ctx, "b", fence.TTL(fence.MinTTL), fence.Wait(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

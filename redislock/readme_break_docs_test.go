@@ -120,7 +120,7 @@ func TestREADMEBadInput(t *testing.T) {
 	if n := count.n.Load(); n != 0 {
 		t.Fatalf("bad input sent %d commands", n)
 	}
-	lease := acquire(t, l, strings.Repeat("n", fence.MaxNameLen), fence.TTL(fence.MinTTL))
+	lease := acquire(t, l, strings.Repeat("n", fence.MaxNameLen), fence.TTL(fence.MinTTL), fence.Wait(5*time.Second)) // a Wait: a take answered past 10 ms (a loaded machine) is given back and tried again
 	if lease.Token() <= 0 {
 		t.Fatalf("token %d", lease.Token())
 	}
