@@ -71,8 +71,9 @@
 // An Acquire whose node came first in line, but whose read of it (the
 // token) was answered after the deadline its lease would have (a paused
 // server), gives no lease, which would be over before anyone used it: it
-// deletes its node and queues again with a new one within its wait budget,
-// or fails with fence.ErrNotAcquired saying the reply came too late.
+// deletes its node and queues again with a new one, after a back-off
+// (10 ms doubling to 1 s, jittered), within its wait budget, or fails with
+// fence.ErrNotAcquired saying the reply came too late.
 //
 // # Connection loss
 //

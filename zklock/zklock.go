@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/go-zookeeper/zk"
 )
 
@@ -203,6 +205,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if err := l.learn(ctx, waitCtx); err != nil {
 		return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 	}
+	lates := 0 // late takes in a row
 	for {
 		node, err := l.create(waitCtx, a)
 		if err != nil {
@@ -213,10 +216,16 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if err != nil {
 			l.giveUp(ctx, a, node)
 			if errors.Is(err, errLateReply) && o.Wait > 0 && waitCtx.Err() == nil {
-				// Given back: queue again, with a new node, within
-				// the budget.
-				a = &attempt{name: name, dir: a.dir, guid: newGUID()}
-				continue
+				// Given back: queue again, with a new node, within the
+				// budget. A server too slow to answer within the lease
+				// time is not sent a create, a read and a delete again
+				// at once: back off (10 ms doubling to 1 s, jittered).
+				lates++
+				d := min(10*time.Millisecond<<min(lates-1, 7), time.Second)
+				if pause.For(waitCtx, d/2+mrand.N(d/2+1)) && waitCtx.Err() == nil {
+					a = &attempt{name: name, dir: a.dir, guid: newGUID()}
+					continue
+				}
 			}
 			return nil, fence.NotAcquired(name, l.why(ctx, waitCtx, err))
 		}
