@@ -90,3 +90,37 @@ func TestLateTakesBackOff(t *testing.T) {
 	}
 	_ = ol.Release(ctx)
 }
+
+// TestLateTakesBackOffCallerDeadline: the back-off between late takes
+// ends with the caller's ctx, not only with the wait budget: with every
+// take late, a 10 s budget and a ctx of 400 ms, Acquire returns the ctx's
+// error soon after it ends, and leaves no node behind.
+func TestLateTakesBackOffCallerDeadline(t *testing.T) {
+	srv := sharedZK(t)
+	s := &slowRead{delay: 15 * time.Millisecond}
+	l := longLocker(t, srv.Addr, s.dial)
+	name := t.Name()
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	ls, err := l.Acquire(ctx, name, fence.TTL(fence.MinTTL), fence.Wait(10*time.Second))
+	took := time.Since(start)
+	if ls != nil {
+		_ = ls.Release(context.Background())
+		t.Fatalf("Acquire returned a lease, Err %v", ls.Err())
+	}
+	t.Logf("Acquire after %v, %d reads of its node: %v", took.Round(time.Millisecond), s.reads.Load(), err)
+	if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire = %v, want ErrNotAcquired and the ctx's DeadlineExceeded", err)
+	}
+	if took > 2*time.Second {
+		t.Errorf("Acquire with a 400ms ctx returned after %v", took.Round(time.Millisecond))
+	}
+	tctx, tcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer tcancel()
+	ol, err := newLockerDialer(t, []string{srv.Addr}, nil).Acquire(tctx, name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("after the late takes were given back: %v", err)
+	}
+	_ = ol.Release(tctx)
+}
