@@ -260,7 +260,8 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 		// bounds the call (see bounded), out of any recover's reach.
 		return fmt.Errorf("%w: redisstore: Store's Client is a nil %T", fence.ErrInvalidOption, s.Client)
 	}
-	if _, ok := underlying(s.Client).(*redis.Ring); ok {
+	base := underlying(s.Client) // once: reflection for a wrapper
+	if _, ok := base.(*redis.Ring); ok {
 		// A Ring that marks a shard down (its own heartbeats, a blip) hashes
 		// the resource to another shard, without the record.
 		return fmt.Errorf("%w: redisstore: Store on a *redis.Ring: a shard marked down moves the resource to another shard without its last token; pass a shard's own client, a Cluster or a Sentinel client", fence.ErrInvalidOption)
@@ -279,7 +280,7 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	if prefix == "" {
 		prefix = "fence:guard"
 	}
-	if err := s.checkOptions(); err != nil {
+	if err := s.checkOptions(base); err != nil {
 		return err
 	}
 	key := prefix + ":{" + resource + "}"
@@ -364,8 +365,9 @@ type result struct {
 }
 
 // checkOptions refuses fields out of range, and combinations with the
-// client that cannot work, before anything reaches Redis.
-func (s Store) checkOptions() error {
+// client that cannot work, before anything reaches Redis. base is
+// underlying(s.Client).
+func (s Store) checkOptions(base redis.Scripter) error {
 	if s.FloorMargin < 0 {
 		return fmt.Errorf("%w: redisstore: FloorMargin %v is negative", fence.ErrInvalidOption, s.FloorMargin)
 	}
@@ -378,7 +380,7 @@ func (s Store) checkOptions() error {
 	// A ClusterClient given its slots (ClusterSlots: go-redis's
 	// NewFailoverClusterClient over a Sentinel primary, or servers not in
 	// cluster mode) runs the script on one server that checks no slots.
-	if cc, ok := underlying(s.Client).(*redis.ClusterClient); s.ClockTokens && ok && cc.Options().ClusterSlots == nil {
+	if cc, ok := base.(*redis.ClusterClient); s.ClockTokens && ok && cc.Options().ClusterSlots == nil {
 		return fmt.Errorf("%w: redisstore: ClockTokens on a *redis.ClusterClient: the floor key is in another hash slot than the records, so the script could not run", fence.ErrInvalidOption)
 	}
 	if s.Replicas == 0 {
