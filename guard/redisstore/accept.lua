@@ -3,8 +3,9 @@
 -- Accept call's own id) and ARGV[4] (the caller's call id, see
 -- guard.WithCall, or ""), separated by a space. Returns "" when accepted
 -- (or when this same Accept call is seen again), "replayed" when the
--- caller's call id is the one recorded with the same token, else the
--- stored token. Tokens are compared as decimal strings without leading
+-- caller's call id is the one recorded with the same token,
+-- "unconfirmed" when it is recorded with the same token but marked
+-- refused ('!' before it, see unconfirm.lua), else the stored token. Tokens are compared as decimal strings without leading
 -- zeros (longer is greater), which is exact over the whole int64 range;
 -- Lua numbers are not.
 --
@@ -40,6 +41,12 @@ if last and not greater(ARGV[1], last) then
         -- Another Accept of the caller's call (an HTTP resend): it was
         -- accepted before; the caller must not do the work again.
         return 'replayed'
+      end
+      if ARGV[4] ~= '' and call == '!' .. ARGV[4] then
+        -- The caller's call was refused for too few replica
+        -- acknowledgements (see unconfirm.lua): it never ran, and its
+        -- token stays spent.
+        return 'unconfirmed'
       end
     end
   end

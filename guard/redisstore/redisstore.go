@@ -64,6 +64,10 @@ import (
 var acceptSrc string
 var acceptScript = redis.NewScript(acceptSrc)
 
+//go:embed unconfirm.lua
+var unconfirmSrc string
+var unconfirmScript = redis.NewScript(unconfirmSrc)
+
 // Store keeps the last accepted token of each resource in Redis, one key
 // per resource under Prefix (default "fence:guard"), compared and set by one
 // script. Beside it, for ResendWindow after each accepted token, a second
@@ -74,7 +78,9 @@ var acceptScript = redis.NewScript(acceptSrc)
 // caller's call id (guard.WithCall: Gate passes the request's Fence-Call),
 // so that another Accept of that call with that token (an HTTP resend of
 // a request that was admitted) returns a *guard.ReplayedError, not stale
-// and not accepted again.
+// and not accepted again; a call refused for too few replica
+// acknowledgements is marked so, and its resend refused again (see
+// Replicas).
 //
 // A *redis.Ring, or a wrapper embedding one, is refused
 // (fence.ErrInvalidOption): each Ring client
@@ -180,7 +186,19 @@ type Store struct {
 	// but a failover to a replica without it would accept an older
 	// token. The caller must treat the token as refused: not write, and
 	// acquire a new lease before trying again (the token counts as spent
-	// on the primary; Gate answers 503, ProblemNotReplicated). A Redis
+	// on the primary; Gate answers 503, ProblemNotReplicated). With a call
+	// id (guard.WithCall), the script has recorded it with the token
+	// before WAIT's answer; Accept then sends one more script, owner-checked
+	// (only if the record is still this Accept's), that marks the call
+	// refused, so that another Accept of that call with that token (Gate's
+	// resend) returns an error matching fence.ErrNotReplicated (503 again),
+	// not a *guard.ReplayedError: the call never ran, and the token stays
+	// spent. Where the mark was not made or was lost (the script failed,
+	// ctx ended first, another Accept replaced the record, or a failover
+	// promoted a replica that received the record but not the mark), the
+	// resend is found replayed (Gate: 409 ProblemAdmitted): false, but
+	// nothing runs; the refusal's error says so when Accept knows it. A
+	// Redis
 	// that could not be reached (no connection at the last try) gives
 	// the connection's error instead, as without Replicas; the token may
 	// still count as spent. A replica
@@ -312,7 +330,17 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 			}
 		}()
 		if s.Replicas > 0 {
-			return s.evalSynced(ctx, key, keys, args)
+			res, err := s.evalSynced(ctx, key, keys, args)
+			if err == nil && res.last == "" && res.acked < s.Replicas && call != "" {
+				// Refused for too few acknowledgements, but the script
+				// recorded the call: mark it refused, so that its resend
+				// is not answered as admitted (it never ran). If this
+				// fails, the resend is answered admitted: false, but safe.
+				var n int
+				n, res.unconfirmErr = unconfirmScript.Run(ctx, s.Client, keys[:2], args[0], args[1], call).Int()
+				res.unconfirmed = res.unconfirmErr == nil && n == 1
+			}
+			return res, err
 		}
 		last, err := acceptScript.Run(ctx, s.Client, keys, args...).Text()
 		return result{last: last}, err
@@ -329,12 +357,25 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 	switch {
 	case last == "":
 		if s.Replicas > 0 && res.acked < s.Replicas {
-			return fmt.Errorf("redisstore: accept %q: token %d recorded on the primary only: %w", resource, token,
-				&fence.NotReplicatedError{Acked: res.acked, Required: s.Replicas})
+			nr := &fence.NotReplicatedError{Acked: res.acked, Required: s.Replicas}
+			switch {
+			case call == "" || res.unconfirmed:
+				return fmt.Errorf("redisstore: accept %q: token %d recorded on the primary only: %w", resource, token, nr)
+			case res.unconfirmErr != nil:
+				return fmt.Errorf("redisstore: accept %q: token %d recorded on the primary only, and call %s could not be marked refused (a resend of it will be answered as admitted): %v: %w",
+					resource, token, call, res.unconfirmErr, nr)
+			}
+			return fmt.Errorf("redisstore: accept %q: token %d recorded on the primary only, and call %s could not be marked refused (its record was gone or replaced): %w",
+				resource, token, call, nr)
 		}
 		return nil
 	case last == "replayed":
 		return &guard.ReplayedError{Resource: resource, Token: token, Call: call}
+	case last == "unconfirmed":
+		// A resend of a call refused for too few acknowledgements: it
+		// never ran, and its token stays spent.
+		return fmt.Errorf("redisstore: accept %q: token %d with call %s was refused before (too few replicas acknowledged it) and did not run; the token stays spent: %w",
+			resource, token, call, fence.ErrNotReplicated)
 	case strings.HasPrefix(last, "allkeys "):
 		return fmt.Errorf("%w: redisstore: accept %q: no record, and maxmemory-policy is %s, under which a record may have been evicted; use noeviction or a volatile-* policy",
 			ErrAllKeysEviction, resource, strings.TrimPrefix(last, "allkeys "))
@@ -362,6 +403,11 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 type result struct {
 	last  string
 	acked int
+
+	// With a call id, after too few acknowledgements: whether the call's
+	// record was marked refused (unconfirm.lua), or why that failed.
+	unconfirmed  bool
+	unconfirmErr error
 }
 
 // checkOptions refuses fields out of range, and combinations with the

@@ -52,7 +52,11 @@ func TestGateRedisStoreAllKeys(t *testing.T) {
 // TestGateRedisStoreNotReplicatedResend: a request refused 503
 // not-replicated (the handler not run) and sent again, same token and
 // Fence-Call (an Idempotency-Key resend under the same lease, against the
-// advice to acquire a new lease), once the replica is back.
+// advice to acquire a new lease), once the replica is back. It was
+// answered 409 admitted ("admitted before, outcome unknown"): the script
+// had recorded the call id before WAIT said no. Accept now marks the
+// refused call's record, and the resend is answered 503 not-replicated
+// again: the call did not run, and the token stays spent.
 func TestGateRedisStoreNotReplicatedResend(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
@@ -78,14 +82,16 @@ func TestGateRedisStoreNotReplicatedResend(t *testing.T) {
 	if ran != 0 {
 		t.Fatalf("the resend of a refused call ran the handler: %d %q", status, p.Type)
 	}
-	if p.Type == guard.ProblemAdmitted {
-		t.Skip("design question: a call refused 503 not-replicated (handler never run) and resent with the same token and Fence-Call is answered 409 " +
-			guard.ProblemAdmitted + " ('admitted before, outcome unknown'): the script recorded the call id before WAIT said no. Safe (nothing runs), but the answer is false. " +
-			"Fix I would choose: on a refusal for too few acks, Accept sends a small script that drops the caller's call id from the call record (keeping its own id, so a go-redis resend is still found), " +
-			"so the resend is a plain 409 stale 'token spent'; or Gate answers not-replicated again for a replayed call whose record is marked unconfirmed. Body: " + body)
+	if status != http.StatusServiceUnavailable || p.Type != guard.ProblemNotReplicated {
+		t.Fatalf("resend of a call refused not-replicated: %d %q, want 503 %s (it never ran); body %s", status, p.Type, guard.ProblemNotReplicated, body)
 	}
-	if status != http.StatusConflict && status != http.StatusServiceUnavailable {
-		t.Fatalf("resend of a refused call: %d %q, want a refusal", status, p.Type)
+	// Another call with the spent token is stale, as the rule says; a new
+	// lease's token runs.
+	if status, p, body := send(t, hs.Client(), hs.URL, guard.TokenHeader, tok, guard.CallHeader, "call-2"); status != http.StatusConflict || p.Type != guard.ProblemStale || ran != 0 {
+		t.Fatalf("another call with the refused token: %d %q (ran %d); body %s", status, p.Type, ran, body)
+	}
+	if status, p, body := send(t, hs.Client(), hs.URL, guard.TokenHeader, strconv.FormatInt(int64(t5+1), 10), guard.CallHeader, "call-1"); status != http.StatusOK || ran != 1 {
+		t.Fatalf("a newer token after the refusal: %d %q (ran %d); body %s", status, p.Type, ran, body)
 	}
 }
 
