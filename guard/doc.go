@@ -130,7 +130,11 @@
 // state began (ErrStoreLost: redisstore.Store with ClockTokens, after its
 // Redis lost its records), and ProblemNotReplicated, a token the store
 // recorded on its primary but could not confirm on its replicas
-// (fence.ErrNotReplicated: redisstore.Store with Replicas).
+// (fence.ErrNotReplicated: redisstore.Store with Replicas). The token
+// stays spent; a resend of that call (same token and call id) never ran,
+// and is answered ProblemNotReplicated again, not ProblemAdmitted (see
+// redisstore.Store.Replicas for the rare cases where it is answered
+// ProblemAdmitted: false, but nothing runs).
 //
 // Transport attaches a lease's token to outgoing requests, with a random
 // call id (the Fence-Call header) that net/http's own resends of the

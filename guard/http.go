@@ -166,7 +166,10 @@ const (
 	// it in time (fence.ErrNotReplicated; redisstore.Store with Replicas):
 	// the handler was not run, and the token counts as spent (a failover
 	// may or may not keep it). The client acquires a new lease and sends
-	// the request again with its token.
+	// the request again with its token. A resend of the refused call with
+	// the same token and Fence-Call is answered ProblemNotReplicated
+	// again: it never ran (redisstore.Store marks the refused call's
+	// record; where that mark was lost, ProblemAdmitted, false but safe).
 	ProblemNotReplicated = "urn:fence:problem:not-replicated"
 )
 
