@@ -197,7 +197,9 @@ type Store struct {
 	// ctx ended first, another Accept replaced the record, or a failover
 	// promoted a replica that received the record but not the mark), the
 	// resend is found replayed (Gate: 409 ProblemAdmitted): false, but
-	// nothing runs; the refusal's error says so when Accept knows it. A
+	// nothing runs; the refusal's error says so when Accept knows it. The
+	// same mark follows a WAIT that failed after the script was sent (its
+	// answer later than the client's read timeout, say). A
 	// Redis
 	// that could not be reached (no connection at the last try) gives
 	// the connection's error instead, as without Replicas; the token may
@@ -331,11 +333,14 @@ func (s Store) Accept(ctx context.Context, resource string, token fence.Token) e
 		}()
 		if s.Replicas > 0 {
 			res, err := s.evalSynced(ctx, key, keys, args)
-			if err == nil && res.last == "" && res.acked < s.Replicas && call != "" {
-				// Refused for too few acknowledgements, but the script
-				// recorded the call: mark it refused, so that its resend
-				// is not answered as admitted (it never ran). If this
-				// fails, the resend is answered admitted: false, but safe.
+			var werr *waitError
+			if call != "" && (err == nil && res.last == "" && res.acked < s.Replicas || errors.As(err, &werr)) {
+				// Refused for too few acknowledgements (or WAIT failed),
+				// but the script recorded the call (or may have): mark it
+				// refused, so that its resend is not answered as admitted
+				// (it never ran). The mark is owner-checked: a script that
+				// did not run leaves nothing to mark. If this fails, the
+				// resend is answered admitted: false, but safe.
 				var n int
 				n, res.unconfirmErr = unconfirmScript.Run(ctx, s.Client, keys[:2], args[0], args[1], call).Int()
 				res.unconfirmed = res.unconfirmErr == nil && n == 1

@@ -138,3 +138,26 @@ func TestRedisStoreNotReplicatedMarkOwnerChecked(t *testing.T) {
 		t.Fatalf("resend of the refused call after a newer token: %v, want ErrStale", err)
 	}
 }
+
+// TestRedisStoreNotReplicatedWaitLateResend: WAIT's answer comes after the
+// client's read timeout (a server run with hz 1: a second a tick; no
+// retries), so Accept refuses with the WAIT's error (no count): the script
+// had recorded the call. The replica then connects, and the call is resent: it never
+// ran, so it must be refused again, not found replayed (Gate: 409
+// admitted).
+func TestRedisStoreNotReplicatedWaitLateResend(t *testing.T) {
+	srv := redistest.Start(t, "--hz", "1")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	store := redisstore.Store{Client: c, Replicas: 1, ReplicaTimeout: 100 * time.Millisecond, Prefix: "guardtest:hz1resend"}
+	first := store.Accept(guard.WithCall(ctx(t), "call-1"), "payment:1001", 5)
+	if !errors.Is(first, fence.ErrNotReplicated) {
+		t.Fatalf("no replica, hz 1: %v, want fence.ErrNotReplicated", first)
+	}
+	redistest.StartReplica(t, srv)
+	redistest.WaitReplicated(t, srv, 1)
+	err := store.Accept(guard.WithCall(ctx(t), "call-1"), "payment:1001", 5)
+	if !errors.Is(err, fence.ErrNotReplicated) || errors.Is(err, guard.ErrReplayed) {
+		t.Fatalf("resend of the refused call, replica connected: %v, want ErrNotReplicated (it never ran)", err)
+	}
+}
