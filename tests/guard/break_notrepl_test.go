@@ -161,3 +161,31 @@ func TestRedisStoreNotReplicatedWaitLateResend(t *testing.T) {
 		t.Fatalf("resend of the refused call, replica connected: %v, want ErrNotReplicated (it never ran)", err)
 	}
 }
+
+// TestRedisStoreAdmittedResendWaitFails: a call accepted and confirmed (it
+// ran) is resent while its replica is paused, on a server whose WAIT
+// answers after the client's read timeout: that resend is refused with
+// WAIT's error, and its mark must not touch the record (it is the first
+// Accept's): a later resend is still found replayed (the call ran), never
+// told it did not run.
+func TestRedisStoreAdmittedResendWaitFails(t *testing.T) {
+	srv := redistest.Start(t, "--hz", "1")
+	replica := redistest.StartReplica(t, srv)
+	redistest.WaitReplicated(t, srv, 1)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	store := redisstore.Store{Client: c, Replicas: 1, ReplicaTimeout: 100 * time.Millisecond, Prefix: "guardtest:hz1admitted"}
+	if err := store.Accept(guard.WithCall(ctx(t), "call-1"), "payment:1001", 5); err != nil {
+		t.Fatalf("replica up: %v", err)
+	}
+	resume := replica.Pause(t)
+	err := store.Accept(guard.WithCall(ctx(t), "call-1"), "payment:1001", 5)
+	resume()
+	if !errors.Is(err, guard.ErrReplayed) && !errors.Is(err, fence.ErrNotReplicated) {
+		t.Fatalf("resend, replica paused: %v", err)
+	}
+	redistest.WaitReplicated(t, srv, 1)
+	if err := store.Accept(guard.WithCall(ctx(t), "call-1"), "payment:1001", 5); !errors.Is(err, guard.ErrReplayed) {
+		t.Fatalf("resend of the call that ran: %v, want ErrReplayed (it ran; it must never be told it did not)", err)
+	}
+}
