@@ -10,10 +10,5 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('GET', KEYS[2]) ~= ARGV[2] .. ' ' .. ARGV[3] then
   return 0
 end
-local ttl = redis.call('PTTL', KEYS[2])
-if ttl > 0 then
-  redis.call('SET', KEYS[2], ARGV[2] .. ' !' .. ARGV[3], 'PX', ttl)
-else
-  redis.call('SET', KEYS[2], ARGV[2] .. ' !' .. ARGV[3])
-end
+redis.call('SET', KEYS[2], ARGV[2] .. ' !' .. ARGV[3], 'KEEPTTL')
 return 1
