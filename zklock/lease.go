@@ -272,7 +272,8 @@ func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
 	every := max(ls.timeout()/3, retryPause)
 	timer := time.NewTimer(every)
 	defer timer.Stop()
-	var results chan probe // non-nil while a probe is in flight
+	var results chan probe       // non-nil while a probe is in flight
+	ready := settled{seen: true} // the session just answered the grant
 	changed := ls.changed
 	for {
 		select {
@@ -302,11 +303,9 @@ func (ls *lease) follow(watch <-chan zk.Event) (report func()) {
 			}
 			// Its data changed: the next probe sets the watch again.
 		case <-timer.C:
-			if ls.l.conn.State() != zk.StateHasSession {
-				// A request queued while disconnected is sent the moment
-				// go-zookeeper reconnects, beside its own re-setting of
-				// watches, which reads lastZxid while the reply writes it
-				// (a data race in go-zookeeper v1.0.4). Check again soon.
+			if !ready.check(ls.l.conn) {
+				// Nothing is sent while disconnected, nor right as the
+				// session comes back (see awaitSession). Check again soon.
 				timer.Reset(every / 4)
 				continue
 			}

@@ -300,20 +300,24 @@ func (l *Locker) create(ctx context.Context, a *attempt) (string, error) {
 			}
 		case errors.Is(err, zk.ErrNoServer):
 			// Not sent: go-zookeeper found no server in a round of its
-			// hosts and is trying again.
+			// hosts and is trying again. Sent again once it has the
+			// session back (see again), not queued meanwhile.
+			if !l.again(ctx, err) {
+				return "", fmt.Errorf("zklock: create %s: %w", a.nodePrefix(), err)
+			}
 		case connLost(err):
-			// The create may have been applied: look for it, through the
-			// reconnection.
+			// The create may have been applied: look for it, once the
+			// session is back (see again).
 			for {
-				node, err := l.find(ctx, a)
+				if !l.again(ctx, err) {
+					return "", err
+				}
+				node, err = l.find(ctx, a)
 				if err == nil && node != "" {
 					return node, nil
 				}
 				if err == nil {
 					break // not applied: create again
-				}
-				if !l.again(ctx, err) {
-					return "", err
 				}
 			}
 		default:
@@ -592,22 +596,56 @@ func (l *Locker) grant(ctx, waitCtx context.Context, a *attempt, node string, o 
 // again reports whether a request that failed with err is worth sending
 // again: the connection was lost (see connLost), not the session (a
 // connection loss is not an expiry), and the user has not closed the
-// connection. It pauses a little first, and reports false once ctx has
-// ended. Only a request whose repetition does no harm may be sent again:
-// a read, or a create of a node with a fixed name (a create that was
-// applied then finds it there).
+// connection. It waits until the connection has its session again (see
+// awaitSession), and reports false once ctx has ended first. Only a
+// request whose repetition does no harm may be sent again: a read, or a
+// create of a node with a fixed name (a create that was applied then
+// finds it there).
 func (l *Locker) again(ctx context.Context, err error) bool {
 	if !connLost(err) && !errors.Is(err, zk.ErrNoServer) || l.closed() {
 		return false
 	}
-	pause := time.NewTimer(retryPause)
-	defer pause.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-pause.C:
-		return true
+	return l.awaitSession(ctx, 0) == nil
+}
+
+// awaitSession waits until a request may be sent on the connection: it
+// has its session, seen on two checks retryPause apart (see settled). A
+// request sent earlier, queued while go-zookeeper is disconnected, is sent
+// the moment it reconnects, beside its re-setting of watches, which reads
+// lastZxid while the reply writes it (a data race in go-zookeeper v1.0.4,
+// conn.go:614 against conn.go:849). It returns ctx's error if ctx ends
+// first, zk.ErrClosing if the user closed the connection, and
+// zk.ErrSessionExpired if session is not 0 and the connection's session is
+// no longer session.
+func (l *Locker) awaitSession(ctx context.Context, session int64) error {
+	var s settled
+	for !s.check(l.conn) {
+		switch {
+		case session != 0 && l.conn.SessionID() != session:
+			return zk.ErrSessionExpired
+		case l.conn.State() == zk.StateDisconnected && l.closed():
+			return zk.ErrClosing
+		case !l.pause(ctx):
+			return ctx.Err()
+		}
 	}
+	return nil
+}
+
+// settled tells, check by check, whether a request may be sent on a
+// connection: it has its session at this check and had it at the one
+// before. go-zookeeper reports the session (StateHasSession) before it
+// starts re-setting its watches; a check that sees the session after one
+// that did not (a reconnection meanwhile) waits for the next, by then
+// that is done. The zero settled has seen no check; one made when a
+// request was just answered may start with seen true.
+type settled struct{ seen bool }
+
+func (s *settled) check(conn *zk.Conn) bool {
+	has := conn.State() == zk.StateHasSession
+	ok := has && s.seen
+	s.seen = has
+	return ok
 }
 
 // connLost reports whether err is a request's failure on a lost
@@ -648,16 +686,10 @@ func (l *Locker) cleanup(a *attempt, node string) {
 		defer l.background.Add(-1)
 		session := l.conn.SessionID()
 		for {
-			if l.conn.State() != zk.StateHasSession {
-				// Nothing is sent while disconnected: go-zookeeper would
-				// send it the moment it reconnects, beside its re-setting
-				// of watches, which races with the reply (see the
-				// monitor). Try again once the session is back.
-				if l.conn.SessionID() != session || l.closed() {
-					return
-				}
-				time.Sleep(l.timeout() / 8)
-				continue
+			// Nothing is sent while disconnected, nor right as the
+			// session comes back (see awaitSession).
+			if l.awaitSession(context.Background(), session) != nil {
+				return
 			}
 			var err error
 			target := node
