@@ -485,3 +485,48 @@ func TestCutConnectionRetryWithinBudget(t *testing.T) {
 		})
 	}
 }
+
+// A waiter whose wait budget ends while its connection is cut gives its
+// node back; the delete must not go out queued while go-zookeeper is
+// disconnected, beside its re-setting of watches (the Locker holds another
+// lease, whose watch go-zookeeper sets again): see
+// TestRetryBesideWatchesOnReconnect.
+func TestGiveUpBesideWatchesOnReconnect(t *testing.T) {
+	const name = "give-up-beside-watches"
+	const budget = 300 * time.Millisecond
+	srv := sharedZK(t)
+	addrs := []string{srv.Addr}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	holderLocker, admin := newLocker(t, addrs)
+	holder, err := holderLocker.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holderNode := lockNodes(t, admin, name)[0]
+	w := writeCut{hold: true}
+	l := newLockerDialer(t, addrs, w.dial)
+	first, err := l.Acquire(ctx, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.arm(false, func(op uint32, p string) bool { return op == opGetData && p == holderNode })
+	lease, err := l.Acquire(ctx, name, fence.Wait(budget))
+	if err == nil {
+		_ = lease.Release(ctx)
+		t.Fatal("Acquire took the held lock")
+	}
+	if !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire = %v, want fence.ErrHeld", err)
+	}
+	if cuts, _ := w.count(); cuts != 1 {
+		t.Fatalf("%d cuts, want 1", cuts)
+	}
+	waitFor(t, func() bool { return len(lockNodes(t, admin, name)) == 1 && l.Background() == 0 })
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -245,8 +245,16 @@ var errLateReply = fmt.Errorf("%w: the reply that took the lock came too late", 
 // when it drops the connection, two thirds of a session timeout after the
 // last reply, and the Acquire, whose budget has ended, must not wait that
 // long.
+//
+// Without the session (a connection cut, its budget ended meanwhile), it
+// sends nothing: the delete would be queued and go out the moment
+// go-zookeeper reconnects, beside its re-setting of watches (see
+// awaitSession); cleanup waits for the session. One check only, not
+// awaitSession's two: that would add retryPause to every Acquire that
+// gives up, and leaves only go-zookeeper's instant between reporting the
+// session and reading lastZxid.
 func (l *Locker) giveUp(ctx context.Context, a *attempt, node string) {
-	if node != "" && ctx.Err() == nil {
+	if node != "" && ctx.Err() == nil && l.conn.State() == zk.StateHasSession {
 		dctx, cancel := context.WithTimeout(ctx, giveUpTimeout)
 		defer cancel()
 		_, err := bounded(dctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(node, -1) }, nil)
