@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/zklock"
+	"github.com/go-zookeeper/zk"
 )
 
 // writeCut is a zk.Dialer whose connection is cut when a request that the
@@ -527,6 +528,59 @@ func TestGiveUpBesideWatchesOnReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An Extend made while the Locker's connection is cut (go-zookeeper waits
+// a second before it dials the only server again) sends its read at once:
+// it is queued and goes out the moment go-zookeeper reconnects, beside its
+// re-setting of the leases' watches: the data race of
+// TestRetryBesideWatchesOnReconnect. Release's delete does the same.
+func TestExtendBesideWatchesOnReconnect(t *testing.T) {
+	t.Skip("design question: Extend and Release send at once, queued while go-zookeeper is disconnected, which " +
+		"races with its re-setting of watches (conn.go:849 against conn.go:614). Fix I would choose: both wait for " +
+		"the session with awaitSession, bounded by ctx (Release's error and background clean-up unchanged when ctx " +
+		"ends first); that adds retryPause to every Extend and Release unless the Locker learns of reconnections " +
+		"from events (a zk.Logger or the caller's event channel), which is the decision to make. Unskipped, this " +
+		"test failed 2 of 2 runs under -race")
+	srv := sharedZK(t)
+	addrs := []string{srv.Addr}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w := writeCut{hold: true}
+	l := newLockerDialer(t, addrs, w.dial)
+	first, err := l.Acquire(ctx, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := l.Acquire(ctx, "second")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.arm(false, func(op uint32, p string) bool { return op == opGetData || op == 3 }) // the next read (3: exists)
+	_ = first.Extend(ctx, time.Minute)                                                 // cut (or a check of the monitor's)
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		t.Fatal("no read was cut")
+	}
+	// Sent while go-zookeeper is disconnected: flushed (zk.ErrNoServer)
+	// if it goes in before go-zookeeper's round of its hosts starts,
+	// else queued until it reconnects.
+	for {
+		err := second.Extend(ctx, time.Minute)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, zk.ErrNoServer) {
+			t.Fatalf("Extend: %v", err)
+		}
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
