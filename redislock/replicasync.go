@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/pause"
+	"github.com/fencekit/fence/internal/rediscluster"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
@@ -884,30 +885,10 @@ func (l *Locker) onSlotMaster(ctx context.Context, key string, run func(node str
 			node, asking = ask, true
 		}
 		redirects++
-		if c, err = masterByAddr(ctx, cc, node); err != nil {
+		if c, err = rediscluster.MasterByAddr(ctx, cc, node); err != nil {
 			return err
 		}
 	}
-}
-
-// masterByAddr returns the cluster client's node client for addr, which a
-// redirection named as the slot's master; the client's slot map may still
-// list it as a replica (just after a failover), so every node is searched.
-func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
-	var mu sync.Mutex
-	var found *redis.Client
-	err := cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
-		if c.Options().Addr == addr {
-			mu.Lock()
-			found = c
-			mu.Unlock()
-		}
-		return nil
-	})
-	if err == nil && found == nil {
-		err = fmt.Errorf("redirected to %s, which the cluster client does not list", addr)
-	}
-	return found, err
 }
 
 // primaryFor returns the client of the primary that owns key and a name for

@@ -50,12 +50,12 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/internal/bound"
+	"github.com/fencekit/fence/internal/rediscluster"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
@@ -569,9 +569,9 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 					cc.ReloadState(ctx)
 					addr = moved
 				}
-				node, nerr := masterByAddr(ctx, cc, addr)
+				node, nerr := rediscluster.MasterByAddr(ctx, cc, addr)
 				if nerr != nil {
-					return result{}, fmt.Errorf("%w (after %w)", nerr, err)
+					return result{}, fmt.Errorf("redisstore: %w (after %w)", nerr, err)
 				}
 				c, asking, timeout = node, isAsk, left()
 				redirects++
@@ -600,26 +600,6 @@ func (s Store) evalSynced(ctx context.Context, key string, keys []string, args [
 
 // maxRedirects bounds the MOVED and ASK replies evalSynced follows in a row.
 const maxRedirects = 16
-
-// masterByAddr returns the cluster client's node client for addr, which a
-// redirection named as the slot's master (the client's slot map may not
-// list it as one yet, so every node is searched).
-func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
-	var mu sync.Mutex
-	var found *redis.Client
-	err := cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
-		if c.Options().Addr == addr {
-			mu.Lock()
-			found = c
-			mu.Unlock()
-		}
-		return nil
-	})
-	if err == nil && found == nil {
-		err = fmt.Errorf("redisstore: redirected to %s, which the cluster client does not list", addr)
-	}
-	return found, err
-}
 
 // notSent reports whether err means the pipeline never reached a server:
 // a dial that failed, no connection from the pool, a closed client.
