@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -344,8 +343,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			// sent a Grant, a Txn and a Revoke again at once: back off
 			// (10 ms doubling to 1 s, jittered), within the budget.
 			lates++
-			d := min(10*time.Millisecond<<min(lates-1, 7), time.Second)
-			if pause.For(ctx, min(d/2+rand.N(d/2+1), time.Until(budget))) && time.Until(budget) > 0 {
+			if pause.For(ctx, min(pause.Backoff(lates), time.Until(budget))) && time.Until(budget) > 0 {
 				reused = false // a new etcd lease, a new key
 				continue
 			}

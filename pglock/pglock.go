@@ -10,11 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 )
 
 // DefaultWatchdogTTL is the lease time of leases acquired without fence.TTL
@@ -330,21 +330,21 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 				left = 0 // try again now that we listen
 			}
 		}
-		var pause time.Duration
+		var next time.Duration
 		if lastErr != nil {
 			failures++
-			pause = retryBackoff(failures)
+			next = pause.Backoff(failures)
 		} else {
 			failures = 0
-			pause = left
+			next = left
 		}
-		if pause > 0 {
+		if next > 0 {
 			var wake <-chan struct{}
 			var broken <-chan struct{}
 			if sub != nil {
 				wake, broken = w.wake, sub.broken
 			}
-			timer.Reset(pause)
+			timer.Reset(next)
 			select {
 			case <-wake:
 				breaks = 0
@@ -357,7 +357,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 				sub, w = nil, nil
 				breaks++
 				timer.Stop()
-				timer.Reset(retryBackoff(breaks))
+				timer.Reset(pause.Backoff(breaks))
 				select {
 				case <-timer.C:
 				case <-waitCtx.Done():
@@ -415,13 +415,6 @@ func closedDB(err error) error {
 		return fmt.Errorf("%w (%w)", err, fence.ErrClosed)
 	}
 	return err
-}
-
-// retryBackoff is the pause before the next try after n backend errors in
-// a row: 10 ms doubling to 1 s, jittered by up to a half.
-func retryBackoff(n int) time.Duration {
-	d := min(10*time.Millisecond<<min(n-1, 7), time.Second)
-	return d/2 + mrand.N(d/2+1)
 }
 
 // firstTryMin is the least time an Acquire with a Wait budget gives its

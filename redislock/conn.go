@@ -124,7 +124,7 @@ func (l *Locker) readConn(ctx context.Context, w *subscription) {
 			failures = 0
 		}
 		failures++
-		if !pause.For(ctx, retryBackoff(failures)) {
+		if !pause.For(ctx, pause.Backoff(failures)) {
 			l.drop(w, ctx.Err())
 			return
 		}

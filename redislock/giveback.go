@@ -220,7 +220,7 @@ type probe struct {
 // unpark is the parking's goroutine.
 func (p *parking) unpark(l *Locker) {
 	for tries := 1; ; tries++ {
-		pause.For(context.Background(), retryBackoff(tries))
+		pause.For(context.Background(), pause.Backoff(tries))
 		p.mu.Lock()
 		now := time.Now()
 		p.parked = slices.DeleteFunc(p.parked, func(g parkedBack) bool { return !now.Before(g.until) })

@@ -77,7 +77,7 @@ func TestLateTakeRetryWithinBudget(t *testing.T) {
 // tries again until the budget ends, as it should; but it tried again at
 // once each time, a new owner's take and its give-back after every late
 // reply, hammering a server (or network) already too slow, where a failed
-// try waits retryBackoff before the next.
+// try waits pause.Backoff before the next.
 func TestLateTakesBackOff(t *testing.T) {
 	const name, wait = "lock:late-takes-backoff", time.Second
 	srv := redistest.Start(t)

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"reflect"
 	"slices"
 	"strings"
@@ -403,7 +402,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		// again at once, as after a transient error.
 		bound, late = end, err
 		lates++
-		if !pause.For(ctx, min(retryBackoff(lates), time.Until(end))) {
+		if !pause.For(ctx, min(pause.Backoff(lates), time.Until(end))) {
 			return nil, err
 		}
 		if o.Wait = time.Until(end); o.Wait < time.Millisecond {
@@ -502,13 +501,13 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 	timer.Stop()
 	defer timer.Stop()
 	for {
-		var pause time.Duration // before the next try; zero: try now
+		var next time.Duration // before the next try; zero: try now
 		switch {
 		case err != nil:
 			// A failover, a restart, a dropped connection: back off and
 			// try again within the budget.
 			failures++
-			lastErr, pause = err, retryBackoff(failures)
+			lastErr, next = err, pause.Backoff(failures)
 		case wake == nil:
 			// Held: subscribe to the release channel first.
 			w, readyAt, lv, jerr := l.join(waitCtx, a.keys.channel, a.owner)
@@ -528,7 +527,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 				// Otherwise a grant may have fallen in between (the
 				// next try finds the lock ours).
 				if readyAt.Before(tried) {
-					pause = holderWait(holderTTL, o.Wait)
+					next = holderWait(holderTTL, o.Wait)
 				}
 			case waitCtx.Err() != nil:
 				return budgetOver()
@@ -536,17 +535,17 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 				return fail(fmt.Errorf("redislock: subscribe: %w", jerr))
 			default:
 				failures++
-				lastErr, pause = fmt.Errorf("redislock: subscribe: %w", jerr), retryBackoff(failures)
+				lastErr, next = fmt.Errorf("redislock: subscribe: %w", jerr), pause.Backoff(failures)
 			}
 		default:
 			// Held: wait for a release or for the holder's TTL to run out.
 			failures, lastErr = 0, nil
-			pause = holderWait(holderTTL, o.Wait)
+			next = holderWait(holderTTL, o.Wait)
 		}
-		if pause > 0 {
-			timer.Reset(pause)
+		if next > 0 {
+			timer.Reset(next)
 			if me != nil {
-				l.setTimer(me, time.Now().Add(pause), tried)
+				l.setTimer(me, time.Now().Add(next), tried)
 			}
 		sleep:
 			for {
@@ -707,15 +706,6 @@ func holderWait(ttl, budget time.Duration) time.Duration {
 		return budget
 	}
 	return max(ttl, time.Millisecond)
-}
-
-// retryBackoff is the pause before the next try after n transient errors in
-// a row: 10 ms doubling to 1 s, jittered by up to a half so that the waiters
-// of many processes do not return to a recovering server in step.
-func retryBackoff(n int) time.Duration {
-	d := 10 * time.Millisecond << min(n-1, 7)
-	d = min(d, time.Second)
-	return d/2 + mrand.N(d/2+1)
 }
 
 // giveBackLate gives back the lock that a's try took with a reply past the

@@ -493,7 +493,7 @@ func (l *Locker) read(ctx context.Context, w *subscription) {
 			}
 			l.wakeAll(w)
 			failures++
-			if !pause.For(ctx, retryBackoff(failures)) {
+			if !pause.For(ctx, pause.Backoff(failures)) {
 				l.drop(w, ctx.Err())
 				return
 			}
@@ -639,7 +639,7 @@ func (l *Locker) resubscribe(ctx context.Context, w *subscription, old *redis.Pu
 		if err == nil || ctx.Err() != nil || errors.Is(err, errWatchClosed) {
 			return ps, err
 		}
-		if !pause.For(ctx, retryBackoff(failures)) {
+		if !pause.For(ctx, pause.Backoff(failures)) {
 			return nil, errors.Join(err, ctx.Err())
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -1014,15 +1015,7 @@ func (l *Locker) releaseAbandoned(i int, k keys, owner, revokeKey string, ttl ti
 // pauseRetry waits before the given attempt, with back-off from 10 ms to
 // a second, jittered; it reports false if ctx ended first.
 func pauseRetry(ctx context.Context, failures int) bool {
-	d := min(10*time.Millisecond<<min(failures-1, 7), time.Second)
-	t := time.NewTimer(d/2 + mrand.N(d/2+1))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return pause.For(ctx, pause.Backoff(failures))
 }
 
 // parkRelease queues, for retrying, the release on node i that the node

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -221,8 +220,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 				// time is not sent a create, a read and a delete again
 				// at once: back off (10 ms doubling to 1 s, jittered).
 				lates++
-				d := min(10*time.Millisecond<<min(lates-1, 7), time.Second)
-				if pause.For(waitCtx, d/2+mrand.N(d/2+1)) && waitCtx.Err() == nil {
+				if pause.For(waitCtx, pause.Backoff(lates)) && waitCtx.Err() == nil {
 					a = &attempt{name: name, dir: a.dir, guid: newGUID()}
 					continue
 				}

@@ -4,6 +4,7 @@ package pause
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 )
 
@@ -17,4 +18,12 @@ func For(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// Backoff is the pause before the next try after n failures in a row (n
+// from 1): 10 ms doubling to 1 s, jittered by up to a half, so that the
+// waiters of many processes do not return to a recovering server in step.
+func Backoff(n int) time.Duration {
+	d := min(10*time.Millisecond<<min(n-1, 7), time.Second)
+	return d/2 + rand.N(d/2+1)
 }
