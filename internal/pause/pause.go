@@ -1,5 +1,6 @@
-// Package pause waits out a back-off unless the caller's context ends
-// first: the one wait the lock packages' retry loops share.
+// Package pause is the back-off the lock packages' retry loops share: how
+// long (Backoff), and the wait that ends early with the caller's context
+// (For).
 package pause
 
 import (
