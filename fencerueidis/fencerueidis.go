@@ -453,7 +453,7 @@ func (c conn) subscribe(ctx context.Context, channel string, ready func(), messa
 		c.unsubscribe(channel)
 	}
 	if err == nil && ctx.Err() == nil {
-		err = errors.New("fencerueidis: unsubscribed")
+		err = redisconn.ErrUnsubscribed
 	}
 	return convErr(ctx, err)
 }
@@ -484,7 +484,7 @@ func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func
 		select {
 		case err := <-ended:
 			if err == nil {
-				err = errors.New("fencerueidis: unsubscribed")
+				err = redisconn.ErrUnsubscribed
 			}
 			return convErr(ctx, err)
 		case err := <-closed:

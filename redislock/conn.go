@@ -111,7 +111,7 @@ func (l *Locker) readConn(ctx context.Context, w *subscription) {
 			return
 		}
 		if err == nil {
-			err = errors.New("redislock: subscription ended")
+			err = redisconn.ErrUnsubscribed
 		}
 		select {
 		case <-w.ready:

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -72,7 +73,7 @@ func transient(err error) bool {
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded) && !isNetTimeout(err),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, fence.ErrClosed), errors.Is(err, ErrBadTokenRecord):
 		return false
-	case errors.Is(err, fence.ErrNotReplicated),
+	case errors.Is(err, fence.ErrNotReplicated), errors.Is(err, redisconn.ErrUnsubscribed),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, redis.ErrPoolTimeout), isNetTimeout(err):

@@ -55,7 +55,8 @@ type Conn interface {
 	// subscription breaks (with the reason). It calls ready when the
 	// server confirms the subscription, again after any resubscription,
 	// and message with the payload of every message on channel, on one
-	// goroutine.
+	// goroutine. A subscription ended by an UNSUBSCRIBE it did not ask
+	// for (the client's connection is shared) returns ErrUnsubscribed.
 	Subscribe(ctx context.Context, channel string, ready func(), message func(payload string)) error
 
 	// SelfBounded reports whether every call ends by its context's
@@ -68,6 +69,13 @@ type Conn interface {
 // ErrWait is matched by the error of an Eval whose script ran and whose
 // WAIT failed (refused by an ACL, the connection lost between the two).
 var ErrWait = errors.New("WAIT failed after the script ran")
+
+// ErrUnsubscribed is Subscribe's error when the server ended the
+// subscription with an UNSUBSCRIBE sent by someone else on the same
+// connection (another Locker on the same client whose last waiter left),
+// or sent late by the Locker itself for an earlier subscription. It is
+// not the caller's fault and not lasting: redislock subscribes again.
+var ErrUnsubscribed = errors.New("the subscription was ended by an UNSUBSCRIBE on the client's connection")
 
 // WaitLeft is the timeout of the WAIT sent again with a script refused
 // with NOSCRIPT, given what the WAIT pipelined with the refused script
