@@ -416,10 +416,18 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	// request queued while go-zookeeper reconnects waits for a server).
 	dctx, cancel := context.WithDeadline(ctx, ls.Deadline())
 	defer cancel()
-	exists, err := bounded(dctx, func() (bool, error) {
-		ok, _, err := ls.l.conn.Exists(ls.node)
-		return ok, err
-	}, nil)
+	var exists bool
+	err := ls.l.sendable(dctx, ls.owner)
+	if err == nil {
+		exists, err = bounded(dctx, func() (bool, error) {
+			ok, _, err := ls.l.conn.Exists(ls.node)
+			return ok, err
+		}, nil)
+	}
+	if errors.Is(err, zk.ErrSessionExpired) {
+		ls.end(fmt.Errorf("%w: %q: its session ended", fence.ErrLeaseLost, ls.a.name))
+		return released(ls.Err())
+	}
 	if err != nil {
 		if !time.Now().Before(ls.Deadline()) {
 			ls.expire() // if its timer has not yet
@@ -525,13 +533,18 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	endedHere, lostBefore := ls.endReleasing()
 	var err error
 	if lostBefore == nil || errors.Is(lostBefore, fence.ErrReleased) {
-		_, err = bounded(ctx, func() (struct{}, error) {
-			return struct{}{}, ls.l.conn.Delete(ls.node, ls.version)
-		}, nil)
+		if err = ls.l.sendable(ctx, ls.owner); err == nil {
+			_, err = bounded(ctx, func() (struct{}, error) {
+				return struct{}{}, ls.l.conn.Delete(ls.node, ls.version)
+			}, nil)
+		}
 	}
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
 		err = lostBefore // conclusive: the lease was lost before Release
+	case errors.Is(err, zk.ErrSessionExpired):
+		// Its node, ephemeral, ended with it.
+		err = fmt.Errorf("%w: %q: its session ended", fence.ErrLeaseLost, ls.a.name)
 	case errors.Is(err, zk.ErrNoNode) && !endedHere:
 		// An earlier Release failed, ended the lease and left the node to
 		// be deleted in the background.

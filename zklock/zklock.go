@@ -638,6 +638,19 @@ func (l *Locker) awaitSession(ctx context.Context, session int64) error {
 	return nil
 }
 
+// sendable waits, when the connection has not its session now, until it
+// has it again (awaitSession), so that Extend's read and Release's delete
+// are not queued while go-zookeeper is disconnected and sent beside its
+// re-setting of watches. On a connection that has its session it checks
+// once, as giveUp does, and adds no pause: what is left is go-zookeeper's
+// instant between reporting the session and reading lastZxid.
+func (l *Locker) sendable(ctx context.Context, session int64) error {
+	if l.conn.State() == zk.StateHasSession && l.conn.SessionID() == session {
+		return nil
+	}
+	return l.awaitSession(ctx, session)
+}
+
 // settled tells, check by check, whether a request may be sent on a
 // connection: it has its session at this check and had it at the one
 // before. go-zookeeper reports the session (StateHasSession) before it
