@@ -44,7 +44,9 @@ type Lease interface {
 	// Deadline returns the local time before which the lease is known to be
 	// held. It errs early: a backend behind a network measures it from
 	// before the acquire or renew request was sent, minus an allowance for
-	// clock drift.
+	// clock drift. It never blocks: Run's fn's context reads it whenever
+	// asked whether it is done, maybe by the Locker itself while it holds
+	// a lock of its own (keep it in an atomic, not behind such a lock).
 	Deadline() time.Time
 	// Done returns a channel that is closed when the lease has ended.
 	Done() <-chan struct{}

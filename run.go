@@ -26,7 +26,10 @@ const releaseTimeout = 5 * time.Second
 // the time the lease's Done is closed, before the lock can go to another
 // owner through this process; a context fn derives from it follows a
 // moment later), by ctx's end a moment later (from a goroutine; ctx's deadline,
-// which fn's context has too, at once). It has ctx's values. Its Err is
+// which fn's context has too, at once). It is done too, to a goroutine that
+// asks it (Err, Done, Value), once the lease's Deadline has passed, though
+// the Locker's timer that ends the lease may fire later on a loaded
+// machine; its cause then matches ErrLeaseLost. It has ctx's values. Its Err is
 // what a child of ctx's would say: context.DeadlineExceeded at ctx's
 // deadline, context.Canceled otherwise. Its cause (context.Cause) is the
 // lease's Err when the lease ends first (matching ErrLeaseLost, or
@@ -149,7 +152,7 @@ func workContext(ctx context.Context, lease Lease) (context.Context, func()) {
 		}
 		cancel(context.Cause(ctx))
 	})
-	return &workCtx{Context: ret, lease: lease.Context(), cancel: cancel}, func() {
+	return &workCtx{Context: ret, lease: lease.Context(), of: lease, cancel: cancel}, func() {
 		stop()
 		cancelDeadline()
 		cancel(nil)
@@ -157,25 +160,41 @@ func workContext(ctx context.Context, lease Lease) (context.Context, func()) {
 }
 
 // workCtx is fn's context: ret of workContext, which also looks at the
-// lease's Context before it answers. The context package cancels a
-// context's children after it has closed the context's Done channel and
-// released the goroutines that wait on it: for a moment after the lease
-// ended, a goroutine that saw its Done closed (or a timer's, a watch's
-// goroutine that ended it) could find fn's context not done yet
-// (TestRunCtxDoneWithLease, in every backend: up to 13 runs in 50). Err,
+// lease before it answers. The context package cancels a context's
+// children after it has closed the context's Done channel and released
+// the goroutines that wait on it: for a moment after the lease ended, a
+// goroutine that saw its Done closed (or a timer's, a watch's goroutine
+// that ended it) could find fn's context not done yet
+// (TestRunCtxDoneWithLease, in every backend: up to 13 runs in 50). And a
+// Locker's timer that ends the lease at its Deadline can fire late on a
+// loaded machine (a GC pause, a descheduled process), while the server's
+// expiry is only moments after that Deadline (1% plus 2 ms on Redis):
+// another owner's work could start while fn's context still said go. Err,
 // Done and Value (and so context.Cause) first cancel fn's context, with
-// the lease's cause, if the lease's Context has ended.
+// the lease's cause if the lease's Context has ended, or with an error
+// matching ErrLeaseLost once the lease's Deadline has passed (Deadline
+// never blocks: see Lease).
 type workCtx struct {
 	context.Context                         // ret: a child of work
 	lease           context.Context         // the lease's Context, work's parent
+	of              Lease                   // for its Deadline
 	cancel          context.CancelCauseFunc // work's
 }
 
-// sync cancels work if the lease's Context has ended and fn's context has
-// not: the propagation from the lease's Context may not have reached it.
+// sync cancels work if the lease's Context has ended, or its Deadline has
+// passed, and fn's context has not: the propagation from the lease's
+// Context may not have reached it, and the Locker's timer may not have
+// fired yet.
 func (c *workCtx) sync() {
-	if c.lease.Err() != nil && c.Context.Err() == nil {
+	if c.Context.Err() != nil {
+		return
+	}
+	if c.lease.Err() != nil {
 		c.cancel(context.Cause(c.lease))
+		return
+	}
+	if d := c.of.Deadline(); !d.IsZero() && !time.Now().Before(d) {
+		c.cancel(fmt.Errorf("%w: %q: its deadline %v has passed", ErrLeaseLost, c.of.Name(), d.Round(0).Format(time.RFC3339Nano)))
 	}
 }
 

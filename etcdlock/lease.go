@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/atomictime"
 	"github.com/fencekit/fence/internal/releasectx"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -68,8 +69,9 @@ type Lease struct {
 	granted  time.Duration // the TTL etcd granted id (at least ttl)
 	sent     time.Time     // when id's grant or last renewal was sent
 	deadline time.Time
-	err      error         // why the lease ended; nil while held
-	moved    chan struct{} // tells run that Extend moved the deadline
+	dl       atomictime.Time // deadline's copy for Deadline, which never blocks
+	err      error           // why the lease ended; nil while held
+	moved    chan struct{}   // tells run that Extend moved the deadline
 	// unreported reports the lease's end, until flush has (nil: not
 	// ended, or reported).
 	unreported func()
@@ -92,9 +94,10 @@ var _ fence.Lease = (*Lease)(nil)
 func (l *Locker) newLease(ctx context.Context, name, key string, keyb []byte, rev int64, sp spare, watchdog bool, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, name: name, key: key, keyb: keyb, token: fence.Token(rev), watchdog: watchdog,
-		id: sp.id, ttl: sp.ttl, granted: sp.granted, sent: sent, deadline: deadline(sent, sp.ttl), moved: make(chan struct{}, 1),
+		id: sp.id, ttl: sp.ttl, granted: sp.granted, sent: sent, moved: make(chan struct{}, 1),
 		op: make(chan struct{}, 1), acquired: time.Now(), modRev: rev,
 	}
+	ls.setDeadline(deadline(sent, sp.ttl))
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.startRun()
 	return ls
@@ -116,7 +119,11 @@ func (ls *Lease) Done() <-chan struct{} { return ls.ctx.Done() }
 func (ls *Lease) Context() context.Context { return ls.ctx }
 
 // Deadline returns the local time before which the lease is known to be held.
-func (ls *Lease) Deadline() time.Time { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
+func (ls *Lease) Deadline() time.Time { return ls.dl.Load() }
+
+// setDeadline sets the deadline, under ls.mu, and the copy that Deadline
+// reads without it.
+func (ls *Lease) setDeadline(d time.Time) { ls.deadline = d; ls.dl.Store(d) }
 
 // Err returns nil while the lease is held, and afterwards why it ended.
 func (ls *Lease) Err() error { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
@@ -644,7 +651,8 @@ func (ls *Lease) renew(ctx context.Context) error {
 	case gone:
 		return ls.lostf("its key %s is gone", ls.key)
 	}
-	ls.deadline, ls.sent = deadline(sent, ttl), sent
+	ls.setDeadline(deadline(sent, ttl))
+	ls.sent = sent
 	return nil
 }
 
@@ -869,7 +877,8 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 		return err
 	}
 	old := ls.id
-	ls.id, ls.ttl, ls.deadline = g.ID, ttl, deadline(sent, ttl)
+	ls.id, ls.ttl = g.ID, ttl
+	ls.setDeadline(deadline(sent, ttl))
 	ls.granted, ls.sent = time.Duration(g.TTL)*time.Second, sent
 	ls.mu.Unlock()
 	select {

@@ -716,6 +716,24 @@ func (s suite) run(t *testing.T) {
 	if !errors.Is(err, boom) {
 		t.Fatalf("Run = %v, want fn's error", err)
 	}
+	// fn's ctx reads the lease's Deadline whenever it is asked whether it is
+	// done, and a Locker may ask it while it holds a lock of its own
+	// (memlock's Extend did): the lease's Deadline must never block. A
+	// Locker that deadlocks so would hang Run for ever; it is left behind.
+	ran := make(chan error, 1)
+	go func() {
+		ran <- fence.Run(ctxFor(t), l, n, func(ctx context.Context, lease fence.Lease) error {
+			return lease.Extend(ctx, 10*time.Second)
+		}, fence.TTL(10*time.Second))
+	}()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("Run, Extend with fn's ctx: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run whose fn extends its lease with fn's ctx did not return in 30 s: does the lease's Deadline wait for a lock that Extend holds while it asks ctx whether it is done?")
+	}
 	// A lease lost while fn runs cancels fn's ctx and surfaces as ErrLeaseLost.
 	err = fence.Run(ctxFor(t), l, n, func(ctx context.Context, lease fence.Lease) error {
 		s.cfg.Remove(t, n)

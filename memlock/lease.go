@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/atomictime"
 )
 
 // lease is a lock held in a Locker. All its mutable fields are guarded by
@@ -24,10 +25,11 @@ type lease struct {
 
 	// Guarded by l.mu.
 	deadline time.Time
-	timer    *time.Timer // expires a fixed lease, renews a watchdog lease
-	err      error       // why the lease ended; nil while held
-	released bool        // Release reached a conclusion: relErr is its result
-	relErr   error       // what Release returns once released
+	dl       atomictime.Time // deadline's copy for Deadline, which never blocks
+	timer    *time.Timer     // expires a fixed lease, renews a watchdog lease
+	err      error           // why the lease ended; nil while held
+	released bool            // Release reached a conclusion: relErr is its result
+	relErr   error           // what Release returns once released
 	// unfreed: the lease ended (err is fence.ErrReleased) by a Release
 	// whose ctx was done, and its lock is still held by it, until its
 	// deadline or a Release retried before then.
@@ -46,11 +48,11 @@ func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
 func (ls *lease) Context() context.Context { return ls.ctx }
 func (ls *lease) String() string           { return fmt.Sprintf("memlock lease %q token %d", ls.name, ls.token) }
 
-func (ls *lease) Deadline() time.Time {
-	ls.l.mu.Lock()
-	defer ls.l.unlock()
-	return ls.deadline
-}
+func (ls *lease) Deadline() time.Time { return ls.dl.Load() }
+
+// setDeadline sets the deadline, under its Locker's mutex, and the copy
+// that Deadline reads without it.
+func (ls *lease) setDeadline(d time.Time) { ls.deadline = d; ls.dl.Store(d) }
 
 func (ls *lease) Err() error {
 	ls.l.mu.Lock()
@@ -78,7 +80,7 @@ func (ls *lease) tick() {
 		return
 	}
 	if ls.watchdog && now.Before(ls.deadline) {
-		ls.deadline = now.Add(ls.ttl)
+		ls.setDeadline(now.Add(ls.ttl))
 		ls.timer.Reset(ls.ttl / 3)
 		return
 	}
@@ -111,7 +113,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("memlock: extend %q: %w", ls.name, ctx.Err())
 	}
-	ls.deadline = now.Add(ttl)
+	ls.setDeadline(now.Add(ttl))
 	if !ls.watchdog {
 		ls.timer.Reset(ttl)
 	} else {

@@ -294,7 +294,7 @@ func (l *Locker) grantLocked(ctx context.Context, name string, lk *lock, o fence
 		ls.ttl = cmp.Or(l.watchdogTTL, DefaultWatchdogTTL)
 	}
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	ls.deadline = time.Now().Add(ls.ttl)
+	ls.setDeadline(time.Now().Add(ls.ttl))
 	next := ls.ttl
 	if ls.watchdog {
 		next = ls.ttl / 3

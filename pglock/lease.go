@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/atomictime"
 	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/releasectx"
 )
@@ -33,6 +34,7 @@ type lease struct {
 
 	mu       sync.Mutex
 	deadline time.Time
+	dl       atomictime.Time // deadline's copy for Deadline, which never blocks
 	expiry   *time.Timer
 	err      error // why the lease ended; nil while held
 	released bool  // Release reached a conclusion, kept in relErr
@@ -73,7 +75,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
-	ls.deadline = deadline(sent, a.ttl)
+	ls.setDeadline(deadline(sent, a.ttl))
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
 		cause, why := fence.LostExpired, fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, a.name)
 		if a.watchdog {
@@ -94,9 +96,13 @@ func (ls *lease) Name() string             { return ls.a.name }
 func (ls *lease) Token() fence.Token       { return ls.token }
 func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
 func (ls *lease) Context() context.Context { return ls.ctx }
-func (ls *lease) Deadline() time.Time      { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
-func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
-func (ls *lease) String() string           { return fmt.Sprintf("pglock lease %q token %d", ls.a.name, ls.token) }
+func (ls *lease) Deadline() time.Time      { return ls.dl.Load() }
+
+// setDeadline sets the deadline, under ls.mu, and the copy that Deadline
+// reads without it.
+func (ls *lease) setDeadline(d time.Time) { ls.deadline = d; ls.dl.Store(d) }
+func (ls *lease) Err() error              { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
+func (ls *lease) String() string          { return fmt.Sprintf("pglock lease %q token %d", ls.a.name, ls.token) }
 
 // end records why the lease ended and cancels its context; the first call
 // wins. It reports the cause Released for fence.ErrReleased, LostRemoved
@@ -351,7 +357,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		ls.movedAheadLocked()
 		return ls.err
 	}
-	ls.deadline = deadline(sent, ttl)
+	ls.setDeadline(deadline(sent, ttl))
 	ls.expiry.Reset(time.Until(ls.deadline))
 	return nil
 }

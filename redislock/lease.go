@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/atomictime"
 	"github.com/fencekit/fence/internal/releasectx"
 )
 
@@ -35,6 +36,7 @@ type lease struct {
 
 	mu       sync.Mutex
 	deadline time.Time
+	dl       atomictime.Time // deadline's copy for Deadline, which never blocks
 	// The server's clock read by the last successful acquire or renew
 	// script (ms), and the local time its reply arrived: the script ran
 	// before that, so at local time t the server's clock reads at least
@@ -87,7 +89,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 	}
 	ls.attempt.home = nil
 	ls.locker, ls.token, ls.parent, ls.serverAt, ls.repliedAt, ls.granted = l, token, ctx, serverMs, replied, replied
-	ls.deadline = deadline(sent, a.ttl)
+	ls.setDeadline(deadline(sent, a.ttl))
 	if !a.watchdog && l.obs == nil && l.log == nil {
 		return ls // context and timer on demand
 	}
@@ -155,8 +157,12 @@ func deadline(sent time.Time, ttl time.Duration) time.Time {
 func (ls *lease) Name() string          { return ls.attempt.name }
 func (ls *lease) Token() fence.Token    { return ls.token }
 func (ls *lease) Done() <-chan struct{} { return ls.Context().Done() }
-func (ls *lease) Deadline() time.Time   { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
-func (ls *lease) String() string        { return fmt.Sprintf("lease %q token %d", ls.attempt.name, ls.token) }
+func (ls *lease) Deadline() time.Time   { return ls.dl.Load() }
+
+// setDeadline sets the deadline, under ls.mu, and the copy that Deadline
+// reads without it.
+func (ls *lease) setDeadline(d time.Time) { ls.deadline = d; ls.dl.Store(d) }
+func (ls *lease) String() string          { return fmt.Sprintf("lease %q token %d", ls.attempt.name, ls.token) }
 
 func (ls *lease) Context() context.Context {
 	ls.expireIfDue()
@@ -439,7 +445,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 		return report, releasedAsLost(ls.attempt.name, err)
 	}
 	defer ls.mu.Unlock()
-	ls.deadline = deadline(sent, ttl)
+	ls.setDeadline(deadline(sent, ttl))
 	ls.serverAt, ls.repliedAt = res[1], replied
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(ls.deadline))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/atomictime"
 	"github.com/fencekit/fence/internal/releasectx"
 )
 
@@ -62,6 +63,7 @@ type lease struct {
 	cancel context.CancelCauseFunc
 
 	deadline time.Time
+	dl       atomictime.Time // deadline's copy for Deadline, which never blocks
 	// Each node's clock read by its last reply to an acquire or extend
 	// script, with the local time of that reply (zero: none yet). The
 	// script ran before the reply came, so at local time t the node's
@@ -144,7 +146,7 @@ func nodeDeadline(deadline time.Time, ref clockRef) int64 {
 func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
 	ttl := ls.ttl
 	ls.parent = ctx
-	ls.deadline = sent.Add(ttl - drift(ttl))
+	ls.setDeadline(sent.Add(ttl - drift(ttl)))
 	ls.granted = time.Now()
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
@@ -163,10 +165,14 @@ func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
 	}
 }
 
-func (ls *lease) Name() string          { return ls.name }
-func (ls *lease) Token() fence.Token    { return ls.token }
-func (ls *lease) Deadline() time.Time   { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.deadline }
-func (ls *lease) Done() <-chan struct{} { return ls.Context().Done() }
+func (ls *lease) Name() string        { return ls.name }
+func (ls *lease) Token() fence.Token  { return ls.token }
+func (ls *lease) Deadline() time.Time { return ls.dl.Load() }
+
+// setDeadline sets the deadline, under ls.mu, and the copy that Deadline
+// reads without it.
+func (ls *lease) setDeadline(d time.Time) { ls.deadline = d; ls.dl.Store(d) }
+func (ls *lease) Done() <-chan struct{}   { return ls.Context().Done() }
 
 func (ls *lease) Context() context.Context {
 	ls.mu.Lock()
@@ -308,7 +314,7 @@ func (ls *lease) releasedAs(result error) (report func()) {
 		if now := time.Now(); ls.deadline.After(now) {
 			// As endLocked does for a loss: no longer known to be
 			// held.
-			ls.deadline = now
+			ls.setDeadline(now)
 		}
 		if errors.Is(result, errRanOut) {
 			return ls.reportLocked(fence.LostExpired, result)
@@ -326,7 +332,7 @@ func (ls *lease) endLocked(why error) {
 		// Lost before its deadline (the lock found gone on too many
 		// nodes, and given back on those that still had it): the lease
 		// is no longer known to be held.
-		ls.deadline = now
+		ls.setDeadline(now)
 	}
 	l := ls.locker
 	l.bg.forget(ls)
@@ -571,7 +577,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	// hold the lock past the new deadline, for the longer TTL of the
 	// renewal that put it ahead (extend.lua only moves an expiry later,
 	// and answers moved when it leaves a later one).
-	ls.deadline = newDeadline
+	ls.setDeadline(newDeadline)
 	if ls.expiry != nil {
 		ls.expiry.Reset(time.Until(newDeadline))
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/atomictime"
 	"github.com/fencekit/fence/internal/releasectx"
 	"github.com/go-zookeeper/zk"
 )
@@ -34,10 +35,13 @@ type lease struct {
 	contact  time.Time // when the last request that ZooKeeper answered was sent
 	ttlEnd   time.Time // when a fence.TTL lease runs out; zero without
 	deadline time.Time
-	expiry   *time.Timer
-	err      error
-	released bool
-	relErr   error
+	dl       atomictime.Time // deadline's copy for Deadline, which never blocks
+	// contactAt is contact's copy for Deadline, as of the last setDeadline.
+	contactAt atomictime.Time
+	expiry    *time.Timer
+	err       error
+	released  bool
+	relErr    error
 
 	relOp       chan struct{} // a token in it: a Release is under way
 	stop        chan struct{} // closed by Release to stop the monitor
@@ -72,7 +76,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.S
 	if l.st != nil {
 		l.st.follow(ls) // a grant from now on waits for ls.mu, then retimes ls
 	}
-	ls.deadline = ls.deadlineLocked()
+	ls.setDeadline(ls.deadlineLocked())
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), ls.expire)
 	go ls.monitor(watch)
 	return ls
@@ -84,12 +88,17 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, node string, st *zk.S
 // a session timeout after it last heard from the client, which was after
 // that request was sent.
 func (ls *lease) deadlineLocked() time.Time {
-	st := ls.timeout()
-	d := ls.contact.Add(st - st/100 - 2*time.Millisecond)
+	d := sessionBound(ls.contact, ls.timeout())
 	if !ls.ttlEnd.IsZero() && ls.ttlEnd.Before(d) {
 		d = ls.ttlEnd
 	}
 	return d
+}
+
+// sessionBound is when a session of timeout st, last heard from at
+// contact, is known to live until.
+func sessionBound(contact time.Time, st time.Duration) time.Time {
+	return contact.Add(st - st/100 - 2*time.Millisecond)
 }
 
 // timeout is the session timeout that the lease's deadline is counted
@@ -125,7 +134,7 @@ func (ls *lease) retime(g grant) {
 		if g.session == ls.owner && g.connected.After(ls.contact) {
 			ls.contact = g.connected
 		}
-		ls.deadline = ls.deadlineLocked()
+		ls.setDeadline(ls.deadlineLocked())
 		ls.expiry.Reset(time.Until(ls.deadline))
 	}
 }
@@ -166,16 +175,25 @@ func (ls *lease) String() string           { return fmt.Sprintf("lease %q token 
 // as it is when it is read: with WithSessionTimeouts, a grant lower than
 // the one the deadline was last counted from, recorded a moment ago,
 // already moves it (retime moves the expiry timer too).
+// It never blocks (see fence.Lease): it reads copies of the deadline and
+// the last contact, which setDeadline keeps.
 func (ls *lease) Deadline() time.Time {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
+	d := ls.dl.Load()
 	if ls.l.st == nil {
-		return ls.deadline
-	}
-	if d := ls.deadlineLocked(); d.Before(ls.deadline) {
 		return d
 	}
-	return ls.deadline
+	if b := sessionBound(ls.contactAt.Load(), ls.timeout()); b.Before(d) {
+		return b
+	}
+	return d
+}
+
+// setDeadline sets the deadline, under ls.mu, and the copies of it and of
+// the last contact (which comes before it) that Deadline reads without it.
+func (ls *lease) setDeadline(d time.Time) {
+	ls.deadline = d
+	ls.contactAt.Store(ls.contact)
+	ls.dl.Store(d)
 }
 
 // end records why the lease ended and cancels its context; the first call
@@ -236,7 +254,7 @@ func (ls *lease) touch(sent time.Time) {
 		return
 	}
 	ls.contact = sent
-	ls.deadline = ls.deadlineLocked()
+	ls.setDeadline(ls.deadlineLocked())
 	ls.expiry.Reset(time.Until(ls.deadline))
 }
 
@@ -465,7 +483,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if sent.After(ls.contact) {
 		ls.contact = sent
 	}
-	ls.deadline = ls.deadlineLocked()
+	ls.setDeadline(ls.deadlineLocked())
 	ls.expiry.Reset(time.Until(ls.deadline))
 	return nil
 }
