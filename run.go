@@ -93,7 +93,16 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 	// a watchdog renews for ever.
 	defer func() {
 		end()
-		err = errors.Join(fnErr, releaseRetrying(ctx, lease))
+		relErr := releaseRetrying(ctx, lease)
+		if past := workCtx.pastDeadline.Load(); past != nil && !errors.Is(relErr, ErrLeaseLost) {
+			// fn's context ended at the lease's Deadline, before the
+			// Locker noticed (its timer late; a backend whose Err reads
+			// only that timer then releases the lock as its own): the
+			// lease was not known to be held while fn ran, as when the
+			// Locker ends it then.
+			relErr = errors.Join(relErr, *past)
+		}
+		err = errors.Join(fnErr, relErr)
 	}()
 	fnErr = fn(workCtx, lease)
 	return nil
@@ -138,7 +147,7 @@ func releaseRetrying(ctx context.Context, lease Lease) error {
 // have been, and with a cause that is ctx's (see ctxDeadlineCause). Being
 // a child is not enough for a goroutine other than the one that ends the
 // lease: see workCtx.
-func workContext(ctx context.Context, lease Lease) (context.Context, func()) {
+func workContext(ctx context.Context, lease Lease) (*workCtx, func()) {
 	work, cancel := context.WithCancelCause(lease.Context())
 	cancelDeadline := func() {}
 	deadline, hasDeadline := ctx.Deadline()
@@ -179,6 +188,9 @@ type workCtx struct {
 	lease           context.Context         // the lease's Context, work's parent
 	of              Lease                   // for its Deadline
 	cancel          context.CancelCauseFunc // work's
+	// pastDeadline is the cause sync ended work with at the lease's
+	// Deadline, if it did (nil otherwise), for Run's error.
+	pastDeadline atomic.Pointer[error]
 }
 
 // sync cancels work if the lease's Context has ended, or its Deadline has
@@ -194,7 +206,11 @@ func (c *workCtx) sync() {
 		return
 	}
 	if d := c.of.Deadline(); !d.IsZero() && !time.Now().Before(d) {
-		c.cancel(fmt.Errorf("%w: %q: its deadline %v has passed", ErrLeaseLost, c.of.Name(), d.Round(0).Format(time.RFC3339Nano)))
+		err := fmt.Errorf("%w: %q: its deadline %v has passed", ErrLeaseLost, c.of.Name(), d.Round(0).Format(time.RFC3339Nano))
+		c.cancel(err)
+		if context.Cause(c.Context) == err { // this call ended it
+			c.pastDeadline.CompareAndSwap(nil, &err)
+		}
 	}
 }
 
