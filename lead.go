@@ -172,7 +172,11 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 			failures = 0
 		case lease == nil && (errors.Is(err, ErrInvalidName) || errors.Is(err, ErrInvalidOption) || errors.Is(err, ErrClosed)):
 			return err
-		case lease != nil && errors.Is(lease.Err(), ErrLeaseLost):
+		case lease != nil && (errors.Is(lease.Err(), ErrLeaseLost) || errors.Is(err, ErrLeaseLost)):
+			// Lost: the lease's Err says so, or Run's error does when
+			// fn's context ended at the lease's Deadline before the
+			// Locker noticed (a backend whose Release then freed the
+			// lock as its own: the lease's Err says released).
 			failures = 0
 		case lease != nil && time.Since(elected) > c.maxBackoff:
 			// A term longer than the longest pause is no early return: a

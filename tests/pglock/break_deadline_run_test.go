@@ -40,3 +40,49 @@ func TestRunEndedAtDeadlineReportsLeaseLost(t *testing.T) {
 		}
 	}
 }
+
+// Lead on the same: each term's fn returns when its ctx ends at the lease's
+// Deadline. A term that ends so is a lost lease, as one ended by the
+// Locker's timer is: Lead campaigns again after the shortest back-off. It
+// counted it as an early return (the lease's Err says released), and its
+// back-off doubled at every term.
+func TestLeadTermEndedAtDeadlineIsNoFailure(t *testing.T) {
+	d := newDatabase(t, pg)
+	l := d.locker(t, d.db)
+	const terms, minBackoff = 5, 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var deposed time.Time
+	var gaps []time.Duration
+	var causes []error
+	err := fence.Lead(ctx, l, "deadline-lead", func(ctx context.Context, lease fence.Lease) error {
+		limit := time.Now().Add(10 * time.Second)
+		for ctx.Err() == nil && time.Now().Before(limit) {
+		}
+		causes = append(causes, context.Cause(ctx))
+		return ctx.Err()
+	}, fence.Backoff(minBackoff, time.Hour), fence.OnElected(func(fence.Lease) {
+		if !deposed.IsZero() {
+			gaps = append(gaps, time.Since(deposed))
+		}
+		if len(gaps) == terms-1 {
+			cancel()
+		}
+	}), fence.OnDeposed(func(fence.Lease, error) { deposed = time.Now() }),
+		fence.LeaseOptions(fence.TTL(100*time.Millisecond)))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lead = %v, want context.Canceled", err)
+	}
+	for i, c := range causes[:len(causes)-1] { // the last ended with ctx
+		if !errors.Is(c, fence.ErrLeaseLost) {
+			t.Fatalf("term %d: fn's ctx's cause = %v, want ErrLeaseLost", i, c)
+		}
+	}
+	// After a lost lease the pause is at most minBackoff; as failures
+	// in a row it doubles: 8 times it after the fourth.
+	for i, g := range gaps {
+		if g > 5*minBackoff {
+			t.Fatalf("pause after term %d: %v (all: %v), want about %v at most: the term was counted as a failure", i, g, gaps, minBackoff)
+		}
+	}
+}
