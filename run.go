@@ -49,7 +49,8 @@ const releaseTimeout = 5 * time.Second
 // ErrNotAcquired that wraps the lease's Err (so ErrLeaseLost too), joined
 // with Release's error unless that matches ErrLeaseLost. Otherwise fn's error joined with Release's error, so a lease
 // that was lost while fn ran shows up as an error matching ErrLeaseLost even when
-// fn returned nil. A nil locker or fn is an error matching
+// fn returned nil; so does one whose Deadline ended fn's context, though the
+// Locker had not noticed and Release found the lock still the lease's. A nil locker or fn is an error matching
 // ErrInvalidOption.
 //
 // A Release that fails without a conclusion (a backend error, but not one
