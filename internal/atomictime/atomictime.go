@@ -19,11 +19,12 @@ var base = time.Now()
 const zero = math.MinInt64
 
 // Time is a time.Time read and written atomically. Load returns a time
-// with a monotonic clock reading, so that Before, After and Sub against
-// time.Now() use the monotonic clock, as they did on the time stored (if
-// it had one); its wall clock reading is base's plus the monotonic
-// difference, which differs from the stored one only if the wall clock
-// was stepped in between. The zero Time holds the zero time.Time.
+// with the monotonic clock reading of the time stored, so that Before,
+// After and Sub against time.Now() use the monotonic clock, as they did on
+// the time stored (if it had one); its wall clock reading is the current
+// wall clock's plus the monotonic difference from now, which differs from
+// the stored one only if the wall clock was stepped since Store. The zero
+// Time holds the zero time.Time.
 type Time struct {
 	ns   atomic.Int64 // since base, or zero
 	init atomic.Bool  // false: ns not written yet (the zero time)
@@ -48,5 +49,13 @@ func (t *Time) Load() time.Time {
 	if ns == zero {
 		return time.Time{}
 	}
-	return base.Add(time.Duration(ns))
+	// Counted from now, not from base: base.Add(ns) has the right
+	// monotonic reading, but base's wall reading plus the monotonic
+	// difference, off by every step of the wall clock (or suspension of
+	// the machine) since the process started. now.Add keeps the monotonic
+	// reading and puts the wall reading where the current wall clock
+	// says the time is (the stored one, unless the clock was stepped
+	// since it was stored).
+	now := time.Now()
+	return now.Add(base.Add(time.Duration(ns)).Sub(now))
 }
