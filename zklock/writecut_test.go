@@ -506,11 +506,7 @@ func TestGiveUpBesideWatchesOnReconnect(t *testing.T) {
 	}
 	holderNode := lockNodes(t, admin, name)[0]
 	w := writeCut{hold: true}
-	conn := connect(t, addrs, w.dial)
-	l, err := zklock.New(conn, sessionTimeout)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newLockerDialer(t, addrs, w.dial)
 	first, err := l.Acquire(ctx, "first")
 	if err != nil {
 		t.Fatal(err)
