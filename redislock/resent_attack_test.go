@@ -86,7 +86,9 @@ func resentTryGivenUp(t *testing.T, name string, opts []fence.Option, what strin
 }
 
 // TestResentTryDuringLeaseOutlivesDeadline: a plain Acquire whose try was
-// resent takes the lock by the resend (a 1 s lease, never released). The
+// resent takes the lock by the resend (a 2 s lease, never released: with
+// 1 s, a loaded fresh-clone run had the resend answered 1.1 s after the
+// try, refused as too late). The
 // first copy arrives shortly before the lease's deadline and finds the
 // lock its own: it moves the lock's expiry a lease time ahead. When the
 // lease ends at its deadline, the lock must not stay behind, held by
@@ -98,7 +100,7 @@ func TestResentTryDuringLeaseOutlivesDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr.arm()
-	ls, err := l.Acquire(ctx(t), name, fence.TTL(time.Second))
+	ls, err := l.Acquire(ctx(t), name, fence.TTL(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
