@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/rediscluster"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
 )
@@ -62,8 +63,9 @@ var transientPrefixes = []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDO
 
 // transient reports whether err is worth retrying within a wait budget: the
 // server is unreachable or timed out (on a Ring, every shard is marked
-// down), is loading, is a replica (a failover in progress), or refused for
-// lack of replicas. Everything else is
+// down), is loading, is a replica (a failover in progress), refused for
+// lack of replicas, or redirected to a cluster node that the slot map does
+// not list yet (a node just added, which gossip will make known). Everything else is
 // permanent and ends a wait at once: a wrong key type, auth or ACL errors,
 // a TLS alert from the server (a client certificate refused or missing),
 // ErrBadTokenRecord, a script error, a closed client, the caller's context.
@@ -73,7 +75,7 @@ func transient(err error) bool {
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded) && !isNetTimeout(err),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, fence.ErrClosed), errors.Is(err, ErrBadTokenRecord):
 		return false
-	case errors.Is(err, fence.ErrNotReplicated), errors.Is(err, redisconn.ErrUnsubscribed),
+	case errors.Is(err, fence.ErrNotReplicated), errors.Is(err, redisconn.ErrUnsubscribed), errors.Is(err, rediscluster.ErrUnlisted),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, redis.ErrPoolTimeout), isNetTimeout(err):
