@@ -405,7 +405,10 @@ func TestRingWaiter(t *testing.T) {
 // end (goleak, in TestMain, finds any goroutine left).
 func TestBatchClientClosed(t *testing.T) {
 	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	// A read timeout longer than the test: with go-redis's 3 s the batch
+	// in flight to the stopped server failed before a loaded run (CI) had
+	// queued the other calls, and the state waited for never came.
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: time.Minute})
 	closed := false
 	t.Cleanup(func() {
 		if !closed {
