@@ -3,14 +3,17 @@ package doctor
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -261,12 +264,41 @@ func partOf(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, time.Until(dl)/3)
 }
 
+// tlsAnswer explains err, a connection to a TLS node reset or ended, by
+// the node's answer to a handshake alone. With TLS 1.3 the client's
+// handshake ends before the server has checked the client's certificate:
+// a server that refuses it sends its alert and closes, and the client's
+// first command, written meanwhile, may meet a reset instead of the alert
+// (the refusal then read as "connection reset by peer", unexplained). A
+// handshake followed by a read, nothing written, gets the alert; err is
+// returned as it is when the node sends none within 2 s (or ctx's part).
+func tlsAnswer(ctx context.Context, o *redis.Options, err error) error {
+	if o.TLSConfig == nil || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, io.EOF) {
+		return err
+	}
+	pctx, cancel := partOf(ctx)
+	defer cancel()
+	pctx, cancel2 := context.WithTimeout(pctx, 2*time.Second)
+	defer cancel2()
+	conn, perr := (&tls.Dialer{Config: o.TLSConfig.Clone()}).DialContext(pctx, "tcp", o.Addr)
+	if perr == nil {
+		defer conn.Close()
+		dl, _ := pctx.Deadline()
+		_ = conn.SetReadDeadline(dl)
+		_, perr = conn.Read(make([]byte, 1))
+	}
+	if tlsRefusal(perr) == nil {
+		return err
+	}
+	return fmt.Errorf("%w (a connection was reset after the handshake: %w)", perr, err)
+}
+
 // readNode reads one node; an error means it did not answer at all.
 func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool) (*node, error) {
 	n := &node{addr: c.Options().Addr, client: c}
 	info, err := c.Info(ctx, "replication", "server").Result()
 	if err != nil && !isReply(err) {
-		return nil, fmt.Errorf("%s: INFO: %w", n.addr, err)
+		return nil, fmt.Errorf("%s: INFO: %w", n.addr, tlsAnswer(ctx, c.Options(), err))
 	}
 	if isAuthError(err) {
 		// Every command would be refused alike, and read as EVAL, CONFIG
@@ -606,6 +638,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		cancel()
 		if err != nil {
 			sv.unreachable = append(sv.unreachable, addr)
+			err = tlsAnswer(ctx, &redis.Options{Addr: addr, TLSConfig: fo.TLSConfig}, err)
 			if tlsErr := tlsRefusal(err); tlsErr != nil {
 				if sv.tlsFailed == nil {
 					sv.tlsFailed = map[string]error{}

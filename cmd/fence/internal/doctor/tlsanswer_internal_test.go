@@ -1,0 +1,42 @@
+package doctor
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestTLSAnswerExplainsReset: a TLS 1.3 server that refuses the client's
+// certificate may reach the client as a reset of its first command (a CI
+// run's doctor said "deployment unreachable: …: INFO: write: connection
+// reset by peer" of a node that refused a certificate of another CA).
+// tlsAnswer asks the node again with a handshake alone and returns its
+// alert; a node that accepts the handshake leaves the error as it was.
+func TestTLSAnswerExplainsReset(t *testing.T) {
+	ca := redistest.NewTLS(t)
+	asking := redistest.StartTLS(t, ca, "--tls-auth-clients", "yes")
+	open := redistest.StartTLS(t, ca, "--tls-auth-clients", "no")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reset := fmt.Errorf("write tcp: %w", syscall.ECONNRESET)
+	cfg := &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}
+
+	err := tlsAnswer(ctx, &redis.Options{Addr: asking.Addr, TLSConfig: cfg}, reset)
+	if tlsRefusal(err) == nil || !strings.Contains(err.Error(), "certificate required") || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("a reset from a node that asks for a client certificate, none given: %v; want its alert, and the reset", err)
+	}
+	if err := tlsAnswer(ctx, &redis.Options{Addr: open.Addr, TLSConfig: cfg}, reset); err != reset {
+		t.Fatalf("a reset from a node that accepts the handshake: %v, want it unchanged", err)
+	}
+	if err := tlsAnswer(ctx, &redis.Options{Addr: asking.Addr}, reset); err != reset {
+		t.Fatalf("a reset from a node reached without TLS: %v, want it unchanged", err)
+	}
+}
