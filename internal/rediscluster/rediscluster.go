@@ -10,9 +10,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"time"
 
-	"github.com/fencekit/fence/internal/pause"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,10 +19,6 @@ import (
 // cluster that the node answering CLUSTER SLOTS does not know of yet (the
 // cluster bus has not told it). It passes once the nodes have gossiped.
 var ErrUnlisted = errors.New("a node the cluster client's slot map does not list")
-
-// unlistedFor bounds MasterByAddr's wait for a node that the slot map does
-// not list.
-const unlistedFor = 2 * time.Second
 
 // MasterByAddr returns the cluster client's node client for addr, which a
 // redirection (MOVED or ASK) named as the slot's master. The client's slot
@@ -36,21 +30,11 @@ const unlistedFor = 2 * time.Second
 // received since it started, which a loaded machine delays) reports ""
 // for itself in CLUSTER SLOTS, go-redis lists it as ":port" and dials the
 // local host there, while the others redirect to it as "127.0.0.1:port".
-// A node that the map does not list at all (one just added, not yet
-// announced to the node that answers CLUSTER SLOTS) is looked for again,
-// with back-off, for up to 2 s within ctx; then the error is ErrUnlisted.
+// A node the map does not list at all is ErrUnlisted, at once: a caller
+// that waits tries again later (looking again here, one reload per look
+// and caller, made CLUSTER SLOTS calls pile up when many callers were
+// redirected at once).
 func MasterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
-	until := time.Now().Add(unlistedFor)
-	for n := 1; ; n++ {
-		c, err := masterByAddr(ctx, cc, addr)
-		d := pause.Backoff(n)
-		if !errors.Is(err, ErrUnlisted) || time.Now().Add(d).After(until) || !pause.For(ctx, d) {
-			return c, err
-		}
-	}
-}
-
-func masterByAddr(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
 	var mu sync.Mutex
 	var exact, local *redis.Client
 	err := cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {

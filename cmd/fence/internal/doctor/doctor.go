@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -280,7 +281,26 @@ func tlsAnswer(ctx context.Context, o *redis.Options, err error) error {
 	defer cancel()
 	pctx, cancel2 := context.WithTimeout(pctx, 2*time.Second)
 	defer cancel2()
-	conn, perr := (&tls.Dialer{Config: o.TLSConfig.Clone()}).DialContext(pctx, "tcp", o.Addr)
+	cfg := o.TLSConfig.Clone()
+	var asked atomic.Bool // the server asked for a client certificate
+	own := cfg.GetClientCertificate
+	cfg.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		asked.Store(true)
+		if own != nil {
+			return own(cri)
+		}
+		for i := range cfg.Certificates {
+			if cri.SupportsCertificate(&cfg.Certificates[i]) == nil {
+				return &cfg.Certificates[i], nil
+			}
+		}
+		return &tls.Certificate{}, nil
+	}
+	conn, perr := (&tls.Dialer{Config: cfg}).DialContext(pctx, "tcp", o.Addr)
+	if perr == nil && !asked.Load() {
+		_ = conn.Close()
+		return err // no certificate asked for: none can have been refused
+	}
 	if perr == nil {
 		defer conn.Close()
 		dl, _ := pctx.Deadline()
