@@ -272,7 +272,8 @@ func partOf(ctx context.Context) (context.Context, context.CancelFunc) {
 // first command, written meanwhile, may meet a reset instead of the alert
 // (the refusal then read as "connection reset by peer", unexplained). A
 // handshake followed by a read, nothing written, gets the alert; err is
-// returned as it is when the node sends none within 2 s (or ctx's part).
+// returned as it is when the server asked for no client certificate (none
+// can have been refused) or sends no alert within 2 s (or ctx's part).
 func tlsAnswer(ctx context.Context, o *redis.Options, err error) error {
 	if o.TLSConfig == nil || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, io.EOF) {
 		return err
