@@ -81,10 +81,16 @@ func TestTokensAcrossLeaderKill(t *testing.T) {
 // waitFor polls cond until it holds, failing the test after 10 s.
 func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
-	end := time.Now().Add(10 * time.Second)
+	waitWithin(t, 10*time.Second, cond)
+}
+
+// waitWithin is waitFor with a bound of d.
+func waitWithin(t testing.TB, d time.Duration, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(end) {
-			t.Fatal("condition not met after 10 s")
+			t.Fatalf("condition not met after %v", d)
 		}
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
