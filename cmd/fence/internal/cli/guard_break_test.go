@@ -31,6 +31,10 @@ func TestFencedWriterHelper(t *testing.T) {
 		t.Skip("run by TestExecKilledParentOrphanIsFenced under fence exec")
 	}
 	if dir != "" {
+		// Started, so past setsid (which execs this binary): the test
+		// kills A only after this, so that A's end cannot reach the
+		// writer while it is still in A's process group.
+		_ = os.WriteFile(filepath.Join(dir, "ready"), nil, 0o600)
 		tick := time.NewTicker(5 * time.Millisecond)
 		for _, err := os.Stat(filepath.Join(dir, "go")); err != nil; _, err = os.Stat(filepath.Join(dir, "go")) {
 			<-tick.C
@@ -92,6 +96,17 @@ func TestExecKilledParentOrphanIsFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	orphan := watch(t, readPID(t, filepath.Join(dir, "pid")))
+	// A loaded CI run killed A before the writer had left A's group: it
+	// died with it, stderr empty.
+	for end := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the background writer did not start within 30 s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
 	_ = a.Process.Kill()
 	_ = a.Wait()
 	if orphan.exited(300 * time.Millisecond) {
