@@ -78,8 +78,8 @@ func TestLeadOnPostgres(t *testing.T) {
 
 // fence.Lead on pglock across a restart of PostgreSQL (every connection,
 // the Listeners' among them, killed): three candidates; the leader's
-// renewals fail while the server is down, so its term ends by its
-// deadline; after the restart a leader is elected again within a few
+// renewals fail while the server is down, which it stays until the term
+// has ended by its deadline; after the restart a leader is elected again within a few
 // seconds, with a greater token, after every earlier term ended.
 func TestLeadAcrossServerRestart(t *testing.T) {
 	srv, err := pgtest.Launch()
@@ -129,10 +129,24 @@ func TestLeadAcrossServerRestart(t *testing.T) {
 	if !waitCount(1, 10*time.Second) {
 		t.Fatal("no leader within 10 s")
 	}
+	ended := func() bool { mu.Lock(); defer mu.Unlock(); return !terms[len(terms)-1].end.IsZero() }
 	for round := 1; round <= 2; round++ {
 		n := count()
-		if err := srv.Restart(); err != nil {
+		// The server stays down until the leader's term has ended: a
+		// restart shorter than the lease's time left keeps the leader (its
+		// renewal after the restart succeeds; TestWatchdogLeaseAcrossRestart),
+		// and then no new term follows.
+		var endedDown bool
+		err := srv.RestartAfter(func() {
+			for deadline := time.Now().Add(5 * time.Second); !endedDown && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) { // polling with a deadline
+				endedDown = ended()
+			}
+		})
+		if err != nil {
 			t.Fatal(err)
+		}
+		if !endedDown {
+			t.Fatalf("round %d: the leader's term did not end within 5 s of the server's stop", round)
 		}
 		restarted := time.Now()
 		if !waitCount(n+1, 15*time.Second) {

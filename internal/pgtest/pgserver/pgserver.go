@@ -194,8 +194,14 @@ func (s *Server) stop() {
 // Restart stops the server as a crash would (immediate shutdown: no
 // checkpoint, recovery from the WAL at start) and starts it again on the
 // same port and data directory, keeping its databases.
-func (s *Server) Restart() error {
+func (s *Server) Restart() error { return s.RestartAfter(func() {}) }
+
+// RestartAfter is Restart that calls whileDown once the server has stopped
+// and starts it again when whileDown returns: a test that needs the server
+// down past some event (a lease's expiry) waits for it there.
+func (s *Server) RestartAfter(whileDown func()) error {
 	s.stop()
+	whileDown()
 	n, err := start(s.bin, s.dir, s.data, s.cred, s.Port)
 	if err != nil {
 		return err
