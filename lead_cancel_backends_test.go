@@ -22,5 +22,5 @@ func TestLeadRedisCancelledAtRandom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stresstest.LeadCancels(t, 60, a, b, 2*time.Second, time.Second)
+	stresstest.LeadCancels(t, 60, a, b, 2*time.Second, 5*time.Second)
 }

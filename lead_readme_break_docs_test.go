@@ -34,7 +34,9 @@ func TestREADMELeadSnippet(t *testing.T) {
 	stopped := errors.New("shutting down")
 	cancels := map[string]context.CancelCauseFunc{}
 	for _, who := range []string{"a", "b"} {
-		locker, err := redislock.New(srv.Client(t), &redislock.Options{WatchdogTTL: 300 * time.Millisecond})
+		// 3 s: a term must not end by itself (renewals a loaded machine
+		// delayed), which would add a cause to those checked below.
+		locker, err := redislock.New(srv.Client(t), &redislock.Options{WatchdogTTL: 3 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +95,7 @@ func TestREADMELeadSnippet(t *testing.T) {
 		t.Fatal("no new leader after the lock was deleted")
 	}
 	// The old leader learns of its loss at its next renewal (up to a
-	// third of its 300 ms lease later), which may come after the other's
+	// third of its 3 s lease later), which may come after the other's
 	// election: wait for its fn and OnDeposed to have run.
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		mu.Lock()

@@ -356,7 +356,7 @@ func TestClosedClientNoHang(t *testing.T) {
 		select {
 		case r := <-ch:
 			t.Logf("%s on a closed client: %v after %v", what, r.err, r.took)
-			if r.err == nil || r.took > 100*time.Millisecond {
+			if r.err == nil || r.took > 400*time.Millisecond { // under the 500 ms cleanup timeout; slack for a loaded machine
 				t.Errorf("%s on a closed client = %v after %v, want an error at once", what, r.err, r.took)
 			}
 		case <-time.After(15 * time.Second):

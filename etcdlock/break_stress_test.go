@@ -26,7 +26,7 @@ func TestRandomCancelsNeverTwoHolders(t *testing.T) {
 // lease time being 30 s, a key a cancelled campaign left would show).
 func TestLeadCancelledAtRandom(t *testing.T) {
 	endpoints := shared.Endpoints()
-	stresstest.LeadCancels(t, 40, newLocker(t, endpoints, nil), newLocker(t, endpoints, nil), 2*time.Second, time.Second)
+	stresstest.LeadCancels(t, 40, newLocker(t, endpoints, nil), newLocker(t, endpoints, nil), 2*time.Second, 5*time.Second)
 }
 
 // fence.Run's fn finds its context done once the lease's Done is closed,

@@ -267,13 +267,11 @@ func TestReplicaCutFreshLocker(t *testing.T) {
 	if err := fresh.SetExpectedReplicas(ctx(t), "job", 0); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
+	// Had it waited for the replica, whose link is cut, the wait would
+	// have failed it (ErrNotReplicated after the 200 ms timeout).
 	lease, err := fresh.Acquire(ctx(t), "job", fence.TTL(time.Minute))
 	if err != nil {
 		t.Fatalf("after SetExpectedReplicas(0): %v", err)
-	}
-	if took := time.Since(start); took > 150*time.Millisecond {
-		t.Errorf("acquisition took %v: it waited for a replica", took)
 	}
 	if err := lease.Release(ctx(t)); err != nil {
 		t.Fatal(err)

@@ -51,8 +51,7 @@ func (failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // that was never read.
 func TestBatchHookErrorReachesCaller(t *testing.T) {
 	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	c := patientClient(t, redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	c.AddHook(failPipelines{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -230,8 +229,7 @@ func TestBatchNoScriptResendWaitsAgain(t *testing.T) {
 	redistest.WaitReplicated(t, primary, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: primary.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	c := patientClient(t, redis.Options{Addr: primary.Addr, ContextTimeoutEnabled: true})
 	admin := primary.Client(t)
 	h := &flushThenPause{
 		flush: func() { _ = admin.ScriptFlush(ctx).Err() },

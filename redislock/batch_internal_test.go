@@ -284,8 +284,7 @@ func testBatchFault(t *testing.T, cte, kill bool) {
 // command is never sent, and it gets its context's error at once.
 func TestBatchCallerLeavesQueue(t *testing.T) {
 	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	c := patientClient(t, redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, err := New(c, nil)
@@ -300,7 +299,7 @@ func TestBatchCallerLeavesQueue(t *testing.T) {
 	busy := maxDirect + maxBatches
 	for i := range busy {
 		wg.Go(func() {
-			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			dctx, cancel := context.WithTimeout(ctx, 20*time.Second) // over when the server resumes
 			defer cancel()
 			_, _ = l.Acquire(dctx, fmt.Sprintf("busy:%d", i), fence.TTL(time.Minute))
 		})
@@ -438,7 +437,7 @@ func TestBatchOneCommandFails(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := New(srv.Client(t), nil)
+	l, err := New(patientClient(t, redis.Options{Addr: srv.Addr}), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -548,8 +547,7 @@ func (h *seenHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // order: "d" then "e".
 func TestBatchHooksSeePipeline(t *testing.T) {
 	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	c := patientClient(t, redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	h := &seenHook{}
 	c.AddHook(h)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -610,6 +608,17 @@ func TestBatchHooksSeePipeline(t *testing.T) {
 
 // warm takes and releases a lock on l, which loads the scripts, so that
 // the calls a test then makes are one EVALSHA each.
+// patientClient is a client with options o that waits a minute for a
+// reply (go-redis's default: 3 s), closed in t.Cleanup: a test that stages
+// calls against a stopped server must not see the first call fail while a
+// loaded machine is still staging the others.
+func patientClient(t *testing.T, o redis.Options) *redis.Client {
+	o.ReadTimeout = time.Minute
+	c := redis.NewClient(&o)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 func warm(ctx context.Context, t *testing.T, l *Locker) {
 	t.Helper()
 	lease, err := l.Acquire(ctx, "warm", fence.TTL(time.Minute))

@@ -59,7 +59,9 @@ func TestREADMEUseSnippet(t *testing.T) {
 		t.Fatalf("free lock: %s, %v, token %d; want approved with a token > 0", kind, err, got)
 	}
 
-	holder := newLocker(t, srv.Client(t))
+	// A lease time well past the 2 s wait: a 300 ms one whose renewals a
+	// loaded machine delayed would free the lock and approve.
+	holder := newLockerWith(t, srv.Client(t), redislock.Options{WatchdogTTL: 10 * time.Second})
 	lease := acquire(t, holder, "lock:payment:1001")
 	start := time.Now()
 	kind, err = readmeApprove(ctx(t), srv.Addr, approve)

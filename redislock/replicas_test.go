@@ -94,13 +94,12 @@ func TestReplicaCutFreshAndOldLockers(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Advance(time.Hour)
+	// Had it waited for the replica, whose link is cut, the wait would
+	// have failed it (ErrNotReplicated after the 200 ms timeout): no
+	// bound on its time is needed, nor one a loaded machine could break.
 	for _, l := range []*redislock.Locker{fresh, old} {
-		start := time.Now()
 		if err := tryOnce(t, l, "job"); err != nil {
 			t.Fatalf("after SetExpectedReplicas(0): %v", err)
-		}
-		if took := time.Since(start); took > 150*time.Millisecond {
-			t.Fatalf("acquisition took %v: it waited for a replica", took)
 		}
 	}
 }

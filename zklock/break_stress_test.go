@@ -33,7 +33,7 @@ func TestLeadCancelledAtRandom(t *testing.T) {
 	srv := startZK(t)
 	a, _ := newLocker(t, []string{srv.Addr})
 	b, _ := newLocker(t, []string{srv.Addr})
-	stresstest.LeadCancels(t, 40, a, b, 2*time.Second, time.Second)
+	stresstest.LeadCancels(t, 40, a, b, 2*time.Second, 5*time.Second)
 }
 
 // fence.Run's fn finds its context done once the lease's Done is closed,

@@ -314,6 +314,16 @@ func TestServerPausedWithinAndBeyondSessionTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Stopped just after an answer moved the Deadline, so that the pause
+	// leaves two thirds of the session timeout, not as little as one
+	// third (checks run every third), for the JVM to wake and answer.
+	moved := lease.Deadline()
+	for end := time.Now().Add(10 * time.Second); !lease.Deadline().After(moved); {
+		if time.Now().After(end) {
+			t.Fatal("the Deadline has not moved within 10 s")
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
 	srv.Stop()
 	paused := time.NewTimer(sessionTimeout / 3)
 	<-paused.C // the pause itself is the scenario, not a wait for an event

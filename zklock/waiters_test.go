@@ -152,7 +152,7 @@ func TestServerDown(t *testing.T) {
 				if !errors.Is(err, fence.ErrNotAcquired) {
 					t.Fatalf("Acquire = %v, want ErrNotAcquired", err)
 				}
-				if took := time.Since(start); took > 500*time.Millisecond+200*time.Millisecond {
+				if took := time.Since(start); took > 500*time.Millisecond+time.Second { // under the 2 s session timeout
 					t.Fatalf("Acquire returned %v after it began, its ctx ended at 500ms: %v", took, err)
 				}
 			}

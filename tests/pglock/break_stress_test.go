@@ -37,7 +37,7 @@ func TestLeadCancelledAtRandom(t *testing.T) {
 		}
 		ls = append(ls, l)
 	}
-	stresstest.LeadCancels(t, 40, ls[0], ls[1], 2*time.Second, time.Second)
+	stresstest.LeadCancels(t, 40, ls[0], ls[1], 2*time.Second, 5*time.Second)
 }
 
 // fence.Run's fn finds its context done once the lease's Done is closed,

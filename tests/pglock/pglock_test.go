@@ -162,7 +162,7 @@ func TestKilledHolderTakenOver(t *testing.T) {
 	defer l.Release(context.Background())
 	took := time.Since(killed)
 	t.Logf("taken over %v after the holder died (watchdog TTL %v)", took, watchdogTTL)
-	if took > watchdogTTL+time.Second {
+	if took > watchdogTTL+4*time.Second { // slack for a loaded machine, under the waiter's 5 s
 		t.Fatalf("taken over after %v, want within the lease time %v and slack", took, watchdogTTL)
 	}
 	select {

@@ -273,7 +273,7 @@ func TestExecKillsChildOnLostLease(t *testing.T) {
 	}
 	t.Logf("child stopped %v after the lock was deleted (renewal every %v, grace %v)", took, renewEvery, grace)
 	// Renewal interval + grace, plus slack for a loaded machine.
-	if limit := renewEvery + grace + 1500*time.Millisecond; took > limit {
+	if limit := renewEvery + grace + 5*time.Second; took > limit { // the child would sleep 60 s
 		t.Fatalf("child stopped %v after the lock was deleted, want under %v", took, limit)
 	}
 	if took < grace {

@@ -738,7 +738,7 @@ func TestTLSDoctorReplicaBlackHole(t *testing.T) {
 	out, errOut, code := fence(t, trustCA(ca.CAFile), "doctor", "--timeout", "3s", "--redis", "rediss://"+primary.Addr)
 	took := time.Since(start)
 	t.Logf("doctor: exit %d after %v\n%s%s", code, took, out, errOut)
-	if took > 5*time.Second || !strings.Contains(out, "node-unreachable  "+hole) || !strings.Contains(out, "persistence-off   "+primary.Addr) {
+	if took > 7*time.Second || !strings.Contains(out, "node-unreachable  "+hole) || !strings.Contains(out, "persistence-off   "+primary.Addr) {
 		t.Errorf("doctor --timeout 3s with a TLS replica that never answers: exit %d after %v, stdout %q, stderr %q", code, took, out, errOut)
 	}
 }

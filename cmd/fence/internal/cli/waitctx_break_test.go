@@ -80,7 +80,7 @@ func TestExecLeaseOutlivesAcquireContext(t *testing.T) {
 	admin := srv.Client(t)
 	dir := t.TempDir()
 	start := time.Now()
-	holder := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "--no-replica-sync", "--wait", "100ms", "--watchdog-ttl", "600ms",
+	holder := exec.Command(fenceBin, "exec", "--redis", redisURL(srv), "--no-replica-sync", "--wait", "100ms", "--watchdog-ttl", "2s",
 		"long", "--", "sh", "-c", "touch "+dir+"/started; cat >/dev/null")
 	stdin, _ := holder.StdinPipe()
 	var stderr strings.Builder
@@ -90,8 +90,10 @@ func TestExecLeaseOutlivesAcquireContext(t *testing.T) {
 	}
 	waitFile(t, dir+"/started")
 	// The acquire context ends at the latest 2.1 s after start; watch
-	// the key until three watchdog periods past that.
-	until := start.Add(2100*time.Millisecond + 3*600*time.Millisecond)
+	// the key until two watchdog lease times past that (a lease of 2 s,
+	// not less: renewals of a shorter one missed on a loaded machine
+	// would end it and fail the test for another reason).
+	until := start.Add(2100*time.Millisecond + 2*2*time.Second)
 	ctx := context.Background()
 	var last time.Duration
 	renewals := 0
