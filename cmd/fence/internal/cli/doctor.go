@@ -66,7 +66,7 @@ read within --timeout.`,
 			findings, err := doctor.Run(ctx, cfg)
 			if err != nil {
 				if cfg.Standalone != nil {
-					err = plainToTLS(err, rf.tlsHintTarget())
+					err = rf.tlsHint(cmd, err)
 				}
 				return exitWith(ExitUsage, err)
 			}

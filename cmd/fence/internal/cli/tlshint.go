@@ -9,43 +9,58 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/fencekit/fence/cmd/fence/internal/tlsanswer"
+	"github.com/spf13/cobra"
 )
 
-// tlsProbeTimeout bounds plainToTLS's handshake: a hint, not worth
-// stretching the commands' bounds for.
+// tlsProbeTimeout bounds tlsHint's probes: a hint, not worth stretching
+// the commands' bounds for.
 const tlsProbeTimeout = 500 * time.Millisecond
 
 // plainToTLS adds a hint to err, an error of a command on the standalone
-// Redis that the redis:// URL url names, when the server closed the
+// Redis at addr, named by a redis:// URL, when the server closed the
 // connection (EOF, reset) and its port answers a TLS handshake: a
 // redis-server that speaks TLS alone (--port 0 --tls-port) closes a plain
 // client's connection, which fence said as a bare "EOF", retried for all
 // of --wait. The probe checks no certificate: it only tells TLS from not.
-func plainToTLS(err error, url string) error {
-	if err == nil || !(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
-		return err
-	}
-	o, perr := redis.ParseURL(url)
-	if perr != nil || o.TLSConfig != nil || o.Network != "tcp" {
+func plainToTLS(err error, addr string) error {
+	if !(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), tlsProbeTimeout)
 	defer cancel()
 	d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}
-	c, derr := d.DialContext(ctx, "tcp", o.Addr)
+	c, derr := d.DialContext(ctx, "tcp", addr)
 	if derr != nil {
 		return err
 	}
 	_ = c.Close()
-	return fmt.Errorf("%w (%s speaks TLS: use rediss://)", err, o.Addr)
+	return fmt.Errorf("%w (%s speaks TLS: use rediss://)", err, addr)
 }
 
-// tlsHintTarget is the --redis URL that plainToTLS probes, or "" when the
-// lock service is not a standalone Redis named by --redis.
-func (f *redisFlags) tlsHintTarget() string {
-	if f.sentinelURL != "" || f.clusterURL != "" {
-		return ""
+// tlsHint adds to err, an error of a command on the standalone Redis that
+// --redis names, what that server's port says of it: over redis://, that
+// it speaks TLS (plainToTLS); over rediss://, the alert of a server that
+// refused the client's certificate, where err is only the reset or EOF
+// that TLS 1.3 can leave of it (tlsanswer.Explain; a refusal read as
+// "connection reset by peer" sent the user looking for a network fault).
+// Sentinel and Cluster deployments get err as it is.
+func (f *redisFlags) tlsHint(cmd *cobra.Command, err error) error {
+	if err == nil || f.sentinelURL != "" || f.clusterURL != "" {
+		return err
 	}
-	return f.url
+	ct, cerr := redisTLS(cmd)
+	if cerr != nil {
+		return err
+	}
+	o, perr := parseURL("--redis", f.url, ct)
+	if perr != nil || o.Network != "tcp" {
+		return err
+	}
+	if o.TLSConfig == nil {
+		return plainToTLS(err, o.Addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), tlsProbeTimeout)
+	defer cancel()
+	return tlsanswer.Explain(ctx, o.Addr, o.TLSConfig, err)
 }

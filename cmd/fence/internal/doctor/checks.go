@@ -1,8 +1,6 @@
 package doctor
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fencekit/fence/cmd/fence/internal/tlsanswer"
 )
 
 // check looks at one aspect of the deployment and returns what it found.
@@ -45,7 +45,7 @@ func checkReachable(d *deployment) []Finding {
 			effect = "as things stand it grants no lock, and every acquisition needs a majority of the other masters"
 		}
 		var ae *authError
-		if tlsErr := tlsRefusal(d.why[addr]); tlsErr != nil {
+		if tlsErr := tlsanswer.Refusal(d.why[addr]); tlsErr != nil {
 			// It answered: its certificate did not verify, or it refused
 			// the doctor's TLS handshake. "Did not answer" sent users
 			// looking for a network fault.
@@ -645,35 +645,11 @@ func checkRedlock(d *deployment) []Finding {
 // handshake with an alert (see clientRefused).
 const clientCertFix = "a node that refuses the TLS handshake (certificate required, unknown certificate authority, bad certificate) asks for a client certificate it trusts: give one with --redis-tls-cert and --redis-tls-key, signed by a CA in the node's tls-ca-cert-file, as the lockers use them"
 
-// clientRefused reports whether err, a tlsRefusal, is the server's alert
+// clientRefused reports whether err, a tlsanswer.Refusal, is the server's alert
 // (it refused the handshake, most often the client's certificate: none
 // given, or one of a CA it does not trust) rather than this host's
 // verification of the server's certificate.
 func clientRefused(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "remote error"
-}
-
-// tlsRefusal returns the part of err that says a TLS handshake failed on
-// the server's answer (a certificate that does not verify, a TLS alert the
-// server sent), or nil.
-func tlsRefusal(err error) error {
-	var cv *tls.CertificateVerificationError
-	var op *net.OpError
-	var hn x509.HostnameError
-	var ua x509.UnknownAuthorityError
-	var ci x509.CertificateInvalidError
-	switch {
-	case errors.As(err, &cv):
-		return cv
-	case errors.As(err, &hn):
-		return hn
-	case errors.As(err, &ua):
-		return ua
-	case errors.As(err, &ci):
-		return ci
-	case errors.As(err, &op) && op.Op == "remote error":
-		return op
-	}
-	return nil
 }

@@ -3,22 +3,19 @@ package doctor
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/cmd/fence/internal/termtext"
+	"github.com/fencekit/fence/cmd/fence/internal/tlsanswer"
 	"github.com/fencekit/fence/redislock"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
@@ -266,52 +263,12 @@ func partOf(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // tlsAnswer explains err, a connection to a TLS node reset or ended, by
-// the node's answer to a handshake alone. With TLS 1.3 the client's
-// handshake ends before the server has checked the client's certificate:
-// a server that refuses it sends its alert and closes, and the client's
-// first command, written meanwhile, may meet a reset instead of the alert
-// (the refusal then read as "connection reset by peer", unexplained). A
-// handshake followed by a read, nothing written, gets the alert; err is
-// returned as it is when the server asked for no client certificate (none
-// can have been refused) or sends no alert within 2 s (or ctx's part).
+// the node's answer to a handshake alone (see tlsanswer.Explain), within a
+// third of what is left of ctx.
 func tlsAnswer(ctx context.Context, o *redis.Options, err error) error {
-	if o.TLSConfig == nil || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, io.EOF) {
-		return err
-	}
 	pctx, cancel := partOf(ctx)
 	defer cancel()
-	pctx, cancel2 := context.WithTimeout(pctx, 2*time.Second)
-	defer cancel2()
-	cfg := o.TLSConfig.Clone()
-	var asked atomic.Bool // the server asked for a client certificate
-	own := cfg.GetClientCertificate
-	cfg.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		asked.Store(true)
-		if own != nil {
-			return own(cri)
-		}
-		for i := range cfg.Certificates {
-			if cri.SupportsCertificate(&cfg.Certificates[i]) == nil {
-				return &cfg.Certificates[i], nil
-			}
-		}
-		return &tls.Certificate{}, nil
-	}
-	conn, perr := (&tls.Dialer{Config: cfg}).DialContext(pctx, "tcp", o.Addr)
-	if perr == nil && !asked.Load() {
-		_ = conn.Close()
-		return err // no certificate asked for: none can have been refused
-	}
-	if perr == nil {
-		defer conn.Close()
-		dl, _ := pctx.Deadline()
-		_ = conn.SetReadDeadline(dl)
-		_, perr = conn.Read(make([]byte, 1))
-	}
-	if tlsRefusal(perr) == nil {
-		return err
-	}
-	return fmt.Errorf("%w (a connection was reset after the handshake: %w)", perr, err)
+	return tlsanswer.Explain(pctx, o.Addr, o.TLSConfig, err)
 }
 
 // readNode reads one node; an error means it did not answer at all.
@@ -624,7 +581,7 @@ type sentinelView struct {
 	addrs       []string // the sentinels configured
 	unreachable []string // those that did not answer
 	// tlsFailed holds, by address, the TLS handshake failure of an
-	// unreachable sentinel whose answer was one (see tlsRefusal).
+	// unreachable sentinel whose answer was one (see tlsanswer.Refusal).
 	tlsFailed map[string]error
 	known     int // sentinels the first one that answered knows, itself included
 	quorum    int
@@ -660,7 +617,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		if err != nil {
 			sv.unreachable = append(sv.unreachable, addr)
 			err = tlsAnswer(ctx, &redis.Options{Addr: addr, TLSConfig: fo.TLSConfig}, err)
-			if tlsErr := tlsRefusal(err); tlsErr != nil {
+			if tlsErr := tlsanswer.Refusal(err); tlsErr != nil {
 				if sv.tlsFailed == nil {
 					sv.tlsFailed = map[string]error{}
 				}
