@@ -132,6 +132,12 @@ func TestLeadRedisLeaderLinkDeaf(t *testing.T) {
 		t.Fatalf("no new leader %v after %s's link went deaf", time.Since(deaf), first.who)
 	}
 	second := r.snapshot()[1]
+	// first's lease ends by its deadline, before any held request is let
+	// through (a late renewal's refusal would end it too, and hide an
+	// expiry that came late).
+	if !waitFor(time.Second, func() bool { return r.ended(first) }) {
+		t.Fatalf("%s's term has not ended a second after %s's began", first.who, second.who)
+	}
 	t.Logf("%s's term ended %v after its link went deaf; %s leads %v after", first.who, first.end.Sub(deaf), second.who, second.start.Sub(deaf))
 	if !waitFor(5*time.Second, func() bool { return h.Held() > 0 }) {
 		t.Fatal("nothing held")

@@ -157,7 +157,9 @@ return redis.call('DEL', KEYS[1])`)
 // fn finds its context cancelled with ErrLeaseLost.
 func TestLeadRedisPausedLeader(t *testing.T) {
 	const ttl = 500 * time.Millisecond
-	const slack = 3 * time.Second // a loaded machine
+	// A loaded machine, yet under the 2 s that a waiter waking at a floor
+	// of its own rather than at the holder's expiry would take.
+	const slack = time.Second
 	srv := redistest.Start(t)
 	var r terms
 	resume := make(chan struct{})
@@ -202,6 +204,11 @@ func TestLeadRedisPausedLeader(t *testing.T) {
 			t.Fatalf("no new leader %v after the leader paused", ttl+slack)
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	// a's lease ends by its deadline while fn is still paused (its end
+	// is seen by the AfterFunc on its context, not by fn's return).
+	if !waitFor(slack, func() bool { return r.ended(r.snapshot()[0]) }) {
+		t.Errorf("the paused leader's term has not ended %v after b started", slack)
 	}
 	close(resume)
 	all := r.check(t) // a's lease ended before b started

@@ -79,7 +79,8 @@ func (r *terms) fn(who string, early func() error) func(ctx context.Context, lea
 // context) and its lease's Deadline: after the Deadline the lease is no
 // longer known to be held, and the end of a lease that expired is seen
 // when the scheduler runs its timer, which a loaded machine delays past
-// the next term's start (a CI run: 37 ms).
+// the next term's start (a CI run: 37 ms). A term seen to end more than
+// a second past its Deadline fails it too: a lease must end by it.
 func (r *terms) check(t *testing.T) []*term {
 	t.Helper()
 	r.mu.Lock()
@@ -95,6 +96,9 @@ func (r *terms) check(t *testing.T) []*term {
 		valid := a.end
 		if dl := a.lease.Deadline(); dl.Before(valid) {
 			valid = dl
+		}
+		if late := a.end.Sub(a.lease.Deadline()); late > time.Second {
+			t.Errorf("%s token %d ended %v after its deadline %v", a.who, a.token, late, a.lease.Deadline().Format(time.StampMicro))
 		}
 		if b.start.Before(valid) {
 			t.Errorf("terms overlap: %s token %d valid until %v (ended %v, deadline %v), %s token %d started at %v",

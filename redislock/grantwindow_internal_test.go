@@ -71,8 +71,11 @@ func TestForeignGrantBeforeJoin(t *testing.T) {
 	kctx, kcancel := context.WithCancel(ctx)
 	defer kcancel()
 	wg.Go(func() { _, _ = l.Acquire(kctx, name, fence.Wait(20*time.Second), fence.TTL(time.Minute)) })
+	// Its two tries (before and after the subscription) have had their
+	// replies: armed while the second's was on its way back, the stall
+	// would catch that one instead of the late waiter's.
 	eventually(t, func() bool {
-		return queued(2)() && admin.PubSubNumSub(ctx, k.channel).Val()[k.channel] == 1
+		return queued(2)() && admin.PubSubNumSub(ctx, k.channel).Val()[k.channel] == 1 && stall.replies() >= 2
 	})
 
 	stall.arm()

@@ -65,9 +65,7 @@ read within --timeout.`,
 			defer cancel()
 			findings, err := doctor.Run(ctx, cfg)
 			if err != nil {
-				if cfg.Standalone != nil {
-					err = rf.tlsHint(cmd, err)
-				}
+				err = rf.tlsHint(ctx, err)
 				return exitWith(ExitUsage, err)
 			}
 			out := cmd.OutOrStdout()
@@ -153,7 +151,7 @@ func (f *redisFlags) doctorConfig(changed func(string) bool, redlockURLs string,
 		if err != nil {
 			return cfg, err
 		}
-		cfg.Standalone = o
+		cfg.Standalone, f.standalone = o, o
 	}
 	return cfg, nil
 }

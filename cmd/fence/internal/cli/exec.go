@@ -130,7 +130,7 @@ below the library's minimum lease time included).`,
 			lease, err := acquireShowing(actx, cmd.ErrOrStderr(), l, args[0], wait, opts)
 			if err != nil {
 				if _, ok := l.(*redislock.Locker); ok {
-					err = lf.redis.tlsHint(cmd, err)
+					err = lf.redis.tlsHint(cmd.Context(), err)
 				}
 				return acquireError(noAnswerWithin(err, actx, cmd.Context(), wait))
 			}

@@ -247,6 +247,11 @@ type redisFlags struct {
 	noSync                       bool
 	acks                         string
 	replicas                     int
+
+	// standalone is --redis's options as the command's client was built
+	// with them (TLS files read once: they may be pipes), for tlsHint;
+	// nil for Sentinel and Cluster.
+	standalone *redis.Options
 }
 
 func (f *redisFlags) register(cmd *cobra.Command) {
@@ -483,6 +488,7 @@ func (f *redisFlags) client(ct *clientTLS) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
+		f.standalone = o
 		return redis.NewClient(o), nil
 	}
 }

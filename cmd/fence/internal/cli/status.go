@@ -86,7 +86,7 @@ given, it exits 2 rather than read a Redis lock that exec never took.`,
 			defer closeClient()
 			s, err := l.Status(cmd.Context(), args[0])
 			if err != nil {
-				return exitWith(ExitUsage, rf.tlsHint(cmd, err))
+				return exitWith(ExitUsage, rf.tlsHint(cmd.Context(), err))
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/internal/tlsanswer"
-	"github.com/spf13/cobra"
 )
 
 // tlsProbeTimeout bounds tlsHint's probes: a hint, not worth stretching
@@ -23,11 +22,11 @@ const tlsProbeTimeout = 500 * time.Millisecond
 // redis-server that speaks TLS alone (--port 0 --tls-port) closes a plain
 // client's connection, which fence said as a bare "EOF", retried for all
 // of --wait. The probe checks no certificate: it only tells TLS from not.
-func plainToTLS(err error, addr string) error {
+func plainToTLS(ctx context.Context, err error, addr string) error {
 	if !(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), tlsProbeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, tlsProbeTimeout)
 	defer cancel()
 	d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}
 	c, derr := d.DialContext(ctx, "tcp", addr)
@@ -44,23 +43,18 @@ func plainToTLS(err error, addr string) error {
 // refused the client's certificate, where err is only the reset or EOF
 // that TLS 1.3 can leave of it (tlsanswer.Explain; a refusal read as
 // "connection reset by peer" sent the user looking for a network fault).
-// Sentinel and Cluster deployments get err as it is.
-func (f *redisFlags) tlsHint(cmd *cobra.Command, err error) error {
-	if err == nil || f.sentinelURL != "" || f.clusterURL != "" {
-		return err
-	}
-	ct, cerr := redisTLS(cmd)
-	if cerr != nil {
-		return err
-	}
-	o, perr := parseURL("--redis", f.url, ct)
-	if perr != nil || o.Network != "tcp" {
+// It probes with the options the command's client was made with, within
+// ctx and tlsProbeTimeout. Sentinel and Cluster deployments get err as it
+// is.
+func (f *redisFlags) tlsHint(ctx context.Context, err error) error {
+	o := f.standalone
+	if err == nil || o == nil || o.Network != "tcp" {
 		return err
 	}
 	if o.TLSConfig == nil {
-		return plainToTLS(err, o.Addr)
+		return plainToTLS(ctx, err, o.Addr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), tlsProbeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, tlsProbeTimeout)
 	defer cancel()
 	return tlsanswer.Explain(ctx, o.Addr, o.TLSConfig, err)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +24,8 @@ import (
 func TestTLSHintExplainsReset(t *testing.T) {
 	ca := redistest.NewTLS(t)
 	srv := redistest.StartTLS(t, ca, "--tls-auth-clients", "yes")
+	// As exec and status do: the flags, the client from them, then the
+	// hint for the client's error.
 	hint := func(args []string, err error) error {
 		t.Helper()
 		var rf redisFlags
@@ -31,13 +34,40 @@ func TestTLSHintExplainsReset(t *testing.T) {
 		if perr := cmd.Flags().Parse(args); perr != nil {
 			t.Fatal(perr)
 		}
-		return rf.tlsHint(cmd, err)
+		ct, cerr := redisTLS(cmd)
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		c, cerr := rf.client(ct)
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		_ = c.Close()
+		return rf.tlsHint(t.Context(), err)
 	}
 	reset := fmt.Errorf("redislock: status \"lock:x\": write tcp: %w", syscall.ECONNRESET)
 
 	err := hint([]string{"--redis", "rediss://" + srv.Addr, "--redis-tls-ca", ca.CAFile}, reset)
 	if tlsanswer.Refusal(err) == nil || !strings.Contains(err.Error(), "certificate required") || !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("a reset over rediss:// from a server that wants a client certificate, none given: %v; want its alert, and the reset", err)
+	}
+	// The CA from a pipe, as the help suggests (<(vault read …)): the
+	// hint uses what the client was made with, not the file read again
+	// (a pipe is empty then, and the hint was lost).
+	pr, pw, perr := os.Pipe()
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	t.Cleanup(func() { _ = pr.Close() })
+	go func() {
+		pem, _ := os.ReadFile(ca.CAFile)
+		_, _ = pw.Write(pem)
+		_ = pw.Close()
+	}()
+	piped := fmt.Sprintf("/proc/self/fd/%d", pr.Fd())
+	err = hint([]string{"--redis", "rediss://" + srv.Addr, "--redis-tls-ca", piped}, reset)
+	if !strings.Contains(fmt.Sprint(err), "certificate required") {
+		t.Errorf("a reset over rediss://, the CA given by a pipe: %v; want the server's alert", err)
 	}
 	if err := hint([]string{"--redis", "redis://" + srv.Addr}, io.EOF); !strings.Contains(fmt.Sprint(err), "speaks TLS: use rediss://") {
 		t.Errorf("EOF over redis:// from a TLS port: %v; want the rediss:// hint", err)
