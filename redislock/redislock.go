@@ -21,6 +21,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/redisconn"
+	"github.com/fencekit/fence/internal/resend"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -232,8 +233,8 @@ func newLocker(client redis.UniversalClient, conn redisconn.Conn, opts *Options)
 		l.calls.selfBounded = conn.SelfBounded()
 	} else {
 		l.calls.selfBounded = selfBounded(client)
-		l.resendAfter = resendAfter(client)
-		_, retries := readTimeout(client)
+		l.resendAfter = resend.After(client)
+		_, retries := resend.ReadTimeout(client)
 		l.resends = retries > 0 || l.opaque
 	}
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
@@ -894,48 +895,6 @@ func (l *Locker) mayRunLate(err error) bool {
 	return transient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// resendAfter is how long a call on client must have taken for the client
-// to have sent it again: go-redis sends a command again (MaxRetries) once
-// its read timed out, and the first may still reach the server, delayed on
-// the network, and run after the second. Zero when the client does not
-// send again (MaxRetries -1), has no read timeout, or is of another kind.
-// Half the read timeout: timers fire late, never early, and a try that
-// only looks resent costs its lease a revocation mark.
-func resendAfter(client redis.UniversalClient) time.Duration {
-	rt, retries := readTimeout(client)
-	if rt <= 0 || retries <= 0 {
-		return 0
-	}
-	return rt / 2
-}
-
-// readTimeout is how long client waits for a reply (0 or less: for ever,
-// or a client of another kind), and how many times it sends a command
-// again after a read timed out.
-func readTimeout(client redis.UniversalClient) (rt time.Duration, retries int) {
-	// By the options the client reports, not its type: a type of the
-	// caller's that embeds a *redis.Client reads with its ReadTimeout too
-	// (TestWrappedClientShortReadTimeout).
-	switch c := client.(type) {
-	case interface{ Options() *redis.Options }:
-		o := c.Options()
-		rt, retries = o.ReadTimeout, o.MaxRetries
-	case interface{ Options() *redis.ClusterOptions }:
-		o := c.Options()
-		rt, retries = o.ReadTimeout, o.MaxRetries
-	case interface{ Options() *redis.RingOptions }:
-		// The Ring resends (Ring.process, MaxRetries); its shards read
-		// with ReadTimeout as given, which go-redis leaves unset in the
-		// Ring's options: 0 is a shard client's default, 5 s.
-		o := c.Options()
-		rt, retries = o.ReadTimeout, o.MaxRetries
-		if rt == 0 {
-			rt = 5 * time.Second
-		}
-	}
-	return rt, retries
-}
-
 // syncWithin sets the replica sync timeout when none is given, and refuses
 // one the client cannot wait for. WAIT's reply comes on the connection the
 // client reads with its ReadTimeout, up to one server clock tick (waitTick)
@@ -947,7 +906,7 @@ func readTimeout(client redis.UniversalClient) (rt time.Duration, retries int) {
 func (l *Locker) syncWithin(client redis.UniversalClient) error {
 	var rt time.Duration
 	if client != nil && !l.sync.Disabled {
-		rt, _ = readTimeout(client)
+		rt, _ = resend.ReadTimeout(client)
 	}
 	if l.sync.Timeout == 0 {
 		l.sync.Timeout = time.Second

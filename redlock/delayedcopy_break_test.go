@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -87,21 +88,14 @@ func (c *delayConn) Close() error {
 // A client whose ReadTimeout is shorter than the node timeout has go-redis
 // send an acquisition again when the first copy's reply is slow; the
 // second grants, and the first, delayed on its way, may run after the
-// lease was released. Release deletes the lock on those nodes without the
-// revocation mark (their grant came), so the first copy takes the lock
-// there again, for its whole lease time, for nobody: with it delayed on two
-// nodes of three, nobody can take the name for the lease time, though the
-// package says that no node that answered late keeps a lock.
-//
-// Not fixed here: refusing the late copy takes the revocation mark on
-// every release, not only on the nodes whose grant had not come (one more
-// write per node and per Release, and a key per release kept for a minute;
-// redislock leaves it only after a try that took half the client's read
-// timeout): a cost to decide on. The same mark would let a delete retried
-// by go-redis tell its own earlier run (TestRetriedReleaseCountsItsOwnDelete).
+// lease was released. Release used to delete the lock on those nodes
+// without the revocation mark (their grant came), so the first copy took
+// the lock there again, for its whole lease time, for nobody: with it
+// delayed on two nodes of three, nobody could take the name for the lease
+// time, though the package says that no node that answered late keeps a
+// lock. A try whose request took half its client's read timeout (as
+// redislock decides) is now released everywhere with the mark.
 func TestDelayedAcquisitionCopyAfterRelease(t *testing.T) {
-	t.Skip("bug: a copy of an acquisition sent again by go-redis (ReadTimeout below the node timeout) and delayed " +
-		"re-takes the lock after Release for its lease time; refusing it needs the revocation mark on every release, a design decision")
 	srvs := nodes(t, 3)
 	acq, _ := redlock.ScriptHashes()
 	cs := make([]redis.UniversalClient, len(srvs))
@@ -139,6 +133,57 @@ func TestDelayedAcquisitionCopyAfterRelease(t *testing.T) {
 		other := newLocker(t, srvs, &redlock.Options{NodeTimeout: generous})
 		_, err := other.Acquire(ctxFor(t), name, fence.TTL(ttl))
 		t.Errorf("after Release, the delayed copies of its acquisition locked nodes %v; another Locker's Acquire: %v", on, err)
+	}
+	if err := l.Close(ctxFor(t)); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
+// The same delayed copy after a try that failed once the grant it brought
+// had come: node 0 grants through go-redis's second copy, node 1 is held
+// by another owner, and node 2, paused, answers with its client's read
+// timeout (no resend) after that, so the try fails with node 0 granted and
+// gives it back there (Locker.releaseTry), where the first copy then runs.
+func TestDelayedAcquisitionCopyAfterFailedTry(t *testing.T) {
+	srvs := nodes(t, 3)
+	acq, _ := redlock.ScriptHashes()
+	d := &firstDelayer{match: []byte(acq)}
+	opts := []*redis.Options{
+		{Addr: srvs[0].Addr, ReadTimeout: 100 * time.Millisecond, Dialer: d.Dial},
+		{Addr: srvs[1].Addr, MaxRetries: -1},
+		{Addr: srvs[2].Addr, ReadTimeout: time.Second, MaxRetries: -1},
+	}
+	cs := make([]redis.UniversalClient, len(opts))
+	for i, o := range opts {
+		c := redis.NewClient(o)
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name, ttl = "delayed-copy-failed-try", 30 * time.Second
+	warmUp(t, l, srvs, name, ttl)
+
+	other := srvs[1].Client(t)
+	if err := other.Set(ctxFor(t), lockKey(name), "another owner", ttl).Err(); err != nil {
+		t.Fatal(err)
+	}
+	resume := srvs[2].Pause(t)
+	d.armed.Store(true)
+	_, err = l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	resume()
+	if !errors.Is(err, fence.ErrNotAcquired) {
+		t.Fatalf("Acquire with node 1 held and node 2 paused = %v, want ErrNotAcquired", err)
+	}
+	waitUnlocked(t, srvs[:1], name, 5*time.Second) // the try's give-back
+	d.Let(t)
+	if on := lockedOn(t, srvs[:1], name); len(on) != 0 {
+		t.Errorf("after the failed try (%v), the delayed copy of its acquisition locked node 0 again", err)
+	}
+	if err := other.Del(ctxFor(t), lockKey(name)).Err(); err != nil {
+		t.Fatal(err)
 	}
 	if err := l.Close(ctxFor(t)); err != nil {
 		t.Fatalf("Close: %v", err)

@@ -122,10 +122,16 @@
 // copy. An acquisition run twice on a node finds the lock its try's there:
 // that node is not counted as a grant (two clients of one server find it
 // so too, and one server must not count twice), and the lock is given back
-// if the try fails. A delete run twice finds the lock gone, which Release
-// counts as lost; and a copy of an acquisition delayed past the lease's
-// Release takes the lock again on its node for its lease time. Give the
-// Locker clients made with MaxRetries: -1.
+// if the try fails. A copy whose first run was delayed on its way (its read
+// timed out, and the second copy granted) could run after the lease's
+// Release and take the lock again on its node for its lease time: an
+// acquisition whose request to some node took half that node's client's
+// read timeout or longer, or found the lock its try's already, is released
+// on every node with the revocation mark, which refuses such a copy (a
+// key per release, kept for a minute or the lease time, only for such an
+// acquisition). A delete run twice still finds the lock gone, which
+// Release counts as lost. Give the Locker clients made with MaxRetries: -1
+// where that matters.
 //
 // # Keys
 //

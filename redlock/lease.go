@@ -34,12 +34,6 @@ type lease struct {
 	// try is the acquisition's fan-out, whose late replies are still read.
 	try *tryFanout
 
-	// The release script's keys and arguments, {lock} and {owner}: the
-	// acquisition's, which start with them (go-redis copies them into
-	// each command, so they are shared, read only, not built again).
-	relKeys []string
-	relArgs []any
-
 	parent context.Context // the Acquire's context, for the values of ctx
 
 	// relOp runs one Release at a time (a token in it is held): two at
@@ -355,7 +349,8 @@ func (ls *lease) endLocked(why error) {
 				defer l.bg.done(i)
 				ctx, cancel := context.WithTimeout(context.Background(), l.timeoutFor(ls.ttl))
 				defer cancel()
-				_ = releaseScript.Run(ctx, l.nodes[i], ls.relKeys, ls.owner).Err()
+				keys, args := ls.try.relKeys()
+				_ = releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
 			})
 		}
 		ls.ahead = nil
@@ -628,7 +623,8 @@ func (ls *lease) giveBack(nodes []int) {
 	}
 	l := ls.locker
 	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
-		return nil, releaseScript.Run(ctx, l.nodes[i], ls.relKeys, ls.owner).Err()
+		keys, args := ls.try.relKeys()
+		return nil, releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
 	})
 }
 
@@ -771,10 +767,12 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 		ending = true
 	}
 	l := ls.locker
-	// The same keys and arguments for every node, the acquisition's; the
-	// nodes whose grant has not come get the revocation mark too: if the
-	// acquisition has not run there yet, it refuses when it does.
-	relKeys, relArgs := ls.relKeys, ls.relArgs
+	// The same keys and arguments for every node, the acquisition's (with
+	// the revocation mark if a request of it may have been sent twice: a
+	// copy still on its way is refused when it runs); the nodes whose
+	// grant has not come get the revocation mark too: if the acquisition
+	// has not run there yet, it refuses when it does.
+	relKeys, relArgs := ls.try.relKeys()
 	var revKeys []string
 	var revArgs []any
 	var ungranted []bool // nil: none

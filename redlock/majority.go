@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -69,6 +70,14 @@ type tryFanout struct {
 	ttl     time.Duration
 	timeout time.Duration
 	acqKeys []string // {lock, token record, revocation mark}: shared, read only
+	ownArg  []any    // {owner}: the release script's arguments, shared, read only
+	// resent is set once a request took long enough for its client to
+	// have sent it again (resend.After), or found the lock its own there
+	// (go-redis did send it again): a copy may still run on that node
+	// after the lock is given back, and take it for its lease time, for
+	// nobody. Every release of this owner then leaves the revocation
+	// mark, which refuses such a copy (relKeys).
+	resent atomic.Bool
 
 	cctx   context.Context    // the requests' context: the node timeout, not the caller's cancellation
 	cancel context.CancelFunc // called by the last reply
@@ -110,7 +119,7 @@ var errRanTwice = errors.New("the lock is this try's already: the request ran tw
 // its connection, and tell nothing of whether the node ran it).
 func (l *Locker) send(ctx context.Context, k keys, owner string, ttl, timeout time.Duration, acqKeys []string, acqArgs []any) *tryFanout {
 	n := len(l.nodes)
-	f := &tryFanout{l: l, k: k, owner: owner, ttl: ttl, timeout: timeout, acqKeys: acqKeys,
+	f := &tryFanout{l: l, k: k, owner: owner, ttl: ttl, timeout: timeout, acqKeys: acqKeys, ownArg: acqArgs[:1],
 		wake: make(chan struct{}), rs: make([]result, n), left: n}
 	f.cctx, f.cancel = context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	// A request still out when the try is decided is background work: it
@@ -124,7 +133,11 @@ func (l *Locker) send(ctx context.Context, k keys, owner string, ttl, timeout ti
 				f.reply(i, nil, &AliasError{Node: i, Of: int(of) - 1})
 				return
 			}
+			began := time.Now()
 			res, err := acquireScript.Run(f.cctx, l.nodes[i], acqKeys, acqArgs...).Int64Slice()
+			if after := l.resendAfter[i]; after > 0 && time.Since(began) >= after {
+				f.resent.Store(true) // before the reply can decide the try
+			}
 			f.reply(i, res, err)
 		})
 	}
@@ -137,6 +150,9 @@ func (f *tryFanout) reply(i int, res []int64, err error) {
 	r := result{res: res, err: err, at: time.Now(), got: true}
 	grant := err == nil && isGrant(res)
 	own := err == nil && isOwn(res) // the try's lock, not a grant
+	if own {
+		f.resent.Store(true)
+	}
 	q, n := f.l.quorum, len(f.l.nodes)
 	f.mu.Lock()
 	f.rs[i] = r
@@ -322,11 +338,23 @@ func (f *tryFanout) abandon() []result {
 func (f *tryFanout) giveBack(i int, token fence.Token) {
 	l := f.l
 	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
-	err := releaseScript.Run(ctx, l.nodes[i], f.acqKeys[:1], f.owner).Err()
+	keys, args := f.relKeys()
+	err := releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
 	cancel()
 	if err != nil {
 		l.retryRelease(err, i, f.k, f.owner, f.acqKeys[2], f.ttl, int64(token))
 	}
+}
+
+// relKeys returns the release script's keys and arguments for this try's
+// lock: {lock} and {owner}, or, once a request may have been sent twice
+// (resent), the revocation mark's too, which outlives the lock as long as
+// a try given up on is revoked (revokeFor, or the lease time if longer).
+func (f *tryFanout) relKeys() ([]string, []any) {
+	if f.resent.Load() {
+		return []string{f.acqKeys[0], f.acqKeys[2]}, []any{f.owner, max(f.ttl, revokeFor).Milliseconds()}
+	}
+	return f.acqKeys[:1], f.ownArg
 }
 
 // join takes node i's late grant, r, into the lease: Release deletes it

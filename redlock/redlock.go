@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/pause"
+	"github.com/fencekit/fence/internal/resend"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -129,6 +130,9 @@ type Locker struct {
 	prefix      string
 	watchdog    time.Duration
 	nodeTimeout time.Duration // 0: DefaultNodeTimeout of the lease time
+	// resendAfter[i] is how long a request to node i must have taken for
+	// its client to have sent it again (resend.After; 0: it never does).
+	resendAfter []time.Duration
 	retryDelay  time.Duration
 	obs         fence.Observer // nil: none
 	log         *slog.Logger   // nil: none
@@ -230,6 +234,10 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	}
 	for i := range l.allNodes {
 		l.allNodes[i] = i
+	}
+	l.resendAfter = make([]time.Duration, len(clients))
+	for i, c := range clients {
+		l.resendAfter[i] = resend.After(c)
 	}
 	l.bg.init(len(clients))
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {
@@ -741,7 +749,8 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		// Every reply come so far, late ones too: the nodes that have
 		// not answered yet are revoked, and a grant that comes after this
 		// is given back by the request that brings it.
-		l.releaseTry(ctx, k, owner, revokeKey, at.abandon(), ttl)
+		tried := at.abandon()
+		l.releaseTry(ctx, at, tried)
 		return nil, why
 	}
 	if len(granted) < l.quorum {
@@ -804,7 +813,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 	}
 	ls := &lease{locker: l, name: name, keys: k, owner: owner, token: fence.Token(token), ttl: ttl,
 		revokeKey: revokeKey, ungranted: make([]bool, len(l.nodes)), refs: make([]clockRef, len(l.nodes)),
-		relKeys: acqKeys[:1], relArgs: acqArgs[:1], try: at, renewing: make(chan struct{}, 1), relOp: make(chan struct{}, 1)}
+		try: at, renewing: make(chan struct{}, 1), relOp: make(chan struct{}, 1)}
 	for i, r := range rs {
 		ls.ungranted[i] = r.err != nil
 	}
@@ -872,7 +881,8 @@ const revokeFor = time.Minute
 // itself). A node that refuses the connection is down, and may come back
 // from its AOF with the lock: it is retried too, until Close
 // (parkRelease).
-func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string, tried []result, ttl time.Duration) {
+func (l *Locker) releaseTry(ctx context.Context, at *tryFanout, tried []result) {
+	k, owner, revokeKey, ttl := at.k, at.owner, at.acqKeys[2], at.ttl
 	timeout := l.timeoutFor(ttl)
 	var granted []int
 	for i, r := range tried {
@@ -901,7 +911,7 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 	// caller waits for them only until ctx ends (a caller's deadline
 	// shorter than the node timeout is kept even when a node that granted
 	// hangs): the releases not done by then go on without it.
-	relKeys := []string{k.lock}
+	relKeys, relArgs := at.relKeys()
 	done := make(chan struct{})
 	var left atomic.Int32
 	left.Store(int32(len(granted)))
@@ -910,7 +920,7 @@ func (l *Locker) releaseTry(ctx context.Context, k keys, owner, revokeKey string
 		l.spawn(func() {
 			defer l.bg.done(i)
 			rctx, cancel := context.WithTimeout(context.Background(), timeout)
-			err := releaseScript.Run(rctx, l.nodes[i], relKeys, owner).Err()
+			err := releaseScript.Run(rctx, l.nodes[i], relKeys, relArgs...).Err()
 			cancel()
 			if err != nil {
 				l.retryRelease(err, i, k, owner, revokeKey, ttl, 0)

@@ -1,4 +1,4 @@
-package redislock
+package resend
 
 import (
 	"testing"
@@ -7,14 +7,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestResendAfterClients: resendAfter is half the read timeout the client
+// TestAfterClients: After is half the read timeout the client
 // reads with, whenever the client sends a command again after a read
 // timed out, and zero only when it does not. go-redis fills in the
 // defaults (ReadTimeout 0: 5 s for a Client and a ClusterClient; MaxRetries
 // 0: 3 for a Client, none for a cluster's node clients), but a Ring keeps its options as given and passes ReadTimeout to
 // its shards, which read with 5 s for 0, while the Ring resends itself
 // (Ring.process, its MaxRetries).
-func TestResendAfterClients(t *testing.T) {
+func TestAfterClients(t *testing.T) {
 	addr := "127.0.0.1:1" // never dialled
 	for _, tc := range []struct {
 		name   string
@@ -72,8 +72,8 @@ func TestResendAfterClients(t *testing.T) {
 		}, 0},
 	} {
 		c := tc.client()
-		if got := resendAfter(c); got != tc.want {
-			t.Errorf("%s: resendAfter %v, want %v", tc.name, got, tc.want)
+		if got := After(c); got != tc.want {
+			t.Errorf("%s: After %v, want %v", tc.name, got, tc.want)
 		}
 		_ = c.Close()
 	}
