@@ -35,7 +35,10 @@ func redactURL(s string) string {
 // when there is nothing before an "@".
 func userinfoSecret(s string) (from, to int, ok bool) {
 	at := strings.LastIndex(s, "@")
-	if i := strings.Index(s, "://"); i >= 0 {
+	// The scheme ends at the first ":"; only a "//" right after it makes
+	// the URL hierarchical: a "://" further on (in "0:u:pw@://", say) is
+	// in the opaque part, and the secret lies before the "@".
+	if i := strings.IndexByte(s, ':'); i >= 0 && strings.HasPrefix(s[i:], "://") {
 		if at <= i+3 {
 			return 0, 0, false
 		}
