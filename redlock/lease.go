@@ -340,8 +340,14 @@ func (ls *lease) endLocked(why error) {
 		// under way deletes it on every node: a give-back racing its
 		// deletes would make them find the lock gone, and the lease
 		// reported lost.)
-		for i, ahead := range ls.ahead {
-			if !ahead {
+		// A lease whose acquisition may have been sent twice (resent)
+		// is given back on every node, with the revocation mark: the
+		// first copy, still on its way, would otherwise take the lock
+		// again once it has run out here, for its lease time, for
+		// nobody (TestDelayedAcquisitionCopyAfterExpiry).
+		resent := ls.try.resent.Load()
+		for i := range l.nodes {
+			if !resent && (ls.ahead == nil || !ls.ahead[i]) {
 				continue
 			}
 			l.bg.add(i)
