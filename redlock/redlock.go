@@ -131,7 +131,7 @@ type Locker struct {
 	watchdog    time.Duration
 	nodeTimeout time.Duration // 0: DefaultNodeTimeout of the lease time
 	// resendAfter[i] is how long a request to node i must have taken for
-	// its client to have sent it again (resend.After; 0: it never does).
+	// its client to have sent it again (resend.Through; 0: it never does).
 	resendAfter []time.Duration
 	retryDelay  time.Duration
 	obs         fence.Observer // nil: none
@@ -237,7 +237,9 @@ func New(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	}
 	l.resendAfter = make([]time.Duration, len(clients))
 	for i, c := range clients {
-		l.resendAfter[i] = resend.After(c)
+		// redlock sends its scripts through the client itself: a
+		// ClusterClient resends them through MaxRedirects too.
+		l.resendAfter[i] = resend.Through(c)
 	}
 	l.bg.init(len(clients))
 	if strings.ContainsAny(l.prefix, "{}") || fence.ValidateName(l.prefix) != nil {

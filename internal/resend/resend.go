@@ -27,6 +27,22 @@ func After(client redis.UniversalClient) time.Duration {
 	return rt / 2
 }
 
+// Through is After for a caller that sends its commands through client
+// itself, not through a cluster's node client: a ClusterClient sends a
+// command whose read timed out again on its own (ClusterClient.process,
+// up to MaxRedirects times, 3 by default), whatever its MaxRetries (-1 by
+// default, which only its node clients read).
+func Through(client redis.UniversalClient) time.Duration {
+	if c, ok := client.(interface{ Options() *redis.ClusterOptions }); ok {
+		o := c.Options()
+		if o.ReadTimeout > 0 && (o.MaxRetries > 0 || o.MaxRedirects > 0) {
+			return o.ReadTimeout / 2
+		}
+		return 0
+	}
+	return After(client)
+}
+
 // ReadTimeout is how long client waits for a reply (0 or less: for ever,
 // or a client of another kind), and how many times it sends a command
 // again after a read timed out.

@@ -78,3 +78,34 @@ func TestAfterClients(t *testing.T) {
 		_ = c.Close()
 	}
 }
+
+// TestThroughCluster: a ClusterClient that commands are sent through
+// resends on its own (MaxRedirects), whatever its MaxRetries; other clients
+// are as After says.
+func TestThroughCluster(t *testing.T) {
+	addr := "127.0.0.1:1" // never dialled
+	for _, tc := range []struct {
+		name string
+		o    redis.ClusterOptions
+		want time.Duration
+	}{
+		{"default", redis.ClusterOptions{}, 2500 * time.Millisecond},
+		{"MaxRetries -1", redis.ClusterOptions{MaxRetries: -1}, 2500 * time.Millisecond},
+		{"no redirects", redis.ClusterOptions{MaxRedirects: -1}, 0},
+		{"no redirects, MaxRetries 2", redis.ClusterOptions{MaxRedirects: -1, MaxRetries: 2}, 2500 * time.Millisecond},
+		{"ReadTimeout -1", redis.ClusterOptions{ReadTimeout: -1}, 0},
+		{"ReadTimeout -2", redis.ClusterOptions{ReadTimeout: -2}, 0},
+	} {
+		tc.o.Addrs = []string{addr}
+		c := redis.NewClusterClient(&tc.o)
+		if got := Through(c); got != tc.want {
+			t.Errorf("%s: Through %v, want %v", tc.name, got, tc.want)
+		}
+		_ = c.Close()
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	if got, want := Through(c), After(c); got != want {
+		t.Errorf("client: Through %v, want After's %v", got, want)
+	}
+	_ = c.Close()
+}
