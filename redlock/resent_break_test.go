@@ -138,3 +138,62 @@ func TestDelayedAcquisitionCopyClusterClient(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 }
+
+// A failed try whose request to a node was sent twice, the copy that
+// answered finding the lock held by another owner there: releaseTry sends
+// nothing to a node that answered held, so no revocation mark is left
+// there, and the delayed first copy, run once that owner has released the
+// lock, takes it for its lease time, for nobody.
+func TestDelayedAcquisitionCopyHeldNodeFailedTry(t *testing.T) {
+	srvs := nodes(t, 3)
+	acq, _ := redlock.ScriptHashes()
+	d := &firstDelayer{match: []byte(acq)}
+	opts := []*redis.Options{
+		{Addr: srvs[0].Addr, ReadTimeout: 100 * time.Millisecond, Dialer: d.Dial},
+		{Addr: srvs[1].Addr, MaxRetries: -1},
+		{Addr: srvs[2].Addr, MaxRetries: -1},
+	}
+	cs := make([]redis.UniversalClient, len(opts))
+	for i, o := range opts {
+		c := redis.NewClient(o)
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name, ttl = "delayed-copy-held-node", 30 * time.Second
+	warmUp(t, l, srvs, name, ttl)
+
+	// Nodes 0 and 1 held by another owner: the try fails as held once
+	// node 0's second copy has answered.
+	for _, s := range srvs[:2] {
+		if err := s.Client(t).Set(ctxFor(t), lockKey(name), "another owner", ttl).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.armed.Store(true)
+	_, err = l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	if !errors.Is(err, fence.ErrNotAcquired) {
+		t.Fatalf("Acquire with nodes 0 and 1 held = %v, want ErrNotAcquired", err)
+	}
+	if d.armed.Load() {
+		t.Fatal("the acquisition's first copy was not held back")
+	}
+	waitUnlocked(t, srvs[2:], name, 5*time.Second) // the try's give-back
+	if err := l.Close(ctxFor(t)); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	// The other owner releases node 0; the delayed copy then runs there.
+	if err := srvs[0].Client(t).Del(ctxFor(t), lockKey(name)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d.Let(t)
+	if on := lockedOn(t, srvs[:1], name); len(on) != 0 {
+		t.Errorf("after the failed try (%v), the delayed first copy of its acquisition locked node 0 once its holder released it", err)
+	}
+	if err := srvs[1].Client(t).Del(ctxFor(t), lockKey(name)).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
