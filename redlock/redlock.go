@@ -899,6 +899,17 @@ func (l *Locker) releaseTry(ctx context.Context, at *tryFanout, tried []result) 
 			// The try's own lock, from an earlier run of it there:
 			// given back like a grant.
 			granted = append(granted, i)
+		case r.res[0] == 0 && r.res[1] != -2 && at.resent.Load():
+			// Held by another owner, but a request of the try may have
+			// been sent twice: a copy still on its way would take the
+			// lock once that owner releases it. Revoked, as a node
+			// that did not answer is
+			// (TestDelayedAcquisitionCopyHeldNodeFailedTry).
+			l.bg.add(i)
+			l.spawn(func() {
+				defer l.bg.done(i)
+				l.revokeTry(i, k, owner, revokeKey, ttl, timeout)
+			})
 		case r.res[0] == 0:
 			// Held by another owner, or the try was revoked there:
 			// nothing of ours.
