@@ -126,8 +126,10 @@
 // timed out, and the second copy granted) could run after the lease's
 // Release and take the lock again on its node for its lease time: an
 // acquisition whose request to some node took half that node's client's
-// read timeout or longer, or found the lock its try's already, is released
-// on every node with the revocation mark, which refuses such a copy (a
+// read timeout or longer (a ClusterClient resends through MaxRedirects
+// too), or found the lock its try's already, is released (or, ended
+// unreleased, given back; failed, revoked where it was held) on every node
+// with the revocation mark, which refuses such a copy (a
 // key per release, kept for a minute or the lease time, only for such an
 // acquisition). A delete run twice still finds the lock gone, which
 // Release counts as lost. Give the Locker clients made with MaxRetries: -1
