@@ -275,7 +275,12 @@ func settledReplicas(replicas []map[string]string) int {
 }
 
 // WaitFailover waits up to 60 s until the sentinels name a new master other
-// than old, and returns it from candidates.
+// than old, and returns it from candidates. It then sets every sentinel's
+// down-after-milliseconds to 60 s, so that the wait is for one failover:
+// at 1 s, a loaded machine that delays the new master's answers has the
+// sentinels fail over again, to a replica that may have missed the
+// writes made since (two CI runs: the first promoted server, a replica
+// again, refused or lacked what the test had written there).
 func (s *Sentinels) WaitFailover(old *Server, candidates ...*Server) (*Server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -295,7 +300,27 @@ func (s *Sentinels) WaitFailover(old *Server, candidates ...*Server) (*Server, e
 		}
 		return false, final{fmt.Errorf("sentinels promoted unknown %v", addr)}
 	})
-	return found, err
+	if err != nil {
+		return nil, err
+	}
+	// A majority is enough: a sentinel that missed it (a test paused it)
+	// finds no quorum to agree that the new master is down.
+	var held int
+	var errs []error
+	for _, srv := range s.Servers {
+		sc := redis.NewSentinelClient(srv.options())
+		err := sc.Set(ctx, s.Master, "down-after-milliseconds", "60000").Err()
+		_ = sc.Close()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sentinel %s: %w", srv.Addr, err))
+			continue
+		}
+		held++
+	}
+	if held <= len(s.Servers)/2 {
+		return nil, fmt.Errorf("holding off a second failover: %w", errors.Join(errs...))
+	}
+	return found, nil
 }
 
 // Cluster is a Redis Cluster.
