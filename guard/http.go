@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -779,11 +780,10 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // answer is not kept), not 409. To have its own resends of one piece of work
 // (after an error of unknown outcome, under the same lease) found the same
 // way, a caller sets Fence-Call or an Idempotency-Key, once per piece of
-// work. Such a resend of a request with a body is refused once the lease has
-// ended (the rewind of its body fails with the lease's Err); one without a
-// body may still go out with the token and the call id: the server refuses
-// it if a newer token was accepted, answers it as a replay if the call was
-// applied, and otherwise applies it once, as it would have the first copy.
+// work. net/http's own resend is refused once the lease has ended, as a
+// first send is: Transport checks the lease at each connection a request
+// gets (for HTTP/1 it closes that connection before anything is written on
+// it, net/http writing on it whatever the request's context says).
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
 	Lease    fence.Lease       // the lease whose token is sent
@@ -832,15 +832,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	parent := req.Context()
 	ctx, cancel := context.WithCancelCause(parent)
+	lc := t.Lease.Context()
 	stop := func() bool { return true }
-	if lc := t.Lease.Context(); lc != nil {
+	if lc != nil {
 		stop = context.AfterFunc(lc, func() { cancel(ended()) })
 	}
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) {
-		if stop() && t.Lease.Err() != nil {
-			cancel(ended()) // ended as the connection came: best effort
-		}
-	}})
+	ctx = httptrace.WithClientTrace(ctx, refuseEnded(lc, t.Lease, stop, func() { cancel(ended()) }))
 	req = req.Clone(ctx)
 	if getBody := req.GetBody; getBody != nil {
 		// net/http rewinds the body only to send the request again on a
@@ -878,6 +875,43 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
 	return resp, nil
+}
+
+// refuseEnded returns the trace that stops a request from going out once
+// lease has ended, lc being its context (nil if none). At each connection
+// the request gets (a first one, then a new one for net/http's own resend)
+// it stops watch, the cancel that lc's end starts in its own goroutine,
+// and checks the lease itself: that goroutine may not have run yet (a CI
+// run: the dial completed first). If the lease has ended it cancels the
+// request. An HTTP/2 stream then sends nothing; but net/http writes an
+// HTTP/1 request on the connection it got whatever its context says, so
+// when the request's first header is written, into a buffer not yet
+// flushed, after such a cancel, the connection is closed and the write
+// fails with nothing sent.
+func refuseEnded(lc context.Context, lease fence.Lease, watch func() bool, cancel func()) *httptrace.ClientTrace {
+	var mu sync.Mutex
+	var doomed net.Conn // the connection of a request cancelled at GotConn
+	return &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			watch()
+			if lease.Err() == nil && (lc == nil || lc.Err() == nil) {
+				return
+			}
+			cancel()
+			mu.Lock()
+			doomed = info.Conn
+			mu.Unlock()
+		},
+		WroteHeaderField: func(string, []string) {
+			mu.Lock()
+			c := doomed
+			doomed = nil
+			mu.Unlock()
+			if c != nil {
+				_ = c.Close()
+			}
+		},
+	}
 }
 
 // refuse closes req's body, as a RoundTripper must even when it sends

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -125,5 +126,81 @@ func TestTransportHTTP2(t *testing.T) {
 		if err != nil || resp.StatusCode != want || (i == 0 && string(b) != "HTTP/2.0 payment:1001 approve") {
 			t.Errorf("request %d over HTTP/2: %d %q, %v; want %d", i, resp.StatusCode, b, err, want)
 		}
+	}
+}
+
+// laggingLease is a lease whose Context has not ended yet when Err already
+// says the lease has: the moment between a lease's end and the goroutine
+// that context.AfterFunc starts for it, which a loaded machine stretches
+// (a CI run: the dial completed first, and the request went out).
+type laggingLease struct{ fence.Lease }
+
+func (laggingLease) Context() context.Context { return context.Background() }
+
+// TestTransportLeaseEndsAsItGetsItsConnection: the lease ends while the
+// request asks for its connection (here: in the caller's GetConn hook),
+// and the cancel that the lease's context starts has not run by the time
+// the connection comes, fresh or kept alive. Transport then checks the
+// lease itself, and nothing reaches the server: net/http writes an HTTP/1
+// request on the connection it got whatever the request's context says.
+func TestTransportLeaseEndsAsItGetsItsConnection(t *testing.T) {
+	var hits atomic.Int32
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(guard.TokenHeader) != "" {
+			hits.Add(1)
+		}
+	})
+	h1 := httptest.NewServer(handler)
+	defer h1.Close()
+	h2, h2Client := h2Server(t, handler)
+	for _, c := range []struct {
+		name string
+		srv  *httptest.Server
+		base http.RoundTripper
+	}{{"HTTP/1.1", h1, h1.Client().Transport}, {"HTTP/2", h2, h2Client.Transport}} {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := memlock.New(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hits.Store(0)
+			for i := range 20 {
+				if i%2 == 1 { // every other try on a fresh connection
+					c.base.(interface{ CloseIdleConnections() }).CloseIdleConnections()
+				}
+				lease, err := l.Acquire(ctx(t), "lock:payment:1001", fence.TTL(time.Minute))
+				if err != nil {
+					t.Fatal(err)
+				}
+				// A request without the lease, to keep a connection alive.
+				warm, err := c.base.RoundTrip(httptest.NewRequestWithContext(ctx(t), http.MethodGet, c.srv.URL, nil).WithContext(ctx(t)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, warm.Body)
+				warm.Body.Close()
+				if i%2 == 1 {
+					c.base.(interface{ CloseIdleConnections() }).CloseIdleConnections()
+				}
+				var releaseErr error
+				rctx := httptrace.WithClientTrace(ctx(t), &httptrace.ClientTrace{GetConn: func(string) {
+					releaseErr = lease.Release(ctx(t))
+				}})
+				req, err := http.NewRequestWithContext(rctx, http.MethodPost, c.srv.URL, strings.NewReader("approve"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := (&http.Client{Transport: &guard.Transport{Base: c.base, Lease: laggingLease{lease}}}).Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				if releaseErr != nil {
+					t.Fatal(releaseErr)
+				}
+				if n := hits.Load(); n != 0 || !errors.Is(err, fence.ErrReleased) {
+					t.Fatalf("try %d: lease released as the request got its connection: server hit %d times, Do = %v; want nothing sent and an error matching fence.ErrReleased", i, n, err)
+				}
+			}
+		})
 	}
 }
