@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 )
@@ -85,6 +86,37 @@ func (c *delayConn) Close() error {
 	return c.Conn.Close()
 }
 
+// lockerOver returns a Locker (NodeTimeout generous) over one client per
+// options, each closed in t.Cleanup.
+func lockerOver(t testing.TB, opts ...*redis.Options) *redlock.Locker {
+	t.Helper()
+	cs := make([]redis.UniversalClient, len(opts))
+	for i, o := range opts {
+		c := redis.NewClient(o)
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// delayedLocker returns a Locker over srvs whose clients resend after a
+// 100 ms read timeout, and the delayer of each one's acquisitions.
+func delayedLocker(t testing.TB, srvs []*redistest.Server) (*redlock.Locker, []*firstDelayer) {
+	t.Helper()
+	acq, _ := redlock.ScriptHashes()
+	ds := make([]*firstDelayer, len(srvs))
+	opts := make([]*redis.Options, len(srvs))
+	for i, s := range srvs {
+		ds[i] = &firstDelayer{match: []byte(acq)}
+		opts[i] = &redis.Options{Addr: s.Addr, ReadTimeout: 100 * time.Millisecond, Dialer: ds[i].Dial}
+	}
+	return lockerOver(t, opts...), ds
+}
+
 // A client whose ReadTimeout is shorter than the node timeout has go-redis
 // send an acquisition again when the first copy's reply is slow; the
 // second grants, and the first, delayed on its way, may run after the
@@ -97,19 +129,7 @@ func (c *delayConn) Close() error {
 // redislock decides) is now released everywhere with the mark.
 func TestDelayedAcquisitionCopyAfterRelease(t *testing.T) {
 	srvs := nodes(t, 3)
-	acq, _ := redlock.ScriptHashes()
-	cs := make([]redis.UniversalClient, len(srvs))
-	ds := make([]*firstDelayer, len(srvs))
-	for i, s := range srvs {
-		ds[i] = &firstDelayer{match: []byte(acq)}
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 100 * time.Millisecond, Dialer: ds[i].Dial})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, ds := delayedLocker(t, srvs)
 	const name, ttl = "delayed-copy", 30 * time.Second
 	warmUp(t, l, srvs, name, ttl)
 
@@ -153,16 +173,7 @@ func TestDelayedAcquisitionCopyAfterFailedTry(t *testing.T) {
 		{Addr: srvs[1].Addr, MaxRetries: -1},
 		{Addr: srvs[2].Addr, ReadTimeout: time.Second, MaxRetries: -1},
 	}
-	cs := make([]redis.UniversalClient, len(opts))
-	for i, o := range opts {
-		c := redis.NewClient(o)
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := lockerOver(t, opts...)
 	const name, ttl = "delayed-copy-failed-try", 30 * time.Second
 	warmUp(t, l, srvs, name, ttl)
 
@@ -172,7 +183,7 @@ func TestDelayedAcquisitionCopyAfterFailedTry(t *testing.T) {
 	}
 	resume := srvs[2].Pause(t)
 	d.armed.Store(true)
-	_, err = l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	_, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
 	resume()
 	if !errors.Is(err, fence.ErrNotAcquired) {
 		t.Fatalf("Acquire with node 1 held and node 2 paused = %v, want ErrNotAcquired", err)

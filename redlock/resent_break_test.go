@@ -22,19 +22,7 @@ import (
 // arrive: nothing of the lease is pending any more.
 func TestDelayedAcquisitionCopyAfterExpiry(t *testing.T) {
 	srvs := nodes(t, 3)
-	acq, _ := redlock.ScriptHashes()
-	cs := make([]redis.UniversalClient, len(srvs))
-	ds := make([]*firstDelayer, len(srvs))
-	for i, s := range srvs {
-		ds[i] = &firstDelayer{match: []byte(acq)}
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: 100 * time.Millisecond, Dialer: ds[i].Dial})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, ds := delayedLocker(t, srvs)
 	const name, ttl = "delayed-copy-expiry", 2 * time.Second
 	warmUp(t, l, srvs, name, ttl)
 
@@ -153,16 +141,7 @@ func TestDelayedAcquisitionCopyHeldNodeFailedTry(t *testing.T) {
 		{Addr: srvs[1].Addr, MaxRetries: -1},
 		{Addr: srvs[2].Addr, MaxRetries: -1},
 	}
-	cs := make([]redis.UniversalClient, len(opts))
-	for i, o := range opts {
-		c := redis.NewClient(o)
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
-	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := lockerOver(t, opts...)
 	const name, ttl = "delayed-copy-held-node", 30 * time.Second
 	warmUp(t, l, srvs, name, ttl)
 
@@ -174,7 +153,7 @@ func TestDelayedAcquisitionCopyHeldNodeFailedTry(t *testing.T) {
 		}
 	}
 	d.armed.Store(true)
-	_, err = l.Acquire(ctxFor(t), name, fence.TTL(ttl))
+	_, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
 	if !errors.Is(err, fence.ErrNotAcquired) {
 		t.Fatalf("Acquire with nodes 0 and 1 held = %v, want ErrNotAcquired", err)
 	}
