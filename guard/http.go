@@ -759,9 +759,19 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // returns an error matching fence.ErrInvalidOption.
 //
 // It refuses to send once the lease has ended, returning the lease's Err,
-// also when the lease ends while the request waits for a connection; a
-// request already being sent is not cancelled, and a holder that paused
-// before noticing is stopped by the server's check instead. It follows a
+// also when the lease ends while the request waits for a connection or,
+// over HTTP/2, for a stream on one: it watches the lease until the
+// request's headers are written, and checks it at each connection the
+// request gets. A request whose headers are written is not cancelled, and
+// a holder that paused before noticing is stopped by the server's check
+// instead. net/http writes an HTTP/1 request on the connection it got
+// whatever the request's context says, so Transport closes that connection
+// before the first header: at most a request line longer than net/http's
+// write buffer (4 KB) leaves, with no header and no token. With a Base
+// that reports no connection through net/http/httptrace (an
+// *http.ClientConn), the lease's end is caught only by the cancel that its
+// Context's end starts in its own goroutine, which may come after the
+// write has begun. It follows a
 // redirect only on the first request's origin (scheme, host and port): a
 // request that http.Client redirects to another origin is not sent, and
 // Do's error matches ErrCrossOrigin.
@@ -781,9 +791,8 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // (after an error of unknown outcome, under the same lease) found the same
 // way, a caller sets Fence-Call or an Idempotency-Key, once per piece of
 // work. net/http's own resend is refused once the lease has ended, as a
-// first send is: Transport checks the lease at each connection a request
-// gets (for HTTP/1 it closes that connection before anything is written on
-// it, net/http writing on it whatever the request's context says).
+// first send is: it goes out on a new connection, where the lease is
+// checked.
 type Transport struct {
 	Base     http.RoundTripper // nil means http.DefaultTransport
 	Lease    fence.Lease       // the lease whose token is sent
@@ -880,20 +889,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // refuseEnded returns the trace that stops a request from going out once
 // lease has ended, lc being its context (nil if none). At each connection
 // the request gets (a first one, then a new one for net/http's own resend)
-// it stops watch, the cancel that lc's end starts in its own goroutine,
-// and checks the lease itself: that goroutine may not have run yet (a CI
-// run: the dial completed first). If the lease has ended it cancels the
+// it checks the lease itself: watch, the cancel that lc's end starts in its
+// own goroutine, may not have run yet (a CI run: the dial completed first).
+// watch is stopped only once the request's headers are written (an HTTP/2
+// stream may wait for a slot after GotConn; a Base such as *http.ClientConn
+// reports no GotConn). If the lease has ended it cancels the
 // request. An HTTP/2 stream then sends nothing; but net/http writes an
 // HTTP/1 request on the connection it got whatever its context says, so
 // when the request's first header is written, into a buffer not yet
 // flushed, after such a cancel, the connection is closed and the write
-// fails with nothing sent.
+// fails with nothing sent (but a request line longer than the buffer,
+// which net/http writes through).
 func refuseEnded(lc context.Context, lease fence.Lease, watch func() bool, cancel func()) *httptrace.ClientTrace {
 	var mu sync.Mutex
 	var doomed net.Conn // the connection of a request cancelled at GotConn
 	return &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
-			watch()
 			if lease.Err() == nil && (lc == nil || lc.Err() == nil) {
 				return
 			}
@@ -902,15 +913,22 @@ func refuseEnded(lc context.Context, lease fence.Lease, watch func() bool, cance
 			doomed = info.Conn
 			mu.Unlock()
 		},
-		WroteHeaderField: func(string, []string) {
+		WroteHeaderField: func(key string, _ []string) {
 			mu.Lock()
 			c := doomed
 			doomed = nil
 			mu.Unlock()
-			if c != nil {
+			// An HTTP/2 field (":authority" first) is written only if the
+			// stream's context was not cancelled, and its connection is
+			// shared with other streams: not closed.
+			if c != nil && !strings.HasPrefix(key, ":") {
 				_ = c.Close()
 			}
 		},
+		// The request is being sent: from here the lease's end no longer
+		// cancels it (an HTTP/2 stream may wait for a slot after GotConn,
+		// and a Base may report no GotConn at all).
+		WroteHeaders: func() { watch() },
 	}
 }
 
