@@ -149,7 +149,13 @@ func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
 		ls.expCause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
 	}
 	if watchdog || ls.locker.obs != nil || ls.locker.log != nil {
-		ls.armLocked() // the Observer and the Logger are told of an expiry when it happens
+		// The Observer and the Logger are told of an expiry when it
+		// happens, by the timer: started first, so that a deadline that
+		// passed before this (a busy machine between the try's validity
+		// check and here) is ended by it, and reported
+		// (TestExpiredAtGrantIsReported).
+		ls.startExpiryLocked()
+		ls.armLocked()
 	}
 	if watchdog {
 		var wdCtx context.Context
@@ -192,6 +198,14 @@ func (ls *lease) armLocked() {
 			ls.cancel(ls.err)
 		}
 	}
+	ls.startExpiryLocked()
+}
+
+// startExpiryLocked starts the lease's expiry timer, unless there is one or
+// the lease has ended. A deadline already past fires it at once, and the
+// timer ends the lease and reports it (expiredLocked, which ends a lease
+// that has no timer, reports nothing). ls.mu is held.
+func (ls *lease) startExpiryLocked() {
 	if ls.expiry == nil && ls.err == nil {
 		cause, name := ls.expCause, ls.name
 		ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
