@@ -1,6 +1,10 @@
 package redlock
 
-import "time"
+import (
+	"time"
+
+	"github.com/fencekit/fence"
+)
 
 // SetBeforeReplies makes every acquisition of l call f after sending its
 // requests and before reading the replies.
@@ -25,3 +29,7 @@ func ExtendHash() string { return extendScript.Hash() }
 // SetExpiryFired makes every lease of l call f when its expiry timer fires
 // and finds the deadline not moved, before it ends the lease.
 func SetExpiryFired(l *Locker, f func()) { l.expiryFired = f }
+
+// SetLeaseStarted makes every acquisition of l call f with its lease once
+// the lease has started, before the acquisition lists it for Close.
+func SetLeaseStarted(l *Locker, f func(fence.Lease)) { l.leaseStarted = f }

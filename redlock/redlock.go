@@ -169,6 +169,10 @@ type Locker struct {
 	// has fired and found the deadline not moved, before it ends the
 	// lease: a renewal's replies read at that moment.
 	expiryFired func()
+	// leaseStarted, if set (tests only), runs when an acquisition has
+	// started its lease, before it lists it for Close: a busy machine
+	// between the two.
+	leaseStarted func(fence.Lease)
 	// now is the clock that times an acquisition against its validity;
 	// tests move it.
 	now func() time.Time
@@ -823,6 +827,9 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		ls.refs[i] = clockRef{nodeMs: rs[i].res[2], at: rs[i].at}
 	}
 	ls.start(ctx, watchdog, start)
+	if f := l.leaseStarted; f != nil {
+		f(ls)
+	}
 	at.hand(ls, rs)
 	if !l.bg.register(ls) {
 		// Close was called while the try was out, and will not release
