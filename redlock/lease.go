@@ -84,6 +84,14 @@ type lease struct {
 	// acquisition, which released it and failed): its end is told to
 	// neither the Observer nor the Logger.
 	unreported bool
+	// granting: the acquisition has started the lease and not yet listed
+	// it for Close (it may still find that Close overtook it, and the
+	// lease then was never granted): the report of an end meanwhile (a
+	// deadline passed at the start, on a busy machine, fires the expiry
+	// timer at once) is held in pending, for the acquisition to make once
+	// it knows the lease granted, or to drop (unreported).
+	granting bool
+	pending  func()
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
@@ -144,6 +152,7 @@ func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
 	ls.granted = time.Now()
 	ls.mu.Lock() // the timer may fire before ls.expiry is set
 	defer ls.mu.Unlock()
+	ls.granting = true // until the acquisition lists it (see listed)
 	ls.expCause = fence.LostExpired
 	if watchdog {
 		ls.expCause = fence.LostRenewFailed // the watchdog's renewals failed until the deadline
@@ -282,7 +291,33 @@ func (ls *lease) reportLocked(cause fence.LeaseCause, why error) (report func())
 		ctx = ls.parent
 	}
 	ev := fence.LeaseEvent{Backend: backend, Name: ls.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why}
-	return func() { fence.ReportLeaseEnded(ctx, l.obs, l.log, "redlock", ev) }
+	report = func() { fence.ReportLeaseEnded(ctx, l.obs, l.log, "redlock", ev) }
+	if ls.granting {
+		// Held until the acquisition knows whether the lease was
+		// granted (see listed).
+		ls.pending = report
+		return func() {}
+	}
+	return report
+}
+
+// listed ends the acquisition's hold on the report of the lease's end
+// (see granting), once it has listed the lease for Close (ok) or found
+// that Close overtook it (the lease was never granted: its end is never
+// reported). It returns the report of an end that came meanwhile (never
+// nil), for the acquisition to make.
+func (ls *lease) listed(ok bool) (report func()) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	report = ls.pending
+	ls.granting, ls.pending = false, nil
+	if !ok {
+		ls.unreported = true
+	}
+	if !ok || report == nil {
+		return func() {}
+	}
+	return report
 }
 
 // endReleasingLocked ends the lease as Release is about to send its first

@@ -831,7 +831,12 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		f(ls)
 	}
 	at.hand(ls, rs)
-	if !l.bg.register(ls) {
+	listed := l.bg.register(ls)
+	// An end of the lease since it started (its deadline passed at the
+	// start: its expiry timer fired at once) is reported only now, and
+	// only if it was granted (TestCloseOvertakingExpiredAtGrantReportsNoLease).
+	report := ls.listed(listed)
+	if !listed {
 		// Close was called while the try was out, and will not release
 		// this lease: release it here (its background work is Close's
 		// to wait for, as any). It was never granted: its end is not
@@ -839,12 +844,10 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration, watchd
 		// is: the requests go on without the caller (a node that does not
 		// answer is retried in the background), so nodes that hang do
 		// not keep Acquire past its caller's deadline.
-		ls.mu.Lock()
-		ls.unreported = true
-		ls.mu.Unlock()
 		_ = ls.Release(ctx)
 		return nil, ErrClosed
 	}
+	report()
 	if ls.Err() != nil {
 		l.bg.forget(ls) // ended before it was listed (endLocked forgot it then)
 	}
