@@ -63,3 +63,46 @@ func TestCloseOvertakingExpiredAtGrantReportsNoLease(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
 }
+
+// A watchdog lease whose deadline has passed when it starts (the clock
+// runs a watchdog TTL behind) ends at once, as not renewed, and its end is
+// reported once: its expiry timer ends it, and neither the watchdog nor a
+// Release afterwards reports it again.
+func TestWatchdogExpiredAtGrantIsReportedOnce(t *testing.T) {
+	srvs := nodes(t, 3)
+	rec := &recorder{}
+	const wd = time.Second
+	l := newLocker(t, srvs, &redlock.Options{WatchdogTTL: wd, NodeTimeout: generous, Observer: rec})
+	redlock.SetClock(l, func() time.Time { return time.Now().Add(-wd) })
+	const name = "watchdog-expired-at-grant"
+	lease, err := l.Acquire(ctxFor(t), name)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	select {
+	case <-lease.Done():
+	case <-ctxFor(t).Done():
+		t.Fatal("the watchdog lease, granted past its deadline, did not end")
+	}
+	if err := lease.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release of the lease ended at its start = %v, want ErrLeaseLost", err)
+	}
+	ends := func() []fence.LeaseEvent {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		var evs []fence.LeaseEvent
+		for _, e := range rec.ends {
+			if e.Name == name {
+				evs = append(evs, e)
+			}
+		}
+		return evs
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(ends()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	if evs := ends(); len(evs) != 1 || evs[0].Cause != fence.LostRenewFailed {
+		t.Fatalf("reports of the end of a watchdog lease granted past its deadline: %+v; want one, %q", evs, fence.LostRenewFailed)
+	}
+}
