@@ -850,8 +850,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(ctx)
 	if getBody := req.GetBody; getBody != nil {
 		// net/http rewinds the body only to send the request again on a
-		// new connection, after GotConn stopped the lease's watch: not
-		// once the lease ended (TestTransportResendAfterLeaseEnded).
+		// new connection, after WroteHeaders stopped the lease's watch:
+		// not once the lease ended, and no dial for the check at the new
+		// connection to refuse (TestTransportResendAfterLeaseEnded).
 		req.GetBody = func() (io.ReadCloser, error) {
 			if t.Lease.Err() != nil {
 				return nil, ended()
