@@ -46,14 +46,7 @@ func TestTransportLeaseEndsWhileConnecting(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := &http.Client{Transport: &guard.Transport{Base: base, Lease: lease}}
-	done := make(chan error, 1)
-	go func() {
-		resp, err := c.Post(srv.URL, "text/plain", strings.NewReader("approve"))
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err
-	}()
+	done := postAsync(c, srv.URL)
 	<-dialing
 	if err := lease.Release(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -203,4 +196,33 @@ func TestTransportLeaseEndsAsItGetsItsConnection(t *testing.T) {
 			}
 		})
 	}
+}
+
+// postAsync posts "approve" to url through c in the background; Do's error
+// comes on the channel once the answer's body is closed.
+func postAsync(c *http.Client, url string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		resp, err := c.Post(url, "text/plain", strings.NewReader("approve"))
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	return done
+}
+
+// getAsync sends a GET of url through rt in the background, reads its
+// answer whole, and sends RoundTrip's error on the channel.
+func getAsync(t *testing.T, rt http.RoundTripper, url string) <-chan error {
+	held := make(chan error, 1)
+	go func() {
+		resp, err := rt.RoundTrip(httptest.NewRequestWithContext(ctx(t), http.MethodGet, url, nil))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		held <- err
+	}()
+	return held
 }

@@ -86,34 +86,12 @@ func TestTransportH2StreamWaitsForSlotAsLeaseEnds(t *testing.T) {
 		t.Fatalf("warm request over %s; want HTTP/2", resp.Proto)
 	}
 	// Another client's long request holds the connection's one stream.
-	held := make(chan error, 1)
-	go func() {
-		resp, err := base.RoundTrip(httptest.NewRequestWithContext(ctx(t), http.MethodGet, srv.URL+"/hold", nil))
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		held <- err
-	}()
+	held := getAsync(t, base, srv.URL+"/hold")
 	<-holding
 
-	l, err := memlock.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, err := l.Acquire(ctx(t), "lock:payment:1001", fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := memLease(t, "lock:payment:1001")
 	c := &http.Client{Transport: &guard.Transport{Base: base, Lease: lease}}
-	done := make(chan error, 1)
-	go func() {
-		resp, err := c.Post(srv.URL+"/payments/1001", "text/plain", strings.NewReader("approve"))
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err
-	}()
+	done := postAsync(c, srv.URL+"/payments/1001")
 	waitForGoroutineIn(t, "awaitOpenSlotForStreamLocked") // has its connection, waits for a stream
 	if err := lease.Release(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -228,26 +206,11 @@ func TestTransportClientConnWaitLeaseEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	held := make(chan error, 1)
-	go func() {
-		resp, err := cc.RoundTrip(httptest.NewRequestWithContext(ctx(t), http.MethodGet, srv.URL+"/hold", nil))
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		held <- err
-	}()
+	held := getAsync(t, cc, srv.URL+"/hold")
 	<-holding
 	lease := memLease(t, "lock:payment:1001")
 	c := &http.Client{Transport: &guard.Transport{Base: cc, Lease: laggingLease{lease}}}
-	done := make(chan error, 1)
-	go func() {
-		resp, err := c.Post(srv.URL+"/payments/1001", "text/plain", strings.NewReader("approve"))
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err
-	}()
+	done := postAsync(c, srv.URL+"/payments/1001")
 	waitForGoroutineIn(t, "waitForAvailability")
 	if err := lease.Release(ctx(t)); err != nil {
 		t.Fatal(err)
