@@ -131,20 +131,29 @@ func (ls *lease) expireLater() (report func()) {
 	return ls.endAsIf(true, fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.attempt.name), fence.LostExpired)
 }
 
-// expireIfDue ends a lease without an expiry timer whose deadline has
-// passed, as its timer would have.
+// expireIfDue ends a lease whose deadline has passed, as its expiry timer
+// does: a lease may have none (made only when needed), or one whose
+// goroutine has not run yet. Err and Release must not answer "held" in that
+// gap: an Observer, a Logger or a call of Done gives a lease a timer, and
+// would otherwise change their answers
+// (TestObservedLeaseEndsAtDeadlineBeforeItsTimer). The end is reported
+// once, by whichever ends it.
 func (ls *lease) expireIfDue() { ls.expireIfDueLater()() }
 
 // expireIfDueLater is expireIfDue, but returns the report of the end (see
 // endAs).
 func (ls *lease) expireIfDueLater() (report func()) {
-	ls.mu.Lock()
-	due := ls.err == nil && ls.expiry == nil && !time.Now().Before(ls.deadline)
-	ls.mu.Unlock()
-	if due {
-		return ls.expireLater()
+	if !ls.due() {
+		return func() {}
 	}
-	return func() {}
+	return ls.expireLater()
+}
+
+// due reports whether the lease is held and past its deadline.
+func (ls *lease) due() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.err == nil && !time.Now().Before(ls.deadline)
 }
 
 // deadline is when a lease of ttl requested at sent is known to be held:
@@ -435,7 +444,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 		return ls.end(lost), lost
 	}
-	report = ls.expireIfDueLater() // as the timer would have, had there been one
+	report = ls.expireIfDueLater() // as its timer would (there may be none, or not run yet)
 	ls.mu.Lock()
 	if err := ls.err; err != nil {
 		// It moved the lock, but its reply came after the lease ended:
@@ -598,10 +607,21 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// owned is a release, not a loss. A lease still held ends here, before
 	// the script: the script may grant the lock to a waiter at once, and
 	// the new holder's Acquire may return before this call's reply does.
-	lostBefore := ls.Err()
+	// A deadline that passed before this call ends the lease here, as Err
+	// would, and the end is reported as this call returns: reported here,
+	// a callback's Release would wait for this one.
+	if ls.due() {
+		expired := ls.expireLater()
+		defer func() { report = expired }() // every other report is a no-op now
+	}
+	ls.mu.Lock()
+	lostBefore := ls.err
+	ls.mu.Unlock()
 	ending := lostBefore == nil && ls.endReleasing()
 	if lostBefore == nil && !ending {
-		lostBefore = ls.Err() // it expired since: as if before Release
+		ls.mu.Lock()
+		lostBefore = ls.err // its timer ended it since: as if before Release
+		ls.mu.Unlock()
 	}
 	deleted, err := ls.locker.releaseLease(ctx, &ls.attempt)
 	switch {
