@@ -203,8 +203,11 @@ func (ls *Lease) mayKeep() bool {
 // releasedAs settles the end of a lease that endReleasing ended, by what
 // the Release returns: a loss (its key was no longer there) as
 // LostRemoved, and Err says so too; anything else (nil, or a Release that
-// failed) as Released. flush then reports it.
-func (ls *Lease) releasedAs(result error) {
+// failed) as Released. It returns the report, for that Release alone to
+// make once it holds nothing (as flush): left to flush, another
+// goroutine's (an Extend's) could take it and make it after Release
+// returned.
+func (ls *Lease) releasedAs(result error) (report func()) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.releasing = false
@@ -212,7 +215,7 @@ func (ls *Lease) releasedAs(result error) {
 	if errors.Is(result, fence.ErrLeaseLost) && !errors.Is(result, fence.ErrReleased) {
 		ls.err, cause, why = result, fence.LostRemoved, result
 	}
-	ls.unreported = func() { ls.ended(cause, why) }
+	return func() { ls.ended(cause, why) }
 }
 
 // flush reports the lease's end to the Observer and the Logger, if it has
@@ -935,7 +938,13 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 // is never kept), or leaves the key to expire with it; calling Release
 // again retries the delete.
 func (ls *Lease) Release(ctx context.Context) (result error) {
-	defer ls.flush() // after unlockOp, and with the result settled: see flush
+	var settled func() // the report of the end this call settled (releasedAs)
+	defer func() {
+		ls.flush() // after unlockOp, and with the result settled: see flush
+		if settled != nil {
+			settled()
+		}
+	}()
 	// The lease ends before the delete is sent: a ctx that its end
 	// cancels (its Context, or fence.Run's fn's) must not cancel the
 	// delete; it ends at the lease's deadline instead, as the lease's
@@ -960,7 +969,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	ended := false
 	defer func() {
 		if ended {
-			ls.releasedAs(result)
+			settled = ls.releasedAs(result)
 		}
 	}()
 	// Stop run first, or it would take the delete below for a loss: once

@@ -136,17 +136,19 @@ func (ls *lease) endAsIf(due bool, cause fence.LeaseCause, why error) {
 		ls.ahead = false
 		ls.l.freeOwned(ls.a.name, ls.a.owner)
 	}
-	ls.reportLocked(cause, why)
+	ls.unreported = ls.report(cause, why)
 }
 
-// reportLocked leaves the report of the lease's end, cause and why, to
-// flush. ls.mu is held.
-func (ls *lease) reportLocked(cause fence.LeaseCause, why error) {
-	if l := ls.l; l.log != nil || l.obs != nil {
-		ls.unreported = func() {
-			fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "pglock", fence.LeaseEvent{Backend: backend,
-				Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
-		}
+// report returns the report of the lease's end, cause and why (nil:
+// nobody is to be told).
+func (ls *lease) report(cause fence.LeaseCause, why error) func() {
+	l := ls.l
+	if l.log == nil && l.obs == nil {
+		return nil
+	}
+	return func() {
+		fence.ReportLeaseEnded(ls.ctx, l.obs, l.log, "pglock", fence.LeaseEvent{Backend: backend,
+			Name: ls.a.name, Token: ls.token, Cause: cause, Held: time.Since(ls.granted), Err: why})
 	}
 }
 
@@ -166,18 +168,20 @@ func (ls *lease) endReleasing() bool {
 	return true
 }
 
-// releasedAs reports the end of a lease that endReleasing ended, by what
+// releasedAs settles the end of a lease that endReleasing ended, by what
 // the Release returns: a loss (the row was no longer the lease's) as
-// LostRemoved, and Err says so too; anything else as Released.
-func (ls *lease) releasedAs(result error) {
+// LostRemoved, and Err says so too; anything else as Released. It returns
+// the report (nil: nobody is to be told), for that Release alone to make:
+// left to flush, another goroutine's (an Extend's) could take it and make
+// it after Release returned.
+func (ls *lease) releasedAs(result error) (report func()) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if errors.Is(result, fence.ErrLeaseLost) && !errors.Is(result, fence.ErrReleased) {
 		ls.err = result
-		ls.reportLocked(fence.LostRemoved, result)
-		return
+		return ls.report(fence.LostRemoved, result)
 	}
-	ls.reportLocked(fence.Released, fence.ErrReleased)
+	return ls.report(fence.Released, fence.ErrReleased)
 }
 
 // flush reports the lease's end to the Observer and the Logger, if it has
@@ -399,9 +403,12 @@ func (ls *lease) Release(ctx context.Context) error {
 	// statement; it ends at the lease's deadline instead, as the lease's
 	// expiry ended it before.
 	rctx, stop := releasectx.Detach(ctx, ls.Deadline())
-	err := ls.release(rctx)
+	report, err := ls.release(rctx)
 	stop()
 	ls.flush() // after release unlocked ls.op, its result settled: see flush
+	if report != nil {
+		report() // the end this call settled (see releasedAs), as flush would
+	}
 	ls.mu.Lock()
 	wait := ls.watchdogDone != nil && ls.err != nil && !ls.logging // logging: renewing no more, see logFailed
 	ls.mu.Unlock()
@@ -428,19 +435,19 @@ func (ls *lease) Release(ctx context.Context) error {
 	return err
 }
 
-func (ls *lease) release(ctx context.Context) (result error) {
+func (ls *lease) release(ctx context.Context) (report func(), result error) {
 	ls.mu.Lock()
 	if ls.released {
 		// Concluded (by a Release, or the background finish of one that
 		// gave up): no need to wait for a renewal under way.
 		defer ls.mu.Unlock()
-		return ls.relErr
+		return nil, ls.relErr
 	}
 	ls.mu.Unlock()
 	if err := ls.lockOpUnless(ctx, ls.concluded); errors.Is(err, errConcluded) {
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
-		return ls.relErr
+		return nil, ls.relErr
 	} else if err != nil {
 		// A renewal under way holds ls.op (hung on the database, say):
 		// the lease ends here all the same, which cuts that renewal's
@@ -460,13 +467,13 @@ func (ls *lease) release(ctx context.Context) (result error) {
 		// or retries if it failed.
 		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
 		go ls.finishRelease(context.WithoutCancel(ctx))
-		return fmt.Errorf("pglock: release %q: %w", ls.a.name, err)
+		return nil, fmt.Errorf("pglock: release %q: %w", ls.a.name, err)
 	}
 	defer ls.unlockOp()
 	ls.mu.Lock()
 	if ls.released {
 		defer ls.mu.Unlock()
-		return ls.relErr
+		return nil, ls.relErr
 	}
 	lostBefore := ls.err
 	ahead := ls.ahead
@@ -491,7 +498,7 @@ func (ls *lease) release(ctx context.Context) (result error) {
 		// reply (TestRandomCancelsNeverTwoHolders saw a grant while
 		// the releasing lease still had Err nil). Its end is reported
 		// by the result.
-		defer func() { ls.releasedAs(result) }()
+		defer func() { report = ls.releasedAs(result) }()
 	} else if lostBefore == nil {
 		// It ended since it was read above (its expiry timer): as if
 		// before Release.
@@ -518,7 +525,7 @@ func (ls *lease) release(ctx context.Context) (result error) {
 		// bound had passed (finishRelease), which is why this statement
 		// may have found nothing to free. Its result stands.
 		defer ls.mu.Unlock()
-		return ls.relErr
+		return nil, ls.relErr
 	}
 	ls.mu.Unlock()
 	switch {
@@ -534,7 +541,7 @@ func (ls *lease) release(ctx context.Context) (result error) {
 			// end does.
 			ls.l.freeOwned(ls.a.name, ls.a.owner)
 		}
-		return fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
+		return nil, fmt.Errorf("pglock: release %q: %w", ls.a.name, qerr)
 	}
 	if err == nil {
 		ls.end(fence.ErrReleased)
@@ -544,7 +551,7 @@ func (ls *lease) release(ctx context.Context) (result error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.concludeLocked(err) // unless concluded meanwhile, as above
-	return ls.relErr
+	return nil, ls.relErr
 }
 
 // concludeLocked records the release's conclusion, err, unless one was
@@ -572,7 +579,9 @@ func (ls *lease) finishRelease(ctx context.Context) {
 	defer cancel()
 	if err == nil {
 		ls.unlockOp()
-		_ = ls.release(bctx)
+		if report, _ := ls.release(bctx); report != nil {
+			report() // none: the Release that gave up ended the lease
+		}
 		return
 	}
 	var notified sql.NullString
