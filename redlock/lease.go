@@ -164,7 +164,7 @@ func (ls *lease) start(ctx context.Context, watchdog bool, sent time.Time) {
 		// check and here) is ended by it, and reported
 		// (TestExpiredAtGrantIsReported).
 		ls.startExpiryLocked()
-		ls.armLocked()
+		_ = ls.armLocked() // a no-op: granting holds the report of an end (see listed)
 	}
 	if watchdog {
 		var wdCtx context.Context
@@ -185,12 +185,27 @@ func (ls *lease) Done() <-chan struct{}   { return ls.Context().Done() }
 
 func (ls *lease) Context() context.Context {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	ls.armLocked()
-	return ls.ctx
+	report := ls.armLocked()
+	ctx := ls.ctx
+	ls.mu.Unlock()
+	report()
+	return ctx
 }
 
 func (ls *lease) Err() error {
+	ls.mu.Lock()
+	report := ls.dueLocked()
+	err := ls.err
+	ls.mu.Unlock()
+	report()
+	return err
+}
+
+// errQuiet is Err for the lease's own renewals, which hold what a callback
+// may wait for (the renewing slot, the watchdog's goroutine): it ends the
+// lease only as expiredLocked does, which reports nothing (a lease with an
+// Observer or a Logger has a timer, which ends and reports it).
+func (ls *lease) errQuiet() error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.expiredLocked()
@@ -198,9 +213,10 @@ func (ls *lease) Err() error {
 }
 
 // armLocked makes the lease's context, cancelled at once if the lease has
-// ended, and starts its expiry timer if it has not. ls.mu is held.
-func (ls *lease) armLocked() {
-	ls.expiredLocked() // past the deadline: Done is closed as it is handed out
+// ended, and starts its expiry timer if it has not. It returns the report
+// of an end (see dueLocked). ls.mu is held.
+func (ls *lease) armLocked() (report func()) {
+	report = ls.dueLocked() // past the deadline: Done is closed as it is handed out
 	if ls.ctx == nil {
 		ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ls.parent))
 		if ls.err != nil {
@@ -208,6 +224,7 @@ func (ls *lease) armLocked() {
 		}
 	}
 	ls.startExpiryLocked()
+	return report
 }
 
 // startExpiryLocked starts the lease's expiry timer, unless there is one or
@@ -241,6 +258,22 @@ func (ls *lease) expiredLocked() {
 	if ls.err == nil && ls.expiry == nil && !time.Now().Before(ls.deadline) {
 		ls.endLocked(expiredError(ls.name))
 	}
+}
+
+// dueLocked ends the lease if its deadline has passed, as its expiry timer
+// does, whether or not there is one and it has run: Err, Context and
+// Release must not answer "held" in the gap before the timer's goroutine
+// runs (an Observer or a Logger, which give every lease a timer, would
+// otherwise change their answers:
+// TestObservedLeaseEndsAtDeadlineBeforeItsTimer). It returns the report of
+// the end (never nil), to be made once ls.mu is released. ls.mu is held.
+func (ls *lease) dueLocked() (report func()) {
+	if ls.err != nil || time.Now().Before(ls.deadline) {
+		return func() {}
+	}
+	why := expiredError(ls.name)
+	ls.endLocked(why)
+	return ls.reportLocked(ls.expCause, why)
 }
 
 // expiredError is the Err of a lease whose deadline passed.
@@ -487,7 +520,7 @@ func (ls *lease) logFailed(ctx context.Context, err error) bool {
 	}
 	ls.logging = true
 	ls.mu.Unlock()
-	if ls.Err() == nil {
+	if ls.errQuiet() == nil {
 		log.LogAttrs(ctx, slog.LevelWarn, "redlock: renewal failed",
 			slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
 			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
@@ -524,7 +557,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	// and sends nothing.
 	ls.locker.bg.busy()
 	defer ls.locker.bg.leave()
-	if err := ls.Err(); err != nil {
+	if err := ls.errQuiet(); err != nil {
 		return report, ls.endedErr(err) // ended while this renewal waited its turn
 	}
 	l := ls.locker
@@ -604,7 +637,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		ls.aheadOn(append(movedOn, unknown...))
 		why := fmt.Errorf("%w: extended on %d of %d nodes, %d needed", ErrNoQuorum, moved, len(l.nodes), l.quorum)
 		err := fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
-		if ended := ls.Err(); ended != nil {
+		if ended := ls.errQuiet(); ended != nil {
 			// The lease ended (its deadline passed) while the renewal
 			// was out: that is the answer, as for an Extend called
 			// after it; the renewal's failure says why.
@@ -814,9 +847,17 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 	// finds it ended and is given back (join refuses it), so the nodes
 	// whose grant has not come, read with it, stay as they are.
 	ls.mu.Lock()
-	ls.expiredLocked()
-	lostBefore := ls.err
 	ls.releasing = true
+	held := ls.err == nil
+	if expired := ls.dueLocked(); held && ls.err != nil {
+		// Ended here by its deadline, as Err would (with releasing
+		// set: not given back, Release's deletes covering every node).
+		// Reported as this call returns (reported here, a callback's
+		// Release would wait for this one); every other report of
+		// this call is a no-op.
+		defer func() { report = expired }()
+	}
+	lostBefore := ls.err
 	if lostBefore == nil {
 		ls.endReleasingLocked()
 		ending = true
