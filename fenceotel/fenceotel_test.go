@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/fenceotel"
-	"github.com/fencekit/fence/internal/observetest"
+	"github.com/fencekit/fence/internal/observetest/drive"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -28,7 +28,7 @@ func TestCollectAfterLossRefusalAndStaleWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	observetest.Drive(t, obs)
+	drive.Events(t, obs)
 
 	want := map[string]int64{
 		"fence.acquisitions{backend=redis,result=acquired}":                        2,

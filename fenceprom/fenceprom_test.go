@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/fenceprom"
-	"github.com/fencekit/fence/internal/observetest"
+	"github.com/fencekit/fence/internal/observetest/drive"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -31,7 +31,7 @@ func TestScrapeAfterLossRefusalAndStaleWrite(t *testing.T) {
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 
-	observetest.Drive(t, obs)
+	drive.Events(t, obs)
 
 	want := `
 # HELP fence_acquisitions_total Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error).

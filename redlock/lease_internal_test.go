@@ -3,11 +3,11 @@ package redlock
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/observetest"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -30,7 +30,7 @@ func TestObservedLeaseEndsAtDeadlineBeforeItsTimer(t *testing.T) {
 	defer cancel()
 	for _, first := range []string{"Err", "Release"} {
 		t.Run(first, func(t *testing.T) {
-			rec := &endsObserver{}
+			rec := &observetest.Recorder{}
 			l, err := New(clients, &Options{Observer: rec})
 			if err != nil {
 				t.Fatal(err)
@@ -61,26 +61,10 @@ func TestObservedLeaseEndsAtDeadlineBeforeItsTimer(t *testing.T) {
 			if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
 				t.Fatalf("Release after the deadline, before the timer ran = %v, want ErrLeaseLost", err)
 			}
-			rec.mu.Lock()
-			ends := rec.ends
-			rec.mu.Unlock()
+			ends := rec.Ends()
 			if len(ends) != 1 || ends[0].Cause != fence.LostExpired {
 				t.Fatalf("reported ends %+v, want one, LostExpired", ends)
 			}
 		})
 	}
-}
-
-// endsObserver keeps the ends of leases (observetest.Recorder imports this
-// package).
-type endsObserver struct {
-	fence.NopObserver
-	mu   sync.Mutex
-	ends []fence.LeaseEvent
-}
-
-func (o *endsObserver) LeaseEnded(e fence.LeaseEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.ends = append(o.ends, e)
 }

@@ -1,3 +1,6 @@
+// Package observetest records what a fence.Observer and a slog.Handler are
+// told, for the tests of the backends and guards that report to them. It
+// imports no backend, so that their internal tests can use it too.
 package observetest
 
 import (

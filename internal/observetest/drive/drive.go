@@ -1,6 +1,6 @@
-// Package observetest drives the events that the tests of fence.Observer's
+// Package drive drives the events that the tests of fence.Observer's
 // adapters (fenceprom, fenceotel) count, against a real redis-server.
-package observetest
+package drive
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/fencekit/fence/redislock"
 )
 
-// Drive reports to obs, through redislock and guard on a real redis-server:
+// Events reports to obs, through redislock and guard on a real redis-server:
 // a lease lost behind its holder's back (its key deleted), a replica-sync
 // refusal (one replica expected, none connected), and a fresh and a stale
 // write to the resource "payment:1001" through guard.Middleware. In all:
@@ -25,7 +25,7 @@ import (
 // released 1; one refusal {acked 0, required 1}; guard accept 1, reject 1.
 // The lost lease's end is reported just after its Done closes: callers
 // poll for it.
-func Drive(t testing.TB, obs fence.Observer) {
+func Events(t testing.TB, obs fence.Observer) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
