@@ -611,8 +611,15 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// would, and the end is reported as this call returns: reported here,
 	// a callback's Release would wait for this one.
 	if ls.due() {
+		// expireLater checks the deadline again: a renewal may have moved
+		// it since due (it is then a no-op, and the lease is released
+		// below). Both reports are made: whichever did not end the lease
+		// is a no-op.
 		expired := ls.expireLater()
-		defer func() { report = expired }() // every other report is a no-op now
+		defer func() {
+			other := report
+			report = func() { expired(); other() }
+		}()
 	}
 	ls.mu.Lock()
 	lostBefore := ls.err
