@@ -729,10 +729,15 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
+	// Past the deadline, the lease ends here, as Err would, whether or
+	// not its timer has run: sent, the renewal would be refused as late
+	// and the lease reported lost as LostRenewLate. Reported here: Extend
+	// holds nothing yet that a callback waits for.
 	ls.mu.Lock()
-	ls.expiredLocked()
+	report := ls.dueLocked()
 	err := ls.err
 	ls.mu.Unlock()
+	report()
 	switch {
 	case err == fence.ErrReleased:
 		// Released, or a Release under way ended the lease before its
@@ -741,7 +746,7 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 	case err != nil:
 		return err
 	}
-	report, err := ls.renew(ctx, ttl)
+	report, err = ls.renew(ctx, ttl)
 	report()
 	return err
 }
