@@ -26,6 +26,7 @@ func (s suite) reports(t *testing.T) {
 	}
 	t.Run("Released", s.reportReleased)
 	t.Run("ReleasedWithDoneContext", s.reportReleasedDone)
+	t.Run("ReleasedWhileExtended", s.reportReleasedExtended)
 	t.Run("ExpiredUnwatched", s.reportExpired)
 	t.Run("ExpiredThenReleased", s.reportExpiredReleased)
 	t.Run("LostWhileRenewed", s.reportLostRenewed)
@@ -137,6 +138,12 @@ func (c *counter) await(t *testing.T, lease fence.Lease, name string, limit time
 // the counter saw granted must have been reported ended exactly once, and
 // no other.
 func (s suite) observed(t *testing.T) (fence.Locker, *counter) {
+	return s.observedVia(t, func(c *counter) fence.Observer { return c })
+}
+
+// observedVia is observed with the Observer that via makes of the counter
+// (one that counts through it).
+func (s suite) observedVia(t *testing.T, via func(*counter) fence.Observer) (fence.Locker, *counter) {
 	c := newCounter()
 	// Registered before NewObserved's clean-ups, so run after them.
 	t.Cleanup(func() {
@@ -160,7 +167,7 @@ func (s suite) observed(t *testing.T) (fence.Locker, *counter) {
 			t.Logf("ends reported before their lease's acquisition: %v", c.early)
 		}
 	})
-	return s.cfg.NewObserved(t, c), c
+	return s.cfg.NewObserved(t, via(c)), c
 }
 
 // wantOne checks that exactly one end of lease was reported.
@@ -194,6 +201,82 @@ func (s suite) reportReleased(t *testing.T) {
 		t.Fatalf("second Release = %v", err)
 	}
 	wantOne(t, c, lease, n)
+}
+
+// reportReleasedExtended: Release reports the end it settles before it
+// returns, even while Extends of the lease run on another goroutine: an
+// Extend's clean-up that took the report and made it, later, on its own
+// goroutine (pglock and etcdlock before 8f76f84) would let Release return
+// with the end unreported. The Observer calls the lease back (Release,
+// Extend) before it counts the end, which widens that window to a few
+// round trips. Fixed and watchdog leases alike.
+func (s suite) reportReleasedExtended(t *testing.T) {
+	cb := &callingBack{leases: map[string]fence.Lease{}}
+	l, c := s.observedVia(t, func(c *counter) fence.Observer { cb.counter = c; return cb })
+	ctx := ctxFor(t)
+	for i := range 30 {
+		n := fmt.Sprintf("%s:%d", name(t), i)
+		var opts []fence.Option
+		if i%2 == 0 {
+			opts = append(opts, fence.TTL(time.Minute))
+		}
+		lease := mustAcquire(t, l, n, opts...)
+		cb.set(n, lease)
+		stop := make(chan struct{})
+		var extending sync.WaitGroup
+		extending.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if lease.Extend(ctx, time.Minute) != nil {
+					return
+				}
+			}
+		})
+		if err := lease.Extend(ctx, time.Minute); err != nil { // one in flight beside it, likely
+			t.Fatalf("lease %d: Extend = %v", i, err)
+		}
+		err := lease.Release(ctx)
+		evs := c.endsOf(lease, n)
+		close(stop)
+		extending.Wait()
+		if err != nil {
+			t.Fatalf("lease %d: Release = %v", i, err)
+		}
+		if len(evs) != 1 || evs[0].Cause != fence.Released {
+			t.Fatalf("lease %d: reports once Release returned nil, with Extends running: %+v; want one, Released", i, evs)
+		}
+	}
+}
+
+// callingBack is an Observer that calls the lease of an end back (Release,
+// then Extend) before it counts the end.
+type callingBack struct {
+	*counter
+	mu     sync.Mutex
+	leases map[string]fence.Lease // by name
+}
+
+func (o *callingBack) set(name string, lease fence.Lease) {
+	o.mu.Lock()
+	o.leases[name] = lease
+	o.mu.Unlock()
+}
+
+func (o *callingBack) LeaseEnded(ev fence.LeaseEvent) {
+	o.mu.Lock()
+	lease := o.leases[ev.Name]
+	o.mu.Unlock()
+	if lease != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = lease.Release(ctx)
+		_ = lease.Extend(ctx, time.Minute)
+		cancel()
+	}
+	o.counter.LeaseEnded(ev)
 }
 
 // reportReleasedDone: Release with a context already done, on a lease of

@@ -22,10 +22,7 @@ import (
 // the deadline back while the timer still waits for the old one, a minute
 // away. The end is reported once, as an expiry.
 func TestObservedLeaseEndsAtDeadlineBeforeItsTimer(t *testing.T) {
-	var clients []redis.UniversalClient
-	for range 3 {
-		clients = append(clients, redistest.Start(t).Client(t))
-	}
+	clients := threeNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, first := range []string{"Err", "Release"} {
@@ -67,4 +64,14 @@ func TestObservedLeaseEndsAtDeadlineBeforeItsTimer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// threeNodes starts three independent redis-servers and returns a client
+// of each.
+func threeNodes(t *testing.T) []redis.UniversalClient {
+	var clients []redis.UniversalClient
+	for range 3 {
+		clients = append(clients, redistest.Start(t).Client(t))
+	}
+	return clients
 }

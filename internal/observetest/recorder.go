@@ -6,7 +6,6 @@ package observetest
 import (
 	"context"
 	"log/slog"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -248,8 +247,7 @@ func (h *Releaser) Await(t testing.TB, limit time.Duration) error {
 	case err := <-h.Done:
 		return err
 	case <-time.After(limit):
-		buf := make([]byte, 1<<20)
-		t.Fatalf("Release from the log handler did not return within %v (deadlock?); goroutines:\n%s", limit, buf[:runtime.Stack(buf, true)])
+		t.Fatalf("Release from the log handler did not return within %v (deadlock?); goroutines:\n%s", limit, Stacks())
 		return nil
 	}
 }
