@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/observetest"
 	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestReentryAtEndPastDeadline: the end of a lease past its deadline, before
@@ -183,4 +185,100 @@ func TestReleaseAsDeadlineMovesReportsOnce(t *testing.T) {
 		}
 	}
 	t.Logf("released %d, expired %d, unreported %d", released, expired, missing)
+}
+
+// TestRenewalReadPastDeadlineKeepsLease: as redlock's. A renewal that Redis
+// ran in time (before the lease's deadline on its clock) but whose reply
+// is read after the local deadline, with nothing looking at the lease
+// meanwhile: the lock was held throughout, and Extend returns nil with the
+// new Deadline, whether or not the lease has an expiry timer (an Observer
+// gives it one). Before, the renewal's last check ended it
+// (expireIfDueLater) and gave the lock back.
+func TestRenewalReadPastDeadlineKeepsLease(t *testing.T) {
+	srv := redistest.Start(t)
+	h := &holdExtendReply{}
+	c := srv.Client(t)
+	c.AddHook(h)
+	for _, observed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("observed=%v", observed), func(t *testing.T) {
+			h.ran, h.open = make(chan struct{}, 1), make(chan struct{})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			rec := &observetest.Recorder{}
+			opts := &Options{}
+			if observed {
+				opts.Observer = rec
+			}
+			l, err := New(c, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fl, err := l.Acquire(ctx, fmt.Sprintf("deadline-gap:renew-late-read:%v", observed), fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls := fl.(*lease)
+			h.armed.Store(true)
+			defer h.armed.Store(false)
+			ext := make(chan error, 1)
+			go func() { ext <- ls.Extend(ctx, time.Minute) }()
+			select {
+			case <-h.ran:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the extend script did not run")
+			}
+			ls.mu.Lock()
+			ls.deadline = time.Now().Add(-time.Millisecond) // passed while the reply is out
+			ls.mu.Unlock()
+			close(h.open)
+			if err := <-ext; err != nil {
+				t.Errorf("Extend run in time, its reply read after the deadline = %v, want nil", err)
+			}
+			if e := ls.Err(); e != nil {
+				t.Errorf("Err after it = %v, want nil", e)
+			}
+			if d := time.Until(ls.Deadline()); d < 30*time.Second {
+				t.Errorf("Deadline in %v after Extend(1m)", d)
+			}
+			if ends := rec.Ends(); len(ends) != 0 {
+				t.Errorf("ends reported %+v, want none", ends)
+			}
+			if err := ls.Release(ctx); err != nil {
+				t.Errorf("Release = %v", err)
+			}
+		})
+	}
+}
+
+// holdExtendReply is a hook that, when armed, lets the extend script run
+// and holds its reply until open is closed, telling ran.
+type holdExtendReply struct {
+	armed     atomic.Bool
+	ran, open chan struct{}
+}
+
+func (h *holdExtendReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdExtendReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h.hold(cmd)
+		}
+		return err
+	}
+}
+func (h *holdExtendReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.hold(cmd)
+		return err
+	}
+}
+
+func (h *holdExtendReply) hold(cmd redis.Cmder) {
+	if a := cmd.Args(); len(a) < 2 || fmt.Sprint(a[1]) != extendScript.Hash() || !h.armed.Load() {
+		return
+	}
+	h.ran <- struct{}{}
+	<-h.open
 }

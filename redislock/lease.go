@@ -138,15 +138,10 @@ func (ls *lease) expireLater() (report func()) {
 // would otherwise change their answers
 // (TestObservedLeaseEndsAtDeadlineBeforeItsTimer). The end is reported
 // once, by whichever ends it.
-func (ls *lease) expireIfDue() { ls.expireIfDueLater()() }
-
-// expireIfDueLater is expireIfDue, but returns the report of the end (see
-// endAs).
-func (ls *lease) expireIfDueLater() (report func()) {
-	if !ls.due() {
-		return func() {}
+func (ls *lease) expireIfDue() {
+	if ls.due() {
+		ls.expire()
 	}
-	return ls.expireLater()
 }
 
 // due reports whether the lease is held and past its deadline.
@@ -444,7 +439,14 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), _
 		lost := fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 		return ls.end(lost), lost
 	}
-	report = ls.expireIfDueLater() // as its timer would (there may be none, or not run yet)
+	// Run in time by the server's clock (extend.lua refuses a late
+	// renewal): the lock was held throughout, and the lease goes on with
+	// the new deadline, even if the old one passed while the reply was on
+	// its way, unless something ended it meanwhile (its timer, or Err,
+	// Context, Release or Extend, which end a lease past its deadline:
+	// once told, the lease stays ended). With or without a timer (an
+	// Observer, a Logger, a call of Done), the same reply gives the same
+	// answer, as in redlock (TestRenewalReadPastDeadlineKeepsLease).
 	ls.mu.Lock()
 	if err := ls.err; err != nil {
 		// It moved the lock, but its reply came after the lease ended:

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/observetest"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestReentryAtEndPastDeadline: as redislock's. The end of a lease past its
@@ -216,4 +219,101 @@ func TestReleaseAsDeadlineMovesReportsOnce(t *testing.T) {
 		}
 	}
 	t.Logf("released %d, expired %d, unreported %d", released, expired, missing)
+}
+
+// TestRenewalReadPastDeadlineKeepsLease: a renewal that every node ran in
+// time (before the lease's deadline on its clock) but whose replies are
+// read after the local deadline, with nothing looking at the lease
+// meanwhile. The lock was held throughout, and Extend returns nil with
+// the new Deadline, whether or not the lease has an expiry timer (an
+// Observer gives it one): before, a lease without one was ended by the
+// renewal's last check, and Extend returned the expiry, while an observed
+// one was kept (found by a helper's attack, TestAttack1RenewalReadPastDeadline,
+// which wanted the end for both; TestExpiryFiringAsRenewalLandsKeepsLease
+// wants the lease kept). The deadline's passing while the replies are out
+// is made by moving it back once every node has run the script.
+func TestRenewalReadPastDeadlineKeepsLease(t *testing.T) {
+	h := &holdExtendReply{}
+	var clients []redis.UniversalClient
+	for range 3 {
+		c := redistest.Start(t).Client(t)
+		c.AddHook(h)
+		clients = append(clients, c)
+	}
+	for _, observed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("observed=%v", observed), func(t *testing.T) {
+			h.ran, h.open = make(chan struct{}, 3), make(chan struct{})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			rec := &observetest.Recorder{}
+			opts := &Options{}
+			if observed {
+				opts.Observer = rec
+			}
+			l, err := New(clients, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = l.Close(ctx) }()
+			fl, err := l.Acquire(ctx, fmt.Sprintf("deadline-gap:renew-late-read:%v", observed), fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls := fl.(*lease)
+			h.armed.Store(true)
+			defer h.armed.Store(false)
+			ext := make(chan error, 1)
+			go func() { ext <- ls.Extend(ctx, time.Minute) }()
+			for range 3 {
+				select {
+				case <-h.ran:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the extend script did not run on every node")
+				}
+			}
+			ls.mu.Lock()
+			ls.deadline = time.Now().Add(-time.Millisecond) // passed while the replies are out
+			ls.mu.Unlock()
+			close(h.open)
+			if err := <-ext; err != nil {
+				t.Errorf("Extend run in time on every node, its replies read after the deadline = %v, want nil", err)
+			}
+			if e := ls.Err(); e != nil {
+				t.Errorf("Err after it = %v, want nil", e)
+			}
+			if d := time.Until(ls.Deadline()); d < 30*time.Second {
+				t.Errorf("Deadline in %v after Extend(1m)", d)
+			}
+			if ends := rec.Ends(); len(ends) != 0 {
+				t.Errorf("ends reported %+v, want none", ends)
+			}
+			if err := ls.Release(ctx); err != nil {
+				t.Errorf("Release = %v", err)
+			}
+		})
+	}
+}
+
+// holdExtendReply is a hook on a node's client that, when armed, lets the
+// extend script run and holds its reply until open is closed, telling ran.
+type holdExtendReply struct {
+	armed     atomic.Bool
+	ran, open chan struct{}
+}
+
+func (h *holdExtendReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdExtendReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *holdExtendReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) < 2 || fmt.Sprint(a[1]) != extendScript.Hash() || !h.armed.Load() {
+			return next(ctx, cmd)
+		}
+		err := next(ctx, cmd)
+		h.ran <- struct{}{}
+		<-h.open
+		return err
+	}
 }

@@ -645,8 +645,16 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		}
 		return report, err
 	}
+	// Moved on a majority, each node in time by its clock (extend.lua
+	// refuses a late renewal): the lock was held throughout, and the
+	// lease goes on with the new deadline, even if the old one passed
+	// while the replies were on their way, unless something ended it
+	// meanwhile (its timer, or Err, Context, Release or Extend, which end
+	// a lease past its deadline: once told, the lease stays ended). So
+	// with or without a timer (an Observer, a Logger, a call of Done), the
+	// same replies give the same answer
+	// (TestRenewalReadPastDeadlineKeepsLease).
 	ls.mu.Lock()
-	ls.expiredLocked()
 	if err := ls.err; err != nil {
 		// The lease ended (its deadline passed, or Release started)
 		// while the renewal was on its way: nobody will use the locks it
