@@ -540,11 +540,14 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// before waiting for a Release in flight too: that one's end of the
 	// lease must not make this call give up waiting for its result.
 	ls.mu.Lock()
-	watched, deadline := ls.ctx != nil, ls.deadline
+	watched := ls.ctx != nil
 	ls.mu.Unlock()
 	if watched {
+		// Bounded by the deadline as the lease ends, not as this call
+		// starts: the watchdog's renewal that it waits for below may
+		// move it (even one read past the old deadline: see renew).
 		var stop func()
-		ctx, stop = releasectx.Detach(ctx, deadline)
+		ctx, stop = releasectx.DetachBy(ctx, ls.Deadline)
 		defer stop()
 	}
 	for {
@@ -578,6 +581,18 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		}
 		ls.mu.Unlock()
 	}()
+	// A deadline that passed before this call ends the lease here, as Err
+	// would, before Release waits for the watchdog's renewal in flight:
+	// that renewal, run in time but read late, would otherwise keep the
+	// lease (see renew), and a Release called past the deadline answer
+	// released where Err answers lost.
+	if ls.due() {
+		expired := ls.expireLater()
+		defer func() {
+			other := report
+			report = func() { expired(); other() }
+		}()
+	}
 	if ls.stopWatchdog != nil {
 		// A renewal in flight ends soon after the watchdog is stopped,
 		// unless it was called straight through (a client that bounds

@@ -29,6 +29,16 @@ import (
 // the retry would end before it sent anything. stop must be called once
 // Release is done with it.
 func Detach(ctx context.Context, bound time.Time) (_ context.Context, stop func()) {
+	return DetachBy(ctx, func() time.Time { return bound })
+}
+
+// DetachBy is Detach with the bound read when ctx is cancelled as
+// released, not when Release starts: a renewal that Release waited for
+// (a watchdog's in flight) may have moved the lease's deadline meanwhile,
+// and the deadline read before it may have passed by the time Release
+// ends the lease and sends its request. bound must not block (a lease's
+// Deadline).
+func DetachBy(ctx context.Context, bound func() time.Time) (_ context.Context, stop func()) {
 	if ctx.Done() == nil {
 		return ctx, func() {}
 	}
@@ -51,13 +61,14 @@ func Detach(ctx context.Context, bound time.Time) (_ context.Context, stop func(
 			cancel(cause)
 			return
 		}
-		if bound.IsZero() {
+		b := bound()
+		if b.IsZero() {
 			return
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		if !stopped {
-			timer = time.AfterFunc(time.Until(bound), func() { cancel(errPastDeadline) })
+			timer = time.AfterFunc(time.Until(b), func() { cancel(errPastDeadline) })
 		}
 	})
 	out, cancelDeadline := context.Context(d), context.CancelFunc(func() {})
