@@ -6,18 +6,14 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps check check-aside unit lab-quick lab bench demo fuzz
+.PHONY: test deps check unit lab-quick lab bench demo fuzz
 
 # The unit tests mostly wait (on servers, leases and timeouts), so the fault
-# lab's short run and the fuzz targets run beside them, one at a time, and
-# so do the code checks, at a lower CPU priority (-j3); -Otarget prints
-# each step's output whole when it ends, and -k runs them all even when one
-# fails (make test still fails). On a fresh machine (nothing in the build
-# cache) the checks take 5.5 min of 2 CPUs on their own (vet and
-# staticcheck compile every package without -race, the tests with it), and
-# before 2026-12-04 they ran first, delaying every test by that much.
-test: deps
-	@$(MAKE) --no-print-directory -k -j3 -Otarget unit check-aside lab-quick fuzz
+# lab's short run and the fuzz targets run beside them, one at a time
+# (-j2); -Otarget prints each step's output whole when it ends, and -k runs
+# them all even when one fails (make test still fails).
+test: deps check
+	@$(MAKE) --no-print-directory -k -j2 -Otarget unit lab-quick fuzz
 
 # Debian packages of the servers the tests start: installed only if missing.
 # ZooKeeper is libzookeeper-java, the jars of Debian's zookeeper package
@@ -46,11 +42,6 @@ MODULES := ./redislock/... ./zklock/... ./redlock/... ./etcdlock/... ./cmd/fence
 # makes of it (not go work sync, which copies the workspace's versions, such as
 # the command's golang.org/x/sys, into the library's go.mod).
 MODULE_DIRS := . bench cmd/fence examples fenceotel fenceprom fencerueidis internal/pgtest tests zklock etcdlock internal/etcdserver/etcdmain
-
-# check at the lowest CPU priority: the tests, whose timing matters, get
-# the CPUs first.
-check-aside:
-	@nice -n 19 $(MAKE) --no-print-directory check
 
 check:
 	@for m in $(MODULE_DIRS); do (cd $$m && GOWORK=off $(GO) mod tidy -diff) || { echo "$$m: go.mod/go.sum not tidy (cd $$m && GOWORK=off go mod tidy)"; exit 1; }; done
