@@ -139,9 +139,26 @@ func (ls *lease) expireLater() (report func()) {
 // (TestObservedLeaseEndsAtDeadlineBeforeItsTimer). The end is reported
 // once, by whichever ends it.
 func (ls *lease) expireIfDue() {
-	if ls.due() {
-		ls.expire()
+	if report := ls.expireDue(); report != nil {
+		report()
 	}
+}
+
+// expireDue ends the lease if it is past its deadline, as expireIfDue, and
+// returns the report of that end; nil if it was not due. The report is a
+// no-op if the lease did not end here after all (a renewal moved the
+// deadline since due said, or another end came first).
+func (ls *lease) expireDue() (report func()) {
+	if !ls.due() {
+		return nil
+	}
+	return ls.expireLater()
+}
+
+// alsoReport makes *report make also first.
+func alsoReport(report *func(), also func()) {
+	other := *report
+	*report = func() { also(); other() }
 }
 
 // due reports whether the lease is held and past its deadline.
@@ -581,17 +598,17 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		}
 		ls.mu.Unlock()
 	}()
-	// A deadline that passed before this call ends the lease here, as Err
-	// would, before Release waits for the watchdog's renewal in flight:
-	// that renewal, run in time but read late, would otherwise keep the
-	// lease (see renew), and a Release called past the deadline answer
-	// released where Err answers lost.
-	if ls.due() {
-		expired := ls.expireLater()
-		defer func() {
-			other := report
-			report = func() { expired(); other() }
-		}()
+	// A deadline that has passed ends the lease here, as Err would: first
+	// before Release waits for the watchdog's renewal in flight (that
+	// renewal, run in time but read late, would otherwise keep the lease:
+	// see renew; TestReleaseWaitingForKeptRenewal), then once more after
+	// it. The end is reported as this call returns, beside this call's own
+	// report (reported here, a callback's Release would wait for this
+	// one). Any but one of these reports is a no-op: expireDue may find
+	// that a renewal moved the deadline, and then this call releases the
+	// lease.
+	if expired := ls.expireDue(); expired != nil {
+		defer alsoReport(&report, expired)
 	}
 	if ls.stopWatchdog != nil {
 		// A renewal in flight ends soon after the watchdog is stopped,
@@ -624,19 +641,8 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// owned is a release, not a loss. A lease still held ends here, before
 	// the script: the script may grant the lock to a waiter at once, and
 	// the new holder's Acquire may return before this call's reply does.
-	// A deadline that passed before this call ends the lease here, as Err
-	// would, and the end is reported as this call returns: reported here,
-	// a callback's Release would wait for this one.
-	if ls.due() {
-		// expireLater checks the deadline again: a renewal may have moved
-		// it since due (it is then a no-op, and the lease is released
-		// below). Both reports are made: whichever did not end the lease
-		// is a no-op.
-		expired := ls.expireLater()
-		defer func() {
-			other := report
-			report = func() { expired(); other() }
-		}()
+	if expired := ls.expireDue(); expired != nil {
+		defer alsoReport(&report, expired)
 	}
 	ls.mu.Lock()
 	lostBefore := ls.err

@@ -799,9 +799,12 @@ func (ls *lease) Release(ctx context.Context) error {
 // returns (never nil).
 func (ls *lease) release(ctx context.Context) (report func(), err error) {
 	ls.mu.Lock()
-	watched, deadline := ls.ctx != nil, ls.deadline
+	watched := ls.ctx != nil
 	ls.mu.Unlock()
 	if watched {
+		// Bounded by the deadline as the lease ends, not as this call
+		// starts: the watchdog's renewal that it waits for below may
+		// move it (even one read past the old deadline: see renew).
 		// The lease ends before the deletes are sent: a ctx that its
 		// end cancels (its Context, or fence.Run's fn's) must not cut
 		// this call short; it ends at the lease's deadline instead, as
@@ -810,7 +813,7 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 		// Release in flight too: that one's end of the lease must not
 		// make this call give up waiting for its result.
 		var stop func()
-		ctx, stop = releasectx.Detach(ctx, deadline)
+		ctx, stop = releasectx.DetachBy(ctx, ls.Deadline)
 		defer stop()
 	}
 	select {
@@ -840,6 +843,17 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 		}
 	}()
 	if ls.stopWatchdog != nil {
+		// Past the deadline, the lease ends here, as Err would, before
+		// Release waits for the watchdog's renewal in flight, which,
+		// run in time but read late, would keep it (see renew); below,
+		// it then counts as lost before Release.
+		ls.mu.Lock()
+		if ls.err == nil && !time.Now().Before(ls.deadline) {
+			ls.releasing = true // not given back: Release's deletes cover every node
+			expired := ls.dueLocked()
+			defer func() { report = expired }() // every other report of this call is a no-op
+		}
+		ls.mu.Unlock()
 		ls.stopWatchdog()
 		ls.mu.Lock()
 		logging := ls.logging // renewing no more: see logFailed
@@ -907,7 +921,7 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 			case deleted >= q:
 			case n-gone < q:
 				err = fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, n)
-			case !time.Now().Before(deadline):
+			case !time.Now().Before(ls.Deadline()):
 				// The lease time ran out while the last call's deletes
 				// were out: the lease is over, as below.
 				err = fmt.Errorf("%w: %q: %w (%v)", fence.ErrLeaseLost, ls.name, errRanOut, ls.noQuorum(rs, prev))
@@ -1014,7 +1028,7 @@ func (ls *lease) release(ctx context.Context) (report func(), err error) {
 	case deleted >= q:
 	case n-gone < q:
 		err = fmt.Errorf("%w: %q was removed or taken by another owner on %d of %d nodes", fence.ErrLeaseLost, ls.name, gone, n)
-	case !time.Now().Before(deadline):
+	case !time.Now().Before(ls.Deadline()):
 		// The lease time ran out while the deletes were out (a short
 		// lease, or slow nodes): whatever the nodes answer, the lease
 		// is over, as it is for a Release that starts after its
