@@ -13,7 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestReleaseWaitingForKeptRenewal (attack2, on 4f0716a): a watchdog lease
+// TestReleaseWaitingForKeptRenewal (a helper's attack on 4f0716a; both
+// subtests failed on it, and pass with 797bc4e): a watchdog lease
 // whose renewal ran in time on Redis, but whose reply is read after the
 // lease's deadline (held here by a hook, after go-redis read it: the
 // renewal's goroutine descheduled, as on a loaded machine), on a client
