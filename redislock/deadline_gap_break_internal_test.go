@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,102 +16,38 @@ import (
 )
 
 // TestReentryAtEndPastDeadline: the end of a lease past its deadline, before
-// its expiry timer ran, is now reported synchronously by whichever of Err,
-// Context, Done, Release or Extend finds it (eba5568). A LeaseEnded
-// callback (or a Logger's handler told "lease lost") that calls the lease's
-// Extend, Release (twice), Err, Context and Done must not deadlock on the
-// caller that made the report, for fixed-TTL and watchdog leases. The
-// trigger's own result must be the expiry (a Release: ErrLeaseLost), the
-// callback's Extend and Releases ErrLeaseLost, and the end reported once,
-// as an expiry (renew_failed for a watchdog lease).
+// its expiry timer ran, is reported synchronously by whichever call finds
+// it (Err, Context, Done, Release or Extend: eba5568). A LeaseEnded callback (or a
+// Logger's handler told "lease lost") that calls the lease back must not
+// deadlock on the caller that made the report; see
+// observetest.ReentryAtEndPastDeadline.
 func TestReentryAtEndPastDeadline(t *testing.T) {
 	srv := redistest.Start(t)
-	for _, logged := range []bool{false, true} {
-		for _, watchdog := range []bool{false, true} {
-			for _, trigger := range []string{"Err", "Context", "Done", "Release", "Extend"} {
-				name := fmt.Sprintf("logged=%v/watchdog=%v/%s", logged, watchdog, trigger)
-				t.Run(name, func(t *testing.T) {
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					defer cancel()
-					r := observetest.NewReentry()
-					opts := &Options{WatchdogTTL: time.Minute}
-					if logged {
-						opts.Logger = slog.New(r.Handler())
-					} else {
-						opts.Observer = r
-					}
-					l, err := New(srv.Client(t), opts)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var acq []fence.Option
-					if !watchdog {
-						acq = append(acq, fence.TTL(time.Minute))
-					}
-					fl, err := l.Acquire(ctx, "deadline-gap:reentry:"+strings.ReplaceAll(name, "/", ":"), acq...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					ls := fl.(*lease)
-					r.Set(ls)
-					ls.mu.Lock()
-					if ls.expiry == nil {
-						ls.mu.Unlock()
-						t.Fatal("no expiry timer")
-					}
-					ls.deadline = time.Now().Add(-time.Millisecond) // the timer still waits for the old one
-					ls.mu.Unlock()
-
-					trig := make(chan error, 1)
-					go func() {
-						switch trigger {
-						case "Err":
-							trig <- ls.Err()
-						case "Context":
-							trig <- context.Cause(ls.Context())
-						case "Done":
-							<-ls.Done()
-							trig <- ls.Err()
-						case "Release":
-							trig <- ls.Release(ctx)
-						case "Extend":
-							trig <- ls.Extend(ctx, time.Minute)
-						}
-					}()
-					var got error
-					select {
-					case got = <-trig:
-					case <-time.After(20 * time.Second):
-						t.Fatalf("%s on a lease past its deadline did not return in 20 s (deadlock?):\n%s", trigger, observetest.Stacks())
-					}
-					if !errors.Is(got, fence.ErrLeaseLost) {
-						t.Errorf("%s = %v, want ErrLeaseLost", trigger, got)
-					}
-					res := r.Calls(t, 20*time.Second)
-					for what, e := range map[string]error{"Extend": res.Extend, "Release": res.Release, "second Release": res.Again, "Err": res.Err, "Context's cause": res.ContextCause} {
-						if !errors.Is(e, fence.ErrLeaseLost) {
-							t.Errorf("%s from the callback = %v, want ErrLeaseLost", what, e)
-						}
-					}
-					if !res.DoneClosed {
-						t.Error("Done not closed in the callback")
-					}
-					if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
-						t.Errorf("Release after all = %v, want ErrLeaseLost", err)
-					}
-					if !logged {
-						want := fence.LostExpired
-						if watchdog {
-							want = fence.LostRenewFailed
-						}
-						if ends := r.Ends(); len(ends) != 1 || ends[0].Cause != want {
-							t.Errorf("reported ends %+v, want one, %s", ends, want)
-						}
-					}
-				})
+	observetest.ReentryAtEndPastDeadline(t, observetest.PastDeadline{
+		New: func(t *testing.T, obs fence.Observer, log *slog.Logger) fence.Locker {
+			l, err := New(srv.Client(t), &Options{WatchdogTTL: time.Minute, Observer: obs, Logger: log})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
+			return l
+		},
+		Pass:     passDeadline,
+		Triggers: []string{"Err", "Context", "Done", "Release", "Extend"},
+	})
+}
+
+// passDeadline moves the deadline of fl, a lease with an expiry timer, a
+// millisecond into the past, the timer still waiting for the old one: the
+// gap before the timer's goroutine runs.
+func passDeadline(t *testing.T, fl fence.Lease) {
+	t.Helper()
+	ls := fl.(*lease)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.expiry == nil {
+		t.Fatal("the lease has no expiry timer")
 	}
+	ls.deadline = time.Now().Add(-time.Millisecond)
 }
 
 // TestReleaseAsDeadlineMovesReportsOnce: Release decides the lease is due
