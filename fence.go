@@ -44,7 +44,10 @@ type Lease interface {
 	// Deadline returns the local time before which the lease is known to be
 	// held. It errs early: a backend behind a network measures it from
 	// before the acquire or renew request was sent, minus an allowance for
-	// clock drift. It never blocks: Run's fn's context reads it whenever
+	// clock drift. A renewal that the backend ran in time but whose reply
+	// came after the Deadline moves it on again, unless the lease has
+	// ended meanwhile (Err, Done or Context said so, or the Observer was
+	// told): an end, once seen, is final. It never blocks: Run's fn's context reads it whenever
 	// asked whether it is done, maybe by the Locker itself while it holds
 	// a lock of its own (keep it in an atomic, not behind such a lock).
 	Deadline() time.Time
