@@ -1,17 +1,13 @@
 package fencetest
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"runtime"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/observetest"
 )
 
 // reentry runs the re-entry subtests: an Observer, or a Logger's handler,
@@ -31,125 +27,55 @@ func (s suite) reentry(t *testing.T) {
 	}
 }
 
-// reentered is what the callback's calls into the lease returned.
-type reentered struct {
-	cause          fence.LeaseCause // "" for the Logger
-	extend         error
-	release, again error
-}
-
-// reenterer calls the lease's Extend and Release (twice) from the callback
-// that reports its end, and sends what they returned on done.
-type reenterer struct {
-	fence.NopObserver
-	mu    sync.Mutex
-	lease fence.Lease
-	done  chan reentered
-}
-
-func newReenterer() *reenterer { return &reenterer{done: make(chan reentered, 1)} }
-
-func (r *reenterer) set(lease fence.Lease) { r.mu.Lock(); r.lease = lease; r.mu.Unlock() }
-
-// LeaseEnded calls back into the lease.
-func (r *reenterer) LeaseEnded(ev fence.LeaseEvent) { r.call(ev.Cause) }
-
-func (r *reenterer) call(cause fence.LeaseCause) {
-	r.mu.Lock()
-	lease := r.lease
-	r.lease = nil // once
-	r.mu.Unlock()
-	if lease == nil {
-		return
-	}
-	// Bounded, so that a call that waits for the callback's own caller
-	// returns a context error (a failure) rather than hanging; a deadlock
-	// on a lock ignores it, and the test's wait reports it.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	res := reentered{cause: cause}
-	res.extend = lease.Extend(ctx, time.Second)
-	res.release = lease.Release(ctx)
-	res.again = lease.Release(ctx)
-	r.done <- res
-}
-
-// reenterHandler is a slog.Handler whose Handle calls back into the lease
-// on a record whose message says the lease was lost.
-type reenterHandler struct{ r *reenterer }
-
-func (h reenterHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h reenterHandler) Handle(_ context.Context, rec slog.Record) error {
-	if strings.Contains(rec.Message, "lease lost") {
-		h.r.call("")
-	}
-	return nil
-}
-func (h reenterHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h reenterHandler) WithGroup(string) slog.Handler      { return h }
-
-// awaitReentry waits up to limit for the callback's calls to return, and
-// fails the test with every goroutine's stack if they have not: the
-// callback deadlocked.
-func awaitReentry(t *testing.T, r *reenterer, limit time.Duration) reentered {
-	t.Helper()
-	select {
-	case res := <-r.done:
-		return res
-	case <-time.After(limit):
-		fatalStacks(t, fmt.Sprintf("the callback's calls into the lease did not return within %v (deadlock?)", limit))
-		return reentered{}
-	}
-}
-
 // fatalStacks fails the test with msg and every goroutine's stack.
 func fatalStacks(t *testing.T, msg string) {
 	t.Helper()
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	t.Fatalf("%s; goroutines:\n%s", msg, buf)
+	t.Fatalf("%s; goroutines:\n%s", msg, observetest.Stacks())
 }
 
 // wantLost checks that every call from the callback of a lost lease
 // returned an error matching fence.ErrLeaseLost.
-func wantLost(t *testing.T, res reentered) {
+func wantLost(t *testing.T, res observetest.ReentryCalls) {
 	t.Helper()
-	if !errors.Is(res.extend, fence.ErrLeaseLost) {
-		t.Errorf("Extend from the callback = %v, want ErrLeaseLost", res.extend)
+	if !errors.Is(res.Extend, fence.ErrLeaseLost) {
+		t.Errorf("Extend from the callback = %v, want ErrLeaseLost", res.Extend)
 	}
-	if !errors.Is(res.release, fence.ErrLeaseLost) {
-		t.Errorf("Release from the callback = %v, want ErrLeaseLost", res.release)
+	if !errors.Is(res.Release, fence.ErrLeaseLost) {
+		t.Errorf("Release from the callback = %v, want ErrLeaseLost", res.Release)
 	}
-	if !errors.Is(res.again, fence.ErrLeaseLost) {
-		t.Errorf("second Release from the callback = %v, want ErrLeaseLost", res.again)
+	if !errors.Is(res.Again, fence.ErrLeaseLost) {
+		t.Errorf("second Release from the callback = %v, want ErrLeaseLost", res.Again)
+	}
+	if !errors.Is(res.Err, fence.ErrLeaseLost) || !res.DoneClosed {
+		t.Errorf("from the callback: Err = %v, Done closed %v; want ErrLeaseLost, true", res.Err, res.DoneClosed)
 	}
 }
 
 // reenterLost: the lock is removed behind a watchdog lease's back, and the
 // renewal that finds it gone (or the session's watch) reports the loss.
 func (s suite) reenterLost(t *testing.T, logged bool) {
-	r := newReenterer()
+	r := observetest.NewReentry()
 	var l fence.Locker
 	if logged {
-		l = s.cfg.NewLogged(t, slog.New(reenterHandler{r}))
+		l = s.cfg.NewLogged(t, slog.New(r.Handler()))
 	} else {
 		l = s.cfg.NewObserved(t, r)
 	}
 	n := name(t)
 	lease := mustAcquire(t, l, n)
-	r.set(lease)
+	r.Set(lease)
 	// In a goroutine of its own: a backend may end the lease, and make the
 	// callback, on the goroutine that removes the lock.
 	removed := make(chan struct{})
 	go func() { defer close(removed); s.cfg.Remove(t, n) }()
-	res := awaitReentry(t, r, 10*s.cfg.WatchdogTTL+10*time.Second)
+	res := r.Calls(t, 10*s.cfg.WatchdogTTL+10*time.Second)
 	select {
 	case <-removed:
 	case <-time.After(10 * time.Second):
 		fatalStacks(t, "Remove did not return within 10s after the callback did (deadlock?)")
 	}
-	if !logged && res.cause == fence.Released {
-		t.Errorf("cause %q, want a loss", res.cause)
+	if !logged && res.Cause == fence.Released {
+		t.Errorf("cause %q, want a loss", res.Cause)
 	}
 	wantLost(t, res)
 	if err := lease.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
@@ -159,13 +85,13 @@ func (s suite) reenterLost(t *testing.T, logged bool) {
 
 // reenterExpired: the expiry timer ends a lease with a fixed TTL.
 func (s suite) reenterExpired(t *testing.T) {
-	r := newReenterer()
+	r := observetest.NewReentry()
 	l := s.cfg.NewObserved(t, r)
 	lease := mustAcquire(t, l, name(t), fence.TTL(200*time.Millisecond))
-	r.set(lease)
-	res := awaitReentry(t, r, 10*time.Second)
-	if res.cause == fence.Released {
-		t.Errorf("cause %q, want a loss", res.cause)
+	r.Set(lease)
+	res := r.Calls(t, 10*time.Second)
+	if res.Cause == fence.Released {
+		t.Errorf("cause %q, want a loss", res.Cause)
 	}
 	wantLost(t, res)
 }
@@ -173,14 +99,14 @@ func (s suite) reenterExpired(t *testing.T) {
 // reenterReleased: Release ends the lease and the Observer, told Released,
 // calls Release again, which returns Release's own result.
 func (s suite) reenterReleased(t *testing.T) {
-	r := newReenterer()
+	r := observetest.NewReentry()
 	l := s.cfg.NewObserved(t, r)
 	lease := mustAcquire(t, l, name(t))
-	r.set(lease)
+	r.Set(lease)
 	outer := make(chan error, 1)
 	ctx := ctxFor(t)
 	go func() { outer <- lease.Release(ctx) }()
-	res := awaitReentry(t, r, 10*time.Second)
+	res := r.Calls(t, 10*time.Second)
 	var err error
 	select {
 	case err = <-outer:
@@ -190,25 +116,29 @@ func (s suite) reenterReleased(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Release = %v", err)
 	}
-	if res.cause != fence.Released {
-		t.Errorf("cause %q, want %q", res.cause, fence.Released)
+	if res.Cause != fence.Released {
+		t.Errorf("cause %q, want %q", res.Cause, fence.Released)
 	}
-	if !errors.Is(res.extend, fence.ErrReleased) && !errors.Is(res.extend, fence.ErrLeaseLost) {
-		t.Errorf("Extend from the callback = %v, want ErrReleased or ErrLeaseLost", res.extend)
+	if !errors.Is(res.Extend, fence.ErrReleased) && !errors.Is(res.Extend, fence.ErrLeaseLost) {
+		t.Errorf("Extend from the callback = %v, want ErrReleased or ErrLeaseLost", res.Extend)
 	}
-	if res.release != nil || res.again != nil {
-		t.Errorf("Release from the callback = %v, then %v; want nil, Release's result", res.release, res.again)
+	if res.Release != nil || res.Again != nil {
+		t.Errorf("Release from the callback = %v, then %v; want nil, Release's result", res.Release, res.Again)
+	}
+	if !errors.Is(res.Err, fence.ErrReleased) || !errors.Is(res.ContextCause, fence.ErrReleased) || !res.DoneClosed {
+		t.Errorf("from the callback: Err = %v, Context's cause %v, Done closed %v; want ErrReleased, ErrReleased, true",
+			res.Err, res.ContextCause, res.DoneClosed)
 	}
 }
 
 // reenterExtend: the holder's Extend finds the lock removed and reports
 // the loss (where Remove itself, or a watch, does not end the lease first).
 func (s suite) reenterExtend(t *testing.T) {
-	r := newReenterer()
+	r := observetest.NewReentry()
 	l := s.cfg.NewObserved(t, r)
 	n := name(t)
 	lease := mustAcquire(t, l, n, fence.TTL(10*time.Second))
-	r.set(lease)
+	r.Set(lease)
 	removed := make(chan struct{})
 	go func() { defer close(removed); s.cfg.Remove(t, n) }()
 	select {
@@ -219,7 +149,7 @@ func (s suite) reenterExtend(t *testing.T) {
 	outer := make(chan error, 1)
 	ctx := ctxFor(t)
 	go func() { outer <- lease.Extend(ctx, 10*time.Second) }()
-	res := awaitReentry(t, r, 10*time.Second+s.cfg.SessionBound)
+	res := r.Calls(t, 10*time.Second+s.cfg.SessionBound)
 	select {
 	case err := <-outer:
 		if !errors.Is(err, fence.ErrLeaseLost) {
