@@ -20,7 +20,11 @@ import (
 // it (Err, Context, Done, Release or Extend: eba5568). A LeaseEnded callback (or a
 // Logger's handler told "lease lost") that calls the lease back must not
 // deadlock on the caller that made the report; see
-// observetest.ReentryAtEndPastDeadline.
+// observetest.ReentryAtEndPastDeadline. Before eba5568 an Observer (or a
+// Logger, or a call of Done), which gives the lease its timer, changed the
+// answers: in the gap before the timer's goroutine ran, Err said the lease
+// was held and Release deleted the lock and answered nil (reported
+// Released), where the same lease without an Observer answers ErrLeaseLost.
 func TestReentryAtEndPastDeadline(t *testing.T) {
 	srv := redistest.Start(t)
 	observetest.ReentryAtEndPastDeadline(t, observetest.PastDeadline{

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
-	"github.com/fencekit/fence/internal/observetest"
 	"github.com/fencekit/fence/internal/redistest"
 )
 
@@ -134,52 +133,5 @@ func TestLazyLeaseEndsAtDeadline(t *testing.T) {
 	}
 	if err := ls.Err(); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Err after the deadline = %v, want ErrLeaseLost", err)
-	}
-}
-
-// TestObservedLeaseEndsAtDeadlineBeforeItsTimer: a lease whose deadline has
-// passed is lost, whether or not its expiry timer has run yet. An Observer
-// (or a Logger, or a call of Done) gives the lease a timer; with one, Err
-// and Release used to leave the ending to the timer's goroutine, and in
-// the gap before it ran, Err said the lease was held and Release deleted
-// the lock and answered nil (reported Released), where the same lease
-// without an Observer answers ErrLeaseLost. The gap is made here by moving
-// the deadline back while the timer still waits for the old one, a minute
-// away. The end is reported once, as an expiry.
-func TestObservedLeaseEndsAtDeadlineBeforeItsTimer(t *testing.T) {
-	srv := redistest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, first := range []string{"Err", "Release"} {
-		t.Run(first, func(t *testing.T) {
-			rec := &observetest.Recorder{}
-			l, err := New(srv.Client(t), &Options{Observer: rec})
-			if err != nil {
-				t.Fatal(err)
-			}
-			fl, err := l.Acquire(ctx, "lock:payment:1001:"+first, fence.TTL(time.Minute))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ls := fl.(*lease)
-			passDeadline(t, ls)
-			if first == "Err" {
-				if err := ls.Err(); !errors.Is(err, fence.ErrLeaseLost) {
-					t.Fatalf("Err after the deadline, before the timer ran = %v, want ErrLeaseLost", err)
-				}
-				select {
-				case <-ls.Done():
-				default:
-					t.Fatal("Done not closed once Err said the lease was lost")
-				}
-			}
-			if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
-				t.Fatalf("Release after the deadline, before the timer ran = %v, want ErrLeaseLost", err)
-			}
-			ends := rec.Ends()
-			if len(ends) != 1 || ends[0].Cause != fence.LostExpired {
-				t.Fatalf("reported ends %+v, want one, LostExpired", ends)
-			}
-		})
 	}
 }

@@ -21,7 +21,11 @@ import (
 // it (Err, Context, Done or Release: b49970e; Close, which calls Err on each lease it holds). A LeaseEnded callback (or a
 // Logger's handler told "lease lost") that calls the lease back must not
 // deadlock on the caller that made the report; see
-// observetest.ReentryAtEndPastDeadline.
+// observetest.ReentryAtEndPastDeadline. Before b49970e an Observer (or a
+// Logger, or a call of Done), which gives the lease its timer, changed the
+// answers: in the gap before the timer's goroutine ran, Err said the lease
+// was held and Release deleted the lock and answered nil (reported
+// Released), where the same lease without an Observer answers ErrLeaseLost.
 func TestReentryAtEndPastDeadline(t *testing.T) {
 	clients := threeNodes(t)
 	observetest.ReentryAtEndPastDeadline(t, observetest.PastDeadline{
@@ -253,4 +257,14 @@ func (h *holdExtendReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook 
 		}
 		return err
 	}
+}
+
+// threeNodes starts three independent redis-servers and returns a client
+// of each.
+func threeNodes(t *testing.T) []redis.UniversalClient {
+	var clients []redis.UniversalClient
+	for range 3 {
+		clients = append(clients, redistest.Start(t).Client(t))
+	}
+	return clients
 }
