@@ -123,3 +123,103 @@ func reentryAtEnd(t *testing.T, p PastDeadline, name string, logged, watchdog bo
 		}
 	}
 }
+
+// PastDeadlineCase is one case of PastDeadlineEnds.
+type PastDeadlineCase struct {
+	// New returns a Locker whose watchdog leases last a minute, with obs
+	// as its Observer.
+	New func(t *testing.T, obs fence.Observer) fence.Locker
+	// Pass is PastDeadline's: it moves the lease's deadline into the past,
+	// leaving its expiry timer (a minute away) as it is.
+	Pass func(t *testing.T, lease fence.Lease)
+	// Watchdog: the lease is acquired without fence.TTL; otherwise with
+	// fence.TTL(time.Minute).
+	Watchdog bool
+	// First is the call that finds the lease past its deadline: "Err",
+	// "Context", "Done", "Release" or "Extend".
+	First string
+	// Expired and NotRenewed are in the error that the expiry timer ends
+	// a fixed-TTL lease and a watchdog lease with.
+	Expired, NotRenewed string
+}
+
+// PastDeadlineEnds checks that a lease past its deadline, whose expiry
+// timer has not run yet, ends as that timer would end it, at the first
+// call of c.First: it returns an error matching fence.ErrLeaseLost
+// (Done is closed at once), and by the time it returns the Observer has
+// been told of one end, fence.LostExpired (fence.LostRenewFailed for a
+// watchdog lease) with the timer's error. Err, Context, Done, Extend and
+// Release then agree, and nothing more is reported (not a Released).
+func PastDeadlineEnds(t *testing.T, c PastDeadlineCase) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec := &Recorder{}
+	l := c.New(t, rec)
+	var acq []fence.Option
+	cause, text := fence.LostExpired, c.Expired
+	if c.Watchdog {
+		cause, text = fence.LostRenewFailed, c.NotRenewed
+	} else {
+		acq = append(acq, fence.TTL(time.Minute))
+	}
+	ls, err := l.Acquire(ctx, "past-deadline:"+strings.ReplaceAll(t.Name(), "/", ":"), acq...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Pass(t, ls)
+	var got error
+	switch c.First {
+	case "Err":
+		got = ls.Err()
+	case "Context":
+		lctx := ls.Context()
+		if lctx.Err() == nil {
+			t.Error("Context not cancelled after the deadline, before the timer ran")
+		}
+		got = context.Cause(lctx)
+	case "Done":
+		select {
+		case <-ls.Done():
+		default:
+			t.Error("Done not closed after the deadline, before the timer ran")
+		}
+		got = ls.Err()
+	case "Release":
+		got = ls.Release(ctx)
+	case "Extend":
+		got = ls.Extend(ctx, time.Minute)
+	default:
+		t.Fatalf("unknown call %q", c.First)
+	}
+	if !errors.Is(got, fence.ErrLeaseLost) {
+		t.Errorf("%s after the deadline, before the timer ran = %v, want ErrLeaseLost", c.First, got)
+	}
+	// Reported by the call that ended the lease, before it returned.
+	ends := rec.Ends()
+	if len(ends) != 1 || ends[0].Cause != cause || ends[0].Err == nil || !strings.Contains(ends[0].Err.Error(), text) {
+		t.Errorf("ends reported by the time %s returned: %+v; want one, %s, with an error saying %q", c.First, ends, cause, text)
+	}
+	if err := ls.Err(); !errors.Is(err, fence.ErrLeaseLost) || !strings.Contains(err.Error(), text) {
+		t.Errorf("Err after %s = %v, want ErrLeaseLost saying %q", c.First, err, text)
+	}
+	select {
+	case <-ls.Done():
+	default:
+		t.Errorf("Done not closed after %s", c.First)
+	}
+	if cause := context.Cause(ls.Context()); !errors.Is(cause, fence.ErrLeaseLost) {
+		t.Errorf("Context's cause after %s = %v, want ErrLeaseLost", c.First, cause)
+	}
+	if err := ls.Extend(ctx, time.Minute); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Extend after %s = %v, want ErrLeaseLost", c.First, err)
+	}
+	if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release after %s = %v, want ErrLeaseLost", c.First, err)
+	}
+	if err := ls.Err(); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Err after Release = %v, want ErrLeaseLost", err)
+	}
+	if ends := rec.Ends(); len(ends) != 1 {
+		t.Errorf("ends reported in all: %+v, want one", ends)
+	}
+}
