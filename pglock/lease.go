@@ -77,12 +77,7 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 	defer ls.mu.Unlock()
 	ls.setDeadline(deadline(sent, a.ttl))
 	ls.expiry = time.AfterFunc(time.Until(ls.deadline), func() {
-		cause, why := fence.LostExpired, fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, a.name)
-		if a.watchdog {
-			// The watchdog's renewals failed until the deadline.
-			cause, why = fence.LostRenewFailed, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, a.name)
-		}
-		ls.endAsIf(true, cause, why)
+		ls.errQuiet() // ends the lease if its deadline has passed (a renewal may have moved it)
 		ls.flush()
 	})
 	if a.watchdog {
@@ -92,17 +87,80 @@ func (l *Locker) newLease(ctx context.Context, a *attempt, token fence.Token, se
 	return ls
 }
 
-func (ls *lease) Name() string             { return ls.a.name }
-func (ls *lease) Token() fence.Token       { return ls.token }
-func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
-func (ls *lease) Context() context.Context { return ls.ctx }
-func (ls *lease) Deadline() time.Time      { return ls.dl.Load() }
+func (ls *lease) Name() string        { return ls.a.name }
+func (ls *lease) Token() fence.Token  { return ls.token }
+func (ls *lease) Deadline() time.Time { return ls.dl.Load() }
 
 // setDeadline sets the deadline, under ls.mu, and the copy that Deadline
 // reads without it.
 func (ls *lease) setDeadline(d time.Time) { ls.deadline = d; ls.dl.Store(d) }
-func (ls *lease) Err() error              { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
 func (ls *lease) String() string          { return fmt.Sprintf("pglock lease %q token %d", ls.a.name, ls.token) }
+
+// Err, Context and Done end a lease whose deadline has passed, as its
+// expiry timer does, whether or not the timer's goroutine has run yet: in
+// that gap (microseconds, more on a loaded machine) they said the lease
+// was held, and Release freed the row and returned nil, where redislock,
+// redlock and memlock answered the loss
+// (TestObservedLeaseEndsAtDeadlineBeforeItsTimer in tests/pglock). The end
+// is reported by the call that made it, before it returns: the caller
+// holds nothing the callback may wait for. The lease's own renewals use
+// errQuiet.
+func (ls *lease) Err() error {
+	ls.mu.Lock()
+	report := ls.expireDueLocked()
+	err := ls.err
+	ls.mu.Unlock()
+	if report != nil {
+		report()
+	}
+	return err
+}
+
+func (ls *lease) Context() context.Context { ls.expireIfDue(); return ls.ctx }
+func (ls *lease) Done() <-chan struct{}    { ls.expireIfDue(); return ls.ctx.Done() }
+
+// expireIfDue ends the lease if its deadline has passed, and reports it:
+// see Err.
+func (ls *lease) expireIfDue() {
+	ls.mu.Lock()
+	report := ls.expireDueLocked()
+	ls.mu.Unlock()
+	if report != nil {
+		report()
+	}
+}
+
+// errQuiet is Err for the lease's expiry timer and its renewals, which
+// hold ls.op or are the watchdog, that a callback's Release or Extend
+// waits for: the end of a lease past its deadline is left to flush, which
+// they make once they hold nothing (see flush).
+func (ls *lease) errQuiet() error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if report := ls.expireDueLocked(); report != nil {
+		ls.unreported = report
+	}
+	return ls.err
+}
+
+// expireDueLocked ends the lease if it is held and its deadline has
+// passed, as its expiry timer does: a watchdog lease was not renewed in
+// time, a fixed one's lease time ran out. It returns the report of that
+// end (nil: it did not end the lease, or nobody is to be told), for the
+// caller to make once it has unlocked ls.mu and holds nothing a callback
+// may wait for, or to leave to flush. ls.mu is held.
+func (ls *lease) expireDueLocked() (report func()) {
+	if ls.err != nil || time.Now().Before(ls.deadline) {
+		return nil
+	}
+	cause, why := fence.LostExpired, fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.a.name)
+	if ls.a.watchdog {
+		// The watchdog's renewals failed until the deadline.
+		cause, why = fence.LostRenewFailed, fmt.Errorf("%w: %q was not renewed before its deadline", fence.ErrLeaseLost, ls.a.name)
+	}
+	ls.endLocked(why)
+	return ls.report(cause, why)
+}
 
 // end records why the lease ended and cancels its context; the first call
 // wins. It reports the cause Released for fence.ErrReleased, LostRemoved
@@ -118,17 +176,21 @@ func (ls *lease) end(why error) {
 // endAs is end with the cause to report to the Observer and the Logger.
 // The report is left to flush, which the caller makes once it holds
 // nothing that the callback may wait for.
-func (ls *lease) endAs(cause fence.LeaseCause, why error) { ls.endAsIf(false, cause, why) }
-
-// endAsIf is endAs; with due, only if the deadline has passed: the expiry
-// timer may fire as a renewal moves the deadline (renew holds ls.mu, and
-// its Reset runs the timer's function again at the new deadline).
-func (ls *lease) endAsIf(due bool, cause fence.LeaseCause, why error) {
+func (ls *lease) endAs(cause fence.LeaseCause, why error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if ls.err != nil || due && time.Now().Before(ls.deadline) {
+	if ls.err != nil {
 		return
 	}
+	ls.endLocked(why)
+	ls.unreported = ls.report(cause, why)
+}
+
+// endLocked records why the held lease ended, stops its expiry timer and
+// cancels its context; a row that a renewal may have moved ahead is freed
+// unless a Release ends it (Release frees it). ls.mu is held and ls.err
+// is nil.
+func (ls *lease) endLocked(why error) {
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
@@ -136,7 +198,6 @@ func (ls *lease) endAsIf(due bool, cause fence.LeaseCause, why error) {
 		ls.ahead = false
 		ls.l.freeOwned(ls.a.name, ls.a.owner)
 	}
-	ls.unreported = ls.report(cause, why)
 }
 
 // report returns the report of the lease's end, cause and why (nil:
@@ -315,7 +376,9 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("pglock: extend %q: %w", ls.a.name, err)
 	}
 	defer ls.unlockOp()
-	if err := ls.Err(); err != nil {
+	// Quiet: this holds ls.op, which a callback's Release or Extend waits
+	// for; the caller flushes the end once it has unlocked it.
+	if err := ls.errQuiet(); err != nil {
 		return err
 	}
 	// The statement ends with the lease too: once the lease has ended
@@ -344,7 +407,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("pglock: extend %q: %w", ls.a.name, err)
 	}
 	if n == 0 {
-		if ended := ls.Err(); ended != nil {
+		if ended := ls.errQuiet(); ended != nil {
 			// Ended first (a Release that gave up, whose background
 			// finish then freed the row): that end, not a loss.
 			return ended
@@ -443,7 +506,20 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 		defer ls.mu.Unlock()
 		return nil, ls.relErr
 	}
+	// Past its deadline the lease ends here, as Err would: before this
+	// waits for a renewal under way, which, its reply read late, would
+	// otherwise keep it (see renew), and once more once this holds ls.op.
+	// Then it was lost before Release, which returns that. The end is
+	// reported by this call, with its result (see Release): reported
+	// here, a callback's Release would wait for ls.op. At most one of the
+	// two ends it, and then this call's own report (releasedAs) is nil.
+	expired := ls.expireDueLocked()
 	ls.mu.Unlock()
+	defer func() {
+		if expired != nil {
+			report = alsoReport(expired, report)
+		}
+	}()
 	if err := ls.lockOpUnless(ctx, ls.concluded); errors.Is(err, errConcluded) {
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
@@ -474,6 +550,9 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 	if ls.released {
 		defer ls.mu.Unlock()
 		return nil, ls.relErr
+	}
+	if e := ls.expireDueLocked(); e != nil {
+		expired = e
 	}
 	lostBefore := ls.err
 	ahead := ls.ahead
@@ -552,6 +631,14 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 	defer ls.mu.Unlock()
 	ls.concludeLocked(err) // unless concluded meanwhile, as above
 	return nil, ls.relErr
+}
+
+// alsoReport returns a report that makes first, then then (nil: none).
+func alsoReport(first, then func()) func() {
+	if then == nil {
+		return first
+	}
+	return func() { first(); then() }
 }
 
 // concludeLocked records the release's conclusion, err, unless one was
