@@ -1,6 +1,12 @@
 package etcdlock
 
-import clientv3 "go.etcd.io/etcd/client/v3"
+import (
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
 
 // SpareIDs returns the etcd leases l keeps for reuse, oldest first.
 func (l *Locker) SpareIDs() []clientv3.LeaseID {
@@ -16,3 +22,36 @@ func (l *Locker) SpareIDs() []clientv3.LeaseID {
 // Raw reports whether the Locker sends its create Txn and delete as gRPC
 // requests of its own (see rawKV).
 func (l *Locker) Raw() bool { return l.kv != nil }
+
+// HoldRuns keeps l's starter from starting the run of any lease acquired
+// from now on (see starter): the starter believes its timer armed for
+// long ago, so add arms it for no later lease. Such a lease's deadline can
+// then be moved into the past (PassDeadline) with nothing on its way to
+// end it at that deadline but the calls that find it passed: the gap
+// before a run starts, or before its expiry timer's case is picked.
+func HoldRuns(l *Locker) {
+	s := &l.starter
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.at = time.Unix(0, 1)
+}
+
+// PassDeadline moves the deadline of fl, a lease of a Locker whose runs
+// are held (HoldRuns), a millisecond into the past.
+func PassDeadline(t *testing.T, fl fence.Lease) {
+	t.Helper()
+	ls := fl.(*Lease)
+	s := &ls.l.starter
+	s.mu.Lock()
+	state := ls.runState
+	s.mu.Unlock()
+	if state != runPending {
+		t.Fatalf("the lease's run is not held (state %d): HoldRuns before Acquire", state)
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.setDeadline(time.Now().Add(-time.Millisecond))
+}

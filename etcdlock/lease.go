@@ -113,10 +113,10 @@ func (ls *Lease) Token() fence.Token { return ls.token }
 func (ls *Lease) Key() string { return ls.key }
 
 // Done is closed when the lease has ended.
-func (ls *Lease) Done() <-chan struct{} { return ls.ctx.Done() }
+func (ls *Lease) Done() <-chan struct{} { ls.expireIfDue(); return ls.ctx.Done() }
 
 // Context is cancelled with Err as its cause when the lease ends.
-func (ls *Lease) Context() context.Context { return ls.ctx }
+func (ls *Lease) Context() context.Context { ls.expireIfDue(); return ls.ctx }
 
 // Deadline returns the local time before which the lease is known to be held.
 func (ls *Lease) Deadline() time.Time { return ls.dl.Load() }
@@ -126,7 +126,50 @@ func (ls *Lease) Deadline() time.Time { return ls.dl.Load() }
 func (ls *Lease) setDeadline(d time.Time) { ls.deadline = d; ls.dl.Store(d) }
 
 // Err returns nil while the lease is held, and afterwards why it ended.
-func (ls *Lease) Err() error { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
+// Past its deadline the lease has ended, whether or not its run has seen
+// it yet (see expireDueLocked).
+func (ls *Lease) Err() error {
+	ls.mu.Lock()
+	report := ls.expireDueLocked()
+	err, id := ls.err, ls.id
+	ls.mu.Unlock()
+	if report != nil {
+		go ls.l.giveBack(ls.ctx, id, nil) // as run does; Err must not wait for etcd
+		report()
+	}
+	return err
+}
+
+// expireIfDue is Err for Context and Done: it ends a lease past its
+// deadline, and reports it.
+func (ls *Lease) expireIfDue() { _ = ls.Err() }
+
+// errNow is Err for the lease's own calls, which may hold ls.op, that a
+// callback's Release or Extend waits for, or be run, that Release joins:
+// it ends nothing and reports nothing. Each of them that must not go on
+// past the deadline checks it itself (ls.expired, whose report is left to
+// flush).
+func (ls *Lease) errNow() error { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
+
+// expireDueLocked ends the lease if it is held and its deadline has
+// passed, as run does when its expiry timer fires (with the error and
+// cause of expired), whether or not run has started and picked that case
+// (in that gap, Err said the lease was held, Done was open, and a Release
+// deleted the key and reported Released:
+// TestObservedLeaseEndsAtDeadlineBeforeItsTimer). It returns the report of
+// that end (nil: not ended here), for the caller to make once it has
+// unlocked ls.mu and holds nothing a callback may wait for (the callback
+// may call Release, which waits for ls.op and joins run); the caller gives
+// back the etcd lease (ls.id), as run does. ls.mu is held.
+func (ls *Lease) expireDueLocked() (report func()) {
+	if ls.err != nil || time.Now().Before(ls.deadline) {
+		return nil
+	}
+	cause, why := ls.expiry()
+	ls.err = why
+	ls.cancel(why)
+	return func() { ls.ended(cause, why) }
+}
 
 // String describes the lease for logs.
 func (ls *Lease) String() string { return fmt.Sprintf("etcdlock lease %q token %d", ls.name, ls.token) }
@@ -143,9 +186,11 @@ func (ls *Lease) end(why error) bool {
 }
 
 // endAs is end with the cause to report to the Observer and the Logger.
-// The report is left to flush: the lease ends only in run, Extend and
+// The report is left to flush: the lease ends so only in run, Extend and
 // Release, each of which flushes once it holds nothing that the callback
-// may wait for (see flush).
+// may wait for (see flush). (Err, Context and Done, and Extend and Release
+// before they wait for anything, end a lease past its deadline otherwise,
+// and report it themselves: see expireDueLocked.)
 func (ls *Lease) endAs(why error, cause fence.LeaseCause) bool {
 	ls.mu.Lock()
 	if ls.err != nil {
@@ -238,10 +283,17 @@ func (ls *Lease) flush() {
 // renewals failed until then, a fixed one was not extended. It reports
 // whether this call ended it.
 func (ls *Lease) expired() bool {
+	cause, why := ls.expiry()
+	return ls.endAs(why, cause)
+}
+
+// expiry returns the cause and the error of the end of a lease whose
+// deadline passed.
+func (ls *Lease) expiry() (fence.LeaseCause, error) {
 	if ls.watchdog {
-		return ls.endAs(ls.lostf("not renewed before its deadline"), fence.LostRenewFailed)
+		return fence.LostRenewFailed, ls.lostf("not renewed before its deadline")
 	}
-	return ls.endAs(ls.lostf("expired"), fence.LostExpired)
+	return fence.LostExpired, ls.lostf("expired")
 }
 
 func (ls *Lease) lostf(format string, args ...any) error {
@@ -645,6 +697,11 @@ func (ls *Lease) renew(ctx context.Context) error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	switch {
+	case ls.err != nil:
+		// Ended meanwhile (a Release, or its deadline seen by Err):
+		// final, whatever etcd answered. A renewal that got through is
+		// undone by the revoke of the etcd lease that the end gives back.
+		return ls.err
 	case ls.id != id:
 		return nil // Extend replaced the etcd lease and set the deadline
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -673,6 +730,18 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := validateTTL(ttl); err != nil {
 		return err
 	}
+	// Past its deadline the lease ends here, as Err would, before this
+	// waits for ls.op; it is reported at once (this holds nothing). Once
+	// this holds ls.op, the deadline is checked again below.
+	ls.mu.Lock()
+	expired := ls.expireDueLocked()
+	id := ls.id
+	ls.mu.Unlock()
+	if expired != nil {
+		_ = ls.l.giveBack(ctx, id, nil)
+		expired()
+		return ls.errNow()
+	}
 	if err := ls.lockOp(ctx); err != nil {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
@@ -681,7 +750,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
-	if err := ls.Err(); err != nil {
+	if err := ls.errNow(); err != nil {
 		if err == fence.ErrReleased {
 			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
 		}
@@ -740,7 +809,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if ls.end(ls.lostf("its key %s is gone", ls.key)) {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
-	return ls.Err()
+	return ls.errNow()
 }
 
 // moveTxn sends the Txn that moves the key onto the etcd lease id if it is
@@ -792,7 +861,7 @@ func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantRes
 			ls.l.revoke(ctx, ls.etcdLease())
 		}
 		ls.l.revoke(ctx, g.ID)
-		return ls.Err()
+		return ls.errNow()
 	case resp.Succeeded:
 		ls.modRev = resp.Header.Revision
 		ls.l.revoke(ctx, g.ID)
@@ -814,7 +883,7 @@ func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantRes
 	if ls.end(ls.lostf("its key %s is gone", ls.key)) {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
-	return ls.Err()
+	return ls.errNow()
 }
 
 // settleTxn sends settleMove's Txn, moving the key onto the etcd lease
@@ -843,7 +912,7 @@ func (ls *Lease) settleTxn(cctx context.Context, old clientv3.LeaseID) (*clientv
 		if err == nil {
 			return resp, nil
 		}
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) || ls.Err() != nil || (cctx.Err() != nil && !time.Now().Before(grace)) {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) || ls.errNow() != nil || (cctx.Err() != nil && !time.Now().Before(grace)) {
 			return nil, err
 		}
 		wait := time.NewTimer(retryInterval - time.Since(began))
@@ -861,7 +930,7 @@ func (ls *Lease) extendFailed(ctx context.Context, err error) error {
 	if !time.Now().Before(ls.Deadline()) && ls.expired() {
 		ls.l.revoke(ctx, ls.etcdLease())
 	}
-	if lerr := ls.Err(); lerr != nil {
+	if lerr := ls.errNow(); lerr != nil {
 		return lerr
 	}
 	return err
@@ -951,6 +1020,21 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	// expiry ended it before.
 	ctx, stop := releasectx.Detach(ctx, ls.Deadline())
 	defer stop()
+	// Past its deadline the lease ends here, as Err would: before this
+	// waits for an Extend under way (ls.op) or for run's renewal (join),
+	// which, read late, would otherwise keep it; it then counts as lost
+	// before this Release. Its etcd lease is given back, as run does. The
+	// end is reported as this call returns, once its result is settled
+	// (reported here, a callback's Release would wait for ls.op). Once this
+	// holds ls.op and has joined run, the deadline is checked again below.
+	ls.mu.Lock()
+	expired := ls.expireDueLocked()
+	id := ls.id
+	ls.mu.Unlock()
+	if expired != nil {
+		defer expired() // after unlockOp, with the result settled
+		_ = ls.l.giveBack(ctx, id, nil)
+	}
 	if err := ls.lockOp(ctx); err != nil {
 		// An Extend in flight holds ls.op; it revokes the etcd lease it
 		// moves the key to when it finds the lease ended. A Release in
@@ -1004,7 +1088,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 			return err
 		})
 	}
-	early := ctx.Err() == nil && time.Now().Before(ls.Deadline()) && ls.Err() == nil
+	early := ctx.Err() == nil && time.Now().Before(ls.Deadline()) && ls.errNow() == nil
 	var err error
 	if early {
 		// The lease ends before the delete leaves: once it is applied
@@ -1020,15 +1104,16 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	// Whatever happens below, nothing renews the lease any more, and the
 	// lease ends: a Release that fails (a done ctx, say) revokes the etcd
 	// lease, or leaves the key to expire with it, and calling Release
-	// again retries the delete.
-	ls.watchdog = false
+	// again retries the delete. (ls.watchdog stays as it was: a lease
+	// past its deadline ends as not renewed, as run ends it, and Err may
+	// read it meanwhile.)
 	if !early {
 		if !time.Now().Before(ls.Deadline()) && ls.expired() {
 			ls.l.revoke(ctx, ls.etcdLease())
 		}
 		// Lost before Release was called; ErrReleased is an earlier
 		// Release that failed, whose delete this one retries.
-		if err := ls.Err(); err != nil && err != fence.ErrReleased {
+		if err := ls.errNow(); err != nil && err != fence.ErrReleased {
 			ls.released, ls.relErr = true, err
 			return err
 		}
@@ -1041,7 +1126,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 		ended = ls.endReleasing()
 		err = del()
 	}
-	if lerr := ls.Err(); lerr != nil && lerr != fence.ErrReleased {
+	if lerr := ls.errNow(); lerr != nil && lerr != fence.ErrReleased {
 		// run found the lease lost before it was halted (its key deleted
 		// by another, or its etcd lease gone): that stands.
 		ls.released, ls.relErr = true, lerr

@@ -21,7 +21,7 @@ func (ls *Lease) ended(cause fence.LeaseCause, why error) {
 // renewFailed logs a watchdog renewal that failed without losing the
 // lease; the watchdog tries again sooner.
 func (ls *Lease) renewFailed(err error) {
-	if l := ls.l; l.log != nil && ls.Err() == nil {
+	if l := ls.l; l.log != nil && ls.errNow() == nil {
 		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "etcdlock: renewal failed",
 			slog.String("name", ls.name), slog.Int64("token", int64(ls.token)),
 			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
