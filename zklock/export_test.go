@@ -1,5 +1,12 @@
 package zklock
 
+import (
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
 // Escape is escape, for the tests that look at the nodes.
 var Escape = escape
 
@@ -19,4 +26,28 @@ func (s *SessionTimeouts) Following() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.leases)
+}
+
+// PassDeadline moves the deadline of fl, a lease, a millisecond into the
+// past, as if it had passed before its expiry timer fired: the timer is
+// set to fire a minute from now, and the lease's last contact an hour
+// ahead, so that the monitor's checks (which move the deadline to a
+// session timeout after the contact they were sent at) leave it alone. A
+// lease with fence.TTL has its lease time run out then too, as a deadline
+// that passes with the session alive does.
+func PassDeadline(t *testing.T, fl fence.Lease) {
+	t.Helper()
+	ls := fl.(*lease)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.expiry == nil {
+		t.Fatal("the lease has no expiry timer")
+	}
+	past := time.Now().Add(-time.Millisecond)
+	if !ls.ttlEnd.IsZero() {
+		ls.ttlEnd = past
+	}
+	ls.contact = time.Now().Add(time.Hour)
+	ls.setDeadline(past)
+	ls.expiry.Reset(time.Minute)
 }

@@ -140,11 +140,28 @@ func (ls *lease) retime(g grant) {
 }
 
 // expire ends the lease at its deadline and deletes its node: the lease
-// time ran out, or ZooKeeper may have expired the session.
+// time ran out, or ZooKeeper may have expired the session. It ends the
+// lease only if its deadline has come: a reply or an Extend may have moved
+// it while the timer fired (the timer, reset, fires again then).
 func (ls *lease) expire() {
 	ls.mu.Lock()
-	ttlRanOut := !ls.ttlEnd.IsZero() && !ls.ttlEnd.After(ls.deadline)
+	report := ls.expireDueLocked()
 	ls.mu.Unlock()
+	if report != nil {
+		report()
+	}
+}
+
+// expireDueLocked ends the lease if it is held and its deadline has
+// passed, as its expiry timer does (expire), and starts the deletion of
+// its node. It returns the report of the end (nil: not ended here), for
+// the caller to make once it has unlocked ls.mu and waits for nothing the
+// callback may wait for in turn (see endAsLater). ls.mu is held (timeout
+// reads the SessionTimeouts under it, as deadlineLocked does).
+func (ls *lease) expireDueLocked() (report func()) {
+	if ls.err != nil || time.Now().Before(ls.deadline) {
+		return nil
+	}
 	why := fmt.Errorf("%w: %q: no reply from ZooKeeper for a session timeout (%v): the session may have expired",
 		fence.ErrLeaseLost, ls.a.name, ls.timeout())
 	cause := fence.LostRenewFailed
@@ -155,21 +172,44 @@ func (ls *lease) expire() {
 			cause = fence.LostRemoved
 		}
 	}
-	if ttlRanOut {
+	if !ls.ttlEnd.IsZero() && !ls.ttlEnd.After(ls.deadline) {
 		why = fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.a.name)
 		cause = fence.LostExpired
 	}
-	if ls.endAs(why, cause) {
-		ls.l.cleanup(&ls.a, ls.node)
-	}
+	ls.endLocked(why)
+	ls.l.cleanup(&ls.a, ls.node)
+	return func() { ls.ended(cause, why) }
 }
 
-func (ls *lease) Name() string             { return ls.a.name }
-func (ls *lease) Token() fence.Token       { return ls.token }
-func (ls *lease) Done() <-chan struct{}    { return ls.ctx.Done() }
-func (ls *lease) Context() context.Context { return ls.ctx }
-func (ls *lease) Err() error               { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
-func (ls *lease) String() string           { return fmt.Sprintf("lease %q token %d", ls.a.name, ls.token) }
+func (ls *lease) Name() string       { return ls.a.name }
+func (ls *lease) Token() fence.Token { return ls.token }
+func (ls *lease) String() string     { return fmt.Sprintf("lease %q token %d", ls.a.name, ls.token) }
+
+// Err, Context and Done end a lease whose deadline has passed, as its
+// expiry timer does (expire), whether or not the timer's goroutine has run
+// yet: in that gap (microseconds, more on a loaded machine) they said the
+// lease was held, and Release deleted the node and returned nil, reported
+// Released, where redislock, redlock and memlock answered the loss
+// (TestObservedLeaseEndsAtDeadlineBeforeItsTimer). The end is reported by
+// the call that made it, before it returns: the caller holds nothing the
+// callback may wait for. (The monitor, which Release waits for, reads the
+// lease's end with errNow.)
+func (ls *lease) Err() error {
+	ls.mu.Lock()
+	report := ls.expireDueLocked()
+	err := ls.err
+	ls.mu.Unlock()
+	if report != nil {
+		report()
+	}
+	return err
+}
+
+func (ls *lease) Context() context.Context { ls.expire(); return ls.ctx }
+func (ls *lease) Done() <-chan struct{}    { ls.expire(); return ls.ctx.Done() }
+
+// errNow is Err without the deadline's check: it ends nothing.
+func (ls *lease) errNow() error { ls.mu.Lock(); defer ls.mu.Unlock(); return ls.err }
 
 // Deadline returns the lease's deadline, counted from the session timeout
 // as it is when it is read: with WithSessionTimeouts, a grant lower than
@@ -199,7 +239,7 @@ func (ls *lease) setDeadline(d time.Time) {
 // end records why the lease ended and cancels its context; the first call
 // wins and reports true. The cause it reports is Released for
 // fence.ErrReleased, LostRemoved otherwise (the node was deleted, or the
-// session that owned it ended); see endAs.
+// session that owned it ended); see endAsLater.
 func (ls *lease) end(why error) bool {
 	ended, report := ls.endLater(why)
 	report()
@@ -214,35 +254,32 @@ func (ls *lease) endLater(why error) (ended bool, report func()) {
 	if why == fence.ErrReleased {
 		cause = fence.Released
 	}
-	return ls.endAsLater(why, cause, false)
+	return ls.endAsLater(why, cause)
 }
 
-// endAs is end with the cause to report to the Observer and the Logger,
-// for the expiry timer: it ends the lease only if its deadline has come (a
-// reply or an Extend may have moved it while the timer fired; the timer,
-// reset, fires again then).
-func (ls *lease) endAs(why error, cause fence.LeaseCause) bool {
-	ended, report := ls.endAsLater(why, cause, true)
-	report()
-	return ended
-}
-
-// endAsLater is endAs, but returns the report rather than make it, for the
-// caller to make once it waits for nothing that the callback may wait for
-// in turn: the callback may call Release, which waits for the monitor to
-// end and for the Release under way, whose result must be settled before
-// the callback's Release returns it.
-func (ls *lease) endAsLater(why error, cause fence.LeaseCause, expiring bool) (ended bool, report func()) {
+// endAsLater is end with the cause to report to the Observer and the
+// Logger, and returns the report rather than make it, for the caller to
+// make once it waits for nothing that the callback may wait for in turn:
+// the callback may call Release, which waits for the monitor to end and
+// for the Release under way, whose result must be settled before the
+// callback's Release returns it.
+func (ls *lease) endAsLater(why error, cause fence.LeaseCause) (ended bool, report func()) {
 	ls.mu.Lock()
-	if ls.err != nil || expiring && time.Now().Before(ls.deadline) {
+	if ls.err != nil {
 		ls.mu.Unlock()
 		return false, func() {}
 	}
+	ls.endLocked(why)
+	ls.mu.Unlock()
+	return true, func() { ls.ended(cause, why) }
+}
+
+// endLocked records why the held lease ended, stops its expiry timer and
+// cancels its context. ls.mu is held and ls.err is nil.
+func (ls *lease) endLocked(why error) {
 	ls.err = why
 	ls.expiry.Stop()
 	ls.cancel(why)
-	ls.mu.Unlock()
-	return true, func() { ls.ended(cause, why) }
 }
 
 // touch records that ZooKeeper answered a request sent at sent, which moves
@@ -535,7 +572,21 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		defer ls.mu.Unlock()
 		return report, ls.relErr
 	}
+	// Past its deadline the lease ends here, as Err would: before this
+	// waits for the monitor, whose check under way, answered late, would
+	// otherwise keep it (see touch), and once more after (endReleasing).
+	// It then counts as lost before this Release, and its node is deleted
+	// in the background, as the expiry timer does. The end is reported as
+	// this call returns (reported here, a callback's Release would wait
+	// for this one); at most one of the two ends it, and then this call's
+	// own report (releasedAs) is a no-op.
+	expired := ls.expireDueLocked()
 	ls.mu.Unlock()
+	defer func() {
+		if expired != nil {
+			report = alsoReport(expired, report)
+		}
+	}()
 	ls.stopOnce.Do(func() { close(ls.stop) })
 	ls.mu.Lock()
 	logging := ls.logging // checking no more: see logFailed
@@ -548,7 +599,10 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// call still waits for the reply (fencetest's MutualExclusion saw a
 	// grant while the releasing lease had Err nil). Its end is reported
 	// once the reply says how it ended (releasedAs).
-	endedHere, lostBefore := ls.endReleasing()
+	endedHere, lostBefore, expiredNow := ls.endReleasing()
+	if expiredNow != nil {
+		expired = expiredNow
+	}
 	var err error
 	if lostBefore == nil || errors.Is(lostBefore, fence.ErrReleased) {
 		if err = ls.l.sendable(ctx, ls.owner); err == nil {
@@ -596,18 +650,22 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 // Err returns fence.ErrReleased, the context is cancelled with it as its
 // cause, the expiry timer is stopped. Nothing is reported yet: releasedAs
 // does, once the delete's reply says how the lease ended. It reports
-// whether it ended the lease, and otherwise why the lease had ended.
-func (ls *lease) endReleasing() (ended bool, before error) {
+// whether it ended the lease, and otherwise why the lease had ended: a
+// lease past its deadline ends as expired instead (expireDueLocked), and
+// expired is the report of that end (nil: none).
+func (ls *lease) endReleasing() (ended bool, before error, expired func()) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	expired = ls.expireDueLocked()
 	if ls.err != nil {
-		return false, ls.err
+		return false, ls.err, expired
 	}
-	ls.err = fence.ErrReleased
-	ls.expiry.Stop()
-	ls.cancel(fence.ErrReleased)
-	return true, nil
+	ls.endLocked(fence.ErrReleased)
+	return true, nil, nil
 }
+
+// alsoReport returns a report that makes first, then then.
+func alsoReport(first, then func()) func() { return func() { first(); then() } }
 
 // releasedAs settles the end of a lease that endReleasing ended, by what
 // the Release concluded, and returns its report (see endAsLater): a loss

@@ -22,7 +22,7 @@ func (ls *lease) ended(cause fence.LeaseCause, why error) {
 // the lease (the connection lost, not yet the session); the monitor tries
 // again sooner, and the lease ends at its deadline if none succeeds.
 func (ls *lease) checkFailed(err error) {
-	if l := ls.l; l.log != nil && ls.Err() == nil {
+	if l := ls.l; l.log != nil && ls.errNow() == nil {
 		l.log.LogAttrs(ls.ctx, slog.LevelWarn, "zklock: check of the lease's node failed",
 			slog.String("name", ls.a.name), slog.Int64("token", int64(ls.token)),
 			slog.Time("deadline", ls.Deadline()), slog.Any("error", err))
