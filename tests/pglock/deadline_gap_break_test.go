@@ -1,10 +1,16 @@
 package pglock_test
 
 import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -13,42 +19,77 @@ import (
 	"github.com/fencekit/fence/internal/atomictime"
 	"github.com/fencekit/fence/internal/observetest"
 	"github.com/fencekit/fence/pglock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// passDeadline moves the deadline of fl, a pglock lease, a millisecond into
-// the past, its expiry timer still waiting for the old one: the gap before
-// the timer's goroutine runs, which is microseconds on an idle machine and
-// more on a loaded one. pglock's own tests cannot reach a server (its
-// module has no SQL driver), so this one reaches the lease's fields by
-// reflection: mu, deadline, dl (Deadline's copy) and expiry. A field
-// renamed fails the test here, not silently.
-func passDeadline(t *testing.T, fl fence.Lease) {
+// leaseFields are pointers to a pglock lease's fields that the tests of
+// its deadline move. pglock's own tests cannot reach a server (its module
+// has no SQL driver), so these reach the lease's fields by reflection: a
+// field renamed fails the test in leaseOf, not silently.
+type leaseFields struct {
+	mu       *sync.Mutex
+	deadline *time.Time
+	dl       *atomictime.Time // Deadline's copy of deadline
+	expiry   **time.Timer
+}
+
+func leaseOf(t *testing.T, fl fence.Lease) leaseFields {
 	t.Helper()
 	v := reflect.ValueOf(fl)
 	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
 		t.Fatalf("lease %T: not a pointer to a struct", fl)
 	}
 	v = v.Elem()
-	field := func(name string, typ reflect.Type) reflect.Value {
+	field := func(name string, typ reflect.Type) unsafe.Pointer {
 		t.Helper()
 		f := v.FieldByName(name)
 		if !f.IsValid() || f.Type() != typ {
 			t.Fatalf("lease %T has no field %s of type %v", fl, name, typ)
 		}
-		return f
+		return unsafe.Pointer(f.UnsafeAddr())
 	}
-	mu := (*sync.Mutex)(unsafe.Pointer(field("mu", reflect.TypeFor[sync.Mutex]()).UnsafeAddr()))
-	deadline := (*time.Time)(unsafe.Pointer(field("deadline", reflect.TypeFor[time.Time]()).UnsafeAddr()))
-	dl := (*atomictime.Time)(unsafe.Pointer(field("dl", reflect.TypeFor[atomictime.Time]()).UnsafeAddr()))
-	expiry := field("expiry", reflect.TypeFor[*time.Timer]())
-	mu.Lock()
-	defer mu.Unlock()
-	if expiry.IsNil() {
+	return leaseFields{
+		mu:       (*sync.Mutex)(field("mu", reflect.TypeFor[sync.Mutex]())),
+		deadline: (*time.Time)(field("deadline", reflect.TypeFor[time.Time]())),
+		dl:       (*atomictime.Time)(field("dl", reflect.TypeFor[atomictime.Time]())),
+		expiry:   (**time.Timer)(field("expiry", reflect.TypeFor[*time.Timer]())),
+	}
+}
+
+// setDeadline sets the lease's deadline (and Deadline's copy) to d, under
+// its mutex, and returns its expiry timer, which it leaves as it is.
+func (f leaseFields) setDeadline(t *testing.T, d time.Time) *time.Timer {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if *f.expiry == nil {
 		t.Fatal("the lease has no expiry timer")
 	}
-	past := time.Now().Add(-time.Millisecond)
-	*deadline = past
-	dl.Store(past)
+	*f.deadline = d
+	f.dl.Store(d)
+	return *f.expiry
+}
+
+// passDeadline moves the deadline of fl, a pglock lease, a millisecond into
+// the past, its expiry timer still waiting for the old one: the gap before
+// the timer's goroutine runs, which is microseconds on an idle machine and
+// more on a loaded one.
+func passDeadline(t *testing.T, fl fence.Lease) {
+	t.Helper()
+	leaseOf(t, fl).setDeadline(t, time.Now().Add(-time.Millisecond))
+}
+
+// soon moves the deadline of fl, a pglock lease, and its expiry timer d
+// from now.
+func soon(t *testing.T, fl fence.Lease, d time.Duration) {
+	t.Helper()
+	f := leaseOf(t, fl)
+	f.mu.Lock() // as renew resets it, under the lease's mutex
+	defer f.mu.Unlock()
+	*f.deadline = time.Now().Add(d)
+	f.dl.Store(*f.deadline)
+	(*f.expiry).Reset(d)
 }
 
 // TestObservedLeaseEndsAtDeadlineBeforeItsTimer: as redislock's and
@@ -93,4 +134,167 @@ func TestReentryAtEndPastDeadline(t *testing.T) {
 		Pass:     passDeadline,
 		Triggers: []string{"Err", "Context", "Done", "Release", "Extend"},
 	})
+}
+
+// TestCallRacesExpiry: the expiry timer and the first of Err or Release
+// find the deadline passed at about the same moment (it is moved a few
+// microseconds away): the lease ends once, and what is reported agrees
+// with what Err and Release returned; see observetest.CallRacesExpiry.
+func TestCallRacesExpiry(t *testing.T) {
+	d := newDatabase(t, pg)
+	for _, first := range []string{"Err", "Release"} {
+		t.Run(first, func(t *testing.T) {
+			observetest.CallRacesExpiry(t, observetest.ExpiryRace{
+				New: func(t *testing.T, obs fence.Observer) fence.Locker {
+					return d.lockerWith(t, d.db, pglock.Options{Observer: obs})
+				},
+				Soon:    soon,
+				Expired: "its lease time ran out",
+			}, first)
+		})
+	}
+}
+
+// TestRenewalReadPastDeadline: as redislock's
+// TestRenewalReadPastDeadlineKeepsLease and TestReleaseWaitingForKeptRenewal.
+// A renewal that the database ran in time, whose reply is read after the
+// lease's deadline passed (its timer still waiting): with nothing looking
+// at the lease meanwhile, the lock was held throughout and Extend returns
+// nil with the new Deadline (fence.Lease's Deadline doc). If Err is called
+// meanwhile, or Release (which waits for the renewal's turn), it ends the
+// lease, reported once as an expiry: the late reply must not bring it back
+// (Extend returns the loss, Err keeps it, the Deadline does not move, and
+// Release returns the loss too), and nothing else is reported.
+func TestRenewalReadPastDeadline(t *testing.T) {
+	d := newDatabase(t, pg)
+	h := &holdRenewal{}
+	db := sql.OpenDB(holdingConnector{stdlib.GetConnector(mustParse(t, d.dsn)), h})
+	t.Cleanup(func() { _ = db.Close() })
+	for _, then := range []string{"nothing", "Err", "Release"} {
+		t.Run(then, func(t *testing.T) {
+			h.ran, h.open = make(chan struct{}, 1), make(chan struct{})
+			ctx := ctxFor(t, 30*time.Second)
+			rec := &observetest.Recorder{}
+			l := d.lockerWith(t, db, pglock.Options{Observer: rec})
+			ls, err := l.Acquire(ctx, "deadline-gap:renew-late-read:"+then, fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.armed.Store(true)
+			defer h.armed.Store(false)
+			ext := make(chan error, 1)
+			go func() { ext <- ls.Extend(ctx, time.Minute) }()
+			select {
+			case <-h.ran:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the renewal did not run")
+			}
+			passDeadline(t, ls) // passed while the reply is out
+			var seen error
+			rel := make(chan error, 1)
+			switch then {
+			case "Err":
+				seen = ls.Err()
+			case "Release":
+				go func() { rel <- ls.Release(ctx) }()
+				select {
+				case <-ls.Done(): // Release ended it before it waits for the renewal
+				case <-time.After(10 * time.Second):
+					t.Fatal("Release past the deadline, a renewal's reply out, did not end the lease")
+				}
+				seen = ls.Err()
+			}
+			if then != "nothing" && !errors.Is(seen, fence.ErrLeaseLost) {
+				t.Errorf("Err past the deadline, the renewal's reply out, %s called = %v, want ErrLeaseLost", then, seen)
+			}
+			close(h.open)
+			err = <-ext
+			if then == "nothing" {
+				if err != nil {
+					t.Errorf("Extend run in time, its reply read after the deadline = %v, want nil", err)
+				}
+				if e := ls.Err(); e != nil {
+					t.Errorf("Err after it = %v, want nil", e)
+				}
+				if left := time.Until(ls.Deadline()); left < 30*time.Second {
+					t.Errorf("Deadline in %v after Extend(1m)", left)
+				}
+				if ends := rec.Ends(); len(ends) != 0 {
+					t.Errorf("ends reported %+v, want none", ends)
+				}
+				if err := ls.Release(ctx); err != nil {
+					t.Errorf("Release = %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, fence.ErrLeaseLost) {
+				t.Errorf("Extend whose reply came after %s ended the lease = %v, want ErrLeaseLost", then, err)
+			}
+			if then == "Release" {
+				if err := <-rel; !errors.Is(err, fence.ErrLeaseLost) || err.Error() != seen.Error() {
+					t.Errorf("Release = %v, want %v", err, seen)
+				}
+			}
+			if e := ls.Err(); e != seen {
+				t.Errorf("Err after the late reply = %v, want %v still", e, seen)
+			}
+			if time.Now().Before(ls.Deadline()) {
+				t.Errorf("the late reply moved the Deadline of an ended lease to %v from now", time.Until(ls.Deadline()))
+			}
+			if ends := rec.Ends(); len(ends) != 1 || ends[0].Cause != fence.LostExpired {
+				t.Errorf("ends reported %+v, want one, expired", ends)
+			}
+			if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+				t.Errorf("Release = %v, want ErrLeaseLost", err)
+			}
+			if ends := rec.Ends(); len(ends) != 1 {
+				t.Errorf("ends reported after Release %+v, want one", ends)
+			}
+		})
+	}
+}
+
+func mustParse(t *testing.T, dsn string) pgx.ConnConfig {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *cfg
+}
+
+// holdRenewal, when armed, lets a renewal's statement run and holds its
+// reply until open is closed, telling ran.
+type holdRenewal struct {
+	armed     atomic.Bool
+	ran, open chan struct{}
+}
+
+// holdingConnector is a driver.Connector whose connections hold the
+// replies of renewals as h says.
+type holdingConnector struct {
+	driver.Connector
+	h *holdRenewal
+}
+
+func (c holdingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return holdingConn{conn.(*stdlib.Conn), c.h}, nil
+}
+
+type holdingConn struct {
+	*stdlib.Conn
+	h *holdRenewal
+}
+
+func (c holdingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	res, err := c.Conn.ExecContext(ctx, q, args)
+	if err == nil && c.h.armed.Load() && strings.Contains(q, "SET expires_at = greatest(expires_at") && !strings.Contains(q, "RETURNING") {
+		c.h.ran <- struct{}{}
+		<-c.h.open
+	}
+	return res, err
 }
