@@ -1,14 +1,20 @@
 package etcdlock_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
 	"github.com/fencekit/fence/internal/observetest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // pastDeadlineLocker is a Locker on the shared server whose watchdog
@@ -57,4 +63,299 @@ func TestReentryAtEndPastDeadline(t *testing.T) {
 		Pass:     etcdlock.PassDeadline,
 		Triggers: []string{"Err", "Context", "Done", "Release", "Extend"},
 	})
+}
+
+// TestCallRacesExpiry: run's expiry timer and the first of Err or Release
+// find the deadline passed at about the same moment (it is moved a few
+// microseconds away): the lease ends once, and what is reported agrees
+// with what Err and Release returned; see observetest.CallRacesExpiry.
+func TestCallRacesExpiry(t *testing.T) {
+	for _, first := range []string{"Err", "Release"} {
+		t.Run(first, func(t *testing.T) {
+			observetest.CallRacesExpiry(t, observetest.ExpiryRace{
+				New: func(t *testing.T, obs fence.Observer) fence.Locker {
+					return newLocker(t, shared.Endpoints(), &etcdlock.Options{Observer: obs})
+				},
+				Soon:    etcdlock.Soon,
+				Expired: `": expired`,
+			}, first)
+		})
+	}
+}
+
+// TestRenewalReadPastDeadline: as pglock's (tests/pglock). An Extend whose
+// move of the key (its Txn) etcd applied in time, with its reply read after
+// the lease's deadline passed (its run held): with nothing looking at the
+// lease meanwhile, Extend returns nil with the new Deadline. If Err is
+// called meanwhile, or Release (which waits for the Extend's ls.op), it
+// ends the lease, reported once as an expiry: the late reply must not
+// bring it back (Extend returns the loss, Err keeps it, the Deadline does
+// not move, Release returns the loss), and the key, moved to the Extend's
+// new etcd lease, is deleted (that etcd lease revoked).
+func TestRenewalReadPastDeadline(t *testing.T) {
+	h := &holdTxn{}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   shared.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(h.intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	admin := newClient(t, shared.Endpoints(), nil)
+	for _, then := range []string{"nothing", "Err", "Release"} {
+		t.Run(then, func(t *testing.T) {
+			h.ran, h.open = make(chan struct{}, 1), make(chan struct{})
+			ctx := ctxFor(t, 30*time.Second)
+			rec := &observetest.Recorder{}
+			l, err := etcdlock.New(c, &etcdlock.Options{Observer: rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			etcdlock.HoldRuns(l)
+			ls, err := l.Acquire(ctx, "deadline-gap:renew-late-read:"+then, fence.TTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.armed.Store(true)
+			defer h.armed.Store(false)
+			ext := make(chan error, 1)
+			go func() { ext <- ls.Extend(ctx, time.Minute) }()
+			select {
+			case <-h.ran:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the Extend's Txn did not run")
+			}
+			etcdlock.PassDeadline(t, ls) // passed while the reply is out
+			var seen error
+			rel := make(chan error, 1)
+			switch then {
+			case "Err":
+				seen = ls.Err()
+			case "Release":
+				go func() { rel <- ls.Release(ctx) }()
+				select {
+				case <-ls.Done(): // Release ended it before it waits for ls.op
+				case <-time.After(10 * time.Second):
+					t.Fatal("Release past the deadline, an Extend's reply out, did not end the lease")
+				}
+				seen = ls.Err()
+			}
+			if then != "nothing" && !errors.Is(seen, fence.ErrLeaseLost) {
+				t.Errorf("Err past the deadline, the Extend's reply out, %s called = %v, want ErrLeaseLost", then, seen)
+			}
+			close(h.open)
+			err = <-ext
+			if then == "nothing" {
+				if err != nil {
+					t.Errorf("Extend applied in time, its reply read after the deadline = %v, want nil", err)
+				}
+				if e := ls.Err(); e != nil {
+					t.Errorf("Err after it = %v, want nil", e)
+				}
+				if left := time.Until(ls.Deadline()); left < 30*time.Second {
+					t.Errorf("Deadline in %v after Extend(1m)", left)
+				}
+				if ends := rec.Ends(); len(ends) != 0 {
+					t.Errorf("ends reported %+v, want none", ends)
+				}
+				if err := ls.Release(ctx); err != nil {
+					t.Errorf("Release = %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, fence.ErrLeaseLost) {
+				t.Errorf("Extend whose reply came after %s ended the lease = %v, want ErrLeaseLost", then, err)
+			}
+			if then == "Release" {
+				if err := <-rel; !errors.Is(err, fence.ErrLeaseLost) || err.Error() != seen.Error() {
+					t.Errorf("Release = %v, want %v", err, seen)
+				}
+			}
+			if e := ls.Err(); e != seen {
+				t.Errorf("Err after the late reply = %v, want %v still", e, seen)
+			}
+			if time.Now().Before(ls.Deadline()) {
+				t.Errorf("the late reply moved the Deadline of an ended lease to %v from now", time.Until(ls.Deadline()))
+			}
+			if ends := rec.Ends(); len(ends) != 1 || ends[0].Cause != fence.LostExpired {
+				t.Errorf("ends reported %+v, want one, expired", ends)
+			}
+			if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+				t.Errorf("Release = %v, want ErrLeaseLost", err)
+			}
+			if ends := rec.Ends(); len(ends) != 1 {
+				t.Errorf("ends reported after Release %+v, want one", ends)
+			}
+			// Nobody holds the key: it is deleted (its etcd lease revoked,
+			// maybe in the background: wait for it, with a deadline).
+			key := ls.(*etcdlock.Lease).Key()
+			for end := time.Now().Add(10 * time.Second); ; {
+				resp, err := admin.Get(ctx, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.Kvs) == 0 {
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatalf("the key %s of the ended lease is still there 10 s later", key)
+				}
+				time.Sleep(10 * time.Millisecond) // polling with a deadline
+			}
+		})
+	}
+}
+
+// holdTxn is a unary interceptor that, when armed, lets a Txn run and
+// holds its reply until open is closed, telling ran.
+type holdTxn struct {
+	armed     atomic.Bool
+	ran, open chan struct{}
+}
+
+func (h *holdTxn) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err == nil && method == "/etcdserverpb.KV/Txn" && h.armed.Load() {
+		h.ran <- struct{}{}
+		<-h.open
+	}
+	return err
+}
+
+// TestWatchdogRenewalReadPastDeadline: run's renewal of a watchdog lease
+// (KeepAliveOnce) answered in time, its reply read after the deadline
+// passed (run, busy renewing, cannot pick its expiry timer's case
+// meanwhile): with nothing looking, the lease goes on, its Deadline moved;
+// with Err called meanwhile, the lease ended then (not renewed, reported
+// once), and the renewal's reply must not move its Deadline again nor
+// report anything more; its etcd lease is revoked, the key deleted.
+func TestWatchdogRenewalReadPastDeadline(t *testing.T) {
+	h := &holdKeepAlive{}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   shared.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(h.intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	admin := newClient(t, shared.Endpoints(), nil)
+	for _, looked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("looked=%v", looked), func(t *testing.T) {
+			h.ran, h.open = make(chan struct{}, 1), make(chan struct{})
+			ctx := ctxFor(t, 30*time.Second)
+			rec := &observetest.Recorder{}
+			// Renewed every second: the first renewal comes a second in.
+			l, err := etcdlock.New(c, &etcdlock.Options{Observer: rec, WatchdogTTL: 3 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.armed.Store(true)
+			defer h.armed.Store(false)
+			ls, err := l.Acquire(ctx, fmt.Sprintf("deadline-gap:watchdog-late-read:%v", looked))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = ls.Release(ctx) }()
+			select {
+			case <-h.ran:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the watchdog's renewal did not run")
+			}
+			past := time.Now().Add(-time.Millisecond)
+			etcdlock.SetDeadline(ls, past) // passed while the reply is out
+			var seen error
+			if looked {
+				if seen = ls.Err(); !errors.Is(seen, fence.ErrLeaseLost) {
+					t.Errorf("Err past the deadline, the renewal's reply out = %v, want ErrLeaseLost", seen)
+				}
+			}
+			close(h.open)
+			if !looked {
+				// The renewal moves the Deadline on: wait for it, with a
+				// deadline.
+				for end := time.Now().Add(10 * time.Second); !time.Now().Before(ls.Deadline()); {
+					if time.Now().After(end) {
+						t.Fatal("the renewal read late did not move the Deadline in 10 s")
+					}
+					time.Sleep(time.Millisecond) // polling with a deadline
+				}
+				if e := ls.Err(); e != nil {
+					t.Errorf("Err after the renewal read late = %v, want nil", e)
+				}
+				if ends := rec.Ends(); len(ends) != 0 {
+					t.Errorf("ends reported %+v, want none", ends)
+				}
+				if err := ls.Release(ctx); err != nil {
+					t.Errorf("Release = %v", err)
+				}
+				return
+			}
+			// The lease's key is deleted (its etcd lease revoked, in the
+			// background): by then the renewal's reply has been read.
+			key := ls.(*etcdlock.Lease).Key()
+			for end := time.Now().Add(10 * time.Second); ; {
+				resp, err := admin.Get(ctx, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.Kvs) == 0 {
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatalf("the key %s of the ended lease is still there 10 s later", key)
+				}
+				time.Sleep(10 * time.Millisecond) // polling with a deadline
+			}
+			if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) || err.Error() != seen.Error() {
+				t.Errorf("Release = %v, want %v", err, seen) // Release joins run: its renewal has returned
+			}
+			if d := ls.Deadline(); !d.Equal(past) {
+				t.Errorf("the renewal read after the lease ended moved its Deadline to %v from now", time.Until(d))
+			}
+			if e := ls.Err(); e != seen {
+				t.Errorf("Err after the late reply = %v, want %v still", e, seen)
+			}
+			if ends := rec.Ends(); len(ends) != 1 || ends[0].Cause != fence.LostRenewFailed {
+				t.Errorf("ends reported %+v, want one, renew_failed", ends)
+			}
+		})
+	}
+}
+
+// holdKeepAlive is a stream interceptor that, when armed, holds the first
+// reply read on a LeaseKeepAlive stream until open is closed, telling ran.
+type holdKeepAlive struct {
+	armed     atomic.Bool
+	ran, open chan struct{}
+}
+
+func (h *holdKeepAlive) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" || !h.armed.Load() {
+		return cs, err
+	}
+	return &heldStream{ClientStream: cs, h: h}, nil
+}
+
+type heldStream struct {
+	grpc.ClientStream
+	h *holdKeepAlive
+}
+
+func (s *heldStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil {
+		select {
+		case s.h.ran <- struct{}{}:
+			<-s.h.open
+		default: // held once
+		}
+	}
+	return err
 }

@@ -55,3 +55,38 @@ func PassDeadline(t *testing.T, fl fence.Lease) {
 	defer ls.mu.Unlock()
 	ls.setDeadline(time.Now().Add(-time.Millisecond))
 }
+
+// Soon moves the deadline of fl d from now, and its run's expiry timer
+// with it: a run not started yet is started now (it reads the deadline as
+// it starts), a started one is told that the deadline moved.
+func Soon(t *testing.T, fl fence.Lease, d time.Duration) {
+	t.Helper()
+	ls := fl.(*Lease)
+	ls.mu.Lock()
+	ls.setDeadline(time.Now().Add(d))
+	ls.mu.Unlock()
+	s := &ls.l.starter
+	s.mu.Lock()
+	pending := ls.runState == runPending
+	if pending {
+		ls.runDue = time.Now()
+	}
+	s.mu.Unlock()
+	if pending {
+		s.fire()
+		return
+	}
+	select {
+	case ls.moved <- struct{}{}:
+	default:
+	}
+}
+
+// SetDeadline sets the deadline of fl to d, leaving its run (started or
+// not) as it is.
+func SetDeadline(fl fence.Lease, d time.Time) {
+	ls := fl.(*Lease)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.setDeadline(d)
+}
