@@ -359,3 +359,15 @@ func (s *heldStream) RecvMsg(m any) error {
 	}
 	return err
 }
+
+// TestReleaseAsDeadlineMovesReportsOnce: see
+// observetest.ReleaseAsDeadlineMoves. Release's checks of the deadline race
+// a goroutine that moves it as renewals do (runs held).
+func TestReleaseAsDeadlineMovesReportsOnce(t *testing.T) {
+	observetest.ReleaseAsDeadlineMoves(t, observetest.DeadlineFlip{
+		New: func(t *testing.T, obs fence.Observer) fence.Locker {
+			return pastDeadlineLocker(t, obs, nil)
+		},
+		Set: etcdlock.SetDeadline,
+	})
+}

@@ -68,3 +68,33 @@ func TestReentryAtEndPastDeadline(t *testing.T) {
 		Triggers: []string{"Err", "Context", "Done", "Release", "Extend"},
 	})
 }
+
+// TestCallRacesExpiry: the expiry timer and the first of Err or Release
+// find the deadline passed at about the same moment (it is moved a few
+// microseconds away): the lease ends once, and what is reported agrees
+// with what Err and Release returned; see observetest.CallRacesExpiry.
+func TestCallRacesExpiry(t *testing.T) {
+	for _, first := range []string{"Err", "Release"} {
+		t.Run(first, func(t *testing.T) {
+			observetest.CallRacesExpiry(t, observetest.ExpiryRace{
+				New: func(t *testing.T, obs fence.Observer) fence.Locker {
+					return pastDeadlineLocker(t, obs, nil)
+				},
+				Soon:    zklock.Soon,
+				Expired: "its lease time ran out",
+			}, first)
+		})
+	}
+}
+
+// TestReleaseAsDeadlineMovesReportsOnce: see
+// observetest.ReleaseAsDeadlineMoves. Release's checks of the deadline race
+// a goroutine that moves it as the monitor's replies and Extends do.
+func TestReleaseAsDeadlineMovesReportsOnce(t *testing.T) {
+	observetest.ReleaseAsDeadlineMoves(t, observetest.DeadlineFlip{
+		New: func(t *testing.T, obs fence.Observer) fence.Locker {
+			return pastDeadlineLocker(t, obs, nil)
+		},
+		Set: zklock.SetDeadline,
+	})
+}

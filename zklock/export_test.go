@@ -51,3 +51,35 @@ func PassDeadline(t *testing.T, fl fence.Lease) {
 	ls.setDeadline(past)
 	ls.expiry.Reset(time.Minute)
 }
+
+// Soon moves the deadline of fl, a lease with fence.TTL, and its expiry
+// timer d from now, as if its lease time ran out then; its last contact
+// an hour ahead, as PassDeadline.
+func Soon(t *testing.T, fl fence.Lease, d time.Duration) {
+	t.Helper()
+	ls := fl.(*lease)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.ttlEnd.IsZero() {
+		t.Fatal("Soon: a lease without fence.TTL")
+	}
+	at := time.Now().Add(d)
+	ls.ttlEnd, ls.contact = at, time.Now().Add(time.Hour)
+	ls.setDeadline(at)
+	ls.expiry.Reset(d)
+}
+
+// SetDeadline sets the deadline of fl to d, under its mutex, as a reply or
+// an Extend moves it: a deadline ahead resets the expiry timer to it; one
+// past leaves the timer as it is. The last contact is moved an hour ahead,
+// as PassDeadline does.
+func SetDeadline(fl fence.Lease, d time.Time) {
+	ls := fl.(*lease)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.contact = time.Now().Add(time.Hour)
+	ls.setDeadline(d)
+	if left := time.Until(d); left > 0 {
+		ls.expiry.Reset(left)
+	}
+}

@@ -112,3 +112,76 @@ func ends(rec *Recorder, name string) []fence.LeaseEvent {
 	}
 	return out
 }
+
+// DeadlineFlip says how a backend's test moves a lease's deadline as a
+// renewal does, for ReleaseAsDeadlineMoves.
+type DeadlineFlip struct {
+	// New returns a Locker with obs as its Observer.
+	New func(t *testing.T, obs fence.Observer) fence.Locker
+	// Set sets lease's deadline to d under the lease's mutex, as a renewal
+	// moves it, and keeps its expiry timer from firing before a minute
+	// from now (a lease acquired with fence.TTL(time.Minute)).
+	Set func(lease fence.Lease, d time.Time)
+	// For is how long the test tries (default 1 s).
+	For time.Duration
+}
+
+// ReleaseAsDeadlineMoves: as redislock's TestReleaseAsDeadlineMovesReportsOnce.
+// Release finds the lease past its deadline, or not, at each of its checks,
+// while a goroutine moves the deadline back and forth between past and a
+// minute ahead, as renewals landing at the deadline would: whichever way
+// it goes, the lease's end is reported exactly once by the time Release
+// returns, as Released if it returned nil and as an expiry if it returned
+// the loss (found at one of its checks).
+func ReleaseAsDeadlineMoves(t *testing.T, f DeadlineFlip) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if f.For == 0 {
+		f.For = time.Second
+	}
+	rec := &Recorder{}
+	l := f.New(t, rec)
+	stop := time.Now().Add(f.For)
+	counts := map[string]int{}
+	for i := 0; time.Now().Before(stop) && !t.Failed(); i++ {
+		name := fmt.Sprintf("deadline-flip:%s:%d", strings.ReplaceAll(t.Name(), "/", ":"), i)
+		ls, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		far := time.Now().Add(time.Minute)
+		f.Set(ls, far)
+		quit, flipped := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(flipped)
+			for {
+				select {
+				case <-quit:
+					return
+				default:
+				}
+				f.Set(ls, time.Now().Add(-time.Millisecond))
+				f.Set(ls, far)
+			}
+		}()
+		relErr := ls.Release(ctx)
+		e := ends(rec, name) // by the time Release returned
+		close(quit)
+		<-flipped
+		switch {
+		case relErr == nil:
+			counts["released"]++
+			if len(e) != 1 || e[0].Cause != fence.Released {
+				t.Errorf("lease %d: Release = nil, and the ends reported by then are %+v, want one, released", i, e)
+			}
+		case errors.Is(relErr, fence.ErrLeaseLost):
+			counts["expired"]++
+			if len(e) != 1 || e[0].Cause != fence.LostExpired && e[0].Cause != fence.LostRenewFailed {
+				t.Errorf("lease %d: Release = %v, and the ends reported by then are %+v, want one, an expiry", i, relErr, e)
+			}
+		default:
+			t.Fatalf("lease %d: Release = %v", i, relErr)
+		}
+	}
+	t.Logf("%v", counts)
+}

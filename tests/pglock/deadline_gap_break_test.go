@@ -298,3 +298,18 @@ func (c holdingConn) ExecContext(ctx context.Context, q string, args []driver.Na
 	}
 	return res, err
 }
+
+// TestReleaseAsDeadlineMovesReportsOnce: see
+// observetest.ReleaseAsDeadlineMoves. Release's checks of the deadline race
+// a goroutine that moves it as renewals do (under the lease's mutex).
+func TestReleaseAsDeadlineMovesReportsOnce(t *testing.T) {
+	d := newDatabase(t, pg)
+	observetest.ReleaseAsDeadlineMoves(t, observetest.DeadlineFlip{
+		New: func(t *testing.T, obs fence.Observer) fence.Locker {
+			return d.lockerWith(t, d.db, pglock.Options{Observer: obs})
+		},
+		// leaseOf's fields were checked by the tests above; t.Fatal here
+		// would run on the flipping goroutine.
+		Set: func(fl fence.Lease, at time.Time) { leaseOf(t, fl).setDeadline(t, at) },
+	})
+}
