@@ -599,7 +599,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	// call still waits for the reply (fencetest's MutualExclusion saw a
 	// grant while the releasing lease had Err nil). Its end is reported
 	// once the reply says how it ended (releasedAs).
-	endedHere, lostBefore, expiredNow := ls.endReleasing()
+	endedHere, expiredNow, lostBefore := ls.endReleasing()
 	if expiredNow != nil {
 		expired = expiredNow
 	}
@@ -653,12 +653,12 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 // whether it ended the lease, and otherwise why the lease had ended: a
 // lease past its deadline ends as expired instead (expireDueLocked), and
 // expired is the report of that end (nil: none).
-func (ls *lease) endReleasing() (ended bool, before error, expired func()) {
+func (ls *lease) endReleasing() (ended bool, expired func(), before error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	expired = ls.expireDueLocked()
 	if ls.err != nil {
-		return false, ls.err, expired
+		return false, expired, ls.err
 	}
 	ls.endLocked(fence.ErrReleased)
 	return true, nil, nil
