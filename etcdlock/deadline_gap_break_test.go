@@ -371,3 +371,80 @@ func TestReleaseAsDeadlineMovesReportsOnce(t *testing.T) {
 		Set: etcdlock.SetDeadline,
 	})
 }
+
+// TestExtendSettlingPastDeadline: an Extend whose move Txn got no answer
+// settles it (settleTxn), holding ls.op, and waits between its attempts
+// for the lease's end. Its deadline passes meanwhile (its run held): that
+// wait must not end the lease and report it there, as Done does for the
+// holder, or the callback told (which calls Release, waiting for ls.op)
+// would wait for the very Extend that called it. The Extend ends the lease
+// as expired once the move is settled, and its end is reported once ls.op
+// is free: the callback's calls return the loss.
+func TestExtendSettlingPastDeadline(t *testing.T) {
+	h := &failTxns{}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   shared.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(h.intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := ctxFor(t, 30*time.Second)
+	r := observetest.NewReentry()
+	l, err := etcdlock.New(c, &etcdlock.Options{Observer: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdlock.HoldRuns(l)
+	ls, err := l.Acquire(ctx, "deadline-gap:extend-settling", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Set(ls)
+	// The move fails, and the settling's first attempt too, which passes
+	// the deadline as it fails: the settling then waits for its next
+	// attempt.
+	h.fail.Store(2)
+	h.then = func() { etcdlock.SetDeadline(ls, time.Now().Add(-time.Millisecond)) }
+	ext := make(chan error, 1)
+	go func() { ext <- ls.Extend(ctx, time.Minute) }()
+	select {
+	case err := <-ext:
+		if !errors.Is(err, fence.ErrLeaseLost) {
+			t.Errorf("Extend = %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("Extend did not return in 20 s:\n%s", observetest.Stacks())
+	}
+	res := r.Calls(t, 20*time.Second)
+	for what, e := range map[string]error{"Extend": res.Extend, "Release": res.Release, "second Release": res.Again, "Err": res.Err, "Context's cause": res.ContextCause} {
+		if !errors.Is(e, fence.ErrLeaseLost) {
+			t.Errorf("%s from the callback = %v, want ErrLeaseLost", what, e)
+		}
+	}
+	if ends := r.Ends(); len(ends) != 1 || ends[0].Cause != fence.LostExpired {
+		t.Errorf("reported ends %+v, want one, expired", ends)
+	}
+}
+
+// failTxns is a unary interceptor that fails the next fail Txns, without
+// sending them, and calls then (if set) as it fails the last.
+type failTxns struct {
+	fail atomic.Int32
+	then func()
+}
+
+func (h *failTxns) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if method == "/etcdserverpb.KV/Txn" {
+		if n := h.fail.Add(-1); n >= 0 {
+			if n == 0 && h.then != nil {
+				h.then()
+			}
+			return errors.New("failTxns: no answer")
+		}
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}

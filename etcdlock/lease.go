@@ -732,15 +732,22 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	// Past its deadline the lease ends here, as Err would, before this
 	// waits for ls.op; it is reported at once (this holds nothing). Once
-	// this holds ls.op, the deadline is checked again below.
+	// this holds ls.op, the deadline is checked again below. A lease that
+	// has ended returns at once too, rather than wait for ls.op: an Extend
+	// called back by the Observer told of the end of a Release or Extend
+	// that holds it does not wait for that call to return.
 	ls.mu.Lock()
 	expired := ls.expireDueLocked()
-	id := ls.id
+	ended, id := ls.err, ls.id
 	ls.mu.Unlock()
 	if expired != nil {
 		_ = ls.l.giveBack(ctx, id, nil)
 		expired()
-		return ls.errNow()
+	}
+	if ended == fence.ErrReleased {
+		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
+	} else if ended != nil {
+		return ended
 	}
 	if err := ls.lockOp(ctx); err != nil {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
@@ -918,7 +925,7 @@ func (ls *Lease) settleTxn(cctx context.Context, old clientv3.LeaseID) (*clientv
 		wait := time.NewTimer(retryInterval - time.Since(began))
 		select {
 		case <-wait.C:
-		case <-ls.Done():
+		case <-ls.ctx.Done(): // not ls.Done(), which would report an end past the deadline here, holding ls.op
 		}
 		wait.Stop()
 	}
