@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -232,5 +233,98 @@ func ReleasedThenPastDeadline(t *testing.T, g GapAttack, failFirst bool) {
 	}
 	if e := endsOf(rec.Ends(), name); len(e) != 1 || e[0].Cause != fence.Released {
 		t.Errorf("ends reported %+v, want one, released", e)
+	}
+}
+
+// FailedRenewalCall is a slog.Handler that, at the first record whose
+// message contains Msg (a watchdog's failed renewal) once a lease is Set,
+// moves that lease past its deadline with Pass and calls Call on it ("Err",
+// "Done", "Context", "Release" or "Extend"), as a handler that looks at the
+// lease when told a renewal failed: the call, made on the watchdog's
+// goroutine, ends the lease and reports it there, and the Observer's
+// callback may call the lease back. Result returns what Call returned.
+type FailedRenewalCall struct {
+	Msg, Call string
+	Pass      func(fence.Lease)
+	mu        sync.Mutex
+	lease     fence.Lease
+	result    chan error
+}
+
+// NewFailedRenewalCall returns a FailedRenewalCall with no lease yet.
+func NewFailedRenewalCall(msg, call string, pass func(fence.Lease)) *FailedRenewalCall {
+	return &FailedRenewalCall{Msg: msg, Call: call, Pass: pass, result: make(chan error, 1)}
+}
+
+// Set makes lease the one called at the next failed renewal.
+func (h *FailedRenewalCall) Set(lease fence.Lease) { h.mu.Lock(); h.lease = lease; h.mu.Unlock() }
+
+func (h *FailedRenewalCall) Enabled(context.Context, slog.Level) bool { return true }
+func (h *FailedRenewalCall) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *FailedRenewalCall) WithGroup(string) slog.Handler            { return h }
+
+// Handle makes the call at the first failed renewal.
+func (h *FailedRenewalCall) Handle(_ context.Context, r slog.Record) error {
+	if !strings.Contains(r.Message, h.Msg) {
+		return nil
+	}
+	h.mu.Lock()
+	ls := h.lease
+	h.lease = nil
+	h.mu.Unlock()
+	if ls == nil {
+		return nil
+	}
+	h.Pass(ls)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	h.result <- gapCall(ctx, ls, h.Call)
+	return nil
+}
+
+// Result waits up to limit for the call, and fails t with every
+// goroutine's stack if it has not returned (a deadlock).
+func (h *FailedRenewalCall) Result(t testing.TB, limit time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-h.result:
+		return err
+	case <-time.After(limit):
+		t.Fatalf("%s from the handler of a failed renewal did not return within %v (deadlock?); goroutines:\n%s", h.Call, limit, Stacks())
+		return nil
+	}
+}
+
+// CallAtFailedRenewal: see FailedRenewalCall. newLocker returns a Locker
+// with obs as its Observer and log as its Logger whose watchdog leases are
+// renewed within a few seconds, and whose renewals fail. The call from the
+// handler returns the loss, so do the Observer's calls back (see Reentry),
+// none deadlocks, and one end is reported, renew_failed.
+func CallAtFailedRenewal(t *testing.T, msg, call string, newLocker func(t *testing.T, obs fence.Observer, log *slog.Logger) fence.Locker, pass func(fence.Lease)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := NewReentry()
+	h := NewFailedRenewalCall(msg, call, pass)
+	l := newLocker(t, r, slog.New(h))
+	ls, err := l.Acquire(ctx, "gap-failed-renewal:"+strings.ReplaceAll(t.Name(), "/", ":"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Set(ls)
+	h.Set(ls)
+	if err := h.Result(t, 20*time.Second); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("%s from the handler of a failed renewal, past the deadline = %v, want ErrLeaseLost", call, err)
+	}
+	res := r.Calls(t, 20*time.Second)
+	for what, e := range map[string]error{"Extend": res.Extend, "Release": res.Release, "second Release": res.Again, "Err": res.Err, "Context's cause": res.ContextCause} {
+		if !errors.Is(e, fence.ErrLeaseLost) {
+			t.Errorf("%s from the Observer's callback = %v, want ErrLeaseLost", what, e)
+		}
+	}
+	if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release after all = %v, want ErrLeaseLost", err)
+	}
+	if ends := r.Ends(); len(ends) != 1 || ends[0].Cause != fence.LostRenewFailed {
+		t.Errorf("ends reported %+v, want one, renew_failed", ends)
 	}
 }

@@ -108,7 +108,7 @@ func TestObservedLeaseEndsAtDeadlineBeforeItsTimer(t *testing.T) {
 			t.Run(fmt.Sprintf("watchdog=%v/%s", watchdog, first), func(t *testing.T) {
 				observetest.PastDeadlineEnds(t, observetest.PastDeadlineCase{
 					New: func(t *testing.T, obs fence.Observer) fence.Locker {
-						return d.lockerWith(t, d.db, pglock.Options{Observer: obs, WatchdogTTL: time.Minute})
+						return minuteWatchdog(t, d, pglock.Options{Observer: obs})
 					},
 					Pass:       passDeadline,
 					Watchdog:   watchdog,
@@ -129,7 +129,7 @@ func TestReentryAtEndPastDeadline(t *testing.T) {
 	d := newDatabase(t, pg)
 	observetest.ReentryAtEndPastDeadline(t, observetest.PastDeadline{
 		New: func(t *testing.T, obs fence.Observer, log *slog.Logger) fence.Locker {
-			return d.lockerWith(t, d.db, pglock.Options{Observer: obs, Logger: log, WatchdogTTL: time.Minute})
+			return minuteWatchdog(t, d, pglock.Options{Observer: obs, Logger: log})
 		},
 		Pass:     passDeadline,
 		Triggers: []string{"Err", "Context", "Done", "Release", "Extend"},
