@@ -83,3 +83,15 @@ func SetDeadline(fl fence.Lease, d time.Time) {
 		ls.expiry.Reset(left)
 	}
 }
+
+// LowerQuietly records to as the lowest session timeout granted to the
+// connection's session, as a grant does, without retiming the leases s
+// follows: the moment between a grant's record and its retimes (see
+// authenticated), for the last leases retimed. undo restores the old one.
+func (s *SessionTimeouts) LowerQuietly(to time.Duration) (undo func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.lowest
+	s.lowest = to
+	return func() { s.mu.Lock(); s.lowest = old; s.mu.Unlock() }
+}

@@ -159,7 +159,11 @@ func (ls *lease) expire() {
 // callback may wait for in turn (see endAsLater). ls.mu is held (timeout
 // reads the SessionTimeouts under it, as deadlineLocked does).
 func (ls *lease) expireDueLocked() (report func()) {
-	if ls.err != nil || time.Now().Before(ls.deadline) {
+	if ls.err != nil {
+		return nil
+	}
+	due := ls.dueLocked()
+	if time.Now().Before(due) {
 		return nil
 	}
 	why := fmt.Errorf("%w: %q: no reply from ZooKeeper for a session timeout (%v): the session may have expired",
@@ -172,13 +176,31 @@ func (ls *lease) expireDueLocked() (report func()) {
 			cause = fence.LostRemoved
 		}
 	}
-	if !ls.ttlEnd.IsZero() && !ls.ttlEnd.After(ls.deadline) {
+	if !ls.ttlEnd.IsZero() && !ls.ttlEnd.After(due) {
 		why = fmt.Errorf("%w: %q: its lease time ran out", fence.ErrLeaseLost, ls.a.name)
 		cause = fence.LostExpired
 	}
 	ls.endLocked(why)
 	ls.l.cleanup(&ls.a, ls.node)
 	return func() { ls.ended(cause, why) }
+}
+
+// dueLocked is when the lease ends: its deadline, or, with
+// WithSessionTimeouts, the earlier bound that the session timeout as
+// recorded now gives, as Deadline reads it. A grant that lowered the
+// timeout (or a new session: 0) moves Deadline at once, and the lease's
+// deadline only once the SessionTimeouts has retimed it, after it
+// recorded the grant: in that moment Err said held, and Release returned
+// nil, past the Deadline (TestErrAgreesWithLoweredDeadline). ls.mu is
+// held (contact is contactAt under it).
+func (ls *lease) dueLocked() time.Time {
+	d := ls.deadline
+	if ls.l.st != nil {
+		if b := sessionBound(ls.contact, ls.timeout()); b.Before(d) {
+			d = b
+		}
+	}
+	return d
 }
 
 func (ls *lease) Name() string       { return ls.a.name }
