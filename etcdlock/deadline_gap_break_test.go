@@ -105,95 +105,23 @@ func TestRenewalReadPastDeadline(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	admin := newClient(t, shared.Endpoints(), nil)
-	for _, then := range []string{"nothing", "Err", "Release"} {
-		t.Run(then, func(t *testing.T) {
-			h.ran, h.open = make(chan struct{}, 1), make(chan struct{})
-			ctx := ctxFor(t, 30*time.Second)
-			rec := &observetest.Recorder{}
-			l, err := etcdlock.New(c, &etcdlock.Options{Observer: rec})
+	late := observetest.LateRenewal{
+		New: func(t *testing.T, obs fence.Observer) fence.Locker {
+			l, err := etcdlock.New(c, &etcdlock.Options{Observer: obs})
 			if err != nil {
 				t.Fatal(err)
 			}
 			etcdlock.HoldRuns(l)
-			ls, err := l.Acquire(ctx, "deadline-gap:renew-late-read:"+then, fence.TTL(time.Minute))
-			if err != nil {
-				t.Fatal(err)
-			}
-			h.armed.Store(true)
-			defer h.armed.Store(false)
-			ext := make(chan error, 1)
-			go func() { ext <- ls.Extend(ctx, time.Minute) }()
-			select {
-			case <-h.ran:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the Extend's Txn did not run")
-			}
-			etcdlock.PassDeadline(t, ls) // passed while the reply is out
-			var seen error
-			rel := make(chan error, 1)
-			switch then {
-			case "Err":
-				seen = ls.Err()
-			case "Release":
-				go func() { rel <- ls.Release(ctx) }()
-				select {
-				case <-ls.Done(): // Release ended it before it waits for ls.op
-				case <-time.After(10 * time.Second):
-					t.Fatal("Release past the deadline, an Extend's reply out, did not end the lease")
-				}
-				seen = ls.Err()
-			}
-			if then != "nothing" && !errors.Is(seen, fence.ErrLeaseLost) {
-				t.Errorf("Err past the deadline, the Extend's reply out, %s called = %v, want ErrLeaseLost", then, seen)
-			}
-			close(h.open)
-			err = <-ext
-			if then == "nothing" {
-				if err != nil {
-					t.Errorf("Extend applied in time, its reply read after the deadline = %v, want nil", err)
-				}
-				if e := ls.Err(); e != nil {
-					t.Errorf("Err after it = %v, want nil", e)
-				}
-				if left := time.Until(ls.Deadline()); left < 30*time.Second {
-					t.Errorf("Deadline in %v after Extend(1m)", left)
-				}
-				if ends := rec.Ends(); len(ends) != 0 {
-					t.Errorf("ends reported %+v, want none", ends)
-				}
-				if err := ls.Release(ctx); err != nil {
-					t.Errorf("Release = %v", err)
-				}
-				return
-			}
-			if !errors.Is(err, fence.ErrLeaseLost) {
-				t.Errorf("Extend whose reply came after %s ended the lease = %v, want ErrLeaseLost", then, err)
-			}
-			if then == "Release" {
-				if err := <-rel; !errors.Is(err, fence.ErrLeaseLost) || err.Error() != seen.Error() {
-					t.Errorf("Release = %v, want %v", err, seen)
-				}
-			}
-			if e := ls.Err(); e != seen {
-				t.Errorf("Err after the late reply = %v, want %v still", e, seen)
-			}
-			if time.Now().Before(ls.Deadline()) {
-				t.Errorf("the late reply moved the Deadline of an ended lease to %v from now", time.Until(ls.Deadline()))
-			}
-			if ends := rec.Ends(); len(ends) != 1 || ends[0].Cause != fence.LostExpired {
-				t.Errorf("ends reported %+v, want one, expired", ends)
-			}
-			if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
-				t.Errorf("Release = %v, want ErrLeaseLost", err)
-			}
-			if ends := rec.Ends(); len(ends) != 1 {
-				t.Errorf("ends reported after Release %+v, want one", ends)
-			}
-			// Nobody holds the key: it is deleted (its etcd lease revoked,
-			// maybe in the background: wait for it, with a deadline).
+			return l
+		},
+		Hold: &h.ReplyHold,
+		Pass: etcdlock.PassDeadline,
+		// Nobody holds the key: it is deleted (its etcd lease revoked,
+		// maybe in the background: wait for it, with a deadline).
+		Ended: func(t *testing.T, ls fence.Lease) {
 			key := ls.(*etcdlock.Lease).Key()
 			for end := time.Now().Add(10 * time.Second); ; {
-				resp, err := admin.Get(ctx, key)
+				resp, err := admin.Get(ctxFor(t, 10*time.Second), key)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -205,22 +133,21 @@ func TestRenewalReadPastDeadline(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond) // polling with a deadline
 			}
-		})
+		},
+	}
+	for _, then := range []string{"nothing", "Err", "Release"} {
+		t.Run(then, func(t *testing.T) { observetest.RenewalReadPastDeadline(t, late, then) })
 	}
 }
 
 // holdTxn is a unary interceptor that, when armed, lets a Txn run and
 // holds its reply until open is closed, telling ran.
-type holdTxn struct {
-	armed     atomic.Bool
-	ran, open chan struct{}
-}
+type holdTxn struct{ observetest.ReplyHold }
 
 func (h *holdTxn) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	err := invoker(ctx, method, req, reply, cc, opts...)
-	if err == nil && method == "/etcdserverpb.KV/Txn" && h.armed.Load() {
-		h.ran <- struct{}{}
-		<-h.open
+	if err == nil && method == "/etcdserverpb.KV/Txn" {
+		h.Hold()
 	}
 	return err
 }

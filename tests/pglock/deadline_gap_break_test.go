@@ -4,13 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -167,90 +165,18 @@ func TestCallRacesExpiry(t *testing.T) {
 // Release returns the loss too), and nothing else is reported.
 func TestRenewalReadPastDeadline(t *testing.T) {
 	d := newDatabase(t, pg)
-	h := &holdRenewal{}
+	h := &observetest.ReplyHold{}
 	db := sql.OpenDB(holdingConnector{stdlib.GetConnector(mustParse(t, d.dsn)), h})
 	t.Cleanup(func() { _ = db.Close() })
+	late := observetest.LateRenewal{
+		New: func(t *testing.T, obs fence.Observer) fence.Locker {
+			return d.lockerWith(t, db, pglock.Options{Observer: obs})
+		},
+		Hold: h,
+		Pass: passDeadline,
+	}
 	for _, then := range []string{"nothing", "Err", "Release"} {
-		t.Run(then, func(t *testing.T) {
-			h.ran, h.open = make(chan struct{}, 1), make(chan struct{})
-			ctx := ctxFor(t, 30*time.Second)
-			rec := &observetest.Recorder{}
-			l := d.lockerWith(t, db, pglock.Options{Observer: rec})
-			ls, err := l.Acquire(ctx, "deadline-gap:renew-late-read:"+then, fence.TTL(time.Minute))
-			if err != nil {
-				t.Fatal(err)
-			}
-			h.armed.Store(true)
-			defer h.armed.Store(false)
-			ext := make(chan error, 1)
-			go func() { ext <- ls.Extend(ctx, time.Minute) }()
-			select {
-			case <-h.ran:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the renewal did not run")
-			}
-			passDeadline(t, ls) // passed while the reply is out
-			var seen error
-			rel := make(chan error, 1)
-			switch then {
-			case "Err":
-				seen = ls.Err()
-			case "Release":
-				go func() { rel <- ls.Release(ctx) }()
-				select {
-				case <-ls.Done(): // Release ended it before it waits for the renewal
-				case <-time.After(10 * time.Second):
-					t.Fatal("Release past the deadline, a renewal's reply out, did not end the lease")
-				}
-				seen = ls.Err()
-			}
-			if then != "nothing" && !errors.Is(seen, fence.ErrLeaseLost) {
-				t.Errorf("Err past the deadline, the renewal's reply out, %s called = %v, want ErrLeaseLost", then, seen)
-			}
-			close(h.open)
-			err = <-ext
-			if then == "nothing" {
-				if err != nil {
-					t.Errorf("Extend run in time, its reply read after the deadline = %v, want nil", err)
-				}
-				if e := ls.Err(); e != nil {
-					t.Errorf("Err after it = %v, want nil", e)
-				}
-				if left := time.Until(ls.Deadline()); left < 30*time.Second {
-					t.Errorf("Deadline in %v after Extend(1m)", left)
-				}
-				if ends := rec.Ends(); len(ends) != 0 {
-					t.Errorf("ends reported %+v, want none", ends)
-				}
-				if err := ls.Release(ctx); err != nil {
-					t.Errorf("Release = %v", err)
-				}
-				return
-			}
-			if !errors.Is(err, fence.ErrLeaseLost) {
-				t.Errorf("Extend whose reply came after %s ended the lease = %v, want ErrLeaseLost", then, err)
-			}
-			if then == "Release" {
-				if err := <-rel; !errors.Is(err, fence.ErrLeaseLost) || err.Error() != seen.Error() {
-					t.Errorf("Release = %v, want %v", err, seen)
-				}
-			}
-			if e := ls.Err(); e != seen {
-				t.Errorf("Err after the late reply = %v, want %v still", e, seen)
-			}
-			if time.Now().Before(ls.Deadline()) {
-				t.Errorf("the late reply moved the Deadline of an ended lease to %v from now", time.Until(ls.Deadline()))
-			}
-			if ends := rec.Ends(); len(ends) != 1 || ends[0].Cause != fence.LostExpired {
-				t.Errorf("ends reported %+v, want one, expired", ends)
-			}
-			if err := ls.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
-				t.Errorf("Release = %v, want ErrLeaseLost", err)
-			}
-			if ends := rec.Ends(); len(ends) != 1 {
-				t.Errorf("ends reported after Release %+v, want one", ends)
-			}
-		})
+		t.Run(then, func(t *testing.T) { observetest.RenewalReadPastDeadline(t, late, then) })
 	}
 }
 
@@ -263,18 +189,11 @@ func mustParse(t *testing.T, dsn string) pgx.ConnConfig {
 	return *cfg
 }
 
-// holdRenewal, when armed, lets a renewal's statement run and holds its
-// reply until open is closed, telling ran.
-type holdRenewal struct {
-	armed     atomic.Bool
-	ran, open chan struct{}
-}
-
 // holdingConnector is a driver.Connector whose connections hold the
 // replies of renewals as h says.
 type holdingConnector struct {
 	driver.Connector
-	h *holdRenewal
+	h *observetest.ReplyHold
 }
 
 func (c holdingConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -287,14 +206,13 @@ func (c holdingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 
 type holdingConn struct {
 	*stdlib.Conn
-	h *holdRenewal
+	h *observetest.ReplyHold
 }
 
 func (c holdingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	res, err := c.Conn.ExecContext(ctx, q, args)
-	if err == nil && c.h.armed.Load() && strings.Contains(q, "SET expires_at = greatest(expires_at") && !strings.Contains(q, "RETURNING") {
-		c.h.ran <- struct{}{}
-		<-c.h.open
+	if err == nil && strings.Contains(q, "SET expires_at = greatest(expires_at") && !strings.Contains(q, "RETURNING") {
+		c.h.Hold()
 	}
 	return res, err
 }
