@@ -362,7 +362,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	ttl, per := sp.ttl, attemptTimeout(sp.ttl)
 	// giveUp gives back sp when the Acquire fails: its key may exist, or
 	// be created late by a create Txn sent before ctx ended.
-	giveUp := func() { l.giveBack(ctx, sp.id, nil) }
+	giveUp := func() { l.giveBackWithin(ctx, sp.id) }
 	key := pfx + strconv.FormatInt(int64(sp.id), 16)
 	// Create the key unless an attempt that timed out did. The Then branch
 	// also reads the two newest keys: at the Txn's revision the new key is
@@ -545,10 +545,15 @@ var errLateReply = fmt.Errorf("%w: the reply that took the lock came too late", 
 // within cleanupTimeout even if ctx is done.
 // On a closed client it returns at once: no revoke can be sent (see try).
 func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	return l.revokeWithin(ctx, id, cleanupTimeout)
+}
+
+// revokeWithin is revoke within d rather than cleanupTimeout.
+func (l *Locker) revokeWithin(ctx context.Context, id clientv3.LeaseID, d time.Duration) error {
 	if l.client.Ctx().Err() != nil {
 		return errClientClosed
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	defer cancel()
 	_, err := l.client.Revoke(ctx, id)
 	return err
@@ -571,15 +576,21 @@ func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
 // revoked is not called. revoked, if not nil, is called once a revoke has
 // got through. It returns the first revoke's error.
 func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func()) error {
-	// try revokes once and reports whether that settles it.
-	try := func(ctx context.Context) (bool, error) {
-		err := l.revoke(ctx, id)
+	return l.giveBackFirstWithin(ctx, id, revoked, cleanupTimeout)
+}
+
+// giveBackFirstWithin is giveBack with its first revoke bounded by first
+// rather than cleanupTimeout (the retries in the background are not).
+func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, revoked func(), first time.Duration) error {
+	// try revokes once, within d, and reports whether that settles it.
+	try := func(ctx context.Context, d time.Duration) (bool, error) {
+		err := l.revokeWithin(ctx, id, d)
 		if err == nil && revoked != nil {
 			revoked()
 		}
 		return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed), err
 	}
-	settled, err := try(ctx)
+	settled, err := try(ctx, first)
 	if settled {
 		return err
 	}
@@ -608,7 +619,7 @@ func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func
 				return
 			case <-pause.C:
 			}
-			if settled, _ := try(context.Background()); settled {
+			if settled, _ := try(context.Background(), cleanupTimeout); settled {
 				return
 			}
 			pause.Reset(wait)
@@ -616,6 +627,29 @@ func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func
 	}()
 	return err
 }
+
+// giveBackWithin is giveBack for a caller that must return by ctx's
+// deadline: its first revoke is bounded by what is left of ctx, and by
+// doneGrace once ctx has ended, rather than by cleanupTimeout; if it does
+// not get through in time, the retries go on in the background until one
+// does. (A member that hangs held an Acquire that failed at its deadline
+// up to cleanupTimeout longer: TestAcquireGiveBackWithinCallersDeadline.)
+func (l *Locker) giveBackWithin(ctx context.Context, id clientv3.LeaseID) {
+	first := cleanupTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		first = min(first, time.Until(dl))
+	}
+	if ctx.Err() != nil || first < doneGrace {
+		first = doneGrace
+	}
+	_ = l.giveBackFirstWithin(ctx, id, nil, first)
+}
+
+// doneGrace is how long giveBackWithin waits for a revoke once the
+// caller's ctx has ended: enough for a member that answers (a revoke
+// takes about a millisecond), so that the key is gone when Acquire
+// returns, and short against a caller's deadline.
+const doneGrace = 100 * time.Millisecond
 
 // waiter is an Acquire waiting in line: its key exists, and keys created
 // before it do too.

@@ -741,7 +741,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	ended, id := ls.err, ls.id
 	ls.mu.Unlock()
 	if expired != nil {
-		_ = ls.l.giveBack(ctx, id, nil)
+		ls.l.giveBackWithin(ctx, id)
 		expired()
 	}
 	if ended == fence.ErrReleased {
@@ -1040,7 +1040,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	ls.mu.Unlock()
 	if expired != nil {
 		defer expired() // after unlockOp, with the result settled
-		_ = ls.l.giveBack(ctx, id, nil)
+		ls.l.giveBackWithin(ctx, id)
 	}
 	if err := ls.lockOp(ctx); err != nil {
 		// An Extend in flight holds ls.op; it revokes the etcd lease it

@@ -1,0 +1,73 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/etcdtest"
+)
+
+// TestAcquireGiveBackWithinCallersDeadline: an Acquire whose create Txn
+// hangs on a paused member (a spare etcd lease kept from the last Release,
+// so no Grant goes first) fails at the caller's deadline, and gives its
+// etcd lease back: that revoke, on the same hung member, holds the caller
+// no more than a short grace (doneGrace, 100 ms) past its deadline (it
+// used to be cleanupTimeout, 500 ms: 1.2 s with a 700 ms deadline); it
+// goes on in the background until it gets through.
+func TestAcquireGiveBackWithinCallersDeadline(t *testing.T) {
+	c := etcdtest.Start(t)
+	m := c.Members[0]
+	l := newLocker(t, c.Endpoints(), nil)
+	admin := newClient(t, c.Endpoints(), nil)
+	ctx := ctxFor(t, 30*time.Second)
+	first, err := l.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil { // keeps its etcd lease as a spare
+		t.Fatal(err)
+	}
+	m.Stop()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			m.Cont()
+			if err := m.WaitReady(10 * time.Second); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer resume()
+	const deadline, slack = 700 * time.Millisecond, 300 * time.Millisecond
+	dctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	_, err = l.Acquire(dctx, t.Name())
+	took := time.Since(start)
+	t.Logf("Acquire on a paused member: %v after %v", err, took)
+	if !errors.Is(err, fence.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire = %v, want ErrNotAcquired and DeadlineExceeded", err)
+	}
+	if took > deadline+slack {
+		t.Errorf("Acquire took %v with a %v deadline", took, deadline)
+	}
+	// Once the member answers again, nothing holds the name: the etcd
+	// lease given back in the background took its key (if the create Txn
+	// was applied) with it.
+	resume()
+	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(t.Name())) > 0; {
+		if time.Now().After(end) {
+			t.Fatal("a key of the failed Acquire is still there 10 s after the member resumed")
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	again, err := l.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatalf("Acquire after the member resumed = %v", err)
+	}
+	_ = again.Release(ctx)
+}
