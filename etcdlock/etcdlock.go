@@ -362,7 +362,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	ttl, per := sp.ttl, attemptTimeout(sp.ttl)
 	// giveUp gives back sp when the Acquire fails: its key may exist, or
 	// be created late by a create Txn sent before ctx ended.
-	giveUp := func() { l.giveBackWithin(ctx, sp.id) }
+	giveUp := func() { l.giveBackWithin(ctx, sp.id, nil) }
 	key := pfx + strconv.FormatInt(int64(sp.id), 16)
 	// Create the key unless an attempt that timed out did. The Then branch
 	// also reads the two newest keys: at the Txn's revision the new key is
@@ -634,7 +634,7 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 // not get through in time, the retries go on in the background until one
 // does. (A member that hangs held an Acquire that failed at its deadline
 // up to cleanupTimeout longer: TestAcquireGiveBackWithinCallersDeadline.)
-func (l *Locker) giveBackWithin(ctx context.Context, id clientv3.LeaseID) {
+func (l *Locker) giveBackWithin(ctx context.Context, id clientv3.LeaseID, revoked func()) {
 	first := cleanupTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		first = min(first, time.Until(dl))
@@ -642,7 +642,7 @@ func (l *Locker) giveBackWithin(ctx context.Context, id clientv3.LeaseID) {
 	if ctx.Err() != nil || first < doneGrace {
 		first = doneGrace
 	}
-	_ = l.giveBackFirstWithin(ctx, id, nil, first)
+	_ = l.giveBackFirstWithin(ctx, id, revoked, first)
 }
 
 // doneGrace is how long giveBackWithin waits for a revoke once the

@@ -71,3 +71,59 @@ func TestAcquireGiveBackWithinCallersDeadline(t *testing.T) {
 	}
 	_ = again.Release(ctx)
 }
+
+// TestFailedReleaseGiveBackWithinCallersDeadline: as
+// TestAcquireGiveBackWithinCallersDeadline, for a Release whose delete
+// hangs on a paused member: it fails at the caller's deadline and revokes
+// the lease's etcd lease, holding the caller no more than doneGrace past
+// its deadline (cleanupTimeout before: 1.2 s with a 700 ms deadline); the
+// revoke goes on in the background, and once the member answers the key is
+// gone and the name free.
+func TestFailedReleaseGiveBackWithinCallersDeadline(t *testing.T) {
+	c := etcdtest.Start(t)
+	m := c.Members[0]
+	l := newLocker(t, c.Endpoints(), nil)
+	admin := newClient(t, c.Endpoints(), nil)
+	ctx := ctxFor(t, 30*time.Second)
+	lease, err := l.Acquire(ctx, t.Name(), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Stop()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			m.Cont()
+			if err := m.WaitReady(10 * time.Second); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer resume()
+	const deadline, slack = 700 * time.Millisecond, 300 * time.Millisecond
+	dctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	err = lease.Release(dctx)
+	took := time.Since(start)
+	t.Logf("Release on a paused member: %v after %v", err, took)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Release = %v, want DeadlineExceeded", err)
+	}
+	if took > deadline+slack {
+		t.Errorf("Release took %v with a %v deadline", took, deadline)
+	}
+	resume()
+	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(t.Name())) > 0; {
+		if time.Now().After(end) {
+			t.Fatal("the released lease's key is still there 10 s after the member resumed")
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	again, err := l.Acquire(ctx, t.Name())
+	if err != nil {
+		t.Fatalf("Acquire after the member resumed = %v", err)
+	}
+	_ = again.Release(ctx)
+}

@@ -741,7 +741,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	ended, id := ls.err, ls.id
 	ls.mu.Unlock()
 	if expired != nil {
-		ls.l.giveBackWithin(ctx, id)
+		ls.l.giveBackWithin(ctx, id, nil)
 		expired()
 	}
 	if ended == fence.ErrReleased {
@@ -995,7 +995,7 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 	// once a revoke has got through: a later Release that finds the key
 	// gone before that cannot tell this revoke from a loss (the etcd lease
 	// expired, or revoked by another), and says lost.
-	ls.l.giveBack(ctx, id, func() { ls.revokedOnFail.Store(true) })
+	ls.l.giveBackWithin(ctx, id, func() { ls.revokedOnFail.Store(true) })
 }
 
 // Release deletes the lease's key if it is still the one created at the
@@ -1040,7 +1040,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	ls.mu.Unlock()
 	if expired != nil {
 		defer expired() // after unlockOp, with the result settled
-		ls.l.giveBackWithin(ctx, id)
+		ls.l.giveBackWithin(ctx, id, nil)
 	}
 	if err := ls.lockOp(ctx); err != nil {
 		// An Extend in flight holds ls.op; it revokes the etcd lease it
