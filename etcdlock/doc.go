@@ -133,9 +133,9 @@
 // the same etcd lease: such an etcd lease is revoked, never kept. A lease whose key is already gone gets an error matching
 // fence.ErrLeaseLost and deletes nothing. A Release that fails (its ctx
 // done, the cluster unreachable) ends the lease all the same, as released,
-// as in every backend, and revokes the etcd lease within half a second
-// (such an etcd lease is never kept for reuse); if that fails too, the
-// revoke is tried again in the background (see below). Calling Release
+// as in every backend, and revokes the etcd lease within the caller's
+// deadline (such an etcd lease is never kept for reuse); if that fails
+// too, the revoke is tried again in the background (see below). Calling Release
 // again retries the delete.
 //
 // The create Txn and Release's delete are sent as gRPC requests built by
@@ -165,7 +165,11 @@
 // and whose retry finds the key gone cannot tell its own delete from
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease, an Extend) are bounded by half a second even when ctx has
-// ended; one that does not get through leaves the etcd lease to expire on
+// ended, and after a failed Acquire or Release, or an Extend or Release
+// past the lease's deadline, by what is left of the caller's ctx (a tenth
+// of a second once it has ended, enough for a member that answers), so
+// that a member that hangs does not hold the caller past its deadline;
+// one that does not get through leaves the etcd lease to expire on
 // the server, except after a failed Acquire or Release and for a lost
 // lease (one that ran out during a quorum loss held its lock for nobody a
 // whole TTL after quorum came back): there it is tried again in the
