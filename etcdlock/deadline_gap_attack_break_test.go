@@ -179,16 +179,7 @@ func failKeepAlive(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientCo
 // halts and joins run: it must not wait for run, which is in the handler)
 // and Extend.
 func TestCallAtFailedRenewal(t *testing.T) {
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints:   shared.Endpoints(),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(failKeepAlive)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := dialClient(t, shared.Endpoints(), grpc.WithChainStreamInterceptor(failKeepAlive))
 	for _, call := range []string{"Err", "Done", "Context", "Release", "Extend"} {
 		t.Run(call, func(t *testing.T) {
 			observetest.CallAtFailedRenewal(t, "renewal failed", call,

@@ -12,8 +12,6 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
 	"github.com/fencekit/fence/internal/observetest"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
@@ -94,16 +92,7 @@ func TestCallRacesExpiry(t *testing.T) {
 // new etcd lease, is deleted (that etcd lease revoked).
 func TestRenewalReadPastDeadline(t *testing.T) {
 	h := &holdTxn{}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints:   shared.Endpoints(),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(h.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(h.intercept))
 	admin := newClient(t, shared.Endpoints(), nil)
 	late := observetest.LateRenewal{
 		New: func(t *testing.T, obs fence.Observer) fence.Locker {
@@ -161,16 +150,7 @@ func (h *holdTxn) intercept(ctx context.Context, method string, req, reply any, 
 // report anything more; its etcd lease is revoked, the key deleted.
 func TestWatchdogRenewalReadPastDeadline(t *testing.T) {
 	h := &holdKeepAlive{}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints:   shared.Endpoints(),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(h.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := dialClient(t, shared.Endpoints(), grpc.WithChainStreamInterceptor(h.intercept))
 	admin := newClient(t, shared.Endpoints(), nil)
 	for _, looked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("looked=%v", looked), func(t *testing.T) {
@@ -309,16 +289,7 @@ func TestReleaseAsDeadlineMovesReportsOnce(t *testing.T) {
 // is free: the callback's calls return the loss.
 func TestExtendSettlingPastDeadline(t *testing.T) {
 	h := &failTxns{}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints:   shared.Endpoints(),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(h.intercept)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(h.intercept))
 	ctx := ctxFor(t, 30*time.Second)
 	r := observetest.NewReentry()
 	l, err := etcdlock.New(c, &etcdlock.Options{Observer: r})

@@ -7,7 +7,10 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/etcdserver"
 	"github.com/fencekit/fence/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestAcquireGiveBackWithinCallersDeadline: an Acquire whose create Txn
@@ -30,17 +33,7 @@ func TestAcquireGiveBackWithinCallersDeadline(t *testing.T) {
 	if err := first.Release(ctx); err != nil { // keeps its etcd lease as a spare
 		t.Fatal(err)
 	}
-	m.Stop()
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			m.Cont()
-			if err := m.WaitReady(10 * time.Second); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	resume := pauseMember(t, m)
 	defer resume()
 	const deadline, slack = 700 * time.Millisecond, 300 * time.Millisecond
 	dctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -59,17 +52,7 @@ func TestAcquireGiveBackWithinCallersDeadline(t *testing.T) {
 	// lease given back in the background took its key (if the create Txn
 	// was applied) with it.
 	resume()
-	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(t.Name())) > 0; {
-		if time.Now().After(end) {
-			t.Fatal("a key of the failed Acquire is still there 10 s after the member resumed")
-		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
-	again, err := l.Acquire(ctx, t.Name())
-	if err != nil {
-		t.Fatalf("Acquire after the member resumed = %v", err)
-	}
-	_ = again.Release(ctx)
+	nameFreedOnResume(t, l, admin)
 }
 
 // TestFailedReleaseGiveBackWithinCallersDeadline: as
@@ -89,17 +72,7 @@ func TestFailedReleaseGiveBackWithinCallersDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Stop()
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			m.Cont()
-			if err := m.WaitReady(10 * time.Second); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	resume := pauseMember(t, m)
 	defer resume()
 	const deadline, slack = 700 * time.Millisecond, 300 * time.Millisecond
 	dctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -115,12 +88,36 @@ func TestFailedReleaseGiveBackWithinCallersDeadline(t *testing.T) {
 		t.Errorf("Release took %v with a %v deadline", took, deadline)
 	}
 	resume()
+	nameFreedOnResume(t, l, admin)
+}
+
+// pauseMember pauses m and returns resume, which lets it go on (once) and
+// waits until it is ready; defer it too.
+func pauseMember(t *testing.T, m *etcdserver.Member) (resume func()) {
+	m.Stop()
+	resumed := false
+	return func() {
+		if !resumed {
+			resumed = true
+			m.Cont()
+			if err := m.WaitReady(10 * time.Second); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}
+
+// nameFreedOnResume checks, once the member answers again, that no key of
+// the test's name is left (the etcd lease given back in the background
+// took it with it) and that l can take the name.
+func nameFreedOnResume(t *testing.T, l *etcdlock.Locker, admin *clientv3.Client) {
 	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(t.Name())) > 0; {
 		if time.Now().After(end) {
-			t.Fatal("the released lease's key is still there 10 s after the member resumed")
+			t.Fatal("a key of the name is still there 10 s after the member resumed")
 		}
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
+	ctx := ctxFor(t, 30*time.Second)
 	again, err := l.Acquire(ctx, t.Name())
 	if err != nil {
 		t.Fatalf("Acquire after the member resumed = %v", err)

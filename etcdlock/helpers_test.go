@@ -33,6 +33,18 @@ func newClient(t testing.TB, endpoints []string, kv *atomic.Int64) *clientv3.Cli
 				return invoker(ctx, method, req, reply, cc, opts...)
 			})}
 	}
+	return dial(t, cfg)
+}
+
+// dialClient returns a client of endpoints with opts (interceptors),
+// closed in t.Cleanup.
+func dialClient(t testing.TB, endpoints []string, opts ...grpc.DialOption) *clientv3.Client {
+	t.Helper()
+	return dial(t, clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: opts})
+}
+
+func dial(t testing.TB, cfg clientv3.Config) *clientv3.Client {
+	t.Helper()
 	c, err := clientv3.New(cfg)
 	if err != nil {
 		t.Fatalf("etcd client: %v", err)
