@@ -85,7 +85,26 @@ func TestNamespaceWrappedAfterNew(t *testing.T) {
 // authClient returns a client of endpoints that authenticates as user. If
 // stale is not nil, it counts the Txn and DeleteRange calls refused for a
 // stale token (the retry interceptor's attempts, each seen here).
-func authClient(t testing.TB, endpoints []string, user, password string, stale *atomic.Int64) (*clientv3.Client, error) {
+// staleLog records, in order, the unary methods whose attempts met a stale
+// auth token.
+type staleLog struct {
+	mu      sync.Mutex
+	methods []string
+}
+
+func (s *staleLog) add(method string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.methods = append(s.methods, strings.TrimPrefix(method, "/etcdserverpb."))
+}
+
+func (s *staleLog) met() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.methods)
+}
+
+func authClient(t testing.TB, endpoints []string, user, password string, stale *staleLog) (*clientv3.Client, error) {
 	t.Helper()
 	cfg := clientv3.Config{
 		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
@@ -95,9 +114,8 @@ func authClient(t testing.TB, endpoints []string, user, password string, stale *
 		cfg.DialOptions = []grpc.DialOption{grpc.WithChainUnaryInterceptor(
 			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 				err := invoker(ctx, method, req, reply, cc, opts...)
-				if (method == "/etcdserverpb.KV/Txn" || method == "/etcdserverpb.KV/DeleteRange") &&
-					(errors.Is(rpctypes.Error(err), rpctypes.ErrAuthOldRevision) || errors.Is(rpctypes.Error(err), rpctypes.ErrInvalidAuthToken)) {
-					stale.Add(1)
+				if errors.Is(rpctypes.Error(err), rpctypes.ErrAuthOldRevision) || errors.Is(rpctypes.Error(err), rpctypes.ErrInvalidAuthToken) {
+					stale.add(method)
 				}
 				return err
 			})}
@@ -135,12 +153,21 @@ func TestAuthTokenRefreshed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stale atomic.Int64
+	var stale staleLog
 	c, err := authClient(t, endpoints, "root", "rootpw", &stale)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := etcdlock.New(c, &etcdlock.Options{WatchdogTTL: 6 * time.Second})
+	// A lease time long enough that, after the first Acquire's Grant, the
+	// client sends nothing but the hand-built requests: every Acquire takes
+	// the etcd lease the last Release kept (a spare stays fresh for a tenth
+	// of the lease time, 12 s) and no renewal falls due (every 40 s).
+	// Otherwise the first request after a reset may be a Grant or a
+	// renewal, which meets the stale token and gets the new one for the
+	// Txn or delete after it (CI, 2026-12-04: the reset's AuthDisable and
+	// AuthEnable outlasted a 6 s lease's 600 ms spare, and no Txn or delete
+	// met a stale token).
+	l, err := etcdlock.New(c, &etcdlock.Options{WatchdogTTL: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,15 +231,15 @@ func TestAuthTokenRefreshed(t *testing.T) {
 	}
 
 	// The auth revision moving on makes no simple token stale (etcd's
-	// simple tokens take the current revision); the reset does. The create
-	// Txn right after the first reset always meets it; the delete of the
-	// lease held across the second meets it unless the lease's keep-alive
-	// stream met it first and the client fetched a new token (seen once on
-	// a loaded machine): the Release succeeding is what counts there.
-	if stale.Load() < 1 {
-		t.Fatalf("%d requests met a stale token, want at least the create Txn after the reset: the test did not make the token stale", stale.Load())
+	// simple tokens take the current revision); the reset does. The client
+	// sends nothing else after a reset, so the create Txn right after the
+	// first reset and the delete of the lease held across the second are
+	// the first requests to meet it.
+	met := stale.met()
+	t.Logf("attempts that met a stale token and were sent again: %v", met)
+	if !slices.Contains(met, "KV/Txn") || !slices.Contains(met, "KV/DeleteRange") {
+		t.Fatalf("stale tokens met by %v, want the create Txn and the delete among them: the test did not make their token stale", met)
 	}
-	t.Logf("%d Txn/DeleteRange attempts met a stale token and were sent again", stale.Load())
 
 	// No credentials: a typed error, in far less than the caller's time.
 	anon, err := etcdlock.New(bare, nil)
