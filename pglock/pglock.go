@@ -534,15 +534,21 @@ func (b backendRef) age() int64 {
 }
 
 // signal terminates the backends of stale without waiting for them to go,
-// within giveUpTimeout in all: after a try that took the lock, no free
-// follows that they must not outrun, and a backend signalled dies before
-// it runs a statement further (see terminate). Waiting would hold one of
-// the pool's connections while the new lease may need it.
-func (l *Locker) signal(stale []backendRef) {
-	ctx, cancel := context.WithTimeout(context.Background(), giveUpTimeout)
+// after a try that took the lock: a backend signalled dies before it runs
+// a statement further (see terminate), so the lease's Release, which comes
+// after this, frees the row for good. Waiting for them to go would hold
+// one of the pool's connections, and the Acquire, for up to giveUpTimeout.
+// It is bounded by ctx (the Acquire's) and giveUpTimeout; a signal that ctx
+// cut short is sent again in the background, bounded by giveUpTimeout.
+func (l *Locker) signal(ctx context.Context, stale []backendRef) {
+	sctx, cancel := context.WithTimeout(ctx, giveUpTimeout)
 	defer cancel()
-	for _, b := range stale {
-		_ = l.execAsSessionUser(ctx, terminateQuery(false), b.pid, b.port, b.age())
+	for i, b := range stale {
+		_ = l.execAsSessionUser(sctx, terminateQuery(false), b.pid, b.port, b.age())
+		if ctx.Err() != nil {
+			go l.signal(context.Background(), stale[i:])
+			return
+		}
 	}
 }
 
@@ -595,9 +601,16 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 			if stale := a.stale; len(stale) > 0 {
 				// An earlier try may yet run in a backend of its own:
 				// harmless while this lease lives (the row is its
-				// owner's), it would take the row back once released.
+				// owner's), it would take the row back once released,
+				// held by nobody until it expired. So the backends are
+				// signalled before the lease is returned: signalled
+				// in the background, the signal could come after the
+				// lease's Release had freed the row (a loaded CI run,
+				// 2026-12-04: with a pool of one connection, Extend and
+				// Release took it first, and the stalled try, resumed,
+				// took the row back).
 				a.stale = nil
-				go l.signal(stale)
+				l.signal(ctx, stale)
 			}
 			if replied := time.Now(); !replied.Before(deadline(sent, a.ttl)) {
 				// Taken with a reply past the lease's deadline (a

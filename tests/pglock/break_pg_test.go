@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -514,16 +515,20 @@ END $$`); err != nil {
 }
 
 // cutConn is a net.Conn that the test can cut from the client's side (a
-// local network error), and that counts its writes once armed.
+// local network error), that counts its writes once armed, and that notes
+// a write that terminates a backend.
 type cutConn struct {
 	net.Conn
-	armed  *atomic.Bool
-	writes *atomic.Int64
+	armed, terminating *atomic.Bool
+	writes             *atomic.Int64
 }
 
 func (c cutConn) Write(p []byte) (int, error) {
 	if c.armed.Load() {
 		c.writes.Add(1)
+	}
+	if bytes.Contains(p, []byte("pg_terminate_backend")) {
+		c.terminating.Store(true)
 	}
 	return c.Conn.Write(p)
 }
@@ -531,11 +536,13 @@ func (c cutConn) Write(p []byte) (int, error) {
 // A try sent to a backend that stalled (SIGSTOP), whose connection then
 // broke on the client's side, is recorded as stale, and the Acquire's next
 // try takes the lock on another connection. The stale backend's
-// termination that follows has no free to come after it: it need only
-// signal the backend (which then dies as it resumes, before it reads the
-// try), not wait for it to go, which holds one of the pool's connections
-// for nearly two seconds: with a pool of one, the new lease's Extend waited
-// for it.
+// termination that follows need only signal the backend (which then dies
+// as it resumes, before it reads the try), not wait for it to go, which
+// holds one of the pool's connections for nearly two seconds: with a pool
+// of one, the new lease's Extend waited for it. But the signal must have
+// been sent when Acquire returns: sent in the background, it could come
+// after the lease's Release, and the stalled try, resumed, took the freed
+// row back (a loaded CI run, 2026-12-04; the row's owner check at the end).
 func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
 	const name = "stale-after-success"
 	d := newDatabase(t, pg)
@@ -544,10 +551,10 @@ func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	var (
-		armed  atomic.Bool
-		writes atomic.Int64
-		mu     sync.Mutex
-		conns  []net.Conn
+		armed, terminating atomic.Bool
+		writes             atomic.Int64
+		mu                 sync.Mutex
+		conns              []net.Conn
 	)
 	dial := cfg.DialFunc
 	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -558,7 +565,7 @@ func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
 		mu.Lock()
 		conns = append(conns, c)
 		mu.Unlock()
-		return cutConn{c, &armed, &writes}, nil
+		return cutConn{c, &armed, &terminating, &writes}, nil
 	}
 	db := sql.OpenDB(stdlib.GetConnector(*cfg))
 	t.Cleanup(func() { _ = db.Close() })
@@ -595,6 +602,9 @@ func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
 	r := <-acquired
 	if r.err != nil {
 		t.Fatal(r.err)
+	}
+	if !terminating.Load() {
+		t.Error("Acquire returned before it signalled the stalled backend: the lease's Release may free the row before the signal, and the stalled try take it back")
 	}
 	start := time.Now()
 	if err := r.lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
