@@ -53,14 +53,14 @@ check:
 	$(GO) vet $(MODULES) ./bench/...
 	$(GO) run $(STATICCHECK) $(MODULES)
 
-# -p 4 on 2 CPUs: the packages' tests mostly wait (on servers, leases and
-# timeouts), so four test binaries at a time overlap their waits. On
-# 2026-12-02 (warm build cache): 9 min 1 s with zklock and etcdlock listed
-# last, 7 min 4 s to 7 min 13 s with the longest first (redislock 260-290 s,
-# zklock 225 s, redlock 200 s, etcdlock 160 s, cli 155-170 s, lab 150-160 s);
-# -p 5 took 6 min 7 s and -p 6 6 min 5 s, but their load failed four timing
-# tests (fixed since: two runs at -p 6 then passed); 4 keeps a margin for a
-# busier machine.
+# -p 5 on 2 CPUs: the packages' tests mostly wait (on servers, leases and
+# timeouts), so five test binaries at a time overlap their waits. Fresh
+# clones on 2026-12-04, with the lab and the fuzz targets beside (make -j2):
+# the unit step took 14.2 min at -p 4 as listed by module, 12.7 min at -p 4
+# longest first, 11.8 min at -p 5 longest first (the CPUs 73% busy on
+# average; redislock, which starts first, then takes 482 s, against 408 s
+# at -p 4, and is the step's longest path), 12.6 min at -p 6 as listed by
+# module (97% busy; every package 25% slower).
 # The allocation ceilings are exact only without the race detector (which
 # adds a few at random): their tests run once more without it.
 # .ci/unit runs them: the race detector's reports go to files, printed
