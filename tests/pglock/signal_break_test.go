@@ -1,0 +1,164 @@
+package pglock_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// signalConn is a net.Conn that counts its writes once armed, and hands
+// each write that terminates a backend to onTerminate first, which may
+// cut it (an error: nothing is sent) or hold it.
+type signalConn struct {
+	net.Conn
+	armed       *atomic.Bool
+	writes      *atomic.Int64
+	onTerminate func() error
+}
+
+func (c signalConn) Write(p []byte) (int, error) {
+	if c.armed.Load() {
+		c.writes.Add(1)
+	}
+	if bytes.Contains(p, []byte("pg_terminate_backend")) {
+		if err := c.onTerminate(); err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// An Acquire whose earlier try went to a backend that stalled (SIGSTOP)
+// takes the lock with a later try, and its ctx ends while it signals the
+// stalled backend (here the ctx is cancelled as the signal's statement is
+// written, and the statement is lost): the signal is then sent again in
+// the background. Were the lease returned, its Release could free the row
+// before that background signal (held here until the backend has resumed,
+// as a loaded machine may schedule it), and the stalled try, resumed,
+// take the freed row back: held by nobody for its lease time. Whatever
+// Acquire returns, once any lease it gave is released and the stalled
+// backend has resumed and gone, the lock must be free.
+func TestStaleSignalCutByCtxReleaseOvertakes(t *testing.T) {
+	const name = "stale-signal-cut"
+	d := newDatabase(t, pg)
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		armed      atomic.Bool
+		writes     atomic.Int64
+		terminates atomic.Int64
+		mu         sync.Mutex
+		conns      []net.Conn
+		cancelAcq  context.CancelFunc
+		letSignal  = make(chan struct{})
+		letOnce    sync.Once
+	)
+	let := func() { letOnce.Do(func() { close(letSignal) }) }
+	t.Cleanup(let)
+	onTerminate := func() error {
+		if terminates.Add(1) == 1 {
+			// The Acquire's ctx ends as its signal goes out, and the
+			// signal is lost.
+			cancelAcq()
+			return errors.New("cut with the Acquire's ctx")
+		}
+		// Later signals (the background one, or a give-up's) come late.
+		select {
+		case <-letSignal:
+		case <-time.After(10 * time.Second):
+		}
+		return nil
+	}
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		return signalConn{c, &armed, &writes, onTerminate}, nil
+	}
+	db := sql.OpenDB(stdlib.GetConnector(*cfg))
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1) // the first try goes to the backend whose PID we read
+	l := d.locker(t, db)
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	pid := backendPID(t, db)
+	mu.Lock()
+	stalled := conns[0]
+	mu.Unlock()
+	resume := stopBackend(t, pid)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cancelAcq = cancel
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	acquired := make(chan result, 1)
+	armed.Store(true)
+	go func() {
+		lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute), fence.Wait(10*time.Second))
+		acquired <- result{lease, err}
+	}()
+	waitUntil(t, func() bool { return writes.Load() > 0 }) // the try is in the stalled backend's socket
+	armed.Store(false)
+	db.SetMaxOpenConns(3) // the signals need not wait for the lease's statements
+	_ = stalled.Close()
+	r := <-acquired
+	t.Logf("Acquire: lease %v, err %v", r.lease, r.err)
+	if r.err == nil {
+		if err := r.lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	} else if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("Acquire = %v, want a lease or its ctx's error", r.err)
+	}
+	// The backend resumes before the late signal: it runs the try, or
+	// dies, and goes (its client closed the connection).
+	resume()
+	gone := pollFor(10*time.Second, func() bool {
+		var n int
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if !gone {
+		t.Fatalf("backend %d still there 10 s after it resumed", pid)
+	}
+	let()
+	var owner string
+	free := pollFor(5*time.Second, func() bool {
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
+			t.Fatal(err)
+		}
+		return owner == ""
+	})
+	if !free {
+		t.Fatalf("the stalled try took the row back after the Acquire (lease released, or none given): the row is %q's", owner)
+	}
+}
