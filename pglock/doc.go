@@ -176,9 +176,11 @@
 // limit, whose slot the stalled backend still holds; a pool kept busy),
 // neither does. The backends of an Acquire's
 // earlier tries, when a later one takes the lock, are signalled the same
-// way, not waited for, before Acquire returns the lease (within the
-// Acquire's ctx: what is left is signalled in the background), so that
-// none of them can take the row back after the lease's Release. Likewise a renewal whose outcome is unknown may have moved the
+// way, not waited for, before Acquire returns the lease, so that none of
+// them can take the row back after the lease's Release; if they cannot be
+// signalled within the Acquire's ctx (and two seconds), no lease is
+// returned: the row is given back as above, and the Acquire goes on as a
+// new owner within its Wait budget, or fails. Likewise a renewal whose outcome is unknown may have moved the
 // row's expiry and not the lease's Deadline (so may one whose answer came
 // after the lease had ended): if the lease then ends unreleased, or by a
 // Release that failed, its row, if still its own, is freed in the

@@ -29,7 +29,16 @@ var ErrTokensExhausted = errors.New("pglock: token sequence exhausted")
 
 // errLateReply is in the error of a try that took the lock but whose reply
 // came after the lease's deadline: it gives no lease (see try).
-var errLateReply = fmt.Errorf("%w: the reply that took the lock came too late", fence.ErrLeaseLost) // matches fence.ErrLeaseLost: the lease ended before Acquire returned
+var errLateReply = fmt.Errorf("%w: the reply that took the lock came too late", errGivenBack)
+
+// errUnsignalled is in the error of a try that took the lock while the
+// signal to the stalled backends of earlier tries could not be sent (the
+// Acquire's ctx ended, the statement failed): it gives no lease (see try).
+var errUnsignalled = fmt.Errorf("%w: the stalled backends of earlier tries could not be signalled", errGivenBack)
+
+// errGivenBack is in the errors of tries that took the lock and gave it
+// back: errLateReply, errUnsignalled.
+var errGivenBack = fmt.Errorf("%w: taken and given back", fence.ErrLeaseLost) // matches fence.ErrLeaseLost: the lease ended before Acquire returned
 
 // DefaultTable is the lease table's name when Options.Table is empty.
 const DefaultTable = "fence_leases"
@@ -268,7 +277,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		return nil, fence.NotAcquired(name, closedDB(err))
 	case err == nil && o.Wait == 0:
 		return nil, fence.NotAcquired(name, fence.ErrHeld)
-	case err != nil && tryCtx.Err() != nil && !errors.Is(err, errLateReply):
+	case err != nil && tryCtx.Err() != nil && !errors.Is(err, errGivenBack):
 		// The budget ended during the first try, which failed for that
 		// reason (see the loop's tries below).
 		l.giveUp(&a)
@@ -374,7 +383,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if lease != nil {
 			return lease, nil
 		}
-		if lastErr != nil && waitCtx.Err() != nil && !errors.Is(lastErr, errLateReply) {
+		if lastErr != nil && waitCtx.Err() != nil && !errors.Is(lastErr, errGivenBack) {
 			// The budget ended during this try, which failed for that
 			// reason: the lock was as before, held or unreachable.
 			return nil, budgetEnded(before)
@@ -538,18 +547,18 @@ func (b backendRef) age() int64 {
 // a statement further (see terminate), so the lease's Release, which comes
 // after this, frees the row for good. Waiting for them to go would hold
 // one of the pool's connections, and the Acquire, for up to giveUpTimeout.
-// It is bounded by ctx (the Acquire's) and giveUpTimeout; a signal that ctx
-// cut short is sent again in the background, bounded by giveUpTimeout.
-func (l *Locker) signal(ctx context.Context, stale []backendRef) {
+// It is bounded by ctx (the Acquire's) and giveUpTimeout, and returns an
+// error if a signal may not have been sent: the caller must then not hand
+// out the lease (see try).
+func (l *Locker) signal(ctx context.Context, stale []backendRef) error {
 	sctx, cancel := context.WithTimeout(ctx, giveUpTimeout)
 	defer cancel()
-	for i, b := range stale {
-		_ = l.execAsSessionUser(sctx, terminateQuery(false), b.pid, b.port, b.age())
-		if ctx.Err() != nil {
-			go l.signal(context.Background(), stale[i:])
-			return
+	for _, b := range stale {
+		if err := l.execAsSessionUser(sctx, terminateQuery(false), b.pid, b.port, b.age()); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 // undefinedFunction is the SQLSTATE of a call to a function that does not
@@ -610,7 +619,22 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 				// Release took it first, and the stalled try, resumed,
 				// took the row back).
 				a.stale = nil
-				l.signal(ctx, stale)
+				if err := l.signal(ctx, stale); err != nil {
+					// Not signalled (ctx ended, the pool had no
+					// connection in time): a lease returned now, its
+					// Release could free the row before a signal sent
+					// later, and a stalled try take it back
+					// (TestStaleSignalCutByCtxReleaseOvertakes). Give
+					// the row back as a given-up Acquire does, once the
+					// backends are terminated and gone, and try again,
+					// if at all, as a new owner.
+					select {
+					case <-l.freeOwnedAfter(a.name, a.owner, stale):
+					case <-ctx.Done():
+					}
+					a.owner = newOwner()
+					return nil, 0, fmt.Errorf("pglock: acquire %q: %w: %w", a.name, errUnsignalled, err)
+				}
 			}
 			if replied := time.Now(); !replied.Before(deadline(sent, a.ttl)) {
 				// Taken with a reply past the lease's deadline (a
