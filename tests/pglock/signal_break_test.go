@@ -39,16 +39,22 @@ func (c signalConn) Write(p []byte) (int, error) {
 }
 
 // An Acquire whose earlier try went to a backend that stalled (SIGSTOP)
-// takes the lock with a later try, and its ctx ends while it signals the
-// stalled backend (here the ctx is cancelled as the signal's statement is
-// written, and the statement is lost): the signal is then sent again in
-// the background. Were the lease returned, its Release could free the row
-// before that background signal (held here until the backend has resumed,
-// as a loaded machine may schedule it), and the stalled try, resumed,
-// take the freed row back: held by nobody for its lease time. Whatever
-// Acquire returns, once any lease it gave is released and the stalled
-// backend has resumed and gone, the lock must be free.
+// takes the lock with a later try, and the signal to the stalled backend
+// is lost: the Acquire's ctx ends as its statement is written (ctxCut), or
+// the statement fails on a connection cut like the stalled one, the
+// Acquire's ctx alive (stmtFailed). Were the lease returned, its Release
+// could free the row before any later signal (held here, with ctxCut,
+// until the backend has resumed, as a loaded machine may schedule it; with
+// stmtFailed there was none), and the stalled try, resumed, take the freed
+// row back: held by nobody for its lease time. Whatever Acquire returns,
+// once any lease it gave is released and the stalled backend has resumed
+// and gone, the lock must be free.
 func TestStaleSignalCutByCtxReleaseOvertakes(t *testing.T) {
+	t.Run("ctxCut", func(t *testing.T) { testStaleSignalLost(t, true) })
+	t.Run("stmtFailed", func(t *testing.T) { testStaleSignalLost(t, false) })
+}
+
+func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 	const name = "stale-signal-cut"
 	d := newDatabase(t, pg)
 	cfg, err := pgx.ParseConfig(d.dsn)
@@ -69,10 +75,15 @@ func TestStaleSignalCutByCtxReleaseOvertakes(t *testing.T) {
 	t.Cleanup(let)
 	onTerminate := func() error {
 		if terminates.Add(1) == 1 {
-			// The Acquire's ctx ends as its signal goes out, and the
-			// signal is lost.
-			cancelAcq()
-			return errors.New("cut with the Acquire's ctx")
+			// The signal is lost, and with ctxCut the Acquire's ctx
+			// ends as it goes out.
+			if cancelCtx {
+				cancelAcq()
+			}
+			return errors.New("cut")
+		}
+		if !cancelCtx {
+			return nil
 		}
 		// Later signals (the background one, or a give-up's) come late.
 		select {
@@ -126,13 +137,34 @@ func TestStaleSignalCutByCtxReleaseOvertakes(t *testing.T) {
 	armed.Store(false)
 	db.SetMaxOpenConns(3) // the signals need not wait for the lease's statements
 	_ = stalled.Close()
-	r := <-acquired
+	var r result
+	if cancelCtx {
+		r = <-acquired
+	} else {
+		// A give-up's termination waits for the stalled backend to go:
+		// let it resume then.
+		end := time.Now().Add(10 * time.Second)
+		for got := false; !got; {
+			select {
+			case r = <-acquired:
+				got = true
+				continue
+			case <-time.After(10 * time.Millisecond): // polling with a deadline
+			}
+			if terminating(t, d) {
+				resume()
+				r, got = <-acquired, true
+			} else if time.Now().After(end) {
+				t.Fatal("Acquire neither returned nor terminated the stalled backend in 10 s")
+			}
+		}
+	}
 	t.Logf("Acquire: lease %v, err %v", r.lease, r.err)
 	if r.err == nil {
 		if err := r.lease.Release(ctxFor(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-	} else if !errors.Is(r.err, context.Canceled) {
+	} else if !cancelCtx || !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("Acquire = %v, want a lease or its ctx's error", r.err)
 	}
 	// The backend resumes before the late signal: it runs the try, or
