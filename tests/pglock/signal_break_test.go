@@ -194,3 +194,114 @@ func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 		t.Fatalf("the stalled try took the row back after the Acquire (lease released, or none given): the row is %q's", owner)
 	}
 }
+
+// An Acquire's signal to a stalled backend, now sent before the lease is
+// returned, on a server that hangs on it (here the view it reads waits
+// for a lock on pg_authid that a transaction holds): the Acquire must
+// still return by its ctx's deadline, with no lease.
+func TestStaleSignalHungKeepsDeadline(t *testing.T) {
+	const name = "stale-signal-hung"
+	d := newDatabase(t, pg)
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker, err := d.db.Conn(ctxFor(t, 10*time.Second)) // opened before the lock: new connections read pg_authid
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = locker.Close() })
+	var (
+		armed      atomic.Bool
+		writes     atomic.Int64
+		terminates atomic.Int64
+		locked     = make(chan struct{})
+		unlock     = make(chan struct{})
+		unlockOnce sync.Once
+		mu         sync.Mutex
+		conns      []net.Conn
+	)
+	letGo := func() { unlockOnce.Do(func() { close(unlock) }) }
+	t.Cleanup(letGo)
+	go func() {
+		<-locked
+		tx, err := locker.BeginTx(context.Background(), nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.Exec(`LOCK TABLE pg_catalog.pg_authid IN ACCESS EXCLUSIVE MODE`); err != nil {
+			t.Error(err)
+		}
+		locked <- struct{}{}
+		<-unlock
+	}()
+	onTerminate := func() error {
+		if terminates.Add(1) == 1 {
+			locked <- struct{}{}
+			<-locked // the lock is held: the signal hangs at the server
+		}
+		return nil
+	}
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		return signalConn{c, &armed, &writes, onTerminate}, nil
+	}
+	db := sql.OpenDB(stdlib.GetConnector(*cfg))
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1)
+	l := d.locker(t, db)
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	pid := backendPID(t, db)
+	mu.Lock()
+	stalled := conns[0]
+	mu.Unlock()
+	resume := stopBackend(t, pid)
+
+	const budget = 1500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	type result struct {
+		lease fence.Lease
+		err   error
+		took  time.Duration
+	}
+	acquired := make(chan result, 1)
+	armed.Store(true)
+	go func() {
+		start := time.Now()
+		lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute), fence.Wait(10*time.Second))
+		acquired <- result{lease, err, time.Since(start)}
+	}()
+	waitUntil(t, func() bool { return writes.Load() > 0 })
+	armed.Store(false)
+	_ = stalled.Close()
+	r := <-acquired
+	letGo()
+	resume()
+	t.Logf("Acquire: lease %v, err %v, after %v", r.lease, r.err, r.took)
+	if terminates.Load() == 0 {
+		t.Fatal("no signal was sent: the attack did not happen")
+	}
+	if r.took > budget+500*time.Millisecond {
+		t.Errorf("Acquire with a %v ctx returned after %v, held up by the hung signal", budget, r.took)
+	}
+	if r.err == nil {
+		_ = r.lease.Release(ctxFor(t, 10*time.Second))
+		t.Fatal("Acquire returned a lease whose stalled backend was not signalled")
+	}
+}
