@@ -14,6 +14,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"go.uber.org/goleak"
 )
 
 // signalConn is a net.Conn that counts its writes once armed, and hands
@@ -118,6 +119,7 @@ func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 	mu.Lock()
 	stalled := conns[0]
 	mu.Unlock()
+	before := goleak.IgnoreCurrent()
 	resume := stopBackend(t, pid)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -192,6 +194,16 @@ func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 	})
 	if !free {
 		t.Fatalf("the stalled try took the row back after the Acquire (lease released, or none given): the row is %q's", owner)
+	}
+	// Nothing the Acquire started (a give-up, a signal) lingers.
+	var leaked error
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) { // polling with a deadline
+		if leaked = goleak.Find(before); leaked == nil {
+			break
+		}
+	}
+	if leaked != nil {
+		t.Fatalf("goroutines left behind: %v", leaked)
 	}
 }
 
