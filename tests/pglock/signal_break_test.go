@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -315,5 +316,125 @@ func TestStaleSignalHungKeepsDeadline(t *testing.T) {
 	if r.err == nil {
 		_ = r.lease.Release(ctxFor(t, 10*time.Second))
 		t.Fatal("Acquire returned a lease whose stalled backend was not signalled")
+	}
+}
+
+// stallingConn stops (SIGSTOP) the backend of each connection on which a
+// try is written while stall says so, and then cuts the connection on
+// the client's side: the try waits in the stopped backend's socket.
+type stallingConn struct {
+	net.Conn
+	name  string // the lock's
+	stall func(c net.Conn) bool
+}
+
+func (c stallingConn) Write(p []byte) (int, error) {
+	cut := len(p) > 0 && p[0] == 'B' && bytes.Contains(p, []byte(c.name)) && c.stall(c.Conn) // the try's Bind
+	n, err := c.Conn.Write(p)
+	if cut {
+		_ = c.Conn.Close()
+	}
+	return n, err
+}
+
+// Two tries of one Acquire go to backends that stall, and the third takes
+// the lock: both stalled backends, not only the last, must have been
+// signalled when Acquire returns, so that neither takes the row back once
+// the lease is released and they resume.
+func TestSeveralStaleBackendsSignalledBeforeLease(t *testing.T) {
+	const name = "several-stale"
+	d := newDatabase(t, pg)
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		armed atomic.Bool
+		mu    sync.Mutex
+		pids  []int
+	)
+	stall := func(c net.Conn) bool {
+		if !armed.Load() {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(pids) == 2 {
+			return false
+		}
+		var pid int
+		port := c.LocalAddr().(*net.TCPAddr).Port
+		if err := d.db.QueryRowContext(context.Background(),
+			`SELECT pid FROM pg_stat_activity WHERE client_port = $1`, port).Scan(&pid); err != nil {
+			t.Errorf("backend of port %d: %v", port, err)
+			return false
+		}
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Errorf("stop backend %d: %v", pid, err)
+			return false
+		}
+		pids = append(pids, pid)
+		return true
+	}
+	resumeAll := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resumeAll)
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return stallingConn{c, name, stall}, nil
+	}
+	db := sql.OpenDB(stdlib.GetConnector(*cfg))
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1)
+	l := d.locker(t, db)
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	lease, err := l.Acquire(ctxFor(t, 20*time.Second), name, fence.TTL(time.Minute), fence.Wait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	stopped := append([]int(nil), pids...)
+	mu.Unlock()
+	if len(stopped) != 2 {
+		t.Fatalf("%d backends stalled, want 2", len(stopped))
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	resumeAll()
+	gone := pollFor(10*time.Second, func() bool {
+		var n int
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, stopped).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if !gone {
+		t.Fatalf("backends %v still there 10 s after they resumed", stopped)
+	}
+	var owner string
+	if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+		`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if owner != "" {
+		t.Fatalf("a stalled try ran after the release: the row is %q's", owner)
 	}
 }
