@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"net"
 	"sync"
@@ -436,5 +437,109 @@ func TestSeveralStaleBackendsSignalledBeforeLease(t *testing.T) {
 	}
 	if owner != "" {
 		t.Fatalf("a stalled try ran after the release: the row is %q's", owner)
+	}
+}
+
+// rotatingConnector opens its connections as each of its connectors in
+// turn: credentials that rotate (a role per lease of a secrets manager).
+type rotatingConnector struct {
+	cs []driver.Connector
+	n  *atomic.Int64
+}
+
+func (r rotatingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	return r.cs[int(r.n.Add(1)-1)%len(r.cs)].Connect(ctx)
+}
+
+func (r rotatingConnector) Driver() driver.Driver { return r.cs[0].Driver() }
+
+// An Acquire's try stalls on a backend of role A, and its next try takes
+// the lock on a connection of role B (rotating credentials): B may not
+// terminate A's backends, nor see their client_port, so the signal
+// matches nothing. Were the lease returned all the same, its Release
+// would free the row, and the stalled try, resumed, take it back.
+func TestStaleSignalOtherRoleReleaseOvertakes(t *testing.T) {
+	t.Skip("limitation, not fixed: without the right to terminate the stalled backend (here another role's), neither this signal nor a give-up's termination can stop it; the row, freed by the Release (or by a give-up), is taken back when it resumes, held by nobody for the lease time (fails on c3f71b7 and after its fix)")
+	const name = "stale-other-role"
+	d := newDatabase(t, pg)
+	var (
+		cs     []driver.Connector
+		cut    atomic.Pointer[net.Conn]
+		armed  atomic.Bool
+		writes atomic.Int64
+	)
+	for i, role := range []string{"pglock_rot_a", "pglock_rot_b"} {
+		cfg, err := pgx.ParseConfig(plainRoleDSN(t, d, role, -1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			dial := cfg.DialFunc
+			cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := dial(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				cut.Store(&c)
+				return signalConn{c, &armed, &writes, func() error { return nil }}, nil
+			}
+		}
+		cs = append(cs, stdlib.GetConnector(*cfg))
+	}
+	db := sql.OpenDB(rotatingConnector{cs, new(atomic.Int64)})
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1)
+	l := d.locker(t, db)
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	pid := backendPID(t, db) // role A's
+	resume := stopBackend(t, pid)
+	armed.Store(true)
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	acquired := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(ctxFor(t, 20*time.Second), name, fence.TTL(time.Minute), fence.Wait(10*time.Second))
+		acquired <- result{lease, err}
+	}()
+	waitUntil(t, func() bool { return writes.Load() > 0 }) // the try is in the stalled backend's socket
+	armed.Store(false)
+	_ = (*cut.Load()).Close()
+	r := <-acquired
+	t.Logf("Acquire: lease %v, err %v", r.lease, r.err)
+	if r.err == nil {
+		if err := r.lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resume()
+	gone := pollFor(10*time.Second, func() bool {
+		var n int
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if !gone {
+		t.Fatalf("backend %d still there 10 s after it resumed", pid)
+	}
+	var owner string
+	free := pollFor(5*time.Second, func() bool {
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
+			t.Fatal(err)
+		}
+		return owner == ""
+	})
+	if !free {
+		t.Fatalf("the stalled try took the row back after the Acquire: the row is %q's", owner)
 	}
 }
