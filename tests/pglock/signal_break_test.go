@@ -199,12 +199,7 @@ func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 	}
 	// Nothing the Acquire started (a give-up, a signal) lingers.
 	var leaked error
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) { // polling with a deadline
-		if leaked = goleak.Find(before); leaked == nil {
-			break
-		}
-	}
-	if leaked != nil {
+	if !pollFor(3*time.Second, func() bool { leaked = goleak.Find(before); return leaked == nil }) {
 		t.Fatalf("goroutines left behind: %v", leaked)
 	}
 }
