@@ -1,7 +1,6 @@
 package pglock_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -514,25 +513,6 @@ END $$`); err != nil {
 	t.Run("resumeAfter", func(t *testing.T) { testStalledBackend(t, true, setRole) })
 }
 
-// cutConn is a net.Conn that the test can cut from the client's side (a
-// local network error), that counts its writes once armed, and that notes
-// a write that terminates a backend.
-type cutConn struct {
-	net.Conn
-	armed, terminating *atomic.Bool
-	writes             *atomic.Int64
-}
-
-func (c cutConn) Write(p []byte) (int, error) {
-	if c.armed.Load() {
-		c.writes.Add(1)
-	}
-	if bytes.Contains(p, []byte("pg_terminate_backend")) {
-		c.terminating.Store(true)
-	}
-	return c.Conn.Write(p)
-}
-
 // A try sent to a backend that stalled (SIGSTOP), whose connection then
 // broke on the client's side, is recorded as stale, and the Acquire's next
 // try takes the lock on another connection. The stale backend's
@@ -546,45 +526,13 @@ func (c cutConn) Write(p []byte) (int, error) {
 func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
 	const name = "stale-after-success"
 	d := newDatabase(t, pg)
-	cfg, err := pgx.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var (
 		armed, terminating atomic.Bool
 		writes             atomic.Int64
-		mu                 sync.Mutex
-		conns              []net.Conn
 	)
-	dial := cfg.DialFunc
-	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		return cutConn{c, &armed, &terminating, &writes}, nil
-	}
-	db := sql.OpenDB(stdlib.GetConnector(*cfg))
-	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(1)
-	l := d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	pid := backendPID(t, db)
-	mu.Lock()
-	if len(conns) != 1 {
-		t.Fatalf("%d connections, want 1", len(conns))
-	}
-	stalled := conns[0]
-	mu.Unlock()
+	l, _, pid, stalled := poolOfOne(t, d, name, func(c net.Conn) net.Conn {
+		return signalConn{c, &armed, &writes, func() error { terminating.Store(true); return nil }}
+	})
 	resume := stopBackend(t, pid)
 	armed.Store(true)
 	type result struct {
@@ -621,17 +569,7 @@ func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
 	// The stalled backend, signalled, dies as it resumes, without running
 	// the try: the lock stays free.
 	resume()
-	gone := pollFor(10*time.Second, func() bool {
-		var n int
-		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	})
-	if !gone {
-		t.Fatalf("backend %d still there 10 s after it resumed", pid)
-	}
+	waitBackendGone(t, d, pid)
 	var owner string
 	if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
 		`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {

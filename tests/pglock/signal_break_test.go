@@ -22,6 +22,10 @@ import (
 // signalConn is a net.Conn that counts its writes once armed, and hands
 // each write that terminates a backend to onTerminate first, which may
 // cut it (an error: nothing is sent) or hold it.
+// signalConn is a net.Conn that the test can cut from the client's side (a
+// local network error), that counts its writes once armed, and that calls
+// onTerminate before a write that terminates a backend (its error fails
+// the write).
 type signalConn struct {
 	net.Conn
 	armed       *atomic.Bool
@@ -60,16 +64,10 @@ func TestStaleSignalCutByCtxReleaseOvertakes(t *testing.T) {
 func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 	const name = "stale-signal-cut"
 	d := newDatabase(t, pg)
-	cfg, err := pgx.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var (
 		armed      atomic.Bool
 		writes     atomic.Int64
 		terminates atomic.Int64
-		mu         sync.Mutex
-		conns      []net.Conn
 		cancelAcq  context.CancelFunc
 		letSignal  = make(chan struct{})
 		letOnce    sync.Once
@@ -95,32 +93,10 @@ func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 		}
 		return nil
 	}
-	dial := cfg.DialFunc
-	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		return signalConn{c, &armed, &writes, onTerminate}, nil
-	}
-	db := sql.OpenDB(stdlib.GetConnector(*cfg))
-	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(1) // the first try goes to the backend whose PID we read
-	l := d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	pid := backendPID(t, db)
-	mu.Lock()
-	stalled := conns[0]
-	mu.Unlock()
+	// A pool of one: the first try goes to the backend whose PID is read.
+	l, db, pid, stalled := poolOfOne(t, d, name, func(c net.Conn) net.Conn {
+		return signalConn{c, &armed, &writes, onTerminate}
+	})
 	before := goleak.IgnoreCurrent()
 	resume := stopBackend(t, pid)
 
@@ -174,17 +150,7 @@ func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 	// The backend resumes before the late signal: it runs the try, or
 	// dies, and goes (its client closed the connection).
 	resume()
-	gone := pollFor(10*time.Second, func() bool {
-		var n int
-		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	})
-	if !gone {
-		t.Fatalf("backend %d still there 10 s after it resumed", pid)
-	}
+	waitBackendGone(t, d, pid)
 	let()
 	var owner string
 	free := pollFor(5*time.Second, func() bool {
@@ -211,10 +177,6 @@ func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 func TestStaleSignalHungKeepsDeadline(t *testing.T) {
 	const name = "stale-signal-hung"
 	d := newDatabase(t, pg)
-	cfg, err := pgx.ParseConfig(d.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
 	locker, err := d.db.Conn(ctxFor(t, 10*time.Second)) // opened before the lock: new connections read pg_authid
 	if err != nil {
 		t.Fatal(err)
@@ -227,8 +189,6 @@ func TestStaleSignalHungKeepsDeadline(t *testing.T) {
 		locked     = make(chan struct{})
 		unlock     = make(chan struct{})
 		unlockOnce sync.Once
-		mu         sync.Mutex
-		conns      []net.Conn
 	)
 	letGo := func() { unlockOnce.Do(func() { close(unlock) }) }
 	t.Cleanup(letGo)
@@ -253,32 +213,9 @@ func TestStaleSignalHungKeepsDeadline(t *testing.T) {
 		}
 		return nil
 	}
-	dial := cfg.DialFunc
-	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-		return signalConn{c, &armed, &writes, onTerminate}, nil
-	}
-	db := sql.OpenDB(stdlib.GetConnector(*cfg))
-	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(1)
-	l := d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	pid := backendPID(t, db)
-	mu.Lock()
-	stalled := conns[0]
-	mu.Unlock()
+	l, _, pid, stalled := poolOfOne(t, d, name, func(c net.Conn) net.Conn {
+		return signalConn{c, &armed, &writes, onTerminate}
+	})
 	resume := stopBackend(t, pid)
 
 	const budget = 1500 * time.Millisecond
@@ -515,17 +452,7 @@ func TestStaleSignalOtherRoleReleaseOvertakes(t *testing.T) {
 		}
 	}
 	resume()
-	gone := pollFor(10*time.Second, func() bool {
-		var n int
-		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	})
-	if !gone {
-		t.Fatalf("backend %d still there 10 s after it resumed", pid)
-	}
+	waitBackendGone(t, d, pid)
 	var owner string
 	free := pollFor(5*time.Second, func() bool {
 		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/pglock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
@@ -221,6 +223,69 @@ func backendPID(t *testing.T, db *sql.DB) int {
 
 // stopBackend stops the backend pid (SIGSTOP) until resume, or the test's
 // end, lets it go on.
+// poolOfOne opens a pool of one connection to d, each connection wrapped
+// by wrap as it is dialled, and a Locker over it that has taken and
+// released name once, so that the pool's connection is open. It returns
+// them with that connection's backend PID and its client end as dialled,
+// for the test to stall and cut.
+func poolOfOne(t *testing.T, d database, name string, wrap func(net.Conn) net.Conn) (l *pglock.Locker, db *sql.DB, pid int, conn net.Conn) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		return wrap(c), nil
+	}
+	db = sql.OpenDB(stdlib.GetConnector(*cfg))
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1)
+	l = d.locker(t, db)
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	pid = backendPID(t, db)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(conns) != 1 {
+		t.Fatalf("%d connections, want 1", len(conns))
+	}
+	return l, db, pid, conns[0]
+}
+
+// waitBackendGone waits, 10 s at most, until the backend pid, resumed, has
+// gone from d's server.
+func waitBackendGone(t *testing.T, d database, pid int) {
+	t.Helper()
+	gone := pollFor(10*time.Second, func() bool {
+		var n int
+		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if !gone {
+		t.Fatalf("backend %d still there 10 s after it resumed", pid)
+	}
+}
+
 func stopBackend(t *testing.T, pid int) (resume func()) {
 	t.Helper()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
