@@ -7,6 +7,7 @@ import (
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	mrand "math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -273,6 +274,9 @@ type holdAcquireReply struct {
 	armed   atomic.Bool
 	held    chan struct{} // closed once a reply is held
 	release chan struct{}
+	// key, if set, must be in the script's first key: a script of another
+	// name's (a warm-up's Release still running on this node) is not held.
+	key string
 }
 
 func (h *holdAcquireReply) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -282,7 +286,7 @@ func (h *holdAcquireReply) ProcessPipelineHook(next redis.ProcessPipelineHook) r
 func (h *holdAcquireReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if a := cmd.Args(); len(a) > 2 && fmt.Sprint(a[2]) == "3" && h.armed.CompareAndSwap(true, false) {
+		if a := cmd.Args(); len(a) > 3 && fmt.Sprint(a[2]) == "3" && strings.Contains(fmt.Sprint(a[3]), h.key) && h.armed.CompareAndSwap(true, false) {
 			close(h.held)
 			<-h.release
 		}
