@@ -34,12 +34,20 @@ func (r *recorder) LeaseEnded(e fence.LeaseEvent) {
 	r.ends[e.Name] = e.Cause
 }
 
+// removalTTL is the watchdog lease time of the tests that delete a lease's
+// row and want the lease to end as removed: the next renewal, a third of
+// it later, finds the row gone. With watchdogTTL (300 ms) a renewal
+// stalled on a loaded machine let the deadline pass first, and the lease
+// ended as renew_failed (TestLogger, in a CI run with -race and five
+// packages at once).
+const removalTTL = 3 * time.Second
+
 // TestObserver: a lease whose row is deleted behind its holder's back ends
 // as removed, a released one as released; a held lock is reported held.
 func TestObserver(t *testing.T) {
 	d := newDatabase(t, pg)
 	rec := &recorder{ends: map[string]fence.LeaseCause{}}
-	l, err := pglock.New(d.db, &pglock.Options{WatchdogTTL: watchdogTTL, Observer: rec})
+	l, err := pglock.New(d.db, &pglock.Options{WatchdogTTL: removalTTL, Observer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +102,7 @@ func TestLogger(t *testing.T) {
 
 	d := newDatabase(t, pg)
 	h, rec := &observetest.Logs{}, &observetest.Recorder{}
-	l, err := pglock.New(d.db, &pglock.Options{WatchdogTTL: watchdogTTL, Observer: rec, Logger: slog.New(h)})
+	l, err := pglock.New(d.db, &pglock.Options{WatchdogTTL: removalTTL, Observer: rec, Logger: slog.New(h)})
 	if err != nil {
 		t.Fatal(err)
 	}
