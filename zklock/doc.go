@@ -199,8 +199,10 @@
 // goroutines when it reconnects with watches set while replies arrive (a
 // race inherited from samuel/go-zookeeper, where it is issue 260): the
 // race detector may report it in a program that reconnects under load. The
-// Locker sends nothing of its own in the background while disconnected
-// (neither its checks of a lease's node nor its clean-up deletes), so as
-// not to provoke it; a request the user makes while disconnected (an
-// Acquire, Extend or Release) is queued by go-zookeeper and may.
+// Locker sends nothing while disconnected, so as not to provoke it:
+// neither its own checks of a lease's node and clean-up deletes, nor the
+// requests of an Acquire, Extend or Release, which wait for the session
+// within their ctx (go-zookeeper would queue them and send them the moment
+// it reconnects, beside that re-setting). Requests the program sends on the
+// connection itself while disconnected may still provoke it.
 package zklock

@@ -5,6 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +26,7 @@ type replayed struct {
 	heal  bool // the next dial succeeds and heals the cut
 	conns []net.Conn
 	ops   [][]int32
+	hold  *held // see reconnectHeld
 }
 
 func (r *replayed) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -38,7 +42,9 @@ func (r *replayed) dial(network, addr string, timeout time.Duration) (net.Conn, 
 	}
 	r.conns = append(r.conns, c)
 	r.ops = append(r.ops, nil)
-	return &replayedConn{Conn: c, r: r, i: len(r.ops) - 1}, nil
+	rc := &replayedConn{Conn: c, r: r, i: len(r.ops) - 1, held: r.hold}
+	r.hold = nil
+	return rc, nil
 }
 
 // cutOff closes the client's connections and refuses new ones.
@@ -68,7 +74,42 @@ type replayedConn struct {
 	net.Conn
 	r     *replayed
 	i     int
-	shook bool // the connect request, which has no request header, is written
+	shook bool  // the connect request, which has no request header, is written
+	held  *held // the first Read waits for its release
+}
+
+// held is a reconnection whose handshake is held: the connection is
+// dialled, its connect request written, and the reply is read only once
+// the test releases it (go-zookeeper is then StateConnected, without its
+// session).
+type held struct {
+	reading chan struct{} // closed when the connect reply is about to be read
+	release chan struct{} // closed by the test
+}
+
+// reconnectHeld closes the client's connections and holds the next one's
+// handshake.
+func (r *replayed) reconnectHeld() *held {
+	h := &held{reading: make(chan struct{}), release: make(chan struct{})}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hold = h
+	for _, c := range r.conns {
+		_ = c.Close()
+	}
+	r.conns = nil
+	return h
+}
+
+// Read is called by one goroutine at a time: go-zookeeper reads the
+// connect reply, then starts its receive loop.
+func (rc *replayedConn) Read(p []byte) (int, error) {
+	if h := rc.held; h != nil {
+		rc.held = nil
+		close(h.reading)
+		<-h.release
+	}
+	return rc.Conn.Read(p)
 }
 
 func (rc *replayedConn) Write(p []byte) (int, error) {
@@ -140,5 +181,118 @@ func TestCleanupNotQueuedWhileDisconnected(t *testing.T) {
 	t.Logf("opcodes on the reconnected connection: %v", ops)
 	if err := lease.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release of the ended lease = %v, want ErrLeaseLost", err)
+	}
+}
+
+// An Acquire made while go-zookeeper reconnects waits for the session
+// before it sends anything: go-zookeeper would send a queued create the
+// moment it has the session back, beside its re-setting of the watches it
+// holds (setWatches, opcode 101), whose zxid it reads while the create's
+// reply writes it (the race of TestCleanupNotQueuedWhileDisconnected).
+// TestLeadServerPausedPastTTL met it in CI: a leader campaigning again
+// while the server was paused. Here a lease holds a watch on the
+// connection; the connection is cut and the reconnection's handshake held
+// while an Acquire starts and parks; once released, setWatches must be
+// the first request on the new connection. Before the fix the create went
+// first.
+func TestAcquireNotQueuedWhileReconnecting(t *testing.T) {
+	srv := sharedZK(t)
+	var r replayed
+	// A session long enough for the held reconnection (go-zookeeper
+	// dials again a second after the cut).
+	const long = 10 * time.Second
+	conn, _, err := zk.Connect([]string{srv.Addr}, long, zk.WithLogger(quiet{}), zk.WithDialer(r.dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	l, err := zklock.New(conn, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	watched, err := l.Acquire(ctx, "reconnect-watched") // waits for the session; its node is watched
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := r.reconnectHeld()
+	select {
+	case <-h.reading:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reconnection within 10 s")
+	}
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ls, err := l.Acquire(ctx, "reconnect-other")
+		done <- result{ls, err}
+	}()
+	waitParked(t, "zklock.(*Locker).acquire(")
+	close(h.release)
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the Acquire did not return within 20 s of the reconnection")
+	}
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	ops := r.opsOf(1)
+	for _, op := range ops {
+		if op == 11 { // ping
+			continue
+		}
+		if op != 101 {
+			t.Fatalf("the reconnected connection wrote opcode %d before setWatches: opcodes %v", op, ops)
+		}
+		break
+	}
+	if !slices.Contains(ops, 101) {
+		t.Fatalf("no setWatches on the reconnected connection (the lease's watch was to be set again): opcodes %v", ops)
+	}
+	t.Logf("opcodes on the reconnected connection: %v", ops)
+	for _, ls := range []fence.Lease{res.lease, watched} {
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitParked waits until the goroutines running fn (a function name as a
+// stack shows it) are all blocked, and the goroutines of bound.Call (a
+// request sent for them) too: a request queued in go-zookeeper blocks
+// there once queued. It fails the test after 10 s.
+func waitParked(t *testing.T, fn string) {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		for n := runtime.Stack(buf, true); n == len(buf); n = runtime.Stack(buf, true) {
+			buf = make([]byte, 2*len(buf))
+		}
+		found, busy := false, false
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			mine := strings.Contains(g, fn)
+			if !mine && !strings.Contains(g, "internal/bound.Call") {
+				continue
+			}
+			found = found || mine
+			header, _, _ := strings.Cut(g, "\n")
+			if strings.Contains(header, "[runnable") || strings.Contains(header, "[running") {
+				busy = true
+			}
+		}
+		if found && !busy {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s did not park within 10 s (found: %v)", fn, found)
+		}
+		runtime.Gosched()
 	}
 }

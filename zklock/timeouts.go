@@ -204,7 +204,7 @@ func (l *Locker) confirm(ctx context.Context) error {
 	got, session := l.st.Timeout()
 	if session == 0 {
 		for {
-			_, err := bounded(ctx, func() (struct{}, error) {
+			_, err := send(ctx, l, func() (struct{}, error) {
 				_, _, err := l.conn.Exists("/")
 				return struct{}{}, err
 			}, nil)

@@ -290,7 +290,7 @@ func (l *Locker) why(ctx, waitCtx context.Context, err error) error {
 // node by its guid before trying again.
 func (l *Locker) create(ctx context.Context, a *attempt) (string, error) {
 	for {
-		node, err := bounded(ctx, func() (string, error) {
+		node, err := send(ctx, l, func() (string, error) {
 			return l.conn.Create(a.nodePrefix(), nil, zk.FlagEphemeralSequential, l.acl)
 		}, func(node string, err error) {
 			if err == nil {
@@ -343,7 +343,7 @@ func (l *Locker) create(ctx context.Context, a *attempt) (string, error) {
 // later, would be no one's and block the lock for the session's life
 // (the create made again, or the clean-up, would miss it).
 func (l *Locker) find(ctx context.Context, a *attempt) (string, error) {
-	if _, err := bounded(ctx, func() (string, error) { return l.conn.Sync(a.dir) }, nil); err != nil && !errors.Is(err, zk.ErrNoNode) {
+	if _, err := send(ctx, l, func() (string, error) { return l.conn.Sync(a.dir) }, nil); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return "", err
 	}
 	children, err := l.children(ctx, a.dir)
@@ -370,7 +370,7 @@ func (l *Locker) makeDir(ctx context.Context, dir string) error {
 		path += "/" + p
 		last := i == len(parts)-1
 		for {
-			_, err := bounded(ctx, func() (string, error) {
+			_, err := send(ctx, l, func() (string, error) {
 				if last {
 					return l.conn.CreateContainer(path, nil, zk.FlagContainer, l.acl)
 				}
@@ -392,7 +392,7 @@ func (l *Locker) makeDir(ctx context.Context, dir string) error {
 // children lists dir, counting the calls.
 func (l *Locker) children(ctx context.Context, dir string) ([]string, error) {
 	l.listings.Add(1)
-	return bounded(ctx, func() ([]string, error) {
+	return send(ctx, l, func() ([]string, error) {
 		c, _, err := l.conn.Children(dir)
 		return c, err
 	}, nil)
@@ -494,7 +494,7 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		// ExistsW would leave a watch for its creation, which never comes
 		// (sequential names are unique), on the server and in go-zookeeper
 		// for the session's life. GetW sets none on a missing node.
-		w, err := bounded(waitCtx, func() (watched, error) {
+		w, err := send(waitCtx, l, func() (watched, error) {
 			_, _, ch, err := l.conn.GetW(pred)
 			if errors.Is(err, zk.ErrNoNode) {
 				return watched{}, nil
@@ -538,7 +538,7 @@ func (l *Locker) dropDuplicates(ctx context.Context, a *attempt, own string, q [
 			kept = append(kept, c)
 			continue
 		}
-		_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, l.conn.Delete(a.dir+"/"+c, -1) }, nil)
+		_, err := send(ctx, l, func() (struct{}, error) { return struct{}{}, l.conn.Delete(a.dir+"/"+c, -1) }, nil)
 		if err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return nil, fmt.Errorf("zklock: delete duplicate %s/%s: %w", a.dir, c, err)
 		}
@@ -564,7 +564,7 @@ func (l *Locker) grant(ctx, waitCtx context.Context, a *attempt, node string, o 
 	var w watched
 	for {
 		var err error
-		w, err = bounded(waitCtx, func() (watched, error) {
+		w, err = send(waitCtx, l, func() (watched, error) {
 			_, st, ch, err := l.conn.GetW(node) // no watch left if it is gone
 			return watched{st, ch}, err
 		}, nil)
@@ -639,16 +639,32 @@ func (l *Locker) awaitSession(ctx context.Context, session int64) error {
 }
 
 // sendable waits, when the connection has not its session now, until it
-// has it again (awaitSession), so that Extend's read and Release's delete
-// are not queued while go-zookeeper is disconnected and sent beside its
-// re-setting of watches. On a connection that has its session it checks
-// once, as giveUp does, and adds no pause: what is left is go-zookeeper's
-// instant between reporting the session and reading lastZxid.
+// has it again (awaitSession), so that no request of the Locker's (an
+// Acquire's, Extend's read, Release's delete) is queued while go-zookeeper
+// is disconnected and sent beside its re-setting of watches. On a
+// connection that has its session it checks once, as giveUp does, and
+// adds no pause: what is left is go-zookeeper's instant between reporting
+// the session and reading lastZxid. A session of 0 is any session.
 func (l *Locker) sendable(ctx context.Context, session int64) error {
-	if l.conn.State() == zk.StateHasSession && l.conn.SessionID() == session {
+	if l.conn.State() == zk.StateHasSession && (session == 0 || l.conn.SessionID() == session) {
 		return nil
 	}
 	return l.awaitSession(ctx, session)
+}
+
+// send is bounded for the requests of an Acquire: it sends call once the
+// connection has its session (sendable), within ctx. A user's Acquire
+// while go-zookeeper reconnects (a leader campaigning again after its
+// lease ended with the server paused) queued its create, which went out
+// the moment the session came back, beside the re-setting of watches:
+// TestLeadServerPausedPastTTL met the lastZxid race there (see
+// awaitSession).
+func send[T any](ctx context.Context, l *Locker, call func() (T, error), abandoned func(T, error)) (T, error) {
+	if err := l.sendable(ctx, 0); err != nil {
+		var zero T
+		return zero, err
+	}
+	return bounded(ctx, call, abandoned)
 }
 
 // settled tells, check by check, whether a request may be sent on a
