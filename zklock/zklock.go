@@ -658,9 +658,14 @@ func (l *Locker) sendable(ctx context.Context, session int64) error {
 // lease ended with the server paused) queued its create, which went out
 // the moment the session came back, beside the re-setting of watches:
 // TestLeadServerPausedPastTTL met the lastZxid race there (see
-// awaitSession).
+// awaitSession). When ctx ends first, its error says that call was not
+// sent for want of a session (no server reachable): not a request that
+// went unanswered.
 func send[T any](ctx context.Context, l *Locker, call func() (T, error), abandoned func(T, error)) (T, error) {
 	if err := l.sendable(ctx, 0); err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("not sent, no session on the connection: %w", err)
+		}
 		var zero T
 		return zero, err
 	}
