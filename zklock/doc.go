@@ -203,6 +203,10 @@
 // neither its own checks of a lease's node and clean-up deletes, nor the
 // requests of an Acquire, Extend or Release, which wait for the session
 // within their ctx (go-zookeeper would queue them and send them the moment
-// it reconnects, beside that re-setting). Requests the program sends on the
-// connection itself while disconnected may still provoke it.
+// it reconnects, beside that re-setting). What is left is go-zookeeper's
+// own: the instant between its reporting the session and re-setting the
+// watches, and the one between a connection's end and its reporting it
+// lost; a zk.Logger that blocks (a full stderr pipe) stretches both,
+// since go-zookeeper logs inside them. Requests the program sends on the
+// connection itself while disconnected may provoke it too.
 package zklock
