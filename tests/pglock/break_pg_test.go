@@ -129,15 +129,7 @@ func TestReleaseBehindStalledReleaseKeepsFinishResult(t *testing.T) {
 	third := make(chan error, 1)
 	start := time.Now()
 	go func() { third <- lease.Release(ctxFor(t, 10*time.Second)) }()
-	freed := pollFor(6*time.Second, func() bool {
-		var owner string
-		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
-			t.Fatal(err)
-		}
-		return owner == ""
-	})
-	if !freed {
+	if waitRowFree(t, d, name, 6*time.Second) != "" {
 		t.Fatal("the background finish did not free the row in 6 s")
 	}
 	if err := <-third; err != nil {
@@ -372,15 +364,7 @@ func TestReleaseGivenUpAfterLossReturnsLoss(t *testing.T) {
 	if err := lease.Release(ctx); err == nil {
 		t.Fatal("Release behind an Extend whose reply did not come returned nil")
 	}
-	freed := pollFor(6*time.Second, func() bool {
-		var owner string
-		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
-			t.Fatal(err)
-		}
-		return owner == ""
-	})
-	if !freed {
+	if waitRowFree(t, d, name, 6*time.Second) != "" {
 		t.Fatal("the background finish did not free the row in 6 s")
 	}
 	if err := lease.Release(ctxFor(t, 5*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
@@ -461,15 +445,7 @@ func TestExtendBehindGivenUpReleaseReturnsReleased(t *testing.T) {
 	if err := lease.Release(ctx); err == nil {
 		t.Fatal("Release behind a hung Extend returned nil")
 	}
-	freed := pollFor(6*time.Second, func() bool {
-		var owner string
-		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
-			t.Fatal(err)
-		}
-		return owner == ""
-	})
-	if !freed {
+	if waitRowFree(t, d, name, 6*time.Second) != "" {
 		t.Fatal("the background finish did not free the row in 6 s")
 	}
 	c.letGo()
@@ -570,12 +546,7 @@ func TestStaleTerminationAfterSuccessHoldsNoConnection(t *testing.T) {
 	// the try: the lock stays free.
 	resume()
 	waitBackendGone(t, d, pid)
-	var owner string
-	if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-		`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
-	if owner != "" {
+	if owner := rowOwner(t, d, name); owner != "" {
 		t.Fatalf("the stalled try ran after the release: the row is %q's", owner)
 	}
 }

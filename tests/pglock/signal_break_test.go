@@ -152,15 +152,7 @@ func testStaleSignalLost(t *testing.T, cancelCtx bool) {
 	resume()
 	waitBackendGone(t, d, pid)
 	let()
-	var owner string
-	free := pollFor(5*time.Second, func() bool {
-		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
-			t.Fatal(err)
-		}
-		return owner == ""
-	})
-	if !free {
+	if owner := waitRowFree(t, d, name, 5*time.Second); owner != "" {
 		t.Fatalf("the stalled try took the row back after the Acquire (lease released, or none given): the row is %q's", owner)
 	}
 	// Nothing the Acquire started (a give-up, a signal) lingers.
@@ -362,12 +354,7 @@ func TestSeveralStaleBackendsSignalledBeforeLease(t *testing.T) {
 	if !gone {
 		t.Fatalf("backends %v still there 10 s after they resumed", stopped)
 	}
-	var owner string
-	if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-		`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
-	if owner != "" {
+	if owner := rowOwner(t, d, name); owner != "" {
 		t.Fatalf("a stalled try ran after the release: the row is %q's", owner)
 	}
 }
@@ -453,15 +440,7 @@ func TestStaleSignalOtherRoleReleaseOvertakes(t *testing.T) {
 	}
 	resume()
 	waitBackendGone(t, d, pid)
-	var owner string
-	free := pollFor(5*time.Second, func() bool {
-		if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
-			`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
-			t.Fatal(err)
-		}
-		return owner == ""
-	})
-	if !free {
+	if owner := waitRowFree(t, d, name, 5*time.Second); owner != "" {
 		t.Fatalf("the stalled try took the row back after the Acquire: the row is %q's", owner)
 	}
 }

@@ -269,6 +269,26 @@ func poolOfOne(t *testing.T, d database, name string, wrap func(net.Conn) net.Co
 	return l, db, pid, conns[0]
 }
 
+// rowOwner returns the owner in the row of the lock called name ("" when
+// the lock is free).
+func rowOwner(t *testing.T, d database, name string) string {
+	t.Helper()
+	var owner string
+	if err := d.db.QueryRowContext(ctxFor(t, 5*time.Second),
+		`SELECT owner FROM fence_leases WHERE name = $1`, name).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	return owner
+}
+
+// waitRowFree waits up to within for the lock called name to be free, and
+// returns the row's owner at the last look ("" once free).
+func waitRowFree(t *testing.T, d database, name string, within time.Duration) (owner string) {
+	t.Helper()
+	pollFor(within, func() bool { owner = rowOwner(t, d, name); return owner == "" })
+	return owner
+}
+
 // waitBackendGone waits, 10 s at most, until the backend pid, resumed, has
 // gone from d's server.
 func waitBackendGone(t *testing.T, d database, pid int) {
