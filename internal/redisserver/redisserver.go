@@ -44,8 +44,9 @@ type Server struct {
 	ownsDir bool // Dir was made by Start; Close removes it
 
 	mu     sync.Mutex
-	proc   *os.Process   // nil while stopped
-	exited chan struct{} // closed when proc has exited
+	proc   *os.Process       // nil while stopped
+	exited chan struct{}     // closed when proc has exited
+	state  **os.ProcessState // how proc exited, once exited is closed
 	log    *os.File
 }
 
@@ -202,8 +203,8 @@ func (s *Server) start() error {
 		_ = log.Close()
 		return fmt.Errorf("start redis-server: %w", err)
 	}
-	exited := make(chan struct{})
-	go func() { _, _ = cmd.Process.Wait(); close(exited) }()
+	exited, state := make(chan struct{}), new(*os.ProcessState)
+	go func() { *state, _ = cmd.Process.Wait(); close(exited) }()
 	err = waitReady(s.options(), exited, cmd.Process.Pid)
 	if err != nil {
 		_ = cmd.Process.Kill()
@@ -212,8 +213,31 @@ func (s *Server) start() error {
 		out, _ := os.ReadFile(logPath)
 		return fmt.Errorf("redis-server on %s did not start: %w\n%s", s.Addr, err, out)
 	}
-	s.proc, s.exited, s.log = cmd.Process, exited, log
+	s.proc, s.exited, s.state, s.log = cmd.Process, exited, state, log
 	return nil
+}
+
+// Died reports how the server exited if it did without Kill or Close (a
+// crash, a signal from elsewhere), with the end of its log; "" if it runs,
+// or was stopped by Kill or Close. A test that fails on a server that
+// refuses connections logs it (see redistest.Start).
+func (s *Server) Died() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return ""
+	}
+	select {
+	case <-s.exited:
+	default:
+		return ""
+	}
+	why := (*s.state).String()
+	if out, err := os.ReadFile(filepath.Join(s.Dir, "redis.log")); err == nil {
+		lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+		why += "; the end of its log:\n" + strings.Join(lines[max(0, len(lines)-10):], "\n")
+	}
+	return why
 }
 
 // readyTimeout is how long waitReady waits for a server to answer PING, and

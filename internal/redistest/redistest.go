@@ -31,8 +31,17 @@ func Start(t testing.TB, extra ...string) *Server {
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	t.Cleanup(s.Close)
+	t.Cleanup(func() { logDied(t, s); s.Close() })
 	return &Server{s}
+}
+
+// logDied logs, for a failed test to show, that s exited before the test
+// ended without being killed by it, and how: a test that sees connections
+// refused then tells a crash or a stray signal from its own doing.
+func logDied(t testing.TB, s *redisserver.Server) {
+	if why := s.Died(); why != "" {
+		t.Logf("redistest: redis-server on %s exited before the test ended, not by Kill or Close: %s", s.Addr, why)
+	}
 }
 
 // NewTLS makes a CA and a certificate for 127.0.0.1 in a temp dir of t's;
@@ -56,7 +65,7 @@ func StartTLS(t testing.TB, ca *redisserver.TLS, extra ...string) *Server {
 	if err != nil {
 		t.Fatalf("redistest: TLS: %v", err)
 	}
-	t.Cleanup(s.Close)
+	t.Cleanup(func() { logDied(t, s); s.Close() })
 	return &Server{s}
 }
 
@@ -109,7 +118,7 @@ func StartReplica(t testing.TB, primary *Server, extra ...string) *Server {
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	t.Cleanup(s.Close)
+	t.Cleanup(func() { logDied(t, s); s.Close() })
 	return &Server{s}
 }
 
