@@ -87,7 +87,7 @@ func (s suite) reenterLost(t *testing.T, logged bool) {
 func (s suite) reenterExpired(t *testing.T) {
 	r := observetest.NewReentry()
 	l := s.cfg.NewObserved(t, r)
-	lease := mustAcquire(t, l, name(t), fence.TTL(200*time.Millisecond))
+	lease := mustAcquireShort(t, l, name(t), 200*time.Millisecond)
 	r.Set(lease)
 	res := r.Calls(t, 10*time.Second)
 	if res.Cause == fence.Released {

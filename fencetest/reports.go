@@ -305,7 +305,7 @@ func (s suite) reportReleasedDone(t *testing.T) {
 func (s suite) reportExpired(t *testing.T) {
 	l, c := s.observed(t)
 	n := name(t)
-	lease := mustAcquire(t, l, n, fence.TTL(200*time.Millisecond))
+	lease := mustAcquireShort(t, l, n, 200*time.Millisecond)
 	ev := c.await(t, lease, n, 10*time.Second)
 	wantLoss(t, ev)
 	wantOne(t, c, lease, n)
@@ -314,7 +314,7 @@ func (s suite) reportExpired(t *testing.T) {
 func (s suite) reportExpiredReleased(t *testing.T) {
 	l, c := s.observed(t)
 	n := name(t)
-	lease := mustAcquire(t, l, n, fence.TTL(200*time.Millisecond))
+	lease := mustAcquireShort(t, l, n, 200*time.Millisecond)
 	<-lease.Done()
 	ev := c.await(t, lease, n, 10*time.Second)
 	wantLoss(t, ev)

@@ -1,0 +1,65 @@
+package fencetest_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fencetest"
+	"github.com/fencekit/fence/memlock"
+)
+
+// A backend whose reply that took the lock comes past a short lease's
+// deadline gives the lock back and fails the Acquire with ErrLeaseLost
+// (redislock did so in CI: a reply 240 ms after the try of a 200 ms
+// lease). The suite tries those Acquires again: run on a memlock that
+// answers so the first time it is asked for each 200 ms lease, it passes.
+func TestSuiteRetriesShortLeaseGivenBack(t *testing.T) {
+	const watchdogTTL = 300 * time.Millisecond
+	l, err := memlock.New(&memlock.Options{WatchdogTTL: watchdogTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &givesBackOnce{Locker: l, tried: map[string]bool{}}
+	fencetest.Run(t, fencetest.Config{
+		New:         func(testing.TB) fence.Locker { return g },
+		Remove:      func(_ testing.TB, name string) { l.Remove(name) },
+		WatchdogTTL: watchdogTTL,
+	})
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.given == 0 {
+		t.Fatal("no 200 ms lease was asked for: the test tests nothing")
+	}
+}
+
+type givesBackOnce struct {
+	*memlock.Locker
+	mu    sync.Mutex
+	tried map[string]bool
+	given int
+}
+
+func (g *givesBackOnce) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	lease, err := g.Locker.Acquire(ctx, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	first := !g.tried[name]
+	g.tried[name] = true
+	o, _ := fence.Apply(opts)
+	late := first && o.TTL == 200*time.Millisecond
+	if late {
+		g.given++
+	}
+	g.mu.Unlock()
+	if !late {
+		return lease, nil
+	}
+	_ = lease.Release(ctx)
+	return nil, fence.NotAcquired(name, fmt.Errorf("%w: the reply that took the lock came too late; given back", fence.ErrLeaseLost))
+}
