@@ -1,15 +1,10 @@
 package zklock_test
 
 import (
-	"context"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/fencekit/fence"
-	"github.com/fencekit/fence/zklock"
-	"github.com/go-zookeeper/zk"
 )
 
 // slowLog is a zk.Logger that, once armed, holds the first line whose
@@ -56,25 +51,9 @@ func (s *slowLog) Printf(format string, _ ...any) {
 // lastZxid race of TestAcquireNotQueuedWhileReconnecting.
 func TestAcquireNotSentBeforeSetWatchesSlowLogger(t *testing.T) {
 	t.Skip("limit, documented (package doc, Calls and contexts): go-zookeeper reports the session before it re-sets its watches and shows nothing once it has; a zk.Logger that blocks on its \"authenticated\" line past retryPause lets an Acquire's create go first (opcodes [1 101 ...])")
-	srv := sharedZK(t)
 	var r replayed
 	var log slowLog
-	const long = 10 * time.Second
-	conn, _, err := zk.Connect([]string{srv.Addr}, long, zk.WithLogger(&log), zk.WithDialer(r.dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	l, err := zklock.New(conn, long)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	watched, err := l.Acquire(ctx, "slowlog-watched") // its node is watched
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, conn, ctx := watchedLocker(t, &r, 1, &log)
 	holding, release := log.arm("authenticated")
 	r.cutOff()
 	r.healAtNextDial()
@@ -83,43 +62,11 @@ func TestAcquireNotSentBeforeSetWatchesSlowLogger(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no reconnection within 10 s")
 	}
-	type result struct {
-		lease fence.Lease
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		ls, err := l.Acquire(ctx, "slowlog-other")
-		done <- result{ls, err}
-	}()
-	waitParked(t, "zklock.(*Locker).acquire(")
-	state := conn.State()
-	close(release)
-	var res result
-	select {
-	case res = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the Acquire did not return within 20 s of the reconnection")
-	}
-	if res.err != nil {
-		t.Fatal(res.err)
-	}
-	ops := r.opsOf(1)
-	t.Logf("state while the line was held: %v; opcodes on the reconnected connection: %v", state, ops)
-	for _, op := range ops {
-		if op == 11 { // ping
-			continue
-		}
-		if op != 101 {
-			t.Fatalf("the reconnected connection wrote opcode %d before setWatches: opcodes %v", op, ops)
-		}
-		break
-	}
-	for _, ls := range []fence.Lease{res.lease, watched} {
-		if err := ls.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	acquireAcross(t, ctx, l, func() {
+		t.Logf("state while the line is held: %v", conn.State())
+		close(release)
+	})
+	wantSetWatchesFirst(t, r.opsOf(1))
 }
 
 // The other end of a connection: go-zookeeper reports the connection lost
@@ -133,25 +80,9 @@ func TestAcquireNotSentBeforeSetWatchesSlowLogger(t *testing.T) {
 // the same server's.)
 func TestAcquireNotQueuedWhileConnectionEndsSlowLogger(t *testing.T) {
 	t.Skip("limit, documented (package doc, Calls and contexts): go-zookeeper reports a connection lost only after its send loop logged its end; a zk.Logger that blocks there keeps StateHasSession reported, and with several server addresses the create queued meanwhile goes first on the next connection (opcodes [1 101 ...])")
-	srv := sharedZK(t)
 	var r replayed
 	var log slowLog
-	const long = 10 * time.Second
-	conn, _, err := zk.Connect([]string{srv.Addr, srv.Addr}, long, zk.WithLogger(&log), zk.WithDialer(r.dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	l, err := zklock.New(conn, long)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	watched, err := l.Acquire(ctx, "slowlog-watched") // its node is watched
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, conn, ctx := watchedLocker(t, &r, 2, &log)
 	holding, release := log.arm("send loop terminated")
 	r.cutOff()
 	select {
@@ -159,42 +90,10 @@ func TestAcquireNotQueuedWhileConnectionEndsSlowLogger(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the connection's send loop did not end within 10 s")
 	}
-	type result struct {
-		lease fence.Lease
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		ls, err := l.Acquire(ctx, "slowlog-other")
-		done <- result{ls, err}
-	}()
-	waitParked(t, "zklock.(*Locker).acquire(")
-	state := conn.State()
-	r.healAtNextDial()
-	close(release)
-	var res result
-	select {
-	case res = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the Acquire did not return within 20 s of the reconnection")
-	}
-	if res.err != nil {
-		t.Fatal(res.err)
-	}
-	ops := r.opsOf(1)
-	t.Logf("state while the line was held: %v; opcodes on the reconnected connection: %v", state, ops)
-	for _, op := range ops {
-		if op == 11 { // ping
-			continue
-		}
-		if op != 101 {
-			t.Fatalf("the reconnected connection wrote opcode %d before setWatches: opcodes %v", op, ops)
-		}
-		break
-	}
-	for _, ls := range []fence.Lease{res.lease, watched} {
-		if err := ls.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	acquireAcross(t, ctx, l, func() {
+		t.Logf("state while the line is held: %v", conn.State())
+		r.healAtNextDial()
+		close(release)
+	})
+	wantSetWatchesFirst(t, r.opsOf(1))
 }

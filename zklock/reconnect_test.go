@@ -196,12 +196,29 @@ func TestCleanupNotQueuedWhileDisconnected(t *testing.T) {
 // the first request on the new connection. Before the fix the create went
 // first.
 func TestAcquireNotQueuedWhileReconnecting(t *testing.T) {
-	srv := sharedZK(t)
 	var r replayed
-	// A session long enough for the held reconnection (go-zookeeper
-	// dials again a second after the cut).
+	l, _, ctx := watchedLocker(t, &r, 1, quiet{})
+	h := r.reconnectHeld()
+	select {
+	case <-h.reading:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reconnection within 10 s")
+	}
+	acquireAcross(t, ctx, l, func() { close(h.release) })
+	wantSetWatchesFirst(t, r.opsOf(1))
+}
+
+// watchedLocker connects a session of 10 s (long enough for a held
+// reconnection: go-zookeeper dials again a second after a cut) to the
+// shared server, given as many times as addrs says, through r's dialer,
+// with log as go-zookeeper's logger, and returns a Locker on it that holds
+// a lease whose node it watches, the connection, and a context of a
+// minute.
+func watchedLocker(t *testing.T, r *replayed, addrs int, log zk.Logger) (*zklock.Locker, *zk.Conn, context.Context) {
+	t.Helper()
+	srv := sharedZK(t)
 	const long = 10 * time.Second
-	conn, _, err := zk.Connect([]string{srv.Addr}, long, zk.WithLogger(quiet{}), zk.WithDialer(r.dial))
+	conn, _, err := zk.Connect(slices.Repeat([]string{srv.Addr}, addrs), long, zk.WithLogger(log), zk.WithDialer(r.dial))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,28 +228,35 @@ func TestAcquireNotQueuedWhileReconnecting(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	watched, err := l.Acquire(ctx, "reconnect-watched") // waits for the session; its node is watched
+	t.Cleanup(cancel)
+	watched, err := l.Acquire(ctx, t.Name()+"-watched") // waits for the session; its node is watched
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := r.reconnectHeld()
-	select {
-	case <-h.reading:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no reconnection within 10 s")
-	}
+	t.Cleanup(func() {
+		if err := watched.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return l, conn, ctx
+}
+
+// acquireAcross starts an Acquire on l while its connection reconnects,
+// waits until it parks (waitParked), then calls resume, which lets the
+// reconnection go on, and waits for the lease, released in t.Cleanup.
+func acquireAcross(t *testing.T, ctx context.Context, l *zklock.Locker, resume func()) {
+	t.Helper()
 	type result struct {
 		lease fence.Lease
 		err   error
 	}
 	done := make(chan result, 1)
 	go func() {
-		ls, err := l.Acquire(ctx, "reconnect-other")
+		ls, err := l.Acquire(ctx, t.Name()+"-other")
 		done <- result{ls, err}
 	}()
 	waitParked(t, "zklock.(*Locker).acquire(")
-	close(h.release)
+	resume()
 	var res result
 	select {
 	case res = <-done:
@@ -242,7 +266,19 @@ func TestAcquireNotQueuedWhileReconnecting(t *testing.T) {
 	if res.err != nil {
 		t.Fatal(res.err)
 	}
-	ops := r.opsOf(1)
+	t.Cleanup(func() {
+		if err := res.lease.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// wantSetWatchesFirst fails the test unless the first request of ops (the
+// opcodes written on a reconnected connection), pings aside, is
+// setWatches (101).
+func wantSetWatchesFirst(t *testing.T, ops []int32) {
+	t.Helper()
+	t.Logf("opcodes on the reconnected connection: %v", ops)
 	for _, op := range ops {
 		if op == 11 { // ping
 			continue
@@ -250,17 +286,9 @@ func TestAcquireNotQueuedWhileReconnecting(t *testing.T) {
 		if op != 101 {
 			t.Fatalf("the reconnected connection wrote opcode %d before setWatches: opcodes %v", op, ops)
 		}
-		break
+		return
 	}
-	if !slices.Contains(ops, 101) {
-		t.Fatalf("no setWatches on the reconnected connection (the lease's watch was to be set again): opcodes %v", ops)
-	}
-	t.Logf("opcodes on the reconnected connection: %v", ops)
-	for _, ls := range []fence.Lease{res.lease, watched} {
-		if err := ls.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	t.Fatalf("no setWatches on the reconnected connection (the lease's watch was to be set again): opcodes %v", ops)
 }
 
 // waitParked waits until the goroutines running fn (a function name as a
