@@ -47,6 +47,10 @@ var bugs = []struct {
 	{name: "context-follows-acquire-ctx", caught: "WatchdogKeepsLease", what: "the lease's Context is cancelled when Acquire's ctx ends, the lock still held"},
 	{name: "release-done-keeps-lease", caught: "ReleaseWithDoneContextEndsLease", what: "Release with a done ctx returns ctx's error and leaves the lease held (Err nil, Context live)"},
 	{name: "context-drops-values", caught: "Run", what: "the lease's Context lacks the values of Acquire's ctx (fence.Run's fn's ctx is a child of it)"},
+	// The suite tries a 200 ms lease given back for a late reply again
+	// (mustAcquireShort); these must not pass for such a one.
+	{name: "short-given-back-in-time", caught: "ExpiryFreesTheLock", what: "the first 200 ms lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
+	{name: "late-reply-kept", caught: "ExpiryFreesTheLock", what: "a 200 ms lease whose reply came late fails with ErrLeaseLost but is not given back, the lock held for no one"},
 }
 
 const bugEnv = "FENCETEST_BUG"
@@ -100,9 +104,24 @@ func TestBrokenBackend(t *testing.T) {
 type brokenLocker struct {
 	l   *memlock.Locker
 	bug string
+
+	mu    sync.Mutex
+	tried map[string]bool // short-given-back-in-time, late-reply-kept: names given a 200 ms lease
 }
 
 func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if o, err := fence.Apply(opts); err == nil && (b.bug == "short-given-back-in-time" || b.bug == "late-reply-kept") && o.TTL == 200*time.Millisecond {
+		b.mu.Lock()
+		first := !b.tried[name]
+		if b.tried == nil {
+			b.tried = map[string]bool{}
+		}
+		b.tried[name] = true
+		b.mu.Unlock()
+		if first {
+			return b.givenBack(ctx, name, opts)
+		}
+	}
 	if o, err := fence.Apply(opts); err == nil && b.bug == "ghost-waiter" && o.Wait > 0 {
 		return b.ghostAcquire(ctx, name, o.Wait, opts)
 	}
@@ -115,6 +134,27 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 		return nil, err
 	}
 	return b.wrap(ctx, inner), nil
+}
+
+// givenBack takes the lock and fails with ErrLeaseLost as for a reply that
+// came too late: short-given-back-in-time gives it back at once (the reply
+// was in time); late-reply-kept has its try reach the server 100 ms late and
+// the reply come 240 ms after the call, past the deadline, and keeps the lock.
+func (b *brokenLocker) givenBack(ctx context.Context, name string, opts []fence.Option) (fence.Lease, error) {
+	called := time.Now()
+	if b.bug == "late-reply-kept" {
+		time.Sleep(100 * time.Millisecond)
+	}
+	inner, err := b.l.Acquire(ctx, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if b.bug == "late-reply-kept" {
+		time.Sleep(time.Until(called.Add(240 * time.Millisecond)))
+	} else {
+		_ = inner.Release(ctx)
+	}
+	return nil, fence.NotAcquired(name, fmt.Errorf("%w: the reply that took the lock came too late; given back", fence.ErrLeaseLost))
 }
 
 // ghostAcquire waits in line, but when the budget or ctx ends it returns
