@@ -170,13 +170,7 @@ func TestStaleBackendPIDReusedIsNotTerminated(t *testing.T) {
 	dsn := unixDSN(t, d)
 	db := open(t, dsn, nil)
 	l := d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	makeRow(t, l, name)
 	tx, err := d.db.BeginTx(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -64,13 +64,7 @@ func testCancelledBlockedTry(t *testing.T, waiting, cancelRequest bool) {
 		opts = append(opts, fence.Wait(time.Minute))
 	} else {
 		// The row exists, free: the try is the UPDATE that takes it.
-		first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-			t.Fatal(err)
-		}
+		makeRow(t, l, name)
 	}
 	tx, err := d.db.BeginTx(t.Context(), nil)
 	if err != nil {
@@ -149,13 +143,7 @@ func testCancelledStalledTry(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(1) // the try goes to the backend whose PID we read
 	l := d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	makeRow(t, l, name)
 	pid := backendPID(t, db)
 	resume := stopBackend(t, pid)
 	armed.Store(true)

@@ -86,13 +86,7 @@ func testLateTake(t *testing.T, wait time.Duration) {
 	db.SetMaxOpenConns(1) // the try goes to the backend whose PID we read
 	l := d.locker(t, db)
 	// The row exists, free: the try is the UPDATE that takes it.
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	makeRow(t, l, name)
 	resume := stopBackend(t, backendPID(t, db))
 	type result struct {
 		lease fence.Lease

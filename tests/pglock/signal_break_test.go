@@ -321,13 +321,7 @@ func TestSeveralStaleBackendsSignalledBeforeLease(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(1)
 	l := d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	makeRow(t, l, name)
 	armed.Store(true)
 	lease, err := l.Acquire(ctxFor(t, 20*time.Second), name, fence.TTL(time.Minute), fence.Wait(10*time.Second))
 	if err != nil {
@@ -409,13 +403,7 @@ func TestStaleSignalOtherRoleReleaseOvertakes(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(1)
 	l := d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	makeRow(t, l, name)
 	pid := backendPID(t, db) // role A's
 	resume := stopBackend(t, pid)
 	armed.Store(true)

@@ -49,13 +49,7 @@ func testStalledBackend(t *testing.T, after bool, dsnOf func(t *testing.T, d dat
 	db.SetMaxOpenConns(1) // the try goes to the backend whose PID we read
 	l := d.locker(t, db)
 	// The row exists, free: the try is the UPDATE that takes it.
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	firstToken := makeRow(t, l, name)
 	pid := backendPID(t, db)
 	resume := stopBackend(t, pid)
 
@@ -105,9 +99,9 @@ func testStalledBackend(t *testing.T, after bool, dsnOf func(t *testing.T, d dat
 	}
 	// The free that follows the wait may have undone the try, had it
 	// run: its token would show it.
-	if token != int64(first.Token()) {
+	if token != int64(firstToken) {
 		t.Errorf("the abandoned try ran: the row's token is %d, owner %q, %.1f s left; the last lease's token was %d",
-			token, owner, left.Float64, first.Token())
+			token, owner, left.Float64, firstToken)
 	}
 	lease, err := d.locker(t, d.db).Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
 	if err != nil {
@@ -161,13 +155,7 @@ func TestGivenUpTryAnsweredKeepsBackend(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(1) // the try, and then the clean-up, on the backend whose PID we read
 	l := d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	makeRow(t, l, name)
 	pid := backendPID(t, db)
 	tx, err := d.db.BeginTx(t.Context(), nil)
 	if err != nil {
@@ -253,13 +241,7 @@ func poolOfOne(t *testing.T, d database, name string, wrap func(net.Conn) net.Co
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(1)
 	l = d.locker(t, db)
-	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	makeRow(t, l, name)
 	pid = backendPID(t, db)
 	mu.Lock()
 	defer mu.Unlock()
@@ -267,6 +249,21 @@ func poolOfOne(t *testing.T, d database, name string, wrap func(net.Conn) net.Co
 		t.Fatalf("%d connections, want 1", len(conns))
 	}
 	return l, db, pid, conns[0]
+}
+
+// makeRow takes the lock called name and releases it, so that its row
+// exists, free: a later try is the UPDATE that takes it. It returns the
+// token of that lease.
+func makeRow(t *testing.T, l *pglock.Locker, name string) fence.Token {
+	t.Helper()
+	first, err := l.Acquire(ctxFor(t, 10*time.Second), name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	return first.Token()
 }
 
 // rowOwner returns the owner in the row of the lock called name ("" when
