@@ -177,17 +177,17 @@ func mustAcquireShort(t testing.TB, l fence.Locker, name string, ttl time.Durati
 	for try := 1; ; try++ {
 		called := time.Now()
 		lease, err := l.Acquire(ctxFor(t), name, fence.TTL(ttl))
-		if took := time.Since(called); err != nil && errors.Is(err, fence.ErrLeaseLost) && took < ttl-ttl/10 {
-			t.Fatalf("Acquire(%q) with TTL(%v), try %d: %v, %v after it was called: the reply could not have come past the lease's deadline", name, ttl, try, err, took.Round(time.Millisecond))
-		}
-		if err == nil || !errors.Is(err, fence.ErrLeaseLost) || try == 5 {
-			if err != nil {
-				t.Fatalf("Acquire(%q) with TTL(%v), try %d: %v", name, ttl, try, err)
-			}
+		took := time.Since(called)
+		switch {
+		case err == nil:
 			if lease.Token() <= 0 {
 				t.Fatalf("Acquire(%q): token %d, want > 0", name, lease.Token())
 			}
 			return lease
+		case !errors.Is(err, fence.ErrLeaseLost) || try == 5:
+			t.Fatalf("Acquire(%q) with TTL(%v), try %d: %v", name, ttl, try, err)
+		case took < ttl-ttl/10:
+			t.Fatalf("Acquire(%q) with TTL(%v), try %d: %v, %v after it was called: the reply could not have come past the lease's deadline", name, ttl, try, err, took.Round(time.Millisecond))
 		}
 		t.Logf("Acquire(%q) with TTL(%v): %v; trying again", name, ttl, err)
 	}
