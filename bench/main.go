@@ -49,6 +49,7 @@ type row struct {
 	cmdsPerAcq           float64
 	cmdsSlack            float64 // cmdsPerAcq's error bound (contendedResult.cmdsSlack)
 	allocs               float64
+	scriptUS             float64 // the server's time in one uncontended pair's scripts, µs (uncontended)
 	contendedErr         string
 }
 
@@ -77,7 +78,9 @@ func run(out string, dur time.Duration, n int) error {
 		}
 	}()
 
-	rows, err := rotate(everyone, n, func(l *lib, r *row) error {
+	clock, closeClock := newScriptClock(primary.Addr)
+	defer closeClock()
+	rows, err := rotate(everyone, n, clock, func(l *lib, r *row) error {
 		var err error
 		if r.distinct, err = distinct(l, 64, dur); err != nil {
 			return fmt.Errorf("%s distinct: %w", l.name, err)
@@ -116,16 +119,16 @@ func run(out string, dur time.Duration, n int) error {
 // interleaved in batches (the other jobs on the machine come in bursts, and
 // a burst then falls on every library alike), then runs measure on every
 // library in a rotating order.
-func rotate(ls []*lib, n int, measure func(*lib, *row) error) ([]*row, error) {
+func rotate(ls []*lib, n int, scripts scriptClock, measure func(*lib, *row) error) ([]*row, error) {
 	samples := make([][]row, len(ls))
 	for round := range rounds {
 		rs := make([]row, len(ls))
-		lat, err := uncontended(ls, n, round)
+		lat, err := uncontended(ls, n, round, scripts)
 		if err != nil {
 			return nil, err
 		}
 		for i, l := range ls {
-			rs[i] = row{name: l.name, p50: lat[i].p50, p99: lat[i].p99}
+			rs[i] = row{name: l.name, p50: lat[i].p50, p99: lat[i].p99, scriptUS: lat[i].scriptUS}
 		}
 		for k := range ls {
 			i := (k + round) % len(ls)
@@ -198,7 +201,7 @@ func redlockRows(dur time.Duration, n int) ([]*row, error) {
 		}
 		ls = append(ls, more...)
 	}
-	return rotate(ls, n, quorumWorkloads(n, dur))
+	return rotate(ls, n, nil, quorumWorkloads(n, dur))
 }
 
 // etcdRows measures fence's etcdlock beside concurrency.Mutex on one etcd
@@ -220,7 +223,7 @@ func etcdRows(dur time.Duration, n int) ([]*row, error) {
 			l.close()
 		}
 	}()
-	return rotate(ls, etcdPairs(n), quorumWorkloads(etcdPairs(n), dur))
+	return rotate(ls, etcdPairs(n), nil, quorumWorkloads(etcdPairs(n), dur))
 }
 
 // etcdPairs is how many pairs the etcd rows time: every write there is a
@@ -317,6 +320,7 @@ func median(r *row, samples []row) {
 	r.acqPerSec = pick(func(s row) float64 { return s.acqPerSec })
 	r.handoffsP99 = pick(func(s row) float64 { return s.handoffsP99 })
 	r.releaseP99 = pick(func(s row) float64 { return s.releaseP99 })
+	r.scriptUS = pick(func(s row) float64 { return s.scriptUS })
 	for _, s := range samples {
 		if s.contendedErr != "" {
 			r.contendedErr = s.contendedErr
@@ -370,7 +374,7 @@ func distinctOnly(names []string, dur time.Duration) error {
 	samples := make([][]float64, len(ls))
 	p50s := make([][]float64, len(ls))
 	for round := range rounds {
-		lat, err := uncontended(ls, 1000, round)
+		lat, err := uncontended(ls, 1000, round, nil)
 		if err != nil {
 			return err
 		}

@@ -101,6 +101,8 @@ func benchCPU(b *testing.B, ctx context.Context) {
 	defer admin.Close()
 	replica := redis.NewClient(&redis.Options{Addr: replicaAddr})
 	defer replica.Close()
+	scripts, closeScripts := newScriptClock(addr)
+	defer closeScripts()
 	cpuOf := func(admin *redis.Client) time.Duration {
 		info, err := admin.Info(ctx, "cpu").Result()
 		if err != nil {
@@ -131,7 +133,8 @@ func benchCPU(b *testing.B, ctx context.Context) {
 	for _, l := range ls {
 		b.Run(l.name, func(b *testing.B) {
 			key := "bench:cpu:" + l.name
-			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+			scripts0, err := scripts()
+			if err != nil {
 				b.Fatal(err)
 			}
 			s0, r0, c0 := serverCPU(), replicaCPU(), clientCPU()
@@ -143,34 +146,14 @@ func benchCPU(b *testing.B, ctx context.Context) {
 				release()
 			}
 			s1, r1, c1 := serverCPU(), replicaCPU(), clientCPU()
-			b.ReportMetric(float64((s1-s0).Nanoseconds())/1000/float64(b.N), "server-µs/op")
-			b.ReportMetric(float64((r1-r0).Nanoseconds())/1000/float64(b.N), "replica-µs/op")
-			b.ReportMetric(float64((c1-c0).Nanoseconds())/1000/float64(b.N), "client-µs/op")
-			// The scripts' own time (EVALSHA's usec covers the commands
-			// the script calls, which commandstats also lists).
-			stats, err := admin.Info(ctx, "commandstats").Result()
+			scripts1, err := scripts()
 			if err != nil {
 				b.Fatal(err)
 			}
-			var scripts float64
-			for _, line := range strings.Split(stats, "\r\n") {
-				k, v, ok := strings.Cut(line, ":")
-				if !ok || !strings.HasPrefix(k, "cmdstat_") || k == "cmdstat_info" || k == "cmdstat_config|resetstat" {
-					continue
-				}
-				if testing.Verbose() {
-					b.Logf("%s %s", k, v)
-				}
-				if k == "cmdstat_evalsha" || k == "cmdstat_eval" {
-					for _, f := range strings.Split(v, ",") {
-						if u, ok := strings.CutPrefix(f, "usec="); ok {
-							n, _ := strconv.ParseFloat(u, 64)
-							scripts += n
-						}
-					}
-				}
-			}
-			b.ReportMetric(scripts/float64(b.N), "script-µs/op")
+			b.ReportMetric(float64((s1-s0).Nanoseconds())/1000/float64(b.N), "server-µs/op")
+			b.ReportMetric(float64((r1-r0).Nanoseconds())/1000/float64(b.N), "replica-µs/op")
+			b.ReportMetric(float64((c1-c0).Nanoseconds())/1000/float64(b.N), "client-µs/op")
+			b.ReportMetric((scripts1-scripts0)/float64(b.N), "script-µs/op")
 		})
 	}
 }
@@ -238,7 +221,7 @@ func BenchmarkP50(b *testing.B) {
 	p50s := make([][]time.Duration, len(ls))
 	round := 0
 	for b.Loop() {
-		lat, err := uncontended(ls, 2000, round)
+		lat, err := uncontended(ls, 2000, round, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -42,7 +42,7 @@ func BenchmarkRedlockRatio(b *testing.B) {
 		}
 		ls = append(ls, more...)
 	}
-	rows, err := rotate(ls, n, func(l *lib, r *row) error {
+	rows, err := rotate(ls, n, nil, func(l *lib, r *row) error {
 		var err error
 		r.allocs, err = allocs(l, n)
 		return err

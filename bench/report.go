@@ -17,6 +17,9 @@ var whereTheTimeGoes string
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d.Nanoseconds())/1000) }
 
+// signedUS is d in µs with its sign.
+func signedUS(d time.Duration) string { return fmt.Sprintf("%+.0f", float64(d.Nanoseconds())/1000) }
+
 func ratio(a, b float64) string {
 	if b == 0 {
 		return "–"
@@ -68,9 +71,13 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w("the `WAIT` for one replica, pipelined with the acquire script. \"%s\" is the same lock (`redislock`) over a\n", rueidisRow)
 	w("rueidis client through `fencerueidis`, with rueidis's defaults (automatic pipelining), as rueidislock is.\n\n")
 
-	w("## Uncontended acquire + release, one goroutine\n\n| library | p50 µs | p99 µs | p50 vs bsm/redislock |\n|---|---:|---:|---:|\n")
+	w("## Uncontended acquire + release, one goroutine\n\n| library | p50 µs | p99 µs | p50 vs bsm/redislock | µs in scripts |\n|---|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		w("| %s | %s | %s | %s |\n", r.name, us(r.p50), us(r.p99), ratio(float64(r.p50), float64(bsm.p50)))
+		scripts := "–"
+		if scriptsOnly(r.name) {
+			scripts = fmt.Sprintf("%.1f", r.scriptUS)
+		}
+		w("| %s | %s | %s | %s | %s |\n", r.name, us(r.p50), us(r.p99), ratio(float64(r.p50), float64(bsm.p50)), scripts)
 	}
 	w("\nThe first two limit rows are the floors of the round trips fence makes, through go-redis and doing nothing else:\n")
 	w("sync off, two bare `EVALSHA` calls (a `SET NX PX` script, an owner-checked `DEL` script); sync on, the first pipelined\n")
@@ -82,6 +89,16 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w("lock, the least a fenced lock writes (a counter that eviction or a failover can set back, which fence's token record\n")
 	w("and clock floor do not allow). It is %s bsm/redislock's p50, and fence (sync off) %s it.\n",
 		ratio(float64(limT.p50), float64(bsm.p50)), ratio(float64(off.p50), float64(limT.p50)))
+	w("\n\"µs in scripts\" is the time the server spent running one pair's scripts, with the commands they call, on the\n")
+	w("pairs timed above: `EVALSHA` and `EVAL` in `INFO commandstats`, read before and after each turn of %d pairs, the\n", batch)
+	w("median turn's figure per pair (a turn in which the server lost its CPU counts its wait), then the median round's. Every\n")
+	w("command of those libraries' pairs is a script, so it is all their time in commands (not the reading and writing of\n")
+	w("sockets, nor a `WAIT`'s wait); redsync and rueidislock also send plain commands, which it would leave out. Client\n")
+	w("and server share the CPUs, so that time is in every pair's latency. fence (sync off)'s p50 is %s µs from bsm/redislock's,\n", signedUS(off.p50-bsm.p50))
+	w("and its scripts take the server %.1f µs more (%.1f against %.1f). The counter-token floor's take %.1f, the plain\n",
+		off.scriptUS-bsm.scriptUS, off.scriptUS, bsm.scriptUS, limT.scriptUS)
+	w("floor's %.1f; what fence's take over the counter-token floor's is the rest of its token (the clock, the record read\n", lim.scriptUS)
+	w("and checked before it is written), the checks for a queue of waiters and a revoked owner, and more keys and arguments.\n")
 	w("\n## 32 goroutines contending for one key\n\nA holder change is an acquisition by another goroutine than the previous holder (with zero hold time a releaser\n")
 	w("often takes the lock straight back); handoff latency runs from the moment the previous holder began to release.\n\n")
 	w("| library | holder changes/s | acquisitions/s | p99 handoff ms | p99 release call ms | commands sent per acquisition | fence (sync on) ÷ this |\n|---|---:|---:|---:|---:|---:|---:|\n")
@@ -179,6 +196,8 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 		lim.name, limS.name, lat(off, lim), lat(on, limS))
 	w("| 18 | (not a target) the floors against bsm/redislock | %s, %s | – |\n", lat(lim, bsm), lat(limS, bsm))
 	w("| 18 | (not a target) the floor with a counter token against bsm/redislock; fence (sync off) against it | %s, %s | – |\n", lat(limT, bsm), lat(off, limT))
+	w("| 18 | (not a target) fence's p50 less bsm/redislock's, sync off, against its scripts' server time less bsm's (µs in scripts) | %s µs, %+.1f µs | – |\n",
+		signedUS(off.p50-bsm.p50), off.scriptUS-bsm.scriptUS)
 	t("18", "contended holder changes/s ≥ 1.5× rueidislock, sync off", ratio(off.changes, rueidis.changes), off.changes >= 1.5*rueidis.changes)
 	t("18", "contended holder changes/s ≥ 1.0× rueidislock, sync on", ratio(on.changes, rueidis.changes), on.changes >= 1.0*rueidis.changes)
 	best := bsm
@@ -211,7 +230,9 @@ func report(rows, rl, et []*row, redisBench, load string, dur time.Duration, n i
 	w(`
 ## Where fence misses a target, and what would close it
 
-- **Uncontended latency against bsm/redislock's unfenced lock.** The counter-token floor (two bare EVALSHAs, the
+- **Uncontended latency against bsm/redislock's unfenced lock.** The column "µs in scripts" measures, in every run,
+  how much longer fence's scripts keep the server than bsm/redislock's: the paragraph under the uncontended table
+  sets it beside the two p50s' difference. The counter-token floor (two bare EVALSHAs, the
   first also writing a counter) shows what a token costs on its own, one more key written and replicated: the
   paragraph under the uncontended table gives it against bsm/redislock, and fence against it. In the run of
   2026-12-01 16:50 it was at the plain floor's p50 (133 µs against 134): a counter costs next to nothing, and what

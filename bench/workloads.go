@@ -20,7 +20,10 @@ func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
 }
 
 // latency is one library's uncontended p50 and p99.
-type latency struct{ p50, p99 time.Duration }
+type latency struct {
+	p50, p99 time.Duration
+	scriptUS float64 // µs in scripts per pair, the median turn's (0 without a scriptClock)
+}
 
 // batch is how many pairs in a row uncontended times of one library before
 // it passes to the next.
@@ -28,8 +31,9 @@ const batch = 50
 
 // uncontended: n acquire+release pairs of each library on its own key, one
 // at a time, the libraries taking turns every batch pairs (starting with
-// library round, so that none always goes first).
-func uncontended(ls []*lib, n, round int) ([]latency, error) {
+// library round, so that none always goes first). With scripts, each turn
+// also reads the server's time in scripts before and after it.
+func uncontended(ls []*lib, n, round int, scripts scriptClock) ([]latency, error) {
 	ctx := context.Background()
 	key := func(l *lib) string { return "bench:uncontended:" + l.name }
 	pair := func(l *lib) (time.Duration, error) {
@@ -49,21 +53,41 @@ func uncontended(ls []*lib, n, round int) ([]latency, error) {
 		}
 	}
 	ds := make([][]time.Duration, len(ls))
+	inScripts := make([][]float64, len(ls)) // µs per pair, a turn each
 	for done := 0; done < n; done += batch {
 		for k := range ls {
 			i := (k + round) % len(ls)
-			for range min(batch, n-done) {
+			var before float64
+			if scripts != nil {
+				var err error
+				if before, err = scripts(); err != nil {
+					return nil, err
+				}
+			}
+			m := min(batch, n-done)
+			for range m {
 				d, err := pair(ls[i])
 				if err != nil {
 					return nil, err
 				}
 				ds[i] = append(ds[i], d)
 			}
+			if scripts != nil {
+				after, err := scripts()
+				if err != nil {
+					return nil, err
+				}
+				inScripts[i] = append(inScripts[i], (after-before)/float64(m))
+			}
 		}
 	}
 	out := make([]latency, len(ls))
 	for i := range ls {
 		out[i].p50, out[i].p99 = percentiles(ds[i])
+		if len(inScripts[i]) > 0 {
+			slices.Sort(inScripts[i])
+			out[i].scriptUS = inScripts[i][len(inScripts[i])/2]
+		}
 	}
 	return out, nil
 }
