@@ -47,9 +47,10 @@ var bugs = []struct {
 	{name: "context-follows-acquire-ctx", caught: "WatchdogKeepsLease", what: "the lease's Context is cancelled when Acquire's ctx ends, the lock still held"},
 	{name: "release-done-keeps-lease", caught: "ReleaseWithDoneContextEndsLease", what: "Release with a done ctx returns ctx's error and leaves the lease held (Err nil, Context live)"},
 	{name: "context-drops-values", caught: "Run", what: "the lease's Context lacks the values of Acquire's ctx (fence.Run's fn's ctx is a child of it)"},
-	// The suite tries a 200 ms lease given back for a late reply again
-	// (mustAcquireShort); these must not pass for such a one.
+	// The suite tries a lease given back for a late reply again
+	// (suite.mustAcquire); these must not pass for such a one.
 	{name: "short-given-back-in-time", caught: "ExpiryFreesTheLock", what: "the first 200 ms lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
+	{name: "watchdog-given-back-in-time", caught: "LeaseLostWhenTaken", what: "the first watchdog lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
 	{name: "late-reply-kept", caught: "ExpiryFreesTheLock", what: "a 200 ms lease whose reply came late fails with ErrLeaseLost but is not given back, the lock held for no one"},
 }
 
@@ -106,11 +107,12 @@ type brokenLocker struct {
 	bug string
 
 	mu    sync.Mutex
-	tried map[string]bool // short-given-back-in-time, late-reply-kept: names given a 200 ms lease
+	tried map[string]bool // short-given-back-in-time, late-reply-kept, watchdog-given-back-in-time: names given such a lease
 }
 
 func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
-	if o, err := fence.Apply(opts); err == nil && (b.bug == "short-given-back-in-time" || b.bug == "late-reply-kept") && o.TTL == 200*time.Millisecond {
+	if o, err := fence.Apply(opts); err == nil && ((b.bug == "short-given-back-in-time" || b.bug == "late-reply-kept") && o.TTL == 200*time.Millisecond ||
+		b.bug == "watchdog-given-back-in-time" && o.TTL == 0 && o.Wait == 0) {
 		b.mu.Lock()
 		first := !b.tried[name]
 		if b.tried == nil {

@@ -15,15 +15,17 @@ import (
 // A backend whose reply that took the lock comes past a short lease's
 // deadline gives the lock back and fails the Acquire with ErrLeaseLost
 // (redislock did so in CI: a reply 240 ms after the try of a 200 ms
-// lease). The suite tries those Acquires again: run on a memlock that
-// answers so the first time it is asked for each 200 ms lease, it passes.
+// lease, and 311 ms after the try of a 300 ms watchdog lease). The suite
+// tries those Acquires again: run on a memlock that answers so the first
+// time it is asked for each 200 ms lease and each watchdog lease taken
+// without waiting, it passes.
 func TestSuiteRetriesShortLeaseGivenBack(t *testing.T) {
 	const watchdogTTL = 300 * time.Millisecond
 	l, err := memlock.New(&memlock.Options{WatchdogTTL: watchdogTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &givesBackOnce{Locker: l, tried: map[string]bool{}}
+	g := &givesBackOnce{Locker: l, tried: map[string]bool{}, given: map[time.Duration]int{}, ttl: watchdogTTL}
 	fencetest.Run(t, fencetest.Config{
 		New:         func(testing.TB) fence.Locker { return g },
 		Remove:      func(_ testing.TB, name string) { l.Remove(name) },
@@ -31,8 +33,8 @@ func TestSuiteRetriesShortLeaseGivenBack(t *testing.T) {
 	})
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.given == 0 {
-		t.Fatal("no 200 ms lease was asked for: the test tests nothing")
+	if g.given[200*time.Millisecond] == 0 || g.given[watchdogTTL] == 0 {
+		t.Fatalf("leases given back, by lease time: %v; want 200ms and %v among them, or the test tests nothing", g.given, watchdogTTL)
 	}
 }
 
@@ -40,7 +42,8 @@ type givesBackOnce struct {
 	*memlock.Locker
 	mu    sync.Mutex
 	tried map[string]bool
-	given int
+	given map[time.Duration]int // by lease time
+	ttl   time.Duration         // the watchdog's lease time
 }
 
 func (g *givesBackOnce) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
@@ -53,9 +56,13 @@ func (g *givesBackOnce) Acquire(ctx context.Context, name string, opts ...fence.
 	first := !g.tried[name]
 	g.tried[name] = true
 	o, _ := fence.Apply(opts)
-	late := first && o.TTL == 200*time.Millisecond
+	ttl := o.TTL
+	if ttl == 0 && o.Wait == 0 {
+		ttl = g.ttl
+	}
+	late := first && (ttl == 200*time.Millisecond || ttl == g.ttl)
 	if late {
-		g.given++
+		g.given[ttl]++
 	}
 	g.mu.Unlock()
 	if !late {
@@ -63,7 +70,7 @@ func (g *givesBackOnce) Acquire(ctx context.Context, name string, opts ...fence.
 	}
 	// The reply comes past the lease's deadline (the suite does not retry a
 	// give-back that came sooner: that reply was in time).
-	time.Sleep(time.Until(called.Add(o.TTL + 10*time.Millisecond)))
+	time.Sleep(time.Until(called.Add(ttl + 10*time.Millisecond)))
 	_ = lease.Release(ctx)
 	return nil, fence.NotAcquired(name, fmt.Errorf("%w: the reply that took the lock came too late; given back", fence.ErrLeaseLost))
 }

@@ -62,7 +62,7 @@ func (s suite) reenterLost(t *testing.T, logged bool) {
 		l = s.cfg.NewObserved(t, r)
 	}
 	n := name(t)
-	lease := mustAcquire(t, l, n)
+	lease := s.mustAcquire(t, l, n)
 	r.Set(lease)
 	// In a goroutine of its own: a backend may end the lease, and make the
 	// callback, on the goroutine that removes the lock.
@@ -87,7 +87,7 @@ func (s suite) reenterLost(t *testing.T, logged bool) {
 func (s suite) reenterExpired(t *testing.T) {
 	r := observetest.NewReentry()
 	l := s.cfg.NewObserved(t, r)
-	lease := mustAcquireShort(t, l, name(t), 200*time.Millisecond)
+	lease := s.mustAcquire(t, l, name(t), fence.TTL(200*time.Millisecond))
 	r.Set(lease)
 	res := r.Calls(t, 10*time.Second)
 	if res.Cause == fence.Released {
@@ -101,7 +101,7 @@ func (s suite) reenterExpired(t *testing.T) {
 func (s suite) reenterReleased(t *testing.T) {
 	r := observetest.NewReentry()
 	l := s.cfg.NewObserved(t, r)
-	lease := mustAcquire(t, l, name(t))
+	lease := s.mustAcquire(t, l, name(t))
 	r.Set(lease)
 	outer := make(chan error, 1)
 	ctx := ctxFor(t)
@@ -137,7 +137,7 @@ func (s suite) reenterExtend(t *testing.T) {
 	r := observetest.NewReentry()
 	l := s.cfg.NewObserved(t, r)
 	n := name(t)
-	lease := mustAcquire(t, l, n, fence.TTL(10*time.Second))
+	lease := s.mustAcquire(t, l, n, fence.TTL(10*time.Second))
 	r.Set(lease)
 	removed := make(chan struct{})
 	go func() { defer close(removed); s.cfg.Remove(t, n) }()

@@ -188,7 +188,7 @@ func wantLoss(t *testing.T, ev fence.LeaseEvent) {
 func (s suite) reportReleased(t *testing.T) {
 	l, c := s.observed(t)
 	n := name(t)
-	lease := mustAcquire(t, l, n)
+	lease := s.mustAcquire(t, l, n)
 	if err := lease.Release(ctxFor(t)); err != nil {
 		t.Fatalf("Release = %v", err)
 	}
@@ -220,7 +220,7 @@ func (s suite) reportReleasedExtended(t *testing.T) {
 		if i%2 == 0 {
 			opts = append(opts, fence.TTL(time.Minute))
 		}
-		lease := mustAcquire(t, l, n, opts...)
+		lease := s.mustAcquire(t, l, n, opts...)
 		cb.set(n, lease)
 		stop := make(chan struct{})
 		var extending sync.WaitGroup
@@ -286,7 +286,7 @@ func (s suite) reportReleasedDone(t *testing.T) {
 	l, c := s.observed(t)
 	n := name(t)
 	const ttl = 500 * time.Millisecond
-	lease := mustAcquire(t, l, n, fence.TTL(ttl))
+	lease := s.mustAcquire(t, l, n, fence.TTL(ttl))
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	relErr := lease.Release(done)
@@ -305,7 +305,7 @@ func (s suite) reportReleasedDone(t *testing.T) {
 func (s suite) reportExpired(t *testing.T) {
 	l, c := s.observed(t)
 	n := name(t)
-	lease := mustAcquireShort(t, l, n, 200*time.Millisecond)
+	lease := s.mustAcquire(t, l, n, fence.TTL(200*time.Millisecond))
 	ev := c.await(t, lease, n, 10*time.Second)
 	wantLoss(t, ev)
 	wantOne(t, c, lease, n)
@@ -314,7 +314,7 @@ func (s suite) reportExpired(t *testing.T) {
 func (s suite) reportExpiredReleased(t *testing.T) {
 	l, c := s.observed(t)
 	n := name(t)
-	lease := mustAcquireShort(t, l, n, 200*time.Millisecond)
+	lease := s.mustAcquire(t, l, n, fence.TTL(200*time.Millisecond))
 	<-lease.Done()
 	ev := c.await(t, lease, n, 10*time.Second)
 	wantLoss(t, ev)
@@ -330,7 +330,7 @@ func (s suite) reportExpiredReleased(t *testing.T) {
 func (s suite) reportLostRenewed(t *testing.T) {
 	l, c := s.observed(t)
 	n := name(t)
-	lease := mustAcquire(t, l, n)
+	lease := s.mustAcquire(t, l, n)
 	s.cfg.Remove(t, n)
 	ev := c.await(t, lease, n, 10*s.cfg.WatchdogTTL+10*time.Second)
 	wantLoss(t, ev)
@@ -343,7 +343,7 @@ func (s suite) reportLostRenewed(t *testing.T) {
 func (s suite) reportExtendLost(t *testing.T) {
 	l, c := s.observed(t)
 	n := name(t)
-	lease := mustAcquire(t, l, n, fence.TTL(10*time.Second))
+	lease := s.mustAcquire(t, l, n, fence.TTL(10*time.Second))
 	s.cfg.Remove(t, n)
 	if err := lease.Extend(ctxFor(t), 10*time.Second); !errors.Is(err, fence.ErrLeaseLost) {
 		// A session's watch may not have seen it yet (zklock): then the
@@ -367,7 +367,7 @@ func (s suite) reportReleaseRace(t *testing.T) {
 	l, c := s.observed(t)
 	for i := range 10 {
 		n := fmt.Sprintf("%s:%d", name(t), i)
-		lease := mustAcquire(t, l, n)
+		lease := s.mustAcquire(t, l, n)
 		removed := make(chan struct{})
 		// Remove may find the lock released already: a failure of its
 		// is no failure of the test.
