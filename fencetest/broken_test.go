@@ -51,6 +51,7 @@ var bugs = []struct {
 	// (suite.mustAcquire); these must not pass for such a one.
 	{name: "short-given-back-in-time", caught: "ExpiryFreesTheLock", what: "the first 200 ms lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
 	{name: "watchdog-given-back-in-time", caught: "LeaseLostWhenTaken", what: "the first watchdog lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
+	{name: "wait-deadline-from-call", caught: "ReleaseWithDoneContext", what: "a waiting Acquire counts the late-reply deadline from the call (the wait included), not from the try that took the lock, and gives back a lease whose reply came in time"},
 	{name: "late-reply-kept", caught: "ExpiryFreesTheLock", what: "a 200 ms lease whose reply came late fails with ErrLeaseLost but is not given back, the lock held for no one"},
 }
 
@@ -123,6 +124,19 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 		if first {
 			return b.givenBack(ctx, name, opts)
 		}
+	}
+	if o, err := fence.Apply(opts); err == nil && b.bug == "wait-deadline-from-call" && o.Wait > 0 && o.TTL == 0 {
+		const ttl = 300 * time.Millisecond // the watchdog's
+		called := time.Now()
+		inner, err := b.l.Acquire(ctx, name, opts...)
+		if err != nil {
+			return nil, err
+		}
+		if took := time.Since(called); took >= ttl-ttl/100-2*time.Millisecond {
+			_ = inner.Release(ctx)
+			return nil, fence.NotAcquired(name, fmt.Errorf("%w: %v after the call, past the lease's deadline; given back", fence.ErrLeaseLost, took))
+		}
+		return b.wrap(ctx, inner), nil
 	}
 	if o, err := fence.Apply(opts); err == nil && b.bug == "ghost-waiter" && o.Wait > 0 {
 		return b.ghostAcquire(ctx, name, o.Wait, opts)

@@ -17,8 +17,8 @@ import (
 // (redislock did so in CI: a reply 240 ms after the try of a 200 ms
 // lease, and 311 ms after the try of a 300 ms watchdog lease). The suite
 // tries those Acquires again: run on a memlock that answers so the first
-// time it is asked for each 200 ms lease and each watchdog lease taken
-// without waiting, it passes.
+// time it is asked for each name's 200 ms lease and each name's watchdog
+// lease taken without waiting, it passes.
 func TestSuiteRetriesShortLeaseGivenBack(t *testing.T) {
 	const watchdogTTL = 300 * time.Millisecond
 	l, err := memlock.New(&memlock.Options{WatchdogTTL: watchdogTTL})
@@ -41,7 +41,7 @@ func TestSuiteRetriesShortLeaseGivenBack(t *testing.T) {
 type givesBackOnce struct {
 	*memlock.Locker
 	mu    sync.Mutex
-	tried map[string]bool
+	tried map[string]bool       // name, lease time and wait budget of each Acquire
 	given map[time.Duration]int // by lease time
 	ttl   time.Duration         // the watchdog's lease time
 }
@@ -53,13 +53,14 @@ func (g *givesBackOnce) Acquire(ctx context.Context, name string, opts ...fence.
 		return nil, err
 	}
 	g.mu.Lock()
-	first := !g.tried[name]
-	g.tried[name] = true
 	o, _ := fence.Apply(opts)
 	ttl := o.TTL
 	if ttl == 0 && o.Wait == 0 {
 		ttl = g.ttl
 	}
+	key := fmt.Sprint(name, " ", ttl, " ", o.Wait)
+	first := !g.tried[key]
+	g.tried[key] = true
 	late := first && (ttl == 200*time.Millisecond || ttl == g.ttl)
 	if late {
 		g.given[ttl]++
