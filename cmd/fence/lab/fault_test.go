@@ -16,6 +16,22 @@ func experimentWith(events ...Event) *experiment {
 	return x
 }
 
+// A restart that came after the workers' last acquisition did not bite
+// (scenario 6 in ci41: P2 = 0 in its control, no fault noted).
+func TestTakenAfter(t *testing.T) {
+	x := experimentWith(
+		Event{Worker: "w1", Op: "w1-1", Kind: "acquire", Phase: "invoke", Mono: 10},
+		Event{Worker: "w1", Op: "w1-1", Kind: "acquire", Phase: "ok", Mono: 20},
+		Event{Worker: "w2", Op: "w2-1", Kind: "acquire", Phase: "fail", Mono: 40},
+	)
+	if !x.takenAfter(15) {
+		t.Error("takenAfter(15) = false, want true: w1 took the lock at 20")
+	}
+	if x.takenAfter(20) {
+		t.Error("takenAfter(20) = true, want false: only a failed acquisition came after")
+	}
+}
+
 // A delayed write that completed before anyone else took the lock did not
 // bite, and is noted (which fails the run); one that completed after
 // another lease began is not.

@@ -280,7 +280,10 @@ func tokenSourceLoss(x *experiment) error {
 	if err != nil {
 		return err
 	}
-	ops := x.scale(10, 110)
+	// Quick: 25 writes a worker, a fault every 4 accepted; 10 once let
+	// the workers finish before the first restart (ci41), the controller
+	// that counts their writes being behind them on a loaded machine.
+	ops := x.scale(25, 110)
 	every := x.scale(4, 15)
 	tokenKey := "fence:{lab:payment:1001}:token"
 	if !x.protected {
@@ -294,9 +297,14 @@ func tokenSourceLoss(x *experiment) error {
 		}
 	}
 	faults := 0
+	var restarted int64 // Mono when the first restart had brought the server back empty
 	x.verify = func() {
 		if faults == 0 {
 			x.noteOnce("fault did not bite: the workers finished before the first restart")
+			return
+		}
+		if !x.takenAfter(restarted) {
+			x.noteOnce("fault did not bite: no lock was taken after the first restart")
 		}
 	}
 	x.bg.Add(1)
@@ -312,6 +320,9 @@ func tokenSourceLoss(x *experiment) error {
 					x.noteOnce("restart failed: " + err.Error())
 					return
 				}
+				if faults == 0 {
+					restarted = Mono()
+				}
 			} else if !evict(x, srv.Addr, tokenKey) {
 				x.noteOnce("memory pressure did not evict the token record")
 			}
@@ -319,6 +330,16 @@ func tokenSourceLoss(x *experiment) error {
 		}
 	}()
 	return nil
+}
+
+// takenAfter reports whether a worker took a lock after mono (Mono's clock).
+func (x *experiment) takenAfter(mono int64) bool {
+	for _, e := range x.hist.Events() {
+		if e.Kind == "acquire" && e.Phase == "ok" && e.Mono > mono {
+			return true
+		}
+	}
+	return false
 }
 
 // waitAccepted waits until the workers have seen n writes accepted, or
