@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -761,8 +762,13 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // It refuses to send once the lease has ended, returning the lease's Err,
 // also when the lease ends while the request waits for a connection or,
 // over HTTP/2, for a stream on one: it watches the lease until the
-// request's headers are written, and checks it at each connection the
-// request gets. A request whose headers are written is not cancelled, and
+// request's headers are written, and checks it itself at each connection
+// the request gets and again as the headers are written (whenever net/http
+// asks the request's context whether it is done, which it does last just
+// before an HTTP/2 stream's headers are encoded, and at an HTTP/1
+// request's first header), not only when the cancel that the end of the
+// lease's Context starts in its own goroutine has run. A request whose
+// headers are written is not cancelled, and
 // a holder that paused before noticing is stopped by the server's check
 // instead. net/http writes an HTTP/1 request on the connection it got
 // whatever the request's context says, so Transport closes that connection
@@ -842,12 +848,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	parent := req.Context()
 	ctx, cancel := context.WithCancelCause(parent)
 	lc := t.Lease.Context()
-	stop := func() bool { return true }
+	watch := &leaseCheck{Context: ctx, lease: t.Lease, end: func() { cancel(ended()) }}
+	stopAfter := func() bool { return true }
 	if lc != nil {
-		stop = context.AfterFunc(lc, func() { cancel(ended()) })
+		stopAfter = context.AfterFunc(lc, watch.end)
 	}
-	ctx = httptrace.WithClientTrace(ctx, refuseEnded(lc, t.Lease, stop, func() { cancel(ended()) }))
-	req = req.Clone(ctx)
+	stop := func() bool {
+		watch.stopped.Store(true)
+		return stopAfter()
+	}
+	req = req.Clone(httptrace.WithClientTrace(watch, refuseEnded(lc, t.Lease, stop, watch.end)))
 	if getBody := req.GetBody; getBody != nil {
 		// net/http rewinds the body only to send the request again on a
 		// new connection, after WroteHeaders stopped the lease's watch:
@@ -887,6 +897,32 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// leaseCheck is a request's context that, until stopped, checks its lease
+// itself whenever net/http asks whether the request is done (Done, Err),
+// and cancels the request (end) if the lease has ended. The cancel that the
+// end of the lease's Context starts runs in a goroutine of its own, and a
+// lease's Context may end after its Err: an HTTP/2 stream that gets its
+// slot in between would pass net/http's last look at its context, just
+// before its headers are encoded (TestTransportH2StreamWaitsForSlotAsLeaseEnds).
+type leaseCheck struct {
+	context.Context
+	lease   fence.Lease
+	end     func()
+	stopped atomic.Bool // the headers are written: the request is not cancelled any more
+}
+
+func (c *leaseCheck) Done() <-chan struct{} {
+	if !c.stopped.Load() && c.lease.Err() != nil {
+		c.end()
+	}
+	return c.Context.Done()
+}
+
+func (c *leaseCheck) Err() error {
+	c.Done()
+	return c.Context.Err()
+}
+
 // refuseEnded returns the trace that stops a request from going out once
 // lease has ended, lc being its context (nil if none). At each connection
 // the request gets (a first one, then a new one for net/http's own resend)
@@ -898,31 +934,36 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // request. An HTTP/2 stream then sends nothing; but net/http writes an
 // HTTP/1 request on the connection it got whatever its context says, so
 // when the request's first header is written, into a buffer not yet
-// flushed, after such a cancel, the connection is closed and the write
-// fails with nothing sent (but a request line longer than the buffer,
-// which net/http writes through).
+// flushed, with the lease ended (at GotConn or since), the connection is
+// closed and the write fails with nothing sent (but a request line longer
+// than the buffer, which net/http writes through).
 func refuseEnded(lc context.Context, lease fence.Lease, watch func() bool, cancel func()) *httptrace.ClientTrace {
+	ended := func() bool { return lease.Err() != nil || lc != nil && lc.Err() != nil }
 	var mu sync.Mutex
-	var doomed net.Conn // the connection of a request cancelled at GotConn
+	var conn net.Conn // the connection got last, until its first header field
 	return &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
-			if lease.Err() == nil && (lc == nil || lc.Err() == nil) {
-				return
-			}
-			cancel()
 			mu.Lock()
-			doomed = info.Conn
+			conn = info.Conn
 			mu.Unlock()
+			if ended() {
+				cancel()
+			}
 		},
 		WroteHeaderField: func(key string, _ []string) {
 			mu.Lock()
-			c := doomed
-			doomed = nil
+			c := conn
+			conn = nil
 			mu.Unlock()
 			// An HTTP/2 field (":authority" first) is written only if the
-			// stream's context was not cancelled, and its connection is
-			// shared with other streams: not closed.
-			if c != nil && !strings.HasPrefix(key, ":") {
+			// stream's context was not cancelled (leaseCheck looks at the
+			// lease then), and its connection is shared with other
+			// streams: not closed. An HTTP/1 request is written whatever
+			// its context says: the lease, which may have ended since
+			// GotConn, is looked at again at its first field, still in
+			// net/http's buffer.
+			if c != nil && !strings.HasPrefix(key, ":") && ended() {
+				cancel()
 				_ = c.Close()
 			}
 		},

@@ -132,11 +132,20 @@ func (laggingLease) Context() context.Context { return context.Background() }
 
 // TestTransportLeaseEndsAsItGetsItsConnection: the lease ends while the
 // request asks for its connection (here: in the caller's GetConn hook),
-// and the cancel that the lease's context starts has not run by the time
-// the connection comes, fresh or kept alive. Transport then checks the
-// lease itself, and nothing reaches the server: net/http writes an HTTP/1
-// request on the connection it got whatever the request's context says.
+// or just after it got it (the caller's GotConn hook, which runs after
+// Transport's), and the cancel that the lease's context starts has not run
+// by the time the request is written, on a connection fresh or kept alive.
+// Transport then checks the lease itself, and nothing reaches the server:
+// net/http writes an HTTP/1 request on the connection it got whatever the
+// request's context says. (The GotConn case sent the request on HTTP/1 and
+// HTTP/2 alike before Transport looked at the lease at the first header.)
 func TestTransportLeaseEndsAsItGetsItsConnection(t *testing.T) {
+	for _, hook := range []string{"GetConn", "GotConn"} {
+		t.Run(hook, func(t *testing.T) { testLeaseEndsAtConnection(t, hook) })
+	}
+}
+
+func testLeaseEndsAtConnection(t *testing.T, hook string) {
 	var hits atomic.Int32
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(guard.TokenHeader) != "" {
@@ -176,9 +185,11 @@ func TestTransportLeaseEndsAsItGetsItsConnection(t *testing.T) {
 					c.base.(interface{ CloseIdleConnections() }).CloseIdleConnections()
 				}
 				var releaseErr error
-				rctx := httptrace.WithClientTrace(ctx(t), &httptrace.ClientTrace{GetConn: func(string) {
-					releaseErr = lease.Release(ctx(t))
-				}})
+				trace := &httptrace.ClientTrace{GetConn: func(string) { releaseErr = lease.Release(ctx(t)) }}
+				if hook == "GotConn" {
+					trace = &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { releaseErr = lease.Release(ctx(t)) }}
+				}
+				rctx := httptrace.WithClientTrace(ctx(t), trace)
 				req, err := http.NewRequestWithContext(rctx, http.MethodPost, c.srv.URL, strings.NewReader("approve"))
 				if err != nil {
 					t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -54,8 +55,20 @@ func waitForGoroutineIn(t *testing.T, fn string) {
 // for another request to end: for as long as that one takes. The lease ends
 // during that wait and nothing cancels the request (the watch was stopped):
 // it is sent with the ended lease's token once the slot frees. Transport now stops the
-// watch only once the headers are written.
+// watch only once the headers are written. With a laggingLease (its
+// Context ends after its Err), the slot frees before the cancel that the
+// Context's end starts could run (ci42, 2026-12-05: the plain lease's
+// request went out, the server hit once, Do nil): Transport looks at the
+// lease itself when net/http last asks the request's context, before the
+// headers are encoded (TestTransportLeaseEndsAsItGetsItsConnection is the
+// same without the wait).
 func TestTransportH2StreamWaitsForSlotAsLeaseEnds(t *testing.T) {
+	for _, lagging := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lagging=%v", lagging), func(t *testing.T) { testH2StreamWaitsForSlot(t, lagging) })
+	}
+}
+
+func testH2StreamWaitsForSlot(t *testing.T, lagging bool) {
 	var guarded atomic.Int32
 	holding, letGo := make(chan struct{}), make(chan struct{})
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -90,7 +103,11 @@ func TestTransportH2StreamWaitsForSlotAsLeaseEnds(t *testing.T) {
 	<-holding
 
 	lease := memLease(t, "lock:payment:1001")
-	c := &http.Client{Transport: &guard.Transport{Base: base, Lease: lease}}
+	var sent fence.Lease = lease
+	if lagging {
+		sent = laggingLease{lease}
+	}
+	c := &http.Client{Transport: &guard.Transport{Base: base, Lease: sent}}
 	done := postAsync(c, srv.URL+"/payments/1001")
 	waitForGoroutineIn(t, "awaitOpenSlotForStreamLocked") // has its connection, waits for a stream
 	if err := lease.Release(ctx(t)); err != nil {
