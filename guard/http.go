@@ -762,13 +762,17 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // It refuses to send once the lease has ended, returning the lease's Err,
 // also when the lease ends while the request waits for a connection or,
 // over HTTP/2, for a stream on one: it watches the lease until the
-// request's headers are written, and checks it itself at each connection
-// the request gets and again as the headers are written (whenever net/http
-// asks the request's context whether it is done, which it does last just
-// before an HTTP/2 stream's headers are encoded, and at an HTTP/1
-// request's first header), not only when the cancel that the end of the
-// lease's Context starts in its own goroutine has run. A request whose
-// headers are written is not cancelled, and
+// request's headers are written (again at each connection it gets,
+// net/http's own resend included), and checks it itself at each such
+// connection and again as the headers are written: the lease's Context
+// whenever net/http asks the request's context whether it is done, which
+// it does last just before an HTTP/2 stream's headers are encoded (not the
+// lease's Err there, which may tell the lease's Observer while net/http
+// holds the connection's locks), and the lease's Err at an HTTP/1
+// request's first header; not only when the cancel that the end of the
+// lease's Context starts in its own goroutine has run. A Base that runs
+// attempts of one request side by side may have one of them sent as the
+// lease ends. A request whose headers are written is not cancelled, and
 // a holder that paused before noticing is stopped by the server's check
 // instead. net/http writes an HTTP/1 request on the connection it got
 // whatever the request's context says, so Transport closes that connection
@@ -848,16 +852,30 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	parent := req.Context()
 	ctx, cancel := context.WithCancelCause(parent)
 	lc := t.Lease.Context()
-	watch := &leaseCheck{Context: ctx, lease: t.Lease, end: func() { cancel(ended()) }}
+	watch := &leaseCheck{Context: ctx, lc: lc, end: func() { cancel(ended()) }}
+	var armMu sync.Mutex
 	stopAfter := func() bool { return true }
-	if lc != nil {
-		stopAfter = context.AfterFunc(lc, watch.end)
+	// arm (re)starts the watch: at RoundTrip, and at each connection the
+	// request gets, net/http's own resend on an HTTP/2 connection (a
+	// stream the server refused) included, and after a Base that wrote the
+	// request once already (httputil.DumpRequestOut with its context).
+	arm := func() {
+		armMu.Lock()
+		defer armMu.Unlock()
+		watch.stopped.Store(false)
+		if lc != nil {
+			stopAfter()
+			stopAfter = context.AfterFunc(lc, watch.end)
+		}
 	}
+	arm()
 	stop := func() bool {
+		armMu.Lock()
+		defer armMu.Unlock()
 		watch.stopped.Store(true)
 		return stopAfter()
 	}
-	req = req.Clone(httptrace.WithClientTrace(watch, refuseEnded(lc, t.Lease, stop, watch.end)))
+	req = req.Clone(httptrace.WithClientTrace(watch, refuseEnded(lc, t.Lease, arm, stop, watch.end)))
 	if getBody := req.GetBody; getBody != nil {
 		// net/http rewinds the body only to send the request again on a
 		// new connection, after WroteHeaders stopped the lease's watch:
@@ -897,22 +915,25 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// leaseCheck is a request's context that, until stopped, checks its lease
-// itself whenever net/http asks whether the request is done (Done, Err),
-// and cancels the request (end) if the lease has ended. The cancel that the
-// end of the lease's Context starts runs in a goroutine of its own, and a
-// lease's Context may end after its Err: an HTTP/2 stream that gets its
-// slot in between would pass net/http's last look at its context, just
-// before its headers are encoded (TestTransportH2StreamWaitsForSlotAsLeaseEnds).
+// leaseCheck is a request's context that, until stopped, looks at the
+// lease's Context (lc) itself whenever net/http asks whether the request is
+// done (Done, Err), and cancels the request (end) if it has ended: the
+// cancel that lc's end starts runs in a goroutine of its own, and an
+// HTTP/2 stream that gets its slot before it runs would pass net/http's
+// last look at its context, just before its headers are encoded
+// (TestTransportH2StreamWaitsForSlotAsLeaseEnds). It reads lc, not the
+// lease's Err: Err may find the lease's end and tell its Observer, on this
+// goroutine, and net/http asks there with the connection's write lock held
+// (TestTransportObserverRunsInsideHTTP2Write).
 type leaseCheck struct {
 	context.Context
-	lease   fence.Lease
+	lc      context.Context // nil: the lease has none
 	end     func()
 	stopped atomic.Bool // the headers are written: the request is not cancelled any more
 }
 
 func (c *leaseCheck) Done() <-chan struct{} {
-	if !c.stopped.Load() && c.lease.Err() != nil {
+	if c.lc != nil && !c.stopped.Load() && c.lc.Err() != nil {
 		c.end()
 	}
 	return c.Context.Done()
@@ -937,14 +958,15 @@ func (c *leaseCheck) Err() error {
 // flushed, with the lease ended (at GotConn or since), the connection is
 // closed and the write fails with nothing sent (but a request line longer
 // than the buffer, which net/http writes through).
-func refuseEnded(lc context.Context, lease fence.Lease, watch func() bool, cancel func()) *httptrace.ClientTrace {
+func refuseEnded(lc context.Context, lease fence.Lease, arm func(), watch func() bool, cancel func()) *httptrace.ClientTrace {
 	ended := func() bool { return lease.Err() != nil || lc != nil && lc.Err() != nil }
 	var mu sync.Mutex
-	var conn net.Conn // the connection got last, until its first header field
+	var conns []net.Conn // the connections got since the last first header field
 	return &httptrace.ClientTrace{
 		GotConn: func(info httptrace.GotConnInfo) {
+			arm()
 			mu.Lock()
-			conn = info.Conn
+			conns = append(conns, info.Conn)
 			mu.Unlock()
 			if ended() {
 				cancel()
@@ -952,19 +974,24 @@ func refuseEnded(lc context.Context, lease fence.Lease, watch func() bool, cance
 		},
 		WroteHeaderField: func(key string, _ []string) {
 			mu.Lock()
-			c := conn
-			conn = nil
+			got := conns
+			conns = nil
 			mu.Unlock()
-			// An HTTP/2 field (":authority" first) is written only if the
-			// stream's context was not cancelled (leaseCheck looks at the
-			// lease then), and its connection is shared with other
-			// streams: not closed. An HTTP/1 request is written whatever
-			// its context says: the lease, which may have ended since
-			// GotConn, is looked at again at its first field, still in
-			// net/http's buffer.
-			if c != nil && !strings.HasPrefix(key, ":") && ended() {
+			// The first field after a connection: over HTTP/2 a pseudo-
+			// header (":authority" first), written only if the stream's
+			// context was not cancelled (leaseCheck looks at the lease's
+			// Context then) on a connection shared with other streams:
+			// not closed. An HTTP/1 request is written whatever its
+			// context says: the lease, which may have ended since GotConn,
+			// is looked at again at its first field, still in net/http's
+			// buffer. Every connection got since the last first field is
+			// this request's (a Base that runs attempts side by side gets
+			// several).
+			if len(got) > 0 && !strings.HasPrefix(key, ":") && ended() {
 				cancel()
-				_ = c.Close()
+				for _, c := range got {
+					_ = c.Close()
+				}
 			}
 		},
 		// The request is being sent: from here the lease's end no longer

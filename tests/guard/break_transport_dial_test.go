@@ -130,6 +130,29 @@ type laggingLease struct{ fence.Lease }
 
 func (laggingLease) Context() context.Context { return context.Background() }
 
+// unannouncedLease is a lease whose Context's Err says it has ended when
+// its Err does, but whose Done channel never closes: the moment after a
+// lease's Context was cancelled and before the goroutine that
+// context.AfterFunc starts for it has run, held for as long as the test
+// needs. Transport must look at the Context itself (leaseCheck) for an
+// HTTP/2 stream, where it does not call the lease's Err (which may tell
+// the lease's Observer, with net/http's connection locks held).
+type unannouncedLease struct{ fence.Lease }
+
+func (l unannouncedLease) Context() context.Context { return unannounced{l.Lease} }
+
+type unannounced struct{ lease fence.Lease }
+
+func (unannounced) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (unannounced) Done() <-chan struct{}       { return nil }
+func (unannounced) Value(any) any               { return nil }
+func (u unannounced) Err() error {
+	if u.lease.Err() != nil {
+		return context.Canceled
+	}
+	return nil
+}
+
 // TestTransportLeaseEndsAsItGetsItsConnection: the lease ends while the
 // request asks for its connection (here: in the caller's GetConn hook),
 // or just after it got it (the caller's GotConn hook, which runs after
@@ -194,7 +217,14 @@ func testLeaseEndsAtConnection(t *testing.T, hook string) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				resp, err := (&http.Client{Transport: &guard.Transport{Base: c.base, Lease: laggingLease{lease}}}).Do(req)
+				var sent fence.Lease = laggingLease{lease}
+				if hook == "GotConn" {
+					// After Transport's GotConn: only its own looks at the
+					// lease's Context (HTTP/2) and at its Err (HTTP/1's
+					// first header) can stop the request.
+					sent = unannouncedLease{lease}
+				}
+				resp, err := (&http.Client{Transport: &guard.Transport{Base: c.base, Lease: sent}}).Do(req)
 				if err == nil {
 					resp.Body.Close()
 				}

@@ -55,8 +55,8 @@ func waitForGoroutineIn(t *testing.T, fn string) {
 // for another request to end: for as long as that one takes. The lease ends
 // during that wait and nothing cancels the request (the watch was stopped):
 // it is sent with the ended lease's token once the slot frees. Transport now stops the
-// watch only once the headers are written. With a laggingLease (its
-// Context ends after its Err), the slot frees before the cancel that the
+// watch only once the headers are written. With an unannouncedLease (its
+// Context ended, the cancel it starts not run), the slot frees before the cancel that the
 // Context's end starts could run (ci42, 2026-12-05: the plain lease's
 // request went out, the server hit once, Do nil): Transport looks at the
 // lease itself when net/http last asks the request's context, before the
@@ -105,7 +105,7 @@ func testH2StreamWaitsForSlot(t *testing.T, lagging bool) {
 	lease := memLease(t, "lock:payment:1001")
 	var sent fence.Lease = lease
 	if lagging {
-		sent = laggingLease{lease}
+		sent = unannouncedLease{lease}
 	}
 	c := &http.Client{Transport: &guard.Transport{Base: base, Lease: sent}}
 	done := postAsync(c, srv.URL+"/payments/1001")
