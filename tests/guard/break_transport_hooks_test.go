@@ -69,38 +69,7 @@ func TestTransportH2StreamWaitsForSlotAsLeaseEnds(t *testing.T) {
 }
 
 func testH2StreamWaitsForSlot(t *testing.T, lagging bool) {
-	var guarded atomic.Int32
-	holding, letGo := make(chan struct{}), make(chan struct{})
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.Header.Get(guard.TokenHeader) != "":
-			guarded.Add(1)
-		case r.URL.Path == "/hold":
-			close(holding)
-			<-letGo
-		}
-	}))
-	srv.EnableHTTP2 = true
-	srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1}
-	srv.StartTLS()
-	defer srv.Close()
-	base := srv.Client().Transport.(*http.Transport)
-	base.HTTP2 = &http.HTTP2Config{StrictMaxConcurrentRequests: true}
-	defer base.CloseIdleConnections()
-
-	// Warm: the connection, and the server's SETTINGS (one stream) read.
-	resp, err := base.RoundTrip(httptest.NewRequestWithContext(ctx(t), http.MethodGet, srv.URL+"/warm", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.ProtoMajor != 2 {
-		t.Fatalf("warm request over %s; want HTTP/2", resp.Proto)
-	}
-	// Another client's long request holds the connection's one stream.
-	held := getAsync(t, base, srv.URL+"/hold")
-	<-holding
+	srv, base, guarded, letGo, held := oneStream(t)
 
 	lease := memLease(t, "lock:payment:1001")
 	var sent fence.Lease = lease
@@ -117,10 +86,51 @@ func testH2StreamWaitsForSlot(t *testing.T, lagging bool) {
 	if err := <-held; err != nil {
 		t.Fatal(err)
 	}
-	err = <-done
+	err := <-done
 	if n := guarded.Load(); n != 0 || !errors.Is(err, fence.ErrReleased) {
 		t.Errorf("lease released while the request waited for a stream on its HTTP/2 connection: server hit %d times, Do = %v; want nothing sent and an error matching fence.ErrReleased", n, err)
 	}
+}
+
+// oneStream starts an HTTP/2 server that serves one stream at a time
+// (MAX_CONCURRENT_STREAMS 1, and the client's StrictMaxConcurrentRequests),
+// warms base's connection to it (the server's SETTINGS read), and has
+// another client's long request (/hold) hold that one stream until letGo
+// is closed; held gets that request's error. guarded counts the requests
+// that carried a token.
+func oneStream(t *testing.T) (srv *httptest.Server, base *http.Transport, guarded *atomic.Int32, letGo chan struct{}, held <-chan error) {
+	t.Helper()
+	guarded = new(atomic.Int32)
+	holding := make(chan struct{})
+	letGo = make(chan struct{})
+	srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Header.Get(guard.TokenHeader) != "":
+			guarded.Add(1)
+		case r.URL.Path == "/hold":
+			close(holding)
+			<-letGo
+		}
+	}))
+	srv.EnableHTTP2 = true
+	srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	base = srv.Client().Transport.(*http.Transport)
+	base.HTTP2 = &http.HTTP2Config{StrictMaxConcurrentRequests: true}
+	t.Cleanup(base.CloseIdleConnections)
+	resp, err := base.RoundTrip(httptest.NewRequestWithContext(ctx(t), http.MethodGet, srv.URL+"/warm", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("warm request over %s; want HTTP/2", resp.Proto)
+	}
+	held = getAsync(t, base, srv.URL+"/hold")
+	<-holding
+	return srv, base, guarded, letGo, held
 }
 
 // clientConnServers returns an HTTP/1 and an HTTP/2 server for handler,

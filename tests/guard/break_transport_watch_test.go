@@ -37,32 +37,7 @@ import (
 func TestTransportWatchStoppedByEarlierWrite(t *testing.T) {
 	for _, lagging := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lagging=%v", lagging), func(t *testing.T) {
-			var guarded atomic.Int32
-			holding, letGo := make(chan struct{}), make(chan struct{})
-			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				switch {
-				case r.Header.Get(guard.TokenHeader) != "":
-					guarded.Add(1)
-				case r.URL.Path == "/hold":
-					close(holding)
-					<-letGo
-				}
-			}))
-			srv.EnableHTTP2 = true
-			srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1}
-			srv.StartTLS()
-			defer srv.Close()
-			base := srv.Client().Transport.(*http.Transport)
-			base.HTTP2 = &http.HTTP2Config{StrictMaxConcurrentRequests: true}
-			defer base.CloseIdleConnections()
-			resp, err := base.RoundTrip(httptest.NewRequestWithContext(ctx(t), http.MethodGet, srv.URL+"/warm", nil))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			held := getAsync(t, base, srv.URL+"/hold")
-			<-holding
+			srv, base, guarded, letGo, held := oneStream(t)
 
 			logging := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 				if _, err := httputil.DumpRequestOut(r, true); err != nil {
@@ -84,7 +59,7 @@ func TestTransportWatchStoppedByEarlierWrite(t *testing.T) {
 			if err := <-held; err != nil {
 				t.Fatal(err)
 			}
-			err = <-done
+			err := <-done
 			if n := guarded.Load(); n != 0 || !errors.Is(err, fence.ErrReleased) {
 				t.Errorf("lease released while the request waited for an HTTP/2 stream (after a dump of it): server hit %d times, Do = %v; want nothing sent and fence.ErrReleased", n, err)
 			}
@@ -359,32 +334,7 @@ func (l *reportingLease) Err() error {
 // ("lease lost", over the same HTTP/2 connection) waits for that lock for
 // ever, and every stream on the connection with it.
 func TestTransportObserverRunsInsideHTTP2Write(t *testing.T) {
-	holding, letGo := make(chan struct{}), make(chan struct{})
-	var guarded atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.Header.Get(guard.TokenHeader) != "":
-			guarded.Add(1)
-		case r.URL.Path == "/hold":
-			close(holding)
-			<-letGo
-		}
-	}))
-	srv.EnableHTTP2 = true
-	srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1}
-	srv.StartTLS()
-	defer srv.Close()
-	base := srv.Client().Transport.(*http.Transport)
-	base.HTTP2 = &http.HTTP2Config{StrictMaxConcurrentRequests: true}
-	defer base.CloseIdleConnections()
-	resp, err := base.RoundTrip(httptest.NewRequestWithContext(ctx(t), http.MethodGet, srv.URL+"/warm", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	held := getAsync(t, base, srv.URL+"/hold")
-	<-holding
+	srv, base, guarded, letGo, held := oneStream(t)
 
 	notified := make(chan error, 1)
 	lease := &reportingLease{Lease: memLease(t, "lock:payment:1001")}
@@ -405,7 +355,7 @@ func TestTransportObserverRunsInsideHTTP2Write(t *testing.T) {
 	if err := <-held; err != nil {
 		t.Fatal(err)
 	}
-	err = <-done
+	err := <-done
 	took := time.Since(start)
 	// Transport does not ask the lease's Err where net/http holds the
 	// connection's locks (leaseCheck reads the lease's Context): this
