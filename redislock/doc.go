@@ -343,6 +343,9 @@
 // tries again with a new owner within what is left of its wait budget; with
 // none left, or with no budget, it returns an error matching
 // fence.ErrNotAcquired (and fence.ErrLeaseLost) that says the reply came too late.
+// It waits for the give-back only until ctx or the wait budget ends: a
+// give-back that hangs (the server stopped answering) goes on in the
+// background, as WaitGiveBacks's do.
 //
 // The wait budget (fence.Wait) bounds the waiting: the pauses, the
 // subscription and every try after the first. The first try runs on ctx

@@ -436,7 +436,11 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 	case lease != nil:
 		return lease, nil
 	case errors.Is(err, errLateReply):
-		l.giveBackLate(ctx, a)
+		var budget time.Time
+		if o.Wait > 0 {
+			budget = start.Add(o.Wait)
+		}
+		l.giveBackLate(ctx, a, budget)
 		return nil, fence.NotAcquired(name, err)
 	case err != nil && (o.Wait == 0 || !waitThrough(err)):
 		l.giveUpMaybeHeld(a, err)
@@ -603,7 +607,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		case errors.Is(err, errLateReply):
 			// Taken, too late to be used: give it back, revoked (the
 			// caller tries again with a new owner, see acquire).
-			l.giveBackLate(ctx, a)
+			l.giveBackLate(ctx, a, start.Add(o.Wait))
 			return nil, fence.NotAcquired(name, err)
 		case err != nil && (waitCtx.Err() != nil || errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(start.Add(o.Wait))):
 			// (A client that bounds its own calls can end one at the
@@ -711,20 +715,27 @@ func holderWait(ttl, budget time.Duration) time.Duration {
 
 // giveBackLate gives back the lock that a's try took with a reply past the
 // lease's deadline, as an acquisition given up on (owner-checked, its owner
-// revoked, out of the queue), and waits for that until ctx ends (the
-// give-back goes on without it, bounded by the lease time or a second): a
-// caller that tries again at once, as a new owner, then finds the lock free
-// rather than held by nobody.
-func (l *Locker) giveBackLate(ctx context.Context, a *attempt) {
+// revoked, out of the queue), and waits for that until ctx ends or the wait
+// budget does (at budget; zero: none), the give-back going on without it,
+// bounded by the lease time or a second: a caller that tries again at once,
+// as a new owner, then finds the lock free rather than held by nobody.
+func (l *Locker) giveBackLate(ctx context.Context, a *attempt, budget time.Time) {
 	done := make(chan struct{})
 	g := *a
 	l.giveBacks.goRun(func() {
 		defer close(done)
 		l.releaseAbandoned(g)
 	})
+	var over <-chan time.Time
+	if !budget.IsZero() {
+		t := time.NewTimer(time.Until(budget))
+		defer t.Stop()
+		over = t.C
+	}
 	select {
 	case <-done:
 	case <-ctx.Done():
+	case <-over:
 	}
 }
 

@@ -19,8 +19,12 @@ import (
 // packet: the client's read times out and it closes the connection, yet
 // (as TCP sends what was written before the FIN) the request reaches the
 // server when deliver is called, and runs.
+//
+// next, when set, becomes match as deliver sends the held request, the
+// transit armed again: it holds what that request's reply sets off.
 type transit struct {
 	match []byte
+	next  []byte
 	mu    sync.Mutex
 	armed bool
 	held  *transitConn
@@ -38,6 +42,9 @@ func (tr *transit) deliver() error {
 	c, p := tr.held, tr.data
 	tr.held, tr.data = nil, nil
 	closed := c != nil && c.closed
+	if c != nil && tr.next != nil {
+		tr.match, tr.next, tr.armed = tr.next, nil, true
+	}
 	tr.mu.Unlock()
 	if c == nil {
 		return nil
