@@ -853,8 +853,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	lc := t.Lease.Context()
 	watch := &leaseCheck{Context: ctx, lc: lc, end: func() { cancel(ended()) }}
-	var armMu sync.Mutex
-	stopAfter := func() bool { return true }
+	var (
+		armMu     sync.Mutex
+		stopAfter = func() bool { return true }
+		armed     bool // stopAfter's AfterFunc is registered
+	)
 	// arm (re)starts the watch: at RoundTrip, and at each connection the
 	// request gets, net/http's own resend on an HTTP/2 connection (a
 	// stream the server refused) included, and after a Base that wrote the
@@ -863,17 +866,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		armMu.Lock()
 		defer armMu.Unlock()
 		watch.stopped.Store(false)
-		if lc != nil {
-			stopAfter()
-			stopAfter = context.AfterFunc(lc, watch.end)
+		if lc != nil && !armed {
+			stopAfter, armed = context.AfterFunc(lc, watch.end), true
 		}
 	}
 	arm()
-	stop := func() bool {
+	stop := func() {
 		armMu.Lock()
 		defer armMu.Unlock()
 		watch.stopped.Store(true)
-		return stopAfter()
+		stopAfter()
+		armed = false
 	}
 	req = req.Clone(httptrace.WithClientTrace(watch, refuseEnded(lc, t.Lease, arm, stop, watch.end)))
 	if getBody := req.GetBody; getBody != nil {
@@ -958,7 +961,7 @@ func (c *leaseCheck) Err() error {
 // flushed, with the lease ended (at GotConn or since), the connection is
 // closed and the write fails with nothing sent (but a request line longer
 // than the buffer, which net/http writes through).
-func refuseEnded(lc context.Context, lease fence.Lease, arm func(), watch func() bool, cancel func()) *httptrace.ClientTrace {
+func refuseEnded(lc context.Context, lease fence.Lease, arm, watch, cancel func()) *httptrace.ClientTrace {
 	ended := func() bool { return lease.Err() != nil || lc != nil && lc.Err() != nil }
 	var mu sync.Mutex
 	var conns []net.Conn // the connections got since the last first header field
@@ -997,7 +1000,7 @@ func refuseEnded(lc context.Context, lease fence.Lease, arm func(), watch func()
 		// The request is being sent: from here the lease's end no longer
 		// cancels it (an HTTP/2 stream may wait for a slot after GotConn,
 		// and a Base may report no GotConn at all).
-		WroteHeaders: func() { watch() },
+		WroteHeaders: watch,
 	}
 }
 
