@@ -2,6 +2,7 @@ package zklock_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"path"
 	"sort"
@@ -19,10 +20,32 @@ import (
 // come quickly, yet five pings long for a loaded machine.
 const sessionTimeout = 2 * time.Second
 
-// startZK starts a standalone ZooKeeper, stopped in t.Cleanup.
-func startZK(t testing.TB) *zkserver.Server {
+// restartSession is the session timeout of tests whose leases must
+// outlast a restart of their server: a restart takes 1 to 5 s on this
+// machine, quiet or loaded, but a CI run saw the session back only after
+// more than 10 s (ci41). Their servers are started with startZK(t,
+// restartMax) to allow it (ZooKeeper's default maximum is 20 ticks, 10 s).
+const restartSession = 30 * time.Second
+
+var restartMax = fmt.Sprintf("maxSessionTimeout=%d", restartSession.Milliseconds())
+
+// restartUnseen is reconfigure with the server's address blocked at bl
+// until it serves again: the connection's dials are refused while the
+// server starts, and its next one finds it serving (go-zookeeper waits ten
+// receive timeouts for the answer to a connect request that a server
+// accepted, 200 s for a session of restartSession).
+func restartUnseen(t testing.TB, s *zkserver.Server, bl *blocker, lines ...string) {
 	t.Helper()
-	s, err := zkserver.Start(t.TempDir())
+	bl.set(true, s.Addr)
+	reconfigure(t, s, lines...)
+	bl.set(false, s.Addr)
+}
+
+// startZK starts a standalone ZooKeeper with config's lines added to its
+// zoo.cfg, stopped in t.Cleanup.
+func startZK(t testing.TB, config ...string) *zkserver.Server {
+	t.Helper()
+	s, err := zkserver.Start(t.TempDir(), config...)
 	if err != nil {
 		t.Fatalf("zkserver: %v", err)
 	}

@@ -412,10 +412,10 @@ func TestProbeServerRestartedWithLowerMax(t *testing.T) {
 // the Locker takes the connection's SessionTimeouts (WithSessionTimeouts)
 // rather than probe.
 func testRestartedWithLowerMax(t *testing.T, exact bool) {
-	srv := startZK(t)
+	srv := startZK(t, restartMax)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const asked = 16 * zkserver.TickTime // 8 s: below the default maximum
+	const asked = restartSession
 	bl := &blocker{blocked: map[string]bool{}, conns: map[string][]net.Conn{}}
 	logger, opts := exactOpts(exact)
 	conn, _, err := zk.Connect([]string{srv.Addr}, asked, zk.WithLogger(logger), zk.WithDialer(bl.dial))
@@ -435,13 +435,12 @@ func testRestartedWithLowerMax(t *testing.T, exact bool) {
 	}
 	defer func() { _ = lease.Release(context.Background()) }()
 	const lowMax = 4 * zkserver.TickTime
-	reconfigure(t, srv, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
 	// The restarted JVM and go-zookeeper's reconnection: more than 10 s in
 	// a loaded CI run, more than 30 s in another (ci36, cause not seen; 4.5
-	// s alone here). go-zookeeper waits up to ten receive timeouts (53 s
-	// for this session) for the reply to a connect request that a server
-	// accepted but does not answer: wait past that.
-	waitWithin(t, 70*time.Second, func() bool { return conn.State() == zk.StateHasSession })
+	// s alone here): the session (restartSession) outlasts it, and the
+	// connection does not dial the server before it serves.
+	restartUnseen(t, srv, bl, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
+	waitWithin(t, time.Minute, func() bool { return conn.State() == zk.StateHasSession })
 	if exact {
 		waitLowered(t, l, lease, lowMax)
 	}
@@ -451,7 +450,7 @@ func testRestartedWithLowerMax(t *testing.T, exact bool) {
 	bl.set(true, srv.Addr)
 	cutAt := time.Now()
 	other, _ := newLocker(t, []string{srv.Addr})
-	next, err := other.Acquire(ctx, name, fence.Wait(4*asked))
+	next, err := other.Acquire(ctx, name, fence.Wait(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

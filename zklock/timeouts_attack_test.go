@@ -160,11 +160,12 @@ func TestSessionTimeoutsLostReplyToLoweringReconnect(t *testing.T) {
 // Deadlines, each lease goes on (Extend works), and neither Locker
 // grants the other's lock.
 func TestSessionTimeoutsTwoLockersOneConnection(t *testing.T) {
-	srv := startZK(t)
+	srv := startZK(t, restartMax)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const asked = 16 * zkserver.TickTime // 8 s: below the default maximum
-	conn, st := exactConn(t, srv.Addr, asked)
+	const asked = restartSession
+	bl := &blocker{blocked: map[string]bool{}, conns: map[string][]net.Conn{}}
+	conn, st := exactConn(t, srv.Addr, asked, zk.WithDialer(bl.dial))
 	var lockers [2]*zklock.Locker
 	var leases [2]fence.Lease
 	var err error
@@ -190,8 +191,8 @@ func TestSessionTimeoutsTwoLockersOneConnection(t *testing.T) {
 		t.Fatalf("the second Locker's Acquire of the first's lock = %v, want fence.ErrHeld", err)
 	}
 	const lowMax = 4 * zkserver.TickTime
-	reconfigure(t, srv, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
-	waitFor(t, func() bool { return conn.State() == zk.StateHasSession })
+	restartUnseen(t, srv, bl, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
+	waitWithin(t, time.Minute, func() bool { return conn.State() == zk.StateHasSession })
 	for i, l := range lockers {
 		waitLowered(t, l, leases[i], lowMax)
 	}
@@ -243,12 +244,12 @@ func (h blockingHandler) Handle(_ context.Context, r slog.Record) error {
 // timeout: "Done still open 1s after the lease's Deadline (lowered from
 // 19.8s to 2s at the reconnection); Err <nil>".
 func TestSessionTimeoutsLoweredWhileLoggerBlocked(t *testing.T) {
-	srv := startZK(t)
-	const asked = 20 * time.Second
-	reconfigure(t, srv, fmt.Sprintf("maxSessionTimeout=%d", asked.Milliseconds()))
+	srv := startZK(t, restartMax)
+	const asked = restartSession
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, st := exactConn(t, srv.Addr, asked)
+	bl := &blocker{blocked: map[string]bool{}, conns: map[string][]net.Conn{}}
+	conn, st := exactConn(t, srv.Addr, asked, zk.WithDialer(bl.dial))
 	h := blockingHandler{msg: "zklock: check of the lease's node failed", once: new(sync.Once),
 		blocked: make(chan struct{}), unblock: make(chan struct{})}
 	unblock := sync.OnceFunc(func() { close(h.unblock) })
@@ -281,8 +282,8 @@ func TestSessionTimeoutsLoweredWhileLoggerBlocked(t *testing.T) {
 	}
 	before := lease.Deadline()
 	const lowMax = 4 * zkserver.TickTime
-	reconfigure(t, srv, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
-	waitFor(t, func() bool { got, _ := st.Timeout(); return got == lowMax })
+	restartUnseen(t, srv, bl, fmt.Sprintf("maxSessionTimeout=%d", lowMax.Milliseconds()))
+	waitWithin(t, time.Minute, func() bool { got, _ := st.Timeout(); return got == lowMax })
 	after := lease.Deadline()
 	if left := time.Until(before); left < 3*time.Second || !after.Before(before) {
 		t.Fatalf("the restart took too long to show anything: the old Deadline is %v away, the new one %v", left, time.Until(after))

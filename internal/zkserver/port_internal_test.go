@@ -18,7 +18,7 @@ func TestStartOnTakenPortFails(t *testing.T) {
 	}
 	defer taken.Close()
 	s := &Server{Addr: taken.Addr, java: taken.java, Dir: t.TempDir()}
-	if err := s.writeConfig(nil); err != nil {
+	if err := s.writeConfig(nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.launch(); err != nil {

@@ -17,7 +17,7 @@ import (
 func foreignOn(t *testing.T, addr, java string, edit func(cfg string) string) *Server {
 	t.Helper()
 	f := &Server{Addr: addr, java: java, Dir: t.TempDir()}
-	if err := f.writeConfig(nil); err != nil {
+	if err := f.writeConfig(nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if edit != nil {
@@ -87,7 +87,7 @@ func TestTakenByServerWithDefaultWhitelist(t *testing.T) {
 		return strings.Replace(cfg, "4lw.commands.whitelist=*", "4lw.commands.whitelist=srvr", 1)
 	})
 	s := &Server{Addr: addr, java: java, Dir: t.TempDir()}
-	if err := s.writeConfig(nil); err != nil {
+	if err := s.writeConfig(nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.launch(); err != nil {

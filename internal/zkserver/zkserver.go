@@ -86,10 +86,11 @@ func (e *Ensemble) ElectionLimit() time.Duration {
 }
 
 // Start runs a standalone server in dir (a temp dir if empty, which Close
-// removes) and waits until it serves (`srvr` shows its mode). The caller
-// must Close it.
-func Start(dir string) (*Server, error) {
-	e, err := start(dir, 1)
+// removes), with config's lines added to its zoo.cfg
+// ("maxSessionTimeout=30000", say), and waits until it serves (`srvr`
+// shows its mode). The caller must Close it.
+func Start(dir string, config ...string) (*Server, error) {
+	e, err := start(dir, 1, config)
 	if err != nil {
 		return nil, err
 	}
@@ -105,12 +106,12 @@ func StartEnsemble(dir string, n int) (*Ensemble, error) {
 	if n < 2 {
 		return nil, fmt.Errorf("zkserver: an ensemble needs at least 2 servers, not %d", n)
 	}
-	return start(dir, n)
+	return start(dir, n, nil)
 }
 
 // start launches n servers (n == 1: standalone), retrying with new ports if
 // one was taken meanwhile.
-func start(dir string, n int) (*Ensemble, error) {
+func start(dir string, n int, config []string) (*Ensemble, error) {
 	java, err := findJava()
 	if err != nil {
 		return nil, err
@@ -124,7 +125,7 @@ func start(dir string, n int) (*Ensemble, error) {
 	}
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
-		e, err := launch(java, dir, n, attempt)
+		e, err := launch(java, dir, n, attempt, config)
 		if err == nil {
 			e.dir, e.ownsDir, e.startup = dir, owned, time.Since(began)
 			if n == 1 {
@@ -161,7 +162,7 @@ var errPortTaken = errors.New("port taken")
 
 // launch writes the configurations of n servers on ports picked together and
 // starts them; on failure it kills what it started.
-func launch(java, dir string, n, attempt int) (*Ensemble, error) {
+func launch(java, dir string, n, attempt int, config []string) (*Ensemble, error) {
 	ports, err := freePorts(3 * n) // client, quorum and election port per server
 	if err != nil {
 		return nil, err
@@ -179,7 +180,7 @@ func launch(java, dir string, n, attempt int) (*Ensemble, error) {
 			s.ID = i + 1
 			s.Dir = filepath.Join(dir, fmt.Sprintf("zk%d-%d", s.ID, attempt))
 		}
-		if err := s.writeConfig(quorum); err != nil {
+		if err := s.writeConfig(quorum, config); err != nil {
 			return nil, err
 		}
 		e.Servers = append(e.Servers, s)
@@ -199,7 +200,7 @@ func launch(java, dir string, n, attempt int) (*Ensemble, error) {
 
 func (s *Server) dataDir() string { return filepath.Join(s.Dir, "data") }
 
-func (s *Server) writeConfig(quorum []string) error {
+func (s *Server) writeConfig(quorum, config []string) error {
 	data := s.dataDir()
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
@@ -223,6 +224,7 @@ func (s *Server) writeConfig(quorum []string) error {
 			return err
 		}
 	}
+	cfg = append(cfg, config...)
 	return os.WriteFile(s.cfgPath(), []byte(strings.Join(cfg, "\n")+"\n"), 0o600)
 }
 
