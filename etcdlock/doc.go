@@ -76,7 +76,11 @@
 // again), gives no lease, which would be over before anyone used it: it
 // revokes the etcd lease (the key goes, the lock is free) and tries again
 // on a new one, after a back-off, within its wait budget, or fails with
-// fence.ErrNotAcquired saying the reply came too late.
+// fence.ErrNotAcquired saying the reply came too late. The wait budget
+// bounds that try again, its Grant and create Txn included, and the
+// revoke that gives the late take back (as every give-back of an Acquire
+// with a budget: see below); only the first try runs on ctx alone, so
+// that an uncontended Acquire with a budget costs what one without does.
 //
 // Without fence.TTL a watchdog renews the etcd lease (KeepAliveOnce) every
 // third of Options.WatchdogTTL, and reads the key with each renewal; a
@@ -166,8 +170,9 @@
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease, an Extend) are bounded by half a second even when ctx has
 // ended, and after a failed Acquire or Release, or an Extend or Release
-// past the lease's deadline, by what is left of the caller's ctx (a tenth
-// of a second once it has ended, enough for a member that answers), so
+// past the lease's deadline, by what is left of the caller's ctx and, for
+// an Acquire, of its wait budget (a tenth of a second once either has
+// ended, enough for a member that answers), so
 // that a member that hangs does not hold the caller past its deadline;
 // one that does not get through leaves the etcd lease to expire on
 // the server, except after a failed Acquire or Release and for a lost

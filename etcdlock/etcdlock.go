@@ -320,20 +320,28 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	// Txn fails with ErrLeaseNotFound, having written nothing: grant one.
 	sp, reused := l.takeSpare(ttl)
 	lates := 0 // late takes in a row
+	// tctx is the context of the try's calls: ctx for the first try, as
+	// an Acquire without a budget has (no context or timer of its own);
+	// the budget bounds every try after a late take too (lateErr, the
+	// last late take's error, then says why the Acquire failed if the
+	// budget cuts one short), so that a cluster that hangs as the late
+	// reply comes does not hold Acquire until ctx ends.
+	tctx := ctx
+	var lateErr error
 	for {
 		if !reused {
 			sp.ttl, sp.sent = ttl, time.Now()
 			var g *clientv3.LeaseGrantResponse
-			err = l.try(ctx, per, func(ctx context.Context) (err error) {
+			err = l.try(tctx, per, func(ctx context.Context) (err error) {
 				g, err = l.client.Grant(ctx, seconds(ttl))
 				return err
 			})
 			if err != nil {
-				return nil, fence.NotAcquired(name, fmt.Errorf("etcdlock: grant: %w", err))
+				return nil, fence.NotAcquired(name, budgetCut(ctx, tctx, lateErr, fmt.Errorf("etcdlock: grant: %w", err)))
 			}
 			sp.id, sp.granted = g.ID, time.Duration(g.TTL)*time.Second
 		}
-		lease, err := l.create(ctx, name, pfx, sp, watchdog, o.Wait, budget)
+		lease, err := l.create(ctx, tctx, name, pfx, sp, watchdog, o.Wait, budget)
 		if reused && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			reused = false
 			continue
@@ -343,26 +351,49 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			// sent a Grant, a Txn and a Revoke again at once: back off
 			// (10 ms doubling to 1 s, jittered), within the budget.
 			lates++
+			lateErr = err
 			if pause.For(ctx, min(pause.Backoff(lates), time.Until(budget))) && time.Until(budget) > 0 {
 				reused = false // a new etcd lease, a new key
+				if tctx == ctx {
+					var cancel context.CancelFunc
+					tctx, cancel = context.WithDeadline(ctx, budget)
+					defer cancel()
+				}
 				continue
 			}
 		}
 		if err != nil {
-			return nil, fence.NotAcquired(name, err)
+			return nil, fence.NotAcquired(name, budgetCut(ctx, tctx, lateErr, err))
 		}
 		return lease, nil
 	}
 }
 
+// budgetCut is the error of a try after a late take (lateErr, nil for
+// none) that failed with err: lateErr, saying the reply came too late, if
+// the wait budget (tctx's end) rather than ctx cut it short, without
+// tctx's context error, which the caller would take for its own ctx's;
+// else err.
+func budgetCut(ctx, tctx context.Context, lateErr, err error) error {
+	if lateErr == nil || ctx.Err() != nil || tctx.Err() == nil || !errors.Is(err, tctx.Err()) {
+		return err
+	}
+	return fmt.Errorf("%w; then no answer from etcd before the wait budget ended (%v)", lateErr, err)
+}
+
 // create creates the Acquire's key on the etcd lease sp and takes the lock,
 // waiting in line if wait is not zero. It revokes sp if it fails, except
 // when the create Txn found sp gone (ErrLeaseNotFound, nothing written).
-func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdog bool, wait time.Duration, budget time.Time) (*Lease, error) {
+// Its requests run on tctx (ctx, or ctx bounded by the wait budget for a
+// try after a late take), its wait in line on ctx within the budget.
+func (l *Locker) create(ctx, tctx context.Context, name, pfx string, sp spare, watchdog bool, wait time.Duration, budget time.Time) (*Lease, error) {
 	ttl, per := sp.ttl, attemptTimeout(sp.ttl)
 	// giveUp gives back sp when the Acquire fails: its key may exist, or
-	// be created late by a create Txn sent before ctx ended.
-	giveUp := func() { l.giveBackWithin(ctx, sp.id, nil) }
+	// be created late by a create Txn sent before ctx ended. It is
+	// waited for no longer than ctx and the wait budget allow (a waiter
+	// that gave up at the end of its budget, a late take near it, on a
+	// member that hangs: half a second past the budget before).
+	giveUp := func() { l.giveBackBy(ctx, sp.id, budget) }
 	key := pfx + strconv.FormatInt(int64(sp.id), 16)
 	// Create the key unless an attempt that timed out did. The Then branch
 	// also reads the two newest keys: at the Txn's revision the new key is
@@ -376,7 +407,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	if kv != nil {
 		req = newCreateTxn(pfx, key, sp.id)
 	}
-	err := l.try(ctx, per, func(ctx context.Context) (err error) {
+	err := l.try(tctx, per, func(ctx context.Context) (err error) {
 		attempts++
 		if req != nil {
 			resp, err = txnRaw(ctx, kv, req)
@@ -427,7 +458,7 @@ func (l *Locker) create(ctx context.Context, name, pfx string, sp spare, watchdo
 	if prev != nil && foreign(pfx, prev.Key) {
 		// A key of another Locker whose prefix nests under this lock's:
 		// not a contender. List the lock's own keys up to ours.
-		own, at, err := l.ownKeys(ctx, pfx, rev, per)
+		own, at, err := l.ownKeys(tctx, pfx, rev, per)
 		if err != nil {
 			giveUp()
 			return nil, fmt.Errorf("etcdlock: create %s: %w", key, err)
@@ -635,9 +666,22 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 // does. (A member that hangs held an Acquire that failed at its deadline
 // up to cleanupTimeout longer: TestAcquireGiveBackWithinCallersDeadline.)
 func (l *Locker) giveBackWithin(ctx context.Context, id clientv3.LeaseID, revoked func()) {
+	l.giveBackWithinBy(ctx, id, revoked, time.Time{})
+}
+
+// giveBackBy is giveBackWithin for a failed Acquire with a wait budget
+// ending at budget (zero: none): its first revoke is bounded by that too.
+func (l *Locker) giveBackBy(ctx context.Context, id clientv3.LeaseID, budget time.Time) {
+	l.giveBackWithinBy(ctx, id, nil, budget)
+}
+
+func (l *Locker) giveBackWithinBy(ctx context.Context, id clientv3.LeaseID, revoked func(), by time.Time) {
 	first := cleanupTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		first = min(first, time.Until(dl))
+	}
+	if !by.IsZero() {
+		first = min(first, time.Until(by))
 	}
 	if ctx.Err() != nil || first < doneGrace {
 		first = doneGrace
