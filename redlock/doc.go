@@ -71,7 +71,10 @@
 // reply, erring early, so the offsets between the clocks do not matter): a
 // renewal that sits in a paused node's socket and runs after the deadline
 // is refused there, rather than holding the lock for a lease nobody uses;
-// a renewal whose lease ended while it was on its way is given back. The
+// a renewal whose lease ended while it was on its way is given back (in
+// the background, which Close waits for: an Extend waits for that give-back
+// only until its ctx ends, so nodes that hang as its replies come do not
+// hold it a node timeout past its caller's deadline). The
 // mapping errs early by how long the reply that read the node's clock took
 // to be read: a refusal that comes before the deadline has passed locally
 // only fails the renewal (the lock stays there until it runs out), it does

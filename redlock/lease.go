@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -629,12 +630,12 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 			cause = fence.LostRenewLate
 		}
 		report = ls.endAs(cause, lost)
-		ls.giveBack(movedOn)
+		ls.giveBack(ctx, movedOn)
 		return report, lost
 	}
 	newDeadline := sent.Add(ttl - drift(ttl))
 	if moved < l.quorum || !time.Now().Before(newDeadline) {
-		ls.aheadOn(append(movedOn, unknown...))
+		ls.aheadOn(ctx, append(movedOn, unknown...))
 		why := fmt.Errorf("%w: extended on %d of %d nodes, %d needed", ErrNoQuorum, moved, len(l.nodes), l.quorum)
 		err := fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 		if ended := ls.errQuiet(); ended != nil {
@@ -660,7 +661,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		// while the renewal was on its way: nobody will use the locks it
 		// moved.
 		ls.mu.Unlock()
-		ls.giveBack(movedOn)
+		ls.giveBack(ctx, movedOn)
 		return report, ls.endedErr(err)
 	}
 	defer ls.mu.Unlock()
@@ -685,7 +686,7 @@ var errRenewLate = errors.New("renewal refused as past the lease's deadline on t
 // lock, or may have, on the nodes listed: they are given back when the
 // lease ends, at once if it has ended already (a renewal that ran before
 // the deadline, read after it).
-func (ls *lease) aheadOn(nodes []int) {
+func (ls *lease) aheadOn(ctx context.Context, nodes []int) {
 	if len(nodes) == 0 {
 		return
 	}
@@ -693,7 +694,7 @@ func (ls *lease) aheadOn(nodes []int) {
 	ls.expiredLocked()
 	if ls.err != nil {
 		ls.mu.Unlock()
-		ls.giveBack(nodes)
+		ls.giveBack(ctx, nodes)
 		return
 	}
 	if ls.ahead == nil {
@@ -708,7 +709,12 @@ func (ls *lease) aheadOn(nodes []int) {
 // giveBack deletes the lock, if this lease still owns it, on the nodes
 // listed, each within the node timeout, whatever the lease's context: a
 // renewal moved it there after the lease had ended, or too late to keep it.
-func (ls *lease) giveBack(nodes []int) {
+// The deletes are background work (Close waits for them); the caller, the
+// renewal of an Extend or of the watchdog, waits for them until ctx ends,
+// so that nodes that hang as the renewal's replies come do not hold an
+// Extend a node timeout past its caller's deadline
+// (TestExtendGiveBackHungWithinDeadline).
+func (ls *lease) giveBack(ctx context.Context, nodes []int) {
 	ls.mu.Lock()
 	releasing := ls.releasing
 	ls.mu.Unlock()
@@ -718,10 +724,27 @@ func (ls *lease) giveBack(nodes []int) {
 		return
 	}
 	l := ls.locker
-	l.fanout(context.Background(), nodes, l.timeoutFor(ls.ttl), func(ctx context.Context, i int) ([]int64, error) {
-		keys, args := ls.try.relKeys()
-		return nil, releaseScript.Run(ctx, l.nodes[i], keys, args...).Err()
-	})
+	timeout := l.timeoutFor(ls.ttl)
+	keys, args := ls.try.relKeys()
+	done := make(chan struct{})
+	var left atomic.Int32
+	left.Store(int32(len(nodes)))
+	for _, i := range nodes {
+		l.bg.add(i)
+		l.spawn(func() {
+			defer l.bg.done(i)
+			rctx, cancel := context.WithTimeout(context.Background(), timeout)
+			_ = releaseScript.Run(rctx, l.nodes[i], keys, args...).Err()
+			cancel()
+			if left.Add(-1) == 0 {
+				close(done)
+			}
+		})
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // Extend sets the lease to expire ttl from now on a majority of the nodes;
