@@ -343,9 +343,12 @@
 // tries again with a new owner within what is left of its wait budget; with
 // none left, or with no budget, it returns an error matching
 // fence.ErrNotAcquired (and fence.ErrLeaseLost) that says the reply came too late.
-// It waits for the give-back only until ctx or the wait budget ends: a
-// give-back that hangs (the server stopped answering) goes on in the
-// background, as WaitGiveBacks's do.
+// It waits for the give-back until ctx ends, or the wait budget does but
+// no sooner than 250 ms after the late reply (the first try runs on ctx
+// alone, so its late reply may come past the budget; a server that
+// answers again frees the lock in a round trip): a give-back that hangs
+// (the server stopped answering) goes on in the background, as
+// WaitGiveBacks's do.
 //
 // The wait budget (fence.Wait) bounds the waiting: the pauses, the
 // subscription and every try after the first. The first try runs on ctx

@@ -716,9 +716,10 @@ func holderWait(ttl, budget time.Duration) time.Duration {
 // giveBackLate gives back the lock that a's try took with a reply past the
 // lease's deadline, as an acquisition given up on (owner-checked, its owner
 // revoked, out of the queue), and waits for that until ctx ends or the wait
-// budget does (at budget; zero: none), the give-back going on without it,
-// bounded by the lease time or a second: a caller that tries again at once,
-// as a new owner, then finds the lock free rather than held by nobody.
+// budget does (at budget; zero: none), but for at least lateGiveBackGrace,
+// the give-back going on without it, bounded by the lease time or a
+// second: a caller that tries again at once, as a new owner, or exits,
+// then finds (leaves) the lock free rather than held by nobody.
 func (l *Locker) giveBackLate(ctx context.Context, a *attempt, budget time.Time) {
 	done := make(chan struct{})
 	g := *a
@@ -728,7 +729,7 @@ func (l *Locker) giveBackLate(ctx context.Context, a *attempt, budget time.Time)
 	})
 	var over <-chan time.Time
 	if !budget.IsZero() {
-		t := time.NewTimer(time.Until(budget))
+		t := time.NewTimer(max(time.Until(budget), lateGiveBackGrace))
 		defer t.Stop()
 		over = t.C
 	}
@@ -738,6 +739,14 @@ func (l *Locker) giveBackLate(ctx context.Context, a *attempt, budget time.Time)
 	case <-over:
 	}
 }
+
+// lateGiveBackGrace is how long giveBackLate waits for the give-back at
+// least, whatever is left of the wait budget: an Acquire's first try runs
+// on ctx alone, so with a budget no longer than the lease time a late
+// reply comes past the budget, and a server that answers again takes a
+// round trip (a slow one, a few) to free the lock; one that hangs holds
+// the Acquire no longer than this past its budget.
+const lateGiveBackGrace = 250 * time.Millisecond
 
 // giveUpMaybeHeld releases, in the background, a lock that a try whose
 // reply was lost (err) may have taken after all. A try with the same owner
