@@ -1082,13 +1082,8 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 	}
 	if acked < required {
 		// Too few replicas have the lock: a failover now could lose it.
-		// Give it back, even if ctx has ended, and refuse: within the
-		// sync timeout, or a second when that is shorter (a sync timeout
-		// of 1 ms, given, or the default on a client whose ReadTimeout is
-		// 102 ms, left the release no time for its round trip:
-		// TestSyncShortTimeoutRefusal).
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(l.sync.Timeout, time.Second))
-		defer cancel()
+		// Give it back, even if ctx has ended, and refuse (see
+		// undoRefused).
 		var notRepl error = &fence.NotReplicatedError{Acked: acked, Required: required}
 		if unanswered != nil {
 			// WAIT's reply did not come in time (the client's read
@@ -1096,7 +1091,7 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 			notRepl = notAnswered(notRepl, unanswered, waitErr)
 		}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)
-		if _, err := l.releaseOwned(rctx, a, -1); err != nil {
+		if err := l.undoRefused(ctx, a); err != nil {
 			return nil, 0, false, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
 		}
 		return nil, 0, false, notRepl
@@ -1111,6 +1106,42 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 		return nil, 0, false, lateReply(sent, replied, a.ttl)
 	}
 	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, false, nil
+}
+
+// undoRefused gives back, owner-checked, the lock that a's try took but
+// replica sync refused, even if ctx has ended: within the sync timeout, or
+// a second when that is shorter (a sync timeout of 1 ms, given, or the
+// default on a client whose ReadTimeout is 102 ms, left the release no
+// time for its round trip: TestSyncShortTimeoutRefusal). It waits for that
+// until ctx ends, but for at least lateGiveBackGrace (a WAIT that ran into
+// ctx's deadline leaves none: the lock is still given back before Acquire
+// returns when the server answers), and then returns ctx's error, the
+// release going on in the background, counted for WaitGiveBacks: one that
+// hangs held the Acquire up to a second past its wait budget and ctx's
+// deadline (TestRefusedTakeUndoHungWithinDeadline). The caller treats an
+// error as a release that may not have happened (errUnreleased).
+func (l *Locker) undoRefused(ctx context.Context, a *attempt) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(l.sync.Timeout, time.Second))
+	done := make(chan error, 1)
+	g := *a
+	l.giveBacks.goRun(func() {
+		defer cancel()
+		_, err := l.releaseOwned(rctx, &g, -1)
+		done <- err
+	})
+	grace := time.NewTimer(lateGiveBackGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-grace.C:
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("redislock: not waited for past the caller's context: %w", ctx.Err())
+	}
 }
 
 // releaseOwned runs the owner-checked release script and reports whether it
