@@ -3,14 +3,11 @@ package redislock_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
-	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestRefusedTakeUndoHungWithinDeadline: 44610fb bounds the wait for a late
@@ -26,21 +23,11 @@ import (
 // some 1.2 s. It should return by ctx's deadline, the undo going on in the
 // background (WaitGiveBacks), the lock free once it gets through.
 func TestRefusedTakeUndoHungWithinDeadline(t *testing.T) {
-	srv := redistest.Start(t)
-	replica := redistest.StartReplica(t, srv)
-	redistest.WaitReplicated(t, srv, 1)
-	admin := srv.Client(t)
 	const name = "lock:refused-undo-deadline"
 	const deadline, wait = 700 * time.Millisecond, 500 * time.Millisecond
 	lock := lockKey(name)
-	if err := acquire(t, lockerWith(t, srv.Client(t), redislock.Options{}), "lock:warm-up").Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
-	// The undo: the first release of the lock, an EVALSHA with 6 keys.
-	tr := &transit{match: fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock)}
-	tr.arm()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 5 * time.Second, MaxRetries: -1})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, replica, tr, c := heldUndo(t, name, 5*time.Second)
+	admin := srv.Client(t)
 	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 200 * time.Millisecond}})
 	resume := replica.Pause(t)
 	resumed := false

@@ -35,25 +35,10 @@ func TestLateGrantConfirmationGiveBackHungWithinBudget(t *testing.T) {
 	const name, ttl, wait = "lock:late-grant-giveback-budget", 1500 * time.Millisecond, 2500 * time.Millisecond
 	s := newLateTake(t, name)
 	holder := acquire(t, lockerWith(t, s.srv.Client(t), redislock.Options{}), name, fence.TTL(time.Minute))
-	before := commandCalls(t, s.admin, "evalsha")
 	start := time.Now()
-	got := acquireAsync(s.l, name, fence.TTL(ttl), fence.Wait(wait))
-	// Queued and subscribed (see TestLateGrantConfirmationRetried), then
-	// more than a quarter of the lease time since its last try: the grant
-	// is confirmed by a try, held on its way past the lease time.
-	waitFor(t, func() bool { return commandCalls(t, s.admin, "evalsha") >= before+2 })
-	waitFor(t, func() bool {
-		return s.admin.PubSubNumSub(ctx(t), lockKey(name)+":released").Val()[lockKey(name)+":released"] > 0
-	})
-	probe, err := lockerWith(t, s.srv.Client(t), redislock.Options{}).Acquire(ctx(t), name+":probe0", fence.TTL(ttl/3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-probe.Done()
-	s.tr.arm()
-	if err := holder.Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	got := s.queueBehind(t, fence.TTL(ttl), fence.Wait(wait))
+	// The grant is confirmed by a try, held on its way past the lease time.
+	s.releaseToConfirm(t, holder, ttl/3)
 	s.deliverAfterHoldingGiveBack(t, ttl)
 	s.returnsWithinBudget(t, got, start, wait)
 }

@@ -142,21 +142,10 @@ func TestLateGrantConfirmationKeepsLine(t *testing.T) {
 	s := newLateTake(t, name)
 	lock := lockKey(name)
 	holder := acquire(t, lockerWith(t, s.srv.Client(t), redislock.Options{}), name, fence.TTL(time.Minute))
-	before := commandCalls(t, s.admin, "evalsha")
-	first := acquireAsync(s.l, name, fence.TTL(ttl), fence.Wait(15*time.Second))
-	waitFor(t, func() bool { return commandCalls(t, s.admin, "evalsha") >= before+2 })
-	waitFor(t, func() bool { return s.admin.PubSubNumSub(ctx(t), lock+":released").Val()[lock+":released"] > 0 })
+	first := s.queueBehind(t, fence.TTL(ttl), fence.Wait(15*time.Second))
 	second := acquireAsync(lockerWith(t, s.srv.Client(t), redislock.Options{}), name, fence.TTL(time.Minute), fence.Wait(15*time.Second))
 	waitFor(t, func() bool { return s.admin.HLen(ctx(t), lock+":waiters").Val() == 2 })
-	probe, err := lockerWith(t, s.srv.Client(t), redislock.Options{}).Acquire(ctx(t), name+":probe0", fence.TTL(ttl/2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-probe.Done()
-	s.tr.arm()
-	if err := holder.Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	s.releaseToConfirm(t, holder, ttl/2)
 	s.deliverAfter(t, ttl)
 	delivered := time.Now()
 	var r2 acquired

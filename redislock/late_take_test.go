@@ -69,6 +69,38 @@ func (s *lateTake) revoked(t *testing.T) int {
 	return len(keys)
 }
 
+// queueBehind starts an Acquire of s.name with opts (a wait budget among
+// them) on s's Locker, whose lock is held, and waits until the Acquire
+// has queued and subscribed: its first try queues it; subscribed, it tries
+// once more at once (a grant may have fallen in between), then waits.
+func (s *lateTake) queueBehind(t *testing.T, opts ...fence.Option) <-chan acquired {
+	t.Helper()
+	before := commandCalls(t, s.admin, "evalsha")
+	got := acquireAsync(s.l, s.name, opts...)
+	released := lockKey(s.name) + ":released"
+	waitFor(t, func() bool { return commandCalls(t, s.admin, "evalsha") >= before+2 })
+	waitFor(t, func() bool { return s.admin.PubSubNumSub(ctx(t), released).Val()[released] > 0 })
+	return got
+}
+
+// releaseToConfirm lets since (more than a quarter of the waiter's lease
+// time) pass from the queued waiter's last try, arms the transit and
+// releases holder: the grant to the waiter is confirmed by a try (one
+// older than a quarter of the lease gives no lease by itself), held on
+// its way.
+func (s *lateTake) releaseToConfirm(t *testing.T, holder fence.Lease, since time.Duration) {
+	t.Helper()
+	probe, err := lockerWith(t, s.srv.Client(t), redislock.Options{}).Acquire(ctx(t), s.name+":probe0", fence.TTL(since))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-probe.Done()
+	s.tr.arm()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func acquireAsync(l *redislock.Locker, name string, opts ...fence.Option) <-chan acquired {
 	got := make(chan acquired, 1)
 	go func() {
@@ -183,25 +215,8 @@ func TestLateGrantConfirmationRetried(t *testing.T) {
 	const name, ttl = "lock:late-grant", 400 * time.Millisecond
 	s := newLateTake(t, name)
 	holder := acquire(t, lockerWith(t, s.srv.Client(t), redislock.Options{}), name, fence.TTL(time.Minute))
-	before := commandCalls(t, s.admin, "evalsha")
-	got := acquireAsync(s.l, name, fence.TTL(ttl), fence.Wait(15*time.Second))
-	// Its first try queues it; subscribed, it tries once more at once
-	// (a grant may have fallen in between), then waits.
-	waitFor(t, func() bool { return commandCalls(t, s.admin, "evalsha") >= before+2 })
-	waitFor(t, func() bool {
-		return s.admin.PubSubNumSub(ctx(t), lockKey(name)+":released").Val()[lockKey(name)+":released"] > 0
-	})
-	// More than a quarter of the lease time since that try: the grant is
-	// confirmed by a try.
-	probe, err := lockerWith(t, s.srv.Client(t), redislock.Options{}).Acquire(ctx(t), name+":probe0", fence.TTL(ttl/2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-probe.Done()
-	s.tr.arm()
-	if err := holder.Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	got := s.queueBehind(t, fence.TTL(ttl), fence.Wait(15*time.Second))
+	s.releaseToConfirm(t, holder, ttl/2)
 	s.deliverAfter(t, ttl)
 	r := acquired{}.wait(t, got)
 	if r.err != nil {

@@ -25,23 +25,10 @@ import (
 // withdrawal revokes the owner), and the lock, once the undo has run, is
 // free for another Acquire.
 func TestLateUndoOfRefusedTryEndsTheWait(t *testing.T) {
-	srv := redistest.Start(t)
-	replica := redistest.StartReplica(t, srv)
-	redistest.WaitReplicated(t, srv, 1)
-	admin := srv.Client(t)
 	const name = "lock:late-undo"
 	lock := lockKey(name)
-	// Scripts loaded, so that the try is one EVALSHA.
-	if err := acquire(t, lockerWith(t, srv.Client(t), redislock.Options{}), "lock:warm-up").Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
-	// The undo is the first release of the lock: an EVALSHA with 6 keys
-	// (release.lua's), the lock first; armed before the Acquire, so that
-	// it is held however late the WAIT times out.
-	tr := &transit{match: fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock)}
-	tr.arm()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 900 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, replica, tr, c := heldUndo(t, name, 900*time.Millisecond)
+	admin := srv.Client(t)
 	l := lockerWith(t, c, redislock.Options{})
 	resume := replica.Pause(t)
 	before := commandCalls(t, admin, "evalsha")
@@ -75,4 +62,26 @@ func TestLateUndoOfRefusedTryEndsTheWait(t *testing.T) {
 		t.Fatalf("after the given-up Acquire and its undo: %v; the lock is held for %v by %s", err, admin.PTTL(ctx(t), lock).Val(), admin.Get(ctx(t), lock).Val())
 	}
 	_ = other.Release(ctx(t))
+}
+
+// heldUndo starts a server with a replica, and a client of it with
+// readTimeout whose first release of name is held on its way by tr: the
+// undo of a take that replica sync refused, an EVALSHA with release.lua's
+// 6 keys, the lock first; armed before any Acquire, so that it is held
+// however late the WAIT times out. The scripts are loaded, so that a try
+// is one EVALSHA.
+func heldUndo(t *testing.T, name string, readTimeout time.Duration) (srv, replica *redistest.Server, tr *transit, c *redis.Client) {
+	t.Helper()
+	srv = redistest.Start(t)
+	replica = redistest.StartReplica(t, srv)
+	redistest.WaitReplicated(t, srv, 1)
+	if err := acquire(t, lockerWith(t, srv.Client(t), redislock.Options{}), "lock:warm-up").Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	lock := lockKey(name)
+	tr = &transit{match: fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock)}
+	tr.arm()
+	c = redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: readTimeout, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return srv, replica, tr, c
 }
