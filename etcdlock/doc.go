@@ -79,8 +79,11 @@
 // fence.ErrNotAcquired saying the reply came too late. The wait budget
 // bounds that try again, its Grant and create Txn included, and the
 // revoke that gives the late take back (as every give-back of an Acquire
-// with a budget: see below); only the first try runs on ctx alone, so
-// that an uncontended Acquire with a budget costs what one without does.
+// with a budget: see below), though that revoke is waited for, within
+// ctx, a quarter second after the late reply at least (as in redislock:
+// the key holds the lock for nobody until it is through); only the first
+// try runs on ctx alone, so that an uncontended Acquire with a budget
+// costs what one without does.
 //
 // Without fence.TTL a watchdog renews the etcd lease (KeepAliveOnce) every
 // third of Options.WatchdogTTL, and reads the key with each renewal; a
@@ -172,7 +175,8 @@
 // ended, and after a failed Acquire or Release, or an Extend or Release
 // past the lease's deadline, by what is left of the caller's ctx and, for
 // an Acquire, of its wait budget (a tenth of a second once either has
-// ended, enough for a member that answers), so
+// ended, enough for a member that answers; a quarter second after a late
+// reply, whose give-back a budget already over does not cut short), so
 // that a member that hangs does not hold the caller past its deadline;
 // one that does not get through leaves the etcd lease to expire on
 // the server, except after a failed Acquire or Release and for a lost

@@ -503,7 +503,17 @@ func (l *Locker) create(ctx, tctx context.Context, name, pfx string, sp spare, w
 		// replies lost and sent again): the lease would be over before
 		// anyone used it. Give it back (the revoke deletes the key);
 		// Acquire tries again, within its budget, on a new etcd lease.
-		giveUp()
+		// The key holds the lock for nobody until the revoke is through:
+		// it is waited for within ctx until the budget ends, but at least
+		// lateGiveBackGrace after the reply (a first try, on ctx alone,
+		// may answer past the budget; the cluster that answered it late
+		// is slow: with doneGrace alone, a revoke of 200 ms was cut and
+		// left to the background, TestLateFirstTakeSlowGiveBackBeforeReturn).
+		if budget.IsZero() {
+			giveUp()
+		} else {
+			l.giveBackBy(ctx, sp.id, later(budget, replied.Add(lateGiveBackGrace)))
+		}
 		return nil, fmt.Errorf("etcdlock: create %s: %w: %v after the etcd lease was granted or renewed, past the lease's deadline (lease time %v); given back", key, errLateReply, replied.Sub(sent).Round(time.Millisecond), ttl)
 	}
 	var keyb []byte
@@ -687,6 +697,19 @@ func (l *Locker) giveBackWithinBy(ctx context.Context, id clientv3.LeaseID, revo
 		first = doneGrace
 	}
 	_ = l.giveBackFirstWithin(ctx, id, revoked, first)
+}
+
+// lateGiveBackGrace is how long after a late reply an Acquire with a wait
+// budget waits for that take's give-back at least, even past its budget
+// (within ctx): as redislock's.
+const lateGiveBackGrace = 250 * time.Millisecond
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // doneGrace is how long giveBackWithin waits for a revoke once the
