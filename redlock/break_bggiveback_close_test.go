@@ -1,0 +1,253 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/redlock"
+	"github.com/redis/go-redis/v9"
+)
+
+// gateFirstRelease holds the first release script call on its node once
+// armed, until open is closed (or the call's ctx ends), after the node
+// ran it or not (before: the lock stays until it opens).
+type gateFirstRelease struct {
+	hash  string
+	armed atomic.Bool
+	held  chan struct{}
+	open  chan struct{}
+	ran   chan struct{} // closed once the held call has run
+}
+
+func (g *gateFirstRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *gateFirstRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (g *gateFirstRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if len(a) < 2 || fmt.Sprint(a[1]) != g.hash || !g.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmd)
+		}
+		close(g.held)
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			cmd.SetErr(ctx.Err())
+			close(g.ran)
+			return ctx.Err()
+		}
+		err := next(ctx, cmd)
+		close(g.ran)
+		return err
+	}
+}
+
+// TestExtendBackgroundGiveBackCloseWaits attacks 1b9f4eb: the give-back
+// of a renewal read after the lease ended goes on in the background once
+// the Extend's ctx ended. A Release called then must say the lease was
+// lost (not hang on, or be confused by, the give-back's deletes), and
+// Close must wait for those deletes: a Close whose ctx ends first reports
+// them (*CloseError), and a Close that returns nil leaves the lock on no
+// node.
+func TestExtendBackgroundGiveBackCloseWaits(t *testing.T) {
+	bgGiveBackCloseWaits(t, false, false, false)
+}
+
+// TestExtendBackgroundGiveBackThenAcquireAgain: the give-back's deletes
+// still held, Release frees the lock and the same Locker takes it again (a
+// new owner): the deletes, let go then, must leave that lease's lock.
+func TestExtendBackgroundGiveBackThenAcquireAgain(t *testing.T) {
+	bgGiveBackCloseWaits(t, false, true, false)
+}
+
+// TestWatchdogBackgroundGiveBackCloseWaits: the same for the watchdog's
+// renewal, whose ctx (bounded by the lease's deadline) has always ended by
+// the time it reads that the lease ended: its give-back is never waited
+// for, and the watchdog is done at once. Release, which waits for the
+// watchdog, must still say the lease was lost, and Close must wait for
+// the deletes.
+func TestWatchdogBackgroundGiveBackCloseWaits(t *testing.T) {
+	bgGiveBackCloseWaits(t, true, false, false)
+}
+
+// TestWatchdogBackgroundGiveBackClientsClosed: the same, the clients
+// closed after a Close that gave up, the give-back's deletes still held.
+func TestWatchdogBackgroundGiveBackClientsClosed(t *testing.T) {
+	bgGiveBackCloseWaits(t, true, false, true)
+}
+
+func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
+	srvs := nodes(t, 3)
+	name := "bg-giveback-close"
+	if watchdog {
+		name += "-watchdog"
+	}
+	const ttl = 1500 * time.Millisecond
+	_, relHash := redlock.ScriptHashes()
+	gates := make([]*gateExtend, len(srvs))
+	rels := make([]*gateFirstRelease, len(srvs))
+	hooks := make([]redis.Hook, len(srvs))
+	for i := range gates {
+		gates[i] = newGateExtend()
+		hooks[i] = gates[i]
+		rels[i] = &gateFirstRelease{hash: relHash, held: make(chan struct{}), open: make(chan struct{}), ran: make(chan struct{})}
+	}
+	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, hooks...)
+	for i, c := range cs {
+		c.(*redis.Client).AddHook(rels[i])
+	}
+	l, err := redlock.New(cs, &redlock.Options{NodeTimeout: generous, WatchdogTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened := false
+	openRels := func() {
+		if !opened {
+			opened = true
+			for _, r := range rels {
+				close(r.open)
+			}
+		}
+	}
+	t.Cleanup(func() {
+		openRels()
+		_, _ = closeWithin(l, 10*time.Second)
+	})
+	warmRelease(t, l, srvs, name, ttl)
+	var lease fence.Lease
+	if watchdog {
+		// Its first renewal, a third of the way in, is held.
+		for _, g := range gates {
+			g.late.Store(true)
+		}
+		lease, err = l.Acquire(ctxFor(t), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		lease = warmLease(t, l, name, ttl)
+		for _, g := range gates {
+			g.late.Store(true)
+		}
+	}
+	ended := lease.Done()
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		for _, g := range gates {
+			select {
+			case <-g.held:
+			case <-time.After(5 * time.Second):
+				return
+			}
+		}
+		// The renewal ran on every node; the give-back that follows it
+		// (as soon as the watchdog's renewal gives up at the deadline,
+		// or once the replies are read) is held.
+		for _, r := range rels {
+			r.armed.Store(true)
+		}
+		select {
+		case <-ended:
+		case <-time.After(5 * time.Second):
+			return
+		}
+		for _, g := range gates {
+			close(g.open)
+		}
+	}()
+	if watchdog {
+		<-released
+	} else {
+		dl := lease.Deadline().Add(300 * time.Millisecond)
+		ectx, cancel := context.WithDeadline(ctxFor(t), dl)
+		defer cancel()
+		err = lease.Extend(ectx, 30*time.Second)
+		<-released
+		if err == nil || !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Extend = %v, want an error matching fence.ErrLeaseLost", err)
+		}
+	}
+	for i, r := range rels {
+		select {
+		case <-r.held:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("node %d: the give-back's delete was not held (Extend: %v)", i, err)
+		}
+	}
+	if on := lockedOn(t, srvs, name); len(on) != len(srvs) {
+		t.Fatalf("with the give-back held, the lock is on nodes %v, want all", on)
+	}
+	// Release, the give-back's deletes still held: the lease was lost
+	// before it.
+	rctx, rcancel := context.WithTimeout(ctxFor(t), 5*time.Second)
+	start := time.Now()
+	rerr := lease.Release(rctx)
+	rcancel()
+	t.Logf("Release after %v: %v", time.Since(start).Round(time.Millisecond), rerr)
+	if !errors.Is(rerr, fence.ErrLeaseLost) {
+		t.Errorf("Release = %v, want an error matching fence.ErrLeaseLost (the lease ended before it)", rerr)
+	}
+	if again {
+		lease2, err := l.Acquire(ctxFor(t), name, fence.TTL(30*time.Second))
+		if err != nil {
+			t.Fatalf("Acquire again, the lease's give-back held: %v", err)
+		}
+		openRels()
+		for i, r := range rels {
+			select {
+			case <-r.ran:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("node %d: the held delete did not run", i)
+			}
+		}
+		if on := lockedOn(t, srvs, name); len(on) != len(srvs) || lease2.Err() != nil {
+			t.Fatalf("the old lease's give-back, let go, left the new lease's lock on nodes %v of %d (Err %v)", on, len(srvs), lease2.Err())
+		}
+		if err := lease2.Release(ctxFor(t)); err != nil {
+			t.Fatalf("Release of the new lease: %v", err)
+		}
+		return
+	}
+	// Close with the give-back still held: it must not say everything is
+	// done.
+	_, cerr := closeWithin(l, 300*time.Millisecond)
+	var ce *redlock.CloseError
+	if !errors.As(cerr, &ce) {
+		t.Errorf("Close with the give-back's deletes held = %v, want a *CloseError (it did not wait for them)", cerr)
+	}
+	if closeClients {
+		// The caller, told by Close that the work had not finished,
+		// closes the clients anyway: the held deletes then fail on
+		// closed clients (no panic), and a later Close returns once
+		// they have.
+		for _, c := range cs {
+			_ = c.Close()
+		}
+		openRels()
+		for i, r := range rels {
+			select {
+			case <-r.ran:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("node %d: the held delete did not end", i)
+			}
+		}
+		if _, cerr := closeWithin(l, 10*time.Second); cerr != nil {
+			t.Errorf("Close once the deletes failed on closed clients = %v, want nil", cerr)
+		}
+		return
+	}
+	openRels()
+	if _, cerr := closeWithin(l, 10*time.Second); cerr != nil {
+		t.Errorf("Close once the deletes went on = %v, want nil", cerr)
+	}
+	if on := lockedOn(t, srvs, name); len(on) != 0 {
+		t.Errorf("Close returned with the lock still on nodes %v", on)
+	}
+}
