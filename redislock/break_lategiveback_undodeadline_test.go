@@ -16,8 +16,8 @@ import (
 // context cut from the caller's (WithoutCancel) for the sync timeout or a
 // second. When that undo hangs (the server stopped answering right after
 // the WAIT's reply), the Acquire is held up to a second past its wait
-// budget and past ctx's deadline, though Acquire "returns by ctx's
-// deadline even if the client does not honour it". Here the first try
+// budget and past ctx's deadline, though Acquire returns by ctx's deadline
+// (but for 250 ms at least given to that undo). Here the first try
 // (on ctx alone) is refused at about 200 ms, the undo is held on its way,
 // and ctx ends at 700 ms (budget 500 ms): the Acquire returned after
 // some 1.2 s. It should return by ctx's deadline, the undo going on in the

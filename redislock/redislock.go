@@ -340,7 +340,11 @@ func (b *boxedMs) get(d time.Duration) any {
 // transient error, that error rather than fence.ErrHeld.
 //
 // Acquire, like every call fence makes, returns by ctx's deadline even if
-// the client does not honour it (go-redis without ContextTimeoutEnabled). An
+// the client does not honour it (go-redis without ContextTimeoutEnabled),
+// with one exception: the release that undoes a take refused by replica
+// sync is waited for 250 ms at least, so that a WAIT cut by ctx's deadline
+// still leaves the lock free when the server answers (a release that hangs
+// then goes on in the background, as WaitGiveBacks's do). An
 // acquisition given up on may still run on the server when it answers late;
 // when it did take the lock, the late reply releases it (owner-checked), so
 // it blocks others for a round trip rather than for its lease time. If the
