@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -724,27 +723,8 @@ func (ls *lease) giveBack(ctx context.Context, nodes []int) {
 		return
 	}
 	l := ls.locker
-	timeout := l.timeoutFor(ls.ttl)
 	keys, args := ls.try.relKeys()
-	done := make(chan struct{})
-	var left atomic.Int32
-	left.Store(int32(len(nodes)))
-	for _, i := range nodes {
-		l.bg.add(i)
-		l.spawn(func() {
-			defer l.bg.done(i)
-			rctx, cancel := context.WithTimeout(context.Background(), timeout)
-			_ = releaseScript.Run(rctx, l.nodes[i], keys, args...).Err()
-			cancel()
-			if left.Add(-1) == 0 {
-				close(done)
-			}
-		})
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
+	l.releaseBehind(ctx, nodes, l.timeoutFor(ls.ttl), keys, args, nil)
 }
 
 // Extend sets the lease to expire ttl from now on a majority of the nodes;

@@ -935,18 +935,29 @@ func (l *Locker) releaseTry(ctx context.Context, at *tryFanout, tried []result) 
 	// shorter than the node timeout is kept even when a node that granted
 	// hangs): the releases not done by then go on without it.
 	relKeys, relArgs := at.relKeys()
+	l.releaseBehind(ctx, granted, timeout, relKeys, relArgs, func(i int, err error) {
+		l.retryRelease(err, i, k, owner, revokeKey, ttl, 0)
+	})
+}
+
+// releaseBehind sends the owner-checked release (keys, args) to each of
+// nodes, each within timeout whatever ctx does, as background work that
+// Close waits for, and waits for them until ctx ends: the releases not
+// done by then go on without the caller. failed, if not nil, gets each
+// release that failed.
+func (l *Locker) releaseBehind(ctx context.Context, nodes []int, timeout time.Duration, keys []string, args []any, failed func(i int, err error)) {
 	done := make(chan struct{})
 	var left atomic.Int32
-	left.Store(int32(len(granted)))
-	for _, i := range granted {
+	left.Store(int32(len(nodes)))
+	for _, i := range nodes {
 		l.bg.add(i)
 		l.spawn(func() {
 			defer l.bg.done(i)
 			rctx, cancel := context.WithTimeout(context.Background(), timeout)
-			err := releaseScript.Run(rctx, l.nodes[i], relKeys, relArgs...).Err()
+			err := releaseScript.Run(rctx, l.nodes[i], keys, args...).Err()
 			cancel()
-			if err != nil {
-				l.retryRelease(err, i, k, owner, revokeKey, ttl, 0)
+			if err != nil && failed != nil {
+				failed(i, err)
 			}
 			if left.Add(-1) == 0 {
 				close(done)
