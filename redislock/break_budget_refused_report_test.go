@@ -1,0 +1,60 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
+	"github.com/fencekit/fence/redislock"
+)
+
+// TestBudgetEndsOnRefusedConfirmation: a waiter is granted the lock (its
+// budget shorter than the lease, so it confirms the grant with a try and
+// WAIT) while the only replica is paused; no acknowledgement comes before
+// the wait budget ends. Acquire's doc: "when the budget ends on a
+// transient error, that error rather than fence.ErrHeld", and too few
+// replica acknowledgements is one. The lock was free and taken, not held
+// by another: fence.ErrHeld would send an operator after contention rather
+// than replication. Fails in 3 of 3 runs (2026-12-05): "held by another
+// owner"; the try was cut at the budget's end with neither the script's
+// reply nor WAIT's read ("stopped waiting for the reply: context deadline
+// exceeded"), and budgetOver, with no transient error before it, says
+// ErrHeld.
+func TestBudgetEndsOnRefusedConfirmation(t *testing.T) {
+	t.Skip("bug (error report only; the lock is given back, revoked, as it should): a grant's confirmation cut by the wait budget " +
+		"with no reply read is reported as fence.ErrHeld. Whether the try ran is unknown, so fence.ErrNotReplicated is not " +
+		"certain either, and wrapping the cut's context.DeadlineExceeded would read as the caller's own deadline; the report " +
+		"wanted (a cause of its own, say 'the wait budget ran out confirming a grant') is the maintainers' call")
+	srv := redistest.Start(t)
+	replica := redistest.StartReplica(t, srv)
+	redistest.WaitReplicated(t, srv, 1)
+	admin := srv.Client(t)
+	const name = "lock:budget-refused-confirmation"
+	other := lockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	holder := acquire(t, other, name, fence.TTL(time.Minute))
+	l := lockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 4 * time.Second}})
+	got := make(chan acquired, 1)
+	go func() {
+		cx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ls, err := l.Acquire(cx, name, fence.TTL(time.Minute), fence.Wait(1500*time.Millisecond))
+		got <- acquired{ls, err}
+	}()
+	waitFor(t, func() bool { return admin.HLen(ctx(t), lockKey(name)+":waiters").Val() == 1 })
+	resume := replica.Pause(t)
+	defer resume()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	r := acquired{}.wait(t, got)
+	if r.lease != nil {
+		t.Fatalf("Acquire returned a lease (token %d) with its only replica paused", r.lease.Token())
+	}
+	t.Logf("Acquire: %v", r.err)
+	if !errors.Is(r.err, fence.ErrNotAcquired) || !errors.Is(r.err, fence.ErrNotReplicated) || errors.Is(r.err, fence.ErrHeld) {
+		t.Errorf("Acquire whose budget ended on a refused confirmation of its grant = %v, want ErrNotAcquired and ErrNotReplicated, not ErrHeld", r.err)
+	}
+}
