@@ -1,0 +1,52 @@
+package fenceotel_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/fenceotel"
+	"github.com/fencekit/fence/memlock"
+)
+
+// TestZeroObserverDoesNotPanicInAcquire gives memlock a zero
+// &fenceotel.Observer{} (a careless user who wrote a composite literal
+// rather than calling New, or a struct field of type fenceotel.Observer
+// taken by address). The Locker is made without complaint, and the first
+// Acquire panics inside the Observer, on a nil collector, after the lock
+// was taken: the lock path crashes on a metrics mistake. Either New of the
+// Locker must refuse it (fence.ErrInvalidOption), or the zero Observer must
+// do nothing.
+func TestZeroObserverDoesNotPanicInAcquire(t *testing.T) {
+	locker, err := memlock.New(&memlock.Options{Observer: &fenceotel.Observer{}})
+	if errors.Is(err, fence.ErrInvalidOption) {
+		return // refused where it was configured: fine
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lease fence.Lease
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("Acquire with a zero fenceotel.Observer panicked: %v", p)
+			}
+		}()
+		lease, err = locker.Acquire(context.Background(), "job")
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("Release with a zero fenceotel.Observer panicked: %v", p)
+			}
+		}()
+		err = lease.Release(context.Background())
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
