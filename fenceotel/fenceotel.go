@@ -35,7 +35,9 @@ type Options struct {
 const DefaultMaxClasses = 100
 
 // Observer is a fence.Observer that records into OpenTelemetry
-// instruments. It is safe for concurrent use.
+// instruments. It is safe for concurrent use. Make one with New: the zero
+// Observer (a composite literal, say) has no instruments and records
+// nothing, rather than panicking inside a locker's Acquire.
 type Observer struct {
 	classify     func(string) string
 	classes      *labels.Classes
@@ -129,6 +131,9 @@ func (o *Observer) sawBackend(backend string) {
 
 // AcquireDone counts an Acquire and records how long it took.
 func (o *Observer) AcquireDone(e fence.AcquireEvent) {
+	if o.zero() {
+		return
+	}
 	o.sawBackend(e.Backend)
 	attrs := metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("result", string(e.Result)))
 	o.acquisitions.Add(background, 1, attrs)
@@ -138,6 +143,9 @@ func (o *Observer) AcquireDone(e fence.AcquireEvent) {
 // LeaseEnded records how long a lease was held and counts it if it was
 // lost.
 func (o *Observer) LeaseEnded(e fence.LeaseEvent) {
+	if o.zero() {
+		return
+	}
 	o.sawBackend(e.Backend)
 	attrs := metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("cause", string(e.Cause)))
 	o.hold.Record(background, e.Held.Seconds(), attrs)
@@ -148,6 +156,9 @@ func (o *Observer) LeaseEnded(e fence.LeaseEvent) {
 
 // ReplicaSyncRefused counts a refusal.
 func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
+	if o.zero() {
+		return
+	}
 	op := "acquire"
 	if e.Renewal {
 		op = "renew"
@@ -158,6 +169,9 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 
 // GuardDecided counts a guard's decision under its resource's class.
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
+	if o.zero() {
+		return
+	}
 	class := ""
 	if o.classify != nil {
 		class = o.classify(e.Resource)
@@ -171,3 +185,6 @@ func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	}
 	o.decisions.Add(background, 1, metric.WithAttributes(attribute.String("decision", string(e.Decision)), attribute.String("class", class)))
 }
+
+// zero reports whether o is the zero Observer, made without New.
+func (o *Observer) zero() bool { return o.acquisitions == nil }

@@ -42,7 +42,9 @@ type Options struct {
 const DefaultMaxClasses = 100
 
 // Observer is a fence.Observer that counts into Prometheus collectors. It
-// is safe for concurrent use.
+// is safe for concurrent use. Make one with New: the zero Observer (a
+// composite literal, say) has no collectors and records nothing, rather
+// than panicking inside a locker's Acquire.
 type Observer struct {
 	classify     func(string) string
 	classes      *labels.Classes
@@ -160,6 +162,9 @@ func (o *Observer) sawBackend(backend string) {
 
 // AcquireDone counts an Acquire and records how long it took.
 func (o *Observer) AcquireDone(e fence.AcquireEvent) {
+	if o.zero() {
+		return
+	}
 	o.sawBackend(e.Backend)
 	o.acquisitions.WithLabelValues(e.Backend, string(e.Result)).Inc()
 	o.wait.WithLabelValues(e.Backend, string(e.Result)).Observe(e.Wait.Seconds())
@@ -168,6 +173,9 @@ func (o *Observer) AcquireDone(e fence.AcquireEvent) {
 // LeaseEnded records how long a lease was held and counts it if it was
 // lost.
 func (o *Observer) LeaseEnded(e fence.LeaseEvent) {
+	if o.zero() {
+		return
+	}
 	o.sawBackend(e.Backend)
 	o.hold.WithLabelValues(e.Backend, string(e.Cause)).Observe(e.Held.Seconds())
 	if e.Cause != fence.Released {
@@ -177,6 +185,9 @@ func (o *Observer) LeaseEnded(e fence.LeaseEvent) {
 
 // ReplicaSyncRefused counts a refusal.
 func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
+	if o.zero() {
+		return
+	}
 	op := "acquire"
 	if e.Renewal {
 		op = "renew"
@@ -186,6 +197,9 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 
 // GuardDecided counts a guard's decision under its resource's class.
 func (o *Observer) GuardDecided(e fence.GuardEvent) {
+	if o.zero() {
+		return
+	}
 	class := ""
 	if o.classify != nil {
 		class = o.classify(e.Resource)
@@ -198,3 +212,6 @@ func (o *Observer) GuardDecided(e fence.GuardEvent) {
 	}
 	o.decisions.WithLabelValues(string(e.Decision), class).Inc()
 }
+
+// zero reports whether o is the zero Observer, made without New.
+func (o *Observer) zero() bool { return o.acquisitions == nil }
