@@ -21,8 +21,9 @@
 // values; Options.Classify maps a guard's resource to its class, at most
 // Options.MaxClasses distinct ones (100 by default), "other" past them.
 // As in fenceprom, a backend's fence.leases.lost is recorded at 0 for every
-// cause on its first event, and a class's two fence.guard.decisions on its
-// first decision, so that an alert on a rate fires on the first event too.
+// cause, and its fence.acquisitions for every result, on its first event,
+// and a class's two fence.guard.decisions on its first decision, so that an
+// alert on a rate fires on the first event too.
 //
 // It lives in a module of its own so that fence's own go.mod does not
 // require OpenTelemetry.

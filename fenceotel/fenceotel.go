@@ -117,15 +117,22 @@ var background = context.Background()
 // lossCauses are the causes that fence.leases.lost counts.
 var lossCauses = [...]fence.LeaseCause{fence.LostExpired, fence.LostRenewFailed, fence.LostRenewLate, fence.LostRemoved}
 
-// sawBackend adds 0 to backend's fence.leases.lost for every cause when
-// the backend is first seen: a rate or increase over a series that appears
-// at 1 is nothing, and the alert on the first lost lease would not fire.
+// acquireResults are the results that fence.acquisitions counts.
+var acquireResults = [...]fence.AcquireResult{fence.Acquired, fence.Held, fence.NotReplicated, fence.Cancelled, fence.Failed}
+
+// sawBackend adds 0 to backend's fence.leases.lost for every cause, and to
+// its fence.acquisitions for every result, when the backend is first seen:
+// a rate or increase over a series that appears at 1 is nothing, and the
+// alert on the first lost lease (or failed acquisition) would not fire.
 func (o *Observer) sawBackend(backend string) {
 	if !o.backends.First(backend) {
 		return
 	}
 	for _, c := range lossCauses {
 		o.lost.Add(background, 0, metric.WithAttributes(attribute.String("backend", backend), attribute.String("cause", string(c))))
+	}
+	for _, r := range acquireResults {
+		o.acquisitions.Add(background, 0, metric.WithAttributes(attribute.String("backend", backend), attribute.String("result", string(r))))
 	}
 }
 

@@ -33,6 +33,9 @@ func TestCollectAfterLossRefusalAndStaleWrite(t *testing.T) {
 	want := map[string]int64{
 		"fence.acquisitions{backend=redis,result=acquired}":                        2,
 		"fence.acquisitions{backend=redis,result=not_replicated}":                  1,
+		"fence.acquisitions{backend=redis,result=cancelled}":                       0,
+		"fence.acquisitions{backend=redis,result=error}":                           0,
+		"fence.acquisitions{backend=redis,result=held}":                            0,
 		"fence.guard.decisions{class=payment,decision=accept}":                     1,
 		"fence.guard.decisions{class=payment,decision=reject}":                     1,
 		"fence.leases.lost{backend=redis,cause=expired}":                           0,

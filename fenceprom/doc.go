@@ -23,9 +23,12 @@
 // since resources often come from requests.
 //
 // So that an alert on a rate or increase fires on the first event too, a
-// backend's fence_leases_lost_total series are created at 0 on its first
-// event, and a class's two fence_guard_decisions_total series on its
-// first decision.
+// backend's fence_leases_lost_total and fence_acquisitions_total series
+// (every cause, every result) are created at 0 on its first event, and a
+// class's two fence_guard_decisions_total series on its first decision.
+// fence_replica_sync_refusals_total's are not (acked and required are
+// known only at a refusal): alert on fence_acquisitions_total's
+// not_replicated result for the first refusal of an acquisition.
 //
 // It lives in a module of its own so that fence's own go.mod does not
 // require client_golang.

@@ -148,15 +148,22 @@ func buckets(field string, b, def []float64) ([]float64, error) {
 // lossCauses are the causes that fence_leases_lost_total counts.
 var lossCauses = [...]fence.LeaseCause{fence.LostExpired, fence.LostRenewFailed, fence.LostRenewLate, fence.LostRemoved}
 
-// sawBackend creates backend's fence_leases_lost_total series at 0 when it
-// is first seen: a rate or increase over a series that appears at 1 is
-// nothing, and the alert on the first lost lease would not fire.
+// acquireResults are the results that fence_acquisitions_total counts.
+var acquireResults = [...]fence.AcquireResult{fence.Acquired, fence.Held, fence.NotReplicated, fence.Cancelled, fence.Failed}
+
+// sawBackend creates backend's fence_leases_lost_total and
+// fence_acquisitions_total series at 0 when it is first seen: a rate or
+// increase over a series that appears at 1 is nothing, and the alert on
+// the first lost lease (or failed acquisition) would not fire.
 func (o *Observer) sawBackend(backend string) {
 	if !o.backends.First(backend) {
 		return
 	}
 	for _, c := range lossCauses {
 		o.lost.WithLabelValues(backend, string(c))
+	}
+	for _, r := range acquireResults {
+		o.acquisitions.WithLabelValues(backend, string(r))
 	}
 }
 

@@ -37,6 +37,9 @@ func TestScrapeAfterLossRefusalAndStaleWrite(t *testing.T) {
 # HELP fence_acquisitions_total Acquire calls by backend and result (acquired, held, not_replicated, cancelled, error).
 # TYPE fence_acquisitions_total counter
 fence_acquisitions_total{backend="redis",result="acquired"} 2
+fence_acquisitions_total{backend="redis",result="cancelled"} 0
+fence_acquisitions_total{backend="redis",result="error"} 0
+fence_acquisitions_total{backend="redis",result="held"} 0
 fence_acquisitions_total{backend="redis",result="not_replicated"} 1
 # HELP fence_guard_decisions_total Tokens a guard accepted or rejected as stale, by resource class.
 # TYPE fence_guard_decisions_total counter
