@@ -33,6 +33,9 @@ var checks = []check{
 	checkRedlock,
 }
 
+// isSentinel reports whether n is a Redis Sentinel (INFO's redis_mode).
+func isSentinel(n *node) bool { return n.info["redis_mode"] == "sentinel" }
+
 // all returns the primaries and the replicas.
 func (d *deployment) all() []*node { return append(append([]*node{}, d.primaries...), d.replicas...) }
 
@@ -101,6 +104,15 @@ func checkRole(d *deployment) []Finding {
 				Why: "the node is a Redis Cluster node, given as a standalone primary: a client of this node alone gets MOVED for every lock whose slot another master serves, the replica audit reads this node's record rather than the cluster's node table, and redislock refuses replica sync on a client of its own type that hides a cluster client (HiddenClusterError), since that client would send WAIT to a node of its choosing",
 				Fix: "audit and lock with --redis-cluster, and pass redislock.New the *redis.ClusterClient itself, not a wrapper of it"})
 		}
+		if d.kind == "standalone" && isSentinel(p) {
+			// A sentinel refuses EVAL, WAIT, CONFIG and ACL as unknown
+			// commands: reported one by one, they read as a Redis with
+			// its scripting disabled (checkCommands, checkConfigReadable
+			// leave a sentinel to this finding).
+			out = append(out, Finding{ID: "standalone-sentinel", Severity: Critical, Node: p.addr,
+				Why: "the node is a Redis Sentinel, given as a standalone primary: it runs no lock scripts (EVAL, EVALSHA and WAIT are unknown commands there), so every acquisition fails, and the primary it monitors went unaudited",
+				Fix: "audit and lock through the sentinels with --redis-sentinel redis-sentinel://HOST:PORT?master_name=NAME, or give --redis the primary's address"})
+		}
 	}
 	return out
 }
@@ -113,7 +125,7 @@ func checkConfigReadable(d *deployment) []Finding {
 		what, names = "persistence, eviction, min-replicas and cluster-node-timeout settings", "save, appendonly, appendfsync, maxmemory-policy, min-replicas-to-write and cluster-node-timeout"
 	}
 	for _, n := range d.all() {
-		if n.configErr != nil {
+		if n.configErr != nil && !isSentinel(n) { // a sentinel: see checkRole, checkRedlock
 			out = append(out, Finding{ID: "config-unreadable", Severity: Warning, Node: n.addr,
 				Why: fmt.Sprintf("CONFIG GET was refused (%v), so %s, each of which can lose locks, went unchecked", n.configErr, what),
 				Fix: "run the doctor as a user allowed CONFIG GET, or check " + names + " in the provider's console"})
@@ -503,6 +515,12 @@ var commandNeeds = map[string]string{
 func checkCommands(d *deployment) []Finding {
 	var out []Finding
 	for _, p := range d.primaries {
+		if isSentinel(p) {
+			// Its unknown commands are not a Redis with scripting
+			// disabled: standalone-sentinel or redlock-not-standalone
+			// says what it is.
+			continue
+		}
 		denied := maps.Clone(p.denied)
 		if denied == nil {
 			denied = map[string]string{}
