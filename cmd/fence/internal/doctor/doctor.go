@@ -297,7 +297,7 @@ func (d *deployment) readNode(ctx context.Context, c *redis.Client, primary bool
 		n.readTime(ctx, d.cfg.Now)
 	}
 	if primary {
-		n.probe(ctx, d.cfg.Prefix, d.kind == "redlock")
+		n.probe(ctx, d.cfg.Prefix, d.kind == "redlock", d.cfg.ReplicaSync.Disabled)
 	}
 	// A refusal is a finding; no answer (a node that stopped answering
 	// half way) is not, and must not read as one.
@@ -360,8 +360,10 @@ func (n *node) readTime(ctx context.Context, now func() time.Time) {
 }
 
 // probe tries the commands fence sends, in forms that change nothing, and
-// asks ACL DRYRUN about the ones that write.
-func (n *node) probe(ctx context.Context, prefix string, redlock bool) {
+// asks ACL DRYRUN about the ones that write. With noSync (replica sync
+// off) the lockers send no WAIT and never run the replica record script
+// that reads INFO: neither is probed (a user denied them locks fine).
+func (n *node) probe(ctx context.Context, prefix string, redlock, noSync bool) {
 	key := prefix + ":{doctor}"
 	n.probes = map[string]error{}
 	const script = "return {redis.call('EXISTS', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('TIME')[1]}"
@@ -378,7 +380,7 @@ func (n *node) probe(ctx context.Context, prefix string, redlock bool) {
 			n.probes[cmd] = nil
 		}
 	}
-	if !redlock {
+	if !redlock && !noSync {
 		n.probes["WAIT"] = n.client.Do(ctx, "WAIT", 0, 0).Err()
 		n.probes["INFO"] = redis.NewScript("return redis.call('INFO', 'replication')").Eval(ctx, n.client, nil).Err()
 	}
@@ -392,6 +394,8 @@ func (n *node) probe(ctx context.Context, prefix string, redlock bool) {
 	cmds := aclCommands(prefix)
 	if redlock {
 		cmds = redlockCommands(prefix)
+	} else if noSync {
+		cmds = slices.DeleteFunc(cmds, func(args []any) bool { return args[0] == "WAIT" || args[0] == "INFO" })
 	}
 	for _, args := range cmds {
 		reply, err := n.client.Do(ctx, append([]any{"ACL", "DRYRUN", user}, args...)...).Text()
