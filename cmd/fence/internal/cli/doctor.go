@@ -44,7 +44,7 @@ the masters.
 
 Exit status: 0 when nothing worse than info was found, 1 when the worst finding is a
 warning, 3 when one is critical, 2 on a usage error or when the deployment could not be
-read within --timeout.`,
+read within --timeout; 130 if interrupted (SIGINT, SIGTERM).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if timeout <= 0 {
@@ -64,6 +64,9 @@ read within --timeout.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			findings, err := doctor.Run(ctx, cfg)
+			if err != nil && cmd.Context().Err() != nil {
+				return exitWith(ExitInterrupted, err) // SIGINT or SIGTERM, as exec, status and demo say it
+			}
 			if err != nil {
 				err = rf.tlsHint(ctx, err)
 				return exitWith(ExitUsage, err)

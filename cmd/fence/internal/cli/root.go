@@ -29,7 +29,7 @@ const (
 	ExitUsage       = 2   // bad flags or arguments, or no connection to the backend
 	ExitNotAcquired = 75  // the lock was not acquired within --wait
 	ExitLeaseLost   = 76  // the lease was lost while the child ran (the child was stopped), or before it started (not started)
-	ExitInterrupted = 130 // SIGINT, SIGTERM or SIGHUP arrived while connecting, waiting for the lock, or before the command started; or during demo
+	ExitInterrupted = 130 // SIGINT, SIGTERM or SIGHUP arrived while connecting, waiting for the lock, or before the command started; or during demo or doctor
 )
 
 // exitError carries an exit code out of a command.

@@ -114,7 +114,10 @@ const defaultDeadline = 10 * time.Second
 // script that reads, WAIT 0 0). It returns an error matching
 // fence.ErrInvalidOption for a bad Config, before anything is sent, and one
 // matching ErrUnreachable when the deployment cannot be read; either way by
-// ctx's deadline, or within 10 s if ctx has none.
+// ctx's deadline, or within 10 s if ctx has none. When ctx is cancelled
+// first, it returns at once (its connections are closed, so that no read
+// waits for its own timeout) an error matching context.Canceled, and not
+// ErrUnreachable: the deployment was not found unreachable.
 func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 	n := 0
 	for _, set := range []bool{cfg.Standalone != nil, cfg.Sentinel != nil, cfg.Cluster != nil, cfg.Redlock != nil} {
@@ -150,6 +153,16 @@ func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 	}
 	d := &deployment{cfg: cfg}
 	defer d.close()
+	// go-redis bounds a read by ctx's deadline but does not watch its
+	// cancellation: a read from a silent node outlived a ^C by the
+	// client's read timeout (TestDoctorInterrupted). Closing the clients
+	// ends it.
+	stop := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			d.close()
+		}
+	})
+	defer stop()
 	var err error
 	switch {
 	case cfg.Standalone != nil:
@@ -160,6 +173,9 @@ func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 		err = d.readRedlock(ctx)
 	default:
 		err = d.readCluster(ctx)
+	}
+	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
+		return nil, fmt.Errorf("doctor: audit interrupted: %w", errors.Join(context.Cause(ctx), err))
 	}
 	if err != nil {
 		// A node that hung is reported at the deadline by an i/o
@@ -197,11 +213,32 @@ type deployment struct {
 	why      map[string]error
 	sentinel *sentinelView
 	cluster  *clusterView
-	clients  []interface{ Close() error }
+
+	mu      sync.Mutex
+	closed  bool // by close: a client tracked after it is closed at once
+	clients []interface{ Close() error }
 }
 
+// track records c, to be closed by close.
+func (d *deployment) track(c interface{ Close() error }) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		_ = c.Close()
+		return
+	}
+	d.clients = append(d.clients, c)
+}
+
+// close closes the clients, those tracked from now on too. It is called
+// at the end of Run, and when Run's ctx is cancelled, perhaps while reads
+// go on.
 func (d *deployment) close() {
-	for _, c := range d.clients {
+	d.mu.Lock()
+	cs := d.clients
+	d.clients, d.closed = nil, true
+	d.mu.Unlock()
+	for _, c := range cs {
 		_ = c.Close()
 	}
 }
@@ -250,7 +287,7 @@ func nodeOptions(o redis.Options, addr string) *redis.Options {
 
 func (d *deployment) open(o redis.Options, addr string) *redis.Client {
 	c := redis.NewClient(nodeOptions(o, addr))
-	d.clients = append(d.clients, c)
+	d.track(c)
 	return c
 }
 
@@ -513,6 +550,7 @@ func (d *deployment) readPrimary(ctx context.Context, o redis.Options, c *redis.
 			ctx, cancel := partOf(ctx)
 			defer cancel()
 			c := redis.NewClient(nodeOptions(o, rl.addr))
+			d.track(c)
 			r, err := d.readNode(ctx, c, false)
 			mu.Lock()
 			defer mu.Unlock()
@@ -525,7 +563,6 @@ func (d *deployment) readPrimary(ctx context.Context, o redis.Options, c *redis.
 				d.why[rl.addr] = err // a refused password is said as such
 				return
 			}
-			d.clients = append(d.clients, r.client)
 			d.replicas = append(d.replicas, r)
 		})
 	}
@@ -614,7 +651,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		sc := redis.NewSentinelClient(nodeOptions(redis.Options{
 			Username: fo.SentinelUsername, Password: fo.SentinelPassword, TLSConfig: fo.TLSConfig,
 		}, addr))
-		d.clients = append(d.clients, sc)
+		d.track(sc)
 		sctx, cancel := partOf(ctx)
 		m, err := sc.Master(sctx, fo.MasterName).Result()
 		cancel()
