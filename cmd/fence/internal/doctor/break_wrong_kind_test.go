@@ -38,3 +38,20 @@ func TestPlainServerGivenAsClusterOrSentinel(t *testing.T) {
 		}
 	}
 }
+
+// A Cluster with no seed address audited nothing and returned no findings
+// and no error: "no findings" about a deployment it never read. A Sentinel
+// with none said "deployment unreachable". Both are a bad Config.
+func TestNoAddresses(t *testing.T) {
+	for name, cfg := range map[string]doctor.Config{
+		"cluster":  {Cluster: &redis.ClusterOptions{}},
+		"sentinel": {Sentinel: &redis.FailoverOptions{MasterName: "mymaster"}},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		fs, err := doctor.Run(ctx, cfg)
+		cancel()
+		if !errors.Is(err, fence.ErrInvalidOption) {
+			t.Errorf("%s without addresses: Run = %v, %v; want an error matching fence.ErrInvalidOption", name, fs, err)
+		}
+	}
+}
