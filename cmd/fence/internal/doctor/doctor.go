@@ -106,13 +106,21 @@ type Config struct {
 // read: a primary, every sentinel or every cluster node did not answer.
 var ErrUnreachable = errors.New("doctor: deployment unreachable")
 
+// errWrongKind marks an error of a read that found every node given
+// answering as another kind of server (a plain redis-server named as a
+// sentinel or a cluster seed): the wrong field of Config, not a
+// deployment that did not answer.
+var errWrongKind = errors.New("not the kind of server given")
+
 // defaultDeadline bounds Run when its context has no deadline.
 const defaultDeadline = 10 * time.Second
 
 // Run audits the deployment cfg names and returns its findings, most
 // severe first. It sends only reading commands, and probes (EVAL of a
 // script that reads, WAIT 0 0). It returns an error matching
-// fence.ErrInvalidOption for a bad Config, before anything is sent, and one
+// fence.ErrInvalidOption for a bad Config, before anything is sent (or,
+// for a plain redis-server given as every sentinel or cluster seed, once
+// they have said so), and one
 // matching ErrUnreachable when the deployment cannot be read; either way by
 // ctx's deadline, or within 10 s if ctx has none. When ctx is cancelled
 // first, it returns at once (its connections are closed, so that no read
@@ -136,6 +144,11 @@ func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 	}
 	if cfg.Sentinel != nil && cfg.Sentinel.MasterName == "" {
 		return nil, fmt.Errorf("%w: doctor: Sentinel needs MasterName", fence.ErrInvalidOption)
+	}
+	// Without an address a Cluster audited nothing and reported no
+	// findings (TestNoAddresses).
+	if cfg.Sentinel != nil && len(cfg.Sentinel.SentinelAddrs) == 0 || cfg.Cluster != nil && len(cfg.Cluster.Addrs) == 0 {
+		return nil, fmt.Errorf("%w: doctor: Sentinel needs SentinelAddrs, Cluster needs Addrs", fence.ErrInvalidOption)
 	}
 	if cfg.Redlock != nil {
 		cfg.Prefix = cmp.Or(cfg.Prefix, redlock.DefaultPrefix)
@@ -173,6 +186,9 @@ func Run(ctx context.Context, cfg Config) ([]Finding, error) {
 		err = d.readRedlock(ctx)
 	default:
 		err = d.readCluster(ctx)
+	}
+	if errors.Is(err, errWrongKind) {
+		return nil, fmt.Errorf("%w: doctor: %w", fence.ErrInvalidOption, err)
 	}
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 		return nil, fmt.Errorf("doctor: audit interrupted: %w", errors.Join(context.Cause(ctx), err))
@@ -647,6 +663,7 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 	d.sentinel = sv
 	var master []string
 	var errs []error // why each sentinel gave no master
+	plain := 0       // sentinels that answered as a plain redis-server
 	for _, addr := range fo.SentinelAddrs {
 		sc := redis.NewSentinelClient(nodeOptions(redis.Options{
 			Username: fo.SentinelUsername, Password: fo.SentinelPassword, TLSConfig: fo.TLSConfig,
@@ -656,6 +673,9 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 		m, err := sc.Master(sctx, fo.MasterName).Result()
 		cancel()
 		if err != nil {
+			if isReply(err) && strings.Contains(err.Error(), "unknown command 'sentinel'") {
+				plain++
+			}
 			sv.unreachable = append(sv.unreachable, addr)
 			err = tlsAnswer(ctx, &redis.Options{Addr: addr, TLSConfig: fo.TLSConfig}, err)
 			if tlsErr := tlsanswer.Refusal(err); tlsErr != nil {
@@ -704,6 +724,9 @@ func (d *deployment) readSentinel(ctx context.Context) error {
 			}
 		}
 	}
+	if master == nil && plain == len(fo.SentinelAddrs) {
+		return fmt.Errorf("%w: %v is not a sentinel (%w): give the sentinels' addresses, or audit a redis-server itself with --redis (Config.Standalone)", errWrongKind, fo.SentinelAddrs, errors.Join(errs...))
+	}
 	if master == nil {
 		// Say why: "No such master with that name" is a wrong
 		// master_name, not a network problem.
@@ -725,6 +748,7 @@ func (d *deployment) readCluster(ctx context.Context) error {
 	o := redis.Options{Username: co.Username, Password: co.Password, TLSConfig: co.TLSConfig}
 	var info, nodes string
 	var errs []error
+	plain := 0 // seeds that answered as a redis-server without cluster support
 	for _, addr := range co.Addrs {
 		c := d.open(o, addr)
 		// A seed that hangs takes a third of the time left, so that the
@@ -740,9 +764,14 @@ func (d *deployment) readCluster(ctx context.Context) error {
 		}
 		if !isReply(err) {
 			d.unreachable = append(d.unreachable, addr) // a finding if another seed answers
+		} else if strings.Contains(err.Error(), "cluster support disabled") {
+			plain++
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 		info = ""
+	}
+	if info == "" && plain == len(co.Addrs) {
+		return fmt.Errorf("%w: %v is not a cluster node (%w): audit a standalone redis-server with --redis (Config.Standalone)", errWrongKind, co.Addrs, errors.Join(errs...))
 	}
 	if info == "" {
 		return errors.Join(errs...)
