@@ -1,12 +1,12 @@
 package fenceotel_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/fenceotel"
+	"github.com/fencekit/fence/internal/observetest"
 	"github.com/fencekit/fence/memlock"
 )
 
@@ -26,27 +26,5 @@ func TestZeroObserverDoesNotPanicInAcquire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lease fence.Lease
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("Acquire with a zero fenceotel.Observer panicked: %v", p)
-			}
-		}()
-		lease, err = locker.Acquire(context.Background(), "job")
-	}()
-	if err != nil {
-		t.Fatal(err)
-	}
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("Release with a zero fenceotel.Observer panicked: %v", p)
-			}
-		}()
-		err = lease.Release(context.Background())
-	}()
-	if err != nil {
-		t.Fatal(err)
-	}
+	observetest.AcquireReleaseNoPanic(t, locker, "a zero fenceotel.Observer")
 }
