@@ -181,8 +181,14 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 			t.Fatalf("node %d: the give-back's delete was not held (Extend: %v)", i, err)
 		}
 	}
-	if on := lockedOn(t, srvs, name); len(on) != len(srvs) {
-		t.Fatalf("with the give-back held, the lock is on nodes %v, want all", on)
+	// The renewal moved each node's lock a lease time from when it ran
+	// there; on a loaded machine one that ran early may have run out by
+	// now (ci50: on nodes [0 1]). The give-back is held on every node; it
+	// must find the lock on one at least for what follows to mean much.
+	if on := lockedOn(t, srvs, name); len(on) == 0 {
+		t.Fatalf("with the give-back held, the lock is on no node")
+	} else if len(on) != len(srvs) {
+		t.Logf("with the give-back held, the lock is on nodes %v (the others' ran out)", on)
 	}
 	// Release, the give-back's deletes still held: the lease was lost
 	// before it.
