@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 )
@@ -185,11 +186,17 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 	// there; on a loaded machine one that ran early may have run out by
 	// now (ci50: on nodes [0 1]). The give-back is held on every node; it
 	// must find the lock on one at least for what follows to mean much.
-	if on := lockedOn(t, srvs, name); len(on) == 0 {
-		t.Fatalf("with the give-back held, the lock is on no node")
-	} else if len(on) != len(srvs) {
-		t.Logf("with the give-back held, the lock is on nodes %v (the others' ran out)", on)
+	held := valuesOn(t, srvs, name)
+	oldOwner := ""
+	for _, v := range held {
+		if v != "" {
+			oldOwner = v
+		}
 	}
+	if oldOwner == "" {
+		t.Fatalf("with the give-back held, the lock is on no node")
+	}
+	t.Logf("with the give-back held, the lock's values by node: %q", held)
 	// Release, the give-back's deletes still held: the lease was lost
 	// before it.
 	rctx, rcancel := context.WithTimeout(ctxFor(t), 5*time.Second)
@@ -205,6 +212,9 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 		if err != nil {
 			t.Fatalf("Acquire again, the lease's give-back held: %v", err)
 		}
+		// The new lease's lock is on a majority at least: a node where the
+		// old lock had not run out yet refused it (ci51: node 0).
+		taken := valuesOn(t, srvs, name)
 		openRels()
 		for i, r := range rels {
 			select {
@@ -213,8 +223,21 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 				t.Fatalf("node %d: the held delete did not run", i)
 			}
 		}
-		if on := lockedOn(t, srvs, name); len(on) != len(srvs) || lease2.Err() != nil {
-			t.Fatalf("the old lease's give-back, let go, left the new lease's lock on nodes %v of %d (Err %v)", on, len(srvs), lease2.Err())
+		after := valuesOn(t, srvs, name)
+		t.Logf("values by node: old lease %q, new lease taken %q, the deletes let go %q", oldOwner, taken, after)
+		mine := 0
+		for i := range srvs {
+			switch {
+			case taken[i] == oldOwner && after[i] != "":
+				t.Errorf("node %d: the old lease's lock is still there after its give-back ran (%q)", i, after[i])
+			case taken[i] != oldOwner && after[i] != taken[i]:
+				t.Errorf("node %d: the old lease's give-back, let go, changed the new lease's lock from %q to %q", i, taken[i], after[i])
+			case taken[i] != oldOwner && taken[i] != "":
+				mine++
+			}
+		}
+		if mine < len(srvs)/2+1 || lease2.Err() != nil {
+			t.Fatalf("the new lease holds its lock on %d of %d nodes after the give-back ran (Err %v)", mine, len(srvs), lease2.Err())
 		}
 		if err := lease2.Release(ctxFor(t)); err != nil {
 			t.Fatalf("Release of the new lease: %v", err)
@@ -256,4 +279,19 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 	if on := lockedOn(t, srvs, name); len(on) != 0 {
 		t.Errorf("Close returned with the lock still on nodes %v", on)
 	}
+}
+
+// valuesOn returns the value of name's lock key on each of srvs, "" where
+// there is none.
+func valuesOn(t testing.TB, srvs []*redistest.Server, name string) []string {
+	t.Helper()
+	vals := make([]string, len(srvs))
+	for i, s := range srvs {
+		v, err := s.Client(t).Get(ctxFor(t), lockKey(name)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatalf("GET on node %d: %v", i, err)
+		}
+		vals[i] = v
+	}
+	return vals
 }

@@ -161,10 +161,16 @@ func (quiet) Printf(string, ...any) {}
 // A dialer other than nil replaces net.DialTimeout.
 func connect(t testing.TB, addrs []string, dialer zk.Dialer) *zk.Conn {
 	t.Helper()
+	return connectFor(t, addrs, dialer, sessionTimeout)
+}
+
+// connectFor is connect with a session timeout of timeout.
+func connectFor(t testing.TB, addrs []string, dialer zk.Dialer, timeout time.Duration) *zk.Conn {
+	t.Helper()
 	if dialer == nil {
 		dialer = net.DialTimeout
 	}
-	conn, _, err := zk.Connect(addrs, sessionTimeout, zk.WithLogger(quiet{}), zk.WithDialer(dialer))
+	conn, _, err := zk.Connect(addrs, timeout, zk.WithLogger(quiet{}), zk.WithDialer(dialer))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,8 +188,15 @@ func connect(t testing.TB, addrs []string, dialer zk.Dialer) *zk.Conn {
 // newLocker connects a session and returns a Locker on it.
 func newLocker(t testing.TB, addrs []string) (*zklock.Locker, *zk.Conn) {
 	t.Helper()
-	conn := connect(t, addrs, nil)
-	l, err := zklock.New(conn, sessionTimeout)
+	return newLockerFor(t, addrs, nil, sessionTimeout)
+}
+
+// newLockerFor is newLocker with a dialer (nil: net.DialTimeout) and a
+// session timeout of timeout.
+func newLockerFor(t testing.TB, addrs []string, dialer zk.Dialer, timeout time.Duration) (*zklock.Locker, *zk.Conn) {
+	t.Helper()
+	conn := connectFor(t, addrs, dialer, timeout)
+	l, err := zklock.New(conn, timeout)
 	if err != nil {
 		t.Fatal(err)
 	}
