@@ -20,7 +20,7 @@ import (
 func TestDatabaseTurnsReadOnly(t *testing.T) {
 	d := newDatabase(t, pg)
 	l := d.locker(t, d.db)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), "ro") // watchdog lease, 300 ms
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), "ro") // watchdog lease of watchdogTTL
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -112,10 +112,10 @@ func TestCallAtFailedRenewal(t *testing.T) {
 
 // minuteWatchdog is d.lockerWith on d.db with o, but with the watchdog TTL
 // of a minute that observetest's PastDeadline, PastDeadlineCase and
-// GapAttack ask for: lockerWith sets the package's 300 ms, whose expiry
-// timer and renewals (every 100 ms, each of which ends a lease found past
-// its deadline, quietly, leaving the report to the watchdog's goroutine)
-// closed the gap those tests open within 300 ms.
+// GapAttack ask for: lockerWith sets the package's watchdogTTL (1 s),
+// whose expiry timer and renewals (every third of it, each of which ends a
+// lease found past its deadline, quietly, leaving the report to the
+// watchdog's goroutine) closed the gap those tests open within it.
 func minuteWatchdog(t *testing.T, d database, o pglock.Options) fence.Locker {
 	t.Helper()
 	o.WatchdogTTL, o.Listener = time.Minute, pgxListener{d.dsn}

@@ -36,7 +36,7 @@ func (r *recorder) LeaseEnded(e fence.LeaseEvent) {
 
 // removalTTL is the watchdog lease time of the tests that delete a lease's
 // row and want the lease to end as removed: the next renewal, a third of
-// it later, finds the row gone. With watchdogTTL (300 ms) a renewal
+// it later, finds the row gone. With a watchdog TTL of 300 ms a renewal
 // stalled on a loaded machine let the deadline pass first, and the lease
 // ended as renew_failed (TestLogger, in a CI run with -race and five
 // packages at once).
