@@ -29,6 +29,11 @@ var ErrBadTokenRecord = errors.New("redislock: bad token record")
 // came after the lease's deadline (counted from when the try was sent): the
 // lease would have ended before Acquire returned it. The try is given up
 // on (see lateReply).
+// errBudgetConfirming says that the wait budget ran out on the try that
+// confirmed a grant of the lock to the waiter (see grantConfirmation): the
+// lock was the waiter's, given back since.
+var errBudgetConfirming = errors.New("redislock: the wait budget ran out confirming a grant of the lock to this waiter, given back")
+
 var errLateReply = fmt.Errorf("%w: redislock: the reply that took the lock came too late", fence.ErrLeaseLost) // matches fence.ErrLeaseLost: the lease ended before Acquire returned
 
 // lateReply is the error of a try sent at sent whose reply, taking the lock

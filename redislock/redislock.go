@@ -337,7 +337,12 @@ func (b *boxedMs) get(d time.Duration) any {
 // (fence.ErrNotReplicated). Any other error (WRONGTYPE, auth or ACL,
 // ErrBadTokenRecord) ends the wait at once. Either way the error is returned
 // inside an error matching fence.ErrNotAcquired; when the budget ends on a
-// transient error, that error rather than fence.ErrHeld.
+// transient error, that error rather than fence.ErrHeld. When it ends on a
+// try not yet answered with a grant of the lock to this Acquire in hand
+// (made by the holder's release, as above), the lock was this Acquire's,
+// not held by another: it is given back, and the error says the budget ran
+// out confirming the grant, matching fence.ErrNotReplicated with replica
+// sync (the try's WAIT was the grant's confirmation).
 //
 // Acquire, like every call fence makes, returns by ctx's deadline even if
 // the client does not honour it (go-redis without ContextTimeoutEnabled),
@@ -473,6 +478,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		failures int                  // transient errors in a row
 		lastErr  error                // the last transient error, if the last try failed
 		maybe    = err                // an error after which the script may have run
+		confirm  error                // the report if the budget cuts the next try, which confirms a grant of a's (see grantConfirmation)
 	)
 	defer func() {
 		if leave != nil {
@@ -496,10 +502,14 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 	// budgetOver says why waiting stopped: the caller's ctx; else the
 	// budget ran out, while another owner held the lock or on the last
 	// transient error.
+	// A try cut while it confirmed a grant made to a says so (confirm):
+	// the lock was a's, not held by another.
 	budgetOver := func() (fence.Lease, error) {
 		switch {
 		case ctx.Err() != nil:
 			return fail(ctx.Err())
+		case confirm != nil:
+			return fail(confirm)
 		case lastErr != nil:
 			return fail(lastErr)
 		default:
@@ -511,6 +521,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 	defer timer.Stop()
 	for {
 		var next time.Duration // before the next try; zero: try now
+		confirm = nil
 		switch {
 		case err != nil:
 			// A failover, a restart, a dropped connection: back off and
@@ -568,6 +579,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 						}
 						// Not usable as it is: the try below confirms
 						// it (finds the lock ours) or finds it is not.
+						confirm = a.grantConfirmation(u, len(sent))
 						break sleep
 					case u.tryNow:
 						break sleep
@@ -596,6 +608,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 				if ls := l.granted(ctx, a, u, sent); ls != nil {
 					return ls, nil
 				}
+				confirm = a.grantConfirmation(u, len(sent))
 			}
 		}
 		// Tries are bounded by the wait budget; one given up on that took
@@ -619,6 +632,12 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 			// Ended by the deadline, inside the client or by bounded
 			// (errGaveUp): the script may have run, or run later.
 			maybe = err
+			if confirm == nil && me != nil {
+				// A grant that came while the try was out: the try,
+				// whose reply was not read, ran before it or found the
+				// lock a's by it.
+				confirm = a.grantConfirmation(l.taken(me, false), len(sent)-1)
+			}
 			return budgetOver()
 		case err != nil && !waitThrough(err):
 			if errors.Is(err, errUnreleased) || errors.Is(err, errWaitFailed) {
@@ -696,6 +715,25 @@ func (l *Locker) granted(ctx context.Context, a *attempt, u wakeup, sent []time.
 		ls.movedAhead() // an earlier try may still arrive (see try)
 	}
 	return ls
+}
+
+// grantConfirmation returns what Acquire reports when its wait budget ends
+// on a try whose reply was not read, u.grant having come before it (the try
+// confirms it: granted did not take it as it is) or while it was out: nil
+// unless the grant is a's own (signed by a, and made after a's try number
+// since at the earliest), so that the lock was a's and not held by
+// another. It is reported, never taken. With replica sync, and no
+// release's WAIT covering the grant, the try's WAIT was the grant's
+// confirmation, and the budget ended before the replicas acknowledged it:
+// fence.ErrNotReplicated.
+func (a *attempt) grantConfirmation(u wakeup, since int) error {
+	if u.grant.owner == "" || u.grant.try < since || !a.signedBy(u.grant) {
+		return nil
+	}
+	if a.synced && !u.synced {
+		return fmt.Errorf("%w: %w", fence.ErrNotReplicated, errBudgetConfirming)
+	}
+	return errBudgetConfirming
 }
 
 // signedBy reports whether g carries the MAC that the grant script makes
