@@ -159,14 +159,14 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 func (b *brokenLocker) givenBack(ctx context.Context, name string, opts []fence.Option) (fence.Lease, error) {
 	called := time.Now()
 	if b.bug == "late-reply-kept" {
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // injected latency: the try on its way to the server
 	}
 	inner, err := b.l.Acquire(ctx, name, opts...)
 	if err != nil {
 		return nil, err
 	}
 	if b.bug == "late-reply-kept" {
-		time.Sleep(time.Until(called.Add(240 * time.Millisecond)))
+		time.Sleep(time.Until(called.Add(240 * time.Millisecond))) // injected latency: the reply on its way back
 	} else {
 		_ = inner.Release(ctx)
 	}

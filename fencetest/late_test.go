@@ -71,7 +71,7 @@ func (g *givesBackOnce) Acquire(ctx context.Context, name string, opts ...fence.
 	}
 	// The reply comes past the lease's deadline (the suite does not retry a
 	// give-back that came sooner: that reply was in time).
-	time.Sleep(time.Until(called.Add(ttl + 10*time.Millisecond)))
+	time.Sleep(time.Until(called.Add(ttl + 10*time.Millisecond))) // injected latency: the reply on its way back
 	_ = lease.Release(ctx)
 	return nil, fence.NotAcquired(name, fmt.Errorf("%w: the reply that took the lock came too late; given back", fence.ErrLeaseLost))
 }
