@@ -150,7 +150,26 @@ func TestOneConnectionPool(t *testing.T) {
 			errc <- err
 		})
 	}
-	time.Sleep(3 * watchdogTTL) // let the watchdog renew while they wait
+	// The watchdog renews the holder's lease while they wait: wait until
+	// it has moved the deadline two lease times past the one Acquire set,
+	// past the waiters' tries again at the holder's deadline they were
+	// told (each renewal moves it by a third of a lease time).
+	granted := holder.Deadline()
+	want := granted.Add(2 * watchdogTTL)
+	tick := time.NewTicker(5 * time.Millisecond) // polling with a deadline
+	defer tick.Stop()
+	limit := time.NewTimer(10 * time.Second)
+	defer limit.Stop()
+	for !holder.Deadline().After(want) {
+		select {
+		case <-holder.Done():
+			t.Fatalf("the holder lost its lease while the waiters shared its pool: %v", holder.Err())
+		case <-limit.C:
+			t.Fatalf("the watchdog moved the holder's deadline from %v to only %v in 10 s, want past %v",
+				granted.Format(time.StampMilli), holder.Deadline().Format(time.StampMilli), want.Format(time.StampMilli))
+		case <-tick.C:
+		}
+	}
 	if err := holder.Err(); err != nil {
 		t.Fatalf("the holder lost its lease while the waiters shared its pool: %v", err)
 	}
