@@ -245,6 +245,7 @@ func TestTransportHedgedAttemptsShareConn(t *testing.T) {
 	defer srv.Close()
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
+	var hedges sync.WaitGroup // done when both attempts of a request have ended
 	hedged := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		type result struct {
 			resp *http.Response
@@ -260,7 +261,9 @@ func TestTransportHedgedAttemptsShareConn(t *testing.T) {
 			}()
 		}
 		first := <-out
+		hedges.Add(1)
 		go func() {
+			defer hedges.Done()
 			if late := <-out; late.err == nil {
 				late.resp.Body.Close()
 			}
@@ -292,7 +295,16 @@ func TestTransportHedgedAttemptsShareConn(t *testing.T) {
 		if releaseErr != nil {
 			t.Fatal(releaseErr)
 		}
-		time.Sleep(20 * time.Millisecond) // the server's handler
+		// The attempt that lost may still be out: wait for it to end. An
+		// attempt whose request went out ends with the server's answer, sent
+		// once the handler has counted the hit.
+		ended := make(chan struct{})
+		go func() { hedges.Wait(); close(ended) }()
+		select {
+		case <-ended:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("try %d: the hedged attempt that lost did not end in 10 s", i)
+		}
 		if n := hits.Load(); n != 0 {
 			sent++
 			t.Logf("try %d: server hit %d times with the ended lease's token, Do = %v", i, n, err)
