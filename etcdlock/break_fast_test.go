@@ -609,7 +609,7 @@ func TestLeaderKilledWhileCycling(t *testing.T) {
 				wg.Wait()
 				t.Fatalf("%d cycles, %d wanted, after 20 s: %q", c, want, bad)
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // polling with a deadline
 		}
 	}
 	waitCycles(20)

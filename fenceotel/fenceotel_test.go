@@ -50,7 +50,7 @@ func TestCollectAfterLossRefusalAndStaleWrite(t *testing.T) {
 	}
 	// The lost lease's end is reported just after its Done closes: poll.
 	var got map[string]int64
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) { // polling with a deadline
 		if got = collect(t, reader); equal(got, want) {
 			return
 		}

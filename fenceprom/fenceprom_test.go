@@ -58,7 +58,7 @@ fence_replica_sync_refusals_total{acked="0",backend="redis",op="acquire",require
 	names := []string{"fence_acquisitions_total", "fence_guard_decisions_total", "fence_leases_lost_total", "fence_replica_sync_refusals_total"}
 	// The lost lease's end is reported just after its Done closes: poll.
 	var last error
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) { // polling with a deadline
 		if last = testutil.ScrapeAndCompare(srv.URL, strings.NewReader(want), names...); last == nil {
 			break
 		}

@@ -64,7 +64,7 @@ func TestObserver(t *testing.T) {
 	// The expiry is reported by the lease's timer once it has unlocked
 	// the Locker, after Done closed: wait for it, or c's release may be
 	// reported first.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // polling with a deadline
 		rec.mu.Lock()
 		n := len(rec.ends)
 		rec.mu.Unlock()

@@ -49,7 +49,7 @@ func TestOpaqueClientWithoutShardedPubSub(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the waiter did not queue within 10 s")
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
 	start := time.Now()
 	relErr := held.Release(ctx(t))

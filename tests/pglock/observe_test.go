@@ -68,7 +68,7 @@ func TestObserver(t *testing.T) {
 	if err := kept.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) { // polling with a deadline
 		rec.mu.Lock()
 		n := len(rec.ends)
 		rec.mu.Unlock()

@@ -117,7 +117,7 @@ func TestWaiterSendsNoQueriesWhileHeld(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the waiter sent %d statements in 5s", count.Load())
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // polling with a deadline
 	}
 	hold := time.NewTimer(1500 * time.Millisecond)
 	<-hold.C

@@ -69,7 +69,7 @@ func eventually(t *testing.T, cfg doctor.Config, id string, sev doctor.Severity,
 		if time.Now().After(deadline) {
 			t.Fatalf("no %s finding %q on %q after 20 s:\n%s", sev, id, node, dump(fs))
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // polling with a deadline
 	}
 }
 

@@ -71,7 +71,7 @@ func TestSeedRace(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("paymentd's seed insert never waited for the other's")
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
 	if err := first.Commit(); err != nil {
 		t.Fatal(err)

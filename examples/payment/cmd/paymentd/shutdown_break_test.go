@@ -77,7 +77,7 @@ func TestShutdownWaitsForApprovals(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the approval never took the lock")
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
 	sigterm()
 	select {

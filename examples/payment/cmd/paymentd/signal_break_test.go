@@ -86,7 +86,7 @@ func TestSecondSignalEndsAtOnce(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the approval never took the lock")
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
