@@ -101,12 +101,16 @@ func TestWaitDeniedOnHeldLock(t *testing.T) {
 		if !errors.Is(err, fence.ErrNotAcquired) {
 			t.Fatalf("Acquire (wait %v) = %v; want fence.ErrNotAcquired", wait, err)
 		}
-		// The give-back runs in the background: poll for a while that
-		// nothing of the holder's changes.
-		for deadline := time.Now().Add(500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if got := admin.Get(ctx(t), lockKey("held-denied")).Val(); got != before {
-				t.Fatalf("wait %v: the holder's lock went from %q to %q", wait, before, got)
-			}
+		// The give-back runs in the background: wait until it has been
+		// sent, then look that nothing of the holder's changed.
+		gctx, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+		err = l.WaitGiveBacks(gctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("wait %v: the give-back not sent in 10 s: %v", wait, err)
+		}
+		if got := admin.Get(ctx(t), lockKey("held-denied")).Val(); got != before {
+			t.Fatalf("wait %v: the holder's lock went from %q to %q", wait, before, got)
 		}
 		if err := holder.Extend(ctx(t), time.Minute); err != nil {
 			t.Fatalf("wait %v: the holder's Extend after the denied try = %v", wait, err)
