@@ -396,14 +396,25 @@ func TestStandaloneRestartLosesNothing(t *testing.T) {
 	if err := m.WaitReady(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	// Past two renewals of the holder after the restart.
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+	// Past two renewals of the holder after the restart: its Deadline
+	// moved twice (a renewal every third of its 6 s lease time).
+	last, renewed := holder.Deadline(), 0
+	tick := time.NewTicker(10 * time.Millisecond) // polling with a deadline
+	defer tick.Stop()
+	limit := time.NewTimer(20 * time.Second)
+	defer limit.Stop()
+	for renewed < 2 {
 		select {
 		case err := <-got:
 			t.Fatalf("the waiter returned while the lock was held: %v", err)
 		case <-holder.Done():
 			t.Fatalf("the holder's lease ended across the restart: %v", holder.Err())
-		case <-time.After(100 * time.Millisecond):
+		case <-limit.C:
+			t.Fatalf("the holder's lease renewed %d times in 20 s after the restart, want 2 (Deadline %v)", renewed, holder.Deadline().Format(time.StampMilli))
+		case <-tick.C:
+			if d := holder.Deadline(); d.After(last) {
+				last, renewed = d, renewed+1
+			}
 		}
 	}
 	if err := holder.Release(ctx); err != nil {
