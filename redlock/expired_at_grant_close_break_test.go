@@ -50,7 +50,7 @@ func TestCloseOvertakingExpiredAtGrantReportsNoLease(t *testing.T) {
 	}
 	// The timer's report, if made, is made on the timer's goroutine just
 	// after the lease ended: give it a moment to come.
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(time.Second) // no event to wait on: a report not made has none; a second is watched
 	for time.Now().Before(deadline) {
 		rec.mu.Lock()
 		for _, e := range rec.ends {

@@ -119,7 +119,7 @@ func TestWaiterSendsNoQueriesWhileHeld(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond) // polling with a deadline
 	}
-	hold := time.NewTimer(1500 * time.Millisecond)
+	hold := time.NewTimer(1500 * time.Millisecond) // no event to wait on: a statement not sent has none; the waiter is watched for 1.5 s
 	<-hold.C
 	during := count.Load()
 	released := time.Now()
