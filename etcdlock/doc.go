@@ -171,15 +171,17 @@
 // its watch sits on such a member. A Release whose first attempt timed out
 // and whose retry finds the key gone cannot tell its own delete from
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
-// a lost lease, an Extend) are bounded by half a second even when ctx has
-// ended, and after a failed Acquire or Release, or an Extend or Release
-// past the lease's deadline, by what is left of the caller's ctx and, for
+// a lost lease) are bounded by half a second even when ctx has
+// ended, and after a failed Acquire or Release, in an Extend, or in a
+// Release past the lease's deadline, by what is left of the caller's ctx and, for
 // an Acquire, of its wait budget (a tenth of a second once either has
 // ended, enough for a member that answers; a quarter second after a late
 // reply, whose give-back a budget already over does not cut short), so
 // that a member that hangs does not hold the caller past its deadline;
 // one that does not get through leaves the etcd lease to expire on
-// the server, except after a failed Acquire or Release and for a lost
+// the server, except after a failed Acquire or Release, in an Extend
+// (whose revokes free an etcd lease that holds no key, or one of a lease
+// that has ended), and for a lost
 // lease (one that ran out during a quorum loss held its lock for nobody a
 // whole TTL after quorum came back): there it is tried again in the
 // background, until it gets through, etcd says the etcd lease

@@ -28,10 +28,11 @@ const (
 
 // cleanupTimeout bounds the revoke that gives up an etcd lease when Acquire
 // fails, when a lease is lost, or when Extend moves the lock to a new etcd
-// lease. A revoke that does not get through in time is abandoned: the etcd
-// lease then expires on the server after its TTL; after a failed Acquire or
-// Release, and for a lost lease, it is tried again in the background (see
-// giveBack).
+// lease (there, what is left of the caller's ctx bounds it too: see
+// giveBackWithin). A revoke that does not get through in time is
+// abandoned: the etcd lease then expires on the server after its TTL;
+// after a failed Acquire or Release, in Extend, and for a lost lease, it is
+// tried again in the background (see giveBack).
 const cleanupTimeout = 500 * time.Millisecond
 
 // retryInterval paces renewals that failed for a reason other than the

@@ -754,8 +754,12 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	defer ls.flush() // after unlockOp: see flush
 	defer ls.unlockOp()
+	// Every etcd lease this call revokes holds no key (the key is on
+	// another), or belongs to a lease that has ended: revoking it later
+	// is harmless, so a revoke that does not get through by ctx's end
+	// (and doneGrace) is left to the background (giveBackWithin).
 	if !time.Now().Before(ls.Deadline()) && ls.expired() {
-		ls.l.revoke(ctx, ls.etcdLease())
+		ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 	}
 	if err := ls.errNow(); err != nil {
 		if err == fence.ErrReleased {
@@ -809,12 +813,12 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		// else (no other Txn of fence moves it): not expected. Revoking g
 		// is safe (no Txn of this Extend holds any more).
 		ls.modRev = kv.ModRevision
-		ls.l.revoke(ctx, g.ID)
+		ls.l.giveBackWithin(ctx, g.ID, nil)
 		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: the key's revision moved to %d behind the lease's back", ls.name, kv.ModRevision))
 	}
-	ls.l.revoke(ctx, g.ID)
+	ls.l.giveBackWithin(ctx, g.ID, nil)
 	if ls.end(ls.lostf("its key %s is gone", ls.key)) {
-		ls.l.revoke(ctx, ls.etcdLease())
+		ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 	}
 	return ls.errNow()
 }
@@ -865,13 +869,13 @@ func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantRes
 	switch {
 	case serr != nil:
 		if ls.end(ls.lostf("an Extend could not tell whether its key %s moved to etcd lease %x, which nobody renews (%v; then %v)", ls.key, int64(g.ID), err, serr)) {
-			ls.l.revoke(ctx, ls.etcdLease())
+			ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 		}
-		ls.l.revoke(ctx, g.ID)
+		ls.l.giveBackWithin(ctx, g.ID, nil)
 		return ls.errNow()
 	case resp.Succeeded:
 		ls.modRev = resp.Header.Revision
-		ls.l.revoke(ctx, g.ID)
+		ls.l.giveBackWithin(ctx, g.ID, nil)
 		return ls.extendFailed(ctx, err)
 	}
 	kv := elseKey(resp)
@@ -880,7 +884,7 @@ func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantRes
 		return ls.moveTo(ctx, g, ttl, sent)
 	}
 	// No Txn of this Extend can apply any more: g holds no key.
-	ls.l.revoke(ctx, g.ID)
+	ls.l.giveBackWithin(ctx, g.ID, nil)
 	if kv != nil && kv.CreateRevision == int64(ls.token) {
 		ls.modRev = kv.ModRevision
 		return ls.extendFailed(ctx, err)
@@ -888,7 +892,7 @@ func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantRes
 	// The key is gone: the lock is no longer held, as a move that finds it
 	// gone says (the watch may not have told, on a member that hangs).
 	if ls.end(ls.lostf("its key %s is gone", ls.key)) {
-		ls.l.revoke(ctx, ls.etcdLease())
+		ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 	}
 	return ls.errNow()
 }
@@ -935,7 +939,7 @@ func (ls *Lease) settleTxn(cctx context.Context, old clientv3.LeaseID) (*clientv
 // through, or why the lease ended if its deadline passed meanwhile.
 func (ls *Lease) extendFailed(ctx context.Context, err error) error {
 	if !time.Now().Before(ls.Deadline()) && ls.expired() {
-		ls.l.revoke(ctx, ls.etcdLease())
+		ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 	}
 	if lerr := ls.errNow(); lerr != nil {
 		return lerr
@@ -952,7 +956,7 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 	ls.mu.Lock()
 	if err := ls.err; err != nil {
 		ls.mu.Unlock()
-		ls.l.revoke(ctx, g.ID)
+		ls.l.giveBackWithin(ctx, g.ID, nil)
 		return err
 	}
 	old := ls.id
@@ -964,7 +968,7 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 	case ls.moved <- struct{}{}:
 	default:
 	}
-	ls.l.revoke(ctx, old) // it holds no key now
+	ls.l.giveBackWithin(ctx, old, nil) // it holds no key now
 	return nil
 }
 
