@@ -166,7 +166,15 @@
 // balances round robin).
 // Extend also gives up at the lease's deadline, when the lease has ended
 // anyway, and a Release waiting for an Extend in flight returns when its
-// own ctx ends. A waiter
+// own ctx ends. An Extend whose move got no answer settles it before it
+// revokes anything (the move may land late), trying again for a second
+// after ctx's end, so that one failure does not end a lease whose key is
+// in place; it waits for that only until ctx ends (a tenth of a second
+// more if it had ended already): the settle then goes on in the
+// background, holding the lease's Release and Extend (each waits within
+// its own ctx), and ends the lease as lost if etcd never tells, and
+// Extend returns ctx's error (it returned 2 s past its caller's deadline
+// on a member that hung). A waiter
 // also checks its place again after each renewal of its etcd lease, in case
 // its watch sits on such a member. A Release whose first attempt timed out
 // and whose retry finds the key gone cannot tell its own delete from

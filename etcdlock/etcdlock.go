@@ -83,6 +83,9 @@ type Locker struct {
 	// givingBack: the etcd leases giveBack retries a revoke of in the
 	// background, one goroutine each.
 	givingBack map[clientv3.LeaseID]struct{}
+	// settling counts the Extends whose move is being settled in the
+	// background (see settleBehind), one goroutine each.
+	settling int
 
 	starter starter // starts the runs of its leases
 }
@@ -668,6 +671,19 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 		}
 	}()
 	return err
+}
+
+// settleStarted and settleEnded count a goroutine of settleBehind's.
+func (l *Locker) settleStarted() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.settling++
+}
+
+func (l *Locker) settleEnded() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.settling--
 }
 
 // giveBackWithin is giveBack for a caller that must return by ctx's

@@ -90,3 +90,11 @@ func SetDeadline(fl fence.Lease, d time.Time) {
 	defer ls.mu.Unlock()
 	ls.setDeadline(d)
 }
+
+// Settling returns how many Extends of l are settling their move in the
+// background (see settleBehind).
+func Settling(l *Locker) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.settling
+}

@@ -723,7 +723,16 @@ func (ls *Lease) renew(ctx context.Context) error {
 // revision is each move's), and revokes the old one. A move that got no
 // answer is settled before the new etcd lease is revoked (see settleMove),
 // tried again while the move's ctx lasts and for a second after; if etcd
-// cannot tell whether it was applied, the lease ends. A
+// cannot tell whether it was applied, the lease ends. Extend waits for
+// that settle until ctx ends (for a tenth of a second if it had ended
+// already, enough for a member that answers): past that, the settle goes
+// on in the background, and Extend returns an error that matches ctx's
+// and says the move's outcome is being settled, not fence.ErrLeaseLost
+// (unless the lease has ended meanwhile); the lease then goes on or ends
+// as lost, as the settle finds, and the lease's Release and Extend wait
+// for it within their own ctx. Revokes after ctx has ended (of an etcd
+// lease that holds no key, or of a lease that has ended) wait a tenth of
+// a second and are tried again in the background. A
 // watchdog lease is then renewed every third of ttl. After Release, Extend
 // returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
@@ -752,8 +761,15 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := ls.lockOp(ctx); err != nil {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
-	defer ls.flush() // after unlockOp: see flush
-	defer ls.unlockOp()
+	// held: this call still holds ls.op, and gives it back as it returns;
+	// a settle left to the background (settleBehind) takes it over.
+	held := true
+	defer func() {
+		if held {
+			ls.unlockOp()
+			ls.flush() // after unlockOp: see flush
+		}
+	}()
 	// Every etcd lease this call revokes holds no key (the key is on
 	// another), or belongs to a lease that has ended: revoking it later
 	// is harmless, so a revoke that does not get through by ctx's end
@@ -794,8 +810,10 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		// The Txn may have been applied with its reply lost, or may
 		// still be on its way: revoking g would then delete the lock.
-		// Settle it first.
-		return ls.settleMove(ctx, cctx, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
+		// Settle it first, in the background once ctx has ended.
+		err, bg := ls.settleBehind(ctx, cctx, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
+		held = !bg
+		return err
 	}
 	if resp.Succeeded {
 		ls.modRev = resp.Header.Revision
@@ -897,6 +915,56 @@ func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantRes
 	return ls.errNow()
 }
 
+// settleBehind runs settleMove (its arguments are settleMove's) and waits
+// for it until ctx ends, or for doneGrace if ctx had ended already (the
+// move's attempts took all of it): enough for a member that answers. If
+// it is not through by then (a member that hangs), the settle goes on in
+// the background, with its extra grace (see settleTxn), holding ls.op,
+// which it gives back once it has updated the lease as it would have
+// here (the deadline moved onto g, or the lease ended as lost), and then
+// reports an end (flush); a Release or Extend called meanwhile waits for
+// ls.op within its own ctx, as it waits for an Extend in flight. Extend
+// then returns an error that wraps ctx's and says so, which matches
+// fence.ErrLeaseLost only if the lease has ended already; bg reports
+// that the settle took ls.op over. The caller holds ls.op.
+func (ls *Lease) settleBehind(ctx, cctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) (_ error, bg bool) {
+	res := make(chan error)
+	left := make(chan struct{}) // closed when Extend returns without the result
+	l := ls.l
+	l.settleStarted()
+	go func() {
+		defer l.settleEnded()
+		serr := ls.settleMove(ctx, cctx, g, ttl, sent, err)
+		select {
+		case res <- serr:
+			// Extend took the result, and gives ls.op back itself.
+		case <-left:
+			ls.unlockOp()
+			ls.flush() // after unlockOp: see flush
+		}
+	}()
+	done, wait := ctx.Done(), (<-chan time.Time)(nil)
+	if ctx.Err() != nil {
+		grace := time.NewTimer(doneGrace)
+		defer grace.Stop()
+		done, wait = nil, grace.C
+	}
+	select {
+	case serr := <-res:
+		return serr, false
+	case <-done:
+	case <-wait:
+	}
+	close(left)
+	if lerr := ls.errNow(); lerr != nil {
+		if lerr == fence.ErrReleased {
+			lerr = fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
+		}
+		return fmt.Errorf("%w (and the Extend's ctx ended: %w)", lerr, ctx.Err()), true
+	}
+	return fmt.Errorf("etcdlock: extend %q: %w; the move of its key got no answer, and whether it was applied is being settled in the background, the lease held meanwhile", ls.name, ctx.Err()), true
+}
+
 // settleTxn sends settleMove's Txn, moving the key onto the etcd lease
 // old, until it gets an answer. A failed attempt (timed out after
 // cleanupTimeout, or any error: a member without a leader answers at once)
@@ -930,6 +998,7 @@ func (ls *Lease) settleTxn(cctx context.Context, old clientv3.LeaseID) (*clientv
 		select {
 		case <-wait.C:
 		case <-ls.ctx.Done(): // not ls.Done(), which would report an end past the deadline here, holding ls.op
+		case <-ls.l.client.Ctx().Done():
 		}
 		wait.Stop()
 	}

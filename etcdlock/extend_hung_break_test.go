@@ -1,0 +1,363 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/observetest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+)
+
+// hangGate is a client interceptor that, while hung, holds every Txn and
+// LeaseRevoke until its attempt is cut, as the only member would if it
+// hung after the Grant (paused, or cut off behind an open connection): a
+// request cut is never sent; one still waiting when the member answers
+// again (resume) is sent then.
+type hangGate struct {
+	mu   sync.Mutex
+	open chan struct{} // closed on resume; nil: not hung
+}
+
+func (g *hangGate) hang() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.open == nil {
+		g.open = make(chan struct{})
+	}
+}
+
+func (g *hangGate) resume() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.open != nil {
+		close(g.open)
+		g.open = nil
+	}
+}
+
+func (g *hangGate) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if method == "/etcdserverpb.KV/Txn" || method == "/etcdserverpb.Lease/LeaseRevoke" {
+		g.mu.Lock()
+		open := g.open
+		g.mu.Unlock()
+		if open != nil {
+			select {
+			case <-open:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// hungLocker returns a Locker on a client of the shared server through a
+// hangGate, its client, and the gate, resumed in t.Cleanup.
+func hungLocker(t *testing.T, o *etcdlock.Options) (*etcdlock.Locker, *clientv3.Client, *hangGate) {
+	t.Helper()
+	g := &hangGate{}
+	t.Cleanup(g.resume)
+	c := dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(g.intercept))
+	l, err := etcdlock.New(c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, c, g
+}
+
+// extendHung extends lease by a minute with a ctx of 1 s while the member
+// hangs, and returns how long past the ctx's deadline it returned, and
+// its error.
+func extendHung(t *testing.T, lease fence.Lease) (over time.Duration, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	err = lease.Extend(ctx, time.Minute)
+	over = time.Since(dl)
+	t.Logf("Extend with the member hung = %v, %v past its ctx's deadline", err, over.Round(time.Millisecond))
+	return over, err
+}
+
+// extendGrace is how long past its ctx's deadline an Extend on a member
+// that hangs may return: doneGrace (100 ms) for the settle, and a margin
+// for a loaded machine.
+const extendGrace = 300 * time.Millisecond
+
+// waitSettled waits, up to limit, for no Extend of l to be settling in the
+// background.
+func waitSettled(t *testing.T, l *etcdlock.Locker, limit time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(limit); etcdlock.Settling(l) > 0; {
+		if time.Now().After(end) {
+			t.Fatalf("an Extend is still settling %v later:\n%s", limit, observetest.Stacks())
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// waitNoKeys waits, up to limit, for no key to be left under prefix.
+func waitNoKeys(t *testing.T, admin *clientv3.Client, prefix string, limit time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(limit); ; {
+		n := countKeys(t, admin, prefix)
+		if n == 0 {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d keys still under %s %v later", n, prefix, limit)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// TestExtendHungWithinDeadline: a lease of fence.TTL(30 s), then the only
+// member hangs after the Extend's Grant: the move Txn gets no answer in
+// the whole ctx (1 s), nor the settling Txns, nor the revokes. The settle
+// went on for twice cleanupTimeout past ctx's end, then each revoke (of
+// the old etcd lease, of g) for cleanupTimeout: Extend returned 2.0 s past
+// its caller's deadline. It must return by that deadline and doneGrace,
+// with an error that wraps ctx's and does not say lost (the lease is not
+// known lost: its key may well be in place); the settle goes on in the
+// background, gives up, and the lease ends as lost, reported once; once
+// the member answers, the background revokes free the lock.
+func TestExtendHungWithinDeadline(t *testing.T) {
+	rec := &observetest.Recorder{}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate.hang()
+	over, err := extendHung(t, lease)
+	if over > extendGrace {
+		t.Errorf("Extend returned %v past its ctx's deadline, want %v at most", over.Round(time.Millisecond), extendGrace)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Extend = %v, want an error matching context.DeadlineExceeded", err)
+	}
+	if errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Extend = %v: says lost while the move's outcome is being settled", err)
+	}
+	// Nothing answers: the settle gives up, and the lease ends as lost.
+	waitDone(t, lease, 5*time.Second)
+	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
+		t.Errorf("lease Err = %v once the settle gave up, want ErrLeaseLost", lease.Err())
+	}
+	waitSettled(t, l, 5*time.Second)
+	gate.resume()
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	if err := lease.Release(ctxFor(t, 10*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release of the lost lease = %v, want ErrLeaseLost", err)
+	}
+	ends := rec.WaitEnds(t, 1, 5*time.Second)
+	if len(ends) != 1 || ends[0].Cause == fence.Released || ends[0].Token != lease.Token() {
+		t.Errorf("LeaseEnded %+v, want one, lost", ends)
+	}
+}
+
+// A Release called while the settle of an Extend that returned at its
+// deadline goes on in the background waits for it (ls.op), within its
+// own ctx: the member answers again meanwhile, the settle finds the key in
+// place and puts it back on its etcd lease, the lease held with its
+// deadline unchanged; then Release deletes the key as usual.
+func TestReleaseWaitsForBackgroundSettle(t *testing.T) {
+	rec := &observetest.Recorder{}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl := lease.Deadline()
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	if etcdlock.Settling(l) == 0 {
+		t.Fatal("Extend returned at its deadline with nothing settling in the background")
+	}
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctxFor(t, 10*time.Second)) }()
+	select {
+	case err := <-released:
+		t.Fatalf("Release = %v while the settle holds the lease's op", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	gate.resume()
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatalf("Release after the settle found the key in place = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Release still waiting 10 s after the member answered:\n%s", observetest.Stacks())
+	}
+	if got := lease.Deadline(); !got.Equal(dl) {
+		t.Errorf("the deadline moved from %v to %v by an Extend that did not get through", dl, got)
+	}
+	waitSettled(t, l, 5*time.Second)
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	ends := rec.WaitEnds(t, 1, 5*time.Second)
+	if len(ends) != 1 || ends[0].Cause != fence.Released {
+		t.Errorf("LeaseEnded %+v, want one, released", ends)
+	}
+}
+
+// A Release with a short ctx while the settle goes on in the background
+// returns by its own deadline (and doneGrace for its revoke), the lease
+// ended as released; the settle then stops, and once the member answers
+// the background revokes free the lock.
+func TestReleaseShortDuringBackgroundSettle(t *testing.T) {
+	rec := &observetest.Recorder{}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	rdl, _ := ctx.Deadline()
+	err = lease.Release(ctx)
+	over := time.Since(rdl)
+	t.Logf("Release during the settle = %v, %v past its deadline", err, over.Round(time.Millisecond))
+	if !errors.Is(err, context.DeadlineExceeded) || over > extendGrace {
+		t.Errorf("Release = %v, %v past its deadline: want ctx's error by it", err, over)
+	}
+	if lease.Err() != fence.ErrReleased {
+		t.Errorf("lease Err = %v after a Release that failed, want ErrReleased", lease.Err())
+	}
+	waitSettled(t, l, 5*time.Second)
+	gate.resume()
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	ends := rec.WaitEnds(t, 1, 5*time.Second)
+	if len(ends) != 1 || ends[0].Cause != fence.Released {
+		t.Errorf("LeaseEnded %+v, want one, released", ends)
+	}
+}
+
+// A second Extend while the first one's settle goes on in the background
+// waits for it within its own ctx: a short one returns by its deadline,
+// not lost; once the member answers, one with time enough extends the
+// lease.
+func TestSecondExtendDuringBackgroundSettle(t *testing.T) {
+	l, _, gate := hungLocker(t, nil)
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	edl, _ := ctx.Deadline()
+	err = lease.Extend(ctx, time.Minute)
+	over := time.Since(edl)
+	t.Logf("second Extend during the settle = %v, %v past its deadline", err, over.Round(time.Millisecond))
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fence.ErrLeaseLost) || over > extendGrace {
+		t.Errorf("second Extend = %v, %v past its deadline: want ctx's error by it, not lost", err, over)
+	}
+	gate.resume()
+	if err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
+		t.Fatalf("Extend once the member answers: %v", err)
+	}
+	if left := time.Until(lease.Deadline()); left < 50*time.Second {
+		t.Errorf("deadline %v away after an Extend by a minute", left)
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, l, 5*time.Second)
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+}
+
+// Locker.Close, then the user's close of the client, while the settle
+// goes on in the background: Close does not wait for it, the settle
+// stops soon after the client is closed (no goroutine is left: TestMain's
+// goleak), the lease ends as lost, reported once, and Release says so at
+// once.
+func TestClientClosedDuringBackgroundSettle(t *testing.T) {
+	rec := &observetest.Recorder{}
+	l, c, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The key stays until its etcd lease expires: no revoke can be sent
+	// on a closed client. Deleted for the next run (-count).
+	t.Cleanup(func() { _, _ = admin.Delete(context.Background(), l.Prefix(t.Name()), clientv3.WithPrefix()) })
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	start := time.Now()
+	if err := l.Close(ctxFor(t, time.Second)); err != nil {
+		t.Errorf("Locker.Close during the settle = %v", err)
+	}
+	if took := time.Since(start); took > extendGrace {
+		t.Errorf("Locker.Close took %v during the settle", took)
+	}
+	if err := c.Close(); err != nil {
+		t.Logf("client Close = %v", err)
+	}
+	waitSettled(t, l, 2*time.Second)
+	waitDone(t, lease, 2*time.Second)
+	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
+		t.Errorf("lease Err = %v with its client closed during the settle, want ErrLeaseLost", lease.Err())
+	}
+	start = time.Now()
+	if err := lease.Release(ctxFor(t, 5*time.Second)); !errors.Is(err, fence.ErrLeaseLost) || time.Since(start) > extendGrace {
+		t.Errorf("Release = %v after %v, want ErrLeaseLost at once", err, time.Since(start))
+	}
+	ends := rec.WaitEnds(t, 1, 5*time.Second)
+	if len(ends) != 1 || ends[0].Cause == fence.Released {
+		t.Errorf("LeaseEnded %+v, want one, lost", ends)
+	}
+}
+
+// An Observer told of the end that a background settle made (it gave up,
+// nothing answered) calls the lease back (Extend, Release twice, Err):
+// the settle reports the end once it has given back ls.op, so the calls
+// return, and all say lost.
+func TestBackgroundSettleEndReentry(t *testing.T) {
+	r := observetest.NewReentry()
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: r})
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Set(lease)
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	res := r.Calls(t, 10*time.Second)
+	for what, e := range map[string]error{"Extend": res.Extend, "Release": res.Release, "second Release": res.Again, "Err": res.Err, "Context's cause": res.ContextCause} {
+		if !errors.Is(e, fence.ErrLeaseLost) {
+			t.Errorf("%s from the callback = %v, want ErrLeaseLost", what, e)
+		}
+	}
+	if ends := r.Ends(); len(ends) != 1 || ends[0].Cause == fence.Released {
+		t.Errorf("reported ends %+v, want one, lost", ends)
+	}
+	waitSettled(t, l, 5*time.Second)
+	gate.resume()
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+}
