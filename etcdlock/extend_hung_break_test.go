@@ -361,3 +361,109 @@ func TestBackgroundSettleEndReentry(t *testing.T) {
 	gate.resume()
 	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
 }
+
+// A lease whose deadline passes while the settle goes on in the
+// background (fence.TTL(2 s), an Extend with a ctx of 1 s): the lease ends
+// as lost at its deadline or as the settle gives up, whichever comes
+// first, reported once; the settle stops, and once the member answers
+// the background revokes free the lock.
+func TestLeaseDeadlineDuringBackgroundSettle(t *testing.T) {
+	rec := &observetest.Recorder{}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	waitDone(t, lease, 5*time.Second)
+	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
+		t.Errorf("lease Err = %v, want ErrLeaseLost", lease.Err())
+	}
+	waitSettled(t, l, 5*time.Second)
+	if err := lease.Release(ctxFor(t, 5*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release = %v, want ErrLeaseLost", err)
+	}
+	gate.resume()
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	ends := rec.WaitEnds(t, 1, 5*time.Second)
+	if len(ends) != 1 || ends[0].Cause == fence.Released {
+		t.Errorf("LeaseEnded %+v, want one, lost", ends)
+	}
+}
+
+// The move that got no answer lands after Extend returned, while its
+// settle goes on in the background (the settle's first Txn unanswered):
+// the settle's next Txn finds the key on the new etcd lease and the
+// background settle moves the lease's deadline onto it, as the foreground
+// one did; the old etcd lease is revoked, and the lease goes on.
+func TestLateMoveDuringBackgroundSettle(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	l := scriptedLocker(t, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, late func() error) error {
+		switch n {
+		case 0: // the move: held, sent late
+			return s.hold(ctx, late)
+		case 1: // the settle's first Txn: never answered
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return send(ctx)
+	})
+	defer s.set(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = lease.Extend(ctx, time.Minute)
+	t.Logf("Extend = %v", err)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend = %v, want ctx's error while the move is settled", err)
+	}
+	if etcdlock.Settling(l) == 0 {
+		t.Fatal("nothing settling in the background")
+	}
+	for i, err := range s.sendHeld() {
+		if err != nil {
+			t.Fatalf("late move %d: %v", i, err)
+		}
+	}
+	waitSettled(t, l, 5*time.Second)
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease ended: %v", err)
+	}
+	if left := time.Until(lease.Deadline()); left < 50*time.Second {
+		t.Errorf("deadline %v away after the late move landed, want the minute asked for", left)
+	}
+	id, _ := keyOn(t, admin, lease)
+	if id == old {
+		t.Fatalf("the key is still on the old etcd lease %x", int64(old))
+	}
+	for end := time.Now().Add(5 * time.Second); ; {
+		ttl, err := admin.TimeToLive(ctxFor(t, 5*time.Second), old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl.TTL == -1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the old etcd lease %x still there (TTL %d)", int64(old), ttl.TTL)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n := countKeys(t, admin, l.Prefix(t.Name())); n != 0 {
+		t.Fatalf("%d keys left after Release", n)
+	}
+}
