@@ -34,19 +34,34 @@ func TestBudgetEndsOnRefusedConfirmation(t *testing.T) {
 	const name = "lock:budget-refused-confirmation"
 	other := lockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
 	holder := acquire(t, other, name, fence.TTL(time.Minute))
-	l := lockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 4 * time.Second}})
+	// The budget, 3 s, must outlast the test's steps to the release on
+	// a loaded machine (ci55: ErrHeld, the budget having ended before
+	// the grant, 1.5 s then); the sync timeout, 4.5 s, outlasts it, so that
+	// the budget cuts the WAIT.
+	const budget = 3 * time.Second
+	l := lockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 4500 * time.Millisecond}})
 	got := make(chan acquired, 1)
+	start := time.Now()
 	go func() {
 		cx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		ls, err := l.Acquire(cx, name, fence.TTL(time.Minute), fence.Wait(1500*time.Millisecond))
+		ls, err := l.Acquire(cx, name, fence.TTL(time.Minute), fence.Wait(budget))
 		got <- acquired{ls, err}
 	}()
-	waitFor(t, func() bool { return admin.HLen(ctx(t), lockKey(name)+":waiters").Val() == 1 })
+	// Queued and subscribed: its first try is through (a replica paused
+	// while that try's WAIT was out kept it from subscribing, and the
+	// grant went unheard: ErrHeld, 1 run in 4).
+	ch := lockKey(name) + ":released"
+	waitFor(t, func() bool {
+		return admin.HLen(ctx(t), lockKey(name)+":waiters").Val() == 1 && admin.PubSubNumSub(ctx(t), ch).Val()[ch] == 1
+	})
 	resume := replica.Pause(t)
 	defer resume()
 	if err := holder.Release(ctx(t)); err != nil {
 		t.Fatal(err)
+	}
+	if released := time.Since(start); released > budget-500*time.Millisecond {
+		t.Fatalf("released %v after Acquire began, too near its budget of %v for the grant to be read before it ends", released, budget)
 	}
 	r := acquired{}.wait(t, got)
 	if r.lease != nil {

@@ -596,6 +596,11 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 				case <-timer.C:
 					break sleep
 				case <-waitCtx.Done():
+					if me != nil {
+						// A grant may have come with the budget's end
+						// (select picks either): say so.
+						confirm = a.grantConfirmation(l.taken(me, false), len(sent))
+					}
 					return budgetOver()
 				}
 			}
