@@ -70,8 +70,14 @@ type Lease struct {
 	sent     time.Time     // when id's grant or last renewal was sent
 	deadline time.Time
 	dl       atomictime.Time // deadline's copy for Deadline, which never blocks
-	err      error           // why the lease ended; nil while held
-	moved    chan struct{}   // tells run that Extend moved the deadline
+	// own is the deadline of the etcd lease the key is on (id), as its
+	// grant or last renewal gives it; deadline is own, or capAt if that is
+	// sooner: capAt (zero: none) is set by an Extend while its move may
+	// yet put the key on an etcd lease of a shorter TTL (see capDeadline).
+	own   time.Time
+	capAt time.Time
+	err   error         // why the lease ended; nil while held
+	moved chan struct{} // tells run that Extend moved the deadline
 	// unreported reports the lease's end, until flush has (nil: not
 	// ended, or reported).
 	unreported func()
@@ -121,9 +127,57 @@ func (ls *Lease) Context() context.Context { ls.expireIfDue(); return ls.ctx }
 // Deadline returns the local time before which the lease is known to be held.
 func (ls *Lease) Deadline() time.Time { return ls.dl.Load() }
 
-// setDeadline sets the deadline, under ls.mu, and the copy that Deadline
-// reads without it.
-func (ls *Lease) setDeadline(d time.Time) { ls.deadline = d; ls.dl.Store(d) }
+// setDeadline sets the deadline of the etcd lease the key is on, under
+// ls.mu, and the lease's deadline (capped: see capDeadline) and the copy
+// that Deadline reads without it.
+func (ls *Lease) setDeadline(d time.Time) { ls.own = d; ls.applyDeadline() }
+
+// applyDeadline sets the lease's deadline from own and capAt. ls.mu is
+// held.
+func (ls *Lease) applyDeadline() {
+	d := ls.own
+	if !ls.capAt.IsZero() && ls.capAt.Before(d) {
+		d = ls.capAt
+	}
+	ls.deadline = d
+	ls.dl.Store(d)
+}
+
+// capDeadline holds the deadline at c at most while an Extend's move
+// that got no answer yet may put the key on its new etcd lease, which
+// etcd deletes from c on if the Extend shortens the lease: the move may be
+// applied with its reply lost, or late, and etcd then frees the lock by
+// c, while a renewal of the old etcd lease (run's) would have the holder
+// believe it held longer (TestShortExtendReplyLostCapsDeadline,
+// TestShortExtendMoveLandsDuringBackgroundSettle). run is told if that
+// brings the deadline closer. uncapDeadline lifts it once no move of that
+// Extend can apply any more. The caller holds ls.op.
+func (ls *Lease) capDeadline(c time.Time) {
+	ls.mu.Lock()
+	ls.capAt = c
+	lower := c.Before(ls.deadline)
+	ls.applyDeadline()
+	ls.mu.Unlock()
+	if lower {
+		select {
+		case ls.moved <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// uncapDeadline lifts capDeadline's cap, as the Extend that set it gives
+// back ls.op, its move settled: the key is on the etcd lease of ls.id.
+// An ended lease keeps its deadline.
+func (ls *Lease) uncapDeadline() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.capAt.IsZero() || ls.err != nil {
+		return
+	}
+	ls.capAt = time.Time{}
+	ls.applyDeadline()
+}
 
 // Err returns nil while the lease is held, and afterwards why it ended.
 // Past its deadline the lease has ended, whether or not its run has seen
@@ -732,7 +786,10 @@ func (ls *Lease) renew(ctx context.Context) error {
 // as lost, as the settle finds, and the lease's Release and Extend wait
 // for it within their own ctx. Revokes after ctx has ended (of an etcd
 // lease that holds no key, or of a lease that has ended) wait a tenth of
-// a second and are tried again in the background. A
+// a second and are tried again in the background. From the move's send
+// until it is settled, Deadline is no later than ttl from the start of
+// the Extend: etcd may delete the key by then if the move was applied (a
+// shorter ttl than the lease had). A
 // watchdog lease is then renewed every third of ttl. After Release, Extend
 // returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
@@ -766,6 +823,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	held := true
 	defer func() {
 		if held {
+			ls.uncapDeadline()
 			ls.unlockOp()
 			ls.flush() // after unlockOp: see flush
 		}
@@ -802,6 +860,8 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err))
 	}
+	// From here until the move is settled, the key may be on g.
+	ls.capDeadline(deadline(sent, ttl))
 	var resp *clientv3.TxnResponse
 	err = ls.l.try(cctx, per, func(ctx context.Context) (err error) {
 		resp, err = ls.moveTxn(ctx, g.ID)
@@ -939,6 +999,7 @@ func (ls *Lease) settleBehind(ctx, cctx context.Context, g *clientv3.LeaseGrantR
 		case res <- serr:
 			// Extend took the result, and gives ls.op back itself.
 		case <-left:
+			ls.uncapDeadline()
 			ls.unlockOp()
 			ls.flush() // after unlockOp: see flush
 		}

@@ -1,0 +1,185 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// shortTTL is what the Extends below shorten a lease of 20 s to.
+const shortTTL = 2 * time.Second
+
+// checkDeadlineWithinKeyLife fails the test if lease's Deadline is later
+// than when etcd deletes its key, which sits on the etcd lease id: the
+// etcd lease's remaining TTL (whole seconds, rounded down) and a second
+// for that rounding.
+func checkDeadlineWithinKeyLife(t *testing.T, admin *clientv3.Client, lease fence.Lease, id clientv3.LeaseID) {
+	t.Helper()
+	ttl, err := admin.TimeToLive(ctxFor(t, 5*time.Second), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyLife := time.Duration(ttl.TTL)*time.Second + time.Second
+	left := time.Until(lease.Deadline())
+	t.Logf("the key is on etcd lease %x, deleted within %v; the lease's Deadline is %v away (Err %v)", int64(id), keyLife, left.Round(time.Millisecond), lease.Err())
+	if lease.Err() == nil && left > keyLife {
+		t.Errorf("Deadline %v away while etcd deletes the key within %v: the holder believes it holds a lock etcd frees", left.Round(time.Millisecond), keyLife)
+	}
+}
+
+// waitKeyMoved waits, up to limit, for lease's key to leave the etcd lease
+// old, and returns the one it is on.
+func waitKeyMoved(t *testing.T, admin *clientv3.Client, lease fence.Lease, old clientv3.LeaseID, limit time.Duration) clientv3.LeaseID {
+	t.Helper()
+	for end := time.Now().Add(limit); ; {
+		if id, _ := keyOn(t, admin, lease); id != old {
+			return id
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the key still on the old etcd lease %x %v later", int64(old), limit)
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// An Extend that shortens a lease of 20 s to 2 s, whose move got no
+// answer in its ctx (300 ms): Extend returns with the settle going on in
+// the background, "the lease held meanwhile", and the move lands (sent
+// late) before the settle's Txn is answered. The key is then on an etcd
+// lease of 2 s, and the holder, back from Extend, must not read a
+// Deadline 19 s away: etcd deletes the key (and another Locker takes the
+// lock) within 2 s. The Deadline must not run past the shorter of the two
+// from the moment the move is sent, until it is settled.
+func TestShortExtendMoveLandsDuringBackgroundSettle(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	l := scriptedLocker(t, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	answer := make(chan struct{})
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, late func() error) error {
+		switch n {
+		case 0: // the move: held, sent late
+			return s.hold(ctx, late)
+		case 1: // the settle's first Txn: answered once the test has looked
+			select {
+			case <-answer:
+				return send(ctx)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return send(ctx)
+	})
+	defer s.set(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = lease.Extend(ctx, shortTTL)
+	t.Logf("Extend = %v", err)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend = %v, want ctx's error while the move is settled", err)
+	}
+	if etcdlock.Settling(l) == 0 {
+		t.Fatal("nothing settling in the background")
+	}
+	for i, err := range s.sendHeld() {
+		if err != nil {
+			t.Fatalf("late move %d: %v", i, err)
+		}
+	}
+	g := waitKeyMoved(t, admin, lease, old, 5*time.Second)
+	checkDeadlineWithinKeyLife(t, admin, lease, g)
+	close(answer)
+	waitSettled(t, l, 5*time.Second)
+	checkDeadlineWithinKeyLife(t, admin, lease, g)
+}
+
+// The same in the foreground: an Extend (ctx 10 s) shortening a lease of
+// 20 s to 2 s, whose move is applied but its reply held for the whole
+// attempt (a sixth of the lease time, 3.3 s). While Extend waits, the key
+// is on an etcd lease of 2 s, and the Deadline must say so, not 19 s.
+func TestShortExtendReplyLostCapsDeadline(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	l := scriptedLocker(t, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		if n == 0 { // the move: applied, its reply lost
+			if err := send(context.WithoutCancel(ctx)); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return send(ctx)
+	})
+	defer s.set(nil)
+	done := make(chan error, 1)
+	go func() { done <- lease.Extend(ctxFor(t, 10*time.Second), shortTTL) }()
+	g := waitKeyMoved(t, admin, lease, old, 5*time.Second)
+	checkDeadlineWithinKeyLife(t, admin, lease, g)
+	err = <-done
+	t.Logf("Extend = %v", err)
+}
+
+// A shortening Extend whose move never lands (held, then dropped), and
+// whose settle puts the key back on its etcd lease: the cap that the
+// move's send put on the Deadline is lifted, the lease's deadline is its
+// etcd lease's again (19 s away, not 2 s), and the lease outlives the
+// 2 s that the Extend asked for.
+func TestShortExtendNotAppliedKeepsDeadline(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	l := scriptedLocker(t, s, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	dl := lease.Deadline()
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
+		if n == 0 { // the move: never sent
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return send(ctx)
+	})
+	defer s.set(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = lease.Extend(ctx, shortTTL)
+	t.Logf("Extend = %v", err)
+	if err == nil || errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend = %v, want its ctx's error, the lease held", err)
+	}
+	waitSettled(t, l, 5*time.Second)
+	if got := lease.Deadline(); !got.Equal(dl) {
+		t.Errorf("Deadline %v away after the move was settled on the old etcd lease, want %v as before", time.Until(got).Round(time.Millisecond), time.Until(dl).Round(time.Millisecond))
+	}
+	select {
+	case <-lease.Done():
+		t.Fatalf("lease ended: %v", lease.Err())
+	case <-time.After(shortTTL + 500*time.Millisecond):
+	}
+	if id, _ := keyOn(t, admin, lease); id != old {
+		t.Fatalf("the key is on %x, want the old etcd lease %x", int64(id), int64(old))
+	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
