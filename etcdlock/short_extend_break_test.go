@@ -3,12 +3,14 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // shortTTL is what the Extends below shorten a lease of 20 s to.
@@ -179,6 +181,103 @@ func TestShortExtendNotAppliedKeepsDeadline(t *testing.T) {
 	if id, _ := keyOn(t, admin, lease); id != old {
 		t.Fatalf("the key is on %x, want the old etcd lease %x", int64(id), int64(old))
 	}
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A watchdog lease (4.5 s, renewed every 1.5 s) whose Extend to 2 s
+// (ctx 1.2 s) gets no answer: Extend returns, the settle goes on in the
+// background, the move lands late, and run renews the old etcd lease
+// (which still exists, holding no key) before the settle's Txn is
+// answered. That renewal must not move the Deadline past when etcd
+// deletes the key on the new etcd lease, which nobody renews until the
+// settle has found it there; then run renews the new one, and the lease
+// goes on past its TTL.
+func TestWatchdogRenewalDuringBackgroundSettle(t *testing.T) {
+	admin := newClient(t, shared.Endpoints(), nil)
+	s := &txnScript{}
+	var renewals atomic.Int64
+	c := dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(s.intercept),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			if method == "/etcdserverpb.Lease/LeaseKeepAlive" {
+				renewals.Add(1) // KeepAliveOnce opens a stream each time
+			}
+			return streamer(ctx, desc, cc, method, opts...)
+		}))
+	const wdTTL = 4500 * time.Millisecond
+	l, err := etcdlock.New(c, &etcdlock.Options{WatchdogTTL: wdTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	old := leaseID(t, lease)
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel()
+	answer := make(chan struct{})
+	s.set(func(n int, actx context.Context, send func(context.Context) error, late func() error) error {
+		if ctx.Err() == nil { // the moves: held, sent late
+			return s.hold(actx, late)
+		}
+		select { // the settle's: answered once the test has looked
+		case <-answer:
+			return send(actx)
+		case <-actx.Done():
+			return actx.Err()
+		}
+	})
+	defer s.set(nil)
+	err = lease.Extend(ctx, shortTTL)
+	t.Logf("Extend = %v", err)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend = %v, want ctx's error while the move is settled", err)
+	}
+	if n := renewals.Load(); n != 0 {
+		t.Fatalf("%d renewals before the settle: the test is too slow for its timing", n)
+	}
+	for i, err := range s.sendHeld() {
+		t.Logf("late move %d: %v", i, err)
+	}
+	g := waitKeyMoved(t, admin, lease, old, 5*time.Second)
+	// Wait for run's renewal of the old etcd lease (granted 5 s): its
+	// TTL, 3 s left before, is back to 4 s or more.
+	for end := time.Now().Add(3 * time.Second); ; {
+		ttl, err := admin.TimeToLive(ctxFor(t, 5*time.Second), old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if renewals.Load() > 0 && ttl.TTL >= 4 {
+			break
+		}
+		if time.Now().After(end) || lease.Err() != nil {
+			t.Fatalf("the old etcd lease not renewed (%d renewals, TTL %d; lease Err %v)", renewals.Load(), ttl.TTL, lease.Err())
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end) && !t.Failed(); {
+		checkDeadlineWithinKeyLife(t, admin, lease, g) // run may not have read the reply yet
+		time.Sleep(20 * time.Millisecond)              // polling with a deadline
+	}
+	close(answer)
+	waitSettled(t, l, 5*time.Second)
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease ended once the settle found the key on the new etcd lease: %v", err)
+	}
+	checkDeadlineWithinKeyLife(t, admin, lease, g)
+	// run renews g now: the lease lasts past g's first TTL.
+	select {
+	case <-lease.Done():
+		t.Fatalf("lease ended: %v", lease.Err())
+	case <-time.After(shortTTL + time.Second):
+	}
+	if id, _ := keyOn(t, admin, lease); id != g {
+		t.Fatalf("the key is on %x, want the new etcd lease %x", int64(id), int64(g))
+	}
+	checkDeadlineWithinKeyLife(t, admin, lease, g)
 	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
