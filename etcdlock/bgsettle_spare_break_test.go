@@ -1,0 +1,109 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/observetest"
+)
+
+// stillHeld fails the test if lease ends, or its key leaves etcd, within
+// d: a revoke retried in the background of an etcd lease that holds its
+// key would delete it.
+func stillHeld(t *testing.T, l *etcdlock.Locker, lease fence.Lease, d time.Duration) {
+	t.Helper()
+	admin := newClient(t, shared.Endpoints(), nil)
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		if err := lease.Err(); err != nil {
+			t.Fatalf("lease %d ended: %v", lease.Token(), err)
+		}
+		keyOn(t, admin, lease)
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// A Release that waits for a background settle (the member answers
+// again; the settle puts the key back on its etcd lease and revokes the
+// new one) keeps the etcd lease for reuse, and the Locker's next Acquire
+// takes it: no revoke of it, retried in the background since the Extend
+// (of the old one, of the new one, of the lease's), deletes the new
+// holder's key. The revokes the Extend left behind are let through
+// first: they are what would hit it.
+func TestSpareAfterBackgroundSettleReused(t *testing.T) {
+	l, _, gate := hungLocker(t, nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := leaseID(t, lease)
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctxFor(t, 10*time.Second)) }()
+	gate.resume()
+	if err := <-released; err != nil {
+		t.Fatalf("Release once the member answers = %v", err)
+	}
+	waitSettled(t, l, 5*time.Second)
+	next, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Release(context.Background())
+	if id := leaseID(t, next); id != first {
+		t.Logf("next Acquire on etcd lease %x, not the spare %x (too old?)", int64(id), int64(first))
+	}
+	stillHeld(t, l, next, 2500*time.Millisecond) // past giveBack's retries (1 s apart at most)
+	if err := next.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A Release with a short ctx during a background settle fails (ctx's
+// error), ends the lease as released and revokes its etcd lease, retried
+// in the background while the member hangs; it is never kept. Once the
+// member answers, the Locker's next Acquire gets a lock of its own that
+// the retried revokes (of the old lease's etcd leases) leave alone, and
+// the old lease's end is reported once, as released.
+func TestAcquireAfterShortReleaseDuringBackgroundSettle(t *testing.T) {
+	rec := &observetest.Recorder{}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := leaseID(t, lease)
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	if err := lease.Release(ctxFor(t, 200*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Release with a short ctx during the settle = %v, want ctx's error", err)
+	}
+	gate.resume()
+	waitSettled(t, l, 5*time.Second)
+	// The key is freed by the revokes retried in the background.
+	waitNoKeys(t, newClient(t, shared.Endpoints(), nil), l.Prefix(t.Name()), 10*time.Second)
+	next, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Release(context.Background())
+	if id := leaseID(t, next); id == first {
+		t.Fatalf("next Acquire reused etcd lease %x, revoked by the failed Release", int64(first))
+	}
+	stillHeld(t, l, next, 2500*time.Millisecond)
+	if err := next.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	ends := rec.WaitEnds(t, 2, 5*time.Second)
+	if len(ends) != 2 || ends[0].Token != lease.Token() || ends[0].Cause != fence.Released {
+		t.Errorf("LeaseEnded %+v, want the first lease's, released, then the next's", ends)
+	}
+}
