@@ -107,3 +107,84 @@ func TestAcquireAfterShortReleaseDuringBackgroundSettle(t *testing.T) {
 		t.Errorf("LeaseEnded %+v, want the first lease's, released, then the next's", ends)
 	}
 }
+
+// endCallback is an Observer that calls fn with each lease's end, after
+// recording it.
+type endCallback struct {
+	observetest.Recorder
+	fn func(fence.LeaseEvent)
+}
+
+func (o *endCallback) LeaseEnded(e fence.LeaseEvent) {
+	o.Recorder.LeaseEnded(e)
+	o.fn(e)
+}
+
+// The Observer, told of the release of another lease of the same Locker
+// while a lease's Extend settles in the background, calls that lease
+// back with a ctx that never ends (Extend, then Release): they wait for
+// the settle (ls.op), which takes nothing the callback holds, so the
+// Release that reported the end returns once the settle has given up
+// (about a second), and the callback's calls say lost.
+func TestOtherLeaseEndCallbackDuringBackgroundSettle(t *testing.T) {
+	type result struct{ extend, release error }
+	var (
+		settling fence.Lease
+		other    fence.Token
+		res      = make(chan result, 1)
+	)
+	obs := &endCallback{}
+	obs.fn = func(e fence.LeaseEvent) {
+		if e.Token != other {
+			return
+		}
+		var r result
+		r.extend = settling.Extend(context.Background(), time.Minute)
+		r.release = settling.Release(context.Background())
+		res <- r
+	}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: obs})
+	admin := newClient(t, shared.Endpoints(), nil)
+	var err error
+	settling, err = l.Acquire(ctxFor(t, 10*time.Second), t.Name()+"-a", fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name()+"-b", fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other = lease.Token()
+	gate.hang()
+	if over, err := extendHung(t, settling); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+	start := time.Now()
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctxFor(t, 10*time.Second)) }()
+	select {
+	case err := <-released:
+		t.Logf("Release of the other lease = %v after %v (its Observer's calls included)", err, time.Since(start).Round(time.Millisecond))
+		if err != nil {
+			t.Errorf("Release of the other lease = %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("Release of the other lease still waiting 5 s later (its Observer's calls on the settling lease):\n%s", observetest.Stacks())
+	}
+	r := <-res
+	if !errors.Is(r.extend, fence.ErrLeaseLost) || !errors.Is(r.release, fence.ErrLeaseLost) {
+		t.Errorf("from the callback: Extend = %v, Release = %v; want both lost (the settle gave up)", r.extend, r.release)
+	}
+	waitSettled(t, l, 5*time.Second)
+	gate.resume()
+	waitNoKeys(t, admin, l.Prefix(t.Name()+"-a"), 10*time.Second)
+	ends := obs.WaitEnds(t, 2, 5*time.Second)
+	if len(ends) != 2 {
+		t.Errorf("LeaseEnded %+v, want two", ends)
+	}
+	for _, e := range ends {
+		if e.Token == settling.Token() && e.Cause == fence.Released {
+			t.Errorf("the settling lease's end %+v, want lost", e)
+		}
+	}
+}
