@@ -845,13 +845,18 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
 	c := ls.l.client
-	// Past the lease's deadline the lease has ended: no call waits longer
-	// than that, and each attempt gets attemptTimeout, then goes to the
-	// next member (the Txn can be repeated: it only moves the key).
+	// From the Grant's send until the move is settled, the key may end up
+	// on the new etcd lease, which etcd deletes ttl after that at the
+	// soonest (see capDeadline).
+	sent := time.Now()
+	ls.capDeadline(deadline(sent, ttl))
+	// Past the lease's deadline (capped) the lease has ended: no call
+	// waits longer than that, and each attempt gets attemptTimeout, then
+	// goes to the next member (the Txn can be repeated: it only moves the
+	// key).
 	cctx, cancel := context.WithDeadline(ctx, ls.Deadline())
 	defer cancel()
 	per := attemptTimeout(ls.ttlNow())
-	sent := time.Now()
 	var g *clientv3.LeaseGrantResponse
 	err := ls.l.try(cctx, per, func(ctx context.Context) (err error) {
 		g, err = c.Grant(ctx, seconds(ttl))
@@ -860,8 +865,6 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err))
 	}
-	// From here until the move is settled, the key may be on g.
-	ls.capDeadline(deadline(sent, ttl))
 	var resp *clientv3.TxnResponse
 	err = ls.l.try(cctx, per, func(ctx context.Context) (err error) {
 		resp, err = ls.moveTxn(ctx, g.ID)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/observetest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 )
@@ -280,5 +281,44 @@ func TestWatchdogRenewalDuringBackgroundSettle(t *testing.T) {
 	checkDeadlineWithinKeyLife(t, admin, lease, g)
 	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A shortening Extend (30 s to 1 s, ctx 3 s) on a member that hangs after
+// its Grant: the cap ends the lease when the second asked for has passed
+// (its move may have been applied, and etcd would then delete the key),
+// as lost, reported once; Extend gives up then too (it waited for its
+// ctx's end, 3.1 s, before it was bounded by the capped deadline), and
+// says lost; once the member answers, the revokes free the lock.
+func TestShortExtendHungEndsAtItsTTL(t *testing.T) {
+	rec := &observetest.Recorder{}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate.hang()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = lease.Extend(ctx, time.Second)
+	took := time.Since(start)
+	t.Logf("Extend = %v after %v", err, took.Round(time.Millisecond))
+	if !errors.Is(err, fence.ErrLeaseLost) || took > 2500*time.Millisecond {
+		t.Errorf("Extend = %v after %v, want lost once the second asked for, its settle attempt and its revoke (half a second each) are over", err, took)
+	}
+	if left := time.Until(lease.Deadline()); left > 0 {
+		t.Errorf("Deadline %v away after the second asked for passed", left)
+	}
+	waitSettled(t, l, 5*time.Second)
+	gate.resume()
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	if err := lease.Release(ctxFor(t, 5*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release = %v, want lost", err)
+	}
+	ends := rec.WaitEnds(t, 1, 5*time.Second)
+	if len(ends) != 1 || ends[0].Cause == fence.Released {
+		t.Errorf("LeaseEnded %+v, want one, lost", ends)
 	}
 }
