@@ -94,7 +94,7 @@
 // only while the key is still the one created at the token (the create
 // revision, and so the token, does not change), then revokes the old one.
 // An Extend that shortens the lease holds its Deadline to the new lease
-// time from the move's send until the move is settled: applied with its
+// time from the Grant's send until the move is settled: applied with its
 // reply lost, or late, the move puts the key on the shorter etcd lease,
 // which etcd deletes by then, whatever renews the old one meanwhile.
 //

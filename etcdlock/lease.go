@@ -786,9 +786,9 @@ func (ls *Lease) renew(ctx context.Context) error {
 // as lost, as the settle finds, and the lease's Release and Extend wait
 // for it within their own ctx. Revokes after ctx has ended (of an etcd
 // lease that holds no key, or of a lease that has ended) wait a tenth of
-// a second and are tried again in the background. From the move's send
-// until it is settled, Deadline is no later than ttl from the start of
-// the Extend: etcd may delete the key by then if the move was applied (a
+// a second and are tried again in the background. From the Grant's send
+// until the move is settled, Deadline is no later than ttl from that
+// send: etcd may delete the key by then if the move was applied (a
 // shorter ttl than the lease had). A
 // watchdog lease is then renewed every third of ttl. After Release, Extend
 // returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
