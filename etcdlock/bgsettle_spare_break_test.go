@@ -35,15 +35,9 @@ func stillHeld(t *testing.T, l *etcdlock.Locker, lease fence.Lease, d time.Durat
 // first: they are what would hit it.
 func TestSpareAfterBackgroundSettleReused(t *testing.T) {
 	l, _, gate := hungLocker(t, nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := acquire(t, l, t.Name(), time.Minute)
 	first := leaseID(t, lease)
-	gate.hang()
-	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	hangExtend(t, gate, lease)
 	released := make(chan error, 1)
 	go func() { released <- lease.Release(ctxFor(t, 10*time.Second)) }()
 	gate.resume()
@@ -51,10 +45,7 @@ func TestSpareAfterBackgroundSettleReused(t *testing.T) {
 		t.Fatalf("Release once the member answers = %v", err)
 	}
 	waitSettled(t, l, 5*time.Second)
-	next, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	next := acquire(t, l, t.Name(), time.Minute)
 	defer next.Release(context.Background())
 	if id := leaseID(t, next); id != first {
 		t.Logf("next Acquire on etcd lease %x, not the spare %x (too old?)", int64(id), int64(first))
@@ -74,15 +65,9 @@ func TestSpareAfterBackgroundSettleReused(t *testing.T) {
 func TestAcquireAfterShortReleaseDuringBackgroundSettle(t *testing.T) {
 	rec := &observetest.Recorder{}
 	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := acquire(t, l, t.Name(), time.Minute)
 	first := leaseID(t, lease)
-	gate.hang()
-	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	hangExtend(t, gate, lease)
 	if err := lease.Release(ctxFor(t, 200*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Release with a short ctx during the settle = %v, want ctx's error", err)
 	}
@@ -90,10 +75,7 @@ func TestAcquireAfterShortReleaseDuringBackgroundSettle(t *testing.T) {
 	waitSettled(t, l, 5*time.Second)
 	// The key is freed by the revokes retried in the background.
 	waitNoKeys(t, newClient(t, shared.Endpoints(), nil), l.Prefix(t.Name()), 10*time.Second)
-	next, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	next := acquire(t, l, t.Name(), time.Minute)
 	defer next.Release(context.Background())
 	if id := leaseID(t, next); id == first {
 		t.Fatalf("next Acquire reused etcd lease %x, revoked by the failed Release", int64(first))
@@ -144,21 +126,10 @@ func TestOtherLeaseEndCallbackDuringBackgroundSettle(t *testing.T) {
 		res <- r
 	}
 	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: obs})
-	admin := newClient(t, shared.Endpoints(), nil)
-	var err error
-	settling, err = l.Acquire(ctxFor(t, 10*time.Second), t.Name()+"-a", fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name()+"-b", fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	settling = acquire(t, l, t.Name()+"-a", 30*time.Second)
+	lease := acquire(t, l, t.Name()+"-b", 30*time.Second)
 	other = lease.Token()
-	gate.hang()
-	if over, err := extendHung(t, settling); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	hangExtend(t, gate, settling)
 	start := time.Now()
 	released := make(chan error, 1)
 	go func() { released <- lease.Release(ctxFor(t, 10*time.Second)) }()
@@ -175,9 +146,7 @@ func TestOtherLeaseEndCallbackDuringBackgroundSettle(t *testing.T) {
 	if !errors.Is(r.extend, fence.ErrLeaseLost) || !errors.Is(r.release, fence.ErrLeaseLost) {
 		t.Errorf("from the callback: Extend = %v, Release = %v; want both lost (the settle gave up)", r.extend, r.release)
 	}
-	waitSettled(t, l, 5*time.Second)
-	gate.resume()
-	waitNoKeys(t, admin, l.Prefix(t.Name()+"-a"), 10*time.Second)
+	resumeOnceSettled(t, l, gate, l.Prefix(t.Name()+"-a"))
 	ends := obs.WaitEnds(t, 2, 5*time.Second)
 	if len(ends) != 2 {
 		t.Errorf("LeaseEnded %+v, want two", ends)

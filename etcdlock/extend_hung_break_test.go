@@ -85,6 +85,18 @@ func extendHung(t *testing.T, lease fence.Lease) (over time.Duration, err error)
 	return over, err
 }
 
+// hangExtend hangs the member behind gate and extends lease as
+// extendHung does, failing the test unless Extend returned by its ctx's
+// deadline and extendGrace, with ctx's error: the move's settle goes on in
+// the background.
+func hangExtend(t *testing.T, gate *hangGate, lease fence.Lease) {
+	t.Helper()
+	gate.hang()
+	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
+	}
+}
+
 // extendGrace is how long past its ctx's deadline an Extend on a member
 // that hangs may return: doneGrace (100 ms) for the settle, and a margin
 // for a loaded machine.
@@ -99,6 +111,81 @@ func waitSettled(t *testing.T, l *etcdlock.Locker, limit time.Duration) {
 			t.Fatalf("an Extend is still settling %v later:\n%s", limit, observetest.Stacks())
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+}
+
+// resumeOnceSettled waits for no Extend of l to be settling while the
+// member hangs (the settle gives up), lets the member behind gate answer
+// again, and waits for the revokes sent meanwhile to free the keys under
+// prefix.
+func resumeOnceSettled(t *testing.T, l *etcdlock.Locker, gate *hangGate, prefix string) {
+	t.Helper()
+	waitSettled(t, l, 5*time.Second)
+	gate.resume()
+	waitNoKeys(t, newClient(t, shared.Endpoints(), nil), prefix, 10*time.Second)
+}
+
+// acquire acquires key on l for ttl, failing the test if it cannot.
+func acquire(t *testing.T, l *etcdlock.Locker, key string, ttl time.Duration) fence.Lease {
+	t.Helper()
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), key, fence.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lease
+}
+
+// wantOneEnd fails the test unless rec is told of one lease's end, lost
+// or (lost false) released, and returns the ends it was told of.
+func wantOneEnd(t *testing.T, rec *observetest.Recorder, lost bool) []fence.LeaseEvent {
+	t.Helper()
+	ends := rec.WaitEnds(t, 1, 5*time.Second)
+	if len(ends) != 1 || (ends[0].Cause == fence.Released) == lost {
+		want := "lost"
+		if !lost {
+			want = "released"
+		}
+		t.Errorf("LeaseEnded %+v, want one, %s", ends, want)
+	}
+	return ends
+}
+
+// extendMovedLate extends lease to ttl with a ctx of 300 ms, its move
+// held back, and fails the test unless Extend returns ctx's error, not
+// lost, with the move's settle going on in the background; then it sends
+// the move, late. The settle's first Txn is answered once answer is closed
+// (never if it is nil), the Txns after it at once.
+func extendMovedLate(t *testing.T, s *txnScript, l *etcdlock.Locker, lease fence.Lease, ttl time.Duration, answer <-chan struct{}) {
+	t.Helper()
+	s.set(func(n int, ctx context.Context, send func(context.Context) error, late func() error) error {
+		switch n {
+		case 0: // the move: held, sent late
+			return s.hold(ctx, late)
+		case 1: // the settle's first Txn
+			select {
+			case <-answer:
+				return send(ctx)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return send(ctx)
+	})
+	t.Cleanup(func() { s.set(nil) })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := lease.Extend(ctx, ttl)
+	t.Logf("Extend = %v", err)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend = %v, want ctx's error while the move is settled", err)
+	}
+	if etcdlock.Settling(l) == 0 {
+		t.Fatal("nothing settling in the background")
+	}
+	for i, err := range s.sendHeld() {
+		if err != nil {
+			t.Fatalf("late move %d: %v", i, err)
+		}
 	}
 }
 
@@ -130,11 +217,7 @@ func waitNoKeys(t *testing.T, admin *clientv3.Client, prefix string, limit time.
 func TestExtendHungWithinDeadline(t *testing.T) {
 	rec := &observetest.Recorder{}
 	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
-	admin := newClient(t, shared.Endpoints(), nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := acquire(t, l, t.Name(), 30*time.Second)
 	gate.hang()
 	over, err := extendHung(t, lease)
 	if over > extendGrace {
@@ -151,15 +234,12 @@ func TestExtendHungWithinDeadline(t *testing.T) {
 	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
 		t.Errorf("lease Err = %v once the settle gave up, want ErrLeaseLost", lease.Err())
 	}
-	waitSettled(t, l, 5*time.Second)
-	gate.resume()
-	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	resumeOnceSettled(t, l, gate, l.Prefix(t.Name()))
 	if err := lease.Release(ctxFor(t, 10*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Errorf("Release of the lost lease = %v, want ErrLeaseLost", err)
 	}
-	ends := rec.WaitEnds(t, 1, 5*time.Second)
-	if len(ends) != 1 || ends[0].Cause == fence.Released || ends[0].Token != lease.Token() {
-		t.Errorf("LeaseEnded %+v, want one, lost", ends)
+	if ends := wantOneEnd(t, rec, true); len(ends) == 1 && ends[0].Token != lease.Token() {
+		t.Errorf("LeaseEnded %+v, want the lease's", ends)
 	}
 }
 
@@ -172,15 +252,9 @@ func TestReleaseWaitsForBackgroundSettle(t *testing.T) {
 	rec := &observetest.Recorder{}
 	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
 	admin := newClient(t, shared.Endpoints(), nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := acquire(t, l, t.Name(), 30*time.Second)
 	dl := lease.Deadline()
-	gate.hang()
-	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	hangExtend(t, gate, lease)
 	if etcdlock.Settling(l) == 0 {
 		t.Fatal("Extend returned at its deadline with nothing settling in the background")
 	}
@@ -205,10 +279,7 @@ func TestReleaseWaitsForBackgroundSettle(t *testing.T) {
 	}
 	waitSettled(t, l, 5*time.Second)
 	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
-	ends := rec.WaitEnds(t, 1, 5*time.Second)
-	if len(ends) != 1 || ends[0].Cause != fence.Released {
-		t.Errorf("LeaseEnded %+v, want one, released", ends)
-	}
+	wantOneEnd(t, rec, false)
 }
 
 // A Release with a short ctx while the settle goes on in the background
@@ -218,19 +289,12 @@ func TestReleaseWaitsForBackgroundSettle(t *testing.T) {
 func TestReleaseShortDuringBackgroundSettle(t *testing.T) {
 	rec := &observetest.Recorder{}
 	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
-	admin := newClient(t, shared.Endpoints(), nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate.hang()
-	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	lease := acquire(t, l, t.Name(), 30*time.Second)
+	hangExtend(t, gate, lease)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	rdl, _ := ctx.Deadline()
-	err = lease.Release(ctx)
+	err := lease.Release(ctx)
 	over := time.Since(rdl)
 	t.Logf("Release during the settle = %v, %v past its deadline", err, over.Round(time.Millisecond))
 	if !errors.Is(err, context.DeadlineExceeded) || over > extendGrace {
@@ -239,13 +303,8 @@ func TestReleaseShortDuringBackgroundSettle(t *testing.T) {
 	if lease.Err() != fence.ErrReleased {
 		t.Errorf("lease Err = %v after a Release that failed, want ErrReleased", lease.Err())
 	}
-	waitSettled(t, l, 5*time.Second)
-	gate.resume()
-	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
-	ends := rec.WaitEnds(t, 1, 5*time.Second)
-	if len(ends) != 1 || ends[0].Cause != fence.Released {
-		t.Errorf("LeaseEnded %+v, want one, released", ends)
-	}
+	resumeOnceSettled(t, l, gate, l.Prefix(t.Name()))
+	wantOneEnd(t, rec, false)
 }
 
 // A second Extend while the first one's settle goes on in the background
@@ -255,18 +314,12 @@ func TestReleaseShortDuringBackgroundSettle(t *testing.T) {
 func TestSecondExtendDuringBackgroundSettle(t *testing.T) {
 	l, _, gate := hungLocker(t, nil)
 	admin := newClient(t, shared.Endpoints(), nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate.hang()
-	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	lease := acquire(t, l, t.Name(), 30*time.Second)
+	hangExtend(t, gate, lease)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	edl, _ := ctx.Deadline()
-	err = lease.Extend(ctx, time.Minute)
+	err := lease.Extend(ctx, time.Minute)
 	over := time.Since(edl)
 	t.Logf("second Extend during the settle = %v, %v past its deadline", err, over.Round(time.Millisecond))
 	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fence.ErrLeaseLost) || over > extendGrace {
@@ -295,17 +348,11 @@ func TestClientClosedDuringBackgroundSettle(t *testing.T) {
 	rec := &observetest.Recorder{}
 	l, c, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
 	admin := newClient(t, shared.Endpoints(), nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := acquire(t, l, t.Name(), 30*time.Second)
 	// The key stays until its etcd lease expires: no revoke can be sent
 	// on a closed client. Deleted for the next run (-count).
 	t.Cleanup(func() { _, _ = admin.Delete(context.Background(), l.Prefix(t.Name()), clientv3.WithPrefix()) })
-	gate.hang()
-	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	hangExtend(t, gate, lease)
 	start := time.Now()
 	if err := l.Close(ctxFor(t, time.Second)); err != nil {
 		t.Errorf("Locker.Close during the settle = %v", err)
@@ -325,10 +372,7 @@ func TestClientClosedDuringBackgroundSettle(t *testing.T) {
 	if err := lease.Release(ctxFor(t, 5*time.Second)); !errors.Is(err, fence.ErrLeaseLost) || time.Since(start) > extendGrace {
 		t.Errorf("Release = %v after %v, want ErrLeaseLost at once", err, time.Since(start))
 	}
-	ends := rec.WaitEnds(t, 1, 5*time.Second)
-	if len(ends) != 1 || ends[0].Cause == fence.Released {
-		t.Errorf("LeaseEnded %+v, want one, lost", ends)
-	}
+	wantOneEnd(t, rec, true)
 }
 
 // An Observer told of the end that a background settle made (it gave up,
@@ -338,16 +382,9 @@ func TestClientClosedDuringBackgroundSettle(t *testing.T) {
 func TestBackgroundSettleEndReentry(t *testing.T) {
 	r := observetest.NewReentry()
 	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: r})
-	admin := newClient(t, shared.Endpoints(), nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := acquire(t, l, t.Name(), 30*time.Second)
 	r.Set(lease)
-	gate.hang()
-	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	hangExtend(t, gate, lease)
 	res := r.Calls(t, 10*time.Second)
 	for what, e := range map[string]error{"Extend": res.Extend, "Release": res.Release, "second Release": res.Again, "Err": res.Err, "Context's cause": res.ContextCause} {
 		if !errors.Is(e, fence.ErrLeaseLost) {
@@ -357,9 +394,7 @@ func TestBackgroundSettleEndReentry(t *testing.T) {
 	if ends := r.Ends(); len(ends) != 1 || ends[0].Cause == fence.Released {
 		t.Errorf("reported ends %+v, want one, lost", ends)
 	}
-	waitSettled(t, l, 5*time.Second)
-	gate.resume()
-	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	resumeOnceSettled(t, l, gate, l.Prefix(t.Name()))
 }
 
 // A lease whose deadline passes while the settle goes on in the
@@ -371,14 +406,8 @@ func TestLeaseDeadlineDuringBackgroundSettle(t *testing.T) {
 	rec := &observetest.Recorder{}
 	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
 	admin := newClient(t, shared.Endpoints(), nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate.hang()
-	if over, err := extendHung(t, lease); over > extendGrace || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Extend = %v, %v past its ctx's deadline", err, over)
-	}
+	lease := acquire(t, l, t.Name(), 2*time.Second)
+	hangExtend(t, gate, lease)
 	waitDone(t, lease, 5*time.Second)
 	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
 		t.Errorf("lease Err = %v, want ErrLeaseLost", lease.Err())
@@ -389,10 +418,7 @@ func TestLeaseDeadlineDuringBackgroundSettle(t *testing.T) {
 	}
 	gate.resume()
 	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
-	ends := rec.WaitEnds(t, 1, 5*time.Second)
-	if len(ends) != 1 || ends[0].Cause == fence.Released {
-		t.Errorf("LeaseEnded %+v, want one, lost", ends)
-	}
+	wantOneEnd(t, rec, true)
 }
 
 // The move that got no answer lands after Extend returned, while its
@@ -403,39 +429,8 @@ func TestLeaseDeadlineDuringBackgroundSettle(t *testing.T) {
 func TestLateMoveDuringBackgroundSettle(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
-	l := scriptedLocker(t, s, nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
-	old := leaseID(t, lease)
-	s.set(func(n int, ctx context.Context, send func(context.Context) error, late func() error) error {
-		switch n {
-		case 0: // the move: held, sent late
-			return s.hold(ctx, late)
-		case 1: // the settle's first Txn: never answered
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return send(ctx)
-	})
-	defer s.set(nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	err = lease.Extend(ctx, time.Minute)
-	t.Logf("Extend = %v", err)
-	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fence.ErrLeaseLost) {
-		t.Fatalf("Extend = %v, want ctx's error while the move is settled", err)
-	}
-	if etcdlock.Settling(l) == 0 {
-		t.Fatal("nothing settling in the background")
-	}
-	for i, err := range s.sendHeld() {
-		if err != nil {
-			t.Fatalf("late move %d: %v", i, err)
-		}
-	}
+	l, lease, old := scriptedLease(t, s, 20*time.Second)
+	extendMovedLate(t, s, l, lease, time.Minute, nil) // the settle's first Txn never answered
 	waitSettled(t, l, 5*time.Second)
 	if err := lease.Err(); err != nil {
 		t.Fatalf("lease ended: %v", err)

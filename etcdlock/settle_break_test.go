@@ -100,6 +100,17 @@ func scriptedLockerOf(t testing.TB, endpoints []string, s *txnScript, o *etcdloc
 	return l
 }
 
+// scriptedLease acquires t.Name() for ttl on a Locker whose Txns go
+// through s, and returns the Locker, the lease, released in t.Cleanup,
+// and the etcd lease its key was created on.
+func scriptedLease(t *testing.T, s *txnScript, ttl time.Duration) (*etcdlock.Locker, fence.Lease, clientv3.LeaseID) {
+	t.Helper()
+	l := scriptedLocker(t, s, nil)
+	lease := acquire(t, l, t.Name(), ttl)
+	t.Cleanup(func() { _ = lease.Release(context.Background()) })
+	return l, lease, leaseID(t, lease)
+}
+
 // keyOn returns the etcd lease and mod revision of lease's key, failing
 // the test if it is gone or is not the one created at the token.
 func keyOn(t testing.TB, admin *clientv3.Client, lease fence.Lease) (clientv3.LeaseID, int64) {
@@ -175,14 +186,8 @@ func TestExtendSettleRetriesPassingError(t *testing.T) {
 func TestExtendManyLateMovesSettled(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
-	l := scriptedLocker(t, s, nil)
 	const ttl = 6 * time.Second // an attempt gets a second
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
-	old := leaseID(t, lease)
+	l, lease, old := scriptedLease(t, s, ttl)
 	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
 	defer cancel()
 	s.set(func(n int, actx context.Context, send func(context.Context) error, late func() error) error {
@@ -193,7 +198,7 @@ func TestExtendManyLateMovesSettled(t *testing.T) {
 		}
 		return send(actx)
 	})
-	err = lease.Extend(ctx, time.Minute)
+	err := lease.Extend(ctx, time.Minute)
 	s.set(nil)
 	s.mu.Lock()
 	moves := len(s.held)
@@ -424,18 +429,13 @@ func TestReleaseStopsSettle(t *testing.T) {
 // background, and the lease then ends as lost, since etcd could not tell.
 func TestExtendSettleStopsWithCtx(t *testing.T) {
 	s := &txnScript{}
-	l := scriptedLocker(t, s, nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
+	l, lease, _ := scriptedLease(t, s, 30*time.Second)
 	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
 		return rpctypes.ErrGRPCNoLeader
 	})
 	defer s.set(nil)
 	start := time.Now()
-	err = lease.Extend(ctxFor(t, 1500*time.Millisecond), time.Minute)
+	err := lease.Extend(ctxFor(t, 1500*time.Millisecond), time.Minute)
 	took := time.Since(start)
 	t.Logf("Extend with no leader for 1.5 s of ctx = %v after %v", err, took)
 	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, fence.ErrLeaseLost) {
@@ -635,13 +635,7 @@ func TestExtendSettleBoundedByLeaseDeadline(t *testing.T) {
 func TestExtendSettleAppliedReplyLost(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
-	l := scriptedLocker(t, s, nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
-	old := leaseID(t, lease)
+	_, lease, old := scriptedLease(t, s, 20*time.Second)
 	var applied atomic.Bool
 	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
 		switch n {
@@ -657,7 +651,7 @@ func TestExtendSettleAppliedReplyLost(t *testing.T) {
 		}
 		return send(ctx)
 	})
-	err = lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
+	err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
 	s.set(nil)
 	t.Logf("Extend = %v", err)
 	if !applied.Load() {
@@ -683,13 +677,7 @@ func TestExtendSettleAppliedReplyLost(t *testing.T) {
 func TestExtendLateSettleAndMove(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
-	l := scriptedLocker(t, s, nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
-	old := leaseID(t, lease)
+	l, lease, old := scriptedLease(t, s, 20*time.Second)
 	s.set(func(n int, ctx context.Context, send func(context.Context) error, late func() error) error {
 		if n < 2 { // the move, then the first settling Txn
 			return s.hold(ctx, late)
@@ -698,7 +686,7 @@ func TestExtendLateSettleAndMove(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	err = lease.Extend(ctx, time.Minute)
+	err := lease.Extend(ctx, time.Minute)
 	t.Logf("Extend = %v", err)
 	waitSettled(t, l, 5*time.Second) // the settle's second Txn, in the background
 	s.set(nil)

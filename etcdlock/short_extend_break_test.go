@@ -61,44 +61,9 @@ func waitKeyMoved(t *testing.T, admin *clientv3.Client, lease fence.Lease, old c
 func TestShortExtendMoveLandsDuringBackgroundSettle(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
-	l := scriptedLocker(t, s, nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
-	old := leaseID(t, lease)
-	answer := make(chan struct{})
-	s.set(func(n int, ctx context.Context, send func(context.Context) error, late func() error) error {
-		switch n {
-		case 0: // the move: held, sent late
-			return s.hold(ctx, late)
-		case 1: // the settle's first Txn: answered once the test has looked
-			select {
-			case <-answer:
-				return send(ctx)
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return send(ctx)
-	})
-	defer s.set(nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	err = lease.Extend(ctx, shortTTL)
-	t.Logf("Extend = %v", err)
-	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fence.ErrLeaseLost) {
-		t.Fatalf("Extend = %v, want ctx's error while the move is settled", err)
-	}
-	if etcdlock.Settling(l) == 0 {
-		t.Fatal("nothing settling in the background")
-	}
-	for i, err := range s.sendHeld() {
-		if err != nil {
-			t.Fatalf("late move %d: %v", i, err)
-		}
-	}
+	l, lease, old := scriptedLease(t, s, 20*time.Second)
+	answer := make(chan struct{}) // the settle's first Txn answered once the test has looked
+	extendMovedLate(t, s, l, lease, shortTTL, answer)
 	g := waitKeyMoved(t, admin, lease, old, 5*time.Second)
 	checkDeadlineWithinKeyLife(t, admin, lease, g)
 	close(answer)
@@ -113,13 +78,7 @@ func TestShortExtendMoveLandsDuringBackgroundSettle(t *testing.T) {
 func TestShortExtendReplyLostCapsDeadline(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
-	l := scriptedLocker(t, s, nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
-	old := leaseID(t, lease)
+	_, lease, old := scriptedLease(t, s, 20*time.Second)
 	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
 		if n == 0 { // the move: applied, its reply lost
 			if err := send(context.WithoutCancel(ctx)); err != nil {
@@ -135,7 +94,7 @@ func TestShortExtendReplyLostCapsDeadline(t *testing.T) {
 	go func() { done <- lease.Extend(ctxFor(t, 10*time.Second), shortTTL) }()
 	g := waitKeyMoved(t, admin, lease, old, 5*time.Second)
 	checkDeadlineWithinKeyLife(t, admin, lease, g)
-	err = <-done
+	err := <-done
 	t.Logf("Extend = %v", err)
 }
 
@@ -147,13 +106,7 @@ func TestShortExtendReplyLostCapsDeadline(t *testing.T) {
 func TestShortExtendNotAppliedKeepsDeadline(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
-	l := scriptedLocker(t, s, nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(context.Background())
-	old := leaseID(t, lease)
+	l, lease, old := scriptedLease(t, s, 20*time.Second)
 	dl := lease.Deadline()
 	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
 		if n == 0 { // the move: never sent
@@ -165,7 +118,7 @@ func TestShortExtendNotAppliedKeepsDeadline(t *testing.T) {
 	defer s.set(nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	err = lease.Extend(ctx, shortTTL)
+	err := lease.Extend(ctx, shortTTL)
 	t.Logf("Extend = %v", err)
 	if err == nil || errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Extend = %v, want its ctx's error, the lease held", err)
@@ -293,16 +246,12 @@ func TestWatchdogRenewalDuringBackgroundSettle(t *testing.T) {
 func TestShortExtendHungEndsAtItsTTL(t *testing.T) {
 	rec := &observetest.Recorder{}
 	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
-	admin := newClient(t, shared.Endpoints(), nil)
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name(), fence.TTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := acquire(t, l, t.Name(), 30*time.Second)
 	gate.hang()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	start := time.Now()
-	err = lease.Extend(ctx, time.Second)
+	err := lease.Extend(ctx, time.Second)
 	took := time.Since(start)
 	t.Logf("Extend = %v after %v", err, took.Round(time.Millisecond))
 	if !errors.Is(err, fence.ErrLeaseLost) || took > 2500*time.Millisecond {
@@ -311,14 +260,9 @@ func TestShortExtendHungEndsAtItsTTL(t *testing.T) {
 	if left := time.Until(lease.Deadline()); left > 0 {
 		t.Errorf("Deadline %v away after the second asked for passed", left)
 	}
-	waitSettled(t, l, 5*time.Second)
-	gate.resume()
-	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	resumeOnceSettled(t, l, gate, l.Prefix(t.Name()))
 	if err := lease.Release(ctxFor(t, 5*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Errorf("Release = %v, want lost", err)
 	}
-	ends := rec.WaitEnds(t, 1, 5*time.Second)
-	if len(ends) != 1 || ends[0].Cause == fence.Released {
-		t.Errorf("LeaseEnded %+v, want one, lost", ends)
-	}
+	wantOneEnd(t, rec, true)
 }
