@@ -83,7 +83,12 @@ func transient(err error) bool {
 	case errors.Is(err, fence.ErrNotReplicated), errors.Is(err, redisconn.ErrUnsubscribed), errors.Is(err, rediscluster.ErrUnlisted),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, redis.ErrPoolTimeout), isNetTimeout(err):
+		errors.Is(err, redis.ErrPoolTimeout), isNetTimeout(err),
+		// A pooled connection closed under the command (go-redis writes
+		// to none: a Ring's shard replaced by SetAddrs, ci58), not the
+		// client closed (redis.ErrClosed, above): as a broken
+		// connection's *net.OpError below.
+		errors.Is(err, net.ErrClosed):
 		return true
 	}
 	var opErr *net.OpError

@@ -32,6 +32,7 @@ func TestTransientClassifies(t *testing.T) {
 		{fmt.Errorf("eval: %w", socketTimeout), true},
 		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
 		{redis.ErrClosed, false},
+		{fmt.Errorf("redislock: %w", net.ErrClosed), true}, // ci58: a Ring's shard replaced under a try
 		{fence.ErrNotReplicated, true},
 		{ErrBadTokenRecord, false},
 	} {
