@@ -339,10 +339,10 @@ func (b *boxedMs) get(d time.Duration) any {
 // inside an error matching fence.ErrNotAcquired; when the budget ends on a
 // transient error, that error rather than fence.ErrHeld. When it ends on a
 // try not yet answered with a grant of the lock to this Acquire in hand
-// (made by the holder's release, as above), the lock was this Acquire's,
-// not held by another: it is given back, and the error says the budget ran
-// out confirming the grant, matching fence.ErrNotReplicated with replica
-// sync (the try's WAIT was the grant's confirmation).
+// (made by the holder's release, as above), the lock is given back, and
+// the error, still matching fence.ErrHeld, says that the budget ran out
+// confirming the grant (and, with replica sync, that the replicas had not
+// acknowledged it yet).
 //
 // Acquire, like every call fence makes, returns by ctx's deadline even if
 // the client does not honour it (go-redis without ContextTimeoutEnabled),
@@ -726,19 +726,22 @@ func (l *Locker) granted(ctx context.Context, a *attempt, u wakeup, sent []time.
 // on a try whose reply was not read, u.grant having come before it (the try
 // confirms it: granted did not take it as it is) or while it was out: nil
 // unless the grant is a's own (signed by a, and made after a's try number
-// since at the earliest), so that the lock was a's and not held by
-// another. It is reported, never taken. With replica sync, and no
-// release's WAIT covering the grant, the try's WAIT was the grant's
-// confirmation, and the budget ended before the replicas acknowledged it:
-// fence.ErrNotReplicated.
+// since at the earliest). It is reported, never taken. The error matches
+// fence.ErrHeld, as any budget that ends under contention does (the lock
+// was another's until the grant, and callers such as fence.Lead take
+// ErrHeld for contention), and says that a grant was being confirmed, and,
+// with replica sync and no release's WAIT covering the grant, that the
+// replicas had not acknowledged it: not fence.ErrNotReplicated, which a
+// short budget ending under plain contention with healthy replicas would
+// then report too (TestContendedLockersInOneProcess, ci59).
 func (a *attempt) grantConfirmation(u wakeup, since int) error {
 	if u.grant.owner == "" || u.grant.try < since || !a.signedBy(u.grant) {
 		return nil
 	}
 	if a.synced && !u.synced {
-		return fmt.Errorf("%w: %w", fence.ErrNotReplicated, errBudgetConfirming)
+		return fmt.Errorf("%w (%w; its replicas had not acknowledged it)", fence.ErrHeld, errBudgetConfirming)
 	}
-	return errBudgetConfirming
+	return fmt.Errorf("%w (%w)", fence.ErrHeld, errBudgetConfirming)
 }
 
 // signedBy reports whether g carries the MAC that the grant script makes
