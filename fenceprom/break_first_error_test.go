@@ -13,28 +13,8 @@ import (
 // and whether that series exists.
 func counterValue(t *testing.T, reg *prometheus.Registry, metric string, labels map[string]string) (float64, bool) {
 	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != metric {
-			continue
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			if len(m.GetLabel()) != len(labels) {
-				continue
-			}
-			for _, l := range m.GetLabel() {
-				if labels[l.GetName()] != l.GetValue() {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue(), true
-		}
-	}
-	return 0, false
+	m := series(t, reg, metric, labels)
+	return m.GetCounter().GetValue(), m != nil
 }
 
 // TestAcquisitionResultsAtZero: a service whose Acquire calls all succeed

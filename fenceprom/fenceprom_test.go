@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestScrapeAfterLossRefusalAndStaleWrite drives a real redis-server and a
@@ -85,9 +86,8 @@ fence_replica_sync_refusals_total{acked="0",backend="redis",op="acquire",require
 	}
 }
 
-// histogramCount returns the sample count of the histogram metric with
-// exactly labels.
-func histogramCount(t *testing.T, reg *prometheus.Registry, metric string, labels map[string]string) uint64 {
+// series returns metric's series with exactly labels, nil if there is none.
+func series(t *testing.T, reg *prometheus.Registry, metric string, labels map[string]string) *dto.Metric {
 	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
@@ -107,8 +107,15 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, metric string, label
 					continue next
 				}
 			}
-			return m.GetHistogram().GetSampleCount()
+			return m
 		}
 	}
-	return 0
+	return nil
+}
+
+// histogramCount returns the sample count of the histogram metric with
+// exactly labels.
+func histogramCount(t *testing.T, reg *prometheus.Registry, metric string, labels map[string]string) uint64 {
+	t.Helper()
+	return series(t, reg, metric, labels).GetHistogram().GetSampleCount()
 }

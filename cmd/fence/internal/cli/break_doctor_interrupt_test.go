@@ -1,14 +1,8 @@
 package cli_test
 
 import (
-	"bytes"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/fencekit/fence/cmd/fence/internal/cli"
 )
 
 // SIGINT while fence doctor waits on a server that has not answered yet
@@ -21,30 +15,10 @@ import (
 // say it was interrupted.
 func TestDoctorInterrupted(t *testing.T) {
 	t.Parallel()
-	addr, accepted := acceptingHole(t)
-	cmd := exec.Command(fenceBin, "doctor", "--timeout", "60s", "--redis", "redis://"+addr)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-accepted:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatalf("fence doctor never connected to %s", addr)
-	}
-	start := time.Now()
-	if err := cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	code, d := cmd.ProcessState.ExitCode(), time.Since(start)
-	if code != cli.ExitInterrupted || d > 3*time.Second {
-		t.Errorf("exit %d %v after SIGINT (stderr %q), want %d within 3 s", code, d.Round(time.Millisecond), stderr.String(), cli.ExitInterrupted)
-	}
-	if strings.Contains(stderr.String(), "unreachable") {
-		t.Errorf("stderr claims the deployment unreachable after SIGINT: %q", stderr.String())
+	stderr := interruptConnected(t, func(addr string) []string {
+		return []string{"doctor", "--timeout", "60s", "--redis", "redis://" + addr}
+	})
+	if strings.Contains(stderr, "unreachable") {
+		t.Errorf("stderr claims the deployment unreachable after SIGINT: %q", stderr)
 	}
 }

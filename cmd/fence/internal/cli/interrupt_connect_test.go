@@ -67,28 +67,38 @@ func TestExecInterruptedConnecting(t *testing.T) {
 		{"etcd", func(addr string) []string { return []string{"exec", "--etcd", "http://" + addr, "x", "--", "true"} }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			addr, accepted := acceptingHole(t)
-			cmd := exec.Command(fenceBin, c.args(addr)...)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-accepted:
-			case <-time.After(30 * time.Second):
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-				t.Fatalf("fence never connected to %s", addr)
-			}
-			start := time.Now()
-			if err := cmd.Process.Signal(os.Interrupt); err != nil {
-				t.Fatal(err)
-			}
-			_ = cmd.Wait()
-			if code, d := cmd.ProcessState.ExitCode(), time.Since(start); code != cli.ExitInterrupted || d > 3*time.Second {
-				t.Errorf("exit %d %v after SIGINT (stderr %q), want %d within 3 s", code, d.Round(time.Millisecond), stderr.String(), cli.ExitInterrupted)
-			}
+			interruptConnected(t, c.args)
 		})
 	}
+}
+
+// interruptConnected runs fence with args(addr), addr a hole that accepts
+// connections and answers nothing, sends it SIGINT once it has connected,
+// and fails the test unless it exits ExitInterrupted within 3 s. It
+// returns what fence wrote to stderr.
+func interruptConnected(t *testing.T, args func(addr string) []string) string {
+	t.Helper()
+	addr, accepted := acceptingHole(t)
+	cmd := exec.Command(fenceBin, args(addr)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-accepted:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("fence never connected to %s", addr)
+	}
+	start := time.Now()
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if code, d := cmd.ProcessState.ExitCode(), time.Since(start); code != cli.ExitInterrupted || d > 3*time.Second {
+		t.Errorf("exit %d %v after SIGINT (stderr %q), want %d within 3 s", code, d.Round(time.Millisecond), stderr.String(), cli.ExitInterrupted)
+	}
+	return stderr.String()
 }
