@@ -176,7 +176,7 @@
 // in place; it waits for that only until ctx ends (a tenth of a second
 // more if it had ended already): the settle then goes on in the
 // background, holding the lease's Release and Extend (each waits within
-// its own ctx), and ends the lease as lost if etcd never tells, and
+// its own ctx, as Locker.Close does), and ends the lease as lost if etcd never tells, and
 // Extend returns ctx's error (it returned 2 s past its caller's deadline
 // on a member that hung). A waiter
 // also checks its place again after each renewal of its etcd lease, in case
@@ -184,19 +184,15 @@
 // and whose retry finds the key gone cannot tell its own delete from
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease) are bounded by half a second even when ctx has
-// ended, and after a failed Acquire or Release, in an Extend, or in a
-// Release past the lease's deadline, by what is left of the caller's ctx and, for
+// ended, and after a failed Acquire, in an Extend, or in a Release, by
+// what is left of the caller's ctx and, for
 // an Acquire, of its wait budget (a tenth of a second once either has
 // ended, enough for a member that answers; a quarter second after a late
 // reply, whose give-back a budget already over does not cut short), so
 // that a member that hangs does not hold the caller past its deadline;
-// one that does not get through leaves the etcd lease to expire on
-// the server, except after a failed Acquire or Release, in an Extend
-// (whose revokes free an etcd lease that holds no key, or one of a lease
-// that has ended), and for a lost
-// lease (one that ran out during a quorum loss held its lock for nobody a
-// whole TTL after quorum came back): there it is tried again in the
-// background, until it gets through, etcd says the etcd lease
+// one that does not get through is tried again in the background (a lost
+// lease that ran out during a quorum loss held its lock for nobody a
+// whole TTL after quorum came back), until it gets through, etcd says the etcd lease
 // is gone, or the client is closed (not only for the etcd lease's TTL: a
 // new leader gives every etcd lease its whole TTL again), as the request
 // sent before ctx ended

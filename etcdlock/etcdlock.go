@@ -27,12 +27,10 @@ const (
 )
 
 // cleanupTimeout bounds the revoke that gives up an etcd lease when Acquire
-// fails, when a lease is lost, or when Extend moves the lock to a new etcd
-// lease (there, what is left of the caller's ctx bounds it too: see
-// giveBackWithin). A revoke that does not get through in time is
-// abandoned: the etcd lease then expires on the server after its TTL;
-// after a failed Acquire or Release, in Extend, and for a lost lease, it is
-// tried again in the background (see giveBack).
+// fails, when a lease is lost or released, or when Extend moves the lock
+// to a new etcd lease (in the calls that take a ctx, what is left of it
+// bounds it too: see giveBackWithin). A revoke that does not get through
+// in time is tried again in the background until it does (see giveBack).
 const cleanupTimeout = 500 * time.Millisecond
 
 // retryInterval paces renewals that failed for a reason other than the
@@ -84,8 +82,10 @@ type Locker struct {
 	// background, one goroutine each.
 	givingBack map[clientv3.LeaseID]struct{}
 	// settling counts the Extends whose move is being settled in the
-	// background (see settleBehind), one goroutine each.
+	// background (see settleBehind), one goroutine each; settled is closed
+	// when it is back to 0 (nil while it is 0), for Close.
 	settling int
+	settled  chan struct{}
 
 	starter starter // starts the runs of its leases
 }
@@ -159,22 +159,37 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 		}
 		l.mu.Unlock()
 	}
-	l.revoke(ctx, sp.id)
+	l.giveBackWithin(ctx, sp.id, nil)
 }
 
-// Close revokes the etcd leases the Locker keeps for reuse (they hold no
-// key) and returns the first error. Each revoke is tried again on the next
-// member after an attempt timeout, as every call is, within ctx. Calling it is optional: unused, they
-// expire on etcd within their lease time. The Locker stays usable.
+// Close waits, within ctx, for the Extends whose move is being settled in
+// the background (an Extend whose ctx ended with the move unanswered; see
+// Lease.Extend), so that the client can be closed after it without
+// cutting them; then it revokes the etcd leases the Locker keeps for
+// reuse (they hold no key) and returns the first error. Each revoke is
+// tried again on the next member after an attempt timeout, as every call
+// is, within ctx. Calling it is optional: unused, they expire on etcd
+// within their lease time; a settle cut by the client's close ends its
+// lease as lost. The Locker stays usable.
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
+	}
+	var first error
+	l.mu.Lock()
+	settled, n := l.settled, l.settling
+	l.mu.Unlock()
+	if settled != nil {
+		select {
+		case <-settled:
+		case <-ctx.Done():
+			first = fmt.Errorf("etcdlock: close: %d Extend(s) still settling their move in the background: %w", n, ctx.Err())
+		}
 	}
 	l.mu.Lock()
 	spares := l.spares
 	l.spares = nil
 	l.mu.Unlock()
-	var first error
 	for _, sp := range spares {
 		// Per attempt, as every call: a revoke sent to a member that
 		// hangs would wait for ever.
@@ -586,14 +601,9 @@ var errAttemptTimedOut = errors.New("etcdlock: attempt timed out")
 // lease's deadline: it gives no lease (see create).
 var errLateReply = fmt.Errorf("%w: the reply that took the lock came too late", fence.ErrLeaseLost) // matches fence.ErrLeaseLost: the lease ended before Acquire returned
 
-// revoke gives up the etcd lease id and with it the keys attached to it,
-// within cleanupTimeout even if ctx is done.
-// On a closed client it returns at once: no revoke can be sent (see try).
-func (l *Locker) revoke(ctx context.Context, id clientv3.LeaseID) error {
-	return l.revokeWithin(ctx, id, cleanupTimeout)
-}
-
-// revokeWithin is revoke within d rather than cleanupTimeout.
+// revokeWithin gives up the etcd lease id and with it the keys attached
+// to it, within d even if ctx is done. On a closed client it returns at
+// once: no revoke can be sent (see try).
 func (l *Locker) revokeWithin(ctx context.Context, id clientv3.LeaseID, d time.Duration) error {
 	if l.client.Ctx().Err() != nil {
 		return errClientClosed
@@ -677,6 +687,9 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 func (l *Locker) settleStarted() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.settling == 0 {
+		l.settled = make(chan struct{})
+	}
 	l.settling++
 }
 
@@ -684,6 +697,10 @@ func (l *Locker) settleEnded() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.settling--
+	if l.settling == 0 {
+		close(l.settled)
+		l.settled = nil
+	}
 }
 
 // giveBackWithin is giveBack for a caller that must return by ctx's

@@ -339,9 +339,42 @@ func TestSecondExtendDuringBackgroundSettle(t *testing.T) {
 	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
 }
 
-// Locker.Close, then the user's close of the client, while the settle
-// goes on in the background: Close does not wait for it, the settle
-// stops soon after the client is closed (no goroutine is left: TestMain's
+// Locker.Close while the settle goes on in the background waits for it
+// (within its ctx), so that the user's close of the client after it does
+// not cut the settle: the member answers again during Close, the settle
+// finds the move applied, and the lease goes on. Close returned at once
+// before, and the client's close then ended the lease as lost.
+func TestCloseWaitsForBackgroundSettle(t *testing.T) {
+	rec := &observetest.Recorder{}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: rec})
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease := acquire(t, l, t.Name(), 30*time.Second)
+	hangExtend(t, gate, lease)
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(ctxFor(t, 10*time.Second)) }()
+	gate.resume()
+	select {
+	case err := <-closed:
+		if n := etcdlock.Settling(l); err != nil || n > 0 {
+			t.Fatalf("Locker.Close during the settle = %v with %d Extend(s) still settling", err, n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Locker.Close still waiting 10 s after the member answered:\n%s", observetest.Stacks())
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease Err = %v after the settle found the move applied", err)
+	}
+	if err := lease.Release(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 10*time.Second)
+	wantOneEnd(t, rec, false)
+}
+
+// Locker.Close with a short ctx, then the user's close of the client,
+// while the settle goes on in the background (the member still hung):
+// Close returns by its ctx's deadline with ctx's error, the settle stops
+// soon after the client is closed (no goroutine is left: TestMain's
 // goleak), the lease ends as lost, reported once, and Release says so at
 // once.
 func TestClientClosedDuringBackgroundSettle(t *testing.T) {
@@ -353,12 +386,12 @@ func TestClientClosedDuringBackgroundSettle(t *testing.T) {
 	// on a closed client. Deleted for the next run (-count).
 	t.Cleanup(func() { _, _ = admin.Delete(context.Background(), l.Prefix(t.Name()), clientv3.WithPrefix()) })
 	hangExtend(t, gate, lease)
-	start := time.Now()
-	if err := l.Close(ctxFor(t, time.Second)); err != nil {
-		t.Errorf("Locker.Close during the settle = %v", err)
-	}
-	if took := time.Since(start); took > extendGrace {
-		t.Errorf("Locker.Close took %v during the settle", took)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	err := l.Close(ctx)
+	if over := time.Since(dl); !errors.Is(err, context.DeadlineExceeded) || over > extendGrace {
+		t.Errorf("Locker.Close during the settle = %v, %v past its ctx's deadline; want its ctx's error by then", err, over)
 	}
 	if err := c.Close(); err != nil {
 		t.Logf("client Close = %v", err)
@@ -368,7 +401,7 @@ func TestClientClosedDuringBackgroundSettle(t *testing.T) {
 	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
 		t.Errorf("lease Err = %v with its client closed during the settle, want ErrLeaseLost", lease.Err())
 	}
-	start = time.Now()
+	start := time.Now()
 	if err := lease.Release(ctxFor(t, 5*time.Second)); !errors.Is(err, fence.ErrLeaseLost) || time.Since(start) > extendGrace {
 		t.Errorf("Release = %v after %v, want ErrLeaseLost at once", err, time.Since(start))
 	}

@@ -783,8 +783,8 @@ func (ls *Lease) renew(ctx context.Context) error {
 // on in the background, and Extend returns an error that matches ctx's
 // and says the move's outcome is being settled, not fence.ErrLeaseLost
 // (unless the lease has ended meanwhile); the lease then goes on or ends
-// as lost, as the settle finds, and the lease's Release and Extend wait
-// for it within their own ctx. Revokes after ctx has ended (of an etcd
+// as lost, as the settle finds, and the lease's Release and Extend, and
+// Locker.Close, wait for it within their own ctx. Revokes after ctx has ended (of an etcd
 // lease that holds no key, or of a lease that has ended) wait a tenth of
 // a second and are tried again in the background. From the Grant's send
 // until the move is settled, Deadline is no later than ttl from that
@@ -1034,19 +1034,25 @@ func (ls *Lease) settleBehind(ctx, cctx context.Context, g *clientv3.LeaseGrantR
 // cleanupTimeout, or any error: a member without a leader answers at once)
 // is tried again, a retryInterval after the last one began at most, while
 // cctx lasts (the Extend's ctx, bounded by the lease's deadline, as the
-// move was) and for 2*cleanupTimeout in any case: giving up ends a lease
-// whose key may well be in place. It stops once the lease has ended (a
+// move was) and for 2*cleanupTimeout from when it is first seen ended
+// (grace): giving up ends a lease whose key may well be in place. (From
+// the settle's start, the grace had passed by cctx's end when the move
+// failed early, an election answering every attempt at once:
+// TestSettleGraceCountsFromCtxEnd.) It stops once the lease has ended (a
 // Release, run at its deadline) or the client is closed, or if old is
 // gone.
 func (ls *Lease) settleTxn(cctx context.Context, old clientv3.LeaseID) (*clientv3.TxnResponse, error) {
-	grace := time.Now().Add(2 * cleanupTimeout)
+	var grace time.Time // zero until cctx is seen ended
 	for {
 		if ls.l.client.Ctx().Err() != nil {
 			return nil, errClientClosed
 		}
 		began := time.Now()
+		if grace.IsZero() && cctx.Err() != nil {
+			grace = began.Add(2 * cleanupTimeout)
+		}
 		until := began.Add(cleanupTimeout)
-		if cctx.Err() != nil && grace.Before(until) {
+		if !grace.IsZero() && grace.Before(until) {
 			until = grace
 		}
 		actx, cancel := context.WithDeadline(context.WithoutCancel(cctx), until)
@@ -1055,7 +1061,7 @@ func (ls *Lease) settleTxn(cctx context.Context, old clientv3.LeaseID) (*clientv
 		if err == nil {
 			return resp, nil
 		}
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) || ls.errNow() != nil || (cctx.Err() != nil && !time.Now().Before(grace)) {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) || ls.errNow() != nil || (!grace.IsZero() && !time.Now().Before(grace)) {
 			return nil, err
 		}
 		wait := time.NewTimer(retryInterval - time.Since(began))
@@ -1253,7 +1259,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	// read it meanwhile.)
 	if !early {
 		if !time.Now().Before(ls.Deadline()) && ls.expired() {
-			ls.l.revoke(ctx, ls.etcdLease())
+			ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 		}
 		// Lost before Release was called; ErrReleased is an earlier
 		// Release that failed, whose delete this one retries.
@@ -1302,7 +1308,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	case lost != nil:
 		// Err says so once releasedAs has the result (if this Release
 		// ended the lease; else it had ended, released, before).
-		ls.l.revoke(ctx, ls.etcdLease())
+		ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 	case deleted && kept && !ls.noReuse && attempts == 1:
 		// Our own delete went through, its lease ended as it left, and
 		// no failed Release took over the revoke meanwhile: the etcd lease
@@ -1322,7 +1328,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 		ls.mu.Unlock()
 		ls.l.recycle(ctx, sp)
 	default:
-		ls.l.revoke(ctx, ls.etcdLease())
+		ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 	}
 	ls.released, ls.relErr = true, lost
 	return ls.relErr
