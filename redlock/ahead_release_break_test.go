@@ -15,38 +15,49 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// holdFirstRelease is a hook on a node's client that, when armed, holds
-// the first release script call from being sent until open is closed
-// (held is closed once it is held), and lets later ones through, closing
-// passed once one has been answered.
-type holdFirstRelease struct {
-	relHash string
-	armed   atomic.Bool
-	calls   atomic.Int32
-	held    chan struct{}
-	open    chan struct{}
-	passed  chan struct{}
+// firstReleaseGate is a hook on a node's client that, once armed, holds the
+// first release script call from being sent until open is closed or the
+// call's ctx ends (held is closed once it is held, ran once it has run or
+// been cut), and lets later ones through, closing passed once the next
+// one has been answered.
+type firstReleaseGate struct {
+	hash   string
+	armed  atomic.Bool
+	calls  atomic.Int32
+	held   chan struct{}
+	open   chan struct{}
+	ran    chan struct{}
+	passed chan struct{}
 }
 
-func (h *holdFirstRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *holdFirstRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func newFirstReleaseGate() *firstReleaseGate {
+	_, hash := redlock.ScriptHashes()
+	return &firstReleaseGate{hash: hash, held: make(chan struct{}), open: make(chan struct{}), ran: make(chan struct{}), passed: make(chan struct{})}
+}
+
+func (g *firstReleaseGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *firstReleaseGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h *holdFirstRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (g *firstReleaseGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()
-		if len(a) < 2 || fmt.Sprint(a[1]) != h.relHash || !h.armed.Load() {
+		if len(a) < 2 || fmt.Sprint(a[1]) != g.hash || !g.armed.Load() {
 			return next(ctx, cmd)
 		}
-		switch h.calls.Add(1) {
+		switch g.calls.Add(1) {
 		case 1:
-			close(h.held)
-			<-h.open
+			defer close(g.ran)
+			close(g.held)
+			select {
+			case <-g.open:
+			case <-ctx.Done():
+				cmd.SetErr(ctx.Err())
+				return ctx.Err()
+			}
 			return next(ctx, cmd)
 		case 2:
-			err := next(ctx, cmd)
-			close(h.passed)
-			return err
+			defer close(g.passed)
 		}
 		return next(ctx, cmd)
 	}
@@ -68,14 +79,13 @@ func (h *holdFirstRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 func TestReleaseAtDeadlineNotLostToOwnGiveBack(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name = "release-at-deadline-ahead"
-	_, relHash := redlock.ScriptHashes()
 	gates := make([]*gateExtend, len(srvs))
-	rels := make([]*holdFirstRelease, len(srvs))
+	rels := make([]*firstReleaseGate, len(srvs))
 	hooks := make([]redis.Hook, len(srvs))
 	for i := range srvs {
 		gates[i] = newGateExtend()
 		hooks[i] = gates[i]
-		rels[i] = &holdFirstRelease{relHash: relHash, held: make(chan struct{}), open: make(chan struct{}), passed: make(chan struct{})}
+		rels[i] = newFirstReleaseGate()
 	}
 	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, hooks...)
 	for i, c := range cs {

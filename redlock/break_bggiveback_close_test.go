@@ -3,8 +3,6 @@ package redlock_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,41 +11,6 @@ import (
 	"github.com/fencekit/fence/redlock"
 	"github.com/redis/go-redis/v9"
 )
-
-// gateFirstRelease holds the first release script call on its node once
-// armed, until open is closed (or the call's ctx ends), after the node
-// ran it or not (before: the lock stays until it opens).
-type gateFirstRelease struct {
-	hash  string
-	armed atomic.Bool
-	held  chan struct{}
-	open  chan struct{}
-	ran   chan struct{} // closed once the held call has run
-}
-
-func (g *gateFirstRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (g *gateFirstRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (g *gateFirstRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		a := cmd.Args()
-		if len(a) < 2 || fmt.Sprint(a[1]) != g.hash || !g.armed.CompareAndSwap(true, false) {
-			return next(ctx, cmd)
-		}
-		close(g.held)
-		select {
-		case <-g.open:
-		case <-ctx.Done():
-			cmd.SetErr(ctx.Err())
-			close(g.ran)
-			return ctx.Err()
-		}
-		err := next(ctx, cmd)
-		close(g.ran)
-		return err
-	}
-}
 
 // TestExtendBackgroundGiveBackCloseWaits attacks 1b9f4eb: the give-back
 // of a renewal read after the lease ended goes on in the background once
@@ -90,14 +53,13 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 		name += "-watchdog"
 	}
 	const ttl = 1500 * time.Millisecond
-	_, relHash := redlock.ScriptHashes()
 	gates := make([]*gateExtend, len(srvs))
-	rels := make([]*gateFirstRelease, len(srvs))
+	rels := make([]*firstReleaseGate, len(srvs))
 	hooks := make([]redis.Hook, len(srvs))
 	for i := range gates {
 		gates[i] = newGateExtend()
 		hooks[i] = gates[i]
-		rels[i] = &gateFirstRelease{hash: relHash, held: make(chan struct{}), open: make(chan struct{}), ran: make(chan struct{})}
+		rels[i] = newFirstReleaseGate()
 	}
 	cs := clientsWith(t, srvs, redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1}, hooks...)
 	for i, c := range cs {

@@ -17,11 +17,10 @@ import (
 func TestConcurrentReleaseWithLeaseContext(t *testing.T) {
 	srvs := nodes(t, 3)
 	const name = "detach-concurrent"
-	_, relHash := redlock.ScriptHashes()
-	rels := make([]*holdFirstRelease, len(srvs))
+	rels := make([]*firstReleaseGate, len(srvs))
 	hooks := make([]redis.Hook, len(srvs))
 	for i := range srvs {
-		rels[i] = &holdFirstRelease{relHash: relHash, held: make(chan struct{}), open: make(chan struct{}), passed: make(chan struct{})}
+		rels[i] = newFirstReleaseGate()
 		hooks[i] = rels[i]
 	}
 	cs := clientsWith(t, srvs, redis.Options{}, hooks...)
