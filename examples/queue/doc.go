@@ -102,9 +102,12 @@
 // and the next term, after fence.Lead's back-off (growing with each failure
 // in a row), claims it again. A message that always fails (its amount
 // overflows the balance) would end every term and hold back every message
-// behind it: when its transaction fails on delivery MaxDeliveries
-// (XPENDING's delivery count), the consumer records it in queue_dead, in a
-// transaction fenced like the effect's, and acknowledges it. A message is
+// behind it: when its transaction fails for the MaxDeliveries-th time
+// (its failures counted in queue_failures, in a transaction fenced like the
+// effect's: not XPENDING's delivery count, which also counts the
+// deliveries of the messages behind a failing one in its batch, claimed
+// again each term without being tried), the consumer records it in
+// queue_dead, in that transaction, and acknowledges it. A message is
 // then done once: applied (queue_applied) or given up on (queue_dead, where
 // a malformed entry, without an account or an integer amount, or with an
 // invalid msg_id, goes at once). A

@@ -22,11 +22,13 @@ import (
 
 // Schema creates the effect tables (PostgreSQL): queue_applied, one row per
 // applied message in the order they were applied (seq), with the token and
-// consumer that applied it, queue_balance, what the messages add up to, and
+// consumer that applied it, queue_balance, what the messages add up to,
 // queue_dead, the entries given up on (malformed, or see
 // Consumer.MaxDeliveries), with their fields (quoted as Go's %q prints
 // them, so that any bytes a producer sent can be stored) and the last
-// error. A
+// error, and queue_failures, how many tries of each message not yet done
+// have failed (see Consumer.MaxDeliveries; its row goes when the message is
+// applied or given up on). A
 // message is done once it has a row in queue_applied or in queue_dead,
 // never both.
 //
@@ -73,6 +75,12 @@ CREATE TABLE IF NOT EXISTS queue_dead (
 	dead_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
 	PRIMARY KEY (stream, msg_id)
 );
+CREATE TABLE IF NOT EXISTS queue_failures (
+	stream   TEXT   NOT NULL,
+	msg_id   TEXT   NOT NULL,
+	failures BIGINT NOT NULL,
+	PRIMARY KEY (stream, msg_id)
+);
 DO $$
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM information_schema.columns
@@ -101,8 +109,8 @@ const (
 	DefaultBatch     = 10
 	DefaultBlock     = time.Second
 	DefaultTxTimeout = 10 * time.Second
-	// DefaultMaxDeliveries: a message whose transaction failed on its
-	// fifth delivery is dead.
+	// DefaultMaxDeliveries: a message whose transaction failed for the
+	// fifth time is dead.
 	DefaultMaxDeliveries = 5
 )
 
@@ -365,8 +373,13 @@ type Consumer struct {
 	// is given up on: recorded in queue_dead (in a transaction fenced like
 	// the effect's) and acknowledged, so that a message that can never be
 	// applied does not end every term and starve the messages behind it.
-	// A failure that also stops the write to queue_dead (the database is
-	// down) leaves the message pending. Default DefaultMaxDeliveries.
+	// The failed tries are counted in queue_failures, not by the stream's
+	// delivery count: a message is delivered again, untried, each time a
+	// term claims its batch and a message before it fails, and a message
+	// behind a poison one would otherwise be given up on at its first
+	// failure. A failure that also stops the write to queue_failures or
+	// queue_dead (the database is down) is not counted and leaves the
+	// message pending. Default DefaultMaxDeliveries.
 	MaxDeliveries int
 	// Pause, if set, is called at each Point of each message: a place for
 	// tests to stop the process.
@@ -637,10 +650,11 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 }
 
 // giveUp records entry e, whose message (key key) failed with cause (or,
-// if now, which is malformed), in queue_dead if now or if this was
-// delivery MaxDeliveries (or later), and reports whether it did (or found
-// it done before). Its error, if any, is why it could not tell or record;
-// the entry then stays pending. ctx is Run's (see apply).
+// if now, which is malformed), in queue_dead if now or if this was its
+// failure MaxDeliveries (counted in queue_failures, in the same fenced
+// transaction), and reports whether it did (or found it done before). Its
+// error, if any, is why it could not tell or record; the entry then stays
+// pending, and the failure is not counted. ctx is Run's (see apply).
 func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, token fence.Token, cause error, now bool) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
@@ -652,7 +666,7 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, tok
 	if err != nil {
 		return false, fmt.Errorf("queue: XPENDING %s: %w", e.ID, err)
 	}
-	if len(p) == 0 || (!now && p[0].RetryCount < int64(c.maxDeliveries())) {
+	if len(p) == 0 {
 		return false, nil
 	}
 	// The fields are the producer's bytes, and PostgreSQL's text holds
@@ -660,6 +674,7 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, tok
 	// the entry leaves the pending list (copied as they are, the dead
 	// letter failed as the effect did, and the entry stalled the queue).
 	fields := fmt.Sprintf("%q", e.Values)
+	dead := false
 	err = c.fenced()(rctx, c.DB, Resource(c.Stream, key), token, func(tx *sql.Tx) error {
 		var applied bool
 		if err := tx.QueryRowContext(rctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)`,
@@ -669,6 +684,24 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, tok
 		if applied {
 			return errDuplicate
 		}
+		if !now {
+			// The failed tries, not the deliveries (XPENDING's count):
+			// a delivery of a batch whose earlier message failed was
+			// never tried.
+			var failures int64
+			if err := tx.QueryRowContext(rctx, `INSERT INTO queue_failures (stream, msg_id, failures) VALUES ($1, $2, 1)
+ON CONFLICT (stream, msg_id) DO UPDATE SET failures = queue_failures.failures + 1 RETURNING failures`,
+				c.Stream, key).Scan(&failures); err != nil {
+				return err
+			}
+			if failures < int64(c.maxDeliveries()) {
+				return nil // commits the count
+			}
+		}
+		dead = true
+		if _, err := tx.ExecContext(rctx, `DELETE FROM queue_failures WHERE stream = $1 AND msg_id = $2`, c.Stream, key); err != nil {
+			return err
+		}
 		_, err := tx.ExecContext(rctx, `INSERT INTO queue_dead (stream, msg_id, entry_id, fields, deliveries, error, token, consumer)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`,
 			c.Stream, key, e.ID, fields, p[0].RetryCount, storable(cause.Error()), int64(token), c.Name)
@@ -676,6 +709,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`
 	})
 	if err != nil && !errors.Is(err, errDuplicate) {
 		return false, err
+	}
+	if err == nil && !dead {
+		return false, nil
 	}
 	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "msg_id", key, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
 	return true, nil
@@ -740,6 +776,10 @@ VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING`, c.Stream, m.Key, m.
 		}
 		if n, err := res.RowsAffected(); err != nil || n == 0 {
 			return cmp.Or(err, errDuplicate) // rolls back; the message is done
+		}
+		// Its failed tries, if any, are counted no more (see giveUp).
+		if _, err := tx.ExecContext(dbCtx, `DELETE FROM queue_failures WHERE stream = $1 AND msg_id = $2`, c.Stream, m.Key); err != nil {
+			return err
 		}
 		if _, err := tx.ExecContext(dbCtx, `INSERT INTO queue_balance (account, balance) VALUES ($1, $2)
 ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.balance`, m.Account, m.Amount); err != nil {
