@@ -429,9 +429,10 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
 // with a Stream holding a brace or a ':' (see Resource),
 // with a Name that is not UTF-8 or holds a NUL, with a negative duration
-// or count, or whose lock name, or the guard
-// resource of its longest message id, is not valid. opts
-// are passed to Lead.
+// or count, with a MinIdle, Block or TxTimeout under a millisecond (most
+// likely a duration without its unit: Block: 50 is 50 ns), or whose lock
+// name, or the guard resource of its longest message id, is not valid.
+// opts are passed to Lead.
 func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
 	if err := c.check(); err != nil {
 		return err
@@ -479,6 +480,19 @@ func (c *Consumer) check() error {
 	if c.MinIdle < 0 || c.Block < 0 || c.TxTimeout < 0 || c.Batch < 0 || c.MaxDeliveries < 0 {
 		return fmt.Errorf("%w: queue: MinIdle %v, Block %v, TxTimeout %v, Batch %d, MaxDeliveries %d: want none negative",
 			fence.ErrInvalidOption, c.MinIdle, c.Block, c.TxTimeout, c.Batch, c.MaxDeliveries)
+	}
+	// A duration under a millisecond is most likely one without its unit
+	// (Block: 50 for 50 ms), as fence.Backoff's: Block went out as
+	// XREADGROUP's BLOCK 0, which waits for a new entry for good (no idle
+	// entry claimed meanwhile, the term ended by the read timeout), and
+	// such a TxTimeout fails every transaction and dead letter.
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{{"MinIdle", c.MinIdle}, {"Block", c.Block}, {"TxTimeout", c.TxTimeout}} {
+		if d.d > 0 && d.d < time.Millisecond {
+			return fmt.Errorf("%w: queue: %s %v, under %v: a duration without its unit?", fence.ErrInvalidOption, d.name, d.d, time.Millisecond)
+		}
 	}
 	return nil
 }
