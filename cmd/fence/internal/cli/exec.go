@@ -16,11 +16,13 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/redislock"
 	"github.com/spf13/cobra"
 )
 
-// releaseTimeout bounds the release after the child has exited.
+// releaseTimeout bounds the release after the child has exited, its
+// retries included.
 const releaseTimeout = 5 * time.Second
 
 func execCmd() *cobra.Command {
@@ -54,7 +56,8 @@ removed, or could not be renewed in time), exec sends SIGTERM to the group, wait
 (default 10s), then sends SIGKILL. When the command exits, whatever it left running (its
 background jobs, and processes that left the group by double-forking, which come back to
 exec while it runs) gets the same SIGTERM, then SIGKILL after --grace, and the lock is
-released only when none is left. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to exec
+released only when none is left; a release that fails without a conclusion (a link that
+broke) is retried for up to 5s. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to exec
 are passed on to the group.
 
 On a terminal (stdin is exec's terminal and exec runs in its foreground) the command's
@@ -270,7 +273,7 @@ func runHolding(cmd *cobra.Command, lease fence.Lease, argv []string, grace time
 	release := func() error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), releaseTimeout)
 		defer cancel()
-		return lease.Release(ctx)
+		return releaseRetrying(ctx, lease)
 	}
 	child := exec.Command(argv[0], argv[1:]...)
 	// fence's credentials stay with fence: FENCE_REDIS_URL and its kind
@@ -520,6 +523,20 @@ func waitGroup(pgid int, sig syscall.Signal, limit time.Duration) bool {
 			}
 		}
 	}
+}
+
+// releaseRetrying releases lease, and retries a failure without a
+// conclusion (a backend error, a link that broke under the request; not
+// fence.ErrLeaseLost, nor fence.ErrClosed) until ctx ends, as fence.Run
+// does: nobody else holds the lease to retry with, and the lock would stay
+// held, by nobody, until its lease time ran out, every other exec of the
+// name refused meanwhile (TestExecReleaseRetriedAfterBrokenLink: 60 s).
+func releaseRetrying(ctx context.Context, lease fence.Lease) error {
+	err := lease.Release(ctx)
+	for wait := 10 * time.Millisecond; err != nil && !errors.Is(err, fence.ErrLeaseLost) && !errors.Is(err, fence.ErrClosed) && pause.For(ctx, wait); wait = min(2*wait, time.Second) {
+		err = lease.Release(ctx)
+	}
+	return err
 }
 
 // exitCode is the child's exit status as a shell reports it.
