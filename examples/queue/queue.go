@@ -437,12 +437,12 @@ func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.L
 	if err := c.check(); err != nil {
 		return err
 	}
-	opts = append([]fence.LeadOption{fence.OnElected(func(l fence.Lease) {
-		c.log().Info(LogElected, "consumer", c.Name, "token", int64(l.Token()))
-	})}, opts...)
 	// The term's context ends with the lease; what must outlive the lease
 	// (a transaction under way, its XACK) is bounded by ctx, the caller's.
 	return fence.Lead(ctx, locker, LockName(c.Stream, c.Group), func(lctx context.Context, lease fence.Lease) error {
+		// Logged here, not from an OnElected of Run's own: a caller's
+		// OnElected among opts replaced it, and terms began unlogged.
+		c.log().Info(LogElected, "consumer", c.Name, "token", int64(lease.Token()))
 		// A term ends only on an error. Lead campaigns again and returns
 		// nothing of it: without this record, a term that fails every time
 		// (the stream's key holds another type, the tables are missing)
