@@ -1,0 +1,141 @@
+package guard_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/guard"
+)
+
+// TestImplicitRollbackInFn: a statement in Tx's fn fails in a way that, on
+// SQLite, ends the whole transaction by itself: the statement's own context
+// ends (modernc.org/sqlite interrupts it, and SQLite rolls back a
+// transaction whose INSERT, UPDATE or DELETE is interrupted), or a trigger
+// refuses the write with RAISE(ROLLBACK) (so do INSERT OR ROLLBACK, ON
+// CONFLICT ROLLBACK, and SQLITE_FULL, IOERR and NOMEM). fn does not commit
+// or roll back anything itself: it handles the error as handlers do (the
+// timed-out statement retried, the refusal recorded) and writes on through
+// tx. Meanwhile a newer holder (token 7) fences and writes. fn's write, from
+// the older holder (token 5), must not land after the newer holder's: the
+// row must end with w7.
+//
+// PostgreSQL aborts the transaction at the failed statement: fn's next write
+// fails, and the newer holder's fence waits for the older transaction's row
+// lock until it has rolled back. On SQLite the fence was rolled back with
+// everything, the database's write lock released (the newer holder commits
+// at once), and fn's next statement ran outside any transaction, committed
+// on its own, unfenced: the row ends with w5, and Tx reports only that its
+// COMMIT found no transaction.
+func TestImplicitRollbackInFn(t *testing.T) {
+	failures := map[string]map[string]func(t *testing.T, db *sql.DB) func(tx *sql.Tx) error{
+		"postgres": {
+			"statement timeout": func(t *testing.T, db *sql.DB) func(tx *sql.Tx) error {
+				return func(tx *sql.Tx) error {
+					short, cancel := context.WithTimeout(ctx(t), 100*time.Millisecond)
+					defer cancel()
+					_, err := tx.ExecContext(short, `INSERT INTO accepted (seq, token) SELECT 1, 1 FROM pg_sleep(30)`)
+					return err
+				}
+			},
+			"trigger refuses": func(t *testing.T, db *sql.DB) func(tx *sql.Tx) error {
+				for _, stmt := range []string{
+					`CREATE FUNCTION refuse_fraud() RETURNS trigger LANGUAGE plpgsql AS $$
+					BEGIN RAISE EXCEPTION 'refused'; END $$`,
+					`CREATE TRIGGER no_fraud BEFORE UPDATE OF status ON payment
+					FOR EACH ROW WHEN (NEW.status = 'FRAUD') EXECUTE FUNCTION refuse_fraud()`,
+				} {
+					if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return refuseFraud
+			},
+		},
+		"sqlite": {
+			"statement timeout": func(t *testing.T, db *sql.DB) func(tx *sql.Tx) error {
+				return func(tx *sql.Tx) error {
+					short, cancel := context.WithTimeout(ctx(t), 100*time.Millisecond)
+					defer cancel()
+					_, err := tx.ExecContext(short, `WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000)
+						INSERT INTO accepted (seq, token) SELECT max(x), 1 FROM c`)
+					return err
+				}
+			},
+			"trigger refuses": func(t *testing.T, db *sql.DB) func(tx *sql.Tx) error {
+				if _, err := db.ExecContext(ctx(t), `CREATE TRIGGER no_fraud BEFORE UPDATE OF status ON payment
+					WHEN NEW.status = 'FRAUD' BEGIN SELECT RAISE(ROLLBACK, 'refused'); END`); err != nil {
+					t.Fatal(err)
+				}
+				return refuseFraud
+			},
+		},
+	}
+	for _, name := range []string{"postgres", "sqlite"} {
+		for how, prepare := range failures[name] {
+			t.Run(name+"/"+how, func(t *testing.T) {
+				if name == "sqlite" {
+					t.Skip("design question: on SQLite a failed statement that ends the whole transaction (interrupted by its own ctx, RAISE(ROLLBACK), " +
+						"OR ROLLBACK, SQLITE_FULL/IOERR/NOMEM) leaves database/sql's Tx open on a connection in autocommit mode, and fn's later statements " +
+						"through tx commit one by one, unfenced, after a newer holder's write (the row ended with w5, not w7). guard cannot see or stop them " +
+						"without a driver hook: modernc.org/sqlite's RegisterCommitHook could veto every commit but Tx's own, but guard imports no driver, " +
+						"and the hook would replace one the application registered. Tx's and SQLStore's docs say to return fn's first error")
+				}
+				db := databases(t)[name]
+				db.SetMaxOpenConns(4)
+				setup(t, db)
+				fail := prepare(t, db)
+				newer := make(chan error, 1)
+				var failed, after error
+				err := guard.Tx(ctx(t), db, "payment:1001", 5, func(tx *sql.Tx) error {
+					failed = fail(tx)
+					if failed == nil {
+						t.Error("the failing statement succeeded")
+					}
+					go func() {
+						newer <- guard.Tx(ctx(t), db, "payment:1001", 7, func(tx *sql.Tx) error {
+							_, err := tx.ExecContext(ctx(t), `UPDATE payment SET approved_by = 'w7' WHERE id = 1001`)
+							return err
+						})
+					}()
+					// The newer holder is let in where the older holder's
+					// transaction is over (SQLite); where it still holds its
+					// fence (PostgreSQL) the newer one waits for it.
+					select {
+					case err := <-newer:
+						newer <- err
+					case <-time.After(time.Second):
+					}
+					// The error handled, fn writes on.
+					_, after = tx.ExecContext(ctx(t), `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`)
+					return nil
+				})
+				newerErr := <-newer
+				_, by, _ := row(t, db)
+				var last int64
+				if qerr := db.QueryRowContext(ctx(t), `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); qerr != nil {
+					t.Fatal(qerr)
+				}
+				t.Logf("failed statement: %v; fn's write after it: %v; Tx(5): %v; Tx(7): %v; row approved_by %q, last token %d",
+					failed, after, err, newerErr, by.String, last)
+				if newerErr != nil {
+					t.Fatalf("the newer holder's Tx failed: %v", newerErr)
+				}
+				if by.String != "w7" {
+					t.Fatalf("the row ends with %q, written by token 5's holder after token 7's write (last token %d): an older write landed after a newer one", by.String, last)
+				}
+				if err == nil {
+					t.Error("Tx(5) reported success")
+				}
+			})
+		}
+	}
+}
+
+// refuseFraud is fn's first statement in TestImplicitRollbackInFn's
+// "trigger refuses": an update that the payment table's trigger refuses.
+func refuseFraud(tx *sql.Tx) error {
+	_, err := tx.ExecContext(context.Background(), `UPDATE payment SET status = 'FRAUD' WHERE id = 1001`)
+	return err
+}
