@@ -333,7 +333,17 @@ func (e *noCallColumnError) Unwrap() error { return e.err }
 // through tx's methods (Tx then fails with sql.ErrTxDone) nor with SQL of
 // its own (COMMIT, ROLLBACK, a script that contains them): on PostgreSQL
 // the statements after it run outside any transaction, unfenced, and Tx
-// reports success, the fence committed early or rolled back.
+// reports success, the fence committed early or rolled back. On SQLite a
+// failed statement may end the whole transaction by itself: a write whose
+// own context ends (modernc.org/sqlite interrupts it), a trigger's
+// RAISE(ROLLBACK), INSERT OR ROLLBACK, an ON CONFLICT ROLLBACK constraint,
+// SQLITE_FULL, SQLITE_IOERR or SQLITE_NOMEM. The fence is rolled back with
+// it and the write lock released, but tx stays open for database/sql, and
+// each later statement through it runs and commits on its own, unfenced,
+// after a newer holder's writes perhaps (tested: a stale holder's write
+// landed after the newer one's); Tx then fails at the commit. So when a
+// statement in fn fails, return its error: do not retry it, or record the
+// failure, in fn. (PostgreSQL refuses the statements after a failed one.)
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
 	if db == nil || fn == nil {
 		return fmt.Errorf("%w: guard: Tx with a nil db or fn", fence.ErrInvalidOption)
