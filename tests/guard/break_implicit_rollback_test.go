@@ -21,13 +21,14 @@ import (
 // the older holder (token 5), must not land after the newer holder's: the
 // row must end with w7.
 //
-// PostgreSQL aborts the transaction at the failed statement: fn's next write
-// fails, and the newer holder's fence waits for the older transaction's row
-// lock until it has rolled back. On SQLite the fence was rolled back with
-// everything, the database's write lock released (the newer holder commits
-// at once), and fn's next statement ran outside any transaction, committed
-// on its own, unfenced: the row ends with w5, and Tx reports only that its
-// COMMIT found no transaction.
+// PostgreSQL aborts the transaction at the failed statement (releasing its
+// locks: the newer holder commits at once) and refuses every later
+// statement in it (25P02; pgx closes the connection of a cancelled one):
+// fn's next write fails, and the row ends with w7. On SQLite the fence was
+// rolled back with everything and the database's write lock released too,
+// but fn's next statement ran outside any transaction, committed on its
+// own, unfenced: the row ends with w5, and Tx reports only that its COMMIT
+// found no transaction.
 func TestImplicitRollbackInFn(t *testing.T) {
 	failures := map[string]map[string]func(t *testing.T, db *sql.DB) func(tx *sql.Tx) error{
 		"postgres": {
@@ -50,7 +51,7 @@ func TestImplicitRollbackInFn(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				return refuseFraud
+				return refuseFraud(ctx(t))
 			},
 		},
 		"sqlite": {
@@ -68,7 +69,7 @@ func TestImplicitRollbackInFn(t *testing.T) {
 					WHEN NEW.status = 'FRAUD' BEGIN SELECT RAISE(ROLLBACK, 'refused'); END`); err != nil {
 					t.Fatal(err)
 				}
-				return refuseFraud
+				return refuseFraud(ctx(t))
 			},
 		},
 	}
@@ -86,16 +87,17 @@ func TestImplicitRollbackInFn(t *testing.T) {
 				db.SetMaxOpenConns(4)
 				setup(t, db)
 				fail := prepare(t, db)
+				c := ctx(t)
 				newer := make(chan error, 1)
 				var failed, after error
-				err := guard.Tx(ctx(t), db, "payment:1001", 5, func(tx *sql.Tx) error {
+				err := guard.Tx(c, db, "payment:1001", 5, func(tx *sql.Tx) error {
 					failed = fail(tx)
 					if failed == nil {
 						t.Error("the failing statement succeeded")
 					}
 					go func() {
-						newer <- guard.Tx(ctx(t), db, "payment:1001", 7, func(tx *sql.Tx) error {
-							_, err := tx.ExecContext(ctx(t), `UPDATE payment SET approved_by = 'w7' WHERE id = 1001`)
+						newer <- guard.Tx(c, db, "payment:1001", 7, func(tx *sql.Tx) error {
+							_, err := tx.ExecContext(c, `UPDATE payment SET approved_by = 'w7' WHERE id = 1001`)
 							return err
 						})
 					}()
@@ -108,13 +110,13 @@ func TestImplicitRollbackInFn(t *testing.T) {
 					case <-time.After(time.Second):
 					}
 					// The error handled, fn writes on.
-					_, after = tx.ExecContext(ctx(t), `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`)
+					_, after = tx.ExecContext(c, `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`)
 					return nil
 				})
 				newerErr := <-newer
 				_, by, _ := row(t, db)
 				var last int64
-				if qerr := db.QueryRowContext(ctx(t), `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); qerr != nil {
+				if qerr := db.QueryRowContext(c, `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); qerr != nil {
 					t.Fatal(qerr)
 				}
 				t.Logf("failed statement: %v; fn's write after it: %v; Tx(5): %v; Tx(7): %v; row approved_by %q, last token %d",
@@ -135,7 +137,9 @@ func TestImplicitRollbackInFn(t *testing.T) {
 
 // refuseFraud is fn's first statement in TestImplicitRollbackInFn's
 // "trigger refuses": an update that the payment table's trigger refuses.
-func refuseFraud(tx *sql.Tx) error {
-	_, err := tx.ExecContext(context.Background(), `UPDATE payment SET status = 'FRAUD' WHERE id = 1001`)
-	return err
+func refuseFraud(c context.Context) func(tx *sql.Tx) error {
+	return func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(c, `UPDATE payment SET status = 'FRAUD' WHERE id = 1001`)
+		return err
+	}
 }
