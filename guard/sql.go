@@ -330,7 +330,8 @@ func (e *noCallColumnError) Unwrap() error { return e.err }
 // fn must use tx, not db: work done through db is not part
 // of the fenced transaction, and with a pool of one connection it waits
 // until ctx ends. fn must not commit or roll back tx itself, neither
-// through tx's methods (Tx then fails with sql.ErrTxDone) nor with SQL of
+// through tx's methods (Tx then fails: with sql.ErrTxDone, or on SQLite
+// with the commit refused by the hook described below) nor with SQL of
 // its own (COMMIT, ROLLBACK, a script that contains them): on PostgreSQL
 // the statements after it run outside any transaction, unfenced, and Tx
 // reports success, the fence committed early or rolled back. On SQLite a
@@ -339,11 +340,18 @@ func (e *noCallColumnError) Unwrap() error { return e.err }
 // RAISE(ROLLBACK), INSERT OR ROLLBACK, an ON CONFLICT ROLLBACK constraint,
 // SQLITE_FULL, SQLITE_IOERR or SQLITE_NOMEM. The fence is rolled back with
 // it and the write lock released, but tx stays open for database/sql, and
-// each later statement through it runs and commits on its own, unfenced,
-// after a newer holder's writes perhaps (tested: a stale holder's write
-// landed after the newer one's); Tx then fails at the commit. So when a
-// statement in fn fails, return its error: do not retry it, or record the
-// failure, in fn. (PostgreSQL refuses the statements after a failed one.)
+// each later statement through it would run and commit on its own,
+// unfenced, after a newer holder's writes perhaps (tested: a stale
+// holder's write landed after the newer one's). So on a driver whose
+// connections offer RegisterCommitHook (modernc.org/sqlite and
+// mattn/go-sqlite3 do), Tx runs on a connection of its own with a commit
+// hook that refuses every commit but its own while fn runs: such a
+// statement fails, having written nothing, and Tx fails at the commit,
+// saying so. The hook replaces one the application registered on that
+// connection, which is left with none after Tx; a driver wrapped so that
+// its connections do not show the method (a tracing wrapper) gets no hook. Either way,
+// when a statement in fn fails, return its error rather than write on.
+// (PostgreSQL refuses the statements after a failed one.)
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
 	if db == nil || fn == nil {
 		return fmt.Errorf("%w: guard: Tx with a nil db or fn", fence.ErrInvalidOption)
@@ -357,10 +365,11 @@ func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn 
 	if in, ok := ctx.Value(txKey{}).(storeTx); ok && in.db == db {
 		return fmt.Errorf("%w: fence %q with Fence on TxFrom's transaction", ErrNestedTx, resource)
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	tx, gate, end, err := begin(ctx, db)
 	if err != nil {
 		return retryable(fmt.Errorf("guard: begin: %w", err))
 	}
+	defer end() // after the rollback below
 	// If fn panics (or calls runtime.Goexit), end the transaction so that
 	// the row lock taken by Fence does not outlive it. After a commit or
 	// rollback this does nothing.
@@ -370,9 +379,15 @@ func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn 
 		err = fn(tx)
 	}
 	if err != nil {
-		return retryable(errors.Join(err, rollback(tx)))
+		return retryable(errors.Join(err, rollback(tx), gate.refusals()))
+	}
+	if gate != nil {
+		gate.allow.Store(true)
 	}
 	if err := tx.Commit(); err != nil {
+		if refused := gate.refusals(); refused != nil {
+			return fmt.Errorf("guard: commit: %w (%w)", err, refused)
+		}
 		return retryable(fmt.Errorf("guard: commit: %w", err))
 	}
 	return nil

@@ -116,9 +116,10 @@ func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token
 // and the resource's row locked, before fn runs; fn reaches the transaction
 // with TxFrom and must make its writes through it. If fn returns an error
 // the transaction rolls back and the token is not spent. When one of its
-// statements fails, fn must answer with an error rather than write on: on
-// SQLite some failures (an interrupted write, RAISE(ROLLBACK)) end the
-// transaction, and later statements through it commit unfenced (see Tx).
+// statements fails, fn should answer with an error rather than write on:
+// on SQLite some failures (an interrupted write, RAISE(ROLLBACK)) end the
+// transaction, and Tx's commit hook then refuses the later statements
+// (see Tx).
 //
 // fn must not open a transaction of its own on the database (Tx,
 // DB.BeginTx) for the request's work: it is not part of the fenced
