@@ -111,6 +111,12 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (confi
 	if cfg.lease <= 0 || cfg.minIdle < 0 || cfg.idleTx < 0 || cfg.batch <= 0 || cfg.produce < 0 {
 		return cfg, fmt.Errorf("-lease and -batch must be positive, -min-idle, -idle-tx and -produce not negative")
 	}
+	// PostgreSQL counts idle_in_transaction_session_timeout in whole
+	// milliseconds, and 0 turns it off: -idle-tx 500us would have left a
+	// stalled consumer's transaction open for good.
+	if cfg.idleTx > 0 && cfg.idleTx < time.Millisecond {
+		return cfg, fmt.Errorf("-idle-tx %v: under a millisecond, which PostgreSQL would take for 0 (no timeout)", cfg.idleTx)
+	}
 	if cfg.id != "" {
 		if cfg.produce > 1 {
 			return cfg, fmt.Errorf("-id names one message: -produce %d with -id", cfg.produce)

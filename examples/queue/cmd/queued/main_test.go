@@ -70,3 +70,17 @@ func mustQuery(t *testing.T, dsn string) url.Values {
 	}
 	return u.Query()
 }
+
+// -idle-tx under a millisecond is refused: PostgreSQL's
+// idle_in_transaction_session_timeout is whole milliseconds, and 500us
+// went out as 0, which turns the timeout off. 1ms still goes.
+func TestIdleTxUnderMillisecondRefused(t *testing.T) {
+	none := func(string) string { return "" }
+	if _, err := parseFlags([]string{"-idle-tx", "500us"}, none, &strings.Builder{}); err == nil {
+		t.Fatal("-idle-tx 500us accepted")
+	}
+	cfg, err := parseFlags([]string{"-idle-tx", "1ms"}, none, &strings.Builder{})
+	if err != nil || cfg.idleTx != time.Millisecond {
+		t.Fatalf("-idle-tx 1ms: %v, %v", cfg.idleTx, err)
+	}
+}
