@@ -461,7 +461,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 			// that nobody holds. Revoke the owner.
 			l.goReleaseAbandoned(*a)
 		}
-		return nil, fence.NotAcquired(name, fence.ErrHeld)
+		return nil, fence.NotAcquired(name, heldErr(a, holderTTL))
 	}
 	if l.mayRunLate(err) {
 		a.resent = true // (see the end of the loop below)
@@ -513,7 +513,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		case lastErr != nil:
 			return fail(lastErr)
 		default:
-			return fail(fence.ErrHeld)
+			return fail(heldErr(a, holderTTL))
 		}
 	}
 	timer := time.NewTimer(time.Hour)
@@ -752,6 +752,19 @@ func (a *attempt) signedBy(g grantMsg) bool {
 	}
 	sum := sha1.Sum([]byte(a.secret + " " + g.signed))
 	return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(g.mac)) == 1
+}
+
+// heldErr is the error of an Acquire that found a's lock held, the
+// holder's key with ttl left: fence.ErrHeld, and for a key without expiry,
+// which no Locker writes (every lock is set with PX), what that means: the
+// key is another program's (a guard store given redislock's prefix writes
+// its token records there, with no expiry), or was made persistent by
+// hand, and only a DEL frees it. It was a plain ErrHeld for good.
+func heldErr(a *attempt, ttl time.Duration) error {
+	if ttl >= 0 {
+		return fence.ErrHeld
+	}
+	return fmt.Errorf("%w (redislock: the lock's key %s has no expiry, which redislock never sets: another program writes that key (a guard store or a cache on the same prefix?), or it was made persistent by hand; only its deletion frees the lock)", fence.ErrHeld, a.keys.lock)
 }
 
 // holderWait is how long to wait for a holder whose lock has ttl left
