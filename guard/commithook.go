@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"fmt"
 	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"weak"
 )
 
 // SQLite ends a transaction by itself when some statements fail (a write
@@ -49,19 +51,22 @@ func (g *commitGate) refusals() error {
 	return fmt.Errorf("guard: refused %d commit(s) made during fn: fn's own, or of statements run outside the fenced transaction after the database ended it", g.refused.Load())
 }
 
-// hookDrivers remembers, by the type of a database's driver, whether its
-// connections take a commit hook: a driver without one (PostgreSQL's) goes
-// on through db.BeginTx, which retries a pooled connection found broken
-// (sql.Conn.BeginTx does not).
-var hookDrivers sync.Map // reflect.Type of the driver -> bool
+// hookless remembers the pools whose connections take no commit hook
+// (PostgreSQL's), by a weak pointer to the *sql.DB, dropped with it: they
+// go on through db.BeginTx, which retries a pooled connection found broken
+// (sql.Conn.BeginTx does not). Remembered per pool, not per driver type:
+// a pool of the same driver opened with sql.OpenDB through a connector that
+// wraps its connections takes no hook, and must not take it from the
+// others (TestCommitHookNotLostToWrappedPool).
+var hookless sync.Map // weak.Pointer[sql.DB] -> struct{}
 
 // begin starts Tx's transaction: with a commit gate on a connection of its
 // own if db's driver takes a commit hook, else db.BeginTx. end, never nil,
 // removes the hook and gives the connection back, after the transaction
 // has ended; gate is nil without a hook.
 func begin(ctx context.Context, db *sql.DB) (tx *sql.Tx, gate *commitGate, end func(), err error) {
-	dt := reflect.TypeOf(db.Driver())
-	if hooks, known := hookDrivers.Load(dt); known && !hooks.(bool) {
+	key := weak.Make(db)
+	if _, ok := hookless.Load(key); ok {
 		tx, err = db.BeginTx(ctx, nil)
 		return tx, nil, func() {}, err
 	}
@@ -78,9 +83,11 @@ func begin(ctx context.Context, db *sql.DB) (tx *sql.Tx, gate *commitGate, end f
 		_ = conn.Close()
 		return nil, nil, func() {}, err
 	}
-	hookDrivers.Store(dt, hooked)
 	if !hooked {
 		gate = nil
+		if _, loaded := hookless.LoadOrStore(key, struct{}{}); !loaded {
+			runtime.AddCleanup(db, func(k weak.Pointer[sql.DB]) { hookless.Delete(k) }, key)
+		}
 	}
 	end = func() {
 		if hooked {
