@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"reflect"
 	"runtime"
@@ -21,25 +22,44 @@ import (
 // value). Tx cannot see fn's statements; the driver can. For a driver
 // whose connections offer RegisterCommitHook (modernc.org/sqlite's, whose
 // hook is a func() int32, and mattn/go-sqlite3's, a func() int; found by
-// reflection: guard imports no driver), Tx runs on a connection of its own
-// with a commit hook that refuses every commit but Tx's own while fn runs:
-// an autocommit statement after such a rollback is rolled back and fails.
-// The hook is removed when Tx ends (TestTxCommitHookRemoved); one the
-// application registered on that connection is replaced, and gone after.
+// reflection: guard imports no driver) and RegisterRollbackHook, Tx runs
+// on a connection of its own with a commit hook that refuses every commit
+// but Tx's own while fn runs: an autocommit statement after such a
+// rollback is rolled back and fails. The rollback hook tells Tx that the
+// fenced transaction is over, so that it does not commit one fn opened
+// after it (SAVEPOINT, BEGIN; TestSavepointAfterImplicitRollback). The
+// hooks are removed when Tx ends (TestTxCommitHookRemoved); those the
+// application registered on that connection are replaced, and gone after.
 
-// commitGate is the hook's state for one Tx: commits pass once allow is
-// set (Tx's own), and refused counts those refused before.
+// commitGate is the hooks' state for one Tx: ended is set by the rollback
+// hook when the database rolls back a whole transaction (the fenced one,
+// by itself or refusing a commit); commits pass once allow is set (Tx's
+// own) if the fenced transaction has not ended, and refused counts those
+// refused.
 type commitGate struct {
 	allow   atomic.Bool
+	ended   atomic.Bool
 	refused atomic.Int32
 }
 
 func (g *commitGate) pass() bool {
-	if g.allow.Load() {
+	if g.allow.Load() && !g.ended.Load() {
 		return true
 	}
 	g.refused.Add(1)
 	return false
+}
+
+// over says whether the fenced transaction was rolled back while fn ran:
+// then whatever transaction is open on the connection is fn's own,
+// begun after (a SAVEPOINT or BEGIN in autocommit mode), and Tx must not
+// commit it (TestSavepointAfterImplicitRollback). nil if not (or g is
+// nil).
+func (g *commitGate) over() error {
+	if g == nil || !g.ended.Load() {
+		return nil
+	}
+	return errors.New("guard: the database rolled back the fenced transaction while fn ran (a statement's failure, or a commit refused): nothing fn wrote after it is committed")
 }
 
 // refusals says how many commits g refused while fn ran, nil if none (or
@@ -77,7 +97,7 @@ func begin(ctx context.Context, db *sql.DB) (tx *sql.Tx, gate *commitGate, end f
 	gate = &commitGate{}
 	hooked := false
 	if err := conn.Raw(func(dc any) error {
-		hooked = setCommitHook(dc, gate.pass)
+		hooked = setHooks(dc, gate)
 		return nil
 	}); err != nil {
 		_ = conn.Close()
@@ -92,7 +112,7 @@ func begin(ctx context.Context, db *sql.DB) (tx *sql.Tx, gate *commitGate, end f
 	end = func() {
 		if hooked {
 			_ = conn.Raw(func(dc any) error {
-				setCommitHook(dc, nil)
+				setHooks(dc, nil)
 				return nil
 			})
 		}
@@ -106,34 +126,38 @@ func begin(ctx context.Context, db *sql.DB) (tx *sql.Tx, gate *commitGate, end f
 	return tx, gate, end, nil
 }
 
-// setCommitHook registers pass as dc's commit hook (a commit goes through
-// only if it returns true), or removes dc's hook if pass is nil, and
-// reports whether dc takes one: a method RegisterCommitHook(f) whose f is
-// a func() of an int32 or int result, non-zero turning the commit into a
-// rollback (sqlite3_commit_hook).
-func setCommitHook(dc any, pass func() bool) bool {
-	m := reflect.ValueOf(dc).MethodByName("RegisterCommitHook")
-	if !m.IsValid() || m.Type().NumIn() != 1 || m.Type().NumOut() != 0 {
+// setHooks registers g's commit and rollback hooks on dc (a commit goes
+// through only if g.pass returns true; a rollback of a whole transaction
+// sets g.ended), or removes dc's hooks if g is nil, and reports whether dc
+// takes both: methods RegisterCommitHook(f), f a func() of an int32 or int
+// result, non-zero turning the commit into a rollback
+// (sqlite3_commit_hook), and RegisterRollbackHook(func())
+// (sqlite3_rollback_hook). It sets nothing if dc lacks either.
+func setHooks(dc any, g *commitGate) bool {
+	v := reflect.ValueOf(dc)
+	cm, rm := v.MethodByName("RegisterCommitHook"), v.MethodByName("RegisterRollbackHook")
+	ct, ok := hookParam(cm)
+	if !ok || ct.NumIn() != 0 || ct.NumOut() != 1 {
 		return false
 	}
-	ft := m.Type().In(0)
-	if ft.Kind() != reflect.Func || ft.NumIn() != 0 || ft.NumOut() != 1 {
+	rt, ok := hookParam(rm)
+	if !ok || rt.NumIn() != 0 || rt.NumOut() != 0 {
 		return false
 	}
-	var f reflect.Value
+	var cf, rf reflect.Value
 	switch {
-	case pass == nil:
-		f = reflect.Zero(ft)
-	case ft.Out(0).Kind() == reflect.Int32:
-		f = reflect.ValueOf(func() int32 {
-			if pass() {
+	case g == nil:
+		cf, rf = reflect.Zero(ct), reflect.Zero(rt)
+	case ct.Out(0).Kind() == reflect.Int32:
+		cf = reflect.ValueOf(func() int32 {
+			if g.pass() {
 				return 0
 			}
 			return 1
 		})
-	case ft.Out(0).Kind() == reflect.Int:
-		f = reflect.ValueOf(func() int {
-			if pass() {
+	case ct.Out(0).Kind() == reflect.Int:
+		cf = reflect.ValueOf(func() int {
+			if g.pass() {
 				return 0
 			}
 			return 1
@@ -141,9 +165,22 @@ func setCommitHook(dc any, pass func() bool) bool {
 	default:
 		return false
 	}
-	if !f.Type().ConvertibleTo(ft) {
+	if g != nil {
+		rf = reflect.ValueOf(func() { g.ended.Store(true) })
+	}
+	if !cf.Type().ConvertibleTo(ct) || !rf.Type().ConvertibleTo(rt) {
 		return false
 	}
-	m.Call([]reflect.Value{f.Convert(ft)})
+	rm.Call([]reflect.Value{rf.Convert(rt)})
+	cm.Call([]reflect.Value{cf.Convert(ct)})
 	return true
+}
+
+// hookParam returns the type of m's one parameter if m is a method of one
+// function parameter and no result.
+func hookParam(m reflect.Value) (reflect.Type, bool) {
+	if !m.IsValid() || m.Type().NumIn() != 1 || m.Type().NumOut() != 0 || m.Type().In(0).Kind() != reflect.Func {
+		return nil, false
+	}
+	return m.Type().In(0), true
 }

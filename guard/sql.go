@@ -343,15 +343,17 @@ func (e *noCallColumnError) Unwrap() error { return e.err }
 // each later statement through it would run and commit on its own,
 // unfenced, after a newer holder's writes perhaps (tested: a stale
 // holder's write landed after the newer one's). So on a driver whose
-// connections offer RegisterCommitHook (modernc.org/sqlite and
-// mattn/go-sqlite3 do), Tx runs on a connection of its own with a commit
-// hook that refuses every commit but its own while fn runs: such a
-// statement fails, having written nothing, and Tx fails at the commit,
-// saying so. The hook replaces one the application registered on that
-// connection, which is left with none after Tx; a driver wrapped so that
-// its connections do not show the method (a tracing wrapper) gets no hook. Either way,
-// when a statement in fn fails, return its error rather than write on.
-// (PostgreSQL refuses the statements after a failed one.)
+// connections offer RegisterCommitHook and RegisterRollbackHook
+// (modernc.org/sqlite and mattn/go-sqlite3 do), Tx runs on a connection of
+// its own with a commit hook that refuses every commit but its own while
+// fn runs, and a rollback hook that sees the fenced transaction end: such
+// a statement fails, having written nothing, and Tx commits nothing after
+// such a rollback (not even a transaction fn opened since, with SAVEPOINT
+// or BEGIN) and fails, saying so. The hooks replace those the application
+// registered on that connection, which is left with none after Tx; a pool
+// whose connections do not show the methods (a tracing wrapper's) gets no
+// hooks. Either way, when a statement in fn fails, return its error rather
+// than write on. (PostgreSQL refuses the statements after a failed one.)
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
 	if db == nil || fn == nil {
 		return fmt.Errorf("%w: guard: Tx with a nil db or fn", fence.ErrInvalidOption)
@@ -377,6 +379,9 @@ func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn 
 	err = Fence(ctx, tx, resource, token)
 	if err == nil {
 		err = fn(tx)
+	}
+	if err == nil {
+		err = gate.over()
 	}
 	if err != nil {
 		return retryable(errors.Join(err, rollback(tx), gate.refusals()))
