@@ -28,8 +28,11 @@ import (
 // rollback is rolled back and fails. The rollback hook tells Tx that the
 // fenced transaction is over, so that it does not commit one fn opened
 // after it (SAVEPOINT, BEGIN; TestSavepointAfterImplicitRollback). The
-// hooks are removed when Tx ends (TestTxCommitHookRemoved); those the
-// application registered on that connection are replaced, and gone after.
+// hooks are registered once per connection, the first time a Tx runs on
+// it, and stay, doing nothing between Txs (TestTxCommitHookRemoved,
+// TestTxHooksNotHeldPerTx): those the application registered on that
+// connection are replaced for good, and one it registers there afterwards
+// replaces Tx's, whose Txs on that connection are then unprotected.
 
 // commitGate is the hooks' state for one Tx: ended is set by the rollback
 // hook when the database rolls back a whole transaction (the fenced one,
@@ -80,10 +83,55 @@ func (g *commitGate) refusals() error {
 // others (TestCommitHookNotLostToWrappedPool).
 var hookless sync.Map // weak.Pointer[sql.DB] -> struct{}
 
+// hookSlot is one connection's hooks' state. The hooks are registered
+// once per connection and left in place (a driver may hold every callback
+// registered until the connection closes: mattn/go-sqlite3 does, and hooks
+// set per Tx grew a pooled connection by some 300 bytes a Tx,
+// TestTxHooksNotHeldPerTx): gate is the Tx running on the connection, nil
+// between Txs, when the hooks let every commit through and note nothing.
+type hookSlot struct{ gate atomic.Pointer[commitGate] }
+
+func (s *hookSlot) commit() bool {
+	g := s.gate.Load()
+	return g == nil || g.pass()
+}
+
+func (s *hookSlot) rollback() {
+	if g := s.gate.Load(); g != nil {
+		g.ended.Store(true)
+	}
+}
+
+// slots holds the hookSlot of each connection that has its hooks, by a
+// weak pointer to the driver's connection, dropped with it.
+var slots sync.Map // weak.Pointer[byte] -> *hookSlot
+
+// slotOf returns dc's hookSlot, registering its hooks the first time, or
+// nil if dc takes none (or is not a pointer to the connection's state,
+// which the slot could not be kept by).
+func slotOf(dc any) *hookSlot {
+	v := reflect.ValueOf(dc)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Type().Elem().Size() == 0 {
+		return nil
+	}
+	p := (*byte)(v.UnsafePointer())
+	key := weak.Make(p)
+	if s, ok := slots.Load(key); ok {
+		return s.(*hookSlot)
+	}
+	s := &hookSlot{}
+	if !setHooks(dc, s) {
+		return nil
+	}
+	slots.Store(key, s)
+	runtime.AddCleanup(p, func(k weak.Pointer[byte]) { slots.Delete(k) }, key)
+	return s
+}
+
 // begin starts Tx's transaction: with a commit gate on a connection of its
-// own if db's driver takes a commit hook, else db.BeginTx. end, never nil,
-// removes the hook and gives the connection back, after the transaction
-// has ended; gate is nil without a hook.
+// own if db's connections take the hooks, else db.BeginTx. end, never nil,
+// takes the gate off the connection and gives the connection back, after
+// the transaction has ended; gate is nil without hooks.
 func begin(ctx context.Context, db *sql.DB) (tx *sql.Tx, gate *commitGate, end func(), err error) {
 	key := weak.Make(db)
 	if _, ok := hookless.Load(key); ok {
@@ -94,29 +142,26 @@ func begin(ctx context.Context, db *sql.DB) (tx *sql.Tx, gate *commitGate, end f
 	if err != nil {
 		return nil, nil, func() {}, err
 	}
-	gate = &commitGate{}
-	hooked := false
+	var slot *hookSlot
 	if err := conn.Raw(func(dc any) error {
-		hooked = setHooks(dc, gate)
+		slot = slotOf(dc)
 		return nil
 	}); err != nil {
 		_ = conn.Close()
 		return nil, nil, func() {}, err
 	}
-	if !hooked {
-		gate = nil
+	if slot == nil {
 		if _, loaded := hookless.LoadOrStore(key, struct{}{}); !loaded {
 			runtime.AddCleanup(db, func(k weak.Pointer[sql.DB]) { hookless.Delete(k) }, key)
 		}
-	}
-	end = func() {
-		if hooked {
-			_ = conn.Raw(func(dc any) error {
-				setHooks(dc, nil)
-				return nil
-			})
+		end = func() { _ = conn.Close() }
+	} else {
+		gate = &commitGate{}
+		slot.gate.Store(gate)
+		end = func() {
+			slot.gate.CompareAndSwap(gate, nil)
+			_ = conn.Close()
 		}
-		_ = conn.Close()
 	}
 	tx, err = conn.BeginTx(ctx, nil)
 	if err != nil {
@@ -126,14 +171,14 @@ func begin(ctx context.Context, db *sql.DB) (tx *sql.Tx, gate *commitGate, end f
 	return tx, gate, end, nil
 }
 
-// setHooks registers g's commit and rollback hooks on dc (a commit goes
-// through only if g.pass returns true; a rollback of a whole transaction
-// sets g.ended), or removes dc's hooks if g is nil, and reports whether dc
-// takes both: methods RegisterCommitHook(f), f a func() of an int32 or int
-// result, non-zero turning the commit into a rollback
-// (sqlite3_commit_hook), and RegisterRollbackHook(func())
-// (sqlite3_rollback_hook). It sets nothing if dc lacks either.
-func setHooks(dc any, g *commitGate) bool {
+// setHooks registers s's commit and rollback hooks on dc (a commit goes
+// through only if s.commit returns true; a rollback of a whole transaction
+// calls s.rollback) and reports whether dc takes both: methods
+// RegisterCommitHook(f), f a func() of an int32 or int result, non-zero
+// turning the commit into a rollback (sqlite3_commit_hook), and
+// RegisterRollbackHook(func()) (sqlite3_rollback_hook). It sets nothing
+// if dc lacks either.
+func setHooks(dc any, s *hookSlot) bool {
 	v := reflect.ValueOf(dc)
 	cm, rm := v.MethodByName("RegisterCommitHook"), v.MethodByName("RegisterRollbackHook")
 	ct, ok := hookParam(cm)
@@ -144,20 +189,18 @@ func setHooks(dc any, g *commitGate) bool {
 	if !ok || rt.NumIn() != 0 || rt.NumOut() != 0 {
 		return false
 	}
-	var cf, rf reflect.Value
-	switch {
-	case g == nil:
-		cf, rf = reflect.Zero(ct), reflect.Zero(rt)
-	case ct.Out(0).Kind() == reflect.Int32:
+	var cf reflect.Value
+	switch ct.Out(0).Kind() {
+	case reflect.Int32:
 		cf = reflect.ValueOf(func() int32 {
-			if g.pass() {
+			if s.commit() {
 				return 0
 			}
 			return 1
 		})
-	case ct.Out(0).Kind() == reflect.Int:
+	case reflect.Int:
 		cf = reflect.ValueOf(func() int {
-			if g.pass() {
+			if s.commit() {
 				return 0
 			}
 			return 1
@@ -165,9 +208,7 @@ func setHooks(dc any, g *commitGate) bool {
 	default:
 		return false
 	}
-	if g != nil {
-		rf = reflect.ValueOf(func() { g.ended.Store(true) })
-	}
+	rf := reflect.ValueOf(s.rollback)
 	if !cf.Type().ConvertibleTo(ct) || !rf.Type().ConvertibleTo(rt) {
 		return false
 	}

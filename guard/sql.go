@@ -349,10 +349,12 @@ func (e *noCallColumnError) Unwrap() error { return e.err }
 // fn runs, and a rollback hook that sees the fenced transaction end: such
 // a statement fails, having written nothing, and Tx commits nothing after
 // such a rollback (not even a transaction fn opened since, with SAVEPOINT
-// or BEGIN) and fails, saying so. The hooks replace those the application
-// registered on that connection, which is left with none after Tx; a pool
-// whose connections do not show the methods (a tracing wrapper's) gets no
-// hooks. Either way, when a statement in fn fails, return its error rather
+// or BEGIN) and fails, saying so. The hooks are set once on each
+// connection a Tx runs on, and stay there, doing nothing between Txs: they
+// replace for good those the application registered on it, and hooks the
+// application registers on it afterwards take Tx's protection away there.
+// A pool whose connections do not show the methods (a tracing wrapper's)
+// gets no hooks. Either way, when a statement in fn fails, return its error rather
 // than write on. (PostgreSQL refuses the statements after a failed one.)
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
 	if db == nil || fn == nil {

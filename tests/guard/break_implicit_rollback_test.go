@@ -138,13 +138,14 @@ func refuseFraud(c context.Context) func(tx *sql.Tx) error {
 	}
 }
 
-// The commit hook that Tx sets on SQLite while fn runs (see
-// TestImplicitRollbackInFn) must not outlive Tx: on a pool of one
+// The commit hook that Tx sets on SQLite (see TestImplicitRollbackInFn)
+// must refuse nothing once Tx has ended (it stays on the connection, set
+// once per connection, gateless between Txs): on a pool of one
 // connection, after a Tx whose fn failed, one whose fn panicked, one
 // refused as stale and one that committed, a plain write through db
-// (autocommit, on that same connection) must commit. Left in place, a
-// hook of a Tx that did not reach its commit refuses every later commit on
-// the connection.
+// (autocommit, on that same connection) must commit. A hook still gated
+// by a Tx that did not reach its commit refuses every later commit on the
+// connection.
 func TestTxCommitHookRemoved(t *testing.T) {
 	db := databases(t)["sqlite"]
 	db.SetMaxOpenConns(1)
