@@ -331,10 +331,11 @@ func (e *noCallColumnError) Unwrap() error { return e.err }
 // of the fenced transaction, and with a pool of one connection it waits
 // until ctx ends. fn must not commit or roll back tx itself, neither
 // through tx's methods (Tx then fails: with sql.ErrTxDone, or on SQLite
-// with the commit refused by the hook described below) nor with SQL of
-// its own (COMMIT, ROLLBACK, a script that contains them): on PostgreSQL
-// the statements after it run outside any transaction, unfenced, and Tx
-// reports success, the fence committed early or rolled back. On SQLite a
+// with the commit refused, or the rollback seen, by the hooks described
+// below) nor with SQL of its own (COMMIT, ROLLBACK, a script that
+// contains them): on PostgreSQL the statements after it run outside any
+// transaction, unfenced, and Tx reports success, the fence committed
+// early or rolled back (on SQLite the hooks refuse them, and Tx fails). On SQLite a
 // failed statement may end the whole transaction by itself: a write whose
 // own context ends (modernc.org/sqlite interrupts it), a trigger's
 // RAISE(ROLLBACK), INSERT OR ROLLBACK, an ON CONFLICT ROLLBACK constraint,

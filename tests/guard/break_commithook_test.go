@@ -260,3 +260,37 @@ func TestTxHooksNotHeldPerTx(t *testing.T) {
 		t.Fatalf("fn's write after the fenced transaction ended: %v, Tx: %v, approved_by %q: the hooks did not protect this Tx", after, err, by.String)
 	}
 }
+
+// TestTxOwnSQLCommitOnSQLite: what Tx's doc says of fn ending tx with SQL
+// of its own on SQLite: the hooks refuse fn's statements after a COMMIT
+// or ROLLBACK (nothing written, no token recorded), and Tx fails; also
+// after tx.Rollback.
+func TestTxOwnSQLCommitOnSQLite(t *testing.T) {
+	ends := map[string]func(tx *sql.Tx) error{
+		"COMMIT":      func(tx *sql.Tx) error { _, err := tx.ExecContext(context.Background(), `COMMIT`); return err },
+		"ROLLBACK":    func(tx *sql.Tx) error { _, err := tx.ExecContext(context.Background(), `ROLLBACK`); return err },
+		"tx.Rollback": func(tx *sql.Tx) error { return tx.Rollback() },
+	}
+	for name, end := range ends {
+		t.Run(name, func(t *testing.T) {
+			db := databases(t)["sqlite"]
+			setup(t, db)
+			c := ctx(t)
+			var ended, after error
+			err := guard.Tx(c, db, "payment:1001", 5, func(tx *sql.Tx) error {
+				ended = end(tx)
+				_, after = tx.ExecContext(c, `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`)
+				return nil
+			})
+			_, by, _ := row(t, db)
+			var n int
+			if qerr := db.QueryRowContext(c, `SELECT count(*) FROM fence_tokens`).Scan(&n); qerr != nil {
+				t.Fatal(qerr)
+			}
+			t.Logf("%s: %v; write after it: %v; Tx: %v; approved_by %q, %d token(s)", name, ended, after, err, by.String, n)
+			if err == nil || by.String == "w5" || n != 0 {
+				t.Fatalf("fn's %s then a write: Tx %v, approved_by %q, %d token(s) recorded; want Tx failed, nothing written", name, err, by.String, n)
+			}
+		})
+	}
+}
