@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -292,5 +294,42 @@ func TestTxOwnSQLCommitOnSQLite(t *testing.T) {
 				t.Fatalf("fn's %s then a write: Tx %v, approved_by %q, %d token(s) recorded; want Tx failed, nothing written", name, err, by.String, n)
 			}
 		})
+	}
+}
+
+// TestTxSavepointsAndStatementErrorsCommit: what SQLite rolls back short
+// of the whole transaction must not count as its end for Tx's rollback
+// hook: fn's ROLLBACK TO a savepoint, and a statement refused by a
+// constraint (SQLite undoes that statement only), handled in fn, which
+// then writes on. Tx commits, with the fence and fn's other writes.
+func TestTxSavepointsAndStatementErrorsCommit(t *testing.T) {
+	db := databases(t)["sqlite"]
+	setup(t, db)
+	c := ctx(t)
+	err := guard.Tx(c, db, "payment:1001", 5, func(tx *sql.Tx) error {
+		for _, stmt := range []string{
+			`SAVEPOINT a`,
+			`UPDATE payment SET approved_by = 'undone' WHERE id = 1001`,
+			`ROLLBACK TO a`,
+			`RELEASE a`,
+			`INSERT INTO accepted (seq, token) VALUES (1, 5)`,
+		} {
+			if _, err := tx.ExecContext(c, stmt); err != nil {
+				return fmt.Errorf("%s: %w", stmt, err)
+			}
+		}
+		if _, err := tx.ExecContext(c, `INSERT INTO accepted (seq, token) VALUES (1, 5)`); err == nil {
+			return errors.New("a duplicate key was accepted")
+		}
+		_, err := tx.ExecContext(c, `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`)
+		return err
+	})
+	_, by, _ := row(t, db)
+	var n, last int
+	if qerr := db.QueryRowContext(c, `SELECT (SELECT count(*) FROM accepted), (SELECT token FROM fence_tokens)`).Scan(&n, &last); qerr != nil {
+		t.Fatal(qerr)
+	}
+	if err != nil || by.String != "w5" || n != 1 || last != 5 {
+		t.Fatalf("Tx: %v; approved_by %q, %d accepted row(s), last token %d; want nil, w5, 1, 5", err, by.String, n, last)
 	}
 }
