@@ -333,3 +333,35 @@ func TestTxSavepointsAndStatementErrorsCommit(t *testing.T) {
 		t.Fatalf("Tx: %v; approved_by %q, %d accepted row(s), last token %d; want nil, w5, 1, 5", err, by.String, n, last)
 	}
 }
+
+// TestTxDeadlineInFnOnSQLite: Tx's ctx ends while fn runs, and fn returns
+// nil (it had nothing left to send). database/sql rolls the transaction
+// back when ctx ends; Tx must say why, with ctx's error (Tx's doc: a
+// cancelled ctx rolls back; callers tell a deadline by errors.Is, as the
+// PostgreSQL hang tests do), not only that the transaction ended. fn
+// waits, before returning, for the database's write lock to be free again
+// (BEGIN IMMEDIATE on another connection), so that the rollback is done.
+func TestTxDeadlineInFnOnSQLite(t *testing.T) {
+	db := databases(t)["sqlite"]
+	setup(t, db)
+	short, cancel := context.WithTimeout(ctx(t), 100*time.Millisecond)
+	defer cancel()
+	err := guard.Tx(short, db, "payment:1001", 5, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(short, `UPDATE payment SET approved_by = 'w5' WHERE id = 1001`); err != nil {
+			return err
+		}
+		<-short.Done()
+		other, err := db.BeginTx(ctx(t), nil) // waits (busy timeout) for the rollback
+		if err != nil {
+			t.Errorf("another transaction after the rollback: %v", err)
+			return nil
+		}
+		_ = other.Rollback()
+		return nil
+	})
+	_, by, _ := row(t, db)
+	t.Logf("Tx: %v; approved_by %q", err, by.String)
+	if !errors.Is(err, context.DeadlineExceeded) || by.String == "w5" {
+		t.Fatalf("Tx whose ctx ended in fn: %v (approved_by %q), want context.DeadlineExceeded, nothing written", err, by.String)
+	}
+}
