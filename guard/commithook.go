@@ -62,7 +62,7 @@ func (g *commitGate) over() error {
 	if g == nil || !g.ended.Load() {
 		return nil
 	}
-	return errors.New("guard: the database rolled back the fenced transaction while fn ran (a statement's failure, or a commit refused): nothing fn wrote after it is committed")
+	return errors.New("guard: the database rolled back the fenced transaction while fn ran (a statement's failure, a commit refused, or ctx's end): nothing fn wrote after it is committed")
 }
 
 // refusals says how many commits g refused while fn ran, nil if none (or

@@ -384,7 +384,11 @@ func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn 
 		err = fn(tx)
 	}
 	if err == nil {
-		err = gate.over()
+		if err = gate.over(); err != nil && ctx.Err() != nil {
+			// database/sql rolled tx back when ctx ended: say so, as
+			// tx.Commit would (TestTxDeadlineInFnOnSQLite).
+			err = errors.Join(ctx.Err(), err)
+		}
 	}
 	if err != nil {
 		return retryable(errors.Join(err, rollback(tx), gate.refusals()))
