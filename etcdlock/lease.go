@@ -996,14 +996,18 @@ func (ls *Lease) settleBehind(ctx, cctx context.Context, g *clientv3.LeaseGrantR
 	l := ls.l
 	l.settleStarted()
 	go func() {
-		defer l.settleEnded()
 		serr := ls.settleMove(ctx, cctx, g, ttl, sent, err)
 		select {
 		case res <- serr:
 			// Extend took the result, and gives ls.op back itself.
+			l.settleEnded()
 		case <-left:
 			ls.uncapDeadline()
 			ls.unlockOp()
+			// Counted out before the report: its callback may close the
+			// Locker, whose Close waits for the settles to be counted
+			// out (it waited for itself: TestCloseFromBackgroundSettleEnd).
+			l.settleEnded()
 			ls.flush() // after unlockOp: see flush
 		}
 	}()

@@ -1,0 +1,80 @@
+package etcdlock_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/observetest"
+)
+
+// closer is an Observer whose LeaseEnded closes the Locker ("on lease
+// lost, shut down"), within a ctx of closeWait, and hands back what Close
+// returned and how long it took.
+type closer struct {
+	fence.NopObserver
+	mu     sync.Mutex
+	l      *etcdlock.Locker
+	closed chan closeResult
+}
+
+type closeResult struct {
+	err  error
+	took time.Duration
+}
+
+// closeWait bounds the Close of closer's callback: long against the
+// callback's own work (no etcd call: the Locker keeps no spare here).
+const closeWait = 3 * time.Second
+
+func (c *closer) LeaseEnded(fence.LeaseEvent) {
+	c.mu.Lock()
+	l := c.l
+	c.mu.Unlock()
+	if l == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	start := time.Now()
+	err := l.Close(ctx)
+	select {
+	case c.closed <- closeResult{err, time.Since(start)}:
+	default:
+	}
+}
+
+// An Observer told of the end that a background settle made (it gave up,
+// nothing answered) closes the Locker: Close waited for the settles to
+// be counted out, and the settle that called it is counted out only once
+// its report has returned, so Close waited for itself until its ctx
+// ended (for ever with context.Background()), and said an Extend was
+// still settling. The settle has updated the lease and given back ls.op by
+// then: Close must not wait for its report.
+func TestCloseFromBackgroundSettleEnd(t *testing.T) {
+	obs := &closer{closed: make(chan closeResult, 1)}
+	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: obs})
+	// The lease's run, which would race the settle for the report (it
+	// returns once the lease ends, and reports it too), never starts: the
+	// report is the settle's.
+	etcdlock.HoldRuns(l)
+	lease := acquire(t, l, t.Name(), 30*time.Second)
+	obs.mu.Lock()
+	obs.l = l
+	obs.mu.Unlock()
+	hangExtend(t, gate, lease)
+	var res closeResult
+	select {
+	case res = <-obs.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no end reported 10 s after the Extend:\n%s", observetest.Stacks())
+	}
+	t.Logf("Close from the settle's report = %v after %v", res.err, res.took.Round(time.Millisecond))
+	if res.err != nil || res.took > closeWait/2 {
+		t.Errorf("Close from the settle's report = %v after %v: waited for the report that called it", res.err, res.took.Round(time.Millisecond))
+	}
+	resumeOnceSettled(t, l, gate, l.Prefix(t.Name()))
+}
