@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -77,4 +78,56 @@ func TestCloseFromBackgroundSettleEnd(t *testing.T) {
 		t.Errorf("Close from the settle's report = %v after %v: waited for the report that called it", res.err, res.took.Round(time.Millisecond))
 	}
 	resumeOnceSettled(t, l, gate, l.Prefix(t.Name()))
+}
+
+// Locker.Close waits for the settles under way when it is called, not for
+// those that start after: Extends of other leases that keep going to the
+// background one after the other (the member hung, each Extend with a
+// ctx of 300 ms, each settle giving up a second after) kept the count of
+// settles above 0, and Close waited for the whole chain (or until its
+// ctx ended: for ever with context.Background() while they go on). Here
+// Close is called with the first settle under way and must return once
+// it (and any started before Close read them) is through, well before the
+// chain of chainLen Extends ends.
+func TestCloseWaitsOnlyForSettlesUnderWay(t *testing.T) {
+	const chainLen = 12
+	l, _, gate := hungLocker(t, nil)
+	leases := make([]fence.Lease, chainLen)
+	for i := range leases {
+		leases[i] = acquire(t, l, t.Name()+"-"+string(rune('a'+i)), 30*time.Second)
+	}
+	gate.hang()
+	extend := func(lease fence.Lease) {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_ = lease.Extend(ctx, time.Minute)
+	}
+	extend(leases[0])
+	if etcdlock.Settling(l) == 0 {
+		t.Fatal("nothing settling in the background after the first Extend")
+	}
+	chainDone := make(chan struct{})
+	go func() {
+		defer close(chainDone)
+		for _, lease := range leases[1:] {
+			extend(lease)
+		}
+	}()
+	start := time.Now()
+	err := l.Close(ctxFor(t, 30*time.Second))
+	took := time.Since(start)
+	select {
+	case <-chainDone:
+		t.Errorf("Locker.Close = %v after %v, once the whole chain of Extends was through: it waited for settles that started after it", err, took.Round(time.Millisecond))
+	default:
+		t.Logf("Locker.Close = %v after %v, the chain still going", err, took.Round(time.Millisecond))
+	}
+	<-chainDone
+	waitSettled(t, l, 5*time.Second)
+	// Each settle gave up, nothing answering, and ended its lease as
+	// lost: the revokes sent meanwhile free the keys once the member
+	// answers.
+	gate.resume()
+	// The keys of all the leases: Prefix(t.Name()+"-a") and so on.
+	waitNoKeys(t, newClient(t, shared.Endpoints(), nil), strings.TrimSuffix(l.Prefix(t.Name()), "/"), 10*time.Second)
 }

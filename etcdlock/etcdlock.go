@@ -81,11 +81,14 @@ type Locker struct {
 	// givingBack: the etcd leases giveBack retries a revoke of in the
 	// background, one goroutine each.
 	givingBack map[clientv3.LeaseID]struct{}
-	// settling counts the Extends whose move is being settled in the
-	// background (see settleBehind), one goroutine each; settled is closed
-	// when it is back to 0 (nil while it is 0), for Close.
-	settling int
-	settled  chan struct{}
+	// settling holds the Extends whose move is being settled in the
+	// background (see settleBehind), one goroutine each: each channel is
+	// closed when its settle ends, for Close, which waits for those under
+	// way when it is called (one closed channel for all, when their count
+	// was back to 0, also had Close wait for every settle that started
+	// after it, for as long as they overlapped:
+	// TestCloseWaitsOnlyForSettlesUnderWay).
+	settling map[chan struct{}]struct{}
 
 	starter starter // starts the runs of its leases
 }
@@ -163,9 +166,9 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 }
 
 // Close waits, within ctx, for the Extends whose move is being settled in
-// the background (an Extend whose ctx ended with the move unanswered; see
-// Lease.Extend), so that the client can be closed after it without
-// cutting them; then it revokes the etcd leases the Locker keeps for
+// the background as it is called (an Extend whose ctx ended with the move
+// unanswered; see Lease.Extend; not those that start after), so that the
+// client can be closed after it without cutting them; then it revokes the etcd leases the Locker keeps for
 // reuse (they hold no key) and returns the first error. Each revoke is
 // tried again on the next member after an attempt timeout, as every call
 // is, within ctx. Calling it is optional: unused, they expire on etcd
@@ -177,13 +180,28 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	var first error
 	l.mu.Lock()
-	settled, n := l.settled, l.settling
+	settling := make([]chan struct{}, 0, len(l.settling))
+	for settled := range l.settling {
+		settling = append(settling, settled)
+	}
 	l.mu.Unlock()
-	if settled != nil {
+	for i, settled := range settling {
 		select {
 		case <-settled:
+			continue
 		case <-ctx.Done():
-			first = fmt.Errorf("etcdlock: close: %d Extend(s) still settling their move in the background: %w", n, ctx.Err())
+		}
+		left := 0
+		for _, settled := range settling[i:] {
+			select {
+			case <-settled:
+			default:
+				left++
+			}
+		}
+		if left > 0 {
+			first = fmt.Errorf("etcdlock: close: %d Extend(s) still settling their move in the background: %w", left, ctx.Err())
+			break
 		}
 	}
 	l.mu.Lock()
@@ -683,24 +701,24 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 	return err
 }
 
-// settleStarted and settleEnded count a goroutine of settleBehind's.
-func (l *Locker) settleStarted() {
+// settleStarted and settleEnded count a goroutine of settleBehind's:
+// settleStarted returns the channel that settleEnded closes.
+func (l *Locker) settleStarted() chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.settling == 0 {
-		l.settled = make(chan struct{})
+	if l.settling == nil {
+		l.settling = make(map[chan struct{}]struct{})
 	}
-	l.settling++
+	settled := make(chan struct{})
+	l.settling[settled] = struct{}{}
+	return settled
 }
 
-func (l *Locker) settleEnded() {
+func (l *Locker) settleEnded(settled chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.settling--
-	if l.settling == 0 {
-		close(l.settled)
-		l.settled = nil
-	}
+	delete(l.settling, settled)
+	close(settled)
 }
 
 // giveBackWithin is giveBack for a caller that must return by ctx's

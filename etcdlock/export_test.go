@@ -96,5 +96,5 @@ func SetDeadline(fl fence.Lease, d time.Time) {
 func Settling(l *Locker) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.settling
+	return len(l.settling)
 }

@@ -994,20 +994,20 @@ func (ls *Lease) settleBehind(ctx, cctx context.Context, g *clientv3.LeaseGrantR
 	res := make(chan error)
 	left := make(chan struct{}) // closed when Extend returns without the result
 	l := ls.l
-	l.settleStarted()
+	settled := l.settleStarted()
 	go func() {
 		serr := ls.settleMove(ctx, cctx, g, ttl, sent, err)
 		select {
 		case res <- serr:
 			// Extend took the result, and gives ls.op back itself.
-			l.settleEnded()
+			l.settleEnded(settled)
 		case <-left:
 			ls.uncapDeadline()
 			ls.unlockOp()
 			// Counted out before the report: its callback may close the
 			// Locker, whose Close waits for the settles to be counted
 			// out (it waited for itself: TestCloseFromBackgroundSettleEnd).
-			l.settleEnded()
+			l.settleEnded(settled)
 			ls.flush() // after unlockOp: see flush
 		}
 	}()
