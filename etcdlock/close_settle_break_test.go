@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -10,7 +11,31 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
 	"github.com/fencekit/fence/internal/observetest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
+
+// txnHungLocker is hungLocker with a gate that holds the Txns alone: the
+// revokes get through, so that no revoke is left to the background for
+// Close to wait for (see TestCloseWaitsForBackgroundRevokes), and the
+// settles are all Close waits for.
+func txnHungLocker(t *testing.T, o *etcdlock.Options) (*etcdlock.Locker, *hangGate) {
+	t.Helper()
+	g := &hangGate{}
+	t.Cleanup(g.resume)
+	txnOnly := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.KV/Txn" {
+			return g.intercept(ctx, method, req, reply, cc, invoker, opts...)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c := dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(txnOnly))
+	l, err := etcdlock.New(c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, g
+}
 
 // closer is an Observer whose LeaseEnded closes the Locker ("on lease
 // lost, shut down"), within a ctx of closeWait, and hands back what Close
@@ -57,7 +82,7 @@ func (c *closer) LeaseEnded(fence.LeaseEvent) {
 // then: Close must not wait for its report.
 func TestCloseFromBackgroundSettleEnd(t *testing.T) {
 	obs := &closer{closed: make(chan closeResult, 1)}
-	l, _, gate := hungLocker(t, &etcdlock.Options{Observer: obs})
+	l, gate := txnHungLocker(t, &etcdlock.Options{Observer: obs})
 	// The lease's run, which would race the settle for the report (it
 	// returns once the lease ends, and reports it too), never starts: the
 	// report is the settle's.
@@ -91,7 +116,7 @@ func TestCloseFromBackgroundSettleEnd(t *testing.T) {
 // chain of chainLen Extends ends.
 func TestCloseWaitsOnlyForSettlesUnderWay(t *testing.T) {
 	const chainLen = 12
-	l, _, gate := hungLocker(t, nil)
+	l, gate := txnHungLocker(t, nil)
 	leases := make([]fence.Lease, chainLen)
 	for i := range leases {
 		leases[i] = acquire(t, l, t.Name()+"-"+string(rune('a'+i)), 30*time.Second)
@@ -125,9 +150,47 @@ func TestCloseWaitsOnlyForSettlesUnderWay(t *testing.T) {
 	<-chainDone
 	waitSettled(t, l, 5*time.Second)
 	// Each settle gave up, nothing answering, and ended its lease as
-	// lost: the revokes sent meanwhile free the keys once the member
-	// answers.
+	// lost: its revokes, answered, freed the keys.
 	gate.resume()
 	// The keys of all the leases: Prefix(t.Name()+"-a") and so on.
 	waitNoKeys(t, newClient(t, shared.Endpoints(), nil), strings.TrimSuffix(l.Prefix(t.Name()), "/"), 10*time.Second)
+}
+
+// Locker.Close during a settle that gives up (the member hung for longer
+// than its grace): the settle ends the lease as lost and revokes its etcd
+// lease, which holds the key, but that revoke does not get through and is
+// left to be retried in the background. Close returned nil as the settle
+// ended, and the user's close of the client after it cut the retry: once
+// the member answered again the key stayed, holding the lock for nobody
+// until its etcd lease expired (30 s here, the whole lease time). Close
+// must wait, within its ctx, for the revokes under way too, so that the
+// client can be closed after it without cutting them.
+func TestCloseWaitsForBackgroundRevokes(t *testing.T) {
+	l, c, gate := hungLocker(t, nil)
+	admin := newClient(t, shared.Endpoints(), nil)
+	lease := acquire(t, l, t.Name(), 30*time.Second)
+	// Left for its etcd lease's TTL if the revoke is cut: deleted for the
+	// next run (-count).
+	t.Cleanup(func() { _, _ = admin.Delete(context.Background(), l.Prefix(t.Name()), clientv3.WithPrefix()) })
+	hangExtend(t, gate, lease)
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(ctxFor(t, 10*time.Second)) }()
+	waitSettled(t, l, 5*time.Second)
+	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
+		t.Fatalf("lease Err = %v once the settle gave up, want ErrLeaseLost", lease.Err())
+	}
+	gate.resume()
+	select {
+	case err := <-closed:
+		t.Logf("Locker.Close = %v", err)
+		if err != nil {
+			t.Errorf("Locker.Close = %v, the member answering again", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Locker.Close still waiting 10 s after the member answered:\n%s", observetest.Stacks())
+	}
+	if err := c.Close(); err != nil {
+		t.Logf("client Close = %v", err)
+	}
+	waitNoKeys(t, admin, l.Prefix(t.Name()), 5*time.Second)
 }

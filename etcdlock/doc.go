@@ -193,7 +193,9 @@
 // one that does not get through is tried again in the background (a lost
 // lease that ran out during a quorum loss held its lock for nobody a
 // whole TTL after quorum came back), until it gets through, etcd says the etcd lease
-// is gone, or the client is closed (not only for the etcd lease's TTL: a
+// is gone, or the client is closed (Locker.Close waits for those under
+// way, within its ctx, so that closing the client after it does not cut
+// them; not only for the etcd lease's TTL: a
 // new leader gives every etcd lease its whole TTL again), as the request
 // sent before ctx ended
 // (the create Txn, a waiter's renewal, Release's delete dropped) may leave

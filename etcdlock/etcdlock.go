@@ -79,8 +79,9 @@ type Locker struct {
 	mu     sync.Mutex
 	spares []spare // etcd leases of released locks, holding no key; newest last
 	// givingBack: the etcd leases giveBack retries a revoke of in the
-	// background, one goroutine each.
-	givingBack map[clientv3.LeaseID]struct{}
+	// background, one goroutine each, whose channel is closed when it
+	// returns, for Close.
+	givingBack map[clientv3.LeaseID]chan struct{}
 	// settling holds the Extends whose move is being settled in the
 	// background (see settleBehind), one goroutine each: each channel is
 	// closed when its settle ends, for Close, which waits for those under
@@ -167,13 +168,16 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 
 // Close waits, within ctx, for the Extends whose move is being settled in
 // the background as it is called (an Extend whose ctx ended with the move
-// unanswered; see Lease.Extend; not those that start after), so that the
-// client can be closed after it without cutting them; then it revokes the etcd leases the Locker keeps for
+// unanswered; see Lease.Extend; not those that start after), then for the
+// revokes being retried in the background (see Lease.Release; those of
+// the settles too), so that the client can be closed after it without
+// cutting them; then it revokes the etcd leases the Locker keeps for
 // reuse (they hold no key) and returns the first error. Each revoke is
 // tried again on the next member after an attempt timeout, as every call
 // is, within ctx. Calling it is optional: unused, they expire on etcd
 // within their lease time; a settle cut by the client's close ends its
-// lease as lost. The Locker stays usable.
+// lease as lost, and a key whose revoke it cuts stays until its etcd
+// lease expires. The Locker stays usable.
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
@@ -185,24 +189,21 @@ func (l *Locker) Close(ctx context.Context) error {
 		settling = append(settling, settled)
 	}
 	l.mu.Unlock()
-	for i, settled := range settling {
-		select {
-		case <-settled:
-			continue
-		case <-ctx.Done():
-		}
-		left := 0
-		for _, settled := range settling[i:] {
-			select {
-			case <-settled:
-			default:
-				left++
-			}
-		}
-		if left > 0 {
-			first = fmt.Errorf("etcdlock: close: %d Extend(s) still settling their move in the background: %w", left, ctx.Err())
-			break
-		}
+	if left := waitAll(ctx, settling); left > 0 {
+		first = fmt.Errorf("etcdlock: close: %d Extend(s) still settling their move in the background: %w", left, ctx.Err())
+	}
+	// Then the revokes retried in the background, those of the settles
+	// among them: one that holds a key (of a lease lost, or whose Release
+	// failed) would be cut by the client's close, and the key left for
+	// its etcd lease's whole TTL (TestCloseWaitsForBackgroundRevokes).
+	l.mu.Lock()
+	retrying := make([]chan struct{}, 0, len(l.givingBack))
+	for _, retried := range l.givingBack {
+		retrying = append(retrying, retried)
+	}
+	l.mu.Unlock()
+	if left := waitAll(ctx, retrying); left > 0 && first == nil {
+		first = fmt.Errorf("etcdlock: close: %d revoke(s) of etcd leases still retried in the background: %w", left, ctx.Err())
 	}
 	l.mu.Lock()
 	spares := l.spares
@@ -223,6 +224,29 @@ func (l *Locker) Close(ctx context.Context) error {
 }
 
 var _ fence.Locker = (*Locker)(nil)
+
+// waitAll waits for every channel of chans to be closed, or for ctx to end
+// first; it returns how many are still open then.
+func waitAll(ctx context.Context, chans []chan struct{}) (left int) {
+	for i, ch := range chans {
+		select {
+		case <-ch:
+			continue
+		case <-ctx.Done():
+		}
+		for _, ch := range chans[i:] {
+			select {
+			case <-ch:
+			default:
+				left++
+			}
+		}
+		if left > 0 {
+			return left
+		}
+	}
+	return 0
+}
 
 // New returns a Locker that uses client, which the caller keeps and closes
 // after the Locker's last lease has ended. A client whose KV is wrapped
@@ -673,14 +697,16 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 		return err
 	}
 	if l.givingBack == nil {
-		l.givingBack = make(map[clientv3.LeaseID]struct{})
+		l.givingBack = make(map[clientv3.LeaseID]chan struct{})
 	}
-	l.givingBack[id] = struct{}{}
+	retried := make(chan struct{})
+	l.givingBack[id] = retried
 	l.mu.Unlock()
 	go func() {
 		defer func() {
 			l.mu.Lock()
 			delete(l.givingBack, id)
+			close(retried)
 			l.mu.Unlock()
 		}()
 		closed := l.client.Ctx().Done()
