@@ -657,8 +657,8 @@ func (l *Locker) revokeWithin(ctx context.Context, id clientv3.LeaseID, d time.D
 }
 
 // giveBack revokes the etcd lease id of an Acquire that failed, or of a
-// lease whose Release failed, as revoke does (within cleanupTimeout, even
-// if ctx is done). If that revoke does not get through (a member that
+// lease whose Release failed, as revokeWithin does (within cleanupTimeout,
+// even if ctx is done). If that revoke does not get through (a member that
 // hangs, a cluster cut off), it is tried again in the background until it
 // does, etcd answers that the etcd lease is gone, or the client is closed:
 // the request that made or kept the key on it (the create Txn, the
