@@ -231,17 +231,14 @@ func waitAll(ctx context.Context, chans []chan struct{}) (left int) {
 	for i, ch := range chans {
 		select {
 		case <-ch:
-			continue
 		case <-ctx.Done():
-		}
-		for _, ch := range chans[i:] {
-			select {
-			case <-ch:
-			default:
-				left++
+			for _, ch := range chans[i:] {
+				select {
+				case <-ch:
+				default:
+					left++
+				}
 			}
-		}
-		if left > 0 {
 			return left
 		}
 	}
