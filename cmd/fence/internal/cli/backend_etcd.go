@@ -122,5 +122,23 @@ func (b *etcdBackend) locker(cmd *cobra.Command) (fence.Locker, func(), error) {
 		_ = client.Close()
 		return nil, nil, exitWith(ExitUsage, err)
 	}
-	return l, func() { _ = client.Close() }, nil
+	stderr := cmd.ErrOrStderr()
+	closeLocker := func() {
+		// As the Redlock backend's: the Locker's background work (a
+		// revoke retried, an Extend's move being settled; the spare etcd
+		// leases it keeps for reuse) would die with the client, leaving
+		// keys on etcd leases nobody renews until they expire.
+		ctx, cancel := context.WithTimeout(context.Background(), etcdCloseTimeout)
+		defer cancel()
+		if err := l.Close(ctx); err != nil {
+			fmt.Fprintf(stderr, "fence: %s (what was not revoked expires with its etcd lease)\n", scrub(err.Error(), []string{"--etcd", b.endpoints}))
+		}
+		_ = client.Close()
+	}
+	return l, closeLocker, nil
 }
+
+// etcdCloseTimeout bounds the wait, before fence exits, for the etcd
+// Locker's background work (see etcdlock.Locker.Close), whatever the
+// command's context: it runs after a signal too.
+const etcdCloseTimeout = 3 * time.Second

@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/fencekit/fence/cmd/fence/internal/cli"
 	"github.com/fencekit/fence/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // TestExecOnEtcd: exec takes its lock from etcd with --etcd or
@@ -44,5 +47,33 @@ func TestExecOnEtcd(t *testing.T) {
 	_, errOut, code = fence(t, nil, "exec", "--etcd", url, "n", "--", "true")
 	if code != cli.ExitUsage || time.Since(start) > 10*time.Second {
 		t.Fatalf("exec with etcd down: exit %d after %v, %q", code, time.Since(start), errOut)
+	}
+}
+
+// TestExecOnEtcdLeavesNoLease: exec released its lock and exited with the
+// etcd Locker's spare lease (the released lock's etcd lease, kept for the
+// next Acquire) and its background work left to die with the client: the
+// etcd lease stayed on the cluster until its TTL ran out. exec closes the
+// Locker before the client, so no etcd lease is left when it exits.
+func TestExecOnEtcdLeavesNoLease(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.Start(t)
+	url := c.Members[0].ClientURL
+	if _, errOut, code := fence(t, nil, "exec", "--etcd", url, "lease-left", "--", "true"); code != 0 {
+		t.Fatalf("exec --etcd: exit %d, stderr %q", code, errOut)
+	}
+	admin, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	leases, err := admin.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases.Leases) != 0 {
+		t.Fatalf("%d etcd lease(s) left on the cluster after exec exited: %v", len(leases.Leases), leases.Leases)
 	}
 }
