@@ -19,14 +19,8 @@ import (
 // it dropped.
 func droppingProxy(t *testing.T, target string) (addr string, drop func(n int), dropped func() int) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	toDrop, nDropped := 0, 0
-	var conns []net.Conn
-	var wg sync.WaitGroup
 	take := func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -37,67 +31,50 @@ func droppingProxy(t *testing.T, target string) (addr string, drop func(n int), 
 		nDropped++
 		return true
 	}
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, s)
-			mu.Unlock()
-			wg.Go(func() { // client -> server
-				defer c.Close()
-				defer s.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if take() {
-							return
-						}
-						if _, err := s.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-			wg.Go(func() { // server -> client
-				defer c.Close()
-				defer s.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
+	addr = serveTCP(t, func(c net.Conn, track func(net.Conn), wg *sync.WaitGroup) {
+		s, err := net.Dial("tcp", target)
+		if err != nil {
 			_ = c.Close()
+			return
 		}
-		mu.Unlock()
-		wg.Wait()
+		track(s)
+		wg.Go(func() { // client -> server
+			defer c.Close()
+			defer s.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if take() {
+						return
+					}
+					if _, err := s.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+		wg.Go(func() { // server -> client
+			defer c.Close()
+			defer s.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 {
+					if _, err := c.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
 	})
-	return ln.Addr().String(),
+	return addr,
 		func(n int) { mu.Lock(); toDrop = n; mu.Unlock() },
 		func() int { mu.Lock(); defer mu.Unlock(); return nDropped }
 }

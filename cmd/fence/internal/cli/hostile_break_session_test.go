@@ -18,62 +18,30 @@ import (
 // reply whose text holds terminal escapes. It returns its address.
 func hostileRedis(t *testing.T, reply string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	return serveTCP(t, func(c net.Conn, _ func(net.Conn), _ *sync.WaitGroup) {
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			// One command: *N, then N bulk strings ($len, data).
+			line, err := r.ReadString('\n')
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := bufio.NewReader(c)
-				for {
-					// One command: *N, then N bulk strings ($len, data).
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					n := 0
-					if strings.HasPrefix(line, "*") {
-						for _, ch := range strings.TrimSpace(line[1:]) {
-							n = n*10 + int(ch-'0')
-						}
-					}
-					for range 2 * n {
-						if _, err := r.ReadString('\n'); err != nil {
-							return
-						}
-					}
-					if _, err := c.Write([]byte("-ERR " + reply + "\r\n")); err != nil {
-						return
-					}
+			n := 0
+			if strings.HasPrefix(line, "*") {
+				for _, ch := range strings.TrimSpace(line[1:]) {
+					n = n*10 + int(ch-'0')
 				}
-			}()
+			}
+			for range 2 * n {
+				if _, err := r.ReadString('\n'); err != nil {
+					return
+				}
+			}
+			if _, err := c.Write([]byte("-ERR " + reply + "\r\n")); err != nil {
+				return
+			}
 		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	})
-	return ln.Addr().String()
 }
 
 // TestRedlockStatusPrintsServerErrorEscaped: fence status --redlock prints

@@ -23,96 +23,68 @@ import (
 // held is closed when that request has gone through.
 func replyHoldingProxy(t *testing.T, target, match string) (addr string, held <-chan struct{}) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	heldc := make(chan struct{})
 	var once sync.Once
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	track := func(c net.Conn) {
-		mu.Lock()
-		defer mu.Unlock()
-		conns = append(conns, c)
-	}
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			track(c)
-			track(s)
-			var stall sync.Mutex // held by the reply copier's gate once this conn is chosen
-			chosen := make(chan struct{})
-			wg.Go(func() { // client -> server
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						hit := false
-						if strings.Contains(strings.ToLower(string(buf[:n])), match) {
-							once.Do(func() { hit = true })
-						}
-						if hit {
-							stall.Lock()
-							close(chosen)
-							stall.Unlock()
-						}
-						if _, err := s.Write(buf[:n]); err != nil {
-							return
-						}
-						if hit {
-							close(heldc)
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-			wg.Go(func() { // server -> client, until chosen
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					stall.Lock()
-					select {
-					case <-chosen:
-						stall.Unlock()
-						_, _ = io.Copy(io.Discard, s) // withheld
-						return
-					default:
-					}
-					stall.Unlock()
-					if n > 0 {
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
+	addr = serveTCP(t, func(c net.Conn, track func(net.Conn), wg *sync.WaitGroup) {
+		s, err := net.Dial("tcp", target)
+		if err != nil {
 			_ = c.Close()
+			return
 		}
-		mu.Unlock()
-		wg.Wait()
+		track(s)
+		var stall sync.Mutex // held by the reply copier's gate once this conn is chosen
+		chosen := make(chan struct{})
+		wg.Go(func() { // client -> server
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					hit := false
+					if strings.Contains(strings.ToLower(string(buf[:n])), match) {
+						once.Do(func() { hit = true })
+					}
+					if hit {
+						stall.Lock()
+						close(chosen)
+						stall.Unlock()
+					}
+					if _, err := s.Write(buf[:n]); err != nil {
+						return
+					}
+					if hit {
+						close(heldc)
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+		wg.Go(func() { // server -> client, until chosen
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.Read(buf)
+				stall.Lock()
+				select {
+				case <-chosen:
+					stall.Unlock()
+					_, _ = io.Copy(io.Discard, s) // withheld
+					return
+				default:
+				}
+				stall.Unlock()
+				if n > 0 {
+					if _, err := c.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
 	})
-	return ln.Addr().String(), heldc
+	return addr, heldc
 }
 
 // TestExecInterruptedAcquireLeavesNoLock: SIGINT to fence exec while its
