@@ -18,6 +18,17 @@ import (
 // Redis panicked in the first term (a nil DB at the first message), and a
 // negative TxTimeout failed every transaction, a negative Block polled
 // Redis without pause, a negative MinIdle made every XAUTOCLAIM an error.
+//
+// So does a Block, MinIdle or TxTimeout under a millisecond, most likely a
+// duration written without its unit (Block: 50 for 50 ms is 50 ns), as
+// fence.Backoff refuses for its bounds; a millisecond is accepted. Block
+// went out as XREADGROUP's BLOCK 0, which waits for a new entry for good:
+// the leader claimed no idle entry while none came, and its read ended
+// after go-redis's 10 s read timeout, ending the term ("term ended: queue:
+// XREADGROUP: ... i/o timeout") every 10 s; an entry another process read
+// (TestEntriesReadByOthersAreClaimed, MinIdle 300 ms) was applied after
+// 10.1 s, not within MinIdle. A TxTimeout of 10 (meant seconds) failed
+// every transaction and every dead letter: the queue stood still.
 func TestRunBadConsumer(t *testing.T) {
 	locker, err := memlock.New(nil)
 	if err != nil {
@@ -39,6 +50,10 @@ func TestRunBadConsumer(t *testing.T) {
 		"negative TxTimeout":     func(c *queue.Consumer) { c.TxTimeout = -time.Second },
 		"negative Batch":         func(c *queue.Consumer) { c.Batch = -1 },
 		"negative MaxDeliveries": func(c *queue.Consumer) { c.MaxDeliveries = -1 },
+		"Block 50":               func(c *queue.Consumer) { c.Block = 50 },
+		"Block 999µs":            func(c *queue.Consumer) { c.Block = time.Millisecond - 1 },
+		"MinIdle 300":            func(c *queue.Consumer) { c.MinIdle = 300 },
+		"TxTimeout 10":           func(c *queue.Consumer) { c.TxTimeout = 10 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := ok()
@@ -47,6 +62,21 @@ func TestRunBadConsumer(t *testing.T) {
 			defer cancel()
 			if err := c.Run(ctx, locker); !errors.Is(err, fence.ErrInvalidOption) {
 				t.Fatalf("%v, want ErrInvalidOption", err)
+			}
+		})
+	}
+	for name, edit := range map[string]func(*queue.Consumer){
+		"Block 1ms":     func(c *queue.Consumer) { c.Block = time.Millisecond },
+		"MinIdle 1ms":   func(c *queue.Consumer) { c.MinIdle = time.Millisecond },
+		"TxTimeout 1ms": func(c *queue.Consumer) { c.TxTimeout = time.Millisecond },
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := ok()
+			edit(&c)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			if err := c.Run(ctx, locker); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("%v, want it accepted (Run ending with ctx)", err)
 			}
 		})
 	}
