@@ -140,7 +140,10 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 // it), then checks them: a name held by a
 // relation of another kind (another Locker's sequence, whose Table is this
 // one's less "_token", or its table), or a table without the lease
-// columns, is an error matching fence.ErrInvalidOption. Processes may call it at once: the
+// columns or with token or expires_at of another type than Schema's (a
+// timestamp without time zone, read in each session's TimeZone, lets two
+// sessions in different zones hold the lock at once), is an error
+// matching fence.ErrInvalidOption. Processes may call it at once: the
 // statements run in one transaction under a transaction-level advisory lock
 // (PostgreSQL's CREATE ... IF NOT EXISTS fails, rather than finds the
 // object, when a concurrent one creates it first).
@@ -202,7 +205,41 @@ func (l *Locker) checkSchema(ctx context.Context) (missing bool, _ error) {
 	} else if err != nil {
 		return false, fmt.Errorf("pglock: check schema: %w", err)
 	}
+	if err := l.checkColumnTypes(ctx); err != nil {
+		return false, err
+	}
 	return !seq.Valid, nil
+}
+
+// checkColumnTypes checks the types of the lease table's token and
+// expires_at, which a table written by hand may have wrong with the right
+// names: a timestamp without time zone is written and read in each
+// session's TimeZone (a session five hours behind the holder's finds its
+// row expired: two holders), a timestamptz of less than millisecond
+// precision rounds the expiry up to half a second before the holder's
+// Deadline, and a token narrower than bigint cannot hold a token floored
+// by the clock in microseconds (every Acquire fails). The error matches
+// fence.ErrInvalidOption.
+func (l *Locker) checkColumnTypes(ctx context.Context) error {
+	var token, expires string
+	var tokenOK, expiresOK bool
+	err := l.db.QueryRowContext(ctx, `SELECT
+  max(format_type(atttypid, atttypmod)) FILTER (WHERE attname = 'token'),
+  coalesce(bool_or(atttypid = 'bigint'::regtype) FILTER (WHERE attname = 'token'), false),
+  max(format_type(atttypid, atttypmod)) FILTER (WHERE attname = 'expires_at'),
+  coalesce(bool_or(atttypid = 'timestamptz'::regtype AND (atttypmod < 0 OR atttypmod >= 3)) FILTER (WHERE attname = 'expires_at'), false)
+FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname IN ('token', 'expires_at') AND NOT attisdropped`,
+		`"`+l.table+`"`).Scan(&token, &tokenOK, &expires, &expiresOK)
+	if err != nil {
+		return fmt.Errorf("pglock: check schema: %w", err)
+	}
+	if !tokenOK {
+		return fmt.Errorf("pglock: %w: table %q: token is %s, want bigint (see Schema)", fence.ErrInvalidOption, l.table, token)
+	}
+	if !expiresOK {
+		return fmt.Errorf("pglock: %w: table %q: expires_at is %s, want timestamp with time zone of millisecond precision or finer (see Schema): a timestamp without time zone is read in each session's TimeZone, and a coarser one rounds the expiry before the holder's deadline", fence.ErrInvalidOption, l.table, expires)
+	}
+	return nil
 }
 
 // schemaLock serialises EnsureSchema's transactions on a database: the
