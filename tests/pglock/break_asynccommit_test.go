@@ -1,0 +1,131 @@
+package pglock_test
+
+import (
+	"database/sql"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pgtest"
+)
+
+// TestGrantSurvivesCrashUnderAsyncCommit: a server (or a role, or a
+// database) with synchronous_commit = off, a common tuning (the test
+// server runs so), acknowledges a commit before its WAL is on disk; a
+// crash within the WAL writer's delay (200 ms by default, 3 times that at
+// worst) loses it. A grant or a renewal so lost leaves the holder with a
+// lease whose Deadline lies ahead and the row free (or expiring sooner)
+// after the recovery: another Locker takes the lock inside the lease, two
+// holders. The grant and the renewal must be durable when acknowledged,
+// whatever the session's synchronous_commit (a release lost only keeps the
+// lock held until its expiry, as a failed Release does).
+//
+// The crash is made deterministic: the WAL writer is stopped (SIGSTOP)
+// before the statement and killed (SIGKILL) after its reply, which makes
+// the postmaster end every backend and recover from the WAL on disk. The
+// schema and the row are made durable first (CHECKPOINT).
+func TestGrantSurvivesCrashUnderAsyncCommit(t *testing.T) {
+	for _, step := range []string{"acquire", "extend"} {
+		t.Run(step, func(t *testing.T) {
+			srv, err := pgtest.Launch()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.Kill)
+			d := newDatabase(t, srv)
+			l := d.locker(t, d.db)
+			var setting string
+			if err := d.db.QueryRowContext(t.Context(), `SHOW synchronous_commit`).Scan(&setting); err != nil {
+				t.Fatal(err)
+			}
+			if setting != "off" {
+				t.Fatalf("the test server's synchronous_commit is %q, want off", setting)
+			}
+			ttl := time.Minute // acquire: the lease taken after the WAL writer stopped
+			if step == "extend" {
+				ttl = 3 * time.Second // extend: the lease taken before, extended after
+			}
+			lease, err := l.Acquire(ctxFor(t, 10*time.Second), "x", fence.TTL(ttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if step == "acquire" {
+				// The row exists, free: only the grant is at stake.
+				if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := d.db.ExecContext(t.Context(), `CHECKPOINT`); err != nil {
+				t.Fatal(err)
+			}
+			var walwriter int
+			if err := d.db.QueryRowContext(t.Context(), `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&walwriter); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = syscall.Kill(walwriter, syscall.SIGCONT) })
+			switch step {
+			case "acquire":
+				if lease, err = l.Acquire(ctxFor(t, 10*time.Second), "x", fence.TTL(time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+			case "extend":
+				if err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := syscall.Kill(walwriter, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			waitRecovered(t, d.dsn, walwriter)
+
+			other := d.locker(t, open(t, d.dsn, nil))
+			// Extend: the row's expiry before the renewal (3 s) passes
+			// within the wait, if the renewal was lost.
+			second, err := other.Acquire(ctxFor(t, 20*time.Second), "x", fence.TTL(time.Minute), fence.Wait(10*time.Second))
+			if err == nil {
+				t.Fatalf("two holders after a crash: the %s's lease (token %d) has %v left, another Locker got token %d",
+					step, lease.Token(), time.Until(lease.Deadline()).Round(time.Millisecond), second.Token())
+			}
+			if !errors.Is(err, fence.ErrHeld) {
+				t.Fatalf("the other Locker's Acquire: %v, want ErrHeld", err)
+			}
+			if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+				t.Fatalf("Release after the crash: %v", err)
+			}
+		})
+	}
+}
+
+// waitRecovered waits until the server answers again after the crash of
+// its process old, which is gone: a new WAL writer runs once the recovery
+// is over.
+func waitRecovered(t *testing.T, dsn string, old int) {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the server did not recover: %v", ctx.Err())
+		case <-retry.C:
+		}
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int
+		err = db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid)
+		_ = db.Close()
+		if err == nil && pid != old {
+			return
+		}
+		retry.Reset(20 * time.Millisecond)
+	}
+}
+
