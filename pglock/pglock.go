@@ -142,8 +142,8 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 // one's less "_token", or its table), or a table without the lease
 // columns or with token or expires_at of another type than Schema's (a
 // timestamp without time zone, read in each session's TimeZone, lets two
-// sessions in different zones hold the lock at once), is an error
-// matching fence.ErrInvalidOption. Processes may call it at once: the
+// sessions in different zones hold the lock at once), or an unlogged
+// table (a crash empties it), is an error matching fence.ErrInvalidOption. Processes may call it at once: the
 // statements run in one transaction under a transaction-level advisory lock
 // (PostgreSQL's CREATE ... IF NOT EXISTS fails, rather than finds the
 // object, when a concurrent one creates it first).
@@ -182,16 +182,22 @@ func (l *Locker) EnsureSchema(ctx context.Context) error {
 // reports that the table or the sequence does not exist (the other, if it
 // does, being right).
 func (l *Locker) checkSchema(ctx context.Context) (missing bool, _ error) {
-	var table, seq sql.NullString
+	var table, persistence, seq sql.NullString
 	err := l.db.QueryRowContext(ctx, `SELECT
   (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)),
+  (SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)),
   (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($2))`,
-		`"`+l.table+`"`, `"`+l.table+`_token"`).Scan(&table, &seq)
+		`"`+l.table+`"`, `"`+l.table+`_token"`).Scan(&table, &persistence, &seq)
 	if err != nil {
 		return false, fmt.Errorf("pglock: check schema: %w", err)
 	}
 	if table.Valid && table.String != "r" && table.String != "p" {
 		return false, fmt.Errorf("pglock: %w: %q is not a table (relkind %q): another Locker's token sequence? Choose another Table", fence.ErrInvalidOption, l.table, table.String)
+	}
+	if persistence.Valid && persistence.String != "p" {
+		// Unlogged (or temporary): emptied by the recovery after a
+		// crash, with the leases held then (TestUnloggedLeaseTableRefused).
+		return false, fmt.Errorf("pglock: %w: table %q is not a permanent, logged table (relpersistence %q): a crash would empty it of the leases held; ALTER TABLE ... SET LOGGED", fence.ErrInvalidOption, l.table, persistence.String)
 	}
 	if seq.Valid && seq.String != "S" {
 		return false, fmt.Errorf("pglock: %w: %q, the token sequence of table %q, is not a sequence (relkind %q): another Locker's table? Choose another Table", fence.ErrInvalidOption, l.table+"_token", l.table, seq.String)
