@@ -31,11 +31,13 @@
 // CACHE (each session then draws from a block of its own, so nextval alone
 // does not increase across sessions in time order). The clock keeps them
 // increasing when the counters are lost: a sequence restarted, or dropped
-// and created again with the table (a migration rerun), the table emptied,
-// or a crash with synchronous_commit off that loses the last grants, as
-// long as the database's clock has not gone back past the last token
-// issued (after such a crash the lock itself may be granted again, its
-// holder's row lost, but with a greater token). Tokens are so about the
+// and created again with the table (a migration rerun), or the table
+// emptied, as long as the database's clock has not gone back past the last
+// token issued. A crash does not lose a grant or a renewal that was
+// acknowledged: their transactions commit durably even where
+// synchronous_commit is off (it becomes local for them, at the cost of a
+// WAL flush each), since a grant lost so would let the lock be granted
+// again inside its holder's lease. Tokens are so about the
 // Unix time in microseconds, as redislock's are, rather than small counts,
 // and two names may be granted the same token; ordered is only each
 // name's. A name whose last token is the bigint maximum fails with
