@@ -137,4 +137,3 @@ func waitRecovered(t *testing.T, dsn string, old int) {
 		retry.Reset(20 * time.Millisecond)
 	}
 }
-
