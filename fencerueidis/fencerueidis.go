@@ -437,7 +437,7 @@ func (c conn) subscribe(ctx context.Context, channel string, ready func(), messa
 			c.proto.Store(3)
 		}
 	}
-	if c.proto.Load() == 2 {
+	if c.proto.Load() == 2 || routesToReplicas(c.c) {
 		return c.subscribeDedicated(ctx, channel, ready, message)
 	}
 	if err := c.unsubscribed(ctx, channel); err != nil {
@@ -458,9 +458,21 @@ func (c conn) subscribe(ctx context.Context, channel string, ready func(), messa
 	return convErr(ctx, err)
 }
 
-// subscribeDedicated is Subscribe on a RESP2 client, where rueidis keeps
-// subscriptions on a connection of their own whose death its Receive does
-// not survive: it retries on the dead connection without subscribing again
+// routesToReplicas reports whether client may send a command to a replica
+// (Standalone.ReplicaAddress or a Sentinel client with SendToReplicas:
+// more than one node). rueidis's SUBSCRIBE and UNSUBSCRIBE are read-only,
+// so the usual SendToReplicas (cmd.IsReadOnly()) sent a RESP3 waiter's
+// subscription, through Receive, to a replica: one that stalls or is cut
+// from its primary does not pass the releases on, and the waiter sat on a
+// free lock for the holder's TTL or its budget
+// (TestWaiterOnReplicaRoutingClient). Dedicate's connections are the
+// primary's.
+func routesToReplicas(client rueidis.Client) bool { return len(client.Nodes()) > 1 }
+
+// subscribeDedicated is Subscribe on a connection of the primary's own: on
+// a client that routes to replicas (see routesToReplicas), and on a RESP2
+// client, where rueidis keeps subscriptions on a connection of their own
+// whose death its Receive does not survive: it retries on the dead connection without subscribing again
 // (rueidis v1.0.79; TestSubscriptionKilled). A dedicated client's hooks
 // report that death, and closing the dedicated client discards both of its
 // connections, so the next Subscribe dials fresh ones.
