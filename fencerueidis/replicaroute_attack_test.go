@@ -93,3 +93,49 @@ func TestWaiterOnReplicaRoutingClient(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusOnReplicaRoutingClient: Status through a client that sends
+// read-only commands to a replica (as in TestWaiterOnReplicaRoutingClient)
+// read the lock's PTTL and token record there, while its replica counts
+// came from the primary: with the replica cut from its primary (it can no
+// longer authenticate there; it goes on serving its stale data, Redis's
+// default), the caller's own lease, just acquired, was reported as
+// Held false, LastToken 0. Status must say what the primary holds.
+func TestStatusOnReplicaRoutingClient(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin, radmin := primary.Client(t), replica.Client(t)
+	if err := radmin.ConfigSet(ctx(t), "masterauth", "wrong").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ClientKillByFilter(ctx(t), "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(admin.Info(ctx(t), "replication").Val(), "connected_slaves:0") })
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{primary.Addr},
+		Standalone:     rueidis.StandaloneOption{ReplicaAddress: []string{replica.Addr}},
+		SendToReplicas: func(cmd rueidis.Completed) bool { return cmd.IsReadOnly() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	r := newLocker(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	ls, err := r.Acquire(ctx(t), "status", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.Status(ctx(t), "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Held || st.TTL <= 0 || st.TTL > time.Minute || st.LastToken != ls.Token() {
+		t.Errorf("Status of the lock just acquired (token %d, TTL 1m) = %+v, want held with that token", ls.Token(), st)
+	}
+	if err := ls.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = r.Status(ctx(t), "status"); err != nil || st.Held || st.LastToken != ls.Token() {
+		t.Errorf("Status after Release = %+v, %v, want not held, token %d", st, err, ls.Token())
+	}
+}
