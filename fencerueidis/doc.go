@@ -13,8 +13,12 @@
 // redislock makes few kinds of Redis calls: its scripts by EVALSHA, sent
 // in full on NOSCRIPT (acquire, extend, release, and the replica record,
 // which reads INFO replication), with WAIT pipelined after them on the same
-// connection when replica sync applies; PTTL and GET for Status; SUBSCRIBE
-// to a lock's release channel while someone waits. The internal package
+// connection when replica sync applies; PTTL and GET for Status (in a
+// script of this package, so that a client sending read-only commands to
+// replicas reads them on the primary); SUBSCRIBE to a lock's release
+// channel while someone waits (on a dedicated connection of the primary
+// for a client that routes to replicas, since rueidis's SUBSCRIBE is
+// read-only too). The internal package
 // internal/redisconn names exactly these as an interface, and redislock
 // dispatches to it at the four places that make them, keeping its go-redis
 // calls as they are (so that their allocation count, measured in
