@@ -139,3 +139,72 @@ func TestStatusOnReplicaRoutingClient(t *testing.T) {
 		t.Errorf("Status after Release = %+v, %v, want not held, token %d", st, err, ls.Token())
 	}
 }
+
+// TestUnsubscribeOnReplicaRoutingClient: a client that sends read-only
+// commands to two replicas (Standalone.ReplicaAddress, SendToReplicas:
+// cmd.IsReadOnly()). A waiter's subscriptions through the client's
+// Receive (the closing watch of a dedicated subscription) went to one
+// replica picked at random, and the UNSUBSCRIBE sent when the waiter left
+// to another picked again: of 10 names waited on one after the other, 3
+// to 6 stayed subscribed on the replicas for the connections' life. Every
+// subscription must end within seconds of its waiter leaving.
+func TestUnsubscribeOnReplicaRoutingClient(t *testing.T) {
+	for _, resp2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("resp2=%v", resp2), func(t *testing.T) {
+			primary := redistest.Start(t)
+			r1, r2 := redistest.StartReplica(t, primary), redistest.StartReplica(t, primary)
+			redistest.WaitReplicated(t, primary, 2)
+			admin := primary.Client(t)
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{primary.Addr}, AlwaysRESP2: resp2, DisableCache: resp2,
+				Standalone:     rueidis.StandaloneOption{ReplicaAddress: []string{r1.Addr, r2.Addr}},
+				SendToReplicas: func(cmd rueidis.Completed) bool { return cmd.IsReadOnly() }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			off := redislock.ReplicaSync{Disabled: true}
+			r := newLocker(t, c, redislock.Options{ReplicaSync: off})
+			g, err := redislock.New(admin, &redislock.Options{ReplicaSync: off})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 10 {
+				name := fmt.Sprintf("unsub%d", i)
+				held, err := g.Acquire(ctx(t), name, fence.TTL(time.Minute))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := make(chan error, 1)
+				go func() {
+					b, err := r.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+					if err == nil {
+						err = b.Release(ctx(t))
+					}
+					got <- err
+				}()
+				waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey(name)+":queue").Val() == 1 })
+				waitFor(t, func() bool { return subscribed(t, admin) > 0 })
+				if err := held.Release(ctx(t)); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-got; err != nil {
+					t.Fatal(err)
+				}
+			}
+			servers := []*redistest.Server{primary, r1, r2}
+			left := func() (all []string) {
+				for _, s := range servers {
+					all = append(all, s.Client(t).PubSubChannels(ctx(t), "*").Val()...)
+				}
+				return all
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for len(left()) > 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond) // polling with a deadline
+			}
+			if l := left(); len(l) > 0 {
+				t.Errorf("%d channels still subscribed 5 s after the last waiter left: %v", len(l), l)
+			}
+		})
+	}
+}
