@@ -124,19 +124,23 @@ type unsubs struct {
 const unsubscribeTimeout = 2 * time.Second
 
 // unsubscribe ends the server's side of a Receive that returned at its
-// ctx's end: rueidis (v1.0.79) leaves the channel subscribed on the
+// ctx's end, on on, the client of the Receive's connection (see receive;
+// c.c if nil): rueidis (v1.0.79) leaves the channel subscribed on the
 // shared connection, so that every lock name ever waited on stayed
 // subscribed, and its releases delivered, for the connection's life
 // (TestSubscriptionsEndWithWaiters). Another Receive of the same channel
 // on the same client (another Locker waiting on the same name) ends with
 // it; redislock subscribes again.
-func (c conn) unsubscribe(channel string) {
+func (c conn) unsubscribe(channel string, on rueidis.CommandClient) {
+	if on == nil {
+		on = c.c
+	}
 	done := make(chan struct{})
 	c.unsub.mu.Lock()
 	c.unsub.m[channel] = done
 	c.unsub.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), unsubscribeTimeout)
-	_ = c.c.Do(ctx, c.c.B().Unsubscribe().Channel(channel).Build()).Error()
+	_ = on.Do(ctx, on.B().Unsubscribe().Channel(channel).Build()).Error()
 	cancel()
 	c.unsub.mu.Lock()
 	if c.unsub.m[channel] == done {
@@ -470,14 +474,30 @@ func (c conn) subscribe(ctx context.Context, channel string, ready func(), messa
 			ready()
 		}
 	})
-	err := c.c.Receive(hctx, c.c.B().Subscribe().Channel(channel).Build(), func(m rueidis.PubSubMessage) { message(m.Message) })
+	on, err := c.receive(hctx, channel, func(m rueidis.PubSubMessage) { message(m.Message) })
 	if ctx.Err() != nil && !errors.Is(err, rueidis.ErrClosing) {
-		c.unsubscribe(channel)
+		c.unsubscribe(channel, on)
 	}
 	if err == nil && ctx.Err() == nil {
 		err = redisconn.ErrUnsubscribed
 	}
 	return convErr(ctx, err)
+}
+
+// receive is the client's Receive of channel, which also returns a client
+// of the connection that it subscribed on (nil if it reached none), for
+// its UNSUBSCRIBE: on a client with several replicas that sends read-only
+// commands to them, the Receive and an UNSUBSCRIBE through the client each
+// went to a replica picked at random, and the subscription stayed where
+// the UNSUBSCRIBE did not go (TestUnsubscribeOnReplicaRoutingClient).
+func (c conn) receive(ctx context.Context, channel string, fn func(rueidis.PubSubMessage)) (rueidis.CommandClient, error) {
+	var on rueidis.CommandClient // set on Receive's goroutine, before it returns
+	ctx = rueidis.WithOnReceiveReturnHook(ctx, func(err error, cc rueidis.CommandClient) error {
+		on = cc
+		return err
+	})
+	err := c.c.Receive(ctx, c.c.B().Subscribe().Channel(channel).Build(), fn)
+	return on, err
 }
 
 // routesToReplicas reports whether client may send a command to a replica
@@ -549,9 +569,9 @@ func (c conn) watchClose(ctx context.Context, channel string) <-chan error {
 		if c.unsubscribed(ctx, watch) != nil {
 			return
 		}
-		err := c.c.Receive(ctx, c.c.B().Subscribe().Channel(watch).Build(), func(rueidis.PubSubMessage) {})
+		on, err := c.receive(ctx, watch, func(rueidis.PubSubMessage) {})
 		if ctx.Err() != nil && !errors.Is(err, rueidis.ErrClosing) {
-			c.unsubscribe(watch)
+			c.unsubscribe(watch, on)
 		}
 		closed <- err
 	}()
