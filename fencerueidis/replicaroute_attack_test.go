@@ -40,57 +40,77 @@ func subscribed(t *testing.T, admin *redis.Client) int {
 // partition from its primary, a full resync) did not pass the holder's
 // release on, and the waiter (20 s budget) sat on a free lock until the
 // test's 30 s context ended, where a plain client's waiter is woken at
-// once. With replica sync off, the lock itself needs nothing from the
-// replica. The waiter must be woken within seconds of the release.
+// once; the same on rueidis's Sentinel client with SendToReplicas. With
+// replica sync off, the lock itself needs nothing from the replica. The
+// waiter must be woken within seconds of the release.
 func TestWaiterOnReplicaRoutingClient(t *testing.T) {
+	readOnly := func(cmd rueidis.Completed) bool { return cmd.IsReadOnly() }
 	for _, resp2 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("resp2=%v", resp2), func(t *testing.T) {
 			primary := redistest.Start(t)
 			replica := redistest.StartReplica(t, primary)
 			redistest.WaitReplicated(t, primary, 1)
-			admin, radmin := primary.Client(t), replica.Client(t)
 			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{primary.Addr}, AlwaysRESP2: resp2, DisableCache: resp2,
-				Standalone:     rueidis.StandaloneOption{ReplicaAddress: []string{replica.Addr}},
-				SendToReplicas: func(cmd rueidis.Completed) bool { return cmd.IsReadOnly() }})
+				Standalone: rueidis.StandaloneOption{ReplicaAddress: []string{replica.Addr}}, SendToReplicas: readOnly})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(c.Close)
-			r := newLocker(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-			g, err := redislock.New(admin, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			held, err := g.Acquire(ctx(t), "routed", fence.TTL(time.Minute))
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := make(chan error, 1)
-			go func() {
-				b, err := r.Acquire(ctx(t), "routed", fence.Wait(20*time.Second), fence.TTL(time.Minute))
-				if err == nil {
-					err = b.Release(ctx(t))
-				}
-				got <- err
-			}()
-			waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey("routed")+":queue").Val() == 1 })
-			waitFor(t, func() bool { return subscribed(t, admin)+subscribed(t, radmin) > 0 })
-			t.Logf("subscribed connections: %d on the primary, %d on the replica", subscribed(t, admin), subscribed(t, radmin))
-			replica.Pause(t) // stalled for the rest of the test
-			released := time.Now()
-			if err := held.Release(ctx(t)); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-got:
-				if err != nil {
-					t.Fatalf("waiter: %v, %v after the release", err, time.Since(released).Round(time.Millisecond))
-				}
-				t.Logf("woken %v after the release", time.Since(released).Round(time.Millisecond))
-			case <-time.After(10 * time.Second):
-				t.Fatalf("the waiter was not woken 10 s after the release (the lock is free)")
-			}
+			waiterOnRoutedReplica(t, primary, replica, c)
 		})
+	}
+	// rueidis's Sentinel client with SendToReplicas: the same.
+	t.Run("sentinel", func(t *testing.T) {
+		primary := redistest.Start(t)
+		replica := redistest.StartReplica(t, primary)
+		redistest.WaitReplicated(t, primary, 1)
+		sentinels := redistest.StartSentinels(t, primary, 1)
+		redistest.WaitSentinelsReady(t, sentinels, 1)
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: sentinels.Addrs(), Sentinel: rueidis.SentinelOption{MasterSet: sentinels.Master},
+			SendToReplicas: readOnly})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		waiterOnRoutedReplica(t, primary, replica, c)
+	})
+}
+
+func waiterOnRoutedReplica(t *testing.T, primary, replica *redistest.Server, c rueidis.Client) {
+	admin, radmin := primary.Client(t), replica.Client(t)
+	r := newLocker(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	g, err := redislock.New(admin, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := g.Acquire(ctx(t), "routed", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		b, err := r.Acquire(ctx(t), "routed", fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		if err == nil {
+			err = b.Release(ctx(t))
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey("routed")+":queue").Val() == 1 })
+	waitFor(t, func() bool { return subscribed(t, admin)+subscribed(t, radmin) > 0 })
+	t.Logf("subscribed connections: %d on the primary, %d on the replica", subscribed(t, admin), subscribed(t, radmin))
+	replica.Pause(t) // stalled for the rest of the test
+	released := time.Now()
+	if err := held.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiter: %v, %v after the release", err, time.Since(released).Round(time.Millisecond))
+		}
+		t.Logf("woken %v after the release", time.Since(released).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the waiter was not woken 10 s after the release (the lock is free)")
 	}
 }
 
