@@ -109,10 +109,7 @@ func TestImplicitRollbackInFn(t *testing.T) {
 				})
 				newerErr := <-newer
 				_, by, _ := row(t, db)
-				var last int64
-				if qerr := db.QueryRowContext(c, `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); qerr != nil {
-					t.Fatal(qerr)
-				}
+				last := lastToken(t, db, "payment:1001")
 				t.Logf("failed statement: %v; fn's write after it: %v; Tx(5): %v; Tx(7): %v; row approved_by %q, last token %d",
 					failed, after, err, newerErr, by.String, last)
 				if newerErr != nil {

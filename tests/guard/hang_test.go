@@ -123,10 +123,7 @@ func TestTxHungPostgresWithinDeadline(t *testing.T) {
 	if err := approveTx(next, db, 6, "w6"); err != nil {
 		t.Fatalf("token 6 after the hung transaction: %v", err)
 	}
-	var last int64
-	if err := db.QueryRowContext(ctx(t), `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); err != nil {
-		t.Fatal(err)
-	}
+	last := lastToken(t, db, "payment:1001")
 	if _, by, _ := row(t, db); last != 6 || by.String != "w6" {
 		t.Fatalf("after the hung transaction and token 6: last token %d, approved_by %q; want 6 and w6", last, by.String)
 	}

@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"syscall"
@@ -60,10 +61,7 @@ func TestGrantSurvivesCrashUnderAsyncCommit(t *testing.T) {
 			if _, err := d.db.ExecContext(t.Context(), `CHECKPOINT`); err != nil {
 				t.Fatal(err)
 			}
-			var walwriter int
-			if err := d.db.QueryRowContext(t.Context(), `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&walwriter); err != nil {
-				t.Fatal(err)
-			}
+			walwriter := walWriter(t, d.db)
 			if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
@@ -128,12 +126,26 @@ func waitRecovered(t *testing.T, dsn string, old int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var pid int
-		err = db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid)
+		pid, err := walWriterPID(ctx, db)
 		_ = db.Close()
 		if err == nil && pid != old {
 			return
 		}
 		retry.Reset(20 * time.Millisecond)
 	}
+}
+
+// walWriter returns the pid of the server's WAL writer.
+func walWriter(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	pid, err := walWriterPID(t.Context(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func walWriterPID(ctx context.Context, db *sql.DB) (pid int, err error) {
+	err = db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid)
+	return pid, err
 }

@@ -47,10 +47,7 @@ func TestUnloggedLeaseTableRefused(t *testing.T) {
 	if _, err := d.db.ExecContext(t.Context(), `CHECKPOINT`); err != nil {
 		t.Fatal(err)
 	}
-	var walwriter int
-	if err := d.db.QueryRowContext(t.Context(), `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&walwriter); err != nil {
-		t.Fatal(err)
-	}
+	walwriter := walWriter(t, d.db)
 	if err := syscall.Kill(walwriter, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
