@@ -128,10 +128,14 @@ func releaseRetrying(ctx context.Context, lease Lease) error {
 		retryCtx, cancel = context.WithDeadline(relCtx, deadline)
 		defer cancel()
 	}
-	for wait := 10 * time.Millisecond; relErr != nil && !errors.Is(relErr, ErrLeaseLost) && !errors.Is(relErr, ErrClosed) && pause.For(retryCtx, wait); wait = min(2*wait, time.Second) {
-		relErr = lease.Release(retryCtx)
-	}
-	return relErr
+	return pause.Retry(retryCtx, relErr, func() error { return lease.Release(retryCtx) }, releaseConcluded)
+}
+
+// releaseConcluded reports whether err, the error of a Release, says how
+// the release ended (the lease was lost, or its Locker closed), so that
+// retrying it would tell nothing more; any other error is inconclusive.
+func releaseConcluded(err error) bool {
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrClosed)
 }
 
 // workContext returns fn's context, done when ctx is or the lease ends,

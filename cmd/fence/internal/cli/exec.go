@@ -532,11 +532,9 @@ func waitGroup(pgid int, sig syscall.Signal, limit time.Duration) bool {
 // held, by nobody, until its lease time ran out, every other exec of the
 // name refused meanwhile (TestExecReleaseRetriedAfterBrokenLink: 60 s).
 func releaseRetrying(ctx context.Context, lease fence.Lease) error {
-	err := lease.Release(ctx)
-	for wait := 10 * time.Millisecond; err != nil && !errors.Is(err, fence.ErrLeaseLost) && !errors.Is(err, fence.ErrClosed) && pause.For(ctx, wait); wait = min(2*wait, time.Second) {
-		err = lease.Release(ctx)
-	}
-	return err
+	return pause.Retry(ctx, lease.Release(ctx), func() error { return lease.Release(ctx) }, func(err error) bool {
+		return errors.Is(err, fence.ErrLeaseLost) || errors.Is(err, fence.ErrClosed)
+	})
 }
 
 // exitCode is the child's exit status as a shell reports it.
