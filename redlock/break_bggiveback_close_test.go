@@ -101,6 +101,14 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 	}
 	ended := lease.Done()
 	released := make(chan struct{})
+	// ahead: the nodes where the held renewal renewed the lock, which the
+	// give-back deletes. On a loaded machine a renewal may run on a node
+	// after the lock ran out there (ttl 1.5 s), and be refused: no
+	// give-back goes there (ci64: "node 0: the give-back's delete was not
+	// held"). Written before released is closed. (The watchdog's renewal
+	// shows no reply to the hook, whose premise never failed so: every
+	// node is taken for ahead there.)
+	ahead := make([]bool, len(srvs))
 	go func() {
 		defer close(released)
 		for _, g := range gates {
@@ -109,6 +117,9 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 			case <-time.After(5 * time.Second):
 				return
 			}
+		}
+		for i, g := range gates {
+			ahead[i] = watchdog || g.renewed.Load()
 		}
 		// The renewal ran on every node; the give-back that follows it
 		// (as soon as the watchdog's renewal gives up at the deadline,
@@ -137,7 +148,11 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 			t.Fatalf("Extend = %v, want an error matching fence.ErrLeaseLost", err)
 		}
 	}
+	t.Logf("renewed (ahead) by node: %v", ahead)
 	for i, r := range rels {
+		if !ahead[i] {
+			continue
+		}
 		select {
 		case <-r.held:
 		case <-time.After(5 * time.Second):
@@ -179,6 +194,9 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 		taken := valuesOn(t, srvs, name)
 		openRels()
 		for i, r := range rels {
+			if !ahead[i] {
+				continue
+			}
 			select {
 			case <-r.ran:
 			case <-time.After(5 * time.Second):
@@ -223,6 +241,9 @@ func bgGiveBackCloseWaits(t *testing.T, watchdog, again, closeClients bool) {
 		}
 		openRels()
 		for i, r := range rels {
+			if !ahead[i] {
+				continue
+			}
 			select {
 			case <-r.ran:
 			case <-time.After(5 * time.Second):

@@ -24,6 +24,7 @@ type gateExtend struct {
 	hold     atomic.Bool
 	drop     atomic.Bool
 	late     atomic.Bool   // hold the reply, once the node ran it, until open is closed
+	renewed  atomic.Bool   // the reply late held says the node renewed the lock (set before held is closed)
 	held     chan struct{} // closed once a request is held
 	open     chan struct{}
 	deadline atomic.Int64 // the held request's deadline on the node's clock (ARGV[3])
@@ -107,6 +108,11 @@ func (g *gateExtend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		if g.late.CompareAndSwap(true, false) {
 			err := next(ctx, cmd)
+			if c, ok := cmd.(*redis.Cmd); ok {
+				if v, verr := c.Slice(); verr == nil && len(v) > 0 && v[0] == int64(1) { // extend.lua's {1, now}
+					g.renewed.Store(true)
+				}
+			}
 			close(g.held)
 			<-g.open
 			return err
