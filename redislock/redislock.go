@@ -479,6 +479,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		lastErr  error                // the last transient error, if the last try failed
 		maybe    = err                // an error after which the script may have run
 		confirm  error                // the report if the budget cuts the next try, which confirms a grant of a's (see grantConfirmation)
+		heldTTL  = holderTTL          // the holder's TTL as the last try that read it found it (see heldErr)
 	)
 	defer func() {
 		if leave != nil {
@@ -513,7 +514,7 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		case lastErr != nil:
 			return fail(lastErr)
 		default:
-			return fail(heldErr(a, holderTTL))
+			return fail(heldErr(a, heldTTL))
 		}
 	}
 	timer := time.NewTimer(time.Hour)
@@ -623,6 +624,9 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		a.acquireArgs[3] = max(start.Add(o.Wait).Sub(tried).Milliseconds(), 1)
 		a.acquireArgs[4] = len(sent)
 		lease, holderTTL, err = l.try(waitCtx, a)
+		if lease == nil && err == nil {
+			heldTTL = holderTTL // a try cut by the budget reads none
+		}
 		switch {
 		case lease != nil:
 			return lease, nil
