@@ -2,6 +2,7 @@ package fencerueidis
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
@@ -33,8 +34,8 @@ func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, err
 	if client.Mode() == rueidis.ClientModeCluster {
 		return nil, fmt.Errorf("%w: fencerueidis: Redis Cluster is not supported; use redislock with go-redis's ClusterClient", fence.ErrInvalidOption)
 	}
-	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}, stopFlag(client),
-		client.Mode() == rueidis.ClientModeSentinel}, opts)
+	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}, new(subscribers),
+		stopFlag(client), client.Mode() == rueidis.ClientModeSentinel}, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -46,6 +47,7 @@ type conn struct {
 	c     rueidis.Client
 	proto *atomic.Int32 // the client's RESP version, once Subscribe asked; 0 before
 	unsub *unsubs       // UNSUBSCRIBEs under way
+	subs  *subscribers  // the shared dedicated subscription connection
 	stop  *uint32       // the client's closed flag (see stopFlag); nil if not found
 	// sentinel: the client finds its master through Sentinel (see
 	// switching).
@@ -514,47 +516,31 @@ func routesToReplicas(client rueidis.Client) bool { return len(client.Nodes()) >
 // subscribeDedicated is Subscribe on a connection of the primary's own: on
 // a client that routes to replicas (see routesToReplicas), and on a RESP2
 // client, where rueidis keeps subscriptions on a connection of their own
-// whose death its Receive does not survive: it retries on the dead connection without subscribing again
-// (rueidis v1.0.79; TestSubscriptionKilled). A dedicated client's hooks
-// report that death, and closing the dedicated client discards both of its
-// connections, so the next Subscribe dials fresh ones.
+// whose death its Receive does not survive: it retries on the dead
+// connection without subscribing again (rueidis v1.0.79;
+// TestSubscriptionKilled). The adapter's waiters share that connection
+// (see subscribers), whose hooks report its death; it is closed, not
+// given back, so the next Subscribe dials a fresh one.
 func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func(), message func(string)) error {
-	dc, cancel := c.c.Dedicate()
-	defer cancel()
-	defer dc.Close() // never back to the pool subscribed
-	ended := dc.SetPubSubHooks(rueidis.PubSubHooks{
-		OnMessage: func(m rueidis.PubSubMessage) { message(m.Message) },
-		OnSubscription: func(s rueidis.PubSubSubscription) {
-			if s.Kind == "subscribe" && s.Channel == channel {
-				ready()
-			}
-		},
-	})
-	if err := dc.Do(ctx, dc.B().Subscribe().Channel(channel).Build()).Error(); err != nil {
+	r := &reader{ready: ready, message: message}
+	s := c.subs.join(c, channel, r)
+	defer s.leave(channel, r)
+	if err := s.subscribe(ctx, channel); err != nil {
 		return convErr(ctx, err)
 	}
-	closed := c.watchClose(ctx, channel)
-	for {
-		select {
-		case err := <-ended:
-			if err == nil {
-				err = redisconn.ErrUnsubscribed
-			}
-			return convErr(ctx, err)
-		case err := <-closed:
-			if errors.Is(err, rueidis.ErrClosing) {
-				return convErr(ctx, err)
-			}
-			closed = nil // the watch ended otherwise: the subscription goes on
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	select {
+	case <-s.dead:
+		return convErr(ctx, s.err)
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
 // watchClose reports, on the channel it returns, the end of a subscription
-// through the client's own Receive to a channel of its own (channel
-// + ":closing", on which nothing is published), which ends with
+// through the client's own Receive to a channel of its own (named at
+// random, so that another adapter's UNSUBSCRIBE of its own watch on the
+// same client does not end this one; nothing is published on it), which
+// ends with
 // rueidis.ErrClosing when the client is closed. rueidis does not close a
 // dedicated connection when its client is closed (v1.0.79: the pool closes
 // only the connections it holds), so without it a waiter subscribed on
@@ -562,13 +548,10 @@ func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func
 // client was closed (TestClientClosedUnderWaiter), where go-redis's and
 // RESP3's subscriptions end at once. The watch ends with ctx; it costs a
 // subscription on the client's RESP2 pub/sub connection, no command.
-func (c conn) watchClose(ctx context.Context, channel string) <-chan error {
+func (c conn) watchClose(ctx context.Context) <-chan error {
 	closed := make(chan error, 1)
 	go func() {
-		watch := channel + ":closing"
-		if c.unsubscribed(ctx, watch) != nil {
-			return
-		}
+		watch := "fencerueidis:closing:" + rand.Text()
 		on, err := c.receive(ctx, watch, func(rueidis.PubSubMessage) {})
 		if ctx.Err() != nil && !errors.Is(err, rueidis.ErrClosing) {
 			c.unsubscribe(watch, on)
