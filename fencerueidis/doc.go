@@ -16,9 +16,9 @@
 // connection when replica sync applies; PTTL and GET for Status (in a
 // script of this package, so that a client sending read-only commands to
 // replicas reads them on the primary); SUBSCRIBE to a lock's release
-// channel while someone waits (on a dedicated connection of the primary
-// for a client that routes to replicas, since rueidis's SUBSCRIBE is
-// read-only too). The internal package
+// channel while someone waits (on a dedicated connection of the primary,
+// shared by the Locker's waiters, for a client that routes to replicas,
+// since rueidis's SUBSCRIBE is read-only too). The internal package
 // internal/redisconn names exactly these as an interface, and redislock
 // dispatches to it at the four places that make them, keeping its go-redis
 // calls as they are (so that their allocation count, measured in
@@ -67,16 +67,24 @@
 // a proxy's idle timeout) rueidis v1.0.79's Receive retries it dead without
 // subscribing again, so waiters were not woken by releases. Subscribe asks
 // the protocol once (a script's map reply, which RESP2 flattens) and, on
-// RESP2, subscribes through a dedicated client instead, whose hooks report
-// the connection's death and which it closes afterwards: one pooled
-// connection per lock name being waited on. On RESP3, the default, the subscription shares the command
-// connection and is restored with it (TestSubscriptionKilled). rueidis's
-// Receive leaves its channel subscribed when its context ends, so when the
-// last waiter on a name leaves, the adapter sends UNSUBSCRIBE itself (a
-// new subscription to that channel waits for it); and since a dedicated
-// connection is not closed with its client, a RESP2 subscription also
-// watches the client's closing through a Receive of its own, on another
-// channel (TestClientClosedUnderWaiter, TestSubscriptionsEndWithWaiters).
+// RESP2 (and on a client that routes to replicas), subscribes through a
+// dedicated client instead, whose hooks report the connection's death. The
+// waiters of a Locker share that connection, every name waited on
+// subscribed on it, and it is closed when the last of them leaves: one
+// connection of rueidis's blocking pool per Locker while anyone waits,
+// whatever the number of names (TestWaitersSpareBlockingPool). That pool
+// also runs replica sync's script and WAIT pairs, so a BlockingPoolSize of
+// 1 leaves them none while someone waits; the default is 1024. On RESP3,
+// the default, the subscription shares the command connection and is
+// restored with it (TestSubscriptionKilled). rueidis's Receive leaves its
+// channel subscribed when its context ends, and a dedicated connection
+// keeps a channel subscribed until told, so when the last waiter on a name
+// leaves, the adapter sends UNSUBSCRIBE itself (a new subscription to that
+// channel waits for it: TestResubscribeAfterUnsubscribe); and since a
+// dedicated connection is not closed with its client, the shared
+// connection also watches the client's closing through a Receive of its
+// own, on another channel (TestClientClosedUnderWaiter,
+// TestSubscriptionsEndWithWaiters).
 //
 // Closing: once the rueidis client is closed, every call of the Locker
 // fails with an error matching fence.ErrClosed, and its parked give-backs
