@@ -41,7 +41,11 @@
 // Redis Cluster is not supported yet: its WAIT must go to the slot's master
 // on the script's connection, and its release channels need SSUBSCRIBE with
 // resubscription on slot moves, which redislock does through go-redis's
-// cluster client. New refuses a cluster client.
+// cluster client. New refuses a cluster client, and a Sentinel client
+// made with ReplicaOnly, whose every command goes to a replica that
+// refuses the lock's writes (TestSentinelReplicaOnlyRefused; read from
+// rueidis's own client type, as the closed flag below is: a wrapper is
+// taken at its word).
 //
 // Deadlines: every call of the Locker ends by its caller's deadline, even
 // on a server that hangs (see TestHungServer). rueidis bounds a command's

@@ -26,13 +26,17 @@ import (
 // standalone Redis (or one behind Sentinel), with opts as redislock.New
 // takes them; opts may be nil. It needs Redis 7.0 or newer and sends
 // nothing to Redis. It returns an error matching fence.ErrInvalidOption
-// when client is nil, is a cluster client, or an option is out of range.
+// when client is nil, is a cluster client, is a Sentinel client with
+// ReplicaOnly, or an option is out of range.
 func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: fencerueidis: nil client", fence.ErrInvalidOption)
 	}
 	if client.Mode() == rueidis.ClientModeCluster {
 		return nil, fmt.Errorf("%w: fencerueidis: Redis Cluster is not supported; use redislock with go-redis's ClusterClient", fence.ErrInvalidOption)
+	}
+	if replicaOnly(client) {
+		return nil, fmt.Errorf("%w: fencerueidis: a Sentinel client with ReplicaOnly sends every command to a replica, which refuses the lock's writes (READONLY); use one without it", fence.ErrInvalidOption)
 	}
 	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}, new(subscribers),
 		stopFlag(client), client.Mode() == rueidis.ClientModeSentinel}, opts)
@@ -66,14 +70,8 @@ type conn struct {
 // an Acquire waited out its budget (TestParkingEndsWithClosedClient).
 // TestStopFlagFound pins the field.
 func stopFlag(client rueidis.Client) *uint32 {
-	v := reflect.ValueOf(client)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return nil
-	}
-	// Only rueidis's own types: a user's wrapper may have a stop field of
-	// its own, meaning something else and written without atomics
-	// (TestWrappedClientWithStopField).
-	if v.Elem().Type().PkgPath() != rueidisPkg {
+	v, ok := rueidisStruct(client)
+	if !ok {
 		return nil
 	}
 	if f := v.Elem().FieldByName("stop"); f.IsValid() && f.Kind() == reflect.Uint32 {
@@ -93,8 +91,38 @@ func stopFlag(client rueidis.Client) *uint32 {
 	return nil
 }
 
-// rueidisPkg is the import path of the types stopFlag reads.
+// rueidisStruct returns client as a pointer to a struct of rueidis's own,
+// or false for a client of another shape or package. Only rueidis's own
+// types are read: a user's wrapper may have a field of the same name,
+// meaning something else and written without atomics
+// (TestWrappedClientWithStopField).
+func rueidisStruct(client rueidis.Client) (reflect.Value, bool) {
+	v := reflect.ValueOf(client)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return v, false
+	}
+	return v, v.Elem().Type().PkgPath() == rueidisPkg
+}
+
+// rueidisPkg is the import path of the types stopFlag and replicaOnly
+// read.
 var rueidisPkg = reflect.TypeFor[rueidis.Client]().PkgPath()
+
+// replicaOnly reports whether client is rueidis's Sentinel client made
+// with ReplicaOnly (its replica field, v1.0.79), which sends every command
+// to a replica: every script of the lock then failed READONLY, the Locker
+// taking no lock (TestSentinelReplicaOnlyRefused). The client says so
+// nowhere else: its Mode is Sentinel and its Nodes one address, as with
+// a client of the primary. A wrapper, or another rueidis version without
+// the field, is taken at its word.
+func replicaOnly(client rueidis.Client) bool {
+	v, ok := rueidisStruct(client)
+	if !ok || client.Mode() != rueidis.ClientModeSentinel {
+		return false
+	}
+	f := v.Elem().FieldByName("replica")
+	return f.IsValid() && f.Kind() == reflect.Bool && f.Bool()
+}
 
 // errClosed is a call's error on a closed client.
 var errClosed = fmt.Errorf("fencerueidis: %w (%w)", rueidis.ErrClosing, fence.ErrClosed)
