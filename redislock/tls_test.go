@@ -41,28 +41,22 @@ func TestTLSConformance(t *testing.T) {
 		// 7.9 ms): Acquire may refuse a lease of MinTTL.
 		ShortLeaseMayFail: true,
 		New: func(t testing.TB) fence.Locker {
-			return newLockerWith(t, tlsClient(t, srv), redislock.Options{WatchdogTTL: tlsWatchdogTTL})
+			return newLockerWith(t, tlsClient(t, srv), redislock.Options{WatchdogTTL: conformanceWatchdogTTL})
 		},
 		Remove: func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
 		NewObserved: func(t testing.TB, obs fence.Observer) fence.Locker {
-			return newLockerWith(t, tlsClient(t, srv), redislock.Options{Observer: obs, WatchdogTTL: tlsWatchdogTTL})
+			return newLockerWith(t, tlsClient(t, srv), redislock.Options{Observer: obs, WatchdogTTL: conformanceWatchdogTTL})
 		},
 		NewLogged: func(t testing.TB, log *slog.Logger) fence.Locker {
-			return newLockerWith(t, tlsClient(t, srv), redislock.Options{Logger: log, WatchdogTTL: tlsWatchdogTTL})
+			return newLockerWith(t, tlsClient(t, srv), redislock.Options{Logger: log, WatchdogTTL: conformanceWatchdogTTL})
 		},
 		NewClosable: func(t testing.TB) (fence.Locker, func()) {
 			c := tlsClient(t, srv)
-			return newLockerWith(t, c, redislock.Options{WatchdogTTL: tlsWatchdogTTL}), func() { _ = c.Close() }
+			return newLockerWith(t, c, redislock.Options{WatchdogTTL: conformanceWatchdogTTL}), func() { _ = c.Close() }
 		},
-		WatchdogTTL: tlsWatchdogTTL,
+		WatchdogTTL: conformanceWatchdogTTL,
 	})
 }
-
-// tlsWatchdogTTL is the TLS conformance run's watchdog lease: 1 s, not
-// watchdogTTL's 300 ms, renewed every 100 ms, which CI's load starved
-// (ci65: WatchdogKeepsLease, "not renewed before its deadline"), as it
-// had fencerueidis's and tests/pglock's before.
-const tlsWatchdogTTL = time.Second
 
 // TestTLSReplicaSync: a primary and a replica that replicates over TLS
 // (--tls-replication yes). The replica's acknowledgements are counted (an
