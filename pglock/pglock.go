@@ -142,7 +142,10 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 // one's less "_token", or its table), or a table without the lease
 // columns or with token or expires_at of another type than Schema's (a
 // timestamp without time zone, read in each session's TimeZone, lets two
-// sessions in different zones hold the lock at once), or an unlogged
+// sessions in different zones hold the lock at once), or with a name or
+// owner column that cannot hold every name or owner as given (char(n),
+// citext, a case-insensitive collation: two names one lock; see
+// checkColumnTypes), or an unlogged
 // table (a crash empties it), is an error matching fence.ErrInvalidOption. Processes may call it at once: the
 // statements run in one transaction under a transaction-level advisory lock
 // (PostgreSQL's CREATE ... IF NOT EXISTS fails, rather than finds the
@@ -217,25 +220,45 @@ func (l *Locker) checkSchema(ctx context.Context) (missing bool, _ error) {
 	return !seq.Valid, nil
 }
 
-// checkColumnTypes checks the types of the lease table's token and
-// expires_at, which a table written by hand may have wrong with the right
-// names: a timestamp without time zone is written and read in each
-// session's TimeZone (a session five hours behind the holder's finds its
-// row expired: two holders), a timestamptz of less than millisecond
-// precision rounds the expiry up to half a second before the holder's
-// Deadline, and a token narrower than bigint cannot hold a token floored
-// by the clock in microseconds (every Acquire fails). The error matches
+// checkColumnTypes checks the types of the lease table's columns, which a
+// table written by hand may have wrong with the right names: a timestamp
+// without time zone is written and read in each session's TimeZone (a
+// session five hours behind the holder's finds its row expired: two
+// holders), a timestamptz of less than millisecond precision rounds the
+// expiry up to half a second before the holder's Deadline, and a token
+// narrower than bigint cannot hold a token floored by the clock in
+// microseconds (every Acquire fails). A name column that does not hold
+// every name as given makes two names one lock, or a name no lock: char(n)
+// pads and compares without the padding ("x" and "x "), the type name cuts
+// at 63 bytes, citext or a nondeterministic collation compares without
+// case ("x" and "X"), and a varchar(n) shorter than fence.MaxNameLen cuts
+// a name's trailing spaces to fit, after which its row never matches it
+// and Acquire creates it again until its ctx ends. An owner column that
+// cannot hold an owner (32 hex digits) or the free row's empty one
+// (varchar(16), uuid) fails every Acquire
+// (TestLeaseTableOfWrongNameOrOwnerTypes). The error matches
 // fence.ErrInvalidOption.
 func (l *Locker) checkColumnTypes(ctx context.Context) error {
-	var token, expires string
-	var tokenOK, expiresOK bool
+	var token, expires, name, owner string
+	var tokenOK, expiresOK, nameOK, ownerOK bool
+	// base and mod are those of the type a domain is over; a varchar's or
+	// a char's mod is its length plus 4.
 	err := l.db.QueryRowContext(ctx, `SELECT
   max(format_type(atttypid, atttypmod)) FILTER (WHERE attname = 'token'),
   coalesce(bool_or(atttypid = 'bigint'::regtype) FILTER (WHERE attname = 'token'), false),
   max(format_type(atttypid, atttypmod)) FILTER (WHERE attname = 'expires_at'),
-  coalesce(bool_or(atttypid = 'timestamptz'::regtype AND (atttypmod < 0 OR atttypmod >= 3)) FILTER (WHERE attname = 'expires_at'), false)
-FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname IN ('token', 'expires_at') AND NOT attisdropped`,
-		`"`+l.table+`"`).Scan(&token, &tokenOK, &expires, &expiresOK)
+  coalesce(bool_or(atttypid = 'timestamptz'::regtype AND (atttypmod < 0 OR atttypmod >= 3)) FILTER (WHERE attname = 'expires_at'), false),
+  max(format_type(atttypid, atttypmod) || CASE WHEN det THEN '' ELSE ' COLLATE ' || coll END) FILTER (WHERE attname = 'name'),
+  coalesce(bool_or(base IN ('text'::regtype, 'varchar'::regtype) AND (mod < 0 OR mod - 4 >= $2) AND det) FILTER (WHERE attname = 'name'), false),
+  max(format_type(atttypid, atttypmod)) FILTER (WHERE attname = 'owner'),
+  coalesce(bool_or(base IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype) AND (mod < 0 OR mod - 4 >= $3)) FILTER (WHERE attname = 'owner'), false)
+FROM (SELECT attname, atttypid, atttypmod,
+    CASE typtype WHEN 'd' THEN typbasetype ELSE atttypid END AS base,
+    CASE typtype WHEN 'd' THEN typtypmod ELSE atttypmod END AS mod,
+    coalesce(collisdeterministic, true) AS det, quote_ident(collname) AS coll
+  FROM pg_attribute JOIN pg_type ON pg_type.oid = atttypid LEFT JOIN pg_collation ON pg_collation.oid = attcollation
+  WHERE attrelid = to_regclass($1) AND attname IN ('token', 'expires_at', 'name', 'owner') AND NOT attisdropped) c`,
+		`"`+l.table+`"`, fence.MaxNameLen, ownerLen).Scan(&token, &tokenOK, &expires, &expiresOK, &name, &nameOK, &owner, &ownerOK)
 	if err != nil {
 		return fmt.Errorf("pglock: check schema: %w", err)
 	}
@@ -244,6 +267,12 @@ FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname IN ('token', 'exp
 	}
 	if !expiresOK {
 		return fmt.Errorf("pglock: %w: table %q: expires_at is %s, want timestamp with time zone of millisecond precision or finer (see Schema): a timestamp without time zone is read in each session's TimeZone, and a coarser one rounds the expiry before the holder's deadline", fence.ErrInvalidOption, l.table, expires)
+	}
+	if !nameOK {
+		return fmt.Errorf("pglock: %w: table %q: name is %s, want text (see Schema), or varchar of at least %d characters, with a deterministic collation: lock names are compared as bytes, and a type that pads, cuts or folds them makes two names one lock, or a name no lock", fence.ErrInvalidOption, l.table, name, fence.MaxNameLen)
+	}
+	if !ownerOK {
+		return fmt.Errorf("pglock: %w: table %q: owner is %s, want text (see Schema), or varchar or char of at least %d characters: every Acquire writes an owner of %d hex digits, or the empty one of a free row", fence.ErrInvalidOption, l.table, owner, ownerLen, ownerLen)
 	}
 	return nil
 }
@@ -774,10 +803,13 @@ func isSQLState(err error, code string) bool {
 }
 
 func newOwner() string {
-	var b [16]byte
+	var b [ownerLen / 2]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// ownerLen is the length of an owner: 128 random bits in hexadecimal.
+const ownerLen = 32
 
 // made refuses a Locker that New did not make (a zero Locker, or a nil
 // one): it has nothing to lock with, and Acquire panicked on it.
