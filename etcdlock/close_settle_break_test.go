@@ -106,14 +106,16 @@ func TestCloseFromBackgroundSettleEnd(t *testing.T) {
 }
 
 // Locker.Close waits for the settles under way when it is called, not for
-// those that start after: Extends of other leases that keep going to the
+// those that start after: Extends of other leases that kept going to the
 // background one after the other (the member hung, each Extend with a
 // ctx of 300 ms, each settle giving up a second after) kept the count of
 // settles above 0, and Close waited for the whole chain (or until its
-// ctx ended: for ever with context.Background() while they go on). Here
-// Close is called with the first settle under way and must return once
-// it (and any started before Close read them) is through, well before the
-// chain of chainLen Extends ends.
+// ctx ended: for ever with context.Background() while they go on). Close
+// now refuses the Extends called after it (fence.ErrClosed, sending
+// nothing: TestExtendAfterClose), so no chain outlasts it: it returns
+// once the first settle, and the Extend of the chain under way as it was
+// called, are through, well before a chain of chainLen settles (a second
+// or more each) would be, and the rest of the chain fails at once.
 func TestCloseWaitsOnlyForSettlesUnderWay(t *testing.T) {
 	const chainLen = 12
 	l, gate := txnHungLocker(t, nil)
@@ -122,36 +124,44 @@ func TestCloseWaitsOnlyForSettlesUnderWay(t *testing.T) {
 		leases[i] = acquire(t, l, t.Name()+"-"+string(rune('a'+i)), 30*time.Second)
 	}
 	gate.hang()
-	extend := func(lease fence.Lease) {
+	extend := func(lease fence.Lease) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		_ = lease.Extend(ctx, time.Minute)
+		return lease.Extend(ctx, time.Minute)
 	}
-	extend(leases[0])
+	_ = extend(leases[0])
 	if etcdlock.Settling(l) == 0 {
 		t.Fatal("nothing settling in the background after the first Extend")
 	}
 	chainDone := make(chan struct{})
+	refused := 0
 	go func() {
 		defer close(chainDone)
 		for _, lease := range leases[1:] {
-			extend(lease)
+			if errors.Is(extend(lease), fence.ErrClosed) {
+				refused++
+			}
 		}
 	}()
 	start := time.Now()
 	err := l.Close(ctxFor(t, 30*time.Second))
 	took := time.Since(start)
-	select {
-	case <-chainDone:
-		t.Errorf("Locker.Close = %v after %v, once the whole chain of Extends was through: it waited for settles that started after it", err, took.Round(time.Millisecond))
-	default:
-		t.Logf("Locker.Close = %v after %v, the chain still going", err, took.Round(time.Millisecond))
-	}
 	<-chainDone
+	t.Logf("Locker.Close = %v after %v; %d of the chain's %d Extends refused", err, took.Round(time.Millisecond), refused, chainLen-1)
+	if took > 5*time.Second {
+		t.Errorf("Locker.Close = %v after %v: it waited for settles that started after it", err, took.Round(time.Millisecond))
+	}
+	if refused < chainLen-3 {
+		t.Errorf("%d of the chain's %d Extends refused after Close, want all but those under way as it was called", refused, chainLen-1)
+	}
 	waitSettled(t, l, 5*time.Second)
-	// Each settle gave up, nothing answering, and ended its lease as
-	// lost: its revokes, answered, freed the keys.
 	gate.resume()
+	// The settles that gave up ended their leases as lost, and their
+	// revokes, answered, freed their keys; the leases the Extends refused
+	// are still held.
+	for _, lease := range leases {
+		_ = lease.Release(ctxFor(t, 10*time.Second))
+	}
 	// The keys of all the leases: Prefix(t.Name()+"-a") and so on.
 	waitNoKeys(t, newClient(t, shared.Endpoints(), nil), strings.TrimSuffix(l.Prefix(t.Name()), "/"), 10*time.Second)
 }

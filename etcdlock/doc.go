@@ -202,5 +202,8 @@
 // or create the key on it once a member that hung answers again, holding
 // the lock for nobody until the etcd lease expires. On a client the user has closed, every call fails at once,
 // with an error matching fence.ErrClosed (the Locker can grant no more
-// leases: fence.Lead stops campaigning).
+// leases: fence.Lead stops campaigning), and so do Acquire and Extend
+// after Locker.Close, whose wait the work they start would escape; after
+// it, a revoke that does not get through is not retried in the
+// background.
 package etcdlock

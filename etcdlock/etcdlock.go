@@ -78,17 +78,26 @@ type Locker struct {
 
 	mu     sync.Mutex
 	spares []spare // etcd leases of released locks, holding no key; newest last
+	// closed: Close was called. Acquire and Extend fail with
+	// errLockerClosed (they start the work Close waits for: an etcd
+	// lease, a settle), and a released lock's etcd lease is revoked,
+	// not kept.
+	closed bool
+	// drained: Close has listed the revokes retried in the background to
+	// wait for; a revoke that does not get through is no longer left to
+	// the background, where no Close would wait for it.
+	drained bool
 	// givingBack: the etcd leases giveBack retries a revoke of in the
 	// background, one goroutine each, whose channel is closed when it
 	// returns, for Close.
 	givingBack map[clientv3.LeaseID]chan struct{}
-	// settling holds the Extends whose move is being settled in the
-	// background (see settleBehind), one goroutine each: each channel is
-	// closed when its settle ends, for Close, which waits for those under
-	// way when it is called (one closed channel for all, when their count
-	// was back to 0, also had Close wait for every settle that started
-	// after it, for as long as they overlapped:
-	// TestCloseWaitsOnlyForSettlesUnderWay).
+	// settling holds the Extends under way, and those whose move is
+	// being settled in the background (see settleBehind), one goroutine
+	// each: each channel is closed when its Extend returns, or its settle
+	// ends, for Close, which waits for those under way when it is called
+	// (one closed channel for all, when their count was back to 0, also
+	// had Close wait for every settle that started after it, for as long
+	// as they overlapped: TestCloseWaitsOnlyForSettlesUnderWay).
 	settling map[chan struct{}]struct{}
 
 	starter starter // starts the runs of its leases
@@ -156,7 +165,9 @@ func (l *Locker) takeSpare(ttl time.Duration) (spare, bool) {
 func (l *Locker) recycle(ctx context.Context, sp spare) {
 	if fresh(sp.sent, sp.ttl) {
 		l.mu.Lock()
-		if len(l.spares) < maxSpares {
+		// Closed: no Acquire will take it, and Close has revoked those
+		// kept.
+		if len(l.spares) < maxSpares && !l.closed {
 			l.spares = append(l.spares, sp)
 			l.mu.Unlock()
 			return
@@ -166,37 +177,53 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 	l.giveBackWithin(ctx, sp.id, nil)
 }
 
-// Close waits, within ctx, for the Extends whose move is being settled in
-// the background as it is called (an Extend whose ctx ended with the move
-// unanswered; see Lease.Extend; not those that start after), then for the
-// revokes being retried in the background (see Lease.Release; those of
-// the settles too), so that the client can be closed after it without
-// cutting them; then it revokes the etcd leases the Locker keeps for
-// reuse (they hold no key) and returns the first error. Each revoke is
-// tried again on the next member after an attempt timeout, as every call
-// is, within ctx. Calling it is optional: unused, they expire on etcd
+// Close closes the Locker: from then on Acquire fails at once with an
+// error matching fence.ErrClosed and fence.ErrNotAcquired, and so does
+// Extend with fence.ErrClosed (sending nothing, the lease left as it
+// was): each would start work that Close waits for (an etcd lease, a
+// settle in the background), after Close had returned. Close waits,
+// within ctx, for the Extends under way and those whose move is being
+// settled in the background (an Extend whose ctx ended with the move
+// unanswered; see Lease.Extend), then for the revokes being retried in
+// the background (see Lease.Release; those of the settles too), so that
+// the client can be closed after it without cutting them; then it revokes
+// the etcd leases the Locker keeps for reuse (they hold no key) and
+// returns the first error. Each revoke is tried again on the next member
+// after an attempt timeout, as every call is, within ctx.
+//
+// Leases held, and Acquires waiting in line, go on: their runs renew and
+// watch them until they end or the client is closed, and Release frees
+// their locks, but from then on a revoke that does not get through in the
+// call that sends it (a Release's, a lost lease's) is not retried in the
+// background, where no Close would wait for it: its etcd lease expires on
+// etcd within its TTL, holding the key until then, as once the client is
+// closed. A released lock's etcd lease is revoked, not kept for reuse.
+// Calling Close is optional: unused, the kept etcd leases expire on etcd
 // within their lease time; a settle cut by the client's close ends its
 // lease as lost, and a key whose revoke it cuts stays until its etcd
-// lease expires. The Locker stays usable.
+// lease expires. Close may be called again: it waits for what is under
+// way then.
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
 	}
 	var first error
 	l.mu.Lock()
+	l.closed = true
 	settling := make([]chan struct{}, 0, len(l.settling))
 	for settled := range l.settling {
 		settling = append(settling, settled)
 	}
 	l.mu.Unlock()
 	if left := waitAll(ctx, settling); left > 0 {
-		first = fmt.Errorf("etcdlock: close: %d Extend(s) still settling their move in the background: %w", left, ctx.Err())
+		first = fmt.Errorf("etcdlock: close: %d Extend(s) still under way or settling their move in the background: %w", left, ctx.Err())
 	}
 	// Then the revokes retried in the background, those of the settles
 	// among them: one that holds a key (of a lease lost, or whose Release
 	// failed) would be cut by the client's close, and the key left for
 	// its etcd lease's whole TTL (TestCloseWaitsForBackgroundRevokes).
 	l.mu.Lock()
+	l.drained = true
 	retrying := make([]chan struct{}, 0, len(l.givingBack))
 	for _, retried := range l.givingBack {
 		retrying = append(retrying, retried)
@@ -360,6 +387,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fence.NotAcquired(name, err)
+	}
+	if l.isClosed() {
+		return nil, fence.NotAcquired(name, errLockerClosed)
 	}
 	ttl, watchdog := o.TTL, false
 	if ttl == 0 {
@@ -632,6 +662,16 @@ func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.C
 // instead of campaigning for as long as its ctx lasts.
 var errClientClosed = fmt.Errorf("etcdlock: the etcd client was closed: %w", fence.ErrClosed)
 
+// errLockerClosed is why Acquire and Extend fail after Locker.Close.
+var errLockerClosed = fmt.Errorf("etcdlock: the Locker was closed: %w", fence.ErrClosed)
+
+// isClosed reports whether Close was called.
+func (l *Locker) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
 // errAttemptTimedOut is the cause with which try cancels an attempt that
 // took longer than its timeout.
 var errAttemptTimedOut = errors.New("etcdlock: attempt timed out")
@@ -689,7 +729,9 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 		return err
 	}
 	l.mu.Lock()
-	if _, running := l.givingBack[id]; running {
+	if _, running := l.givingBack[id]; running || l.drained {
+		// drained: Close no longer waits for a retry started now, and
+		// the client is closed after it (TestReleaseAfterCloseLeavesNoRetry).
 		l.mu.Unlock()
 		return err
 	}
@@ -724,17 +766,22 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 	return err
 }
 
-// settleStarted and settleEnded count a goroutine of settleBehind's:
-// settleStarted returns the channel that settleEnded closes.
-func (l *Locker) settleStarted() chan struct{} {
+// settleStarted and settleEnded count an Extend under way, and then the
+// goroutine of settleBehind's that takes over from it: settleStarted
+// returns the channel that settleEnded closes, or errLockerClosed once
+// Close was called, counting nothing (TestExtendAfterClose).
+func (l *Locker) settleStarted() (chan struct{}, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return nil, errLockerClosed
+	}
 	if l.settling == nil {
 		l.settling = make(map[chan struct{}]struct{})
 	}
 	settled := make(chan struct{})
 	l.settling[settled] = struct{}{}
-	return settled
+	return settled, nil
 }
 
 func (l *Locker) settleEnded(settled chan struct{}) {

@@ -98,3 +98,11 @@ func Settling(l *Locker) int {
 	defer l.mu.Unlock()
 	return len(l.settling)
 }
+
+// GivingBack returns how many revokes of etcd leases l retries in the
+// background (see giveBack).
+func GivingBack(l *Locker) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.givingBack)
+}

@@ -791,7 +791,9 @@ func (ls *Lease) renew(ctx context.Context) error {
 // send: etcd may delete the key by then if the move was applied (a
 // shorter ttl than the lease had). A
 // watchdog lease is then renewed every third of ttl. After Release, Extend
-// returns an error matching both fence.ErrLeaseLost and fence.ErrReleased.
+// returns an error matching both fence.ErrLeaseLost and fence.ErrReleased;
+// after Locker.Close, of a lease still held, one matching fence.ErrClosed,
+// having sent nothing.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := validateTTL(ttl); err != nil {
 		return err
@@ -815,16 +817,28 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	} else if ended != nil {
 		return ended
 	}
+	// Counted for Locker.Close until it returns, or its settle in the
+	// background ends; refused once Close was called, whose wait it would
+	// escape (TestExtendAfterClose).
+	settled, err := ls.l.settleStarted()
+	if err != nil {
+		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
+	}
 	if err := ls.lockOp(ctx); err != nil {
+		ls.l.settleEnded(settled)
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
 	// held: this call still holds ls.op, and gives it back as it returns;
-	// a settle left to the background (settleBehind) takes it over.
+	// a settle left to the background (settleBehind) takes it over, and
+	// the count with it.
 	held := true
 	defer func() {
 		if held {
 			ls.uncapDeadline()
 			ls.unlockOp()
+			// Counted out before the report: its callback may close
+			// the Locker, which waits for this count.
+			ls.l.settleEnded(settled)
 			ls.flush() // after unlockOp: see flush
 		}
 	}()
@@ -858,7 +872,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	defer cancel()
 	per := attemptTimeout(ls.ttlNow())
 	var g *clientv3.LeaseGrantResponse
-	err := ls.l.try(cctx, per, func(ctx context.Context) (err error) {
+	err = ls.l.try(cctx, per, func(ctx context.Context) (err error) {
 		g, err = c.Grant(ctx, seconds(ttl))
 		return err
 	})
@@ -874,7 +888,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		// The Txn may have been applied with its reply lost, or may
 		// still be on its way: revoking g would then delete the lock.
 		// Settle it first, in the background once ctx has ended.
-		err, bg := ls.settleBehind(ctx, cctx, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
+		err, bg := ls.settleBehind(ctx, cctx, settled, g, ttl, sent, fmt.Errorf("etcdlock: extend %q: %w", ls.name, err))
 		held = !bg
 		return err
 	}
@@ -989,18 +1003,19 @@ func (ls *Lease) settleMove(ctx, cctx context.Context, g *clientv3.LeaseGrantRes
 // ls.op within its own ctx, as it waits for an Extend in flight. Extend
 // then returns an error that wraps ctx's and says so, which matches
 // fence.ErrLeaseLost only if the lease has ended already; bg reports
-// that the settle took ls.op over. The caller holds ls.op.
-func (ls *Lease) settleBehind(ctx, cctx context.Context, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) (_ error, bg bool) {
+// that the settle took ls.op over, and with it settled, the Extend's
+// count for Locker.Close (see settleStarted), which it ends. The caller
+// holds ls.op.
+func (ls *Lease) settleBehind(ctx, cctx context.Context, settled chan struct{}, g *clientv3.LeaseGrantResponse, ttl time.Duration, sent time.Time, err error) (_ error, bg bool) {
 	res := make(chan error)
 	left := make(chan struct{}) // closed when Extend returns without the result
 	l := ls.l
-	settled := l.settleStarted()
 	go func() {
 		serr := ls.settleMove(ctx, cctx, g, ttl, sent, err)
 		select {
 		case res <- serr:
-			// Extend took the result, and gives ls.op back itself.
-			l.settleEnded(settled)
+			// Extend took the result, and gives ls.op back and counts
+			// itself out itself.
 		case <-left:
 			ls.uncapDeadline()
 			ls.unlockOp()

@@ -173,13 +173,17 @@ func TestDeleteBeforeWatch(t *testing.T) {
 
 // Many goroutines acquiring and releasing through one Locker race for its
 // spares, and Close for them too: no etcd lease may carry two locks at
-// once, and none is revoked under a lock (each Release succeeds).
+// once, and none is revoked under a lock (each Release succeeds). Close
+// closes the Locker (Acquire then fails with fence.ErrClosed, where each
+// goroutine stops), and the locks released after it keep no spare.
 func TestSpareRace(t *testing.T) {
 	endpoints := shared.Endpoints()
 	l := newLocker(t, endpoints, nil)
 	var mu sync.Mutex
 	using := map[clientv3.LeaseID]string{}
 	var reused atomic.Int64
+	firstReuse := make(chan struct{})
+	var once sync.Once
 	seen := sync.Map{}
 	var wg sync.WaitGroup
 	errs := make(chan error, 9)
@@ -188,6 +192,9 @@ func TestSpareRace(t *testing.T) {
 			for i := range 25 {
 				name := fmt.Sprintf("%s-%d-%d", t.Name(), g, i%3)
 				lease, err := l.Acquire(context.Background(), name, fence.Wait(10*time.Second))
+				if errors.Is(err, fence.ErrClosed) {
+					return
+				}
 				if err != nil {
 					errs <- err
 					return
@@ -195,6 +202,7 @@ func TestSpareRace(t *testing.T) {
 				id := leaseID(t, lease)
 				if _, loaded := seen.LoadOrStore(id, true); loaded {
 					reused.Add(1)
+					once.Do(func() { close(firstReuse) })
 				}
 				mu.Lock()
 				if other, ok := using[id]; ok {
@@ -214,26 +222,22 @@ func TestSpareRace(t *testing.T) {
 			}
 		})
 	}
-	// Close, called while the others acquire and release, revokes only
-	// spares nobody uses.
-	stop := make(chan struct{})
+	// Close, called while the others acquire and release (once a spare
+	// has been reused), revokes only spares nobody uses.
+	allDone := make(chan struct{})
 	closer := make(chan struct{})
 	go func() {
 		defer close(closer)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-				if err := l.Close(context.Background()); err != nil {
-					errs <- err
-					return
-				}
-			}
+		select {
+		case <-allDone:
+		case <-firstReuse:
+		}
+		if err := l.Close(context.Background()); err != nil {
+			errs <- err
 		}
 	}()
 	wg.Wait()
-	close(stop)
+	close(allDone)
 	<-closer
 	close(errs)
 	for err := range errs {
@@ -245,6 +249,9 @@ func TestSpareRace(t *testing.T) {
 	t.Logf("%d acquisitions on a reused etcd lease", reused.Load())
 	if err := l.Close(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+	if ids := l.SpareIDs(); len(ids) != 0 {
+		t.Errorf("spares kept after Close: %x", ids)
 	}
 }
 
