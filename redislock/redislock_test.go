@@ -19,8 +19,8 @@ import (
 
 const watchdogTTL = 300 * time.Millisecond
 
-// conformanceWatchdogTTL is the conformance runs' watchdog lease (plain and
-// TLS): 1 s, not watchdogTTL's 300 ms, renewed every 100 ms, which CI's
+// conformanceWatchdogTTL is the conformance runs' watchdog lease (every
+// deployment's): 1 s, not watchdogTTL's 300 ms, renewed every 100 ms, which CI's
 // load starved (ci65: TestTLSConformance/WatchdogKeepsLease, "not renewed
 // before its deadline"), as it had fencerueidis's and tests/pglock's
 // before. The 300 ms only made the suite's waits (a few lease times each)

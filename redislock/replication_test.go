@@ -237,9 +237,11 @@ func TestClusterConformance(t *testing.T) {
 		// A take answered past its deadline gives no lease (MinTTL leaves
 		// 7.9 ms): Acquire may refuse a lease of MinTTL.
 		ShortLeaseMayFail: true,
-		New:               func(t testing.TB) fence.Locker { return newLocker(t, newClient(t)) },
-		Remove:            func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
-		WatchdogTTL:       watchdogTTL,
+		New: func(t testing.TB) fence.Locker {
+			return newLockerWith(t, newClient(t), redislock.Options{WatchdogTTL: conformanceWatchdogTTL})
+		},
+		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		WatchdogTTL: conformanceWatchdogTTL,
 	})
 
 	t.Run("NamesOverSlots", func(t *testing.T) {
@@ -280,9 +282,9 @@ func TestConformanceSynced(t *testing.T) {
 		// 7.9 ms): Acquire may refuse a lease of MinTTL.
 		ShortLeaseMayFail: true,
 		New: func(t testing.TB) fence.Locker {
-			return lockerWith(t, primary.Client(t), redislock.Options{WatchdogTTL: watchdogTTL, ReplicaSync: redislock.ReplicaSync{Replicas: 1}})
+			return lockerWith(t, primary.Client(t), redislock.Options{WatchdogTTL: conformanceWatchdogTTL, ReplicaSync: redislock.ReplicaSync{Replicas: 1}})
 		},
 		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
-		WatchdogTTL: watchdogTTL,
+		WatchdogTTL: conformanceWatchdogTTL,
 	})
 }

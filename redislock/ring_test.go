@@ -243,8 +243,10 @@ func TestRingConformance(t *testing.T) {
 		// A take answered past its deadline gives no lease (MinTTL leaves
 		// 7.9 ms): Acquire may refuse a lease of MinTTL.
 		ShortLeaseMayFail: true,
-		New:               func(t testing.TB) fence.Locker { return newLocker(t, newRing(t)) },
-		Remove:            func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
-		WatchdogTTL:       watchdogTTL,
+		New: func(t testing.TB) fence.Locker {
+			return newLockerWith(t, newRing(t), redislock.Options{WatchdogTTL: conformanceWatchdogTTL})
+		},
+		Remove:      func(t testing.TB, name string) { admin.Del(context.Background(), lockKey(name)) },
+		WatchdogTTL: conformanceWatchdogTTL,
 	})
 }
