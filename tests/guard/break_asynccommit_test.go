@@ -1,0 +1,153 @@
+package guard_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/pgtest"
+)
+
+// TestFenceSurvivesCrashUnderAsyncCommit: a PostgreSQL server (or role, or
+// database) with synchronous_commit = off, a common tuning (the test
+// server runs so), acknowledges a commit before its WAL is on disk, and a
+// crash within the WAL writer's delay loses it. A fence so lost takes the
+// newer holder's token with it: after the recovery the resource's last
+// token is the older holder's again, and the older holder, paused past
+// its lease, is accepted. Fence on a *sql.DB is the gate before work that
+// leaves the database (a remote API): the newer holder did that work when
+// its fence was acknowledged, and the older holder then did it again,
+// after it. Through Tx (and so SQLStore, Middleware) the newer holder was
+// told its fenced transaction committed, and the older holder's write
+// then landed after it. Before the fix both subtests failed: the stale
+// token 5 was accepted after token 7's fence was acknowledged.
+//
+// The crash is made deterministic as in tests/pglock's
+// TestGrantSurvivesCrashUnderAsyncCommit: the WAL writer is stopped
+// (SIGSTOP) before the newer holder's fence and killed (SIGKILL) after its
+// reply, so that the postmaster ends every backend and recovers from the
+// WAL on disk. The schema and the older token are made durable first
+// (CHECKPOINT).
+func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
+	for _, how := range []string{"Fence", "Tx"} {
+		t.Run(how, func(t *testing.T) {
+			srv, err := pgtest.Launch()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.Kill)
+			name, err := srv.CreateDatabase(ctx(t), t.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := openPG(t, srv.DSN(name))
+			var setting string
+			if err := db.QueryRowContext(ctx(t), `SHOW synchronous_commit`).Scan(&setting); err != nil {
+				t.Fatal(err)
+			}
+			if setting != "off" {
+				t.Fatalf("the test server's synchronous_commit is %q, want off", setting)
+			}
+			setup(t, db)
+			fenced := func(db *sql.DB, token fence.Token) error {
+				if how == "Fence" {
+					return guard.Fence(ctx(t), db, "payment:1001", token)
+				}
+				return guard.Tx(ctx(t), db, "payment:1001", token, func(tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx(t), `UPDATE payment SET status = 'APPROVED', approved_by = $1 WHERE id = 1001`, fmt.Sprint(token))
+					return err
+				})
+			}
+			if err := fenced(db, 3); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx(t), `CHECKPOINT`); err != nil {
+				t.Fatal(err)
+			}
+			walwriter := walWriter(t, db)
+			if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = syscall.Kill(walwriter, syscall.SIGCONT) })
+			if err := fenced(db, 7); err != nil {
+				t.Fatalf("the newer holder's fence: %v", err)
+			}
+			if err := syscall.Kill(walwriter, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			waitRecovered(t, srv.DSN(name), walwriter)
+
+			after := openPG(t, srv.DSN(name))
+			var last int64
+			if err := after.QueryRowContext(ctx(t), `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); err != nil {
+				t.Fatal(err)
+			}
+			err = fenced(after, 5)
+			if err == nil {
+				t.Fatalf("after a crash, the older holder's token 5 was accepted, though token 7's fence was acknowledged before it (last token after the recovery: %d)", last)
+			}
+			if !errors.Is(err, guard.ErrStale) {
+				t.Fatalf("the older holder's fence after the crash: %v, want ErrStale", err)
+			}
+		})
+	}
+}
+
+func openPG(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// waitRecovered waits until the server answers again after the crash of
+// its process old, which is gone: a new WAL writer runs once the recovery
+// is over.
+func waitRecovered(t *testing.T, dsn string, old int) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx(t), 30*time.Second)
+	defer cancel()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-c.Done():
+			t.Fatalf("the server did not recover: %v", c.Err())
+		case <-retry.C:
+		}
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := walWriterPID(c, db)
+		_ = db.Close()
+		if err == nil && pid != old {
+			return
+		}
+		retry.Reset(20 * time.Millisecond)
+	}
+}
+
+// walWriter returns the pid of the server's WAL writer.
+func walWriter(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	pid, err := walWriterPID(ctx(t), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func walWriterPID(ctx context.Context, db *sql.DB) (pid int, err error) {
+	err = db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid)
+	return pid, err
+}
