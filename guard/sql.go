@@ -78,6 +78,28 @@ WHERE fence_tokens.token - excluded.token < 0`
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token, call_id = excluded.call_id
 WHERE fence_tokens.token - excluded.token < 0`
 	selectTokenCall = `SELECT token, call_id FROM fence_tokens WHERE resource = $1`
+	// PostgreSQL's forms of the two upserts: the token is given through
+	// durableCommit, so that the fence's transaction commits durably
+	// (TestFenceSurvivesCrashUnderAsyncCommit). SQLite has no set_config,
+	// and refuses them before running anything: it gets the plain ones.
+	upsertTokenPG = `INSERT INTO fence_tokens (resource, token) VALUES ($1, CASE WHEN ` + durableCommit + ` THEN $2::bigint END)
+ON CONFLICT (resource) DO UPDATE SET token = excluded.token
+WHERE fence_tokens.token - excluded.token < 0`
+	upsertTokenCallPG = `INSERT INTO fence_tokens (resource, token, call_id) VALUES ($1, CASE WHEN ` + durableCommit + ` THEN $2::bigint END, $3)
+ON CONFLICT (resource) DO UPDATE SET token = excluded.token, call_id = excluded.call_id
+WHERE fence_tokens.token - excluded.token < 0`
+	// durableCommit is a condition, always true, that makes the
+	// transaction it runs in commit durably (its WAL flushed before the
+	// reply) when the session's synchronous_commit is off (a server's,
+	// role's or database's tuning): a fence acknowledged and then lost in
+	// a crash of the server takes the newer token with it, and after the
+	// recovery an older holder's token is accepted, after the newer
+	// holder was told its fence (and the work fenced with it, in the
+	// database or elsewhere) went through. set_config's local setting
+	// lasts until the transaction ends: the pool's session keeps its own.
+	// "local" flushes the WAL on this server and waits for no standby; any
+	// other setting already flushes it and is kept. As pglock's.
+	durableCommit   = `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) IS NOT NULL`
 	insertIdemKey   = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 	maxIdemKeyBytes = 512
 )
@@ -229,6 +251,13 @@ func sqlState(err error) string {
 // before the caller's work, and stay if the work then fails: a
 // *ReplayedError then says only that the call was fenced before, as
 // Gate's answer does, not that its work was done.
+//
+// On PostgreSQL the fence's transaction (with q a *sql.Tx, the caller's
+// whole transaction) commits durably even where the session's
+// synchronous_commit is off: it is made local for that transaction, so
+// that a crash after the commit's reply does not lose the token and let an
+// older holder's in (TestFenceSurvivesCrashUnderAsyncCommit). That is one
+// WAL flush per fenced commit, as under the default setting.
 func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
 	if err := checkQuerier(q); err != nil {
 		return err
@@ -246,7 +275,7 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 	if call != "" {
 		return fenceCall(ctx, q, resource, token, call)
 	}
-	res, err := q.ExecContext(ctx, upsertToken, resource, int64(token))
+	res, err := execFence(ctx, q, upsertTokenPG, upsertToken, resource, int64(token))
 	if err != nil {
 		return retryable(fmt.Errorf("guard: fence %q: %w", resource, err))
 	}
@@ -263,7 +292,7 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 // fenceCall is Fence with a call id.
 func fenceCall(ctx context.Context, q Querier, resource string, token fence.Token, call string) error {
 	recorded := strconv.FormatInt(int64(token), 10) + ":" + call
-	res, err := q.ExecContext(ctx, upsertTokenCall, resource, int64(token), recorded)
+	res, err := execFence(ctx, q, upsertTokenCallPG, upsertTokenCall, resource, int64(token), recorded)
 	if err != nil {
 		return retryable(fmt.Errorf("guard: fence %q: %w", resource, noCallColumn(err)))
 	}
@@ -279,6 +308,17 @@ func fenceCall(ctx context.Context, q Querier, resource string, token fence.Toke
 		return &ReplayedError{Resource: resource, Token: token, Call: call}
 	}
 	return &StaleError{Resource: resource, Token: token, Last: fence.Token(last)}
+}
+
+// execFence runs a fence's upsert in its PostgreSQL form, pg, which commits
+// durably, or in its plain form where set_config is unknown (SQLite, which
+// refuses pg before running any of it).
+func execFence(ctx context.Context, q Querier, pg, plain string, args ...any) (sql.Result, error) {
+	res, err := q.ExecContext(ctx, pg, args...)
+	if err != nil && ctx.Err() == nil && sqlState(err) == "" && strings.Contains(err.Error(), "set_config") {
+		return q.ExecContext(ctx, plain, args...)
+	}
+	return res, err
 }
 
 // noCallColumn says what to do when err is fence_tokens lacking call_id (a
