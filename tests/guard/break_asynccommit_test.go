@@ -25,8 +25,10 @@ import (
 // its fence was acknowledged, and the older holder then did it again,
 // after it. Through Tx (and so SQLStore, Middleware) the newer holder was
 // told its fenced transaction committed, and the older holder's write
-// then landed after it. Before the fix both subtests failed: the stale
-// token 5 was accepted after token 7's fence was acknowledged.
+// then landed after it; so with Table.Update's conditional update, whose
+// token is the row's. Before the fixes every subtest failed: the stale
+// token 5 was accepted after token 7's was acknowledged (the last token
+// read after the recovery: 3).
 //
 // The crash is made deterministic as in tests/pglock's
 // TestGrantSurvivesCrashUnderAsyncCommit: the WAL writer is stopped
@@ -35,7 +37,7 @@ import (
 // WAL on disk. The schema and the older token are made durable first
 // (CHECKPOINT).
 func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
-	for _, how := range []string{"Fence", "Tx"} {
+	for _, how := range []string{"Fence", "Tx", "Update"} {
 		t.Run(how, func(t *testing.T) {
 			srv, err := pgtest.Launch()
 			if err != nil {
@@ -56,8 +58,11 @@ func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 			}
 			setup(t, db)
 			fenced := func(db *sql.DB, token fence.Token) error {
-				if how == "Fence" {
+				switch how {
+				case "Fence":
 					return guard.Fence(ctx(t), db, "payment:1001", token)
+				case "Update":
+					return payments.Update(ctx(t), db, 1001, token, "approved_by = $3", fmt.Sprint(token))
 				}
 				return guard.Tx(ctx(t), db, "payment:1001", token, func(tx *sql.Tx) error {
 					_, err := tx.ExecContext(ctx(t), `UPDATE payment SET status = 'APPROVED', approved_by = $1 WHERE id = 1001`, fmt.Sprint(token))
@@ -85,7 +90,11 @@ func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 
 			after := openPG(t, srv.DSN(name))
 			var last int64
-			if err := after.QueryRowContext(ctx(t), `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`).Scan(&last); err != nil {
+			query := `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`
+			if how == "Update" {
+				query = `SELECT last_fencing_token FROM payment WHERE id = 1001`
+			}
+			if err := after.QueryRowContext(ctx(t), query).Scan(&last); err != nil {
 				t.Fatal(err)
 			}
 			err = fenced(after, 5)
