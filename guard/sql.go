@@ -275,7 +275,7 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 	if call != "" {
 		return fenceCall(ctx, q, resource, token, call)
 	}
-	res, err := execFence(ctx, q, upsertTokenPG, upsertToken, resource, int64(token))
+	res, err := execDurable(ctx, q, upsertTokenPG, upsertToken, resource, int64(token))
 	if err != nil {
 		return retryable(fmt.Errorf("guard: fence %q: %w", resource, err))
 	}
@@ -292,7 +292,7 @@ func Fence(ctx context.Context, q Querier, resource string, token fence.Token) e
 // fenceCall is Fence with a call id.
 func fenceCall(ctx context.Context, q Querier, resource string, token fence.Token, call string) error {
 	recorded := strconv.FormatInt(int64(token), 10) + ":" + call
-	res, err := execFence(ctx, q, upsertTokenCallPG, upsertTokenCall, resource, int64(token), recorded)
+	res, err := execDurable(ctx, q, upsertTokenCallPG, upsertTokenCall, resource, int64(token), recorded)
 	if err != nil {
 		return retryable(fmt.Errorf("guard: fence %q: %w", resource, noCallColumn(err)))
 	}
@@ -310,12 +310,13 @@ func fenceCall(ctx context.Context, q Querier, resource string, token fence.Toke
 	return &StaleError{Resource: resource, Token: token, Last: fence.Token(last)}
 }
 
-// execFence runs a fence's upsert in its PostgreSQL form, pg, which commits
-// durably, or in its plain form where set_config is unknown (SQLite, which
-// refuses pg before running any of it).
-func execFence(ctx context.Context, q Querier, pg, plain string, args ...any) (sql.Result, error) {
+// execDurable runs a statement that records a token in its PostgreSQL
+// form, pg, which commits durably (see durableCommit), or in its plain form
+// where set_config is unknown (SQLite, which refuses pg before running any
+// of it).
+func execDurable(ctx context.Context, q Querier, pg, plain string, args ...any) (sql.Result, error) {
 	res, err := q.ExecContext(ctx, pg, args...)
-	if err != nil && ctx.Err() == nil && sqlState(err) == "" && strings.Contains(err.Error(), "set_config") {
+	if err != nil && pg != plain && ctx.Err() == nil && sqlState(err) == "" && strings.Contains(err.Error(), "set_config") {
 		return q.ExecContext(ctx, plain, args...)
 	}
 	return res, err
@@ -533,7 +534,8 @@ func (t Table) check(set string) error {
 //	UPDATE <Name> SET <set>, <Column> = $2 WHERE <Key> = $1 AND (<Column> - $2 < 0 OR <Column> IS NULL)
 //
 // (the difference, not <Column> < $2, so that SQLite compares numbers even
-// where the column was declared TEXT). Column should be a BIGINT (INTEGER
+// where the column was declared TEXT). On PostgreSQL it commits durably
+// even where synchronous_commit is off, as Fence does (see Fence). Column should be a BIGINT (INTEGER
 // on SQLite): on PostgreSQL an INTEGER or TEXT column cannot take the
 // token (an error), and a REAL one rounds it, so that newer tokens within
 // its precision are refused with an error.
@@ -573,7 +575,10 @@ func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token
 	// computed on numbers. PostgreSQL infers $2's type from the column in
 	// both forms.
 	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = $2 WHERE %s = $1 AND (%s - $2 < 0 OR %s IS NULL)", t.Name, set, t.Column, t.Key, t.Column, t.Column)
-	changed, current, err := t.exec(ctx, q, stmt, key, int64(token), args)
+	// On PostgreSQL the update commits durably, as a fence does: lost in
+	// a crash after its reply, it took the newer token with it, and an
+	// older one was accepted (TestFenceSurvivesCrashUnderAsyncCommit).
+	changed, current, err := t.exec(ctx, q, stmt+" AND "+durableCommit, stmt, key, int64(token), args)
 	switch {
 	case err != nil:
 		return err
@@ -613,7 +618,7 @@ func (t Table) UpdateVersion(ctx context.Context, q Querier, key any, version in
 		return err
 	}
 	stmt := fmt.Sprintf("UPDATE %s SET %s, %s = %s + 1 WHERE %s = $1 AND %s = $2", t.Name, set, t.Column, t.Column, t.Key, t.Column)
-	changed, current, err := t.exec(ctx, q, stmt, key, version, args)
+	changed, current, err := t.exec(ctx, q, stmt, stmt, key, version, args)
 	switch {
 	case err != nil || changed:
 		return err
@@ -626,11 +631,12 @@ func (t Table) UpdateVersion(ctx context.Context, q Querier, key any, version in
 	return &ConflictError{Key: key, Expected: version, Current: current.Int64}
 }
 
-// exec runs a conditional update; when it changed no row, it returns the
-// row's current Column value (read after the update, so that a row
-// inserted meanwhile may be there now), or ErrNoRow.
-func (t Table) exec(ctx context.Context, q Querier, stmt string, key any, cond int64, args []any) (changed bool, current sql.NullInt64, err error) {
-	res, err := q.ExecContext(ctx, stmt, append([]any{key, cond}, args...)...)
+// exec runs a conditional update, pg on PostgreSQL and plain elsewhere
+// (see execDurable); when it changed no row, it returns the row's current
+// Column value (read after the update, so that a row inserted meanwhile
+// may be there now), or ErrNoRow.
+func (t Table) exec(ctx context.Context, q Querier, pg, plain string, key any, cond int64, args []any) (changed bool, current sql.NullInt64, err error) {
+	res, err := execDurable(ctx, q, pg, plain, append([]any{key, cond}, args...)...)
 	if err != nil {
 		return false, current, retryable(fmt.Errorf("guard: update %s: %w", t.Name, err))
 	}

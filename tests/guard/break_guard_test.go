@@ -283,10 +283,11 @@ func TestMiddlewareStressWithCancels(t *testing.T) {
 	}
 }
 
-// insertAfterExec is a Querier that, once its first statement (the
-// conditional update) has run, runs insert on the database: a row that
-// another session inserts between Table.Update's UPDATE and the read that
-// tells why nothing changed.
+// insertAfterExec is a Querier that, once its first statement that ran
+// (the conditional update) has run, runs insert on the database: a row
+// that another session inserts between Table.Update's UPDATE and the read
+// that tells why nothing changed. (On SQLite, Update's first statement,
+// PostgreSQL's durable form, is refused before it runs.)
 type insertAfterExec struct {
 	*sql.DB
 	insert string
@@ -295,7 +296,7 @@ type insertAfterExec struct {
 
 func (q *insertAfterExec) ExecContext(c context.Context, query string, args ...any) (sql.Result, error) {
 	res, err := q.DB.ExecContext(c, query, args...)
-	if !q.done {
+	if !q.done && err == nil {
 		q.done = true
 		if _, ierr := q.DB.ExecContext(c, q.insert); ierr != nil {
 			return nil, ierr
