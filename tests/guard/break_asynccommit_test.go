@@ -39,23 +39,7 @@ import (
 func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 	for _, how := range []string{"Fence", "Tx", "Update"} {
 		t.Run(how, func(t *testing.T) {
-			srv, err := pgtest.Launch()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(srv.Kill)
-			name, err := srv.CreateDatabase(ctx(t), t.Name())
-			if err != nil {
-				t.Fatal(err)
-			}
-			db := openPG(t, srv.DSN(name))
-			var setting string
-			if err := db.QueryRowContext(ctx(t), `SHOW synchronous_commit`).Scan(&setting); err != nil {
-				t.Fatal(err)
-			}
-			if setting != "off" {
-				t.Fatalf("the test server's synchronous_commit is %q, want off", setting)
-			}
+			db, dsn := asyncCommitDB(t)
 			setup(t, db)
 			fenced := func(db *sql.DB, token fence.Token) error {
 				switch how {
@@ -72,23 +56,13 @@ func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 			if err := fenced(db, 3); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := db.ExecContext(ctx(t), `CHECKPOINT`); err != nil {
-				t.Fatal(err)
-			}
-			walwriter := walWriter(t, db)
-			if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = syscall.Kill(walwriter, syscall.SIGCONT) })
-			if err := fenced(db, 7); err != nil {
-				t.Fatalf("the newer holder's fence: %v", err)
-			}
-			if err := syscall.Kill(walwriter, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			waitRecovered(t, srv.DSN(name), walwriter)
+			crashAfter(t, db, dsn, func() {
+				if err := fenced(db, 7); err != nil {
+					t.Fatalf("the newer holder's fence: %v", err)
+				}
+			})
 
-			after := openPG(t, srv.DSN(name))
+			after := openPG(t, dsn)
 			var last int64
 			query := `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`
 			if how == "Update" {
@@ -97,7 +71,7 @@ func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 			if err := after.QueryRowContext(ctx(t), query).Scan(&last); err != nil {
 				t.Fatal(err)
 			}
-			err = fenced(after, 5)
+			err := fenced(after, 5)
 			if err == nil {
 				t.Fatalf("after a crash, the older holder's token 5 was accepted, though token 7's fence was acknowledged before it (last token after the recovery: %d)", last)
 			}
@@ -106,6 +80,77 @@ func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOnceKeySurvivesCrashUnderAsyncCommit: Once's idempotency key,
+// recorded under synchronous_commit = off, acknowledged and lost in a
+// crash, let the same key be recorded again: the work it guards (a remote
+// call made once Once returned nil) was done twice. Before the fix the
+// second Once returned nil, not ErrDuplicate.
+func TestOnceKeySurvivesCrashUnderAsyncCommit(t *testing.T) {
+	db, dsn := asyncCommitDB(t)
+	if err := guard.CreateTables(ctx(t), db); err != nil {
+		t.Fatal(err)
+	}
+	crashAfter(t, db, dsn, func() {
+		if err := guard.Once(ctx(t), db, "approve:1001"); err != nil {
+			t.Fatalf("the first Once: %v", err)
+		}
+	})
+	err := guard.Once(ctx(t), openPG(t, dsn), "approve:1001")
+	if err == nil {
+		t.Fatal("after a crash, the key approve:1001 was recorded again, though its first Once was acknowledged: the work was done twice")
+	}
+	if !errors.Is(err, guard.ErrDuplicate) {
+		t.Fatalf("Once after the crash: %v, want ErrDuplicate", err)
+	}
+}
+
+// asyncCommitDB returns a database, and its DSN, on a PostgreSQL server of
+// the test's own (crashAfter crashes it) that runs with synchronous_commit
+// off.
+func asyncCommitDB(t *testing.T) (*sql.DB, string) {
+	t.Helper()
+	srv, err := pgtest.Launch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Kill)
+	name, err := srv.CreateDatabase(ctx(t), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := openPG(t, srv.DSN(name))
+	var setting string
+	if err := db.QueryRowContext(ctx(t), `SHOW synchronous_commit`).Scan(&setting); err != nil {
+		t.Fatal(err)
+	}
+	if setting != "off" {
+		t.Fatalf("the test server's synchronous_commit is %q, want off", setting)
+	}
+	return db, srv.DSN(name)
+}
+
+// crashAfter makes what db holds durable (CHECKPOINT), runs do with the
+// server's WAL writer stopped, then crashes the server (the WAL writer
+// killed: the postmaster ends every backend and recovers from the WAL on
+// disk), and returns once it answers on dsn again. A commit that do had
+// acknowledged without flushing its WAL is lost.
+func crashAfter(t *testing.T, db *sql.DB, dsn string, do func()) {
+	t.Helper()
+	if _, err := db.ExecContext(ctx(t), `CHECKPOINT`); err != nil {
+		t.Fatal(err)
+	}
+	walwriter := walWriter(t, db)
+	if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(walwriter, syscall.SIGCONT) })
+	do()
+	if err := syscall.Kill(walwriter, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitRecovered(t, dsn, walwriter)
 }
 
 func openPG(t *testing.T, dsn string) *sql.DB {
