@@ -55,8 +55,9 @@
 //     the work's own precondition, such as status = 'PENDING', is what
 //     keeps it from doing the work twice).
 //     On PostgreSQL the fenced transaction commits durably even under
-//     synchronous_commit off (local for it): a fence lost in a crash
-//     after its commit was acknowledged let an older token in.
+//     synchronous_commit off (local for it), as do Table.Update and
+//     Once: a fence lost in a crash after its commit was acknowledged
+//     let an older token in.
 //     ErrRetry reports a serialization failure, deadlock, lock timeout or
 //     SQLITE_BUSY: nothing was written; retry with a new lease. For SQLite, open the
 //     database with SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE).

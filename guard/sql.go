@@ -99,8 +99,11 @@ WHERE fence_tokens.token - excluded.token < 0`
 	// lasts until the transaction ends: the pool's session keeps its own.
 	// "local" flushes the WAL on this server and waits for no standby; any
 	// other setting already flushes it and is kept. As pglock's.
-	durableCommit   = `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) IS NOT NULL`
-	insertIdemKey   = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	durableCommit = `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) IS NOT NULL`
+	insertIdemKey = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	// PostgreSQL's form, whose transaction commits durably, as a fence's
+	// (TestOnceKeySurvivesCrashUnderAsyncCommit).
+	insertIdemKeyPG = `INSERT INTO fence_idempotency (key) VALUES (CASE WHEN ` + durableCommit + ` THEN $1::text END) ON CONFLICT (key) DO NOTHING`
 	maxIdemKeyBytes = 512
 )
 
@@ -460,6 +463,8 @@ func rollback(tx *sql.Tx) error {
 // SERIALIZABLE, one that recorded the same key) returns an error matching
 // ErrRetry. A key that is empty, over 512 bytes, not valid UTF-8 or holds
 // a NUL byte returns an error matching ErrInvalidKey, and nothing is sent.
+// On PostgreSQL the key commits durably even where synchronous_commit is
+// off, as a fence does (see Fence).
 func Once(ctx context.Context, q Querier, key string) error {
 	if err := checkQuerier(q); err != nil {
 		return err
@@ -472,7 +477,7 @@ func Once(ctx context.Context, q Querier, key string) error {
 		// refused here, so that a key means the same on both.
 		return fmt.Errorf("%w: %q is not UTF-8 without NUL bytes", ErrInvalidKey, key)
 	}
-	res, err := q.ExecContext(ctx, insertIdemKey, key)
+	res, err := execDurable(ctx, q, insertIdemKeyPG, insertIdemKey, key)
 	if err != nil {
 		return retryable(fmt.Errorf("guard: record idempotency key: %w", err))
 	}
