@@ -540,10 +540,10 @@ func (t Table) check(set string) error {
 //
 // (the difference, not <Column> < $2, so that SQLite compares numbers even
 // where the column was declared TEXT). On PostgreSQL it commits durably
-// even where synchronous_commit is off, as Fence does (see Fence). Column should be a BIGINT (INTEGER
-// on SQLite): on PostgreSQL an INTEGER or TEXT column cannot take the
-// token (an error), and a REAL one rounds it, so that newer tokens within
-// its precision are refused with an error.
+// even where synchronous_commit is off, as Fence does (see Fence). Column
+// should be a BIGINT (INTEGER on SQLite): on PostgreSQL an INTEGER or TEXT
+// column cannot take the token (an error), and a REAL one rounds it, so
+// that newer tokens within its precision are refused with an error.
 //
 // set assigns the business columns with placeholders from $3 on, filled by
 // args. It must not hold a comment (-- or /*) or a ';', which would cut
