@@ -26,7 +26,10 @@ import (
 // after it. Through Tx (and so SQLStore, Middleware) the newer holder was
 // told its fenced transaction committed, and the older holder's write
 // then landed after it; so with Table.Update's conditional update, whose
-// token is the row's. Before the fixes every subtest failed: the stale
+// token is the row's. (FenceCall is the fence with a call id, the upsert
+// that Middleware's requests through SQLStore run; with the durable form
+// of that upsert alone taken out it fails as the others did.) Before the
+// fixes every subtest failed: the stale
 // token 5 was accepted after token 7's was acknowledged (the last token
 // read after the recovery: 3).
 //
@@ -37,7 +40,7 @@ import (
 // WAL on disk. The schema and the older token are made durable first
 // (CHECKPOINT).
 func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
-	for _, how := range []string{"Fence", "Tx", "Update"} {
+	for _, how := range []string{"Fence", "FenceCall", "Tx", "Update"} {
 		t.Run(how, func(t *testing.T) {
 			db, dsn := asyncCommitDB(t)
 			setup(t, db)
@@ -45,6 +48,10 @@ func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 				switch how {
 				case "Fence":
 					return guard.Fence(ctx(t), db, "payment:1001", token)
+				case "FenceCall":
+					// With a call id (Middleware's requests through
+					// SQLStore): the upsert that records it too.
+					return guard.Fence(guard.WithCall(ctx(t), fmt.Sprint("call-", token)), db, "payment:1001", token)
 				case "Update":
 					return payments.Update(ctx(t), db, 1001, token, "approved_by = $3", fmt.Sprint(token))
 				}
