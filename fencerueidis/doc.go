@@ -11,22 +11,22 @@
 // # Design
 //
 // redislock makes few kinds of Redis calls: its scripts by EVALSHA, sent
-// in full on NOSCRIPT (acquire, extend, release, and the replica record,
-// which reads INFO replication), with WAIT pipelined after them on the same
-// connection when replica sync applies; PTTL and GET for Status (in a
-// script of this package, so that a client sending read-only commands to
-// replicas reads them on the primary); SUBSCRIBE to a lock's release
+// in full on NOSCRIPT (acquire, extend, release, the replica record, which
+// reads INFO replication, and Status's PTTL and GET, in a script so that a
+// client sending read-only commands to replicas reads them on the
+// primary), with WAIT pipelined after them on the same
+// connection when replica sync applies; SUBSCRIBE to a lock's release
 // channel while someone waits (on a dedicated connection of the primary,
 // shared by the Locker's waiters, for a client that routes to replicas,
 // since rueidis's SUBSCRIBE is read-only too). The internal package
 // internal/redisconn names exactly these as an interface, and redislock
-// dispatches to it at the four places that make them, keeping its go-redis
+// dispatches to it at the three places that make them, keeping its go-redis
 // calls as they are (so that their allocation count, measured in
 // redislock's alloc test, does not change). This package implements the
 // interface on rueidis and reaches redislock's constructor through
 // redisconn's hook; the module is separate so that rueidis does not enter
 // the library's go.mod. A copy of the lock algorithm would drift; a seam of
-// four calls does not.
+// three calls does not.
 //
 // Commands go through rueidis's Do and DoMulti with the client's own
 // pipelining: a script with WAIT after it is one DoMulti, which rueidis

@@ -3,8 +3,6 @@ package fencerueidis
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -407,60 +405,6 @@ func convErr(ctx context.Context, err error) error {
 func ended(ctx context.Context) bool {
 	dl, ok := ctx.Deadline()
 	return ctx.Err() != nil || ok && !time.Now().Before(dl)
-}
-
-func (c conn) LockState(ctx context.Context, lock, token string) (pttl int64, last string, found bool, err error) {
-	if c.closed() {
-		return 0, "", false, errClosed
-	}
-	var r refusals
-	for tries := 0; tries <= retries; {
-		pttl, last, found, err = c.lockState(ctx, lock, token)
-		if c.switching(ctx, err, &r) {
-			continue
-		}
-		if err != errBroken && !connLost(err) {
-			break
-		}
-		tries++
-	}
-	return pttl, last, found, c.closedErr(err)
-}
-
-// stateScript is LockState's read: a script, not PTTL and GET, which
-// rueidis marks read-only, so that it runs on the primary on a client
-// that sends read-only commands to replicas (SendToReplicas:
-// cmd.IsReadOnly(), as rueidis's README shows). Status read the lock there
-// while its replica counts came from the primary: with the replica cut
-// from its primary, a lease just acquired was reported free, with last
-// token 0 (TestStatusOnReplicaRoutingClient).
-var stateScript = newScript("return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}")
-
-func newScript(src string) redisconn.Script {
-	sum := sha1.Sum([]byte(src))
-	return redisconn.Script{Src: src, SHA: hex.EncodeToString(sum[:])}
-}
-
-func (c conn) lockState(ctx context.Context, lock, token string) (int64, string, bool, error) {
-	reply, _, err := c.eval(ctx, &stateScript, []string{lock, token}, nil, 0, 0)
-	if err != nil {
-		return 0, "", false, err
-	}
-	vs, _ := reply.([]any)
-	if len(vs) != 2 {
-		return 0, "", false, fmt.Errorf("fencerueidis: lock state reply %v", reply)
-	}
-	pttl, ok := vs[0].(int64)
-	if !ok {
-		return 0, "", false, fmt.Errorf("fencerueidis: lock state reply %v", reply)
-	}
-	switch last := vs[1].(type) {
-	case nil:
-		return pttl, "", false, nil
-	case string:
-		return pttl, last, true, nil
-	}
-	return 0, "", false, fmt.Errorf("fencerueidis: lock state reply %v", reply)
 }
 
 // protoScript returns a map: a map reply on RESP3, a flat array on RESP2.

@@ -61,31 +61,6 @@ func (l *Locker) evalConn(ctx context.Context, script *redis.Script, keys []stri
 	return cmd, acked, nil
 }
 
-// statusConn is Status through the Conn.
-func (l *Locker) statusConn(ctx context.Context, name string, k *keys) (Status, error) {
-	type state struct {
-		pttl  int64
-		last  string
-		found bool
-	}
-	st, err := bounded(ctx, &l.calls, func(ctx context.Context) (state, error) {
-		pttl, last, found, err := l.conn.LockState(ctx, k.lock, k.token)
-		return state{pttl, last, found}, err
-	}, nil)
-	if err != nil {
-		return Status{}, fmt.Errorf("redislock: status %q: %w", name, err)
-	}
-	var s Status
-	switch st.pttl {
-	case -2: // no such key
-	case -1:
-		s.Held, s.TTL = true, -1
-	default:
-		s.Held, s.TTL = true, time.Duration(st.pttl)*time.Millisecond
-	}
-	return l.status(ctx, name, s, st.last, st.found)
-}
-
 // readConn is read through the Conn: it delivers w's messages until the
 // last waiter leaves. When the subscription breaks after it was confirmed,
 // it subscribes again with back-off and wakes every waiter, since releases

@@ -36,6 +36,10 @@ var (
 	//go:embed replicas.lua
 	replicasSrc    string
 	replicasScript = redis.NewScript(replicasSrc)
+
+	//go:embed state.lua
+	stateSrc    string
+	stateScript = redis.NewScript(stateSrc)
 )
 
 // grantMarker is the line of acquire.lua and release.lua where the Lua they
@@ -66,4 +70,5 @@ var connScripts = map[*redis.Script]*redisconn.Script{
 	extendScript:   {Src: extendSrc, SHA: extendScript.Hash()},
 	releaseScript:  {Src: releaseSrc, SHA: releaseScript.Hash()},
 	replicasScript: {Src: replicasSrc, SHA: replicasScript.Hash()},
+	stateScript:    {Src: stateSrc, SHA: stateScript.Hash()},
 }

@@ -2,13 +2,11 @@ package redislock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/fencekit/fence"
-	"github.com/redis/go-redis/v9"
 )
 
 // Status is what Redis holds for one lock name.
@@ -26,6 +24,16 @@ type Status struct {
 
 // Status reads the state of the lock called name, and the replica counts of
 // its primary, in two round trips. It changes nothing.
+//
+// The lock is read on its primary, by a script (EVALSHA) that no go-redis
+// or rueidis client sends to a replica, even one that routes read-only
+// commands to replicas (ClusterOptions.ReadOnly, RouteRandomly,
+// RouteByLatency; rueidis's SendToReplicas): a replica may be behind its
+// primary, and would call a held lock free. A replica refuses the script,
+// so on a client that sends every command to a replica
+// (FailoverOptions.ReplicaOnly) Status fails with the server's READONLY.
+// So does it, with NOREPLICAS or MISCONF, on a primary that refuses writes
+// (min-replicas-to-write, a failed save), as it refuses acquisitions.
 func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 	if err := l.made(); err != nil {
 		return Status{}, err
@@ -34,35 +42,38 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, err
 	}
 	k := l.keys(name)
-	if l.conn != nil {
-		return l.statusConn(ctx, name, k)
-	}
-	pipe := l.client.Pipeline()
-	pttl := pipe.PTTL(ctx, k.lock)
-	last := pipe.Get(ctx, k.token)
-	_, err := bounded(ctx, &l.calls, func(ctx context.Context) ([]redis.Cmder, error) { return pipe.Exec(ctx) }, nil)
-	if err != nil && !errors.Is(err, redis.Nil) {
+	state, err := bounded(ctx, &l.calls, func(ctx context.Context) ([]any, error) {
+		reply, _, _, err := l.evalRouted(ctx, stateScript, skeys{names: []string{k.lock, k.token}, boxed: k.boxed[:2]})
+		if err != nil {
+			return nil, err
+		}
+		return reply.Slice()
+	}, nil)
+	if err != nil {
 		return Status{}, fmt.Errorf("redislock: status %q: %w", name, err)
 	}
+	var pttl int64
+	var last string
+	var found, ok bool
+	if len(state) == 2 {
+		pttl, ok = state[0].(int64)
+		last, found = state[1].(string)
+	}
+	if !ok || !found && state[1] != nil {
+		return Status{}, fmt.Errorf("redislock: status %q: unexpected reply %v", name, state)
+	}
 	var s Status
-	switch ttl := pttl.Val(); {
-	case ttl == -2: // no such key (go-redis passes -2 and -1 through unscaled)
-	case ttl == -1:
+	switch pttl {
+	case -2: // no such key
+	case -1:
 		s.Held, s.TTL = true, -1
 	default:
-		s.Held, s.TTL = true, ttl
+		s.Held, s.TTL = true, time.Duration(pttl)*time.Millisecond
 	}
-	v, err := last.Result()
-	return l.status(ctx, name, s, v, err == nil)
-}
-
-// status completes s, read for name, with the token record v (if found)
-// and the replica counts.
-func (l *Locker) status(ctx context.Context, name string, s Status, v string, found bool) (Status, error) {
 	if found {
-		n, err := strconv.ParseInt(v, 10, 64)
+		n, err := strconv.ParseInt(last, 10, 64)
 		if err != nil {
-			return s, fmt.Errorf("redislock: status %q: bad token record %q", name, v)
+			return s, fmt.Errorf("redislock: status %q: bad token record %q", name, last)
 		}
 		s.LastToken = fence.Token(n)
 	}

@@ -11,8 +11,8 @@
 //   - a script by SHA (EVALSHA), sent again in full (EVAL) on NOSCRIPT,
 //     optionally followed on the same connection and in the same round
 //     trip by WAIT (replica sync): acquire, extend, release and the
-//     replica-record script (which reads INFO replication on the server);
-//   - PTTL of the lock and GET of its token record (Locker.Status);
+//     replica-record script (which reads INFO replication on the server)
+//     and the lock-state script of Locker.Status (PTTL and GET);
 //   - SUBSCRIBE to a lock's release channel, held while someone waits;
 //   - whether the client ends its calls at the context's deadline.
 //
@@ -46,10 +46,6 @@ type Conn interface {
 	// matching ErrWait (with WAIT's own), so that redislock gives back
 	// what the script took.
 	Eval(ctx context.Context, s *Script, keys []string, args []any, replicas int, timeout time.Duration) (reply any, acked int, err error)
-
-	// LockState reads PTTL of lock and GET of token in one round trip;
-	// found is false when token does not exist.
-	LockState(ctx context.Context, lock, token string) (pttlMs int64, last string, found bool, err error)
 
 	// Subscribe subscribes to channel and returns when ctx ends or the
 	// subscription breaks (with the reason). It calls ready when the

@@ -1,0 +1,21 @@
+#!lua flags=allow-oom
+-- Reads the lock's state for Status, changing nothing: the lock's PTTL and
+-- the last-token record, in one step (a pipeline of PTTL and GET could
+-- read them on either side of a release or a take).
+-- KEYS[1] the lock, KEYS[2] the last-token record
+--
+-- A script rather than PTTL and GET, which go-redis and rueidis mark
+-- read-only: a client that routes read-only commands to replicas sent
+-- them to a replica, whose copy may be behind its primary or cut off from
+-- it, and Status reported a lock just taken free, with last token 0.
+-- EVALSHA is not read-only: every client sends it to the primary. The
+-- first line declares the script's flags, and a replica refuses a script
+-- so declared without no-writes (READONLY), so a client that sends every
+-- command to a replica gets an error, not the replica's word for its
+-- primary's. allow-oom lets it read a primary over maxmemory, as PTTL and
+-- GET do; a primary that refuses writes for lack of replicas
+-- (min-replicas-to-write: NOREPLICAS) or after a failed save (MISCONF)
+-- refuses it too, as it refuses the other scripts.
+--
+-- Returns {PTTL of the lock, the record or nil}.
+return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
