@@ -172,8 +172,8 @@ func TestReplicaRecordResetsOnFailover(t *testing.T) {
 
 // TestReplicaRecordAbuse: a record that fence did not write refuses
 // acquisitions with an error naming the key (failing closed), until an
-// operator sets or deletes it; a deleted record starts again from the
-// connected count.
+// operator sets or deletes it (Status says so in ReplicasErr); a deleted
+// record starts again from the connected count.
 func TestReplicaRecordAbuse(t *testing.T) {
 	primary := redistest.Start(t)
 	admin := primary.Client(t)
@@ -188,10 +188,9 @@ func TestReplicaRecordAbuse(t *testing.T) {
 		if !errors.Is(err, fence.ErrNotAcquired) || !errors.As(err, &re) || re.Key != replicaRecord {
 			t.Fatalf("record %.20q: %v, want a ReplicaRecordError naming %s", bad, err, replicaRecord)
 		}
-		if bad == "abc" {
-		}
-		if _, err := l.Status(ctx(t), "job"); !errors.As(err, &re) {
-			t.Fatalf("Status with record %.20q: %v", bad, err)
+		// Status reads the lock, and reports the record in ReplicasErr.
+		if st, err := l.Status(ctx(t), "job"); err != nil || !errors.As(st.ReplicasErr, &re) {
+			t.Fatalf("Status with record %.20q: %+v, %v", bad, st, err)
 		}
 	}
 	// A record of another type fails closed, naming the key.

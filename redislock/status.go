@@ -20,6 +20,12 @@ type Status struct {
 	// how many are connected. Fewer connected than expected means that
 	// acquisitions wait for replicas that may not answer.
 	Replicas ReplicaCounts
+
+	// ReplicasErr is why the replica counts could not be read (then
+	// Replicas is zero, which does not mean no replicas), or nil: the
+	// ReplicaCounts error, such as a cluster client over servers not in
+	// cluster mode (see ReplicaSync), or ctx ending after the lock was read.
+	ReplicasErr error
 }
 
 // Status reads the state of the lock called name, and the replica counts of
@@ -31,9 +37,16 @@ type Status struct {
 // RouteByLatency; rueidis's SendToReplicas): a replica may be behind its
 // primary, and would call a held lock free. A replica refuses the script,
 // so on a client that sends every command to a replica
-// (FailoverOptions.ReplicaOnly) Status fails with the server's READONLY.
-// So does it, with NOREPLICAS or MISCONF, on a primary that refuses writes
-// (min-replicas-to-write, a failed save), as it refuses acquisitions.
+// (FailoverOptions.ReplicaOnly) Status fails with the server's READONLY;
+// it fails with NOREPLICAS or MISCONF on a primary that refuses writes
+// (min-replicas-to-write, a failed save), as acquisitions do.
+//
+// An error means the lock could not be read. Replica counts that could not
+// be read do not fail the call: the lock's state is what Status is for, a
+// caller that returns on an error would drop it, and a client that can
+// never read the counts (a cluster client over servers not in cluster
+// mode, with replica sync off) could never tell it. Their error is in
+// Status.ReplicasErr, and Replicas is then zero.
 func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 	if err := l.made(); err != nil {
 		return Status{}, err
@@ -77,10 +90,8 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 		}
 		s.LastToken = fence.Token(n)
 	}
-	r, err := l.ReplicaCounts(ctx, name)
-	if err != nil {
-		return s, fmt.Errorf("redislock: status %q: %w", name, err)
+	if s.Replicas, err = l.ReplicaCounts(ctx, name); err != nil {
+		s.Replicas, s.ReplicasErr = ReplicaCounts{}, err
 	}
-	s.Replicas = r
 	return s, nil
 }

@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -143,9 +144,12 @@ func TestStatusReplicaCountsUnknown(t *testing.T) {
 	if err != nil || !st.Held || st.LastToken != lease.Token() {
 		t.Fatalf("Status = %+v, %v; want held, token %d, no error", st, err, lease.Token())
 	}
+	if !errors.Is(st.ReplicasErr, fence.ErrInvalidOption) || st.Replicas != (redislock.ReplicaCounts{}) {
+		t.Fatalf("Status.Replicas = %+v, ReplicasErr = %v; want zero counts and the error matching ErrInvalidOption", st.Replicas, st.ReplicasErr)
+	}
 	// Where the counts can be read, ReplicasErr is nil.
 	plain := newLockerWith(t, primary.Client(t), redislock.Options{})
-	if st, err := plain.Status(ctx(t), name); err != nil || !st.Held {
+	if st, err := plain.Status(ctx(t), name); err != nil || st.ReplicasErr != nil || !st.Held {
 		t.Fatalf("Status on a plain client = %+v, %v; want held, counts read", st, err)
 	}
 }
