@@ -44,7 +44,8 @@ func statusCmd() *cobra.Command {
 long the holder's lease has left, and the last fencing token issued for the name (0 when the
 token record has expired or never existed), and how many replicas the primary is expected to
 have and has connected (fewer connected than expected: acquisitions wait for replicas that
-may not answer, and are refused). With --redlock it shows the lock on each node, and whether
+may not answer, and are refused), or why those counts could not be read ("replicas unknown",
+the lock's state still shown). With --redlock it shows the lock on each node, and whether
 a quorum holds it (exit 2 when fewer nodes than a quorum answer). It exits 0 whether the lock is held or free, and
 2 on a usage or connection error, or when the servers have not answered within --timeout.
 
@@ -89,11 +90,25 @@ given, it exits 2 rather than read a Redis lock that exec never took.`,
 				return exitWith(ExitUsage, rf.tlsHint(cmd.Context(), err))
 			}
 			out := cmd.OutOrStdout()
+			// Counts that could not be read are unknown, not zero: null in
+			// the JSON, with the reason (the server's text, escaped).
+			var expected, connected any = s.Replicas.Expected, s.Replicas.Connected
+			replicas := fmt.Sprintf("replicas %d expected, %d connected", s.Replicas.Expected, s.Replicas.Connected)
+			var replicasErr string
+			if s.ReplicasErr != nil {
+				expected, connected = nil, nil
+				replicasErr = s.ReplicasErr.Error()
+				replicas = "replicas unknown: " + termtext.Escape(replicasErr)
+			}
 			if asJSON {
-				return encodeJSON(out, map[string]any{
+				j := map[string]any{
 					"name": args[0], "held": s.Held, "ttl_ms": ttlMs(s.Held, s.TTL), "last_token": s.LastToken,
-					"replicas_expected": s.Replicas.Expected, "replicas_connected": s.Replicas.Connected,
-				})
+					"replicas_expected": expected, "replicas_connected": connected,
+				}
+				if replicasErr != "" {
+					j["replicas_error"] = replicasErr
+				}
+				return encodeJSON(out, j)
 			}
 			state := "free"
 			switch {
@@ -102,15 +117,14 @@ given, it exits 2 rather than read a Redis lock that exec never took.`,
 			case s.Held:
 				state = fmt.Sprintf("held, %v left", s.TTL.Round(time.Millisecond))
 			}
-			fmt.Fprintf(out, "%s: %s; last token %d; replicas %d expected, %d connected\n",
-				args[0], state, s.LastToken, s.Replicas.Expected, s.Replicas.Connected)
+			fmt.Fprintf(out, "%s: %s; last token %d; %s\n", args[0], state, s.LastToken, replicas)
 			return nil
 		},
 	}
 	rf.register(cmd)
 	rl.register(cmd)
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "give up, with exit status 2, when the servers have not answered within this time")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, held, ttl_ms (-1: held without expiry), last_token, replicas_expected, replicas_connected")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: name, held, ttl_ms (-1: held without expiry), last_token, replicas_expected, replicas_connected (both null when unknown, with replicas_error)")
 	return cmd
 }
 
