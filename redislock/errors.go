@@ -42,13 +42,27 @@ func lateReply(sent, replied time.Time, ttl time.Duration) error {
 	return fmt.Errorf("%w: %v after the try was sent, past the lease's deadline (lease time %v); given back", errLateReply, replied.Sub(sent).Round(time.Millisecond), ttl)
 }
 
-// scriptError turns the acquire script's refusal into ErrBadTokenRecord and
-// leaves other errors as they are.
+// scriptError turns the acquire script's refusal into ErrBadTokenRecord,
+// explains a replica's (see onReplica) and leaves other errors as they are.
 func scriptError(err error) error {
 	if redis.HasErrorPrefix(err, "FENCETOKEN") {
 		return fmt.Errorf("%w: %s", ErrBadTokenRecord, err.Error()[len("FENCETOKEN "):])
 	}
-	return err
+	return onReplica(err)
+}
+
+// onReplica adds to err, when a replica refused the command (READONLY),
+// the two ways that happens: a failover under way, which a wait retries,
+// or a client that sends commands to a replica, such as a Sentinel client
+// with ReplicaOnly, which can neither take a lock nor read one. New cannot
+// refuse that client (go-redis keeps ReplicaOnly inside its dialer, and
+// New sends nothing), and its bare READONLY, after a wait spent retrying
+// it, did not say so (TestReplicaOnlyFailoverClient).
+func onReplica(err error) error {
+	if err == nil || !redis.HasErrorPrefix(err, "READONLY") {
+		return err
+	}
+	return fmt.Errorf("%w (the command reached a replica: a failover under way, or a client that sends commands to replicas, such as redis.FailoverOptions.ReplicaOnly, through which locks can be neither taken nor read)", err)
 }
 
 // closedClient makes err, when a go-redis client was closed

@@ -63,7 +63,7 @@ func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
 		return reply.Slice()
 	}, nil)
 	if err != nil {
-		return Status{}, fmt.Errorf("redislock: status %q: %w", name, err)
+		return Status{}, fmt.Errorf("redislock: status %q: %w", name, onReplica(err))
 	}
 	var pttl int64
 	var last string
