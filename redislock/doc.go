@@ -104,6 +104,21 @@
 // lock only when their timers fire. Use a Cluster, or a Sentinel-managed
 // primary, where a lock must hold while a node is lost.
 //
+// # Clients that read from replicas
+//
+// A client that routes read-only commands to replicas (ClusterOptions
+// ReadOnly, RouteRandomly or RouteByLatency, over a cluster or over a
+// primary and its replicas given as its slots, as
+// redis.NewFailoverClusterClient builds it) takes and reads locks on the
+// primary: every call is a script (EVALSHA, which no client takes for a
+// read), Locker.Status's read of the lock's PTTL and token record
+// included, which a replica behind its primary would report free. Its
+// waiters may subscribe on a replica, which hears the grants: Redis
+// replicates them. A client that sends every command to a replica
+// (redis.FailoverOptions.ReplicaOnly) can neither take nor read a lock;
+// New cannot tell it (go-redis keeps that option in its dialer), and each
+// call fails with the replica's READONLY, its error saying why.
+//
 // # Waiting
 //
 // A caller that finds the lock held and has a wait budget queues, in the
