@@ -22,7 +22,8 @@ import (
 // read the replica's copy of the lock, which may be behind (a lock just
 // taken reported free: TestStatusOnReplicaRoutingClient). Now the error says
 // that the command reached a replica and names ReplicaOnly, and Status
-// fails (the replica refuses state.lua) rather than answer for the primary.
+// fails (state.lua refuses to read on a replica) rather than answer for the
+// primary.
 func TestReplicaOnlyFailoverClient(t *testing.T) {
 	primary := redistest.Start(t)
 	redistest.StartReplica(t, primary)

@@ -1,4 +1,3 @@
-#!lua flags=allow-oom
 -- Reads the lock's state for Status, changing nothing: the lock's PTTL and
 -- the last-token record, in one step (a pipeline of PTTL and GET could
 -- read them on either side of a release or a take).
@@ -8,14 +7,17 @@
 -- read-only: a client that routes read-only commands to replicas sent
 -- them to a replica, whose copy may be behind its primary or cut off from
 -- it, and Status reported a lock just taken free, with last token 0.
--- EVALSHA is not read-only: every client sends it to the primary. The
--- first line declares the script's flags, and a replica refuses a script
--- so declared without no-writes (READONLY), so a client that sends every
--- command to a replica gets an error, not the replica's word for its
--- primary's. allow-oom lets it read a primary over maxmemory, as PTTL and
--- GET do; a primary that refuses writes for lack of replicas
--- (min-replicas-to-write: NOREPLICAS) or after a failed save (MISCONF)
--- refuses it too, as it refuses the other scripts.
+-- EVALSHA is not read-only: every client sends it to the primary. A client
+-- that sends every command to a replica (or a primary demoted by a
+-- failover) gets READONLY, not the replica's word for its primary's: the
+-- script asks the server its role. It declares no flags (#!lua): a script
+-- so declared without no-writes is refused as a write by a primary that
+-- refuses writes, for lack of replicas (min-replicas-to-write: NOREPLICAS)
+-- or after a failed save (MISCONF), which is when an operator reads the
+-- lock's state (TestStatusOnPrimaryRefusingWrites).
 --
 -- Returns {PTTL of the lock, the record or nil}.
+if string.find(redis.call('INFO', 'replication'), 'role:slave', 1, true) then
+  return redis.error_reply("READONLY the lock's state read on a replica, which may be behind its primary")
+end
 return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}

@@ -35,11 +35,11 @@ type Status struct {
 // or rueidis client sends to a replica, even one that routes read-only
 // commands to replicas (ClusterOptions.ReadOnly, RouteRandomly,
 // RouteByLatency; rueidis's SendToReplicas): a replica may be behind its
-// primary, and would call a held lock free. A replica refuses the script,
-// so on a client that sends every command to a replica
-// (FailoverOptions.ReplicaOnly) Status fails with the server's READONLY;
-// it fails with NOREPLICAS or MISCONF on a primary that refuses writes
-// (min-replicas-to-write, a failed save), as acquisitions do.
+// primary, and would call a held lock free. The script refuses to read on
+// a replica, so on a client that sends every command to a replica
+// (FailoverOptions.ReplicaOnly) Status fails with READONLY. A primary that
+// refuses writes (min-replicas-to-write, a failed save) still answers it:
+// that is when an operator reads the lock's state.
 //
 // An error means the lock could not be read. Replica counts that could not
 // be read do not fail the call: the lock's state is what Status is for, a

@@ -153,3 +153,27 @@ func TestStatusReplicaCountsUnknown(t *testing.T) {
 		t.Fatalf("Status on a plain client = %+v, %v; want held, counts read", st, err)
 	}
 }
+
+// TestStatusOnPrimaryRefusingWrites: Status reads the lock on a primary that
+// refuses writes, for lack of replicas (min-replicas-to-write: NOREPLICAS) or
+// after a failed save (MISCONF): that is when an operator runs `fence
+// status`. state.lua, declared with flags (#!lua flags=allow-oom) so that a
+// replica would refuse it, was refused there as a write: "NOREPLICAS Not
+// enough good replicas to write." for a lease taken before the replica left.
+func TestStatusOnPrimaryRefusingWrites(t *testing.T) {
+	primary := redistest.Start(t)
+	admin := primary.Client(t)
+	l := newLockerWith(t, admin, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	const name = "lock:status-noreplicas"
+	lease := acquire(t, l, name, fence.TTL(time.Minute))
+	if err := admin.ConfigSet(ctx(t), "min-replicas-to-write", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Set(ctx(t), "probe", "1", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOREPLICAS") {
+		t.Fatalf("a write on the primary without replicas = %v; want NOREPLICAS (the premise)", err)
+	}
+	st, err := l.Status(ctx(t), name)
+	if err != nil || !st.Held || st.LastToken != lease.Token() {
+		t.Fatalf("Status on a primary refusing writes (NOREPLICAS) = %+v, %v; want held, token %d", st, err, lease.Token())
+	}
+}
