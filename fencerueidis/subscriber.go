@@ -129,12 +129,21 @@ func (s *subscriber) onMessage(m rueidis.PubSubMessage) {
 }
 
 // onSubscription confirms the readers of a subscribed channel: each is
-// told once, after which it gets the channel's messages.
+// told once, after which it gets the channel's messages. A reply read
+// while an UNSUBSCRIBE of the channel is under way answers a SUBSCRIBE
+// sent before it (a reader's SUBSCRIBE waits for it), which it ends: it
+// confirmed a reader that came meanwhile, told ready on a channel about to
+// be unsubscribed, and not told again on its own SUBSCRIBE's reply, so a
+// release published in between was lost (TestStaleSubscribeReplyConfirms).
 func (s *subscriber) onSubscription(sub rueidis.PubSubSubscription) {
 	if sub.Kind != "subscribe" {
 		return
 	}
 	s.subs.mu.Lock()
+	if s.unsubs[sub.Channel] != nil {
+		s.subs.mu.Unlock()
+		return
+	}
 	var to []*reader
 	for r, confirmed := range s.readers[sub.Channel] {
 		if !confirmed {
