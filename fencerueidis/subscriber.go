@@ -162,7 +162,13 @@ func (s *subscriber) onSubscription(sub rueidis.PubSubSubscription) {
 // confirmed again). A failure other than the server's reply leaves the
 // connection in doubt, so it is closed: its readers subscribe again on a
 // new one. When ctx ends during the call, rueidis still sends the
-// SUBSCRIBE it queued, before the UNSUBSCRIBE of leave.
+// SUBSCRIBE it queued, before the UNSUBSCRIBE of leave. A reader that
+// joined as the connection died, or as the adapter closed it, finds it
+// closed (ErrDedicatedClientRecycled, or ErrClosing while it closes): that
+// is no lasting failure, and redislock, which does not retry rueidis's
+// errors, failed the wait with it (TestFloodOfWaitedNames, resp2-killed);
+// it subscribes again on ErrUnsubscribed. (A closed client is told apart
+// by Subscribe, from the client's flag.)
 func (s *subscriber) subscribe(ctx context.Context, channel string) error {
 	select {
 	case <-s.up:
@@ -185,6 +191,9 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) error {
 	err := s.dc.Do(ctx, s.dc.B().Subscribe().Channel(channel).Build()).Error()
 	if _, refused := rueidis.IsRedisErr(err); err != nil && !refused && ctx.Err() == nil {
 		s.dc.Close()
+		if errors.Is(err, rueidis.ErrDedicatedClientRecycled) || errors.Is(err, rueidis.ErrClosing) {
+			return redisconn.ErrUnsubscribed
+		}
 	}
 	return err
 }
