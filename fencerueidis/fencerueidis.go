@@ -519,16 +519,25 @@ func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func
 // one went on waiting for a release, up to its whole budget, after its
 // client was closed (TestClientClosedUnderWaiter), where go-redis's and
 // RESP3's subscriptions end at once. The watch ends with ctx; it costs a
-// subscription on the client's RESP2 pub/sub connection, no command.
+// subscription on the client's RESP2 pub/sub connection, no command. A
+// Receive that ends otherwise (its connection killed, on a client with
+// DisableRetry, whose Receive gives up at once) is made again after a
+// back-off: the watch ended there, and a waiter went on waiting after
+// Close (TestClientClosedUnderWaiter, resp2-watch-killed-noretry).
 func (c conn) watchClose(ctx context.Context) <-chan error {
 	closed := make(chan error, 1)
 	go func() {
 		watch := "fencerueidis:closing:" + rand.Text()
-		on, err := c.receive(ctx, watch, func(rueidis.PubSubMessage) {})
-		if ctx.Err() != nil && !errors.Is(err, rueidis.ErrClosing) {
-			c.unsubscribe(watch, on)
+		for failures := 1; ; failures++ {
+			on, err := c.receive(ctx, watch, func(rueidis.PubSubMessage) {})
+			if ctx.Err() != nil && !errors.Is(err, rueidis.ErrClosing) {
+				c.unsubscribe(watch, on)
+			}
+			if errors.Is(err, rueidis.ErrClosing) || !pause.For(ctx, pause.Backoff(failures)) {
+				closed <- err
+				return
+			}
 		}
-		closed <- err
 	}()
 	return closed
 }

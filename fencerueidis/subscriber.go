@@ -89,11 +89,8 @@ func (s *subscriber) run(c conn) {
 				err = redisconn.ErrUnsubscribed
 			}
 			done = true
-		case e := <-closed:
-			closed = nil // the watch ended otherwise: the connection goes on
-			if errors.Is(e, rueidis.ErrClosing) {
-				err, done = e, true
-			}
+		case err = <-closed: // the client was closed
+			closed, done = nil, true
 		case <-s.quit:
 			done = true
 		}
