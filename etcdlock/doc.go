@@ -204,6 +204,6 @@
 // with an error matching fence.ErrClosed (the Locker can grant no more
 // leases: fence.Lead stops campaigning), and so do Acquire and Extend
 // after Locker.Close, whose wait the work they start would escape; after
-// it, a revoke that does not get through is not retried in the
-// background.
+// a Close that saw the Extends under way through, a revoke that does not
+// get through is not retried in the background.
 package etcdlock

@@ -83,9 +83,10 @@ type Locker struct {
 	// lease, a settle), and a released lock's etcd lease is revoked,
 	// not kept.
 	closed bool
-	// drained: Close has listed the revokes retried in the background to
-	// wait for; a revoke that does not get through is no longer left to
-	// the background, where no Close would wait for it.
+	// drained: a Close that saw the settles it waited for through has
+	// listed the revokes retried in the background to wait for; a revoke
+	// that does not get through is no longer left to the background,
+	// where no Close would wait for it.
 	drained bool
 	// givingBack: the etcd leases giveBack retries a revoke of in the
 	// background, one goroutine each, whose channel is closed when it
@@ -202,7 +203,9 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // within their lease time; a settle cut by the client's close ends its
 // lease as lost, and a key whose revoke it cuts stays until its etcd
 // lease expires. Close may be called again: it waits for what is under
-// way then.
+// way then. A Close whose ctx ends before the settles are through leaves
+// revokes to be retried in the background as before, for the next Close
+// to wait for.
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
@@ -215,15 +218,19 @@ func (l *Locker) Close(ctx context.Context) error {
 		settling = append(settling, settled)
 	}
 	l.mu.Unlock()
-	if left := waitAll(ctx, settling); left > 0 {
+	left := waitAll(ctx, settling)
+	if left > 0 {
 		first = fmt.Errorf("etcdlock: close: %d Extend(s) still under way or settling their move in the background: %w", left, ctx.Err())
 	}
 	// Then the revokes retried in the background, those of the settles
 	// among them: one that holds a key (of a lease lost, or whose Release
 	// failed) would be cut by the client's close, and the key left for
 	// its etcd lease's whole TTL (TestCloseWaitsForBackgroundRevokes).
+	// Retries stop only once the settles are through: one still going on
+	// may yet leave a revoke to be retried, for a Close called again to
+	// wait for (TestCloseAgainWaitsForSettlesRevoke).
 	l.mu.Lock()
-	l.drained = true
+	l.drained = l.drained || left == 0
 	retrying := make([]chan struct{}, 0, len(l.givingBack))
 	for _, retried := range l.givingBack {
 		retrying = append(retrying, retried)
