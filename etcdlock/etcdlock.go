@@ -88,9 +88,10 @@ type Locker struct {
 	// that does not get through is no longer left to the background,
 	// where no Close would wait for it.
 	drained bool
-	// givingBack: the etcd leases giveBack retries a revoke of in the
-	// background, one goroutine each, whose channel is closed when it
-	// returns, for Close.
+	// givingBack: the etcd leases giveBack revokes, from its first
+	// attempt on (sent from the background by a lease's run, or by Err),
+	// then retries a revoke of in the background, one goroutine each,
+	// whose channel is closed when the give-back ends, for Close.
 	givingBack map[clientv3.LeaseID]chan struct{}
 	// settling holds the Extends under way, and those whose move is
 	// being settled in the background (see settleBehind), one goroutine
@@ -185,8 +186,10 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // settle in the background), after Close had returned. Close waits,
 // within ctx, for the Extends under way and those whose move is being
 // settled in the background (an Extend whose ctx ended with the move
-// unanswered; see Lease.Extend), then for the revokes being retried in
-// the background (see Lease.Release; those of the settles too), so that
+// unanswered; see Lease.Extend), then for the revokes under way (a lost
+// lease's, sent from the background by its run or by Err, from their
+// first attempt on) or being retried in the background (see
+// Lease.Release; those of the settles too), so that
 // the client can be closed after it without cutting them; then it revokes
 // the etcd leases the Locker keeps for reuse (they hold no key) and
 // returns the first error. Each revoke is tried again on the next member
@@ -712,9 +715,9 @@ func (l *Locker) revokeWithin(ctx context.Context, id clientv3.LeaseID, d time.D
 // TTL is no bound for the retries: only a leader expires etcd leases, and
 // a new leader gives each its whole TTL again (a cluster that lost its
 // quorum for longer than the TTL still has it when the quorum is back).
-// One retry runs per etcd lease: a call that finds one running for id (a
-// Release retried while the cluster hangs) leaves it to it, and its
-// revoked is not called. revoked, if not nil, is called once a revoke has
+// One give-back retries per etcd lease: a call that finds one under way
+// for id (a Release retried while the cluster hangs) tries once and
+// leaves the retries to it, and its revoked is not called by them. revoked, if not nil, is called once a revoke has
 // got through. It returns the first revoke's error.
 func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func()) error {
 	return l.giveBackFirstWithin(ctx, id, revoked, cleanupTimeout)
@@ -723,6 +726,35 @@ func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func
 // giveBackFirstWithin is giveBack with its first revoke bounded by first
 // rather than cleanupTimeout (the retries in the background are not).
 func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, revoked func(), first time.Duration) error {
+	return l.giveBackCounted(ctx, l.countGiveBack(id), id, revoked, first)
+}
+
+// countGiveBack counts a give-back of id for Close from its first revoke
+// on, not only once it is retried: one sent from the background (a lost
+// lease's run, Err) is under way as Close is called, and the client's
+// close would cut it (TestCloseWaitsForRunsRevoke). It returns the channel
+// that giveBackCounted closes as the give-back ends, or nil, counting
+// nothing, if one of id is under way (it retries if need be) or once Close
+// has drained (Close no longer waits for a retry started now, and the
+// client is closed after it: TestReleaseAfterCloseLeavesNoRetry).
+func (l *Locker) countGiveBack(id clientv3.LeaseID) chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, running := l.givingBack[id]; running || l.drained {
+		return nil
+	}
+	if l.givingBack == nil {
+		l.givingBack = make(map[clientv3.LeaseID]chan struct{})
+	}
+	counted := make(chan struct{})
+	l.givingBack[id] = counted
+	return counted
+}
+
+// giveBackCounted is giveBackFirstWithin for a give-back that
+// countGiveBack counted (counted, its channel), or did not (nil: the
+// revoke is tried once only).
+func (l *Locker) giveBackCounted(ctx context.Context, counted chan struct{}, id clientv3.LeaseID, revoked func(), first time.Duration) error {
 	// try revokes once, within d, and reports whether that settles it.
 	try := func(ctx context.Context, d time.Duration) (bool, error) {
 		err := l.revokeWithin(ctx, id, d)
@@ -731,30 +763,22 @@ func (l *Locker) giveBackFirstWithin(ctx context.Context, id clientv3.LeaseID, r
 		}
 		return err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errClientClosed), err
 	}
-	settled, err := try(ctx, first)
-	if settled {
-		return err
-	}
-	l.mu.Lock()
-	if _, running := l.givingBack[id]; running || l.drained {
-		// drained: Close no longer waits for a retry started now, and
-		// the client is closed after it (TestReleaseAfterCloseLeavesNoRetry).
+	ended := func() {
+		l.mu.Lock()
+		delete(l.givingBack, id)
+		close(counted)
 		l.mu.Unlock()
+	}
+	settled, err := try(ctx, first)
+	if counted == nil {
 		return err
 	}
-	if l.givingBack == nil {
-		l.givingBack = make(map[clientv3.LeaseID]chan struct{})
+	if settled {
+		ended()
+		return err
 	}
-	retried := make(chan struct{})
-	l.givingBack[id] = retried
-	l.mu.Unlock()
 	go func() {
-		defer func() {
-			l.mu.Lock()
-			delete(l.givingBack, id)
-			close(retried)
-			l.mu.Unlock()
-		}()
+		defer ended()
 		closed := l.client.Ctx().Done()
 		pause := time.NewTimer(retryInterval)
 		defer pause.Stop()

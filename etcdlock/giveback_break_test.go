@@ -33,7 +33,7 @@ func giveBacks() int {
 	count := 0
 	for _, g := range bytes.Split(buf, []byte("\n\n")) {
 		for _, line := range bytes.Split(g, []byte("\n")) {
-			if bytes.HasPrefix(line, []byte("github.com/fencekit/fence/etcdlock.(*Locker).giveBackFirstWithin.func")) {
+			if bytes.HasPrefix(line, []byte("github.com/fencekit/fence/etcdlock.(*Locker).giveBackCounted.func")) {
 				count++
 				break
 			}

@@ -188,7 +188,11 @@ func (ls *Lease) Err() error {
 	err, id := ls.err, ls.id
 	ls.mu.Unlock()
 	if report != nil {
-		go ls.l.giveBack(ls.ctx, id, nil) // as run does; Err must not wait for etcd
+		// As run does; Err must not wait for etcd. Counted before
+		// the report, whose callback may close the Locker
+		// (TestCloseWaitsForErrsRevoke).
+		counted := ls.l.countGiveBack(id)
+		go ls.l.giveBackCounted(ls.ctx, counted, id, nil, cleanupTimeout)
 		report()
 	}
 	return err
