@@ -208,7 +208,8 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // lease expires. Close may be called again: it waits for what is under
 // way then. A Close whose ctx ends before the settles are through leaves
 // revokes to be retried in the background as before, for the next Close
-// to wait for.
+// to wait for, and the kept etcd leases it could not revoke stay kept,
+// for the next Close to revoke.
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
@@ -246,6 +247,7 @@ func (l *Locker) Close(ctx context.Context) error {
 	spares := l.spares
 	l.spares = nil
 	l.mu.Unlock()
+	var failed []spare
 	for _, sp := range spares {
 		// Per attempt, as every call: a revoke sent to a member that
 		// hangs would wait for ever.
@@ -253,9 +255,19 @@ func (l *Locker) Close(ctx context.Context) error {
 			_, err := l.client.Revoke(ctx, sp.id)
 			return err
 		})
-		if err != nil && first == nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			first = fmt.Errorf("etcdlock: close: revoke %x: %w", int64(sp.id), err)
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// Kept for a Close called again: forgotten, it stayed on
+			// etcd for its whole TTL (TestCloseAgainRevokesSpares).
+			failed = append(failed, sp)
+			if first == nil {
+				first = fmt.Errorf("etcdlock: close: revoke %x: %w", int64(sp.id), err)
+			}
 		}
+	}
+	if len(failed) > 0 {
+		l.mu.Lock()
+		l.spares = append(l.spares, failed...)
+		l.mu.Unlock()
 	}
 	return first
 }
