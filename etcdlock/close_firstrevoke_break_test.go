@@ -33,12 +33,12 @@ func (r *revokeCutCounter) intercept(ctx context.Context, method string, req, re
 	return err
 }
 
-// waitCount waits, up to 5 s, for n to reach at least want.
+// waitCount waits, up to 10 s, for n to reach at least want.
 func waitCount(t *testing.T, n *atomic.Int64, want int64, what string) {
 	t.Helper()
-	for end := time.Now().Add(5 * time.Second); n.Load() < want; {
+	for end := time.Now().Add(10 * time.Second); n.Load() < want; {
 		if time.Now().After(end) {
-			t.Fatalf("%s: %d, want %d, 5 s later:\n%s", what, n.Load(), want, observetest.Stacks())
+			t.Fatalf("%s: %d, want %d, 10 s later:\n%s", what, n.Load(), want, observetest.Stacks())
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}

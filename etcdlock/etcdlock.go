@@ -101,6 +101,11 @@ type Locker struct {
 	// had Close wait for every settle that started after it, for as long
 	// as they overlapped: TestCloseWaitsOnlyForSettlesUnderWay).
 	settling map[chan struct{}]struct{}
+	// closing holds a token while a Close runs (made by the first): a
+	// Close called meanwhile waits for it, within its ctx, rather than
+	// return while the other still revokes the spares it took
+	// (TestConcurrentCloseWaitsForSpares).
+	closing chan struct{}
 
 	starter starter // starts the runs of its leases
 }
@@ -189,10 +194,10 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // unanswered; see Lease.Extend), then for the revokes under way (a lost
 // lease's, sent from the background by its run or by Err, from their
 // first attempt on) or being retried in the background (see
-// Lease.Release; those of the settles too), so that
-// the client can be closed after it without cutting them; then it revokes
-// the etcd leases the Locker keeps for reuse (they hold no key) and
-// returns the first error. Each revoke is tried again on the next member
+// Lease.Release; those of the settles too), so that the client can be
+// closed after it without cutting them; then it revokes the etcd leases
+// the Locker keeps for reuse (they hold no key) and returns the first
+// error. Each revoke is tried again on the next member
 // after an attempt timeout, as every call is, within ctx.
 //
 // Leases held, and Acquires waiting in line, go on: their runs renew and
@@ -205,18 +210,36 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // Calling Close is optional: unused, the kept etcd leases expire on etcd
 // within their lease time; a settle cut by the client's close ends its
 // lease as lost, and a key whose revoke it cuts stays until its etcd
-// lease expires. Close may be called again: it waits for what is under
-// way then. A Close whose ctx ends before the settles are through leaves
-// revokes to be retried in the background as before, for the next Close
-// to wait for, and the kept etcd leases it could not revoke stay kept,
-// for the next Close to revoke.
+// lease expires. Close may be called again: it waits for a Close under
+// way to return, then for what is under way. A Close whose ctx ends
+// before the settles are through leaves revokes to be retried in the
+// background as before, for the next Close to wait for, and the kept
+// etcd leases it could not revoke stay kept, for the next Close to
+// revoke.
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
 	}
-	var first error
 	l.mu.Lock()
 	l.closed = true
+	if l.closing == nil {
+		l.closing = make(chan struct{}, 1)
+	}
+	closing := l.closing
+	l.mu.Unlock()
+	select {
+	case closing <- struct{}{}:
+	default:
+		// Waited for within ctx; free, taken even if ctx has ended.
+		select {
+		case closing <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("etcdlock: close: another Close still under way: %w", ctx.Err())
+		}
+	}
+	defer func() { <-closing }()
+	var first error
+	l.mu.Lock()
 	settling := make([]chan struct{}, 0, len(l.settling))
 	for settled := range l.settling {
 		settling = append(settling, settled)
