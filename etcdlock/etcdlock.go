@@ -197,8 +197,8 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // Lease.Release; those of the settles too), so that the client can be
 // closed after it without cutting them; then it revokes the etcd leases
 // the Locker keeps for reuse (they hold no key) and returns the first
-// error. Each revoke is tried again on the next member
-// after an attempt timeout, as every call is, within ctx.
+// error. Each revoke is tried again on the next member after an attempt
+// timeout, as every call is, within ctx.
 //
 // Leases held, and Acquires waiting in line, go on: their runs renew and
 // watch them until they end or the client is closed, and Release frees
@@ -249,8 +249,8 @@ func (l *Locker) Close(ctx context.Context) error {
 	if left > 0 {
 		first = fmt.Errorf("etcdlock: close: %d Extend(s) still under way or settling their move in the background: %w", left, ctx.Err())
 	}
-	// Then the revokes retried in the background, those of the settles
-	// among them: one that holds a key (of a lease lost, or whose Release
+	// Then the revokes under way or retried in the background, those of
+	// the settles among them: one that holds a key (of a lease lost, or whose Release
 	// failed) would be cut by the client's close, and the key left for
 	// its etcd lease's whole TTL (TestCloseWaitsForBackgroundRevokes).
 	// Retries stop only once the settles are through: one still going on
@@ -752,8 +752,9 @@ func (l *Locker) revokeWithin(ctx context.Context, id clientv3.LeaseID, d time.D
 // quorum for longer than the TTL still has it when the quorum is back).
 // One give-back retries per etcd lease: a call that finds one under way
 // for id (a Release retried while the cluster hangs) tries once and
-// leaves the retries to it, and its revoked is not called by them. revoked, if not nil, is called once a revoke has
-// got through. It returns the first revoke's error.
+// leaves the retries to it, which do not call its revoked. revoked, if
+// not nil, is called once a revoke has got through. It returns the first
+// revoke's error.
 func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func()) error {
 	return l.giveBackFirstWithin(ctx, id, revoked, cleanupTimeout)
 }
