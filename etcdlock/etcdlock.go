@@ -708,7 +708,7 @@ func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.C
 var errClientClosed = fmt.Errorf("etcdlock: the etcd client was closed: %w", fence.ErrClosed)
 
 // errLockerClosed is why Acquire and Extend fail after Locker.Close.
-var errLockerClosed = fmt.Errorf("etcdlock: the Locker was closed: %w", fence.ErrClosed)
+var errLockerClosed = fmt.Errorf("the Locker was closed: %w", fence.ErrClosed)
 
 // isClosed reports whether Close was called.
 func (l *Locker) isClosed() bool {
