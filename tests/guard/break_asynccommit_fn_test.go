@@ -1,0 +1,51 @@
+package guard_test
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/guard"
+)
+
+// TestFenceSurvivesCrashAfterSetLocalInFn: Tx's fence makes the fenced
+// transaction's synchronous_commit local (durable) when the session's is
+// off, but the setting in force at the commit is what counts, and fn ran
+// after the fence: an fn that turns it off for its own transaction (SET
+// LOCAL synchronous_commit = off, the documented idiom for writes one can
+// afford to lose, here or in a function it calls) made the fenced commit
+// asynchronous again. Before the fix token 7's Tx was acknowledged, lost
+// in the crash (last token after the recovery: 3), and the stale token 5
+// was accepted.
+func TestFenceSurvivesCrashAfterSetLocalInFn(t *testing.T) {
+	db, dsn := asyncCommitDB(t)
+	setup(t, db)
+	fenced := func(db *sql.DB, token fence.Token) error {
+		return guard.Tx(ctx(t), db, "payment:1001", token, func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx(t), `SET LOCAL synchronous_commit = off`); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx(t), `UPDATE payment SET status = 'APPROVED', approved_by = $1 WHERE id = 1001`, fmt.Sprint(token))
+			return err
+		})
+	}
+	if err := fenced(db, 3); err != nil {
+		t.Fatal(err)
+	}
+	crashAfter(t, db, dsn, func() {
+		if err := fenced(db, 7); err != nil {
+			t.Fatalf("the newer holder's Tx: %v", err)
+		}
+	})
+	after := openPG(t, dsn)
+	last := lastToken(t, after, "payment:1001")
+	err := fenced(after, 5)
+	if err == nil {
+		t.Fatalf("after a crash, the older holder's token 5 was accepted, though token 7's Tx was acknowledged before it (last token after the recovery: %d)", last)
+	}
+	if !errors.Is(err, guard.ErrStale) {
+		t.Fatalf("the older holder's Tx after the crash: %v, want ErrStale", err)
+	}
+}
