@@ -57,7 +57,8 @@
 //     On PostgreSQL the fenced transaction commits durably even under
 //     synchronous_commit off (local for it), as do Table.Update and
 //     Once: a fence lost in a crash after its commit was acknowledged
-//     let an older token in.
+//     let an older token in. fn must not turn it off again (SET LOCAL
+//     synchronous_commit = off): the commit follows the last setting.
 //     ErrRetry reports a serialization failure, deadlock, lock timeout or
 //     SQLITE_BUSY: nothing was written; retry with a new lease. For SQLite, open the
 //     database with SQLiteDSN (WAL, busy timeout, BEGIN IMMEDIATE).

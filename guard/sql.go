@@ -260,7 +260,12 @@ func sqlState(err error) string {
 // synchronous_commit is off: it is made local for that transaction, so
 // that a crash after the commit's reply does not lose the token and let an
 // older holder's in (TestFenceSurvivesCrashUnderAsyncCommit). That is one
-// WAL flush per fenced commit, as under the default setting.
+// WAL flush per fenced commit, as under the default setting. The commit
+// follows the setting in force when it runs: turning synchronous_commit
+// off after the fence, in the same transaction (SET LOCAL, SET or
+// set_config in Tx's fn, or in a function it calls), makes the commit
+// asynchronous again, and a crash after its reply can lose the token
+// (TestFenceSurvivesCrashAfterSetLocalInFn).
 func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
 	if err := checkQuerier(q); err != nil {
 		return err
