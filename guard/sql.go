@@ -327,10 +327,13 @@ func fenceCall(ctx context.Context, q Querier, resource string, token fence.Toke
 // of it). It knows SQLite's refusal by its own words: any other error
 // naming set_config (PostgreSQL's permission denied, flattened by a
 // wrapper with pg's text in it) is returned, not taken for SQLite's
-// (TestDurableFormNotDroppedOnPostgreSQL).
+// (TestDurableFormNotDroppedOnPostgreSQL). The plain form is sent even if
+// ctx has ended since the refusal: database/sql then returns ctx's error
+// without running it, and the caller learns that ctx ended, not of
+// SQLite's refusal (TestCancelAfterDurableFormRefused).
 func execDurable(ctx context.Context, q Querier, pg, plain string, args ...any) (sql.Result, error) {
 	res, err := q.ExecContext(ctx, pg, args...)
-	if err != nil && pg != plain && ctx.Err() == nil && strings.Contains(err.Error(), "no such function: set_config") {
+	if err != nil && pg != plain && strings.Contains(err.Error(), "no such function: set_config") {
 		return q.ExecContext(ctx, plain, args...)
 	}
 	return res, err
