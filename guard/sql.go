@@ -102,8 +102,11 @@ WHERE fence_tokens.token - excluded.token < 0`
 	durableCommit = `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) IS NOT NULL`
 	insertIdemKey = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 	// PostgreSQL's form, whose transaction commits durably, as a fence's
-	// (TestOnceKeySurvivesCrashUnderAsyncCommit).
-	insertIdemKeyPG = `INSERT INTO fence_idempotency (key) VALUES (CASE WHEN ` + durableCommit + ` THEN $1::text END) ON CONFLICT (key) DO NOTHING`
+	// (TestOnceKeySurvivesCrashUnderAsyncCommit). The condition is the
+	// SELECT's, so that the key is typed by its column, as in the plain
+	// insert: a key column of another type than text (a UUID) refused
+	// the key cast to text (TestOnceKeyColumnOfOwnType).
+	insertIdemKeyPG = `INSERT INTO fence_idempotency (key) SELECT $1 WHERE ` + durableCommit + ` ON CONFLICT (key) DO NOTHING`
 	maxIdemKeyBytes = 512
 )
 
