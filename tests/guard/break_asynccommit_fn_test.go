@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/pgtest"
 )
 
 // TestFenceSurvivesCrashAfterSetLocalInFn: Tx's fence makes the fenced
@@ -38,7 +39,7 @@ func TestFenceSurvivesCrashAfterSetLocalInFn(t *testing.T) {
 	if err := fenced(db, 3); err != nil {
 		t.Fatal(err)
 	}
-	crashAfter(t, db, dsn, func() {
+	pgtest.CrashAfter(t, db, dsn, func() {
 		if err := fenced(db, 7); err != nil {
 			t.Fatalf("the newer holder's Tx: %v", err)
 		}

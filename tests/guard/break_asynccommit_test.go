@@ -1,13 +1,10 @@
 package guard_test
 
 import (
-	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
@@ -63,7 +60,7 @@ func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 			if err := fenced(db, 3); err != nil {
 				t.Fatal(err)
 			}
-			crashAfter(t, db, dsn, func() {
+			pgtest.CrashAfter(t, db, dsn, func() {
 				if err := fenced(db, 7); err != nil {
 					t.Fatalf("the newer holder's fence: %v", err)
 				}
@@ -99,7 +96,7 @@ func TestOnceKeySurvivesCrashUnderAsyncCommit(t *testing.T) {
 	if err := guard.CreateTables(ctx(t), db); err != nil {
 		t.Fatal(err)
 	}
-	crashAfter(t, db, dsn, func() {
+	pgtest.CrashAfter(t, db, dsn, func() {
 		if err := guard.Once(ctx(t), db, "approve:1001"); err != nil {
 			t.Fatalf("the first Once: %v", err)
 		}
@@ -114,7 +111,7 @@ func TestOnceKeySurvivesCrashUnderAsyncCommit(t *testing.T) {
 }
 
 // asyncCommitDB returns a database, and its DSN, on a PostgreSQL server of
-// the test's own (crashAfter crashes it) that runs with synchronous_commit
+// the test's own (pgtest.CrashAfter crashes it) that runs with synchronous_commit
 // off.
 func asyncCommitDB(t *testing.T) (*sql.DB, string) {
 	t.Helper()
@@ -138,28 +135,6 @@ func asyncCommitDB(t *testing.T) (*sql.DB, string) {
 	return db, srv.DSN(name)
 }
 
-// crashAfter makes what db holds durable (CHECKPOINT), runs do with the
-// server's WAL writer stopped, then crashes the server (the WAL writer
-// killed: the postmaster ends every backend and recovers from the WAL on
-// disk), and returns once it answers on dsn again. A commit that do had
-// acknowledged without flushing its WAL is lost.
-func crashAfter(t *testing.T, db *sql.DB, dsn string, do func()) {
-	t.Helper()
-	if _, err := db.ExecContext(ctx(t), `CHECKPOINT`); err != nil {
-		t.Fatal(err)
-	}
-	walwriter := walWriter(t, db)
-	if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(walwriter, syscall.SIGCONT) })
-	do()
-	if err := syscall.Kill(walwriter, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	waitRecovered(t, dsn, walwriter)
-}
-
 func openPG(t *testing.T, dsn string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("pgx", dsn)
@@ -168,47 +143,4 @@ func openPG(t *testing.T, dsn string) *sql.DB {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	return db
-}
-
-// waitRecovered waits until the server answers again after the crash of
-// its process old, which is gone: a new WAL writer runs once the recovery
-// is over.
-func waitRecovered(t *testing.T, dsn string, old int) {
-	t.Helper()
-	c, cancel := context.WithTimeout(ctx(t), 30*time.Second)
-	defer cancel()
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	for {
-		select {
-		case <-c.Done():
-			t.Fatalf("the server did not recover: %v", c.Err())
-		case <-retry.C:
-		}
-		db, err := sql.Open("pgx", dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, err := walWriterPID(c, db)
-		_ = db.Close()
-		if err == nil && pid != old {
-			return
-		}
-		retry.Reset(20 * time.Millisecond)
-	}
-}
-
-// walWriter returns the pid of the server's WAL writer.
-func walWriter(t *testing.T, db *sql.DB) int {
-	t.Helper()
-	pid, err := walWriterPID(ctx(t), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
-}
-
-func walWriterPID(ctx context.Context, db *sql.DB) (pid int, err error) {
-	err = db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid)
-	return pid, err
 }

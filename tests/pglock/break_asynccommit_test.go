@@ -1,10 +1,7 @@
 package pglock_test
 
 import (
-	"context"
-	"database/sql"
 	"errors"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,10 +20,10 @@ import (
 // whatever the session's synchronous_commit (a release lost only keeps the
 // lock held until its expiry, as a failed Release does).
 //
-// The crash is made deterministic: the WAL writer is stopped (SIGSTOP)
-// before the statement and killed (SIGKILL) after its reply, which makes
-// the postmaster end every backend and recover from the WAL on disk. The
-// schema and the row are made durable first (CHECKPOINT).
+// The crash is made deterministic (pgtest.CrashAfter): the WAL writer is
+// stopped before the statement and killed after its reply, and the server
+// recovers from the WAL on disk. The schema and the row are made durable
+// first.
 func TestGrantSurvivesCrashUnderAsyncCommit(t *testing.T) {
 	for _, step := range []string{"acquire", "extend"} {
 		t.Run(step, func(t *testing.T) {
@@ -58,28 +55,18 @@ func TestGrantSurvivesCrashUnderAsyncCommit(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if _, err := d.db.ExecContext(t.Context(), `CHECKPOINT`); err != nil {
-				t.Fatal(err)
-			}
-			walwriter := walWriter(t, d.db)
-			if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = syscall.Kill(walwriter, syscall.SIGCONT) })
-			switch step {
-			case "acquire":
-				if lease, err = l.Acquire(ctxFor(t, 10*time.Second), "x", fence.TTL(time.Minute)); err != nil {
-					t.Fatal(err)
+			pgtest.CrashAfter(t, d.db, d.dsn, func() {
+				switch step {
+				case "acquire":
+					if lease, err = l.Acquire(ctxFor(t, 10*time.Second), "x", fence.TTL(time.Minute)); err != nil {
+						t.Fatal(err)
+					}
+				case "extend":
+					if err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
+						t.Fatal(err)
+					}
 				}
-			case "extend":
-				if err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := syscall.Kill(walwriter, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			waitRecovered(t, d.dsn, walwriter)
+			})
 
 			other := d.locker(t, open(t, d.dsn, nil))
 			opts := []fence.Option{fence.TTL(time.Minute)}
@@ -106,46 +93,4 @@ func TestGrantSurvivesCrashUnderAsyncCommit(t *testing.T) {
 			}
 		})
 	}
-}
-
-// waitRecovered waits until the server answers again after the crash of
-// its process old, which is gone: a new WAL writer runs once the recovery
-// is over.
-func waitRecovered(t *testing.T, dsn string, old int) {
-	t.Helper()
-	ctx := ctxFor(t, 30*time.Second)
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the server did not recover: %v", ctx.Err())
-		case <-retry.C:
-		}
-		db, err := sql.Open("pgx", dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, err := walWriterPID(ctx, db)
-		_ = db.Close()
-		if err == nil && pid != old {
-			return
-		}
-		retry.Reset(20 * time.Millisecond)
-	}
-}
-
-// walWriter returns the pid of the server's WAL writer.
-func walWriter(t *testing.T, db *sql.DB) int {
-	t.Helper()
-	pid, err := walWriterPID(t.Context(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
-}
-
-func walWriterPID(ctx context.Context, db *sql.DB) (pid int, err error) {
-	err = db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid)
-	return pid, err
 }

@@ -2,7 +2,6 @@ package pglock_test
 
 import (
 	"errors"
-	"syscall"
 	"testing"
 	"time"
 
@@ -44,14 +43,7 @@ func TestUnloggedLeaseTableRefused(t *testing.T) {
 	if _, err := d.db.ExecContext(t.Context(), `ALTER DATABASE `+d.name+` SET synchronous_commit = on`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.db.ExecContext(t.Context(), `CHECKPOINT`); err != nil {
-		t.Fatal(err)
-	}
-	walwriter := walWriter(t, d.db)
-	if err := syscall.Kill(walwriter, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	waitRecovered(t, d.dsn, walwriter)
+	pgtest.CrashAfter(t, d.db, d.dsn, func() {})
 	other, err := pglock.New(open(t, d.dsn, nil), nil)
 	if err != nil {
 		t.Fatal(err)
