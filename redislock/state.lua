@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- Reads the lock's state for Status, changing nothing: the lock's PTTL and
 -- the last-token record, in one step (a pipeline of PTTL and GET could
 -- read them on either side of a release or a take).
@@ -10,11 +11,13 @@
 -- EVALSHA is not read-only: every client sends it to the primary. A client
 -- that sends every command to a replica (or a primary demoted by a
 -- failover) gets READONLY, not the replica's word for its primary's: the
--- script asks the server its role. It declares no flags (#!lua): a script
--- so declared without no-writes is refused as a write by a primary that
--- refuses writes, for lack of replicas (min-replicas-to-write: NOREPLICAS)
--- or after a failed save (MISCONF), which is when an operator reads the
--- lock's state (TestStatusOnPrimaryRefusingWrites).
+-- script asks the server its role. It declares no-writes: any other script
+-- is refused as a write by a primary that refuses writes, for lack of
+-- replicas (min-replicas-to-write: NOREPLICAS) or after a failed save
+-- (MISCONF), and held back for as long as writes are paused (CLIENT PAUSE
+-- WRITE, a switchover), which is when an operator reads the lock's state
+-- (TestStatusOnPrimaryRefusingWrites, TestStatusDuringWritePause). Redis
+-- runs such a script on a replica too: hence the role check.
 --
 -- Returns {PTTL of the lock, the record or nil}.
 if string.find(redis.call('INFO', 'replication'), 'role:slave', 1, true) then

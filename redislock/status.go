@@ -38,8 +38,9 @@ type Status struct {
 // primary, and would call a held lock free. The script refuses to read on
 // a replica, so on a client that sends every command to a replica
 // (FailoverOptions.ReplicaOnly) Status fails with READONLY. A primary that
-// refuses writes (min-replicas-to-write, a failed save) still answers it:
-// that is when an operator reads the lock's state.
+// refuses writes (min-replicas-to-write, a failed save) or pauses them
+// (CLIENT PAUSE WRITE) still answers it: that is when an operator reads
+// the lock's state.
 //
 // An error means the lock could not be read. Replica counts that could not
 // be read do not fail the call: the lock's state is what Status is for, a
