@@ -117,7 +117,9 @@
 // replicates them. A client that sends every command to a replica
 // (redis.FailoverOptions.ReplicaOnly) can neither take nor read a lock;
 // New cannot tell it (go-redis keeps that option in its dialer), and each
-// call fails with the replica's READONLY, its error saying why.
+// call fails with the replica's READONLY, its error saying why (Status
+// asks the server's role with INFO: for a user refused INFO it reads the
+// replica's copy).
 //
 // # Waiting
 //

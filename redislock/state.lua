@@ -17,10 +17,15 @@
 -- (MISCONF), and held back for as long as writes are paused (CLIENT PAUSE
 -- WRITE, a switchover), which is when an operator reads the lock's state
 -- (TestStatusOnPrimaryRefusingWrites, TestStatusDuringWritePause). Redis
--- runs such a script on a replica too: hence the role check.
+-- runs such a script on a replica too: hence the role check. A server
+-- that refuses INFO (an ACL user without it, INFO renamed) cannot be
+-- asked, and the lock is read wherever the script runs, rather than not
+-- at all (TestStatusWithoutInfo): such a user takes locks, and only a
+-- client that sends every command to a replica then reads a replica's.
 --
 -- Returns {PTTL of the lock, the record or nil}.
-if string.find(redis.call('INFO', 'replication'), 'role:slave', 1, true) then
+local info = redis.pcall('INFO', 'replication')
+if type(info) == 'string' and string.find(info, 'role:slave', 1, true) then
   return redis.error_reply("READONLY the lock's state read on a replica, which may be behind its primary")
 end
 return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}

@@ -37,10 +37,12 @@ type Status struct {
 // RouteByLatency; rueidis's SendToReplicas): a replica may be behind its
 // primary, and would call a held lock free. The script refuses to read on
 // a replica, so on a client that sends every command to a replica
-// (FailoverOptions.ReplicaOnly) Status fails with READONLY. A primary that
-// refuses writes (min-replicas-to-write, a failed save) or pauses them
-// (CLIENT PAUSE WRITE) still answers it: that is when an operator reads
-// the lock's state.
+// (FailoverOptions.ReplicaOnly) Status fails with READONLY. It asks the
+// server's role with INFO; for a user whose ACL refuses INFO it reads
+// wherever it runs (and the replica counts, which need INFO too, are in
+// ReplicasErr). A primary that refuses writes (min-replicas-to-write, a
+// failed save) or pauses them (CLIENT PAUSE WRITE) still answers it: that
+// is when an operator reads the lock's state.
 //
 // An error means the lock could not be read. Replica counts that could not
 // be read do not fail the call: the lock's state is what Status is for, a
