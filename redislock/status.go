@@ -41,8 +41,10 @@ type Status struct {
 // server's role with INFO; for a user whose ACL refuses INFO it reads
 // wherever it runs (and the replica counts, which need INFO too, are in
 // ReplicasErr). A primary that refuses writes (min-replicas-to-write, a
-// failed save) or pauses them (CLIENT PAUSE WRITE) still answers it: that
-// is when an operator reads the lock's state.
+// failed save) still answers it, and so does one that pauses them (CLIENT
+// PAUSE WRITE) once it has run the script (a Status since it started: it
+// holds back the EVALSHA of a script it does not know, whose flags it
+// cannot read): that is when an operator reads the lock's state.
 //
 // An error means the lock could not be read. Replica counts that could not
 // be read do not fail the call: the lock's state is what Status is for, a
