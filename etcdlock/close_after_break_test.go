@@ -8,7 +8,6 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
-	"google.golang.org/grpc"
 )
 
 // Acquire after Locker.Close took the lock: Close waits for the Locker's
@@ -75,24 +74,13 @@ func TestExtendAfterClose(t *testing.T) {
 // the revoke is tried within the Release's ctx, as before, and not
 // retried after it.
 func TestReleaseAfterCloseLeavesNoRetry(t *testing.T) {
-	g := &hangGate{}
-	t.Cleanup(g.resume)
-	l, err := etcdlock.New(deafWatchClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(g.intercept)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, g := deafHungLocker(t)
 	admin := newClient(t, shared.Endpoints(), nil)
 	lease := acquire(t, l, t.Name(), time.Minute)
 	if err := l.Close(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Delete(ctxFor(t, 10*time.Second), lease.(*etcdlock.Lease).Key()); err != nil {
-		t.Fatal(err)
-	}
-	g.hang() // Txn and LeaseRevoke; the delete (DeleteRange) is answered
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	err = lease.Release(ctx)
+	_, err := releaseKeyDeleted(t, admin, g, lease)
 	left := etcdlock.GivingBack(l)
 	t.Logf("Release after Close, the member hung = %v; %d revokes retried in the background", err, left)
 	if !errors.Is(err, fence.ErrLeaseLost) {

@@ -21,24 +21,11 @@ import (
 // return by its deadline (and doneGrace), and the revoke still get
 // through once the member answers (retried in the background).
 func TestReleaseRevokeHungWithinDeadline(t *testing.T) {
-	g := &hangGate{}
-	t.Cleanup(g.resume)
-	l, err := etcdlock.New(deafWatchClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(g.intercept)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, g := deafHungLocker(t)
 	admin := newClient(t, shared.Endpoints(), nil)
 	lease := acquire(t, l, t.Name(), time.Minute)
 	id := leaseID(t, lease)
-	if _, err := admin.Delete(ctxFor(t, 10*time.Second), lease.(*etcdlock.Lease).Key()); err != nil {
-		t.Fatal(err)
-	}
-	g.hang() // Txn and LeaseRevoke; the delete (DeleteRange) is answered
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	dl, _ := ctx.Deadline()
-	err = lease.Release(ctx)
-	over := time.Since(dl)
+	over, err := releaseKeyDeleted(t, admin, g, lease)
 	t.Logf("Release = %v, %v past its ctx's deadline", err, over.Round(time.Millisecond))
 	if !errors.Is(err, fence.ErrLeaseLost) {
 		t.Errorf("Release of a lease whose key was deleted = %v, want ErrLeaseLost", err)
@@ -48,6 +35,39 @@ func TestReleaseRevokeHungWithinDeadline(t *testing.T) {
 	}
 	g.resume()
 	waitRevoked(t, admin, id, 5*time.Second)
+}
+
+// deafHungLocker returns a Locker on a client of the shared server whose
+// watches hear nothing (deafWatchClient), through a hangGate, and the
+// gate, resumed in t.Cleanup.
+func deafHungLocker(t *testing.T) (*etcdlock.Locker, *hangGate) {
+	t.Helper()
+	g := &hangGate{}
+	t.Cleanup(g.resume)
+	l, err := etcdlock.New(deafWatchClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(g.intercept)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, g
+}
+
+// releaseKeyDeleted deletes lease's key by hand (a lease of fence.TTL
+// whose watch hears nothing does not know), hangs the member behind g and
+// releases lease with a ctx of 200 ms: the delete finds nothing, the lease
+// is lost, and Release revokes its etcd lease, which the member holds. It
+// returns how long past its ctx's deadline Release returned, and its
+// error.
+func releaseKeyDeleted(t *testing.T, admin *clientv3.Client, g *hangGate, lease fence.Lease) (over time.Duration, err error) {
+	t.Helper()
+	if _, err := admin.Delete(ctxFor(t, 10*time.Second), lease.(*etcdlock.Lease).Key()); err != nil {
+		t.Fatal(err)
+	}
+	g.hang() // Txn and LeaseRevoke; the delete (DeleteRange) is answered
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	err = lease.Release(ctx)
+	return time.Since(dl), err
 }
 
 // waitRevoked waits, up to limit, for etcd to no longer know the etcd
