@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
-	"github.com/fencekit/fence"
-	"github.com/fencekit/fence/internal/observetest"
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"github.com/fencekit/fence/etcdlock"
 )
 
 // A Close whose ctx had ended already (a deferred Close with a request's
@@ -24,38 +21,13 @@ import (
 // what is under way then: one that gave up before the settles were through
 // must leave their revokes to be retried, for the next Close to wait for.
 func TestCloseAgainWaitsForSettlesRevoke(t *testing.T) {
-	l, c, gate := hungLocker(t, nil)
-	admin := newClient(t, shared.Endpoints(), nil)
-	lease := acquire(t, l, t.Name(), 30*time.Second)
-	// Left for its etcd lease's TTL if the revoke is cut: deleted for the
-	// next run (-count).
-	t.Cleanup(func() { _, _ = admin.Delete(context.Background(), l.Prefix(t.Name()), clientv3.WithPrefix()) })
-	hangExtend(t, gate, lease)
-	ended, cancel := context.WithCancel(context.Background())
-	cancel()
-	err := l.Close(ended)
-	t.Logf("Locker.Close with a ctx ended = %v", err)
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Locker.Close with a ctx ended, an Extend settling = %v, want ctx's error", err)
-	}
-	closed := make(chan error, 1)
-	go func() { closed <- l.Close(ctxFor(t, 10*time.Second)) }()
-	waitSettled(t, l, 5*time.Second)
-	if !errors.Is(lease.Err(), fence.ErrLeaseLost) {
-		t.Fatalf("lease Err = %v once the settle gave up, want ErrLeaseLost", lease.Err())
-	}
-	gate.resume()
-	select {
-	case err := <-closed:
-		t.Logf("Locker.Close again = %v", err)
-		if err != nil {
-			t.Errorf("Locker.Close again = %v, the member answering again", err)
+	closeDuringSettle(t, "Locker.Close again", func(l *etcdlock.Locker) {
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := l.Close(ended)
+		t.Logf("Locker.Close with a ctx ended = %v", err)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Locker.Close with a ctx ended, an Extend settling = %v, want ctx's error", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("Locker.Close again still waiting 10 s after the member answered:\n%s", observetest.Stacks())
-	}
-	if err := c.Close(); err != nil {
-		t.Logf("client Close = %v", err)
-	}
-	waitNoKeys(t, admin, l.Prefix(t.Name()), 5*time.Second)
+	})
 }

@@ -3,9 +3,6 @@ package etcdlock_test
 import (
 	"testing"
 	"time"
-
-	"github.com/fencekit/fence/etcdlock"
-	"google.golang.org/grpc"
 )
 
 // Two Locker.Closes at once (a shutdown hook and a deferred Close), the
@@ -16,23 +13,9 @@ import (
 // TTL ("TTL 29") until it expired. A Close called while another is under
 // way must not return before it, within its ctx.
 func TestConcurrentCloseWaitsForSpares(t *testing.T) {
-	g := &hangGate{}
-	t.Cleanup(g.resume)
-	rc := &revokeCutCounter{}
-	c := dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(rc.intercept, g.intercept))
-	l, err := etcdlock.New(c, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, c, g, rc := revokeCutLocker(t)
 	admin := newClient(t, shared.Endpoints(), nil)
-	lease := acquire(t, l, t.Name(), 30*time.Second)
-	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	ids := l.SpareIDs()
-	if len(ids) != 1 {
-		t.Fatalf("%d etcd leases kept after a Release, want 1", len(ids))
-	}
+	spare := keepSpare(t, l)
 	g.hang()
 	first := make(chan error, 1)
 	go func() { first <- l.Close(ctxFor(t, 20*time.Second)) }()
@@ -55,12 +38,5 @@ func TestConcurrentCloseWaitsForSpares(t *testing.T) {
 			t.Fatalf("Close %d still waiting 10 s after the member answered", i+1)
 		}
 	}
-	ttl, err := admin.TimeToLive(ctxFor(t, 10*time.Second), ids[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("the spare etcd lease after both Closes: TTL %d", ttl.TTL)
-	if ttl.TTL != -1 {
-		t.Errorf("the spare etcd lease is still on etcd after both Closes (TTL %d s)", ttl.TTL)
-	}
+	wantSpareRevoked(t, admin, spare, "both Closes")
 }

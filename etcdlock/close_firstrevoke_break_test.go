@@ -33,6 +33,21 @@ func (r *revokeCutCounter) intercept(ctx context.Context, method string, req, re
 	return err
 }
 
+// revokeCutLocker is hungLocker with a revokeCutCounter before its gate,
+// returned too.
+func revokeCutLocker(t *testing.T) (*etcdlock.Locker, *clientv3.Client, *hangGate, *revokeCutCounter) {
+	t.Helper()
+	g := &hangGate{}
+	t.Cleanup(g.resume)
+	rc := &revokeCutCounter{}
+	c := dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(rc.intercept, g.intercept))
+	l, err := etcdlock.New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, c, g, rc
+}
+
 // waitCount waits, up to 10 s, for n to reach at least want.
 func waitCount(t *testing.T, n *atomic.Int64, want int64, what string) {
 	t.Helper()
@@ -54,14 +69,7 @@ func waitCount(t *testing.T, n *atomic.Int64, want int64, what string) {
 // otherwise, and the key held the lock for nobody until its etcd lease
 // expired.
 func closeDuringFirstRevoke(t *testing.T, lose func(*etcdlock.Locker, fence.Lease)) {
-	g := &hangGate{}
-	t.Cleanup(g.resume)
-	rc := &revokeCutCounter{}
-	c := dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(rc.intercept, g.intercept))
-	l, err := etcdlock.New(c, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, c, g, rc := revokeCutLocker(t)
 	admin := newClient(t, shared.Endpoints(), nil)
 	// Left for its etcd lease's TTL if the revoke is cut: deleted for the
 	// next run (-count).
@@ -79,15 +87,7 @@ func closeDuringFirstRevoke(t *testing.T, lose func(*etcdlock.Locker, fence.Leas
 	}()
 	waitCount(t, &rc.cut, 1, "revokes cut")
 	g.resume()
-	select {
-	case err := <-closed:
-		t.Logf("Locker.Close = %v", err)
-		if err != nil {
-			t.Errorf("Locker.Close = %v, the member answering again", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("Locker.Close still waiting 10 s after the member answered:\n%s", observetest.Stacks())
-	}
+	wantClosed(t, closed, "Locker.Close")
 	waitNoKeys(t, admin, l.Prefix(t.Name()), 5*time.Second)
 }
 

@@ -176,6 +176,18 @@ func TestCloseWaitsOnlyForSettlesUnderWay(t *testing.T) {
 // must wait, within its ctx, for the revokes under way too, so that the
 // client can be closed after it without cutting them.
 func TestCloseWaitsForBackgroundRevokes(t *testing.T) {
+	closeDuringSettle(t, "Locker.Close", nil)
+}
+
+// closeDuringSettle acquires a lease of 30 s on a hungLocker and hangs
+// the member during its Extend (hangExtend), so that the move's settle
+// goes on in the background; it calls before with the Locker, if not nil,
+// then Locker.Close (what, in the messages) with a ctx of 10 s. Once the
+// settle has given up it lets the member answer again, and closes the
+// client after Close has returned, as a user does. It fails the test
+// unless Close returned nil and the revoke of the lease's etcd lease,
+// which holds the key, then freed the key.
+func closeDuringSettle(t *testing.T, what string, before func(*etcdlock.Locker)) {
 	l, c, gate := hungLocker(t, nil)
 	admin := newClient(t, shared.Endpoints(), nil)
 	lease := acquire(t, l, t.Name(), 30*time.Second)
@@ -183,6 +195,9 @@ func TestCloseWaitsForBackgroundRevokes(t *testing.T) {
 	// next run (-count).
 	t.Cleanup(func() { _, _ = admin.Delete(context.Background(), l.Prefix(t.Name()), clientv3.WithPrefix()) })
 	hangExtend(t, gate, lease)
+	if before != nil {
+		before(l)
+	}
 	closed := make(chan error, 1)
 	go func() { closed <- l.Close(ctxFor(t, 10*time.Second)) }()
 	waitSettled(t, l, 5*time.Second)
@@ -190,17 +205,25 @@ func TestCloseWaitsForBackgroundRevokes(t *testing.T) {
 		t.Fatalf("lease Err = %v once the settle gave up, want ErrLeaseLost", lease.Err())
 	}
 	gate.resume()
-	select {
-	case err := <-closed:
-		t.Logf("Locker.Close = %v", err)
-		if err != nil {
-			t.Errorf("Locker.Close = %v, the member answering again", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("Locker.Close still waiting 10 s after the member answered:\n%s", observetest.Stacks())
-	}
+	wantClosed(t, closed, what)
 	if err := c.Close(); err != nil {
 		t.Logf("client Close = %v", err)
 	}
 	waitNoKeys(t, admin, l.Prefix(t.Name()), 5*time.Second)
+}
+
+// wantClosed waits for the Locker.Close (what, in the messages) whose
+// error closed carries, the member answering again, and fails the test
+// unless it returned nil within 10 s.
+func wantClosed(t *testing.T, closed <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-closed:
+		t.Logf("%s = %v", what, err)
+		if err != nil {
+			t.Errorf("%s = %v, the member answering again", what, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s still waiting 10 s after the member answered:\n%s", what, observetest.Stacks())
+	}
 }
