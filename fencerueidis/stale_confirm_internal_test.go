@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/internal/redistest"
-	"github.com/redis/rueidis"
 )
 
 // TestStaleSubscribeReplyConfirms: on the shared connection of RESP2
@@ -26,17 +25,7 @@ import (
 func TestStaleSubscribeReplyConfirms(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: true, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	cn := conn{c: c, unsub: &unsubs{m: make(map[string]chan struct{})}, subs: new(subscribers)}
-	sub := func(ctx context.Context, channel string, ready func(), message func(string)) <-chan error {
-		done := make(chan error, 1)
-		go func() { done <- cn.subscribeDedicated(ctx, channel, ready, message) }()
-		return done
-	}
+	cn := resp2Conn(t, srv.Addr)
 	// until polls cond, a state of the server or of the adapter, with a
 	// deadline well inside A's 2 s UNSUBSCRIBE timeout.
 	until := func(what string, cond func() bool) {
@@ -54,7 +43,7 @@ func TestStaleSubscribeReplyConfirms(t *testing.T) {
 	held, hold := make(chan struct{}), make(chan struct{})
 	anchored := make(chan struct{})
 	actx, stopAnchor := context.WithCancel(context.Background())
-	anchor := sub(actx, "anchor", func() { close(anchored) }, func(p string) {
+	anchor := subscribe(actx, cn, "anchor", func() { close(anchored) }, func(p string) {
 		if p == "hold" {
 			close(held)
 			<-hold
@@ -80,7 +69,7 @@ func TestStaleSubscribeReplyConfirms(t *testing.T) {
 	defer release()
 
 	actxA, leaveA := context.WithCancel(context.Background())
-	a := sub(actxA, "churn", func() {}, func(string) {})
+	a := subscribe(actxA, cn, "churn", func() {}, func(string) {})
 	until("A's SUBSCRIBE on the server", func() bool { return numsub("churn") == 1 })
 	leaveA()
 	until("A's UNSUBSCRIBE on the server", func() bool { return numsub("churn") == 0 })
@@ -88,7 +77,7 @@ func TestStaleSubscribeReplyConfirms(t *testing.T) {
 	atReady := make(chan int64, 1)
 	got := make(chan string, 1)
 	bctx, leaveB := context.WithCancel(context.Background())
-	b := sub(bctx, "churn", func() {
+	b := subscribe(bctx, cn, "churn", func() {
 		atReady <- admin.Publish(context.Background(), "churn", "released").Val()
 	}, func(p string) { got <- p })
 	until("B joined", func() bool {

@@ -20,16 +20,9 @@ import (
 func TestResubscribeAfterUnsubscribe(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, AlwaysRESP2: true, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	cn := conn{c: c, unsub: &unsubs{m: make(map[string]chan struct{})}, subs: new(subscribers)}
+	cn := resp2Conn(t, srv.Addr)
 	sub := func(ctx context.Context, channel string, ready func()) <-chan error {
-		done := make(chan error, 1)
-		go func() { done <- cn.subscribeDedicated(ctx, channel, ready, func(string) {}) }()
-		return done
+		return subscribe(ctx, cn, channel, ready, func(string) {})
 	}
 	wait := func(what string, ch <-chan struct{}) {
 		t.Helper()
@@ -65,4 +58,25 @@ func TestResubscribeAfterUnsubscribe(t *testing.T) {
 			t.Fatalf("round %d: B confirmed and A gone, but a PUBLISH reached 0 receivers", round)
 		}
 	}
+}
+
+// resp2Conn returns the conn of an adapter on a client of addr that
+// speaks RESP2, closed in t.Cleanup: its waiters share one dedicated
+// subscription connection.
+func resp2Conn(t *testing.T, addr string) conn {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, AlwaysRESP2: true, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return conn{c: c, unsub: &unsubs{m: make(map[string]chan struct{})}, subs: new(subscribers)}
+}
+
+// subscribe runs cn.subscribeDedicated in a goroutine of its own and
+// returns a channel that gets its error once it returns.
+func subscribe(ctx context.Context, cn conn, channel string, ready func(), message func(string)) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- cn.subscribeDedicated(ctx, channel, ready, message) }()
+	return done
 }
