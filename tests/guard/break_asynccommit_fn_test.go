@@ -2,13 +2,11 @@ package guard_test
 
 import (
 	"database/sql"
-	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
-	"github.com/fencekit/fence/internal/pgtest"
 )
 
 // TestFenceSurvivesCrashAfterSetLocalInFn: Tx's fence makes the fenced
@@ -36,21 +34,7 @@ func TestFenceSurvivesCrashAfterSetLocalInFn(t *testing.T) {
 			return err
 		})
 	}
-	if err := fenced(db, 3); err != nil {
-		t.Fatal(err)
-	}
-	pgtest.CrashAfter(t, db, dsn, func() {
-		if err := fenced(db, 7); err != nil {
-			t.Fatalf("the newer holder's Tx: %v", err)
-		}
+	wantStaleAfterCrash(t, db, dsn, "Tx", fenced, func(after *sql.DB) int64 {
+		return lastToken(t, after, "payment:1001")
 	})
-	after := openPG(t, dsn)
-	last := lastToken(t, after, "payment:1001")
-	err := fenced(after, 5)
-	if err == nil {
-		t.Fatalf("after a crash, the older holder's token 5 was accepted, though token 7's Tx was acknowledged before it (last token after the recovery: %d)", last)
-	}
-	if !errors.Is(err, guard.ErrStale) {
-		t.Fatalf("the older holder's Tx after the crash: %v, want ErrStale", err)
-	}
 }

@@ -57,32 +57,44 @@ func TestFenceSurvivesCrashUnderAsyncCommit(t *testing.T) {
 					return err
 				})
 			}
-			if err := fenced(db, 3); err != nil {
-				t.Fatal(err)
-			}
-			pgtest.CrashAfter(t, db, dsn, func() {
-				if err := fenced(db, 7); err != nil {
-					t.Fatalf("the newer holder's fence: %v", err)
-				}
-			})
-
-			after := openPG(t, dsn)
-			var last int64
 			query := `SELECT token FROM fence_tokens WHERE resource = 'payment:1001'`
 			if how == "Update" {
 				query = `SELECT last_fencing_token FROM payment WHERE id = 1001`
 			}
-			if err := after.QueryRowContext(ctx(t), query).Scan(&last); err != nil {
-				t.Fatal(err)
-			}
-			err := fenced(after, 5)
-			if err == nil {
-				t.Fatalf("after a crash, the older holder's token 5 was accepted, though token 7's fence was acknowledged before it (last token after the recovery: %d)", last)
-			}
-			if !errors.Is(err, guard.ErrStale) {
-				t.Fatalf("the older holder's fence after the crash: %v, want ErrStale", err)
-			}
+			wantStaleAfterCrash(t, db, dsn, "fence", fenced, func(after *sql.DB) int64 {
+				var last int64
+				if err := after.QueryRowContext(ctx(t), query).Scan(&last); err != nil {
+					t.Fatal(err)
+				}
+				return last
+			})
 		})
+	}
+}
+
+// wantStaleAfterCrash has fenced take token 3 on db, then token 7 with
+// db's server crashing after its reply (pgtest.CrashAfter), and fails the
+// test unless, after the recovery, fenced refuses the older holder's
+// token 5 as stale. what names fenced in the messages; last reads the
+// last token after the recovery, for them.
+func wantStaleAfterCrash(t *testing.T, db *sql.DB, dsn, what string, fenced func(*sql.DB, fence.Token) error, last func(*sql.DB) int64) {
+	t.Helper()
+	if err := fenced(db, 3); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.CrashAfter(t, db, dsn, func() {
+		if err := fenced(db, 7); err != nil {
+			t.Fatalf("the newer holder's %s: %v", what, err)
+		}
+	})
+	after := openPG(t, dsn)
+	lastAfter := last(after)
+	err := fenced(after, 5)
+	if err == nil {
+		t.Fatalf("after a crash, the older holder's token 5 was accepted, though token 7's %s was acknowledged before it (last token after the recovery: %d)", what, lastAfter)
+	}
+	if !errors.Is(err, guard.ErrStale) {
+		t.Fatalf("the older holder's %s after the crash: %v, want ErrStale", what, err)
 	}
 }
 
