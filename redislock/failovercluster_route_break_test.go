@@ -36,15 +36,7 @@ func TestFailoverClusterClientReadRouting(t *testing.T) {
 		{"RouteByLatency", func(o *redis.ClusterOptions) { o.RouteByLatency = true }},
 	} {
 		t.Run(route.name, func(t *testing.T) {
-			o := &redis.ClusterOptions{
-				ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
-					return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: primary.Addr}, {Addr: replica.Addr}}}}, nil
-				},
-			}
-			route.set(o)
-			cc := redis.NewClusterClient(o)
-			t.Cleanup(func() { _ = cc.Close() })
-			failover := newLockerWith(t, cc, sync)
+			failover := newLockerWith(t, failoverClusterClient(t, route.set, primary.Addr, replica.Addr), sync)
 			for _, tc := range []struct {
 				name           string
 				holder, waiter *redislock.Locker
@@ -92,4 +84,27 @@ func TestFailoverClusterClientReadRouting(t *testing.T) {
 			}
 		})
 	}
+}
+
+// failoverClusterClient returns a cluster client given its slots, as
+// redis.NewFailoverClusterClient builds one: the whole slot range on the
+// servers at addrs, the primary's first, with set (its routing of reads),
+// if not nil, applied to its options. It is closed in t.Cleanup.
+func failoverClusterClient(t *testing.T, set func(*redis.ClusterOptions), addrs ...string) *redis.ClusterClient {
+	t.Helper()
+	nodes := make([]redis.ClusterNode, len(addrs))
+	for i, addr := range addrs {
+		nodes[i] = redis.ClusterNode{Addr: addr}
+	}
+	o := &redis.ClusterOptions{
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: nodes}}, nil
+		},
+	}
+	if set != nil {
+		set(o)
+	}
+	cc := redis.NewClusterClient(o)
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
 }

@@ -1,7 +1,6 @@
 package redislock_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -79,15 +78,7 @@ func TestStatusOnReplicaRoutingClient(t *testing.T) {
 			{"RouteRandomly", func(o *redis.ClusterOptions) { o.RouteRandomly = true }},
 		} {
 			t.Run(route.name, func(t *testing.T) {
-				o := &redis.ClusterOptions{
-					ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
-						return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: primary.Addr}, {Addr: replica.Addr}}}}, nil
-					},
-				}
-				route.set(o)
-				cc := redis.NewClusterClient(o)
-				t.Cleanup(func() { _ = cc.Close() })
-				l := newLockerWith(t, cc, off)
+				l := newLockerWith(t, failoverClusterClient(t, route.set, primary.Addr, replica.Addr), off)
 				name := "lock:status-route:" + route.name
 				checkStatus(t, l, name, acquire(t, l, name, fence.TTL(time.Minute)))
 			})
@@ -131,13 +122,7 @@ func TestStatusOnReplicaRoutingClient(t *testing.T) {
 // Status.ReplicasErr.
 func TestStatusReplicaCountsUnknown(t *testing.T) {
 	primary := redistest.Start(t)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{
-		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
-			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: primary.Addr}}}}, nil
-		},
-	})
-	t.Cleanup(func() { _ = cc.Close() })
-	l := newLockerWith(t, cc, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	l := newLockerWith(t, failoverClusterClient(t, nil, primary.Addr), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
 	const name = "lock:status-counts"
 	lease := acquire(t, l, name, fence.TTL(time.Minute))
 	st, err := l.Status(ctx(t), name)
