@@ -250,9 +250,10 @@ func (l *Locker) Close(ctx context.Context) error {
 		first = fmt.Errorf("etcdlock: close: %d Extend(s) still under way or settling their move in the background: %w", left, ctx.Err())
 	}
 	// Then the revokes under way or retried in the background, those of
-	// the settles among them: one that holds a key (of a lease lost, or whose Release
-	// failed) would be cut by the client's close, and the key left for
-	// its etcd lease's whole TTL (TestCloseWaitsForBackgroundRevokes).
+	// the settles among them: one that holds a key (of a lease lost, or
+	// whose Release failed) would be cut by the client's close, and the
+	// key left for its etcd lease's whole TTL
+	// (TestCloseWaitsForBackgroundRevokes).
 	// Retries stop only once the settles are through: one still going on
 	// may yet leave a revoke to be retried, for a Close called again to
 	// wait for (TestCloseAgainWaitsForSettlesRevoke).
@@ -753,8 +754,9 @@ func (l *Locker) revokeWithin(ctx context.Context, id clientv3.LeaseID, d time.D
 // One give-back retries per etcd lease: a call that finds one under way
 // for id (a Release retried while the cluster hangs) tries once and
 // leaves the retries to it, which do not call its revoked. revoked, if
-// not nil, is called once a revoke has got through. It returns the first
-// revoke's error.
+// not nil, is called once a revoke has got through. Once a Close has
+// drained, the revoke is tried once, not in the background (see
+// countGiveBack). It returns the first revoke's error.
 func (l *Locker) giveBack(ctx context.Context, id clientv3.LeaseID, revoked func()) error {
 	return l.giveBackFirstWithin(ctx, id, revoked, cleanupTimeout)
 }
