@@ -512,18 +512,17 @@ func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func
 // through the client's own Receive to a channel of its own (named at
 // random, so that another adapter's UNSUBSCRIBE of its own watch on the
 // same client does not end this one; nothing is published on it), which
-// ends with
-// rueidis.ErrClosing when the client is closed. rueidis does not close a
-// dedicated connection when its client is closed (v1.0.79: the pool closes
-// only the connections it holds), so without it a waiter subscribed on
-// one went on waiting for a release, up to its whole budget, after its
+// ends with rueidis.ErrClosing when the client is closed. rueidis does not
+// close a dedicated connection when its client is closed (v1.0.79: the pool
+// closes only the connections it holds), so without it a waiter subscribed
+// on one went on waiting for a release, up to its whole budget, after its
 // client was closed (TestClientClosedUnderWaiter), where go-redis's and
 // RESP3's subscriptions end at once. The watch ends with ctx; it costs a
 // subscription on the client's RESP2 pub/sub connection, no command. A
 // Receive that ends otherwise (its connection killed, on a client with
 // DisableRetry, whose Receive gives up at once) is made again after a
-// back-off: the watch ended there, and a waiter went on waiting after
-// Close (TestClientClosedUnderWaiter, resp2-watch-killed-noretry).
+// back-off: the watch ended there, and a waiter went on waiting after Close
+// (TestClientClosedUnderWaiter, resp2-watch-killed-noretry).
 func (c conn) watchClose(ctx context.Context) <-chan error {
 	closed := make(chan error, 1)
 	go func() {
