@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pgdurable"
 )
 
 // Querier runs statements: *sql.DB, *sql.Tx and *sql.Conn satisfy it.
@@ -79,34 +80,22 @@ ON CONFLICT (resource) DO UPDATE SET token = excluded.token, call_id = excluded.
 WHERE fence_tokens.token - excluded.token < 0`
 	selectTokenCall = `SELECT token, call_id FROM fence_tokens WHERE resource = $1`
 	// PostgreSQL's forms of the two upserts: the token is given through
-	// durableCommit, so that the fence's transaction commits durably
+	// pgdurable.Commit, so that the fence's transaction commits durably
 	// (TestFenceSurvivesCrashUnderAsyncCommit). SQLite has no set_config,
 	// and refuses them before running anything: it gets the plain ones.
-	upsertTokenPG = `INSERT INTO fence_tokens (resource, token) VALUES ($1, CASE WHEN ` + durableCommit + ` THEN $2::bigint END)
+	upsertTokenPG = `INSERT INTO fence_tokens (resource, token) VALUES ($1, CASE WHEN ` + pgdurable.Commit + ` THEN $2::bigint END)
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token
 WHERE fence_tokens.token - excluded.token < 0`
-	upsertTokenCallPG = `INSERT INTO fence_tokens (resource, token, call_id) VALUES ($1, CASE WHEN ` + durableCommit + ` THEN $2::bigint END, $3)
+	upsertTokenCallPG = `INSERT INTO fence_tokens (resource, token, call_id) VALUES ($1, CASE WHEN ` + pgdurable.Commit + ` THEN $2::bigint END, $3)
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token, call_id = excluded.call_id
 WHERE fence_tokens.token - excluded.token < 0`
-	// durableCommit is a condition, always true, that makes the
-	// transaction it runs in commit durably (its WAL flushed before the
-	// reply) when the session's synchronous_commit is off (a server's,
-	// role's or database's tuning): a fence acknowledged and then lost in
-	// a crash of the server takes the newer token with it, and after the
-	// recovery an older holder's token is accepted, after the newer
-	// holder was told its fence (and the work fenced with it, in the
-	// database or elsewhere) went through. set_config's local setting
-	// lasts until the transaction ends: the pool's session keeps its own.
-	// "local" flushes the WAL on this server and waits for no standby; any
-	// other setting already flushes it and is kept. As pglock's.
-	durableCommit = `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) IS NOT NULL`
 	insertIdemKey = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 	// PostgreSQL's form, whose transaction commits durably, as a fence's
 	// (TestOnceKeySurvivesCrashUnderAsyncCommit). The condition is the
 	// SELECT's, so that the key is typed by its column, as in the plain
 	// insert: a key column of another type than text (a UUID) refused
 	// the key cast to text (TestOnceKeyColumnOfOwnType).
-	insertIdemKeyPG = `INSERT INTO fence_idempotency (key) SELECT $1 WHERE ` + durableCommit + ` ON CONFLICT (key) DO NOTHING`
+	insertIdemKeyPG = `INSERT INTO fence_idempotency (key) SELECT $1 WHERE ` + pgdurable.Commit + ` ON CONFLICT (key) DO NOTHING`
 	maxIdemKeyBytes = 512
 )
 
@@ -325,7 +314,7 @@ func fenceCall(ctx context.Context, q Querier, resource string, token fence.Toke
 }
 
 // execDurable runs a statement that records a token in its PostgreSQL
-// form, pg, which commits durably (see durableCommit), or in its plain form
+// form, pg, which commits durably (see pgdurable.Commit), or in its plain form
 // where set_config is unknown (SQLite, which refuses pg before running any
 // of it). It knows SQLite's refusal by its own words: any other error
 // naming set_config (PostgreSQL's permission denied, flattened by a
@@ -600,7 +589,7 @@ func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token
 	// On PostgreSQL the update commits durably, as a fence does: lost in
 	// a crash after its reply, it took the newer token with it, and an
 	// older one was accepted (TestFenceSurvivesCrashUnderAsyncCommit).
-	changed, current, err := t.exec(ctx, q, stmt+" AND "+durableCommit, stmt, key, int64(token), args)
+	changed, current, err := t.exec(ctx, q, stmt+" AND "+pgdurable.Commit, stmt, key, int64(token), args)
 	switch {
 	case err != nil:
 		return err

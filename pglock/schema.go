@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/pgdurable"
 )
 
 // MaxTableLen is the longest table name accepted: PostgreSQL's 63-byte
@@ -74,19 +75,6 @@ type queries struct {
 	acquire, create, left, renew, release string
 }
 
-// durableCommit is a condition, always true, that makes the statement's
-// transaction commit durably (its WAL flushed before the reply) when the
-// session's synchronous_commit is off (a server's, role's or database's
-// tuning): a grant or a renewal acknowledged and then lost in a crash of
-// the server leaves the holder with a Deadline ahead and the row free, or
-// expiring sooner, after the recovery, and another Locker takes it inside
-// the lease (TestGrantSurvivesCrashUnderAsyncCommit). set_config's local
-// setting lasts until the transaction ends: the pool's session keeps its
-// own. "local" flushes the WAL on this server and waits for no standby;
-// any other setting already flushes it and is kept. Evaluated for every
-// row the statement changes, as a condition of the change.
-const durableCommit = `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) IS NOT NULL`
-
 func newQueries(t string) queries {
 	return queries{
 		// Take the lock if its row has expired or was released. The token
@@ -117,14 +105,14 @@ func newQueries(t string) queries {
 		// longer lease would cut it below the holder's Deadline, and
 		// another Locker could take the row inside the lease.
 		//
-		// It and a renewal commit durably (see durableCommit).
+		// It and a renewal commit durably (see pgdurable.Commit).
 		acquire: fmt.Sprintf(`UPDATE "%[1]s"
 SET owner = $2, token = greatest(nextval('"%[1]s_token"'),
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, token + 1),
   expires_at = CASE WHEN owner = $2 THEN greatest(expires_at, clock_timestamp() + $3::bigint * interval '1 microsecond')
     ELSE clock_timestamp() + $3::bigint * interval '1 microsecond' END
 WHERE name = $1 AND (expires_at <= clock_timestamp() OR owner = $2) AND %[2]s
-RETURNING token`, t, durableCommit),
+RETURNING token`, t, pgdurable.Commit),
 		// The first acquisition of a name creates its row, free.
 		create: fmt.Sprintf(`INSERT INTO "%s" (name, owner, token, expires_at)
 VALUES ($1, '', 0, '-infinity') ON CONFLICT (name) DO NOTHING`, t),
@@ -132,7 +120,7 @@ VALUES ($1, '', 0, '-infinity') ON CONFLICT (name) DO NOTHING`, t),
 ELSE (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint END
 FROM "%s" WHERE name = $1`, t),
 		renew: fmt.Sprintf(`UPDATE "%s" SET expires_at = greatest(expires_at, clock_timestamp() + $3::bigint * interval '1 microsecond')
-WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp() AND %s`, t, durableCommit),
+WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp() AND %s`, t, pgdurable.Commit),
 		// Free our own row if it has not expired and notify the waiters
 		// (at commit). No row: the lease was lost.
 		release: fmt.Sprintf(`UPDATE "%s" SET owner = '', expires_at = clock_timestamp()
