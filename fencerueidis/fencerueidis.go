@@ -318,7 +318,8 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 	}
 	sent := time.Now()
 	firstAcked := -1 // the first WAIT's count, when the script is sent again
-	for _, full := range []bool{false, true} {
+	// A script sent in full (s.Full) is sent by EVAL from the first try.
+	for _, full := range []bool{s.Full, true} {
 		if full {
 			timeout = redisconn.WaitLeft(timeout, sent, firstAcked, replicas)
 		}

@@ -233,7 +233,11 @@ func (l *Locker) readReplicas(ctx context.Context, c redis.Cmdable, mode string,
 		return clusterReplicas(ctx, c)
 	}
 	key := l.prefix + ":replicas"
-	res, err := l.run(ctx, c, replicasScript, skeys{names: []string{key}}, append([]any{mode}, set...)...).Slice()
+	script := replicasScript
+	if mode == "read" {
+		script = replicasReadScript
+	}
+	res, err := l.run(ctx, c, script, skeys{names: []string{key}}, append([]any{mode}, set...)...).Slice()
 	if err != nil {
 		if msg, ok := strings.CutPrefix(err.Error(), replicaRecordErrPrefix+key+" "); ok {
 			return ReplicaCounts{}, &ReplicaRecordError{Key: key, Detail: msg}
@@ -749,7 +753,7 @@ func scriptCmdAnd(ctx context.Context, script *redis.Script, load bool, keys ske
 	all := make([]any, n+extra)
 	cmdArgs := all[:n:n]
 	sa := scriptArgs[script]
-	if load {
+	if load || sa.full {
 		cmdArgs[0], cmdArgs[1] = "eval", sa.src
 	} else {
 		cmdArgs[0], cmdArgs[1] = "evalsha", sa.sha
@@ -772,10 +776,19 @@ func scriptCmdAnd(ctx context.Context, script *redis.Script, load bool, keys ske
 
 // scriptArgs are the SHA and the source of each script, boxed once for
 // scriptCmd.
-var scriptArgs = func() map[*redis.Script]struct{ sha, src any } {
-	m := make(map[*redis.Script]struct{ sha, src any }, len(connScripts))
+var scriptArgs = func() map[*redis.Script]struct {
+	sha, src any
+	full     bool // sent by EVAL only (redisconn.Script's Full)
+} {
+	m := make(map[*redis.Script]struct {
+		sha, src any
+		full     bool
+	}, len(connScripts))
 	for s, c := range connScripts {
-		m[s] = struct{ sha, src any }{c.SHA, c.Src}
+		m[s] = struct {
+			sha, src any
+			full     bool
+		}{c.SHA, c.Src, c.Full}
 	}
 	return m
 }()
@@ -801,10 +814,13 @@ func int64s(reply *redis.Cmd, dst []int64) ([]int64, error) {
 // EVAL on NOSCRIPT) with the commands of scriptCmd, on a *redis.Client (a
 // plain, Sentinel failover or cluster node client); on any other client
 // (the caller's own UniversalClient, which may route its script commands
-// elsewhere than its Process), Run.
+// elsewhere than its Process), Run, or Eval for a script sent in full.
 func runScript(ctx context.Context, c redis.Cmdable, script *redis.Script, keys skeys, args []any) *redis.Cmd {
 	rc, ok := c.(*redis.Client)
 	if !ok {
+		if scriptArgs[script].full {
+			return script.Eval(ctx, c, keys.names, args...)
+		}
 		return script.Run(ctx, c, keys.names, args...)
 	}
 	cmd := scriptCmd(ctx, script, false, keys, args)

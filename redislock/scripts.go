@@ -9,7 +9,8 @@ import (
 )
 
 // The scripts run by SHA (EVALSHA) and fall back to EVAL on NOSCRIPT, as
-// redis.Script does, so a server that lost its script cache still works.
+// redis.Script does, so a server that lost its script cache still works;
+// state.lua is always sent in full (see redisconn.Script's Full).
 var (
 	// tokenSrc and grantSrc are the Lua that acquire.lua and release.lua
 	// share: the token arithmetic and the queue of waiters. Each script is
@@ -36,6 +37,13 @@ var (
 	//go:embed replicas.lua
 	replicasSrc    string
 	replicasScript = redis.NewScript(replicasSrc)
+	// replicasReadScript is replicas.lua declared free of writes, for its
+	// "read" mode (Status, ReplicaCounts), which writes nothing: Redis
+	// holds back a script without that flag for as long as writes are
+	// paused (CLIENT PAUSE WRITE, a switchover), when an operator reads
+	// the counts (TestFirstStatusDuringWritePause).
+	replicasReadSrc    = "#!lua flags=no-writes\n" + replicasSrc
+	replicasReadScript = redis.NewScript(replicasReadSrc)
 
 	//go:embed state.lua
 	stateSrc    string
@@ -70,5 +78,7 @@ var connScripts = map[*redis.Script]*redisconn.Script{
 	extendScript:   {Src: extendSrc, SHA: extendScript.Hash()},
 	releaseScript:  {Src: releaseSrc, SHA: releaseScript.Hash()},
 	replicasScript: {Src: replicasSrc, SHA: replicasScript.Hash()},
-	stateScript:    {Src: stateSrc, SHA: stateScript.Hash()},
+	// Sent in full, as state.lua.
+	replicasReadScript: {Src: replicasReadSrc, SHA: replicasReadScript.Hash(), Full: true},
+	stateScript:        {Src: stateSrc, SHA: stateScript.Hash(), Full: true}, // see state.lua
 }

@@ -31,7 +31,7 @@ type Status struct {
 // Status reads the state of the lock called name, and the replica counts of
 // its primary, in two round trips. It changes nothing.
 //
-// The lock is read on its primary, by a script (EVALSHA) that no go-redis
+// The lock is read on its primary, by a script (EVAL) that no go-redis
 // or rueidis client sends to a replica, even one that routes read-only
 // commands to replicas (ClusterOptions.ReadOnly, RouteRandomly,
 // RouteByLatency; rueidis's SendToReplicas): a replica may be behind its
@@ -42,9 +42,11 @@ type Status struct {
 // wherever it runs (and the replica counts, which need INFO too, are in
 // ReplicasErr). A primary that refuses writes (min-replicas-to-write, a
 // failed save) still answers it, and so does one that pauses them (CLIENT
-// PAUSE WRITE) once it has run the script (a Status since it started: it
-// holds back the EVALSHA of a script it does not know, whose flags it
-// cannot read): that is when an operator reads the lock's state.
+// PAUSE WRITE, a switchover): that is when an operator reads the lock's
+// state. Both scripts declare that they write nothing and are sent in
+// full (EVAL, about 2 KB each): Redis holds back the EVALSHA of a script
+// it has not cached (a primary just promoted or restarted), whose flags it
+// cannot read, for the whole pause.
 //
 // An error means the lock could not be read. Replica counts that could not
 // be read do not fail the call: the lock's state is what Status is for, a

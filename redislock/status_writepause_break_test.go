@@ -44,3 +44,35 @@ func TestStatusDuringWritePause(t *testing.T) {
 		t.Fatalf("Status during a write pause = %+v, %v; want held, token %d", st, err, lease.Token())
 	}
 }
+
+// TestFirstStatusDuringWritePause: the same read on a server that has never
+// run state.lua: a primary just promoted (scripts are not replicated, the
+// new primary's cache is empty) or just restarted, which is when an
+// operator runs fence status. Redis cannot read the flags of a SHA it does
+// not know, so it held back the EVALSHA for the whole pause, and Status of
+// a held lease failed at its deadline (on go-redis: "context deadline
+// exceeded" after 2 s); sent by EVAL, the script's no-writes flag is read
+// from its source and it runs at once.
+func TestFirstStatusDuringWritePause(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	l := newLockerWith(t, admin, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	const name = "lock:first-status-writepause"
+	lease := acquire(t, l, name, fence.TTL(time.Minute))
+	if err := admin.Do(ctx(t), "SCRIPT", "FLUSH").Err(); err != nil { // as a promoted replica's
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx(t), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
+	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
+	defer cancel()
+	st, err := l.Status(c, name)
+	if err != nil || !st.Held || st.LastToken != lease.Token() {
+		t.Fatalf("first Status during a write pause = %+v, %v; want held, token %d", st, err, lease.Token())
+	}
+	if st.ReplicasErr != nil {
+		t.Fatalf("first Status during a write pause: replicas unknown: %v", st.ReplicasErr)
+	}
+}

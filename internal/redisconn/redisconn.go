@@ -30,6 +30,14 @@ import (
 type Script struct {
 	Src string // the source, sent by EVAL
 	SHA string // its SHA-1, sent by EVALSHA
+
+	// Full says to send the script by EVAL only, never by EVALSHA: a
+	// read-only script (flags=no-writes) that must run while the server
+	// holds writes back (CLIENT PAUSE WRITE, a switchover). Redis reads
+	// the flags of a script it has not cached from its source; the EVALSHA
+	// of a SHA it does not know (a primary just promoted or restarted) is
+	// held back as a possible write for the whole pause.
+	Full bool
 }
 
 // Conn is a Redis client that a redislock Locker can run on. Replies are
