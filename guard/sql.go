@@ -89,6 +89,9 @@ WHERE fence_tokens.token - excluded.token < 0`
 	upsertTokenCallPG = `INSERT INTO fence_tokens (resource, token, call_id) VALUES ($1, CASE WHEN ` + pgdurable.Commit + ` THEN $2::bigint END, $3)
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token, call_id = excluded.call_id
 WHERE fence_tokens.token - excluded.token < 0`
+	// How many of the guard's tables are in the schema that CREATE TABLE
+	// creates them in, on PostgreSQL (see CreateTables).
+	countTablesPG = `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename IN ('fence_tokens', 'fence_idempotency')`
 	insertIdemKey = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 	// PostgreSQL's form, whose transaction commits durably, as a fence's
 	// (TestOnceKeySurvivesCrashUnderAsyncCommit). The condition is the
@@ -114,8 +117,10 @@ WHERE fence_tokens.token - excluded.token < 0`
 // CreateTables adds the column. On SQLite the same holds when another
 // connection's write transaction outlasts the busy timeout. A role that does not own the
 // table may not add it: CreateTables then leaves the table as it is, and
-// the owner must run that statement. A call_id column of another type than
-// TEXT (or an unbounded VARCHAR), added by hand, cannot hold what Fence
+// the owner must run that statement. Nor need the role have CREATE on the
+// schema (PostgreSQL 15 gives it on public to its owner only) once both
+// tables are there: CreateTables then creates nothing. A call_id column of
+// another type than TEXT (or an unbounded VARCHAR), added by hand, cannot hold what Fence
 // records: CreateTables returns an error that names the statement to run. Fence and Tx without a call id (see
 // WithCall) do not use the column; with one they fail, with a message that
 // says to run CreateTables, until it is there. SQLStore (Middleware, for
@@ -130,8 +135,19 @@ WHERE fence_tokens.token - excluded.token < 0`
 // table, say) while a holder of an older token may still write: the next
 // token is then accepted, stale or not.
 func CreateTables(ctx context.Context, q Querier) error {
-	if err := CreateIfNotExists(ctx, q, createTokens, createIdempotency); err != nil {
-		return fmt.Errorf("guard: create tables: %w", err)
+	// PostgreSQL checks CREATE on the schema before it looks whether the
+	// table of a CREATE TABLE IF NOT EXISTS exists: a service's role
+	// granted only the tables' rows was refused, the tables there
+	// (TestCreateTablesWithoutCreateOnSchema). Where the count fails
+	// (SQLite), the statements say.
+	if err := checkQuerier(q); err != nil {
+		return err
+	}
+	var n int
+	if err := q.QueryRowContext(ctx, countTablesPG).Scan(&n); err != nil || n < 2 {
+		if err := CreateIfNotExists(ctx, q, createTokens, createIdempotency); err != nil {
+			return fmt.Errorf("guard: create tables: %w", err)
+		}
 	}
 	if err := addCallColumn(ctx, q); err != nil {
 		return fmt.Errorf("guard: add fence_tokens.call_id: %w", err)
