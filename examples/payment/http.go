@@ -14,7 +14,11 @@ import (
 )
 
 // Handler serves POST /payments/{id}/approve (the approver in the
-// X-Approver header) and GET /payments/{id}. Error bodies are generic:
+// X-Approver header) and GET /payments/{id}. An approval sent with an
+// Idempotency-Key header (or X-Idempotency-Key, as net/http knows it) goes
+// through ApproveOnce: sent again with the same key and approver, after
+// its answer was lost, it is answered as the first was, 200 and the
+// approval's token, not 409. Error bodies are generic:
 // 404 and 409 for the payment's state, 503 with Retry-After when another
 // approval holds the payment's lock or the database asks for a retry, and
 // 500 for a failure of Redis or the database, whose detail goes to Log.
@@ -27,12 +31,19 @@ func (s *Service) Handler() http.Handler {
 			http.Error(w, "want /payments/<numeric id>/approve with an X-Approver header", http.StatusBadRequest)
 			return
 		}
-		token, err := s.Approve(r.Context(), id, by)
+		var token fence.Token
+		if key, ok := idempotencyKey(r.Header); ok {
+			token, err = s.ApproveOnce(r.Context(), id, by, key)
+		} else {
+			token, err = s.Approve(r.Context(), id, by)
+		}
 		switch {
 		case err == nil:
 			writeJSON(w, map[string]any{"id": id, "status": "APPROVED", "approved_by": by, "token": token})
 		case errors.Is(err, ErrInvalidApprover):
 			http.Error(w, fmt.Sprintf("want an X-Approver header of printable UTF-8, at most %d bytes", MaxApprover), http.StatusBadRequest)
+		case errors.Is(err, ErrInvalidKey):
+			http.Error(w, fmt.Sprintf("want an Idempotency-Key header of printable UTF-8, 1 to %d bytes", MaxKey), http.StatusBadRequest)
 		case errors.Is(err, ErrNotFound):
 			http.Error(w, "no such payment", http.StatusNotFound)
 		case errors.Is(err, ErrAlreadyApproved):
@@ -65,6 +76,18 @@ func (s *Service) Handler() http.Handler {
 		}
 	})
 	return mux
+}
+
+// idempotencyKey returns the request's Idempotency-Key header, or its
+// X-Idempotency-Key, and whether it has one (an empty one is refused by
+// ApproveOnce). Either makes net/http send a POST again by itself.
+func idempotencyKey(h http.Header) (string, bool) {
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if v, ok := h[name]; ok && len(v) > 0 {
+			return v[0], true
+		}
+	}
+	return "", false
 }
 
 // internalError logs err, which may name servers and addresses, and

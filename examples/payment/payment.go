@@ -64,10 +64,31 @@ var (
 	// MaxApprover bytes, not UTF-8 (PostgreSQL cannot store it), or holds
 	// a control character. Nothing was locked or written.
 	ErrInvalidApprover = errors.New("payment: invalid approver")
+	// ErrInvalidKey: an idempotency key (ApproveOnce) that is empty,
+	// longer than MaxKey bytes, not UTF-8 or holds a control character.
+	// Nothing was locked or written.
+	ErrInvalidKey = errors.New("payment: invalid idempotency key")
 )
 
 // MaxApprover is the longest approver name, in bytes, that Approve takes.
 const MaxApprover = 256
+
+// MaxKey is the longest idempotency key, in bytes, that ApproveOnce takes.
+const MaxKey = 200
+
+func checkKey(key string) error {
+	if key == "" || len(key) > MaxKey || !utf8.ValidString(key) || strings.ContainsFunc(key, unicode.IsControl) {
+		return fmt.Errorf("%w: %.40q (%d bytes)", ErrInvalidKey, key, len(key))
+	}
+	return nil
+}
+
+// onceKey is the guard.Once key of an approval sent with key: the
+// payment, the approver and key, the approver's length first, so that
+// no other approver and key make the same string.
+func onceKey(id int64, by, key string) string {
+	return fmt.Sprintf("approve %d %d:%s %s", id, len(by), by, key)
+}
 
 func checkApprover(by string) error {
 	if by == "" || len(by) > MaxApprover || !utf8.ValidString(by) || strings.ContainsFunc(by, unicode.IsControl) {
@@ -138,10 +159,20 @@ type Charge struct {
 }
 
 // CreateSchema creates the tables, the guard's included. Workers that start
-// at once may call it together (guard.CreateIfNotExists).
+// at once may call it together (guard.CreateIfNotExists). Once the tables
+// are there it creates nothing, so that paymentd starts as a role granted
+// their rows and not CREATE on the schema (PostgreSQL checks that
+// privilege before it looks whether a CREATE TABLE IF NOT EXISTS's table
+// exists: TestCreateSchemaWithoutCreateOnSchema).
 func CreateSchema(ctx context.Context, db *sql.DB) error {
-	if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
-		return err
+	var n int
+	// Counted where CREATE TABLE would create them; on SQLite the count
+	// fails and the statements run, as they may there.
+	err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename IN ('payment', 'charge')`).Scan(&n)
+	if err != nil || n < 2 {
+		if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
+			return err
+		}
 	}
 	return guard.CreateTables(ctx, db)
 }
@@ -210,7 +241,22 @@ func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
 // unless ctx ended during the commit itself, which the database may have
 // finished; Get the payment to know.
 func (s *Service) Approve(ctx context.Context, id int64, by string) (fence.Token, error) {
-	return s.locked(ctx, id, by, fenced)
+	return s.locked(ctx, id, by, "", fenced)
+}
+
+// ApproveOnce is Approve for a request that may be sent again, such as an
+// HTTP request with an Idempotency-Key, which net/http sends again by
+// itself when its connection breaks before the answer: key is recorded
+// (guard.Once) in the approval's fenced transaction, with the payment and
+// the approver, and a later ApproveOnce with the same three, its approval
+// committed, returns that approval's token and nil, as the first call
+// would have, rather than ErrAlreadyApproved. Nothing is charged again. It
+// returns ErrInvalidKey for a key that cannot be recorded.
+func (s *Service) ApproveOnce(ctx context.Context, id int64, by, key string) (fence.Token, error) {
+	if err := checkKey(key); err != nil {
+		return 0, err
+	}
+	return s.locked(ctx, id, by, key, fenced)
 }
 
 // ApproveTokenOnly is the article's approval: read the payment, then the
@@ -218,14 +264,14 @@ func (s *Service) Approve(ctx context.Context, id int64, by string) (fence.Token
 // worker that writes after a newer one, but charges twice when the stale
 // worker writes first. Kept for the demo and the tests; do not use it.
 func (s *Service) ApproveTokenOnly(ctx context.Context, id int64, by string) (fence.Token, error) {
-	return s.locked(ctx, id, by, tokenOnly)
+	return s.locked(ctx, id, by, "", tokenOnly)
 }
 
 // ApproveWithoutFencing is the approval with a plain UPDATE that ignores the
 // token: the hazard the article describes, kept for the demo and the tests
 // to compare against. Do not use it.
 func (s *Service) ApproveWithoutFencing(ctx context.Context, id int64, by string) (fence.Token, error) {
-	return s.locked(ctx, id, by, unfenced)
+	return s.locked(ctx, id, by, "", unfenced)
 }
 
 type mode int
@@ -236,8 +282,14 @@ const (
 	unfenced              // read, then a plain update
 )
 
-// locked approves under the payment's lock and returns the lease's token.
-func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fence.Token, error) {
+// errDone ends the fenced transaction of an approval that ApproveOnce finds
+// made before with its key.
+var errDone = errors.New("payment: approved before with this key")
+
+// locked approves under the payment's lock and returns the lease's token,
+// or, when key is not empty and an approval with it committed before
+// (ApproveOnce), that approval's token.
+func (s *Service) locked(ctx context.Context, id int64, by, key string, m mode) (fence.Token, error) {
 	if s.Locker == nil || s.DB == nil {
 		return 0, fmt.Errorf("%w: payment: a Service needs a Locker and a DB", fence.ErrInvalidOption)
 	}
@@ -272,16 +324,34 @@ func (s *Service) locked(ctx context.Context, id int64, by string, m mode) (fenc
 		defer cancel()
 		if m == fenced {
 			err := guard.Tx(dbCtx, s.DB, Resource(id), token, func(tx *sql.Tx) error {
+				if key != "" {
+					err := guard.Once(dbCtx, tx, onceKey(id, by, key))
+					if errors.Is(err, guard.ErrDuplicate) {
+						// Done before: its token is the row's, unless a
+						// later approval wrote it (none can: it stays
+						// approved).
+						p, err := get(dbCtx, tx, id)
+						if err != nil {
+							return err
+						}
+						token = p.Token
+						return errDone
+					}
+					if err != nil {
+						return err
+					}
+				}
 				return s.approve(dbCtx, tx, id, by, token, m)
 			})
-			committed = err == nil
+			committed = err == nil || errors.Is(err, errDone)
 			return err
 		}
 		return s.readThenWrite(dbCtx, id, by, token, m)
 	}, append([]fence.Option{fence.Wait(LockWait), fence.TTL(LockLease)}, s.LockOptions...)...)
 	if committed {
 		// The fence accepted the token, so the approval stands even if the
-		// lease ran out meanwhile and Run reports it lost.
+		// lease ran out meanwhile and Run reports it lost (or it was made
+		// before, with this key).
 		return token, nil
 	}
 	return token, err

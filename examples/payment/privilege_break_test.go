@@ -21,10 +21,6 @@ import (
 // own tables go through guard.CreateIfNotExists, which runs statements it
 // cannot read and so cannot tell what exists.
 func TestCreateSchemaWithoutCreateOnSchema(t *testing.T) {
-	t.Skip("design question: CreateSchema needs CREATE on the schema even when every table exists, so paymentd " +
-		"cannot start as a least-privilege role. Options: CreateSchema (or paymentd) skips the CREATEs when payment " +
-		"and charge are in current_schema(), as guard.CreateTables now does for its tables; a paymentd flag that " +
-		"skips the schema; or say in paymentd's doc that its role needs CREATE")
 	db := pg.NewDB(t)
 	if err := payment.CreateSchema(ctx(t), db); err != nil {
 		t.Fatal(err)

@@ -21,11 +21,6 @@ import (
 // approval that it made, the one charge being its own. Seen: first attempt
 // 200 (lost), resend 409, one charge, approved_by "alice".
 func TestHandlerResentApprovalAfterLostAnswer(t *testing.T) {
-	t.Skip("design question: a resend of an approval whose answer was lost is 409 'payment already approved', " +
-		"the same answer as another approver's; the client cannot tell its committed approval from a conflict " +
-		"without a GET. Options: Approve answers success (the row's token) when the payment is already approved " +
-		"by the same approver (idempotent per approver), or Handler honours Idempotency-Key with guard.Once in " +
-		"the fenced transaction and answers a replay 200")
 	e := setup(t)
 	db := e.dbs["postgres"]
 	svc := &payment.Service{Locker: e.locker, DB: db}
