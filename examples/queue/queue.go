@@ -157,10 +157,18 @@ const MaxIDLen = 128
 var ErrInvalidID = errors.New("queue: invalid message id")
 
 // ErrInvalidAccount means an account was refused: empty, not valid UTF-8,
-// or holding a NUL. The consumer could never apply such a message (an entry
-// without an account is malformed, and PostgreSQL's text holds neither NUL
-// nor bytes that are not UTF-8): it would go to queue_dead.
+// holding a NUL, or longer than MaxAccountLen. The consumer could never
+// apply such a message (an entry without an account is malformed,
+// PostgreSQL's text holds neither NUL nor bytes that are not UTF-8, and a
+// btree entry, queue_balance's key, at most 2704 bytes): it would go to
+// queue_dead.
 var ErrInvalidAccount = errors.New("queue: invalid account")
+
+// MaxAccountLen is the longest account Produce and ProduceID accept, in
+// bytes: well within the 2704 bytes of a PostgreSQL btree entry, which
+// queue_balance's primary key makes each account (2,700 random letters
+// failed every transaction of their message).
+const MaxAccountLen = 1024
 
 // checkID returns an error matching ErrInvalidID if id cannot be the id of
 // a message of stream.
@@ -246,8 +254,8 @@ func digits(s string) bool {
 // refused with an error matching fence.ErrInvalidName, and rdb
 // must run the script at once: a client, not a pipeline (where go-redis
 // cannot fall back from EVALSHA to EVAL). An account that is empty, holds
-// a NUL or is not UTF-8 is refused with an error matching
-// ErrInvalidAccount, and nothing is appended.
+// a NUL, is not UTF-8 or is longer than MaxAccountLen is refused with an
+// error matching ErrInvalidAccount, and nothing is appended.
 func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amount int64) (string, error) {
 	var id [16]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
@@ -277,6 +285,9 @@ func produce(ctx context.Context, rdb redis.Cmdable, stream, id, account string,
 	}
 	if account == "" || !utf8.ValidString(account) || strings.ContainsRune(account, 0) {
 		return "", fmt.Errorf("%w: %q is empty, holds a NUL or is not UTF-8", ErrInvalidAccount, account)
+	}
+	if len(account) > MaxAccountLen {
+		return "", fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidAccount, len(account), MaxAccountLen)
 	}
 	var call [16]byte
 	_, _ = rand.Read(call[:]) // never fails (crypto/rand)
