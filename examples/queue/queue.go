@@ -627,7 +627,7 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		m, err := parse(c.Stream, e)
 		if err != nil {
 			// A malformed entry can never be applied: it is dead at once.
-			if _, derr := c.giveUp(run, e, m.Key, token, err, true); derr != nil {
+			if _, derr := c.giveUp(run, e, m.Key, token, err, true); derr != nil && !c.doneBefore(run, m.Key, token, derr) {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", e.ID, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
 					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, e.ID, derr)
@@ -641,6 +641,9 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		}
 		c.pause(BeforeFence, m, token)
 		err = c.applyOne(run, m, token)
+		if c.doneBefore(run, m.Key, token, err) {
+			err = errDuplicate
+		}
 		switch {
 		case err == nil:
 			c.log().Info(LogApplied, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
@@ -651,6 +654,11 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
 			dead, derr := c.giveUp(run, e, m.Key, token, err, false)
+			if c.doneBefore(run, m.Key, token, derr) {
+				// Its commit's reply was lost: it was applied.
+				c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
+				break
+			}
 			if derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
@@ -672,6 +680,27 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		}
 	}
 	return nil
+}
+
+// doneBefore reports whether err is guard's refusal of token because token
+// itself was accepted on the resource of the message with key key, and the
+// message is done (applied or given up on). Then a transaction of this
+// term committed on it: for another entry with the same message id (a
+// producer's retry, a redelivery), or with a reply that was lost. guard
+// accepts a token once per resource, and a newer leader's is greater:
+// taking the refusal for a newer leader's ended the term for nothing. ctx
+// is Run's (see apply).
+func (c *Consumer) doneBefore(ctx context.Context, key string, token fence.Token, err error) bool {
+	var stale *guard.StaleError
+	if !errors.As(err, &stale) || stale.Last != token {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	defer cancel()
+	var done bool
+	err = c.DB.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)
+	OR EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`, c.Stream, key).Scan(&done)
+	return err == nil && done
 }
 
 // giveUp records entry e, whose message (key key) failed with cause (or,
