@@ -116,7 +116,11 @@
 //
 // A redelivered message is known by the INSERT into queue_applied (ON
 // CONFLICT DO NOTHING) affecting no row, not by a driver's error code, so
-// any database/sql driver for PostgreSQL will do.
+// any database/sql driver for PostgreSQL will do. guard accepts a token
+// once per resource: a message done earlier in the same term (another
+// entry with its id, a redelivery, a commit whose reply was lost) has its
+// fence refused with the leader's own token, and is then found done and
+// acknowledged, the term going on; a refusal by a greater token ends it.
 //
 // cmd/queued runs a consumer, or produces messages.
 package queue
