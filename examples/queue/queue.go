@@ -350,8 +350,8 @@ func (p Point) String() string {
 // Consumer applies the messages of a stream through a consumer group while
 // it leads.
 type Consumer struct {
-	// Redis holds the stream. The lock may live elsewhere (the Locker
-	// given to Run). Run returns when its context ends even if Redis's
+	// Redis holds the stream: a client, not a pipeline (Run refuses
+	// one). The lock may live elsewhere (the Locker given to Run). Run returns when its context ends even if Redis's
 	// reads do not heed it (go-redis's ContextTimeoutEnabled off, the
 	// default): a command given up on finishes in the background.
 	Redis redis.Cmdable
@@ -438,8 +438,8 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // Each term creates the group (and the stream) if missing. It returns when
 // ctx ends, or at once, with an error matching fence.ErrInvalidOption or
 // ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
-// with a Stream holding a brace or a ':' (see Resource),
-// with a Name that is not UTF-8 or holds a NUL, with a negative duration
+// whose Redis is a pipeline, with a Stream holding a brace or a ':' (see
+// Resource), with a Name that is not UTF-8 or holds a NUL, with a negative duration
 // or count, with a MinIdle, Block or TxTimeout under a millisecond (most
 // likely a duration without its unit: Block: 50 is 50 ns), or whose lock
 // name, or the guard resource of its longest message id, is not valid.
@@ -487,6 +487,11 @@ func (c *Consumer) check() error {
 	}
 	if c.Redis == nil || c.DB == nil {
 		return fmt.Errorf("%w: queue: Redis and DB must be set", fence.ErrInvalidOption)
+	}
+	// A pipeline queues each command and answers it at once, empty: the
+	// consumer would spin on reads that never wait, filling the pipeline.
+	if _, ok := c.Redis.(redis.Pipeliner); ok {
+		return fmt.Errorf("%w: queue: Redis is a pipeline, which runs no command until Exec: give a client", fence.ErrInvalidOption)
 	}
 	if c.MinIdle < 0 || c.Block < 0 || c.TxTimeout < 0 || c.Batch < 0 || c.MaxDeliveries < 0 {
 		return fmt.Errorf("%w: queue: MinIdle %v, Block %v, TxTimeout %v, Batch %d, MaxDeliveries %d: want none negative",
