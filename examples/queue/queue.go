@@ -351,9 +351,10 @@ func (p Point) String() string {
 // it leads.
 type Consumer struct {
 	// Redis holds the stream: a client, not a pipeline (Run refuses
-	// one). The lock may live elsewhere (the Locker given to Run). Run returns when its context ends even if Redis's
-	// reads do not heed it (go-redis's ContextTimeoutEnabled off, the
-	// default): a command given up on finishes in the background.
+	// one). The lock may live elsewhere (the Locker given to Run). Run
+	// returns when its context ends even if Redis's reads do not heed it
+	// (go-redis's ContextTimeoutEnabled off, the default): a command
+	// given up on finishes in the background.
 	Redis redis.Cmdable
 	// DB is the PostgreSQL database of the effects, with Schema created.
 	DB *sql.DB
@@ -442,10 +443,11 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // ctx ends, or at once, with an error matching fence.ErrInvalidOption or
 // ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
 // whose Redis is a pipeline, with a Stream holding a brace or a ':' (see
-// Resource), with a Name that is not UTF-8 or holds a NUL, with a negative duration
-// or count, with a MinIdle, Block or TxTimeout under a millisecond (most
-// likely a duration without its unit: Block: 50 is 50 ns), or whose lock
-// name, or the guard resource of its longest message id, is not valid.
+// Resource), with a Name that is not UTF-8 or holds a NUL, with a
+// negative duration or count, with a MinIdle, Block or TxTimeout under a
+// millisecond (most likely a duration without its unit: Block: 50 is 50
+// ns), or whose lock name, or the guard resource of its longest message
+// id, is not valid.
 // opts are passed to Lead.
 func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
 	if err := c.check(); err != nil {
@@ -667,7 +669,7 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		default:
 			dead, derr := c.giveUp(run, e, m.Key, token, err, false)
 			if c.doneBefore(run, m.Key, token, derr) {
-				// Its commit's reply was lost: it was applied.
+				// Done by a commit of this term whose reply was lost.
 				c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
 				break
 			}
