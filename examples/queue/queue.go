@@ -775,10 +775,16 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`
 			c.Stream, key, e.ID, fields, p[0].RetryCount, storable(cause.Error()), int64(token), c.Name)
 		return err
 	})
-	if err != nil && !errors.Is(err, errDuplicate) {
+	if errors.Is(err, errDuplicate) {
+		// Applied meanwhile (a deposed leader's late commit): done, but
+		// not dead, and in no dead letter.
+		c.log().Info(LogDuplicate, "consumer", c.Name, "id", e.ID, "msg_id", key, "token", int64(token))
+		return true, nil
+	}
+	if err != nil {
 		return false, err
 	}
-	if err == nil && !dead {
+	if !dead {
 		return false, nil
 	}
 	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "msg_id", key, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
