@@ -637,7 +637,10 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		m, err := parse(c.Stream, e)
 		if err != nil {
 			// A malformed entry can never be applied: it is dead at once.
-			if _, derr := c.giveUp(run, e, m.Key, token, err, true); derr != nil && !c.doneBefore(run, m.Key, token, derr) {
+			_, derr := c.giveUp(run, e, m.Key, token, err, true)
+			if c.doneBefore(run, m.Key, token, derr) {
+				c.log().Info(LogDuplicate, "consumer", c.Name, "id", e.ID, "msg_id", m.Key, "token", int64(token))
+			} else if derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", e.ID, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
 					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, e.ID, derr)
