@@ -222,6 +222,38 @@ func TestACLErrorEndsWait(t *testing.T) {
 	}
 }
 
+// TestAuthErrorEndsWait: the README says auth errors end a wait at once, as
+// WRONGTYPE and ACL errors do; no test had shown it. A wrong password
+// (WRONGPASS) and no password where one is needed (NOAUTH) come back on
+// every try until an operator changes the client or the server, so a 10 s
+// wait must not spend its budget retrying them.
+func TestAuthErrorEndsWait(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	if err := admin.Do(ctx(t), "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	wrong := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "not-pw"})
+	t.Cleanup(func() { _ = wrong.Close() })
+	// The default user turned off: a client without credentials is refused
+	// every command with NOAUTH (admin's connection, already in, stays).
+	if err := admin.Do(ctx(t), "ACL", "SETUSER", "default", "off").Err(); err != nil {
+		t.Fatal(err)
+	}
+	none := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = none.Close() })
+	for what, c := range map[string]*redis.Client{"WRONGPASS": wrong, "NOAUTH": none} {
+		start := time.Now()
+		_, err := newLocker(t, c).Acquire(ctx(t), "lock:payment:1001", fence.Wait(10*time.Second))
+		if !errors.Is(err, fence.ErrNotAcquired) || !strings.Contains(err.Error(), what) {
+			t.Fatalf("Acquire = %v, want ErrNotAcquired with %s", err, what)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("%s took %v to end the wait", what, took)
+		}
+	}
+}
+
 // TestWaitDeniedGivesLockBack: a user whose ACL allows the scripts but not
 // WAIT, with replica sync on. The acquire script takes the lock, then WAIT
 // fails (NOPERM): Acquire fails, and the lock it took, which nobody holds,
