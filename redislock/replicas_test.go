@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -102,6 +103,57 @@ func TestReplicaCutFreshAndOldLockers(t *testing.T) {
 			t.Fatalf("after SetExpectedReplicas(0): %v", err)
 		}
 	}
+}
+
+// TestReplicaRecordOutlivesVolatileEviction: the README says the record has
+// no expiry, so volatile-* eviction never removes it and the check stays
+// closed; no test had shown it. Had the record a TTL, a primary under
+// memory pressure could evict it, and the next fresh Locker, finding no
+// record and the cut-off replica not connected, would expect none and take
+// the lock without any replica's acknowledgement.
+func TestReplicaRecordOutlivesVolatileEviction(t *testing.T) {
+	primary := redistest.Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "volatile-lru")
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	sync := redislock.ReplicaSync{Timeout: 200 * time.Millisecond}
+	if err := tryOnce(t, lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: sync}), "warm-up"); err != nil {
+		t.Fatal(err)
+	}
+	admin := primary.Client(t)
+	if pttl, err := admin.Do(ctx(t), "PTTL", replicaRecord).Int64(); err != nil || pttl != -1 {
+		t.Fatalf("PTTL %s = %d, %v; want -1 (no expiry)", replicaRecord, pttl, err)
+	}
+	// Keys with a TTL, 64 KiB each, until the primary has evicted some.
+	value := strings.Repeat("x", 64<<10)
+	for i := 0; evicted(t, admin) == 0; i++ {
+		if i == 1000 {
+			t.Fatal("no key evicted after 64 MiB written under maxmemory 8mb")
+		}
+		if err := admin.Set(ctx(t), "filler:"+strconv.Itoa(i), value, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin.Get(ctx(t), replicaRecord).Err(); err != nil {
+		t.Fatalf("the replica record after %d evictions: %v", evicted(t, admin), err)
+	}
+	redistest.CutLink(t, primary, replica)
+	fresh := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: sync})
+	wantNotReplicated(t, "fresh Locker after evictions and the cut", tryOnce(t, fresh, "job"), 0, 1)
+}
+
+// evicted is the primary's count of keys evicted under maxmemory.
+func evicted(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(ctx(t), "stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(info, "evicted_keys:")
+	n, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]))
+	if err != nil {
+		t.Fatalf("evicted_keys in INFO stats: %v", err)
+	}
+	return n
 }
 
 // TestReplicaAddedThenRemoved: a replica added to a primary that had none
