@@ -97,8 +97,9 @@ func TestREADMEUseSnippet(t *testing.T) {
 // TestREADMEBadInput checks the README's list of bad input, each refused with
 // a typed error that is not ErrNotAcquired (so the snippet's "bad input"
 // branch takes it) and sends nothing: the cases TestBadInputSendsNothing
-// leaves out (invalid UTF-8, a TTL just under MinTTL), and the limits
-// themselves accepted (a name of MaxNameLen bytes, a TTL of MinTTL).
+// leaves out (invalid UTF-8, characters that print as nothing, a TTL just
+// under MinTTL), and the limits themselves accepted (a name of MaxNameLen
+// bytes, a TTL of MinTTL).
 func TestREADMEBadInput(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
@@ -112,6 +113,9 @@ func TestREADMEBadInput(t *testing.T) {
 	}{
 		"invalid UTF-8":    {"lock:\xff", nil, fence.ErrInvalidName},
 		"DEL byte":         {"lock:\x7f", nil, fence.ErrInvalidName},
+		"byte order mark":  {"\ufefflock:payment:1001", nil, fence.ErrInvalidName},
+		"zero-width space": {"lock:payment:1001\u200b", nil, fence.ErrInvalidName},
+		"bidi override":    {"lock:\u202epayment", nil, fence.ErrInvalidName},
 		"TTL under MinTTL": {"ok", []fence.Option{fence.TTL(fence.MinTTL - time.Millisecond)}, fence.ErrInvalidOption},
 	} {
 		_, err := l.Acquire(ctx(t), tc.name, tc.opts...)
