@@ -72,3 +72,58 @@ func TestTokenRecordOutsideExactRange(t *testing.T) {
 }
 
 func fmtToken(tok fence.Token) string { return strconv.FormatInt(int64(tok), 10) }
+
+// TestTokenRecordRetention: the README says the last-token record expires
+// after the retention period, at least the lease time, so that no key
+// outlives its use, and that tokens still increase once it has expired (the
+// clock floor); no test had let the record expire by itself (deleting it
+// stood in). Each path that writes the record gives it the retention: a
+// take, a grant on release to a waiter, and a take whose lease outlasts the
+// retention, which keeps the record for the lease.
+func TestTokenRecordRetention(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	const retention = 300 * time.Millisecond
+	l := newLockerWith(t, c, redislock.Options{TokenRetention: retention})
+	const name = "lock:payment:1001"
+	record := lockKey(name) + ":token"
+	wantPTTL := func(what string, low, high time.Duration) {
+		t.Helper()
+		if pttl := c.PTTL(ctx(t), record).Val(); pttl < low || pttl > high {
+			t.Fatalf("%s: the token record's PTTL is %v, want %v to %v", what, pttl, low, high)
+		}
+	}
+
+	first := acquire(t, l, name, fence.TTL(100*time.Millisecond))
+	wantPTTL("after a take", 1, retention)
+	// A waiter queued behind first gets the lock granted by first's
+	// Release, which writes the record again.
+	granted := make(chan fence.Lease, 1)
+	go func() {
+		lease, err := l.Acquire(ctx(t), name, fence.TTL(100*time.Millisecond), fence.Wait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- lease
+	}()
+	waitFor(t, func() bool { return c.Exists(ctx(t), lockKey(name)+":queue").Val() == 1 })
+	// ErrLeaseLost: a loaded machine let first's 100 ms run out, and the
+	// waiter took the lock by itself (the record written by a take again).
+	if err := first.Release(ctx(t)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatal(err)
+	}
+	second := <-granted
+	if second == nil {
+		t.FailNow()
+	}
+	wantPTTL("after a grant", 1, retention)
+	if err := second.Release(ctx(t)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return c.Exists(ctx(t), record).Val() == 0 })
+	third := acquire(t, l, name, fence.TTL(time.Minute))
+	if third.Token() <= second.Token() {
+		t.Fatalf("token %d after the record expired, want > %d", third.Token(), second.Token())
+	}
+	wantPTTL("after a take of a minute's lease", 50*time.Second, time.Minute)
+}
