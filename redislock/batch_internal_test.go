@@ -627,3 +627,34 @@ func warm(ctx context.Context, t *testing.T, l *Locker) {
 	}
 	_ = lease.Release(ctx)
 }
+
+// TestBatchContextDeadline: the README says a batch carries the first
+// caller's values and the latest of the callers' deadlines; batchContext
+// also drops every deadline when one caller has none (its call may take as
+// long as the client's own timeouts), which the README left out. No test
+// had looked at the deadline: one cut at the first caller's, or the
+// earliest, would fail the other callers' calls before theirs.
+func TestBatchContextDeadline(t *testing.T) {
+	now := time.Now()
+	call := func(v string, d time.Duration) *batchCall {
+		ctx := context.WithValue(context.Background(), callerKey{}, v)
+		if d > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, now.Add(d))
+			t.Cleanup(cancel)
+		}
+		return &batchCall{ctx: ctx}
+	}
+	first, later, earlier := call("first", 2*time.Second), call("later", 5*time.Second), call("earlier", time.Second)
+	ctx, cancel := batchContext([]*batchCall{first, later, earlier})
+	dl, ok := ctx.Deadline()
+	cancel()
+	if !ok || !dl.Equal(now.Add(5*time.Second)) || ctx.Value(callerKey{}) != "first" {
+		t.Fatalf("batch of deadlines +2 s, +5 s, +1 s: deadline %v (%v), value %v; want +5 s and the first caller's value", dl.Sub(now), ok, ctx.Value(callerKey{}))
+	}
+	ctx, cancel = batchContext([]*batchCall{first, call("none", 0), later})
+	defer cancel()
+	if dl, ok := ctx.Deadline(); ok {
+		t.Fatalf("batch with a caller without deadline: deadline +%v; want none", dl.Sub(now))
+	}
+}

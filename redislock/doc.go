@@ -260,10 +260,10 @@
 // their ProcessHook does not. The pipeline is sent with the first caller's
 // context values (a tracing span in it, say), not the others', without the
 // callers' cancellation (one caller leaving must not fail the others) and
-// with the latest of their deadlines. A caller whose context ends before a
-// sender took its call leaves the queue and its call is never sent; one
-// whose call was taken stops waiting at its deadline, and a late
-// acquisition is then given back as any other.
+// with the latest of their deadlines (none if one of them has none). A
+// caller whose context ends before a sender took its call leaves the queue
+// and its call is never sent; one whose call was taken stops waiting at its
+// deadline, and a late acquisition is then given back as any other.
 //
 // # Leases
 //
