@@ -1,7 +1,9 @@
 package cli_test
 
 import (
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -12,13 +14,19 @@ import (
 // (the server was still within --timeout), with the status --help gives to
 // a deployment that "could not be read within --timeout". Every other
 // command exits 130 (ExitInterrupted) on SIGINT; doctor should too, and
-// say it was interrupted.
+// say it was interrupted. The README gives 130 for SIGTERM too, and SIGHUP
+// (a closed terminal or ssh session) ends fence as they do.
 func TestDoctorInterrupted(t *testing.T) {
 	t.Parallel()
-	stderr := interruptConnected(t, func(addr string) []string {
-		return []string{"doctor", "--timeout", "60s", "--redis", "redis://" + addr}
-	})
-	if strings.Contains(stderr, "unreachable") {
-		t.Errorf("stderr claims the deployment unreachable after SIGINT: %q", stderr)
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			stderr := interruptConnected(t, func(addr string) []string {
+				return []string{"doctor", "--timeout", "60s", "--redis", "redis://" + addr}
+			}, sig)
+			if strings.Contains(stderr, "unreachable") {
+				t.Errorf("stderr claims the deployment unreachable after %v: %q", sig, stderr)
+			}
+		})
 	}
 }

@@ -73,10 +73,10 @@ func TestExecInterruptedConnecting(t *testing.T) {
 }
 
 // interruptConnected runs fence with args(addr), addr a hole that accepts
-// connections and answers nothing, sends it SIGINT once it has connected,
-// and fails the test unless it exits ExitInterrupted within 3 s. It
-// returns what fence wrote to stderr.
-func interruptConnected(t *testing.T, args func(addr string) []string) string {
+// connections and answers nothing, sends it sig (SIGINT if none is given)
+// once it has connected, and fails the test unless it exits
+// ExitInterrupted within 3 s. It returns what fence wrote to stderr.
+func interruptConnected(t *testing.T, args func(addr string) []string, sig ...os.Signal) string {
 	t.Helper()
 	addr, accepted := acceptingHole(t)
 	cmd := exec.Command(fenceBin, args(addr)...)
@@ -93,12 +93,16 @@ func interruptConnected(t *testing.T, args func(addr string) []string) string {
 		t.Fatalf("fence never connected to %s", addr)
 	}
 	start := time.Now()
-	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+	send := os.Signal(os.Interrupt)
+	if len(sig) > 0 {
+		send = sig[0]
+	}
+	if err := cmd.Process.Signal(send); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
 	if code, d := cmd.ProcessState.ExitCode(), time.Since(start); code != cli.ExitInterrupted || d > 3*time.Second {
-		t.Errorf("exit %d %v after SIGINT (stderr %q), want %d within 3 s", code, d.Round(time.Millisecond), stderr.String(), cli.ExitInterrupted)
+		t.Errorf("exit %d %v after %v (stderr %q), want %d within 3 s", code, d.Round(time.Millisecond), send, stderr.String(), cli.ExitInterrupted)
 	}
 	return stderr.String()
 }
