@@ -327,17 +327,21 @@ func (s *Service) locked(ctx context.Context, id int64, by, key string, m mode) 
 				if key != "" {
 					err := guard.Once(dbCtx, tx, onceKey(id, by, key))
 					if errors.Is(err, guard.ErrDuplicate) {
-						// Done before: its token is the row's, unless a
-						// later approval wrote it (none can: it stays
-						// approved).
 						p, err := get(dbCtx, tx, id)
 						if err != nil {
 							return err
 						}
-						token = p.Token
-						return errDone
-					}
-					if err != nil {
+						// Done before: its token is the row's, unless a
+						// later approval wrote it (none can: it stays
+						// approved). A key found with the payment not
+						// approved by by is not this approval's (another
+						// service's guard.Once, or a payment reopened
+						// since): approve as without it.
+						if p.Status == "APPROVED" && p.ApprovedBy == by {
+							token = p.Token
+							return errDone
+						}
+					} else if err != nil {
 						return err
 					}
 				}
