@@ -36,3 +36,27 @@ func TestRunOnPipelineRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestRunOnWrappedPipelineRefused: a pipeline behind a wrapper that
+// embeds redis.Cmdable (a tracing or metrics wrapper, say) is not a
+// redis.Pipeliner to a type assertion, and Run took it for a client: it
+// led and spun, reading nothing, until its context ended ("Pipeline:
+// context deadline exceeded, want ErrInvalidOption", and TxPipeline). It
+// must be refused as a bare pipeline is.
+func TestRunOnWrappedPipelineRefused(t *testing.T) {
+	locker, err := memlock.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.Start(t).Client(t)
+	type wrapper struct{ redis.Cmdable }
+	for name, p := range map[string]redis.Pipeliner{"Pipeline": rdb.Pipeline(), "TxPipeline": rdb.TxPipeline()} {
+		c := &queue.Consumer{Redis: wrapper{p}, DB: pg.NewDB(t), Stream: "s", Group: "g", Name: "n"}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		err := c.Run(ctx, locker)
+		cancel()
+		if !errors.Is(err, fence.ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
