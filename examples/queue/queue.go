@@ -351,7 +351,7 @@ func (p Point) String() string {
 // it leads.
 type Consumer struct {
 	// Redis holds the stream: a client, not a pipeline (Run refuses
-	// one). The lock may live elsewhere (the Locker given to Run). Run
+	// one, also behind a wrapper: it asks with a PING). The lock may live elsewhere (the Locker given to Run). Run
 	// returns when its context ends even if Redis's reads do not heed it
 	// (go-redis's ContextTimeoutEnabled off, the default): a command
 	// given up on finishes in the background.
@@ -453,6 +453,16 @@ func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.L
 	if err := c.check(); err != nil {
 		return err
 	}
+	// A pipeline queues each command and answers it at once, empty: the
+	// consumer would spin on reads that never wait, filling the pipeline.
+	// Asked, not told by its type: behind a wrapper that embeds
+	// redis.Cmdable a pipeline is no redis.Pipeliner
+	// (TestRunOnWrappedPipelineRefused). A Redis that fails the PING is the
+	// terms' to wait for.
+	pong, err := bound.Call(ctx, func() (string, error) { return c.Redis.Ping(ctx).Result() }, nil)
+	if err == nil && pong != "PONG" {
+		return fmt.Errorf("%w: queue: Redis answered PING with %q: a pipeline, which runs no command until Exec? give a client", fence.ErrInvalidOption, pong)
+	}
 	// The term's context ends with the lease; what must outlive the lease
 	// (a transaction under way, its XACK) is bounded by ctx, the caller's.
 	return fence.Lead(ctx, locker, LockName(c.Stream, c.Group), func(lctx context.Context, lease fence.Lease) error {
@@ -492,11 +502,6 @@ func (c *Consumer) check() error {
 	}
 	if c.Redis == nil || c.DB == nil {
 		return fmt.Errorf("%w: queue: Redis and DB must be set", fence.ErrInvalidOption)
-	}
-	// A pipeline queues each command and answers it at once, empty: the
-	// consumer would spin on reads that never wait, filling the pipeline.
-	if _, ok := c.Redis.(redis.Pipeliner); ok {
-		return fmt.Errorf("%w: queue: Redis is a pipeline, which runs no command until Exec: give a client", fence.ErrInvalidOption)
 	}
 	if c.MinIdle < 0 || c.Block < 0 || c.TxTimeout < 0 || c.Batch < 0 || c.MaxDeliveries < 0 {
 		return fmt.Errorf("%w: queue: MinIdle %v, Block %v, TxTimeout %v, Batch %d, MaxDeliveries %d: want none negative",
