@@ -250,13 +250,22 @@ func (s *Service) Approve(ctx context.Context, id int64, by string) (fence.Token
 // (guard.Once) in the approval's fenced transaction, with the payment and
 // the approver, and a later ApproveOnce with the same three, its approval
 // committed, returns that approval's token and nil, as the first call
-// would have, rather than ErrAlreadyApproved. Nothing is charged again. It
+// would have, rather than ErrAlreadyApproved; so does a call overtaken by
+// its own resend (its lease ran out first). Nothing is charged again. It
 // returns ErrInvalidKey for a key that cannot be recorded.
 func (s *Service) ApproveOnce(ctx context.Context, id int64, by, key string) (fence.Token, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	return s.locked(ctx, id, by, key, fenced)
+	token, err := s.locked(ctx, id, by, key, fenced)
+	if errors.Is(err, guard.ErrStale) {
+		// A newer approval committed while this one waited, perhaps this
+		// key's own resend: asked again, under a new lease, the key gives
+		// its answer, as the resend's was, or the payment says who
+		// approved it (TestStaleFirstAnsweredAsItsResend).
+		token, err = s.locked(ctx, id, by, key, fenced)
+	}
+	return token, err
 }
 
 // ApproveTokenOnly is the article's approval: read the payment, then the
