@@ -23,9 +23,10 @@ import (
 // never applied once the lock was gone (1 failed, 1 dead, balance 0, want
 // 7; the dead letter's error "timeout: context deadline exceeded", or
 // "guard: transaction conflict, retry with a new lease: ERROR: canceling
-// statement due to lock timeout (SQLSTATE 55P03)"). A time-out or a
-// conflict is the database's failure, not the message's: like a database
-// that is down, it must leave the message pending, uncounted.
+// statement due to lock timeout (SQLSTATE
+// 55P03)"). A time-out or a conflict is the database's failure, not the
+// message's: like a database that is down, it must leave the message
+// pending, uncounted.
 func TestLockedTableDoesNotKillMessages(t *testing.T) {
 	for name, params := range map[string]string{"TxTimeout": "", "lock_timeout": "&lock_timeout=100"} {
 		t.Run(name, func(t *testing.T) {

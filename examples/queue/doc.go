@@ -110,11 +110,9 @@
 // queue_dead, in that transaction, and acknowledges it. A message is
 // then done once: applied (queue_applied) or given up on (queue_dead, where
 // a malformed entry, without an account or an integer amount, or with an
-// invalid msg_id, goes at once). A failure of the database's is not
-// counted and leaves the message pending: one that also stops that write
-// (the database down), a transaction cut by TxTimeout or ended by a
-// conflict (guard.ErrRetry: a deadlock, a lock_timeout), as while
-// maintenance holds the table's lock.
+// invalid msg_id, goes at once). A
+// failure that also stops that write, the database being down, leaves the
+// message pending.
 //
 // A redelivered message is known by the INSERT into queue_applied (ON
 // CONFLICT DO NOTHING) affecting no row, not by a driver's error code, so

@@ -389,12 +389,9 @@ type Consumer struct {
 	// delivery count: a message is delivered again, untried, each time a
 	// term claims its batch and a message before it fails, and a message
 	// behind a poison one would otherwise be given up on at its first
-	// failure. A failure of the database's is not counted and leaves the
-	// message pending: one that also stops the write to queue_failures or
-	// queue_dead (the database is down), a transaction cut by TxTimeout,
-	// a conflict (guard.ErrRetry: a deadlock, a serialization failure, a
-	// lock_timeout), as while maintenance holds a table's lock. Default
-	// DefaultMaxDeliveries.
+	// failure. A failure that also stops the write to queue_failures or
+	// queue_dead (the database is down) is not counted and leaves the
+	// message pending. Default DefaultMaxDeliveries.
 	MaxDeliveries int
 	// Pause, if set, is called at each Point of each message: a place for
 	// tests to stop the process.
@@ -670,10 +667,6 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		case errors.Is(err, guard.ErrStale):
 			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
-		case errors.Is(err, errTimedOut) || errors.Is(err, guard.ErrRetry):
-			// The database's failure, not the message's: not counted.
-			c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
-			return fmt.Errorf("queue: apply %s: %w", m.ID, err)
 		default:
 			dead, derr := c.giveUp(run, e, m.Key, token, err, false)
 			if c.doneBefore(run, m.Key, token, derr) {
@@ -832,7 +825,7 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 	// and the fence must stop it.
 	dbCtx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
-	err := c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.Key), token, func(tx *sql.Tx) error {
+	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.Key), token, func(tx *sql.Tx) error {
 		// A message given up on before (queue_dead) is done.
 		var dead bool
 		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`,
@@ -870,16 +863,7 @@ ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.b
 		c.pause(BeforeCommit, m, token)
 		return nil
 	})
-	if err != nil && dbCtx.Err() != nil && ctx.Err() == nil {
-		return fmt.Errorf("%w: %w", errTimedOut, err)
-	}
-	return err
 }
-
-// errTimedOut marks a message's transaction cut by TxTimeout, Run's
-// context still running: the database was slow or a lock held it (a table
-// locked for maintenance), which says nothing of the message.
-var errTimedOut = errors.New("queue: transaction timed out")
 
 // parse returns the message of entry e of stream. If e is malformed, it
 // returns an error and a Message holding ID and Key alone: Key is the
