@@ -2,7 +2,6 @@ package redlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -26,6 +25,18 @@ type NodeStatus struct {
 // budget, which would report a slow but healthy node (a first dial over
 // TLS, a loaded host) as unreachable. It changes nothing. The lock is held
 // when it is held on a majority.
+//
+// Each node is read on its primary, by a script (EVAL) that go-redis sends
+// there even on a node client that routes read-only commands to replicas
+// (a cluster client over a primary and its replicas, as
+// redis.NewFailoverClusterClient builds one, with ReadOnly or
+// RouteRandomly): a replica may be behind its primary, and would call the
+// lock free. On a node whose client sends every command to a replica
+// (FailoverOptions.ReplicaOnly) the node's Err is READONLY, unless the ACL
+// user may not run INFO, which the script asks the role with: then it reads
+// the replica's copy. A primary that refuses or pauses writes
+// (min-replicas-to-write, a failed save, CLIENT PAUSE WRITE) still answers
+// it.
 func (l *Locker) Status(ctx context.Context, name string) ([]NodeStatus, error) {
 	if err := l.made(); err != nil {
 		return nil, err
@@ -35,19 +46,26 @@ func (l *Locker) Status(ctx context.Context, name string) ([]NodeStatus, error) 
 	}
 	k := l.keys(name)
 	rs := l.fanout(ctx, l.all(), DefaultStatusTimeout, func(ctx context.Context, i int) ([]int64, error) {
-		pipe := l.nodes[i].Pipeline()
-		pttl := pipe.PTTL(ctx, k.lock)
-		last := pipe.Get(ctx, k.token)
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		state, err := stateScript.Eval(ctx, l.nodes[i], []string{k.lock, k.token}).Slice()
+		if err != nil {
 			return nil, err
 		}
-		var token int64
-		if v, err := last.Result(); err == nil {
+		var pttl, token int64
+		var ok bool
+		if len(state) == 2 {
+			pttl, ok = state[0].(int64)
+		}
+		if !ok {
+			return nil, fmt.Errorf("unexpected reply %v", state)
+		}
+		if v, found := state[1].(string); found {
 			if token, err = strconv.ParseInt(v, 10, 64); err != nil {
 				return nil, fmt.Errorf("bad token record %q", v)
 			}
+		} else if state[1] != nil {
+			return nil, fmt.Errorf("unexpected reply %v", state)
 		}
-		return []int64{int64(pttl.Val()), token}, nil
+		return []int64{pttl, token}, nil
 	})
 	out := make([]NodeStatus, len(rs))
 	for i, r := range rs {
@@ -58,12 +76,12 @@ func (l *Locker) Status(ctx context.Context, name string) ([]NodeStatus, error) 
 			out[i].Err = r.err
 			continue
 		}
-		switch ttl := time.Duration(r.res[0]); {
-		case ttl == -2: // no such key (go-redis passes -2 and -1 through unscaled)
-		case ttl == -1:
+		switch pttl := r.res[0]; pttl {
+		case -2: // no such key
+		case -1:
 			out[i].Held, out[i].TTL = true, -1
 		default:
-			out[i].Held, out[i].TTL = true, ttl
+			out[i].Held, out[i].TTL = true, time.Duration(pttl)*time.Millisecond
 		}
 		out[i].LastToken = fence.Token(r.res[1])
 	}
