@@ -8,6 +8,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestStatusDuringWritePause: Status reads the lock on a primary whose
@@ -74,5 +75,35 @@ func TestFirstStatusDuringWritePause(t *testing.T) {
 	}
 	if st.ReplicasErr != nil {
 		t.Fatalf("first Status during a write pause: replicas unknown: %v", st.ReplicasErr)
+	}
+}
+
+// TestFirstStatusDuringWritePauseWrapped: the same read through a user's
+// own client type (a struct embedding redis.UniversalClient), whose Locker asks
+// the server, before it reads replica counts, whether the client hides a
+// cluster or a Ring: a probe script per key, which declared no flags and
+// was held back for the whole pause. The lock was read, but Status ran to
+// the caller's 2 s deadline (2.15 s) and gave no counts (ReplicasErr:
+// "redislock: stopped waiting for the reply: context deadline exceeded").
+func TestFirstStatusDuringWritePauseWrapped(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const name = "lock:first-status-writepause-wrapped"
+	lease := acquire(t, newLockerWith(t, admin, redislock.Options{}), name, fence.TTL(time.Minute))
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLockerWith(t, interfaceWrapped{c}, redislock.Options{}) // replica sync on: it probes
+	if err := admin.Do(ctx(t), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
+	cc, cancel := context.WithTimeout(ctx(t), 2*time.Second)
+	defer cancel()
+	st, err := l.Status(cc, name)
+	if err != nil || !st.Held || st.LastToken != lease.Token() {
+		t.Fatalf("first Status during a write pause, wrapped client = %+v, %v; want held, token %d", st, err, lease.Token())
+	}
+	if st.ReplicasErr != nil {
+		t.Fatalf("first Status during a write pause, wrapped client: replicas unknown: %v", st.ReplicasErr)
 	}
 }
