@@ -164,8 +164,12 @@ func (l *Locker) hiddenClusterSynced(ctx context.Context) error {
 const probeKeys = 32
 
 // probeScript returns the run_id of the server it runs on; it reads its
-// key's slot, writes nothing.
-var probeScript = "return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''"
+// key's slot, writes nothing, and says so (no-writes): a primary that
+// pauses writes (CLIENT PAUSE WRITE, a switchover) holds back a script
+// that declares no flags for the whole pause, and with it the first
+// ReplicaCounts, or Status's counts, of a Locker on such a client
+// (TestFirstStatusDuringWritePauseWrapped).
+var probeScript = "#!lua flags=no-writes\nreturn string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''"
 
 // probeCluster asks, unless another call has, whether the client spreads
 // commands over several servers, in one pipeline: INFO server and cluster
