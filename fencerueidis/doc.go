@@ -12,13 +12,16 @@
 //
 // redislock makes few kinds of Redis calls: its scripts by EVALSHA, sent
 // in full on NOSCRIPT (acquire, extend, release, the replica record, which
-// reads INFO replication, and Status's PTTL and GET, in a script so that a
-// client sending read-only commands to replicas reads them on the
-// primary), with WAIT pipelined after them on the same
-// connection when replica sync applies; SUBSCRIBE to a lock's release
-// channel while someone waits (on a dedicated connection of the primary,
-// shared by the Locker's waiters, for a client that routes to replicas,
-// since rueidis's SUBSCRIBE is read-only too). The internal package
+// reads INFO replication), with WAIT pipelined after them on the same
+// connection when replica sync applies; Status's reads (the lock's PTTL
+// and GET, in a script so that a client sending read-only commands to
+// replicas reads them on the primary, and the replica record), always in
+// full and each on a connection of rueidis's blocking pool (Dedicated), so
+// that they answer while the server pauses writes even when a write of
+// the process waits out the pause on the shared connection; SUBSCRIBE to
+// a lock's release channel while someone waits (on a dedicated connection
+// of the primary, shared by the Locker's waiters, for a client that routes
+// to replicas, since rueidis's SUBSCRIBE is read-only too). The internal package
 // internal/redisconn names exactly these as an interface, and redislock
 // dispatches to it at the three places that make them, keeping its go-redis
 // calls as they are (so that their allocation count, measured in
@@ -77,8 +80,10 @@
 // subscribed on it, and it is closed when the last of them leaves: one
 // connection of rueidis's blocking pool per Locker while anyone waits,
 // whatever the number of names (TestWaitersSpareBlockingPool). That pool
-// also runs replica sync's script and WAIT pairs, so a BlockingPoolSize of
-// 1 leaves them none while someone waits; the default is 1024. On RESP3,
+// also runs replica sync's script and WAIT pairs and Status's reads, so a
+// BlockingPoolSize of 1 leaves them none while someone waits (a Status
+// then waits for the connection past its context: rueidis's Dedicated
+// takes none); the default is 1024. On RESP3,
 // the default, the subscription shares the command connection and is
 // restored with it (TestSubscriptionKilled). rueidis's Receive leaves its
 // channel subscribed when its context ends, and a dedicated connection

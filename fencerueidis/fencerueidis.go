@@ -330,10 +330,22 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 			cmd = c.c.B().Evalsha().Sha1(s.SHA).Numkeys(int64(len(keys))).Key(keys...).Arg(sargs...).Build()
 		}
 		var res, wait rueidis.RedisResult
-		if replicas > 0 {
+		switch {
+		case replicas > 0:
 			rs := c.c.DoMulti(ctx, cmd, c.c.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build())
 			res, wait = rs[0], rs[1]
-		} else {
+		case s.Full:
+			// A read that must answer while the server holds writes
+			// back (see redisconn.Script's Full) goes on a connection
+			// of its own: automatic pipelining would put it behind any
+			// write in flight on the shared one, and the server reads
+			// nothing more from a connection whose command it holds
+			// (TestStatusDuringWritePauseBehindWrite).
+			_ = c.c.Dedicated(func(dc rueidis.DedicatedClient) error {
+				res = dc.Do(ctx, cmd)
+				return nil
+			})
+		default:
 			res = c.c.Do(ctx, cmd)
 		}
 		if e, ok := rueidis.IsRedisErr(res.Error()); !full && ok && e.IsNoScript() {
