@@ -2,6 +2,8 @@ package redislock_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,5 +107,54 @@ func TestFirstStatusDuringWritePauseWrapped(t *testing.T) {
 	}
 	if st.ReplicasErr != nil {
 		t.Fatalf("first Status during a write pause, wrapped client: replicas unknown: %v", st.ReplicasErr)
+	}
+}
+
+// TestStatusDuringWritePauseBehindBatches: Status during a write pause
+// while three other calls of the Locker, writes, wait out the pause: one
+// went straight through and two in the two batches a Locker sends at once
+// (batch.go). Status found the batches' senders busy and queued for the
+// next batch, which was to go once one of them had its replies: after
+// the pause. It failed at its 2 s deadline ("redislock: batched call
+// never sent: context deadline exceeded").
+func TestStatusDuringWritePauseBehindBatches(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	l := newLockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	const name = "lock:status-writepause-batches"
+	lease := acquire(t, l, name, fence.TTL(time.Minute))
+	if err := admin.Do(ctx(t), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const held = 3
+	done := make(chan error, held)
+	actx := ctx(t) // ends after the Cleanup below
+	t.Cleanup(func() {
+		_ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err()
+		for range held {
+			if err := <-done; err != nil {
+				t.Errorf("an Acquire held back by the pause: %v", err)
+			}
+		}
+	})
+	for i := range held {
+		go func() {
+			other, err := l.Acquire(actx, fmt.Sprintf("%s:other%d", name, i), fence.TTL(time.Minute))
+			if err == nil {
+				err = other.Release(actx)
+			}
+			done <- err
+		}()
+		// One at a time: each takes the next way out (straight, then a
+		// batch of its own).
+		waitFor(t, func() bool {
+			return strings.Contains(admin.Info(ctx(t), "clients").Val(), fmt.Sprintf("blocked_clients:%d\r", i+1))
+		})
+	}
+	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
+	defer cancel()
+	st, err := l.Status(c, name)
+	if err != nil || !st.Held || st.LastToken != lease.Token() {
+		t.Fatalf("Status during a write pause, behind paused writes = %+v, %v; want held, token %d", st, err, lease.Token())
 	}
 }
