@@ -29,6 +29,8 @@ import (
 // holds its connection until the replicas acknowledge or its timeout ends,
 // and a call that needs none (a release, a queued try) must not wait behind
 // it, nor queue behind the senders it holds, when a replica is slow or gone.
+// Status's reads (scripts sent in full) are never batched, for the same
+// reason: a write pause holds the batches' writes (see evalPipelined).
 //
 // The client's hooks see a batch as one pipeline (ProcessPipelineHook),
 // sent with the first caller's context values (batchContext); a call that

@@ -534,10 +534,13 @@ func (l *Locker) evalRouted(ctx context.Context, script *redis.Script, keys skey
 // the WAIT command's arguments are built once (see waitArgs): the uncontended
 // acquisition pays for the two commands and their replies, not for a new
 // pipeline each time. There, too, a call (without ASKING) that finds another
-// call of the Locker in flight goes in the next batch instead (batch.go).
+// call of the Locker in flight goes in the next batch instead (batch.go),
+// but for a script sent in full (Status's reads), which must answer while
+// the server holds writes back: the next batch waits for the batches in
+// flight, whose writes a write pause holds (TestStatusDuringWritePauseBehindBatches).
 func (l *Locker) evalPipelined(ctx context.Context, c redis.Cmdable, asking bool, required int, script *redis.Script, keys skeys, args []any) (reply *redis.Cmd, acked int, err error) {
 	if !asking {
-		if own := l.batchable(c); own != nil {
+		if own := l.batchable(c); own != nil && !scriptArgs[script].full {
 			b := &l.batch
 			if required > 0 {
 				b = &l.syncBatch // apart: see batcher
