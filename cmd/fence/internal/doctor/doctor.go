@@ -419,7 +419,11 @@ func (n *node) readTime(ctx context.Context, now func() time.Time) {
 func (n *node) probe(ctx context.Context, prefix string, redlock, noSync bool) {
 	key := prefix + ":{doctor}"
 	n.probes = map[string]error{}
-	const script = "return {redis.call('EXISTS', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('TIME')[1]}"
+	// The probes declare that they write nothing, as Status's scripts do,
+	// so that a primary pausing writes (CLIENT PAUSE WRITE, a switchover)
+	// runs them at once: it held back scripts without flags for the whole
+	// pause, and the audit ended at its deadline (TestWritePause).
+	const script = "#!lua flags=no-writes\nreturn {redis.call('EXISTS', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('TIME')[1]}"
 	s := redis.NewScript(script)
 	n.probes["EVAL"] = s.Eval(ctx, n.client, []string{key}).Err()
 	n.probes["EVALSHA"] = s.EvalSha(ctx, n.client, []string{key}).Err()
@@ -435,7 +439,7 @@ func (n *node) probe(ctx context.Context, prefix string, redlock, noSync bool) {
 	}
 	if !redlock && !noSync {
 		n.probes["WAIT"] = n.client.Do(ctx, "WAIT", 0, 0).Err()
-		n.probes["INFO"] = redis.NewScript("return redis.call('INFO', 'replication')").Eval(ctx, n.client, nil).Err()
+		n.probes["INFO"] = redis.NewScript("#!lua flags=no-writes\nreturn redis.call('INFO', 'replication')").Eval(ctx, n.client, nil).Err()
 	}
 
 	user, err := n.client.Do(ctx, "ACL", "WHOAMI").Text()
