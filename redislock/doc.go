@@ -110,9 +110,10 @@
 // ReadOnly, RouteRandomly or RouteByLatency, over a cluster or over a
 // primary and its replicas given as its slots, as
 // redis.NewFailoverClusterClient builds it) takes and reads locks on the
-// primary: every call is a script (EVALSHA, which no client takes for a
-// read), Locker.Status's read of the lock's PTTL and token record
-// included, which a replica behind its primary would report free. Its
+// primary: every call is a script (EVALSHA, or EVAL for Locker.Status's
+// reads, which no client takes for a read), Status's read of the lock's
+// PTTL and token record included, which a replica behind its primary
+// would report free. Its
 // waiters may subscribe on a replica, which hears the grants: Redis
 // replicates them. A client that sends every command to a replica
 // (redis.FailoverOptions.ReplicaOnly) can neither take nor read a lock;
