@@ -158,3 +158,49 @@ func TestStatusDuringWritePauseBehindBatches(t *testing.T) {
 		t.Fatalf("Status during a write pause, behind paused writes = %+v, %v; want held, token %d", st, err, lease.Token())
 	}
 }
+
+// TestStatusDuringWritePauseAutoPipeliner: the same on go-redis's
+// AutoPipeliner (replica sync off, as New requires of one): Status's
+// script went in the AutoPipeliner's next batch, which waits for the batch
+// in flight, whose write the pause held, and Status failed at its 2 s
+// deadline ("redislock: stopped waiting for the reply: context deadline
+// exceeded").
+func TestStatusDuringWritePauseAutoPipeliner(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ap, err := srv.Client(t).AutoPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ap.Close() })
+	l := newLockerWith(t, ap, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	const name = "lock:status-writepause-autopipeliner"
+	lease := acquire(t, l, name, fence.TTL(time.Minute))
+	if err := admin.Do(ctx(t), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	actx := ctx(t) // ends after the Cleanup below
+	t.Cleanup(func() {
+		_ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err()
+		if err := <-done; err != nil {
+			t.Errorf("the Acquire held back by the pause: %v", err)
+		}
+	})
+	go func() {
+		other, err := l.Acquire(actx, name+":other", fence.TTL(time.Minute))
+		if err == nil {
+			err = other.Release(actx)
+		}
+		done <- err
+	}()
+	waitFor(t, func() bool {
+		return strings.Contains(admin.Info(ctx(t), "clients").Val(), "blocked_clients:1\r")
+	})
+	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
+	defer cancel()
+	st, err := l.Status(c, name)
+	if err != nil || !st.Held || st.LastToken != lease.Token() {
+		t.Fatalf("Status during a write pause, AutoPipeliner = %+v, %v; want held, token %d", st, err, lease.Token())
+	}
+}
