@@ -817,11 +817,20 @@ func int64s(reply *redis.Cmd, dst []int64) ([]int64, error) {
 // EVAL on NOSCRIPT) with the commands of scriptCmd, on a *redis.Client (a
 // plain, Sentinel failover or cluster node client); on any other client
 // (the caller's own UniversalClient, which may route its script commands
-// elsewhere than its Process), Run, or Eval for a script sent in full.
+// elsewhere than its Process), Run, or for a script sent in full its EVAL
+// by Do: an AutoPipeliner sends Do on a connection of its own, where Eval
+// waited in its next batch behind writes that a write pause held
+// (TestStatusDuringWritePauseAutoPipeliner); other clients route Do by its
+// key as they route Eval.
 func runScript(ctx context.Context, c redis.Cmdable, script *redis.Script, keys skeys, args []any) *redis.Cmd {
 	rc, ok := c.(*redis.Client)
 	if !ok {
 		if scriptArgs[script].full {
+			if d, ok := c.(interface {
+				Do(context.Context, ...any) *redis.Cmd
+			}); ok {
+				return d.Do(ctx, scriptCmd(ctx, script, true, keys, args).Args()...)
+			}
 			return script.Eval(ctx, c, keys.names, args...)
 		}
 		return script.Run(ctx, c, keys.names, args...)
