@@ -153,13 +153,18 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		lines = append(lines, fmt.Sprintf("  node %d %s: %s; last token %d", i, n.Addr, state, n.LastToken))
 	}
 	if asJSON {
-		return encodeJSON(out, map[string]any{"name": name, "quorum": l.Quorum(), "held_on": held, "reached": reached, "nodes": js})
+		if err := encodeJSON(out, map[string]any{"name": name, "quorum": l.Quorum(), "held_on": held, "reached": reached, "nodes": js}); err != nil {
+			return err
+		}
+	} else {
+		summary := "free"
+		if held >= l.Quorum() {
+			summary = "held"
+		}
+		fmt.Fprintf(out, "%s: %s on %d of %d nodes (quorum %d), %d reached\n%s\n", name, summary, held, len(nodes), l.Quorum(), reached, strings.Join(lines, "\n"))
 	}
-	summary := "free"
-	if held >= l.Quorum() {
-		summary = "held"
-	}
-	fmt.Fprintf(out, "%s: %s on %d of %d nodes (quorum %d), %d reached\n%s\n", name, summary, held, len(nodes), l.Quorum(), reached, strings.Join(lines, "\n"))
+	// With --json too: a script reading held_on below the quorum would
+	// call the lock free when the nodes not read may hold it.
 	if reached < l.Quorum() {
 		return exitWith(ExitUsage, errors.New("fewer nodes reached than a quorum"))
 	}
