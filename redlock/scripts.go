@@ -25,10 +25,9 @@ var (
 	releaseSrc    string
 	releaseScript = redis.NewScript(releaseSrc)
 
-	// stateScript is sent in full (EVAL), never by SHA: a primary that
+	// stateSrc is sent in full (EVAL), never by SHA: a primary that
 	// pauses writes holds back the EVALSHA of a script it has not cached,
 	// whose no-writes flag it cannot read, for the whole pause.
 	//go:embed state.lua
-	stateSrc    string
-	stateScript = redis.NewScript(stateSrc)
+	stateSrc string
 )
