@@ -75,7 +75,7 @@ func TestEntryWithoutIDAppliedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &counter{}
-	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+	c := &queue.Consumer{KeepEntries: true, Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
 		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
 	running(t, ctx, c)
 	settled := func(dups int) func() (bool, error) {

@@ -375,6 +375,11 @@ type Consumer struct {
 	// Block is how long XREADGROUP waits for new entries. Default
 	// DefaultBlock.
 	Block time.Duration
+	// KeepEntries leaves the entries that no group needs any more in the
+	// stream (for an operator's replay, XGROUP SETID, or a group created
+	// later from its start). By default Run trims them after each batch,
+	// so that the stream does not grow for ever.
+	KeepEntries bool
 	// TxTimeout bounds each message's transaction, also after the lease
 	// was lost: the fence, not the lease's context, must stop a write
 	// that is under way. It bounds each XACK too. The context given to
@@ -422,21 +427,26 @@ const maxID = "18446744073709551615-18446744073709551615"
 
 // Outcomes of a message, as logged ("msg" of the log record).
 const (
-	LogApplied   = "applied"    // committed, then acknowledged
-	LogDuplicate = "duplicate"  // applied before (the unique constraint): acknowledged
-	LogRejected  = "rejected"   // the fence found a greater token: a newer leader had it
-	LogFailed    = "failed"     // the transaction failed otherwise: the entry stays pending
-	LogDead      = "dead"       // malformed, or failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
-	LogElected   = "elected"    // a term began
-	LogTermEnded = "term ended" // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
-	LogClaimed   = "claimed"    // XAUTOCLAIM took pending entries
+	LogApplied    = "applied"     // committed, then acknowledged
+	LogDuplicate  = "duplicate"   // applied before (the unique constraint): acknowledged
+	LogRejected   = "rejected"    // the fence found a greater token: a newer leader had it
+	LogFailed     = "failed"      // the transaction failed otherwise: the entry stays pending
+	LogDead       = "dead"        // malformed, or failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
+	LogElected    = "elected"     // a term began
+	LogTermEnded  = "term ended"  // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
+	LogClaimed    = "claimed"     // XAUTOCLAIM took pending entries
+	LogTrimFailed = "trim failed" // the entries no group needs could not be trimmed from the stream (see Run): the next batch tries again
 )
 
 var errDuplicate = errors.New("queue: message applied (or given up on) before")
 
 // Run campaigns for the stream's lock on locker with fence.Lead and, while
 // it leads, claims idle pending entries and reads new ones, applying each.
-// Each term creates the group (and the stream) if missing. It returns when
+// Each term creates the group (and the stream) if missing. After each
+// batch it trims the stream of the entries that no group of it needs any
+// more (applied, or given up on, and acknowledged by every group; see
+// trim), so that the stream does not grow for ever, unless KeepEntries.
+// It returns when
 // ctx ends, or at once, with an error matching fence.ErrInvalidOption or
 // ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
 // whose Redis is a pipeline, with a Stream holding a brace or a ':' (see
@@ -579,8 +589,88 @@ func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 				return err
 			}
 		}
+		if !c.KeepEntries && (len(claimed) > 0 || len(streams) > 0) {
+			c.trim(run)
+		}
 	}
 }
+
+// trim removes from the stream the entries that no group of it needs any
+// more, so that acknowledged messages do not fill Redis
+// (TestAppliedEntriesLeaveTheStream: XLEN 50 after 50 applied): XTRIM
+// MINID at the least, over every group of the stream, of its first
+// pending entry, or, with none pending, the entry after the last one
+// delivered to it. A group's need only grows meanwhile (reads move that
+// entry on, acknowledgements the first pending), so an entry trimmed was
+// needed by none. A group created later from an id already trimmed does
+// not get those entries. Trimming is housekeeping: its failure is logged
+// and the term goes on; the next batch trims again.
+func (c *Consumer) trim(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	defer cancel()
+	_, err := bound.Call(ctx, func() (struct{}, error) {
+		groups, err := c.Redis.XInfoGroups(ctx, c.Stream).Result()
+		if err != nil {
+			return struct{}{}, fmt.Errorf("XINFO GROUPS: %w", err)
+		}
+		var min streamID
+		for i, g := range groups {
+			need, err := parseID(g.LastDeliveredID)
+			if err != nil {
+				return struct{}{}, err
+			}
+			need = need.next()
+			if g.Pending > 0 {
+				p, err := c.Redis.XPending(ctx, c.Stream, g.Name).Result()
+				if err != nil {
+					return struct{}{}, fmt.Errorf("XPENDING %s: %w", g.Name, err)
+				}
+				if p.Count > 0 {
+					if need, err = parseID(p.Lower); err != nil {
+						return struct{}{}, err
+					}
+				}
+			}
+			if i == 0 || need.less(min) {
+				min = need
+			}
+		}
+		if len(groups) == 0 {
+			return struct{}{}, nil
+		}
+		return struct{}{}, c.Redis.XTrimMinID(ctx, c.Stream, min.String()).Err()
+	}, nil)
+	if err != nil {
+		c.log().Warn(LogTrimFailed, "consumer", c.Name, "err", err)
+	}
+}
+
+// streamID is a stream entry's id: milliseconds and a sequence number.
+type streamID struct{ ms, seq uint64 }
+
+func parseID(s string) (streamID, error) {
+	ms, seq, ok := strings.Cut(s, "-")
+	a, err1 := strconv.ParseUint(ms, 10, 64)
+	b, err2 := strconv.ParseUint(seq, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return streamID{}, fmt.Errorf("stream id %q", s)
+	}
+	return streamID{a, b}, nil
+}
+
+func (id streamID) less(o streamID) bool {
+	return id.ms < o.ms || id.ms == o.ms && id.seq < o.seq
+}
+
+// next is the least id above id.
+func (id streamID) next() streamID {
+	if id.seq == ^uint64(0) {
+		return streamID{id.ms + 1, 0}
+	}
+	return streamID{id.ms, id.seq + 1}
+}
+
+func (id streamID) String() string { return fmt.Sprintf("%d-%d", id.ms, id.seq) }
 
 // claim takes, with XAUTOCLAIM from cursor, the pending entries idle for
 // minIdle, applies them, and returns them and the next cursor.

@@ -11,16 +11,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestAppliedEntriesLeaveTheStream: nothing ever removes an entry from the
-// stream: every applied and acknowledged message stays in Redis's memory
-// for good (XLEN 50 after 50 messages applied, nothing pending). A queue
-// that runs for long fills its Redis: under noeviction, Produce then
-// fails; under an allkeys-* policy the stream itself can be evicted,
-// unread messages with it.
+// TestAppliedEntriesLeaveTheStream: applied and acknowledged messages are
+// trimmed from the stream. Nothing removed them before: XLEN 50 after 50
+// messages applied, nothing pending, and a queue that ran for long filled
+// its Redis (under noeviction Produce then fails; under an allkeys-*
+// policy the stream itself can be evicted, unread messages with it).
 func TestAppliedEntriesLeaveTheStream(t *testing.T) {
-	t.Skip("design question: acknowledged entries are never trimmed (XLEN 50 after 50 applied and acknowledged): should the consumer " +
-		"trim the stream itself (XTRIM MINID below the first pending or unread entry; other groups of the stream may still need them), " +
-		"or should the package doc tell operators how to trim it safely?")
 	const n = 50
 	ctx, rdb, db := servers(t, 30*time.Second)
 	for i := range n {
@@ -39,8 +35,67 @@ func TestAppliedEntriesLeaveTheStream(t *testing.T) {
 		p, err := pending(ctx, rdb, "s", "g")
 		return p == 0, err
 	})
-	if l, err := rdb.XLen(ctx, "s").Result(); err != nil || l != 0 {
-		t.Fatalf("XLEN %d (%v) with all %d messages applied and acknowledged; want them gone", l, err, n)
+	until(t, 10*time.Second, "the applied entries trimmed", func() (bool, error) {
+		l, err := rdb.XLen(ctx, "s").Result()
+		return l == 0, err
+	})
+}
+
+// TestTrimKeepsWhatOtherGroupsNeed: the trim spares the entries that
+// another group of the stream has not read, and those pending in the
+// consumer's own group (a message that keeps failing stays to be tried
+// again, and every entry after it with it).
+func TestTrimKeepsWhatOtherGroupsNeed(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	var ids []string
+	for i := range 10 {
+		id, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	// Another group that has read the first 3 entries and acknowledged none.
+	if err := rdb.XGroupCreate(ctx, "s", "other", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "other", Consumer: "o", Streams: []string{"s", ">"}, Count: 3}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	logs := &counter{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c)
+	until(t, 10*time.Second, "all applied", func() (bool, error) { return logs.get(queue.LogApplied) == 10, nil })
+	// The consumer has trimmed after its batches; another produced entry
+	// makes it trim once more, with all 10 acknowledged by its group.
+	if _, err := queue.Produce(ctx, rdb, "s", "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 10*time.Second, "the 11th applied", func() (bool, error) { return logs.get(queue.LogApplied) == 11, nil })
+	if l, err := rdb.XLen(ctx, "s").Result(); err != nil || l != 11 {
+		t.Fatalf("XLEN %d (%v); want all 11 kept: group other still has its first 3 pending", l, err)
+	}
+	// The other group acknowledges its 3 and reads 2 more: entries from
+	// its pending 4th on are kept.
+	if err := rdb.XAck(ctx, "s", "other", ids[0], ids[1], ids[2]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "other", Consumer: "o", Streams: []string{"s", ">"}, Count: 2}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := queue.Produce(ctx, rdb, "s", "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 10*time.Second, "entries before group other's first pending trimmed", func() (bool, error) {
+		first, err := rdb.XRangeN(ctx, "s", "-", "+", 1).Result()
+		if err != nil || len(first) == 0 {
+			return false, err
+		}
+		return first[0].ID == ids[3], nil
+	})
+	if logs.get(queue.LogTrimFailed) != 0 {
+		t.Fatalf("%d trims failed", logs.get(queue.LogTrimFailed))
 	}
 }
 
