@@ -1,8 +1,10 @@
 package queue_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,5 +158,71 @@ func TestTrimmedPendingEntryRecorded(t *testing.T) {
 	logs.mu.Unlock()
 	if dead != int64(len(trimmed)) {
 		t.Fatalf("%d of the %d trimmed pending entries %v in queue_dead; log: %s", dead, len(trimmed), trimmed, seen)
+	}
+}
+
+// groupBeforeTrim is a go-redis hook that creates a group of the stream
+// from its start just before the first XTRIM goes out: an operator or a
+// second application adding its group while the leader trims.
+type groupBeforeTrim struct {
+	rdb     *redis.Client
+	once    sync.Once
+	created chan struct{}
+}
+
+func (h *groupBeforeTrim) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *groupBeforeTrim) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *groupBeforeTrim) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "xtrim" {
+			h.once.Do(func() {
+				if err := h.rdb.XGroupCreate(ctx, "s", "late", "0").Err(); err == nil {
+					close(h.created)
+				}
+			})
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestTrimKeepsGroupCreatedMeanwhile: a group created from the stream's
+// start while the leader trims (after its XINFO GROUPS, before its XTRIM)
+// must find every entry the stream held when it was created. Before, the
+// trim's least needed id had been computed without that group, and the
+// XTRIM removed the entries the group was created to read.
+func TestTrimKeepsGroupCreatedMeanwhile(t *testing.T) {
+	const n = 5
+	ctx, rdb, db := servers(t, 30*time.Second)
+	for i := range n {
+		if _, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &groupBeforeTrim{rdb: rdb, created: make(chan struct{})}
+	rdb.AddHook(h)
+	logs := &counter{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c)
+	select {
+	case <-h.created:
+	case <-ctx.Done():
+		t.Fatal("no trim, or group late not created, before the deadline")
+	}
+	// One more message: once it is applied, the trim that ran when group
+	// late was created has ended (the consumer trims after each batch, in
+	// turn).
+	if _, err := queue.Produce(ctx, rdb, "s", "a", 100); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 10*time.Second, "all applied", func() (bool, error) { return logs.get(queue.LogApplied) == n+1, nil })
+	got, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "late", Consumer: "l", Streams: []string{"s", ">"}, Count: 100, Block: -1}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || len(got[0].Messages) != n+1 {
+		t.Fatalf("group late, created from 0 with %d entries in the stream, read %v; want those %d and the one produced after", n, got, n)
 	}
 }
