@@ -162,8 +162,10 @@ func TestTrimmedPendingEntryRecorded(t *testing.T) {
 }
 
 // groupBeforeTrim is a go-redis hook that creates a group of the stream
-// from its start just before the first XTRIM goes out: an operator or a
-// second application adding its group while the leader trims.
+// from its start just before the first XTRIM goes out, or the first script
+// whose one key is the stream (the trim's: Produce's has two keys, the
+// lock's scripts other keys): an operator or a second application adding
+// its group while the leader trims.
 type groupBeforeTrim struct {
 	rdb     *redis.Client
 	once    sync.Once
@@ -176,7 +178,10 @@ func (h *groupBeforeTrim) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 }
 func (h *groupBeforeTrim) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "xtrim" {
+		args := cmd.Args()
+		script := (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 &&
+			fmt.Sprint(args[2]) == "1" && fmt.Sprint(args[3]) == "s"
+		if cmd.Name() == "xtrim" || script {
 			h.once.Do(func() {
 				if err := h.rdb.XGroupCreate(ctx, "s", "late", "0").Err(); err == nil {
 					close(h.created)
