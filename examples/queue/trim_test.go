@@ -231,3 +231,36 @@ func TestTrimKeepsGroupCreatedMeanwhile(t *testing.T) {
 		t.Fatalf("group late, created from 0 with %d entries in the stream, read %v; want those %d and the one produced after", n, got, n)
 	}
 }
+
+// TestTrimBesideGroupAtLastPossibleID: another group whose last delivered
+// id is the greatest a stream id can be (created with it, to read nothing
+// of the stream) needs none of its entries, and must not stop the trim.
+// Before, the trim asked Redis for the entries after that id, which has
+// no successor, and every trim failed ("ERR invalid start ID for the
+// interval"; with the earlier Go computation, the id after it wrapped to
+// 0-0 and nothing was trimmed): XLEN 5 after 5 applied.
+func TestTrimBesideGroupAtLastPossibleID(t *testing.T) {
+	const n = 5
+	ctx, rdb, db := servers(t, 30*time.Second)
+	for i := range n {
+		if _, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.XGroupCreate(ctx, "s", "other", "18446744073709551615-18446744073709551615").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logs := &records{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c)
+	until(t, 10*time.Second, "the applied entries trimmed", func() (bool, error) {
+		if logs.has(queue.LogTrimFailed, "") {
+			logs.mu.Lock()
+			defer logs.mu.Unlock()
+			return false, fmt.Errorf("trim failed: %v", logs.seen)
+		}
+		l, err := rdb.XLen(ctx, "s").Result()
+		return l == 0, err
+	})
+}
