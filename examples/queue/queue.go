@@ -622,7 +622,9 @@ func (c *Consumer) trim(ctx context.Context) {
 // trimScript trims the stream KEYS[1] below the least, over its groups, of
 // the first entry each group needs: its first pending one or, with none
 // pending, the first after its last delivered. A group that needs none of
-// the stream's entries bounds nothing; with no group, nothing is trimmed.
+// the stream's entries bounds nothing (nor does one whose last delivered
+// is maxID: no id follows it, and XRANGE refuses to look after it);
+// with no group, nothing is trimmed.
 // Ids are compared as the decimal strings Redis writes (no leading
 // zeros): a Lua number cannot hold every uint64.
 var trimScript = redis.NewScript(`
@@ -647,7 +649,7 @@ for _, g in ipairs(groups) do
   local need
   if f['pending'] > 0 then
     need = redis.call('XPENDING', KEYS[1], f['name'])[2]
-  else
+  elseif f['last-delivered-id'] ~= '` + maxID + `' then
     local e = redis.call('XRANGE', KEYS[1], '(' .. f['last-delivered-id'], '+', 'COUNT', 1)
     if #e == 0 then
       need = nil
