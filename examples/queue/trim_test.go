@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -263,4 +264,65 @@ func TestTrimBesideGroupAtLastPossibleID(t *testing.T) {
 		l, err := rdb.XLen(ctx, "s").Result()
 		return l == 0, err
 	})
+}
+
+// hungTrim is a go-redis hook under which the trim's script (the one
+// script whose one key is the stream) never answers: a Redis that hangs
+// on it.
+type hungTrim struct {
+	once sync.Once
+	hung chan struct{}
+}
+
+func (h *hungTrim) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *hungTrim) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *hungTrim) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 &&
+			fmt.Sprint(args[2]) == "1" && fmt.Sprint(args[3]) == "s" {
+			h.once.Do(func() { close(h.hung) })
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestHungTrimEndsWithLease: a trim that hangs must not keep a term going
+// once its lease is lost: the next election waits for the term to end.
+// Before, the trim ran on Run's context, bounded by TxTimeout only: with
+// the lease lost (its key deleted, WatchdogTTL 1 s) no "term ended" was
+// logged within 5 s, the term held by the hung trim for its 20 s.
+func TestHungTrimEndsWithLease(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	if _, err := queue.Produce(ctx, rdb, "s", "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	h := &hungTrim{hung: make(chan struct{})}
+	rdb.AddHook(h)
+	logs := &records{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1", TxTimeout: 20 * time.Second,
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	locker, err := redislock.New(rdb, &redislock.Options{WatchdogTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx, locker) }()
+	t.Cleanup(func() { stop(); <-done })
+	select {
+	case <-h.hung:
+	case <-ctx.Done():
+		t.Fatal("no trim before the deadline")
+	}
+	// The lock's key gone (as after a failover to a replica that had not
+	// yet got it): the next renewal finds the lease lost.
+	if err := rdb.Del(ctx, "fence:{"+queue.LockName("s", "g")+"}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 5*time.Second, "the term ended", func() (bool, error) { return logs.has(queue.LogTermEnded, ""), nil })
 }
