@@ -590,7 +590,7 @@ func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 			}
 		}
 		if !c.KeepEntries && (len(claimed) > 0 || len(streams) > 0) {
-			c.trim(run)
+			c.trim(ctx)
 		}
 	}
 }
@@ -604,6 +604,10 @@ func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 // (TestTrimKeepsGroupCreatedMeanwhile). A group created later from an id
 // already trimmed does not get those entries. Trimming is housekeeping:
 // its failure is logged and the term goes on; the next batch trims again.
+// ctx is the lease's: unlike a transaction under way (see apply), a trim
+// has nothing to finish once the lease is lost, and one hung on Redis
+// held the term, and the next election, for its TxTimeout
+// (TestHungTrimEndsWithLease).
 func (c *Consumer) trim(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
