@@ -10,7 +10,11 @@
 // that makes a redelivered message a no-op), then the balance is updated,
 // then the commit. XACK comes only after the commit, or after the
 // constraint found the message applied already; a message whose
-// transaction failed stays pending.
+// transaction failed stays pending. After each batch the leader trims the
+// stream, in one script, below the first entry that any group of it still
+// needs (its first pending entry, or the one after its last delivered), so
+// that acknowledged messages do not fill Redis; Consumer.KeepEntries keeps
+// them for replays.
 //
 // # Message ids
 //
