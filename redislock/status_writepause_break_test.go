@@ -35,17 +35,8 @@ func TestStatusDuringWritePause(t *testing.T) {
 	if _, err := l.Status(ctx(t), name); err != nil { // loads state.lua
 		t.Fatal(err)
 	}
-	if err := admin.Do(ctx(t), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	// Registered after acquire's: runs first, so the Release can run.
-	t.Cleanup(func() { _ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
-	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
-	defer cancel()
-	st, err := l.Status(c, name)
-	if err != nil || !st.Held || st.LastToken != lease.Token() {
-		t.Fatalf("Status during a write pause = %+v, %v; want held, token %d", st, err, lease.Token())
-	}
+	pauseWrites(t, admin) // its Cleanup runs before acquire's, so the Release can run
+	statusHeld(t, l, name, lease, "Status during a write pause")
 }
 
 // TestFirstStatusDuringWritePause: the same read on a server that has never
@@ -65,16 +56,8 @@ func TestFirstStatusDuringWritePause(t *testing.T) {
 	if err := admin.Do(ctx(t), "SCRIPT", "FLUSH").Err(); err != nil { // as a promoted replica's
 		t.Fatal(err)
 	}
-	if err := admin.Do(ctx(t), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
-	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
-	defer cancel()
-	st, err := l.Status(c, name)
-	if err != nil || !st.Held || st.LastToken != lease.Token() {
-		t.Fatalf("first Status during a write pause = %+v, %v; want held, token %d", st, err, lease.Token())
-	}
+	pauseWrites(t, admin)
+	st := statusHeld(t, l, name, lease, "first Status during a write pause")
 	if st.ReplicasErr != nil {
 		t.Fatalf("first Status during a write pause: replicas unknown: %v", st.ReplicasErr)
 	}
@@ -95,16 +78,8 @@ func TestFirstStatusDuringWritePauseWrapped(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	l := newLockerWith(t, interfaceWrapped{c}, redislock.Options{}) // replica sync on: it probes
-	if err := admin.Do(ctx(t), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
-	cc, cancel := context.WithTimeout(ctx(t), 2*time.Second)
-	defer cancel()
-	st, err := l.Status(cc, name)
-	if err != nil || !st.Held || st.LastToken != lease.Token() {
-		t.Fatalf("first Status during a write pause, wrapped client = %+v, %v; want held, token %d", st, err, lease.Token())
-	}
+	pauseWrites(t, admin)
+	st := statusHeld(t, l, name, lease, "first Status during a write pause, wrapped client")
 	if st.ReplicasErr != nil {
 		t.Fatalf("first Status during a write pause, wrapped client: replicas unknown: %v", st.ReplicasErr)
 	}
@@ -151,12 +126,7 @@ func TestStatusDuringWritePauseBehindBatches(t *testing.T) {
 			return strings.Contains(admin.Info(ctx(t), "clients").Val(), fmt.Sprintf("blocked_clients:%d\r", i+1))
 		})
 	}
-	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
-	defer cancel()
-	st, err := l.Status(c, name)
-	if err != nil || !st.Held || st.LastToken != lease.Token() {
-		t.Fatalf("Status during a write pause, behind paused writes = %+v, %v; want held, token %d", st, err, lease.Token())
-	}
+	statusHeld(t, l, name, lease, "Status during a write pause, behind paused writes")
 }
 
 // TestStatusDuringWritePauseAutoPipeliner: the same on go-redis's
@@ -197,10 +167,28 @@ func TestStatusDuringWritePauseAutoPipeliner(t *testing.T) {
 	waitFor(t, func() bool {
 		return strings.Contains(admin.Info(ctx(t), "clients").Val(), "blocked_clients:1\r")
 	})
+	statusHeld(t, l, name, lease, "Status during a write pause, AutoPipeliner")
+}
+
+// pauseWrites pauses the server's writes (CLIENT PAUSE WRITE, as a
+// switchover does) until the test ends.
+func pauseWrites(t *testing.T, admin *redis.Client) {
+	t.Helper()
+	if err := admin.Do(ctx(t), "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
+}
+
+// statusHeld reads name's Status within 2 s and fails the test, saying
+// what was read, unless it is lease, held.
+func statusHeld(t *testing.T, l *redislock.Locker, name string, lease fence.Lease, what string) redislock.Status {
+	t.Helper()
 	c, cancel := context.WithTimeout(ctx(t), 2*time.Second)
 	defer cancel()
 	st, err := l.Status(c, name)
 	if err != nil || !st.Held || st.LastToken != lease.Token() {
-		t.Fatalf("Status during a write pause, AutoPipeliner = %+v, %v; want held, token %d", st, err, lease.Token())
+		t.Fatalf("%s = %+v, %v; want held, token %d", what, st, err, lease.Token())
 	}
+	return st
 }
