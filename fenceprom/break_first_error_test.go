@@ -23,8 +23,9 @@ func counterValue(t *testing.T, reg *prometheus.Registry, metric string, labels 
 // "error|not_replicated"}[5m]) > 0, sees nothing when the first failure
 // makes its series appear at 1 (the very reason the package creates
 // fence_leases_lost_total at 0): the first outage of the backend (or of its
-// replicas: the README's fence_replica_sync_refusals_total has the same
-// gap) fires no alert until a second failure. The results are a fixed set:
+// replicas: fence_replica_sync_refusals_total had the same gap, see
+// TestReplicaSyncRefusalSeenByIncrease) fires no alert until a second
+// failure. The results are a fixed set:
 // every one of them must be there at 0 from the backend's first event.
 func TestAcquisitionResultsAtZero(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -45,24 +46,31 @@ func TestAcquisitionResultsAtZero(t *testing.T) {
 }
 
 // TestReplicaSyncRefusalSeenByIncrease: the README says to alert on
-// fence_replica_sync_refusals_total, but its series carry acked and
-// required, unknown before the first refusal, so none exists at 0 before
-// it: the first refusal's series appears at 1, and increase() over it is
-// nothing.
+// fence_replica_sync_refusals_total. Its series carried acked and
+// required, known only at a refusal, so none existed at 0 before the
+// first one: that refusal's series appeared at 1, increase() over it was
+// nothing, and the alert fired on the second refusal. Before the fix no
+// fence_replica_sync_refusals_total{backend="redis",op="acquire"} series
+// existed after the backend's first acquisition (present false), and the
+// refusal made {acked="0",backend="redis",op="acquire",required="1"} at 1.
+// Both ops' series must be there at 0 from the backend's first event, and
+// a refusal must count in its (backend, op) series.
 func TestReplicaSyncRefusalSeenByIncrease(t *testing.T) {
-	t.Skip("design question: fence_replica_sync_refusals_total{backend,op,acked,required} cannot be created at 0 before the first refusal, " +
-		"since acked and required are only known then; so the README's alert on it misses the first refusal (it fires on the second). " +
-		"Either drop acked and required from its labels (backend and op are known at the backend's first event, so both ops' series can start at 0; " +
-		"the counts are in the logs and in `fence doctor`), or keep them and document that the alert should be on " +
-		"fence_acquisitions_total{result=\"not_replicated\"} (at 0 from the backend's first event) or use Prometheus' created-timestamp zero ingestion. " +
-		"I would drop the two labels: a refusal counter that an alert can see is worth more than the counts, which an operator reads elsewhere.")
 	reg := prometheus.NewRegistry()
 	obs, err := fenceprom.New(reg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	obs.AcquireDone(fence.AcquireEvent{Backend: "redis", Result: fence.Acquired, Token: 1})
-	if v, ok := counterValue(t, reg, "fence_replica_sync_refusals_total", map[string]string{"backend": "redis", "op": "acquire"}); !ok || v != 0 {
-		t.Fatalf(`fence_replica_sync_refusals_total{backend="redis",op="acquire"}: %v, present %v; want 0, present`, v, ok)
+	for _, op := range []string{"acquire", "renew"} {
+		if v, ok := counterValue(t, reg, "fence_replica_sync_refusals_total", map[string]string{"backend": "redis", "op": op}); !ok || v != 0 {
+			t.Fatalf(`before any refusal, fence_replica_sync_refusals_total{backend="redis",op=%q}: %v, present %v; want 0, present`, op, v, ok)
+		}
+	}
+	obs.ReplicaSyncRefused(fence.ReplicaSyncEvent{Backend: "redis", Name: "lock:payment:1001", Acked: 0, Required: 1})
+	for op, want := range map[string]float64{"acquire": 1, "renew": 0} {
+		if v, ok := counterValue(t, reg, "fence_replica_sync_refusals_total", map[string]string{"backend": "redis", "op": op}); !ok || v != want {
+			t.Errorf(`after a refused acquisition, fence_replica_sync_refusals_total{backend="redis",op=%q}: %v, present %v; want %v, present`, op, v, ok, want)
+		}
 	}
 }
