@@ -12,23 +12,22 @@
 //	fence_wait_seconds{backend,result}               histogram: Acquire's duration
 //	fence_hold_seconds{backend,cause}                histogram: from grant to end
 //	fence_leases_lost_total{backend,cause}           counter: ends other than "released"
-//	fence_replica_sync_refusals_total{backend,op,acked,required} counter
+//	fence_replica_sync_refusals_total{backend,op}    counter
 //	fence_guard_decisions_total{decision,class}      counter
 //
 // result is one of fence.AcquireResult's values, cause one of
-// fence.LeaseCause's, op "acquire" or "renew", acked and required small
-// replica counts, decision "accept" or "reject", and class what
-// Options.Classify makes of the resource name ("" without it): at most
-// Options.MaxClasses distinct values (100 by default), "other" past them,
-// since resources often come from requests.
+// fence.LeaseCause's, op "acquire" or "renew", decision "accept" or
+// "reject", and class what Options.Classify makes of the resource name
+// ("" without it): at most Options.MaxClasses distinct values (100 by
+// default), "other" past them, since resources often come from requests.
 //
 // So that an alert on a rate or increase fires on the first event too, a
-// backend's fence_leases_lost_total and fence_acquisitions_total series
-// (every cause, every result) are created at 0 on its first event, and a
-// class's two fence_guard_decisions_total series on its first decision.
-// fence_replica_sync_refusals_total's are not (acked and required are
-// known only at a refusal): alert on fence_acquisitions_total's
-// not_replicated result for the first refusal of an acquisition.
+// backend's fence_leases_lost_total, fence_acquisitions_total and
+// fence_replica_sync_refusals_total series (every cause, every result,
+// both ops) are created at 0 on its first event, and a class's two
+// fence_guard_decisions_total series on its first decision. A refusal's
+// acked and required counts are therefore not labels (they are known only
+// at the refusal): the locker's Logger logs them.
 //
 // It lives in a module of its own so that fence's own go.mod does not
 // require client_golang.

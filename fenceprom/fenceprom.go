@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/labels"
@@ -110,8 +109,8 @@ func New(reg prometheus.Registerer, opts *Options) (*Observer, error) {
 		}, []string{"backend", "cause"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fence_replica_sync_refusals_total",
-			Help: "Acquisitions and renewals refused because too few replicas acknowledged them, by acknowledged and required counts.",
-		}, []string{"backend", "op", "acked", "required"}),
+			Help: "Acquisitions and renewals refused because too few replicas acknowledged them, by backend and op (acquire, renew).",
+		}, []string{"backend", "op"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fence_guard_decisions_total",
 			Help: "Tokens a guard accepted or rejected as stale, by resource class.",
@@ -151,10 +150,14 @@ var lossCauses = [...]fence.LeaseCause{fence.LostExpired, fence.LostRenewFailed,
 // acquireResults are the results that fence_acquisitions_total counts.
 var acquireResults = [...]fence.AcquireResult{fence.Acquired, fence.Held, fence.NotReplicated, fence.Cancelled, fence.Failed}
 
-// sawBackend creates backend's fence_leases_lost_total and
-// fence_acquisitions_total series at 0 when it is first seen: a rate or
-// increase over a series that appears at 1 is nothing, and the alert on
-// the first lost lease (or failed acquisition) would not fire.
+// syncOps are the ops that fence_replica_sync_refusals_total counts.
+var syncOps = [...]string{"acquire", "renew"}
+
+// sawBackend creates backend's fence_leases_lost_total,
+// fence_acquisitions_total and fence_replica_sync_refusals_total series at
+// 0 when it is first seen: a rate or increase over a series that appears
+// at 1 is nothing, and the alert on the first lost lease (or failed
+// acquisition, or refusal) would not fire.
 func (o *Observer) sawBackend(backend string) {
 	if !o.backends.First(backend) {
 		return
@@ -164,6 +167,9 @@ func (o *Observer) sawBackend(backend string) {
 	}
 	for _, r := range acquireResults {
 		o.acquisitions.WithLabelValues(backend, string(r))
+	}
+	for _, op := range syncOps {
+		o.refusals.WithLabelValues(backend, op)
 	}
 }
 
@@ -190,16 +196,20 @@ func (o *Observer) LeaseEnded(e fence.LeaseEvent) {
 	}
 }
 
-// ReplicaSyncRefused counts a refusal.
+// ReplicaSyncRefused counts a refusal. Its acked and required counts are
+// not labels: they are known only at a refusal, and no series made at 0
+// before it could carry them (the locker's Logger logs them, and fence
+// doctor reports connected and expected replicas).
 func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 	if o.zero() {
 		return
 	}
+	o.sawBackend(e.Backend)
 	op := "acquire"
 	if e.Renewal {
 		op = "renew"
 	}
-	o.refusals.WithLabelValues(e.Backend, op, strconv.Itoa(e.Acked), strconv.Itoa(e.Required)).Inc()
+	o.refusals.WithLabelValues(e.Backend, op).Inc()
 }
 
 // GuardDecided counts a guard's decision under its resource's class.

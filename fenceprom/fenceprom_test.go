@@ -52,9 +52,10 @@ fence_leases_lost_total{backend="redis",cause="expired"} 0
 fence_leases_lost_total{backend="redis",cause="removed"} 1
 fence_leases_lost_total{backend="redis",cause="renew_failed"} 0
 fence_leases_lost_total{backend="redis",cause="renew_late"} 0
-# HELP fence_replica_sync_refusals_total Acquisitions and renewals refused because too few replicas acknowledged them, by acknowledged and required counts.
+# HELP fence_replica_sync_refusals_total Acquisitions and renewals refused because too few replicas acknowledged them, by backend and op (acquire, renew).
 # TYPE fence_replica_sync_refusals_total counter
-fence_replica_sync_refusals_total{acked="0",backend="redis",op="acquire",required="1"} 1
+fence_replica_sync_refusals_total{backend="redis",op="acquire"} 1
+fence_replica_sync_refusals_total{backend="redis",op="renew"} 0
 `
 	names := []string{"fence_acquisitions_total", "fence_guard_decisions_total", "fence_leases_lost_total", "fence_replica_sync_refusals_total"}
 	// The lost lease's end is reported just after its Done closes: poll.
