@@ -24,7 +24,12 @@ import (
 func TestReadmeClassifyWithTable(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	obs, err := fenceprom.New(reg, &fenceprom.Options{
-		Classify: func(resource string) string { class, _, _ := strings.Cut(resource, ":"); return class },
+		Classify: func(resource string) string {
+			if i := strings.IndexAny(resource, ": "); i >= 0 {
+				return resource[:i]
+			}
+			return resource
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

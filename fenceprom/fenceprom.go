@@ -14,10 +14,12 @@ import (
 // defaults.
 type Options struct {
 	// Classify maps a guard's resource name to the class label of
-	// fence_guard_decisions_total: "payment" for "payment:1001", say. It
-	// must return few distinct values. Nil labels every decision "".
-	// Invalid UTF-8 in a class (which client_golang refuses as a label
-	// value) is replaced with U+FFFD.
+	// fence_guard_decisions_total: "payment" for "payment:1001", say, and
+	// for guard.Table's "<Name> <key>", "payment 1001" (so cut at the
+	// first ':' or ' ', not at a colon alone, which would make a class of
+	// each Table key). It must return few distinct values. Nil labels
+	// every decision "". Invalid UTF-8 in a class (which client_golang
+	// refuses as a label value) is replaced with U+FFFD.
 	//
 	// Resources often come from requests, and a Classify that passes
 	// through what it does not recognise (the part before a colon, say)

@@ -30,7 +30,12 @@ func TestReadmeScrapeHasZeroSeriesToAlertOn(t *testing.T) {
 	defer cancel()
 	reg := prometheus.NewRegistry()
 	obs, err := fenceprom.New(reg, &fenceprom.Options{
-		Classify: func(resource string) string { class, _, _ := strings.Cut(resource, ":"); return class },
+		Classify: func(resource string) string {
+			if i := strings.IndexAny(resource, ": "); i >= 0 {
+				return resource[:i]
+			}
+			return resource
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
