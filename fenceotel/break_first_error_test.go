@@ -36,3 +36,33 @@ func TestAcquisitionResultsAtZero(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaSyncRefusalsAtZero is fenceprom's
+// TestReplicaSyncRefusalSeenByIncrease: the refusals carried acked and
+// required, known only at a refusal, so no series existed before the first
+// one and it appeared at 1, unseen by an alert on its increase. Before:
+// "fence.replica_sync.refusals{backend=redis,op=acquire}: 0, present false".
+func TestReplicaSyncRefusalsAtZero(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = provider.Shutdown(context.Background()) }()
+	obs, err := fenceotel.New(provider.Meter("github.com/fencekit/fence"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.AcquireDone(fence.AcquireEvent{Backend: "redis", Result: fence.Acquired, Token: 1, Wait: time.Millisecond})
+	for _, op := range []string{"acquire", "renew"} {
+		k := "fence.replica_sync.refusals{backend=redis,op=" + op + "}"
+		if v, ok := collect(t, reader)[k]; !ok || v != 0 {
+			t.Errorf("before any refusal, %s: %d, present %v; want 0, present", k, v, ok)
+		}
+	}
+	obs.ReplicaSyncRefused(fence.ReplicaSyncEvent{Backend: "redis", Acked: 0, Required: 1})
+	got := collect(t, reader)
+	if v := got["fence.replica_sync.refusals{backend=redis,op=acquire}"]; v != 1 {
+		t.Errorf("after a refusal of an acquisition: op=acquire %d, want 1 (collected %v)", v, got)
+	}
+	if v, ok := got["fence.replica_sync.refusals{backend=redis,op=renew}"]; !ok || v != 0 {
+		t.Errorf("after a refusal of an acquisition: op=renew %d, present %v; want 0, present", v, ok)
+	}
+}

@@ -12,7 +12,7 @@
 //	fence.wait.duration        histogram {backend, result}, seconds
 //	fence.hold.duration        histogram {backend, cause}, seconds
 //	fence.leases.lost          counter   {backend, cause}
-//	fence.replica_sync.refusals counter  {backend, op, acked, required}
+//	fence.replica_sync.refusals counter  {backend, op}
 //	fence.guard.decisions      counter   {decision, class}
 //
 // The histograms' bucket bounds are fenceprom's defaults, in seconds (5 ms
@@ -21,7 +21,8 @@
 // values; Options.Classify maps a guard's resource to its class, at most
 // Options.MaxClasses distinct ones (100 by default), "other" past them.
 // As in fenceprom, a backend's fence.leases.lost is recorded at 0 for every
-// cause, and its fence.acquisitions for every result, on its first event,
+// cause, its fence.acquisitions for every result and its
+// fence.replica_sync.refusals for both ops, on its first event,
 // and a class's two fence.guard.decisions on its first decision, so that an
 // alert on a rate fires on the first event too.
 //

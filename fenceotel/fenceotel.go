@@ -120,8 +120,9 @@ var lossCauses = [...]fence.LeaseCause{fence.LostExpired, fence.LostRenewFailed,
 // acquireResults are the results that fence.acquisitions counts.
 var acquireResults = [...]fence.AcquireResult{fence.Acquired, fence.Held, fence.NotReplicated, fence.Cancelled, fence.Failed}
 
-// sawBackend adds 0 to backend's fence.leases.lost for every cause, and to
-// its fence.acquisitions for every result, when the backend is first seen:
+// sawBackend adds 0 to backend's fence.leases.lost for every cause, to its
+// fence.acquisitions for every result, and to its
+// fence.replica_sync.refusals for both ops, when the backend is first seen:
 // a rate or increase over a series that appears at 1 is nothing, and the
 // alert on the first lost lease (or failed acquisition) would not fire.
 func (o *Observer) sawBackend(backend string) {
@@ -133,6 +134,9 @@ func (o *Observer) sawBackend(backend string) {
 	}
 	for _, r := range acquireResults {
 		o.acquisitions.Add(background, 0, metric.WithAttributes(attribute.String("backend", backend), attribute.String("result", string(r))))
+	}
+	for _, op := range [...]string{"acquire", "renew"} {
+		o.refusals.Add(background, 0, metric.WithAttributes(attribute.String("backend", backend), attribute.String("op", op)))
 	}
 }
 
@@ -166,12 +170,15 @@ func (o *Observer) ReplicaSyncRefused(e fence.ReplicaSyncEvent) {
 	if o.zero() {
 		return
 	}
+	o.sawBackend(e.Backend)
 	op := "acquire"
 	if e.Renewal {
 		op = "renew"
 	}
-	o.refusals.Add(background, 1, metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("op", op),
-		attribute.Int("acked", e.Acked), attribute.Int("required", e.Required)))
+	// Not the acked and required counts: known only at a refusal, they
+	// would make its series appear at 1, unseen by an alert on its
+	// increase. They are in the event, and in redislock's log line.
+	o.refusals.Add(background, 1, metric.WithAttributes(attribute.String("backend", e.Backend), attribute.String("op", op)))
 }
 
 // GuardDecided counts a guard's decision under its resource's class.
