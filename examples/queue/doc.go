@@ -42,8 +42,9 @@
 // the stream. A stream that Redis lost and started over (deleted, a restart
 // without persistence, a failover to a replica whose machine's clock is
 // behind, since XADD's ids follow the server's clock) can give a new
-// message the id of an old applied one, which would then be dropped as a
-// duplicate.
+// message the id of an old applied one, which would then be taken for it
+// (or, with another account or amount, given up on as a reused id; see
+// below).
 //
 // An entry without msg_id (written by an older Produce, or by hand with
 // XADD) falls back to its stream entry id as its key, as every entry did
@@ -55,6 +56,24 @@
 // adds that column to a database created before message ids, whose rows
 // keep it NULL (their msg_id is the entry id, the key they had and still
 // have).
+//
+// One id is one message: a retry carries the same account and amount. A
+// message whose id was applied with another account or amount (a producer
+// whose counter of ids started over, say) is not a redelivery: the
+// consumer, finding the id applied, compares the applied row's account and
+// amount with the message's, and if they differ gives the message up on:
+// queue_dead, with an error that names both, logged "dead" at ERROR, and
+// acknowledged; the applied message keeps the id. Its dead letter's key
+// is the id followed by "{reused:", a hash of the account and amount, and
+// "}" (braces, which no message key holds), so that each content reusing
+// an id has one dead letter: a retry of it, or a replay of the stream,
+// finds its dead letter, is logged as a duplicate and acknowledged,
+// neither applied nor recorded again. To apply such a message, produce it
+// again under an id of its own: under the reused id it is only ever given
+// up on. queue_applied has held every message's account and amount from
+// the start, so every row is compared, old ones included (their entry_id,
+// NULL, is their key). A malformed entry whose id was applied has no
+// account and amount to compare, and is taken for a redelivery.
 //
 // Upgrade the consumers before the producers. A consumer from before
 // message ids keys every entry by its entry id; one that applied an entry

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -30,7 +31,10 @@ import (
 // have failed (see Consumer.MaxDeliveries; its row goes when the message is
 // applied or given up on). A
 // message is done once it has a row in queue_applied or in queue_dead,
-// never both.
+// never both. A message whose id was applied with another account or
+// amount is another message under a reused id: its dead letter's key is
+// the id followed by "{reused:", a hash of its account and amount, and
+// "}" (see the package documentation), and the applied one keeps the id.
 //
 // Both tables are keyed by (stream, msg_id), msg_id being the message's
 // key (see Message.Key): the producer's message id, or the stream entry id
@@ -137,8 +141,10 @@ type Message struct {
 // that Redis lost and started over (deleted, a restart without
 // persistence, a failover to a replica whose machine's clock is behind,
 // XADD's ids following the server's clock) can give a new entry the id of
-// an old applied one, and a new message without the field is then dropped
-// as a duplicate. A message with the field is not. An entry whose field is
+// an old applied one, and a new message without the field is then taken
+// for it if its account and amount are the same, and given up on
+// (queue_dead) as a reused id if they are not. A message with the field is
+// not. An entry whose field is
 // not a valid message id (see ProduceID) is malformed: given up on at once
 // (queue_dead), keyed by its entry id.
 const IDField = "msg_id"
@@ -428,10 +434,10 @@ const maxID = "18446744073709551615-18446744073709551615"
 // Outcomes of a message, as logged ("msg" of the log record).
 const (
 	LogApplied    = "applied"     // committed, then acknowledged
-	LogDuplicate  = "duplicate"   // applied before (the unique constraint): acknowledged
+	LogDuplicate  = "duplicate"   // applied before, with the same account and amount (or given up on before): acknowledged
 	LogRejected   = "rejected"    // the fence found a greater token: a newer leader had it
 	LogFailed     = "failed"      // the transaction failed otherwise: the entry stays pending
-	LogDead       = "dead"        // malformed, or failed on delivery MaxDeliveries: recorded in queue_dead, acknowledged
+	LogDead       = "dead"        // malformed, failed on delivery MaxDeliveries, or its id applied with another account or amount: recorded in queue_dead, acknowledged
 	LogElected    = "elected"     // a term began
 	LogTermEnded  = "term ended"  // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
 	LogClaimed    = "claimed"     // XAUTOCLAIM took pending entries
@@ -729,7 +735,7 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		if err != nil {
 			// A malformed entry can never be applied: it is dead at once.
 			_, derr := c.giveUp(run, e, m.Key, token, err, true)
-			if c.doneBefore(run, m.Key, token, derr) {
+			if errors.Is(c.doneBefore(run, m, token, derr), errDuplicate) {
 				c.log().Info(LogDuplicate, "consumer", c.Name, "id", e.ID, "msg_id", m.Key, "token", int64(token))
 			} else if derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", e.ID, "token", int64(token), "err", err)
@@ -745,12 +751,18 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		}
 		c.pause(BeforeFence, m, token)
 		err = c.applyOne(run, m, token)
-		if c.doneBefore(run, m.Key, token, err) {
-			err = errDuplicate
+		if done := c.doneBefore(run, m, token, err); done != nil {
+			err = done
 		}
+		var reused *reusedError
 		switch {
 		case err == nil:
 			c.log().Info(LogApplied, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
+		case errors.As(err, &reused):
+			if err := c.giveUpReused(run, e, m, reused, token); err != nil {
+				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
+				return err
+			}
 		case errors.Is(err, errDuplicate):
 			c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
 		case errors.Is(err, guard.ErrStale):
@@ -758,7 +770,7 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
 			dead, derr := c.giveUp(run, e, m.Key, token, err, false)
-			if c.doneBefore(run, m.Key, token, derr) {
+			if errors.Is(c.doneBefore(run, m, token, derr), errDuplicate) {
 				// Done by a commit of this term whose reply was lost.
 				c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
 				break
@@ -786,25 +798,133 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 	return nil
 }
 
-// doneBefore reports whether err is guard's refusal of token because token
-// itself was accepted on the resource of the message with key key, and the
-// message is done (applied or given up on). Then a transaction of this
-// term committed on it: for another entry with the same message id (a
-// producer's retry, a redelivery), or with a reply that was lost. guard
-// accepts a token once per resource, and a newer leader's is greater:
-// taking the refusal for a newer leader's ended the term for nothing. ctx
-// is Run's (see apply).
-func (c *Consumer) doneBefore(ctx context.Context, key string, token fence.Token, err error) bool {
+// doneBefore returns errDuplicate if err is guard's refusal of token
+// because token itself was accepted on the resource of message m, and the
+// message is done (applied with m's account and amount, or given up on);
+// a *reusedError if m's key was applied with another account or amount
+// (then m is not done: it is another message under the same id); nil
+// otherwise, err then standing. A transaction of this term committed on
+// the resource: for another entry with the same message id (a producer's
+// retry, a redelivery, or another message reusing the id), or with a
+// reply that was lost. guard accepts a token once per resource, and a
+// newer leader's is greater: taking the refusal for a newer leader's ended
+// the term for nothing. A malformed m (no account; see parse) has no
+// content to compare: its key applied is errDuplicate. ctx is Run's (see
+// apply).
+func (c *Consumer) doneBefore(ctx context.Context, m Message, token fence.Token, err error) error {
 	var stale *guard.StaleError
 	if !errors.As(err, &stale) || stale.Last != token {
-		return false
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
-	var done bool
-	err = c.DB.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)
-	OR EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`, c.Stream, key).Scan(&done)
-	return err == nil && done
+	err = c.appliedAs(ctx, c.DB, m)
+	if !errors.Is(err, sql.ErrNoRows) {
+		var reused *reusedError
+		if errors.Is(err, errDuplicate) || errors.As(err, &reused) {
+			return err
+		}
+		return nil
+	}
+	var dead bool
+	err = c.DB.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`, c.Stream, m.Key).Scan(&dead)
+	if err == nil && dead {
+		return errDuplicate
+	}
+	return nil
+}
+
+// appliedAs looks m's key up in queue_applied through q. It returns
+// errDuplicate if the key was applied with m's account and amount (or m is
+// malformed, without them), a *reusedError if with others, sql.ErrNoRows
+// if the key was not applied, or the database's error.
+func (c *Consumer) appliedAs(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, m Message) error {
+	r := reusedError{stream: c.Stream, m: m}
+	err := q.QueryRowContext(ctx, `SELECT account, amount, entry_id FROM queue_applied WHERE stream = $1 AND msg_id = $2`,
+		c.Stream, m.Key).Scan(&r.account, &r.amount, &r.entry)
+	switch {
+	case err != nil:
+		return err
+	case m.Account == "" || (r.account == m.Account && r.amount == m.Amount):
+		return errDuplicate
+	}
+	return &r
+}
+
+// reusedError is message m, whose id was applied with another account
+// and amount (from entry entry; NULL for a row from before entry_id).
+type reusedError struct {
+	stream  string
+	m       Message
+	account string
+	amount  int64
+	entry   sql.NullString
+}
+
+func (e *reusedError) Error() string {
+	entry := e.entry.String
+	if !e.entry.Valid {
+		entry = e.m.Key // a row from before entry_id: its key is its entry id
+	}
+	return fmt.Sprintf("queue: message id %q of stream %q was applied with other content, account %q amount %d (entry %s); "+
+		"this entry %s has account %q amount %d: not a redelivery, and not applied under that id",
+		e.m.Key, e.stream, e.account, e.amount, entry, e.m.ID, e.m.Account, e.m.Amount)
+}
+
+// reusedKey is the key under which message m, whose id was applied with
+// other content, is recorded in queue_dead: its own key would say that
+// its id was given up on, which the applied message was not, and would
+// hold one such message only (a second reuse of the id, with a third
+// content, would find it and be dropped). The key is m's, then a hash of
+// its account and amount in braces, which no message key holds: a retry
+// of that message (same id, account and amount) finds its dead letter,
+// another reuse gets its own.
+func reusedKey(m Message) string {
+	sum := sha256.Sum256([]byte(strconv.Quote(m.Account) + " " + strconv.FormatInt(m.Amount, 10)))
+	return m.Key + "{reused:" + hex.EncodeToString(sum[:16]) + "}"
+}
+
+// giveUpReused records entry e, whose message m reuses the id of a message
+// applied with another account or amount (r), in queue_dead under
+// reusedKey(m), and logs it (dead, or duplicate if it was recorded
+// before). The write is not fenced: the applied row stays for good, so m
+// can never be applied under its id and there is nothing for a newer
+// leader to decide otherwise; any consumer that finds the conflict
+// writes the same row. (Fenced on the message's resource, it would also
+// be refused whenever the leader's token applied the id earlier in its
+// term.) Its error, if any, is why it could not record it; the entry then
+// stays pending. ctx is Run's (see apply).
+func (c *Consumer) giveUpReused(ctx context.Context, e redis.XMessage, m Message, r *reusedError, token fence.Token) error {
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
+	defer cancel()
+	p, err := bound.Call(ctx, func() ([]redis.XPendingExt, error) {
+		return c.Redis.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: c.Stream, Group: c.Group, Start: e.ID, End: e.ID, Count: 1,
+		}).Result()
+	}, nil)
+	if err != nil {
+		return fmt.Errorf("queue: XPENDING %s: %w", e.ID, err)
+	}
+	var deliveries int64 // none known: acknowledged by another consumer meanwhile
+	if len(p) > 0 {
+		deliveries = p[0].RetryCount
+	}
+	res, err := c.DB.ExecContext(ctx, `INSERT INTO queue_dead (stream, msg_id, entry_id, fields, deliveries, error, token, consumer)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`,
+		c.Stream, reusedKey(m), e.ID, fmt.Sprintf("%q", e.Values), deliveries, r.Error(), int64(token), c.Name)
+	if err != nil {
+		return fmt.Errorf("queue: dead letter of %s: %w", e.ID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		// Recorded before: a redelivery of this entry, or a retry of
+		// this message (same id and content).
+		c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
+		return nil
+	}
+	c.log().Error(LogDead, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "deliveries", deliveries, "err", r)
+	return nil
 }
 
 // giveUp records entry e, whose message (key key) failed with cause (or,
@@ -939,7 +1059,15 @@ VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING`, c.Stream, m.Key, m.
 			return err
 		}
 		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return cmp.Or(err, errDuplicate) // rolls back; the message is done
+			if err != nil {
+				return err
+			}
+			// Rolls back. The message is done if the applied row has its
+			// account and amount; with others, it is another message
+			// under a reused id (reusedError), which must not be dropped
+			// as a redelivery. Read after the INSERT, which waited for a
+			// concurrent one of the key: this statement sees its commit.
+			return c.appliedAs(dbCtx, tx, m)
 		}
 		// Its failed tries, if any, are counted no more (see giveUp).
 		if _, err := tx.ExecContext(dbCtx, `DELETE FROM queue_failures WHERE stream = $1 AND msg_id = $2`, c.Stream, m.Key); err != nil {
