@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -80,6 +81,13 @@ func (r *records) Handle(_ context.Context, rec slog.Record) error {
 	defer r.mu.Unlock()
 	r.seen = append(r.seen, line)
 	return nil
+}
+
+// String is the records so far, for a test's failure.
+func (r *records) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return fmt.Sprint(r.seen)
 }
 
 func (r *records) has(msg, errPart string) bool {

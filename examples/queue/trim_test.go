@@ -2,14 +2,20 @@ package queue_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
 	"github.com/redis/go-redis/v9"
 )
@@ -106,34 +112,14 @@ func TestTrimKeepsWhatOtherGroupsNeed(t *testing.T) {
 // (XTRIM MAXLEN, or XADD MAXLEN in a producer of their own) while entries
 // are pending: read by a leader that then lost its lease, not applied.
 // The next leader's XAUTOCLAIM drops them from the pending list (Redis 7
-// returns their ids apart, which go-redis's XAutoClaim discards), and
-// they are gone with no trace: not applied, not in queue_dead, nothing
+// returns their ids apart, which go-redis's XAutoClaim discards). Before,
+// they were gone with no trace: not applied, not in queue_dead, nothing
 // logged (3 pending, then none; 0 of 3 in queue_dead; the log: elected,
-// applied, for the message after them).
+// applied, for the message after them). Each must be recorded in
+// queue_dead, with an error saying it was trimmed, and logged dead.
 func TestTrimmedPendingEntryRecorded(t *testing.T) {
-	t.Skip("design question: pending entries trimmed from the stream vanish with no record (3 pending, then none; no dead letter, " +
-		"nothing logged): recording them (queue_dead, keyed by entry id, their fields gone) needs XAUTOCLAIM's deleted ids, which " +
-		"go-redis's XAutoClaim discards and redis.Cmdable gives no other way to read (no Do); or the package doc forbids trimming " +
-		"past the group's first pending entry")
 	ctx, rdb, db := servers(t, 30*time.Second)
-	var trimmed []string
-	for i := range 3 {
-		id, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		trimmed = append(trimmed, id)
-	}
-	// A leader read them and lost its lease before applying them.
-	if err := rdb.XGroupCreateMkStream(ctx, "s", "g", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "deposed", Streams: []string{"s", ">"}, Count: 3, Block: -1}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.XTrimMaxLen(ctx, "s", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	trimmed := trimmedPending(t, ctx, rdb, 3)
 	after, err := queue.Produce(ctx, rdb, "s", "a", 100)
 	if err != nil {
 		t.Fatal(err)
@@ -150,15 +136,152 @@ func TestTrimmedPendingEntryRecorded(t *testing.T) {
 		p, err := pending(ctx, rdb, "s", "g")
 		return p == 0, err
 	})
-	dead, err := count(ctx, db, `SELECT count(*) FROM queue_dead WHERE entry_id = ANY($1)`, trimmed)
+	trimmedDead(t, ctx, db, logs, trimmed, len(trimmed))
+}
+
+// trimmedPending appends n messages to stream s, has consumer "deposed"
+// of group g read them (a leader that lost its lease before applying
+// them), and trims them all from the stream: n pending entries whose
+// fields are gone. It returns their entry ids.
+func trimmedPending(t *testing.T, ctx context.Context, rdb *redis.Client, n int) []string {
+	t.Helper()
+	var ids []string
+	for i := range n {
+		id, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rdb.XGroupCreateMkStream(ctx, "s", "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "deposed", Streams: []string{"s", ">"}, Count: int64(n), Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XTrimMaxLen(ctx, "s", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// trimmedDead checks that queue_dead holds one dead letter, saying it was
+// trimmed, for each of ids, and that logs holds dead lines for wantLogged
+// trimmed entries.
+func trimmedDead(t *testing.T, ctx context.Context, db *sql.DB, logs *records, ids []string, wantLogged int) {
+	t.Helper()
+	seen := logs.String()
+	logs.mu.Lock()
+	logged := 0
+	for _, l := range logs.seen {
+		if strings.HasPrefix(l, queue.LogDead+": ") && strings.Contains(l, "trimmed") {
+			logged++
+		}
+	}
+	logs.mu.Unlock()
+	dead, err := count(ctx, db, `SELECT count(*) FROM queue_dead WHERE entry_id = ANY($1) AND error LIKE '%trimmed%'`, ids)
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs.mu.Lock()
-	seen := fmt.Sprint(logs.seen)
-	logs.mu.Unlock()
-	if dead != int64(len(trimmed)) {
-		t.Fatalf("%d of the %d trimmed pending entries %v in queue_dead; log: %s", dead, len(trimmed), trimmed, seen)
+	if dead != int64(len(ids)) || logged != wantLogged {
+		t.Fatalf("%d of the %d trimmed pending entries %v in queue_dead, %d logged dead (want %d); log: %s", dead, len(ids), ids, logged, wantLogged, seen)
+	}
+}
+
+// TestTrimmedAfterApplyNotDeadLettered: a leader applied a message and
+// lost its lease before XACK, and the entry was trimmed meanwhile: the
+// next leader is told the entry is gone, and must not record it as lost,
+// since queue_applied holds it (by entry id: its message id went with its
+// fields); the other trimmed entry, not applied, is recorded. Before,
+// neither was recorded nor logged (log: [elected]).
+func TestTrimmedAfterApplyNotDeadLettered(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	trimmed := trimmedPending(t, ctx, rdb, 2)
+	// The deposed leader's commit of the first.
+	if _, err := db.ExecContext(ctx, `INSERT INTO queue_applied (stream, msg_id, entry_id, account, amount, token, consumer)
+VALUES ('s', 'the-message-id', $1, 'a', 1, 1, 'deposed')`, trimmed[0]); err != nil {
+		t.Fatal(err)
+	}
+	logs := &records{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	until(t, 10*time.Second, "nothing pending", func() (bool, error) {
+		p, err := pending(ctx, rdb, "s", "g")
+		return p == 0, err
+	})
+	var state string
+	until(t, 10*time.Second, "the trimmed entries handled", func() (bool, error) {
+		state = logs.String()
+		return logs.has(queue.LogDead, "") && logs.has(queue.LogDuplicate, ""), nil
+	}, &state)
+	trimmedDead(t, ctx, db, logs, trimmed[1:], 1)
+	if n, err := count(ctx, db, `SELECT count(*) FROM queue_dead WHERE entry_id = $1`, trimmed[0]); err != nil || n != 0 {
+		t.Fatalf("%d dead letters (%v) for entry %s, applied before it was trimmed", n, err, trimmed[0])
+	}
+}
+
+// TestTrimmedRecordFailureKeepsID: the database fails the dead letter of a
+// trimmed entry. XAUTOCLAIM told the leader of the entry once, and took it
+// off the pending list: the consumer must keep its id until it is
+// recorded, and record it in a later try. Before, nothing was recorded
+// (log: [elected]).
+func TestTrimmedRecordFailureKeepsID(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	trimmed := trimmedPending(t, ctx, rdb, 1)
+	var failed atomic.Bool
+	logs := &records{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs),
+		Tx: func(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(*sql.Tx) error) error {
+			if resource == queue.Resource("s", trimmed[0]) && failed.CompareAndSwap(false, true) {
+				return errors.New("the database failed")
+			}
+			return guard.Tx(ctx, db, resource, token, fn)
+		}}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	var state string
+	until(t, 10*time.Second, "the trimmed entry recorded", func() (bool, error) {
+		state = logs.String()
+		n, err := count(ctx, db, `SELECT count(*) FROM queue_dead WHERE entry_id = $1`, trimmed[0])
+		return n == 1, err
+	}, &state)
+	trimmedDead(t, ctx, db, logs, trimmed, 1)
+}
+
+// TestTrimmedClaimedByTwoLeaders: two consumers lead at once (their locks
+// on two Redis servers: as a deposed leader that has not yet noticed, and
+// its successor) and both claim the group's pending entries, trimmed from
+// the stream. Each trimmed entry must be recorded once, and logged dead
+// once. Before, none was (log: [elected elected]).
+func TestTrimmedClaimedByTwoLeaders(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	trimmed := trimmedPending(t, ctx, rdb, 20)
+	logs := &records{}
+	consumer := func(name string) *queue.Consumer {
+		return &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: name,
+			MinIdle: time.Second, Batch: 2, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	}
+	other, err := redislock.New(redistest.Start(t).Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer("c2").Run(otherCtx, other, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	running(t, ctx, consumer("c1"), fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	var state string
+	until(t, 10*time.Second, "the trimmed entries recorded", func() (bool, error) {
+		state = logs.String()
+		n, err := count(ctx, db, `SELECT count(*) FROM queue_dead`)
+		return n >= int64(len(trimmed)), err
+	}, &state)
+	trimmedDead(t, ctx, db, logs, trimmed, len(trimmed))
+	if n, err := count(ctx, db, `SELECT count(*) FROM queue_dead`); err != nil || n != int64(len(trimmed)) {
+		t.Fatalf("%d dead letters (%v), want %d", n, err, len(trimmed))
 	}
 }
 
