@@ -16,6 +16,24 @@
 // that acknowledged messages do not fill Redis; Consumer.KeepEntries keeps
 // them for replays.
 //
+// The consumer's trim never passes a group's first pending entry; others
+// can: a producer's XADD with MAXLEN or MINID, an operator's XTRIM or
+// XDEL. An entry trimmed while pending, read by a leader that had not
+// applied it when it was deposed, loses its content (account, amount and
+// message id are its fields) with it. Such entries are not silently lost:
+// the next XAUTOCLAIM (which, from Redis 7, reports them apart and takes
+// them off the pending list) puts their ids in a set beside the stream,
+// {<stream>}:trimmed:<group>, in the same script, and the consumer records
+// each in queue_dead under its entry id, with an error saying that it was
+// trimmed before it was applied, logs it "dead" at ERROR, and only then
+// takes it out of the set. An entry that was applied and trimmed before
+// its XACK is found in queue_applied by its entry id, and not recorded. A
+// deposed leader that read such an entry before the trim may still apply
+// it, under its message id, which the record cannot fence (it is gone):
+// before acting on the dead letter of a trimmed entry, look its entry id
+// up in queue_applied. Bound a stream with the consumer's trim (the
+// default), not MAXLEN.
+//
 // # Message ids
 //
 // The message id is the producer's, written in the entry (IDField): Produce

@@ -35,6 +35,8 @@ import (
 // amount is another message under a reused id: its dead letter's key is
 // the id followed by "{reused:", a hash of its account and amount, and
 // "}" (see the package documentation), and the applied one keeps the id.
+// An entry trimmed from the stream while pending, its fields gone, is
+// recorded under its entry id, with empty fields and deliveries 0 (unknown).
 //
 // Both tables are keyed by (stream, msg_id), msg_id being the message's
 // key (see Message.Key): the producer's message id, or the stream entry id
@@ -50,6 +52,15 @@ import (
 // after it is still found applied (its key is still its entry id); a
 // separate table for the new keys would have made every message look in
 // two places for good.
+//
+// queue_applied_entry_id indexes queue_applied by entry id, for the
+// entries trimmed from the stream while pending, which the consumer looks
+// up by entry id alone (see Consumer.Run). Schema creates it if it is
+// missing, under the same check as the columns (CREATE INDEX IF NOT
+// EXISTS takes the table's lock first); on a database upgraded from
+// before it, that build holds the consumers' writes for as long as it
+// takes: on a large queue_applied, create it beforehand with CREATE INDEX
+// CONCURRENTLY queue_applied_entry_id ON queue_applied (stream, entry_id).
 const Schema = `
 CREATE TABLE IF NOT EXISTS queue_applied (
 	seq        BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -94,6 +105,10 @@ BEGIN
 	IF NOT EXISTS (SELECT 1 FROM information_schema.columns
 		WHERE table_schema = current_schema() AND table_name = 'queue_dead' AND column_name = 'entry_id') THEN
 		ALTER TABLE queue_dead ADD COLUMN IF NOT EXISTS entry_id TEXT;
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_indexes
+		WHERE schemaname = current_schema() AND tablename = 'queue_applied' AND indexname = 'queue_applied_entry_id') THEN
+		CREATE INDEX IF NOT EXISTS queue_applied_entry_id ON queue_applied (stream, entry_id);
 	END IF;
 END
 $$`
@@ -437,7 +452,7 @@ const (
 	LogDuplicate  = "duplicate"   // applied before, with the same account and amount (or given up on before): acknowledged
 	LogRejected   = "rejected"    // the fence found a greater token: a newer leader had it
 	LogFailed     = "failed"      // the transaction failed otherwise: the entry stays pending
-	LogDead       = "dead"        // malformed, failed on delivery MaxDeliveries, or its id applied with another account or amount: recorded in queue_dead, acknowledged
+	LogDead       = "dead"        // malformed, failed on delivery MaxDeliveries, its id applied with another account or amount, or trimmed from the stream while pending: recorded in queue_dead, acknowledged
 	LogElected    = "elected"     // a term began
 	LogTermEnded  = "term ended"  // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
 	LogClaimed    = "claimed"     // XAUTOCLAIM took pending entries
@@ -452,6 +467,9 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // batch it trims the stream of the entries that no group of it needs any
 // more (applied, or given up on, and acknowledged by every group; see
 // trim), so that the stream does not grow for ever, unless KeepEntries.
+// A pending entry trimmed from the stream by others (XADD MAXLEN or
+// MINID, XTRIM, XDEL) before it was applied is recorded in queue_dead by
+// its entry id (see the package documentation); its fields are lost.
 // It returns when
 // ctx ends, or at once, with an error matching fence.ErrInvalidOption or
 // ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
@@ -678,30 +696,32 @@ return redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
 `)
 
 // claim takes, with XAUTOCLAIM from cursor, the pending entries idle for
-// minIdle, applies them, and returns them and the next cursor.
+// minIdle, records those trimmed from the stream meanwhile (see
+// claimScript), applies the others, and returns them and the next cursor.
 func (c *Consumer) claim(ctx, run context.Context, lease fence.Lease, minIdle time.Duration, cursor string) ([]redis.XMessage, string, error) {
 	if err := valid(ctx, lease); err != nil {
 		return nil, "", err
 	}
-	type result struct {
-		claimed []redis.XMessage
-		next    string
-	}
-	r, err := bound.Call(ctx, func() (result, error) {
-		claimed, next, err := c.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream: c.Stream, Group: c.Group, Consumer: c.Name,
-			MinIdle: minIdle, Start: cursor, Count: int64(c.batch()),
-		}).Result()
-		return result{claimed, next}, err
+	r, err := bound.Call(ctx, func() (claimReply, error) {
+		v, err := claimScript.Run(ctx, c.Redis, []string{c.Stream, c.trimmedKey()},
+			c.Group, c.Name, minIdle.Milliseconds(), cursor, c.batch()).Result()
+		if err != nil {
+			return claimReply{}, err
+		}
+		return parseClaim(v)
 	}, nil)
-	claimed, next := r.claimed, r.next
 	if err != nil {
 		return nil, "", fmt.Errorf("queue: XAUTOCLAIM: %w", err)
 	}
-	if len(claimed) > 0 {
-		c.log().Info(LogClaimed, "consumer", c.Name, "token", int64(lease.Token()), "n", len(claimed), "min_idle", minIdle)
+	for _, id := range r.trimmed {
+		if err := c.recordTrimmed(ctx, run, lease, id); err != nil {
+			return nil, "", err
+		}
 	}
-	return claimed, next, c.apply(ctx, run, lease, claimed)
+	if len(r.claimed) > 0 {
+		c.log().Info(LogClaimed, "consumer", c.Name, "token", int64(lease.Token()), "n", len(r.claimed), "min_idle", minIdle)
+	}
+	return r.claimed, r.next, c.apply(ctx, run, lease, r.claimed)
 }
 
 // valid returns an error if the lease is known to have ended: its context

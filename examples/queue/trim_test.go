@@ -213,7 +213,7 @@ VALUES ('s', 'the-message-id', $1, 'a', 1, 1, 'deposed')`, trimmed[0]); err != n
 	var state string
 	until(t, 10*time.Second, "the trimmed entries handled", func() (bool, error) {
 		state = logs.String()
-		return logs.has(queue.LogDead, "") && logs.has(queue.LogDuplicate, ""), nil
+		return logs.has(queue.LogDead, "trimmed") && strings.Contains(state, queue.LogDuplicate), nil
 	}, &state)
 	trimmedDead(t, ctx, db, logs, trimmed[1:], 1)
 	if n, err := count(ctx, db, `SELECT count(*) FROM queue_dead WHERE entry_id = $1`, trimmed[0]); err != nil || n != 0 {
