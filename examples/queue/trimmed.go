@@ -142,9 +142,7 @@ VALUES ($1, $2, $2, '', 0, $3, $4, $5) ON CONFLICT (stream, msg_id) DO NOTHING`,
 // entryDone reports whether stream entry id is done: in queue_applied or
 // queue_dead by its entry id, or by its key for a row from before
 // entry_id (whose key is its entry id).
-func (c *Consumer) entryDone(ctx context.Context, q interface {
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, id string) (bool, error) {
+func (c *Consumer) entryDone(ctx context.Context, q rowQuerier, id string) (bool, error) {
 	var done bool
 	err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND (entry_id = $2 OR msg_id = $2))
 	OR EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND (entry_id = $2 OR msg_id = $2))`, c.Stream, id).Scan(&done)
