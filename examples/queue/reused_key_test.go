@@ -13,6 +13,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
 	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestReusedIDWithOtherContentDeadLettered: a producer whose ids repeat
@@ -177,5 +178,45 @@ func deadLetters(t *testing.T, ctx context.Context, db *sql.DB, entries map[stri
 				t.Errorf("dead letter of entry %s (%s): error %q does not hold %q", entry, content, msg, part)
 			}
 		}
+	}
+}
+
+// TestReusedEntryIDOfOldRowDeadLettered: a row from before entry_id (NULL;
+// its key, the entry id, was the only key) is compared too. A stream that
+// started over gives an entry without a message id the entry id of that
+// row, with another account and amount: before, it was dropped as a
+// duplicate (balance of b 0, 1 duplicate, 0 dead); it must be given up
+// on, its error naming the row's content and its own.
+func TestReusedEntryIDOfOldRowDeadLettered(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	if _, err := db.ExecContext(ctx, `INSERT INTO queue_applied (stream, msg_id, entry_id, account, amount, token, consumer)
+VALUES ('s', '1-1', NULL, 'a', 5, 1, 'old')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", ID: "1-1", Values: []any{"account", "b", "amount", 7}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	logs := &counter{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	seen := func() string {
+		return fmt.Sprintf("%d applied, %d duplicate, %d dead", logs.get(queue.LogApplied), logs.get(queue.LogDuplicate), logs.get(queue.LogDead))
+	}
+	state := seen()
+	until(t, 10*time.Second, "the entry settled", func() (bool, error) {
+		state = seen()
+		if logs.get(queue.LogDuplicate)+logs.get(queue.LogDead) == 0 {
+			return false, nil
+		}
+		p, err := pending(ctx, rdb, "s", "g")
+		return p == 0, err
+	}, &state)
+	if logs.get(queue.LogDead) != 1 {
+		t.Fatalf("%s; want 1 dead", seen())
+	}
+	deadLetters(t, ctx, db, map[string]string{"b 7": "1-1"})
+	if n, err := count(ctx, db, `SELECT coalesce(sum(balance), 0) FROM queue_balance WHERE account = 'b'`); err != nil || n != 0 {
+		t.Fatalf("balance of b %d (%v), want 0", n, err)
 	}
 }
