@@ -88,7 +88,10 @@
 // finds its dead letter, is logged as a duplicate and acknowledged,
 // neither applied nor recorded again. To apply such a message, produce it
 // again under an id of its own: under the reused id it is only ever given
-// up on. queue_applied has held every message's account and amount from
+// up on (with its dead letter deleted first, recorded again). Of two
+// messages sharing an id, the one applied is the one the consumer reaches
+// first: the first produced, unless its transaction failed meanwhile and
+// the other came through. queue_applied has held every message's account and amount from
 // the start, so every row is compared, old ones included (their entry_id,
 // NULL, is their key). A malformed entry whose id was applied has no
 // account and amount to compare, and is taken for a redelivery.
