@@ -909,6 +909,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cancel(nil)
 		return nil, err
 	}
+	if resp.Request == nil {
+		// http.Client does not fill it in, and a redirect's next request
+		// finds the first one (its origin) through it.
+		resp.Request = req
+	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// Its Body is the connection, an io.ReadWriteCloser: left as it
 		// is, and ctx is left to end with the caller's.
