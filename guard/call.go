@@ -14,6 +14,17 @@ import (
 // Middleware and Gate hand it to the store (see WithCall).
 const CallHeader = "Fence-Call"
 
+// RecordedCallHeader carries the call id that a store recorded a call
+// under: Middleware sets it on the answer to a call the store accepted
+// (its answer committed), and Gate on the answer of a call it admitted, to
+// the id they handed the store (a digest of the request's Fence-Call,
+// method, target and body; see Middleware). Transport sends it back on the
+// requests that http.Client makes to follow a redirect from that answer,
+// and Middleware and Gate hand a request's Fence-Recorded-Call to the
+// store as it is: the follow-up is the call it follows, a replay on the
+// resource that accepted it.
+const RecordedCallHeader = "Fence-Recorded-Call"
+
 // ReplayedHeader is set on the answer to a resend of a call that a store
 // found accepted (ErrReplayed): "true" from Middleware (200: the call was
 // applied), "admitted" from Gate (409: admitted before, its outcome not

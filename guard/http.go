@@ -275,7 +275,8 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 			var buf *responseBuffer
 			var p recovered
 			var handed *http.Request // the copy the last run was given
-			err := store.Do(WithCall(r.Context(), requestCall(call, r, g.maxBody >= 0)), g.namespace+resource, token, func(ctx context.Context) error {
+			id := requestCall(call, r, g.maxBody >= 0)
+			err := store.Do(WithCall(r.Context(), id), g.namespace+resource, token, func(ctx context.Context) error {
 				removeForm(handed, r)
 				g.decided(resource, token, fence.GuardAccept)
 				buf, p = &responseBuffer{header: make(http.Header)}, recovered{}
@@ -296,6 +297,9 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 				}
 				panic(p.value)
 			case err == nil:
+				if id != "" {
+					buf.header.Set(RecordedCallHeader, id)
+				}
 				buf.sendTo(w)
 			case errors.Is(err, errHandlerStatus):
 				if !only(err, errHandlerStatus) {
@@ -317,6 +321,11 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 // told the second was applied: it is another call, stale with that token.
 // A resend, byte for byte the same request, is the same call. "" stays "".
 func requestCall(call string, r *http.Request, withBody bool) string {
+	if recorded := r.Header.Get(RecordedCallHeader); recorded != "" {
+		// A redirect's follow-up, sent by Transport: the call it follows,
+		// under the id the store recorded it with (admit checked it).
+		return recorded
+	}
 	if call == "" {
 		return ""
 	}
@@ -372,7 +381,8 @@ func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 			if !ok {
 				return
 			}
-			if err := a.Accept(WithCall(r.Context(), requestCall(call, r, false)), g.namespace+resource, token); err != nil {
+			id := requestCall(call, r, false)
+			if err := a.Accept(WithCall(r.Context(), id), g.namespace+resource, token); err != nil {
 				if errors.Is(err, ErrReplayed) {
 					g.admittedBefore(w, r, resource, token, err)
 					return
@@ -381,6 +391,9 @@ func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 				return
 			}
 			g.decided(resource, token, fence.GuardAccept)
+			if id != "" {
+				w.Header().Set(RecordedCallHeader, id)
+			}
 			next.ServeHTTP(w, r)
 		})
 	}
@@ -457,25 +470,35 @@ func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence
 			Resource: resource})
 		return "", 0, "", false
 	}
-	call := ""
-	switch v := r.Header.Values(CallHeader); len(v) {
-	case 0:
-	case 1:
-		call, err = v[0], checkCall(v[0])
-		if err == nil && call == "" {
-			err = fmt.Errorf("%w: an empty %s header", ErrInvalidCall, CallHeader)
-		}
-	default:
-		err = fmt.Errorf("%w: want at most one %s header, got %d", ErrInvalidCall, CallHeader, len(v))
+	call, err := headerCall(r.Header, CallHeader)
+	if err == nil {
+		_, err = headerCall(r.Header, RecordedCallHeader) // read by requestCall
 	}
 	if err != nil {
 		g.debug(r, "guard: invalid call id", err, slog.String("resource", resource))
 		writeProblem(w, Problem{Type: ProblemCall, Title: "Invalid call id", Status: http.StatusBadRequest,
-			Detail:   "Send at most one " + CallHeader + " header: 1 to 128 ASCII letters, digits, '-', '_', '.' or ':'.",
+			Detail:   "Send at most one " + CallHeader + " and one " + RecordedCallHeader + " header: 1 to 128 ASCII letters, digits, '-', '_', '.' or ':'.",
 			Resource: resource, Token: token})
 		return "", 0, "", false
 	}
 	return resource, token, call, true
+}
+
+// headerCall returns the call id of h's header name, "" if there is none,
+// and an error matching ErrInvalidCall if it is sent twice, empty or not a
+// call id.
+func headerCall(h http.Header, name string) (string, error) {
+	switch v := h.Values(name); len(v) {
+	case 0:
+		return "", nil
+	case 1:
+		if v[0] == "" {
+			return "", fmt.Errorf("%w: an empty %s header", ErrInvalidCall, name)
+		}
+		return v[0], checkCall(v[0])
+	default:
+		return "", fmt.Errorf("%w: want at most one %s header, got %d", ErrInvalidCall, name, len(v))
+	}
 }
 
 // readBody reads r's body, up to g.maxBody bytes, and returns a shallow
@@ -826,10 +849,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// caller did not choose.
 		return refuse(req, fmt.Errorf("guard: not sending %s %s, redirected from %s: %w", req.Method, req.URL, first.URL, ErrCrossOrigin))
 	}
-	call := ""
+	call, recorded := followed(req)
 	switch v := req.Header.Values(CallHeader); len(v) {
 	case 0:
-		call = callOf(req.Header)
+		if call == "" {
+			call = callOf(req.Header)
+		}
 	case 1:
 		if call = v[0]; call == "" || checkCall(call) != nil {
 			return refuse(req, fmt.Errorf("guard: not sending %s %s: %w: %q", req.Method, req.URL, ErrInvalidCall, call))
@@ -896,6 +921,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// The clone, call id and all, is what net/http sends again by itself
 	// on a new connection: the server finds its resend the same call.
 	req.Header.Set(CallHeader, call)
+	// Only the answer a redirect follows names a recorded call: a
+	// caller's own header would have a new call taken for one applied.
+	req.Header.Del(RecordedCallHeader)
+	if recorded != "" {
+		req.Header.Set(RecordedCallHeader, recorded)
+	}
 	base := t.Base
 	if base == nil {
 		base = http.DefaultTransport
@@ -1031,6 +1062,37 @@ func callOf(h http.Header) string {
 	}
 	sum := sha256.Sum256([]byte(key))
 	return "idem-" + hex.EncodeToString(sum[:16])
+}
+
+// followed returns, for a request that http.Client makes to follow a
+// redirect (req.Response is the redirect's answer), the call id that the
+// request it follows was sent with (the header Transport set on its clone,
+// which net/http's Transport returns as Response.Request, and RoundTrip
+// sets there where a Base did not), and the id a store recorded the call
+// under: the one the redirect's answer carries, else the one the request
+// it follows carried (through a page that is not fenced). Both are "" for
+// a request that follows none.
+func followed(req *http.Request) (call, recorded string) {
+	if req.Response == nil {
+		return "", ""
+	}
+	recorded = oneCall(req.Response.Header, RecordedCallHeader)
+	if prev := req.Response.Request; prev != nil {
+		call = oneCall(prev.Header, CallHeader)
+		if recorded == "" {
+			recorded = oneCall(prev.Header, RecordedCallHeader)
+		}
+	}
+	return call, recorded
+}
+
+// oneCall returns h's one valid call id under name, or "".
+func oneCall(h http.Header, name string) string {
+	v := h.Values(name)
+	if len(v) != 1 || checkCall(v[0]) != nil {
+		return ""
+	}
+	return v[0]
 }
 
 // leaseEnded returns why lease ended, or fence.ErrLeaseLost if it does not
