@@ -10,7 +10,8 @@ import (
 )
 
 // CallHeader carries a fenced request's call id: Transport sends a random
-// one with every request (the same in net/http's own resends of it), and
+// one with every request (the same in net/http's own resends of it, and in
+// the requests of the redirects that http.Client follows from it), and
 // Middleware and Gate hand it to the store (see WithCall).
 const CallHeader = "Fence-Call"
 

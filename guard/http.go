@@ -252,6 +252,13 @@ const (
 // answered 409 stale, not told it was applied. (The IETF Idempotency-Key
 // draft's 422 for a reused key would need the store to keep the digest
 // apart from the id.) With a negative MaxBody the body is not covered.
+// A committed answer carries the id handed to the store in its
+// Fence-Recorded-Call header (RecordedCallHeader), and a request that
+// carries one is handed to the store under it, as it is: Transport sends
+// it on the request that follows a redirect, which is the same call (see
+// Transport). Like Fence-Call, it is the client's word: a client that
+// sends another call's recorded id with that call's token is told that
+// call was applied, not refused.
 //
 // Middleware panics if opts.Resource is nil, if opts.Namespace is not a
 // valid start of a lock name (fence.ValidateName: braces, control
@@ -369,7 +376,11 @@ func removeForm(handed, r *http.Request) {
 // Gate does not know what the handler did (it may have failed, crashed,
 // or still be running), it is answered 409 with Fence-Replayed: admitted
 // and a Problem of type ProblemAdmitted, not 200: the caller reads the
-// state to learn the outcome.
+// state to learn the outcome. The answer of an admitted call carries the
+// id handed to the store in RecordedCallHeader, as Middleware's committed
+// answers do: a redirect that Transport follows from it to a page behind
+// Gate on the same resource is answered so too (409, Fence-Replayed:
+// admitted), the handler's redirect not shown to the caller.
 //
 // Gate panics if opts.Resource is nil, opts.Namespace is invalid or
 // opts.Observer holds a nil pointer, as Middleware does.
@@ -809,12 +820,32 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // request that http.Client redirects to another origin is not sent, and
 // Do's error matches ErrCrossOrigin.
 //
+// A redirect that http.Client follows is part of the call it follows: the
+// follow-up (the GET after a 301, 302 or 303; the request resent, body
+// and all, after a 307 or 308) goes out with that call's token and call
+// id, and with the id the store recorded the call under (RecordedCallHeader,
+// taken from the redirect's answer, never from the caller's request).
+// After a fenced POST that Middleware applied and answered 303, a page
+// fenced on the same resource answers the follow-up as a replay of the
+// applied call (200, Fence-Replayed: true, a ProblemReplayed body, the
+// page's handler not run; behind Gate: 409, Fence-Replayed: admitted):
+// the caller learns that its call was applied, not that it was refused. A
+// page fenced on another resource runs it as that call (the token is new
+// there), and a page that is not fenced serves it. A request that a proxy
+// answered 307 without running anything is run once, under the first call
+// id. To get the redirect's answer itself (its Location, the page's
+// content from a request of its own), set the Client's CheckRedirect to
+// return http.ErrUseLastResponse. Transport finds the call through
+// req.Response.Request, the request it sent, which it sets on its answers
+// where Base leaves it nil.
+//
 // Every request carries a call id (CallHeader, Fence-Call): the caller's own
 // if the request already has one Fence-Call header (an invalid one is not
-// sent, and the error matches ErrInvalidCall); else one derived from its
-// Idempotency-Key (or X-Idempotency-Key) header, so that the caller's own
-// resends of that operation under the same lease are the same call; else a
-// random one (NewCall) for each RoundTrip. net/http's Transport sends a
+// sent, and the error matches ErrInvalidCall); else, on a redirect's
+// follow-up, the call id of the request it follows; else one derived from
+// its Idempotency-Key (or X-Idempotency-Key) header, so that the caller's
+// own resends of that operation under the same lease are the same call;
+// else a random one (NewCall) for each RoundTrip. net/http's Transport sends a
 // request again by itself when a kept-alive connection closes before the
 // answer, if the method is idempotent or an Idempotency-Key header is set,
 // with the same token and the same call id: a store that had accepted the
