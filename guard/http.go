@@ -837,7 +837,11 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // content from a request of its own), set the Client's CheckRedirect to
 // return http.ErrUseLastResponse. Transport finds the call through
 // req.Response.Request, the request it sent, which it sets on its answers
-// where Base leaves it nil.
+// where Base leaves it nil. It takes for a follow-up only the request that
+// http.Client builds for the redirect, to its Location with the method
+// http.Client chooses: one that CheckRedirect sends elsewhere, or a request
+// reused from an earlier answer's Request (which keeps its Response) for
+// other work, is a call of its own.
 //
 // Every request carries a call id (CallHeader, Fence-Call): the caller's own
 // if the request already has one Fence-Call header (an invalid one is not
@@ -1104,17 +1108,49 @@ func callOf(h http.Header) string {
 // it follows carried (through a page that is not fenced). Both are "" for
 // a request that follows none.
 func followed(req *http.Request) (call, recorded string) {
-	if req.Response == nil {
+	if !isFollowUp(req) {
 		return "", ""
 	}
-	recorded = oneCall(req.Response.Header, RecordedCallHeader)
-	if prev := req.Response.Request; prev != nil {
-		call = oneCall(prev.Header, CallHeader)
-		if recorded == "" {
-			recorded = oneCall(prev.Header, RecordedCallHeader)
-		}
+	prev := req.Response.Request
+	call = oneCall(prev.Header, CallHeader)
+	if recorded = oneCall(req.Response.Header, RecordedCallHeader); recorded == "" {
+		recorded = oneCall(prev.Header, RecordedCallHeader)
 	}
 	return call, recorded
+}
+
+// isFollowUp reports whether req is the request that http.Client makes to
+// follow req.Response: to its Location, with the method http.Client
+// chooses. A request reused from an earlier Do (resp.Request keeps its
+// Response) for other work is not, and is a call of its own
+// (TestReusedFollowUpIsNotTheCall).
+func isFollowUp(req *http.Request) bool {
+	resp := req.Response
+	if resp == nil || resp.Request == nil {
+		return false
+	}
+	u, err := resp.Request.URL.Parse(resp.Header.Get("Location"))
+	if err != nil || u.String() != req.URL.String() {
+		return false
+	}
+	want := methodOf(resp.Request)
+	switch resp.StatusCode {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther:
+		if want != http.MethodHead {
+			want = http.MethodGet
+		}
+	case http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+	default:
+		return false
+	}
+	return methodOf(req) == want
+}
+
+func methodOf(r *http.Request) string {
+	if r.Method == "" {
+		return http.MethodGet
+	}
+	return r.Method
 }
 
 // oneCall returns h's one valid call id under name, or "".

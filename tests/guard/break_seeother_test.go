@@ -468,3 +468,36 @@ func TestRecordedCallOnlyFromRedirect(t *testing.T) {
 		t.Errorf("another POST carrying the first's %s: %d %s, approve ran %d times; want 409 stale, 1", guard.RecordedCallHeader, resp.StatusCode, body, site.ran("/payments/1001/approve"))
 	}
 }
+
+// TestReusedFollowUpIsNotTheCall: the caller takes the request of a Do
+// that followed a 303 (resp.Request, which keeps its Response, the 303)
+// as the template of other work: a POST of another body under the same
+// lease. It is not http.Client's follow-up of that 303, and must not be
+// taken for the applied call. (Found attacking this change: it was
+// answered 200, Fence-Replayed: true, for work never done; before the
+// change it was 409 stale, as it is again.)
+func TestReusedFollowUpIsNotTheCall(t *testing.T) {
+	s := seeOtherStores(t)["memory"]
+	site := newRedirectSite(t, guard.Middleware(s.store, guard.HTTPOptions{Resource: siteResource, Namespace: "http303j:"}),
+		func(r *http.Request) error { return s.write(r, 5) })
+	c := site.client()
+	resp, body := do(t, c, newRequest(t, http.MethodPost, site.srv.URL+hop("/payments/1001/approve", "/payments/1001", http.StatusSeeOther), "approve"))
+	wantReplayed(t, resp, body)
+	for _, reuse := range []struct{ method, path string }{
+		{http.MethodPost, "/payments/1001/approve"},
+		{http.MethodPost, "/payments/1001"},
+		{http.MethodGet, "/payments/1001/approve"},
+	} {
+		req := resp.Request.Clone(ctx(t))
+		req.Method = reuse.method
+		req.URL.Path = reuse.path
+		req.Body, req.GetBody, req.ContentLength = io.NopCloser(strings.NewReader("refund")), nil, 6
+		got, body := do(t, c, req)
+		if got.StatusCode != http.StatusConflict || !strings.Contains(body, guard.ProblemStale) {
+			t.Errorf("%s %s reusing the 303's follow-up: %d %s; want 409 stale", reuse.method, reuse.path, got.StatusCode, body)
+		}
+	}
+	if site.ran("/payments/1001/approve") != 1 {
+		t.Errorf("approve ran %d times; want 1", site.ran("/payments/1001/approve"))
+	}
+}
