@@ -501,3 +501,26 @@ func TestReusedFollowUpIsNotTheCall(t *testing.T) {
 		t.Errorf("approve ran %d times; want 1", site.ran("/payments/1001/approve"))
 	}
 }
+
+// TestRecordedCallHeaderChecked: Middleware checks a request's
+// Fence-Recorded-Call as it checks Fence-Call, before the store is asked:
+// sent twice, empty or not a call id, it is answered 400 and the handler
+// does not run. (A check of this change: without it, the first of two
+// headers went to the store and the handler ran.)
+func TestRecordedCallHeaderChecked(t *testing.T) {
+	ran := 0
+	h := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran++ }))
+	for i, values := range [][]string{{"req-a", "req-b"}, {""}, {"req a"}} {
+		req := httptest.NewRequest(http.MethodGet, "/payments/1001", nil)
+		req.Header.Set(guard.TokenHeader, strconv.Itoa(i+1))
+		req.Header[guard.RecordedCallHeader] = values
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), guard.ProblemCall) {
+			t.Errorf("%s %q: %d %s; want 400 %s", guard.RecordedCallHeader, values, w.Code, w.Body, guard.ProblemCall)
+		}
+	}
+	if ran != 0 {
+		t.Errorf("the handler ran %d times; want 0", ran)
+	}
+}
