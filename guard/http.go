@@ -823,9 +823,9 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // A redirect that http.Client follows is part of the call it follows: the
 // follow-up (the GET after a 301, 302 or 303; the request resent, body
 // and all, after a 307 or 308) goes out with that call's token and call
-// id, and with the id the store recorded the call under (RecordedCallHeader,
-// taken from the redirect's answer, never from the caller's request).
-// After a fenced POST that Middleware applied and answered 303, a page
+// id, and with the id the store recorded the call under, if one did
+// (RecordedCallHeader, taken from the redirect's answer, never from the
+// caller's request). After a fenced POST that Middleware applied and answered 303, a page
 // fenced on the same resource answers the follow-up as a replay of the
 // applied call (200, Fence-Replayed: true, a ProblemReplayed body, the
 // page's handler not run; behind Gate: 409, Fence-Replayed: admitted):
@@ -833,9 +833,14 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // page fenced on another resource runs it as that call (the token is new
 // there), and a page that is not fenced serves it. A request that a proxy
 // answered 307 without running anything is run once, under the first call
-// id. To get the redirect's answer itself (its Location, the page's
-// content from a request of its own), set the Client's CheckRedirect to
-// return http.ErrUseLastResponse. Transport finds the call through
+// id. The store keeps only the last call: if a newer token was accepted
+// on the resource between the write and the follow-up, the follow-up is
+// answered 409 stale (its Problem's last_accepted_token the newer one),
+// and once the lease has ended the follow-up is not sent (Do's error
+// matches the lease's), though the write was applied. To get the
+// redirect's answer itself (its Location, the page's content from a
+// request of its own), set the Client's CheckRedirect to return
+// http.ErrUseLastResponse. Transport finds the call through
 // req.Response.Request, the request it sent, which it sets on its answers
 // where Base leaves it nil. It takes for a follow-up only the request that
 // http.Client builds for the redirect, to its Location with the method
