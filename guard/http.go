@@ -825,9 +825,9 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // and all, after a 307 or 308) goes out with that call's token and call
 // id, and with the id the store recorded the call under, if one did
 // (RecordedCallHeader, taken from the redirect's answer, never from the
-// caller's request). After a fenced POST that Middleware applied and answered 303, a page
-// fenced on the same resource answers the follow-up as a replay of the
-// applied call (200, Fence-Replayed: true, a ProblemReplayed body, the
+// caller's request). After a fenced POST that Middleware applied and
+// answered 303, a page fenced on the same resource answers the follow-up
+// as a replay of the applied call (200, Fence-Replayed: true, a ProblemReplayed body, the
 // page's handler not run; behind Gate: 409, Fence-Replayed: admitted):
 // the caller learns that its call was applied, not that it was refused. A
 // page fenced on another resource runs it as that call (the token is new
