@@ -1,0 +1,127 @@
+package queue_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/redislock"
+)
+
+// failTx returns a Consumer.Tx that fails the nth transaction (from 1) on
+// resource (a lock wait cut by TxTimeout, say, behind a deposed leader
+// paused inside its transaction on that message), and runs the others.
+func failTx(resource string, nth int64) func(ctx context.Context, db *sql.DB, r string, token fence.Token, fn func(*sql.Tx) error) error {
+	var calls atomic.Int64
+	return func(ctx context.Context, db *sql.DB, r string, token fence.Token, fn func(*sql.Tx) error) error {
+		if r == resource && calls.Add(1) == nth {
+			return errors.New("the database failed")
+		}
+		return guard.Tx(ctx, db, r, token, fn)
+	}
+}
+
+// TestReusedIDAfterFailedTryDeadLettered: a message reusing an applied
+// id with another account and amount, in a later term, whose first
+// transaction fails (the database, or a lock wait cut by TxTimeout). The
+// failure is counted in a fenced transaction (giveUp) that looked the id
+// up in queue_applied without comparing the content, found it, and took
+// the message for a redelivery: before, it was acknowledged as a
+// duplicate, with no dead letter (balance of b 0, 1 duplicate, 0 dead).
+// It must be given up on as a reused id, as without the failure.
+func TestReusedIDAfterFailedTryDeadLettered(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	if _, err := queue.ProduceID(ctx, rdb, "s", "payment:1:approve", "a", 5); err != nil {
+		t.Fatal(err)
+	}
+	locker, err := redislock.New(rdb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &counter{}
+	first := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	firstCtx, stopFirst := context.WithCancel(ctx)
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- first.Run(firstCtx, locker) }()
+	until(t, 10*time.Second, "the first message applied", func() (bool, error) { return logs.get(queue.LogApplied) == 1, nil })
+	stopFirst()
+	<-firstDone // its lease released: the next consumer's term has a new token
+	reused, err := queue.ProduceID(ctx, rdb, "s", "payment:1:approve", "b", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c2",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs),
+		Tx: failTx(queue.Resource("s", "payment:1:approve"), 1)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	seen := func() string {
+		return fmt.Sprintf("%d elected, %d applied, %d duplicate, %d dead, %d failed", logs.get(queue.LogElected),
+			logs.get(queue.LogApplied), logs.get(queue.LogDuplicate), logs.get(queue.LogDead), logs.get(queue.LogFailed))
+	}
+	state := seen()
+	until(t, 10*time.Second, "the reused message settled", func() (bool, error) {
+		state = seen()
+		if logs.get(queue.LogDuplicate)+logs.get(queue.LogDead) == 0 {
+			return false, nil
+		}
+		p, err := pending(ctx, rdb, "s", "g")
+		return p == 0, err
+	}, &state)
+	if logs.get(queue.LogDead) != 1 || logs.get(queue.LogDuplicate) != 0 {
+		t.Fatalf("%s; want 1 dead, 0 duplicate", seen())
+	}
+	deadLetters(t, ctx, db, map[string]string{"b 7": reused})
+	if n, err := count(ctx, db, `SELECT coalesce(sum(balance), 0) FROM queue_balance WHERE account = 'b'`); err != nil || n != 0 {
+		t.Fatalf("balance of b %d (%v), want 0", n, err)
+	}
+}
+
+// TestReusedIDAfterFailedTryInOneTermKeepsLease: as above, but both
+// messages come in one term, so that the failure's count is fenced with
+// the token that applied the id: guard refuses it as already accepted, and
+// the consumer, finding the id applied with other content, did not know
+// that refusal for its own. Before, it took it for a newer leader's and
+// ended its term ("a newer leader had"; 2 elected, 1 terms ended), the
+// next term giving the message up on. The leader must give it up on in
+// its term.
+func TestReusedIDAfterFailedTryInOneTermKeepsLease(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	if _, err := queue.ProduceID(ctx, rdb, "s", "payment:1:approve", "a", 5); err != nil {
+		t.Fatal(err)
+	}
+	reused, err := queue.ProduceID(ctx, rdb, "s", "payment:1:approve", "b", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &counter{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs),
+		Tx: failTx(queue.Resource("s", "payment:1:approve"), 2)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	seen := func() string {
+		return fmt.Sprintf("%d elected, %d applied, %d duplicate, %d dead, %d terms ended", logs.get(queue.LogElected),
+			logs.get(queue.LogApplied), logs.get(queue.LogDuplicate), logs.get(queue.LogDead), logs.get(queue.LogTermEnded))
+	}
+	state := seen()
+	until(t, 10*time.Second, "both messages settled", func() (bool, error) {
+		state = seen()
+		if logs.get(queue.LogApplied)+logs.get(queue.LogDuplicate)+logs.get(queue.LogDead) < 2 {
+			return false, nil
+		}
+		p, err := pending(ctx, rdb, "s", "g")
+		return p == 0, err
+	}, &state)
+	if logs.get(queue.LogElected) != 1 || logs.get(queue.LogTermEnded) != 0 || logs.get(queue.LogDead) != 1 {
+		t.Fatalf("%s; want 1 elected, 0 terms ended, 1 dead", seen())
+	}
+	deadLetters(t, ctx, db, map[string]string{"b 7": reused})
+}
