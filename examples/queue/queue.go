@@ -753,10 +753,7 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 		m, err := parse(c.Stream, e)
 		if err != nil {
 			// A malformed entry can never be applied: it is dead at once.
-			_, derr := c.giveUp(run, e, m.Key, token, err, true)
-			if errors.Is(c.doneBefore(run, m, token, derr), errDuplicate) {
-				c.log().Info(LogDuplicate, "consumer", c.Name, "id", e.ID, "msg_id", m.Key, "token", int64(token))
-			} else if derr != nil {
+			if _, derr := c.giveUp(run, e, m, token, err, true); derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", e.ID, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
 					return fmt.Errorf("%w: queue: a newer leader had %s: %w", fence.ErrLeaseLost, e.ID, derr)
@@ -788,12 +785,7 @@ func (c *Consumer) apply(ctx, run context.Context, lease fence.Lease, entries []
 			c.log().Warn(LogRejected, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 			return fmt.Errorf("%w: queue: a newer leader applied %s: %w", fence.ErrLeaseLost, m.ID, err)
 		default:
-			dead, derr := c.giveUp(run, e, m.Key, token, err, false)
-			if errors.Is(c.doneBefore(run, m, token, derr), errDuplicate) {
-				// Done by a commit of this term whose reply was lost.
-				c.log().Info(LogDuplicate, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token))
-				break
-			}
+			dead, derr := c.giveUp(run, e, m, token, err, false)
 			if derr != nil {
 				c.log().Warn(LogFailed, "consumer", c.Name, "id", m.ID, "msg_id", m.Key, "token", int64(token), "err", err)
 				if errors.Is(derr, guard.ErrStale) {
@@ -853,13 +845,16 @@ func (c *Consumer) doneBefore(ctx context.Context, m Message, token fence.Token,
 	return nil
 }
 
-// giveUp records entry e, whose message (key key) failed with cause (or,
-// if now, which is malformed), in queue_dead if now or if this was its
-// failure MaxDeliveries (counted in queue_failures, in the same fenced
-// transaction), and reports whether it did (or found it done before). Its
-// error, if any, is why it could not tell or record; the entry then stays
-// pending, and the failure is not counted. ctx is Run's (see apply).
-func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, token fence.Token, cause error, now bool) (bool, error) {
+// giveUp records entry e, whose message m failed with cause (or, if now,
+// which is malformed), in queue_dead if now or if this was its failure
+// MaxDeliveries (counted in queue_failures, in the same fenced
+// transaction), and reports whether it did (or found it done before, or
+// its id applied with another account or amount, which it then records as
+// giveUpReused does). Its error, if any, is why it could not tell or
+// record; the entry then stays pending, and the failure is not counted.
+// ctx is Run's (see apply).
+func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, m Message, token fence.Token, cause error, now bool) (bool, error) {
+	key := m.Key
 	rctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	p, err := bound.Call(rctx, func() ([]redis.XPendingExt, error) {
@@ -880,13 +875,11 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, key string, tok
 	fields := fmt.Sprintf("%q", e.Values)
 	dead := false
 	err = c.fenced()(rctx, c.DB, Resource(c.Stream, key), token, func(tx *sql.Tx) error {
-		var applied bool
-		if err := tx.QueryRowContext(rctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND msg_id = $2)`,
-			c.Stream, key).Scan(&applied); err != nil {
+		// Applied meanwhile (errDuplicate), or with another account or
+		// amount (a *reusedError: another message under that id, not a
+		// redelivery to count as done).
+		if err := c.appliedAs(rctx, tx, m); !errors.Is(err, sql.ErrNoRows) {
 			return err
-		}
-		if applied {
-			return errDuplicate
 		}
 		if !now {
 			// The failed tries, not the deliveries (XPENDING's count):
@@ -911,6 +904,15 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`
 			c.Stream, key, e.ID, fields, p[0].RetryCount, storable(cause.Error()), int64(token), c.Name)
 		return err
 	})
+	// The leader's own token refused: this term applied or gave up on the
+	// message (a commit whose reply was lost, another entry with its id).
+	if done := c.doneBefore(ctx, m, token, err); done != nil {
+		err = done
+	}
+	var reused *reusedError
+	if errors.As(err, &reused) {
+		return true, c.giveUpReused(ctx, e, m, reused, token)
+	}
 	if errors.Is(err, errDuplicate) {
 		// Applied meanwhile (a deposed leader's late commit): done, but
 		// not dead, and in no dead letter.
