@@ -113,10 +113,28 @@ END
 $$`
 
 // CreateSchema creates the tables, the guard's included. Consumers that
-// start at once may call it together (guard.CreateIfNotExists).
+// start at once may call it together (guard.CreateIfNotExists). Once the
+// tables, their entry_id columns and queue_applied_entry_id are there it
+// creates nothing, so that a consumer starts as a role granted the tables'
+// rows and not CREATE on the schema (PostgreSQL checks that privilege
+// before it looks whether a CREATE TABLE IF NOT EXISTS's table exists:
+// TestCreateSchemaWithoutCreateOnSchema). Upgrading a database made before
+// them takes a role that may: the tables' owner.
 func CreateSchema(ctx context.Context, db *sql.DB) error {
-	if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
-		return err
+	var done bool
+	// Looked up where Schema would create them; on a database without
+	// these catalogs the look-up fails and Schema runs.
+	err := db.QueryRowContext(ctx, `SELECT
+	(SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema()
+		AND tablename IN ('queue_applied', 'queue_balance', 'queue_dead', 'queue_failures')) = 4
+	AND (SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema()
+		AND table_name IN ('queue_applied', 'queue_dead') AND column_name = 'entry_id') = 2
+	AND EXISTS (SELECT 1 FROM pg_catalog.pg_indexes WHERE schemaname = current_schema()
+		AND tablename = 'queue_applied' AND indexname = 'queue_applied_entry_id')`).Scan(&done)
+	if err != nil || !done {
+		if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
+			return err
+		}
 	}
 	return guard.CreateTables(ctx, db)
 }
