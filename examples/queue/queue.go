@@ -392,10 +392,11 @@ type Consumer struct {
 	// one, also behind a wrapper: it asks with a PING). The lock may live elsewhere (the Locker given to Run). Run
 	// returns when its context ends even if Redis's reads do not heed it
 	// (go-redis's ContextTimeoutEnabled off, the default): a command
-	// given up on finishes in the background. Besides the stream's
-	// commands and scripts, the consumer's user needs SADD, SMEMBERS and
-	// SREM on the key {<Stream>}:trimmed:<Group> (see the package
-	// documentation): without them every term ends at its first claim.
+	// given up on finishes in the background. The consumer's user needs
+	// the stream's commands, EVALSHA and EVAL (the claim and the trim are
+	// scripts), and SADD, SMEMBERS and SREM on the key
+	// {<Stream>}:trimmed:<Group> (see the package documentation): without
+	// scripts or those, every term ends at its first claim.
 	Redis redis.Cmdable
 	// DB is the PostgreSQL database of the effects, with Schema created.
 	DB *sql.DB
