@@ -122,8 +122,8 @@ $$`
 // them takes a role that may: the tables' owner.
 func CreateSchema(ctx context.Context, db *sql.DB) error {
 	var done bool
-	// Looked up where Schema would create them; on a database without
-	// these catalogs the look-up fails and Schema runs.
+	// Looked up where Schema would create them. If the look-up fails,
+	// Schema runs, and says what is wrong.
 	err := db.QueryRowContext(ctx, `SELECT
 	(SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema()
 		AND tablename IN ('queue_applied', 'queue_balance', 'queue_dead', 'queue_failures')) = 4
@@ -876,7 +876,6 @@ func (c *Consumer) doneBefore(ctx context.Context, m Message, token fence.Token,
 // record; the entry then stays pending, and the failure is not counted.
 // ctx is Run's (see apply).
 func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, m Message, token fence.Token, cause error, now bool) (bool, error) {
-	key := m.Key
 	rctx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	p, err := bound.Call(rctx, func() ([]redis.XPendingExt, error) {
@@ -896,7 +895,7 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, m Message, toke
 	// letter failed as the effect did, and the entry stalled the queue).
 	fields := fmt.Sprintf("%q", e.Values)
 	dead := false
-	err = c.fenced()(rctx, c.DB, Resource(c.Stream, key), token, func(tx *sql.Tx) error {
+	err = c.fenced()(rctx, c.DB, Resource(c.Stream, m.Key), token, func(tx *sql.Tx) error {
 		// Applied meanwhile (errDuplicate), or with another account or
 		// amount (a *reusedError: another message under that id, not a
 		// redelivery to count as done).
@@ -910,7 +909,7 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, m Message, toke
 			var failures int64
 			if err := tx.QueryRowContext(rctx, `INSERT INTO queue_failures (stream, msg_id, failures) VALUES ($1, $2, 1)
 ON CONFLICT (stream, msg_id) DO UPDATE SET failures = queue_failures.failures + 1 RETURNING failures`,
-				c.Stream, key).Scan(&failures); err != nil {
+				c.Stream, m.Key).Scan(&failures); err != nil {
 				return err
 			}
 			if failures < int64(c.maxDeliveries()) {
@@ -918,12 +917,12 @@ ON CONFLICT (stream, msg_id) DO UPDATE SET failures = queue_failures.failures + 
 			}
 		}
 		dead = true
-		if _, err := tx.ExecContext(rctx, `DELETE FROM queue_failures WHERE stream = $1 AND msg_id = $2`, c.Stream, key); err != nil {
+		if _, err := tx.ExecContext(rctx, `DELETE FROM queue_failures WHERE stream = $1 AND msg_id = $2`, c.Stream, m.Key); err != nil {
 			return err
 		}
 		_, err := tx.ExecContext(rctx, `INSERT INTO queue_dead (stream, msg_id, entry_id, fields, deliveries, error, token, consumer)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`,
-			c.Stream, key, e.ID, fields, p[0].RetryCount, storable(cause.Error()), int64(token), c.Name)
+			c.Stream, m.Key, e.ID, fields, p[0].RetryCount, storable(cause.Error()), int64(token), c.Name)
 		return err
 	})
 	// The leader's own token refused: this term applied or gave up on the
@@ -938,7 +937,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`
 	if errors.Is(err, errDuplicate) {
 		// Applied meanwhile (a deposed leader's late commit): done, but
 		// not dead, and in no dead letter.
-		c.log().Info(LogDuplicate, "consumer", c.Name, "id", e.ID, "msg_id", key, "token", int64(token))
+		c.log().Info(LogDuplicate, "consumer", c.Name, "id", e.ID, "msg_id", m.Key, "token", int64(token))
 		return true, nil
 	}
 	if err != nil {
@@ -947,7 +946,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`
 	if !dead {
 		return false, nil
 	}
-	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "msg_id", key, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
+	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "msg_id", m.Key, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
 	return true, nil
 }
 
