@@ -106,11 +106,18 @@ BEGIN
 		ALTER TABLE queue_dead ADD COLUMN IF NOT EXISTS entry_id TEXT;
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_indexes
-		WHERE schemaname = current_schema() AND tablename = 'queue_applied' AND indexname = 'queue_applied_entry_id') THEN
+		WHERE schemaname = current_schema() AND tablename = 'queue_applied' AND indexname = 'queue_applied_entry_id')
+		AND ` + ownsApplied + ` THEN
 		CREATE INDEX IF NOT EXISTS queue_applied_entry_id ON queue_applied (stream, entry_id);
 	END IF;
 END
 $$`
+
+// ownsApplied is true when the session's role may create an index on
+// queue_applied (it owns the table, or inherits from its owner), and for a
+// table not made yet (Schema's CREATE TABLE makes it the role's).
+const ownsApplied = `COALESCE((SELECT pg_has_role(relowner, 'USAGE') FROM pg_catalog.pg_class
+		WHERE oid = to_regclass(quote_ident(current_schema()) || '.queue_applied')), true)`
 
 // CreateSchema creates the tables, the guard's included. Consumers that
 // start at once may call it together (guard.CreateIfNotExists). Once the
@@ -119,7 +126,11 @@ $$`
 // rows and not CREATE on the schema (PostgreSQL checks that privilege
 // before it looks whether a CREATE TABLE IF NOT EXISTS's table exists:
 // TestCreateSchemaWithoutCreateOnSchema). Upgrading a database made before
-// them takes a role that may: the tables' owner.
+// the entry_id columns takes a role that may: the tables' owner. The index
+// only speeds up the look-up of entries trimmed while pending: a role that
+// does not own queue_applied goes on without it
+// (TestCreateSchemaNotOwnerIndexMissing), and the owner's next CreateSchema
+// makes it.
 func CreateSchema(ctx context.Context, db *sql.DB) error {
 	var done bool
 	// Looked up where Schema would create them. If the look-up fails,
@@ -129,8 +140,8 @@ func CreateSchema(ctx context.Context, db *sql.DB) error {
 		AND tablename IN ('queue_applied', 'queue_balance', 'queue_dead', 'queue_failures')) = 4
 	AND (SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema()
 		AND table_name IN ('queue_applied', 'queue_dead') AND column_name = 'entry_id') = 2
-	AND EXISTS (SELECT 1 FROM pg_catalog.pg_indexes WHERE schemaname = current_schema()
-		AND tablename = 'queue_applied' AND indexname = 'queue_applied_entry_id')`).Scan(&done)
+	AND (EXISTS (SELECT 1 FROM pg_catalog.pg_indexes WHERE schemaname = current_schema()
+		AND tablename = 'queue_applied' AND indexname = 'queue_applied_entry_id') OR NOT `+ownsApplied+`)`).Scan(&done)
 	if err != nil || !done {
 		if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
 			return err
