@@ -32,7 +32,10 @@
 // it, under its message id, which the record cannot fence (it is gone):
 // before acting on the dead letter of a trimmed entry, look its entry id
 // up in queue_applied. Bound a stream with the consumer's trim (the
-// default), not MAXLEN.
+// default), not MAXLEN. A consumer whose Redis user may not run that
+// script (or SADD, SMEMBERS and SREM in it) claims with a plain
+// XAUTOCLAIM instead, and logs once, at ERROR, that such entries will be
+// lost without a record (LogUnrecorded).
 //
 // # Message ids
 //

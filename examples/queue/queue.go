@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -404,10 +405,13 @@ type Consumer struct {
 	// returns when its context ends even if Redis's reads do not heed it
 	// (go-redis's ContextTimeoutEnabled off, the default): a command
 	// given up on finishes in the background. The consumer's user needs
-	// the stream's commands, EVALSHA and EVAL (the claim and the trim are
-	// scripts), and SADD, SMEMBERS and SREM on the key
-	// {<Stream>}:trimmed:<Group> (see the package documentation): without
-	// scripts or those, every term ends at its first claim.
+	// the stream's commands, and should have EVALSHA and EVAL (the claim
+	// and the trim are scripts) and SADD, SMEMBERS and SREM on the key
+	// {<Stream>}:trimmed:<Group> (see the package documentation). A user
+	// refused those is still served: the claim falls back to a plain
+	// XAUTOCLAIM, and pending entries trimmed by others are then lost
+	// without a record, as is logged (LogUnrecorded, at ERROR, once per
+	// Consumer); a refused trim is logged and the stream keeps its entries.
 	Redis redis.Cmdable
 	// DB is the PostgreSQL database of the effects, with Schema created.
 	DB *sql.DB
@@ -463,6 +467,8 @@ type Consumer struct {
 	// runs the same consumer without the fence (its control) or with the
 	// fence's comparison weakened (its mutation test).
 	Tx func(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(*sql.Tx) error) error
+
+	plainClaim atomic.Bool // the claim script was refused (see claim)
 }
 
 // LockName is the lock the consumers of stream's group campaign for.
@@ -480,15 +486,16 @@ const maxID = "18446744073709551615-18446744073709551615"
 
 // Outcomes of a message, as logged ("msg" of the log record).
 const (
-	LogApplied    = "applied"     // committed, then acknowledged
-	LogDuplicate  = "duplicate"   // applied before, with the same account and amount (or given up on before): acknowledged
-	LogRejected   = "rejected"    // the fence found a greater token: a newer leader had it
-	LogFailed     = "failed"      // the transaction failed otherwise: the entry stays pending
-	LogDead       = "dead"        // malformed, failed on delivery MaxDeliveries, its id applied with another account or amount, or trimmed from the stream while pending: recorded in queue_dead, acknowledged
-	LogElected    = "elected"     // a term began
-	LogTermEnded  = "term ended"  // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
-	LogClaimed    = "claimed"     // XAUTOCLAIM took pending entries
-	LogTrimFailed = "trim failed" // the entries no group needs could not be trimmed from the stream (see Run): the next batch tries again
+	LogApplied    = "applied"                    // committed, then acknowledged
+	LogDuplicate  = "duplicate"                  // applied before, with the same account and amount (or given up on before): acknowledged
+	LogRejected   = "rejected"                   // the fence found a greater token: a newer leader had it
+	LogFailed     = "failed"                     // the transaction failed otherwise: the entry stays pending
+	LogDead       = "dead"                       // malformed, failed on delivery MaxDeliveries, its id applied with another account or amount, or trimmed from the stream while pending: recorded in queue_dead, acknowledged
+	LogElected    = "elected"                    // a term began
+	LogTermEnded  = "term ended"                 // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
+	LogClaimed    = "claimed"                    // XAUTOCLAIM took pending entries
+	LogUnrecorded = "trimmed entries unrecorded" // the claim script was refused (ACL): claims go on with a plain XAUTOCLAIM, and pending entries trimmed by others are lost without a record
+	LogTrimFailed = "trim failed"                // the entries no group needs could not be trimmed from the stream (see Run): the next batch tries again
 )
 
 var errDuplicate = errors.New("queue: message applied (or given up on) before")
@@ -735,12 +742,24 @@ func (c *Consumer) claim(ctx, run context.Context, lease fence.Lease, minIdle ti
 		return nil, "", err
 	}
 	r, err := bound.Call(ctx, func() (claimReply, error) {
-		v, err := claimScript.Run(ctx, c.Redis, []string{c.Stream, c.trimmedKey()},
-			c.Group, c.Name, minIdle.Milliseconds(), cursor, c.batch()).Result()
-		if err != nil {
-			return claimReply{}, err
+		if !c.plainClaim.Load() {
+			v, err := claimScript.Run(ctx, c.Redis, []string{c.Stream, c.trimmedKey()},
+				c.Group, c.Name, minIdle.Milliseconds(), cursor, c.batch()).Result()
+			if !refused(err) {
+				if err != nil {
+					return claimReply{}, err
+				}
+				return parseClaim(v)
+			}
+			if !c.plainClaim.Swap(true) {
+				c.log().Error(LogUnrecorded, "consumer", c.Name, "err", err)
+			}
 		}
-		return parseClaim(v)
+		claimed, next, err := c.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: c.Stream, Group: c.Group, Consumer: c.Name,
+			MinIdle: minIdle, Start: cursor, Count: int64(c.batch()),
+		}).Result()
+		return claimReply{claimed: claimed, next: next}, err
 	}, nil)
 	if err != nil {
 		return nil, "", fmt.Errorf("queue: XAUTOCLAIM: %w", err)

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
@@ -32,6 +33,16 @@ for _, id in ipairs(r[3] or {}) do
 end
 return {r[1], r[2], redis.call('SMEMBERS', KEYS[2])}
 `)
+
+// refused reports whether err is the server's refusal of the claim
+// script, or of a command in it, to the consumer's ACL user.
+func refused(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "user executing the script can't run this command")
+}
 
 // trimmedKey is the set of the group's pending entries trimmed from the
 // stream and not yet recorded (see claimScript): in the stream's hash slot.
