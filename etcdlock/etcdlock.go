@@ -215,10 +215,14 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // before the settles are through leaves revokes to be retried in the
 // background as before, for the next Close to wait for, and the kept
 // etcd leases it could not revoke stay kept, for the next Close to
-// revoke.
+// revoke. A nil ctx is refused with an error matching
+// fence.ErrInvalidOption, the Locker left open and unchanged.
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
+	}
+	if ctx == nil {
+		return fmt.Errorf("etcdlock: %w: Close with a nil context", fence.ErrInvalidOption)
 	}
 	l.mu.Lock()
 	l.closed = true

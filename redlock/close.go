@@ -350,7 +350,9 @@ func (b *background) forget(ls *lease) {
 // either returns a lease that Close releases, or releases its lease itself
 // and returns that error. Release of a lease that Close released returns
 // what Close's release returned; Extend of it, the lease's Err. Status goes
-// on working. Close is safe to call concurrently and more than once.
+// on working. Close is safe to call concurrently and more than once. A nil
+// ctx is refused with an error matching fence.ErrInvalidOption, the Locker
+// left open and its leases held.
 //
 // Close is the Locker's counterpart of etcd's concurrency.Session.Close,
 // which revokes the session's lease and with it every lock it holds: a
@@ -359,6 +361,9 @@ func (b *background) forget(ls *lease) {
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has nothing to release: it goes on
+	}
+	if ctx == nil {
+		return fmt.Errorf("redlock: %w: Close with a nil context", fence.ErrInvalidOption)
 	}
 	b := &l.bg
 	b.mu.Lock()
