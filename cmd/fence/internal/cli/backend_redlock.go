@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -121,7 +123,7 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		return exitWith(ExitUsage, err)
 	}
 	out := cmd.OutOrStdout()
-	held, reached := 0, 0
+	held, reached, read := 0, 0, 0
 	type jsonNode struct {
 		Addr      string `json:"addr"`
 		Held      bool   `json:"held"`
@@ -137,13 +139,16 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		switch {
 		case n.Err != nil:
 			j.Error = scrub(n.Err.Error(), []string{"--redlock", b.urls})
-			state = "unreachable: " + termtext.Escape(j.Error) // the node's text
+			state = nodeErrState(n.Err) + termtext.Escape(j.Error) // the node's text
 		case n.Held && n.TTL < 0:
 			state = "held, without expiry"
 		case n.Held:
 			state = fmt.Sprintf("held, %v left", n.TTL.Round(1e6))
 		}
 		if n.Err == nil {
+			read++
+		}
+		if n.Err == nil || !noAnswer(n.Err) {
 			reached++
 		}
 		if n.Held {
@@ -153,7 +158,7 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		lines = append(lines, fmt.Sprintf("  node %d %s: %s; last token %d", i, n.Addr, state, n.LastToken))
 	}
 	if asJSON {
-		if err := encodeJSON(out, map[string]any{"name": name, "quorum": l.Quorum(), "held_on": held, "reached": reached, "nodes": js}); err != nil {
+		if err := encodeJSON(out, map[string]any{"name": name, "quorum": l.Quorum(), "held_on": held, "reached": reached, "read": read, "nodes": js}); err != nil {
 			return err
 		}
 	} else {
@@ -161,12 +166,45 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		if held >= l.Quorum() {
 			summary = "held"
 		}
-		fmt.Fprintf(out, "%s: %s on %d of %d nodes (quorum %d), %d reached\n%s\n", name, summary, held, len(nodes), l.Quorum(), reached, strings.Join(lines, "\n"))
+		fmt.Fprintf(out, "%s: %s on %d of %d nodes (quorum %d), %d reached, %d read\n%s\n", name, summary, held, len(nodes), l.Quorum(), reached, read, strings.Join(lines, "\n"))
 	}
 	// With --json too: a script reading held_on below the quorum would
-	// call the lock free when the nodes not read may hold it.
-	if reached < l.Quorum() {
-		return exitWith(ExitUsage, errors.New("fewer nodes reached than a quorum"))
+	// call the lock free when the nodes not read may hold it. A node that
+	// answered an error was reached, but may hold the lock all the same.
+	if read < l.Quorum() {
+		return exitWith(ExitUsage, errors.New("fewer nodes read than a quorum"))
 	}
 	return nil
+}
+
+// nodeErrState labels a node that could not be read by what happened, so
+// that an operator looks where the trouble is: only a node that gave no
+// answer is unreachable (the network, or the server down); one that
+// answered an error (a replica's READONLY, an ACL's NOPERM, WRONGPASS, a
+// script error) was reached, and needs its configuration or the URL fixed.
+func nodeErrState(err error) string {
+	switch {
+	case noAnswer(err):
+		return "unreachable: "
+	case redis.HasErrorPrefix(err, "READONLY"):
+		return "answered an error, the address is a replica, not a primary: "
+	case isReply(err):
+		return "answered an error: "
+	}
+	return "answered, not read: " // a reply that is not a lock's state
+}
+
+// noAnswer reports whether err is a request that got no answer: a dial
+// refused or timed out, a connection broken or closed, a read timeout, the
+// command's deadline.
+func noAnswer(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
+}
+
+// isReply reports whether err is the server's own error reply.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // TestStatusRedlockJSONTooFewReached: fence status --redlock exits 2 when
-// fewer nodes than a quorum answer, as its help says, with --json too. Two
+// fewer nodes than a quorum are read, as its help says, with --json too. Two
 // of three URLs name replicas (a deployment after failovers), where the
 // nodes' read answers READONLY: one node read, quorum 2. The text exited
 // 2, but --json exited 0 with held_on 0, which a script reads as a free
@@ -22,18 +22,18 @@ func TestStatusRedlockJSONTooFewReached(t *testing.T) {
 	redistest.WaitReplicated(t, primary, 2)
 	urls := strings.Join([]string{redisURL(primary), redisURL(r1), redisURL(r2)}, ",")
 	out, errOut, code := fence(t, nil, "status", "--redlock", urls, "job")
-	if code != 2 || !strings.Contains(out, "1 reached") || !strings.Contains(out, "READONLY") {
-		t.Errorf("status --redlock: exit %d, stdout %q, stderr %q; want exit 2, 1 reached, READONLY", code, out, errOut)
+	if code != 2 || !strings.Contains(out, "3 reached, 1 read") || !strings.Contains(out, "READONLY") {
+		t.Errorf("status --redlock: exit %d, stdout %q, stderr %q; want exit 2, 3 reached, 1 read, READONLY", code, out, errOut)
 	}
 	out, errOut, code = fence(t, nil, "status", "--json", "--redlock", urls, "job")
 	var r struct {
-		Reached int `json:"reached"`
-		Quorum  int `json:"quorum"`
+		Read   int `json:"read"`
+		Quorum int `json:"quorum"`
 	}
-	if err := json.Unmarshal([]byte(out), &r); err != nil || r.Reached != 1 || r.Quorum != 2 {
-		t.Errorf("status --json --redlock: stdout %q (%v); want reached 1 of quorum 2", out, err)
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.Read != 1 || r.Quorum != 2 {
+		t.Errorf("status --json --redlock: stdout %q (%v); want read 1 of quorum 2", out, err)
 	}
 	if code != 2 {
-		t.Errorf("status --json --redlock with 1 node reached of quorum 2: exit %d, stderr %q; want 2", code, errOut)
+		t.Errorf("status --json --redlock with 1 node read of quorum 2: exit %d, stderr %q; want 2", code, errOut)
 	}
 }
