@@ -47,9 +47,10 @@ have and has connected (fewer connected than expected: acquisitions wait for rep
 may not answer, and are refused), or why those counts could not be read ("replicas unknown",
 the lock's state still shown). With --redlock it shows the lock on each node, and whether
 a quorum holds it; a node that answered an error (READONLY from a replica's address, NOPERM,
-WRONGPASS) is reached but not read, and only one that did not answer is unreachable. It exits 2
-when fewer nodes than a quorum are read: one not read may hold the lock. It exits 0 whether the lock is held or free, and
-2 on a usage or connection error, or when the servers have not answered within --timeout.
+WRONGPASS) is reached but not read, and only one that did not answer is unreachable. It exits
+0 whether the lock is held or free, and 2 on a usage or connection error, when the servers
+have not answered within --timeout, or, with --redlock, when fewer nodes than a quorum are
+read (one not read may hold the lock).
 
 It reads Redis and Redlock only: with FENCE_ETCD_ENDPOINTS or FENCE_ZOOKEEPER_SERVERS set
 (fence exec then takes its locks there) and no --redis, --redis-sentinel or --redis-cluster
