@@ -530,7 +530,7 @@ func checkCommands(d *deployment) []Finding {
 			switch {
 			case err == nil:
 			case strings.HasPrefix(err.Error(), "NOPERM") || strings.Contains(err.Error(), "user executing the script can't run"):
-				denied[cmd] = err.Error()
+				denied[deniedCommand(err, cmd)] = err.Error()
 			default:
 				out = append(out, Finding{ID: "command-missing", Severity: Critical, Node: p.addr,
 					Why: fmt.Sprintf("%s fails (%v): %s", cmd, err, commandNeeds[cmd]),
@@ -554,6 +554,20 @@ func checkCommands(d *deployment) []Finding {
 		}
 	}
 	return out
+}
+
+// deniedCommand is the command that the NOPERM err, met by the probe of
+// cmd, names: the INFO probe runs INFO inside an EVAL, and a user denied
+// EVAL alone gets EVAL's NOPERM from it ("no permissions to run the 'eval'
+// command"), which is no word about INFO. A refusal that names no command
+// (a script's "can't run this command") is cmd's.
+func deniedCommand(err error, cmd string) string {
+	_, after, ok := strings.Cut(err.Error(), "to run the '")
+	named, _, closed := strings.Cut(after, "'")
+	if !ok || !closed || named == "" {
+		return cmd
+	}
+	return strings.ToUpper(named)
 }
 
 // checkRedlock checks what Redlock's safety rests on beyond each master's
