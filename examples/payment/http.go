@@ -20,8 +20,11 @@ import (
 // its answer was lost, it is answered as the first was, 200 and the
 // approval's token, not 409. Error bodies are generic:
 // 404 and 409 for the payment's state, 503 with Retry-After when another
-// approval holds the payment's lock or the database asks for a retry, and
-// 500 for a failure of Redis or the database, whose detail goes to Log.
+// approval holds the payment's lock, the database asks for a retry
+// (guard.ErrRetry), or PostgreSQL's statement_timeout cancelled a statement
+// of the approval (SQLSTATE 57014, which rolled it back) while the request
+// still waited for its answer, and 500 for a failure of Redis or the
+// database, whose detail goes to Log.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments/{id}/approve", func(w http.ResponseWriter, r *http.Request) {
@@ -53,6 +56,16 @@ func (s *Service) Handler() http.Handler {
 		case errors.Is(err, fence.ErrHeld), errors.Is(err, guard.ErrRetry):
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, "payment is being approved by another request; try again", http.StatusServiceUnavailable)
+		case sqlState(err) == "57014" && r.Context().Err() == nil:
+			// statement_timeout cancelled a statement (waiting for a
+			// row lock, say): the transaction rolled back, and the
+			// client may try again. Not guard.ErrRetry, which means a
+			// conflict; and not when the request's own context ended,
+			// which cancels the statement with 57014 too: then nobody
+			// listens, and the default case logs it.
+			s.logger().WarnContext(r.Context(), "approve payment", "id", id, "err", err)
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "the database is busy; try again", http.StatusServiceUnavailable)
 		default:
 			s.internalError(w, r, "approve payment", id, err)
 		}
@@ -94,12 +107,26 @@ func idempotencyKey(h http.Header) (string, bool) {
 // answers with a generic 500: a Redis or database failure is not the
 // client's to see, and not a reason to retry at once.
 func (s *Service) internalError(w http.ResponseWriter, r *http.Request, what string, id int64, err error) {
-	log := s.Log
-	if log == nil {
-		log = slog.Default()
-	}
-	log.ErrorContext(r.Context(), what, "id", id, "err", err)
+	s.logger().ErrorContext(r.Context(), what, "id", id, "err", err)
 	http.Error(w, "internal error", http.StatusInternalServerError)
+}
+
+// logger is Log, or slog's default.
+func (s *Service) logger() *slog.Logger {
+	if s.Log == nil {
+		return slog.Default()
+	}
+	return s.Log
+}
+
+// sqlState returns err's PostgreSQL SQLSTATE, "" if it has none (pgx's
+// *pgconn.PgError has one; SQLite's errors do not).
+func sqlState(err error) string {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		return pg.SQLState()
+	}
+	return ""
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

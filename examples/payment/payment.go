@@ -116,7 +116,8 @@ type Service struct {
 	Pause func(ctx context.Context, step Step, id int64, token fence.Token)
 
 	// Log receives the details of the errors that Handler answers with a
-	// generic message; nil means slog.Default().
+	// generic 500, and, as warnings, the statement timeouts it answers
+	// with 503; nil means slog.Default().
 	Log *slog.Logger
 }
 
