@@ -89,10 +89,11 @@ WHERE fence_tokens.token - excluded.token < 0`
 	upsertTokenCallPG = `INSERT INTO fence_tokens (resource, token, call_id) VALUES ($1, CASE WHEN ` + pgdurable.Commit + ` THEN $2::bigint END, $3)
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token, call_id = excluded.call_id
 WHERE fence_tokens.token - excluded.token < 0`
-	// How many of the guard's tables are in the schema that CREATE TABLE
-	// creates them in, on PostgreSQL (see CreateTables).
-	countTablesPG = `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename IN ('fence_tokens', 'fence_idempotency')`
-	insertIdemKey = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	// Whether each of the guard's tables is visible on the connection's
+	// search_path, on PostgreSQL: the one its unqualified statements use,
+	// in whichever schema of the path it is (see CreateTables).
+	visibleTablesPG = `SELECT to_regclass('fence_tokens') IS NOT NULL, to_regclass('fence_idempotency') IS NOT NULL`
+	insertIdemKey   = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 	// PostgreSQL's form, whose transaction commits durably, as a fence's
 	// (TestOnceKeySurvivesCrashUnderAsyncCommit). The condition is the
 	// SELECT's, so that the key is typed by its column, as in the plain
@@ -126,14 +127,21 @@ WHERE fence_tokens.token - excluded.token < 0`
 // says to run CreateTables, until it is there. SQLStore (Middleware, for
 // requests from Transport) then fences without the call id, as before.
 //
+// On PostgreSQL the names are unqualified, found through each connection's
+// search_path, and CreateTables takes a table as there when it is visible
+// on that path (to_regclass), in whichever schema: the table its
+// statements and Fence's will use. A role whose own schema comes first on
+// the path ("$user", public, PostgreSQL's default) thus uses public's
+// tables rather than get empty ones of its own, and creates a missing one
+// in its own schema, the first on the path.
+//
 // A resource's row in fence_tokens is all the guard remembers of it: every
-// process that fences the resource must reach the same table (on
-// PostgreSQL the names are unqualified, found through each connection's
-// search_path: a service whose search_path puts its own schema first has a
-// fence_tokens of its own there, and its tokens and the others' order
-// nothing between them), and a row must not be deleted (to prune the
-// table, say) while a holder of an older token may still write: the next
-// token is then accepted, stale or not.
+// process that fences the resource must reach the same table (two
+// fence_tokens, one in a schema that one service's search_path finds first
+// and one that another's finds, order nothing between their tokens), and a
+// row must not be deleted (to prune the table, say) while a holder of an
+// older token may still write: the next token is then accepted, stale or
+// not.
 func CreateTables(ctx context.Context, q Querier) error {
 	// PostgreSQL checks CREATE on the schema before it looks whether the
 	// table of a CREATE TABLE IF NOT EXISTS exists: a service's role
@@ -143,11 +151,23 @@ func CreateTables(ctx context.Context, q Querier) error {
 	if err := checkQuerier(q); err != nil {
 		return err
 	}
-	var n int
-	if err := q.QueryRowContext(ctx, countTablesPG).Scan(&n); err != nil || n < 2 {
-		if err := CreateIfNotExists(ctx, q, createTokens, createIdempotency); err != nil {
-			return fmt.Errorf("guard: create tables: %w", err)
+	// Only the tables not visible on the search_path: CREATE TABLE IF NOT
+	// EXISTS looks in current_schema() alone, and made a second,
+	// empty fence_tokens in a role's own schema, first on the path, beside
+	// public's (TestSearchPathSharesFenceTokens).
+	var tokens, idem bool
+	stmts := []string{createTokens, createIdempotency}
+	if err := q.QueryRowContext(ctx, visibleTablesPG).Scan(&tokens, &idem); err == nil {
+		stmts = nil
+		if !tokens {
+			stmts = append(stmts, createTokens)
 		}
+		if !idem {
+			stmts = append(stmts, createIdempotency)
+		}
+	}
+	if err := CreateIfNotExists(ctx, q, stmts...); err != nil {
+		return fmt.Errorf("guard: create tables: %w", err)
 	}
 	if err := addCallColumn(ctx, q); err != nil {
 		return fmt.Errorf("guard: add fence_tokens.call_id: %w", err)

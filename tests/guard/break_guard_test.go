@@ -830,13 +830,15 @@ func TestSQLiteBusyWaitWithinDeadline(t *testing.T) {
 	}
 }
 
-// TestSearchPathSplitsFenceTokens: two services fence payment 1001 in one
+// TestSearchPathSharesFenceTokens: two services fence payment 1001 in one
 // PostgreSQL database, one of them with its own schema first in its
-// search_path. CreateTables gives it a fence_tokens of its own, and its
-// stale token 5 is accepted after the other service's 9, overwriting 9's
-// write. CreateTables' doc warns of this; the test fails if it stops
-// happening (then update the doc).
-func TestSearchPathSplitsFenceTokens(t *testing.T) {
+// search_path. CreateTables counted the tables in current_schema(), found
+// none in svc_b and gave that service a fence_tokens of its own there, and
+// its stale token 5 was accepted after the other service's 9 (approved_by
+// "w5": 9's write overwritten). CreateTables now counts the tables visible
+// on the path, those its unqualified statements use: it creates none in
+// svc_b, and token 5 is refused.
+func TestSearchPathSharesFenceTokens(t *testing.T) {
 	db := pg.NewDB(t)
 	setup(t, db)
 	var name string
@@ -854,12 +856,16 @@ func TestSearchPathSplitsFenceTokens(t *testing.T) {
 	if err := guard.CreateTables(ctx(t), other); err != nil {
 		t.Fatal(err)
 	}
+	var made int
+	if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'svc_b'`).Scan(&made); err != nil || made != 0 {
+		t.Errorf("CreateTables through search_path svc_b,public made %d tables in svc_b (%v), want none", made, err)
+	}
 	if err := approveTx(ctx(t), db, 9, "w9"); err != nil {
 		t.Fatal(err)
 	}
 	err = approveTx(ctx(t), other, 5, "w5")
-	if _, by, _ := row(t, db); err != nil || by.String != "w5" {
-		t.Fatalf("token 5 through the other search_path: %v, approved_by %q; the hazard CreateTables' doc describes is gone", err, by.String)
+	if _, by, _ := row(t, db); !errors.Is(err, guard.ErrStale) || by.String != "w9" {
+		t.Fatalf("token 5 through the other search_path after 9: %v, approved_by %q; want guard.ErrStale and w9's write kept", err, by.String)
 	}
 }
 
