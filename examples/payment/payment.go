@@ -164,12 +164,17 @@ type Charge struct {
 // are there it creates nothing, so that paymentd starts as a role granted
 // their rows and not CREATE on the schema (PostgreSQL checks that
 // privilege before it looks whether a CREATE TABLE IF NOT EXISTS's table
-// exists: TestCreateSchemaWithoutCreateOnSchema).
+// exists: TestCreateSchemaWithoutCreateOnSchema). A table counts as there
+// when it is visible on the connection's search_path, in whichever schema,
+// as guard.CreateTables counts its own: the one the service's unqualified
+// queries use. A role whose own schema comes first on the path ("$user",
+// public) so uses public's tables, rather than get empty ones of its own
+// (TestCreateSchemaWithOwnSchemaFirstOnPath).
 func CreateSchema(ctx context.Context, db *sql.DB) error {
 	var n int
-	// Counted where CREATE TABLE would create them; on SQLite the count
-	// fails and the statements run, as they may there.
-	err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename IN ('payment', 'charge')`).Scan(&n)
+	// On SQLite to_regclass is unknown: the count fails and the
+	// statements run, as they may there.
+	err := db.QueryRowContext(ctx, `SELECT (to_regclass('payment') IS NOT NULL)::int + (to_regclass('charge') IS NOT NULL)::int`).Scan(&n)
 	if err != nil || n < 2 {
 		if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
 			return err

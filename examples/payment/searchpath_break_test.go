@@ -2,32 +2,31 @@ package payment_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence/examples/payment"
+	"github.com/fencekit/fence/guard"
 )
 
 // TestCreateSchemaWithOwnSchemaFirstOnPath: the migration role made the
 // tables in public; paymentd's role owns a schema of its own name, which
 // PostgreSQL's default search_path ("$user", public) puts first. The
-// tables are counted in current_schema(), paymentd's, where there are
+// tables were counted in current_schema(), paymentd's, where there were
 // none, so CreateSchema created an empty payment, charge and guard tables
 // there (pg_tables then listed payment, charge, fence_tokens and
 // fence_idempotency in both schemas), and every unqualified query of the
 // service found them, not public's: "Get(1001) after CreateSchema:
-// payment: no such payment: 1001".
-//
-// Skipped as a design question: counting the tables visible on the path
-// instead (to_regclass) would leave public.payment in use, but
-// guard.CreateTables counts its own in current_schema() on purpose (its
-// doc) and would still make a fence_tokens in paymentd's schema: workers
-// of that role and of others would then fence one payment row in two
-// token tables, which order nothing between them (two charges). The two
-// must decide together whether a table visible on the path counts.
+// payment: no such payment: 1001". Worse, workers of that role and of
+// others fenced one payment in two fence_tokens tables, which order
+// nothing between them. CreateSchema and guard.CreateTables now take a
+// table as there when it is visible on the path (to_regclass): the role
+// uses public's tables, creates none of its own, and its fences and the
+// migration role's are ordered in one fence_tokens.
 func TestCreateSchemaWithOwnSchemaFirstOnPath(t *testing.T) {
-	t.Skip("design question: CreateSchema (and guard.CreateTables) count tables in current_schema(): a role owning a schema of its name gets empty shadows of public's tables there; counting visible tables in payment alone would split the fence_tokens between roles")
 	db := pg.NewDB(t)
 	if err := payment.CreateSchema(ctx(t), db); err != nil {
 		t.Fatal(err)
@@ -71,5 +70,32 @@ func TestCreateSchemaWithOwnSchemaFirstOnPath(t *testing.T) {
 	}
 	if _, err := payment.Get(ctx(t), db, 1001); err != nil {
 		t.Fatalf("Get(1001) after CreateSchema: %v", err)
+	}
+	var made int
+	if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1`, role).Scan(&made); err != nil || made != 0 {
+		t.Errorf("CreateSchema as %s made %d tables in its own schema (%v), want none", role, made, err)
+	}
+	// The migration role, on a connection of its own, and paymentd's role
+	// fence the same resource: one table orders them.
+	var name string
+	if err := db.QueryRowContext(ctx(t), `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	migration, err := sql.Open("pgx", pg.DSN(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migration.Close()
+	if err := guard.Fence(ctx(t), migration, "payment:1001", 9); err != nil {
+		t.Fatalf("Fence 9 as the migration role: %v", err)
+	}
+	if err := guard.Fence(ctx(t), db, "payment:1001", 5); !errors.Is(err, guard.ErrStale) {
+		t.Errorf("Fence 5 as %s after 9 as the migration role: %v, want guard.ErrStale", role, err)
+	}
+	if err := guard.Fence(ctx(t), db, "payment:1001", 10); err != nil {
+		t.Fatalf("Fence 10 as %s: %v", role, err)
+	}
+	if err := guard.Fence(ctx(t), migration, "payment:1001", 9); !errors.Is(err, guard.ErrStale) {
+		t.Errorf("Fence 9 again as the migration role after 10 as %s: %v, want guard.ErrStale", role, err)
 	}
 }
