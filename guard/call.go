@@ -21,9 +21,12 @@ const CallHeader = "Fence-Call"
 // the id they handed the store (a digest of the request's Fence-Call,
 // method, target and body; see Middleware). Transport sends it back on the
 // requests that http.Client makes to follow a redirect from that answer,
-// and Middleware and Gate hand a request's Fence-Recorded-Call to the
-// store as it is: the follow-up is the call it follows, a replay on the
-// resource that accepted it.
+// and Middleware and Gate hand the Fence-Recorded-Call of a GET or HEAD
+// request (what http.Client sends after a 301, 302 or 303) to the store as
+// it is: the follow-up is the call it follows, a replay on the resource
+// that accepted it. A request of another method is handed over under its
+// own digest, so that a write is not told that another request was
+// applied.
 const RecordedCallHeader = "Fence-Recorded-Call"
 
 // ReplayedHeader is set on the answer to a resend of a call that a store

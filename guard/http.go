@@ -253,12 +253,15 @@ const (
 // draft's 422 for a reused key would need the store to keep the digest
 // apart from the id.) With a negative MaxBody the body is not covered.
 // A committed answer carries the id handed to the store in its
-// Fence-Recorded-Call header (RecordedCallHeader), and a request that
-// carries one is handed to the store under it, as it is: Transport sends
-// it on the request that follows a redirect, which is the same call (see
-// Transport). Like Fence-Call, it is the client's word: a client that
-// sends another call's recorded id with that call's token is told that
-// call was applied, not refused.
+// Fence-Recorded-Call header (RecordedCallHeader), and a GET or HEAD
+// request that carries one is handed to the store under it, as it is:
+// Transport sends it on the request that follows a redirect, which is the
+// same call (see Transport), and which after Middleware's 301, 302 or 303
+// is a GET or a HEAD. Like Fence-Call, it is the client's word: a client
+// that sends another call's recorded id with that call's token on a GET
+// or HEAD is told that call was applied, not refused. A request of
+// another method is handed over under its digest, header or not, so that
+// a write is never told that another request was applied.
 //
 // Middleware panics if opts.Resource is nil, if opts.Namespace is not a
 // valid start of a lock name (fence.ValidateName: braces, control
@@ -327,10 +330,16 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 // Fence-Call (one Idempotency-Key, from which Transport derives it) is not
 // told the second was applied: it is another call, stale with that token.
 // A resend, byte for byte the same request, is the same call. "" stays "".
+// A GET or HEAD that carries Fence-Recorded-Call is handed over under that
+// id, as it is (see RecordedCallHeader).
 func requestCall(call string, r *http.Request, withBody bool) string {
-	if recorded := r.Header.Get(RecordedCallHeader); recorded != "" {
+	if recorded := r.Header.Get(RecordedCallHeader); recorded != "" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		// A redirect's follow-up, sent by Transport: the call it follows,
 		// under the id the store recorded it with (admit checked it).
+		// Middleware commits no 307 or 308, so a follow-up of its answer
+		// is what http.Client sends after a 301, 302 or 303: a GET or a
+		// HEAD. A write carrying the header is covered by its digest, so
+		// that it is not told that another request was applied.
 		return recorded
 	}
 	if call == "" {
@@ -379,8 +388,9 @@ func removeForm(handed, r *http.Request) {
 // state to learn the outcome. The answer of an admitted call carries the
 // id handed to the store in RecordedCallHeader, as Middleware's committed
 // answers do: a redirect that Transport follows from it to a page behind
-// Gate on the same resource is answered so too (409, Fence-Replayed:
-// admitted), the handler's redirect not shown to the caller.
+// Gate on the same resource, with a GET or HEAD, is answered so too (409,
+// Fence-Replayed: admitted), the handler's redirect not shown to the
+// caller.
 //
 // Gate panics if opts.Resource is nil, opts.Namespace is invalid or
 // opts.Observer holds a nil pointer, as Middleware does.
@@ -833,7 +843,9 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // page fenced on another resource runs it as that call (the token is new
 // there), and a page that is not fenced serves it. A request that a proxy
 // answered 307 without running anything is run once, under the first call
-// id. The store keeps only the last call: if a newer token was accepted
+// id. Middleware and Gate take the recorded id only on a GET or HEAD: a
+// write resent after a 307 or 308 from Gate's admitted handler is a call
+// of its own (stale on the same resource). The store keeps only the last call: if a newer token was accepted
 // on the resource between the write and the follow-up, the follow-up is
 // answered 409 stale (its Problem's last_accepted_token the newer one),
 // and once the lease has ended the follow-up is not sent (Do's error
