@@ -16,10 +16,10 @@ import (
 const CallHeader = "Fence-Call"
 
 // RecordedCallHeader carries the call id that a store recorded a call
-// under: Middleware sets it on the answer to a call the store accepted
-// (its answer committed), and Gate on the answer of a call it admitted, to
-// the id they handed the store (a digest of the request's Fence-Call,
-// method, target and body; see Middleware). Transport sends it back on the
+// under: Middleware sets it on the answer to a call the store accepted if
+// that answer is a redirect (3xx, committed), and Gate on the answer of a
+// call it admitted, to the id they handed the store (a digest of the
+// request's Fence-Call, method, target and body; see Middleware). Transport sends it back on the
 // requests that http.Client makes to follow a redirect from that answer,
 // and Middleware and Gate hand the Fence-Recorded-Call of a GET or HEAD
 // request (what http.Client sends after a 301, 302 or 303) to the store as

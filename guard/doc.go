@@ -153,9 +153,9 @@
 // as the rule says. A redirect that http.Client follows is part of the
 // same call: Transport sends the follow-up with the first request's call
 // id and the id the store recorded it under (RecordedCallHeader, which
-// Middleware and Gate set on the answer), so that a POST answered 303
-// after its write, followed by a GET to a page fenced on the same
-// resource, returns Middleware's 200 with Fence-Replayed: true (Gate's
+// Middleware sets on a committed redirect and Gate on an admitted call's
+// answer), so that a POST answered 303 after its write, followed by a GET
+// to a page fenced on the same resource, returns Middleware's 200 with Fence-Replayed: true (Gate's
 // 409 admitted), not 409 stale for a write that committed. To see the
 // redirect's page itself, set the Client's CheckRedirect to return
 // http.ErrUseLastResponse and send a request of its own. SQLStore keeps the call id in

@@ -252,7 +252,7 @@ const (
 // answered 409 stale, not told it was applied. (The IETF Idempotency-Key
 // draft's 422 for a reused key would need the store to keep the digest
 // apart from the id.) With a negative MaxBody the body is not covered.
-// A committed answer carries the id handed to the store in its
+// A committed redirect (3xx) carries the id handed to the store in its
 // Fence-Recorded-Call header (RecordedCallHeader), and a GET or HEAD
 // request that carries one is handed to the store under it, as it is:
 // Transport sends it on the request that follows a redirect, which is the
@@ -307,7 +307,9 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 				}
 				panic(p.value)
 			case err == nil:
-				if id != "" {
+				if id != "" && buf.status >= 300 {
+					// Transport reads it only from a redirect's answer:
+					// on others it would cost allocations and bytes.
 					buf.header.Set(RecordedCallHeader, id)
 				}
 				buf.sendTo(w)
@@ -387,8 +389,9 @@ func removeForm(handed, r *http.Request) {
 // and a Problem of type ProblemAdmitted, not 200: the caller reads the
 // state to learn the outcome. The answer of an admitted call carries the
 // id handed to the store in RecordedCallHeader, as Middleware's committed
-// answers do: a redirect that Transport follows from it to a page behind
-// Gate on the same resource, with a GET or HEAD, is answered so too (409,
+// redirects do (Gate sets it before the handler chooses its status): a
+// redirect that Transport follows from it to a page behind Gate on the
+// same resource, with a GET or HEAD, is answered so too (409,
 // Fence-Replayed: admitted), the handler's redirect not shown to the
 // caller.
 //

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -82,5 +83,32 @@ func TestRecordedCallDoesNotCoverAnotherWrite(t *testing.T) {
 				t.Errorf("the handler ran for %q; want only the first POST", ran)
 			}
 		})
+	}
+}
+
+// TestRecordedCallOnlyOnRedirects: Middleware set Fence-Recorded-Call on
+// every committed answer, though Transport reads it only from a redirect's:
+// on a 200, two allocations per request (29 to 31 for a POST over
+// MemoryStore, measured with testing.AllocsPerRun against the commit before
+// the header) and the bytes on the wire, for nothing. It is set on a
+// committed redirect only now.
+func TestRecordedCallOnlyOnRedirects(t *testing.T) {
+	h := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/redirect" {
+			http.Redirect(w, r, "/payments/1001", http.StatusSeeOther)
+		}
+	}))
+	for i, tc := range []struct {
+		path string
+		want bool
+	}{{"/ok", false}, {"/redirect", true}} {
+		req := httptest.NewRequest(http.MethodPost, tc.path, nil)
+		req.Header.Set(guard.TokenHeader, strconv.Itoa(i+1))
+		req.Header.Set(guard.CallHeader, "approve-1001")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if got := w.Header().Get(guard.RecordedCallHeader) != ""; got != tc.want || w.Code >= 400 {
+			t.Errorf("%s: %d, %s %q; want it set: %v", tc.path, w.Code, guard.RecordedCallHeader, w.Header().Get(guard.RecordedCallHeader), tc.want)
+		}
 	}
 }
