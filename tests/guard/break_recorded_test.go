@@ -112,3 +112,31 @@ func TestRecordedCallOnlyOnRedirects(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordedCallNonCanonicalNotForwarded: the caller puts an applied
+// call's recorded id in its request under a key that is not canonical
+// ("fence-recorded-call", set on the map directly, as a header copied from
+// a lowercased source is). net/http sends it as it is, and the server
+// reads it as Fence-Recorded-Call; Transport deleted only the canonical key,
+// and the GET, a new call under a spent token, was told it was the applied
+// call (before: 200 Fence-Replayed: true, the page not run). Transport now
+// drops the header under any spelling, and the GET is 409 stale.
+func TestRecordedCallNonCanonicalNotForwarded(t *testing.T) {
+	s := seeOtherStores(t)["memory"]
+	site := newRedirectSite(t, guard.Middleware(s.store, guard.HTTPOptions{Resource: siteResource, Namespace: "httprecnc:"}),
+		func(r *http.Request) error { return s.write(r, 5) })
+	c := site.client()
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, _ := do(t, c, newRequest(t, http.MethodPost, site.srv.URL+hop("/payments/1001/approve", "/payments/1001", http.StatusSeeOther), "approve"))
+	recorded := resp.Header.Get(guard.RecordedCallHeader)
+	if resp.StatusCode != http.StatusSeeOther || recorded == "" {
+		t.Fatalf("POST: %d, %s %q; want the 303 with the call id it was recorded under", resp.StatusCode, guard.RecordedCallHeader, recorded)
+	}
+	req := newRequest(t, http.MethodGet, site.srv.URL+"/payments/1001", "")
+	req.Header["fence-recorded-call"] = []string{recorded}
+	resp, body := do(t, c, req)
+	if resp.StatusCode != http.StatusConflict || site.ran("/payments/1001") != 0 {
+		t.Errorf("a GET carrying the first call's recorded id under a lowercase key: %d %s %q, %s, the page ran %d times; want 409 stale, as a new call",
+			resp.StatusCode, guard.ReplayedHeader, resp.Header.Get(guard.ReplayedHeader), body, site.ran("/payments/1001"))
+	}
+}
