@@ -27,7 +27,14 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, "length of each throughput workload")
 	n := flag.Int("n", 3000, "acquire+release pairs for the latency and allocation figures")
 	only := flag.String("distinct", "", "only the distinct-keys workload (and uncontended p50), in rounds, for the libraries whose names are listed (separated by ;); print, write nothing")
+	parts := flag.Int("scriptparts", 0, "only measure what each part of redislock's scripts costs the server, in this many rounds (see scripttime.md); print, write nothing")
 	flag.Parse()
+	if *parts > 0 {
+		if err := scriptParts(*parts, *n); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if *only != "" {
 		if err := distinctOnly(strings.Split(*only, ";"), *dur); err != nil {
 			log.Fatal(err)
