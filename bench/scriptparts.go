@@ -119,6 +119,7 @@ func partVariants(acq, rel string) ([]partVariant, error) {
 		{name: "acquire: record by concatenation of TIME's strings", src: cut(acq, "redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])\n      return {1", "redis.call('SET', record, now[1] .. string.sub(us + 1000000, 2), 'PX', ARGV[3])\n      return {1"), keys: 5, args: 5},
 		{name: "acquire: server ms by arithmetic, no math.floor", src: cut(acq, "return {1, token, s * 1000 + math.floor(us / 1000)}", "return {1, token, (s * 1000000 + us - us % 1000) / 1000}"), keys: 5, args: 5},
 		{name: "acquire: reply {token, ms}", src: cut(acq, "return {1, token, s * 1000 + math.floor(us / 1000)}", "return {token, s * 1000 + math.floor(us / 1000)}"), keys: 5, args: 5},
+		{name: "acquire: reply a string 'token ms'", src: cut(acq, "redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])\n      return {1, token, s * 1000 + math.floor(us / 1000)}", "local str = string.format('%d', token)\n      redis.call('SET', record, str, 'PX', ARGV[3])\n      return str .. ' ' .. (s * 1000 + math.floor(us / 1000))"), keys: 5, args: 5},
 		{name: "acquire: no SET record", src: cut(acq, "redis.call('SET', record, string.format('%d', token), 'PX', ARGV[3])\n      return {1", "return {1"), keys: 5, args: 5},
 		{name: "acquire: reply 1, not a table", src: cut(acq, "return {1, token, s * 1000 + math.floor(us / 1000)}", "return 1"), keys: 5, args: 5},
 		{name: "acquire: no string.sub of owner", src: cut(acq, "local owner = string.sub(ARGV[1], 1, 32)", "local owner = ARGV[1]"), keys: 5, args: 5},
