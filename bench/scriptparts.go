@@ -389,14 +389,6 @@ func minOf(xs []float64) float64 {
 	return m
 }
 
-func maxOf(xs []float64) float64 {
-	m := xs[0]
-	for _, x := range xs {
-		m = max(m, x)
-	}
-	return m
-}
-
 // loopParts times each call of the common paths inside one script run in
 // a loop (no per-EVALSHA cost, the script's own garbage collected as it
 // goes), less the loop's own cost, in rounds.
