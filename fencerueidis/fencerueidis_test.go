@@ -239,12 +239,15 @@ func TestInterop(t *testing.T) {
 		b, err = r.Acquire(ctx(t), "shared", fence.Wait(20*time.Second), fence.TTL(time.Minute))
 		got <- err
 	}()
-	// The waiter is woken by the release's publish, not by the TTL (a
-	// minute) nor by its budget (20 s).
+	// The waiter is woken by the release's grant, not by the TTL (a
+	// minute) nor by its budget (20 s). It is released once the waiter
+	// has queued: the key polled was the waiting mark of older versions,
+	// which nothing sets since the queue, so the test waited its whole
+	// 10 s and never knew whether the waiter had queued.
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if n := srv.Client(t).Exists(ctx(t), "fence:{shared}:waiting").Val(); n == 1 || time.Now().After(deadline) {
-			break
+	for srv.Client(t).LLen(ctx(t), "fence:{shared}:queue").Val() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the rueidis waiter did not queue within 10 s")
 		}
 		time.Sleep(5 * time.Millisecond) // polling with a deadline
 	}
