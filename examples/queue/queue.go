@@ -61,64 +61,93 @@ import (
 // before it, that build holds the consumers' writes for as long as it
 // takes: on a large queue_applied, create it beforehand with CREATE INDEX
 // CONCURRENTLY queue_applied_entry_id ON queue_applied (stream, entry_id).
+//
+// Schema looks each table up where the consumer's unqualified statements
+// find it: in the first schema of the session's search_path that has it
+// (to_regclass), not in current_schema() alone, where CREATE TABLE IF NOT
+// EXISTS looks, and creates only the tables found nowhere on the path. A
+// consumer role owning a schema of its own name, first on PostgreSQL's
+// default path ("$user", public), so uses the tables made in public rather
+// than get empty ones of its own (TestCreateSchemaWithOwnSchemaFirstOnPath),
+// as guard.CreateTables does with its own.
 const Schema = `
-CREATE TABLE IF NOT EXISTS queue_applied (
-	seq        BIGINT GENERATED ALWAYS AS IDENTITY,
-	stream     TEXT   NOT NULL,
-	msg_id     TEXT   NOT NULL,
-	entry_id   TEXT,
-	account    TEXT   NOT NULL,
-	amount     BIGINT NOT NULL,
-	token      BIGINT NOT NULL,
-	consumer   TEXT   NOT NULL,
-	applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-	PRIMARY KEY (stream, msg_id)
-);
-CREATE TABLE IF NOT EXISTS queue_balance (
-	account TEXT   PRIMARY KEY,
-	balance BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS queue_dead (
-	stream     TEXT   NOT NULL,
-	msg_id     TEXT   NOT NULL,
-	entry_id   TEXT,
-	fields     TEXT   NOT NULL,
-	deliveries BIGINT NOT NULL,
-	error      TEXT   NOT NULL,
-	token      BIGINT NOT NULL,
-	consumer   TEXT   NOT NULL,
-	dead_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
-	PRIMARY KEY (stream, msg_id)
-);
-CREATE TABLE IF NOT EXISTS queue_failures (
-	stream   TEXT   NOT NULL,
-	msg_id   TEXT   NOT NULL,
-	failures BIGINT NOT NULL,
-	PRIMARY KEY (stream, msg_id)
-);
 DO $$
 BEGIN
-	IF NOT EXISTS (SELECT 1 FROM information_schema.columns
-		WHERE table_schema = current_schema() AND table_name = 'queue_applied' AND column_name = 'entry_id') THEN
+	IF to_regclass('queue_applied') IS NULL THEN
+		CREATE TABLE IF NOT EXISTS queue_applied (
+			seq        BIGINT GENERATED ALWAYS AS IDENTITY,
+			stream     TEXT   NOT NULL,
+			msg_id     TEXT   NOT NULL,
+			entry_id   TEXT,
+			account    TEXT   NOT NULL,
+			amount     BIGINT NOT NULL,
+			token      BIGINT NOT NULL,
+			consumer   TEXT   NOT NULL,
+			applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+			PRIMARY KEY (stream, msg_id)
+		);
+	END IF;
+	IF to_regclass('queue_balance') IS NULL THEN
+		CREATE TABLE IF NOT EXISTS queue_balance (
+			account TEXT   PRIMARY KEY,
+			balance BIGINT NOT NULL
+		);
+	END IF;
+	IF to_regclass('queue_dead') IS NULL THEN
+		CREATE TABLE IF NOT EXISTS queue_dead (
+			stream     TEXT   NOT NULL,
+			msg_id     TEXT   NOT NULL,
+			entry_id   TEXT,
+			fields     TEXT   NOT NULL,
+			deliveries BIGINT NOT NULL,
+			error      TEXT   NOT NULL,
+			token      BIGINT NOT NULL,
+			consumer   TEXT   NOT NULL,
+			dead_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+			PRIMARY KEY (stream, msg_id)
+		);
+	END IF;
+	IF to_regclass('queue_failures') IS NULL THEN
+		CREATE TABLE IF NOT EXISTS queue_failures (
+			stream   TEXT   NOT NULL,
+			msg_id   TEXT   NOT NULL,
+			failures BIGINT NOT NULL,
+			PRIMARY KEY (stream, msg_id)
+		);
+	END IF;
+	IF NOT ` + appliedHasEntryID + ` THEN
 		ALTER TABLE queue_applied ADD COLUMN IF NOT EXISTS entry_id TEXT;
 	END IF;
-	IF NOT EXISTS (SELECT 1 FROM information_schema.columns
-		WHERE table_schema = current_schema() AND table_name = 'queue_dead' AND column_name = 'entry_id') THEN
+	IF NOT ` + deadHasEntryID + ` THEN
 		ALTER TABLE queue_dead ADD COLUMN IF NOT EXISTS entry_id TEXT;
 	END IF;
-	IF NOT EXISTS (SELECT 1 FROM pg_indexes
-		WHERE schemaname = current_schema() AND tablename = 'queue_applied' AND indexname = 'queue_applied_entry_id')
-		AND ` + ownsApplied + ` THEN
+	IF NOT ` + hasEntryIndex + ` AND ` + ownsApplied + ` THEN
 		CREATE INDEX IF NOT EXISTS queue_applied_entry_id ON queue_applied (stream, entry_id);
 	END IF;
 END
 $$`
 
+// appliedHasEntryID and deadHasEntryID are true when queue_applied and
+// queue_dead, as the path finds them, have entry_id.
+const (
+	appliedHasEntryID = `EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+		WHERE attrelid = to_regclass('queue_applied') AND attname = 'entry_id' AND NOT attisdropped)`
+	deadHasEntryID = `EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+		WHERE attrelid = to_regclass('queue_dead') AND attname = 'entry_id' AND NOT attisdropped)`
+)
+
+// hasEntryIndex is true when queue_applied_entry_id is in queue_applied's
+// schema, where CREATE INDEX makes it (and where its IF NOT EXISTS looks,
+// after it has taken the table's lock).
+const hasEntryIndex = `EXISTS (SELECT 1 FROM pg_catalog.pg_class
+		WHERE relname = 'queue_applied_entry_id' AND relnamespace =
+			(SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = to_regclass('queue_applied')))`
+
 // ownsApplied is true when the session's role may create an index on
 // queue_applied (it owns the table, or inherits from its owner), and for a
 // table not made yet (Schema's CREATE TABLE makes it the role's).
 const ownsApplied = `COALESCE((SELECT pg_has_role(relowner, 'USAGE') FROM pg_catalog.pg_class
-		WHERE oid = to_regclass(quote_ident(current_schema()) || '.queue_applied')), true)`
+		WHERE oid = to_regclass('queue_applied')), true)`
 
 // CreateSchema creates the tables, the guard's included. Consumers that
 // start at once may call it together (guard.CreateIfNotExists). Once the
@@ -134,15 +163,14 @@ const ownsApplied = `COALESCE((SELECT pg_has_role(relowner, 'USAGE') FROM pg_cat
 // makes it.
 func CreateSchema(ctx context.Context, db *sql.DB) error {
 	var done bool
-	// Looked up where Schema would create them. If the look-up fails,
-	// Schema runs, and says what is wrong.
-	err := db.QueryRowContext(ctx, `SELECT
-	(SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema()
-		AND tablename IN ('queue_applied', 'queue_balance', 'queue_dead', 'queue_failures')) = 4
-	AND (SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema()
-		AND table_name IN ('queue_applied', 'queue_dead') AND column_name = 'entry_id') = 2
-	AND (EXISTS (SELECT 1 FROM pg_catalog.pg_indexes WHERE schemaname = current_schema()
-		AND tablename = 'queue_applied' AND indexname = 'queue_applied_entry_id') OR NOT `+ownsApplied+`)`).Scan(&done)
+	// Looked up as Schema looks them up. If the look-up fails, Schema
+	// runs, and says what is wrong.
+	err := db.QueryRowContext(ctx, `SELECT to_regclass('queue_applied') IS NOT NULL
+	AND to_regclass('queue_balance') IS NOT NULL
+	AND to_regclass('queue_dead') IS NOT NULL
+	AND to_regclass('queue_failures') IS NOT NULL
+	AND `+appliedHasEntryID+` AND `+deadHasEntryID+`
+	AND (`+hasEntryIndex+` OR NOT `+ownsApplied+`)`).Scan(&done)
 	if err != nil || !done {
 		if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
 			return err
