@@ -93,7 +93,11 @@ WHERE fence_tokens.token - excluded.token < 0`
 	// search_path, on PostgreSQL: the one its unqualified statements use,
 	// in whichever schema of the path it is (see CreateTables).
 	visibleTablesPG = `SELECT to_regclass('fence_tokens') IS NOT NULL, to_regclass('fence_idempotency') IS NOT NULL`
-	insertIdemKey   = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	// PostgreSQL's forms of the two CREATE TABLEs: each creates its table
+	// only if none is visible on the search_path yet.
+	createTokensPG      = `DO $$ BEGIN IF to_regclass('fence_tokens') IS NULL THEN ` + createTokens + `; END IF; END $$`
+	createIdempotencyPG = `DO $$ BEGIN IF to_regclass('fence_idempotency') IS NULL THEN ` + createIdempotency + `; END IF; END $$`
+	insertIdemKey       = `INSERT INTO fence_idempotency (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 	// PostgreSQL's form, whose transaction commits durably, as a fence's
 	// (TestOnceKeySurvivesCrashUnderAsyncCommit). The condition is the
 	// SELECT's, so that the key is typed by its column, as in the plain
@@ -133,7 +137,10 @@ WHERE fence_tokens.token - excluded.token < 0`
 // statements and Fence's will use. A role whose own schema comes first on
 // the path ("$user", public, PostgreSQL's default) thus uses public's
 // tables rather than get empty ones of its own, and creates a missing one
-// in its own schema, the first on the path.
+// in its own schema, the first on the path. The look-up is made again
+// under CreateIfNotExists's lock, so that a process that waited for it
+// finds the tables that the one before it made; if it fails on
+// PostgreSQL, CreateTables returns the error and creates nothing.
 //
 // A resource's row in fence_tokens is all the guard remembers of it: every
 // process that fences the resource must reach the same table (two
@@ -157,14 +164,23 @@ func CreateTables(ctx context.Context, q Querier) error {
 	// public's (TestSearchPathSharesFenceTokens).
 	var tokens, idem bool
 	stmts := []string{createTokens, createIdempotency}
-	if err := q.QueryRowContext(ctx, visibleTablesPG).Scan(&tokens, &idem); err == nil {
+	switch err := q.QueryRowContext(ctx, visibleTablesPG).Scan(&tokens, &idem); {
+	case err == nil:
+		// Looked up again under CreateIfNotExists's lock: another
+		// process may have made it in a schema of the path while this
+		// one waited (TestCreateTablesRaceWithCreatorOnPath).
 		stmts = nil
 		if !tokens {
-			stmts = append(stmts, createTokens)
+			stmts = append(stmts, createTokensPG)
 		}
 		if !idem {
-			stmts = append(stmts, createIdempotency)
+			stmts = append(stmts, createIdempotencyPG)
 		}
+	case ctx.Err() != nil || sqlState(err) != "":
+		// PostgreSQL's error, not SQLite's unknown function: the
+		// statements would make the tables in current_schema(),
+		// visible or not elsewhere (TestCreateTablesLookupErrorNotSQLite).
+		return fmt.Errorf("guard: create tables: %w", err)
 	}
 	if err := CreateIfNotExists(ctx, q, stmts...); err != nil {
 		return fmt.Errorf("guard: create tables: %w", err)

@@ -1,0 +1,128 @@
+package guard_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence/guard"
+)
+
+// svcB returns a fresh database, its name, and a second pool on it whose
+// search_path is svc_b, public: a service whose own schema comes first.
+func svcB(t *testing.T) (db, other *sql.DB) {
+	t.Helper()
+	db = pg.NewDB(t)
+	var name string
+	if err := db.QueryRowContext(ctx(t), `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx(t), `CREATE SCHEMA svc_b`); err != nil {
+		t.Fatal(err)
+	}
+	other, err := sql.Open("pgx", pg.DSN(name)+"&search_path=svc_b,public")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	return db, other
+}
+
+func tablesIn(t *testing.T, db *sql.DB, schema string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1`, schema).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestCreateTablesRaceWithCreatorOnPath: two services start at once on a
+// fresh database, one on the default path (public), one whose own schema
+// svc_b comes first (svc_b, public). The first takes CreateIfNotExists's
+// lock and creates the tables in public; the second looked for visible
+// tables before it waited for that lock, found none, and once it had the
+// lock ran CREATE TABLE IF NOT EXISTS, which looks in svc_b alone: it made
+// a second fence_tokens there (2 tables in svc_b), and the two services'
+// tokens for one resource ordered nothing. The look-up must be made under
+// the lock.
+func TestCreateTablesRaceWithCreatorOnPath(t *testing.T) {
+	db, other := svcB(t)
+	first, err := db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback()
+	if _, err := first.ExecContext(ctx(t), `SELECT pg_advisory_xact_lock(1717923427, 1935894629)`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- guard.CreateTables(ctx(t), other) }()
+	// Wait until the second service waits for the lock: it has looked.
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var waiting int
+		if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second CreateTables never waited for the schema lock")
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the second CreateTables returned %v without waiting for the schema lock", err)
+		case <-tick.C:
+		}
+	}
+	if err := guard.CreateTables(ctx(t), first); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := tablesIn(t, db, "svc_b"); n != 0 {
+		t.Errorf("CreateTables through svc_b,public, racing one that made public's: %d tables in svc_b, want none", n)
+	}
+}
+
+// failingLookup is a Querier whose first QueryRowContext (CreateTables's
+// look-up of the visible tables) fails on PostgreSQL, with an error that
+// has a SQLSTATE, as a statement_timeout or an aborted transaction would.
+type failingLookup struct {
+	*sql.DB
+	failed bool
+}
+
+func (q *failingLookup) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if !q.failed {
+		q.failed = true
+		return q.DB.QueryRowContext(ctx, `SELECT 1/0, 1/0`)
+	}
+	return q.DB.QueryRowContext(ctx, query, args...)
+}
+
+// TestCreateTablesLookupErrorNotSQLite: CreateTables took any error of its
+// look-up for SQLite's (to_regclass unknown) and ran both CREATE TABLE IF
+// NOT EXISTS: on PostgreSQL, through svc_b, public with public's tables
+// there, a look-up that failed once (here 22012) made a second, empty
+// fence_tokens in svc_b (2 tables) and returned nil. A PostgreSQL error
+// (it has a SQLSTATE) must be returned, and nothing made.
+func TestCreateTablesLookupErrorNotSQLite(t *testing.T) {
+	db, other := svcB(t)
+	if err := guard.CreateTables(ctx(t), db); err != nil {
+		t.Fatal(err)
+	}
+	err := guard.CreateTables(ctx(t), &failingLookup{DB: other})
+	if n := tablesIn(t, db, "svc_b"); n != 0 || err == nil {
+		t.Errorf("CreateTables through svc_b,public, its look-up failing on PostgreSQL: %v, %d tables in svc_b; want the error and none", err, n)
+	}
+}
