@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/fencekit/fence/cmd/fence/internal/tlsanswer"
 )
@@ -559,15 +560,33 @@ func checkCommands(d *deployment) []Finding {
 // deniedCommand is the command that the NOPERM err, met by the probe of
 // cmd, names: the INFO probe runs INFO inside an EVAL, and a user denied
 // EVAL alone gets EVAL's NOPERM from it ("no permissions to run the 'eval'
-// command"), which is no word about INFO. A refusal that names no command
-// (a script's "can't run this command") is cmd's.
+// command"), which is no word about INFO. A refusal inside a probe's
+// script ("can't run this command ... on @user_script:N") names no
+// command, only the line: the one that line of cmd's script calls, not
+// cmd, which the user may run (TestDeniedCommandInsideProbeScript). A
+// refusal that names neither is cmd's.
 func deniedCommand(err error, cmd string) string {
 	_, after, ok := strings.Cut(err.Error(), "to run the '")
 	named, _, closed := strings.Cut(after, "'")
+	if ok && closed && named != "" {
+		return strings.ToUpper(named)
+	}
+	script := probeScripts[cmd]
+	if cmd == "EVALSHA" {
+		script = probeScripts["EVAL"]
+	}
+	_, after, ok = strings.Cut(err.Error(), "@user_script:")
+	line, bad := strconv.Atoi(after[:len(after)-len(strings.TrimLeftFunc(after, unicode.IsDigit))])
+	lines := strings.Split(script, "\n")
+	if !ok || bad != nil || line < 1 || line > len(lines) {
+		return cmd
+	}
+	_, after, ok = strings.Cut(lines[line-1], "redis.call('")
+	named, _, closed = strings.Cut(after, "'")
 	if !ok || !closed || named == "" {
 		return cmd
 	}
-	return strings.ToUpper(named)
+	return named
 }
 
 // checkRedlock checks what Redlock's safety rests on beyond each master's

@@ -39,3 +39,25 @@ func TestDeniedCommandNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestDeniedCommandInsideProbeScript: a user allowed EVAL but denied a
+// command that the EVAL probe's script runs (EXISTS), and denied ACL
+// DRYRUN, so that only the probe can tell. Redis refuses the inner call
+// with "ERR The user executing the script can't run this command or
+// subcommand script: …, on @user_script:2.", which names no command, and
+// the doctor blamed the probe's own: "may not run EVAL", fix "ACL SETUSER
+// <user> +eval …", which the user has, and which changes nothing. The
+// finding names the command of the script's line that was refused.
+func TestDeniedCommandInsideProbeScript(t *testing.T) {
+	s := redistest.Start(t, durable...)
+	admin := s.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "u", "on", ">pw", "~*", "&*", "+@all", "-acl|dryrun", "-exists").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := doctor.Config{Standalone: &redis.Options{Addr: s.Addr, Username: "u", Password: "pw"}}
+	f := has(t, run(t, cfg), "command-denied", doctor.Critical, s.Addr)
+	if !strings.Contains(f.Why, "may not run EXISTS on fence") || !strings.Contains(f.Fix, "+exists") || strings.Contains(f.Fix, "+eval") {
+		t.Errorf("user allowed EVAL, denied EXISTS and ACL DRYRUN: Why %q, Fix %q; want EXISTS named, not EVAL", f.Why, f.Fix)
+	}
+}

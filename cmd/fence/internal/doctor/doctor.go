@@ -423,8 +423,7 @@ func (n *node) probe(ctx context.Context, prefix string, redlock, noSync bool) {
 	// so that a primary pausing writes (CLIENT PAUSE WRITE, a switchover)
 	// runs them at once: it held back scripts without flags for the whole
 	// pause, and the audit ended at its deadline (TestWritePause).
-	const script = "#!lua flags=no-writes\nreturn {redis.call('EXISTS', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('TIME')[1]}"
-	s := redis.NewScript(script)
+	s := redis.NewScript(probeScripts["EVAL"])
 	n.probes["EVAL"] = s.Eval(ctx, n.client, []string{key}).Err()
 	// Only once EVAL has cached the script: the EVALSHA of a script the
 	// server does not know, whose flags it cannot read, is held back for
@@ -445,7 +444,7 @@ func (n *node) probe(ctx context.Context, prefix string, redlock, noSync bool) {
 	}
 	if !redlock && !noSync {
 		n.probes["WAIT"] = n.client.Do(ctx, "WAIT", 0, 0).Err()
-		n.probes["INFO"] = redis.NewScript("#!lua flags=no-writes\nreturn redis.call('INFO', 'replication')").Eval(ctx, n.client, nil).Err()
+		n.probes["INFO"] = redis.NewScript(probeScripts["INFO"]).Eval(ctx, n.client, nil).Err()
 	}
 
 	user, err := n.client.Do(ctx, "ACL", "WHOAMI").Text()
@@ -470,6 +469,18 @@ func (n *node) probe(ctx context.Context, prefix string, redlock, noSync bool) {
 			n.denied[strings.ToUpper(args[0].(string))] = reply
 		}
 	}
+}
+
+// probeScripts are the scripts that probe EVAL (EVALSHA runs it again by
+// its SHA) and INFO, one command a line, so that a command refused inside
+// one is named by the line Redis reports ("@user_script:N"; see
+// deniedCommand).
+var probeScripts = map[string]string{
+	"EVAL": "#!lua flags=no-writes\n" +
+		"local exists = redis.call('EXISTS', KEYS[1])\n" +
+		"local pttl = redis.call('PTTL', KEYS[1])\n" +
+		"return {exists, pttl, redis.call('TIME')[1]}",
+	"INFO": "#!lua flags=no-writes\nreturn redis.call('INFO', 'replication')",
 }
 
 // aclCommands are the commands fence sends, directly or from its scripts,
