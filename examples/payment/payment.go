@@ -41,20 +41,33 @@ const (
 )
 
 // Schema creates the payment and charge tables (PostgreSQL and SQLite).
-const Schema = `
+const Schema = createPayment + ";" + createCharge
+
+const (
+	createPayment = `
 CREATE TABLE IF NOT EXISTS payment (
 	id                 BIGINT PRIMARY KEY,
 	amount             BIGINT NOT NULL,
 	status             TEXT   NOT NULL DEFAULT 'PENDING',
 	approved_by        TEXT,
 	last_fencing_token BIGINT NOT NULL DEFAULT 0
-);
+)`
+	createCharge = `
 CREATE TABLE IF NOT EXISTS charge (
 	payment_id BIGINT NOT NULL,
 	amount     BIGINT NOT NULL,
 	charged_by TEXT   NOT NULL,
 	token      BIGINT NOT NULL
 )`
+	// schemaPG is Schema on PostgreSQL, where each table is made only if
+	// none is visible on the search_path, looked up under
+	// CreateIfNotExists's lock: a process that waited for it finds what
+	// the one before it made (TestCreateSchemaRaceWithCreatorOnPath).
+	schemaPG = `DO $$ BEGIN
+IF to_regclass('payment') IS NULL THEN` + createPayment + `; END IF;
+IF to_regclass('charge') IS NULL THEN` + createCharge + `; END IF;
+END $$`
+)
 
 // Errors of the service.
 var (
@@ -172,11 +185,20 @@ type Charge struct {
 // (TestCreateSchemaWithOwnSchemaFirstOnPath).
 func CreateSchema(ctx context.Context, db *sql.DB) error {
 	var n int
-	// On SQLite to_regclass is unknown: the count fails and the
-	// statements run, as they may there.
-	err := db.QueryRowContext(ctx, `SELECT (to_regclass('payment') IS NOT NULL)::int + (to_regclass('charge') IS NOT NULL)::int`).Scan(&n)
-	if err != nil || n < 2 {
-		if err := guard.CreateIfNotExists(ctx, db, Schema); err != nil {
+	stmt := schemaPG
+	switch err := db.QueryRowContext(ctx, `SELECT (to_regclass('payment') IS NOT NULL)::int + (to_regclass('charge') IS NOT NULL)::int`).Scan(&n); {
+	case err == nil:
+	case ctx.Err() != nil || sqlState(err) != "":
+		// PostgreSQL's error: Schema would make the tables in
+		// current_schema(), visible elsewhere or not.
+		return err
+	default:
+		// SQLite, where to_regclass is unknown: Schema runs, as it
+		// may there.
+		stmt, n = Schema, 0
+	}
+	if n < 2 {
+		if err := guard.CreateIfNotExists(ctx, db, stmt); err != nil {
 			return err
 		}
 	}

@@ -99,3 +99,74 @@ func TestCreateSchemaWithOwnSchemaFirstOnPath(t *testing.T) {
 		t.Errorf("Fence 9 again as the migration role after 10 as %s: %v, want guard.ErrStale", role, err)
 	}
 }
+
+// TestCreateSchemaRaceWithCreatorOnPath: two services start at once on a
+// fresh database, one on the default path (public), one whose own schema
+// svc_b comes first (svc_b, public). The first takes CreateIfNotExists's
+// lock and makes the tables in public; the second had counted the visible
+// tables before it waited for that lock, found none, and then ran
+// Schema's CREATE TABLE IF NOT EXISTS, which looks in svc_b alone: an
+// empty payment and charge there (2 tables in svc_b), which its Get and
+// approvals then used. The count must be made again under the lock.
+func TestCreateSchemaRaceWithCreatorOnPath(t *testing.T) {
+	db := pg.NewDB(t)
+	var name string
+	if err := db.QueryRowContext(ctx(t), `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx(t), `CREATE SCHEMA svc_b`); err != nil {
+		t.Fatal(err)
+	}
+	other, err := sql.Open("pgx", pg.DSN(name)+"&search_path=svc_b,public")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	// The first service, inside its CreateIfNotExists: it holds the lock.
+	first, err := db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback()
+	if _, err := first.ExecContext(ctx(t), `SELECT pg_advisory_xact_lock(1717923427, 1935894629)`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- payment.CreateSchema(ctx(t), other) }()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var waiting int
+		if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second CreateSchema never waited for the schema lock")
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the second CreateSchema returned %v without waiting for the schema lock", err)
+		case <-tick.C:
+		}
+	}
+	if err := guard.CreateIfNotExists(ctx(t), first, payment.Schema); err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.CreateTables(ctx(t), first); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var made int
+	if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'svc_b'`).Scan(&made); err != nil || made != 0 {
+		t.Errorf("CreateSchema through svc_b,public, racing one that made public's: %d tables in svc_b (%v), want none", made, err)
+	}
+}
