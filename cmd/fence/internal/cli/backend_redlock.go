@@ -157,14 +157,20 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		js = append(js, j)
 		lines = append(lines, fmt.Sprintf("  node %d %s: %s; last token %d", i, n.Addr, state, n.LastToken))
 	}
+	// Whether a quorum holds the lock is unknown when the nodes not read
+	// could make one with the holders read.
+	undecided := held < l.Quorum() && held+len(nodes)-read >= l.Quorum()
 	if asJSON {
 		if err := encodeJSON(out, map[string]any{"name": name, "quorum": l.Quorum(), "held_on": held, "reached": reached, "read": read, "nodes": js}); err != nil {
 			return err
 		}
 	} else {
 		summary := "free"
-		if held >= l.Quorum() {
+		switch {
+		case held >= l.Quorum():
 			summary = "held"
+		case undecided:
+			summary = "held or free"
 		}
 		fmt.Fprintf(out, "%s: %s on %d of %d nodes (quorum %d), %d reached, %d read\n%s\n", name, summary, held, len(nodes), l.Quorum(), reached, read, strings.Join(lines, "\n"))
 	}
@@ -173,6 +179,12 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 	// answered an error was reached, but may hold the lock all the same.
 	if read < l.Quorum() {
 		return exitWith(ExitUsage, errors.New("fewer nodes read than a quorum"))
+	}
+	// Enough read, but those not read may make a quorum with the holders
+	// read: 2 of 3 read held, 2 more unread, of quorum 3, said "free"
+	// (TestStatusRedlockUndecidedWithQuorumRead).
+	if undecided {
+		return exitWith(ExitUsage, fmt.Errorf("held on %d nodes read, and the %d not read may hold it too: whether a quorum holds it is unknown", held, len(nodes)-read))
 	}
 	return nil
 }

@@ -50,7 +50,8 @@ a quorum holds it; a node that answered an error (READONLY from a replica's addr
 WRONGPASS) is reached but not read, and only one that did not answer is unreachable. It exits
 0 whether the lock is held or free, and 2 on a usage or connection error, when the servers
 have not answered within --timeout, or, with --redlock, when fewer nodes than a quorum are
-read (one not read may hold the lock).
+read, or the nodes not read could make a quorum with those read that hold it (whether a
+quorum holds it is then unknown).
 
 It reads Redis and Redlock only: with FENCE_ETCD_ENDPOINTS or FENCE_ZOOKEEPER_SERVERS set
 (fence exec then takes its locks there) and no --redis, --redis-sentinel or --redis-cluster
