@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
@@ -124,5 +125,40 @@ func TestCreateTablesLookupErrorNotSQLite(t *testing.T) {
 	err := guard.CreateTables(ctx(t), &failingLookup{DB: other})
 	if n := tablesIn(t, db, "svc_b"); n != 0 || err == nil {
 		t.Errorf("CreateTables through svc_b,public, its look-up failing on PostgreSQL: %v, %d tables in svc_b; want the error and none", err, n)
+	}
+}
+
+// TestCreateTablesTempTableShadows: a session with a TEMP table named
+// fence_tokens (pg_temp comes first on every path, implicitly) fences
+// into it: CreateTables takes it as the table (to_regclass finds it) and
+// creates nothing, and every unqualified statement of Fence uses it, as
+// they did before to_regclass. Its tokens die with the session and order
+// nothing with other sessions': token 5 on another connection was
+// accepted after 9 here.
+//
+// Skipped as a design question: should CreateTables (and Fence) refuse a
+// fence_tokens that is not a permanent table (relpersistence 't', a view),
+// or is a temp table of that name the caller's own business?
+func TestCreateTablesTempTableShadows(t *testing.T) {
+	t.Skip("design question: a TEMP fence_tokens shadows the shared one for its session; CreateTables accepts it and Fence uses it (token 5 accepted elsewhere after 9 in it)")
+	db := pg.NewDB(t)
+	if err := guard.CreateTables(ctx(t), db); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx(t), `CREATE TEMP TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL, call_id TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.CreateTables(ctx(t), conn); err == nil {
+		if err := guard.Fence(ctx(t), conn, "payment:1001", 9); err != nil {
+			t.Fatal(err)
+		}
+		if err := guard.Fence(ctx(t), db, "payment:1001", 5); !errors.Is(err, guard.ErrStale) {
+			t.Errorf("Fence 5 on the shared table after 9 in a session's TEMP fence_tokens: %v, want guard.ErrStale (or CreateTables refusing the TEMP table)", err)
+		}
 	}
 }
