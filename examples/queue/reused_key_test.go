@@ -137,8 +137,12 @@ func TestReusedIDInLaterTermDeadLetteredOnceOnReplay(t *testing.T) {
 			t.Fatalf("balance of %s %d (%v), want %d after the replay (%s)", account, n, err, want, seen())
 		}
 	}
-	if logs.get(queue.LogApplied) != 1 || logs.get(queue.LogDuplicate) != 2 || logs.get(queue.LogDead) != 1 {
-		t.Fatalf("%s; want 1 applied, 1 dead, and the replay's 2 duplicates", seen())
+	// At least the replay's 2: on a loaded machine a replayed entry may
+	// also be claimed again (idle past MinIdle) before its XACK, and each
+	// delivery of a done message is logged a duplicate (seen once in a
+	// whole-package run: 3).
+	if logs.get(queue.LogApplied) != 1 || logs.get(queue.LogDuplicate) < 2 || logs.get(queue.LogDead) != 1 {
+		t.Fatalf("%s; want 1 applied, 1 dead, and the replay's 2 duplicates or more", seen())
 	}
 }
 
