@@ -124,6 +124,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)
 	t.Run("InvalidInput", s.invalidInput)
+	t.Run("NilContext", s.nilContext)
 	t.Run("HugeTTL", s.hugeTTL)
 	t.Run("Run", s.run)
 	t.Run("Reentry", s.reentry)

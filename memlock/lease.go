@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/atomictime"
+	"github.com/fencekit/fence/internal/nilctx"
 )
 
 // lease is a lock held in a Locker. All its mutable fields are guarded by
@@ -96,8 +97,12 @@ func (ls *lease) tick() {
 // time a third of that TTL from now; a ttl shorter than that ends it at
 // its new deadline. After
 // Release, Extend returns an error matching both fence.ErrLeaseLost and
-// fence.ErrReleased.
+// fence.ErrReleased. A nil ctx returns an error matching
+// fence.ErrInvalidOption, the lease unchanged.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ctx == nil {
+		return nilctx.Err("memlock", "Extend")
+	}
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
@@ -136,8 +141,12 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // returns nil; after it, it returns an error matching fence.ErrLeaseLost
 // (as redislock's retry that finds the lock gone). A ctx cancelled by a
 // lease's release (the lease's Context, fence.Run's fn's context) is not
-// done for Release: it can retry with it.
+// done for Release: it can retry with it. A nil ctx returns an error
+// matching fence.ErrInvalidOption, the lease unchanged.
 func (ls *lease) Release(ctx context.Context) error {
+	if ctx == nil {
+		return nilctx.Err("memlock", "Release")
+	}
 	ls.l.mu.Lock()
 	defer ls.l.unlock()
 	if ls.released {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 )
 
 // DefaultWatchdogTTL is the lease time of leases acquired without fence.TTL
@@ -122,11 +123,14 @@ func New(o *Options) (*Locker, error) {
 // the lease handed to it has run out (a stalled process) waits in line
 // again within its budget, or fails saying it woke too late; it never
 // returns a lease already ended. When the budget runs out the error wraps
-// fence.ErrHeld; when ctx ends first, ctx.Err(). A nil ctx panics; a nil
-// *Locker returns an error matching fence.ErrInvalidOption.
+// fence.ErrHeld; when ctx ends first, ctx.Err(). A nil ctx, or a nil
+// *Locker, returns an error matching fence.ErrInvalidOption.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if l == nil {
 		return nil, fmt.Errorf("%w: memlock: Acquire on a nil *Locker (was New's error ignored?)", fence.ErrInvalidOption)
+	}
+	if ctx == nil {
+		return nil, nilctx.Err("memlock", "Acquire")
 	}
 	if l.obs == nil {
 		return l.acquire(ctx, name, opts...)
@@ -141,9 +145,6 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option)
 const backend = "memory"
 
 func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
-	if ctx == nil {
-		panic("memlock: Acquire with a nil context")
-	}
 	if err := fence.ValidateName(name); err != nil {
 		return nil, err
 	}
