@@ -13,6 +13,11 @@ type Token int64
 
 // Locker grants leases on named locks. Implementations are safe for
 // concurrent use.
+//
+// A nil ctx is bad input: Acquire, and every other method of this module's
+// Lockers and Leases that takes a ctx, returns an error matching
+// ErrInvalidOption for one, naming the method, before it does anything (no
+// lock taken, nothing sent, the lease left as it was). None panics.
 type Locker interface {
 	// Acquire takes the lock called name. With a zero Wait budget it tries
 	// once; otherwise it waits for the lock to be released or to expire, up

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pause"
 )
 
@@ -42,6 +43,9 @@ func (l *Locker) goReleaseAbandoned(a attempt) { l.giveBacks.goRun(func() { l.re
 // lease time.
 // On a nil Locker it returns made's error (a zero one has nothing to wait for).
 func (l *Locker) WaitGiveBacks(ctx context.Context) error {
+	if ctx == nil {
+		return nilctx.Err("redislock", "WaitGiveBacks")
+	}
 	if l == nil {
 		return l.made()
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/atomictime"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/releasectx"
 )
 
@@ -510,6 +511,9 @@ func (ls *lease) movedAhead() {
 // lease at its new Deadline (the lock, which no renewal moves earlier,
 // expires when the last renewal said).
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ctx == nil {
+		return nilctx.Err("redislock", "Extend")
+	}
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
@@ -542,6 +546,9 @@ func releasedAsLost(name string, err error) error {
 // does. Its end is reported to the Observer and the Logger once Release's
 // result is settled: a Release called by their callback returns it.
 func (ls *lease) Release(ctx context.Context) error {
+	if ctx == nil {
+		return nilctx.Err("redislock", "Release")
+	}
 	report, err := ls.release(ctx)
 	report()
 	return err

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/fencekit/fence/internal/resend"
@@ -360,6 +361,9 @@ func (b *boxedMs) get(d time.Duration) any {
 // budget (after a back-off, as after a transient error), or returns an error matching fence.ErrNotAcquired saying the reply
 // came too late.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if ctx == nil {
+		return nil, nilctx.Err("redislock", "Acquire")
+	}
 	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}

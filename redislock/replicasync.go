@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/rediscluster"
 	"github.com/fencekit/fence/internal/redisconn"
@@ -329,6 +330,9 @@ func parseReplication(info string) (replicas int, replid string) {
 // whose client hides a cluster returns the *HiddenClusterError (see
 // ReplicaSync).
 func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts, error) {
+	if ctx == nil {
+		return ReplicaCounts{}, nilctx.Err("redislock", "ReplicaCounts")
+	}
 	if err := l.made(); err != nil {
 		return ReplicaCounts{}, err
 	}
@@ -362,6 +366,9 @@ func (l *Locker) ReplicaCounts(ctx context.Context, name string) (ReplicaCounts,
 // fence.ErrInvalidOption: there the cluster's node table is the record, and
 // CLUSTER FORGET removes a replica from it.
 func (l *Locker) SetExpectedReplicas(ctx context.Context, name string, n int) error {
+	if ctx == nil {
+		return nilctx.Err("redislock", "SetExpectedReplicas")
+	}
 	if err := l.made(); err != nil {
 		return err
 	}

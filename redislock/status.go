@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 )
 
 // Status is what Redis holds for one lock name.
@@ -55,6 +56,9 @@ type Status struct {
 // mode, with replica sync off) could never tell it. Their error is in
 // Status.ReplicasErr, and Replicas is then zero.
 func (l *Locker) Status(ctx context.Context, name string) (Status, error) {
+	if ctx == nil {
+		return Status{}, nilctx.Err("redislock", "Status")
+	}
 	if err := l.made(); err != nil {
 		return Status{}, err
 	}
