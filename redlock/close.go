@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -363,7 +364,7 @@ func (l *Locker) Close(ctx context.Context) error {
 		return l.made() // a zero Locker has nothing to release: it goes on
 	}
 	if ctx == nil {
-		return fmt.Errorf("redlock: %w: Close with a nil context", fence.ErrInvalidOption)
+		return nilctx.Err("redlock", "Close")
 	}
 	b := &l.bg
 	b.mu.Lock()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/atomictime"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/releasectx"
 )
 
@@ -737,6 +738,9 @@ func (ls *lease) giveBack(ctx context.Context, nodes []int) {
 // flight that finds the lock gone may have found Release's own deletes; an
 // Extend called while that Release is under way contacts no node.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ctx == nil {
+		return nilctx.Err("redlock", "Extend")
+	}
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
@@ -793,6 +797,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // Release has concluded and lets another call in: a callback may call
 // Release again, which returns this call's result.
 func (ls *lease) Release(ctx context.Context) error {
+	if ctx == nil {
+		return nilctx.Err("redlock", "Release")
+	}
 	report, err := ls.release(ctx)
 	report()
 	return err

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/resend"
 	"github.com/redis/go-redis/v9"
@@ -464,6 +465,9 @@ var errNoReply = errors.New("no reply in time")
 // caller's context error when it ended the call, and otherwise ErrNoQuorum,
 // ErrValidity or ErrBadTokenRecord with the nodes' errors.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if ctx == nil {
+		return nil, nilctx.Err("redlock", "Acquire")
+	}
 	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}

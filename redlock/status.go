@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -38,6 +39,9 @@ type NodeStatus struct {
 // (min-replicas-to-write, a failed save, CLIENT PAUSE WRITE) still answers
 // it.
 func (l *Locker) Status(ctx context.Context, name string) ([]NodeStatus, error) {
+	if ctx == nil {
+		return nil, nilctx.Err("redlock", "Status")
+	}
 	if err := l.made(); err != nil {
 		return nil, err
 	}
