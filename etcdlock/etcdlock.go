@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pause"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -222,7 +223,7 @@ func (l *Locker) Close(ctx context.Context) error {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
 	}
 	if ctx == nil {
-		return fmt.Errorf("etcdlock: %w: Close with a nil context", fence.ErrInvalidOption)
+		return nilctx.Err("etcdlock", "Close")
 	}
 	l.mu.Lock()
 	l.closed = true
@@ -405,10 +406,10 @@ func deadline(sent time.Time, ttl time.Duration) time.Time {
 }
 
 // Acquire takes the lock called name; see fence.Locker and the package
-// documentation. A nil ctx panics.
+// documentation.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
 	if ctx == nil {
-		panic("etcdlock: Acquire with a nil context")
+		return nil, nilctx.Err("etcdlock", "Acquire")
 	}
 	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)

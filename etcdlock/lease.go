@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/atomictime"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/releasectx"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -799,6 +800,9 @@ func (ls *Lease) renew(ctx context.Context) error {
 // after Locker.Close, of a lease still held, one matching fence.ErrClosed,
 // having sent nothing.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ctx == nil {
+		return nilctx.Err("etcdlock", "Extend")
+	}
 	if err := validateTTL(ttl); err != nil {
 		return err
 	}
@@ -1180,6 +1184,9 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 // is never kept), or leaves the key to expire with it; calling Release
 // again retries the delete.
 func (ls *Lease) Release(ctx context.Context) (result error) {
+	if ctx == nil {
+		return nilctx.Err("etcdlock", "Release")
+	}
 	var settled func() // the report of the end this call settled (releasedAs)
 	defer func() {
 		ls.flush() // after unlockOp, and with the result settled: see flush
