@@ -9,6 +9,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/atomictime"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/releasectx"
 	"github.com/go-zookeeper/zk"
 )
@@ -475,6 +476,9 @@ func (ls *lease) stopped() bool {
 // the last contact whatever ttl is. Extend waits for ZooKeeper until the
 // lease's deadline at most, and then returns why the lease ended.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ctx == nil {
+		return nilctx.Err("zklock", "Extend")
+	}
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
@@ -562,6 +566,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // Release's result is settled and another Release may run: a Release of
 // the callback returns that result.
 func (ls *lease) Release(ctx context.Context) error {
+	if ctx == nil {
+		return nilctx.Err("zklock", "Release")
+	}
 	report, err := ls.release(ctx)
 	report()
 	return err

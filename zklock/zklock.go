@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pause"
 	"github.com/go-zookeeper/zk"
 )
@@ -171,6 +172,9 @@ const lockInfix = "-lock-"
 // before its own, so that each release wakes one waiter. The node is deleted
 // if Acquire gives up. The token is the node's creation zxid.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if ctx == nil {
+		return nil, nilctx.Err("zklock", "Acquire")
+	}
 	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}
