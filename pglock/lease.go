@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/atomictime"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pause"
 	"github.com/fencekit/fence/internal/releasectx"
 )
@@ -437,6 +438,9 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) error {
 // lease ends (a Release, even one that gave up on its ctx, or its deadline)
 // stops waiting for its statement and returns the lease's end.
 func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ctx == nil {
+		return nilctx.Err("pglock", "Extend")
+	}
 	if err := fence.ValidateTTL(ttl); err != nil {
 		return err
 	}
@@ -461,6 +465,9 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 // again retries to free it sooner. A watchdog that went on renewing would
 // hold the lock for ever for an owner that has given it up.
 func (ls *lease) Release(ctx context.Context) error {
+	if ctx == nil {
+		return nilctx.Err("pglock", "Release")
+	}
 	// The lease ends before the statement is sent: a ctx that its end
 	// cancels (its Context, or fence.Run's fn's) must not cancel the
 	// statement; it ends at the lease's deadline instead, as the lease's

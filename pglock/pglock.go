@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pause"
 )
 
@@ -151,6 +152,9 @@ func New(db *sql.DB, o *Options) (*Locker, error) {
 // (PostgreSQL's CREATE ... IF NOT EXISTS fails, rather than finds the
 // object, when a concurrent one creates it first).
 func (l *Locker) EnsureSchema(ctx context.Context) error {
+	if ctx == nil {
+		return nilctx.Err("pglock", "EnsureSchema")
+	}
 	if err := l.made(); err != nil {
 		return err
 	}
@@ -299,6 +303,9 @@ const schemaLock = "SELECT pg_advisory_xact_lock(1717923427, 1935894629);\n"
 // row is given back (owner-checked) and the wait goes on with a new owner,
 // or, with no budget left, the error says the reply came too late.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if ctx == nil {
+		return nil, nilctx.Err("pglock", "Acquire")
+	}
 	if l == nil || l.obs == nil {
 		return l.acquire(ctx, name, opts...)
 	}
