@@ -77,7 +77,7 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // Lead campaigns for the lock called name and runs fn while it holds it, as
 // Kubernetes' leader election does, on any Locker. It returns only when ctx
 // ends, with context.Cause(ctx), or at once with an error matching
-// ErrInvalidName or ErrInvalidOption for bad input (a nil locker or fn
+// ErrInvalidName or ErrInvalidOption for bad input (a nil ctx, locker or fn
 // among it), or once a campaign fails with ErrClosed (the Locker was
 // closed: no campaign can succeed).
 //
@@ -123,6 +123,9 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 	}
 	if locker == nil || fn == nil {
 		return fmt.Errorf("%w: Lead with a nil Locker or fn", ErrInvalidOption)
+	}
+	if ctx == nil {
+		return fmt.Errorf("%w: Lead with a nil context", ErrInvalidOption)
 	}
 	o, err := Apply(c.acquire)
 	if err != nil {

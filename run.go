@@ -65,6 +65,9 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 	if locker == nil || fn == nil {
 		return fmt.Errorf("%w: Run with a nil Locker or fn", ErrInvalidOption)
 	}
+	if ctx == nil {
+		return fmt.Errorf("%w: Run with a nil context", ErrInvalidOption)
+	}
 	lease, err := locker.Acquire(ctx, name, opts...)
 	switch {
 	case err != nil && !holdsNil(lease):
