@@ -1182,11 +1182,11 @@ func methodOf(r *http.Request) string {
 
 // oneCall returns h's one valid call id under name, or "".
 func oneCall(h http.Header, name string) string {
-	v := h.Values(name)
-	if len(v) != 1 || checkCall(v[0]) != nil {
+	v, err := headerCall(h, name)
+	if err != nil {
 		return ""
 	}
-	return v[0]
+	return v
 }
 
 // leaseEnded returns why lease ended, or fence.ErrLeaseLost if it does not
