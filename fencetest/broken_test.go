@@ -51,7 +51,7 @@ var bugs = []struct {
 	// (suite.mustAcquire); these must not pass for such a one.
 	{name: "short-given-back-in-time", caught: "ExpiryFreesTheLock", what: "the first 200 ms lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
 	{name: "watchdog-given-back-in-time", caught: "LeaseLostWhenTaken", what: "the first watchdog lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
-	{name: "wait-deadline-from-call", caught: "ReleaseWithDoneContext", what: "a waiting Acquire counts the late-reply deadline from the call (the wait included), not from the try that took the lock, and gives back a lease whose reply came in time"},
+	{name: "wait-deadline-from-call", caught: "WaitLongerThanLeaseTime", what: "a waiting Acquire counts the late-reply deadline from the call (the wait included), not from the try that took the lock, and gives back a lease whose reply came in time"},
 	{name: "late-reply-kept", caught: "ExpiryFreesTheLock", what: "a 200 ms lease whose reply came late fails with ErrLeaseLost but is not given back, the lock held for no one"},
 }
 

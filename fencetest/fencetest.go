@@ -112,6 +112,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("TokensIncreaseAfterRelease", s.tokensAfterRelease)
 	t.Run("ExpiryFreesTheLock", s.expiry)
 	t.Run("WaitBudget", s.waitBudget)
+	t.Run("WaitLongerThanLeaseTime", s.waitLongerThanLease)
 	t.Run("ContextCancelWhileWaiting", s.cancelWhileWaiting)
 	t.Run("CancelledContext", s.cancelledContext)
 	t.Run("WatchdogKeepsLease", s.watchdog)
@@ -373,6 +374,44 @@ func (s suite) waitBudget(t *testing.T) {
 			t.Fatalf("Acquire(wait %v) returned after %v", budget, took)
 		}
 	}
+}
+
+// waitLongerThanLease: an Acquire that waited longer than a lease time
+// for a watchdog lease gets a lease that holds, the late-reply deadline
+// counted from the try that took the lock, not from the call. A backend
+// that counted it from the call gave back every lease it waited a lease
+// time for (ErrLeaseLost), as if its reply had come late. The waiter has
+// waited 1.5 lease times at least when the holder lets go: a second
+// caller, asked after it, gives up its own wait of 1.5 lease times first.
+func (s suite) waitLongerThanLease(t *testing.T) {
+	n := name(t)
+	ttl := s.cfg.WatchdogTTL
+	holder := s.mustAcquire(t, s.cfg.New(t), n)
+	waiter := s.cfg.New(t)
+	calling := make(chan struct{})
+	type result struct {
+		lease fence.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		close(calling)
+		lease, err := waiter.Acquire(ctxFor(t), n, fence.Wait(3*ttl+s.cfg.Slack))
+		got <- result{lease, err}
+	}()
+	<-calling
+	if _, err := s.cfg.New(t).Acquire(ctxFor(t), n, fence.Wait(ttl+ttl/2)); !errors.Is(err, fence.ErrHeld) {
+		t.Fatalf("Acquire(wait %v) while a watchdog lease is held = %v, want ErrHeld", ttl+ttl/2, err)
+	}
+	mustRelease(t, holder)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("Acquire that waited more than a lease time (%v) = %v, want a lease", ttl, r.err)
+	}
+	if err := r.lease.Err(); err != nil {
+		t.Fatalf("the lease of an Acquire that waited more than a lease time ended: %v", err)
+	}
+	mustRelease(t, r.lease)
 }
 
 func (s suite) cancelWhileWaiting(t *testing.T) {
