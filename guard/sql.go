@@ -92,7 +92,10 @@ WHERE fence_tokens.token - excluded.token < 0`
 	// Whether each of the guard's tables is visible on the connection's
 	// search_path, on PostgreSQL: the one its unqualified statements use,
 	// in whichever schema of the path it is (see CreateTables).
-	visibleTablesPG = `SELECT to_regclass('fence_tokens') IS NOT NULL, to_regclass('fence_idempotency') IS NOT NULL`
+	// Each is NULL if none is, else its relpersistence: 'p' permanent,
+	// 't' temporary (one session's), 'u' unlogged (emptied by a crash).
+	visibleTablesPG = `SELECT (SELECT relpersistence::text FROM pg_catalog.pg_class WHERE oid = to_regclass('fence_tokens')),
+	(SELECT relpersistence::text FROM pg_catalog.pg_class WHERE oid = to_regclass('fence_idempotency'))`
 	// PostgreSQL's forms of the two CREATE TABLEs: each creates its table
 	// only if none is visible on the search_path yet.
 	createTokensPG      = `DO $$ BEGIN IF to_regclass('fence_tokens') IS NULL THEN ` + createTokens + `; END IF; END $$`
@@ -141,6 +144,10 @@ WHERE fence_tokens.token - excluded.token < 0`
 // under CreateIfNotExists's lock, so that a process that waited for it
 // finds the tables that the one before it made; if it fails on
 // PostgreSQL, CreateTables returns the error and creates nothing.
+// A table of either name that is TEMP (which shadows the shared one for
+// its session) or UNLOGGED (which a crash empties) is refused with
+// ErrInvalidTable; Fence does not look again, so a TEMP fence_tokens made
+// after CreateTables on a pooled connection would still be used there.
 //
 // A resource's row in fence_tokens is all the guard remembers of it: every
 // process that fences the resource must reach the same table (two
@@ -162,18 +169,24 @@ func CreateTables(ctx context.Context, q Querier) error {
 	// EXISTS looks in current_schema() alone, and made a second,
 	// empty fence_tokens in a role's own schema, first on the path, beside
 	// public's (TestSearchPathSharesFenceTokens).
-	var tokens, idem bool
+	var tokens, idem sql.NullString
 	stmts := []string{createTokens, createIdempotency}
 	switch err := q.QueryRowContext(ctx, visibleTablesPG).Scan(&tokens, &idem); {
 	case err == nil:
+		if err := checkShared("fence_tokens", tokens.String); err != nil {
+			return err
+		}
+		if err := checkShared("fence_idempotency", idem.String); err != nil {
+			return err
+		}
 		// Looked up again under CreateIfNotExists's lock: another
 		// process may have made it in a schema of the path while this
 		// one waited (TestCreateTablesRaceWithCreatorOnPath).
 		stmts = nil
-		if !tokens {
+		if !tokens.Valid {
 			stmts = append(stmts, createTokensPG)
 		}
-		if !idem {
+		if !idem.Valid {
 			stmts = append(stmts, createIdempotencyPG)
 		}
 	case ctx.Err() != nil || sqlState(err) != "":
@@ -189,6 +202,25 @@ func CreateTables(ctx context.Context, q Querier) error {
 		return fmt.Errorf("guard: add fence_tokens.call_id: %w", err)
 	}
 	return nil
+}
+
+// checkShared refuses a guard table, found on the search_path with
+// relpersistence p, that is not a permanent one: a TEMP table shadows the
+// shared one for its session alone (pg_temp comes first on every path),
+// and its tokens order nothing with other sessions'; an UNLOGGED one is
+// emptied when PostgreSQL restarts after a crash, and a stale token is
+// then accepted (TestCreateTablesTempTableShadows).
+func checkShared(table, p string) error {
+	var what, fix string
+	switch p {
+	case "t":
+		what, fix = "a TEMP table, seen by this session alone", "DROP TABLE pg_temp."+table
+	case "u":
+		what, fix = "an UNLOGGED table, emptied by a crash", "ALTER TABLE "+table+" SET LOGGED"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: guard: create tables: the %s on this connection's search_path is %s; what it records must be shared by every session and survive a crash (%s)", ErrInvalidTable, table, what, fix)
 }
 
 // addCallColumn adds call_id to a fence_tokens made before it: on

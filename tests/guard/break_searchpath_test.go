@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,18 +130,14 @@ func TestCreateTablesLookupErrorNotSQLite(t *testing.T) {
 }
 
 // TestCreateTablesTempTableShadows: a session with a TEMP table named
-// fence_tokens (pg_temp comes first on every path, implicitly) fences
-// into it: CreateTables takes it as the table (to_regclass finds it) and
-// creates nothing, and every unqualified statement of Fence uses it, as
-// they did before to_regclass. Its tokens die with the session and order
-// nothing with other sessions': token 5 on another connection was
-// accepted after 9 here.
-//
-// Skipped as a design question: should CreateTables (and Fence) refuse a
-// fence_tokens that is not a permanent table (relpersistence 't', a view),
-// or is a temp table of that name the caller's own business?
+// fence_tokens (pg_temp comes first on every path, implicitly) fenced
+// into it: CreateTables took it as the table (to_regclass finds it) and
+// created nothing, and every unqualified statement of Fence used it. Its
+// tokens die with the session and order nothing with other sessions':
+// token 5 on another connection was accepted after 9 here. CreateTables
+// must refuse it (ErrInvalidTable), as it refuses an UNLOGGED one, whose
+// rows a crash empties.
 func TestCreateTablesTempTableShadows(t *testing.T) {
-	t.Skip("design question: a TEMP fence_tokens shadows the shared one for its session; CreateTables accepts it and Fence uses it (token 5 accepted elsewhere after 9 in it)")
 	db := pg.NewDB(t)
 	if err := guard.CreateTables(ctx(t), db); err != nil {
 		t.Fatal(err)
@@ -153,12 +150,37 @@ func TestCreateTablesTempTableShadows(t *testing.T) {
 	if _, err := conn.ExecContext(ctx(t), `CREATE TEMP TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL, call_id TEXT)`); err != nil {
 		t.Fatal(err)
 	}
-	if err := guard.CreateTables(ctx(t), conn); err == nil {
+	if err := guard.CreateTables(ctx(t), conn); !errors.Is(err, guard.ErrInvalidTable) {
+		t.Errorf("CreateTables on a session with a TEMP fence_tokens: %v, want guard.ErrInvalidTable", err)
 		if err := guard.Fence(ctx(t), conn, "payment:1001", 9); err != nil {
 			t.Fatal(err)
 		}
 		if err := guard.Fence(ctx(t), db, "payment:1001", 5); !errors.Is(err, guard.ErrStale) {
-			t.Errorf("Fence 5 on the shared table after 9 in a session's TEMP fence_tokens: %v, want guard.ErrStale (or CreateTables refusing the TEMP table)", err)
+			t.Errorf("Fence 5 on the shared table after 9 in a session's TEMP fence_tokens: %v, want guard.ErrStale", err)
 		}
+	}
+}
+
+// TestCreateTablesUnloggedRefused: an UNLOGGED fence_idempotency (or
+// fence_tokens) is emptied when PostgreSQL restarts after a crash, and a
+// used key is taken again: CreateTables refuses it, and accepts it once
+// made permanent.
+func TestCreateTablesUnloggedRefused(t *testing.T) {
+	db := pg.NewDB(t)
+	if _, err := db.ExecContext(ctx(t), `CREATE UNLOGGED TABLE fence_idempotency (key TEXT PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	err := guard.CreateTables(ctx(t), db)
+	if !errors.Is(err, guard.ErrInvalidTable) || !strings.Contains(err.Error(), "SET LOGGED") {
+		t.Fatalf("CreateTables with an UNLOGGED fence_idempotency: %v, want guard.ErrInvalidTable naming ALTER TABLE … SET LOGGED", err)
+	}
+	if n := tablesIn(t, db, "public"); n != 1 {
+		t.Errorf("CreateTables refused but left %d tables in public, want the 1 there before", n)
+	}
+	if _, err := db.ExecContext(ctx(t), `ALTER TABLE fence_idempotency SET LOGGED`); err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.CreateTables(ctx(t), db); err != nil {
+		t.Fatalf("CreateTables once the table is permanent: %v", err)
 	}
 }
