@@ -454,8 +454,17 @@ var ErrValidity = errors.New("redlock: no validity time left")
 var ErrNoQuorum = errors.New("redlock: no quorum")
 
 // errNoReply is the error of a node that did not answer within the per-node
-// timeout.
-var errNoReply = errors.New("no reply in time")
+// timeout. It is a net.Error whose Timeout is true, as a read deadline's
+// is, so that a caller tells a node that did not answer from one that
+// answered an error: fence status labelled it "answered, not read"
+// (TestStatusRedlockTLSFailureAnswered).
+var errNoReply error = noReplyError{}
+
+type noReplyError struct{}
+
+func (noReplyError) Error() string   { return "no reply in time" }
+func (noReplyError) Timeout() bool   { return true }
+func (noReplyError) Temporary() bool { return true }
 
 // Acquire takes the lock called name on a majority of the nodes; see
 // fence.Locker and the package doc. Each try is decided as soon as a

@@ -17,7 +17,7 @@ type NodeStatus struct {
 	Held      bool          // the lock is held on this node
 	TTL       time.Duration // the holder's remaining lease on this node; negative if held without expiry
 	LastToken fence.Token   // the last token this node issued or was told of; 0 if none
-	Err       error         // the node could not be read; the other fields are zero
+	Err       error         // the node could not be read; the other fields are zero. A node that did not answer in time gives a net.Error whose Timeout is true
 }
 
 // Status reads the state of the lock called name on every node, in

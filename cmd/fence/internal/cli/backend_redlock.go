@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -129,6 +131,8 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		Held      bool   `json:"held"`
 		TTLms     int64  `json:"ttl_ms"`
 		LastToken int64  `json:"last_token"`
+		Reached   bool   `json:"reached"` // it answered, if only with an error
+		Read      bool   `json:"read"`    // its state was read
 		Error     string `json:"error,omitempty"`
 	}
 	var js []jsonNode
@@ -145,10 +149,10 @@ func redlockStatus(cmd *cobra.Command, b *redlockBackend, name string, asJSON bo
 		case n.Held:
 			state = fmt.Sprintf("held, %v left", n.TTL.Round(1e6))
 		}
-		if n.Err == nil {
+		if j.Read = n.Err == nil; j.Read {
 			read++
 		}
-		if n.Err == nil || !noAnswer(n.Err) {
+		if j.Reached = n.Err == nil || !noAnswer(n.Err); j.Reached {
 			reached++
 		}
 		if n.Held {
@@ -202,6 +206,8 @@ func nodeErrState(err error) string {
 		return "answered an error, the address is a replica, not a primary: "
 	case isReply(err):
 		return "answered an error: "
+	case isTLS(err):
+		return "answered, but the TLS handshake failed: "
 	}
 	return "answered, not read: " // a reply that is not a lock's state
 }
@@ -213,6 +219,22 @@ func noAnswer(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
+}
+
+// isTLS reports whether err is a TLS handshake that failed after the node
+// answered: its certificate not trusted or not for its name, an alert it
+// sent, or a reply that was not TLS (a plain server behind rediss://).
+func isTLS(err error) bool {
+	var (
+		ve *tls.CertificateVerificationError
+		ae tls.AlertError
+		he tls.RecordHeaderError
+		ua x509.UnknownAuthorityError
+		hn x509.HostnameError
+		ci x509.CertificateInvalidError
+	)
+	return errors.As(err, &ve) || errors.As(err, &ae) || errors.As(err, &he) ||
+		errors.As(err, &ua) || errors.As(err, &hn) || errors.As(err, &ci)
 }
 
 // isReply reports whether err is the server's own error reply.

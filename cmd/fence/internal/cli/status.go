@@ -47,7 +47,9 @@ have and has connected (fewer connected than expected: acquisitions wait for rep
 may not answer, and are refused), or why those counts could not be read ("replicas unknown",
 the lock's state still shown). With --redlock it shows the lock on each node, and whether
 a quorum holds it; a node that answered an error (READONLY from a replica's address, NOPERM,
-WRONGPASS) is reached but not read, and only one that did not answer is unreachable. It exits
+WRONGPASS) or failed the TLS handshake (a certificate not trusted) is reached but not read,
+and only one that did not answer is unreachable (each node of --json has "reached" and
+"read"). It exits
 0 whether the lock is held or free, and 2 on a usage or connection error, when the servers
 have not answered within --timeout, or, with --redlock, when fewer nodes than a quorum are
 read, or the nodes not read could make a quorum with those read that hold it (whether a

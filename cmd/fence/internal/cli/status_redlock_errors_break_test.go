@@ -65,3 +65,50 @@ func TestStatusRedlockNamesWhatEachNodeAnswered(t *testing.T) {
 		t.Errorf("status --json --redlock: exit %d, stdout %q (%v), stderr %q; want exit 2, reached 4, read 1 of quorum 3", code, out, err, errOut)
 	}
 }
+
+// TestStatusRedlockTLSFailureAnswered: a node whose TLS handshake failed
+// (its certificate signed by a CA fence does not trust) was labelled
+// "answered, not read", which says nothing of where to look; it answered,
+// so it is reached, and its line now names the TLS handshake. A plain
+// server behind rediss:// never answers the TLS client's hello: it was
+// labelled "answered, not read" too (redlock's "no reply in time"), and is
+// now unreachable, as a node that did not answer. Each node of --json
+// says whether it was reached and read: a script had only the totals.
+func TestStatusRedlockTLSFailureAnswered(t *testing.T) {
+	t.Parallel()
+	plain, plain2 := redistest.Start(t), redistest.Start(t)
+	untrusted := redistest.StartTLS(t, redistest.NewTLS(t))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	urls := strings.Join([]string{redisURL(plain), "rediss://" + untrusted.Addr, "rediss://" + plain2.Addr, "redis://" + closed}, ",")
+	out, errOut, code := fence(t, nil, "status", "--redlock", urls, "job")
+	t.Logf("status --redlock: exit %d\n%s%s", code, out, errOut)
+	lines := strings.Split(out, "\n")
+	if code != 2 || len(lines) < 5 || !strings.Contains(lines[0], "2 reached, 1 read") {
+		t.Fatalf("status --redlock: exit %d, stdout %q, stderr %q; want exit 2, 2 reached, 1 read", code, out, errOut)
+	}
+	for i, want := range []string{"free", "TLS handshake failed", "unreachable: node 2: no reply in time", "unreachable"} {
+		if !strings.Contains(lines[i+1], want) {
+			t.Errorf("node %d's line %q does not say %q", i, lines[i+1], want)
+		}
+	}
+	out, errOut, code = fence(t, nil, "status", "--json", "--redlock", urls, "job")
+	var r struct {
+		Nodes []struct {
+			Reached bool `json:"reached"`
+			Read    bool `json:"read"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Nodes) != 4 || code != 2 {
+		t.Fatalf("status --json --redlock: exit %d, stdout %q (%v), stderr %q", code, out, err, errOut)
+	}
+	for i, want := range [][2]bool{{true, true}, {true, false}, {false, false}, {false, false}} {
+		if got := [2]bool{r.Nodes[i].Reached, r.Nodes[i].Read}; got != want {
+			t.Errorf("node %d: reached, read = %v, want %v; stdout %s", i, got, want, out)
+		}
+	}
+}
