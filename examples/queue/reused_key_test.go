@@ -96,7 +96,16 @@ func TestReusedIDInLaterTermDeadLetteredOnceOnReplay(t *testing.T) {
 	firstCtx, stopFirst := context.WithCancel(ctx)
 	firstDone := make(chan error, 1)
 	go func() { firstDone <- consumer("c1").Run(firstCtx, locker) }()
-	until(t, 10*time.Second, "the first message applied", func() (bool, error) { return logs.get(queue.LogApplied) == 1, nil })
+	// Applied and acknowledged: LogApplied comes before the XACK, which
+	// the stop could cut, and the entry then came back to the next
+	// consumer as a duplicate ("1 duplicate, 1 dead", in a full run).
+	until(t, 10*time.Second, "the first message applied and acknowledged", func() (bool, error) {
+		if logs.get(queue.LogApplied) != 1 {
+			return false, nil
+		}
+		p, err := pending(ctx, rdb, "s", "g")
+		return p == 0, err
+	})
 	stopFirst()
 	<-firstDone // its lease released: the next consumer's term has a new token
 	reused, err := queue.ProduceID(ctx, rdb, "s", "payment:1:approve", "b", 7)
