@@ -100,3 +100,16 @@ func (r *records) has(msg, errPart string) bool {
 	}
 	return false
 }
+
+// count is how many records say msg.
+func (r *records) count(msg string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, l := range r.seen {
+		if l == msg || strings.HasPrefix(l, msg+": ") {
+			n++
+		}
+	}
+	return n
+}

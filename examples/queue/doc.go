@@ -37,6 +37,19 @@
 // XAUTOCLAIM instead, and logs once, at ERROR, that such entries will be
 // lost without a record (LogUnrecorded).
 //
+// Entries deleted before the group read them were never pending, and no
+// XAUTOCLAIM tells of them, nor which ids they were. Before each
+// XREADGROUP the consumer compares, in a script, the stream's XINFO with
+// the group's (see unreadScript in trimmed.go): an XDEL past the group's
+// last delivered entry, or a trim that took entries the group had not
+// counted as read, is logged at ERROR (LogUnread) with the ids that bound
+// them and, for a trim, how many; once, the id up to which it told kept
+// in {<stream>}:unread:<group>. Their messages are lost: Redis kept
+// nothing of them. A deletion between that look and the read goes
+// unseen, a trim's count needs Redis to know the group's entries-read (it
+// does unless the group was moved with XGROUP SETID without ENTRIESREAD)
+// and no XDEL ever on the stream, so the log is a warning, not an account.
+//
 // # Message ids
 //
 // The message id is the producer's, written in the entry (IDField): Produce

@@ -435,11 +435,13 @@ type Consumer struct {
 	// given up on finishes in the background. The consumer's user needs
 	// the stream's commands, and should have EVALSHA and EVAL (the claim
 	// and the trim are scripts) and SADD, SMEMBERS and SREM on the key
-	// {<Stream>}:trimmed:<Group> (see the package documentation). A user
+	// {<Stream>}:trimmed:<Group>, and XINFO, GET and SET on
+	// {<Stream>}:unread:<Group> (see the package documentation). A user
 	// refused those is still served: the claim falls back to a plain
 	// XAUTOCLAIM, and pending entries trimmed by others are then lost
 	// without a record, as is logged (LogUnrecorded, at ERROR, once per
-	// Consumer); a refused trim is logged and the stream keeps its entries.
+	// Consumer), as unread ones deleted are then lost without a word; a
+	// refused trim is logged and the stream keeps its entries.
 	Redis redis.Cmdable
 	// DB is the PostgreSQL database of the effects, with Schema created.
 	DB *sql.DB
@@ -497,6 +499,7 @@ type Consumer struct {
 	Tx func(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(*sql.Tx) error) error
 
 	plainClaim atomic.Bool // the claim script was refused (see claim)
+	noUnread   atomic.Bool // the unread script was refused (see noticeUnread)
 }
 
 // LockName is the lock the consumers of stream's group campaign for.
@@ -524,6 +527,7 @@ const (
 	LogClaimed    = "claimed"                    // XAUTOCLAIM took pending entries
 	LogUnrecorded = "trimmed entries unrecorded" // the claim script was refused (ACL): claims go on with a plain XAUTOCLAIM, and pending entries trimmed by others are lost without a record
 	LogTrimFailed = "trim failed"                // the entries no group needs could not be trimmed from the stream (see Run): the next batch tries again
+	LogUnread     = "trimmed unread"             // entries were deleted from the stream before the group read them (XADD MAXLEN, XTRIM, XDEL by others): which, and their content, is unknown; logged at ERROR with the ids that bound them
 )
 
 var errDuplicate = errors.New("queue: message applied (or given up on) before")
@@ -663,6 +667,9 @@ func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 		if len(claimed) > 0 {
 			block = -1 // more may be pending: do not wait for new entries
 		}
+		if err := c.noticeUnread(ctx); err != nil {
+			return err
+		}
 		// An XREADGROUP given up on may still deliver entries to this
 		// consumer: they stay pending, and a leader claims them once idle
 		// for MinIdle.
@@ -714,15 +721,10 @@ func (c *Consumer) trim(ctx context.Context) {
 	}
 }
 
-// trimScript trims the stream KEYS[1] below the least, over its groups, of
-// the first entry each group needs: its first pending one or, with none
-// pending, the first after its last delivered. A group that needs none of
-// the stream's entries bounds nothing (nor does one whose last delivered
-// is maxID: no id follows it, and XRANGE refuses to look after it);
-// with no group, nothing is trimmed.
+// lessLua defines less(a, b): whether stream entry id a comes before b.
 // Ids are compared as the decimal strings Redis writes (no leading
 // zeros): a Lua number cannot hold every uint64.
-var trimScript = redis.NewScript(`
+const lessLua = `
 local function less(a, b)
   local am, as = string.match(a, '^(%d+)-(%d+)$')
   local bm, bs = string.match(b, '^(%d+)-(%d+)$')
@@ -731,6 +733,15 @@ local function less(a, b)
   if #as ~= #bs then return #as < #bs end
   return as < bs
 end
+`
+
+// trimScript trims the stream KEYS[1] below the least, over its groups, of
+// the first entry each group needs: its first pending one or, with none
+// pending, the first after its last delivered. A group that needs none of
+// the stream's entries bounds nothing (nor does one whose last delivered
+// is maxID: no id follows it, and XRANGE refuses to look after it);
+// with no group, nothing is trimmed.
+var trimScript = redis.NewScript(lessLua + `
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
 if #groups == 0 then
   return false

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/fencekit/fence"
@@ -158,4 +159,103 @@ func (c *Consumer) entryDone(ctx context.Context, q rowQuerier, id string) (bool
 	err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM queue_applied WHERE stream = $1 AND (entry_id = $2 OR msg_id = $2))
 	OR EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND (entry_id = $2 OR msg_id = $2))`, c.Stream, id).Scan(&done)
 	return done, err
+}
+
+// unreadScript tells whether entries of the stream KEYS[1] were deleted
+// before group ARGV[1] read them. Entries deleted while pending are
+// claimScript's; these were never delivered, so no XAUTOCLAIM tells of
+// them, nor which ids they were. Redis 7.0 gives two signs, from XINFO
+// STREAM and the group's XINFO GROUPS entry:
+//   - an XDEL: max-deleted-entry-id after the group's last-delivered-id;
+//   - a trim (XADD MAXLEN or MINID, XTRIM), which deletes a prefix of the
+//     stream: the first entry left comes after the group's last delivered,
+//     and more entries were added before it (entries-added less the
+//     length) than the group has read (entries-read, its logical count,
+//     0 for a group that read nothing). Counted only while no entry was
+//     ever XDELed (max-deleted-entry-id 0-0), whose tombstones the length
+//     leaves out, and when Redis knows entries-read.
+//
+// The string KEYS[2] keeps the id up to which deletions were told, so that
+// each is told once: the script returns {after, up to, how many (-1:
+// unknown)} for the new ones, and moves KEYS[2]; or false. The consumer's
+// own trim never deletes past a group's last delivered entry (see
+// trimScript).
+var unreadScript = redis.NewScript(lessLua + `
+local s = {}
+local r = redis.call('XINFO', 'STREAM', KEYS[1])
+for i = 1, #r, 2 do s[r[i]] = r[i + 1] end
+local g
+for _, x in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local f = {}
+  for i = 1, #x, 2 do f[x[i]] = x[i + 1] end
+  if f['name'] == ARGV[1] then g = f end
+end
+if not g or not s['max-deleted-entry-id'] then
+  return false
+end
+local from = g['last-delivered-id']
+local told = redis.call('GET', KEYS[2])
+if told and less(from, told) then from = told end
+local deleted = s['max-deleted-entry-id']
+if less(from, deleted) then
+  redis.call('SET', KEYS[2], deleted)
+  return {from, deleted, -1}
+end
+local read = g['entries-read']
+if not read and g['last-delivered-id'] == '0-0' then read = 0 end
+if deleted ~= '0-0' or not read then
+  return false
+end
+local lost = s['entries-added'] - s['length'] - read
+local upto = s['last-generated-id']
+if s['length'] > 0 then upto = s['recorded-first-entry-id'] end
+if lost <= 0 or not less(from, upto) then
+  return false
+end
+redis.call('SET', KEYS[2], upto)
+return {from, upto, lost}
+`)
+
+// unreadKey is the id up to which deletions of unread entries were told
+// (see unreadScript): in the stream's hash slot.
+func (c *Consumer) unreadKey() string { return "{" + c.Stream + "}:unread:" + c.Group }
+
+// noticeUnread logs, at ERROR (LogUnread), entries deleted from the stream
+// by others before the group read them (see unreadScript): those were
+// lost without a trace (TestTrimmedUnreadEntriesNoticed: 4 of 6 messages
+// trimmed by a producer's XADD MAXLEN, nothing logged). It runs before
+// each XREADGROUP: once the group reads past them the deletion can no
+// longer be told, so one between it and the read goes unnoticed. A
+// refused script is logged once (LogUnrecorded) and not tried again;
+// another error ends the term.
+func (c *Consumer) noticeUnread(ctx context.Context) error {
+	if c.noUnread.Load() {
+		return nil
+	}
+	v, err := bound.Call(ctx, func() (any, error) {
+		return unreadScript.Run(ctx, c.Redis, []string{c.Stream, c.unreadKey()}, c.Group).Result()
+	}, nil)
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil
+	case refused(err):
+		if !c.noUnread.Swap(true) {
+			c.log().Error(LogUnrecorded, "consumer", c.Name, "err", err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("queue: look for entries trimmed unread: %w", err)
+	}
+	r, ok := v.([]any)
+	if !ok || len(r) != 3 {
+		return fmt.Errorf("queue: unread script replied %v", v)
+	}
+	n, _ := r[2].(int64)
+	how := "some"
+	if n > 0 {
+		how = strconv.FormatInt(n, 10)
+	}
+	c.log().Error(LogUnread, "consumer", c.Name, "after", r[0], "up_to", r[1], "n", n,
+		"err", fmt.Errorf("queue: %s entries of stream %q after %v, up to %v, were trimmed before group %q read them: their messages are lost", how, c.Stream, r[0], r[1], c.Group))
+	return nil
 }

@@ -19,9 +19,9 @@ import (
 // entries trimmed by others "are not silently lost"; unread ones are.
 // Redis 7 can tell (XINFO STREAM's max-deleted-entry-id above the group's
 // last-delivered-id: an entry the group never read was deleted), though
-// not which ids.
+// not which ids. Now logged at ERROR (LogUnread), with the ids that bound
+// them.
 func TestTrimmedUnreadEntriesNoticed(t *testing.T) {
-	t.Skip("design question: should the consumer notice entries trimmed before its group read them (max-deleted-entry-id past last-delivered-id) and log or record the gap, or is the package doc's 'bound a stream with the consumer's trim, not MAXLEN' the answer?")
 	ctx, rdb, db := servers(t, 30*time.Second)
 	if err := rdb.XGroupCreateMkStream(ctx, "s", "g", "$").Err(); err != nil {
 		t.Fatal(err)
@@ -51,6 +51,76 @@ func TestTrimmedUnreadEntriesNoticed(t *testing.T) {
 	}, &state)
 	until(t, 5*time.Second, "a record of the entries trimmed unread", func() (bool, error) {
 		state = logs.String()
-		return logs.has(queue.LogDead, "trimmed"), nil
+		return logs.has(queue.LogUnread, "4 entries of stream"), nil
 	}, &state)
+	// Told once, not at every read.
+	if n := logs.count(queue.LogUnread); n != 1 {
+		t.Errorf("%d %q records, want 1: %s", n, queue.LogUnread, logs)
+	}
+}
+
+// TestDeletedUnreadEntryNoticed: an operator's XDEL of an entry the group
+// had not read yet is told too (max-deleted-entry-id past the group's
+// last delivered), without a count.
+func TestDeletedUnreadEntryNoticed(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	if err := rdb.XGroupCreateMkStream(ctx, "s", "g", "$").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 3 {
+		id, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	entries, err := rdb.XRange(ctx, "s", "-", "+").Result()
+	if err != nil || len(entries) != 3 {
+		t.Fatalf("XRANGE: %v, %d entries", err, len(entries))
+	}
+	if err := rdb.XDel(ctx, "s", entries[1].ID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	logs := &records{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	var state string
+	until(t, 10*time.Second, "the deletion told and the 2 left applied", func() (bool, error) {
+		state = logs.String()
+		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied`)
+		return n == 2 && logs.has(queue.LogUnread, "up to "+entries[1].ID), err
+	}, &state)
+}
+
+// TestOwnTrimNotTakenForUnread: the consumer's own trim deletes what the
+// group read and acknowledged, in batches, down to an empty stream, and
+// entries come after it: nothing was lost, and nothing is told.
+func TestOwnTrimNotTakenForUnread(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	logs := &records{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1", Batch: 2,
+		MinIdle: time.Second, Block: 20 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	var state string
+	for round := 1; round <= 3; round++ {
+		for i := range 5 {
+			if _, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		until(t, 10*time.Second, "every entry applied and trimmed", func() (bool, error) {
+			state = logs.String()
+			n, err := count(ctx, db, `SELECT count(*) FROM queue_applied`)
+			if err != nil || n != int64(5*round) {
+				return false, err
+			}
+			l, err := rdb.XLen(ctx, "s").Result()
+			return l == 0, err
+		}, &state)
+	}
+	if logs.count(queue.LogUnread) != 0 {
+		t.Errorf("the consumer's own trim was told as entries trimmed unread: %s", logs)
+	}
 }
