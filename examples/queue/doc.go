@@ -104,7 +104,11 @@
 // finds its dead letter, is logged as a duplicate and acknowledged,
 // neither applied nor recorded again. To apply such a message, produce it
 // again under an id of its own: under the reused id it is only ever given
-// up on (with its dead letter deleted first, recorded again). Of two
+// up on (with its dead letter deleted first, recorded again). An id
+// given up on (queue_dead) is done as well: a message under it whose
+// fields differ from the dead one's (kept quoted in queue_dead.fields) is
+// given up on as a reused id the same way, and one with the same fields
+// is a retry, a duplicate. Of two
 // messages sharing an id, the one applied is the one the consumer reaches
 // first: the first produced, unless its transaction failed meanwhile and
 // the other came through. queue_applied has held every message's account and amount from

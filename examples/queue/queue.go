@@ -200,6 +200,8 @@ type Message struct {
 	Key     string
 	Account string
 	Amount  int64
+
+	fields string // the entry's fields, quoted, as a dead letter keeps them (see deadAs)
 }
 
 // IDField is the stream entry's field that holds the message's id, which
@@ -928,10 +930,10 @@ func (c *Consumer) doneBefore(ctx context.Context, m Message, token fence.Token,
 		}
 		return nil
 	}
-	var dead bool
-	err = c.DB.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`, c.Stream, m.Key).Scan(&dead)
-	if err == nil && dead {
-		return errDuplicate
+	err = c.deadAs(ctx, c.DB, m, m.fields)
+	var reused *reusedError
+	if errors.Is(err, errDuplicate) || errors.As(err, &reused) {
+		return err
 	}
 	return nil
 }
@@ -962,13 +964,17 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, m Message, toke
 	// neither NUL nor invalid UTF-8: quoted, they are stored, escaped, and
 	// the entry leaves the pending list (copied as they are, the dead
 	// letter failed as the effect did, and the entry stalled the queue).
-	fields := fmt.Sprintf("%q", e.Values)
+	fields := quoted(e.Values)
 	dead := false
 	err = c.fenced()(rctx, c.DB, Resource(c.Stream, m.Key), token, func(tx *sql.Tx) error {
 		// Applied meanwhile (errDuplicate), or with another account or
 		// amount (a *reusedError: another message under that id, not a
 		// redelivery to count as done).
 		if err := c.appliedAs(rctx, tx, m); !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		// Given up on meanwhile, with the same fields or others.
+		if err := c.deadAs(rctx, tx, m, fields); !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
 		if !now {
@@ -1053,14 +1059,10 @@ func (c *Consumer) applyOne(ctx context.Context, m Message, token fence.Token) e
 	dbCtx, cancel := context.WithTimeout(ctx, cmp.Or(c.TxTimeout, DefaultTxTimeout))
 	defer cancel()
 	return c.fenced()(dbCtx, c.DB, Resource(c.Stream, m.Key), token, func(tx *sql.Tx) error {
-		// A message given up on before (queue_dead) is done.
-		var dead bool
-		if err := tx.QueryRowContext(dbCtx, `SELECT EXISTS (SELECT 1 FROM queue_dead WHERE stream = $1 AND msg_id = $2)`,
-			c.Stream, m.Key).Scan(&dead); err != nil {
+		// A message given up on before (queue_dead) is done; another
+		// message under its id is a reused id (see deadAs).
+		if err := c.deadAs(dbCtx, tx, m, m.fields); !errors.Is(err, sql.ErrNoRows) {
 			return err
-		}
-		if dead {
-			return errDuplicate
 		}
 		// So is one applied before: the unique constraint on the key makes
 		// the INSERT a no-op, known by the rows it affected, which every
@@ -1100,11 +1102,16 @@ ON CONFLICT (account) DO UPDATE SET balance = queue_balance.balance + excluded.b
 	})
 }
 
+// quoted is an entry's fields as a dead letter keeps them: the
+// producer's bytes, quoted, since PostgreSQL's text holds neither NUL nor
+// invalid UTF-8 (see giveUp). fmt prints a map sorted by key.
+func quoted(fields map[string]any) string { return fmt.Sprintf("%q", fields) }
+
 // parse returns the message of entry e of stream. If e is malformed, it
 // returns an error and a Message holding ID and Key alone: Key is the
 // entry's message id if it is valid, else the entry id.
 func parse(stream string, e redis.XMessage) (Message, error) {
-	m := Message{ID: e.ID, Key: e.ID}
+	m := Message{ID: e.ID, Key: e.ID, fields: quoted(e.Values)}
 	if v, ok := e.Values[IDField]; ok {
 		id, _ := v.(string)
 		if err := checkID(stream, id); err != nil {

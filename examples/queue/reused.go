@@ -20,25 +20,53 @@ import (
 // if the key was not applied, or the database's error.
 func (c *Consumer) appliedAs(ctx context.Context, q rowQuerier, m Message) error {
 	r := reusedError{stream: c.Stream, m: m}
+	var account string
+	var amount int64
 	err := q.QueryRowContext(ctx, `SELECT account, amount, entry_id FROM queue_applied WHERE stream = $1 AND msg_id = $2`,
-		c.Stream, m.Key).Scan(&r.account, &r.amount, &r.entry)
+		c.Stream, m.Key).Scan(&account, &amount, &r.entry)
 	switch {
 	case err != nil:
 		return err
-	case m.Account == "" || (r.account == m.Account && r.amount == m.Amount):
+	case m.Account == "" || (account == m.Account && amount == m.Amount):
 		return errDuplicate
 	}
+	r.prior = fmt.Sprintf("applied with other content, account %q amount %d", account, amount)
 	return &r
 }
 
-// reusedError is message m, whose id was applied with another account
-// and amount (from entry entry; NULL for a row from before entry_id).
+// deadAs looks m's key up in queue_dead through q, m's entry having
+// fields (as quoted for the dead letter). It returns errDuplicate if the
+// key was given up on with the same fields (a redelivery, or the
+// producer's retry), or as an entry trimmed unread (no fields kept: only
+// that entry has its id as key), a *reusedError if with other fields,
+// sql.ErrNoRows if the key is not there, or the database's error. A
+// message reusing the id of a dead one was taken for a redelivery and
+// acknowledged as a duplicate, neither applied nor recorded
+// (TestReusedIDOfDeadMessageNotDropped); like one reusing an applied id,
+// it is given up on under its own key (giveUpReused), since the id is
+// done.
+func (c *Consumer) deadAs(ctx context.Context, q rowQuerier, m Message, fields string) error {
+	var prior string
+	var entry sql.NullString
+	err := q.QueryRowContext(ctx, `SELECT fields, entry_id FROM queue_dead WHERE stream = $1 AND msg_id = $2`,
+		c.Stream, m.Key).Scan(&prior, &entry)
+	switch {
+	case err != nil:
+		return err
+	case prior == fields || prior == "":
+		return errDuplicate
+	}
+	return &reusedError{stream: c.Stream, m: m, entry: entry, prior: "given up on with other fields, " + prior}
+}
+
+// reusedError is message m, whose id was applied, or given up on, with
+// other content (prior says which; from entry entry; NULL for a row from
+// before entry_id).
 type reusedError struct {
-	stream  string
-	m       Message
-	account string
-	amount  int64
-	entry   sql.NullString
+	stream string
+	m      Message
+	prior  string
+	entry  sql.NullString
 }
 
 func (e *reusedError) Error() string {
@@ -46,9 +74,9 @@ func (e *reusedError) Error() string {
 	if !e.entry.Valid {
 		entry = e.m.Key // a row from before entry_id: its key is its entry id
 	}
-	return fmt.Sprintf("queue: message id %q of stream %q was applied with other content, account %q amount %d (entry %s); "+
+	return fmt.Sprintf("queue: message id %q of stream %q was %s (entry %s); "+
 		"this entry %s has account %q amount %d: not a redelivery, and not applied under that id",
-		e.m.Key, e.stream, e.account, e.amount, entry, e.m.ID, e.m.Account, e.m.Amount)
+		e.m.Key, e.stream, e.prior, entry, e.m.ID, e.m.Account, e.m.Amount)
 }
 
 // reusedKey is the key under which message m, whose id was applied with
@@ -91,7 +119,7 @@ func (c *Consumer) giveUpReused(ctx context.Context, e redis.XMessage, m Message
 	}
 	res, err := c.DB.ExecContext(ctx, `INSERT INTO queue_dead (stream, msg_id, entry_id, fields, deliveries, error, token, consumer)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`,
-		c.Stream, reusedKey(m), e.ID, fmt.Sprintf("%q", e.Values), deliveries, r.Error(), int64(token), c.Name)
+		c.Stream, reusedKey(m), e.ID, quoted(e.Values), deliveries, r.Error(), int64(token), c.Name)
 	if err != nil {
 		return fmt.Errorf("queue: dead letter of %s: %w", e.ID, err)
 	}
