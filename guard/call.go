@@ -15,18 +15,27 @@ import (
 // Middleware and Gate hand it to the store (see WithCall).
 const CallHeader = "Fence-Call"
 
-// RecordedCallHeader carries the call id that a store recorded a call
-// under: Middleware sets it on the answer to a call the store accepted if
-// that answer is a redirect (3xx, committed), and Gate on the answer of a
-// call it admitted, to the id they handed the store (a digest of the
-// request's Fence-Call, method, target and body; see Middleware). Transport sends it back on the
-// requests that http.Client makes to follow a redirect from that answer,
-// and Middleware and Gate hand the Fence-Recorded-Call of a GET or HEAD
-// request (what http.Client sends after a 301, 302 or 303) to the store as
-// it is: the follow-up is the call it follows, a replay on the resource
-// that accepted it. A request of another method is handed over under its
-// own digest, so that a write is not told that another request was
-// applied.
+// RecordedCallHeader carries the call ids that stores recorded a call
+// under, one a layer: Middleware adds its id to the answer to a call its
+// store accepted if that answer is a redirect (3xx, committed), and Gate to
+// the answer of a call it admitted, the id they handed the store (a digest
+// of the request's Fence-Call, method, target and, for Middleware, body;
+// see Middleware). Each adds its id to those already there, rather than
+// replace them: with Gate in front of Middleware (in one process, or with
+// a reverse proxy between them, which copies the upstream's values after
+// Gate's) the answer carries both, each layer's store having recorded its
+// own. Transport sends them back on the requests that http.Client makes
+// to follow a redirect from that answer, and Middleware and Gate find a
+// GET or HEAD request (what http.Client sends after a 301, 302 or 303)
+// carrying them to be the call it follows, a replay on the resource that
+// accepted it, if their store recorded any one of them with the request's
+// token. A request of another method is handed over under its own digest,
+// so that a write is not told that another request was applied.
+//
+// The header is a list: repeated, one id a line, or ids separated by
+// commas. At most 4 ids (maxRecordedCalls), each a valid call id (see
+// ErrInvalidCall): a request carrying more, an empty one or an invalid one
+// is answered 400, and Transport takes nothing from an answer that does.
 const RecordedCallHeader = "Fence-Recorded-Call"
 
 // ReplayedHeader is set on the answer to a resend of a call that a store
@@ -37,6 +46,12 @@ const ReplayedHeader = "Fence-Replayed"
 
 // maxCallBytes bounds a call id; Transport's are 32 bytes.
 const maxCallBytes = 128
+
+// maxRecordedCalls bounds the ids of a Fence-Recorded-Call list: one for
+// each fenced layer a call went through (Gate in front of Middleware is
+// two), with room to spare. Middleware and Gate may ask their store once
+// per id, so it also bounds what one request can cost the store.
+const maxRecordedCalls = 4
 
 type callKey struct{}
 

@@ -233,9 +233,10 @@ const (
 // resource cannot be chosen or its token is missing, malformed (see
 // ParseToken), sent twice, or too far ahead of the clock (see
 // HTTPOptions.MaxAhead), or its Fence-Call header is sent twice or is
-// not a call id (see ErrInvalidCall), then with 413 or 400 when its body
-// is too large or cannot be read; and with 409 when the store finds the
-// token stale. These answers carry an application/problem+json body.
+// not a call id (see ErrInvalidCall), or its Fence-Recorded-Call list
+// holds more than 4 ids, an empty one or one that is not a call id; then
+// with 413 or 400 when its body is too large or cannot be read; and with
+// 409 when the store finds the token stale. These answers carry an application/problem+json body.
 //
 // The request's Fence-Call header (CallHeader), which Transport sends, is
 // handed to the store as the call id (WithCall). A request with the last
@@ -253,13 +254,16 @@ const (
 // draft's 422 for a reused key would need the store to keep the digest
 // apart from the id.) With a negative MaxBody the body is not covered.
 // A committed redirect (3xx) carries the id handed to the store in its
-// Fence-Recorded-Call header (RecordedCallHeader), and a GET or HEAD
-// request that carries one is handed to the store under it, as it is:
-// Transport sends it on the request that follows a redirect, which is the
-// same call (see Transport), and which after Middleware's 301, 302 or 303
-// is a GET or a HEAD. Like Fence-Call, it is the client's word: a client
-// that sends another call's recorded id with that call's token on a GET
-// or HEAD is told that call was applied, not refused. A request of
+// Fence-Recorded-Call list (RecordedCallHeader), after the ids already
+// there (an outer Gate's, or an inner layer's that the handler's answer
+// carries), and a GET or HEAD request that carries a list is handed to the
+// store under its ids, as they are, one after the other until the store
+// does not find the token spent by another call (at most 4 asks):
+// Transport sends the list on the request that follows a redirect, which
+// is the same call (see Transport), and which after Middleware's 301, 302
+// or 303 is a GET or a HEAD. Like Fence-Call, it is the client's word: a
+// client that sends another call's recorded id with that call's token on
+// a GET or HEAD is told that call was applied, not refused. A request of
 // another method is handed over under its digest, header or not, so that
 // a write is never told that another request was applied.
 //
@@ -271,7 +275,7 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			resource, token, call, ok := g.admit(w, r)
+			resource, token, call, recorded, ok := g.admit(w, r)
 			if !ok {
 				return
 			}
@@ -285,16 +289,17 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 			var buf *responseBuffer
 			var p recovered
 			var handed *http.Request // the copy the last run was given
-			id := requestCall(call, r, g.maxBody >= 0)
-			err := store.Do(WithCall(r.Context(), id), g.namespace+resource, token, func(ctx context.Context) error {
-				removeForm(handed, r)
-				g.decided(resource, token, fence.GuardAccept)
-				buf, p = &responseBuffer{header: make(http.Header)}, recovered{}
-				handed = r.WithContext(ctx)
-				if r.GetBody != nil && g.maxBody >= 0 {
-					handed.Body, _ = r.GetBody() // the bytes read ahead, from the start
-				}
-				return serve(next, buf, handed, &p)
+			id, err := tryCalls(requestCalls(call, recorded, r, g.maxBody >= 0), token, func(id string) error {
+				return store.Do(WithCall(r.Context(), id), g.namespace+resource, token, func(ctx context.Context) error {
+					removeForm(handed, r)
+					g.decided(resource, token, fence.GuardAccept)
+					buf, p = &responseBuffer{header: make(http.Header)}, recovered{}
+					handed = r.WithContext(ctx)
+					if r.GetBody != nil && g.maxBody >= 0 {
+						handed.Body, _ = r.GetBody() // the bytes read ahead, from the start
+					}
+					return serve(next, buf, handed, &p)
+				})
 			})
 			removeForm(handed, r)
 			if err == nil && buf == nil {
@@ -309,8 +314,17 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 			case err == nil:
 				if id != "" && buf.status >= 300 {
 					// Transport reads it only from a redirect's answer:
-					// on others it would cost allocations and bytes.
-					buf.header.Set(RecordedCallHeader, id)
+					// on others it would cost allocations and bytes. The
+					// ids of an outer Gate (set on w) and of inner layers
+					// (in the handler's answer) stay: each of those
+					// stores recorded the call under its own.
+					inner := buf.header.Values(RecordedCallHeader)
+					buf.header.Del(RecordedCallHeader)
+					for _, ids := range [][]string{w.Header().Values(RecordedCallHeader), inner, {id}} {
+						for _, v := range ids {
+							addRecorded(buf.header, v)
+						}
+					}
 				}
 				buf.sendTo(w)
 			case errors.Is(err, errHandlerStatus):
@@ -325,27 +339,30 @@ func Middleware(store Store, opts HTTPOptions) func(http.Handler) http.Handler {
 	}
 }
 
-// requestCall returns the call id that Middleware and Gate hand the store
-// for a request with Fence-Call call: a digest of call with the request's
-// method, target (path and query) and, if withBody, the body read ahead
-// (r.GetBody), so that a caller that sent two different requests with one
-// Fence-Call (one Idempotency-Key, from which Transport derives it) is not
-// told the second was applied: it is another call, stale with that token.
-// A resend, byte for byte the same request, is the same call. "" stays "".
-// A GET or HEAD that carries Fence-Recorded-Call is handed over under that
-// id, as it is (see RecordedCallHeader).
-func requestCall(call string, r *http.Request, withBody bool) string {
-	if recorded := r.Header.Get(RecordedCallHeader); recorded != "" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+// requestCalls returns the call ids that Middleware and Gate hand the
+// store for a request with Fence-Call call and Fence-Recorded-Call list
+// recorded, to be tried in turn (see tryCalls). Most requests have one: a
+// digest of call with the request's method, target (path and query) and,
+// if withBody, the body read ahead (r.GetBody), so that a caller that sent
+// two different requests with one Fence-Call (one Idempotency-Key, from
+// which Transport derives it) is not told the second was applied: it is
+// another call, stale with that token. A resend, byte for byte the same
+// request, is the same call. Without call the one id is "", none. A GET
+// or HEAD that carries a list is handed over under its ids, as they are
+// (see RecordedCallHeader).
+func requestCalls(call string, recorded []string, r *http.Request, withBody bool) []string {
+	if len(recorded) > 0 && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		// A redirect's follow-up, sent by Transport: the call it follows,
-		// under the id the store recorded it with (admit checked it).
-		// Middleware commits no 307 or 308, so a follow-up of its answer
-		// is what http.Client sends after a 301, 302 or 303: a GET or a
-		// HEAD. A write carrying the header is covered by its digest, so
-		// that it is not told that another request was applied.
+		// under the ids the stores of the layers it went through recorded
+		// it with (admit checked them). Middleware commits no 307 or 308,
+		// so a follow-up of its answer is what http.Client sends after a
+		// 301, 302 or 303: a GET or a HEAD. A write carrying the header is
+		// covered by its digest, so that it is not told that another
+		// request was applied.
 		return recorded
 	}
 	if call == "" {
-		return ""
+		return []string{""}
 	}
 	h := sha256.New()
 	for _, part := range []string{call, r.Method, r.URL.RequestURI()} {
@@ -357,7 +374,46 @@ func requestCall(call string, r *http.Request, withBody bool) string {
 			_ = body.Close()
 		}
 	}
-	return "req-" + hex.EncodeToString(h.Sum(nil)[:16])
+	return []string{"req-" + hex.EncodeToString(h.Sum(nil)[:16])}
+}
+
+// tryCalls asks the store (ask) with each of ids in turn, until it answers
+// other than a *StaleError that leaves token the last accepted one (the
+// token spent by another call, as far as that id goes), and returns the
+// id it stopped at and the store's answer. A stale token (a newer one
+// accepted) ends it at the first id: no id makes it less stale.
+//
+// A follow-up's ids are one a layer that recorded the call, and each store
+// knows only its own, so each layer must try them all. Trying them gives
+// the holder of the token nothing it could not get by sending the request
+// once per id, each with that one id in its header, and stopping at the
+// first answer that is not stale: a *StaleError records nothing (Store and
+// Acceptor), so the asks that came before change nothing, and the one
+// that decides is the very ask such a request would make. An id that the
+// store did not record with this token on this resource is not the call:
+// alone it is stale, and in a list it is passed over; a lower token is
+// stale whatever the ids.
+func tryCalls(ids []string, token fence.Token, ask func(id string) error) (string, error) {
+	var err error
+	for _, id := range ids {
+		err = ask(id)
+		var stale *StaleError
+		if !errors.As(err, &stale) || stale.Last > token {
+			return id, err
+		}
+	}
+	return ids[len(ids)-1], err
+}
+
+// addRecorded adds id to h's Fence-Recorded-Call list, unless it is there
+// already (two layers on one store, under one namespace).
+func addRecorded(h http.Header, id string) {
+	for _, v := range h.Values(RecordedCallHeader) {
+		if v == id {
+			return
+		}
+	}
+	h.Add(RecordedCallHeader, id)
 }
 
 // removeForm removes the temporary files of a multipart form that the
@@ -388,12 +444,16 @@ func removeForm(handed, r *http.Request) {
 // or still be running), it is answered 409 with Fence-Replayed: admitted
 // and a Problem of type ProblemAdmitted, not 200: the caller reads the
 // state to learn the outcome. The answer of an admitted call carries the
-// id handed to the store in RecordedCallHeader, as Middleware's committed
-// redirects do (Gate sets it before the handler chooses its status): a
-// redirect that Transport follows from it to a page behind Gate on the
-// same resource, with a GET or HEAD, is answered so too (409,
-// Fence-Replayed: admitted), the handler's redirect not shown to the
-// caller.
+// id handed to the store in its RecordedCallHeader list, as Middleware's
+// committed redirects do (Gate adds it before the handler chooses its
+// status, after an outer layer's): a redirect that Transport follows from
+// it to a page behind Gate on the same resource, with a GET or HEAD, is
+// answered so too (409, Fence-Replayed: admitted), the handler's redirect
+// not shown to the caller. With Middleware behind Gate, in the same
+// process or through a reverse proxy (which copies the upstream's ids
+// after Gate's), the answer carries both layers' ids, and the follow-up is
+// Gate's 409 admitted, not stale: each layer tries every id of the list
+// (see Middleware).
 //
 // Gate panics if opts.Resource is nil, opts.Namespace is invalid or
 // opts.Observer holds a nil pointer, as Middleware does.
@@ -401,12 +461,14 @@ func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 	g := newHTTPGuard(opts)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			resource, token, call, ok := g.admit(w, r)
+			resource, token, call, recorded, ok := g.admit(w, r)
 			if !ok {
 				return
 			}
-			id := requestCall(call, r, false)
-			if err := a.Accept(WithCall(r.Context(), id), g.namespace+resource, token); err != nil {
+			id, err := tryCalls(requestCalls(call, recorded, r, false), token, func(id string) error {
+				return a.Accept(WithCall(r.Context(), id), g.namespace+resource, token)
+			})
+			if err != nil {
 				if errors.Is(err, ErrReplayed) {
 					g.admittedBefore(w, r, resource, token, err)
 					return
@@ -416,7 +478,9 @@ func Gate(a Acceptor, opts HTTPOptions) func(http.Handler) http.Handler {
 			}
 			g.decided(resource, token, fence.GuardAccept)
 			if id != "" {
-				w.Header().Set(RecordedCallHeader, id)
+				// Added, not set: an outer layer's id stays, its store
+				// having recorded the call under it.
+				addRecorded(w.Header(), id)
 			}
 			next.ServeHTTP(w, r)
 		})
@@ -466,9 +530,9 @@ func newHTTPGuard(o HTTPOptions) *httpGuard {
 	return g
 }
 
-// admit chooses the request's resource and reads its token and call id;
-// when one is unusable it answers 400 and returns false.
-func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence.Token, string, bool) {
+// admit chooses the request's resource and reads its token, call id and
+// recorded call ids; when one is unusable it answers 400 and returns false.
+func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence.Token, string, []string, bool) {
 	resource, err := g.resource(r)
 	if err == nil && resource == "" {
 		// Not a resource but a chooser's mistake (r.PathValue before the
@@ -483,7 +547,7 @@ func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence
 		g.debug(r, "guard: no fenced resource for the request", err)
 		writeProblem(w, Problem{Type: ProblemResource, Title: "No fenced resource", Status: http.StatusBadRequest,
 			Detail: "The server could not tell which fenced resource this request is for."})
-		return "", 0, "", false
+		return "", 0, "", nil, false
 	}
 	token, err := g.token(r)
 	if err != nil {
@@ -492,20 +556,22 @@ func (g *httpGuard) admit(w http.ResponseWriter, r *http.Request) (string, fence
 			Detail: "Send one " + TokenHeader + " header: the lease's token, a decimal number from 1 to " +
 				strconv.FormatInt(1<<63-1, 10) + ", not far ahead of the server's clock.",
 			Resource: resource})
-		return "", 0, "", false
+		return "", 0, "", nil, false
 	}
 	call, err := headerCall(r.Header, CallHeader)
+	var recorded []string
 	if err == nil {
-		_, err = headerCall(r.Header, RecordedCallHeader) // read by requestCall
+		recorded, err = recordedCalls(r.Header)
 	}
 	if err != nil {
 		g.debug(r, "guard: invalid call id", err, slog.String("resource", resource))
 		writeProblem(w, Problem{Type: ProblemCall, Title: "Invalid call id", Status: http.StatusBadRequest,
-			Detail:   "Send at most one " + CallHeader + " and one " + RecordedCallHeader + " header: 1 to 128 ASCII letters, digits, '-', '_', '.' or ':'.",
+			Detail: "Send at most one " + CallHeader + " header and at most " + strconv.Itoa(maxRecordedCalls) + " ids in " + RecordedCallHeader +
+				", each 1 to 128 ASCII letters, digits, '-', '_', '.' or ':'.",
 			Resource: resource, Token: token})
-		return "", 0, "", false
+		return "", 0, "", nil, false
 	}
-	return resource, token, call, true
+	return resource, token, call, recorded, true
 }
 
 // headerCall returns the call id of h's header name, "" if there is none,
@@ -523,6 +589,34 @@ func headerCall(h http.Header, name string) (string, error) {
 	default:
 		return "", fmt.Errorf("%w: want at most one %s header, got %d", ErrInvalidCall, name, len(v))
 	}
+}
+
+// recordedCalls returns the ids of h's Fence-Recorded-Call list (header
+// lines, each one id or ids separated by commas), nil if there is none,
+// and an error matching ErrInvalidCall, with no ids, if it holds more than
+// maxRecordedCalls, an empty one or one that is not a call id. Checked
+// whole, as Fence-Call is: a list that is partly wrong was not made by
+// Middleware, Gate or Transport, and would only be read by guessing.
+func recordedCalls(h http.Header) ([]string, error) {
+	lines := h.Values(RecordedCallHeader)
+	if len(lines) == 0 {
+		return nil, nil
+	}
+	var ids []string
+	for _, line := range lines {
+		for id := range strings.SplitSeq(line, ",") {
+			if id = strings.Trim(id, " \t"); id == "" {
+				return nil, fmt.Errorf("%w: an empty id in %s", ErrInvalidCall, RecordedCallHeader)
+			}
+			if err := checkCall(id); err != nil {
+				return nil, err
+			}
+			if ids = append(ids, id); len(ids) > maxRecordedCalls {
+				return nil, fmt.Errorf("%w: more than %d ids in %s", ErrInvalidCall, maxRecordedCalls, RecordedCallHeader)
+			}
+		}
+	}
+	return ids, nil
 }
 
 // readBody reads r's body, up to g.maxBody bytes, and returns a shallow
@@ -836,9 +930,12 @@ func (b *responseBuffer) sendTo(w http.ResponseWriter) {
 // A redirect that http.Client follows is part of the call it follows: the
 // follow-up (the GET after a 301, 302 or 303; the request resent, body
 // and all, after a 307 or 308) goes out with that call's token and call
-// id, and with the id the store recorded the call under, if one did
-// (RecordedCallHeader, taken from the redirect's answer, never from the
-// caller's request). After a fenced POST that Middleware applied and
+// id, and with the ids the stores recorded the call under, if any did
+// (the RecordedCallHeader list, all of it, one id for each fenced layer
+// that answered: Gate's and Middleware's behind it; taken from the
+// redirect's answer, never from the caller's request; nothing is taken
+// from a list that holds more than 4 ids, an empty one or an invalid
+// one). After a fenced POST that Middleware applied and
 // answered 303, a page fenced on the same resource answers the follow-up
 // as a replay of the applied call (200, Fence-Replayed: true, a ProblemReplayed body, the
 // page's handler not run; behind Gate: 409, Fence-Replayed: admitted):
@@ -986,8 +1083,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			delete(req.Header, k)
 		}
 	}
-	if recorded != "" {
-		req.Header.Set(RecordedCallHeader, recorded)
+	if len(recorded) > 0 {
+		req.Header[RecordedCallHeader] = recorded
 	}
 	base := t.Base
 	if base == nil {
@@ -1130,18 +1227,19 @@ func callOf(h http.Header) string {
 // redirect (req.Response is the redirect's answer), the call id that the
 // request it follows was sent with (the header Transport set on its clone,
 // which net/http's Transport returns as Response.Request, and RoundTrip
-// sets there where a Base did not), and the id a store recorded the call
-// under: the one the redirect's answer carries, else the one the request
-// it follows carried (through a page that is not fenced). Both are "" for
-// a request that follows none.
-func followed(req *http.Request) (call, recorded string) {
+// sets there where a Base did not), and the ids stores recorded the call
+// under: the list the redirect's answer carries, if it is a valid one
+// (see recordedCalls), else the one the request it follows carried
+// (through a page that is not fenced). Both are empty for a request that
+// follows none.
+func followed(req *http.Request) (call string, recorded []string) {
 	if !isFollowUp(req) {
-		return "", ""
+		return "", nil
 	}
 	prev := req.Response.Request
 	call = oneCall(prev.Header, CallHeader)
-	if recorded = oneCall(req.Response.Header, RecordedCallHeader); recorded == "" {
-		recorded = oneCall(prev.Header, RecordedCallHeader)
+	if recorded, _ = recordedCalls(req.Response.Header); recorded == nil {
+		recorded, _ = recordedCalls(prev.Header)
 	}
 	return call, recorded
 }

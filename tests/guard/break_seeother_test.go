@@ -504,13 +504,17 @@ func TestReusedFollowUpIsNotTheCall(t *testing.T) {
 
 // TestRecordedCallHeaderChecked: Middleware checks a request's
 // Fence-Recorded-Call as it checks Fence-Call, before the store is asked:
-// sent twice, empty or not a call id, it is answered 400 and the handler
-// does not run. (A check of this change: without it, the first of two
-// headers went to the store and the handler ran.)
+// empty or not a call id, it is answered 400 and the handler does not run.
+// (A check of this change: without it, the first of two headers went to
+// the store and the handler ran.) The header is a list now, one id for
+// each layer that recorded the call (two lines are no longer refused), and
+// it is checked whole: more than 4 ids, in lines or separated by commas,
+// or one empty or invalid id among valid ones, is 400.
 func TestRecordedCallHeaderChecked(t *testing.T) {
 	ran := 0
 	h := guard.Middleware(&guard.MemoryStore{}, guard.HTTPOptions{Resource: oneResource})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran++ }))
-	for i, values := range [][]string{{"req-a", "req-b"}, {""}, {"req a"}} {
+	for i, values := range [][]string{{""}, {"req a"}, {"req-a", "req-b", "req-c", "req-d", "req-e"}, {"req-a,req-b, req-c,\treq-d,req-e"},
+		{"req-a", "req-b,req-c", "req-d", "req-e"}, {"req-a", "req b"}, {"req-a", ""}, {"req-a,,req-b"}, {"req-a,"}, {"req-a", strings.Repeat("x", 129)}} {
 		req := httptest.NewRequest(http.MethodGet, "/payments/1001", nil)
 		req.Header.Set(guard.TokenHeader, strconv.Itoa(i+1))
 		req.Header[guard.RecordedCallHeader] = values
