@@ -152,11 +152,15 @@
 // id, or another request under the same id, with the same token is stale,
 // as the rule says. A redirect that http.Client follows is part of the
 // same call: Transport sends the follow-up with the first request's call
-// id and the id the store recorded it under (RecordedCallHeader, which
-// Middleware sets on a committed redirect and Gate on an admitted call's
-// answer), so that a POST answered 303 after its write, followed by a GET
-// to a page fenced on the same resource, returns Middleware's 200 with Fence-Replayed: true (Gate's
-// 409 admitted), not 409 stale for a write that committed. To see the
+// id and the ids the stores recorded it under (the RecordedCallHeader
+// list, to which Middleware adds its id on a committed redirect and Gate
+// on an admitted call's answer, one id a layer: Gate in front of
+// Middleware, in one process or through a reverse proxy, gives two), so
+// that a POST answered 303 after its write, followed by a GET to a page
+// fenced on the same resource, returns Middleware's 200 with
+// Fence-Replayed: true (Gate's 409 admitted), not 409 stale for a write
+// that committed: each layer finds the follow-up the call if its store
+// recorded any one of the listed ids with the request's token. To see the
 // redirect's page itself, set the Client's CheckRedirect to return
 // http.ErrUseLastResponse and send a request of its own. SQLStore keeps the call id in
 // fence_tokens' call_id column: CreateTables adds it to a table made
