@@ -122,15 +122,16 @@ func TestSeeOtherThroughGateInFrontOfMiddleware(t *testing.T) {
 // /payments/1001/approve, and 7 one to /receipts/1001/approve. Only a GET
 // with the last token, carrying a list that holds one of the ids its own
 // call on this resource was recorded under, is answered as that call
-// (Gate's 409 admitted); the page never runs. Refused: a GET without the
-// header, or with the ids of the call of a lower token, of another
-// token's call, of the same token's call on another resource, or forged
-// ids around them (409 stale; with two header lines or more these were
-// 400 before, the header then holding one id); more than 4 ids, a
-// malformed or an empty member (400, as before). What failed before: the
-// token's own ids after a forged one were refused 400 as two headers;
-// Gate now asks its store with the forged id (stale, the token spent by
-// another call) and then with its own.
+// (Gate's 409 admitted); the page never runs. 409 stale: a GET without
+// the header, or with the ids of a lower token's call, of another token's
+// call, of the same token's call on another resource, or forged ids
+// around them; a DELETE with the token's own ids (a write is handed over
+// under its digest). 400: more than 4 ids, a malformed or an empty member.
+// Before the list, the 400s were the same, and every list of two ids or
+// more was 400 too (two headers): the stale cases were refused all the
+// same, but the token's own ids after a forged one, the case that failed,
+// were 400 instead of the call; Gate now asks its store with the forged
+// id (stale, the token spent by another call) and then with its own.
 func TestRecordedListAttacksThroughGateAndMiddleware(t *testing.T) {
 	for _, how := range []string{"proxy", "in-process"} {
 		t.Run(how, func(t *testing.T) {
@@ -140,26 +141,32 @@ func TestRecordedListAttacksThroughGateAndMiddleware(t *testing.T) {
 			receipt7 := l.approve(t, "/receipts/1001", 7, "approve-7")
 			for _, tc := range []struct {
 				name     string
+				method   string // "" is GET
 				token    int
 				recorded []string
 				status   int
 				problem  string
 				last     string // the last accepted token the 409 stale names
 			}{
-				{"no header", 7, nil, http.StatusConflict, guard.ProblemStale, "7"},
-				{"lower token with its own call's ids", 5, ids5, http.StatusConflict, guard.ProblemStale, "7"},
-				{"the other call's ids", 7, ids5, http.StatusConflict, guard.ProblemStale, "7"},
-				{"the ids of its call on another resource", 7, receipt7, http.StatusConflict, guard.ProblemStale, "7"},
-				{"forged ids around another call's", 7, []string{"req-forged", ids5[0], "req-x," + ids5[1]}, http.StatusConflict, guard.ProblemStale, "7"},
-				{"5 ids", 7, []string{ids7[0], ids7[1], "a", "b", "c"}, http.StatusBadRequest, guard.ProblemCall, ""},
-				{"5 ids on one line", 7, []string{strings.Join([]string{ids7[0], ids7[1], "a", "b", "c"}, ", ")}, http.StatusBadRequest, guard.ProblemCall, ""},
-				{"a malformed member", 7, []string{ids7[0], ids7[1] + " x"}, http.StatusBadRequest, guard.ProblemCall, ""},
-				{"an empty member", 7, []string{ids7[0] + ",", ids7[1]}, http.StatusBadRequest, guard.ProblemCall, ""},
-				{"its own call's ids after a forged one", 7, []string{"req-forged", ids7[1], ids7[0]}, http.StatusConflict, guard.ProblemAdmitted, ""},
+				{"no header", "", 7, nil, http.StatusConflict, guard.ProblemStale, "7"},
+				{"lower token with its own call's ids", "", 5, ids5, http.StatusConflict, guard.ProblemStale, "7"},
+				{"the other call's ids", "", 7, ids5, http.StatusConflict, guard.ProblemStale, "7"},
+				{"the ids of its call on another resource", "", 7, receipt7, http.StatusConflict, guard.ProblemStale, "7"},
+				{"forged ids around another call's", "", 7, []string{"req-forged", ids5[0], "req-x," + ids5[1]}, http.StatusConflict, guard.ProblemStale, "7"},
+				{"5 ids", "", 7, []string{ids7[0], ids7[1], "a", "b", "c"}, http.StatusBadRequest, guard.ProblemCall, ""},
+				{"5 ids on one line", "", 7, []string{strings.Join([]string{ids7[0], ids7[1], "a", "b", "c"}, ", ")}, http.StatusBadRequest, guard.ProblemCall, ""},
+				{"a malformed member", "", 7, []string{ids7[0], ids7[1] + " x"}, http.StatusBadRequest, guard.ProblemCall, ""},
+				{"an empty member", "", 7, []string{ids7[0] + ",", ids7[1]}, http.StatusBadRequest, guard.ProblemCall, ""},
+				{"a DELETE with its own call's ids", http.MethodDelete, 7, ids7, http.StatusConflict, guard.ProblemStale, "7"},
+				{"its own call's ids after a forged one", "", 7, []string{"req-forged", ids7[1], ids7[0]}, http.StatusConflict, guard.ProblemAdmitted, ""},
 			} {
-				resp, body := l.send(t, http.MethodGet, "/payments/1001", tc.token, "approve-"+strconv.Itoa(tc.token), tc.recorded...)
+				method := tc.method
+				if method == "" {
+					method = http.MethodGet
+				}
+				resp, body := l.send(t, method, "/payments/1001", tc.token, "approve-"+strconv.Itoa(tc.token), tc.recorded...)
 				if resp.StatusCode != tc.status || !strings.Contains(body, tc.problem) || tc.last != "" && !strings.Contains(body, `"last_accepted_token":`+tc.last) {
-					t.Errorf("%s (token %d, %s %q): %d %s; want %d %s, last accepted %s", tc.name, tc.token, guard.RecordedCallHeader, tc.recorded,
+					t.Errorf("%s (%s, token %d, %s %q): %d %s; want %d %s, last accepted %s", tc.name, method, tc.token, guard.RecordedCallHeader, tc.recorded,
 						resp.StatusCode, body, tc.status, tc.problem, tc.last)
 				}
 			}
