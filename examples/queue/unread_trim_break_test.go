@@ -67,13 +67,10 @@ func TestDeletedUnreadEntryNoticed(t *testing.T) {
 	if err := rdb.XGroupCreateMkStream(ctx, "s", "g", "$").Err(); err != nil {
 		t.Fatal(err)
 	}
-	var ids []string
 	for i := range 3 {
-		id, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1))
-		if err != nil {
+		if _, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1)); err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, id)
 	}
 	entries, err := rdb.XRange(ctx, "s", "-", "+").Result()
 	if err != nil || len(entries) != 3 {
