@@ -7,9 +7,12 @@
 // Usage:
 //
 //	etcdmain CONFIG.yaml
+//	etcdmain restore [-bump-revision N -mark-compacted] SNAPSHOT CONFIG.yaml
 //
-// It exits when the server stops or fails, and on SIGTERM or SIGINT after
-// closing the server.
+// The first runs the member. It exits when the server stops or fails, and
+// on SIGTERM or SIGINT after closing the server. The second makes the
+// member's data dir from a snapshot, as etcdutl snapshot restore does, and
+// exits.
 package main
 
 import (
@@ -21,9 +24,21 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
+const (
+	usage        = "etcdmain CONFIG.yaml"
+	restoreUsage = "etcdmain restore [-bump-revision N -mark-compacted] SNAPSHOT CONFIG.yaml"
+)
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "restore" {
+		if err := restore(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "etcdmain restore:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: etcdmain CONFIG.yaml")
+		fmt.Fprintln(os.Stderr, "usage: "+usage+"\n       "+restoreUsage)
 		os.Exit(2)
 	}
 	cfg, err := embed.ConfigFromFile(os.Args[1])
