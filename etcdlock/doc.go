@@ -43,8 +43,11 @@
 // compacted (etcdlock's holders and waiters read again and go on). Locks
 // held when the backup was taken come back held, by their holder if it
 // still holds them, else by nobody until their etcd lease expires, a lease
-// time after the restore; holders and waiters whose keys were made after
-// the backup lose their lease (fence.ErrLeaseLost).
+// time after the restore, or until the Locker that released them reuses
+// that etcd lease (kept, see below), which deletes the key first rather
+// than take it for its own: its token was the old revision, 2 after 12,
+// whatever the bump. Holders and waiters whose keys were made after the
+// backup lose their lease (fence.ErrLeaseLost).
 //
 // A resource that lives in etcd itself can do better than compare tokens:
 // a Txn guarded by IsOwner writes only while the lease's key still exists as

@@ -456,7 +456,8 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	// An etcd lease kept from a lock this Locker released saves the Grant
 	// (a Raft commit) on the way in, as the Revoke it replaced saved one on
 	// the way out. If it was revoked behind the Locker's back, the create
-	// Txn fails with ErrLeaseNotFound, having written nothing: grant one.
+	// Txn fails with ErrLeaseNotFound, having written nothing, and if a
+	// restore brought back a key on it, create gives it back: grant one.
 	sp, reused := l.takeSpare(ttl)
 	lates := 0 // late takes in a row
 	// tctx is the context of the try's calls: ctx for the first try, as
@@ -481,7 +482,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			sp.id, sp.granted = g.ID, time.Duration(g.TTL)*time.Second
 		}
 		lease, err := l.create(ctx, tctx, name, pfx, sp, watchdog, o.Wait, budget)
-		if reused && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		if reused && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errKeyRestored)) {
 			reused = false
 			continue
 		}
@@ -586,6 +587,15 @@ func (l *Locker) create(ctx, tctx context.Context, name, pfx string, sp spare, w
 		if len(mine) == 0 {
 			giveUp()
 			return nil, fmt.Errorf("etcdlock: create %s: %w", key, errors.New("the key vanished"))
+		}
+		if attempts == 1 {
+			// No attempt of this Acquire made it: a restore from a
+			// backup brought it back on a kept etcd lease that held it
+			// when the backup was taken, with that create revision, far
+			// below the tokens issued since (the token was 2 after 12,
+			// whatever --bump-revision). The give-back deletes it.
+			giveUp()
+			return nil, fmt.Errorf("etcdlock: create %s: %w", key, errKeyRestored)
 		}
 		rev = mine[0].CreateRevision
 		owner := resp.Responses[1].GetResponseRange().Kvs
@@ -726,6 +736,10 @@ func (l *Locker) isClosed() bool {
 // errAttemptTimedOut is the cause with which try cancels an attempt that
 // took longer than its timeout.
 var errAttemptTimedOut = errors.New("etcdlock: attempt timed out")
+
+// errKeyRestored is in the error of a create whose first attempt found its
+// key there already (see create).
+var errKeyRestored = errors.New("the key was there before its create: a restore from a backup brought it back")
 
 // errLateReply is in the error of a create that took the lock past the
 // lease's deadline: it gives no lease (see create).
