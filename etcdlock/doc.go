@@ -22,32 +22,34 @@
 // revision is the lease's fence.Token. Revisions are etcd's global write
 // counter: they only grow, across leader elections and restarts from the
 // data dir, and a key created later has a greater one, so each holder's
-// token is greater than every earlier holder's. They do not survive a
-// restore from a backup, which takes them back to the backup's revision:
-// restored with etcdutl snapshot restore alone, the next holder's token
-// was 4 after 12 had been issued since the backup, and a resource refuses
-// the new holder (or, if its record was restored too, accepts a stale
-// one). Restore every member with etcdutl snapshot restore --bump-revision
-// N --mark-compacted instead, N at least the writes made since the backup
-// (the highest revision the cluster reached, less the backup's, which
-// etcdutl snapshot status shows): the next token is then above every token
-// issued (with N 2 short of that, it was 12 again, a token already
-// issued). After a disk loss the highest revision is unknown, and the
-// tokens the resources recorded leave out those of holders that had not
-// written yet, so take N far above any number of writes the cluster can
-// have made since the backup, such as 1e9. A large N costs nothing: the
-// restore and start took under a second with 1e9 as with none (etcd
-// compacts the revisions the snapshot holds, not those skipped), and
-// revisions are 64-bit. What --mark-compacted costs is the history:
-// reads and watches at revisions from before the restore fail as
-// compacted (etcdlock's holders and waiters read again and go on). Locks
-// held when the backup was taken come back held, by their holder if it
-// still holds them, else by nobody until their etcd lease expires, a lease
-// time after the restore, or until the Locker that released them reuses
-// that etcd lease (kept, see below), which deletes the key first rather
-// than take it for its own: its token was the old revision, 2 after 12,
-// whatever the bump. Holders and waiters whose keys were made after the
-// backup lose their lease (fence.ErrLeaseLost).
+// token is greater than every earlier holder's.
+//
+// Revisions do not survive a restore from a backup, which takes them back
+// to the backup's revision: restored with etcdutl snapshot restore alone,
+// the next holder's token was 4 after 12 had been issued since the
+// backup, and a resource refuses the new holder (or, if its record was
+// restored too, accepts a stale one). Restore every member with etcdutl
+// snapshot restore --bump-revision N --mark-compacted instead, N at least
+// the writes made since the backup (the highest revision the cluster
+// reached, less the backup's, which etcdutl snapshot status shows): the
+// next token is then above every token issued (with N 2 short of that, it
+// was 12 again, a token already issued). After a disk loss the highest
+// revision is unknown, and the tokens the resources recorded leave out
+// those of holders that had not written yet, so take N far above any
+// number of writes the cluster can have made since the backup, such as
+// 1e9. A large N costs nothing measurable: the restore and start took
+// under a second with 1e9 as with none (etcd compacts the revisions the
+// snapshot holds, not those skipped), and revisions are 64-bit. What
+// --mark-compacted costs is the history: reads and watches at revisions
+// from before the restore fail as compacted (etcdlock's holders and
+// waiters read again and go on). Locks held when the backup was taken
+// come back held: by their holder if it still holds them, else by nobody
+// until their etcd lease expires, a lease time after the restore, or
+// until the Locker that released them reuses that etcd lease (kept, see
+// below), which deletes the key first (it used to take the key for its
+// own, with the old revision as its token: 2 after 12, whatever the
+// bump). Holders and waiters whose keys were made after the backup lose
+// their lease (fence.ErrLeaseLost).
 //
 // A resource that lives in etcd itself can do better than compare tokens:
 // a Txn guarded by IsOwner writes only while the lease's key still exists as
