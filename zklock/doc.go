@@ -38,9 +38,18 @@
 // before it is gone: each holder's token is greater than every earlier
 // holder's. The zxids are as durable as the ensemble's transaction log: an
 // ensemble that loses its data (rebuilt empty) starts them again, and one
-// restored from a backup takes them back to the backup's (a standalone
-// server stays in epoch 0): ZooKeeper has no way to raise them, so the
-// resources' token records must then be reset.
+// restored from a backup takes them back to the backup's (the next token
+// was 0xe after 0x26 had been issued since the backup: a standalone server
+// stays in epoch 0, and an ensemble goes on from the backup's epoch).
+// ZooKeeper has no way to raise them, as etcdutl's --bump-revision raises
+// etcd's revisions, so after such a restore the new holders' tokens are
+// below those issued since the backup until the zxids pass them again,
+// and a resource that recorded one refuses the new holders meanwhile. The
+// rule, then: stop every client that may hold a lease or a token from
+// before the restore (one paused that writes later carries a token above
+// the new holders', which a cleared record accepts), restore, clear each
+// resource's token record (with guard, its row in fence_tokens), and only
+// then start the clients again.
 //
 // # The lease is the session
 //
