@@ -16,9 +16,10 @@
 // connection when replica sync applies; Status's reads (the lock's PTTL
 // and GET, in a script so that a client sending read-only commands to
 // replicas reads them on the primary, and the replica record), always in
-// full and each on a connection of rueidis's blocking pool (Dedicated), so
-// that they answer while the server pauses writes even when a write of
-// the process waits out the pause on the shared connection; SUBSCRIBE to
+// full and each on a connection of rueidis's blocking pool (sent as a
+// blocking command), so that they answer while the server pauses writes
+// even when a write of the process waits out the pause on the shared
+// connection; SUBSCRIBE to
 // a lock's release channel while someone waits (on a dedicated connection
 // of the primary, shared by the Locker's waiters, for a client that routes
 // to replicas, since rueidis's SUBSCRIBE is read-only too). The internal package
@@ -81,9 +82,13 @@
 // connection of rueidis's blocking pool per Locker while anyone waits,
 // whatever the number of names (TestWaitersSpareBlockingPool). That pool
 // also runs replica sync's script and WAIT pairs and Status's reads, so a
-// BlockingPoolSize of 1 leaves them none while someone waits (a Status
-// then waits for the connection past its context: rueidis's Dedicated
-// takes none); the default is 1024. On RESP3,
+// BlockingPoolSize of 1 leaves them none while someone waits; the default
+// is 1024. They wait for a connection under their context (Status's reads
+// are sent as blocking commands, not through Dedicated, whose wait for the
+// pool takes no context and outlived Status's deadline:
+// TestCallsLeaveNoPoolWaitPastDeadline); only the shared connection's own
+// Dedicate waits without one, on its goroutine, while its waiters wait
+// under theirs. On RESP3,
 // the default, the subscription shares the command connection and is
 // restored with it (TestSubscriptionKilled). rueidis's Receive leaves its
 // channel subscribed when its context ends, and a dedicated connection

@@ -324,28 +324,30 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 			timeout = redisconn.WaitLeft(timeout, sent, firstAcked, replicas)
 		}
 		var cmd rueidis.Completed
-		if full {
-			cmd = c.c.B().Eval().Script(s.Src).Numkeys(int64(len(keys))).Key(keys...).Arg(sargs...).Build()
-		} else {
-			cmd = c.c.B().Evalsha().Sha1(s.SHA).Numkeys(int64(len(keys))).Key(keys...).Arg(sargs...).Build()
-		}
-		var res, wait rueidis.RedisResult
 		switch {
-		case replicas > 0:
-			rs := c.c.DoMulti(ctx, cmd, c.c.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build())
-			res, wait = rs[0], rs[1]
-		case s.Full:
+		case s.Full && replicas == 0:
 			// A read that must answer while the server holds writes
 			// back (see redisconn.Script's Full) goes on a connection
 			// of its own: automatic pipelining would put it behind any
 			// write in flight on the shared one, and the server reads
 			// nothing more from a connection whose command it holds
-			// (TestStatusDuringWritePauseBehindWrite).
-			_ = c.c.Dedicated(func(dc rueidis.DedicatedClient) error {
-				res = dc.Do(ctx, cmd)
-				return nil
-			})
+			// (TestStatusDuringWritePauseBehindWrite). Marked blocking,
+			// it takes one from rueidis's blocking pool and waits for
+			// it under ctx; Dedicated's wait takes no context, and a
+			// Status that redislock left at its deadline went on
+			// waiting there while the pool was taken
+			// (TestCallsLeaveNoPoolWaitPastDeadline).
+			cmd = c.c.B().Arbitrary("EVAL", s.Src, strconv.Itoa(len(keys))).Keys(keys...).Args(sargs...).Blocking()
+		case full:
+			cmd = c.c.B().Eval().Script(s.Src).Numkeys(int64(len(keys))).Key(keys...).Arg(sargs...).Build()
 		default:
+			cmd = c.c.B().Evalsha().Sha1(s.SHA).Numkeys(int64(len(keys))).Key(keys...).Arg(sargs...).Build()
+		}
+		var res, wait rueidis.RedisResult
+		if replicas > 0 {
+			rs := c.c.DoMulti(ctx, cmd, c.c.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build())
+			res, wait = rs[0], rs[1]
+		} else {
 			res = c.c.Do(ctx, cmd)
 		}
 		if e, ok := rueidis.IsRedisErr(res.Error()); !full && ok && e.IsNoScript() {
