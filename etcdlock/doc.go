@@ -226,7 +226,11 @@
 // the lock for nobody until the etcd lease expires. On a client the user has closed, every call fails at once,
 // with an error matching fence.ErrClosed (the Locker can grant no more
 // leases: fence.Lead stops campaigning), and so do Acquire and Extend
-// after Locker.Close, whose wait the work they start would escape; after
+// after Locker.Close, whose wait the work they start would escape, and an
+// Acquire waiting in line when Close is called, once it has given its key
+// back (Close waits for that within its ctx; a waiter that went on waited
+// out its budget, and its give-back, tried once after Close, left its key
+// for its etcd lease's TTL when it reached a member that hung); after
 // a Close that saw the Extends under way through, a revoke that does not
 // get through is not retried in the background.
 package etcdlock

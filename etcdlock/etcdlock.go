@@ -102,6 +102,14 @@ type Locker struct {
 	// had Close wait for every settle that started after it, for as long
 	// as they overlapped: TestCloseWaitsOnlyForSettlesUnderWay).
 	settling map[chan struct{}]struct{}
+	// waiting holds the Acquires waiting in line, for Close, which ends
+	// their wait (the cancel, with errLockerClosed): each channel is
+	// closed when its Acquire has given its key back, or taken the lock
+	// before Close came. A waiter that went on after Close waited out its
+	// budget, and its give-back, sent after Close had drained, was tried
+	// once: on a member that hung, its key stayed for its etcd lease's
+	// TTL (TestCloseEndsWaiterWithHungMember).
+	waiting map[chan struct{}]context.CancelCauseFunc
 	// closing holds a token while a Close runs (made by the first): a
 	// Close called meanwhile waits for it, within its ctx, rather than
 	// return while the other still revokes the spares it took
@@ -201,9 +209,13 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // error. Each revoke is tried again on the next member after an attempt
 // timeout, as every call is, within ctx.
 //
-// Leases held, and Acquires waiting in line, go on: their runs renew and
-// watch them until they end or the client is closed, and Release frees
-// their locks, but from then on a revoke that does not get through in the
+// An Acquire waiting in line when Close is called stops waiting, gives
+// its key back and fails with an error matching fence.ErrClosed and
+// fence.ErrNotAcquired; Close waits for those give-backs, within ctx, as
+// for the revokes above (one left to the background goes on until it gets
+// through, for the next Close to wait for). Leases held go on: their runs
+// renew and watch them until they end or the client is closed, and
+// Release frees their locks, but from then on a revoke that does not get through in the
 // call that sends it (a Release's, a lost lease's) is not retried in the
 // background, where no Close would wait for it: its etcd lease expires on
 // etcd within its TTL, holding the key until then, as once the client is
@@ -227,6 +239,9 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	l.closed = true
+	for _, cancel := range l.waiting {
+		cancel(errLockerClosed)
+	}
 	if l.closing == nil {
 		l.closing = make(chan struct{}, 1)
 	}
@@ -249,10 +264,23 @@ func (l *Locker) Close(ctx context.Context) error {
 	for settled := range l.settling {
 		settling = append(settling, settled)
 	}
+	waiting := make([]chan struct{}, 0, len(l.waiting))
+	for ended := range l.waiting {
+		waiting = append(waiting, ended)
+	}
 	l.mu.Unlock()
 	left := waitAll(ctx, settling)
 	if left > 0 {
 		first = fmt.Errorf("etcdlock: close: %d Extend(s) still under way or settling their move in the background: %w", left, ctx.Err())
+	}
+	// The waiters in line, their wait ended above, give their keys back:
+	// a revoke of theirs that does not get through is left to the
+	// background, for the wait below.
+	if n := waitAll(ctx, waiting); n > 0 {
+		left += n
+		if first == nil {
+			first = fmt.Errorf("etcdlock: close: %d Acquire(s) still giving back their place in line: %w", n, ctx.Err())
+		}
 	}
 	// Then the revokes under way or retried in the background, those of
 	// the settles among them: one that holds a key (of a lease lost, or
@@ -634,11 +662,23 @@ func (l *Locker) create(ctx, tctx context.Context, name, pfx string, sp spare, w
 		if prev != nil {
 			w.prev, w.from = string(prev.Key), from
 		}
-		var err error
-		if sent, err = w.wait(ctx, budget); err != nil {
+		wctx, waiting, err := l.waitStarted(ctx)
+		if err != nil {
 			giveUp()
 			return nil, err
 		}
+		sent, err = w.wait(wctx, budget)
+		if errors.Is(context.Cause(wctx), errLockerClosed) {
+			// Close came: no lock for a Locker closed meanwhile, even
+			// one that the wait took as it came.
+			err = errLockerClosed
+		}
+		if err != nil {
+			giveUp()
+			l.waitEnded(waiting)
+			return nil, err
+		}
+		l.waitEnded(waiting)
 	}
 	// An attempt that timed out may yet be applied, late (it sat in a
 	// member that hung): once the lock is released its Compare holds
@@ -870,6 +910,35 @@ func (l *Locker) settleStarted() (chan struct{}, error) {
 	settled := make(chan struct{})
 	l.settling[settled] = struct{}{}
 	return settled, nil
+}
+
+// waitStarted and waitEnded count an Acquire waiting in line, for Close:
+// waitStarted returns a context of ctx that Close cancels with
+// errLockerClosed, and the channel that waitEnded closes once the Acquire
+// has given its key back, or errLockerClosed once Close was called,
+// counting nothing.
+func (l *Locker) waitStarted(ctx context.Context) (context.Context, chan struct{}, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, nil, errLockerClosed
+	}
+	if l.waiting == nil {
+		l.waiting = make(map[chan struct{}]context.CancelCauseFunc)
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	ended := make(chan struct{})
+	l.waiting[ended] = cancel
+	return wctx, ended, nil
+}
+
+func (l *Locker) waitEnded(ended chan struct{}) {
+	l.mu.Lock()
+	cancel := l.waiting[ended]
+	delete(l.waiting, ended)
+	close(ended)
+	l.mu.Unlock()
+	cancel(nil)
 }
 
 func (l *Locker) settleEnded(settled chan struct{}) {
