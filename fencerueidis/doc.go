@@ -81,16 +81,18 @@
 // subscribed on it, and it is closed when the last of them leaves: one
 // connection of rueidis's blocking pool per Locker while anyone waits,
 // whatever the number of names (TestWaitersSpareBlockingPool). That pool
-// also runs replica sync's script and WAIT pairs and Status's reads, so a
-// BlockingPoolSize of 1 leaves them none while someone waits; the default
-// is 1024. They wait for a connection under their context (Status's reads
-// are sent as blocking commands, not through Dedicated, whose wait for the
-// pool takes no context and outlived Status's deadline:
+// also runs replica sync's script and WAIT pairs and Status's reads, so
+// New refuses a BlockingPoolSize of 1, which left them none while someone
+// waited, not even a woken waiter's own try at the lock
+// (TestBlockingPoolOfOneRefused; read from rueidis's own client types, a
+// wrapper taken at its word); the default is 1024. They wait for a
+// connection under their context (Status's reads are sent as blocking
+// commands, not through Dedicated, whose wait for the pool takes no
+// context and outlived Status's deadline:
 // TestCallsLeaveNoPoolWaitPastDeadline); only the shared connection's own
 // Dedicate waits without one, on its goroutine, while its waiters wait
-// under theirs. On RESP3,
-// the default, the subscription shares the command connection and is
-// restored with it (TestSubscriptionKilled). rueidis's Receive leaves its
+// under theirs. On RESP3, the default, the subscription shares the
+// command connection and is restored with it (TestSubscriptionKilled). rueidis's Receive leaves its
 // channel subscribed when its context ends, and a dedicated connection
 // keeps a channel subscribed until told, so when the last waiter on a name
 // leaves, the adapter sends UNSUBSCRIBE itself (a new subscription to that

@@ -25,7 +25,7 @@ import (
 // takes them; opts may be nil. It needs Redis 7.0 or newer and sends
 // nothing to Redis. It returns an error matching fence.ErrInvalidOption
 // when client is nil, is a cluster client, is a Sentinel client with
-// ReplicaOnly, or an option is out of range.
+// ReplicaOnly, has a BlockingPoolSize of 1, or an option is out of range.
 func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: fencerueidis: nil client", fence.ErrInvalidOption)
@@ -35,6 +35,9 @@ func New(client rueidis.Client, opts *redislock.Options) (*redislock.Locker, err
 	}
 	if replicaOnly(client) {
 		return nil, fmt.Errorf("%w: fencerueidis: a Sentinel client with ReplicaOnly sends every command to a replica, which refuses the lock's writes (READONLY); use one without it", fence.ErrInvalidOption)
+	}
+	if blockingPoolSize(client) == 1 {
+		return nil, fmt.Errorf("%w: fencerueidis: BlockingPoolSize 1: the blocking pool carries replica sync's WAIT, Status's reads and, on a RESP2 client or one that routes to replicas, the waiters' subscription, which left a waiter none to take the lock on; use 2 or more (rueidis's default is %d)", fence.ErrInvalidOption, rueidis.DefaultPoolSize)
 	}
 	l, err := redisconn.NewLocker(conn{client, new(atomic.Int32), &unsubs{m: make(map[string]chan struct{})}, new(subscribers),
 		stopFlag(client), client.Mode() == rueidis.ClientModeSentinel}, opts)
@@ -120,6 +123,49 @@ func replicaOnly(client rueidis.Client) bool {
 	}
 	f := v.Elem().FieldByName("replica")
 	return f.IsValid() && f.Kind() == reflect.Bool && f.Bool()
+}
+
+// blockingPoolSize returns the size of client's blocking pool (rueidis's
+// ClientOption.BlockingPoolSize, 0 for its default), read from rueidis's
+// own client types (v1.0.79): the pool of a single client's connection,
+// the options of a standalone or Sentinel one; 0 for a client of another
+// shape or package, taken at its word. The pool carries replica sync's
+// script and WAIT pairs, Status's reads, and, on a RESP2 client or one
+// that routes to replicas, the waiters' shared subscription: with one
+// connection, a waiter woken by a release waited for the connection its
+// own subscription held, and gave up at the end of its budget with the
+// lock free (TestBlockingPoolOfOneRefused).
+func blockingPoolSize(client rueidis.Client) int {
+	v, ok := rueidisStruct(client)
+	if !ok {
+		return 0
+	}
+	for _, name := range []string{"opt", "mOpt"} { // standalone, Sentinel
+		if o := v.Elem().FieldByName(name); o.IsValid() && o.Type() == reflect.TypeFor[*rueidis.ClientOption]() {
+			if o.IsNil() {
+				return 0
+			}
+			return int(o.Elem().FieldByName("BlockingPoolSize").Int())
+		}
+	}
+	// A single client: the cap of its connection's blocking pool.
+	c := v.Elem().FieldByName("conn")
+	if !c.IsValid() || c.Kind() != reflect.Interface || c.IsNil() {
+		return 0
+	}
+	if c = rueidisField(rueidisField(c.Elem(), "dpool"), "cap"); !c.IsValid() || c.Kind() != reflect.Int {
+		return 0
+	}
+	return int(c.Int())
+}
+
+// rueidisField returns the field called name of the rueidis struct that p
+// points to, or the zero Value if p is not such a pointer.
+func rueidisField(p reflect.Value, name string) reflect.Value {
+	if !p.IsValid() || p.Kind() != reflect.Pointer || p.IsNil() || p.Elem().Kind() != reflect.Struct || p.Elem().Type().PkgPath() != rueidisPkg {
+		return reflect.Value{}
+	}
+	return p.Elem().FieldByName(name)
 }
 
 // errClosed is a call's error on a closed client.

@@ -17,10 +17,11 @@ import (
 
 // TestHungServerClientOptions: TestHungServer's calls on clients made with
 // the options a user may turn on (AlwaysPipelining, DisableAutoPipelining,
-// a tiny ConnWriteTimeout, RESP2, a blocking pool of one): every call on a
-// stopped server ends by its caller's deadline with an error matching
-// context.DeadlineExceeded or a connection error, and an acquisition given
-// up on does not leave the lock held once the server resumes.
+// a tiny ConnWriteTimeout, RESP2, a blocking pool of two, the smallest New
+// takes): every call on a stopped server ends by its caller's deadline
+// with an error matching context.DeadlineExceeded or a connection error,
+// and an acquisition given up on does not leave the lock held once the
+// server resumes.
 func TestHungServerClientOptions(t *testing.T) {
 	const deadline, slack = 750 * time.Millisecond, 500 * time.Millisecond
 	for _, tc := range []struct {
@@ -31,7 +32,7 @@ func TestHungServerClientOptions(t *testing.T) {
 		{"DisableAutoPipelining", rueidis.ClientOption{DisableAutoPipelining: true}},
 		{"ConnWriteTimeout=100ms", rueidis.ClientOption{ConnWriteTimeout: 100 * time.Millisecond}},
 		{"RESP2", rueidis.ClientOption{AlwaysRESP2: true, DisableCache: true}},
-		{"BlockingPoolSize=1", rueidis.ClientOption{BlockingPoolSize: 1}},
+		{"BlockingPoolSize=2", rueidis.ClientOption{BlockingPoolSize: 2}},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			srv := redistest.Start(t)

@@ -27,7 +27,8 @@ import (
 // after 3.001s"); a watchdog's synced renewals would stall the same way
 // and its lease be lost. With the default pool (1024) it took that many
 // names waited on at once. The waiters now share one connection per
-// adapter (so a pool of 1 is still taken by the first waiter: doc.go).
+// adapter (a pool of 1 would still be taken by the first waiter: New
+// refuses it, TestBlockingPoolOfOneRefused).
 func TestWaitersSpareBlockingPool(t *testing.T) {
 	readOnly := func(cmd rueidis.Completed) bool { return cmd.IsReadOnly() }
 	for _, kind := range []string{"resp2", "replica-routing"} {
