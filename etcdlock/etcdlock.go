@@ -213,9 +213,11 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // its key back and fails with an error matching fence.ErrClosed and
 // fence.ErrNotAcquired; Close waits for those give-backs, within ctx, as
 // for the revokes above (one left to the background goes on until it gets
-// through, for the next Close to wait for). Leases held go on: their runs
-// renew and watch them until they end or the client is closed, and
-// Release frees their locks, but from then on a revoke that does not get through in the
+// through, for the next Close to wait for). An Acquire whose take came too
+// late (see the package documentation) does not try again once Close was
+// called, and fails the same way. Leases held go on: their runs renew and
+// watch them until they end or the client is closed, and Release frees
+// their locks, but from then on a revoke that does not get through in the
 // call that sends it (a Release's, a lost lease's) is not retried in the
 // background, where no Close would wait for it: its etcd lease expires on
 // etcd within its TTL, holding the key until then, as once the client is
@@ -521,6 +523,13 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			lates++
 			lateErr = err
 			if pause.For(ctx, min(pause.Backoff(lates), time.Until(budget))) && time.Until(budget) > 0 {
+				if l.isClosed() {
+					// Not on a Locker closed meanwhile: the new etcd
+					// lease and key would escape Close's wait, and the
+					// lease came 1 s after Close had returned
+					// (TestCloseDuringLateTake).
+					return nil, fence.NotAcquired(name, fmt.Errorf("%w; not tried again: %w", err, errLockerClosed))
+				}
 				reused = false // a new etcd lease, a new key
 				if tctx == ctx {
 					var cancel context.CancelFunc
