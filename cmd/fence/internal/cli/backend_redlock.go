@@ -214,17 +214,25 @@ func nodeErrState(err error) string {
 
 // noAnswer reports whether err is a request that got no answer: a dial
 // refused or timed out, a connection broken or closed, a read timeout, the
-// command's deadline.
+// command's deadline. A TLS alert the node sent is an answer, though
+// crypto/tls returns it as a *net.OpError (see isTLS).
 func noAnswer(err error) bool {
 	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) ||
+	return errors.As(err, &ne) && !isTLS(err) || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
 }
 
 // isTLS reports whether err is a TLS handshake that failed after the node
 // answered: its certificate not trusted or not for its name, an alert it
 // sent, or a reply that was not TLS (a plain server behind rediss://).
+// An alert from the node (a client certificate it wanted and was not sent:
+// "remote error: tls: certificate required") comes as a *net.OpError of
+// Op "remote error", crypto/tls's wording; tls.AlertError is QUIC's.
 func isTLS(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "remote error" {
+		return true
+	}
 	var (
 		ve *tls.CertificateVerificationError
 		ae tls.AlertError

@@ -112,3 +112,27 @@ func TestStatusRedlockTLSFailureAnswered(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusRedlockClientCertRefusedAnswered: a node that asks for a
+// client certificate (--tls-auth-clients yes) and was sent none refuses
+// the handshake with a TLS alert, which crypto/tls returns as a
+// *net.OpError ("remote error: tls: certificate required"): it answered,
+// yet it was labelled "unreachable" and not counted reached, since any
+// net.Error was taken for no answer before the TLS failure was looked
+// for.
+func TestStatusRedlockClientCertRefusedAnswered(t *testing.T) {
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	open := redistest.StartTLS(t, ca)
+	mutual := redistest.StartTLS(t, ca, "--tls-auth-clients", "yes")
+	urls := "rediss://" + open.Addr + ",rediss://" + mutual.Addr
+	out, errOut, code := fence(t, nil, "status", "--redlock", urls, "--redis-tls-ca", ca.CAFile, "job")
+	t.Logf("status --redlock: exit %d\n%s%s", code, out, errOut)
+	lines := strings.Split(out, "\n")
+	if len(lines) < 3 || !strings.Contains(lines[0], "2 reached, 1 read") {
+		t.Fatalf("status --redlock: exit %d, stdout %q, stderr %q; want 2 reached, 1 read", code, out, errOut)
+	}
+	if !strings.Contains(lines[2], "TLS handshake failed") || strings.Contains(lines[2], "unreachable") {
+		t.Errorf("the node that refused the certificate-less client: %q, want a TLS handshake failure, not unreachable", lines[2])
+	}
+}
