@@ -46,9 +46,17 @@
 // them and, for a trim, how many; once, the id up to which it told kept
 // in {<stream>}:unread:<group>. Their messages are lost: Redis kept
 // nothing of them. A deletion between that look and the read goes
-// unseen, a trim's count needs Redis to know the group's entries-read (it
-// does unless the group was moved with XGROUP SETID without ENTRIESREAD)
-// and no XDEL ever on the stream, so the log is a warning, not an account.
+// unseen, and a trim's count needs Redis to know the group's entries-read
+// and no XDEL ever on the stream. Redis does not know it for a group
+// created or moved (XGROUP CREATE or SETID) without ENTRIESREAD to an id
+// other than 0, such as "$" on a stream that holds entries, until the
+// group reads, and the first entry it then reads has Redis count those
+// trimmed before it as read: a trim in between is never told. One at 0
+// that never read is taken to have read nothing, which is also how a
+// group moved back to 0 for a replay looks: the entries the consumer's
+// own trim took after they were applied are then told as lost, once
+// (TestReplayFromStartNotTakenForUnread). The log is a warning, not an
+// account.
 //
 // # Message ids
 //

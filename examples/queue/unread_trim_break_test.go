@@ -2,6 +2,8 @@ package queue_test
 
 import (
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,5 +121,69 @@ func TestOwnTrimNotTakenForUnread(t *testing.T) {
 	}
 	if logs.count(queue.LogUnread) != 0 {
 		t.Errorf("the consumer's own trim was told as entries trimmed unread: %s", logs)
+	}
+}
+
+// TestReplayFromStartNotTakenForUnread: the consumer applied 5 messages
+// and its own trim emptied the stream; an operator then moved the group
+// back for a replay (XGROUP SETID s g 0, as the Consumer's doc allows).
+// Nothing was lost, yet LogUnread said "5 entries of stream "s" after 0-0
+// ... were trimmed before group "g" read them: their messages are lost":
+// SETID without ENTRIESREAD leaves entries-read unknown, and the script
+// takes an unknown count at last-delivered-id 0-0 for 0 read, which is
+// right for a group created at 0 that never read (how
+// TestTrimmedUnreadEntriesNoticed's producer trim is counted) and wrong
+// for one moved back there. Redis 7.0 shows both alike (entries-read nil,
+// last-delivered-id 0-0, the consumers of the group kept either way).
+func TestReplayFromStartNotTakenForUnread(t *testing.T) {
+	t.Skip("design question: a group moved back to 0 (XGROUP SETID s g 0) cannot be told from one created at 0 that never read: " +
+		"both have entries-read nil at 0-0. Counting neither misses a producer's trim before a new group's first read " +
+		"(TestTrimmedUnreadEntriesNoticed, unless the consumer creates its group with ENTRIESREAD 0 and groups created by hand go uncounted); " +
+		"counting both (today) logs every replay after the consumer's own trims as lost messages at ERROR. " +
+		"Or the own trim could record how far it trimmed, for the script to leave out")
+	ctx, rdb, db := servers(t, 30*time.Second)
+	logs := &records{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1", Batch: 2,
+		MinIdle: time.Second, Block: 20 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	for i := range 5 {
+		if _, err := queue.Produce(ctx, rdb, "s", "a", int64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var state string
+	until(t, 10*time.Second, "every entry applied and trimmed", func() (bool, error) {
+		state = logs.String()
+		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied`)
+		if err != nil || n != 5 {
+			return false, err
+		}
+		l, err := rdb.XLen(ctx, "s").Result()
+		return l == 0, err
+	}, &state)
+	// The operator's replay. The consumer looks for unread deletions
+	// (XINFO STREAM, in its script) before each XREADGROUP: two looks
+	// counted after the replay mean that one came after it and was
+	// logged, if it found anything, before the second began.
+	if err := rdb.XGroupSetID(ctx, "s", "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	looks := func() (int64, error) {
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		_, after, _ := strings.Cut(info, "cmdstat_xinfo|stream:calls=")
+		n, _ := strconv.ParseInt(after[:strings.IndexByte(after+",", ',')], 10, 64)
+		return n, err
+	}
+	before, err := looks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(t, 10*time.Second, "two looks for unread deletions after the replay", func() (bool, error) {
+		state = logs.String()
+		n, err := looks()
+		return n > before+1, err
+	}, &state)
+	if n := logs.count(queue.LogUnread); n != 0 {
+		t.Errorf("a replay after the consumer's own trims was told as %d loss(es): %s", n, logs)
 	}
 }
