@@ -79,16 +79,23 @@ func (e *reusedError) Error() string {
 		e.m.Key, e.stream, e.prior, entry, e.m.ID, e.m.Account, e.m.Amount)
 }
 
-// reusedKey is the key under which message m, whose id was applied with
-// other content, is recorded in queue_dead: its own key would say that
-// its id was given up on, which the applied message was not, and would
-// hold one such message only (a second reuse of the id, with a third
-// content, would find it and be dropped). The key is m's, then a hash of
-// its account and amount in braces, which no message key holds: a retry
-// of that message (same id, account and amount) finds its dead letter,
-// another reuse gets its own.
+// reusedKey is the key under which message m, whose id was applied or
+// given up on with other content, is recorded in queue_dead: its own key
+// would say that its id was given up on, which the applied message was
+// not, and would hold one such message only (a second reuse of the id,
+// with a third content, would find it and be dropped). The key is m's,
+// then a hash of its content in braces, which no message key holds: a
+// retry of that message (same id and content) finds its dead letter,
+// another reuse gets its own. The content is the account and amount, or,
+// for a malformed m, which has neither, its fields as quoted: every
+// malformed reuse of a dead id had one key, and the second was dropped as
+// a retry of the first (TestMalformedReusesOfDeadIDEachRecorded).
 func reusedKey(m Message) string {
-	sum := sha256.Sum256([]byte(strconv.Quote(m.Account) + " " + strconv.FormatInt(m.Amount, 10)))
+	content := strconv.Quote(m.Account) + " " + strconv.FormatInt(m.Amount, 10)
+	if m.Account == "" {
+		content = m.fields
+	}
+	sum := sha256.Sum256([]byte(content))
 	return m.Key + "{reused:" + hex.EncodeToString(sum[:16]) + "}"
 }
 

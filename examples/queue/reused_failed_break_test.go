@@ -15,6 +15,7 @@ import (
 	"github.com/fencekit/fence/examples/queue"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 // failTx returns a Consumer.Tx that fails the nth transaction (from 1) on
@@ -189,5 +190,48 @@ func TestReusedIDOfDeadMessageNotDropped(t *testing.T) {
 	}
 	if applied != 0 || dead != 1 || logs.get(queue.LogDead) != 2 || logs.get(queue.LogDuplicate) != 1 {
 		t.Fatalf("balance of b %d, %d dead letters of entry %s (%s); want it given up on as a reused id (0, 1, 2 dead), the retry a duplicate", applied, dead, reused, seen())
+	}
+}
+
+// TestMalformedReusesOfDeadIDEachRecorded: three malformed entries under
+// one message id, each with other fields. The first is dead under the id;
+// the second reuses it, and is given up on under reusedKey, which hashes
+// the account and amount, "" and 0 for every malformed message; so the
+// third found that dead letter and was logged a duplicate and
+// acknowledged, its fields recorded nowhere ("2 dead letters, 2 dead, 1
+// duplicate"), though a reuse is to get its own.
+func TestMalformedReusesOfDeadIDEachRecorded(t *testing.T) {
+	ctx, rdb, db := servers(t, 30*time.Second)
+	for _, fields := range [][]any{
+		{queue.IDField, "payment:9", "account", "a", "amount", "abc"},
+		{queue.IDField, "payment:9", "account", "b", "amount", "xyz"},
+		{queue.IDField, "payment:9", "account", "c", "amount", "1.5"},
+	} {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: fields}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs := &counter{}
+	c := &queue.Consumer{Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 50 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	seen := func() string {
+		return fmt.Sprintf("%d dead, %d duplicate", logs.get(queue.LogDead), logs.get(queue.LogDuplicate))
+	}
+	state := seen()
+	until(t, 10*time.Second, "the three entries settled", func() (bool, error) {
+		state = seen()
+		if logs.get(queue.LogDead)+logs.get(queue.LogDuplicate) < 3 {
+			return false, nil
+		}
+		p, err := pending(ctx, rdb, "s", "g")
+		return p == 0, err
+	}, &state)
+	dead, err := count(ctx, db, `SELECT count(*) FROM queue_dead WHERE stream = 's' AND msg_id LIKE 'payment:9%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dead != 3 || logs.get(queue.LogDead) != 3 {
+		t.Fatalf("%d dead letters, %s; want each malformed entry its own (3, 3 dead, 0 duplicate)", dead, seen())
 	}
 }
