@@ -97,3 +97,44 @@ func TestConsumerWithoutScripts(t *testing.T) {
 		t.Errorf("the refused claim script was not logged (%s): %s", queue.LogUnrecorded, logs.String())
 	}
 }
+
+// TestConsumerWithoutXInfo: the consumer's Redis user may run scripts but
+// not XINFO, so the claim script runs (pending entries trimmed by others
+// are recorded) and the look for entries deleted unread is refused. That
+// refusal was logged as LogUnrecorded, "trimmed entries unrecorded",
+// which says the claim script was refused and trimmed pending entries go
+// unrecorded: neither was so ("trimmed entries unrecorded: ERR The user
+// executing the script can't run this command or subcommand script: …").
+// It has its own record now, once.
+func TestConsumerWithoutXInfo(t *testing.T) {
+	ctx, admin, db := servers(t, 30*time.Second)
+	if err := admin.Do(ctx, "ACL", "SETUSER", "consumer", "on", ">pw", "~*", "&*", "+@all", "-xinfo").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, Username: "consumer", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	logs := &records{}
+	c := &queue.Consumer{KeepEntries: true, Redis: rdb, DB: db, Stream: "s", Group: "g", Name: "c1",
+		MinIdle: time.Second, Block: 20 * time.Millisecond, Log: slog.New(logs)}
+	running(t, ctx, c, fence.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	for i := range 2 {
+		if _, err := queue.Produce(ctx, admin, "s", "a", int64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var state string
+	until(t, 10*time.Second, "the messages applied", func() (bool, error) {
+		state = logs.String()
+		if logs.has(queue.LogTermEnded, "") {
+			return false, fmt.Errorf("a term ended: %s", state)
+		}
+		n, err := count(ctx, db, `SELECT count(*) FROM queue_applied`)
+		return n == 2, err
+	}, &state)
+	if logs.has(queue.LogUnrecorded, "") {
+		t.Errorf("the claim script ran, yet %q was logged: %s", queue.LogUnrecorded, state)
+	}
+	if n := logs.count(queue.LogUnreadUnchecked); n != 1 {
+		t.Errorf("%d %q records, want 1: %s", n, queue.LogUnreadUnchecked, state)
+	}
+}

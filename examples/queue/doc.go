@@ -45,7 +45,9 @@
 // counted as read, is logged at ERROR (LogUnread) with the ids that bound
 // them and, for a trim, how many; once, the id up to which it told kept
 // in {<stream>}:unread:<group>. Their messages are lost: Redis kept
-// nothing of them. A deletion between that look and the read goes
+// nothing of them. A consumer whose Redis user may not run that script
+// (XINFO, or GET and SET on that key) tells of none, and logs so once, at
+// ERROR (LogUnreadUnchecked). A deletion between that look and the read goes
 // unseen, and a trim's count needs Redis to know the group's entries-read
 // and no XDEL ever on the stream. Redis does not know it for a group
 // created or moved (XGROUP CREATE or SETID) without ENTRIESREAD to an id

@@ -442,8 +442,9 @@ type Consumer struct {
 	// refused those is still served: the claim falls back to a plain
 	// XAUTOCLAIM, and pending entries trimmed by others are then lost
 	// without a record, as is logged (LogUnrecorded, at ERROR, once per
-	// Consumer), as unread ones deleted are then lost without a word; a
-	// refused trim is logged and the stream keeps its entries.
+	// Consumer); unread ones deleted are then not told of, as is logged too
+	// (LogUnreadUnchecked, once); a refused trim is logged and the stream
+	// keeps its entries.
 	Redis redis.Cmdable
 	// DB is the PostgreSQL database of the effects, with Schema created.
 	DB *sql.DB
@@ -519,17 +520,18 @@ const maxID = "18446744073709551615-18446744073709551615"
 
 // Outcomes of a message, as logged ("msg" of the log record).
 const (
-	LogApplied    = "applied"                    // committed, then acknowledged
-	LogDuplicate  = "duplicate"                  // applied before, with the same account and amount (or given up on before): acknowledged
-	LogRejected   = "rejected"                   // the fence found a greater token: a newer leader had it
-	LogFailed     = "failed"                     // the transaction failed otherwise: the entry stays pending
-	LogDead       = "dead"                       // malformed, failed on delivery MaxDeliveries, its id applied with another account or amount, or trimmed from the stream while pending: recorded in queue_dead, acknowledged
-	LogElected    = "elected"                    // a term began
-	LogTermEnded  = "term ended"                 // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
-	LogClaimed    = "claimed"                    // XAUTOCLAIM took pending entries
-	LogUnrecorded = "trimmed entries unrecorded" // the claim script was refused (ACL): claims go on with a plain XAUTOCLAIM, and pending entries trimmed by others are lost without a record
-	LogTrimFailed = "trim failed"                // the entries no group needs could not be trimmed from the stream (see Run): the next batch tries again
-	LogUnread     = "trimmed unread"             // entries were deleted from the stream before the group read them (XADD MAXLEN, XTRIM, XDEL by others): which, and their content, is unknown; logged at ERROR with the ids that bound them
+	LogApplied         = "applied"                    // committed, then acknowledged
+	LogDuplicate       = "duplicate"                  // applied before, with the same account and amount (or given up on before): acknowledged
+	LogRejected        = "rejected"                   // the fence found a greater token: a newer leader had it
+	LogFailed          = "failed"                     // the transaction failed otherwise: the entry stays pending
+	LogDead            = "dead"                       // malformed, failed on delivery MaxDeliveries, its id applied with another account or amount, or trimmed from the stream while pending: recorded in queue_dead, acknowledged
+	LogElected         = "elected"                    // a term began
+	LogTermEnded       = "term ended"                 // a term ended on an error (the lease lost, Redis or the database failing): the next election retries
+	LogClaimed         = "claimed"                    // XAUTOCLAIM took pending entries
+	LogUnrecorded      = "trimmed entries unrecorded" // the claim script was refused (ACL): claims go on with a plain XAUTOCLAIM, and pending entries trimmed by others are lost without a record
+	LogTrimFailed      = "trim failed"                // the entries no group needs could not be trimmed from the stream (see Run): the next batch tries again
+	LogUnread          = "trimmed unread"             // entries were deleted from the stream before the group read them (XADD MAXLEN, XTRIM, XDEL by others): which, and their content, is unknown; logged at ERROR with the ids that bound them
+	LogUnreadUnchecked = "unread deletions unchecked" // the look for entries deleted unread was refused (ACL: EVAL, XINFO, or GET and SET on its key): such deletions go untold; logged at ERROR, once per Consumer
 )
 
 var errDuplicate = errors.New("queue: message applied (or given up on) before")

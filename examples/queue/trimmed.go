@@ -226,7 +226,9 @@ func (c *Consumer) unreadKey() string { return "{" + c.Stream + "}:unread:" + c.
 // trimmed by a producer's XADD MAXLEN, nothing logged). It runs before
 // each XREADGROUP: once the group reads past them the deletion can no
 // longer be told, so one between it and the read goes unnoticed. A
-// refused script is logged once (LogUnrecorded) and not tried again;
+// refused script is logged once (LogUnreadUnchecked) and not tried again:
+// the claim, a script of its own, may still run (it was logged as
+// LogUnrecorded, which says that it does not: TestConsumerWithoutXInfo);
 // another error ends the term.
 func (c *Consumer) noticeUnread(ctx context.Context) error {
 	if c.noUnread.Load() {
@@ -240,7 +242,7 @@ func (c *Consumer) noticeUnread(ctx context.Context) error {
 		return nil
 	case refused(err):
 		if !c.noUnread.Swap(true) {
-			c.log().Error(LogUnrecorded, "consumer", c.Name, "err", err)
+			c.log().Error(LogUnreadUnchecked, "consumer", c.Name, "err", err)
 		}
 		return nil
 	case err != nil:
