@@ -49,16 +49,16 @@
 // (XINFO, or GET and SET on that key) tells of none, and logs so once, at
 // ERROR (LogUnreadUnchecked). A deletion between that look and the read goes
 // unseen, and a trim's count needs Redis to know the group's entries-read
-// and no XDEL ever on the stream. Redis does not know it for a group
-// created or moved (XGROUP CREATE or SETID) without ENTRIESREAD to an id
-// other than 0, such as "$" on a stream that holds entries, until the
-// group reads, and the first entry it then reads has Redis count those
-// trimmed before it as read: a trim in between is never told. One at 0
-// that never read is taken to have read nothing, which is also how a
-// group moved back to 0 for a replay looks: the entries the consumer's
-// own trim took after they were applied are then told as lost, once
-// (TestReplayFromStartNotTakenForUnread). The log is a warning, not an
-// account.
+// and no XDEL ever on the stream. The consumer creates its group with
+// ENTRIESREAD 0, so that Redis counts what it reads; Redis does not know
+// the count of a group created or moved (XGROUP CREATE or SETID) without
+// ENTRIESREAD, by hand or for a replay, until the group reads, and the
+// first entry it then reads has Redis count those trimmed before it as
+// read: a trim in between is never told (nor is a replay taken for a
+// loss: TestReplayFromStartNotTakenForUnread). A group the consumer
+// creates on a stream already trimmed (its group destroyed by hand, say)
+// tells the entries deleted before it as lost, once. The log is a
+// warning, not an account.
 //
 // # Message ids
 //

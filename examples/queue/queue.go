@@ -637,9 +637,15 @@ func isBusyGroup(err error) bool {
 // (ctx, the lease's context). run is Run's: see apply.
 func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 	// Each term creates the group if it is missing (the stream may have
-	// gone with a Redis that restarted empty).
+	// gone with a Redis that restarted empty), with its count of entries
+	// read known (see createGroupScript); where the script is refused
+	// (ACL) or fails otherwise (Redis before 7.0), without.
 	_, err := bound.Call(ctx, func() (struct{}, error) {
-		return struct{}{}, c.Redis.XGroupCreateMkStream(ctx, c.Stream, c.Group, "0").Err()
+		err := createGroupScript.Run(ctx, c.Redis, []string{c.Stream}, c.Group).Err()
+		if err != nil && !isBusyGroup(err) {
+			err = c.Redis.XGroupCreateMkStream(ctx, c.Stream, c.Group, "0").Err()
+		}
+		return struct{}{}, err
 	}, nil)
 	if err != nil && !isBusyGroup(err) {
 		return fmt.Errorf("queue: create group: %w", err)

@@ -171,7 +171,7 @@ func (c *Consumer) entryDone(ctx context.Context, q rowQuerier, id string) (bool
 //     stream: the first entry left comes after the group's last delivered,
 //     and more entries were added before it (entries-added less the
 //     length) than the group has read (entries-read, its logical count,
-//     0 for a group that read nothing). Counted only while no entry was
+//     known for a group created with ENTRIESREAD: createGroupScript). Counted only while no entry was
 //     ever XDELed (max-deleted-entry-id 0-0), whose tombstones the length
 //     leaves out, and when Redis knows entries-read.
 //
@@ -202,7 +202,6 @@ if less(from, deleted) then
   return {from, deleted, -1}
 end
 local read = g['entries-read']
-if not read and g['last-delivered-id'] == '0-0' then read = 0 end
 if deleted ~= '0-0' or not read then
   return false
 end
@@ -214,6 +213,19 @@ if lost <= 0 or not less(from, upto) then
 end
 redis.call('SET', KEYS[2], upto)
 return {from, upto, lost}
+`)
+
+// createGroupScript creates group ARGV[1] of the stream KEYS[1] (and the
+// stream) at its start, with ENTRIESREAD 0: Redis then counts the
+// entries the group reads, which unreadScript compares with the entries
+// added. A group created without it (by hand, or with XGROUP CREATE's
+// default) has that count unknown until it reads past the stream's first
+// entry, as has one moved with XGROUP SETID: a count taken for 0 there
+// told an operator's replay (SETID to 0, after the consumer's own trims)
+// as lost messages (TestReplayFromStartNotTakenForUnread). An existing
+// group is left as it is: the reply is XGROUP's BUSYGROUP error.
+var createGroupScript = redis.NewScript(`
+return redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM', 'ENTRIESREAD', '0')
 `)
 
 // unreadKey is the id up to which deletions of unread entries were told
