@@ -92,10 +92,19 @@ WHERE fence_tokens.token - excluded.token < 0`
 	// Whether each of the guard's tables is visible on the connection's
 	// search_path, on PostgreSQL: the one its unqualified statements use,
 	// in whichever schema of the path it is (see CreateTables).
-	// Each is NULL if none is, else its relpersistence: 'p' permanent,
-	// 't' temporary (one session's), 'u' unlogged (emptied by a crash).
-	visibleTablesPG = `SELECT (SELECT relpersistence::text FROM pg_catalog.pg_class WHERE oid = to_regclass('fence_tokens')),
-	(SELECT relpersistence::text FROM pg_catalog.pg_class WHERE oid = to_regclass('fence_idempotency'))`
+	// Each is NULL if none is, else the relpersistence of the least
+	// durable of it and its partitions, followed by that one's name:
+	// 'p' permanent, 't' temporary (one session's), 'u' unlogged (emptied
+	// by a crash), the greatest. A partitioned table is 'p' whatever its
+	// partitions are; pg_partition_tree lists them at every level (and a
+	// plain table alone).
+	visibleTablesPG = `SELECT
+	(SELECT c.relpersistence::text || c.oid::regclass::text FROM pg_catalog.pg_class c
+		WHERE c.oid = to_regclass('fence_tokens') OR c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass('fence_tokens')))
+		ORDER BY c.relpersistence DESC LIMIT 1),
+	(SELECT c.relpersistence::text || c.oid::regclass::text FROM pg_catalog.pg_class c
+		WHERE c.oid = to_regclass('fence_idempotency') OR c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass('fence_idempotency')))
+		ORDER BY c.relpersistence DESC LIMIT 1)`
 	// PostgreSQL's forms of the two CREATE TABLEs: each creates its table
 	// only if none is visible on the search_path yet.
 	createTokensPG      = `DO $$ BEGIN IF to_regclass('fence_tokens') IS NULL THEN ` + createTokens + `; END IF; END $$`
@@ -145,9 +154,12 @@ WHERE fence_tokens.token - excluded.token < 0`
 // finds the tables that the one before it made; if it fails on
 // PostgreSQL, CreateTables returns the error and creates nothing.
 // A table of either name that is TEMP (which shadows the shared one for
-// its session) or UNLOGGED (which a crash empties) is refused with
-// ErrInvalidTable; Fence does not look again, so a TEMP fence_tokens made
-// after CreateTables on a pooled connection would still be used there.
+// its session) or UNLOGGED (which a crash empties), or a partitioned one
+// with an UNLOGGED partition, is refused with ErrInvalidTable, whether it
+// was there or CreateTables made it (a search_path that lists pg_temp
+// first makes it TEMP); Fence does not look again, so a TEMP fence_tokens
+// made after CreateTables on a pooled connection would still be used
+// there.
 //
 // A resource's row in fence_tokens is all the guard remembers of it: every
 // process that fences the resource must reach the same table (two
@@ -171,18 +183,16 @@ func CreateTables(ctx context.Context, q Querier) error {
 	// public's (TestSearchPathSharesFenceTokens).
 	var tokens, idem sql.NullString
 	stmts := []string{createTokens, createIdempotency}
+	lookedUp := false
 	switch err := q.QueryRowContext(ctx, visibleTablesPG).Scan(&tokens, &idem); {
 	case err == nil:
-		if err := checkShared("fence_tokens", tokens.String); err != nil {
-			return err
-		}
-		if err := checkShared("fence_idempotency", idem.String); err != nil {
+		if err := checkShared(tokens, idem); err != nil {
 			return err
 		}
 		// Looked up again under CreateIfNotExists's lock: another
 		// process may have made it in a schema of the path while this
 		// one waited (TestCreateTablesRaceWithCreatorOnPath).
-		stmts = nil
+		lookedUp, stmts = true, nil
 		if !tokens.Valid {
 			stmts = append(stmts, createTokensPG)
 		}
@@ -198,29 +208,54 @@ func CreateTables(ctx context.Context, q Querier) error {
 	if err := CreateIfNotExists(ctx, q, stmts...); err != nil {
 		return fmt.Errorf("guard: create tables: %w", err)
 	}
+	if lookedUp && len(stmts) > 0 {
+		// What was made, or found under the lock, is checked as what was
+		// found before: a search_path that lists pg_temp first makes
+		// unqualified tables TEMP (TestCreateTablesTempFirstOnPathRefused).
+		if err := q.QueryRowContext(ctx, visibleTablesPG).Scan(&tokens, &idem); err != nil {
+			return fmt.Errorf("guard: create tables: %w", err)
+		}
+		if err := checkShared(tokens, idem); err != nil {
+			return err
+		}
+	}
 	if err := addCallColumn(ctx, q); err != nil {
 		return fmt.Errorf("guard: add fence_tokens.call_id: %w", err)
 	}
 	return nil
 }
 
-// checkShared refuses a guard table, found on the search_path with
-// relpersistence p, that is not a permanent one: a TEMP table shadows the
-// shared one for its session alone (pg_temp comes first on every path),
-// and its tokens order nothing with other sessions'; an UNLOGGED one is
-// emptied when PostgreSQL restarts after a crash, and a stale token is
-// then accepted (TestCreateTablesTempTableShadows).
-func checkShared(table, p string) error {
-	var what, fix string
-	switch p {
-	case "t":
-		what, fix = "a TEMP table, seen by this session alone", "DROP TABLE pg_temp."+table
-	case "u":
-		what, fix = "an UNLOGGED table, emptied by a crash", "ALTER TABLE "+table+" SET LOGGED"
-	default:
-		return nil
+// checkShared refuses a guard table, found on the search_path as
+// visibleTablesPG tells, that is not a permanent one: a TEMP table shadows
+// the shared one for its session alone (pg_temp comes first on every
+// path), and its tokens order nothing with other sessions'; an UNLOGGED
+// one, or an UNLOGGED partition, is emptied when PostgreSQL restarts
+// after a crash, and a stale token is then accepted
+// (TestCreateTablesTempTableShadows, TestCreateTablesUnloggedPartitionRefused).
+func checkShared(tokens, idem sql.NullString) error {
+	for _, t := range []struct {
+		table string
+		found sql.NullString
+	}{{"fence_tokens", tokens}, {"fence_idempotency", idem}} {
+		if len(t.found.String) < 2 {
+			continue
+		}
+		p, rel := t.found.String[:1], t.found.String[1:]
+		var what, fix string
+		switch p {
+		case "t":
+			what, fix = "a TEMP table, seen by this session alone", "DROP TABLE pg_temp."+t.table+", and keep pg_temp off the front of search_path"
+		case "u":
+			what, fix = "an UNLOGGED table, emptied by a crash", "ALTER TABLE "+rel+" SET LOGGED"
+			if rel != t.table {
+				what = "a table with an UNLOGGED partition, " + rel + ", emptied by a crash"
+			}
+		default:
+			continue
+		}
+		return fmt.Errorf("%w: guard: create tables: the %s on this connection's search_path is %s; what it records must be shared by every session and survive a crash (%s)", ErrInvalidTable, t.table, what, fix)
 	}
-	return fmt.Errorf("%w: guard: create tables: the %s on this connection's search_path is %s; what it records must be shared by every session and survive a crash (%s)", ErrInvalidTable, table, what, fix)
+	return nil
 }
 
 // addCallColumn adds call_id to a fence_tokens made before it: on
