@@ -69,8 +69,12 @@ func WithCall(ctx context.Context, call string) context.Context {
 	return context.WithValue(ctx, callKey{}, call)
 }
 
-// CallFrom returns the call id that ctx carries (see WithCall), or "".
+// CallFrom returns the call id that ctx carries (see WithCall), or "" (a
+// nil ctx carries none).
 func CallFrom(ctx context.Context) string {
+	if ctx == nil {
+		return ""
+	}
 	call, _ := ctx.Value(callKey{}).(string)
 	return call
 }

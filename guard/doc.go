@@ -15,6 +15,12 @@
 // The guard works without any fence lock: anything that hands out
 // increasing numbers per resource can use it.
 //
+// A nil ctx is bad input, as for fence's Lockers: every call of guard and
+// redisstore that takes a ctx and returns an error returns one matching
+// fence.ErrInvalidOption for it, naming the call, before it touches the
+// database or Redis. CallFrom and TxFrom read a nil ctx as one that
+// carries nothing.
+//
 // # The fenced read-modify-write
 //
 // The token orders writers; it does not validate what a writer read. A

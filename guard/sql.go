@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/pgdurable"
 )
 
@@ -169,6 +170,9 @@ WHERE fence_tokens.token - excluded.token < 0`
 // older token may still write: the next token is then accepted, stale or
 // not.
 func CreateTables(ctx context.Context, q Querier) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "CreateTables")
+	}
 	// PostgreSQL checks CREATE on the schema before it looks whether the
 	// table of a CREATE TABLE IF NOT EXISTS exists: a service's role
 	// granted only the tables' rows was refused, the tables there
@@ -303,6 +307,9 @@ func addCallColumn(ctx context.Context, q Querier) error {
 // ordered by it: a run that loses a race with one returns PostgreSQL's
 // error. Errors are returned as they are; nothing is run twice.
 func CreateIfNotExists(ctx context.Context, q Querier, stmts ...string) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "CreateIfNotExists")
+	}
 	if err := checkQuerier(q); err != nil {
 		return err
 	}
@@ -381,6 +388,9 @@ func sqlState(err error) string {
 // denied is returned, not worked around with a commit that may not be
 // durable (TestDurableFormNotDroppedOnPostgreSQL).
 func Fence(ctx context.Context, q Querier, resource string, token fence.Token) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "Fence")
+	}
 	if err := checkQuerier(q); err != nil {
 		return err
 	}
@@ -527,6 +537,9 @@ func (e *noCallColumnError) Unwrap() error { return e.err }
 // gets no hooks. Either way, when a statement in fn fails, return its error rather
 // than write on. (PostgreSQL refuses the statements after a failed one.)
 func Tx(ctx context.Context, db *sql.DB, resource string, token fence.Token, fn func(tx *sql.Tx) error) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "Tx")
+	}
 	if db == nil || fn == nil {
 		return fmt.Errorf("%w: guard: Tx with a nil db or fn", fence.ErrInvalidOption)
 	}
@@ -591,6 +604,9 @@ func rollback(tx *sql.Tx) error {
 // On PostgreSQL the key commits durably even where synchronous_commit is
 // off, as a fence does (see Fence).
 func Once(ctx context.Context, q Querier, key string) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "Once")
+	}
 	if err := checkQuerier(q); err != nil {
 		return err
 	}
@@ -690,6 +706,9 @@ func (t Table) check(set string) error {
 // deadlock on PostgreSQL, SQLITE_BUSY on SQLite) returns an error matching
 // ErrRetry, as UpdateVersion's does: nothing was written.
 func (t Table) Update(ctx context.Context, q Querier, key any, token fence.Token, set string, args ...any) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "Table.Update")
+	}
 	if err := checkQuerier(q); err != nil {
 		return err
 	}
@@ -741,6 +760,9 @@ func (t Table) decided(key any, token fence.Token, d fence.GuardDecision) {
 // (also when the row read afterwards holds the version expected: it was
 // inserted after the update found nothing).
 func (t Table) UpdateVersion(ctx context.Context, q Querier, key any, version int64, set string, args ...any) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "Table.UpdateVersion")
+	}
 	if err := checkQuerier(q); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/internal/nilctx"
 )
 
 // Store orders a fenced request's token check with the handler's writes. Do
@@ -66,6 +67,9 @@ type memoryResource struct {
 // if fn failed, the resend is stale (the token was spent, fn's writes may
 // have been made).
 func (s *MemoryStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "MemoryStore.Do")
+	}
 	if err := checkResource(resource); err != nil {
 		return err
 	}
@@ -142,6 +146,9 @@ type SQLStore struct{ DB *sql.DB }
 
 // Do implements Store.
 func (s SQLStore) Do(ctx context.Context, resource string, token fence.Token, fn func(ctx context.Context) error) error {
+	if ctx == nil {
+		return nilctx.Err("guard", "SQLStore.Do")
+	}
 	ran := false
 	run := func(ctx context.Context) error {
 		return Tx(ctx, s.DB, resource, token, func(tx *sql.Tx) error {
@@ -172,9 +179,12 @@ type storeTx struct {
 }
 
 // TxFrom returns the fenced transaction that SQLStore runs a handler in, and
-// false if ctx carries none. The handler makes its writes through it and
+// false if ctx carries none (a nil ctx, too). The handler makes its writes through it and
 // leaves the commit or rollback to the store.
 func TxFrom(ctx context.Context) (*sql.Tx, bool) {
+	if ctx == nil {
+		return nil, false
+	}
 	in, ok := ctx.Value(txKey{}).(storeTx)
 	return in.tx, ok
 }

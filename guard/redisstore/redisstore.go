@@ -55,6 +55,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/internal/bound"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/rediscluster"
 	"github.com/fencekit/fence/internal/redisconn"
 	"github.com/redis/go-redis/v9"
@@ -272,6 +273,9 @@ const ResendWindow = 10 * time.Minute
 // until the client gives up or the server answers, and may still record the
 // token. Accept's error then matches ctx's, and the token counts as spent.
 func (s Store) Accept(ctx context.Context, resource string, token fence.Token) error {
+	if ctx == nil {
+		return nilctx.Err("redisstore", "Accept")
+	}
 	if s.Client == nil {
 		return fmt.Errorf("%w: redisstore: Store has no Client", fence.ErrInvalidOption)
 	}
