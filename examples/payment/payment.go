@@ -32,6 +32,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/nilctx"
 )
 
 // The article's numbers: wait up to 2 s for the lock, hold it at most 10 s.
@@ -184,6 +185,9 @@ type Charge struct {
 // public) so uses public's tables, rather than get empty ones of its own
 // (TestCreateSchemaWithOwnSchemaFirstOnPath).
 func CreateSchema(ctx context.Context, db *sql.DB) error {
+	if ctx == nil {
+		return nilctx.Err("payment", "CreateSchema")
+	}
 	var n int
 	stmt := schemaPG
 	switch err := db.QueryRowContext(ctx, `SELECT (to_regclass('payment') IS NOT NULL)::int + (to_regclass('charge') IS NOT NULL)::int`).Scan(&n); {
@@ -207,13 +211,20 @@ func CreateSchema(ctx context.Context, db *sql.DB) error {
 
 // Insert adds a pending payment.
 func Insert(ctx context.Context, db *sql.DB, id, amount int64) error {
+	if ctx == nil {
+		return nilctx.Err("payment", "Insert")
+	}
 	_, err := db.ExecContext(ctx, `INSERT INTO payment (id, amount) VALUES ($1, $2)`, id, amount)
 	return err
 }
 
 // Get reads a payment; ErrNotFound if there is none, fence.ErrInvalidOption
-// if db is nil.
+// if db or ctx is nil (as every call here that takes a ctx returns for a
+// nil one).
 func Get(ctx context.Context, db *sql.DB, id int64) (Payment, error) {
+	if ctx == nil {
+		return Payment{ID: id}, nilctx.Err("payment", "Get")
+	}
 	if db == nil {
 		return Payment{ID: id}, fmt.Errorf("%w: payment: Get with a nil db", fence.ErrInvalidOption)
 	}
@@ -234,6 +245,9 @@ func get(ctx context.Context, db guard.Querier, id int64) (Payment, error) {
 
 // Charges lists the charges made for a payment, oldest first.
 func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
+	if ctx == nil {
+		return nil, nilctx.Err("payment", "Charges")
+	}
 	rows, err := db.QueryContext(ctx, `SELECT amount, charged_by, token FROM charge WHERE payment_id = $1 ORDER BY token`, id)
 	if err != nil {
 		return nil, err
@@ -269,6 +283,9 @@ func Charges(ctx context.Context, db *sql.DB, id int64) ([]Charge, error) {
 // unless ctx ended during the commit itself, which the database may have
 // finished; Get the payment to know.
 func (s *Service) Approve(ctx context.Context, id int64, by string) (fence.Token, error) {
+	if ctx == nil {
+		return 0, nilctx.Err("payment", "Approve")
+	}
 	return s.locked(ctx, id, by, "", fenced)
 }
 
@@ -282,6 +299,9 @@ func (s *Service) Approve(ctx context.Context, id int64, by string) (fence.Token
 // its own resend (its lease ran out first). Nothing is charged again. It
 // returns ErrInvalidKey for a key that cannot be recorded.
 func (s *Service) ApproveOnce(ctx context.Context, id int64, by, key string) (fence.Token, error) {
+	if ctx == nil {
+		return 0, nilctx.Err("payment", "ApproveOnce")
+	}
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
@@ -301,6 +321,9 @@ func (s *Service) ApproveOnce(ctx context.Context, id int64, by, key string) (fe
 // worker that writes after a newer one, but charges twice when the stale
 // worker writes first. Kept for the demo and the tests; do not use it.
 func (s *Service) ApproveTokenOnly(ctx context.Context, id int64, by string) (fence.Token, error) {
+	if ctx == nil {
+		return 0, nilctx.Err("payment", "ApproveTokenOnly")
+	}
 	return s.locked(ctx, id, by, "", tokenOnly)
 }
 
@@ -308,6 +331,9 @@ func (s *Service) ApproveTokenOnly(ctx context.Context, id int64, by string) (fe
 // token: the hazard the article describes, kept for the demo and the tests
 // to compare against. Do not use it.
 func (s *Service) ApproveWithoutFencing(ctx context.Context, id int64, by string) (fence.Token, error) {
+	if ctx == nil {
+		return 0, nilctx.Err("payment", "ApproveWithoutFencing")
+	}
 	return s.locked(ctx, id, by, "", unfenced)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/internal/bound"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -162,6 +163,9 @@ const ownsApplied = `COALESCE((SELECT pg_has_role(relowner, 'USAGE') FROM pg_cat
 // (TestCreateSchemaNotOwnerIndexMissing), and the owner's next CreateSchema
 // makes it.
 func CreateSchema(ctx context.Context, db *sql.DB) error {
+	if ctx == nil {
+		return nilctx.Err("queue", "CreateSchema")
+	}
 	var done bool
 	// Looked up as Schema looks them up. If the look-up fails, Schema
 	// runs, and says what is wrong.
@@ -337,6 +341,9 @@ func digits(s string) bool {
 // a NUL, is not UTF-8 or is longer than MaxAccountLen is refused with an
 // error matching ErrInvalidAccount, and nothing is appended.
 func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amount int64) (string, error) {
+	if ctx == nil {
+		return "", nilctx.Err("queue", "Produce")
+	}
 	var id [16]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
 	return produce(ctx, rdb, stream, hex.EncodeToString(id[:]), account, amount)
@@ -353,6 +360,9 @@ func Produce(ctx context.Context, rdb redis.Cmdable, stream, account string, amo
 // stream entry id (digits, '-', digits) is refused with an error matching
 // ErrInvalidID, and nothing is appended.
 func ProduceID(ctx context.Context, rdb redis.Cmdable, stream, id, account string, amount int64) (string, error) {
+	if ctx == nil {
+		return "", nilctx.Err("queue", "ProduceID")
+	}
 	return produce(ctx, rdb, stream, id, account, amount)
 }
 
@@ -547,7 +557,8 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // its entry id (see the package documentation); its fields are lost.
 // It returns when
 // ctx ends, or at once, with an error matching fence.ErrInvalidOption or
-// ErrInvalidName, for a Consumer without Redis, DB, Stream, Group or Name,
+// ErrInvalidName, for a nil ctx (as every call here that takes a ctx
+// returns), for a Consumer without Redis, DB, Stream, Group or Name,
 // whose Redis is a pipeline, with a Stream holding a brace or a ':' (see
 // Resource), with a Name that is not UTF-8 or holds a NUL, with a
 // negative duration or count, with a MinIdle, Block or TxTimeout under a
@@ -556,6 +567,9 @@ var errDuplicate = errors.New("queue: message applied (or given up on) before")
 // id, is not valid.
 // opts are passed to Lead.
 func (c *Consumer) Run(ctx context.Context, locker fence.Locker, opts ...fence.LeadOption) error {
+	if ctx == nil {
+		return nilctx.Err("queue", "Consumer.Run")
+	}
 	if err := c.check(); err != nil {
 		return err
 	}
