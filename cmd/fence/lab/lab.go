@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
+	"github.com/fencekit/fence/internal/nilctx"
 )
 
 // Config of a lab run.
@@ -120,6 +121,9 @@ var scenarios = []scenario{
 // scenario could not be set up; a control that shows no violation, or a
 // protected run that shows one, is reported as a failed Result.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if ctx == nil {
+		return newReport(cfg.Quick), nilctx.Err("lab", "Run")
+	}
 	if err := CheckScenarios(cfg.Scenarios); err != nil {
 		return newReport(cfg.Quick), err
 	}
@@ -312,6 +316,9 @@ const WorkerPackage = "github.com/fencekit/fence/cmd/fence/lab/cmd/labworker"
 // source as the current module, as when the lab runs from a checkout with
 // `go run ./cmd/fence lab`.
 func BuildWorker(ctx context.Context, dir string) (string, error) {
+	if ctx == nil {
+		return "", nilctx.Err("lab", "BuildWorker")
+	}
 	bin := filepath.Join(dir, "labworker")
 	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, WorkerPackage).CombinedOutput()
 	if err != nil {

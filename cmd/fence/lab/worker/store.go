@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
+	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/jackc/pgx/v5/stdlib" // the PostgreSQL rows' driver
 	_ "modernc.org/sqlite"           // the lab's database
 )
@@ -99,6 +100,9 @@ func postgres(db *sql.DB) bool {
 
 // CreateSchema creates the lab's tables and guard's.
 func CreateSchema(ctx context.Context, db *sql.DB) error {
+	if ctx == nil {
+		return nilctx.Err("worker", "CreateSchema")
+	}
 	schema := Schema
 	if postgres(db) {
 		schema = SchemaPostgres
@@ -113,6 +117,9 @@ func CreateSchema(ctx context.Context, db *sql.DB) error {
 // needs it. A worker calls it once, before its leases, so that its
 // read-modify-writes take SQLite's write lock once each.
 func EnsureRow(ctx context.Context, q guard.Querier, key string) error {
+	if ctx == nil {
+		return nilctx.Err("worker", "EnsureRow")
+	}
 	_, err := q.ExecContext(ctx, `INSERT INTO payment (id) VALUES ($1) ON CONFLICT (id) DO NOTHING`, key)
 	return err
 }
@@ -130,6 +137,9 @@ type Op struct {
 // the read and may pause there). It returns what was read and written; an
 // error matching guard.ErrStale when the resource rejected the token.
 func Apply(ctx context.Context, db *sql.DB, mode string, op Op, between func(read []string)) (read, written []string, err error) {
+	if ctx == nil {
+		return nil, nil, nilctx.Err("worker", "Apply")
+	}
 	// rmw reads through q and writes through tx: the same transaction for
 	// the fenced modes, the read outside it for the naive ones.
 	rmw := func(tx *sql.Tx, q guard.Querier, conditional bool) error {
@@ -220,6 +230,9 @@ func writeOps(ctx context.Context, tx *sql.Tx, op Op, ops []string, conditional 
 // in tx, which guard's SQLStore opened and fenced (or a plain transaction,
 // for the control).
 func WriteIn(ctx context.Context, tx *sql.Tx, op Op) (read, written []string, err error) {
+	if ctx == nil {
+		return nil, nil, nilctx.Err("worker", "WriteIn")
+	}
 	if err := EnsureRow(ctx, tx, op.Key); err != nil {
 		return nil, nil, err
 	}
