@@ -52,6 +52,7 @@ var bugs = []struct {
 	{name: "short-given-back-in-time", caught: "ExpiryFreesTheLock", what: "the first 200 ms lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
 	{name: "watchdog-given-back-in-time", caught: "LeaseLostWhenTaken", what: "the first watchdog lease of a name is given back (ErrLeaseLost, a late-reply check that misfires) though its reply came in time"},
 	{name: "wait-deadline-from-call", caught: "WaitLongerThanLeaseTime", what: "a waiting Acquire counts the late-reply deadline from the call (the wait included), not from the try that took the lock, and gives back a lease whose reply came in time"},
+	{name: "wait-deadline-stale", caught: "WaitLongerThanLeaseTime", what: "a waiting Acquire counts the lease's Deadline from the call (the wait included), already past when it returns, and the lease ends at the watchdog's first tick, a third of the lease time later, which finds it past"},
 	{name: "late-reply-kept", caught: "ExpiryFreesTheLock", what: "a 200 ms lease whose reply came late fails with ErrLeaseLost but is not given back, the lock held for no one"},
 }
 
@@ -137,6 +138,22 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 			return nil, fence.NotAcquired(name, fmt.Errorf("%w: %v after the call, past the lease's deadline; given back", fence.ErrLeaseLost, took))
 		}
 		return b.wrap(ctx, inner), nil
+	}
+	if o, err := fence.Apply(opts); err == nil && b.bug == "wait-deadline-stale" && o.Wait > 0 && o.TTL == 0 {
+		const ttl = 300 * time.Millisecond // the watchdog's
+		called := time.Now()
+		inner, err := b.l.Acquire(ctx, name, opts...)
+		if err != nil {
+			return nil, err
+		}
+		ls := b.wrap(ctx, inner).(*brokenLease)
+		ls.stale = called.Add(ttl)
+		time.AfterFunc(ttl/3, func() {
+			if inner.Err() == nil && time.Now().After(ls.stale) {
+				b.l.Remove(name) // the watchdog's tick finds the lease past its Deadline: lost
+			}
+		})
+		return ls, nil
 	}
 	if o, err := fence.Apply(opts); err == nil && b.bug == "ghost-waiter" && o.Wait > 0 {
 		return b.ghostAcquire(ctx, name, o.Wait, opts)
@@ -259,6 +276,8 @@ type brokenLease struct {
 
 	ctx    context.Context // deadline-late, done-late, context-*: the lease's Context
 	cancel context.CancelCauseFunc
+
+	stale time.Time // wait-deadline-stale: the Deadline counted from the call
 }
 
 func (ls *brokenLease) Token() fence.Token {
@@ -309,6 +328,10 @@ func (ls *brokenLease) Err() error {
 func (ls *brokenLease) Deadline() time.Time {
 	d := ls.Lease.Deadline()
 	switch ls.bug {
+	case "wait-deadline-stale":
+		if !ls.stale.IsZero() {
+			d = ls.stale
+		}
 	case "deadline-late":
 		d = d.Add(time.Second)
 	case "extend-local-only":

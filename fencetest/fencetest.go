@@ -383,6 +383,10 @@ func (s suite) waitBudget(t *testing.T) {
 // time for (ErrLeaseLost), as if its reply had come late. The waiter has
 // waited 1.5 lease times at least when the holder lets go: a second
 // caller, asked after it, gives up its own wait of 1.5 lease times first.
+// The lease's Deadline, read as Acquire returns, lies ahead: a backend
+// that counted the Deadline from the call returned a lease past it, which
+// its watchdog's first tick ended a third of a lease time later, after
+// the suite had released it (fencetest's wait-deadline-stale).
 func (s suite) waitLongerThanLease(t *testing.T) {
 	n := name(t)
 	ttl := s.cfg.WatchdogTTL
@@ -390,14 +394,20 @@ func (s suite) waitLongerThanLease(t *testing.T) {
 	waiter := s.cfg.New(t)
 	calling := make(chan struct{})
 	type result struct {
-		lease fence.Lease
-		err   error
+		lease    fence.Lease
+		err      error
+		deadline time.Time // the lease's, as Acquire returned
+		returned time.Time
 	}
 	got := make(chan result, 1)
 	go func() {
 		close(calling)
-		lease, err := waiter.Acquire(ctxFor(t), n, fence.Wait(3*ttl+s.cfg.Slack))
-		got <- result{lease, err}
+		r := result{}
+		r.lease, r.err = waiter.Acquire(ctxFor(t), n, fence.Wait(3*ttl+s.cfg.Slack))
+		if r.err == nil {
+			r.deadline, r.returned = r.lease.Deadline(), time.Now()
+		}
+		got <- r
 	}()
 	<-calling
 	if _, err := s.cfg.New(t).Acquire(ctxFor(t), n, fence.Wait(ttl+ttl/2)); !errors.Is(err, fence.ErrHeld) {
@@ -410,6 +420,10 @@ func (s suite) waitLongerThanLease(t *testing.T) {
 	}
 	if err := r.lease.Err(); err != nil {
 		t.Fatalf("the lease of an Acquire that waited more than a lease time ended: %v", err)
+	}
+	if !r.deadline.After(r.returned) {
+		_ = r.lease.Release(ctxFor(t))
+		t.Fatalf("an Acquire that waited more than a lease time (%v) returned a lease whose Deadline had passed %v before", ttl, r.returned.Sub(r.deadline).Round(time.Millisecond))
 	}
 	mustRelease(t, r.lease)
 }
