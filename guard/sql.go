@@ -159,8 +159,10 @@ WHERE fence_tokens.token - excluded.token < 0`
 // with an UNLOGGED partition, is refused with ErrInvalidTable, whether it
 // was there or CreateTables made it (a search_path that lists pg_temp
 // first makes it TEMP); Fence does not look again, so a TEMP fence_tokens
-// made after CreateTables on a pooled connection would still be used
-// there.
+// made after CreateTables on a pooled connection is used there by the
+// statements planned after it (with pgx, where the session had no TEMP
+// table before; a statement it had prepared earlier goes on writing the
+// shared table).
 //
 // A resource's row in fence_tokens is all the guard remembers of it: every
 // process that fences the resource must reach the same table (two
