@@ -41,8 +41,8 @@ var (
 	// or the set clause given to Table.Update or Table.UpdateVersion holds
 	// a comment or a ';' that would cut off its WHERE clause. Nothing was
 	// sent to the database.
-	// CreateTables returns it too when a guard table on the connection's
-	// search_path is not shared and durable: a TEMP or an UNLOGGED
+	// CreateTables returns it too when a guard table the connection uses
+	// is not shared and durable: a TEMP (on PostgreSQL or SQLite) or an UNLOGGED
 	// fence_tokens or fence_idempotency, or one with an UNLOGGED
 	// partition (having created nothing, unless the search_path made
 	// the table it created TEMP).

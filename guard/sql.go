@@ -106,6 +106,12 @@ WHERE fence_tokens.token - excluded.token < 0`
 	(SELECT c.relpersistence::text || c.oid::regclass::text FROM pg_catalog.pg_class c
 		WHERE c.oid = to_regclass('fence_idempotency') OR c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass('fence_idempotency')))
 		ORDER BY c.relpersistence DESC LIMIT 1)`
+	// SQLite's TEMP tables of the guard's names, in visibleTablesPG's
+	// form: a TEMP table shadows main's for its connection, and SQLite's
+	// names ignore case.
+	tempTablesSQLite = `SELECT
+	(SELECT 't' || name FROM sqlite_temp_master WHERE name = 'fence_tokens' COLLATE NOCASE),
+	(SELECT 't' || name FROM sqlite_temp_master WHERE name = 'fence_idempotency' COLLATE NOCASE)`
 	// PostgreSQL's forms of the two CREATE TABLEs: each creates its table
 	// only if none is visible on the search_path yet.
 	createTokensPG      = `DO $$ BEGIN IF to_regclass('fence_tokens') IS NULL THEN ` + createTokens + `; END IF; END $$`
@@ -155,7 +161,7 @@ WHERE fence_tokens.token - excluded.token < 0`
 // finds the tables that the one before it made; if it fails on
 // PostgreSQL, CreateTables returns the error and creates nothing.
 // A table of either name that is TEMP (which shadows the shared one for
-// its session) or UNLOGGED (which a crash empties), or a partitioned one
+// its session, or on SQLite main's for its connection) or UNLOGGED (which a crash empties), or a partitioned one
 // with an UNLOGGED partition, is refused with ErrInvalidTable, whether it
 // was there or CreateTables made it (a search_path that lists pg_temp
 // first makes it TEMP); Fence does not look again, so a TEMP fence_tokens
@@ -192,7 +198,7 @@ func CreateTables(ctx context.Context, q Querier) error {
 	lookedUp := false
 	switch err := q.QueryRowContext(ctx, visibleTablesPG).Scan(&tokens, &idem); {
 	case err == nil:
-		if err := checkShared(tokens, idem); err != nil {
+		if err := checkShared(tokens, idem, "pg_temp"); err != nil {
 			return err
 		}
 		// Looked up again under CreateIfNotExists's lock: another
@@ -210,6 +216,14 @@ func CreateTables(ctx context.Context, q Querier) error {
 		// statements would make the tables in current_schema(),
 		// visible or not elsewhere (TestCreateTablesLookupErrorNotSQLite).
 		return fmt.Errorf("guard: create tables: %w", err)
+	default:
+		// SQLite, where to_regclass is unknown. A failed look-up leaves
+		// it to the statements to say what is wrong.
+		if q.QueryRowContext(ctx, tempTablesSQLite).Scan(&tokens, &idem) == nil {
+			if err := checkShared(tokens, idem, "temp"); err != nil {
+				return err
+			}
+		}
 	}
 	if err := CreateIfNotExists(ctx, q, stmts...); err != nil {
 		return fmt.Errorf("guard: create tables: %w", err)
@@ -221,7 +235,7 @@ func CreateTables(ctx context.Context, q Querier) error {
 		if err := q.QueryRowContext(ctx, visibleTablesPG).Scan(&tokens, &idem); err != nil {
 			return fmt.Errorf("guard: create tables: %w", err)
 		}
-		if err := checkShared(tokens, idem); err != nil {
+		if err := checkShared(tokens, idem, "pg_temp"); err != nil {
 			return err
 		}
 	}
@@ -237,8 +251,10 @@ func CreateTables(ctx context.Context, q Querier) error {
 // path), and its tokens order nothing with other sessions'; an UNLOGGED
 // one, or an UNLOGGED partition, is emptied when PostgreSQL restarts
 // after a crash, and a stale token is then accepted
-// (TestCreateTablesTempTableShadows, TestCreateTablesUnloggedPartitionRefused).
-func checkShared(tokens, idem sql.NullString) error {
+// (TestCreateTablesTempTableShadows, TestCreateTablesUnloggedPartitionRefused,
+// TestCreateTablesSQLiteTempTableRefused). temp names the schema of TEMP
+// tables: pg_temp, or SQLite's temp.
+func checkShared(tokens, idem sql.NullString, temp string) error {
 	for _, t := range []struct {
 		table string
 		found sql.NullString
@@ -250,7 +266,10 @@ func checkShared(tokens, idem sql.NullString) error {
 		var what, fix string
 		switch p {
 		case "t":
-			what, fix = "a TEMP table, seen by this session alone", "DROP TABLE pg_temp."+t.table+", and keep pg_temp off the front of search_path"
+			what, fix = "a TEMP table, seen by this session alone", "DROP TABLE "+temp+"."+t.table
+			if temp == "pg_temp" {
+				fix += "; a search_path that lists pg_temp first makes CREATE TABLE make TEMP tables"
+			}
 		case "u":
 			what, fix = "an UNLOGGED table, emptied by a crash", "ALTER TABLE "+rel+" SET LOGGED"
 			if rel != t.table {
@@ -259,7 +278,7 @@ func checkShared(tokens, idem sql.NullString) error {
 		default:
 			continue
 		}
-		return fmt.Errorf("%w: guard: create tables: the %s on this connection's search_path is %s; what it records must be shared by every session and survive a crash (%s)", ErrInvalidTable, t.table, what, fix)
+		return fmt.Errorf("%w: guard: create tables: the %s this connection uses is %s; what it records must be shared by every session and survive a crash (%s)", ErrInvalidTable, t.table, what, fix)
 	}
 	return nil
 }

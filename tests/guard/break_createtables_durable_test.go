@@ -3,6 +3,7 @@ package guard_test
 import (
 	"database/sql"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -79,5 +80,34 @@ func TestCreateTablesViewOverUnlogged(t *testing.T) {
 	}
 	if err := guard.CreateTables(ctx(t), db); !errors.Is(err, guard.ErrInvalidTable) {
 		t.Errorf("CreateTables with fence_tokens a view over an UNLOGGED table: %v, want guard.ErrInvalidTable", err)
+	}
+}
+
+// TestCreateTablesSQLiteTempTableRefused: SQLite's TEMP tables shadow
+// main's for their connection, as PostgreSQL's do for their session (and
+// a name's case does not matter there). With a TEMP Fence_Tokens on one
+// pooled connection, CreateTables on it returned nil, Fence 9 went to
+// that TEMP table, and Fence 5 on another connection was accepted after
+// it. CreateTables must refuse it there too.
+func TestCreateTablesSQLiteTempTableRefused(t *testing.T) {
+	db, err := sql.Open("sqlite", guard.SQLiteDSN(filepath.Join(t.TempDir(), "guard.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	if err := guard.CreateTables(ctx(t), db); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx(t), `CREATE TEMP TABLE Fence_Tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL, call_id TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	err = guard.CreateTables(ctx(t), conn)
+	if !errors.Is(err, guard.ErrInvalidTable) || !strings.Contains(err.Error(), "DROP TABLE temp.fence_tokens") {
+		t.Errorf("CreateTables on SQLite with a TEMP Fence_Tokens: %v, want guard.ErrInvalidTable naming DROP TABLE temp.fence_tokens", err)
 	}
 }
