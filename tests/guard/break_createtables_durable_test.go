@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencekit/fence/guard"
 )
@@ -109,5 +110,62 @@ func TestCreateTablesSQLiteTempTableRefused(t *testing.T) {
 	err = guard.CreateTables(ctx(t), conn)
 	if !errors.Is(err, guard.ErrInvalidTable) || !strings.Contains(err.Error(), "DROP TABLE temp.fence_tokens") {
 		t.Errorf("CreateTables on SQLite with a TEMP Fence_Tokens: %v, want guard.ErrInvalidTable naming DROP TABLE temp.fence_tokens", err)
+	}
+}
+
+// TestCreateTablesUnloggedMadeWhileWaiting: the look-up under
+// CreateIfNotExists's lock (a DO block) asks only whether a table is
+// there, not what it is. A CreateTables that found no table, then waited
+// for the lock while another session made an UNLOGGED fence_tokens in
+// public, took that table: it returned nil. What it finds under the lock
+// must be refused as what it finds before.
+func TestCreateTablesUnloggedMadeWhileWaiting(t *testing.T) {
+	db := pg.NewDB(t)
+	first, err := db.BeginTx(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback()
+	if _, err := first.ExecContext(ctx(t), `SELECT pg_advisory_xact_lock(1717923427, 1935894629)`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- guard.CreateTables(ctx(t), db) }()
+	waitForAdvisoryWaiter(t, db, done)
+	if _, err := first.ExecContext(ctx(t), `CREATE UNLOGGED TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL, call_id TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, guard.ErrInvalidTable) || !strings.Contains(err.Error(), "SET LOGGED") {
+		t.Errorf("CreateTables that waited while an UNLOGGED fence_tokens was made: %v, want guard.ErrInvalidTable naming ALTER TABLE … SET LOGGED", err)
+	}
+}
+
+// waitForAdvisoryWaiter waits until a session waits for an advisory lock
+// on db's database (CreateTables, for CreateIfNotExists's lock), failing
+// t after 10 s or if the call returns first.
+func waitForAdvisoryWaiter(t *testing.T, db *sql.DB, done <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var waiting int
+		if err := db.QueryRowContext(ctx(t), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("CreateTables never waited for the schema lock")
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("CreateTables returned %v without waiting for the schema lock", err)
+		case <-tick.C:
+		}
 	}
 }
