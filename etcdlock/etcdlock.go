@@ -102,14 +102,15 @@ type Locker struct {
 	// had Close wait for every settle that started after it, for as long
 	// as they overlapped: TestCloseWaitsOnlyForSettlesUnderWay).
 	settling map[chan struct{}]struct{}
-	// waiting holds the Acquires waiting in line, for Close, which ends
-	// their wait (the cancel, with errLockerClosed): each channel is
-	// closed when its Acquire has given its key back, or taken the lock
-	// before Close came. A waiter that went on after Close waited out its
-	// budget, and its give-back, sent after Close had drained, was tried
-	// once: on a member that hung, its key stayed for its etcd lease's
-	// TTL (TestCloseEndsWaiterWithHungMember).
-	waiting map[chan struct{}]context.CancelCauseFunc
+	// acquiring holds the Acquires under way, for Close, which ends their
+	// wait in line (the cancel, with errLockerClosed): each channel is
+	// closed when its Acquire returns, its key given back, or its lease
+	// made before Close came. A waiter that went on after Close waited out
+	// its budget, and its give-back, sent after Close had drained, was
+	// tried once: on a member that hung, its key stayed for its etcd
+	// lease's TTL (TestCloseEndsWaiterWithHungMember); so did the key of
+	// an Acquire whose create Txn was under way (TestCloseDuringCreateTxn).
+	acquiring map[chan struct{}]context.CancelCauseFunc
 	// closing holds a token while a Close runs (made by the first): a
 	// Close called meanwhile waits for it, within its ctx, rather than
 	// return while the other still revokes the spares it took
@@ -209,13 +210,15 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // error. Each revoke is tried again on the next member after an attempt
 // timeout, as every call is, within ctx.
 //
-// An Acquire waiting in line when Close is called stops waiting, gives
-// its key back and fails with an error matching fence.ErrClosed and
-// fence.ErrNotAcquired; Close waits for those give-backs, within ctx, as
-// for the revokes above (one left to the background goes on until it gets
-// through, for the next Close to wait for). An Acquire whose take came too
-// late (see the package documentation) does not try again once Close was
-// called, and fails the same way. Leases held go on: their runs renew and
+// An Acquire under way when Close is called (waiting in line, or its
+// Grant or create Txn not answered yet) gives its key back and fails with
+// an error matching fence.ErrClosed and fence.ErrNotAcquired, whether it
+// waited or took the lock at once; one waiting in line stops waiting, and
+// one whose take came too late (see the package documentation) does not
+// try again. Close waits for those Acquires to return, within ctx, as for
+// the revokes above (a give-back left to the background goes on until it
+// gets through, for the next Close to wait for); one that made its lease
+// before Close came returns it. Leases held go on: their runs renew and
 // watch them until they end or the client is closed, and Release frees
 // their locks, but from then on a revoke that does not get through in the
 // call that sends it (a Release's, a lost lease's) is not retried in the
@@ -241,7 +244,7 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	l.closed = true
-	for _, cancel := range l.waiting {
+	for _, cancel := range l.acquiring {
 		cancel(errLockerClosed)
 	}
 	if l.closing == nil {
@@ -266,22 +269,22 @@ func (l *Locker) Close(ctx context.Context) error {
 	for settled := range l.settling {
 		settling = append(settling, settled)
 	}
-	waiting := make([]chan struct{}, 0, len(l.waiting))
-	for ended := range l.waiting {
-		waiting = append(waiting, ended)
+	acquiring := make([]chan struct{}, 0, len(l.acquiring))
+	for ended := range l.acquiring {
+		acquiring = append(acquiring, ended)
 	}
 	l.mu.Unlock()
 	left := waitAll(ctx, settling)
 	if left > 0 {
 		first = fmt.Errorf("etcdlock: close: %d Extend(s) still under way or settling their move in the background: %w", left, ctx.Err())
 	}
-	// The waiters in line, their wait ended above, give their keys back:
-	// a revoke of theirs that does not get through is left to the
-	// background, for the wait below.
-	if n := waitAll(ctx, waiting); n > 0 {
+	// The Acquires under way, their wait in line ended above, give their
+	// keys back: a revoke of theirs that does not get through is left to
+	// the background, for the wait below.
+	if n := waitAll(ctx, acquiring); n > 0 {
 		left += n
 		if first == nil {
-			first = fmt.Errorf("etcdlock: close: %d Acquire(s) still giving back their place in line: %w", n, ctx.Err())
+			first = fmt.Errorf("etcdlock: close: %d Acquire(s) still under way or giving back their key: %w", n, ctx.Err())
 		}
 	}
 	// Then the revokes under way or retried in the background, those of
@@ -469,9 +472,17 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	if err := ctx.Err(); err != nil {
 		return nil, fence.NotAcquired(name, err)
 	}
-	if l.isClosed() {
-		return nil, fence.NotAcquired(name, errLockerClosed)
+	// Counted for Close from here until it returns, not only while it
+	// waits in line: a create Txn under way as Close came read the lock
+	// held after Close had returned nil at once, and its give-back,
+	// tried once on the client closed meanwhile, left its key for its
+	// etcd lease's TTL; read free, it gave a lease (token 5) 1 s after
+	// Close (TestCloseDuringCreateTxn).
+	cctx, acquiring, err := l.acquireStarted(ctx)
+	if err != nil {
+		return nil, fence.NotAcquired(name, err)
 	}
+	defer l.acquireEnded(acquiring)
 	ttl, watchdog := o.TTL, false
 	if ttl == 0 {
 		ttl, watchdog = l.watchdogTTL, true
@@ -511,7 +522,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			}
 			sp.id, sp.granted = g.ID, time.Duration(g.TTL)*time.Second
 		}
-		lease, err := l.create(ctx, tctx, name, pfx, sp, watchdog, o.Wait, budget)
+		lease, err := l.create(ctx, tctx, cctx, name, pfx, sp, watchdog, o.Wait, budget)
 		if reused && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errKeyRestored)) {
 			reused = false
 			continue
@@ -523,7 +534,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			lates++
 			lateErr = err
 			if pause.For(ctx, min(pause.Backoff(lates), time.Until(budget))) && time.Until(budget) > 0 {
-				if l.isClosed() {
+				if context.Cause(cctx) == errLockerClosed {
 					// Not on a Locker closed meanwhile: the new etcd
 					// lease and key would escape Close's wait, and the
 					// lease came 1 s after Close had returned
@@ -562,8 +573,10 @@ func budgetCut(ctx, tctx context.Context, lateErr, err error) error {
 // waiting in line if wait is not zero. It revokes sp if it fails, except
 // when the create Txn found sp gone (ErrLeaseNotFound, nothing written).
 // Its requests run on tctx (ctx, or ctx bounded by the wait budget for a
-// try after a late take), its wait in line on ctx within the budget.
-func (l *Locker) create(ctx, tctx context.Context, name, pfx string, sp spare, watchdog bool, wait time.Duration, budget time.Time) (*Lease, error) {
+// try after a late take), its wait in line on cctx (ctx, which Close
+// cancels with errLockerClosed) within the budget; once Close was called,
+// it gives back a lock it took.
+func (l *Locker) create(ctx, tctx, cctx context.Context, name, pfx string, sp spare, watchdog bool, wait time.Duration, budget time.Time) (*Lease, error) {
 	ttl, per := sp.ttl, attemptTimeout(sp.ttl)
 	// giveUp gives back sp when the Acquire fails: its key may exist, or
 	// be created late by a create Txn sent before ctx ended. It is
@@ -671,23 +684,20 @@ func (l *Locker) create(ctx, tctx context.Context, name, pfx string, sp spare, w
 		if prev != nil {
 			w.prev, w.from = string(prev.Key), from
 		}
-		wctx, waiting, err := l.waitStarted(ctx)
-		if err != nil {
+		var err error
+		if sent, err = w.wait(cctx, budget); err != nil {
 			giveUp()
+			if context.Cause(cctx) == errLockerClosed {
+				err = errLockerClosed
+			}
 			return nil, err
 		}
-		sent, err = w.wait(wctx, budget)
-		if errors.Is(context.Cause(wctx), errLockerClosed) {
-			// Close came: no lock for a Locker closed meanwhile, even
-			// one that the wait took as it came.
-			err = errLockerClosed
-		}
-		if err != nil {
-			giveUp()
-			l.waitEnded(waiting)
-			return nil, err
-		}
-		l.waitEnded(waiting)
+	}
+	if context.Cause(cctx) == errLockerClosed {
+		// Close came: no lock for a Locker closed meanwhile, even one
+		// that the create Txn or the wait took as it came.
+		giveUp()
+		return nil, errLockerClosed
 	}
 	// An attempt that timed out may yet be applied, late (it sat in a
 	// member that hung): once the lock is released its Compare holds
@@ -774,13 +784,6 @@ var errClientClosed = fmt.Errorf("etcdlock: the etcd client was closed: %w", fen
 
 // errLockerClosed is why Acquire and Extend fail after Locker.Close.
 var errLockerClosed = fmt.Errorf("the Locker was closed: %w", fence.ErrClosed)
-
-// isClosed reports whether Close was called.
-func (l *Locker) isClosed() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.closed
-}
 
 // errAttemptTimedOut is the cause with which try cancels an attempt that
 // took longer than its timeout.
@@ -921,30 +924,30 @@ func (l *Locker) settleStarted() (chan struct{}, error) {
 	return settled, nil
 }
 
-// waitStarted and waitEnded count an Acquire waiting in line, for Close:
-// waitStarted returns a context of ctx that Close cancels with
-// errLockerClosed, and the channel that waitEnded closes once the Acquire
-// has given its key back, or errLockerClosed once Close was called,
-// counting nothing.
-func (l *Locker) waitStarted(ctx context.Context) (context.Context, chan struct{}, error) {
+// acquireStarted and acquireEnded count an Acquire under way, for Close:
+// acquireStarted returns a context of ctx that Close cancels with
+// errLockerClosed, and the channel that acquireEnded closes once the
+// Acquire returns (its key given back, or its lease made), or
+// errLockerClosed once Close was called, counting nothing.
+func (l *Locker) acquireStarted(ctx context.Context) (context.Context, chan struct{}, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return nil, nil, errLockerClosed
 	}
-	if l.waiting == nil {
-		l.waiting = make(map[chan struct{}]context.CancelCauseFunc)
+	if l.acquiring == nil {
+		l.acquiring = make(map[chan struct{}]context.CancelCauseFunc)
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
 	ended := make(chan struct{})
-	l.waiting[ended] = cancel
+	l.acquiring[ended] = cancel
 	return wctx, ended, nil
 }
 
-func (l *Locker) waitEnded(ended chan struct{}) {
+func (l *Locker) acquireEnded(ended chan struct{}) {
 	l.mu.Lock()
-	cancel := l.waiting[ended]
-	delete(l.waiting, ended)
+	cancel := l.acquiring[ended]
+	delete(l.acquiring, ended)
 	close(ended)
 	l.mu.Unlock()
 	cancel(nil)
