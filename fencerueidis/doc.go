@@ -85,7 +85,11 @@
 // New refuses a BlockingPoolSize of 1, which left them none while someone
 // waited, not even a woken waiter's own try at the lock
 // (TestBlockingPoolOfOneRefused; read from rueidis's own client types, a
-// wrapper taken at its word); the default is 1024. They wait for a
+// wrapper taken at its word); the default is 1024. Lockers that share a
+// client take one connection each for their waiters, so give the pool one
+// more than their number: New sees one Locker at a time, and two on a
+// pool of 2 left a woken waiter none, as one on a pool of 1
+// (TestBlockingPoolOfTwoTwoLockers, skipped: a design question). They wait for a
 // connection under their context (Status's reads are sent as blocking
 // commands, not through Dedicated, whose wait for the pool takes no
 // context and outlived Status's deadline:
