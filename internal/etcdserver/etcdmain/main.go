@@ -7,7 +7,7 @@
 // Usage:
 //
 //	etcdmain CONFIG.yaml
-//	etcdmain restore [-bump-revision N -mark-compacted] SNAPSHOT CONFIG.yaml
+//	etcdmain restore [-bump-revision N -mark-compacted] [-data-dir DIR] SNAPSHOT CONFIG.yaml
 //
 // The first runs the member. It exits when the server stops or fails, and
 // on SIGTERM or SIGINT after closing the server. The second makes the
@@ -26,7 +26,7 @@ import (
 
 const (
 	usage        = "etcdmain CONFIG.yaml"
-	restoreUsage = "etcdmain restore [-bump-revision N -mark-compacted] SNAPSHOT CONFIG.yaml"
+	restoreUsage = "etcdmain restore [-bump-revision N -mark-compacted] [-data-dir DIR] SNAPSHOT CONFIG.yaml"
 )
 
 func main() {

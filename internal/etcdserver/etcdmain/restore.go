@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,9 +12,9 @@ import (
 )
 
 // restore runs "etcdmain restore [-bump-revision N -mark-compacted]
-// SNAPSHOT CONFIG.yaml": it makes the data dir named in CONFIG (which must
-// not exist, or be empty) from SNAPSHOT, for the member CONFIG describes,
-// with etcdutl's own code, as
+// [-data-dir DIR] SNAPSHOT CONFIG.yaml": it makes the data dir named in
+// CONFIG, or DIR (which must not exist, or be empty), from SNAPSHOT, for
+// the member CONFIG describes, with etcdutl's own code, as
 //
 //	etcdutl snapshot restore SNAPSHOT --name NAME --data-dir DIR \
 //		--initial-cluster ... --initial-cluster-token ... \
@@ -24,6 +25,9 @@ func restore(args []string) error {
 	fs := flag.NewFlagSet("etcdmain restore", flag.ContinueOnError)
 	bump := fs.Uint64("bump-revision", 0, "how much to increase the latest revision after the restore")
 	compacted := fs.Bool("mark-compacted", false, "mark the latest revision after the restore as compacted (required with -bump-revision)")
+	// So that a member can be restored beside its data dir, which it goes
+	// on serving until the restore has succeeded.
+	dataDir := fs.String("data-dir", "", "the data dir to make (default: CONFIG's)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -50,7 +54,7 @@ func restore(args []string) error {
 	return snapshot.NewV3(lg).Restore(snapshot.RestoreConfig{
 		SnapshotPath:        fs.Arg(0),
 		Name:                cfg.Name,
-		OutputDataDir:       cfg.Dir,
+		OutputDataDir:       cmp.Or(*dataDir, cfg.Dir),
 		PeerURLs:            peers,
 		InitialCluster:      cfg.InitialCluster,
 		InitialClusterToken: cfg.InitialClusterToken,
