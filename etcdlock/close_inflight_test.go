@@ -9,6 +9,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
+	"github.com/fencekit/fence/internal/etcdtest"
 	"google.golang.org/grpc"
 )
 
@@ -99,5 +100,81 @@ func TestCloseDuringCreateTxn(t *testing.T) {
 				t.Errorf("%d key(s) after the Acquire returned, want %d (the holder's)", n, keys)
 			}
 		})
+	}
+}
+
+// TestCloseEndsAcquireOnHungCluster: an Acquire under way on a cluster
+// that answers nothing (its only member hung), with a ctx that never ends,
+// fails at once with ErrNotAcquired and ErrClosed when its Locker is
+// closed, as fence.ErrClosed says ("at once, whatever its wait budget"),
+// and Close returns nil: the Acquire must not hold Close until its ctx
+// ends, nor go on after it.
+//
+// It failed both ways. Before Close counted the Acquires under way, Close
+// returned nil at once while the Acquire went on sending its Grant for as
+// long as the member hung. Counted but not cancelled, Close waited out its
+// 2 s ctx ("1 Acquire(s) still under way or giving back their key") and
+// the Acquire still went on.
+func TestCloseEndsAcquireOnHungCluster(t *testing.T) {
+	const closeTimeout, slack = 2 * time.Second, 500 * time.Millisecond
+	c := etcdtest.StartCluster(t, 1)
+	hung := c.Members[0]
+	granting := make(chan struct{}, 1)
+	client := dialClient(t, c.Endpoints(), grpc.WithChainUnaryInterceptor(
+		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if method == "/etcdserverpb.Lease/LeaseGrant" {
+				select {
+				case granting <- struct{}{}:
+				default:
+				}
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
+	l, err := etcdlock.New(client, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung.Stop()
+	t.Cleanup(hung.Cont)
+	type result struct {
+		lease fence.Lease
+		err   error
+		at    time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(context.Background(), t.Name())
+		done <- result{lease, err, time.Now()}
+	}()
+	select {
+	case <-granting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no Grant sent after 10 s")
+	}
+	start := time.Now()
+	err = l.Close(ctxFor(t, closeTimeout))
+	closed := time.Now()
+	t.Logf("Close = %v after %v", err, closed.Sub(start).Round(time.Millisecond))
+	if err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	select {
+	case r := <-done:
+		t.Logf("Acquire = %v, %v after Close was called", r.err, r.at.Sub(start).Round(time.Millisecond))
+		if r.lease != nil {
+			t.Errorf("Acquire returned a lease (token %d)", r.lease.Token())
+		} else if !errors.Is(r.err, fence.ErrNotAcquired) || !errors.Is(r.err, fence.ErrClosed) {
+			t.Errorf("Acquire = %v, want ErrNotAcquired and ErrClosed", r.err)
+		}
+		if r.at.Sub(start) > slack {
+			t.Errorf("Acquire returned %v after Close was called", r.at.Sub(start).Round(time.Millisecond))
+		}
+	case <-time.After(closeTimeout + slack):
+		hung.Cont()
+		r := <-done
+		if r.lease != nil {
+			_ = r.lease.Release(ctxFor(t, 10*time.Second))
+		}
+		t.Fatalf("Acquire still under way %v after Close returned; once the member answered: %v, %v", time.Since(closed).Round(time.Millisecond), r.lease, r.err)
 	}
 }

@@ -103,7 +103,7 @@ type Locker struct {
 	// as they overlapped: TestCloseWaitsOnlyForSettlesUnderWay).
 	settling map[chan struct{}]struct{}
 	// acquiring holds the Acquires under way, for Close, which ends their
-	// wait in line (the cancel, with errLockerClosed): each channel is
+	// calls and wait in line (the cancel, with errLockerClosed): each channel is
 	// closed when its Acquire returns, its key given back, or its lease
 	// made before Close came. A waiter that went on after Close waited out
 	// its budget, and its give-back, sent after Close had drained, was
@@ -213,10 +213,10 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // An Acquire under way when Close is called (waiting in line, or its
 // Grant or create Txn not answered yet) gives its key back and fails with
 // an error matching fence.ErrClosed and fence.ErrNotAcquired, whether it
-// waited or took the lock at once; one waiting in line stops waiting, and
-// one whose take came too late (see the package documentation) does not
-// try again. Close waits for those Acquires to return, within ctx, as for
-// the revokes above (a give-back left to the background goes on until it
+// waited or took the lock at once; Close ends its wait in line, and the
+// tries of its Grant and create Txn, and one whose take came too late (see
+// the package documentation) does not try again. Close waits for those
+// Acquires to return, within ctx, as for the revokes above (a give-back left to the background goes on until it
 // gets through, for the next Close to wait for); one that made its lease
 // before Close came returns it. Leases held go on: their runs renew and
 // watch them until they end or the client is closed, and Release frees
@@ -506,8 +506,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	// the budget bounds every try after a late take too (lateErr, the
 	// last late take's error, then says why the Acquire failed if the
 	// budget cuts one short), so that a cluster that hangs as the late
-	// reply comes does not hold Acquire until ctx ends.
-	tctx := ctx
+	// reply comes does not hold Acquire until ctx ends. It is of cctx,
+	// so that Close ends them too: on a cluster that answered nothing, an
+	// Acquire on a ctx that never ends went on sending its Grant, and held
+	// Close until Close's ctx ended (TestCloseEndsAcquireOnHungCluster).
+	tctx := cctx
 	var lateErr error
 	for {
 		if !reused {
@@ -518,7 +521,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 				return err
 			})
 			if err != nil {
-				return nil, fence.NotAcquired(name, budgetCut(ctx, tctx, lateErr, fmt.Errorf("etcdlock: grant: %w", err)))
+				return nil, fence.NotAcquired(name, closedBy(cctx, budgetCut(ctx, tctx, lateErr, fmt.Errorf("etcdlock: grant: %w", err))))
 			}
 			sp.id, sp.granted = g.ID, time.Duration(g.TTL)*time.Second
 		}
@@ -533,28 +536,38 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			// (10 ms doubling to 1 s, jittered), within the budget.
 			lates++
 			lateErr = err
-			if pause.For(ctx, min(pause.Backoff(lates), time.Until(budget))) && time.Until(budget) > 0 {
-				if context.Cause(cctx) == errLockerClosed {
-					// Not on a Locker closed meanwhile: the new etcd
-					// lease and key would escape Close's wait, and the
-					// lease came 1 s after Close had returned
-					// (TestCloseDuringLateTake).
-					return nil, fence.NotAcquired(name, fmt.Errorf("%w; not tried again: %w", err, errLockerClosed))
-				}
+			paused := pause.For(cctx, min(pause.Backoff(lates), time.Until(budget)))
+			if context.Cause(cctx) == errLockerClosed {
+				// Not on a Locker closed meanwhile: the new etcd lease
+				// and key would escape Close's wait, and the lease came
+				// 1 s after Close had returned (TestCloseDuringLateTake).
+				return nil, fence.NotAcquired(name, fmt.Errorf("%w; not tried again: %w", err, errLockerClosed))
+			}
+			if paused && time.Until(budget) > 0 {
 				reused = false // a new etcd lease, a new key
-				if tctx == ctx {
+				if tctx == cctx {
 					var cancel context.CancelFunc
-					tctx, cancel = context.WithDeadline(ctx, budget)
+					tctx, cancel = context.WithDeadline(cctx, budget)
 					defer cancel()
 				}
 				continue
 			}
 		}
 		if err != nil {
-			return nil, fence.NotAcquired(name, budgetCut(ctx, tctx, lateErr, err))
+			return nil, fence.NotAcquired(name, closedBy(cctx, budgetCut(ctx, tctx, lateErr, err)))
 		}
 		return lease, nil
 	}
+}
+
+// closedBy is the error err of an Acquire whose calls ran on cctx: once
+// Close has cancelled cctx, errLockerClosed, with err's text but not its
+// context.Canceled, which the caller would take for its own ctx's.
+func closedBy(cctx context.Context, err error) error {
+	if context.Cause(cctx) != errLockerClosed || errors.Is(err, errLockerClosed) {
+		return err
+	}
+	return fmt.Errorf("%w (%v)", errLockerClosed, err)
 }
 
 // budgetCut is the error of a try after a late take (lateErr, nil for
