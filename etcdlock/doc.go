@@ -227,8 +227,9 @@
 // with an error matching fence.ErrClosed (the Locker can grant no more
 // leases: fence.Lead stops campaigning), and so do Acquire and Extend
 // after Locker.Close, whose wait the work they start would escape, and an
-// Acquire under way when Close is called (waiting in line, or its create
-// Txn not answered yet), once it has given its key back (Close waits for
+// Acquire under way when Close is called (waiting in line, or its Grant
+// or create Txn not answered yet, which Close cuts short), once it has
+// given its key back (Close waits for
 // that within its ctx; a waiter that went on waited out its budget, and
 // its give-back, tried once after Close, left its key for its etcd
 // lease's TTL when it reached a member that hung or the client was
