@@ -37,15 +37,17 @@ func TestAcquireAfterClose(t *testing.T) {
 }
 
 // Extend after Locker.Close, of a lease taken before it, with the member
-// hung: its move got no answer and was left to a settle in the background
-// that started after Close had returned, which no Close waits for (the
-// user closes the client next, and the settle, cut, ends the lease as
-// lost). Extend must fail at once with an error matching fence.ErrClosed,
-// send nothing and leave the lease as it was.
+// hung: Close released the lease, and Extend returns its Err at once
+// (an error matching fence.ErrLeaseLost and fence.ErrReleased), sends
+// nothing and leaves the lease as it was. (Before Close released the
+// leases held, Extend of one after Close started a settle in the
+// background that no Close waited for, the move unanswered, and the
+// user's close of the client then cut it; Extend was made to fail with
+// fence.ErrClosed instead, as it still does on a lease Close has not yet
+// released.)
 func TestExtendAfterClose(t *testing.T) {
 	l, gate := txnHungLocker(t, nil)
 	lease := acquire(t, l, t.Name(), 30*time.Second)
-	t.Cleanup(func() { _ = lease.Release(ctxFor(t, 10*time.Second)) })
 	if err := l.Close(ctxFor(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -56,37 +58,52 @@ func TestExtendAfterClose(t *testing.T) {
 	err := lease.Extend(ctx, time.Minute)
 	settling := etcdlock.Settling(l)
 	t.Logf("Extend after Close = %v; %d settling in the background", err, settling)
-	if !errors.Is(err, fence.ErrClosed) || settling != 0 {
-		t.Errorf("Extend after Close = %v, %d settling in the background; want an error matching fence.ErrClosed, nothing started", err, settling)
+	if !errors.Is(err, fence.ErrReleased) || !errors.Is(err, fence.ErrLeaseLost) || settling != 0 {
+		t.Errorf("Extend after Close = %v, %d settling in the background; want an error matching fence.ErrReleased and fence.ErrLeaseLost, nothing started", err, settling)
 	}
-	if lease.Err() != nil || !lease.Deadline().Equal(before) {
+	if lease.Err() != fence.ErrReleased || !lease.Deadline().Equal(before) {
 		t.Errorf("lease after an Extend refused: Err %v, Deadline moved by %v", lease.Err(), lease.Deadline().Sub(before))
 	}
 	gate.resume()
 }
 
-// A Release after Locker.Close, of a lease taken before it whose key was
-// deleted by hand (a lease of fence.TTL whose watch hears nothing does not
-// know), with the member hung: the lease is lost, and the revoke of its
-// etcd lease got no answer and was left to be retried in the background,
-// after Close had returned: no Close waits for it, and the user's close
-// of the client cuts it. After Close nothing is left to the background:
-// the revoke is tried within the Release's ctx, as before, and not
-// retried after it.
-func TestReleaseAfterCloseLeavesNoRetry(t *testing.T) {
+// Locker.Close of a lease whose key was deleted by hand (a lease of
+// fence.TTL whose watch hears nothing does not know), with the member
+// hung: Close's Release finds the key gone, and the revoke of the etcd
+// lease gets no answer; Close waits for its retries within its ctx and
+// says so (a loss is no failure of Close's: it does not report it), and a
+// Release after Close returns what Close's did (fence.ErrLeaseLost) at
+// once, starting no other retry. Once the member answers, the retry gets
+// through. Before Close released the leases held, it returned nil at
+// once, leaving the lease held and the key's absence unnoticed.
+func TestReleaseAfterCloseOfLostLease(t *testing.T) {
 	l, g := deafHungLocker(t)
 	admin := newClient(t, shared.Endpoints(), nil)
 	lease := acquire(t, l, t.Name(), time.Minute)
-	if err := l.Close(ctxFor(t, 10*time.Second)); err != nil {
+	id := leaseID(t, lease)
+	if _, err := admin.Delete(ctxFor(t, 10*time.Second), lease.(*etcdlock.Lease).Key()); err != nil {
 		t.Fatal(err)
 	}
-	_, err := releaseKeyDeleted(t, admin, g, lease)
+	g.hang() // Txn and LeaseRevoke; the delete (DeleteRange) is answered
+	cerr := l.Close(ctxFor(t, 700*time.Millisecond))
+	t.Logf("Close, the key deleted and the member hung = %v", cerr)
+	if cerr == nil || errors.Is(cerr, fence.ErrLeaseLost) || !errors.Is(cerr, context.DeadlineExceeded) {
+		t.Errorf("Close = %v, want its ctx's error for the revoke retried in the background, and no loss", cerr)
+	}
+	if err := lease.Err(); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("lease Err after Close = %v, want ErrLeaseLost", err)
+	}
+	start := time.Now()
+	err := lease.Release(ctxFor(t, 5*time.Second))
+	took := time.Since(start)
 	left := etcdlock.GivingBack(l)
-	t.Logf("Release after Close, the member hung = %v; %d revokes retried in the background", err, left)
-	if !errors.Is(err, fence.ErrLeaseLost) {
-		t.Errorf("Release of a lease whose key was deleted = %v, want ErrLeaseLost", err)
+	t.Logf("Release after Close = %v after %v; %d revokes retried in the background", err, took, left)
+	if !errors.Is(err, fence.ErrLeaseLost) || took > 100*time.Millisecond {
+		t.Errorf("Release after Close = %v after %v, want ErrLeaseLost at once", err, took)
 	}
-	if left != 0 {
-		t.Errorf("%d revokes retried in the background after Close", left)
+	if left > 1 {
+		t.Errorf("%d revokes retried in the background, want Close's alone", left)
 	}
+	g.resume()
+	waitRevoked(t, admin, id, 5*time.Second)
 }

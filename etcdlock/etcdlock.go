@@ -116,6 +116,9 @@ type Locker struct {
 	// return while the other still revokes the spares it took
 	// (TestConcurrentCloseWaitsForSpares).
 	closing chan struct{}
+	// held lists the leases not ended, which Close releases; a lease
+	// made once Close was called is refused (see hold).
+	held map[*Lease]struct{}
 
 	starter starter // starts the runs of its leases
 }
@@ -194,21 +197,41 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 	l.giveBackWithin(ctx, sp.id, nil)
 }
 
-// Close closes the Locker: from then on Acquire fails at once with an
-// error matching fence.ErrClosed and fence.ErrNotAcquired, and so does
-// Extend with fence.ErrClosed (sending nothing, the lease left as it
-// was): each would start work that Close waits for (an etcd lease, a
-// settle in the background), after Close had returned. Close waits,
-// within ctx, for the Extends under way and those whose move is being
-// settled in the background (an Extend whose ctx ended with the move
-// unanswered; see Lease.Extend), then for the revokes under way (a lost
-// lease's, sent from the background by its run or by Err, from their
-// first attempt on) or being retried in the background (see
-// Lease.Release; those of the settles too), so that the client can be
-// closed after it without cutting them; then it revokes the etcd leases
-// the Locker keeps for reuse (they hold no key) and returns the first
-// error. Each revoke is tried again on the next member after an attempt
-// timeout, as every call is, within ctx.
+// Close releases the leases of this Locker still held and closes the
+// Locker: a Locker's leases outlive no Close, as with redlock's Close and
+// etcd's concurrency.Session.Close, which revokes the session's lease and
+// with it every lock it holds. Each lease held is released as its
+// Release does, all at once, each within ctx: it ends as released (Err
+// returns fence.ErrReleased, Done is closed, Context is cancelled with
+// that cause: a fence.Lead term ends, and Lead, its next Acquire refused,
+// returns), its key is deleted and its etcd lease revoked, not kept for
+// reuse, so that the next in line takes the lock at once. Release of such
+// a lease returns what Close's Release returned, and Extend the lease's
+// Err, as after any Release; a lease found lost (its key gone) ends as
+// lost, reported as any loss, but is no failure of Close's. A Release of
+// Close's that fails (ctx ended, the cluster unreachable) ends the lease
+// all the same, as released, and revokes its etcd lease, within ctx, the
+// revoke left to the background (see below) if it does not get through;
+// Close returns its error, and calling Release again retries the delete.
+// A lease whose Extend is under way, or whose move is being settled in
+// the background, is released once that is through (within ctx).
+//
+// From then on Acquire fails at once with an error matching
+// fence.ErrClosed and fence.ErrNotAcquired, and so does Extend, of a
+// lease Close has not released yet, with fence.ErrClosed (sending
+// nothing, the lease left as it was): each would start work that Close
+// waits for (an etcd lease, a settle in the background), after Close had
+// returned. Close waits, within ctx, for the Extends under way and those
+// whose move is being settled in the background (an Extend whose ctx
+// ended with the move unanswered; see Lease.Extend), then for the revokes
+// under way (a lost lease's, sent from the background by its run or by
+// Err, from their first attempt on) or being retried in the background
+// (see Lease.Release; those of the settles too), so that the client can
+// be closed after it without cutting them; then it revokes the etcd
+// leases the Locker keeps for reuse (they hold no key) and returns the
+// first error (the Releases' errors, joined, first). Each revoke is tried
+// again on the next member after an attempt timeout, as every call is,
+// within ctx.
 //
 // An Acquire under way when Close is called (waiting in line, or its
 // Grant or create Txn not answered yet) gives its key back and fails with
@@ -218,23 +241,24 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // the package documentation) does not try again. Close waits for those
 // Acquires to return, within ctx, as for the revokes above (a give-back left to the background goes on until it
 // gets through, for the next Close to wait for); one that made its lease
-// before Close came returns it. Leases held go on: their runs renew and
-// watch them until they end or the client is closed, and Release frees
-// their locks, but from then on a revoke that does not get through in the
-// call that sends it (a Release's, a lost lease's) is not retried in the
-// background, where no Close would wait for it: its etcd lease expires on
-// etcd within its TTL, holding the key until then, as once the client is
-// closed. A released lock's etcd lease is revoked, not kept for reuse.
-// Calling Close is optional: unused, the kept etcd leases expire on etcd
-// within their lease time; a settle cut by the client's close ends its
-// lease as lost, and a key whose revoke it cuts stays until its etcd
+// before Close came returns it, released by Close. Once Close has waited
+// for the settles, a revoke that does not get through in the call that
+// sends it (a Release called again) is not retried in the background,
+// where no Close would wait for it: its etcd lease expires on etcd within
+// its TTL, holding the key until then, as once the client is closed.
+// Calling Close is optional: unused, the leases held go on until released
+// (a program that wants its locks held after it exits, until their etcd
+// leases expire, does not call it), and the kept etcd leases expire on
+// etcd within their lease time; a settle cut by the client's close ends
+// its lease as lost, and a key whose revoke it cuts stays until its etcd
 // lease expires. Close may be called again: it waits for a Close under
 // way to return, then for what is under way. A Close whose ctx ends
 // before the settles are through leaves revokes to be retried in the
 // background as before, for the next Close to wait for, and the kept
 // etcd leases it could not revoke stay kept, for the next Close to
 // revoke. A nil ctx is refused with an error matching
-// fence.ErrInvalidOption, the Locker left open and unchanged.
+// fence.ErrInvalidOption, the Locker left open and unchanged, its leases
+// held.
 func (l *Locker) Close(ctx context.Context) error {
 	if l == nil {
 		return l.made() // a zero Locker has no spare to revoke: it goes on
@@ -251,7 +275,15 @@ func (l *Locker) Close(ctx context.Context) error {
 		l.closing = make(chan struct{}, 1)
 	}
 	closing := l.closing
+	held := make([]*Lease, 0, len(l.held))
+	for ls := range l.held {
+		held = append(held, ls)
+	}
 	l.mu.Unlock()
+	// Released first, so that the next in line gets their locks at once,
+	// and before the revokes retried in the background are listed below:
+	// a release that fails leaves its revoke there.
+	first := l.releaseHeld(ctx, held)
 	select {
 	case closing <- struct{}{}:
 	default:
@@ -263,7 +295,6 @@ func (l *Locker) Close(ctx context.Context) error {
 		}
 	}
 	defer func() { <-closing }()
-	var first error
 	l.mu.Lock()
 	settling := make([]chan struct{}, 0, len(l.settling))
 	for settled := range l.settling {
@@ -275,7 +306,7 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	l.mu.Unlock()
 	left := waitAll(ctx, settling)
-	if left > 0 {
+	if left > 0 && first == nil {
 		first = fmt.Errorf("etcdlock: close: %d Extend(s) still under way or settling their move in the background: %w", left, ctx.Err())
 	}
 	// The Acquires under way, their wait in line ended above, give their
@@ -332,6 +363,37 @@ func (l *Locker) Close(ctx context.Context) error {
 		l.mu.Unlock()
 	}
 	return first
+}
+
+// releaseHeld releases the leases held, for Close, at once, each within
+// ctx, and returns their Releases' errors, joined (nil: none). A lease
+// that ended meanwhile other than by a Release (lost, or past its
+// deadline) has nothing to release.
+func (l *Locker) releaseHeld(ctx context.Context, held []*Lease) error {
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for _, ls := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ls.Err(); err != nil && err != fence.ErrReleased {
+				return
+			}
+			// A lease found lost is no failure of Close's: its end is
+			// reported as any loss is, and its Release returns it.
+			if err := ls.Release(ctx); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) == 0 {
+		return nil
+	}
+	return errors.Join(errs...)
 }
 
 var _ fence.Locker = (*Locker)(nil)
@@ -706,12 +768,6 @@ func (l *Locker) create(ctx, tctx, cctx context.Context, name, pfx string, sp sp
 			return nil, err
 		}
 	}
-	if context.Cause(cctx) == errLockerClosed {
-		// Close came: no lock for a Locker closed meanwhile, even one
-		// that the create Txn or the wait took as it came.
-		giveUp()
-		return nil, errLockerClosed
-	}
 	// An attempt that timed out may yet be applied, late (it sat in a
 	// member that hung): once the lock is released its Compare holds
 	// again, and its Put would put an orphan key on the etcd lease. A
@@ -742,6 +798,12 @@ func (l *Locker) create(ctx, tctx, cctx context.Context, name, pfx string, sp sp
 		keyb = req.Compare[0].Key
 	}
 	ls := l.newLease(ctx, name, key, keyb, rev, sp, watchdog, sent)
+	if ls == nil {
+		// Close came: no lock for a Locker closed meanwhile, even one
+		// that the create Txn or the wait took as it came.
+		giveUp()
+		return nil, errLockerClosed
+	}
 	ls.noReuse = attempts > 1
 	return ls, nil
 }
@@ -964,6 +1026,29 @@ func (l *Locker) acquireEnded(ended chan struct{}) {
 	close(ended)
 	l.mu.Unlock()
 	cancel(nil)
+}
+
+// hold lists ls as held, for Close to release, and reports whether it
+// did: once Close was called it lists nothing, as Close may have taken
+// its list already.
+func (l *Locker) hold(ls *Lease) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	if l.held == nil {
+		l.held = make(map[*Lease]struct{})
+	}
+	l.held[ls] = struct{}{}
+	return true
+}
+
+// forget takes an ended lease off the list of those held.
+func (l *Locker) forget(ls *Lease) {
+	l.mu.Lock()
+	delete(l.held, ls)
+	l.mu.Unlock()
 }
 
 func (l *Locker) settleEnded(settled chan struct{}) {

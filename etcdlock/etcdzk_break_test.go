@@ -214,14 +214,18 @@ func TestCloseWhileAcquiresAndLeasesInFlight(t *testing.T) {
 			t.Fatal("a waiter has not returned 10 s after Close")
 		}
 	}
-	if n := keys(); n != 1 {
-		t.Errorf("%d keys after Close, want the holder's alone", n)
+	// Close released the leases held: their keys are gone, and a Release
+	// after it returns what Close's did.
+	if n := keys(); n != 0 {
+		t.Errorf("%d keys after Close, want none", n)
 	}
-	if err := holder.Release(ctx); err != nil {
-		t.Error(err)
-	}
-	if err := fixed.Release(ctx); err != nil {
-		t.Error(err)
+	for _, lease := range []fence.Lease{holder, fixed} {
+		if err := lease.Err(); !errors.Is(err, fence.ErrReleased) {
+			t.Errorf("lease %q: Err after Close = %v, want fence.ErrReleased", lease.Name(), err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Error(err)
+		}
 	}
 	for end := time.Now().Add(10 * time.Second); keys() != 0; {
 		if time.Now().After(end) {

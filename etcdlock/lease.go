@@ -106,8 +106,20 @@ func (l *Locker) newLease(ctx context.Context, name, key string, keyb []byte, re
 	}
 	ls.setDeadline(deadline(sent, sp.ttl))
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	if !l.hold(ls) {
+		ls.cancel(errLockerClosed)
+		return nil // Close came: it would not release this lease
+	}
 	ls.startRun()
 	return ls
+}
+
+// endLocked ends the lease with why, and takes it off the Locker's list
+// of leases held, which Close releases. ls.mu is held.
+func (ls *Lease) endLocked(why error) {
+	ls.err = why
+	ls.cancel(why)
+	ls.l.forget(ls)
 }
 
 // Name returns the lock name.
@@ -225,8 +237,7 @@ func (ls *Lease) expireDueLocked() (report func()) {
 		return nil
 	}
 	cause, why := ls.expiry()
-	ls.err = why
-	ls.cancel(why)
+	ls.endLocked(why)
 	return func() { ls.ended(cause, why) }
 }
 
@@ -256,8 +267,7 @@ func (ls *Lease) endAs(why error, cause fence.LeaseCause) bool {
 		ls.mu.Unlock()
 		return false
 	}
-	ls.err = why
-	ls.cancel(why)
+	ls.endLocked(why)
 	ls.unreported = func() { ls.ended(cause, why) }
 	ls.mu.Unlock()
 	return true
@@ -276,8 +286,7 @@ func (ls *Lease) endReleasing() bool {
 	if ls.err != nil {
 		return false
 	}
-	ls.err = fence.ErrReleased
-	ls.cancel(fence.ErrReleased)
+	ls.endLocked(fence.ErrReleased)
 	ls.releasing = true
 	return true
 }
@@ -796,9 +805,10 @@ func (ls *Lease) renew(ctx context.Context) error {
 // send: etcd may delete the key by then if the move was applied (a
 // shorter ttl than the lease had). A
 // watchdog lease is then renewed every third of ttl. After Release, Extend
-// returns an error matching both fence.ErrLeaseLost and fence.ErrReleased;
-// after Locker.Close, of a lease still held, one matching fence.ErrClosed,
-// having sent nothing.
+// returns an error matching both fence.ErrLeaseLost and fence.ErrReleased,
+// and so after Locker.Close, which released the lease; during Close, of a
+// lease it has not released yet, one matching fence.ErrClosed, having sent
+// nothing.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if ctx == nil {
 		return nilctx.Err("etcdlock", "Extend")
