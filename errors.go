@@ -38,7 +38,8 @@ var (
 	// ErrClosed means the Locker was closed, or the client it runs on (a
 	// go-redis or rueidis client, a *sql.DB, an etcd client, a ZooKeeper
 	// connection; for redlock, so many nodes' clients that no majority is
-	// left), and grants no more leases (redlock's Locker.Close): Acquire
+	// left), and grants no more leases (the Close of redlock's Locker and
+	// etcdlock's, which also release the leases still held): Acquire
 	// fails with it (and ErrNotAcquired) at once, whatever its wait
 	// budget, Lead stops campaigning, and Run does not retry a Release
 	// that failed with it.
