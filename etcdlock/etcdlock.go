@@ -81,8 +81,8 @@ type Locker struct {
 	spares []spare // etcd leases of released locks, holding no key; newest last
 	// closed: Close was called. Acquire and Extend fail with
 	// errLockerClosed (they start the work Close waits for: an etcd
-	// lease, a settle), and a released lock's etcd lease is revoked,
-	// not kept.
+	// lease, a settle), a lease made meanwhile is refused (see hold),
+	// and a released lock's etcd lease is revoked, not kept.
 	closed bool
 	// drained: a Close that saw the settles it waited for through has
 	// listed the revokes retried in the background to wait for; a revoke
