@@ -64,7 +64,10 @@ type callKey struct{}
 // as without ids: one token, one accepted call per resource. Fence, Tx,
 // SQLStore, MemoryStore and redisstore.Store read it; an empty call means
 // none. WithCall does not check call: the stores refuse an invalid one
-// with ErrInvalidCall.
+// with ErrInvalidCall. Like context.WithValue, whose context it returns,
+// it panics for a nil ctx: it has no error to return, and a nil ctx
+// silently replaced by context.Background would lose the caller's
+// deadline and cancellation.
 func WithCall(ctx context.Context, call string) context.Context {
 	return context.WithValue(ctx, callKey{}, call)
 }
