@@ -62,6 +62,14 @@ var (
 	// a server the caller did not choose. Nothing was sent there.
 	ErrCrossOrigin = errors.New("guard: redirect to another origin")
 
+	// ErrOtherLease means Transport refused to send a redirect's follow-up
+	// because the call it follows went out with another token than its
+	// lease's (the caller swapped Transports, or their Lease, between the
+	// hops): the follow-up belongs to that call, and under this token it
+	// would run as a call of its own and spend the token that the new
+	// holder's work needs. Nothing was sent.
+	ErrOtherLease = errors.New("guard: redirect followed under another lease")
+
 	// ErrReplayed means a call was sent again with the token and the call
 	// id (see WithCall) of the call the store last accepted for the
 	// resource: a resend of a call that was applied. The store did

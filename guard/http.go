@@ -1001,6 +1001,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// caller did not choose.
 		return refuse(req, fmt.Errorf("guard: not sending %s %s, redirected from %s: %w", req.Method, req.URL, first.URL, ErrCrossOrigin))
 	}
+	if prev := followedToken(req); prev != 0 && prev != t.Lease.Token() {
+		return refuse(req, fmt.Errorf("guard: not sending %s %s, the follow-up of a call sent with token %d under a lease with token %d: %w",
+			req.Method, req.URL, prev, t.Lease.Token(), ErrOtherLease))
+	}
 	call, recorded := followed(req)
 	switch v := req.Header.Values(CallHeader); len(v) {
 	case 0:
@@ -1242,6 +1246,24 @@ func followed(req *http.Request) (call string, recorded []string) {
 		recorded, _ = recordedCalls(prev.Header)
 	}
 	return call, recorded
+}
+
+// followedToken is the token that the call req follows was sent with (see
+// isFollowUp), or 0 if req follows none, or that call carried no valid
+// one (TestFollowUpUnderAnotherLeaseRefused).
+func followedToken(req *http.Request) fence.Token {
+	if !isFollowUp(req) {
+		return 0
+	}
+	v := req.Response.Request.Header.Values(TokenHeader)
+	if len(v) != 1 {
+		return 0
+	}
+	n, err := strconv.ParseInt(v[0], 10, 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return fence.Token(n)
 }
 
 // isFollowUp reports whether req is the request that http.Client makes to

@@ -29,18 +29,16 @@ func (s *swapped) RoundTrip(req *http.Request) (*http.Response, error) {
 	return tr.RoundTrip(req)
 }
 
-// TestFollowUpUnderAnotherLeaseSpendsItsToken: a POST sent with token 1
-// was applied and answered 303; the follow-up went out with token 2 (the
+// TestFollowUpUnderAnotherLeaseRefused: a POST sent with token 1 was
+// applied and answered 303; the follow-up went out with token 2 (the
 // client's lease changed between the hops) and with the POST's call id and
 // recorded ids. The page, fenced on the same resource, found token 2 new,
 // ran as a call of its own (200, the page) and spent it: the new lease's
 // own write was then 409 stale ("POST with token 2 after the follow-up:
-// 409"). The follow-up is part of a call made under another lease.
-func TestFollowUpUnderAnotherLeaseSpendsItsToken(t *testing.T) {
-	t.Skip("design question: Transport sends a redirect's follow-up with the token of the lease it holds, not of the call it follows. " +
-		"Refusing it when the two differ (as it refuses one once the lease has ended) keeps the new token for the new holder's work, " +
-		"but leaves the caller without the page; sending it as a call of its own (no call id, no recorded ids) still spends the token. " +
-		"A fence.Lease's token never changes, so only a caller that swaps Transports or their Lease between hops gets here")
+// 409"). The follow-up is part of a call made under another lease:
+// Transport refuses it (ErrOtherLease), sending nothing, and the new
+// lease's token is left for its own work.
+func TestFollowUpUnderAnotherLeaseRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	mux := http.NewServeMux()
@@ -85,6 +83,9 @@ func TestFollowUpUnderAnotherLeaseSpendsItsToken(t *testing.T) {
 	}
 	code, body := send(http.MethodPost, "/approve")
 	t.Logf("POST with token %d, followed with token %d: %d %q", trs[0].Lease.Token(), trs[1].Lease.Token(), code, body)
+	if code != 0 || !strings.Contains(body, guard.ErrOtherLease.Error()) {
+		t.Errorf("the follow-up under another lease: %d %q, want Do's error with %q", code, body, guard.ErrOtherLease)
+	}
 	if code, body := send(http.MethodPost, "/next"); code != http.StatusOK {
 		t.Errorf("POST with token %d after the follow-up: %d %s; want 200: the new lease's token was spent by the old call's follow-up", trs[1].Lease.Token(), code, body)
 	}
