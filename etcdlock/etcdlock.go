@@ -797,14 +797,15 @@ func (l *Locker) create(ctx, tctx, cctx context.Context, name, pfx string, sp sp
 	if req != nil {
 		keyb = req.Compare[0].Key
 	}
-	ls := l.newLease(ctx, name, key, keyb, rev, sp, watchdog, sent)
+	// noReuse is set before the lease is listed as held: a Close called
+	// from then on releases it from its own goroutine, which reads it.
+	ls := l.newLease(ctx, name, key, keyb, rev, sp, watchdog, attempts > 1, sent)
 	if ls == nil {
 		// Close came: no lock for a Locker closed meanwhile, even one
 		// that the create Txn or the wait took as it came.
 		giveUp()
 		return nil, errLockerClosed
 	}
-	ls.noReuse = attempts > 1
 	return ls, nil
 }
 

@@ -106,3 +106,19 @@ func GivingBack(l *Locker) int {
 	defer l.mu.Unlock()
 	return len(l.givingBack)
 }
+
+// LockStarter holds l's starter (the mutex that startRun, as a new lease
+// is made, and halt, as it is released, take) until the returned func is
+// called: an Acquire that has listed its lease as held then stops there,
+// before it returns the lease.
+func LockStarter(l *Locker) (unlock func()) {
+	l.starter.mu.Lock()
+	return l.starter.mu.Unlock
+}
+
+// Held returns how many leases l lists as held, for Close to release.
+func Held(l *Locker) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
+}

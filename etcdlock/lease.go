@@ -98,11 +98,11 @@ type Lease struct {
 
 var _ fence.Lease = (*Lease)(nil)
 
-func (l *Locker) newLease(ctx context.Context, name, key string, keyb []byte, rev int64, sp spare, watchdog bool, sent time.Time) *Lease {
+func (l *Locker) newLease(ctx context.Context, name, key string, keyb []byte, rev int64, sp spare, watchdog, noReuse bool, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, name: name, key: key, keyb: keyb, token: fence.Token(rev), watchdog: watchdog,
 		id: sp.id, ttl: sp.ttl, granted: sp.granted, sent: sent, moved: make(chan struct{}, 1),
-		op: make(chan struct{}, 1), acquired: time.Now(), modRev: rev,
+		op: make(chan struct{}, 1), acquired: time.Now(), modRev: rev, noReuse: noReuse,
 	}
 	ls.setDeadline(deadline(sent, sp.ttl))
 	ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
