@@ -214,7 +214,10 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // revoke left to the background (see below) if it does not get through;
 // Close returns its error, and calling Release again retries the delete.
 // A lease whose Extend is under way, or whose move is being settled in
-// the background, is released once that is through (within ctx).
+// the background, is released once that is through (within ctx); one
+// whose Release is under way stays held by that Release, which Close
+// waits for (within ctx), so that the client closed after Close does not
+// cut its delete.
 //
 // From then on Acquire fails at once with an error matching
 // fence.ErrClosed and fence.ErrNotAcquired, and so does Extend, of a

@@ -286,7 +286,10 @@ func (ls *Lease) endReleasing() bool {
 	if ls.err != nil {
 		return false
 	}
-	ls.endLocked(fence.ErrReleased)
+	// Not taken off the Locker's list yet: Release does that as it
+	// returns, so that a Close called meanwhile waits for it (see Release).
+	ls.err = fence.ErrReleased
+	ls.cancel(fence.ErrReleased)
 	ls.releasing = true
 	return true
 }
@@ -1197,6 +1200,17 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	if ctx == nil {
 		return nilctx.Err("etcdlock", "Release")
 	}
+	// The lease stays on the Locker's list of those held until this
+	// returns: a Close called while its delete is under way releases it
+	// again, which waits for this (ls.op), within Close's ctx. Taken off
+	// as the delete left, it was neither released by Close nor waited
+	// for, and the client closed after Close cut the delete, the key left
+	// for its etcd lease's TTL (TestCloseWaitsForReleaseUnderWay).
+	defer func() {
+		if ls.errNow() != nil {
+			ls.l.forget(ls)
+		}
+	}()
 	var settled func() // the report of the end this call settled (releasedAs)
 	defer func() {
 		ls.flush() // after unlockOp, and with the result settled: see flush
