@@ -124,7 +124,11 @@ func TestUnconfirmedRenewalKeepsDeadline(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
-	l := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	// The default WAIT timeout (1 s), not 200 ms: in CI (2 CPUs, the
+	// packages' tests beside it) the replica, linked and caught up, did
+	// not acknowledge the Acquire within 200 ms ("not replicated: 0 of 1
+	// required replicas acknowledged"). The Extend below waits it out.
+	l := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: time.Second}})
 	lease := acquire(t, l, "renewal", fence.TTL(5*time.Second))
 	before := lease.Deadline()
 	redistest.CutLink(t, primary, replica)
