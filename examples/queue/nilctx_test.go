@@ -9,6 +9,7 @@ import (
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/examples/queue"
+	"github.com/fencekit/fence/internal/nilctx/nilctxtest"
 	"github.com/fencekit/fence/redislock"
 )
 
@@ -44,32 +45,5 @@ func TestNilContext(t *testing.T) {
 	}
 }
 
-// nilCtxErr runs call and returns its error, or one that says it panicked
-// or had not returned after 10 s.
-func nilCtxErr(call func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				done <- errors.New("panicked: " + strings.SplitN(fmtAny(p), "\n", 2)[0])
-			}
-		}()
-		done <- call()
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(10 * time.Second):
-		return errors.New("has not returned after 10 s")
-	}
-}
-
-func fmtAny(p any) string {
-	switch p := p.(type) {
-	case error:
-		return p.Error()
-	case string:
-		return p
-	}
-	return "a panic"
-}
+// nilCtxErr is nilctxtest.Call.
+var nilCtxErr = nilctxtest.Call

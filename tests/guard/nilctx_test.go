@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/guard"
 	"github.com/fencekit/fence/guard/redisstore"
+	"github.com/fencekit/fence/internal/nilctx/nilctxtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -20,34 +21,10 @@ import (
 var noCtx context.Context
 
 // nilCtxErr runs call, which was given a nil ctx, and returns its error,
-// or one that says it panicked or had not returned after 10 s.
+// or one that says it panicked or had not returned (nilctxtest.Call).
 func nilCtxErr(t *testing.T, what string, call func() error) error {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				done <- errors.New("panicked: " + strings.TrimSpace(strings.SplitN(fmtPanic(p), "\n", 2)[0]))
-			}
-		}()
-		done <- call()
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(10 * time.Second):
-		return errors.New("has not returned after 10 s")
-	}
-}
-
-func fmtPanic(p any) string {
-	if err, ok := p.(error); ok {
-		return err.Error()
-	}
-	if s, ok := p.(string); ok {
-		return s
-	}
-	return "a panic"
+	return nilctxtest.Call(call)
 }
 
 // TestNilContext: every guard call that takes a ctx returns an error

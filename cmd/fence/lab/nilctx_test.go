@@ -6,10 +6,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/cmd/fence/lab/worker"
+	"github.com/fencekit/fence/internal/nilctx/nilctxtest"
 )
 
 // TestNilContext: Run, BuildWorker and the worker's store calls that take
@@ -60,29 +60,5 @@ func TestNilContext(t *testing.T) {
 	}
 }
 
-// nilCtxErr runs call and returns its error, or one that says it panicked
-// or had not returned after 10 s.
-func nilCtxErr(call func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				msg := "a panic"
-				switch p := p.(type) {
-				case error:
-					msg = p.Error()
-				case string:
-					msg = p
-				}
-				done <- errors.New("panicked: " + strings.SplitN(msg, "\n", 2)[0])
-			}
-		}()
-		done <- call()
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(10 * time.Second):
-		return errors.New("has not returned after 10 s")
-	}
-}
+// nilCtxErr is nilctxtest.Call.
+var nilCtxErr = nilctxtest.Call
