@@ -148,12 +148,13 @@ func TestExtendRacingDeadline(t *testing.T) {
 // and Release reports it lost.
 func TestClientClosedWhileHeld(t *testing.T) {
 	endpoints := shared.Endpoints()
+	name := freshName(t)
 	c := newClient(t, endpoints, nil)
 	l, err := etcdlock.New(c, nil) // watchdog: 30 s
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name())
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +169,7 @@ func TestClientClosedWhileHeld(t *testing.T) {
 	if err := lease.Release(ctxFor(t, 10*time.Second)); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Fatalf("Release = %v, want ErrLeaseLost", err)
 	}
-	if _, err := l.Acquire(ctxFor(t, 10*time.Second), t.Name()); !errors.Is(err, fence.ErrNotAcquired) {
+	if _, err := l.Acquire(ctxFor(t, 10*time.Second), name); !errors.Is(err, fence.ErrNotAcquired) {
 		t.Fatalf("Acquire on a closed client = %v, want ErrNotAcquired", err)
 	}
 }
@@ -186,7 +187,8 @@ func countKeys(t testing.TB, c *clientv3.Client, prefix string) int64 {
 // and is not granted the lock.
 func TestClientClosedWhileWaiting(t *testing.T) {
 	endpoints := shared.Endpoints()
-	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), t.Name())
+	name := freshName(t)
+	holder, err := newLocker(t, endpoints, nil).Acquire(ctxFor(t, 10*time.Second), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,11 +200,11 @@ func TestClientClosedWhileWaiting(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := l.Acquire(ctxFor(t, 30*time.Second), t.Name(), fence.Wait(20*time.Second))
+		_, err := l.Acquire(ctxFor(t, 30*time.Second), name, fence.Wait(20*time.Second))
 		errc <- err
 	}()
 	admin := newClient(t, endpoints, nil)
-	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(t.Name())) < 2; {
+	for end := time.Now().Add(10 * time.Second); countKeys(t, admin, l.Prefix(name)) < 2; {
 		if time.Now().After(end) {
 			t.Fatal("no waiter's key after 10 s")
 		}
