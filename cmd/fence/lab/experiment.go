@@ -10,7 +10,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -61,7 +63,7 @@ type experiment struct {
 // workerProc is a running worker process.
 type workerProc struct {
 	id     string
-	killed bool // by the scenario, on purpose: its exit is no failure
+	killed atomic.Bool // by the scenario or the lab, on purpose: its exit is no failure
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser // closing it tells a worker without an op count to stop
 	done   chan struct{}
@@ -128,6 +130,12 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 	}
 	if s.Resource == "" {
 		s.DB = x.res.path
+		if s.Key != "" {
+			// Before any worker runs: see worker.EnsureRow.
+			if err := worker.EnsureRow(x.ctx, x.res.db, s.Key); err != nil {
+				return nil, err
+			}
+		}
 	}
 	body, _ := json.Marshal(s)
 	cmd := exec.Command(x.cfg.Worker[0], x.cfg.Worker[1:]...)
@@ -156,6 +164,14 @@ func (x *experiment) spawn(s Spec) (*workerProc, error) {
 			}
 		}
 		_ = cmd.Wait()
+		// A worker that fails is noted as it exits, so that the cause
+		// comes first: the others may then wait for a lock nobody takes
+		// and note a fault that did not bite (ci88: both other workers
+		// had exited on SQLite's busy timeout while the victim was
+		// paused, and the note blamed the pause).
+		if !cmd.ProcessState.Success() && !w.killed.Load() {
+			x.noteOnce(fmt.Sprintf("worker %s: %v: %s", w.id, cmd.ProcessState, strings.TrimSpace(w.stderr.String())))
+		}
 	}()
 	x.mu.Lock()
 	x.workers = append(x.workers, w)
@@ -167,7 +183,7 @@ func (w *workerProc) signal(sig syscall.Signal) { _ = w.cmd.Process.Signal(sig) 
 
 // kill kills the worker with SIGKILL, on purpose, and waits for it to exit.
 func (w *workerProc) kill() {
-	w.killed = true
+	w.killed.Store(true)
 	_ = w.cmd.Process.Kill()
 	<-w.done
 }
@@ -179,11 +195,12 @@ func (w *workerProc) finish() { _ = w.stdin.Close() }
 func (w *workerProc) wait(limit time.Duration) error {
 	select {
 	case <-w.done:
-		if w.cmd.ProcessState != nil && !w.cmd.ProcessState.Success() && !w.killed {
+		if w.cmd.ProcessState != nil && !w.cmd.ProcessState.Success() && !w.killed.Load() {
 			return fmt.Errorf("worker %s: %v: %s", w.id, w.cmd.ProcessState, w.stderr.String())
 		}
 		return nil
 	case <-time.After(limit):
+		w.killed.Store(true) // reported here
 		_ = w.cmd.Process.Kill()
 		<-w.done
 		return fmt.Errorf("worker %s still running after %v", w.id, limit)
@@ -345,6 +362,7 @@ func (x *experiment) cleanup() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, w := range x.workers {
+		w.killed.Store(true)
 		_ = w.cmd.Process.Kill()
 		<-w.done
 	}

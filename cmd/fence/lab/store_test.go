@@ -35,7 +35,7 @@ func testResourceAt(t *testing.T, path string) *Resource {
 	if err := worker.EnsureRow(ctx, db, "p"); err != nil {
 		t.Fatal(err)
 	}
-	return &Resource{db: db}
+	return &Resource{path: path, db: db}
 }
 
 // judgeLog runs Check on the resource's log and state, with a history in which

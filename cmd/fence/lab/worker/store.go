@@ -114,11 +114,24 @@ func CreateSchema(ctx context.Context, db *sql.DB) error {
 }
 
 // EnsureRow creates the payment row key if it does not exist yet; Apply
-// needs it. A worker calls it once, before its leases, so that its
-// read-modify-writes take SQLite's write lock once each.
+// needs it. The lab's controller calls it before it starts the workers,
+// and each worker once more before its leases, so that its
+// read-modify-writes take SQLite's write lock once each. A row that is
+// there is only read: in WAL mode a read does not wait for the writer, and
+// a worker that starts while another is paused inside its transaction
+// (holding SQLite's write lock for as long as the pause) would otherwise
+// wait out the busy timeout (10 s) and exit, as it did in ci88 when the
+// machine's load started the other workers after the victim's first pause.
 func EnsureRow(ctx context.Context, q guard.Querier, key string) error {
 	if ctx == nil {
 		return nilctx.Err("worker", "EnsureRow")
+	}
+	var one int
+	switch err := q.QueryRowContext(ctx, `SELECT 1 FROM payment WHERE id = $1`, key).Scan(&one); {
+	case err == nil:
+		return nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return err
 	}
 	_, err := q.ExecContext(ctx, `INSERT INTO payment (id) VALUES ($1) ON CONFLICT (id) DO NOTHING`, key)
 	return err
