@@ -17,7 +17,13 @@ func TestTokensAcrossLeaderKill(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const name = "leader-kill"
-	holder, _ := newLocker(t, addrs)
+	// Sessions of 8 s (the servers allow 10): the claim is that a session
+	// outlives an election that ends within its timeout. With the suite's
+	// 2 s, an election on a loaded machine (ci83, load 20) took longer:
+	// the holder saw no reply for a session timeout and, rightly, reported
+	// its lease lost.
+	const session = 8 * time.Second
+	holder, _ := newLockerFor(t, addrs, nil, session)
 	first, err := holder.Acquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +35,7 @@ func TestTokensAcrossLeaderKill(t *testing.T) {
 	}
 	results := make(chan result, 2)
 	for i := range 2 {
-		l, _ := newLocker(t, addrs)
+		l, _ := newLockerFor(t, addrs, nil, session)
 		go func() {
 			lease, err := l.Acquire(ctx, name, fence.Wait(45*time.Second))
 			results <- result{lease, err}
