@@ -186,7 +186,14 @@
 // a malformed entry, without an account or an integer amount, or with an
 // invalid msg_id, goes at once). A
 // failure that also stops that write, the database being down, leaves the
-// message pending.
+// message pending, uncounted; so does one that came while another session
+// held a lock on queue_applied or queue_balance that the message's
+// transaction needs (maintenance: ALTER TABLE, VACUUM FULL, CREATE INDEX
+// without CONCURRENTLY), which the consumer asks for without waiting
+// (NOWAIT) before it counts: the message is applied once the lock is gone.
+// A lock on one message's own row (a session idle in its transaction) is
+// not the tables' lock: that message's failures count, and it is given up
+// on rather than stall the queue.
 //
 // A redelivered message is known by the INSERT into queue_applied (ON
 // CONFLICT DO NOTHING) affecting no row, not by a driver's error code, so

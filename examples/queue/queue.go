@@ -495,8 +495,10 @@ type Consumer struct {
 	// term claims its batch and a message before it fails, and a message
 	// behind a poison one would otherwise be given up on at its first
 	// failure. A failure that also stops the write to queue_failures or
-	// queue_dead (the database is down) is not counted and leaves the
-	// message pending. Default DefaultMaxDeliveries.
+	// queue_dead (the database is down), or that came while another
+	// session held a lock on queue_applied or queue_balance that the
+	// message's transaction needs (maintenance), is not counted and leaves
+	// the message pending. Default DefaultMaxDeliveries.
 	MaxDeliveries int
 	// Pause, if set, is called at each Point of each message: a place for
 	// tests to stop the process.
@@ -1000,6 +1002,24 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, m Message, toke
 			return err
 		}
 		if !now {
+			// A try that failed while someone else holds a lock on the
+			// effect's tables (maintenance: ALTER TABLE, VACUUM FULL,
+			// CREATE INDEX without CONCURRENTLY; the try waited for it
+			// until TxTimeout or the database's lock_timeout) failed for
+			// the database, not for the message: like a database that is
+			// down, it is not counted, and the message stays pending
+			// until the lock is gone (TestLockedTableDoesNotKillMessages:
+			// before, the message was given up on, its effect never
+			// applied). The lock a try takes is asked for here without
+			// waiting; a lock on the tables giveUp itself reads or writes
+			// makes this transaction wait out TxTimeout, uncounted too.
+			// A lock on the message's own row does not conflict: a row
+			// that stays locked is the message's failure, counted, so
+			// that it cannot stall the queue
+			// (TestMessageThatAlwaysTimesOutDoesNotStallTheQueue).
+			if _, err := tx.ExecContext(rctx, `LOCK TABLE queue_applied, queue_balance IN ROW EXCLUSIVE MODE NOWAIT`); err != nil {
+				return fmt.Errorf("queue: the tables are locked, the failure is not counted: %w", err)
+			}
 			// The failed tries, not the deliveries (XPENDING's count):
 			// a delivery of a batch whose earlier message failed was
 			// never tried.

@@ -19,8 +19,9 @@ import (
 // (ab08900, reverted) the message was tried for ever, each failed try
 // ended the term, and the next term claimed it first again: "no balance
 // of a (47 failed, 0 dead, 0 applied) within 15s" (MaxDeliveries 2,
-// TxTimeout 300 ms). The price, a table locked for maintenance, is
-// TestLockedTableDoesNotKillMessages's design question.
+// TxTimeout 300 ms). A row lock is told apart from a table locked for
+// maintenance, whose failures are not counted
+// (TestLockedTableDoesNotKillMessages).
 func TestMessageThatAlwaysTimesOutDoesNotStallTheQueue(t *testing.T) {
 	ctx, rdb, db := servers(t, 60*time.Second)
 	if _, err := db.ExecContext(ctx, `INSERT INTO queue_balance (account, balance) VALUES ('stuck', 0)`); err != nil {
