@@ -515,6 +515,7 @@ type Consumer struct {
 
 	plainClaim atomic.Bool // the claim script was refused (see claim)
 	noUnread   atomic.Bool // the unread script was refused (see noticeUnread)
+	toldGroups atomic.Bool // other groups of the stream were logged (see noticeGroups)
 }
 
 // LockName is the lock the consumers of stream's group campaign for.
@@ -544,6 +545,7 @@ const (
 	LogTrimFailed      = "trim failed"                // the entries no group needs could not be trimmed from the stream (see Run): the next batch tries again
 	LogUnread          = "trimmed unread"             // entries were deleted from the stream before the group read them (XADD MAXLEN, XTRIM, XDEL by others): which, and their content, is unknown; logged at ERROR with the ids that bound them
 	LogUnreadUnchecked = "unread deletions unchecked" // the look for entries deleted unread was refused (ACL: EVAL, XINFO, or GET and SET on its key): such deletions go untold; logged at ERROR, once per Consumer
+	LogOtherGroups     = "other groups"               // the stream has other consumer groups, named in the record (see noticeGroups): their leaders and this one refuse each other's writes; logged at ERROR, once per Consumer
 )
 
 var errDuplicate = errors.New("queue: message applied (or given up on) before")
@@ -666,6 +668,7 @@ func (c *Consumer) term(ctx, run context.Context, lease fence.Lease) error {
 	if err != nil && !isBusyGroup(err) {
 		return fmt.Errorf("queue: create group: %w", err)
 	}
+	c.noticeGroups(ctx)
 	// First everything pending, whatever its idle time, in the stream's
 	// order: whoever read it no longer leads. Then new entries, and each
 	// round the pending ones idle for MinIdle.

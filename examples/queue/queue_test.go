@@ -19,8 +19,9 @@ import (
 
 // counter is a slog.Handler that counts records by message.
 type counter struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu    sync.Mutex
+	n     map[string]int
+	attrs map[string]map[string]string // the last record's attributes, by message
 }
 
 func (c *counter) Enabled(context.Context, slog.Level) bool { return true }
@@ -33,7 +34,23 @@ func (c *counter) Handle(_ context.Context, r slog.Record) error {
 		c.n = map[string]int{}
 	}
 	c.n[r.Message]++
+	if c.attrs == nil {
+		c.attrs = map[string]map[string]string{}
+	}
+	last := map[string]string{}
+	r.Attrs(func(a slog.Attr) bool {
+		last[a.Key] = a.Value.String()
+		return true
+	})
+	c.attrs[r.Message] = last
 	return nil
+}
+
+// attr is attribute key of the last record logged as msg.
+func (c *counter) attr(msg, key string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.attrs[msg][key]
 }
 
 func (c *counter) get(msg string) int {
