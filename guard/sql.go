@@ -90,22 +90,6 @@ WHERE fence_tokens.token - excluded.token < 0`
 	upsertTokenCallPG = `INSERT INTO fence_tokens (resource, token, call_id) VALUES ($1, CASE WHEN ` + pgdurable.Commit + ` THEN $2::bigint END, $3)
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token, call_id = excluded.call_id
 WHERE fence_tokens.token - excluded.token < 0`
-	// Whether each of the guard's tables is visible on the connection's
-	// search_path, on PostgreSQL: the one its unqualified statements use,
-	// in whichever schema of the path it is (see CreateTables).
-	// Each is NULL if none is, else the relpersistence of the least
-	// durable of it and its partitions, followed by that one's name:
-	// 'p' permanent, 't' temporary (one session's), 'u' unlogged (emptied
-	// by a crash), the greatest. A partitioned table is 'p' whatever its
-	// partitions are; pg_partition_tree lists them at every level (and a
-	// plain table alone).
-	visibleTablesPG = `SELECT
-	(SELECT c.relpersistence::text || c.oid::regclass::text FROM pg_catalog.pg_class c
-		WHERE c.oid = to_regclass('fence_tokens') OR c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass('fence_tokens')))
-		ORDER BY c.relpersistence DESC LIMIT 1),
-	(SELECT c.relpersistence::text || c.oid::regclass::text FROM pg_catalog.pg_class c
-		WHERE c.oid = to_regclass('fence_idempotency') OR c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass('fence_idempotency')))
-		ORDER BY c.relpersistence DESC LIMIT 1)`
 	// SQLite's TEMP tables of the guard's names, in visibleTablesPG's
 	// form: a TEMP table shadows main's for its connection, and SQLite's
 	// names ignore case.
@@ -125,6 +109,36 @@ WHERE fence_tokens.token - excluded.token < 0`
 	insertIdemKeyPG = `INSERT INTO fence_idempotency (key) SELECT $1 WHERE ` + pgdurable.Commit + ` ON CONFLICT (key) DO NOTHING`
 	maxIdemKeyBytes = 512
 )
+
+// visibleTablesPG says whether each of the guard's tables is visible on
+// the connection's search_path, on PostgreSQL: the one its unqualified
+// statements use, in whichever schema of the path it is (see
+// CreateTables). Each is NULL if none is, else the relpersistence of the
+// least durable relation it reaches, followed by that one's name: 'p'
+// permanent, 't' temporary (one session's), 'u' unlogged (emptied by a
+// crash), the greatest. What a table reaches is itself and its partitions
+// at every level (a partitioned table is 'p' whatever its partitions are;
+// pg_partition_tree lists them, and a plain table alone); what a view
+// reaches (a view is 'p' whatever it reads, and Fence writes through one
+// that is updatable) is what the relations its rule reads reach
+// (TestCreateTablesViewOverUnlogged).
+var visibleTablesPG = `SELECT ` + reachedPersistencePG("fence_tokens") + `, ` + reachedPersistencePG("fence_idempotency")
+
+// reachedPersistencePG is visibleTablesPG's look-up of table.
+func reachedPersistencePG(table string) string {
+	return `(WITH RECURSIVE rels(oid) AS (
+		SELECT to_regclass('` + table + `')::oid
+	UNION
+		SELECT x.oid FROM rels, LATERAL (
+			SELECT relid::oid AS oid FROM pg_catalog.pg_partition_tree(rels.oid::regclass)
+			UNION ALL
+			SELECT d.refobjid FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_depend d
+				ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+				AND d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid <> r.ev_class
+			WHERE r.ev_class = rels.oid) x)
+	SELECT c.relpersistence::text || c.oid::regclass::text FROM pg_catalog.pg_class c
+		WHERE c.oid IN (SELECT oid FROM rels) ORDER BY c.relpersistence DESC LIMIT 1)`
+}
 
 // CreateTables creates the guard's tables, fence_tokens (the last accepted
 // token per resource, and the call id it was accepted with) and
@@ -162,7 +176,9 @@ WHERE fence_tokens.token - excluded.token < 0`
 // PostgreSQL, CreateTables returns the error and creates nothing.
 // A table of either name that is TEMP (which shadows the shared one for
 // its session, or on SQLite main's for its connection) or UNLOGGED (which a crash empties), or a partitioned one
-// with an UNLOGGED partition, is refused with ErrInvalidTable, whether it
+// with an UNLOGGED partition, or a view that reads such a table (through
+// views and partitions at any depth; a view over permanent tables is used
+// as the table would be), is refused with ErrInvalidTable, whether it
 // was there or CreateTables made it (a search_path that lists pg_temp
 // first makes it TEMP); Fence does not look again, so a TEMP fence_tokens
 // made after CreateTables on a pooled connection is used there by the
@@ -273,7 +289,7 @@ func checkShared(tokens, idem sql.NullString, temp string) error {
 		case "u":
 			what, fix = "an UNLOGGED table, emptied by a crash", "ALTER TABLE "+rel+" SET LOGGED"
 			if rel != t.table {
-				what = "a table with an UNLOGGED partition, " + rel + ", emptied by a crash"
+				what = "a table with an UNLOGGED partition, or a view reading an UNLOGGED table, " + rel + ", emptied by a crash"
 			}
 		default:
 			continue
