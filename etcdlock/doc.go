@@ -106,7 +106,8 @@
 // ctx, a quarter second after the late reply at least (as in redislock:
 // the key holds the lock for nobody until it is through); only the first
 // try runs on ctx alone, so that an uncontended Acquire with a budget
-// costs what one without does.
+// costs what one without does, and it sends nothing once the budget has
+// ended (see Deadlines and hanging members).
 //
 // Without fence.TTL a watchdog renews the etcd lease (KeepAliveOnce) every
 // third of Options.WatchdogTTL, and reads the key with each renewal; a
@@ -190,7 +191,13 @@
 // sixth of the lease time per attempt (at least half a second: a timer
 // cancels the attempt, which costs less than a deadline sent with the
 // request) and is tried again, within ctx, on the next member (clientv3
-// balances round robin).
+// balances round robin). An Acquire with a wait budget sends no attempt
+// once the budget has ended: one under way then runs to its reply or its
+// timeout, and the Acquire fails, so that a member that hangs holds it
+// no more than an attempt's timeout past its budget, even on a ctx that
+// never ends (a waiter whose create Txn the only member applied as it was
+// paused, its reply not sent, sent it again every 5 s for as long as ctx
+// lasted).
 // Extend also gives up at the lease's deadline, when the lease has ended
 // anyway, and a Release waiting for an Extend in flight returns when its
 // own ctx ends. An Extend whose move got no answer settles it before it

@@ -567,8 +567,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	sp, reused := l.takeSpare(ttl)
 	lates := 0 // late takes in a row
 	// tctx is the context of the try's calls: ctx for the first try, as
-	// an Acquire without a budget has (no context or timer of its own);
-	// the budget bounds every try after a late take too (lateErr, the
+	// an Acquire without a budget has (no context or timer of its own;
+	// its calls send no attempt past the budget, see tryBy); the budget
+	// bounds every try after a late take too (lateErr, the
 	// last late take's error, then says why the Acquire failed if the
 	// budget cuts one short), so that a cluster that hangs as the late
 	// reply comes does not hold Acquire until ctx ends. It is of cctx,
@@ -581,7 +582,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 		if !reused {
 			sp.ttl, sp.sent = ttl, time.Now()
 			var g *clientv3.LeaseGrantResponse
-			err = l.try(tctx, per, func(ctx context.Context) (err error) {
+			err = l.tryBy(tctx, per, budget, func(ctx context.Context) (err error) {
 				g, err = l.client.Grant(ctx, seconds(ttl))
 				return err
 			})
@@ -675,7 +676,7 @@ func (l *Locker) create(ctx, tctx, cctx context.Context, name, pfx string, sp sp
 	if kv != nil {
 		req = newCreateTxn(pfx, key, sp.id)
 	}
-	err := l.try(tctx, per, func(ctx context.Context) (err error) {
+	err := l.tryBy(tctx, per, budget, func(ctx context.Context) (err error) {
 		attempts++
 		if req != nil {
 			resp, err = txnRaw(ctx, kv, req)
@@ -735,7 +736,7 @@ func (l *Locker) create(ctx, tctx, cctx context.Context, name, pfx string, sp sp
 	if prev != nil && foreign(pfx, prev.Key) {
 		// A key of another Locker whose prefix nests under this lock's:
 		// not a contender. List the lock's own keys up to ours.
-		own, at, err := l.ownKeys(tctx, pfx, rev, per)
+		own, at, err := l.ownKeys(tctx, pfx, rev, per, budget)
 		if err != nil {
 			giveUp()
 			return nil, fmt.Errorf("etcdlock: create %s: %w", key, err)
@@ -834,6 +835,17 @@ func attemptTimeout(ttl time.Duration) time.Duration { return max(ttl/6, 500*tim
 // longer than a short attempt, which would look timed out, and be tried
 // again for as long as ctx lasts (for ever, with a ctx that never ends).
 func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.Context) error) error {
+	return l.tryBy(ctx, per, time.Time{}, call)
+}
+
+// tryBy is try for a call of an Acquire whose wait budget ends at by
+// (zero: none, as try). From by on it sends no attempt more: one under way
+// runs to its reply or its timeout (a try already sent, as fence.Wait
+// says), and one that timed out fails with errNoAnswerInBudget rather than
+// be sent again for as long as ctx lasts (a create Txn applied as the only
+// member was paused, its reply not sent, was sent again every 5 s, for
+// ever on a ctx that never ends: TestWaiterBudgetPausedBeforeCreateReply).
+func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, call func(context.Context) error) error {
 	for {
 		if l.client.Ctx().Err() != nil {
 			return errClientClosed
@@ -852,6 +864,10 @@ func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.C
 			// caller's deadline would have given it.
 			return ctx.Err()
 		}
+		if !by.IsZero() && !time.Now().Before(by) {
+			// Not ctx's error, which the caller would take for its own.
+			return fmt.Errorf("%w (an attempt sent before it got none in %v)", errNoAnswerInBudget, per)
+		}
 	}
 }
 
@@ -867,6 +883,11 @@ var errLockerClosed = fmt.Errorf("the Locker was closed: %w", fence.ErrClosed)
 // errAttemptTimedOut is the cause with which try cancels an attempt that
 // took longer than its timeout.
 var errAttemptTimedOut = errors.New("etcdlock: attempt timed out")
+
+// errNoAnswerInBudget is why a call of an Acquire with a wait budget fails
+// once an attempt sent before the budget ended timed out after it (see
+// tryBy).
+var errNoAnswerInBudget = errors.New("etcdlock: no answer from etcd before the wait budget ended")
 
 // errKeyRestored is in the error of a create whose first attempt found its
 // key there already (see create).
@@ -1174,7 +1195,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		// Check that our key is still there and find the one before it,
 		// in one round trip.
 		var resp *clientv3.TxnResponse
-		err := w.l.try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) (err error) {
+		err := w.l.tryBy(wctx, attemptTimeout(w.ttl), budget, func(ctx context.Context) (err error) {
 			resp, err = c.Txn(ctx).If(
 				clientv3.Compare(clientv3.CreateRevision(w.key), "=", w.rev),
 			).Then(
@@ -1193,7 +1214,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 		if len(kvs) > 0 && foreign(w.pfx, kvs[0].Key) {
 			// Another Locker's key, under a prefix that nests: the one
 			// before ours is the newest of the lock's own keys.
-			own, rev, err := w.l.ownKeys(wctx, w.pfx, w.rev-1, attemptTimeout(w.ttl))
+			own, rev, err := w.l.ownKeys(wctx, w.pfx, w.rev-1, attemptTimeout(w.ttl), budget)
 			if err != nil {
 				return time.Time{}, why(fmt.Errorf("etcdlock: wait: %w", err))
 			}
@@ -1207,7 +1228,7 @@ func (w *waiter) wait(ctx context.Context, budget time.Time) (time.Time, error) 
 				return w.renewed, nil
 			}
 			sent := time.Now()
-			err := w.l.try(wctx, attemptTimeout(w.ttl), func(ctx context.Context) error {
+			err := w.l.tryBy(wctx, attemptTimeout(w.ttl), budget, func(ctx context.Context) error {
 				_, err := c.KeepAliveOnce(ctx, w.id)
 				return err
 			})
@@ -1337,11 +1358,12 @@ func foreign(pfx string, key []byte) bool {
 
 // ownKeys lists the keys of the lock under pfx created at or before
 // maxRev, oldest first, without those of other Lockers (see foreign), and
-// the revision it read them at. Only a lock whose prefix another Locker's
+// the revision it read them at, trying as tryBy does (by: the wait
+// budget's end, zero for none). Only a lock whose prefix another Locker's
 // nests under needs it.
-func (l *Locker) ownKeys(ctx context.Context, pfx string, maxRev int64, per time.Duration) ([]*mvccpb.KeyValue, int64, error) {
+func (l *Locker) ownKeys(ctx context.Context, pfx string, maxRev int64, per time.Duration, by time.Time) ([]*mvccpb.KeyValue, int64, error) {
 	var resp *clientv3.GetResponse
-	err := l.try(ctx, per, func(ctx context.Context) (err error) {
+	err := l.tryBy(ctx, per, by, func(ctx context.Context) (err error) {
 		resp, err = l.client.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(maxRev),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 		return err
