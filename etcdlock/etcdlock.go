@@ -19,6 +19,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Defaults of Options.
@@ -845,8 +847,16 @@ func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.C
 // be sent again for as long as ctx lasts (a create Txn applied as the only
 // member was paused, its reply not sent, was sent again every 5 s, for
 // ever on a ctx that never ends: TestWaiterBudgetPausedBeforeCreateReply).
+// Before by, an attempt that failed with gRPC's Unavailable (the
+// connection lost under it: a member killed, restarted, without a leader)
+// is sent again after a back-off, as one that timed out: it may have been
+// applied, its reply lost ("error reading from server: EOF"), and clientv3
+// sends a write again only if it never went out; a waiter keeps its place
+// (TestWaiterCreateUnavailableKeepsPlace). The calls are those an attempt
+// that timed out may have applied too: the create Txn's retry finds its
+// key, a Grant's leaves an etcd lease with no key, which expires.
 func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, call func(context.Context) error) error {
-	for {
+	for unavailable := 0; ; {
 		if l.client.Ctx().Err() != nil {
 			return errClientClosed
 		}
@@ -856,8 +866,18 @@ func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, cal
 		t.Stop()
 		timedOut := context.Cause(actx) == errAttemptTimedOut
 		cancel(nil)
-		if err == nil || !timedOut {
-			return err
+		if err == nil {
+			return nil
+		}
+		if !timedOut {
+			if by.IsZero() || !isUnavailable(err) || ctx.Err() != nil {
+				return err
+			}
+			unavailable++
+			if !pause.For(ctx, min(pause.Backoff(unavailable), time.Until(by))) || !time.Now().Before(by) {
+				return err
+			}
+			continue
 		}
 		if ctx.Err() != nil {
 			// Cut by its own timeout as ctx ended: ctx's error, as the
@@ -869,6 +889,17 @@ func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, cal
 			return fmt.Errorf("%w (an attempt sent before it got none in %v)", errNoAnswerInBudget, per)
 		}
 	}
+}
+
+// isUnavailable reports whether err is gRPC's Unavailable, as sent by
+// etcd ("etcdserver: no leader", converted by clientv3) or by gRPC (the
+// connection lost).
+func isUnavailable(err error) bool {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable
+	}
+	return status.Code(err) == codes.Unavailable
 }
 
 // errClientClosed is why a call on a client the user closed fails. It
