@@ -870,12 +870,19 @@ func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, cal
 			return nil
 		}
 		if !timedOut {
-			if by.IsZero() || !isUnavailable(err) || ctx.Err() != nil {
+			if by.IsZero() || !isUnavailable(err) {
 				return err
 			}
 			unavailable++
-			if !pause.For(ctx, min(pause.Backoff(unavailable), time.Until(by))) || !time.Now().Before(by) {
-				return err
+			if ctx.Err() != nil || !pause.For(ctx, min(pause.Backoff(unavailable), time.Until(by))) {
+				// ctx's error, as the caller's deadline gives it
+				// elsewhere, with why it was still trying
+				// (TestWaiterUnavailableBounds: the last Unavailable
+				// alone did not match context.DeadlineExceeded).
+				return fmt.Errorf("%w (tried again after: %v)", ctx.Err(), err)
+			}
+			if !time.Now().Before(by) {
+				return fmt.Errorf("%w (tried again until the wait budget ended)", err)
 			}
 			continue
 		}
