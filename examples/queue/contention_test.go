@@ -26,9 +26,9 @@ import (
 // statement due to lock timeout (SQLSTATE
 // 55P03)"). A time-out or a conflict is the database's failure, not the
 // message's: like a database that is down, it must leave the message
-// pending, uncounted. giveUp now asks for the effect's tables' lock
-// without waiting before it counts a failure, and counts nothing when it
-// is refused.
+// pending, uncounted. giveUp now looks in pg_locks for a lock on the
+// effect's tables that conflicts with a try's before it counts a failure,
+// and counts nothing when there is one.
 func TestLockedTableDoesNotKillMessages(t *testing.T) {
 	for name, params := range map[string]string{"TxTimeout": "", "lock_timeout": "&lock_timeout=100"} {
 		t.Run(name, func(t *testing.T) {

@@ -189,8 +189,9 @@
 // message pending, uncounted; so does one that came while another session
 // held a lock on queue_applied or queue_balance that the message's
 // transaction needs (maintenance: ALTER TABLE, VACUUM FULL, CREATE INDEX
-// without CONCURRENTLY), which the consumer asks for without waiting
-// (NOWAIT) before it counts: the message is applied once the lock is gone.
+// without CONCURRENTLY), which the consumer looks for in pg_locks before it
+// counts (needing no privilege on the tables): the message is applied once
+// the lock is gone.
 // A lock on one message's own row (a session idle in its transaction) is
 // not the tables' lock: that message's failures count, and it is given up
 // on rather than stall the queue.

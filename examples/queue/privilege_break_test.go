@@ -17,10 +17,15 @@ import (
 // role (the database's owner).
 func asRole(t *testing.T, ctx context.Context, db *sql.DB, grants ...string) {
 	t.Helper()
+	asRoleGranted(t, ctx, db, append([]string{`GRANT SELECT, INSERT, UPDATE, DELETE ON queue_applied, queue_balance, queue_dead, queue_failures, fence_tokens, fence_idempotency`}, grants...)...)
+}
+
+// asRoleGranted is asRole with grants alone, the tables' rows among them.
+func asRoleGranted(t *testing.T, ctx context.Context, db *sql.DB, grants ...string) {
+	t.Helper()
 	role := "queue_rw_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	stmts := []string{
 		`CREATE ROLE ` + role,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON queue_applied, queue_balance, queue_dead, queue_failures, fence_tokens, fence_idempotency TO ` + role,
 		`REVOKE CREATE ON SCHEMA public FROM PUBLIC`,
 		`GRANT USAGE ON SCHEMA public TO ` + role,
 	}

@@ -1013,15 +1013,24 @@ func (c *Consumer) giveUp(ctx context.Context, e redis.XMessage, m Message, toke
 			// down, it is not counted, and the message stays pending
 			// until the lock is gone (TestLockedTableDoesNotKillMessages:
 			// before, the message was given up on, its effect never
-			// applied). The lock a try takes is asked for here without
-			// waiting; a lock on the tables giveUp itself reads or writes
-			// makes this transaction wait out TxTimeout, uncounted too.
-			// A lock on the message's own row does not conflict: a row
-			// that stays locked is the message's failure, counted, so
-			// that it cannot stall the queue
-			// (TestMessageThatAlwaysTimesOutDoesNotStallTheQueue).
-			if _, err := tx.ExecContext(rctx, `LOCK TABLE queue_applied, queue_balance IN ROW EXCLUSIVE MODE NOWAIT`); err != nil {
-				return fmt.Errorf("queue: the tables are locked, the failure is not counted: %w", err)
+			// applied). pg_locks tells whether another session holds or
+			// awaits a lock that conflicts with the one a try takes; a
+			// lock on the tables giveUp itself reads or writes makes this
+			// transaction wait out TxTimeout, uncounted too. A lock on
+			// the message's own row does not conflict: a row that stays
+			// locked is the message's failure, counted, so that it cannot
+			// stall the queue
+			// (TestMessageThatAlwaysTimesOutDoesNotStallTheQueue). Not
+			// LOCK TABLE ... NOWAIT: it needs a table privilege that a
+			// role granted columns lacks, and its refusal was taken for
+			// a lock, so that no failure was ever counted
+			// (TestPoisonDeadLetteredWithColumnPrivileges).
+			var locked sql.NullString
+			if err := tx.QueryRowContext(rctx, tablesLockedPG).Scan(&locked); err != nil {
+				return err
+			}
+			if locked.Valid {
+				return fmt.Errorf("queue: %s: the failure is not counted", locked.String)
 			}
 			// The failed tries, not the deliveries (XPENDING's count):
 			// a delivery of a batch whose earlier message failed was
@@ -1069,6 +1078,18 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream, msg_id) DO NOTHING`
 	c.log().Error(LogDead, "consumer", c.Name, "id", e.ID, "msg_id", m.Key, "token", int64(token), "deliveries", p[0].RetryCount, "err", cause)
 	return true, nil
 }
+
+// tablesLockedPG names the locks that other sessions (or prepared
+// transactions) hold or await on queue_applied or queue_balance in modes
+// that conflict with a try's ROW EXCLUSIVE (see giveUp), NULL if none.
+const tablesLockedPG = `SELECT string_agg(DISTINCT l.relation::regclass::text || ' ' || l.mode ||
+	CASE WHEN l.granted THEN ' held by ' ELSE ' awaited by ' END || coalesce('pid ' || l.pid, 'a prepared transaction'), ', ')
+FROM pg_catalog.pg_locks l
+WHERE l.locktype = 'relation'
+	AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+	AND l.relation IN (to_regclass('queue_applied'), to_regclass('queue_balance'))
+	AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+	AND l.pid IS DISTINCT FROM pg_backend_pid()`
 
 func (c *Consumer) maxDeliveries() int {
 	if c.MaxDeliveries > 0 {
