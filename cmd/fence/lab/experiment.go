@@ -359,13 +359,17 @@ func (x *experiment) waitWorkers() {
 }
 
 func (x *experiment) cleanup() {
+	// The workers are waited for without x.mu: a worker that fails on its
+	// own meanwhile notes it (noteOnce) before it is done, and cleanup
+	// waited for it forever (TestCleanupWhileAWorkerFails).
+	x.mu.Lock()
+	ws := append([]*workerProc(nil), x.workers...)
+	x.mu.Unlock()
+	for _, w := range ws {
+		w.kill()
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for _, w := range x.workers {
-		w.killed.Store(true)
-		_ = w.cmd.Process.Kill()
-		<-w.done
-	}
 	for _, s := range x.servers {
 		s.Kill()
 	}
