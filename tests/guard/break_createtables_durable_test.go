@@ -209,3 +209,36 @@ func waitForAdvisoryWaiter(t *testing.T, db *sql.DB, done <-chan error) {
 		}
 	}
 }
+
+// TestCreateTablesDeleteRuleIntoUnloggedAccepted: a permanent fence_tokens
+// whose deleted rows a rule copies into an UNLOGGED table (an operator's
+// scratch record of what was pruned). The tokens are in fence_tokens,
+// which a crash keeps, and Fence works with the rule; CreateTables
+// accepted the table before it followed rules, and then refused it
+// ("a table with an UNLOGGED partition, or a view reading an UNLOGGED
+// table, pruned"): it followed every rule of every relation it reached,
+// not only what a view reads and where an INSERT or UPDATE may go. A
+// DELETE never writes a token.
+func TestCreateTablesDeleteRuleIntoUnloggedAccepted(t *testing.T) {
+	db := pg.NewDB(t)
+	for _, stmt := range []string{
+		`CREATE UNLOGGED TABLE pruned (resource TEXT, token BIGINT)`,
+		`CREATE TABLE fence_tokens (resource TEXT PRIMARY KEY, token BIGINT NOT NULL, call_id TEXT)`,
+		`CREATE RULE keep_pruned AS ON DELETE TO fence_tokens DO ALSO INSERT INTO pruned VALUES (OLD.resource, OLD.token)`,
+	} {
+		if _, err := db.ExecContext(ctx(t), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := guard.CreateTables(ctx(t), db); err != nil {
+		t.Fatalf("CreateTables with a permanent fence_tokens and a DELETE rule into an UNLOGGED table: %v, want nil", err)
+	}
+	for _, tok := range []fence.Token{5, 9} {
+		if err := guard.Fence(ctx(t), db, "payment:1001", tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := guard.Fence(ctx(t), db, "payment:1001", 7); !errors.Is(err, guard.ErrStale) {
+		t.Fatalf("Fence 7 after 9: %v, want ErrStale", err)
+	}
+}
