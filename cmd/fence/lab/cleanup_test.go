@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -21,7 +24,19 @@ func TestCleanupWhileAWorkerFails(t *testing.T) {
 	r := testResource(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	x := &experiment{ctx: ctx, cfg: Config{Worker: []string{"sh", "-c", "sleep 3 & exec sleep 60"}},
+	// w1's child holds its stdout until the FIFO is opened for writing and
+	// closed (release), so that w1 is not done however late cleanup runs.
+	fifo := filepath.Join(t.TempDir(), "release")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	release := sync.OnceFunc(func() {
+		if f, err := os.OpenFile(fifo, os.O_RDWR, 0); err == nil {
+			_ = f.Close()
+		}
+	})
+	t.Cleanup(release)
+	x := &experiment{ctx: ctx, cfg: Config{Worker: []string{"sh", "-c", "(read line < " + fifo + ") & exec sleep 60"}},
 		res: r, hist: newHistory(), stop: make(chan struct{})}
 	slow, err := x.spawn(Spec{ID: "w1", Key: "p"})
 	if err != nil {
@@ -44,11 +59,27 @@ func TestCleanupWhileAWorkerFails(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	failing.finish()
+	// w2 has failed and been reaped (its note is then under way) before
+	// w1 is let go.
+	deadline = time.Now().Add(10 * time.Second)
+	for !reaped(failing.cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("w2 did not exit within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	release()
 	select {
 	case <-cleaned:
 	case <-time.After(15 * time.Second):
 		t.Fatal("cleanup did not return within 15s")
 	}
+}
+
+// reaped reports whether process pid is gone, waited for by its parent.
+func reaped(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return os.IsNotExist(err)
 }
 
 // zombie reports whether process pid has exited and is not reaped yet.
