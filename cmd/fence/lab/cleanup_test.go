@@ -36,11 +36,15 @@ func TestCleanupWhileAWorkerFails(t *testing.T) {
 		}
 	})
 	t.Cleanup(release)
-	x := &experiment{ctx: ctx, cfg: Config{Worker: []string{"sh", "-c", "(read line < " + fifo + ") & exec sleep 60"}},
+	x := &experiment{ctx: ctx, cfg: Config{Worker: []string{"sh", "-c", "(read line < " + fifo + ") & echo '{\"worker\":\"w1\",\"kind\":\"ready\"}'; exec sleep 60"}},
 		res: r, hist: newHistory(), stop: make(chan struct{})}
 	slow, err := x.spawn(Spec{ID: "w1", Key: "p"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Killed before its child started, w1 would be done at once.
+	if _, ok := x.waitEvent(func(e Event) bool { return e.Worker == "w1" && e.Kind == "ready" }, 10*time.Second); !ok {
+		t.Fatal("w1 did not start its child within 10s")
 	}
 	x.cfg.Worker = []string{"sh", "-c", "read line; echo 'lab worker: lost the database' >&2; exit 3"}
 	failing, err := x.spawn(Spec{ID: "w2", Key: "p"})
