@@ -18,13 +18,9 @@ import (
 // queue.Consumer and fences nothing, so no leader refuses another's
 // writes; yet every consumer logs "other groups" at ERROR, saying that
 // "their leaders and this one refuse each other's writes" (seen: 1
-// record naming [audit], each time a consumer starts).
+// record naming [audit], each time a consumer starts). The consumers now
+// record their groups beside the stream, and tell only those.
 func TestOtherApplicationsGroupNotAnError(t *testing.T) {
-	t.Skip("design question: noticeGroups cannot tell a group of queue.Consumer (two leaders refusing each other's writes, TestTwoGroupsOfOneStream) " +
-		"from another application's group on the same stream, which is legitimate fan-out, and logs both at ERROR. Options: each Consumer adds its " +
-		"group to a set beside the stream ({<stream>}:groups, SADD at each term) and only groups in that set and in XINFO GROUPS are told " +
-		"(an extra key and ACL grant; consumers of older versions are not in it); or log at WARN with wording that says it matters only if the " +
-		"other group runs queue.Consumer; or a Consumer option naming the groups expected beside its own")
 	const n = 5
 	ctx, rdb, db := servers(t, 30*time.Second)
 	if err := rdb.XGroupCreateMkStream(ctx, "s", "audit", "0").Err(); err != nil {

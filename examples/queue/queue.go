@@ -545,7 +545,7 @@ const (
 	LogTrimFailed      = "trim failed"                // the entries no group needs could not be trimmed from the stream (see Run): the next batch tries again
 	LogUnread          = "trimmed unread"             // entries were deleted from the stream before the group read them (XADD MAXLEN, XTRIM, XDEL by others): which, and their content, is unknown; logged at ERROR with the ids that bound them
 	LogUnreadUnchecked = "unread deletions unchecked" // the look for entries deleted unread was refused (ACL: EVAL, XINFO, or GET and SET on its key): such deletions go untold; logged at ERROR, once per Consumer
-	LogOtherGroups     = "other groups"               // the stream has other consumer groups, named in the record (see noticeGroups): their leaders and this one refuse each other's writes; logged at ERROR, once per Consumer
+	LogOtherGroups     = "other groups"               // other groups of the stream run this consumer, named in the record (see noticeGroups): their leaders and this one refuse each other's writes; logged at ERROR, once per Consumer
 )
 
 var errDuplicate = errors.New("queue: message applied (or given up on) before")
