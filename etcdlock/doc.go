@@ -48,7 +48,9 @@
 // until the Locker that released them reuses that etcd lease (kept, see
 // below), which deletes the key first (it used to take the key for its
 // own, with the old revision as its token: 2 after 12, whatever the
-// bump). Holders and waiters whose keys were made after the backup lose
+// bump; and so did one whose first create Txn failed unapplied, with
+// Unavailable, and whose retry found the key: a key on the etcd lease
+// created at or before its last key, or its Grant, is not taken). Holders and waiters whose keys were made after the backup lose
 // their lease (fence.ErrLeaseLost).
 //
 // A resource that lives in etcd itself can do better than compare tokens:

@@ -138,6 +138,11 @@ type spare struct {
 	ttl     time.Duration // the fence lease time it was granted for
 	granted time.Duration // the TTL etcd granted (at least ttl)
 	sent    time.Time
+	// old is a revision no key the next Acquire on id makes can have:
+	// its Grant's, or the create revision of the last key on it. A key
+	// found on id created at or before it was not made by that Acquire
+	// (see create).
+	old int64
 }
 
 // fresh reports whether a spare of ttl renewed at sent may still be used:
@@ -591,7 +596,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 			if err != nil {
 				return nil, fence.NotAcquired(name, closedBy(cctx, budgetCut(ctx, tctx, lateErr, fmt.Errorf("etcdlock: grant: %w", err))))
 			}
-			sp.id, sp.granted = g.ID, time.Duration(g.TTL)*time.Second
+			sp.id, sp.granted, sp.old = g.ID, time.Duration(g.TTL)*time.Second, g.ResponseHeader.GetRevision()
 		}
 		lease, err := l.create(ctx, tctx, cctx, name, pfx, sp, watchdog, o.Wait, budget)
 		if reused && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errKeyRestored)) {
@@ -719,12 +724,18 @@ func (l *Locker) create(ctx, tctx, cctx context.Context, name, pfx string, sp sp
 			giveUp()
 			return nil, fmt.Errorf("etcdlock: create %s: %w", key, errors.New("the key vanished"))
 		}
-		if attempts == 1 {
+		if attempts == 1 || mine[0].CreateRevision <= sp.old {
 			// No attempt of this Acquire made it: a restore from a
 			// backup brought it back on a kept etcd lease that held it
 			// when the backup was taken, with that create revision, far
 			// below the tokens issued since (the token was 2 after 12,
-			// whatever --bump-revision). The give-back deletes it.
+			// whatever --bump-revision). A first attempt that failed
+			// unapplied (Unavailable, as the restore broke the
+			// connection) and a retry that finds the key do not say so:
+			// its create revision, not above the etcd lease's last key's,
+			// does (TestRestoredKeyAfterUnavailableCreate: taken for
+			// its own, the token was 2 after 12 again). The give-back
+			// deletes it.
 			giveUp()
 			return nil, fmt.Errorf("etcdlock: create %s: %w", key, errKeyRestored)
 		}

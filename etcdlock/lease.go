@@ -1378,7 +1378,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 		// more than a tenth of the lease time ago): the rule holds even if
 		// freshness is changed.
 		ls.mu.Lock()
-		sp := spare{id: ls.id, ttl: ls.ttl, granted: ls.granted, sent: ls.sent}
+		sp := spare{id: ls.id, ttl: ls.ttl, granted: ls.granted, sent: ls.sent, old: int64(ls.token)}
 		ls.mu.Unlock()
 		ls.l.recycle(ctx, sp)
 	default:
