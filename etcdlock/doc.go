@@ -155,11 +155,14 @@
 // the one behind it moves up. A call of an Acquire with a budget (its
 // Grant, its create Txn, a check) that fails with gRPC's Unavailable (the
 // connection lost under it: a member killed or restarted; etcd without a
-// leader) is sent again after a back-off, within the budget, as one that
-// timed out: the create Txn may have been applied with its reply lost, and
-// its retry finds the key, so the waiter keeps its place (it gave up at
-// once, its place in line lost, when its only member was killed between
-// the apply and the reply). An Acquire without a budget returns the error.
+// leader), or that a leader handing its leadership over dropped ("raft
+// proposal dropped", unapplied), is sent again after a back-off, within
+// the budget, as one that timed out: the create Txn may have been applied
+// with its reply lost, and its retry finds the key, so the waiter keeps
+// its place (it gave up at once, its place in line lost, when its only
+// member was killed between the apply and the reply, or when its Grant
+// reached a leader handing over). An Acquire without a budget returns the
+// error.
 //
 // # Release
 //

@@ -859,7 +859,8 @@ func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.C
 // member was paused, its reply not sent, was sent again every 5 s, for
 // ever on a ctx that never ends: TestWaiterBudgetPausedBeforeCreateReply).
 // Before by, an attempt that failed with gRPC's Unavailable (the
-// connection lost under it: a member killed, restarted, without a leader)
+// connection lost under it: a member killed, restarted, without a leader;
+// or a proposal dropped, see isUnavailable)
 // is sent again after a back-off, as one that timed out: it may have been
 // applied, its reply lost ("error reading from server: EOF"), and clientv3
 // sends a write again only if it never went out; a waiter keeps its place
@@ -911,14 +912,23 @@ func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, cal
 
 // isUnavailable reports whether err is gRPC's Unavailable, as sent by
 // etcd ("etcdserver: no leader", converted by clientv3) or by gRPC (the
-// connection lost).
+// connection lost), or a proposal raft dropped, unapplied: a leader
+// handing its leadership over (etcdctl move-leader, a member stopped
+// gracefully) drops every proposal made on it until that ends, and etcd
+// sends raft's error with code Unknown (a waiter gave up at once, with
+// 30 s of budget left: TestWaiterKeepsPlaceDuringLeaderTransfer).
 func isUnavailable(err error) bool {
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {
 		return ee.Code() == codes.Unavailable
 	}
-	return status.Code(err) == codes.Unavailable
+	s, _ := status.FromError(err)
+	return s.Code() == codes.Unavailable || s.Code() == codes.Unknown && s.Message() == proposalDropped
 }
+
+// proposalDropped is the text of raft's ErrProposalDropped, as etcd sends
+// it.
+const proposalDropped = "raft proposal dropped"
 
 // errClientClosed is why a call on a client the user closed fails. It
 // matches fence.ErrClosed: a closed client cannot be opened again, so the
