@@ -205,11 +205,15 @@
 // request) and is tried again, within ctx, on the next member (clientv3
 // balances round robin). An Acquire with a wait budget sends no attempt
 // once the budget has ended: one under way then runs to its reply or its
-// timeout, and the Acquire fails, so that a member that hangs holds it
-// no more than an attempt's timeout past its budget, even on a ctx that
-// never ends (a waiter whose create Txn the only member applied as it was
+// timeout, and the Acquire fails, so that a member that hangs holds it a
+// few attempts' timeouts past its budget at most, even on a ctx that never
+// ends (a waiter whose create Txn the only member applied as it was
 // paused, its reply not sent, sent it again every 5 s for as long as ctx
-// lasted).
+// lasted). A few, not one: each call's first attempt is sent even past the
+// budget (a Grant answered just before its timeout, after the budget
+// ended, is followed by the create Txn, and, with nested prefixes, by the
+// look at them), so that an Acquire with a short budget on a slow cluster
+// can still take a free lock. Give ctx a deadline for an exact bound.
 // Extend also gives up at the lease's deadline, when the lease has ended
 // anyway, and a Release waiting for an Extend in flight returns when its
 // own ctx ends. An Extend whose move got no answer settles it before it
