@@ -80,14 +80,14 @@
 // when that grant or renewal was sent, as for a fresh grant. One revoked
 // behind the Locker's back makes the create Txn fail having written
 // nothing, and Acquire grants a new one. A Locker keeps at most 64 (one
-// per lock it holds at once); one found too old is dropped and expires on
-// etcd within its TTL, holding nothing meanwhile; Close revokes those
-// kept. Lost leases, failed Releases and failed Acquires still revoke
-// theirs at once, so that the next in line moves up. So does a lock whose
-// create Txn had an attempt time out: that attempt may yet be applied, late
-// (it sat in a member that hung), and once the key is deleted its
-// Compare holds again: on a kept etcd lease its Put would leave an orphan
-// key that holds the lock for nobody; on a revoked one it fails.
+// per lock it holds at once); one found too old is revoked in the
+// background (Close waits for that), and Close revokes those kept. Lost
+// leases, failed Releases and failed Acquires still revoke theirs at once,
+// so that the next in line moves up. So does a lock whose create Txn had
+// an attempt time out: that attempt may yet be applied, late (it sat in a
+// member that hung), and once the key is deleted its Compare holds again:
+// on a kept etcd lease its Put would leave an orphan key that holds the
+// lock for nobody; on a revoked one it fails.
 //
 // etcd counts lease times in whole seconds and raises short ones to its
 // minimum (1.5 × the election timeout: 1.5 s by default), so the etcd lease

@@ -152,11 +152,12 @@ type spare struct {
 func fresh(sent time.Time, ttl time.Duration) bool { return time.Since(sent) < ttl/10 }
 
 // takeSpare returns a fresh spare etcd lease granted for ttl, if the Locker
-// has one. Spares found too old are dropped: they hold no key and expire on
-// etcd within their TTL (at most maxSpares per tenth of the lease time).
+// has one. Spares found too old leave the pool and are revoked in the
+// background, counted for Close: they hold no key, but dropped unrevoked
+// they stayed on etcd for their whole TTL, past a Close that no longer
+// knew of them (TestCloseLeavesNoStaleSpare).
 func (l *Locker) takeSpare(ttl time.Duration) (spare, bool) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	at := -1
 	for i := len(l.spares) - 1; i >= 0; i-- {
 		if sp := l.spares[i]; sp.ttl == ttl && fresh(sp.sent, ttl) {
@@ -165,6 +166,7 @@ func (l *Locker) takeSpare(ttl time.Duration) (spare, bool) {
 		}
 	}
 	var found spare
+	var stale []clientv3.LeaseID
 	kept := l.spares[:0]
 	for i, sp := range l.spares {
 		switch {
@@ -172,10 +174,19 @@ func (l *Locker) takeSpare(ttl time.Duration) (spare, bool) {
 			found = sp
 		case fresh(sp.sent, sp.ttl):
 			kept = append(kept, sp)
+		default:
+			stale = append(stale, sp.id)
 		}
 	}
 	clear(l.spares[len(kept):])
 	l.spares = kept
+	l.mu.Unlock()
+	for _, id := range stale {
+		// Off the Acquire's path, as Err's give-back: it costs the revoke
+		// that Release would have made without the pool.
+		counted := l.countGiveBack(id)
+		go l.giveBackCounted(context.Background(), counted, id, nil, cleanupTimeout)
+	}
 	return found, at >= 0
 }
 

@@ -122,3 +122,14 @@ func Held(l *Locker) int {
 	defer l.mu.Unlock()
 	return len(l.held)
 }
+
+// AgeSpares makes the etcd leases l keeps for reuse look d older (granted
+// or renewed d earlier), so that a test need not wait for them to go
+// stale.
+func (l *Locker) AgeSpares(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.spares {
+		l.spares[i].sent = l.spares[i].sent.Add(-d)
+	}
+}
