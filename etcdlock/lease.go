@@ -812,10 +812,14 @@ func (ls *Lease) renew(ctx context.Context) error {
 // and so after Locker.Close, which released the lease; during Close, of a
 // lease it has not released yet, one matching fence.ErrClosed, having sent
 // nothing.
-func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (result error) {
 	if ctx == nil {
 		return nilctx.Err("etcdlock", "Extend")
 	}
+	// Whichever way it finds the lease released (before it, or during
+	// its Grant or move, by a Release or Close): moveTo returned the
+	// lease's Err as it was (TestExtendReleasedByCloseDuringMove).
+	defer func() { result = ls.extendErr(result) }()
 	if err := validateTTL(ttl); err != nil {
 		return err
 	}
@@ -833,9 +837,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		ls.l.giveBackWithin(ctx, id, nil)
 		expired()
 	}
-	if ended == fence.ErrReleased {
-		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
-	} else if ended != nil {
+	if ended != nil {
 		return ended
 	}
 	// Counted for Locker.Close until it returns, or its settle in the
@@ -871,9 +873,6 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 	}
 	if err := ls.errNow(); err != nil {
-		if err == fence.ErrReleased {
-			return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
-		}
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -937,6 +936,17 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		ls.l.giveBackWithin(ctx, ls.etcdLease(), nil)
 	}
 	return ls.errNow()
+}
+
+// extendErr is err as Extend returns it: fence.ErrReleased, the Err of a
+// lease released before or during the Extend, as an error that matches
+// fence.ErrLeaseLost too, as fence.Lease's Extend promises once the lease
+// no longer holds the lock.
+func (ls *Lease) extendErr(err error) error {
+	if err == fence.ErrReleased {
+		return fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
+	}
+	return err
 }
 
 // moveTxn sends the Txn that moves the key onto the etcd lease id if it is
@@ -1061,10 +1071,7 @@ func (ls *Lease) settleBehind(ctx, cctx context.Context, settled chan struct{}, 
 	}
 	close(left)
 	if lerr := ls.errNow(); lerr != nil {
-		if lerr == fence.ErrReleased {
-			lerr = fmt.Errorf("%w: %q: %w", fence.ErrLeaseLost, ls.name, fence.ErrReleased)
-		}
-		return fmt.Errorf("%w (and the Extend's ctx ended: %w)", lerr, ctx.Err()), true
+		return fmt.Errorf("%w (and the Extend's ctx ended: %w)", ls.extendErr(lerr), ctx.Err()), true
 	}
 	return fmt.Errorf("etcdlock: extend %q: %w; the move of its key got no answer, and whether it was applied is being settled in the background, the lease held meanwhile", ls.name, ctx.Err()), true
 }
