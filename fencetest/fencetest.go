@@ -124,6 +124,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ReleaseWithLeaseContext", s.releaseLeaseContext)
 	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)
+	t.Run("ExtendRacesRelease", s.extendRacesRelease)
 	t.Run("InvalidInput", s.invalidInput)
 	t.Run("NilContext", s.nilContext)
 	t.Run("HugeTTL", s.hugeTTL)
@@ -132,6 +133,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("Reports", s.reports)
 	if cfg.NewClosable != nil {
 		t.Run("ClosedClient", s.closedClient)
+		t.Run("ClosedClientLease", s.closedClientLease)
 	}
 }
 

@@ -524,11 +524,12 @@ func (ls *lease) Extend(ctx context.Context, ttl time.Duration) error {
 			// A Release is under way, or failed: the node is gone by its
 			// delete (or its background clean-up), and the Release says
 			// how the lease ended, not this Extend (as redlock's), unless
-			// the lease was lost before.
+			// the lease was lost before. The lock is no longer this
+			// lease's, which the Lease contract says with ErrLeaseLost.
 			if err := ls.Err(); err != nil && err != fence.ErrReleased {
 				return err
 			}
-			return fmt.Errorf("zklock: extend %q: %w", ls.a.name, fence.ErrReleased)
+			return released(fence.ErrReleased)
 		default:
 		}
 		lost := fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node)

@@ -1,0 +1,89 @@
+package fencetest
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+)
+
+// extendRacesRelease: an Extend running while its lease is released
+// either renewed the lease before the Release ended it (nil) or says the
+// lock is no longer this lease's (an error matching ErrLeaseLost), never
+// a bare ErrReleased or a backend's error; and, either way, once Release
+// has returned nil the lock is free: an Extend whose write reached the
+// backend after the delete must not have taken the lock back.
+func (s suite) extendRacesRelease(t *testing.T) {
+	l, other := s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	for round := range 20 {
+		lease := s.mustAcquire(t, l, n, fence.TTL(10*time.Second))
+		start := make(chan struct{})
+		extended := make(chan error, 1)
+		go func() {
+			<-start
+			extended <- lease.Extend(ctxFor(t), 20*time.Second)
+		}()
+		close(start)
+		if round%2 == 1 {
+			// Injected delay: in odd rounds the Extend's request
+			// leaves a little before the Release's.
+			time.Sleep(time.Duration(round) * 50 * time.Microsecond)
+		}
+		if err := lease.Release(ctxFor(t)); err != nil {
+			t.Fatalf("round %d: Release racing Extend = %v, want nil", round, err)
+		}
+		var extErr error
+		select {
+		case extErr = <-extended:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: Extend racing Release has not returned in 30 s", round)
+		}
+		if extErr != nil && !errors.Is(extErr, fence.ErrLeaseLost) {
+			t.Fatalf("round %d: Extend racing Release = %v, want nil or an error matching ErrLeaseLost", round, extErr)
+		}
+		if !errors.Is(lease.Err(), fence.ErrReleased) {
+			t.Fatalf("round %d: Err() after Release = %v, want ErrReleased", round, lease.Err())
+		}
+		next, err := other.Acquire(ctxFor(t), n)
+		if err != nil {
+			t.Fatalf("round %d: the lock is not free after Release returned nil (Extend racing it = %v): Acquire = %v", round, extErr, err)
+		}
+		mustRelease(t, next)
+	}
+}
+
+// closedClientLease: a lease held when its client is closed (a program
+// shutting down with a lock still held) can no longer be renewed or
+// released through it: Extend and Release each return an error at once,
+// whatever time is left on their contexts, rather than wait for a
+// connection that will never come back; the lease's deadline does not
+// move.
+func (s suite) closedClientLease(t *testing.T) {
+	l, closeClient := s.cfg.NewClosable(t)
+	// A name of its own each run: nothing can free this lock before it
+	// expires.
+	n := fmt.Sprintf("%s:%d", name(t), time.Now().UnixNano())
+	lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
+	deadline := lease.Deadline()
+	closeClient()
+	start := time.Now()
+	if err := lease.Extend(ctxFor(t), time.Minute); err == nil {
+		t.Fatal("Extend on a closed client = nil, want an error")
+	}
+	if took := time.Since(start); took > s.cfg.Slack {
+		t.Errorf("Extend on a closed client took %v, want an error at once", took)
+	}
+	if d := lease.Deadline(); d.After(deadline) {
+		t.Errorf("Extend on a closed client moved Deadline from %v to %v", deadline, d)
+	}
+	start = time.Now()
+	if err := lease.Release(ctxFor(t)); err == nil {
+		t.Error("Release on a closed client = nil, want an error: nothing could delete the lock")
+	}
+	if took := time.Since(start); took > s.cfg.Slack {
+		t.Errorf("Release on a closed client took %v, want an error at once", took)
+	}
+}
