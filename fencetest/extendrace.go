@@ -1,6 +1,7 @@
 package fencetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -87,3 +88,78 @@ func (s suite) closedClientLease(t *testing.T) {
 		t.Errorf("Release on a closed client took %v, want an error at once", took)
 	}
 }
+
+// releaseRacesWatchdog: a watchdog lease released at any moment of its
+// renewals (one may be on its way) leaves the lock free once Release has
+// returned nil: a renewal that reached the backend after the delete must
+// not have taken the lock back.
+func (s suite) releaseRacesWatchdog(t *testing.T) {
+	l, other := s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	for round := range 8 {
+		lease := s.mustAcquire(t, l, n)
+		// Injected delay: each round releases at another point of the
+		// watchdog's first renewal cycle (about a third of the lease
+		// time).
+		time.Sleep(time.Duration(round) * s.cfg.WatchdogTTL / 21)
+		if err := lease.Release(ctxFor(t)); err != nil {
+			t.Fatalf("round %d: Release = %v, want nil", round, err)
+		}
+		next, err := other.Acquire(ctxFor(t), n)
+		if err != nil {
+			t.Fatalf("round %d: the lock is not free after Release returned nil: Acquire = %v", round, err)
+		}
+		mustRelease(t, next)
+	}
+}
+
+// cancelRacesHandoff: a waiter whose context ends as the holder releases
+// (the lock may be granted to it just then) leaves no lock held for
+// nobody: once its Acquire has returned an error, a third caller gets the
+// lock within a second, not at the end of a lease time no one holds.
+func (s suite) cancelRacesHandoff(t *testing.T) {
+	l, waiter, third := s.cfg.New(t), s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	for round := range 12 {
+		holder := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
+		wctx, cancel := context.WithCancel(ctxFor(t))
+		waited := make(chan error, 1)
+		go func() {
+			lease, err := waiter.Acquire(wctx, n, fence.Wait(30*time.Second), fence.TTL(30*time.Second))
+			if err == nil {
+				err = lease.Release(ctxFor(t))
+				if err == nil {
+					err = errGot
+				}
+			}
+			waited <- err
+		}()
+		// Injected delay: let the waiter start waiting in most rounds,
+		// then cancel it about when the holder releases.
+		time.Sleep(time.Duration(round) * 5 * time.Millisecond)
+		go cancel()
+		if err := holder.Release(ctxFor(t)); err != nil {
+			t.Fatalf("round %d: Release = %v", round, err)
+		}
+		select {
+		case err := <-waited:
+			if err != errGot && !errors.Is(err, context.Canceled) {
+				t.Fatalf("round %d: the cancelled waiter's Acquire = %v, want the lock or context.Canceled", round, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: the cancelled waiter's Acquire has not returned in 30 s", round)
+		}
+		cancel()
+		start := time.Now()
+		next, err := third.Acquire(ctxFor(t), n, fence.Wait(time.Second+s.cfg.Slack))
+		if err != nil {
+			t.Fatalf("round %d: after a waiter cancelled as the lock was released, Acquire waiting %v = %v: the lock is held for nobody", round, time.Second+s.cfg.Slack, err)
+		}
+		if took := time.Since(start); took > time.Second+s.cfg.Slack/2 {
+			t.Errorf("round %d: the lock came free %v after a cancelled waiter returned", round, took)
+		}
+		mustRelease(t, next)
+	}
+}
+
+var errGot = errors.New("the waiter got the lock and released it")

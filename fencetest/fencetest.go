@@ -125,6 +125,8 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)
 	t.Run("ExtendRacesRelease", s.extendRacesRelease)
+	t.Run("ReleaseRacesWatchdog", s.releaseRacesWatchdog)
+	t.Run("CancelRacesHandoff", s.cancelRacesHandoff)
 	t.Run("InvalidInput", s.invalidInput)
 	t.Run("NilContext", s.nilContext)
 	t.Run("HugeTTL", s.hugeTTL)
