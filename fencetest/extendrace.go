@@ -163,3 +163,25 @@ func (s suite) cancelRacesHandoff(t *testing.T) {
 }
 
 var errGot = errors.New("the waiter got the lock and released it")
+
+// extendAfterExpiry: a lease that expired cannot be brought back by
+// Extend once its lock has been taken and freed again by another caller:
+// its holder was told its lease ended. Extend says ErrLeaseLost, and the
+// lock stays free.
+func (s suite) extendAfterExpiry(t *testing.T) {
+	l, other := s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	lease := s.mustAcquire(t, l, n, fence.TTL(200*time.Millisecond))
+	// Past the lock's expiry in the backend, not only the lease's
+	// Deadline (which errs early): another caller has had it.
+	mustRelease(t, s.mustAcquire(t, other, n, fence.Wait(10*time.Second)))
+	waitDone(t, lease, s.cfg.Slack)
+	if err := lease.Extend(ctxFor(t), time.Minute); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Extend of an expired lease = %v, want ErrLeaseLost", err)
+	}
+	next, err := other.Acquire(ctxFor(t), n)
+	if err != nil {
+		t.Fatalf("after an Extend of an expired lease, Acquire = %v: the Extend took the lock back", err)
+	}
+	mustRelease(t, next)
+}

@@ -111,6 +111,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("MutualExclusion", s.mutualExclusion)
 	t.Run("TokensIncreaseAfterRelease", s.tokensAfterRelease)
 	t.Run("ExpiryFreesTheLock", s.expiry)
+	t.Run("ExtendAfterExpiry", s.extendAfterExpiry)
 	t.Run("WaitBudget", s.waitBudget)
 	t.Run("WaitLongerThanLeaseTime", s.waitLongerThanLease)
 	t.Run("ContextCancelWhileWaiting", s.cancelWhileWaiting)
