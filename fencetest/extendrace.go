@@ -162,6 +162,52 @@ func (s suite) cancelRacesHandoff(t *testing.T) {
 	}
 }
 
+// budgetEndRacesHandoff: as cancelRacesHandoff, with the waiter's wait
+// budget running out as the holder releases: a grant to a waiter that has
+// just stopped waiting is given back, not kept for nobody.
+func (s suite) budgetEndRacesHandoff(t *testing.T) {
+	l, waiter, third := s.cfg.New(t), s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	const budget = 150 * time.Millisecond
+	for round := range 12 {
+		holder := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
+		waited := make(chan error, 1)
+		go func() {
+			lease, err := waiter.Acquire(ctxFor(t), n, fence.Wait(budget), fence.TTL(30*time.Second))
+			if err == nil {
+				err = lease.Release(ctxFor(t))
+				if err == nil {
+					err = errGot
+				}
+			}
+			waited <- err
+		}()
+		// Injected delay: release from a little before the waiter's
+		// budget ends to a little after, one round to the next.
+		time.Sleep(budget - 30*time.Millisecond + time.Duration(round)*5*time.Millisecond)
+		if err := holder.Release(ctxFor(t)); err != nil {
+			t.Fatalf("round %d: Release = %v", round, err)
+		}
+		select {
+		case err := <-waited:
+			if err != errGot && !errors.Is(err, fence.ErrHeld) {
+				t.Fatalf("round %d: the waiter's Acquire = %v, want the lock or ErrHeld", round, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: the waiter's Acquire has not returned in 30 s", round)
+		}
+		start := time.Now()
+		next, err := third.Acquire(ctxFor(t), n, fence.Wait(time.Second+s.cfg.Slack))
+		if err != nil {
+			t.Fatalf("round %d: after a waiter's budget ran out as the lock was released, Acquire waiting %v = %v: the lock is held for nobody", round, time.Second+s.cfg.Slack, err)
+		}
+		if took := time.Since(start); took > time.Second+s.cfg.Slack/2 {
+			t.Errorf("round %d: the lock came free %v after the waiter returned", round, took)
+		}
+		mustRelease(t, next)
+	}
+}
+
 var errGot = errors.New("the waiter got the lock and released it")
 
 // extendAfterExpiry: a lease that expired cannot be brought back by

@@ -128,6 +128,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ExtendRacesRelease", s.extendRacesRelease)
 	t.Run("ReleaseRacesWatchdog", s.releaseRacesWatchdog)
 	t.Run("CancelRacesHandoff", s.cancelRacesHandoff)
+	t.Run("BudgetEndRacesHandoff", s.budgetEndRacesHandoff)
 	t.Run("InvalidInput", s.invalidInput)
 	t.Run("NilContext", s.nilContext)
 	t.Run("HugeTTL", s.hugeTTL)

@@ -484,7 +484,16 @@ func (l *Locker) await(ctx, waitCtx context.Context, a *attempt, node string, o 
 		case i < 0:
 			return nil, fmt.Errorf("%w: zklock: %s vanished while waiting (session expired or node deleted)", fence.ErrLeaseLost, node)
 		case i == 0:
-			return l.grant(ctx, waitCtx, a, node, o, start)
+			ls, err := l.grant(ctx, waitCtx, a, node, o, start)
+			if err != nil && budgetEnded() && errors.Is(err, waitCtx.Err()) {
+				// The lock came free as the budget ended, and the budget
+				// cut the read that would have taken it: not taken
+				// within the budget for contention, as for the other
+				// backends (the read's error alone, "no answer from
+				// ZooKeeper", blamed a server that was answering).
+				return nil, fmt.Errorf("%w: the wait budget ended as the lock came free, during its read (%v)", fence.ErrHeld, err)
+			}
+			return ls, err
 		case o.Wait == 0:
 			return nil, fence.ErrHeld
 		}
@@ -558,7 +567,9 @@ func (l *Locker) dropDuplicates(ctx context.Context, a *attempt, own string, q [
 // caller's ctx may never end. The lease itself lives on ctx's values only.
 // A read that the budget's end cut short returns the read's error, not
 // ErrHeld: the lock was last seen free of others (why then keeps the
-// budget's context error out of it).
+// budget's context error out of it). await says ErrHeld instead when it
+// had seen the lock held before this read, as at the budget's end between
+// its own requests.
 func (l *Locker) grant(ctx, waitCtx context.Context, a *attempt, node string, o fence.Options, start time.Time) (*lease, error) {
 	sent := time.Now()
 	type watched struct {
