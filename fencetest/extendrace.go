@@ -231,3 +231,67 @@ func (s suite) extendAfterExpiry(t *testing.T) {
 	}
 	mustRelease(t, next)
 }
+
+// releaseCancelledMidCall: a Release whose context ends while its request
+// is under way may fail with ctx's error (not conclusive: the lease ended,
+// the delete maybe not sent); a second Release with a live context then
+// frees the lock: once it has returned nil, another caller takes it at
+// once, whether or not the first delete got through.
+func (s suite) releaseCancelledMidCall(t *testing.T) {
+	l, other := s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	for round := range 12 {
+		lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
+		ctx, cancel := context.WithCancel(ctxFor(t))
+		// Injected delay: the cancel comes at another point of the
+		// Release's request each round.
+		stop := time.AfterFunc(time.Duration(round)*100*time.Microsecond, cancel)
+		first := lease.Release(ctx)
+		stop.Stop()
+		cancel()
+		if first != nil && !errors.Is(first, context.Canceled) {
+			t.Fatalf("round %d: Release cancelled mid-call = %v, want nil or context.Canceled", round, first)
+		}
+		if err := lease.Release(ctxFor(t)); err != nil {
+			t.Fatalf("round %d: Release again after %v = %v, want nil", round, first, err)
+		}
+		next, err := other.Acquire(ctxFor(t), n)
+		if err != nil {
+			t.Fatalf("round %d: the lock is not free after a second Release returned nil (the first: %v): Acquire = %v", round, first, err)
+		}
+		mustRelease(t, next)
+	}
+}
+
+// extendCancelledMidCall: an Extend whose context ends while its request
+// is under way may fail with ctx's error, and the lease goes on (its
+// Deadline unmoved, the lock maybe held longer in the backend); a Release
+// then frees the lock at once, whatever the Extend did.
+func (s suite) extendCancelledMidCall(t *testing.T) {
+	l, other := s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	for round := range 12 {
+		lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
+		ctx, cancel := context.WithCancel(ctxFor(t))
+		// Injected delay: the cancel comes at another point of the
+		// Extend's request each round.
+		stop := time.AfterFunc(time.Duration(round)*100*time.Microsecond, cancel)
+		extErr := lease.Extend(ctx, time.Minute)
+		stop.Stop()
+		cancel()
+		if extErr != nil && !errors.Is(extErr, context.Canceled) {
+			t.Fatalf("round %d: Extend cancelled mid-call = %v, want nil or context.Canceled", round, extErr)
+		}
+		if err := lease.Err(); err != nil {
+			t.Fatalf("round %d: the lease ended after an Extend cancelled mid-call (%v): %v", round, extErr, err)
+		}
+		if err := lease.Release(ctxFor(t)); err != nil {
+			t.Fatalf("round %d: Release after an Extend cancelled mid-call (%v) = %v, want nil", round, extErr, err)
+		}
+		next, err := other.Acquire(ctxFor(t), n)
+		if err != nil {
+			t.Fatalf("round %d: the lock is not free after Release returned nil (the Extend before: %v): Acquire = %v", round, extErr, err)
+		}
+		mustRelease(t, next)
+	}
+}

@@ -40,6 +40,11 @@ type lease struct {
 	err      error // why the lease ended; nil while held
 	released bool  // Release reached a conclusion, kept in relErr
 	relErr   error
+	// relTried: a Release's statement failed (ctx ended while it ran, the
+	// connection broke), and may have committed all the same. A later
+	// Release that finds no row of its own cannot tell that delete from
+	// a loss, and reports a release, as redlock does.
+	relTried bool
 	// concluded is closed once released is set (concludeLocked): a
 	// Release waiting for ls.op returns that conclusion.
 	concluded chan struct{}
@@ -613,12 +618,16 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 		defer ls.mu.Unlock()
 		return nil, ls.relErr
 	}
+	tried := ls.relTried
+	ls.relTried = ls.relTried || qerr != nil && !errors.Is(qerr, sql.ErrNoRows)
 	ls.mu.Unlock()
 	switch {
 	case lostBefore != nil && lostBefore != fence.ErrReleased:
 		err = lostBefore // conclusive: the lease was lost before Release
-	case errors.Is(qerr, sql.ErrNoRows):
+	case errors.Is(qerr, sql.ErrNoRows) && !tried:
 		err = fmt.Errorf("%w: %q expired, was removed or was taken by another owner", fence.ErrLeaseLost, ls.a.name)
+	case errors.Is(qerr, sql.ErrNoRows):
+		// An earlier Release's statement may have freed it (relTried).
 	case qerr != nil:
 		ls.end(fence.ErrReleased) // stops the watchdog and the expiry timer
 		if ahead {

@@ -57,6 +57,11 @@ type lease struct {
 	// replica's WAIT, see Locker.releaseLease).
 	releasing   bool
 	releaseWait chan struct{}
+	// relTried: a Release's script failed (ctx ended during its round
+	// trip, the connection broke), and may have run all the same. A later
+	// Release that finds the lock not its own cannot tell that delete from
+	// a loss, and reports a release, as redlock does.
+	relTried bool
 	granted     time.Time // when the acquire reply arrived, for the hold time
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
@@ -303,6 +308,14 @@ func (ls *lease) releasedAs(result error, failed bool) (report func()) {
 // held.
 func (ls *lease) unfreedBy(why error) bool {
 	return !errors.Is(why, fence.ErrReleased) || ls.unfreed
+}
+
+// triedRelease reports whether an earlier Release's script failed, maybe
+// after it ran (see relTried).
+func (ls *lease) triedRelease() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.relTried
 }
 
 // endUnfreed ends the lease as released, for a Release that failed to
@@ -666,11 +679,14 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		err = lostBefore // conclusive: the lease was lost before Release
 	case err != nil:
 		err = fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
+		ls.mu.Lock()
+		ls.relTried = true
+		ls.mu.Unlock()
 		if ending {
 			return ls.releasedAs(err, true), err
 		}
 		return ls.endUnfreed(), err
-	case !deleted:
+	case !deleted && !ls.triedRelease():
 		err = fmt.Errorf("%w: %q was removed or taken by another owner", fence.ErrLeaseLost, ls.attempt.name)
 	}
 	switch {
