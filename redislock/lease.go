@@ -62,7 +62,7 @@ type lease struct {
 	// Release that finds the lock not its own cannot tell that delete from
 	// a loss, and reports a release, as redlock does.
 	relTried bool
-	granted     time.Time // when the acquire reply arrived, for the hold time
+	granted  time.Time // when the acquire reply arrived, for the hold time
 
 	stopWatchdog context.CancelFunc // nil for fixed-TTL leases
 	watchdogDone chan struct{}
