@@ -295,3 +295,41 @@ func (s suite) extendCancelledMidCall(t *testing.T) {
 		mustRelease(t, next)
 	}
 }
+
+// acquireCancelledMidCall: an Acquire of a free lock whose context ends
+// while its request is under way either returns the lease or an error
+// matching context.Canceled; after an error, the lock is not left held for
+// nobody: another caller gets it within a second, not a lease time later
+// (the take may have run, its reply lost: the backend gives it back).
+func (s suite) acquireCancelledMidCall(t *testing.T) {
+	l, other := s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	cut := 0
+	defer func() { t.Logf("%d of 12 Acquires cut by their context", cut) }()
+	for round := range 12 {
+		ctx, cancel := context.WithCancel(ctxFor(t))
+		// Injected delay: the cancel comes at another point of the
+		// Acquire's request each round.
+		stop := time.AfterFunc(time.Duration(round)*150*time.Microsecond, cancel)
+		lease, err := l.Acquire(ctx, n, fence.TTL(30*time.Second))
+		stop.Stop()
+		cancel()
+		if err == nil {
+			mustRelease(t, lease)
+			continue
+		}
+		cut++
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, fence.ErrNotAcquired) {
+			t.Fatalf("round %d: Acquire cancelled mid-call = %v, want ErrNotAcquired and context.Canceled", round, err)
+		}
+		start := time.Now()
+		next, err2 := other.Acquire(ctxFor(t), n, fence.Wait(time.Second+s.cfg.Slack))
+		if err2 != nil {
+			t.Fatalf("round %d: after an Acquire cancelled mid-call (%v), another caller waiting %v = %v: the lock is held for nobody", round, err, time.Second+s.cfg.Slack, err2)
+		}
+		if took := time.Since(start); took > time.Second+s.cfg.Slack/2 {
+			t.Errorf("round %d: the lock came free %v after an Acquire cancelled mid-call", round, took)
+		}
+		mustRelease(t, next)
+	}
+}

@@ -116,6 +116,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("WaitLongerThanLeaseTime", s.waitLongerThanLease)
 	t.Run("ContextCancelWhileWaiting", s.cancelWhileWaiting)
 	t.Run("CancelledContext", s.cancelledContext)
+	t.Run("AcquireCancelledMidCall", s.acquireCancelledMidCall)
 	t.Run("WatchdogKeepsLease", s.watchdog)
 	t.Run("LeaseLostWhenRemoved", s.lostWhenRemoved)
 	t.Run("LeaseLostWhenTaken", s.lostWhenTaken)
