@@ -648,9 +648,11 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		// Its node, ephemeral, ended with it.
 		err = fmt.Errorf("%w: %q: its session ended", fence.ErrLeaseLost, ls.a.name)
 	case errors.Is(err, zk.ErrNoNode) && !endedHere:
-		// An earlier Release failed, ended the lease and left the node to
-		// be deleted in the background.
-		err = fmt.Errorf("%w: %q: its node %s was gone (deleted after an earlier Release failed, or before it)", fence.ErrLeaseLost, ls.a.name, ls.node)
+		// An earlier Release failed and ended the lease: its delete may
+		// have run, its reply lost, or the background one it left did.
+		// That cannot be told from a loss, and is a release, as for the
+		// other backends (fence.Lease's Release).
+		err = nil
 	case errors.Is(err, zk.ErrNoNode):
 		err = fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrBadVersion):
