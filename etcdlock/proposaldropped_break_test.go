@@ -3,6 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,40 +34,8 @@ func TestWaiterKeepsPlaceDuringLeaderTransfer(t *testing.T) {
 		t.Fatal(err)
 	}
 	lead := etcdtest.Leader(t, c)
-	var to *etcdserver.Member // a follower
-	for _, m := range c.Members {
-		if m != lead {
-			to = m
-			break
-		}
-	}
-	onLead := newClient(t, []string{lead.ClientURL}, nil)
-	st, err := onLead.Status(ctx, to.ClientURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	to.Stop()
-	defer to.Cont()
-	moved := make(chan error, 1)
-	go func() {
-		_, err := onLead.MoveLeader(ctx, st.Header.MemberId)
-		moved <- err
-	}()
-	// The transfer has begun once the leader drops a write.
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for end := time.Now().Add(10 * time.Second); ; {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := onLead.Put(pctx, t.Name()+"-probe", "")
-		cancel()
-		if err != nil && strings.Contains(err.Error(), "raft proposal dropped") {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("the leader still takes writes 10 s after move-leader (last: %v)", err)
-		}
-		<-tick.C
-	}
+	resume := holdTransfer(t, ctx, c, lead)
+	defer resume()
 	failed := make(chan error, 1)
 	l, err := etcdlock.New(dialClient(t, []string{lead.ClientURL}, grpc.WithChainUnaryInterceptor(
 		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -97,8 +66,9 @@ func TestWaiterKeepsPlaceDuringLeaderTransfer(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no call of the waiter failed 10 s after Acquire during the transfer")
 	}
-	to.Cont()
-	t.Logf("move-leader: %v", <-moved)
+	resume()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
 	all := newClient(t, c.Endpoints(), nil)
 	for end := time.Now().Add(20 * time.Second); countKeys(t, all, l.Prefix(name)) < 2; {
 		select {
@@ -126,5 +96,65 @@ func TestWaiterKeepsPlaceDuringLeaderTransfer(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("the waiter has not taken the lock 15 s after the release")
+	}
+}
+
+// holdTransfer has lead, the cluster's leader, hand its leadership over to
+// a follower that it pauses first, and returns once lead drops a write
+// ("raft proposal dropped"), as it drops every proposal made on it until
+// the transfer ends: when raft gives it up, an election timeout (1 s)
+// after it began, or once resume lets the follower take over. resume
+// (which may be called again) logs how move-leader ended.
+func holdTransfer(t *testing.T, ctx context.Context, c *etcdserver.Cluster, lead *etcdserver.Member) (resume func()) {
+	t.Helper()
+	var to *etcdserver.Member // a follower
+	for _, m := range c.Members {
+		if m != lead {
+			to = m
+			break
+		}
+	}
+	onLead := newClient(t, []string{lead.ClientURL}, nil)
+	st, err := onLead.Status(ctx, to.ClientURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to.Stop()
+	// move-leader waits until the transferee leads, or its ctx ends: a
+	// transfer that raft gave up waits for ever.
+	mctx, cancel := context.WithCancel(ctx)
+	moved := make(chan error, 1)
+	go func() {
+		_, err := onLead.MoveLeader(mctx, st.Header.MemberId)
+		moved <- err
+	}()
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			to.Cont()
+			select {
+			case err := <-moved:
+				t.Logf("move-leader: %v", err)
+			case <-time.After(2 * time.Second):
+				t.Logf("move-leader: the transferee does not lead 2 s after it was resumed (raft gave the transfer up)")
+			}
+			cancel()
+		})
+	}
+	// The transfer has begun once the leader drops a write.
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(10 * time.Second); ; {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := onLead.Put(pctx, t.Name()+"-probe", "")
+		cancel()
+		if err != nil && strings.Contains(err.Error(), "raft proposal dropped") {
+			return resume
+		}
+		if time.Now().After(end) {
+			resume()
+			t.Fatalf("the leader still takes writes 10 s after move-leader (last: %v)", err)
+		}
+		<-tick.C
 	}
 }
