@@ -162,7 +162,13 @@
 // its place (it gave up at once, its place in line lost, when its only
 // member was killed between the apply and the reply, or when its Grant
 // reached a leader handing over). An Acquire without a budget returns the
-// error.
+// error. Release's delete and Extend's Grant and move are sent again so
+// too, within ctx and until the lease's Deadline, past which the lease is
+// over anyway (each failed at once before, with 9 s of a 10 s lease
+// left, when a leader handing over dropped it); a member that stays down
+// fails them at ctx's end or the Deadline. The watchdog rides such a
+// failure out as it does any other: its renewal is tried again until the
+// deadline.
 //
 // # Release
 //
@@ -175,8 +181,8 @@
 // another's key, because the key's name ends in the ID of the etcd lease it
 // was created on, only an Acquire on that etcd lease makes it, and the etcd
 // lease is the Lease's alone until its Release's delete has gone through.
-// A delete that took more than one attempt (the first timed out) may have
-// that attempt applied late, after the next Acquire made the same key on
+// A delete that took more than one attempt (the first timed out, or
+// failed with Unavailable) may have that attempt applied late, after the next Acquire made the same key on
 // the same etcd lease: such an etcd lease is revoked, never kept. A lease whose key is already gone gets an error matching
 // fence.ErrLeaseLost and deletes nothing. A Release that fails (its ctx
 // done, the cluster unreachable) ends the lease all the same, as released,
@@ -227,7 +233,8 @@
 // on a member that hung). A waiter
 // also checks its place again after each renewal of its etcd lease, in case
 // its watch sits on such a member. A Release whose first attempt timed out
-// and whose retry finds the key gone cannot tell its own delete from
+// or lost its reply (Unavailable) and whose retry finds the key gone
+// cannot tell its own delete from
 // another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
 // a lost lease) are bounded by half a second even when ctx has
 // ended, and after a failed Acquire, in an Extend, or in a Release, by

@@ -858,8 +858,28 @@ func attemptTimeout(ttl time.Duration) time.Duration { return max(ttl/6, 500*tim
 // interceptor takes for a cancel of its own and sends again for some 2.5 s,
 // longer than a short attempt, which would look timed out, and be tried
 // again for as long as ctx lasts (for ever, with a ctx that never ends).
+//
+// An attempt that failed otherwise, with Unavailable too, is not sent
+// again: see tryUntil and tryBy.
 func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.Context) error) error {
-	return l.tryBy(ctx, per, time.Time{}, call)
+	return l.retry(ctx, per, time.Time{}, time.Time{}, call)
+}
+
+// tryUntil is try for Release's delete and Extend's calls, which also
+// send again, after a back-off, an attempt that failed with Unavailable
+// or a dropped proposal (see tryBy), until until, the lease's deadline
+// (past it the lease is over anyway), and within ctx: a leader change or
+// a member's restart does not fail them, as it does not fail an Acquire
+// with a wait budget (the leader handing over dropped a Release's delete
+// and an Extend's Grant, which failed at once with 9 s of the lease left:
+// TestReleaseExtendRideOutLeaderTransfer). Attempts that timed out are
+// sent again while ctx lasts, as try does, even past until. The calls
+// are those an attempt that timed out may have applied too: a delete
+// whose reply was lost leaves its retry nothing to delete, a Grant's an
+// etcd lease with no key, which expires, and a move's retry finds the key
+// moved.
+func (l *Locker) tryUntil(ctx context.Context, per time.Duration, until time.Time, call func(context.Context) error) error {
+	return l.retry(ctx, per, until, time.Time{}, call)
 }
 
 // tryBy is try for a call of an Acquire whose wait budget ends at by
@@ -879,6 +899,13 @@ func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.C
 // that timed out may have applied too: the create Txn's retry finds its
 // key, a Grant's leaves an etcd lease with no key, which expires.
 func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, call func(context.Context) error) error {
+	return l.retry(ctx, per, by, by, call)
+}
+
+// retry is the loop of try, tryUntil and tryBy: it sends an attempt that
+// failed with Unavailable again until until (zero: never), and none at
+// all from budget on (zero: no budget).
+func (l *Locker) retry(ctx context.Context, per time.Duration, until, budget time.Time, call func(context.Context) error) error {
 	for unavailable := 0; ; {
 		if l.client.Ctx().Err() != nil {
 			return errClientClosed
@@ -893,18 +920,21 @@ func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, cal
 			return nil
 		}
 		if !timedOut {
-			if by.IsZero() || !isUnavailable(err) {
+			if until.IsZero() || !isUnavailable(err) {
 				return err
 			}
 			unavailable++
-			if ctx.Err() != nil || !pause.For(ctx, min(pause.Backoff(unavailable), time.Until(by))) {
+			if ctx.Err() != nil || !pause.For(ctx, min(pause.Backoff(unavailable), time.Until(until))) {
 				// ctx's error, as the caller's deadline gives it
 				// elsewhere, with why it was still trying
 				// (TestWaiterUnavailableBounds: the last Unavailable
 				// alone did not match context.DeadlineExceeded).
 				return fmt.Errorf("%w (tried again after: %v)", ctx.Err(), err)
 			}
-			if !time.Now().Before(by) {
+			if !time.Now().Before(until) {
+				if budget.IsZero() {
+					return fmt.Errorf("%w (tried again until the lease's deadline)", err)
+				}
 				return fmt.Errorf("%w (tried again until the wait budget ended)", err)
 			}
 			continue
@@ -914,7 +944,7 @@ func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, cal
 			// caller's deadline would have given it.
 			return ctx.Err()
 		}
-		if !by.IsZero() && !time.Now().Before(by) {
+		if !budget.IsZero() && !time.Now().Before(budget) {
 			// Not ctx's error, which the caller would take for its own.
 			return fmt.Errorf("%w (an attempt sent before it got none in %v)", errNoAnswerInBudget, per)
 		}

@@ -801,7 +801,10 @@ func (ls *Lease) renew(ctx context.Context) error {
 // and says the move's outcome is being settled, not fence.ErrLeaseLost
 // (unless the lease has ended meanwhile); the lease then goes on or ends
 // as lost, as the settle finds, and the lease's Release and Extend, and
-// Locker.Close, wait for it within their own ctx. Revokes after ctx has ended (of an etcd
+// Locker.Close, wait for it within their own ctx. A Grant or move that
+// fails with gRPC's Unavailable or a dropped proposal (a leader change, a
+// member's restart) is sent again after a back-off, within ctx and until
+// the lease's deadline, as one that timed out. Revokes after ctx has ended (of an etcd
 // lease that holds no key, or of a lease that has ended) wait a tenth of
 // a second and are tried again in the background. From the Grant's send
 // until the move is settled, Deadline is no later than ttl from that
@@ -890,9 +893,13 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (result error) {
 	// key).
 	cctx, cancel := context.WithDeadline(ctx, ls.Deadline())
 	defer cancel()
+	// Nor once the lease has ended (a Release that could not wait for
+	// this, run at a loss): its tries again after Unavailable would go on
+	// until the deadline for a lease nobody holds (TestReleaseStopsSettle).
+	defer context.AfterFunc(ls.ctx, cancel)()
 	per := attemptTimeout(ls.ttlNow())
 	var g *clientv3.LeaseGrantResponse
-	err = ls.l.try(cctx, per, func(ctx context.Context) (err error) {
+	err = ls.l.tryUntil(cctx, per, ls.Deadline(), func(ctx context.Context) (err error) {
 		g, err = c.Grant(ctx, seconds(ttl))
 		return err
 	})
@@ -900,7 +907,7 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (result error) {
 		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err))
 	}
 	var resp *clientv3.TxnResponse
-	err = ls.l.try(cctx, per, func(ctx context.Context) (err error) {
+	err = ls.l.tryUntil(cctx, per, ls.Deadline(), func(ctx context.Context) (err error) {
 		resp, err = ls.moveTxn(ctx, g.ID)
 		return err
 	})
@@ -1199,10 +1206,12 @@ func (ls *Lease) releaseFailed(ctx context.Context, held bool) {
 // lease, which holds no key any more, for the Locker's next Acquire (see
 // Locker.Close), or revokes it. It never deletes another key: a lease
 // whose key is gone gets an error matching fence.ErrLeaseLost and deletes
-// nothing. A Release that fails (a done ctx, the cluster unreachable) ends
-// the lease all the same, as released, and revokes its etcd lease (which
-// is never kept), or leaves the key to expire with it; calling Release
-// again retries the delete.
+// nothing. A delete that fails with gRPC's Unavailable or a dropped
+// proposal (a leader change, a member's restart) is sent again after a
+// back-off, within ctx and until the lease's deadline. A Release that
+// fails (a done ctx, the cluster unreachable) ends the lease all the same,
+// as released, and revokes its etcd lease (which is never kept), or leaves
+// the key to expire with it; calling Release again retries the delete.
 func (ls *Lease) Release(ctx context.Context) (result error) {
 	if ctx == nil {
 		return nilctx.Err("etcdlock", "Release")
@@ -1285,11 +1294,16 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	// late, after the next Acquire on the etcd lease made the same key
 	// again: its etcd lease is revoked, never kept (see below). The
 	// response's count of deleted keys tells a key already gone, as the
-	// Compare did.
+	// Compare did. An attempt that failed with Unavailable (a leader
+	// change, a member's restart) is sent again until the lease's
+	// deadline (tryUntil), as one that timed out: the etcd lease is this
+	// Lease's until this returns, so a retry deletes this key or nothing,
+	// even after an attempt applied with its reply lost
+	// (TestReleaseDeleteUnavailable).
 	var resp *clientv3.DeleteResponse
 	attempts := 0
 	del := func() error {
-		return ls.l.try(ctx, attemptTimeout(ls.ttlNow()), func(ctx context.Context) (err error) {
+		return ls.l.tryUntil(ctx, attemptTimeout(ls.ttlNow()), ls.Deadline(), func(ctx context.Context) (err error) {
 			attempts++
 			if kv := ls.l.raw(); kv != nil && ls.keyb != nil {
 				resp, err = deleteRaw(ctx, kv, &pb.DeleteRangeRequest{Key: ls.keyb})
@@ -1360,10 +1374,11 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	case !deleted && attempts == 1 && kept:
 		lost = ls.lostf("its key %s was already gone", ls.key)
 	case !deleted:
-		// An attempt that timed out, of this Release or an earlier one,
-		// may have deleted it: which, nobody can tell, and a release that
-		// cannot vouch for the lease says so.
-		lost = ls.lostf("its key %s was gone (deleted by an attempt of this Release, or an earlier one, that timed out, or before it)", ls.key)
+		// An attempt that timed out or failed with Unavailable (its
+		// reply lost), of this Release or an earlier one, may have
+		// deleted it: which, nobody can tell, and a release that cannot
+		// vouch for the lease says so.
+		lost = ls.lostf("its key %s was gone (deleted by an attempt of this Release, or an earlier one, that timed out or lost its reply, or before it)", ls.key)
 	}
 	switch {
 	case lost != nil:

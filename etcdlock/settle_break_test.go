@@ -128,13 +128,23 @@ func keyOn(t testing.TB, admin *clientv3.Client, lease fence.Lease) (clientv3.Le
 	return clientv3.LeaseID(resp.Kvs[0].Lease), resp.Kvs[0].ModRevision
 }
 
+// triedBefore reports whether an attempt on actx is one of the tries an
+// Extend makes on a ctx that ends at end, its own: they carry that
+// deadline, and its settle's attempts, sent after end, later ones. The
+// move is sent again after Unavailable until end, so a script that wants
+// the settle to run refuses all of them.
+func triedBefore(actx context.Context, end time.Time) bool {
+	dl, ok := actx.Deadline()
+	return ok && !dl.After(end)
+}
+
 // An Extend whose move Txn fails with a passing error (a member without a
 // leader, as a caller's clientv3.WithRequireLeader gets at once during an
-// election), and whose settling Txn gets that error too the first time:
-// the settle gave up on that one error and ended a lease whose key sat
-// untouched on its renewed etcd lease, and revoked it, which deleted the
-// lock under its holder. It must try again while the lease lasts, and
-// the lease goes on.
+// election) until its ctx ends, and whose settling Txn gets that error too
+// the first time: the settle gave up on that one error and ended a lease
+// whose key sat untouched on its renewed etcd lease, and revoked it, which
+// deleted the lock under its holder. It must try again (within its grace
+// past the Extend's ctx), and the lease goes on.
 func TestExtendSettleRetriesPassingError(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
@@ -146,13 +156,19 @@ func TestExtendSettleRetriesPassingError(t *testing.T) {
 	}
 	defer lease.Release(context.Background())
 	old := leaseID(t, lease)
+	ectx := ctxFor(t, 500*time.Millisecond)
+	end, _ := ectx.Deadline()
+	settles := 0
 	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
-		if n < 2 { // the move, then the first settling Txn: not sent
+		if triedBefore(ctx, end) {
+			return rpctypes.ErrGRPCNoLeader // the move
+		}
+		if settles++; settles == 1 { // the first settling Txn: not sent
 			return rpctypes.ErrGRPCNoLeader
 		}
 		return send(ctx)
 	})
-	err = lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
+	err = lease.Extend(ectx, time.Minute)
 	s.set(nil)
 	t.Logf("Extend with no leader for its move and its first settling Txn = %v", err)
 	if err == nil || errors.Is(err, fence.ErrLeaseLost) {
@@ -372,10 +388,13 @@ func TestExtendAfterCreateRetriedAndWait(t *testing.T) {
 }
 
 // While the cluster answers every Txn with an error (no leader), the
-// settle tries again while the Extend's ctx lasts; a Release given a
-// deadline meanwhile returns by it and ends the lease, and then the settle
-// stops at once, rather than trying until the lease's deadline: the
-// Extend returns, and both etcd leases are revoked (the key is gone).
+// move, then the settle, try again while the Extend's ctx lasts; a
+// Release given a deadline meanwhile returns by it and ends the lease, and
+// then they stop at once, rather than trying until the lease's deadline:
+// the Extend returns, and both etcd leases are revoked (the key is gone).
+// (With the move tried again after Unavailable, it went on until the
+// lease's deadline, 30 s: "the Extend went on settling after the lease
+// ended".)
 func TestReleaseStopsSettle(t *testing.T) {
 	admin := newClient(t, shared.Endpoints(), nil)
 	s := &txnScript{}
@@ -523,8 +542,10 @@ func TestExtendSettleFindsKeyGone(t *testing.T) {
 // fail at once with ErrNoLeader (neither was applied): the lease, whose
 // key sat untouched on its etcd lease, ended as lost, and the revokes then
 // sent failed too, so the lock stayed held by nobody for the lease time.
-// Now the settle tries again until the leader is back, and the lease goes
-// on.
+// Then the settle tried again until the leader was back, and the lease
+// went on, the Extend failed. Now the move itself is tried again after
+// Unavailable (as a Release's delete is) until the leader is back, and
+// the Extend succeeds: the key is on the new etcd lease.
 func TestExtendDuringQuorumLossKeepsLease(t *testing.T) {
 	cl := etcdtest.StartCluster(t, 3)
 	survivor := cl.Members[0]
@@ -575,16 +596,19 @@ func TestExtendDuringQuorumLossKeepsLease(t *testing.T) {
 	})
 	err = lease.Extend(clientv3.WithRequireLeader(ctxFor(t, 50*time.Second)), time.Minute)
 	s.set(nil)
-	t.Logf("Extend as the quorum went = %v (move %v, first settle %v)", err, moveErr, settleErr)
+	t.Logf("Extend as the quorum went = %v (move %v, sent again %v)", err, moveErr, settleErr)
 	if !errors.Is(moveErr, rpctypes.ErrGRPCNoLeader) || !errors.Is(settleErr, rpctypes.ErrGRPCNoLeader) {
-		t.Fatalf("move %v, settle %v: want both refused with ErrNoLeader", moveErr, settleErr)
+		t.Fatalf("move %v, sent again %v: want both refused with ErrNoLeader", moveErr, settleErr)
+	}
+	if err != nil {
+		t.Fatalf("Extend = %v, want nil: the quorum came back well within its ctx and the lease time", err)
 	}
 	if err := lease.Err(); err != nil {
 		t.Fatalf("the lease ended although its key was in place: %v", err)
 	}
 	etcdtest.Leader(t, cl)
-	if id, _ := keyOn(t, admin, lease); id != old {
-		t.Fatalf("the key is on etcd lease %x, want the old one %x", int64(id), int64(old))
+	if id, _ := keyOn(t, admin, lease); id == old {
+		t.Fatalf("the key is still on the old etcd lease %x after the Extend", int64(old))
 	}
 	if err := lease.Extend(ctxFor(t, 20*time.Second), time.Minute); err != nil {
 		t.Fatalf("Extend with the quorum back: %v", err)
@@ -637,11 +661,17 @@ func TestExtendSettleAppliedReplyLost(t *testing.T) {
 	s := &txnScript{}
 	_, lease, old := scriptedLease(t, s, 20*time.Second)
 	var applied atomic.Bool
+	// The move is refused until the Extend's ctx ends (it is tried again
+	// after Unavailable until then), and the settle runs past it, in the
+	// background once the Extend has returned.
+	ectx := ctxFor(t, 500*time.Millisecond)
+	end, _ := ectx.Deadline()
+	settles := 0
 	s.set(func(n int, ctx context.Context, send func(context.Context) error, _ func() error) error {
-		switch n {
-		case 0:
-			return rpctypes.ErrGRPCNoLeader
-		case 1: // the settle: applied, its reply lost past its timeout
+		if triedBefore(ctx, end) {
+			return rpctypes.ErrGRPCNoLeader // the move
+		}
+		if settles++; settles == 1 { // the settle: applied, its reply lost past its timeout
 			<-ctx.Done()
 			if err := send(context.WithoutCancel(ctx)); err != nil {
 				return err
@@ -651,19 +681,21 @@ func TestExtendSettleAppliedReplyLost(t *testing.T) {
 		}
 		return send(ctx)
 	})
-	err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
-	s.set(nil)
+	err := lease.Extend(ectx, time.Minute)
 	t.Logf("Extend = %v", err)
-	if !applied.Load() {
-		t.Fatal("the settling Txn was not applied with its reply lost")
-	}
 	if err == nil || lease.Err() != nil {
 		t.Fatalf("Extend = %v, lease Err %v: want the move's error, the lease held", err, lease.Err())
 	}
 	if id, _ := keyOn(t, admin, lease); id != old {
 		t.Fatalf("the key is on %x, want the old etcd lease %x", int64(id), int64(old))
 	}
-	if err := lease.Extend(ctxFor(t, 10*time.Second), time.Minute); err != nil {
+	// Once the settle is through (this waits for it).
+	err = lease.Extend(ctxFor(t, 10*time.Second), time.Minute)
+	s.set(nil)
+	if !applied.Load() {
+		t.Fatal("the settling Txn was not applied with its reply lost")
+	}
+	if err != nil {
 		t.Fatalf("Extend after a settle whose reply was lost: %v", err)
 	}
 	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
