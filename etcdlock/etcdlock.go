@@ -924,7 +924,10 @@ func (l *Locker) retry(ctx context.Context, per time.Duration, until, budget tim
 				return err
 			}
 			unavailable++
-			if ctx.Err() != nil || !pause.For(ctx, min(pause.Backoff(unavailable), time.Until(until))) {
+			if ctx.Err() != nil || !l.backOff(ctx, min(pause.Backoff(unavailable), time.Until(until))) {
+				if ctx.Err() == nil {
+					continue // the client was closed: see above
+				}
 				// ctx's error, as the caller's deadline gives it
 				// elsewhere, with why it was still trying
 				// (TestWaiterUnavailableBounds: the last Unavailable
@@ -949,6 +952,21 @@ func (l *Locker) retry(ctx context.Context, per time.Duration, until, budget tim
 			return fmt.Errorf("%w (an attempt sent before it got none in %v)", errNoAnswerInBudget, per)
 		}
 	}
+}
+
+// backOff waits d, or less if ctx ends or the client is closed first; it
+// reports whether d passed. A back-off of up to a second held a Release
+// that long after the client's close (TestClosedClientEndsUnavailableRetry).
+func (l *Locker) backOff(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+	case <-l.client.Ctx().Done():
+	}
+	return false
 }
 
 // isUnavailable reports whether err is gRPC's Unavailable, as sent by

@@ -1,0 +1,199 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fence"
+	"github.com/fencekit/fence/etcdlock"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const (
+	methodDelete = "/etcdserverpb.KV/DeleteRange"
+	methodGrant  = "/etcdserverpb.Lease/LeaseGrant"
+)
+
+// unavailableWhile returns a client of the shared server whose calls of
+// method fail, unsent, while down is true; failed counts them. A delete
+// fails with "etcdserver: no leader" (Unavailable), as a cluster without
+// a leader answers, a Grant with "raft proposal dropped", as a leader
+// handing over does: clientv3 itself sends a Grant again on Unavailable,
+// within the attempt, so that etcdlock never sees it.
+func unavailableWhile(t *testing.T, method string, down *atomic.Bool, failed *atomic.Int64) *clientv3.Client {
+	t.Helper()
+	fail := rpctypes.ErrGRPCNoLeader
+	if method == methodGrant {
+		fail = status.Error(codes.Unknown, "raft proposal dropped")
+	}
+	return dialClient(t, shared.Endpoints(), grpc.WithChainUnaryInterceptor(
+		func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if m == method && down.Load() {
+				failed.Add(1)
+				return fail
+			}
+			return invoker(ctx, m, req, reply, cc, opts...)
+		}))
+}
+
+// waitFailed waits until failed has counted n calls, failing the test
+// after 10 s.
+func waitFailed(t *testing.T, failed *atomic.Int64, n int64) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(10 * time.Second); failed.Load() < n; <-tick.C {
+		if time.Now().After(end) {
+			t.Fatalf("%d calls failed with Unavailable in 10 s, want %d", failed.Load(), n)
+		}
+	}
+}
+
+// With etcd unavailable for good, Release and Extend try again only
+// within their ctx and until the lease's deadline, never longer: a
+// Release on a ctx of 1 s returns after it with an error matching ctx's,
+// one on a ctx without a deadline at the lease's deadline; an Extend on a
+// ctx of 1 s returns ctx's error, the lease held and its Deadline
+// unmoved, one on a ctx without a deadline an error matching
+// fence.ErrLeaseLost at the lease's deadline, when the lease is over.
+func TestReleaseExtendUnavailableStaysDown(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ttl  time.Duration
+		ctx  time.Duration // zero: no deadline
+	}{
+		{"Release ctx", 10 * time.Second, time.Second},
+		{"Release deadline", 2 * time.Second, 0},
+		{"Extend ctx", 10 * time.Second, time.Second},
+		{"Extend deadline", 2 * time.Second, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := strings.HasPrefix(tc.name, "Release")
+			method := methodGrant
+			if release {
+				method = methodDelete
+			}
+			var down atomic.Bool
+			var failed atomic.Int64
+			l, err := etcdlock.New(unavailableWhile(t, method, &down, &failed), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lease, err := l.Acquire(ctxFor(t, 10*time.Second), freshName(t), fence.TTL(tc.ttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			down.Store(true)
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if tc.ctx > 0 {
+				ctx, cancel = context.WithTimeout(ctx, tc.ctx)
+			}
+			defer cancel()
+			dl := lease.Deadline()
+			start := time.Now()
+			if release {
+				err = lease.Release(ctx)
+			} else {
+				err = lease.Extend(ctx, 20*time.Second)
+			}
+			took := time.Since(start)
+			t.Logf("%v after %v, %d calls failed", err, took, failed.Load())
+			bound := time.Until(dl) + took
+			if tc.ctx > 0 {
+				bound = tc.ctx
+			}
+			if took < bound-50*time.Millisecond || took > bound+time.Second {
+				t.Errorf("returned after %v, want %v (ctx's end or the deadline) and at most 1 s more", took, bound)
+			}
+			if failed.Load() < 3 {
+				t.Errorf("%d calls failed with Unavailable: it did not try again", failed.Load())
+			}
+			// An Extend past the deadline says the lease expired.
+			if err == nil || (release || tc.ctx > 0) && !strings.Contains(err.Error(), "no leader") && !strings.Contains(err.Error(), "proposal dropped") {
+				t.Fatalf("err = %v, want the Unavailable error", err)
+			}
+			switch {
+			case tc.ctx > 0 && !errors.Is(err, context.DeadlineExceeded):
+				t.Errorf("err = %v, want an error matching ctx's", err)
+			case !release && tc.ctx == 0 && !errors.Is(err, fence.ErrLeaseLost):
+				t.Errorf("Extend = %v past the deadline, want an error matching fence.ErrLeaseLost", err)
+			case !release && tc.ctx > 0:
+				if errors.Is(err, fence.ErrLeaseLost) || lease.Err() != nil || !lease.Deadline().Equal(dl) {
+					t.Errorf("Extend = %v; the lease's Err %v, Deadline moved by %v; want it held as it was", err, lease.Err(), lease.Deadline().Sub(dl))
+				}
+			case release && lease.Err() != fence.ErrReleased:
+				t.Errorf("Err = %v after the Release that failed, want fence.ErrReleased", lease.Err())
+			}
+			down.Store(false)
+			if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// A Release or Extend trying again after Unavailable ends within a tenth
+// of a second when the user closes the client, with an error matching
+// fence.ErrClosed (or, for Extend, fence.ErrLeaseLost: the client's close
+// ends the lease), not after the back-off under way (up to 1 s).
+func TestClosedClientEndsUnavailableRetry(t *testing.T) {
+	for _, call := range []string{"Extend", "Release"} {
+		t.Run(call, func(t *testing.T) {
+			method := methodGrant
+			if call == "Release" {
+				method = methodDelete
+			}
+			var down atomic.Bool
+			var failed atomic.Int64
+			c := unavailableWhile(t, method, &down, &failed)
+			l, err := etcdlock.New(c, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := ctxFor(t, 30*time.Second)
+			lease, err := l.Acquire(ctx, freshName(t), fence.TTL(20*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			down.Store(true)
+			res := make(chan error, 1)
+			go func() {
+				if call == "Release" {
+					res <- lease.Release(ctx)
+				} else {
+					res <- lease.Extend(ctx, 30*time.Second)
+				}
+			}()
+			// Eight failures in a row: the back-off is half a second to
+			// one by then.
+			waitFailed(t, &failed, 8)
+			closed := time.Now()
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-res:
+				took := time.Since(closed)
+				t.Logf("%s = %v, %v after the client's close", call, err, took)
+				// The lease's run ends an Extend's lease as lost on the
+				// client's close, which Extend may see first.
+				if !errors.Is(err, fence.ErrClosed) && (call == "Release" || !errors.Is(err, fence.ErrLeaseLost)) {
+					t.Errorf("%s = %v, want an error matching fence.ErrClosed", call, err)
+				}
+				if took > 100*time.Millisecond {
+					t.Errorf("%s returned %v after the client's close", call, took)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s has not returned 5 s after the client's close", call)
+			}
+		})
+	}
+}
