@@ -257,7 +257,8 @@
 // with an error matching fence.ErrClosed (the Locker can grant no more
 // leases: fence.Lead stops campaigning), and so do Acquire after
 // Locker.Close and Extend during it, whose wait the work they start would
-// escape, and an Acquire under way when Close is called (waiting in line, or its Grant
+// escape (one under way whose move has not left, its Grant cut short,
+// the lease as it was), and an Acquire under way when Close is called (waiting in line, or its Grant
 // or create Txn not answered yet, which Close cuts short), once it has
 // given its key back (Close waits for
 // that within its ctx; a waiter that went on waited out its budget, and

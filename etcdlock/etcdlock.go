@@ -102,8 +102,10 @@ type Locker struct {
 	// ends, for Close, which waits for those under way when it is called
 	// (one closed channel for all, when their count was back to 0, also
 	// had Close wait for every settle that started after it, for as long
-	// as they overlapped: TestCloseWaitsOnlyForSettlesUnderWay).
-	settling map[chan struct{}]struct{}
+	// as they overlapped: TestCloseWaitsOnlyForSettlesUnderWay). Close
+	// calls each one's cancel, which ends an Extend's wait for ls.op and
+	// its Grant, with errLockerClosed (see settleStarted).
+	settling map[chan struct{}]context.CancelCauseFunc
 	// acquiring holds the Acquires under way, for Close, which ends their
 	// calls and wait in line (the cancel, with errLockerClosed): each channel is
 	// closed when its Acquire returns, its key given back, or its lease
@@ -242,8 +244,12 @@ func (l *Locker) recycle(ctx context.Context, sp spare) {
 // lease Close has not released yet, with fence.ErrClosed (sending
 // nothing, the lease left as it was): each would start work that Close
 // waits for (an etcd lease, a settle in the background), after Close had
-// returned. Close waits, within ctx, for the Extends under way and those
-// whose move is being settled in the background (an Extend whose ctx
+// returned. An Extend under way that has not sent its move yet (waiting
+// for another call of its lease, or for its Grant, tried again after
+// Unavailable) is cut short the same way, with fence.ErrClosed, its lease
+// as it was, so that Close releases that lease at once. Close waits,
+// within ctx, for the Extends under way and those whose move is being
+// settled in the background (an Extend whose ctx
 // ended with the move unanswered; see Lease.Extend), then for the revokes
 // under way (a lost lease's, sent from the background by its run or by
 // Err, from their first attempt on) or being retried in the background
@@ -290,6 +296,9 @@ func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
 	l.closed = true
 	for _, cancel := range l.acquiring {
+		cancel(errLockerClosed)
+	}
+	for _, cancel := range l.settling {
 		cancel(errLockerClosed)
 	}
 	if l.closing == nil {
@@ -644,8 +653,9 @@ func (l *Locker) acquire(ctx context.Context, name string, opts ...fence.Option)
 	}
 }
 
-// closedBy is the error err of an Acquire whose calls ran on cctx: once
-// Close has cancelled cctx, errLockerClosed, with err's text but not its
+// closedBy is the error err of an Acquire whose calls ran on cctx, or of
+// an Extend whose wait for ls.op or Grant did: once Close has cancelled
+// cctx, errLockerClosed, with err's text but not its
 // context.Canceled, which the caller would take for its own ctx's.
 func closedBy(cctx context.Context, err error) error {
 	if context.Cause(cctx) != errLockerClosed || errors.Is(err, errLockerClosed) {
@@ -1126,20 +1136,23 @@ func (l *Locker) giveBackCounted(ctx context.Context, counted chan struct{}, id 
 
 // settleStarted and settleEnded count an Extend under way, and then the
 // goroutine of settleBehind's that takes over from it: settleStarted
-// returns the channel that settleEnded closes, or errLockerClosed once
-// Close was called, counting nothing (TestExtendAfterClose).
-func (l *Locker) settleStarted() (chan struct{}, error) {
+// returns a context of ctx that Close cancels with errLockerClosed (the
+// Extend waits for ls.op and sends its Grant on it, not its move), and
+// the channel that settleEnded closes, or errLockerClosed once Close was
+// called, counting nothing (TestExtendAfterClose).
+func (l *Locker) settleStarted(ctx context.Context) (context.Context, chan struct{}, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return nil, errLockerClosed
+		return nil, nil, errLockerClosed
 	}
 	if l.settling == nil {
-		l.settling = make(map[chan struct{}]struct{})
+		l.settling = make(map[chan struct{}]context.CancelCauseFunc)
 	}
+	xctx, cancel := context.WithCancelCause(ctx)
 	settled := make(chan struct{})
-	l.settling[settled] = struct{}{}
-	return settled, nil
+	l.settling[settled] = cancel
+	return xctx, settled, nil
 }
 
 // acquireStarted and acquireEnded count an Acquire under way, for Close:
@@ -1197,6 +1210,7 @@ func (l *Locker) forget(ls *Lease) {
 func (l *Locker) settleEnded(settled chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.settling[settled](nil)
 	delete(l.settling, settled)
 	close(settled)
 }

@@ -814,7 +814,8 @@ func (ls *Lease) renew(ctx context.Context) error {
 // returns an error matching both fence.ErrLeaseLost and fence.ErrReleased,
 // and so after Locker.Close, which released the lease; during Close, of a
 // lease it has not released yet, one matching fence.ErrClosed, having sent
-// nothing.
+// nothing, and so does one under way when Close is called that has not
+// sent its move yet (its Grant cut short), the Deadline unmoved.
 func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (result error) {
 	if ctx == nil {
 		return nilctx.Err("etcdlock", "Extend")
@@ -845,14 +846,18 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (result error) {
 	}
 	// Counted for Locker.Close until it returns, or its settle in the
 	// background ends; refused once Close was called, whose wait it would
-	// escape (TestExtendAfterClose).
-	settled, err := ls.l.settleStarted()
+	// escape (TestExtendAfterClose). Close cuts short its wait for ls.op
+	// and its Grant (xctx), which change nothing of the lease, so that it
+	// releases the lease at once: a Grant tried again after Unavailable
+	// held Close until Close's ctx ended, and the lease stayed held
+	// (TestCloseDuringUnavailableRetry).
+	xctx, settled, err := ls.l.settleStarted(ctx)
 	if err != nil {
 		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
 	}
-	if err := ls.lockOp(ctx); err != nil {
+	if err := ls.lockOp(xctx); err != nil {
 		ls.l.settleEnded(settled)
-		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, err)
+		return fmt.Errorf("etcdlock: extend %q: %w", ls.name, closedBy(xctx, err))
 	}
 	// held: this call still holds ls.op, and gives it back as it returns;
 	// a settle left to the background (settleBehind) takes it over, and
@@ -897,14 +902,18 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (result error) {
 	// this, run at a loss): its tries again after Unavailable would go on
 	// until the deadline for a lease nobody holds (TestReleaseStopsSettle).
 	defer context.AfterFunc(ls.ctx, cancel)()
+	// The Grant's tries end with Close too (see xctx).
+	gctx, gcancel := context.WithCancel(cctx)
+	defer gcancel()
+	defer context.AfterFunc(xctx, gcancel)()
 	per := attemptTimeout(ls.ttlNow())
 	var g *clientv3.LeaseGrantResponse
-	err = ls.l.tryUntil(cctx, per, ls.Deadline(), func(ctx context.Context) (err error) {
+	err = ls.l.tryUntil(gctx, per, ls.Deadline(), func(ctx context.Context) (err error) {
 		g, err = c.Grant(ctx, seconds(ttl))
 		return err
 	})
 	if err != nil {
-		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, err))
+		return ls.extendFailed(ctx, fmt.Errorf("etcdlock: extend %q: grant: %w", ls.name, closedBy(xctx, err)))
 	}
 	var resp *clientv3.TxnResponse
 	err = ls.l.tryUntil(cctx, per, ls.Deadline(), func(ctx context.Context) (err error) {

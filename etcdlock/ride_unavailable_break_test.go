@@ -140,6 +140,94 @@ func TestReleaseExtendUnavailableStaysDown(t *testing.T) {
 	}
 }
 
+// Close called while an Extend tries its Grant again after Unavailable
+// ends that Extend at once, with an error matching fence.ErrClosed (the
+// Deadline unmoved), and releases the lease, rather than wait for the
+// Extend until Close's own ctx ends while the lease it is about to release
+// is kept. A Release under way is waited for within Close's ctx, as ever:
+// Close returns at its ctx's end, and that Release goes on, within its own
+// ctx, and deletes the key once etcd answers.
+func TestCloseDuringUnavailableRetry(t *testing.T) {
+	for _, call := range []string{"Extend", "Release"} {
+		t.Run(call, func(t *testing.T) {
+			method := methodGrant
+			if call == "Release" {
+				method = methodDelete
+			}
+			var down atomic.Bool
+			var failed atomic.Int64
+			l, err := etcdlock.New(unavailableWhile(t, method, &down, &failed), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := freshName(t)
+			ctx := ctxFor(t, 30*time.Second)
+			lease, err := l.Acquire(ctx, name, fence.TTL(20*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dl := lease.Deadline()
+			down.Store(true)
+			res := make(chan error, 1)
+			go func() {
+				if call == "Release" {
+					res <- lease.Release(ctx)
+				} else {
+					res <- lease.Extend(ctx, 30*time.Second)
+				}
+			}()
+			waitFailed(t, &failed, 3)
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			start := time.Now()
+			cerr := l.Close(cctx)
+			took := time.Since(start)
+			t.Logf("Close = %v after %v", cerr, took)
+			admin := newClient(t, shared.Endpoints(), nil)
+			if call == "Extend" {
+				select {
+				case err := <-res:
+					if !errors.Is(err, fence.ErrClosed) || !lease.Deadline().Equal(dl) {
+						t.Errorf("Extend = %v, Deadline moved by %v; want an error matching fence.ErrClosed, the Deadline unmoved", err, lease.Deadline().Sub(dl))
+					}
+				default:
+					t.Fatalf("the Extend still tries again after Close returned")
+				}
+				if cerr != nil {
+					t.Errorf("Close = %v, want nil", cerr)
+				}
+				if lease.Err() != fence.ErrReleased {
+					t.Errorf("Err = %v after Close, want fence.ErrReleased", lease.Err())
+				}
+				if n := countKeys(t, admin, l.Prefix(name)); n != 0 {
+					t.Errorf("%d keys left after Close", n)
+				}
+				return
+			}
+			if took > 2*time.Second || cerr == nil || !errors.Is(cerr, context.DeadlineExceeded) {
+				t.Errorf("Close = %v after %v; want ctx's error after 1 s", cerr, took)
+			}
+			select {
+			case err := <-res:
+				t.Fatalf("the Release returned %v with etcd still unavailable and its ctx not ended", err)
+			default:
+			}
+			down.Store(false)
+			select {
+			case err := <-res:
+				if err != nil {
+					t.Errorf("Release = %v once etcd answered, want nil", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the Release has not returned 5 s after etcd answered")
+			}
+			if n := countKeys(t, admin, l.Prefix(name)); n != 0 {
+				t.Errorf("%d keys left after the Release", n)
+			}
+		})
+	}
+}
+
 // A Release or Extend trying again after Unavailable ends within a tenth
 // of a second when the user closes the client, with an error matching
 // fence.ErrClosed (or, for Extend, fence.ErrLeaseLost: the client's close
