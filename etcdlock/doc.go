@@ -162,9 +162,10 @@
 // its place (it gave up at once, its place in line lost, when its only
 // member was killed between the apply and the reply, or when its Grant
 // reached a leader handing over). An Acquire without a budget returns the
-// error. Release's delete and Extend's Grant and move are sent again so
-// too, within ctx and until the lease's Deadline, past which the lease is
-// over anyway (each failed at once before, with 9 s of a 10 s lease
+// error, and so does any call on a ctx that asks for a leader
+// (clientv3.WithRequireLeader) given etcd's "no leader". Release's delete
+// and Extend's Grant and move are sent again so too, within ctx and until
+// the lease's Deadline, past which the lease is over anyway (each failed at once before, with 9 s of a 10 s lease
 // left, when a leader handing over dropped it); a member that stays down
 // fails them at ctx's end or the Deadline. The watchdog rides such a
 // failure out as it does any other: its renewal is tried again until the

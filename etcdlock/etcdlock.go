@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -887,7 +889,8 @@ func (l *Locker) try(ctx context.Context, per time.Duration, call func(context.C
 // are those an attempt that timed out may have applied too: a delete
 // whose reply was lost leaves its retry nothing to delete, a Grant's an
 // etcd lease with no key, which expires, and a move's retry finds the key
-// moved.
+// moved. On a ctx that asks for a leader (clientv3.WithRequireLeader),
+// etcd's "no leader" is returned at once, as the caller asked.
 func (l *Locker) tryUntil(ctx context.Context, per time.Duration, until time.Time, call func(context.Context) error) error {
 	return l.retry(ctx, per, until, time.Time{}, call)
 }
@@ -905,9 +908,11 @@ func (l *Locker) tryUntil(ctx context.Context, per time.Duration, until time.Tim
 // is sent again after a back-off, as one that timed out: it may have been
 // applied, its reply lost ("error reading from server: EOF"), and clientv3
 // sends a write again only if it never went out; a waiter keeps its place
-// (TestWaiterCreateUnavailableKeepsPlace). The calls are those an attempt
-// that timed out may have applied too: the create Txn's retry finds its
-// key, a Grant's leaves an etcd lease with no key, which expires.
+// (TestWaiterCreateUnavailableKeepsPlace); not etcd's "no leader" on a
+// ctx that asks for a leader (see leaderRequired). The calls are those an
+// attempt that timed out may have applied too: the create Txn's retry
+// finds its key, a Grant's leaves an etcd lease with no key, which
+// expires.
 func (l *Locker) tryBy(ctx context.Context, per time.Duration, by time.Time, call func(context.Context) error) error {
 	return l.retry(ctx, per, by, by, call)
 }
@@ -930,7 +935,7 @@ func (l *Locker) retry(ctx context.Context, per time.Duration, until, budget tim
 			return nil
 		}
 		if !timedOut {
-			if until.IsZero() || !isUnavailable(err) {
+			if until.IsZero() || !isUnavailable(err) || leaderRequired(ctx, err) {
 				return err
 			}
 			unavailable++
@@ -962,6 +967,18 @@ func (l *Locker) retry(ctx context.Context, per time.Duration, until, budget tim
 			return fmt.Errorf("%w (an attempt sent before it got none in %v)", errNoAnswerInBudget, per)
 		}
 	}
+}
+
+// leaderRequired reports whether err is etcd's "no leader" on a call whose
+// ctx asks for a leader (clientv3.WithRequireLeader): the caller chose to
+// fail at once without one rather than wait, and gets that error, typed
+// (TestRequireLeaderKept: a Release tried again waited out its 20 s ctx).
+func leaderRequired(ctx context.Context, err error) bool {
+	if !errors.Is(err, rpctypes.ErrNoLeader) && !errors.Is(err, rpctypes.ErrGRPCNoLeader) {
+		return false
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return slices.Contains(md.Get(rpctypes.MetadataRequireLeaderKey), rpctypes.MetadataHasLeader)
 }
 
 // backOff waits d, or less if ctx ends or the client is closed first; it
