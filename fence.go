@@ -86,10 +86,10 @@ type Lease interface {
 	// context Run gives fn). It returns nil if the lock
 	// was released, an error matching ErrLeaseLost if the lease had already
 	// been lost, or the backend's error, in which case calling Release again
-	// retries. A retry that finds the lock gone (or another's) cannot tell
-	// whether the call that failed deleted it, its reply lost, or the
-	// lease was lost: the backends of this module then return nil, as for
-	// a release. From the first call on the lease is no longer renewed,
+	// retries. A retry that finds the lock gone (or another's) after a call
+	// that failed once its delete was sent cannot tell whether that delete
+	// ran, its reply lost, or the lease was lost: the backends of this
+	// module then return nil, as for a release. From the first call on the lease is no longer renewed,
 	// even when that call fails (a done ctx, say): a lock whose delete did
 	// not get through expires at the end of its lease time. Calls after the
 	// first conclusive one return the same result without contacting the

@@ -234,9 +234,14 @@
 // on a member that hung). A waiter
 // also checks its place again after each renewal of its etcd lease, in case
 // its watch sits on such a member. A Release whose first attempt timed out
-// or lost its reply (Unavailable) and whose retry finds the key gone
-// cannot tell its own delete from
-// another's: it returns an error matching fence.ErrLeaseLost that says so. Revokes made to clean up (after a failed Acquire,
+// or lost its reply (Unavailable), or that retries one whose delete was
+// sent and failed, and finds the key gone cannot tell its own delete from
+// another's: it returns nil, as for a release (fence.Lease's Release), and
+// revokes the etcd lease rather than keep it. One that retries a Release
+// that sent nothing (its ctx done) finds the key gone by the revoke that
+// Release made, and returns nil, once that revoke was confirmed; until
+// then, or when that revoke found the etcd lease gone already, an error
+// matching fence.ErrLeaseLost. Revokes made to clean up (after a failed Acquire,
 // a lost lease) are bounded by half a second even when ctx has
 // ended, and after a failed Acquire, in an Extend, or in a Release, by
 // what is left of the caller's ctx and, for

@@ -57,6 +57,10 @@ type Lease struct {
 	// with it the key (the revoke's success read, at once or by its
 	// retry in the background).
 	revokedOnFail atomic.Bool
+	// delTried: a Release that failed sent its delete, which may have
+	// been applied, its reply lost: a later Release that finds the key
+	// gone takes it for that delete's doing.
+	delTried atomic.Bool
 	// modRev is the key's mod revision as this lease last wrote it (its
 	// create revision, then each Extend's move): every move compares it,
 	// so that an Extend's Txn that arrives late, after that Extend gave
@@ -1367,6 +1371,9 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 		return lerr
 	}
 	if err != nil {
+		if attempts > 0 {
+			ls.delTried.Store(true)
+		}
 		ls.releaseFailed(ctx, true)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
@@ -1380,14 +1387,22 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	case !deleted && ls.revokedOnFail.Load():
 		// An earlier Release that failed revoked the etcd lease, and with
 		// it the key.
+	case !deleted && (attempts > 1 || ls.delTried.Load()):
+		// An attempt that timed out or failed with Unavailable (its
+		// reply lost), of this Release or an earlier one, may have
+		// deleted it. That cannot be told from a loss, and is taken for
+		// a release, as by the other backends (fence.Lease's Release):
+		// a caller who retries a Release that failed is not told of a
+		// loss that most likely was its own delete. The etcd lease is
+		// not kept (see below).
 	case !deleted && attempts == 1 && kept:
 		lost = ls.lostf("its key %s was already gone", ls.key)
 	case !deleted:
-		// An attempt that timed out or failed with Unavailable (its
-		// reply lost), of this Release or an earlier one, may have
-		// deleted it: which, nobody can tell, and a release that cannot
-		// vouch for the lease says so.
-		lost = ls.lostf("its key %s was gone (deleted by an attempt of this Release, or an earlier one, that timed out or lost its reply, or before it)", ls.key)
+		// No delete of this lease's was sent before this one, and its
+		// revoke after a failed Release has not been confirmed: gone
+		// before it, or by that revoke. A release that cannot vouch for
+		// the lease says so.
+		lost = ls.lostf("its key %s was gone (deleted before this Release, or by the revoke of an earlier one that failed, not yet confirmed)", ls.key)
 	}
 	switch {
 	case lost != nil:
