@@ -89,7 +89,9 @@ type Lease interface {
 	// retries. A retry that finds the lock gone (or another's) after a call
 	// that failed once its delete was sent cannot tell whether that delete
 	// ran, its reply lost, or the lease was lost: the backends of this
-	// module then return nil, as for a release. From the first call on the lease is no longer renewed,
+	// module then return nil, as for a release; after a call that sent
+	// nothing (its ctx done), an error matching ErrLeaseLost if the lock
+	// was gone before it. From the first call on the lease is no longer renewed,
 	// even when that call fails (a done ctx, say): a lock whose delete did
 	// not get through expires at the end of its lease time. Calls after the
 	// first conclusive one return the same result without contacting the

@@ -240,8 +240,9 @@
 // revokes the etcd lease rather than keep it. One that retries a Release
 // that sent nothing (its ctx done) finds the key gone by the revoke that
 // Release made, and returns nil, once that revoke was confirmed; until
-// then, or when that revoke found the etcd lease gone already, an error
-// matching fence.ErrLeaseLost. Revokes made to clean up (after a failed Acquire,
+// then, or when that Release found the key gone already (it reads it, a
+// read with no Raft commit, before it revokes) or its revoke found the
+// etcd lease gone, an error matching fence.ErrLeaseLost. Revokes made to clean up (after a failed Acquire,
 // a lost lease) are bounded by half a second even when ctx has
 // ended, and after a failed Acquire, in an Extend, or in a Release, by
 // what is left of the caller's ctx and, for

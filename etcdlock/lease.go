@@ -61,6 +61,10 @@ type Lease struct {
 	// been applied, its reply lost: a later Release that finds the key
 	// gone takes it for that delete's doing.
 	delTried atomic.Bool
+	// goneBefore: a Release that failed without sending its delete (its
+	// ctx done) found the key gone before it revoked the etcd lease (see
+	// checkGone).
+	goneBefore atomic.Bool
 	// modRev is the key's mod revision as this lease last wrote it (its
 	// create revision, then each Extend's move): every move compares it,
 	// so that an Extend's Txn that arrives late, after that Extend gave
@@ -1178,6 +1182,24 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 	return nil
 }
 
+// checkGone reads, within doneGrace, whether the lease's key is still
+// there as created, for a Release that fails without sending its delete
+// (its ctx done): the revoke that follows deletes the key, and a Release
+// retried later that finds it gone could not tell that revoke from a loss
+// before the first Release (an operator's delete, an etcd lease that
+// expired while its renewals hung): with the key gone here, it says lost
+// (TestRetriedReleaseAfterLossNotReleased, fencetest's
+// RetriedReleaseAfterRemove); with it there, or no answer, the revoke's
+// doing. A read, no Raft commit, on a path that runs only after a failure.
+func (ls *Lease) checkGone(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doneGrace)
+	defer cancel()
+	resp, err := ls.l.client.Get(rctx, ls.key)
+	if err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token)) {
+		ls.goneBefore.Store(true)
+	}
+}
+
 // releaseFailed ends the lease as released after a Release that could not
 // delete the key, and revokes its etcd lease (bounded, even with ctx done),
 // which deletes the key; if that does not get through either, it is tried
@@ -1356,6 +1378,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
+			ls.checkGone(ctx)
 			ls.releaseFailed(ctx, true)
 			return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 		}
@@ -1384,6 +1407,8 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 	var lost error
 	deleted := resp.Deleted > 0
 	switch {
+	case !deleted && ls.goneBefore.Load():
+		lost = ls.lostf("its key %s was gone before an earlier Release, which failed", ls.key)
 	case !deleted && ls.revokedOnFail.Load():
 		// An earlier Release that failed revoked the etcd lease, and with
 		// it the key.

@@ -124,6 +124,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ReleaseWithDoneContext", s.releaseDoneContext)
 	t.Run("ReleaseWithDoneContextEndsLease", s.releaseDoneEndsLease)
 	t.Run("ReleaseCancelledMidCall", s.releaseCancelledMidCall)
+	t.Run("RetriedReleaseAfterRemove", s.retriedReleaseAfterRemove)
 	t.Run("ReleaseWithLeaseContext", s.releaseLeaseContext)
 	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)

@@ -40,8 +40,9 @@ type lease struct {
 	err      error // why the lease ended; nil while held
 	released bool  // Release reached a conclusion, kept in relErr
 	relErr   error
-	// relTried: a Release's statement failed (ctx ended while it ran, the
-	// connection broke), and may have committed all the same. A later
+	// relTried: a Release's statement was sent and failed (ctx ended
+	// while it ran, the connection broke), and may have committed all the
+	// same. A later
 	// Release that finds no row of its own cannot tell that delete from
 	// a loss, and reports a release, as redlock does.
 	relTried bool
@@ -599,6 +600,7 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 	}
 	var err error
 	var notified sql.NullString
+	sent := qctx.Err() == nil // a ctx done already sends nothing
 	qerr := ls.l.db.QueryRowContext(qctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
 	// Under serializable (an operator's default_transaction_isolation),
 	// the release may fail with a serialization failure among concurrent
@@ -619,7 +621,7 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 		return nil, ls.relErr
 	}
 	tried := ls.relTried
-	ls.relTried = ls.relTried || qerr != nil && !errors.Is(qerr, sql.ErrNoRows)
+	ls.relTried = ls.relTried || sent && qerr != nil && !errors.Is(qerr, sql.ErrNoRows)
 	ls.mu.Unlock()
 	switch {
 	case lostBefore != nil && lostBefore != fence.ErrReleased:

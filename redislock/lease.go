@@ -57,8 +57,9 @@ type lease struct {
 	// replica's WAIT, see Locker.releaseLease).
 	releasing   bool
 	releaseWait chan struct{}
-	// relTried: a Release's script failed (ctx ended during its round
-	// trip, the connection broke), and may have run all the same. A later
+	// relTried: a Release's script was sent and failed (ctx ended during
+	// its round trip, the connection broke), and may have run all the
+	// same. A later
 	// Release that finds the lock not its own cannot tell that delete from
 	// a loss, and reports a release, as redlock does.
 	relTried bool
@@ -673,6 +674,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		lostBefore = ls.err // its timer ended it since: as if before Release
 		ls.mu.Unlock()
 	}
+	sent := ctx.Err() == nil // a ctx done already sends nothing
 	deleted, err := ls.locker.releaseLease(ctx, &ls.attempt)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
@@ -680,7 +682,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case err != nil:
 		err = fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
 		ls.mu.Lock()
-		ls.relTried = true
+		ls.relTried = ls.relTried || sent
 		ls.mu.Unlock()
 		if ending {
 			return ls.releasedAs(err, true), err

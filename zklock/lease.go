@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fence"
@@ -28,6 +29,13 @@ type lease struct {
 	ttl     time.Duration // zero: the session is the lease
 	granted time.Time     // for the hold time reported to the Observer
 	owner   int64         // the node's session (its ephemeral owner)
+
+	// delSent: a Release that failed had sent its delete, which may have
+	// run; cleaned: what the background delete after a failed Release
+	// found (cleanedDeleted, cleanedGone; 0: not told yet). A Release
+	// retried later that finds the node gone reads them (see release).
+	delSent atomic.Bool
+	cleaned atomic.Int32
 
 	ctx    context.Context // cancelled with the lease's Err as cause when it ends
 	cancel context.CancelCauseFunc
@@ -634,8 +642,10 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		expired = expiredNow
 	}
 	var err error
+	sent := false // a delete was sent, and may have run whatever its reply
 	if lostBefore == nil || errors.Is(lostBefore, fence.ErrReleased) {
 		if err = ls.l.sendable(ctx, ls.owner); err == nil {
+			sent = ctx.Err() == nil // a ctx done already sends nothing
 			_, err = bounded(ctx, func() (struct{}, error) {
 				return struct{}{}, ls.l.conn.Delete(ls.node, ls.version)
 			}, nil)
@@ -647,12 +657,20 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case errors.Is(err, zk.ErrSessionExpired):
 		// Its node, ephemeral, ended with it.
 		err = fmt.Errorf("%w: %q: its session ended", fence.ErrLeaseLost, ls.a.name)
-	case errors.Is(err, zk.ErrNoNode) && !endedHere:
+	case errors.Is(err, zk.ErrNoNode) && !endedHere && (ls.delSent.Load() || ls.cleaned.Load() == cleanedDeleted):
 		// An earlier Release failed and ended the lease: its delete may
-		// have run, its reply lost, or the background one it left did.
-		// That cannot be told from a loss, and is a release, as for the
-		// other backends (fence.Lease's Release).
+		// have run, its reply lost, or the background one it left found
+		// the node and deleted it. That cannot be told from a loss, and
+		// is a release, as for the other backends (fence.Lease's
+		// Release).
 		err = nil
+	case errors.Is(err, zk.ErrNoNode) && !endedHere && ls.cleaned.Load() == cleanedGone:
+		err = fmt.Errorf("%w: %q: its node %s was gone before an earlier Release, which failed", fence.ErrLeaseLost, ls.a.name, ls.node)
+	case errors.Is(err, zk.ErrNoNode) && !endedHere:
+		// The background delete of an earlier Release that sent nothing
+		// has not told yet: gone before, or by it. A release that cannot
+		// vouch for the lease says so.
+		err = fmt.Errorf("%w: %q: its node %s was gone (deleted before an earlier Release, which failed, or by its clean-up)", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrNoNode):
 		err = fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrBadVersion):
@@ -661,8 +679,18 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		// The lease has ended whatever the server says, so its node must
 		// go: unlike a Redis key it would not expire while the session
 		// lives. Delete it in the background; Release again retries now.
+		if sent {
+			ls.delSent.Store(true)
+		}
 		if endedHere {
-			ls.l.cleanup(&ls.a, ls.node)
+			ls.l.cleanupThen(&ls.a, ls.node, func(err error) {
+				switch {
+				case err == nil:
+					ls.cleaned.Store(cleanedDeleted)
+				case errors.Is(err, zk.ErrNoNode):
+					ls.cleaned.Store(cleanedGone)
+				}
+			})
 			report = ls.releasedAs(nil)
 		}
 		return report, fmt.Errorf("zklock: release %q: %w", ls.a.name, err)
@@ -695,6 +723,12 @@ func (ls *lease) endReleasing() (ended bool, expired func(), before error) {
 	ls.endLocked(fence.ErrReleased)
 	return true, nil, nil
 }
+
+// What the background delete after a failed Release found (lease.cleaned).
+const (
+	cleanedDeleted = 1 + iota // the node, which it deleted
+	cleanedGone               // no node: it was gone before
+)
 
 // alsoReport returns a report that makes first, then then.
 func alsoReport(first, then func()) func() { return func() { first(); then() } }

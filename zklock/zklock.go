@@ -735,7 +735,12 @@ const retryPause = 50 * time.Millisecond
 // restores the sessions it had with a fresh timeout, and go-zookeeper
 // reconnects to the same session however long the outage lasted, with the
 // node.
-func (l *Locker) cleanup(a *attempt, node string) {
+func (l *Locker) cleanup(a *attempt, node string) { l.cleanupThen(a, node, nil) }
+
+// cleanupThen is cleanup, and calls then (unless nil) with the last
+// delete's error (nil: the node was there and is deleted) once it stops
+// trying, unless it found no node to delete or no session to send on.
+func (l *Locker) cleanupThen(a *attempt, node string, then func(error)) {
 	l.background.Add(1)
 	go func() {
 		defer l.background.Add(-1)
@@ -753,6 +758,9 @@ func (l *Locker) cleanup(a *attempt, node string) {
 			}
 			if err == nil && target != "" {
 				err = l.conn.Delete(target, -1)
+				if then != nil && (err == nil || errors.Is(err, zk.ErrNoNode)) {
+					then(err)
+				}
 			}
 			if err == nil || errors.Is(err, zk.ErrNoNode) || l.conn.SessionID() != session || l.closed() {
 				return
