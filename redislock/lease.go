@@ -59,7 +59,7 @@ type lease struct {
 	releaseWait chan struct{}
 	// relTried: a Release's script was sent and failed (ctx ended during
 	// its round trip, the connection broke), and may have run all the
-	// same. A later
+	// same, or a give-back of the lease's own was started. A later
 	// Release that finds the lock not its own cannot tell that delete from
 	// a loss, and reports a release, as redlock does.
 	relTried bool
@@ -240,6 +240,7 @@ func (ls *lease) endAsIf(due bool, why error, cause fence.LeaseCause) (report fu
 	}
 	giveBack := ls.ahead && ls.unfreedBy(why)
 	ls.ahead = false
+	ls.relTried = ls.relTried || giveBack // a retried Release may find it gone by this
 	ls.mu.Unlock()
 	if giveBack {
 		// Owner-checked: deleted only if still this lease's.
@@ -294,6 +295,9 @@ func (ls *lease) releasedAs(result error, failed bool) (report func()) {
 		ls.unfreed = true
 		ls.ahead = false
 	}
+	// A Release retried later may find the lock gone by this give-back,
+	// the lease's own delete, even after a call that sent nothing.
+	ls.relTried = ls.relTried || giveBack
 	ls.mu.Unlock()
 	if giveBack {
 		go ls.locker.releaseAbandoned(ls.attempt)
