@@ -1378,7 +1378,13 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
-			ls.checkGone(ctx)
+			// Only while the lease is held: once an earlier Release
+			// ended it, that one's delete or revoke may be what removed
+			// the key, and the key gone is no sign of a loss
+			// (fencetest's ReleaseWithDoneContextTwice).
+			if ls.errNow() == nil {
+				ls.checkGone(ctx)
+			}
 			ls.releaseFailed(ctx, true)
 			return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 		}

@@ -355,3 +355,23 @@ func (s suite) retriedReleaseAfterRemove(t *testing.T) {
 		t.Fatalf("Release retried (the first, with its ctx done: %v) of a lease whose lock was removed = %v, want ErrLeaseLost", first, err)
 	}
 }
+
+// releaseDoneTwice: a lease released with a done ctx twice, then with a
+// live one, nothing lost: whatever the first call left behind (a delete
+// in the background, a revoke) may have freed the lock by the second, and
+// that is no sign of a loss. The third call returns nil (the lease's own
+// doing, as after any failed Release), never ErrLeaseLost, and the lock is
+// free.
+func (s suite) releaseDoneTwice(t *testing.T) {
+	l, other := s.cfg.New(t), s.cfg.New(t)
+	n := name(t)
+	lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
+	done, cancel := context.WithCancel(ctxFor(t))
+	cancel()
+	first := lease.Release(done)
+	second := lease.Release(done)
+	if err := lease.Release(ctxFor(t)); err != nil {
+		t.Fatalf("Release with a live ctx after two with a done one (%v, %v) = %v, want nil: nothing was lost", first, second, err)
+	}
+	s.mustBeFree(t, other, n, "the lock is not free after a Release returned nil")
+}

@@ -125,6 +125,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ReleaseWithDoneContextEndsLease", s.releaseDoneEndsLease)
 	t.Run("ReleaseCancelledMidCall", s.releaseCancelledMidCall)
 	t.Run("RetriedReleaseAfterRemove", s.retriedReleaseAfterRemove)
+	t.Run("ReleaseWithDoneContextTwice", s.releaseDoneTwice)
 	t.Run("ReleaseWithLeaseContext", s.releaseLeaseContext)
 	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)
 	t.Run("ExtendKeepsToken", s.extend)
