@@ -42,7 +42,8 @@ type lease struct {
 	relErr   error
 	// relTried: a Release's statement was sent and failed (ctx ended
 	// while it ran, the connection broke), and may have committed all the
-	// same. A later
+	// same, or it failed and left the row to be freed in the background
+	// (ahead). A later
 	// Release that finds no row of its own cannot tell that delete from
 	// a loss, and reports a release, as redlock does.
 	relTried bool
@@ -622,6 +623,10 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 	}
 	tried := ls.relTried
 	ls.relTried = ls.relTried || sent && qerr != nil && !errors.Is(qerr, sql.ErrNoRows)
+	// A row moved ahead is freed in the background below, by the
+	// lease's own statement, even when this one sent nothing: a Release
+	// retried later may find it freed so (TestRetriedReleaseAfterOwnGiveBack).
+	ls.relTried = ls.relTried || ahead && qerr != nil && !errors.Is(qerr, sql.ErrNoRows)
 	ls.mu.Unlock()
 	switch {
 	case lostBefore != nil && lostBefore != fence.ErrReleased:
