@@ -517,6 +517,7 @@ func (ls *lease) movedAhead() {
 	if !unfreed && !ls.released {
 		ls.ahead = true // a Release in flight: given back if it fails (releasedAs)
 	}
+	ls.relTried = ls.relTried || unfreed // a retried Release may find it gone by this
 	ls.mu.Unlock()
 	if unfreed {
 		go ls.locker.releaseAbandoned(ls.attempt)
