@@ -1191,11 +1191,19 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 // (TestRetriedReleaseAfterLossNotReleased, fencetest's
 // RetriedReleaseAfterRemove); with it there, or no answer, the revoke's
 // doing. A read, no Raft commit, on a path that runs only after a failure.
+// Only while the lease is held, before and after the read: a Release that
+// ended it (an earlier one, or one under way that holds ls.op) ended it
+// before its delete or revoke left, which may be what removed the key, and
+// the key gone is then no sign of a loss (fencetest's
+// ReleaseWithDoneContextTwice).
 func (ls *Lease) checkGone(ctx context.Context) {
+	if ls.errNow() != nil {
+		return
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doneGrace)
 	defer cancel()
 	resp, err := ls.l.client.Get(rctx, ls.key)
-	if err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token)) {
+	if err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(ls.token)) && ls.errNow() == nil {
 		ls.goneBefore.Store(true)
 	}
 }
@@ -1295,6 +1303,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 		// moves the key to when it finds the lease ended. A Release in
 		// flight keeps the etcd lease only if it ended the lease first
 		// and this one has not taken over its revoke (see releaseFailed).
+		ls.checkGone(ctx)
 		ls.releaseFailed(ctx, false)
 		return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 	}
@@ -1378,13 +1387,7 @@ func (ls *Lease) Release(ctx context.Context) (result error) {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
-			// Only while the lease is held: once an earlier Release
-			// ended it, that one's delete or revoke may be what removed
-			// the key, and the key gone is no sign of a loss
-			// (fencetest's ReleaseWithDoneContextTwice).
-			if ls.errNow() == nil {
-				ls.checkGone(ctx)
-			}
+			ls.checkGone(ctx)
 			ls.releaseFailed(ctx, true)
 			return fmt.Errorf("etcdlock: release %q: %w", ls.name, err)
 		}
