@@ -91,7 +91,10 @@ type Lease interface {
 	// ran, its reply lost, or the lease was lost: the backends of this
 	// module then return nil, as for a release; after a call that sent
 	// nothing (its ctx done), an error matching ErrLeaseLost if the lock
-	// was gone before it. From the first call on the lease is no longer renewed,
+	// was gone before it, unless a delete of the lease's own that it left
+	// in the background (the give-back of a lock that an Extend whose
+	// reply was lost may have kept past Deadline) may have removed it.
+	// From the first call on the lease is no longer renewed,
 	// even when that call fails (a done ctx, say): a lock whose delete did
 	// not get through expires at the end of its lease time. Calls after the
 	// first conclusive one return the same result without contacting the
