@@ -86,15 +86,13 @@ type Lease interface {
 	// context Run gives fn). It returns nil if the lock
 	// was released, an error matching ErrLeaseLost if the lease had already
 	// been lost, or the backend's error, in which case calling Release again
-	// retries. A retry that finds the lock gone (or another's) after a call
-	// that failed once its delete was sent cannot tell whether that delete
-	// ran, its reply lost, or the lease was lost: the backends of this
-	// module then return nil, as for a release; after a call that sent
-	// nothing (its ctx done), an error matching ErrLeaseLost if the lock
-	// was gone before it, unless a delete of the lease's own that it left
-	// in the background (the give-back of a lock that an Extend whose
-	// reply was lost may have kept past Deadline) may have removed it.
-	// From the first call on the lease is no longer renewed,
+	// retries. A retry that finds the lock gone (or another's) mostly
+	// cannot tell a loss from a delete of the lease's own: the call that
+	// failed (its reply lost, or its client sent it again) or a delete it
+	// left in the background. The backends of this module then return nil,
+	// as for a release, unless they know the lock was gone before the
+	// failed call (etcdlock and zklock can tell in some cases; see their
+	// docs). From the first call on the lease is no longer renewed,
 	// even when that call fails (a done ctx, say): a lock whose delete did
 	// not get through expires at the end of its lease time. Calls after the
 	// first conclusive one return the same result without contacting the

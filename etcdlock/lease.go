@@ -1188,8 +1188,7 @@ func (ls *Lease) moveTo(ctx context.Context, g *clientv3.LeaseGrantResponse, ttl
 // retried later that finds it gone could not tell that revoke from a loss
 // before the first Release (an operator's delete, an etcd lease that
 // expired while its renewals hung): with the key gone here, it says lost
-// (TestRetriedReleaseAfterLossNotReleased, fencetest's
-// RetriedReleaseAfterRemove); with it there, or no answer, the revoke's
+// (TestRetriedReleaseAfterLossNotReleased); with it there, or no answer, the revoke's
 // doing. A read, no Raft commit, on a path that runs only after a failure.
 // Only while the lease is held, before and after the read: a Release that
 // ended it (an earlier one, or one under way that holds ls.op) ended it

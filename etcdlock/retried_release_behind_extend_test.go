@@ -16,7 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// As fencetest's RetriedReleaseAfterRemove, with an Extend under way as
+// As TestRetriedReleaseAfterLossNotReleased, with an Extend under way as
 // the first Release (ctx done) is called: that Release cannot take the
 // lease's turn from the Extend and fails at once, revoking the etcd lease
 // (releaseFailed), without reading the key. Its key was removed before by

@@ -332,30 +332,6 @@ func (s suite) mustBeFree(t testing.TB, l fence.Locker, n, why string) {
 	}
 }
 
-// retriedReleaseAfterRemove: a lease whose lock was removed behind its
-// back (an operator, a failover) and whose first Release sent nothing
-// (its ctx done) is not vouched for by a retry: nothing of the lease's
-// own can have deleted the lock, so the retry says ErrLeaseLost, not nil
-// (a retry after a delete that was sent, and may have run, says nil:
-// ReleaseCancelledMidCall).
-func (s suite) retriedReleaseAfterRemove(t *testing.T) {
-	l := s.cfg.New(t)
-	n := name(t)
-	lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
-	s.cfg.Remove(t, n)
-	done, cancel := context.WithCancel(ctxFor(t))
-	cancel()
-	first := lease.Release(done)
-	if first == nil {
-		// A backend may send its delete all the same (fence.Lease), and
-		// then found the lock gone: it had to say so.
-		t.Fatalf("Release with a done ctx of a lease whose lock was removed = nil, want ErrLeaseLost or ctx's error")
-	}
-	if err := lease.Release(ctxFor(t)); !errors.Is(err, fence.ErrLeaseLost) {
-		t.Fatalf("Release retried (the first, with its ctx done: %v) of a lease whose lock was removed = %v, want ErrLeaseLost", first, err)
-	}
-}
-
 // releaseDoneTwice: a lease released with a done ctx twice, then with a
 // live one, nothing lost: whatever the first call left behind (a delete
 // in the background, a revoke) may have freed the lock by the second, and

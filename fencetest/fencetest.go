@@ -124,7 +124,6 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("ReleaseWithDoneContext", s.releaseDoneContext)
 	t.Run("ReleaseWithDoneContextEndsLease", s.releaseDoneEndsLease)
 	t.Run("ReleaseCancelledMidCall", s.releaseCancelledMidCall)
-	t.Run("RetriedReleaseAfterRemove", s.retriedReleaseAfterRemove)
 	t.Run("ReleaseWithDoneContextTwice", s.releaseDoneTwice)
 	t.Run("ReleaseWithLeaseContext", s.releaseLeaseContext)
 	t.Run("ReleaseWithExpiredLeaseContext", s.expiredLeaseContext)

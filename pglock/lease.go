@@ -40,12 +40,11 @@ type lease struct {
 	err      error // why the lease ended; nil while held
 	released bool  // Release reached a conclusion, kept in relErr
 	relErr   error
-	// relTried: a Release's statement was sent and failed (ctx ended
-	// while it ran, the connection broke), and may have committed all the
-	// same, or it failed and left the row to be freed in the background
-	// (ahead). A later
-	// Release that finds no row of its own cannot tell that delete from
-	// a loss, and reports a release, as redlock does.
+	// relTried: a Release failed: its statement may have committed all
+	// the same (ctx ended while it ran, the connection broke), or it left
+	// the row to be freed in the background (ahead). A later Release that
+	// finds no row of its own cannot tell that delete from a loss, and
+	// reports a release (fence.Lease's Release).
 	relTried bool
 	// concluded is closed once released is set (concludeLocked): a
 	// Release waiting for ls.op returns that conclusion.
@@ -601,7 +600,6 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 	}
 	var err error
 	var notified sql.NullString
-	sent := qctx.Err() == nil // a ctx done already sends nothing
 	qerr := ls.l.db.QueryRowContext(qctx, ls.l.q.release, ls.a.name, ls.a.owner, ls.l.table).Scan(&notified)
 	// Under serializable (an operator's default_transaction_isolation),
 	// the release may fail with a serialization failure among concurrent
@@ -622,11 +620,11 @@ func (ls *lease) release(ctx context.Context) (report func(), result error) {
 		return nil, ls.relErr
 	}
 	tried := ls.relTried
-	ls.relTried = ls.relTried || sent && qerr != nil && !errors.Is(qerr, sql.ErrNoRows)
-	// A row moved ahead is freed in the background below, by the
-	// lease's own statement, even when this one sent nothing: a Release
-	// retried later may find it freed so (TestRetriedReleaseAfterOwnGiveBack).
-	ls.relTried = ls.relTried || ahead && qerr != nil && !errors.Is(qerr, sql.ErrNoRows)
+	// A failed statement may have committed, its reply lost, and a row
+	// moved ahead is freed in the background below, by the lease's own
+	// statement (TestRetriedReleaseAfterOwnGiveBack): a Release retried
+	// later may find it freed so.
+	ls.relTried = ls.relTried || qerr != nil && !errors.Is(qerr, sql.ErrNoRows)
 	ls.mu.Unlock()
 	switch {
 	case lostBefore != nil && lostBefore != fence.ErrReleased:

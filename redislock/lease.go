@@ -57,11 +57,11 @@ type lease struct {
 	// replica's WAIT, see Locker.releaseLease).
 	releasing   bool
 	releaseWait chan struct{}
-	// relTried: a Release's script was sent and failed (ctx ended during
-	// its round trip, the connection broke), and may have run all the
-	// same, or a give-back of the lease's own was started. A later
-	// Release that finds the lock not its own cannot tell that delete from
-	// a loss, and reports a release, as redlock does.
+	// relTried: a Release failed, whose script may have run all the same
+	// (ctx ended during its round trip, the connection broke, go-redis
+	// tried it again), or a give-back of the lease's own was started. A
+	// later Release that finds the lock not its own cannot tell that
+	// delete from a loss, and reports a release (fence.Lease's Release).
 	relTried bool
 	granted  time.Time // when the acquire reply arrived, for the hold time
 
@@ -679,7 +679,6 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 		lostBefore = ls.err // its timer ended it since: as if before Release
 		ls.mu.Unlock()
 	}
-	sent := ctx.Err() == nil // a ctx done already sends nothing
 	deleted, err := ls.locker.releaseLease(ctx, &ls.attempt)
 	switch {
 	case lostBefore != nil && !errors.Is(lostBefore, fence.ErrReleased):
@@ -687,7 +686,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case err != nil:
 		err = fmt.Errorf("redislock: release %q: %w", ls.attempt.name, err)
 		ls.mu.Lock()
-		ls.relTried = ls.relTried || sent
+		ls.relTried = true
 		ls.mu.Unlock()
 		if ending {
 			return ls.releasedAs(err, true), err

@@ -204,6 +204,13 @@
 // succeeds later is deleted when its reply comes. Every such call ends by
 // the time the connection is closed.
 //
+// A Release that fails leaves its node to a delete in the background. A
+// Release retried later that finds the node gone returns nil (its own
+// delete, or the background one, may have removed it), unless the failed
+// call sent nothing and the background delete found no node: then the
+// node was gone before, and it returns an error matching
+// fence.ErrLeaseLost.
+//
 // go-zookeeper v1.0.4 reads and writes its last seen zxid from two
 // goroutines when it reconnects with watches set while replies arrive (a
 // race inherited from samuel/go-zookeeper, where it is issue 260): the

@@ -657,20 +657,16 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case errors.Is(err, zk.ErrSessionExpired):
 		// Its node, ephemeral, ended with it.
 		err = fmt.Errorf("%w: %q: its session ended", fence.ErrLeaseLost, ls.a.name)
-	case errors.Is(err, zk.ErrNoNode) && !endedHere && (ls.delSent.Load() || ls.cleaned.Load() == cleanedDeleted):
-		// An earlier Release failed and ended the lease: its delete may
-		// have run, its reply lost, or the background one it left found
-		// the node and deleted it. That cannot be told from a loss, and
-		// is a release, as for the other backends (fence.Lease's
-		// Release).
-		err = nil
-	case errors.Is(err, zk.ErrNoNode) && !endedHere && ls.cleaned.Load() == cleanedGone:
+	case errors.Is(err, zk.ErrNoNode) && !endedHere && !ls.delSent.Load() && ls.cleaned.Load() == cleanedGone:
+		// The background delete that an earlier Release left, having
+		// sent nothing itself, found no node: gone before it.
 		err = fmt.Errorf("%w: %q: its node %s was gone before an earlier Release, which failed", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrNoNode) && !endedHere:
-		// The background delete of an earlier Release that sent nothing
-		// has not told yet: gone before, or by it. A release that cannot
-		// vouch for the lease says so.
-		err = fmt.Errorf("%w: %q: its node %s was gone (deleted before an earlier Release, which failed, or by its clean-up)", fence.ErrLeaseLost, ls.a.name, ls.node)
+		// An earlier Release failed and ended the lease: its delete may
+		// have run, its reply lost, or the background one it left did.
+		// That cannot be told from a loss, and is a release, as for the
+		// other backends (fence.Lease's Release).
+		err = nil
 	case errors.Is(err, zk.ErrNoNode):
 		err = fmt.Errorf("%w: %q: its node %s was deleted", fence.ErrLeaseLost, ls.a.name, ls.node)
 	case errors.Is(err, zk.ErrBadVersion):
