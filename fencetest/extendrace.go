@@ -228,6 +228,8 @@ func (s suite) extendAfterExpiry(t *testing.T) {
 func (s suite) releaseCancelledMidCall(t *testing.T) {
 	l, other := s.cfg.New(t), s.cfg.New(t)
 	n := name(t)
+	cut := 0
+	defer func() { t.Logf("%d of 12 Releases cut by their context", cut) }()
 	for round := range 12 {
 		lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
 		ctx, cancel := context.WithCancel(ctxFor(t))
@@ -237,6 +239,9 @@ func (s suite) releaseCancelledMidCall(t *testing.T) {
 		first := lease.Release(ctx)
 		stop.Stop()
 		cancel()
+		if first != nil {
+			cut++
+		}
 		if first != nil && !errors.Is(first, context.Canceled) {
 			t.Fatalf("round %d: Release cancelled mid-call = %v, want nil or context.Canceled", round, first)
 		}
@@ -254,6 +259,8 @@ func (s suite) releaseCancelledMidCall(t *testing.T) {
 func (s suite) extendCancelledMidCall(t *testing.T) {
 	l, other := s.cfg.New(t), s.cfg.New(t)
 	n := name(t)
+	cut := 0
+	defer func() { t.Logf("%d of 12 Extends cut by their context", cut) }()
 	for round := range 12 {
 		lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
 		ctx, cancel := context.WithCancel(ctxFor(t))
@@ -263,6 +270,9 @@ func (s suite) extendCancelledMidCall(t *testing.T) {
 		extErr := lease.Extend(ctx, time.Minute)
 		stop.Stop()
 		cancel()
+		if extErr != nil {
+			cut++
+		}
 		if extErr != nil && !errors.Is(extErr, context.Canceled) {
 			t.Fatalf("round %d: Extend cancelled mid-call = %v, want nil or context.Canceled", round, extErr)
 		}
