@@ -226,30 +226,13 @@ func (s suite) extendAfterExpiry(t *testing.T) {
 // frees the lock: once it has returned nil, another caller takes it at
 // once, whether or not the first delete got through.
 func (s suite) releaseCancelledMidCall(t *testing.T) {
-	l, other := s.cfg.New(t), s.cfg.New(t)
-	n := name(t)
-	cut := 0
-	defer func() { t.Logf("%d of 12 Releases cut by their context", cut) }()
-	for round := range 12 {
-		lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
-		ctx, cancel := context.WithCancel(ctxFor(t))
-		// Injected delay: the cancel comes at another point of the
-		// Release's request each round.
-		stop := time.AfterFunc(time.Duration(round)*100*time.Microsecond, cancel)
-		first := lease.Release(ctx)
-		stop.Stop()
-		cancel()
-		if first != nil {
-			cut++
-		}
-		if first != nil && !errors.Is(first, context.Canceled) {
-			t.Fatalf("round %d: Release cancelled mid-call = %v, want nil or context.Canceled", round, first)
-		}
-		if err := lease.Release(ctxFor(t)); err != nil {
-			t.Fatalf("round %d: Release again after %v = %v, want nil", round, first, err)
-		}
-		s.mustBeFree(t, other, n, fmt.Sprintf("round %d: the lock is not free after a second Release returned nil (the first: %v)", round, first))
-	}
+	s.cutMidCall(t, "Release", func(ctx context.Context, lease fence.Lease) error { return lease.Release(ctx) },
+		func(lease fence.Lease, first error) error {
+			if err := lease.Release(ctxFor(t)); err != nil {
+				return fmt.Errorf("Release again after %v = %v, want nil", first, err)
+			}
+			return nil
+		})
 }
 
 // extendCancelledMidCall: an Extend whose context ends while its request
@@ -257,32 +240,47 @@ func (s suite) releaseCancelledMidCall(t *testing.T) {
 // Deadline unmoved, the lock maybe held longer in the backend); a Release
 // then frees the lock at once, whatever the Extend did.
 func (s suite) extendCancelledMidCall(t *testing.T) {
+	s.cutMidCall(t, "Extend", func(ctx context.Context, lease fence.Lease) error { return lease.Extend(ctx, time.Minute) },
+		func(lease fence.Lease, extErr error) error {
+			if err := lease.Err(); err != nil {
+				return fmt.Errorf("the lease ended after an Extend cancelled mid-call (%v): %v", extErr, err)
+			}
+			if err := lease.Release(ctxFor(t)); err != nil {
+				return fmt.Errorf("Release after an Extend cancelled mid-call (%v) = %v, want nil", extErr, err)
+			}
+			return nil
+		})
+}
+
+// cutMidCall runs call, 12 rounds, on a fresh lease with a context
+// cancelled at another point of its request each round (0 to 1.1 ms in):
+// call must return nil or context.Canceled; then release must free the
+// lock (an error says why not), which another caller must then take at
+// once.
+func (s suite) cutMidCall(t *testing.T, what string, call func(context.Context, fence.Lease) error, release func(fence.Lease, error) error) {
 	l, other := s.cfg.New(t), s.cfg.New(t)
 	n := name(t)
 	cut := 0
-	defer func() { t.Logf("%d of 12 Extends cut by their context", cut) }()
+	defer func() { t.Logf("%d of 12 calls of %s cut by their context", cut, what) }()
 	for round := range 12 {
 		lease := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
 		ctx, cancel := context.WithCancel(ctxFor(t))
 		// Injected delay: the cancel comes at another point of the
-		// Extend's request each round.
+		// call's request each round.
 		stop := time.AfterFunc(time.Duration(round)*100*time.Microsecond, cancel)
-		extErr := lease.Extend(ctx, time.Minute)
+		err := call(ctx, lease)
 		stop.Stop()
 		cancel()
-		if extErr != nil {
+		if err != nil {
 			cut++
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("round %d: %s cancelled mid-call = %v, want nil or context.Canceled", round, what, err)
+			}
 		}
-		if extErr != nil && !errors.Is(extErr, context.Canceled) {
-			t.Fatalf("round %d: Extend cancelled mid-call = %v, want nil or context.Canceled", round, extErr)
+		if rerr := release(lease, err); rerr != nil {
+			t.Fatalf("round %d: %v", round, rerr)
 		}
-		if err := lease.Err(); err != nil {
-			t.Fatalf("round %d: the lease ended after an Extend cancelled mid-call (%v): %v", round, extErr, err)
-		}
-		if err := lease.Release(ctxFor(t)); err != nil {
-			t.Fatalf("round %d: Release after an Extend cancelled mid-call (%v) = %v, want nil", round, extErr, err)
-		}
-		s.mustBeFree(t, other, n, fmt.Sprintf("round %d: the lock is not free after Release returned nil (the Extend before: %v)", round, extErr))
+		s.mustBeFree(t, other, n, fmt.Sprintf("round %d: the lock is not free once released (the %s cut mid-call: %v)", round, what, err))
 	}
 }
 
