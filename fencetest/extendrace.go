@@ -92,12 +92,12 @@ func (s suite) closedClientLease(t *testing.T) {
 func (s suite) releaseRacesWatchdog(t *testing.T) {
 	l, other := s.cfg.New(t), s.cfg.New(t)
 	n := name(t)
-	for round := range 8 {
+	for round := range 5 {
 		lease := s.mustAcquire(t, l, n)
 		// Injected delay: each round releases at another point of the
 		// watchdog's first renewal cycle (about a third of the lease
 		// time).
-		time.Sleep(time.Duration(round) * s.cfg.WatchdogTTL / 21)
+		time.Sleep(time.Duration(round) * s.cfg.WatchdogTTL / 15)
 		if err := lease.Release(ctxFor(t)); err != nil {
 			t.Fatalf("round %d: Release = %v, want nil", round, err)
 		}
@@ -112,7 +112,7 @@ func (s suite) releaseRacesWatchdog(t *testing.T) {
 func (s suite) cancelRacesHandoff(t *testing.T) {
 	l, waiter, third := s.cfg.New(t), s.cfg.New(t), s.cfg.New(t)
 	n := name(t)
-	for round := range 12 {
+	for round := range 8 {
 		holder := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
 		wctx, cancel := context.WithCancel(ctxFor(t))
 		waited := make(chan error, 1)
@@ -128,7 +128,7 @@ func (s suite) cancelRacesHandoff(t *testing.T) {
 		}()
 		// Injected delay: let the waiter start waiting in most rounds,
 		// then cancel it about when the holder releases.
-		time.Sleep(time.Duration(round) * 5 * time.Millisecond)
+		time.Sleep(time.Duration(round) * 7 * time.Millisecond)
 		go cancel()
 		if err := holder.Release(ctxFor(t)); err != nil {
 			t.Fatalf("round %d: Release = %v", round, err)
@@ -161,7 +161,7 @@ func (s suite) budgetEndRacesHandoff(t *testing.T) {
 	l, waiter, third := s.cfg.New(t), s.cfg.New(t), s.cfg.New(t)
 	n := name(t)
 	const budget = 150 * time.Millisecond
-	for round := range 12 {
+	for round := range 8 {
 		holder := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
 		waited := make(chan error, 1)
 		go func() {
@@ -176,7 +176,7 @@ func (s suite) budgetEndRacesHandoff(t *testing.T) {
 		}()
 		// Injected delay: release from a little before the waiter's
 		// budget ends to a little after, one round to the next.
-		time.Sleep(budget - 30*time.Millisecond + time.Duration(round)*5*time.Millisecond)
+		time.Sleep(budget - 30*time.Millisecond + time.Duration(round)*8*time.Millisecond)
 		if err := holder.Release(ctxFor(t)); err != nil {
 			t.Fatalf("round %d: Release = %v", round, err)
 		}
