@@ -229,7 +229,7 @@ func (s suite) releaseCancelledMidCall(t *testing.T) {
 	s.cutMidCall(t, "Release", func(ctx context.Context, lease fence.Lease) error { return lease.Release(ctx) },
 		func(lease fence.Lease, first error) error {
 			if err := lease.Release(ctxFor(t)); err != nil {
-				return fmt.Errorf("Release again after %v = %v, want nil", first, err)
+				return fmt.Errorf("the second Release, after %v, = %v, want nil", first, err)
 			}
 			return nil
 		})
@@ -246,7 +246,7 @@ func (s suite) extendCancelledMidCall(t *testing.T) {
 				return fmt.Errorf("the lease ended after an Extend cancelled mid-call (%v): %v", extErr, err)
 			}
 			if err := lease.Release(ctxFor(t)); err != nil {
-				return fmt.Errorf("Release after an Extend cancelled mid-call (%v) = %v, want nil", extErr, err)
+				return fmt.Errorf("the Release after an Extend cancelled mid-call (%v) = %v, want nil", extErr, err)
 			}
 			return nil
 		})
