@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/etcdlock"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // As TestRetriedReleaseAfterLossNotReleased, with an Extend under way as
@@ -29,21 +27,17 @@ func TestRetriedReleaseBehindExtendAfterRemove(t *testing.T) {
 	// While armed, the next LeaseGrant (the Extend's) waits for let.
 	var armed atomic.Bool
 	granting, let := make(chan struct{}), make(chan struct{})
-	client, err := clientv3.New(clientv3.Config{
-		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(
-			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				if strings.HasSuffix(method, "/LeaseGrant") && armed.CompareAndSwap(true, false) {
-					close(granting)
-					<-let
-				}
-				return invoker(ctx, method, req, reply, cc, opts...)
-			})},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
+	// A watch that delivers nothing (deafWatchClient): the lease must not
+	// see the removal and end before the Extend sends its Grant (ci99:
+	// the test waited for that Grant until go test's timeout).
+	client := deafWatchClient(t, endpoints, grpc.WithChainUnaryInterceptor(
+		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if strings.HasSuffix(method, "/LeaseGrant") && armed.CompareAndSwap(true, false) {
+				close(granting)
+				<-let
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
 	l, err := etcdlock.New(client, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +50,13 @@ func TestRetriedReleaseBehindExtendAfterRemove(t *testing.T) {
 	armed.Store(true)
 	extended := make(chan error, 1)
 	go func() { extended <- lease.Extend(ctxFor(t, 20*time.Second), time.Minute) }()
-	<-granting // the Extend holds the lease's turn
+	select {
+	case <-granting: // the Extend holds the lease's turn
+	case err := <-extended:
+		t.Fatalf("Extend = %v before it sent its Grant: the scenario was not built", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Extend sent no Grant in 10 s")
+	}
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	first := lease.Release(done)
