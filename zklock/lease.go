@@ -31,11 +31,11 @@ type lease struct {
 	owner   int64         // the node's session (its ephemeral owner)
 
 	// delSent: a Release that failed had sent its delete, which may have
-	// run; cleaned: what the background delete after a failed Release
-	// found (cleanedDeleted, cleanedGone; 0: not told yet). A Release
-	// retried later that finds the node gone reads them (see release).
-	delSent atomic.Bool
-	cleaned atomic.Int32
+	// run; goneBefore: the background delete after a failed Release found
+	// no node. A Release retried later that finds the node gone reads
+	// them (see release).
+	delSent    atomic.Bool
+	goneBefore atomic.Bool
 
 	ctx    context.Context // cancelled with the lease's Err as cause when it ends
 	cancel context.CancelCauseFunc
@@ -657,7 +657,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 	case errors.Is(err, zk.ErrSessionExpired):
 		// Its node, ephemeral, ended with it.
 		err = fmt.Errorf("%w: %q: its session ended", fence.ErrLeaseLost, ls.a.name)
-	case errors.Is(err, zk.ErrNoNode) && !endedHere && !ls.delSent.Load() && ls.cleaned.Load() == cleanedGone:
+	case errors.Is(err, zk.ErrNoNode) && !endedHere && !ls.delSent.Load() && ls.goneBefore.Load():
 		// The background delete that an earlier Release left, having
 		// sent nothing itself, found no node: gone before it.
 		err = fmt.Errorf("%w: %q: its node %s was gone before an earlier Release, which failed", fence.ErrLeaseLost, ls.a.name, ls.node)
@@ -679,14 +679,7 @@ func (ls *lease) release(ctx context.Context) (report func(), _ error) {
 			ls.delSent.Store(true)
 		}
 		if endedHere {
-			ls.l.cleanupThen(&ls.a, ls.node, func(err error) {
-				switch {
-				case err == nil:
-					ls.cleaned.Store(cleanedDeleted)
-				case errors.Is(err, zk.ErrNoNode):
-					ls.cleaned.Store(cleanedGone)
-				}
-			})
+			ls.l.cleanupThen(&ls.a, ls.node, func() { ls.goneBefore.Store(true) })
 			report = ls.releasedAs(nil)
 		}
 		return report, fmt.Errorf("zklock: release %q: %w", ls.a.name, err)
@@ -719,12 +712,6 @@ func (ls *lease) endReleasing() (ended bool, expired func(), before error) {
 	ls.endLocked(fence.ErrReleased)
 	return true, nil, nil
 }
-
-// What the background delete after a failed Release found (lease.cleaned).
-const (
-	cleanedDeleted = 1 + iota // the node, which it deleted
-	cleanedGone               // no node: it was gone before
-)
 
 // alsoReport returns a report that makes first, then then.
 func alsoReport(first, then func()) func() { return func() { first(); then() } }

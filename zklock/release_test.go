@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,4 +177,80 @@ func holdRequest(b *before, op uint32, node string) (sent, resume chan struct{})
 	}
 	b.f.Store(&f)
 	return sent, resume
+}
+
+// A lease whose node another client deleted, unseen yet (the watch's
+// event held on its way in), released with a ctx already done: that
+// Release sends nothing and leaves the delete to the background, which
+// finds no node. Release again must then say the lease was lost (fence.Lease's
+// Release: the backend knows the lock was gone before the failed call),
+// not nil. With the background delete's finding left unread (goneBefore
+// never set), the retry returned nil.
+func TestRetriedReleaseAfterUnseenRemove(t *testing.T) {
+	srv := sharedZK(t)
+	addrs := []string{srv.Addr}
+	admin := connect(t, addrs, nil)
+	var reads heldReads
+	l, err := zklock.New(connect(t, addrs, reads.dial), sessionTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const name = "retried-release-unseen-remove"
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := reads.hold()
+	if err := admin.Delete(lockNodes(t, admin, name)[0], -1); err != nil {
+		open()
+		t.Fatal(err)
+	}
+	done, stop := context.WithCancel(ctx)
+	stop()
+	first := lease.Release(done)
+	open()
+	if !errors.Is(first, context.Canceled) {
+		t.Fatalf("Release with a done ctx = %v, want context.Canceled", first)
+	}
+	waitFor(t, func() bool { return l.Background() == 0 })
+	if err := lease.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("Release again, the node gone before the first = %v, want an error matching fence.ErrLeaseLost", err)
+	}
+}
+
+// heldReads dials connections whose replies and events can be held: while
+// held, what a Read took from the server is kept from the client until
+// the hold ends.
+type heldReads struct {
+	gate atomic.Pointer[chan struct{}]
+}
+
+func (h *heldReads) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	conn, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &heldConn{Conn: conn, h: h}, nil
+}
+
+// hold holds reads until open is called.
+func (h *heldReads) hold() (open func()) {
+	gate := make(chan struct{})
+	h.gate.Store(&gate)
+	return sync.OnceFunc(func() { h.gate.Store(nil); close(gate) })
+}
+
+type heldConn struct {
+	net.Conn
+	h *heldReads
+}
+
+func (c *heldConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if g := c.h.gate.Load(); g != nil {
+		<-*g
+	}
+	return n, err
 }

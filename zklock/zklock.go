@@ -737,10 +737,9 @@ const retryPause = 50 * time.Millisecond
 // node.
 func (l *Locker) cleanup(a *attempt, node string) { l.cleanupThen(a, node, nil) }
 
-// cleanupThen is cleanup, and calls then (unless nil) with the last
-// delete's error (nil: the node was there and is deleted) once it stops
-// trying, unless it found no node to delete or no session to send on.
-func (l *Locker) cleanupThen(a *attempt, node string, then func(error)) {
+// cleanupThen is cleanup, and calls gone (unless nil) if its delete found
+// no node: the node was gone before.
+func (l *Locker) cleanupThen(a *attempt, node string, gone func()) {
 	l.background.Add(1)
 	go func() {
 		defer l.background.Add(-1)
@@ -758,8 +757,8 @@ func (l *Locker) cleanupThen(a *attempt, node string, then func(error)) {
 			}
 			if err == nil && target != "" {
 				err = l.conn.Delete(target, -1)
-				if then != nil && (err == nil || errors.Is(err, zk.ErrNoNode)) {
-					then(err)
+				if gone != nil && errors.Is(err, zk.ErrNoNode) {
+					gone()
 				}
 			}
 			if err == nil || errors.Is(err, zk.ErrNoNode) || l.conn.SessionID() != session || l.closed() {
