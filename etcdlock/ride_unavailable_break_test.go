@@ -169,13 +169,7 @@ func TestCloseDuringUnavailableRetry(t *testing.T) {
 			dl := lease.Deadline()
 			down.Store(true)
 			res := make(chan error, 1)
-			go func() {
-				if call == "Release" {
-					res <- lease.Release(ctx)
-				} else {
-					res <- lease.Extend(ctx, 30*time.Second)
-				}
-			}()
+			go func() { res <- releaseOrExtend(ctx, lease, call) }()
 			waitFailed(t, &failed, 3)
 			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
@@ -253,13 +247,7 @@ func TestClosedClientEndsUnavailableRetry(t *testing.T) {
 			}
 			down.Store(true)
 			res := make(chan error, 1)
-			go func() {
-				if call == "Release" {
-					res <- lease.Release(ctx)
-				} else {
-					res <- lease.Extend(ctx, 30*time.Second)
-				}
-			}()
+			go func() { res <- releaseOrExtend(ctx, lease, call) }()
 			// Eight failures in a row: the back-off is half a second to
 			// one by then.
 			waitFailed(t, &failed, 8)
@@ -284,4 +272,13 @@ func TestClosedClientEndsUnavailableRetry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// releaseOrExtend calls lease's Release, or its Extend to 30 s, as call
+// names.
+func releaseOrExtend(ctx context.Context, lease fence.Lease, call string) error {
+	if call == "Release" {
+		return lease.Release(ctx)
+	}
+	return lease.Extend(ctx, 30*time.Second)
 }
