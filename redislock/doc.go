@@ -352,6 +352,17 @@
 // closed). While a server is down, each failed Acquire thus holds some
 // 300 bytes for its lease time, not a goroutine.
 //
+// The same resend can make a Release report a loss that did not happen: a
+// release script that ran, its reply lost with the connection, is sent
+// again, and the second run finds the lock gone (or granted already to the
+// next waiter) and returns an error matching fence.ErrLeaseLost. The lock
+// is free and the token keeps the data safe; only the report is wrong. On
+// a client with MaxRetries -1 such a Release returns the connection's
+// error instead, and Release again returns nil (fence.Lease's Release). An
+// idempotent release, as Redisson's unlock with its request id, would cost
+// a write per release (a marker key with an expiry) for a reply lost at
+// the one moment it runs.
+//
 // A try that takes the lock (or confirms a grant) but whose reply comes
 // after the deadline of the lease it would give (the lease time counted from
 // when the try was sent, less the drift allowance: a paused or starved
