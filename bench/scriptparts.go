@@ -126,15 +126,15 @@ func partVariants(acq, rel string) ([]partVariant, error) {
 		{name: "acquire: ARGV[1] owner only (32 bytes)", src: acq, keys: 5, args: 5},
 		{name: "acquire: 3 arguments (no wait, no try)", src: acq, keys: 5, args: 3},
 		{name: "acquire: floor, SET NX PX + INCR", src: "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0", keys: 2, args: 2},
-		{name: "release: fence", release: true, src: rel, keys: 6, args: 2},
-		{name: "release: EXISTS queue only, 5 keys", release: true, src: cut(rel, "redis.call('EXISTS', queue, KEYS[5])", "redis.call('EXISTS', queue)"), keys: 5, args: 2},
-		{name: "release: 5 keys (no revocation key)", release: true, src: rel, keys: 5, args: 2},
-		{name: "release: no EXISTS", release: true, src: cut(rel, "if redis.call('EXISTS', queue, KEYS[5]) == 0 then", "if true then"), keys: 6, args: 2},
+		{name: "release: fence", release: true, src: rel, keys: 7, args: 4},
+		{name: "release: EXISTS queue only", release: true, src: cut(rel, "redis.call('EXISTS', queue, KEYS[5])", "redis.call('EXISTS', queue)"), keys: 7, args: 4},
+		{name: "release: no released-by record (a give-back's)", release: true, src: rel, keys: 7, args: 2},
+		{name: "release: no EXISTS", release: true, src: cut(rel, "if redis.call('EXISTS', queue, KEYS[5]) == 0 then", "if true then"), keys: 7, args: 4},
 		{name: "release: floor, GET + DEL", release: true, src: "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0", keys: 1, args: 1},
 		{name: "bare: return 1, 1 key 1 arg", src: "return 1", keys: 1, args: 1},
 		{name: "bare: return 1, 2 keys 2 args", src: "return 1", keys: 2, args: 2},
 		{name: "bare: return 1, 5 keys 5 args", src: "return 1", keys: 5, args: 5},
-		{name: "bare: return 1, 6 keys 2 args", src: "return 1", keys: 6, args: 2},
+		{name: "bare: return 1, 7 keys 4 args", src: "return 1", keys: 7, args: 4},
 	}
 	return vs, err
 }
@@ -172,11 +172,12 @@ func measureParts(addr string, vs []partVariant, rounds, locks int) ([]partResul
 	keys := make([][]string, locks)
 	for i := range keys {
 		base := fmt.Sprintf("fence:{part%d}", i)
-		keys[i] = []string{base, base + ":token", base + ":revoked:" + strings.Repeat("0", 32), base + ":queue", base + ":waiters", base + ":waiting"}
+		keys[i] = []string{base, base + ":token", base + ":revoked:" + strings.Repeat("0", 32), base + ":queue", base + ":waiters", base + ":waiting", base + ":released-by"}
 	}
-	// release.lua's keys: lock, token, queue, waiters, waiting, revoked.
+	// release.lua's keys: lock, token, queue, waiters, waiting, revoked,
+	// released-by.
 	relKeys := func(k []string, n int) []string {
-		return []string{k[0], k[1], k[3], k[4], k[5], k[2]}[:n]
+		return []string{k[0], k[1], k[3], k[4], k[5], k[2], k[6]}[:n]
 	}
 	res := make([]partResult, len(vs))
 	for r := 0; r < rounds; r++ {
@@ -194,7 +195,7 @@ func measureParts(addr string, vs []partVariant, rounds, locks int) ([]partResul
 			if !v.release && !strings.HasPrefix(v.name, "bare") {
 				acqArgs = acqArgs[:v.args]
 			}
-			relArgs := []any{ownerArg, "86400000"}[:min(v.args, 2)]
+			relArgs := []any{ownerArg, "86400000", "-1", "1"}[:min(v.args, 4)]
 			acquire := func(sha string, n int, args []any) error {
 				return pipelined(ctx, c, locks, func(p redis.Pipeliner, k int) {
 					p.EvalSha(ctx, sha, keys[k][:n], args...)
@@ -244,7 +245,7 @@ func measureParts(addr string, vs []partVariant, rounds, locks int) ([]partResul
 					}
 				default:
 					if cmd, cpu, err = m(func() error { return acquire(shas[i], v.keys, acqArgs) }); err == nil {
-						err = release(relSHA, 6, []any{ownerArg, "86400000"})
+						err = release(relSHA, 7, []any{ownerArg, "86400000"})
 					}
 				}
 				if err != nil {

@@ -44,7 +44,7 @@ func refusedUndoInFlight(t *testing.T, waiting bool) {
 	if waiting {
 		holder = acquire(t, other, name, fence.TTL(time.Minute))
 	}
-	tr := &transit{match: fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock)}
+	tr := &transit{match: fmt.Appendf(nil, "$1\r\n%d\r\n$%d\r\n%s\r\n", redislock.ReleaseKeys, len(lock), lock)}
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 5 * time.Second, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Replicas: 1, Timeout: 200 * time.Millisecond}})

@@ -48,7 +48,7 @@ type holdRelease struct {
 func (h *holdRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *holdRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && numKeys(cmds[0]) == 6 && h.armed.CompareAndSwap(true, false) {
+		if len(cmds) > 0 && numKeys(cmds[0]) == redislock.ReleaseKeys && h.armed.CompareAndSwap(true, false) {
 			close(h.at)
 			<-h.free
 		}
@@ -57,7 +57,7 @@ func (h *holdRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 func (h *holdRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if numKeys(cmd) == 6 && h.armed.CompareAndSwap(true, false) {
+		if numKeys(cmd) == redislock.ReleaseKeys && h.armed.CompareAndSwap(true, false) {
 			close(h.at)
 			<-h.free
 		}

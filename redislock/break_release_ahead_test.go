@@ -42,7 +42,7 @@ func numKeys(cmd redis.Cmder) int64 {
 func (h *aheadHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *aheadHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && numKeys(cmds[0]) == 6 && h.failRelease.CompareAndSwap(true, false) {
+		if len(cmds) > 0 && numKeys(cmds[0]) == redislock.ReleaseKeys && h.failRelease.CompareAndSwap(true, false) {
 			close(h.releaseAt)
 			<-h.releaseGo
 			err := errors.New("injected: release not sent")
@@ -56,7 +56,7 @@ func (h *aheadHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 func (h *aheadHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if numKeys(cmd) == 6 && h.failRelease.CompareAndSwap(true, false) {
+		if numKeys(cmd) == redislock.ReleaseKeys && h.failRelease.CompareAndSwap(true, false) {
 			close(h.releaseAt)
 			<-h.releaseGo
 			err := errors.New("injected: release not sent")

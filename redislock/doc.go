@@ -14,6 +14,7 @@
 //	P:{N}:queue     the owners waiting for N, in arrival order (a list)
 //	P:{N}:waiters   a hash: owner → "<lease ms> <try> <secret> <deadline ms>"
 //	P:{N}:revoked:O owner O's acquisitions refuse (see Deadlines)
+//	P:{N}:released-by the owner whose release last deleted the lock, for a minute
 //	P:{N}:released  the channel on which the lock is granted to a waiter
 //
 // # Tokens
@@ -352,16 +353,17 @@
 // closed). While a server is down, each failed Acquire thus holds some
 // 300 bytes for its lease time, not a goroutine.
 //
-// The same resend can make a Release report a loss that did not happen: a
-// release script that ran, its reply lost with the connection, is sent
-// again, and the second run finds the lock gone (or granted already to the
-// next waiter) and returns an error matching fence.ErrLeaseLost. The lock
-// is free and the token keeps the data safe; only the report is wrong. On
-// a client with MaxRetries -1 such a Release returns the connection's
-// error instead, and Release again returns nil (fence.Lease's Release). An
-// idempotent release, as Redisson's unlock with its request id, would cost
-// a write per release (a marker key with an expiry) for a reply lost at
-// the one moment it runs.
+// The same resend sends a Release again whose script ran but whose reply
+// was lost with the connection, and that second run finds the lock gone,
+// or granted already to the next waiter. So that it does not report a loss
+// that did not happen, each release that deletes the lock records its
+// owner in P:{N}:released-by for a minute, and a run that finds the lock
+// not its own but that record its own answers as the first did: Release
+// returns nil. The record costs a SET per release, one key per lock name
+// (each release overwrites it), as Redisson's unlock keeps a marker per
+// request for the same reason. A resend more than a minute later, or after
+// another owner's release of the same lock, is not covered (an error
+// matching fence.ErrLeaseLost).
 //
 // A try that takes the lock (or confirms a grant) but whose reply comes
 // after the deadline of the lease it would give (the lease time counted from

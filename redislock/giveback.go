@@ -120,7 +120,7 @@ type giveBack struct {
 func (l *Locker) withdrawUntil(g giveBack) {
 	ctx, cancel := context.WithDeadline(context.Background(), g.until)
 	defer cancel()
-	_, err := l.releaseOwned(ctx, &g.a, g.revoke)
+	_, err := l.releaseOwned(ctx, &g.a, g.revoke, false)
 	if err != nil && transient(err) && ctx.Err() == nil {
 		l.parking.park(l, g) // tried again with the others of its server
 	}
@@ -180,9 +180,9 @@ func (p *parkedBack) giveBack() giveBack {
 	revokeKey, _ := p.revokeArg.(string)
 	return giveBack{attempt{
 		keys: k, revokeKey: revokeKey,
-		releaseKeys:  [6]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey},
-		releaseBoxed: [6]any{k.boxed[0], k.boxed[1], k.boxed[2], k.boxed[3], k.boxed[4], p.revokeArg},
-		releaseArgs:  [2]any{p.ownerArg, p.retention},
+		releaseKeys:  [7]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey, k.releasedBy},
+		releaseBoxed: [7]any{k.boxed[0], k.boxed[1], k.boxed[2], k.boxed[3], k.boxed[4], p.revokeArg, k.boxed[5]},
+		releaseArgs:  [4]any{p.ownerArg, p.retention, -1, 1},
 	}, p.revoke, p.until}
 }
 
@@ -327,7 +327,7 @@ func (pr *probe) try(l *Locker) {
 	defer cancel()
 	ctx, cancelProbe := context.WithTimeout(ctx, probeFor)
 	defer cancelProbe()
-	_, err := l.releaseOwned(ctx, &pr.g.a, pr.g.revoke)
+	_, err := l.releaseOwned(ctx, &pr.g.a, pr.g.revoke, false)
 	// Through (or refused for good, the client closed): its server
 	// answers. Not on a transient error, nor when the probe's own time ran
 	// out (a server that hangs).

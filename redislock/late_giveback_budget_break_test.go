@@ -50,7 +50,7 @@ func (s *lateTake) deliverAfterHoldingGiveBack(t *testing.T, ttl time.Duration) 
 	t.Helper()
 	lock := lockKey(s.name)
 	s.tr.mu.Lock()
-	s.tr.next = fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock)
+	s.tr.next = fmt.Appendf(nil, "$1\r\n%d\r\n$%d\r\n%s\r\n", redislock.ReleaseKeys, len(lock), lock)
 	s.tr.mu.Unlock()
 	s.deliverAfter(t, ttl)
 }

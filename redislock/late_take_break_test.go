@@ -272,7 +272,7 @@ func TestLateTakeThenHeld(t *testing.T) {
 	waitFor(t, s.tr.holding)
 	lock := lockKey(name)
 	s.tr.mu.Lock()
-	s.tr.match = fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock) // the give-back, next
+	s.tr.match = fmt.Appendf(nil, "$1\r\n%d\r\n$%d\r\n%s\r\n", redislock.ReleaseKeys, len(lock), lock) // the give-back, next
 	s.tr.armed = true
 	s.tr.mu.Unlock()
 	s.deliverAfter(t, ttl)

@@ -148,7 +148,7 @@ func TestLateTakeTryOnce(t *testing.T) {
 	// caller trying again at once finds the lock free.
 	lock := lockKey(name)
 	s.tr.mu.Lock()
-	s.tr.match = fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock)
+	s.tr.match = fmt.Appendf(nil, "$1\r\n%d\r\n$%d\r\n%s\r\n", redislock.ReleaseKeys, len(lock), lock)
 	s.tr.armed = true
 	s.tr.mu.Unlock()
 	s.deliverAfter(t, ttl)

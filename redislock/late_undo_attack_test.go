@@ -79,7 +79,7 @@ func heldUndo(t *testing.T, name string, readTimeout time.Duration) (srv, replic
 		t.Fatal(err)
 	}
 	lock := lockKey(name)
-	tr = &transit{match: fmt.Appendf(nil, "$1\r\n6\r\n$%d\r\n%s\r\n", len(lock), lock)}
+	tr = &transit{match: fmt.Appendf(nil, "$1\r\n%d\r\n$%d\r\n%s\r\n", redislock.ReleaseKeys, len(lock), lock)}
 	tr.arm()
 	c = redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: readTimeout, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })

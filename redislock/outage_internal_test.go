@@ -101,7 +101,7 @@ func TestTriedDuringOutageTriesAgain(t *testing.T) {
 	if readyAt.Before(tried) {
 		t.Errorf("joined after the resubscription, the waiter is told the subscription was up since %v, before its try at %v: it would wait for the old holder's TTL", readyAt.Format("15:04:05.000"), tried.Format("15:04:05.000"))
 	}
-	if _, err := l.releaseOwned(ctx, a, -1); err != nil {
+	if _, err := l.releaseOwned(ctx, a, -1, true); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -263,7 +263,9 @@ type keys struct {
 
 	waiters string // each waiting owner's lease, try, secret and deadline (a hash; see grant.lua)
 
-	boxed [5]any // lock, token, queue, waiters, waiting, each boxed once for the scripts' keys
+	releasedBy string // the owner whose release last deleted the lock (see release.lua)
+
+	boxed [6]any // lock, token, queue, waiters, waiting, releasedBy, each boxed once for the scripts' keys
 }
 
 func (l *Locker) keys(name string) *keys {
@@ -294,8 +296,8 @@ func (c *nameCache) get(prefix, name string) *keys {
 	// The scripts make the channel from the lock's key the same way
 	// (lock .. ':released'): it is not sent with them.
 	k := &keys{lock: base, token: base + ":token", channel: base + ":released", queue: base + ":queue", waiting: base + ":waiting"}
-	k.waiters = base + ":waiters"
-	k.boxed = [5]any{k.lock, k.token, k.queue, k.waiters, k.waiting}
+	k.waiters, k.releasedBy = base+":waiters", base+":released-by"
+	k.boxed = [6]any{k.lock, k.token, k.queue, k.waiters, k.waiting, k.releasedBy}
 	c.m[name] = k
 	return k
 }
@@ -872,10 +874,10 @@ type attempt struct {
 	ownerArg     any       // owner followed by secret (and S: SPUBLISH; B: both, see publishMode), boxed: the scripts' ARGV[1]
 	acquireKeys  [5]string // lock, token, revokeKey, queue, waiters
 	acquireBoxed [5]any
-	releaseKeys  [6]string // lock, token, queue, waiters, waiting, revokeKey
-	releaseBoxed [6]any
+	releaseKeys  [7]string // lock, token, queue, waiters, waiting, revokeKey, releasedBy
+	releaseBoxed [7]any
 	acquireArgs  [5]any // owner, lease ms, token record retention ms, wait ms, try number (see acquire.lua)
-	releaseArgs  [2]any // owner, token record retention ms
+	releaseArgs  [4]any // owner, token record retention ms, -1 (no withdrawal), 1 (a lease's release: see release.lua)
 	synced       bool   // the last try that found the lock held had replica sync apply
 	// resent: a try took so long that the client may have sent it again
 	// (Locker.resendAfter), or one whose reply was lost was followed by
@@ -900,10 +902,10 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 	*a = attempt{name: name, keys: k, owner: owner, revokeKey: revokeKey, secret: secret[ownerLen : ownerLen+secretLen], ttl: ttl, home: ls,
 		ownerArg:    secret,
 		acquireKeys: [5]string{k.lock, k.token, revokeKey, k.queue, k.waiters},
-		releaseKeys: [6]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey}}
+		releaseKeys: [7]string{k.lock, k.token, k.queue, k.waiters, k.waiting, revokeKey, k.releasedBy}}
 	var revokeArg any = revokeKey
 	a.acquireBoxed = [5]any{k.boxed[0], k.boxed[1], revokeArg, k.boxed[2], k.boxed[3]}
-	a.releaseBoxed = [6]any{k.boxed[0], k.boxed[1], k.boxed[2], k.boxed[3], k.boxed[4], revokeArg}
+	a.releaseBoxed = [7]any{k.boxed[0], k.boxed[1], k.boxed[2], k.boxed[3], k.boxed[4], revokeArg, k.boxed[5]}
 	if ttl == 0 {
 		a.ttl, a.watchdog = l.watchdog, true
 	}
@@ -912,7 +914,7 @@ func (l *Locker) newAttempt(name string, ttl time.Duration) *attempt {
 		retention = a.ttl.Milliseconds()
 	}
 	a.acquireArgs = [5]any{a.ownerArg, l.ttlArg.get(a.ttl), retention, 0, 0}
-	a.releaseArgs = [2]any{a.ownerArg, retention}
+	a.releaseArgs = [4]any{a.ownerArg, retention, -1, 1}
 	return a
 }
 
@@ -1197,7 +1199,7 @@ func (l *Locker) undoRefused(ctx context.Context, a *attempt) error {
 	g := *a
 	l.giveBacks.goRun(func() {
 		defer cancel()
-		_, err := l.releaseOwned(rctx, &g, -1)
+		_, err := l.releaseOwned(rctx, &g, -1, false)
 		done <- err
 	})
 	grace := time.NewTimer(lateGiveBackGrace)
@@ -1220,11 +1222,20 @@ func (l *Locker) undoRefused(ctx context.Context, a *attempt) error {
 // also withdraws the owner from the queue of waiters, and with revoke > 0
 // leaves a mark for that long, whether or not it deleted the lock, that
 // makes any later run of this owner's acquire script refuse (see
-// release.lua). revoke < 0: a plain release.
-func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration) (bool, error) {
-	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:]
-	if revoke >= 0 {
+// release.lua). revoke < 0: a plain release. lease: the release of a
+// lease (its Release), which records its owner when it deletes the lock, so
+// that the same script sent again by the client answers as the first run
+// did; a give-back neither records nor reads that record (its result goes
+// unread, and its owner may take the lock again: see undoRefused).
+func (l *Locker) releaseOwned(ctx context.Context, a *attempt, revoke time.Duration, lease bool) (bool, error) {
+	keys, args := skeys{a.releaseKeys[:], a.releaseBoxed[:]}, a.releaseArgs[:2]
+	switch {
+	case revoke >= 0 && lease:
+		args = []any{a.releaseArgs[0], a.releaseArgs[1], revoke.Milliseconds(), 1}
+	case revoke >= 0:
 		args = []any{a.releaseArgs[0], a.releaseArgs[1], revoke.Milliseconds()}
+	case lease:
+		args = a.releaseArgs[:]
 	}
 	if l.calls.direct(ctx) {
 		// No closure for bounded, which would call straight through.
@@ -1248,7 +1259,7 @@ func (l *Locker) releaseLease(ctx context.Context, a *attempt) (bool, error) {
 		// A try of this lease's may have been sent twice: revoke the
 		// owner as the lock is released, or the first, arriving late,
 		// would take the lock for a lease that nobody holds.
-		return l.releaseOwned(ctx, a, max(a.ttl, revokeFor))
+		return l.releaseOwned(ctx, a, max(a.ttl, revokeFor), true)
 	}
 	if dl, ok := ctx.Deadline(); l.sync.Disabled || ok && time.Until(dl) < 2*l.sync.Timeout {
 		// (A WAIT that could outlast the caller's deadline would turn a
@@ -1256,11 +1267,11 @@ func (l *Locker) releaseLease(ctx context.Context, a *attempt) (bool, error) {
 		// during the WAIT does so too, as one during any call's round
 		// trip does: the lease then gives the lock back owner-checked,
 		// which finds it granted on and leaves it.)
-		return l.releaseOwned(ctx, a, -1)
+		return l.releaseOwned(ctx, a, -1, true)
 	}
 	w := l.handing(a.keys.channel)
 	if w == nil {
-		return l.releaseOwned(ctx, a, -1)
+		return l.releaseOwned(ctx, a, -1, true)
 	}
 	// handed once: by the call, or when Release returns without its
 	// answer (given up on, or never sent); a waiter holding its grant back

@@ -158,7 +158,7 @@ func (r *refusedRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 
 func (r *refusedRelease) check(cmd redis.Cmder, err error) {
 	args := cmd.Args()
-	if len(args) > 3 && cmd.Name() == "evalsha" && fmt.Sprint(args[2]) == "6" && args[3] == r.lock && errors.Is(err, syscall.ECONNREFUSED) {
+	if len(args) > 3 && cmd.Name() == "evalsha" && fmt.Sprint(args[2]) == fmt.Sprint(redislock.ReleaseKeys) && args[3] == r.lock && errors.Is(err, syscall.ECONNREFUSED) {
 		r.once.Do(func() { close(r.refused) })
 	}
 }

@@ -1,6 +1,7 @@
 package redislock_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -11,49 +12,99 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A Release whose script ran but whose reply was lost with its connection
-// (the package doc, Deadlines). go-redis sends the script again on a fresh
-// connection (MaxRetries, 3 by default), and that second run finds the
-// lock gone: the Release reports a loss that did not happen, an error
-// matching fence.ErrLeaseLost, with the lock free (documented, as the cost
-// of go-redis's resend). With MaxRetries -1 the Release returns the
-// connection's error instead, and Release again returns nil (fence.Lease's
-// Release: a retry that finds the lock gone). Found 2026-12-06: the false
-// loss was suspected, not shown, until this test.
+// A Release whose script ran but whose reply was lost with its connection:
+// go-redis sends the script again on a fresh connection (MaxRetries, 3 by
+// default), and that second run finds the lock gone, or granted already to
+// the waiter in line. The Release happened, so it returns nil (the release
+// script's record of the owner whose release last deleted the lock). Before
+// that record, it returned an error matching fence.ErrLeaseLost in both
+// cases: "fence: lease lost: ... was removed or taken by another owner".
+// With MaxRetries -1 the Release returns the connection's error, and
+// Release again returns nil.
 func TestReleaseReplyLostWithConnection(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
-	for _, retries := range []int{0, -1} { // 0: go-redis's default, 3
-		const name = "lock:release-reply-lost"
-		d := redistest.NewDropper(name)
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: d.Dial, MaxRetries: retries})
-		t.Cleanup(func() { _ = c.Close() })
-		l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-		// Once first, so that the release script is loaded: an EVALSHA
-		// refused with NOSCRIPT has not run.
+	for _, tc := range []struct {
+		name    string
+		retries int // 0: go-redis's default, 3
+		waiter  bool
+	}{
+		{"resent", 0, false},
+		{"resent, granted to a waiter", 0, true},
+		{"not resent", -1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "lock:release-reply-lost:" + tc.name
+			d := redistest.NewDropper(lockKey(name))
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: d.Dial, MaxRetries: tc.retries})
+			t.Cleanup(func() { _ = c.Close() })
+			l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+			// Once first, so that the release script is loaded: an
+			// EVALSHA refused with NOSCRIPT has not run.
+			if err := acquire(t, l, name, fence.TTL(time.Minute)).Release(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			lease := acquire(t, l, name, fence.TTL(time.Minute))
+			var got <-chan acquired
+			if tc.waiter {
+				other := lockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+				got = acquireAsync(other, name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+				waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey(name)+":queue").Val() == 1 })
+			}
+			d.Arm()
+			err := lease.Release(ctx(t))
+			if d.Dropped() != 1 {
+				t.Fatalf("%d replies dropped, want the release's", d.Dropped())
+			}
+			if tc.waiter {
+				r := acquired{}.wait(t, got)
+				if r.err != nil {
+					t.Fatalf("the waiter: %v", r.err)
+				}
+				defer func() { _ = r.lease.Release(context.Background()) }()
+			} else if n := admin.Exists(ctx(t), lockKey(name)).Val(); n != 0 {
+				t.Fatalf("the lock is still there after the Release (%v)", err)
+			}
+			if tc.retries == 0 {
+				if err != nil {
+					t.Fatalf("Release sent again by go-redis, its first run's reply lost = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || errors.Is(err, fence.ErrLeaseLost) {
+				t.Fatalf("Release with MaxRetries -1, its reply lost = %v, want the connection's error", err)
+			}
+			if err := lease.Release(ctx(t)); err != nil {
+				t.Fatalf("Release again, after the one whose reply was lost = %v, want nil", err)
+			}
+		})
+	}
+}
+
+// The record of the owner whose release last deleted the lock answers for
+// that owner alone: a lease whose lock was removed behind it, after another
+// lease's release left the record, still hears that it lost the lock,
+// whether the lock is free or held by another.
+func TestReleasedByRecordIsTheOwnersAlone(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	l := lockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	const name = "lock:released-by-alone"
+	for _, taken := range []bool{false, true} {
 		if err := acquire(t, l, name, fence.TTL(time.Minute)).Release(ctx(t)); err != nil {
 			t.Fatal(err)
 		}
+		if admin.Exists(ctx(t), lockKey(name)+":released-by").Val() != 1 {
+			t.Fatal("no released-by record after a Release")
+		}
 		lease := acquire(t, l, name, fence.TTL(time.Minute))
-		d.Arm()
-		err := lease.Release(ctx(t))
-		if d.Dropped() != 1 {
-			t.Fatalf("MaxRetries %d: %d replies dropped, want the release's", retries, d.Dropped())
+		admin.Del(ctx(t), lockKey(name))
+		if taken {
+			other := acquire(t, l, name, fence.TTL(time.Minute))
+			defer func() { _ = other.Release(context.Background()) }()
 		}
-		if n := admin.Exists(ctx(t), lockKey(name)).Val(); n != 0 {
-			t.Fatalf("MaxRetries %d: the lock is still there after the Release (%v)", retries, err)
-		}
-		if retries == 0 {
-			if !errors.Is(err, fence.ErrLeaseLost) {
-				t.Fatalf("Release sent again by go-redis = %v; the package doc says an error matching fence.ErrLeaseLost", err)
-			}
-			continue
-		}
-		if err == nil || errors.Is(err, fence.ErrLeaseLost) {
-			t.Fatalf("Release with MaxRetries -1, its reply lost = %v, want the connection's error", err)
-		}
-		if err := lease.Release(ctx(t)); err != nil {
-			t.Fatalf("Release again, after the one whose reply was lost = %v, want nil", err)
+		if err := lease.Release(ctx(t)); !errors.Is(err, fence.ErrLeaseLost) {
+			t.Fatalf("Release of a lease whose lock was removed (taken since: %v) = %v, want an error matching fence.ErrLeaseLost", taken, err)
 		}
 	}
 }
