@@ -57,6 +57,13 @@ var bugs = []struct {
 	{name: "extend-released-bare", caught: "ExtendRacesRelease", what: "an Extend that finds its lease released returns a bare ErrReleased, not an error matching ErrLeaseLost (zklock's, before 7eab297)"},
 	// ExtendRacesRelease sees this one in 49 runs of 50: in 5, all but
 	// surely.
+	// A server 300 µs away each way (injected latency), so that a ctx
+	// can end with the request or its reply on its way: the cut call's
+	// error is ctx's, as it should be; what the backend does next is not.
+	{name: "extend-cut-ends-lease", caught: "ExtendCancelledMidCall", what: "an Extend cut by its ctx ends the lease, its error taken for a failed renewal (the lock left to expire)"},
+	{name: "release-cut-retry-lost", caught: "ReleaseCancelledMidCall", what: "a Release retried after one cut with its reply on the way finds the lock gone and says ErrLeaseLost, though the cut call's delete is what freed it (redislock and pglock before 6527279)"},
+	{name: "release-cut-retry-noop", caught: "ReleaseCancelledMidCall", what: "a Release cut before its delete was sent marks the lease released, and the retry returns nil without sending one: the lock held for no one until it expires"},
+	{name: "acquire-cut-kept", caught: "AcquireCancelledMidCall", what: "an Acquire cut by its ctx with the reply of its take on the way returns ctx's error and keeps the lock it took, held for no one"},
 	{name: "extend-retakes-after-release", caught: "ExtendRacesRelease", what: "an Extend that passed its local check, its renewal landing after Release's delete, sets the missing key again: the lock held for no one", count: 5},
 }
 
@@ -162,6 +169,20 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 	if o, err := fence.Apply(opts); err == nil && b.bug == "ghost-waiter" && o.Wait > 0 {
 		return b.ghostAcquire(ctx, name, o.Wait, opts)
 	}
+	if o, err := fence.Apply(opts); err == nil && b.bug == "acquire-cut-kept" && o.Wait == 0 {
+		var inner fence.Lease
+		err := overWire(ctx, func(ctx context.Context) (err error) {
+			inner, err = b.l.Acquire(ctx, name, opts...)
+			return err
+		})
+		switch {
+		case err == nil:
+			return b.wrap(ctx, inner), nil
+		case errors.Is(err, fence.ErrNotAcquired):
+			return nil, err
+		}
+		return nil, fence.NotAcquired(name, err) // cut: the lock, if taken, kept
+	}
 	actx := ctx
 	if b.bug == "acquire-done-ctx" {
 		actx = context.WithoutCancel(ctx)
@@ -220,6 +241,47 @@ func (b *brokenLocker) ghostAcquire(ctx context.Context, name string, wait time.
 	case <-ctx.Done():
 		return nil, fence.NotAcquired(name, ctx.Err())
 	}
+}
+
+// overWire runs call as a request to a server 300 µs away each way
+// (injected latency). A ctx that ends while the request is on its way cuts
+// the call before it runs (sent false); one that ends while the reply is on
+// its way, after. Either way, ctx's error is returned.
+func overWire(ctx context.Context, call func(context.Context) error) error {
+	_, err := overWireSent(ctx, call)
+	return err
+}
+
+func overWireSent(ctx context.Context, call func(context.Context) error) (sent bool, _ error) {
+	const oneWay = 300 * time.Microsecond
+	if err := onItsWay(ctx, oneWay); err != nil {
+		return false, err
+	}
+	err := call(context.WithoutCancel(ctx))
+	if werr := onItsWay(ctx, oneWay); werr != nil {
+		return true, werr
+	}
+	return true, err
+}
+
+// onItsWay waits d, a request's or a reply's time on the wire, or until
+// ctx ends: then it returns ctx's error.
+func onItsWay(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// doneCtx returns a context already cancelled.
+func doneCtx() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
 }
 
 func (b *brokenLocker) wrap(ctx context.Context, inner fence.Lease) fence.Lease {
@@ -282,6 +344,8 @@ type brokenLease struct {
 	cancel context.CancelCauseFunc
 
 	stale time.Time // wait-deadline-stale: the Deadline counted from the call
+
+	cut string // release-cut-retry-*: "sent" or "unsent", a Release cut by its ctx, its delete sent or not
 }
 
 func (ls *brokenLease) Token() fence.Token {
@@ -356,6 +420,12 @@ func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
 			return fence.ErrReleased
 		}
 		return err
+	case "extend-cut-ends-lease":
+		err := overWire(ctx, func(ctx context.Context) error { return ls.Lease.Extend(ctx, ttl) })
+		if errors.Is(err, context.Canceled) {
+			_ = ls.Lease.Release(doneCtx()) // the lease ends; its lock stays until it expires
+		}
+		return err
 	case "extend-retakes-after-release":
 		if err := ls.Lease.Err(); err != nil {
 			return ls.Lease.Extend(ctx, ttl) // the local check: nothing sent
@@ -399,6 +469,9 @@ func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
 }
 
 func (ls *brokenLease) Release(ctx context.Context) error {
+	if ls.bug == "release-cut-retry-lost" || ls.bug == "release-cut-retry-noop" {
+		return ls.cutRelease(ctx)
+	}
 	if ls.bug == "release-done-keeps-lease" && ctx.Err() != nil && ls.Lease.Err() == nil {
 		return fmt.Errorf("release: %w", ctx.Err()) // checked before the lease ends
 	}
@@ -420,4 +493,36 @@ func (ls *brokenLease) Release(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// cutRelease is Release over the wire (overWire). A call cut before its
+// delete was sent ends the lease, its lock held until a retry frees it (as
+// memlock's Release with a done ctx); one cut after has freed the lock.
+// The retry is wrong: release-cut-retry-lost takes a lock freed by the cut
+// call for a lost one, and release-cut-retry-noop sends no delete after a
+// cut call that sent none.
+func (ls *brokenLease) cutRelease(ctx context.Context) error {
+	ls.mu.Lock()
+	cut := ls.cut
+	ls.mu.Unlock()
+	switch {
+	case ls.bug == "release-cut-retry-lost" && cut == "sent":
+		return fmt.Errorf("%w: %q was gone", fence.ErrLeaseLost, ls.Name())
+	case ls.bug == "release-cut-retry-noop" && cut == "unsent":
+		return nil
+	}
+	sent, err := overWireSent(ctx, ls.Lease.Release)
+	if !errors.Is(err, context.Canceled) {
+		return err
+	}
+	if !sent {
+		_ = ls.Lease.Release(doneCtx())
+	}
+	ls.mu.Lock()
+	ls.cut = "unsent"
+	if sent {
+		ls.cut = "sent"
+	}
+	ls.mu.Unlock()
+	return fmt.Errorf("release %q: %w", ls.Name(), err)
 }
