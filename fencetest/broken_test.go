@@ -57,6 +57,10 @@ var bugs = []struct {
 	{name: "extend-released-bare", caught: "ExtendRacesRelease", what: "an Extend that finds its lease released returns a bare ErrReleased, not an error matching ErrLeaseLost (zklock's, before 7eab297)"},
 	// ExtendRacesRelease sees this one in 49 runs of 50: in 5, all but
 	// surely.
+	{name: "extend-expired-retakes", caught: "ExtendAfterExpiry", what: "Extend of an expired lease says ErrLeaseLost, but its renewal (SET ... GET, the old owner read as it writes) has set the missing key: a free lock taken again, held for no one"},
+	{name: "release-done-twice-lost", caught: "ReleaseWithDoneContextTwice", what: "a Release with a done ctx sends its delete in the background, and a second one, finding the lock gone, takes the lease for lost: the Release after them says ErrLeaseLost (etcdlock's before e5cf536)"},
+	{name: "cancel-drops-handoff", caught: "CancelRacesHandoff", what: "a waiter whose ctx ends while the reply handing it the lock is on its way returns ctx's error and keeps the lock, held for no one"},
+	{name: "budget-end-drops-handoff", caught: "BudgetEndRacesHandoff", what: "a waiter whose budget has ended when the reply handing it the lock comes returns ErrHeld and keeps the lock, held for no one"},
 	// A server 300 µs away each way (injected latency), so that a ctx
 	// can end with the request or its reply on its way: the cut call's
 	// error is ctx's, as it should be; what the backend does next is not.
@@ -168,6 +172,21 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 	}
 	if o, err := fence.Apply(opts); err == nil && b.bug == "ghost-waiter" && o.Wait > 0 {
 		return b.ghostAcquire(ctx, name, o.Wait, opts)
+	}
+	if o, err := fence.Apply(opts); err == nil && (b.bug == "cancel-drops-handoff" || b.bug == "budget-end-drops-handoff") && o.Wait > 0 {
+		called := time.Now()
+		inner, err := b.l.Acquire(ctx, name, opts...)
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(20 * time.Millisecond) // injected latency: the reply handing over the lock on its way
+		switch {
+		case b.bug == "cancel-drops-handoff" && ctx.Err() != nil:
+			return nil, fence.NotAcquired(name, ctx.Err()) // inner kept
+		case b.bug == "budget-end-drops-handoff" && time.Since(called) > o.Wait:
+			return nil, fence.NotAcquired(name, fence.ErrHeld) // inner kept
+		}
+		return b.wrap(ctx, inner), nil
 	}
 	if o, err := fence.Apply(opts); err == nil && b.bug == "acquire-cut-kept" && o.Wait == 0 {
 		var inner fence.Lease
@@ -345,7 +364,8 @@ type brokenLease struct {
 
 	stale time.Time // wait-deadline-stale: the Deadline counted from the call
 
-	cut string // release-cut-retry-*: "sent" or "unsent", a Release cut by its ctx, its delete sent or not
+	lost error  // release-done-twice-lost: what every Release returns once it took the lease for lost
+	cut  string // release-cut-retry-*: "sent" or "unsent", a Release cut by its ctx, its delete sent or not
 }
 
 func (ls *brokenLease) Token() fence.Token {
@@ -420,6 +440,12 @@ func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
 			return fence.ErrReleased
 		}
 		return err
+	case "extend-expired-retakes":
+		err := ls.Lease.Extend(ctx, ttl)
+		if errors.Is(err, fence.ErrLeaseLost) && !errors.Is(err, fence.ErrReleased) {
+			_, _ = ls.l.Acquire(context.WithoutCancel(ctx), ls.Name(), fence.TTL(ttl)) // the SET, if the lock is free
+		}
+		return err
 	case "extend-cut-ends-lease":
 		err := overWire(ctx, func(ctx context.Context) error { return ls.Lease.Extend(ctx, ttl) })
 		if errors.Is(err, context.Canceled) {
@@ -471,6 +497,9 @@ func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
 func (ls *brokenLease) Release(ctx context.Context) error {
 	if ls.bug == "release-cut-retry-lost" || ls.bug == "release-cut-retry-noop" {
 		return ls.cutRelease(ctx)
+	}
+	if ls.bug == "release-done-twice-lost" {
+		return ls.releaseDoneTwiceLost(ctx)
 	}
 	if ls.bug == "release-done-keeps-lease" && ctx.Err() != nil && ls.Lease.Err() == nil {
 		return fmt.Errorf("release: %w", ctx.Err()) // checked before the lease ends
@@ -525,4 +554,24 @@ func (ls *brokenLease) cutRelease(ctx context.Context) error {
 	}
 	ls.mu.Unlock()
 	return fmt.Errorf("release %q: %w", ls.Name(), err)
+}
+
+// releaseDoneTwiceLost is Release whose first call with a done ctx ends
+// the lease and sends its delete in the background (here at once), and
+// whose later call with a done ctx, finding the lock gone, concludes the
+// lease was lost, for good.
+func (ls *brokenLease) releaseDoneTwiceLost(ctx context.Context) error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	switch {
+	case ls.lost != nil:
+		return ls.lost
+	case ctx.Err() == nil:
+		return ls.Lease.Release(ctx)
+	case ls.Lease.Err() == nil:
+		_ = ls.Lease.Release(context.WithoutCancel(ctx)) // the delete in the background
+		return fmt.Errorf("release %q: %w", ls.Name(), ctx.Err())
+	}
+	ls.lost = fmt.Errorf("%w: %q was gone after a Release that failed", fence.ErrLeaseLost, ls.Name())
+	return ls.lost
 }
