@@ -59,6 +59,8 @@ var bugs = []struct {
 	// surely.
 	{name: "extend-expired-retakes", caught: "ExtendAfterExpiry", what: "Extend of an expired lease says ErrLeaseLost, but its renewal (SET ... GET, the old owner read as it writes) has set the missing key: a free lock taken again, held for no one"},
 	{name: "release-done-twice-lost", caught: "ReleaseWithDoneContextTwice", what: "a Release with a done ctx sends its delete in the background, and a second one, finding the lock gone, takes the lease for lost: the Release after them says ErrLeaseLost (etcdlock's before e5cf536)"},
+	{name: "closed-client-hangs", caught: "ClosedClientLease", what: "Extend and Release of a lease whose client is closed redial for 3 s (a dial timeout) before they fail"},
+	{name: "closed-extend-moves-deadline", caught: "ClosedClientLease", what: "Extend of a lease whose client is closed moves Deadline before it sends its request, which fails"},
 	{name: "cancel-drops-handoff", caught: "CancelRacesHandoff", what: "a waiter whose ctx ends while the reply handing it the lock is on its way returns ctx's error and keeps the lock, held for no one"},
 	{name: "budget-end-drops-handoff", caught: "BudgetEndRacesHandoff", what: "a waiter whose budget has ended when the reply handing it the lock comes returns ErrHeld and keeps the lock, held for no one"},
 	// A server 300 µs away each way (injected latency), so that a ctx
@@ -116,6 +118,13 @@ func TestBrokenBackend(t *testing.T) {
 		New:         func(testing.TB) fence.Locker { return b },
 		Remove:      func(_ testing.TB, name string) { l.Remove(name) },
 		WatchdogTTL: watchdogTTL,
+		NewClosable: func(testing.TB) (fence.Locker, func()) {
+			// A client of its own on the same locks.
+			c := &brokenLocker{l: l, bug: bug}
+			var closeClient context.CancelFunc
+			c.closed, closeClient = context.WithCancel(context.Background())
+			return c, closeClient
+		},
 	})
 }
 
@@ -123,11 +132,16 @@ type brokenLocker struct {
 	l   *memlock.Locker
 	bug string
 
+	closed context.Context // NewClosable's: done once its client is closed; nil for New's
+
 	mu    sync.Mutex
 	tried map[string]bool // short-given-back-in-time, late-reply-kept, watchdog-given-back-in-time: names given such a lease
 }
 
 func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.Option) (fence.Lease, error) {
+	if b.closed != nil && b.closed.Err() != nil {
+		return nil, fence.NotAcquired(name, fence.ErrClosed)
+	}
 	if o, err := fence.Apply(opts); err == nil && ((b.bug == "short-given-back-in-time" || b.bug == "late-reply-kept") && o.TTL == 200*time.Millisecond ||
 		b.bug == "watchdog-given-back-in-time" && o.TTL == 0 && o.Wait == 0) {
 		b.mu.Lock()
@@ -337,6 +351,12 @@ func (b *brokenLocker) wrap(ctx context.Context, inner fence.Lease) fence.Lease 
 		context.AfterFunc(inner.Context(), func() { ls.cancel(context.Cause(inner.Context())) })
 	}
 	ls.l = b.l
+	if b.closed != nil {
+		ls.closed = b.closed
+		// Once the client is closed, nothing renews the lease: it ends,
+		// its lock left to expire (as memlock's Release with a done ctx).
+		context.AfterFunc(b.closed, func() { _ = inner.Release(doneCtx()) })
+	}
 	if b.bug == "watchdog-on-acquire-ctx" {
 		// memlock stops renewing a lease whose Release had a done ctx.
 		context.AfterFunc(ctx, func() {
@@ -354,7 +374,7 @@ type brokenLease struct {
 	l   *memlock.Locker
 
 	mu       sync.Mutex
-	extended time.Time   // extend-local-only
+	extended time.Time   // extend-local-only, closed-extend-moves-deadline
 	extends  fence.Token // extend-new-token: Extends that succeeded
 	released chan struct{}
 	once     sync.Once
@@ -363,6 +383,8 @@ type brokenLease struct {
 	cancel context.CancelCauseFunc
 
 	stale time.Time // wait-deadline-stale: the Deadline counted from the call
+
+	closed context.Context // its client's, done once closed (nil: a client never closed)
 
 	lost error  // release-done-twice-lost: what every Release returns once it took the lease for lost
 	cut  string // release-cut-retry-*: "sent" or "unsent", a Release cut by its ctx, its delete sent or not
@@ -422,7 +444,7 @@ func (ls *brokenLease) Deadline() time.Time {
 		}
 	case "deadline-late":
 		d = d.Add(time.Second)
-	case "extend-local-only":
+	case "extend-local-only", "closed-extend-moves-deadline":
 		ls.mu.Lock()
 		if ls.extended.After(d) {
 			d = ls.extended
@@ -433,6 +455,14 @@ func (ls *brokenLease) Deadline() time.Time {
 }
 
 func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ls.clientClosed() {
+		if ls.bug == "closed-extend-moves-deadline" && fence.ValidateTTL(ttl) == nil {
+			ls.mu.Lock()
+			ls.extended = time.Now().Add(ttl)
+			ls.mu.Unlock()
+		}
+		return ls.closedErr(ctx)
+	}
 	switch ls.bug {
 	case "extend-released-bare":
 		err := ls.Lease.Extend(ctx, ttl)
@@ -495,6 +525,9 @@ func (ls *brokenLease) Extend(ctx context.Context, ttl time.Duration) error {
 }
 
 func (ls *brokenLease) Release(ctx context.Context) error {
+	if ls.clientClosed() {
+		return ls.closedErr(ctx)
+	}
 	if ls.bug == "release-cut-retry-lost" || ls.bug == "release-cut-retry-noop" {
 		return ls.cutRelease(ctx)
 	}
@@ -574,4 +607,16 @@ func (ls *brokenLease) releaseDoneTwiceLost(ctx context.Context) error {
 	}
 	ls.lost = fmt.Errorf("%w: %q was gone after a Release that failed", fence.ErrLeaseLost, ls.Name())
 	return ls.lost
+}
+
+func (ls *brokenLease) clientClosed() bool { return ls.closed != nil && ls.closed.Err() != nil }
+
+// closedErr is what Extend and Release return once the lease's client is
+// closed: an error at once, or, for closed-client-hangs, after redialling
+// for 3 s (or until ctx ends).
+func (ls *brokenLease) closedErr(ctx context.Context) error {
+	if ls.bug == "closed-client-hangs" {
+		_ = onItsWay(ctx, 3*time.Second) // injected latency: the redials
+	}
+	return fmt.Errorf("%q: %w", ls.Name(), fence.ErrClosed)
 }
