@@ -59,6 +59,7 @@ var bugs = []struct {
 	// surely.
 	{name: "extend-expired-retakes", caught: "ExtendAfterExpiry", what: "Extend of an expired lease says ErrLeaseLost, but its renewal (SET ... GET, the old owner read as it writes) has set the missing key: a free lock taken again, held for no one"},
 	{name: "release-done-twice-lost", caught: "ReleaseWithDoneContextTwice", what: "a Release with a done ctx sends its delete in the background, and a second one, finding the lock gone, takes the lease for lost: the Release after them says ErrLeaseLost (etcdlock's before e5cf536)"},
+	{name: "renewal-retakes-after-release", caught: "ReleaseRacesWatchdog", what: "Release does not wait for a watchdog renewal on its way (5 ms), which lands behind the delete and sets the missing key again: the lock held for no one"},
 	{name: "closed-client-hangs", caught: "ClosedClientLease", what: "Extend and Release of a lease whose client is closed redial for 3 s (a dial timeout) before they fail"},
 	{name: "closed-extend-moves-deadline", caught: "ClosedClientLease", what: "Extend of a lease whose client is closed moves Deadline before it sends its request, which fails"},
 	{name: "cancel-drops-handoff", caught: "CancelRacesHandoff", what: "a waiter whose ctx ends while the reply handing it the lock is on its way returns ctx's error and keeps the lock, held for no one"},
@@ -215,6 +216,15 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 			return nil, err
 		}
 		return nil, fence.NotAcquired(name, err) // cut: the lock, if taken, kept
+	}
+	if o, err := fence.Apply(opts); err == nil && b.bug == "renewal-retakes-after-release" && o.TTL == 0 {
+		inner, err := b.l.Acquire(ctx, name, opts...)
+		if err != nil {
+			return nil, err
+		}
+		ls := b.wrap(ctx, inner).(*brokenLease)
+		ls.renewLate()
+		return ls, nil
 	}
 	actx := ctx
 	if b.bug == "acquire-done-ctx" {
@@ -386,8 +396,9 @@ type brokenLease struct {
 
 	closed context.Context // its client's, done once closed (nil: a client never closed)
 
-	lost error  // release-done-twice-lost: what every Release returns once it took the lease for lost
-	cut  string // release-cut-retry-*: "sent" or "unsent", a Release cut by its ctx, its delete sent or not
+	renewing bool   // renewal-retakes-after-release: a renewal on its way
+	lost     error  // release-done-twice-lost: what every Release returns once it took the lease for lost
+	cut      string // release-cut-retry-*: "sent" or "unsent", a Release cut by its ctx, its delete sent or not
 }
 
 func (ls *brokenLease) Token() fence.Token {
@@ -534,6 +545,16 @@ func (ls *brokenLease) Release(ctx context.Context) error {
 	if ls.bug == "release-done-twice-lost" {
 		return ls.releaseDoneTwiceLost(ctx)
 	}
+	if ls.bug == "renewal-retakes-after-release" {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		err := ls.Lease.Release(ctx)
+		if ls.renewing && ls.Lease.Err() != nil {
+			ls.renewing = false // landed, behind the delete
+			_, _ = ls.l.Acquire(context.WithoutCancel(ctx), ls.Name(), fence.TTL(300*time.Millisecond))
+		}
+		return err
+	}
 	if ls.bug == "release-done-keeps-lease" && ctx.Err() != nil && ls.Lease.Err() == nil {
 		return fmt.Errorf("release: %w", ctx.Err()) // checked before the lease ends
 	}
@@ -619,4 +640,31 @@ func (ls *brokenLease) closedErr(ctx context.Context) error {
 		_ = onItsWay(ctx, 3*time.Second) // injected latency: the redials
 	}
 	return fmt.Errorf("%q: %w", ls.Name(), fence.ErrClosed)
+}
+
+// renewLate runs a watchdog of its own beside memlock's (which renews the
+// live lease), renewing every third of the lease time as memlock's does,
+// whose renewals are 5 ms on their way and set the lock's key whether it
+// is there or not. Release does not wait for one on its way, which lands
+// behind its delete: the free lock is taken again, for no one.
+func (ls *brokenLease) renewLate() {
+	const ttl = 300 * time.Millisecond // the watchdog's
+	var renew func()
+	renew = func() {
+		ls.mu.Lock()
+		if ls.Lease.Err() != nil {
+			ls.mu.Unlock()
+			return // ended: nothing sent
+		}
+		ls.renewing = true
+		ls.mu.Unlock()
+		time.Sleep(5 * time.Millisecond) // injected latency: the renewal on its way
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		if ls.renewing {
+			ls.renewing = false
+			time.AfterFunc(ttl/3, renew)
+		}
+	}
+	time.AfterFunc(ttl/3, renew)
 }

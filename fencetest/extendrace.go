@@ -85,19 +85,22 @@ func (s suite) closedClientLease(t *testing.T) {
 	}
 }
 
-// releaseRacesWatchdog: a watchdog lease released at any moment of its
-// renewals (one may be on its way) leaves the lock free once Release has
-// returned nil: a renewal that reached the backend after the delete must
-// not have taken the lock back.
+// releaseRacesWatchdog: a watchdog lease released just as its watchdog
+// sends its first renewal (the renewal may be on its way) leaves the lock
+// free once Release has returned nil: a renewal that reached the backend
+// after the delete must not have taken the lock back.
 func (s suite) releaseRacesWatchdog(t *testing.T) {
 	l, other := s.cfg.New(t), s.cfg.New(t)
 	n := name(t)
-	for round := range 5 {
+	for round := range 3 {
 		lease := s.mustAcquire(t, l, n)
-		// Injected delay: each round releases at another point of the
-		// watchdog's first renewal cycle (about a third of the lease
-		// time).
-		time.Sleep(time.Duration(round) * s.cfg.WatchdogTTL / 15)
+		// Injected delay: every backend's watchdog sends its first
+		// renewal a third of the lease time after the grant; each round
+		// releases then, or up to a 300th of the lease time later. (Rounds
+		// that released at 0 to 4/15 of the lease time, before any
+		// renewal, passed a backend whose late renewal took the lock
+		// back.)
+		time.Sleep(s.cfg.WatchdogTTL/3 + time.Duration(round)*s.cfg.WatchdogTTL/600)
 		if err := lease.Release(ctxFor(t)); err != nil {
 			t.Fatalf("round %d: Release = %v, want nil", round, err)
 		}
