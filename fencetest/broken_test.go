@@ -62,8 +62,8 @@ var bugs = []struct {
 	{name: "renewal-retakes-after-release", caught: "ReleaseRacesWatchdog", what: "Release does not wait for a watchdog renewal on its way (5 ms), which lands behind the delete and sets the missing key again: the lock held for no one"},
 	{name: "closed-client-hangs", caught: "ClosedClientLease", what: "Extend and Release of a lease whose client is closed redial for 3 s (a dial timeout) before they fail"},
 	{name: "closed-extend-moves-deadline", caught: "ClosedClientLease", what: "Extend of a lease whose client is closed moves Deadline before it sends its request, which fails"},
-	{name: "cancel-drops-handoff", caught: "CancelRacesHandoff", what: "a waiter whose ctx ends while the reply handing it the lock is on its way returns ctx's error and keeps the lock, held for no one"},
-	{name: "budget-end-drops-handoff", caught: "BudgetEndRacesHandoff", what: "a waiter whose budget has ended when the reply handing it the lock comes returns ErrHeld and keeps the lock, held for no one"},
+	{name: "cancel-drops-handoff", caught: "CancelRacesHandoff", what: "a waiter whose ctx ends while the reply handing it the lock is on its way (2 ms) returns ctx's error and keeps the lock, held for no one"},
+	{name: "budget-end-drops-handoff", caught: "BudgetEndRacesHandoff", what: "a waiter whose budget has ended when the reply handing it the lock comes (2 ms on its way) returns ErrHeld and keeps the lock, held for no one"},
 	// A server 300 µs away each way (injected latency), so that a ctx
 	// can end with the request or its reply on its way: the cut call's
 	// error is ctx's, as it should be; what the backend does next is not.
@@ -194,7 +194,7 @@ func (b *brokenLocker) Acquire(ctx context.Context, name string, opts ...fence.O
 		if err != nil {
 			return nil, err
 		}
-		time.Sleep(20 * time.Millisecond) // injected latency: the reply handing over the lock on its way
+		time.Sleep(2 * time.Millisecond) // injected latency: the reply handing over the lock on its way
 		switch {
 		case b.bug == "cancel-drops-handoff" && ctx.Err() != nil:
 			return nil, fence.NotAcquired(name, ctx.Err()) // inner kept

@@ -164,7 +164,13 @@ func (s suite) budgetEndRacesHandoff(t *testing.T) {
 	l, waiter, third := s.cfg.New(t), s.cfg.New(t), s.cfg.New(t)
 	n := name(t)
 	const budget = 150 * time.Millisecond
-	for round := range 8 {
+	// Injected delay: the holder releases this long before the waiter's
+	// budget ends (after, if negative), the rounds closest together about
+	// its end: a grant whose reply comes after the budget has ended is on
+	// its way for a millisecond or two, and rounds 8 ms apart passed a
+	// waiter that kept such a grant, its reply 2 ms on its way.
+	before := []time.Duration{24, 8, 4, 2, 1, 0, -1, -4}
+	for round := range before {
 		holder := s.mustAcquire(t, l, n, fence.TTL(30*time.Second))
 		waited := make(chan error, 1)
 		go func() {
@@ -177,9 +183,7 @@ func (s suite) budgetEndRacesHandoff(t *testing.T) {
 			}
 			waited <- err
 		}()
-		// Injected delay: release from a little before the waiter's
-		// budget ends to a little after, one round to the next.
-		time.Sleep(budget - 30*time.Millisecond + time.Duration(round)*8*time.Millisecond)
+		time.Sleep(budget - before[round]*time.Millisecond)
 		if err := holder.Release(ctxFor(t)); err != nil {
 			t.Fatalf("round %d: Release = %v", round, err)
 		}
