@@ -60,7 +60,7 @@ var bugs = []struct {
 	{name: "extend-expired-retakes", caught: "ExtendAfterExpiry", what: "Extend of an expired lease says ErrLeaseLost, but its renewal (SET ... GET, the old owner read as it writes) has set the missing key: a free lock taken again, held for no one"},
 	{name: "release-done-twice-lost", caught: "ReleaseWithDoneContextTwice", what: "a Release with a done ctx sends its delete in the background, and a second one, finding the lock gone, takes the lease for lost: the Release after them says ErrLeaseLost (etcdlock's before e5cf536)"},
 	{name: "renewal-retakes-after-release", caught: "ReleaseRacesWatchdog", what: "Release does not wait for a watchdog renewal on its way (5 ms), which lands behind the delete and sets the missing key again: the lock held for no one"},
-	{name: "closed-client-hangs", caught: "ClosedClientLease", what: "Extend and Release of a lease whose client is closed redial for 3 s (a dial timeout) before they fail"},
+	{name: "closed-client-hangs", caught: "ClosedClientLease", what: "Extend and Release of a lease whose client is closed redial for 1.5 s (a dial timeout), over the suite's 1 s of slack, before they fail"},
 	{name: "closed-extend-moves-deadline", caught: "ClosedClientLease", what: "Extend of a lease whose client is closed moves Deadline before it sends its request, which fails"},
 	{name: "cancel-drops-handoff", caught: "CancelRacesHandoff", what: "a waiter whose ctx ends while the reply handing it the lock is on its way (2 ms) returns ctx's error and keeps the lock, held for no one"},
 	{name: "budget-end-drops-handoff", caught: "BudgetEndRacesHandoff", what: "a waiter whose budget has ended when the reply handing it the lock comes (2 ms on its way) returns ErrHeld and keeps the lock, held for no one"},
@@ -634,10 +634,10 @@ func (ls *brokenLease) clientClosed() bool { return ls.closed != nil && ls.close
 
 // closedErr is what Extend and Release return once the lease's client is
 // closed: an error at once, or, for closed-client-hangs, after redialling
-// for 3 s (or until ctx ends).
+// for 1.5 s (or until ctx ends).
 func (ls *brokenLease) closedErr(ctx context.Context) error {
 	if ls.bug == "closed-client-hangs" {
-		_ = onItsWay(ctx, 3*time.Second) // injected latency: the redials
+		_ = onItsWay(ctx, 1500*time.Millisecond) // injected latency: the redials
 	}
 	return fmt.Errorf("%q: %w", ls.Name(), fence.ErrClosed)
 }
