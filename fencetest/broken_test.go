@@ -68,7 +68,11 @@ var bugs = []struct {
 	// error is ctx's, as it should be; what the backend does next is not.
 	{name: "extend-cut-ends-lease", caught: "ExtendCancelledMidCall", what: "an Extend cut by its ctx ends the lease, its error taken for a failed renewal (the lock left to expire)"},
 	{name: "release-cut-retry-lost", caught: "ReleaseCancelledMidCall", what: "a Release retried after one cut with its reply on the way finds the lock gone and says ErrLeaseLost, though the cut call's delete is what freed it (redislock and pglock before 6527279)"},
-	{name: "release-cut-retry-noop", caught: "ReleaseCancelledMidCall", what: "a Release cut before its delete was sent marks the lease released, and the retry returns nil without sending one: the lock held for no one until it expires"},
+	// ReleaseCancelledMidCall sees this one in about 9 runs of 10 beside
+	// other children (a cancel that comes late cuts no request before it
+	// leaves): in 5, all but surely. (ReleaseWithDoneContextEndsLease,
+	// whose Release has a done ctx, sees it every time.)
+	{name: "release-cut-retry-noop", caught: "ReleaseCancelledMidCall", what: "a Release cut before its delete was sent marks the lease released, and the retry returns nil without sending one: the lock held for no one until it expires", count: 5},
 	{name: "acquire-cut-kept", caught: "AcquireCancelledMidCall", what: "an Acquire cut by its ctx with the reply of its take on the way returns ctx's error and keeps the lock it took, held for no one"},
 	{name: "closed-client-hangs", caught: "ClosedClientLease", what: "Extend and Release of a lease whose client is closed redial for 1.5 s (a dial timeout), over the suite's 1 s of slack, before they fail"},
 	{name: "closed-extend-moves-deadline", caught: "ClosedClientLease", what: "Extend of a lease whose client is closed moves Deadline before it sends its request, which fails"},
