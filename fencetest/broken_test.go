@@ -59,7 +59,11 @@ var bugs = []struct {
 	// surely.
 	{name: "extend-retakes-after-release", caught: "ExtendRacesRelease", what: "an Extend that passed its local check, its renewal landing after Release's delete, sets the missing key again: the lock held for no one", count: 5},
 	{name: "extend-expired-retakes", caught: "ExtendAfterExpiry", what: "Extend of an expired lease says ErrLeaseLost, but its renewal (SET ... GET, the old owner read as it writes) has set the missing key: a free lock taken again, held for no one"},
-	{name: "renewal-retakes-after-release", caught: "ReleaseRacesWatchdog", what: "Release does not wait for a watchdog renewal on its way (5 ms), which lands behind the delete and sets the missing key again: the lock held for no one"},
+	// ReleaseRacesWatchdog missed this one once in the 5 runs of a
+	// loaded TestSuiteCatchesBrokenBackends -count=5 (its release and the
+	// renewal ride timers a loaded machine can run late), none in 20
+	// runs beside one other child: in 3, all but surely.
+	{name: "renewal-retakes-after-release", caught: "ReleaseRacesWatchdog", what: "Release does not wait for a watchdog renewal on its way (5 ms), which lands behind the delete and sets the missing key again: the lock held for no one", count: 3},
 	{name: "cancel-drops-handoff", caught: "CancelRacesHandoff", what: "a waiter whose ctx ends while the reply handing it the lock is on its way (2 ms) returns ctx's error and keeps the lock, held for no one"},
 	{name: "budget-end-drops-handoff", caught: "BudgetEndRacesHandoff", what: "a waiter whose budget has ended when the reply handing it the lock comes (2 ms on its way) returns ErrHeld and keeps the lock, held for no one"},
 	{name: "release-done-twice-lost", caught: "ReleaseWithDoneContextTwice", what: "a Release with a done ctx sends its delete in the background, and a second one, finding the lock gone, takes the lease for lost: the Release after them says ErrLeaseLost (etcdlock's before e5cf536)"},
