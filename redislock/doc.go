@@ -14,7 +14,7 @@
 //	P:{N}:queue     the owners waiting for N, in arrival order (a list)
 //	P:{N}:waiters   a hash: owner → "<lease ms> <try> <secret> <deadline ms>"
 //	P:{N}:revoked:O owner O's acquisitions refuse (see Deadlines)
-//	P:{N}:released-by the owner whose release last deleted the lock, for a minute
+//	P:{N}:released-by the owner whose Release last deleted the lock, as long as its lease would have lasted
 //	P:{N}:released  the channel on which the lock is granted to a waiter
 //
 // # Tokens
@@ -356,14 +356,15 @@
 // The same resend sends a Release again whose script ran but whose reply
 // was lost with the connection, and that second run finds the lock gone,
 // or granted already to the next waiter. So that it does not report a loss
-// that did not happen, each release that deletes the lock records its
-// owner in P:{N}:released-by for a minute, and a run that finds the lock
-// not its own but that record its own answers as the first did: Release
-// returns nil. The record costs a SET per release, one key per lock name
-// (each release overwrites it), as Redisson's unlock keeps a marker per
-// request for the same reason. A resend more than a minute later, or after
-// another owner's release of the same lock, is not covered (an error
-// matching fence.ErrLeaseLost).
+// that did not happen, a Release that deletes the lock renames it to
+// P:{N}:released-by, which keeps its owner for what was left of the lock's
+// expiry, and a run that finds the lock not its own but that record its
+// own answers as the first did: Release returns nil. The record costs
+// about a microsecond of the server's time per release and one key per
+// lock name (each release overwrites it), as Redisson's unlock keeps a
+// marker per request for the same reason. A resend after the lease's
+// deadline, or after another owner's release of the same lock, is not
+// covered (an error matching fence.ErrLeaseLost).
 //
 // A try that takes the lock (or confirms a grant) but whose reply comes
 // after the deadline of the lease it would give (the lease time counted from
