@@ -108,3 +108,48 @@ func TestReleasedByRecordIsTheOwnersAlone(t *testing.T) {
 		}
 	}
 }
+
+// The same resend when the lock goes to a waiter of the releasing Locker,
+// with replica sync and a replica: the release goes with WAIT, and the
+// waiter holds back the grant it sees until the release's reply says whom
+// it granted (see Locker.releaseLease). The resend's reply (1, from the
+// record) names nobody, so the waiter confirms the grant with a try of its
+// own once the call is done. Before the record the Release returned an error matching
+// fence.ErrLeaseLost ("... was removed or taken by another owner").
+func TestReleaseReplyLostGrantedToOwnWaiter(t *testing.T) {
+	srv := redistest.Start(t)
+	redistest.StartReplica(t, srv)
+	redistest.WaitReplicated(t, srv, 1)
+	admin := srv.Client(t)
+	const name = "lock:release-reply-lost-own-waiter"
+	d := redistest.NewDropper(lockKey(name))
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: d.Dial})
+	t.Cleanup(func() { _ = c.Close() })
+	l := lockerWith(t, c, redislock.Options{})
+	if err := acquire(t, l, name, fence.TTL(time.Minute)).Release(ctx(t)); err != nil {
+		t.Fatal(err) // loads the release script: an EVALSHA refused with NOSCRIPT has not run
+	}
+	lease := acquire(t, l, name, fence.TTL(time.Minute))
+	got := acquireAsync(l, name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+	waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey(name)+":queue").Val() == 1 })
+	d.Arm()
+	err := lease.Release(ctx(t))
+	released := time.Now()
+	if d.Dropped() != 1 {
+		t.Fatalf("%d replies dropped, want the release's", d.Dropped())
+	}
+	r := acquired{}.wait(t, got)
+	took := time.Since(released)
+	if err != nil {
+		t.Fatalf("Release sent again by go-redis, its first run's reply lost = %v, want nil", err)
+	}
+	if r.err != nil {
+		t.Fatalf("the waiter of the same Locker: %v", r.err)
+	}
+	// It holds a grant back for as long as the release is on its way, at
+	// most 2 s (twice the default sync timeout): 1 s leaves a loaded
+	// machine slack.
+	if took > time.Second {
+		t.Fatalf("the waiter took its lock %v after the Release returned", took)
+	}
+}
