@@ -559,11 +559,14 @@ func releasedAsLost(name string, err error) error {
 // (and may grant it to a waiter) is sent, whatever the server answers; if
 // the script finds the lock no longer the lease's, Err then says it was
 // lost (Context's cause stays fence.ErrReleased). A Release retried after
-// one that failed (its ctx done, its reply lost) finds the lock gone if
-// that first script ran after all: it cannot tell that delete from a
-// loss, and returns an error matching fence.ErrLeaseLost, as etcdlock's
-// does. Its end is reported to the Observer and the Logger once Release's
-// result is settled: a Release called by their callback returns it.
+// one that failed (its ctx ended during the round trip, its reply lost)
+// finds the lock gone, or another's, if that first script ran after all:
+// it cannot always tell that delete from a loss, and returns nil, as
+// fence.Lease says (the released-by record of the package doc answers for
+// the first script within a minute, unless another owner's release came
+// between). Its end is reported to the Observer and the Logger once
+// Release's result is settled: a Release called by their callback returns
+// it.
 func (ls *lease) Release(ctx context.Context) error {
 	if ctx == nil {
 		return nilctx.Err("redislock", "Release")
