@@ -39,7 +39,7 @@ func TestReleaseRetryWithLeaseContext(t *testing.T) {
 	}
 }
 
-// holdRelease holds the next release script (6 keys) until released.
+// holdRelease holds the next release script (ReleaseKeys keys) until released.
 type holdRelease struct {
 	armed    atomic.Bool
 	at, free chan struct{}

@@ -24,7 +24,7 @@ type aheadHook struct {
 	releaseAt, releaseGo    chan struct{}
 }
 
-// numKeys is a script call's key count: extend.lua takes 1, release.lua 6.
+// numKeys is a script call's key count: extend.lua takes 1, release.lua ReleaseKeys.
 func numKeys(cmd redis.Cmder) int64 {
 	args := cmd.Args()
 	if len(args) < 3 {

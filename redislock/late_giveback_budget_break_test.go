@@ -45,7 +45,7 @@ func TestLateGrantConfirmationGiveBackHungWithinBudget(t *testing.T) {
 
 // deliverAfterHoldingGiveBack is deliverAfter, the transit armed, as it
 // sends the held try, to hold the give-back that its late reply starts
-// (a release script: 6 keys, the lock first).
+// (a release script: ReleaseKeys keys, the lock first).
 func (s *lateTake) deliverAfterHoldingGiveBack(t *testing.T, ttl time.Duration) {
 	t.Helper()
 	lock := lockKey(s.name)

@@ -143,9 +143,9 @@ func TestLateTakeTryOnce(t *testing.T) {
 	s.tr.arm()
 	got := acquireAsync(s.l, name, fence.TTL(ttl))
 	waitFor(t, s.tr.holding)
-	// The give-back (release.lua's 6 keys, the lock first) is held on its
-	// way in turn: Acquire returns only once it is answered, so that a
-	// caller trying again at once finds the lock free.
+	// The give-back (release.lua's ReleaseKeys keys, the lock first) is
+	// held on its way in turn: Acquire returns only once it is answered,
+	// so that a caller trying again at once finds the lock free.
 	lock := lockKey(name)
 	s.tr.mu.Lock()
 	s.tr.match = fmt.Appendf(nil, "$1\r\n%d\r\n$%d\r\n%s\r\n", redislock.ReleaseKeys, len(lock), lock)

@@ -67,8 +67,8 @@ func TestLateUndoOfRefusedTryEndsTheWait(t *testing.T) {
 // heldUndo starts a server with a replica, and a client of it with
 // readTimeout whose first release of name is held on its way by tr: the
 // undo of a take that replica sync refused, an EVALSHA with release.lua's
-// 6 keys, the lock first; armed before any Acquire, so that it is held
-// however late the WAIT times out. The scripts are loaded, so that a try
+// ReleaseKeys keys, the lock first; armed before any Acquire, so that it is
+// held however late the WAIT times out. The scripts are loaded, so that a try
 // is one EVALSHA.
 func heldUndo(t *testing.T, name string, readTimeout time.Duration) (srv, replica *redistest.Server, tr *transit, c *redis.Client) {
 	t.Helper()

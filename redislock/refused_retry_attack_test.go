@@ -131,7 +131,7 @@ func TestRefusedRetryAfterLostReplyGivesBack(t *testing.T) {
 }
 
 // refusedRelease is a go-redis hook that closes refused when a release
-// script (6 keys) sent for lock fails with a refused connection.
+// script (ReleaseKeys keys) sent for lock fails with a refused connection.
 type refusedRelease struct {
 	lock    string
 	once    sync.Once
