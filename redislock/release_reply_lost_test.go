@@ -177,6 +177,8 @@ func TestReleaseReplyLostAfterTheWaitersRelease(t *testing.T) {
 	admin := srv.Client(t)
 	const name = "lock:release-reply-lost-late"
 	ll := &lateLoss{match: []byte(lockKey(name)), let: make(chan struct{})}
+	var letGo sync.Once
+	t.Cleanup(func() { letGo.Do(func() { close(ll.let) }) }) // a failure below does not leave the Release hanging
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: ll.dial})
 	t.Cleanup(func() { _ = c.Close() })
 	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
@@ -197,7 +199,7 @@ func TestReleaseReplyLostAfterTheWaitersRelease(t *testing.T) {
 	if err := r.lease.Release(ctx(t)); err != nil {
 		t.Fatalf("the waiter's Release: %v", err)
 	}
-	close(ll.let) // now the first Release's connection breaks, and go-redis sends it again
+	letGo.Do(func() { close(ll.let) }) // now the first Release's connection breaks, and go-redis sends it again
 	select {
 	case err := <-released:
 		if err != nil {
