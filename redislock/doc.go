@@ -13,7 +13,7 @@
 //	P:{N}:token     the last token issued for N, kept for Options.TokenRetention
 //	P:{N}:queue     the owners waiting for N, in arrival order (a list)
 //	P:{N}:waiters   a hash: owner → "<lease ms> <try> <secret> <deadline ms>"
-//	P:{N}:revoked:O owner O's acquisitions refuse (see Deadlines); "r": O's lease was released while others waited, for 10 s
+//	P:{N}:revoked:O owner O's acquisitions refuse (see Deadlines)
 //	P:{N}:released-by the owner whose Release last deleted the lock, as long as its lease would have lasted
 //	P:{N}:released  the channel on which the lock is granted to a waiter
 //
@@ -358,17 +358,13 @@
 // or granted already to the next waiter. So that it does not report a loss
 // that did not happen, a Release that deletes the lock renames it to
 // P:{N}:released-by, which keeps its owner for what was left of the lock's
-// expiry, and when others wait for the lock (the next holder may release
-// it, and overwrite that record, before the resend comes) it also marks
-// its owner in P:{N}:revoked:O ("r") for 10 s. A run that finds the lock
-// not its own but either record its own answers as the first did: Release
-// returns nil. Give-backs (of acquisitions no lease holds) neither write nor
-// read them. The records cost about a microsecond of the server's time per
-// release, one key per lock name (each release overwrites it), and one key
-// for 10 s per release on a lock others wait for; Redisson's unlock keeps a
+// expiry, and a run that finds the lock not its own but that record its
+// own answers as the first did: Release returns nil. The record costs
+// about a microsecond of the server's time per release and one key per
+// lock name (each release overwrites it), as Redisson's unlock keeps a
 // marker per request for the same reason. A resend after the lease's
-// deadline with nobody waiting, or 10 s after a release others waited
-// for, is not covered (an error matching fence.ErrLeaseLost).
+// deadline, or after another owner's release of the same lock, is not
+// covered (an error matching fence.ErrLeaseLost).
 //
 // A try that takes the lock (or confirms a grant) but whose reply comes
 // after the deadline of the lease it would give (the lease time counted from

@@ -29,9 +29,8 @@
 -- granted already to the next waiter. A lease's release (ARGV[4]) that
 -- deletes the lock therefore renames it to KEYS[7], which keeps its owner
 -- for what was left of its expiry: a run that finds the lock not its
--- owner's but that record its own (or its owner's mark, below) replies 1,
--- as the first run did. Owners are unique, so no other lease's release can
--- match it. The record, one
+-- owner's but that record its own replies 1, as the first run did. Owners
+-- are unique, so no other lease's release can match it. The record, one
 -- per lock overwritten by each release, costs no memory per release, and
 -- the RENAME about 1 us of the server's time more than a DEL (a SET with
 -- its own expiry, about 1.8). Give-backs neither
@@ -52,7 +51,7 @@ if ARGV[3] and ARGV[3] ~= '-1' then
   redis.call('HDEL', waiters, owner)
 end
 if redis.call('GET', lock) ~= owner then
-  if ARGV[4] and (redis.call('GET', KEYS[7]) == owner or redis.call('GET', KEYS[6]) == 'r') then
+  if ARGV[4] and redis.call('GET', KEYS[7]) == owner then
     return 1
   end
   return 0
@@ -69,14 +68,6 @@ end
 -- script's run on that path).
 if redis.call('EXISTS', queue, KEYS[5]) == 0 then
   return 1
-end
--- Others wait: the one granted the lock may release it, and overwrite
--- KEYS[7], before this release is sent again. A lease's release then also
--- marks its owner in KEYS[6] for 10 s ('r'; the revocation mark, which an
--- owner whose lease is over no longer needs, and NX keeps a revocation's
--- '1'): one key per release on a lock others wait for, none otherwise.
-if ARGV[4] then
-  redis.call('SET', KEYS[6], 'r', 'NX', 'PX', 10000)
 end
 -- grant.lua --
 local publish = publisher(ARGV[1])
