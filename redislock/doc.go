@@ -363,8 +363,9 @@
 // about a microsecond of the server's time per release and one key per
 // lock name (each release overwrites it), as Redisson's unlock keeps a
 // marker per request for the same reason. A resend after the lease's
-// deadline, or after another owner's release of the same lock, is not
-// covered (an error matching fence.ErrLeaseLost).
+// deadline, or after another owner's release of the same lock (the waiter
+// the first run handed the lock to may take it and release it before the
+// resend comes), is not covered (an error matching fence.ErrLeaseLost).
 //
 // A try that takes the lock (or confirms a grant) but whose reply comes
 // after the deadline of the lease it would give (the lease time counted from
