@@ -1,11 +1,8 @@
 package redislock_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -177,10 +174,13 @@ func TestReleaseReplyLostAfterTheWaitersRelease(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	const name = "lock:release-reply-lost-late"
-	ll := &lateLoss{match: []byte(lockKey(name)), let: make(chan struct{})}
+	// The reply is lost once let is closed: a link that died a while
+	// after the reply left the server.
+	d, let := redistest.NewDropper(lockKey(name)), make(chan struct{})
+	d.Until(let)
 	var letGo sync.Once
-	t.Cleanup(func() { letGo.Do(func() { close(ll.let) }) }) // a failure below does not leave the Release hanging
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: ll.dial})
+	t.Cleanup(func() { letGo.Do(func() { close(let) }) }) // a failure below does not leave the Release hanging
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: d.Dial})
 	t.Cleanup(func() { _ = c.Close() })
 	l := lockerWith(t, c, redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
 	if err := acquire(t, l, name, fence.TTL(time.Minute)).Release(ctx(t)); err != nil {
@@ -190,7 +190,7 @@ func TestReleaseReplyLostAfterTheWaitersRelease(t *testing.T) {
 	other := lockerWith(t, srv.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
 	got := acquireAsync(other, name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
 	waitFor(t, func() bool { return admin.LLen(ctx(t), lockKey(name)+":queue").Val() == 1 })
-	ll.arm()
+	d.Arm()
 	released := make(chan error, 1)
 	go func() { released <- lease.Release(ctx(t)) }()
 	r := acquired{}.wait(t, got) // granted by the Release's first run
@@ -200,7 +200,7 @@ func TestReleaseReplyLostAfterTheWaitersRelease(t *testing.T) {
 	if err := r.lease.Release(ctx(t)); err != nil {
 		t.Fatalf("the waiter's Release: %v", err)
 	}
-	letGo.Do(func() { close(ll.let) }) // now the first Release's connection breaks, and go-redis sends it again
+	letGo.Do(func() { close(let) }) // now the first Release's connection breaks, and go-redis sends it again
 	select {
 	case err := <-released:
 		if err != nil {
@@ -209,66 +209,4 @@ func TestReleaseReplyLostAfterTheWaitersRelease(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Release has not returned 10 s after its connection broke")
 	}
-}
-
-// lateLoss is a go-redis Dialer whose connections, once armed, let the next
-// write that contains match through, read its reply (so the command surely
-// ran), and then hold it until let is closed, when the connection breaks
-// (io.EOF) and the reply is lost: a link that died while the reply was on
-// its way.
-type lateLoss struct {
-	match []byte
-	let   chan struct{}
-
-	mu    sync.Mutex
-	armed bool
-}
-
-func (ll *lateLoss) arm() { ll.mu.Lock(); ll.armed = true; ll.mu.Unlock() }
-
-func (ll *lateLoss) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &lateLossConn{Conn: c, ll: ll}, nil
-}
-
-type lateLossConn struct {
-	net.Conn
-	ll   *lateLoss
-	drop bool // the last write was the armed one
-	lost bool // its reply was lost: every later read ends so too
-}
-
-func (c *lateLossConn) Write(p []byte) (int, error) {
-	c.ll.mu.Lock()
-	if c.ll.armed && bytes.Contains(p, c.ll.match) {
-		c.ll.armed, c.drop = false, true
-	}
-	c.ll.mu.Unlock()
-	return c.Conn.Write(p)
-}
-
-func (c *lateLossConn) Read(p []byte) (int, error) {
-	if c.lost {
-		return 0, io.EOF
-	}
-	if !c.drop {
-		return c.Conn.Read(p)
-	}
-	c.drop, c.lost = false, true
-	if err := c.Conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		return 0, err
-	}
-	if _, err := c.Conn.Read(make([]byte, 512)); err != nil {
-		return 0, err
-	}
-	select {
-	case <-c.ll.let:
-	case <-time.After(20 * time.Second):
-	}
-	_ = c.Conn.Close()
-	return 0, io.EOF
 }

@@ -21,6 +21,7 @@ type Dropper struct {
 	mu      sync.Mutex
 	armed   bool
 	dropped int
+	let     <-chan struct{} // nil: the reply is lost as it comes (see Until)
 }
 
 // NewDropper returns a Dropper of the replies to writes that contain match;
@@ -32,6 +33,15 @@ func (d *Dropper) Arm() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.armed = true
+}
+
+// Until makes a dropped reply be lost only once let is closed (or 20 s
+// later), the read that took it held until then: a link that died a while
+// after the reply left the server.
+func (d *Dropper) Until(let <-chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.let = let
 }
 
 // Dropped is how many replies were dropped.
@@ -80,6 +90,15 @@ func (c *dropConn) Read(p []byte) (int, error) {
 	}
 	if _, err := c.Conn.Read(make([]byte, 512)); err != nil {
 		return 0, err
+	}
+	c.d.mu.Lock()
+	let := c.d.let
+	c.d.mu.Unlock()
+	if let != nil {
+		select {
+		case <-let:
+		case <-time.After(20 * time.Second):
+		}
 	}
 	_ = c.Conn.Close()
 	return 0, io.EOF
