@@ -910,10 +910,18 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (result error) {
 	// this, run at a loss): its tries again after Unavailable would go on
 	// until the deadline for a lease nobody holds (TestReleaseStopsSettle).
 	defer context.AfterFunc(ls.ctx, cancel)()
-	// The Grant's tries end with Close too (see xctx).
+	// The Grant's tries end with Close too (see xctx), and only with
+	// Close: xctx ends with ctx as well, and its AfterFunc, run in its own
+	// goroutine, could cancel gctx before ctx's end reached it through
+	// cctx, turning the caller's deadline into context.Canceled
+	// (TestExtendCtxEndIsCtxError).
 	gctx, gcancel := context.WithCancel(cctx)
 	defer gcancel()
-	defer context.AfterFunc(xctx, gcancel)()
+	defer context.AfterFunc(xctx, func() {
+		if context.Cause(xctx) == errLockerClosed {
+			gcancel()
+		}
+	})()
 	per := attemptTimeout(ls.ttlNow())
 	var g *clientv3.LeaseGrantResponse
 	err = ls.l.tryUntil(gctx, per, ls.Deadline(), func(ctx context.Context) (err error) {

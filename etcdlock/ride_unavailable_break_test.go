@@ -140,6 +140,38 @@ func TestReleaseExtendUnavailableStaysDown(t *testing.T) {
 	}
 }
 
+// An Extend whose ctx ends while it tries its Grant again returns an
+// error matching ctx's (context.DeadlineExceeded), every time: Close's
+// cut of the Grant (on the Extend's context of ctx) ran in its own
+// goroutine as ctx ended, and could cancel the Grant's context before
+// ctx's own end reached it, giving context.Canceled (once in a CI run of
+// TestReleaseExtendUnavailableStaysDown).
+func TestExtendCtxEndIsCtxError(t *testing.T) {
+	var down atomic.Bool
+	var failed atomic.Int64
+	l, err := etcdlock.New(unavailableWhile(t, methodGrant, &down, &failed), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), freshName(t), fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.Store(true)
+	for i := range 300 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+i%5)*time.Millisecond)
+		err := lease.Extend(ctx, time.Minute)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Extend %d = %v, want an error matching context.DeadlineExceeded", i, err)
+		}
+	}
+	down.Store(false)
+	if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+		t.Error(err)
+	}
+}
+
 // Close called while an Extend tries its Grant again after Unavailable
 // ends that Extend at once, with an error matching fence.ErrClosed (the
 // Deadline unmoved), and releases the lease, rather than wait for the
