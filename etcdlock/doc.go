@@ -124,8 +124,9 @@
 // reply lost, or late, the move puts the key on the shorter etcd lease,
 // which etcd deletes by then, whatever renews the old one meanwhile.
 //
-// A lease also ends (ErrLeaseLost) when the user closes the client: nothing
-// can renew its etcd lease or watch its key any more. Its key stays in etcd
+// A lease also ends (ErrLeaseLost, and fence.ErrClosed, on which
+// fence.Lead stops at once) when the user closes the client: nothing can
+// renew its etcd lease or watch its key any more. Its key stays in etcd
 // until the etcd lease expires.
 //
 // The key is watched from its creation: a delete (the etcd lease expired or

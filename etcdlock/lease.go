@@ -591,7 +591,9 @@ func (ls *Lease) run(ctx context.Context, done chan<- struct{}, started time.Tim
 			// The user closed the client: nothing renews the etcd lease or
 			// watches the key any more, and no revoke can be sent.
 			if ctx.Err() == nil {
-				ls.endAs(ls.lostf("the etcd client was closed"), fence.LostRenewFailed)
+				// Matching fence.ErrClosed: fence.Lead then campaigns
+				// at once, and stops, rather than back off first.
+				ls.endAs(ls.lostf("%w", errClientClosed), fence.LostRenewFailed)
 			}
 			return
 		case <-ls.moved:

@@ -85,6 +85,16 @@ type Config struct {
 	// leader's fn is told its term ended.
 	NewClosable func(t testing.TB) (l fence.Locker, closeClient func())
 
+	// ClosedLeaseLost declares that closing the client ends a held lease
+	// as lost before the Locker can tell that the client was closed
+	// (ZooKeeper: closing the connection closes its session, whose
+	// ephemeral node goes first), so that the lease's Err does not match
+	// fence.ErrClosed. ClosedClient then lets fence.Lead pause after the
+	// term, as after any lost lease, before the campaign that says the
+	// client was closed. Without it, the lease's end must match
+	// fence.ErrClosed, and Lead must campaign at once.
+	ClosedLeaseLost bool
+
 	_ struct{}
 }
 
@@ -858,14 +868,23 @@ func (s suite) run(t *testing.T) {
 	}
 }
 
+// closedBackoff is Lead's least back-off in closedClient: longer than the
+// subtest's limit, so that a Lead that pauses after the closed term fails.
+const closedBackoff = time.Minute
+
 // closedClient closes the Locker's client under a leader: its fn must be
 // told (its lease cannot be kept), Lead must return an error matching
 // fence.ErrClosed rather than campaign on for as long as its ctx lasts,
-// and Acquire must fail at once, saying so.
+// without a back-off after the term (the lease's Err or its Release says
+// the client was closed), and Acquire must fail at once, saying so.
 func (s suite) closedClient(t *testing.T) {
 	l, closeClient := s.cfg.NewClosable(t)
 	n := name(t)
 	ctx := ctxFor(t)
+	backoff := closedBackoff
+	if s.cfg.ClosedLeaseLost {
+		backoff = 10 * time.Millisecond
+	}
 	elected := make(chan struct{})
 	var once sync.Once
 	deposed := make(chan error, 1)
@@ -879,7 +898,7 @@ func (s suite) closedClient(t *testing.T) {
 			default:
 			}
 			return nil
-		}, fence.Backoff(10*time.Millisecond, 50*time.Millisecond), fence.LeaseOptions(fence.Wait(time.Second)))
+		}, fence.Backoff(backoff, 2*backoff), fence.LeaseOptions(fence.Wait(time.Second)))
 	}()
 	select {
 	case <-elected:
@@ -889,6 +908,8 @@ func (s suite) closedClient(t *testing.T) {
 		t.Fatal("not elected")
 	}
 	closeClient()
+	closed := time.Now()
+	defer func() { t.Logf("Lead returned %v after the close", time.Since(closed)) }()
 	// The term ends by the lease's Deadline at the latest: the watchdog
 	// cannot renew it.
 	limit := 5*s.cfg.WatchdogTTL + s.cfg.Slack
@@ -904,7 +925,10 @@ func (s suite) closedClient(t *testing.T) {
 		t.Fatalf("Lead on a closed client still running %v after the close (want it to return an error matching fence.ErrClosed)", limit)
 	}
 	select {
-	case <-deposed:
+	case cause := <-deposed:
+		if !s.cfg.ClosedLeaseLost && !errors.Is(cause, fence.ErrClosed) {
+			t.Errorf("fn's context ended with %v, want an error matching fence.ErrClosed (the lease cannot be kept)", cause)
+		}
 	default:
 		t.Fatal("Lead returned, its fn still running")
 	}

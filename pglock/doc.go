@@ -127,7 +127,9 @@
 // A lease without fence.TTL is renewed by a watchdog every third of
 // Options.WatchdogTTL; one that could not be renewed before its deadline,
 // or whose row was taken over, removed or had expired, ends with an error
-// matching fence.ErrLeaseLost. Neither a renewal nor an acquisition of a
+// matching fence.ErrLeaseLost, and so does one whose renewal found the
+// *sql.DB closed, at once (matching fence.ErrClosed too, on which
+// fence.Lead stops at once). Neither a renewal nor an acquisition of a
 // row the attempt already owns moves a live row's expiry earlier (greatest):
 // one held up on its way, or resent, after an Extend with a longer lease
 // would cut it below the holder's Deadline. Release frees the row only if this lease

@@ -293,6 +293,13 @@ func (ls *lease) keepRenewed() {
 			if !ls.logFailed(err) {
 				return // ended while it logged
 			}
+			if errors.Is(err, errDBClosed) {
+				// Nothing will renew it: it ends now, not at its
+				// deadline (the watchdog TTL, for a fn that could not be
+				// told), with an error that fence.Lead stops on.
+				ls.endAs(fence.LostRenewFailed, fmt.Errorf("%w: %q: its *sql.DB was closed, and nothing can renew it: %w", fence.ErrLeaseLost, ls.a.name, closedDB(err)))
+				return
+			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)

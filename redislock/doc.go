@@ -271,9 +271,12 @@
 //
 // Without fence.TTL a lease lasts Options.WatchdogTTL (default 30 s) and a
 // watchdog goroutine renews it every third of that. A renewal that finds the
-// lock gone or owned by another ends the lease at once; renewals that fail
-// for other reasons are retried until the local deadline, when the lease
-// ends. With fence.TTL the lease simply expires, and its loss is noticed at
+// lock gone or owned by another ends the lease at once, and so does one
+// that finds the client closed (the error matches fence.ErrClosed too, on
+// which fence.Lead stops at once; go-redis's redis.ErrClosed counts only
+// when a PING says so as well, since a Ring's shard replaced under a call
+// gives it); renewals that fail for other reasons are retried until the
+// local deadline, when the lease ends. With fence.TTL the lease simply expires, and its loss is noticed at
 // the deadline, by Extend or by Release.
 //
 // A renewal (and an acquisition's script finding the lock already its own)

@@ -76,6 +76,21 @@ func closedClient(err error) error {
 	return err
 }
 
+// closedForGood reports whether err says the Locker's client was closed,
+// for good: an error matching fence.ErrClosed (fencerueidis's client
+// confirms it), or go-redis's redis.ErrClosed when a PING on the client
+// fails with it too (a Ring's shard client replaced under the call gives
+// redis.ErrClosed while the Ring serves; see shardReplaced).
+func (l *Locker) closedForGood(ctx context.Context, err error) bool {
+	switch {
+	case errors.Is(err, fence.ErrClosed):
+		return true
+	case !errors.Is(err, redis.ErrClosed) || l.client == nil:
+		return false
+	}
+	return errors.Is(l.client.Ping(ctx).Err(), redis.ErrClosed)
+}
+
 // transientPrefixes are Redis error codes that a failover, a restart or a
 // resharding produces and that go away by themselves.
 var transientPrefixes = []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "BUSY", "UNBLOCKED"}

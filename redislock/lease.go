@@ -369,11 +369,26 @@ func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 			if !ls.logFailed(ctx, err) {
 				return func() {} // stopped while it logged
 			}
+			if ls.closedForGood(ctx, err) {
+				// Nothing will renew it: it ends now, not at its
+				// deadline (the watchdog TTL, 30 s by default, for a fn
+				// that could not be told), with an error that fence.Lead
+				// stops on.
+				return ls.endAs(fmt.Errorf("%w: %q: its client was closed, and nothing can renew it: %w", fence.ErrLeaseLost, ls.attempt.name, closedClient(err)), fence.LostRenewFailed)
+			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)
 		}
 	}
+}
+
+// closedForGood is the Locker's closedForGood, its probe bounded by the
+// lease's deadline: a client that is not closed may not answer.
+func (ls *lease) closedForGood(ctx context.Context, err error) bool {
+	ctx, cancel := context.WithDeadline(ctx, ls.Deadline())
+	defer cancel()
+	return ls.locker.closedForGood(ctx, err)
 }
 
 // logFailed logs a failed renewal of the watchdog's, marked as logging,

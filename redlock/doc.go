@@ -66,7 +66,9 @@
 // Extend and the watchdog move the expiry on every node that still holds
 // the lease and move the deadline only when a majority did so in time; the
 // lease is lost when too few nodes still hold it for a majority, or when no
-// renewal reached a majority before the deadline. Each renewal carries the
+// renewal reached a majority before the deadline, and at once when the
+// watchdog finds the clients of too many nodes closed for a majority
+// (matching fence.ErrClosed too, on which fence.Lead stops at once). Each renewal carries the
 // lease's deadline mapped to each node's clock (through that node's last
 // reply, erring early, so the offsets between the clocks do not matter): a
 // renewal that sits in a paused node's socket and runs after the deadline

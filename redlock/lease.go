@@ -14,6 +14,7 @@ import (
 	"github.com/fencekit/fence/internal/atomictime"
 	"github.com/fencekit/fence/internal/nilctx"
 	"github.com/fencekit/fence/internal/releasectx"
+	"github.com/redis/go-redis/v9"
 )
 
 // lease is a lock held on a majority of the nodes. Its expiry timer ends it
@@ -485,6 +486,13 @@ func (ls *lease) renewLoop(ctx context.Context) (report func()) {
 			if !ls.logFailed(ctx, err) {
 				return func() {} // stopped while it logged
 			}
+			if errors.Is(err, fence.ErrClosed) {
+				// Nothing will renew it: it ends now, not at its
+				// deadline (the watchdog TTL, 30 s by default, for a fn
+				// that could not be told), with an error that fence.Lead
+				// stops on.
+				return ls.endAs(fence.LostRenewFailed, fmt.Errorf("%w: %q: nothing can renew it: %w", fence.ErrLeaseLost, ls.name, err))
+			}
 			timer.Reset(every / 4)
 		default:
 			timer.Reset(every)
@@ -574,6 +582,7 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	})
 	var (
 		moved, gone, late int
+		closed            int // nodes whose client the user closed
 		movedOn, unknown  []int
 		errs              []error
 	)
@@ -592,6 +601,9 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 		if r.err != nil || len(r.res) != 2 {
 			errs = append(errs, cmp.Or(r.err, fmt.Errorf("node %d: unexpected reply %v", i, r.res)))
 			unknown = append(unknown, i)
+			if errors.Is(r.err, redis.ErrClosed) {
+				closed++
+			}
 			continue
 		}
 		ls.refs[i] = clockRef{nodeMs: r.res[1], at: r.at}
@@ -637,6 +649,11 @@ func (ls *lease) renew(ctx context.Context, ttl time.Duration) (report func(), e
 	if moved < l.quorum || !time.Now().Before(newDeadline) {
 		ls.aheadOn(ctx, append(movedOn, unknown...))
 		why := fmt.Errorf("%w: extended on %d of %d nodes, %d needed", ErrNoQuorum, moved, len(l.nodes), l.quorum)
+		if len(l.nodes)-closed < l.quorum {
+			// No majority is left, as Acquire says: nothing can renew
+			// the lease (the watchdog ends it, see renewLoop).
+			why = fmt.Errorf("%w: the clients of %d of %d nodes were closed (%w)", ErrNoQuorum, closed, len(l.nodes), fence.ErrClosed)
+		}
 		err := fmt.Errorf("redlock: extend %q: %w", ls.name, errors.Join(append([]error{why}, errs...)...))
 		if ended := ls.errQuiet(); ended != nil {
 			// The lease ended (its deadline passed) while the renewal
