@@ -493,7 +493,7 @@ func aclCommands(prefix string) [][]any {
 		{"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", key},
 		{"WAIT", "0", "0"},
 		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"SET", key, "x", "NX", "GET", "PX", "1"}, {"DEL", key},
-		{"EXISTS", key}, {"PEXPIRE", key, "1"}, {"PTTL", key},
+		{"EXISTS", key}, {"PEXPIRE", key, "1"}, {"PTTL", key}, {"RENAME", key, key + ":released-by"},
 		{"RPUSH", key, "x"}, {"LINDEX", key, "0"}, {"LPOP", key},
 		{"HSET", key, "x", "x"}, {"HGET", key, "x"}, {"HDEL", key, "x"},
 		{"TIME"}, {"INFO", "replication"},
@@ -502,10 +502,10 @@ func aclCommands(prefix string) [][]any {
 }
 
 // redlockCommands are the commands redlock sends, directly or from its
-// scripts: no WAIT, INFO, pub/sub or queue of waiters.
+// scripts: no WAIT, INFO, pub/sub, queue of waiters or released-by record.
 func redlockCommands(prefix string) [][]any {
 	return slices.DeleteFunc(aclCommands(prefix), func(args []any) bool {
-		return slices.Contains([]string{"WAIT", "INFO", "PUBLISH", "SUBSCRIBE", "RPUSH", "LINDEX", "LPOP", "HSET", "HGET", "HDEL"}, args[0].(string))
+		return slices.Contains([]string{"WAIT", "INFO", "PUBLISH", "SUBSCRIBE", "RPUSH", "LINDEX", "LPOP", "HSET", "HGET", "HDEL", "RENAME"}, args[0].(string))
 	})
 }
 
