@@ -326,8 +326,10 @@ func (c conn) switching(ctx context.Context, err error, r *refusals) bool {
 // not send a command that is not read-only again, where go-redis does
 // (MaxRetries), and a Release, an Extend or an Acquire failed with EOF
 // where it succeeds on go-redis (TestCallsAfterConnectionsKilled). The
-// adapter sends it again, as go-redis does, and with the same risk: a
-// Release whose first copy ran finds the lock gone (fence.ErrLeaseLost).
+// adapter sends it again, as go-redis does: a Release whose first copy
+// ran finds the lock gone, and its owner in the released-by record
+// (redislock's release.lua), and returns nil
+// (TestReleaseReplyLostWithConnection).
 // Not a WAIT lost after its script ran (redisconn.ErrWait): redislock
 // gives back what that script took.
 func connLost(err error) bool {
