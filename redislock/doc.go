@@ -365,7 +365,9 @@
 // own answers as the first did: Release returns nil. The record costs
 // about a microsecond of the server's time per release and one key per
 // lock name (each release overwrites it), as Redisson's unlock keeps a
-// marker per request for the same reason. A resend after the lease's
+// marker per request for the same reason. An ACL user denied RENAME
+// releases with DEL, without the record (fence doctor warns of it). A
+// resend after the lease's
 // deadline, or after another owner's release of the same lock (the waiter
 // the first run handed the lock to may take it and release it before the
 // resend comes), is not covered (an error matching fence.ErrLeaseLost).

@@ -538,6 +538,14 @@ func checkCommands(d *deployment) []Finding {
 					Fix: "use a Redis (or a plan of the managed service) where " + cmd + " is enabled and not renamed"})
 			}
 		}
+		if why, ok := denied["RENAME"]; ok {
+			// The release script deletes the lock when RENAME is refused
+			// (release.lua): only its released-by record is lost.
+			delete(denied, "RENAME")
+			out = append(out, Finding{ID: "rename-denied", Severity: Warning, Node: p.addr,
+				Why: fmt.Sprintf("the ACL user may not run RENAME on fence's keys (%s): a lease's Release deletes the lock without its released-by record, so a Release whose reply is lost with its connection, and that the client sends again, reports the lease lost though it released the lock", why),
+				Fix: fmt.Sprintf("ACL SETUSER <user> +rename ~%s:*", d.cfg.Prefix)})
+		}
 		if len(denied) > 0 {
 			cmds := slices.Sorted(maps.Keys(denied))
 			var grant []string
