@@ -129,6 +129,7 @@ func partVariants(acq, rel string) ([]partVariant, error) {
 		{name: "release: fence", release: true, src: rel, keys: 7, args: 4},
 		{name: "release: EXISTS queue only", release: true, src: cut(rel, "redis.call('EXISTS', queue, KEYS[5])", "redis.call('EXISTS', queue)"), keys: 7, args: 4},
 		{name: "release: no released-by record (a give-back's)", release: true, src: rel, keys: 7, args: 2},
+		{name: "release: RENAME by redis.call, no DEL after a refusal", release: true, src: cut(rel, "if not ARGV[4] or redis.pcall('RENAME', lock, KEYS[7]).err then\n  redis.call('DEL', lock)\nend", "if ARGV[4] then\n  redis.call('RENAME', lock, KEYS[7])\nelse\n  redis.call('DEL', lock)\nend"), keys: 7, args: 4},
 		{name: "release: no EXISTS", release: true, src: cut(rel, "if redis.call('EXISTS', queue, KEYS[5]) == 0 then", "if true then"), keys: 7, args: 4},
 		{name: "release: floor, GET + DEL", release: true, src: "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0", keys: 1, args: 1},
 		{name: "bare: return 1, 1 key 1 arg", src: "return 1", keys: 1, args: 1},
