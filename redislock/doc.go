@@ -367,10 +367,10 @@
 // lock name (each release overwrites it), as Redisson's unlock keeps a
 // marker per request for the same reason. An ACL user denied RENAME
 // releases with DEL, without the record (fence doctor warns of it). A
-// resend after the lease's
-// deadline, or after another owner's release of the same lock (the waiter
-// the first run handed the lock to may take it and release it before the
-// resend comes), is not covered (an error matching fence.ErrLeaseLost).
+// resend after the lease's deadline, or after another owner's release of
+// the same lock (the waiter the first run handed the lock to may take it
+// and release it before the resend comes), is not covered (an error
+// matching fence.ErrLeaseLost).
 //
 // A try that takes the lock (or confirms a grant) but whose reply comes
 // after the deadline of the lease it would give (the lease time counted from
