@@ -494,8 +494,8 @@ func aclCommands(prefix string) [][]any {
 		{"WAIT", "0", "0"},
 		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"SET", key, "x", "NX", "GET", "PX", "1"}, {"DEL", key},
 		{"EXISTS", key}, {"PEXPIRE", key, "1"}, {"PTTL", key}, {"RENAME", key, key + ":released-by"},
-		{"RPUSH", key, "x"}, {"LINDEX", key, "0"}, {"LPOP", key},
-		{"HSET", key, "x", "x"}, {"HGET", key, "x"}, {"HDEL", key, "x"},
+		{"RPUSH", key, "x"}, {"LINDEX", key, "0"}, {"LPOP", key}, {"LLEN", key}, {"LRANGE", key, "0", "-1"},
+		{"HSET", key, "x", "x"}, {"HGET", key, "x"}, {"HDEL", key, "x"}, {"HLEN", key},
 		{"TIME"}, {"INFO", "replication"},
 		{"PUBLISH", ch, "x"}, {"SUBSCRIBE", ch},
 	}
@@ -505,7 +505,7 @@ func aclCommands(prefix string) [][]any {
 // scripts: no WAIT, INFO, pub/sub, queue of waiters or released-by record.
 func redlockCommands(prefix string) [][]any {
 	return slices.DeleteFunc(aclCommands(prefix), func(args []any) bool {
-		return slices.Contains([]string{"WAIT", "INFO", "PUBLISH", "SUBSCRIBE", "RPUSH", "LINDEX", "LPOP", "HSET", "HGET", "HDEL", "RENAME"}, args[0].(string))
+		return slices.Contains([]string{"WAIT", "INFO", "PUBLISH", "SUBSCRIBE", "RPUSH", "LINDEX", "LPOP", "LLEN", "LRANGE", "HSET", "HGET", "HDEL", "HLEN", "RENAME"}, args[0].(string))
 	})
 }
 

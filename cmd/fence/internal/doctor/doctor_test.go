@@ -307,13 +307,13 @@ func TestACL(t *testing.T) {
 		t.Fatalf("Why: %s", f.Why)
 	}
 	f = has(t, run(t, as("otherkeys")), "command-denied", doctor.Critical, s.Addr) // may not touch fence:* keys
-	if !strings.Contains(f.Why, "DEL, EVAL, EVALSHA, EXISTS, GET, HDEL, HGET, HSET, LINDEX, LPOP, PEXPIRE, PTTL, RPUSH, SET ") {
+	if !strings.Contains(f.Why, "DEL, EVAL, EVALSHA, EXISTS, GET, HDEL, HGET, HLEN, HSET, LINDEX, LLEN, LPOP, LRANGE, PEXPIRE, PTTL, RPUSH, SET ") {
 		t.Fatalf("Why: %s", f.Why)
 	}
 	// The acquire script takes a free lock with SET NX GET, which reads the
 	// key: a user allowed only to write fence's keys may not run it.
 	f = has(t, run(t, as("writeonly")), "command-denied", doctor.Critical, s.Addr)
-	if !strings.Contains(f.Why, "GET, HGET, LINDEX, LPOP, PTTL, SET on") {
+	if !strings.Contains(f.Why, "GET, HGET, LINDEX, LPOP, LRANGE, PTTL, SET on") {
 		t.Fatalf("Why: %s", f.Why)
 	}
 	fs := run(t, as("noinfo"))
