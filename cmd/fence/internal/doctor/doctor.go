@@ -488,9 +488,12 @@ var probeScripts = map[string]string{
 func aclCommands(prefix string) [][]any {
 	key := prefix + ":{doctor}"
 	ch := key + ":released"
-	return [][]any{
-		{"EVAL", "return 1", "1", key},
-		{"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", key},
+	// The scripts are asked about with the release script's keys (the
+	// acquire script's are among them): Redis checks a script's declared
+	// keys before it runs it, and a user refused one of them (key patterns
+	// written for the layout before P:{N}:released-by) cannot release.
+	return append(evals("7", key, key+":token", key+":queue", key+":waiters", key+":waiting",
+		key+":revoked:"+strings.Repeat("0", 32), key+":released-by"), [][]any{
 		{"WAIT", "0", "0"},
 		{"GET", key}, {"SET", key, "x", "PX", "1"}, {"SET", key, "x", "NX", "GET", "PX", "1"}, {"DEL", key},
 		{"EXISTS", key}, {"PEXPIRE", key, "1"}, {"PTTL", key}, {"RENAME", key, key + ":released-by"},
@@ -498,15 +501,24 @@ func aclCommands(prefix string) [][]any {
 		{"HSET", key, "x", "x"}, {"HGET", key, "x"}, {"HDEL", key, "x"}, {"HLEN", key},
 		{"TIME"}, {"INFO", "replication"},
 		{"PUBLISH", ch, "x"}, {"SUBSCRIBE", ch},
+	}...)
+}
+
+// evals are the EVAL and EVALSHA commands with keys (their count first).
+func evals(keys ...any) [][]any {
+	return [][]any{
+		append([]any{"EVAL", "return 1"}, keys...),
+		append([]any{"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"}, keys...),
 	}
 }
 
 // redlockCommands are the commands redlock sends, directly or from its
-// scripts: no WAIT, INFO, pub/sub, queue of waiters or released-by record.
+// scripts: no WAIT, INFO, pub/sub, queue of waiters or released-by record
+// (its scripts are asked about with the lock's key).
 func redlockCommands(prefix string) [][]any {
-	return slices.DeleteFunc(aclCommands(prefix), func(args []any) bool {
-		return slices.Contains([]string{"WAIT", "INFO", "PUBLISH", "SUBSCRIBE", "RPUSH", "LINDEX", "LPOP", "LLEN", "LRANGE", "HSET", "HGET", "HDEL", "HLEN", "RENAME"}, args[0].(string))
-	})
+	return append(evals("1", prefix+":{doctor}"), slices.DeleteFunc(aclCommands(prefix), func(args []any) bool {
+		return slices.Contains([]string{"EVAL", "EVALSHA", "WAIT", "INFO", "PUBLISH", "SUBSCRIBE", "RPUSH", "LINDEX", "LPOP", "LLEN", "LRANGE", "HSET", "HGET", "HDEL", "HLEN", "RENAME"}, args[0].(string))
+	})...)
 }
 
 // isRedirect reports whether err is a cluster's answer about slots rather

@@ -2,6 +2,7 @@ package doctor_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,4 +49,50 @@ func TestRenameDenied(t *testing.T) {
 	fs := run(t, doctor.Config{Standalone: o, ReplicaSync: redislock.ReplicaSync{Disabled: true}})
 	lacks(t, fs, "command-denied")
 	has(t, fs, "rename-denied", doctor.Warning, s.Addr)
+}
+
+// TestKeyPatternsWithoutReleasedBy: an ACL that grants fence's keys one
+// pattern per key of the layout before the released-by record
+// (~fence:{*}, ~fence:{*}:token, ...). The release script declares
+// P:{N}:released-by as a key, and Redis checks a script's declared keys
+// before it runs: every Release fails with NOPERM ("no permissions to
+// access one of the keys used as arguments") and the lock stays held for
+// its lease time. The doctor ran its EVAL probes with the lock's key
+// alone and called it a warning (rename-denied, from RENAME's dry run);
+// its EVAL and EVALSHA dry runs now declare the release script's keys,
+// and a user refused them gets the critical command-denied.
+func TestKeyPatternsWithoutReleasedBy(t *testing.T) {
+	s := redistest.Start(t, durable...)
+	ctx := context.Background()
+	admin := s.Client(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", "oldkeys", "on", ">pw", "~fence:{*}", "~fence:{*}:token", "~fence:{*}:queue",
+		"~fence:{*}:waiters", "~fence:{*}:waiting", "~fence:{*}:revoked:*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	o := &redis.Options{Addr: s.Addr, Username: "oldkeys", Password: "pw"}
+
+	// What the finding is about: the user takes locks, and cannot release them.
+	c := redis.NewClient(o)
+	defer c.Close()
+	l, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(actx, "oldkeys", fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("Acquire as a user with the old layout's key patterns: %v", err)
+	}
+	if err := lease.Release(actx); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Release as a user with the old layout's key patterns = %v, want NOPERM", err)
+	}
+	if ttl := admin.PTTL(ctx, "fence:{oldkeys}").Val(); ttl < 0 {
+		t.Fatalf("the lock is gone after the failed Release (PTTL %v): the premise is gone", ttl)
+	}
+
+	f := has(t, run(t, doctor.Config{Standalone: o, ReplicaSync: redislock.ReplicaSync{Disabled: true}}), "command-denied", doctor.Critical, s.Addr)
+	if !strings.Contains(f.Why, "EVALSHA") {
+		t.Fatalf("Why %q; want EVALSHA named", f.Why)
+	}
 }
