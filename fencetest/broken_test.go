@@ -80,6 +80,7 @@ var bugs = []struct {
 	{name: "acquire-cut-kept", caught: "AcquireCancelledMidCall", what: "an Acquire cut by its ctx with the reply of its take on the way returns ctx's error and keeps the lock it took, held for no one"},
 	{name: "closed-client-hangs", caught: "ClosedClientLease", what: "Extend and Release of a lease whose client is closed redial for 1.5 s (a dial timeout), over the suite's 1 s of slack, before they fail"},
 	{name: "closed-extend-moves-deadline", caught: "ClosedClientLease", what: "Extend of a lease whose client is closed moves Deadline before it sends its request, which fails"},
+	{name: "closed-lease-not-closed", caught: "ClosedClient", what: "a lease whose client is closed ends without saying so (fence.ErrClosed): fn is told it was released"},
 }
 
 const bugEnv = "FENCETEST_BUG"
@@ -371,9 +372,22 @@ func (b *brokenLocker) wrap(ctx context.Context, inner fence.Lease) fence.Lease 
 	ls.l = b.l
 	if b.closed != nil {
 		ls.closed = b.closed
+		if ls.ctx == nil && b.bug != "closed-lease-not-closed" {
+			// Its end says the client was closed, as the watchdog
+			// that finds it so says (closed-lease-not-closed: as any
+			// other end, and fence.Lead paused after it).
+			ls.ctx, ls.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+			context.AfterFunc(inner.Context(), func() { ls.cancel(context.Cause(inner.Context())) })
+			ls.closedEnd = true
+		}
 		// Once the client is closed, nothing renews the lease: it ends,
 		// its lock left to expire (as memlock's Release with a done ctx).
-		context.AfterFunc(b.closed, func() { _ = inner.Release(doneCtx()) })
+		context.AfterFunc(b.closed, func() {
+			if ls.closedEnd {
+				ls.cancel(fmt.Errorf("%w: %q: its client was closed: %w", fence.ErrLeaseLost, inner.Name(), fence.ErrClosed))
+			}
+			_ = inner.Release(doneCtx())
+		})
 	}
 	if b.bug == "watchdog-on-acquire-ctx" {
 		// memlock stops renewing a lease whose Release had a done ctx.
@@ -402,7 +416,8 @@ type brokenLease struct {
 
 	stale time.Time // wait-deadline-stale: the Deadline counted from the call
 
-	closed context.Context // its client's, done once closed (nil: a client never closed)
+	closed    context.Context // its client's, done once closed (nil: a client never closed)
+	closedEnd bool            // ctx ends with the client's close, saying so (NewClosable's leases)
 
 	renewing bool   // renewal-retakes-after-release: a renewal on its way
 	lost     error  // release-done-twice-lost: what every Release returns once it took the lease for lost
@@ -428,6 +443,9 @@ func (ls *brokenLease) Done() <-chan struct{} {
 	case "deadline-late", "done-late", "context-drops-values", "context-follows-acquire-ctx", "release-ends-late":
 		return ls.ctx.Done()
 	}
+	if ls.closedEnd {
+		return ls.ctx.Done()
+	}
 	return ls.Lease.Done()
 }
 
@@ -436,6 +454,9 @@ func (ls *brokenLease) Context() context.Context {
 	case "deadline-late", "done-late", "release-ends-late":
 		return ls.ctx
 	case "context-drops-values", "context-follows-acquire-ctx":
+		return ls.ctx
+	}
+	if ls.closedEnd {
 		return ls.ctx
 	}
 	return ls.Lease.Context()
@@ -449,6 +470,9 @@ func (ls *brokenLease) Err() error {
 		if err := ls.Lease.Err(); err != nil {
 			return err
 		}
+		return context.Cause(ls.ctx)
+	}
+	if ls.closedEnd && ls.ctx.Err() != nil {
 		return context.Cause(ls.ctx)
 	}
 	return ls.Lease.Err()
