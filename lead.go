@@ -145,16 +145,15 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 	for {
 		var lease Lease
 		var elected time.Time
-		var fnErr error
+		var relErr error
 		campaign := time.Now()
-		err := Run(ctx, locker, name, func(ctx context.Context, l Lease) error {
+		err := run(ctx, locker, name, func(ctx context.Context, l Lease) error {
 			lease, elected = l, time.Now()
 			if c.onElected != nil {
 				c.onElected(l)
 			}
-			fnErr = fn(ctx, l)
-			return fnErr
-		}, acquire...)
+			return fn(ctx, l)
+		}, &relErr, acquire...)
 		if lease != nil && c.onDeposed != nil {
 			c.onDeposed(lease, err)
 		}
@@ -185,9 +184,10 @@ func Lead(ctx context.Context, locker Locker, name string, fn func(ctx context.C
 			// no term began, but the lock was lost as a deposed
 			// leader's is.
 			failures = 0
-		case lease != nil && !wasClosed && (errors.Is(lease.Err(), ErrClosed) || errors.Is(err, ErrClosed) && !errors.Is(fnErr, ErrClosed)):
+		case lease != nil && !wasClosed && (errors.Is(lease.Err(), ErrClosed) || errors.Is(relErr, ErrClosed)):
 			// The term ended on a closed Locker or client: the lease
-			// said so, or the Release did (fn's error did not). No
+			// said so, or the Release did (fn's error, which may say so
+			// of another Locker of fn's, is no sign). No
 			// campaign can succeed, and the next, at once, says so for
 			// certain, rather than after a back-off (2.1 to 3.8 s with
 			// Backoff(3s, 5s)). Once: a Ring's shard replaced under one

@@ -124,3 +124,28 @@ func TestLeadClosedTermNoHotLoop(t *testing.T) {
 		}
 	})
 }
+
+// fn's error matching fence.ErrClosed does not hide Lead's own Release
+// saying so: a leader whose fn takes locks of its own on the same Locker
+// (one per item) finds it closed there too, and returns that error. Lead
+// returned one back-off after the close (8.6 s here with Backoff(5s,
+// 10s)): it read Run's error, fn's joined with Release's, and set the
+// whole of it aside.
+func TestLeadStopsAtOnceWhenFnAndReleaseSayClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &closingLocker{Locker: newMemlock(t)}
+		var closedAt time.Time
+		err := fence.Lead(t.Context(), l, "closed-both", func(ctx context.Context, lease fence.Lease) error {
+			l.closed.Store(true)
+			closedAt = time.Now()
+			_, err := l.Acquire(ctx, "closed-both:item")
+			return err
+		}, fence.Backoff(5*time.Second, 10*time.Second))
+		if !errors.Is(err, fence.ErrClosed) {
+			t.Fatalf("Lead = %v, want an error matching fence.ErrClosed", err)
+		}
+		if took := time.Since(closedAt); took > 0 {
+			t.Errorf("Lead returned %v after the close, want at once (no back-off)", took)
+		}
+	})
+}

@@ -61,7 +61,14 @@ const releaseTimeout = 5 * time.Second
 // own late delete from another owner's doing; redlock's retry counts a late
 // delete of its first call as done and returns nil). If fn panics, the lease is released
 // and the panic goes on up through Run.
-func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) (err error) {
+func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, opts ...Option) error {
+	return run(ctx, locker, name, fn, nil, opts...)
+}
+
+// run is Run; when fn was called, it also sets *released, if given, to
+// Release's part of its error: Lead tells a Release that says the Locker
+// was closed from fn's own error saying so of another.
+func run(ctx context.Context, locker Locker, name string, fn func(ctx context.Context, lease Lease) error, released *error, opts ...Option) (err error) {
 	if locker == nil || fn == nil {
 		return fmt.Errorf("%w: Run with a nil Locker or fn", ErrInvalidOption)
 	}
@@ -105,6 +112,9 @@ func Run(ctx context.Context, locker Locker, name string, fn func(ctx context.Co
 			// lease was not known to be held while fn ran, as when the
 			// Locker ends it then.
 			relErr = errors.Join(relErr, *past)
+		}
+		if released != nil {
+			*released = relErr
 		}
 		err = errors.Join(fnErr, relErr)
 	}()
