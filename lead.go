@@ -80,7 +80,8 @@ func OnDeposed(f func(lease Lease, err error)) LeadOption {
 // ErrInvalidName or ErrInvalidOption for bad input (a nil ctx, locker or fn
 // among it), or once a campaign fails with ErrClosed (the Locker was
 // closed: no campaign can succeed). A term whose lease or Release says
-// ErrClosed is followed by that campaign at once, with no back-off.
+// ErrClosed (fn's error does not count) is followed by that campaign at
+// once, with no back-off, unless the term before it ended so too.
 //
 // A campaign is an Acquire with a Wait budget. When it succeeds, a term
 // begins: fn runs with the lease and a context that is cancelled when the
