@@ -115,5 +115,9 @@
 // the flag that the client's Close sets (single and Sentinel clients, and
 // standalone ones with replicas; a client of another type, a wrapper, or a
 // standalone one with EnableRedirect and no replicas, is taken at its word)
-// (TestParkingEndsWithClosedClient, TestClosedAfterTimeout).
+// (TestParkingEndsWithClosedClient, TestClosedAfterTimeout). Conversely,
+// rueidis.ErrClosing from a client whose flag says open (its Sentinel
+// client gives it to a call on the old primary's connection, closed by a
+// switch) is a failed call, not a closed client: a watchdog renewal that
+// gets it is retried (TestRenewalClosingOnOpenClientKeepsLease).
 package fencerueidis

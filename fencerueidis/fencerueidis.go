@@ -406,13 +406,13 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 			}
 			continue
 		}
-		reply, err := value(ctx, res)
+		reply, err := c.value(ctx, res)
 		if err != nil || replicas == 0 {
 			return reply, 0, err
 		}
 		acked, err := wait.AsInt64()
 		if err != nil {
-			if err = convErr(ctx, err); err == errBroken {
+			if err = c.convErr(ctx, err); err == errBroken {
 				return nil, 0, err // sent again, the script with it
 			}
 			// The script ran: its reply goes back with the error, so
@@ -425,7 +425,7 @@ func (c conn) eval(ctx context.Context, s *redisconn.Script, keys []string, args
 }
 
 // value is res in go-redis's shapes.
-func value(ctx context.Context, res rueidis.RedisResult) (any, error) {
+func (c conn) value(ctx context.Context, res rueidis.RedisResult) (any, error) {
 	msg, err := res.ToMessage()
 	if err == nil {
 		var v any
@@ -436,7 +436,7 @@ func value(ctx context.Context, res rueidis.RedisResult) (any, error) {
 	if rueidis.IsRedisNil(err) {
 		return nil, nil
 	}
-	return nil, convErr(ctx, err)
+	return nil, c.convErr(ctx, err)
 }
 
 // errBroken is a call's error when rueidis answers it with another call's
@@ -449,12 +449,16 @@ var errBroken = fmt.Errorf("fencerueidis: connection closed by an earlier comman
 // convErr gives a server's error reply redisconn.Error's shape, an error
 // of a broken connection errBroken's (ctx is the call's), and a closed
 // client's one that matches fence.ErrClosed (the Locker can grant no more
-// leases: fence.Lead stops campaigning on it).
-func convErr(ctx context.Context, err error) error {
+// leases: fence.Lead stops campaigning on it). rueidis.ErrClosing counts
+// as closed only when the client's closed flag says so, or cannot be read:
+// the open Sentinel client gives it to a call that picked the connection
+// that a switch to a new primary closes, and a watchdog lease then ended
+// at once, lost (TestRenewalClosingOnOpenClientKeepsLease).
+func (c conn) convErr(ctx context.Context, err error) error {
 	if e, ok := rueidis.IsRedisErr(err); ok && !e.IsNil() {
 		return redisconn.Error(e.Error())
 	}
-	if errors.Is(err, rueidis.ErrClosing) {
+	if errors.Is(err, rueidis.ErrClosing) && (c.stop == nil || c.closed()) {
 		return fmt.Errorf("%w (%w)", err, fence.ErrClosed)
 	}
 	if (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && !ended(ctx) {
@@ -492,7 +496,7 @@ func (c conn) subscribe(ctx context.Context, channel string, ready func(), messa
 		// the default, RESP3.
 		msg, err := c.c.Do(ctx, c.c.B().Eval().Script(protoScript).Numkeys(0).Build()).ToMessage()
 		if _, refused := rueidis.IsRedisErr(err); err != nil && !refused {
-			return convErr(ctx, err)
+			return c.convErr(ctx, err)
 		}
 		if err == nil && !msg.IsMap() {
 			c.proto.Store(2)
@@ -518,7 +522,7 @@ func (c conn) subscribe(ctx context.Context, channel string, ready func(), messa
 	if err == nil && ctx.Err() == nil {
 		err = redisconn.ErrUnsubscribed
 	}
-	return convErr(ctx, err)
+	return c.convErr(ctx, err)
 }
 
 // receive is the client's Receive of channel, which also returns a client
@@ -561,11 +565,11 @@ func (c conn) subscribeDedicated(ctx context.Context, channel string, ready func
 	s := c.subs.join(c, channel, r)
 	defer s.leave(channel, r)
 	if err := s.subscribe(ctx, channel); err != nil {
-		return convErr(ctx, err)
+		return c.convErr(ctx, err)
 	}
 	select {
 	case <-s.dead:
-		return convErr(ctx, s.err)
+		return c.convErr(ctx, s.err)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
