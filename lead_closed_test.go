@@ -55,23 +55,40 @@ func (ls closingLease) Release(ctx context.Context) error {
 // campaign at once, which returns fence.ErrClosed: Lead returned one
 // back-off later (7.6 s here, an early return's 5 to 10 s with
 // Backoff(5s, 10s); 2.1 to 3.8 s on redislock, etcdlock, zklock and
-// redlock with Backoff(3s, 5s)).
+// redlock with Backoff(3s, 5s)). So too when fn's error says closed as
+// well: a leader whose fn takes locks of its own on the same Locker (one
+// per item) finds it closed there too, and returns that error; Lead
+// returned one back-off after the close (8.6 s here): it read Run's
+// error, fn's joined with Release's, and set the whole of it aside.
 func TestLeadStopsAtOnceAfterClosedTerm(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		l := &closingLocker{Locker: newMemlock(t)}
-		var closedAt time.Time
-		err := fence.Lead(t.Context(), l, "closed-term", func(ctx context.Context, lease fence.Lease) error {
-			l.closed.Store(true)
-			closedAt = time.Now()
-			return nil
-		}, fence.Backoff(5*time.Second, 10*time.Second))
-		if !errors.Is(err, fence.ErrClosed) {
-			t.Fatalf("Lead = %v, want an error matching fence.ErrClosed", err)
-		}
-		if took := time.Since(closedAt); took > 0 {
-			t.Errorf("Lead returned %v after the close, want at once (no back-off)", took)
-		}
-	})
+	for _, tc := range []struct {
+		name string
+		fn   func(ctx context.Context, l *closingLocker) error
+	}{
+		{"fn returns nil", func(context.Context, *closingLocker) error { return nil }},
+		{"fn and Release say closed", func(ctx context.Context, l *closingLocker) error {
+			_, err := l.Acquire(ctx, "closed-term:item")
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := &closingLocker{Locker: newMemlock(t)}
+				var closedAt time.Time
+				err := fence.Lead(t.Context(), l, "closed-term", func(ctx context.Context, lease fence.Lease) error {
+					l.closed.Store(true)
+					closedAt = time.Now()
+					return tc.fn(ctx, l)
+				}, fence.Backoff(5*time.Second, 10*time.Second))
+				if !errors.Is(err, fence.ErrClosed) {
+					t.Fatalf("Lead = %v, want an error matching fence.ErrClosed", err)
+				}
+				if took := time.Since(closedAt); took > 0 {
+					t.Errorf("Lead returned %v after the close, want at once (no back-off)", took)
+				}
+			})
+		})
+	}
 }
 
 // fn's own error matching fence.ErrClosed (another Locker of fn's, closed)
@@ -124,31 +141,6 @@ func TestLeadClosedTermNoHotLoop(t *testing.T) {
 		// a pause, 10 s / 0.5 s pauses, and one more.
 		if n := l.campaigns.Load(); n > 41 {
 			t.Errorf("%d campaigns in 10 s with Backoff(1s, 1s), want at most 41", n)
-		}
-	})
-}
-
-// fn's error matching fence.ErrClosed does not hide Lead's own Release
-// saying so: a leader whose fn takes locks of its own on the same Locker
-// (one per item) finds it closed there too, and returns that error. Lead
-// returned one back-off after the close (8.6 s here with Backoff(5s,
-// 10s)): it read Run's error, fn's joined with Release's, and set the
-// whole of it aside.
-func TestLeadStopsAtOnceWhenFnAndReleaseSayClosed(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		l := &closingLocker{Locker: newMemlock(t)}
-		var closedAt time.Time
-		err := fence.Lead(t.Context(), l, "closed-both", func(ctx context.Context, lease fence.Lease) error {
-			l.closed.Store(true)
-			closedAt = time.Now()
-			_, err := l.Acquire(ctx, "closed-both:item")
-			return err
-		}, fence.Backoff(5*time.Second, 10*time.Second))
-		if !errors.Is(err, fence.ErrClosed) {
-			t.Fatalf("Lead = %v, want an error matching fence.ErrClosed", err)
-		}
-		if took := time.Since(closedAt); took > 0 {
-			t.Errorf("Lead returned %v after the close, want at once (no back-off)", took)
 		}
 	})
 }

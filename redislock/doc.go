@@ -276,8 +276,9 @@
 // which fence.Lead stops at once; go-redis's redis.ErrClosed counts only
 // when a PING says so as well, since a Ring's shard replaced under a call
 // gives it); renewals that fail for other reasons are retried until the
-// local deadline, when the lease ends. With fence.TTL the lease simply expires, and its loss is noticed at
-// the deadline, by Extend or by Release.
+// local deadline, when the lease ends. With fence.TTL the lease simply
+// expires, and its loss is noticed at the deadline, by Extend or by
+// Release.
 //
 // A renewal (and an acquisition's script finding the lock already its own)
 // never moves the lock's expiry earlier (PEXPIRE … GT): a short Extend that

@@ -578,8 +578,8 @@ func releasedAsLost(name string, err error) error {
 // finds the lock gone, or another's, if that first script ran after all:
 // it cannot always tell that delete from a loss, and returns nil, as
 // fence.Lease says (the released-by record of the package doc answers for
-// the first script within a minute, unless another owner's release came
-// between). Its end is reported to the Observer and the Logger once
+// the first script for what was left of the lock's expiry, unless another
+// owner's release came between). Its end is reported to the Observer and the Logger once
 // Release's result is settled: a Release called by their callback returns
 // it.
 func (ls *lease) Release(ctx context.Context) error {

@@ -68,26 +68,25 @@
 // lease is lost when too few nodes still hold it for a majority, or when no
 // renewal reached a majority before the deadline, and at once when the
 // watchdog finds the clients of too many nodes closed for a majority
-// (matching fence.ErrClosed too, on which fence.Lead stops at once). Each renewal carries the
-// lease's deadline mapped to each node's clock (through that node's last
-// reply, erring early, so the offsets between the clocks do not matter): a
-// renewal that sits in a paused node's socket and runs after the deadline
-// is refused there, rather than holding the lock for a lease nobody uses;
-// a renewal whose lease ended while it was on its way is given back (in
-// the background, which Close waits for: an Extend waits for that give-back
-// only until its ctx ends, so nodes that hang as its replies come do not
-// hold it a node timeout past its caller's deadline). The
+// (matching fence.ErrClosed too, on which fence.Lead stops at once). Each
+// renewal carries the lease's deadline mapped to each node's clock (through
+// that node's last reply, erring early, so the offsets between the clocks
+// do not matter): a renewal that sits in a paused node's socket and runs
+// after the deadline is refused there, rather than holding the lock for a
+// lease nobody uses; a renewal whose lease ended while it was on its way is
+// given back (in the background, which Close waits for: an Extend waits for
+// that give-back only until its ctx ends, so nodes that hang as its replies
+// come do not hold it a node timeout past its caller's deadline). The
 // mapping errs early by how long the reply that read the node's clock took
 // to be read: a refusal that comes before the deadline has passed locally
 // only fails the renewal (the lock stays there until it runs out), it does
-// not end the lease. One renewal runs at a time: the watchdog's and
-// Extend take turns, so that no renewal decides on a deadline another one
-// has moved. A lease that ends lost before its deadline has its Deadline
-// moved back to the moment it ended. A renewal never moves a node's expiry
+// not end the lease. One renewal runs at a time: the watchdog's and Extend
+// take turns, so that no renewal decides on a deadline another one has
+// moved. A lease that ends lost before its deadline has its Deadline moved
+// back to the moment it ended. A renewal never moves a node's expiry
 // earlier (PEXPIRE … GT): a short renewal held up on its way and overtaken
 // by a longer one would otherwise cut the expiry below the Deadline the
-// longer one gave, on every node it reached late.
-// Release deletes the lock
+// longer one gave, on every node it reached late. Release deletes the lock
 // on every node where this lease owns it and succeeds when a majority did.
 // Like Acquire, it is decided as soon as its outcome is known: once a
 // majority has deleted the lock (nil), or once so many nodes found it gone
@@ -96,11 +95,11 @@
 // timeout (capped by the lease time) ends and the lease's Deadline has
 // passed meanwhile, the lease is over whatever the nodes answer: Release
 // returns fence.ErrLeaseLost (reported as expired), not ErrNoQuorum, which
-// would ask for a retry. The other nodes' releases go on in the
-// background within the node timeout, and are retried, as above, on a node
-// that does not answer. The lease ends (Err, Done, Context) before the first
-// delete is sent, not when the replies come: another Acquire may take the
-// lock as soon as a majority has deleted it.
+// would ask for a retry. The other nodes' releases go on in the background
+// within the node timeout, and are retried, as above, on a node that does
+// not answer. The lease ends (Err, Done, Context) before the first delete
+// is sent, not when the replies come: another Acquire may take the lock as
+// soon as a majority has deleted it.
 //
 // # Closing
 //

@@ -30,18 +30,7 @@ func TestRenameDenied(t *testing.T) {
 	o := &redis.Options{Addr: s.Addr, Username: "norename", Password: "pw"}
 
 	// The user locks and releases.
-	c := redis.NewClient(o)
-	defer c.Close()
-	l, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	lease, err := l.Acquire(actx, "norename", fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatalf("Acquire as a user denied RENAME: %v", err)
-	}
+	lease, actx := acquireAs(t, o, "norename")
 	if err := lease.Release(actx); err != nil {
 		t.Fatalf("Release as a user denied RENAME: %v", err)
 	}
@@ -72,18 +61,7 @@ func TestKeyPatternsWithoutReleasedBy(t *testing.T) {
 	o := &redis.Options{Addr: s.Addr, Username: "oldkeys", Password: "pw"}
 
 	// What the finding is about: the user takes locks, and cannot release them.
-	c := redis.NewClient(o)
-	defer c.Close()
-	l, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	lease, err := l.Acquire(actx, "oldkeys", fence.TTL(time.Minute))
-	if err != nil {
-		t.Fatalf("Acquire as a user with the old layout's key patterns: %v", err)
-	}
+	lease, actx := acquireAs(t, o, "oldkeys")
 	if err := lease.Release(actx); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Fatalf("Release as a user with the old layout's key patterns = %v, want NOPERM", err)
 	}
@@ -95,4 +73,23 @@ func TestKeyPatternsWithoutReleasedBy(t *testing.T) {
 	if !strings.Contains(f.Why, "EVALSHA") {
 		t.Fatalf("Why %q; want EVALSHA named", f.Why)
 	}
+}
+
+// acquireAs takes the lock name for a minute as the ACL user of o,
+// replica sync off, and returns its lease and a context of 10 s for it.
+func acquireAs(t *testing.T, o *redis.Options, name string) (fence.Lease, context.Context) {
+	t.Helper()
+	c := redis.NewClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	l, err := redislock.New(c, &redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	lease, err := l.Acquire(ctx, name, fence.TTL(time.Minute))
+	if err != nil {
+		t.Fatalf("Acquire as ACL user %s: %v", o.Username, err)
+	}
+	return lease, ctx
 }
