@@ -25,8 +25,9 @@
 -- owner, as a release would, and the caller finds it held: waiters get the
 -- lock in the order they came, across processes.
 --
--- Returns {1, token, server ms} when taken (or already the caller's: a
--- grant, or a retry whose reply was lost), {0, holder's PTTL} when held,
+-- Returns {1, token, server ms} when taken, {1, token, server ms, 1} when
+-- already the caller's (a grant, or a retry whose reply was lost) with its
+-- token, {0, holder's PTTL} when held,
 -- and an error starting FENCETOKEN, leaving everything as it was, when the
 -- record is not a token this script can increase exactly.
 local lock, record, revoked, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -114,7 +115,7 @@ local function take(marks)
     -- acquisition run after an Extend moved the lock further (see
     -- extend.lua), whose holder's deadline comes from that Extend.
     keepLonger(lock, owner, ARGV[2])
-    return {1, last, ms}
+    return {1, last, ms, 1}
   end
   local token, terr = nextToken(record, last, clock())
   if terr then

@@ -19,30 +19,20 @@ import (
 // owner's undo may still delete the lock), the caller's own revoked
 // give-back must free the lock, and the held undo, delivered once the same
 // Locker has taken the lock again, must leave that lease's lock alone.
-func TestRefusedTakeUndoInFlightFirstTry(t *testing.T) { refusedUndoInFlight(t, false) }
-
-// TestRefusedTakeUndoInFlightWaitingTry: the same for the try of a waiting
-// Acquire (the confirmation of a grant that came as the holder released),
-// which tries again with the same owner after a transient error.
-func TestRefusedTakeUndoInFlightWaitingTry(t *testing.T) { refusedUndoInFlight(t, true) }
-
-func refusedUndoInFlight(t *testing.T, waiting bool) {
+// (The confirmation of a grant that a waiting Acquire's try refused was
+// undone too, TestRefusedTakeUndoInFlightWaitingTry; the waiter keeps it
+// now, TestRefusedGrantKeepsPlace, and gives it back only by its
+// withdrawal, TestRefusedGrantGivenBackAtBudgetEnd.)
+func TestRefusedTakeUndoInFlightFirstTry(t *testing.T) {
 	srv := redistest.Start(t)
 	replica := redistest.StartReplica(t, srv)
 	redistest.WaitReplicated(t, srv, 1)
 	admin := srv.Client(t)
 	name := "lock:refused-undo-inflight"
-	if waiting {
-		name += "-waiting"
-	}
 	lock := lockKey(name)
 	other := lockerWith(t, srv.Client(t), redislock.Options{})
 	if err := acquire(t, other, "lock:warm-up").Release(ctx(t)); err != nil {
 		t.Fatal(err)
-	}
-	var holder fence.Lease
-	if waiting {
-		holder = acquire(t, other, name, fence.TTL(time.Minute))
 	}
 	tr := &transit{match: fmt.Appendf(nil, "$1\r\n%d\r\n$%d\r\n%s\r\n", redislock.ReleaseKeys, len(lock), lock)}
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tr.dial, ReadTimeout: 5 * time.Second, MaxRetries: -1})
@@ -67,12 +57,6 @@ func refusedUndoInFlight(t *testing.T, waiting bool) {
 		ls, err := l.Acquire(cx, name, fence.TTL(time.Minute), fence.Wait(3*time.Second))
 		got <- acquired{ls, err}
 	}()
-	if waiting {
-		waitFor(t, func() bool { return admin.HLen(ctx(t), lock+":waiters").Val() == 1 })
-		if err := holder.Release(ctx(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
 	var r acquired
 	select {
 	case r = <-got:

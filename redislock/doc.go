@@ -174,7 +174,9 @@
 // follows is confirmed with WAIT). If it takes the lock after all, the
 // lock is not used until a synced run of the acquire script (same owner:
 // it finds the lock its own) has covered the take with its WAIT; refused,
-// the lock is given back.
+// the lock is kept, as a refused waiter keeps a grant (see ReplicaSync),
+// and the next try confirms it, or the withdrawal at the budget's end
+// gives it back.
 //
 // With replica sync, a Release whose Locker has an Acquire waiting for the
 // lock (one whose budget leaves it a whole lease) sends WAIT with the

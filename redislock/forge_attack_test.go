@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -78,10 +79,13 @@ func forgedPostpone(t *testing.T, srv *redistest.Server, forger *redis.Client, o
 
 // TestReplayedGrantAfterSyncLowered: with replica sync, a waiter is
 // granted the lock (grant G), confirms it with a try, and the replica,
-// cut off, does not acknowledge: it gives the lock back, which grants it
-// to the next waiter, of a Locker without replica sync (another process),
-// and goes on waiting. (Here the replica is killed; the waiter's WAIT
-// finds it gone.) An operator, the replica being gone, lowers the
+// cut off, does not acknowledge: it keeps the lock and tries again. (Here
+// the replica is killed; the waiter's WAIT finds it gone.) The lock, which
+// no replica has, is lost (a failover to a replica would lose it; a DEL
+// stands for that here), and a Locker without replica sync (another
+// process) takes it; the waiter's next try queues it. (Until a refused
+// waiter kept its grant, its give-back granted the lock to that other
+// Locker's waiter.) An operator, the replica being gone, lowers the
 // expected replica count to zero. A client that may publish and
 // subscribe on the release channel (but cannot read the keys) captured G
 // and now replays it: G is signed with the waiter's secret, was made
@@ -99,7 +103,8 @@ func TestReplayedGrantAfterSyncLowered(t *testing.T) {
 	lock := lockKey(name)
 	synced := redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}}
 	holder := acquire(t, lockerWith(t, primary.Client(t), synced), name, fence.TTL(time.Minute))
-	lw := lockerWith(t, primary.Client(t), synced)
+	refused := make(chan struct{}, 16)
+	lw := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: synced.ReplicaSync, Logger: slog.New(signalHandler{refused})})
 	type result struct {
 		ls  fence.Lease
 		err error
@@ -120,12 +125,6 @@ func TestReplayedGrantAfterSyncLowered(t *testing.T) {
 	}
 
 	replica.Kill() // the replica is lost
-	ly := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
-	go func() {
-		ls, err := ly.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
-		yGot <- result{ls, err}
-	}()
-	waitFor(t, func() bool { return admin.LLen(ctx(t), lock+":queue").Val() == 2 })
 	if err := holder.Release(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -139,11 +138,33 @@ func TestReplayedGrantAfterSyncLowered(t *testing.T) {
 			grant = m.Payload
 		}
 	}
-	y := <-yGot // the waiter's refused confirmation gave the lock back, to y
+	// The waiter's confirmations are refused; its back-off after the
+	// eighth is half a second or more (pause.Backoff): the lock is lost
+	// then, and another process takes it.
+	for i := range 8 {
+		select {
+		case <-refused:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d refused confirmations in 10 s", i)
+		}
+	}
+	if admin.Get(ctx(t), lock).Val() != wOwner {
+		t.Fatalf("the lock is %q, not kept by the refused waiter %q", admin.Get(ctx(t), lock).Val(), wOwner)
+	}
+	if err := admin.Del(ctx(t), lock).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ly := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	go func() {
+		ls, err := ly.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		yGot <- result{ls, err}
+	}()
+	y := <-yGot
 	if y.err != nil {
 		t.Fatal(y.err)
 	}
 	defer y.ls.Release(ctx(t))
+	waitFor(t, func() bool { return admin.LIndex(ctx(t), lock+":queue", 0).Val() == wOwner }) // queued behind y
 	// The operator lowers the expected count: the replica is gone.
 	if err := lw.SetExpectedReplicas(ctx(t), name, 0); err != nil {
 		t.Fatal(err)

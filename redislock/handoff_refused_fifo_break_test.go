@@ -2,8 +2,8 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -33,14 +33,6 @@ func (h signalHandler) WithGroup(string) slog.Handler      { return h }
 // is granted to the second, while the first queues again, behind it. Once
 // the replica is back, the first in line should get the lock first.
 func TestRefusedGrantKeepsPlace(t *testing.T) {
-	if os.Getenv("FENCE_RUN_SKIPPED") == "" {
-		t.Skip("design question: a waiter whose confirmation of a grant is refused by replica sync gives the lock back (granted to the next " +
-			"waiter) and queues again at the tail, so after a replica's hiccup the second waiter gets the lock first (FIFO across processes " +
-			"lost; with FENCE_RUN_SKIPPED=1: the second waiter first). Fix I would choose: the give-back of a refused grant confirmation " +
-			"(release.lua with a flag) keeps the owner at the head of the queue, its entry kept, and grants nobody else; the refused " +
-			"waiter's next try then finds the lock its own again. That changes who holds a lock no replica confirms, and how long others " +
-			"wait behind one waiter's retries, so it is not built here")
-	}
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
 	redistest.WaitReplicated(t, primary, 1)
@@ -81,5 +73,80 @@ func TestRefusedGrantKeepsPlace(t *testing.T) {
 	}
 	if got := <-order; got != "second" {
 		t.Fatalf("then %s; want the second", got)
+	}
+}
+
+// TestRefusedGrantGivenBackAtBudgetEnd: a waiter whose confirmations of
+// its grant are refused (its replica paused) keeps the lock while its
+// budget lasts; when the budget ends, its withdrawal gives the lock back
+// and grants it to the next waiter (of a Locker without replica sync, as
+// another process) at once, not when that waiter's own timer ends (the
+// holder's TTL: a minute).
+func TestRefusedGrantGivenBackAtBudgetEnd(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	const name = "lock:refused-budget-end"
+	lock := lockKey(name)
+	sync := redislock.ReplicaSync{Timeout: 200 * time.Millisecond}
+	holder := acquire(t, lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: sync}), name, fence.TTL(time.Minute))
+	refused := make(chan struct{}, 16)
+	first := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: sync, Logger: slog.New(signalHandler{refused})})
+	second := lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: redislock.ReplicaSync{Disabled: true}})
+	firstErr := make(chan error, 1)
+	go func() {
+		ls, err := first.Acquire(ctx(t), name, fence.Wait(2*time.Second), fence.TTL(time.Minute))
+		if err == nil {
+			_ = ls.Release(context.Background())
+			err = errors.New("got a lease with its replica paused")
+		}
+		firstErr <- err
+	}()
+	waitFor(t, func() bool {
+		return admin.LLen(ctx(t), lock+":queue").Val() == 1 && subscribers(t, admin, name) == 1
+	})
+	firstOwner := admin.LIndex(ctx(t), lock+":queue", 0).Val()
+	secondGot := make(chan acquired, 1)
+	go func() {
+		ls, err := second.Acquire(ctx(t), name, fence.Wait(time.Minute), fence.TTL(time.Minute))
+		secondGot <- acquired{ls, err}
+	}()
+	waitFor(t, func() bool {
+		return admin.LLen(ctx(t), lock+":queue").Val() == 2 && subscribers(t, admin, name) == 2
+	})
+
+	resume := replica.Pause(t)
+	defer resume()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-refused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no refused confirmation within 10 s")
+	}
+	if owner := admin.Get(ctx(t), lock).Val(); owner != firstOwner {
+		t.Fatalf("after its refused confirmation the lock is %q, not kept by the first waiter %q", owner, firstOwner)
+	}
+	select {
+	case err := <-firstErr:
+		if !errors.Is(err, fence.ErrNotReplicated) {
+			t.Fatalf("the first waiter: %v, want ErrNotReplicated", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first waiter (budget 2 s) has not returned after 10 s")
+	}
+	select {
+	case r := <-secondGot:
+		if r.err != nil {
+			t.Fatalf("the second waiter: %v", r.err)
+		}
+		if err := r.lease.Release(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the second waiter has no lease 10 s after the first's budget ended; the lock is %q (PTTL %v)",
+			admin.Get(ctx(t), lock).Val(), admin.PTTL(ctx(t), lock).Val())
 	}
 }

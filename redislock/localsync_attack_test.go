@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"runtime"
 	"strconv"
@@ -541,10 +542,12 @@ func (c *gatedReplyConn) Read(p []byte) (int, error) {
 // TestStaleCoveredGrantAfterOwnTry: the release that granted the waiter
 // had its WAIT acknowledged, but its reply is slow to reach the client.
 // Meanwhile the waiter, its grant held back past the hold-off, confirms
-// the grant itself after the replica is cut off: refused, it gives the
-// lock back. Then the release's reply comes and marks the grant covered.
-// The waiter must not take that grant, which its own try gave back since:
-// it would hold a lease on a lock that is free (or another's). The
+// the grant itself after the replica is cut off: refused, it gave the
+// lock back (until a refused waiter kept its grant, and its place in line:
+// TestRefusedGrantKeepsPlace). Then the release's reply comes and marks
+// the grant covered. The waiter must not take that grant as it is after a
+// try of its own: it would have held a lease on a lock that was free (or
+// another's); it confirms, refused until its budget ends. The
 // waiter's try comes from the hold-off's end (the holder's TTL a minute),
 // or from its timer at the holder's TTL (700 ms; this one failed on
 // localsync as it was, without the hold-off's bound).
@@ -567,7 +570,11 @@ func staleCoveredGrant(t *testing.T, holderTTL time.Duration) {
 	var once sync.Once
 	opened := func() { once.Do(func() { close(g.open) }) }
 	t.Cleanup(opened)
-	l := lockerWith(t, client, redislock.Options{ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond}})
+	refused := make(chan struct{}, 1)
+	l := lockerWith(t, client, redislock.Options{
+		ReplicaSync: redislock.ReplicaSync{Timeout: 200 * time.Millisecond},
+		Logger:      slog.New(signalHandler{refused}),
+	})
 	admin := primary.Client(t)
 	if err := acquire(t, l, "lock:warm").Release(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -588,8 +595,12 @@ func staleCoveredGrant(t *testing.T, holderTTL time.Duration) {
 	waitFor(t, func() bool { return rc.Get(ctx(t), lockKey(name)+":token").Val() == token })
 	redistest.CutLink(t, primary, replica)
 	// The waiter confirms the grant itself (after the hold-off), is
-	// refused, and gives the lock back.
-	waitFor(t, func() bool { return admin.Exists(ctx(t), lockKey(name)).Val() == 0 })
+	// refused, and keeps the lock for its next try.
+	select {
+	case <-refused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no refused confirmation within 10 s")
+	}
 	opened()
 	if err := <-released; err != nil {
 		t.Fatalf("Release: %v", err)
@@ -598,7 +609,7 @@ func staleCoveredGrant(t *testing.T, holderTTL time.Duration) {
 	case ls := <-leases:
 		defer func() { _ = ls.Release(ctx(t)) }()
 		rec := admin.Get(ctx(t), lockKey(name)+":token").Val()
-		t.Fatalf("took a lease of token %d (the grant it gave back) with its replica cut off; the lock exists: %v, its token record reads %s",
+		t.Fatalf("took a lease of token %d (the grant its own try found unconfirmed) with its replica cut off; the lock exists: %v, its token record reads %s",
 			ls.Token(), admin.Exists(ctx(t), lockKey(name)).Val() == 1, rec)
 	case err := <-errs:
 		if !errors.Is(err, fence.ErrNotReplicated) {

@@ -1129,11 +1129,11 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 		unanswered = nil
 	}
 	var res []int64
-	var buf [3]int64
+	var buf [4]int64
 	if err == nil {
 		res, err = int64s(r.reply, buf[:0])
 	}
-	if err == nil && (len(res) != 2 && len(res) != 3 || res[0] == 1 && (len(res) != 3 || res[1] <= 0)) {
+	if err == nil && (len(res) < 2 || len(res) > 4 || res[0] == 1 && (len(res) < 3 || res[1] <= 0) || res[0] != 1 && len(res) != 2) {
 		err = fmt.Errorf("unexpected reply %v", slices.Clone(res))
 	}
 	if err != nil {
@@ -1164,6 +1164,17 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 			notRepl = notAnswered(notRepl, unanswered, waitErr)
 		}
 		l.syncRefused(ctx, a.name, 0, false, acked, required)
+		if len(res) == 4 && a.acquireArgs[3] != 0 && unanswered == nil {
+			// The lock was this waiter's before the try (granted to
+			// it): it keeps its place in line. It keeps the lock,
+			// which nobody uses (no lease is returned), and its next
+			// try, after a back-off, finds it its own and confirms it
+			// again; its withdrawal gives the lock back if its budget
+			// ends first (as after confirmTake's transient errors).
+			// Given back now, the lock went to the next waiter, and
+			// this one queued behind it (TestRefusedGrantKeepsPlace).
+			return nil, 0, false, notRepl
+		}
 		if err := l.undoRefused(ctx, a); err != nil {
 			return nil, 0, false, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
 		}

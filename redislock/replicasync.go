@@ -28,8 +28,13 @@ const (
 // script, WAIT (pipelined on the same connection, since WAIT only counts
 // its own connection's writes) confirms that enough replicas have the lock.
 // If they do not within Timeout, the lock is released and Acquire returns an
-// error matching fence.ErrNotReplicated (with a wait budget, it first tries
-// again, with back-off, until the budget ends). Renewals are confirmed the same way;
+// error matching fence.ErrNotReplicated. With a wait budget it first tries
+// again, with back-off, until the budget ends; a waiter whose refused try
+// found the lock its own already (granted to it from the queue, or taken by
+// a try of its own sent without WAIT) keeps its place in line meanwhile: it
+// keeps the lock, which nobody uses, and its next try confirms it again;
+// the lock is released, to the next in line, when the budget ends first.
+// Renewals are confirmed the same way;
 // an unconfirmed renewal does not move the lease's deadline.
 //
 // On a *redis.Ring the script, its WAIT and the replica record go to the
