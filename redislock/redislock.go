@@ -1133,7 +1133,7 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 	if err == nil {
 		res, err = int64s(r.reply, buf[:0])
 	}
-	if err == nil && (len(res) < 2 || len(res) > 4 || res[0] == 1 && (len(res) < 3 || res[1] <= 0) || res[0] != 1 && len(res) != 2) {
+	if err == nil && !acquireReply(res) {
 		err = fmt.Errorf("unexpected reply %v", slices.Clone(res))
 	}
 	if err != nil {
@@ -1190,6 +1190,23 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 		return nil, 0, false, lateReply(sent, replied, a.ttl)
 	}
 	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, false, nil
+}
+
+// acquireReply reports whether res is a reply that acquire.lua gives: {0,
+// PTTL} (held), {1, token, server ms} (taken), {1, token, server ms, 1}
+// (the caller's already). Anything else (a proxy's, a hook's, another
+// script's) is refused as unexpected: {2, x} passed the check before, as
+// a take, and indexed past its end (a panic).
+func acquireReply(res []int64) bool {
+	switch len(res) {
+	case 2:
+		return res[0] == 0
+	case 3:
+		return res[0] == 1 && res[1] > 0
+	case 4:
+		return res[0] == 1 && res[1] > 0 && res[3] == 1
+	}
+	return false
 }
 
 // undoRefused gives back, owner-checked, the lock that a's try took but
