@@ -1173,6 +1173,16 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 			// ends first (as after confirmTake's transient errors).
 			// Given back now, the lock went to the next waiter, and
 			// this one queued behind it (TestRefusedGrantKeepsPlace).
+			// The try set the lock's expiry to the lease time: it is
+			// brought down to what is left of the budget, as the grant
+			// had it, or a waiter that died keeping it held it for its
+			// lease time (TestKeptRefusedGrantExpiryWithinBudget). A
+			// failure leaves that undone, and it may yet run, after a
+			// later try confirmed the lock: the Acquire gives up, as
+			// after a failed undo.
+			if err := l.keepWithin(ctx, a); err != nil {
+				return nil, 0, false, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
+			}
 			return nil, 0, false, notRepl
 		}
 		if err := l.undoRefused(ctx, a); err != nil {
@@ -1190,6 +1200,24 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 		return nil, 0, false, lateReply(sent, replied, a.ttl)
 	}
 	return l.newLease(ctx, a, fence.Token(res[1]), sent, replied, res[2]), 0, false, nil
+}
+
+// keepWithin brings the expiry of the lock that a keeps, its try refused by
+// replica sync, down to the wait budget that was left when the try was sent
+// (keep.lua), owner-checked.
+func (l *Locker) keepWithin(ctx context.Context, a *attempt) error {
+	wait, _ := a.acquireArgs[3].(int64)
+	keys, args := skeys{a.acquireKeys[:1], a.acquireBoxed[:1]}, []any{a.ownerArg, max(wait, 1)}
+	call := func(ctx context.Context) (struct{}, error) {
+		_, _, _, err := l.evalRouted(ctx, keepScript, keys, args...)
+		return struct{}{}, err
+	}
+	if l.calls.direct(ctx) {
+		_, err := call(ctx)
+		return l.calls.directErr(ctx, err)
+	}
+	_, err := bounded(ctx, &l.calls, call, nil)
+	return err
 }
 
 // acquireReply reports whether res is a reply that acquire.lua gives: {0,

@@ -32,7 +32,8 @@ const (
 // again, with back-off, until the budget ends; a waiter whose refused try
 // found the lock its own already (granted to it from the queue, or taken by
 // a try of its own sent without WAIT) keeps its place in line meanwhile: it
-// keeps the lock, which nobody uses, and its next try confirms it again;
+// keeps the lock, which nobody uses (its expiry brought down to what is
+// left of the budget), and its next try confirms it again;
 // the lock is released, to the next in line, when the budget ends first.
 // Renewals are confirmed the same way;
 // an unconfirmed renewal does not move the lease's deadline.

@@ -34,6 +34,10 @@ var (
 	releaseSrc    = withGrant(releaseBody, tokenSrc+grantSrc)
 	releaseScript = redis.NewScript(releaseSrc)
 
+	//go:embed keep.lua
+	keepSrc    string
+	keepScript = redis.NewScript(keepSrc)
+
 	//go:embed replicas.lua
 	replicasSrc    string
 	replicasScript = redis.NewScript(replicasSrc)
@@ -77,6 +81,7 @@ var connScripts = map[*redis.Script]*redisconn.Script{
 	acquireScript:  {Src: acquireSrc, SHA: acquireScript.Hash()},
 	extendScript:   {Src: extendSrc, SHA: extendScript.Hash()},
 	releaseScript:  {Src: releaseSrc, SHA: releaseScript.Hash()},
+	keepScript:     {Src: keepSrc, SHA: keepScript.Hash()},
 	replicasScript: {Src: replicasSrc, SHA: replicasScript.Hash()},
 	// Sent in full, as state.lua.
 	replicasReadScript: {Src: replicasReadSrc, SHA: replicasReadScript.Hash(), Full: true},
