@@ -3,22 +3,27 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fence"
 	"github.com/fencekit/fence/internal/redistest"
 	"github.com/fencekit/fence/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestKeptRefusedGrantExpiryWithinBudget: a waiter's grant holds the lock
 // for its lease or what is left of its wait budget if less (grant.lua: a
 // waiter that died holds the lock no longer than it would have waited).
 // Its confirmation refused by replica sync, the waiter keeps the lock
-// (ad53203); the refused try should not have moved the lock's expiry past
-// the budget: a waiter that dies (or whose client is closed) during its
-// back-off would leave the lock held by nobody for its whole lease.
+// (ad53203); the refused try should not leave the lock's expiry past the
+// budget: a waiter that dies during its back-off (here: its next try
+// never goes out) would leave the lock held by nobody for its whole lease.
 func TestKeptRefusedGrantExpiryWithinBudget(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
@@ -30,8 +35,10 @@ func TestKeptRefusedGrantExpiryWithinBudget(t *testing.T) {
 	holder := acquire(t, lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: sync}), name, fence.TTL(time.Minute))
 	refused := make(chan struct{}, 16)
 	firstClient := primary.Client(t)
+	dead := &deadAfter{key: lock, held: make(chan struct{}), end: make(chan struct{})}
+	firstClient.AddHook(dead)
 	first := lockerWith(t, firstClient, redislock.Options{ReplicaSync: sync, Logger: slog.New(signalHandler{refused})})
-	const budget = 3 * time.Second
+	const budget = 5 * time.Second
 	firstErr := make(chan error, 1)
 	go func() {
 		ls, err := first.Acquire(ctx(t), name, fence.Wait(budget), fence.TTL(time.Minute))
@@ -41,6 +48,7 @@ func TestKeptRefusedGrantExpiryWithinBudget(t *testing.T) {
 		}
 		firstErr <- err
 	}()
+	defer func() { close(dead.end); <-firstErr }()
 	waitFor(t, func() bool {
 		return admin.LLen(ctx(t), lock+":queue").Val() == 1 && subscribers(t, admin, name) == 1
 	})
@@ -55,14 +63,66 @@ func TestKeptRefusedGrantExpiryWithinBudget(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no refused confirmation within 10 s")
 	}
+	dead.arm() // the waiter dies before its next try
+	select {
+	case <-dead.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no try after the refused one within 10 s")
+	}
 	if owner := admin.Get(ctx(t), lock).Val(); owner != firstOwner {
 		t.Fatalf("after its refused confirmation the lock is %q, not the first waiter's %q", owner, firstOwner)
 	}
-	// The waiter's process dies here (its client closed: nothing more is
-	// sent for it).
-	_ = firstClient.Close()
-	<-firstErr
 	if pttl := admin.PTTL(ctx(t), lock).Val(); pttl > budget {
 		t.Fatalf("the dead waiter's kept lock expires in %v, past its %v wait budget (its lease time: 1m)", pttl, budget)
+	}
+}
+
+// deadAfter, once armed, holds every acquire script call on key (5 keys)
+// before it is sent, as if its process had died, until end is closed;
+// then fails it.
+type deadAfter struct {
+	key   string
+	armed atomic.Bool
+	once  sync.Once
+	held  chan struct{} // closed when a call is held
+	end   chan struct{}
+}
+
+func (d *deadAfter) arm() { d.armed.Store(true) }
+
+func (d *deadAfter) hold(cmds []redis.Cmder) error {
+	if !d.armed.Load() {
+		return nil
+	}
+	for _, c := range cmds {
+		args := c.Args()
+		if len(args) > 3 && strings.HasPrefix(strings.ToLower(fmt.Sprint(args[0])), "eval") && fmt.Sprint(args[2]) == "5" && fmt.Sprint(args[3]) == d.key {
+			d.once.Do(func() { close(d.held) })
+			<-d.end
+			return errors.New("the process died")
+		}
+	}
+	return nil
+}
+
+func (d *deadAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (d *deadAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := d.hold([]redis.Cmder{cmd}); err != nil {
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (d *deadAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := d.hold(cmds); err != nil {
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
 	}
 }
