@@ -126,3 +126,83 @@ func (d *deadAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		return next(ctx, cmds)
 	}
 }
+
+// TestKeptRefusedGrantResentCapLate: the call that brings a kept lock's
+// expiry down to the budget (keep.lua, e4993c1) is delayed on the network
+// past the client's read timeout; go-redis sends it again, and the resend
+// answers. The waiter goes on, and once the replica is back its next try
+// confirms the lock: a lease of a minute. Then the first copy reaches
+// Redis and cuts the lock's expiry to the budget (20 s), under a lease
+// whose holder believes it a minute: another owner could take the lock
+// inside the lease.
+func TestKeptRefusedGrantResentCapLate(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	redistest.WaitReplicated(t, primary, 1)
+	admin := primary.Client(t)
+	const name = "lock:kept-refused-cap-late"
+	lock := lockKey(name)
+	sync := redislock.ReplicaSync{Timeout: 200 * time.Millisecond}
+	holder := acquire(t, lockerWith(t, primary.Client(t), redislock.Options{ReplicaSync: sync}), name, fence.TTL(time.Minute))
+	tr := &transit{match: fmt.Appendf(nil, "$1\r\n1\r\n$%d\r\n%s\r\n", len(lock), lock)}
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr, Dialer: tr.dial, ReadTimeout: 600 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	refused := make(chan struct{}, 16)
+	first := lockerWith(t, c, redislock.Options{ReplicaSync: sync, Logger: slog.New(signalHandler{refused})})
+	got := make(chan acquired, 1)
+	go func() {
+		ls, err := first.Acquire(ctx(t), name, fence.Wait(20*time.Second), fence.TTL(time.Minute))
+		got <- acquired{ls, err}
+	}()
+	waitFor(t, func() bool {
+		return admin.LLen(ctx(t), lock+":queue").Val() == 1 && subscribers(t, admin, name) == 1
+	})
+	tr.arm()
+	resume := replica.Pause(t)
+	resumed := false
+	defer func() {
+		if !resumed {
+			resume()
+		}
+	}()
+	if err := holder.Release(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, tr.holding)
+	// The resend answered; a refusal after it shows the waiter went on.
+	for len(refused) > 0 {
+		<-refused
+	}
+	select {
+	case <-refused:
+	case r := <-got:
+		t.Logf("Acquire, its cap resent: lease %v, %v", r.lease != nil, r.err)
+		if r.lease != nil {
+			_ = r.lease.Release(ctx(t))
+			t.Fatal("a lease with the replica paused")
+		}
+		deliverLate(t, admin, tr)
+		freeWithin(t, primary, admin, name, "after the Acquire gave up and its delayed cap ran")
+		return
+	case <-time.After(10 * time.Second):
+		t.Fatal("no refusal after the resent cap within 10 s")
+	}
+	resume()
+	resumed = true
+	var r acquired
+	select {
+	case r = <-got:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Acquire has not returned 15 s after the replica is back")
+	}
+	if r.lease == nil {
+		t.Logf("Acquire, its cap resent: %v", r.err)
+		deliverLate(t, admin, tr)
+		return
+	}
+	defer func() { _ = r.lease.Release(ctx(t)) }()
+	deliverLate(t, admin, tr)
+	if pttl, left := admin.PTTL(ctx(t), lock).Val(), time.Until(r.lease.Deadline()); pttl < left {
+		t.Fatalf("after the first copy of the cap ran, the lock expires in %v, before its lease's deadline (%v left): another owner can take it inside the lease", pttl, left)
+	}
+}

@@ -1204,7 +1204,10 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 
 // keepWithin brings the expiry of the lock that a keeps, its try refused by
 // replica sync, down to the wait budget that was left when the try was sent
-// (keep.lua), owner-checked.
+// (keep.lua), owner-checked. A call that took so long that the client may
+// have sent it twice (Locker.resendAfter) fails: its first copy may still
+// run, after a later try confirmed the lock for a lease, and cut the lock's
+// expiry below the lease's deadline (TestKeptRefusedGrantResentCapLate).
 func (l *Locker) keepWithin(ctx context.Context, a *attempt) error {
 	wait, _ := a.acquireArgs[3].(int64)
 	keys, args := skeys{a.acquireKeys[:1], a.acquireBoxed[:1]}, []any{a.ownerArg, max(wait, 1)}
@@ -1212,11 +1215,17 @@ func (l *Locker) keepWithin(ctx context.Context, a *attempt) error {
 		_, _, _, err := l.evalRouted(ctx, keepScript, keys, args...)
 		return struct{}{}, err
 	}
+	began := time.Now()
+	var err error
 	if l.calls.direct(ctx) {
-		_, err := call(ctx)
-		return l.calls.directErr(ctx, err)
+		_, err = call(ctx)
+		err = l.calls.directErr(ctx, err)
+	} else {
+		_, err = bounded(ctx, &l.calls, call, nil)
 	}
-	_, err := bounded(ctx, &l.calls, call, nil)
+	if took := time.Since(began); err == nil && l.resendAfter > 0 && took >= l.resendAfter {
+		err = fmt.Errorf("redislock: the kept lock's expiry took %v to bring down, and the client may have sent it twice", took.Round(time.Millisecond))
+	}
 	return err
 }
 
