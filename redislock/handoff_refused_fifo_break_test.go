@@ -134,6 +134,10 @@ func TestRefusedGrantGivenBackAtBudgetEnd(t *testing.T) {
 		if !errors.Is(err, fence.ErrNotReplicated) {
 			t.Fatalf("the first waiter: %v, want ErrNotReplicated", err)
 		}
+		// Given back before Acquire returned, as a refused take is.
+		if owner := admin.Get(ctx(t), lock).Val(); owner == firstOwner {
+			t.Fatalf("Acquire returned %v with the lock still kept by its owner", err)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the first waiter (budget 2 s) has not returned after 10 s")
 	}

@@ -503,7 +503,26 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 			revoke = max(a.ttl, revokeFor)
 		}
 		g := *a
-		l.giveBacks.goRun(func() { l.withdraw(g, revoke) })
+		if !a.kept {
+			l.giveBacks.goRun(func() { l.withdraw(g, revoke) })
+			return nil, fence.NotAcquired(name, closedClient(err))
+		}
+		// A lock kept after a refused try is given back before Acquire
+		// returns, as undoRefused gives back a refused take: waited for
+		// until ctx ends, but for lateGiveBackGrace at least, then left
+		// to the background (WaitGiveBacks).
+		done := make(chan struct{})
+		l.giveBacks.goRun(func() { defer close(done); l.withdraw(g, revoke) })
+		grace := time.NewTimer(lateGiveBackGrace)
+		defer grace.Stop()
+		select {
+		case <-done:
+		case <-grace.C:
+			select {
+			case <-done:
+			case <-ctx.Done():
+			}
+		}
 		return nil, fence.NotAcquired(name, closedClient(err))
 	}
 	// budgetOver says why waiting stopped: the caller's ctx; else the
@@ -884,6 +903,9 @@ type attempt struct {
 	// another (mayRunLate), and the first may still run: the lease is
 	// released with a revocation, so that it refuses then.
 	resent bool
+	// kept: a try refused by replica sync kept the lock, found its own
+	// already (see tryOr); the Acquire's withdrawal gives it back.
+	kept bool
 
 	// home is the lease that the first successful try fills in: the
 	// attempt lives in it from the start, so that an acquisition
@@ -1180,6 +1202,7 @@ func (l *Locker) tryOr(ctx context.Context, a *attempt, noWait bool) (_ *lease, 
 			// failure leaves that undone, and it may yet run, after a
 			// later try confirmed the lock: the Acquire gives up, as
 			// after a failed undo.
+			a.kept = true
 			if err := l.keepWithin(ctx, a); err != nil {
 				return nil, 0, false, errors.Join(notRepl, fmt.Errorf("%w: %w", errUnreleased, err))
 			}
