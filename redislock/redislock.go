@@ -1287,7 +1287,16 @@ func (l *Locker) undoRefused(ctx context.Context, a *attempt) error {
 	g := *a
 	l.giveBacks.goRun(func() {
 		defer cancel()
+		began := time.Now()
 		_, err := l.releaseOwned(rctx, &g, -1, false)
+		if took := time.Since(began); err == nil && l.resendAfter > 0 && took >= l.resendAfter {
+			// The client may have sent it twice, and the first copy
+			// may still run: after a later try of this owner took the
+			// lock, it would delete it under that lease
+			// (TestRefusedTakeUndoResentLate). Failed, the Acquire
+			// gives up (errUnreleased), as keepWithin's caller does.
+			err = fmt.Errorf("redislock: the undo took %v, and the client may have sent it twice", took.Round(time.Millisecond))
+		}
 		done <- err
 	})
 	grace := time.NewTimer(lateGiveBackGrace)
