@@ -509,8 +509,12 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		}
 		// A lock kept after a refused try is given back before Acquire
 		// returns, as undoRefused gives back a refused take: waited for
-		// until ctx ends, but for lateGiveBackGrace at least, then left
-		// to the background (WaitGiveBacks).
+		// until ctx ends or the wait budget does, but for
+		// lateGiveBackGrace at least, then left to the background
+		// (WaitGiveBacks). Waited for until ctx ended alone, a hung
+		// server held an Acquire whose ctx has no deadline for the
+		// withdrawal's own bound, the lease time
+		// (TestKeptGrantWithdrawalHungWithinBudget).
 		done := make(chan struct{})
 		l.giveBacks.goRun(func() { defer close(done); l.withdraw(g, revoke) })
 		grace := time.NewTimer(lateGiveBackGrace)
@@ -518,9 +522,12 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		select {
 		case <-done:
 		case <-grace.C:
+			over := time.NewTimer(time.Until(start.Add(o.Wait)))
+			defer over.Stop()
 			select {
 			case <-done:
 			case <-ctx.Done():
+			case <-over.C:
 			}
 		}
 		return nil, fence.NotAcquired(name, closedClient(err))
