@@ -18,3 +18,9 @@ func Parked(l *Locker) int {
 // ReleaseKeys is how many keys the release script takes: the tests tell
 // its calls from the acquire script's (5) by it.
 const ReleaseKeys int64 = int64(len(attempt{}.releaseKeys))
+
+// OthersWait reports whether an Acquire of l other than owner's ("": any)
+// waits for name's lock, as a try's choice to go without WAIT reads it.
+func OthersWait(l *Locker, name, owner string) bool {
+	return l.othersWait(l.keys(name).channel, owner)
+}

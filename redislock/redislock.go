@@ -458,6 +458,18 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		l.giveBackLate(ctx, a, budget)
 		return nil, fence.NotAcquired(name, err)
 	case err != nil && (o.Wait == 0 || !waitThrough(err)):
+		if a.kept {
+			// The first try (sent without WAIT) took the lock, and its
+			// confirmation, refused, kept it: given back before Acquire
+			// returns, as the wait loop's withdrawal of a kept lock is
+			// (fail), not only in the background
+			// (TestKeptConfirmTakeGivenBackBeforeReturn).
+			done := make(chan struct{})
+			g := *a
+			l.giveBacks.goRun(func() { defer close(done); l.releaseAbandoned(g) })
+			waitGiveBack(ctx, done, start.Add(o.Wait))
+			return nil, fence.NotAcquired(name, closedClient(err))
+		}
 		l.giveUpMaybeHeld(a, err)
 		return nil, fence.NotAcquired(name, closedClient(err))
 	case o.Wait == 0:
@@ -511,25 +523,10 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		// returns, as undoRefused gives back a refused take: waited for
 		// until ctx ends or the wait budget does, but for
 		// lateGiveBackGrace at least, then left to the background
-		// (WaitGiveBacks). Waited for until ctx ended alone, a hung
-		// server held an Acquire whose ctx has no deadline for the
-		// withdrawal's own bound, the lease time
-		// (TestKeptGrantWithdrawalHungWithinBudget).
+		// (waitGiveBack).
 		done := make(chan struct{})
 		l.giveBacks.goRun(func() { defer close(done); l.withdraw(g, revoke) })
-		grace := time.NewTimer(lateGiveBackGrace)
-		defer grace.Stop()
-		select {
-		case <-done:
-		case <-grace.C:
-			over := time.NewTimer(time.Until(start.Add(o.Wait)))
-			defer over.Stop()
-			select {
-			case <-done:
-			case <-ctx.Done():
-			case <-over.C:
-			}
-		}
+		waitGiveBack(ctx, done, start.Add(o.Wait))
 		return nil, fence.NotAcquired(name, closedClient(err))
 	}
 	// budgetOver says why waiting stopped: the caller's ctx; else the
@@ -836,6 +833,29 @@ func (l *Locker) giveBackLate(ctx context.Context, a *attempt, budget time.Time)
 	case <-done:
 	case <-ctx.Done():
 	case <-over:
+	}
+}
+
+// waitGiveBack waits for the give-back of a kept lock (done closed) until
+// ctx ends or the wait budget does (at budget), but for lateGiveBackGrace
+// at least; the give-back goes on in the background (WaitGiveBacks). A ctx
+// without a deadline does not end: waited for until then, a hung server
+// held the Acquire for the give-back's own bound, the lease time
+// (TestKeptGrantWithdrawalHungWithinBudget).
+func waitGiveBack(ctx context.Context, done <-chan struct{}, budget time.Time) {
+	grace := time.NewTimer(lateGiveBackGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+		return
+	case <-grace.C:
+	}
+	over := time.NewTimer(time.Until(budget))
+	defer over.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-over.C:
 	}
 }
 
