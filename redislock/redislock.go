@@ -464,10 +464,8 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 			// returns, as the wait loop's withdrawal of a kept lock is
 			// (fail), not only in the background
 			// (TestKeptConfirmTakeGivenBackBeforeReturn).
-			done := make(chan struct{})
 			g := *a
-			l.giveBacks.goRun(func() { defer close(done); l.releaseAbandoned(g) })
-			waitGiveBack(ctx, done, start.Add(o.Wait))
+			l.giveBackKept(ctx, start.Add(o.Wait), func() { l.releaseAbandoned(g) })
 			return nil, fence.NotAcquired(name, closedClient(err))
 		}
 		l.giveUpMaybeHeld(a, err)
@@ -523,10 +521,8 @@ func (l *Locker) acquireWithin(ctx context.Context, name string, o fence.Options
 		// returns, as undoRefused gives back a refused take: waited for
 		// until ctx ends or the wait budget does, but for
 		// lateGiveBackGrace at least, then left to the background
-		// (waitGiveBack).
-		done := make(chan struct{})
-		l.giveBacks.goRun(func() { defer close(done); l.withdraw(g, revoke) })
-		waitGiveBack(ctx, done, start.Add(o.Wait))
+		// (giveBackKept).
+		l.giveBackKept(ctx, start.Add(o.Wait), func() { l.withdraw(g, revoke) })
 		return nil, fence.NotAcquired(name, closedClient(err))
 	}
 	// budgetOver says why waiting stopped: the caller's ctx; else the
@@ -836,13 +832,15 @@ func (l *Locker) giveBackLate(ctx context.Context, a *attempt, budget time.Time)
 	}
 }
 
-// waitGiveBack waits for the give-back of a kept lock (done closed) until
-// ctx ends or the wait budget does (at budget), but for lateGiveBackGrace
-// at least; the give-back goes on in the background (WaitGiveBacks). A ctx
-// without a deadline does not end: waited for until then, a hung server
-// held the Acquire for the give-back's own bound, the lease time
-// (TestKeptGrantWithdrawalHungWithinBudget).
-func waitGiveBack(ctx context.Context, done <-chan struct{}, budget time.Time) {
+// giveBackKept runs giveBack, the give-back of a kept lock, counted for
+// WaitGiveBacks, and waits for it until ctx ends or the wait budget does
+// (at budget), but for lateGiveBackGrace at least; then it goes on in the
+// background. A ctx without a deadline does not end: waited for until
+// then, a hung server held the Acquire for the give-back's own bound, the
+// lease time (TestKeptGrantWithdrawalHungWithinBudget).
+func (l *Locker) giveBackKept(ctx context.Context, budget time.Time, giveBack func()) {
+	done := make(chan struct{})
+	l.giveBacks.goRun(func() { defer close(done); giveBack() })
 	grace := time.NewTimer(lateGiveBackGrace)
 	defer grace.Stop()
 	select {
@@ -993,7 +991,7 @@ func (l *Locker) try(ctx context.Context, a *attempt) (*lease, time.Duration, er
 	if unsynced {
 		ls, ttl, err = l.confirmTake(ctx, a)
 	}
-	if l.resendAfter > 0 && time.Since(began) >= l.resendAfter {
+	if l.sentTwice(began) {
 		a.resent = true
 	}
 	if a.resent && ls != nil {
@@ -1273,10 +1271,17 @@ func (l *Locker) keepWithin(ctx context.Context, a *attempt) error {
 	} else {
 		_, err = bounded(ctx, &l.calls, call, nil)
 	}
-	if took := time.Since(began); err == nil && l.resendAfter > 0 && took >= l.resendAfter {
-		err = fmt.Errorf("redislock: the kept lock's expiry took %v to bring down, and the client may have sent it twice", took.Round(time.Millisecond))
+	if err == nil && l.sentTwice(began) {
+		err = fmt.Errorf("redislock: the kept lock's expiry took %v to bring down, and the client may have sent it twice", time.Since(began).Round(time.Millisecond))
 	}
 	return err
+}
+
+// sentTwice reports whether a call begun at began has taken so long that
+// the client may have sent it twice (resendAfter; never when zero): its
+// first copy may still run.
+func (l *Locker) sentTwice(began time.Time) bool {
+	return l.resendAfter > 0 && time.Since(began) >= l.resendAfter
 }
 
 // acquireReply reports whether res is a reply that acquire.lua gives: {0,
@@ -1316,13 +1321,13 @@ func (l *Locker) undoRefused(ctx context.Context, a *attempt) error {
 		defer cancel()
 		began := time.Now()
 		_, err := l.releaseOwned(rctx, &g, -1, false)
-		if took := time.Since(began); err == nil && l.resendAfter > 0 && took >= l.resendAfter {
+		if err == nil && l.sentTwice(began) {
 			// The client may have sent it twice, and the first copy
 			// may still run: after a later try of this owner took the
 			// lock, it would delete it under that lease
 			// (TestRefusedTakeUndoResentLate). Failed, the Acquire
 			// gives up (errUnreleased), as keepWithin's caller does.
-			err = fmt.Errorf("redislock: the undo took %v, and the client may have sent it twice", took.Round(time.Millisecond))
+			err = fmt.Errorf("redislock: the undo took %v, and the client may have sent it twice", time.Since(began).Round(time.Millisecond))
 		}
 		done <- err
 	})
